@@ -1,0 +1,48 @@
+// `shardtrain launch`: starts the workers of one node with torchrun's environment and supervises them.
+//
+// Intended usage:
+//   1. parse_launch_args(argv) -> LaunchOptions (throws std::invalid_argument naming the bad option or value)
+//   2. run_launch(options)     -> exit status for the launcher's process
+//
+// What the workers get: RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, GROUP_RANK, ROLE_RANK, ROLE_WORLD_SIZE,
+// MASTER_ADDR, MASTER_PORT, TORCHELASTIC_RESTART_COUNT, TORCHELASTIC_MAX_RESTARTS, OMP_NUM_THREADS=1 when unset
+// and several workers share the node, and on a single node SHARDTRAIN_MASTER_LISTEN_FD for rank 0: a socket the
+// launcher bound on loopback, so the rendezvous needs no free-port guess and listens on loopback only.
+//
+// Supervision: every output line is prefixed "[rankN]: ". When a worker exits non-zero or dies by a signal, the
+// others get SIGTERM, then SIGKILL after `stop_grace`, the launcher says which rank failed and how, and exits with
+// that rank's code (128 + signal for a signal). SIGINT/SIGTERM/SIGHUP to the launcher reach every worker, and it
+// exits 128 + signal. Workers run in their own process groups (their children are stopped with them) and die with
+// the launcher even if it is killed (PR_SET_PDEATHSIG). `max_restarts` restarts the whole group after a failure.
+#pragma once
+
+#include <chrono>
+#include <string>
+#include <vector>
+
+namespace shardtrain::launch {
+
+struct LaunchOptions {
+  int nproc_per_node = 1;   // workers on this node
+  int nnodes = 1;           // nodes in the job
+  int node_rank = 0;        // this node, 0..nnodes-1
+  std::string master_addr;  // rank 0's host; empty = 127.0.0.1 (required when nnodes > 1)
+  int master_port = 0;      // 0 = a free port on one node, 29500 across nodes
+  int max_restarts = 0;     // whole-group restarts after a failure
+  std::chrono::milliseconds stop_grace{3000};  // SIGTERM -> SIGKILL delay when stopping workers
+  std::vector<std::string> command;            // PROGRAM ARGS...
+};
+
+// Accepts `--opt value` and `--opt=value`, with '-' and '_' interchangeable in names:
+//   torchrun: --nproc-per-node --nnodes --node-rank --master-addr --master-port --max-restarts
+//   Accelerate: --num-processes (total over all machines) --num-machines --machine-rank
+//               --main-process-ip --main-process-port
+// then `--` (optional) and the command. argv excludes "launch" itself.
+LaunchOptions parse_launch_args(const std::vector<std::string>& args);
+
+std::string launch_usage();
+
+// Runs the job on this node; returns the launcher's exit status. Prints its own messages on stderr.
+int run_launch(const LaunchOptions& options);
+
+}  // namespace shardtrain::launch

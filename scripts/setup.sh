@@ -1,0 +1,39 @@
+#!/usr/bin/env bash
+# One-time set-up on a fresh Debian machine, then the build: system packages (apt-get), the pinned wheels in .venv
+# (pip), CMake configure and build. Safe to re-run; it skips what is already there.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+# Debian packages: compilers and build tools, GoogleTest, and gloo's headers (the torch wheel ships gloo's compiled
+# code but not its headers, which ProcessGroupGloo.hpp includes; docs/notes/gloo-headers.md).
+packages=(g++ cmake ninja-build ccache libgtest-dev libgmock-dev libgloo-dev python3-venv)
+missing=()
+for p in "${packages[@]}"; do
+  dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p")
+done
+if [ ${#missing[@]} -gt 0 ]; then
+  echo "setup: installing Debian packages: ${missing[*]}"
+  SUDO=""; [ "$(id -u)" -ne 0 ] && SUDO=sudo
+  $SUDO apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${missing[@]}" >/dev/null
+fi
+
+# Python environment: the pinned torch wheel gives LibTorch (C++), and PyTorch itself as the outside reference.
+PYTHON=${PYTHON:-python3}
+if [ ! -x .venv/bin/python ]; then
+  echo "setup: creating .venv"
+  "$PYTHON" -m venv .venv
+fi
+if ! .venv/bin/python -c 'import torch, sys; sys.exit(0 if torch.__version__.startswith("2.11.0") else 1)' 2>/dev/null; then
+  echo "setup: installing the pinned wheels (requirements.txt)"
+  .venv/bin/pip install -q --upgrade pip
+  .venv/bin/pip install -q -r requirements.txt
+fi
+
+TORCH_PREFIX=$(.venv/bin/python -c 'import torch.utils; print(torch.utils.cmake_prefix_path)')
+echo "setup: configuring build/ (LibTorch from $TORCH_PREFIX)"
+cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_PREFIX_PATH="$TORCH_PREFIX" \
+  -DPython3_EXECUTABLE="$PWD/.venv/bin/python" >build-configure.log 2>&1 || { cat build-configure.log; exit 1; }
+echo "setup: building"
+cmake --build build
+echo "setup: done. Run the tests with: scripts/test.sh"

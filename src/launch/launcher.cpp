@@ -1,0 +1,384 @@
+#include <arpa/inet.h>
+#include <fcntl.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cerrno>
+#include <chrono>
+#include <cstring>
+#include <map>
+#include <memory>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "launch/worker.h"
+#include "shardtrain/launch/launch.h"
+
+extern char** environ;
+
+namespace shardtrain::launch {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+void write_all(int fd, const std::string& text) {
+  const char* data = text.data();
+  size_t size = text.size();
+  while (size > 0) {
+    ssize_t n = ::write(fd, data, size);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) return;
+    data += n;
+    size -= static_cast<size_t>(n);
+  }
+}
+
+void say(const std::string& message) { write_all(STDERR_FILENO, "shardtrain launch: " + message + "\n"); }
+
+// [Note: signal self-pipe] A signal handler may only do async-signal-safe work, so it writes the signal number into
+// a pipe that the supervision loop polls beside the workers' output. The write end must be reachable from the
+// handler, hence this one process-wide variable; SignalPipe owns it and restores the old handlers on destruction.
+std::atomic<int> signal_pipe_write_fd{-1};
+
+extern "C" void on_signal(int sig) {
+  int saved = errno;
+  int fd = signal_pipe_write_fd.load();
+  if (fd >= 0) {
+    unsigned char byte = static_cast<unsigned char>(sig);
+    [[maybe_unused]] ssize_t n = ::write(fd, &byte, 1);
+  }
+  errno = saved;
+}
+
+class SignalPipe {
+ public:
+  SignalPipe() {
+    if (::pipe2(fds_, O_CLOEXEC | O_NONBLOCK) != 0) throw std::runtime_error("pipe: " + std::string(strerror(errno)));
+    signal_pipe_write_fd.store(fds_[1]);
+    struct sigaction action {};
+    action.sa_handler = on_signal;
+    sigemptyset(&action.sa_mask);
+    action.sa_flags = SA_NOCLDSTOP;
+    for (int sig : kHandled) ::sigaction(sig, &action, &saved_[sig]);
+    struct sigaction ignore {};
+    ignore.sa_handler = SIG_IGN;
+    ::sigaction(SIGPIPE, &ignore, &saved_[SIGPIPE]);  // a closed stdout must not kill the supervisor
+  }
+  ~SignalPipe() {
+    for (int sig : kHandled) ::sigaction(sig, &saved_[sig], nullptr);
+    ::sigaction(SIGPIPE, &saved_[SIGPIPE], nullptr);
+    signal_pipe_write_fd.store(-1);
+    ::close(fds_[0]);
+    ::close(fds_[1]);
+  }
+  int read_fd() const { return fds_[0]; }
+  // Drains the pipe; returns the first terminating signal seen (SIGINT/SIGTERM/SIGHUP), 0 if only SIGCHLD.
+  int drain() {
+    int terminating = 0;
+    unsigned char byte;
+    while (::read(fds_[0], &byte, 1) == 1) {
+      if (byte != SIGCHLD && terminating == 0) terminating = byte;
+    }
+    return terminating;
+  }
+
+ private:
+  static constexpr int kHandled[] = {SIGINT, SIGTERM, SIGHUP, SIGCHLD};
+  int fds_[2] = {-1, -1};
+  struct sigaction saved_[NSIG] {};
+};
+
+// Splits a worker's output into lines and writes each with the rank prefix in one write() call, so lines of
+// different ranks never interleave mid-line.
+class LineRelay {
+ public:
+  LineRelay(int rank, int out_fd) : prefix_("[rank" + std::to_string(rank) + "]: "), out_fd_(out_fd) {}
+  void feed(const char* data, size_t size) {
+    pending_.append(data, size);
+    size_t start = 0;
+    for (size_t nl; (nl = pending_.find('\n', start)) != std::string::npos; start = nl + 1) {
+      write_all(out_fd_, prefix_ + pending_.substr(start, nl - start + 1));
+    }
+    pending_.erase(0, start);
+  }
+  void flush() {
+    if (!pending_.empty()) write_all(out_fd_, prefix_ + pending_ + "\n");
+    pending_.clear();
+  }
+
+ private:
+  std::string prefix_;
+  int out_fd_;
+  std::string pending_;
+};
+
+// Reads what is available on fd into relay; returns false at end of file.
+bool pump(int fd, LineRelay& relay) {
+  char buffer[65536];
+  while (true) {
+    ssize_t n = ::read(fd, buffer, sizeof(buffer));
+    if (n > 0) {
+      relay.feed(buffer, static_cast<size_t>(n));
+      continue;
+    }
+    if (n == 0) {
+      relay.flush();
+      return false;
+    }
+    if (errno == EINTR) continue;
+    return errno == EAGAIN || errno == EWOULDBLOCK;  // nothing more now; any other error ends the stream
+  }
+}
+
+// A bound, listening socket for the rendezvous. See [Note: launcher-owned rendezvous socket].
+class ListenSocket {
+ public:
+  ListenSocket(const std::string& host, int port) {
+    addrinfo hints{};
+    hints.ai_family = AF_INET;
+    hints.ai_socktype = SOCK_STREAM;
+    addrinfo* found = nullptr;
+    if (int rc = ::getaddrinfo(host.c_str(), nullptr, &hints, &found); rc != 0 || found == nullptr) {
+      throw std::runtime_error("cannot resolve --master-addr '" + host + "': " + gai_strerror(rc));
+    }
+    sockaddr_in address = *reinterpret_cast<sockaddr_in*>(found->ai_addr);
+    ::freeaddrinfo(found);
+    address.sin_port = htons(static_cast<uint16_t>(port));
+    fd_ = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (fd_ < 0) throw std::runtime_error("socket: " + std::string(strerror(errno)));
+    int one = 1;
+    ::setsockopt(fd_, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
+    if (::bind(fd_, reinterpret_cast<sockaddr*>(&address), sizeof(address)) != 0) {
+      int err = errno;
+      ::close(fd_);
+      throw std::runtime_error("cannot listen on " + host + ":" + std::to_string(port) + " for the rendezvous: " +
+                               strerror(err) + (port != 0 ? " (choose another --master-port)" : ""));
+    }
+    ::listen(fd_, 1024);
+    socklen_t length = sizeof(address);
+    ::getsockname(fd_, reinterpret_cast<sockaddr*>(&address), &length);
+    port_ = ntohs(address.sin_port);
+  }
+  ~ListenSocket() { ::close(fd_); }
+  ListenSocket(const ListenSocket&) = delete;
+  ListenSocket& operator=(const ListenSocket&) = delete;
+  int fd() const { return fd_; }
+  int port() const { return port_; }
+
+ private:
+  int fd_ = -1;
+  int port_ = 0;
+};
+
+std::vector<std::string> worker_environment(const LaunchOptions& o, int local_rank, const std::string& master_addr,
+                                            int master_port, int restart, std::optional<int> listen_fd) {
+  const int world = o.nnodes * o.nproc_per_node;
+  const int rank = o.node_rank * o.nproc_per_node + local_rank;
+  std::map<std::string, std::string> vars;
+  for (char** e = environ; *e != nullptr; ++e) {
+    std::string entry(*e);
+    auto eq = entry.find('=');
+    if (eq != std::string::npos) vars[entry.substr(0, eq)] = entry.substr(eq + 1);
+  }
+  vars.erase("SHARDTRAIN_MASTER_LISTEN_FD");
+  vars["RANK"] = std::to_string(rank);
+  vars["WORLD_SIZE"] = std::to_string(world);
+  vars["LOCAL_RANK"] = std::to_string(local_rank);
+  vars["LOCAL_WORLD_SIZE"] = std::to_string(o.nproc_per_node);
+  vars["GROUP_RANK"] = std::to_string(o.node_rank);
+  vars["ROLE_RANK"] = std::to_string(rank);
+  vars["ROLE_WORLD_SIZE"] = std::to_string(world);
+  vars["MASTER_ADDR"] = master_addr;
+  vars["MASTER_PORT"] = std::to_string(master_port);
+  vars["TORCHELASTIC_RESTART_COUNT"] = std::to_string(restart);
+  vars["TORCHELASTIC_MAX_RESTARTS"] = std::to_string(o.max_restarts);
+  // Several workers on one node each running a full-width thread pool oversubscribe the cores (torchrun does the
+  // same); a value the user set is kept.
+  if (o.nproc_per_node > 1 && vars.count("OMP_NUM_THREADS") == 0) vars["OMP_NUM_THREADS"] = "1";
+  if (listen_fd && rank == 0) vars["SHARDTRAIN_MASTER_LISTEN_FD"] = std::to_string(*listen_fd);
+  std::vector<std::string> env;
+  for (const auto& [name, value] : vars) env.push_back(name + "=" + value);
+  return env;
+}
+
+enum class GroupEnd { SUCCESS, WORKER_FAILED, LAUNCHER_SIGNALED };
+
+struct GroupResult {
+  GroupEnd end = GroupEnd::SUCCESS;
+  int exit_code = 0;
+};
+
+// The workers of one attempt, their output relays and the supervision loop.
+class WorkerGroup {
+ public:
+  WorkerGroup(const LaunchOptions& o, const std::string& master_addr, int master_port, int restart,
+              std::optional<int> listen_fd, SignalPipe& signals)
+      : options_(o), signals_(signals) {
+    for (int local = 0; local < o.nproc_per_node; ++local) {
+      WorkerSpec spec;
+      spec.rank = o.node_rank * o.nproc_per_node + local;
+      spec.command = o.command;
+      spec.env = worker_environment(o, local, master_addr, master_port, restart, listen_fd);
+      if (spec.rank == 0) spec.inherit_fd = listen_fd;
+      workers_.push_back(std::make_unique<Worker>(spec));
+      out_relays_.emplace_back(spec.rank, STDOUT_FILENO);
+      err_relays_.emplace_back(spec.rank, STDERR_FILENO);
+    }
+  }
+
+  GroupResult supervise() {
+    while (true) {
+      int sig = wait_and_relay(std::chrono::milliseconds(200));
+      if (sig != 0) {
+        say("received " + signal_name(sig) + ", stopping " + std::to_string(running_count()) + " worker(s)");
+        stop(sig);
+        return {GroupEnd::LAUNCHER_SIGNALED, 128 + sig};
+      }
+      bool all_ok = true;
+      for (auto& w : workers_) {
+        auto status = w->poll_exit();
+        if (!status) {
+          all_ok = false;
+          continue;
+        }
+        if (!status->ok()) {
+          drain_output(*w);  // its last words before the launcher's verdict
+          say("rank " + std::to_string(w->rank()) + " (pid " + std::to_string(w->pid()) + ") " + status->describe() +
+              "; stopping the other " + std::to_string(running_count()) + " worker(s)");
+          stop(SIGTERM);
+          return {GroupEnd::WORKER_FAILED, status->shell_code()};
+        }
+      }
+      if (all_ok) {
+        stop(SIGKILL);  // whatever the workers left running in their process groups
+        return {GroupEnd::SUCCESS, 0};
+      }
+    }
+  }
+
+ private:
+  int running_count() const {
+    int n = 0;
+    for (const auto& w : workers_) n += w->running() ? 1 : 0;
+    return n;
+  }
+
+  // Polls the workers' output and the signal pipe for up to `timeout`; relays output. Returns a terminating
+  // signal the launcher received, or 0.
+  int wait_and_relay(std::chrono::milliseconds timeout) {
+    std::vector<pollfd> fds{{signals_.read_fd(), POLLIN, 0}};
+    std::vector<std::pair<size_t, bool>> owners;  // (worker index, is stderr)
+    for (size_t i = 0; i < workers_.size(); ++i) {
+      if (workers_[i]->stdout_fd() >= 0) fds.push_back({workers_[i]->stdout_fd(), POLLIN, 0}), owners.push_back({i, false});
+      if (workers_[i]->stderr_fd() >= 0) fds.push_back({workers_[i]->stderr_fd(), POLLIN, 0}), owners.push_back({i, true});
+    }
+    int ready = ::poll(fds.data(), fds.size(), static_cast<int>(timeout.count()));
+    if (ready <= 0) return 0;
+    for (size_t k = 1; k < fds.size(); ++k) {
+      if (fds[k].revents == 0) continue;
+      auto [index, is_err] = owners[k - 1];
+      Worker& w = *workers_[index];
+      LineRelay& relay = is_err ? err_relays_[index] : out_relays_[index];
+      if (!pump(fds[k].fd, relay)) is_err ? w.close_stderr() : w.close_stdout();
+    }
+    return (fds[0].revents & POLLIN) ? signals_.drain() : 0;
+  }
+
+  // Sends `sig` to every running worker's process group, relays output while they stop, kills what is left after
+  // the grace period, then drains and closes the pipes. A second terminating signal skips the grace period.
+  void stop(int sig) {
+    for (auto& w : workers_) {
+      if (w->running()) w->signal_group(sig);
+    }
+    const auto deadline = Clock::now() + options_.stop_grace;
+    while (running_count() > 0 && Clock::now() < deadline) {
+      if (wait_and_relay(std::chrono::milliseconds(50)) != 0) break;
+      for (auto& w : workers_) w->poll_exit();
+    }
+    for (auto& w : workers_) {
+      w->signal_group(SIGKILL);  // the stragglers, and children of workers that already exited
+    }
+    for (auto& w : workers_) {
+      while (w->running()) {
+        w->poll_exit();
+        if (w->running()) ::usleep(1000);
+      }
+    }
+    // Output already written to the pipes is still relayed; a pipe held open by an escaped grandchild is given up.
+    const auto drain_deadline = Clock::now() + std::chrono::milliseconds(500);
+    while (Clock::now() < drain_deadline && any_pipe_open()) wait_and_relay(std::chrono::milliseconds(50));
+    for (size_t i = 0; i < workers_.size(); ++i) {
+      out_relays_[i].flush();
+      err_relays_[i].flush();
+      workers_[i]->close_stdout();
+      workers_[i]->close_stderr();
+    }
+  }
+
+  // Relays what a worker already wrote (non-blocking).
+  void drain_output(Worker& w) {
+    for (size_t i = 0; i < workers_.size(); ++i) {
+      if (workers_[i].get() != &w) continue;
+      if (w.stdout_fd() >= 0 && !pump(w.stdout_fd(), out_relays_[i])) w.close_stdout();
+      if (w.stderr_fd() >= 0 && !pump(w.stderr_fd(), err_relays_[i])) w.close_stderr();
+    }
+  }
+
+  bool any_pipe_open() const {
+    for (const auto& w : workers_) {
+      if (w->stdout_fd() >= 0 || w->stderr_fd() >= 0) return true;
+    }
+    return false;
+  }
+
+  const LaunchOptions& options_;
+  SignalPipe& signals_;
+  std::vector<std::unique_ptr<Worker>> workers_;
+  std::vector<LineRelay> out_relays_;
+  std::vector<LineRelay> err_relays_;
+};
+
+}  // namespace
+
+int run_launch(const LaunchOptions& options) {
+  if (options.command.empty()) throw std::invalid_argument("no program to launch");
+  const bool single_node = options.nnodes == 1;
+  const std::string master_addr = options.master_addr.empty() ? "127.0.0.1" : options.master_addr;
+  // [Note: launcher-owned rendezvous socket] On one node the launcher binds the rendezvous port itself (port 0 asks
+  // the kernel for a free one) on MASTER_ADDR, loopback by default, and hands the listening socket to rank 0,
+  // whose TCPStore serves on it (TCPStoreOptions::masterListenFd). No port is guessed, no other process can take
+  // it between choosing and using it, and nothing listens beyond loopback unless asked. Across nodes rank 0's
+  // TCPStore binds MASTER_PORT itself on every interface, as with torchrun.
+  std::unique_ptr<ListenSocket> listen_socket;
+  int master_port = options.master_port != 0 ? options.master_port : 29500;
+  if (single_node) {
+    listen_socket = std::make_unique<ListenSocket>(master_addr, options.master_port);
+    master_port = listen_socket->port();
+  }
+  std::optional<int> listen_fd;
+  if (listen_socket) listen_fd = listen_socket->fd();
+
+  SignalPipe signals;
+  for (int attempt = 0;; ++attempt) {
+    GroupResult result;
+    {
+      WorkerGroup group(options, master_addr, master_port, attempt, listen_fd, signals);
+      result = group.supervise();
+    }
+    if (result.end != GroupEnd::WORKER_FAILED) return result.exit_code;
+    if (attempt >= options.max_restarts) {
+      if (options.max_restarts > 0) say("giving up after " + std::to_string(options.max_restarts) + " restart(s)");
+      return result.exit_code;
+    }
+    say("restarting the worker group (restart " + std::to_string(attempt + 1) + " of " +
+        std::to_string(options.max_restarts) + ")");
+  }
+}
+
+}  // namespace shardtrain::launch
