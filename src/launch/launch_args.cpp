@@ -118,9 +118,9 @@ LaunchOptions parse_launch_args(const std::vector<std::string>& args) {
         options.master_addr = *value;
         break;
       case Opt::MASTER_PORT:
-        options.master_port = parse_count(name, *value, 1);
+        options.master_port = parse_count(name, *value, 0);  // 0: choose a free port
         if (options.master_port > 65535) {
-          throw std::invalid_argument("--" + name + " " + *value + " is not a TCP port (1..65535)");
+          throw std::invalid_argument("--" + name + " " + *value + " is not a TCP port (0..65535, 0 = any free one)");
         }
         break;
       case Opt::MAX_RESTARTS: options.max_restarts = parse_count(name, *value, 0); break;

@@ -1,0 +1,279 @@
+// `shardtrain launch` end to end: success, a rank exiting with code 3, a rank killed by SIGKILL, a rank that hangs,
+// SIGTERM to the launcher, SIGKILL to the launcher, restarts, the environment, and output prefixes. Each test
+// checks the exit status, the message naming the rank, and that no worker (or worker's child) is left running,
+// by reading /proc for every pid the workers recorded.
+#include <fcntl.h>
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+namespace fs = std::filesystem;
+using Clock = std::chrono::steady_clock;
+
+namespace {
+
+struct LaunchResult {
+  int exit_code = -1;  // shell convention: 128 + signal when the launcher itself was killed
+  std::string out, err;
+  double seconds = 0;
+};
+
+std::string read_file(const fs::path& path) {
+  std::ifstream in(path);
+  std::stringstream s;
+  s << in.rdbuf();
+  return s.str();
+}
+
+class LauncherTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    char pattern[] = "/tmp/shardtrain-launch-XXXXXX";
+    dir_ = mkdtemp(pattern);
+  }
+  void TearDown() override {
+    // Whatever a failed test left behind must not outlive it.
+    for (pid_t pid : recorded_pids()) ::kill(pid, SIGKILL);
+    fs::remove_all(dir_);
+  }
+
+  // Runs `shardtrain launch ARGS -- probe_worker DIR MODE TARGET`. `during` runs while the launcher is running,
+  // with its pid, e.g. to signal it.
+  LaunchResult launch(std::vector<std::string> args, const std::string& mode, int target = 1,
+                      const std::function<void(pid_t)>& during = {}) {
+    std::vector<std::string> argv = {SHARDTRAIN_BIN, "launch"};
+    argv.insert(argv.end(), args.begin(), args.end());
+    argv.insert(argv.end(), {"--", PROBE_WORKER_BIN, dir_.string(), mode, std::to_string(target)});
+    const auto start = Clock::now();
+    pid_t pid = fork();
+    if (pid == 0) {
+      int out = ::open((dir_ / "out.txt").c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+      int err = ::open((dir_ / "err.txt").c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+      ::dup2(out, 1);
+      ::dup2(err, 2);
+      std::vector<char*> cargv;
+      for (auto& a : argv) cargv.push_back(a.data());
+      cargv.push_back(nullptr);
+      ::execv(cargv[0], cargv.data());
+      ::_exit(127);
+    }
+    if (during) during(pid);
+    int status = 0;
+    ::waitpid(pid, &status, 0);
+    LaunchResult r;
+    r.seconds = std::chrono::duration<double>(Clock::now() - start).count();
+    r.exit_code = WIFSIGNALED(status) ? 128 + WTERMSIG(status) : WEXITSTATUS(status);
+    r.out = read_file(dir_ / "out.txt");
+    r.err = read_file(dir_ / "err.txt");
+    return r;
+  }
+
+  std::vector<pid_t> recorded_pids() const {
+    std::vector<pid_t> pids;
+    if (!fs::exists(dir_)) return pids;
+    for (const auto& entry : fs::directory_iterator(dir_)) {
+      if (entry.path().extension() == ".pid") pids.push_back(std::atoi(read_file(entry.path()).c_str()));
+    }
+    return pids;
+  }
+
+  // Waits until `count` workers recorded their pids (they are running and have started their children).
+  bool wait_for_workers(int count, std::chrono::seconds limit = std::chrono::seconds(30)) const {
+    const auto deadline = Clock::now() + limit;
+    while (Clock::now() < deadline) {
+      int n = 0;
+      for (const auto& entry : fs::directory_iterator(dir_)) {
+        n += entry.path().filename().string().rfind("worker", 0) == 0 && entry.path().extension() == ".pid";
+      }
+      if (n >= count) return true;
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+    return false;
+  }
+
+  // A process is gone when /proc has no entry for it or it is a zombie (killed, not yet reaped by init).
+  static bool alive(pid_t pid) {
+    std::ifstream stat("/proc/" + std::to_string(pid) + "/stat");
+    if (!stat) return false;
+    std::string line;
+    std::getline(stat, line);
+    auto close = line.rfind(')');
+    if (close == std::string::npos || close + 2 >= line.size()) return false;
+    char state = line[close + 2];
+    return state != 'Z' && state != 'X';
+  }
+
+  // Checks that every recorded pid is gone (allowing a moment for the kernel to deliver SIGKILL).
+  void expect_nothing_left(const std::string& what) const {
+    auto pids = recorded_pids();
+    EXPECT_FALSE(pids.empty()) << what << ": the workers recorded no pids";
+    const auto deadline = Clock::now() + std::chrono::seconds(3);
+    for (pid_t pid : pids) {
+      while (alive(pid) && Clock::now() < deadline) std::this_thread::sleep_for(std::chrono::milliseconds(20));
+      EXPECT_FALSE(alive(pid)) << what << ": process " << pid << " outlived the launcher";
+    }
+  }
+
+  fs::path dir_;
+};
+
+bool contains(const std::string& text, const std::string& part) { return text.find(part) != std::string::npos; }
+
+TEST_F(LauncherTest, SuccessPrefixesEveryLineWithItsRank) {
+  auto r = launch({"--nproc-per-node", "3"}, "ok");
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  for (int rank = 0; rank < 3; ++rank) {
+    EXPECT_TRUE(contains(r.out, "[rank" + std::to_string(rank) + "]: hello from rank " + std::to_string(rank) + "\n"))
+        << r.out;
+    EXPECT_TRUE(contains(r.err, "[rank" + std::to_string(rank) + "]: stderr line from rank " + std::to_string(rank)))
+        << r.err;
+  }
+  expect_nothing_left("success");  // the `sleep` children the workers left behind are stopped too
+}
+
+TEST_F(LauncherTest, RankExitingWithCodeThreeStopsTheOthers) {
+  auto r = launch({"--nproc-per-node", "3"}, "exit3", 1);
+  EXPECT_EQ(r.exit_code, 3) << r.err;
+  EXPECT_TRUE(contains(r.err, "rank 1 (pid ")) << r.err;
+  EXPECT_TRUE(contains(r.err, "exited with code 3")) << r.err;
+  EXPECT_LT(r.seconds, 15) << "the other ranks were not stopped within seconds";
+  expect_nothing_left("exit 3");
+}
+
+TEST_F(LauncherTest, RankKilledBySigkill) {
+  auto r = launch({"--nproc-per-node", "2"}, "sigkill", 0);
+  EXPECT_EQ(r.exit_code, 128 + SIGKILL) << r.err;
+  EXPECT_TRUE(contains(r.err, "rank 0 (pid ")) << r.err;
+  EXPECT_TRUE(contains(r.err, "was killed by signal 9 (SIGKILL)")) << r.err;
+  expect_nothing_left("SIGKILL");
+}
+
+TEST_F(LauncherTest, HangingRankIsBroughtDownByTheCollectiveTimeout) {
+  // Rank 1 hangs after the rendezvous; rank 0's barrier times out (3 s), rank 0 fails, the launcher stops rank 1.
+  auto r = launch({"--nproc-per-node", "2"}, "hang", 1);
+  EXPECT_EQ(r.exit_code, 1) << r.err;
+  EXPECT_TRUE(contains(r.err, "[rank0]: barrier failed: barrier on world (rank 0 of 2, gloo) failed")) << r.err;
+  EXPECT_TRUE(contains(r.err, "rank 0 (pid ")) << r.err;
+  EXPECT_TRUE(contains(r.err, "exited with code 1")) << r.err;
+  EXPECT_LT(r.seconds, 30);
+  expect_nothing_left("hang");
+}
+
+TEST_F(LauncherTest, SigtermToTheLauncherReachesEveryWorker) {
+  auto r = launch({"--nproc-per-node", "3"}, "sleep", 0, [&](pid_t launcher) {
+    ASSERT_TRUE(wait_for_workers(3));
+    ::kill(launcher, SIGTERM);
+  });
+  EXPECT_EQ(r.exit_code, 128 + SIGTERM) << r.err;
+  EXPECT_TRUE(contains(r.err, "received SIGTERM, stopping 3 worker(s)")) << r.err;
+  EXPECT_LT(r.seconds, 15);
+  expect_nothing_left("SIGTERM");
+}
+
+TEST_F(LauncherTest, SigintToTheLauncher) {
+  auto r = launch({"--nproc-per-node", "2"}, "sleep", 0, [&](pid_t launcher) {
+    ASSERT_TRUE(wait_for_workers(2));
+    ::kill(launcher, SIGINT);
+  });
+  EXPECT_EQ(r.exit_code, 128 + SIGINT) << r.err;
+  expect_nothing_left("SIGINT");
+}
+
+TEST_F(LauncherTest, WorkersIgnoringSigtermAreKilled) {
+  // Rank 0 fails; ranks 1 and 2 ignore SIGTERM and are killed after the grace period.
+  auto r = launch({"--nproc-per-node", "3"}, "ignore-term", 0);
+  EXPECT_EQ(r.exit_code, 1) << r.err;
+  EXPECT_LT(r.seconds, 15);
+  expect_nothing_left("ignore SIGTERM");
+}
+
+TEST_F(LauncherTest, WorkersDieWithAKilledLauncher) {
+  auto r = launch({"--nproc-per-node", "2"}, "sleep", 0, [&](pid_t launcher) {
+    ASSERT_TRUE(wait_for_workers(2));
+    ::kill(launcher, SIGKILL);
+  });
+  EXPECT_EQ(r.exit_code, 128 + SIGKILL);
+  // The workers themselves get SIGKILL from the kernel (PR_SET_PDEATHSIG). Their own children are theirs to
+  // arrange; TearDown kills those.
+  const auto deadline = Clock::now() + std::chrono::seconds(3);
+  for (int rank = 0; rank < 2; ++rank) {
+    pid_t pid = std::atoi(read_file(dir_ / ("worker" + std::to_string(rank) + ".pid")).c_str());
+    while (alive(pid) && Clock::now() < deadline) std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    EXPECT_FALSE(alive(pid)) << "worker " << rank << " outlived the killed launcher";
+  }
+}
+
+TEST_F(LauncherTest, MaxRestartsRestartsTheWholeGroup) {
+  auto r = launch({"--nproc-per-node", "2", "--max-restarts", "2"}, "fail-first", 1);
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_TRUE(contains(r.err, "rank 1 (pid ")) << r.err;
+  EXPECT_TRUE(contains(r.err, "exited with code 5")) << r.err;
+  EXPECT_TRUE(contains(r.err, "restarting the worker group (restart 1 of 2)")) << r.err;
+  expect_nothing_left("restart");
+}
+
+TEST_F(LauncherTest, WithoutRestartsTheFailureIsFinal) {
+  auto r = launch({"--nproc-per-node", "2"}, "fail-first", 1);
+  EXPECT_EQ(r.exit_code, 5) << r.err;
+  EXPECT_FALSE(contains(r.err, "restarting")) << r.err;
+}
+
+TEST_F(LauncherTest, WorkersGetTorchrunEnvironment) {
+  auto r = launch({"--num_processes", "2", "--main_process_port", "0"}, "env");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  for (int rank = 0; rank < 2; ++rank) {
+    const std::string p = "[rank" + std::to_string(rank) + "]: ";
+    EXPECT_TRUE(contains(r.out, p + "RANK=" + std::to_string(rank) + "\n")) << r.out;
+    EXPECT_TRUE(contains(r.out, p + "LOCAL_RANK=" + std::to_string(rank) + "\n")) << r.out;
+    EXPECT_TRUE(contains(r.out, p + "WORLD_SIZE=2\n")) << r.out;
+    EXPECT_TRUE(contains(r.out, p + "LOCAL_WORLD_SIZE=2\n")) << r.out;
+    EXPECT_TRUE(contains(r.out, p + "MASTER_ADDR=127.0.0.1\n")) << r.out;
+    EXPECT_TRUE(contains(r.out, p + "TORCHELASTIC_RESTART_COUNT=0\n")) << r.out;
+  }
+  if (std::getenv("OMP_NUM_THREADS") == nullptr) {
+    EXPECT_TRUE(contains(r.out, "[rank0]: OMP_NUM_THREADS=1\n")) << r.out;
+  }
+  // Only rank 0 gets the launcher's listening socket.
+  EXPECT_FALSE(contains(r.out, "[rank0]: SHARDTRAIN_MASTER_LISTEN_FD=<unset>")) << r.out;
+  EXPECT_TRUE(contains(r.out, "[rank1]: SHARDTRAIN_MASTER_LISTEN_FD=<unset>")) << r.out;
+  EXPECT_FALSE(contains(r.out, "MASTER_PORT=0\n")) << "a free port must have been chosen: " << r.out;
+}
+
+TEST_F(LauncherTest, LastLineWithoutNewlineIsStillPrefixed) {
+  auto r = launch({"--nproc-per-node", "2"}, "partial");
+  EXPECT_EQ(r.exit_code, 0);
+  EXPECT_TRUE(contains(r.out, "[rank0]: no newline from rank 0\n")) << r.out;
+  EXPECT_TRUE(contains(r.out, "[rank1]: no newline from rank 1\n")) << r.out;
+}
+
+TEST_F(LauncherTest, ProgramThatCannotRunExits127) {
+  std::vector<std::string> argv = {SHARDTRAIN_BIN, "launch", "--nproc-per-node", "2", "--",
+                                   (dir_ / "no-such-program").string()};
+  std::string command;
+  for (auto& a : argv) command += "'" + a + "' ";
+  command += "2>" + (dir_ / "err.txt").string();
+  int status = std::system(command.c_str());
+  EXPECT_EQ(WEXITSTATUS(status), 127);
+  EXPECT_TRUE(contains(read_file(dir_ / "err.txt"), "cannot execute")) << read_file(dir_ / "err.txt");
+}
+
+TEST_F(LauncherTest, BadOptionExits2WithTheReason) {
+  std::string command = std::string("'") + SHARDTRAIN_BIN + "' launch --nproc-per-node zero -- true 2>" +
+                        (dir_ / "err.txt").string();
+  int status = std::system(command.c_str());
+  EXPECT_EQ(WEXITSTATUS(status), 2);
+  EXPECT_TRUE(contains(read_file(dir_ / "err.txt"), "--nproc-per-node 'zero' is not an integer >= 1"));
+}
+
+}  // namespace

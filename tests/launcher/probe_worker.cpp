@@ -1,0 +1,109 @@
+// A worker for the launcher tests that misbehaves on request. Every rank records its pid (and, in most modes, the
+// pid of a `sleep` child it starts, to check that the launcher stops a worker's children too) in DIR, then:
+//   ok          print a line on stdout and stderr, exit 0 (the child is left for the launcher to clean up)
+//   exit3       rank TARGET exits with code 3; the others sleep until stopped
+//   sigkill     rank TARGET kills itself with SIGKILL; the others sleep
+//   hang        all join the rendezvous; rank TARGET then hangs, the others wait in a barrier that times out
+//   ignore-term every rank ignores SIGTERM; rank TARGET exits 1, the others must be killed with SIGKILL
+//   sleep       every rank sleeps until stopped
+//   fail-first  rank TARGET exits 5 on the first attempt (TORCHELASTIC_RESTART_COUNT=0), all succeed after
+//   env         print the launcher's variables, exit 0
+//   partial     print a line without its newline, exit 0
+// usage: probe_worker DIR MODE [TARGET]
+#include <signal.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdlib>
+#include <fstream>
+#include <iostream>
+#include <string>
+#include <thread>
+
+#include "shardtrain/dist/env.h"
+#include "shardtrain/dist/process_group.h"
+
+namespace {
+
+std::string env_or(const char* name, const char* fallback) {
+  const char* v = std::getenv(name);
+  return v ? v : fallback;
+}
+
+void write_pid(const std::string& path, pid_t pid) {
+  std::ofstream(path + ".tmp") << pid << "\n";
+  std::rename((path + ".tmp").c_str(), path.c_str());
+}
+
+[[noreturn]] void sleep_forever() {
+  while (true) std::this_thread::sleep_for(std::chrono::seconds(1));
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc < 3) {
+    std::cerr << "usage: probe_worker DIR MODE [TARGET]\n";
+    return 2;
+  }
+  const std::string dir = argv[1], mode = argv[2];
+  const int target = argc > 3 ? std::atoi(argv[3]) : 1;
+  const int rank = std::atoi(env_or("RANK", "0").c_str());
+  const bool is_target = rank == target;
+
+  if (mode == "env") {
+    for (const char* name : {"RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "MASTER_ADDR",
+                             "MASTER_PORT", "OMP_NUM_THREADS", "TORCHELASTIC_RESTART_COUNT",
+                             "SHARDTRAIN_MASTER_LISTEN_FD"}) {
+      std::cout << name << "=" << env_or(name, "<unset>") << "\n";
+    }
+    return 0;
+  }
+  if (mode == "partial") {
+    std::cout << "no newline from rank " << rank << std::flush;
+    return 0;
+  }
+
+  pid_t child = fork();
+  if (child == 0) {
+    execl("/bin/sleep", "sleep", "300", static_cast<char*>(nullptr));
+    _exit(127);
+  }
+  write_pid(dir + "/grandchild" + std::to_string(rank) + ".pid", child);
+  if (mode == "ignore-term") signal(SIGTERM, SIG_IGN);
+  write_pid(dir + "/worker" + std::to_string(rank) + ".pid", getpid());
+  std::cout << "hello from rank " << rank << std::endl;
+  std::cerr << "stderr line from rank " << rank << std::endl;
+
+  const auto pause = std::chrono::milliseconds(300);
+  if (mode == "ok") return 0;
+  if (mode == "sleep") sleep_forever();
+  if (mode == "exit3" || mode == "sigkill" || mode == "ignore-term") {
+    if (!is_target) sleep_forever();
+    std::this_thread::sleep_for(pause);
+    if (mode == "sigkill") raise(SIGKILL);
+    return mode == "exit3" ? 3 : 1;
+  }
+  if (mode == "fail-first") {
+    const bool first = env_or("TORCHELASTIC_RESTART_COUNT", "0") == "0";
+    if (first && is_target) return 5;
+    return 0;
+  }
+  if (mode == "hang") {
+    using namespace shardtrain::dist;
+    InitOptions options;
+    options.timeout = std::chrono::seconds(3);
+    ProcessGroup pg = ProcessGroup::init(read_dist_env(process_env_lookup()), options);
+    if (is_target) sleep_forever();
+    try {
+      pg.world().barrier().wait();
+    } catch (const std::exception& e) {
+      std::cerr << "barrier failed: " << e.what() << std::endl;
+      return 1;
+    }
+    std::cerr << "barrier passed although rank " << target << " hangs" << std::endl;
+    return 0;
+  }
+  std::cerr << "unknown mode " << mode << "\n";
+  return 2;
+}
