@@ -7,6 +7,7 @@
 #include <string>
 
 #include "dist/communicator_impl.h"
+#include "dist/error_text.h"
 #include "dist/work_state.h"
 
 namespace shardtrain::dist {
@@ -36,7 +37,7 @@ void Work::wait() {
       state_->work->wait();
     } catch (const std::exception& e) {
       state_->done = true;  // a failed operation is not retried by a second wait()
-      throw std::runtime_error(state_->what + " failed: " + e.what());
+      throw std::runtime_error(state_->what + " failed: " + error_text(e));
     }
   }
   if (state_->finish) state_->finish();

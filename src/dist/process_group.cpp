@@ -11,6 +11,7 @@
 
 #include "dist/backends.h"
 #include "dist/communicator_impl.h"
+#include "dist/error_text.h"
 
 namespace shardtrain::dist {
 
@@ -62,7 +63,7 @@ c10::intrusive_ptr<c10d::Store> connect_store(const DistEnv& env, std::chrono::m
     throw std::runtime_error("rendezvous failed on rank " + std::to_string(env.rank) + " of " +
                              std::to_string(env.world_size) + " (" + role + ") at MASTER_ADDR:MASTER_PORT = " +
                              env.master_addr + ":" + std::to_string(env.master_port) + " within " +
-                             seconds_text(timeout) + ": " + e.what());
+                             seconds_text(timeout) + ": " + error_text(e));
   }
 }
 
