@@ -293,8 +293,9 @@ class WorkerGroup {
   // Sends `sig` to every running worker's process group, relays output while they stop, kills what is left after
   // the grace period, then drains and closes the pipes. A second terminating signal skips the grace period.
   void stop(int sig) {
+    std::vector<Worker*> stopped;
     for (auto& w : workers_) {
-      if (w->running()) w->signal_group(sig);
+      if (w->running()) w->signal_group(sig), stopped.push_back(w.get());
     }
     const auto deadline = Clock::now() + options_.stop_grace;
     while (running_count() > 0 && Clock::now() < deadline) {
@@ -318,6 +319,11 @@ class WorkerGroup {
       err_relays_[i].flush();
       workers_[i]->close_stdout();
       workers_[i]->close_stderr();
+    }
+    if (sig == SIGKILL) return;  // the clean-up after a success: nothing to report
+    for (const Worker* w : stopped) {
+      say("stopped rank " + std::to_string(w->rank()) + " (pid " + std::to_string(w->pid()) + "): " +
+          w->status()->describe());
     }
   }
 

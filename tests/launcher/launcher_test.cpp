@@ -4,7 +4,9 @@
 // by reading /proc for every pid the workers recorded.
 #include <fcntl.h>
 #include <gtest/gtest.h>
+#include <netinet/in.h>
 #include <signal.h>
+#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -56,10 +58,21 @@ class LauncherTest : public ::testing::Test {
     argv.insert(argv.end(), args.begin(), args.end());
     argv.insert(argv.end(), {"--", PROBE_WORKER_BIN, dir_.string(), mode, std::to_string(target)});
     const auto start = Clock::now();
+    pid_t pid = spawn(argv, "");
+    if (during) during(pid);
+    LaunchResult r = finish(pid, "");
+    r.seconds = std::chrono::duration<double>(Clock::now() - start).count();
+    return r;
+  }
+
+  // Starts a launcher with stdout/stderr in DIR/out<tag>.txt and DIR/err<tag>.txt.
+  pid_t spawn(std::vector<std::string> argv, const std::string& tag) const {
+    const std::string out_path = (dir_ / ("out" + tag + ".txt")).string();
+    const std::string err_path = (dir_ / ("err" + tag + ".txt")).string();
     pid_t pid = fork();
     if (pid == 0) {
-      int out = ::open((dir_ / "out.txt").c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-      int err = ::open((dir_ / "err.txt").c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+      int out = ::open(out_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+      int err = ::open(err_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
       ::dup2(out, 1);
       ::dup2(err, 2);
       std::vector<char*> cargv;
@@ -68,14 +81,16 @@ class LauncherTest : public ::testing::Test {
       ::execv(cargv[0], cargv.data());
       ::_exit(127);
     }
-    if (during) during(pid);
+    return pid;
+  }
+
+  LaunchResult finish(pid_t pid, const std::string& tag) const {
     int status = 0;
     ::waitpid(pid, &status, 0);
     LaunchResult r;
-    r.seconds = std::chrono::duration<double>(Clock::now() - start).count();
     r.exit_code = WIFSIGNALED(status) ? 128 + WTERMSIG(status) : WEXITSTATUS(status);
-    r.out = read_file(dir_ / "out.txt");
-    r.err = read_file(dir_ / "err.txt");
+    r.out = read_file(dir_ / ("out" + tag + ".txt"));
+    r.err = read_file(dir_ / ("err" + tag + ".txt"));
     return r;
   }
 
@@ -177,6 +192,10 @@ TEST_F(LauncherTest, SigtermToTheLauncherReachesEveryWorker) {
   });
   EXPECT_EQ(r.exit_code, 128 + SIGTERM) << r.err;
   EXPECT_TRUE(contains(r.err, "received SIGTERM, stopping 3 worker(s)")) << r.err;
+  for (int rank = 0; rank < 3; ++rank) {
+    EXPECT_TRUE(contains(r.err, "stopped rank " + std::to_string(rank) + " (pid ")) << r.err;
+  }
+  EXPECT_TRUE(contains(r.err, "was killed by signal 15 (SIGTERM)")) << r.err;
   EXPECT_LT(r.seconds, 15);
   expect_nothing_left("SIGTERM");
 }
@@ -194,6 +213,8 @@ TEST_F(LauncherTest, WorkersIgnoringSigtermAreKilled) {
   // Rank 0 fails; ranks 1 and 2 ignore SIGTERM and are killed after the grace period.
   auto r = launch({"--nproc-per-node", "3"}, "ignore-term", 0);
   EXPECT_EQ(r.exit_code, 1) << r.err;
+  EXPECT_TRUE(contains(r.err, "stopped rank 2 (pid ")) << r.err;
+  EXPECT_TRUE(contains(r.err, "was killed by signal 9 (SIGKILL)")) << r.err;
   EXPECT_LT(r.seconds, 15);
   expect_nothing_left("ignore SIGTERM");
 }
@@ -248,6 +269,40 @@ TEST_F(LauncherTest, WorkersGetTorchrunEnvironment) {
   EXPECT_FALSE(contains(r.out, "[rank0]: SHARDTRAIN_MASTER_LISTEN_FD=<unset>")) << r.out;
   EXPECT_TRUE(contains(r.out, "[rank1]: SHARDTRAIN_MASTER_LISTEN_FD=<unset>")) << r.out;
   EXPECT_FALSE(contains(r.out, "MASTER_PORT=0\n")) << "a free port must have been chosen: " << r.out;
+}
+
+TEST_F(LauncherTest, TwoNodesOnOneMachine) {
+  // Two launchers, one per "node", rendezvous at 127.0.0.1 on a port rank 0's TCPStore binds itself (the
+  // multi-node path), forming one world of 4.
+  int port = 0;
+  {
+    int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in address{};
+    address.sin_family = AF_INET;
+    address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    ::bind(fd, reinterpret_cast<sockaddr*>(&address), sizeof(address));
+    socklen_t length = sizeof(address);
+    ::getsockname(fd, reinterpret_cast<sockaddr*>(&address), &length);
+    port = ntohs(address.sin_port);
+    ::close(fd);
+  }
+  std::vector<pid_t> launchers;
+  for (int node = 0; node < 2; ++node) {
+    launchers.push_back(spawn({SHARDTRAIN_BIN, "launch", "--nnodes", "2", "--node-rank", std::to_string(node),
+                               "--nproc-per-node", "2", "--master-addr", "127.0.0.1", "--master-port",
+                               std::to_string(port), "--", PROBE_WORKER_BIN, dir_.string(), "allreduce"},
+                              std::to_string(node)));
+  }
+  for (int node = 0; node < 2; ++node) {
+    LaunchResult r = finish(launchers[node], std::to_string(node));
+    EXPECT_EQ(r.exit_code, 0) << r.err;
+    for (int local = 0; local < 2; ++local) {
+      const int rank = node * 2 + local;
+      EXPECT_TRUE(contains(r.out, "[rank" + std::to_string(rank) + "]: rank " + std::to_string(rank) +
+                                      " of 4 on node " + std::to_string(node) + ": sum 6\n"))
+          << r.out << r.err;
+    }
+  }
 }
 
 TEST_F(LauncherTest, LastLineWithoutNewlineIsStillPrefixed) {

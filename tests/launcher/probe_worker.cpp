@@ -9,6 +9,7 @@
 //   fail-first  rank TARGET exits 5 on the first attempt (TORCHELASTIC_RESTART_COUNT=0), all succeed after
 //   env         print the launcher's variables, exit 0
 //   partial     print a line without its newline, exit 0
+//   allreduce   join the job's process group, all-reduce the ranks and print the sum (multi-node test)
 // usage: probe_worker DIR MODE [TARGET]
 #include <signal.h>
 #include <unistd.h>
@@ -19,6 +20,8 @@
 #include <iostream>
 #include <string>
 #include <thread>
+
+#include <ATen/ATen.h>
 
 #include "shardtrain/dist/env.h"
 #include "shardtrain/dist/process_group.h"
@@ -57,6 +60,18 @@ int main(int argc, char** argv) {
                              "SHARDTRAIN_MASTER_LISTEN_FD"}) {
       std::cout << name << "=" << env_or(name, "<unset>") << "\n";
     }
+    return 0;
+  }
+  if (mode == "allreduce") {
+    using namespace shardtrain::dist;
+    InitOptions options;
+    options.timeout = std::chrono::seconds(30);
+    DistEnv env = read_dist_env(process_env_lookup());
+    ProcessGroup pg = ProcessGroup::init(env, options);
+    at::Tensor t = at::full({1}, static_cast<double>(env.rank), at::kDouble);
+    pg.world().all_reduce(t, ReduceOp::SUM).wait();
+    std::cout << "rank " << env.rank << " of " << env.world_size << " on node " << env.node_rank << ": sum "
+              << t.item<double>() << std::endl;
     return 0;
   }
   if (mode == "partial") {
