@@ -1,0 +1,32 @@
+// Per-rank memory accounting, measured by the project itself: on CPU a counting allocator placed in front of c10's
+// CPU allocator, on CUDA the caching allocator's own statistics. Bytes are what tensors asked for (allocator
+// rounding and the caching allocator's reserve are not counted); `current` is live now, `peak` the most live at
+// once since the last reset.
+#pragma once
+
+#include <cstdint>
+
+namespace shardtrain::memory {
+
+struct MemoryStats {
+  int64_t current_bytes = 0;
+  int64_t peak_bytes = 0;
+  int64_t allocations = 0;  // allocations made since the counter was installed (CPU) or the stats were reset (CUDA)
+};
+
+// Installs the counting CPU allocator through c10::SetCPUAllocator. Only tensors allocated after installation are
+// counted. Process-wide by nature: c10 keeps one CPU allocator per process, and the counter must outlive every
+// tensor it allocated, so it is never uninstalled. Idempotent and thread-safe.
+void install_cpu_memory_counter();
+bool cpu_memory_counter_installed();
+
+// Throws std::logic_error when the counter is not installed (rather than reporting zeros that look like data).
+MemoryStats cpu_memory_stats();
+void reset_cpu_peak();  // peak := current
+
+// The CUDA caching allocator's allocated-bytes statistics for `device`. Throws std::runtime_error naming the
+// device when CUDA is not available (this build always compiles the path; it runs on a machine with a GPU).
+MemoryStats cuda_memory_stats(int device);
+void reset_cuda_peak(int device);
+
+}  // namespace shardtrain::memory

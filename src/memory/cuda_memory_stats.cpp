@@ -1,0 +1,33 @@
+#include <c10/core/CachingDeviceAllocator.h>
+#include <c10/core/impl/DeviceGuardImplInterface.h>
+
+#include <stdexcept>
+#include <string>
+
+#include "shardtrain/memory/memory_stats.h"
+
+namespace shardtrain::memory {
+namespace {
+
+c10::DeviceAllocator& cuda_allocator(int device) {
+  const bool available = c10::impl::hasDeviceGuardImpl(c10::kCUDA) &&
+                         c10::impl::getDeviceGuardImpl(c10::kCUDA)->deviceCount() > device && device >= 0;
+  if (!available) {
+    throw std::runtime_error("CUDA memory statistics for device " + std::to_string(device) +
+                             ": no such CUDA device is available in this process");
+  }
+  return *c10::getDeviceAllocator(c10::kCUDA);
+}
+
+}  // namespace
+
+MemoryStats cuda_memory_stats(int device) {
+  auto stats = cuda_allocator(device).getDeviceStats(static_cast<c10::DeviceIndex>(device));
+  // Index 0 of each StatArray aggregates all pool types (small and large).
+  const auto& allocated = stats.allocated_bytes[0];
+  return MemoryStats{allocated.current, allocated.peak, stats.allocation[0].allocated};
+}
+
+void reset_cuda_peak(int device) { cuda_allocator(device).resetPeakStats(static_cast<c10::DeviceIndex>(device)); }
+
+}  // namespace shardtrain::memory

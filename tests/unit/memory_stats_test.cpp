@@ -1,0 +1,72 @@
+// The counting CPU allocator: exact byte counts for tensors allocated and freed, the peak, and the reset; the CUDA
+// statistics path fails clearly without a GPU.
+#include <ATen/ATen.h>
+#include <gtest/gtest.h>
+
+#include <thread>
+#include <vector>
+
+#include "shardtrain/memory/memory_stats.h"
+
+namespace shardtrain::memory {
+namespace {
+
+TEST(MemoryStats, CountsWhatTensorsAllocateAndFree) {
+  install_cpu_memory_counter();
+  install_cpu_memory_counter();  // idempotent
+  ASSERT_TRUE(cpu_memory_counter_installed());
+  const MemoryStats before = cpu_memory_stats();
+  {
+    at::Tensor a = at::empty({1000}, at::kFloat);   // 4000 bytes
+    at::Tensor b = at::empty({250}, at::kDouble);   // 2000 bytes
+    const MemoryStats during = cpu_memory_stats();
+    EXPECT_EQ(during.current_bytes - before.current_bytes, 6000);
+    EXPECT_EQ(during.allocations - before.allocations, 2);
+    at::Tensor view = a.narrow(0, 10, 20);  // a view allocates nothing
+    EXPECT_EQ(cpu_memory_stats().current_bytes, during.current_bytes);
+  }
+  EXPECT_EQ(cpu_memory_stats().current_bytes, before.current_bytes);
+}
+
+TEST(MemoryStats, PeakAndReset) {
+  install_cpu_memory_counter();
+  reset_cpu_peak();
+  const int64_t base = cpu_memory_stats().current_bytes;
+  EXPECT_EQ(cpu_memory_stats().peak_bytes, base);
+  { at::Tensor big = at::empty({1 << 20}, at::kFloat); }  // 4 MiB, freed at once
+  { at::Tensor small = at::empty({1 << 10}, at::kFloat); }
+  EXPECT_EQ(cpu_memory_stats().peak_bytes - base, 4 << 20);
+  EXPECT_EQ(cpu_memory_stats().current_bytes, base);
+  reset_cpu_peak();
+  EXPECT_EQ(cpu_memory_stats().peak_bytes, base);
+}
+
+TEST(MemoryStats, CountsAcrossThreads) {
+  install_cpu_memory_counter();
+  const int64_t base = cpu_memory_stats().current_bytes;
+  std::vector<std::thread> threads;
+  std::vector<at::Tensor> kept(4);
+  for (int t = 0; t < 4; ++t) {
+    threads.emplace_back([&kept, t] {
+      for (int i = 0; i < 200; ++i) at::empty({100 + i}, at::kFloat);
+      kept[t] = at::empty({1024}, at::kByte);
+    });
+  }
+  for (auto& th : threads) th.join();
+  EXPECT_EQ(cpu_memory_stats().current_bytes - base, 4 * 1024);
+  kept.clear();
+  EXPECT_EQ(cpu_memory_stats().current_bytes, base);
+}
+
+TEST(MemoryStats, CudaWithoutDeviceIsAClearError) {
+  if (c10::impl::hasDeviceGuardImpl(c10::kCUDA) && at::hasCUDA()) GTEST_SKIP() << "a GPU is present";
+  try {
+    cuda_memory_stats(0);
+    ADD_FAILURE() << "no error";
+  } catch (const std::runtime_error& e) {
+    EXPECT_NE(std::string(e.what()).find("device 0"), std::string::npos) << e.what();
+  }
+}
+
+}  // namespace
+}  // namespace shardtrain::memory
