@@ -1,0 +1,87 @@
+#include "fsdp/fsdp_param.h"
+
+#include <c10/core/GradMode.h>
+#include <c10/core/StorageImpl.h>
+
+#include <stdexcept>
+
+namespace shardtrain::fsdp {
+
+FsdpParam::FsdpParam(std::string name, at::Tensor param, int world, int rank)
+    : name_(std::move(name)), param_(std::move(param)), world_(world), rank_(rank) {
+  scalar_ = param_.dim() == 0;
+  shape_ = scalar_ ? std::vector<int64_t>{1} : param_.sizes().vec();
+  rows_ = shape_[0];
+  row_numel_ = 1;
+  for (size_t d = 1; d < shape_.size(); ++d) row_numel_ *= shape_[d];
+  chunk_rows_ = (rows_ + world_ - 1) / world_;
+  if (chunk_rows_ == 0) chunk_rows_ = 1;  // an empty parameter still gets a (padding) row
+  shard_shape_ = shape_;
+  shard_shape_[0] = chunk_rows_;
+  padded_shape_ = shape_;
+  padded_shape_[0] = chunk_rows_ * world_;
+  if (!param_.is_contiguous()) {
+    throw std::invalid_argument("fully_shard: parameter '" + name_ + "' is not contiguous");
+  }
+}
+
+void FsdpParam::init_shard(const at::Tensor& shard_view) {
+  c10::AutoGradMode no_grad(false);
+  shard_flat_ = shard_view;
+  shard_ = shard_flat_.view(shard_shape_);
+  shard_.zero_();
+  const int64_t first = static_cast<int64_t>(rank_) * chunk_rows_;
+  const int64_t real_rows = std::max<int64_t>(0, std::min(rows_, first + chunk_rows_) - first);
+  if (real_rows > 0) shard_.narrow(0, 0, real_rows).copy_(param_.reshape(shape_).narrow(0, first, real_rows));
+  unsharded_ = at::empty(padded_shape_, shard_.options());
+  use_sharded();
+}
+
+bool FsdpParam::unsharded_allocated() const { return unsharded_.storage().nbytes() > 0; }
+
+void FsdpParam::alloc_unsharded() {
+  c10::StorageImpl* storage = unsharded_.storage().unsafeGetStorageImpl();
+  if (storage->nbytes() > 0) return;
+  const size_t nbytes = static_cast<size_t>(unsharded_.numel()) * unsharded_.element_size();
+  storage->set_data_ptr_noswap(storage->allocator()->allocate(nbytes));
+  storage->set_nbytes(nbytes);
+}
+
+void FsdpParam::copy_in_unsharded(const at::Tensor& gathered, int64_t unit_shard_numel, int64_t offset_in_unit) {
+  c10::AutoGradMode no_grad(false);
+  at::Tensor chunks = gathered.view({world_, unit_shard_numel}).narrow(1, offset_in_unit, shard_numel());
+  unsharded_.view({world_, shard_numel()}).copy_(chunks);
+}
+
+void FsdpParam::use_unsharded() {
+  if (!unsharded_allocated()) {
+    throw std::logic_error("fully_shard: parameter '" + name_ + "' made unsharded before its buffer was filled");
+  }
+  at::Tensor full = unsharded_.narrow(0, 0, rows_);
+  param_.set_data(scalar_ ? full.view({}) : full);
+}
+
+void FsdpParam::use_sharded() {
+  param_.set_data(shard_);
+  c10::StorageImpl* storage = unsharded_.storage().unsafeGetStorageImpl();
+  storage->set_data_ptr_noswap(at::DataPtr(nullptr, unsharded_.device()));
+  storage->set_nbytes(0);
+}
+
+void FsdpParam::copy_grad_out(const at::Tensor& full_grad, const at::Tensor& rs_input, int64_t unit_shard_numel,
+                              int64_t offset_in_unit) const {
+  c10::AutoGradMode no_grad(false);
+  at::Tensor dst = rs_input.view({world_, unit_shard_numel}).narrow(1, offset_in_unit, shard_numel());
+  at::Tensor grad = full_grad.reshape({rows_, row_numel_});
+  if (rows_ == chunk_rows_ * world_) {
+    dst.copy_(grad.view({world_, shard_numel()}));
+    return;
+  }
+  at::Tensor padded = at::zeros({chunk_rows_ * world_, row_numel_}, grad.options());
+  padded.narrow(0, 0, rows_).copy_(grad);
+  dst.copy_(padded.view({world_, shard_numel()}));
+}
+
+at::Tensor FsdpParam::as_shard(const at::Tensor& flat) const { return flat.view(shard_shape_); }
+
+}  // namespace shardtrain::fsdp

@@ -1,0 +1,72 @@
+// One parameter under fully_shard, moving between its sharded and unsharded forms (private to the fsdp layer).
+//
+// [Note: FSDP parameter storage] The module keeps its own parameter tensor for life (the optimizer holds the same
+// TensorImpl); only its data is swapped with set_data():
+//   SHARDED    data = this rank's rows, a (chunk_rows, rest...) view into the unit's flat shard buffer. This is
+//              what the optimizer reads and updates. Padding rows past the real ones stay zero.
+//   UNSHARDED  data = the first `rows` rows of `unsharded_`, a (chunk_rows * W, rest...) buffer filled by the
+//              unit's all-gather. While SHARDED, that buffer's storage is freed in place (nbytes 0) and refilled on
+//              the next unshard (../shared/notes/libtorch.md §7), so views autograd saved during forward (e.g. the
+//              transposed weight of a linear) stay valid across the free and refill.
+// Memory: SHARDED costs shard_numel elements; UNSHARDED adds chunk_rows * W * row_numel.
+#pragma once
+
+#include <ATen/ATen.h>
+
+#include <string>
+#include <vector>
+
+namespace shardtrain::fsdp {
+
+class FsdpParam {
+ public:
+  // `param` holds the full value, identical on every rank; nothing is swapped until init_shard().
+  FsdpParam(std::string name, at::Tensor param, int world, int rank);
+
+  const std::string& name() const { return name_; }
+  const at::Tensor& param() const { return param_; }
+  int64_t shard_numel() const { return chunk_rows_ * row_numel_; }
+  const std::vector<int64_t>& full_shape() const { return shape_; }
+
+  // Copies this rank's rows of the full value into `shard_view` (flat, shard_numel elements, a slot of the unit's
+  // flat shard buffer) and points the parameter at it. The full value is released.
+  void init_shard(const at::Tensor& shard_view);
+  // The flat shard slot (for the all-gather's input).
+  const at::Tensor& shard_flat() const { return shard_flat_; }
+
+  // Allocates the unsharded buffer's storage (in place, keeping saved views valid) and returns it flat:
+  // (W * shard_numel) elements, rank-major, to be filled by copy_in_unsharded().
+  void alloc_unsharded();
+  // Copies rank r's chunk from the all-gather output (rank-major over the unit's params) into the buffer.
+  void copy_in_unsharded(const at::Tensor& gathered, int64_t unit_shard_numel, int64_t offset_in_unit);
+  // Points the parameter at its full value (the first `rows` rows of the buffer).
+  void use_unsharded();
+  // Points the parameter at its shard and frees the unsharded storage.
+  void use_sharded();
+  bool unsharded_allocated() const;
+
+  // Writes this parameter's full gradient (full_shape) into the reduce-scatter input (rank-major, padded rows
+  // zero), at offset_in_unit inside each rank's block of unit_shard_numel elements.
+  void copy_grad_out(const at::Tensor& full_grad, const at::Tensor& rs_input, int64_t unit_shard_numel,
+                     int64_t offset_in_unit) const;
+  // The shard-shaped view of a flat shard-sized tensor.
+  at::Tensor as_shard(const at::Tensor& flat) const;
+
+ private:
+  std::string name_;
+  at::Tensor param_;
+  std::vector<int64_t> shape_;        // full shape; 0-dim parameters are treated as shape (1)
+  std::vector<int64_t> shard_shape_;  // (chunk_rows, rest...)
+  std::vector<int64_t> padded_shape_; // (chunk_rows * W, rest...)
+  int64_t rows_ = 1;                  // full_shape[0]
+  int64_t row_numel_ = 1;             // product of full_shape[1:]
+  int64_t chunk_rows_ = 1;            // ceil(rows / W)
+  int world_ = 1;
+  int rank_ = 0;
+  bool scalar_ = false;
+  at::Tensor shard_flat_;  // view into the unit's flat shard buffer
+  at::Tensor shard_;       // shard_flat_ viewed as shard_shape_
+  at::Tensor unsharded_;   // padded_shape_, own storage, freed while sharded
+};
+
+}  // namespace shardtrain::fsdp

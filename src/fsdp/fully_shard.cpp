@@ -1,0 +1,87 @@
+#include "shardtrain/fsdp/fully_shard.h"
+
+#include <torch/nn/module.h>
+
+#include <set>
+#include <stdexcept>
+
+#include "fsdp/fsdp_unit.h"
+
+namespace shardtrain::fsdp {
+
+void install_unit(const std::shared_ptr<FsdpUnit::Impl>& unit);  // fsdp_unit.cpp
+
+namespace {
+
+FsdpInterceptor* fsdp_interceptor_of(torch::nn::Module& module) {
+  nn::InterceptPoint* point = nn::as_intercept_point(module);
+  if (point == nullptr) return nullptr;
+  for (const auto& interceptor : point->interceptors().list()) {
+    if (auto* f = dynamic_cast<FsdpInterceptor*>(interceptor.get())) return f;
+  }
+  return nullptr;
+}
+
+}  // namespace
+
+FsdpUnit fully_shard(const std::shared_ptr<torch::nn::Module>& module, const dist::Communicator& group,
+                     const FsdpOptions& options) {
+  if (!module) throw std::invalid_argument("fully_shard: null module");
+  nn::InterceptPoint* point = nn::as_intercept_point(*module);
+  if (point == nullptr) {
+    throw std::invalid_argument("fully_shard: module " + module->name() +
+                                " does not derive from shardtrain::nn::Interceptable, so its calls cannot be "
+                                "intercepted (see shardtrain/nn/intercept.h)");
+  }
+  if (fsdp_interceptor_of(*module) != nullptr) {
+    throw std::invalid_argument("fully_shard: module " + module->name() + " is already a unit");
+  }
+  // Parameters of units inside this module belong to them.
+  std::set<const c10::TensorImpl*> owned;
+  for (const auto& item : module->named_modules("", /*include_self=*/false)) {
+    if (FsdpInterceptor* inner = fsdp_interceptor_of(*item.value())) {
+      for (const auto& p : inner->unit()->params) owned.insert(p.param().unsafeGetTensorImpl());
+    }
+  }
+  std::vector<std::pair<std::string, at::Tensor>> params;
+  for (const auto& item : module->named_parameters(/*recurse=*/true)) {
+    if (owned.count(item.value().unsafeGetTensorImpl()) == 0) params.emplace_back(item.key(), item.value());
+  }
+  auto unit = std::make_shared<FsdpUnit::Impl>(module->name(), std::move(params), group, options);
+  install_unit(unit);
+  point->interceptors().add(std::make_shared<FsdpInterceptor>(unit));
+  return FsdpUnit(unit);
+}
+
+std::vector<FsdpUnit> units_of(const std::shared_ptr<torch::nn::Module>& root) {
+  std::vector<FsdpUnit> units;
+  for (const auto& item : root->named_modules()) {
+    if (FsdpInterceptor* f = fsdp_interceptor_of(*item.value())) units.emplace_back(f->unit());
+  }
+  return units;
+}
+
+std::map<std::string, at::Tensor> gather_full_parameters(const std::shared_ptr<torch::nn::Module>& root) {
+  std::map<std::string, at::Tensor> full;
+  std::set<const c10::TensorImpl*> in_units;
+  for (const auto& item : root->named_modules()) {
+    FsdpInterceptor* f = fsdp_interceptor_of(*item.value());
+    if (f == nullptr) continue;
+    FsdpUnit::Impl& unit = *f->unit();
+    const bool was_sharded = unit.state == ShardState::SHARDED;
+    unit.unshard();
+    std::set<const c10::TensorImpl*> mine;
+    for (const auto& p : unit.params) mine.insert(p.param().unsafeGetTensorImpl());
+    for (const auto& named : root->named_parameters()) {
+      if (mine.count(named.value().unsafeGetTensorImpl())) full[named.key()] = named.value().detach().clone();
+    }
+    in_units.insert(mine.begin(), mine.end());
+    if (was_sharded) unit.reshard();
+  }
+  for (const auto& named : root->named_parameters()) {
+    if (!in_units.count(named.value().unsafeGetTensorImpl())) full[named.key()] = named.value().detach().clone();
+  }
+  return full;
+}
+
+}  // namespace shardtrain::fsdp

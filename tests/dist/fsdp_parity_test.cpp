@@ -1,0 +1,167 @@
+// fully_shard parity: N training steps of a small transformer-like model, sharded over the world (W = 1..4 as the
+// binary is launched), give the same losses and final parameters as one process training the same model on the
+// whole batch. Grid: reshard_after_forward {on (FULL_SHARD), off (SHARD_GRAD_OP)} x optimizer {SGD, AdamW}.
+// Sizes are odd so that dim-0 sharding pads (10 rows over 3 or 4 ranks, 26 over 4, 3 over 4: some ranks hold only
+// padding). float32 tolerance: 1e-5 relative.
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include "dist_test_env.h"
+#include "shardtrain/fsdp/fully_shard.h"
+#include "shardtrain/nn/intercept.h"
+
+namespace shardtrain::fsdp {
+namespace {
+
+using testing::test_process_group;
+
+constexpr int64_t kIn = 6, kDim = 10, kHidden = 26, kOut = 3, kBatch = 12, kSteps = 4;
+
+struct BlockImpl : nn::Interceptable<BlockImpl, at::Tensor(at::Tensor)> {
+  BlockImpl() {
+    norm = register_module("norm", torch::nn::LayerNorm(torch::nn::LayerNormOptions({kDim})));
+    fc1 = register_module("fc1", torch::nn::Linear(kDim, kHidden));
+    fc2 = register_module("fc2", torch::nn::Linear(kHidden, kDim));
+  }
+  at::Tensor forward_impl(at::Tensor x) { return x + fc2(torch::gelu(fc1(norm(x)))); }
+  torch::nn::LayerNorm norm{nullptr};
+  torch::nn::Linear fc1{nullptr}, fc2{nullptr};
+};
+TORCH_MODULE(Block);
+
+struct ToyImpl : nn::Interceptable<ToyImpl, at::Tensor(at::Tensor)> {
+  ToyImpl() {
+    in = register_module("in", torch::nn::Linear(kIn, kDim));
+    for (int i = 0; i < 3; ++i) blocks.push_back(register_module("blocks" + std::to_string(i), Block()));
+    head = register_module("head", torch::nn::Linear(kDim, kOut));
+  }
+  at::Tensor forward_impl(at::Tensor x) {
+    at::Tensor h = in(x);
+    for (auto& b : blocks) h = b(h);
+    return head(h);
+  }
+  torch::nn::Linear in{nullptr}, head{nullptr};
+  std::vector<Block> blocks;
+};
+TORCH_MODULE(Toy);
+
+enum class Opt { SGD, ADAMW };
+
+std::unique_ptr<torch::optim::Optimizer> make_optimizer(Opt opt, std::vector<at::Tensor> params) {
+  if (opt == Opt::SGD) return std::make_unique<torch::optim::SGD>(params, torch::optim::SGDOptions(0.1).momentum(0.9));
+  return std::make_unique<torch::optim::AdamW>(params, torch::optim::AdamWOptions(1e-2).weight_decay(0.05));
+}
+
+// The batches of every step, the same on every rank.
+std::vector<std::pair<at::Tensor, at::Tensor>> make_batches() {
+  torch::manual_seed(7);
+  std::vector<std::pair<at::Tensor, at::Tensor>> batches;
+  for (int s = 0; s < kSteps; ++s) batches.emplace_back(torch::randn({kBatch, kIn}), torch::randn({kBatch, kOut}));
+  return batches;
+}
+
+struct Run {
+  std::vector<double> losses;
+  std::map<std::string, at::Tensor> params;
+};
+
+Run train_reference(Opt opt) {
+  torch::manual_seed(42);
+  Toy model;
+  auto optimizer = make_optimizer(opt, model->parameters());
+  Run run;
+  for (auto& [x, y] : make_batches()) {
+    optimizer->zero_grad();
+    at::Tensor loss = torch::mse_loss(model(x), y);
+    loss.backward();
+    optimizer->step();
+    run.losses.push_back(loss.item<double>());
+  }
+  for (const auto& p : model->named_parameters()) run.params[p.key()] = p.value().detach().clone();
+  return run;
+}
+
+Run train_sharded(Opt opt, bool reshard_after_forward) {
+  const dist::Communicator& world = test_process_group().world();
+  const int w = world.size(), r = world.rank();
+  torch::manual_seed(42);
+  Toy model;  // identical initial weights on every rank (same seed)
+  FsdpOptions options;
+  options.reshard_after_forward = reshard_after_forward;
+  for (auto& b : model->blocks) fully_shard(b.ptr(), world, options);
+  fully_shard(model.ptr(), world, options);
+  auto optimizer = make_optimizer(opt, model->parameters());
+  Run run;
+  const int64_t local = kBatch / w;
+  for (auto& [x, y] : make_batches()) {
+    optimizer->zero_grad();
+    at::Tensor loss = torch::mse_loss(model(x.narrow(0, r * local, local)), y.narrow(0, r * local, local));
+    // Instrumentation: after forward, units hold full parameters only when not resharding.
+    for (const FsdpUnit& unit : units_of(model.ptr())) {
+      EXPECT_EQ(unit.state(), reshard_after_forward ? ShardState::SHARDED : ShardState::UNSHARDED)
+          << unit.module_name();
+    }
+    loss.backward();
+    for (const FsdpUnit& unit : units_of(model.ptr())) EXPECT_EQ(unit.state(), ShardState::SHARDED);
+    optimizer->step();
+    at::Tensor global = loss.detach().clone();
+    world.all_reduce(global, dist::ReduceOp::MEAN).wait();  // equal shares: the mean of means is the batch mean
+    run.losses.push_back(global.item<double>());
+  }
+  run.params = gather_full_parameters(model.ptr());
+  return run;
+}
+
+void expect_parity(Opt opt, bool reshard_after_forward) {
+  const std::string label = std::string(opt == Opt::SGD ? "SGD" : "AdamW") +
+                            (reshard_after_forward ? " FULL_SHARD" : " SHARD_GRAD_OP") + " W=" +
+                            std::to_string(test_process_group().world_size());
+  Run ref = train_reference(opt);
+  Run got = train_sharded(opt, reshard_after_forward);
+  ASSERT_EQ(got.losses.size(), ref.losses.size());
+  for (size_t s = 0; s < ref.losses.size(); ++s) {
+    EXPECT_NEAR(got.losses[s], ref.losses[s], 1e-5 * std::abs(ref.losses[s])) << label << " step " << s;
+  }
+  ASSERT_EQ(got.params.size(), ref.params.size()) << label;
+  for (const auto& [name, value] : ref.params) {
+    ASSERT_TRUE(got.params.count(name)) << label << " missing " << name;
+    EXPECT_EQ(got.params[name].sizes(), value.sizes()) << label << " " << name;
+    EXPECT_TRUE(torch::allclose(got.params[name], value, 1e-5, 1e-6))
+        << label << " " << name << " max |diff| " << (got.params[name] - value).abs().max().item<double>();
+  }
+}
+
+TEST(FsdpParity, FullShardSgd) { expect_parity(Opt::SGD, true); }
+TEST(FsdpParity, FullShardAdamW) { expect_parity(Opt::ADAMW, true); }
+TEST(FsdpParity, ShardGradOpSgd) { expect_parity(Opt::SGD, false); }
+TEST(FsdpParity, ShardGradOpAdamW) { expect_parity(Opt::ADAMW, false); }
+
+TEST(FsdpParity, OptimizerSeesShards) {
+  const int w = test_process_group().world_size();
+  torch::manual_seed(42);
+  Toy model;
+  int64_t full = 0;
+  for (const auto& p : model->parameters()) full += p.numel();
+  for (auto& b : model->blocks) fully_shard(b.ptr(), test_process_group().world());
+  fully_shard(model.ptr(), test_process_group().world());
+  int64_t held = 0;
+  for (const auto& p : model->parameters()) held += p.numel();
+  // Each parameter keeps ceil(rows / W) rows: about full / W, plus padding.
+  EXPECT_LE(held, full / w + 6 * kDim + 4 * kHidden + 4 * kOut) << "W=" << w;
+  if (w == 1) {
+    EXPECT_EQ(held, full);
+  }
+}
+
+TEST(FsdpParity, NotInterceptableIsAClearError) {
+  auto plain = std::make_shared<torch::nn::LinearImpl>(3, 3);
+  try {
+    fully_shard(plain, test_process_group().world());
+    ADD_FAILURE() << "no error";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find("does not derive from shardtrain::nn::Interceptable"), std::string::npos);
+  }
+}
+
+}  // namespace
+}  // namespace shardtrain::fsdp
