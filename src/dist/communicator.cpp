@@ -124,6 +124,13 @@ c10d::ReduceOp to_c10d(ReduceOp op) {
 
 Communicator::Communicator(std::shared_ptr<Impl> impl) : impl_(std::move(impl)) {}
 
+Communicator Communicator::single(int global_rank) {
+  auto impl = std::make_shared<Impl>();
+  impl->global_ranks = {global_rank};
+  impl->name = "single[" + std::to_string(global_rank) + "]";
+  return Communicator(std::move(impl));
+}
+
 int Communicator::rank() const { return impl_->rank; }
 int Communicator::size() const { return static_cast<int>(impl_->global_ranks.size()); }
 const std::vector<int>& Communicator::global_ranks() const { return impl_->global_ranks; }

@@ -128,6 +128,10 @@ void FsdpUnit::Impl::finish_backward() {
   if (training == TrainingState::PRE_BACKWARD) reduce_scatter_gradients();
   if (training != TrainingState::POST_BACKWARD) return;
   rs_work.wait();
+  if (options.replicate_group && options.replicate_group->size() > 1) {
+    // Hybrid sharding / NO_SHARD: the shards of the same rows, one per replica, averaged across replicas.
+    options.replicate_group->all_reduce(rs_output, dist::ReduceOp::MEAN).wait();
+  }
   c10::AutoGradMode no_grad(false);
   for (size_t i = 0; i < params.size(); ++i) {
     if (!params[i].param().requires_grad()) continue;

@@ -1,6 +1,7 @@
 // fully_shard parity: N training steps of a small transformer-like model, sharded over the world (W = 1..4 as the
 // binary is launched), give the same losses and final parameters as one process training the same model on the
-// whole batch. Grid: reshard_after_forward {on (FULL_SHARD), off (SHARD_GRAD_OP)} x optimizer {SGD, AdamW}.
+// whole batch. Grid: strategy {FULL_SHARD, SHARD_GRAD_OP, NO_SHARD, HYBRID_SHARD, HYBRID_SHARD_ZERO2} x optimizer
+// {SGD, AdamW}; hybrid runs on a 2x2 mesh at W = 4, 2x1 at W = 2 and 1x3 at W = 3.
 // Sizes are odd so that dim-0 sharding pads (10 rows over 3 or 4 ranks, 26 over 4, 3 over 4: some ranks hold only
 // padding). float32 tolerance: 1e-5 relative.
 #include <gtest/gtest.h>
@@ -81,15 +82,30 @@ Run train_reference(Opt opt) {
   return run;
 }
 
-Run train_sharded(Opt opt, bool reshard_after_forward) {
-  const dist::Communicator& world = test_process_group().world();
+const char* strategy_name(ShardingStrategy s) {
+  switch (s) {
+    case ShardingStrategy::FULL_SHARD: return "FULL_SHARD";
+    case ShardingStrategy::SHARD_GRAD_OP: return "SHARD_GRAD_OP";
+    case ShardingStrategy::NO_SHARD: return "NO_SHARD";
+    case ShardingStrategy::HYBRID_SHARD: return "HYBRID_SHARD";
+    case ShardingStrategy::HYBRID_SHARD_ZERO2: return "HYBRID_SHARD_ZERO2";
+  }
+  return "?";
+}
+
+Run train_sharded(Opt opt, ShardingStrategy strategy) {
+  dist::ProcessGroup& pg = test_process_group();
+  const dist::Communicator& world = pg.world();
   const int w = world.size(), r = world.rank();
+  const bool hybrid = strategy == ShardingStrategy::HYBRID_SHARD || strategy == ShardingStrategy::HYBRID_SHARD_ZERO2;
+  const int replicate = hybrid ? (w == 4 ? 2 : w == 2 ? 2 : 1) : 1;
+  dist::DeviceMesh mesh = dist::DeviceMesh::create(pg, replicate);
+  StrategyGroups groups = strategy_groups(strategy, mesh);
+  const bool reshard_after_forward = groups.options.reshard_after_forward;
   torch::manual_seed(42);
   Toy model;  // identical initial weights on every rank (same seed)
-  FsdpOptions options;
-  options.reshard_after_forward = reshard_after_forward;
-  for (auto& b : model->blocks) fully_shard(b.ptr(), world, options);
-  fully_shard(model.ptr(), world, options);
+  for (auto& b : model->blocks) fully_shard(b.ptr(), groups.shard, groups.options);
+  fully_shard(model.ptr(), groups.shard, groups.options);
   auto optimizer = make_optimizer(opt, model->parameters());
   Run run;
   const int64_t local = kBatch / w;
@@ -112,12 +128,11 @@ Run train_sharded(Opt opt, bool reshard_after_forward) {
   return run;
 }
 
-void expect_parity(Opt opt, bool reshard_after_forward) {
-  const std::string label = std::string(opt == Opt::SGD ? "SGD" : "AdamW") +
-                            (reshard_after_forward ? " FULL_SHARD" : " SHARD_GRAD_OP") + " W=" +
+void expect_parity(Opt opt, ShardingStrategy strategy) {
+  const std::string label = std::string(opt == Opt::SGD ? "SGD " : "AdamW ") + strategy_name(strategy) + " W=" +
                             std::to_string(test_process_group().world_size());
   Run ref = train_reference(opt);
-  Run got = train_sharded(opt, reshard_after_forward);
+  Run got = train_sharded(opt, strategy);
   ASSERT_EQ(got.losses.size(), ref.losses.size());
   for (size_t s = 0; s < ref.losses.size(); ++s) {
     EXPECT_NEAR(got.losses[s], ref.losses[s], 1e-5 * std::abs(ref.losses[s])) << label << " step " << s;
@@ -131,10 +146,26 @@ void expect_parity(Opt opt, bool reshard_after_forward) {
   }
 }
 
-TEST(FsdpParity, FullShardSgd) { expect_parity(Opt::SGD, true); }
-TEST(FsdpParity, FullShardAdamW) { expect_parity(Opt::ADAMW, true); }
-TEST(FsdpParity, ShardGradOpSgd) { expect_parity(Opt::SGD, false); }
-TEST(FsdpParity, ShardGradOpAdamW) { expect_parity(Opt::ADAMW, false); }
+TEST(FsdpParity, FullShard) {
+  expect_parity(Opt::SGD, ShardingStrategy::FULL_SHARD);
+  expect_parity(Opt::ADAMW, ShardingStrategy::FULL_SHARD);
+}
+TEST(FsdpParity, ShardGradOp) {
+  expect_parity(Opt::SGD, ShardingStrategy::SHARD_GRAD_OP);
+  expect_parity(Opt::ADAMW, ShardingStrategy::SHARD_GRAD_OP);
+}
+TEST(FsdpParity, NoShard) {
+  expect_parity(Opt::SGD, ShardingStrategy::NO_SHARD);
+  expect_parity(Opt::ADAMW, ShardingStrategy::NO_SHARD);
+}
+TEST(FsdpParity, HybridShard) {
+  expect_parity(Opt::SGD, ShardingStrategy::HYBRID_SHARD);
+  expect_parity(Opt::ADAMW, ShardingStrategy::HYBRID_SHARD);
+}
+TEST(FsdpParity, HybridShardZero2) {
+  expect_parity(Opt::SGD, ShardingStrategy::HYBRID_SHARD_ZERO2);
+  expect_parity(Opt::ADAMW, ShardingStrategy::HYBRID_SHARD_ZERO2);
+}
 
 TEST(FsdpParity, OptimizerSeesShards) {
   const int w = test_process_group().world_size();

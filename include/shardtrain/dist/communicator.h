@@ -53,6 +53,8 @@ class Communicator {
  public:
   struct Impl;  // defined in src/dist/communicator_impl.h
   explicit Communicator(std::shared_ptr<Impl> impl);
+  // A group of this rank alone (every operation an identity); `global_rank` is the rank's world rank.
+  static Communicator single(int global_rank);
 
   int rank() const;                               // rank inside this group
   int size() const;                               // W

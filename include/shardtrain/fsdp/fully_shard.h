@@ -14,11 +14,13 @@
 
 #include <cstdint>
 #include <map>
+#include <optional>
 #include <memory>
 #include <string>
 #include <vector>
 
 #include "shardtrain/dist/communicator.h"
+#include "shardtrain/dist/mesh.h"
 
 namespace torch::nn {
 class Module;
@@ -30,7 +32,16 @@ struct FsdpOptions {
   // true: free the unit's full parameters after its forward and gather them again for backward (FULL_SHARD,
   // ZeRO-3). false: keep them from forward until the unit's backward is done (SHARD_GRAD_OP, ZeRO-2).
   bool reshard_after_forward = true;
+  // Ranks holding the same shards (the columns of a DeviceMesh): after the reduce-scatter inside the shard group,
+  // the gradient shards are averaged across this group. Unset: the shard group is the whole data-parallel world.
+  //   HYBRID_SHARD = shard group of a node + replicate group across nodes (mesh.shard_group(), mesh.replicate_group())
+  //   NO_SHARD     = a shard group of size 1 + replicate group of every rank (parameters replicated, gradients
+  //                  all-reduced, like DDP)
+  std::optional<dist::Communicator> replicate_group;
 };
+
+// The sharding strategies of PyTorch FSDP / Accelerate, expressed as FsdpOptions over a mesh.
+enum class ShardingStrategy { FULL_SHARD, SHARD_GRAD_OP, NO_SHARD, HYBRID_SHARD, HYBRID_SHARD_ZERO2 };
 
 // Memory effect of each state, per rank: SHARDED holds the shards only; UNSHARDED adds the full parameters.
 enum class ShardState { SHARDED, UNSHARDED };
@@ -53,6 +64,16 @@ class FsdpUnit {
  private:
   std::shared_ptr<Impl> impl_;
 };
+
+// A strategy of PyTorch FSDP / Accelerate as a shard group and options on `mesh`: FULL_SHARD and SHARD_GRAD_OP
+// shard over the whole world (mesh.world()); HYBRID_SHARD(_ZERO2) over mesh.shard_group() with
+// mesh.replicate_group() across; NO_SHARD keeps every parameter whole (a shard group of this rank alone) and
+// averages gradients over the world.
+struct StrategyGroups {
+  dist::Communicator shard;
+  FsdpOptions options;
+};
+StrategyGroups strategy_groups(ShardingStrategy strategy, const dist::DeviceMesh& mesh);
 
 // Makes `module` a unit sharded over `group`. Throws std::invalid_argument naming the module when it is not an
 // nn::Interceptable or is already a unit. Every rank must apply the same units in the same order.
