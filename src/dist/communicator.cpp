@@ -41,6 +41,9 @@ void Work::wait() {
     }
   }
   if (state_->finish) state_->finish();
+  // The backend's handle holds the operation's input, output and scratch tensors too: release them with ours.
+  state_->work.reset();
+  state_->finish = nullptr;
   state_->keep_alive.clear();
   state_->done = true;
 }

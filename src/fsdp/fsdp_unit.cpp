@@ -110,6 +110,11 @@ void FsdpUnit::Impl::on_parameter_gradient(size_t index) {
 }
 
 void FsdpUnit::Impl::reduce_scatter_gradients() {
+  if (params.empty()) {  // a unit that only groups others (a root without parameters of its own)
+    reshard();
+    training = TrainingState::IDLE;
+    return;
+  }
   // Gradients missing at the end of backward (parameters that did not take part) count as zero, as in FSDP.
   at::Tensor rs_input = at::zeros({group.size() * unit_shard_numel}, sharded_flat.options());
   for (size_t i = 0; i < params.size(); ++i) {
@@ -146,6 +151,7 @@ void FsdpUnit::Impl::finish_backward() {
     }
   }
   rs_output = at::Tensor();
+  rs_work = dist::Work();
   training = TrainingState::IDLE;
 }
 

@@ -2,6 +2,7 @@
 
 #include <torch/nn/module.h>
 
+#include <cmath>
 #include <set>
 #include <stdexcept>
 
@@ -81,6 +82,41 @@ std::vector<FsdpUnit> units_of(const std::shared_ptr<torch::nn::Module>& root) {
     if (FsdpInterceptor* f = fsdp_interceptor_of(*item.value())) units.emplace_back(f->unit());
   }
   return units;
+}
+
+double clip_grad_norm(const std::shared_ptr<torch::nn::Module>& root, double max_norm) {
+  std::vector<FsdpUnit::Impl*> units;
+  for (const auto& item : root->named_modules()) {
+    if (FsdpInterceptor* f = fsdp_interceptor_of(*item.value())) units.push_back(f->unit().get());
+  }
+  if (units.empty()) throw std::invalid_argument("clip_grad_norm: " + root->name() + " contains no fully_shard unit");
+  const dist::Communicator& group = units.front()->group;
+  // Sum of squares in float64 over this rank's shards. Padding rows hold zero gradient and add nothing; shards are
+  // disjoint within the shard group, and replicas (hybrid, NO_SHARD) hold identical averaged shards, so the sum
+  // over the shard group alone is the whole model's.
+  at::Tensor sum_sq = at::zeros({1}, at::kDouble);
+  for (FsdpUnit::Impl* unit : units) {
+    if (unit->group.global_ranks() != group.global_ranks()) {
+      throw std::invalid_argument("clip_grad_norm: unit " + unit->module_name + " shards over " + unit->group.name() +
+                                  ", another over " + group.name() + "; one shard group is required");
+    }
+    for (const auto& p : unit->params) {
+      const at::Tensor& g = p.param().grad();
+      if (g.defined()) sum_sq += g.to(at::kDouble).pow(2).sum();
+    }
+  }
+  group.all_reduce(sum_sq, dist::ReduceOp::SUM).wait();
+  const double norm = std::sqrt(sum_sq.item<double>());
+  const double coefficient = max_norm / (norm + 1e-6);
+  if (coefficient < 1.0) {
+    c10::AutoGradMode no_grad(false);
+    for (FsdpUnit::Impl* unit : units) {
+      for (const auto& p : unit->params) {
+        if (p.param().grad().defined()) const_cast<at::Tensor&>(p.param()).mutable_grad().mul_(coefficient);
+      }
+    }
+  }
+  return norm;
 }
 
 std::map<std::string, at::Tensor> gather_full_parameters(const std::shared_ptr<torch::nn::Module>& root) {

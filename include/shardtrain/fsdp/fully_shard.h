@@ -83,6 +83,11 @@ FsdpUnit fully_shard(const std::shared_ptr<torch::nn::Module>& module, const dis
 // The units inside `root` (itself included), in named_modules() order.
 std::vector<FsdpUnit> units_of(const std::shared_ptr<torch::nn::Module>& root);
 
+// Scales the gradients of `root`'s units so that their global L2 norm — over every shard of every rank, as if
+// the model were whole — is at most `max_norm`; returns that norm before clipping (torch.nn.utils.clip_grad_norm_
+// semantics). Collective over the units' shard group, which must be the same for every unit.
+double clip_grad_norm(const std::shared_ptr<torch::nn::Module>& root, double max_norm);
+
 // Every parameter of `root` at full size, by name (a copy), gathered unit by unit. Collective: every rank calls it.
 std::map<std::string, at::Tensor> gather_full_parameters(const std::shared_ptr<torch::nn::Module>& root);
 
