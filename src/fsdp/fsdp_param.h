@@ -25,6 +25,7 @@ class FsdpParam {
 
   const std::string& name() const { return name_; }
   const at::Tensor& param() const { return param_; }
+  at::Tensor& grad() { return param_.mutable_grad(); }  // the parameter's .grad, whichever shape it has now
   int64_t shard_numel() const { return chunk_rows_ * row_numel_; }
   const std::vector<int64_t>& full_shape() const { return shape_; }
 

@@ -38,8 +38,8 @@ FsdpUnit::Impl::Impl(std::string name, std::vector<std::pair<std::string, at::Te
                      dist::Communicator comm, FsdpOptions opts)
     : module_name(std::move(name)), group(std::move(comm)), options(opts) {
   for (auto& [param_name, tensor] : named_params) {
-    if (!named_params.empty() && (tensor.scalar_type() != named_params.front().second.scalar_type() ||
-                                  tensor.device() != named_params.front().second.device())) {
+    if (tensor.scalar_type() != named_params.front().second.scalar_type() ||
+        tensor.device() != named_params.front().second.device()) {
       throw std::invalid_argument("fully_shard(" + module_name + "): parameter '" + param_name + "' is " +
                                   c10::toString(tensor.scalar_type()) + " on " + c10::str(tensor.device()) +
                                   ", the unit's first parameter '" + named_params.front().first + "' is " +
@@ -59,7 +59,7 @@ void FsdpUnit::Impl::unshard() {
   // from an empty .grad of the full shape).
   for (size_t i = 0; i < params.size(); ++i) {
     stashed_grads[i] = params[i].param().grad();
-    const_cast<at::Tensor&>(params[i].param()).mutable_grad() = at::Tensor();
+    params[i].grad() = at::Tensor();
   }
   if (!params.empty()) {
     at::Tensor gathered = at::empty({group.size() * unit_shard_numel}, sharded_flat.options());
@@ -77,7 +77,7 @@ void FsdpUnit::Impl::reshard() {
   if (state == ShardState::SHARDED) return;
   for (size_t i = 0; i < params.size(); ++i) {
     params[i].use_sharded();
-    const_cast<at::Tensor&>(params[i].param()).mutable_grad() = std::move(stashed_grads[i]);
+    params[i].grad() = std::move(stashed_grads[i]);
     stashed_grads[i] = at::Tensor();
   }
   state = ShardState::SHARDED;
@@ -118,7 +118,7 @@ void FsdpUnit::Impl::reduce_scatter_gradients() {
   // Gradients missing at the end of backward (parameters that did not take part) count as zero, as in FSDP.
   at::Tensor rs_input = at::zeros({group.size() * unit_shard_numel}, sharded_flat.options());
   for (size_t i = 0; i < params.size(); ++i) {
-    at::Tensor& grad = const_cast<at::Tensor&>(params[i].param()).mutable_grad();
+    at::Tensor& grad = params[i].grad();
     if (grad.defined()) params[i].copy_grad_out(grad, rs_input, unit_shard_numel, offsets[i]);
     grad = at::Tensor();  // the full gradient is not kept
   }
@@ -141,7 +141,7 @@ void FsdpUnit::Impl::finish_backward() {
   for (size_t i = 0; i < params.size(); ++i) {
     if (!params[i].param().requires_grad()) continue;
     at::Tensor reduced = params[i].as_shard(rs_output.narrow(0, offsets[i], params[i].shard_numel()));
-    at::Tensor& grad = const_cast<at::Tensor&>(params[i].param()).mutable_grad();
+    at::Tensor& grad = params[i].grad();
     if (grad.defined()) {
       grad.add_(reduced);  // accumulation across backward passes, as .grad does
     } else {

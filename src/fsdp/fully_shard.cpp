@@ -111,8 +111,8 @@ double clip_grad_norm(const std::shared_ptr<torch::nn::Module>& root, double max
   if (coefficient < 1.0) {
     c10::AutoGradMode no_grad(false);
     for (FsdpUnit::Impl* unit : units) {
-      for (const auto& p : unit->params) {
-        if (p.param().grad().defined()) const_cast<at::Tensor&>(p.param()).mutable_grad().mul_(coefficient);
+      for (auto& p : unit->params) {
+        if (p.param().grad().defined()) p.grad().mul_(coefficient);
       }
     }
   }

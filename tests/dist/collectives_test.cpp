@@ -42,6 +42,16 @@ void expect_close(const at::Tensor& actual, const at::Tensor& expected, at::Scal
   EXPECT_TRUE(ok) << what << ": max |diff| " << (a - e).abs().max().item<double>();
 }
 
+// The reduction of `stacked` (W, n) over ranks, computed locally in float64.
+at::Tensor reduce_locally(const at::Tensor& stacked, ReduceOp op) {
+  switch (op) {
+    case ReduceOp::SUM: return stacked.sum(0);
+    case ReduceOp::MEAN: return stacked.mean(0);
+    case ReduceOp::MAX: return std::get<0>(stacked.max(0));
+  }
+  throw std::invalid_argument("unknown op");
+}
+
 std::string label(const char* op, at::ScalarType dtype, int64_t n) {
   return std::string(op) + " " + c10::toString(dtype) + " n=" + std::to_string(n) + " W=" +
          std::to_string(test_process_group().world_size());
@@ -73,9 +83,7 @@ TEST(Collectives, ReduceScatterSumMeanMax) {
         comm.reduce_scatter(out, in, op).wait();
         std::vector<at::Tensor> mine;  // every rank's chunk `me`
         for (int r = 0; r < w; ++r) mine.push_back(rank_values(r, n, me * n));
-        at::Tensor stacked = at::stack(mine);
-        at::Tensor expected = op == ReduceOp::SUM ? stacked.sum(0) : op == ReduceOp::MEAN ? stacked.mean(0)
-                                                                                         : std::get<0>(stacked.max(0));
+        at::Tensor expected = reduce_locally(at::stack(mine), op);
         expect_close(out, expected, dtype, label(reduce_op_name(op), dtype, n) + " reduce_scatter");
       }
     }
@@ -92,9 +100,7 @@ TEST(Collectives, AllReduceSumMeanMax) {
         comm.all_reduce(t, op).wait();
         std::vector<at::Tensor> all;
         for (int r = 0; r < w; ++r) all.push_back(rank_values(r, n));
-        at::Tensor stacked = at::stack(all);
-        at::Tensor expected = op == ReduceOp::SUM ? stacked.sum(0) : op == ReduceOp::MEAN ? stacked.mean(0)
-                                                                                         : std::get<0>(stacked.max(0));
+        at::Tensor expected = reduce_locally(at::stack(all), op);
         expect_close(t, expected, dtype, label(reduce_op_name(op), dtype, n) + " all_reduce");
       }
     }

@@ -4,9 +4,7 @@
 // by reading /proc for every pid the workers recorded.
 #include <fcntl.h>
 #include <gtest/gtest.h>
-#include <netinet/in.h>
 #include <signal.h>
-#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -19,6 +17,8 @@
 #include <string>
 #include <thread>
 #include <vector>
+
+#include "support/free_port.h"
 
 namespace fs = std::filesystem;
 using Clock = std::chrono::steady_clock;
@@ -274,18 +274,7 @@ TEST_F(LauncherTest, WorkersGetTorchrunEnvironment) {
 TEST_F(LauncherTest, TwoNodesOnOneMachine) {
   // Two launchers, one per "node", rendezvous at 127.0.0.1 on a port rank 0's TCPStore binds itself (the
   // multi-node path), forming one world of 4.
-  int port = 0;
-  {
-    int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-    sockaddr_in address{};
-    address.sin_family = AF_INET;
-    address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    ::bind(fd, reinterpret_cast<sockaddr*>(&address), sizeof(address));
-    socklen_t length = sizeof(address);
-    ::getsockname(fd, reinterpret_cast<sockaddr*>(&address), &length);
-    port = ntohs(address.sin_port);
-    ::close(fd);
-  }
+  const int port = shardtrain::testing::free_loopback_port();
   std::vector<pid_t> launchers;
   for (int node = 0; node < 2; ++node) {
     launchers.push_back(spawn({SHARDTRAIN_BIN, "launch", "--nnodes", "2", "--node-rank", std::to_string(node),

@@ -1,29 +1,16 @@
 // Rendezvous failures name the address that did not answer, the rank and the timeout; world size 1 needs nothing.
 #include <gtest/gtest.h>
-#include <netinet/in.h>
-#include <sys/socket.h>
-#include <unistd.h>
 
 #include <chrono>
 #include <iostream>
 
 #include "shardtrain/dist/process_group.h"
+#include "support/free_port.h"
 
 namespace shardtrain::dist {
 namespace {
 
-// A loopback port that nothing listens on: bind one, read its number, close it.
-int unused_port() {
-  int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in address{};
-  address.sin_family = AF_INET;
-  address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  ::bind(fd, reinterpret_cast<sockaddr*>(&address), sizeof(address));
-  socklen_t length = sizeof(address);
-  ::getsockname(fd, reinterpret_cast<sockaddr*>(&address), &length);
-  ::close(fd);
-  return ntohs(address.sin_port);
-}
+using shardtrain::testing::free_loopback_port;
 
 TEST(Rendezvous, WorldSizeOneNeedsNoNetwork) {
   ProcessGroup pg = ProcessGroup::init(DistEnv{});
@@ -39,7 +26,7 @@ TEST(Rendezvous, UnansweredAddressIsNamed) {
   env.rank = 1;
   env.world_size = 2;
   env.master_addr = "127.0.0.1";
-  env.master_port = unused_port();
+  env.master_port = free_loopback_port();
   InitOptions options;
   options.timeout = std::chrono::seconds(2);
   try {
@@ -60,7 +47,7 @@ TEST(Rendezvous, ServerWaitingForMissingRanksTimesOut) {
   env.rank = 0;
   env.world_size = 3;
   env.master_addr = "127.0.0.1";
-  env.master_port = unused_port();
+  env.master_port = free_loopback_port();
   InitOptions options;
   options.timeout = std::chrono::seconds(2);
   try {
