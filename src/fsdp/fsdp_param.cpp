@@ -27,8 +27,7 @@ FsdpParam::FsdpParam(std::string name, at::Tensor param, int world, int rank)
 
 void FsdpParam::init_shard(const at::Tensor& shard_view) {
   c10::AutoGradMode no_grad(false);
-  shard_flat_ = shard_view;
-  shard_ = shard_flat_.view(shard_shape_);
+  shard_ = shard_view.view(shard_shape_);
   shard_.zero_();
   const int64_t first = static_cast<int64_t>(rank_) * chunk_rows_;
   const int64_t real_rows = std::max<int64_t>(0, std::min(rows_, first + chunk_rows_) - first);

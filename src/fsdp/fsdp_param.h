@@ -27,13 +27,12 @@ class FsdpParam {
   const at::Tensor& param() const { return param_; }
   at::Tensor& grad() { return param_.mutable_grad(); }  // the parameter's .grad, whichever shape it has now
   int64_t shard_numel() const { return chunk_rows_ * row_numel_; }
+  int64_t full_numel() const { return rows_ * row_numel_; }
   const std::vector<int64_t>& full_shape() const { return shape_; }
 
   // Copies this rank's rows of the full value into `shard_view` (flat, shard_numel elements, a slot of the unit's
   // flat shard buffer) and points the parameter at it. The full value is released.
   void init_shard(const at::Tensor& shard_view);
-  // The flat shard slot (for the all-gather's input).
-  const at::Tensor& shard_flat() const { return shard_flat_; }
 
   // Allocates the unsharded buffer's storage (in place, keeping saved views valid) and returns it flat:
   // (W * shard_numel) elements, rank-major, to be filled by copy_in_unsharded().
@@ -65,8 +64,7 @@ class FsdpParam {
   int world_ = 1;
   int rank_ = 0;
   bool scalar_ = false;
-  at::Tensor shard_flat_;  // view into the unit's flat shard buffer
-  at::Tensor shard_;       // shard_flat_ viewed as shard_shape_
+  at::Tensor shard_;       // this rank's slot of the unit's flat shard buffer, viewed as shard_shape_
   at::Tensor unsharded_;   // padded_shape_, own storage, freed while sharded
 };
 

@@ -104,9 +104,8 @@ void FsdpUnit::Impl::on_parameter_gradient(size_t index) {
                            training_name(training) + " (expected UNSHARDED/PRE_BACKWARD): the unit's output was "
                            "not on the path of this backward");
   }
-  size_t expected = 0;
-  for (const auto& p : params) expected += p.param().requires_grad() ? 1 : 0;
-  if (++gradients_ready == expected) reduce_scatter_gradients();
+  // One accumulator per parameter that requires a gradient: when all have run, the unit's gradients are complete.
+  if (++gradients_ready == grad_accumulators.size()) reduce_scatter_gradients();
 }
 
 void FsdpUnit::Impl::reduce_scatter_gradients() {
@@ -190,11 +189,7 @@ std::vector<std::string> FsdpUnit::parameter_names() const {
 int64_t FsdpUnit::sharded_numel() const { return impl_->unit_shard_numel; }
 int64_t FsdpUnit::full_numel() const {
   int64_t n = 0;
-  for (const auto& p : impl_->params) {
-    int64_t numel = 1;
-    for (int64_t d : p.full_shape()) numel *= d;
-    n += numel;
-  }
+  for (const auto& p : impl_->params) n += p.full_numel();
   return n;
 }
 void FsdpUnit::unshard() { impl_->unshard(); }

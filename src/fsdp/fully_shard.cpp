@@ -23,6 +23,15 @@ FsdpInterceptor* fsdp_interceptor_of(torch::nn::Module& module) {
   return nullptr;
 }
 
+// The units inside `root` (itself included), in named_modules() order.
+std::vector<std::shared_ptr<FsdpUnit::Impl>> unit_impls_of(const std::shared_ptr<torch::nn::Module>& root) {
+  std::vector<std::shared_ptr<FsdpUnit::Impl>> units;
+  for (const auto& item : root->named_modules()) {
+    if (FsdpInterceptor* f = fsdp_interceptor_of(*item.value())) units.push_back(f->unit());
+  }
+  return units;
+}
+
 }  // namespace
 
 FsdpUnit fully_shard(const std::shared_ptr<torch::nn::Module>& module, const dist::Communicator& group,
@@ -78,24 +87,19 @@ StrategyGroups strategy_groups(ShardingStrategy strategy, const dist::DeviceMesh
 
 std::vector<FsdpUnit> units_of(const std::shared_ptr<torch::nn::Module>& root) {
   std::vector<FsdpUnit> units;
-  for (const auto& item : root->named_modules()) {
-    if (FsdpInterceptor* f = fsdp_interceptor_of(*item.value())) units.emplace_back(f->unit());
-  }
+  for (auto& impl : unit_impls_of(root)) units.emplace_back(std::move(impl));
   return units;
 }
 
 double clip_grad_norm(const std::shared_ptr<torch::nn::Module>& root, double max_norm) {
-  std::vector<FsdpUnit::Impl*> units;
-  for (const auto& item : root->named_modules()) {
-    if (FsdpInterceptor* f = fsdp_interceptor_of(*item.value())) units.push_back(f->unit().get());
-  }
+  const std::vector<std::shared_ptr<FsdpUnit::Impl>> units = unit_impls_of(root);
   if (units.empty()) throw std::invalid_argument("clip_grad_norm: " + root->name() + " contains no fully_shard unit");
   const dist::Communicator& group = units.front()->group;
   // Sum of squares in float64 over this rank's shards. Padding rows hold zero gradient and add nothing; shards are
   // disjoint within the shard group, and replicas (hybrid, NO_SHARD) hold identical averaged shards, so the sum
   // over the shard group alone is the whole model's.
   at::Tensor sum_sq = at::zeros({1}, at::kDouble);
-  for (FsdpUnit::Impl* unit : units) {
+  for (const auto& unit : units) {
     if (unit->group.global_ranks() != group.global_ranks()) {
       throw std::invalid_argument("clip_grad_norm: unit " + unit->module_name + " shards over " + unit->group.name() +
                                   ", another over " + group.name() + "; one shard group is required");
@@ -110,7 +114,7 @@ double clip_grad_norm(const std::shared_ptr<torch::nn::Module>& root, double max
   const double coefficient = max_norm / (norm + 1e-6);
   if (coefficient < 1.0) {
     c10::AutoGradMode no_grad(false);
-    for (FsdpUnit::Impl* unit : units) {
+    for (const auto& unit : units) {
       for (auto& p : unit->params) {
         if (p.param().grad().defined()) p.grad().mul_(coefficient);
       }
@@ -120,24 +124,21 @@ double clip_grad_norm(const std::shared_ptr<torch::nn::Module>& root, double max
 }
 
 std::map<std::string, at::Tensor> gather_full_parameters(const std::shared_ptr<torch::nn::Module>& root) {
+  std::map<const c10::TensorImpl*, std::string> names;
+  for (const auto& named : root->named_parameters()) names[named.value().unsafeGetTensorImpl()] = named.key();
   std::map<std::string, at::Tensor> full;
-  std::set<const c10::TensorImpl*> in_units;
-  for (const auto& item : root->named_modules()) {
-    FsdpInterceptor* f = fsdp_interceptor_of(*item.value());
-    if (f == nullptr) continue;
-    FsdpUnit::Impl& unit = *f->unit();
-    const bool was_sharded = unit.state == ShardState::SHARDED;
-    unit.unshard();
-    std::set<const c10::TensorImpl*> mine;
-    for (const auto& p : unit.params) mine.insert(p.param().unsafeGetTensorImpl());
-    for (const auto& named : root->named_parameters()) {
-      if (mine.count(named.value().unsafeGetTensorImpl())) full[named.key()] = named.value().detach().clone();
+  for (const auto& unit : unit_impls_of(root)) {
+    const bool was_sharded = unit->state == ShardState::SHARDED;
+    unit->unshard();
+    for (const auto& p : unit->params) {
+      auto it = names.find(p.param().unsafeGetTensorImpl());
+      full[it->second] = p.param().detach().clone();
+      names.erase(it);
     }
-    in_units.insert(mine.begin(), mine.end());
-    if (was_sharded) unit.reshard();
+    if (was_sharded) unit->reshard();
   }
-  for (const auto& named : root->named_parameters()) {
-    if (!in_units.count(named.value().unsafeGetTensorImpl())) full[named.key()] = named.value().detach().clone();
+  for (const auto& named : root->named_parameters()) {  // parameters no unit owns
+    if (names.count(named.value().unsafeGetTensorImpl())) full[named.key()] = named.value().detach().clone();
   }
   return full;
 }
