@@ -7,8 +7,8 @@
 
 namespace shardtrain::fsdp {
 
-FsdpParam::FsdpParam(std::string name, at::Tensor param, int world, int rank)
-    : name_(std::move(name)), param_(std::move(param)), world_(world), rank_(rank) {
+FsdpParam::FsdpParam(std::string name, at::Tensor param, int world, int rank, at::ScalarType compute_dtype)
+    : name_(std::move(name)), param_(std::move(param)), world_(world), rank_(rank), compute_dtype_(compute_dtype) {
   scalar_ = param_.dim() == 0;
   shape_ = scalar_ ? std::vector<int64_t>{1} : param_.sizes().vec();
   rows_ = shape_[0];
@@ -25,14 +25,19 @@ FsdpParam::FsdpParam(std::string name, at::Tensor param, int world, int rank)
   }
 }
 
-void FsdpParam::init_shard(const at::Tensor& shard_view) {
+int64_t FsdpParam::shard_real_rows() const {
+  return std::max<int64_t>(0, std::min(rows_, shard_first_row() + chunk_rows_) - shard_first_row());
+}
+
+void FsdpParam::init_shard(const at::Tensor& shard_view, const at::Tensor& full_value) {
   c10::AutoGradMode no_grad(false);
   shard_ = shard_view.view(shard_shape_);
   shard_.zero_();
-  const int64_t first = static_cast<int64_t>(rank_) * chunk_rows_;
-  const int64_t real_rows = std::max<int64_t>(0, std::min(rows_, first + chunk_rows_) - first);
-  if (real_rows > 0) shard_.narrow(0, 0, real_rows).copy_(param_.reshape(shape_).narrow(0, first, real_rows));
-  unsharded_ = at::empty(padded_shape_, shard_.options());
+  const int64_t real_rows = shard_real_rows();
+  if (real_rows > 0) {
+    shard_.narrow(0, 0, real_rows).copy_(full_value.reshape(shape_).narrow(0, shard_first_row(), real_rows));
+  }
+  unsharded_ = at::empty(padded_shape_, shard_.options().dtype(compute_dtype_));
   use_sharded();
 }
 
@@ -82,5 +87,12 @@ void FsdpParam::copy_grad_out(const at::Tensor& full_grad, const at::Tensor& rs_
 }
 
 at::Tensor FsdpParam::as_shard(const at::Tensor& flat) const { return flat.view(shard_shape_); }
+
+at::Tensor FsdpParam::full_from_gathered(const at::Tensor& gathered, int64_t unit_shard_numel,
+                                         int64_t offset_in_unit) const {
+  at::Tensor chunks = gathered.view({world_, unit_shard_numel}).narrow(1, offset_in_unit, shard_numel());
+  at::Tensor full = chunks.reshape(padded_shape_).narrow(0, 0, rows_).clone();
+  return scalar_ ? full.view({}) : full;
+}
 
 }  // namespace shardtrain::fsdp

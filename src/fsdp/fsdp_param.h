@@ -4,7 +4,8 @@
 // TensorImpl); only its data is swapped with set_data():
 //   SHARDED    data = this rank's rows, a (chunk_rows, rest...) view into the unit's flat shard buffer. This is
 //              what the optimizer reads and updates. Padding rows past the real ones stay zero.
-//   UNSHARDED  data = the first `rows` rows of `unsharded_`, a (chunk_rows * W, rest...) buffer filled by the
+//   UNSHARDED  data = the first `rows` rows of `unsharded_`, a (chunk_rows * W, rest...) buffer in the compute
+//              dtype (mixed precision's param_dtype, else the parameter's own) filled by the
 //              unit's all-gather. While SHARDED, that buffer's storage is freed in place (nbytes 0) and refilled on
 //              the next unshard (../shared/notes/libtorch.md §7), so views autograd saved during forward (e.g. the
 //              transposed weight of a linear) stay valid across the free and refill.
@@ -20,8 +21,9 @@ namespace shardtrain::fsdp {
 
 class FsdpParam {
  public:
-  // `param` holds the full value, identical on every rank; nothing is swapped until init_shard().
-  FsdpParam(std::string name, at::Tensor param, int world, int rank);
+  // `param` holds the full value, identical on every rank; nothing is swapped until init_shard(). The full value
+  // is computed with in `compute_dtype`.
+  FsdpParam(std::string name, at::Tensor param, int world, int rank, at::ScalarType compute_dtype);
 
   const std::string& name() const { return name_; }
   const at::Tensor& param() const { return param_; }
@@ -30,9 +32,11 @@ class FsdpParam {
   int64_t full_numel() const { return rows_ * row_numel_; }
   const std::vector<int64_t>& full_shape() const { return shape_; }
 
-  // Copies this rank's rows of the full value into `shard_view` (flat, shard_numel elements, a slot of the unit's
-  // flat shard buffer) and points the parameter at it. The full value is released.
-  void init_shard(const at::Tensor& shard_view);
+  int64_t unsharded_bytes() const { return chunk_rows_ * world_ * row_numel_ * c10::elementSize(compute_dtype_); }
+
+  // Copies this rank's rows of `full_value` into `shard_view` (flat, shard_numel elements, a slot of the unit's
+  // flat shard buffer) and points the parameter at it.
+  void init_shard(const at::Tensor& shard_view, const at::Tensor& full_value);
 
   // Allocates the unsharded buffer's storage (in place, keeping saved views valid) and returns it flat:
   // (W * shard_numel) elements, rank-major, to be filled by copy_in_unsharded().
@@ -51,6 +55,12 @@ class FsdpParam {
                      int64_t offset_in_unit) const;
   // The shard-shaped view of a flat shard-sized tensor.
   at::Tensor as_shard(const at::Tensor& flat) const;
+  // This parameter's full value (a new tensor of full_shape) out of a unit all-gather result (rank-major).
+  at::Tensor full_from_gathered(const at::Tensor& gathered, int64_t unit_shard_numel, int64_t offset_in_unit) const;
+  // The rows [first, first + count) of the full parameter that this rank's shard holds: first = rank * chunk_rows,
+  // count = real (non-padding) rows, possibly 0.
+  int64_t shard_first_row() const { return static_cast<int64_t>(rank_) * chunk_rows_; }
+  int64_t shard_real_rows() const;
 
  private:
   std::string name_;
@@ -64,6 +74,7 @@ class FsdpParam {
   int world_ = 1;
   int rank_ = 0;
   bool scalar_ = false;
+  at::ScalarType compute_dtype_;
   at::Tensor shard_;       // this rank's slot of the unit's flat shard buffer, viewed as shard_shape_
   at::Tensor unsharded_;   // padded_shape_, own storage, freed while sharded
 };

@@ -4,6 +4,7 @@
 #include <torch/csrc/autograd/function_hook.h>
 #include <torch/csrc/autograd/variable.h>
 
+#include <algorithm>
 #include <stdexcept>
 
 namespace shardtrain::fsdp {
@@ -22,7 +23,14 @@ struct AfterAccumulate : torch::autograd::FunctionPostHook {
 
 const char* state_name(ShardState s) { return s == ShardState::SHARDED ? "SHARDED" : "UNSHARDED"; }
 
-const char* training_name(TrainingState s) {
+at::Tensor cast_if_floating(const at::Tensor& t, std::optional<at::ScalarType> dtype) {
+  if (!dtype || !t.defined() || !t.is_floating_point() || t.scalar_type() == *dtype) return t;
+  return t.to(*dtype);
+}
+
+}  // namespace
+
+const char* training_state_name(TrainingState s) {
   switch (s) {
     case TrainingState::IDLE: return "IDLE";
     case TrainingState::FORWARD: return "FORWARD";
@@ -32,11 +40,75 @@ const char* training_name(TrainingState s) {
   return "?";
 }
 
-}  // namespace
+// ---- Schedule ----
+
+std::shared_ptr<FsdpUnit::Impl> Schedule::next_after(const std::vector<std::weak_ptr<FsdpUnit::Impl>>& order,
+                                                     const FsdpUnit::Impl* unit, int offset) {
+  for (size_t i = 0; i < order.size(); ++i) {
+    if (order[i].lock().get() != unit) continue;
+    const int64_t j = static_cast<int64_t>(i) + offset;
+    if (j < 0 || j >= static_cast<int64_t>(order.size())) return nullptr;
+    return order[j].lock();
+  }
+  return nullptr;
+}
+
+void Schedule::record(std::vector<std::weak_ptr<FsdpUnit::Impl>>& order,
+                      const std::shared_ptr<FsdpUnit::Impl>& unit) {
+  for (const auto& known : order) {
+    if (known.lock() == unit) return;
+  }
+  order.push_back(unit);
+}
+
+int64_t Schedule::pending_gathers() const {
+  int64_t n = 0;
+  for (const auto& weak : units) {
+    if (auto u = weak.lock(); u && u->gather_pending) ++n;
+  }
+  return n;
+}
+
+void Schedule::note_unsharded(int64_t units_delta, int64_t bytes_delta) {
+  unsharded_units += units_delta;
+  unsharded_bytes += bytes_delta;
+  if (unsharded_units > stats.peak_unsharded_units) {
+    stats.peak_unsharded_units = unsharded_units;
+    stats.peak_unsharded_bytes = unsharded_bytes;
+  }
+  stats.peak_unsharded_bytes = std::max(stats.peak_unsharded_bytes, unsharded_bytes);
+}
+
+void Schedule::queue_backward_callback() {
+  if (backward_callback_queued) return;
+  std::weak_ptr<Schedule> weak = weak_from_this();
+  torch::autograd::Engine::get_default_engine().queue_callback([weak] {
+    if (auto schedule = weak.lock()) schedule->finish_backward();
+  });
+  backward_callback_queued = true;
+}
+
+void Schedule::finish_backward() {
+  backward_callback_queued = false;
+  std::vector<std::shared_ptr<FsdpUnit::Impl>> live;
+  for (const auto& weak : units) {
+    if (auto u = weak.lock()) live.push_back(std::move(u));
+  }
+  // Two passes so that the replicate all-reduces of all units are in flight together.
+  for (auto& u : live) u->finish_reduction();
+  for (auto& u : live) u->install_gradients();
+  for (auto& u : live) {
+    u->discard_gather();  // a prefetch for a unit that took no part in this backward
+    u->reshard();
+  }
+}
+
+// ---- Unit ----
 
 FsdpUnit::Impl::Impl(std::string name, std::vector<std::pair<std::string, at::Tensor>> named_params,
                      dist::Communicator comm, FsdpOptions opts)
-    : module_name(std::move(name)), group(std::move(comm)), options(opts) {
+    : module_name(std::move(name)), group(std::move(comm)), options(std::move(opts)) {
+  if (!named_params.empty()) own_dtype = named_params.front().second.scalar_type();
   for (auto& [param_name, tensor] : named_params) {
     if (tensor.scalar_type() != named_params.front().second.scalar_type() ||
         tensor.device() != named_params.front().second.device()) {
@@ -47,10 +119,60 @@ FsdpUnit::Impl::Impl(std::string name, std::vector<std::pair<std::string, at::Te
                                   c10::str(named_params.front().second.device()) + "; one unit holds one dtype");
     }
     offsets.push_back(unit_shard_numel);
-    params.emplace_back(param_name, tensor, group.size(), group.rank());
+    params.emplace_back(param_name, tensor, group.size(), group.rank(), compute_dtype());
     unit_shard_numel += params.back().shard_numel();
   }
+  if (options.gradient_divide_factor && !(*options.gradient_divide_factor > 0)) {
+    throw std::invalid_argument("fully_shard(" + module_name + "): gradient_divide_factor = " +
+                                std::to_string(*options.gradient_divide_factor) + ", expected > 0");
+  }
+  if (options.forward_prefetch < 0) {
+    throw std::invalid_argument("fully_shard(" + module_name + "): forward_prefetch = " +
+                                std::to_string(options.forward_prefetch) + ", expected >= 0");
+  }
   stashed_grads.resize(params.size());
+  unreduced_grads.resize(params.size());
+}
+
+at::ScalarType FsdpUnit::Impl::compute_dtype() const { return options.mixed_precision.param_dtype.value_or(own_dtype); }
+
+at::ScalarType FsdpUnit::Impl::reduce_dtype() const {
+  return options.mixed_precision.reduce_dtype.value_or(compute_dtype());
+}
+
+int64_t FsdpUnit::Impl::shard_version() const {
+  int64_t v = sharded_flat.defined() ? sharded_flat._version() : 0;
+  for (const auto& p : params) v += p.param()._version();
+  return v;
+}
+
+int64_t FsdpUnit::Impl::full_bytes() const {
+  int64_t n = 0;
+  for (const auto& p : params) n += p.unsharded_bytes();
+  return n;
+}
+
+void FsdpUnit::Impl::start_gather(bool prefetch) {
+  if (params.empty() || gather_pending || state == ShardState::UNSHARDED) return;
+  const at::ScalarType dtype = compute_dtype();
+  // Mixed precision: the all-gather moves param_dtype, so the shards are cast first.
+  at::Tensor send = sharded_flat.scalar_type() == dtype ? sharded_flat : sharded_flat.to(dtype);
+  gathered = at::empty({group.size() * unit_shard_numel}, sharded_flat.options().dtype(dtype));
+  gather_work = group.all_gather(gathered, send);
+  gather_version = shard_version();
+  gather_pending = true;
+  ++schedule->stats.all_gathers;
+  if (prefetch) ++schedule->stats.prefetches;
+  schedule->note_unsharded(1, full_bytes());
+}
+
+void FsdpUnit::Impl::discard_gather() {
+  if (!gather_pending) return;
+  gather_work.wait();  // a collective cannot be withdrawn: every rank completes it
+  gather_work = dist::Work();
+  gathered = at::Tensor();
+  gather_pending = false;
+  schedule->note_unsharded(-1, -full_bytes());
 }
 
 void FsdpUnit::Impl::unshard() {
@@ -62,13 +184,20 @@ void FsdpUnit::Impl::unshard() {
     params[i].grad() = at::Tensor();
   }
   if (!params.empty()) {
-    at::Tensor gathered = at::empty({group.size() * unit_shard_numel}, sharded_flat.options());
-    group.all_gather(gathered, sharded_flat).wait();
+    if (gather_pending && shard_version() != gather_version) {
+      ++schedule->stats.stale_prefetches;  // the shards changed after the prefetch was issued
+      discard_gather();
+    }
+    start_gather(/*prefetch=*/false);
+    gather_work.wait();
     for (size_t i = 0; i < params.size(); ++i) {
       params[i].alloc_unsharded();
       params[i].copy_in_unsharded(gathered, unit_shard_numel, offsets[i]);
       params[i].use_unsharded();
     }
+    gather_work = dist::Work();
+    gathered = at::Tensor();
+    gather_pending = false;  // still counted as unsharded until reshard()
   }
   state = ShardState::UNSHARDED;
 }
@@ -81,90 +210,156 @@ void FsdpUnit::Impl::reshard() {
     stashed_grads[i] = at::Tensor();
   }
   state = ShardState::SHARDED;
+  if (!params.empty()) schedule->note_unsharded(-1, -full_bytes());
+}
+
+std::vector<at::Tensor> FsdpUnit::Impl::gather_full_values() const {
+  std::vector<at::Tensor> full;
+  if (params.empty()) return full;
+  at::Tensor all = at::empty({group.size() * unit_shard_numel}, sharded_flat.options());
+  group.all_gather(all, sharded_flat).wait();
+  for (size_t i = 0; i < params.size(); ++i) full.push_back(params[i].full_from_gathered(all, unit_shard_numel, offsets[i]));
+  return full;
+}
+
+void FsdpUnit::Impl::prefetch(bool backward) {
+  if (schedule->recording) return;  // the order is known after the first forward
+  // Backward runs the units in the reverse of the order their forwards ended in.
+  const auto& order = backward ? schedule->post_forward_order : schedule->forward_order;
+  const int ahead = backward ? 1 : options.forward_prefetch;
+  for (int k = 1; k <= ahead; ++k) {
+    std::shared_ptr<FsdpUnit::Impl> next = Schedule::next_after(order, this, backward ? -k : k);
+    if (!next) break;
+    if (next->state == ShardState::UNSHARDED || next->gather_pending) continue;
+    if (options.limit_all_gathers && schedule->pending_gathers() >= 1) break;
+    next->start_gather(/*prefetch=*/true);
+  }
 }
 
 void FsdpUnit::Impl::on_output_gradient() {
-  if (!backward_callback_queued) {
-    std::weak_ptr<Impl> weak = weak_from_this();
-    torch::autograd::Engine::get_default_engine().queue_callback([weak] {
-      if (auto unit = weak.lock()) unit->finish_backward();
-    });
-    backward_callback_queued = true;
-  }
+  schedule->queue_backward_callback();
   if (training == TrainingState::PRE_BACKWARD || training == TrainingState::POST_BACKWARD) return;
   unshard();
   training = TrainingState::PRE_BACKWARD;
   gradients_ready = 0;
+  if (options.backward_prefetch == BackwardPrefetch::BACKWARD_PRE) prefetch(/*backward=*/true);
 }
 
 void FsdpUnit::Impl::on_parameter_gradient(size_t index) {
   if (state != ShardState::UNSHARDED || training != TrainingState::PRE_BACKWARD) {
     throw std::logic_error("fully_shard(" + module_name + "): parameter '" + params[index].name() +
                            "' received a gradient while its unit was " + state_name(state) + "/" +
-                           training_name(training) + " (expected UNSHARDED/PRE_BACKWARD): the unit's output was "
-                           "not on the path of this backward");
+                           training_state_name(training) + " (expected UNSHARDED/PRE_BACKWARD): the unit's output "
+                           "was not on the path of this backward");
   }
   // One accumulator per parameter that requires a gradient: when all have run, the unit's gradients are complete.
   if (++gradients_ready == grad_accumulators.size()) reduce_scatter_gradients();
 }
 
 void FsdpUnit::Impl::reduce_scatter_gradients() {
+  const bool prefetch_after = options.backward_prefetch == BackwardPrefetch::BACKWARD_POST;
   if (params.empty()) {  // a unit that only groups others (a root without parameters of its own)
     reshard();
     training = TrainingState::IDLE;
+    if (prefetch_after) prefetch(/*backward=*/true);
+    return;
+  }
+  // This backward's full gradients, plus those kept by earlier passes without sync.
+  std::vector<at::Tensor> full(params.size());
+  for (size_t i = 0; i < params.size(); ++i) {
+    at::Tensor& grad = params[i].grad();
+    full[i] = std::move(grad);
+    grad = at::Tensor();  // the full gradient does not stay on the parameter
+    if (unreduced_grads[i].defined()) {
+      if (full[i].defined()) unreduced_grads[i].add_(full[i]);
+      full[i] = std::move(unreduced_grads[i]);
+      unreduced_grads[i] = at::Tensor();
+    }
+  }
+  const at::ScalarType dtype = reduce_dtype();
+  if (!requires_gradient_sync) {
+    for (size_t i = 0; i < params.size(); ++i) {
+      if (full[i].defined()) unreduced_grads[i] = full[i].to(dtype, /*non_blocking=*/false, /*copy=*/true);
+    }
+    reshard();
+    training = TrainingState::IDLE;
+    if (prefetch_after) prefetch(/*backward=*/true);
     return;
   }
   // Gradients missing at the end of backward (parameters that did not take part) count as zero, as in FSDP.
-  at::Tensor rs_input = at::zeros({group.size() * unit_shard_numel}, sharded_flat.options());
+  at::Tensor rs_input = at::zeros({group.size() * unit_shard_numel}, sharded_flat.options().dtype(dtype));
   for (size_t i = 0; i < params.size(); ++i) {
-    at::Tensor& grad = params[i].grad();
-    if (grad.defined()) params[i].copy_grad_out(grad, rs_input, unit_shard_numel, offsets[i]);
-    grad = at::Tensor();  // the full gradient is not kept
+    if (full[i].defined()) params[i].copy_grad_out(full[i], rs_input, unit_shard_numel, offsets[i]);
   }
-  rs_output = at::empty({unit_shard_numel}, sharded_flat.options());
-  rs_work = group.reduce_scatter(rs_output, rs_input, dist::ReduceOp::MEAN);
+  full.clear();
+  rs_output = at::empty({unit_shard_numel}, rs_input.options());
+  const dist::ReduceOp op = options.gradient_divide_factor ? dist::ReduceOp::SUM : dist::ReduceOp::MEAN;
+  rs_work = group.reduce_scatter(rs_output, rs_input, op);
+  ++schedule->stats.reduce_scatters;
   reshard();
   training = TrainingState::POST_BACKWARD;
+  if (prefetch_after) prefetch(/*backward=*/true);
 }
 
-void FsdpUnit::Impl::finish_backward() {
-  backward_callback_queued = false;
+void FsdpUnit::Impl::finish_reduction() {
   if (training == TrainingState::PRE_BACKWARD) reduce_scatter_gradients();
   if (training != TrainingState::POST_BACKWARD) return;
   rs_work.wait();
+  rs_work = dist::Work();
   if (options.replicate_group && options.replicate_group->size() > 1) {
-    // Hybrid sharding / NO_SHARD: the shards of the same rows, one per replica, averaged across replicas.
-    options.replicate_group->all_reduce(rs_output, dist::ReduceOp::MEAN).wait();
+    // Hybrid sharding / NO_SHARD: the shards of the same rows, one per replica, reduced across replicas.
+    const dist::ReduceOp op = options.gradient_divide_factor ? dist::ReduceOp::SUM : dist::ReduceOp::MEAN;
+    replicate_work = options.replicate_group->all_reduce(rs_output, op);
   }
+}
+
+void FsdpUnit::Impl::install_gradients() {
+  if (training != TrainingState::POST_BACKWARD) return;
+  replicate_work.wait();
+  replicate_work = dist::Work();
   c10::AutoGradMode no_grad(false);
+  if (options.gradient_divide_factor) rs_output.div_(*options.gradient_divide_factor);
   for (size_t i = 0; i < params.size(); ++i) {
     if (!params[i].param().requires_grad()) continue;
     at::Tensor reduced = params[i].as_shard(rs_output.narrow(0, offsets[i], params[i].shard_numel()));
     at::Tensor& grad = params[i].grad();
     if (grad.defined()) {
-      grad.add_(reduced);  // accumulation across backward passes, as .grad does
+      grad.add_(reduced);  // accumulation across steps without zero_grad, as .grad does
     } else {
-      // A tensor of its own, not a view of rs_output: optimizers' zero_grad() detaches gradients in place, which
-      // views do not allow.
-      grad = reduced.clone();
+      // A tensor of its own in the parameters' dtype, not a view of rs_output: optimizers' zero_grad() detaches
+      // gradients in place, which views do not allow.
+      grad = reduced.to(own_dtype, /*non_blocking=*/false, /*copy=*/true);
     }
   }
   rs_output = at::Tensor();
-  rs_work = dist::Work();
   training = TrainingState::IDLE;
 }
 
 nn::TensorVec FsdpInterceptor::around(torch::nn::Module& /*module*/, nn::TensorVec inputs, const Next& next) {
   FsdpUnit::Impl& u = *unit_;
+  Schedule& schedule = *u.schedule;
   if (u.training == TrainingState::PRE_BACKWARD || u.training == TrainingState::POST_BACKWARD) {
     throw std::logic_error("fully_shard(" + u.module_name + "): forward called while the unit is in " +
-                           training_name(u.training) + "; finish the backward pass first");
+                           training_state_name(u.training) + "; finish the backward pass first");
   }
+  if (schedule.recording) Schedule::record(schedule.forward_order, unit_);
   u.unshard();
   u.training = TrainingState::FORWARD;
+  if (u.options.forward_prefetch > 0) u.prefetch(/*backward=*/false);
+  const MixedPrecision& mp = u.options.mixed_precision;
+  if (mp.cast_forward_inputs) {
+    for (auto& in : inputs) in = cast_if_floating(in, mp.param_dtype);
+  }
   nn::TensorVec outputs = next(std::move(inputs));
-  if (u.options.reshard_after_forward) u.reshard();
+  if (schedule.recording) {
+    Schedule::record(schedule.post_forward_order, unit_);
+    if (schedule.root == &u) schedule.recording = false;
+  }
+  // Without grad mode no backward follows to reshard the unit, so it reshards now whatever the strategy (the
+  // optimizer must never see full parameters).
+  if (u.options.reshard_after_forward || !at::GradMode::is_enabled()) u.reshard();
   u.training = TrainingState::IDLE;
+  for (auto& out : outputs) out = cast_if_floating(out, mp.output_dtype);
   if (at::GradMode::is_enabled()) {
     std::weak_ptr<FsdpUnit::Impl> weak = unit_;
     for (auto& out : outputs) {
@@ -193,16 +388,25 @@ int64_t FsdpUnit::full_numel() const {
   return n;
 }
 void FsdpUnit::unshard() { impl_->unshard(); }
-void FsdpUnit::reshard() { impl_->reshard(); }
+void FsdpUnit::reshard() {
+  impl_->discard_gather();
+  impl_->reshard();
+}
+void FsdpUnit::set_requires_gradient_sync(bool sync) { impl_->requires_gradient_sync = sync; }
 
 // Called by fully_shard once the Impl is owned by a shared_ptr (hooks hold weak references to it).
 void install_unit(const std::shared_ptr<FsdpUnit::Impl>& unit) {
-  // The accumulators are taken while the parameters still have their full shape: an AccumulateGrad node records
-  // its parameter's shape when created, and autograd checks incoming gradients against it.
+  c10::AutoGradMode no_grad(false);
+  const at::ScalarType compute = unit->compute_dtype();
+  std::vector<at::Tensor> full_values;
   std::weak_ptr<FsdpUnit::Impl> weak = unit;
   for (size_t i = 0; i < unit->params.size(); ++i) {
     const at::Tensor& p = unit->params[i].param();
+    full_values.push_back(p.detach());  // keeps the full value's storage while p's data is swapped below
     if (!p.requires_grad()) continue;
+    // The accumulator is taken while the parameter has its full shape and compute dtype: an AccumulateGrad node
+    // records both when created, and autograd checks (and casts) incoming gradients against them.
+    if (compute != p.scalar_type()) p.set_data(at::empty(p.sizes(), p.options().dtype(compute)));
     auto accumulator = torch::autograd::impl::grad_accumulator(p);
     accumulator->add_post_hook(std::make_unique<AfterAccumulate>([weak, i] {
       if (auto u = weak.lock()) u->on_parameter_gradient(i);
@@ -210,9 +414,11 @@ void install_unit(const std::shared_ptr<FsdpUnit::Impl>& unit) {
     unit->grad_accumulators.push_back(std::move(accumulator));
   }
   if (!unit->params.empty()) {
-    unit->sharded_flat = at::empty({unit->unit_shard_numel}, unit->params.front().param().options().requires_grad(false));
+    const at::Tensor& first = full_values.front();
+    unit->sharded_flat = at::empty({unit->unit_shard_numel}, first.options().requires_grad(false));
     for (size_t i = 0; i < unit->params.size(); ++i) {
-      unit->params[i].init_shard(unit->sharded_flat.narrow(0, unit->offsets[i], unit->params[i].shard_numel()));
+      unit->params[i].init_shard(unit->sharded_flat.narrow(0, unit->offsets[i], unit->params[i].shard_numel()),
+                                 full_values[i]);
     }
   }
 }

@@ -1,5 +1,5 @@
 // One unit of fully_shard: the communication group of a module's parameters, its state machine and its place in
-// the module's call (private to the fsdp layer).
+// the module's call; and the Schedule the units of one model share (private to the fsdp layer).
 #pragma once
 
 #include <torch/csrc/autograd/function.h>
@@ -23,34 +23,87 @@ enum class TrainingState {
   POST_BACKWARD,  // gradients reduce-scattered (in flight), waiting for the end of backward
 };
 
+const char* training_state_name(TrainingState s);
+
+// What the units of one model share: the order they ran in (for prefetching), the one end-of-backward callback,
+// and the instrumentation. Created by each fully_shard call; a unit fully_shard'ed around others (the root) takes
+// them into its own schedule. Holds units weakly: modules own their units.
+struct Schedule : std::enable_shared_from_this<Schedule> {
+  std::vector<std::weak_ptr<FsdpUnit::Impl>> units;         // registration order, the root last
+  std::vector<std::weak_ptr<FsdpUnit::Impl>> forward_order;  // pre-forward order of the first forward
+  std::vector<std::weak_ptr<FsdpUnit::Impl>> post_forward_order;
+  const FsdpUnit::Impl* root = nullptr;
+  bool recording = true;  // until the root's first forward ends
+  bool backward_callback_queued = false;
+  FsdpStats stats;
+  int64_t unsharded_units = 0;
+  int64_t unsharded_bytes = 0;
+
+  // The unit `offset` places after `unit` in `order` (before it when negative), or nullptr.
+  static std::shared_ptr<FsdpUnit::Impl> next_after(const std::vector<std::weak_ptr<FsdpUnit::Impl>>& order,
+                                                    const FsdpUnit::Impl* unit, int offset);
+  static void record(std::vector<std::weak_ptr<FsdpUnit::Impl>>& order, const std::shared_ptr<FsdpUnit::Impl>& unit);
+  int64_t pending_gathers() const;
+  void note_unsharded(int64_t units_delta, int64_t bytes_delta);
+  void queue_backward_callback();
+  void finish_backward();  // the end-of-backward callback
+};
+
 struct FsdpUnit::Impl : std::enable_shared_from_this<FsdpUnit::Impl> {
   Impl(std::string module_name, std::vector<std::pair<std::string, at::Tensor>> params, dist::Communicator group,
        FsdpOptions options);
 
+  at::ScalarType compute_dtype() const;
+  at::ScalarType reduce_dtype() const;
+
+  // All-gathers: start_gather() issues one (asynchronously) unless one is pending; unshard() completes it (or
+  // gathers now) and points the parameters at their full values; discard_gather() drops a pending one.
+  void start_gather(bool prefetch);
   void unshard();
   void reshard();
+  void discard_gather();
+  // The parameters' full values in their own dtype (a collective; the unit's state does not change).
+  std::vector<at::Tensor> gather_full_values() const;
 
   // Hooks of the autograd pass.
-  void on_output_gradient();         // the unit's outputs got their gradient: gather for backward
+  void on_output_gradient();                 // the unit's outputs got their gradient: gather for backward
   void on_parameter_gradient(size_t index);  // AccumulateGrad of parameter `index` ran
-  void reduce_scatter_gradients();   // all gradients present (or backward ended): start the reduce-scatter
-  void finish_backward();            // end of backward: wait, install the sharded gradients
+  void reduce_scatter_gradients();           // all gradients present (or backward ended): start the reduce-scatter
+  void finish_reduction();                   // end of backward, first pass: wait, start the replicate all-reduce
+  void install_gradients();                  // end of backward, second pass: sharded gradients into .grad
+  // Issues the all-gathers of the next units (forward: forward_prefetch of them in forward order; backward: one,
+  // in reverse post-forward order) that are sharded, within limit_all_gathers.
+  void prefetch(bool backward);
 
   std::string module_name;
   dist::Communicator group;
   FsdpOptions options;
+  at::ScalarType own_dtype = at::kFloat;  // the parameters' dtype: shards, optimizer state, gradients
+  std::shared_ptr<Schedule> schedule;
   std::vector<FsdpParam> params;
   std::vector<int64_t> offsets;  // each param's offset inside the unit's per-rank shard block
   int64_t unit_shard_numel = 0;  // elements of this rank's shard block
-  at::Tensor sharded_flat;       // (unit_shard_numel): the shards the optimizer updates
+  at::Tensor sharded_flat;       // (unit_shard_numel): the shards the optimizer updates, the parameters' dtype
   std::vector<at::Tensor> stashed_grads;  // the sharded .grad of each param while it is unsharded
+  std::vector<at::Tensor> unreduced_grads;  // no_sync: full gradients summed over backward passes, reduce dtype
   std::vector<std::shared_ptr<torch::autograd::Node>> grad_accumulators;  // kept alive: tensors hold them weakly
   ShardState state = ShardState::SHARDED;
   TrainingState training = TrainingState::IDLE;
+  bool requires_gradient_sync = true;
   size_t gradients_ready = 0;
-  bool backward_callback_queued = false;
-  at::Tensor rs_output;  // (unit_shard_numel) reduced gradient shards, valid after rs_work.wait()
+  // A pending all-gather: (W * unit_shard_numel) in the compute dtype, valid after gather_work.wait(), of shards
+  // whose version sum was gather_version (a changed version means the optimizer stepped since: gather again).
+  bool gather_pending = false;
+  at::Tensor gathered;
+  dist::Work gather_work;
+  int64_t gather_version = 0;
+  at::Tensor rs_output;  // (unit_shard_numel) reduced gradient shards in the reduce dtype
   dist::Work rs_work;
+  dist::Work replicate_work;
+
+ private:
+  int64_t shard_version() const;
+  int64_t full_bytes() const;
 };
 
 // The interceptor placed on the unit's module.

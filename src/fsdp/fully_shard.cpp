@@ -46,11 +46,17 @@ FsdpUnit fully_shard(const std::shared_ptr<torch::nn::Module>& module, const dis
   if (fsdp_interceptor_of(*module) != nullptr) {
     throw std::invalid_argument("fully_shard: module " + module->name() + " is already a unit");
   }
-  // Parameters of units inside this module belong to them.
+  // Parameters and buffers of units inside this module belong to them; so do their schedules, which this unit's
+  // schedule takes over (this unit becomes their root).
   std::set<const c10::TensorImpl*> owned;
+  std::set<const c10::TensorImpl*> inner_buffers;
+  auto schedule = std::make_shared<Schedule>();
   for (const auto& item : module->named_modules("", /*include_self=*/false)) {
     if (FsdpInterceptor* inner = fsdp_interceptor_of(*item.value())) {
       for (const auto& p : inner->unit()->params) owned.insert(p.param().unsafeGetTensorImpl());
+      for (const auto& b : item.value()->buffers()) inner_buffers.insert(b.unsafeGetTensorImpl());
+      inner->unit()->schedule = schedule;
+      schedule->units.push_back(inner->unit());
     }
   }
   std::vector<std::pair<std::string, at::Tensor>> params;
@@ -58,7 +64,16 @@ FsdpUnit fully_shard(const std::shared_ptr<torch::nn::Module>& module, const dis
     if (owned.count(item.value().unsafeGetTensorImpl()) == 0) params.emplace_back(item.key(), item.value());
   }
   auto unit = std::make_shared<FsdpUnit::Impl>(module->name(), std::move(params), group, options);
+  unit->schedule = schedule;
+  schedule->units.push_back(unit);
+  schedule->root = unit.get();
   install_unit(unit);
+  if (const auto& buffer_dtype = options.mixed_precision.buffer_dtype) {
+    c10::AutoGradMode no_grad(false);
+    for (auto& b : module->buffers()) {
+      if (inner_buffers.count(b.unsafeGetTensorImpl()) == 0 && b.is_floating_point()) b.set_data(b.to(*buffer_dtype));
+    }
+  }
   point->interceptors().add(std::make_shared<FsdpInterceptor>(unit));
   return FsdpUnit(unit);
 }
@@ -128,19 +143,43 @@ std::map<std::string, at::Tensor> gather_full_parameters(const std::shared_ptr<t
   for (const auto& named : root->named_parameters()) names[named.value().unsafeGetTensorImpl()] = named.key();
   std::map<std::string, at::Tensor> full;
   for (const auto& unit : unit_impls_of(root)) {
-    const bool was_sharded = unit->state == ShardState::SHARDED;
-    unit->unshard();
-    for (const auto& p : unit->params) {
-      auto it = names.find(p.param().unsafeGetTensorImpl());
-      full[it->second] = p.param().detach().clone();
+    std::vector<at::Tensor> values = unit->gather_full_values();
+    for (size_t i = 0; i < values.size(); ++i) {
+      auto it = names.find(unit->params[i].param().unsafeGetTensorImpl());
+      full[it->second] = std::move(values[i]);
       names.erase(it);
     }
-    if (was_sharded) unit->reshard();
   }
   for (const auto& named : root->named_parameters()) {  // parameters no unit owns
     if (names.count(named.value().unsafeGetTensorImpl())) full[named.key()] = named.value().detach().clone();
   }
   return full;
+}
+
+void set_requires_gradient_sync(const std::shared_ptr<torch::nn::Module>& root, bool sync) {
+  for (auto& unit : unit_impls_of(root)) unit->requires_gradient_sync = sync;
+}
+
+NoSync::NoSync(std::shared_ptr<torch::nn::Module> root) : root_(std::move(root)) {
+  set_requires_gradient_sync(root_, false);
+}
+NoSync::~NoSync() { set_requires_gradient_sync(root_, true); }
+
+namespace {
+Schedule& schedule_of(const std::shared_ptr<torch::nn::Module>& root) {
+  FsdpInterceptor* f = fsdp_interceptor_of(*root);
+  if (f == nullptr) throw std::invalid_argument("fsdp_stats: module " + root->name() + " is not a fully_shard unit");
+  return *f->unit()->schedule;
+}
+}  // namespace
+
+FsdpStats fsdp_stats(const std::shared_ptr<torch::nn::Module>& root) { return schedule_of(root).stats; }
+
+void reset_fsdp_stats(const std::shared_ptr<torch::nn::Module>& root) {
+  Schedule& s = schedule_of(root);
+  s.stats = FsdpStats{};
+  s.stats.peak_unsharded_units = s.unsharded_units;
+  s.stats.peak_unsharded_bytes = s.unsharded_bytes;
 }
 
 }  // namespace shardtrain::fsdp

@@ -4,14 +4,19 @@
 #include <atomic>
 #include <mutex>
 #include <stdexcept>
+#include <unordered_map>
 
 #include "shardtrain/memory/memory_stats.h"
 
 namespace shardtrain::memory {
 namespace {
 
-// Wraps the allocator that was installed before it. Each allocation's DataPtr carries a small record (the
-// original DataPtr and its size) so that the free is counted and then handed to the original deleter.
+class CountingCpuAllocator;
+CountingCpuAllocator* installed_counter();
+
+// Wraps the allocator that was installed before it. The DataPtr it returns has the data pointer as its context
+// (c10::Allocator::raw_allocate, used by some kernels, requires it); the original DataPtr and the size wait in a
+// table keyed by that pointer until the free, which is counted and then handed to the original deleter.
 class CountingCpuAllocator final : public c10::Allocator {
  public:
   explicit CountingCpuAllocator(c10::Allocator* base) : base_(base) {}
@@ -19,11 +24,17 @@ class CountingCpuAllocator final : public c10::Allocator {
   c10::DataPtr allocate(size_t nbytes) override {
     c10::DataPtr inner = base_->allocate(nbytes);
     void* data = inner.get();
+    if (data == nullptr) return inner;  // empty allocations: nothing to count, no key to file them under
     const c10::Device device = inner.device();
-    auto* record = new Record{std::move(inner), static_cast<int64_t>(nbytes), this};
-    add(record->nbytes);
-    return c10::DataPtr(data, record, &CountingCpuAllocator::free_record, device);
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      live_.emplace(data, Record{std::move(inner), static_cast<int64_t>(nbytes)});
+    }
+    add(static_cast<int64_t>(nbytes));
+    return c10::DataPtr(data, data, &CountingCpuAllocator::free_data, device);
   }
+
+  c10::DeleterFnPtr raw_deleter() const override { return &CountingCpuAllocator::free_data; }
 
   void copy_data(void* dest, const void* src, std::size_t count) const override { default_copy_data(dest, src, count); }
 
@@ -36,13 +47,21 @@ class CountingCpuAllocator final : public c10::Allocator {
   struct Record {
     c10::DataPtr inner;
     int64_t nbytes;
-    CountingCpuAllocator* owner;
   };
 
-  static void free_record(void* context) {
-    auto* record = static_cast<Record*>(context);
-    record->owner->current_.fetch_sub(record->nbytes);
-    delete record;  // frees the memory through the original DataPtr's deleter
+  static void free_data(void* data) { installed_counter()->release(data); }
+
+  void release(void* data) {
+    Record record;
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      auto it = live_.find(data);
+      if (it == live_.end()) return;  // not ours: cannot happen, as only our DataPtrs carry this deleter
+      record = std::move(it->second);
+      live_.erase(it);
+    }
+    current_.fetch_sub(record.nbytes);
+    // record.inner frees the memory through the original deleter as it goes out of scope.
   }
 
   void add(int64_t nbytes) {
@@ -54,6 +73,8 @@ class CountingCpuAllocator final : public c10::Allocator {
   }
 
   c10::Allocator* base_;
+  std::mutex mutex_;
+  std::unordered_map<void*, Record> live_;
   std::atomic<int64_t> current_{0};
   std::atomic<int64_t> peak_{0};
   std::atomic<int64_t> allocations_{0};
@@ -63,6 +84,8 @@ class CountingCpuAllocator final : public c10::Allocator {
 // purpose: tensors freed during static destruction still call into it.
 std::atomic<CountingCpuAllocator*> installed{nullptr};
 std::mutex install_mutex;
+
+CountingCpuAllocator* installed_counter() { return installed.load(); }
 
 CountingCpuAllocator& counter() {
   CountingCpuAllocator* c = installed.load();

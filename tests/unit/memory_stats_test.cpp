@@ -1,6 +1,7 @@
 // The counting CPU allocator: exact byte counts for tensors allocated and freed, the peak, and the reset; the CUDA
 // statistics path fails clearly without a GPU.
 #include <ATen/ATen.h>
+#include <c10/core/CPUAllocator.h>
 #include <gtest/gtest.h>
 
 #include <thread>
@@ -26,6 +27,20 @@ TEST(MemoryStats, CountsWhatTensorsAllocateAndFree) {
     EXPECT_EQ(cpu_memory_stats().current_bytes, during.current_bytes);
   }
   EXPECT_EQ(cpu_memory_stats().current_bytes, before.current_bytes);
+}
+
+// Some kernels (bf16 GELU among them) allocate scratch through Allocator::raw_allocate, which requires a DataPtr
+// whose context is its data pointer, and free it through raw_deleter().
+TEST(MemoryStats, RawAllocateAndKernelsThatUseIt) {
+  install_cpu_memory_counter();
+  const MemoryStats before = cpu_memory_stats();
+  c10::Allocator* allocator = c10::GetCPUAllocator();
+  void* p = allocator->raw_allocate(512);
+  EXPECT_EQ(cpu_memory_stats().current_bytes - before.current_bytes, 512);
+  allocator->raw_deallocate(p);
+  EXPECT_EQ(cpu_memory_stats().current_bytes, before.current_bytes);
+  at::Tensor x = at::randn({64, 64}).to(at::kBFloat16);
+  EXPECT_EQ(at::gelu(x).sizes(), x.sizes());
 }
 
 TEST(MemoryStats, PeakAndReset) {

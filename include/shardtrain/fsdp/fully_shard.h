@@ -19,6 +19,8 @@
 #include <string>
 #include <vector>
 
+#include <c10/core/ScalarType.h>
+
 #include "shardtrain/dist/communicator.h"
 #include "shardtrain/dist/mesh.h"
 
@@ -27,6 +29,23 @@ class Module;
 }
 
 namespace shardtrain::fsdp {
+
+// Mixed precision (FSDP2's MixedPrecisionPolicy plus FSDP1's buffer_dtype). The shards the optimizer updates keep
+// the parameters' own dtype (float32 masters); gradients reach the optimizer in that dtype.
+struct MixedPrecision {
+  std::optional<at::ScalarType> param_dtype;   // all-gather and compute; unset: the parameters' own dtype
+  std::optional<at::ScalarType> reduce_dtype;  // gradient reduce-scatter and all-reduce; unset: param_dtype
+  std::optional<at::ScalarType> buffer_dtype;  // the unit's own buffers, cast once by fully_shard
+  std::optional<at::ScalarType> output_dtype;  // floating outputs of the unit's forward
+  bool cast_forward_inputs = true;             // floating inputs cast to param_dtype (when set)
+};
+
+// Which unit's all-gather is issued ahead during backward (FSDP's BackwardPrefetch).
+enum class BackwardPrefetch {
+  NONE,
+  BACKWARD_PRE,   // when a unit's backward starts: most overlap, one more unit's parameters held
+  BACKWARD_POST,  // when a unit's gradients are done: less overlap, less memory
+};
 
 struct FsdpOptions {
   // true: free the unit's full parameters after its forward and gather them again for backward (FULL_SHARD,
@@ -38,6 +57,17 @@ struct FsdpOptions {
   //   NO_SHARD     = a shard group of size 1 + replicate group of every rank (parameters replicated, gradients
   //                  all-reduced, like DDP)
   std::optional<dist::Communicator> replicate_group;
+  MixedPrecision mixed_precision;
+  // Gradients are summed over every rank (shard x replicate group) and divided by this. Unset: the number of
+  // ranks, i.e. the mean, which matches one process on the whole batch when every rank has an equal share.
+  std::optional<double> gradient_divide_factor;
+  // Prefetching follows the order units ran in during the first forward (recorded by the root unit, the one
+  // fully_shard'ed last around the others). forward_prefetch = how many units ahead to gather while this one
+  // computes; limit_all_gathers bounds the gathered-ahead units to one, so at most the running units and one
+  // more hold full parameters (FSDP's rate limiter).
+  int forward_prefetch = 0;
+  BackwardPrefetch backward_prefetch = BackwardPrefetch::BACKWARD_PRE;
+  bool limit_all_gathers = true;
 };
 
 // The sharding strategies of PyTorch FSDP / Accelerate, expressed as FsdpOptions over a mesh.
@@ -60,6 +90,9 @@ class FsdpUnit {
   // Gathers the full parameters (collective over the group) / frees them again.
   void unshard();
   void reshard();
+  // false: backward keeps this unit's full gradients (summed over backward passes) instead of reducing them;
+  // the next backward with sync on reduces the sum. Gradient accumulation without communication (no_sync).
+  void set_requires_gradient_sync(bool sync);
 
  private:
   std::shared_ptr<Impl> impl_;
@@ -79,6 +112,35 @@ StrategyGroups strategy_groups(ShardingStrategy strategy, const dist::DeviceMesh
 // nn::Interceptable or is already a unit. Every rank must apply the same units in the same order.
 FsdpUnit fully_shard(const std::shared_ptr<torch::nn::Module>& module, const dist::Communicator& group,
                      const FsdpOptions& options = {});
+
+// set_requires_gradient_sync on every unit inside `root`.
+void set_requires_gradient_sync(const std::shared_ptr<torch::nn::Module>& root, bool sync);
+
+// Gradient accumulation without communication for the guard's lifetime (PyTorch's `with model.no_sync():`):
+//   { fsdp::NoSync no_sync(model.ptr()); loss(micro_batch_1).backward(); }   // full gradients kept locally
+//   loss(micro_batch_2).backward();                                           // reduces the sum of both
+class NoSync {
+ public:
+  explicit NoSync(std::shared_ptr<torch::nn::Module> root);
+  ~NoSync();
+  NoSync(const NoSync&) = delete;
+  NoSync& operator=(const NoSync&) = delete;
+
+ private:
+  std::shared_ptr<torch::nn::Module> root_;
+};
+
+// The runtime's own instrumentation for the units of one root (the unit fully_shard'ed around the others).
+struct FsdpStats {
+  int64_t all_gathers = 0;           // parameter all-gathers issued (prefetched ones included)
+  int64_t prefetches = 0;            // all-gathers issued ahead of the unit's use
+  int64_t stale_prefetches = 0;      // prefetched shards changed before use (gathered again)
+  int64_t reduce_scatters = 0;       // gradient reduce-scatters issued
+  int64_t peak_unsharded_units = 0;  // most units holding (or gathering) full parameters at once
+  int64_t peak_unsharded_bytes = 0;  // and the bytes of their full parameters at that time
+};
+FsdpStats fsdp_stats(const std::shared_ptr<torch::nn::Module>& root);
+void reset_fsdp_stats(const std::shared_ptr<torch::nn::Module>& root);
 
 // The units inside `root` (itself included), in named_modules() order.
 std::vector<FsdpUnit> units_of(const std::shared_ptr<torch::nn::Module>& root);

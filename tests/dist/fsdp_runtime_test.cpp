@@ -1,0 +1,222 @@
+// fully_shard runtime behaviour beyond the parity grid: gradient accumulation without communication, the gradient
+// divide factor, buffer and output dtypes, prefetch bounds from the runtime's own instrumentation, stale prefetches,
+// and errors instead of wrong results when freed parameters are read.
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include "dist_test_env.h"
+#include "shardtrain/fsdp/fully_shard.h"
+#include "toy_model.h"
+
+namespace shardtrain::fsdp {
+namespace {
+
+using testing::test_process_group;
+using namespace testing_models;
+
+Toy sharded_toy(const FsdpOptions& options = {}) {
+  torch::manual_seed(42);
+  Toy model;
+  for (auto& b : model->blocks) fully_shard(b.ptr(), test_process_group().world(), options);
+  fully_shard(model.ptr(), test_process_group().world(), options);
+  return model;
+}
+
+// This rank's rows of a batch.
+at::Tensor local_rows(const at::Tensor& t) {
+  const int w = test_process_group().world_size(), r = test_process_group().rank();
+  const int64_t n = t.size(0) / w;
+  return t.narrow(0, r * n, n);
+}
+
+void expect_params_equal(const std::map<std::string, at::Tensor>& got, const std::shared_ptr<torch::nn::Module>& ref,
+                         const std::string& label) {
+  for (const auto& p : ref->named_parameters()) {
+    ASSERT_TRUE(got.count(p.key())) << label << " " << p.key();
+    EXPECT_TRUE(torch::allclose(got.at(p.key()), p.value(), 1e-5, 1e-6))
+        << label << " " << p.key() << " max |diff| " << (got.at(p.key()) - p.value()).abs().max().item<double>();
+  }
+}
+
+TEST(FsdpRuntime, NoSyncAccumulatesLocallyThenReducesTheSum) {
+  auto batches = make_batches();
+  // Reference: one process, two micro-batches, each loss halved, gradients accumulated, one step.
+  torch::manual_seed(42);
+  Toy ref;
+  torch::optim::SGD ref_sgd(ref->parameters(), torch::optim::SGDOptions(0.1));
+  for (int m = 0; m < 2; ++m) (torch::mse_loss(ref(batches[m].first), batches[m].second) / 2).backward();
+  ref_sgd.step();
+
+  for (bool reshard : {true, false}) {
+    FsdpOptions options;
+    options.reshard_after_forward = reshard;
+    Toy model = sharded_toy(options);
+    torch::optim::SGD sgd(model->parameters(), torch::optim::SGDOptions(0.1));
+    {
+      NoSync no_sync(model.ptr());
+      reset_fsdp_stats(model.ptr());
+      (torch::mse_loss(model(local_rows(batches[0].first)), local_rows(batches[0].second)) / 2).backward();
+      EXPECT_EQ(fsdp_stats(model.ptr()).reduce_scatters, 0) << "no_sync backward communicated gradients";
+      for (const FsdpUnit& unit : units_of(model.ptr())) EXPECT_EQ(unit.state(), ShardState::SHARDED);
+      for (const auto& p : model->parameters()) EXPECT_FALSE(p.grad().defined()) << "gradients appeared early";
+    }
+    (torch::mse_loss(model(local_rows(batches[1].first)), local_rows(batches[1].second)) / 2).backward();
+    EXPECT_EQ(fsdp_stats(model.ptr()).reduce_scatters, 4);  // one per unit
+    sgd.step();
+    expect_params_equal(gather_full_parameters(model.ptr()), ref.ptr(),
+                        std::string("no_sync reshard=") + (reshard ? "on" : "off"));
+  }
+}
+
+TEST(FsdpRuntime, GradientDivideFactorDividesTheSum) {
+  const int w = test_process_group().world_size();
+  auto [x, y] = make_batches().front();
+  auto global_norm = [&](std::optional<double> factor) {
+    FsdpOptions options;
+    options.gradient_divide_factor = factor;
+    Toy model = sharded_toy(options);
+    torch::mse_loss(model(local_rows(x)), local_rows(y)).backward();
+    return clip_grad_norm(model.ptr(), 1e9);
+  };
+  const double mean = global_norm(std::nullopt);
+  // Summed over W ranks and divided by 2W: half the mean.
+  EXPECT_NEAR(global_norm(2.0 * w), mean / 2, 1e-5 * mean) << "W=" << w;
+  EXPECT_NEAR(global_norm(static_cast<double>(w)), mean, 1e-5 * mean) << "W=" << w;
+  FsdpOptions bad;
+  bad.gradient_divide_factor = 0.0;
+  torch::manual_seed(1);
+  Block block;
+  try {
+    fully_shard(block.ptr(), test_process_group().world(), bad);
+    ADD_FAILURE() << "no error";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find("gradient_divide_factor = 0"), std::string::npos) << e.what();
+  }
+}
+
+struct NormedImpl : nn::Interceptable<NormedImpl, at::Tensor(at::Tensor)> {
+  NormedImpl() {
+    fc = register_module("fc", torch::nn::Linear(4, 4));
+    scale = register_buffer("scale", torch::full({4}, 0.5));
+  }
+  at::Tensor forward_impl(at::Tensor x) { return fc(x) * scale; }
+  torch::nn::Linear fc{nullptr};
+  at::Tensor scale;
+};
+
+TEST(FsdpRuntime, MixedPrecisionDtypes) {
+  auto model = std::make_shared<NormedImpl>();
+  FsdpOptions options;
+  options.mixed_precision.param_dtype = torch::kBFloat16;
+  options.mixed_precision.reduce_dtype = torch::kFloat;
+  options.mixed_precision.buffer_dtype = torch::kBFloat16;
+  options.mixed_precision.output_dtype = torch::kFloat;
+  fully_shard(model, test_process_group().world(), options);
+  EXPECT_EQ(model->scale.scalar_type(), torch::kBFloat16);
+  EXPECT_EQ(model->fc->weight.scalar_type(), torch::kFloat);  // the sharded master
+  at::Tensor out = model->forward(torch::randn({2, 4}));     // float32 input cast to bf16 inside
+  EXPECT_EQ(out.scalar_type(), torch::kFloat);
+  out.sum().backward();
+  EXPECT_EQ(model->fc->weight.grad().scalar_type(), torch::kFloat);
+  EXPECT_EQ(model->fc->weight.scalar_type(), torch::kFloat);
+}
+
+// Peak units holding full parameters, from the runtime's own counters, in the second step (the first records the
+// order prefetching follows). The root's forward encloses every block's, so the root counts as a running unit.
+struct Peaks {
+  int64_t forward, backward, prefetches;
+};
+Peaks measure_peaks(int forward_prefetch, bool limit, BackwardPrefetch backward) {
+  FsdpOptions options;
+  options.forward_prefetch = forward_prefetch;
+  options.limit_all_gathers = limit;
+  options.backward_prefetch = backward;
+  Toy model = sharded_toy(options);
+  auto [x, y] = make_batches().front();
+  torch::mse_loss(model(local_rows(x)), local_rows(y)).backward();
+  reset_fsdp_stats(model.ptr());
+  at::Tensor loss = torch::mse_loss(model(local_rows(x)), local_rows(y));
+  Peaks peaks{fsdp_stats(model.ptr()).peak_unsharded_units, 0, fsdp_stats(model.ptr()).prefetches};
+  reset_fsdp_stats(model.ptr());
+  loss.backward();
+  peaks.backward = fsdp_stats(model.ptr()).peak_unsharded_units;
+  peaks.prefetches += fsdp_stats(model.ptr()).prefetches;
+  return peaks;
+}
+
+TEST(FsdpRuntime, PrefetchBoundsUnshardedUnits) {
+  // No prefetch: the root and the running block.
+  Peaks none = measure_peaks(0, true, BackwardPrefetch::NONE);
+  EXPECT_EQ(none.forward, 2);
+  EXPECT_EQ(none.backward, 2);
+  EXPECT_EQ(none.prefetches, 0);
+  // One ahead: the root, the running block and the prefetched one. Forward prefetches blocks 0, 1, 2 (from the
+  // root and blocks 0, 1); backward prefetches blocks 1 and 0 (from blocks 2, 1) and block 2 from the root.
+  Peaks one = measure_peaks(1, true, BackwardPrefetch::BACKWARD_PRE);
+  EXPECT_EQ(one.forward, 3);
+  EXPECT_EQ(one.backward, 3);
+  EXPECT_EQ(one.prefetches, 6);
+  // Two ahead, limited: still one gathered ahead. Unlimited: two.
+  EXPECT_EQ(measure_peaks(2, true, BackwardPrefetch::NONE).forward, 3);
+  EXPECT_EQ(measure_peaks(2, false, BackwardPrefetch::NONE).forward, 4);
+  // BACKWARD_POST gathers the next unit once the current one's gradients are reduced: no more than without.
+  EXPECT_EQ(measure_peaks(0, true, BackwardPrefetch::BACKWARD_POST).backward, 2);
+}
+
+TEST(FsdpRuntime, StalePrefetchIsGatheredAgain) {
+  FsdpOptions options;
+  options.forward_prefetch = 1;
+  Toy model = sharded_toy(options);
+  auto [x, y] = make_batches().front();
+  torch::mse_loss(model(x), y).backward();  // records the order
+  torch::NoGradGuard no_grad;
+  model->active_blocks = 2;
+  model(x);  // block 1 prefetches block 2, which does not run
+  for (auto& p : model->parameters()) p.add_(0.25);  // the shards change under the pending prefetch
+  model->active_blocks = 3;
+  reset_fsdp_stats(model.ptr());
+  at::Tensor out = model(x);
+  EXPECT_EQ(fsdp_stats(model.ptr()).stale_prefetches, 1);
+  // The output is that of the current parameters.
+  Toy plain;
+  auto full = gather_full_parameters(model.ptr());
+  for (auto& p : plain->named_parameters()) p.value().copy_(full.at(p.key()));
+  EXPECT_TRUE(torch::allclose(out, plain(x), 1e-5, 1e-6));
+}
+
+// A layer that keeps an intermediate: a loss taken from it bypasses the unit's output, so backward never gathers
+// the parameters again. Autograd then reads the freed storage, which must fail loudly.
+struct LeakyImpl : nn::Interceptable<LeakyImpl, at::Tensor(at::Tensor)> {
+  LeakyImpl() { fc = register_module("fc", torch::nn::Linear(4, 4)); }
+  at::Tensor forward_impl(at::Tensor x) {
+    hidden = fc(x);
+    return hidden * 2;
+  }
+  torch::nn::Linear fc{nullptr};
+  at::Tensor hidden;
+};
+
+TEST(FsdpRuntime, ReadingFreedParametersIsAnError) {
+  auto model = std::make_shared<LeakyImpl>();
+  fully_shard(model, test_process_group().world());
+  at::Tensor x = torch::randn({2, 4}, torch::requires_grad());
+  model->forward(x);
+  try {
+    model->hidden.sum().backward();
+    ADD_FAILURE() << "backward read freed parameters without an error";
+  } catch (const std::exception& e) {
+    SUCCEED() << e.what();
+  }
+}
+
+TEST(FsdpRuntime, ForwardWithoutGradReshardsEveryStrategy) {
+  FsdpOptions options;
+  options.reshard_after_forward = false;
+  Toy model = sharded_toy(options);
+  torch::NoGradGuard no_grad;
+  model(make_batches().front().first);
+  for (const FsdpUnit& unit : units_of(model.ptr())) EXPECT_EQ(unit.state(), ShardState::SHARDED);
+}
+
+}  // namespace
+}  // namespace shardtrain::fsdp
