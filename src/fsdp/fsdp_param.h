@@ -61,6 +61,10 @@ class FsdpParam {
   // count = real (non-padding) rows, possibly 0.
   int64_t shard_first_row() const { return static_cast<int64_t>(rank_) * chunk_rows_; }
   int64_t shard_real_rows() const;
+  // This rank's real (non-padding) rows: a writable (shard_real_rows(), rest...) view of the shard.
+  at::Tensor real_shard() const { return shard_.narrow(0, 0, shard_real_rows()); }
+  // The full shape as the model declares it ({} for a 0-dim parameter, which is sharded as one row).
+  std::vector<int64_t> declared_shape() const { return scalar_ ? std::vector<int64_t>{} : shape_; }
 
  private:
   std::string name_;

@@ -118,4 +118,9 @@ class FsdpInterceptor : public nn::Interceptor {
   std::shared_ptr<FsdpUnit::Impl> unit_;
 };
 
+// The unit placed on `module`, or nullptr (fully_shard.cpp).
+FsdpInterceptor* fsdp_interceptor_of(torch::nn::Module& module);
+// The units inside `root` (itself included), in named_modules() order.
+std::vector<std::shared_ptr<FsdpUnit::Impl>> unit_impls_of(const std::shared_ptr<torch::nn::Module>& root);
+
 }  // namespace shardtrain::fsdp

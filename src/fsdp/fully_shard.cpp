@@ -12,8 +12,6 @@ namespace shardtrain::fsdp {
 
 void install_unit(const std::shared_ptr<FsdpUnit::Impl>& unit);  // fsdp_unit.cpp
 
-namespace {
-
 FsdpInterceptor* fsdp_interceptor_of(torch::nn::Module& module) {
   nn::InterceptPoint* point = nn::as_intercept_point(module);
   if (point == nullptr) return nullptr;
@@ -31,8 +29,6 @@ std::vector<std::shared_ptr<FsdpUnit::Impl>> unit_impls_of(const std::shared_ptr
   }
   return units;
 }
-
-}  // namespace
 
 FsdpUnit fully_shard(const std::shared_ptr<torch::nn::Module>& module, const dist::Communicator& group,
                      const FsdpOptions& options) {

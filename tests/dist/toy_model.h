@@ -29,14 +29,16 @@ struct ToyImpl : nn::Interceptable<ToyImpl, at::Tensor(at::Tensor)> {
     in = register_module("in", torch::nn::Linear(kIn, kDim));
     for (int i = 0; i < 3; ++i) blocks.push_back(register_module("blocks" + std::to_string(i), Block()));
     head = register_module("head", torch::nn::Linear(kDim, kOut));
+    offset = register_buffer("offset", torch::zeros({kOut}));
   }
   at::Tensor forward_impl(at::Tensor x) {
     at::Tensor h = in(x);
     for (int i = 0; i < active_blocks; ++i) h = blocks[i](h);
-    return head(h);
+    return head(h) + offset;
   }
   torch::nn::Linear in{nullptr}, head{nullptr};
   std::vector<Block> blocks;
+  at::Tensor offset;      // a buffer (zero unless a test sets it)
   int active_blocks = 3;  // forward runs the first active_blocks blocks (a model whose path varies)
 };
 TORCH_MODULE(Toy);

@@ -1,0 +1,34 @@
+// State dicts of a fully_shard'ed model: parameters and buffers by their named_parameters()/named_buffers() names.
+//
+// Sharded: each rank writes the rows it holds, no communication, to <dir>/shard-<k>-of-<S>.pt (S = shard group
+// size; replicas of a hybrid or NO_SHARD model write once), then shard 0 writes <dir>/metadata.pt: a directory
+// is a complete checkpoint when metadata.pt exists. Loading reads only the files holding this rank's rows, so a
+// state saved at one world size loads at any other.
+// Full: every parameter gathered whole, on CPU, by rank 0 (the others get an empty map), one file loadable by
+// LibTorch's torch::pickle_load and by Python's torch.load (a dict of tensors). Loads at any world size.
+// Every file is written atomically (io/files.h). Loading checks names and shapes and names what does not match.
+#pragma once
+
+#include <map>
+#include <memory>
+#include <string>
+
+#include <ATen/core/Tensor.h>
+
+namespace torch::nn {
+class Module;
+}
+
+namespace shardtrain::fsdp {
+
+void save_sharded_state_dict(const std::shared_ptr<torch::nn::Module>& root, const std::string& dir);
+void load_sharded_state_dict(const std::shared_ptr<torch::nn::Module>& root, const std::string& dir);
+
+// Collective over the units' groups. Parameters in their own dtype; buffers as they are.
+std::map<std::string, at::Tensor> full_state_dict(const std::shared_ptr<torch::nn::Module>& root, bool rank0_only = true);
+void save_full_state_dict(const std::shared_ptr<torch::nn::Module>& root, const std::string& path);
+// Every rank reads `path` (or takes `state`) and keeps its own rows. No communication.
+void load_full_state_dict(const std::shared_ptr<torch::nn::Module>& root, const std::string& path);
+void load_full_state_dict(const std::shared_ptr<torch::nn::Module>& root, const std::map<std::string, at::Tensor>& state);
+
+}  // namespace shardtrain::fsdp

@@ -1,0 +1,259 @@
+#include "shardtrain/fsdp/state_dict.h"
+
+#include <torch/nn/module.h>
+#include <torch/serialize.h>
+
+#include <set>
+#include <stdexcept>
+
+#include "fsdp/fsdp_unit.h"
+#include "shardtrain/io/files.h"
+
+namespace shardtrain::fsdp {
+namespace {
+
+constexpr const char* kShardedFormat = "shardtrain.sharded_state_dict.v1";
+
+std::string shape_text(at::IntArrayRef shape) { return c10::str(shape); }
+
+// What a state dict of `root` holds: parameters inside units (sharded) and everything else — parameters no unit
+// owns and buffers — which every rank holds whole.
+struct Layout {
+  std::vector<std::shared_ptr<FsdpUnit::Impl>> units;
+  std::map<const c10::TensorImpl*, std::string> param_names;
+  std::vector<std::pair<std::string, at::Tensor>> whole;
+  const dist::Communicator* shard_group = nullptr;
+  bool writer = true;  // replica 0 (of hybrid / NO_SHARD) holds the copy that is written
+
+  const std::string& name_of(const FsdpParam& p) const { return param_names.at(p.param().unsafeGetTensorImpl()); }
+
+  // Every rank of the job after every rank of replica 0's shard group: a shard-group barrier, then a replicate one.
+  void barrier() const {
+    shard_group->barrier().wait();
+    const auto& replicate = units.front()->options.replicate_group;
+    if (replicate) replicate->barrier().wait();
+  }
+};
+
+Layout layout_of(const std::shared_ptr<torch::nn::Module>& root, const char* caller) {
+  Layout layout;
+  layout.units = unit_impls_of(root);
+  if (layout.units.empty()) {
+    throw std::invalid_argument(std::string(caller) + ": " + root->name() + " contains no fully_shard unit");
+  }
+  std::set<const c10::TensorImpl*> owned;
+  for (const auto& unit : layout.units) {
+    if (unit->state != ShardState::SHARDED || unit->training != TrainingState::IDLE) {
+      throw std::logic_error(std::string(caller) + ": unit " + unit->module_name + " is not sharded and idle; call it "
+                             "between steps");
+    }
+    if (unit->group.global_ranks() != layout.units.front()->group.global_ranks()) {
+      throw std::invalid_argument(std::string(caller) + ": units shard over different groups (" + unit->group.name() +
+                                  ", " + layout.units.front()->group.name() + "); one shard group is required");
+    }
+    for (const auto& p : unit->params) owned.insert(p.param().unsafeGetTensorImpl());
+  }
+  for (const auto& item : root->named_parameters()) {
+    layout.param_names[item.value().unsafeGetTensorImpl()] = item.key();
+    if (!owned.count(item.value().unsafeGetTensorImpl())) layout.whole.emplace_back(item.key(), item.value());
+  }
+  for (const auto& item : root->named_buffers()) layout.whole.emplace_back(item.key(), item.value());
+  layout.shard_group = &layout.units.front()->group;
+  const auto& replicate = layout.units.front()->options.replicate_group;
+  layout.writer = !replicate || replicate->rank() == 0;
+  return layout;
+}
+
+std::string shard_file(const std::string& dir, int64_t shard, int64_t count) {
+  return dir + "/shard-" + std::to_string(shard) + "-of-" + std::to_string(count) + ".pt";
+}
+
+c10::impl::GenericDict new_dict() { return c10::impl::GenericDict(c10::StringType::get(), c10::AnyType::get()); }
+
+c10::impl::GenericDict load_dict(const std::string& path, const char* what) {
+  c10::IValue value = torch::pickle_load(io::read_file(path));
+  if (!value.isGenericDict()) throw std::runtime_error(path + " is not a " + what + " (not a dict)");
+  return value.toGenericDict();
+}
+
+const c10::IValue& entry(const c10::impl::GenericDict& dict, const std::string& key, const std::string& path) {
+  auto it = dict.find(c10::IValue(key));
+  if (it == dict.end()) throw std::runtime_error(path + ": no entry '" + key + "'");
+  return it->value();
+}
+
+// Copies into `dst` (rows [first, first + dst.size(0)) of a parameter, contiguous) those rows out of `source`, which
+// holds the parameter's rows from `source_first` on (any shape with the same elements per row).
+void copy_rows(const at::Tensor& dst, const at::Tensor& source, int64_t first, int64_t source_first) {
+  if (dst.numel() == 0) return;
+  const int64_t rows = dst.size(0), row_numel = dst.numel() / rows;
+  dst.view({rows, row_numel}).copy_(source.reshape({-1, row_numel}).narrow(0, first - source_first, rows));
+}
+
+void check_shape(const std::string& name, at::IntArrayRef saved, at::IntArrayRef expected, const std::string& where) {
+  if (saved != expected) {
+    throw std::invalid_argument(where + ": '" + name + "' has shape " + shape_text(saved) + ", the model's is " +
+                                shape_text(expected));
+  }
+}
+
+}  // namespace
+
+void save_sharded_state_dict(const std::shared_ptr<torch::nn::Module>& root, const std::string& dir) {
+  const Layout layout = layout_of(root, "save_sharded_state_dict");
+  const int64_t count = layout.shard_group->size(), shard = layout.shard_group->rank();
+  if (layout.writer) {
+    io::make_directories(dir);
+    auto tensors = new_dict(), shapes = new_dict(), first_rows = new_dict();
+    for (const auto& unit : layout.units) {
+      for (const auto& p : unit->params) {
+        const std::string& name = layout.name_of(p);
+        tensors.insert(name, p.real_shard().detach().to(at::kCPU, /*non_blocking=*/false, /*copy=*/true));
+        shapes.insert(name, p.declared_shape());
+        first_rows.insert(name, p.shard_first_row());
+      }
+    }
+    if (shard == 0) {
+      for (const auto& [name, t] : layout.whole) {
+        tensors.insert(name, t.detach().to(at::kCPU, /*non_blocking=*/false, /*copy=*/true));
+        shapes.insert(name, t.sizes().vec());
+        first_rows.insert(name, int64_t{0});
+      }
+    }
+    auto file = new_dict();
+    file.insert("format", std::string(kShardedFormat));
+    file.insert("shard", shard);
+    file.insert("shard_count", count);
+    file.insert("tensors", tensors);
+    file.insert("shapes", shapes);
+    file.insert("first_rows", first_rows);
+    io::write_file_atomic(shard_file(dir, shard, count), torch::pickle_save(file));
+  }
+  layout.shard_group->barrier().wait();  // every shard is on disk before the metadata declares the directory whole
+  if (layout.writer && shard == 0) {
+    auto meta = new_dict();
+    meta.insert("format", std::string(kShardedFormat));
+    meta.insert("shard_count", count);
+    io::write_file_atomic(dir + "/metadata.pt", torch::pickle_save(meta));
+  }
+  layout.barrier();
+}
+
+void load_sharded_state_dict(const std::shared_ptr<torch::nn::Module>& root, const std::string& dir) {
+  const Layout layout = layout_of(root, "load_sharded_state_dict");
+  const std::string meta_path = dir + "/metadata.pt";
+  if (!io::path_exists(meta_path)) {
+    throw std::runtime_error("load_sharded_state_dict: " + dir + " is not a complete sharded state dict (no " +
+                             "metadata.pt: the save did not finish, or this is not such a directory)");
+  }
+  const auto meta = load_dict(meta_path, "sharded state dict's metadata");
+  const int64_t count = entry(meta, "shard_count", meta_path).toInt();
+  std::map<int64_t, c10::impl::GenericDict> files;
+  auto file = [&](int64_t shard) -> const c10::impl::GenericDict& {
+    auto it = files.find(shard);
+    if (it == files.end()) it = files.emplace(shard, load_dict(shard_file(dir, shard, count), "sharded state dict")).first;
+    return it->second;
+  };
+  auto saved = [&](int64_t shard, const std::string& name) {
+    const std::string path = shard_file(dir, shard, count);
+    const auto& f = file(shard);
+    auto tensors = entry(f, "tensors", path).toGenericDict();
+    auto it = tensors.find(c10::IValue(name));
+    if (it == tensors.end()) throw std::invalid_argument(path + ": no entry for '" + name + "' of the model");
+    return std::make_tuple(it->value().toTensor(), entry(f, "shapes", path).toGenericDict().at(name).toIntVector(),
+                           entry(f, "first_rows", path).toGenericDict().at(name).toInt(), path);
+  };
+  c10::AutoGradMode no_grad(false);
+  for (const auto& unit : layout.units) {
+    for (const auto& p : unit->params) {
+      const std::string& name = layout.name_of(p);
+      const std::vector<int64_t> shape = p.declared_shape();
+      const int64_t rows = shape.empty() ? 1 : shape[0];
+      const int64_t chunk = std::max<int64_t>(1, (rows + count - 1) / count);  // rows per shard when saved
+      const at::Tensor dst = p.real_shard();
+      const int64_t first = p.shard_first_row(), end = first + dst.size(0);
+      for (int64_t row = first; row < end;) {
+        auto [source, saved_shape, source_first, path] = saved(row / chunk, name);
+        check_shape(name, saved_shape, shape, path);
+        const int64_t take = std::min(end, source_first + source.size(0)) - row;
+        if (take <= 0) throw std::runtime_error(path + ": does not hold row " + std::to_string(row) + " of '" + name + "'");
+        copy_rows(dst.narrow(0, row - first, take), source, row, source_first);
+        row += take;
+      }
+    }
+  }
+  for (const auto& [name, t] : layout.whole) {
+    auto [source, saved_shape, source_first, path] = saved(0, name);
+    check_shape(name, saved_shape, t.sizes(), path);
+    t.detach().copy_(source.reshape(t.sizes()));
+  }
+}
+
+std::map<std::string, at::Tensor> full_state_dict(const std::shared_ptr<torch::nn::Module>& root, bool rank0_only) {
+  const Layout layout = layout_of(root, "full_state_dict");
+  const bool keep = !rank0_only || (layout.writer && layout.shard_group->rank() == 0);
+  std::map<std::string, at::Tensor> state;
+  for (const auto& unit : layout.units) {
+    std::vector<at::Tensor> values = unit->gather_full_values();  // collective: every rank takes part
+    if (!keep) continue;
+    for (size_t i = 0; i < values.size(); ++i) state[layout.name_of(unit->params[i])] = values[i].to(at::kCPU);
+  }
+  if (keep) {
+    for (const auto& [name, t] : layout.whole) {
+      state[name] = t.detach().to(at::kCPU, /*non_blocking=*/false, /*copy=*/true);
+    }
+  }
+  return state;
+}
+
+void save_full_state_dict(const std::shared_ptr<torch::nn::Module>& root, const std::string& path) {
+  const Layout layout = layout_of(root, "save_full_state_dict");
+  std::map<std::string, at::Tensor> state = full_state_dict(root, /*rank0_only=*/true);
+  if (layout.writer && layout.shard_group->rank() == 0) {
+    c10::Dict<std::string, at::Tensor> dict;
+    for (auto& [name, t] : state) dict.insert(name, t);
+    const size_t slash = path.rfind('/');
+    if (slash != std::string::npos && slash > 0) io::make_directories(path.substr(0, slash));
+    io::write_file_atomic(path, torch::pickle_save(dict));
+  }
+  layout.barrier();  // the file exists on return, on every rank
+}
+
+void load_full_state_dict(const std::shared_ptr<torch::nn::Module>& root, const std::string& path) {
+  c10::IValue value = torch::pickle_load(io::read_file(path));
+  if (!value.isGenericDict()) throw std::runtime_error(path + " is not a full state dict (not a dict)");
+  std::map<std::string, at::Tensor> state;
+  for (const auto& item : value.toGenericDict()) state[item.key().toStringRef()] = item.value().toTensor();
+  load_full_state_dict(root, state);
+}
+
+void load_full_state_dict(const std::shared_ptr<torch::nn::Module>& root, const std::map<std::string, at::Tensor>& state) {
+  const Layout layout = layout_of(root, "load_full_state_dict");
+  std::set<std::string> expected;
+  auto find = [&](const std::string& name) -> const at::Tensor& {
+    auto it = state.find(name);
+    if (it == state.end()) throw std::invalid_argument("load_full_state_dict: missing '" + name + "'");
+    expected.insert(name);
+    return it->second;
+  };
+  c10::AutoGradMode no_grad(false);
+  for (const auto& unit : layout.units) {
+    for (const auto& p : unit->params) {
+      const std::string& name = layout.name_of(p);
+      const at::Tensor& full = find(name);
+      check_shape(name, full.sizes(), p.declared_shape(), "load_full_state_dict");
+      const at::Tensor dst = p.real_shard();
+      copy_rows(dst, full, p.shard_first_row(), 0);
+    }
+  }
+  for (const auto& [name, t] : layout.whole) {
+    const at::Tensor& full = find(name);
+    check_shape(name, full.sizes(), t.sizes(), "load_full_state_dict");
+    t.detach().copy_(full);
+  }
+  for (const auto& [name, t] : state) {
+    if (!expected.count(name)) throw std::invalid_argument("load_full_state_dict: unexpected '" + name + "', not in the model");
+  }
+}
+
+}  // namespace shardtrain::fsdp
