@@ -1,0 +1,69 @@
+// replicate: distributed data parallelism (PyTorch's DistributedDataParallel) for LibTorch modules.
+//
+//   auto ddp = ddp::replicate(model.ptr(), pg.world());   // parameters and buffers now equal rank 0's
+//   loss_fn(model(x_local)).backward();                    // gradients averaged over the group during backward
+//   optimizer.step();
+//
+// Every rank holds the whole model. Gradients are grouped into buckets of about bucket_cap_mb, in the reverse of
+// parameter order (the order backward produces them); a bucket is all-reduced (mean) as soon as its last gradient
+// is accumulated, while backward goes on, and buckets start in the same order on every rank. At the end of backward
+// the averaged gradients are written back into .grad.
+#pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "shardtrain/dist/communicator.h"
+
+namespace torch::nn {
+class Module;
+}
+
+namespace shardtrain::ddp {
+
+struct DdpOptions {
+  double bucket_cap_mb = 25.0;  // bytes of gradients per bucket, in MiB (PyTorch's default)
+  // false: a parameter that received no gradient in a backward is an error naming it (a model whose forward
+  // skips parameters would hang or diverge otherwise). true: such gradients count as zero.
+  bool find_unused_parameters = false;
+  // Buffers are copied from rank 0 before every forward (needs a module deriving from nn::Interceptable; others
+  // get them at replicate() only).
+  bool broadcast_buffers = true;
+};
+
+class Ddp {
+ public:
+  struct Impl;
+  explicit Ddp(std::shared_ptr<Impl> impl) : impl_(std::move(impl)) {}
+  // false: backward leaves the local gradients in .grad, accumulating, and communicates nothing; the next backward
+  // with sync on averages the accumulated sum (PyTorch's no_sync).
+  void set_requires_gradient_sync(bool sync);
+  // Parameter names per bucket, in launch order.
+  std::vector<std::vector<std::string>> buckets() const;
+  int64_t all_reduces() const;  // bucket all-reduces issued so far
+
+ private:
+  std::shared_ptr<Impl> impl_;
+};
+
+// Broadcasts `module`'s parameters and buffers from the group's rank 0 and installs the gradient hooks. Collective.
+// A module deriving from nn::Interceptable owns its replication from then on; for any other module the returned
+// handle must live as long as the module trains (as PyTorch's DDP wrapper does). Throws std::invalid_argument for
+// a non-positive bucket size. Apply once per module.
+Ddp replicate(const std::shared_ptr<torch::nn::Module>& module, const dist::Communicator& group,
+              const DdpOptions& options = {});
+
+// Gradient accumulation without communication for the guard's lifetime.
+class NoSync {
+ public:
+  explicit NoSync(Ddp ddp) : ddp_(std::move(ddp)) { ddp_.set_requires_gradient_sync(false); }
+  ~NoSync() { ddp_.set_requires_gradient_sync(true); }
+  NoSync(const NoSync&) = delete;
+  NoSync& operator=(const NoSync&) = delete;
+
+ private:
+  Ddp ddp_;
+};
+
+}  // namespace shardtrain::ddp

@@ -1,0 +1,224 @@
+#include "shardtrain/ddp/replicate.h"
+
+#include <torch/csrc/autograd/engine.h>
+#include <torch/csrc/autograd/function_hook.h>
+#include <torch/csrc/autograd/variable.h>
+#include <torch/nn/module.h>
+
+#include <stdexcept>
+
+#include "shardtrain/nn/intercept.h"
+
+namespace shardtrain::ddp {
+namespace {
+
+struct AfterAccumulate : torch::autograd::FunctionPostHook {
+  explicit AfterAccumulate(std::function<void()> fn) : fn_(std::move(fn)) {}
+  torch::autograd::variable_list operator()(const torch::autograd::variable_list& outputs,
+                                            const torch::autograd::variable_list& /*inputs*/) override {
+    fn_();
+    return outputs;
+  }
+  std::function<void()> fn_;
+};
+
+// A bucket: consecutive parameters (in reverse registration order) whose gradients travel in one flat buffer.
+struct Bucket {
+  std::vector<size_t> params;  // indices into Impl::params
+  std::vector<int64_t> offsets;
+  int64_t numel = 0;
+  size_t ready = 0;
+  bool launched = false;
+  at::Tensor flat;  // (numel) gradients, then their mean once work completes
+  dist::Work work;
+};
+
+}  // namespace
+
+struct Ddp::Impl : std::enable_shared_from_this<Ddp::Impl> {
+  dist::Communicator group;
+  DdpOptions options;
+  std::vector<std::string> names;
+  std::vector<at::Tensor> params;
+  std::vector<size_t> bucket_of;  // parameter index -> bucket index
+  std::vector<char> has_grad;     // this backward
+  std::vector<Bucket> buckets;
+  std::vector<std::shared_ptr<torch::autograd::Node>> accumulators;  // kept alive: tensors hold them weakly
+  size_t next_launch = 0;
+  bool sync = true;
+  bool callback_queued = false;
+  int64_t all_reduces = 0;
+
+  Impl(dist::Communicator g, DdpOptions o) : group(std::move(g)), options(o) {}
+
+  void on_gradient(size_t index) {
+    if (!sync) return;  // no_sync: AccumulateGrad keeps accumulating into .grad
+    if (!callback_queued) {
+      std::weak_ptr<Impl> weak = weak_from_this();
+      torch::autograd::Engine::get_default_engine().queue_callback([weak] {
+        if (auto self = weak.lock()) self->finish_backward();
+      });
+      callback_queued = true;
+    }
+    if (has_grad[index]) return;  // a parameter used twice: AccumulateGrad runs once per backward anyway
+    has_grad[index] = 1;
+    Bucket& b = buckets[bucket_of[index]];
+    if (++b.ready == b.params.size()) launch_ready();
+  }
+
+  // Starts every bucket that is complete and whose predecessors have started: one order on every rank.
+  void launch_ready() {
+    while (next_launch < buckets.size() && buckets[next_launch].ready == buckets[next_launch].params.size()) {
+      launch(buckets[next_launch]);
+      ++next_launch;
+    }
+  }
+
+  void launch(Bucket& b) {
+    c10::AutoGradMode no_grad(false);
+    b.flat = at::zeros({b.numel}, params[b.params.front()].options().requires_grad(false));
+    for (size_t k = 0; k < b.params.size(); ++k) {
+      const at::Tensor& g = params[b.params[k]].grad();
+      if (g.defined()) b.flat.narrow(0, b.offsets[k], g.numel()).copy_(g.reshape({-1}));
+    }
+    b.work = group.all_reduce(b.flat, dist::ReduceOp::MEAN);
+    b.launched = true;
+    ++all_reduces;
+  }
+
+  void finish_backward() {
+    callback_queued = false;
+    // Parameters that took no part: an error naming the first, unless they count as zero.
+    for (size_t i = 0; i < params.size(); ++i) {
+      if (has_grad[i] || !params[i].requires_grad()) continue;
+      if (!options.find_unused_parameters) {
+        reset();
+        throw std::runtime_error("replicate: parameter '" + names[i] + "' received no gradient in this backward; "
+                                 "every parameter must contribute to the loss on every rank, or set "
+                                 "DdpOptions::find_unused_parameters");
+      }
+      has_grad[i] = 1;
+      ++buckets[bucket_of[i]].ready;
+    }
+    launch_ready();
+    c10::AutoGradMode no_grad(false);
+    for (Bucket& b : buckets) {
+      b.work.wait();
+      for (size_t k = 0; k < b.params.size(); ++k) {
+        const at::Tensor& p = params[b.params[k]];
+        at::Tensor mean = b.flat.narrow(0, b.offsets[k], p.numel()).view(p.sizes());
+        at::Tensor& grad = p.mutable_grad();
+        if (grad.defined()) {
+          grad.copy_(mean);
+        } else {
+          grad = mean.clone();  // its own tensor: zero_grad() detaches gradients in place
+        }
+      }
+    }
+    reset();
+  }
+
+  void reset() {
+    for (Bucket& b : buckets) {
+      b.ready = 0;
+      b.launched = false;
+      b.flat = at::Tensor();
+      b.work = dist::Work();
+    }
+    std::fill(has_grad.begin(), has_grad.end(), 0);
+    next_launch = 0;
+  }
+};
+
+namespace {
+
+// Placed on an Interceptable module: owns the reducer for the module's lifetime and copies buffers from rank 0
+// before each forward.
+class ReplicateInterceptor : public nn::Interceptor {
+ public:
+  ReplicateInterceptor(std::shared_ptr<Ddp::Impl> impl, std::vector<at::Tensor> buffers)
+      : impl_(std::move(impl)), buffers_(std::move(buffers)) {}
+  nn::TensorVec around(torch::nn::Module&, nn::TensorVec inputs, const Next& next) override {
+    std::vector<dist::Work> works;
+    for (auto& b : buffers_) works.push_back(impl_->group.broadcast(b, 0));
+    dist::wait_all(works);
+    return next(std::move(inputs));
+  }
+  std::string name() const override { return "replicate"; }
+
+ private:
+  std::shared_ptr<Ddp::Impl> impl_;
+  std::vector<at::Tensor> buffers_;  // empty when buffers are not broadcast
+};
+
+}  // namespace
+
+Ddp replicate(const std::shared_ptr<torch::nn::Module>& module, const dist::Communicator& group,
+              const DdpOptions& options) {
+  if (!module) throw std::invalid_argument("replicate: null module");
+  if (!(options.bucket_cap_mb > 0)) {
+    throw std::invalid_argument("replicate: bucket_cap_mb = " + std::to_string(options.bucket_cap_mb) +
+                                ", expected > 0");
+  }
+  auto impl = std::make_shared<Ddp::Impl>(group, options);
+  // Everyone starts from rank 0's model.
+  {
+    c10::AutoGradMode no_grad(false);
+    std::vector<dist::Work> works;
+    for (const auto& p : module->parameters()) works.push_back(group.broadcast(p.detach(), 0));
+    for (const auto& b : module->buffers()) works.push_back(group.broadcast(b, 0));
+    dist::wait_all(works);
+  }
+  for (const auto& item : module->named_parameters()) {
+    if (!item.value().requires_grad()) continue;
+    impl->names.push_back(item.key());
+    impl->params.push_back(item.value());
+  }
+  // Buckets over the parameters in reverse order, each closed once it reaches the cap.
+  const auto cap_bytes = static_cast<int64_t>(options.bucket_cap_mb * 1024 * 1024);
+  impl->bucket_of.resize(impl->params.size());
+  int64_t bytes = 0;
+  for (size_t n = impl->params.size(); n-- > 0;) {
+    const at::Tensor& p = impl->params[n];
+    if (impl->buckets.empty() || bytes >= cap_bytes || p.scalar_type() != impl->params[impl->buckets.back().params.front()].scalar_type()) {
+      impl->buckets.emplace_back();
+      bytes = 0;
+    }
+    Bucket& b = impl->buckets.back();
+    b.params.push_back(n);
+    b.offsets.push_back(b.numel);
+    b.numel += p.numel();
+    bytes += p.numel() * static_cast<int64_t>(p.element_size());
+    impl->bucket_of[n] = impl->buckets.size() - 1;
+  }
+  impl->has_grad.assign(impl->params.size(), 0);
+  std::weak_ptr<Ddp::Impl> weak = impl;
+  for (size_t i = 0; i < impl->params.size(); ++i) {
+    auto accumulator = torch::autograd::impl::grad_accumulator(impl->params[i]);
+    accumulator->add_post_hook(std::make_unique<AfterAccumulate>([weak, i] {
+      if (auto self = weak.lock()) self->on_gradient(i);
+    }));
+    impl->accumulators.push_back(std::move(accumulator));
+  }
+  if (nn::InterceptPoint* point = nn::as_intercept_point(*module)) {
+    std::vector<at::Tensor> buffers;
+    if (options.broadcast_buffers && group.size() > 1) buffers = module->buffers();
+    point->interceptors().add(std::make_shared<ReplicateInterceptor>(impl, std::move(buffers)));
+  }
+  return Ddp(impl);
+}
+
+void Ddp::set_requires_gradient_sync(bool sync) { impl_->sync = sync; }
+
+std::vector<std::vector<std::string>> Ddp::buckets() const {
+  std::vector<std::vector<std::string>> out;
+  for (const auto& b : impl_->buckets) {
+    out.emplace_back();
+    for (size_t i : b.params) out.back().push_back(impl_->names[i]);
+  }
+  return out;
+}
+
+int64_t Ddp::all_reduces() const { return impl_->all_reduces; }
+
+}  // namespace shardtrain::ddp
