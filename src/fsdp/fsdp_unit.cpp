@@ -97,6 +97,7 @@ void Schedule::finish_backward() {
   // Two passes so that the replicate all-reduces of all units are in flight together.
   for (auto& u : live) u->finish_reduction();
   for (auto& u : live) u->install_gradients();
+  reducing.reset();
   for (auto& u : live) {
     u->discard_gather();  // a prefetch for a unit that took no part in this backward
     u->reshard();
@@ -292,10 +293,15 @@ void FsdpUnit::Impl::reduce_scatter_gradients() {
     if (full[i].defined()) params[i].copy_grad_out(full[i], rs_input, unit_shard_numel, offsets[i]);
   }
   full.clear();
+  if (auto previous = schedule->reducing.lock()) previous->wait_reduce_scatter();
   rs_output = at::empty({unit_shard_numel}, rs_input.options());
   const dist::ReduceOp op = options.gradient_divide_factor ? dist::ReduceOp::SUM : dist::ReduceOp::MEAN;
   rs_work = group.reduce_scatter(rs_output, rs_input, op);
+  rs_waited = false;
+  schedule->reducing = weak_from_this();
   ++schedule->stats.reduce_scatters;
+  schedule->stats.peak_reductions_in_flight =
+      std::max(schedule->stats.peak_reductions_in_flight, ++schedule->reductions_in_flight);
   reshard();
   training = TrainingState::POST_BACKWARD;
   if (prefetch_after) prefetch(/*backward=*/true);
@@ -303,9 +309,15 @@ void FsdpUnit::Impl::reduce_scatter_gradients() {
 
 void FsdpUnit::Impl::finish_reduction() {
   if (training == TrainingState::PRE_BACKWARD) reduce_scatter_gradients();
-  if (training != TrainingState::POST_BACKWARD) return;
-  rs_work.wait();
+  wait_reduce_scatter();
+}
+
+void FsdpUnit::Impl::wait_reduce_scatter() {
+  if (training != TrainingState::POST_BACKWARD || rs_waited) return;
+  rs_work.wait();  // releases the reduce-scatter's full-size input
   rs_work = dist::Work();
+  rs_waited = true;
+  --schedule->reductions_in_flight;
   if (options.replicate_group && options.replicate_group->size() > 1) {
     // Hybrid sharding / NO_SHARD: the shards of the same rows, one per replica, reduced across replicas.
     const dist::ReduceOp op = options.gradient_divide_factor ? dist::ReduceOp::SUM : dist::ReduceOp::MEAN;

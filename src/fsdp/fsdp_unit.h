@@ -35,6 +35,10 @@ struct Schedule : std::enable_shared_from_this<Schedule> {
   const FsdpUnit::Impl* root = nullptr;
   bool recording = true;  // until the root's first forward ends
   bool backward_callback_queued = false;
+  // The unit whose reduce-scatter is in flight: waited for when the next one is issued, so one runs during the
+  // backward of the next unit and at most one unit's full-size reduction input is alive.
+  std::weak_ptr<FsdpUnit::Impl> reducing;
+  int64_t reductions_in_flight = 0;
   FsdpStats stats;
   int64_t unsharded_units = 0;
   int64_t unsharded_bytes = 0;
@@ -70,6 +74,7 @@ struct FsdpUnit::Impl : std::enable_shared_from_this<FsdpUnit::Impl> {
   void on_parameter_gradient(size_t index);  // AccumulateGrad of parameter `index` ran
   void reduce_scatter_gradients();           // all gradients present (or backward ended): start the reduce-scatter
   void finish_reduction();                   // end of backward, first pass: wait, start the replicate all-reduce
+  void wait_reduce_scatter();                // a reduce-scatter in flight: wait, start the replicate all-reduce
   void install_gradients();                  // end of backward, second pass: sharded gradients into .grad
   // Issues the all-gathers of the next units (forward: forward_prefetch of them in forward order; backward: one,
   // in reverse post-forward order) that are sharded, within limit_all_gathers.
@@ -99,6 +104,7 @@ struct FsdpUnit::Impl : std::enable_shared_from_this<FsdpUnit::Impl> {
   int64_t gather_version = 0;
   at::Tensor rs_output;  // (unit_shard_numel) reduced gradient shards in the reduce dtype
   dist::Work rs_work;
+  bool rs_waited = false;  // finish_reduction() ran for this backward
   dist::Work replicate_work;
 
  private:

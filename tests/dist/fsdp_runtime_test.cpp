@@ -163,6 +163,19 @@ TEST(FsdpRuntime, PrefetchBoundsUnshardedUnits) {
   EXPECT_EQ(measure_peaks(0, true, BackwardPrefetch::BACKWARD_POST).backward, 2);
 }
 
+TEST(FsdpRuntime, OneReduceScatterInFlightDuringBackward) {
+  // Each unit's reduce-scatter overlaps the next unit's backward and is waited for when the next one is issued:
+  // one full-size reduction input alive at a time, not one per unit until the end of backward.
+  Toy model = sharded_toy();
+  auto [x, y] = make_batches().front();
+  for (int step = 0; step < 2; ++step) {
+    reset_fsdp_stats(model.ptr());
+    torch::mse_loss(model(local_rows(x)), local_rows(y)).backward();
+    EXPECT_EQ(fsdp_stats(model.ptr()).reduce_scatters, 4);
+    EXPECT_EQ(fsdp_stats(model.ptr()).peak_reductions_in_flight, 1);
+  }
+}
+
 TEST(FsdpRuntime, StalePrefetchIsGatheredAgain) {
   FsdpOptions options;
   options.forward_prefetch = 1;
