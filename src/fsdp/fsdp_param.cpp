@@ -72,6 +72,8 @@ void FsdpParam::use_sharded() {
   storage->set_nbytes(0);
 }
 
+void FsdpParam::use_shard_as_full() { param_.set_data(scalar_ ? shard_.view({}) : shard_); }
+
 void FsdpParam::copy_grad_out(const at::Tensor& full_grad, const at::Tensor& rs_input, int64_t unit_shard_numel,
                               int64_t offset_in_unit) const {
   c10::AutoGradMode no_grad(false);

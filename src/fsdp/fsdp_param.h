@@ -47,6 +47,8 @@ class FsdpParam {
   void use_unsharded();
   // Points the parameter at its shard and frees the unsharded storage.
   void use_sharded();
+  // A group of one: the shard is the full value (no padding), so the parameter takes it in its full shape.
+  void use_shard_as_full();
   bool unsharded_allocated() const;
 
   // Writes this parameter's full gradient (full_shape) into the reduce-scatter input (rank-major, padded rows

@@ -154,7 +154,7 @@ int64_t FsdpUnit::Impl::full_bytes() const {
 }
 
 void FsdpUnit::Impl::start_gather(bool prefetch) {
-  if (params.empty() || gather_pending || state == ShardState::UNSHARDED) return;
+  if (params.empty() || gather_pending || state == ShardState::UNSHARDED || shards_are_full()) return;
   const at::ScalarType dtype = compute_dtype();
   // Mixed precision: the all-gather moves param_dtype, so the shards are cast first.
   at::Tensor send = sharded_flat.scalar_type() == dtype ? sharded_flat : sharded_flat.to(dtype);
@@ -184,7 +184,10 @@ void FsdpUnit::Impl::unshard() {
     stashed_grads[i] = params[i].param().grad();
     params[i].grad() = at::Tensor();
   }
-  if (!params.empty()) {
+  if (!params.empty() && shards_are_full()) {
+    for (auto& p : params) p.use_shard_as_full();
+    schedule->note_unsharded(1, full_bytes());
+  } else if (!params.empty()) {
     if (gather_pending && shard_version() != gather_version) {
       ++schedule->stats.stale_prefetches;  // the shards changed after the prefetch was issued
       discard_gather();
@@ -288,15 +291,22 @@ void FsdpUnit::Impl::reduce_scatter_gradients() {
     return;
   }
   // Gradients missing at the end of backward (parameters that did not take part) count as zero, as in FSDP.
-  at::Tensor rs_input = at::zeros({group.size() * unit_shard_numel}, sharded_flat.options().dtype(dtype));
+  // A group of one reduces nothing: the gradients go straight into the output.
+  at::Tensor rs_input = at::zeros({(shards_are_full() ? 1 : group.size()) * unit_shard_numel},
+                                  sharded_flat.options().dtype(dtype));
   for (size_t i = 0; i < params.size(); ++i) {
     if (full[i].defined()) params[i].copy_grad_out(full[i], rs_input, unit_shard_numel, offsets[i]);
   }
   full.clear();
   if (auto previous = schedule->reducing.lock()) previous->wait_reduce_scatter();
-  rs_output = at::empty({unit_shard_numel}, rs_input.options());
   const dist::ReduceOp op = options.gradient_divide_factor ? dist::ReduceOp::SUM : dist::ReduceOp::MEAN;
-  rs_work = group.reduce_scatter(rs_output, rs_input, op);
+  if (shards_are_full()) {
+    rs_output = std::move(rs_input);
+    rs_work = dist::Work();
+  } else {
+    rs_output = at::empty({unit_shard_numel}, rs_input.options());
+    rs_work = group.reduce_scatter(rs_output, rs_input, op);
+  }
   rs_waited = false;
   schedule->reducing = weak_from_this();
   ++schedule->stats.reduce_scatters;

@@ -59,6 +59,9 @@ struct FsdpUnit::Impl : std::enable_shared_from_this<FsdpUnit::Impl> {
 
   at::ScalarType compute_dtype() const;
   at::ScalarType reduce_dtype() const;
+  // A shard group of one rank computing in the parameters' own dtype (world size 1, NO_SHARD): the shards are the
+  // full parameters, so unsharding moves nothing and gradients need no reduce-scatter.
+  bool shards_are_full() const { return group.size() == 1 && compute_dtype() == own_dtype; }
 
   // All-gathers: start_gather() issues one (asynchronously) unless one is pending; unshard() completes it (or
   // gathers now) and points the parameters at their full values; discard_gather() drops a pending one.

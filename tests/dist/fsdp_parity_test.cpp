@@ -166,7 +166,9 @@ Run train_sharded(const Config& c) {
     run.losses.push_back(global.item<double>());
   }
   run.params = gather_full_parameters(model.ptr());
-  if (c.prefetch != Prefetch::NONE && c.reshard_after_forward && w > 1 && c.strategy != ShardingStrategy::NO_SHARD) {
+  // Prefetching needs something to gather: a shard group of more than one rank (NO_SHARD and a 2x1 hybrid mesh
+  // hold full parameters).
+  if (c.prefetch != Prefetch::NONE && c.reshard_after_forward && groups.shard.size() > 1) {
     EXPECT_GT(fsdp_stats(model.ptr()).prefetches, 0) << c.label();
   }
   return run;

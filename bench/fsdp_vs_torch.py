@@ -1,0 +1,84 @@
+"""Our runtime against plain LibTorch and against PyTorch's own FSDP2 and DDP, on one model, batch and set of
+initial weights, in one run. Prints step time and peak CPU memory per rank (both counted by shardtrain's own
+allocator) and their ratios, and checks the numerics: our losses against PyTorch's, step for step.
+
+    .venv/bin/python bench/fsdp_vs_torch.py [--build build] [--steps 20] [--dim 384] [--blocks 6] [--batch 64]
+
+Every configuration is launched through `shardtrain launch` (PyTorch's too), on CPU with Gloo; with several ranks
+on one machine the ranks share its cores, so absolute times say little, ratios between runs of the same world
+size do.
+"""
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+
+
+def run(cmd):
+    out = subprocess.run(cmd, capture_output=True, text=True)
+    for line in out.stdout.splitlines():
+        if "RESULT " in line:
+            return json.loads(line.split("RESULT ", 1)[1])
+    sys.exit(f"no RESULT from {' '.join(cmd)} (exit {out.returncode}):\n{out.stdout[-3000:]}\n{out.stderr[-3000:]}")
+
+
+def main():
+    p = argparse.ArgumentParser()
+    p.add_argument("--build", default="build")
+    p.add_argument("--steps", type=int, default=20)
+    p.add_argument("--dim", type=int, default=384)
+    p.add_argument("--blocks", type=int, default=6)
+    p.add_argument("--batch", type=int, default=64)
+    a = p.parse_args()
+    launcher = os.path.join(a.build, "shardtrain")
+    ours = os.path.join(a.build, "fsdp_bench")
+    memhook = os.path.abspath(os.path.join(a.build, "libshardtrain_memhook.so"))
+    here = os.path.dirname(os.path.abspath(__file__))
+    sizes = ["--dim", str(a.dim), "--blocks", str(a.blocks), "--batch", str(a.batch), "--steps", str(a.steps)]
+    with tempfile.TemporaryDirectory(prefix="shardtrain-bench-") as inputs:
+        subprocess.run([ours, "--write-inputs", inputs] + sizes, check=True)
+        results = {}
+
+        def go(impl, mode, world):
+            if impl == "shardtrain":
+                cmd = [launcher, "launch", "--nproc-per-node", str(world), "--", ours, "--mode", mode, "--inputs", inputs]
+            else:
+                cmd = [launcher, "launch", "--nproc-per-node", str(world), "--", sys.executable,
+                       os.path.join(here, "torch_reference.py"), "--mode", mode, "--inputs", inputs, "--memhook", memhook]
+            print(f"  running {impl:10s} {mode:13s} W={world}", file=sys.stderr, flush=True)
+            results[(impl, mode, world)] = run(cmd + sizes)
+
+        for impl, mode, world in [("shardtrain", "plain", 1), ("shardtrain", "full_shard", 1), ("torch", "plain", 1),
+                                  ("shardtrain", "full_shard", 2), ("torch", "full_shard", 2),
+                                  ("shardtrain", "shard_grad_op", 2), ("torch", "shard_grad_op", 2),
+                                  ("shardtrain", "ddp", 2), ("torch", "ddp", 2)]:
+            go(impl, mode, world)
+
+    params = a.dim * a.dim * 2 + a.dim * 2 + 2 * a.dim + a.blocks * (8 * a.dim * a.dim + 5 * a.dim + 2 * a.dim)
+    print(f"\nmodel: {a.blocks} blocks, dim {a.dim}, {params / 1e6:.2f}M parameters; batch {a.batch}; AdamW; "
+          f"{a.steps} timed steps (median); peak = most CPU bytes live on any rank during the timed steps\n")
+    print(f"{'run':38s} {'step ms':>9s} {'peak MB':>9s} {'time ratio':>11s} {'mem ratio':>10s} {'max loss diff':>14s}")
+
+    def row(label, ours_key, base_key):
+        o, b = results[ours_key], results[base_key]
+        diff = max(abs(x - y) / abs(y) for x, y in zip(o["losses"], b["losses"]))
+        print(f"{label:38s} {o['step_ms']:9.1f} {o['peak_bytes'] / 2**20:9.1f} {o['step_ms'] / b['step_ms']:10.2f}x "
+              f"{o['peak_bytes'] / b['peak_bytes']:9.2f}x {diff:14.2e}")
+
+    def base(label, key):
+        r = results[key]
+        print(f"{label:38s} {r['step_ms']:9.1f} {r['peak_bytes'] / 2**20:9.1f}")
+
+    base("LibTorch plain W=1", ("shardtrain", "plain", 1))
+    row("  ours FULL_SHARD W=1 vs plain", ("shardtrain", "full_shard", 1), ("shardtrain", "plain", 1))
+    row("  PyTorch plain W=1 vs LibTorch plain", ("torch", "plain", 1), ("shardtrain", "plain", 1))
+    for mode, name in [("full_shard", "FULL_SHARD"), ("shard_grad_op", "SHARD_GRAD_OP"), ("ddp", "DDP")]:
+        torch_name = "FSDP2 " + ("reshard" if mode == "full_shard" else "no reshard") if mode != "ddp" else "DDP"
+        base(f"PyTorch {torch_name} W=2", ("torch", mode, 2))
+        row(f"  ours {name} W=2 vs PyTorch", ("shardtrain", mode, 2), ("torch", mode, 2))
+
+
+if __name__ == "__main__":
+    main()
