@@ -7,20 +7,11 @@
 
 #include <stdexcept>
 
+#include "nn/after_accumulate.h"
 #include "shardtrain/nn/intercept.h"
 
 namespace shardtrain::ddp {
 namespace {
-
-struct AfterAccumulate : torch::autograd::FunctionPostHook {
-  explicit AfterAccumulate(std::function<void()> fn) : fn_(std::move(fn)) {}
-  torch::autograd::variable_list operator()(const torch::autograd::variable_list& outputs,
-                                            const torch::autograd::variable_list& /*inputs*/) override {
-    fn_();
-    return outputs;
-  }
-  std::function<void()> fn_;
-};
 
 // A bucket: consecutive parameters (in reverse registration order) whose gradients travel in one flat buffer.
 struct Bucket {
@@ -195,7 +186,7 @@ Ddp replicate(const std::shared_ptr<torch::nn::Module>& module, const dist::Comm
   std::weak_ptr<Ddp::Impl> weak = impl;
   for (size_t i = 0; i < impl->params.size(); ++i) {
     auto accumulator = torch::autograd::impl::grad_accumulator(impl->params[i]);
-    accumulator->add_post_hook(std::make_unique<AfterAccumulate>([weak, i] {
+    accumulator->add_post_hook(std::make_unique<nn::AfterAccumulate>([weak, i] {
       if (auto self = weak.lock()) self->on_gradient(i);
     }));
     impl->accumulators.push_back(std::move(accumulator));

@@ -7,19 +7,10 @@
 #include <algorithm>
 #include <stdexcept>
 
+#include "nn/after_accumulate.h"
+
 namespace shardtrain::fsdp {
 namespace {
-
-// Runs a callback after an AccumulateGrad node filled its parameter's .grad (../shared/notes/libtorch.md §2).
-struct AfterAccumulate : torch::autograd::FunctionPostHook {
-  explicit AfterAccumulate(std::function<void()> fn) : fn_(std::move(fn)) {}
-  torch::autograd::variable_list operator()(const torch::autograd::variable_list& outputs,
-                                            const torch::autograd::variable_list& /*inputs*/) override {
-    fn_();
-    return outputs;
-  }
-  std::function<void()> fn_;
-};
 
 const char* state_name(ShardState s) { return s == ShardState::SHARDED ? "SHARDED" : "UNSHARDED"; }
 
@@ -430,7 +421,7 @@ void install_unit(const std::shared_ptr<FsdpUnit::Impl>& unit) {
     // records both when created, and autograd checks (and casts) incoming gradients against them.
     if (compute != p.scalar_type()) p.set_data(at::empty(p.sizes(), p.options().dtype(compute)));
     auto accumulator = torch::autograd::impl::grad_accumulator(p);
-    accumulator->add_post_hook(std::make_unique<AfterAccumulate>([weak, i] {
+    accumulator->add_post_hook(std::make_unique<nn::AfterAccumulate>([weak, i] {
       if (auto u = weak.lock()) u->on_parameter_gradient(i);
     }));
     unit->grad_accumulators.push_back(std::move(accumulator));
