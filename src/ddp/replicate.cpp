@@ -19,7 +19,6 @@ struct Bucket {
   std::vector<int64_t> offsets;
   int64_t numel = 0;
   size_t ready = 0;
-  bool launched = false;
   at::Tensor flat;  // (numel) gradients, then their mean once work completes
   dist::Work work;
 };
@@ -73,7 +72,6 @@ struct Ddp::Impl : std::enable_shared_from_this<Ddp::Impl> {
       if (g.defined()) b.flat.narrow(0, b.offsets[k], g.numel()).copy_(g.reshape({-1}));
     }
     b.work = group.all_reduce(b.flat, dist::ReduceOp::MEAN);
-    b.launched = true;
     ++all_reduces;
   }
 
@@ -112,7 +110,6 @@ struct Ddp::Impl : std::enable_shared_from_this<Ddp::Impl> {
   void reset() {
     for (Bucket& b : buckets) {
       b.ready = 0;
-      b.launched = false;
       b.flat = at::Tensor();
       b.work = dist::Work();
     }

@@ -53,8 +53,7 @@ void FsdpParam::alloc_unsharded() {
 
 void FsdpParam::copy_in_unsharded(const at::Tensor& gathered, int64_t unit_shard_numel, int64_t offset_in_unit) {
   c10::AutoGradMode no_grad(false);
-  at::Tensor chunks = gathered.view({world_, unit_shard_numel}).narrow(1, offset_in_unit, shard_numel());
-  unsharded_.view({world_, shard_numel()}).copy_(chunks);
+  unsharded_.view({world_, shard_numel()}).copy_(slots_in(gathered, unit_shard_numel, offset_in_unit));
 }
 
 void FsdpParam::use_unsharded() {
@@ -77,7 +76,7 @@ void FsdpParam::use_shard_as_full() { param_.set_data(scalar_ ? shard_.view({}) 
 void FsdpParam::copy_grad_out(const at::Tensor& full_grad, const at::Tensor& rs_input, int64_t unit_shard_numel,
                               int64_t offset_in_unit) const {
   c10::AutoGradMode no_grad(false);
-  at::Tensor dst = rs_input.view({world_, unit_shard_numel}).narrow(1, offset_in_unit, shard_numel());
+  at::Tensor dst = slots_in(rs_input, unit_shard_numel, offset_in_unit);
   at::Tensor grad = full_grad.reshape({rows_, row_numel_});
   if (rows_ == chunk_rows_ * world_) {
     dst.copy_(grad.view({world_, shard_numel()}));
@@ -92,8 +91,8 @@ at::Tensor FsdpParam::as_shard(const at::Tensor& flat) const { return flat.view(
 
 at::Tensor FsdpParam::full_from_gathered(const at::Tensor& gathered, int64_t unit_shard_numel,
                                          int64_t offset_in_unit) const {
-  at::Tensor chunks = gathered.view({world_, unit_shard_numel}).narrow(1, offset_in_unit, shard_numel());
-  at::Tensor full = chunks.reshape(padded_shape_).narrow(0, 0, rows_).clone();
+  at::Tensor padded = slots_in(gathered, unit_shard_numel, offset_in_unit).reshape(padded_shape_);
+  at::Tensor full = padded.narrow(0, 0, rows_).clone();
   return scalar_ ? full.view({}) : full;
 }
 

@@ -69,6 +69,12 @@ class FsdpParam {
   std::vector<int64_t> declared_shape() const { return scalar_ ? std::vector<int64_t>{} : shape_; }
 
  private:
+  // This parameter's slot in every rank's block of a rank-major unit buffer (W * unit_shard_numel elements):
+  // a (W, shard_numel) view.
+  at::Tensor slots_in(const at::Tensor& unit_flat, int64_t unit_shard_numel, int64_t offset_in_unit) const {
+    return unit_flat.view({world_, unit_shard_numel}).narrow(1, offset_in_unit, shard_numel());
+  }
+
   std::string name_;
   at::Tensor param_;
   std::vector<int64_t> shape_;        // full shape; 0-dim parameters are treated as shape (1)

@@ -63,10 +63,7 @@ int64_t Schedule::pending_gathers() const {
 void Schedule::note_unsharded(int64_t units_delta, int64_t bytes_delta) {
   unsharded_units += units_delta;
   unsharded_bytes += bytes_delta;
-  if (unsharded_units > stats.peak_unsharded_units) {
-    stats.peak_unsharded_units = unsharded_units;
-    stats.peak_unsharded_bytes = unsharded_bytes;
-  }
+  stats.peak_unsharded_units = std::max(stats.peak_unsharded_units, unsharded_units);
   stats.peak_unsharded_bytes = std::max(stats.peak_unsharded_bytes, unsharded_bytes);
 }
 

@@ -131,5 +131,9 @@ class FsdpInterceptor : public nn::Interceptor {
 FsdpInterceptor* fsdp_interceptor_of(torch::nn::Module& module);
 // The units inside `root` (itself included), in named_modules() order.
 std::vector<std::shared_ptr<FsdpUnit::Impl>> unit_impls_of(const std::shared_ptr<torch::nn::Module>& root);
+// The same, for operations over the whole model: throws std::invalid_argument prefixed by `caller` when there is
+// no unit or when the units do not all shard over one group.
+std::vector<std::shared_ptr<FsdpUnit::Impl>> units_sharing_one_group(const std::shared_ptr<torch::nn::Module>& root,
+                                                                    const char* caller);
 
 }  // namespace shardtrain::fsdp

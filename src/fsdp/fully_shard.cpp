@@ -102,19 +102,28 @@ std::vector<FsdpUnit> units_of(const std::shared_ptr<torch::nn::Module>& root) {
   return units;
 }
 
+std::vector<std::shared_ptr<FsdpUnit::Impl>> units_sharing_one_group(const std::shared_ptr<torch::nn::Module>& root,
+                                                                    const char* caller) {
+  std::vector<std::shared_ptr<FsdpUnit::Impl>> units = unit_impls_of(root);
+  if (units.empty()) throw std::invalid_argument(std::string(caller) + ": " + root->name() + " contains no fully_shard unit");
+  const dist::Communicator& group = units.front()->group;
+  for (const auto& unit : units) {
+    if (unit->group.global_ranks() != group.global_ranks()) {
+      throw std::invalid_argument(std::string(caller) + ": unit " + unit->module_name + " shards over " +
+                                  unit->group.name() + ", another over " + group.name() + "; one shard group is required");
+    }
+  }
+  return units;
+}
+
 double clip_grad_norm(const std::shared_ptr<torch::nn::Module>& root, double max_norm) {
-  const std::vector<std::shared_ptr<FsdpUnit::Impl>> units = unit_impls_of(root);
-  if (units.empty()) throw std::invalid_argument("clip_grad_norm: " + root->name() + " contains no fully_shard unit");
+  const std::vector<std::shared_ptr<FsdpUnit::Impl>> units = units_sharing_one_group(root, "clip_grad_norm");
   const dist::Communicator& group = units.front()->group;
   // Sum of squares in float64 over this rank's shards. Padding rows hold zero gradient and add nothing; shards are
   // disjoint within the shard group, and replicas (hybrid, NO_SHARD) hold identical averaged shards, so the sum
   // over the shard group alone is the whole model's.
   at::Tensor sum_sq = at::zeros({1}, at::kDouble);
   for (const auto& unit : units) {
-    if (unit->group.global_ranks() != group.global_ranks()) {
-      throw std::invalid_argument("clip_grad_norm: unit " + unit->module_name + " shards over " + unit->group.name() +
-                                  ", another over " + group.name() + "; one shard group is required");
-    }
     for (const auto& p : unit->params) {
       const at::Tensor& g = p.param().grad();
       if (g.defined()) sum_sq += g.to(at::kDouble).pow(2).sum();

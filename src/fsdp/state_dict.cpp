@@ -37,19 +37,12 @@ struct Layout {
 
 Layout layout_of(const std::shared_ptr<torch::nn::Module>& root, const char* caller) {
   Layout layout;
-  layout.units = unit_impls_of(root);
-  if (layout.units.empty()) {
-    throw std::invalid_argument(std::string(caller) + ": " + root->name() + " contains no fully_shard unit");
-  }
+  layout.units = units_sharing_one_group(root, caller);
   std::set<const c10::TensorImpl*> owned;
   for (const auto& unit : layout.units) {
     if (unit->state != ShardState::SHARDED || unit->training != TrainingState::IDLE) {
       throw std::logic_error(std::string(caller) + ": unit " + unit->module_name + " is not sharded and idle; call it "
                              "between steps");
-    }
-    if (unit->group.global_ranks() != layout.units.front()->group.global_ranks()) {
-      throw std::invalid_argument(std::string(caller) + ": units shard over different groups (" + unit->group.name() +
-                                  ", " + layout.units.front()->group.name() + "); one shard group is required");
     }
     for (const auto& p : unit->params) owned.insert(p.param().unsafeGetTensorImpl());
   }

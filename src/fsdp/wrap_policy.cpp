@@ -7,10 +7,10 @@
 
 namespace shardtrain::fsdp {
 
-std::string module_class_name(const torch::nn::Module& module) {
-  std::string name = module.name();
-  const size_t colon = name.rfind("::");
-  if (colon != std::string::npos) name = name.substr(colon + 2);
+namespace {
+
+// TORCH_MODULE(Name) wraps NameImpl: both spellings name the same layer.
+std::string without_impl_suffix(std::string name) {
   const std::string suffix = "Impl";
   if (name.size() > suffix.size() && name.compare(name.size() - suffix.size(), suffix.size(), suffix) == 0) {
     name.resize(name.size() - suffix.size());
@@ -18,13 +18,17 @@ std::string module_class_name(const torch::nn::Module& module) {
   return name;
 }
 
+}  // namespace
+
+std::string module_class_name(const torch::nn::Module& module) {
+  std::string name = module.name();
+  const size_t colon = name.rfind("::");
+  if (colon != std::string::npos) name = name.substr(colon + 2);
+  return without_impl_suffix(std::move(name));
+}
+
 WrapPolicy wrap_by_class_name(std::vector<std::string> class_names) {
-  for (auto& n : class_names) {
-    const std::string suffix = "Impl";
-    if (n.size() > suffix.size() && n.compare(n.size() - suffix.size(), suffix.size(), suffix) == 0) {
-      n.resize(n.size() - suffix.size());
-    }
-  }
+  for (auto& n : class_names) n = without_impl_suffix(std::move(n));
   std::set<std::string> names(class_names.begin(), class_names.end());
   return WrapPolicy{[names](const std::string&, torch::nn::Module& m, int64_t) {
                       return names.count(module_class_name(m)) > 0;

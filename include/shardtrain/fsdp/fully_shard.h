@@ -138,7 +138,7 @@ struct FsdpStats {
   int64_t reduce_scatters = 0;       // gradient reduce-scatters issued
   int64_t peak_reductions_in_flight = 0;  // most reduce-scatters issued and not yet waited for (full-size inputs)
   int64_t peak_unsharded_units = 0;  // most units holding (or gathering) full parameters at once
-  int64_t peak_unsharded_bytes = 0;  // and the bytes of their full parameters at that time
+  int64_t peak_unsharded_bytes = 0;  // most bytes of full parameters held (or being gathered) at once
 };
 FsdpStats fsdp_stats(const std::shared_ptr<torch::nn::Module>& root);
 void reset_fsdp_stats(const std::shared_ptr<torch::nn::Module>& root);
