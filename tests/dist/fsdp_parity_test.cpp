@@ -15,6 +15,7 @@
 #include "shardtrain/fsdp/fully_shard.h"
 #include "shardtrain/memory/memory_stats.h"
 #include "shardtrain/nn/intercept.h"
+#include "support/expect_error.h"
 
 namespace shardtrain::fsdp {
 namespace {
@@ -299,12 +300,8 @@ TEST(FsdpParity, OptimizerSeesShards) {
 
 TEST(FsdpParity, NotInterceptableIsAClearError) {
   auto plain = std::make_shared<torch::nn::LinearImpl>(3, 3);
-  try {
-    fully_shard(plain, test_process_group().world());
-    ADD_FAILURE() << "no error";
-  } catch (const std::invalid_argument& e) {
-    EXPECT_NE(std::string(e.what()).find("does not derive from shardtrain::nn::Interceptable"), std::string::npos);
-  }
+  testing::expect_error<std::invalid_argument>([&] { fully_shard(plain, test_process_group().world()); },
+                                               {"does not derive from shardtrain::nn::Interceptable"});
 }
 
 }  // namespace

@@ -5,6 +5,7 @@
 
 #include "dist_test_env.h"
 #include "shardtrain/dist/mesh.h"
+#include "support/expect_error.h"
 
 namespace shardtrain::dist {
 namespace {
@@ -68,15 +69,10 @@ TEST(Mesh, InferredShardSize) {
 
 TEST(Mesh, WrongShapeNamesTheSizes) {
   const int w = test_process_group().world_size();
-  try {
-    DeviceMesh::create(test_process_group(), 2, w + 1);
-    ADD_FAILURE() << "no error";
-  } catch (const std::invalid_argument& e) {
-    EXPECT_NE(std::string(e.what()).find("mesh replicate(2) * shard(" + std::to_string(w + 1) + ") = " +
-                                         std::to_string(2 * (w + 1)) + " != WORLD_SIZE(" + std::to_string(w) + ")"),
-              std::string::npos)
-        << e.what();
-  }
+  testing::expect_error<std::invalid_argument>(
+      [&] { DeviceMesh::create(test_process_group(), 2, w + 1); },
+      {"mesh replicate(2) * shard(" + std::to_string(w + 1) + ") = " + std::to_string(2 * (w + 1)) +
+       " != WORLD_SIZE(" + std::to_string(w) + ")"});
 }
 
 }  // namespace

@@ -11,6 +11,7 @@
 #include "shardtrain/fsdp/wrap_policy.h"
 #include "shardtrain/io/files.h"
 #include "toy_model.h"
+#include "support/expect_error.h"
 
 namespace shardtrain::fsdp {
 namespace {
@@ -143,12 +144,7 @@ TEST(StateDict, LoadErrorsNameWhatDoesNotMatch) {
   Toy model = trained_toy(test_process_group().world(), 0, 1);
   auto state = state_of(model);
   auto expect_error = [&](std::map<std::string, at::Tensor> bad, const std::string& needle) {
-    try {
-      load_full_state_dict(model.ptr(), bad);
-      ADD_FAILURE() << "no error for " << needle;
-    } catch (const std::invalid_argument& e) {
-      EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
-    }
+    testing::expect_error<std::invalid_argument>([&] { load_full_state_dict(model.ptr(), bad); }, {needle});
   };
   auto missing = state;
   missing.erase("blocks1.fc2.weight");
@@ -159,12 +155,8 @@ TEST(StateDict, LoadErrorsNameWhatDoesNotMatch) {
   auto extra = state;
   extra["blocks9.fc1.weight"] = torch::zeros({1});
   expect_error(extra, "unexpected 'blocks9.fc1.weight'");
-  try {
-    load_sharded_state_dict(model.ptr(), scratch_dir("does-not-exist"));
-    ADD_FAILURE() << "no error";
-  } catch (const std::runtime_error& e) {
-    EXPECT_NE(std::string(e.what()).find("no metadata.pt"), std::string::npos) << e.what();
-  }
+  testing::expect_error<std::runtime_error>(
+      [&] { load_sharded_state_dict(model.ptr(), scratch_dir("does-not-exist")); }, {"no metadata.pt"});
 }
 
 }  // namespace

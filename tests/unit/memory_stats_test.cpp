@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "shardtrain/memory/memory_stats.h"
+#include "support/expect_error.h"
 
 namespace shardtrain::memory {
 namespace {
@@ -75,12 +76,7 @@ TEST(MemoryStats, CountsAcrossThreads) {
 
 TEST(MemoryStats, CudaWithoutDeviceIsAClearError) {
   if (c10::impl::hasDeviceGuardImpl(c10::kCUDA) && at::hasCUDA()) GTEST_SKIP() << "a GPU is present";
-  try {
-    cuda_memory_stats(0);
-    ADD_FAILURE() << "no error";
-  } catch (const std::runtime_error& e) {
-    EXPECT_NE(std::string(e.what()).find("device 0"), std::string::npos) << e.what();
-  }
+  testing::expect_error<std::runtime_error>([] { cuda_memory_stats(0); }, {"device 0"});
 }
 
 }  // namespace
