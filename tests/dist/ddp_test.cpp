@@ -6,20 +6,17 @@
 
 #include "dist_test_env.h"
 #include "shardtrain/ddp/replicate.h"
-#include "toy_model.h"
+#include "parity_helpers.h"
 #include "support/expect_error.h"
 
 namespace shardtrain::ddp {
 namespace {
 
+using testing::expect_params_equal;
+using testing::local_rows;
+using testing::parameters_of;
 using testing::test_process_group;
 using namespace fsdp::testing_models;
-
-at::Tensor local_rows(const at::Tensor& t) {
-  const int w = test_process_group().world_size(), r = test_process_group().rank();
-  const int64_t n = t.size(0) / w;
-  return t.narrow(0, r * n, n);
-}
 
 std::unique_ptr<torch::optim::Optimizer> make_optimizer(bool adamw, std::vector<at::Tensor> params) {
   if (!adamw) return std::make_unique<torch::optim::SGD>(params, torch::optim::SGDOptions(0.1).momentum(0.9));
@@ -49,11 +46,7 @@ void expect_parity(bool adamw, double bucket_cap_mb) {
     torch::mse_loss(model(local_rows(x)), local_rows(y)).backward();
     opt->step();
   }
-  auto params = model->named_parameters();
-  for (const auto& p : ref->named_parameters()) {
-    EXPECT_TRUE(torch::allclose(params[p.key()], p.value(), 1e-5, 1e-6))
-        << label << " " << p.key() << " max |diff| " << (params[p.key()] - p.value()).abs().max().item<double>();
-  }
+  expect_params_equal(parameters_of(*model), *ref, label);
   EXPECT_EQ(ddp.all_reduces(), static_cast<int64_t>(ddp.buckets().size() * batches.size())) << label;
 }
 
@@ -78,11 +71,7 @@ TEST(Ddp, BucketsFollowReverseParameterOrderUpToTheCap) {
 
 TEST(Ddp, NoSyncAccumulatesThenAveragesTheSum) {
   auto batches = make_batches();
-  torch::manual_seed(42);
-  Toy ref;
-  torch::optim::SGD ref_sgd(ref->parameters(), torch::optim::SGDOptions(0.1));
-  for (int m = 0; m < 2; ++m) (torch::mse_loss(ref(batches[m].first), batches[m].second) / 2).backward();
-  ref_sgd.step();
+  Toy ref = testing::accumulated_reference();
   torch::manual_seed(42);
   Toy model;
   Ddp ddp = replicate(model.ptr(), test_process_group().world());
@@ -95,10 +84,7 @@ TEST(Ddp, NoSyncAccumulatesThenAveragesTheSum) {
   (torch::mse_loss(model(local_rows(batches[1].first)), local_rows(batches[1].second)) / 2).backward();
   EXPECT_EQ(ddp.all_reduces(), 1);
   sgd.step();
-  auto params = model->named_parameters();
-  for (const auto& p : ref->named_parameters()) {
-    EXPECT_TRUE(torch::allclose(params[p.key()], p.value(), 1e-5, 1e-6)) << p.key();
-  }
+  expect_params_equal(parameters_of(*model), *ref, "no_sync");
 }
 
 TEST(Ddp, UnusedParameterIsAnErrorNamingIt) {

@@ -6,12 +6,14 @@
 
 #include "dist_test_env.h"
 #include "shardtrain/fsdp/fully_shard.h"
-#include "toy_model.h"
+#include "parity_helpers.h"
 #include "support/expect_error.h"
 
 namespace shardtrain::fsdp {
 namespace {
 
+using testing::expect_params_equal;
+using testing::local_rows;
 using testing::test_process_group;
 using namespace testing_models;
 
@@ -23,30 +25,9 @@ Toy sharded_toy(const FsdpOptions& options = {}) {
   return model;
 }
 
-// This rank's rows of a batch.
-at::Tensor local_rows(const at::Tensor& t) {
-  const int w = test_process_group().world_size(), r = test_process_group().rank();
-  const int64_t n = t.size(0) / w;
-  return t.narrow(0, r * n, n);
-}
-
-void expect_params_equal(const std::map<std::string, at::Tensor>& got, const std::shared_ptr<torch::nn::Module>& ref,
-                         const std::string& label) {
-  for (const auto& p : ref->named_parameters()) {
-    ASSERT_TRUE(got.count(p.key())) << label << " " << p.key();
-    EXPECT_TRUE(torch::allclose(got.at(p.key()), p.value(), 1e-5, 1e-6))
-        << label << " " << p.key() << " max |diff| " << (got.at(p.key()) - p.value()).abs().max().item<double>();
-  }
-}
-
 TEST(FsdpRuntime, NoSyncAccumulatesLocallyThenReducesTheSum) {
   auto batches = make_batches();
-  // Reference: one process, two micro-batches, each loss halved, gradients accumulated, one step.
-  torch::manual_seed(42);
-  Toy ref;
-  torch::optim::SGD ref_sgd(ref->parameters(), torch::optim::SGDOptions(0.1));
-  for (int m = 0; m < 2; ++m) (torch::mse_loss(ref(batches[m].first), batches[m].second) / 2).backward();
-  ref_sgd.step();
+  Toy ref = testing::accumulated_reference();
 
   for (bool reshard : {true, false}) {
     FsdpOptions options;
@@ -64,7 +45,7 @@ TEST(FsdpRuntime, NoSyncAccumulatesLocallyThenReducesTheSum) {
     (torch::mse_loss(model(local_rows(batches[1].first)), local_rows(batches[1].second)) / 2).backward();
     EXPECT_EQ(fsdp_stats(model.ptr()).reduce_scatters, 4);  // one per unit
     sgd.step();
-    expect_params_equal(gather_full_parameters(model.ptr()), ref.ptr(),
+    expect_params_equal(gather_full_parameters(model.ptr()), *ref,
                         std::string("no_sync reshard=") + (reshard ? "on" : "off"));
   }
 }

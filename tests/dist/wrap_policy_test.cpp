@@ -7,7 +7,7 @@
 #include "dist_test_env.h"
 #include "shardtrain/fsdp/wrap_policy.h"
 #include "shardtrain/optim/param_groups.h"
-#include "toy_model.h"
+#include "parity_helpers.h"
 #include "support/expect_error.h"
 
 namespace shardtrain::fsdp {
@@ -57,7 +57,7 @@ std::unique_ptr<torch::optim::AdamW> grouped_adamw(const torch::nn::Module& mode
 }
 
 TEST(WrapPolicy, TransformerPolicyAndNamedGroupsTrainLikeOneProcess) {
-  const int w = test_process_group().world_size(), r = test_process_group().rank();
+  const int w = test_process_group().world_size();
   auto batches = make_batches();
   torch::manual_seed(42);
   Toy ref;
@@ -68,19 +68,15 @@ TEST(WrapPolicy, TransformerPolicyAndNamedGroupsTrainLikeOneProcess) {
   Toy model;
   fully_shard_model(model.ptr(), test_process_group().world(), wrap_by_class_name({"Block"}));
   auto opt = grouped_adamw(*model);
-  const int64_t local = kBatch / w;
   for (auto& [x, y] : batches) {
     ref_opt->zero_grad();
     torch::mse_loss(ref(x), y).backward();
     ref_opt->step();
     opt->zero_grad();
-    torch::mse_loss(model(x.narrow(0, r * local, local)), y.narrow(0, r * local, local)).backward();
+    torch::mse_loss(model(testing::local_rows(x)), testing::local_rows(y)).backward();
     opt->step();
   }
-  auto full = gather_full_parameters(model.ptr());
-  for (const auto& p : ref->named_parameters()) {
-    EXPECT_TRUE(torch::allclose(full.at(p.key()), p.value(), 1e-5, 1e-6)) << p.key() << " W=" << w;
-  }
+  testing::expect_params_equal(gather_full_parameters(model.ptr()), *ref, "W=" + std::to_string(w));
 }
 
 }  // namespace
