@@ -1,5 +1,6 @@
 // The `shardtrain` command line: one executable, one sub-command per verb (Accelerate's verbs where they exist).
 // Library code throws; this is the one place that turns exceptions into messages and exit codes.
+#include <cstdio>
 #include <cstring>
 #include <exception>
 #include <iostream>
@@ -7,6 +8,7 @@
 #include <vector>
 
 #include "shardtrain/launch/launch.h"
+#include "shardtrain/models/zoo.h"
 
 namespace {
 
@@ -14,6 +16,7 @@ const char* kUsage =
     "usage: shardtrain <command> [options]\n"
     "commands:\n"
     "  launch    start N workers with torchrun's environment and supervise them\n"
+    "  models    list the model zoo: every flavor with its exact parameter count and float32 size\n"
     "  version   print the version\n"
     "run 'shardtrain <command> --help' for a command's options\n";
 
@@ -32,6 +35,23 @@ int run_launch_command(const std::vector<std::string>& args) {
   return shardtrain::launch::run_launch(options);
 }
 
+// Counts come from shapes (each model is built on the meta device), so even llama-3-70b costs no memory.
+int run_models_command(const std::vector<std::string>& args) {
+  if (!args.empty()) {
+    std::cout << "usage: shardtrain models\n"
+                 "Lists every flavor of every family with its exact parameter count (tied weights once) and its\n"
+                 "size in float32 (GiB = 2^30 bytes, the unit of the FLAVA post's table).\n";
+    return args[0] == "--help" || args[0] == "-h" ? 0 : 2;
+  }
+  std::printf("%-8s %-24s %16s %12s\n", "family", "flavor", "parameters", "fp32 GiB");
+  for (const auto& f : shardtrain::models::list_flavors()) {
+    const int64_t params = shardtrain::models::count_flavor_parameters(f.flavor);
+    std::printf("%-8s %-24s %16lld %12.2f\n", f.family.c_str(), f.flavor.c_str(), static_cast<long long>(params),
+                static_cast<double>(params) * 4.0 / (1024.0 * 1024.0 * 1024.0));
+  }
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -43,12 +63,16 @@ int main(int argc, char** argv) {
   std::vector<std::string> args(argv + 2, argv + argc);
   try {
     if (command == "launch") return run_launch_command(args);
+    if (command == "models") return run_models_command(args);
     if (command == "version") {
       std::cout << "shardtrain 0.1.0\n";
       return 0;
     }
     std::cerr << "shardtrain: unknown command '" << command << "'\n" << kUsage;
     return 2;
+  } catch (const c10::Error& e) {  // LibTorch's what() carries a C++ backtrace; the message is what users need
+    std::cerr << "shardtrain " << command << ": error: " << e.what_without_backtrace() << "\n";
+    return 1;
   } catch (const std::exception& e) {
     std::cerr << "shardtrain " << command << ": error: " << e.what() << "\n";
     return 1;

@@ -34,38 +34,44 @@ void fsync_path(const std::string& path, int flags) {
 
 }  // namespace
 
-void write_file_atomic(const std::string& path, const std::vector<char>& bytes) {
-  const std::string tmp = path + ".tmp." + std::to_string(::getpid());
-  int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (fd < 0) fail("cannot create", tmp);
+AtomicFile::AtomicFile(std::string path) : path_(std::move(path)), tmp_(path_ + ".tmp." + std::to_string(::getpid())) {
+  fd_ = ::open(tmp_.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd_ < 0) fail("cannot create", tmp_);
+}
+
+AtomicFile::~AtomicFile() {
+  if (fd_ >= 0) ::close(fd_);
+  if (!committed_) ::unlink(tmp_.c_str());
+}
+
+void AtomicFile::write(const void* data, size_t size) {
+  if (fd_ < 0) throw std::logic_error("AtomicFile::write after commit of '" + path_ + "'");
+  const char* bytes = static_cast<const char*>(data);
   size_t done = 0;
-  while (done < bytes.size()) {
-    const ssize_t n = ::write(fd, bytes.data() + done, bytes.size() - done);
+  while (done < size) {
+    const ssize_t n = ::write(fd_, bytes + done, size - done);
     if (n < 0) {
       if (errno == EINTR) continue;
-      const int saved = errno;
-      ::close(fd);
-      ::unlink(tmp.c_str());
-      errno = saved;
-      fail("cannot write", tmp);
+      fail("cannot write", tmp_);
     }
     done += static_cast<size_t>(n);
   }
-  if (::fsync(fd) != 0) {
-    const int saved = errno;
-    ::close(fd);
-    ::unlink(tmp.c_str());
-    errno = saved;
-    fail("cannot fsync", tmp);
-  }
-  ::close(fd);
-  if (::rename(tmp.c_str(), path.c_str()) != 0) {
-    const int saved = errno;
-    ::unlink(tmp.c_str());
-    errno = saved;
-    fail("cannot rename " + tmp + " to", path);
-  }
-  fsync_path(parent_of(path), O_RDONLY | O_DIRECTORY);
+}
+
+void AtomicFile::commit() {
+  if (fd_ < 0) throw std::logic_error("AtomicFile::commit twice for '" + path_ + "'");
+  if (::fsync(fd_) != 0) fail("cannot fsync", tmp_);
+  ::close(fd_);
+  fd_ = -1;
+  if (::rename(tmp_.c_str(), path_.c_str()) != 0) fail("cannot rename " + tmp_ + " to", path_);
+  committed_ = true;
+  fsync_path(parent_of(path_), O_RDONLY | O_DIRECTORY);
+}
+
+void write_file_atomic(const std::string& path, const std::vector<char>& bytes) {
+  AtomicFile file(path);
+  file.write(bytes.data(), bytes.size());
+  file.commit();
 }
 
 std::vector<char> read_file(const std::string& path) {

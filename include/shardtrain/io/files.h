@@ -3,6 +3,7 @@
 // path and the system's reason.
 #pragma once
 
+#include <cstddef>
 #include <string>
 #include <vector>
 
@@ -11,6 +12,24 @@ namespace shardtrain::io {
 // Writes `bytes` to `path` atomically: a temporary file in the same directory, fsync, rename over `path`, fsync of
 // the directory. Readers see the old file or the new one, never a part.
 void write_file_atomic(const std::string& path, const std::vector<char>& bytes);
+
+// The same for a file written in pieces (a multi-gigabyte safetensors file): write() appends to the temporary file,
+// commit() makes it `path`. Destroyed without commit() (an exception midway), the temporary file is removed and
+// `path` is untouched.
+class AtomicFile {
+ public:
+  explicit AtomicFile(std::string path);
+  ~AtomicFile();
+  AtomicFile(const AtomicFile&) = delete;
+  AtomicFile& operator=(const AtomicFile&) = delete;
+  void write(const void* data, size_t size);
+  void commit();
+
+ private:
+  std::string path_, tmp_;
+  int fd_ = -1;
+  bool committed_ = false;
+};
 std::vector<char> read_file(const std::string& path);
 bool path_exists(const std::string& path);
 // mkdir -p.

@@ -1,0 +1,65 @@
+// BERT (Devlin et al.), as Hugging Face's BertModel / BertForMaskedLM: post-norm encoder, optional pooler and
+// masked-language-modelling head whose decoder is tied to the word embeddings.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "shardtrain/models/blocks.h"
+#include "shardtrain/models/build.h"
+#include "shardtrain/models/embeddings.h"
+#include "shardtrain/models/weights.h"
+
+namespace shardtrain::models {
+
+struct BertConfig {
+  int64_t vocab_size = 30522;
+  int64_t max_positions = 512;
+  int64_t type_vocab_size = 2;
+  int64_t dim = 768;
+  int64_t layers = 12;
+  int64_t heads = 12;
+  int64_t mlp_dim = 3072;
+  double norm_eps = 1e-12;
+  double dropout = 0.1;
+  bool pooler = true;
+  bool mlm_head = false;
+};
+
+// bert-base-uncased, bert-base-cased, bert-large-uncased (the published configurations), bert-debug.
+std::vector<std::string> bert_flavors();
+BertConfig bert_flavor(const std::string& name);  // throws std::invalid_argument listing the flavors
+
+struct BertOutputs {
+  at::Tensor hidden;  // (B, T, C)
+  at::Tensor pooled;  // (B, C): tanh(pooler(hidden[:, 0])), when the model has a pooler
+  at::Tensor logits;  // (B, T, vocab) with the MLM head
+  at::Tensor loss;    // () mean cross-entropy over labels != -100, when labels are given
+};
+
+// Children: embeddings, layers.N (class "BertLayer"), pooler, mlm_transform, mlm_norm; parameter mlm_bias.
+class BertImpl : public nn::Interceptable<BertImpl, std::vector<at::Tensor>(at::Tensor, at::Tensor, at::Tensor,
+                                                                             at::Tensor)> {
+ public:
+  BertImpl(const BertConfig& config, const BuildOptions& build = {});
+  // input_ids (B, T) int64; attention_mask (B, T) 1 = token, 0 = padding (undefined: all tokens); token_type_ids
+  // (B, T) or undefined; labels (B, T) int64, -100 where no loss is taken, or undefined.
+  BertOutputs run(const at::Tensor& input_ids, const at::Tensor& attention_mask = {},
+                  const at::Tensor& token_type_ids = {}, const at::Tensor& labels = {});
+  // {hidden, pooled, logits, loss}; see run().
+  std::vector<at::Tensor> forward_impl(const at::Tensor& input_ids, const at::Tensor& attention_mask,
+                                       const at::Tensor& token_type_ids, const at::Tensor& labels);
+
+  BertConfig config;
+  TextEmbeddings embeddings{nullptr};
+  std::vector<TransformerLayer> layers;
+  Linear pooler{nullptr}, mlm_transform{nullptr};
+  LayerNorm mlm_norm{nullptr};
+  at::Tensor mlm_bias;
+};
+TORCH_MODULE(Bert);
+
+// Hugging Face names: "bert.encoder.layer.N.attention.self.query.weight", "cls.predictions.transform.dense.weight"...
+NameMap bert_names();
+
+}  // namespace shardtrain::models

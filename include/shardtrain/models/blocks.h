@@ -1,0 +1,125 @@
+// Transformer building blocks shared by every family of the zoo. TransformerLayer is an nn::Interceptable: it is
+// the unit that wrap policies select for sharding and activation checkpointing. Its class name is the Hugging Face
+// layer class of the family ("BertLayer", "ViTLayer", "FlavaLayer", "T5Block", "LlamaDecoderLayer"), so an
+// Accelerate config's fsdp_transformer_layer_cls_to_wrap selects the same layers here.
+//
+// Shapes: B batch, T query positions, S key positions, C model width, H heads, D head width.
+// Attention biases are additive float tensors broadcastable to (B, H, T, S): 0 where attending is allowed, the
+// dtype's lowest value where not (padding_bias, causal_bias), or learned values (T5's relative position bias).
+#pragma once
+
+#include <torch/nn/module.h>
+#include <torch/nn/modules/container/any.h>
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "shardtrain/models/build.h"
+#include "shardtrain/models/layers.h"
+#include "shardtrain/nn/intercept.h"
+
+namespace shardtrain::models {
+
+struct AttentionOptions {
+  int64_t dim = 0;         // C
+  int64_t heads = 0;       // H
+  int64_t kv_heads = 0;    // grouped-query attention: H / kv_heads query heads share a key/value head; 0 = H
+  int64_t head_dim = 0;    // D; 0 = C / H (T5 sets it: t5-3b has H*D = 4096 for C = 1024)
+  bool qkv_bias = true;
+  bool out_bias = true;
+  bool scaled = true;      // softmax(q k^T / sqrt(D)); T5 folds the scale into its initialisation (no scaling)
+  bool causal = false;     // each query attends to keys at its position and before
+  bool re_attention = false;  // DeepViT: mix the heads' attention maps with a learned (H, H) matrix, then norm
+  double dropout = 0.0;    // on attention probabilities, training only
+};
+
+// Multi-head attention on LibTorch's scaled_dot_product_attention. Children: q, k, v (C -> H*D or kv_heads*D),
+// o (H*D -> C); with re_attention also reattn_weights (H, H) and reattn_norm over heads.
+class AttentionImpl : public torch::nn::Module {
+ public:
+  AttentionImpl(const AttentionOptions& options, const torch::TensorOptions& tensor_options);
+  // x (B, T, C); context (B, S, C) for cross-attention, undefined for self-attention; bias as above or undefined;
+  // rope (2, T, D) cos and sin of rotary embeddings or undefined. Returns (B, T, C).
+  at::Tensor forward(const at::Tensor& x, const at::Tensor& context, const at::Tensor& bias, const at::Tensor& rope);
+
+  AttentionOptions options;
+  Linear q{nullptr}, k{nullptr}, v{nullptr}, o{nullptr};
+  at::Tensor reattn_weights;
+  LayerNorm reattn_norm{nullptr};
+};
+TORCH_MODULE(Attention);
+
+enum class Activation { kGelu, kGeluTanh, kRelu, kSwiGlu };
+
+// Feed-forward: fc2(act(fc1(x))), or for kSwiGlu down(silu(gate(x)) * up(x)). x (..., C) -> (..., C).
+class MlpImpl : public torch::nn::Module {
+ public:
+  MlpImpl(int64_t dim, int64_t hidden_dim, Activation activation, bool bias, double dropout,
+          const torch::TensorOptions& options);
+  at::Tensor forward(const at::Tensor& x);
+
+  Activation activation;
+  double dropout;
+  Linear fc1{nullptr}, fc2{nullptr};                  // kGelu, kGeluTanh, kRelu
+  Linear gate{nullptr}, up{nullptr}, down{nullptr};   // kSwiGlu
+};
+TORCH_MODULE(Mlp);
+
+enum class Norm { kLayerNorm, kRMSNorm };
+
+struct TransformerLayerOptions {
+  std::string class_name = "TransformerLayer";  // what module->name() reports (wrap policies match on it)
+  AttentionOptions attention;
+  int64_t mlp_dim = 0;
+  Activation activation = Activation::kGelu;
+  bool mlp_bias = true;
+  Norm norm = Norm::kLayerNorm;
+  double norm_eps = 1e-12;
+  bool norm_first = true;        // pre-norm (ViT, FLAVA, T5, Llama); false: post-norm (BERT)
+  bool cross_attention = false;  // a decoder layer attending to an encoder's output (T5)
+  double dropout = 0.0;          // on each sub-layer's output, training only
+};
+
+// One transformer layer. Children: norm1, attn, [norm_cross, cross_attn,] norm2, mlp.
+//   pre-norm:  x += attn(norm1(x)); x += cross_attn(norm_cross(x), context); x += mlp(norm2(x))
+//   post-norm: x = norm1(x + attn(x)); x = norm2(x + mlp(x))
+class TransformerLayerImpl
+    : public nn::Interceptable<TransformerLayerImpl,
+                               at::Tensor(at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor)> {
+ public:
+  TransformerLayerImpl(const TransformerLayerOptions& options, const torch::TensorOptions& tensor_options);
+  // x (B, T, C); bias for self-attention (see above); rope (2, T, D); context (B, S, C) and context_bias for
+  // cross-attention. Unused arguments are undefined tensors. Returns (B, T, C).
+  at::Tensor forward_impl(const at::Tensor& x, const at::Tensor& bias, const at::Tensor& rope,
+                          const at::Tensor& context, const at::Tensor& context_bias);
+
+  TransformerLayerOptions options;
+  torch::nn::AnyModule norm1, norm_cross, norm2;
+  Attention attn{nullptr}, cross_attn{nullptr};
+  Mlp mlp{nullptr};
+
+ private:
+  at::Tensor drop(const at::Tensor& x);
+};
+TORCH_MODULE(TransformerLayer);
+
+// Builds `count` layers into a ModuleList registered on `parent` as `name`, handing each to finish_layer (qualified
+// name `qualified_prefix`.N) as soon as it is built; returns them for typed calls.
+std::vector<TransformerLayer> build_layers(torch::nn::Module& parent, const std::string& name,
+                                           const std::string& qualified_prefix, int64_t count,
+                                           const TransformerLayerOptions& options, const BuildOptions& build,
+                                           std::vector<std::string>& built);
+
+// Runs x through `layers` with the same extra arguments.
+at::Tensor run_layers(std::vector<TransformerLayer>& layers, at::Tensor x, const at::Tensor& bias,
+                      const at::Tensor& rope = {}, const at::Tensor& context = {}, const at::Tensor& context_bias = {});
+
+// The additive bias that hides padded keys: mask (B, S), 1 = real token, 0 = padding -> (B, 1, 1, S) in dtype.
+at::Tensor padding_bias(const at::Tensor& mask, at::ScalarType dtype);
+// (1, 1, T, T): key positions after the query's hidden.
+at::Tensor causal_bias(int64_t length, at::ScalarType dtype, const at::Device& device);
+// Rotary embeddings for positions [0, length): (2, length, head_dim) cos and sin, Hugging Face's half-split layout.
+at::Tensor rotary_table(int64_t length, int64_t head_dim, double theta, const at::Device& device);
+
+}  // namespace shardtrain::models

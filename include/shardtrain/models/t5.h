@@ -1,0 +1,78 @@
+// T5 (Raffel et al.), as Hugging Face's T5ForConditionalGeneration for the original checkpoints (t5-small ... t5-11b):
+// pre-norm encoder-decoder with RMS norms, unscaled attention, bucketed relative position biases computed once per
+// stack, ReLU feed-forward, output head tied to the shared embedding (scaled by dim^-1/2).
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "shardtrain/models/blocks.h"
+#include "shardtrain/models/build.h"
+#include "shardtrain/models/weights.h"
+
+namespace shardtrain::models {
+
+struct T5Config {
+  int64_t vocab_size = 32128;
+  int64_t dim = 512;      // d_model
+  int64_t head_dim = 64;  // d_kv
+  int64_t mlp_dim = 2048;  // d_ff
+  int64_t layers = 6;     // in the encoder and in the decoder
+  int64_t heads = 8;
+  int64_t buckets = 32;   // relative_attention_num_buckets
+  int64_t max_distance = 128;
+  double norm_eps = 1e-6;
+  double dropout = 0.1;
+  int64_t pad_token_id = 0;  // also the decoder's start token
+};
+
+// t5-small, t5-base, t5-large, t5-3b, t5-11b (the published configurations), t5-debug.
+std::vector<std::string> t5_flavors();
+T5Config t5_flavor(const std::string& name);
+
+// One stack: layers.N (class "T5Block"), relative_bias (buckets -> one bias per head), norm.
+class T5StackImpl : public torch::nn::Module {
+ public:
+  T5StackImpl(const T5Config& config, bool decoder, const std::string& qualified_name, const BuildOptions& build,
+              std::vector<std::string>& built);
+  // embedded (B, T, C); mask (B, T) or undefined; for the decoder, encoder_out (B, S, C) and encoder_mask.
+  at::Tensor forward(const at::Tensor& embedded, const at::Tensor& mask, const at::Tensor& encoder_out,
+                     const at::Tensor& encoder_mask);
+  // (1, H, T, S) learned bias of query i for key j, from the bucket of j - i (HF's _relative_position_bucket).
+  at::Tensor position_bias(int64_t queries, int64_t keys);
+
+  T5Config config;
+  bool decoder;
+  std::vector<TransformerLayer> layers;
+  Embedding relative_bias{nullptr};
+  RMSNorm norm{nullptr};
+};
+TORCH_MODULE(T5Stack);
+
+struct T5Outputs {
+  at::Tensor logits;          // (B, T_dec, vocab)
+  at::Tensor loss;            // () cross-entropy against labels (-100 ignored), when given
+  at::Tensor encoder_hidden;  // (B, T_enc, C)
+};
+
+// Children: shared, encoder, decoder.
+class T5Impl
+    : public nn::Interceptable<T5Impl, std::vector<at::Tensor>(at::Tensor, at::Tensor, at::Tensor, at::Tensor)> {
+ public:
+  T5Impl(const T5Config& config, const BuildOptions& build = {});
+  // input_ids (B, S); attention_mask (B, S) or undefined; decoder_input_ids (B, T), or undefined to use labels
+  // shifted right behind the start token; labels (B, T) or undefined.
+  T5Outputs run(const at::Tensor& input_ids, const at::Tensor& attention_mask = {},
+                const at::Tensor& decoder_input_ids = {}, const at::Tensor& labels = {});
+  std::vector<at::Tensor> forward_impl(const at::Tensor& input_ids, const at::Tensor& attention_mask,
+                                       const at::Tensor& decoder_input_ids, const at::Tensor& labels);
+
+  T5Config config;
+  Embedding shared{nullptr};
+  T5Stack encoder{nullptr}, decoder{nullptr};
+};
+TORCH_MODULE(T5);
+
+NameMap t5_names();
+
+}  // namespace shardtrain::models

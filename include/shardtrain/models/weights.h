@@ -1,0 +1,45 @@
+// A model's weights as a Hugging Face safetensors file, under the Hugging Face parameter names of its family.
+// Our module tree names its parameters after our generic blocks ("layers.3.attn.q.weight"); a family's NameMap
+// rewrites them to Hugging Face's ("bert.encoder.layer.3.attention.self.query.weight").
+#pragma once
+
+#include <torch/nn/module.h>
+
+#include <optional>
+#include <regex>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace shardtrain::models {
+
+// Ordered rewrite rules: the first rule whose regex matches the whole name gives its replacement (ECMAScript
+// syntax, $1 for groups); a name no rule matches is kept. `ignored` are Hugging Face names a file may hold that the
+// model does not load (tied copies, non-persistent buffers).
+class NameMap {
+ public:
+  NameMap() = default;
+  NameMap(const std::vector<std::pair<std::string, std::string>>& rules, std::vector<std::string> ignored = {});
+  std::string to_hf(const std::string& name) const;
+  bool is_ignored(const std::string& hf_name) const;
+
+ private:
+  std::vector<std::pair<std::regex, std::string>> rules_;
+  std::vector<std::regex> ignored_;
+};
+
+// Copies every parameter and buffer of `model` from the file (converting dtype, keeping the model's device).
+// Validates the whole file against the model first, and throws std::runtime_error naming the tensor on: a
+// parameter missing from the file, a shape that differs, a tensor in the file the model does not have (unless
+// ignored). A model prefix Hugging Face drops when saving the base model alone ("bert.") is tried both ways.
+void load_weights(torch::nn::Module& model, const std::string& path, const NameMap& names);
+
+// Writes every parameter (tied tensors once, under their first name) and persistent buffer of `model` in `dtype`
+// (their own dtype when undefined) under Hugging Face names, atomically.
+void save_weights(const torch::nn::Module& model, const std::string& path, const NameMap& names,
+                  std::optional<at::ScalarType> dtype = std::nullopt);
+
+// (Hugging Face name, tensor) of every parameter and buffer of `model`, tied tensors once.
+std::vector<std::pair<std::string, at::Tensor>> hf_named_tensors(const torch::nn::Module& model, const NameMap& names);
+
+}  // namespace shardtrain::models

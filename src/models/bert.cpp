@@ -1,0 +1,108 @@
+#include "shardtrain/models/bert.h"
+
+#include <ATen/ATen.h>
+
+#include <stdexcept>
+
+#include "layer_names.h"
+#include "shardtrain/models/losses.h"
+
+namespace shardtrain::models {
+
+std::vector<std::string> bert_flavors() {
+  return {"bert-base-uncased", "bert-base-cased", "bert-large-uncased", "bert-debug"};
+}
+
+BertConfig bert_flavor(const std::string& name) {
+  BertConfig c;  // bert-base-uncased
+  if (name == "bert-base-uncased") return c;
+  if (name == "bert-base-cased") {
+    c.vocab_size = 28996;
+    return c;
+  }
+  if (name == "bert-large-uncased") {
+    c.dim = 1024, c.layers = 24, c.heads = 16, c.mlp_dim = 4096;
+    return c;
+  }
+  if (name == "bert-debug") {
+    c.vocab_size = 1000, c.max_positions = 64, c.dim = 32, c.layers = 2, c.heads = 4, c.mlp_dim = 64;
+    c.mlm_head = true;
+    return c;
+  }
+  std::string known;
+  for (const auto& f : bert_flavors()) known += " " + f;
+  throw std::invalid_argument("unknown BERT flavor '" + name + "'; known:" + known);
+}
+
+BertImpl::BertImpl(const BertConfig& c, const BuildOptions& build) : Interceptable("Bert"), config(c) {
+  const auto& t = build.tensors;
+  TextEmbeddingOptions e;
+  e.vocab_size = c.vocab_size, e.max_positions = c.max_positions, e.type_vocab_size = c.type_vocab_size;
+  e.dim = c.dim, e.norm_eps = c.norm_eps, e.dropout = c.dropout;
+  embeddings = register_module("embeddings", TextEmbeddings(e, t));
+  TransformerLayerOptions l;
+  l.class_name = "BertLayer";
+  l.attention.dim = c.dim, l.attention.heads = c.heads, l.attention.dropout = c.dropout;
+  l.mlp_dim = c.mlp_dim, l.activation = Activation::kGelu, l.norm_eps = c.norm_eps, l.norm_first = false;
+  l.dropout = c.dropout;
+  std::vector<std::string> built;
+  layers = build_layers(*this, "layers", "layers", c.layers, l, build, built);
+  if (c.pooler) pooler = register_module("pooler", Linear(c.dim, c.dim, true, t));
+  if (c.mlm_head) {
+    mlm_transform = register_module("mlm_transform", Linear(c.dim, c.dim, true, t));
+    mlm_norm = register_module("mlm_norm", LayerNorm(c.dim, c.norm_eps, t));
+    mlm_bias = register_parameter("mlm_bias", at::empty({c.vocab_size}, t));
+  }
+  finish_model(build, *this, built);
+}
+
+BertOutputs BertImpl::run(const at::Tensor& input_ids, const at::Tensor& attention_mask,
+                          const at::Tensor& token_type_ids, const at::Tensor& labels) {
+  auto out = forward(input_ids, attention_mask, token_type_ids, labels);
+  return {out[0], out[1], out[2], out[3]};
+}
+
+std::vector<at::Tensor> BertImpl::forward_impl(const at::Tensor& input_ids, const at::Tensor& attention_mask,
+                                               const at::Tensor& token_type_ids, const at::Tensor& labels) {
+  at::Tensor x = embeddings->forward(input_ids, token_type_ids);
+  const at::Tensor bias = attention_mask.defined() ? padding_bias(attention_mask, x.scalar_type()) : at::Tensor();
+  x = run_layers(layers, x, bias);
+  at::Tensor pooled, logits, loss;
+  if (pooler) pooled = at::tanh(pooler->forward(x.select(1, 0)));
+  if (mlm_transform) {
+    at::Tensor h = mlm_norm->forward(at::gelu(mlm_transform->forward(x)));
+    logits = at::linear(h, embeddings->word->weight, mlm_bias);
+    if (labels.defined()) loss = masked_cross_entropy(logits, labels);
+  } else if (labels.defined()) {
+    throw std::invalid_argument("BERT: labels given to a model built without the MLM head (mlm_head = false)");
+  }
+  return {x, pooled, logits, loss};
+}
+
+NameMap bert_names() {
+  NameRules rules = {
+      prefix_rule("embeddings.word", "bert.embeddings.word_embeddings"),
+      prefix_rule("embeddings.position", "bert.embeddings.position_embeddings"),
+      prefix_rule("embeddings.token_type", "bert.embeddings.token_type_embeddings"),
+      prefix_rule("embeddings.norm", "bert.embeddings.LayerNorm"),
+      prefix_rule("pooler", "bert.pooler.dense"),
+      prefix_rule("mlm_transform", "cls.predictions.transform.dense"),
+      prefix_rule("mlm_norm", "cls.predictions.transform.LayerNorm"),
+      {"^mlm_bias$", "cls.predictions.bias"},
+  };
+  append(rules, layer_rules("layers", "bert.encoder.layer",
+                            {{"attn.q", "attention.self.query"},
+                             {"attn.k", "attention.self.key"},
+                             {"attn.v", "attention.self.value"},
+                             {"attn.o", "attention.output.dense"},
+                             {"norm1", "attention.output.LayerNorm"},
+                             {"mlp.fc1", "intermediate.dense"},
+                             {"mlp.fc2", "output.dense"},
+                             {"norm2", "output.LayerNorm"}}));
+  // The decoder is tied to the word embeddings; position ids are a buffer; the next-sentence head is not built.
+  return NameMap(rules, {"^cls\\.predictions\\.decoder\\..*$", "^(bert\\.)?embeddings\\.position_ids$",
+                         "^(bert\\.)?embeddings\\.token_type_ids$", "^cls\\.seq_relationship\\..*$"});
+}
+
+
+}  // namespace shardtrain::models

@@ -1,0 +1,216 @@
+#include "shardtrain/models/blocks.h"
+
+#include <ATen/ATen.h>
+#include <torch/nn/modules/container/modulelist.h>
+
+#include <limits>
+#include <stdexcept>
+
+namespace shardtrain::models {
+
+namespace {
+
+AttentionOptions completed(AttentionOptions o) {
+  if (o.dim <= 0 || o.heads <= 0) {
+    throw std::invalid_argument("attention: dim " + std::to_string(o.dim) + " and heads " + std::to_string(o.heads) +
+                                " must be positive");
+  }
+  if (o.kv_heads == 0) o.kv_heads = o.heads;
+  if (o.head_dim == 0) {
+    if (o.dim % o.heads != 0) {
+      throw std::invalid_argument("attention: dim " + std::to_string(o.dim) + " is not a multiple of heads " +
+                                  std::to_string(o.heads));
+    }
+    o.head_dim = o.dim / o.heads;
+  }
+  if (o.heads % o.kv_heads != 0) {
+    throw std::invalid_argument("attention: heads " + std::to_string(o.heads) + " is not a multiple of kv_heads " +
+                                std::to_string(o.kv_heads));
+  }
+  return o;
+}
+
+// Hugging Face's rotate_half layout: the two halves of the head dimension are the real and imaginary parts.
+at::Tensor apply_rotary(const at::Tensor& x, const at::Tensor& rope) {  // x (B, H, T, D), rope (2, T, D)
+  const int64_t half = x.size(-1) / 2;
+  at::Tensor rotated = at::cat({-x.narrow(-1, half, half), x.narrow(-1, 0, half)}, -1);
+  at::Tensor cos = rope[0].to(x.scalar_type()), sin = rope[1].to(x.scalar_type());
+  return x * cos + rotated * sin;
+}
+
+torch::nn::AnyModule make_norm(Norm kind, int64_t dim, double eps, const torch::TensorOptions& options) {
+  if (kind == Norm::kRMSNorm) return torch::nn::AnyModule(RMSNorm(dim, eps, options));
+  return torch::nn::AnyModule(LayerNorm(dim, eps, options));
+}
+
+double lowest(at::ScalarType dtype) {
+  switch (dtype) {
+    case at::kFloat: return std::numeric_limits<float>::lowest();
+    case at::kDouble: return std::numeric_limits<double>::lowest();
+    case at::kBFloat16: return -3.3895313892515355e38;  // torch.finfo(torch.bfloat16).min
+    case at::kHalf: return -65504.0;
+    default: throw std::invalid_argument("attention bias: dtype must be floating point");
+  }
+}
+
+}  // namespace
+
+AttentionImpl::AttentionImpl(const AttentionOptions& opts, const torch::TensorOptions& t) : options(completed(opts)) {
+  const int64_t c = options.dim, d = options.head_dim;
+  q = register_module("q", Linear(c, options.heads * d, options.qkv_bias, t));
+  k = register_module("k", Linear(c, options.kv_heads * d, options.qkv_bias, t));
+  v = register_module("v", Linear(c, options.kv_heads * d, options.qkv_bias, t));
+  o = register_module("o", Linear(options.heads * d, c, options.out_bias, t));
+  if (options.re_attention) {
+    reattn_weights = register_parameter("reattn_weights", at::empty({options.heads, options.heads}, t));
+    reattn_norm = register_module("reattn_norm", LayerNorm(options.heads, 1e-5, t));
+  }
+}
+
+at::Tensor AttentionImpl::forward(const at::Tensor& x, const at::Tensor& context, const at::Tensor& bias,
+                                  const at::Tensor& rope) {
+  const at::Tensor& source = context.defined() ? context : x;
+  const int64_t b = x.size(0), t = x.size(1), s = source.size(1);
+  const int64_t h = options.heads, kvh = options.kv_heads, d = options.head_dim;
+  at::Tensor qh = q->forward(x).view({b, t, h, d}).transpose(1, 2);        // (B, H, T, D)
+  at::Tensor kh = k->forward(source).view({b, s, kvh, d}).transpose(1, 2);  // (B, kvH, S, D)
+  at::Tensor vh = v->forward(source).view({b, s, kvh, d}).transpose(1, 2);
+  if (rope.defined()) {
+    qh = apply_rotary(qh, rope);
+    kh = apply_rotary(kh, rope);
+  }
+  if (kvh != h) {
+    kh = kh.repeat_interleave(h / kvh, 1);
+    vh = vh.repeat_interleave(h / kvh, 1);
+  }
+  at::Tensor full_bias = bias.defined() ? bias.to(qh.scalar_type()) : at::Tensor();
+  if (options.causal && (full_bias.defined() || options.re_attention)) {
+    at::Tensor c = causal_bias(t, qh.scalar_type(), qh.device());
+    full_bias = full_bias.defined() ? full_bias + c : c;
+  }
+  const double scale = options.scaled ? 1.0 / std::sqrt(static_cast<double>(d)) : 1.0;
+  const double p = is_training() ? options.dropout : 0.0;
+  at::Tensor out;  // (B, H, T, D)
+  if (options.re_attention) {
+    at::Tensor scores = at::matmul(qh, kh.transpose(-2, -1)) * scale;
+    if (full_bias.defined()) scores = scores + full_bias;
+    at::Tensor probs = at::softmax(scores, -1);
+    probs = at::einsum("bhts,hg->bgts", {probs, reattn_weights});
+    probs = reattn_norm->forward(probs.permute({0, 2, 3, 1})).permute({0, 3, 1, 2});
+    if (p > 0) probs = at::dropout(probs, p, true);
+    out = at::matmul(probs, vh);
+  } else {
+    const bool is_causal = options.causal && !full_bias.defined();
+    out = at::scaled_dot_product_attention(qh, kh, vh, full_bias.defined() ? std::optional<at::Tensor>(full_bias)
+                                                                           : std::nullopt,
+                                           p, is_causal, scale);
+  }
+  return o->forward(out.transpose(1, 2).reshape({b, t, h * d}));
+}
+
+MlpImpl::MlpImpl(int64_t dim, int64_t hidden_dim, Activation act, bool bias, double dropout_,
+                 const torch::TensorOptions& t)
+    : activation(act), dropout(dropout_) {
+  if (act == Activation::kSwiGlu) {
+    gate = register_module("gate", Linear(dim, hidden_dim, bias, t));
+    up = register_module("up", Linear(dim, hidden_dim, bias, t));
+    down = register_module("down", Linear(hidden_dim, dim, bias, t));
+  } else {
+    fc1 = register_module("fc1", Linear(dim, hidden_dim, bias, t));
+    fc2 = register_module("fc2", Linear(hidden_dim, dim, bias, t));
+  }
+}
+
+at::Tensor MlpImpl::forward(const at::Tensor& x) {
+  at::Tensor hidden;
+  switch (activation) {
+    case Activation::kSwiGlu: return down->forward(at::silu(gate->forward(x)) * up->forward(x));
+    case Activation::kGelu: hidden = at::gelu(fc1->forward(x)); break;
+    case Activation::kGeluTanh: hidden = at::gelu(fc1->forward(x), "tanh"); break;
+    case Activation::kRelu: hidden = at::relu(fc1->forward(x)); break;
+  }
+  if (dropout > 0 && is_training()) hidden = at::dropout(hidden, dropout, true);
+  return fc2->forward(hidden);
+}
+
+TransformerLayerImpl::TransformerLayerImpl(const TransformerLayerOptions& opts, const torch::TensorOptions& t)
+    : Interceptable(opts.class_name), options(opts) {
+  const int64_t c = options.attention.dim;
+  norm1 = make_norm(options.norm, c, options.norm_eps, t);
+  register_module("norm1", norm1.ptr());
+  attn = register_module("attn", Attention(options.attention, t));
+  if (options.cross_attention) {
+    norm_cross = make_norm(options.norm, c, options.norm_eps, t);
+    register_module("norm_cross", norm_cross.ptr());
+    AttentionOptions cross = options.attention;
+    cross.causal = false;
+    cross_attn = register_module("cross_attn", Attention(cross, t));
+  }
+  norm2 = make_norm(options.norm, c, options.norm_eps, t);
+  register_module("norm2", norm2.ptr());
+  const double mlp_dropout = options.activation == Activation::kRelu ? options.dropout : 0.0;  // T5's inner dropout
+  mlp = register_module("mlp", Mlp(c, options.mlp_dim, options.activation, options.mlp_bias, mlp_dropout, t));
+}
+
+at::Tensor TransformerLayerImpl::drop(const at::Tensor& x) {
+  return options.dropout > 0 && is_training() ? at::dropout(x, options.dropout, true) : x;
+}
+
+at::Tensor TransformerLayerImpl::forward_impl(const at::Tensor& x, const at::Tensor& bias, const at::Tensor& rope,
+                                              const at::Tensor& context, const at::Tensor& context_bias) {
+  if (options.cross_attention != context.defined()) {
+    throw std::invalid_argument(options.class_name + ": a context is required exactly for cross-attention layers");
+  }
+  const at::Tensor none;
+  if (options.norm_first) {
+    at::Tensor h = x + drop(attn->forward(norm1.forward(x), none, bias, rope));
+    if (options.cross_attention) h = h + drop(cross_attn->forward(norm_cross.forward(h), context, context_bias, none));
+    return h + drop(mlp->forward(norm2.forward(h)));
+  }
+  at::Tensor h = norm1.forward(x + drop(attn->forward(x, none, bias, rope)));
+  if (options.cross_attention) h = norm_cross.forward(h + drop(cross_attn->forward(h, context, context_bias, none)));
+  return norm2.forward(h + drop(mlp->forward(h)));
+}
+
+std::vector<TransformerLayer> build_layers(torch::nn::Module& parent, const std::string& name,
+                                           const std::string& qualified_prefix, int64_t count,
+                                           const TransformerLayerOptions& options, const BuildOptions& build,
+                                           std::vector<std::string>& built) {
+  auto list = parent.register_module(name, torch::nn::ModuleList());
+  std::vector<TransformerLayer> layers;
+  for (int64_t i = 0; i < count; ++i) {
+    layers.emplace_back(options, build.tensors);
+    list->push_back(layers.back());
+    finish_layer(build, qualified_prefix + "." + std::to_string(i), layers.back().ptr(), built);
+  }
+  return layers;
+}
+
+at::Tensor run_layers(std::vector<TransformerLayer>& layers, at::Tensor x, const at::Tensor& bias,
+                      const at::Tensor& rope, const at::Tensor& context, const at::Tensor& context_bias) {
+  for (auto& layer : layers) x = layer->forward(x, bias, rope, context, context_bias);
+  return x;
+}
+
+at::Tensor padding_bias(const at::Tensor& mask, at::ScalarType dtype) {
+  if (mask.dim() != 2) {
+    throw std::invalid_argument("padding mask must be (batch, length), got " + std::to_string(mask.dim()) + " dims");
+  }
+  return ((1 - mask.to(dtype)) * lowest(dtype)).view({mask.size(0), 1, 1, mask.size(1)});
+}
+
+at::Tensor causal_bias(int64_t length, at::ScalarType dtype, const at::Device& device) {
+  at::Tensor upper = at::ones({length, length}, at::TensorOptions().dtype(dtype).device(device)).triu(1);
+  return (upper * lowest(dtype)).view({1, 1, length, length});
+}
+
+at::Tensor rotary_table(int64_t length, int64_t head_dim, double theta, const at::Device& device) {
+  auto f32 = at::TensorOptions().dtype(at::kFloat).device(device);
+  at::Tensor inv_freq = 1.0 / at::pow(theta, at::arange(0, head_dim, 2, f32.dtype(at::kLong)).to(at::kFloat) /
+                                                 static_cast<double>(head_dim));
+  at::Tensor angles = at::outer(at::arange(length, f32), inv_freq);  // (T, D/2)
+  at::Tensor full = at::cat({angles, angles}, -1);                    // (T, D)
+  return at::stack({full.cos(), full.sin()});
+}
+
+}  // namespace shardtrain::models

@@ -1,0 +1,55 @@
+#include "shardtrain/models/layers.h"
+
+#include <ATen/ATen.h>
+
+namespace shardtrain::models {
+
+LinearImpl::LinearImpl(int64_t in_features, int64_t out_features, bool with_bias, const torch::TensorOptions& options) {
+  weight = register_parameter("weight", at::empty({out_features, in_features}, options));
+  if (with_bias) bias = register_parameter("bias", at::empty({out_features}, options));
+}
+
+at::Tensor LinearImpl::forward(const at::Tensor& x) { return at::linear(x, weight, bias); }
+
+LayerNormImpl::LayerNormImpl(int64_t dim, double eps_, const torch::TensorOptions& options, bool with_bias)
+    : eps(eps_) {
+  weight = register_parameter("weight", at::empty({dim}, options));
+  if (with_bias) bias = register_parameter("bias", at::empty({dim}, options));
+}
+
+at::Tensor LayerNormImpl::forward(const at::Tensor& x) {
+  return at::layer_norm(x, {weight.size(0)}, weight, bias, eps);
+}
+
+RMSNormImpl::RMSNormImpl(int64_t dim, double eps_, const torch::TensorOptions& options) : eps(eps_) {
+  weight = register_parameter("weight", at::empty({dim}, options));
+}
+
+at::Tensor RMSNormImpl::forward(const at::Tensor& x) {
+  at::Tensor x32 = x.to(at::kFloat);
+  at::Tensor normed = x32 * at::rsqrt(x32.pow(2).mean({-1}, /*keepdim=*/true) + eps);
+  return weight * normed.to(weight.scalar_type());
+}
+
+EmbeddingImpl::EmbeddingImpl(int64_t num, int64_t dim, const torch::TensorOptions& options) {
+  weight = register_parameter("weight", at::empty({num, dim}, options));
+}
+
+at::Tensor EmbeddingImpl::forward(const at::Tensor& ids) { return at::embedding(weight, ids); }
+
+Conv2dImpl::Conv2dImpl(int64_t in_channels, int64_t out_channels, int64_t kernel, int64_t stride_, int64_t padding_,
+                       const torch::TensorOptions& options)
+    : stride(stride_), padding(padding_) {
+  weight = register_parameter("weight", at::empty({out_channels, in_channels, kernel, kernel}, options));
+  bias = register_parameter("bias", at::empty({out_channels}, options));
+}
+
+at::Tensor Conv2dImpl::forward(const at::Tensor& x) {
+  return at::conv2d(x, weight, bias, {stride, stride}, {padding, padding});
+}
+
+bool is_norm_layer(const torch::nn::Module& module) {
+  return dynamic_cast<const LayerNormImpl*>(&module) != nullptr || dynamic_cast<const RMSNormImpl*>(&module) != nullptr;
+}
+
+}  // namespace shardtrain::models

@@ -1,0 +1,87 @@
+#include "shardtrain/models/llama.h"
+
+#include <ATen/ATen.h>
+
+#include <stdexcept>
+
+#include "layer_names.h"
+#include "shardtrain/models/losses.h"
+
+namespace shardtrain::models {
+
+std::vector<std::string> llama_flavors() { return {"llama-3-8b", "llama-3-70b", "llama-2-7b", "llama-debug"}; }
+
+LlamaConfig llama_flavor(const std::string& name) {
+  LlamaConfig c;  // llama-3-8b (Meta-Llama-3-8B)
+  if (name == "llama-3-8b") return c;
+  if (name == "llama-3-70b") {
+    c.dim = 8192, c.layers = 80, c.heads = 64, c.kv_heads = 8, c.mlp_dim = 28672;
+    return c;
+  }
+  if (name == "llama-2-7b") {
+    c.vocab_size = 32000, c.dim = 4096, c.layers = 32, c.heads = 32, c.kv_heads = 32, c.mlp_dim = 11008;
+    c.max_positions = 4096, c.rope_theta = 10000.0;
+    return c;
+  }
+  if (name == "llama-debug") {
+    c.vocab_size = 1000, c.dim = 64, c.layers = 2, c.heads = 4, c.kv_heads = 2, c.mlp_dim = 128;
+    c.max_positions = 128, c.rope_theta = 10000.0;
+    return c;
+  }
+  std::string known;
+  for (const auto& f : llama_flavors()) known += " " + f;
+  throw std::invalid_argument("unknown Llama flavor '" + name + "'; known:" + known);
+}
+
+LlamaImpl::LlamaImpl(const LlamaConfig& c, const BuildOptions& build) : Interceptable("Llama"), config(c) {
+  const auto& t = build.tensors;
+  embed = register_module("embed", Embedding(c.vocab_size, c.dim, t));
+  TransformerLayerOptions l;
+  l.class_name = "LlamaDecoderLayer";
+  l.attention.dim = c.dim, l.attention.heads = c.heads, l.attention.kv_heads = c.kv_heads;
+  l.attention.qkv_bias = false, l.attention.out_bias = false, l.attention.causal = true;
+  l.mlp_dim = c.mlp_dim, l.activation = Activation::kSwiGlu, l.mlp_bias = false;
+  l.norm = Norm::kRMSNorm, l.norm_eps = c.norm_eps;
+  std::vector<std::string> built;
+  layers = build_layers(*this, "layers", "layers", c.layers, l, build, built);
+  norm = register_module("norm", RMSNorm(c.dim, c.norm_eps, t));
+  lm_head = register_module("lm_head", Linear(c.dim, c.vocab_size, false, t));
+  finish_model(build, *this, built);
+}
+
+LlamaOutputs LlamaImpl::run(const at::Tensor& input_ids, const at::Tensor& attention_mask, const at::Tensor& labels) {
+  auto out = forward(input_ids, attention_mask, labels);
+  return {out[0], out[1]};
+}
+
+std::vector<at::Tensor> LlamaImpl::forward_impl(const at::Tensor& input_ids, const at::Tensor& attention_mask,
+                                                const at::Tensor& labels) {
+  const int64_t length = input_ids.size(1);
+  if (length > config.max_positions) {
+    throw std::invalid_argument("Llama: " + std::to_string(length) + " tokens exceed max_positions " +
+                                std::to_string(config.max_positions));
+  }
+  at::Tensor x = embed->forward(input_ids);
+  const at::Tensor bias = attention_mask.defined() ? padding_bias(attention_mask, x.scalar_type()) : at::Tensor();
+  const at::Tensor rope = rotary_table(length, config.dim / config.heads, config.rope_theta, x.device());
+  at::Tensor logits = lm_head->forward(norm->forward(run_layers(layers, x, bias, rope)));
+  return {logits, labels.defined() ? causal_lm_loss(logits, labels) : at::Tensor()};
+}
+
+NameMap llama_names() {
+  NameRules rules = {prefix_rule("embed", "model.embed_tokens"), prefix_rule("norm", "model.norm")};
+  append(rules, layer_rules("layers", "model.layers",
+                            {{"attn.q", "self_attn.q_proj"},
+                             {"attn.k", "self_attn.k_proj"},
+                             {"attn.v", "self_attn.v_proj"},
+                             {"attn.o", "self_attn.o_proj"},
+                             {"norm1", "input_layernorm"},
+                             {"norm2", "post_attention_layernorm"},
+                             {"mlp.gate", "mlp.gate_proj"},
+                             {"mlp.up", "mlp.up_proj"},
+                             {"mlp.down", "mlp.down_proj"}}));
+  return NameMap(rules, {"^model\\.layers\\.\\d+\\.self_attn\\.rotary_emb\\.inv_freq$"});
+}
+
+
+}  // namespace shardtrain::models

@@ -1,0 +1,162 @@
+#include "shardtrain/models/t5.h"
+
+#include <ATen/ATen.h>
+
+#include <cmath>
+#include <stdexcept>
+
+#include "layer_names.h"
+#include "shardtrain/models/losses.h"
+
+namespace shardtrain::models {
+
+std::vector<std::string> t5_flavors() { return {"t5-small", "t5-base", "t5-large", "t5-3b", "t5-11b", "t5-debug"}; }
+
+T5Config t5_flavor(const std::string& name) {
+  T5Config c;  // t5-small
+  if (name == "t5-small") return c;
+  if (name == "t5-base") {
+    c.dim = 768, c.mlp_dim = 3072, c.layers = 12, c.heads = 12;
+    return c;
+  }
+  if (name == "t5-large") {
+    c.dim = 1024, c.mlp_dim = 4096, c.layers = 24, c.heads = 16;
+    return c;
+  }
+  if (name == "t5-3b") {
+    c.dim = 1024, c.head_dim = 128, c.mlp_dim = 16384, c.layers = 24, c.heads = 32;
+    return c;
+  }
+  if (name == "t5-11b") {
+    c.dim = 1024, c.head_dim = 128, c.mlp_dim = 65536, c.layers = 24, c.heads = 128;
+    return c;
+  }
+  if (name == "t5-debug") {
+    c.vocab_size = 1000, c.dim = 32, c.head_dim = 8, c.mlp_dim = 64, c.layers = 2, c.heads = 4;
+    c.buckets = 8, c.max_distance = 16;
+    return c;
+  }
+  std::string known;
+  for (const auto& f : t5_flavors()) known += " " + f;
+  throw std::invalid_argument("unknown T5 flavor '" + name + "'; known:" + known);
+}
+
+T5StackImpl::T5StackImpl(const T5Config& c, bool is_decoder, const std::string& qualified_name,
+                         const BuildOptions& build, std::vector<std::string>& built)
+    : config(c), decoder(is_decoder) {
+  const auto& t = build.tensors;
+  TransformerLayerOptions l;
+  l.class_name = "T5Block";
+  l.attention.dim = c.dim, l.attention.heads = c.heads, l.attention.head_dim = c.head_dim;
+  l.attention.qkv_bias = false, l.attention.out_bias = false, l.attention.scaled = false;
+  l.attention.causal = is_decoder, l.attention.dropout = c.dropout;
+  l.mlp_dim = c.mlp_dim, l.activation = Activation::kRelu, l.mlp_bias = false;
+  l.norm = Norm::kRMSNorm, l.norm_eps = c.norm_eps, l.cross_attention = is_decoder, l.dropout = c.dropout;
+  relative_bias = register_module("relative_bias", Embedding(c.buckets, c.heads, t));
+  layers = build_layers(*this, "layers", qualified_name + ".layers", c.layers, l, build, built);
+  norm = register_module("norm", RMSNorm(c.dim, c.norm_eps, t));
+}
+
+at::Tensor T5StackImpl::position_bias(int64_t queries, int64_t keys) {
+  auto longs = at::TensorOptions().dtype(at::kLong).device(relative_bias->weight.device());
+  at::Tensor relative = at::arange(keys, longs).unsqueeze(0) - at::arange(queries, longs).unsqueeze(1);  // (T, S)
+  int64_t buckets = config.buckets;
+  at::Tensor bucket = at::zeros_like(relative);
+  at::Tensor distance;
+  if (!decoder) {  // bidirectional: half the buckets for keys after the query
+    buckets /= 2;
+    bucket = bucket + (relative > 0).to(at::kLong) * buckets;
+    distance = relative.abs();
+  } else {
+    distance = -at::clamp_max(relative, 0);
+  }
+  const int64_t max_exact = buckets / 2;
+  at::Tensor is_small = distance < max_exact;
+  at::Tensor large = max_exact + (at::log(distance.to(at::kFloat) / max_exact) /
+                                  std::log(static_cast<double>(config.max_distance) / max_exact) *
+                                  (buckets - max_exact))
+                                     .to(at::kLong);
+  large = at::clamp_max(large, buckets - 1);
+  bucket = bucket + at::where(is_small, distance, large);
+  return relative_bias->forward(bucket).permute({2, 0, 1}).unsqueeze(0);  // (1, H, T, S)
+}
+
+at::Tensor T5StackImpl::forward(const at::Tensor& embedded, const at::Tensor& mask, const at::Tensor& encoder_out,
+                                const at::Tensor& encoder_mask) {
+  const bool train = is_training() && config.dropout > 0;
+  at::Tensor x = train ? at::dropout(embedded, config.dropout, true) : embedded;
+  const int64_t length = x.size(1);
+  at::Tensor bias = position_bias(length, length).to(x.scalar_type());
+  if (mask.defined()) bias = bias + padding_bias(mask, x.scalar_type());
+  at::Tensor cross_bias;
+  if (decoder && encoder_mask.defined()) cross_bias = padding_bias(encoder_mask, x.scalar_type());
+  x = norm->forward(run_layers(layers, x, bias, {}, decoder ? encoder_out : at::Tensor(), cross_bias));
+  return train ? at::dropout(x, config.dropout, true) : x;
+}
+
+T5Impl::T5Impl(const T5Config& c, const BuildOptions& build) : Interceptable("T5"), config(c) {
+  shared = register_module("shared", Embedding(c.vocab_size, c.dim, build.tensors));
+  std::vector<std::string> built;
+  encoder = register_module("encoder", T5Stack(c, false, "encoder", build, built));
+  decoder = register_module("decoder", T5Stack(c, true, "decoder", build, built));
+  finish_model(build, *this, built);
+}
+
+T5Outputs T5Impl::run(const at::Tensor& input_ids, const at::Tensor& attention_mask,
+                      const at::Tensor& decoder_input_ids, const at::Tensor& labels) {
+  auto out = forward(input_ids, attention_mask, decoder_input_ids, labels);
+  return {out[0], out[1], out[2]};
+}
+
+std::vector<at::Tensor> T5Impl::forward_impl(const at::Tensor& input_ids, const at::Tensor& attention_mask,
+                                             const at::Tensor& decoder_input_ids, const at::Tensor& labels) {
+  at::Tensor targets_in = decoder_input_ids;
+  if (!targets_in.defined()) {
+    if (!labels.defined()) throw std::invalid_argument("T5: give decoder_input_ids or labels");
+    // Shift right behind the start token (= pad); ignored positions become padding.
+    at::Tensor shifted = at::full_like(labels, config.pad_token_id);
+    shifted.narrow(1, 1, labels.size(1) - 1).copy_(labels.narrow(1, 0, labels.size(1) - 1));
+    targets_in = shifted.masked_fill(shifted == kIgnoreIndex, config.pad_token_id);
+  }
+  at::Tensor encoded = encoder->forward(shared->forward(input_ids), attention_mask, {}, {});
+  at::Tensor decoded = decoder->forward(shared->forward(targets_in), {}, encoded, attention_mask);
+  // Tied head: the shared embedding, the decoder output rescaled by dim^-1/2 (Mesh TensorFlow's convention).
+  at::Tensor logits = at::linear(decoded * std::pow(static_cast<double>(config.dim), -0.5), shared->weight);
+  return {logits, labels.defined() ? masked_cross_entropy(logits, labels) : at::Tensor(), encoded};
+}
+
+NameMap t5_names() {
+  NameRules rules = {
+      prefix_rule("encoder.relative_bias", "encoder.block.0.layer.0.SelfAttention.relative_attention_bias"),
+      prefix_rule("decoder.relative_bias", "decoder.block.0.layer.0.SelfAttention.relative_attention_bias"),
+      prefix_rule("encoder.norm", "encoder.final_layer_norm"),
+      prefix_rule("decoder.norm", "decoder.final_layer_norm"),
+  };
+  append(rules, layer_rules("encoder.layers", "encoder.block",
+                            {{"attn.q", "layer.0.SelfAttention.q"},
+                             {"attn.k", "layer.0.SelfAttention.k"},
+                             {"attn.v", "layer.0.SelfAttention.v"},
+                             {"attn.o", "layer.0.SelfAttention.o"},
+                             {"norm1", "layer.0.layer_norm"},
+                             {"norm2", "layer.1.layer_norm"},
+                             {"mlp.fc1", "layer.1.DenseReluDense.wi"},
+                             {"mlp.fc2", "layer.1.DenseReluDense.wo"}}));
+  append(rules, layer_rules("decoder.layers", "decoder.block",
+                            {{"attn.q", "layer.0.SelfAttention.q"},
+                             {"attn.k", "layer.0.SelfAttention.k"},
+                             {"attn.v", "layer.0.SelfAttention.v"},
+                             {"attn.o", "layer.0.SelfAttention.o"},
+                             {"norm1", "layer.0.layer_norm"},
+                             {"cross_attn.q", "layer.1.EncDecAttention.q"},
+                             {"cross_attn.k", "layer.1.EncDecAttention.k"},
+                             {"cross_attn.v", "layer.1.EncDecAttention.v"},
+                             {"cross_attn.o", "layer.1.EncDecAttention.o"},
+                             {"norm_cross", "layer.1.layer_norm"},
+                             {"norm2", "layer.2.layer_norm"},
+                             {"mlp.fc1", "layer.2.DenseReluDense.wi"},
+                             {"mlp.fc2", "layer.2.DenseReluDense.wo"}}));
+  // Both stacks' embed_tokens and lm_head are the shared embedding.
+  return NameMap(rules, {"^(encoder|decoder)\\.embed_tokens\\.weight$", "^lm_head\\.weight$"});
+}
+
+}  // namespace shardtrain::models

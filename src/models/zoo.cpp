@@ -1,0 +1,88 @@
+#include "shardtrain/models/zoo.h"
+
+#include <algorithm>
+#include <functional>
+#include <stdexcept>
+
+#include "shardtrain/models/bert.h"
+#include "shardtrain/models/llama.h"
+#include "shardtrain/models/t5.h"
+#include "shardtrain/models/vit.h"
+
+namespace shardtrain::models {
+
+namespace {
+
+struct Family {
+  std::string name;
+  std::function<std::vector<std::string>()> flavors;
+  std::function<std::shared_ptr<torch::nn::Module>(const std::string&, const BuildOptions&)> build;
+  std::function<NameMap()> names;
+  std::string layer_class;
+};
+
+const std::vector<Family>& families() {
+  static const std::vector<Family> table = {
+      {"bert", bert_flavors,
+       [](const std::string& f, const BuildOptions& b) { return Bert(bert_flavor(f), b).ptr(); }, bert_names,
+       "BertLayer"},
+      {"vit", vit_flavors, [](const std::string& f, const BuildOptions& b) { return Vit(vit_flavor(f), b).ptr(); },
+       vit_names, "ViTLayer"},
+      {"t5", t5_flavors, [](const std::string& f, const BuildOptions& b) { return T5(t5_flavor(f), b).ptr(); },
+       t5_names, "T5Block"},
+      {"llama", llama_flavors,
+       [](const std::string& f, const BuildOptions& b) { return Llama(llama_flavor(f), b).ptr(); }, llama_names,
+       "LlamaDecoderLayer"},
+  };
+  return table;
+}
+
+size_t edit_distance(const std::string& a, const std::string& b) {
+  std::vector<size_t> row(b.size() + 1);
+  for (size_t j = 0; j <= b.size(); ++j) row[j] = j;
+  for (size_t i = 1; i <= a.size(); ++i) {
+    size_t diagonal = row[0];
+    row[0] = i;
+    for (size_t j = 1; j <= b.size(); ++j) {
+      const size_t up = row[j];
+      row[j] = std::min({row[j] + 1, row[j - 1] + 1, diagonal + (a[i - 1] == b[j - 1] ? 0 : 1)});
+      diagonal = up;
+    }
+  }
+  return row[b.size()];
+}
+
+}  // namespace
+
+std::vector<FlavorName> list_flavors() {
+  std::vector<FlavorName> out;
+  for (const auto& family : families()) {
+    for (const auto& f : family.flavors()) out.push_back({family.name, f});
+  }
+  return out;
+}
+
+ZooModel build_model(const std::string& flavor, const BuildOptions& build) {
+  for (const auto& family : families()) {
+    const auto flavors = family.flavors();
+    if (std::find(flavors.begin(), flavors.end(), flavor) != flavors.end()) {
+      return ZooModel{family.name, flavor, family.build(flavor, build), family.names(), family.layer_class};
+    }
+  }
+  std::string closest;
+  size_t best = SIZE_MAX;
+  for (const auto& f : list_flavors()) {
+    const size_t d = edit_distance(flavor, f.flavor);
+    if (d < best) best = d, closest = f.flavor;
+  }
+  throw std::invalid_argument("unknown model flavor '" + flavor + "' (did you mean '" + closest +
+                              "'? `shardtrain models` lists them all)");
+}
+
+int64_t count_flavor_parameters(const std::string& flavor) {
+  BuildOptions meta;
+  meta.tensors = torch::TensorOptions().dtype(torch::kFloat32).device(torch::kMeta);
+  return count_parameters(*build_model(flavor, meta).module);
+}
+
+}  // namespace shardtrain::models
