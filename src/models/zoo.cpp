@@ -5,6 +5,7 @@
 #include <stdexcept>
 
 #include "shardtrain/models/bert.h"
+#include "shardtrain/models/flava.h"
 #include "shardtrain/models/llama.h"
 #include "shardtrain/models/t5.h"
 #include "shardtrain/models/vit.h"
@@ -23,6 +24,9 @@ struct Family {
 
 const std::vector<Family>& families() {
   static const std::vector<Family> table = {
+      {"flava", flava_flavors,
+       [](const std::string& f, const BuildOptions& b) { return Flava(flava_flavor(f), b).ptr(); }, flava_names,
+       "FlavaLayer"},
       {"bert", bert_flavors,
        [](const std::string& f, const BuildOptions& b) { return Bert(bert_flavor(f), b).ptr(); }, bert_names,
        "BertLayer"},

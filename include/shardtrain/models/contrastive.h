@@ -1,0 +1,26 @@
+// FLAVA's global contrastive loss (CLIP's, over the whole global batch): image and text embeddings are gathered
+// from every rank, and gradients flow back to the rank that produced each row — what makes FLAVA gain from large
+// global batches.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include "shardtrain/dist/communicator.h"
+
+namespace shardtrain::models {
+
+// x (B, ...) of every rank, concatenated in rank order: (W*B, ...). Backward: each rank receives the sum over
+// ranks of the gradient for its own rows (torch.distributed.nn.functional.all_gather). Every rank's B must be equal.
+at::Tensor all_gather_with_grad(const at::Tensor& x, const dist::Communicator& group);
+
+struct ContrastiveLogits {
+  at::Tensor per_image;  // (B, W*B): this rank's images against every rank's texts, times exp(logit_scale)
+  at::Tensor per_text;   // (B, W*B)
+  at::Tensor labels;     // (B): the global index of each row's own pair, rank * B + i
+};
+
+// image, text (B, D), L2-normalised; logit_scale () the log temperature. group == nullptr: this process alone.
+ContrastiveLogits global_contrastive_logits(const at::Tensor& image, const at::Tensor& text,
+                                            const at::Tensor& logit_scale, const dist::Communicator* group);
+
+}  // namespace shardtrain::models

@@ -1,0 +1,75 @@
+#include "shardtrain/models/flava_codebook.h"
+
+#include <ATen/ATen.h>
+
+#include <stdexcept>
+#include <string>
+
+namespace shardtrain::models {
+
+namespace {
+
+std::shared_ptr<torch::nn::Module> child(torch::nn::Module& parent, const std::string& name) {
+  return parent.register_module(name, std::make_shared<torch::nn::Module>());
+}
+
+}  // namespace
+
+CodebookBlockImpl::CodebookBlockImpl(int64_t in_size, int64_t out_size, int64_t num_layers,
+                                     const torch::TensorOptions& t)
+    : post_gain(1.0 / static_cast<double>(num_layers * num_layers)) {
+  if (in_size != out_size) id_path = register_module("id_path", Conv2d(in_size, out_size, 1, 1, 0, t));
+  const int64_t hidden = out_size / 4;
+  auto path = child(*child(*this, "res_path"), "path");
+  conv_1 = path->register_module("conv_1", Conv2d(in_size, hidden, 3, 1, 1, t));
+  conv_2 = path->register_module("conv_2", Conv2d(hidden, hidden, 3, 1, 1, t));
+  conv_3 = path->register_module("conv_3", Conv2d(hidden, hidden, 3, 1, 1, t));
+  conv_4 = path->register_module("conv_4", Conv2d(hidden, out_size, 1, 1, 0, t));
+}
+
+at::Tensor CodebookBlockImpl::forward(const at::Tensor& x) {
+  at::Tensor r = conv_1->forward(at::relu(x));
+  r = conv_2->forward(at::relu(r));
+  r = conv_3->forward(at::relu(r));
+  r = conv_4->forward(at::relu(r));
+  return (id_path ? id_path->forward(x) : x) + post_gain * r;
+}
+
+FlavaCodebookImpl::FlavaCodebookImpl(const CodebookConfig& c, const torch::TensorOptions& t) : config(c) {
+  auto blocks = child(*this, "blocks");
+  const int64_t h = c.hidden_size, num_layers = 4 * c.blocks_per_group;
+  input = blocks->register_module("input", Conv2d(c.channels, h, 7, 1, 3, t));
+  const int64_t sizes[5] = {h, h, 2 * h, 4 * h, 8 * h};
+  for (int g = 1; g <= 4; ++g) {
+    auto group = child(*child(*blocks, "group_" + std::to_string(g)), "group");
+    groups.emplace_back();
+    for (int64_t b = 1; b <= c.blocks_per_group; ++b) {
+      const int64_t in_size = b == 1 ? sizes[g - 1] : sizes[g];
+      groups.back().push_back(
+          group->register_module("block_" + std::to_string(b), CodebookBlock(in_size, sizes[g], num_layers, t)));
+    }
+  }
+  output = child(*blocks, "output")->register_module("conv", Conv2d(8 * h, c.vocab_size, 1, 1, 0, t));
+  for (auto& p : parameters()) p.set_requires_grad(false);
+}
+
+at::Tensor FlavaCodebookImpl::forward(const at::Tensor& pixels) {
+  if (pixels.dim() != 4 || pixels.size(1) != config.channels || pixels.size(2) % 8 || pixels.size(3) % 8) {
+    throw std::invalid_argument("codebook: pixels must be (batch, " + std::to_string(config.channels) +
+                                ", H, W) with H, W multiples of 8, got " + c10::str(pixels.sizes()));
+  }
+  at::Tensor x = input->forward(pixels);
+  for (size_t g = 0; g < groups.size(); ++g) {
+    for (auto& block : groups[g]) x = block->forward(x);
+    if (g < 3) x = at::max_pool2d(x, {2, 2});
+  }
+  return output->forward(at::relu(x));
+}
+
+at::Tensor FlavaCodebookImpl::tokens(const at::Tensor& pixels) {
+  at::NoGradGuard no_grad;
+  at::Tensor logits = forward(pixels.to(input->weight.scalar_type()));
+  return logits.argmax(1).flatten(1);
+}
+
+}  // namespace shardtrain::models
