@@ -277,9 +277,12 @@ NameMap flava_names() {
     append(rules, layer_rules(std::string(encoder) + ".layers",
                               "flava." + std::string(encoder) + "_model.encoder.layer", vit_layer_subpaths()));
   }
-  // The heads' decoder biases are their `bias`; the text model's id buffers are not weights.
-  return NameMap(rules, {"^(mim_head|mlm_head|mmm_image_head|mmm_text_head)\\.decoder\\.bias$",
-                         "^flava\\.text_model\\.embeddings\\.(position_ids|token_type_ids)$"});
+  // The heads' decoder biases are their `bias` (saved under either name); the text model's id buffers are not
+  // weights.
+  return NameMap(rules,
+                 {"^(mim_head|mlm_head|mmm_image_head|mmm_text_head)\\.decoder\\.bias$",
+                  "^flava\\.text_model\\.embeddings\\.(position_ids|token_type_ids)$"},
+                 {{"^(mim_head|mlm_head|mmm_image_head|mmm_text_head)\\.bias$", "$1.decoder.bias"}});
 }
 
 }  // namespace shardtrain::models

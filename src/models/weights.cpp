@@ -20,9 +20,23 @@ std::string shape_text(c10::IntArrayRef shape) {
 
 }  // namespace
 
-NameMap::NameMap(const std::vector<std::pair<std::string, std::string>>& rules, std::vector<std::string> ignored) {
-  for (const auto& [pattern, replacement] : rules) rules_.emplace_back(std::regex(pattern), replacement);
+std::vector<std::pair<std::regex, std::string>> NameMap::compile(const Rules& rules) {
+  std::vector<std::pair<std::regex, std::string>> out;
+  for (const auto& [pattern, replacement] : rules) out.emplace_back(std::regex(pattern), replacement);
+  return out;
+}
+
+NameMap::NameMap(const Rules& rules, const std::vector<std::string>& ignored, const Rules& aliases)
+    : rules_(compile(rules)), aliases_(compile(aliases)) {
   for (const auto& pattern : ignored) ignored_.emplace_back(pattern);
+}
+
+std::vector<std::string> NameMap::aliases_of(const std::string& hf_name) const {
+  std::vector<std::string> out;
+  for (const auto& [pattern, replacement] : aliases_) {
+    if (std::regex_match(hf_name, pattern)) out.push_back(std::regex_replace(hf_name, pattern, replacement));
+  }
+  return out;
 }
 
 std::string NameMap::to_hf(const std::string& name) const {
@@ -56,9 +70,13 @@ void load_weights(torch::nn::Module& model, const std::string& path, const NameM
 
   // The base-model prefix Hugging Face drops or adds ("bert." when a BertModel is saved alone): find the file name.
   auto file_name_of = [&](const std::string& hf) -> std::string {
-    if (file.find(hf)) return hf;
-    const size_t dot = hf.find('.');
-    if (dot != std::string::npos && file.find(hf.substr(dot + 1))) return hf.substr(dot + 1);
+    std::vector<std::string> candidates = {hf};
+    for (const auto& alias : names.aliases_of(hf)) candidates.push_back(alias);
+    for (const auto& name : candidates) {
+      if (file.find(name)) return name;
+      const size_t dot = name.find('.');
+      if (dot != std::string::npos && file.find(name.substr(dot + 1))) return name.substr(dot + 1);
+    }
     return "";
   };
   std::set<std::string> used;

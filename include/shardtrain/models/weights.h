@@ -15,16 +15,20 @@ namespace shardtrain::models {
 
 // Ordered rewrite rules: the first rule whose regex matches the whole name gives its replacement (ECMAScript
 // syntax, $1 for groups); a name no rule matches is kept. `ignored` are Hugging Face names a file may hold that the
-// model does not load (tied copies, non-persistent buffers).
+// model does not load (tied copies, non-persistent buffers). `aliases` rewrite a Hugging Face name into the other
+// name a tied tensor may be saved under (transformers keeps one of the two, not always the same one).
 class NameMap {
  public:
+  using Rules = std::vector<std::pair<std::string, std::string>>;
   NameMap() = default;
-  NameMap(const std::vector<std::pair<std::string, std::string>>& rules, std::vector<std::string> ignored = {});
+  NameMap(const Rules& rules, const std::vector<std::string>& ignored = {}, const Rules& aliases = {});
   std::string to_hf(const std::string& name) const;
   bool is_ignored(const std::string& hf_name) const;
+  std::vector<std::string> aliases_of(const std::string& hf_name) const;
 
  private:
-  std::vector<std::pair<std::regex, std::string>> rules_;
+  static std::vector<std::pair<std::regex, std::string>> compile(const Rules& rules);
+  std::vector<std::pair<std::regex, std::string>> rules_, aliases_;
   std::vector<std::regex> ignored_;
 };
 

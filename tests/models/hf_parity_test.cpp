@@ -1,0 +1,137 @@
+// Numerics against Hugging Face transformers: tests/reference/hf_reference.py builds each family's debug flavor in
+// transformers with random weights, saves them as safetensors and records a batch and the outputs; here the same
+// weights are loaded into shardtrain's model (through the family's name map) and the outputs must agree to 1e-5 of
+// the reference's largest magnitude (float32). The directory comes from SHARDTRAIN_HF_REFERENCE (set by ctest).
+#include <gtest/gtest.h>
+
+#include <ATen/ATen.h>
+
+#include <cstdlib>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <string>
+
+#include "shardtrain/models/bert.h"
+#include "shardtrain/models/flava.h"
+#include "shardtrain/models/llama.h"
+#include "shardtrain/models/safetensors.h"
+#include "shardtrain/models/t5.h"
+#include "shardtrain/models/vit.h"
+#include "shardtrain/models/zoo.h"
+
+namespace shardtrain::models {
+namespace {
+
+constexpr double kRelative = 1e-5;
+
+std::string reference_dir() {
+  const char* dir = std::getenv("SHARDTRAIN_HF_REFERENCE");
+  if (dir == nullptr) throw std::runtime_error("SHARDTRAIN_HF_REFERENCE is not set (ctest sets it)");
+  return dir;
+}
+
+// The family's reference: weights loaded into `model`, and the recorded batch/outputs.
+struct Reference {
+  explicit Reference(const std::string& family) : dir(reference_dir() + "/" + family), io(dir + "/io.safetensors") {}
+  at::Tensor operator[](const std::string& name) const { return io.read(name); }
+  std::string dir;
+  SafetensorsReader io;
+};
+
+void expect_close(const at::Tensor& ours, const at::Tensor& reference, const std::string& what) {
+  ASSERT_TRUE(ours.defined()) << what << " not computed";
+  ASSERT_EQ(ours.sizes(), reference.sizes()) << what;
+  const double scale = reference.abs().max().item<double>();
+  const double diff = (ours.to(at::kFloat) - reference.to(at::kFloat)).abs().max().item<double>();
+  EXPECT_LE(diff, kRelative * scale) << what << ": max |ours - reference| = " << diff << ", reference scale " << scale;
+}
+
+template <class Model>
+Model load(Model model, const Reference& ref, const NameMap& names) {
+  load_weights(*model, ref.dir + "/model.safetensors", names);
+  model->eval();
+  return model;
+}
+
+TEST(HfParity, Bert) {
+  Reference ref("bert");
+  Bert model = load(Bert(bert_flavor("bert-debug")), ref, bert_names());
+  BertOutputs out = model->run(ref["input_ids"], ref["attention_mask"], ref["token_type_ids"], ref["labels"]);
+  expect_close(out.hidden, ref["hidden"], "hidden states");
+  expect_close(out.pooled, ref["pooled"], "pooled output");
+  expect_close(out.logits, ref["logits"], "MLM logits");
+  expect_close(out.loss, ref["loss"], "MLM loss");
+}
+
+TEST(HfParity, Vit) {
+  Reference ref("vit");
+  Vit model = load(Vit(vit_flavor("vit-debug")), ref, vit_names());
+  VitOutputs out = model->run(ref["pixels"], ref["labels"]);
+  expect_close(out.hidden, ref["hidden"], "hidden states");
+  expect_close(out.logits, ref["logits"], "logits");
+  expect_close(out.loss, ref["loss"], "loss");
+}
+
+TEST(HfParity, Llama) {
+  Reference ref("llama");
+  Llama model = load(Llama(llama_flavor("llama-debug")), ref, llama_names());
+  LlamaOutputs out = model->run(ref["input_ids"], ref["attention_mask"], ref["labels"]);
+  expect_close(out.logits, ref["logits"], "logits");
+  expect_close(out.loss, ref["loss"], "causal LM loss");
+}
+
+TEST(HfParity, T5) {
+  Reference ref("t5");
+  T5 model = load(T5(t5_flavor("t5-debug")), ref, t5_names());
+  T5Outputs out = model->run(ref["input_ids"], ref["attention_mask"], {}, ref["labels"]);
+  expect_close(out.encoder_hidden, ref["encoder_hidden"], "encoder hidden states");
+  expect_close(out.logits, ref["logits"], "logits");
+  expect_close(out.loss, ref["loss"], "loss");
+}
+
+TEST(HfParity, Flava) {
+  Reference ref("flava");
+  Flava model = load(Flava(flava_flavor("flava-debug")), ref, flava_names());
+  EXPECT_TRUE(at::equal(model->image_codebook->tokens(ref["codebook_pixels"]), ref["codebook_tokens"]));
+
+  FlavaBatch image_text{ref["input_ids"], ref["input_ids_masked"], ref["attention_mask"],
+                        ref["pixels"],    ref["codebook_pixels"],  ref["masked_patches"],
+                        ref["mlm_labels"], {},                     ref["itm_labels"]};
+  FlavaOutputs mm = model->run(image_text);
+  expect_close(mm.loss, ref["mm_loss"], "image-text total loss");
+  expect_close(mm.itm, ref["mm_itm"], "ITM loss");
+  expect_close(mm.global_contrastive, ref["mm_gc"], "global contrastive loss");
+  expect_close(mm.mmm_image, ref["mm_mmm_image"], "MMM image loss");
+  expect_close(mm.mmm_text, ref["mm_mmm_text"], "MMM text loss");
+  expect_close(mm.itm_logits, ref["mm_itm_logits"], "ITM logits");
+  expect_close(mm.logits_per_image, ref["mm_logits_per_image"], "contrastive logits");
+  EXPECT_FALSE(mm.mim.defined() || mm.mlm.defined()) << "unimodal losses are for unimodal batches";
+
+  FlavaBatch text_only;
+  text_only.input_ids = ref["input_ids"], text_only.input_ids_masked = ref["input_ids_masked"];
+  text_only.attention_mask = ref["attention_mask"], text_only.mlm_labels = ref["mlm_labels"];
+  FlavaOutputs text = model->run(text_only);
+  expect_close(text.mlm, ref["text_mlm"], "MLM loss");
+  expect_close(text.loss, ref["text_loss"], "text-only total loss");
+
+  FlavaBatch image_only;
+  image_only.pixels = ref["pixels"], image_only.codebook_pixels = ref["codebook_pixels"];
+  image_only.masked_patches = ref["masked_patches"];
+  FlavaOutputs image = model->run(image_only);
+  expect_close(image.mim, ref["image_mim"], "MIM loss");
+  expect_close(image.loss, ref["image_loss"], "image-only total loss");
+}
+
+// Every published flavor's count, from shapes, equals transformers' own module's count.
+TEST(HfParity, ParameterCounts) {
+  std::ifstream file(reference_dir() + "/counts.json");
+  ASSERT_TRUE(file.good());
+  const nlohmann::json counts = nlohmann::json::parse(file);
+  ASSERT_GE(counts.size(), 20u);
+  for (auto it = counts.begin(); it != counts.end(); ++it) {
+    EXPECT_EQ(count_flavor_parameters(it.key()), it.value().get<int64_t>()) << it.key();
+  }
+}
+
+}  // namespace
+}  // namespace shardtrain::models

@@ -1,0 +1,241 @@
+"""Reference outputs from Hugging Face transformers for the zoo's debug flavors and parameter counts of the published
+flavors. For each family: a model built by transformers from the flavor's configuration with seeded random weights,
+its weights saved as safetensors (Hugging Face names), a batch and the model's outputs on it (eval mode, float32).
+tests/models/hf_parity_test.cpp loads the weights into shardtrain's model and compares.
+
+usage: hf_reference.py OUT_DIR
+writes OUT_DIR/<family>/{model.safetensors, io.safetensors} and OUT_DIR/counts.json
+"""
+import json
+import os
+import sys
+
+import torch
+from safetensors.torch import save_file
+import transformers
+from transformers import (BertConfig, BertForPreTraining, FlavaConfig, FlavaForPreTraining, LlamaConfig,
+                          LlamaForCausalLM, T5Config, T5ForConditionalGeneration, ViTConfig, ViTForImageClassification,
+                          ViTModel)
+
+transformers.logging.set_verbosity_error()
+
+
+# The debug flavors of shardtrain's flavor tables, as transformers configurations.
+def bert_debug():
+    return BertConfig(vocab_size=1000, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                      intermediate_size=64, max_position_embeddings=64, type_vocab_size=2)
+
+
+def vit_debug():
+    return ViTConfig(image_size=32, patch_size=8, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                     intermediate_size=64, num_labels=10)
+
+
+def llama_debug():
+    return LlamaConfig(vocab_size=1000, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                       num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128,
+                       rope_theta=10000.0, rms_norm_eps=1e-5, tie_word_embeddings=False)
+
+
+def t5_debug():
+    return T5Config(vocab_size=1000, d_model=32, d_kv=8, d_ff=64, num_layers=2, num_heads=4,
+                    relative_attention_num_buckets=8, relative_attention_max_distance=16,
+                    feed_forward_proj="relu", tie_word_embeddings=True,
+                    decoder_start_token_id=0, pad_token_id=0)
+
+
+def flava_config(dim, mlp, heads, unimodal, multimodal, image=224, patch=16, vocab=30522, positions=512,
+                 codebook_hidden=256, codebook_blocks=2, visual_vocab=8192):
+    common = dict(hidden_size=dim, intermediate_size=mlp, num_attention_heads=heads)
+    return FlavaConfig(
+        image_config=dict(common, num_hidden_layers=unimodal, image_size=image, patch_size=patch,
+                          vocab_size=visual_vocab),
+        text_config=dict(common, num_hidden_layers=unimodal, vocab_size=vocab, max_position_embeddings=positions),
+        multimodal_config=dict(common, num_hidden_layers=multimodal),
+        image_codebook_config=dict(hidden_size=codebook_hidden, num_blocks_per_group=codebook_blocks,
+                                   vocab_size=visual_vocab),
+        hidden_size=dim, projection_dim=dim)
+
+
+def flava_debug():
+    return flava_config(32, 64, 4, 2, 1, image=32, patch=8, vocab=1000, positions=64, codebook_hidden=16,
+                        codebook_blocks=1, visual_vocab=64)
+
+
+def randomize(model, seed):
+    """Every parameter random (transformers zero-initialises biases, cls tokens, ...: too easy to match)."""
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.copy_(torch.randn(p.shape, generator=g) * 0.05)
+        if hasattr(model, "flava"):
+            model.flava.logit_scale.fill_(2.6592)
+
+
+def save(out, family, model, io):
+    d = os.path.join(out, family)
+    os.makedirs(d, exist_ok=True)
+    model.save_pretrained(d, safe_serialization=True)
+    save_file({k: v.contiguous() for k, v in io.items() if v is not None}, os.path.join(d, "io.safetensors"))
+
+
+def text_batch(g, vocab, batch=3, length=12):
+    ids = torch.randint(0, vocab, (batch, length), generator=g)
+    mask = torch.ones(batch, length, dtype=torch.long)
+    mask[1, 8:] = 0  # a padded sample
+    return ids, mask
+
+
+def bert(out, g):
+    model = BertForPreTraining(bert_debug()).eval()
+    randomize(model, 1)
+    ids, mask = text_batch(g, 1000)
+    types = torch.zeros_like(ids)
+    types[:, 6:] = 1
+    labels = torch.full_like(ids, -100)
+    labels[:, 3] = ids[:, 3]
+    labels[0, 7] = ids[0, 7]
+    with torch.no_grad():
+        o = model(input_ids=ids, attention_mask=mask, token_type_ids=types, output_hidden_states=True)
+        base = model.bert(input_ids=ids, attention_mask=mask, token_type_ids=types)
+        loss = torch.nn.functional.cross_entropy(o.prediction_logits.view(-1, 1000), labels.view(-1))
+    save(out, "bert", model, dict(input_ids=ids, attention_mask=mask, token_type_ids=types, labels=labels,
+                                  hidden=base.last_hidden_state, pooled=base.pooler_output,
+                                  logits=o.prediction_logits, loss=loss))
+
+
+def vit(out, g):
+    model = ViTForImageClassification(vit_debug()).eval()
+    randomize(model, 2)
+    pixels = torch.randn(3, 3, 32, 32, generator=g)
+    labels = torch.tensor([1, 7, 3])
+    with torch.no_grad():
+        o = model(pixel_values=pixels, labels=labels)
+        hidden = model.vit(pixel_values=pixels).last_hidden_state
+    save(out, "vit", model, dict(pixels=pixels, labels=labels, hidden=hidden, logits=o.logits, loss=o.loss))
+
+
+def llama(out, g):
+    model = LlamaForCausalLM(llama_debug()).eval()
+    randomize(model, 3)
+    ids, mask = text_batch(g, 1000)
+    labels = ids.masked_fill(mask == 0, -100)
+    with torch.no_grad():
+        o = model(input_ids=ids, attention_mask=mask, labels=labels)
+    save(out, "llama", model, dict(input_ids=ids, attention_mask=mask, labels=labels, logits=o.logits, loss=o.loss))
+
+
+def t5(out, g):
+    model = T5ForConditionalGeneration(t5_debug()).eval()
+    randomize(model, 4)
+    ids, mask = text_batch(g, 1000, length=20)  # 20 > max_distance 16: the logarithmic buckets are used
+    labels = torch.randint(0, 1000, (3, 18), generator=g)
+    labels[2, 15:] = -100
+    with torch.no_grad():
+        o = model(input_ids=ids, attention_mask=mask, labels=labels)
+    save(out, "t5", model, dict(input_ids=ids, attention_mask=mask, labels=labels, logits=o.logits, loss=o.loss,
+                                encoder_hidden=o.encoder_last_hidden_state))
+
+
+def flava(out, g):
+    model = FlavaForPreTraining(flava_debug()).eval()
+    randomize(model, 5)
+    b = 4
+    ids, mask = text_batch(g, 1000, batch=b)
+    masked_ids = ids.clone()
+    mlm_labels = torch.full_like(ids, -100)
+    for i, j in [(0, 2), (1, 4), (2, 1), (3, 5), (0, 9)]:
+        mlm_labels[i, j] = ids[i, j]
+        masked_ids[i, j] = 103
+    pixels = torch.randn(b, 3, 32, 32, generator=g)
+    codebook_pixels = torch.rand(b, 3, 32, 32, generator=g)
+    masked_patches = torch.rand(b, 16, generator=g) < 0.4
+    masked_patches[:, 0] = True
+    itm_labels = torch.tensor([1, 0, 1, 1])
+    io = dict(input_ids=ids, input_ids_masked=masked_ids, attention_mask=mask, pixels=pixels,
+              codebook_pixels=codebook_pixels, masked_patches=masked_patches, mlm_labels=mlm_labels,
+              itm_labels=itm_labels)
+    with torch.no_grad():
+        mm = model(input_ids=ids, input_ids_masked=masked_ids, attention_mask=mask, pixel_values=pixels,
+                   codebook_pixel_values=codebook_pixels, bool_masked_pos=masked_patches, mlm_labels=mlm_labels,
+                   itm_labels=itm_labels, return_loss=True)
+        text_only = model(input_ids=ids, input_ids_masked=masked_ids, attention_mask=mask, mlm_labels=mlm_labels,
+                          return_loss=True)
+        image_only = model(pixel_values=pixels, codebook_pixel_values=codebook_pixels, bool_masked_pos=masked_patches,
+                           return_loss=True)
+        tokens = model.image_codebook.get_codebook_indices(codebook_pixels).flatten(1)
+    li = mm.loss_info
+    io.update(mm_loss=mm.loss, mm_itm=li.itm, mm_gc=li.global_contrastive, mm_mmm_image=li.mmm_image,
+              mm_mmm_text=li.mmm_text, mm_itm_logits=mm.itm_logits, mm_logits_per_image=mm.contrastive_logits_per_image,
+              text_loss=text_only.loss, text_mlm=text_only.loss_info.mlm, image_loss=image_only.loss,
+              image_mim=image_only.loss_info.mim, codebook_tokens=tokens)
+    save(out, "flava", model, io)
+
+
+def counts():
+    """Parameter counts of every published flavor, from transformers' own modules built on the meta device."""
+    hf = {
+        "bert-base-uncased": lambda: transformers.BertModel(BertConfig()),
+        "bert-base-cased": lambda: transformers.BertModel(BertConfig(vocab_size=28996)),
+        "bert-large-uncased": lambda: transformers.BertModel(BertConfig(hidden_size=1024, num_hidden_layers=24,
+                                                                        num_attention_heads=16,
+                                                                        intermediate_size=4096)),
+        "vit-base-patch16-224": lambda: ViTForImageClassification(ViTConfig(num_labels=1000)),
+        "vit-large-patch16-224": lambda: ViTForImageClassification(ViTConfig(
+            hidden_size=1024, num_hidden_layers=24, num_attention_heads=16, intermediate_size=4096, num_labels=1000)),
+        "vit-huge-patch14-224": lambda: ViTModel(ViTConfig(hidden_size=1280, num_hidden_layers=32,
+                                                           num_attention_heads=16, intermediate_size=5120,
+                                                           patch_size=14)),
+        "t5-small": lambda: T5ForConditionalGeneration(T5Config(feed_forward_proj="relu")),
+        "t5-base": lambda: T5ForConditionalGeneration(T5Config(d_model=768, d_ff=3072, num_layers=12, num_heads=12)),
+        "t5-large": lambda: T5ForConditionalGeneration(T5Config(d_model=1024, d_ff=4096, num_layers=24, num_heads=16)),
+        "t5-3b": lambda: T5ForConditionalGeneration(T5Config(d_model=1024, d_kv=128, d_ff=16384, num_layers=24,
+                                                             num_heads=32)),
+        "t5-11b": lambda: T5ForConditionalGeneration(T5Config(d_model=1024, d_kv=128, d_ff=65536, num_layers=24,
+                                                              num_heads=128)),
+        "llama-2-7b": lambda: LlamaForCausalLM(LlamaConfig(vocab_size=32000, hidden_size=4096,
+                                                           intermediate_size=11008, num_hidden_layers=32,
+                                                           num_attention_heads=32, num_key_value_heads=32)),
+        "llama-3-8b": lambda: LlamaForCausalLM(LlamaConfig(vocab_size=128256, hidden_size=4096,
+                                                           intermediate_size=14336, num_hidden_layers=32,
+                                                           num_attention_heads=32, num_key_value_heads=8)),
+        "llama-3-70b": lambda: LlamaForCausalLM(LlamaConfig(vocab_size=128256, hidden_size=8192,
+                                                            intermediate_size=28672, num_hidden_layers=80,
+                                                            num_attention_heads=64, num_key_value_heads=8)),
+        "flava-350m": lambda: FlavaForPreTraining(flava_config(768, 3072, 12, 12, 6)),
+        "flava-900m": lambda: FlavaForPreTraining(flava_config(1024, 4096, 16, 24, 12)),
+        "flava-1.8b": lambda: FlavaForPreTraining(flava_config(1280, 5120, 16, 32, 16)),
+        "flava-2.7b": lambda: FlavaForPreTraining(flava_config(1408, 6144, 16, 40, 20)),
+        "flava-4.8b": lambda: FlavaForPreTraining(flava_config(1664, 8192, 16, 48, 24)),
+        "flava-10b": lambda: FlavaForPreTraining(flava_config(2048, 10240, 16, 64, 40)),
+        "bert-debug": lambda: BertForPreTraining(bert_debug()),
+        "vit-debug": lambda: ViTForImageClassification(vit_debug()),
+        "t5-debug": lambda: T5ForConditionalGeneration(t5_debug()),
+        "llama-debug": lambda: LlamaForCausalLM(llama_debug()),
+        "flava-debug": lambda: FlavaForPreTraining(flava_debug()),
+    }
+    result = {}
+    for name, make in hf.items():
+        with torch.device("meta"):
+            model = make()
+        n = sum(p.numel() for p in model.parameters())  # parameters() yields tied tensors once
+        if name == "bert-debug":  # shardtrain has no next-sentence head
+            n -= sum(p.numel() for p in model.cls.seq_relationship.parameters())
+        result[name] = n
+    return result
+
+
+def main():
+    out = sys.argv[1]
+    os.makedirs(out, exist_ok=True)
+    torch.manual_seed(0)
+    g = torch.Generator().manual_seed(1234)
+    for make in (bert, vit, llama, t5, flava):
+        make(out, g)
+    with open(os.path.join(out, "counts.json"), "w") as f:
+        json.dump(counts(), f, indent=1)
+    print("hf_reference: wrote", out)
+
+
+if __name__ == "__main__":
+    main()
