@@ -1,0 +1,235 @@
+// The model zoo without references: every debug flavor runs forward and backward with finite losses of the right
+// shapes, weights depend only on the seed and names, and safetensors files round-trip and are validated with
+// errors that name the offending tensor.
+#include <gtest/gtest.h>
+
+#include <ATen/ATen.h>
+#include <unistd.h>
+
+#include <cstdint>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "shardtrain/io/files.h"
+#include "shardtrain/models/bert.h"
+#include "shardtrain/models/flava.h"
+#include "shardtrain/models/llama.h"
+#include "shardtrain/models/safetensors.h"
+#include "shardtrain/models/t5.h"
+#include "shardtrain/models/vit.h"
+#include "shardtrain/models/zoo.h"
+#include "support/expect_error.h"
+
+namespace shardtrain::models {
+namespace {
+
+using shardtrain::testing::expect_error;
+
+class TempDir {
+ public:
+  TempDir() {
+    char pattern[] = "/tmp/shardtrain_models_XXXXXX";
+    path = ::mkdtemp(pattern);
+  }
+  ~TempDir() { io::remove_tree(path); }
+  std::string path;
+};
+
+void expect_trainable(const at::Tensor& loss, torch::nn::Module& model) {
+  ASSERT_TRUE(loss.defined());
+  EXPECT_EQ(loss.dim(), 0);
+  EXPECT_TRUE(std::isfinite(loss.item<double>()));
+  loss.backward();
+  int64_t with_grad = 0;
+  for (const auto& p : model.parameters()) with_grad += p.grad().defined() ? 1 : 0;
+  EXPECT_GT(with_grad, 0);
+}
+
+TEST(Models, BertDebugShapes) {
+  Bert m(bert_flavor("bert-debug"));
+  at::Tensor ids = at::randint(0, 1000, {2, 10}, at::kLong);
+  at::Tensor labels = ids.clone().masked_fill_(at::rand({2, 10}) < 0.5, -100);
+  labels[0][0] = ids[0][0];
+  BertOutputs out = m->run(ids, at::ones({2, 10}, at::kLong), {}, labels);
+  EXPECT_EQ(out.hidden.sizes(), (std::vector<int64_t>{2, 10, 32}));
+  EXPECT_EQ(out.pooled.sizes(), (std::vector<int64_t>{2, 32}));
+  EXPECT_EQ(out.logits.sizes(), (std::vector<int64_t>{2, 10, 1000}));
+  expect_trainable(out.loss, *m);
+}
+
+TEST(Models, VitDebugShapesAndReAttention) {
+  for (bool re_attention : {false, true}) {
+    VitConfig c = vit_flavor("vit-debug");
+    c.re_attention = re_attention;
+    Vit m(c);
+    VitOutputs out = m->run(at::randn({2, 3, 32, 32}), at::tensor(std::vector<int64_t>{1, 2}));
+    EXPECT_EQ(out.hidden.sizes(), (std::vector<int64_t>{2, 17, 32}));
+    EXPECT_EQ(out.logits.sizes(), (std::vector<int64_t>{2, 10}));
+    expect_trainable(out.loss, *m);
+  }
+  // DeepViT starts as plain attention: the mixing matrix is the identity.
+  VitConfig c = vit_flavor("vit-debug");
+  c.re_attention = true;
+  EXPECT_TRUE(at::equal(Vit(c)->layers[0]->attn->reattn_weights, at::eye(4)));
+}
+
+TEST(Models, LlamaAndT5DebugShapes) {
+  Llama llama(llama_flavor("llama-debug"));
+  at::Tensor ids = at::randint(0, 1000, {2, 9}, at::kLong);
+  LlamaOutputs l = llama->run(ids, {}, ids);
+  EXPECT_EQ(l.logits.sizes(), (std::vector<int64_t>{2, 9, 1000}));
+  expect_trainable(l.loss, *llama);
+
+  T5 t5(t5_flavor("t5-debug"));
+  T5Outputs t = t5->run(ids, {}, {}, at::randint(0, 1000, {2, 5}, at::kLong));
+  EXPECT_EQ(t.logits.sizes(), (std::vector<int64_t>{2, 5, 1000}));
+  expect_trainable(t.loss, *t5);
+}
+
+TEST(Models, FlavaDebugAllBatchKinds) {
+  Flava m(flava_flavor("flava-debug"));
+  const int64_t b = 3;
+  at::Tensor ids = at::randint(0, 1000, {b, 8}, at::kLong);
+  at::Tensor mlm = at::full({b, 8}, -100, at::kLong);
+  mlm.select(1, 2).copy_(ids.select(1, 2));
+  at::Tensor masked = at::rand({b, 16}) < 0.5;
+  masked.select(1, 0).fill_(true);
+  FlavaBatch batch{ids, ids, at::ones({b, 8}, at::kLong), at::randn({b, 3, 32, 32}), at::rand({b, 3, 32, 32}),
+                   masked, mlm, {}, at::tensor(std::vector<int64_t>{1, 0, 1})};
+  FlavaOutputs mm = m->run(batch);
+  for (const at::Tensor* l : {&mm.itm, &mm.global_contrastive, &mm.mmm_image, &mm.mmm_text}) EXPECT_TRUE(l->defined());
+  EXPECT_EQ(mm.logits_per_image.sizes(), (std::vector<int64_t>{2, 3}));  // matching pairs x all texts
+  expect_trainable(mm.loss, *m);
+  for (const auto& p : m->image_codebook->parameters()) EXPECT_FALSE(p.grad().defined()) << "the codebook is frozen";
+
+  FlavaBatch text;
+  text.input_ids = ids, text.mlm_labels = mlm;
+  FlavaOutputs t = m->run(text);
+  EXPECT_TRUE(t.mlm.defined() && !t.itm.defined());
+  FlavaBatch image;
+  image.pixels = batch.pixels, image.codebook_pixels = batch.codebook_pixels, image.masked_patches = masked;
+  FlavaOutputs i = m->run(image);
+  EXPECT_TRUE(i.mim.defined() && !i.mlm.defined());
+  EXPECT_TRUE(std::isfinite(t.loss.item<double>()) && std::isfinite(i.loss.item<double>()));
+
+  image.codebook_pixels = at::Tensor();
+  expect_error<std::invalid_argument>([&] { m->run(image); }, {"mim_labels or codebook_pixels"});
+}
+
+// Weights are a function of (seed, name): the same for any construction order or layer hook, different by seed.
+TEST(Models, InitDependsOnSeedAndNamesOnly) {
+  BuildOptions a;
+  a.init.seed = 7;
+  BuildOptions b = a;
+  std::vector<std::string> seen;
+  b.on_layer = [&seen](const std::string& name, const std::shared_ptr<torch::nn::Module>&) { seen.push_back(name); };
+  Bert x(bert_flavor("bert-debug"), a), y(bert_flavor("bert-debug"), b);
+  EXPECT_EQ(seen, (std::vector<std::string>{"layers.0", "layers.1"}));
+  auto px = x->named_parameters(), py = y->named_parameters();
+  for (const auto& p : px) EXPECT_TRUE(at::equal(p.value(), py[p.key()])) << p.key();
+  BuildOptions c;
+  c.init.seed = 8;
+  EXPECT_FALSE(at::equal(Bert(bert_flavor("bert-debug"), c)->layers[0]->attn->q->weight, x->layers[0]->attn->q->weight));
+  EXPECT_TRUE(at::equal(x->layers[0]->norm1.ptr()->named_parameters()["weight"], at::ones({32})));
+  EXPECT_TRUE(at::equal(x->layers[0]->attn->q->bias, at::zeros({32})));
+}
+
+TEST(Models, ZooNamesFlavorsAndSuggests) {
+  EXPECT_EQ(build_model("t5-debug").layer_class, "T5Block");
+  expect_error<std::invalid_argument>([] { build_model("flava-10"); }, {"'flava-10'", "did you mean 'flava-10b'"});
+  // Counting builds on the meta device: llama-3-70b's 282 GB of float32 are never allocated.
+  EXPECT_EQ(count_flavor_parameters("llama-3-70b"), 70553706496);
+}
+
+TEST(Safetensors, RoundTripDtypesAndMetadata) {
+  TempDir dir;
+  const std::string path = dir.path + "/t.safetensors";
+  std::vector<std::pair<std::string, at::Tensor>> tensors = {
+      {"b.f32", at::randn({3, 4})},
+      {"a.bf16", at::randn({5}).to(at::kBFloat16)},
+      {"c.i64", at::arange(6, at::kLong).view({2, 3})},
+      {"d.bool", at::rand({4}) < 0.5},
+      {"e.scalar", at::tensor(2.5)},
+      {"f.empty", at::empty({0, 3})}};
+  write_safetensors(path, tensors, {{"format", "pt"}});
+  SafetensorsReader r(path);
+  EXPECT_EQ(r.metadata().at("format"), "pt");
+  ASSERT_EQ(r.entries().size(), tensors.size());
+  for (const auto& [name, t] : tensors) {
+    at::Tensor back = r.read(name);
+    EXPECT_EQ(back.scalar_type(), t.scalar_type()) << name;
+    EXPECT_TRUE(at::equal(back, t)) << name;
+  }
+}
+
+TEST(Safetensors, WeightsRoundTripUnderHfNames) {
+  TempDir dir;
+  const std::string path = dir.path + "/model.safetensors";
+  BuildOptions seed1;
+  seed1.init.seed = 1;
+  Bert a(bert_flavor("bert-debug"), seed1), b(bert_flavor("bert-debug"));
+  save_weights(*a, path, bert_names());
+  SafetensorsReader r(path);
+  EXPECT_NE(r.find("bert.encoder.layer.1.attention.self.query.weight"), nullptr);
+  EXPECT_NE(r.find("cls.predictions.bias"), nullptr);
+  load_weights(*b, path, bert_names());
+  for (const auto& p : a->named_parameters()) EXPECT_TRUE(at::equal(p.value(), b->named_parameters()[p.key()]));
+
+  save_weights(*a, path, bert_names(), at::kBFloat16);  // saved in bf16, loaded into float32
+  EXPECT_EQ(SafetensorsReader(path).find("cls.predictions.bias")->dtype, at::kBFloat16);
+  load_weights(*b, path, bert_names());
+  EXPECT_TRUE(at::equal(b->mlm_bias, a->mlm_bias.to(at::kBFloat16).to(at::kFloat)));
+}
+
+std::vector<char> header_file(const std::string& json, size_t data_bytes) {
+  std::vector<char> bytes(8 + json.size() + data_bytes, 0);
+  uint64_t n = json.size();
+  std::memcpy(bytes.data(), &n, 8);  // little-endian host
+  std::memcpy(bytes.data() + 8, json.data(), json.size());
+  return bytes;
+}
+
+TEST(Safetensors, ValidationNamesTheProblem) {
+  TempDir dir;
+  const std::string path = dir.path + "/bad.safetensors";
+  auto check = [&](const std::vector<char>& bytes, std::initializer_list<std::string> needles) {
+    io::write_file_atomic(path, bytes);
+    expect_error<std::runtime_error>([&] { SafetensorsReader r(path); }, needles);
+  };
+  check({'x', 'y'}, {"shorter than the 8-byte header length"});
+  std::vector<char> too_long = header_file("{}", 0);
+  too_long[0] = 100;
+  check(too_long, {"header length 100 exceeds"});
+  check(header_file("{not json", 0), {"not valid JSON"});
+  check(header_file(R"({"w":{"dtype":"F99","shape":[1],"data_offsets":[0,4]}})", 4), {"tensor 'w'", "dtype 'F99'"});
+  check(header_file(R"({"w":{"dtype":"F32","shape":[2],"data_offsets":[0,4]}})", 4), {"tensor 'w'", "need 8"});
+  check(header_file(R"({"w":{"dtype":"F32","shape":[1],"data_offsets":[0,8]}})", 4), {"tensor 'w'", "outside"});
+  check(header_file(R"({"w":{"dtype":"F32","shape":[-1],"data_offsets":[0,4]}})", 4), {"tensor 'w'", "non-natural"});
+  check(header_file(R"({"u":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},)"
+                    R"("v":{"dtype":"F32","shape":[2],"data_offsets":[4,12]}})",
+                    12),
+        {"'u' and 'v' overlap"});
+
+  // Against a model: missing, mis-shaped and unexpected tensors are named.
+  Bert model(bert_flavor("bert-debug"));
+  auto tensors = hf_named_tensors(*model, bert_names());
+  auto without = tensors;
+  without.erase(without.begin());
+  write_safetensors(path, without);
+  expect_error<std::runtime_error>([&] { load_weights(*model, path, bert_names()); },
+                                   {"'" + tensors.front().first + "'", "missing"});
+  auto reshaped = tensors;
+  reshaped.back().second = at::zeros({7});
+  write_safetensors(path, reshaped);
+  expect_error<std::runtime_error>([&] { load_weights(*model, path, bert_names()); },
+                                   {"'" + tensors.back().first + "'", "shape [7]"});
+  auto extra = tensors;
+  extra.emplace_back("bert.encoder.layer.9.output.dense.weight", at::zeros({1}));
+  write_safetensors(path, extra);
+  expect_error<std::runtime_error>([&] { load_weights(*model, path, bert_names()); },
+                                   {"'bert.encoder.layer.9.output.dense.weight'", "matches nothing"});
+}
+
+}  // namespace
+}  // namespace shardtrain::models
