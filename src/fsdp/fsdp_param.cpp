@@ -7,6 +7,14 @@
 
 namespace shardtrain::fsdp {
 
+namespace {
+
+// A 0-dim view of a one-element tensor. (Not `t.view({})`: `{}` converts to ScalarType(0), which reinterprets the
+// bytes as uint8 — Tensor::view has a dtype overload.)
+at::Tensor as_scalar(const at::Tensor& t) { return t.view(at::IntArrayRef{}); }
+
+}  // namespace
+
 FsdpParam::FsdpParam(std::string name, at::Tensor param, int world, int rank, at::ScalarType compute_dtype)
     : name_(std::move(name)), param_(std::move(param)), world_(world), rank_(rank), compute_dtype_(compute_dtype) {
   scalar_ = param_.dim() == 0;
@@ -61,7 +69,7 @@ void FsdpParam::use_unsharded() {
     throw std::logic_error("fully_shard: parameter '" + name_ + "' made unsharded before its buffer was filled");
   }
   at::Tensor full = unsharded_.narrow(0, 0, rows_);
-  param_.set_data(scalar_ ? full.view({}) : full);
+  param_.set_data(scalar_ ? as_scalar(full) : full);
 }
 
 void FsdpParam::use_sharded() {
@@ -71,7 +79,7 @@ void FsdpParam::use_sharded() {
   storage->set_nbytes(0);
 }
 
-void FsdpParam::use_shard_as_full() { param_.set_data(scalar_ ? shard_.view({}) : shard_); }
+void FsdpParam::use_shard_as_full() { param_.set_data(scalar_ ? as_scalar(shard_) : shard_); }
 
 void FsdpParam::copy_grad_out(const at::Tensor& full_grad, const at::Tensor& rs_input, int64_t unit_shard_numel,
                               int64_t offset_in_unit) const {
@@ -92,8 +100,9 @@ at::Tensor FsdpParam::as_shard(const at::Tensor& flat) const { return flat.view(
 at::Tensor FsdpParam::full_from_gathered(const at::Tensor& gathered, int64_t unit_shard_numel,
                                          int64_t offset_in_unit) const {
   at::Tensor padded = slots_in(gathered, unit_shard_numel, offset_in_unit).reshape(padded_shape_);
-  at::Tensor full = padded.narrow(0, 0, rows_).clone();
-  return scalar_ ? full.view({}) : full;
+  // Contiguous: a clone of a view with size-1 dimensions would keep the gathered buffer's strides.
+  at::Tensor full = padded.narrow(0, 0, rows_).clone(at::MemoryFormat::Contiguous);
+  return scalar_ ? as_scalar(full) : full;
 }
 
 }  // namespace shardtrain::fsdp

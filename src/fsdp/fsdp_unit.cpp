@@ -278,12 +278,15 @@ void FsdpUnit::Impl::reduce_scatter_gradients() {
     if (prefetch_after) prefetch(/*backward=*/true);
     return;
   }
-  // Gradients missing at the end of backward (parameters that did not take part) count as zero, as in FSDP.
-  // A group of one reduces nothing: the gradients go straight into the output.
+  // Gradients missing at the end of backward (parameters that did not take part here) count as zero in the
+  // reduction; install_gradients leaves grad undefined where no rank had one. A group of one reduces nothing: the gradients go straight into the output.
   at::Tensor rs_input = at::zeros({(shards_are_full() ? 1 : group.size()) * unit_shard_numel},
                                   sharded_flat.options().dtype(dtype));
+  has_gradient = at::zeros({static_cast<int64_t>(params.size())}, at::kFloat);
   for (size_t i = 0; i < params.size(); ++i) {
-    if (full[i].defined()) params[i].copy_grad_out(full[i], rs_input, unit_shard_numel, offsets[i]);
+    if (!full[i].defined()) continue;
+    params[i].copy_grad_out(full[i], rs_input, unit_shard_numel, offsets[i]);
+    has_gradient[static_cast<int64_t>(i)] = 1.0f;
   }
   full.clear();
   if (auto previous = schedule->reducing.lock()) previous->wait_reduce_scatter();
@@ -329,8 +332,15 @@ void FsdpUnit::Impl::install_gradients() {
   replicate_work = dist::Work();
   c10::AutoGradMode no_grad(false);
   if (options.gradient_divide_factor) rs_output.div_(*options.gradient_divide_factor);
+  // Which parameters got a gradient on any rank: those keep (or get) one; the others stay undefined. Zero
+  // gradients are not the same as none — AdamW would still decay and move such parameters.
+  if (!shards_are_full()) group.all_reduce(has_gradient, dist::ReduceOp::MAX).wait();
+  if (options.replicate_group && options.replicate_group->size() > 1) {
+    options.replicate_group->all_reduce(has_gradient, dist::ReduceOp::MAX).wait();
+  }
+  const float* took_part = has_gradient.data_ptr<float>();
   for (size_t i = 0; i < params.size(); ++i) {
-    if (!params[i].param().requires_grad()) continue;
+    if (!params[i].param().requires_grad() || took_part[i] == 0.0f) continue;
     at::Tensor reduced = params[i].as_shard(rs_output.narrow(0, offsets[i], params[i].shard_numel()));
     at::Tensor& grad = params[i].grad();
     if (grad.defined()) {

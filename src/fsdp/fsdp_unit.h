@@ -106,6 +106,9 @@ struct FsdpUnit::Impl : std::enable_shared_from_this<FsdpUnit::Impl> {
   dist::Work gather_work;
   int64_t gather_version = 0;
   at::Tensor rs_output;  // (unit_shard_numel) reduced gradient shards in the reduce dtype
+  // Per parameter, 1 when this rank's reduced gradient includes one of its own (FSDP2: a parameter no rank computed
+  // a gradient for keeps grad undefined, so optimizers skip it, as they would in one process).
+  at::Tensor has_gradient;
   dist::Work rs_work;
   bool rs_waited = false;  // finish_reduction() ran for this backward
   dist::Work replicate_work;

@@ -66,12 +66,12 @@ std::vector<FlavorName> list_flavors() {
   return out;
 }
 
-ZooModel build_model(const std::string& flavor, const BuildOptions& build) {
+namespace {
+
+const Family& family_of(const std::string& flavor) {
   for (const auto& family : families()) {
     const auto flavors = family.flavors();
-    if (std::find(flavors.begin(), flavors.end(), flavor) != flavors.end()) {
-      return ZooModel{family.name, flavor, family.build(flavor, build), family.names(), family.layer_class};
-    }
+    if (std::find(flavors.begin(), flavors.end(), flavor) != flavors.end()) return family;
   }
   std::string closest;
   size_t best = SIZE_MAX;
@@ -82,6 +82,15 @@ ZooModel build_model(const std::string& flavor, const BuildOptions& build) {
   throw std::invalid_argument("unknown model flavor '" + flavor + "' (did you mean '" + closest +
                               "'? `shardtrain models` lists them all)");
 }
+
+}  // namespace
+
+ZooModel build_model(const std::string& flavor, const BuildOptions& build) {
+  const Family& family = family_of(flavor);
+  return ZooModel{family.name, flavor, family.build(flavor, build), family.names(), family.layer_class};
+}
+
+std::string layer_class_of(const std::string& flavor) { return family_of(flavor).layer_class; }
 
 int64_t count_flavor_parameters(const std::string& flavor) {
   BuildOptions meta;

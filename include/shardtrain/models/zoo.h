@@ -34,6 +34,9 @@ struct ZooModel {
 // Builds a flavor. Throws std::invalid_argument naming the flavor and the closest known one when it is unknown.
 ZooModel build_model(const std::string& flavor, const BuildOptions& build = {});
 
+// The family's transformer layer class of a flavor ("FlavaLayer"), without building it.
+std::string layer_class_of(const std::string& flavor);
+
 // Exact parameter count of a flavor (tied tensors once), from shapes only: built on the meta device.
 int64_t count_flavor_parameters(const std::string& flavor);
 

@@ -1,0 +1,39 @@
+// parallelize(): how a model of the zoo becomes a data-parallel model, torchtitan style. In this order:
+//   1. FSDP units: fully_shard on every transformer layer (the family's layer class, or the classes given —
+//      Accelerate's fsdp_transformer_layer_cls_to_wrap), innermost first;
+//   2. the root unit, which takes the embeddings, heads and everything else;
+//   3. FLAVA: the global contrastive loss gathers over the data-parallel world.
+// Activation checkpointing, when it lands, is applied before step 1 (inside each unit), as torchtitan does.
+//
+// build_parallel() does the same while the model is built: each layer is sharded as soon as it exists, so a rank
+// never holds more than one unsharded layer plus its shards (how flava-10b is built on GPUs smaller than 40 GB).
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "shardtrain/dist/mesh.h"
+#include "shardtrain/fsdp/fully_shard.h"
+#include "shardtrain/models/zoo.h"
+
+namespace shardtrain::models {
+
+struct ParallelizeOptions {
+  fsdp::ShardingStrategy strategy = fsdp::ShardingStrategy::FULL_SHARD;
+  // Mixed precision, prefetching, limit_all_gathers, gradient divide factor. The strategy sets
+  // reshard_after_forward and replicate_group (fsdp::strategy_groups).
+  fsdp::FsdpOptions fsdp;
+  std::vector<std::string> layer_classes;  // the units; empty: the family's transformer layer ("FlavaLayer")
+};
+
+// Shards an unsharded model of the zoo. Returns the units, root last. Collective: every rank calls it alike.
+std::vector<fsdp::FsdpUnit> parallelize(ZooModel& model, const dist::DeviceMesh& mesh,
+                                        const ParallelizeOptions& options);
+
+// build_model + parallelize with each layer sharded as it is built (same weights: they depend on the seed and
+// names only). Throws std::invalid_argument when options.layer_classes names a class that is not the family's
+// transformer layer (those need the whole model first: use parallelize).
+ZooModel build_parallel(const std::string& flavor, const dist::DeviceMesh& mesh, const ParallelizeOptions& options,
+                        BuildOptions build = {});
+
+}  // namespace shardtrain::models

@@ -1,0 +1,63 @@
+#include "shardtrain/models/parallelize.h"
+
+#include <algorithm>
+#include <stdexcept>
+
+#include "shardtrain/fsdp/wrap_policy.h"
+#include "shardtrain/models/flava.h"
+
+namespace shardtrain::models {
+
+namespace {
+
+// The strategy's groups with the caller's runtime options.
+fsdp::StrategyGroups groups_for(const dist::DeviceMesh& mesh, const ParallelizeOptions& options) {
+  fsdp::StrategyGroups groups = fsdp::strategy_groups(options.strategy, mesh);
+  fsdp::FsdpOptions merged = options.fsdp;
+  merged.reshard_after_forward = groups.options.reshard_after_forward;
+  merged.replicate_group = groups.options.replicate_group;
+  groups.options = merged;
+  return groups;
+}
+
+std::vector<std::string> layer_classes_of(const ZooModel& model, const ParallelizeOptions& options) {
+  return options.layer_classes.empty() ? std::vector<std::string>{model.layer_class} : options.layer_classes;
+}
+
+void finish_root(ZooModel& model, const dist::DeviceMesh& mesh) {
+  if (auto* flava = dynamic_cast<FlavaImpl*>(model.module.get())) flava->set_contrastive_group(mesh.world());
+}
+
+}  // namespace
+
+std::vector<fsdp::FsdpUnit> parallelize(ZooModel& model, const dist::DeviceMesh& mesh,
+                                        const ParallelizeOptions& options) {
+  const fsdp::StrategyGroups groups = groups_for(mesh, options);
+  auto units = fsdp::fully_shard_model(model.module, groups.shard,
+                                       fsdp::wrap_by_class_name(layer_classes_of(model, options)), groups.options);
+  finish_root(model, mesh);
+  return units;
+}
+
+ZooModel build_parallel(const std::string& flavor, const dist::DeviceMesh& mesh, const ParallelizeOptions& options,
+                        BuildOptions build) {
+  const fsdp::StrategyGroups groups = groups_for(mesh, options);
+  const std::string family_layer = layer_class_of(flavor);
+  for (const auto& c : options.layer_classes) {
+    if (c != family_layer) {
+      throw std::invalid_argument("build_parallel: layer class '" + c + "' is not " + flavor +
+                                  "'s transformer layer '" + family_layer + "'; build the model, then parallelize()");
+    }
+  }
+  auto user_hook = build.on_layer;
+  build.on_layer = [&](const std::string& name, const std::shared_ptr<torch::nn::Module>& layer) {
+    if (user_hook) user_hook(name, layer);
+    fsdp::fully_shard(layer, groups.shard, groups.options);
+  };
+  ZooModel model = build_model(flavor, build);
+  fsdp::fully_shard(model.module, groups.shard, groups.options);
+  finish_root(model, mesh);
+  return model;
+}
+
+}  // namespace shardtrain::models
