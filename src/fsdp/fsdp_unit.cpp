@@ -279,15 +279,18 @@ void FsdpUnit::Impl::reduce_scatter_gradients() {
     return;
   }
   // Gradients missing at the end of backward (parameters that did not take part here) count as zero in the
-  // reduction; install_gradients leaves grad undefined where no rank had one. A group of one reduces nothing: the gradients go straight into the output.
+  // reduction; install_gradients leaves grad undefined where no rank had one. A group of one reduces nothing: the
+  // gradients go straight into the output.
   at::Tensor rs_input = at::zeros({(shards_are_full() ? 1 : group.size()) * unit_shard_numel},
                                   sharded_flat.options().dtype(dtype));
-  has_gradient = at::zeros({static_cast<int64_t>(params.size())}, at::kFloat);
+  std::vector<float> local_flags(params.size(), 0.0f);
   for (size_t i = 0; i < params.size(); ++i) {
     if (!full[i].defined()) continue;
     params[i].copy_grad_out(full[i], rs_input, unit_shard_numel, offsets[i]);
-    has_gradient[static_cast<int64_t>(i)] = 1.0f;
+    local_flags[i] = 1.0f;
   }
+  // On the group's device (NCCL reduces CUDA tensors only).
+  has_gradient = at::tensor(local_flags).to(sharded_flat.device());
   full.clear();
   if (auto previous = schedule->reducing.lock()) previous->wait_reduce_scatter();
   const dist::ReduceOp op = options.gradient_divide_factor ? dist::ReduceOp::SUM : dist::ReduceOp::MEAN;
@@ -338,7 +341,8 @@ void FsdpUnit::Impl::install_gradients() {
   if (options.replicate_group && options.replicate_group->size() > 1) {
     options.replicate_group->all_reduce(has_gradient, dist::ReduceOp::MAX).wait();
   }
-  const float* took_part = has_gradient.data_ptr<float>();
+  const at::Tensor flags = has_gradient.to(at::kCPU);
+  const float* took_part = flags.data_ptr<float>();
   for (size_t i = 0; i < params.size(); ++i) {
     if (!params[i].param().requires_grad() || took_part[i] == 0.0f) continue;
     at::Tensor reduced = params[i].as_shard(rs_output.narrow(0, offsets[i], params[i].shard_numel()));
