@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "shardtrain/launch/launch.h"
+#include "util/closest_match.h"
 
 namespace shardtrain::launch {
 namespace {
@@ -34,29 +35,10 @@ const std::map<std::string, Opt>& option_table() {
   return table;
 }
 
-size_t edit_distance(const std::string& a, const std::string& b) {
-  std::vector<size_t> row(b.size() + 1);
-  for (size_t j = 0; j <= b.size(); ++j) row[j] = j;
-  for (size_t i = 1; i <= a.size(); ++i) {
-    size_t diagonal = row[0];
-    row[0] = i;
-    for (size_t j = 1; j <= b.size(); ++j) {
-      size_t up = row[j];
-      row[j] = std::min({row[j] + 1, row[j - 1] + 1, diagonal + (a[i - 1] == b[j - 1] ? 0 : 1)});
-      diagonal = up;
-    }
-  }
-  return row[b.size()];
-}
-
 std::string closest_option(const std::string& name) {
-  std::string best;
-  size_t best_distance = SIZE_MAX;
-  for (const auto& [candidate, _] : option_table()) {
-    size_t d = edit_distance(name, candidate);
-    if (d < best_distance) best_distance = d, best = candidate;
-  }
-  return best;
+  std::vector<std::string> names;
+  for (const auto& [candidate, _] : option_table()) names.push_back(candidate);
+  return util::closest_match(name, names);
 }
 
 int parse_count(const std::string& option, const std::string& value, int minimum) {

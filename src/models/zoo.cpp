@@ -9,6 +9,7 @@
 #include "shardtrain/models/llama.h"
 #include "shardtrain/models/t5.h"
 #include "shardtrain/models/vit.h"
+#include "util/closest_match.h"
 
 namespace shardtrain::models {
 
@@ -41,21 +42,6 @@ const std::vector<Family>& families() {
   return table;
 }
 
-size_t edit_distance(const std::string& a, const std::string& b) {
-  std::vector<size_t> row(b.size() + 1);
-  for (size_t j = 0; j <= b.size(); ++j) row[j] = j;
-  for (size_t i = 1; i <= a.size(); ++i) {
-    size_t diagonal = row[0];
-    row[0] = i;
-    for (size_t j = 1; j <= b.size(); ++j) {
-      const size_t up = row[j];
-      row[j] = std::min({row[j] + 1, row[j - 1] + 1, diagonal + (a[i - 1] == b[j - 1] ? 0 : 1)});
-      diagonal = up;
-    }
-  }
-  return row[b.size()];
-}
-
 }  // namespace
 
 std::vector<FlavorName> list_flavors() {
@@ -73,13 +59,10 @@ const Family& family_of(const std::string& flavor) {
     const auto flavors = family.flavors();
     if (std::find(flavors.begin(), flavors.end(), flavor) != flavors.end()) return family;
   }
-  std::string closest;
-  size_t best = SIZE_MAX;
-  for (const auto& f : list_flavors()) {
-    const size_t d = edit_distance(flavor, f.flavor);
-    if (d < best) best = d, closest = f.flavor;
-  }
-  throw std::invalid_argument("unknown model flavor '" + flavor + "' (did you mean '" + closest +
+  std::vector<std::string> known;
+  for (const auto& f : list_flavors()) known.push_back(f.flavor);
+  throw std::invalid_argument("unknown model flavor '" + flavor + "' (did you mean '" +
+                              util::closest_match(flavor, known) +
                               "'? `shardtrain models` lists them all)");
 }
 
