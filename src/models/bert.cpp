@@ -5,6 +5,7 @@
 #include <stdexcept>
 
 #include "layer_names.h"
+#include "unknown_flavor.h"
 #include "shardtrain/models/losses.h"
 
 namespace shardtrain::models {
@@ -29,9 +30,7 @@ BertConfig bert_flavor(const std::string& name) {
     c.mlm_head = true;
     return c;
   }
-  std::string known;
-  for (const auto& f : bert_flavors()) known += " " + f;
-  throw std::invalid_argument("unknown BERT flavor '" + name + "'; known:" + known);
+  throw_unknown_flavor("BERT", name, bert_flavors());
 }
 
 BertImpl::BertImpl(const BertConfig& c, const BuildOptions& build) : Interceptable("Bert"), config(c) {

@@ -148,8 +148,7 @@ TransformerLayerImpl::TransformerLayerImpl(const TransformerLayerOptions& opts, 
   }
   norm2 = make_norm(options.norm, c, options.norm_eps, t);
   register_module("norm2", norm2.ptr());
-  const double mlp_dropout = options.activation == Activation::kRelu ? options.dropout : 0.0;  // T5's inner dropout
-  mlp = register_module("mlp", Mlp(c, options.mlp_dim, options.activation, options.mlp_bias, mlp_dropout, t));
+  mlp = register_module("mlp", Mlp(c, options.mlp_dim, options.activation, options.mlp_bias, options.mlp_dropout, t));
 }
 
 at::Tensor TransformerLayerImpl::drop(const at::Tensor& x) {

@@ -5,6 +5,7 @@
 #include <stdexcept>
 
 #include "layer_names.h"
+#include "unknown_flavor.h"
 #include "shardtrain/models/contrastive.h"
 #include "shardtrain/models/losses.h"
 
@@ -63,9 +64,7 @@ FlavaConfig flava_flavor(const std::string& name) {
     c.codebook.hidden_size = 16, c.codebook.blocks_per_group = 1, c.codebook.vocab_size = 64;
     return c;
   }
-  std::string known;
-  for (const auto& f : flava_flavors()) known += " " + f;
-  throw std::invalid_argument("unknown FLAVA flavor '" + name + "'; known:" + known);
+  throw_unknown_flavor("FLAVA", name, flava_flavors());
 }
 
 FlavaEncoderImpl::FlavaEncoderImpl(Kind k, const FlavaConfig& c, const std::string& qualified_name,

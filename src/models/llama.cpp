@@ -5,6 +5,7 @@
 #include <stdexcept>
 
 #include "layer_names.h"
+#include "unknown_flavor.h"
 #include "shardtrain/models/losses.h"
 
 namespace shardtrain::models {
@@ -28,9 +29,7 @@ LlamaConfig llama_flavor(const std::string& name) {
     c.max_positions = 128, c.rope_theta = 10000.0;
     return c;
   }
-  std::string known;
-  for (const auto& f : llama_flavors()) known += " " + f;
-  throw std::invalid_argument("unknown Llama flavor '" + name + "'; known:" + known);
+  throw_unknown_flavor("Llama", name, llama_flavors());
 }
 
 LlamaImpl::LlamaImpl(const LlamaConfig& c, const BuildOptions& build) : Interceptable("Llama"), config(c) {

@@ -6,6 +6,7 @@
 #include <stdexcept>
 
 #include "layer_names.h"
+#include "unknown_flavor.h"
 #include "shardtrain/models/losses.h"
 
 namespace shardtrain::models {
@@ -36,9 +37,7 @@ T5Config t5_flavor(const std::string& name) {
     c.buckets = 8, c.max_distance = 16;
     return c;
   }
-  std::string known;
-  for (const auto& f : t5_flavors()) known += " " + f;
-  throw std::invalid_argument("unknown T5 flavor '" + name + "'; known:" + known);
+  throw_unknown_flavor("T5", name, t5_flavors());
 }
 
 T5StackImpl::T5StackImpl(const T5Config& c, bool is_decoder, const std::string& qualified_name,
@@ -52,6 +51,7 @@ T5StackImpl::T5StackImpl(const T5Config& c, bool is_decoder, const std::string& 
   l.attention.causal = is_decoder, l.attention.dropout = c.dropout;
   l.mlp_dim = c.mlp_dim, l.activation = Activation::kRelu, l.mlp_bias = false;
   l.norm = Norm::kRMSNorm, l.norm_eps = c.norm_eps, l.cross_attention = is_decoder, l.dropout = c.dropout;
+  l.mlp_dropout = c.dropout;
   relative_bias = register_module("relative_bias", Embedding(c.buckets, c.heads, t));
   layers = build_layers(*this, "layers", qualified_name + ".layers", c.layers, l, build, built);
   norm = register_module("norm", RMSNorm(c.dim, c.norm_eps, t));

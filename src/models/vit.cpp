@@ -5,6 +5,7 @@
 #include <stdexcept>
 
 #include "layer_names.h"
+#include "unknown_flavor.h"
 #include "shardtrain/models/losses.h"
 
 namespace shardtrain::models {
@@ -29,9 +30,7 @@ VitConfig vit_flavor(const std::string& name) {
     c.image_size = 32, c.patch_size = 8, c.dim = 32, c.layers = 2, c.heads = 4, c.mlp_dim = 64, c.num_labels = 10;
     return c;
   }
-  std::string known;
-  for (const auto& f : vit_flavors()) known += " " + f;
-  throw std::invalid_argument("unknown ViT flavor '" + name + "'; known:" + known);
+  throw_unknown_flavor("ViT", name, vit_flavors());
 }
 
 VitImpl::VitImpl(const VitConfig& c, const BuildOptions& build) : Interceptable("ViT"), config(c) {

@@ -79,6 +79,7 @@ struct TransformerLayerOptions {
   bool norm_first = true;        // pre-norm (ViT, FLAVA, T5, Llama); false: post-norm (BERT)
   bool cross_attention = false;  // a decoder layer attending to an encoder's output (T5)
   double dropout = 0.0;          // on each sub-layer's output, training only
+  double mlp_dropout = 0.0;      // inside the feed-forward, after the activation (T5), training only
 };
 
 // One transformer layer. Children: norm1, attn, [norm_cross, cross_attn,] norm2, mlp.
