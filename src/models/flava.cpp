@@ -155,15 +155,19 @@ std::vector<at::Tensor> FlavaImpl::forward_impl(const at::Tensor& input_ids, con
   const bool multimodal_batch = has_text && has_image;
 
   // Unmasked pass (contrastive embeddings) and masked pass (every other objective), as FlavaForPreTraining runs
-  // them; a pass whose inputs carry no mask is the unmasked one.
+  // them; a pass whose inputs carry no mask is the unmasked one, and the unmasked pass of masked inputs runs only
+  // when the contrastive loss needs it.
+  const bool contrastive = multimodal_batch && w.global_contrastive > 0;
   FlavaEncoderImpl::Output img, txt, img_m, txt_m, mm_m;
   if (has_image) {
-    img = image->forward(pixels, {});
-    img_m = masked_patches.defined() ? image->forward(pixels, masked_patches) : img;
+    const bool masked = masked_patches.defined();
+    if (!masked || contrastive) img = image->forward(pixels, {});
+    img_m = masked ? image->forward(pixels, masked_patches) : img;
   }
   if (has_text) {
-    txt = text->forward(input_ids, attention_mask);
-    txt_m = input_ids_masked.defined() ? text->forward(input_ids_masked, attention_mask) : txt;
+    const bool masked = input_ids_masked.defined();
+    if (!masked || contrastive) txt = text->forward(input_ids, attention_mask);
+    txt_m = masked ? text->forward(input_ids_masked, attention_mask) : txt;
   }
   const int64_t batch = has_image ? pixels.size(0) : input_ids.size(0);
   if (multimodal_batch) {
@@ -224,7 +228,7 @@ std::vector<at::Tensor> FlavaImpl::forward_impl(const at::Tensor& input_ids, con
     }
   }
 
-  if (multimodal_batch && w.global_contrastive > 0) {
+  if (contrastive) {
     out.text_embedding = l2_normalize(text_projection->forward(txt.hidden.select(1, 0)));
     out.image_embedding = l2_normalize(image_projection->forward(img.hidden.select(1, 0)));
     // In training the temperature is clamped to [1, 100] (FLAVA clamps the parameter in place; here the forward
