@@ -1,0 +1,167 @@
+// The configuration of `shardtrain train`: one typed tree, mirrored 1:1 by YAML sections and command-line overrides.
+//
+//   model:                          --model.flavor=flava-350m
+//     flavor: flava-debug           --parallel.layer_classes=[FlavaLayer]
+//   parallel:                       --optim.betas=[0.9,0.98]
+//     strategy: full_shard
+//
+// Every key has a default (Config{} is a valid config), so a file names only what it changes. An unknown key is an
+// error naming the key path and the closest valid key; a bad value names the value and what was expected.
+//
+// The keys of an Accelerate config file (`accelerate config` output: distributed_type, mixed_precision,
+// num_processes, fsdp_config.fsdp_sharding_strategy, ...) are accepted in the same file and mapped onto this tree
+// (docs/config.md lists the mapping), so existing Accelerate configs carry over.
+#pragma once
+
+#include <cstdint>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+namespace shardtrain::config {
+
+// What was wrong and where ("config.yaml:12: parallel.strategy: ..."). Derives from invalid_argument: bad input.
+class ConfigError : public std::invalid_argument {
+ public:
+  using std::invalid_argument::invalid_argument;
+};
+
+enum class Strategy { FULL_SHARD, SHARD_GRAD_OP, NO_SHARD, HYBRID_SHARD, HYBRID_SHARD_ZERO2, DDP };
+enum class Precision { NO, BF16, FP16 };
+enum class WrapPolicy { TRANSFORMER, SIZE, NONE };
+enum class Prefetch { BACKWARD_PRE, BACKWARD_POST, NONE };
+enum class Schedule { COSINE, LINEAR, CONSTANT };
+enum class Progress { AUTO, BAR, LINES, NONE };
+enum class StateDictType { SHARDED, FULL };
+
+struct ModelConfig {
+  std::string flavor = "flava-debug";  // a flavor of the zoo (`shardtrain models`)
+  std::string family;                  // optional: when set, must be the flavor's family
+  std::string init_weights;            // optional safetensors file with Hugging Face names to start from
+  double init_std = 0.02;              // std of the normal initialisation (weights depend on train.seed and names)
+};
+
+// Sample mix of FLAVA pretraining: each step's batch kind is drawn with these weights (seeded by step).
+struct MixConfig {
+  double image_text = 1.0;
+  double text = 0.0;
+  double image = 0.0;
+};
+
+struct DataConfig {
+  // Files or directories (every *.tar inside, sorted). image_text/image: WebDataset tars; text: tars, .txt
+  // (one sample per non-empty line) or .jsonl (the "text" field).
+  std::vector<std::string> image_text;
+  std::vector<std::string> text;
+  std::vector<std::string> image;
+  std::vector<std::string> eval;  // held-out image-text tars: retrieval R@1 and ITM accuracy
+  std::string vocab;              // BERT vocab.txt (`shardtrain data vocab` builds one)
+  MixConfig mix;
+  int64_t max_text_length = 0;    // tokens incl. [CLS] and [SEP]; 0: the model's maximum
+  int64_t image_size = 0;         // pixels; 0: the model's
+  double mlm_probability = 0.15;  // BERT masking: of the chosen, 80% [MASK], 10% random, 10% kept
+  double mim_probability = 0.4;   // fraction of patches masked (BEiT block-wise masking)
+  double itm_negative_probability = 0.5;  // image-text pairs whose image is swapped for another sample's
+  bool lowercase = true;                  // BertTokenizer's do_lower_case (also strips accents)
+  std::vector<double> image_mean = {0.48145466, 0.4578275, 0.40821073};  // FlavaImageProcessor's defaults
+  std::vector<double> image_std = {0.26862954, 0.26130258, 0.27577711};
+  int64_t workers = 2;      // background loading threads per rank
+  int64_t queue_depth = 4;  // batches decoded ahead per rank
+};
+
+struct ParallelConfig {
+  Strategy strategy = Strategy::FULL_SHARD;
+  Precision mixed_precision = Precision::NO;
+  WrapPolicy wrap = WrapPolicy::TRANSFORMER;
+  std::vector<std::string> layer_classes;  // TRANSFORMER: wrapped classes; empty = the family's layer
+  int64_t min_params = 100000000;          // SIZE: a unit closes at this many parameters
+  int64_t forward_prefetch = 0;            // units gathered ahead in forward
+  Prefetch backward_prefetch = Prefetch::BACKWARD_PRE;
+  bool limit_all_gathers = true;
+  bool activation_checkpointing = false;
+  bool cpu_offload = false;
+  bool sync_module_states = true;  // init_weights: rank 0 reads, the others receive (else every rank reads)
+};
+
+struct OptimConfig {
+  double lr = 1e-3;
+  std::vector<double> betas = {0.9, 0.999};
+  double eps = 1e-8;
+  double weight_decay = 0.01;
+  bool no_decay_1d = true;            // biases, norm weights and scalars get no weight decay
+  std::vector<std::string> no_decay;  // and parameters whose name matches one of these regular expressions
+  Schedule schedule = Schedule::COSINE;
+  int64_t warmup_steps = 100;  // linear from 0 to lr
+  double min_lr_ratio = 0.1;   // the schedule ends at lr * min_lr_ratio
+};
+
+struct TrainConfig {
+  int64_t steps = 1000;       // optimizer steps
+  int64_t batch_size = 8;     // samples per rank per micro-batch
+  int64_t grad_accum = 1;     // micro-batches per optimizer step
+  double max_grad_norm = 1.0; // 0: no clipping
+  int64_t seed = 0;           // weights, data order, masking, dropout
+  std::string device = "cpu"; // cpu | cuda (each rank takes cuda:LOCAL_RANK)
+  int64_t eval_interval = 0;  // steps between evaluations on data.eval; 0: at the end only
+  int64_t eval_samples = 0;   // 0: the whole eval set
+};
+
+struct CheckpointConfig {
+  std::string dir;            // empty: no checkpoints
+  int64_t interval = 0;       // steps between checkpoints; 0: at the end only
+  int64_t keep = 3;           // the newest K are kept; 0: all
+  bool resume = false;        // continue from the newest complete checkpoint in dir (error when there is none)
+  StateDictType state_dict_type = StateDictType::SHARDED;  // FULL also writes model.safetensors (HF names)
+};
+
+struct LogConfig {
+  int64_t interval = 10;      // steps between log lines
+  std::string dir;            // TensorBoard events and metrics.csv; empty: none
+  bool tensorboard = true;
+  bool csv = true;
+  Progress progress = Progress::AUTO;  // AUTO: a bar on a terminal, lines otherwise
+  double peak_tflops = 0;              // per rank, for MFU; 0: measured with a matmul at start
+  int64_t warmup_steps = 2;            // steps left out of items/s and TFLOP/s
+};
+
+// Used when `shardtrain train` starts the workers itself (launch.num_processes > 1 and no launcher around it).
+struct LaunchConfig {
+  int64_t num_processes = 1;  // over all machines (Accelerate's meaning)
+  int64_t num_machines = 1;
+  int64_t machine_rank = 0;
+  std::string main_process_ip;
+  int64_t main_process_port = 0;
+};
+
+struct Config {
+  ModelConfig model;
+  DataConfig data;
+  ParallelConfig parallel;
+  OptimConfig optim;
+  TrainConfig train;
+  CheckpointConfig checkpoint;
+  LogConfig log;
+  LaunchConfig launch;
+};
+
+// Reads `path` (YAML), then applies `overrides` ("--section.key=value" or "section.key=value"; values in YAML
+// syntax: --optim.betas=[0.9,0.95]). Throws ConfigError.
+Config load_config(const std::string& path, const std::vector<std::string>& overrides = {});
+// The same from YAML text; `source` names it in errors.
+Config parse_config(const std::string& yaml, const std::string& source, const std::vector<std::string>& overrides = {});
+
+// Checks values against each other (batch sizes, betas, probabilities, ...). load/parse_config call it.
+void validate(const Config& config);
+
+// The whole tree as YAML, every key with its value (what `shardtrain config --default` writes; parse_config
+// reads it back to an equal tree).
+std::string to_yaml(const Config& config);
+
+// Every key path ("train.steps", ...), in tree order.
+std::vector<std::string> key_paths();
+
+// Names of enum values as written in YAML ("full_shard").
+std::string to_string(Strategy s);
+std::string to_string(Precision p);
+
+}  // namespace shardtrain::config

@@ -1,0 +1,191 @@
+// The keys of an Accelerate config file (`accelerate config`'s output), mapped onto shardtrain's tree so that a
+// user's existing file works as it is. Values take Accelerate's spellings (FULL_SHARD or 1, TRANSFORMER_BASED_WRAP,
+// BACKWARD_PRE, SHARDED_STATE_DICT, ...). Keys that only matter to Accelerate's own launcher are accepted and
+// ignored (kIgnored); anything else Accelerate has that shardtrain cannot do is an error that says so.
+#include <map>
+
+#include "config/fields.h"
+
+namespace shardtrain::config {
+namespace {
+
+using Setter = void (*)(Config&, const std::string& where, const std::string& path, const YAML::Node& value);
+
+std::string upper(std::string s) {
+  for (auto& ch : s) ch = static_cast<char>(std::toupper(static_cast<unsigned char>(ch)));
+  return s;
+}
+
+[[noreturn]] void bad(const std::string& where, const std::string& path, const YAML::Node& value,
+                      const std::string& expected) {
+  const std::string text = value.IsScalar() ? "'" + value.Scalar() + "'" : "a non-scalar value";
+  throw ConfigError(where + ": " + path + ": " + text + " is not " + expected);
+}
+
+void sharding_strategy(Config& c, const std::string& where, const std::string& path, const YAML::Node& value) {
+  // Accelerate writes the name or FSDP's enum number (1 = FULL_SHARD ... 5 = HYBRID_SHARD_ZERO2).
+  static const std::map<std::string, Strategy> names = {
+      {"FULL_SHARD", Strategy::FULL_SHARD},     {"1", Strategy::FULL_SHARD},
+      {"SHARD_GRAD_OP", Strategy::SHARD_GRAD_OP}, {"2", Strategy::SHARD_GRAD_OP},
+      {"NO_SHARD", Strategy::NO_SHARD},         {"3", Strategy::NO_SHARD},
+      {"HYBRID_SHARD", Strategy::HYBRID_SHARD}, {"4", Strategy::HYBRID_SHARD},
+      {"HYBRID_SHARD_ZERO2", Strategy::HYBRID_SHARD_ZERO2}, {"5", Strategy::HYBRID_SHARD_ZERO2}};
+  auto it = value.IsScalar() ? names.find(upper(value.Scalar())) : names.end();
+  if (it == names.end()) {
+    bad(where, path, value, "one of FULL_SHARD, SHARD_GRAD_OP, NO_SHARD, HYBRID_SHARD, HYBRID_SHARD_ZERO2 (or 1-5)");
+  }
+  c.parallel.strategy = it->second;
+}
+
+void auto_wrap_policy(Config& c, const std::string& where, const std::string& path, const YAML::Node& value) {
+  const std::string v = value.IsScalar() ? upper(value.Scalar()) : "";
+  if (v == "TRANSFORMER_BASED_WRAP") c.parallel.wrap = WrapPolicy::TRANSFORMER;
+  else if (v == "SIZE_BASED_WRAP") c.parallel.wrap = WrapPolicy::SIZE;
+  else if (v == "NO_WRAP") c.parallel.wrap = WrapPolicy::NONE;
+  else bad(where, path, value, "one of TRANSFORMER_BASED_WRAP, SIZE_BASED_WRAP, NO_WRAP");
+}
+
+void backward_prefetch(Config& c, const std::string& where, const std::string& path, const YAML::Node& value) {
+  const std::string v = value.IsScalar() ? upper(value.Scalar()) : "";
+  if (v == "BACKWARD_PRE") c.parallel.backward_prefetch = Prefetch::BACKWARD_PRE;
+  else if (v == "BACKWARD_POST") c.parallel.backward_prefetch = Prefetch::BACKWARD_POST;
+  else if (v == "NO_PREFETCH" || v == "NONE" || v == "NULL" || v == "~") c.parallel.backward_prefetch = Prefetch::NONE;
+  else bad(where, path, value, "one of BACKWARD_PRE, BACKWARD_POST, NO_PREFETCH");
+}
+
+void state_dict_type(Config& c, const std::string& where, const std::string& path, const YAML::Node& value) {
+  const std::string v = value.IsScalar() ? upper(value.Scalar()) : "";
+  // LOCAL_STATE_DICT (FSDP1's flat shards) is per-rank too: the sharded form is its equivalent here.
+  if (v == "SHARDED_STATE_DICT" || v == "LOCAL_STATE_DICT") c.checkpoint.state_dict_type = StateDictType::SHARDED;
+  else if (v == "FULL_STATE_DICT") c.checkpoint.state_dict_type = StateDictType::FULL;
+  else bad(where, path, value, "one of FULL_STATE_DICT, SHARDED_STATE_DICT, LOCAL_STATE_DICT");
+}
+
+void reshard_after_forward(Config& c, const std::string& where, const std::string& path, const YAML::Node& value) {
+  // FSDP2 in Accelerate: a bool; FSDP1 in newer Accelerate: a sharding strategy name.
+  if (value.IsScalar()) {
+    const std::string v = upper(value.Scalar());
+    if (v == "TRUE" || v == "FALSE") {
+      const bool reshard = v == "TRUE";
+      c.parallel.strategy = reshard ? Strategy::FULL_SHARD : Strategy::SHARD_GRAD_OP;
+      return;
+    }
+  }
+  sharding_strategy(c, where, path, value);
+}
+
+void distributed_type(Config& c, const std::string& where, const std::string& path, const YAML::Node& value) {
+  const std::string v = value.IsScalar() ? upper(value.Scalar()) : "";
+  if (v == "FSDP" || v == "NO") return;  // FSDP: the strategy comes from fsdp_config; NO: one process
+  if (v == "MULTI_GPU" || v == "MULTI_CPU") {
+    c.parallel.strategy = Strategy::DDP;
+    return;
+  }
+  bad(where, path, value, "a distributed type shardtrain runs (FSDP, MULTI_GPU, MULTI_CPU or NO)");
+}
+
+void use_cpu(Config& c, const std::string& where, const std::string& path, const YAML::Node& value) {
+  if (node_bool(where, path, value)) c.train.device = "cpu";
+}
+
+void fsdp_version(Config&, const std::string& where, const std::string& path, const YAML::Node& value) {
+  const int64_t v = node_int(where, path, value);
+  if (v != 1 && v != 2) bad(where, path, value, "1 or 2");  // both mean fully_shard here (FSDP2's semantics)
+}
+
+void accepted(Config&, const std::string&, const std::string&, const YAML::Node&) {}
+
+#define SHARDTRAIN_BOOL_KEY(fn, member)                                                       \
+  void fn(Config& c, const std::string& where, const std::string& path, const YAML::Node& v) { \
+    c.member = node_bool(where, path, v);                                                      \
+  }
+SHARDTRAIN_BOOL_KEY(offload_params, parallel.cpu_offload)
+SHARDTRAIN_BOOL_KEY(sync_module_states, parallel.sync_module_states)
+SHARDTRAIN_BOOL_KEY(activation_checkpointing, parallel.activation_checkpointing)
+SHARDTRAIN_BOOL_KEY(limit_all_gathers, parallel.limit_all_gathers)
+#undef SHARDTRAIN_BOOL_KEY
+
+const std::map<std::string, Setter>& keys() {
+  static const std::map<std::string, Setter> table = {
+      {"distributed_type", distributed_type},
+      {"mixed_precision", set_precision},
+      {"use_cpu", use_cpu},
+      {"num_processes",
+       [](Config& c, const std::string& w, const std::string& p, const YAML::Node& v) {
+         c.launch.num_processes = node_int(w, p, v);
+       }},
+      {"num_machines",
+       [](Config& c, const std::string& w, const std::string& p, const YAML::Node& v) {
+         c.launch.num_machines = node_int(w, p, v);
+       }},
+      {"machine_rank",
+       [](Config& c, const std::string& w, const std::string& p, const YAML::Node& v) {
+         c.launch.machine_rank = node_int(w, p, v);
+       }},
+      {"main_process_ip",
+       [](Config& c, const std::string& w, const std::string& p, const YAML::Node& v) {
+         c.launch.main_process_ip = node_string(w, p, v);
+       }},
+      {"main_process_port",
+       [](Config& c, const std::string& w, const std::string& p, const YAML::Node& v) {
+         c.launch.main_process_port = node_int(w, p, v);
+       }},
+      {"fsdp_config.fsdp_sharding_strategy", sharding_strategy},
+      {"fsdp_config.fsdp_auto_wrap_policy", auto_wrap_policy},
+      {"fsdp_config.fsdp_transformer_layer_cls_to_wrap",
+       [](Config& c, const std::string& w, const std::string& p, const YAML::Node& v) {
+         c.parallel.layer_classes = node_list(w, p, v);
+       }},
+      {"fsdp_config.fsdp_min_num_params",
+       [](Config& c, const std::string& w, const std::string& p, const YAML::Node& v) {
+         c.parallel.min_params = node_int(w, p, v);
+       }},
+      {"fsdp_config.fsdp_backward_prefetch", backward_prefetch},
+      {"fsdp_config.fsdp_backward_prefetch_policy", backward_prefetch},  // older Accelerate's name
+      {"fsdp_config.fsdp_forward_prefetch",
+       [](Config& c, const std::string& w, const std::string& p, const YAML::Node& v) {
+         c.parallel.forward_prefetch = node_bool(w, p, v) ? 1 : 0;
+       }},
+      {"fsdp_config.fsdp_offload_params", offload_params},
+      {"fsdp_config.fsdp_state_dict_type", state_dict_type},
+      {"fsdp_config.fsdp_sync_module_states", sync_module_states},
+      {"fsdp_config.fsdp_activation_checkpointing", activation_checkpointing},
+      {"fsdp_config.fsdp_limit_all_gathers", limit_all_gathers},
+      {"fsdp_config.fsdp_reshard_after_forward", reshard_after_forward},
+      {"fsdp_config.fsdp_version", fsdp_version},
+      // Always true here: the module keeps its own parameter tensors (FSDP2), so use_orig_params has nothing to
+      // switch; cpu_ram_efficient_loading is what build_parallel does anyway (each layer sharded as it is built).
+      {"fsdp_config.fsdp_use_orig_params", accepted},
+      {"fsdp_config.fsdp_cpu_ram_efficient_loading", accepted},
+      // Accelerate launcher details with no effect on a shardtrain run.
+      {"compute_environment", accepted},
+      {"main_training_function", accepted},
+      {"downcast_bf16", accepted},
+      {"rdzv_backend", accepted},
+      {"same_network", accepted},
+      {"gpu_ids", accepted},
+      {"tpu_env", accepted},
+      {"tpu_use_cluster", accepted},
+      {"tpu_use_sudo", accepted},
+      {"debug", accepted},
+      {"enable_cpu_affinity", accepted},
+  };
+  return table;
+}
+
+}  // namespace
+
+bool apply_accelerate_key(Config& c, const std::string& path, const YAML::Node& value, const std::string& where) {
+  auto it = keys().find(path);
+  if (it == keys().end()) return false;
+  it->second(c, where, path, value);
+  return true;
+}
+
+std::vector<std::string> accelerate_key_paths() {
+  std::vector<std::string> out;
+  for (const auto& item : keys()) out.push_back(item.first);
+  return out;
+}
+
+}  // namespace shardtrain::config

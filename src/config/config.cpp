@@ -1,0 +1,503 @@
+// The config tree's fields, YAML reading and writing, overrides. Accelerate's keys: accelerate_keys.cpp.
+#include "shardtrain/config/config.h"
+
+#include <yaml-cpp/yaml.h>
+
+#include <cmath>
+#include <fstream>
+#include <regex>
+#include <sstream>
+
+#include "config/fields.h"
+#include "util/closest_match.h"
+
+namespace shardtrain::config {
+namespace {
+
+std::string join(const std::vector<std::string>& items, const char* separator) {
+  std::string out;
+  for (size_t i = 0; i < items.size(); ++i) out += (i ? separator : "") + items[i];
+  return out;
+}
+
+// "file.yaml:12" for a node that came from a file, else the source alone (an override).
+std::string where_of(const std::string& source, const YAML::Node& node) {
+  const auto mark = node.Mark();
+  if (mark.is_null()) return source;
+  return source + ":" + std::to_string(mark.line + 1);
+}
+
+std::string scalar_text(const YAML::Node& node) {
+  if (node.IsScalar()) return "'" + node.Scalar() + "'";
+  if (node.IsSequence()) return "a list";
+  if (node.IsMap()) return "a mapping";
+  return "nothing";
+}
+
+[[noreturn]] void bad_value(const std::string& where, const std::string& path, const YAML::Node& node,
+                            const std::string& expected) {
+  throw ConfigError(where + ": " + path + ": " + scalar_text(node) + " is not " + expected);
+}
+
+int64_t to_int(const std::string& where, const std::string& path, const YAML::Node& node) {
+  if (node.IsScalar()) {
+    const std::string& s = node.Scalar();
+    try {
+      size_t used = 0;
+      const long long v = std::stoll(s, &used, 10);
+      if (used == s.size()) return v;
+      const double d = std::stod(s, &used);  // 1e8 is a fine way to write a count
+      if (used == s.size() && std::floor(d) == d && std::fabs(d) < 9.0e18) return static_cast<int64_t>(d);
+    } catch (const std::exception&) {
+    }
+  }
+  bad_value(where, path, node, "an integer");
+}
+
+double to_double(const std::string& where, const std::string& path, const YAML::Node& node) {
+  if (node.IsScalar()) {
+    const std::string& s = node.Scalar();
+    try {
+      size_t used = 0;
+      const double v = std::stod(s, &used);
+      if (used == s.size() && std::isfinite(v)) return v;
+    } catch (const std::exception&) {
+    }
+  }
+  bad_value(where, path, node, "a number");
+}
+
+bool to_bool(const std::string& where, const std::string& path, const YAML::Node& node) {
+  if (node.IsScalar()) {
+    std::string s = node.Scalar();
+    for (auto& c : s) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+    if (s == "true" || s == "yes" || s == "on") return true;
+    if (s == "false" || s == "no" || s == "off") return false;
+  }
+  bad_value(where, path, node, "true or false");
+}
+
+std::string to_str(const std::string& where, const std::string& path, const YAML::Node& node) {
+  if (node.IsScalar()) return node.Scalar();
+  if (node.IsNull()) return "";
+  bad_value(where, path, node, "a string");
+}
+
+// A list; a single scalar is a list of one, and a comma-separated string (Accelerate's
+// fsdp_transformer_layer_cls_to_wrap: "BertLayer,BertEmbeddings") splits when `split_commas`.
+std::vector<std::string> to_strings(const std::string& where, const std::string& path, const YAML::Node& node,
+                                    bool split_commas) {
+  std::vector<std::string> out;
+  auto add = [&](const std::string& s) {
+    if (!split_commas) {
+      out.push_back(s);
+      return;
+    }
+    std::stringstream in(s);
+    for (std::string item; std::getline(in, item, ',');) {
+      const auto first = item.find_first_not_of(" \t"), last = item.find_last_not_of(" \t");
+      if (first != std::string::npos) out.push_back(item.substr(first, last - first + 1));
+    }
+  };
+  if (node.IsNull()) return out;
+  if (node.IsScalar()) {
+    add(node.Scalar());
+    return out;
+  }
+  if (!node.IsSequence()) bad_value(where, path, node, "a list of strings");
+  for (const auto& item : node) {
+    if (!item.IsScalar()) bad_value(where, path, item, "a string (in a list of strings)");
+    add(item.Scalar());
+  }
+  return out;
+}
+
+std::vector<double> to_doubles(const std::string& where, const std::string& path, const YAML::Node& node) {
+  if (!node.IsSequence()) bad_value(where, path, node, "a list of numbers");
+  std::vector<double> out;
+  for (const auto& item : node) out.push_back(to_double(where, path, item));
+  return out;
+}
+
+std::string lower(std::string s) {
+  for (auto& c : s) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  return s;
+}
+
+template <class E>
+Field choice(std::string path, E& ref, std::vector<std::pair<std::string, E>> names) {
+  Field f;
+  f.path = std::move(path);
+  f.set = [&ref, names](const std::string& where, const std::string& p, const YAML::Node& node) {
+    if (node.IsScalar()) {
+      const std::string v = lower(node.Scalar());
+      for (const auto& [name, value] : names) {
+        if (v == name) {
+          ref = value;
+          return;
+        }
+      }
+    }
+    std::vector<std::string> all;
+    for (const auto& n : names) all.push_back(n.first);
+    bad_value(where, p, node, "one of " + join(all, ", "));
+  };
+  f.get = [&ref, names]() {
+    for (const auto& [name, value] : names) {
+      if (value == ref) return YAML::Node(name);
+    }
+    return YAML::Node();
+  };
+  return f;
+}
+
+Field field(std::string path, int64_t& ref) {
+  return {std::move(path), [&ref](auto& w, auto& p, auto& n) { ref = to_int(w, p, n); },
+          [&ref] { return YAML::Node(ref); }};
+}
+Field field(std::string path, double& ref) {
+  return {std::move(path), [&ref](auto& w, auto& p, auto& n) { ref = to_double(w, p, n); },
+          [&ref] { return YAML::Node(ref); }};
+}
+Field field(std::string path, bool& ref) {
+  return {std::move(path), [&ref](auto& w, auto& p, auto& n) { ref = to_bool(w, p, n); },
+          [&ref] { return YAML::Node(ref); }};
+}
+Field field(std::string path, std::string& ref) {
+  return {std::move(path), [&ref](auto& w, auto& p, auto& n) { ref = to_str(w, p, n); },
+          [&ref] { return YAML::Node(ref); }};
+}
+Field field(std::string path, std::vector<std::string>& ref) {
+  return {std::move(path), [&ref](auto& w, auto& p, auto& n) { ref = to_strings(w, p, n, false); },
+          [&ref] {
+            YAML::Node n(YAML::NodeType::Sequence);
+            for (const auto& s : ref) n.push_back(s);
+            return n;
+          }};
+}
+Field field(std::string path, std::vector<double>& ref) {
+  return {std::move(path), [&ref](auto& w, auto& p, auto& n) { ref = to_doubles(w, p, n); },
+          [&ref] {
+            YAML::Node n(YAML::NodeType::Sequence);
+            for (double d : ref) n.push_back(d);
+            return n;
+          }};
+}
+
+const std::vector<std::pair<std::string, Strategy>> kStrategies = {
+    {"full_shard", Strategy::FULL_SHARD},     {"shard_grad_op", Strategy::SHARD_GRAD_OP},
+    {"no_shard", Strategy::NO_SHARD},         {"hybrid_shard", Strategy::HYBRID_SHARD},
+    {"hybrid_shard_zero2", Strategy::HYBRID_SHARD_ZERO2}, {"ddp", Strategy::DDP}};
+const std::vector<std::pair<std::string, Precision>> kPrecisions = {
+    {"no", Precision::NO}, {"bf16", Precision::BF16}, {"fp16", Precision::FP16}};
+
+}  // namespace
+
+std::vector<Field> fields_of(Config& c) {
+  return {
+      field("model.flavor", c.model.flavor),
+      field("model.family", c.model.family),
+      field("model.init_weights", c.model.init_weights),
+      field("model.init_std", c.model.init_std),
+      field("data.image_text", c.data.image_text),
+      field("data.text", c.data.text),
+      field("data.image", c.data.image),
+      field("data.eval", c.data.eval),
+      field("data.vocab", c.data.vocab),
+      field("data.mix.image_text", c.data.mix.image_text),
+      field("data.mix.text", c.data.mix.text),
+      field("data.mix.image", c.data.mix.image),
+      field("data.max_text_length", c.data.max_text_length),
+      field("data.image_size", c.data.image_size),
+      field("data.mlm_probability", c.data.mlm_probability),
+      field("data.mim_probability", c.data.mim_probability),
+      field("data.itm_negative_probability", c.data.itm_negative_probability),
+      field("data.lowercase", c.data.lowercase),
+      field("data.image_mean", c.data.image_mean),
+      field("data.image_std", c.data.image_std),
+      field("data.workers", c.data.workers),
+      field("data.queue_depth", c.data.queue_depth),
+      choice("parallel.strategy", c.parallel.strategy, kStrategies),
+      choice("parallel.mixed_precision", c.parallel.mixed_precision, kPrecisions),
+      choice("parallel.wrap", c.parallel.wrap,
+             {{"transformer", WrapPolicy::TRANSFORMER}, {"size", WrapPolicy::SIZE}, {"none", WrapPolicy::NONE}}),
+      field("parallel.layer_classes", c.parallel.layer_classes),
+      field("parallel.min_params", c.parallel.min_params),
+      field("parallel.forward_prefetch", c.parallel.forward_prefetch),
+      choice("parallel.backward_prefetch", c.parallel.backward_prefetch,
+             {{"backward_pre", Prefetch::BACKWARD_PRE}, {"backward_post", Prefetch::BACKWARD_POST},
+              {"none", Prefetch::NONE}}),
+      field("parallel.limit_all_gathers", c.parallel.limit_all_gathers),
+      field("parallel.activation_checkpointing", c.parallel.activation_checkpointing),
+      field("parallel.cpu_offload", c.parallel.cpu_offload),
+      field("parallel.sync_module_states", c.parallel.sync_module_states),
+      field("optim.lr", c.optim.lr),
+      field("optim.betas", c.optim.betas),
+      field("optim.eps", c.optim.eps),
+      field("optim.weight_decay", c.optim.weight_decay),
+      field("optim.no_decay_1d", c.optim.no_decay_1d),
+      field("optim.no_decay", c.optim.no_decay),
+      choice("optim.schedule", c.optim.schedule,
+             {{"cosine", Schedule::COSINE}, {"linear", Schedule::LINEAR}, {"constant", Schedule::CONSTANT}}),
+      field("optim.warmup_steps", c.optim.warmup_steps),
+      field("optim.min_lr_ratio", c.optim.min_lr_ratio),
+      field("train.steps", c.train.steps),
+      field("train.batch_size", c.train.batch_size),
+      field("train.grad_accum", c.train.grad_accum),
+      field("train.max_grad_norm", c.train.max_grad_norm),
+      field("train.seed", c.train.seed),
+      field("train.device", c.train.device),
+      field("train.eval_interval", c.train.eval_interval),
+      field("train.eval_samples", c.train.eval_samples),
+      field("checkpoint.dir", c.checkpoint.dir),
+      field("checkpoint.interval", c.checkpoint.interval),
+      field("checkpoint.keep", c.checkpoint.keep),
+      field("checkpoint.resume", c.checkpoint.resume),
+      choice("checkpoint.state_dict_type", c.checkpoint.state_dict_type,
+             {{"sharded", StateDictType::SHARDED}, {"full", StateDictType::FULL}}),
+      field("log.interval", c.log.interval),
+      field("log.dir", c.log.dir),
+      field("log.tensorboard", c.log.tensorboard),
+      field("log.csv", c.log.csv),
+      choice("log.progress", c.log.progress,
+             {{"auto", Progress::AUTO}, {"bar", Progress::BAR}, {"lines", Progress::LINES}, {"none", Progress::NONE}}),
+      field("log.peak_tflops", c.log.peak_tflops),
+      field("log.warmup_steps", c.log.warmup_steps),
+      field("launch.num_processes", c.launch.num_processes),
+      field("launch.num_machines", c.launch.num_machines),
+      field("launch.machine_rank", c.launch.machine_rank),
+      field("launch.main_process_ip", c.launch.main_process_ip),
+      field("launch.main_process_port", c.launch.main_process_port),
+  };
+}
+
+void set_strategy(Config& c, const std::string& where, const std::string& path, const YAML::Node& node) {
+  choice(path, c.parallel.strategy, kStrategies).set(where, path, node);
+}
+void set_precision(Config& c, const std::string& where, const std::string& path, const YAML::Node& node) {
+  choice(path, c.parallel.mixed_precision, kPrecisions).set(where, path, node);
+}
+bool node_bool(const std::string& where, const std::string& path, const YAML::Node& node) {
+  return to_bool(where, path, node);
+}
+int64_t node_int(const std::string& where, const std::string& path, const YAML::Node& node) {
+  return to_int(where, path, node);
+}
+std::string node_string(const std::string& where, const std::string& path, const YAML::Node& node) {
+  return to_str(where, path, node);
+}
+std::vector<std::string> node_list(const std::string& where, const std::string& path, const YAML::Node& node) {
+  return to_strings(where, path, node, /*split_commas=*/true);
+}
+std::string closest_key(const std::string& key, const std::vector<std::string>& candidates) {
+  return util::closest_match(key, candidates);
+}
+
+namespace {
+
+class Reader {
+ public:
+  Reader(Config& config, std::string source) : config_(config), source_(std::move(source)), fields_(fields_of(config)) {
+    for (const auto& f : fields_) paths_.push_back(f.path);
+    all_paths_ = paths_;
+    for (const auto& k : accelerate_key_paths()) all_paths_.push_back(k);
+  }
+
+  // A mapping at `prefix` ("" = the top level): each key is a field, a section holding fields, or Accelerate's.
+  void read_map(const YAML::Node& map, const std::string& prefix) {
+    if (!map.IsMap()) {
+      throw ConfigError(where_of(source_, map) + ": " + (prefix.empty() ? "the config" : prefix) +
+                        " must be a mapping of keys to values, not " + scalar_text(map));
+    }
+    for (const auto& item : map) {
+      const std::string key = item.first.as<std::string>();
+      const std::string path = prefix.empty() ? key : prefix + "." + key;
+      set(path, item.second, where_of(source_, item.first));
+    }
+  }
+
+  void set(const std::string& path, const YAML::Node& value, const std::string& where) {
+    for (auto& f : fields_) {
+      if (f.path == path) {
+        f.set(where, path, value);
+        return;
+      }
+    }
+    const std::string prefix = path + ".";
+    for (const auto& p : all_paths_) {  // a section ("data", "data.mix", Accelerate's "fsdp_config")
+      if (p.compare(0, prefix.size(), prefix) == 0) {
+        read_map(value, path);
+        return;
+      }
+    }
+    if (apply_accelerate_key(config_, path, value, where)) return;
+    throw ConfigError(where + ": unknown key '" + path + "'; did you mean '" + closest_key(path, all_paths_) +
+                      "'? (`shardtrain config --default` prints every key)");
+  }
+
+  void apply_override(const std::string& text) {
+    std::string body = text;
+    if (body.rfind("--", 0) == 0) body = body.substr(2);
+    const auto eq = body.find('=');
+    if (eq == std::string::npos || eq == 0) {
+      throw ConfigError("override '" + text + "': expected --section.key=value");
+    }
+    const std::string path = body.substr(0, eq), value_text = body.substr(eq + 1);
+    YAML::Node value;
+    try {
+      value = YAML::Load(value_text);
+    } catch (const YAML::Exception& e) {
+      throw ConfigError("override '" + text + "': the value is not valid YAML: " + e.msg);
+    }
+    set(path, value, "override --" + path);
+  }
+
+ private:
+  Config& config_;
+  std::string source_;
+  std::vector<Field> fields_;
+  std::vector<std::string> paths_;      // the tree's keys
+  std::vector<std::string> all_paths_;  // and Accelerate's
+};
+
+}  // namespace
+
+Config parse_config(const std::string& yaml, const std::string& source, const std::vector<std::string>& overrides) {
+  Config config;
+  Reader reader(config, source);
+  YAML::Node root;
+  try {
+    root = YAML::Load(yaml);
+  } catch (const YAML::Exception& e) {
+    throw ConfigError(source + ":" + std::to_string(e.mark.line + 1) + ": not valid YAML: " + e.msg);
+  }
+  if (!root.IsNull()) reader.read_map(root, "");
+  for (const auto& o : overrides) reader.apply_override(o);
+  validate(config);
+  return config;
+}
+
+Config load_config(const std::string& path, const std::vector<std::string>& overrides) {
+  std::ifstream in(path);
+  if (!in) throw ConfigError("cannot read config file '" + path + "'");
+  std::stringstream text;
+  text << in.rdbuf();
+  return parse_config(text.str(), path, overrides);
+}
+
+namespace {
+
+void require(bool ok, const std::string& path, const std::string& value, const std::string& expected) {
+  if (!ok) throw ConfigError(path + ": " + value + " is not " + expected);
+}
+std::string num(double v) {
+  std::ostringstream s;
+  s << v;
+  return s.str();
+}
+void require_probability(double p, const std::string& path) {
+  require(p >= 0 && p <= 1, path, num(p), "a probability in [0, 1]");
+}
+
+}  // namespace
+
+void validate(const Config& c) {
+  require(c.train.steps >= 1, "train.steps", num(c.train.steps), "at least 1");
+  require(c.train.batch_size >= 1, "train.batch_size", num(c.train.batch_size), "at least 1");
+  require(c.train.grad_accum >= 1, "train.grad_accum", num(c.train.grad_accum), "at least 1");
+  require(c.train.max_grad_norm >= 0, "train.max_grad_norm", num(c.train.max_grad_norm), "0 (off) or positive");
+  require(c.train.device == "cpu" || c.train.device == "cuda", "train.device", "'" + c.train.device + "'",
+          "cpu or cuda");
+  require(c.train.eval_interval >= 0, "train.eval_interval", num(c.train.eval_interval), "0 or positive");
+  require(c.train.eval_samples >= 0, "train.eval_samples", num(c.train.eval_samples), "0 or positive");
+  require(c.optim.lr > 0, "optim.lr", num(c.optim.lr), "positive");
+  require(c.optim.betas.size() == 2, "optim.betas", std::to_string(c.optim.betas.size()) + " values",
+          "two values [beta1, beta2]");
+  for (double b : c.optim.betas) require(b >= 0 && b < 1, "optim.betas", num(b), "in [0, 1)");
+  require(c.optim.eps > 0, "optim.eps", num(c.optim.eps), "positive");
+  require(c.optim.weight_decay >= 0, "optim.weight_decay", num(c.optim.weight_decay), "0 or positive");
+  require(c.optim.warmup_steps >= 0, "optim.warmup_steps", num(c.optim.warmup_steps), "0 or positive");
+  require(c.optim.min_lr_ratio >= 0 && c.optim.min_lr_ratio <= 1, "optim.min_lr_ratio", num(c.optim.min_lr_ratio),
+          "in [0, 1]");
+  for (const auto& pattern : c.optim.no_decay) {
+    try {
+      std::regex check(pattern);
+    } catch (const std::regex_error& e) {
+      throw ConfigError("optim.no_decay: '" + pattern + "' is not a regular expression (" + e.what() + ")");
+    }
+  }
+  require_probability(c.data.mlm_probability, "data.mlm_probability");
+  require_probability(c.data.mim_probability, "data.mim_probability");
+  require_probability(c.data.itm_negative_probability, "data.itm_negative_probability");
+  const MixConfig& m = c.data.mix;
+  require(m.image_text >= 0 && m.text >= 0 && m.image >= 0 && m.image_text + m.text + m.image > 0, "data.mix",
+          num(m.image_text) + "/" + num(m.text) + "/" + num(m.image), "non-negative weights with a positive sum");
+  require(c.data.image_mean.size() == 3, "data.image_mean", std::to_string(c.data.image_mean.size()) + " values",
+          "three values (R, G, B)");
+  require(c.data.image_std.size() == 3, "data.image_std", std::to_string(c.data.image_std.size()) + " values",
+          "three values (R, G, B)");
+  for (double s : c.data.image_std) require(s > 0, "data.image_std", num(s), "positive");
+  require(c.data.max_text_length == 0 || c.data.max_text_length >= 3, "data.max_text_length",
+          num(c.data.max_text_length), "0 (the model's) or at least 3");
+  require(c.data.image_size >= 0, "data.image_size", num(c.data.image_size), "0 (the model's) or positive");
+  require(c.data.workers >= 0, "data.workers", num(c.data.workers), "0 (load on the training thread) or more");
+  require(c.data.queue_depth >= 1, "data.queue_depth", num(c.data.queue_depth), "at least 1");
+  require(c.parallel.min_params >= 1, "parallel.min_params", num(c.parallel.min_params), "at least 1");
+  require(c.parallel.forward_prefetch >= 0, "parallel.forward_prefetch", num(c.parallel.forward_prefetch),
+          "0 or more units");
+  require(c.checkpoint.interval >= 0, "checkpoint.interval", num(c.checkpoint.interval), "0 or positive");
+  require(c.checkpoint.keep >= 0, "checkpoint.keep", num(c.checkpoint.keep), "0 (keep all) or positive");
+  require(!c.checkpoint.resume || !c.checkpoint.dir.empty(), "checkpoint.resume", "true",
+          "possible without checkpoint.dir (where would it resume from?)");
+  require(c.log.interval >= 1, "log.interval", num(c.log.interval), "at least 1");
+  require(c.log.peak_tflops >= 0, "log.peak_tflops", num(c.log.peak_tflops), "0 (measure) or positive");
+  require(c.log.warmup_steps >= 0, "log.warmup_steps", num(c.log.warmup_steps), "0 or positive");
+  require(c.launch.num_processes >= 1, "launch.num_processes", num(c.launch.num_processes), "at least 1");
+  require(c.launch.num_machines >= 1, "launch.num_machines", num(c.launch.num_machines), "at least 1");
+  require(c.launch.num_processes % c.launch.num_machines == 0, "launch.num_processes",
+          num(c.launch.num_processes), "a multiple of launch.num_machines (" + num(c.launch.num_machines) + ")");
+  require(c.launch.machine_rank >= 0 && c.launch.machine_rank < c.launch.num_machines, "launch.machine_rank",
+          num(c.launch.machine_rank), "in [0, launch.num_machines)");
+  require(c.launch.main_process_port >= 0 && c.launch.main_process_port < 65536, "launch.main_process_port",
+          num(c.launch.main_process_port), "a port number");
+}
+
+std::string to_yaml(const Config& config) {
+  Config copy = config;
+  YAML::Node root(YAML::NodeType::Map);
+  for (const auto& f : fields_of(copy)) {
+    std::vector<std::string> parts;
+    std::stringstream in(f.path);
+    for (std::string part; std::getline(in, part, '.');) parts.push_back(part);
+    // yaml-cpp nodes are handles: descend by rebinding through operator[] on a fresh handle each level
+    std::vector<YAML::Node> chain{root};
+    for (size_t i = 0; i + 1 < parts.size(); ++i) chain.push_back(chain.back()[parts[i]]);
+    chain.back()[parts.back()] = f.get();
+  }
+  YAML::Emitter out;
+  out.SetDoublePrecision(17);
+  out << root;
+  return std::string(out.c_str()) + "\n";
+}
+
+std::vector<std::string> key_paths() {
+  Config c;
+  std::vector<std::string> out;
+  for (const auto& f : fields_of(c)) out.push_back(f.path);
+  return out;
+}
+
+std::string to_string(Strategy s) {
+  for (const auto& [name, value] : kStrategies) {
+    if (value == s) return name;
+  }
+  return "?";
+}
+std::string to_string(Precision p) {
+  for (const auto& [name, value] : kPrecisions) {
+    if (value == p) return name;
+  }
+  return "?";
+}
+
+}  // namespace shardtrain::config

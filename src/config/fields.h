@@ -1,0 +1,40 @@
+// The config tree as a list of fields (private to the config layer): each key path with how to read its value
+// from YAML and how to write it back. config.cpp owns the list; accelerate_keys.cpp maps Accelerate's keys onto it.
+#pragma once
+
+#include <yaml-cpp/yaml.h>
+
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "shardtrain/config/config.h"
+
+namespace shardtrain::config {
+
+struct Field {
+  std::string path;  // "train.steps"
+  // Reads `node` into the field, or throws ConfigError naming `where`, `path` and what was expected.
+  std::function<void(const std::string& where, const std::string& path, const YAML::Node& node)> set;
+  std::function<YAML::Node()> get;
+};
+
+// Fields bound to `c` (the references stay valid while `c` lives).
+std::vector<Field> fields_of(Config& c);
+
+// Value readers shared with accelerate_keys.cpp (same error messages).
+void set_strategy(Config& c, const std::string& where, const std::string& path, const YAML::Node& node);
+void set_precision(Config& c, const std::string& where, const std::string& path, const YAML::Node& node);
+bool node_bool(const std::string& where, const std::string& path, const YAML::Node& node);
+int64_t node_int(const std::string& where, const std::string& path, const YAML::Node& node);
+std::string node_string(const std::string& where, const std::string& path, const YAML::Node& node);
+std::vector<std::string> node_list(const std::string& where, const std::string& path, const YAML::Node& node);
+std::string closest_key(const std::string& key, const std::vector<std::string>& candidates);
+
+// Accelerate config keys ("mixed_precision", "fsdp_config.fsdp_sharding_strategy", ...): applies `path` when it is
+// one of them and returns true; false when it is not. A bad value throws ConfigError.
+bool apply_accelerate_key(Config& c, const std::string& path, const YAML::Node& value, const std::string& where);
+// Every Accelerate key path that apply_accelerate_key knows (for "did you mean").
+std::vector<std::string> accelerate_key_paths();
+
+}  // namespace shardtrain::config

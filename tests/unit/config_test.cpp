@@ -1,0 +1,176 @@
+// The config tree: YAML sections and overrides, errors that name the key or value and what was expected, and the
+// keys of Accelerate's config files.
+#include <gtest/gtest.h>
+
+#include "shardtrain/config/config.h"
+#include "support/expect_error.h"
+
+namespace shardtrain::config {
+namespace {
+
+using shardtrain::testing::expect_error;
+
+TEST(Config, EmptyFileIsTheDefaults) {
+  const Config c = parse_config("", "empty.yaml");
+  EXPECT_EQ(c.model.flavor, "flava-debug");
+  EXPECT_EQ(c.parallel.strategy, Strategy::FULL_SHARD);
+  EXPECT_EQ(c.train.steps, 1000);
+}
+
+TEST(Config, SectionsAndOverridesSetTheSameTree) {
+  const Config a = parse_config(R"(
+model:
+  flavor: bert-base-uncased
+parallel:
+  strategy: shard_grad_op
+  mixed_precision: bf16
+  layer_classes: [BertLayer]
+optim:
+  betas: [0.9, 0.95]
+  lr: 3e-4
+data:
+  mix:
+    text: 0.5
+train:
+  steps: 20
+  max_grad_norm: 0
+log:
+  progress: lines
+)",
+                                "a.yaml");
+  const Config b = parse_config("", "b.yaml",
+                                {"--model.flavor=bert-base-uncased", "--parallel.strategy=SHARD_GRAD_OP",
+                                 "--parallel.mixed_precision=bf16", "--parallel.layer_classes=[BertLayer]",
+                                 "--optim.betas=[0.9,0.95]", "optim.lr=3e-4", "--data.mix.text=0.5",
+                                 "--train.steps=20", "--train.max_grad_norm=0", "--log.progress=lines"});
+  EXPECT_EQ(to_yaml(a), to_yaml(b));
+  EXPECT_EQ(a.model.flavor, "bert-base-uncased");
+  EXPECT_EQ(a.parallel.strategy, Strategy::SHARD_GRAD_OP);
+  EXPECT_EQ(a.parallel.mixed_precision, Precision::BF16);
+  EXPECT_EQ(a.parallel.layer_classes, std::vector<std::string>{"BertLayer"});
+  EXPECT_EQ(a.optim.betas, (std::vector<double>{0.9, 0.95}));
+  EXPECT_DOUBLE_EQ(a.optim.lr, 3e-4);
+  EXPECT_DOUBLE_EQ(a.data.mix.text, 0.5);
+  EXPECT_EQ(a.train.steps, 20);
+  EXPECT_EQ(a.log.progress, Progress::LINES);
+}
+
+TEST(Config, OverridesComeAfterTheFile) {
+  const Config c = parse_config("train:\n  steps: 5\n", "c.yaml", {"--train.steps=7"});
+  EXPECT_EQ(c.train.steps, 7);
+}
+
+TEST(Config, ToYamlReadsBackEqual) {
+  Config c;
+  c.model.flavor = "t5-small";
+  c.data.image_mean = {0.1, 0.2, 0.30000000000000004};
+  c.optim.no_decay = {"bias$", "norm"};
+  c.parallel.backward_prefetch = Prefetch::BACKWARD_POST;
+  c.checkpoint.dir = "ckpt";
+  const std::string yaml = to_yaml(c);
+  const Config back = parse_config(yaml, "dump.yaml");
+  EXPECT_EQ(to_yaml(back), yaml);
+  EXPECT_EQ(back.data.image_mean, c.data.image_mean);
+  EXPECT_EQ(back.optim.no_decay, c.optim.no_decay);
+  for (const auto& key : key_paths()) {
+    const auto leaf = key.substr(key.rfind('.') + 1);
+    EXPECT_NE(yaml.find(leaf + ":"), std::string::npos) << key;
+  }
+}
+
+TEST(Config, UnknownKeyNamesThePathAndTheClosestKey) {
+  expect_error<ConfigError>([] { parse_config("train:\n  stepz: 5\n", "x.yaml"); },
+                            {"x.yaml:2", "unknown key 'train.stepz'", "did you mean 'train.steps'"});
+  expect_error<ConfigError>([] { parse_config("", "x.yaml", {"--optim.weight_decy=0.1"}); },
+                            {"unknown key 'optim.weight_decy'", "'optim.weight_decay'"});
+  expect_error<ConfigError>([] { parse_config("paralel:\n  strategy: ddp\n", "x.yaml"); },
+                            {"x.yaml:1", "unknown key 'paralel'"});
+  expect_error<ConfigError>([] { parse_config("fsdp_config:\n  fsdp_sharding_stratgy: 1\n", "x.yaml"); },
+                            {"x.yaml:2", "fsdp_config.fsdp_sharding_stratgy", "fsdp_config.fsdp_sharding_strategy"});
+}
+
+TEST(Config, BadValueNamesTheValueAndWhatWasExpected) {
+  expect_error<ConfigError>([] { parse_config("train:\n  steps: many\n", "x.yaml"); },
+                            {"x.yaml:2", "train.steps", "'many'", "an integer"});
+  expect_error<ConfigError>([] { parse_config("parallel:\n  strategy: zero3\n", "x.yaml"); },
+                            {"parallel.strategy", "'zero3'", "one of full_shard, shard_grad_op"});
+  expect_error<ConfigError>([] { parse_config("", "x.yaml", {"--train.device=tpu"}); },
+                            {"train.device", "'tpu'", "cpu or cuda"});
+  expect_error<ConfigError>([] { parse_config("", "x.yaml", {"--optim.betas=[0.9]"}); },
+                            {"optim.betas", "two values"});
+  expect_error<ConfigError>([] { parse_config("", "x.yaml", {"--data.mlm_probability=1.5"}); },
+                            {"data.mlm_probability", "1.5", "probability"});
+  expect_error<ConfigError>([] { parse_config("", "x.yaml", {"--log.csv=maybe"}); },
+                            {"log.csv", "'maybe'", "true or false"});
+  expect_error<ConfigError>([] { parse_config("", "x.yaml", {"--optim.no_decay=[\"(\"]"}); },
+                            {"optim.no_decay", "'('", "regular expression"});
+  expect_error<ConfigError>([] { parse_config("", "x.yaml", {"--checkpoint.resume=true"}); },
+                            {"checkpoint.resume", "checkpoint.dir"});
+  expect_error<ConfigError>([] { parse_config("train: [1, 2]\n", "x.yaml"); }, {"x.yaml:1", "train must be a mapping"});
+  expect_error<ConfigError>([] { parse_config("train:\n  steps: [1\n", "x.yaml"); }, {"x.yaml", "not valid YAML"});
+  expect_error<ConfigError>([] { parse_config("", "x.yaml", {"train.steps"}); }, {"--section.key=value"});
+  expect_error<ConfigError>([] { load_config("/nonexistent/config.yaml"); }, {"/nonexistent/config.yaml"});
+}
+
+// What `accelerate config` writes for an FSDP job.
+TEST(Config, AccelerateConfigCarriesOver) {
+  const Config c = parse_config(R"(
+compute_environment: LOCAL_MACHINE
+debug: false
+distributed_type: FSDP
+downcast_bf16: 'no'
+enable_cpu_affinity: false
+fsdp_config:
+  fsdp_activation_checkpointing: false
+  fsdp_auto_wrap_policy: TRANSFORMER_BASED_WRAP
+  fsdp_backward_prefetch: BACKWARD_POST
+  fsdp_cpu_ram_efficient_loading: true
+  fsdp_forward_prefetch: true
+  fsdp_offload_params: false
+  fsdp_sharding_strategy: HYBRID_SHARD
+  fsdp_state_dict_type: FULL_STATE_DICT
+  fsdp_sync_module_states: true
+  fsdp_transformer_layer_cls_to_wrap: FlavaLayer,BertLayer
+  fsdp_use_orig_params: true
+machine_rank: 0
+main_training_function: main
+mixed_precision: bf16
+num_machines: 2
+num_processes: 16
+rdzv_backend: static
+same_network: true
+tpu_env: []
+tpu_use_cluster: false
+tpu_use_sudo: false
+use_cpu: false
+)",
+                                "accelerate.yaml");
+  EXPECT_EQ(c.parallel.strategy, Strategy::HYBRID_SHARD);
+  EXPECT_EQ(c.parallel.wrap, WrapPolicy::TRANSFORMER);
+  EXPECT_EQ(c.parallel.backward_prefetch, Prefetch::BACKWARD_POST);
+  EXPECT_EQ(c.parallel.forward_prefetch, 1);
+  EXPECT_EQ(c.parallel.layer_classes, (std::vector<std::string>{"FlavaLayer", "BertLayer"}));
+  EXPECT_EQ(c.parallel.mixed_precision, Precision::BF16);
+  EXPECT_EQ(c.checkpoint.state_dict_type, StateDictType::FULL);
+  EXPECT_EQ(c.launch.num_processes, 16);
+  EXPECT_EQ(c.launch.num_machines, 2);
+
+  EXPECT_EQ(parse_config("fsdp_config:\n  fsdp_sharding_strategy: 2\n", "a.yaml").parallel.strategy,
+            Strategy::SHARD_GRAD_OP);
+  EXPECT_EQ(parse_config("fsdp_config:\n  fsdp_auto_wrap_policy: SIZE_BASED_WRAP\n  fsdp_min_num_params: 1e6\n",
+                         "a.yaml")
+                .parallel.min_params,
+            1000000);
+  EXPECT_EQ(parse_config("distributed_type: MULTI_CPU\n", "a.yaml").parallel.strategy, Strategy::DDP);
+  EXPECT_EQ(parse_config("fsdp_config:\n  fsdp_version: 2\n  fsdp_reshard_after_forward: false\n", "a.yaml")
+                .parallel.strategy,
+            Strategy::SHARD_GRAD_OP);
+  expect_error<ConfigError>([] { parse_config("distributed_type: DEEPSPEED\n", "a.yaml"); },
+                            {"a.yaml:1", "distributed_type", "'DEEPSPEED'"});
+  expect_error<ConfigError>([] { parse_config("fsdp_config:\n  fsdp_sharding_strategy: 9\n", "a.yaml"); },
+                            {"a.yaml:2", "'9'", "FULL_SHARD"});
+  expect_error<ConfigError>([] { parse_config("mixed_precision: fp8\n", "a.yaml"); }, {"'fp8'", "no, bf16, fp16"});
+}
+
+}  // namespace
+}  // namespace shardtrain::config
