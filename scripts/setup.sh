@@ -6,7 +6,7 @@ cd "$(dirname "$0")/.."
 
 # Debian packages: compilers and build tools, GoogleTest, and gloo's headers (the torch wheel ships gloo's compiled
 # code but not its headers, which ProcessGroupGloo.hpp includes; docs/notes/gloo-headers.md).
-packages=(g++ cmake ninja-build ccache libgtest-dev libgmock-dev libgloo-dev nlohmann-json3-dev libyaml-cpp-dev libstb-dev
+packages=(g++ cmake ninja-build ccache libgtest-dev libgmock-dev libgloo-dev nlohmann-json3-dev libyaml-cpp-dev libstb-dev libutf8proc-dev
           python3-venv)
 missing=()
 for p in "${packages[@]}"; do

@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "commands.h"
 #include "shardtrain/launch/launch.h"
 #include "shardtrain/models/zoo.h"
 
@@ -15,7 +16,11 @@ namespace {
 const char* kUsage =
     "usage: shardtrain <command> [options]\n"
     "commands:\n"
+    "  train     train a model of the zoo from a YAML config (sharded, multi-process, checkpointed)\n"
+    "  config    write a config for `shardtrain train` by answering questions (--default: without asking)\n"
     "  launch    start N workers with torchrun's environment and supervise them\n"
+    "  data      synthetic WebDataset shards (data synth), WordPiece vocabularies (data vocab)\n"
+    "  checkpoint  export a checkpoint to one safetensors file with Hugging Face names; list checkpoints\n"
     "  models    list the model zoo: every flavor with its exact parameter count and float32 size\n"
     "  version   print the version\n"
     "run 'shardtrain <command> --help' for a command's options\n";
@@ -64,11 +69,18 @@ int main(int argc, char** argv) {
   try {
     if (command == "launch") return run_launch_command(args);
     if (command == "models") return run_models_command(args);
+    if (command == "data") return shardtrain::cli::run_data_command(args);
+    if (command == "config") return shardtrain::cli::run_config_command(args);
+    if (command == "train") return shardtrain::cli::run_train_command(args);
+    if (command == "checkpoint") return shardtrain::cli::run_checkpoint_command(args);
     if (command == "version") {
       std::cout << "shardtrain 0.1.0\n";
       return 0;
     }
     std::cerr << "shardtrain: unknown command '" << command << "'\n" << kUsage;
+    return 2;
+  } catch (const std::invalid_argument& e) {  // bad input: options, config, data paths
+    std::cerr << "shardtrain " << command << ": error: " << e.what() << "\n";
     return 2;
   } catch (const c10::Error& e) {  // LibTorch's what() carries a C++ backtrace; the message is what users need
     std::cerr << "shardtrain " << command << ": error: " << e.what_without_backtrace() << "\n";

@@ -247,6 +247,7 @@ std::vector<Field> fields_of(Config& c) {
       field("train.max_grad_norm", c.train.max_grad_norm),
       field("train.seed", c.train.seed),
       field("train.device", c.train.device),
+      field("train.stop_at", c.train.stop_at),
       field("train.eval_interval", c.train.eval_interval),
       field("train.eval_samples", c.train.eval_samples),
       field("checkpoint.dir", c.checkpoint.dir),
@@ -377,6 +378,11 @@ Config parse_config(const std::string& yaml, const std::string& source, const st
   return config;
 }
 
+void apply_overrides(Config& config, const std::vector<std::string>& overrides) {
+  Reader reader(config, "overrides");
+  for (const auto& o : overrides) reader.apply_override(o);
+}
+
 Config load_config(const std::string& path, const std::vector<std::string>& overrides) {
   std::ifstream in(path);
   if (!in) throw ConfigError("cannot read config file '" + path + "'");
@@ -408,6 +414,8 @@ void validate(const Config& c) {
   require(c.train.max_grad_norm >= 0, "train.max_grad_norm", num(c.train.max_grad_norm), "0 (off) or positive");
   require(c.train.device == "cpu" || c.train.device == "cuda", "train.device", "'" + c.train.device + "'",
           "cpu or cuda");
+  require(c.train.stop_at >= 0 && c.train.stop_at <= c.train.steps, "train.stop_at", num(c.train.stop_at),
+          "0 or a step up to train.steps (" + num(c.train.steps) + ")");
   require(c.train.eval_interval >= 0, "train.eval_interval", num(c.train.eval_interval), "0 or positive");
   require(c.train.eval_samples >= 0, "train.eval_samples", num(c.train.eval_samples), "0 or positive");
   require(c.optim.lr > 0, "optim.lr", num(c.optim.lr), "positive");

@@ -90,9 +90,29 @@ void check_shape(const std::string& name, at::IntArrayRef saved, at::IntArrayRef
   }
 }
 
+// The state tensors of parameter `name`: (file entry name, tensor) for each key of `states` that has one.
+std::vector<std::pair<std::string, at::Tensor>> states_of(const ParamStates& states, const std::string& name) {
+  std::vector<std::pair<std::string, at::Tensor>> out;
+  for (const auto& [key, tensors] : states) {
+    auto it = tensors.find(name);
+    if (it != tensors.end()) out.emplace_back(name + "::" + key, it->second);
+  }
+  return out;
+}
+
+// A shard-shaped state tensor's real rows (what real_shard() is for the parameter).
+at::Tensor real_rows(const FsdpParam& p, const at::Tensor& state, const std::string& entry_name) {
+  if (state.numel() != p.shard_numel()) {
+    throw std::invalid_argument("sharded state dict: '" + entry_name + "' has " + std::to_string(state.numel()) +
+                                " elements, its parameter's shard " + std::to_string(p.shard_numel()));
+  }
+  return p.as_shard(state.view({-1})).narrow(0, 0, p.shard_real_rows());
+}
+
 }  // namespace
 
-void save_sharded_state_dict(const std::shared_ptr<torch::nn::Module>& root, const std::string& dir) {
+void save_sharded_state_dict(const std::shared_ptr<torch::nn::Module>& root, const std::string& dir,
+                             const ParamStates& states) {
   const Layout layout = layout_of(root, "save_sharded_state_dict");
   const int64_t count = layout.shard_group->size(), shard = layout.shard_group->rank();
   if (layout.writer) {
@@ -104,6 +124,11 @@ void save_sharded_state_dict(const std::shared_ptr<torch::nn::Module>& root, con
         tensors.insert(name, p.real_shard().detach().to(at::kCPU, /*non_blocking=*/false, /*copy=*/true));
         shapes.insert(name, p.declared_shape());
         first_rows.insert(name, p.shard_first_row());
+        for (const auto& [entry_name, state] : states_of(states, name)) {
+          tensors.insert(entry_name, real_rows(p, state, entry_name).to(at::kCPU, false, /*copy=*/true));
+          shapes.insert(entry_name, p.declared_shape());
+          first_rows.insert(entry_name, p.shard_first_row());
+        }
       }
     }
     if (shard == 0) {
@@ -111,6 +136,11 @@ void save_sharded_state_dict(const std::shared_ptr<torch::nn::Module>& root, con
         tensors.insert(name, t.detach().to(at::kCPU, /*non_blocking=*/false, /*copy=*/true));
         shapes.insert(name, t.sizes().vec());
         first_rows.insert(name, int64_t{0});
+        for (const auto& [entry_name, state] : states_of(states, name)) {
+          tensors.insert(entry_name, state.detach().to(at::kCPU, false, /*copy=*/true));
+          shapes.insert(entry_name, t.sizes().vec());
+          first_rows.insert(entry_name, int64_t{0});
+        }
       }
     }
     auto file = new_dict();
@@ -132,7 +162,8 @@ void save_sharded_state_dict(const std::shared_ptr<torch::nn::Module>& root, con
   layout.barrier();
 }
 
-void load_sharded_state_dict(const std::shared_ptr<torch::nn::Module>& root, const std::string& dir) {
+void load_sharded_state_dict(const std::shared_ptr<torch::nn::Module>& root, const std::string& dir,
+                             const ParamStates& states) {
   const Layout layout = layout_of(root, "load_sharded_state_dict");
   const std::string meta_path = dir + "/metadata.pt";
   if (!io::path_exists(meta_path)) {
@@ -157,21 +188,27 @@ void load_sharded_state_dict(const std::shared_ptr<torch::nn::Module>& root, con
                            entry(f, "first_rows", path).toGenericDict().at(name).toInt(), path);
   };
   c10::AutoGradMode no_grad(false);
+  // This rank's rows [first, first + dst.size(0)) of entry `name`, gathered from the saved shards that hold them.
+  auto load_rows = [&](const std::string& name, const std::vector<int64_t>& shape, const at::Tensor& dst,
+                       int64_t first) {
+    const int64_t rows = shape.empty() ? 1 : shape[0];
+    const int64_t chunk = std::max<int64_t>(1, (rows + count - 1) / count);  // rows per shard when saved
+    const int64_t end = first + dst.size(0);
+    for (int64_t row = first; row < end;) {
+      auto [source, saved_shape, source_first, path] = saved(row / chunk, name);
+      check_shape(name, saved_shape, shape, path);
+      const int64_t take = std::min(end, source_first + source.size(0)) - row;
+      if (take <= 0) throw std::runtime_error(path + ": does not hold row " + std::to_string(row) + " of '" + name + "'");
+      copy_rows(dst.narrow(0, row - first, take), source, row, source_first);
+      row += take;
+    }
+  };
   for (const auto& unit : layout.units) {
     for (const auto& p : unit->params) {
       const std::string& name = layout.name_of(p);
-      const std::vector<int64_t> shape = p.declared_shape();
-      const int64_t rows = shape.empty() ? 1 : shape[0];
-      const int64_t chunk = std::max<int64_t>(1, (rows + count - 1) / count);  // rows per shard when saved
-      const at::Tensor dst = p.real_shard();
-      const int64_t first = p.shard_first_row(), end = first + dst.size(0);
-      for (int64_t row = first; row < end;) {
-        auto [source, saved_shape, source_first, path] = saved(row / chunk, name);
-        check_shape(name, saved_shape, shape, path);
-        const int64_t take = std::min(end, source_first + source.size(0)) - row;
-        if (take <= 0) throw std::runtime_error(path + ": does not hold row " + std::to_string(row) + " of '" + name + "'");
-        copy_rows(dst.narrow(0, row - first, take), source, row, source_first);
-        row += take;
+      load_rows(name, p.declared_shape(), p.real_shard(), p.shard_first_row());
+      for (const auto& [entry_name, state] : states_of(states, name)) {
+        load_rows(entry_name, p.declared_shape(), real_rows(p, state, entry_name), p.shard_first_row());
       }
     }
   }
@@ -179,7 +216,40 @@ void load_sharded_state_dict(const std::shared_ptr<torch::nn::Module>& root, con
     auto [source, saved_shape, source_first, path] = saved(0, name);
     check_shape(name, saved_shape, t.sizes(), path);
     t.detach().copy_(source.reshape(t.sizes()));
+    for (const auto& [entry_name, state] : states_of(states, name)) {
+      auto [s_source, s_shape, s_first, s_path] = saved(0, entry_name);
+      check_shape(entry_name, s_shape, t.sizes(), s_path);
+      state.detach().copy_(s_source.reshape(state.sizes()));
+    }
   }
+}
+
+std::map<std::string, at::Tensor> read_sharded_state_dict(const std::string& dir) {
+  const std::string meta_path = dir + "/metadata.pt";
+  if (!io::path_exists(meta_path)) {
+    throw std::runtime_error("read_sharded_state_dict: " + dir + " is not a complete sharded state dict (no metadata.pt)");
+  }
+  const int64_t count = entry(load_dict(meta_path, "sharded state dict's metadata"), "shard_count", meta_path).toInt();
+  std::map<std::string, at::Tensor> full;
+  for (int64_t shard = 0; shard < count; ++shard) {
+    const std::string path = shard_file(dir, shard, count);
+    const auto file = load_dict(path, "sharded state dict");
+    const auto shapes = entry(file, "shapes", path).toGenericDict();
+    const auto first_rows = entry(file, "first_rows", path).toGenericDict();
+    for (const auto& item : entry(file, "tensors", path).toGenericDict()) {
+      const std::string name = item.key().toStringRef();
+      const at::Tensor source = item.value().toTensor();
+      const std::vector<int64_t> shape = shapes.at(name).toIntVector();
+      auto it = full.find(name);
+      if (it == full.end()) it = full.emplace(name, at::zeros(shape, source.options())).first;
+      if (source.numel() == 0) continue;
+      const at::Tensor& dst = it->second;
+      const at::Tensor rows = shape.empty() ? dst.view({1}) : dst;
+      const int64_t first = first_rows.at(name).toInt(), row_numel = rows.numel() / rows.size(0);
+      rows.view({rows.size(0), row_numel}).narrow(0, first, source.numel() / row_numel).copy_(source.reshape({-1, row_numel}));
+    }
+  }
+  return full;
 }
 
 std::map<std::string, at::Tensor> full_state_dict(const std::shared_ptr<torch::nn::Module>& root, bool rank0_only) {

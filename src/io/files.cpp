@@ -5,6 +5,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <stdexcept>
@@ -121,6 +122,75 @@ void remove_tree(const std::string& path) {
   } else if (::unlink(path.c_str()) != 0) {
     fail("cannot remove", path);
   }
+}
+
+bool is_directory(const std::string& path) {
+  struct stat st;
+  return ::stat(path.c_str(), &st) == 0 && S_ISDIR(st.st_mode);
+}
+
+int64_t file_size(const std::string& path) {
+  struct stat st;
+  if (::stat(path.c_str(), &st) != 0) fail("cannot stat", path);
+  return static_cast<int64_t>(st.st_size);
+}
+
+std::vector<std::string> list_directory(const std::string& path) {
+  DIR* dir = ::opendir(path.c_str());
+  if (!dir) fail("cannot list directory", path);
+  std::vector<std::string> names;
+  while (dirent* entry = ::readdir(dir)) {
+    const std::string name = entry->d_name;
+    if (name != "." && name != "..") names.push_back(name);
+  }
+  ::closedir(dir);
+  std::sort(names.begin(), names.end());
+  return names;
+}
+
+void rename_durable(const std::string& from, const std::string& to) {
+  if (::rename(from.c_str(), to.c_str()) != 0) fail("cannot rename " + from + " to", to);
+  fsync_path(parent_of(to), O_RDONLY | O_DIRECTORY);
+}
+
+void sync_path(const std::string& path) { fsync_path(path, is_directory(path) ? O_RDONLY | O_DIRECTORY : O_RDONLY); }
+
+ReadOnlyFile::ReadOnlyFile(std::string path) : path_(std::move(path)) {
+  fd_ = ::open(path_.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd_ < 0) fail("cannot open", path_);
+  struct stat st;
+  if (::fstat(fd_, &st) != 0) {
+    ::close(fd_);
+    fail("cannot stat", path_);
+  }
+  size_ = static_cast<int64_t>(st.st_size);
+}
+
+ReadOnlyFile::~ReadOnlyFile() {
+  if (fd_ >= 0) ::close(fd_);
+}
+
+void ReadOnlyFile::read(int64_t offset, int64_t size, char* out) const {
+  if (offset < 0 || size < 0 || offset + size > size_) {
+    throw std::runtime_error("read of " + std::to_string(size) + " bytes at offset " + std::to_string(offset) +
+                             " in '" + path_ + "', which has " + std::to_string(size_) + " bytes");
+  }
+  int64_t done = 0;
+  while (done < size) {
+    const ssize_t n = ::pread(fd_, out + done, static_cast<size_t>(size - done), offset + done);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      fail("cannot read", path_);
+    }
+    if (n == 0) throw std::runtime_error("'" + path_ + "' ended early (changed while read?)");
+    done += n;
+  }
+}
+
+std::string ReadOnlyFile::read(int64_t offset, int64_t size) const {
+  std::string out(static_cast<size_t>(size), '\0');
+  read(offset, size, out.data());
+  return out;
 }
 
 }  // namespace shardtrain::io

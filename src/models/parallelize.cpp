@@ -34,13 +34,22 @@ std::vector<fsdp::FsdpUnit> parallelize(ZooModel& model, const dist::DeviceMesh&
                                         const ParallelizeOptions& options) {
   const fsdp::StrategyGroups groups = groups_for(mesh, options);
   auto units = fsdp::fully_shard_model(model.module, groups.shard,
-                                       fsdp::wrap_by_class_name(layer_classes_of(model, options)), groups.options);
+                                       options.policy ? *options.policy
+                                                      : fsdp::wrap_by_class_name(layer_classes_of(model, options)),
+                                       groups.options);
   finish_root(model, mesh);
   return units;
 }
 
+ddp::Ddp replicate_model(ZooModel& model, const dist::DeviceMesh& mesh, const ddp::DdpOptions& options) {
+  ddp::Ddp handle = ddp::replicate(model.module, mesh.world(), options);
+  finish_root(model, mesh);
+  return handle;
+}
+
 ZooModel build_parallel(const std::string& flavor, const dist::DeviceMesh& mesh, const ParallelizeOptions& options,
                         BuildOptions build) {
+  if (options.policy) throw std::invalid_argument("build_parallel: a wrap policy needs the whole model; use parallelize");
   const fsdp::StrategyGroups groups = groups_for(mesh, options);
   const std::string family_layer = layer_class_of(flavor);
   for (const auto& c : options.layer_classes) {

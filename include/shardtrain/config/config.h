@@ -61,7 +61,7 @@ struct DataConfig {
   int64_t image_size = 0;         // pixels; 0: the model's
   double mlm_probability = 0.15;  // BERT masking: of the chosen, 80% [MASK], 10% random, 10% kept
   double mim_probability = 0.4;   // fraction of patches masked (BEiT block-wise masking)
-  double itm_negative_probability = 0.5;  // image-text pairs whose image is swapped for another sample's
+  double itm_negative_probability = 0.5;  // image-text pairs whose text is replaced by another pair's (ITM)
   bool lowercase = true;                  // BertTokenizer's do_lower_case (also strips accents)
   std::vector<double> image_mean = {0.48145466, 0.4578275, 0.40821073};  // FlavaImageProcessor's defaults
   std::vector<double> image_std = {0.26862954, 0.26130258, 0.27577711};
@@ -102,6 +102,8 @@ struct TrainConfig {
   double max_grad_norm = 1.0; // 0: no clipping
   int64_t seed = 0;           // weights, data order, masking, dropout
   std::string device = "cpu"; // cpu | cuda (each rank takes cuda:LOCAL_RANK)
+  int64_t stop_at = 0;        // end this run after this step, with a checkpoint (a time-limited job that resumes
+                              // later); 0: run to `steps`. The schedule still spans `steps`.
   int64_t eval_interval = 0;  // steps between evaluations on data.eval; 0: at the end only
   int64_t eval_samples = 0;   // 0: the whole eval set
 };
@@ -149,6 +151,9 @@ struct Config {
 Config load_config(const std::string& path, const std::vector<std::string>& overrides = {});
 // The same from YAML text; `source` names it in errors.
 Config parse_config(const std::string& yaml, const std::string& source, const std::vector<std::string>& overrides = {});
+
+// Applies overrides to `config` without validate() (for building a config one answer at a time).
+void apply_overrides(Config& config, const std::vector<std::string>& overrides);
 
 // Checks values against each other (batch sizes, betas, probabilities, ...). load/parse_config call it.
 void validate(const Config& config);

@@ -23,8 +23,20 @@ class Module;
 
 namespace shardtrain::fsdp {
 
-void save_sharded_state_dict(const std::shared_ptr<torch::nn::Module>& root, const std::string& dir);
-void load_sharded_state_dict(const std::shared_ptr<torch::nn::Module>& root, const std::string& dir);
+// Per-parameter tensors that follow their parameter's sharding row for row — an optimizer's moments: state key
+// ("exp_avg") -> parameter name -> the tensor, shaped like the parameter is on this rank between steps. They are
+// saved next to the parameters as "<parameter>::<key>" and loaded in place into the tensors given, at any world
+// size, like the parameters.
+using ParamStates = std::map<std::string, std::map<std::string, at::Tensor>>;
+
+void save_sharded_state_dict(const std::shared_ptr<torch::nn::Module>& root, const std::string& dir,
+                             const ParamStates& states = {});
+void load_sharded_state_dict(const std::shared_ptr<torch::nn::Module>& root, const std::string& dir,
+                             const ParamStates& states = {});
+
+// Every entry of a sharded state dict directory merged whole, on CPU, without a model (what `checkpoint export`
+// reads). Parameter states appear under "<parameter>::<key>".
+std::map<std::string, at::Tensor> read_sharded_state_dict(const std::string& dir);
 
 // Collective over the units' groups. Parameters in their own dtype; buffers as they are.
 std::map<std::string, at::Tensor> full_state_dict(const std::shared_ptr<torch::nn::Module>& root, bool rank0_only = true);

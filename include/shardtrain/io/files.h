@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 #include <string>
 #include <vector>
 
@@ -36,5 +37,34 @@ bool path_exists(const std::string& path);
 void make_directories(const std::string& path);
 // Removes a directory tree (or a file); a missing path is not an error.
 void remove_tree(const std::string& path);
+
+bool is_directory(const std::string& path);
+int64_t file_size(const std::string& path);
+// The entries of a directory (no "." and ".."), sorted by name.
+std::vector<std::string> list_directory(const std::string& path);
+// rename(2) then fsync of the destination's directory: a directory renamed into place appears whole or not at all.
+void rename_durable(const std::string& from, const std::string& to);
+// fsync of a file or directory already written by other means.
+void sync_path(const std::string& path);
+
+// A file opened for reads at offsets (pread), shared by threads. Throws naming the path on errors; a read past the
+// end is an error that says how many bytes were there.
+class ReadOnlyFile {
+ public:
+  explicit ReadOnlyFile(std::string path);
+  ~ReadOnlyFile();
+  ReadOnlyFile(const ReadOnlyFile&) = delete;
+  ReadOnlyFile& operator=(const ReadOnlyFile&) = delete;
+  int64_t size() const { return size_; }
+  const std::string& path() const { return path_; }
+  // Reads exactly `size` bytes at `offset` into `out`.
+  void read(int64_t offset, int64_t size, char* out) const;
+  std::string read(int64_t offset, int64_t size) const;
+
+ private:
+  std::string path_;
+  int fd_ = -1;
+  int64_t size_ = 0;
+};
 
 }  // namespace shardtrain::io

@@ -9,11 +9,14 @@
 // never holds more than one unsharded layer plus its shards (how flava-10b is built on GPUs smaller than 40 GB).
 #pragma once
 
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "shardtrain/dist/mesh.h"
+#include "shardtrain/ddp/replicate.h"
 #include "shardtrain/fsdp/fully_shard.h"
+#include "shardtrain/fsdp/wrap_policy.h"
 #include "shardtrain/models/zoo.h"
 
 namespace shardtrain::models {
@@ -24,11 +27,17 @@ struct ParallelizeOptions {
   // reshard_after_forward and replicate_group (fsdp::strategy_groups).
   fsdp::FsdpOptions fsdp;
   std::vector<std::string> layer_classes;  // the units; empty: the family's transformer layer ("FlavaLayer")
+  // Another wrap policy instead of layer_classes (by size, by predicate, none); parallelize() only.
+  std::optional<fsdp::WrapPolicy> policy;
 };
 
 // Shards an unsharded model of the zoo. Returns the units, root last. Collective: every rank calls it alike.
 std::vector<fsdp::FsdpUnit> parallelize(ZooModel& model, const dist::DeviceMesh& mesh,
                                         const ParallelizeOptions& options);
+
+// DDP instead of FSDP: every rank holds the whole model, gradients are all-reduced in buckets (ddp/replicate.h);
+// FLAVA's contrastive loss gathers over the world. Collective.
+ddp::Ddp replicate_model(ZooModel& model, const dist::DeviceMesh& mesh, const ddp::DdpOptions& options = {});
 
 // build_model + parallelize with each layer sharded as it is built (same weights: they depend on the seed and
 // names only). Throws std::invalid_argument when options.layer_classes names a class that is not the family's

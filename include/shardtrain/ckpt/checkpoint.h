@@ -1,0 +1,77 @@
+// Training checkpoints: everything a run needs to continue exactly where it stopped.
+//
+//   <dir>/step-00000100/
+//     model/               FSDP: each rank's rows of every parameter and of its AdamW moments
+//                          (fsdp/state_dict.h's sharded format: loads at any world size)
+//     model.pt             DDP: the whole parameters and moments, written by rank 0
+//     rng-rank00000.pt     each rank's generator states (dropout)
+//     model.safetensors    checkpoint.state_dict_type = full: the whole model under Hugging Face names
+//     trainer.json         step, data position, per-parameter optimizer steps, world size, flavor, the config
+//
+// Atomic: every rank writes into <dir>/step-00000100.partial, then rank 0 writes trainer.json, fsyncs and renames the
+// directory into place, so a step-* directory is always whole; a crash leaves only a .partial, which the next save
+// or prune removes. The learning-rate schedule is a function of the step, so the step restores it.
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "shardtrain/dist/communicator.h"
+#include "shardtrain/models/weights.h"
+
+namespace torch::optim {
+class AdamW;
+}
+namespace torch::nn {
+class Module;
+}
+
+namespace shardtrain::ckpt {
+
+struct TrainerState {
+  int64_t step = 0;  // optimizer steps done
+  int64_t loader_step = 0;
+  std::array<int64_t, 3> loader_consumed = {0, 0, 0};  // data::LoaderState
+  // AdamW's step count per parameter (absent: the parameter has had no update, so no state).
+  std::map<std::string, int64_t> optimizer_steps;
+  int64_t world_size = 1;
+  std::string flavor, strategy;
+  std::string config_yaml;  // the run's whole config, for the record
+};
+
+struct CheckpointModel {
+  std::shared_ptr<torch::nn::Module> root;
+  torch::optim::AdamW* optimizer = nullptr;
+  bool sharded = true;  // fully_shard'ed (else replicated: DDP or one process)
+  const models::NameMap* hf_names = nullptr;  // set: also write model.safetensors (state_dict_type = full)
+};
+
+std::string step_directory_name(int64_t step);  // "step-00000100"
+
+// Collective over `world`. Returns the checkpoint's path.
+std::string save_checkpoint(const std::string& dir, const TrainerState& state, const CheckpointModel& model,
+                            const dist::Communicator& world);
+
+// Restores parameters, optimizer state and (at the saved world size) RNG; returns the trainer state. Collective.
+// Throws std::runtime_error naming the path and what is wrong (not a checkpoint, a different model).
+TrainerState load_checkpoint(const std::string& path, const CheckpointModel& model, const dist::Communicator& world);
+
+TrainerState read_trainer_state(const std::string& path);
+
+// Complete checkpoints in `dir`, oldest first (full paths).
+std::vector<std::string> list_checkpoints(const std::string& dir);
+std::optional<std::string> latest_checkpoint(const std::string& dir);
+
+// Removes all but the newest `keep` checkpoints (0: keep all) and any .partial left by a crash except `in_progress`.
+void prune_checkpoints(const std::string& dir, int64_t keep);
+
+// Merges a checkpoint's model (sharded or whole) into one safetensors file under Hugging Face names (tied tensors
+// once), optionally cast to `dtype`. Needs no process group: reads the files.
+void export_checkpoint(const std::string& path, const std::string& out, std::optional<at::ScalarType> dtype = {});
+
+}  // namespace shardtrain::ckpt

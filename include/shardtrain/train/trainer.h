@@ -1,0 +1,31 @@
+// The training loop of `shardtrain train`: one call per rank runs the whole job a Config describes.
+//
+//   data -> loader threads -> micro-batches -> forward/backward (gradient accumulation, no sync until the last)
+//        -> clip -> AdamW with the schedule's lr -> metrics every log.interval -> eval every train.eval_interval
+//        -> checkpoint every checkpoint.interval and at the end
+//
+// The process group comes from the environment `shardtrain launch` (or torchrun, MPI, Slurm) sets; one process
+// alone is a world of one. Library code: errors throw (std::invalid_argument for bad configuration or data,
+// std::runtime_error for what failed while running), the caller decides how to exit.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <string>
+
+#include "shardtrain/config/config.h"
+
+namespace shardtrain::train {
+
+struct TrainSummary {
+  int64_t start_step = 0;  // > 0 after a resume
+  int64_t steps = 0;       // optimizer steps done at the end
+  double first_loss = 0, last_loss = 0;        // means over the first and the last logging interval
+  std::map<std::string, double> first_eval, last_eval;  // FLAVA on data.eval: retrieval R@1, ITM accuracy
+  int64_t skipped_samples = 0;                 // unusable samples replaced by the loader (this rank)
+  std::string last_checkpoint;
+};
+
+TrainSummary train(const config::Config& config);
+
+}  // namespace shardtrain::train

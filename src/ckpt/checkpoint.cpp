@@ -1,0 +1,302 @@
+#include "shardtrain/ckpt/checkpoint.h"
+
+#include <nlohmann/json.hpp>
+#include <torch/nn/module.h>
+#include <torch/optim/adamw.h>
+#include <torch/serialize.h>
+#include <ATen/CPUGeneratorImpl.h>
+
+#include <cstdio>
+#include <mutex>
+#include <set>
+#include <stdexcept>
+
+#include "shardtrain/fsdp/state_dict.h"
+#include "shardtrain/io/files.h"
+#include "shardtrain/models/safetensors.h"
+#include "shardtrain/models/zoo.h"
+
+namespace shardtrain::ckpt {
+namespace {
+
+constexpr const char* kFormat = "shardtrain.checkpoint.v1";
+constexpr const char* kPartial = ".partial";
+
+std::string rng_file(const std::string& dir, int rank) {
+  char name[32];
+  std::snprintf(name, sizeof(name), "/rng-rank%05d.pt", rank);
+  return dir + name;
+}
+
+bool is_step_name(const std::string& name) {
+  if (name.size() != 13 || name.rfind("step-", 0) != 0) return false;
+  for (size_t i = 5; i < name.size(); ++i) {
+    if (!std::isdigit(static_cast<unsigned char>(name[i]))) return false;
+  }
+  return true;
+}
+
+std::vector<char> to_bytes(const std::string& s) { return {s.begin(), s.end()}; }
+
+// name -> parameter, and the AdamW state tensors of the parameters that have state.
+std::map<std::string, at::Tensor> named_parameters(const torch::nn::Module& root) {
+  std::map<std::string, at::Tensor> out;
+  for (const auto& p : root.named_parameters()) out.emplace(p.key(), p.value());
+  return out;
+}
+
+fsdp::ParamStates moments(const CheckpointModel& model) {
+  fsdp::ParamStates states;
+  auto& state = model.optimizer->state();
+  for (const auto& [name, p] : named_parameters(*model.root)) {
+    auto it = state.find(p.unsafeGetTensorImpl());
+    if (it == state.end()) continue;
+    auto& s = static_cast<torch::optim::AdamWParamState&>(*it->second);
+    states["exp_avg"][name] = s.exp_avg();
+    states["exp_avg_sq"][name] = s.exp_avg_sq();
+  }
+  return states;
+}
+
+std::map<std::string, int64_t> optimizer_steps(const CheckpointModel& model) {
+  std::map<std::string, int64_t> steps;
+  auto& state = model.optimizer->state();
+  for (const auto& [name, p] : named_parameters(*model.root)) {
+    auto it = state.find(p.unsafeGetTensorImpl());
+    if (it != state.end()) steps[name] = static_cast<torch::optim::AdamWParamState&>(*it->second).step();
+  }
+  return steps;
+}
+
+c10::impl::GenericDict new_dict() { return c10::impl::GenericDict(c10::StringType::get(), c10::AnyType::get()); }
+
+nlohmann::json to_json(const TrainerState& s) {
+  nlohmann::json j;
+  j["format"] = kFormat;
+  j["step"] = s.step;
+  j["loader"] = {{"step", s.loader_step}, {"consumed", s.loader_consumed}};
+  j["optimizer_steps"] = s.optimizer_steps;
+  j["world_size"] = s.world_size;
+  j["flavor"] = s.flavor;
+  j["strategy"] = s.strategy;
+  j["config"] = s.config_yaml;
+  return j;
+}
+
+}  // namespace
+
+std::string step_directory_name(int64_t step) {
+  char name[32];
+  std::snprintf(name, sizeof(name), "step-%08lld", static_cast<long long>(step));
+  return name;
+}
+
+std::string save_checkpoint(const std::string& dir, const TrainerState& given, const CheckpointModel& model,
+                            const dist::Communicator& world) {
+  const std::string final_path = dir + "/" + step_directory_name(given.step);
+  const std::string tmp = final_path + kPartial;
+  const bool leader = world.rank() == 0;
+  if (leader) {
+    io::make_directories(dir);
+    io::remove_tree(tmp);  // a crashed attempt at the same step
+    io::make_directories(tmp);
+  }
+  world.barrier().wait();
+
+  TrainerState state = given;
+  state.optimizer_steps = optimizer_steps(model);
+  const fsdp::ParamStates states = moments(model);
+  if (model.sharded) {
+    fsdp::save_sharded_state_dict(model.root, tmp + "/model", states);
+  } else if (leader) {
+    auto dict = new_dict();
+    for (const auto& [name, p] : named_parameters(*model.root)) dict.insert(name, p.detach().cpu());
+    for (const auto& b : model.root->named_buffers()) dict.insert(b.key(), b.value().detach().cpu());
+    for (const auto& [key, tensors] : states) {
+      for (const auto& [name, t] : tensors) dict.insert(name + "::" + key, t.detach().cpu());
+    }
+    io::write_file_atomic(tmp + "/model.pt", torch::pickle_save(dict));
+  }
+  {
+    auto rng = new_dict();
+    rng.insert("cpu", at::detail::getDefaultCPUGenerator().get_state());
+    io::write_file_atomic(rng_file(tmp, world.rank()), torch::pickle_save(rng));
+  }
+  if (model.hf_names) {
+    std::map<std::string, at::Tensor> full;
+    if (model.sharded) {
+      full = fsdp::full_state_dict(model.root, /*rank0_only=*/true);  // collective
+    } else if (leader) {
+      for (const auto& [name, p] : named_parameters(*model.root)) full[name] = p.detach().cpu();
+      for (const auto& b : model.root->named_buffers()) full[b.key()] = b.value().detach().cpu();
+    }
+    if (leader) {
+      std::vector<std::pair<std::string, at::Tensor>> named;
+      std::set<const c10::TensorImpl*> seen;
+      for (const auto& p : model.root->named_parameters()) {  // tied tensors once, under their first name
+        if (seen.insert(p.value().unsafeGetTensorImpl()).second) {
+          named.emplace_back(model.hf_names->to_hf(p.key()), full.at(p.key()));
+        }
+      }
+      for (const auto& b : model.root->named_buffers()) named.emplace_back(model.hf_names->to_hf(b.key()), full.at(b.key()));
+      models::write_safetensors(tmp + "/model.safetensors", named);
+    }
+  }
+  world.barrier().wait();  // every rank's files are on disk
+  if (leader) {
+    io::write_file_atomic(tmp + "/trainer.json", to_bytes(to_json(state).dump(2)));
+    io::sync_path(tmp);
+    io::remove_tree(final_path);  // a checkpoint of this step from an earlier run of the same directory
+    io::rename_durable(tmp, final_path);
+  }
+  world.barrier().wait();
+  return final_path;
+}
+
+TrainerState read_trainer_state(const std::string& path) {
+  const std::string file = path + "/trainer.json";
+  if (!io::path_exists(file)) {
+    throw std::runtime_error("'" + path + "' is not a shardtrain checkpoint (no trainer.json)");
+  }
+  const std::vector<char> bytes = io::read_file(file);
+  nlohmann::json j;
+  try {
+    j = nlohmann::json::parse(bytes.begin(), bytes.end());
+  } catch (const nlohmann::json::exception& e) {
+    throw std::runtime_error(file + ": not JSON (" + e.what() + ")");
+  }
+  if (j.value("format", "") != kFormat) {
+    throw std::runtime_error(file + ": format '" + j.value("format", "") + "', expected '" + kFormat + "'");
+  }
+  TrainerState s;
+  try {
+    s.step = j.at("step").get<int64_t>();
+    s.loader_step = j.at("loader").at("step").get<int64_t>();
+    s.loader_consumed = j.at("loader").at("consumed").get<std::array<int64_t, 3>>();
+    s.optimizer_steps = j.at("optimizer_steps").get<std::map<std::string, int64_t>>();
+    s.world_size = j.at("world_size").get<int64_t>();
+    s.flavor = j.at("flavor").get<std::string>();
+    s.strategy = j.at("strategy").get<std::string>();
+    s.config_yaml = j.value("config", "");
+  } catch (const nlohmann::json::exception& e) {
+    throw std::runtime_error(file + ": " + e.what());
+  }
+  return s;
+}
+
+TrainerState load_checkpoint(const std::string& path, const CheckpointModel& model, const dist::Communicator& world) {
+  TrainerState state = read_trainer_state(path);
+  c10::AutoGradMode no_grad(false);
+  // AdamW state for every parameter that had some, filled from the files below.
+  auto& opt_state = model.optimizer->state();
+  const auto params = named_parameters(*model.root);
+  for (const auto& [name, steps] : state.optimizer_steps) {
+    auto it = params.find(name);
+    if (it == params.end()) {
+      throw std::runtime_error(path + ": optimizer state for '" + name + "', which the model does not have");
+    }
+    auto s = std::make_unique<torch::optim::AdamWParamState>();
+    s->step(steps);
+    s->exp_avg(at::zeros_like(it->second, at::MemoryFormat::Contiguous));
+    s->exp_avg_sq(at::zeros_like(it->second, at::MemoryFormat::Contiguous));
+    opt_state[it->second.unsafeGetTensorImpl()] = std::move(s);
+  }
+  const fsdp::ParamStates states = moments(model);
+  if (model.sharded) {
+    if (!io::path_exists(path + "/model")) throw std::runtime_error(path + ": no sharded model (model/); saved with DDP?");
+    fsdp::load_sharded_state_dict(model.root, path + "/model", states);
+  } else {
+    const std::string file = path + "/model.pt";
+    if (!io::path_exists(file)) throw std::runtime_error(path + ": no model.pt; saved with FSDP?");
+    const auto dict = torch::pickle_load(io::read_file(file)).toGenericDict();
+    auto take = [&](const std::string& name, const at::Tensor& dst) {
+      auto it = dict.find(name);
+      if (it == dict.end()) throw std::runtime_error(file + ": no entry '" + name + "'");
+      const at::Tensor src = it->value().toTensor();
+      if (src.sizes() != dst.sizes()) {
+        throw std::runtime_error(file + ": '" + name + "' has shape " + c10::str(src.sizes()) + ", the model's is " +
+                                 c10::str(dst.sizes()));
+      }
+      dst.detach().copy_(src);
+    };
+    for (const auto& [name, p] : params) take(name, p);
+    for (const auto& b : model.root->named_buffers()) take(b.key(), b.value());
+    for (const auto& [key, tensors] : states) {
+      for (const auto& [name, t] : tensors) take(name + "::" + key, t);
+    }
+  }
+  // Generator states only mean the same thing at the same world size (each rank restores its own).
+  if (state.world_size == world.size() && io::path_exists(rng_file(path, world.rank()))) {
+    const auto rng = torch::pickle_load(io::read_file(rng_file(path, world.rank()))).toGenericDict();
+    at::Generator generator = at::detail::getDefaultCPUGenerator();
+    std::lock_guard<std::mutex> lock(generator.mutex());
+    generator.set_state(rng.at("cpu").toTensor());
+  }
+  world.barrier().wait();
+  return state;
+}
+
+std::vector<std::string> list_checkpoints(const std::string& dir) {
+  std::vector<std::string> out;
+  if (!io::is_directory(dir)) return out;
+  for (const auto& name : io::list_directory(dir)) {  // sorted; zero-padded steps sort numerically
+    if (is_step_name(name) && io::path_exists(dir + "/" + name + "/trainer.json")) out.push_back(dir + "/" + name);
+  }
+  return out;
+}
+
+std::optional<std::string> latest_checkpoint(const std::string& dir) {
+  auto all = list_checkpoints(dir);
+  if (all.empty()) return std::nullopt;
+  return all.back();
+}
+
+void prune_checkpoints(const std::string& dir, int64_t keep) {
+  if (!io::is_directory(dir)) return;
+  for (const auto& name : io::list_directory(dir)) {
+    const std::string suffix = kPartial;
+    if (name.size() > suffix.size() && name.compare(name.size() - suffix.size(), suffix.size(), suffix) == 0 &&
+        is_step_name(name.substr(0, name.size() - suffix.size()))) {
+      io::remove_tree(dir + "/" + name);
+    }
+  }
+  if (keep <= 0) return;
+  const auto all = list_checkpoints(dir);
+  for (size_t i = 0; i + static_cast<size_t>(keep) < all.size(); ++i) io::remove_tree(all[i]);
+}
+
+void export_checkpoint(const std::string& path, const std::string& out, std::optional<at::ScalarType> dtype) {
+  const TrainerState state = read_trainer_state(path);
+  std::map<std::string, at::Tensor> saved;
+  if (io::path_exists(path + "/model")) {
+    saved = fsdp::read_sharded_state_dict(path + "/model");
+  } else if (io::path_exists(path + "/model.pt")) {
+    for (const auto& item : torch::pickle_load(io::read_file(path + "/model.pt")).toGenericDict()) {
+      saved[item.key().toStringRef()] = item.value().toTensor();
+    }
+  } else {
+    throw std::runtime_error(path + ": holds neither model/ nor model.pt");
+  }
+  // The flavor's module tree, on the meta device (no memory), gives the names, the tied pairs and HF's names.
+  models::BuildOptions build;
+  build.tensors = build.tensors.device(at::kMeta);
+  const models::ZooModel meta = models::build_model(state.flavor, build);
+  std::vector<std::pair<std::string, at::Tensor>> named;
+  std::set<const c10::TensorImpl*> seen;
+  auto add = [&](const std::string& name, const at::Tensor& like) {
+    auto it = saved.find(name);
+    if (it == saved.end()) throw std::runtime_error(path + ": no tensor '" + name + "' of " + state.flavor);
+    if (it->second.sizes() != like.sizes()) {
+      throw std::runtime_error(path + ": '" + name + "' has shape " + c10::str(it->second.sizes()) + ", " +
+                               state.flavor + "'s is " + c10::str(like.sizes()));
+    }
+    named.emplace_back(meta.names.to_hf(name), dtype ? it->second.to(*dtype) : it->second);
+  };
+  for (const auto& p : meta.module->named_parameters()) {
+    if (seen.insert(p.value().unsafeGetTensorImpl()).second) add(p.key(), p.value());
+  }
+  for (const auto& b : meta.module->named_buffers()) add(b.key(), b.value());
+  models::write_safetensors(out, named);
+}
+
+}  // namespace shardtrain::ckpt

@@ -1,0 +1,371 @@
+#include "shardtrain/data/loader.h"
+
+#include <ATen/ATen.h>
+
+#include <algorithm>
+#include <cmath>
+#include <condition_variable>
+#include <exception>
+#include <map>
+#include <mutex>
+#include <thread>
+
+#include "data/random.h"
+#include "shardtrain/data/image.h"
+#include "shardtrain/data/masking.h"
+#include "shardtrain/data/sampler.h"
+
+namespace shardtrain::data {
+namespace {
+
+constexpr int kMaxReplacements = 64;  // consecutive unusable samples before the loader gives up
+constexpr size_t kKeptErrors = 8;
+
+struct Example {
+  Encoding text;
+  MlmMask mlm;
+  at::Tensor pixels, codebook;
+  std::vector<uint8_t> masked_patches;
+  int64_t itm = 1;        // 0: an ITM negative, its text replaced by another row's in build()
+  int64_t position = 0;   // stream position it was read at
+  std::optional<int64_t> label;
+  int64_t sample = 0;
+};
+
+}  // namespace
+
+struct Loader::Impl {
+  std::array<std::shared_ptr<const SampleSource>, 3> sources;
+  LoaderOptions options;
+
+  // Epoch permutations, shared by the workers: the two newest epochs per kind.
+  mutable std::mutex perm_mutex;
+  mutable std::map<std::pair<int, int64_t>, std::shared_ptr<const std::vector<int64_t>>> perms;
+
+  // Planning and hand-over. Item i is micro-batch (i % micro_batches) of step first_step + i / micro_batches.
+  mutable std::mutex mutex;
+  std::condition_variable work_cv, ready_cv;
+  LoaderState planned;        // state after the items planned so far
+  LoaderState delivered;      // state after the steps returned so far
+  int64_t next_item = 0;      // next item to plan
+  int64_t next_deliver = 0;   // next item to return
+  int64_t first_step = 0;
+  std::map<int64_t, std::pair<Batch, std::exception_ptr>> ready;
+  bool stopping = false;
+  std::vector<std::thread> threads;
+
+  mutable std::mutex stats_mutex;
+  mutable LoaderStats stats;
+
+  uint64_t kind_seed(SampleKind k) const { return hash_of(options.seed, 0x5eed0000 + static_cast<uint64_t>(k)); }
+
+  int64_t sample_at(SampleKind kind, int64_t position) const {
+    const auto& source = *sources[static_cast<size_t>(kind)];
+    const int64_t n = source.size(), epoch = position / n;
+    std::shared_ptr<const std::vector<int64_t>> perm;
+    {
+      std::lock_guard<std::mutex> lock(perm_mutex);
+      auto key = std::make_pair(static_cast<int>(kind), epoch);
+      auto it = perms.find(key);
+      if (it == perms.end()) {
+        it = perms.emplace(key, std::make_shared<std::vector<int64_t>>(epoch_permutation(n, kind_seed(kind), epoch)))
+                 .first;
+        // keep this kind's two newest epochs (a batch may straddle a boundary)
+        std::vector<std::pair<int, int64_t>> mine;
+        for (const auto& entry : perms) {
+          if (entry.first.first == static_cast<int>(kind)) mine.push_back(entry.first);
+        }
+        for (size_t i = 0; i + 2 < mine.size(); ++i) {
+          if (mine[i] != key) perms.erase(mine[i]);  // a lagging worker's older epoch stays until next time
+        }
+        it = perms.find(key);
+      }
+      perm = it->second;
+    }
+    return (*perm)[static_cast<size_t>(position % n)];
+  }
+
+  void note_skip(const std::string& why) const {
+    std::lock_guard<std::mutex> lock(stats_mutex);
+    ++stats.skipped;
+    if (stats.first_errors.size() < kKeptErrors) stats.first_errors.push_back(why);
+  }
+
+  at::Tensor image_tensor(const Image& decoded, bool codebook) const {
+    if (codebook) return to_codebook_tensor(resize(decoded, options.codebook_size, options.codebook_size));
+    return to_normalized_tensor(resize(decoded, options.image_size, options.image_size), options.image_mean,
+                                options.image_std);
+  }
+
+  Example example(SampleKind kind, int64_t position) const {
+    const auto& source = *sources[static_cast<size_t>(kind)];
+    const uint64_t seed = kind_seed(kind);
+    const LoaderOptions& o = options;
+    for (int attempt = 0; attempt < kMaxReplacements; ++attempt, ++position) {
+      Example ex;
+      try {
+        ex.sample = sample_at(kind, position);
+        const RawSample raw = source.read(ex.sample);
+        ex.label = raw.label;
+        const auto p = static_cast<uint64_t>(position);
+        if (kind != SampleKind::IMAGE) {
+          ex.text = o.tokenizer->encode(raw.text, o.text_length);
+          if (o.mlm_probability > 0) {
+            auto rng = rng_for(seed, p, Purpose::kMlm);
+            const auto& t = *o.tokenizer;
+            ex.mlm = mlm_mask(ex.text.ids, {t.pad_id(), t.cls_id(), t.sep_id()}, t.mask_id(), t.vocab_size(),
+                              o.mlm_probability, rng);
+          }
+        }
+        if (kind != SampleKind::TEXT) {
+          const Image decoded = decode_image(raw.image);
+          // An ITM negative: this image gets another row's text when the batch is put together (build()).
+          ex.itm = kind == SampleKind::IMAGE_TEXT &&
+                           unit_of(hash_of(seed, p, static_cast<uint64_t>(Purpose::kItm))) < o.itm_negative_probability
+                       ? 0
+                       : 1;
+          ex.position = position;
+          ex.pixels = image_tensor(decoded, false);
+          if (o.codebook_size > 0) ex.codebook = image_tensor(decoded, true);
+          if (o.mim_probability > 0) {
+            const int64_t grid = o.image_size / o.patch_size;
+            // BEiT's smallest block is 16 of 196 patches; scaled to the grid so small images get blocks too
+            const int64_t min_block = std::max<int64_t>(1, std::llround(16.0 * grid * grid / 196.0));
+            auto rng = rng_for(seed, p, Purpose::kMim);
+            ex.masked_patches = block_mask(grid, grid, o.mim_probability, min_block, rng);
+          }
+        }
+        return ex;
+      } catch (const std::exception& e) {
+        note_skip(e.what());
+      }
+    }
+    throw std::runtime_error(std::string("the ") + kind_name(kind) + " data has " + std::to_string(kMaxReplacements) +
+                             " unusable samples in a row (first errors in the loader's stats)");
+  }
+
+  // ITM negatives inside the batch: each negative row takes the text (and its MLM mask) of a positive row, so its
+  // image meets a caption of another image. Borrowing a text already in the batch, rather than one from outside
+  // it, keeps every text of the batch the caption of an image in it, so no caption is only ever a contrastive
+  // distractor (FlavaForPreTraining scores the positive rows against all texts). Measured on flava-debug with
+  // synthetic data: image rows against all texts stayed at chance with outside captions and learned with these.
+  void pair_negatives(std::vector<Example>& examples) const {
+    std::vector<size_t> positives;
+    for (size_t i = 0; i < examples.size(); ++i) {
+      if (examples[i].itm == 1) positives.push_back(i);
+    }
+    if (positives.empty()) {  // at least one positive: the negatives need a text to borrow
+      examples[0].itm = 1;
+      positives.push_back(0);
+    }
+    const uint64_t seed = kind_seed(SampleKind::IMAGE_TEXT);
+    for (auto& ex : examples) {
+      if (ex.itm == 1) continue;
+      if (positives.size() == 1 && &examples[positives[0]] == &ex) continue;
+      const uint64_t h = hash_of(seed, static_cast<uint64_t>(ex.position), static_cast<uint64_t>(Purpose::kItmPartner));
+      const Example& partner = examples[positives[h % positives.size()]];
+      ex.text = partner.text;
+      ex.mlm = partner.mlm;
+    }
+  }
+
+  Batch build(SampleKind kind, int64_t start) const {
+    const LoaderOptions& o = options;
+    if (!sources[static_cast<size_t>(kind)]) {
+      throw std::logic_error(std::string("Loader: no ") + kind_name(kind) + " source");
+    }
+    std::vector<Example> examples;
+    for (int64_t position : EpochSampler::rank_positions(start, o.rank, o.batch_size)) {
+      examples.push_back(example(kind, position));
+    }
+    if (kind == SampleKind::IMAGE_TEXT) pair_negatives(examples);
+    Batch b;
+    b.kind = kind;
+    const int64_t B = o.batch_size;
+    for (const auto& ex : examples) b.sample_ids.push_back(ex.sample);
+    auto rows = [&](auto member) {
+      std::vector<int64_t> flat;
+      for (const auto& ex : examples) {
+        const auto& v = member(ex);
+        flat.insert(flat.end(), v.begin(), v.end());
+      }
+      return at::tensor(flat, at::kLong).view({B, -1});
+    };
+    if (kind != SampleKind::IMAGE) {
+      b.input_ids = rows([](const Example& e) -> const std::vector<int64_t>& { return e.text.ids; });
+      b.attention_mask = rows([](const Example& e) -> const std::vector<int64_t>& { return e.text.attention_mask; });
+      if (o.mlm_probability > 0) {
+        b.input_ids_masked = rows([](const Example& e) -> const std::vector<int64_t>& { return e.mlm.masked_ids; });
+        b.mlm_labels = rows([](const Example& e) -> const std::vector<int64_t>& { return e.mlm.labels; });
+      }
+      b.texts = B;
+    }
+    if (kind != SampleKind::TEXT) {
+      std::vector<at::Tensor> pixels, codebook;
+      for (const auto& ex : examples) {
+        pixels.push_back(ex.pixels);
+        if (ex.codebook.defined()) codebook.push_back(ex.codebook);
+      }
+      b.pixels = at::stack(pixels);
+      if (!codebook.empty()) b.codebook_pixels = at::stack(codebook);
+      if (o.mim_probability > 0) {
+        std::vector<uint8_t> flat;
+        for (const auto& ex : examples) flat.insert(flat.end(), ex.masked_patches.begin(), ex.masked_patches.end());
+        b.masked_patches = at::from_blob(flat.data(), {B, static_cast<int64_t>(flat.size()) / B}, at::kByte)
+                               .to(at::kBool);
+      }
+      b.images = B;
+    }
+    if (kind == SampleKind::IMAGE_TEXT) {
+      std::vector<int64_t> itm;
+      for (const auto& ex : examples) itm.push_back(ex.itm);
+      b.itm_labels = at::tensor(itm, at::kLong);
+    }
+    if (std::all_of(examples.begin(), examples.end(), [](const Example& e) { return e.label.has_value(); })) {
+      std::vector<int64_t> labels;
+      for (const auto& ex : examples) labels.push_back(*ex.label);
+      b.labels = at::tensor(labels, at::kLong);
+    }
+    return b;
+  }
+
+  SampleKind kind_of(int64_t step) const {
+    std::array<double, 3> w{};
+    double total = 0;
+    for (size_t k = 0; k < 3; ++k) total += (w[k] = sources[k] ? std::max(0.0, options.mix[k]) : 0.0);
+    if (total <= 0) throw std::invalid_argument("Loader: no source has a positive mix weight");
+    double u = unit_of(hash_of(options.seed, static_cast<uint64_t>(step), static_cast<uint64_t>(Purpose::kBatchKind))) *
+               total;
+    for (size_t k = 0; k < 3; ++k) {
+      if (w[k] > 0 && (u < w[k] || k == 2)) return static_cast<SampleKind>(k);
+      u -= w[k];
+    }
+    for (size_t k = 3; k-- > 0;) {
+      if (w[k] > 0) return static_cast<SampleKind>(k);
+    }
+    return SampleKind::IMAGE_TEXT;
+  }
+
+  // Under `mutex`: the next item's (kind, stream start), advancing `planned`.
+  std::pair<SampleKind, int64_t> plan_next() {
+    const int64_t item = next_item++;
+    const int64_t step = first_step + item / options.micro_batches;
+    const SampleKind kind = kind_of(step);
+    int64_t& consumed = planned.consumed[static_cast<size_t>(kind)];
+    const int64_t start = consumed;
+    consumed += options.world * options.batch_size;
+    if ((item + 1) % options.micro_batches == 0) planned.step = step + 1;
+    return {kind, start};
+  }
+
+  void worker() {
+    while (true) {
+      int64_t item;
+      std::pair<SampleKind, int64_t> plan;
+      {
+        std::unique_lock<std::mutex> lock(mutex);
+        work_cv.wait(lock, [&] { return stopping || next_item < next_deliver + options.queue_depth; });
+        if (stopping) return;
+        item = next_item;
+        plan = plan_next();
+      }
+      Batch batch;
+      std::exception_ptr error;
+      try {
+        batch = build(plan.first, plan.second);
+      } catch (...) {
+        error = std::current_exception();
+      }
+      batch.step = first_step + item / options.micro_batches;
+      batch.micro = item % options.micro_batches;
+      {
+        std::lock_guard<std::mutex> lock(mutex);
+        ready.emplace(item, std::make_pair(std::move(batch), error));
+      }
+      ready_cv.notify_all();
+    }
+  }
+};
+
+Loader::Loader(std::array<std::shared_ptr<const SampleSource>, 3> sources, LoaderOptions options, LoaderState start)
+    : impl_(std::make_unique<Impl>()) {
+  impl_->sources = std::move(sources);
+  impl_->options = std::move(options);
+  const auto& o = impl_->options;
+  if (o.batch_size < 1 || o.micro_batches < 1 || o.world < 1 || o.rank < 0 || o.rank >= o.world ||
+      o.queue_depth < 1 || o.workers < 0) {
+    throw std::invalid_argument("Loader: batch_size, micro_batches, world and queue_depth must be positive, rank in "
+                                "[0, world), workers >= 0");
+  }
+  if ((impl_->sources[0] || impl_->sources[1]) && !o.tokenizer) {
+    throw std::invalid_argument("Loader: text data needs a tokenizer");
+  }
+  if ((impl_->sources[0] || impl_->sources[2]) && (o.image_size <= 0 || o.patch_size <= 0 ||
+                                                   o.image_size % o.patch_size != 0)) {
+    throw std::invalid_argument("Loader: image_size " + std::to_string(o.image_size) +
+                                " must be a positive multiple of patch_size " + std::to_string(o.patch_size));
+  }
+  impl_->kind_of(start.step);  // a mix with no source throws here, not in a worker
+  impl_->planned = impl_->delivered = start;
+  impl_->first_step = start.step;
+  for (int64_t t = 0; t < o.workers; ++t) impl_->threads.emplace_back([this] { impl_->worker(); });
+}
+
+Loader::~Loader() {
+  {
+    std::lock_guard<std::mutex> lock(impl_->mutex);
+    impl_->stopping = true;
+  }
+  impl_->work_cv.notify_all();
+  for (auto& t : impl_->threads) t.join();
+}
+
+std::vector<Batch> Loader::next_step() {
+  Impl& m = *impl_;
+  std::vector<Batch> out;
+  for (int64_t micro = 0; micro < m.options.micro_batches; ++micro) {
+    Batch batch;
+    std::exception_ptr error;
+    if (m.options.workers == 0) {
+      std::pair<SampleKind, int64_t> plan;
+      {
+        std::lock_guard<std::mutex> lock(m.mutex);
+        plan = m.plan_next();
+      }
+      batch = m.build(plan.first, plan.second);
+      batch.step = m.delivered.step, batch.micro = micro;
+    } else {
+      std::unique_lock<std::mutex> lock(m.mutex);
+      m.ready_cv.wait(lock, [&] { return m.ready.count(m.next_deliver) > 0; });
+      auto node = m.ready.extract(m.next_deliver);
+      batch = std::move(node.mapped().first);
+      error = node.mapped().second;
+    }
+    {
+      std::lock_guard<std::mutex> lock(m.mutex);
+      ++m.next_deliver;
+      if (!error) m.delivered.consumed[static_cast<size_t>(batch.kind)] += m.options.world * m.options.batch_size;
+    }
+    m.work_cv.notify_all();
+    if (error) std::rethrow_exception(error);
+    out.push_back(std::move(batch));
+  }
+  std::lock_guard<std::mutex> lock(m.mutex);
+  ++m.delivered.step;
+  return out;
+}
+
+LoaderState Loader::state() const {
+  std::lock_guard<std::mutex> lock(impl_->mutex);
+  return impl_->delivered;
+}
+
+LoaderStats Loader::stats() const {
+  std::lock_guard<std::mutex> lock(impl_->stats_mutex);
+  return impl_->stats;
+}
+
+SampleKind Loader::kind_of(int64_t step) const { return impl_->kind_of(step); }
+Batch Loader::build(SampleKind kind, int64_t start) const { return impl_->build(kind, start); }
+
+}  // namespace shardtrain::data

@@ -1,0 +1,209 @@
+#include "train/metrics_log.h"
+
+#include <unistd.h>
+
+#include <chrono>
+#include <cmath>
+#include <stdexcept>
+
+#include "shardtrain/io/files.h"
+
+namespace shardtrain::train {
+namespace {
+
+double now() { return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count(); }
+
+std::string duration_text(double seconds) {
+  if (!std::isfinite(seconds) || seconds < 0) return "?";
+  const auto s = static_cast<int64_t>(seconds + 0.5);
+  char out[32];
+  if (s >= 3600) {
+    std::snprintf(out, sizeof(out), "%lld:%02lld:%02lld", static_cast<long long>(s / 3600),
+                  static_cast<long long>(s / 60 % 60), static_cast<long long>(s % 60));
+  } else {
+    std::snprintf(out, sizeof(out), "%lld:%02lld", static_cast<long long>(s / 60), static_cast<long long>(s % 60));
+  }
+  return out;
+}
+
+std::FILE* open_csv(const std::string& path, const std::string& header, bool append) {
+  const bool exists = io::path_exists(path);
+  std::FILE* f = std::fopen(path.c_str(), append ? "a" : "w");
+  if (!f) throw std::runtime_error("cannot write '" + path + "'");
+  if (!append || !exists) std::fprintf(f, "%s\n", header.c_str());
+  return f;
+}
+
+std::string csv_number(double v) {
+  if (!std::isfinite(v)) return "";
+  char out[32];
+  std::snprintf(out, sizeof(out), "%.6g", v);
+  return out;
+}
+
+}  // namespace
+
+const std::vector<std::string>& loss_columns() {
+  static const std::vector<std::string> columns = {"mim", "mlm",  "itm", "contrastive", "mmm_image",
+                                                   "mmm_text", "cls", "lm", "span"};
+  return columns;
+}
+
+MetricsLog::MetricsLog(const config::LogConfig& config, bool leader, int64_t total_steps, int64_t start_step)
+    : config_(config), leader_(leader), total_(total_steps), start_(start_step), step_(start_step), started_(now()) {
+  if (!leader_) return;
+  bar_ = config.progress == config::Progress::BAR ||
+         (config.progress == config::Progress::AUTO && ::isatty(2) != 0);
+  if (config.dir.empty()) return;
+  io::make_directories(config.dir);
+  if (config.tensorboard) events_ = std::make_unique<EventWriter>(config.dir);
+  if (config.csv) {
+    std::string header = "step,loss,lr,grad_norm,items_per_s,texts_per_s,images_per_s,tflops_per_rank,mfu,peak_memory_gib";
+    for (const auto& c : loss_columns()) header += "," + c;
+    csv_ = open_csv(config.dir + "/metrics.csv", header, /*append=*/start_step > 0);
+  }
+}
+
+MetricsLog::~MetricsLog() {
+  if (csv_) std::fclose(csv_);
+  if (eval_csv_) std::fclose(eval_csv_);
+}
+
+void MetricsLog::clear_bar() {
+  if (bar_drawn_) std::fprintf(stderr, "\r\033[K");
+  bar_drawn_ = false;
+}
+
+void MetricsLog::draw_bar() {
+  const int64_t done = step_ - start_, todo = total_ - start_;
+  const double elapsed = now() - started_;
+  const double rate = done > 0 ? static_cast<double>(done) / elapsed : NAN;
+  const double eta = done > 0 ? static_cast<double>(total_ - step_) / rate : NAN;
+  constexpr int kWidth = 30;
+  const int filled = todo > 0 ? static_cast<int>(kWidth * done / todo) : kWidth;
+  std::string bar(static_cast<size_t>(filled), '#');
+  bar += std::string(static_cast<size_t>(kWidth - filled), '.');
+  std::fprintf(stderr, "\r\033[K[%s] %lld/%lld %3d%% %.2f it/s ETA %s loss %.4f", bar.c_str(),
+               static_cast<long long>(step_), static_cast<long long>(total_),
+               static_cast<int>(100 * step_ / std::max<int64_t>(1, total_)), std::isfinite(rate) ? rate : 0.0,
+               duration_text(eta).c_str(), last_loss_);
+  std::fflush(stderr);
+  bar_drawn_ = true;
+}
+
+void MetricsLog::step_done(int64_t step, double loss) {
+  step_ = step, last_loss_ = loss;
+  if (leader_ && bar_) draw_bar();
+}
+
+std::string MetricsLog::line_of(const IntervalMetrics& m) const {
+  char head[160];
+  std::snprintf(head, sizeof(head), "step %lld/%lld  loss %.4f  lr %.3g  grad_norm %.3g",
+                static_cast<long long>(m.step), static_cast<long long>(total_), m.loss, m.lr, m.grad_norm);
+  std::string line = head;
+  for (const auto& [name, v] : m.parts) {
+    char part[64];
+    std::snprintf(part, sizeof(part), "  %s %.4f", name.c_str(), v);
+    line += part;
+  }
+  if (std::isfinite(m.items_per_second)) {
+    char tail[160];
+    std::snprintf(tail, sizeof(tail), "  items/s %.1f  TFLOP/s/rank %.3g  MFU %.1f%%", m.items_per_second,
+                  m.tflops_per_rank, 100 * m.mfu);
+    line += tail;
+  } else {
+    line += "  (throughput after warm-up)";
+  }
+  double peak = 0;
+  for (double p : m.peak_memory_gib) peak = std::max(peak, p);
+  char mem[64];
+  std::snprintf(mem, sizeof(mem), "  peak mem %.2f GiB", peak);
+  line += mem;
+  if (m.peak_memory_gib.size() > 1 && m.peak_memory_gib.size() <= 8) {
+    line += " (";
+    for (size_t r = 0; r < m.peak_memory_gib.size(); ++r) {
+      char one[24];
+      std::snprintf(one, sizeof(one), "%s%.2f", r ? " " : "", m.peak_memory_gib[r]);
+      line += one;
+    }
+    line += ")";
+  }
+  return line;
+}
+
+void MetricsLog::record(const IntervalMetrics& m) {
+  if (!leader_) return;
+  if (config_.progress != config::Progress::NONE) message(line_of(m));
+  double peak = 0;
+  for (double p : m.peak_memory_gib) peak = std::max(peak, p);
+  if (csv_) {
+    std::string row = std::to_string(m.step) + "," + csv_number(m.loss) + "," + csv_number(m.lr) + "," +
+                      csv_number(m.grad_norm) + "," + csv_number(m.items_per_second) + "," +
+                      csv_number(m.texts_per_second) + "," + csv_number(m.images_per_second) + "," +
+                      csv_number(m.tflops_per_rank) + "," + csv_number(m.mfu) + "," + csv_number(peak);
+    for (const auto& c : loss_columns()) {
+      auto it = m.parts.find(c);
+      row += "," + (it == m.parts.end() ? std::string() : csv_number(it->second));
+    }
+    std::fprintf(csv_, "%s\n", row.c_str());
+    std::fflush(csv_);
+  }
+  if (events_) {
+    events_->add_scalar("train/loss", m.loss, m.step);
+    for (const auto& [name, v] : m.parts) events_->add_scalar("train/loss_" + name, v, m.step);
+    events_->add_scalar("train/lr", m.lr, m.step);
+    events_->add_scalar("train/grad_norm", m.grad_norm, m.step);
+    if (std::isfinite(m.items_per_second)) {
+      events_->add_scalar("perf/items_per_second", m.items_per_second, m.step);
+      events_->add_scalar("perf/tflops_per_rank", m.tflops_per_rank, m.step);
+      events_->add_scalar("perf/mfu", m.mfu, m.step);
+    }
+    events_->add_scalar("memory/peak_gib", peak, m.step);
+    events_->flush();
+  }
+}
+
+void MetricsLog::record_eval(int64_t step, const std::map<std::string, double>& values) {
+  if (!leader_) return;
+  std::string line = "eval step " + std::to_string(step);
+  for (const auto& [name, v] : values) {
+    char part[96];
+    std::snprintf(part, sizeof(part), "  %s %.4g", name.c_str(), v);
+    line += part;
+  }
+  message(line);
+  if (!config_.dir.empty() && config_.csv) {
+    if (!eval_csv_) {
+      std::string header = "step";
+      for (const auto& [name, v] : values) header += "," + name, eval_columns_.push_back(name);
+      eval_csv_ = open_csv(config_.dir + "/eval.csv", header, /*append=*/start_ > 0);
+    }
+    std::string row = std::to_string(step);
+    for (const auto& c : eval_columns_) {
+      auto it = values.find(c);
+      row += "," + (it == values.end() ? std::string() : csv_number(it->second));
+    }
+    std::fprintf(eval_csv_, "%s\n", row.c_str());
+    std::fflush(eval_csv_);
+  }
+  if (events_) {
+    for (const auto& [name, v] : values) events_->add_scalar("eval/" + name, v, step);
+    events_->flush();
+  }
+}
+
+void MetricsLog::message(const std::string& line) {
+  if (!leader_) return;
+  if (bar_) clear_bar();
+  std::fprintf(stdout, "%s\n", line.c_str());
+  std::fflush(stdout);
+  if (bar_ && step_ > start_) draw_bar();
+}
+
+void MetricsLog::finish() {
+  if (leader_ && bar_) {
+    clear_bar();
+  }
+}
+
+}  // namespace shardtrain::train

@@ -1,0 +1,58 @@
+// Where the loop's numbers go (private to the train layer), on rank 0: a progress bar with ETA on a terminal or
+// plain lines otherwise, metrics.csv and eval.csv, and TensorBoard events, all under log.dir.
+#pragma once
+
+#include <cstdint>
+#include <cstdio>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "shardtrain/config/config.h"
+#include "shardtrain/train/event_writer.h"
+
+namespace shardtrain::train {
+
+struct IntervalMetrics {
+  int64_t step = 0;                      // optimizer steps done
+  double loss = 0;                       // mean over the interval and the ranks
+  std::map<std::string, double> parts;   // each loss, mean over the steps that had it
+  double lr = 0, grad_norm = 0;
+  double items_per_second = 0, texts_per_second = 0, images_per_second = 0;  // whole job; NaN during warm-up
+  double tflops_per_rank = 0, mfu = 0;                                       // NaN during warm-up
+  std::vector<double> peak_memory_gib;   // per rank, since the start
+};
+
+class MetricsLog {
+ public:
+  // `leader`: this rank writes; the others do nothing. start_step > 0 after a resume.
+  MetricsLog(const config::LogConfig& config, bool leader, int64_t total_steps, int64_t start_step);
+  ~MetricsLog();
+
+  void step_done(int64_t step, double loss);  // every step: moves the bar
+  void record(const IntervalMetrics& m);      // every log interval
+  void record_eval(int64_t step, const std::map<std::string, double>& values);
+  void message(const std::string& line);      // a line of its own (above the bar)
+  void finish();
+
+ private:
+  std::string line_of(const IntervalMetrics& m) const;
+  void draw_bar();
+  void clear_bar();
+
+  config::LogConfig config_;
+  bool leader_, bar_ = false, bar_drawn_ = false;
+  int64_t total_, start_, step_ = 0;
+  double last_loss_ = 0;
+  double started_ = 0;  // seconds
+  std::unique_ptr<EventWriter> events_;
+  std::FILE* csv_ = nullptr;
+  std::FILE* eval_csv_ = nullptr;
+  std::vector<std::string> eval_columns_;
+};
+
+// The loss columns metrics.csv always has (empty where a step had none), in order.
+const std::vector<std::string>& loss_columns();
+
+}  // namespace shardtrain::train

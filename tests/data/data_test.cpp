@@ -1,0 +1,386 @@
+// The data pipeline: tar reading and writing, WebDataset grouping, text files, the sampler's coverage across
+// world sizes, masks, the loader's determinism and its handling of corrupt data, synthetic data, vocabularies.
+#include <gtest/gtest.h>
+
+#include <ATen/ATen.h>
+#include <unistd.h>
+
+#include <fstream>
+#include <set>
+
+#include "shardtrain/data/image.h"
+#include "shardtrain/data/loader.h"
+#include "shardtrain/data/masking.h"
+#include "shardtrain/data/sampler.h"
+#include "shardtrain/data/source.h"
+#include "shardtrain/data/synth.h"
+#include "shardtrain/data/tar.h"
+#include "shardtrain/data/tokenizer.h"
+#include "shardtrain/io/files.h"
+#include "support/expect_error.h"
+
+namespace shardtrain::data {
+namespace {
+
+using shardtrain::testing::expect_error;
+
+// A fresh directory per test, removed afterwards.
+class DataTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = "/tmp/shardtrain_data_test_" + std::to_string(::getpid()) + "_" +
+           ::testing::UnitTest::GetInstance()->current_test_info()->name();
+    io::remove_tree(dir_);
+    io::make_directories(dir_);
+  }
+  void TearDown() override { io::remove_tree(dir_); }
+  std::string dir_;
+};
+
+void write_text(const std::string& path, const std::string& text) {
+  io::write_file_atomic(path, std::vector<char>(text.begin(), text.end()));
+}
+
+Image solid(int64_t size, uint8_t r, uint8_t g, uint8_t b) {
+  Image img;
+  img.width = img.height = size;
+  for (int64_t i = 0; i < size * size; ++i) img.rgb.insert(img.rgb.end(), {r, g, b});
+  return img;
+}
+
+TEST_F(DataTest, TarRoundTripAndSystemTarAgrees) {
+  const std::string path = dir_ + "/a.tar";
+  TarWriter tar(path);
+  tar.add("000.txt", "hello");
+  tar.add("000.cls", "3");
+  tar.add(std::string(120, 'd') + "/001.txt", std::string(1000, 'x'));  // ustar prefix field
+  tar.add("002.bin", "");
+  tar.finish();
+  const TarScan scan = scan_tar(io::ReadOnlyFile(path));
+  EXPECT_EQ(scan.error, "");
+  ASSERT_EQ(scan.members.size(), 4u);
+  EXPECT_EQ(scan.members[0].name, "000.txt");
+  EXPECT_EQ(scan.members[2].name, std::string(120, 'd') + "/001.txt");
+  EXPECT_EQ(scan.members[2].size, 1000);
+  EXPECT_EQ(io::ReadOnlyFile(path).read(scan.members[0].offset, scan.members[0].size), "hello");
+  // GNU tar lists the same members (the format is real ustar, not just readable by ourselves).
+  const std::string listing = dir_ + "/listing.txt";
+  ASSERT_EQ(std::system(("tar tf " + path + " > " + listing).c_str()), 0);
+  std::ifstream in(listing);
+  std::vector<std::string> names;
+  for (std::string line; std::getline(in, line);) names.push_back(line);
+  EXPECT_EQ(names, (std::vector<std::string>{"000.txt", "000.cls", std::string(120, 'd') + "/001.txt", "002.bin"}));
+}
+
+TEST_F(DataTest, SystemTarFilesAreRead) {
+  write_text(dir_ + "/k1.txt", "caption one");
+  write_text(dir_ + "/k1.cls", "7");
+  write_text(dir_ + "/k2.txt", "caption two");
+  ASSERT_EQ(std::system(("cd " + dir_ + " && tar --format=gnu -cf sys.tar k1.txt k1.cls k2.txt").c_str()), 0);
+  SampleSource source({dir_ + "/sys.tar"}, SampleKind::TEXT);
+  ASSERT_EQ(source.size(), 2);
+  EXPECT_EQ(source.read(0).text, "caption one");
+  EXPECT_EQ(source.read(0).label, 7);
+  EXPECT_EQ(source.read(1).text, "caption two");
+  EXPECT_FALSE(source.read(1).label.has_value());
+}
+
+TEST_F(DataTest, TruncatedTarKeepsTheSamplesBeforeTheDamage) {
+  const std::string path = dir_ + "/t.tar";
+  TarWriter tar(path);
+  for (int i = 0; i < 10; ++i) {
+    tar.add("s" + std::to_string(i) + ".png", encode_png(solid(8, 10, 20, static_cast<uint8_t>(i))));
+    tar.add("s" + std::to_string(i) + ".txt", "sample " + std::to_string(i));
+  }
+  tar.finish();
+  const int64_t full = io::file_size(path);
+  ASSERT_EQ(::truncate(path.c_str(), full * 6 / 10), 0);
+  SampleSource source({path}, SampleKind::IMAGE_TEXT);
+  EXPECT_GT(source.size(), 3);
+  EXPECT_LT(source.size(), 10);
+  ASSERT_EQ(source.scan_problems().size(), 1u);
+  EXPECT_NE(source.scan_problems()[0].find("truncated"), std::string::npos) << source.scan_problems()[0];
+  EXPECT_NE(source.scan_problems()[0].find(path), std::string::npos);
+  for (int64_t i = 0; i < source.size(); ++i) EXPECT_EQ(source.read(i).text, "sample " + std::to_string(i));
+
+  // Garbage is "bad header checksum", never a crash; a source with no sample at all is an error that says why.
+  write_text(dir_ + "/garbage.tar", std::string(4096, 'g'));
+  expect_error<std::invalid_argument>([&] { SampleSource({dir_ + "/garbage.tar"}, SampleKind::TEXT); },
+                                      {"no usable sample", "bad header checksum"});
+  expect_error<std::invalid_argument>([&] { SampleSource({dir_ + "/missing"}, SampleKind::TEXT); },
+                                      {"'" + dir_ + "/missing' does not exist"});
+}
+
+TEST_F(DataTest, WebDatasetGroupingLeavesOutIncompleteSamples) {
+  const std::string path = dir_ + "/w.tar";
+  TarWriter tar(path);
+  tar.add("a/000.png", encode_png(solid(4, 1, 2, 3)));
+  tar.add("a/000.txt", "with image");
+  tar.add("a/001.txt", "text only");  // no image: not an image-text sample
+  tar.add("a/002.jpg", encode_jpeg(solid(4, 9, 9, 9)));
+  tar.add("a/002.caption", "jpeg");
+  tar.add("a/002.json", "{}");  // other extensions are ignored
+  tar.finish();
+  SampleSource pairs({path}, SampleKind::IMAGE_TEXT);
+  EXPECT_EQ(pairs.size(), 2);
+  EXPECT_EQ(pairs.incomplete_samples(), 1);
+  EXPECT_EQ(pairs.read(1).text, "jpeg");
+  EXPECT_EQ(decode_image(pairs.read(1).image).width, 4);
+  SampleSource texts({path}, SampleKind::TEXT);
+  EXPECT_EQ(texts.size(), 3);
+  SampleSource images({path}, SampleKind::IMAGE);
+  EXPECT_EQ(images.size(), 2);
+}
+
+TEST_F(DataTest, TextAndJsonlFiles) {
+  write_text(dir_ + "/c.txt", "first line\n\nsecond line\r\nlast without newline");
+  write_text(dir_ + "/d.jsonl", "{\"text\": \"json one\"}\nnot json\n{\"other\": 1}\n");
+  SampleSource source({dir_}, SampleKind::TEXT);  // a directory: both files, sorted
+  ASSERT_EQ(source.size(), 6);
+  EXPECT_EQ(source.read(0).text, "first line");
+  EXPECT_EQ(source.read(1).text, "second line");
+  EXPECT_EQ(source.read(2).text, "last without newline");
+  EXPECT_EQ(source.read(3).text, "json one");
+  expect_error<std::runtime_error>([&] { source.read(4); }, {"d.jsonl:2", "not a JSON line"});
+  expect_error<std::runtime_error>([&] { source.read(5); }, {"d.jsonl:3", "\"text\""});
+  expect_error<std::invalid_argument>([&] { SampleSource({dir_ + "/c.txt"}, SampleKind::IMAGE); },
+                                      {"expected a .tar file for image data"});
+}
+
+// Every rank's positions over one epoch: each sample exactly once, for world sizes 1-4 and sizes that do not
+// divide evenly; the order depends on seed and epoch only.
+TEST(Sampler, EveryEpochCoversEverySampleOnceAcrossRanks) {
+  for (int64_t n : {1, 7, 64, 101}) {
+    for (int64_t world = 1; world <= 4; ++world) {
+      for (int64_t batch : {1, 3, 8}) {
+        EpochSampler sampler(n, 42);
+        std::map<int64_t, std::multiset<int64_t>> seen_by_epoch;
+        const int64_t steps = (3 * n + world * batch - 1) / (world * batch);  // three epochs at least
+        for (int64_t step = 0; step < steps; ++step) {
+          for (int64_t rank = 0; rank < world; ++rank) {
+            for (int64_t p : EpochSampler::rank_positions(step * world * batch, rank, batch)) {
+              seen_by_epoch[p / n].insert(sampler.sample_at(p));
+            }
+          }
+        }
+        for (int64_t epoch = 0; epoch < 3; ++epoch) {
+          const auto& seen = seen_by_epoch[epoch];
+          ASSERT_EQ(static_cast<int64_t>(seen.size()), n) << "n " << n << " world " << world << " batch " << batch;
+          for (int64_t i = 0; i < n; ++i) EXPECT_EQ(seen.count(i), 1u) << "sample " << i << " epoch " << epoch;
+        }
+      }
+    }
+  }
+  EXPECT_EQ(epoch_permutation(50, 1, 0), epoch_permutation(50, 1, 0));
+  EXPECT_NE(epoch_permutation(50, 1, 0), epoch_permutation(50, 1, 1));
+  EXPECT_NE(epoch_permutation(50, 1, 0), epoch_permutation(50, 2, 0));
+}
+
+TEST(Masking, MlmAndBlockMasks) {
+  std::mt19937_64 rng(3);
+  std::vector<int64_t> ids(2000, 50);
+  ids[0] = 2, ids[1999] = 3;
+  const MlmMask m = mlm_mask(ids, {2, 3, 0}, /*mask_id=*/4, /*vocab_size=*/100, 0.15, rng);
+  int64_t chosen = 0, masked = 0, kept = 0;
+  for (size_t i = 0; i < ids.size(); ++i) {
+    if (m.labels[i] == -100) {
+      EXPECT_EQ(m.masked_ids[i], ids[i]);
+      continue;
+    }
+    ++chosen;
+    EXPECT_EQ(m.labels[i], 50);
+    masked += m.masked_ids[i] == 4;
+    kept += m.masked_ids[i] == 50;
+  }
+  EXPECT_EQ(m.labels[0], -100);  // specials are never chosen
+  EXPECT_EQ(m.labels[1999], -100);
+  EXPECT_NEAR(chosen / 2000.0, 0.15, 0.03);
+  EXPECT_NEAR(static_cast<double>(masked) / chosen, 0.8, 0.07);
+  EXPECT_GT(kept, 0);
+
+  for (int64_t grid : {4, 14}) {
+    const auto mask = block_mask(grid, grid, 0.4, grid == 14 ? 16 : 1, rng);
+    int64_t count = 0;
+    for (auto v : mask) count += v;
+    EXPECT_GT(count, 0);
+    EXPECT_LE(count, std::llround(0.4 * grid * grid));
+  }
+}
+
+TEST(Images, DecodeResizeNormalize) {
+  const Image red = solid(10, 255, 0, 0);
+  const Image back = decode_image(encode_png(red));
+  EXPECT_EQ(back.rgb, red.rgb);
+  const Image small = resize(back, 4, 4);
+  EXPECT_EQ(small.width, 4);
+  EXPECT_EQ(small.rgb[0], 255);
+  const at::Tensor t = to_normalized_tensor(small, {0.5, 0.5, 0.5}, {0.5, 0.5, 0.5});
+  EXPECT_EQ(t.sizes(), (std::vector<int64_t>{3, 4, 4}));
+  EXPECT_NEAR(t[0].mean().item<double>(), 1.0, 1e-6);
+  EXPECT_NEAR(t[1].mean().item<double>(), -1.0, 1e-6);
+  EXPECT_NEAR(to_codebook_tensor(small)[0][0][0].item<double>(), 0.9, 1e-6);
+  expect_error<DecodeError>([] { decode_image("not an image at all"); }, {"cannot decode image"});
+  const std::string png = encode_png(red);
+  expect_error<DecodeError>([&] { decode_image(png.substr(0, png.size() / 2)); }, {"cannot decode image"});
+}
+
+// A small image-text dataset with some corrupt samples, for the loader tests.
+std::string make_pairs(const std::string& dir, int64_t count, const std::set<int64_t>& corrupt) {
+  const std::string path = dir + "/pairs.tar";
+  TarWriter tar(path);
+  for (int64_t i = 0; i < count; ++i) {
+    const std::string key = "k" + std::to_string(1000 + i);
+    const std::string png = encode_png(solid(16, static_cast<uint8_t>(i * 7), 100, 200));
+    tar.add(key + ".png", corrupt.count(i) ? png.substr(0, 40) : png);
+    tar.add(key + ".txt", "a red circle number " + std::to_string(i));
+  }
+  tar.finish();
+  return path;
+}
+
+LoaderOptions loader_options(int64_t workers) {
+  LoaderOptions o;
+  o.seed = 5;
+  o.batch_size = 4;
+  o.micro_batches = 2;
+  o.workers = workers;
+  o.tokenizer = std::make_shared<WordPieceTokenizer>(
+      build_vocab({"a red circle number 0 1 2 3 4 5 6 7 8 9"}, VocabOptions{200, 1, true}), true);
+  o.text_length = 12;
+  o.image_size = 16, o.patch_size = 4, o.codebook_size = 8;
+  return o;
+}
+
+TEST_F(DataTest, LoaderIsDeterministicAtAnyThreadCountAndResumes) {
+  auto source = std::make_shared<SampleSource>(std::vector<std::string>{make_pairs(dir_, 23, {})},
+                                               SampleKind::IMAGE_TEXT);
+  std::vector<std::vector<Batch>> reference;
+  {
+    Loader loader({source, nullptr, nullptr}, loader_options(0));
+    for (int s = 0; s < 6; ++s) reference.push_back(loader.next_step());
+  }
+  for (int64_t workers : {1, 3}) {
+    Loader loader({source, nullptr, nullptr}, loader_options(workers));
+    for (int s = 0; s < 6; ++s) {
+      const auto step = loader.next_step();
+      ASSERT_EQ(step.size(), 2u);
+      for (size_t m = 0; m < step.size(); ++m) {
+        EXPECT_EQ(step[m].sample_ids, reference[s][m].sample_ids);
+        EXPECT_TRUE(step[m].input_ids_masked.equal(reference[s][m].input_ids_masked));
+        EXPECT_TRUE(step[m].masked_patches.equal(reference[s][m].masked_patches));
+        EXPECT_TRUE(step[m].itm_labels.equal(reference[s][m].itm_labels));
+        EXPECT_TRUE(step[m].pixels.equal(reference[s][m].pixels));
+        EXPECT_EQ(step[m].step, s);
+        EXPECT_EQ(step[m].micro, static_cast<int64_t>(m));
+      }
+    }
+  }
+  // Resumed from the state after step 2: the same batches as steps 3..5.
+  LoaderState state;
+  {
+    Loader loader({source, nullptr, nullptr}, loader_options(2));
+    for (int s = 0; s < 3; ++s) loader.next_step();
+    state = loader.state();
+  }
+  EXPECT_EQ(state.step, 3);
+  EXPECT_EQ(state.consumed[0], 3 * 2 * 4);
+  Loader resumed({source, nullptr, nullptr}, loader_options(2), state);
+  for (int s = 3; s < 6; ++s) {
+    const auto step = resumed.next_step();
+    for (size_t m = 0; m < step.size(); ++m) EXPECT_EQ(step[m].sample_ids, reference[s][m].sample_ids);
+  }
+}
+
+TEST_F(DataTest, LoaderShapesAndItmNegatives) {
+  auto source = std::make_shared<SampleSource>(std::vector<std::string>{make_pairs(dir_, 40, {})},
+                                               SampleKind::IMAGE_TEXT);
+  LoaderOptions o = loader_options(1);
+  o.batch_size = 40, o.micro_batches = 1;
+  Loader loader({source, nullptr, nullptr}, o);
+  const Batch b = loader.next_step()[0];
+  EXPECT_EQ(b.input_ids.sizes(), (std::vector<int64_t>{40, 12}));
+  EXPECT_EQ(b.pixels.sizes(), (std::vector<int64_t>{40, 3, 16, 16}));
+  EXPECT_EQ(b.codebook_pixels.sizes(), (std::vector<int64_t>{40, 3, 8, 8}));
+  EXPECT_EQ(b.masked_patches.sizes(), (std::vector<int64_t>{40, 16}));
+  EXPECT_EQ(b.texts, 40);
+  EXPECT_EQ(b.images, 40);
+  const int64_t negatives = (b.itm_labels == 0).sum().item<int64_t>();
+  EXPECT_GT(negatives, 8);
+  EXPECT_LT(negatives, 32);
+  // Every image is its own sample's; a negative's text is the text of a positive row of the same batch.
+  for (int64_t i = 0; i < 40; ++i) {
+    const double own_red = (b.sample_ids[static_cast<size_t>(i)] * 7 % 256) / 255.0;
+    EXPECT_NEAR(b.codebook_pixels[i][0][0][0].item<double>(), own_red * 0.8 + 0.1, 1e-3) << "row " << i;
+    if (b.itm_labels[i].item<int64_t>() == 1) continue;
+    bool borrowed = false;
+    for (int64_t j = 0; j < 40; ++j) {
+      borrowed |= j != i && b.itm_labels[j].item<int64_t>() == 1 && b.input_ids[j].equal(b.input_ids[i]);
+    }
+    EXPECT_TRUE(borrowed) << "row " << i;
+  }
+}
+
+TEST_F(DataTest, CorruptSamplesAreSkippedCountedAndReported) {
+  auto source = std::make_shared<SampleSource>(std::vector<std::string>{make_pairs(dir_, 30, {3, 4, 17})},
+                                               SampleKind::IMAGE_TEXT);
+  LoaderOptions o = loader_options(2);
+  o.itm_negative_probability = 0;  // only the samples themselves are read
+  Loader loader({source, nullptr, nullptr}, o);
+  std::multiset<int64_t> seen;
+  for (int s = 0; s < 4; ++s) {  // 4 steps x 2 micro-batches x 4 = 32 positions: one epoch and a bit
+    for (const auto& b : loader.next_step()) {
+      EXPECT_EQ(b.pixels.size(0), 4);  // the batch keeps its size
+      for (auto id : b.sample_ids) seen.insert(id);
+    }
+  }
+  for (int64_t bad : {3, 4, 17}) EXPECT_EQ(seen.count(bad), 0u) << bad;
+  const LoaderStats stats = loader.stats();
+  EXPECT_GE(stats.skipped, 3);
+  ASSERT_FALSE(stats.first_errors.empty());
+  EXPECT_NE(stats.first_errors[0].find("cannot decode image"), std::string::npos) << stats.first_errors[0];
+}
+
+TEST_F(DataTest, SynthIsDeterministicAndDescribesItsImages) {
+  SynthOptions o;
+  o.out = dir_ + "/synth";
+  o.image_text_samples = 30, o.text_samples = 10, o.image_samples = 10, o.eval_samples = 8;
+  o.samples_per_shard = 16, o.image_size = 32;
+  EXPECT_EQ(write_synth_dataset(o), 2 + 1 + 1 + 1 + 1);  // shards + vocab
+  SampleSource pairs({o.out + "/image_text"}, SampleKind::IMAGE_TEXT);
+  EXPECT_EQ(pairs.size(), 30);
+  const SynthScene scene = render_scene(o.seed, 1, 5, 32);
+  EXPECT_EQ(pairs.read(5).text, scene.caption);
+  EXPECT_EQ(decode_image(pairs.read(5).image).rgb, scene.image.rgb);
+  EXPECT_EQ(pairs.read(5).label, scene.label);
+  EXPECT_EQ(SampleSource({o.out + "/eval"}, SampleKind::IMAGE_TEXT).size(), 8);
+  EXPECT_EQ(SampleSource({o.out + "/text"}, SampleKind::TEXT).size(), 10);
+  const auto vocab = load_vocab(o.out + "/vocab.txt");
+  WordPieceTokenizer tok(vocab, true);
+  for (int64_t i = 0; i < pairs.size(); ++i) {
+    for (const auto& t : tok.tokenize(pairs.read(i).text)) EXPECT_NE(t, "[UNK]") << pairs.read(i).text;
+  }
+}
+
+TEST(Vocab, BuildsWordPiecesThatCoverTheCorpus) {
+  const std::vector<std::string> corpus = {"the runner runs", "running runners run", "a rerun", "Runs!"};
+  VocabOptions o;
+  o.size = 40;
+  o.min_frequency = 1;
+  const auto vocab = build_vocab(corpus, o);
+  EXPECT_LE(static_cast<int64_t>(vocab.size()), 40);
+  EXPECT_EQ(std::vector<std::string>(vocab.begin(), vocab.begin() + 5),
+            (std::vector<std::string>{"[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"}));
+  WordPieceTokenizer tok(vocab, true);
+  for (const auto& text : corpus) {
+    for (const auto& t : tok.tokenize(text)) EXPECT_NE(t, "[UNK]") << text;
+  }
+  EXPECT_EQ(build_vocab(corpus, o), vocab);  // deterministic
+  // Frequent words become single tokens.
+  VocabOptions big = o;
+  big.size = 200;
+  WordPieceTokenizer whole(build_vocab(corpus, big), true);
+  EXPECT_EQ(whole.tokenize("runs"), std::vector<std::string>{"runs"});
+}
+
+}  // namespace
+}  // namespace shardtrain::data

@@ -1,0 +1,50 @@
+// WordPieceTokenizer against Hugging Face's BertTokenizer: tests/reference/tokenizer_reference.py writes a vocab
+// and, for lower-cased and cased tokenizers, the tokens and padded ids of texts that exercise every rule.
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include <cstdlib>
+#include <fstream>
+
+#include "shardtrain/data/tokenizer.h"
+
+namespace shardtrain::data {
+namespace {
+
+std::string reference_dir() {
+  const char* dir = std::getenv("SHARDTRAIN_TOKENIZER_REFERENCE");
+  return dir ? dir : "build/hf_reference/tokenizer";
+}
+
+TEST(TokenizerParity, MatchesBertTokenizer) {
+  std::ifstream in(reference_dir() + "/cases.json");
+  ASSERT_TRUE(in) << "no " << reference_dir() << "/cases.json (run the data.tokenizer_reference fixture)";
+  const nlohmann::json cases = nlohmann::json::parse(in);
+  const auto vocab = load_vocab(reference_dir() + "/vocab.txt");
+  int64_t compared = 0;
+  for (const auto& [name, lowercase] : {std::pair<std::string, bool>{"lowercase", true}, {"cased", false}}) {
+    WordPieceTokenizer tok(vocab, lowercase);
+    for (const auto& c : cases.at(name)) {
+      const std::string text = c.at("text");
+      EXPECT_EQ(tok.tokenize(text), c.at("tokens").get<std::vector<std::string>>()) << name << ": " << text;
+      const Encoding e = tok.encode(text, 16);
+      EXPECT_EQ(e.ids, c.at("ids16").get<std::vector<int64_t>>()) << name << ": " << text;
+      EXPECT_EQ(e.attention_mask, c.at("mask16").get<std::vector<int64_t>>()) << name << ": " << text;
+      ++compared;
+    }
+  }
+  EXPECT_GE(compared, 30);
+}
+
+TEST(TokenizerParity, VocabularyErrors) {
+  EXPECT_THROW(load_vocab("/nonexistent/vocab.txt"), std::runtime_error);
+  try {
+    WordPieceTokenizer({"[PAD]", "a"}, true);
+    ADD_FAILURE() << "a vocabulary without [UNK] was accepted";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find("[UNK]"), std::string::npos) << e.what();
+  }
+}
+
+}  // namespace
+}  // namespace shardtrain::data

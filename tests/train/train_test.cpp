@@ -1,0 +1,216 @@
+// `shardtrain train` end to end, through the CLI and our launcher, on synthetic data: a 2-process run stopped and
+// resumed ends with the same parameters and optimizer state as one that ran through (FSDP and DDP); export gives a
+// safetensors file a fresh model loads; `shardtrain config` writes what was answered; bad configs exit with the
+// config's message.
+#include <gtest/gtest.h>
+
+#include <unistd.h>
+
+#include <cstdio>
+#include <fstream>
+#include <sstream>
+
+#include <torch/serialize.h>
+
+#include "shardtrain/ckpt/checkpoint.h"
+#include "shardtrain/config/config.h"
+#include "shardtrain/fsdp/state_dict.h"
+#include "shardtrain/io/files.h"
+#include "shardtrain/models/safetensors.h"
+#include "shardtrain/models/zoo.h"
+
+namespace shardtrain {
+namespace {
+
+struct Outcome {
+  int status = -1;
+  std::string output;
+};
+
+Outcome run(const std::string& command, const std::string& input = "") {
+  const std::string out = "/tmp/shardtrain_train_test_out_" + std::to_string(::getpid());
+  std::string full = command + " > " + out + " 2>&1";
+  if (!input.empty()) full = "printf '" + input + "' | " + full;
+  const int raw = std::system(full.c_str());
+  Outcome r;
+  r.status = WIFEXITED(raw) ? WEXITSTATUS(raw) : 128 + WTERMSIG(raw);
+  std::ifstream in(out);
+  std::stringstream text;
+  text << in.rdbuf();
+  r.output = text.str();
+  io::remove_tree(out);
+  return r;
+}
+
+// One synthetic dataset and config for the whole suite.
+class TrainTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    root_ = "/tmp/shardtrain_train_test_" + std::to_string(::getpid());
+    io::remove_tree(root_);
+    io::make_directories(root_);
+    const Outcome synth = run(std::string(SHARDTRAIN_BIN) + " data synth --out " + root_ + "/data --image-text 200 "
+                          "--text 80 --image 80 --eval 32 --image-size 32 --shard-size 64");
+    ASSERT_EQ(synth.status, 0) << synth.output;
+    std::ofstream cfg(root_ + "/config.yaml");
+    cfg << "model: {flavor: flava-debug}\n"
+           "data:\n"
+           "  image_text: [" << root_ << "/data/image_text]\n"
+           "  text: [" << root_ << "/data/text]\n"
+           "  image: [" << root_ << "/data/image]\n"
+           "  eval: [" << root_ << "/data/eval]\n"
+           "  vocab: " << root_ << "/data/vocab.txt\n"
+           "  mix: {image_text: 0.5, text: 0.25, image: 0.25}\n"
+           "  max_text_length: 16\n"
+           "  workers: 2\n"
+           "optim: {lr: 2.0e-3, warmup_steps: 2}\n"
+           "train: {steps: 8, batch_size: 4, grad_accum: 2, eval_interval: 4, eval_samples: 16}\n"
+           "log: {interval: 2, progress: lines, peak_tflops: 1}\n";
+  }
+  static void TearDownTestSuite() { io::remove_tree(root_); }
+
+  // `shardtrain launch` of `shardtrain train` with 2 processes.
+  static Outcome train(const std::string& overrides) {
+    return run(std::string(SHARDTRAIN_BIN) + " launch --nproc-per-node 2 -- " + SHARDTRAIN_BIN + " train " + root_ +
+               "/config.yaml " + overrides);
+  }
+
+  static std::string root_;
+};
+std::string TrainTest::root_;
+
+// Max |a - b| over every tensor of two checkpoints' model states (parameters and AdamW moments).
+double max_difference(const std::map<std::string, at::Tensor>& a, const std::map<std::string, at::Tensor>& b) {
+  EXPECT_EQ(a.size(), b.size());
+  double worst = 0;
+  for (const auto& [name, t] : a) {
+    auto it = b.find(name);
+    if (it == b.end()) {
+      ADD_FAILURE() << "missing " << name;
+      continue;
+    }
+    worst = std::max(worst, (t.to(at::kDouble) - it->second.to(at::kDouble)).abs().max().item<double>());
+  }
+  return worst;
+}
+
+std::map<std::string, at::Tensor> saved_state(const std::string& checkpoint, bool sharded) {
+  if (sharded) return fsdp::read_sharded_state_dict(checkpoint + "/model");
+  std::map<std::string, at::Tensor> out;
+  for (const auto& item : torch::pickle_load(io::read_file(checkpoint + "/model.pt")).toGenericDict()) {
+    out[item.key().toStringRef()] = item.value().toTensor();
+  }
+  return out;
+}
+
+TEST_F(TrainTest, StoppedAndResumedEqualsOneRun) {
+  for (const std::string strategy : {"full_shard", "ddp"}) {
+    SCOPED_TRACE(strategy);
+    const std::string a = root_ + "/a-" + strategy, b = root_ + "/b-" + strategy;
+    const std::string common = "--parallel.strategy=" + strategy + " ";
+    const Outcome through = train(common + "--checkpoint.dir=" + a + " --log.dir=" + a + "/log");
+    ASSERT_EQ(through.status, 0) << through.output;
+    EXPECT_NE(through.output.find("items/s"), std::string::npos) << through.output;
+    EXPECT_NE(through.output.find("itm_accuracy"), std::string::npos) << through.output;
+    const Outcome first = train(common + "--checkpoint.dir=" + b + " --train.stop_at=4");
+    ASSERT_EQ(first.status, 0) << first.output;
+    ASSERT_EQ(ckpt::list_checkpoints(b), std::vector<std::string>{b + "/step-00000004"});
+    const Outcome second = train(common + "--checkpoint.dir=" + b + " --resume");
+    ASSERT_EQ(second.status, 0) << second.output;
+    EXPECT_NE(second.output.find("resumed from " + b + "/step-00000004 at step 4"), std::string::npos)
+        << second.output;
+
+    const auto ta = ckpt::read_trainer_state(a + "/step-00000008"), tb = ckpt::read_trainer_state(b + "/step-00000008");
+    EXPECT_EQ(ta.loader_consumed, tb.loader_consumed);
+    EXPECT_EQ(ta.optimizer_steps, tb.optimizer_steps);
+    const bool sharded = strategy != "ddp";
+    const double diff = max_difference(saved_state(a + "/step-00000008", sharded),
+                                       saved_state(b + "/step-00000008", sharded));
+    EXPECT_LE(diff, 1e-6);
+    // The first run's checkpoint differs from the last: training happened.
+    EXPECT_GT(max_difference(saved_state(b + "/step-00000004", sharded), saved_state(b + "/step-00000008", sharded)),
+              1e-4);
+  }
+  // Logs: CSV rows for steps 2, 4, 6, 8, eval rows, a TensorBoard file.
+  const std::string log = root_ + "/a-full_shard/log";
+  std::ifstream csv(log + "/metrics.csv");
+  int rows = 0;
+  for (std::string line; std::getline(csv, line);) ++rows;
+  EXPECT_EQ(rows, 1 + 4);
+  EXPECT_TRUE(io::path_exists(log + "/eval.csv"));
+  bool events = false;
+  for (const auto& name : io::list_directory(log)) events |= name.rfind("events.out.tfevents.", 0) == 0;
+  EXPECT_TRUE(events);
+}
+
+TEST_F(TrainTest, CheckpointsAreKeptAndExportLoadsIntoAFreshModel) {
+  const std::string dir = root_ + "/keep";
+  const Outcome r = train("--checkpoint.dir=" + dir + " --checkpoint.interval=2 --checkpoint.keep=2 "
+                      "--checkpoint.state_dict_type=full --train.steps=6");
+  ASSERT_EQ(r.status, 0) << r.output;
+  EXPECT_EQ(ckpt::list_checkpoints(dir), (std::vector<std::string>{dir + "/step-00000004", dir + "/step-00000006"}));
+  EXPECT_TRUE(io::path_exists(dir + "/step-00000006/model.safetensors"));  // state_dict_type: full
+
+  const std::string out = root_ + "/exported.safetensors";
+  const Outcome e = run(std::string(SHARDTRAIN_BIN) + " checkpoint export " + dir + " --out " + out);
+  ASSERT_EQ(e.status, 0) << e.output;
+  models::SafetensorsReader file(out);
+  EXPECT_NE(file.find("flava.text_model.embeddings.word_embeddings.weight"), nullptr);
+  models::ZooModel fresh = models::build_model("flava-debug");
+  models::load_weights(*fresh.module, out, fresh.names);  // every name and shape checked
+  const auto saved = fsdp::read_sharded_state_dict(dir + "/step-00000006/model");
+  for (const auto& p : fresh.module->named_parameters()) {
+    EXPECT_TRUE(p.value().equal(saved.at(p.key()))) << p.key();
+  }
+  // The full state dict the run wrote holds the same tensors.
+  models::ZooModel other = models::build_model("flava-debug");
+  models::load_weights(*other.module, dir + "/step-00000006/model.safetensors", other.names);
+  for (const auto& p : other.module->named_parameters()) EXPECT_TRUE(p.value().equal(saved.at(p.key()))) << p.key();
+}
+
+TEST_F(TrainTest, BadInputExitsWithTheMessage) {
+  Outcome r = run(std::string(SHARDTRAIN_BIN) + " train " + root_ + "/config.yaml --train.stepz=3");
+  EXPECT_EQ(r.status, 2);
+  EXPECT_NE(r.output.find("unknown key 'train.stepz'; did you mean 'train.steps'"), std::string::npos) << r.output;
+  r = run(std::string(SHARDTRAIN_BIN) + " train " + root_ + "/config.yaml --model.flavor=flava-tiny");
+  EXPECT_NE(r.status, 0);
+  EXPECT_NE(r.output.find("flava-tiny"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("flava-debug"), std::string::npos) << r.output;  // the closest flavor
+  r = run(std::string(SHARDTRAIN_BIN) + " train " + root_ + "/config.yaml --data.vocab=" + root_ + "/nope.txt");
+  EXPECT_NE(r.status, 0);
+  EXPECT_NE(r.output.find("nope.txt"), std::string::npos) << r.output;
+  r = run(std::string(SHARDTRAIN_BIN) + " train " + root_ + "/config.yaml --checkpoint.dir=" + root_ +
+          "/empty --resume");
+  EXPECT_EQ(r.status, 2);
+  EXPECT_NE(r.output.find("no complete checkpoint"), std::string::npos) << r.output;
+  r = run(std::string(SHARDTRAIN_BIN) + " train " + root_ + "/config.yaml --parallel.cpu_offload=true");
+  EXPECT_EQ(r.status, 2);
+  EXPECT_NE(r.output.find("cpu_offload"), std::string::npos) << r.output;
+}
+
+TEST(ConfigCommand, AnswersBecomeTheYaml) {
+  const std::string out = "/tmp/shardtrain_config_cmd_" + std::to_string(::getpid()) + ".yaml";
+  // flavor, machines, processes, device, strategy (a bad answer first: asked again), precision, wrap, classes,
+  // backward prefetch, forward prefetch, offload, activation checkpointing, state dict type
+  const Outcome r = run(std::string(SHARDTRAIN_BIN) + " config --out " + out,
+                    "bert-debug\\n1\\n4\\ncpu\\nzero3\\nshard_grad_op\\nbf16\\ntransformer\\nBertLayer\\n"
+                    "backward_post\\n1\\nno\\nno\\nfull\\n");
+  ASSERT_EQ(r.status, 0) << r.output;
+  EXPECT_NE(r.output.find("'zero3' is not one of"), std::string::npos) << r.output;
+  const config::Config c = config::load_config(out);
+  EXPECT_EQ(c.model.flavor, "bert-debug");
+  EXPECT_EQ(c.launch.num_processes, 4);
+  EXPECT_EQ(c.parallel.strategy, config::Strategy::SHARD_GRAD_OP);
+  EXPECT_EQ(c.parallel.mixed_precision, config::Precision::BF16);
+  EXPECT_EQ(c.parallel.layer_classes, std::vector<std::string>{"BertLayer"});
+  EXPECT_EQ(c.parallel.backward_prefetch, config::Prefetch::BACKWARD_POST);
+  EXPECT_EQ(c.parallel.forward_prefetch, 1);
+  EXPECT_EQ(c.checkpoint.state_dict_type, config::StateDictType::FULL);
+  const Outcome d = run(std::string(SHARDTRAIN_BIN) + " config --default --out " + out);
+  ASSERT_EQ(d.status, 0) << d.output;
+  EXPECT_EQ(config::to_yaml(config::load_config(out)), config::to_yaml(config::Config{}));
+  io::remove_tree(out);
+}
+
+}  // namespace
+}  // namespace shardtrain

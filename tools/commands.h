@@ -1,0 +1,18 @@
+// The sub-commands of the `shardtrain` executable (tools/main.cpp dispatches). Each returns the exit status and
+// throws on errors, which main turns into messages.
+#pragma once
+
+#include <string>
+#include <vector>
+
+namespace shardtrain::cli {
+
+int run_data_command(const std::vector<std::string>& args);        // data synth | data vocab
+int run_config_command(const std::vector<std::string>& args);      // config [--default] [--out FILE]
+int run_train_command(const std::vector<std::string>& args);       // train CONFIG [--k=v ...]
+int run_checkpoint_command(const std::vector<std::string>& args);  // checkpoint export | list
+
+bool isatty_stderr();
+bool isatty_stdin();
+
+}  // namespace shardtrain::cli

@@ -1,0 +1,72 @@
+// `shardtrain train CONFIG.yaml [--resume] [--section.key=value ...]`.
+// Under a launcher (RANK set: `shardtrain launch`, torchrun, MPI, Slurm) each process is one rank. Started
+// directly with launch.num_processes > 1, it starts its own workers (as `accelerate launch` does) by running
+// `shardtrain launch` on itself.
+#include <unistd.h>
+
+#include <climits>
+#include <cstdlib>
+#include <iostream>
+
+#include "commands.h"
+#include "shardtrain/config/config.h"
+#include "shardtrain/launch/launch.h"
+#include "shardtrain/train/trainer.h"
+
+namespace shardtrain::cli {
+namespace {
+
+const char* kTrainUsage =
+    "usage: shardtrain train CONFIG.yaml [--resume] [--section.key=value ...]\n"
+    "Trains the model the config names on its data, sharded over the processes of the job. Every config key\n"
+    "can be overridden on the command line (--train.steps=100, --parallel.strategy=shard_grad_op); Accelerate\n"
+    "config keys are accepted too. --resume = --checkpoint.resume=true. `shardtrain config --default` writes a\n"
+    "config with every key. With launch.num_processes > 1 and no launcher around it, it starts the workers.\n";
+
+std::string self_executable() {
+  char path[PATH_MAX];
+  const ssize_t n = ::readlink("/proc/self/exe", path, sizeof(path) - 1);
+  if (n <= 0) throw std::runtime_error("cannot find the shardtrain executable (/proc/self/exe)");
+  return std::string(path, static_cast<size_t>(n));
+}
+
+}  // namespace
+
+int run_train_command(const std::vector<std::string>& args) {
+  if (args.empty() || args[0] == "--help" || args[0] == "-h") {
+    std::cout << kTrainUsage;
+    return args.empty() ? 2 : 0;
+  }
+  const std::string path = args[0];
+  std::vector<std::string> overrides;
+  for (size_t i = 1; i < args.size(); ++i) {
+    if (args[i] == "--resume") {
+      overrides.push_back("--checkpoint.resume=true");
+    } else if (args[i].rfind("--", 0) == 0 && args[i].find('=') != std::string::npos) {
+      overrides.push_back(args[i]);
+    } else if (args[i].rfind("--", 0) == 0 && i + 1 < args.size()) {  // --key value
+      overrides.push_back(args[i] + "=" + args[i + 1]);
+      ++i;
+    } else {
+      throw std::invalid_argument("unexpected argument '" + args[i] + "' (expected --section.key=value)");
+    }
+  }
+  const config::Config config = config::load_config(path, overrides);
+
+  const bool under_launcher = std::getenv("RANK") || std::getenv("OMPI_COMM_WORLD_RANK") || std::getenv("SLURM_PROCID");
+  if (!under_launcher && config.launch.num_processes > 1) {
+    launch::LaunchOptions o;
+    o.nnodes = static_cast<int>(config.launch.num_machines);
+    o.nproc_per_node = static_cast<int>(config.launch.num_processes / config.launch.num_machines);
+    o.node_rank = static_cast<int>(config.launch.machine_rank);
+    o.master_addr = config.launch.main_process_ip;
+    o.master_port = static_cast<int>(config.launch.main_process_port);
+    o.command = {self_executable(), "train"};
+    o.command.insert(o.command.end(), args.begin(), args.end());
+    return launch::run_launch(o);
+  }
+  train::train(config);
+  return 0;
+}
+
+}  // namespace shardtrain::cli
