@@ -159,9 +159,10 @@ std::vector<std::string> WordPieceTokenizer::basic_tokens(const std::string& tex
       cleaned.push_back(cp);
     }
   }
-  const Codepoints nfc = from_utf8(normalize(to_utf8(cleaned), utf8proc_NFC));
+  // No NFC here: Hugging Face's BertTokenizer (the tokenizers library's BertNormalizer) leaves composition alone,
+  // so a cased tokenizer sees "e" + U+0301 as two characters (lower-casing strips the accent either way).
   std::vector<std::string> out;
-  for (Codepoints word : split_on(nfc, is_separator)) {
+  for (Codepoints word : split_on(cleaned, is_separator)) {
     if (lowercase_) {
       for (auto& cp : word) cp = utf8proc_tolower(cp);
       Codepoints stripped;

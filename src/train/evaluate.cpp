@@ -28,8 +28,12 @@ std::map<std::string, double> evaluate_flava(models::ZooModel& model, const data
   int64_t itm_correct = 0, itm_total = 0;
   for (int64_t start = 0; start < used; start += per_step) {
     const data::Batch b = eval_loader.build(data::SampleKind::IMAGE_TEXT, start);
+    // Embeddings come from the unmasked passes; ITM from the masked multimodal pass, as in training (the eval
+    // loader masks like the training one, by eval position).
     models::FlavaBatch fb;
     fb.input_ids = b.input_ids, fb.attention_mask = b.attention_mask, fb.pixels = b.pixels;
+    fb.input_ids_masked = b.input_ids_masked, fb.masked_patches = b.masked_patches;
+    fb.codebook_pixels = b.codebook_pixels;
     const models::FlavaOutputs positive = flava->run(fb);
     image_embeddings.push_back(positive.image_embedding);
     text_embeddings.push_back(positive.text_embedding);
@@ -37,6 +41,8 @@ std::map<std::string, double> evaluate_flava(models::ZooModel& model, const data
     itm_total += b.input_ids.size(0);
     if (b.input_ids.size(0) > 1) {  // each text with the next sample's image
       fb.pixels = b.pixels.roll(1, 0);
+      if (fb.masked_patches.defined()) fb.masked_patches = b.masked_patches.roll(1, 0);
+      if (fb.codebook_pixels.defined()) fb.codebook_pixels = b.codebook_pixels.roll(1, 0);
       const models::FlavaOutputs negative = flava->run(fb);
       itm_correct += (negative.itm_logits.argmax(1) == 0).sum().item<int64_t>();
       itm_total += b.input_ids.size(0);

@@ -1,6 +1,8 @@
 // FLAVA's zero-shot evaluation on held-out image-text pairs (private to the train layer): retrieval R@1 in both
-// directions over the whole evaluated set (embeddings gathered from every rank), and image-text matching accuracy
-// on each pair and on a mismatched pair (the text with the next sample's image). Chance: R@1 = 1/N, ITM = 0.5.
+// directions over the whole evaluated set (embeddings of the unmasked passes, gathered from every rank), and
+// image-text matching accuracy on each pair and on a mismatched pair (the text with the next sample's image),
+// with the inputs masked as in training (FLAVA's ITM head only ever sees the masked multimodal pass; unmasked
+// inputs are a distribution it was not trained on). Chance: R@1 = 1/N, ITM = 0.5.
 #pragma once
 
 #include <map>

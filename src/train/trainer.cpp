@@ -90,7 +90,10 @@ Parallel build_model(const Config& c, const dist::DeviceMesh& mesh, const at::De
   if (c.parallel.strategy == config::Strategy::DDP) {
     p.model = models::build_model(c.model.flavor, build);
     if (!c.model.init_weights.empty()) models::load_weights(*p.model.module, c.model.init_weights, p.model.names);
-    p.ddp = models::replicate_model(p.model, mesh);  // parameters are rank 0's from here on
+    ddp::DdpOptions o;
+    // FLAVA's batch kinds each leave some heads and poolers out of the loss.
+    o.find_unused_parameters = p.model.family == "flava";
+    p.ddp = models::replicate_model(p.model, mesh, o);  // parameters are rank 0's from here on
     return p;
   }
   models::ParallelizeOptions o;
@@ -295,8 +298,7 @@ TrainSummary train(const Config& c) {
   if (family == "flava" && !c.data.eval.empty()) {
     eval_source = std::make_unique<data::SampleSource>(c.data.eval, data::SampleKind::IMAGE_TEXT);
     data::LoaderOptions eo = lo;
-    eo.workers = 0, eo.micro_batches = 1, eo.mlm_probability = 0, eo.mim_probability = 0;
-    eo.codebook_size = 0, eo.itm_negative_probability = 0;
+    eo.workers = 0, eo.micro_batches = 1, eo.itm_negative_probability = 0;  // masks as in training
     std::shared_ptr<const data::SampleSource> shared(eval_source.get(), [](const data::SampleSource*) {});
     eval_loader = std::make_unique<data::Loader>(std::array<std::shared_ptr<const data::SampleSource>, 3>{shared, nullptr, nullptr}, eo);
   }

@@ -1,5 +1,5 @@
 // BERT's WordPiece tokenizer, tokenizing as Hugging Face's BertTokenizer does: clean-up (control characters out,
-// whitespace to spaces), spaces around CJK ideographs, NFC; per word lower-casing and accent stripping (NFD, marks
+// whitespace to spaces), spaces around CJK ideographs; per word lower-casing and accent stripping (NFD, marks
 // dropped) when `lowercase`; splitting at punctuation; then greedy longest-match-first sub-words ("##" marks a
 // continuation), [UNK] for a word with no match or longer than 100 characters.
 //
