@@ -272,9 +272,6 @@ std::vector<Field> fields_of(Config& c) {
   };
 }
 
-void set_strategy(Config& c, const std::string& where, const std::string& path, const YAML::Node& node) {
-  choice(path, c.parallel.strategy, kStrategies).set(where, path, node);
-}
 void set_precision(Config& c, const std::string& where, const std::string& path, const YAML::Node& node) {
   choice(path, c.parallel.mixed_precision, kPrecisions).set(where, path, node);
 }

@@ -23,7 +23,6 @@ struct Field {
 std::vector<Field> fields_of(Config& c);
 
 // Value readers shared with accelerate_keys.cpp (same error messages).
-void set_strategy(Config& c, const std::string& where, const std::string& path, const YAML::Node& node);
 void set_precision(Config& c, const std::string& where, const std::string& path, const YAML::Node& node);
 bool node_bool(const std::string& where, const std::string& path, const YAML::Node& node);
 int64_t node_int(const std::string& where, const std::string& path, const YAML::Node& node);

@@ -131,10 +131,10 @@ Parallel build_model(const Config& c, const dist::DeviceMesh& mesh, const at::De
 std::vector<torch::optim::OptimizerParamGroup> parameter_groups(const Config& c, torch::nn::Module& module) {
   std::vector<std::regex> patterns;
   for (const auto& s : c.optim.no_decay) patterns.emplace_back(s);
-  const bool decay_1d = !c.optim.no_decay_1d;
+  const bool exempt_1d = c.optim.no_decay_1d;
   std::vector<optim::NamedGroup> rules;
-  rules.push_back({[patterns, decay_1d](const std::string& name, const at::Tensor& p) {
-                     if (!decay_1d && optim::no_weight_decay(name, p)) return true;
+  rules.push_back({[patterns, exempt_1d](const std::string& name, const at::Tensor& p) {
+                     if (exempt_1d && optim::no_weight_decay(name, p)) return true;
                      for (const auto& r : patterns) {
                        if (std::regex_search(name, r)) return true;
                      }
