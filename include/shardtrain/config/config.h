@@ -10,7 +10,7 @@
 //
 // The keys of an Accelerate config file (`accelerate config` output: distributed_type, mixed_precision,
 // num_processes, fsdp_config.fsdp_sharding_strategy, ...) are accepted in the same file and mapped onto this tree
-// (docs/config.md lists the mapping), so existing Accelerate configs carry over.
+// (src/config/accelerate_keys.cpp has the mapping), so existing Accelerate configs carry over.
 #pragma once
 
 #include <cstdint>
