@@ -5,11 +5,11 @@
 #include <unistd.h>
 
 #include <climits>
-#include <cstdlib>
 #include <iostream>
 
 #include "commands.h"
 #include "shardtrain/config/config.h"
+#include "shardtrain/dist/env.h"
 #include "shardtrain/launch/launch.h"
 #include "shardtrain/train/trainer.h"
 
@@ -53,7 +53,7 @@ int run_train_command(const std::vector<std::string>& args) {
   }
   const config::Config config = config::load_config(path, overrides);
 
-  const bool under_launcher = std::getenv("RANK") || std::getenv("OMPI_COMM_WORLD_RANK") || std::getenv("SLURM_PROCID");
+  const bool under_launcher = dist::read_dist_env(dist::process_env_lookup()).source != dist::EnvSource::NONE;
   if (!under_launcher && config.launch.num_processes > 1) {
     launch::LaunchOptions o;
     o.nnodes = static_cast<int>(config.launch.num_machines);

@@ -8,7 +8,6 @@
 
 #include <cstdio>
 #include <mutex>
-#include <set>
 #include <stdexcept>
 
 #include "shardtrain/fsdp/state_dict.h"
@@ -132,13 +131,9 @@ std::string save_checkpoint(const std::string& dir, const TrainerState& given, c
     }
     if (leader) {
       std::vector<std::pair<std::string, at::Tensor>> named;
-      std::set<const c10::TensorImpl*> seen;
-      for (const auto& p : model.root->named_parameters()) {  // tied tensors once, under their first name
-        if (seen.insert(p.value().unsafeGetTensorImpl()).second) {
-          named.emplace_back(model.hf_names->to_hf(p.key()), full.at(p.key()));
-        }
+      for (const auto& [ours, hf] : models::hf_names_of(*model.root, *model.hf_names)) {
+        named.emplace_back(hf, full.at(ours));
       }
-      for (const auto& b : model.root->named_buffers()) named.emplace_back(model.hf_names->to_hf(b.key()), full.at(b.key()));
       models::write_safetensors(tmp + "/model.safetensors", named);
     }
   }
@@ -281,21 +276,19 @@ void export_checkpoint(const std::string& path, const std::string& out, std::opt
   models::BuildOptions build;
   build.tensors = build.tensors.device(at::kMeta);
   const models::ZooModel meta = models::build_model(state.flavor, build);
+  const auto params = meta.module->named_parameters(), buffers = meta.module->named_buffers();
   std::vector<std::pair<std::string, at::Tensor>> named;
-  std::set<const c10::TensorImpl*> seen;
-  auto add = [&](const std::string& name, const at::Tensor& like) {
-    auto it = saved.find(name);
-    if (it == saved.end()) throw std::runtime_error(path + ": no tensor '" + name + "' of " + state.flavor);
-    if (it->second.sizes() != like.sizes()) {
-      throw std::runtime_error(path + ": '" + name + "' has shape " + c10::str(it->second.sizes()) + ", " +
-                               state.flavor + "'s is " + c10::str(like.sizes()));
+  for (const auto& [ours, hf] : models::hf_names_of(*meta.module, meta.names)) {
+    auto it = saved.find(ours);
+    if (it == saved.end()) throw std::runtime_error(path + ": no tensor '" + ours + "' of " + state.flavor);
+    const at::Tensor* like = params.find(ours);
+    if (!like) like = buffers.find(ours);
+    if (it->second.sizes() != like->sizes()) {
+      throw std::runtime_error(path + ": '" + ours + "' has shape " + c10::str(it->second.sizes()) + ", " +
+                               state.flavor + "'s is " + c10::str(like->sizes()));
     }
-    named.emplace_back(meta.names.to_hf(name), dtype ? it->second.to(*dtype) : it->second);
-  };
-  for (const auto& p : meta.module->named_parameters()) {
-    if (seen.insert(p.value().unsafeGetTensorImpl()).second) add(p.key(), p.value());
+    named.emplace_back(hf, dtype ? it->second.to(*dtype) : it->second);
   }
-  for (const auto& b : meta.module->named_buffers()) add(b.key(), b.value());
   models::write_safetensors(out, named);
 }
 

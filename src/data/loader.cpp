@@ -237,10 +237,10 @@ struct Loader::Impl {
     double u = unit_of(hash_of(options.seed, static_cast<uint64_t>(step), static_cast<uint64_t>(Purpose::kBatchKind))) *
                total;
     for (size_t k = 0; k < 3; ++k) {
-      if (w[k] > 0 && (u < w[k] || k == 2)) return static_cast<SampleKind>(k);
+      if (w[k] > 0 && u < w[k]) return static_cast<SampleKind>(k);
       u -= w[k];
     }
-    for (size_t k = 3; k-- > 0;) {
+    for (size_t k = 3; k-- > 0;) {  // u rounded up to the total: the last kind with a weight
       if (w[k] > 0) return static_cast<SampleKind>(k);
     }
     return SampleKind::IMAGE_TEXT;

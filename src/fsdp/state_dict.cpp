@@ -243,10 +243,9 @@ std::map<std::string, at::Tensor> read_sharded_state_dict(const std::string& dir
       auto it = full.find(name);
       if (it == full.end()) it = full.emplace(name, at::zeros(shape, source.options())).first;
       if (source.numel() == 0) continue;
-      const at::Tensor& dst = it->second;
-      const at::Tensor rows = shape.empty() ? dst.view({1}) : dst;
+      const at::Tensor rows = shape.empty() ? it->second.view({1}) : it->second;
       const int64_t first = first_rows.at(name).toInt(), row_numel = rows.numel() / rows.size(0);
-      rows.view({rows.size(0), row_numel}).narrow(0, first, source.numel() / row_numel).copy_(source.reshape({-1, row_numel}));
+      copy_rows(rows.narrow(0, first, source.numel() / row_numel), source, first, first);
     }
   }
   return full;

@@ -53,13 +53,22 @@ bool NameMap::is_ignored(const std::string& hf_name) const {
   return false;
 }
 
-std::vector<std::pair<std::string, at::Tensor>> hf_named_tensors(const torch::nn::Module& model, const NameMap& names) {
-  std::vector<std::pair<std::string, at::Tensor>> out;
+std::vector<std::pair<std::string, std::string>> hf_names_of(const torch::nn::Module& model, const NameMap& names) {
+  std::vector<std::pair<std::string, std::string>> out;
   std::set<const c10::TensorImpl*> seen;
   for (const auto& p : model.named_parameters(/*recurse=*/true)) {
-    if (seen.insert(p.value().unsafeGetTensorImpl()).second) out.emplace_back(names.to_hf(p.key()), p.value());
+    if (seen.insert(p.value().unsafeGetTensorImpl()).second) out.emplace_back(p.key(), names.to_hf(p.key()));
   }
-  for (const auto& b : model.named_buffers(/*recurse=*/true)) out.emplace_back(names.to_hf(b.key()), b.value());
+  for (const auto& b : model.named_buffers(/*recurse=*/true)) out.emplace_back(b.key(), names.to_hf(b.key()));
+  return out;
+}
+
+std::vector<std::pair<std::string, at::Tensor>> hf_named_tensors(const torch::nn::Module& model, const NameMap& names) {
+  std::map<std::string, at::Tensor> tensors;
+  for (const auto& p : model.named_parameters(/*recurse=*/true)) tensors.emplace(p.key(), p.value());
+  for (const auto& b : model.named_buffers(/*recurse=*/true)) tensors.emplace(b.key(), b.value());
+  std::vector<std::pair<std::string, at::Tensor>> out;
+  for (const auto& [ours, hf] : hf_names_of(model, names)) out.emplace_back(hf, tensors.at(ours));
   return out;
 }
 

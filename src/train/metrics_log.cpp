@@ -7,6 +7,7 @@
 #include <stdexcept>
 
 #include "shardtrain/io/files.h"
+#include "train/objective.h"
 
 namespace shardtrain::train {
 namespace {
@@ -43,12 +44,6 @@ std::string csv_number(double v) {
 
 }  // namespace
 
-const std::vector<std::string>& loss_columns() {
-  static const std::vector<std::string> columns = {"mim", "mlm",  "itm", "contrastive", "mmm_image",
-                                                   "mmm_text", "cls", "lm", "span"};
-  return columns;
-}
-
 MetricsLog::MetricsLog(const config::LogConfig& config, bool leader, int64_t total_steps, int64_t start_step)
     : config_(config), leader_(leader), total_(total_steps), start_(start_step), step_(start_step), started_(now()) {
   if (!leader_) return;
@@ -59,7 +54,7 @@ MetricsLog::MetricsLog(const config::LogConfig& config, bool leader, int64_t tot
   if (config.tensorboard) events_ = std::make_unique<EventWriter>(config.dir);
   if (config.csv) {
     std::string header = "step,loss,lr,grad_norm,items_per_s,texts_per_s,images_per_s,tflops_per_rank,mfu,peak_memory_gib";
-    for (const auto& c : loss_columns()) header += "," + c;
+    for (const auto& c : loss_names()) header += "," + c;
     csv_ = open_csv(config.dir + "/metrics.csv", header, /*append=*/start_step > 0);
   }
 }
@@ -141,7 +136,7 @@ void MetricsLog::record(const IntervalMetrics& m) {
                       csv_number(m.grad_norm) + "," + csv_number(m.items_per_second) + "," +
                       csv_number(m.texts_per_second) + "," + csv_number(m.images_per_second) + "," +
                       csv_number(m.tflops_per_rank) + "," + csv_number(m.mfu) + "," + csv_number(peak);
-    for (const auto& c : loss_columns()) {
+    for (const auto& c : loss_names()) {
       auto it = m.parts.find(c);
       row += "," + (it == m.parts.end() ? std::string() : csv_number(it->second));
     }

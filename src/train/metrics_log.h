@@ -52,7 +52,4 @@ class MetricsLog {
   std::vector<std::string> eval_columns_;
 };
 
-// The loss columns metrics.csv always has (empty where a step had none), in order.
-const std::vector<std::string>& loss_columns();
-
 }  // namespace shardtrain::train

@@ -67,6 +67,12 @@ double layer_flops(double weights, double tokens, double dim) { return 2 * weigh
 
 }  // namespace
 
+const std::vector<std::string>& loss_names() {
+  static const std::vector<std::string> names = {"mim", "mlm", "itm", "contrastive", "mmm_image",
+                                                 "mmm_text", "cls", "lm", "span"};
+  return names;
+}
+
 ModelShape model_shape(const std::string& family, const std::string& flavor) {
   ModelShape s;
   if (family == "flava") {

@@ -11,6 +11,7 @@
 
 #include <map>
 #include <string>
+#include <vector>
 
 #include "shardtrain/config/config.h"
 #include "shardtrain/data/loader.h"
@@ -22,6 +23,10 @@ struct Losses {
   at::Tensor total;                     // () what backward runs on
   std::map<std::string, double> parts;  // each loss's value ("mlm", "itm", ...), for the logs
 };
+
+// Every loss name compute_losses() reports, in a fixed order (the metrics' columns and the order of the ranks'
+// reduction).
+const std::vector<std::string>& loss_names();
 
 // Model facts the data pipeline needs: sizes of images, text and vocabulary.
 struct ModelShape {

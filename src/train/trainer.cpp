@@ -293,20 +293,20 @@ TrainSummary train(const Config& c) {
   summary.start_step = step;
   data::Loader loader(sources, lo, loader_state);
 
-  std::unique_ptr<data::SampleSource> eval_source;
+  std::shared_ptr<const data::SampleSource> eval_source;
   std::unique_ptr<data::Loader> eval_loader;
   if (family == "flava" && !c.data.eval.empty()) {
-    eval_source = std::make_unique<data::SampleSource>(c.data.eval, data::SampleKind::IMAGE_TEXT);
+    eval_source = std::make_shared<data::SampleSource>(c.data.eval, data::SampleKind::IMAGE_TEXT);
     data::LoaderOptions eo = lo;
     eo.workers = 0, eo.micro_batches = 1, eo.itm_negative_probability = 0;  // masks as in training
-    std::shared_ptr<const data::SampleSource> shared(eval_source.get(), [](const data::SampleSource*) {});
-    eval_loader = std::make_unique<data::Loader>(std::array<std::shared_ptr<const data::SampleSource>, 3>{shared, nullptr, nullptr}, eo);
+    eval_loader = std::make_unique<data::Loader>(
+        std::array<std::shared_ptr<const data::SampleSource>, 3>{eval_source, nullptr, nullptr}, eo);
   }
-  auto evaluate = [&](int64_t at_step) {
+  auto evaluate = [&] {
     auto values = evaluate_flava(model, *eval_loader, eval_source->size(), c.train.eval_samples, c.train.batch_size, world);
     if (summary.first_eval.empty()) summary.first_eval = values;
     summary.last_eval = values;
-    return std::make_pair(at_step, values);
+    return values;
   };
 
   const double peak_tflops = c.log.peak_tflops > 0 ? c.log.peak_tflops : measure_peak_tflops(device);
@@ -327,10 +327,7 @@ TrainSummary train(const Config& c) {
     }
     std::fflush(stdout);
   }
-  if (eval_loader && step == 0) {
-    auto [at, values] = evaluate(step);
-    log.record_eval(at, values);
-  }
+  if (eval_loader && step == 0) log.record_eval(step, evaluate());
 
   Interval interval;
   const int64_t warmup_until = step + c.log.warmup_steps;
@@ -398,7 +395,7 @@ TrainSummary train(const Config& c) {
     const bool log_now = step % c.log.interval == 0 || step == last_step;
     if (log_now) {
       // Means over the ranks: loss, grad norm, each part; sums: items and FLOPs; max: seconds. One all-reduce each.
-      const auto& names = loss_columns();
+      const auto& names = loss_names();
       std::vector<double> sums = {interval.loss / interval.steps, static_cast<double>(interval.texts),
                                   static_cast<double>(interval.images), interval.flops};
       for (const auto& n : names) {
@@ -444,8 +441,7 @@ TrainSummary train(const Config& c) {
       interval.clear();
     }
     if (eval_loader && ((c.train.eval_interval > 0 && step % c.train.eval_interval == 0) || step == last_step)) {
-      auto [at, values] = evaluate(step);
-      log.record_eval(at, values);
+      log.record_eval(step, evaluate());
     }
     if (!c.checkpoint.dir.empty() &&
         ((c.checkpoint.interval > 0 && step % c.checkpoint.interval == 0) || step == last_step)) {

@@ -43,6 +43,10 @@ void load_weights(torch::nn::Module& model, const std::string& path, const NameM
 void save_weights(const torch::nn::Module& model, const std::string& path, const NameMap& names,
                   std::optional<at::ScalarType> dtype = std::nullopt);
 
+// (our name, Hugging Face name) of every parameter (tied tensors once, under their first name) and buffer of
+// `model`, in that order: what a Hugging Face file of the model holds.
+std::vector<std::pair<std::string, std::string>> hf_names_of(const torch::nn::Module& model, const NameMap& names);
+
 // (Hugging Face name, tensor) of every parameter and buffer of `model`, tied tensors once.
 std::vector<std::pair<std::string, at::Tensor>> hf_named_tensors(const torch::nn::Module& model, const NameMap& names);
 
