@@ -7,7 +7,11 @@ namespace shardtrain::nn {
 
 void InterceptorChain::add(std::shared_ptr<Interceptor> interceptor) {
   if (!interceptor) throw std::invalid_argument("InterceptorChain::add: null interceptor");
-  interceptors_.push_back(std::move(interceptor));
+  auto position = interceptors_.end();
+  if (!interceptor->innermost()) {
+    position = std::find_if(interceptors_.begin(), interceptors_.end(), [](const auto& i) { return i->innermost(); });
+  }
+  interceptors_.insert(position, std::move(interceptor));
 }
 
 bool InterceptorChain::remove(const Interceptor* interceptor) {
@@ -18,16 +22,28 @@ bool InterceptorChain::remove(const Interceptor* interceptor) {
   return true;
 }
 
+namespace {
+
+// What every next() of one call shares. The list is a copy, so that an interceptor that adds or removes
+// interceptors during a call does not disturb the call in progress (or a later replay of it).
+struct Call {
+  torch::nn::Module* module;
+  std::vector<std::shared_ptr<Interceptor>> chain;
+  Interceptor::Next body;
+};
+
+// Runs interceptor k of the call, whose next() runs k+1, ..., and finally the body.
+TensorVec run_from(const std::shared_ptr<const Call>& call, size_t k, TensorVec inputs) {
+  if (k == call->chain.size()) return call->body(std::move(inputs));
+  Interceptor::Next next = [call, k](TensorVec next_inputs) { return run_from(call, k + 1, std::move(next_inputs)); };
+  return call->chain[k]->around(*call->module, std::move(inputs), next);
+}
+
+}  // namespace
+
 TensorVec InterceptorChain::run(torch::nn::Module& module, TensorVec inputs, const Interceptor::Next& body) const {
-  // Interceptor k's next() runs interceptor k+1, ..., and finally the body. The list is copied so that an
-  // interceptor that adds or removes interceptors during a call does not disturb the call in progress.
-  auto chain = std::make_shared<const std::vector<std::shared_ptr<Interceptor>>>(interceptors_);
-  std::function<TensorVec(size_t, TensorVec)> step = [&](size_t k, TensorVec in) -> TensorVec {
-    if (k == chain->size()) return body(std::move(in));
-    Interceptor& current = *(*chain)[k];
-    return current.around(module, std::move(in), [&step, k](TensorVec next_in) { return step(k + 1, std::move(next_in)); });
-  };
-  return step(0, std::move(inputs));
+  auto call = std::make_shared<const Call>(Call{&module, interceptors_, body});
+  return run_from(call, 0, std::move(inputs));
 }
 
 InterceptPoint* as_intercept_point(torch::nn::Module& module) { return dynamic_cast<InterceptPoint*>(&module); }

@@ -14,6 +14,10 @@
 //
 // Interceptors see the call's tensor arguments as a flat list (non-tensor arguments pass through unchanged) and the
 // outputs as a flat list: forward may return at::Tensor, std::tuple of tensors, or std::vector<at::Tensor>.
+//
+// next() owns what it needs (copies of the call's non-tensor arguments, the chain as it was at the call), so an
+// interceptor may keep it and call it again after around() returned: activation checkpointing replays the body in
+// backward (nn/activation_checkpoint.h).
 #pragma once
 
 #include <torch/nn/module.h>
@@ -32,18 +36,23 @@ using TensorVec = std::vector<at::Tensor>;
 
 class Interceptor {
  public:
-  // Runs the rest of the chain and the module's body on (possibly replaced) tensor inputs.
+  // Runs the rest of the chain and the module's body on (possibly replaced) tensor inputs. Valid after the call.
   using Next = std::function<TensorVec(TensorVec)>;
   virtual ~Interceptor() = default;
   // Wraps one call of `module`. Must return outputs with the same count and order as next() returns.
   virtual TensorVec around(torch::nn::Module& module, TensorVec inputs, const Next& next) = 0;
   virtual std::string name() const = 0;
+  // True for an interceptor that replays next() later (activation checkpointing): it sits inside every other
+  // interceptor of the module whatever the order they were added in, so that a replay runs the body only — not
+  // sharding's gathers or replication's broadcasts a second time.
+  virtual bool innermost() const { return false; }
 };
 
 // A module's interceptors, outermost first.
 class InterceptorChain {
  public:
-  void add(std::shared_ptr<Interceptor> interceptor);  // becomes the innermost
+  // Becomes the innermost, except that it goes outside any innermost() interceptor when it is not one itself.
+  void add(std::shared_ptr<Interceptor> interceptor);
   bool remove(const Interceptor* interceptor);          // false when absent
   bool empty() const { return interceptors_.empty(); }
   const std::vector<std::shared_ptr<Interceptor>>& list() const { return interceptors_; }
@@ -143,25 +152,28 @@ class Interceptable<Derived, R(Args...)> : public torch::nn::Module, public Inte
   R forward(Args... args) {
     Derived& self = static_cast<Derived&>(*this);
     if (interceptors().empty()) return self.forward_impl(std::forward<Args>(args)...);
-    auto originals = std::forward_as_tuple(args...);  // references to this call's parameters
-    Interceptor::Next body = [&self, &originals](TensorVec inputs) {
-      R result = call_with(self, originals, inputs, std::index_sequence_for<Args...>{});
+    // The body keeps copies of the arguments (tensors are references to their data), so it can be replayed after
+    // this call returned; the module outlives its calls.
+    auto originals = std::make_shared<Originals>(args...);
+    Interceptor::Next body = [&self, originals](TensorVec inputs) {
+      R result = call_with(self, *originals, inputs, std::index_sequence_for<Args...>{});
       return detail::Outputs<R>::flatten(std::move(result));
     };
     return detail::Outputs<R>::unflatten(interceptors().run(*this, detail::collect_tensors(args...), body));
   }
 
  private:
+  using Originals = std::tuple<std::decay_t<Args>...>;
+
   // Calls the body with tensor arguments taken from `inputs` (as the interceptors left them) and the others from
   // the original call.
   template <size_t... I>
-  static R call_with(Derived& self, std::tuple<Args&...>& originals, const TensorVec& inputs,
-                     std::index_sequence<I...>) {
+  static R call_with(Derived& self, Originals& originals, const TensorVec& inputs, std::index_sequence<I...>) {
     return self.forward_impl(argument<I>(originals, inputs)...);
   }
 
   template <size_t I>
-  static decltype(auto) argument(std::tuple<Args&...>& originals, const TensorVec& inputs) {
+  static decltype(auto) argument(Originals& originals, const TensorVec& inputs) {
     using Arg = std::tuple_element_t<I, std::tuple<Args...>>;
     if constexpr (detail::is_tensor_v<Arg>) {
       return inputs.at(detail::tensors_before<I, Args...>());
