@@ -4,6 +4,7 @@
 //
 //   fsdp_bench --write-inputs DIR          initial weights (DIR/init.pt) and batches (DIR/data.pt), one process
 //   fsdp_bench --mode M --inputs DIR       M = plain | full_shard | shard_grad_op | ddp
+//              [--checkpoint]              activation checkpointing of every block
 // The weights and batches are read from files so that PyTorch (bench/torch_reference.py) trains the very same.
 #include <torch/serialize.h>
 #include <torch/torch.h>
@@ -20,6 +21,7 @@
 #include "shardtrain/fsdp/fully_shard.h"
 #include "shardtrain/io/files.h"
 #include "shardtrain/memory/memory_stats.h"
+#include "shardtrain/nn/activation_checkpoint.h"
 #include "shardtrain/nn/intercept.h"
 
 namespace {
@@ -31,6 +33,7 @@ struct Args {
   std::string inputs;
   std::string write_inputs;
   int64_t dim = 384, blocks = 6, batch = 64, steps = 20, warmup = 3;
+  bool checkpoint = false;
 };
 
 struct BlockImpl : nn::Interceptable<BlockImpl, at::Tensor(at::Tensor)> {
@@ -79,6 +82,7 @@ Args parse(int argc, char** argv) {
     else if (k == "--batch") a.batch = std::stoll(value());
     else if (k == "--steps") a.steps = std::stoll(value());
     else if (k == "--warmup") a.warmup = std::stoll(value());
+    else if (k == "--checkpoint") a.checkpoint = true;
     else throw std::invalid_argument("unknown option " + k);
   }
   return a;
@@ -124,6 +128,9 @@ int run(const Args& a) {
   }
   auto data = load_tensors(a.inputs + "/data.pt");
   std::optional<ddp::Ddp> ddp_handle;
+  if (a.checkpoint) {
+    for (auto& b : *model->blocks) nn::checkpoint_module(*b);
+  }
   if (a.mode == "full_shard" || a.mode == "shard_grad_op") {
     fsdp::FsdpOptions options;
     options.reshard_after_forward = a.mode == "full_shard";
@@ -161,7 +168,8 @@ int run(const Args& a) {
   if (r == 0) {
     std::ostringstream out;
     out.precision(10);
-    out << "RESULT {\"impl\": \"shardtrain\", \"mode\": \"" << a.mode << "\", \"world\": " << w
+    out << "RESULT {\"impl\": \"shardtrain\", \"mode\": \"" << a.mode << "\", \"checkpoint\": "
+        << (a.checkpoint ? "true" : "false") << ", \"world\": " << w
         << ", \"step_ms\": " << summary[0].item<double>() << ", \"peak_bytes\": " << summary[1].item<double>()
         << ", \"losses\": [";
     for (size_t i = 0; i < losses.size(); ++i) out << (i ? ", " : "") << losses[i];

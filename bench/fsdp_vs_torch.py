@@ -3,6 +3,11 @@ initial weights, in one run. Prints step time and peak CPU memory per rank (both
 allocator) and their ratios, and checks the numerics: our losses against PyTorch's, step for step.
 
     .venv/bin/python bench/fsdp_vs_torch.py [--build build] [--steps 20] [--dim 384] [--blocks 6] [--batch 64]
+                                            [--ac-batch 1024]
+
+A second section trains the same model on a larger batch (--ac-batch), where activations outweigh the model
+state, with and without activation checkpointing of every block: what checkpointing saves and costs, ours beside
+PyTorch's (torch.utils.checkpoint, non-reentrant, under FSDP2).
 
 Every configuration is launched through `shardtrain launch` (PyTorch's too), on CPU with Gloo; with several ranks
 on one machine the ranks share its cores, so absolute times say little, ratios between runs of the same world
@@ -31,30 +36,41 @@ def main():
     p.add_argument("--dim", type=int, default=384)
     p.add_argument("--blocks", type=int, default=6)
     p.add_argument("--batch", type=int, default=64)
+    p.add_argument("--ac-batch", type=int, default=1024)
     a = p.parse_args()
     launcher = os.path.join(a.build, "shardtrain")
     ours = os.path.join(a.build, "fsdp_bench")
     memhook = os.path.abspath(os.path.join(a.build, "libshardtrain_memhook.so"))
     here = os.path.dirname(os.path.abspath(__file__))
     sizes = ["--dim", str(a.dim), "--blocks", str(a.blocks), "--batch", str(a.batch), "--steps", str(a.steps)]
-    with tempfile.TemporaryDirectory(prefix="shardtrain-bench-") as inputs:
+    ac_sizes = ["--dim", str(a.dim), "--blocks", str(a.blocks), "--batch", str(a.ac_batch), "--steps", str(a.steps)]
+    with tempfile.TemporaryDirectory(prefix="shardtrain-bench-") as inputs, \
+            tempfile.TemporaryDirectory(prefix="shardtrain-bench-ac-") as ac_inputs:
         subprocess.run([ours, "--write-inputs", inputs] + sizes, check=True)
+        subprocess.run([ours, "--write-inputs", ac_inputs] + ac_sizes, check=True)
         results = {}
 
-        def go(impl, mode, world):
+        # section "main": the batch of --batch; "ac": the batch of --ac-batch, with or without checkpointing
+        def go(impl, mode, world, section, checkpoint=False):
+            data, size_args = (ac_inputs, ac_sizes) if section == "ac" else (inputs, sizes)
+            extra = ["--checkpoint"] if checkpoint else []
             if impl == "shardtrain":
-                cmd = [launcher, "launch", "--nproc-per-node", str(world), "--", ours, "--mode", mode, "--inputs", inputs]
+                cmd = [launcher, "launch", "--nproc-per-node", str(world), "--", ours, "--mode", mode, "--inputs", data]
             else:
                 cmd = [launcher, "launch", "--nproc-per-node", str(world), "--", sys.executable,
-                       os.path.join(here, "torch_reference.py"), "--mode", mode, "--inputs", inputs, "--memhook", memhook]
-            print(f"  running {impl:10s} {mode:13s} W={world}", file=sys.stderr, flush=True)
-            results[(impl, mode, world)] = run(cmd + sizes)
+                       os.path.join(here, "torch_reference.py"), "--mode", mode, "--inputs", data, "--memhook", memhook]
+            print(f"  running {impl:10s} {mode:13s} W={world} {size_args[5]:>5s} rows{' checkpointed' if checkpoint else ''}",
+                  file=sys.stderr, flush=True)
+            results[(impl, mode, world, section, checkpoint)] = run(cmd + size_args + extra)
 
         for impl, mode, world in [("shardtrain", "plain", 1), ("shardtrain", "full_shard", 1), ("torch", "plain", 1),
                                   ("shardtrain", "full_shard", 2), ("torch", "full_shard", 2),
                                   ("shardtrain", "shard_grad_op", 2), ("torch", "shard_grad_op", 2),
                                   ("shardtrain", "ddp", 2), ("torch", "ddp", 2)]:
-            go(impl, mode, world)
+            go(impl, mode, world, "main")
+        for impl, mode, world in [("shardtrain", "plain", 1), ("shardtrain", "full_shard", 2), ("torch", "full_shard", 2)]:
+            for checkpoint in (False, True):
+                go(impl, mode, world, "ac", checkpoint)
 
     params = a.dim * a.dim * 2 + a.dim * 2 + 2 * a.dim + a.blocks * (8 * a.dim * a.dim + 5 * a.dim + 2 * a.dim)
     print(f"\nmodel: {a.blocks} blocks, dim {a.dim}, {params / 1e6:.2f}M parameters; batch {a.batch}; AdamW; "
@@ -71,13 +87,28 @@ def main():
         r = results[key]
         print(f"{label:38s} {r['step_ms']:9.1f} {r['peak_bytes'] / 2**20:9.1f}")
 
-    base("LibTorch plain W=1", ("shardtrain", "plain", 1))
-    row("  ours FULL_SHARD W=1 vs plain", ("shardtrain", "full_shard", 1), ("shardtrain", "plain", 1))
-    row("  PyTorch plain W=1 vs LibTorch plain", ("torch", "plain", 1), ("shardtrain", "plain", 1))
+    base("LibTorch plain W=1", ("shardtrain", "plain", 1, "main", False))
+    plain = ("shardtrain", "plain", 1, "main", False)
+    row("  ours FULL_SHARD W=1 vs plain", ("shardtrain", "full_shard", 1, "main", False), plain)
+    row("  PyTorch plain W=1 vs LibTorch plain", ("torch", "plain", 1, "main", False), plain)
     for mode, name in [("full_shard", "FULL_SHARD"), ("shard_grad_op", "SHARD_GRAD_OP"), ("ddp", "DDP")]:
         torch_name = "FSDP2 " + ("reshard" if mode == "full_shard" else "no reshard") if mode != "ddp" else "DDP"
-        base(f"PyTorch {torch_name} W=2", ("torch", mode, 2))
-        row(f"  ours {name} W=2 vs PyTorch", ("shardtrain", mode, 2), ("torch", mode, 2))
+        base(f"PyTorch {torch_name} W=2", ("torch", mode, 2, "main", False))
+        row(f"  ours {name} W=2 vs PyTorch", ("shardtrain", mode, 2, "main", False), ("torch", mode, 2, "main", False))
+
+    print(f"\nactivation checkpointing of every block, batch {a.ac_batch}:\n")
+    print(f"{'run':38s} {'step ms':>9s} {'peak MB':>9s} {'time ratio':>11s} {'mem ratio':>10s} {'max loss diff':>14s}")
+    base("LibTorch plain W=1", ("shardtrain", "plain", 1, "ac", False))
+    row("  ours checkpointed W=1 vs plain", ("shardtrain", "plain", 1, "ac", True),
+        ("shardtrain", "plain", 1, "ac", False))
+    base("ours FULL_SHARD W=2", ("shardtrain", "full_shard", 2, "ac", False))
+    row("  ours FULL_SHARD+AC W=2 vs FULL_SHARD", ("shardtrain", "full_shard", 2, "ac", True),
+        ("shardtrain", "full_shard", 2, "ac", False))
+    base("PyTorch FSDP2 reshard W=2", ("torch", "full_shard", 2, "ac", False))
+    row("  PyTorch FSDP2+AC W=2 vs FSDP2", ("torch", "full_shard", 2, "ac", True),
+        ("torch", "full_shard", 2, "ac", False))
+    row("  ours FULL_SHARD+AC W=2 vs FSDP2+AC", ("shardtrain", "full_shard", 2, "ac", True),
+        ("torch", "full_shard", 2, "ac", True))
 
 
 if __name__ == "__main__":

@@ -23,6 +23,7 @@ def parse():
     p.add_argument("--batch", type=int, default=64)
     p.add_argument("--steps", type=int, default=20)
     p.add_argument("--warmup", type=int, default=3)
+    p.add_argument("--checkpoint", action="store_true", help="activation checkpointing of every block")
     return p.parse_args()
 
 
@@ -33,6 +34,7 @@ def main():
         getattr(hook, f).restype = ctypes.c_int64
     import torch  # after the library: c10 is shared, the counter is installed before any tensor exists
     import torch.distributed as dist
+    import torch.utils.checkpoint
     from torch import nn
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
@@ -50,11 +52,15 @@ def main():
         def forward(self, x):
             return x + self.fc2(nn.functional.gelu(self.fc1(self.norm(x))))
 
+    class CheckpointedBlock(Block):
+        def forward(self, x):  # torch.utils.checkpoint, non-reentrant: what FSDP2 users apply to their blocks
+            return torch.utils.checkpoint.checkpoint(super().forward, x, use_reentrant=False)
+
     class Model(nn.Module):
         def __init__(self, d, n):
             super().__init__()
             self.embed = nn.Linear(d, d)
-            self.blocks = nn.ModuleList(Block(d) for _ in range(n))
+            self.blocks = nn.ModuleList((CheckpointedBlock if args.checkpoint else Block)(d) for _ in range(n))
             self.norm = nn.LayerNorm(d)
             self.head = nn.Linear(d, d)
 
@@ -110,9 +116,13 @@ def main():
     summary = torch.tensor([step_ms[len(step_ms) // 2], float(hook.shardtrain_cpu_peak_bytes())], dtype=torch.float64)
     dist.all_reduce(summary, op=dist.ReduceOp.MAX)
     if rank == 0:
-        print("RESULT " + json.dumps({"impl": "torch", "mode": args.mode, "world": world, "step_ms": summary[0].item(),
+        print("RESULT " + json.dumps({"impl": "torch", "mode": args.mode, "checkpoint": args.checkpoint, "world": world,
+                                      "step_ms": summary[0].item(),
                                       "peak_bytes": summary[1].item(), "losses": losses}), flush=True)
-    dist.destroy_process_group()
+    dist.barrier()
+    # Leave without destructors: torch 2.11's DDP can deadlock at interpreter exit (the main thread, holding the
+    # GIL, joins a Gloo worker thread that waits for the GIL to release a tensor; seen 2026-11-22).
+    os._exit(0)
 
 
 if __name__ == "__main__":

@@ -5,6 +5,7 @@
 
 #include "shardtrain/fsdp/wrap_policy.h"
 #include "shardtrain/models/flava.h"
+#include "shardtrain/nn/activation_checkpoint.h"
 
 namespace shardtrain::models {
 
@@ -24,14 +25,40 @@ std::vector<std::string> layer_classes_of(const ZooModel& model, const Paralleli
   return options.layer_classes.empty() ? std::vector<std::string>{model.layer_class} : options.layer_classes;
 }
 
+void check_every(int64_t every, const char* caller) {
+  if (every < 0) {
+    throw std::invalid_argument(std::string(caller) + ": checkpoint_every = " + std::to_string(every) +
+                                ", expected 0 (none), 1 (every layer) or k > 1 (every k-th layer)");
+  }
+}
+
 void finish_root(ZooModel& model, const dist::DeviceMesh& mesh) {
   if (auto* flava = dynamic_cast<FlavaImpl*>(model.module.get())) flava->set_contrastive_group(mesh.world());
 }
 
 }  // namespace
 
+std::vector<std::string> checkpoint_layers(ZooModel& model, int64_t every,
+                                           const std::vector<std::string>& layer_classes) {
+  if (every < 1) throw std::invalid_argument("checkpoint_layers: every = " + std::to_string(every) + ", expected >= 1");
+  const std::vector<std::string> classes = layer_classes.empty() ? std::vector<std::string>{model.layer_class}
+                                                                 : layer_classes;
+  int64_t seen = 0;
+  auto names = nn::checkpoint_modules(model.module, [&](const std::string&, torch::nn::Module& m) {
+    if (std::find(classes.begin(), classes.end(), fsdp::module_class_name(m)) == classes.end()) return false;
+    return ++seen % every == 0;
+  });
+  if (seen == 0) {
+    throw std::invalid_argument("checkpoint_layers: no module of class " + classes.front() + " in the " +
+                                model.family + " model");
+  }
+  return names;
+}
+
 std::vector<fsdp::FsdpUnit> parallelize(ZooModel& model, const dist::DeviceMesh& mesh,
                                         const ParallelizeOptions& options) {
+  check_every(options.checkpoint_every, "parallelize");
+  if (options.checkpoint_every > 0) checkpoint_layers(model, options.checkpoint_every, options.layer_classes);
   const fsdp::StrategyGroups groups = groups_for(mesh, options);
   auto units = fsdp::fully_shard_model(model.module, groups.shard,
                                        options.policy ? *options.policy
@@ -50,6 +77,7 @@ ddp::Ddp replicate_model(ZooModel& model, const dist::DeviceMesh& mesh, const dd
 ZooModel build_parallel(const std::string& flavor, const dist::DeviceMesh& mesh, const ParallelizeOptions& options,
                         BuildOptions build) {
   if (options.policy) throw std::invalid_argument("build_parallel: a wrap policy needs the whole model; use parallelize");
+  check_every(options.checkpoint_every, "build_parallel");
   const fsdp::StrategyGroups groups = groups_for(mesh, options);
   const std::string family_layer = layer_class_of(flavor);
   for (const auto& c : options.layer_classes) {
@@ -59,8 +87,12 @@ ZooModel build_parallel(const std::string& flavor, const dist::DeviceMesh& mesh,
     }
   }
   auto user_hook = build.on_layer;
+  int64_t layers_built = 0;
   build.on_layer = [&](const std::string& name, const std::shared_ptr<torch::nn::Module>& layer) {
     if (user_hook) user_hook(name, layer);
+    if (options.checkpoint_every > 0 && ++layers_built % options.checkpoint_every == 0) {
+      nn::checkpoint_module(*layer, {}, name);
+    }
     fsdp::fully_shard(layer, groups.shard, groups.options);
   };
   ZooModel model = build_model(flavor, build);

@@ -164,6 +164,26 @@ at::Tensor SafetensorsReader::read(const std::string& name) const {
   return out;
 }
 
+at::Tensor SafetensorsReader::read_rows(const std::string& name, int64_t first_row, int64_t rows) const {
+  const SafetensorsEntry* e = find(name);
+  if (e == nullptr) throw std::runtime_error("safetensors '" + path_ + "': no tensor '" + name + "'");
+  const int64_t total = e->shape.empty() ? 1 : e->shape[0];
+  if (rows < 0 || (rows > 0 && (first_row < 0 || first_row + rows > total))) {  // no rows: from anywhere
+    throw std::out_of_range("safetensors '" + path_ + "': tensor '" + name + "' has " + std::to_string(total) +
+                            " rows, rows [" + std::to_string(first_row) + ", " + std::to_string(first_row + rows) +
+                            ") asked for");
+  }
+  std::vector<int64_t> shape = e->shape.empty() ? std::vector<int64_t>{1} : e->shape;
+  shape[0] = rows;
+  at::Tensor out = at::empty(shape, at::TensorOptions().dtype(e->dtype));
+  const uint64_t row_bytes = total == 0 ? 0 : (e->end - e->begin) / static_cast<uint64_t>(total);
+  if (rows > 0) {
+    Fd file(path_);
+    file.read_at(out.data_ptr(), row_bytes * rows, data_start_ + e->begin + row_bytes * first_row, path_);
+  }
+  return out;
+}
+
 void write_safetensors(const std::string& path, const std::vector<std::pair<std::string, at::Tensor>>& tensors,
                        const std::map<std::string, std::string>& metadata) {
   std::vector<std::pair<std::string, at::Tensor>> sorted = tensors;

@@ -3,9 +3,12 @@
 #include <ATen/ATen.h>
 
 #include <map>
+#include <optional>
 #include <set>
 #include <stdexcept>
 
+#include "shardtrain/dist/communicator.h"
+#include "shardtrain/fsdp/state_dict.h"
 #include "shardtrain/models/safetensors.h"
 
 namespace shardtrain::models {
@@ -16,6 +19,47 @@ std::string shape_text(c10::IntArrayRef shape) {
   std::string s = "[";
   for (size_t i = 0; i < shape.size(); ++i) s += (i ? ", " : "") + std::to_string(shape[i]);
   return s + "]";
+}
+
+// The file's name for each (Hugging Face name, shape) the model wants, in order, after checking that every one is
+// there with that shape and that the file holds nothing else (but ignored names). Throws std::runtime_error naming
+// the file and the tensor.
+std::vector<std::string> plan_load(const SafetensorsReader& file,
+                                   const std::vector<std::pair<std::string, std::vector<int64_t>>>& wanted,
+                                   const NameMap& names, const char* caller) {
+  auto fail = [&](const std::string& what) {
+    return std::runtime_error(std::string(caller) + " '" + file.path() + "': " + what);
+  };
+  // The base-model prefix Hugging Face drops or adds ("bert." when a BertModel is saved alone): find the file name.
+  auto file_name_of = [&](const std::string& hf) -> std::string {
+    std::vector<std::string> candidates = {hf};
+    for (const auto& alias : names.aliases_of(hf)) candidates.push_back(alias);
+    for (const auto& name : candidates) {
+      if (file.find(name)) return name;
+      const size_t dot = name.find('.');
+      if (dot != std::string::npos && file.find(name.substr(dot + 1))) return name.substr(dot + 1);
+    }
+    return "";
+  };
+  std::set<std::string> used;
+  std::vector<std::string> plan;
+  for (const auto& [hf, shape] : wanted) {
+    const std::string in_file = file_name_of(hf);
+    if (in_file.empty()) throw fail("tensor '" + hf + "' of the model is missing from the file");
+    const SafetensorsEntry* e = file.find(in_file);
+    if (e->shape != shape) {
+      throw fail("tensor '" + in_file + "' has shape " + shape_text(e->shape) + ", the model expects " +
+                 shape_text(shape));
+    }
+    used.insert(in_file);
+    plan.push_back(in_file);
+  }
+  for (const auto& e : file.entries()) {
+    if (!used.count(e.name) && !names.is_ignored(e.name)) {
+      throw fail("tensor '" + e.name + "' in the file matches nothing in the model");
+    }
+  }
+  return plan;
 }
 
 }  // namespace
@@ -74,40 +118,58 @@ std::vector<std::pair<std::string, at::Tensor>> hf_named_tensors(const torch::nn
 
 void load_weights(torch::nn::Module& model, const std::string& path, const NameMap& names) {
   SafetensorsReader file(path);
-  auto fail = [&](const std::string& what) { return std::runtime_error("load_weights '" + path + "': " + what); };
-  auto wanted = hf_named_tensors(model, names);
-
-  // The base-model prefix Hugging Face drops or adds ("bert." when a BertModel is saved alone): find the file name.
-  auto file_name_of = [&](const std::string& hf) -> std::string {
-    std::vector<std::string> candidates = {hf};
-    for (const auto& alias : names.aliases_of(hf)) candidates.push_back(alias);
-    for (const auto& name : candidates) {
-      if (file.find(name)) return name;
-      const size_t dot = name.find('.');
-      if (dot != std::string::npos && file.find(name.substr(dot + 1))) return name.substr(dot + 1);
-    }
-    return "";
-  };
-  std::set<std::string> used;
-  std::vector<std::pair<std::string, at::Tensor*>> plan;
-  for (auto& [hf, tensor] : wanted) {
-    const std::string in_file = file_name_of(hf);
-    if (in_file.empty()) throw fail("tensor '" + hf + "' of the model is missing from the file");
-    const SafetensorsEntry* e = file.find(in_file);
-    if (c10::IntArrayRef(e->shape) != tensor.sizes()) {
-      throw fail("tensor '" + in_file + "' has shape " + shape_text(e->shape) + ", the model expects " +
-                 shape_text(tensor.sizes()));
-    }
-    used.insert(in_file);
-    plan.emplace_back(in_file, &tensor);
-  }
-  for (const auto& e : file.entries()) {
-    if (!used.count(e.name) && !names.is_ignored(e.name)) {
-      throw fail("tensor '" + e.name + "' in the file matches nothing in the model");
-    }
-  }
+  auto tensors = hf_named_tensors(model, names);
+  std::vector<std::pair<std::string, std::vector<int64_t>>> wanted;
+  for (const auto& [hf, t] : tensors) wanted.emplace_back(hf, t.sizes().vec());
+  const std::vector<std::string> plan = plan_load(file, wanted, names, "load_weights");
   at::NoGradGuard no_grad;
-  for (auto& [in_file, tensor] : plan) tensor->copy_(file.read(in_file));
+  for (size_t i = 0; i < plan.size(); ++i) tensors[i].second.copy_(file.read(plan[i]));
+}
+
+void load_weights_sharded(const std::shared_ptr<torch::nn::Module>& model, const std::string& path,
+                          const NameMap& names, const dist::Communicator* from_rank0) {
+  // Hugging Face names by tensor identity: a tied tensor goes by its first name, as in hf_names_of.
+  std::map<const c10::TensorImpl*, std::string> hf_of;
+  for (const auto& p : model->named_parameters()) hf_of.emplace(p.value().unsafeGetTensorImpl(), names.to_hf(p.key()));
+  for (const auto& b : model->named_buffers()) hf_of.emplace(b.value().unsafeGetTensorImpl(), names.to_hf(b.key()));
+  const std::vector<fsdp::RowSlot> slots = fsdp::row_slots(model);
+  std::vector<std::pair<std::string, std::vector<int64_t>>> wanted;
+  for (const auto& slot : slots) wanted.emplace_back(hf_of.at(slot.tensor.unsafeGetTensorImpl()), slot.full_shape);
+
+  const bool reader = !from_rank0 || from_rank0->rank() == 0;
+  std::optional<SafetensorsReader> file;
+  std::vector<std::string> plan;
+  std::string error;
+  if (reader) {
+    try {
+      file.emplace(path);
+      plan = plan_load(*file, wanted, names, "load_weights_sharded");
+    } catch (const std::exception& e) {
+      if (!from_rank0) throw;
+      error = e.what();
+    }
+  }
+  if (from_rank0) {  // rank 0 tells the others whether it can go on, so that none waits for tensors forever
+    const at::Device device = slots.empty() ? at::Device(at::kCPU) : slots.front().tensor.device();
+    at::Tensor failed = at::full({1}, error.empty() ? 0 : 1, at::TensorOptions().dtype(at::kInt).device(device));
+    from_rank0->broadcast(failed, 0).wait();
+    if (!error.empty()) throw std::runtime_error(error);
+    if (failed.item<int>() != 0) {
+      throw std::runtime_error("load_weights_sharded '" + path + "': rank 0 could not load the file (its error says "
+                               "why)");
+    }
+  }
+  std::map<const c10::TensorImpl*, size_t> index;
+  for (size_t i = 0; i < slots.size(); ++i) index[slots[i].tensor.unsafeGetTensorImpl()] = i;
+  fsdp::load_rows(model, [&](const fsdp::RowSlot& slot) -> at::Tensor {
+    const size_t i = index.at(slot.tensor.unsafeGetTensorImpl());
+    if (!from_rank0) return file->read_rows(plan[i], slot.first_row, slot.rows);
+    const auto options = slot.tensor.options().requires_grad(false);
+    at::Tensor full = reader ? file->read(plan[i]).to(options) : at::empty(slot.full_shape, options);
+    from_rank0->broadcast(full, 0).wait();
+    if (slot.rows == 0) return at::empty({0}, options);  // a rank past the last row (padding only)
+    return full.reshape({slot.full_shape.empty() ? 1 : slot.full_shape[0], -1}).narrow(0, slot.first_row, slot.rows);
+  });
 }
 
 void save_weights(const torch::nn::Module& model, const std::string& path, const NameMap& names,

@@ -19,6 +19,7 @@
 #include "shardtrain/fsdp/wrap_policy.h"
 #include "shardtrain/memory/memory_stats.h"
 #include "shardtrain/models/parallelize.h"
+#include "shardtrain/nn/activation_checkpoint.h"
 #include "shardtrain/optim/param_groups.h"
 #include "shardtrain/train/schedule.h"
 #include "train/evaluate.h"
@@ -39,10 +40,6 @@ void check_supported(const Config& c) {
   if (c.parallel.cpu_offload) {
     throw std::invalid_argument("parallel.cpu_offload (fsdp_offload_params): true is not supported yet — the FSDP "
                                 "runtime keeps shards on the training device; set it to false");
-  }
-  if (c.parallel.activation_checkpointing) {
-    throw std::invalid_argument("parallel.activation_checkpointing (fsdp_activation_checkpointing): true is not "
-                                "supported yet; set it to false");
   }
   if (c.parallel.mixed_precision == config::Precision::FP16) {
     throw std::invalid_argument("parallel.mixed_precision: fp16 needs gradient scaling, which is not implemented; "
@@ -89,10 +86,15 @@ Parallel build_model(const Config& c, const dist::DeviceMesh& mesh, const at::De
   Parallel p;
   if (c.parallel.strategy == config::Strategy::DDP) {
     p.model = models::build_model(c.model.flavor, build);
-    if (!c.model.init_weights.empty()) models::load_weights(*p.model.module, c.model.init_weights, p.model.names);
+    // sync_module_states: rank 0 reads the file; replicate() hands its parameters to the others.
+    const bool reads = !c.parallel.sync_module_states || mesh.world().rank() == 0;
+    if (!c.model.init_weights.empty() && reads) {
+      models::load_weights(*p.model.module, c.model.init_weights, p.model.names);
+    }
     ddp::DdpOptions o;
     // FLAVA's batch kinds each leave some heads and poolers out of the loss.
     o.find_unused_parameters = p.model.family == "flava";
+    if (c.parallel.activation_checkpointing) models::checkpoint_layers(p.model, 1, c.parallel.layer_classes);
     p.ddp = models::replicate_model(p.model, mesh, o);  // parameters are rank 0's from here on
     return p;
   }
@@ -108,6 +110,7 @@ Parallel build_model(const Config& c, const dist::DeviceMesh& mesh, const at::De
                              : c.parallel.backward_prefetch == config::Prefetch::BACKWARD_POST ? fsdp::BackwardPrefetch::BACKWARD_POST
                                                                                                : fsdp::BackwardPrefetch::NONE;
   o.layer_classes = c.parallel.layer_classes;
+  o.checkpoint_every = c.parallel.activation_checkpointing ? 1 : 0;
   if (c.parallel.wrap == config::WrapPolicy::SIZE) o.policy = fsdp::wrap_by_size(c.parallel.min_params);
   if (c.parallel.wrap == config::WrapPolicy::NONE) {
     o.policy = fsdp::wrap_if([](const std::string&, torch::nn::Module&) { return false; });  // the root alone
@@ -115,14 +118,17 @@ Parallel build_model(const Config& c, const dist::DeviceMesh& mesh, const at::De
   const std::string own_layer = models::layer_class_of(c.model.flavor);
   const bool default_units = !o.policy && (o.layer_classes.empty() ||
                                            (o.layer_classes.size() == 1 && o.layer_classes[0] == own_layer));
-  if (default_units && c.model.init_weights.empty()) {
+  if (default_units) {
     p.model = models::build_parallel(c.model.flavor, mesh, o, build);  // each layer sharded as it is built
   } else {
-    // Loading a file, or other units: the whole model first (every rank reads the file: the weights are equal
-    // on every rank without a broadcast).
-    p.model = models::build_model(c.model.flavor, build);
-    if (!c.model.init_weights.empty()) models::load_weights(*p.model.module, c.model.init_weights, p.model.names);
+    p.model = models::build_model(c.model.flavor, build);  // other units: the whole model first
     models::parallelize(p.model, mesh, o);
+  }
+  // Weights from a file into the sharded model: each rank reads its rows, or (sync_module_states) rank 0 reads
+  // and broadcasts, for a file only rank 0 can see.
+  if (!c.model.init_weights.empty()) {
+    models::load_weights_sharded(p.model.module, c.model.init_weights, p.model.names,
+                                 c.parallel.sync_module_states ? &mesh.world() : nullptr);
   }
   p.sharded = true;
   return p;
@@ -317,6 +323,9 @@ TrainSummary train(const Config& c) {
                 config::to_string(c.parallel.strategy).c_str(), static_cast<long long>(c.train.steps),
                 static_cast<long long>(c.train.batch_size), static_cast<long long>(c.train.grad_accum), world.size(),
                 peak_tflops, c.log.peak_tflops > 0 ? "" : " (measured)");
+    long long checkpointed_layers = 0;
+    for (const auto& item : model.module->named_modules()) checkpointed_layers += nn::is_checkpointed(*item.value());
+    if (checkpointed_layers > 0) std::printf("  activation checkpointing: %lld layers\n", checkpointed_layers);
     for (size_t k = 0; k < 3; ++k) {
       if (!sources[k]) continue;
       std::printf("  %s data: %lld samples in %zu files", data::kind_name(static_cast<data::SampleKind>(k)),

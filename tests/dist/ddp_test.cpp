@@ -1,11 +1,12 @@
 // replicate (DDP): training matches one process on the whole batch (SGD, AdamW; one bucket and many), parameters
 // start equal to rank 0's, no_sync accumulates without communication, and a parameter without gradient is an
-// error naming it.
+// error naming it. With activation checkpointing (every block, or the whole model) training is the same.
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
 #include "dist_test_env.h"
 #include "shardtrain/ddp/replicate.h"
+#include "shardtrain/nn/activation_checkpoint.h"
 #include "parity_helpers.h"
 #include "support/expect_error.h"
 
@@ -23,9 +24,13 @@ std::unique_ptr<torch::optim::Optimizer> make_optimizer(bool adamw, std::vector<
   return std::make_unique<torch::optim::AdamW>(params, torch::optim::AdamWOptions(1e-2).weight_decay(0.05));
 }
 
-void expect_parity(bool adamw, double bucket_cap_mb) {
+enum class Checkpoint { NONE, BLOCKS, WHOLE_MODEL };
+
+void expect_parity(bool adamw, double bucket_cap_mb, Checkpoint checkpoint = Checkpoint::NONE) {
+  static const char* checkpoint_names[] = {"", " checkpointed blocks", " checkpointed model"};
   const std::string label = std::string(adamw ? "AdamW" : "SGD") + " bucket " + std::to_string(bucket_cap_mb) +
-                            " MB W=" + std::to_string(test_process_group().world_size());
+                            " MB" + checkpoint_names[static_cast<int>(checkpoint)] +
+                            " W=" + std::to_string(test_process_group().world_size());
   auto batches = make_batches();
   torch::manual_seed(42);
   Toy ref;
@@ -33,6 +38,10 @@ void expect_parity(bool adamw, double bucket_cap_mb) {
   // Every rank but 0 starts from other weights: replicate() must hand out rank 0's.
   torch::manual_seed(test_process_group().rank() == 0 ? 42 : 1000 + test_process_group().rank());
   Toy model;
+  if (checkpoint == Checkpoint::BLOCKS) {
+    for (auto& b : model->blocks) nn::checkpoint_module(*b);
+  }
+  if (checkpoint == Checkpoint::WHOLE_MODEL) nn::checkpoint_module(*model);
   DdpOptions options;
   options.bucket_cap_mb = bucket_cap_mb;
   Ddp ddp = replicate(model.ptr(), test_process_group().world(), options);
@@ -54,6 +63,10 @@ TEST(Ddp, TrainsLikeOneProcess) {
   for (bool adamw : {false, true}) {
     expect_parity(adamw, 25.0);    // one bucket
     expect_parity(adamw, 0.0005);  // ~524 bytes: a bucket every parameter or two
+    for (Checkpoint c : {Checkpoint::BLOCKS, Checkpoint::WHOLE_MODEL}) {
+      expect_parity(adamw, 25.0, c);
+      expect_parity(adamw, 0.0005, c);
+    }
   }
 }
 

@@ -2,7 +2,7 @@
 // binary is launched), give the same losses and final parameters as one process training the same model on the
 // whole batch. Grid: strategy {FULL_SHARD, SHARD_GRAD_OP, NO_SHARD, HYBRID_SHARD, HYBRID_SHARD_ZERO2} x optimizer
 // {SGD, AdamW} x {float32, bfloat16 params with float32 reduction} x reshard after forward {on, off} x prefetch
-// {none, forward + BACKWARD_PRE, BACKWARD_POST}; hybrid runs on a 2x2 mesh at W = 4, 2x1 at W = 2 and 1x3 at W = 3.
+// {none, forward + BACKWARD_PRE, BACKWARD_POST} x activation checkpointing of every block {off, on}; hybrid runs on a 2x2 mesh at W = 4, 2x1 at W = 2 and 1x3 at W = 3.
 // Sizes are odd so that dim-0 sharding pads (10 rows over 3 or 4 ranks, 26 over 4, 3 over 4: some ranks hold only
 // padding). Tolerance: see expect_parity.
 #include <gtest/gtest.h>
@@ -14,6 +14,7 @@
 #include "toy_model.h"
 #include "shardtrain/fsdp/fully_shard.h"
 #include "shardtrain/memory/memory_stats.h"
+#include "shardtrain/nn/activation_checkpoint.h"
 #include "shardtrain/nn/intercept.h"
 #include "support/expect_error.h"
 
@@ -102,12 +103,14 @@ struct Config {
   bool reshard_after_forward = true;
   bool bf16 = false;  // bfloat16 parameters for compute, float32 reduction
   Prefetch prefetch = Prefetch::NONE;
+  bool checkpoint = false;  // activation checkpointing on every block (inside its unit)
 
   std::string label() const {
     static const char* prefetch_names[] = {"no-prefetch", "fwd+BACKWARD_PRE", "BACKWARD_POST"};
     return std::string(opt == Opt::SGD ? "SGD " : "AdamW ") + strategy_name(strategy) +
            (reshard_after_forward ? " reshard" : " keep") + (bf16 ? " bf16 " : " fp32 ") +
-           prefetch_names[static_cast<int>(prefetch)] + " W=" + std::to_string(test_process_group().world_size());
+           prefetch_names[static_cast<int>(prefetch)] + (checkpoint ? " checkpointed" : "") +
+           " W=" + std::to_string(test_process_group().world_size());
   }
 };
 
@@ -136,7 +139,10 @@ Run train_sharded(const Config& c) {
   const FsdpOptions options = options_for(c, groups.options);
   torch::manual_seed(42);
   Toy model;  // identical initial weights on every rank (same seed)
-  for (auto& b : model->blocks) fully_shard(b.ptr(), groups.shard, options);
+  for (auto& b : model->blocks) {
+    if (c.checkpoint) nn::checkpoint_module(*b);
+    fully_shard(b.ptr(), groups.shard, options);
+  }
   // The model's output in float32 for the loss: output_dtype on the root only (on a block it would hand float32
   // to the root's bf16 head, as in PyTorch).
   FsdpOptions root_options = options;
@@ -204,7 +210,9 @@ void expect_parity_grid(ShardingStrategy strategy) {
       const Run ref = train_reference(opt, bf16, test_process_group().world_size());
       for (bool reshard : {true, false}) {
         for (Prefetch prefetch : {Prefetch::NONE, Prefetch::FORWARD_AND_BACKWARD_PRE, Prefetch::BACKWARD_POST}) {
-          expect_parity(Config{opt, strategy, reshard, bf16, prefetch}, ref);
+          for (bool checkpoint : {false, true}) {
+            expect_parity(Config{opt, strategy, reshard, bf16, prefetch, checkpoint}, ref);
+          }
         }
       }
     }

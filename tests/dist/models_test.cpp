@@ -2,18 +2,25 @@
 //  - FLAVA's global contrastive loss and its gradients equal one process on the concatenated batch;
 //  - flava-debug trains under FULL_SHARD (FlavaLayer units) with the same losses and final parameters as one
 //    process on the whole global batch, its data (masks, ITM negatives) a function of the seed and each sample's
-//    global index only;
+//    global index only — also with activation checkpointing of every layer or every second layer;
 //  - build_parallel (each layer sharded as it is built) gives the model build_model + parallelize gives, with a
-//    construction peak of about one layer beyond this rank's shards.
+//    construction peak of about one layer beyond this rank's shards;
+//  - a sharded model loads a Hugging Face safetensors file, each rank reading its rows or rank 0 reading and
+//    broadcasting (sync_module_states), and a bad file fails on every rank.
 #include <gtest/gtest.h>
 #include <torch/torch.h>
+#include <unistd.h>
 
 #include "dist_test_env.h"
 #include "parity_helpers.h"
+#include "shardtrain/io/files.h"
 #include "shardtrain/memory/memory_stats.h"
+#include "shardtrain/models/safetensors.h"
 #include "shardtrain/models/contrastive.h"
 #include "shardtrain/models/flava.h"
 #include "shardtrain/models/parallelize.h"
+#include "shardtrain/models/weights.h"
+#include "shardtrain/nn/activation_checkpoint.h"
 #include "support/expect_error.h"
 
 namespace shardtrain::models {
@@ -129,28 +136,51 @@ TEST(ModelsDist, FlavaFullShardTrainsLikeOneProcess) {
       ref_losses.push_back(loss.item<double>());
     }
   }
+  // Plain units, and units whose layers are checkpointed (every layer, built then parallelized; every second
+  // layer, checkpointed and sharded as built): the same training.
   const auto mesh = dist::DeviceMesh::create(test_process_group(), 1);
-  ZooModel model = build_model("flava-debug", build);
-  auto units = parallelize(model, mesh, ParallelizeOptions{});
-  EXPECT_EQ(units.size(), 2 * 2 + 1 + 1u) << "two text, two image, one multimodal FlavaLayer, and the root";
-  auto* flava = dynamic_cast<FlavaImpl*>(model.module.get());
-  torch::optim::AdamW adam(model.module->parameters(), torch::optim::AdamWOptions(1e-3));
-  for (int s = 0; s < kSteps; ++s) {
-    adam.zero_grad();
-    at::Tensor loss = flava->run(local_batch(batch_for_step(s))).loss;
-    loss.backward();
-    adam.step();
-    expect_relative(mean_over_ranks(loss), ref_losses[s], 1e-5, "loss at step " + std::to_string(s));
-  }
-  // Parameters to 1e-5 absolute (1% of one Adam step, lr 1e-3), except the attention key biases: softmax is
-  // invariant to them, so their true gradient is zero and what they get is rounding noise, which Adam normalises
-  // into steps of up to lr — noise that differs with the summation order of sharded and unsharded gradients
-  // (measured: key biases up to 1.6e-4 apart at W = 2..4; every other parameter within 1e-5; all equal at W = 1).
-  auto full = fsdp::gather_full_parameters(model.module);
-  for (const auto& p : reference->named_parameters()) {
-    ASSERT_TRUE(full.count(p.key())) << p.key();
-    if (p.key().find("attn.k.bias") != std::string::npos) continue;
-    EXPECT_LE((full.at(p.key()) - p.value()).abs().max().item<double>(), 1e-5) << p.key();
+  for (int64_t every : {0, 1, 2}) {
+    const std::string label = "checkpoint_every " + std::to_string(every);
+    ParallelizeOptions options;
+    options.checkpoint_every = every;
+    ZooModel model;
+    std::vector<fsdp::FsdpUnit> units;
+    if (every == 2) {
+      model = build_parallel("flava-debug", mesh, options, build);
+      units = fsdp::units_of(model.module);
+    } else {
+      model = build_model("flava-debug", build);
+      units = parallelize(model, mesh, options);
+    }
+    EXPECT_EQ(units.size(), 2 * 2 + 1 + 1u) << "two text, two image, one multimodal FlavaLayer, and the root";
+    std::vector<std::string> checkpointed;
+    for (const auto& item : model.module->named_modules()) {
+      if (nn::is_checkpointed(*item.value())) checkpointed.push_back(item.key());
+    }
+    EXPECT_EQ(checkpointed.size(), every == 0 ? 0u : every == 1 ? 5u : 2u) << label;
+    if (every == 2) {  // the same layers as checkpoint_layers picks on a whole model
+      ZooModel plain = build_model("flava-debug", build);
+      EXPECT_EQ(checkpoint_layers(plain, 2), checkpointed);
+    }
+    auto* flava = dynamic_cast<FlavaImpl*>(model.module.get());
+    torch::optim::AdamW adam(model.module->parameters(), torch::optim::AdamWOptions(1e-3));
+    for (int s = 0; s < kSteps; ++s) {
+      adam.zero_grad();
+      at::Tensor loss = flava->run(local_batch(batch_for_step(s))).loss;
+      loss.backward();
+      adam.step();
+      expect_relative(mean_over_ranks(loss), ref_losses[s], 1e-5, label + ": loss at step " + std::to_string(s));
+    }
+    // Parameters to 1e-5 absolute (1% of one Adam step, lr 1e-3), except the attention key biases: softmax is
+    // invariant to them, so their true gradient is zero and what they get is rounding noise, which Adam normalises
+    // into steps of up to lr — noise that differs with the summation order of sharded and unsharded gradients
+    // (measured: key biases up to 1.6e-4 apart at W = 2..4; every other parameter within 1e-5; all equal at W = 1).
+    auto full = fsdp::gather_full_parameters(model.module);
+    for (const auto& p : reference->named_parameters()) {
+      ASSERT_TRUE(full.count(p.key())) << p.key();
+      if (p.key().find("attn.k.bias") != std::string::npos) continue;
+      EXPECT_LE((full.at(p.key()) - p.value()).abs().max().item<double>(), 1e-5) << label << " " << p.key();
+    }
   }
   EXPECT_GT(ref_losses.front(), 0.0);
 }
@@ -201,6 +231,63 @@ TEST(ModelsDist, BuildParallelShardsLayersAsTheyAreBuilt) {
   const int64_t peak = memory::cpu_memory_stats().peak_bytes - before;
   EXPECT_LE(peak, layers_bytes / w + 2 * layer_bytes + root_bytes)
       << "peak " << peak << " B, layers " << layers_bytes << " B, one layer " << layer_bytes << " B, root " << root_bytes;
+}
+
+TEST(ModelsDist, ShardedModelLoadsHuggingFaceWeights) {
+  const dist::Communicator& world = test_process_group().world();
+  const auto mesh = dist::DeviceMesh::create(test_process_group(), 1);
+  // One file name for every rank of this launch (the workers share the launcher as parent).
+  const std::string dir = "/tmp/shardtrain-test-" + std::to_string(::getppid()) + "-weights";
+  for (const std::string flavor : {"flava-debug", "bert-debug", "t5-debug"}) {
+    SCOPED_TRACE(flavor);
+    BuildOptions source_build;
+    source_build.init.seed = 21;
+    ZooModel source = build_model(flavor, source_build);
+    const std::string path = dir + "/" + flavor + ".safetensors";
+    if (world.rank() == 0) {
+      io::make_directories(dir);
+      save_weights(*source.module, path, source.names);
+    }
+    world.barrier().wait();
+    for (bool from_rank0 : {false, true}) {
+      SCOPED_TRACE(from_rank0 ? "rank 0 reads and broadcasts" : "every rank reads its rows");
+      BuildOptions other;
+      other.init.seed = 99;  // other weights until loaded
+      ZooModel model = build_parallel(flavor, mesh, ParallelizeOptions{}, other);
+      // With from_rank0 the other ranks are given a path that does not exist: they never open it.
+      const std::string given = from_rank0 && world.rank() != 0 ? path + ".absent" : path;
+      load_weights_sharded(model.module, given, model.names, from_rank0 ? &world : nullptr);
+      const auto full = fsdp::gather_full_parameters(model.module);
+      for (const auto& p : source.module->named_parameters()) {
+        ASSERT_TRUE(full.count(p.key())) << p.key();
+        EXPECT_TRUE(at::equal(full.at(p.key()), p.value())) << p.key();
+      }
+      auto buffers = model.module->named_buffers();
+      for (const auto& b : source.module->named_buffers()) EXPECT_TRUE(at::equal(buffers[b.key()], b.value())) << b.key();
+    }
+  }
+  // A file whose tensor has the wrong shape: every rank fails, rank 0 naming the tensor; with from_rank0 the
+  // others say rank 0 failed.
+  ZooModel small = build_model("bert-debug");
+  const std::string bad = dir + "/bad.safetensors";
+  if (world.rank() == 0) {
+    auto tensors = hf_named_tensors(*small.module, small.names);
+    for (auto& [name, t] : tensors) {
+      if (name.find("word_embeddings") != std::string::npos) t = t.narrow(0, 0, t.size(0) - 1);
+    }
+    write_safetensors(bad, tensors);
+  }
+  world.barrier().wait();
+  for (bool from_rank0 : {false, true}) {
+    ZooModel model = build_parallel("bert-debug", mesh, ParallelizeOptions{});
+    const std::string message = testing::expect_error<std::runtime_error>(
+        [&] { load_weights_sharded(model.module, bad, model.names, from_rank0 ? &world : nullptr); }, {bad});
+    const bool names_tensor = message.find("word_embeddings") != std::string::npos;
+    EXPECT_TRUE(names_tensor || (from_rank0 && world.rank() != 0 && message.find("rank 0") != std::string::npos))
+        << message;
+  }
+  world.barrier().wait();
+  if (world.rank() == 0) io::remove_tree(dir);
 }
 
 }  // namespace

@@ -78,7 +78,7 @@ struct ParallelConfig {
   int64_t forward_prefetch = 0;            // units gathered ahead in forward
   Prefetch backward_prefetch = Prefetch::BACKWARD_PRE;
   bool limit_all_gathers = true;
-  bool activation_checkpointing = false;
+  bool activation_checkpointing = false;  // every transformer layer of layer_classes replays its forward in backward
   bool cpu_offload = false;
   bool sync_module_states = true;  // init_weights: rank 0 reads, the others receive (else every rank reads)
 };

@@ -11,9 +11,11 @@
 // Every file is written atomically (io/files.h). Loading checks names and shapes and names what does not match.
 #pragma once
 
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include <ATen/core/Tensor.h>
 
@@ -44,5 +46,24 @@ void save_full_state_dict(const std::shared_ptr<torch::nn::Module>& root, const 
 // Every rank reads `path` (or takes `state`) and keeps its own rows. No communication.
 void load_full_state_dict(const std::shared_ptr<torch::nn::Module>& root, const std::string& path);
 void load_full_state_dict(const std::shared_ptr<torch::nn::Module>& root, const std::map<std::string, at::Tensor>& state);
+
+// Loading from another format (a Hugging Face safetensors file: models/weights.h). A slot is one parameter or
+// buffer of a sharded model: its name, full shape, and the rows of dim 0 this rank holds, [first_row, first_row +
+// rows) — all of them for buffers; a 0-dim parameter is one row. `tensor` is the model's own (identity only:
+// between steps a parameter holds its shard).
+struct RowSlot {
+  std::string name;
+  std::vector<int64_t> full_shape;
+  int64_t first_row = 0, rows = 0;
+  at::Tensor tensor;
+};
+
+// Every parameter (unit by unit) and buffer of a sharded model, in one order on every rank.
+std::vector<RowSlot> row_slots(const std::shared_ptr<torch::nn::Module>& root);
+
+// Fills every slot with rows_of(slot): a tensor of slot.rows rows (shaped (rows, full_shape[1:]...), any dtype and
+// device), copied in. rows_of is called for every slot in row_slots() order on every rank, also where rows = 0, so
+// it may be collective (rank 0 reads, the others receive). No communication of its own.
+void load_rows(const std::shared_ptr<torch::nn::Module>& root, const std::function<at::Tensor(const RowSlot&)>& rows_of);
 
 }  // namespace shardtrain::fsdp

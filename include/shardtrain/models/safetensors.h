@@ -33,6 +33,9 @@ class SafetensorsReader {
   const std::map<std::string, std::string>& metadata() const { return metadata_; }
   // The tensor (CPU, its file dtype). Throws naming it when absent.
   at::Tensor read(const std::string& name) const;
+  // Rows [first_row, first_row + rows) of dim 0 (a 0-dim tensor has one row), reading only their bytes: what a rank
+  // of a sharded model reads. Throws naming the tensor when absent or when the rows are out of range.
+  at::Tensor read_rows(const std::string& name, int64_t first_row, int64_t rows) const;
 
  private:
   std::string path_;

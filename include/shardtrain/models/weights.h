@@ -11,6 +11,10 @@
 #include <utility>
 #include <vector>
 
+namespace shardtrain::dist {
+class Communicator;
+}
+
 namespace shardtrain::models {
 
 // Ordered rewrite rules: the first rule whose regex matches the whole name gives its replacement (ECMAScript
@@ -37,6 +41,14 @@ class NameMap {
 // parameter missing from the file, a shape that differs, a tensor in the file the model does not have (unless
 // ignored). A model prefix Hugging Face drops when saving the base model alone ("bert.") is tried both ways.
 void load_weights(torch::nn::Module& model, const std::string& path, const NameMap& names);
+
+// load_weights into a model sharded by fully_shard (parallelize, build_parallel), which never holds a parameter
+// whole. Each rank reads only the rows it holds (a pread of their bytes) — or, with `from_rank0`
+// (sync_module_states, for a file only rank 0 can see), rank 0 reads each tensor whole, one at a time, and
+// broadcasts it over from_rank0, every rank keeping its rows. Validation as load_weights', against the full shapes;
+// with from_rank0 the other ranks fail too, saying that rank 0 did. Collective when from_rank0 is given.
+void load_weights_sharded(const std::shared_ptr<torch::nn::Module>& model, const std::string& path,
+                          const NameMap& names, const dist::Communicator* from_rank0 = nullptr);
 
 // Writes every parameter (tied tensors once, under their first name) and persistent buffer of `model` in `dtype`
 // (their own dtype when undefined) under Hugging Face names, atomically.
