@@ -76,6 +76,7 @@ nlohmann::json to_json(const TrainerState& s) {
   j["loader"] = {{"step", s.loader_step}, {"consumed", s.loader_consumed}};
   j["optimizer_steps"] = s.optimizer_steps;
   j["world_size"] = s.world_size;
+  if (s.loss_scale > 0) j["loss_scale"] = {{"scale", s.loss_scale}, {"growth_tracker", s.loss_scale_growth_tracker}};
   j["flavor"] = s.flavor;
   j["strategy"] = s.strategy;
   j["config"] = s.config_yaml;
@@ -170,6 +171,10 @@ TrainerState read_trainer_state(const std::string& path) {
     s.loader_consumed = j.at("loader").at("consumed").get<std::array<int64_t, 3>>();
     s.optimizer_steps = j.at("optimizer_steps").get<std::map<std::string, int64_t>>();
     s.world_size = j.at("world_size").get<int64_t>();
+    if (j.contains("loss_scale")) {
+      s.loss_scale = j.at("loss_scale").at("scale").get<double>();
+      s.loss_scale_growth_tracker = j.at("loss_scale").at("growth_tracker").get<int64_t>();
+    }
     s.flavor = j.at("flavor").get<std::string>();
     s.strategy = j.at("strategy").get<std::string>();
     s.config_yaml = j.value("config", "");

@@ -10,6 +10,7 @@
 #include <mutex>
 #include <stdexcept>
 
+#include "nn/autocast_guard.h"
 #include "shardtrain/nn/intercept.h"
 
 namespace shardtrain::nn {
@@ -59,6 +60,22 @@ class RngReplay {
   RngStates current_;
 };
 
+// Autocast as the forward saw it, for the device types a replay may compute on.
+struct AutocastStates {
+  static constexpr c10::DeviceType kTypes[] = {c10::DeviceType::CPU, c10::DeviceType::CUDA};
+  bool enabled[2] = {false, false};
+  c10::ScalarType dtype[2] = {at::kBFloat16, at::kHalf};
+
+  static AutocastStates capture() {
+    AutocastStates s;
+    for (int i = 0; i < 2; ++i) {
+      s.enabled[i] = at::autocast::is_autocast_enabled(kTypes[i]);
+      s.dtype[i] = at::autocast::get_autocast_dtype(kTypes[i]);
+    }
+    return s;
+  }
+};
+
 bool differentiable(const at::Tensor& t) {
   return t.defined() && (at::isFloatingType(t.scalar_type()) || at::isComplexType(t.scalar_type()));
 }
@@ -94,6 +111,8 @@ class CheckpointBackward : public torch::autograd::Node {
     TensorVec outputs;
     {
       RngReplay rng(preserve_rng ? &rng_states : nullptr);
+      AutocastGuard cpu_autocast(AutocastStates::kTypes[0], autocast.enabled[0], autocast.dtype[0]);
+      AutocastGuard cuda_autocast(AutocastStates::kTypes[1], autocast.enabled[1], autocast.dtype[1]);
       at::AutoGradMode grad_mode(true);
       outputs = replay(replay_inputs);
     }
@@ -145,6 +164,7 @@ class CheckpointBackward : public torch::autograd::Node {
   std::vector<int> output_slot;      // per output of the call: its input number on this node, -1 when none
   bool preserve_rng = true;
   RngStates rng_states;
+  AutocastStates autocast;  // the replay computes in the precision the forward did
 
  private:
   bool released_ = false;
@@ -168,6 +188,7 @@ class CheckpointInterceptor : public Interceptor {
     auto node = std::shared_ptr<CheckpointBackward>(new CheckpointBackward(), torch::autograd::deleteNode);
     node->label = label_;
     node->preserve_rng = options_.preserve_rng_state;
+    node->autocast = AutocastStates::capture();
     if (options_.preserve_rng_state) node->rng_states = RngStates::capture(devices_of(inputs, params));
     for (const at::Tensor& t : inputs) {
       node->inputs.push_back(t.defined() ? t.detach() : at::Tensor());

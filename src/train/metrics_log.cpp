@@ -112,13 +112,13 @@ std::string MetricsLog::line_of(const IntervalMetrics& m) const {
   double peak = 0;
   for (double p : m.peak_memory_gib) peak = std::max(peak, p);
   char mem[64];
-  std::snprintf(mem, sizeof(mem), "  peak mem %.2f GiB", peak);
+  std::snprintf(mem, sizeof(mem), "  peak mem %.3g GiB", peak);  // 3 digits: small models too
   line += mem;
   if (m.peak_memory_gib.size() > 1 && m.peak_memory_gib.size() <= 8) {
     line += " (";
     for (size_t r = 0; r < m.peak_memory_gib.size(); ++r) {
       char one[24];
-      std::snprintf(one, sizeof(one), "%s%.2f", r ? " " : "", m.peak_memory_gib[r]);
+      std::snprintf(one, sizeof(one), "%s%.3g", r ? " " : "", m.peak_memory_gib[r]);
       line += one;
     }
     line += ")";

@@ -20,6 +20,8 @@
 #include "shardtrain/memory/memory_stats.h"
 #include "shardtrain/models/parallelize.h"
 #include "shardtrain/nn/activation_checkpoint.h"
+#include "shardtrain/nn/autocast.h"
+#include "shardtrain/optim/grad_scaler.h"
 #include "shardtrain/optim/param_groups.h"
 #include "shardtrain/train/schedule.h"
 #include "train/evaluate.h"
@@ -40,14 +42,6 @@ void check_supported(const Config& c) {
   if (c.parallel.cpu_offload) {
     throw std::invalid_argument("parallel.cpu_offload (fsdp_offload_params): true is not supported yet — the FSDP "
                                 "runtime keeps shards on the training device; set it to false");
-  }
-  if (c.parallel.mixed_precision == config::Precision::FP16) {
-    throw std::invalid_argument("parallel.mixed_precision: fp16 needs gradient scaling, which is not implemented; "
-                                "use bf16 (the FLAVA and T5 posts train in bf16) or no");
-  }
-  if (c.parallel.strategy == config::Strategy::DDP && c.parallel.mixed_precision != config::Precision::NO) {
-    throw std::invalid_argument("parallel.mixed_precision: " + config::to_string(c.parallel.mixed_precision) +
-                                " with ddp is not supported (no autocast); use an FSDP strategy or no");
   }
 }
 
@@ -95,6 +89,11 @@ Parallel build_model(const Config& c, const dist::DeviceMesh& mesh, const at::De
     // FLAVA's batch kinds each leave some heads and poolers out of the loss.
     o.find_unused_parameters = p.model.family == "flava";
     if (c.parallel.activation_checkpointing) models::checkpoint_layers(p.model, 1, c.parallel.layer_classes);
+    // Mixed precision without sharding: autocast around the model (parameters, gradients, optimizer float32).
+    if (c.parallel.mixed_precision != config::Precision::NO) {
+      nn::autocast_module(*p.model.module, device.type(),
+                          c.parallel.mixed_precision == config::Precision::BF16 ? at::kBFloat16 : at::kHalf);
+    }
     p.ddp = models::replicate_model(p.model, mesh, o);  // parameters are rank 0's from here on
     return p;
   }
@@ -103,6 +102,12 @@ Parallel build_model(const Config& c, const dist::DeviceMesh& mesh, const at::De
   if (c.parallel.mixed_precision == config::Precision::BF16) {
     o.fsdp.mixed_precision.param_dtype = at::kBFloat16;
     o.fsdp.mixed_precision.reduce_dtype = at::kBFloat16;
+  }
+  if (c.parallel.mixed_precision == config::Precision::FP16) {
+    // float16 gradients are scaled (see the GradScaler in train()); their sum over ranks is taken in float32,
+    // where a scaled gradient cannot overflow.
+    o.fsdp.mixed_precision.param_dtype = at::kHalf;
+    o.fsdp.mixed_precision.reduce_dtype = at::kFloat;
   }
   o.fsdp.forward_prefetch = static_cast<int>(c.parallel.forward_prefetch);
   o.fsdp.limit_all_gathers = c.parallel.limit_all_gathers;
@@ -277,6 +282,9 @@ TrainSummary train(const Config& c) {
 
   // Resume.
   TrainSummary summary;
+  // float16: the loss is scaled before backward, and a step whose gradients overflowed on any rank is skipped.
+  std::optional<optim::GradScaler> scaler;
+  if (c.parallel.mixed_precision == config::Precision::FP16) scaler.emplace(optim::GradScalerOptions{}, &world);
   data::LoaderState loader_state;
   int64_t step = 0;
   if (c.checkpoint.resume) {
@@ -291,6 +299,7 @@ TrainSummary train(const Config& c) {
     }
     step = s.step;
     loader_state.step = s.loader_step, loader_state.consumed = s.loader_consumed;
+    if (scaler && s.loss_scale > 0) scaler->load_state(s.loss_scale, s.loss_scale_growth_tracker);
     if (leader) {
       std::printf("resumed from %s at step %lld%s\n", latest->c_str(), static_cast<long long>(step),
                   s.world_size == world.size() ? "" : " (another world size: RNG not restored)");
@@ -367,12 +376,14 @@ TrainSummary train(const Config& c) {
         throw std::runtime_error("the loss is " + std::to_string(value) + " at step " + std::to_string(step) +
                                  " (rank " + std::to_string(world.rank()) + "); lower optim.lr or check the data");
       }
-      (losses.total / static_cast<double>(batches.size())).backward();
+      const at::Tensor share = losses.total / static_cast<double>(batches.size());
+      (scaler ? scaler->scale(share) : share).backward();
       step_loss += value / static_cast<double>(batches.size());
       for (const auto& [k, v] : losses.parts) step_parts[k] += v / static_cast<double>(batches.size());
       step_flops += training_flops(family, c.model.flavor, b);
       texts += b.texts, images += b.images;
     }
+    if (scaler) scaler->unscale(optimizer);  // clipping sees the true gradients
     double grad_norm;
     const double max_norm = c.train.max_grad_norm > 0 ? c.train.max_grad_norm : INFINITY;
     if (parallel.sharded) {
@@ -386,14 +397,20 @@ TrainSummary train(const Config& c) {
       }
       grad_norm = torch::nn::utils::clip_grad_norm_(with_grad, max_norm);
     }
-    optimizer.step();
+    bool stepped = true;
+    if (scaler) {
+      stepped = scaler->step(optimizer);
+      scaler->update();
+    } else {
+      optimizer.step();
+    }
     optimizer.zero_grad();
     ++step;
     const double elapsed = seconds_now() - t0;
 
     interval.steps += 1;
     interval.loss += step_loss;
-    interval.grad_norm += grad_norm;
+    if (stepped) interval.grad_norm += grad_norm;  // a skipped step's norm is inf or NaN
     for (const auto& [k, v] : step_parts) interval.parts[k].first += v, interval.parts[k].second += 1;
     if (step > warmup_until) {
       interval.texts += texts, interval.images += images;
@@ -459,6 +476,7 @@ TrainSummary train(const Config& c) {
       s.step = step, s.loader_step = ls.step, s.loader_consumed = ls.consumed;
       s.world_size = world.size(), s.flavor = c.model.flavor, s.strategy = config::to_string(c.parallel.strategy);
       s.config_yaml = config::to_yaml(c);
+      if (scaler) s.loss_scale = scaler->scale_value(), s.loss_scale_growth_tracker = scaler->growth_tracker();
       last_checkpoint = ckpt::save_checkpoint(c.checkpoint.dir, s, checkpointed, world);
       if (leader) ckpt::prune_checkpoints(c.checkpoint.dir, c.checkpoint.keep);
       world.barrier().wait();
@@ -482,6 +500,10 @@ TrainSummary train(const Config& c) {
                   summary.first_eval["r1_image_to_text"], summary.last_eval["r1_image_to_text"],
                   1.0 / summary.last_eval["eval_samples"], summary.first_eval["itm_accuracy"],
                   summary.last_eval["itm_accuracy"]);
+    }
+    if (scaler) {
+      std::printf(", loss scale %g (%lld steps skipped for overflowing gradients)", scaler->scale_value(),
+                  static_cast<long long>(scaler->skipped_steps()));
     }
     std::printf("\n");
     std::fflush(stdout);

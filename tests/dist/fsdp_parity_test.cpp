@@ -1,7 +1,7 @@
 // fully_shard parity: N training steps of a small transformer-like model, sharded over the world (W = 1..4 as the
 // binary is launched), give the same losses and final parameters as one process training the same model on the
 // whole batch. Grid: strategy {FULL_SHARD, SHARD_GRAD_OP, NO_SHARD, HYBRID_SHARD, HYBRID_SHARD_ZERO2} x optimizer
-// {SGD, AdamW} x {float32, bfloat16 params with float32 reduction} x reshard after forward {on, off} x prefetch
+// {SGD, AdamW} x {float32, bfloat16 params with float32 reduction (float16 with loss scaling: its own test)} x reshard after forward {on, off} x prefetch
 // {none, forward + BACKWARD_PRE, BACKWARD_POST} x activation checkpointing of every block {off, on}; hybrid runs on a 2x2 mesh at W = 4, 2x1 at W = 2 and 1x3 at W = 3.
 // Sizes are odd so that dim-0 sharding pads (10 rows over 3 or 4 ranks, 26 over 4, 3 over 4: some ranks hold only
 // padding). Tolerance: see expect_parity.
@@ -16,6 +16,7 @@
 #include "shardtrain/memory/memory_stats.h"
 #include "shardtrain/nn/activation_checkpoint.h"
 #include "shardtrain/nn/intercept.h"
+#include "shardtrain/optim/grad_scaler.h"
 #include "support/expect_error.h"
 
 namespace shardtrain::fsdp {
@@ -25,6 +26,10 @@ using testing::test_process_group;
 using namespace testing_models;
 
 enum class Opt { SGD, ADAMW };
+
+// Float32; bfloat16 compute with float32 reduction; float16 compute with float32 reduction and loss scaling.
+enum class Precision { FP32, BF16, FP16 };
+constexpr double kLossScale = 1024;  // float16: grads of the toy model stay below 64, so scaled ones stay finite
 
 std::unique_ptr<torch::optim::Optimizer> make_optimizer(Opt opt, std::vector<at::Tensor> params) {
   if (opt == Opt::SGD) return std::make_unique<torch::optim::SGD>(params, torch::optim::SGDOptions(0.1).momentum(0.9));
@@ -36,19 +41,22 @@ struct Run {
   std::map<std::string, at::Tensor> params;
 };
 
-// Single-process training on the whole batch. bf16: mixed precision by hand, as PyTorch's MixedPrecision defines
-// it — float32 master weights updated by the optimizer, a bfloat16 copy computing forward and backward, float32
-// outputs and gradients — with the batch taken as `micro_batches` equal micro-batches whose bf16 gradients are
-// averaged in float32: the arithmetic of data parallelism over that many ranks with a float32 reduction.
-Run train_reference(Opt opt, bool bf16, int micro_batches) {
+// Single-process training on the whole batch. Low precision by hand, as PyTorch's MixedPrecision defines it —
+// float32 master weights updated by the optimizer, a bfloat16 (float16) copy computing forward and backward, float32
+// outputs and gradients — with the batch taken as `micro_batches` equal micro-batches whose low-precision gradients
+// are averaged in float32: the arithmetic of data parallelism over that many ranks with a float32 reduction.
+// Float16 scales the loss by kLossScale before backward and divides the float32 gradients by it, as GradScaler does.
+Run train_reference(Opt opt, Precision precision, int micro_batches) {
   torch::manual_seed(42);
   Toy model;
   Toy compute;
   auto optimizer = make_optimizer(opt, model->parameters());
+  const at::ScalarType low = precision == Precision::FP16 ? torch::kHalf : torch::kBFloat16;
+  const double scale = precision == Precision::FP16 ? kLossScale : 1.0;
   Run run;
   for (auto& [x, y] : make_batches()) {
     optimizer->zero_grad();
-    if (!bf16) {
+    if (precision == Precision::FP32) {
       at::Tensor loss = torch::mse_loss(model(x), y);
       loss.backward();
       optimizer->step();
@@ -59,7 +67,7 @@ Run train_reference(Opt opt, bool bf16, int micro_batches) {
       torch::NoGradGuard no_grad;
       auto master = model->parameters();
       auto copy = compute->parameters();
-      for (size_t i = 0; i < master.size(); ++i) copy[i].set_data(master[i].to(torch::kBFloat16));
+      for (size_t i = 0; i < master.size(); ++i) copy[i].set_data(master[i].to(low));
     }
     auto master = model->parameters();
     auto copy = compute->parameters();
@@ -67,16 +75,16 @@ Run train_reference(Opt opt, bool bf16, int micro_batches) {
     double loss_sum = 0;
     for (int m = 0; m < micro_batches; ++m) {
       compute->zero_grad();
-      at::Tensor out = compute(x.narrow(0, m * rows, rows).to(torch::kBFloat16)).to(torch::kFloat);
+      at::Tensor out = compute(x.narrow(0, m * rows, rows).to(low)).to(torch::kFloat);
       at::Tensor loss = torch::mse_loss(out, y.narrow(0, m * rows, rows));
-      loss.backward();
+      (loss * scale).backward();
       loss_sum += loss.item<double>();
       for (size_t i = 0; i < master.size(); ++i) {
         at::Tensor g = copy[i].grad().to(torch::kFloat);
         master[i].mutable_grad() = master[i].grad().defined() ? master[i].grad() + g : g;
       }
     }
-    for (auto& p : master) p.mutable_grad().div_(micro_batches);
+    for (auto& p : master) p.mutable_grad().div_(micro_batches * scale);
     optimizer->step();
     run.losses.push_back(loss_sum / micro_batches);
   }
@@ -101,14 +109,15 @@ struct Config {
   Opt opt = Opt::SGD;
   ShardingStrategy strategy = ShardingStrategy::FULL_SHARD;
   bool reshard_after_forward = true;
-  bool bf16 = false;  // bfloat16 parameters for compute, float32 reduction
+  Precision precision = Precision::FP32;
   Prefetch prefetch = Prefetch::NONE;
   bool checkpoint = false;  // activation checkpointing on every block (inside its unit)
 
   std::string label() const {
     static const char* prefetch_names[] = {"no-prefetch", "fwd+BACKWARD_PRE", "BACKWARD_POST"};
     return std::string(opt == Opt::SGD ? "SGD " : "AdamW ") + strategy_name(strategy) +
-           (reshard_after_forward ? " reshard" : " keep") + (bf16 ? " bf16 " : " fp32 ") +
+           (reshard_after_forward ? " reshard" : " keep") +
+           (precision == Precision::FP32 ? " fp32 " : precision == Precision::BF16 ? " bf16 " : " fp16 ") +
            prefetch_names[static_cast<int>(prefetch)] + (checkpoint ? " checkpointed" : "") +
            " W=" + std::to_string(test_process_group().world_size());
   }
@@ -116,8 +125,8 @@ struct Config {
 
 FsdpOptions options_for(const Config& c, FsdpOptions options) {
   options.reshard_after_forward = c.reshard_after_forward;
-  if (c.bf16) {
-    options.mixed_precision.param_dtype = torch::kBFloat16;
+  if (c.precision != Precision::FP32) {
+    options.mixed_precision.param_dtype = c.precision == Precision::FP16 ? torch::kHalf : torch::kBFloat16;
     options.mixed_precision.reduce_dtype = torch::kFloat;
   }
   options.forward_prefetch = c.prefetch == Prefetch::FORWARD_AND_BACKWARD_PRE ? 1 : 0;
@@ -146,9 +155,11 @@ Run train_sharded(const Config& c) {
   // The model's output in float32 for the loss: output_dtype on the root only (on a block it would hand float32
   // to the root's bf16 head, as in PyTorch).
   FsdpOptions root_options = options;
-  if (c.bf16) root_options.mixed_precision.output_dtype = torch::kFloat;
+  if (c.precision != Precision::FP32) root_options.mixed_precision.output_dtype = torch::kFloat;
   fully_shard(model.ptr(), groups.shard, root_options);
   auto optimizer = make_optimizer(c.opt, model->parameters());
+  std::optional<optim::GradScaler> scaler;
+  if (c.precision == Precision::FP16) scaler.emplace(optim::GradScalerOptions{.init_scale = kLossScale}, &world);
   Run run;
   const int64_t local = kBatch / w;
   for (auto& [x, y] : make_batches()) {
@@ -161,13 +172,18 @@ Run train_sharded(const Config& c) {
       EXPECT_EQ(unit.state(), c.reshard_after_forward ? ShardState::SHARDED : ShardState::UNSHARDED)
           << c.label() << " " << unit.module_name();
     }
-    loss.backward();
+    (scaler ? scaler->scale(loss) : loss).backward();
     for (const FsdpUnit& unit : units_of(model.ptr())) EXPECT_EQ(unit.state(), ShardState::SHARDED) << c.label();
     for (const auto& p : model->parameters()) {  // the optimizer sees float32 shards and float32 gradients
       EXPECT_EQ(p.scalar_type(), torch::kFloat) << c.label();
       EXPECT_EQ(p.grad().scalar_type(), torch::kFloat) << c.label();
     }
-    optimizer->step();
+    if (scaler) {
+      EXPECT_TRUE(scaler->step(*optimizer)) << c.label() << ": a gradient overflowed";
+      scaler->update();
+    } else {
+      optimizer->step();
+    }
     at::Tensor global = loss.detach().clone();
     world.all_reduce(global, dist::ReduceOp::MEAN).wait();  // equal shares: the mean of means is the batch mean
     run.losses.push_back(global.item<double>());
@@ -206,12 +222,12 @@ void expect_parity(const Config& c, const Run& ref) {
 // Every option combination of one strategy against the single-process reference.
 void expect_parity_grid(ShardingStrategy strategy) {
   for (Opt opt : {Opt::SGD, Opt::ADAMW}) {
-    for (bool bf16 : {false, true}) {
-      const Run ref = train_reference(opt, bf16, test_process_group().world_size());
+    for (Precision precision : {Precision::FP32, Precision::BF16}) {
+      const Run ref = train_reference(opt, precision, test_process_group().world_size());
       for (bool reshard : {true, false}) {
         for (Prefetch prefetch : {Prefetch::NONE, Prefetch::FORWARD_AND_BACKWARD_PRE, Prefetch::BACKWARD_POST}) {
           for (bool checkpoint : {false, true}) {
-            expect_parity(Config{opt, strategy, reshard, bf16, prefetch, checkpoint}, ref);
+            expect_parity(Config{opt, strategy, reshard, precision, prefetch, checkpoint}, ref);
           }
         }
       }
@@ -224,6 +240,21 @@ TEST(FsdpParity, ShardGradOp) { expect_parity_grid(ShardingStrategy::SHARD_GRAD_
 TEST(FsdpParity, NoShard) { expect_parity_grid(ShardingStrategy::NO_SHARD); }
 TEST(FsdpParity, HybridShard) { expect_parity_grid(ShardingStrategy::HYBRID_SHARD); }
 TEST(FsdpParity, HybridShardZero2) { expect_parity_grid(ShardingStrategy::HYBRID_SHARD_ZERO2); }
+
+// Float16 compute with a float32 reduction and loss scaling (optim::GradScaler over the world), every strategy,
+// against the reference doing the same by hand.
+TEST(FsdpParity, Float16WithLossScaling) {
+  for (Opt opt : {Opt::SGD, Opt::ADAMW}) {
+    const shardtrain::fsdp::Run ref = train_reference(opt, Precision::FP16, test_process_group().world_size());
+    for (ShardingStrategy strategy : {ShardingStrategy::FULL_SHARD, ShardingStrategy::SHARD_GRAD_OP,
+                                      ShardingStrategy::NO_SHARD, ShardingStrategy::HYBRID_SHARD,
+                                      ShardingStrategy::HYBRID_SHARD_ZERO2}) {
+      for (bool checkpoint : {false, true}) {
+        expect_parity(Config{opt, strategy, true, Precision::FP16, Prefetch::NONE, checkpoint}, ref);
+      }
+    }
+  }
+}
 
 TEST(FsdpParity, ClipGradNormIsTheGlobalNorm) {
   const dist::Communicator& world = test_process_group().world();

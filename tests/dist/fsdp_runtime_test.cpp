@@ -1,11 +1,13 @@
 // fully_shard runtime behaviour beyond the parity grid: gradient accumulation without communication, the gradient
 // divide factor, buffer and output dtypes, prefetch bounds from the runtime's own instrumentation, stale prefetches,
-// and errors instead of wrong results when freed parameters are read.
+// errors instead of wrong results when freed parameters are read, and a gradient overflow on one rank skipping the
+// loss-scaled step on every rank.
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
 #include "dist_test_env.h"
 #include "shardtrain/fsdp/fully_shard.h"
+#include "shardtrain/optim/grad_scaler.h"
 #include "parity_helpers.h"
 #include "support/expect_error.h"
 
@@ -48,6 +50,32 @@ TEST(FsdpRuntime, NoSyncAccumulatesLocallyThenReducesTheSum) {
     expect_params_equal(gather_full_parameters(model.ptr()), *ref,
                         std::string("no_sync reshard=") + (reshard ? "on" : "off"));
   }
+}
+
+TEST(FsdpRuntime, OverflowOnOneRankSkipsTheScaledStepOnEvery) {
+  const dist::Communicator& world = test_process_group().world();
+  FsdpOptions options;
+  options.mixed_precision.param_dtype = torch::kHalf;
+  options.mixed_precision.reduce_dtype = torch::kFloat;
+  Toy model = sharded_toy(options);
+  torch::optim::SGD sgd(model->parameters(), torch::optim::SGDOptions(0.1));
+  optim::GradScaler scaler(optim::GradScalerOptions{.init_scale = 1024}, &world);
+  const auto before = gather_full_parameters(model.ptr());
+  auto [x, y] = make_batches().front();
+  scaler.scale(torch::mse_loss(model(local_rows(x)), local_rows(y))).backward();
+  if (world.rank() == world.size() - 1) {  // the last rank alone: its shard of some gradient overflowed
+    for (const auto& p : model->parameters()) {
+      if (p.grad().defined() && p.grad().numel() > 0) {
+        p.grad().view({-1})[0] = std::numeric_limits<float>::infinity();
+        break;
+      }
+    }
+  }
+  EXPECT_FALSE(scaler.step(sgd));
+  scaler.update();
+  EXPECT_EQ(scaler.scale_value(), 512.0);
+  const auto after = gather_full_parameters(model.ptr());
+  for (const auto& [name, value] : before) EXPECT_TRUE(torch::equal(after.at(name), value)) << name << " moved";
 }
 
 TEST(FsdpRuntime, GradientDivideFactorDividesTheSum) {

@@ -178,6 +178,33 @@ TEST_F(TrainTest, CheckpointsAreKeptAndExportLoadsIntoAFreshModel) {
   for (const auto& p : other.module->named_parameters()) EXPECT_TRUE(p.value().equal(saved.at(p.key()))) << p.key();
 }
 
+// Mixed precision every way the config offers: FSDP in bf16 and fp16 (loss-scaled), DDP under autocast in bf16 and
+// fp16; each runs to the end with finite losses. An fp16 run stopped and resumed ends where one that ran through
+// does: the loss scale is part of the checkpoint.
+TEST_F(TrainTest, MixedPrecisionEveryWay) {
+  for (const std::string strategy : {"full_shard", "ddp"}) {
+    for (const std::string precision : {"bf16", "fp16"}) {
+      SCOPED_TRACE(strategy + " " + precision);
+      const Outcome r = train("--parallel.strategy=" + strategy + " --parallel.mixed_precision=" + precision +
+                              " --train.eval_interval=0");
+      ASSERT_EQ(r.status, 0) << r.output;
+      EXPECT_NE(r.output.find("done: 8 steps"), std::string::npos) << r.output;
+      EXPECT_EQ(r.output.find("nan"), std::string::npos) << r.output;
+      EXPECT_EQ(r.output.find("loss scale") != std::string::npos, precision == "fp16") << r.output;
+    }
+  }
+  const std::string a = root_ + "/fp16-a", b = root_ + "/fp16-b";
+  const std::string common = "--parallel.mixed_precision=fp16 --train.eval_interval=0 ";
+  ASSERT_EQ(train(common + "--checkpoint.dir=" + a).status, 0);
+  ASSERT_EQ(train(common + "--checkpoint.dir=" + b + " --train.stop_at=4").status, 0);
+  const auto stopped = ckpt::read_trainer_state(b + "/step-00000004");
+  EXPECT_GT(stopped.loss_scale, 0);
+  ASSERT_EQ(train(common + "--checkpoint.dir=" + b + " --resume").status, 0);
+  EXPECT_EQ(ckpt::read_trainer_state(a + "/step-00000008").loss_scale,
+            ckpt::read_trainer_state(b + "/step-00000008").loss_scale);
+  EXPECT_LE(max_difference(saved_state(a + "/step-00000008", true), saved_state(b + "/step-00000008", true)), 1e-6);
+}
+
 // model.init_weights: a Hugging Face file loads into the sharded (each rank its rows, or rank 0 broadcasting:
 // sync_module_states) and the replicated model; after one step at lr 1e-3 the weights are within 1e-2 of the
 // file's, where a fresh initialisation differs by about 0.1.

@@ -40,6 +40,9 @@ struct TrainerState {
   // AdamW's step count per parameter (absent: the parameter has had no update, so no state).
   std::map<std::string, int64_t> optimizer_steps;
   int64_t world_size = 1;
+  // float16 training's loss scale (optim::GradScaler) and its clean steps in a row; 0: no scaler.
+  double loss_scale = 0;
+  int64_t loss_scale_growth_tracker = 0;
   std::string flavor, strategy;
   std::string config_yaml;  // the run's whole config, for the record
 };
