@@ -138,6 +138,10 @@ int Communicator::rank() const { return impl_->rank; }
 int Communicator::size() const { return static_cast<int>(impl_->global_ranks.size()); }
 const std::vector<int>& Communicator::global_ranks() const { return impl_->global_ranks; }
 CommBackend Communicator::backend() const { return impl_->kind; }
+at::Device Communicator::device() const {
+  return impl_->device_index >= 0 ? at::Device(at::kCUDA, static_cast<c10::DeviceIndex>(impl_->device_index))
+                                  : at::Device(at::kCPU);
+}
 const std::string& Communicator::name() const { return impl_->name; }
 
 Work Communicator::all_gather(const at::Tensor& out, const at::Tensor& in) const {

@@ -16,7 +16,12 @@ at::Tensor as_scalar(const at::Tensor& t) { return t.view(at::IntArrayRef{}); }
 }  // namespace
 
 FsdpParam::FsdpParam(std::string name, at::Tensor param, int world, int rank, at::ScalarType compute_dtype)
-    : name_(std::move(name)), param_(std::move(param)), world_(world), rank_(rank), compute_dtype_(compute_dtype) {
+    : name_(std::move(name)),
+      param_(std::move(param)),
+      compute_device_(param_.device()),
+      world_(world),
+      rank_(rank),
+      compute_dtype_(compute_dtype) {
   scalar_ = param_.dim() == 0;
   shape_ = scalar_ ? std::vector<int64_t>{1} : param_.sizes().vec();
   rows_ = shape_[0];
@@ -45,7 +50,7 @@ void FsdpParam::init_shard(const at::Tensor& shard_view, const at::Tensor& full_
   if (real_rows > 0) {
     shard_.narrow(0, 0, real_rows).copy_(full_value.reshape(shape_).narrow(0, shard_first_row(), real_rows));
   }
-  unsharded_ = at::empty(padded_shape_, shard_.options().dtype(compute_dtype_));
+  unsharded_ = at::empty(padded_shape_, at::TensorOptions().dtype(compute_dtype_).device(compute_device_));
   use_sharded();
 }
 

@@ -32,6 +32,7 @@ class FsdpParam {
   int64_t full_numel() const { return rows_ * row_numel_; }
   const std::vector<int64_t>& full_shape() const { return shape_; }
 
+  const at::Device& compute_device() const { return compute_device_; }
   int64_t unsharded_bytes() const { return chunk_rows_ * world_ * row_numel_ * c10::elementSize(compute_dtype_); }
 
   // Copies this rank's rows of `full_value` into `shard_view` (flat, shard_numel elements, a slot of the unit's
@@ -77,6 +78,7 @@ class FsdpParam {
 
   std::string name_;
   at::Tensor param_;
+  at::Device compute_device_;         // where the full value lives while unsharded (the parameter's at creation)
   std::vector<int64_t> shape_;        // full shape; 0-dim parameters are treated as shape (1)
   std::vector<int64_t> shard_shape_;  // (chunk_rows, rest...)
   std::vector<int64_t> padded_shape_; // (chunk_rows * W, rest...)

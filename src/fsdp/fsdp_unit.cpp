@@ -97,7 +97,10 @@ void Schedule::finish_backward() {
 FsdpUnit::Impl::Impl(std::string name, std::vector<std::pair<std::string, at::Tensor>> named_params,
                      dist::Communicator comm, FsdpOptions opts)
     : module_name(std::move(name)), group(std::move(comm)), options(std::move(opts)) {
-  if (!named_params.empty()) own_dtype = named_params.front().second.scalar_type();
+  if (!named_params.empty()) {
+    own_dtype = named_params.front().second.scalar_type();
+    compute_device = named_params.front().second.device();
+  }
   for (auto& [param_name, tensor] : named_params) {
     if (tensor.scalar_type() != named_params.front().second.scalar_type() ||
         tensor.device() != named_params.front().second.device()) {
@@ -144,9 +147,10 @@ int64_t FsdpUnit::Impl::full_bytes() const {
 void FsdpUnit::Impl::start_gather(bool prefetch) {
   if (params.empty() || gather_pending || state == ShardState::UNSHARDED || shards_are_full()) return;
   const at::ScalarType dtype = compute_dtype();
-  // Mixed precision: the all-gather moves param_dtype, so the shards are cast first.
-  at::Tensor send = sharded_flat.scalar_type() == dtype ? sharded_flat : sharded_flat.to(dtype);
-  gathered = at::empty({group.size() * unit_shard_numel}, sharded_flat.options().dtype(dtype));
+  // Mixed precision: the all-gather moves param_dtype, so the shards are cast first; offloaded shards are copied
+  // to the compute device (asynchronously from pinned memory, ordered before the collective on its stream).
+  at::Tensor send = sharded_flat.to(compute_device, dtype, /*non_blocking=*/true);
+  gathered = at::empty({group.size() * unit_shard_numel}, send.options());
   gather_work = group.all_gather(gathered, send);
   gather_version = shard_version();
   gather_pending = true;
@@ -208,8 +212,9 @@ void FsdpUnit::Impl::reshard() {
 std::vector<at::Tensor> FsdpUnit::Impl::gather_full_values() const {
   std::vector<at::Tensor> full;
   if (params.empty()) return full;
-  at::Tensor all = at::empty({group.size() * unit_shard_numel}, sharded_flat.options());
-  group.all_gather(all, sharded_flat).wait();
+  const at::Tensor send = sharded_flat.to(compute_device);
+  at::Tensor all = at::empty({group.size() * unit_shard_numel}, send.options());
+  group.all_gather(all, send).wait();
   for (size_t i = 0; i < params.size(); ++i) full.push_back(params[i].full_from_gathered(all, unit_shard_numel, offsets[i]));
   return full;
 }
@@ -282,7 +287,7 @@ void FsdpUnit::Impl::reduce_scatter_gradients() {
   // reduction; install_gradients leaves grad undefined where no rank had one. A group of one reduces nothing: the
   // gradients go straight into the output.
   at::Tensor rs_input = at::zeros({(shards_are_full() ? 1 : group.size()) * unit_shard_numel},
-                                  sharded_flat.options().dtype(dtype));
+                                  at::TensorOptions().dtype(dtype).device(compute_device));
   std::vector<float> local_flags(params.size(), 0.0f);
   for (size_t i = 0; i < params.size(); ++i) {
     if (!full[i].defined()) continue;
@@ -290,7 +295,7 @@ void FsdpUnit::Impl::reduce_scatter_gradients() {
     local_flags[i] = 1.0f;
   }
   // On the group's device (NCCL reduces CUDA tensors only).
-  has_gradient = at::tensor(local_flags).to(sharded_flat.device());
+  has_gradient = at::tensor(local_flags).to(group.device());
   full.clear();
   if (auto previous = schedule->reducing.lock()) previous->wait_reduce_scatter();
   const dist::ReduceOp op = options.gradient_divide_factor ? dist::ReduceOp::SUM : dist::ReduceOp::MEAN;
@@ -346,6 +351,7 @@ void FsdpUnit::Impl::install_gradients() {
   for (size_t i = 0; i < params.size(); ++i) {
     if (!params[i].param().requires_grad() || took_part[i] == 0.0f) continue;
     at::Tensor reduced = params[i].as_shard(rs_output.narrow(0, offsets[i], params[i].shard_numel()));
+    if (offloaded()) reduced = reduced.to(sharded_flat.device());  // the gradient joins its shard on the CPU
     at::Tensor& grad = params[i].grad();
     if (grad.defined()) {
       grad.add_(reduced);  // accumulation across steps without zero_grad, as .grad does
@@ -439,7 +445,9 @@ void install_unit(const std::shared_ptr<FsdpUnit::Impl>& unit) {
   }
   if (!unit->params.empty()) {
     const at::Tensor& first = full_values.front();
-    unit->sharded_flat = at::empty({unit->unit_shard_numel}, first.options().requires_grad(false));
+    auto options = first.options().requires_grad(false);
+    if (unit->offloaded()) options = options.device(at::kCPU).pinned_memory(true);
+    unit->sharded_flat = at::empty({unit->unit_shard_numel}, options);
     for (size_t i = 0; i < unit->params.size(); ++i) {
       unit->params[i].init_shard(unit->sharded_flat.narrow(0, unit->offsets[i], unit->params[i].shard_numel()),
                                  full_values[i]);

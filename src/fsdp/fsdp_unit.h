@@ -59,9 +59,12 @@ struct FsdpUnit::Impl : std::enable_shared_from_this<FsdpUnit::Impl> {
 
   at::ScalarType compute_dtype() const;
   at::ScalarType reduce_dtype() const;
-  // A shard group of one rank computing in the parameters' own dtype (world size 1, NO_SHARD): the shards are the
-  // full parameters, so unsharding moves nothing and gradients need no reduce-scatter.
-  bool shards_are_full() const { return group.size() == 1 && compute_dtype() == own_dtype; }
+  // CPU offload of parameters computing elsewhere: shards on the CPU, full values on compute_device.
+  bool offloaded() const { return options.offload_params && compute_device.type() != at::kCPU; }
+  // A shard group of one rank computing in the parameters' own dtype on their own device (world size 1,
+  // NO_SHARD): the shards are the full parameters, so unsharding moves nothing and gradients need no
+  // reduce-scatter.
+  bool shards_are_full() const { return group.size() == 1 && compute_dtype() == own_dtype && !offloaded(); }
 
   // All-gathers: start_gather() issues one (asynchronously) unless one is pending; unshard() completes it (or
   // gathers now) and points the parameters at their full values; discard_gather() drops a pending one.
@@ -87,11 +90,13 @@ struct FsdpUnit::Impl : std::enable_shared_from_this<FsdpUnit::Impl> {
   dist::Communicator group;
   FsdpOptions options;
   at::ScalarType own_dtype = at::kFloat;  // the parameters' dtype: shards, optimizer state, gradients
+  at::Device compute_device = at::kCPU;   // where the parameters were when sharded: gathers and gradients live here
   std::shared_ptr<Schedule> schedule;
   std::vector<FsdpParam> params;
   std::vector<int64_t> offsets;  // each param's offset inside the unit's per-rank shard block
   int64_t unit_shard_numel = 0;  // elements of this rank's shard block
-  at::Tensor sharded_flat;       // (unit_shard_numel): the shards the optimizer updates, the parameters' dtype
+  at::Tensor sharded_flat;       // (unit_shard_numel): the shards the optimizer updates, the parameters' dtype;
+                                 // on the CPU (pinned) when offloaded, else on compute_device
   std::vector<at::Tensor> stashed_grads;  // the sharded .grad of each param while it is unsharded
   std::vector<at::Tensor> unreduced_grads;  // no_sync: full gradients summed over backward passes, reduce dtype
   std::vector<std::shared_ptr<torch::autograd::Node>> grad_accumulators;  // kept alive: tensors hold them weakly

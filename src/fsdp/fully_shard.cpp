@@ -122,13 +122,17 @@ double clip_grad_norm(const std::shared_ptr<torch::nn::Module>& root, double max
   // Sum of squares in float64 over this rank's shards. Padding rows hold zero gradient and add nothing; shards are
   // disjoint within the shard group, and replicas (hybrid, NO_SHARD) hold identical averaged shards, so the sum
   // over the shard group alone is the whole model's.
-  at::Tensor sum_sq = at::zeros({1}, at::kDouble);
+  // Summed where the gradients are (the CPU when offloaded), reduced on the group's device.
+  at::Tensor sum_sq;
   for (const auto& unit : units) {
     for (const auto& p : unit->params) {
       const at::Tensor& g = p.param().grad();
-      if (g.defined()) sum_sq += g.to(at::kDouble).pow(2).sum();
+      if (!g.defined()) continue;
+      at::Tensor s = g.to(at::kDouble).pow(2).sum();
+      sum_sq = sum_sq.defined() ? sum_sq + s : s;
     }
   }
+  sum_sq = (sum_sq.defined() ? sum_sq.reshape({1}) : at::zeros({1}, at::kDouble)).to(group.device());
   group.all_reduce(sum_sq, dist::ReduceOp::SUM).wait();
   const double norm = std::sqrt(sum_sq.item<double>());
   const double coefficient = max_norm / (norm + 1e-6);

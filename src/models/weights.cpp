@@ -150,8 +150,8 @@ void load_weights_sharded(const std::shared_ptr<torch::nn::Module>& model, const
     }
   }
   if (from_rank0) {  // rank 0 tells the others whether it can go on, so that none waits for tensors forever
-    const at::Device device = slots.empty() ? at::Device(at::kCPU) : slots.front().tensor.device();
-    at::Tensor failed = at::full({1}, error.empty() ? 0 : 1, at::TensorOptions().dtype(at::kInt).device(device));
+    at::Tensor failed =
+        at::full({1}, error.empty() ? 0 : 1, at::TensorOptions().dtype(at::kInt).device(from_rank0->device()));
     from_rank0->broadcast(failed, 0).wait();
     if (!error.empty()) throw std::runtime_error(error);
     if (failed.item<int>() != 0) {
@@ -164,7 +164,8 @@ void load_weights_sharded(const std::shared_ptr<torch::nn::Module>& model, const
   fsdp::load_rows(model, [&](const fsdp::RowSlot& slot) -> at::Tensor {
     const size_t i = index.at(slot.tensor.unsafeGetTensorImpl());
     if (!from_rank0) return file->read_rows(plan[i], slot.first_row, slot.rows);
-    const auto options = slot.tensor.options().requires_grad(false);
+    // On the group's device (NCCL broadcasts CUDA tensors), in the model's dtype.
+    const auto options = slot.tensor.options().device(from_rank0->device()).requires_grad(false);
     at::Tensor full = reader ? file->read(plan[i]).to(options) : at::empty(slot.full_shape, options);
     from_rank0->broadcast(full, 0).wait();
     if (slot.rows == 0) return at::empty({0}, options);  // a rank past the last row (padding only)

@@ -52,7 +52,10 @@ void GradScaler::unscale(torch::optim::Optimizer& optimizer) {
     found = found.defined() ? found + found_here.to(found.device()) : found_here;
   }
   if (!found.defined()) found = at::zeros({1}, at::kFloat);
-  if (group_ && group_->size() > 1) group_->all_reduce(found, dist::ReduceOp::MAX).wait();
+  if (group_ && group_->size() > 1) {
+    found = found.to(group_->device());  // NCCL reduces CUDA tensors; offloaded gradients are on the CPU
+    group_->all_reduce(found, dist::ReduceOp::MAX).wait();
+  }
   found_inf_ = found.item<float>() > 0;
   stage_ = Stage::UNSCALED;
 }

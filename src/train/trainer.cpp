@@ -39,9 +39,9 @@ double seconds_now() {
 
 // What this build cannot do yet: refused up front with the reason, rather than trained differently than asked.
 void check_supported(const Config& c) {
-  if (c.parallel.cpu_offload) {
-    throw std::invalid_argument("parallel.cpu_offload (fsdp_offload_params): true is not supported yet — the FSDP "
-                                "runtime keeps shards on the training device; set it to false");
+  if (c.parallel.cpu_offload && c.parallel.strategy == config::Strategy::DDP) {
+    throw std::invalid_argument("parallel.cpu_offload: true offloads the shards of an FSDP strategy; ddp keeps the "
+                                "whole model on every device (use full_shard, or cpu_offload: false)");
   }
 }
 
@@ -116,6 +116,7 @@ Parallel build_model(const Config& c, const dist::DeviceMesh& mesh, const at::De
                                                                                                : fsdp::BackwardPrefetch::NONE;
   o.layer_classes = c.parallel.layer_classes;
   o.checkpoint_every = c.parallel.activation_checkpointing ? 1 : 0;
+  o.fsdp.offload_params = c.parallel.cpu_offload;
   if (c.parallel.wrap == config::WrapPolicy::SIZE) o.policy = fsdp::wrap_by_size(c.parallel.min_params);
   if (c.parallel.wrap == config::WrapPolicy::NONE) {
     o.policy = fsdp::wrap_if([](const std::string&, torch::nn::Module&) { return false; });  // the root alone
@@ -335,6 +336,10 @@ TrainSummary train(const Config& c) {
     long long checkpointed_layers = 0;
     for (const auto& item : model.module->named_modules()) checkpointed_layers += nn::is_checkpointed(*item.value());
     if (checkpointed_layers > 0) std::printf("  activation checkpointing: %lld layers\n", checkpointed_layers);
+    if (c.parallel.cpu_offload) {
+      std::printf("  cpu_offload: %s\n", cuda ? "shards, gradients and optimizer state in CPU memory"
+                                             : "the model trains on the CPU already; nothing moves");
+    }
     for (size_t k = 0; k < 3; ++k) {
       if (!sources[k]) continue;
       std::printf("  %s data: %lld samples in %zu files", data::kind_name(static_cast<data::SampleKind>(k)),

@@ -61,6 +61,8 @@ class Communicator {
   const std::vector<int>& global_ranks() const;  // member i is world rank global_ranks()[i]
   CommBackend backend() const;
   const std::string& name() const;  // "world", "shard[0]", ...
+  // Where this group's collectives take their tensors: the CUDA device of an NCCL group, else the CPU.
+  at::Device device() const;
 
   Work all_gather(const at::Tensor& out, const at::Tensor& in) const;
   Work reduce_scatter(const at::Tensor& out, const at::Tensor& in, ReduceOp op) const;

@@ -68,6 +68,11 @@ struct FsdpOptions {
   int forward_prefetch = 0;
   BackwardPrefetch backward_prefetch = BackwardPrefetch::BACKWARD_PRE;
   bool limit_all_gathers = true;
+  // CPU offload (FSDP2's CPUOffloadPolicy, Accelerate's fsdp_offload_params): the shards — what the optimizer reads
+  // and updates, so also its state and the gradients it sees — live in CPU memory (pinned), each gather copies them
+  // to the compute device first, and reduced gradients come back to the CPU; the optimizer steps on the CPU. The
+  // compute device is where the parameters are when fully_shard is called; for a model on the CPU nothing moves.
+  bool offload_params = false;
 };
 
 // The sharding strategies of PyTorch FSDP / Accelerate, expressed as FsdpOptions over a mesh.

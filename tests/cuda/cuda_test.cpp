@@ -1,0 +1,221 @@
+// The CUDA/NCCL paths, on a machine with a GPU: one rank under `shardtrain launch` with an NCCL process group.
+// Without a CUDA device every test is skipped (the development machine has none; the GPU sessions run it:
+// ctest -R cuda). Each compares the device run against plain LibTorch on the same device:
+//  - fully_shard (float32, bfloat16, CPU offload, activation checkpointing) trains as plain training does;
+//  - CPU offload keeps shards, gradients and optimizer state off the device (the caching allocator's peak);
+//  - a checkpointed layer with dropout replays the forward's CUDA random numbers;
+//  - float16 with loss scaling over NCCL, clip_grad_norm, and a sharded model loading from rank 0.
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <optional>
+
+#include "dist/toy_model.h"
+#include "shardtrain/dist/env.h"
+#include "shardtrain/dist/process_group.h"
+#include "shardtrain/fsdp/fully_shard.h"
+#include "shardtrain/io/files.h"
+#include "shardtrain/memory/memory_stats.h"
+#include "shardtrain/models/blocks.h"
+#include "shardtrain/models/parallelize.h"
+#include "shardtrain/models/weights.h"
+#include "shardtrain/nn/activation_checkpoint.h"
+#include "shardtrain/optim/grad_scaler.h"
+
+namespace shardtrain {
+namespace {
+
+using namespace fsdp::testing_models;
+
+std::optional<dist::ProcessGroup>& group_slot() {
+  static std::optional<dist::ProcessGroup> pg;
+  return pg;
+}
+const dist::Communicator& world() { return group_slot()->world(); }
+
+#define REQUIRE_CUDA() \
+  if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device"
+
+const at::Device kCuda(at::kCUDA, 0);
+
+struct Trained {
+  std::vector<double> losses;
+  std::map<std::string, at::Tensor> params;
+};
+
+// Four AdamW steps of the toy model on the device; `shard` applies fully_shard (or nothing for the reference).
+Trained train_toy(const std::function<void(Toy&)>& shard) {
+  torch::manual_seed(42);
+  Toy model;
+  model->to(kCuda);
+  shard(model);
+  torch::optim::AdamW adam(model->parameters(), torch::optim::AdamWOptions(1e-2));
+  Trained t;
+  for (auto& [x, y] : make_batches()) {
+    adam.zero_grad();
+    at::Tensor loss = torch::mse_loss(model(x.to(kCuda)).to(at::kFloat), y.to(kCuda));
+    loss.backward();
+    adam.step();
+    t.losses.push_back(loss.item<double>());
+  }
+  for (const auto& [name, value] : fsdp::gather_full_parameters(model.ptr())) t.params[name] = value.to(at::kCPU);
+  return t;
+}
+
+TEST(Cuda, FullShardTrainsLikePlainOnTheDevice) {
+  REQUIRE_CUDA();
+  const Trained ref = train_toy([](Toy&) {});
+  for (bool offload : {false, true}) {
+    for (bool checkpoint : {false, true}) {
+      const std::string label = std::string(offload ? "offload" : "on device") + (checkpoint ? " checkpointed" : "");
+      fsdp::FsdpOptions options;
+      options.offload_params = offload;
+      const Trained got = train_toy([&](Toy& model) {
+        for (auto& b : model->blocks) {
+          if (checkpoint) nn::checkpoint_module(*b);
+          fsdp::fully_shard(b.ptr(), world(), options);
+        }
+        fsdp::fully_shard(model.ptr(), world(), options);
+        for (const auto& p : model->parameters()) {
+          EXPECT_EQ(p.device().type(), offload ? at::kCPU : at::kCUDA) << label << ": shard device";
+        }
+      });
+      for (size_t s = 0; s < ref.losses.size(); ++s) {
+        EXPECT_NEAR(got.losses[s], ref.losses[s], 1e-5 * std::abs(ref.losses[s])) << label << " step " << s;
+      }
+      for (const auto& [name, value] : ref.params) {
+        EXPECT_TRUE(torch::allclose(got.params.at(name), value, 1e-5, 1e-6)) << label << " " << name;
+      }
+    }
+  }
+}
+
+// Two 1024 x 1024 linears with a residual: x + b(relu(a(x))).
+struct BigBlockImpl : nn::Interceptable<BigBlockImpl, at::Tensor(at::Tensor)> {
+  BigBlockImpl() {
+    a = register_module("a", torch::nn::Linear(1024, 1024));
+    b = register_module("b", torch::nn::Linear(1024, 1024));
+  }
+  at::Tensor forward_impl(at::Tensor x) { return x + b(torch::relu(a(x))); }
+  torch::nn::Linear a{nullptr}, b{nullptr};
+};
+
+TEST(Cuda, OffloadKeepsShardsOffTheDevice) {
+  REQUIRE_CUDA();
+  // 8 blocks of 2 x (1024 x 1024): 16.8M parameters, 67 MB; with gradients and AdamW's two moments 268 MB.
+  auto peak_of = [](bool offload) {
+    torch::manual_seed(1);
+    fsdp::FsdpOptions options;
+    options.offload_params = offload;
+    std::vector<std::shared_ptr<BigBlockImpl>> stack;
+    for (int i = 0; i < 8; ++i) {
+      stack.push_back(std::make_shared<BigBlockImpl>());
+      stack.back()->to(kCuda);
+      fsdp::fully_shard(stack.back(), world(), options);
+    }
+    std::vector<at::Tensor> params;
+    for (auto& b : stack) {
+      for (auto& p : b->parameters()) params.push_back(p);
+    }
+    torch::optim::AdamW adam(params, torch::optim::AdamWOptions(1e-3));
+    memory::reset_cuda_peak(0);
+    for (int step = 0; step < 2; ++step) {
+      adam.zero_grad();
+      at::Tensor x = torch::randn({64, 1024}, kCuda);
+      for (auto& b : stack) x = b->forward(x);
+      x.pow(2).mean().backward();
+      adam.step();
+    }
+    return memory::cuda_memory_stats(0).peak_bytes;
+  };
+  const int64_t on_device = peak_of(false), offloaded = peak_of(true);
+  std::cout << "CUDA peak: on device " << on_device << " B, offloaded " << offloaded << " B\n";
+  EXPECT_LT(offloaded + 150'000'000, on_device) << "offload left the model state on the device";
+}
+
+TEST(Cuda, CheckpointReplaysDropoutOnTheDevice) {
+  REQUIRE_CUDA();
+  auto run = [](bool checkpoint) {
+    torch::manual_seed(3);
+    models::TransformerLayerOptions o;
+    o.attention.dim = 64, o.attention.heads = 4, o.attention.dropout = 0.2;
+    o.mlp_dim = 256, o.dropout = 0.2;
+    models::TransformerLayer layer(o, torch::TensorOptions().device(kCuda));
+    models::init_parameters(*layer, "", models::InitOptions{.seed = 3, .std = 0.1});
+    layer->train();
+    if (checkpoint) nn::checkpoint_module(*layer);
+    at::Tensor x = torch::randn({2, 16, 64}, kCuda).requires_grad_(true);
+    torch::manual_seed(9);
+    layer->forward(x, {}, {}, {}, {}).pow(2).sum().backward();
+    std::vector<at::Tensor> grads{x.grad().cpu()};
+    for (const auto& p : layer->parameters()) grads.push_back(p.grad().cpu());
+    grads.push_back(torch::rand({4}, kCuda).cpu());  // where the random stream was left
+    return grads;
+  };
+  const auto plain = run(false), checkpointed = run(true);
+  for (size_t i = 0; i < plain.size(); ++i) EXPECT_TRUE(torch::equal(plain[i], checkpointed[i])) << "tensor " << i;
+}
+
+TEST(Cuda, Float16ScalingClippingAndLoadingFromRankZero) {
+  REQUIRE_CUDA();
+  // float16 compute, float32 reduction, loss scaling over NCCL; an overflow skips the step.
+  torch::manual_seed(42);
+  Toy model;
+  model->to(kCuda);
+  fsdp::FsdpOptions options;
+  options.mixed_precision.param_dtype = at::kHalf;
+  options.mixed_precision.reduce_dtype = at::kFloat;
+  options.mixed_precision.output_dtype = at::kFloat;
+  for (auto& b : model->blocks) fsdp::fully_shard(b.ptr(), world(), options);
+  fsdp::fully_shard(model.ptr(), world(), options);
+  torch::optim::SGD sgd(model->parameters(), torch::optim::SGDOptions(0.1));
+  optim::GradScaler scaler(optim::GradScalerOptions{.init_scale = 1024}, &world());
+  auto [x, y] = make_batches().front();
+  scaler.scale(torch::mse_loss(model(x.to(kCuda)), y.to(kCuda))).backward();
+  scaler.unscale(sgd);
+  const double norm = fsdp::clip_grad_norm(model.ptr(), 1e9);
+  EXPECT_TRUE(std::isfinite(norm) && norm > 0) << norm;
+  EXPECT_TRUE(scaler.step(sgd));
+  scaler.update();
+  sgd.zero_grad();
+  scaler.scale(torch::mse_loss(model(x.to(kCuda)), y.to(kCuda))).backward();
+  model->head->weight.mutable_grad().view({-1})[0] = std::numeric_limits<float>::infinity();
+  EXPECT_FALSE(scaler.step(sgd));
+  scaler.update();
+  EXPECT_EQ(scaler.scale_value(), 512.0);
+
+  // A Hugging Face file into a sharded model on the device, rank 0 reading and broadcasting over NCCL.
+  const std::string path = "/tmp/shardtrain-cuda-test-" + std::to_string(::getpid()) + ".safetensors";
+  models::ZooModel source = models::build_model("bert-debug");
+  models::save_weights(*source.module, path, source.names);
+  models::BuildOptions build;
+  build.tensors = build.tensors.device(kCuda);
+  build.init.seed = 7;
+  const auto mesh = dist::DeviceMesh::create(*group_slot(), 1);
+  models::ZooModel sharded = models::build_parallel("bert-debug", mesh, models::ParallelizeOptions{}, build);
+  models::load_weights_sharded(sharded.module, path, sharded.names, &world());
+  const auto full = fsdp::gather_full_parameters(sharded.module);
+  for (const auto& p : source.module->named_parameters()) {
+    EXPECT_TRUE(torch::equal(full.at(p.key()).cpu(), p.value())) << p.key();
+  }
+  io::remove_tree(path);
+}
+
+}  // namespace
+}  // namespace shardtrain
+
+int main(int argc, char** argv) {
+  ::testing::InitGoogleTest(&argc, argv);
+  using namespace shardtrain;
+  dist::InitOptions options;
+  options.timeout = std::chrono::seconds(120);
+  options.device = torch::cuda::is_available() ? dist::DeviceKind::CUDA : dist::DeviceKind::CPU;
+  group_slot() = dist::ProcessGroup::init(dist::read_dist_env(dist::process_env_lookup()), options);
+  if (torch::cuda::is_available()) {
+    at::globalContext().setAllowTF32CuBLAS(false);  // float32 products as on the CPU reference
+    at::globalContext().setAllowTF32CuDNN(false);
+  }
+  return RUN_ALL_TESTS();
+}
