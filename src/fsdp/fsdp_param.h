@@ -32,7 +32,6 @@ class FsdpParam {
   int64_t full_numel() const { return rows_ * row_numel_; }
   const std::vector<int64_t>& full_shape() const { return shape_; }
 
-  const at::Device& compute_device() const { return compute_device_; }
   int64_t unsharded_bytes() const { return chunk_rows_ * world_ * row_numel_ * c10::elementSize(compute_dtype_); }
 
   // Copies this rank's rows of `full_value` into `shard_view` (flat, shard_numel elements, a slot of the unit's

@@ -37,7 +37,7 @@ double seconds_now() {
   return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
 }
 
-// What this build cannot do yet: refused up front with the reason, rather than trained differently than asked.
+// Combinations that cannot mean what they say: refused up front with the reason, rather than trained otherwise.
 void check_supported(const Config& c) {
   if (c.parallel.cpu_offload && c.parallel.strategy == config::Strategy::DDP) {
     throw std::invalid_argument("parallel.cpu_offload: true offloads the shards of an FSDP strategy; ddp keeps the "
