@@ -256,6 +256,43 @@ TEST(FsdpParity, Float16WithLossScaling) {
   }
 }
 
+// A checkpointed region holding units of its own: the root is checkpointed, so its replay in backward runs the
+// blocks' units again (they gather, compute and register their backward hooks inside the replay), and their
+// gradients still leave through the outer backward. Every strategy, fp32, against the plain reference.
+TEST(FsdpParity, CheckpointedRegionAroundUnits) {
+  const dist::Communicator& world = test_process_group().world();
+  const int w = world.size(), r = world.rank();
+  const shardtrain::fsdp::Run ref = train_reference(Opt::ADAMW, Precision::FP32, w);
+  for (ShardingStrategy strategy : {ShardingStrategy::FULL_SHARD, ShardingStrategy::SHARD_GRAD_OP,
+                                    ShardingStrategy::NO_SHARD}) {
+    const std::string label = std::string("checkpointed root ") + strategy_name(strategy);
+    StrategyGroups groups = strategy_groups(strategy, dist::DeviceMesh::create(test_process_group(), 1));
+    torch::manual_seed(42);
+    Toy model;
+    for (auto& b : model->blocks) fully_shard(b.ptr(), groups.shard, groups.options);
+    nn::checkpoint_module(*model);
+    fully_shard(model.ptr(), groups.shard, groups.options);
+    auto optimizer = make_optimizer(Opt::ADAMW, model->parameters());
+    const int64_t local = kBatch / w;
+    size_t step = 0;
+    for (auto& [x, y] : make_batches()) {
+      optimizer->zero_grad();
+      at::Tensor loss = torch::mse_loss(model(x.narrow(0, r * local, local)), y.narrow(0, r * local, local));
+      loss.backward();
+      for (const FsdpUnit& unit : units_of(model.ptr())) EXPECT_EQ(unit.state(), ShardState::SHARDED) << label;
+      optimizer->step();
+      at::Tensor global = loss.detach().clone();
+      world.all_reduce(global, dist::ReduceOp::MEAN).wait();
+      EXPECT_NEAR(global.item<double>(), ref.losses[step], 1e-5 * std::abs(ref.losses[step])) << label << " " << step;
+      ++step;
+    }
+    const auto full = gather_full_parameters(model.ptr());
+    for (const auto& [name, value] : ref.params) {
+      EXPECT_TRUE(torch::allclose(full.at(name), value, 1e-5, 1e-6)) << label << " " << name;
+    }
+  }
+}
+
 TEST(FsdpParity, ClipGradNormIsTheGlobalNorm) {
   const dist::Communicator& world = test_process_group().world();
   const int w = world.size(), r = world.rank();
