@@ -318,40 +318,41 @@ void load_full_state_dict(const std::shared_ptr<torch::nn::Module>& root, const 
   }
 }
 
-std::vector<RowSlot> row_slots(const std::shared_ptr<torch::nn::Module>& root) {
-  const Layout layout = layout_of(root, "row_slots");
-  std::vector<RowSlot> slots;
+namespace {
+
+// Each parameter (unit by unit) and buffer of the layout as a slot, with the tensor its rows are written to: the
+// real rows of a parameter's shard, or the whole buffer.
+void for_each_slot(const Layout& layout, const std::function<void(const RowSlot&, const at::Tensor& dst)>& fn) {
   for (const auto& unit : layout.units) {
     for (const auto& p : unit->params) {
-      slots.push_back(RowSlot{layout.name_of(p), p.declared_shape(), p.shard_first_row(), p.shard_real_rows(),
-                              p.param()});
+      fn(RowSlot{layout.name_of(p), p.declared_shape(), p.shard_first_row(), p.shard_real_rows(), p.param()},
+         p.real_shard());
     }
   }
   for (const auto& [name, t] : layout.whole) {
-    slots.push_back(RowSlot{name, t.sizes().vec(), 0, t.dim() == 0 ? 1 : t.size(0), t});
+    fn(RowSlot{name, t.sizes().vec(), 0, t.dim() == 0 ? 1 : t.size(0), t}, t.detach());
   }
+}
+
+}  // namespace
+
+std::vector<RowSlot> row_slots(const std::shared_ptr<torch::nn::Module>& root) {
+  std::vector<RowSlot> slots;
+  for_each_slot(layout_of(root, "row_slots"), [&](const RowSlot& slot, const at::Tensor&) { slots.push_back(slot); });
   return slots;
 }
 
 void load_rows(const std::shared_ptr<torch::nn::Module>& root, const std::function<at::Tensor(const RowSlot&)>& rows_of) {
-  const Layout layout = layout_of(root, "load_rows");
-  const std::vector<RowSlot> slots = row_slots(root);
-  std::map<const c10::TensorImpl*, const FsdpParam*> sharded;
-  for (const auto& unit : layout.units) {
-    for (const auto& p : unit->params) sharded[p.param().unsafeGetTensorImpl()] = &p;
-  }
   c10::AutoGradMode no_grad(false);
-  for (const RowSlot& slot : slots) {
+  for_each_slot(layout_of(root, "load_rows"), [&](const RowSlot& slot, const at::Tensor& dst) {
     const at::Tensor rows = rows_of(slot);
-    auto it = sharded.find(slot.tensor.unsafeGetTensorImpl());
-    const at::Tensor dst = it != sharded.end() ? it->second->real_shard() : slot.tensor.detach();
     if (rows.numel() != dst.numel()) {
       throw std::invalid_argument("load_rows: '" + slot.name + "' rows [" + std::to_string(slot.first_row) + ", " +
                                   std::to_string(slot.first_row + slot.rows) + ") came with " +
                                   std::to_string(rows.numel()) + " elements, expected " + std::to_string(dst.numel()));
     }
     if (dst.numel() > 0) dst.copy_(rows.reshape(dst.sizes()));
-  }
+  });
 }
 
 }  // namespace shardtrain::fsdp
