@@ -1,6 +1,7 @@
 // One side of bench/fsdp_vs_torch.py: trains the benchmark model (a stack of pre-norm MLP blocks) for N steps in
 // one of our modes and prints one RESULT line (JSON) on rank 0: median step time, peak CPU bytes (our counting
-// allocator), and the global loss of every step. Run under `shardtrain launch`.
+// allocator) overall and in each phase of a step (forward with the loss, backward, zero_grad + optimizer step),
+// and the global loss of every step. Run under `shardtrain launch`.
 //
 //   fsdp_bench --write-inputs DIR          initial weights (DIR/init.pt) and batches (DIR/data.pt), one process
 //   fsdp_bench --mode M --inputs DIR       M = plain | full_shard | shard_grad_op | ddp
@@ -144,14 +145,25 @@ int run(const Args& a) {
   torch::optim::AdamW optimizer(model->parameters(), torch::optim::AdamWOptions(1e-3).weight_decay(0.01));
   const int64_t local = a.batch / w;
   std::vector<double> step_ms, losses;
+  // Bytes: the largest peak of each phase over the timed steps (the peak counter restarts at each phase).
+  std::vector<double> phase_peak(3, 0.0);
+  bool timed = false;
+  auto end_phase = [&](size_t phase) {
+    if (timed) phase_peak[phase] = std::max(phase_peak[phase], static_cast<double>(memory::cpu_memory_stats().peak_bytes));
+    memory::reset_cpu_peak();
+  };
   for (int64_t s = 0; s < a.steps + a.warmup; ++s) {
-    if (s == a.warmup) memory::reset_cpu_peak();
+    timed = s >= a.warmup;
     at::Tensor x = data.at("x")[s].narrow(0, r * local, local), y = data.at("y")[s].narrow(0, r * local, local);
     const auto t0 = std::chrono::steady_clock::now();
-    optimizer.zero_grad();
+    memory::reset_cpu_peak();
     at::Tensor loss = torch::mse_loss(model->forward(x), y);
+    end_phase(0);
     loss.backward();
+    end_phase(1);
     optimizer.step();
+    optimizer.zero_grad();
+    end_phase(2);
     const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
     at::Tensor global = loss.detach().clone();
     world.all_reduce(global, dist::ReduceOp::MEAN).wait();
@@ -161,8 +173,8 @@ int run(const Args& a) {
     }
   }
   std::sort(step_ms.begin(), step_ms.end());
-  // The slowest rank's median step and the largest rank's peak.
-  at::Tensor summary = torch::tensor({step_ms[step_ms.size() / 2], static_cast<double>(memory::cpu_memory_stats().peak_bytes)},
+  // The slowest rank's median step and the largest rank's peaks.
+  at::Tensor summary = torch::tensor({step_ms[step_ms.size() / 2], phase_peak[0], phase_peak[1], phase_peak[2]},
                                      torch::kDouble);
   world.all_reduce(summary, dist::ReduceOp::MAX).wait();
   if (r == 0) {
@@ -170,8 +182,10 @@ int run(const Args& a) {
     out.precision(10);
     out << "RESULT {\"impl\": \"shardtrain\", \"mode\": \"" << a.mode << "\", \"checkpoint\": "
         << (a.checkpoint ? "true" : "false") << ", \"world\": " << w
-        << ", \"step_ms\": " << summary[0].item<double>() << ", \"peak_bytes\": " << summary[1].item<double>()
-        << ", \"losses\": [";
+        << ", \"step_ms\": " << summary[0].item<double>()
+        << ", \"peak_bytes\": " << summary.narrow(0, 1, 3).max().item<double>() << ", \"phase_peak_bytes\": ["
+        << summary[1].item<double>() << ", " << summary[2].item<double>() << ", " << summary[3].item<double>()
+        << "], \"losses\": [";
     for (size_t i = 0; i < losses.size(); ++i) out << (i ? ", " : "") << losses[i];
     out << "]}";
     std::cout << out.str() << std::endl;

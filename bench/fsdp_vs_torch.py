@@ -96,6 +96,21 @@ def main():
         base(f"PyTorch {torch_name} W=2", ("torch", mode, 2, "main", False))
         row(f"  ours {name} W=2 vs PyTorch", ("shardtrain", mode, 2, "main", False), ("torch", mode, 2, "main", False))
 
+    # Where the memory goes: the peak of each phase of a step (the counter restarts at each phase's start).
+    print(f"\npeak MB by phase of a step, largest rank:\n")
+    print(f"{'run':38s} {'forward':>9s} {'backward':>9s} {'opt step':>9s}")
+    for label, impl, mode, world in [("LibTorch plain W=1", "shardtrain", "plain", 1),
+                                     ("PyTorch plain W=1", "torch", "plain", 1),
+                                     ("ours FULL_SHARD W=1", "shardtrain", "full_shard", 1),
+                                     ("PyTorch FSDP2 reshard W=2", "torch", "full_shard", 2),
+                                     ("ours FULL_SHARD W=2", "shardtrain", "full_shard", 2),
+                                     ("PyTorch FSDP2 no reshard W=2", "torch", "shard_grad_op", 2),
+                                     ("ours SHARD_GRAD_OP W=2", "shardtrain", "shard_grad_op", 2),
+                                     ("PyTorch DDP W=2", "torch", "ddp", 2),
+                                     ("ours DDP W=2", "shardtrain", "ddp", 2)]:
+        phases = results[(impl, mode, world, "main", False)]["phase_peak_bytes"]
+        print(f"{label:38s} " + " ".join(f"{b / 2**20:9.1f}" for b in phases))
+
     print(f"\nactivation checkpointing of every block, batch {a.ac_batch}:\n")
     print(f"{'run':38s} {'step ms':>9s} {'peak MB':>9s} {'time ratio':>11s} {'mem ratio':>10s} {'max loss diff':>14s}")
     base("LibTorch plain W=1", ("shardtrain", "plain", 1, "ac", False))

@@ -96,29 +96,40 @@ def main():
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3, weight_decay=0.01)
     local = args.batch // world
     step_ms, losses = [], []
+    phase_peak = [0.0, 0.0, 0.0]  # bytes: the largest peak of forward, backward, step over the timed steps
+
+    def end_phase(phase, timed):
+        if timed:
+            phase_peak[phase] = max(phase_peak[phase], float(hook.shardtrain_cpu_peak_bytes()))
+        hook.shardtrain_reset_cpu_peak()
+
     for s in range(args.steps + args.warmup):
-        if s == args.warmup:
-            hook.shardtrain_reset_cpu_peak()
+        timed = s >= args.warmup
         x = data["x"][s][rank * local:(rank + 1) * local]
         y = data["y"][s][rank * local:(rank + 1) * local]
         t0 = time.perf_counter()
-        optimizer.zero_grad()
+        hook.shardtrain_reset_cpu_peak()
         loss = nn.functional.mse_loss(model(x), y)
+        end_phase(0, timed)
         loss.backward()
+        end_phase(1, timed)
         optimizer.step()
+        optimizer.zero_grad()
+        end_phase(2, timed)
         ms = (time.perf_counter() - t0) * 1000
         g = loss.detach().clone()
         dist.all_reduce(g)
-        if s >= args.warmup:
+        if timed:
             step_ms.append(ms)
             losses.append(g.item() / world)
     step_ms.sort()
-    summary = torch.tensor([step_ms[len(step_ms) // 2], float(hook.shardtrain_cpu_peak_bytes())], dtype=torch.float64)
+    summary = torch.tensor([step_ms[len(step_ms) // 2]] + phase_peak, dtype=torch.float64)
     dist.all_reduce(summary, op=dist.ReduceOp.MAX)
     if rank == 0:
         print("RESULT " + json.dumps({"impl": "torch", "mode": args.mode, "checkpoint": args.checkpoint, "world": world,
                                       "step_ms": summary[0].item(),
-                                      "peak_bytes": summary[1].item(), "losses": losses}), flush=True)
+                                      "peak_bytes": summary[1:].max().item(),
+                                      "phase_peak_bytes": summary[1:].tolist(), "losses": losses}), flush=True)
     dist.barrier()
     # Leave without destructors: torch 2.11's DDP can deadlock at interpreter exit (the main thread, holding the
     # GIL, joins a Gloo worker thread that waits for the GIL to release a tensor; seen 2026-11-22).

@@ -3,8 +3,10 @@
 #include <ATen/ATen.h>
 #include <torch/csrc/distributed/c10d/Types.hpp>
 
+#include <chrono>
 #include <stdexcept>
 #include <string>
+#include <thread>
 
 #include "dist/communicator_impl.h"
 #include "dist/error_text.h"
@@ -30,6 +32,18 @@ const char* reduce_op_name(ReduceOp op) {
   return "?";
 }
 
+namespace {
+
+// Waits (a bounded time, yielding) until `work` is referenced by its caller's handle alone: a Gloo worker thread
+// releases the operation it ran right after marking it complete. Bounded so that a backend keeping references
+// longer costs 20 ms, not a hang.
+void settle(const c10::intrusive_ptr<c10d::Work>& work) {
+  const auto give_up = std::chrono::steady_clock::now() + std::chrono::milliseconds(20);
+  while (work.use_count() > 1 && std::chrono::steady_clock::now() < give_up) std::this_thread::yield();
+}
+
+}  // namespace
+
 void Work::wait() {
   if (!state_ || state_->done) return;
   if (state_->work) {
@@ -42,6 +56,7 @@ void Work::wait() {
   }
   if (state_->finish) state_->finish();
   // The backend's handle holds the operation's input, output and scratch tensors too: release them with ours.
+  if (state_->work && state_->settle_backend_references) settle(state_->work);
   state_->work.reset();
   state_->finish = nullptr;
   state_->keep_alive.clear();
@@ -73,6 +88,7 @@ Work make_work(const Impl& g, const std::string& op, c10::intrusive_ptr<c10d::Wo
   state->keep_alive = std::move(keep_alive);
   state->finish = std::move(finish);
   state->what = describe(g, op);
+  state->settle_backend_references = g.kind == CommBackend::GLOO;
   return Work(std::move(state));
 }
 

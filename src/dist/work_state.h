@@ -17,6 +17,10 @@ struct Work::State {
   std::vector<at::Tensor> keep_alive;   // inputs, outputs and scratch buffers the transfer reads or writes
   std::string what;                     // "reduce_scatter(SUM) on world (rank 1 of 4)" for error messages
   bool done = false;
+  // Gloo: the worker thread that ran the operation drops its reference to it (and so to the tensors above) just
+  // after completing it, concurrently with wait() returning. wait() lets that happen first, so an operation's
+  // buffers are freed when wait() returns — a caller allocating the next buffer never holds both.
+  bool settle_backend_references = false;
 };
 
 }  // namespace shardtrain::dist

@@ -283,6 +283,24 @@ void FsdpUnit::Impl::reduce_scatter_gradients() {
     if (prefetch_after) prefetch(/*backward=*/true);
     return;
   }
+  // Memory: what this unit holds from here on is its full gradients and the reduction input, so the full
+  // parameters go first (reshard), the previous unit's reduce-scatter is waited for before this one's input is
+  // allocated (its backward overlapped that reduction already), and each full gradient is dropped once copied:
+  // at most the prefetched unit, one unit's gradients and one reduction input are alive at once.
+  reshard();
+  if (auto previous = schedule->reducing.lock()) previous->wait_reduce_scatter();
+  if (shards_are_full() && !(options.replicate_group && options.replicate_group->size() > 1)) {
+    // Nothing to reduce (one rank, no replicas): the full gradients are the sharded ones, installed as they are —
+    // no flat buffer, no copy in or out.
+    local_grads.resize(params.size());
+    for (size_t i = 0; i < params.size(); ++i) {
+      if (full[i].defined()) local_grads[i] = full[i].to(dtype).to(own_dtype);  // rounded as a reduction would
+    }
+    training = TrainingState::POST_BACKWARD;
+    rs_waited = true;
+    if (prefetch_after) prefetch(/*backward=*/true);
+    return;
+  }
   // Gradients missing at the end of backward (parameters that did not take part here) count as zero in the
   // reduction; install_gradients leaves grad undefined where no rank had one. A group of one reduces nothing: the
   // gradients go straight into the output.
@@ -292,12 +310,11 @@ void FsdpUnit::Impl::reduce_scatter_gradients() {
   for (size_t i = 0; i < params.size(); ++i) {
     if (!full[i].defined()) continue;
     params[i].copy_grad_out(full[i], rs_input, unit_shard_numel, offsets[i]);
+    full[i] = at::Tensor();
     local_flags[i] = 1.0f;
   }
   // On the group's device (NCCL reduces CUDA tensors only).
   has_gradient = at::tensor(local_flags).to(group.device());
-  full.clear();
-  if (auto previous = schedule->reducing.lock()) previous->wait_reduce_scatter();
   const dist::ReduceOp op = options.gradient_divide_factor ? dist::ReduceOp::SUM : dist::ReduceOp::MEAN;
   if (shards_are_full()) {
     rs_output = std::move(rs_input);
@@ -311,7 +328,6 @@ void FsdpUnit::Impl::reduce_scatter_gradients() {
   ++schedule->stats.reduce_scatters;
   schedule->stats.peak_reductions_in_flight =
       std::max(schedule->stats.peak_reductions_in_flight, ++schedule->reductions_in_flight);
-  reshard();
   training = TrainingState::POST_BACKWARD;
   if (prefetch_after) prefetch(/*backward=*/true);
 }
@@ -336,6 +352,23 @@ void FsdpUnit::Impl::wait_reduce_scatter() {
 
 void FsdpUnit::Impl::install_gradients() {
   if (training != TrainingState::POST_BACKWARD) return;
+  if (!local_grads.empty()) {  // a group of one (reduce_scatter_gradients)
+    c10::AutoGradMode no_grad(false);
+    for (size_t i = 0; i < params.size(); ++i) {
+      at::Tensor g = std::move(local_grads[i]);
+      if (!g.defined() || !params[i].param().requires_grad()) continue;
+      if (options.gradient_divide_factor) g.div_(*options.gradient_divide_factor);
+      at::Tensor& grad = params[i].grad();
+      if (grad.defined()) {
+        grad.add_(g);
+      } else {
+        grad = std::move(g);
+      }
+    }
+    local_grads.clear();
+    training = TrainingState::IDLE;
+    return;
+  }
   replicate_work.wait();
   replicate_work = dist::Work();
   c10::AutoGradMode no_grad(false);

@@ -111,6 +111,9 @@ struct FsdpUnit::Impl : std::enable_shared_from_this<FsdpUnit::Impl> {
   dist::Work gather_work;
   int64_t gather_version = 0;
   at::Tensor rs_output;  // (unit_shard_numel) reduced gradient shards in the reduce dtype
+  // A group of one without replicas reduces nothing: each parameter's full gradient of this backward (undefined
+  // where it got none), in the parameters' dtype, to be installed as its .grad at the end of backward.
+  std::vector<at::Tensor> local_grads;
   // Per parameter, 1 when this rank's reduced gradient includes one of its own (FSDP2: a parameter no rank computed
   // a gradient for keeps grad undefined, so optimizers skip it, as they would in one process).
   at::Tensor has_gradient;
