@@ -4,7 +4,7 @@
 // and the global loss of every step. Run under `shardtrain launch`.
 //
 //   fsdp_bench --write-inputs DIR          initial weights (DIR/init.pt) and batches (DIR/data.pt), one process
-//   fsdp_bench --mode M --inputs DIR       M = plain | full_shard | shard_grad_op | ddp
+//   fsdp_bench --mode M --inputs DIR       M = plain | full_shard | shard_grad_op | ddp | ddp_bucket_view
 //              [--checkpoint]              activation checkpointing of every block
 // The weights and batches are read from files so that PyTorch (bench/torch_reference.py) trains the very same.
 #include <torch/serialize.h>
@@ -137,10 +137,12 @@ int run(const Args& a) {
     options.reshard_after_forward = a.mode == "full_shard";
     for (auto& b : *model->blocks) fsdp::fully_shard(b, world, options);
     fsdp::fully_shard(model, world, options);
-  } else if (a.mode == "ddp") {
-    ddp_handle = ddp::replicate(model, world);
+  } else if (a.mode == "ddp" || a.mode == "ddp_bucket_view") {
+    ddp::DdpOptions options;
+    options.gradient_as_bucket_view = a.mode == "ddp_bucket_view";
+    ddp_handle = ddp::replicate(model, world, options);
   } else if (a.mode != "plain") {
-    throw std::invalid_argument("--mode " + a.mode + ": expected plain, full_shard, shard_grad_op or ddp");
+    throw std::invalid_argument("--mode " + a.mode + ": expected plain, full_shard, shard_grad_op, ddp or ddp_bucket_view");
   }
   torch::optim::AdamW optimizer(model->parameters(), torch::optim::AdamWOptions(1e-3).weight_decay(0.01));
   const int64_t local = a.batch / w;

@@ -66,7 +66,8 @@ def main():
         for impl, mode, world in [("shardtrain", "plain", 1), ("shardtrain", "full_shard", 1), ("torch", "plain", 1),
                                   ("shardtrain", "full_shard", 2), ("torch", "full_shard", 2),
                                   ("shardtrain", "shard_grad_op", 2), ("torch", "shard_grad_op", 2),
-                                  ("shardtrain", "ddp", 2), ("torch", "ddp", 2)]:
+                                  ("shardtrain", "ddp", 2), ("torch", "ddp", 2),
+                                  ("shardtrain", "ddp_bucket_view", 2), ("torch", "ddp_bucket_view", 2)]:
             go(impl, mode, world, "main")
         for impl, mode, world in [("shardtrain", "plain", 1), ("shardtrain", "full_shard", 2), ("torch", "full_shard", 2)]:
             for checkpoint in (False, True):
@@ -91,8 +92,11 @@ def main():
     plain = ("shardtrain", "plain", 1, "main", False)
     row("  ours FULL_SHARD W=1 vs plain", ("shardtrain", "full_shard", 1, "main", False), plain)
     row("  PyTorch plain W=1 vs LibTorch plain", ("torch", "plain", 1, "main", False), plain)
-    for mode, name in [("full_shard", "FULL_SHARD"), ("shard_grad_op", "SHARD_GRAD_OP"), ("ddp", "DDP")]:
-        torch_name = "FSDP2 " + ("reshard" if mode == "full_shard" else "no reshard") if mode != "ddp" else "DDP"
+    torch_names = {"full_shard": "FSDP2 reshard", "shard_grad_op": "FSDP2 no reshard", "ddp": "DDP",
+                   "ddp_bucket_view": "DDP bucket views"}
+    for mode, name in [("full_shard", "FULL_SHARD"), ("shard_grad_op", "SHARD_GRAD_OP"), ("ddp", "DDP"),
+                       ("ddp_bucket_view", "DDP bucket views")]:
+        torch_name = torch_names[mode]
         base(f"PyTorch {torch_name} W=2", ("torch", mode, 2, "main", False))
         row(f"  ours {name} W=2 vs PyTorch", ("shardtrain", mode, 2, "main", False), ("torch", mode, 2, "main", False))
 
@@ -107,7 +111,9 @@ def main():
                                      ("PyTorch FSDP2 no reshard W=2", "torch", "shard_grad_op", 2),
                                      ("ours SHARD_GRAD_OP W=2", "shardtrain", "shard_grad_op", 2),
                                      ("PyTorch DDP W=2", "torch", "ddp", 2),
-                                     ("ours DDP W=2", "shardtrain", "ddp", 2)]:
+                                     ("ours DDP W=2", "shardtrain", "ddp", 2),
+                                     ("PyTorch DDP bucket views W=2", "torch", "ddp_bucket_view", 2),
+                                     ("ours DDP bucket views W=2", "shardtrain", "ddp_bucket_view", 2)]:
         phases = results[(impl, mode, world, "main", False)]["phase_peak_bytes"]
         print(f"{label:38s} " + " ".join(f"{b / 2**20:9.1f}" for b in phases))
 

@@ -15,7 +15,7 @@ import time
 
 def parse():
     p = argparse.ArgumentParser()
-    p.add_argument("--mode", required=True, choices=["plain", "full_shard", "shard_grad_op", "ddp"])
+    p.add_argument("--mode", required=True, choices=["plain", "full_shard", "shard_grad_op", "ddp", "ddp_bucket_view"])
     p.add_argument("--inputs", required=True)
     p.add_argument("--memhook", required=True, help="path of libshardtrain_memhook.so")
     p.add_argument("--dim", type=int, default=384)
@@ -91,8 +91,8 @@ def main():
         for b in model.blocks:
             fully_shard(b, mesh=mesh, reshard_after_forward=reshard)
         fully_shard(model, mesh=mesh, reshard_after_forward=reshard)
-    elif args.mode == "ddp":
-        model = DistributedDataParallel(model)
+    elif args.mode in ("ddp", "ddp_bucket_view"):
+        model = DistributedDataParallel(model, gradient_as_bucket_view=args.mode == "ddp_bucket_view")
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3, weight_decay=0.01)
     local = args.batch // world
     step_ms, losses = [], []

@@ -231,6 +231,8 @@ std::vector<Field> fields_of(Config& c) {
       field("parallel.activation_checkpointing", c.parallel.activation_checkpointing),
       field("parallel.cpu_offload", c.parallel.cpu_offload),
       field("parallel.sync_module_states", c.parallel.sync_module_states),
+      field("parallel.bucket_cap_mb", c.parallel.bucket_cap_mb),
+      field("parallel.gradient_as_bucket_view", c.parallel.gradient_as_bucket_view),
       field("optim.lr", c.optim.lr),
       field("optim.betas", c.optim.betas),
       field("optim.eps", c.optim.eps),
@@ -448,6 +450,7 @@ void validate(const Config& c) {
   require(c.data.workers >= 0, "data.workers", num(c.data.workers), "0 (load on the training thread) or more");
   require(c.data.queue_depth >= 1, "data.queue_depth", num(c.data.queue_depth), "at least 1");
   require(c.parallel.min_params >= 1, "parallel.min_params", num(c.parallel.min_params), "at least 1");
+  require(c.parallel.bucket_cap_mb > 0, "parallel.bucket_cap_mb", num(c.parallel.bucket_cap_mb), "positive (MiB)");
   require(c.parallel.forward_prefetch >= 0, "parallel.forward_prefetch", num(c.parallel.forward_prefetch),
           "0 or more units");
   require(c.checkpoint.interval >= 0, "checkpoint.interval", num(c.checkpoint.interval), "0 or positive");

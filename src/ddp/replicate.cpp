@@ -19,9 +19,17 @@ struct Bucket {
   std::vector<int64_t> offsets;
   int64_t numel = 0;
   size_t ready = 0;
-  at::Tensor flat;  // (numel) gradients, then their mean once work completes
+  at::Tensor flat;  // (numel) gradients, then their mean once work completes; kept with gradient_as_bucket_view
   dist::Work work;
 };
+
+// A tensor of `sizes` over flat[offset, offset + numel) that shares its storage without being an autograd view:
+// optimizers' zero_grad() detaches gradients in place, which views do not allow.
+at::Tensor alias_into(const at::Tensor& flat, int64_t offset, at::IntArrayRef sizes) {
+  at::Tensor t = at::empty({0}, flat.options());
+  t.set_(flat.storage(), flat.storage_offset() + offset, sizes, c10::contiguous_strides(sizes));
+  return t;
+}
 
 }  // namespace
 
@@ -31,6 +39,7 @@ struct Ddp::Impl : std::enable_shared_from_this<Ddp::Impl> {
   std::vector<std::string> names;
   std::vector<at::Tensor> params;
   std::vector<size_t> bucket_of;  // parameter index -> bucket index
+  std::vector<int64_t> offset_in_bucket;  // parameter index -> its first element in the bucket's flat buffer
   std::vector<char> has_grad;     // this backward
   std::vector<Bucket> buckets;
   std::vector<std::shared_ptr<torch::autograd::Node>> accumulators;  // kept alive: tensors hold them weakly
@@ -53,6 +62,7 @@ struct Ddp::Impl : std::enable_shared_from_this<Ddp::Impl> {
     if (has_grad[index]) return;  // a parameter used twice: AccumulateGrad runs once per backward anyway
     has_grad[index] = 1;
     Bucket& b = buckets[bucket_of[index]];
+    if (options.gradient_as_bucket_view) view_gradient_in_bucket(b, index);
     if (++b.ready == b.params.size()) launch_ready();
   }
 
@@ -64,12 +74,31 @@ struct Ddp::Impl : std::enable_shared_from_this<Ddp::Impl> {
     }
   }
 
+  // gradient_as_bucket_view: points parameter `index`'s .grad at its slot of bucket `b`, copying its value in
+  // unless it is already there (an undefined gradient is zero).
+  void view_gradient_in_bucket(Bucket& b, size_t index) {
+    c10::AutoGradMode no_grad(false);
+    const at::Tensor& p = params[index];
+    const int64_t offset = offset_in_bucket[index];
+    at::Tensor& grad = p.mutable_grad();
+    if (grad.defined() && grad.data_ptr() == b.flat.narrow(0, offset, p.numel()).data_ptr()) return;
+    at::Tensor slot = alias_into(b.flat, offset, p.sizes());
+    if (grad.defined()) {
+      slot.copy_(grad);
+    } else {
+      slot.zero_();
+    }
+    grad = std::move(slot);
+  }
+
   void launch(Bucket& b) {
     c10::AutoGradMode no_grad(false);
-    b.flat = at::zeros({b.numel}, params[b.params.front()].options().requires_grad(false));
-    for (size_t k = 0; k < b.params.size(); ++k) {
-      const at::Tensor& g = params[b.params[k]].grad();
-      if (g.defined()) b.flat.narrow(0, b.offsets[k], g.numel()).copy_(g.reshape({-1}));
+    if (!options.gradient_as_bucket_view) {
+      b.flat = at::zeros({b.numel}, params[b.params.front()].options().requires_grad(false));
+      for (size_t k = 0; k < b.params.size(); ++k) {
+        const at::Tensor& g = params[b.params[k]].grad();
+        if (g.defined()) b.flat.narrow(0, b.offsets[k], g.numel()).copy_(g.reshape({-1}));
+      }
     }
     b.work = group.all_reduce(b.flat, dist::ReduceOp::MEAN);
     ++all_reduces;
@@ -87,12 +116,14 @@ struct Ddp::Impl : std::enable_shared_from_this<Ddp::Impl> {
                                  "DdpOptions::find_unused_parameters");
       }
       has_grad[i] = 1;
+      if (options.gradient_as_bucket_view) view_gradient_in_bucket(buckets[bucket_of[i]], i);
       ++buckets[bucket_of[i]].ready;
     }
     launch_ready();
     c10::AutoGradMode no_grad(false);
     for (Bucket& b : buckets) {
       b.work.wait();
+      if (options.gradient_as_bucket_view) continue;  // the gradients are the bucket
       for (size_t k = 0; k < b.params.size(); ++k) {
         const at::Tensor& p = params[b.params[k]];
         at::Tensor mean = b.flat.narrow(0, b.offsets[k], p.numel()).view(p.sizes());
@@ -110,7 +141,7 @@ struct Ddp::Impl : std::enable_shared_from_this<Ddp::Impl> {
   void reset() {
     for (Bucket& b : buckets) {
       b.ready = 0;
-      b.flat = at::Tensor();
+      if (!options.gradient_as_bucket_view) b.flat = at::Tensor();
       b.work = dist::Work();
     }
     std::fill(has_grad.begin(), has_grad.end(), 0);
@@ -165,6 +196,7 @@ Ddp replicate(const std::shared_ptr<torch::nn::Module>& module, const dist::Comm
   // Buckets over the parameters in reverse order, each closed once it reaches the cap.
   const auto cap_bytes = static_cast<int64_t>(options.bucket_cap_mb * 1024 * 1024);
   impl->bucket_of.resize(impl->params.size());
+  impl->offset_in_bucket.resize(impl->params.size());
   int64_t bytes = 0;
   for (size_t n = impl->params.size(); n-- > 0;) {
     const at::Tensor& p = impl->params[n];
@@ -178,8 +210,14 @@ Ddp replicate(const std::shared_ptr<torch::nn::Module>& module, const dist::Comm
     b.numel += p.numel();
     bytes += p.numel() * static_cast<int64_t>(p.element_size());
     impl->bucket_of[n] = impl->buckets.size() - 1;
+    impl->offset_in_bucket[n] = b.offsets.back();
   }
   impl->has_grad.assign(impl->params.size(), 0);
+  if (options.gradient_as_bucket_view) {
+    for (Bucket& b : impl->buckets) {
+      b.flat = at::zeros({b.numel}, impl->params[b.params.front()].options().requires_grad(false));
+    }
+  }
   std::weak_ptr<Ddp::Impl> weak = impl;
   for (size_t i = 0; i < impl->params.size(); ++i) {
     auto accumulator = torch::autograd::impl::grad_accumulator(impl->params[i]);

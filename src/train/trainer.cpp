@@ -88,6 +88,8 @@ Parallel build_model(const Config& c, const dist::DeviceMesh& mesh, const at::De
     ddp::DdpOptions o;
     // FLAVA's batch kinds each leave some heads and poolers out of the loss.
     o.find_unused_parameters = p.model.family == "flava";
+    o.bucket_cap_mb = c.parallel.bucket_cap_mb;
+    o.gradient_as_bucket_view = c.parallel.gradient_as_bucket_view;
     if (c.parallel.activation_checkpointing) models::checkpoint_layers(p.model, 1, c.parallel.layer_classes);
     // Mixed precision without sharding: autocast around the model (parameters, gradients, optimizer float32).
     if (c.parallel.mixed_precision != config::Precision::NO) {

@@ -81,6 +81,8 @@ struct ParallelConfig {
   bool activation_checkpointing = false;  // every transformer layer of layer_classes replays its forward in backward
   bool cpu_offload = false;
   bool sync_module_states = true;  // init_weights: rank 0 reads, the others receive (else every rank reads)
+  double bucket_cap_mb = 25.0;     // ddp: MiB of gradients per all-reduce bucket
+  bool gradient_as_bucket_view = false;  // ddp: gradients live in the buckets (one gradient-sized buffer less)
 };
 
 struct OptimConfig {

@@ -7,7 +7,7 @@
 // Every rank holds the whole model. Gradients are grouped into buckets of about bucket_cap_mb, in the reverse of
 // parameter order (the order backward produces them); a bucket is all-reduced (mean) as soon as its last gradient
 // is accumulated, while backward goes on, and buckets start in the same order on every rank. At the end of backward
-// the averaged gradients are written back into .grad.
+// the averaged gradients are written back into .grad (or, with gradient_as_bucket_view, already are .grad).
 #pragma once
 
 #include <memory>
@@ -30,6 +30,12 @@ struct DdpOptions {
   // Buffers are copied from rank 0 before every forward (needs a module deriving from nn::Interceptable; others
   // get them at replicate() only).
   bool broadcast_buffers = true;
+  // true: each bucket is allocated once and every .grad aliases its slot in it (PyTorch's gradient_as_bucket_view):
+  // AccumulateGrad adds into the bucket, the all-reduce runs on it in place, and the averaged values are the
+  // gradients — no per-backward bucket and no copies in or out, one gradient-sized buffer less at the peak. A
+  // gradient that is not its slot's alias (the first backward, or after zero_grad() set it to none) is copied in
+  // once when ready. Gradients alias their buckets for the model's life.
+  bool gradient_as_bucket_view = false;
 };
 
 class Ddp {
