@@ -246,6 +246,7 @@ std::vector<Field> fields_of(Config& c) {
       field("train.steps", c.train.steps),
       field("train.batch_size", c.train.batch_size),
       field("train.grad_accum", c.train.grad_accum),
+      field("train.sync_each_batch", c.train.sync_each_batch),
       field("train.max_grad_norm", c.train.max_grad_norm),
       field("train.seed", c.train.seed),
       field("train.device", c.train.device),

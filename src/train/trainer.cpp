@@ -369,9 +369,9 @@ TrainSummary train(const Config& c) {
     int64_t texts = 0, images = 0;
     std::map<std::string, double> step_parts;
     for (size_t m = 0; m < batches.size(); ++m) {
-      const bool last = m + 1 == batches.size();
-      if (parallel.sharded) fsdp::set_requires_gradient_sync(model.module, last);
-      else parallel.ddp->set_requires_gradient_sync(last);
+      const bool sync = m + 1 == batches.size() || c.train.sync_each_batch;
+      if (parallel.sharded) fsdp::set_requires_gradient_sync(model.module, sync);
+      else parallel.ddp->set_requires_gradient_sync(sync);
       data::Batch b = batches[m];
       for (at::Tensor* t : {&b.input_ids, &b.attention_mask, &b.input_ids_masked, &b.mlm_labels, &b.pixels,
                             &b.codebook_pixels, &b.masked_patches, &b.itm_labels, &b.labels}) {

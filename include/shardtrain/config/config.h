@@ -101,6 +101,10 @@ struct TrainConfig {
   int64_t steps = 1000;       // optimizer steps
   int64_t batch_size = 8;     // samples per rank per micro-batch
   int64_t grad_accum = 1;     // micro-batches per optimizer step
+  // Reduce gradients after every micro-batch, not only the last (Accelerate's sync_each_batch): with FSDP each
+  // rank then accumulates sharded gradients instead of keeping every unit's full gradients until the last
+  // micro-batch — less memory, one reduce-scatter per micro-batch.
+  bool sync_each_batch = false;
   double max_grad_norm = 1.0; // 0: no clipping
   int64_t seed = 0;           // weights, data order, masking, dropout
   std::string device = "cpu"; // cpu | cuda (each rank takes cuda:LOCAL_RANK)
