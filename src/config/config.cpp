@@ -230,6 +230,7 @@ std::vector<Field> fields_of(Config& c) {
       field("parallel.limit_all_gathers", c.parallel.limit_all_gathers),
       field("parallel.activation_checkpointing", c.parallel.activation_checkpointing),
       field("parallel.cpu_offload", c.parallel.cpu_offload),
+      field("parallel.reshard_after_backward", c.parallel.reshard_after_backward),
       field("parallel.sync_module_states", c.parallel.sync_module_states),
       field("parallel.bucket_cap_mb", c.parallel.bucket_cap_mb),
       field("parallel.gradient_as_bucket_view", c.parallel.gradient_as_bucket_view),

@@ -88,7 +88,8 @@ void Schedule::finish_backward() {
   reducing.reset();
   for (auto& u : live) {
     u->discard_gather();  // a prefetch for a unit that took no part in this backward
-    u->reshard();
+    // Kept unsharded only between micro-batches without sync (set_reshard_after_backward(false)).
+    if (u->reshard_after_backward || u->requires_gradient_sync) u->reshard();
   }
 }
 
@@ -278,7 +279,7 @@ void FsdpUnit::Impl::reduce_scatter_gradients() {
     for (size_t i = 0; i < params.size(); ++i) {
       if (full[i].defined()) unreduced_grads[i] = full[i].to(dtype, /*non_blocking=*/false, /*copy=*/true);
     }
-    reshard();
+    if (reshard_after_backward) reshard();
     training = TrainingState::IDLE;
     if (prefetch_after) prefetch(/*backward=*/true);
     return;

@@ -103,6 +103,7 @@ struct FsdpUnit::Impl : std::enable_shared_from_this<FsdpUnit::Impl> {
   ShardState state = ShardState::SHARDED;
   TrainingState training = TrainingState::IDLE;
   bool requires_gradient_sync = true;
+  bool reshard_after_backward = true;  // false: a backward without sync leaves the unit UNSHARDED
   size_t gradients_ready = 0;
   // A pending all-gather: (W * unit_shard_numel) in the compute dtype, valid after gather_work.wait(), of shards
   // whose version sum was gather_version (a changed version means the optimizer stepped since: gather again).

@@ -169,6 +169,10 @@ void set_requires_gradient_sync(const std::shared_ptr<torch::nn::Module>& root, 
   for (auto& unit : unit_impls_of(root)) unit->requires_gradient_sync = sync;
 }
 
+void set_reshard_after_backward(const std::shared_ptr<torch::nn::Module>& root, bool reshard) {
+  for (auto& unit : unit_impls_of(root)) unit->reshard_after_backward = reshard;
+}
+
 NoSync::NoSync(std::shared_ptr<torch::nn::Module> root) : root_(std::move(root)) {
   set_requires_gradient_sync(root_, false);
 }

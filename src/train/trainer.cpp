@@ -275,6 +275,7 @@ TrainSummary train(const Config& c) {
   Parallel parallel = build_model(c, mesh, device);
   models::ZooModel& model = parallel.model;
   model.module->train();
+  if (parallel.sharded) fsdp::set_reshard_after_backward(model.module, c.parallel.reshard_after_backward);
   torch::optim::AdamW optimizer(parameter_groups(c, *model.module),
                                 torch::optim::AdamWOptions(c.optim.lr)
                                     .betas({c.optim.betas[0], c.optim.betas[1]})

@@ -55,6 +55,37 @@ TEST(FsdpRuntime, NoSyncAccumulatesLocallyThenReducesTheSum) {
   }
 }
 
+TEST(FsdpRuntime, NoReshardAfterBackwardSkipsTheNextGathers) {
+  // Gradient accumulation keeping parameters unsharded between micro-batches: the same training, fewer all-gathers.
+  // Per micro-batch, 4 units: SHARD_GRAD_OP gathers each once (forward), FULL_SHARD twice (forward, backward).
+  if (test_process_group().world_size() == 1) GTEST_SKIP() << "a group of one holds full parameters: nothing to gather";
+  auto batches = make_batches();
+  Toy ref = testing::accumulated_reference();
+  for (bool reshard_after_forward : {false, true}) {
+    const std::string label = reshard_after_forward ? "FULL_SHARD" : "SHARD_GRAD_OP";
+    FsdpOptions options;
+    options.reshard_after_forward = reshard_after_forward;
+    Toy model = sharded_toy(options);
+    torch::optim::SGD sgd(model->parameters(), torch::optim::SGDOptions(0.1));
+    set_reshard_after_backward(model.ptr(), false);
+    {
+      NoSync no_sync(model.ptr());
+      (torch::mse_loss(model(local_rows(batches[0].first)), local_rows(batches[0].second)) / 2).backward();
+      for (const FsdpUnit& unit : units_of(model.ptr())) {
+        if (unit.sharded_numel() > 0) EXPECT_EQ(unit.state(), ShardState::UNSHARDED) << label;
+      }
+    }
+    reset_fsdp_stats(model.ptr());
+    (torch::mse_loss(model(local_rows(batches[1].first)), local_rows(batches[1].second)) / 2).backward();
+    // SHARD_GRAD_OP: nothing gathered at all; FULL_SHARD: forward found its units gathered, backward gathers them.
+    EXPECT_EQ(fsdp_stats(model.ptr()).all_gathers, reshard_after_forward ? 4 : 0) << label;
+    // A backward with gradient sync reshards whatever the setting: the optimizer steps shards.
+    for (const FsdpUnit& unit : units_of(model.ptr())) EXPECT_EQ(unit.state(), ShardState::SHARDED) << label;
+    sgd.step();
+    expect_params_equal(gather_full_parameters(model.ptr()), *ref, label + " without reshard after backward");
+  }
+}
+
 TEST(FsdpRuntime, OverflowOnOneRankSkipsTheScaledStepOnEvery) {
   const dist::Communicator& world = test_process_group().world();
   FsdpOptions options;

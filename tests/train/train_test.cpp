@@ -151,6 +151,13 @@ TEST_F(TrainTest, StoppedAndResumedEqualsOneRun) {
     EXPECT_LE(max_difference(saved_state(a + "/step-00000008", sharded), saved_state(e + "/step-00000008", sharded)),
               0.02 * moved)
         << "four steps moved the states by " << moved;
+    if (strategy == "full_shard") {  // parameters kept unsharded between micro-batches: the same arithmetic
+      const std::string k = root_ + "/k-full_shard";
+      const Outcome kept = train(common + "--checkpoint.dir=" + k + " --parallel.reshard_after_backward=false");
+      ASSERT_EQ(kept.status, 0) << kept.output;
+      EXPECT_LE(max_difference(saved_state(a + "/step-00000008", true), saved_state(k + "/step-00000008", true)),
+                1e-6);
+    }
     if (strategy == "ddp") {  // gradients living in small buckets: the same arithmetic too
       const std::string v = root_ + "/v-ddp";
       const Outcome views = train(common + "--checkpoint.dir=" + v +

@@ -80,6 +80,9 @@ struct ParallelConfig {
   bool limit_all_gathers = true;
   bool activation_checkpointing = false;  // every transformer layer of layer_classes replays its forward in backward
   bool cpu_offload = false;
+  // false: parameters stay unsharded from one micro-batch's backward to the next's forward during gradient
+  // accumulation (fewer all-gathers, the whole model's parameters held meanwhile; FSDP2's set_reshard_after_backward)
+  bool reshard_after_backward = true;
   bool sync_module_states = true;  // init_weights: rank 0 reads, the others receive (else every rank reads)
   double bucket_cap_mb = 25.0;     // ddp: MiB of gradients per all-reduce bucket
   bool gradient_as_bucket_view = false;  // ddp: gradients live in the buckets (one gradient-sized buffer less)

@@ -121,6 +121,12 @@ FsdpUnit fully_shard(const std::shared_ptr<torch::nn::Module>& module, const dis
 // set_requires_gradient_sync on every unit inside `root`.
 void set_requires_gradient_sync(const std::shared_ptr<torch::nn::Module>& root, bool sync);
 
+// FSDP2's set_reshard_after_backward for every unit inside `root`. false: a backward without gradient sync
+// leaves each unit's parameters unsharded, so the next micro-batch's forward (and, without resharding after
+// forward, its backward) gathers nothing — communication traded for memory during gradient accumulation. A
+// backward with gradient sync always reshards, whatever this says: the optimizer steps the shards. Default true.
+void set_reshard_after_backward(const std::shared_ptr<torch::nn::Module>& root, bool reshard);
+
 // Gradient accumulation without communication for the guard's lifetime (PyTorch's `with model.no_sync():`):
 //   { fsdp::NoSync no_sync(model.ptr()); loss(micro_batch_1).backward(); }   // full gradients kept locally
 //   loss(micro_batch_2).backward();                                           // reduces the sum of both
