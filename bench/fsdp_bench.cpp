@@ -142,7 +142,8 @@ int run(const Args& a) {
     options.gradient_as_bucket_view = a.mode == "ddp_bucket_view";
     ddp_handle = ddp::replicate(model, world, options);
   } else if (a.mode != "plain") {
-    throw std::invalid_argument("--mode " + a.mode + ": expected plain, full_shard, shard_grad_op, ddp or ddp_bucket_view");
+    throw std::invalid_argument("--mode " + a.mode +
+                                ": expected plain, full_shard, shard_grad_op, ddp or ddp_bucket_view");
   }
   torch::optim::AdamW optimizer(model->parameters(), torch::optim::AdamWOptions(1e-3).weight_decay(0.01));
   const int64_t local = a.batch / w;
@@ -151,7 +152,8 @@ int run(const Args& a) {
   std::vector<double> phase_peak(3, 0.0);
   bool timed = false;
   auto end_phase = [&](size_t phase) {
-    if (timed) phase_peak[phase] = std::max(phase_peak[phase], static_cast<double>(memory::cpu_memory_stats().peak_bytes));
+    const auto peak = static_cast<double>(memory::cpu_memory_stats().peak_bytes);
+    if (timed) phase_peak[phase] = std::max(phase_peak[phase], peak);
     memory::reset_cpu_peak();
   };
   for (int64_t s = 0; s < a.steps + a.warmup; ++s) {
