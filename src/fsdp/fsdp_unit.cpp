@@ -88,8 +88,7 @@ void Schedule::finish_backward() {
   reducing.reset();
   for (auto& u : live) {
     u->discard_gather();  // a prefetch for a unit that took no part in this backward
-    // Kept unsharded only between micro-batches without sync (set_reshard_after_backward(false)).
-    if (u->reshard_after_backward || u->requires_gradient_sync) u->reshard();
+    if (!u->stays_unsharded_after_backward()) u->reshard();
   }
 }
 
@@ -279,7 +278,7 @@ void FsdpUnit::Impl::reduce_scatter_gradients() {
     for (size_t i = 0; i < params.size(); ++i) {
       if (full[i].defined()) unreduced_grads[i] = full[i].to(dtype, /*non_blocking=*/false, /*copy=*/true);
     }
-    if (reshard_after_backward) reshard();
+    if (!stays_unsharded_after_backward()) reshard();
     training = TrainingState::IDLE;
     if (prefetch_after) prefetch(/*backward=*/true);
     return;
@@ -287,10 +286,10 @@ void FsdpUnit::Impl::reduce_scatter_gradients() {
   // Memory: what this unit holds from here on is its full gradients and the reduction input, so the full
   // parameters go first (reshard), the previous unit's reduce-scatter is waited for before this one's input is
   // allocated (its backward overlapped that reduction already), and each full gradient is dropped once copied:
-  // at most the prefetched unit, one unit's gradients and one reduction input are alive at once.
+  // while copying, the prefetched unit, this unit's gradients and its reduction input are alive, nothing else.
   reshard();
   if (auto previous = schedule->reducing.lock()) previous->wait_reduce_scatter();
-  if (shards_are_full() && !(options.replicate_group && options.replicate_group->size() > 1)) {
+  if (shards_are_full() && !has_replicas()) {
     // Nothing to reduce (one rank, no replicas): the full gradients are the sharded ones, installed as they are —
     // no flat buffer, no copy in or out.
     local_grads.resize(params.size());
@@ -316,13 +315,12 @@ void FsdpUnit::Impl::reduce_scatter_gradients() {
   }
   // On the group's device (NCCL reduces CUDA tensors only).
   has_gradient = at::tensor(local_flags).to(group.device());
-  const dist::ReduceOp op = options.gradient_divide_factor ? dist::ReduceOp::SUM : dist::ReduceOp::MEAN;
   if (shards_are_full()) {
     rs_output = std::move(rs_input);
     rs_work = dist::Work();
   } else {
     rs_output = at::empty({unit_shard_numel}, rs_input.options());
-    rs_work = group.reduce_scatter(rs_output, rs_input, op);
+    rs_work = group.reduce_scatter(rs_output, rs_input, reduction_op());
   }
   rs_waited = false;
   schedule->reducing = weak_from_this();
@@ -344,10 +342,9 @@ void FsdpUnit::Impl::wait_reduce_scatter() {
   rs_work = dist::Work();
   rs_waited = true;
   --schedule->reductions_in_flight;
-  if (options.replicate_group && options.replicate_group->size() > 1) {
+  if (has_replicas()) {
     // Hybrid sharding / NO_SHARD: the shards of the same rows, one per replica, reduced across replicas.
-    const dist::ReduceOp op = options.gradient_divide_factor ? dist::ReduceOp::SUM : dist::ReduceOp::MEAN;
-    replicate_work = options.replicate_group->all_reduce(rs_output, op);
+    replicate_work = options.replicate_group->all_reduce(rs_output, reduction_op());
   }
 }
 
@@ -377,7 +374,7 @@ void FsdpUnit::Impl::install_gradients() {
   // Which parameters got a gradient on any rank: those keep (or get) one; the others stay undefined. Zero
   // gradients are not the same as none — AdamW would still decay and move such parameters.
   if (!shards_are_full()) group.all_reduce(has_gradient, dist::ReduceOp::MAX).wait();
-  if (options.replicate_group && options.replicate_group->size() > 1) {
+  if (has_replicas()) {
     options.replicate_group->all_reduce(has_gradient, dist::ReduceOp::MAX).wait();
   }
   const at::Tensor flags = has_gradient.to(at::kCPU);

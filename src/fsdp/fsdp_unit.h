@@ -65,6 +65,14 @@ struct FsdpUnit::Impl : std::enable_shared_from_this<FsdpUnit::Impl> {
   // NO_SHARD): the shards are the full parameters, so unsharding moves nothing and gradients need no
   // reduce-scatter.
   bool shards_are_full() const { return group.size() == 1 && compute_dtype() == own_dtype && !offloaded(); }
+  // A divide factor replaces the group mean: reductions sum, install_gradients divides.
+  dist::ReduceOp reduction_op() const {
+    return options.gradient_divide_factor ? dist::ReduceOp::SUM : dist::ReduceOp::MEAN;
+  }
+  // Hybrid sharding / NO_SHARD over several replicas: reduced shards are all-reduced across them.
+  bool has_replicas() const { return options.replicate_group && options.replicate_group->size() > 1; }
+  // set_reshard_after_backward(false) applies to backward passes without gradient sync only.
+  bool stays_unsharded_after_backward() const { return !reshard_after_backward && !requires_gradient_sync; }
 
   // All-gathers: start_gather() issues one (asynchronously) unless one is pending; unshard() completes it (or
   // gathers now) and points the parameters at their full values; discard_gather() drops a pending one.
