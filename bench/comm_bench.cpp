@@ -16,9 +16,9 @@
 #include <iostream>
 #include <string>
 
-#include "shardtrain/dist/communicator.h"
-#include "shardtrain/dist/env.h"
-#include "shardtrain/dist/process_group.h"
+#include "shardtrain/distributed/communicator.h"
+#include "shardtrain/distributed/env.h"
+#include "shardtrain/distributed/process_group.h"
 
 namespace {
 

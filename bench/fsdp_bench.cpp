@@ -17,8 +17,8 @@
 #include <string>
 
 #include "shardtrain/ddp/replicate.h"
-#include "shardtrain/dist/env.h"
-#include "shardtrain/dist/process_group.h"
+#include "shardtrain/distributed/env.h"
+#include "shardtrain/distributed/process_group.h"
 #include "shardtrain/fsdp/fully_shard.h"
 #include "shardtrain/io/files.h"
 #include "shardtrain/memory/memory_stats.h"
@@ -130,7 +130,7 @@ int run(const Args& a) {
   auto data = load_tensors(a.inputs + "/data.pt");
   std::optional<ddp::Ddp> ddp_handle;
   if (a.checkpoint) {
-    for (auto& b : *model->blocks) nn::checkpoint_module(*b);
+    for (auto& b : *model->blocks) nn::apply_activation_checkpoint(*b);
   }
   if (a.mode == "full_shard" || a.mode == "shard_grad_op") {
     fsdp::FsdpOptions options;

@@ -4,8 +4,8 @@
 
 #include <iostream>
 
-#include "shardtrain/dist/env.h"
-#include "shardtrain/dist/process_group.h"
+#include "shardtrain/distributed/env.h"
+#include "shardtrain/distributed/process_group.h"
 
 int main() {
   using namespace shardtrain::dist;

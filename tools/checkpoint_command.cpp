@@ -5,6 +5,7 @@
 #include "commands.h"
 #include "shardtrain/ckpt/checkpoint.h"
 #include "shardtrain/io/files.h"
+#include "shardtrain/models/zoo.h"
 
 namespace shardtrain::cli {
 namespace {
@@ -15,6 +16,22 @@ const char* kCheckpointUsage =
     "export: merges a checkpoint's shards (any world size, FSDP or DDP) into one safetensors file with\n"
     "        Hugging Face names. CHECKPOINT is a step-* directory, or a checkpoint.dir (its newest one).\n"
     "list:   the complete checkpoints in DIR with their step and world size.\n";
+
+// What an export of `flavor` holds: the flavor's module tree on the meta device (no memory) gives our names, the
+// tied pairs (once), Hugging Face's names and the shapes.
+std::vector<ckpt::ExportTensor> export_layout(const std::string& flavor) {
+  models::BuildOptions build;
+  build.tensors = build.tensors.device(at::kMeta);
+  const models::ZooModel meta = models::build_model(flavor, build);
+  const auto params = meta.module->named_parameters(), buffers = meta.module->named_buffers();
+  std::vector<ckpt::ExportTensor> layout;
+  for (const auto& [ours, hf] : models::hf_names_of(*meta.module, meta.names)) {
+    const at::Tensor* like = params.find(ours);
+    if (!like) like = buffers.find(ours);
+    layout.push_back({ours, hf, like->sizes().vec()});
+  }
+  return layout;
+}
 
 }  // namespace
 
@@ -41,7 +58,7 @@ int run_checkpoint_command(const std::vector<std::string>& args) {
     else if (d == "fp16") dtype = at::kHalf;
     else if (d == "fp32") dtype = at::kFloat;
     else if (!d.empty()) throw std::invalid_argument("--dtype: '" + d + "' is not one of fp32, bf16, fp16");
-    ckpt::export_checkpoint(path, out, dtype);
+    ckpt::export_checkpoint(path, out, export_layout(ckpt::read_trainer_state(path).flavor), dtype);
     std::cout << "checkpoint export: " << path << " -> " << out << "\n";
     return 0;
   }

@@ -9,7 +9,7 @@
 
 #include "commands.h"
 #include "shardtrain/config/config.h"
-#include "shardtrain/dist/env.h"
+#include "shardtrain/distributed/env.h"
 #include "shardtrain/launch/launch.h"
 #include "shardtrain/train/trainer.h"
 
@@ -65,7 +65,7 @@ int run_train_command(const std::vector<std::string>& args) {
     o.command.insert(o.command.end(), args.begin(), args.end());
     return launch::run_launch(o);
   }
-  train::train(config);
+  train::train(config, log::console_sink());
   return 0;
 }
 

@@ -5,6 +5,7 @@
 #include <torch/optim/adamw.h>
 #include <torch/serialize.h>
 #include <ATen/CPUGeneratorImpl.h>
+#include <ATen/Context.h>
 
 #include <cstdio>
 #include <mutex>
@@ -12,14 +13,25 @@
 
 #include "shardtrain/fsdp/state_dict.h"
 #include "shardtrain/io/files.h"
-#include "shardtrain/models/safetensors.h"
-#include "shardtrain/models/zoo.h"
+#include "shardtrain/io/safetensors.h"
 
 namespace shardtrain::ckpt {
 namespace {
 
 constexpr const char* kFormat = "shardtrain.checkpoint.v1";
 constexpr const char* kPartial = ".partial";
+
+// The default generators a run draws from (dropout, masks drawn on the device): the CPU's and, on a machine with
+// GPUs, each device's, keyed "cpu", "cuda:0", ...
+std::vector<std::pair<std::string, at::Generator>> default_generators() {
+  std::vector<std::pair<std::string, at::Generator>> out = {{"cpu", at::detail::getDefaultCPUGenerator()}};
+  if (at::hasCUDA()) {
+    for (c10::DeviceIndex i = 0; i < static_cast<c10::DeviceIndex>(at::getNumGPUs()); ++i) {
+      out.emplace_back("cuda:" + std::to_string(i), at::globalContext().defaultGenerator(c10::Device(at::kCUDA, i)));
+    }
+  }
+  return out;
+}
 
 std::string rng_file(const std::string& dir, int rank) {
   char name[32];
@@ -119,10 +131,13 @@ std::string save_checkpoint(const std::string& dir, const TrainerState& given, c
   }
   {
     auto rng = new_dict();
-    rng.insert("cpu", at::detail::getDefaultCPUGenerator().get_state());
+    for (auto& [key, generator] : default_generators()) {
+      std::lock_guard<std::mutex> lock(generator.mutex());
+      rng.insert(key, generator.get_state());
+    }
     io::write_file_atomic(rng_file(tmp, world.rank()), torch::pickle_save(rng));
   }
-  if (model.hf_names) {
+  if (!model.hf_names.empty()) {
     std::map<std::string, at::Tensor> full;
     if (model.sharded) {
       full = fsdp::full_state_dict(model.root, /*rank0_only=*/true);  // collective
@@ -132,10 +147,8 @@ std::string save_checkpoint(const std::string& dir, const TrainerState& given, c
     }
     if (leader) {
       std::vector<std::pair<std::string, at::Tensor>> named;
-      for (const auto& [ours, hf] : models::hf_names_of(*model.root, *model.hf_names)) {
-        named.emplace_back(hf, full.at(ours));
-      }
-      models::write_safetensors(tmp + "/model.safetensors", named);
+      for (const auto& [ours, hf] : model.hf_names) named.emplace_back(hf, full.at(ours));
+      io::write_safetensors(tmp + "/model.safetensors", named);
     }
   }
   world.barrier().wait();  // every rank's files are on disk
@@ -228,9 +241,11 @@ TrainerState load_checkpoint(const std::string& path, const CheckpointModel& mod
   // Generator states only mean the same thing at the same world size (each rank restores its own).
   if (state.world_size == world.size() && io::path_exists(rng_file(path, world.rank()))) {
     const auto rng = torch::pickle_load(io::read_file(rng_file(path, world.rank()))).toGenericDict();
-    at::Generator generator = at::detail::getDefaultCPUGenerator();
-    std::lock_guard<std::mutex> lock(generator.mutex());
-    generator.set_state(rng.at("cpu").toTensor());
+    for (auto& [key, generator] : default_generators()) {
+      if (!rng.contains(key)) continue;  // saved on a machine without this device
+      std::lock_guard<std::mutex> lock(generator.mutex());
+      generator.set_state(rng.at(key).toTensor());
+    }
   }
   world.barrier().wait();
   return state;
@@ -265,7 +280,8 @@ void prune_checkpoints(const std::string& dir, int64_t keep) {
   for (size_t i = 0; i + static_cast<size_t>(keep) < all.size(); ++i) io::remove_tree(all[i]);
 }
 
-void export_checkpoint(const std::string& path, const std::string& out, std::optional<at::ScalarType> dtype) {
+void export_checkpoint(const std::string& path, const std::string& out, const std::vector<ExportTensor>& tensors,
+                       std::optional<at::ScalarType> dtype) {
   const TrainerState state = read_trainer_state(path);
   std::map<std::string, at::Tensor> saved;
   if (io::path_exists(path + "/model")) {
@@ -277,24 +293,17 @@ void export_checkpoint(const std::string& path, const std::string& out, std::opt
   } else {
     throw std::runtime_error(path + ": holds neither model/ nor model.pt");
   }
-  // The flavor's module tree, on the meta device (no memory), gives the names, the tied pairs and HF's names.
-  models::BuildOptions build;
-  build.tensors = build.tensors.device(at::kMeta);
-  const models::ZooModel meta = models::build_model(state.flavor, build);
-  const auto params = meta.module->named_parameters(), buffers = meta.module->named_buffers();
   std::vector<std::pair<std::string, at::Tensor>> named;
-  for (const auto& [ours, hf] : models::hf_names_of(*meta.module, meta.names)) {
-    auto it = saved.find(ours);
-    if (it == saved.end()) throw std::runtime_error(path + ": no tensor '" + ours + "' of " + state.flavor);
-    const at::Tensor* like = params.find(ours);
-    if (!like) like = buffers.find(ours);
-    if (it->second.sizes() != like->sizes()) {
-      throw std::runtime_error(path + ": '" + ours + "' has shape " + c10::str(it->second.sizes()) + ", " +
-                               state.flavor + "'s is " + c10::str(like->sizes()));
+  for (const ExportTensor& t : tensors) {
+    auto it = saved.find(t.name);
+    if (it == saved.end()) throw std::runtime_error(path + ": no tensor '" + t.name + "' of " + state.flavor);
+    if (it->second.sizes() != at::IntArrayRef(t.shape)) {
+      throw std::runtime_error(path + ": '" + t.name + "' has shape " + c10::str(it->second.sizes()) + ", " +
+                               state.flavor + "'s is " + c10::str(at::IntArrayRef(t.shape)));
     }
-    named.emplace_back(hf, dtype ? it->second.to(*dtype) : it->second);
+    named.emplace_back(t.file_name, dtype ? it->second.to(*dtype) : it->second);
   }
-  models::write_safetensors(out, named);
+  io::write_safetensors(out, named);
 }
 
 }  // namespace shardtrain::ckpt

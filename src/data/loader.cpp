@@ -12,8 +12,8 @@
 
 #include "data/random.h"
 #include "shardtrain/data/image.h"
-#include "shardtrain/data/masking.h"
-#include "shardtrain/data/sampler.h"
+#include "data/masking.h"
+#include "data/sampler.h"
 
 namespace shardtrain::data {
 namespace {

@@ -1,4 +1,4 @@
-#include "shardtrain/data/masking.h"
+#include "data/masking.h"
 
 #include <algorithm>
 #include <cmath>

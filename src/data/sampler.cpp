@@ -1,4 +1,4 @@
-#include "shardtrain/data/sampler.h"
+#include "data/sampler.h"
 
 #include <algorithm>
 #include <numeric>

@@ -4,7 +4,7 @@
 
 #include <stdexcept>
 
-#include "shardtrain/data/tar.h"
+#include "data/tar.h"
 #include "shardtrain/io/files.h"
 
 namespace shardtrain::data {

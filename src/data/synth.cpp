@@ -8,7 +8,7 @@
 #include <vector>
 
 #include "data/random.h"
-#include "shardtrain/data/tar.h"
+#include "data/tar.h"
 #include "shardtrain/data/tokenizer.h"
 #include "shardtrain/io/files.h"
 

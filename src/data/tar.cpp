@@ -1,4 +1,4 @@
-#include "shardtrain/data/tar.h"
+#include "data/tar.h"
 
 #include <algorithm>
 #include <cstdio>

@@ -7,7 +7,7 @@
 //   UNSHARDED  data = the first `rows` rows of `unsharded_`, a (chunk_rows * W, rest...) buffer in the compute
 //              dtype (mixed precision's param_dtype, else the parameter's own) filled by the
 //              unit's all-gather. While SHARDED, that buffer's storage is freed in place (nbytes 0) and refilled on
-//              the next unshard (../shared/notes/libtorch.md §7), so views autograd saved during forward (e.g. the
+//              the next unshard (docs/notes/libtorch.md §7), so views autograd saved during forward (e.g. the
 //              transposed weight of a linear) stay valid across the free and refill.
 // Memory: SHARDED costs shard_numel elements; UNSHARDED adds chunk_rows * W * row_numel.
 #pragma once

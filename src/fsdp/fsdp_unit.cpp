@@ -19,6 +19,15 @@ at::Tensor cast_if_floating(const at::Tensor& t, std::optional<at::ScalarType> d
   return t.to(*dtype);
 }
 
+// Adds `g` to the parameter's .grad (accumulation across steps without zero_grad, as .grad does).
+void accumulate_grad(at::Tensor& grad, at::Tensor g) {
+  if (grad.defined()) {
+    grad.add_(g);
+  } else {
+    grad = std::move(g);
+  }
+}
+
 }  // namespace
 
 const char* training_state_name(TrainingState s) {
@@ -31,9 +40,9 @@ const char* training_state_name(TrainingState s) {
   return "?";
 }
 
-// ---- Schedule ----
+// ---- RootState ----
 
-std::shared_ptr<FsdpUnit::Impl> Schedule::next_after(const std::vector<std::weak_ptr<FsdpUnit::Impl>>& order,
+std::shared_ptr<FsdpUnit::Impl> RootState::next_after(const std::vector<std::weak_ptr<FsdpUnit::Impl>>& order,
                                                      const FsdpUnit::Impl* unit, int offset) {
   for (size_t i = 0; i < order.size(); ++i) {
     if (order[i].lock().get() != unit) continue;
@@ -44,7 +53,7 @@ std::shared_ptr<FsdpUnit::Impl> Schedule::next_after(const std::vector<std::weak
   return nullptr;
 }
 
-void Schedule::record(std::vector<std::weak_ptr<FsdpUnit::Impl>>& order,
+void RootState::record(std::vector<std::weak_ptr<FsdpUnit::Impl>>& order,
                       const std::shared_ptr<FsdpUnit::Impl>& unit) {
   for (const auto& known : order) {
     if (known.lock() == unit) return;
@@ -52,31 +61,31 @@ void Schedule::record(std::vector<std::weak_ptr<FsdpUnit::Impl>>& order,
   order.push_back(unit);
 }
 
-int64_t Schedule::pending_gathers() const {
+int64_t RootState::pending_gathers() const {
   int64_t n = 0;
   for (const auto& weak : units) {
-    if (auto u = weak.lock(); u && u->gather_pending) ++n;
+    if (auto u = weak.lock(); u && u->pending_gather) ++n;
   }
   return n;
 }
 
-void Schedule::note_unsharded(int64_t units_delta, int64_t bytes_delta) {
+void RootState::note_unsharded(int64_t units_delta, int64_t bytes_delta) {
   unsharded_units += units_delta;
   unsharded_bytes += bytes_delta;
   stats.peak_unsharded_units = std::max(stats.peak_unsharded_units, unsharded_units);
   stats.peak_unsharded_bytes = std::max(stats.peak_unsharded_bytes, unsharded_bytes);
 }
 
-void Schedule::queue_backward_callback() {
+void RootState::queue_backward_callback() {
   if (backward_callback_queued) return;
-  std::weak_ptr<Schedule> weak = weak_from_this();
+  std::weak_ptr<RootState> weak = weak_from_this();
   torch::autograd::Engine::get_default_engine().queue_callback([weak] {
     if (auto schedule = weak.lock()) schedule->finish_backward();
   });
   backward_callback_queued = true;
 }
 
-void Schedule::finish_backward() {
+void RootState::finish_backward() {
   backward_callback_queued = false;
   std::vector<std::shared_ptr<FsdpUnit::Impl>> live;
   for (const auto& weak : units) {
@@ -144,27 +153,32 @@ int64_t FsdpUnit::Impl::full_bytes() const {
   return n;
 }
 
+void FsdpUnit::Impl::set_training(TrainingState next) {
+  using S = TrainingState;
+  const S from = training;
+  const bool allowed = (from == S::IDLE && (next == S::FORWARD || next == S::PRE_BACKWARD)) ||
+                       (from == S::FORWARD && next == S::IDLE) ||
+                       (from == S::PRE_BACKWARD && (next == S::POST_BACKWARD || next == S::IDLE)) ||
+                       (from == S::POST_BACKWARD && next == S::IDLE);
+  if (!allowed) {
+    throw std::logic_error("fully_shard(" + module_name + "): training state " + training_state_name(from) + " -> " +
+                           training_state_name(next) + " is not a valid transition");
+  }
+  training = next;
+}
+
 void FsdpUnit::Impl::start_gather(bool prefetch) {
-  if (params.empty() || gather_pending || state == ShardState::UNSHARDED || shards_are_full()) return;
-  const at::ScalarType dtype = compute_dtype();
-  // Mixed precision: the all-gather moves param_dtype, so the shards are cast first; offloaded shards are copied
-  // to the compute device (asynchronously from pinned memory, ordered before the collective on its stream).
-  at::Tensor send = sharded_flat.to(compute_device, dtype, /*non_blocking=*/true);
-  gathered = at::empty({group.size() * unit_shard_numel}, send.options());
-  gather_work = group.all_gather(gathered, send);
-  gather_version = shard_version();
-  gather_pending = true;
+  if (params.empty() || pending_gather || state == ShardState::UNSHARDED || shards_are_full()) return;
+  pending_gather = foreach_all_gather(sharded_flat, shard_version(), compute_dtype(), compute_device, group);
   ++schedule->stats.all_gathers;
   if (prefetch) ++schedule->stats.prefetches;
   schedule->note_unsharded(1, full_bytes());
 }
 
 void FsdpUnit::Impl::discard_gather() {
-  if (!gather_pending) return;
-  gather_work.wait();  // a collective cannot be withdrawn: every rank completes it
-  gather_work = dist::Work();
-  gathered = at::Tensor();
-  gather_pending = false;
+  if (!pending_gather) return;
+  pending_gather->work.wait();  // a collective cannot be withdrawn: every rank completes it
+  pending_gather.reset();
   schedule->note_unsharded(-1, -full_bytes());
 }
 
@@ -180,20 +194,13 @@ void FsdpUnit::Impl::unshard() {
     for (auto& p : params) p.use_shard_as_full();
     schedule->note_unsharded(1, full_bytes());
   } else if (!params.empty()) {
-    if (gather_pending && shard_version() != gather_version) {
+    if (pending_gather && shard_version() != pending_gather->shard_version) {
       ++schedule->stats.stale_prefetches;  // the shards changed after the prefetch was issued
       discard_gather();
     }
     start_gather(/*prefetch=*/false);
-    gather_work.wait();
-    for (size_t i = 0; i < params.size(); ++i) {
-      params[i].alloc_unsharded();
-      params[i].copy_in_unsharded(gathered, unit_shard_numel, offsets[i]);
-      params[i].use_unsharded();
-    }
-    gather_work = dist::Work();
-    gathered = at::Tensor();
-    gather_pending = false;  // still counted as unsharded until reshard()
+    foreach_all_gather_copy_out(*pending_gather, params, offsets, unit_shard_numel);
+    pending_gather.reset();  // still counted as unsharded until reshard()
   }
   state = ShardState::UNSHARDED;
 }
@@ -225,9 +232,9 @@ void FsdpUnit::Impl::prefetch(bool backward) {
   const auto& order = backward ? schedule->post_forward_order : schedule->forward_order;
   const int ahead = backward ? 1 : options.forward_prefetch;
   for (int k = 1; k <= ahead; ++k) {
-    std::shared_ptr<FsdpUnit::Impl> next = Schedule::next_after(order, this, backward ? -k : k);
+    std::shared_ptr<FsdpUnit::Impl> next = RootState::next_after(order, this, backward ? -k : k);
     if (!next) break;
-    if (next->state == ShardState::UNSHARDED || next->gather_pending) continue;
+    if (next->state == ShardState::UNSHARDED || next->pending_gather) continue;
     if (options.limit_all_gathers && schedule->pending_gathers() >= 1) break;
     next->start_gather(/*prefetch=*/true);
   }
@@ -237,7 +244,7 @@ void FsdpUnit::Impl::on_output_gradient() {
   schedule->queue_backward_callback();
   if (training == TrainingState::PRE_BACKWARD || training == TrainingState::POST_BACKWARD) return;
   unshard();
-  training = TrainingState::PRE_BACKWARD;
+  set_training(TrainingState::PRE_BACKWARD);
   gradients_ready = 0;
   if (options.backward_prefetch == BackwardPrefetch::BACKWARD_PRE) prefetch(/*backward=*/true);
 }
@@ -254,12 +261,9 @@ void FsdpUnit::Impl::on_parameter_gradient(size_t index) {
 }
 
 void FsdpUnit::Impl::reduce_scatter_gradients() {
-  const bool prefetch_after = options.backward_prefetch == BackwardPrefetch::BACKWARD_POST;
   if (params.empty()) {  // a unit that only groups others (a root without parameters of its own)
     reshard();
-    training = TrainingState::IDLE;
-    if (prefetch_after) prefetch(/*backward=*/true);
-    return;
+    return after_reduce_scatter(TrainingState::IDLE);
   }
   // This backward's full gradients, plus those kept by earlier passes without sync.
   std::vector<at::Tensor> full(params.size());
@@ -279,9 +283,7 @@ void FsdpUnit::Impl::reduce_scatter_gradients() {
       if (full[i].defined()) unreduced_grads[i] = full[i].to(dtype, /*non_blocking=*/false, /*copy=*/true);
     }
     if (!stays_unsharded_after_backward()) reshard();
-    training = TrainingState::IDLE;
-    if (prefetch_after) prefetch(/*backward=*/true);
-    return;
+    return after_reduce_scatter(TrainingState::IDLE);
   }
   // Memory: what this unit holds from here on is its full gradients and the reduction input, so the full
   // parameters go first (reshard), the previous unit's reduce-scatter is waited for before this one's input is
@@ -296,39 +298,23 @@ void FsdpUnit::Impl::reduce_scatter_gradients() {
     for (size_t i = 0; i < params.size(); ++i) {
       if (full[i].defined()) local_grads[i] = full[i].to(dtype).to(own_dtype);  // rounded as a reduction would
     }
-    training = TrainingState::POST_BACKWARD;
-    rs_waited = true;
-    if (prefetch_after) prefetch(/*backward=*/true);
-    return;
+    return after_reduce_scatter(TrainingState::POST_BACKWARD);
   }
   // Gradients missing at the end of backward (parameters that did not take part here) count as zero in the
-  // reduction; install_gradients leaves grad undefined where no rank had one. A group of one reduces nothing: the
-  // gradients go straight into the output.
-  at::Tensor rs_input = at::zeros({(shards_are_full() ? 1 : group.size()) * unit_shard_numel},
-                                  at::TensorOptions().dtype(dtype).device(compute_device));
-  std::vector<float> local_flags(params.size(), 0.0f);
-  for (size_t i = 0; i < params.size(); ++i) {
-    if (!full[i].defined()) continue;
-    params[i].copy_grad_out(full[i], rs_input, unit_shard_numel, offsets[i]);
-    full[i] = at::Tensor();
-    local_flags[i] = 1.0f;
-  }
-  // On the group's device (NCCL reduces CUDA tensors only).
-  has_gradient = at::tensor(local_flags).to(group.device());
-  if (shards_are_full()) {
-    rs_output = std::move(rs_input);
-    rs_work = dist::Work();
-  } else {
-    rs_output = at::empty({unit_shard_numel}, rs_input.options());
-    rs_work = group.reduce_scatter(rs_output, rs_input, reduction_op());
-  }
-  rs_waited = false;
+  // reduction; install_gradients leaves grad undefined where no rank had one.
+  reduction = foreach_reduce_scatter(full, params, offsets, unit_shard_numel, dtype, compute_device, reduction_op(),
+                                     group);
+  reduce_scatter_in_flight = std::move(reduction->work);
   schedule->reducing = weak_from_this();
   ++schedule->stats.reduce_scatters;
   schedule->stats.peak_reductions_in_flight =
       std::max(schedule->stats.peak_reductions_in_flight, ++schedule->reductions_in_flight);
-  training = TrainingState::POST_BACKWARD;
-  if (prefetch_after) prefetch(/*backward=*/true);
+  after_reduce_scatter(TrainingState::POST_BACKWARD);
+}
+
+void FsdpUnit::Impl::after_reduce_scatter(TrainingState next) {
+  set_training(next);
+  if (options.backward_prefetch == BackwardPrefetch::BACKWARD_POST) prefetch(/*backward=*/true);
 }
 
 void FsdpUnit::Impl::finish_reduction() {
@@ -337,75 +323,67 @@ void FsdpUnit::Impl::finish_reduction() {
 }
 
 void FsdpUnit::Impl::wait_reduce_scatter() {
-  if (training != TrainingState::POST_BACKWARD || rs_waited) return;
-  rs_work.wait();  // releases the reduce-scatter's full-size input
-  rs_work = dist::Work();
-  rs_waited = true;
+  if (training != TrainingState::POST_BACKWARD || !reduce_scatter_in_flight) return;
+  reduce_scatter_in_flight->wait();  // releases the reduce-scatter's full-size input
+  reduce_scatter_in_flight.reset();
   --schedule->reductions_in_flight;
   if (has_replicas()) {
     // Hybrid sharding / NO_SHARD: the shards of the same rows, one per replica, reduced across replicas.
-    replicate_work = options.replicate_group->all_reduce(rs_output, reduction_op());
+    replicate_work = options.replicate_group->all_reduce(reduction->output, reduction_op());
   }
 }
 
 void FsdpUnit::Impl::install_gradients() {
   if (training != TrainingState::POST_BACKWARD) return;
+  c10::AutoGradMode no_grad(false);
   if (!local_grads.empty()) {  // a group of one (reduce_scatter_gradients)
-    c10::AutoGradMode no_grad(false);
     for (size_t i = 0; i < params.size(); ++i) {
       at::Tensor g = std::move(local_grads[i]);
       if (!g.defined() || !params[i].param().requires_grad()) continue;
       if (options.gradient_divide_factor) g.div_(*options.gradient_divide_factor);
-      at::Tensor& grad = params[i].grad();
-      if (grad.defined()) {
-        grad.add_(g);
-      } else {
-        grad = std::move(g);
-      }
+      accumulate_grad(params[i].grad(), std::move(g));
     }
     local_grads.clear();
-    training = TrainingState::IDLE;
-    return;
+    return set_training(TrainingState::IDLE);
   }
   replicate_work.wait();
   replicate_work = dist::Work();
-  c10::AutoGradMode no_grad(false);
-  if (options.gradient_divide_factor) rs_output.div_(*options.gradient_divide_factor);
+  at::Tensor& output = reduction->output;
+  if (options.gradient_divide_factor) output.div_(*options.gradient_divide_factor);
   // Which parameters got a gradient on any rank: those keep (or get) one; the others stay undefined. Zero
   // gradients are not the same as none — AdamW would still decay and move such parameters.
+  at::Tensor& has_gradient = reduction->has_gradient;
   if (!shards_are_full()) group.all_reduce(has_gradient, dist::ReduceOp::MAX).wait();
-  if (has_replicas()) {
-    options.replicate_group->all_reduce(has_gradient, dist::ReduceOp::MAX).wait();
-  }
+  if (has_replicas()) options.replicate_group->all_reduce(has_gradient, dist::ReduceOp::MAX).wait();
   const at::Tensor flags = has_gradient.to(at::kCPU);
   const float* took_part = flags.data_ptr<float>();
   for (size_t i = 0; i < params.size(); ++i) {
     if (!params[i].param().requires_grad() || took_part[i] == 0.0f) continue;
-    at::Tensor reduced = params[i].as_shard(rs_output.narrow(0, offsets[i], params[i].shard_numel()));
+    at::Tensor reduced = params[i].as_shard(output.narrow(0, offsets[i], params[i].shard_numel()));
     if (offloaded()) reduced = reduced.to(sharded_flat.device());  // the gradient joins its shard on the CPU
+    // A tensor of its own in the parameters' dtype, not a view of the output: optimizers' zero_grad() detaches
+    // gradients in place, which views do not allow.
     at::Tensor& grad = params[i].grad();
     if (grad.defined()) {
-      grad.add_(reduced);  // accumulation across steps without zero_grad, as .grad does
+      grad.add_(reduced);
     } else {
-      // A tensor of its own in the parameters' dtype, not a view of rs_output: optimizers' zero_grad() detaches
-      // gradients in place, which views do not allow.
       grad = reduced.to(own_dtype, /*non_blocking=*/false, /*copy=*/true);
     }
   }
-  rs_output = at::Tensor();
-  training = TrainingState::IDLE;
+  reduction.reset();
+  set_training(TrainingState::IDLE);
 }
 
 nn::TensorVec FsdpInterceptor::around(torch::nn::Module& /*module*/, nn::TensorVec inputs, const Next& next) {
   FsdpUnit::Impl& u = *unit_;
-  Schedule& schedule = *u.schedule;
+  RootState& schedule = *u.schedule;
   if (u.training == TrainingState::PRE_BACKWARD || u.training == TrainingState::POST_BACKWARD) {
     throw std::logic_error("fully_shard(" + u.module_name + "): forward called while the unit is in " +
                            training_state_name(u.training) + "; finish the backward pass first");
   }
-  if (schedule.recording) Schedule::record(schedule.forward_order, unit_);
+  if (schedule.recording) RootState::record(schedule.forward_order, unit_);
   u.unshard();
-  u.training = TrainingState::FORWARD;
+  u.set_training(TrainingState::FORWARD);
   if (u.options.forward_prefetch > 0) u.prefetch(/*backward=*/false);
   const MixedPrecision& mp = u.options.mixed_precision;
   if (mp.cast_forward_inputs) {
@@ -413,13 +391,13 @@ nn::TensorVec FsdpInterceptor::around(torch::nn::Module& /*module*/, nn::TensorV
   }
   nn::TensorVec outputs = next(std::move(inputs));
   if (schedule.recording) {
-    Schedule::record(schedule.post_forward_order, unit_);
+    RootState::record(schedule.post_forward_order, unit_);
     if (schedule.root == &u) schedule.recording = false;
   }
   // Without grad mode no backward follows to reshard the unit, so it reshards now whatever the strategy (the
   // optimizer must never see full parameters).
   if (u.options.reshard_after_forward || !at::GradMode::is_enabled()) u.reshard();
-  u.training = TrainingState::IDLE;
+  u.set_training(TrainingState::IDLE);
   for (auto& out : outputs) out = cast_if_floating(out, mp.output_dtype);
   if (at::GradMode::is_enabled()) {
     std::weak_ptr<FsdpUnit::Impl> weak = unit_;

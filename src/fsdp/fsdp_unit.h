@@ -1,5 +1,5 @@
 // One unit of fully_shard: the communication group of a module's parameters, its state machine and its place in
-// the module's call; and the Schedule the units of one model share (private to the fsdp layer).
+// the module's call; and the RootState the units of one model share (private to the fsdp layer).
 #pragma once
 
 #include <torch/csrc/autograd/function.h>
@@ -8,14 +8,19 @@
 #include <string>
 #include <vector>
 
+#include "fsdp/collectives.h"
 #include "fsdp/fsdp_param.h"
-#include "shardtrain/dist/communicator.h"
+#include "shardtrain/distributed/communicator.h"
 #include "shardtrain/fsdp/fully_shard.h"
 #include "shardtrain/nn/intercept.h"
 
 namespace shardtrain::fsdp {
 
-// Where a unit is in the step. Transitions are checked; a violation is an error naming the unit.
+// Where a unit is in the step. Every change goes through FsdpUnit::Impl::set_training, which allows only
+//   IDLE -> FORWARD -> IDLE                        a forward
+//   IDLE -> PRE_BACKWARD -> POST_BACKWARD -> IDLE  a backward with gradient sync
+//   PRE_BACKWARD -> IDLE                           a backward without sync (no_sync), or a unit without parameters
+// and throws std::logic_error naming the unit and both states otherwise.
 enum class TrainingState {
   IDLE,           // between steps, or forward done
   FORWARD,        // inside the unit's forward
@@ -28,7 +33,7 @@ const char* training_state_name(TrainingState s);
 // What the units of one model share: the order they ran in (for prefetching), the one end-of-backward callback,
 // and the instrumentation. Created by each fully_shard call; a unit fully_shard'ed around others (the root) takes
 // them into its own schedule. Holds units weakly: modules own their units.
-struct Schedule : std::enable_shared_from_this<Schedule> {
+struct RootState : std::enable_shared_from_this<RootState> {
   std::vector<std::weak_ptr<FsdpUnit::Impl>> units;         // registration order, the root last
   std::vector<std::weak_ptr<FsdpUnit::Impl>> forward_order;  // pre-forward order of the first forward
   std::vector<std::weak_ptr<FsdpUnit::Impl>> post_forward_order;
@@ -74,6 +79,9 @@ struct FsdpUnit::Impl : std::enable_shared_from_this<FsdpUnit::Impl> {
   // set_reshard_after_backward(false) applies to backward passes without gradient sync only.
   bool stays_unsharded_after_backward() const { return !reshard_after_backward && !requires_gradient_sync; }
 
+  // The one place the training state changes; see TrainingState for the transitions allowed.
+  void set_training(TrainingState next);
+
   // All-gathers: start_gather() issues one (asynchronously) unless one is pending; unshard() completes it (or
   // gathers now) and points the parameters at their full values; discard_gather() drops a pending one.
   void start_gather(bool prefetch);
@@ -87,6 +95,7 @@ struct FsdpUnit::Impl : std::enable_shared_from_this<FsdpUnit::Impl> {
   void on_output_gradient();                 // the unit's outputs got their gradient: gather for backward
   void on_parameter_gradient(size_t index);  // AccumulateGrad of parameter `index` ran
   void reduce_scatter_gradients();           // all gradients present (or backward ended): start the reduce-scatter
+  void after_reduce_scatter(TrainingState next);  // the one epilogue of reduce_scatter_gradients' paths
   void finish_reduction();                   // end of backward, first pass: wait, start the replicate all-reduce
   void wait_reduce_scatter();                // a reduce-scatter in flight: wait, start the replicate all-reduce
   void install_gradients();                  // end of backward, second pass: sharded gradients into .grad
@@ -99,7 +108,7 @@ struct FsdpUnit::Impl : std::enable_shared_from_this<FsdpUnit::Impl> {
   FsdpOptions options;
   at::ScalarType own_dtype = at::kFloat;  // the parameters' dtype: shards, optimizer state, gradients
   at::Device compute_device = at::kCPU;   // where the parameters were when sharded: gathers and gradients live here
-  std::shared_ptr<Schedule> schedule;
+  std::shared_ptr<RootState> schedule;
   std::vector<FsdpParam> params;
   std::vector<int64_t> offsets;  // each param's offset inside the unit's per-rank shard block
   int64_t unit_shard_numel = 0;  // elements of this rank's shard block
@@ -113,21 +122,17 @@ struct FsdpUnit::Impl : std::enable_shared_from_this<FsdpUnit::Impl> {
   bool requires_gradient_sync = true;
   bool reshard_after_backward = true;  // false: a backward without sync leaves the unit UNSHARDED
   size_t gradients_ready = 0;
-  // A pending all-gather: (W * unit_shard_numel) in the compute dtype, valid after gather_work.wait(), of shards
-  // whose version sum was gather_version (a changed version means the optimizer stepped since: gather again).
-  bool gather_pending = false;
-  at::Tensor gathered;
-  dist::Work gather_work;
-  int64_t gather_version = 0;
-  at::Tensor rs_output;  // (unit_shard_numel) reduced gradient shards in the reduce dtype
+  // An all-gather issued (a prefetch, or unshard's own) whose output the parameters have not taken yet.
+  std::optional<AllGatherResult> pending_gather;
+  // This backward's reduction, from the reduce-scatter until install_gradients: `output` (unit_shard_numel) the
+  // reduced gradient shards in the reduce dtype; `has_gradient` per parameter, 1 when this rank contributed one
+  // (FSDP2: a parameter no rank computed a gradient for keeps grad undefined, so optimizers skip it, as they would
+  // in one process). reduce_scatter_in_flight: its work until waited (at most one unit's is at a time).
+  std::optional<ReduceScatterResult> reduction;
+  std::optional<dist::Work> reduce_scatter_in_flight;
   // A group of one without replicas reduces nothing: each parameter's full gradient of this backward (undefined
   // where it got none), in the parameters' dtype, to be installed as its .grad at the end of backward.
   std::vector<at::Tensor> local_grads;
-  // Per parameter, 1 when this rank's reduced gradient includes one of its own (FSDP2: a parameter no rank computed
-  // a gradient for keeps grad undefined, so optimizers skip it, as they would in one process).
-  at::Tensor has_gradient;
-  dist::Work rs_work;
-  bool rs_waited = false;  // finish_reduction() ran for this backward
   dist::Work replicate_work;
 
  private:

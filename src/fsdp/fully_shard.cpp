@@ -46,7 +46,7 @@ FsdpUnit fully_shard(const std::shared_ptr<torch::nn::Module>& module, const dis
   // schedule takes over (this unit becomes their root).
   std::set<const c10::TensorImpl*> owned;
   std::set<const c10::TensorImpl*> inner_buffers;
-  auto schedule = std::make_shared<Schedule>();
+  auto schedule = std::make_shared<RootState>();
   for (const auto& item : module->named_modules("", /*include_self=*/false)) {
     if (FsdpInterceptor* inner = fsdp_interceptor_of(*item.value())) {
       for (const auto& p : inner->unit()->params) owned.insert(p.param().unsafeGetTensorImpl());
@@ -179,7 +179,7 @@ NoSync::NoSync(std::shared_ptr<torch::nn::Module> root) : root_(std::move(root))
 NoSync::~NoSync() { set_requires_gradient_sync(root_, true); }
 
 namespace {
-Schedule& schedule_of(const std::shared_ptr<torch::nn::Module>& root) {
+RootState& schedule_of(const std::shared_ptr<torch::nn::Module>& root) {
   FsdpInterceptor* f = fsdp_interceptor_of(*root);
   if (f == nullptr) throw std::invalid_argument("fsdp_stats: module " + root->name() + " is not a fully_shard unit");
   return *f->unit()->schedule;
@@ -189,7 +189,7 @@ Schedule& schedule_of(const std::shared_ptr<torch::nn::Module>& root) {
 FsdpStats fsdp_stats(const std::shared_ptr<torch::nn::Module>& root) { return schedule_of(root).stats; }
 
 void reset_fsdp_stats(const std::shared_ptr<torch::nn::Module>& root) {
-  Schedule& s = schedule_of(root);
+  RootState& s = schedule_of(root);
   s.stats = FsdpStats{};
   s.stats.peak_unsharded_units = s.unsharded_units;
   s.stats.peak_unsharded_bytes = s.unsharded_bytes;

@@ -30,7 +30,7 @@ std::string leaf_of(const std::string& name) {
 
 }  // namespace
 
-void init_parameters(torch::nn::Module& module, const std::string& prefix, const InitOptions& options,
+void init_parameters(torch::nn::Module& module, const std::string& prefix, const WeightInitOptions& options,
                      const std::vector<std::string>& skip_prefixes) {
   at::NoGradGuard no_grad;
   // Norm scales: the `weight` of every LayerNorm / RMSNorm below `module`.

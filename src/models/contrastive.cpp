@@ -46,9 +46,10 @@ at::Tensor all_gather_with_grad(const at::Tensor& x, const dist::Communicator& g
 }
 
 ContrastiveLogits global_contrastive_logits(const at::Tensor& image, const at::Tensor& text,
-                                            const at::Tensor& logit_scale, const dist::Communicator* group) {
+                                            const at::Tensor& logit_scale,
+                                            const std::optional<dist::Communicator>& group) {
   const int64_t b = image.size(0);
-  const bool distributed = group != nullptr && group->size() > 1;
+  const bool distributed = group && group->size() > 1;
   at::Tensor all_images = distributed ? all_gather_with_grad(image, *group) : image;
   at::Tensor all_texts = distributed ? all_gather_with_grad(text, *group) : text;
   at::Tensor temperature = logit_scale.exp();

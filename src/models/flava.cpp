@@ -236,7 +236,7 @@ std::vector<at::Tensor> FlavaImpl::forward_impl(const at::Tensor& input_ids, con
     at::Tensor scale = logit_scale;
     if (is_training()) scale = logit_scale + (logit_scale.clamp(0.0, kLogitScaleMax) - logit_scale).detach();
     ContrastiveLogits logits = global_contrastive_logits(out.image_embedding, out.text_embedding, scale,
-                                                         contrastive_group_ ? &*contrastive_group_ : nullptr);
+                                                         contrastive_group_);
     if (matching_rows.defined()) {
       logits.per_image = logits.per_image.index_select(0, matching_rows);
       logits.per_text = logits.per_text.index_select(0, matching_rows);

@@ -4,7 +4,6 @@
 #include <stdexcept>
 
 #include "shardtrain/fsdp/wrap_policy.h"
-#include "shardtrain/models/flava.h"
 #include "shardtrain/nn/activation_checkpoint.h"
 
 namespace shardtrain::models {
@@ -27,29 +26,30 @@ std::vector<std::string> layer_classes_of(const ZooModel& model, const Paralleli
 
 void check_every(int64_t every, const char* caller) {
   if (every < 0) {
-    throw std::invalid_argument(std::string(caller) + ": checkpoint_every = " + std::to_string(every) +
+    throw std::invalid_argument(std::string(caller) + ": activation_checkpoint_every = " + std::to_string(every) +
                                 ", expected 0 (none), 1 (every layer) or k > 1 (every k-th layer)");
   }
 }
 
-void finish_root(ZooModel& model, const dist::DeviceMesh& mesh) {
-  if (auto* flava = dynamic_cast<FlavaImpl*>(model.module.get())) flava->set_contrastive_group(mesh.world());
-}
+// What the family needs from the data-parallel world once the root is wrapped (FLAVA: the contrastive group).
+void finish_root(ZooModel& model, const dist::DeviceMesh& mesh) { model.recipe->parallelize_hook(*model.module, mesh); }
 
 }  // namespace
 
-std::vector<std::string> checkpoint_layers(ZooModel& model, int64_t every,
+std::vector<std::string> activation_checkpoint_layers(ZooModel& model, int64_t every,
                                            const std::vector<std::string>& layer_classes) {
-  if (every < 1) throw std::invalid_argument("checkpoint_layers: every = " + std::to_string(every) + ", expected >= 1");
+  if (every < 1) {
+    throw std::invalid_argument("activation_checkpoint_layers: every = " + std::to_string(every) + ", expected >= 1");
+  }
   const std::vector<std::string> classes = layer_classes.empty() ? std::vector<std::string>{model.layer_class}
                                                                  : layer_classes;
   int64_t seen = 0;
-  auto names = nn::checkpoint_modules(model.module, [&](const std::string&, torch::nn::Module& m) {
+  auto names = nn::apply_activation_checkpointing(model.module, [&](const std::string&, torch::nn::Module& m) {
     if (std::find(classes.begin(), classes.end(), fsdp::module_class_name(m)) == classes.end()) return false;
     return ++seen % every == 0;
   });
   if (seen == 0) {
-    throw std::invalid_argument("checkpoint_layers: no module of class " + classes.front() + " in the " +
+    throw std::invalid_argument("activation_checkpoint_layers: no module of class " + classes.front() + " in the " +
                                 model.family + " model");
   }
   return names;
@@ -57,8 +57,10 @@ std::vector<std::string> checkpoint_layers(ZooModel& model, int64_t every,
 
 std::vector<fsdp::FsdpUnit> parallelize(ZooModel& model, const dist::DeviceMesh& mesh,
                                         const ParallelizeOptions& options) {
-  check_every(options.checkpoint_every, "parallelize");
-  if (options.checkpoint_every > 0) checkpoint_layers(model, options.checkpoint_every, options.layer_classes);
+  check_every(options.activation_checkpoint_every, "parallelize");
+  if (options.activation_checkpoint_every > 0) {
+    activation_checkpoint_layers(model, options.activation_checkpoint_every, options.layer_classes);
+  }
   const fsdp::StrategyGroups groups = groups_for(mesh, options);
   auto units = fsdp::fully_shard_model(model.module, groups.shard,
                                        options.policy ? *options.policy
@@ -76,10 +78,16 @@ ddp::Ddp replicate_model(ZooModel& model, const dist::DeviceMesh& mesh, const dd
 
 ZooModel build_parallel(const std::string& flavor, const dist::DeviceMesh& mesh, const ParallelizeOptions& options,
                         BuildOptions build) {
+  return build_parallel(recipe_of(flavor), mesh, options, std::move(build));
+}
+
+ZooModel build_parallel(std::shared_ptr<const ModelRecipe> recipe, const dist::DeviceMesh& mesh,
+                        const ParallelizeOptions& options, BuildOptions build) {
   if (options.policy) throw std::invalid_argument("build_parallel: a wrap policy needs the whole model; use parallelize");
-  check_every(options.checkpoint_every, "build_parallel");
+  check_every(options.activation_checkpoint_every, "build_parallel");
   const fsdp::StrategyGroups groups = groups_for(mesh, options);
-  const std::string family_layer = layer_class_of(flavor);
+  const std::string flavor = recipe->flavor();
+  const std::string family_layer = recipe->layer_class();
   for (const auto& c : options.layer_classes) {
     if (c != family_layer) {
       throw std::invalid_argument("build_parallel: layer class '" + c + "' is not " + flavor +
@@ -90,12 +98,12 @@ ZooModel build_parallel(const std::string& flavor, const dist::DeviceMesh& mesh,
   int64_t layers_built = 0;
   build.on_layer = [&](const std::string& name, const std::shared_ptr<torch::nn::Module>& layer) {
     if (user_hook) user_hook(name, layer);
-    if (options.checkpoint_every > 0 && ++layers_built % options.checkpoint_every == 0) {
-      nn::checkpoint_module(*layer, {}, name);
+    if (options.activation_checkpoint_every > 0 && ++layers_built % options.activation_checkpoint_every == 0) {
+      nn::apply_activation_checkpoint(*layer, {}, name);
     }
     fsdp::fully_shard(layer, groups.shard, groups.options);
   };
-  ZooModel model = build_model(flavor, build);
+  ZooModel model = build_model(recipe, build);
   fsdp::fully_shard(model.module, groups.shard, groups.options);
   finish_root(model, mesh);
   return model;

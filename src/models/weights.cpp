@@ -7,9 +7,9 @@
 #include <set>
 #include <stdexcept>
 
-#include "shardtrain/dist/communicator.h"
+#include "shardtrain/distributed/communicator.h"
 #include "shardtrain/fsdp/state_dict.h"
-#include "shardtrain/models/safetensors.h"
+#include "shardtrain/io/safetensors.h"
 
 namespace shardtrain::models {
 
@@ -24,7 +24,7 @@ std::string shape_text(c10::IntArrayRef shape) {
 // The file's name for each (Hugging Face name, shape) the model wants, in order, after checking that every one is
 // there with that shape and that the file holds nothing else (but ignored names). Throws std::runtime_error naming
 // the file and the tensor.
-std::vector<std::string> plan_load(const SafetensorsReader& file,
+std::vector<std::string> plan_load(const io::SafetensorsReader& file,
                                    const std::vector<std::pair<std::string, std::vector<int64_t>>>& wanted,
                                    const NameMap& names, const char* caller) {
   auto fail = [&](const std::string& what) {
@@ -46,7 +46,7 @@ std::vector<std::string> plan_load(const SafetensorsReader& file,
   for (const auto& [hf, shape] : wanted) {
     const std::string in_file = file_name_of(hf);
     if (in_file.empty()) throw fail("tensor '" + hf + "' of the model is missing from the file");
-    const SafetensorsEntry* e = file.find(in_file);
+    const io::SafetensorsEntry* e = file.find(in_file);
     if (e->shape != shape) {
       throw fail("tensor '" + in_file + "' has shape " + shape_text(e->shape) + ", the model expects " +
                  shape_text(shape));
@@ -117,7 +117,7 @@ std::vector<std::pair<std::string, at::Tensor>> hf_named_tensors(const torch::nn
 }
 
 void load_weights(torch::nn::Module& model, const std::string& path, const NameMap& names) {
-  SafetensorsReader file(path);
+  io::SafetensorsReader file(path);
   auto tensors = hf_named_tensors(model, names);
   std::vector<std::pair<std::string, std::vector<int64_t>>> wanted;
   for (const auto& [hf, t] : tensors) wanted.emplace_back(hf, t.sizes().vec());
@@ -127,7 +127,7 @@ void load_weights(torch::nn::Module& model, const std::string& path, const NameM
 }
 
 void load_weights_sharded(const std::shared_ptr<torch::nn::Module>& model, const std::string& path,
-                          const NameMap& names, const dist::Communicator* from_rank0) {
+                          const NameMap& names, const std::optional<dist::Communicator>& from_rank0) {
   // Hugging Face names by tensor identity: a tied tensor goes by its first name, as in hf_names_of.
   std::map<const c10::TensorImpl*, std::string> hf_of;
   for (const auto& p : model->named_parameters()) hf_of.emplace(p.value().unsafeGetTensorImpl(), names.to_hf(p.key()));
@@ -137,7 +137,7 @@ void load_weights_sharded(const std::shared_ptr<torch::nn::Module>& model, const
   for (const auto& slot : slots) wanted.emplace_back(hf_of.at(slot.tensor.unsafeGetTensorImpl()), slot.full_shape);
 
   const bool reader = !from_rank0 || from_rank0->rank() == 0;
-  std::optional<SafetensorsReader> file;
+  std::optional<io::SafetensorsReader> file;
   std::vector<std::string> plan;
   std::string error;
   if (reader) {
@@ -181,7 +181,7 @@ void save_weights(const torch::nn::Module& model, const std::string& path, const
       if (t.is_floating_point()) t = t.to(*dtype);
     }
   }
-  write_safetensors(path, tensors);
+  io::write_safetensors(path, tensors);
 }
 
 }  // namespace shardtrain::models

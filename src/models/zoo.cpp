@@ -1,44 +1,19 @@
 #include "shardtrain/models/zoo.h"
 
 #include <algorithm>
-#include <functional>
 #include <stdexcept>
 
-#include "shardtrain/models/bert.h"
-#include "shardtrain/models/flava.h"
-#include "shardtrain/models/llama.h"
-#include "shardtrain/models/t5.h"
-#include "shardtrain/models/vit.h"
+#include "models/families.h"
 #include "util/closest_match.h"
 
 namespace shardtrain::models {
 
 namespace {
 
-struct Family {
-  std::string name;
-  std::function<std::vector<std::string>()> flavors;
-  std::function<std::shared_ptr<torch::nn::Module>(const std::string&, const BuildOptions&)> build;
-  std::function<NameMap()> names;
-  std::string layer_class;
-};
-
-const std::vector<Family>& families() {
-  static const std::vector<Family> table = {
-      {"flava", flava_flavors,
-       [](const std::string& f, const BuildOptions& b) { return Flava(flava_flavor(f), b).ptr(); }, flava_names,
-       "FlavaLayer"},
-      {"bert", bert_flavors,
-       [](const std::string& f, const BuildOptions& b) { return Bert(bert_flavor(f), b).ptr(); }, bert_names,
-       "BertLayer"},
-      {"vit", vit_flavors, [](const std::string& f, const BuildOptions& b) { return Vit(vit_flavor(f), b).ptr(); },
-       vit_names, "ViTLayer"},
-      {"t5", t5_flavors, [](const std::string& f, const BuildOptions& b) { return T5(t5_flavor(f), b).ptr(); },
-       t5_names, "T5Block"},
-      {"llama", llama_flavors,
-       [](const std::string& f, const BuildOptions& b) { return Llama(llama_flavor(f), b).ptr(); }, llama_names,
-       "LlamaDecoderLayer"},
-  };
+// The zoo: one row per family, in the order `shardtrain models` lists them.
+const std::vector<ModelFamily>& families() {
+  static const std::vector<ModelFamily> table = {flava_family(), bert_family(), vit_family(), t5_family(),
+                                                 llama_family()};
   return table;
 }
 
@@ -52,12 +27,10 @@ std::vector<FlavorName> list_flavors() {
   return out;
 }
 
-namespace {
-
-const Family& family_of(const std::string& flavor) {
+std::shared_ptr<const ModelRecipe> recipe_of(const std::string& flavor) {
   for (const auto& family : families()) {
     const auto flavors = family.flavors();
-    if (std::find(flavors.begin(), flavors.end(), flavor) != flavors.end()) return family;
+    if (std::find(flavors.begin(), flavors.end(), flavor) != flavors.end()) return family.recipe(flavor);
   }
   std::vector<std::string> known;
   for (const auto& f : list_flavors()) known.push_back(f.flavor);
@@ -66,14 +39,18 @@ const Family& family_of(const std::string& flavor) {
                               "'? `shardtrain models` lists them all)");
 }
 
-}  // namespace
-
-ZooModel build_model(const std::string& flavor, const BuildOptions& build) {
-  const Family& family = family_of(flavor);
-  return ZooModel{family.name, flavor, family.build(flavor, build), family.names(), family.layer_class};
+ZooModel build_model(std::shared_ptr<const ModelRecipe> recipe, const BuildOptions& build) {
+  ZooModel model{recipe->family(), recipe->flavor(), recipe->build(build), recipe->hf_names(), recipe->layer_class(),
+                 nullptr};
+  model.recipe = std::move(recipe);
+  return model;
 }
 
-std::string layer_class_of(const std::string& flavor) { return family_of(flavor).layer_class; }
+ZooModel build_model(const std::string& flavor, const BuildOptions& build) {
+  return build_model(recipe_of(flavor), build);
+}
+
+std::string layer_class_of(const std::string& flavor) { return recipe_of(flavor)->layer_class(); }
 
 int64_t count_flavor_parameters(const std::string& flavor) {
   BuildOptions meta;

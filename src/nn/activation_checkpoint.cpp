@@ -172,7 +172,7 @@ class CheckpointBackward : public torch::autograd::Node {
 
 class CheckpointInterceptor : public Interceptor {
  public:
-  CheckpointInterceptor(CheckpointOptions options, std::string label)
+  CheckpointInterceptor(ActivationCheckpointOptions options, std::string label)
       : options_(options), label_(std::move(label)) {}
 
   TensorVec around(torch::nn::Module& module, TensorVec inputs, const Next& next) override {
@@ -236,7 +236,7 @@ class CheckpointInterceptor : public Interceptor {
     return devices;
   }
 
-  CheckpointOptions options_;
+  ActivationCheckpointOptions options_;
   std::string label_;
 };
 
@@ -251,44 +251,45 @@ const CheckpointInterceptor* checkpoint_of(torch::nn::Module& module) {
 
 }  // namespace
 
-void checkpoint_module(torch::nn::Module& module, const CheckpointOptions& options, std::string label) {
+void apply_activation_checkpoint(torch::nn::Module& module, const ActivationCheckpointOptions& options,
+                                 std::string label) {
   if (label.empty()) label = module.name();
   InterceptPoint* point = as_intercept_point(module);
   if (!point) {
-    throw std::invalid_argument("checkpoint_module(" + label + "): class " + module.name() +
+    throw std::invalid_argument("apply_activation_checkpoint(" + label + "): class " + module.name() +
                                 " does not derive from shardtrain::nn::Interceptable, so its calls cannot be "
                                 "replayed; checkpoint a module that does (e.g. the transformer layer)");
   }
   if (checkpoint_of(module)) {
-    throw std::invalid_argument("checkpoint_module(" + label + "): the module is checkpointed already");
+    throw std::invalid_argument("apply_activation_checkpoint(" + label + "): the module is checkpointed already");
   }
   point->interceptors().add(std::make_shared<CheckpointInterceptor>(options, std::move(label)));
 }
 
-bool is_checkpointed(torch::nn::Module& module) { return checkpoint_of(module) != nullptr; }
+bool is_activation_checkpointed(torch::nn::Module& module) { return checkpoint_of(module) != nullptr; }
 
-bool remove_checkpoint(torch::nn::Module& module) {
+bool remove_activation_checkpoint(torch::nn::Module& module) {
   const CheckpointInterceptor* c = checkpoint_of(module);
   return c && as_intercept_point(module)->interceptors().remove(c);
 }
 
-std::vector<std::string> checkpoint_modules(
+std::vector<std::string> apply_activation_checkpointing(
     const std::shared_ptr<torch::nn::Module>& root,
     const std::function<bool(const std::string& name, torch::nn::Module& module)>& select,
-    const CheckpointOptions& options) {
-  if (!root) throw std::invalid_argument("checkpoint_modules: null module");
+    const ActivationCheckpointOptions& options) {
+  if (!root) throw std::invalid_argument("apply_activation_checkpointing: null module");
   std::vector<std::string> names;
   std::vector<std::pair<std::string, std::shared_ptr<torch::nn::Module>>> selected;  // (label, module)
   for (const auto& item : root->named_modules()) {
     if (!select(item.key(), *item.value())) continue;
     const std::string label = item.key().empty() ? item.value()->name() : item.key();
     if (!as_intercept_point(*item.value()) || checkpoint_of(*item.value())) {
-      checkpoint_module(*item.value(), options, label);  // throws its error; nothing is checkpointed yet
+      apply_activation_checkpoint(*item.value(), options, label);  // throws its error; nothing is checkpointed yet
     }
     names.push_back(item.key());
     selected.emplace_back(label, item.value());
   }
-  for (const auto& [label, module] : selected) checkpoint_module(*module, options, label);
+  for (const auto& [label, module] : selected) apply_activation_checkpoint(*module, options, label);
   return names;
 }
 

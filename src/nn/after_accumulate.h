@@ -1,5 +1,5 @@
 // A hook that runs a callback after an AccumulateGrad node filled its parameter's .grad: LibTorch's equivalent of
-// Python's register_post_accumulate_grad_hook (../shared/notes/libtorch.md §2). Used by fully_shard and replicate.
+// Python's register_post_accumulate_grad_hook (docs/notes/libtorch.md §2). Used by fully_shard and replicate.
 #pragma once
 
 #include <torch/csrc/autograd/function_hook.h>

@@ -11,12 +11,12 @@
 #include <utility>
 #include <vector>
 
-#include "shardtrain/dist/communicator.h"
+#include "shardtrain/distributed/communicator.h"
 
 namespace shardtrain::optim {
 
-GradScaler::GradScaler(GradScalerOptions options, const dist::Communicator* group)
-    : options_(options), group_(group), scale_(options.init_scale) {
+GradScaler::GradScaler(GradScalerOptions options, std::optional<dist::Communicator> group)
+    : options_(options), group_(std::move(group)), scale_(options.init_scale) {
   auto require = [](bool ok, const std::string& what) {
     if (!ok) throw std::invalid_argument("GradScaler: " + what);
   };

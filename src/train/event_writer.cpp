@@ -1,4 +1,4 @@
-#include "shardtrain/train/event_writer.h"
+#include "train/event_writer.h"
 
 #include <unistd.h>
 

@@ -7,7 +7,6 @@
 #include <stdexcept>
 
 #include "shardtrain/io/files.h"
-#include "train/objective.h"
 
 namespace shardtrain::train {
 namespace {
@@ -44,8 +43,16 @@ std::string csv_number(double v) {
 
 }  // namespace
 
-MetricsLog::MetricsLog(const config::LogConfig& config, bool leader, int64_t total_steps, int64_t start_step)
-    : config_(config), leader_(leader), total_(total_steps), start_(start_step), step_(start_step), started_(now()) {
+MetricsLog::MetricsLog(const config::LogConfig& config, log::Logger logger, bool leader, int64_t total_steps,
+                       int64_t start_step, std::vector<std::string> loss_names)
+    : config_(config),
+      logger_(std::move(logger)),
+      loss_names_(std::move(loss_names)),
+      leader_(leader),
+      total_(total_steps),
+      start_(start_step),
+      step_(start_step),
+      started_(now()) {
   if (!leader_) return;
   bar_ = config.progress == config::Progress::BAR ||
          (config.progress == config::Progress::AUTO && ::isatty(2) != 0);
@@ -54,7 +61,7 @@ MetricsLog::MetricsLog(const config::LogConfig& config, bool leader, int64_t tot
   if (config.tensorboard) events_ = std::make_unique<EventWriter>(config.dir);
   if (config.csv) {
     std::string header = "step,loss,lr,grad_norm,items_per_s,texts_per_s,images_per_s,tflops_per_rank,mfu,peak_memory_gib";
-    for (const auto& c : loss_names()) header += "," + c;
+    for (const auto& c : loss_names_) header += "," + c;
     csv_ = open_csv(config.dir + "/metrics.csv", header, /*append=*/start_step > 0);
   }
 }
@@ -62,11 +69,6 @@ MetricsLog::MetricsLog(const config::LogConfig& config, bool leader, int64_t tot
 MetricsLog::~MetricsLog() {
   if (csv_) std::fclose(csv_);
   if (eval_csv_) std::fclose(eval_csv_);
-}
-
-void MetricsLog::clear_bar() {
-  if (bar_drawn_) std::fprintf(stderr, "\r\033[K");
-  bar_drawn_ = false;
 }
 
 void MetricsLog::draw_bar() {
@@ -78,12 +80,12 @@ void MetricsLog::draw_bar() {
   const int filled = todo > 0 ? static_cast<int>(kWidth * done / todo) : kWidth;
   std::string bar(static_cast<size_t>(filled), '#');
   bar += std::string(static_cast<size_t>(kWidth - filled), '.');
-  std::fprintf(stderr, "\r\033[K[%s] %lld/%lld %3d%% %.2f it/s ETA %s loss %.4f", bar.c_str(),
-               static_cast<long long>(step_), static_cast<long long>(total_),
-               static_cast<int>(100 * step_ / std::max<int64_t>(1, total_)), std::isfinite(rate) ? rate : 0.0,
-               duration_text(eta).c_str(), last_loss_);
-  std::fflush(stderr);
-  bar_drawn_ = true;
+  char line[256];
+  std::snprintf(line, sizeof(line), "[%s] %lld/%lld %3d%% %.2f it/s ETA %s loss %.4f", bar.c_str(),
+                static_cast<long long>(step_), static_cast<long long>(total_),
+                static_cast<int>(100 * step_ / std::max<int64_t>(1, total_)), std::isfinite(rate) ? rate : 0.0,
+                duration_text(eta).c_str(), last_loss_);
+  logger_.status(line);
 }
 
 void MetricsLog::step_done(int64_t step, double loss) {
@@ -136,7 +138,7 @@ void MetricsLog::record(const IntervalMetrics& m) {
                       csv_number(m.grad_norm) + "," + csv_number(m.items_per_second) + "," +
                       csv_number(m.texts_per_second) + "," + csv_number(m.images_per_second) + "," +
                       csv_number(m.tflops_per_rank) + "," + csv_number(m.mfu) + "," + csv_number(peak);
-    for (const auto& c : loss_names()) {
+    for (const auto& c : loss_names_) {
       auto it = m.parts.find(c);
       row += "," + (it == m.parts.end() ? std::string() : csv_number(it->second));
     }
@@ -188,17 +190,11 @@ void MetricsLog::record_eval(int64_t step, const std::map<std::string, double>& 
 }
 
 void MetricsLog::message(const std::string& line) {
-  if (!leader_) return;
-  if (bar_) clear_bar();
-  std::fprintf(stdout, "%s\n", line.c_str());
-  std::fflush(stdout);
-  if (bar_ && step_ > start_) draw_bar();
+  if (leader_) logger_.info(line);  // the sink keeps the bar below it
 }
 
 void MetricsLog::finish() {
-  if (leader_ && bar_) {
-    clear_bar();
-  }
+  if (leader_ && bar_) logger_.status("");
 }
 
 }  // namespace shardtrain::train

@@ -1,5 +1,6 @@
-// Where the loop's numbers go (private to the train layer), on rank 0: a progress bar with ETA on a terminal or
-// plain lines otherwise, metrics.csv and eval.csv, and TensorBoard events, all under log.dir.
+// Where the loop's numbers go (private to the train layer), on rank 0: through the run's Logger a progress bar
+// with ETA on a terminal (the sink's status line) and plain lines otherwise; metrics.csv and eval.csv, and
+// TensorBoard events, all under log.dir.
 #pragma once
 
 #include <cstdint>
@@ -10,7 +11,8 @@
 #include <vector>
 
 #include "shardtrain/config/config.h"
-#include "shardtrain/train/event_writer.h"
+#include "shardtrain/log/log.h"
+#include "train/event_writer.h"
 
 namespace shardtrain::train {
 
@@ -26,8 +28,10 @@ struct IntervalMetrics {
 
 class MetricsLog {
  public:
-  // `leader`: this rank writes; the others do nothing. start_step > 0 after a resume.
-  MetricsLog(const config::LogConfig& config, bool leader, int64_t total_steps, int64_t start_step);
+  // `leader`: this rank writes; the others do nothing. start_step > 0 after a resume. `loss_names`: the task's
+  // losses, metrics.csv's last columns.
+  MetricsLog(const config::LogConfig& config, log::Logger logger, bool leader, int64_t total_steps,
+             int64_t start_step, std::vector<std::string> loss_names);
   ~MetricsLog();
 
   void step_done(int64_t step, double loss);  // every step: moves the bar
@@ -39,10 +43,11 @@ class MetricsLog {
  private:
   std::string line_of(const IntervalMetrics& m) const;
   void draw_bar();
-  void clear_bar();
 
   config::LogConfig config_;
-  bool leader_, bar_ = false, bar_drawn_ = false;
+  log::Logger logger_;
+  std::vector<std::string> loss_names_;
+  bool leader_, bar_ = false;
   int64_t total_, start_, step_ = 0;
   double last_loss_ = 0;
   double started_ = 0;  // seconds

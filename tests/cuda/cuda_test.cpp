@@ -12,9 +12,9 @@
 #include <chrono>
 #include <optional>
 
-#include "dist/toy_model.h"
-#include "shardtrain/dist/env.h"
-#include "shardtrain/dist/process_group.h"
+#include "multiprocess/toy_model.h"
+#include "shardtrain/distributed/env.h"
+#include "shardtrain/distributed/process_group.h"
 #include "shardtrain/fsdp/fully_shard.h"
 #include "shardtrain/io/files.h"
 #include "shardtrain/memory/memory_stats.h"
@@ -74,7 +74,7 @@ TEST(Cuda, FullShardTrainsLikePlainOnTheDevice) {
       options.offload_params = offload;
       const Trained got = train_toy([&](Toy& model) {
         for (auto& b : model->blocks) {
-          if (checkpoint) nn::checkpoint_module(*b);
+          if (checkpoint) nn::apply_activation_checkpoint(*b);
           fsdp::fully_shard(b.ptr(), world(), options);
         }
         fsdp::fully_shard(model.ptr(), world(), options);
@@ -143,9 +143,9 @@ TEST(Cuda, CheckpointReplaysDropoutOnTheDevice) {
     o.attention.dim = 64, o.attention.heads = 4, o.attention.dropout = 0.2;
     o.mlp_dim = 256, o.dropout = 0.2;
     models::TransformerLayer layer(o, torch::TensorOptions().device(kCuda));
-    models::init_parameters(*layer, "", models::InitOptions{.seed = 3, .std = 0.1});
+    models::init_parameters(*layer, "", models::WeightInitOptions{.seed = 3, .std = 0.1});
     layer->train();
-    if (checkpoint) nn::checkpoint_module(*layer);
+    if (checkpoint) nn::apply_activation_checkpoint(*layer);
     at::Tensor x = torch::randn({2, 16, 64}, kCuda).requires_grad_(true);
     torch::manual_seed(9);
     layer->forward(x, {}, {}, {}, {}).pow(2).sum().backward();
@@ -171,7 +171,7 @@ TEST(Cuda, Float16ScalingClippingAndLoadingFromRankZero) {
   for (auto& b : model->blocks) fsdp::fully_shard(b.ptr(), world(), options);
   fsdp::fully_shard(model.ptr(), world(), options);
   torch::optim::SGD sgd(model->parameters(), torch::optim::SGDOptions(0.1));
-  optim::GradScaler scaler(optim::GradScalerOptions{.init_scale = 1024}, &world());
+  optim::GradScaler scaler(optim::GradScalerOptions{.init_scale = 1024}, world());
   auto [x, y] = make_batches().front();
   scaler.scale(torch::mse_loss(model(x.to(kCuda)), y.to(kCuda))).backward();
   scaler.unscale(sgd);
@@ -195,7 +195,7 @@ TEST(Cuda, Float16ScalingClippingAndLoadingFromRankZero) {
   build.init.seed = 7;
   const auto mesh = dist::DeviceMesh::create(*group_slot(), 1);
   models::ZooModel sharded = models::build_parallel("bert-debug", mesh, models::ParallelizeOptions{}, build);
-  models::load_weights_sharded(sharded.module, path, sharded.names, &world());
+  models::load_weights_sharded(sharded.module, path, sharded.names, world());
   const auto full = fsdp::gather_full_parameters(sharded.module);
   for (const auto& p : source.module->named_parameters()) {
     EXPECT_TRUE(torch::equal(full.at(p.key()).cpu(), p.value())) << p.key();
@@ -209,7 +209,7 @@ TEST(Cuda, Float16ScalingClippingAndLoadingFromRankZero) {
 int main(int argc, char** argv) {
   ::testing::InitGoogleTest(&argc, argv);
   using namespace shardtrain;
-  dist::InitOptions options;
+  dist::ProcessGroupOptions options;
   options.timeout = std::chrono::seconds(120);
   options.device = torch::cuda::is_available() ? dist::DeviceKind::CUDA : dist::DeviceKind::CPU;
   group_slot() = dist::ProcessGroup::init(dist::read_dist_env(dist::process_env_lookup()), options);

@@ -23,8 +23,8 @@
 
 #include <ATen/ATen.h>
 
-#include "shardtrain/dist/env.h"
-#include "shardtrain/dist/process_group.h"
+#include "shardtrain/distributed/env.h"
+#include "shardtrain/distributed/process_group.h"
 
 namespace {
 
@@ -64,7 +64,7 @@ int main(int argc, char** argv) {
   }
   if (mode == "allreduce") {
     using namespace shardtrain::dist;
-    InitOptions options;
+    ProcessGroupOptions options;
     options.timeout = std::chrono::seconds(30);
     DistEnv env = read_dist_env(process_env_lookup());
     ProcessGroup pg = ProcessGroup::init(env, options);
@@ -106,7 +106,7 @@ int main(int argc, char** argv) {
   }
   if (mode == "hang") {
     using namespace shardtrain::dist;
-    InitOptions options;
+    ProcessGroupOptions options;
     options.timeout = std::chrono::seconds(3);
     ProcessGroup pg = ProcessGroup::init(read_dist_env(process_env_lookup()), options);
     if (is_target) sleep_forever();

@@ -14,7 +14,7 @@
 #include "shardtrain/models/bert.h"
 #include "shardtrain/models/flava.h"
 #include "shardtrain/models/llama.h"
-#include "shardtrain/models/safetensors.h"
+#include "shardtrain/io/safetensors.h"
 #include "shardtrain/models/t5.h"
 #include "shardtrain/models/vit.h"
 #include "shardtrain/models/zoo.h"
@@ -32,10 +32,10 @@ std::string reference_dir() {
 
 // The family's reference: weights loaded into `model`, and the recorded batch/outputs.
 struct Reference {
-  explicit Reference(const std::string& family) : dir(reference_dir() + "/" + family), io(dir + "/io.safetensors") {}
-  at::Tensor operator[](const std::string& name) const { return io.read(name); }
+  explicit Reference(const std::string& family) : dir(reference_dir() + "/" + family), file(dir + "/io.safetensors") {}
+  at::Tensor operator[](const std::string& name) const { return file.read(name); }
   std::string dir;
-  SafetensorsReader io;
+  io::SafetensorsReader file;
 };
 
 void expect_close(const at::Tensor& ours, const at::Tensor& reference, const std::string& what) {

@@ -17,7 +17,7 @@
 #include "shardtrain/config/config.h"
 #include "shardtrain/fsdp/state_dict.h"
 #include "shardtrain/io/files.h"
-#include "shardtrain/models/safetensors.h"
+#include "shardtrain/io/safetensors.h"
 #include "shardtrain/models/zoo.h"
 
 namespace shardtrain {
@@ -190,7 +190,7 @@ TEST_F(TrainTest, CheckpointsAreKeptAndExportLoadsIntoAFreshModel) {
   const std::string out = root_ + "/exported.safetensors";
   const Outcome e = run(std::string(SHARDTRAIN_BIN) + " checkpoint export " + dir + " --out " + out);
   ASSERT_EQ(e.status, 0) << e.output;
-  models::SafetensorsReader file(out);
+  io::SafetensorsReader file(out);
   EXPECT_NE(file.find("flava.text_model.embeddings.word_embeddings.weight"), nullptr);
   models::ZooModel fresh = models::build_model("flava-debug");
   models::load_weights(*fresh.module, out, fresh.names);  // every name and shape checked

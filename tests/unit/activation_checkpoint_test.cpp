@@ -63,7 +63,7 @@ Result run(Stack& stack, const at::Tensor& x_value, const at::Tensor& bias) {
 Stack make_stack(double dropout, int64_t layers = kLayers) {
   torch::manual_seed(3);
   Stack stack(dropout, layers);
-  models::init_parameters(*stack, "", models::InitOptions{.seed = 3, .std = 0.1});
+  models::init_parameters(*stack, "", models::WeightInitOptions{.seed = 3, .std = 0.1});
   stack->train();
   return stack;
 }
@@ -87,7 +87,7 @@ at::Tensor padding_bias_for(int64_t batch, int64_t length) {
 TEST(ActivationCheckpoint, SameGradientsAndRandomStreamWithDropout) {
   Stack plain = make_stack(0.2);
   Stack checkpointed = make_stack(0.2);
-  const auto names = checkpoint_modules(checkpointed.ptr(), [](const std::string& name, torch::nn::Module&) {
+  const auto names = apply_activation_checkpointing(checkpointed.ptr(), [](const std::string& name, torch::nn::Module&) {
     return name.rfind("layers", 0) == 0 && name.find('.') == std::string::npos;
   });
   EXPECT_EQ(names, (std::vector<std::string>{"layers0", "layers1", "layers2", "layers3"}));
@@ -106,8 +106,8 @@ TEST(ActivationCheckpoint, SameGradientsAndRandomStreamWithDropout) {
 TEST(ActivationCheckpoint, NestedRegionsAndWholeModel) {
   Stack plain = make_stack(0.1);
   Stack nested = make_stack(0.1);
-  checkpoint_module(*nested);  // the whole stack, and every layer inside it
-  for (auto& layer : nested->layers) checkpoint_module(*layer);
+  apply_activation_checkpoint(*nested);  // the whole stack, and every layer inside it
+  for (auto& layer : nested->layers) apply_activation_checkpoint(*layer);
   torch::manual_seed(6);
   const at::Tensor x = torch::randn({2, 7, kDim});
   const at::Tensor bias = padding_bias_for(2, 7);
@@ -124,7 +124,7 @@ TEST(ActivationCheckpoint, ParametersOnlyAndFrozenParameters) {
       p.requires_grad_(false);
     }
   }
-  for (auto& layer : checkpointed->layers) checkpoint_module(*layer);
+  for (auto& layer : checkpointed->layers) apply_activation_checkpoint(*layer);
   torch::manual_seed(8);
   const at::Tensor x = torch::randn({2, 5, kDim});
   auto grads = [&](Stack& s) {
@@ -145,12 +145,12 @@ TEST(ActivationCheckpoint, ParametersOnlyAndFrozenParameters) {
 
 TEST(ActivationCheckpoint, WithoutGradModeRunsPlainly) {
   Stack stack = make_stack(0.0);
-  checkpoint_module(*stack->layers[0]);
+  apply_activation_checkpoint(*stack->layers[0]);
   torch::NoGradGuard no_grad;
   const at::Tensor x = torch::randn({2, 4, kDim});
   at::Tensor out = stack->forward(x, {});
   EXPECT_FALSE(out.grad_fn());
-  remove_checkpoint(*stack->layers[0]);
+  remove_activation_checkpoint(*stack->layers[0]);
   EXPECT_TRUE(torch::equal(out, stack->forward(x, {})));
 }
 
@@ -161,7 +161,7 @@ TEST(ActivationCheckpoint, KeepsLessAliveBetweenForwardAndBackward) {
   auto alive_after_forward = [](bool checkpoint) {
     Stack stack = make_stack(0.0);
     if (checkpoint) {
-      for (auto& layer : stack->layers) checkpoint_module(*layer);
+      for (auto& layer : stack->layers) apply_activation_checkpoint(*layer);
     }
     const at::Tensor x = torch::randn({2, 128, kDim}).requires_grad_(true);
     const int64_t before = memory::cpu_memory_stats().current_bytes;
@@ -190,7 +190,7 @@ TEST(ActivationCheckpoint, ReplayRunsOnlyTheBodyWhateverTheOrderOfInterceptors) 
   };
   Stack stack = make_stack(0.0, 1);
   auto& layer = *stack->layers[0];
-  checkpoint_module(layer);
+  apply_activation_checkpoint(layer);
   auto counter = std::make_shared<Counter>();
   layer.interceptors().add(counter);  // added after the checkpoint, still outside it
   ASSERT_EQ(layer.interceptors().list().size(), 2u);
@@ -204,7 +204,7 @@ TEST(ActivationCheckpoint, ReplayRunsOnlyTheBodyWhateverTheOrderOfInterceptors) 
 TEST(ActivationCheckpoint, RetainGraphAllowsASecondBackward) {
   Stack plain = make_stack(0.0, 2);
   Stack checkpointed = make_stack(0.0, 2);
-  for (auto& layer : checkpointed->layers) checkpoint_module(*layer);
+  for (auto& layer : checkpointed->layers) apply_activation_checkpoint(*layer);
   const at::Tensor x = torch::randn({2, 3, kDim});
   for (auto* s : {&plain, &checkpointed}) {
     at::Tensor loss = (*s)->forward(x, {}).sum();
@@ -218,7 +218,7 @@ TEST(ActivationCheckpoint, RetainGraphAllowsASecondBackward) {
 TEST(ActivationCheckpoint, WithoutPreservedRandomStateDropoutDiffers) {
   Stack plain = make_stack(0.5, 1);
   Stack checkpointed = make_stack(0.5, 1);
-  checkpoint_module(*checkpointed->layers[0], CheckpointOptions{.preserve_rng_state = false});
+  apply_activation_checkpoint(*checkpointed->layers[0], ActivationCheckpointOptions{.preserve_rng_state = false});
   const at::Tensor x = torch::randn({2, 16, kDim});
   const Result want = run(plain, x, {});
   const Result got = run(checkpointed, x, {});
@@ -228,15 +228,15 @@ TEST(ActivationCheckpoint, WithoutPreservedRandomStateDropoutDiffers) {
 
 TEST(ActivationCheckpoint, ErrorsNameTheModuleAndTheReason) {
   torch::nn::Linear linear(4, 4);
-  testing::expect_error<std::invalid_argument>([&] { checkpoint_module(*linear); }, {"Linear", "Interceptable"});
+  testing::expect_error<std::invalid_argument>([&] { apply_activation_checkpoint(*linear); }, {"Linear", "Interceptable"});
   Stack stack = make_stack(0.0, 2);
-  checkpoint_module(*stack->layers[0], {}, "layers0");
-  testing::expect_error<std::invalid_argument>([&] { checkpoint_module(*stack->layers[0], {}, "layers0"); },
+  apply_activation_checkpoint(*stack->layers[0], {}, "layers0");
+  testing::expect_error<std::invalid_argument>([&] { apply_activation_checkpoint(*stack->layers[0], {}, "layers0"); },
                                    {"layers0", "checkpointed already"});
   // A bad selection checkpoints nothing.
   torch::nn::Sequential seq(torch::nn::Linear(2, 2));
   testing::expect_error<std::invalid_argument>(
-      [&] { checkpoint_modules(seq.ptr(), [](const std::string&, torch::nn::Module&) { return true; }); },
+      [&] { apply_activation_checkpointing(seq.ptr(), [](const std::string&, torch::nn::Module&) { return true; }); },
       {"Sequential"});
 
   // An input changed in place between forward and backward.

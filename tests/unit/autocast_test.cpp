@@ -54,7 +54,7 @@ TEST(Autocast, CheckpointReplaysUnderTheForwardsAutocast) {
   TwoLayer plain = make(), checkpointed = make();
   autocast_module(*plain, c10::DeviceType::CPU, at::kBFloat16);
   autocast_module(*checkpointed, c10::DeviceType::CPU, at::kBFloat16);
-  checkpoint_module(*checkpointed);  // inside the autocast interceptor: its replay in backward is outside it
+  apply_activation_checkpoint(*checkpointed);  // inside the autocast interceptor: its replay in backward is outside it
   const at::Tensor x = torch::randn({4, 16});
   plain(x).pow(2).sum().backward();
   checkpointed(x).pow(2).sum().backward();

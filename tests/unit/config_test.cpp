@@ -146,7 +146,7 @@ use_cpu: false
 )",
                                 "accelerate.yaml");
   EXPECT_EQ(c.parallel.strategy, Strategy::HYBRID_SHARD);
-  EXPECT_EQ(c.parallel.wrap, WrapPolicy::TRANSFORMER);
+  EXPECT_EQ(c.parallel.wrap, AutoWrap::TRANSFORMER);
   EXPECT_EQ(c.parallel.backward_prefetch, Prefetch::BACKWARD_POST);
   EXPECT_EQ(c.parallel.forward_prefetch, 1);
   EXPECT_EQ(c.parallel.layer_classes, (std::vector<std::string>{"FlavaLayer", "BertLayer"}));

@@ -3,7 +3,7 @@
 
 #include <map>
 
-#include "shardtrain/dist/env.h"
+#include "shardtrain/distributed/env.h"
 
 namespace shardtrain::dist {
 namespace {

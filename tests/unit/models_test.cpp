@@ -15,7 +15,7 @@
 #include "shardtrain/models/bert.h"
 #include "shardtrain/models/flava.h"
 #include "shardtrain/models/llama.h"
-#include "shardtrain/models/safetensors.h"
+#include "shardtrain/io/safetensors.h"
 #include "shardtrain/models/t5.h"
 #include "shardtrain/models/vit.h"
 #include "shardtrain/models/zoo.h"
@@ -152,8 +152,8 @@ TEST(Safetensors, RoundTripDtypesAndMetadata) {
       {"d.bool", at::rand({4}) < 0.5},
       {"e.scalar", at::tensor(2.5)},
       {"f.empty", at::empty({0, 3})}};
-  write_safetensors(path, tensors, {{"format", "pt"}});
-  SafetensorsReader r(path);
+  io::write_safetensors(path, tensors, {{"format", "pt"}});
+  io::SafetensorsReader r(path);
   EXPECT_EQ(r.metadata().at("format"), "pt");
   ASSERT_EQ(r.entries().size(), tensors.size());
   for (const auto& [name, t] : tensors) {
@@ -170,14 +170,14 @@ TEST(Safetensors, WeightsRoundTripUnderHfNames) {
   seed1.init.seed = 1;
   Bert a(bert_flavor("bert-debug"), seed1), b(bert_flavor("bert-debug"));
   save_weights(*a, path, bert_names());
-  SafetensorsReader r(path);
+  io::SafetensorsReader r(path);
   EXPECT_NE(r.find("bert.encoder.layer.1.attention.self.query.weight"), nullptr);
   EXPECT_NE(r.find("cls.predictions.bias"), nullptr);
   load_weights(*b, path, bert_names());
   for (const auto& p : a->named_parameters()) EXPECT_TRUE(at::equal(p.value(), b->named_parameters()[p.key()]));
 
   save_weights(*a, path, bert_names(), at::kBFloat16);  // saved in bf16, loaded into float32
-  EXPECT_EQ(SafetensorsReader(path).find("cls.predictions.bias")->dtype, at::kBFloat16);
+  EXPECT_EQ(io::SafetensorsReader(path).find("cls.predictions.bias")->dtype, at::kBFloat16);
   load_weights(*b, path, bert_names());
   EXPECT_TRUE(at::equal(b->mlm_bias, a->mlm_bias.to(at::kBFloat16).to(at::kFloat)));
 }
@@ -195,7 +195,7 @@ TEST(Safetensors, ValidationNamesTheProblem) {
   const std::string path = dir.path + "/bad.safetensors";
   auto check = [&](const std::vector<char>& bytes, std::initializer_list<std::string> needles) {
     io::write_file_atomic(path, bytes);
-    expect_error<std::runtime_error>([&] { SafetensorsReader r(path); }, needles);
+    expect_error<std::runtime_error>([&] { io::SafetensorsReader r(path); }, needles);
   };
   check({'x', 'y'}, {"shorter than the 8-byte header length"});
   std::vector<char> too_long = header_file("{}", 0);
@@ -216,17 +216,17 @@ TEST(Safetensors, ValidationNamesTheProblem) {
   auto tensors = hf_named_tensors(*model, bert_names());
   auto without = tensors;
   without.erase(without.begin());
-  write_safetensors(path, without);
+  io::write_safetensors(path, without);
   expect_error<std::runtime_error>([&] { load_weights(*model, path, bert_names()); },
                                    {"'" + tensors.front().first + "'", "missing"});
   auto reshaped = tensors;
   reshaped.back().second = at::zeros({7});
-  write_safetensors(path, reshaped);
+  io::write_safetensors(path, reshaped);
   expect_error<std::runtime_error>([&] { load_weights(*model, path, bert_names()); },
                                    {"'" + tensors.back().first + "'", "shape [7]"});
   auto extra = tensors;
   extra.emplace_back("bert.encoder.layer.9.output.dense.weight", at::zeros({1}));
-  write_safetensors(path, extra);
+  io::write_safetensors(path, extra);
   expect_error<std::runtime_error>([&] { load_weights(*model, path, bert_names()); },
                                    {"'bert.encoder.layer.9.output.dense.weight'", "matches nothing"});
 }

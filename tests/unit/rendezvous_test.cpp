@@ -4,7 +4,7 @@
 #include <chrono>
 #include <iostream>
 
-#include "shardtrain/dist/process_group.h"
+#include "shardtrain/distributed/process_group.h"
 #include "support/free_port.h"
 #include "support/expect_error.h"
 
@@ -28,7 +28,7 @@ TEST(Rendezvous, UnansweredAddressIsNamed) {
   env.world_size = 2;
   env.master_addr = "127.0.0.1";
   env.master_port = free_loopback_port();
-  InitOptions options;
+  ProcessGroupOptions options;
   options.timeout = std::chrono::seconds(2);
   const std::string what = shardtrain::testing::expect_error<std::runtime_error>(
       [&] { ProcessGroup::init(env, options); },
@@ -42,7 +42,7 @@ TEST(Rendezvous, ServerWaitingForMissingRanksTimesOut) {
   env.world_size = 3;
   env.master_addr = "127.0.0.1";
   env.master_port = free_loopback_port();
-  InitOptions options;
+  ProcessGroupOptions options;
   options.timeout = std::chrono::seconds(2);
   shardtrain::testing::expect_error<std::runtime_error>([&] { ProcessGroup::init(env, options); },
                                                        {"waiting for 2 other rank(s)"});
@@ -53,7 +53,7 @@ TEST(Rendezvous, BadOptionsAreRejected) {
   env.rank = 2;
   env.world_size = 2;
   EXPECT_THROW(ProcessGroup::init(env), std::invalid_argument);
-  InitOptions options;
+  ProcessGroupOptions options;
   options.timeout = std::chrono::milliseconds(0);
   EXPECT_THROW(ProcessGroup::init(DistEnv{}, options), std::invalid_argument);
 }

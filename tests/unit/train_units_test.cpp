@@ -1,18 +1,27 @@
-// Pieces of the training loop that need no process group: the learning-rate schedule, TensorBoard event files,
-// checkpoint directory bookkeeping.
+// Pieces of the training loop in one process: the learning-rate schedule, TensorBoard event files, checkpoint
+// directory bookkeeping and generator states, the console logger, the interval metrics and their log.
 #include <gtest/gtest.h>
 
+#include <ATen/ATen.h>
+#include <torch/nn/modules/linear.h>
+#include <torch/optim/adamw.h>
 #include <unistd.h>
 
+#include <fstream>
+
 #include "shardtrain/ckpt/checkpoint.h"
+#include "shardtrain/distributed/process_group.h"
 #include "shardtrain/io/files.h"
-#include "shardtrain/train/event_writer.h"
+#include "shardtrain/log/log.h"
+#include "train/event_writer.h"
 #include "shardtrain/train/schedule.h"
+#include "train/interval_metrics.h"
+#include "train/metrics_log.h"
 
 namespace shardtrain::train {
 namespace {
 
-TEST(Schedule, WarmupThenCosineOrLinearToTheFloor) {
+TEST(LrSchedule, WarmupThenCosineOrLinearToTheFloor) {
   config::OptimConfig o;
   o.lr = 1.0, o.warmup_steps = 4, o.min_lr_ratio = 0.1;
   EXPECT_DOUBLE_EQ(learning_rate(o, 0, 104), 0.25);
@@ -20,9 +29,9 @@ TEST(Schedule, WarmupThenCosineOrLinearToTheFloor) {
   EXPECT_DOUBLE_EQ(learning_rate(o, 4, 104), 1.0);            // decay starts at the peak
   EXPECT_NEAR(learning_rate(o, 54, 104), 0.55, 1e-12);        // half way: the middle of [0.1, 1]
   EXPECT_NEAR(learning_rate(o, 104, 104), 0.1, 1e-12);
-  o.schedule = config::Schedule::LINEAR;
+  o.schedule = config::LrSchedule::LINEAR;
   EXPECT_NEAR(learning_rate(o, 29, 104), 1.0 - 0.9 * 0.25, 1e-12);
-  o.schedule = config::Schedule::CONSTANT;
+  o.schedule = config::LrSchedule::CONSTANT;
   EXPECT_DOUBLE_EQ(learning_rate(o, 80, 104), 1.0);
 }
 
@@ -70,6 +79,121 @@ TEST(CheckpointDirectory, ListsCompleteOnesAndPrunes) {
   EXPECT_EQ(ckpt::list_checkpoints(dir), (std::vector<std::string>{dir + "/step-00000030", dir + "/step-00000040"}));
   EXPECT_FALSE(io::path_exists(dir + "/step-00000050.partial"));
   EXPECT_THROW(ckpt::read_trainer_state(dir + "/step-00000060"), std::runtime_error);
+  io::remove_tree(dir);
+}
+
+// Every line a sink received, with its level; the status line's last text.
+struct RecordingSink : log::Sink {
+  std::vector<std::pair<log::Level, std::string>> lines;
+  std::string last_status;
+  int status_calls = 0;
+  void line(log::Level level, const std::string& text) override { lines.emplace_back(level, text); }
+  void status(const std::string& text) override { last_status = text, ++status_calls; }
+};
+
+TEST(Logger, FiltersByLevelAndRank) {
+  auto sink = std::make_shared<RecordingSink>();
+  const log::Logger rank0(sink, 0, {log::Level::INFO});
+  const log::Logger rank1(sink, 1, {log::Level::INFO});
+  rank0.debug("hidden");
+  rank0.info("shown");
+  rank0.warning("warned");
+  rank1.info("rank 1 says nothing by default");
+  rank1.info_every_rank("rank 1: from every rank");
+  rank1.status("no bar on rank 1");
+  rank0.status("[###...]");
+  ASSERT_EQ(sink->lines.size(), 3u);
+  EXPECT_EQ(sink->lines[0], std::make_pair(log::Level::INFO, std::string("shown")));
+  EXPECT_EQ(sink->lines[1], std::make_pair(log::Level::WARNING, std::string("warned")));
+  EXPECT_EQ(sink->lines[2].second, "rank 1: from every rank");
+  EXPECT_EQ(sink->last_status, "[###...]");
+  EXPECT_EQ(sink->status_calls, 1);
+  const log::Logger quiet(sink, 0, {log::Level::ERROR});
+  quiet.warning("dropped");
+  EXPECT_EQ(sink->lines.size(), 3u);
+  EXPECT_FALSE(quiet.writes(log::Level::WARNING));
+  EXPECT_TRUE(quiet.writes(log::Level::ERROR));
+  log::Logger().error("a logger without a sink is silent");
+  const log::Logger everyone(sink, 2, {log::Level::INFO, /*every_rank=*/true});
+  everyone.info("rank 2 too");
+  EXPECT_EQ(sink->lines.back().second, "rank 2 too");
+}
+
+// Three steps of one rank: means over the steps that had each loss, a skipped (float16 overflow) step's norm left
+// out, throughput over the timed steps only.
+TEST(IntervalMetrics, NamedSumsReduceToTheLoggedMeans) {
+  dist::ProcessGroup pg = dist::ProcessGroup::init(dist::DistEnv{});
+  IntervalSums sums;
+  StepTotals a;
+  a.loss = 3, a.parts = {{"mlm", 2.0}}, a.grad_norm = 1, a.texts = 8, a.flops = 1e12, a.seconds = 1;
+  StepTotals b = a;
+  b.loss = 1, b.parts = {{"mlm", 4.0}, {"itm", 0.5}}, b.grad_norm = INFINITY, b.stepped = false;
+  StepTotals c = a;
+  c.loss = 2, c.grad_norm = 3, c.seconds = 3;
+  sums.add(a, /*timed=*/false);
+  sums.add(b, true);
+  sums.add(c, true);
+  const IntervalMetrics m = reduce_interval(sums, {"mlm", "itm", "cls"}, 0.25, 2.0, pg.world(), at::Device(at::kCPU));
+  EXPECT_DOUBLE_EQ(m.loss, 2.0);
+  EXPECT_DOUBLE_EQ(m.parts.at("mlm"), (2.0 + 4.0 + 2.0) / 3);
+  EXPECT_DOUBLE_EQ(m.parts.at("itm"), 0.5);
+  EXPECT_EQ(m.parts.count("cls"), 0u);
+  EXPECT_DOUBLE_EQ(m.grad_norm, (1.0 + 3.0) / 3);  // the skipped step adds nothing, the mean is over every step
+  EXPECT_DOUBLE_EQ(m.texts_per_second, 16.0 / 4.0);
+  EXPECT_DOUBLE_EQ(m.items_per_second, 4.0);
+  EXPECT_DOUBLE_EQ(m.tflops_per_rank, 2.0 / 4.0);
+  EXPECT_DOUBLE_EQ(m.mfu, 0.25);
+  EXPECT_EQ(m.peak_memory_gib, std::vector<double>{0.25});
+}
+
+TEST(MetricsLog, LinesThroughTheLoggerAndTheTasksLossesAsColumns) {
+  const std::string dir = "/tmp/shardtrain_metrics_log_" + std::to_string(::getpid());
+  io::remove_tree(dir);
+  auto sink = std::make_shared<RecordingSink>();
+  config::LogConfig lc;
+  lc.dir = dir, lc.tensorboard = false, lc.progress = config::Progress::BAR;
+  {
+    MetricsLog log(lc, log::Logger(sink, 0), /*leader=*/true, 100, 0, {"mlm", "itm"});
+    log.step_done(10, 2.5);
+    EXPECT_NE(sink->last_status.find("10/100"), std::string::npos) << sink->last_status;
+    IntervalMetrics m;
+    m.step = 10, m.loss = 2.5, m.parts = {{"mlm", 2.0}}, m.lr = 1e-3, m.grad_norm = 0.5;
+    m.items_per_second = NAN, m.peak_memory_gib = {0.125, 0.25};
+    log.record(m);
+    log.record_eval(10, {{"r1", 0.5}});
+    log.finish();
+  }
+  ASSERT_EQ(sink->lines.size(), 2u);
+  EXPECT_EQ(sink->lines[0].second, "step 10/100  loss 2.5000  lr 0.001  grad_norm 0.5  mlm 2.0000  "
+                                   "(throughput after warm-up)  peak mem 0.25 GiB (0.125 0.25)");
+  EXPECT_EQ(sink->lines[1].second, "eval step 10  r1 0.5");
+  EXPECT_EQ(sink->last_status, "");  // finish() removes the bar
+  std::ifstream csv(dir + "/metrics.csv");
+  std::string header, row;
+  std::getline(csv, header);
+  std::getline(csv, row);
+  EXPECT_EQ(header, "step,loss,lr,grad_norm,items_per_s,texts_per_s,images_per_s,tflops_per_rank,mfu,peak_memory_gib,"
+                    "mlm,itm");
+  EXPECT_EQ(row, "10,2.5,0.001,0.5,,0,0,0,0,0.25,2,");
+  io::remove_tree(dir);
+}
+
+// A checkpoint keeps the default generators' states: after a load, the same random numbers come again.
+TEST(CheckpointRng, GeneratorStatesComeBack) {
+  const std::string dir = "/tmp/shardtrain_ckpt_rng_" + std::to_string(::getpid());
+  io::remove_tree(dir);
+  dist::ProcessGroup pg = dist::ProcessGroup::init(dist::DistEnv{});
+  auto linear = std::make_shared<torch::nn::LinearImpl>(3, 2);
+  torch::optim::AdamW optimizer(linear->parameters(), torch::optim::AdamWOptions(1e-3));
+  const ckpt::CheckpointModel model{linear, &optimizer, /*sharded=*/false, {}};
+  at::manual_seed(7);
+  ckpt::TrainerState state;
+  state.step = 1, state.flavor = "linear";
+  const std::string path = ckpt::save_checkpoint(dir, state, model, pg.world());
+  const at::Tensor first = at::rand({4});
+  at::manual_seed(8);
+  ckpt::load_checkpoint(path, model, pg.world());
+  EXPECT_TRUE(at::equal(at::rand({4}), first));
   io::remove_tree(dir);
 }
 

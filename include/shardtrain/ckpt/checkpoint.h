@@ -4,7 +4,7 @@
 //     model/               FSDP: each rank's rows of every parameter and of its AdamW moments
 //                          (fsdp/state_dict.h's sharded format: loads at any world size)
 //     model.pt             DDP: the whole parameters and moments, written by rank 0
-//     rng-rank00000.pt     each rank's generator states (dropout)
+//     rng-rank00000.pt     each rank's default generator states: "cpu" and, with GPUs, "cuda:0", ... (dropout)
 //     model.safetensors    checkpoint.state_dict_type = full: the whole model under Hugging Face names
 //     trainer.json         step, data position, per-parameter optimizer steps, world size, flavor, the config
 //
@@ -21,8 +21,7 @@
 #include <string>
 #include <vector>
 
-#include "shardtrain/dist/communicator.h"
-#include "shardtrain/models/weights.h"
+#include "shardtrain/distributed/communicator.h"
 
 namespace torch::optim {
 class AdamW;
@@ -51,7 +50,9 @@ struct CheckpointModel {
   std::shared_ptr<torch::nn::Module> root;
   torch::optim::AdamW* optimizer = nullptr;
   bool sharded = true;  // fully_shard'ed (else replicated: DDP or one process)
-  const models::NameMap* hf_names = nullptr;  // set: also write model.safetensors (state_dict_type = full)
+  // (our name, Hugging Face name) of every tensor of a Hugging Face file of the model (models::hf_names_of); given:
+  // also write model.safetensors (state_dict_type = full). Checkpoints know names, not model families.
+  std::vector<std::pair<std::string, std::string>> hf_names;
 };
 
 std::string step_directory_name(int64_t step);  // "step-00000100"
@@ -73,8 +74,17 @@ std::optional<std::string> latest_checkpoint(const std::string& dir);
 // Removes all but the newest `keep` checkpoints (0: keep all) and any .partial left by a crash except `in_progress`.
 void prune_checkpoints(const std::string& dir, int64_t keep);
 
-// Merges a checkpoint's model (sharded or whole) into one safetensors file under Hugging Face names (tied tensors
-// once), optionally cast to `dtype`. Needs no process group: reads the files.
-void export_checkpoint(const std::string& path, const std::string& out, std::optional<at::ScalarType> dtype = {});
+// One tensor of an export: its name in the checkpoint, its name in the file, its shape in the model.
+struct ExportTensor {
+  std::string name, file_name;
+  std::vector<int64_t> shape;
+};
+
+// Merges a checkpoint's model (sharded or whole) into one safetensors file holding `tensors` (the model's layout
+// under Hugging Face names: `shardtrain checkpoint export` builds it from the checkpoint's flavor), optionally cast
+// to `dtype`. Needs no process group: reads the files. Throws std::runtime_error naming a tensor the checkpoint
+// lacks or holds in another shape.
+void export_checkpoint(const std::string& path, const std::string& out, const std::vector<ExportTensor>& tensors,
+                       std::optional<at::ScalarType> dtype = {});
 
 }  // namespace shardtrain::ckpt

@@ -28,15 +28,17 @@ class ConfigError : public std::invalid_argument {
 
 enum class Strategy { FULL_SHARD, SHARD_GRAD_OP, NO_SHARD, HYBRID_SHARD, HYBRID_SHARD_ZERO2, DDP };
 enum class Precision { NO, BF16, FP16 };
-enum class WrapPolicy { TRANSFORMER, SIZE, NONE };
+enum class AutoWrap { TRANSFORMER, SIZE, NONE };
 enum class Prefetch { BACKWARD_PRE, BACKWARD_POST, NONE };
-enum class Schedule { COSINE, LINEAR, CONSTANT };
+enum class LrSchedule { COSINE, LINEAR, CONSTANT };
 enum class Progress { AUTO, BAR, LINES, NONE };
 enum class StateDictType { SHARDED, FULL };
+enum class LogLevel { DEBUG, INFO, WARNING, ERROR };
 
 struct ModelConfig {
   std::string flavor = "flava-debug";  // a flavor of the zoo (`shardtrain models`)
   std::string family;                  // optional: when set, must be the flavor's family
+  std::string task;                    // what it trains on, one of its family's tasks; empty: the family's default
   std::string init_weights;            // optional safetensors file with Hugging Face names to start from
   double init_std = 0.02;              // std of the normal initialisation (weights depend on train.seed and names)
 };
@@ -72,7 +74,7 @@ struct DataConfig {
 struct ParallelConfig {
   Strategy strategy = Strategy::FULL_SHARD;
   Precision mixed_precision = Precision::NO;
-  WrapPolicy wrap = WrapPolicy::TRANSFORMER;
+  AutoWrap wrap = AutoWrap::TRANSFORMER;
   std::vector<std::string> layer_classes;  // TRANSFORMER: wrapped classes; empty = the family's layer
   int64_t min_params = 100000000;          // SIZE: a unit closes at this many parameters
   int64_t forward_prefetch = 0;            // units gathered ahead in forward
@@ -95,7 +97,7 @@ struct OptimConfig {
   double weight_decay = 0.01;
   bool no_decay_1d = true;            // biases, norm weights and scalars get no weight decay
   std::vector<std::string> no_decay;  // and parameters whose name matches one of these regular expressions
-  Schedule schedule = Schedule::COSINE;
+  LrSchedule schedule = LrSchedule::COSINE;
   int64_t warmup_steps = 100;  // linear from 0 to lr
   double min_lr_ratio = 0.1;   // the schedule ends at lr * min_lr_ratio
 };
@@ -133,6 +135,7 @@ struct LogConfig {
   Progress progress = Progress::AUTO;  // AUTO: a bar on a terminal, lines otherwise
   double peak_tflops = 0;              // per rank, for MFU; 0: measured with a matmul at start
   int64_t warmup_steps = 2;            // steps left out of items/s and TFLOP/s
+  LogLevel level = LogLevel::INFO;     // console lines below it are not printed
 };
 
 // Used when `shardtrain train` starts the workers itself (launch.num_processes > 1 and no launcher around it).

@@ -14,7 +14,7 @@
 #include <string>
 #include <vector>
 
-#include "shardtrain/dist/communicator.h"
+#include "shardtrain/distributed/communicator.h"
 
 namespace torch::nn {
 class Module;

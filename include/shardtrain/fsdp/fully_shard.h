@@ -21,8 +21,8 @@
 
 #include <c10/core/ScalarType.h>
 
-#include "shardtrain/dist/communicator.h"
-#include "shardtrain/dist/mesh.h"
+#include "shardtrain/distributed/communicator.h"
+#include "shardtrain/distributed/mesh.h"
 
 namespace torch::nn {
 class Module;

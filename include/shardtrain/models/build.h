@@ -19,7 +19,7 @@
 
 namespace shardtrain::models {
 
-struct InitOptions {
+struct WeightInitOptions {
   uint64_t seed = 0;
   double std = 0.02;  // normal(0, std) for projections, embeddings and learned tokens
 };
@@ -27,7 +27,7 @@ struct InitOptions {
 struct BuildOptions {
   // dtype and device of the parameters; the meta device builds shapes only (nothing allocated, nothing initialised).
   torch::TensorOptions tensors = torch::TensorOptions().dtype(torch::kFloat32);
-  InitOptions init;
+  WeightInitOptions init;
   // Called with each transformer layer (qualified name, module) once it is built and initialised, before the next
   // layer is built.
   std::function<void(const std::string& name, const std::shared_ptr<torch::nn::Module>& layer)> on_layer;
@@ -38,7 +38,7 @@ struct BuildOptions {
 // name), so the weights depend on the seed and the names only — not on the order layers are built, the device or
 // the world size. Biases are zero, norm scales one, head-mixing matrices (DeepViT's reattn_weights) the identity,
 // every other tensor normal(0, std). Meta tensors are left alone.
-void init_parameters(torch::nn::Module& module, const std::string& prefix, const InitOptions& options,
+void init_parameters(torch::nn::Module& module, const std::string& prefix, const WeightInitOptions& options,
                      const std::vector<std::string>& skip_prefixes = {});
 
 // Sets a parameter to `value` (e.g. FLAVA's logit scale; call after finish_model). Meta tensors are left alone.

@@ -5,7 +5,7 @@
 
 #include <ATen/core/Tensor.h>
 
-#include "shardtrain/dist/communicator.h"
+#include "shardtrain/distributed/communicator.h"
 
 namespace shardtrain::models {
 
@@ -19,8 +19,9 @@ struct ContrastiveLogits {
   at::Tensor labels;     // (B): the global index of each row's own pair, rank * B + i
 };
 
-// image, text (B, D), L2-normalised; logit_scale () the log temperature. group == nullptr: this process alone.
+// image, text (B, D), L2-normalised; logit_scale () the log temperature. No group: this process alone.
 ContrastiveLogits global_contrastive_logits(const at::Tensor& image, const at::Tensor& text,
-                                            const at::Tensor& logit_scale, const dist::Communicator* group);
+                                            const at::Tensor& logit_scale,
+                                            const std::optional<dist::Communicator>& group);
 
 }  // namespace shardtrain::models

@@ -10,7 +10,7 @@
 #include <string>
 #include <vector>
 
-#include "shardtrain/dist/communicator.h"
+#include "shardtrain/distributed/communicator.h"
 #include "shardtrain/models/blocks.h"
 #include "shardtrain/models/build.h"
 #include "shardtrain/models/embeddings.h"

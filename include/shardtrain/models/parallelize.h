@@ -1,10 +1,12 @@
 // parallelize(): how a model of the zoo becomes a data-parallel model, torchtitan style. In this order:
-//   0. activation checkpointing on every checkpoint_every-th transformer layer (nn/activation_checkpoint.h), which
+//   0. activation checkpointing on every activation_checkpoint_every-th transformer layer
+//      (nn/activation_checkpoint.h), which
 //      stays inside the layer's unit whatever the order: the replay runs while the unit is gathered;
 //   1. FSDP units: fully_shard on every transformer layer (the family's layer class, or the classes given —
 //      Accelerate's fsdp_transformer_layer_cls_to_wrap), innermost first;
 //   2. the root unit, which takes the embeddings, heads and everything else;
-//   3. FLAVA: the global contrastive loss gathers over the data-parallel world.
+//   3. the family's parallelize_hook (models/recipe.h; FLAVA: the global contrastive loss gathers over the
+//      data-parallel world).
 //
 // build_parallel() does the same while the model is built: each layer is sharded as soon as it exists, so a rank
 // never holds more than one unsharded layer plus its shards (how flava-10b is built on GPUs smaller than 40 GB).
@@ -14,7 +16,7 @@
 #include <string>
 #include <vector>
 
-#include "shardtrain/dist/mesh.h"
+#include "shardtrain/distributed/mesh.h"
 #include "shardtrain/ddp/replicate.h"
 #include "shardtrain/fsdp/fully_shard.h"
 #include "shardtrain/fsdp/wrap_policy.h"
@@ -33,14 +35,15 @@ struct ParallelizeOptions {
   // Activation checkpointing of the layers of layer_classes: 0 none; 1 every layer (Accelerate's
   // fsdp_activation_checkpointing, torchtitan's full AC); k the k-th, 2k-th, ... (torchtitan's selective layer AC:
   // memory traded for compute in steps).
-  int64_t checkpoint_every = 0;
+  int64_t activation_checkpoint_every = 0;
 };
 
 // Activation checkpointing on the k-th, 2k-th, ... transformer layer of the model (counted in named_modules order
 // from 1) of `layer_classes` (empty: the family's layer); returns their names. For models that are replicated or
-// not parallelized; parallelize() and build_parallel() apply ParallelizeOptions::checkpoint_every themselves.
+// not parallelized; parallelize() and build_parallel() apply ParallelizeOptions::activation_checkpoint_every
+// themselves.
 // Throws std::invalid_argument for every < 1.
-std::vector<std::string> checkpoint_layers(ZooModel& model, int64_t every,
+std::vector<std::string> activation_checkpoint_layers(ZooModel& model, int64_t every,
                                            const std::vector<std::string>& layer_classes = {});
 
 // Shards an unsharded model of the zoo. Returns the units, root last. Collective: every rank calls it alike.
@@ -56,5 +59,7 @@ ddp::Ddp replicate_model(ZooModel& model, const dist::DeviceMesh& mesh, const dd
 // transformer layer (those need the whole model first: use parallelize).
 ZooModel build_parallel(const std::string& flavor, const dist::DeviceMesh& mesh, const ParallelizeOptions& options,
                         BuildOptions build = {});
+ZooModel build_parallel(std::shared_ptr<const ModelRecipe> recipe, const dist::DeviceMesh& mesh,
+                        const ParallelizeOptions& options, BuildOptions build = {});
 
 }  // namespace shardtrain::models

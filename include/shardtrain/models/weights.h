@@ -11,9 +11,7 @@
 #include <utility>
 #include <vector>
 
-namespace shardtrain::dist {
-class Communicator;
-}
+#include "shardtrain/distributed/communicator.h"
 
 namespace shardtrain::models {
 
@@ -48,7 +46,7 @@ void load_weights(torch::nn::Module& model, const std::string& path, const NameM
 // broadcasts it over from_rank0, every rank keeping its rows. Validation as load_weights', against the full shapes;
 // with from_rank0 the other ranks fail too, saying that rank 0 did. Collective when from_rank0 is given.
 void load_weights_sharded(const std::shared_ptr<torch::nn::Module>& model, const std::string& path,
-                          const NameMap& names, const dist::Communicator* from_rank0 = nullptr);
+                          const NameMap& names, const std::optional<dist::Communicator>& from_rank0 = std::nullopt);
 
 // Writes every parameter (tied tensors once, under their first name) and persistent buffer of `model` in `dtype`
 // (their own dtype when undefined) under Hugging Face names, atomically.

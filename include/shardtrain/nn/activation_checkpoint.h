@@ -3,8 +3,8 @@
 // replay. Memory for activations drops from every intermediate of every checkpointed layer to one input per layer,
 // for about one extra forward of compute (the FLAVA scaling post's largest lever beyond sharding).
 //
-//   nn::checkpoint_module(*layer);                      // one module
-//   nn::checkpoint_modules(model, [](const std::string&, torch::nn::Module& m) {   // by rule
+//   nn::apply_activation_checkpoint(*layer);                      // one module
+//   nn::apply_activation_checkpointing(model, [](const std::string&, torch::nn::Module& m) {   // by rule
 //     return fsdp::module_class_name(m) == "FlavaLayer";
 //   });
 //
@@ -26,7 +26,7 @@
 
 namespace shardtrain::nn {
 
-struct CheckpointOptions {
+struct ActivationCheckpointOptions {
   // The replay draws the random numbers the forward drew, on the CPU and on each device the inputs and parameters
   // live on (torch.utils.checkpoint's preserve_rng_state); the random stream after backward is as without
   // checkpointing. Off: the states are not saved, and dropout differs between forward and replay.
@@ -35,19 +35,20 @@ struct CheckpointOptions {
 
 // Checkpoints `module`; `label` names it in errors (default: its class name). Throws std::invalid_argument when its
 // class does not derive from nn::Interceptable or when it is checkpointed already.
-void checkpoint_module(torch::nn::Module& module, const CheckpointOptions& options = {}, std::string label = "");
+void apply_activation_checkpoint(torch::nn::Module& module, const ActivationCheckpointOptions& options = {},
+                                 std::string label = "");
 
-bool is_checkpointed(torch::nn::Module& module);
+bool is_activation_checkpointed(torch::nn::Module& module);
 
 // Stops checkpointing `module`; false when it was not checkpointed.
-bool remove_checkpoint(torch::nn::Module& module);
+bool remove_activation_checkpoint(torch::nn::Module& module);
 
 // Checkpoints every module of `root` (root itself included, name "") that `select` picks given its qualified name;
 // returns their names in named_modules() order. Throws std::invalid_argument naming the first selected module that
 // cannot be checkpointed.
-std::vector<std::string> checkpoint_modules(
+std::vector<std::string> apply_activation_checkpointing(
     const std::shared_ptr<torch::nn::Module>& root,
     const std::function<bool(const std::string& name, torch::nn::Module& module)>& select,
-    const CheckpointOptions& options = {});
+    const ActivationCheckpointOptions& options = {});
 
 }  // namespace shardtrain::nn

@@ -1,4 +1,4 @@
-// The call-interception point LibTorch lacks (../shared/notes/libtorch.md §8): a module's call can be wrapped from
+// The call-interception point LibTorch lacks (docs/notes/libtorch.md §8): a module's call can be wrapped from
 // outside by interceptors — sharding (unshard before, reshard after), activation checkpointing, autocast, tracing —
 // without its parent changing. A layer opts in by deriving from Interceptable with its forward signature and
 // naming its body forward_impl:

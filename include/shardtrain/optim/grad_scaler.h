@@ -16,13 +16,12 @@
 #include <ATen/core/Tensor.h>
 
 #include <cstdint>
+#include <optional>
+
+#include "shardtrain/distributed/communicator.h"
 
 namespace torch::optim {
 class Optimizer;
-}
-
-namespace shardtrain::dist {
-class Communicator;
 }
 
 namespace shardtrain::optim {
@@ -39,7 +38,7 @@ class GradScaler {
   // `group`: the ranks whose gradients make up one step together (the shard group of a sharded model, or the
   // world): a gradient that is not finite on one of them skips the step on all. nullptr: this process alone.
   // Throws std::invalid_argument naming a bad option.
-  explicit GradScaler(GradScalerOptions options = {}, const dist::Communicator* group = nullptr);
+  explicit GradScaler(GradScalerOptions options = {}, std::optional<dist::Communicator> group = std::nullopt);
 
   at::Tensor scale(const at::Tensor& loss) const;  // loss * scale
 
@@ -62,7 +61,7 @@ class GradScaler {
   enum class Stage { READY, UNSCALED, STEPPED };
 
   GradScalerOptions options_;
-  const dist::Communicator* group_;
+  std::optional<dist::Communicator> group_;
   double scale_;
   int64_t growth_tracker_ = 0;
   int64_t skipped_steps_ = 0;

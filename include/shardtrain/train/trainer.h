@@ -4,6 +4,9 @@
 //        -> clip -> AdamW with the schedule's lr -> metrics every log.interval -> eval every train.eval_interval
 //        -> checkpoint every checkpoint.interval and at the end
 //
+// What the model is and what it trains on come from its family's recipe (models/recipe.h): the trainer knows no
+// family. docs/notes/architecture.md walks one step through the layers.
+//
 // The process group comes from the environment `shardtrain launch` (or torchrun, MPI, Slurm) sets; one process
 // alone is a world of one. Library code: errors throw (std::invalid_argument for bad configuration or data,
 // std::runtime_error for what failed while running), the caller decides how to exit.
@@ -14,6 +17,7 @@
 #include <string>
 
 #include "shardtrain/config/config.h"
+#include "shardtrain/log/log.h"
 
 namespace shardtrain::train {
 
@@ -21,11 +25,12 @@ struct TrainSummary {
   int64_t start_step = 0;  // > 0 after a resume
   int64_t steps = 0;       // optimizer steps done at the end
   double first_loss = 0, last_loss = 0;        // means over the first and the last logging interval
-  std::map<std::string, double> first_eval, last_eval;  // FLAVA on data.eval: retrieval R@1, ITM accuracy
+  std::map<std::string, double> first_eval, last_eval;  // the task's evaluation on data.eval (FLAVA: R@1, ITM)
   int64_t skipped_samples = 0;                 // unusable samples replaced by the loader (this rank)
   std::string last_checkpoint;
 };
 
-TrainSummary train(const config::Config& config);
+// Console output goes to `sink` (log::console_sink() for a terminal; null: none), filtered by log.level.
+TrainSummary train(const config::Config& config, std::shared_ptr<log::Sink> sink = nullptr);
 
 }  // namespace shardtrain::train

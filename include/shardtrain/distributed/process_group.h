@@ -1,0 +1,52 @@
+// The job's process group: rendezvous through c10d's TCPStore, the world communicator, and sub-groups.
+#pragma once
+
+#include <chrono>
+#include <memory>
+#include <optional>
+#include <vector>
+
+#include "shardtrain/distributed/communicator.h"
+#include "shardtrain/distributed/env.h"
+
+namespace shardtrain::dist {
+
+enum class DeviceKind {
+  CPU,   // Gloo
+  CUDA,  // NCCL, device LOCAL_RANK
+};
+
+struct ProcessGroupOptions {
+  DeviceKind device = DeviceKind::CPU;
+  // Rendezvous and every collective fail after this long (a peer that died or hangs).
+  std::chrono::milliseconds timeout = std::chrono::minutes(5);
+  int gloo_threads = 2;  // Gloo worker threads per group: operations in flight at once
+};
+
+// Owns the store and the backends. Cheap to copy (shared handle); the last copy tears the groups down.
+class ProcessGroup {
+ public:
+  // World size 1 creates no store, opens no socket and needs no variable. Otherwise connects to the TCPStore at
+  // MASTER_ADDR:MASTER_PORT (rank 0 serves it) and throws std::runtime_error naming the address, the rank and the
+  // timeout when it does not answer.
+  static ProcessGroup init(const DistEnv& env, const ProcessGroupOptions& options = {});
+
+  const DistEnv& env() const;
+  int rank() const;        // world rank
+  int world_size() const;  // world size
+  DeviceKind device() const;
+  const Communicator& world() const;
+
+  // A communicator over the world ranks `ranks` (ascending, no duplicates). Collective over the whole job like
+  // torch.distributed.new_group: every rank calls it with the same arguments in the same order; ranks outside the
+  // group get nullopt. `name` appears in error messages.
+  std::optional<Communicator> new_group(const std::vector<int>& ranks, const std::string& name);
+
+  struct Impl;
+
+ private:
+  explicit ProcessGroup(std::shared_ptr<Impl> impl) : impl_(std::move(impl)) {}
+  std::shared_ptr<Impl> impl_;
+};
+
+}  // namespace shardtrain::dist

@@ -1,0 +1,129 @@
+// One recipe per model family: everything the rest of shardtrain knows about a family is reached through
+// ModelRecipe, and nothing outside the family's own files (models/<family>.{h,cpp}, src/models/<family>_recipe.cpp)
+// compares family names or casts to a family's class. The zoo (zoo.h) is a table of families, each turning a
+// flavor name into a recipe.
+//
+// A recipe is one model of a family at one size (the family's config is inside it):
+//   build, Hugging Face names, transformer layer class  what parallelize(), checkpoints and weights loading need
+//   training_flops                                      the loop's TFLOP/s and MFU
+//   parallelize_hook                                    what a family needs from the data-parallel world (FLAVA's
+//                                                       global contrastive loss gathers over it)
+//   tasks / task(name)                                  what it trains on: each Task names the data it reads, its
+//                                                       losses, and its evaluation
+//
+// Adding a family: see docs/notes/architecture.md ("Adding a model family"). What comes next slots in here, not in
+// the trainer: a model from a Hugging Face config.json is another way to make a recipe (a new column of the zoo's
+// table); an activation-memory estimate is another virtual of ModelRecipe; a new task is another Task of the family.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include <array>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "shardtrain/data/loader.h"
+#include "shardtrain/models/build.h"
+#include "shardtrain/models/weights.h"
+
+namespace torch::nn {
+class Module;
+}
+namespace shardtrain::dist {
+class Communicator;
+class DeviceMesh;
+}  // namespace shardtrain::dist
+
+namespace shardtrain::models {
+
+// What a task reads: which sources, and the sizes the data pipeline makes its samples in.
+struct DataNeeds {
+  std::array<bool, 3> kinds = {false, false, false};          // sources read: IMAGE_TEXT, TEXT, IMAGE
+  bool mixes_kinds = false;    // each step's kind drawn with data.mix (FLAVA); else every source given, equally
+  int64_t image_size = 0, patch_size = 0, codebook_size = 0;  // pixels; 0: no images / no codebook
+  int64_t max_text_length = 0, vocab_size = 0;                // tokens; 0: no text
+  int64_t num_labels = 0;                                     // classifier outputs (.cls labels)
+  bool uses_mlm = false, uses_mim = false;                    // masked tokens / masked patches in the batch
+};
+
+// The losses of one micro-batch.
+struct Losses {
+  at::Tensor total;                     // () what backward runs on
+  std::map<std::string, double> parts;  // each loss's value by name ("mlm", "itm", ...), for the logs
+};
+
+// Held-out evaluation of a task: what Task::evaluate reads.
+struct EvalInputs {
+  const data::Loader* loader = nullptr;  // batches of the held-out source, masked as in training
+  int64_t source_size = 0;               // samples in the held-out source
+  int64_t max_samples = 0;               // 0: all
+  int64_t batch_size = 0;                // per rank
+  const dist::Communicator* world = nullptr;
+};
+
+// A training objective of a family: pretraining, classification, sequence to sequence, ...
+class Task {
+ public:
+  virtual ~Task() = default;
+  virtual std::string name() const = 0;  // "pretraining", "masked_lm", ...
+  virtual DataNeeds data_needs() const = 0;
+  // Every loss compute_losses() can report, in a fixed order (the metrics' columns, the ranks' reduction order).
+  virtual std::vector<std::string> loss_names() const = 0;
+  // Forward pass and losses of one micro-batch on `model` (the recipe's module, however it was parallelized).
+  // `seed` drives what the objective draws itself (T5's spans). Throws std::runtime_error on data it cannot use.
+  virtual Losses compute_losses(torch::nn::Module& model, const data::Batch& batch, uint64_t seed) const = 0;
+  // Some batches leave parameters without a gradient (FLAVA's text-only batch skips the image heads): DDP must
+  // look for them (find_unused_parameters).
+  virtual bool leaves_parameters_unused() const { return false; }
+
+  // Held-out evaluation, for tasks that have one: the kind of samples it reads, then a collective over
+  // inputs.world returning named metrics, and a phrase comparing the first and the last evaluation for the
+  // run's closing line (", retrieval R@1 0.004 -> 0.396 ...").
+  virtual bool has_evaluation() const { return false; }
+  virtual data::SampleKind eval_kind() const { return data::SampleKind::IMAGE_TEXT; }
+  virtual std::map<std::string, double> evaluate(torch::nn::Module& model, const EvalInputs& inputs) const;
+  virtual std::string describe_progress(const std::map<std::string, double>& first,
+                                        const std::map<std::string, double>& last) const;
+};
+
+// One model of a family at one size.
+class ModelRecipe {
+ public:
+  virtual ~ModelRecipe() = default;
+  virtual std::string family() const = 0;  // "flava", "bert", ...
+  virtual std::string flavor() const = 0;  // "flava-350m", ...
+
+  // The root module (an nn::Interceptable: the root unit of sharding). BuildOptions::on_layer sees every
+  // transformer layer as it is built.
+  virtual std::shared_ptr<torch::nn::Module> build(const BuildOptions& options) const = 0;
+  virtual NameMap hf_names() const = 0;  // our parameter names to Hugging Face's
+  // The transformer layer class: the default FSDP unit and activation-checkpoint region ("BertLayer").
+  virtual std::string layer_class() const = 0;
+
+  // Model FLOPs of one training step (forward + backward) on `batch`: 3 x the forward's. Each family states its
+  // formula. Throws std::invalid_argument for a batch kind the model does not read.
+  virtual double training_flops(const data::Batch& batch) const = 0;
+
+  // Called by parallelize(), build_parallel() and replicate_model() once the root is wrapped.
+  virtual void parallelize_hook(torch::nn::Module& root, const dist::DeviceMesh& mesh) const;
+
+  // The tasks this model trains on; the first is the default.
+  virtual std::vector<std::string> tasks() const = 0;
+  // Throws std::invalid_argument naming the task and the family's tasks when `name` is not one (empty: default).
+  std::unique_ptr<Task> task(const std::string& name = "") const;
+
+ protected:
+  virtual std::unique_ptr<Task> make_task(const std::string& name) const = 0;  // name is one of tasks()
+};
+
+// Per-layer forward FLOPs of a transformer layer over `tokens` tokens of attention width `width`, with `weights`
+// multiply-adds per token in its projections: 2 * weights * tokens (each multiply-add is 2 FLOPs) plus attention's
+// 4 * tokens^2 * width (scores Q K^T and their product with V, 2 * tokens^2 * width each).
+inline double transformer_layer_flops(double weights, double tokens, double width) {
+  return 2 * weights * tokens + 4 * tokens * tokens * width;
+}
+
+}  // namespace shardtrain::models

@@ -1,0 +1,281 @@
+#include "shardtrain/distributed/communicator.h"
+
+#include <ATen/ATen.h>
+#include <torch/csrc/distributed/c10d/Types.hpp>
+
+#include <chrono>
+#include <stdexcept>
+#include <string>
+#include <thread>
+
+#include "distributed/communicator_impl.h"
+#include "distributed/error_text.h"
+#include "distributed/work_state.h"
+
+namespace shardtrain::dist {
+
+const char* comm_backend_name(CommBackend backend) {
+  switch (backend) {
+    case CommBackend::SELF: return "self";
+    case CommBackend::GLOO: return "gloo";
+    case CommBackend::NCCL: return "nccl";
+  }
+  return "?";
+}
+
+const char* reduce_op_name(ReduceOp op) {
+  switch (op) {
+    case ReduceOp::SUM: return "SUM";
+    case ReduceOp::MEAN: return "MEAN";
+    case ReduceOp::MAX: return "MAX";
+  }
+  return "?";
+}
+
+namespace {
+
+// Waits (a bounded time, yielding) until `work` is referenced by its caller's handle alone: a Gloo worker thread
+// releases the operation it ran right after marking it complete. Bounded so that a backend keeping references
+// longer costs 20 ms, not a hang.
+void settle(const c10::intrusive_ptr<c10d::Work>& work) {
+  const auto give_up = std::chrono::steady_clock::now() + std::chrono::milliseconds(20);
+  while (work.use_count() > 1 && std::chrono::steady_clock::now() < give_up) std::this_thread::yield();
+}
+
+}  // namespace
+
+void Work::wait() {
+  if (!state_ || state_->done) return;
+  if (state_->work) {
+    try {
+      state_->work->wait();
+    } catch (const std::exception& e) {
+      state_->done = true;  // a failed operation is not retried by a second wait()
+      throw std::runtime_error(state_->what + " failed: " + error_text(e));
+    }
+  }
+  if (state_->finish) state_->finish();
+  // The backend's handle holds the operation's input, output and scratch tensors too: release them with ours.
+  if (state_->work && state_->settle_backend_references) settle(state_->work);
+  state_->work.reset();
+  state_->finish = nullptr;
+  state_->keep_alive.clear();
+  state_->done = true;
+}
+
+bool Work::is_completed() const {
+  if (!state_ || state_->done) return true;
+  return !state_->work || state_->work->isCompleted();
+}
+
+void wait_all(std::vector<Work>& works) {
+  for (auto& w : works) w.wait();
+}
+
+namespace {
+
+using Impl = Communicator::Impl;
+
+std::string describe(const Impl& g, const std::string& op) {
+  return op + " on " + g.name + " (rank " + std::to_string(g.rank) + " of " + std::to_string(g.global_ranks.size()) +
+         ", " + comm_backend_name(g.kind) + ")";
+}
+
+Work make_work(const Impl& g, const std::string& op, c10::intrusive_ptr<c10d::Work> work,
+               std::vector<at::Tensor> keep_alive, std::function<void()> finish = {}) {
+  auto state = std::make_shared<Work::State>();
+  state->work = std::move(work);
+  state->keep_alive = std::move(keep_alive);
+  state->finish = std::move(finish);
+  state->what = describe(g, op);
+  state->settle_backend_references = g.kind == CommBackend::GLOO;
+  return Work(std::move(state));
+}
+
+void check_tensor(const Impl& g, const std::string& op, const char* role, const at::Tensor& t) {
+  if (!t.defined()) throw std::invalid_argument(describe(g, op) + ": " + role + " tensor is undefined");
+  if (!t.is_contiguous()) {
+    throw std::invalid_argument(describe(g, op) + ": " + role + " tensor must be contiguous (sizes " +
+                                c10::str(t.sizes()) + ", strides " + c10::str(t.strides()) + ")");
+  }
+  const bool cuda = t.is_cuda();
+  if (g.kind == CommBackend::NCCL && !cuda) {
+    throw std::invalid_argument(describe(g, op) + ": " + role + " tensor is on " + c10::str(t.device()) +
+                                ", the NCCL backend needs CUDA tensors");
+  }
+  if (g.kind == CommBackend::GLOO && !t.is_cpu()) {
+    throw std::invalid_argument(describe(g, op) + ": " + role + " tensor is on " + c10::str(t.device()) +
+                                ", the Gloo backend here takes CPU tensors");
+  }
+}
+
+// out must hold W chunks of in's size: all-gather's output, reduce-scatter's input.
+void check_flat_pair(const Impl& g, const std::string& op, const at::Tensor& big, const at::Tensor& small,
+                     const char* big_role, const char* small_role) {
+  check_tensor(g, op, big_role, big);
+  check_tensor(g, op, small_role, small);
+  if (big.scalar_type() != small.scalar_type()) {
+    throw std::invalid_argument(describe(g, op) + ": " + big_role + " dtype " + c10::toString(big.scalar_type()) +
+                                " differs from " + small_role + " dtype " + c10::toString(small.scalar_type()));
+  }
+  const int64_t w = static_cast<int64_t>(g.global_ranks.size());
+  if (big.numel() != w * small.numel()) {
+    throw std::invalid_argument(describe(g, op) + ": " + big_role + " has " + std::to_string(big.numel()) +
+                                " elements, expected " + std::to_string(w) + " x " + std::to_string(small.numel()) +
+                                " (" + small_role + ")");
+  }
+}
+
+bool same_memory(const at::Tensor& a, const at::Tensor& b) {
+  return a.data_ptr() == b.data_ptr() && a.nbytes() == b.nbytes();
+}
+
+c10d::ReduceOp to_c10d(ReduceOp op) {
+  switch (op) {
+    case ReduceOp::SUM: return c10d::ReduceOp(c10d::ReduceOp::SUM);
+    case ReduceOp::MEAN: return c10d::ReduceOp(c10d::ReduceOp::AVG);
+    case ReduceOp::MAX: return c10d::ReduceOp(c10d::ReduceOp::MAX);
+  }
+  throw std::invalid_argument("unknown ReduceOp");
+}
+
+}  // namespace
+
+Communicator::Communicator(std::shared_ptr<Impl> impl) : impl_(std::move(impl)) {}
+
+Communicator Communicator::single(int global_rank) {
+  auto impl = std::make_shared<Impl>();
+  impl->global_ranks = {global_rank};
+  impl->name = "single[" + std::to_string(global_rank) + "]";
+  return Communicator(std::move(impl));
+}
+
+int Communicator::rank() const { return impl_->rank; }
+int Communicator::size() const { return static_cast<int>(impl_->global_ranks.size()); }
+const std::vector<int>& Communicator::global_ranks() const { return impl_->global_ranks; }
+CommBackend Communicator::backend() const { return impl_->kind; }
+at::Device Communicator::device() const {
+  return impl_->device_index >= 0 ? at::Device(at::kCUDA, static_cast<c10::DeviceIndex>(impl_->device_index))
+                                  : at::Device(at::kCPU);
+}
+const std::string& Communicator::name() const { return impl_->name; }
+
+Work Communicator::all_gather(const at::Tensor& out, const at::Tensor& in) const {
+  const Impl& g = *impl_;
+  check_flat_pair(g, "all_gather", out, in, "output", "input");
+  if (g.kind == CommBackend::SELF) {
+    if (!same_memory(out, in)) out.view(-1).copy_(in.view(-1));
+    return Work();
+  }
+  // Gloo's and NCCL's flat all-gathers both move (W-1)/W of the output per rank, as a ring does.
+  at::Tensor flat_out = out.view(-1);
+  at::Tensor flat_in = in.view(-1);
+  return make_work(g, "all_gather", g.backend->_allgather_base(flat_out, flat_in), {out, in});
+}
+
+Work Communicator::reduce_scatter(const at::Tensor& out, const at::Tensor& in, ReduceOp op) const {
+  const Impl& g = *impl_;
+  const std::string what = std::string("reduce_scatter(") + reduce_op_name(op) + ")";
+  check_flat_pair(g, what, in, out, "input", "output");
+  const int64_t w = size();
+  if (g.kind == CommBackend::SELF) {
+    if (!same_memory(out, in)) out.view(-1).copy_(in.view(-1));  // SUM, MEAN and MAX of one value are the value
+    return Work();
+  }
+  at::Tensor flat_out = out.view(-1);
+  at::Tensor flat_in = in.view(-1);
+  if (g.kind == CommBackend::NCCL) {
+    c10d::ReduceScatterOptions opts;
+    opts.reduceOp = to_c10d(op);
+    return make_work(g, what, g.backend->_reduce_scatter_base(flat_out, flat_in, opts), {out, in});
+  }
+  // Gloo: its reduce-scatter all-reduces every chunk, moving 2(W-1)/W of the input per rank. An all-to-all moves
+  // (W-1)/W, what a ring reduce-scatter moves; the W received chunks are then reduced locally (in float32 for
+  // half types: ATen's reductions accumulate in float and round once). See docs/notes/collectives.md.
+  at::Tensor received = at::empty_like(flat_in);
+  std::vector<int64_t> equal_splits;
+  auto work = g.backend->alltoall_base(received, flat_in, equal_splits, equal_splits);
+  auto finish = [received, flat_out, op, w]() mutable {
+    at::Tensor chunks = received.view({w, -1});
+    switch (op) {
+      case ReduceOp::SUM: at::sum_out(flat_out, chunks, {0}); break;
+      case ReduceOp::MEAN: at::mean_out(flat_out, chunks, {0}); break;
+      case ReduceOp::MAX: at::amax_out(flat_out, chunks, {0}); break;
+    }
+  };
+  return make_work(g, what, std::move(work), {out, in, received}, std::move(finish));
+}
+
+Work Communicator::native_reduce_scatter(const at::Tensor& out, const at::Tensor& in) const {
+  const Impl& g = *impl_;
+  check_flat_pair(g, "native_reduce_scatter", in, out, "input", "output");
+  if (g.kind == CommBackend::SELF) return reduce_scatter(out, in, ReduceOp::SUM);
+  at::Tensor flat_out = out.view(-1);
+  at::Tensor flat_in = in.view(-1);
+  return make_work(g, "native_reduce_scatter", g.backend->_reduce_scatter_base(flat_out, flat_in), {out, in});
+}
+
+Work Communicator::all_reduce(const at::Tensor& tensor, ReduceOp op) const {
+  const Impl& g = *impl_;
+  const std::string what = std::string("all_reduce(") + reduce_op_name(op) + ")";
+  check_tensor(g, what, "input", tensor);
+  if (g.kind == CommBackend::SELF) return Work();
+  std::vector<at::Tensor> tensors{tensor.view(-1)};
+  c10d::AllreduceOptions opts;
+  std::function<void()> finish;
+  if (op == ReduceOp::MEAN && g.kind == CommBackend::GLOO) {
+    // Gloo has no average of its own in every version: sum, then divide once the sum is in place.
+    opts.reduceOp = c10d::ReduceOp(c10d::ReduceOp::SUM);
+    const double w = size();
+    finish = [tensor, w]() { tensor.div_(w); };
+  } else {
+    opts.reduceOp = to_c10d(op);
+  }
+  return make_work(g, what, g.backend->allreduce(tensors, opts), {tensor}, std::move(finish));
+}
+
+Work Communicator::broadcast(const at::Tensor& tensor, int root) const {
+  const Impl& g = *impl_;
+  const std::string what = "broadcast(root " + std::to_string(root) + ")";
+  check_tensor(g, what, "input", tensor);
+  if (root < 0 || root >= size()) {
+    throw std::invalid_argument(describe(g, what) + ": root " + std::to_string(root) + " is not a rank of this group");
+  }
+  if (g.kind == CommBackend::SELF) return Work();
+  std::vector<at::Tensor> tensors{tensor.view(-1)};
+  c10d::BroadcastOptions opts;
+  opts.rootRank = root;
+  return make_work(g, what, g.backend->broadcast(tensors, opts), {tensor});
+}
+
+Work Communicator::all_to_all(const at::Tensor& out, const at::Tensor& in) const {
+  const Impl& g = *impl_;
+  check_tensor(g, "all_to_all", "output", out);
+  check_tensor(g, "all_to_all", "input", in);
+  if (out.numel() != in.numel() || out.scalar_type() != in.scalar_type() || in.numel() % size() != 0) {
+    throw std::invalid_argument(describe(g, "all_to_all") + ": input (" + std::to_string(in.numel()) + " x " +
+                                c10::toString(in.scalar_type()) + ") and output (" + std::to_string(out.numel()) +
+                                " x " + c10::toString(out.scalar_type()) +
+                                ") must have the same dtype and a size divisible by the group size " +
+                                std::to_string(size()));
+  }
+  if (g.kind == CommBackend::SELF) {
+    if (!same_memory(out, in)) out.view(-1).copy_(in.view(-1));
+    return Work();
+  }
+  at::Tensor flat_out = out.view(-1);
+  at::Tensor flat_in = in.view(-1);
+  std::vector<int64_t> equal_splits;
+  return make_work(g, "all_to_all", g.backend->alltoall_base(flat_out, flat_in, equal_splits, equal_splits),
+                   {out, in});
+}
+
+Work Communicator::barrier() const {
+  const Impl& g = *impl_;
+  if (g.kind == CommBackend::SELF) return Work();
+  c10d::BarrierOptions opts;
+  if (g.kind == CommBackend::NCCL) opts.device_ids = {static_cast<int64_t>(g.device_index)};
+  return make_work(g, "barrier", g.backend->barrier(opts), {});
+}
+
+}  // namespace shardtrain::dist

@@ -1,0 +1,145 @@
+#include "shardtrain/distributed/process_group.h"
+
+#include <torch/csrc/distributed/c10d/PrefixStore.hpp>
+#include <torch/csrc/distributed/c10d/TCPStore.hpp>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <stdexcept>
+#include <string>
+
+#include "distributed/backends.h"
+#include "distributed/communicator_impl.h"
+#include "distributed/error_text.h"
+
+namespace shardtrain::dist {
+
+struct ProcessGroup::Impl {
+  DistEnv env;
+  ProcessGroupOptions options;
+  c10::intrusive_ptr<c10d::Store> store;  // null at world size 1
+  std::string gloo_hostname;              // interface Gloo binds: loopback on one node
+  std::optional<Communicator> world;
+  int groups_created = 0;  // sub-group counter: every rank counts the same, so it names the store prefix
+
+  // Destroy communicators (their backends hold the store) before the store.
+  ~Impl() { world.reset(); }
+};
+
+namespace {
+
+bool is_loopback(const std::string& addr) {
+  return addr == "localhost" || addr.rfind("127.", 0) == 0 || addr == "::1";
+}
+
+std::string this_hostname() {
+  char name[256] = {0};
+  if (gethostname(name, sizeof(name) - 1) != 0) return "127.0.0.1";
+  return name;
+}
+
+std::string seconds_text(std::chrono::milliseconds ms) {
+  char text[32];
+  std::snprintf(text, sizeof(text), "%.1f s", static_cast<double>(ms.count()) / 1000.0);
+  return text;
+}
+
+c10::intrusive_ptr<c10d::Store> connect_store(const DistEnv& env, std::chrono::milliseconds timeout) {
+  c10d::TCPStoreOptions options;
+  options.port = static_cast<std::uint16_t>(env.master_port);
+  options.isServer = env.rank == 0;
+  options.numWorkers = static_cast<std::size_t>(env.world_size);
+  options.waitWorkers = true;
+  options.timeout = timeout;
+  if (env.rank == 0 && env.master_listen_fd) options.masterListenFd = *env.master_listen_fd;
+  try {
+    return c10::make_intrusive<c10d::TCPStore>(env.master_addr, options);
+  } catch (const std::exception& e) {
+    const std::string role = env.rank == 0 ? "serving the rendezvous on port " + std::to_string(env.master_port) +
+                                                 " and waiting for " + std::to_string(env.world_size - 1) +
+                                                 " other rank(s)"
+                                           : "connecting to the rendezvous";
+    throw std::runtime_error("rendezvous failed on rank " + std::to_string(env.rank) + " of " +
+                             std::to_string(env.world_size) + " (" + role + ") at MASTER_ADDR:MASTER_PORT = " +
+                             env.master_addr + ":" + std::to_string(env.master_port) + " within " +
+                             seconds_text(timeout) + ": " + error_text(e));
+  }
+}
+
+std::shared_ptr<Communicator::Impl> make_group(const ProcessGroup::Impl& pg,
+                                               const c10::intrusive_ptr<c10d::Store>& store, std::vector<int> ranks,
+                                               int group_rank, std::string name) {
+  auto impl = std::make_shared<Communicator::Impl>();
+  impl->rank = group_rank;
+  impl->global_ranks = std::move(ranks);
+  impl->name = std::move(name);
+  const int size = static_cast<int>(impl->global_ranks.size());
+  if (size == 1) return impl;  // SELF: nothing to connect
+  if (pg.options.device == DeviceKind::CUDA) {
+    impl->kind = CommBackend::NCCL;
+    impl->device_index = pg.env.local_rank;
+    impl->backend = make_nccl_backend(store, group_rank, size, pg.options.timeout, impl->device_index);
+  } else {
+    impl->kind = CommBackend::GLOO;
+    impl->backend =
+        make_gloo_backend(store, group_rank, size, pg.options.timeout, pg.gloo_hostname, pg.options.gloo_threads);
+  }
+  return impl;
+}
+
+}  // namespace
+
+ProcessGroup ProcessGroup::init(const DistEnv& env, const ProcessGroupOptions& options) {
+  if (env.world_size < 1 || env.rank < 0 || env.rank >= env.world_size) {
+    throw std::invalid_argument("ProcessGroup::init: rank " + std::to_string(env.rank) + " is not in [0, " +
+                                std::to_string(env.world_size) + ")");
+  }
+  if (options.timeout.count() <= 0) {
+    throw std::invalid_argument("ProcessGroup::init: timeout " + std::to_string(options.timeout.count()) +
+                                " ms must be positive");
+  }
+  auto impl = std::make_shared<Impl>();
+  impl->env = env;
+  impl->options = options;
+  std::vector<int> all(static_cast<size_t>(env.world_size));
+  for (int r = 0; r < env.world_size; ++r) all[static_cast<size_t>(r)] = r;
+  if (env.world_size > 1) {
+    impl->gloo_hostname = is_loopback(env.master_addr) ? "127.0.0.1" : this_hostname();
+    impl->store = connect_store(env, options.timeout);
+    auto prefixed = c10::make_intrusive<c10d::PrefixStore>("world", impl->store);
+    impl->world = Communicator(make_group(*impl, prefixed, all, env.rank, "world"));
+  } else {
+    impl->world = Communicator(make_group(*impl, nullptr, all, 0, "world"));
+  }
+  return ProcessGroup(std::move(impl));
+}
+
+const DistEnv& ProcessGroup::env() const { return impl_->env; }
+int ProcessGroup::rank() const { return impl_->env.rank; }
+int ProcessGroup::world_size() const { return impl_->env.world_size; }
+DeviceKind ProcessGroup::device() const { return impl_->options.device; }
+const Communicator& ProcessGroup::world() const { return *impl_->world; }
+
+std::optional<Communicator> ProcessGroup::new_group(const std::vector<int>& ranks, const std::string& name) {
+  if (ranks.empty()) throw std::invalid_argument("new_group '" + name + "': empty rank list");
+  for (size_t i = 0; i < ranks.size(); ++i) {
+    if (ranks[i] < 0 || ranks[i] >= world_size()) {
+      throw std::invalid_argument("new_group '" + name + "': rank " + std::to_string(ranks[i]) + " is not in [0, " +
+                                  std::to_string(world_size()) + ")");
+    }
+    if (i > 0 && ranks[i] <= ranks[i - 1]) {
+      throw std::invalid_argument("new_group '" + name + "': ranks must be ascending without duplicates, got " +
+                                  std::to_string(ranks[i - 1]) + " then " + std::to_string(ranks[i]));
+    }
+  }
+  const int index = impl_->groups_created++;
+  auto it = std::find(ranks.begin(), ranks.end(), rank());
+  if (it == ranks.end()) return std::nullopt;
+  const int group_rank = static_cast<int>(it - ranks.begin());
+  c10::intrusive_ptr<c10d::Store> store;
+  if (impl_->store) store = c10::make_intrusive<c10d::PrefixStore>("group" + std::to_string(index), impl_->store);
+  return Communicator(make_group(*impl_, store, ranks, group_rank, name));
+}
+
+}  // namespace shardtrain::dist

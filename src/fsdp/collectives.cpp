@@ -1,0 +1,52 @@
+#include "fsdp/collectives.h"
+
+#include <ATen/ATen.h>
+
+namespace shardtrain::fsdp {
+
+AllGatherResult foreach_all_gather(const at::Tensor& sharded_flat, int64_t shard_version, at::ScalarType dtype,
+                                   const at::Device& device, const dist::Communicator& group) {
+  const at::Tensor send = sharded_flat.to(device, dtype, /*non_blocking=*/true);
+  AllGatherResult r;
+  r.gathered = at::empty({group.size() * send.numel()}, send.options());
+  r.work = group.all_gather(r.gathered, send);
+  r.shard_version = shard_version;
+  return r;
+}
+
+void foreach_all_gather_copy_out(AllGatherResult& result, std::vector<FsdpParam>& params,
+                                 const std::vector<int64_t>& offsets, int64_t shard_numel) {
+  result.work.wait();
+  for (size_t i = 0; i < params.size(); ++i) {
+    params[i].alloc_unsharded();
+    params[i].copy_in_unsharded(result.gathered, shard_numel, offsets[i]);
+    params[i].use_unsharded();
+  }
+}
+
+ReduceScatterResult foreach_reduce_scatter(std::vector<at::Tensor>& full_grads, const std::vector<FsdpParam>& params,
+                                           const std::vector<int64_t>& offsets, int64_t shard_numel,
+                                           at::ScalarType dtype, const at::Device& device, dist::ReduceOp op,
+                                           const dist::Communicator& group) {
+  const bool group_of_one = group.size() == 1;
+  at::Tensor input = at::zeros({(group_of_one ? 1 : group.size()) * shard_numel},
+                               at::TensorOptions().dtype(dtype).device(device));
+  std::vector<float> local_flags(params.size(), 0.0f);
+  for (size_t i = 0; i < params.size(); ++i) {
+    if (!full_grads[i].defined()) continue;
+    params[i].copy_grad_out(full_grads[i], input, shard_numel, offsets[i]);
+    full_grads[i] = at::Tensor();
+    local_flags[i] = 1.0f;
+  }
+  ReduceScatterResult r;
+  r.has_gradient = at::tensor(local_flags).to(group.device());  // NCCL reduces CUDA tensors only
+  if (group_of_one) {
+    r.output = std::move(input);
+  } else {
+    r.output = at::empty({shard_numel}, input.options());
+    r.work = group.reduce_scatter(r.output, input, op);
+  }
+  return r;
+}
+
+}  // namespace shardtrain::fsdp

@@ -1,0 +1,53 @@
+// The collectives of one FSDP unit as stateless functions, in FSDP2's manner (its _fsdp_collectives.py): each
+// takes everything it uses as arguments and returns what it started; the unit (fsdp_unit.h) decides when to call
+// them and keeps what they return. Private to the fsdp layer.
+//
+// Layouts: a unit's flat shard is (S) elements, S = unit_shard_numel, the parameters' shards back to back at
+// `offsets`; the all-gather output and the reduce-scatter input are rank-major (W * S): rank r's block is what
+// rank r's flat shard holds (padding rows zero).
+#pragma once
+
+#include <ATen/core/Tensor.h>
+#include <c10/core/Device.h>
+
+#include <vector>
+
+#include "fsdp/fsdp_param.h"
+#include "shardtrain/distributed/communicator.h"
+
+namespace shardtrain::fsdp {
+
+// An all-gather in flight: `gathered` (W * S) in the compute dtype is valid after work.wait().
+struct AllGatherResult {
+  at::Tensor gathered;
+  dist::Work work;
+  int64_t shard_version = 0;  // the shards' version sum when issued: a changed sum means the optimizer stepped since
+};
+
+// Issues the all-gather of a unit's flat shard in `dtype` on `device` (mixed precision casts the shards first;
+// offloaded shards are copied from pinned CPU memory, asynchronously and ordered before the collective).
+AllGatherResult foreach_all_gather(const at::Tensor& sharded_flat, int64_t shard_version, at::ScalarType dtype,
+                                   const at::Device& device, const dist::Communicator& group);
+
+// Waits for the all-gather and copies each parameter's rows into its unsharded storage (allocated here, in place,
+// so that views autograd saved stay valid), then points the parameters at their full values.
+void foreach_all_gather_copy_out(AllGatherResult& result, std::vector<FsdpParam>& params,
+                                 const std::vector<int64_t>& offsets, int64_t shard_numel);
+
+// A reduction in flight: `output` (S) in the reduce dtype, this rank's reduced rows, valid after work.wait();
+// `has_gradient` (params) 1.0 where this rank contributed a gradient, on the group's device.
+struct ReduceScatterResult {
+  at::Tensor output;
+  at::Tensor has_gradient;
+  dist::Work work;  // empty when nothing needed communicating (a group of one)
+};
+
+// Copies the full gradients (undefined: the parameter got none, counted as zero) into a new reduce-scatter input
+// in `dtype` on `device`, dropping each full gradient once copied (at most one full gradient and the input alive),
+// and issues the reduce-scatter with `op`. A group of one communicates nothing: the input is the output.
+ReduceScatterResult foreach_reduce_scatter(std::vector<at::Tensor>& full_grads, const std::vector<FsdpParam>& params,
+                                           const std::vector<int64_t>& offsets, int64_t shard_numel,
+                                           at::ScalarType dtype, const at::Device& device, dist::ReduceOp op,
+                                           const dist::Communicator& group);
+
+}  // namespace shardtrain::fsdp

@@ -1,0 +1,14 @@
+// The zoo's rows (private to the models layer): each family's recipe file defines its own.
+#pragma once
+
+#include "shardtrain/models/zoo.h"
+
+namespace shardtrain::models {
+
+ModelFamily flava_family();  // src/models/flava_recipe.cpp
+ModelFamily bert_family();   // src/models/bert_recipe.cpp
+ModelFamily vit_family();    // src/models/vit_recipe.cpp
+ModelFamily t5_family();     // src/models/t5_recipe.cpp
+ModelFamily llama_family();  // src/models/llama_recipe.cpp
+
+}  // namespace shardtrain::models

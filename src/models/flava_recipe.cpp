@@ -1,0 +1,194 @@
+// FLAVA's recipe: pretraining on image-text, text-only and image-only batches mixed by data.mix (MIM, MLM, ITM,
+// MMM and the global contrastive loss), zero-shot evaluation on held-out image-text pairs, and the contrastive
+// loss gathering over the data-parallel world.
+#include <ATen/ATen.h>
+#include <c10/core/GradMode.h>
+
+#include <cmath>
+#include <cstdio>
+
+#include "models/families.h"
+#include "models/recipe_helpers.h"
+#include "shardtrain/distributed/mesh.h"
+#include "shardtrain/models/flava.h"
+
+namespace shardtrain::models {
+namespace {
+
+// Retrieval R@1 in both directions over the whole evaluated set (embeddings of the unmasked passes, gathered from
+// every rank), and image-text matching accuracy on each pair and on a mismatched pair (the text with the next
+// sample's image), with the inputs masked as in training: FLAVA's ITM head only ever sees the masked multimodal
+// pass, and unmasked inputs are a distribution it was not trained on. Chance: R@1 = 1/N, ITM = 0.5.
+// Uses the largest multiple of world * batch_size samples up to max_samples (0: all).
+std::map<std::string, double> evaluate_flava(FlavaImpl& flava, const EvalInputs& in) {
+  const dist::Communicator& world = *in.world;
+  const int64_t W = world.size(), per_step = W * in.batch_size;
+  const int64_t wanted = in.max_samples > 0 ? std::min(in.max_samples, in.source_size) : in.source_size;
+  const int64_t used = wanted / per_step * per_step;
+  if (used == 0) {
+    throw std::invalid_argument("eval: " + std::to_string(wanted) + " held-out samples are fewer than one batch on "
+                                "every rank (" + std::to_string(per_step) + ")");
+  }
+  c10::AutoGradMode no_grad(false);
+  const bool was_training = flava.is_training();
+  flava.eval();
+  std::vector<at::Tensor> image_embeddings, text_embeddings;
+  int64_t itm_correct = 0, itm_total = 0;
+  for (int64_t start = 0; start < used; start += per_step) {
+    const data::Batch b = in.loader->build(data::SampleKind::IMAGE_TEXT, start);
+    FlavaBatch fb;
+    fb.input_ids = b.input_ids, fb.attention_mask = b.attention_mask, fb.pixels = b.pixels;
+    fb.input_ids_masked = b.input_ids_masked, fb.masked_patches = b.masked_patches;
+    fb.codebook_pixels = b.codebook_pixels;
+    const FlavaOutputs positive = flava.run(fb);
+    image_embeddings.push_back(positive.image_embedding);
+    text_embeddings.push_back(positive.text_embedding);
+    itm_correct += (positive.itm_logits.argmax(1) == 1).sum().item<int64_t>();
+    itm_total += b.input_ids.size(0);
+    if (b.input_ids.size(0) > 1) {  // each text with the next sample's image
+      fb.pixels = b.pixels.roll(1, 0);
+      if (fb.masked_patches.defined()) fb.masked_patches = b.masked_patches.roll(1, 0);
+      if (fb.codebook_pixels.defined()) fb.codebook_pixels = b.codebook_pixels.roll(1, 0);
+      const FlavaOutputs negative = flava.run(fb);
+      itm_correct += (negative.itm_logits.argmax(1) == 0).sum().item<int64_t>();
+      itm_total += b.input_ids.size(0);
+    }
+  }
+  if (was_training) flava.train();
+
+  // Every rank's embeddings, rank-major: (used, C) on every rank.
+  auto gather = [&](const std::vector<at::Tensor>& parts) {
+    const at::Tensor local = at::cat(parts).contiguous();
+    at::Tensor all = at::empty({W * local.size(0), local.size(1)}, local.options());
+    world.all_gather(all, local).wait();
+    return all;
+  };
+  const at::Tensor images = gather(image_embeddings), texts = gather(text_embeddings);
+  const at::Tensor similarity = images.matmul(texts.t());  // (N images, N texts)
+  // A hit when the true partner scores at least as high as every other (identical captions tie exactly).
+  const at::Tensor diagonal = similarity.diagonal();
+  const double r1_i2t = (diagonal >= std::get<0>(similarity.max(1))).to(at::kDouble).mean().item<double>();
+  const double r1_t2i = (diagonal >= std::get<0>(similarity.max(0))).to(at::kDouble).mean().item<double>();
+  at::Tensor itm = at::tensor({static_cast<double>(itm_correct), static_cast<double>(itm_total)}, at::kDouble)
+                       .to(images.device());  // NCCL reduces device tensors only
+  world.all_reduce(itm, dist::ReduceOp::SUM).wait();
+  itm = itm.cpu();
+  return {{"r1_image_to_text", r1_i2t},
+          {"r1_text_to_image", r1_t2i},
+          {"itm_accuracy", itm[0].item<double>() / itm[1].item<double>()},
+          {"eval_samples", static_cast<double>(used)}};
+}
+
+class FlavaPretraining : public Task {
+ public:
+  explicit FlavaPretraining(const FlavaConfig& config) : config_(config) {}
+  std::string name() const override { return "pretraining"; }
+  DataNeeds data_needs() const override {
+    DataNeeds d;
+    d.kinds = {true, true, true};
+    d.mixes_kinds = true;
+    d.image_size = config_.image_size, d.patch_size = config_.patch_size;
+    d.codebook_size = 8 * config_.image_size / config_.patch_size;  // the codebook reads 8x8 pixels per token
+    d.max_text_length = config_.max_positions, d.vocab_size = config_.vocab_size;
+    d.uses_mlm = d.uses_mim = true;
+    return d;
+  }
+  std::vector<std::string> loss_names() const override {
+    return {"mim", "mlm", "itm", "contrastive", "mmm_image", "mmm_text"};
+  }
+  Losses compute_losses(torch::nn::Module& model, const data::Batch& b, uint64_t) const override {
+    FlavaBatch fb;
+    fb.input_ids = b.input_ids, fb.input_ids_masked = b.input_ids_masked, fb.attention_mask = b.attention_mask;
+    fb.pixels = b.pixels, fb.codebook_pixels = b.codebook_pixels, fb.masked_patches = b.masked_patches;
+    fb.mlm_labels = b.mlm_labels, fb.itm_labels = b.itm_labels;
+    const FlavaOutputs o = module_as<FlavaImpl>(model, "flava").run(fb);
+    Losses out;
+    out.total = o.loss;
+    const std::pair<const char*, const at::Tensor*> parts[] = {
+        {"mim", &o.mim}, {"mlm", &o.mlm}, {"itm", &o.itm}, {"contrastive", &o.global_contrastive},
+        {"mmm_image", &o.mmm_image}, {"mmm_text", &o.mmm_text}};
+    for (const auto& [name, t] : parts) {
+      if (t->defined()) out.parts[name] = value_of(*t);
+    }
+    return out;
+  }
+  // Each batch kind leaves some heads and poolers out of the loss.
+  bool leaves_parameters_unused() const override { return true; }
+
+  bool has_evaluation() const override { return true; }
+  data::SampleKind eval_kind() const override { return data::SampleKind::IMAGE_TEXT; }
+  std::map<std::string, double> evaluate(torch::nn::Module& model, const EvalInputs& inputs) const override {
+    return evaluate_flava(module_as<FlavaImpl>(model, "flava"), inputs);
+  }
+  std::string describe_progress(const std::map<std::string, double>& first,
+                                const std::map<std::string, double>& last) const override {
+    char out[200];
+    std::snprintf(out, sizeof(out),
+                  ", retrieval R@1 %.3f -> %.3f (chance %.3f), ITM accuracy %.3f -> %.3f (chance 0.5)", first.at("r1_image_to_text"), last.at("r1_image_to_text"), 1.0 / last.at("eval_samples"),
+                  first.at("itm_accuracy"), last.at("itm_accuracy"));
+    return out;
+  }
+
+ private:
+  FlavaConfig config_;
+};
+
+class FlavaRecipe : public ModelRecipe {
+ public:
+  FlavaRecipe(std::string flavor, const FlavaConfig& config) : flavor_(std::move(flavor)), config_(config) {}
+  std::string family() const override { return "flava"; }
+  std::string flavor() const override { return flavor_; }
+  std::shared_ptr<torch::nn::Module> build(const BuildOptions& options) const override {
+    return Flava(config_, options).ptr();
+  }
+  NameMap hf_names() const override { return flava_names(); }
+  std::string layer_class() const override { return "FlavaLayer"; }
+
+  // Per sample, all encoders of width d with 4 d^2 + 2 d mlp_dim weights per layer (transformer_layer_flops), T
+  // text tokens, n = (image_size / patch_size)^2 + 1 image tokens, U unimodal layers per encoder, M multimodal:
+  //   text:       3 * U * layer(T)
+  //   image:      3 * U * layer(n)
+  //   image-text: 3 * (2 U (layer(T) + layer(n)) + M layer(n + T + 1))   (masked and unmasked passes of both
+  //               encoders, then the multimodal encoder over both with its CLS)
+  // The frozen codebook, embeddings and heads are left out (the usual 6N convention).
+  double training_flops(const data::Batch& b) const override {
+    const double d = static_cast<double>(config_.dim), T = text_tokens(b);
+    const double weights = 4 * d * d + 2 * d * static_cast<double>(config_.mlp_dim);
+    const double side = static_cast<double>(config_.image_size / config_.patch_size), n = side * side + 1;
+    const double U = static_cast<double>(config_.unimodal_layers), M = static_cast<double>(config_.multimodal_layers);
+    auto layer = [&](double tokens) { return transformer_layer_flops(weights, tokens, d); };
+    double forward = 0;
+    switch (b.kind) {
+      case data::SampleKind::TEXT: forward = U * layer(T); break;
+      case data::SampleKind::IMAGE: forward = U * layer(n); break;
+      case data::SampleKind::IMAGE_TEXT: forward = 2 * U * (layer(T) + layer(n)) + M * layer(n + T + 1); break;
+    }
+    return 3 * forward * batch_rows(b);
+  }
+
+  void parallelize_hook(torch::nn::Module& root, const dist::DeviceMesh& mesh) const override {
+    module_as<FlavaImpl>(root, "flava").set_contrastive_group(mesh.world());
+  }
+
+  std::vector<std::string> tasks() const override { return {"pretraining"}; }
+
+ protected:
+  std::unique_ptr<Task> make_task(const std::string&) const override {
+    return std::make_unique<FlavaPretraining>(config_);
+  }
+
+ private:
+  std::string flavor_;
+  FlavaConfig config_;
+};
+
+}  // namespace
+
+ModelFamily flava_family() {
+  return {"flava", flava_flavors,
+          [](const std::string& f) -> std::shared_ptr<const ModelRecipe> {
+            return std::make_shared<FlavaRecipe>(f, flava_flavor(f));
+          }};
+}
+
+}  // namespace shardtrain::models

@@ -1,0 +1,147 @@
+// T5's recipe: span corruption (T5's pretraining objective) on text, the encoder reading the corrupted row and the
+// decoder writing the hidden spans.
+#include <ATen/ATen.h>
+
+#include <algorithm>
+
+#include "models/families.h"
+#include "models/recipe_helpers.h"
+#include "models/t5_span_corruption.h"
+#include "shardtrain/models/losses.h"
+#include "shardtrain/models/t5.h"
+
+namespace shardtrain::models {
+
+std::pair<std::vector<int64_t>, std::vector<int64_t>> span_corrupt(const std::vector<int64_t>& tokens,
+                                                                    int64_t first_sentinel, int64_t eos,
+                                                                    std::mt19937_64& rng) {
+  const int64_t n = static_cast<int64_t>(tokens.size());
+  std::vector<uint8_t> noise(static_cast<size_t>(n), 0);
+  const int64_t masked = std::max<int64_t>(n > 1 ? 1 : 0, std::llround(kSpanNoise * static_cast<double>(n)));
+  const int64_t spans = std::max<int64_t>(masked > 0 ? 1 : 0, std::llround(static_cast<double>(masked) / kMeanSpan));
+  for (int64_t s = 0, placed = 0; s < spans && placed < masked; ++s) {
+    const int64_t length = std::min<int64_t>(masked - placed, std::max<int64_t>(1, masked / spans));
+    const int64_t start = static_cast<int64_t>(rng() % static_cast<uint64_t>(std::max<int64_t>(1, n - length + 1)));
+    for (int64_t i = start; i < start + length; ++i) {
+      placed += noise[static_cast<size_t>(i)] ? 0 : 1;
+      noise[static_cast<size_t>(i)] = 1;
+    }
+  }
+  std::vector<int64_t> input, target;
+  int64_t sentinel = first_sentinel;
+  for (int64_t i = 0; i < n; ++i) {
+    if (!noise[static_cast<size_t>(i)]) {
+      input.push_back(tokens[static_cast<size_t>(i)]);
+      continue;
+    }
+    if (i == 0 || !noise[static_cast<size_t>(i - 1)]) {
+      input.push_back(sentinel);
+      target.push_back(sentinel);
+      --sentinel;
+    }
+    target.push_back(tokens[static_cast<size_t>(i)]);
+  }
+  input.push_back(eos);
+  target.push_back(eos);
+  return {input, target};
+}
+
+namespace {
+
+// Rows of different lengths as one (rows, longest) int64 tensor, `pad` after each row's end.
+at::Tensor padded(const std::vector<std::vector<int64_t>>& rows, int64_t pad) {
+  size_t width = 1;
+  for (const auto& r : rows) width = std::max(width, r.size());
+  auto out = at::full({static_cast<int64_t>(rows.size()), static_cast<int64_t>(width)}, pad, at::kLong);
+  for (size_t i = 0; i < rows.size(); ++i) {
+    for (size_t j = 0; j < rows[i].size(); ++j) out[static_cast<int64_t>(i)][static_cast<int64_t>(j)] = rows[i][j];
+  }
+  return out;
+}
+
+class T5SpanCorruption : public Task {
+ public:
+  explicit T5SpanCorruption(const T5Config& config) : config_(config) {}
+  std::string name() const override { return "span_corruption"; }
+  DataNeeds data_needs() const override {
+    DataNeeds d;
+    d.kinds = {false, true, false};
+    d.max_text_length = 512, d.vocab_size = config_.vocab_size;  // relative positions: 512 is T5's training length
+    return d;
+  }
+  std::vector<std::string> loss_names() const override { return {"span"}; }
+  Losses compute_losses(torch::nn::Module& model, const data::Batch& b, uint64_t seed) const override {
+    // The text's tokens without [CLS]/[SEP]/[PAD]; [SEP] doubles as EOS. The spans depend on (seed, step, micro).
+    const int64_t rows = b.input_ids.size(0);
+    std::vector<std::vector<int64_t>> inputs, targets;
+    std::mt19937_64 rng(seed ^ (static_cast<uint64_t>(b.step) * 0x9E3779B97F4A7C15ull) ^
+                        static_cast<uint64_t>(b.micro));
+    for (int64_t r = 0; r < rows; ++r) {
+      const at::Tensor ids = b.input_ids[r].masked_select(b.attention_mask[r] != 0);
+      std::vector<int64_t> tokens(ids.data_ptr<int64_t>() + 1, ids.data_ptr<int64_t>() + ids.numel() - 1);
+      const int64_t eos = ids[ids.numel() - 1].item<int64_t>();
+      auto [input, target] = span_corrupt(tokens, config_.vocab_size - 1, eos, rng);
+      inputs.push_back(std::move(input));
+      targets.push_back(std::move(target));
+    }
+    const at::Tensor input_ids = padded(inputs, config_.pad_token_id);
+    const at::Tensor mask = (input_ids != config_.pad_token_id).to(at::kLong);
+    const at::Tensor labels = padded(targets, kIgnoreIndex);
+    Losses out;
+    out.total = module_as<T5Impl>(model, "t5").run(input_ids, mask, {}, labels).loss;
+    out.parts["span"] = value_of(out.total);
+    return out;
+  }
+
+ private:
+  T5Config config_;
+};
+
+class T5Recipe : public ModelRecipe {
+ public:
+  T5Recipe(std::string flavor, const T5Config& config) : flavor_(std::move(flavor)), config_(config) {}
+  std::string family() const override { return "t5"; }
+  std::string flavor() const override { return flavor_; }
+  std::shared_ptr<torch::nn::Module> build(const BuildOptions& options) const override {
+    return T5(config_, options).ptr();
+  }
+  NameMap hf_names() const override { return t5_names(); }
+  std::string layer_class() const override { return "T5Block"; }
+
+  // Per sample, with the batch's T text tokens: the encoder's L blocks over T tokens, the decoder's L blocks over
+  // T / 2 (span corruption's targets are short; self- and cross-attention each counted over T / 2 tokens), attention
+  // width inner = heads * head_dim, attn = 4 d inner weights (q, k, v, o), mlp = 2 d mlp_dim:
+  //   3 * L * (2 (attn + mlp) T + 4 T^2 inner + 2 (2 attn + mlp) T/2 + 4 (T/2)^2 inner)
+  double training_flops(const data::Batch& b) const override {
+    if (b.kind != data::SampleKind::TEXT) throw_unread_kind(flavor_, b);
+    const double d = static_cast<double>(config_.dim), T = text_tokens(b);
+    const double inner = static_cast<double>(config_.heads * config_.head_dim);
+    const double attn = 4 * d * inner, mlp = 2 * d * static_cast<double>(config_.mlp_dim);
+    const double forward = static_cast<double>(config_.layers) *
+                           (transformer_layer_flops(attn + mlp, T, inner) +
+                            transformer_layer_flops(2 * attn + mlp, T / 2, inner));
+    return 3 * forward * batch_rows(b);
+  }
+
+  std::vector<std::string> tasks() const override { return {"span_corruption"}; }
+
+ protected:
+  std::unique_ptr<Task> make_task(const std::string&) const override {
+    return std::make_unique<T5SpanCorruption>(config_);
+  }
+
+ private:
+  std::string flavor_;
+  T5Config config_;
+};
+
+}  // namespace
+
+ModelFamily t5_family() {
+  return {"t5", t5_flavors,
+          [](const std::string& f) -> std::shared_ptr<const ModelRecipe> {
+            return std::make_shared<T5Recipe>(f, t5_flavor(f));
+          }};
+}
+
+}  // namespace shardtrain::models

@@ -1,0 +1,146 @@
+#include "train/parallel_model.h"
+
+#include <torch/nn/utils/clip_grad.h>
+
+#include <stdexcept>
+
+#include "shardtrain/fsdp/wrap_policy.h"
+#include "shardtrain/models/parallelize.h"
+#include "shardtrain/nn/autocast.h"
+
+namespace shardtrain::train {
+namespace {
+
+using config::Config;
+
+fsdp::BackwardPrefetch backward_prefetch_of(config::Prefetch p) {
+  switch (p) {
+    case config::Prefetch::BACKWARD_PRE: return fsdp::BackwardPrefetch::BACKWARD_PRE;
+    case config::Prefetch::BACKWARD_POST: return fsdp::BackwardPrefetch::BACKWARD_POST;
+    case config::Prefetch::NONE: break;
+  }
+  return fsdp::BackwardPrefetch::NONE;
+}
+
+// DDP: every rank builds the whole model; with sync_module_states rank 0 reads init_weights and replicate() hands
+// its parameters to the others.
+models::ZooModel build_replicated(const Config& c, std::shared_ptr<const models::ModelRecipe> recipe,
+                                  const models::BuildOptions& build, const dist::DeviceMesh& mesh,
+                                  const at::Device& device) {
+  models::ZooModel model = models::build_model(std::move(recipe), build);
+  const bool reads = !c.parallel.sync_module_states || mesh.world().rank() == 0;
+  if (!c.model.init_weights.empty() && reads) models::load_weights(*model.module, c.model.init_weights, model.names);
+  if (c.parallel.activation_checkpointing) models::activation_checkpoint_layers(model, 1, c.parallel.layer_classes);
+  // Mixed precision without sharding: autocast around the model (parameters, gradients, optimizer float32).
+  if (c.parallel.mixed_precision != config::Precision::NO) {
+    nn::autocast_module(*model.module, device.type(),
+                        c.parallel.mixed_precision == config::Precision::BF16 ? at::kBFloat16 : at::kHalf);
+  }
+  return model;
+}
+
+models::ParallelizeOptions parallelize_options(const Config& c) {
+  models::ParallelizeOptions o;
+  o.strategy = fsdp_strategy_of(c.parallel.strategy);
+  if (c.parallel.mixed_precision == config::Precision::BF16) {
+    o.fsdp.mixed_precision.param_dtype = at::kBFloat16;
+    o.fsdp.mixed_precision.reduce_dtype = at::kBFloat16;
+  }
+  if (c.parallel.mixed_precision == config::Precision::FP16) {
+    // float16 gradients are scaled (optim::GradScaler in the loop); their sum over ranks is taken in float32, where
+    // a scaled gradient cannot overflow.
+    o.fsdp.mixed_precision.param_dtype = at::kHalf;
+    o.fsdp.mixed_precision.reduce_dtype = at::kFloat;
+  }
+  o.fsdp.forward_prefetch = static_cast<int>(c.parallel.forward_prefetch);
+  o.fsdp.limit_all_gathers = c.parallel.limit_all_gathers;
+  o.fsdp.backward_prefetch = backward_prefetch_of(c.parallel.backward_prefetch);
+  o.fsdp.offload_params = c.parallel.cpu_offload;
+  o.layer_classes = c.parallel.layer_classes;
+  o.activation_checkpoint_every = c.parallel.activation_checkpointing ? 1 : 0;
+  if (c.parallel.wrap == config::AutoWrap::SIZE) o.policy = fsdp::wrap_by_size(c.parallel.min_params);
+  if (c.parallel.wrap == config::AutoWrap::NONE) {
+    o.policy = fsdp::wrap_if([](const std::string&, torch::nn::Module&) { return false; });  // the root alone
+  }
+  return o;
+}
+
+// FSDP: the family's layers are sharded as they are built; other units need the whole model first. Weights from a
+// file go into the sharded model: each rank reads its rows, or (sync_module_states) rank 0 reads and broadcasts,
+// for a file only rank 0 can see.
+models::ZooModel build_sharded(const Config& c, std::shared_ptr<const models::ModelRecipe> recipe,
+                               const models::BuildOptions& build, const dist::DeviceMesh& mesh) {
+  const models::ParallelizeOptions o = parallelize_options(c);
+  const std::string own_layer = recipe->layer_class();
+  const bool default_units = !o.policy && (o.layer_classes.empty() ||
+                                           (o.layer_classes.size() == 1 && o.layer_classes[0] == own_layer));
+  models::ZooModel model;
+  if (default_units) {
+    model = models::build_parallel(std::move(recipe), mesh, o, build);
+  } else {
+    model = models::build_model(std::move(recipe), build);
+    models::parallelize(model, mesh, o);
+  }
+  if (!c.model.init_weights.empty()) {
+    models::load_weights_sharded(model.module, c.model.init_weights, model.names,
+                                 c.parallel.sync_module_states ? std::optional(mesh.world()) : std::nullopt);
+  }
+  fsdp::set_reshard_after_backward(model.module, c.parallel.reshard_after_backward);
+  return model;
+}
+
+}  // namespace
+
+fsdp::ShardingStrategy fsdp_strategy_of(config::Strategy s) {
+  switch (s) {
+    case config::Strategy::FULL_SHARD: return fsdp::ShardingStrategy::FULL_SHARD;
+    case config::Strategy::SHARD_GRAD_OP: return fsdp::ShardingStrategy::SHARD_GRAD_OP;
+    case config::Strategy::NO_SHARD: return fsdp::ShardingStrategy::NO_SHARD;
+    case config::Strategy::HYBRID_SHARD: return fsdp::ShardingStrategy::HYBRID_SHARD;
+    case config::Strategy::HYBRID_SHARD_ZERO2: return fsdp::ShardingStrategy::HYBRID_SHARD_ZERO2;
+    case config::Strategy::DDP: break;
+  }
+  throw std::logic_error("fsdp_strategy_of: ddp is not an FSDP strategy");
+}
+
+bool is_hybrid(config::Strategy s) {
+  return s == config::Strategy::HYBRID_SHARD || s == config::Strategy::HYBRID_SHARD_ZERO2;
+}
+
+ParallelModel::ParallelModel(const Config& c, std::shared_ptr<const models::ModelRecipe> recipe, bool has_unused,
+                             const dist::DeviceMesh& mesh, const at::Device& device) {
+  models::BuildOptions build;
+  build.tensors = build.tensors.device(device);
+  build.init.seed = static_cast<uint64_t>(c.train.seed);
+  build.init.std = c.model.init_std;
+  if (c.parallel.strategy == config::Strategy::DDP) {
+    model_ = build_replicated(c, std::move(recipe), build, mesh, device);
+    ddp::DdpOptions o;
+    o.find_unused_parameters = has_unused;
+    o.bucket_cap_mb = c.parallel.bucket_cap_mb;
+    o.gradient_as_bucket_view = c.parallel.gradient_as_bucket_view;
+    ddp_ = models::replicate_model(model_, mesh, o);  // parameters are rank 0's from here on
+  } else {
+    model_ = build_sharded(c, std::move(recipe), build, mesh);
+  }
+  model_.module->train();
+}
+
+void ParallelModel::set_gradient_sync(bool sync) {
+  if (ddp_) {
+    ddp_->set_requires_gradient_sync(sync);
+  } else {
+    fsdp::set_requires_gradient_sync(model_.module, sync);
+  }
+}
+
+double ParallelModel::clip_grad_norm(double max_norm, const std::vector<at::Tensor>& params) {
+  if (!ddp_) return fsdp::clip_grad_norm(model_.module, max_norm);
+  std::vector<at::Tensor> with_grad;
+  for (const auto& p : params) {
+    if (p.grad().defined()) with_grad.push_back(p);
+  }
+  return torch::nn::utils::clip_grad_norm_(with_grad, max_norm);
+}
+
+}  // namespace shardtrain::train

@@ -1,0 +1,45 @@
+// The model of a run, sharded (an FSDP strategy) or replicated (DDP) as the config says (private to the train
+// layer). The config's strategy, precision and prefetch enums map onto the runtime's here and nowhere else.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+#include <c10/core/Device.h>
+
+#include <optional>
+
+#include "shardtrain/config/config.h"
+#include "shardtrain/ddp/replicate.h"
+#include "shardtrain/distributed/mesh.h"
+#include "shardtrain/fsdp/fully_shard.h"
+#include "shardtrain/models/zoo.h"
+
+namespace shardtrain::train {
+
+// config::Strategy -> the runtime's FSDP strategy; DDP has none (std::logic_error).
+fsdp::ShardingStrategy fsdp_strategy_of(config::Strategy strategy);
+bool is_hybrid(config::Strategy strategy);  // HYBRID_SHARD, HYBRID_SHARD_ZERO2: a replicate x shard mesh
+
+class ParallelModel {
+ public:
+  // Builds the recipe's model on `device` and parallelizes it (each layer sharded as it is built when the units
+  // are the family's layers), loads model.init_weights when given, then applies the family's parallelize hook.
+  // Collective over the mesh.
+  ParallelModel(const config::Config& config, std::shared_ptr<const models::ModelRecipe> recipe, bool has_unused,
+                const dist::DeviceMesh& mesh, const at::Device& device);
+
+  models::ZooModel& zoo() { return model_; }
+  const std::shared_ptr<torch::nn::Module>& module() const { return model_.module; }
+  bool sharded() const { return !ddp_.has_value(); }
+
+  // Whether the next backward reduces gradients (false: they accumulate locally; gradient accumulation).
+  void set_gradient_sync(bool sync);
+  // Scales the gradients so that their global norm is at most max_norm (INFINITY: measure only); returns the norm
+  // before clipping. `params` are the optimizer's (DDP: each rank holds every gradient whole).
+  double clip_grad_norm(double max_norm, const std::vector<at::Tensor>& params);
+
+ private:
+  models::ZooModel model_;
+  std::optional<ddp::Ddp> ddp_;
+};
+
+}  // namespace shardtrain::train

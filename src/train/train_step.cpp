@@ -1,0 +1,81 @@
+#include "train/train_step.h"
+
+#include <ATen/ATen.h>
+
+#include <cmath>
+#include <regex>
+
+#include "shardtrain/optim/param_groups.h"
+
+namespace shardtrain::train {
+namespace {
+
+torch::optim::AdamWOptions adamw_options(const config::OptimConfig& o, double weight_decay) {
+  return torch::optim::AdamWOptions(o.lr).betas({o.betas[0], o.betas[1]}).eps(o.eps).weight_decay(weight_decay);
+}
+
+// Forward and backward of one of M micro-batches; adds its loss and parts, divided by M, to `totals`.
+void forward_backward(StepParts& p, data::Batch b, double M, int64_t step, StepTotals& totals) {
+  for (at::Tensor* t : {&b.input_ids, &b.attention_mask, &b.input_ids_masked, &b.mlm_labels, &b.pixels,
+                        &b.codebook_pixels, &b.masked_patches, &b.itm_labels, &b.labels}) {
+    if (t->defined()) *t = t->to(p.device);
+  }
+  const models::Losses losses = p.task.compute_losses(*p.model.module(), b, p.seed);
+  const double value = losses.total.detach().item<double>();
+  if (!std::isfinite(value)) {
+    throw std::runtime_error("the loss is " + std::to_string(value) + " at step " + std::to_string(step) + " (rank " +
+                             std::to_string(p.rank) + "); lower optim.lr or check the data");
+  }
+  const at::Tensor share = losses.total / M;
+  (p.scaler ? p.scaler->scale(share) : share).backward();
+  totals.loss += value / M;
+  for (const auto& [k, v] : losses.parts) totals.parts[k] += v / M;
+  totals.flops += p.recipe.training_flops(b);
+  totals.texts += b.texts, totals.images += b.images;
+}
+
+}  // namespace
+
+std::unique_ptr<torch::optim::AdamW> make_optimizer(const config::Config& c, torch::nn::Module& module) {
+  std::vector<std::regex> patterns;
+  for (const auto& s : c.optim.no_decay) patterns.emplace_back(s);
+  const bool exempt_1d = c.optim.no_decay_1d;
+  std::vector<optim::NamedGroup> rules;
+  rules.push_back({[patterns, exempt_1d](const std::string& name, const at::Tensor& p) {
+                     if (exempt_1d && optim::no_weight_decay(name, p)) return true;
+                     for (const auto& r : patterns) {
+                       if (std::regex_search(name, r)) return true;
+                     }
+                     return false;
+                   },
+                   std::make_unique<torch::optim::AdamWOptions>(adamw_options(c.optim, 0))});
+  return std::make_unique<torch::optim::AdamW>(optim::param_groups_by_name(module, std::move(rules)),
+                                               adamw_options(c.optim, c.optim.weight_decay));
+}
+
+void set_learning_rate(torch::optim::AdamW& optimizer, double lr) {
+  for (auto& g : optimizer.param_groups()) static_cast<torch::optim::AdamWOptions&>(g.options()).lr(lr);
+}
+
+StepTotals train_step(StepParts& p, const config::Config& c, std::vector<data::Batch> batches, int64_t step) {
+  StepTotals totals;
+  const double M = static_cast<double>(batches.size());
+  for (size_t m = 0; m < batches.size(); ++m) {
+    p.model.set_gradient_sync(m + 1 == batches.size() || c.train.sync_each_batch);
+    forward_backward(p, std::move(batches[m]), M, step, totals);
+  }
+  if (p.scaler) p.scaler->unscale(p.optimizer);  // clipping sees the true gradients
+  std::vector<at::Tensor> params;
+  for (const auto& g : p.optimizer.param_groups()) params.insert(params.end(), g.params().begin(), g.params().end());
+  totals.grad_norm = p.model.clip_grad_norm(c.train.max_grad_norm > 0 ? c.train.max_grad_norm : INFINITY, params);
+  if (p.scaler) {
+    totals.stepped = p.scaler->step(p.optimizer);
+    p.scaler->update();
+  } else {
+    p.optimizer.step();
+  }
+  p.optimizer.zero_grad();
+  return totals;
+}
+
+}  // namespace shardtrain::train

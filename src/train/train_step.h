@@ -1,0 +1,41 @@
+// One optimizer step of the loop (private to the train layer): each micro-batch's forward and backward (gradients
+// reduced on the last one only, unless train.sync_each_batch), float16 unscaling, clipping by the global norm, the
+// optimizer step (skipped on every rank when float16 gradients overflowed on any), zeroed gradients.
+#pragma once
+
+#include <torch/optim/adamw.h>
+
+#include <optional>
+#include <vector>
+
+#include "shardtrain/config/config.h"
+#include "shardtrain/data/loader.h"
+#include "shardtrain/models/recipe.h"
+#include "shardtrain/optim/grad_scaler.h"
+#include "train/interval_metrics.h"
+#include "train/parallel_model.h"
+
+namespace shardtrain::train {
+
+// The AdamW of a run: optim.* with no weight decay for biases, norms and scalars (optim.no_decay_1d) and for the
+// parameters optim.no_decay's regular expressions match.
+std::unique_ptr<torch::optim::AdamW> make_optimizer(const config::Config& config, torch::nn::Module& module);
+void set_learning_rate(torch::optim::AdamW& optimizer, double lr);
+
+// What a step works on.
+struct StepParts {
+  ParallelModel& model;
+  const models::ModelRecipe& recipe;
+  const models::Task& task;
+  torch::optim::AdamW& optimizer;
+  optim::GradScaler* scaler;  // float16 only
+  c10::Device device;
+  uint64_t seed;              // the objective's own draws (T5's spans): train.seed and the rank
+  int rank;
+};
+
+// Trains on the micro-batches of step `step` (0-based); the caller times it (StepTotals::seconds). Throws
+// std::runtime_error when a loss is not finite, naming the step and the rank.
+StepTotals train_step(StepParts& parts, const config::Config& config, std::vector<data::Batch> batches, int64_t step);
+
+}  // namespace shardtrain::train

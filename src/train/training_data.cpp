@@ -1,0 +1,112 @@
+#include "train/training_data.h"
+
+#include <stdexcept>
+#include <tuple>
+
+namespace shardtrain::train {
+namespace {
+
+using config::Config;
+
+std::array<std::shared_ptr<const data::SampleSource>, 3> open_sources(const Config& c, const std::string& flavor,
+                                                                       const models::DataNeeds& needs) {
+  const std::array<const std::vector<std::string>*, 3> paths = {&c.data.image_text, &c.data.text, &c.data.image};
+  const char* path_keys[] = {"data.image_text", "data.text", "data.image"};
+  std::array<std::shared_ptr<const data::SampleSource>, 3> sources;
+  bool any = false;
+  for (size_t k = 0; k < 3; ++k) {
+    if (!needs.kinds[k] || paths[k]->empty()) continue;
+    sources[k] = std::make_shared<data::SampleSource>(*paths[k], static_cast<data::SampleKind>(k));
+    any = true;
+  }
+  if (!any) {
+    std::string wanted;
+    for (size_t k = 0; k < 3; ++k) {
+      if (needs.kinds[k]) wanted += std::string(wanted.empty() ? "" : " or ") + path_keys[k];
+    }
+    throw std::invalid_argument(flavor + " trains on " + wanted + ", and the config gives none");
+  }
+  return sources;
+}
+
+// The tokenizer and text length for a model that reads text (null and 0 otherwise).
+std::pair<std::shared_ptr<const data::WordPieceTokenizer>, int64_t> open_tokenizer(const Config& c,
+                                                                                   const std::string& flavor,
+                                                                                   const models::DataNeeds& needs) {
+  if (needs.vocab_size == 0) return {nullptr, 0};
+  if (c.data.vocab.empty()) throw std::invalid_argument("data.vocab: " + flavor + " reads text; give a vocab.txt");
+  auto tokenizer = std::make_shared<data::WordPieceTokenizer>(data::load_vocab(c.data.vocab), c.data.lowercase);
+  if (tokenizer->vocab_size() > needs.vocab_size) {
+    throw std::invalid_argument("data.vocab: '" + c.data.vocab + "' has " + std::to_string(tokenizer->vocab_size()) +
+                                " tokens, more than " + flavor + "'s vocabulary of " +
+                                std::to_string(needs.vocab_size));
+  }
+  const int64_t length = c.data.max_text_length > 0 ? c.data.max_text_length : needs.max_text_length;
+  if (length > needs.max_text_length) {
+    throw std::invalid_argument("data.max_text_length: " + std::to_string(length) + " is more than " + flavor +
+                                "'s " + std::to_string(needs.max_text_length) + " positions");
+  }
+  return {tokenizer, length};
+}
+
+data::LoaderOptions loader_options(const Config& c, const std::string& flavor, const models::DataNeeds& needs,
+                                   int rank, int world_size) {
+  if (c.data.image_size > 0 && needs.image_size > 0 && c.data.image_size != needs.image_size) {
+    throw std::invalid_argument("data.image_size: " + std::to_string(c.data.image_size) + ", but " + flavor +
+                                " takes " + std::to_string(needs.image_size) + " pixels (0 = the model's)");
+  }
+  data::LoaderOptions lo;
+  lo.seed = static_cast<uint64_t>(c.train.seed);
+  lo.rank = rank, lo.world = world_size;
+  lo.batch_size = c.train.batch_size, lo.micro_batches = c.train.grad_accum;
+  lo.workers = c.data.workers, lo.queue_depth = c.data.queue_depth;
+  lo.mix = needs.mixes_kinds ? std::array<double, 3>{c.data.mix.image_text, c.data.mix.text, c.data.mix.image}
+                             : std::array<double, 3>{1, 1, 1};
+  std::tie(lo.tokenizer, lo.text_length) = open_tokenizer(c, flavor, needs);
+  lo.mlm_probability = needs.uses_mlm ? c.data.mlm_probability : 0;
+  lo.image_size = needs.image_size, lo.patch_size = needs.patch_size, lo.codebook_size = needs.codebook_size;
+  lo.mim_probability = needs.uses_mim ? c.data.mim_probability : 0;
+  lo.image_mean = c.data.image_mean, lo.image_std = c.data.image_std;
+  lo.itm_negative_probability = c.data.itm_negative_probability;
+  return lo;
+}
+
+}  // namespace
+
+TrainingData open_training_data(const Config& c, const std::string& flavor, const models::DataNeeds& needs,
+                                const models::Task& task, int rank, int world_size) {
+  TrainingData d;
+  d.sources = open_sources(c, flavor, needs);
+  d.options = loader_options(c, flavor, needs, rank, world_size);
+  if (task.has_evaluation() && !c.data.eval.empty()) {
+    const data::SampleKind kind = task.eval_kind();
+    d.eval_source = std::make_shared<data::SampleSource>(c.data.eval, kind);
+    data::LoaderOptions eo = d.options;
+    eo.workers = 0, eo.micro_batches = 1, eo.itm_negative_probability = 0;  // masks as in training
+    std::array<std::shared_ptr<const data::SampleSource>, 3> eval_sources;
+    eval_sources[static_cast<size_t>(kind)] = d.eval_source;
+    d.eval_loader = std::make_unique<data::Loader>(eval_sources, eo);
+  }
+  return d;
+}
+
+void start_loading(TrainingData& d, const data::LoaderState& start) {
+  d.loader = std::make_unique<data::Loader>(d.sources, d.options, start);
+}
+
+void describe_data(const TrainingData& d, const log::Logger& logger) {
+  for (size_t k = 0; k < 3; ++k) {
+    const auto& source = d.sources[k];
+    if (!source) continue;
+    std::string line = "  " + std::string(data::kind_name(static_cast<data::SampleKind>(k))) + " data: " +
+                       std::to_string(source->size()) + " samples in " + std::to_string(source->files().size()) +
+                       " files";
+    if (source->incomplete_samples()) {
+      line += ", " + std::to_string(source->incomplete_samples()) + " incomplete left out";
+    }
+    logger.info(line);
+    for (const auto& p : source->scan_problems()) logger.info("  data problem: " + p);
+  }
+}
+
+}  // namespace shardtrain::train

@@ -1,0 +1,37 @@
+// The data of a run (private to the train layer): the sources the task reads among those the config gives, the
+// tokenizer, the loader that builds each step's micro-batches ahead, and the held-out loader of the task's
+// evaluation. Each check names the config key and what the model expects.
+#pragma once
+
+#include <array>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "shardtrain/config/config.h"
+#include "shardtrain/data/loader.h"
+#include "shardtrain/log/log.h"
+#include "shardtrain/models/recipe.h"
+
+namespace shardtrain::train {
+
+struct TrainingData {
+  std::array<std::shared_ptr<const data::SampleSource>, 3> sources;  // by kind; null where not read
+  data::LoaderOptions options;                                       // the training loader's
+  std::unique_ptr<data::Loader> loader;                              // from start_loading()
+  std::shared_ptr<const data::SampleSource> eval_source;             // null: no evaluation
+  std::unique_ptr<data::Loader> eval_loader;
+};
+
+// Opens the sources and checks them and the vocabulary against `needs` (before the model is built: bad input
+// fails fast). Throws std::invalid_argument naming the config key.
+TrainingData open_training_data(const config::Config& config, const std::string& flavor, const models::DataNeeds& needs,
+                                const models::Task& task, int rank, int world_size);
+
+// Starts the loader's threads at `start` (a resumed run's data position).
+void start_loading(TrainingData& data, const data::LoaderState& start);
+
+// The start-up lines about the data: samples and files per source, incomplete samples, problems found.
+void describe_data(const TrainingData& data, const log::Logger& logger);
+
+}  // namespace shardtrain::train

@@ -1,0 +1,312 @@
+// fully_shard runtime behaviour beyond the parity grid: gradient accumulation without communication, the gradient
+// divide factor, buffer and output dtypes, prefetch bounds from the runtime's own instrumentation, stale prefetches,
+// errors instead of wrong results when freed parameters are read, and a gradient overflow on one rank skipping the
+// loss-scaled step on every rank.
+#include <gtest/gtest.h>
+#include <limits>
+#include <torch/torch.h>
+
+#include "test_env.h"
+#include "shardtrain/fsdp/fully_shard.h"
+#include "shardtrain/memory/memory_stats.h"
+#include "shardtrain/optim/grad_scaler.h"
+#include "parity_helpers.h"
+#include "support/expect_error.h"
+
+namespace shardtrain::fsdp {
+namespace {
+
+using testing::expect_params_equal;
+using testing::local_rows;
+using testing::test_process_group;
+using namespace testing_models;
+
+Toy sharded_toy(const FsdpOptions& options = {}) {
+  torch::manual_seed(42);
+  Toy model;
+  for (auto& b : model->blocks) fully_shard(b.ptr(), test_process_group().world(), options);
+  fully_shard(model.ptr(), test_process_group().world(), options);
+  return model;
+}
+
+TEST(FsdpRuntime, NoSyncAccumulatesLocallyThenReducesTheSum) {
+  auto batches = make_batches();
+  Toy ref = testing::accumulated_reference();
+
+  for (bool reshard : {true, false}) {
+    FsdpOptions options;
+    options.reshard_after_forward = reshard;
+    Toy model = sharded_toy(options);
+    torch::optim::SGD sgd(model->parameters(), torch::optim::SGDOptions(0.1));
+    {
+      NoSync no_sync(model.ptr());
+      reset_fsdp_stats(model.ptr());
+      (torch::mse_loss(model(local_rows(batches[0].first)), local_rows(batches[0].second)) / 2).backward();
+      EXPECT_EQ(fsdp_stats(model.ptr()).reduce_scatters, 0) << "no_sync backward communicated gradients";
+      for (const FsdpUnit& unit : units_of(model.ptr())) EXPECT_EQ(unit.state(), ShardState::SHARDED);
+      for (const auto& p : model->parameters()) EXPECT_FALSE(p.grad().defined()) << "gradients appeared early";
+    }
+    (torch::mse_loss(model(local_rows(batches[1].first)), local_rows(batches[1].second)) / 2).backward();
+    // One per unit; a group of one installs its gradients without any.
+    EXPECT_EQ(fsdp_stats(model.ptr()).reduce_scatters, test_process_group().world_size() == 1 ? 0 : 4);
+    sgd.step();
+    expect_params_equal(gather_full_parameters(model.ptr()), *ref,
+                        std::string("no_sync reshard=") + (reshard ? "on" : "off"));
+  }
+}
+
+TEST(FsdpRuntime, NoReshardAfterBackwardSkipsTheNextGathers) {
+  // Gradient accumulation keeping parameters unsharded between micro-batches: the same training, fewer all-gathers.
+  // Per micro-batch, 4 units: SHARD_GRAD_OP gathers each once (forward), FULL_SHARD twice (forward, backward).
+  if (test_process_group().world_size() == 1) GTEST_SKIP() << "a group of one holds full parameters: nothing to gather";
+  auto batches = make_batches();
+  Toy ref = testing::accumulated_reference();
+  for (bool reshard_after_forward : {false, true}) {
+    const std::string label = reshard_after_forward ? "FULL_SHARD" : "SHARD_GRAD_OP";
+    FsdpOptions options;
+    options.reshard_after_forward = reshard_after_forward;
+    Toy model = sharded_toy(options);
+    torch::optim::SGD sgd(model->parameters(), torch::optim::SGDOptions(0.1));
+    set_reshard_after_backward(model.ptr(), false);
+    {
+      NoSync no_sync(model.ptr());
+      (torch::mse_loss(model(local_rows(batches[0].first)), local_rows(batches[0].second)) / 2).backward();
+      for (const FsdpUnit& unit : units_of(model.ptr())) {
+        if (unit.sharded_numel() > 0) EXPECT_EQ(unit.state(), ShardState::UNSHARDED) << label;
+      }
+    }
+    reset_fsdp_stats(model.ptr());
+    (torch::mse_loss(model(local_rows(batches[1].first)), local_rows(batches[1].second)) / 2).backward();
+    // SHARD_GRAD_OP: nothing gathered at all; FULL_SHARD: forward found its units gathered, backward gathers them.
+    EXPECT_EQ(fsdp_stats(model.ptr()).all_gathers, reshard_after_forward ? 4 : 0) << label;
+    // A backward with gradient sync reshards whatever the setting: the optimizer steps shards.
+    for (const FsdpUnit& unit : units_of(model.ptr())) EXPECT_EQ(unit.state(), ShardState::SHARDED) << label;
+    sgd.step();
+    expect_params_equal(gather_full_parameters(model.ptr()), *ref, label + " without reshard after backward");
+  }
+}
+
+TEST(FsdpRuntime, OverflowOnOneRankSkipsTheScaledStepOnEvery) {
+  const dist::Communicator& world = test_process_group().world();
+  FsdpOptions options;
+  options.mixed_precision.param_dtype = torch::kHalf;
+  options.mixed_precision.reduce_dtype = torch::kFloat;
+  Toy model = sharded_toy(options);
+  torch::optim::SGD sgd(model->parameters(), torch::optim::SGDOptions(0.1));
+  optim::GradScaler scaler(optim::GradScalerOptions{.init_scale = 1024}, world);
+  const auto before = gather_full_parameters(model.ptr());
+  auto [x, y] = make_batches().front();
+  scaler.scale(torch::mse_loss(model(local_rows(x)), local_rows(y))).backward();
+  if (world.rank() == world.size() - 1) {  // the last rank alone: its shard of some gradient overflowed
+    for (const auto& p : model->parameters()) {
+      if (p.grad().defined() && p.grad().numel() > 0) {
+        p.grad().view({-1})[0] = std::numeric_limits<float>::infinity();
+        break;
+      }
+    }
+  }
+  EXPECT_FALSE(scaler.step(sgd));
+  scaler.update();
+  EXPECT_EQ(scaler.scale_value(), 512.0);
+  const auto after = gather_full_parameters(model.ptr());
+  for (const auto& [name, value] : before) EXPECT_TRUE(torch::equal(after.at(name), value)) << name << " moved";
+}
+
+TEST(FsdpRuntime, GradientDivideFactorDividesTheSum) {
+  const int w = test_process_group().world_size();
+  auto [x, y] = make_batches().front();
+  auto global_norm = [&](std::optional<double> factor) {
+    FsdpOptions options;
+    options.gradient_divide_factor = factor;
+    Toy model = sharded_toy(options);
+    torch::mse_loss(model(local_rows(x)), local_rows(y)).backward();
+    return clip_grad_norm(model.ptr(), 1e9);
+  };
+  const double mean = global_norm(std::nullopt);
+  // Summed over W ranks and divided by 2W: half the mean.
+  EXPECT_NEAR(global_norm(2.0 * w), mean / 2, 1e-5 * mean) << "W=" << w;
+  EXPECT_NEAR(global_norm(static_cast<double>(w)), mean, 1e-5 * mean) << "W=" << w;
+  FsdpOptions bad;
+  bad.gradient_divide_factor = 0.0;
+  torch::manual_seed(1);
+  Block block;
+  testing::expect_error<std::invalid_argument>([&] { fully_shard(block.ptr(), test_process_group().world(), bad); },
+                                               {"gradient_divide_factor = 0"});
+}
+
+struct NormedImpl : nn::Interceptable<NormedImpl, at::Tensor(at::Tensor)> {
+  NormedImpl() {
+    fc = register_module("fc", torch::nn::Linear(4, 4));
+    scale = register_buffer("scale", torch::full({4}, 0.5));
+  }
+  at::Tensor forward_impl(at::Tensor x) { return fc(x) * scale; }
+  torch::nn::Linear fc{nullptr};
+  at::Tensor scale;
+};
+
+TEST(FsdpRuntime, MixedPrecisionDtypes) {
+  auto model = std::make_shared<NormedImpl>();
+  FsdpOptions options;
+  options.mixed_precision.param_dtype = torch::kBFloat16;
+  options.mixed_precision.reduce_dtype = torch::kFloat;
+  options.mixed_precision.buffer_dtype = torch::kBFloat16;
+  options.mixed_precision.output_dtype = torch::kFloat;
+  fully_shard(model, test_process_group().world(), options);
+  EXPECT_EQ(model->scale.scalar_type(), torch::kBFloat16);
+  EXPECT_EQ(model->fc->weight.scalar_type(), torch::kFloat);  // the sharded master
+  at::Tensor out = model->forward(torch::randn({2, 4}));     // float32 input cast to bf16 inside
+  EXPECT_EQ(out.scalar_type(), torch::kFloat);
+  out.sum().backward();
+  EXPECT_EQ(model->fc->weight.grad().scalar_type(), torch::kFloat);
+  EXPECT_EQ(model->fc->weight.scalar_type(), torch::kFloat);
+}
+
+// Peak units holding full parameters, from the runtime's own counters, in the second step (the first records the
+// order prefetching follows). The root's forward encloses every block's, so the root counts as a running unit.
+struct Peaks {
+  int64_t forward, backward, prefetches;
+};
+Peaks measure_peaks(int forward_prefetch, bool limit, BackwardPrefetch backward) {
+  FsdpOptions options;
+  options.forward_prefetch = forward_prefetch;
+  options.limit_all_gathers = limit;
+  options.backward_prefetch = backward;
+  Toy model = sharded_toy(options);
+  auto [x, y] = make_batches().front();
+  torch::mse_loss(model(local_rows(x)), local_rows(y)).backward();
+  reset_fsdp_stats(model.ptr());
+  at::Tensor loss = torch::mse_loss(model(local_rows(x)), local_rows(y));
+  Peaks peaks{fsdp_stats(model.ptr()).peak_unsharded_units, 0, fsdp_stats(model.ptr()).prefetches};
+  reset_fsdp_stats(model.ptr());
+  loss.backward();
+  peaks.backward = fsdp_stats(model.ptr()).peak_unsharded_units;
+  peaks.prefetches += fsdp_stats(model.ptr()).prefetches;
+  return peaks;
+}
+
+TEST(FsdpRuntime, PrefetchBoundsUnshardedUnits) {
+  if (test_process_group().world_size() == 1) GTEST_SKIP() << "a group of one holds full parameters: nothing to gather";
+  // No prefetch: the root and the running block.
+  Peaks none = measure_peaks(0, true, BackwardPrefetch::NONE);
+  EXPECT_EQ(none.forward, 2);
+  EXPECT_EQ(none.backward, 2);
+  EXPECT_EQ(none.prefetches, 0);
+  // One ahead: the root, the running block and the prefetched one. Forward prefetches blocks 0, 1, 2 (from the
+  // root and blocks 0, 1); backward prefetches blocks 1 and 0 (from blocks 2, 1) and block 2 from the root.
+  Peaks one = measure_peaks(1, true, BackwardPrefetch::BACKWARD_PRE);
+  EXPECT_EQ(one.forward, 3);
+  EXPECT_EQ(one.backward, 3);
+  EXPECT_EQ(one.prefetches, 6);
+  // Two ahead, limited: still one gathered ahead. Unlimited: two.
+  EXPECT_EQ(measure_peaks(2, true, BackwardPrefetch::NONE).forward, 3);
+  EXPECT_EQ(measure_peaks(2, false, BackwardPrefetch::NONE).forward, 4);
+  // BACKWARD_POST gathers the next unit once the current one's gradients are reduced: no more than without.
+  EXPECT_EQ(measure_peaks(0, true, BackwardPrefetch::BACKWARD_POST).backward, 2);
+}
+
+TEST(FsdpRuntime, OneReduceScatterInFlightDuringBackward) {
+  // Each unit's reduce-scatter overlaps the next unit's backward and is waited for when the next one is issued:
+  // one full-size reduction input alive at a time, not one per unit until the end of backward.
+  Toy model = sharded_toy();
+  auto [x, y] = make_batches().front();
+  for (int step = 0; step < 2; ++step) {
+    reset_fsdp_stats(model.ptr());
+    torch::mse_loss(model(local_rows(x)), local_rows(y)).backward();
+    const bool one = test_process_group().world_size() == 1;  // a group of one reduces nothing
+    EXPECT_EQ(fsdp_stats(model.ptr()).reduce_scatters, one ? 0 : 4);
+    EXPECT_EQ(fsdp_stats(model.ptr()).peak_reductions_in_flight, one ? 0 : 1);
+  }
+}
+
+TEST(FsdpRuntime, BackwardFreesFullParametersBeforeReducing) {
+  // Bytes allocated during backward beyond what was live before it, counted by our allocator, in units of one
+  // block's full parameters (U), without prefetching (so each gather completes before its block computes). While
+  // block i computes its gradients: its full parameters (U), its full gradients (U), block i+1's reduce-scatter in
+  // flight (its input U, and on Gloo the all-to-all's receive buffer U), and the reduced shards of the blocks
+  // after that (U/W each, installed as gradients at the end) — at most 4U + 3U/W. A unit resharding only after it
+  // issued its reduce-scatter, or waiting for the previous one only after it allocated its own input, holds its
+  // parameters, gradients, reduction input and the previous reduction at once: 5U + 3U/W at block 0.
+  memory::install_cpu_memory_counter();
+  FsdpOptions options;
+  options.backward_prefetch = BackwardPrefetch::NONE;
+  torch::manual_seed(1);
+  auto model = std::make_shared<WideImpl>();
+  for (auto& b : model->blocks) fully_shard(b.ptr(), test_process_group().world(), options);
+  fully_shard(model, test_process_group().world(), options);
+  const double unit = 4.0 * (256 * 64 + 256 + 64 * 256 + 64);  // float32 bytes of one block's parameters
+  const at::Tensor x = torch::randn({8, 64});                  // activations: a few KB, next to U = 132 KB
+  // The least of three steps: Work::wait() gives a Gloo worker thread up to 20 ms to release a finished
+  // operation's buffers, which a machine with more ranks than cores may exceed once.
+  double least = std::numeric_limits<double>::infinity();
+  for (int step = 0; step < 3; ++step) {
+    for (auto& p : model->parameters()) p.mutable_grad() = at::Tensor();
+    at::Tensor loss = torch::mse_loss(model->forward(x), torch::zeros({8, 64}));
+    const int64_t before = memory::cpu_memory_stats().current_bytes;
+    memory::reset_cpu_peak();
+    loss.backward();
+    least = std::min(least, static_cast<double>(memory::cpu_memory_stats().peak_bytes - before) / unit);
+  }
+  const double w = test_process_group().world_size();
+  EXPECT_LE(least, 4.5 + 3.0 / w) << "bytes allocated during backward, in units of one block's parameters";
+  std::cout << "backward transient memory: " << least << " x one block's parameters (bound " << 4.5 + 3.0 / w << ")"
+            << std::endl;
+}
+
+TEST(FsdpRuntime, StalePrefetchIsGatheredAgain) {
+  if (test_process_group().world_size() == 1) GTEST_SKIP() << "a group of one holds full parameters: nothing to gather";
+  FsdpOptions options;
+  options.forward_prefetch = 1;
+  Toy model = sharded_toy(options);
+  auto [x, y] = make_batches().front();
+  torch::mse_loss(model(x), y).backward();  // records the order
+  torch::NoGradGuard no_grad;
+  model->active_blocks = 2;
+  model(x);  // block 1 prefetches block 2, which does not run
+  for (auto& p : model->parameters()) p.add_(0.25);  // the shards change under the pending prefetch
+  model->active_blocks = 3;
+  reset_fsdp_stats(model.ptr());
+  at::Tensor out = model(x);
+  EXPECT_EQ(fsdp_stats(model.ptr()).stale_prefetches, 1);
+  // The output is that of the current parameters.
+  Toy plain;
+  auto full = gather_full_parameters(model.ptr());
+  for (auto& p : plain->named_parameters()) p.value().copy_(full.at(p.key()));
+  EXPECT_TRUE(torch::allclose(out, plain(x), 1e-5, 1e-6));
+}
+
+// A layer that keeps an intermediate: a loss taken from it bypasses the unit's output, so backward never gathers
+// the parameters again. Autograd then reads the freed storage, which must fail loudly.
+struct LeakyImpl : nn::Interceptable<LeakyImpl, at::Tensor(at::Tensor)> {
+  LeakyImpl() { fc = register_module("fc", torch::nn::Linear(4, 4)); }
+  at::Tensor forward_impl(at::Tensor x) {
+    hidden = fc(x);
+    return hidden * 2;
+  }
+  torch::nn::Linear fc{nullptr};
+  at::Tensor hidden;
+};
+
+TEST(FsdpRuntime, ReadingFreedParametersIsAnError) {
+  auto model = std::make_shared<LeakyImpl>();
+  fully_shard(model, test_process_group().world());
+  at::Tensor x = torch::randn({2, 4}, torch::requires_grad());
+  model->forward(x);
+  try {
+    model->hidden.sum().backward();
+    ADD_FAILURE() << "backward read freed parameters without an error";
+  } catch (const std::exception& e) {
+    SUCCEED() << e.what();
+  }
+}
+
+TEST(FsdpRuntime, ForwardWithoutGradReshardsEveryStrategy) {
+  FsdpOptions options;
+  options.reshard_after_forward = false;
+  Toy model = sharded_toy(options);
+  torch::NoGradGuard no_grad;
+  model(make_batches().front().first);
+  for (const FsdpUnit& unit : units_of(model.ptr())) EXPECT_EQ(unit.state(), ShardState::SHARDED);
+}
+
+}  // namespace
+}  // namespace shardtrain::fsdp

@@ -1,0 +1,295 @@
+// The model zoo under data parallelism, at every world size the binary runs at (1-4):
+//  - FLAVA's global contrastive loss and its gradients equal one process on the concatenated batch;
+//  - flava-debug trains under FULL_SHARD (FlavaLayer units) with the same losses and final parameters as one
+//    process on the whole global batch, its data (masks, ITM negatives) a function of the seed and each sample's
+//    global index only — also with activation checkpointing of every layer or every second layer;
+//  - build_parallel (each layer sharded as it is built) gives the model build_model + parallelize gives, with a
+//    construction peak of about one layer beyond this rank's shards;
+//  - a sharded model loads a Hugging Face safetensors file, each rank reading its rows or rank 0 reading and
+//    broadcasting (sync_module_states), and a bad file fails on every rank.
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+#include <unistd.h>
+
+#include "test_env.h"
+#include "parity_helpers.h"
+#include "shardtrain/io/files.h"
+#include "shardtrain/memory/memory_stats.h"
+#include "shardtrain/io/safetensors.h"
+#include "shardtrain/models/contrastive.h"
+#include "shardtrain/models/flava.h"
+#include "shardtrain/models/parallelize.h"
+#include "shardtrain/models/weights.h"
+#include "shardtrain/nn/activation_checkpoint.h"
+#include "support/expect_error.h"
+
+namespace shardtrain::models {
+namespace {
+
+using testing::local_rows;
+using testing::test_process_group;
+
+void expect_relative(double ours, double reference, double rel, const std::string& what) {
+  EXPECT_LE(std::abs(ours - reference), rel * std::max(1.0, std::abs(reference))) << what << ": " << ours << " vs "
+                                                                                 << reference;
+}
+
+double mean_over_ranks(const at::Tensor& scalar) {
+  at::Tensor t = scalar.detach().to(at::kDouble).reshape({1}).clone();
+  test_process_group().world().all_reduce(t, dist::ReduceOp::MEAN).wait();
+  return t.item<double>();
+}
+
+TEST(ModelsDist, GlobalContrastiveMatchesOneProcess) {
+  const int w = test_process_group().world_size();
+  torch::manual_seed(3);
+  const int64_t global = 12, dim = 8;
+  at::Tensor images = torch::nn::functional::normalize(at::randn({global, dim}),
+                                                       torch::nn::functional::NormalizeFuncOptions().dim(-1));
+  at::Tensor texts = torch::nn::functional::normalize(at::randn({global, dim}),
+                                                      torch::nn::functional::NormalizeFuncOptions().dim(-1));
+  auto loss_of = [](const ContrastiveLogits& l) {
+    return (at::cross_entropy_loss(l.per_image, l.labels) + at::cross_entropy_loss(l.per_text, l.labels)) / 2;
+  };
+  // Reference: one process, the whole batch.
+  at::Tensor ref_i = images.clone().requires_grad_(), ref_t = texts.clone().requires_grad_();
+  at::Tensor ref_scale = at::tensor(2.0).requires_grad_();
+  at::Tensor ref_loss = loss_of(global_contrastive_logits(ref_i, ref_t, ref_scale, std::nullopt));
+  ref_loss.backward();
+  // This rank's rows, gathered from every rank; the gradient of each rank's loss reaches every rank's rows.
+  at::Tensor my_i = local_rows(images).clone().requires_grad_(), my_t = local_rows(texts).clone().requires_grad_();
+  at::Tensor my_scale = at::tensor(2.0).requires_grad_();
+  const dist::Communicator& world = test_process_group().world();
+  ContrastiveLogits logits = global_contrastive_logits(my_i, my_t, my_scale, world);
+  EXPECT_EQ(logits.per_image.sizes(), (std::vector<int64_t>{global / w, global}));
+  at::Tensor loss = loss_of(logits);
+  loss.backward();
+  expect_relative(mean_over_ranks(loss), ref_loss.item<double>(), 1e-6, "loss");
+  // d(mean of rank losses) = (1 / W) d(sum): what data parallelism averages.
+  EXPECT_TRUE(at::allclose(my_i.grad() / w, local_rows(ref_i.grad()), 1e-5, 1e-7));
+  EXPECT_TRUE(at::allclose(my_t.grad() / w, local_rows(ref_t.grad()), 1e-5, 1e-7));
+  expect_relative(mean_over_ranks(my_scale.grad()), ref_scale.grad().item<double>(), 1e-5, "logit scale gradient");
+}
+
+// Sample i of the synthetic dataset: a function of (seed, i) alone. Every sample masks exactly 2 tokens and 4 of
+// 16 patches; odd samples are ITM negatives whose image is sample (i + 5)'s, so every even-sized, even-aligned share
+// of the batch holds the same number of matching pairs and masked positions (per-rank means average to the
+// global mean).
+constexpr int64_t kGlobalBatch = 24, kTokens = 8;
+
+FlavaBatch global_batch(int step, bool text, bool image) {
+  FlavaBatch b;
+  std::vector<at::Tensor> ids, masked_ids, mlm, pixels, codebook, patches, itm;
+  for (int64_t i = 0; i < kGlobalBatch; ++i) {
+    auto sample = [&](int64_t index) {
+      at::Generator g = at::make_generator<at::CPUGeneratorImpl>(1000 * step + index);
+      return std::make_pair(at::randn({3, 32, 32}, g), at::rand({3, 32, 32}, g));
+    };
+    at::Generator g = at::make_generator<at::CPUGeneratorImpl>(77 + 1000 * step + i);
+    at::Tensor t = at::randint(5, 1000, {kTokens}, g, at::kLong);
+    at::Tensor which = at::randperm(kTokens, g, at::kLong).narrow(0, 0, 2);
+    at::Tensor labels = at::full({kTokens}, -100, at::kLong);
+    labels.index_put_({which}, t.index({which}));
+    ids.push_back(t);
+    masked_ids.push_back(t.index_put({which}, at::scalar_tensor(3, at::kLong)));
+    mlm.push_back(labels);
+    const bool negative = i % 2 == 1;
+    auto [pix, cb] = sample(negative ? (i + 5) % kGlobalBatch : i);
+    pixels.push_back(pix);
+    codebook.push_back(cb);
+    at::Tensor p = at::zeros({16}, at::kBool);
+    p.index_put_({at::randperm(16, g, at::kLong).narrow(0, 0, 4)}, true);
+    patches.push_back(p);
+    itm.push_back(at::scalar_tensor(negative ? 0 : 1, at::kLong));
+  }
+  if (text) {
+    b.input_ids = at::stack(ids), b.input_ids_masked = at::stack(masked_ids), b.mlm_labels = at::stack(mlm);
+    b.attention_mask = at::ones({kGlobalBatch, kTokens}, at::kLong);
+  }
+  if (image) b.pixels = at::stack(pixels), b.codebook_pixels = at::stack(codebook), b.masked_patches = at::stack(patches);
+  if (text && image) b.itm_labels = at::stack(itm);
+  return b;
+}
+
+FlavaBatch local_batch(const FlavaBatch& b) {
+  auto rows = [](const at::Tensor& t) { return t.defined() ? local_rows(t) : t; };
+  return {rows(b.input_ids),   rows(b.input_ids_masked), rows(b.attention_mask), rows(b.pixels),    rows(b.codebook_pixels),
+          rows(b.masked_patches), rows(b.mlm_labels),    rows(b.mim_labels),     rows(b.itm_labels)};
+}
+
+// Step s: image-text, text-only, image-only, image-text again.
+FlavaBatch batch_for_step(int s) { return global_batch(s, s != 2, s != 1); }
+
+TEST(ModelsDist, FlavaFullShardTrainsLikeOneProcess) {
+  constexpr int kSteps = 4;
+  BuildOptions build;
+  build.init.seed = 11;
+  std::vector<double> ref_losses;
+  Flava reference(flava_flavor("flava-debug"), build);
+  {
+    torch::optim::AdamW adam(reference->parameters(), torch::optim::AdamWOptions(1e-3));
+    for (int s = 0; s < kSteps; ++s) {
+      adam.zero_grad();
+      at::Tensor loss = reference->run(batch_for_step(s)).loss;
+      loss.backward();
+      adam.step();
+      ref_losses.push_back(loss.item<double>());
+    }
+  }
+  // Plain units, and units whose layers are checkpointed (every layer, built then parallelized; every second
+  // layer, checkpointed and sharded as built): the same training.
+  const auto mesh = dist::DeviceMesh::create(test_process_group(), 1);
+  for (int64_t every : {0, 1, 2}) {
+    const std::string label = "activation_checkpoint_every " + std::to_string(every);
+    ParallelizeOptions options;
+    options.activation_checkpoint_every = every;
+    ZooModel model;
+    std::vector<fsdp::FsdpUnit> units;
+    if (every == 2) {
+      model = build_parallel("flava-debug", mesh, options, build);
+      units = fsdp::units_of(model.module);
+    } else {
+      model = build_model("flava-debug", build);
+      units = parallelize(model, mesh, options);
+    }
+    EXPECT_EQ(units.size(), 2 * 2 + 1 + 1u) << "two text, two image, one multimodal FlavaLayer, and the root";
+    std::vector<std::string> checkpointed;
+    for (const auto& item : model.module->named_modules()) {
+      if (nn::is_activation_checkpointed(*item.value())) checkpointed.push_back(item.key());
+    }
+    EXPECT_EQ(checkpointed.size(), every == 0 ? 0u : every == 1 ? 5u : 2u) << label;
+    if (every == 2) {  // the same layers as activation_checkpoint_layers picks on a whole model
+      ZooModel plain = build_model("flava-debug", build);
+      EXPECT_EQ(activation_checkpoint_layers(plain, 2), checkpointed);
+    }
+    auto* flava = dynamic_cast<FlavaImpl*>(model.module.get());
+    torch::optim::AdamW adam(model.module->parameters(), torch::optim::AdamWOptions(1e-3));
+    for (int s = 0; s < kSteps; ++s) {
+      adam.zero_grad();
+      at::Tensor loss = flava->run(local_batch(batch_for_step(s))).loss;
+      loss.backward();
+      adam.step();
+      expect_relative(mean_over_ranks(loss), ref_losses[s], 1e-5, label + ": loss at step " + std::to_string(s));
+    }
+    // Parameters to 1e-5 absolute (1% of one Adam step, lr 1e-3), except the attention key biases: softmax is
+    // invariant to them, so their true gradient is zero and what they get is rounding noise, which Adam normalises
+    // into steps of up to lr — noise that differs with the summation order of sharded and unsharded gradients
+    // (measured: key biases up to 1.6e-4 apart at W = 2..4; every other parameter within 1e-5; all equal at W = 1).
+    auto full = fsdp::gather_full_parameters(model.module);
+    for (const auto& p : reference->named_parameters()) {
+      ASSERT_TRUE(full.count(p.key())) << p.key();
+      if (p.key().find("attn.k.bias") != std::string::npos) continue;
+      EXPECT_LE((full.at(p.key()) - p.value()).abs().max().item<double>(), 1e-5) << label << " " << p.key();
+    }
+  }
+  EXPECT_GT(ref_losses.front(), 0.0);
+}
+
+// A FLAVA large enough that its layers dominate: 20 layers of 0.8M parameters, small embeddings and codebook.
+FlavaConfig wide_flava() {
+  FlavaConfig c = flava_flavor("flava-debug");
+  c.dim = 256, c.mlp_dim = 1024, c.heads = 8, c.unimodal_layers = 8, c.multimodal_layers = 4;
+  return c;
+}
+
+TEST(ModelsDist, BuildParallelShardsLayersAsTheyAreBuilt) {
+  memory::install_cpu_memory_counter();
+  const int w = test_process_group().world_size();
+  const auto mesh = dist::DeviceMesh::create(test_process_group(), 1);
+  BuildOptions build;
+  build.init.seed = 5;
+
+  // Same model either way (weights are a function of seed and names).
+  ZooModel a = build_parallel("flava-debug", mesh, ParallelizeOptions{}, build);
+  ZooModel b = build_model("flava-debug", build);
+  parallelize(b, mesh, ParallelizeOptions{});
+  auto pa = fsdp::gather_full_parameters(a.module), pb = fsdp::gather_full_parameters(b.module);
+  ASSERT_EQ(pa.size(), pb.size());
+  for (const auto& [name, t] : pa) EXPECT_TRUE(at::equal(t, pb.at(name))) << name;
+  testing::expect_error<std::invalid_argument>(
+      [&] {
+        ParallelizeOptions o;
+        o.layer_classes = {"BertLayer"};
+        build_parallel("flava-debug", mesh, o, build);
+      },
+      {"'BertLayer'", "'FlavaLayer'"});
+
+  // Construction peak: this rank's shards plus about one unsharded layer (and the root's own parameters).
+  const FlavaConfig c = wide_flava();
+  const int64_t layer_bytes = 4 * (4 * c.dim * c.dim + 2 * c.dim * c.mlp_dim);
+  const int64_t layers_bytes = layer_bytes * (2 * c.unimodal_layers + c.multimodal_layers);
+  BuildOptions meta;
+  meta.tensors = meta.tensors.device(torch::kMeta);
+  const int64_t root_bytes = 4 * count_parameters(*Flava(c, meta)) - layers_bytes;
+  memory::reset_cpu_peak();
+  const int64_t before = memory::cpu_memory_stats().current_bytes;
+  BuildOptions wide = build;
+  wide.on_layer = [&](const std::string&, const std::shared_ptr<torch::nn::Module>& layer) {
+    fsdp::fully_shard(layer, mesh.world());
+  };
+  Flava model(c, wide);
+  const int64_t peak = memory::cpu_memory_stats().peak_bytes - before;
+  EXPECT_LE(peak, layers_bytes / w + 2 * layer_bytes + root_bytes)
+      << "peak " << peak << " B, layers " << layers_bytes << " B, one layer " << layer_bytes << " B, root " << root_bytes;
+}
+
+TEST(ModelsDist, ShardedModelLoadsHuggingFaceWeights) {
+  const dist::Communicator& world = test_process_group().world();
+  const auto mesh = dist::DeviceMesh::create(test_process_group(), 1);
+  // One file name for every rank of this launch (the workers share the launcher as parent).
+  const std::string dir = "/tmp/shardtrain-test-" + std::to_string(::getppid()) + "-weights";
+  for (const std::string flavor : {"flava-debug", "bert-debug", "t5-debug"}) {
+    SCOPED_TRACE(flavor);
+    BuildOptions source_build;
+    source_build.init.seed = 21;
+    ZooModel source = build_model(flavor, source_build);
+    const std::string path = dir + "/" + flavor + ".safetensors";
+    if (world.rank() == 0) {
+      io::make_directories(dir);
+      save_weights(*source.module, path, source.names);
+    }
+    world.barrier().wait();
+    for (bool from_rank0 : {false, true}) {
+      SCOPED_TRACE(from_rank0 ? "rank 0 reads and broadcasts" : "every rank reads its rows");
+      BuildOptions other;
+      other.init.seed = 99;  // other weights until loaded
+      ZooModel model = build_parallel(flavor, mesh, ParallelizeOptions{}, other);
+      // With from_rank0 the other ranks are given a path that does not exist: they never open it.
+      const std::string given = from_rank0 && world.rank() != 0 ? path + ".absent" : path;
+      load_weights_sharded(model.module, given, model.names, from_rank0 ? std::optional(world) : std::nullopt);
+      const auto full = fsdp::gather_full_parameters(model.module);
+      for (const auto& p : source.module->named_parameters()) {
+        ASSERT_TRUE(full.count(p.key())) << p.key();
+        EXPECT_TRUE(at::equal(full.at(p.key()), p.value())) << p.key();
+      }
+      auto buffers = model.module->named_buffers();
+      for (const auto& b : source.module->named_buffers()) EXPECT_TRUE(at::equal(buffers[b.key()], b.value())) << b.key();
+    }
+  }
+  // A file whose tensor has the wrong shape: every rank fails, rank 0 naming the tensor; with from_rank0 the
+  // others say rank 0 failed.
+  ZooModel small = build_model("bert-debug");
+  const std::string bad = dir + "/bad.safetensors";
+  if (world.rank() == 0) {
+    auto tensors = hf_named_tensors(*small.module, small.names);
+    for (auto& [name, t] : tensors) {
+      if (name.find("word_embeddings") != std::string::npos) t = t.narrow(0, 0, t.size(0) - 1);
+    }
+    io::write_safetensors(bad, tensors);
+  }
+  world.barrier().wait();
+  for (bool from_rank0 : {false, true}) {
+    ZooModel model = build_parallel("bert-debug", mesh, ParallelizeOptions{});
+    const std::string message = testing::expect_error<std::runtime_error>(
+        [&] { load_weights_sharded(model.module, bad, model.names, from_rank0 ? std::optional(world) : std::nullopt); },
+        {bad});
+    const bool names_tensor = message.find("word_embeddings") != std::string::npos;
+    EXPECT_TRUE(names_tensor || (from_rank0 && world.rank() != 0 && message.find("rank 0") != std::string::npos))
+        << message;
+  }
+  world.barrier().wait();
+  if (world.rank() == 0) io::remove_tree(dir);
+}
+
+}  // namespace
+}  // namespace shardtrain::models

@@ -1,0 +1,163 @@
+// State dicts: a sharded state saved at world size W loads at W/2 and then 1 (4 -> 2 -> 1 at W = 4), from hybrid
+// sharding too; a full state loads at any world size; loads check names and shapes. Groups of fewer ranks are
+// made in the same job (new_group), so one launch covers the chain.
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+#include <torch/serialize.h>
+#include <unistd.h>
+
+#include "test_env.h"
+#include "shardtrain/fsdp/state_dict.h"
+#include "shardtrain/fsdp/wrap_policy.h"
+#include "shardtrain/io/files.h"
+#include "toy_model.h"
+#include "support/expect_error.h"
+
+namespace shardtrain::fsdp {
+namespace {
+
+using testing::test_process_group;
+using namespace testing_models;
+
+// A directory every rank of this launch names alike (the workers share the launcher as parent).
+std::string scratch_dir(const std::string& what) {
+  return "/tmp/shardtrain-test-" + std::to_string(::getppid()) + "-" + what;
+}
+
+// A model sharded over `group`, trained `steps` steps (0: as initialised from `seed`).
+Toy trained_toy(const dist::Communicator& group, int steps, uint64_t seed, const FsdpOptions& options = {}) {
+  torch::manual_seed(seed);
+  Toy model;
+  model->offset.fill_(0.5 + static_cast<double>(seed));
+  fully_shard_model(model.ptr(), group, wrap_by_class_name({"Block"}), options);
+  torch::optim::AdamW opt(model->parameters(), torch::optim::AdamWOptions(1e-2));
+  auto batches = make_batches();
+  for (int s = 0; s < steps; ++s) {
+    opt.zero_grad();
+    const int64_t local = kBatch / group.size();
+    auto& [x, y] = batches[s];
+    torch::mse_loss(model(x.narrow(0, group.rank() * local, local)), y.narrow(0, group.rank() * local, local)).backward();
+    opt.step();
+  }
+  return model;
+}
+
+void expect_same_state(Toy& model, const std::map<std::string, at::Tensor>& expected, const std::string& label) {
+  auto full = gather_full_parameters(model.ptr());
+  full["offset"] = model->offset;
+  ASSERT_EQ(full.size(), expected.size()) << label;
+  for (const auto& [name, value] : expected) {
+    EXPECT_TRUE(torch::equal(full.at(name), value)) << label << " " << name;
+  }
+}
+
+std::map<std::string, at::Tensor> state_of(Toy& model) {
+  auto state = gather_full_parameters(model.ptr());
+  state["offset"] = model->offset.clone();
+  return state;
+}
+
+TEST(StateDict, ShardedRoundTripsAcrossWorldSizes) {
+  dist::ProcessGroup& pg = test_process_group();
+  const int w = pg.world_size();
+  Toy trained = trained_toy(pg.world(), 2, 42);
+  const auto expected = state_of(trained);
+  std::string dir = scratch_dir("sharded-" + std::to_string(w));
+  save_sharded_state_dict(trained.ptr(), dir);
+  EXPECT_TRUE(io::path_exists(dir + "/metadata.pt"));
+  EXPECT_TRUE(io::path_exists(dir + "/shard-" + std::to_string(w - 1) + "-of-" + std::to_string(w) + ".pt"));
+  // W -> W/2 -> ... -> 1, each from the previous one's files.
+  for (int size = w / 2; size >= 1; size /= 2) {
+    std::vector<int> ranks(size);
+    for (int i = 0; i < size; ++i) ranks[i] = i;
+    std::optional<dist::Communicator> group = pg.new_group(ranks, "first" + std::to_string(size));
+    const std::string next = scratch_dir("sharded-" + std::to_string(size));
+    if (group) {
+      Toy fresh = trained_toy(*group, 0, 7);  // different weights and buffer, replaced by the load
+      load_sharded_state_dict(fresh.ptr(), dir);
+      expect_same_state(fresh, expected, std::to_string(w) + " -> " + std::to_string(size));
+      save_sharded_state_dict(fresh.ptr(), next);
+    }
+    pg.world().barrier().wait();
+    dir = next;
+  }
+  if (w == 1) {  // at least one load happens at every world size
+    Toy fresh = trained_toy(pg.world(), 0, 7);
+    load_sharded_state_dict(fresh.ptr(), dir);
+    expect_same_state(fresh, expected, "1 -> 1");
+  }
+  pg.world().barrier().wait();
+  if (pg.rank() == 0) {
+    for (int size = w; size >= 1; size /= 2) io::remove_tree(scratch_dir("sharded-" + std::to_string(size)));
+  }
+}
+
+TEST(StateDict, HybridShardedStateLoadsOnOneRank) {
+  dist::ProcessGroup& pg = test_process_group();
+  if (pg.world_size() != 4) GTEST_SKIP() << "needs world size 4 (a 2 x 2 mesh)";
+  dist::DeviceMesh mesh = dist::DeviceMesh::create(pg, 2);
+  StrategyGroups groups = strategy_groups(ShardingStrategy::HYBRID_SHARD, mesh);
+  Toy trained = trained_toy(groups.shard, 0, 42, groups.options);
+  const auto expected = state_of(trained);
+  const std::string dir = scratch_dir("hybrid");
+  save_sharded_state_dict(trained.ptr(), dir);  // replica 0 writes 2 shards, replica 1 nothing
+  EXPECT_TRUE(io::path_exists(dir + "/shard-1-of-2.pt"));
+  EXPECT_FALSE(io::path_exists(dir + "/shard-0-of-4.pt"));
+  pg.world().barrier().wait();  // everyone has looked before rank 0 removes the directory
+  if (pg.rank() == 0) {
+    Toy fresh = trained_toy(dist::Communicator::single(0), 0, 7);
+    load_sharded_state_dict(fresh.ptr(), dir);
+    expect_same_state(fresh, expected, "hybrid 2x2 -> 1");
+    io::remove_tree(dir);
+  }
+  pg.world().barrier().wait();
+}
+
+TEST(StateDict, FullStateLoadsAtAnyWorldSize) {
+  dist::ProcessGroup& pg = test_process_group();
+  const int w = pg.world_size();
+  Toy trained = trained_toy(pg.world(), 2, 42);
+  const auto expected = state_of(trained);
+  const std::string path = scratch_dir("full") + "/model.pt";
+  save_full_state_dict(trained.ptr(), path);
+  // Rank 0 alone holds the gathered state; the file is a plain dict of tensors.
+  auto held = full_state_dict(trained.ptr());
+  EXPECT_EQ(held.size(), pg.rank() == 0 ? expected.size() : 0u);
+  auto dict = torch::pickle_load(io::read_file(path)).toGenericDict();
+  EXPECT_EQ(dict.size(), expected.size());
+  for (int size : {w, 3, 1}) {
+    if (size > w) continue;
+    std::vector<int> ranks(size);
+    for (int i = 0; i < size; ++i) ranks[i] = i;
+    std::optional<dist::Communicator> group = pg.new_group(ranks, "full" + std::to_string(size));
+    if (group) {
+      Toy fresh = trained_toy(*group, 0, 7);
+      load_full_state_dict(fresh.ptr(), path);
+      expect_same_state(fresh, expected, "full " + std::to_string(w) + " -> " + std::to_string(size));
+    }
+  }
+  pg.world().barrier().wait();
+  if (pg.rank() == 0) io::remove_tree(scratch_dir("full"));
+}
+
+TEST(StateDict, LoadErrorsNameWhatDoesNotMatch) {
+  Toy model = trained_toy(test_process_group().world(), 0, 1);
+  auto state = state_of(model);
+  auto expect_error = [&](std::map<std::string, at::Tensor> bad, const std::string& needle) {
+    testing::expect_error<std::invalid_argument>([&] { load_full_state_dict(model.ptr(), bad); }, {needle});
+  };
+  auto missing = state;
+  missing.erase("blocks1.fc2.weight");
+  expect_error(missing, "missing 'blocks1.fc2.weight'");
+  auto misshapen = state;
+  misshapen["head.weight"] = torch::zeros({4, 4});
+  expect_error(misshapen, "'head.weight' has shape [4, 4], the model's is [3, 10]");
+  auto extra = state;
+  extra["blocks9.fc1.weight"] = torch::zeros({1});
+  expect_error(extra, "unexpected 'blocks9.fc1.weight'");
+  testing::expect_error<std::runtime_error>(
+      [&] { load_sharded_state_dict(model.ptr(), scratch_dir("does-not-exist")); }, {"no metadata.pt"});
+}
+
+}  // namespace
+}  // namespace shardtrain::fsdp

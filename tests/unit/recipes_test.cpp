@@ -1,0 +1,255 @@
+// The families' recipes (models/recipe.h) without a process group: the zoo's table, each task's data and losses,
+// T5's span corruption against hand-worked rows, every FLOPs formula against a count of the built model's weight
+// matrices, FLAVA's evaluation.
+#include <gtest/gtest.h>
+
+#include <ATen/ATen.h>
+#include <unistd.h>
+
+#include <random>
+
+#include "models/t5_span_corruption.h"
+#include "shardtrain/data/synth.h"
+#include "shardtrain/distributed/process_group.h"
+#include "shardtrain/fsdp/wrap_policy.h"
+#include "shardtrain/io/files.h"
+#include "shardtrain/models/bert.h"
+#include "shardtrain/models/flava.h"
+#include "shardtrain/models/llama.h"
+#include "shardtrain/models/t5.h"
+#include "shardtrain/models/vit.h"
+#include "shardtrain/models/zoo.h"
+
+namespace shardtrain::models {
+namespace {
+
+std::string error_of(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const std::exception& e) {
+    return e.what();
+  }
+  return "";
+}
+
+TEST(Recipes, EveryFlavorHasARecipeOfItsFamily) {
+  for (const auto& f : list_flavors()) {
+    SCOPED_TRACE(f.flavor);
+    const auto recipe = recipe_of(f.flavor);
+    EXPECT_EQ(recipe->family(), f.family);
+    EXPECT_EQ(recipe->flavor(), f.flavor);
+    EXPECT_FALSE(recipe->tasks().empty());
+  }
+  const std::string unknown = error_of([] { recipe_of("bert-bass-uncased"); });
+  EXPECT_NE(unknown.find("unknown model flavor 'bert-bass-uncased' (did you mean 'bert-base-uncased'"),
+            std::string::npos) << unknown;
+}
+
+TEST(Recipes, DebugFlavorsTrainOnTheirTasks) {
+  struct Case {
+    std::string flavor, task;
+    std::vector<std::string> losses;
+    std::array<bool, 3> kinds;
+  };
+  const std::vector<std::string> flava_losses = {"mim", "mlm", "itm", "contrastive", "mmm_image", "mmm_text"};
+  for (const Case& c : {Case{"flava-debug", "pretraining", flava_losses, {true, true, true}},
+                        Case{"bert-debug", "masked_lm", {"mlm"}, {false, true, false}},
+                        Case{"vit-debug", "image_classification", {"cls"}, {false, false, true}},
+                        Case{"t5-debug", "span_corruption", {"span"}, {false, true, false}},
+                        Case{"llama-debug", "causal_lm", {"lm"}, {false, true, false}}}) {
+    SCOPED_TRACE(c.flavor);
+    const auto recipe = recipe_of(c.flavor);
+    const auto task = recipe->task();
+    EXPECT_EQ(task->name(), c.task);
+    EXPECT_EQ(recipe->task(c.task)->name(), c.task);
+    EXPECT_EQ(task->loss_names(), c.losses);
+    EXPECT_EQ(task->data_needs().kinds, c.kinds);
+    EXPECT_EQ(task->has_evaluation(), c.flavor == "flava-debug");
+    EXPECT_EQ(task->leaves_parameters_unused(), c.flavor == "flava-debug");
+    const std::string bad = error_of([&] { recipe->task("pretrainin"); });
+    EXPECT_NE(bad.find("model.task: 'pretrainin' is not a task of " + recipe->family()), std::string::npos) << bad;
+    EXPECT_NE(bad.find(c.task), std::string::npos) << bad;
+  }
+  // A BertModel without a masked-LM head cannot train on masked_lm; a ViT encoder without classifier on labels.
+  EXPECT_NE(error_of([] { recipe_of("bert-base-uncased")->task(); }).find("without a masked-LM head"),
+            std::string::npos);
+  EXPECT_NE(error_of([] { recipe_of("vit-huge-patch14-224")->task(); }).find("no classifier"), std::string::npos);
+}
+
+// --- T5 span corruption ----------------------------------------------------------------------------------------
+
+std::vector<int64_t> iota_tokens(int64_t n) {
+  std::vector<int64_t> t(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i) t[static_cast<size_t>(i)] = 100 + i;
+  return t;
+}
+
+TEST(SpanCorruption, ShortRows) {
+  std::mt19937_64 rng(1);
+  // n = 0: nothing to hide. n = 1: round(0.15) = 0 tokens hidden.
+  EXPECT_EQ(span_corrupt({}, 999, 2, rng), (std::pair<std::vector<int64_t>, std::vector<int64_t>>{{2}, {2}}));
+  EXPECT_EQ(span_corrupt({7}, 999, 2, rng), (std::pair<std::vector<int64_t>, std::vector<int64_t>>{{7, 2}, {2}}));
+  // n = 2: at least one token hidden, one span of length 1 starting at rng() % 2.
+  std::mt19937_64 copy(rng);
+  const int64_t start = static_cast<int64_t>(copy() % 2);
+  const auto [input, target] = span_corrupt({7, 8}, 999, 2, rng);
+  EXPECT_EQ(input, start == 0 ? std::vector<int64_t>({999, 8, 2}) : std::vector<int64_t>({7, 999, 2}));
+  EXPECT_EQ(target, start == 0 ? std::vector<int64_t>({999, 7, 2}) : std::vector<int64_t>({999, 8, 2}));
+}
+
+TEST(SpanCorruption, OneSpanOfThree) {
+  // n = 20: round(0.15 * 20) = 3 tokens in round(3 / 3) = 1 span, starting at rng() % (20 - 3 + 1).
+  std::mt19937_64 rng(42), copy(42);
+  const int64_t s = static_cast<int64_t>(copy() % 18);
+  const auto tokens = iota_tokens(20);
+  const auto [input, target] = span_corrupt(tokens, 999, 1, rng);
+  std::vector<int64_t> expected_input(tokens.begin(), tokens.begin() + s);
+  expected_input.push_back(999);
+  expected_input.insert(expected_input.end(), tokens.begin() + s + 3, tokens.end());
+  expected_input.push_back(1);
+  EXPECT_EQ(input, expected_input);
+  EXPECT_EQ(target, (std::vector<int64_t>{999, 100 + s, 101 + s, 102 + s, 1}));
+}
+
+TEST(SpanCorruption, TwoSpansTakeSentinelsInOrderOfPosition) {
+  // n = 40: round(6) = 6 tokens in round(2) = 2 spans of 3, starts rng() % 38 each. Seed 3 draws two spans that
+  // neither overlap nor touch (checked below), so the input has two sentinels, numbered from the left.
+  std::mt19937_64 rng(3), copy(3);
+  const int64_t a = static_cast<int64_t>(copy() % 38), b = static_cast<int64_t>(copy() % 38);
+  const int64_t first = std::min(a, b), second = std::max(a, b);
+  ASSERT_GT(second, first + 3) << "seed 3 no longer draws separate spans: pick another";
+  const auto tokens = iota_tokens(40);
+  const auto [input, target] = span_corrupt(tokens, 999, 1, rng);
+  ASSERT_EQ(input.size(), 40u - 6u + 2u + 1u);
+  EXPECT_EQ(input[static_cast<size_t>(first)], 999);
+  EXPECT_EQ(input[static_cast<size_t>(second - 3 + 1)], 998);
+  EXPECT_EQ(target, (std::vector<int64_t>{999, 100 + first, 101 + first, 102 + first, 998, 100 + second, 101 + second,
+                                          102 + second, 1}));
+}
+
+// --- FLOPs ----------------------------------------------------------------------------------------------------
+
+// Multiply-adds per token of the weight matrices (2-D parameters) of every module of class `layer_class` whose
+// name starts with `prefix`, from the model built on the meta device.
+double layer_weights(const ModelRecipe& recipe, const std::string& prefix) {
+  BuildOptions meta;
+  meta.tensors = torch::TensorOptions().dtype(torch::kFloat32).device(torch::kMeta);
+  const auto module = recipe.build(meta);
+  double total = 0;
+  for (const auto& item : module->named_modules()) {
+    if (fsdp::module_class_name(*item.value()) != recipe.layer_class() || item.key().rfind(prefix, 0) != 0) continue;
+    for (const auto& p : item.value()->parameters()) total += p.dim() == 2 ? static_cast<double>(p.numel()) : 0;
+  }
+  return total;
+}
+
+data::Batch text_batch(int64_t rows, int64_t tokens) {
+  data::Batch b;
+  b.kind = data::SampleKind::TEXT;
+  b.input_ids = at::zeros({rows, tokens}, at::kLong);
+  return b;
+}
+
+data::Batch image_batch(int64_t rows, int64_t size) {
+  data::Batch b;
+  b.kind = data::SampleKind::IMAGE;
+  b.pixels = at::zeros({rows, 3, size, size});
+  return b;
+}
+
+// The 6N rule for the weights plus attention's 12 L T^2 width per sample: the formulas, checked against the weights
+// the built model really has (grouped-query attention, T5's cross-attention, FLAVA's three encoders).
+TEST(TrainingFlops, EqualSixTimesTheLayersWeightsPlusAttention) {
+  const double B = 3, T = 16;
+  {
+    const auto r = recipe_of("bert-debug");
+    const auto c = bert_flavor("bert-debug");
+    const double expected = 6 * layer_weights(*r, "") * T * B + 12.0 * c.layers * T * T * c.dim * B;
+    EXPECT_DOUBLE_EQ(r->training_flops(text_batch(3, 16)), expected);
+  }
+  {
+    const auto r = recipe_of("llama-debug");
+    const auto c = llama_flavor("llama-debug");
+    ASSERT_LT(c.kv_heads, c.heads);  // grouped-query attention: k and v narrower than q
+    const double expected = 6 * layer_weights(*r, "") * T * B + 12.0 * c.layers * T * T * c.dim * B;
+    EXPECT_DOUBLE_EQ(r->training_flops(text_batch(3, 16)), expected);
+  }
+  {
+    const auto r = recipe_of("vit-debug");
+    const auto c = vit_flavor("vit-debug");
+    const double n = (c.image_size / c.patch_size) * (c.image_size / c.patch_size) + 1;
+    const double expected = 6 * layer_weights(*r, "") * n * B + 12.0 * c.layers * n * n * c.dim * B;
+    EXPECT_DOUBLE_EQ(r->training_flops(image_batch(3, c.image_size)), expected);
+    EXPECT_THROW(r->training_flops(text_batch(3, 16)), std::invalid_argument);
+  }
+  {
+    const auto r = recipe_of("t5-debug");
+    const auto c = t5_flavor("t5-debug");
+    const double inner = static_cast<double>(c.heads * c.head_dim);
+    const double expected = 6 * (layer_weights(*r, "encoder") * T + layer_weights(*r, "decoder") * T / 2) * B +
+                            12.0 * c.layers * (T * T + T * T / 4) * inner * B;
+    EXPECT_DOUBLE_EQ(r->training_flops(text_batch(3, 16)), expected);
+  }
+  {
+    const auto r = recipe_of("flava-debug");
+    const auto c = flava_flavor("flava-debug");
+    const double per_layer = layer_weights(*r, "text") / static_cast<double>(c.unimodal_layers);
+    EXPECT_DOUBLE_EQ(layer_weights(*r, "multimodal"), per_layer * static_cast<double>(c.multimodal_layers));
+    const double n = (c.image_size / c.patch_size) * (c.image_size / c.patch_size) + 1, U = c.unimodal_layers,
+                 M = c.multimodal_layers, d = c.dim;
+    auto layer = [&](double tokens) { return 2 * per_layer * tokens + 4 * tokens * tokens * d; };
+    EXPECT_DOUBLE_EQ(r->training_flops(text_batch(3, 16)), 3 * U * layer(T) * B);
+    EXPECT_DOUBLE_EQ(r->training_flops(image_batch(3, c.image_size)), 3 * U * layer(n) * B);
+    data::Batch pair = text_batch(3, 16);
+    pair.kind = data::SampleKind::IMAGE_TEXT;
+    pair.pixels = at::zeros({3, 3, c.image_size, c.image_size});
+    EXPECT_DOUBLE_EQ(r->training_flops(pair), 3 * (2 * U * (layer(T) + layer(n)) + M * layer(n + T + 1)) * B);
+  }
+}
+
+// --- Evaluation -----------------------------------------------------------------------------------------------
+
+TEST(FlavaEvaluation, UsesWholeBatchesAndLeavesTheModelTraining) {
+  const std::string dir = "/tmp/shardtrain_recipes_eval_" + std::to_string(::getpid());
+  io::remove_tree(dir);
+  data::SynthOptions o;
+  o.out = dir, o.image_text_samples = 4, o.text_samples = 2, o.image_samples = 2, o.eval_samples = 21;
+  o.samples_per_shard = 32, o.image_size = 32;
+  data::write_synth_dataset(o);
+
+  const auto recipe = recipe_of("flava-debug");
+  const auto task = recipe->task();
+  const DataNeeds needs = task->data_needs();
+  const auto source = std::make_shared<data::SampleSource>(std::vector<std::string>{dir + "/eval"},
+                                                           data::SampleKind::IMAGE_TEXT);
+  data::LoaderOptions lo;
+  lo.batch_size = 4, lo.workers = 0, lo.itm_negative_probability = 0;
+  lo.tokenizer = std::make_shared<data::WordPieceTokenizer>(data::load_vocab(dir + "/vocab.txt"), true);
+  lo.text_length = 16, lo.image_size = needs.image_size, lo.patch_size = needs.patch_size;
+  lo.codebook_size = needs.codebook_size;
+  const data::Loader loader({source, nullptr, nullptr}, lo);
+  dist::ProcessGroup pg = dist::ProcessGroup::init(dist::DistEnv{});  // a world of one
+  ZooModel model = build_model(recipe);
+  model.module->train();
+
+  EvalInputs in;
+  in.loader = &loader, in.source_size = source->size(), in.batch_size = 4, in.world = &pg.world();
+  const auto all = task->evaluate(*model.module, in);
+  EXPECT_EQ(all.at("eval_samples"), 20);  // 21 held-out samples: 5 whole batches of 4
+  for (const char* k : {"r1_image_to_text", "r1_text_to_image", "itm_accuracy"}) {
+    EXPECT_GE(all.at(k), 0.0) << k;
+    EXPECT_LE(all.at(k), 1.0) << k;
+  }
+  EXPECT_TRUE(model.module->is_training());
+  EXPECT_EQ(task->evaluate(*model.module, in), all);  // no randomness: the same numbers again
+  in.max_samples = 9;
+  EXPECT_EQ(task->evaluate(*model.module, in).at("eval_samples"), 8);
+  in.max_samples = 3;
+  EXPECT_NE(error_of([&] { task->evaluate(*model.module, in); }).find("fewer than one batch"), std::string::npos);
+  const std::string progress = task->describe_progress(all, all);
+  EXPECT_NE(progress.find("retrieval R@1"), std::string::npos) << progress;
+  io::remove_tree(dir);
+}
+
+}  // namespace
+}  // namespace shardtrain::models
