@@ -30,24 +30,17 @@ class BertMaskedLm : public Task {
   BertConfig config_;
 };
 
-class BertRecipe : public ModelRecipe {
+class BertRecipe : public FamilyRecipe<BertConfig, Bert> {
  public:
-  BertRecipe(std::string flavor, const BertConfig& config) : flavor_(std::move(flavor)), config_(config) {}
-  std::string family() const override { return "bert"; }
-  std::string flavor() const override { return flavor_; }
-  std::shared_ptr<torch::nn::Module> build(const BuildOptions& options) const override {
-    return Bert(config_, options).ptr();
-  }
-  NameMap hf_names() const override { return bert_names(); }
-  std::string layer_class() const override { return "BertLayer"; }
+  using FamilyRecipe::FamilyRecipe;
 
   // Per sample, for T tokens of width d through L layers of 4 d^2 attention and 2 d * mlp_dim MLP weights:
   //   3 * L * (2 * (4 d^2 + 2 d mlp_dim) * T + 4 T^2 d)   (transformer_layer_flops; embeddings and head left out)
   double training_flops(const data::Batch& b) const override {
-    if (b.kind != data::SampleKind::TEXT) throw_unread_kind(flavor_, b);
-    const double d = static_cast<double>(config_.dim);
-    const double weights = 4 * d * d + 2 * d * static_cast<double>(config_.mlp_dim);
-    const double layers = static_cast<double>(config_.layers);
+    if (b.kind != data::SampleKind::TEXT) throw_unread_kind(flavor(), b);
+    const double d = static_cast<double>(config().dim);
+    const double weights = 4 * d * d + 2 * d * static_cast<double>(config().mlp_dim);
+    const double layers = static_cast<double>(config().layers);
     return 3 * layers * transformer_layer_flops(weights, text_tokens(b), d) * batch_rows(b);
   }
 
@@ -55,15 +48,11 @@ class BertRecipe : public ModelRecipe {
 
  protected:
   std::unique_ptr<Task> make_task(const std::string&) const override {
-    if (!config_.mlm_head) {
-      throw std::invalid_argument(flavor_ + " is a BertModel without a masked-LM head; train bert-debug or add one");
+    if (!config().mlm_head) {
+      throw std::invalid_argument(flavor() + " is a BertModel without a masked-LM head; train bert-debug or add one");
     }
-    return std::make_unique<BertMaskedLm>(config_);
+    return std::make_unique<BertMaskedLm>(config());
   }
-
- private:
-  std::string flavor_;
-  BertConfig config_;
 };
 
 }  // namespace
@@ -71,7 +60,7 @@ class BertRecipe : public ModelRecipe {
 ModelFamily bert_family() {
   return {"bert", bert_flavors,
           [](const std::string& f) -> std::shared_ptr<const ModelRecipe> {
-            return std::make_shared<BertRecipe>(f, bert_flavor(f));
+            return std::make_shared<BertRecipe>("bert", f, bert_flavor(f), bert_names, "BertLayer");
           }};
 }
 

@@ -124,7 +124,8 @@ class FlavaPretraining : public Task {
                                 const std::map<std::string, double>& last) const override {
     char out[200];
     std::snprintf(out, sizeof(out),
-                  ", retrieval R@1 %.3f -> %.3f (chance %.3f), ITM accuracy %.3f -> %.3f (chance 0.5)", first.at("r1_image_to_text"), last.at("r1_image_to_text"), 1.0 / last.at("eval_samples"),
+                  ", retrieval R@1 %.3f -> %.3f (chance %.3f), ITM accuracy %.3f -> %.3f (chance 0.5)",
+                  first.at("r1_image_to_text"), last.at("r1_image_to_text"), 1.0 / last.at("eval_samples"),
                   first.at("itm_accuracy"), last.at("itm_accuracy"));
     return out;
   }
@@ -133,16 +134,9 @@ class FlavaPretraining : public Task {
   FlavaConfig config_;
 };
 
-class FlavaRecipe : public ModelRecipe {
+class FlavaRecipe : public FamilyRecipe<FlavaConfig, Flava> {
  public:
-  FlavaRecipe(std::string flavor, const FlavaConfig& config) : flavor_(std::move(flavor)), config_(config) {}
-  std::string family() const override { return "flava"; }
-  std::string flavor() const override { return flavor_; }
-  std::shared_ptr<torch::nn::Module> build(const BuildOptions& options) const override {
-    return Flava(config_, options).ptr();
-  }
-  NameMap hf_names() const override { return flava_names(); }
-  std::string layer_class() const override { return "FlavaLayer"; }
+  using FamilyRecipe::FamilyRecipe;
 
   // Per sample, all encoders of width d with 4 d^2 + 2 d mlp_dim weights per layer (transformer_layer_flops), T
   // text tokens, n = (image_size / patch_size)^2 + 1 image tokens, U unimodal layers per encoder, M multimodal:
@@ -152,10 +146,10 @@ class FlavaRecipe : public ModelRecipe {
   //               encoders, then the multimodal encoder over both with its CLS)
   // The frozen codebook, embeddings and heads are left out (the usual 6N convention).
   double training_flops(const data::Batch& b) const override {
-    const double d = static_cast<double>(config_.dim), T = text_tokens(b);
-    const double weights = 4 * d * d + 2 * d * static_cast<double>(config_.mlp_dim);
-    const double side = static_cast<double>(config_.image_size / config_.patch_size), n = side * side + 1;
-    const double U = static_cast<double>(config_.unimodal_layers), M = static_cast<double>(config_.multimodal_layers);
+    const double d = static_cast<double>(config().dim), T = text_tokens(b);
+    const double weights = 4 * d * d + 2 * d * static_cast<double>(config().mlp_dim);
+    const double side = static_cast<double>(config().image_size / config().patch_size), n = side * side + 1;
+    const double U = static_cast<double>(config().unimodal_layers), M = static_cast<double>(config().multimodal_layers);
     auto layer = [&](double tokens) { return transformer_layer_flops(weights, tokens, d); };
     double forward = 0;
     switch (b.kind) {
@@ -174,12 +168,8 @@ class FlavaRecipe : public ModelRecipe {
 
  protected:
   std::unique_ptr<Task> make_task(const std::string&) const override {
-    return std::make_unique<FlavaPretraining>(config_);
+    return std::make_unique<FlavaPretraining>(config());
   }
-
- private:
-  std::string flavor_;
-  FlavaConfig config_;
 };
 
 }  // namespace
@@ -187,7 +177,7 @@ class FlavaRecipe : public ModelRecipe {
 ModelFamily flava_family() {
   return {"flava", flava_flavors,
           [](const std::string& f) -> std::shared_ptr<const ModelRecipe> {
-            return std::make_shared<FlavaRecipe>(f, flava_flavor(f));
+            return std::make_shared<FlavaRecipe>("flava", f, flava_flavor(f), flava_names, "FlavaLayer");
           }};
 }
 

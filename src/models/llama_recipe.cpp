@@ -32,26 +32,19 @@ class LlamaCausalLm : public Task {
   LlamaConfig config_;
 };
 
-class LlamaRecipe : public ModelRecipe {
+class LlamaRecipe : public FamilyRecipe<LlamaConfig, Llama> {
  public:
-  LlamaRecipe(std::string flavor, const LlamaConfig& config) : flavor_(std::move(flavor)), config_(config) {}
-  std::string family() const override { return "llama"; }
-  std::string flavor() const override { return flavor_; }
-  std::shared_ptr<torch::nn::Module> build(const BuildOptions& options) const override {
-    return Llama(config_, options).ptr();
-  }
-  NameMap hf_names() const override { return llama_names(); }
-  std::string layer_class() const override { return "LlamaDecoderLayer"; }
+  using FamilyRecipe::FamilyRecipe;
 
   // Per sample, for T tokens of width d through L layers, with grouped-query attention (kv = d * kv_heads / heads:
   // q and o are d x d, k and v d x kv) and the gated MLP's three d x mlp_dim matrices:
   //   3 * L * (2 * (2 d^2 + 2 d kv + 3 d mlp_dim) * T + 4 T^2 d)   (embeddings and lm_head left out)
   double training_flops(const data::Batch& b) const override {
-    if (b.kind != data::SampleKind::TEXT) throw_unread_kind(flavor_, b);
-    const double d = static_cast<double>(config_.dim);
-    const double kv = d * static_cast<double>(config_.kv_heads) / static_cast<double>(config_.heads);
-    const double weights = 2 * d * d + 2 * d * kv + 3 * d * static_cast<double>(config_.mlp_dim);
-    const double layers = static_cast<double>(config_.layers);
+    if (b.kind != data::SampleKind::TEXT) throw_unread_kind(flavor(), b);
+    const double d = static_cast<double>(config().dim);
+    const double kv = d * static_cast<double>(config().kv_heads) / static_cast<double>(config().heads);
+    const double weights = 2 * d * d + 2 * d * kv + 3 * d * static_cast<double>(config().mlp_dim);
+    const double layers = static_cast<double>(config().layers);
     return 3 * layers * transformer_layer_flops(weights, text_tokens(b), d) * batch_rows(b);
   }
 
@@ -59,12 +52,8 @@ class LlamaRecipe : public ModelRecipe {
 
  protected:
   std::unique_ptr<Task> make_task(const std::string&) const override {
-    return std::make_unique<LlamaCausalLm>(config_);
+    return std::make_unique<LlamaCausalLm>(config());
   }
-
- private:
-  std::string flavor_;
-  LlamaConfig config_;
 };
 
 }  // namespace
@@ -72,7 +61,7 @@ class LlamaRecipe : public ModelRecipe {
 ModelFamily llama_family() {
   return {"llama", llama_flavors,
           [](const std::string& f) -> std::shared_ptr<const ModelRecipe> {
-            return std::make_shared<LlamaRecipe>(f, llama_flavor(f));
+            return std::make_shared<LlamaRecipe>("llama", f, llama_flavor(f), llama_names, "LlamaDecoderLayer");
           }};
 }
 

@@ -8,12 +8,44 @@
 #include <typeinfo>
 
 #include "shardtrain/data/loader.h"
+#include "shardtrain/models/recipe.h"
 
 namespace torch::nn {
 class Module;
 }
 
 namespace shardtrain::models {
+
+// What every family's recipe holds the same way: its names, its config, how its module is built. `Holder` is the
+// family's TORCH_MODULE holder (Bert), constructed from (Config, BuildOptions). A family's recipe derives from it
+// and adds its FLOPs formula, tasks and hooks.
+template <class Config, class Holder>
+class FamilyRecipe : public ModelRecipe {
+ public:
+  FamilyRecipe(std::string family, std::string flavor, const Config& config, NameMap (*names)(),
+               std::string layer_class)
+      : family_(std::move(family)),
+        flavor_(std::move(flavor)),
+        config_(config),
+        names_(names),
+        layer_class_(std::move(layer_class)) {}
+  std::string family() const override { return family_; }
+  std::string flavor() const override { return flavor_; }
+  std::shared_ptr<torch::nn::Module> build(const BuildOptions& options) const override {
+    return Holder(config_, options).ptr();
+  }
+  NameMap hf_names() const override { return names_(); }
+  std::string layer_class() const override { return layer_class_; }
+
+ protected:
+  const Config& config() const { return config_; }
+
+ private:
+  std::string family_, flavor_;
+  Config config_;
+  NameMap (*names_)();
+  std::string layer_class_;
+};
 
 // The family's module class behind a recipe's root (tasks receive the root as a torch::nn::Module).
 template <class Impl>

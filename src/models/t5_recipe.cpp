@@ -97,27 +97,20 @@ class T5SpanCorruption : public Task {
   T5Config config_;
 };
 
-class T5Recipe : public ModelRecipe {
+class T5Recipe : public FamilyRecipe<T5Config, T5> {
  public:
-  T5Recipe(std::string flavor, const T5Config& config) : flavor_(std::move(flavor)), config_(config) {}
-  std::string family() const override { return "t5"; }
-  std::string flavor() const override { return flavor_; }
-  std::shared_ptr<torch::nn::Module> build(const BuildOptions& options) const override {
-    return T5(config_, options).ptr();
-  }
-  NameMap hf_names() const override { return t5_names(); }
-  std::string layer_class() const override { return "T5Block"; }
+  using FamilyRecipe::FamilyRecipe;
 
   // Per sample, with the batch's T text tokens: the encoder's L blocks over T tokens, the decoder's L blocks over
   // T / 2 (span corruption's targets are short; self- and cross-attention each counted over T / 2 tokens), attention
   // width inner = heads * head_dim, attn = 4 d inner weights (q, k, v, o), mlp = 2 d mlp_dim:
   //   3 * L * (2 (attn + mlp) T + 4 T^2 inner + 2 (2 attn + mlp) T/2 + 4 (T/2)^2 inner)
   double training_flops(const data::Batch& b) const override {
-    if (b.kind != data::SampleKind::TEXT) throw_unread_kind(flavor_, b);
-    const double d = static_cast<double>(config_.dim), T = text_tokens(b);
-    const double inner = static_cast<double>(config_.heads * config_.head_dim);
-    const double attn = 4 * d * inner, mlp = 2 * d * static_cast<double>(config_.mlp_dim);
-    const double forward = static_cast<double>(config_.layers) *
+    if (b.kind != data::SampleKind::TEXT) throw_unread_kind(flavor(), b);
+    const double d = static_cast<double>(config().dim), T = text_tokens(b);
+    const double inner = static_cast<double>(config().heads * config().head_dim);
+    const double attn = 4 * d * inner, mlp = 2 * d * static_cast<double>(config().mlp_dim);
+    const double forward = static_cast<double>(config().layers) *
                            (transformer_layer_flops(attn + mlp, T, inner) +
                             transformer_layer_flops(2 * attn + mlp, T / 2, inner));
     return 3 * forward * batch_rows(b);
@@ -127,12 +120,8 @@ class T5Recipe : public ModelRecipe {
 
  protected:
   std::unique_ptr<Task> make_task(const std::string&) const override {
-    return std::make_unique<T5SpanCorruption>(config_);
+    return std::make_unique<T5SpanCorruption>(config());
   }
-
- private:
-  std::string flavor_;
-  T5Config config_;
 };
 
 }  // namespace
@@ -140,7 +129,7 @@ class T5Recipe : public ModelRecipe {
 ModelFamily t5_family() {
   return {"t5", t5_flavors,
           [](const std::string& f) -> std::shared_ptr<const ModelRecipe> {
-            return std::make_shared<T5Recipe>(f, t5_flavor(f));
+            return std::make_shared<T5Recipe>("t5", f, t5_flavor(f), t5_names, "T5Block");
           }};
 }
 

@@ -37,38 +37,27 @@ class VitClassification : public Task {
   VitConfig config_;
 };
 
-class VitRecipe : public ModelRecipe {
+class VitRecipe : public FamilyRecipe<VitConfig, Vit> {
  public:
-  VitRecipe(std::string flavor, const VitConfig& config) : flavor_(std::move(flavor)), config_(config) {}
-  std::string family() const override { return "vit"; }
-  std::string flavor() const override { return flavor_; }
-  std::shared_ptr<torch::nn::Module> build(const BuildOptions& options) const override {
-    return Vit(config_, options).ptr();
-  }
-  NameMap hf_names() const override { return vit_names(); }
-  std::string layer_class() const override { return "ViTLayer"; }
+  using FamilyRecipe::FamilyRecipe;
 
   // Per sample, over n = (image_size / patch_size)^2 + 1 tokens (patches and CLS) of width d through L layers:
   //   3 * L * (2 * (4 d^2 + 2 d mlp_dim) * n + 4 n^2 d)   (patch embedding and classifier left out)
   double training_flops(const data::Batch& b) const override {
-    if (b.kind != data::SampleKind::IMAGE) throw_unread_kind(flavor_, b);
-    const double d = static_cast<double>(config_.dim);
-    const double side = static_cast<double>(config_.image_size / config_.patch_size), n = side * side + 1;
-    const double weights = 4 * d * d + 2 * d * static_cast<double>(config_.mlp_dim);
-    return 3 * static_cast<double>(config_.layers) * transformer_layer_flops(weights, n, d) * batch_rows(b);
+    if (b.kind != data::SampleKind::IMAGE) throw_unread_kind(flavor(), b);
+    const double d = static_cast<double>(config().dim);
+    const double side = static_cast<double>(config().image_size / config().patch_size), n = side * side + 1;
+    const double weights = 4 * d * d + 2 * d * static_cast<double>(config().mlp_dim);
+    return 3 * static_cast<double>(config().layers) * transformer_layer_flops(weights, n, d) * batch_rows(b);
   }
 
   std::vector<std::string> tasks() const override { return {"image_classification"}; }
 
  protected:
   std::unique_ptr<Task> make_task(const std::string&) const override {
-    if (config_.num_labels <= 0) throw std::invalid_argument(flavor_ + " has no classifier to train");
-    return std::make_unique<VitClassification>(flavor_, config_);
+    if (config().num_labels <= 0) throw std::invalid_argument(flavor() + " has no classifier to train");
+    return std::make_unique<VitClassification>(flavor(), config());
   }
-
- private:
-  std::string flavor_;
-  VitConfig config_;
 };
 
 }  // namespace
@@ -76,7 +65,7 @@ class VitRecipe : public ModelRecipe {
 ModelFamily vit_family() {
   return {"vit", vit_flavors,
           [](const std::string& f) -> std::shared_ptr<const ModelRecipe> {
-            return std::make_shared<VitRecipe>(f, vit_flavor(f));
+            return std::make_shared<VitRecipe>("vit", f, vit_flavor(f), vit_names, "ViTLayer");
           }};
 }
 
