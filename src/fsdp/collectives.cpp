@@ -42,6 +42,7 @@ ReduceScatterResult foreach_reduce_scatter(std::vector<at::Tensor>& full_grads, 
   r.has_gradient = at::tensor(local_flags).to(group.device());  // NCCL reduces CUDA tensors only
   if (group_of_one) {
     r.output = std::move(input);
+    r.work = dist::Work();
   } else {
     r.output = at::empty({shard_numel}, input.options());
     r.work = group.reduce_scatter(r.output, input, op);

@@ -10,6 +10,7 @@
 #include <ATen/core/Tensor.h>
 #include <c10/core/Device.h>
 
+#include <optional>
 #include <vector>
 
 #include "fsdp/fsdp_param.h"
@@ -34,12 +35,12 @@ AllGatherResult foreach_all_gather(const at::Tensor& sharded_flat, int64_t shard
 void foreach_all_gather_copy_out(AllGatherResult& result, std::vector<FsdpParam>& params,
                                  const std::vector<int64_t>& offsets, int64_t shard_numel);
 
-// A reduction in flight: `output` (S) in the reduce dtype, this rank's reduced rows, valid after work.wait();
+// A reduction in flight: `output` (S) in the reduce dtype, this rank's reduced rows, valid after work->wait();
 // `has_gradient` (params) 1.0 where this rank contributed a gradient, on the group's device.
 struct ReduceScatterResult {
   at::Tensor output;
   at::Tensor has_gradient;
-  dist::Work work;  // empty when nothing needed communicating (a group of one)
+  std::optional<dist::Work> work;  // until waited; an empty Work for a group of one, which communicates nothing
 };
 
 // Copies the full gradients (undefined: the parameter got none, counted as zero) into a new reduce-scatter input

@@ -219,10 +219,11 @@ void FsdpUnit::Impl::reshard() {
 std::vector<at::Tensor> FsdpUnit::Impl::gather_full_values() const {
   std::vector<at::Tensor> full;
   if (params.empty()) return full;
-  const at::Tensor send = sharded_flat.to(compute_device);
-  at::Tensor all = at::empty({group.size() * unit_shard_numel}, send.options());
-  group.all_gather(all, send).wait();
-  for (size_t i = 0; i < params.size(); ++i) full.push_back(params[i].full_from_gathered(all, unit_shard_numel, offsets[i]));
+  AllGatherResult all = foreach_all_gather(sharded_flat, shard_version(), own_dtype, compute_device, group);
+  all.work.wait();
+  for (size_t i = 0; i < params.size(); ++i) {
+    full.push_back(params[i].full_from_gathered(all.gathered, unit_shard_numel, offsets[i]));
+  }
   return full;
 }
 
@@ -304,7 +305,6 @@ void FsdpUnit::Impl::reduce_scatter_gradients() {
   // reduction; install_gradients leaves grad undefined where no rank had one.
   reduction = foreach_reduce_scatter(full, params, offsets, unit_shard_numel, dtype, compute_device, reduction_op(),
                                      group);
-  reduce_scatter_in_flight = std::move(reduction->work);
   schedule->reducing = weak_from_this();
   ++schedule->stats.reduce_scatters;
   schedule->stats.peak_reductions_in_flight =
@@ -323,9 +323,9 @@ void FsdpUnit::Impl::finish_reduction() {
 }
 
 void FsdpUnit::Impl::wait_reduce_scatter() {
-  if (training != TrainingState::POST_BACKWARD || !reduce_scatter_in_flight) return;
-  reduce_scatter_in_flight->wait();  // releases the reduce-scatter's full-size input
-  reduce_scatter_in_flight.reset();
+  if (training != TrainingState::POST_BACKWARD || !reduction || !reduction->work) return;
+  reduction->work->wait();  // releases the reduce-scatter's full-size input
+  reduction->work.reset();
   --schedule->reductions_in_flight;
   if (has_replicas()) {
     // Hybrid sharding / NO_SHARD: the shards of the same rows, one per replica, reduced across replicas.

@@ -127,9 +127,8 @@ struct FsdpUnit::Impl : std::enable_shared_from_this<FsdpUnit::Impl> {
   // This backward's reduction, from the reduce-scatter until install_gradients: `output` (unit_shard_numel) the
   // reduced gradient shards in the reduce dtype; `has_gradient` per parameter, 1 when this rank contributed one
   // (FSDP2: a parameter no rank computed a gradient for keeps grad undefined, so optimizers skip it, as they would
-  // in one process). reduce_scatter_in_flight: its work until waited (at most one unit's is at a time).
+  // in one process); `work` until waited (at most one unit's reduce-scatter is in flight at a time).
   std::optional<ReduceScatterResult> reduction;
-  std::optional<dist::Work> reduce_scatter_in_flight;
   // A group of one without replicas reduces nothing: each parameter's full gradient of this backward (undefined
   // where it got none), in the parameters' dtype, to be installed as its .grad at the end of backward.
   std::vector<at::Tensor> local_grads;

@@ -134,11 +134,13 @@ void ParallelModel::set_gradient_sync(bool sync) {
   }
 }
 
-double ParallelModel::clip_grad_norm(double max_norm, const std::vector<at::Tensor>& params) {
+double ParallelModel::clip_grad_norm(double max_norm, const std::vector<torch::optim::OptimizerParamGroup>& groups) {
   if (!ddp_) return fsdp::clip_grad_norm(model_.module, max_norm);
   std::vector<at::Tensor> with_grad;
-  for (const auto& p : params) {
-    if (p.grad().defined()) with_grad.push_back(p);
+  for (const auto& g : groups) {
+    for (const auto& p : g.params()) {
+      if (p.grad().defined()) with_grad.push_back(p);
+    }
   }
   return torch::nn::utils::clip_grad_norm_(with_grad, max_norm);
 }

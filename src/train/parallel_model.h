@@ -5,6 +5,8 @@
 #include <ATen/core/Tensor.h>
 #include <c10/core/Device.h>
 
+#include <torch/optim/optimizer.h>
+
 #include <optional>
 
 #include "shardtrain/config/config.h"
@@ -34,8 +36,9 @@ class ParallelModel {
   // Whether the next backward reduces gradients (false: they accumulate locally; gradient accumulation).
   void set_gradient_sync(bool sync);
   // Scales the gradients so that their global norm is at most max_norm (INFINITY: measure only); returns the norm
-  // before clipping. `params` are the optimizer's (DDP: each rank holds every gradient whole).
-  double clip_grad_norm(double max_norm, const std::vector<at::Tensor>& params);
+  // before clipping. `groups` are the optimizer's (DDP: each rank holds every gradient whole, and those of the
+  // optimizer's parameters are clipped; FSDP: every unit's shards).
+  double clip_grad_norm(double max_norm, const std::vector<torch::optim::OptimizerParamGroup>& groups);
 
  private:
   models::ZooModel model_;

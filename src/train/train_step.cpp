@@ -65,9 +65,8 @@ StepTotals train_step(StepParts& p, const config::Config& c, std::vector<data::B
     forward_backward(p, std::move(batches[m]), M, step, totals);
   }
   if (p.scaler) p.scaler->unscale(p.optimizer);  // clipping sees the true gradients
-  std::vector<at::Tensor> params;
-  for (const auto& g : p.optimizer.param_groups()) params.insert(params.end(), g.params().begin(), g.params().end());
-  totals.grad_norm = p.model.clip_grad_norm(c.train.max_grad_norm > 0 ? c.train.max_grad_norm : INFINITY, params);
+  const double max_norm = c.train.max_grad_norm > 0 ? c.train.max_grad_norm : INFINITY;
+  totals.grad_norm = p.model.clip_grad_norm(max_norm, p.optimizer.param_groups());
   if (p.scaler) {
     totals.stepped = p.scaler->step(p.optimizer);
     p.scaler->update();

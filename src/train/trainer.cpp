@@ -225,8 +225,7 @@ void describe_end(const Loop& loop, const data::LoaderStats& stats) {
 TrainSummary train(const Config& c, std::shared_ptr<log::Sink> sink) {
   Job job(c, std::move(sink));
   const dist::Communicator& world = job.pg.world();
-  TrainingData data = open_training_data(c, c.model.flavor, job.task->data_needs(), *job.task, world.rank(),
-                                         world.size());
+  TrainingData data = open_training_data(c, *job.task, world.rank(), world.size());
   // Dropout draws from the default generators, seeded per rank (at::manual_seed seeds CPU and every GPU).
   at::manual_seed(data::hash_of(static_cast<uint64_t>(c.train.seed), static_cast<uint64_t>(world.rank())));
   const dist::DeviceMesh mesh = make_mesh(c, job);

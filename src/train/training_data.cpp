@@ -73,8 +73,9 @@ data::LoaderOptions loader_options(const Config& c, const std::string& flavor, c
 
 }  // namespace
 
-TrainingData open_training_data(const Config& c, const std::string& flavor, const models::DataNeeds& needs,
-                                const models::Task& task, int rank, int world_size) {
+TrainingData open_training_data(const Config& c, const models::Task& task, int rank, int world_size) {
+  const std::string& flavor = c.model.flavor;
+  const models::DataNeeds needs = task.data_needs();
   TrainingData d;
   d.sources = open_sources(c, flavor, needs);
   d.options = loader_options(c, flavor, needs, rank, world_size);

@@ -23,10 +23,9 @@ struct TrainingData {
   std::unique_ptr<data::Loader> eval_loader;
 };
 
-// Opens the sources and checks them and the vocabulary against `needs` (before the model is built: bad input
-// fails fast). Throws std::invalid_argument naming the config key.
-TrainingData open_training_data(const config::Config& config, const std::string& flavor, const models::DataNeeds& needs,
-                                const models::Task& task, int rank, int world_size);
+// Opens the sources the task reads and checks them and the vocabulary against its DataNeeds (before the model is
+// built: bad input fails fast). Throws std::invalid_argument naming the config key.
+TrainingData open_training_data(const config::Config& config, const models::Task& task, int rank, int world_size);
 
 // Starts the loader's threads at `start` (a resumed run's data position).
 void start_loading(TrainingData& data, const data::LoaderState& start);
