@@ -153,7 +153,9 @@ TEST(Ddp, UnusedParameterIsAnErrorNamingIt) {
   Toy model;
   model->active_blocks = 2;  // blocks2 takes no part
   replicate(model.ptr(), test_process_group().world());
-  auto [x, y] = make_batches().front();
+  const auto batch = make_batches().front();
+  const torch::Tensor& x = batch.first;
+  const torch::Tensor& y = batch.second;
   testing::expect_error<std::exception>([&] { torch::mse_loss(model(local_rows(x)), local_rows(y)).backward(); },
                                         {"parameter 'blocks2."});
   // With find_unused_parameters the same model trains; the unused parameters get zero gradients.

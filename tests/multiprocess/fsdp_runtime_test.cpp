@@ -114,7 +114,9 @@ TEST(FsdpRuntime, OverflowOnOneRankSkipsTheScaledStepOnEvery) {
 
 TEST(FsdpRuntime, GradientDivideFactorDividesTheSum) {
   const int w = test_process_group().world_size();
-  auto [x, y] = make_batches().front();
+  const auto batch = make_batches().front();
+  const torch::Tensor& x = batch.first;
+  const torch::Tensor& y = batch.second;
   auto global_norm = [&](std::optional<double> factor) {
     FsdpOptions options;
     options.gradient_divide_factor = factor;

@@ -5,8 +5,6 @@
 // shards every TransformerLayer (innermost first), then the root, which takes the parameters no unit owns.
 #pragma once
 
-#include <torch/nn/module.h>
-
 #include <cstdint>
 #include <functional>
 #include <memory>

@@ -9,13 +9,18 @@
 //   fsdp::fully_shard(model.ptr(), group, fsdp_options);                   // the root takes what is left
 #pragma once
 
-#include <torch/nn/module.h>
+#include <ATen/core/Tensor.h>
+#include <c10/core/TensorOptions.h>
 
 #include <cstdint>
 #include <functional>
 #include <memory>
 #include <string>
 #include <vector>
+
+namespace torch::nn {
+class Module;
+}  // namespace torch::nn
 
 namespace shardtrain::models {
 
@@ -26,7 +31,7 @@ struct WeightInitOptions {
 
 struct BuildOptions {
   // dtype and device of the parameters; the meta device builds shapes only (nothing allocated, nothing initialised).
-  torch::TensorOptions tensors = torch::TensorOptions().dtype(torch::kFloat32);
+  at::TensorOptions tensors = at::TensorOptions().dtype(at::kFloat);
   WeightInitOptions init;
   // Called with each transformer layer (qualified name, module) once it is built and initialised, before the next
   // layer is built.

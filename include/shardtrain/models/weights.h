@@ -3,7 +3,8 @@
 // rewrites them to Hugging Face's ("bert.encoder.layer.3.attention.self.query.weight").
 #pragma once
 
-#include <torch/nn/module.h>
+#include <ATen/core/Tensor.h>
+#include <c10/core/ScalarType.h>
 
 #include <optional>
 #include <regex>
@@ -12,6 +13,10 @@
 #include <vector>
 
 #include "shardtrain/distributed/communicator.h"
+
+namespace torch::nn {
+class Module;
+}  // namespace torch::nn
 
 namespace shardtrain::models {
 

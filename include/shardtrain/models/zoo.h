@@ -6,8 +6,6 @@
 //   auto task = m.recipe->task();                                // what it trains on (its default task)
 #pragma once
 
-#include <torch/nn/module.h>
-
 #include <cstdint>
 #include <memory>
 #include <string>

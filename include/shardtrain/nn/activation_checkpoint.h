@@ -17,12 +17,14 @@
 // place between forward and backward is an error naming the module; forward without grad mode runs plainly.
 #pragma once
 
-#include <torch/nn/module.h>
-
 #include <functional>
 #include <memory>
 #include <string>
 #include <vector>
+
+namespace torch::nn {
+class Module;
+}  // namespace torch::nn
 
 namespace shardtrain::nn {
 
