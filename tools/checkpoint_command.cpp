@@ -1,4 +1,6 @@
 // `shardtrain checkpoint export` and `shardtrain checkpoint list`.
+#include <torch/nn/module.h>
+
 #include <iostream>
 
 #include "cli_args.h"

@@ -1,6 +1,7 @@
 #include "shardtrain/models/weights.h"
 
 #include <ATen/ATen.h>
+#include <torch/nn/module.h>
 
 #include <map>
 #include <optional>

@@ -54,7 +54,7 @@ std::string layer_class_of(const std::string& flavor) { return recipe_of(flavor)
 
 int64_t count_flavor_parameters(const std::string& flavor) {
   BuildOptions meta;
-  meta.tensors = torch::TensorOptions().dtype(torch::kFloat32).device(torch::kMeta);
+  meta.tensors = at::TensorOptions().dtype(at::kFloat).device(at::kMeta);
   return count_parameters(*build_model(flavor, meta).module);
 }
 

@@ -1,5 +1,6 @@
 #include "train/parallel_model.h"
 
+#include <torch/nn/module.h>
 #include <torch/nn/utils/clip_grad.h>
 
 #include <stdexcept>

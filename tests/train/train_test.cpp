@@ -11,6 +11,7 @@
 #include <fstream>
 #include <sstream>
 
+#include <torch/nn/module.h>
 #include <torch/serialize.h>
 
 #include "shardtrain/ckpt/checkpoint.h"
