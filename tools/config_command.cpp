@@ -84,10 +84,13 @@ int run_config_command(const std::vector<std::string>& argv) {
     std::cout << "usage: shardtrain config [--default] [--out FILE]\n"
                  "Asks how the job should run (machines, processes, strategy, precision, wrapping, offload,\n"
                  "checkpointing) and writes a YAML config for `shardtrain train` (default file:\n"
-                 "shardtrain_config.yaml). --default writes the defaults without asking; --out - prints it.\n";
+                 "shardtrain_config.yaml). --default prints the defaults without asking (to FILE with --out);\n"
+                 "--out - prints the answers.\n";
     return 0;
   }
-  const std::string out = a.get("out", "shardtrain_config.yaml");
+  // Answers go to a file by default, as `accelerate config` writes its default config file; the defaults alone are
+  // printed, for a look or a redirect.
+  const std::string out = a.get("out", a.has("default") ? "-" : "shardtrain_config.yaml");
   config::Config config;
   if (!a.has("default")) {
     for (const auto& q : questions()) {

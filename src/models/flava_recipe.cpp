@@ -96,6 +96,16 @@ class FlavaPretraining : public Task {
   std::vector<std::string> loss_names() const override {
     return {"mim", "mlm", "itm", "contrastive", "mmm_image", "mmm_text"};
   }
+  // ITM's negatives, in training and in evaluation, pair a text with another image of the same rank's batch: with
+  // one sample per rank there are none, and ITM accuracy would count positives only.
+  void check_batch_size(int64_t local_batch, int64_t world_size) const override {
+    if (local_batch >= 2) return;
+    std::string why = "FLAVA pretraining's ITM objective needs at least 2 samples per rank (its negatives pair a "
+                      "text with another image of the same rank's batch)";
+    if (local_batch * world_size < 2) why += ", and its contrastive loss at least 2 samples across all ranks";
+    throw std::invalid_argument("train.batch_size: " + std::to_string(local_batch) + " per rank is too small: " +
+                                why);
+  }
   Losses compute_losses(torch::nn::Module& model, const data::Batch& b, uint64_t) const override {
     FlavaBatch fb;
     fb.input_ids = b.input_ids, fb.input_ids_masked = b.input_ids_masked, fb.attention_mask = b.attention_mask;

@@ -15,6 +15,8 @@ std::string Task::describe_progress(const std::map<std::string, double>&, const 
   return "";
 }
 
+void Task::check_batch_size(int64_t, int64_t) const {}
+
 void ModelRecipe::parallelize_hook(torch::nn::Module&, const dist::DeviceMesh&) const {}
 
 std::unique_ptr<Task> ModelRecipe::task(const std::string& name) const {

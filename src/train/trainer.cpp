@@ -86,6 +86,7 @@ struct Job {
         logger(std::move(sink), pg.world().rank(), {log_level_of(c.log.level)}),
         recipe(checked_recipe(c)),
         task(recipe->task(c.model.task)) {
+    task->check_batch_size(c.train.batch_size, pg.world().size());
     if (!device.is_cuda()) memory::install_cpu_memory_counter();
   }
 

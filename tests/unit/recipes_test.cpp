@@ -19,6 +19,7 @@
 #include "shardtrain/models/t5.h"
 #include "shardtrain/models/vit.h"
 #include "shardtrain/models/zoo.h"
+#include "support/expect_error.h"
 
 namespace shardtrain::models {
 namespace {
@@ -204,6 +205,21 @@ TEST(TrainingFlops, EqualSixTimesTheLayersWeightsPlusAttention) {
     pair.kind = data::SampleKind::IMAGE_TEXT;
     pair.pixels = at::zeros({3, 3, c.image_size, c.image_size});
     EXPECT_DOUBLE_EQ(r->training_flops(pair), 3 * (2 * U * (layer(T) + layer(n)) + M * layer(n + T + 1)) * B);
+  }
+}
+
+// --- Batch sizes the objectives need ------------------------------------------------------------------------
+
+TEST(Recipes, BatchTooSmallForAnObjectiveIsAnErrorNamingIt) {
+  const auto flava = recipe_of("flava-debug")->task();
+  testing::expect_error<std::invalid_argument>([&] { flava->check_batch_size(1, 4); },
+                                               {"train.batch_size: 1 per rank", "ITM", "2 samples per rank"});
+  const std::string alone = error_of([&] { flava->check_batch_size(1, 1); });
+  EXPECT_NE(alone.find("contrastive loss"), std::string::npos) << alone;
+  EXPECT_NO_THROW(flava->check_batch_size(2, 1));
+  // Objectives whose samples stand alone train on one sample per rank.
+  for (const char* flavor : {"bert-debug", "vit-debug", "t5-debug", "llama-debug"}) {
+    EXPECT_NO_THROW(recipe_of(flavor)->task()->check_batch_size(1, 1)) << flavor;
   }
 }
 

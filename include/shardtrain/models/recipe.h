@@ -78,6 +78,9 @@ class Task {
   // Some batches leave parameters without a gradient (FLAVA's text-only batch skips the image heads): DDP must
   // look for them (find_unused_parameters).
   virtual bool leaves_parameters_unused() const { return false; }
+  // Throws std::invalid_argument naming the objective when `local_batch` samples per rank (of `world_size`
+  // ranks) are too few for it to mean anything (FLAVA's ITM negatives come from the same rank's batch).
+  virtual void check_batch_size(int64_t local_batch, int64_t world_size) const;
 
   // Held-out evaluation, for tasks that have one: the kind of samples it reads, then a collective over
   // inputs.world returning named metrics, and a phrase comparing the first and the last evaluation for the
