@@ -14,9 +14,11 @@ namespace {
 
 const char* kCheckpointUsage =
     "usage: shardtrain checkpoint export CHECKPOINT --out model.safetensors [--dtype fp32|bf16|fp16]\n"
+    "                                    [--allow-non-finite]\n"
     "       shardtrain checkpoint list DIR\n"
     "export: merges a checkpoint's shards (any world size, FSDP or DDP) into one safetensors file with\n"
     "        Hugging Face names. CHECKPOINT is a step-* directory, or a checkpoint.dir (its newest one).\n"
+    "        NaN or Inf weights are refused unless --allow-non-finite.\n"
     "list:   the complete checkpoints in DIR with their step and world size.\n";
 
 // What an export of `flavor` holds: the flavor's module tree on the meta device (no memory) gives our names, the
@@ -44,7 +46,7 @@ int run_checkpoint_command(const std::vector<std::string>& args) {
   }
   const std::vector<std::string> rest(args.begin() + 1, args.end());
   if (args[0] == "export") {
-    const Args a = parse_args(rest, {"out", "dtype"}, {});
+    const Args a = parse_args(rest, {"out", "dtype"}, {"allow-non-finite"});
     if (a.positionals.size() != 1) throw std::invalid_argument("export takes one CHECKPOINT");
     const std::string out = a.get("out", "");
     if (out.empty()) throw std::invalid_argument("--out FILE is required");
@@ -54,13 +56,14 @@ int run_checkpoint_command(const std::vector<std::string>& args) {
       if (!latest) throw std::invalid_argument("'" + path + "' is neither a checkpoint nor a directory holding one");
       path = *latest;
     }
-    std::optional<at::ScalarType> dtype;
+    ckpt::ExportOptions options;
+    options.allow_non_finite = a.has("allow-non-finite");
     const std::string d = a.get("dtype", "");
-    if (d == "bf16") dtype = at::kBFloat16;
-    else if (d == "fp16") dtype = at::kHalf;
-    else if (d == "fp32") dtype = at::kFloat;
+    if (d == "bf16") options.dtype = at::kBFloat16;
+    else if (d == "fp16") options.dtype = at::kHalf;
+    else if (d == "fp32") options.dtype = at::kFloat;
     else if (!d.empty()) throw std::invalid_argument("--dtype: '" + d + "' is not one of fp32, bf16, fp16");
-    ckpt::export_checkpoint(path, out, export_layout(ckpt::read_trainer_state(path).flavor), dtype);
+    ckpt::export_checkpoint(path, out, export_layout(ckpt::read_trainer_state(path).flavor), options);
     std::cout << "checkpoint export: " << path << " -> " << out << "\n";
     return 0;
   }

@@ -281,7 +281,7 @@ void prune_checkpoints(const std::string& dir, int64_t keep) {
 }
 
 void export_checkpoint(const std::string& path, const std::string& out, const std::vector<ExportTensor>& tensors,
-                       std::optional<at::ScalarType> dtype) {
+                       const ExportOptions& options) {
   const TrainerState state = read_trainer_state(path);
   std::map<std::string, at::Tensor> saved;
   if (io::path_exists(path + "/model")) {
@@ -301,7 +301,21 @@ void export_checkpoint(const std::string& path, const std::string& out, const st
       throw std::runtime_error(path + ": '" + t.name + "' has shape " + c10::str(it->second.sizes()) + ", " +
                                state.flavor + "'s is " + c10::str(at::IntArrayRef(t.shape)));
     }
-    named.emplace_back(t.file_name, dtype ? it->second.to(*dtype) : it->second);
+    at::Tensor value = options.dtype ? it->second.to(*options.dtype) : it->second;
+    if (!options.allow_non_finite && value.is_floating_point()) {
+      const int64_t bad = value.numel() - at::isfinite(value).sum().item<int64_t>();
+      if (bad > 0) {
+        const bool from_cast = options.dtype && at::isfinite(it->second).all().item<bool>();
+        throw std::runtime_error(
+            path + ": '" + t.name + "' holds " + std::to_string(bad) + " NaN or Inf values of " +
+            std::to_string(value.numel()) +
+            (from_cast ? " once cast to " + std::string(c10::toString(*options.dtype)) +
+                             " (values beyond its range); export in a wider dtype"
+                       : " (training diverged, or the checkpoint is damaged); export an earlier checkpoint") +
+            ", or allow non-finite values (--allow-non-finite) to write it anyway");
+      }
+    }
+    named.emplace_back(t.file_name, value);
   }
   io::write_safetensors(out, named);
 }

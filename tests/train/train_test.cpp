@@ -7,6 +7,7 @@
 
 #include <unistd.h>
 
+#include <cmath>
 #include <cstdio>
 #include <fstream>
 #include <sstream>
@@ -203,6 +204,31 @@ TEST_F(TrainTest, CheckpointsAreKeptAndExportLoadsIntoAFreshModel) {
   models::ZooModel other = models::build_model("flava-debug");
   models::load_weights(*other.module, dir + "/step-00000006/model.safetensors", other.names);
   for (const auto& p : other.module->named_parameters()) EXPECT_TRUE(p.value().equal(saved.at(p.key()))) << p.key();
+
+  // The same checkpoint with one weight gone NaN (as a diverged run leaves it), whole in model.pt: export refuses
+  // it, naming the tensor, unless told to write it anyway.
+  const std::string diverged = root_ + "/diverged/step-00000006";
+  io::make_directories(diverged);
+  io::write_file_atomic(diverged + "/trainer.json", io::read_file(dir + "/step-00000006/trainer.json"));
+  c10::Dict<std::string, at::Tensor> model;
+  std::string damaged;  // the first matrix
+  for (const auto& [name, value] : saved) {
+    model.insert(name, value.clone());
+    if (damaged.empty() && value.dim() == 2) damaged = name;
+  }
+  model.at(damaged)[0][3] = std::nan("");
+  const std::vector<char> pickled = torch::pickle_save(c10::IValue(model));
+  io::write_file_atomic(diverged + "/model.pt", pickled);
+  const std::string nan_out = root_ + "/diverged.safetensors";
+  const Outcome refused = run(std::string(SHARDTRAIN_BIN) + " checkpoint export " + diverged + " --out " + nan_out);
+  EXPECT_NE(refused.status, 0);
+  EXPECT_NE(refused.output.find("'" + damaged + "' holds 1 NaN or Inf values"), std::string::npos)
+      << refused.output;
+  EXPECT_FALSE(io::path_exists(nan_out));
+  const Outcome allowed = run(std::string(SHARDTRAIN_BIN) + " checkpoint export " + diverged + " --out " + nan_out +
+                              " --allow-non-finite");
+  EXPECT_EQ(allowed.status, 0) << allowed.output;
+  EXPECT_TRUE(io::path_exists(nan_out));
 }
 
 // Mixed precision every way the config offers: FSDP in bf16 and fp16 (loss-scaled), DDP under autocast in bf16 and
@@ -298,6 +324,10 @@ TEST_F(TrainTest, BadInputExitsWithTheMessage) {
           "--parallel.strategy=ddp");
   EXPECT_EQ(r.status, 2);
   EXPECT_NE(r.output.find("cpu_offload: true offloads the shards of an FSDP strategy"), std::string::npos) << r.output;
+  r = run(std::string(SHARDTRAIN_BIN) + " train " + root_ + "/config.yaml --train.batch_size=1");
+  EXPECT_NE(r.status, 0);
+  EXPECT_NE(r.output.find("train.batch_size: 1 per rank is too small: FLAVA pretraining's ITM objective"),
+            std::string::npos) << r.output;
 }
 
 TEST(ConfigCommand, AnswersBecomeTheYaml) {
@@ -320,6 +350,16 @@ TEST(ConfigCommand, AnswersBecomeTheYaml) {
   EXPECT_EQ(c.checkpoint.state_dict_type, config::StateDictType::FULL);
   const Outcome d = run(std::string(SHARDTRAIN_BIN) + " config --default --out " + out);
   ASSERT_EQ(d.status, 0) << d.output;
+  EXPECT_EQ(config::to_yaml(config::load_config(out)), config::to_yaml(config::Config{}));
+  // Without --out the defaults are printed, not written.
+  io::remove_tree(out);
+  const std::string cwd = out + ".cwd";
+  io::make_directories(cwd);
+  const Outcome printed = run("cd " + cwd + " && " + SHARDTRAIN_BIN + " config --default");
+  ASSERT_EQ(printed.status, 0) << printed.output;
+  EXPECT_FALSE(io::path_exists(cwd + "/shardtrain_config.yaml"));
+  io::remove_tree(cwd);
+  io::write_file_atomic(out, std::vector<char>(printed.output.begin(), printed.output.end()));
   EXPECT_EQ(config::to_yaml(config::load_config(out)), config::to_yaml(config::Config{}));
   io::remove_tree(out);
 }

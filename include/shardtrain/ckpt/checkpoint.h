@@ -80,11 +80,17 @@ struct ExportTensor {
   std::vector<int64_t> shape;
 };
 
+struct ExportOptions {
+  std::optional<at::ScalarType> dtype;  // the file's dtype; unset: each tensor's own
+  bool allow_non_finite = false;        // write NaN/Inf weights instead of refusing them
+};
+
 // Merges a checkpoint's model (sharded or whole) into one safetensors file holding `tensors` (the model's layout
-// under Hugging Face names: `shardtrain checkpoint export` builds it from the checkpoint's flavor), optionally cast
-// to `dtype`. Needs no process group: reads the files. Throws std::runtime_error naming a tensor the checkpoint
-// lacks or holds in another shape.
+// under Hugging Face names: `shardtrain checkpoint export` builds it from the checkpoint's flavor). Needs no process
+// group: reads the files. Throws std::runtime_error naming a tensor the checkpoint lacks or holds in another shape,
+// and one that holds NaN or Inf values (in the checkpoint, or once cast to options.dtype) unless
+// options.allow_non_finite: a diverged or damaged model is not written where it would be taken for a good one.
 void export_checkpoint(const std::string& path, const std::string& out, const std::vector<ExportTensor>& tensors,
-                       std::optional<at::ScalarType> dtype = {});
+                       const ExportOptions& options = {});
 
 }  // namespace shardtrain::ckpt
