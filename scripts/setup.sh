@@ -4,8 +4,9 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-# Debian packages: compilers (clang, and g++ for its C++ library) and build tools, GoogleTest, and gloo's headers (the torch wheel ships gloo's compiled
-# code but not its headers, which ProcessGroupGloo.hpp includes; docs/notes/gloo-headers.md).
+# Debian packages: compilers (clang, and g++ for its C++ library) and build tools, GoogleTest, and gloo's headers
+# (the torch wheel ships gloo's compiled code but not its headers, which ProcessGroupGloo.hpp includes;
+# docs/notes/gloo-headers.md).
 packages=(g++ clang cmake ninja-build ccache libgtest-dev libgmock-dev libgloo-dev nlohmann-json3-dev libyaml-cpp-dev libstb-dev libutf8proc-dev
           python3-venv)
 missing=()
@@ -33,8 +34,13 @@ fi
 
 # The compiler: clang++ where there is one (CXX overrides). With precompiled headers it compiles a file of this
 # project in a third of g++'s time, because its precompiled header also holds LibTorch's template instantiations
-# (docs/notes/build-times.md); g++ builds the same code.
-CXX=${CXX:-$(command -v clang++ || command -v g++)}
+# (docs/notes/build-times.md); g++ builds the same code. Resolved to a full path, as CMake records it in its cache.
+if [ -n "${CXX:-}" ]; then
+  wanted=$CXX
+  CXX=$(command -v "$wanted") || { echo "setup: CXX=$wanted is not a program on PATH"; exit 1; }
+else
+  CXX=$(command -v clang++ || command -v g++)
+fi
 if [ -f build/CMakeCache.txt ] && ! grep -qx "CMAKE_CXX_COMPILER:[A-Z]*=$CXX" build/CMakeCache.txt; then
   echo "setup: build/ was configured with another compiler; configuring it afresh with $CXX"
   rm -rf build
