@@ -107,6 +107,15 @@ void describe_data(const TrainingData& d, const log::Logger& logger) {
     }
     logger.info(line);
     for (const auto& p : source->scan_problems()) logger.info("  data problem: " + p);
+    // One micro-batch of this kind takes batch_size samples on every rank.
+    const int64_t global = static_cast<int64_t>(d.options.world) * d.options.batch_size;
+    if (source->size() < global) {
+      logger.warning(std::string(data::kind_name(static_cast<data::SampleKind>(k))) + " data: " +
+                     std::to_string(source->size()) + " samples are fewer than one global batch (" +
+                     std::to_string(d.options.world) + " ranks x train.batch_size " +
+                     std::to_string(d.options.batch_size) + " = " + std::to_string(global) +
+                     "): every batch of it repeats samples");
+    }
   }
 }
 

@@ -30,7 +30,8 @@ TrainingData open_training_data(const config::Config& config, const models::Task
 // Starts the loader's threads at `start` (a resumed run's data position).
 void start_loading(TrainingData& data, const data::LoaderState& start);
 
-// The start-up lines about the data: samples and files per source, incomplete samples, problems found.
+// The start-up lines about the data: samples and files per source, incomplete samples, problems found; a warning
+// for a source smaller than one global batch.
 void describe_data(const TrainingData& data, const log::Logger& logger);
 
 }  // namespace shardtrain::train

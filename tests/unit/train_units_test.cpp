@@ -10,6 +10,7 @@
 #include <fstream>
 
 #include "shardtrain/ckpt/checkpoint.h"
+#include "shardtrain/data/synth.h"
 #include "shardtrain/distributed/process_group.h"
 #include "shardtrain/io/files.h"
 #include "shardtrain/log/log.h"
@@ -17,6 +18,7 @@
 #include "shardtrain/train/schedule.h"
 #include "train/interval_metrics.h"
 #include "train/metrics_log.h"
+#include "train/training_data.h"
 
 namespace shardtrain::train {
 namespace {
@@ -90,6 +92,31 @@ struct RecordingSink : log::Sink {
   void line(log::Level level, const std::string& text) override { lines.emplace_back(level, text); }
   void status(const std::string& text) override { last_status = text, ++status_calls; }
 };
+
+TEST(TrainingData, ASourceSmallerThanOneGlobalBatchIsWarnedAbout) {
+  const std::string dir = "/tmp/shardtrain_small_data_" + std::to_string(::getpid());
+  io::remove_tree(dir);
+  data::SynthOptions o;
+  o.out = dir, o.image_text_samples = 6, o.text_samples = 40, o.image_samples = 16, o.eval_samples = 16;
+  o.samples_per_shard = 64, o.image_size = 32;
+  data::write_synth_dataset(o);
+  TrainingData d;
+  d.sources[0] = std::make_shared<data::SampleSource>(std::vector<std::string>{dir + "/image_text"},
+                                                      data::SampleKind::IMAGE_TEXT);
+  d.sources[1] = std::make_shared<data::SampleSource>(std::vector<std::string>{dir + "/text"}, data::SampleKind::TEXT);
+  d.options.world = 2, d.options.batch_size = 4;
+  auto sink = std::make_shared<RecordingSink>();
+  describe_data(d, log::Logger(sink, 0, {log::Level::INFO}));
+  std::vector<std::string> warnings;
+  for (const auto& [level, text] : sink->lines) {
+    if (level == log::Level::WARNING) warnings.push_back(text);
+  }
+  // 6 image-text samples < 2 x 4; 40 text samples are enough.
+  ASSERT_EQ(warnings.size(), 1u) << ::testing::PrintToString(sink->lines);
+  EXPECT_EQ(warnings[0], "image_text data: 6 samples are fewer than one global batch (2 ranks x train.batch_size 4 = 8): "
+                         "every batch of it repeats samples");
+  io::remove_tree(dir);
+}
 
 TEST(Logger, FiltersByLevelAndRank) {
   auto sink = std::make_shared<RecordingSink>();
