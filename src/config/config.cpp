@@ -259,6 +259,7 @@ std::vector<Field> fields_of(Config& c) {
       field("checkpoint.interval", c.checkpoint.interval),
       field("checkpoint.keep", c.checkpoint.keep),
       field("checkpoint.resume", c.checkpoint.resume),
+      field("checkpoint.overwrite", c.checkpoint.overwrite),
       choice("checkpoint.state_dict_type", c.checkpoint.state_dict_type,
              {{"sharded", StateDictType::SHARDED}, {"full", StateDictType::FULL}}),
       field("log.interval", c.log.interval),

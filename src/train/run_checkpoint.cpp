@@ -2,7 +2,30 @@
 
 #include <stdexcept>
 
+#include "shardtrain/io/files.h"
+
 namespace shardtrain::train {
+
+void claim_checkpoint_dir(const config::Config& c, const dist::Communicator& world, const log::Logger& logger) {
+  if (c.checkpoint.dir.empty() || c.checkpoint.resume) return;
+  const std::vector<std::string> existing = ckpt::list_checkpoints(c.checkpoint.dir);
+  if (existing.empty()) return;
+  const std::string count = std::to_string(existing.size()) + (existing.size() == 1 ? " checkpoint" : " checkpoints");
+  if (!c.checkpoint.overwrite) {
+    const ckpt::TrainerState newest = ckpt::read_trainer_state(existing.back());
+    throw std::invalid_argument(
+        "checkpoint.dir: '" + c.checkpoint.dir + "' already holds " + count + " of an earlier run (the newest " +
+        existing.back() + ", step " + std::to_string(newest.step) + " of " + newest.flavor + "). Continue it with " +
+        "--resume, write this run elsewhere with --checkpoint.dir=DIR, or remove them with " +
+        "--checkpoint.overwrite=true");
+  }
+  world.barrier().wait();  // every rank has listed them before they go
+  if (world.rank() == 0) {
+    for (const std::string& path : existing) io::remove_tree(path);
+  }
+  world.barrier().wait();
+  logger.info("checkpoint.overwrite: removed " + count + " of an earlier run from " + c.checkpoint.dir);
+}
 
 RunPosition resume_run(const config::Config& c, const ckpt::CheckpointModel& model, optim::GradScaler* scaler,
                        const dist::Communicator& world, const log::Logger& logger) {

@@ -18,6 +18,11 @@ struct RunPosition {
   data::LoaderState loader; // the data stream's position
 };
 
+// A run that does not resume takes checkpoint.dir for itself: when it already holds checkpoints, throws
+// std::invalid_argument saying what is there and the ways out, or with checkpoint.overwrite removes them (rank 0,
+// after every rank has looked). Collective when there are any.
+void claim_checkpoint_dir(const config::Config& config, const dist::Communicator& world, const log::Logger& logger);
+
 // Restores the newest complete checkpoint of checkpoint.dir into `model` (and the scaler when given). Collective.
 // Throws std::invalid_argument when there is none or it is of another flavor.
 RunPosition resume_run(const config::Config& config, const ckpt::CheckpointModel& model, optim::GradScaler* scaler,

@@ -240,6 +240,7 @@ TrainSummary train(const Config& c, std::shared_ptr<log::Sink> sink) {
   // float16: the loss is scaled before backward, and a step whose gradients overflowed on any rank is skipped.
   std::optional<optim::GradScaler> scaler;
   if (c.parallel.mixed_precision == config::Precision::FP16) scaler.emplace(optim::GradScalerOptions{}, world);
+  claim_checkpoint_dir(c, world, job.logger);
   const RunPosition start =
       c.checkpoint.resume ? resume_run(c, checkpointed, scaler ? &*scaler : nullptr, world, job.logger) : RunPosition{};
   start_loading(data, start.loader);

@@ -189,6 +189,15 @@ TEST_F(TrainTest, CheckpointsAreKeptAndExportLoadsIntoAFreshModel) {
   EXPECT_EQ(ckpt::list_checkpoints(dir), (std::vector<std::string>{dir + "/step-00000004", dir + "/step-00000006"}));
   EXPECT_TRUE(io::path_exists(dir + "/step-00000006/model.safetensors"));  // state_dict_type: full
 
+  // Another run started there without --resume would prune these and leave them for a later --resume: it stops
+  // first, saying what is there and the ways out.
+  const Outcome again = train("--checkpoint.dir=" + dir + " --train.steps=2");
+  EXPECT_NE(again.status, 0);
+  EXPECT_NE(again.output.find("already holds 2 checkpoints of an earlier run (the newest " + dir +
+                              "/step-00000006, step 6 of flava-debug)"), std::string::npos) << again.output;
+  EXPECT_NE(again.output.find("--checkpoint.overwrite=true"), std::string::npos) << again.output;
+  EXPECT_EQ(ckpt::list_checkpoints(dir).size(), 2u);
+
   const std::string out = root_ + "/exported.safetensors";
   const Outcome e = run(std::string(SHARDTRAIN_BIN) + " checkpoint export " + dir + " --out " + out);
   ASSERT_EQ(e.status, 0) << e.output;
@@ -229,6 +238,13 @@ TEST_F(TrainTest, CheckpointsAreKeptAndExportLoadsIntoAFreshModel) {
                               " --allow-non-finite");
   EXPECT_EQ(allowed.status, 0) << allowed.output;
   EXPECT_TRUE(io::path_exists(nan_out));
+
+  // checkpoint.overwrite: the earlier run's checkpoints go, this run's are the only ones.
+  const Outcome over = train("--checkpoint.dir=" + dir + " --train.steps=1 --train.eval_interval=0 "
+                             "--checkpoint.overwrite=true");
+  ASSERT_EQ(over.status, 0) << over.output;
+  EXPECT_NE(over.output.find("removed 2 checkpoints of an earlier run"), std::string::npos) << over.output;
+  EXPECT_EQ(ckpt::list_checkpoints(dir), std::vector<std::string>{dir + "/step-00000001"});
 }
 
 // Mixed precision every way the config offers: FSDP in bf16 and fp16 (loss-scaled), DDP under autocast in bf16 and

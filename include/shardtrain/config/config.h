@@ -124,6 +124,9 @@ struct CheckpointConfig {
   int64_t interval = 0;       // steps between checkpoints; 0: at the end only
   int64_t keep = 3;           // the newest K are kept; 0: all
   bool resume = false;        // continue from the newest complete checkpoint in dir (error when there is none)
+  // A run without resume needs a dir without checkpoints (they are another run's: pruning would delete them, a
+  // later resume continue them); overwrite removes them at start instead.
+  bool overwrite = false;
   StateDictType state_dict_type = StateDictType::SHARDED;  // FULL also writes model.safetensors (HF names)
 };
 
