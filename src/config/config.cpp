@@ -216,6 +216,7 @@ std::vector<Field> fields_of(Config& c) {
       field("data.lowercase", c.data.lowercase),
       field("data.image_mean", c.data.image_mean),
       field("data.image_std", c.data.image_std),
+      field("data.max_image_pixels", c.data.max_image_pixels),
       field("data.workers", c.data.workers),
       field("data.queue_depth", c.data.queue_depth),
       choice("parallel.strategy", c.parallel.strategy, kStrategies),
@@ -451,6 +452,7 @@ void validate(const Config& c) {
   require(c.data.image_std.size() == 3, "data.image_std", std::to_string(c.data.image_std.size()) + " values",
           "three values (R, G, B)");
   for (double s : c.data.image_std) require(s > 0, "data.image_std", num(s), "positive");
+  require(c.data.max_image_pixels >= 1, "data.max_image_pixels", num(c.data.max_image_pixels), "at least 1");
   require(c.data.max_text_length == 0 || c.data.max_text_length >= 3, "data.max_text_length",
           num(c.data.max_text_length), "0 (the model's) or at least 3");
   require(c.data.image_size >= 0, "data.image_size", num(c.data.image_size), "0 (the model's) or positive");

@@ -25,13 +25,21 @@ void check_image(const Image& image, const char* what) {
 
 }  // namespace
 
-Image decode_image(const std::string& bytes) {
+Image decode_image(const std::string& bytes, int64_t max_pixels) {
   if (bytes.size() > static_cast<size_t>(std::numeric_limits<int>::max())) {
     throw DecodeError("image file of " + std::to_string(bytes.size()) + " bytes is too large to decode");
   }
+  const auto* data = reinterpret_cast<const stbi_uc*>(bytes.data());
+  const int size = static_cast<int>(bytes.size());
   int width = 0, height = 0, channels = 0;
-  stbi_uc* pixels = stbi_load_from_memory(reinterpret_cast<const stbi_uc*>(bytes.data()),
-                                          static_cast<int>(bytes.size()), &width, &height, &channels, 3);
+  // The header alone first: its size decides whether the pixels are decoded at all.
+  if (stbi_info_from_memory(data, size, &width, &height, &channels) &&
+      static_cast<int64_t>(width) * height > max_pixels) {
+    throw DecodeError("image of " + std::to_string(width) + "x" + std::to_string(height) + " = " +
+                      std::to_string(static_cast<int64_t>(width) * height) + " pixels is above data.max_image_pixels (" +
+                      std::to_string(max_pixels) + "); not decoded");
+  }
+  stbi_uc* pixels = stbi_load_from_memory(data, size, &width, &height, &channels, 3);
   if (!pixels) {
     const char* reason = stbi_failure_reason();
     throw DecodeError(std::string("cannot decode image (") + (reason ? reason : "unknown reason") + ", " +

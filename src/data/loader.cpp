@@ -118,7 +118,7 @@ struct Loader::Impl {
           }
         }
         if (kind != SampleKind::TEXT) {
-          const Image decoded = decode_image(raw.image);
+          const Image decoded = decode_image(raw.image, o.max_image_pixels);
           // An ITM negative: this image gets another row's text when the batch is put together (build()).
           ex.itm = kind == SampleKind::IMAGE_TEXT &&
                            unit_of(hash_of(seed, p, static_cast<uint64_t>(Purpose::kItm))) < o.itm_negative_probability

@@ -224,6 +224,25 @@ TEST(Images, DecodeResizeNormalize) {
   expect_error<DecodeError>([&] { decode_image(png.substr(0, png.size() / 2)); }, {"cannot decode image"});
 }
 
+// A decompression bomb is refused from its header: the pixels are never allocated.
+TEST(Images, AboveThePixelLimitIsNotDecoded) {
+  Image image;
+  image.width = 40, image.height = 30;
+  image.rgb.assign(40 * 30 * 3, 7);
+  for (const std::string& file : {encode_png(image), encode_jpeg(image)}) {
+    testing::expect_error<DecodeError>([&] { decode_image(file, 1199); },
+                                       {"image of 40x30 = 1200 pixels is above data.max_image_pixels (1199)"});
+    EXPECT_EQ(decode_image(file, 1200).width, 40);
+  }
+  // A 16000 x 16000 PNG header (a few bytes of file) against the default limit: refused before decoding.
+  std::string png = encode_png(image);
+  auto put_be32 = [&](size_t at, uint32_t v) {
+    for (int b = 0; b < 4; ++b) png[at + b] = static_cast<char>((v >> (24 - 8 * b)) & 0xff);
+  };
+  put_be32(16, 16000), put_be32(20, 16000);  // IHDR's width and height (its CRC is not checked by the header probe)
+  testing::expect_error<DecodeError>([&] { decode_image(png); }, {"16000x16000 = 256000000 pixels"});
+}
+
 // A small image-text dataset with some corrupt samples, for the loader tests.
 std::string make_pairs(const std::string& dir, int64_t count, const std::set<int64_t>& corrupt) {
   const std::string path = dir + "/pairs.tar";

@@ -22,8 +22,13 @@ class DecodeError : public std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
-// Any format stb_image reads; grey and alpha become RGB. Throws DecodeError with the decoder's reason.
-Image decode_image(const std::string& bytes);
+// Pillow's Image.MAX_IMAGE_PIXELS (its decompression-bomb limit): about 89 million pixels, 9459 x 9459.
+inline constexpr int64_t kDefaultMaxImagePixels = 89478485;
+
+// Any format stb_image reads; grey and alpha become RGB. Throws DecodeError with the decoder's reason, and without
+// decoding when the header says width x height is above `max_pixels` (a 16000 x 16000 PNG of a few kilobytes
+// would take 768 MB of RGB).
+Image decode_image(const std::string& bytes, int64_t max_pixels = kDefaultMaxImagePixels);
 std::string encode_png(const Image& image);
 std::string encode_jpeg(const Image& image, int quality = 90);
 

@@ -18,6 +18,7 @@
 #include <string>
 #include <vector>
 
+#include "shardtrain/data/image.h"
 #include "shardtrain/data/source.h"
 #include "shardtrain/data/tokenizer.h"
 
@@ -60,6 +61,7 @@ struct LoaderOptions {
   std::vector<double> image_mean = {0.48145466, 0.4578275, 0.40821073};
   std::vector<double> image_std = {0.26862954, 0.26130258, 0.27577711};
   double itm_negative_probability = 0.5;  // rows whose text is replaced by another row's (ITM negatives)
+  int64_t max_image_pixels = kDefaultMaxImagePixels;  // larger images are skipped undecoded (and counted)
 };
 
 // Where the stream stands: steps handed out and stream positions consumed per kind (global, over all ranks).
