@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include "shardtrain/config/config.h"
+#include "shardtrain/data/image.h"
 #include "support/expect_error.h"
 
 namespace shardtrain::config {
@@ -15,6 +16,8 @@ TEST(Config, EmptyFileIsTheDefaults) {
   EXPECT_EQ(c.model.flavor, "flava-debug");
   EXPECT_EQ(c.parallel.strategy, Strategy::FULL_SHARD);
   EXPECT_EQ(c.train.steps, 1000);
+  // The config's pixel limit repeats the decoder's (config.h stays free of the data headers): the same number.
+  EXPECT_EQ(c.data.max_image_pixels, data::kDefaultMaxImagePixels);
 }
 
 TEST(Config, SectionsAndOverridesSetTheSameTree) {

@@ -67,7 +67,8 @@ struct DataConfig {
   bool lowercase = true;                  // BertTokenizer's do_lower_case (also strips accents)
   std::vector<double> image_mean = {0.48145466, 0.4578275, 0.40821073};  // FlavaImageProcessor's defaults
   std::vector<double> image_std = {0.26862954, 0.26130258, 0.27577711};
-  int64_t max_image_pixels = 89478485;  // width x height above which an image is skipped undecoded (Pillow's)
+  int64_t max_image_pixels = 89478485;  // width x height above which an image is skipped undecoded
+                                        // (Pillow's; data::kDefaultMaxImagePixels, checked equal in config_test)
   int64_t workers = 2;      // background loading threads per rank
   int64_t queue_depth = 4;  // batches decoded ahead per rank
 };
