@@ -11,6 +11,7 @@ int run_data_command(const std::vector<std::string>& args);        // data synth
 int run_config_command(const std::vector<std::string>& args);      // config [--default] [--out FILE]
 int run_train_command(const std::vector<std::string>& args);       // train CONFIG [--k=v ...]
 int run_checkpoint_command(const std::vector<std::string>& args);  // checkpoint export | list
+int run_estimate_command(const std::vector<std::string>& args);    // estimate-memory MODEL [--dtypes ...]
 
 bool isatty_stderr();
 bool isatty_stdin();

@@ -22,6 +22,7 @@ const char* kUsage =
     "  data      synthetic WebDataset shards (data synth), WordPiece vocabularies (data vocab)\n"
     "  checkpoint  export a checkpoint to one safetensors file with Hugging Face names; list checkpoints\n"
     "  models    list the model zoo: every flavor with its exact parameter count and float32 size\n"
+    "  estimate-memory  the memory a model needs to load and train (Accelerate's table), from a flavor or config.json\n"
     "  version   print the version\n"
     "run 'shardtrain <command> --help' for a command's options\n";
 
@@ -73,6 +74,7 @@ int main(int argc, char** argv) {
     if (command == "config") return shardtrain::cli::run_config_command(args);
     if (command == "train") return shardtrain::cli::run_train_command(args);
     if (command == "checkpoint") return shardtrain::cli::run_checkpoint_command(args);
+    if (command == "estimate-memory") return shardtrain::cli::run_estimate_command(args);
     if (command == "version") {
       std::cout << "shardtrain 0.1.0\n";
       return 0;

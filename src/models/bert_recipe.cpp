@@ -2,6 +2,7 @@
 #include <ATen/ATen.h>
 
 #include "models/families.h"
+#include "models/hf_config.h"
 #include "models/recipe_helpers.h"
 #include "shardtrain/models/bert.h"
 
@@ -46,6 +47,18 @@ class BertRecipe : public FamilyRecipe<BertConfig, Bert> {
 
   std::vector<std::string> tasks() const override { return {"masked_lm"}; }
 
+  // BertModel: the pooler, no MLM head; its embeddings hold position and token type ids as int64 buffers.
+  HfModelLayout hf_base_model() const override {
+    BertConfig base = config();
+    base.pooler = true, base.mlm_head = false;
+    HfModelLayout out{"BertModel", hf_parameters(*Bert(base, meta_build()), hf_names(), "bert."),
+                      {"^embeddings$", "^encoder\\.layer\\.\\d+$"}};
+    for (const char* ids : {"embeddings.position_ids", "embeddings.token_type_ids"}) {
+      out.tensors.push_back({ids, {1, base.max_positions}, at::kLong, true});
+    }
+    return out;
+  }
+
  protected:
   std::unique_ptr<Task> make_task(const std::string&) const override {
     if (!config().mlm_head) {
@@ -55,12 +68,38 @@ class BertRecipe : public FamilyRecipe<BertConfig, Bert> {
   }
 };
 
+// BertConfig's keys. BertForMaskedLM / BertForPreTraining configs get the MLM head (what the task trains); every
+// BERT gets the pooler, as BertModel has one.
+BertConfig bert_from_hf(const HfConfig& hf) {
+  BertConfig c;
+  c.vocab_size = hf.integer("vocab_size", c.vocab_size);
+  c.max_positions = hf.integer("max_position_embeddings", c.max_positions);
+  c.type_vocab_size = hf.integer("type_vocab_size", c.type_vocab_size);
+  c.dim = hf.integer("hidden_size", c.dim);
+  c.layers = hf.integer("num_hidden_layers", c.layers);
+  c.heads = hf.integer("num_attention_heads", c.heads);
+  c.mlp_dim = hf.integer("intermediate_size", c.mlp_dim);
+  c.norm_eps = hf.number("layer_norm_eps", c.norm_eps);
+  c.dropout = hf.number("hidden_dropout_prob", c.dropout);
+  hf.require("hidden_act", {"gelu"}, "BERT");
+  hf.require("position_embedding_type", {"absolute"}, "BERT");
+  hf.require("is_decoder", {"false"}, "BERT (an encoder)");
+  for (const auto& a : hf.texts("architectures")) {
+    if (a == "BertForMaskedLM" || a == "BertForPreTraining") c.mlm_head = true;
+  }
+  return c;
+}
+
 }  // namespace
 
 ModelFamily bert_family() {
   return {"bert", bert_flavors,
           [](const std::string& f) -> std::shared_ptr<const ModelRecipe> {
             return std::make_shared<BertRecipe>("bert", f, bert_flavor(f), bert_names, "BertLayer");
+          },
+          "bert",
+          [](const HfConfig& hf, const std::string& name) -> std::shared_ptr<const ModelRecipe> {
+            return std::make_shared<BertRecipe>("bert", name, bert_from_hf(hf), bert_names, "BertLayer");
           }};
 }
 

@@ -8,6 +8,7 @@
 #include <cstdio>
 
 #include "models/families.h"
+#include "models/hf_config.h"
 #include "models/recipe_helpers.h"
 #include "shardtrain/distributed/mesh.h"
 #include "shardtrain/models/flava.h"
@@ -176,11 +177,67 @@ class FlavaRecipe : public FamilyRecipe<FlavaConfig, Flava> {
 
   std::vector<std::string> tasks() const override { return {"pretraining"}; }
 
+  // FlavaModel: the three encoders (each with its pooler), the four projections and the logit scale; no codebook,
+  // no heads. transformers keeps no module of it whole (no _no_split_modules). Its text embeddings hold position
+  // and token type ids as int64 buffers.
+  HfModelLayout hf_base_model() const override {
+    HfModelLayout out{"FlavaModel", hf_parameters(*Flava(config(), meta_build()), hf_names(), "flava."), {}};
+    for (const char* ids : {"text_model.embeddings.position_ids", "text_model.embeddings.token_type_ids"}) {
+      out.tensors.push_back({ids, {1, config().max_positions}, at::kLong, true});
+    }
+    return out;
+  }
+
  protected:
   std::unique_ptr<Task> make_task(const std::string&) const override {
     return std::make_unique<FlavaPretraining>(config());
   }
 };
+
+// FlavaConfig's keys and its four sub-configs. shardtrain's FLAVA has one width, MLP size and head count for all
+// three encoders and the projections, and as many text as image layers: sub-configs that differ are refused,
+// naming the key.
+FlavaConfig flava_from_hf(const HfConfig& hf) {
+  FlavaConfig c;
+  const HfConfig text = hf.section("text_config"), image = hf.section("image_config");
+  const HfConfig mm = hf.section("multimodal_config"), codebook = hf.section("image_codebook_config");
+  c.dim = hf.integer("hidden_size", c.dim);
+  c.mlp_dim = text.integer("intermediate_size", c.mlp_dim);
+  c.heads = text.integer("num_attention_heads", c.heads);
+  c.unimodal_layers = text.integer("num_hidden_layers", c.unimodal_layers);
+  c.multimodal_layers = mm.integer("num_hidden_layers", c.multimodal_layers);
+  c.vocab_size = text.integer("vocab_size", c.vocab_size);
+  c.max_positions = text.integer("max_position_embeddings", c.max_positions);
+  c.type_vocab_size = text.integer("type_vocab_size", c.type_vocab_size);
+  c.image_size = image.integer("image_size", c.image_size);
+  c.patch_size = image.integer("patch_size", c.patch_size);
+  c.norm_eps = hf.number("layer_norm_eps", c.norm_eps);
+  c.dropout = text.number("hidden_dropout_prob", c.dropout);
+  c.logit_scale_init = hf.number("logit_scale_init_value", c.logit_scale_init);
+  c.codebook.hidden_size = codebook.integer("hidden_size", c.codebook.hidden_size);
+  c.codebook.blocks_per_group = codebook.integer("num_blocks_per_group", c.codebook.blocks_per_group);
+  c.codebook.vocab_size = codebook.integer("vocab_size", c.codebook.vocab_size);
+  c.codebook.channels = codebook.integer("input_channels", c.codebook.channels);
+  image.require("vocab_size", {std::to_string(c.codebook.vocab_size)}, "FLAVA (MIM classes = codebook tokens)");
+  codebook.require("num_groups", {"4"}, "FLAVA's codebook");
+  auto& w = c.weights;
+  w.mim = hf.number("mim_weight", w.mim), w.mlm = hf.number("mlm_weight", w.mlm);
+  w.itm = hf.number("itm_weight", w.itm), w.global_contrastive = hf.number("global_contrastive_weight", w.global_contrastive);
+  w.mmm_image = hf.number("mmm_image_weight", w.mmm_image), w.mmm_text = hf.number("mmm_text_weight", w.mmm_text);
+  const std::string one = "FLAVA (one width for every encoder and projection)";
+  hf.require("projection_dim", {std::to_string(c.dim)}, one);
+  for (const HfConfig* sub : {&text, &image, &mm}) {
+    sub->require("hidden_size", {std::to_string(c.dim)}, one);
+    sub->require("intermediate_size", {std::to_string(c.mlp_dim)}, "FLAVA (one MLP size for every encoder)");
+    sub->require("num_attention_heads", {std::to_string(c.heads)}, "FLAVA (one head count for every encoder)");
+    sub->require("hidden_act", {"gelu"}, "FLAVA");
+  }
+  image.require("num_hidden_layers", {std::to_string(c.unimodal_layers)}, "FLAVA (as many image as text layers)");
+  image.require("num_channels", {"3"}, "FLAVA");
+  image.require("qkv_bias", {"true"}, "FLAVA");
+  mm.require("use_cls_token", {"true"}, "FLAVA");
+  return c;
+}
 
 }  // namespace
 
@@ -188,6 +245,10 @@ ModelFamily flava_family() {
   return {"flava", flava_flavors,
           [](const std::string& f) -> std::shared_ptr<const ModelRecipe> {
             return std::make_shared<FlavaRecipe>("flava", f, flava_flavor(f), flava_names, "FlavaLayer");
+          },
+          "flava",
+          [](const HfConfig& hf, const std::string& name) -> std::shared_ptr<const ModelRecipe> {
+            return std::make_shared<FlavaRecipe>("flava", name, flava_from_hf(hf), flava_names, "FlavaLayer");
           }};
 }
 

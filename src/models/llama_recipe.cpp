@@ -2,6 +2,7 @@
 #include <ATen/ATen.h>
 
 #include "models/families.h"
+#include "models/hf_config.h"
 #include "models/recipe_helpers.h"
 #include "shardtrain/models/losses.h"
 #include "shardtrain/models/llama.h"
@@ -50,11 +51,54 @@ class LlamaRecipe : public FamilyRecipe<LlamaConfig, Llama> {
 
   std::vector<std::string> tasks() const override { return {"causal_lm"}; }
 
+  // LlamaModel: no LM head. Its rotary embedding holds the inverse frequencies, and (transformers 5) their original
+  // values, as float32 buffers of head_dim / 2.
+  HfModelLayout hf_base_model() const override {
+    HfModelLayout out{"LlamaModel", hf_parameters(*Llama(config(), meta_build()), hf_names(), "model."),
+                      {"^layers\\.\\d+$"}};
+    const int64_t half = config().dim / config().heads / 2;
+    for (const char* f : {"rotary_emb.inv_freq", "rotary_emb.original_inv_freq"}) {
+      out.tensors.push_back({f, {half}, at::kFloat, true});
+    }
+    return out;
+  }
+
  protected:
   std::unique_ptr<Task> make_task(const std::string&) const override {
     return std::make_unique<LlamaCausalLm>(config());
   }
 };
+
+// LlamaConfig's keys (transformers 4 and 5: rope_theta at the top or in rope_parameters). Plain RoPE only: a
+// rope_scaling other than the default (Llama 3.1's "llama3", "linear", "yarn", ...) is refused, as are biases in
+// attention or MLP, tied embeddings and a head_dim other than hidden_size / num_attention_heads.
+LlamaConfig llama_from_hf(const HfConfig& hf) {
+  LlamaConfig c;
+  c.vocab_size = hf.integer("vocab_size", c.vocab_size);
+  c.dim = hf.integer("hidden_size", c.dim);
+  c.layers = hf.integer("num_hidden_layers", c.layers);
+  c.heads = hf.integer("num_attention_heads", c.heads);
+  c.kv_heads = hf.integer("num_key_value_heads", c.heads);
+  c.mlp_dim = hf.integer("intermediate_size", c.mlp_dim);
+  c.max_positions = hf.integer("max_position_embeddings", c.max_positions);
+  c.norm_eps = hf.number("rms_norm_eps", c.norm_eps);
+  const HfConfig rope = hf.section("rope_parameters");
+  c.rope_theta = hf.number("rope_theta", rope.number("rope_theta", c.rope_theta));
+  rope.require("rope_type", {"default"}, "Llama (plain RoPE)");
+  const HfConfig scaling = hf.section("rope_scaling");
+  scaling.require("rope_type", {"default"}, "Llama (plain RoPE)");
+  scaling.require("type", {"default"}, "Llama (plain RoPE)");
+  hf.require("hidden_act", {"silu"}, "Llama");
+  hf.require("attention_bias", {"false"}, "Llama");
+  hf.require("mlp_bias", {"false"}, "Llama");
+  hf.require("tie_word_embeddings", {"false"}, "Llama (an untied LM head)");
+  hf.require("head_dim", {std::to_string(c.dim / c.heads)}, "Llama (head_dim = hidden_size / num_attention_heads)");
+  if (c.heads <= 0 || c.dim % c.heads != 0 || c.kv_heads <= 0 || c.heads % c.kv_heads != 0) {
+    hf.reject("num_attention_heads", "expected a divisor of hidden_size (" + std::to_string(c.dim) +
+                                         ") and a multiple of num_key_value_heads (" + std::to_string(c.kv_heads) + ")");
+  }
+  return c;
+}
 
 }  // namespace
 
@@ -62,6 +106,10 @@ ModelFamily llama_family() {
   return {"llama", llama_flavors,
           [](const std::string& f) -> std::shared_ptr<const ModelRecipe> {
             return std::make_shared<LlamaRecipe>("llama", f, llama_flavor(f), llama_names, "LlamaDecoderLayer");
+          },
+          "llama",
+          [](const HfConfig& hf, const std::string& name) -> std::shared_ptr<const ModelRecipe> {
+            return std::make_shared<LlamaRecipe>("llama", name, llama_from_hf(hf), llama_names, "LlamaDecoderLayer");
           }};
 }
 

@@ -6,6 +6,7 @@
 #include <stdexcept>
 #include <string>
 #include <typeinfo>
+#include <vector>
 
 #include "shardtrain/data/loader.h"
 #include "shardtrain/models/recipe.h"
@@ -46,6 +47,14 @@ class FamilyRecipe : public ModelRecipe {
   NameMap (*names_)();
   std::string layer_class_;
 };
+
+// A BuildOptions that builds shapes only (the meta device, float32): nothing allocated, nothing initialised.
+BuildOptions meta_build();
+
+// The parameters of `module` (tied ones once, under their first name) as Hugging Face tensors: those whose Hugging
+// Face name starts with `keep_prefix`, with that prefix removed ("bert." of BertForMaskedLM's names gives BertModel's).
+std::vector<HfTensor> hf_parameters(const torch::nn::Module& module, const NameMap& names,
+                                    const std::string& keep_prefix = "");
 
 // The family's module class behind a recipe's root (tasks receive the root as a torch::nn::Module).
 template <class Impl>

@@ -5,6 +5,7 @@
 #include <algorithm>
 
 #include "models/families.h"
+#include "models/hf_config.h"
 #include "models/recipe_helpers.h"
 #include "models/t5_span_corruption.h"
 #include "shardtrain/models/losses.h"
@@ -118,11 +119,39 @@ class T5Recipe : public FamilyRecipe<T5Config, T5> {
 
   std::vector<std::string> tasks() const override { return {"span_corruption"}; }
 
+  // T5Model: the shared embedding (the encoder's and decoder's embed_tokens are it) and both stacks; the LM head is
+  // tied to the shared embedding, so it adds nothing.
+  HfModelLayout hf_base_model() const override {
+    return {"T5Model", hf_parameters(*T5(config(), meta_build()), hf_names()),
+            {"^(encoder|decoder)\\.block\\.\\d+$"}};
+  }
+
  protected:
   std::unique_ptr<Task> make_task(const std::string&) const override {
     return std::make_unique<T5SpanCorruption>(config());
   }
 };
+
+// T5Config's keys: the original T5 (ReLU feed-forward, LM head tied to the embedding, as many decoder blocks as
+// encoder blocks). T5 v1.1 / Flan-T5 (gated-gelu, untied head) are not implemented.
+T5Config t5_from_hf(const HfConfig& hf) {
+  T5Config c;
+  c.vocab_size = hf.integer("vocab_size", c.vocab_size);
+  c.dim = hf.integer("d_model", c.dim);
+  c.head_dim = hf.integer("d_kv", c.head_dim);
+  c.mlp_dim = hf.integer("d_ff", c.mlp_dim);
+  c.layers = hf.integer("num_layers", c.layers);
+  c.heads = hf.integer("num_heads", c.heads);
+  c.buckets = hf.integer("relative_attention_num_buckets", c.buckets);
+  c.max_distance = hf.integer("relative_attention_max_distance", c.max_distance);
+  c.norm_eps = hf.number("layer_norm_epsilon", c.norm_eps);
+  c.dropout = hf.number("dropout_rate", c.dropout);
+  c.pad_token_id = hf.integer("pad_token_id", c.pad_token_id);
+  hf.require("num_decoder_layers", {std::to_string(c.layers)}, "T5 (as many decoder blocks as encoder blocks)");
+  hf.require("feed_forward_proj", {"relu"}, "T5");
+  hf.require("tie_word_embeddings", {"true"}, "T5 (the LM head tied to the embedding)");
+  return c;
+}
 
 }  // namespace
 
@@ -130,6 +159,10 @@ ModelFamily t5_family() {
   return {"t5", t5_flavors,
           [](const std::string& f) -> std::shared_ptr<const ModelRecipe> {
             return std::make_shared<T5Recipe>("t5", f, t5_flavor(f), t5_names, "T5Block");
+          },
+          "t5",
+          [](const HfConfig& hf, const std::string& name) -> std::shared_ptr<const ModelRecipe> {
+            return std::make_shared<T5Recipe>("t5", name, t5_from_hf(hf), t5_names, "T5Block");
           }};
 }
 

@@ -1,7 +1,10 @@
 // ViT's recipe: image classification (ViTForImageClassification) on the .cls labels of image samples.
 #include <ATen/ATen.h>
 
+#include <algorithm>
+
 #include "models/families.h"
+#include "models/hf_config.h"
 #include "models/recipe_helpers.h"
 #include "shardtrain/models/vit.h"
 
@@ -53,6 +56,14 @@ class VitRecipe : public FamilyRecipe<VitConfig, Vit> {
 
   std::vector<std::string> tasks() const override { return {"image_classification"}; }
 
+  // ViTModel: the pooler, no classifier.
+  HfModelLayout hf_base_model() const override {
+    VitConfig base = config();
+    base.num_labels = 0, base.pooler = true;
+    return {"ViTModel", hf_parameters(*Vit(base, meta_build()), hf_names(), "vit."),
+            {"^embeddings$", "^encoder\\.layer\\.\\d+$"}};
+  }
+
  protected:
   std::unique_ptr<Task> make_task(const std::string&) const override {
     if (config().num_labels <= 0) throw std::invalid_argument(flavor() + " has no classifier to train");
@@ -60,12 +71,38 @@ class VitRecipe : public FamilyRecipe<VitConfig, Vit> {
   }
 };
 
+// ViTConfig's keys. A ViTForImageClassification config gets the classifier (one output per id2label entry) and no
+// pooler, as transformers builds it; any other ViT is a ViTModel (pooler, no classifier).
+VitConfig vit_from_hf(const HfConfig& hf) {
+  VitConfig c;
+  c.image_size = hf.integer("image_size", c.image_size);
+  c.patch_size = hf.integer("patch_size", c.patch_size);
+  c.channels = hf.integer("num_channels", c.channels);
+  c.dim = hf.integer("hidden_size", c.dim);
+  c.layers = hf.integer("num_hidden_layers", c.layers);
+  c.heads = hf.integer("num_attention_heads", c.heads);
+  c.mlp_dim = hf.integer("intermediate_size", c.mlp_dim);
+  c.norm_eps = hf.number("layer_norm_eps", c.norm_eps);
+  c.dropout = hf.number("hidden_dropout_prob", c.dropout);
+  hf.require("hidden_act", {"gelu"}, "ViT");
+  hf.require("qkv_bias", {"true"}, "ViT");
+  const auto arch = hf.texts("architectures");
+  const bool classifier = std::find(arch.begin(), arch.end(), "ViTForImageClassification") != arch.end();
+  c.num_labels = classifier ? std::max<int64_t>(hf.entries("id2label"), 2) : 0;
+  c.pooler = !classifier;
+  return c;
+}
+
 }  // namespace
 
 ModelFamily vit_family() {
   return {"vit", vit_flavors,
           [](const std::string& f) -> std::shared_ptr<const ModelRecipe> {
             return std::make_shared<VitRecipe>("vit", f, vit_flavor(f), vit_names, "ViTLayer");
+          },
+          "vit",
+          [](const HfConfig& hf, const std::string& name) -> std::shared_ptr<const ModelRecipe> {
+            return std::make_shared<VitRecipe>("vit", name, vit_from_hf(hf), vit_names, "ViTLayer");
           }};
 }
 

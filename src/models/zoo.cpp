@@ -1,9 +1,11 @@
 #include "shardtrain/models/zoo.h"
 
 #include <algorithm>
+#include <filesystem>
 #include <stdexcept>
 
 #include "models/families.h"
+#include "models/hf_config.h"
 #include "util/closest_match.h"
 
 namespace shardtrain::models {
@@ -37,6 +39,31 @@ std::shared_ptr<const ModelRecipe> recipe_of(const std::string& flavor) {
   throw std::invalid_argument("unknown model flavor '" + flavor + "' (did you mean '" +
                               util::closest_match(flavor, known) +
                               "'? `shardtrain models` lists them all)");
+}
+
+std::shared_ptr<const ModelRecipe> recipe_from_hf_config(const std::string& path) {
+  const HfConfig config = HfConfig::read(path);
+  const std::string type = config.text("model_type", "");
+  std::vector<std::string> known;
+  for (const auto& family : families()) {
+    if (family.hf_model_type == type) return family.from_hf(config, path);
+    known.push_back("'" + family.hf_model_type + "'");
+  }
+  std::string list;
+  for (const auto& k : known) list += (list.empty() ? "" : ", ") + k;
+  throw std::invalid_argument(config.where() + ": model_type '" + type + "' is not a family shardtrain implements (" +
+                              list + ")");
+}
+
+std::shared_ptr<const ModelRecipe> recipe_of_model(const std::string& flavor_or_path) {
+  const std::string& m = flavor_or_path;
+  const bool json = m.size() >= 5 && m.compare(m.size() - 5, 5, ".json") == 0;
+  if (std::filesystem::exists(m) || json || m.find('/') != std::string::npos) return recipe_from_hf_config(m);
+  try {
+    return recipe_of(m);
+  } catch (const std::invalid_argument& e) {
+    throw std::invalid_argument(std::string(e.what()) + "; a Hugging Face config.json or model directory works too");
+  }
 }
 
 ZooModel build_model(std::shared_ptr<const ModelRecipe> recipe, const BuildOptions& build) {

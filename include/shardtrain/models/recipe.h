@@ -5,6 +5,7 @@
 //
 // A recipe is one model of a family at one size (the family's config is inside it):
 //   build, Hugging Face names, transformer layer class  what parallelize(), checkpoints and weights loading need
+//   hf_base_model                                       transformers' base model as tensors (estimate-memory)
 //   training_flops                                      the loop's TFLOP/s and MFU
 //   parallelize_hook                                    what a family needs from the data-parallel world (FLAVA's
 //                                                       global contrastive loss gathers over it)
@@ -27,6 +28,7 @@
 
 #include "shardtrain/data/loader.h"
 #include "shardtrain/models/build.h"
+#include "shardtrain/models/hf_layout.h"
 #include "shardtrain/models/weights.h"
 
 namespace torch::nn {
@@ -105,6 +107,9 @@ class ModelRecipe {
   virtual NameMap hf_names() const = 0;  // our parameter names to Hugging Face's
   // The transformer layer class: the default FSDP unit and activation-checkpoint region ("BertLayer").
   virtual std::string layer_class() const = 0;
+  // transformers' AutoModel of this model's config (the base model, without a task head) as its tensors, for
+  // Accelerate's sizes (estimate-memory). Built from the family's own modules on the meta device.
+  virtual HfModelLayout hf_base_model() const = 0;
 
   // Model FLOPs of one training step (forward + backward) on `batch`: 3 x the forward's. Each family states its
   // formula. Throws std::invalid_argument for a batch kind the model does not read.

@@ -22,11 +22,17 @@ struct FlavorName {
   std::string flavor;  // "flava-350m", "bert-base-uncased", ...
 };
 
+class HfConfig;  // src/models/hf_config.h: a config.json, read key by key
+
 // A row of the zoo's table: one family. Each family's recipe file (src/models/<family>_recipe.cpp) defines its row.
 struct ModelFamily {
   std::string name;                                                        // "bert"
   std::vector<std::string> (*flavors)();                                   // its flavor names, table order
   std::shared_ptr<const ModelRecipe> (*recipe)(const std::string& flavor);  // flavor is one of flavors()
+  std::string hf_model_type;                                               // config.json's model_type: "bert"
+  // The model a config.json of this family describes, at its exact size, named `name`. Throws
+  // std::invalid_argument naming the file and the key of an option the family does not implement.
+  std::shared_ptr<const ModelRecipe> (*from_hf)(const HfConfig& config, const std::string& name);
 };
 
 // Every flavor, family by family, in table order.
@@ -35,6 +41,15 @@ std::vector<FlavorName> list_flavors();
 // The recipe of a flavor. Throws std::invalid_argument naming the flavor and the closest known one when it is
 // unknown.
 std::shared_ptr<const ModelRecipe> recipe_of(const std::string& flavor);
+
+// The recipe of the model a Hugging Face config.json describes (`path`: the file or a directory holding it), any
+// size, of a supported family (its `model_type`). The recipe's flavor() is `path`. Throws std::invalid_argument
+// naming the path and the key for a missing file, an unknown model_type (listing the supported ones) or an option the
+// family does not implement.
+std::shared_ptr<const ModelRecipe> recipe_from_hf_config(const std::string& path);
+
+// A flavor name, or else a config.json / model directory: what a command given MODEL builds.
+std::shared_ptr<const ModelRecipe> recipe_of_model(const std::string& flavor_or_path);
 
 struct ZooModel {
   std::string family, flavor;

@@ -1,0 +1,74 @@
+// `shardtrain estimate-memory MODEL`: Accelerate's table for a zoo flavor or a Hugging Face config.json, computed
+// from the family's own modules built on the meta device (nothing allocated, any size).
+#include <iostream>
+#include <sstream>
+
+#include "cli_args.h"
+#include "commands.h"
+#include "shardtrain/models/zoo.h"
+#include "shardtrain/plan/accelerate_estimate.h"
+
+namespace shardtrain::cli {
+
+namespace {
+
+const char* kEstimateUsage =
+    "usage: shardtrain estimate-memory MODEL [--dtypes DTYPE [DTYPE ...]]\n"
+    "MODEL: a flavor of `shardtrain models`, or a Hugging Face config.json (or a model directory holding one) of a\n"
+    "supported family (model_type bert, vit, t5, llama, flava), any size.\n"
+    "Prints `accelerate estimate-memory`'s table, with its arithmetic and formatting: for transformers' base model\n"
+    "of the config (AutoModel) in float32, the largest layer, the total size and training with Adam for a batch of\n"
+    "one per dtype (float32, float16, bfloat16, int8, int4; default: float32 float16 int8 int4), then the stages of\n"
+    "that training estimate (model, gradients, backward pass, optimizer step).\n";
+
+// `--dtypes a b c` (Accelerate's nargs="+") becomes `--dtypes=a,b,c` for parse_args.
+std::vector<std::string> joined_dtypes(const std::vector<std::string>& argv) {
+  std::vector<std::string> out;
+  for (size_t i = 0; i < argv.size(); ++i) {
+    if (argv[i] != "--dtypes") {
+      out.push_back(argv[i]);
+      continue;
+    }
+    std::string list;
+    while (i + 1 < argv.size() && argv[i + 1].rfind("--", 0) != 0) list += (list.empty() ? "" : ",") + argv[++i];
+    out.push_back("--dtypes=" + list);
+  }
+  return out;
+}
+
+std::vector<std::string> split_commas(const std::string& s) {
+  std::vector<std::string> out;
+  std::stringstream in(s);
+  for (std::string item; std::getline(in, item, ',');) {
+    if (!item.empty()) out.push_back(item);
+  }
+  return out;
+}
+
+}  // namespace
+
+int run_estimate_command(const std::vector<std::string>& argv) {
+  const Args args = parse_args(joined_dtypes(argv), {"dtypes"}, {"help"});
+  if (args.has("help")) {
+    std::cout << kEstimateUsage;
+    return 0;
+  }
+  if (args.positionals.size() != 1) {
+    std::cerr << kEstimateUsage;
+    throw std::invalid_argument("expected one MODEL (a flavor or a config.json), got " +
+                                std::to_string(args.positionals.size()) + " arguments");
+  }
+  const std::string model = args.positionals[0];
+  const std::vector<std::string> dtypes = split_commas(args.get("dtypes", "float32,float16,int8,int4"));
+  if (dtypes.empty()) throw std::invalid_argument("--dtypes: expected at least one dtype");
+  for (const auto& d : dtypes) plan::check_accelerate_dtype(d);
+
+  const auto recipe = models::recipe_of_model(model);
+  const plan::ModelSizes sizes = plan::accelerate_sizes(recipe->hf_base_model());
+  std::cout << plan::accelerate_table(model, sizes, dtypes) << "\n";
+  const std::string stages = plan::adam_stages_table(model, sizes, dtypes);
+  if (!stages.empty()) std::cout << "\n" << stages << "\n";
+  return 0;
+}
+
+}  // namespace shardtrain::cli
