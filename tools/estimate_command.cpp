@@ -7,6 +7,7 @@
 #include "commands.h"
 #include "shardtrain/models/zoo.h"
 #include "shardtrain/plan/accelerate_estimate.h"
+#include "shardtrain/plan/memory_model.h"
 
 namespace shardtrain::cli {
 
@@ -19,7 +20,17 @@ const char* kEstimateUsage =
     "Prints `accelerate estimate-memory`'s table, with its arithmetic and formatting: for transformers' base model\n"
     "of the config (AutoModel) in float32, the largest layer, the total size and training with Adam for a batch of\n"
     "one per dtype (float32, float16, bfloat16, int8, int4; default: float32 float16 int8 int4), then the stages of\n"
-    "that training estimate (model, gradients, backward pass, optimizer step).\n";
+    "that training estimate (model, gradients, backward pass, optimizer step).\n"
+    "\n"
+    "With a job (any of these flags), the peak memory per rank of a real training step instead, by term:\n"
+    "  --num-processes N   ranks (default 1)            --nnodes M          nodes (hybrid strategies shard in one)\n"
+    "  --strategy S        full_shard | shard_grad_op | no_shard | hybrid_shard | hybrid_shard_zero2 | ddp\n"
+    "  --mixed-precision P no | bf16 | fp16             --activation-checkpointing   every transformer layer\n"
+    "  --cpu-offload                                    --batch-size B      samples per rank (default 1)\n"
+    "  --seq-len T         text tokens (default: the model's maximum)\n"
+    "  --device D          cpu | cuda (kernels differ in what they keep; default cpu)\n"
+    "  --json              the estimate as JSON\n"
+    "Activations are modelled for bert and llama so far.\n";
 
 // `--dtypes a b c` (Accelerate's nargs="+") becomes `--dtypes=a,b,c` for parse_args.
 std::vector<std::string> joined_dtypes(const std::vector<std::string>& argv) {
@@ -48,7 +59,10 @@ std::vector<std::string> split_commas(const std::string& s) {
 }  // namespace
 
 int run_estimate_command(const std::vector<std::string>& argv) {
-  const Args args = parse_args(joined_dtypes(argv), {"dtypes"}, {"help"});
+  const Args args = parse_args(joined_dtypes(argv),
+                               {"dtypes", "num-processes", "nnodes", "strategy", "mixed-precision", "batch-size",
+                                "seq-len", "device"},
+                               {"help", "activation-checkpointing", "cpu-offload", "json"});
   if (args.has("help")) {
     std::cout << kEstimateUsage;
     return 0;
@@ -64,6 +78,29 @@ int run_estimate_command(const std::vector<std::string>& argv) {
   for (const auto& d : dtypes) plan::check_accelerate_dtype(d);
 
   const auto recipe = models::recipe_of_model(model);
+  const bool job_given = args.has("num-processes") || args.has("strategy") || args.has("batch-size") ||
+                         args.has("mixed-precision") || args.has("activation-checkpointing") ||
+                         args.has("cpu-offload") || args.has("seq-len") || args.has("nnodes") || args.has("json") ||
+                         args.has("device");
+  if (job_given) {
+    plan::TrainingJob job;
+    job.world = args.get_int("num-processes", 1);
+    job.nodes = args.get_int("nnodes", 1);
+    job.strategy = plan::parse_strategy(args.get("strategy", "full_shard"));
+    job.mixed_precision = args.get("mixed-precision", "no");
+    job.activation_checkpointing = args.has("activation-checkpointing");
+    job.cpu_offload = args.has("cpu-offload");
+    job.batch = args.get_int("batch-size", 1);
+    job.seq_len = args.get_int("seq-len", 0);
+    const std::string device = args.get("device", "cpu");
+    if (device != "cpu" && device != "cuda") {
+      throw std::invalid_argument("--device: '" + device + "' (expected cpu or cuda)");
+    }
+    job.cuda = device == "cuda";
+    const plan::MemoryEstimate e = plan::estimate_training_memory(*recipe, job);
+    std::cout << (args.has("json") ? plan::estimate_json(model, job, e) + "\n" : plan::format_estimate(model, job, e));
+    return 0;
+  }
   const plan::ModelSizes sizes = plan::accelerate_sizes(recipe->hf_base_model());
   std::cout << plan::accelerate_table(model, sizes, dtypes) << "\n";
   const std::string stages = plan::adam_stages_table(model, sizes, dtypes);

@@ -33,19 +33,23 @@ BertConfig bert_flavor(const std::string& name) {
   throw_unknown_flavor("BERT", name, bert_flavors());
 }
 
+TransformerLayerOptions bert_layer_options(const BertConfig& c) {
+  TransformerLayerOptions l;
+  l.class_name = "BertLayer";
+  l.attention.dim = c.dim, l.attention.heads = c.heads, l.attention.dropout = c.dropout;
+  l.mlp_dim = c.mlp_dim, l.activation = Activation::kGelu, l.norm_eps = c.norm_eps, l.norm_first = false;
+  l.dropout = c.dropout;
+  return l;
+}
+
 BertImpl::BertImpl(const BertConfig& c, const BuildOptions& build) : Interceptable("Bert"), config(c) {
   const auto& t = build.tensors;
   TextEmbeddingOptions e;
   e.vocab_size = c.vocab_size, e.max_positions = c.max_positions, e.type_vocab_size = c.type_vocab_size;
   e.dim = c.dim, e.norm_eps = c.norm_eps, e.dropout = c.dropout;
   embeddings = register_module("embeddings", TextEmbeddings(e, t));
-  TransformerLayerOptions l;
-  l.class_name = "BertLayer";
-  l.attention.dim = c.dim, l.attention.heads = c.heads, l.attention.dropout = c.dropout;
-  l.mlp_dim = c.mlp_dim, l.activation = Activation::kGelu, l.norm_eps = c.norm_eps, l.norm_first = false;
-  l.dropout = c.dropout;
   std::vector<std::string> built;
-  layers = build_layers(*this, "layers", "layers", c.layers, l, build, built);
+  layers = build_layers(*this, "layers", "layers", c.layers, bert_layer_options(c), build, built);
   if (c.pooler) pooler = register_module("pooler", Linear(c.dim, c.dim, true, t));
   if (c.mlm_head) {
     mlm_transform = register_module("mlm_transform", Linear(c.dim, c.dim, true, t));

@@ -1,6 +1,7 @@
 // BERT's recipe: the masked-language-modelling task (BertForMaskedLM) on text.
 #include <ATen/ATen.h>
 
+#include "models/activation_model.h"
 #include "models/families.h"
 #include "models/hf_config.h"
 #include "models/recipe_helpers.h"
@@ -46,6 +47,27 @@ class BertRecipe : public FamilyRecipe<BertConfig, Bert> {
   }
 
   std::vector<std::string> tasks() const override { return {"masked_lm"}; }
+
+  // Embeddings: the sum LayerNorm keeps, its statistics and the dropout noise (word, position and type embeddings
+  // are summed and freed). Layers: bert_layer_options. MLM head: the last layer's output (the transform's input),
+  // the transform's output (gelu's), gelu's output (the norm's), the norm's statistics and output (the decoder's
+  // input), then the loss over every position.
+  ActivationBytes activation_bytes(const ActivationQuery& q) const override {
+    const BertConfig& c = config();
+    if (!c.mlm_head) throw std::invalid_argument(flavor() + " has no MLM head: nothing to train, no activations");
+    const int64_t T = q.seq_len > 0 ? q.seq_len : c.max_positions, N = q.batch * T, unit = N * c.dim * element_size(q);
+    const int64_t norm = norm_kept(Norm::kLayerNorm, N, c.dim, q);
+    const LossBytes loss = cross_entropy_bytes(N, c.vocab_size, q);
+    ActivationBytes a;
+    a.layers = c.layers;
+    a.per_layer = transformer_layer_kept(bert_layer_options(c), q.batch, T, 0, q);
+    a.layer_input = unit;
+    a.outside_layers = unit + norm + dropout_kept(c.dropout, N * c.dim, q) + 4 * unit + norm + loss.kept;
+    // The logits, and their float32 copy below float32, alive while log-softmax runs.
+    a.loss_transient = N * c.vocab_size * (element_size(q) + (element_size(q) == 4 ? 0 : 4));
+    a.backward_transient = loss.backward_transient;
+    return a;
+  }
 
   // BertModel: the pooler, no MLM head; its embeddings hold position and token type ids as int64 buffers.
   HfModelLayout hf_base_model() const override {

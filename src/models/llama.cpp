@@ -32,17 +32,21 @@ LlamaConfig llama_flavor(const std::string& name) {
   throw_unknown_flavor("Llama", name, llama_flavors());
 }
 
-LlamaImpl::LlamaImpl(const LlamaConfig& c, const BuildOptions& build) : Interceptable("Llama"), config(c) {
-  const auto& t = build.tensors;
-  embed = register_module("embed", Embedding(c.vocab_size, c.dim, t));
+TransformerLayerOptions llama_layer_options(const LlamaConfig& c) {
   TransformerLayerOptions l;
   l.class_name = "LlamaDecoderLayer";
   l.attention.dim = c.dim, l.attention.heads = c.heads, l.attention.kv_heads = c.kv_heads;
   l.attention.qkv_bias = false, l.attention.out_bias = false, l.attention.causal = true;
   l.mlp_dim = c.mlp_dim, l.activation = Activation::kSwiGlu, l.mlp_bias = false;
   l.norm = Norm::kRMSNorm, l.norm_eps = c.norm_eps;
+  return l;
+}
+
+LlamaImpl::LlamaImpl(const LlamaConfig& c, const BuildOptions& build) : Interceptable("Llama"), config(c) {
+  const auto& t = build.tensors;
+  embed = register_module("embed", Embedding(c.vocab_size, c.dim, t));
   std::vector<std::string> built;
-  layers = build_layers(*this, "layers", "layers", c.layers, l, build, built);
+  layers = build_layers(*this, "layers", "layers", c.layers, llama_layer_options(c), build, built);
   norm = register_module("norm", RMSNorm(c.dim, c.norm_eps, t));
   lm_head = register_module("lm_head", Linear(c.dim, c.vocab_size, false, t));
   finish_model(build, *this, built);

@@ -19,6 +19,11 @@ void Task::check_batch_size(int64_t, int64_t) const {}
 
 void ModelRecipe::parallelize_hook(torch::nn::Module&, const dist::DeviceMesh&) const {}
 
+ActivationBytes ModelRecipe::activation_bytes(const ActivationQuery&) const {
+  throw std::invalid_argument("the activation memory of " + family() + " (" + flavor() +
+                              ") is not modelled yet (modelled: bert, llama)");
+}
+
 std::unique_ptr<Task> ModelRecipe::task(const std::string& name) const {
   const std::vector<std::string> known = tasks();
   if (name.empty()) return make_task(known.front());

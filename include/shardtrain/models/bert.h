@@ -29,6 +29,7 @@ struct BertConfig {
 // bert-base-uncased, bert-base-cased, bert-large-uncased (the published configurations), bert-debug.
 std::vector<std::string> bert_flavors();
 BertConfig bert_flavor(const std::string& name);  // throws std::invalid_argument listing the flavors
+TransformerLayerOptions bert_layer_options(const BertConfig& config);  // its BertLayer (post-norm, GELU)
 
 struct BertOutputs {
   at::Tensor hidden;  // (B, T, C)

@@ -26,6 +26,7 @@ struct LlamaConfig {
 // llama-3-8b, llama-3-70b, llama-2-7b (the published configurations), llama-debug.
 std::vector<std::string> llama_flavors();
 LlamaConfig llama_flavor(const std::string& name);
+TransformerLayerOptions llama_layer_options(const LlamaConfig& config);  // its decoder layer (RMSNorm, SwiGLU, GQA)
 
 struct LlamaOutputs {
   at::Tensor logits;  // (B, T, vocab)

@@ -27,6 +27,7 @@
 #include <vector>
 
 #include "shardtrain/data/loader.h"
+#include "shardtrain/models/activation_memory.h"
 #include "shardtrain/models/build.h"
 #include "shardtrain/models/hf_layout.h"
 #include "shardtrain/models/weights.h"
@@ -114,6 +115,10 @@ class ModelRecipe {
   // Model FLOPs of one training step (forward + backward) on `batch`: 3 x the forward's. Each family states its
   // formula. Throws std::invalid_argument for a batch kind the model does not read.
   virtual double training_flops(const data::Batch& batch) const = 0;
+
+  // The bytes one micro-batch's forward keeps for backward (models/activation_memory.h). Throws
+  // std::invalid_argument for a family whose activations are not modelled yet.
+  virtual ActivationBytes activation_bytes(const ActivationQuery& query) const;
 
   // Called by parallelize(), build_parallel() and replicate_model() once the root is wrapped.
   virtual void parallelize_hook(torch::nn::Module& root, const dist::DeviceMesh& mesh) const;

@@ -1,0 +1,34 @@
+// What a training step's forward keeps for backward, in bytes: the activation part of the memory model
+// (plan/memory_model.h). Each family's recipe states it from its own forward (ModelRecipe::activation_bytes),
+// counting the tensors autograd saves op by op in the module code (blocks.cpp, layers.cpp, the family's file):
+// those are what stays alive between forward and backward.
+#pragma once
+
+#include <c10/core/ScalarType.h>
+
+#include <cstdint>
+
+namespace shardtrain::models {
+
+struct ActivationQuery {
+  int64_t batch = 1;                         // samples per micro-batch (per rank)
+  int64_t seq_len = 0;                       // text tokens; 0: the model's maximum
+  at::ScalarType compute = at::kFloat;       // the dtype layers compute in (bf16/fp16 under mixed precision)
+  bool cuda = false;                         // CUDA kernels (fused dropout keeps a 1-byte mask; CPU a full tensor)
+  bool training = true;                      // dropout active
+};
+
+struct ActivationBytes {
+  int64_t layers = 0;            // transformer layers
+  int64_t per_layer = 0;         // kept by one layer without checkpointing (its input included)
+  int64_t layer_input = 0;       // kept by one checkpointed layer: its input only
+  int64_t outside_layers = 0;    // kept by embeddings, heads and the loss (logits' log-softmax)
+  int64_t loss_transient = 0;    // alive on top at the end of forward (logits and their copies)
+  int64_t backward_transient = 0;  // alive on top at the start of backward (the loss's gradients)
+
+  int64_t kept(bool checkpointed) const {
+    return layers * (checkpointed ? layer_input : per_layer) + outside_layers;
+  }
+};
+
+}  // namespace shardtrain::models

@@ -1,0 +1,67 @@
+// The memory model: the peak bytes one rank needs for a training step of a model under a data-parallel
+// configuration, broken down by term, computed from the model's module tree (built on the meta device: parameter
+// counts per FSDP unit) and its recipe's activation function (models/activation_memory.h).
+//
+//   plan::TrainingJob job;
+//   job.world = 8, job.strategy = plan::Strategy::kFullShard, job.batch = 16, job.activation_checkpointing = true;
+//   plan::MemoryEstimate e = plan::estimate_training_memory(*models::recipe_of("flava-900m"), job);
+//   e.peak_bytes; e.terms   // parameter shards, gradients, AdamW state, gathered units, activations, ...
+//
+// A step has three phases, each with its own peak (docs/notes/memory-model.md):
+//   forward   parameters + AdamW state + gathered units + activations kept so far + the loss's logits
+//   backward  parameters + AdamW state + gathered units + what is still kept + gradients so far, walked layer by
+//             layer from the top (activations freed as gradients arrive), plus one unit's full gradients and its
+//             reduce-scatter buffer
+//   step      parameters + gradients + AdamW state + AdamW's temporaries
+// Gradients do not outlive the step (zero_grad sets them to none), so forward holds none.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "shardtrain/models/recipe.h"
+
+namespace shardtrain::plan {
+
+enum class Strategy { kFullShard, kShardGradOp, kNoShard, kHybridShard, kHybridShardZero2, kDdp };
+Strategy parse_strategy(const std::string& name);  // throws std::invalid_argument naming it and the choices
+std::string strategy_name(Strategy s);
+
+struct TrainingJob {
+  int64_t world = 1;      // ranks in all
+  int64_t nodes = 1;      // hybrid strategies shard within a node: world / nodes ranks
+  Strategy strategy = Strategy::kFullShard;
+  std::string mixed_precision = "no";  // no | bf16 | fp16: the compute dtype of gathered parameters and activations
+  bool activation_checkpointing = false;  // every transformer layer
+  bool cpu_offload = false;               // shards, gradients and AdamW state in host memory
+  int64_t batch = 1;                      // samples per rank per micro-batch
+  int64_t seq_len = 0;                    // text tokens; 0: the model's maximum
+  bool cuda = false;                      // CUDA kernels and allocator (else CPU)
+};
+
+struct MemoryTerm {
+  std::string name;   // "parameter shards", ...
+  int64_t bytes = 0;  // as counted in the peak phase
+  std::string note;   // how it was computed
+};
+
+struct MemoryEstimate {
+  std::vector<MemoryTerm> terms;  // the peak phase's terms, in order
+  std::string peak_phase;         // "forward", "backward" or "step"
+  int64_t peak_bytes = 0;         // per rank, on the device
+  int64_t forward_bytes = 0, backward_bytes = 0, step_bytes = 0;  // each phase's peak
+  int64_t host_bytes = 0;         // what CPU offload moves to host memory
+  int64_t parameters = 0;         // of the model, tied once
+  int64_t units = 0;              // FSDP units: one per transformer layer, plus the root
+};
+
+// Throws std::invalid_argument when the world does not divide into the nodes, or the family's activations are not
+// modelled.
+MemoryEstimate estimate_training_memory(const models::ModelRecipe& recipe, const TrainingJob& job);
+
+// A human table of an estimate, and the same as JSON.
+std::string format_estimate(const std::string& model, const TrainingJob& job, const MemoryEstimate& e);
+std::string estimate_json(const std::string& model, const TrainingJob& job, const MemoryEstimate& e);
+
+}  // namespace shardtrain::plan

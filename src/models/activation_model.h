@@ -1,0 +1,35 @@
+// The activation bytes of the shared blocks (blocks.cpp, layers.cpp), for the recipes' activation_bytes(). Private
+// to the models layer. Every count names the tensor autograd saves and the op that saves it; `e` is the compute
+// dtype's size, N = batch * tokens.
+#pragma once
+
+#include <cstdint>
+
+#include "shardtrain/models/activation_memory.h"
+#include "shardtrain/models/blocks.h"
+
+namespace shardtrain::models {
+
+// One TransformerLayer over `tokens` tokens per sample (and, for cross-attention, `context_tokens` of context),
+// its input included (the previous layer's output: kept by norm1 in pre-norm, by q/k/v in post-norm).
+int64_t transformer_layer_kept(const TransformerLayerOptions& layer, int64_t batch, int64_t tokens,
+                               int64_t context_tokens, const ActivationQuery& q);
+
+// What a norm keeps besides its input and output (LayerNorm's statistics; RMSNorm's float32 input and normalized
+// copy), over `rows` rows of `dim`.
+int64_t norm_kept(Norm norm, int64_t rows, int64_t dim, const ActivationQuery& q);
+
+// A dropout mask over `elements` when dropout `p` is active: CPU's dropout multiplies by a noise tensor of the
+// compute dtype (kept); CUDA's fused dropout keeps a 1-byte mask.
+int64_t dropout_kept(double p, int64_t elements, const ActivationQuery& q);
+
+// Cross-entropy over `rows` rows of `vocab` logits (losses.cpp: the logits cast to float32, log-softmax keeps its
+// float32 result): kept, and what backward adds at its start (the result's gradient and the logits').
+struct LossBytes {
+  int64_t kept = 0, backward_transient = 0;
+};
+LossBytes cross_entropy_bytes(int64_t rows, int64_t vocab, const ActivationQuery& q);
+
+inline int64_t element_size(const ActivationQuery& q) { return static_cast<int64_t>(c10::elementSize(q.compute)); }
+
+}  // namespace shardtrain::models

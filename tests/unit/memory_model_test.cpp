@@ -1,0 +1,108 @@
+// The memory model against measurement: real training steps (forward, loss, backward, AdamW, zero_grad) of BERT
+// and Llama models of a few million parameters on CPU, each phase's peak counted by the project's allocator,
+// against plan::estimate_training_memory at world size 1. The full grid (strategies, world sizes, AC, precisions)
+// is bench/memory_model_bench; this is the subset a test can afford.
+#include <gtest/gtest.h>
+#include <torch/nn/module.h>
+#include <torch/optim/adamw.h>
+
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+
+#include "shardtrain/memory/memory_stats.h"
+#include "shardtrain/models/zoo.h"
+#include "shardtrain/plan/memory_model.h"
+
+namespace shardtrain::plan {
+namespace {
+
+std::shared_ptr<const models::ModelRecipe> recipe_from_json(const std::string& name, const std::string& json) {
+  const auto dir = std::filesystem::temp_directory_path() / ("shardtrain_memory_model_" + name);
+  std::filesystem::create_directories(dir);
+  std::ofstream(dir / "config.json") << json;
+  return models::recipe_from_hf_config(dir.string());
+}
+
+struct Measured {
+  int64_t forward = 0, backward = 0, step = 0;
+  int64_t peak() const { return std::max({forward, backward, step}); }
+};
+
+// Three steps; the third is measured (AdamW's state exists from the first).
+Measured measure(const models::ModelRecipe& recipe, int64_t batch, int64_t tokens, bool text_labels) {
+  memory::install_cpu_memory_counter();
+  models::BuildOptions build;
+  build.init.seed = 1;
+  auto model = recipe.build(build);
+  model->train();
+  const auto task = recipe.task();
+  torch::optim::AdamW adam(model->parameters(), torch::optim::AdamWOptions(1e-4));
+  data::Batch b;
+  b.kind = data::SampleKind::TEXT;
+  b.input_ids = at::randint(5, 900, {batch, tokens}, at::kLong);
+  b.attention_mask = at::ones({batch, tokens}, at::kLong);
+  b.input_ids_masked = b.input_ids.clone();
+  b.mlm_labels = at::full({batch, tokens}, -100, at::kLong);
+  if (text_labels) b.mlm_labels.index_put_({at::indexing::Slice(), at::indexing::Slice(0, at::indexing::None, 7)}, 3);
+  Measured m;
+  for (int step = 0; step < 3; ++step) {
+    memory::reset_cpu_peak();
+    models::Losses losses = task->compute_losses(*model, b, 0);
+    m.forward = memory::cpu_memory_stats().peak_bytes;
+    memory::reset_cpu_peak();
+    losses.total.backward();
+    losses = {};
+    m.backward = memory::cpu_memory_stats().peak_bytes;
+    memory::reset_cpu_peak();
+    adam.step();
+    adam.zero_grad();
+    m.step = memory::cpu_memory_stats().peak_bytes;
+  }
+  return m;
+}
+
+void expect_close(const char* what, int64_t predicted, int64_t measured, double tolerance) {
+  const double error = static_cast<double>(predicted - measured) / static_cast<double>(measured);
+  std::printf("  %-10s predicted %8.2f MB  measured %8.2f MB  error %+6.1f%%\n", what, predicted / 1e6,
+              measured / 1e6, 100 * error);
+  EXPECT_LE(std::abs(error), tolerance) << what;
+}
+
+void check(const std::string& name, const std::string& json, int64_t batch, int64_t tokens, bool mlm) {
+  const auto recipe = recipe_from_json(name, json);
+  TrainingJob job;
+  job.batch = batch, job.seq_len = tokens;
+  const MemoryEstimate e = estimate_training_memory(*recipe, job);
+  const Measured m = measure(*recipe, batch, tokens, mlm);
+  std::printf("%s, batch %lld x %lld tokens (%lld parameters):\n", name.c_str(), static_cast<long long>(batch),
+              static_cast<long long>(tokens), static_cast<long long>(e.parameters));
+  expect_close("forward", e.forward_bytes, m.forward, 0.10);
+  expect_close("backward", e.backward_bytes, m.backward, 0.10);
+  expect_close("step", e.step_bytes, m.step, 0.10);
+  expect_close("peak", e.peak_bytes, m.peak(), 0.10);
+}
+
+const char* kBert = R"({"model_type": "bert", "architectures": ["BertForMaskedLM"], "vocab_size": 8000,
+  "hidden_size": 256, "num_hidden_layers": 4, "num_attention_heads": 4, "intermediate_size": 1024,
+  "max_position_embeddings": 256, "hidden_dropout_prob": 0.0})";
+const char* kBertDropout = R"({"model_type": "bert", "architectures": ["BertForMaskedLM"], "vocab_size": 8000,
+  "hidden_size": 256, "num_hidden_layers": 4, "num_attention_heads": 4, "intermediate_size": 1024,
+  "max_position_embeddings": 256, "hidden_dropout_prob": 0.1})";
+const char* kLlama = R"({"model_type": "llama", "vocab_size": 8000, "hidden_size": 256, "num_hidden_layers": 4,
+  "num_attention_heads": 4, "num_key_value_heads": 2, "intermediate_size": 688, "max_position_embeddings": 512})";
+
+TEST(MemoryModel, BertStepMatchesMeasurement) {
+  check("bert", kBert, 8, 128, true);
+  check("bert", kBert, 2, 256, true);
+}
+
+TEST(MemoryModel, BertWithDropoutMatchesMeasurement) { check("bert-dropout", kBertDropout, 8, 128, true); }
+
+TEST(MemoryModel, LlamaStepMatchesMeasurement) {
+  check("llama", kLlama, 8, 128, false);
+  check("llama", kLlama, 2, 512, false);
+}
+
+}  // namespace
+}  // namespace shardtrain::plan
