@@ -19,26 +19,29 @@ int64_t norm_kept(Norm norm, int64_t rows, int64_t dim, const ActivationQuery& q
 namespace {
 
 // Attention's q/k/v, the attention itself and its output (the o projection's input), over `tokens` queries and
-// `keys` keys.
+// `keys` keys. (Cross-attention's k/v projections keep the context: the encoder's output, kept once outside.)
 int64_t attention_kept(const AttentionOptions& a, int64_t batch, int64_t tokens, int64_t keys,
                        const ActivationQuery& q) {
   const int64_t e = element_size(q);
   const int64_t h = a.heads, kvh = a.kv_heads > 0 ? a.kv_heads : a.heads;
   const int64_t hd = a.head_dim > 0 ? a.head_dim : a.dim / a.heads;
   // q, and k, v after repeat_interleave for grouped-query attention (the repeated copies are what attention keeps).
-  int64_t bytes = batch * tokens * h * hd * e + 2 * batch * keys * (kvh != h ? h : kvh) * hd * e;
-  // (Cross-attention's k/v projections keep the context: the encoder's output, kept once outside the layers.)
+  const int64_t q_numel = batch * tokens * h * hd, kv_numel = 2 * batch * keys * (kvh != h ? h : kvh) * hd;
   const double p = q.training ? a.dropout : 0.0;
-  const bool fused = q.cuda || (p <= 0 && !a.re_attention);  // CPU: dropout falls back to the math kernel
+  const bool fused = q.cuda ? !a.re_attention : (p <= 0 && !a.re_attention);  // CPU: dropout takes the math kernel
   if (fused) {
-    // Flash / memory-efficient: the output, laid out (B, T, H, D) so o's input is a view of it, and the log-sum-exp.
-    return bytes + batch * tokens * h * hd * e + batch * h * tokens * 4;
+    // Flash / memory-efficient: q, k, v, the output, laid out (B, T, H, D) so o's input is a view of it, and the
+    // float32 log-sum-exp.
+    return (q_numel + kv_numel + q_numel) * e + batch * h * tokens * 4;
   }
-  // Math: softmax's result, the dropout noise and the dropped probabilities (kept by the product with v), and the
-  // output reshaped from (B, H, T, D) into o's input (a copy).
-  const int64_t scores = batch * h * tokens * keys;
-  bytes += scores * e + (p > 0 ? dropout_kept(p, scores, q) + scores * e : 0);
-  return bytes + batch * tokens * h * hd * e;
+  // Math: SDPA's math kernel works in float32 for bfloat16/float16 inputs (float32 copies of q, k, v are what its
+  // products keep); DeepViT's re-attention in the compute dtype. Softmax keeps its result; with dropout, the noise
+  // (CPU: a tensor; CUDA: a 1-byte mask) and the dropped probabilities (kept by the product with v). The output,
+  // (B, H, T, D) cast back and reshaped, is a copy: o's input.
+  const int64_t me = a.re_attention ? e : 4, scores = batch * h * tokens * keys;
+  int64_t bytes = (q_numel + kv_numel) * me + scores * me;
+  if (p > 0) bytes += (q.cuda ? scores : scores * me) + scores * me;
+  return bytes + q_numel * e;
 }
 
 int64_t mlp_kept(const TransformerLayerOptions& o, int64_t rows, const ActivationQuery& q) {

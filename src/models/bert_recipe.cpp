@@ -21,6 +21,8 @@ class BertMaskedLm : public Task {
     return d;
   }
   std::vector<std::string> loss_names() const override { return {"mlm"}; }
+  // The pooler (BertModel has one; every published BERT checkpoint holds it) takes no part in the MLM loss.
+  bool leaves_parameters_unused() const override { return config_.pooler; }
   Losses compute_losses(torch::nn::Module& model, const data::Batch& b, uint64_t) const override {
     Losses out;
     out.total = module_as<BertImpl>(model, "bert").run(b.input_ids_masked, b.attention_mask, {}, b.mlm_labels).loss;
@@ -65,7 +67,9 @@ class BertRecipe : public FamilyRecipe<BertConfig, Bert> {
     a.outside_layers = unit + norm + dropout_kept(c.dropout, N * c.dim, q) + 4 * unit + norm + loss.kept;
     // The logits, and their float32 copy below float32, alive while log-softmax runs.
     a.loss_transient = N * c.vocab_size * (element_size(q) + (element_size(q) == 4 ? 0 : 4));
+    a.loss_kept = loss.kept;
     a.backward_transient = loss.backward_transient;
+    a.reused_weight_numel = c.vocab_size * c.dim;  // the decoder is the word embedding
     return a;
   }
 

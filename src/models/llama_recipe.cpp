@@ -66,6 +66,7 @@ class LlamaRecipe : public FamilyRecipe<LlamaConfig, Llama> {
     a.layer_input = unit;
     a.outside_layers = unit + norm_kept(Norm::kRMSNorm, N, c.dim, q) + unit + loss.kept;
     a.loss_transient = N * c.vocab_size * e + shifted * c.vocab_size * (e + (e == 4 ? 0 : 4));
+    a.loss_kept = loss.kept;
     a.backward_transient = loss.backward_transient;
     return a;
   }

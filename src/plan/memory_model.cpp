@@ -48,6 +48,13 @@ std::vector<int64_t> unit_sizes(const models::ModelRecipe& recipe, int64_t& larg
 
 int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
+std::string mib(int64_t bytes);
+
+std::string describe_activations(const models::ActivationBytes& a, bool checkpointed) {
+  return std::to_string(a.layers) + " layers x " + mib(checkpointed ? a.layer_input : a.per_layer) +
+         (checkpointed ? " (checkpointed: inputs only)" : "") + " + " + mib(a.outside_layers) + " outside them";
+}
+
 std::string mib(int64_t bytes) {
   char text[32];
   std::snprintf(text, sizeof text, "%.1f MiB", static_cast<double>(bytes) / (1024.0 * 1024.0));
@@ -108,47 +115,59 @@ MemoryEstimate estimate_training_memory(const models::ModelRecipe& recipe, const
   if (offload) e.host_bytes = params + grads + adam;
   const int64_t dev_params = offload ? 0 : params, dev_grads = offload ? 0 : grads, dev_adam = offload ? 0 : adam;
 
-  // Full parameters gathered at once (compute dtype). A group of one with no cast holds its parameters as they are.
+  // Full parameters gathered (compute dtype). A group of one with no cast uses its parameters as they are; the
+  // root unit (embeddings, heads) is gathered for the loss and again at the start of backward, a layer with the
+  // next one prefetched; without resharding after forward every unit stays gathered until its backward is done.
   const bool gathers = shard > 1 || mixed || offload;
-  const bool reshard_after_forward = job.strategy == Strategy::kFullShard || job.strategy == Strategy::kHybridShard;
-  int64_t gathered_forward = 0, gathered_backward = 0;
-  if (gathers) {
-    // The root stays gathered through forward and backward; a layer is gathered with the next one prefetched.
-    const int64_t two_layers = 2 * largest_layer * ce, root = root_unit * ce;
-    gathered_forward = root + (reshard_after_forward ? two_layers : (e.parameters - root_unit) * ce);
-    gathered_backward = reshard_after_forward ? root + two_layers : e.parameters * ce;
-  }
-  // Backward's communication: one unit's full gradients (compute dtype) and its reduce-scatter input in flight
-  // while the next unit computes; DDP's buckets (25 MiB each, two in flight).
+  const bool reshard = job.strategy == Strategy::kFullShard || job.strategy == Strategy::kHybridShard;
+  const int64_t root_g = gathers ? root_unit * ce : 0, layer_g = gathers ? largest_layer * ce : 0;
+  const int64_t all_g = gathers ? e.parameters * ce : 0;
+  const int64_t held_g = reshard ? root_g : all_g;  // gathered when no layer is being computed
+  // Full gradients wait for their reduction in a sharded unit: a layer's, and the root's until the end of backward.
+  const bool reduces = gathers && shard > 1;
+  const int64_t layer_full_grads = reduces ? largest_layer * ce : 0, root_full_grads = reduces ? root_unit * ce : 0;
+  // DDP's buckets (25 MiB, two in flight) and FSDP's reduce-scatter of a layer in flight while the next computes.
   int64_t comm = 0;
   if (job.strategy == Strategy::kDdp && job.world > 1) {
     comm = std::min<int64_t>(2 * 25 * 1024 * 1024, e.parameters * pe);
-  } else if (gathers && shard > 1) {
+  } else if (reduces) {
     comm = 2 * largest_layer * ce;
   }
+  // A tied tensor (word embeddings shared with the LM head) gets two gradients, summed into a third at the end.
+  const int64_t tied_sum = 2 * act.reused_weight_numel * ce;
 
-  // Activations. Forward ends with everything kept plus the loss's logits; backward starts with everything kept
-  // plus the loss's gradients, then frees a layer's activations as its gradients arrive (walked below).
+  // Activations: kept from forward to backward, the loss's logits on top at the end of forward, its gradients on
+  // top at the start of backward; then each layer's activations are freed as its gradients arrive.
   const bool ac = job.activation_checkpointing;
   const int64_t kept = act.kept(ac);
   const int64_t layer_kept = ac ? act.layer_input : act.per_layer;
-  const int64_t layer_grads = largest_layer * pe;
-  // A checkpointed layer replays its forward in backward: its full activations exist again, one layer at a time.
-  const int64_t replay = ac ? act.per_layer : 0;
-  int64_t backward_activations = kept + act.backward_transient;
-  for (int64_t i = 0; i <= act.layers; ++i) {
-    const int64_t walked = (act.layers - i) * layer_kept + act.outside_layers + replay +
-                           (offload ? 0 : std::min<int64_t>(i * layer_grads / shard, grads));
-    backward_activations = std::max(backward_activations, walked);
-  }
+  const int64_t replay = ac ? act.per_layer : 0;  // a checkpointed layer's forward, replayed in its backward
 
   const int64_t base = dev_params + dev_adam;
-  e.forward_bytes = base + gathered_forward + kept + act.loss_transient;
-  e.backward_bytes = base + gathered_backward + comm + backward_activations;
-  // AdamW (LibTorch's, a parameter at a time): sqrt(v) and its quotient by the bias correction exist together, two
-  // temporaries of the largest (sharded, per-parameter) tensor.
-  const int64_t adam_temp = offload ? 0 : 2 * ceil_div(largest_tensor, shard) * pe;
-  e.step_bytes = base + dev_grads + adam_temp;
+  const int64_t forward_loss = held_g + kept + act.loss_transient;
+  const int64_t forward_layers = (reshard ? root_g + 2 * layer_g : all_g) + kept;
+  e.forward_bytes = base + std::max(forward_loss, forward_layers);
+
+  const int64_t prefetched = reshard ? layer_g : 0;
+  const int64_t backward_start = held_g + prefetched + kept + act.backward_transient;
+  int64_t backward_walk = 0;
+  for (int64_t i = 1; i <= act.layers; ++i) {
+    const int64_t grads_so_far = offload ? 0 : std::min<int64_t>((i - 1) * ceil_div(largest_layer, shard) * pe, grads);
+    backward_walk = std::max(backward_walk, (reshard ? root_g + 2 * layer_g : all_g) + comm + layer_full_grads +
+                                                root_full_grads + (act.layers - i + 1) * layer_kept +
+                                                act.outside_layers - act.loss_kept + replay + grads_so_far);
+  }
+  const int64_t backward_end = held_g + dev_grads + root_full_grads + tied_sum;
+  const int64_t backward_peak = std::max({backward_start, backward_walk, backward_end});
+  e.backward_bytes = base + backward_peak;
+
+  // The step: clipping sums squares in float64 (FSDP: a float64 copy of a gradient and its square, the largest
+  // shard's; DDP's clip_grad_norm_ takes norms without copies), then AdamW a parameter at a time (sqrt(v) and its
+  // quotient by the bias correction, two temporaries of the largest tensor).
+  const int64_t largest_shard = ceil_div(largest_tensor, shard);
+  const int64_t clip_temp = job.strategy == Strategy::kDdp || offload ? 0 : 2 * largest_shard * 8;
+  const int64_t adam_temp = offload ? 0 : 2 * largest_shard * pe;
+  e.step_bytes = base + dev_grads + std::max(clip_temp, adam_temp);
   e.peak_bytes = std::max({e.forward_bytes, e.backward_bytes, e.step_bytes});
   e.peak_phase = e.peak_bytes == e.backward_bytes ? "backward" : e.peak_bytes == e.forward_bytes ? "forward" : "step";
 
@@ -158,24 +177,45 @@ MemoryEstimate estimate_training_memory(const models::ModelRecipe& recipe, const
   e.terms.push_back({"AdamW state", dev_adam, "2 moments x 4 B per parameter" + per});
   if (e.peak_phase == "step") {
     e.terms.push_back({"gradients", dev_grads, "4 B per parameter" + per});
-    e.terms.push_back({"optimizer temporaries", adam_temp, "AdamW's per-tensor temporaries"});
+    e.terms.push_back({"clipping and AdamW temporaries", std::max(clip_temp, adam_temp),
+                       "of the largest tensor: float64 copies to clip, or AdamW's sqrt(v) and quotient"});
     return e;
   }
-  const bool fwd = e.peak_phase == "forward";
-  e.terms.push_back({"gathered parameters", fwd ? gathered_forward : gathered_backward,
-                     !gathers ? "none: a group of one holds its parameters"
-                     : reshard_after_forward ? "the root unit and two layers (prefetch), compute dtype"
-                                             : "every unit, kept gathered between forward and backward"});
-  if (!fwd) e.terms.push_back({"communication buffers", comm, "one unit's full gradients and its reduce-scatter"});
-  e.terms.push_back({ac ? "activations (checkpointed layers: inputs only)" : "activations",
-                     kept, std::to_string(act.layers) + " layers x " + mib(layer_kept) + " + " +
-                               mib(act.outside_layers) + " outside the layers"});
-  if (fwd) {
-    e.terms.push_back({"loss (logits)", act.loss_transient, "logits and their float32 copies"});
+  if (e.peak_phase == "forward") {
+    const bool at_loss = forward_loss >= forward_layers;
+    e.terms.push_back({"gathered parameters", at_loss ? held_g : forward_layers - kept,
+                       !gathers ? "none: a group of one holds its parameters"
+                       : !reshard ? "every unit, gathered until its backward"
+                       : at_loss  ? "the root unit (embeddings, heads)"
+                                  : "the root unit and a layer with the next prefetched"});
+    e.terms.push_back({"activations", kept, describe_activations(act, ac)});
+    if (at_loss) e.terms.push_back({"loss (logits)", act.loss_transient, "logits and their copies"});
+    return e;
+  }
+  const std::string where = backward_peak == backward_start ? "start"
+                            : backward_peak == backward_walk ? "layers"
+                                                             : "end";
+  if (where == "start") {
+    e.terms.push_back({"gathered parameters", held_g + prefetched,
+                       !gathers ? "none: a group of one holds its parameters"
+                       : reshard ? "the root unit, and the last layer prefetched"
+                                 : "every unit, gathered since forward"});
+    e.terms.push_back({"activations", kept, describe_activations(act, ac)});
+    e.terms.push_back({"loss gradients", act.backward_transient, "log-softmax's result's gradient and the logits'"});
+  } else if (where == "layers") {
+    e.terms.push_back({"gathered parameters", reshard ? root_g + 2 * layer_g : all_g,
+                       reshard ? "the root unit and a layer with the next prefetched" : "every unit"});
+    e.terms.push_back({"full gradients and reductions", comm + layer_full_grads + root_full_grads,
+                       "a layer's and the root's full gradients, a reduction in flight"});
+    e.terms.push_back({"activations and gradients so far", backward_walk - (reshard ? root_g + 2 * layer_g : all_g) -
+                                                              comm - layer_full_grads - root_full_grads,
+                       "the layers not yet done" + std::string(ac ? ", one layer replayed" : "") +
+                           ", the gradients of those done"});
   } else {
-    e.terms.push_back({"backward transients", backward_activations - kept,
-                       (ac ? "one layer replayed (" + mib(replay) + "); " : std::string()) +
-                           "the loss's gradients, or gradients arriving as layers are freed"});
+    e.terms.push_back({"gathered parameters", held_g, "the root unit"});
+    e.terms.push_back({"gradients", dev_grads + root_full_grads, "4 B per parameter" + per +
+                                                                     (reduces ? ", the root's still full" : "")});
+    e.terms.push_back({"tied gradients summed", tied_sum, "the tied embedding's two gradients and their sum"});
   }
   return e;
 }

@@ -71,8 +71,8 @@ void expect_close(const char* what, int64_t predicted, int64_t measured, double 
 
 void check(const std::string& name, const std::string& json, int64_t batch, int64_t tokens, bool mlm) {
   const auto recipe = recipe_from_json(name, json);
-  TrainingJob job;
-  job.batch = batch, job.seq_len = tokens;
+  TrainingJob job;  // one rank, the model as it is: DDP at world size 1 (no clipping copies, as in measure())
+  job.strategy = Strategy::kDdp, job.batch = batch, job.seq_len = tokens;
   const MemoryEstimate e = estimate_training_memory(*recipe, job);
   const Measured m = measure(*recipe, batch, tokens, mlm);
   std::printf("%s, batch %lld x %lld tokens (%lld parameters):\n", name.c_str(), static_cast<long long>(batch),

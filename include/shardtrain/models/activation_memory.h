@@ -23,8 +23,12 @@ struct ActivationBytes {
   int64_t per_layer = 0;         // kept by one layer without checkpointing (its input included)
   int64_t layer_input = 0;       // kept by one checkpointed layer: its input only
   int64_t outside_layers = 0;    // kept by embeddings, heads and the loss (logits' log-softmax)
+  int64_t loss_kept = 0;         // the loss's part of outside_layers (freed first in backward)
   int64_t loss_transient = 0;    // alive on top at the end of forward (logits and their copies)
   int64_t backward_transient = 0;  // alive on top at the start of backward (the loss's gradients)
+  // A weight the forward uses twice (word embeddings tied to the LM head): autograd sums its two gradients into a
+  // third at the end of backward. Its elements; 0: none.
+  int64_t reused_weight_numel = 0;
 
   int64_t kept(bool checkpointed) const {
     return layers * (checkpointed ? layer_input : per_layer) + outside_layers;

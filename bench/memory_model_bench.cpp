@@ -1,0 +1,132 @@
+// One cell of bench/memory_model.py: real training steps of a model under a data-parallel configuration (the
+// trainer's own ParallelModel and AdamW), each phase's peak counted by our allocator on every rank, against the
+// memory model's prediction (plan/memory_model.h). Run under `shardtrain launch`; rank 0 prints one RESULT line
+// (JSON) with the largest rank's measured peaks and the predicted ones.
+//
+//   memory_model_bench --model MODEL --strategy S [--mixed-precision no|bf16] [--ac] [--batch B] [--seq-len T]
+//                      [--nodes M] [--steps N]
+// MODEL is a flavor or a Hugging Face config.json; the batch is synthetic text (the text families).
+#include <ATen/ATen.h>
+#include <torch/nn/module.h>
+
+#include <iostream>
+#include <nlohmann/json.hpp>
+#include <string>
+
+#include "shardtrain/distributed/env.h"
+#include "shardtrain/distributed/mesh.h"
+#include "shardtrain/distributed/process_group.h"
+#include "shardtrain/memory/memory_stats.h"
+#include "shardtrain/models/zoo.h"
+#include "shardtrain/plan/memory_model.h"
+#include "train/parallel_model.h"
+#include "train/train_step.h"
+
+namespace {
+
+using namespace shardtrain;
+
+config::Strategy config_strategy(plan::Strategy s) {
+  switch (s) {
+    case plan::Strategy::kFullShard: return config::Strategy::FULL_SHARD;
+    case plan::Strategy::kShardGradOp: return config::Strategy::SHARD_GRAD_OP;
+    case plan::Strategy::kNoShard: return config::Strategy::NO_SHARD;
+    case plan::Strategy::kHybridShard: return config::Strategy::HYBRID_SHARD;
+    case plan::Strategy::kHybridShardZero2: return config::Strategy::HYBRID_SHARD_ZERO2;
+    case plan::Strategy::kDdp: return config::Strategy::DDP;
+  }
+  return config::Strategy::FULL_SHARD;
+}
+
+data::Batch text_batch(int64_t batch, int64_t tokens, int64_t vocab, int rank) {
+  at::manual_seed(1000 + rank);
+  data::Batch b;
+  b.kind = data::SampleKind::TEXT;
+  b.input_ids = at::randint(5, std::max<int64_t>(vocab, 6), {batch, tokens}, at::kLong);
+  b.attention_mask = at::ones({batch, tokens}, at::kLong);
+  b.input_ids_masked = b.input_ids.clone();
+  b.mlm_labels = at::where(at::rand({batch, tokens}) < 0.15, b.input_ids, at::full({}, -100, at::kLong));
+  b.texts = batch;
+  return b;
+}
+
+int run(int argc, char** argv) {
+  std::string model, strategy = "full_shard", precision = "no";
+  int64_t batch = 4, seq_len = 128, nodes = 1, steps = 3;
+  bool ac = false;
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    auto next = [&]() -> std::string {
+      if (i + 1 >= argc) throw std::invalid_argument(a + " needs a value");
+      return argv[++i];
+    };
+    if (a == "--model") model = next();
+    else if (a == "--strategy") strategy = next();
+    else if (a == "--mixed-precision") precision = next();
+    else if (a == "--batch") batch = std::stoll(next());
+    else if (a == "--seq-len") seq_len = std::stoll(next());
+    else if (a == "--nodes") nodes = std::stoll(next());
+    else if (a == "--steps") steps = std::stoll(next());
+    else if (a == "--ac") ac = true;
+    else throw std::invalid_argument("unknown option " + a);
+  }
+  memory::install_cpu_memory_counter();
+  const dist::DistEnv env = dist::read_dist_env(dist::process_env_lookup());
+  dist::ProcessGroup pg = dist::ProcessGroup::init(env, {});
+  const auto recipe = models::recipe_of_model(model);
+
+  plan::TrainingJob job;
+  job.world = env.world_size, job.nodes = nodes, job.strategy = plan::parse_strategy(strategy);
+  job.mixed_precision = precision, job.activation_checkpointing = ac, job.batch = batch, job.seq_len = seq_len;
+  const plan::MemoryEstimate predicted = plan::estimate_training_memory(*recipe, job);
+
+  config::Config c;
+  c.parallel.strategy = config_strategy(job.strategy);
+  c.parallel.mixed_precision = precision == "bf16" ? config::Precision::BF16 : config::Precision::NO;
+  c.parallel.activation_checkpointing = ac;
+  c.train.batch_size = batch;
+  const bool hybrid = train::is_hybrid(c.parallel.strategy);
+  const dist::DeviceMesh mesh = dist::DeviceMesh::create(pg, hybrid ? static_cast<int>(nodes) : 1);
+  const auto task = recipe->task();
+  train::ParallelModel parallel(c, recipe, task->leaves_parameters_unused(), mesh, at::Device(at::kCPU));
+  auto optimizer = train::make_optimizer(c, *parallel.module());
+  const data::Batch b = text_batch(batch, seq_len, task->data_needs().vocab_size, env.rank);
+
+  int64_t forward = 0, backward = 0, step = 0;
+  for (int64_t s = 0; s < steps; ++s) {  // the last step is the one reported (AdamW's state exists by then)
+    memory::reset_cpu_peak();
+    models::Losses losses = task->compute_losses(*parallel.module(), b, 0);
+    forward = memory::cpu_memory_stats().peak_bytes;
+    memory::reset_cpu_peak();
+    losses.total.backward();
+    losses = {};
+    backward = memory::cpu_memory_stats().peak_bytes;
+    memory::reset_cpu_peak();
+    parallel.clip_grad_norm(INFINITY, optimizer->param_groups());
+    optimizer->step();
+    optimizer->zero_grad();
+    step = memory::cpu_memory_stats().peak_bytes;
+  }
+  at::Tensor peaks = at::tensor({forward, backward, step}, at::kLong).to(at::kDouble);
+  pg.world().all_reduce(peaks, dist::ReduceOp::MAX).wait();
+  if (env.rank == 0) {
+    nlohmann::json r;
+    r["model"] = model, r["strategy"] = strategy, r["world"] = env.world_size, r["precision"] = precision;
+    r["ac"] = ac, r["batch"] = batch, r["seq_len"] = seq_len, r["parameters"] = predicted.parameters;
+    r["measured"] = {peaks[0].item<double>(), peaks[1].item<double>(), peaks[2].item<double>()};
+    r["predicted"] = {predicted.forward_bytes, predicted.backward_bytes, predicted.step_bytes};
+    std::cout << "RESULT " << r.dump() << std::endl;
+  }
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  try {
+    return run(argc, argv);
+  } catch (const std::exception& e) {
+    std::cerr << "memory_model_bench: " << e.what() << "\n";
+    return 1;
+  }
+}
