@@ -5,7 +5,7 @@
 //
 //   memory_model_bench --model MODEL --strategy S [--mixed-precision no|bf16] [--ac] [--batch B] [--seq-len T]
 //                      [--nodes M] [--steps N]
-// MODEL is a flavor or a Hugging Face config.json; the batch is synthetic text (the text families).
+// MODEL is a flavor or a Hugging Face config.json; the batch is synthetic, of the task's largest kind.
 #include <ATen/ATen.h>
 #include <torch/nn/module.h>
 
@@ -38,15 +38,31 @@ config::Strategy config_strategy(plan::Strategy s) {
   return config::Strategy::FULL_SHARD;
 }
 
-data::Batch text_batch(int64_t batch, int64_t tokens, int64_t vocab, int rank) {
+// A synthetic micro-batch of the largest kind the task reads: image-text when it mixes kinds (FLAVA), else text or
+// images, with the masks and labels its objective uses (data.* defaults: 15% MLM, 40% MIM, half ITM negatives).
+data::Batch synthetic_batch(const models::DataNeeds& needs, int64_t batch, int64_t tokens, int rank) {
   at::manual_seed(1000 + rank);
   data::Batch b;
-  b.kind = data::SampleKind::TEXT;
-  b.input_ids = at::randint(5, std::max<int64_t>(vocab, 6), {batch, tokens}, at::kLong);
-  b.attention_mask = at::ones({batch, tokens}, at::kLong);
-  b.input_ids_masked = b.input_ids.clone();
-  b.mlm_labels = at::where(at::rand({batch, tokens}) < 0.15, b.input_ids, at::full({}, -100, at::kLong));
-  b.texts = batch;
+  const bool images = needs.kinds[0] || needs.kinds[2], text = needs.kinds[0] || needs.kinds[1];
+  b.kind = needs.kinds[0] ? data::SampleKind::IMAGE_TEXT : text ? data::SampleKind::TEXT : data::SampleKind::IMAGE;
+  if (b.kind != data::SampleKind::IMAGE) {
+    b.input_ids = at::randint(5, std::max<int64_t>(needs.vocab_size, 6), {batch, tokens}, at::kLong);
+    b.attention_mask = at::ones({batch, tokens}, at::kLong);
+    b.input_ids_masked = b.input_ids.clone();
+    b.mlm_labels = at::where(at::rand({batch, tokens}) < 0.15, b.input_ids, at::full({}, -100, at::kLong));
+    b.texts = batch;
+  }
+  if (images && b.kind != data::SampleKind::TEXT) {
+    b.pixels = at::randn({batch, 3, needs.image_size, needs.image_size});
+    const int64_t side = needs.image_size / std::max<int64_t>(needs.patch_size, 1);
+    if (needs.uses_mim) b.masked_patches = at::rand({batch, side * side}) < 0.4;
+    if (needs.codebook_size > 0) {
+      b.codebook_pixels = at::rand({batch, 3, needs.codebook_size, needs.codebook_size}) * 0.8 + 0.1;
+    }
+    if (needs.num_labels > 0) b.labels = at::randint(0, needs.num_labels, {batch}, at::kLong);
+    b.images = batch;
+  }
+  if (b.kind == data::SampleKind::IMAGE_TEXT) b.itm_labels = (at::arange(batch, at::kLong) % 2 == 0).to(at::kLong);
   return b;
 }
 
@@ -90,12 +106,23 @@ int run(int argc, char** argv) {
   const auto task = recipe->task();
   train::ParallelModel parallel(c, recipe, task->leaves_parameters_unused(), mesh, at::Device(at::kCPU));
   auto optimizer = train::make_optimizer(c, *parallel.module());
-  const data::Batch b = text_batch(batch, seq_len, task->data_needs().vocab_size, env.rank);
+  const data::Batch b = synthetic_batch(task->data_needs(), batch, seq_len, env.rank);
 
+  // A task that mixes kinds (FLAVA) trains every head over a run: a step of each kind first, so that AdamW holds
+  // the state of every head when the image-text step is measured.
+  std::vector<data::Batch> warmup;
+  if (task->data_needs().mixes_kinds) {
+    for (int kind = 1; kind <= 2; ++kind) {
+      models::DataNeeds only = task->data_needs();
+      only.kinds = {false, kind == 1, kind == 2};
+      warmup.push_back(synthetic_batch(only, batch, seq_len, env.rank));
+    }
+  }
   int64_t forward = 0, backward = 0, step = 0;
-  for (int64_t s = 0; s < steps; ++s) {  // the last step is the one reported (AdamW's state exists by then)
+  for (int64_t s = 0; s < steps + static_cast<int64_t>(warmup.size()); ++s) {  // the last step is reported
+    const data::Batch& batch_s = s < static_cast<int64_t>(warmup.size()) ? warmup[static_cast<size_t>(s)] : b;
     memory::reset_cpu_peak();
-    models::Losses losses = task->compute_losses(*parallel.module(), b, 0);
+    models::Losses losses = task->compute_losses(*parallel.module(), batch_s, 0);
     forward = memory::cpu_memory_stats().peak_bytes;
     memory::reset_cpu_peak();
     losses.total.backward();

@@ -15,14 +15,6 @@ namespace {
 
 constexpr double kLogitScaleMax = 4.6052;  // log(100): FLAVA clamps the contrastive temperature to [1, 100]
 
-TransformerLayerOptions flava_layer(const FlavaConfig& c) {
-  TransformerLayerOptions l;
-  l.class_name = "FlavaLayer";
-  l.attention.dim = c.dim, l.attention.heads = c.heads, l.attention.dropout = c.dropout;
-  l.mlp_dim = c.mlp_dim, l.norm_eps = c.norm_eps, l.dropout = c.dropout;
-  return l;
-}
-
 // Cross-entropy of head(seq) at the positions whose label is not ignored (the head runs on those rows only).
 // seq (B, L, C), labels (B, L).
 at::Tensor selected_cross_entropy(FlavaMaskedHead& head, const at::Tensor& seq, const at::Tensor& labels) {
@@ -40,6 +32,14 @@ at::Tensor select_rows(const at::Tensor& t, const at::Tensor& rows) {
 }
 
 }  // namespace
+
+TransformerLayerOptions flava_layer_options(const FlavaConfig& c) {
+  TransformerLayerOptions l;
+  l.class_name = "FlavaLayer";
+  l.attention.dim = c.dim, l.attention.heads = c.heads, l.attention.dropout = c.dropout;
+  l.mlp_dim = c.mlp_dim, l.norm_eps = c.norm_eps, l.dropout = c.dropout;
+  return l;
+}
 
 std::vector<std::string> flava_flavors() {
   return {"flava-350m", "flava-900m", "flava-1.8b", "flava-2.7b", "flava-4.8b", "flava-10b", "flava-debug"};
@@ -85,7 +85,7 @@ FlavaEncoderImpl::FlavaEncoderImpl(Kind k, const FlavaConfig& c, const std::stri
     cls_token = register_parameter("cls_token", at::empty({1, 1, c.dim}, t));
   }
   const int64_t count = kind == Kind::kMultimodal ? c.multimodal_layers : c.unimodal_layers;
-  layers = build_layers(*this, "layers", qualified_name + ".layers", count, flava_layer(c), build, built);
+  layers = build_layers(*this, "layers", qualified_name + ".layers", count, flava_layer_options(c), build, built);
   norm = register_module("norm", LayerNorm(c.dim, c.norm_eps, t));
   pooler = register_module("pooler", Linear(c.dim, c.dim, true, t));
 }

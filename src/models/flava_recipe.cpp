@@ -7,6 +7,7 @@
 #include <cmath>
 #include <cstdio>
 
+#include "models/activation_model.h"
 #include "models/families.h"
 #include "models/hf_config.h"
 #include "models/recipe_helpers.h"
@@ -176,6 +177,50 @@ class FlavaRecipe : public FamilyRecipe<FlavaConfig, Flava> {
   }
 
   std::vector<std::string> tasks() const override { return {"pretraining"}; }
+
+  // The image-text batch, the largest kind: T text tokens, n = P + 1 image tokens (P patches), n + T + 1 multimodal.
+  //   inputs      the batch: pixels, the codebook's pixels, ids and masks (the patch convolution keeps the pixels,
+  //               their cast copy under bf16/fp16)
+  //   encoders    image and text run twice (unmasked for the contrastive loss, masked for the rest): their layers;
+  //               per pass the final norm's input and statistics, the text embedding's sum and statistics; the
+  //               unmasked passes' outputs (the projections read their CLS rows)
+  //   multimodal  its layers, its final norm's input, statistics and output
+  //   heads       MIM and MLM on the masked positions of the matching pairs only: each keeps four (K, d) tensors
+  //               and log-softmax's (K, classes)
+  // At the end of forward the frozen codebook turns the codebook pixels into MIM targets without autograd: its
+  // first group holds about four (B, hidden, 8 * side, 8 * side) tensors at once.
+  ActivationBytes activation_bytes(const ActivationQuery& q) const override {
+    const FlavaConfig& c = config();
+    const int64_t e = element_size(q), d = c.dim, B = q.batch;
+    const int64_t side = c.image_size / c.patch_size, P = side * side, n = P + 1;
+    const int64_t T = q.seq_len > 0 ? q.seq_len : c.max_positions, m = n + T + 1;
+    const int64_t U = c.unimodal_layers, M = c.multimodal_layers;
+    const TransformerLayerOptions layer = flava_layer_options(c);
+    const int64_t ui = B * n * d * e, ut = B * T * d * e, um = B * m * d * e;
+    auto ln = [&](int64_t rows) { return norm_kept(Norm::kLayerNorm, rows, d, q); };
+    const double positives = B * (1 - q.itm_negative_probability);
+    const int64_t k_image = std::llround(positives * static_cast<double>(P) * q.mim_probability);
+    const int64_t k_text = std::llround(positives * static_cast<double>(T) * q.mlm_probability);
+    const LossBytes mim = cross_entropy_bytes(k_image, c.codebook.vocab_size, q);
+    const LossBytes mlm = cross_entropy_bytes(k_text, c.vocab_size, q);
+    auto head = [&](int64_t rows) { return 4 * rows * d * e + ln(rows); };
+    const int64_t pixels = B * 3 * c.image_size * c.image_size, codebook_side = 8 * side;
+    const int64_t inputs = pixels * 4 + (e == 4 ? 0 : pixels * e) + B * 3 * codebook_side * codebook_side * 4 +
+                           B * P + 4 * B * T * 8;
+
+    ActivationBytes a;
+    a.layers = 4 * U + M;
+    const int64_t layers = 2 * U * (transformer_layer_kept(layer, B, n, 0, q) + transformer_layer_kept(layer, B, T, 0, q)) +
+                           M * transformer_layer_kept(layer, B, m, 0, q);
+    a.per_layer = layers / a.layers;
+    a.layer_input = (2 * U * (ui + ut) + M * um) / a.layers;
+    a.outside_layers = inputs + 2 * (ut + ln(B * T)) + 2 * (ui + ln(B * n)) + ui + 2 * (ut + ln(B * T)) + ut +
+                       2 * um + ln(B * m) + head(k_image) + head(k_text) + mim.kept + mlm.kept;
+    a.loss_kept = mim.kept + mlm.kept;
+    a.loss_transient = 4 * B * c.codebook.hidden_size * codebook_side * codebook_side * e;
+    a.backward_transient = mim.backward_transient + mlm.backward_transient;
+    return a;
+  }
 
   // FlavaModel: the three encoders (each with its pooler), the four projections and the logit scale; no codebook,
   // no heads. transformers keeps no module of it whole (no _no_split_modules). Its text embeddings hold position

@@ -21,7 +21,7 @@ void ModelRecipe::parallelize_hook(torch::nn::Module&, const dist::DeviceMesh&) 
 
 ActivationBytes ModelRecipe::activation_bytes(const ActivationQuery&) const {
   throw std::invalid_argument("the activation memory of " + family() + " (" + flavor() +
-                              ") is not modelled yet (modelled: bert, llama)");
+                              ") is not modelled yet: its recipe states none (ModelRecipe::activation_bytes)");
 }
 
 std::unique_ptr<Task> ModelRecipe::task(const std::string& name) const {

@@ -40,10 +40,7 @@ T5Config t5_flavor(const std::string& name) {
   throw_unknown_flavor("T5", name, t5_flavors());
 }
 
-T5StackImpl::T5StackImpl(const T5Config& c, bool is_decoder, const std::string& qualified_name,
-                         const BuildOptions& build, std::vector<std::string>& built)
-    : config(c), decoder(is_decoder) {
-  const auto& t = build.tensors;
+TransformerLayerOptions t5_layer_options(const T5Config& c, bool is_decoder) {
   TransformerLayerOptions l;
   l.class_name = "T5Block";
   l.attention.dim = c.dim, l.attention.heads = c.heads, l.attention.head_dim = c.head_dim;
@@ -52,8 +49,16 @@ T5StackImpl::T5StackImpl(const T5Config& c, bool is_decoder, const std::string& 
   l.mlp_dim = c.mlp_dim, l.activation = Activation::kRelu, l.mlp_bias = false;
   l.norm = Norm::kRMSNorm, l.norm_eps = c.norm_eps, l.cross_attention = is_decoder, l.dropout = c.dropout;
   l.mlp_dropout = c.dropout;
+  return l;
+}
+
+T5StackImpl::T5StackImpl(const T5Config& c, bool is_decoder, const std::string& qualified_name,
+                         const BuildOptions& build, std::vector<std::string>& built)
+    : config(c), decoder(is_decoder) {
+  const auto& t = build.tensors;
   relative_bias = register_module("relative_bias", Embedding(c.buckets, c.heads, t));
-  layers = build_layers(*this, "layers", qualified_name + ".layers", c.layers, l, build, built);
+  layers = build_layers(*this, "layers", qualified_name + ".layers", c.layers, t5_layer_options(c, is_decoder), build,
+                        built);
   norm = register_module("norm", RMSNorm(c.dim, c.norm_eps, t));
 }
 

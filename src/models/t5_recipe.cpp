@@ -3,7 +3,9 @@
 #include <ATen/ATen.h>
 
 #include <algorithm>
+#include <cmath>
 
+#include "models/activation_model.h"
 #include "models/families.h"
 #include "models/hf_config.h"
 #include "models/recipe_helpers.h"
@@ -118,6 +120,39 @@ class T5Recipe : public FamilyRecipe<T5Config, T5> {
   }
 
   std::vector<std::string> tasks() const override { return {"span_corruption"}; }
+
+  // Span corruption turns T text tokens (n = T - 2 without [CLS]/[SEP]) into an encoder input of n - m + s + 1 and
+  // a decoder input of m + s + 1 tokens (m masked in s spans, t5_span_corruption.h). Each stack keeps its
+  // embedding's dropout noise, its layers (t5_layer_options: the decoder's attend to the encoder's output), its final
+  // norm's input and what it keeps, and the noise of the dropout after it; the encoder's output once (every
+  // cross-attention's k/v read it), the decoder's output rescaled (the tied head's input), the loss over the decoder's
+  // tokens. The shared embedding gets three gradients (two embeddings, the head).
+  ActivationBytes activation_bytes(const ActivationQuery& q) const override {
+    const T5Config& c = config();
+    const int64_t T = q.seq_len > 0 ? q.seq_len : 512, n = std::max<int64_t>(T - 2, 1);
+    const int64_t masked = n > 1 ? std::max<int64_t>(1, std::llround(kSpanNoise * static_cast<double>(n))) : 0;
+    const int64_t spans = std::max<int64_t>(1, std::llround(static_cast<double>(masked) / kMeanSpan));
+    const int64_t enc = n - masked + spans + 1, dec = masked + spans + 1, e = element_size(q);
+    const int64_t enc_rows = q.batch * enc, dec_rows = q.batch * dec;
+    const int64_t enc_unit = enc_rows * c.dim * e, dec_unit = dec_rows * c.dim * e;
+    const int64_t enc_layer = transformer_layer_kept(t5_layer_options(c, false), q.batch, enc, 0, q);
+    const int64_t dec_layer = transformer_layer_kept(t5_layer_options(c, true), q.batch, dec, enc, q);
+    auto stack_outside = [&](int64_t rows, int64_t unit) {
+      return 2 * dropout_kept(c.dropout, rows * c.dim, q) + unit + norm_kept(Norm::kRMSNorm, rows, c.dim, q);
+    };
+    const LossBytes loss = cross_entropy_bytes(dec_rows, c.vocab_size, q);
+    ActivationBytes a;
+    a.layers = 2 * c.layers;
+    a.per_layer = (enc_layer + dec_layer) / 2;  // encoder and decoder blocks alternate in the walk
+    a.layer_input = (enc_unit + dec_unit) / 2;
+    a.outside_layers = stack_outside(enc_rows, enc_unit) + enc_unit + stack_outside(dec_rows, dec_unit) + dec_unit +
+                       loss.kept;
+    a.loss_kept = loss.kept;
+    a.loss_transient = dec_rows * c.vocab_size * (e + (e == 4 ? 0 : 4));
+    a.backward_transient = loss.backward_transient;
+    a.reused_weight_numel = c.vocab_size * c.dim;
+    return a;
+  }
 
   // T5Model: the shared embedding (the encoder's and decoder's embed_tokens are it) and both stacks; the LM head is
   // tied to the shared embedding, so it adds nothing.

@@ -33,19 +33,23 @@ VitConfig vit_flavor(const std::string& name) {
   throw_unknown_flavor("ViT", name, vit_flavors());
 }
 
+TransformerLayerOptions vit_layer_options(const VitConfig& c) {
+  TransformerLayerOptions l;
+  l.class_name = "ViTLayer";
+  l.attention.dim = c.dim, l.attention.heads = c.heads, l.attention.dropout = c.dropout;
+  l.attention.re_attention = c.re_attention;
+  l.mlp_dim = c.mlp_dim, l.norm_eps = c.norm_eps, l.dropout = c.dropout;
+  return l;
+}
+
 VitImpl::VitImpl(const VitConfig& c, const BuildOptions& build) : Interceptable("ViT"), config(c) {
   const auto& t = build.tensors;
   PatchEmbeddingOptions e;
   e.image_size = c.image_size, e.patch_size = c.patch_size, e.channels = c.channels, e.dim = c.dim;
   e.dropout = c.dropout;
   embeddings = register_module("embeddings", PatchEmbeddings(e, t));
-  TransformerLayerOptions l;
-  l.class_name = "ViTLayer";
-  l.attention.dim = c.dim, l.attention.heads = c.heads, l.attention.dropout = c.dropout;
-  l.attention.re_attention = c.re_attention;
-  l.mlp_dim = c.mlp_dim, l.norm_eps = c.norm_eps, l.dropout = c.dropout;
   std::vector<std::string> built;
-  layers = build_layers(*this, "layers", "layers", c.layers, l, build, built);
+  layers = build_layers(*this, "layers", "layers", c.layers, vit_layer_options(c), build, built);
   norm = register_module("norm", LayerNorm(c.dim, c.norm_eps, t));
   if (c.pooler) pooler = register_module("pooler", Linear(c.dim, c.dim, true, t));
   if (c.num_labels > 0) classifier = register_module("classifier", Linear(c.dim, c.num_labels, true, t));

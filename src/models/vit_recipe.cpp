@@ -3,6 +3,7 @@
 
 #include <algorithm>
 
+#include "models/activation_model.h"
 #include "models/families.h"
 #include "models/hf_config.h"
 #include "models/recipe_helpers.h"
@@ -55,6 +56,27 @@ class VitRecipe : public FamilyRecipe<VitConfig, Vit> {
   }
 
   std::vector<std::string> tasks() const override { return {"image_classification"}; }
+
+  // Over n = (image_size / patch_size)^2 + 1 tokens: the batch's pixels (float32; under bf16/fp16 their cast copy is
+  // what the patch convolution keeps), the embedding's dropout noise, the layers (vit_layer_options), the final
+  // norm's input, statistics and output (the classifier reads its CLS row: a view, which keeps it), the loss.
+  ActivationBytes activation_bytes(const ActivationQuery& q) const override {
+    const VitConfig& c = config();
+    if (c.num_labels <= 0) throw std::invalid_argument(flavor() + " has no classifier: nothing to train");
+    const int64_t side = c.image_size / c.patch_size, n = side * side + 1, N = q.batch * n, e = element_size(q);
+    const int64_t unit = N * c.dim * e, pixels = q.batch * c.channels * c.image_size * c.image_size;
+    const LossBytes loss = cross_entropy_bytes(q.batch, c.num_labels, q);
+    ActivationBytes a;
+    a.layers = c.layers;
+    a.per_layer = transformer_layer_kept(vit_layer_options(c), q.batch, n, 0, q);
+    a.layer_input = unit;
+    a.outside_layers = pixels * 4 + (e == 4 ? 0 : pixels * e) + dropout_kept(c.dropout, N * c.dim, q) + unit +
+                       norm_kept(Norm::kLayerNorm, N, c.dim, q) + unit + loss.kept;
+    a.loss_kept = loss.kept;
+    a.loss_transient = q.batch * c.num_labels * (e + 4);
+    a.backward_transient = loss.backward_transient;
+    return a;
+  }
 
   // ViTModel: the pooler, no classifier.
   HfModelLayout hf_base_model() const override {

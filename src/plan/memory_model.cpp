@@ -22,28 +22,37 @@ const std::vector<std::pair<std::string, Strategy>>& strategies() {
   return table;
 }
 
-// Parameter counts (tied tensors once) of the FSDP units: each transformer layer, then the root (the rest); and
-// the largest single parameter.
-std::vector<int64_t> unit_sizes(const models::ModelRecipe& recipe, int64_t& largest_tensor) {
+// The FSDP units' parameters (tied tensors once): each transformer layer, then the root (what no layer holds:
+// embeddings, heads, final norms, frozen parts such as FLAVA's codebook).
+struct Units {
+  std::vector<int64_t> numel, trainable;  // per unit; trainable: requires_grad (gradients and AdamW state)
+  int64_t largest_trainable_tensor = 0;
+};
+
+Units units_of(const models::ModelRecipe& recipe) {
   models::BuildOptions meta;
   meta.tensors = at::TensorOptions().dtype(at::kFloat).device(at::kMeta);
   const auto root = recipe.build(meta);
   std::set<const c10::TensorImpl*> seen;
-  auto count = [&seen](const torch::nn::Module& m) {
-    int64_t n = 0;
+  Units u;
+  auto add = [&](const torch::nn::Module& m) {
+    int64_t all = 0, trainable = 0;
     for (const auto& p : m.parameters(/*recurse=*/true)) {
-      if (seen.insert(p.unsafeGetTensorImpl()).second) n += p.numel();
+      if (!seen.insert(p.unsafeGetTensorImpl()).second) continue;
+      all += p.numel();
+      if (p.requires_grad()) {
+        trainable += p.numel();
+        u.largest_trainable_tensor = std::max(u.largest_trainable_tensor, p.numel());
+      }
     }
-    return n;
+    u.numel.push_back(all);
+    u.trainable.push_back(trainable);
   };
-  largest_tensor = 0;
-  for (const auto& p : root->parameters(/*recurse=*/true)) largest_tensor = std::max(largest_tensor, p.numel());
-  std::vector<int64_t> units;
   for (const auto& m : root->modules(/*include_self=*/false)) {
-    if (fsdp::module_class_name(*m) == recipe.layer_class()) units.push_back(count(*m));
+    if (fsdp::module_class_name(*m) == recipe.layer_class()) add(*m);
   }
-  units.push_back(count(*root));  // what no layer holds: embeddings, heads, final norms
-  return units;
+  add(*root);
+  return u;
 }
 
 int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
@@ -94,23 +103,28 @@ MemoryEstimate estimate_training_memory(const models::ModelRecipe& recipe, const
   const models::ActivationBytes act = recipe.activation_bytes(query);
 
   MemoryEstimate e;
-  int64_t largest_tensor = 0;
-  const std::vector<int64_t> units = unit_sizes(recipe, largest_tensor);
-  for (int64_t u : units) e.parameters += u;
-  e.units = static_cast<int64_t>(units.size());
+  const Units units = units_of(recipe);
+  for (int64_t n : units.numel) e.parameters += n;
+  e.units = static_cast<int64_t>(units.numel.size());
   const int64_t pe = 4, ce = static_cast<int64_t>(c10::elementSize(query.compute));
   const bool hybrid = job.strategy == Strategy::kHybridShard || job.strategy == Strategy::kHybridShardZero2;
   const bool replicated = job.strategy == Strategy::kDdp || job.strategy == Strategy::kNoShard;
   // Ranks a parameter is sharded over: the node for hybrid strategies, everyone for the others, one when replicated.
   const int64_t shard = replicated ? 1 : hybrid ? job.world / job.nodes : job.world;
   const bool mixed = ce != pe;
-  const int64_t largest_layer = units.size() > 1 ? *std::max_element(units.begin(), units.end() - 1) : 0;
-  const int64_t root_unit = units.back();
+  const size_t layer_units = units.numel.size() - 1;
+  const int64_t largest_layer =
+      layer_units > 0 ? *std::max_element(units.numel.begin(), units.numel.end() - 1) : 0;
+  const int64_t root_unit = units.numel.back(), root_trainable = units.trainable.back();
 
-  // Sharded state: each unit's flat parameter padded to a multiple of the shard group.
-  int64_t shard_numel = 0;
-  for (int64_t u : units) shard_numel += ceil_div(u, shard);
-  const int64_t params = shard_numel * pe, grads = shard_numel * pe, adam = 2 * shard_numel * 4;
+  // Sharded state: each unit's parameters split over the shard group (padded to a multiple of it); gradients and
+  // AdamW's two moments for the trainable ones only.
+  int64_t shard_numel = 0, trainable_shard_numel = 0;
+  for (size_t i = 0; i < units.numel.size(); ++i) {
+    shard_numel += ceil_div(units.numel[i], shard);
+    trainable_shard_numel += ceil_div(units.trainable[i], shard);
+  }
+  const int64_t params = shard_numel * pe, grads = trainable_shard_numel * pe, adam = 2 * trainable_shard_numel * 4;
   const bool offload = job.cpu_offload && job.strategy != Strategy::kDdp;
   if (offload) e.host_bytes = params + grads + adam;
   const int64_t dev_params = offload ? 0 : params, dev_grads = offload ? 0 : grads, dev_adam = offload ? 0 : adam;
@@ -125,13 +139,18 @@ MemoryEstimate estimate_training_memory(const models::ModelRecipe& recipe, const
   const int64_t held_g = reshard ? root_g : all_g;  // gathered when no layer is being computed
   // Full gradients wait for their reduction in a sharded unit: a layer's, and the root's until the end of backward.
   const bool reduces = gathers && shard > 1;
-  const int64_t layer_full_grads = reduces ? largest_layer * ce : 0, root_full_grads = reduces ? root_unit * ce : 0;
-  // DDP's buckets (25 MiB, two in flight) and FSDP's reduce-scatter of a layer in flight while the next computes.
+  const int64_t layer_full_grads = reduces ? largest_layer * ce : 0;
+  const int64_t root_full_grads = reduces ? root_trainable * ce : 0;
+  // A reduce-scatter holds its flat input (the whole unit, frozen parameters included, in the reduce dtype: bf16
+  // reduces in bf16, fp16 in float32), Gloo's receive buffer of the same size, and the output shard.
+  const int64_t rd = job.mixed_precision == "bf16" ? 2 : 4;
+  auto reduce_scatter = [&](int64_t unit) { return 2 * unit * rd + ceil_div(unit, shard) * rd; };
+  // DDP's buckets (25 MiB, two in flight); FSDP's reduce-scatter of a layer in flight while the next computes.
   int64_t comm = 0;
   if (job.strategy == Strategy::kDdp && job.world > 1) {
     comm = std::min<int64_t>(2 * 25 * 1024 * 1024, e.parameters * pe);
   } else if (reduces) {
-    comm = 2 * largest_layer * ce;
+    comm = reduce_scatter(largest_layer);
   }
   // A tied tensor (word embeddings shared with the LM head) gets two gradients, summed into a third at the end.
   const int64_t tied_sum = 2 * act.reused_weight_numel * ce;
@@ -144,27 +163,39 @@ MemoryEstimate estimate_training_memory(const models::ModelRecipe& recipe, const
   const int64_t replay = ac ? act.per_layer : 0;  // a checkpointed layer's forward, replayed in its backward
 
   const int64_t base = dev_params + dev_adam;
+  // Gathering a unit holds it twice for a moment: the all-gather's flat output and the parameters copied out of it.
+  const int64_t forward_start = 2 * root_g;
   const int64_t forward_loss = held_g + kept + act.loss_transient;
   const int64_t forward_layers = (reshard ? root_g + 2 * layer_g : all_g) + kept;
-  e.forward_bytes = base + std::max(forward_loss, forward_layers);
+  e.forward_bytes = base + std::max({forward_start, forward_loss, forward_layers});
 
+  // Backward starts by gathering the root again when it was resharded after forward (its hook fires with the loss's
+  // gradient, before the loss's backward), then the loss's gradients arrive with the last layer prefetched.
   const int64_t prefetched = reshard ? layer_g : 0;
-  const int64_t backward_start = held_g + prefetched + kept + act.backward_transient;
-  int64_t backward_walk = 0;
+  const int64_t backward_start = kept + (reshard ? std::max(2 * root_g, root_g + prefetched + act.backward_transient)
+                                                 : held_g + act.backward_transient);
+  // Layer i (1 = the last) computing its backward: the layers below it still keep their activations, those above
+  // have handed in their gradients.
+  int64_t backward_walk = 0, walk_gathered = 0;
   for (int64_t i = 1; i <= act.layers; ++i) {
     const int64_t grads_so_far = offload ? 0 : std::min<int64_t>((i - 1) * ceil_div(largest_layer, shard) * pe, grads);
-    backward_walk = std::max(backward_walk, (reshard ? root_g + 2 * layer_g : all_g) + comm + layer_full_grads +
-                                                root_full_grads + (act.layers - i + 1) * layer_kept +
-                                                act.outside_layers - act.loss_kept + replay + grads_so_far);
+    // Without resharding after forward every layer is still gathered until its own backward is done.
+    const int64_t gathered = reshard ? root_g + 2 * layer_g : std::max<int64_t>(all_g - (i - 1) * layer_g, root_g);
+    const int64_t at_i = gathered + comm + layer_full_grads + root_full_grads + (act.layers - i + 1) * layer_kept +
+                         act.outside_layers - act.loss_kept + replay + grads_so_far;
+    if (at_i > backward_walk) backward_walk = at_i, walk_gathered = gathered;
   }
-  const int64_t backward_end = held_g + dev_grads + root_full_grads + tied_sum;
+  // The end: the root's gradients complete (a tied weight's summed), then, sharded, its reduce-scatter once its full
+  // parameters are dropped.
+  const int64_t backward_end = std::max(held_g + dev_grads + root_full_grads + tied_sum,
+                                        reduces ? dev_grads + reduce_scatter(root_unit) : 0);
   const int64_t backward_peak = std::max({backward_start, backward_walk, backward_end});
   e.backward_bytes = base + backward_peak;
 
   // The step: clipping sums squares in float64 (FSDP: a float64 copy of a gradient and its square, the largest
   // shard's; DDP's clip_grad_norm_ takes norms without copies), then AdamW a parameter at a time (sqrt(v) and its
   // quotient by the bias correction, two temporaries of the largest tensor).
-  const int64_t largest_shard = ceil_div(largest_tensor, shard);
+  const int64_t largest_shard = ceil_div(units.largest_trainable_tensor, shard);
   const int64_t clip_temp = job.strategy == Strategy::kDdp || offload ? 0 : 2 * largest_shard * 8;
   const int64_t adam_temp = offload ? 0 : 2 * largest_shard * pe;
   e.step_bytes = base + dev_grads + std::max(clip_temp, adam_temp);
@@ -174,11 +205,15 @@ MemoryEstimate estimate_training_memory(const models::ModelRecipe& recipe, const
   const std::string per = shard > 1 ? " / " + std::to_string(shard) + " ranks" : "";
   e.terms.push_back({"parameters", dev_params, std::to_string(shard_numel) + " elements x 4 B" + per +
                                                    (offload ? " (offloaded: host)" : "")});
-  e.terms.push_back({"AdamW state", dev_adam, "2 moments x 4 B per parameter" + per});
+  e.terms.push_back({"AdamW state", dev_adam, "2 moments x 4 B per trainable parameter" + per});
   if (e.peak_phase == "step") {
     e.terms.push_back({"gradients", dev_grads, "4 B per parameter" + per});
     e.terms.push_back({"clipping and AdamW temporaries", std::max(clip_temp, adam_temp),
                        "of the largest tensor: float64 copies to clip, or AdamW's sqrt(v) and quotient"});
+    return e;
+  }
+  if (e.peak_phase == "forward" && forward_start >= std::max(forward_loss, forward_layers)) {
+    e.terms.push_back({"gathered parameters", forward_start, "the root unit, being gathered (held twice)"});
     return e;
   }
   if (e.peak_phase == "forward") {
@@ -196,24 +231,33 @@ MemoryEstimate estimate_training_memory(const models::ModelRecipe& recipe, const
                             : backward_peak == backward_walk ? "layers"
                                                              : "end";
   if (where == "start") {
-    e.terms.push_back({"gathered parameters", held_g + prefetched,
-                       !gathers ? "none: a group of one holds its parameters"
-                       : reshard ? "the root unit, and the last layer prefetched"
-                                 : "every unit, gathered since forward"});
+    const bool regather = reshard && 2 * root_g > root_g + prefetched + act.backward_transient;
+    e.terms.push_back({"gathered parameters", regather ? 2 * root_g : held_g + prefetched,
+                       !gathers  ? "none: a group of one holds its parameters"
+                       : regather ? "the root unit, gathered again for backward (held twice)"
+                       : reshard  ? "the root unit, and the last layer prefetched"
+                                  : "every unit, gathered since forward"});
     e.terms.push_back({"activations", kept, describe_activations(act, ac)});
-    e.terms.push_back({"loss gradients", act.backward_transient, "log-softmax's result's gradient and the logits'"});
+    if (!regather) {
+      e.terms.push_back({"loss gradients", act.backward_transient, "log-softmax's result's gradient and the logits'"});
+    }
   } else if (where == "layers") {
-    e.terms.push_back({"gathered parameters", reshard ? root_g + 2 * layer_g : all_g,
-                       reshard ? "the root unit and a layer with the next prefetched" : "every unit"});
+    e.terms.push_back({"gathered parameters", walk_gathered,
+                       reshard ? "the root unit and a layer with the next prefetched"
+                               : "the units whose backward has not run yet"});
     e.terms.push_back({"full gradients and reductions", comm + layer_full_grads + root_full_grads,
                        "a layer's and the root's full gradients, a reduction in flight"});
-    e.terms.push_back({"activations and gradients so far", backward_walk - (reshard ? root_g + 2 * layer_g : all_g) -
-                                                              comm - layer_full_grads - root_full_grads,
+    e.terms.push_back({"activations and gradients so far",
+                       backward_walk - walk_gathered - comm - layer_full_grads - root_full_grads,
                        "the layers not yet done" + std::string(ac ? ", one layer replayed" : "") +
                            ", the gradients of those done"});
+  } else if (reduces && dev_grads + reduce_scatter(root_unit) > held_g + dev_grads + root_full_grads + tied_sum) {
+    e.terms.push_back({"gradients", dev_grads, "4 B per trainable parameter" + per});
+    e.terms.push_back({"root reduce-scatter", reduce_scatter(root_unit),
+                       "its flat input (frozen parameters included), Gloo's receive buffer, the output shard"});
   } else {
     e.terms.push_back({"gathered parameters", held_g, "the root unit"});
-    e.terms.push_back({"gradients", dev_grads + root_full_grads, "4 B per parameter" + per +
+    e.terms.push_back({"gradients", dev_grads + root_full_grads, "4 B per trainable parameter" + per +
                                                                      (reduces ? ", the root's still full" : "")});
     e.terms.push_back({"tied gradients summed", tied_sum, "the tied embedding's two gradients and their sum"});
   }

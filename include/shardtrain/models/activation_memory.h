@@ -16,6 +16,8 @@ struct ActivationQuery {
   at::ScalarType compute = at::kFloat;       // the dtype layers compute in (bf16/fp16 under mixed precision)
   bool cuda = false;                         // CUDA kernels (fused dropout keeps a 1-byte mask; CPU a full tensor)
   bool training = true;                      // dropout active
+  // What the data pipeline masks (data.*): the heads run on masked positions only.
+  double mlm_probability = 0.15, mim_probability = 0.4, itm_negative_probability = 0.5;
 };
 
 struct ActivationBytes {

@@ -45,6 +45,7 @@ struct FlavaConfig {
 // table), flava-debug (trains in seconds on CPU).
 std::vector<std::string> flava_flavors();
 FlavaConfig flava_flavor(const std::string& name);
+TransformerLayerOptions flava_layer_options(const FlavaConfig& config);  // every encoder's FlavaLayer (pre-norm)
 
 // One encoder. Text: embeddings (TextEmbeddings); image: embeddings (PatchEmbeddings with a mask token);
 // multimodal: cls_token (1, 1, C). Then layers.N ("FlavaLayer"), norm, pooler.

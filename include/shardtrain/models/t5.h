@@ -29,6 +29,8 @@ struct T5Config {
 // t5-small, t5-base, t5-large, t5-3b, t5-11b (the published configurations), t5-debug.
 std::vector<std::string> t5_flavors();
 T5Config t5_flavor(const std::string& name);
+// Its T5Block: pre-norm RMSNorm, ReLU, unscaled attention; the decoder's causal, with cross-attention.
+TransformerLayerOptions t5_layer_options(const T5Config& config, bool is_decoder);
 
 // One stack: layers.N (class "T5Block"), relative_bias (buckets -> one bias per head), norm.
 class T5StackImpl : public torch::nn::Module {

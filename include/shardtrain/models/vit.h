@@ -31,6 +31,7 @@ struct VitConfig {
 // with pooler), vit-debug.
 std::vector<std::string> vit_flavors();
 VitConfig vit_flavor(const std::string& name);
+TransformerLayerOptions vit_layer_options(const VitConfig& config);  // its ViTLayer (pre-norm, GELU)
 
 struct VitOutputs {
   at::Tensor hidden;  // (B, N+1, C) after the final norm

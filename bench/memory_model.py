@@ -1,0 +1,137 @@
+"""The memory model against measurement: real training steps over a grid of models and configurations.
+
+Each cell runs build/memory_model_bench under `shardtrain launch` (the trainer's own ParallelModel and AdamW,
+synthetic batches of the task's largest kind): every rank's peak in each phase of a step (forward with the loss,
+backward, clipping + AdamW + zero_grad) counted by our allocator, the largest rank's, against
+`plan::estimate_training_memory`'s prediction for the same job. Prints predicted vs measured and the error per
+cell, then the largest errors.
+
+Models: one per family at a few tens of millions of parameters or less (config.json files written here), text at 64
+tokens (ViT and FLAVA at 128-pixel images, 64 patches).
+
+usage: memory_model.py [--quick] [--check TOLERANCE] [--csv FILE] [--build DIR]
+  --quick   the subset tests/CMakeLists.txt runs (plan.memory_model_grid)
+  --check   exit 1 when a cell's peak is off by more than TOLERANCE (0.10 = 10%)
+"""
+import argparse
+import itertools
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+
+MODELS = {
+    "bert": {"model_type": "bert", "architectures": ["BertForMaskedLM"], "vocab_size": 8000, "hidden_size": 256,
+             "num_hidden_layers": 4, "num_attention_heads": 4, "intermediate_size": 1024,
+             "max_position_embeddings": 256},
+    "llama": {"model_type": "llama", "vocab_size": 8000, "hidden_size": 256, "num_hidden_layers": 4,
+              "num_attention_heads": 4, "num_key_value_heads": 2, "intermediate_size": 688,
+              "max_position_embeddings": 512},
+    "vit": {"model_type": "vit", "architectures": ["ViTForImageClassification"], "image_size": 128, "patch_size": 16,
+            "hidden_size": 384, "num_hidden_layers": 6, "num_attention_heads": 6, "intermediate_size": 1536,
+            "id2label": {str(i): str(i) for i in range(10)}},
+    "t5": {"model_type": "t5", "vocab_size": 8000, "d_model": 256, "d_kv": 64, "d_ff": 1024, "num_layers": 4,
+           "num_heads": 4},
+    "flava": {"model_type": "flava", "hidden_size": 256, "projection_dim": 256,
+              "text_config": {"hidden_size": 256, "intermediate_size": 1024, "num_attention_heads": 4,
+                              "num_hidden_layers": 4, "vocab_size": 8000, "max_position_embeddings": 128},
+              "image_config": {"hidden_size": 256, "intermediate_size": 1024, "num_attention_heads": 4,
+                               "num_hidden_layers": 4, "image_size": 128, "patch_size": 16},
+              "multimodal_config": {"hidden_size": 256, "intermediate_size": 1024, "num_attention_heads": 4,
+                                    "num_hidden_layers": 2}},
+}
+STRATEGIES = ["full_shard", "shard_grad_op", "no_shard", "ddp"]
+PHASES = ["forward", "backward", "step"]
+
+
+def grid(quick):
+    """(family, strategy, world, batch, precision, ac) cells."""
+    if quick:
+        return [("bert", "full_shard", 2, 4, "no", False), ("bert", "ddp", 2, 4, "no", True),
+                ("llama", "shard_grad_op", 2, 4, "bf16", False), ("llama", "full_shard", 3, 2, "no", True),
+                ("t5", "full_shard", 2, 4, "no", False), ("vit", "no_shard", 2, 4, "no", False),
+                ("flava", "full_shard", 2, 2, "no", False)]
+    cells = []
+    for family, strategy, world in itertools.product(MODELS, STRATEGIES, [1, 2, 4]):
+        if world == 1 and strategy != "full_shard":
+            continue  # at one rank every strategy is the same model
+        cells.append((family, strategy, world, 4, "no", False))
+    for family, strategy in itertools.product(MODELS, ["full_shard", "shard_grad_op", "ddp"]):
+        cells.append((family, strategy, 2, 4, "no", True))
+        if family != "flava":  # bfloat16 convolutions (FLAVA's codebook) take minutes on CPU
+            cells.append((family, strategy, 2, 4, "bf16", False))
+    for family, batch in itertools.product(MODELS, [2, 8]):
+        cells.append((family, "full_shard", 2, batch, "no", False))
+    return cells
+
+
+def run_cell(build, config_dir, cell):
+    family, strategy, world, batch, precision, ac = cell
+    cmd = [os.path.join(build, "shardtrain"), "launch", "--nproc-per-node", str(world), "--",
+           os.path.join(build, "memory_model_bench"), "--model", os.path.join(config_dir, family), "--strategy",
+           strategy, "--batch", str(batch), "--seq-len", "64", "--mixed-precision", precision]
+    if ac:
+        cmd.append("--ac")
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=1800, env=env)
+    for line in out.stdout.splitlines() + out.stderr.splitlines():
+        if "RESULT " in line:
+            return json.loads(line.split("RESULT ", 1)[1])
+    raise RuntimeError(f"{cell}: no result (exit {out.returncode}):\n{out.stderr[-2000:]}")
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--check", type=float, default=None)
+    parser.add_argument("--csv", default=None)
+    parser.add_argument("--build", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "build"))
+    args = parser.parse_args()
+
+    cells = grid(args.quick)
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for family, config in MODELS.items():
+            os.makedirs(os.path.join(tmp, family))
+            with open(os.path.join(tmp, family, "config.json"), "w") as f:
+                json.dump(config, f)
+        print(f"{len(cells)} cells; MB = 10^6 bytes, measured / predicted, error = predicted / measured - 1",
+              flush=True)
+        print(f"{'model':6s} {'strategy':14s} {'W':>2s} {'B':>2s} {'prec':4s} {'AC':2s} {'params':>9s} "
+              + " ".join(f"{p + ' MB':>17s}" for p in PHASES) + f" {'peak err':>9s}", flush=True)
+        start = time.time()
+        for i, cell in enumerate(cells):
+            r = run_cell(args.build, tmp, cell)
+            measured, predicted = r["measured"], r["predicted"]
+            errors = [p / m - 1 for m, p in zip(measured, predicted)]
+            peak_error = max(predicted) / max(measured) - 1
+            rows.append((cell, r, errors, peak_error))
+            family, strategy, world, batch, precision, ac = cell
+            print(f"{family:6s} {strategy:14s} {world:2d} {batch:2d} {precision:4s} {'on' if ac else '':2s} "
+                  f"{r['parameters'] / 1e6:8.1f}M "
+                  + " ".join(f"{m / 1e6:7.1f}/{p / 1e6:7.1f}{e * 100:+4.0f}%"[:17].rjust(17)
+                             for m, p, e in zip(measured, predicted, errors))
+                  + f" {peak_error * 100:+8.1f}%   [{i + 1}/{len(cells)}, {time.time() - start:.0f} s]", flush=True)
+
+    worst = max(rows, key=lambda row: abs(row[3]))
+    worst_phase = max(rows, key=lambda row: max(abs(e) for e in row[2]))
+    within = sum(1 for row in rows if abs(row[3]) <= 0.10)
+    print(f"peak within 10%: {within} of {len(rows)} cells; largest peak error {worst[3] * 100:+.1f}% {worst[0]}; "
+          f"largest phase error {max(abs(e) for e in worst_phase[2]) * 100:.1f}% {worst_phase[0]}")
+    if args.csv:
+        with open(args.csv, "w") as f:
+            f.write("model,strategy,world,batch,precision,ac," +
+                    ",".join(f"{p}_measured,{p}_predicted" for p in PHASES) + "\n")
+            for cell, r, _, _ in rows:
+                f.write(",".join(str(c) for c in cell) + "," +
+                        ",".join(f"{m:.0f},{p:.0f}" for m, p in zip(r["measured"], r["predicted"])) + "\n")
+    if args.check is not None and abs(worst[3]) > args.check:
+        print(f"FAIL: a peak is off by more than {args.check * 100:.0f}%")
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
