@@ -12,6 +12,7 @@ int run_config_command(const std::vector<std::string>& args);      // config [--
 int run_train_command(const std::vector<std::string>& args);       // train CONFIG [--k=v ...]
 int run_checkpoint_command(const std::vector<std::string>& args);  // checkpoint export | list
 int run_estimate_command(const std::vector<std::string>& args);    // estimate-memory MODEL [--dtypes ...]
+int run_plan_command(const std::vector<std::string>& args);        // plan MODEL --gpus N --gpu-memory S
 
 bool isatty_stderr();
 bool isatty_stdin();

@@ -22,37 +22,21 @@ const std::vector<std::pair<std::string, Strategy>>& strategies() {
   return table;
 }
 
-// The FSDP units' parameters (tied tensors once): each transformer layer, then the root (what no layer holds:
-// embeddings, heads, final norms, frozen parts such as FLAVA's codebook).
+// The units of a wrap: per transformer layer and the root, or everything in one unit.
 struct Units {
-  std::vector<int64_t> numel, trainable;  // per unit; trainable: requires_grad (gradients and AdamW state)
-  int64_t largest_trainable_tensor = 0;
+  std::vector<int64_t> numel, trainable;  // per unit, the root last; trainable: gradients and AdamW state
 };
 
-Units units_of(const models::ModelRecipe& recipe) {
-  models::BuildOptions meta;
-  meta.tensors = at::TensorOptions().dtype(at::kFloat).device(at::kMeta);
-  const auto root = recipe.build(meta);
-  std::set<const c10::TensorImpl*> seen;
+Units units_of(const ModelShape& shape, Wrap wrap) {
   Units u;
-  auto add = [&](const torch::nn::Module& m) {
-    int64_t all = 0, trainable = 0;
-    for (const auto& p : m.parameters(/*recurse=*/true)) {
-      if (!seen.insert(p.unsafeGetTensorImpl()).second) continue;
-      all += p.numel();
-      if (p.requires_grad()) {
-        trainable += p.numel();
-        u.largest_trainable_tensor = std::max(u.largest_trainable_tensor, p.numel());
-      }
-    }
-    u.numel.push_back(all);
-    u.trainable.push_back(trainable);
-  };
-  for (const auto& m : root->modules(/*include_self=*/false)) {
-    if (fsdp::module_class_name(*m) == recipe.layer_class()) add(*m);
+  if (wrap == Wrap::kTransformer) {
+    u.numel = shape.layer_numel, u.trainable = shape.layer_trainable;
+    u.numel.push_back(shape.root_numel), u.trainable.push_back(shape.root_trainable);
+    return u;
   }
-  add(*root);
-  return u;
+  int64_t trainable = shape.root_trainable;
+  for (int64_t t : shape.layer_trainable) trainable += t;
+  return {{shape.parameters()}, {trainable}};
 }
 
 int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
@@ -72,6 +56,46 @@ std::string mib(int64_t bytes) {
 
 }  // namespace
 
+int64_t ModelShape::parameters() const {
+  int64_t n = root_numel;
+  for (int64_t l : layer_numel) n += l;
+  return n;
+}
+
+// Tied tensors count once, in the first unit that holds them.
+ModelShape model_shape(const models::ModelRecipe& recipe) {
+  models::BuildOptions meta;
+  meta.tensors = at::TensorOptions().dtype(at::kFloat).device(at::kMeta);
+  const auto root = recipe.build(meta);
+  std::set<const c10::TensorImpl*> seen;
+  ModelShape shape;
+  auto count = [&](const torch::nn::Module& m, int64_t& all, int64_t& trainable) {
+    for (const auto& p : m.parameters(/*recurse=*/true)) {
+      if (!seen.insert(p.unsafeGetTensorImpl()).second) continue;
+      all += p.numel();
+      if (p.requires_grad()) {
+        trainable += p.numel();
+        shape.largest_trainable_tensor = std::max(shape.largest_trainable_tensor, p.numel());
+      }
+    }
+  };
+  for (const auto& m : root->modules(/*include_self=*/false)) {
+    if (fsdp::module_class_name(*m) != recipe.layer_class()) continue;
+    shape.layer_numel.push_back(0), shape.layer_trainable.push_back(0);
+    count(*m, shape.layer_numel.back(), shape.layer_trainable.back());
+  }
+  count(*root, shape.root_numel, shape.root_trainable);
+  return shape;
+}
+
+Wrap parse_wrap(const std::string& name) {
+  if (name == "transformer") return Wrap::kTransformer;
+  if (name == "none") return Wrap::kNone;
+  throw std::invalid_argument("unknown wrap '" + name + "' (expected transformer or none)");
+}
+
+std::string wrap_name(Wrap w) { return w == Wrap::kTransformer ? "transformer" : "none"; }
+
 Strategy parse_strategy(const std::string& name) {
   std::string list;
   for (const auto& [n, s] : strategies()) {
@@ -89,6 +113,11 @@ std::string strategy_name(Strategy s) {
 }
 
 MemoryEstimate estimate_training_memory(const models::ModelRecipe& recipe, const TrainingJob& job) {
+  return estimate_training_memory(recipe, model_shape(recipe), job);
+}
+
+MemoryEstimate estimate_training_memory(const models::ModelRecipe& recipe, const ModelShape& shape,
+                                        const TrainingJob& job) {
   if (job.world < 1 || job.nodes < 1 || job.world % job.nodes != 0) {
     throw std::invalid_argument("a world of " + std::to_string(job.world) + " ranks does not divide into " +
                                 std::to_string(job.nodes) + " nodes (expected num_processes a multiple of nnodes)");
@@ -103,7 +132,7 @@ MemoryEstimate estimate_training_memory(const models::ModelRecipe& recipe, const
   const models::ActivationBytes act = recipe.activation_bytes(query);
 
   MemoryEstimate e;
-  const Units units = units_of(recipe);
+  const Units units = units_of(shape, job.wrap);
   for (int64_t n : units.numel) e.parameters += n;
   e.units = static_cast<int64_t>(units.numel.size());
   const int64_t pe = 4, ce = static_cast<int64_t>(c10::elementSize(query.compute));
@@ -181,7 +210,10 @@ MemoryEstimate estimate_training_memory(const models::ModelRecipe& recipe, const
     const int64_t grads_so_far = offload ? 0 : std::min<int64_t>((i - 1) * ceil_div(largest_layer, shard) * pe, grads);
     // Without resharding after forward every layer is still gathered until its own backward is done.
     const int64_t gathered = reshard ? root_g + 2 * layer_g : std::max<int64_t>(all_g - (i - 1) * layer_g, root_g);
-    const int64_t at_i = gathered + comm + layer_full_grads + root_full_grads + (act.layers - i + 1) * layer_kept +
+    // One unit for the whole model: its full gradients grow layer by layer; else the root's (heads) are there first.
+    const int64_t root_grads_at_i =
+        job.wrap == Wrap::kNone && act.layers > 0 ? root_full_grads * (i - 1) / act.layers : root_full_grads;
+    const int64_t at_i = gathered + comm + layer_full_grads + root_grads_at_i + (act.layers - i + 1) * layer_kept +
                          act.outside_layers - act.loss_kept + replay + grads_so_far;
     if (at_i > backward_walk) backward_walk = at_i, walk_gathered = gathered;
   }
@@ -195,7 +227,8 @@ MemoryEstimate estimate_training_memory(const models::ModelRecipe& recipe, const
   // The step: clipping sums squares in float64 (FSDP: a float64 copy of a gradient and its square, the largest
   // shard's; DDP's clip_grad_norm_ takes norms without copies), then AdamW a parameter at a time (sqrt(v) and its
   // quotient by the bias correction, two temporaries of the largest tensor).
-  const int64_t largest_shard = ceil_div(units.largest_trainable_tensor, shard);
+  // (Per-parameter shards: a parameter's rows split over the group, whatever the wrap.)
+  const int64_t largest_shard = ceil_div(shape.largest_trainable_tensor, shard);
   const int64_t clip_temp = job.strategy == Strategy::kDdp || offload ? 0 : 2 * largest_shard * 8;
   const int64_t adam_temp = offload ? 0 : 2 * largest_shard * pe;
   e.step_bytes = base + dev_grads + std::max(clip_temp, adam_temp);

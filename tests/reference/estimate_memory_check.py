@@ -142,10 +142,31 @@ def main():
                 failures.append(f"{content}: expected an error naming '{expected}', got {run.returncode}: "
                                 f"{run.stderr}")
         for args, expected in [(["no-such-flavor"], "no-such-flavor"), ([os.path.join(tmp, "missing")], "missing"),
-                               (["bert-debug", "--dtypes", "float64"], "float64")]:
+                               (["bert-debug", "--dtypes", "float64"], "float64"),
+                               (["llama-debug", "--num-processes", "3", "--nnodes", "2"], "3 ranks"),
+                               (["llama-debug", "--strategy", "zero3"], "zero3"),
+                               (["llama-debug", "--batch-size", "0"], "batch size 0"),
+                               (["llama-debug", "--mixed-precision", "fp8"], "fp8"),
+                               (["vit-huge-patch14-224", "--batch-size", "2"], "no classifier")]:
             run = shardtrain(binary, *args)
             if run.returncode == 0 or expected not in run.stderr:
                 failures.append(f"{args}: expected an error naming '{expected}', got {run.returncode}: {run.stderr}")
+
+        # The training estimate: a job's table and JSON, with the terms adding up to the peak.
+        run = shardtrain(binary, "llama-debug", "--num-processes", "4", "--batch-size", "2", "--json")
+        estimate = json.loads(run.stdout) if run.returncode == 0 else None
+        if not estimate or sum(t["bytes"] for t in estimate["terms"]) != estimate["peak_bytes"]:
+            failures.append(f"llama-debug --json: terms do not add up to the peak: {run.stdout}{run.stderr}")
+
+        # `shardtrain plan`: bad input names itself.
+        for args, expected in [(["llama-debug", "--gpus", "8", "--gpu-memory", "40XB"], "40XB"),
+                               (["llama-debug", "--gpu-memory", "40GiB"], "--gpus"),
+                               (["llama-debug", "--gpus", "6", "--nodes", "4", "--gpu-memory", "8GiB"], "4 nodes"),
+                               (["--figure", "gpt"], "gpt")]:
+            run = subprocess.run([binary, "plan", *args], capture_output=True, text=True, timeout=120)
+            if run.returncode == 0 or expected not in run.stderr:
+                failures.append(f"plan {args}: expected an error naming '{expected}', got {run.returncode}: "
+                                f"{run.stderr}")
 
     for f in failures:
         print("FAIL", f)

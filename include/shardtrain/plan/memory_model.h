@@ -25,13 +25,19 @@
 namespace shardtrain::plan {
 
 enum class Strategy { kFullShard, kShardGradOp, kNoShard, kHybridShard, kHybridShardZero2, kDdp };
+// FSDP units: each transformer layer and the root (the trainer's wrap), or the whole model as one unit (FSDP's
+// default when no policy is given: the T5 post's "default wrapping").
+enum class Wrap { kTransformer, kNone };
 Strategy parse_strategy(const std::string& name);  // throws std::invalid_argument naming it and the choices
 std::string strategy_name(Strategy s);
+Wrap parse_wrap(const std::string& name);  // transformer | none; throws std::invalid_argument naming it
+std::string wrap_name(Wrap w);
 
 struct TrainingJob {
   int64_t world = 1;      // ranks in all
   int64_t nodes = 1;      // hybrid strategies shard within a node: world / nodes ranks
   Strategy strategy = Strategy::kFullShard;
+  Wrap wrap = Wrap::kTransformer;
   std::string mixed_precision = "no";  // no | bf16 | fp16: the compute dtype of gathered parameters and activations
   bool activation_checkpointing = false;  // every transformer layer
   bool cpu_offload = false;               // shards, gradients and AdamW state in host memory
@@ -56,9 +62,20 @@ struct MemoryEstimate {
   int64_t units = 0;              // FSDP units: one per transformer layer, plus the root
 };
 
+// The model's parameters per FSDP unit (built once on the meta device; estimates for many jobs share it).
+struct ModelShape {
+  std::vector<int64_t> layer_numel, layer_trainable;  // per transformer layer
+  int64_t root_numel = 0, root_trainable = 0;         // what no layer holds (embeddings, heads, frozen parts)
+  int64_t largest_trainable_tensor = 0;
+  int64_t parameters() const;
+};
+ModelShape model_shape(const models::ModelRecipe& recipe);
+
 // Throws std::invalid_argument when the world does not divide into the nodes, or the family's activations are not
 // modelled.
 MemoryEstimate estimate_training_memory(const models::ModelRecipe& recipe, const TrainingJob& job);
+MemoryEstimate estimate_training_memory(const models::ModelRecipe& recipe, const ModelShape& shape,
+                                        const TrainingJob& job);
 
 // A human table of an estimate, and the same as JSON.
 std::string format_estimate(const std::string& model, const TrainingJob& job, const MemoryEstimate& e);

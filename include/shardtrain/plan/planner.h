@@ -1,0 +1,74 @@
+// `shardtrain plan`: every data-parallel configuration of a model that fits a cluster, each with its largest local
+// batch (the memory model, plan/memory_model.h) and its predicted throughput, best first.
+//
+//   plan::Cluster cluster;                       // 8 x A100-40GB by default
+//   auto configs = plan::plan_configurations(*models::recipe_of("flava-2.7b"), cluster);
+//   configs.front().job                          // the recommended one; plan::trainer_yaml(...) writes it
+//
+// Throughput is a stated model, each constant a field of Cluster:
+//   compute   = training FLOPs of the step (the recipe's formula; x 4/3 with activation checkpointing: one more
+//               forward) / (peak_tflops x efficiency x n / (n + half_efficiency_tokens)), n the tokens (text and
+//               image patches) per GPU per step: small batches keep the GPU's cores from filling
+//   traffic   = bytes each rank sends per step: FULL_SHARD all-gathers the parameters twice (forward, backward) and
+//               reduce-scatters the gradients, SHARD_GRAD_OP gathers once, DDP and NO_SHARD all-reduce (2x),
+//               hybrid strategies do that within a node and all-reduce their shards across nodes; x (W-1)/W;
+//               CPU offload adds the shards' round trip over PCIe
+//   comm      = traffic / bandwidth (intra- or inter-node);  exposed = comm x (1 - overlap), or all of it when the
+//               whole model is one unit (nothing to overlap with), and never less than comm - compute
+//   step time = compute + exposed;  items/s = world x batch x items per sample / step time
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "shardtrain/plan/memory_model.h"
+
+namespace shardtrain::plan {
+
+struct Cluster {
+  int64_t gpus = 8;                                  // in all
+  int64_t nodes = 1;
+  int64_t gpu_memory = 40LL * 1024 * 1024 * 1024;    // bytes per GPU
+  double memory_margin = 0.05;      // kept free: the CUDA caching allocator's fragmentation and its own reserve
+  double peak_tflops_bf16 = 312;    // A100's dense bf16/fp16
+  double peak_tflops_fp32 = 156;    // A100's TF32 (float32 matmuls with train.tf32, the FLAVA post's setting)
+  double efficiency = 0.45;         // achieved / peak FLOP/s of the computation itself, at large batches
+  double half_efficiency_tokens = 4096;  // tokens per GPU per step at which half of `efficiency` is reached
+  double intra_node_gbps = 150;     // GB/s each GPU moves in a collective within a node (A100 NVLink, effective)
+  double inter_node_gbps = 12.5;    // GB/s per GPU across nodes (100 Gb/s per GPU)
+  double pcie_gbps = 12;            // GB/s host <-> GPU (CPU offload)
+  double overlap = 0.8;             // share of communication hidden behind computation (per-layer units)
+  int64_t seq_len = 0;              // text tokens; 0: the model's maximum
+  int64_t max_batch = 4096;         // the search's upper bound
+};
+
+struct PlannedConfig {
+  TrainingJob job;           // at its largest batch
+  MemoryEstimate memory;     // at that batch
+  double step_seconds = 0, compute_seconds = 0, comm_seconds = 0;
+  double items_per_second = 0;  // over the whole cluster (FLAVA counts texts and images, as its post does)
+  double tflops_per_gpu = 0;    // model FLOPs achieved
+};
+
+// The largest local batch of `job` (its batch ignored) whose predicted peak fits the cluster's GPU memory less the
+// margin; 0 when not even one sample fits.
+int64_t largest_batch(const models::ModelRecipe& recipe, const ModelShape& shape, TrainingJob job,
+                      const Cluster& cluster);
+
+// Predicted speed of `job` at its batch.
+PlannedConfig predict(const models::ModelRecipe& recipe, const ModelShape& shape, const TrainingJob& job,
+                      const Cluster& cluster);
+
+// Every configuration (strategy x activation checkpointing x mixed precision x CPU offload x wrap) that fits with a
+// batch of at least one, at its largest batch, fastest first. Throws std::invalid_argument for a cluster whose GPUs
+// do not divide into its nodes.
+std::vector<PlannedConfig> plan_configurations(const models::ModelRecipe& recipe, const Cluster& cluster);
+
+// A `shardtrain train` config for a planned configuration (model.flavor, or the config.json as model.from).
+std::string trainer_yaml(const std::string& model, const PlannedConfig& config);
+
+// Parses "40GiB", "80GB", "1.5TiB", "512MiB", or a byte count. Throws std::invalid_argument naming the text.
+int64_t parse_memory_size(const std::string& text);
+
+}  // namespace shardtrain::plan

@@ -1,0 +1,191 @@
+#include "shardtrain/plan/planner.h"
+
+#include <ATen/ATen.h>
+
+#include <algorithm>
+#include <cctype>
+#include <cmath>
+#include <cstdio>
+#include <stdexcept>
+
+namespace shardtrain::plan {
+
+namespace {
+
+// A batch of the task's largest kind, of meta tensors: only its shapes are read (training_flops), nothing allocated.
+data::Batch shape_batch(const models::DataNeeds& needs, int64_t batch, int64_t tokens) {
+  const auto meta = at::TensorOptions().device(at::kMeta);
+  data::Batch b;
+  const bool text = needs.kinds[0] || needs.kinds[1], images = needs.kinds[0] || needs.kinds[2];
+  b.kind = needs.kinds[0] ? data::SampleKind::IMAGE_TEXT : text ? data::SampleKind::TEXT : data::SampleKind::IMAGE;
+  if (text && b.kind != data::SampleKind::IMAGE) {
+    b.input_ids = at::empty({batch, tokens}, meta.dtype(at::kLong));
+    b.texts = batch;
+  }
+  if (images && b.kind != data::SampleKind::TEXT) {
+    b.pixels = at::empty({batch, 3, needs.image_size, needs.image_size}, meta.dtype(at::kFloat));
+    b.images = batch;
+  }
+  return b;
+}
+
+int64_t tokens_of(const models::ModelRecipe& recipe, int64_t seq_len) {
+  if (seq_len > 0) return seq_len;
+  const int64_t max = recipe.task()->data_needs().max_text_length;
+  return max > 0 ? max : 512;
+}
+
+}  // namespace
+
+int64_t largest_batch(const models::ModelRecipe& recipe, const ModelShape& shape, TrainingJob job,
+                      const Cluster& cluster) {
+  const auto budget = static_cast<int64_t>(static_cast<double>(cluster.gpu_memory) * (1 - cluster.memory_margin));
+  auto fits = [&](int64_t batch) {
+    job.batch = batch;
+    return estimate_training_memory(recipe, shape, job).peak_bytes <= budget;
+  };
+  if (!fits(1)) return 0;
+  int64_t lo = 1, hi = 2;  // fits(lo); grow hi until it does not fit
+  while (hi <= cluster.max_batch && fits(hi)) lo = hi, hi *= 2;
+  hi = std::min(hi, cluster.max_batch + 1);
+  while (hi - lo > 1) {
+    const int64_t mid = lo + (hi - lo) / 2;
+    (fits(mid) ? lo : hi) = mid;
+  }
+  return lo;
+}
+
+PlannedConfig predict(const models::ModelRecipe& recipe, const ModelShape& shape, const TrainingJob& job,
+                      const Cluster& cluster) {
+  PlannedConfig p;
+  p.job = job;
+  p.memory = estimate_training_memory(recipe, shape, job);
+  const auto task = recipe.task();
+  const data::Batch b = shape_batch(task->data_needs(), job.batch, tokens_of(recipe, job.seq_len));
+  const double model_flops = recipe.training_flops(b);
+  const double flops = model_flops * (job.activation_checkpointing ? 4.0 / 3.0 : 1.0);
+  const bool low = job.mixed_precision != "no";
+  const double peak = (low ? cluster.peak_tflops_bf16 : cluster.peak_tflops_fp32) * 1e12;
+  const models::DataNeeds needs = task->data_needs();
+  const int64_t side = needs.patch_size > 0 ? needs.image_size / needs.patch_size : 0;
+  const double tokens = static_cast<double>(job.batch) *
+                        static_cast<double>((b.input_ids.defined() ? b.input_ids.size(1) : 0) +
+                                            (b.pixels.defined() ? side * side + 1 : 0));
+  const double efficiency = cluster.efficiency * tokens / (tokens + cluster.half_efficiency_tokens);
+  p.compute_seconds = flops / (peak * efficiency);
+
+  const double P = static_cast<double>(shape.parameters()), W = static_cast<double>(job.world);
+  const double per_node = static_cast<double>(job.world / std::max<int64_t>(job.nodes, 1));
+  const double ce = low ? 2 : 4, rd = job.mixed_precision == "bf16" ? 2 : 4;
+  const double intra = cluster.intra_node_gbps * 1e9;
+  const double inter = (job.nodes > 1 ? cluster.inter_node_gbps : cluster.intra_node_gbps) * 1e9;
+  auto moved = [](double bytes, double ranks) { return ranks > 1 ? bytes * (ranks - 1) / ranks : 0.0; };
+  double comm = 0;
+  switch (job.strategy) {
+    case Strategy::kFullShard: comm = moved(2 * P * ce + P * rd, W) / inter; break;
+    case Strategy::kShardGradOp: comm = moved(P * ce + P * rd, W) / inter; break;
+    case Strategy::kNoShard:
+    case Strategy::kDdp: comm = moved(2 * P * rd, W) / inter; break;
+    case Strategy::kHybridShard:
+    case Strategy::kHybridShardZero2: {
+      const double gathers = job.strategy == Strategy::kHybridShard ? 2 : 1;
+      const double nodes = static_cast<double>(job.nodes);
+      comm = moved(gathers * P * ce + P * rd, per_node) / intra + moved(2 * P / per_node * rd, nodes) / inter;
+      break;
+    }
+  }
+  if (job.cpu_offload && job.strategy != Strategy::kDdp) comm += 2 * P / W * 4 / (cluster.pcie_gbps * 1e9);
+  p.comm_seconds = comm;
+  const double hidden = job.wrap == Wrap::kNone ? 0.0 : cluster.overlap;
+  const double exposed = std::max(comm * (1 - hidden), comm - p.compute_seconds);
+  p.step_seconds = p.compute_seconds + exposed;
+  const double items = static_cast<double>(b.texts + b.images);
+  p.items_per_second = W * items / p.step_seconds;
+  p.tflops_per_gpu = model_flops / p.step_seconds / 1e12;  // model FLOPs (the replayed forward not counted)
+  return p;
+}
+
+std::vector<PlannedConfig> plan_configurations(const models::ModelRecipe& recipe, const Cluster& cluster) {
+  if (cluster.gpus < 1 || cluster.nodes < 1 || cluster.gpus % cluster.nodes != 0) {
+    throw std::invalid_argument(std::to_string(cluster.gpus) + " GPUs do not divide into " +
+                                std::to_string(cluster.nodes) + " nodes (expected --gpus a multiple of --nodes)");
+  }
+  const ModelShape shape = model_shape(recipe);
+  std::vector<Strategy> strategies = {Strategy::kFullShard, Strategy::kShardGradOp, Strategy::kDdp};
+  if (cluster.nodes > 1) {
+    strategies.push_back(Strategy::kHybridShard);
+    strategies.push_back(Strategy::kHybridShardZero2);
+  }
+  std::vector<PlannedConfig> out;
+  for (Strategy strategy : strategies) {
+    for (const char* precision : {"bf16", "no"}) {
+      for (bool ac : {false, true}) {
+        for (bool offload : {false, true}) {
+          for (Wrap wrap : {Wrap::kTransformer, Wrap::kNone}) {
+            const bool fsdp = strategy != Strategy::kDdp;
+            if (!fsdp && (offload || wrap == Wrap::kNone)) continue;  // DDP has neither
+            TrainingJob job;
+            job.world = cluster.gpus, job.nodes = cluster.nodes, job.strategy = strategy, job.wrap = wrap;
+            job.mixed_precision = precision, job.activation_checkpointing = ac, job.cpu_offload = offload;
+            job.seq_len = tokens_of(recipe, cluster.seq_len), job.cuda = true;
+            job.batch = largest_batch(recipe, shape, job, cluster);
+            if (job.batch < 1) continue;
+            out.push_back(predict(recipe, shape, job, cluster));
+          }
+        }
+      }
+    }
+  }
+  std::stable_sort(out.begin(), out.end(), [](const PlannedConfig& a, const PlannedConfig& b) {
+    return a.items_per_second > b.items_per_second;
+  });
+  return out;
+}
+
+std::string trainer_yaml(const std::string& model, const PlannedConfig& c) {
+  const TrainingJob& j = c.job;
+  const bool flavor = model.find('/') == std::string::npos && model.find(".json") == std::string::npos;
+  char head[512], body[1024];
+  std::snprintf(head, sizeof head,
+                "# shardtrain plan: %s on %lld GPUs (%lld node%s): predicted peak %.2f GiB per GPU, %.0f items/s\n",
+                model.c_str(), static_cast<long long>(j.world), static_cast<long long>(j.nodes),
+                j.nodes > 1 ? "s" : "", static_cast<double>(c.memory.peak_bytes) / (1024.0 * 1024 * 1024),
+                c.items_per_second);
+  std::snprintf(body, sizeof body,
+                "parallel:\n  strategy: %s\n  mixed_precision: %s\n  activation_checkpointing: %s\n"
+                "  cpu_offload: %s\n  wrap: %s\n"
+                "train:\n  device: cuda\n  batch_size: %lld\n"
+                "launch:\n  num_processes: %lld\n  num_machines: %lld\n",
+                strategy_name(j.strategy).c_str(), j.mixed_precision.c_str(),
+                j.activation_checkpointing ? "true" : "false", j.cpu_offload ? "true" : "false",
+                wrap_name(j.wrap).c_str(), static_cast<long long>(j.batch), static_cast<long long>(j.world),
+                static_cast<long long>(j.nodes));
+  const std::string model_section =
+      flavor ? "model:\n  flavor: " + model + "\n"
+             : "# model: " + model + " (a config.json; `shardtrain train` reads zoo flavors, model.flavor, for now)\n";
+  return head + model_section + body;
+}
+
+int64_t parse_memory_size(const std::string& text) {
+  size_t used = 0;
+  double value = 0;
+  try {
+    value = std::stod(text, &used);
+  } catch (const std::exception&) {
+    used = 0;
+  }
+  std::string unit = text.substr(used);
+  unit.erase(std::remove_if(unit.begin(), unit.end(), [](unsigned char ch) { return std::isspace(ch); }), unit.end());
+  std::transform(unit.begin(), unit.end(), unit.begin(), [](unsigned char ch) { return std::tolower(ch); });
+  const std::pair<const char*, double> units[] = {
+      {"", 1},       {"b", 1},          {"kb", 1e3},         {"mb", 1e6},           {"gb", 1e9},   {"tb", 1e12},
+      {"kib", 1024}, {"mib", 1048576.0}, {"gib", 1073741824.0}, {"tib", 1099511627776.0}, {"k", 1024}, {"m", 1048576.0},
+      {"g", 1073741824.0}, {"t", 1099511627776.0}};
+  for (const auto& [name, scale] : units) {
+    if (used > 0 && unit == name && value > 0) return static_cast<int64_t>(value * scale);
+  }
+  throw std::invalid_argument("memory size '" + text + "' (expected a positive number with a unit: 40GiB, 80GB, "
+                              "512MiB, or bytes)");
+}
+
+}  // namespace shardtrain::plan

@@ -1,0 +1,108 @@
+// The planner (plan/planner.h) on zoo flavors built on the meta device: its batches are the memory model's, its
+// configurations fit and come fastest first, and its YAML is a config `shardtrain train` reads.
+#include <gtest/gtest.h>
+
+#include "shardtrain/config/config.h"
+#include "shardtrain/models/zoo.h"
+#include "shardtrain/plan/planner.h"
+#include "support/expect_error.h"
+
+namespace shardtrain::plan {
+namespace {
+
+Cluster small_cluster() {
+  Cluster c;
+  c.gpus = 4;
+  c.gpu_memory = parse_memory_size("3GiB");
+  c.seq_len = 128;
+  return c;
+}
+
+TEST(Planner, LargestBatchIsTheLastThatFits) {
+  const auto recipe = models::recipe_of("t5-small");
+  const ModelShape shape = model_shape(*recipe);
+  const Cluster cluster = small_cluster();
+  TrainingJob job;
+  job.world = 4, job.seq_len = 128, job.cuda = true;
+  const int64_t batch = largest_batch(*recipe, shape, job, cluster);
+  ASSERT_GT(batch, 1);
+  const double budget = static_cast<double>(cluster.gpu_memory) * (1 - cluster.memory_margin);
+  job.batch = batch;
+  EXPECT_LE(estimate_training_memory(*recipe, shape, job).peak_bytes, budget);
+  job.batch = batch + 1;
+  EXPECT_GT(estimate_training_memory(*recipe, shape, job).peak_bytes, budget);
+}
+
+// What the FLAVA and T5 posts report qualitatively: checkpointing, sharding over more GPUs and transformer
+// wrapping each buy batch; offload buys more.
+TEST(Planner, EachMemoryOptimizationBuysBatch) {
+  const auto recipe = models::recipe_of("t5-base");
+  const ModelShape shape = model_shape(*recipe);
+  const Cluster cluster = small_cluster();
+  TrainingJob base;
+  base.world = 4, base.seq_len = 128, base.cuda = true, base.mixed_precision = "bf16";
+  auto batch = [&](auto change) {
+    TrainingJob j = base;
+    change(j);
+    return largest_batch(*recipe, shape, j, cluster);
+  };
+  const int64_t fsdp = batch([](TrainingJob&) {});
+  EXPECT_GT(batch([](TrainingJob& j) { j.activation_checkpointing = true; }), 2 * fsdp);
+  EXPECT_GE(batch([](TrainingJob& j) { j.cpu_offload = true; }), fsdp);
+  EXPECT_LT(batch([](TrainingJob& j) { j.strategy = Strategy::kDdp; }), fsdp);
+  EXPECT_LT(batch([](TrainingJob& j) { j.wrap = Wrap::kNone; }), fsdp);
+  EXPECT_LT(batch([](TrainingJob& j) { j.world = 2; }), fsdp);
+  EXPECT_GT(batch([](TrainingJob& j) { j.mixed_precision = "no"; }), 0);
+}
+
+TEST(Planner, ConfigurationsFitAndComeFastestFirst) {
+  const auto recipe = models::recipe_of("bert-large-uncased");
+  // BertModel has no MLM head to train: the planner says so rather than planning nothing.
+  testing::expect_error<std::invalid_argument>([&] { plan_configurations(*recipe, small_cluster()); },
+                                               {"bert-large-uncased", "MLM head"});
+  const auto llama = models::recipe_of("llama-debug");
+  const Cluster cluster = small_cluster();
+  const auto configs = plan_configurations(*llama, cluster);
+  ASSERT_FALSE(configs.empty());
+  for (size_t i = 0; i < configs.size(); ++i) {
+    EXPECT_GE(configs[i].job.batch, 1);
+    EXPECT_LE(configs[i].memory.peak_bytes, cluster.gpu_memory);
+    if (i > 0) EXPECT_GE(configs[i - 1].items_per_second, configs[i].items_per_second);
+  }
+}
+
+TEST(Planner, RecommendationIsATrainerConfig) {
+  const auto recipe = models::recipe_of("llama-debug");
+  const auto configs = plan_configurations(*recipe, small_cluster());
+  ASSERT_FALSE(configs.empty());
+  const PlannedConfig& best = configs.front();
+  const config::Config c = config::parse_config(trainer_yaml("llama-debug", best), "plan.yaml");
+  EXPECT_EQ(c.model.flavor, "llama-debug");
+  EXPECT_EQ(c.train.batch_size, best.job.batch);
+  EXPECT_EQ(c.launch.num_processes, 4);
+  EXPECT_EQ(c.parallel.activation_checkpointing, best.job.activation_checkpointing);
+  EXPECT_EQ(c.parallel.cpu_offload, best.job.cpu_offload);
+  EXPECT_EQ(c.train.device, "cuda");
+}
+
+TEST(Planner, MemorySizesParseAndBadOnesAreNamed) {
+  EXPECT_EQ(parse_memory_size("40GiB"), 40LL << 30);
+  EXPECT_EQ(parse_memory_size("80GB"), 80'000'000'000LL);
+  EXPECT_EQ(parse_memory_size("1.5 TiB"), 3LL << 39);
+  EXPECT_EQ(parse_memory_size("512mib"), 512LL << 20);
+  EXPECT_EQ(parse_memory_size("4096"), 4096);
+  for (const char* bad : {"40XB", "GiB", "-3GiB", ""}) {
+    testing::expect_error<std::invalid_argument>([&] { parse_memory_size(bad); }, {"'" + std::string(bad) + "'"});
+  }
+  Cluster odd = small_cluster();
+  odd.nodes = 3;
+  testing::expect_error<std::invalid_argument>([&] { plan_configurations(*models::recipe_of("t5-debug"), odd); },
+                                               {"4 GPUs", "3 nodes"});
+  TrainingJob job;
+  job.world = 3, job.nodes = 2;
+  testing::expect_error<std::invalid_argument>(
+      [&] { estimate_training_memory(*models::recipe_of("t5-debug"), job); }, {"3 ranks", "2 nodes"});
+}
+
+}  // namespace
+}  // namespace shardtrain::plan

@@ -1,0 +1,143 @@
+// `shardtrain plan MODEL --gpus N --gpu-memory 40GiB`: every configuration that fits, with its largest local batch
+// and predicted throughput, best first, and the best as a trainer YAML; `shardtrain plan --figure flava|t5`: the
+// seeds' figures from the memory model.
+#include <cstdio>
+#include <fstream>
+#include <iostream>
+#include <nlohmann/json.hpp>
+
+#include "cli_args.h"
+#include "commands.h"
+#include "plan_figures.h"
+#include "shardtrain/models/zoo.h"
+#include "shardtrain/plan/planner.h"
+
+namespace shardtrain::cli {
+
+namespace {
+
+const char* kPlanUsage =
+    "usage: shardtrain plan MODEL --gpus N --gpu-memory SIZE [--nodes M] [--seq-len T] [--top K] [--yaml OUT]\n"
+    "                           [--json] [--efficiency E] [--peak-tflops-bf16 X] [--peak-tflops-fp32 X]\n"
+    "                           [--intra-node-gbps X] [--inter-node-gbps X] [--pcie-gbps X] [--overlap X]\n"
+    "                           [--memory-margin X] [--half-efficiency-tokens X]\n"
+    "       shardtrain plan --figure flava|t5 [--seq-len T] [--json]\n"
+    "MODEL: a flavor of `shardtrain models` or a Hugging Face config.json. Every configuration (strategy x mixed\n"
+    "precision x activation checkpointing x CPU offload x wrap) that fits SIZE per GPU (40GiB, 80GB, ...) less the\n"
+    "margin (default 0.05), with its largest local batch (the memory model) and predicted items/s, fastest first;\n"
+    "the first as a `shardtrain train` YAML (--yaml OUT writes it). The throughput model and its constants\n"
+    "(defaults: A100 NVLink, efficiency 0.45, overlap 0.8) are in include/shardtrain/plan/planner.h.\n"
+    "--figure flava: the FLAVA post's Figure 2 (max local batch per flavor for DDP, FSDP, FSDP+AC on 8 x A100-40GB)\n"
+    "next to the post's findings; --figure t5: the T5 post's default vs transformer wrapping of T5-3B.\n";
+
+double get_double(const Args& args, const std::string& name, double fallback) {
+  const std::string v = args.get(name, "");
+  if (v.empty()) return fallback;
+  try {
+    size_t used = 0;
+    const double d = std::stod(v, &used);
+    if (used == v.size() && d > 0) return d;
+  } catch (const std::exception&) {
+  }
+  throw std::invalid_argument("--" + name + ": '" + v + "' (expected a positive number)");
+}
+
+std::string gib(int64_t bytes) {
+  char text[32];
+  std::snprintf(text, sizeof text, "%.1f", static_cast<double>(bytes) / (1024.0 * 1024 * 1024));
+  return text;
+}
+
+}  // namespace
+
+int run_plan_command(const std::vector<std::string>& argv) {
+  const Args args = parse_args(argv,
+                               {"gpus", "gpu-memory", "nodes", "seq-len", "top", "yaml", "figure", "efficiency",
+                                "peak-tflops-bf16", "peak-tflops-fp32", "intra-node-gbps", "inter-node-gbps",
+                                "pcie-gbps", "overlap", "memory-margin", "half-efficiency-tokens"},
+                               {"help", "json"});
+  if (args.has("help")) {
+    std::cout << kPlanUsage;
+    return 0;
+  }
+  if (args.has("figure")) {
+    const std::string figure = args.get("figure", "");
+    if (figure != "flava" && figure != "t5") {
+      throw std::invalid_argument("--figure: '" + figure + "' (expected flava or t5)");
+    }
+    const int64_t tokens = args.get_int("seq-len", figure == "flava" ? 77 : 512);
+    const FigureTable table = figure == "flava" ? flava_figure(tokens) : t5_figure(tokens);
+    std::cout << (args.has("json") ? table.json + "\n" : table.text);
+    return 0;
+  }
+  if (args.positionals.size() != 1) {
+    std::cerr << kPlanUsage;
+    throw std::invalid_argument("expected one MODEL (a flavor or a config.json), got " +
+                                std::to_string(args.positionals.size()) + " arguments");
+  }
+  if (!args.has("gpus") || !args.has("gpu-memory")) {
+    throw std::invalid_argument("--gpus and --gpu-memory are required (e.g. --gpus 8 --gpu-memory 40GiB)");
+  }
+  const std::string model = args.positionals[0];
+  plan::Cluster cluster;
+  cluster.gpus = args.get_int("gpus", 8);
+  cluster.nodes = args.get_int("nodes", 1);
+  cluster.gpu_memory = plan::parse_memory_size(args.get("gpu-memory", ""));
+  cluster.seq_len = args.get_int("seq-len", 0);
+  cluster.efficiency = get_double(args, "efficiency", cluster.efficiency);
+  cluster.peak_tflops_bf16 = get_double(args, "peak-tflops-bf16", cluster.peak_tflops_bf16);
+  cluster.peak_tflops_fp32 = get_double(args, "peak-tflops-fp32", cluster.peak_tflops_fp32);
+  cluster.intra_node_gbps = get_double(args, "intra-node-gbps", cluster.intra_node_gbps);
+  cluster.inter_node_gbps = get_double(args, "inter-node-gbps", cluster.inter_node_gbps);
+  cluster.pcie_gbps = get_double(args, "pcie-gbps", cluster.pcie_gbps);
+  cluster.overlap = get_double(args, "overlap", cluster.overlap);
+  cluster.memory_margin = get_double(args, "memory-margin", cluster.memory_margin);
+  cluster.half_efficiency_tokens = get_double(args, "half-efficiency-tokens", cluster.half_efficiency_tokens);
+  if (cluster.overlap > 1 || cluster.memory_margin >= 1 || cluster.efficiency > 1) {
+    throw std::invalid_argument("--overlap, --efficiency and --memory-margin are fractions (expected at most 1)");
+  }
+  const auto recipe = models::recipe_of_model(model);
+  const std::vector<plan::PlannedConfig> configs = plan::plan_configurations(*recipe, cluster);
+  if (configs.empty()) {
+    std::cout << model << " fits no configuration on " << cluster.gpus << " GPUs of " << gib(cluster.gpu_memory)
+              << " GiB: not even one sample per GPU with full sharding, checkpointing and offload\n";
+    return 1;
+  }
+  if (args.has("json")) {
+    nlohmann::json j = nlohmann::json::array();
+    for (const auto& c : configs) {
+      j.push_back({{"strategy", plan::strategy_name(c.job.strategy)}, {"mixed_precision", c.job.mixed_precision},
+                   {"activation_checkpointing", c.job.activation_checkpointing}, {"cpu_offload", c.job.cpu_offload},
+                   {"wrap", plan::wrap_name(c.job.wrap)}, {"batch", c.job.batch}, {"peak_bytes", c.memory.peak_bytes},
+                   {"items_per_second", c.items_per_second}, {"step_seconds", c.step_seconds},
+                   {"tflops_per_gpu", c.tflops_per_gpu}});
+    }
+    std::cout << j.dump(2) << "\n";
+    return 0;
+  }
+  std::printf("%s on %lld GPUs (%lld node%s) of %s GiB, %lld text tokens; fastest first (the planner's model):\n",
+              model.c_str(), static_cast<long long>(cluster.gpus), static_cast<long long>(cluster.nodes),
+              cluster.nodes > 1 ? "s" : "", gib(cluster.gpu_memory).c_str(),
+              static_cast<long long>(configs.front().job.seq_len));
+  std::printf("  %-3s %-19s %-5s %-3s %-7s %-11s %9s %9s %10s %9s %8s\n", "#", "strategy", "prec", "AC", "offload",
+              "wrap", "batch/GPU", "peak GiB", "items/s", "TFLOP/s", "step s");
+  const int64_t top = args.get_int("top", 20);
+  for (size_t i = 0; i < configs.size() && static_cast<int64_t>(i) < top; ++i) {
+    const auto& c = configs[i];
+    std::printf("  %-3zu %-19s %-5s %-3s %-7s %-11s %9lld %9s %10.1f %9.1f %8.3f\n", i + 1,
+                plan::strategy_name(c.job.strategy).c_str(), c.job.mixed_precision.c_str(),
+                c.job.activation_checkpointing ? "on" : "", c.job.cpu_offload ? "on" : "",
+                c.job.strategy == plan::Strategy::kDdp ? "-" : plan::wrap_name(c.job.wrap).c_str(),
+                static_cast<long long>(c.job.batch),
+                gib(c.memory.peak_bytes).c_str(), c.items_per_second, c.tflops_per_gpu, c.step_seconds);
+  }
+  const std::string yaml = plan::trainer_yaml(model, configs.front());
+  std::cout << "\nrecommended:\n" << yaml;
+  if (args.has("yaml")) {
+    std::ofstream out(args.get("yaml", ""));
+    if (!(out << yaml)) throw std::runtime_error("cannot write " + args.get("yaml", ""));
+  }
+  return 0;
+}
+
+}  // namespace shardtrain::cli

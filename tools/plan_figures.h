@@ -1,0 +1,21 @@
+// The seeds' figures from the memory model (`shardtrain plan --figure`): the FLAVA post's Figure 2 (max local batch
+// per flavor and configuration on 8 x A100-40GB) and the T5 post's wrapping comparison, each next to what the post
+// reports, saying where the model agrees and where it does not.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+namespace shardtrain::cli {
+
+struct FigureTable {
+  std::string text;  // the table and the comparison with the post, for the terminal
+  std::string json;  // the same numbers (scripts/plot_plan.py draws them)
+};
+
+// `text_tokens`: the text length of FLAVA's samples (the post does not say; 77 is Hugging Face's FLAVA examples')
+// and of T5's rows (512).
+FigureTable flava_figure(int64_t text_tokens = 77);
+FigureTable t5_figure(int64_t text_tokens = 512);
+
+}  // namespace shardtrain::cli
