@@ -17,11 +17,13 @@ namespace shardtrain::cli {
 namespace {
 
 const char* kTrainUsage =
-    "usage: shardtrain train CONFIG.yaml [--resume] [--section.key=value ...]\n"
+    "usage: shardtrain train CONFIG.yaml [--resume] [--dry-run] [--section.key=value ...]\n"
     "Trains the model the config names on its data, sharded over the processes of the job. Every config key\n"
     "can be overridden on the command line (--train.steps=100, --parallel.strategy=shard_grad_op); Accelerate\n"
     "config keys are accepted too. --resume = --checkpoint.resume=true. `shardtrain config --default` writes a\n"
-    "config with every key. With launch.num_processes > 1 and no launcher around it, it starts the workers.\n";
+    "config with every key. With launch.num_processes > 1 and no launcher around it, it starts the workers.\n"
+    "--dry-run prints the memory model's plan (bytes per rank by term, the batch: train.batch_size may be auto)\n"
+    "and trains nothing.\n";
 
 std::string self_executable() {
   char path[PATH_MAX];
@@ -39,8 +41,11 @@ int run_train_command(const std::vector<std::string>& args) {
   }
   const std::string path = args[0];
   std::vector<std::string> overrides;
+  bool dry_run = false;
   for (size_t i = 1; i < args.size(); ++i) {
-    if (args[i] == "--resume") {
+    if (args[i] == "--dry-run") {
+      dry_run = true;
+    } else if (args[i] == "--resume") {
       overrides.push_back("--checkpoint.resume=true");
     } else if (args[i].rfind("--", 0) == 0 && args[i].find('=') != std::string::npos) {
       overrides.push_back(args[i]);
@@ -52,6 +57,10 @@ int run_train_command(const std::vector<std::string>& args) {
     }
   }
   const config::Config config = config::load_config(path, overrides);
+  if (dry_run) {
+    std::cout << train::plan_run(config).text;
+    return 0;
+  }
 
   const bool under_launcher = dist::read_dist_env(dist::process_env_lookup()).source != dist::EnvSource::NONE;
   if (!under_launcher && config.launch.num_processes > 1) {

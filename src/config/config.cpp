@@ -247,7 +247,18 @@ std::vector<Field> fields_of(Config& c) {
       field("optim.warmup_steps", c.optim.warmup_steps),
       field("optim.min_lr_ratio", c.optim.min_lr_ratio),
       field("train.steps", c.train.steps),
-      field("train.batch_size", c.train.batch_size),
+      // An integer, or "auto" (kAutoBatch).
+      Field{"train.batch_size",
+            [&c](auto& w, auto& p, auto& n) {
+              if (n.IsScalar() && n.Scalar() == "auto") {
+                c.train.batch_size = kAutoBatch;
+                return;
+              }
+              c.train.batch_size = to_int(w, p, n);
+              if (c.train.batch_size < 1) bad_value(w, p, n, "at least 1, or auto");
+            },
+            [&c] { return c.train.batch_size == kAutoBatch ? YAML::Node("auto") : YAML::Node(c.train.batch_size); }},
+      field("train.memory_budget", c.train.memory_budget),
       field("train.grad_accum", c.train.grad_accum),
       field("train.sync_each_batch", c.train.sync_each_batch),
       field("train.max_grad_norm", c.train.max_grad_norm),
@@ -416,7 +427,8 @@ void require_probability(double p, const std::string& path) {
 
 void validate(const Config& c) {
   require(c.train.steps >= 1, "train.steps", num(c.train.steps), "at least 1");
-  require(c.train.batch_size >= 1, "train.batch_size", num(c.train.batch_size), "at least 1");
+  require(c.train.batch_size >= 1 || c.train.batch_size == kAutoBatch, "train.batch_size", num(c.train.batch_size),
+          "at least 1, or auto");
   require(c.train.grad_accum >= 1, "train.grad_accum", num(c.train.grad_accum), "at least 1");
   require(c.train.max_grad_norm >= 0, "train.max_grad_norm", num(c.train.max_grad_norm), "0 (off) or positive");
   require(c.train.device == "cpu" || c.train.device == "cuda", "train.device", "'" + c.train.device + "'",

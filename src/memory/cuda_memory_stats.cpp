@@ -28,6 +28,10 @@ MemoryStats cuda_memory_stats(int device) {
   return MemoryStats{allocated.current, allocated.peak, stats.allocation[0].allocated};
 }
 
+int64_t cuda_total_memory(int device) {
+  return static_cast<int64_t>(cuda_allocator(device).getMemoryInfo(static_cast<c10::DeviceIndex>(device)).second);
+}
+
 void reset_cuda_peak(int device) { cuda_allocator(device).resetPeakStats(static_cast<c10::DeviceIndex>(device)); }
 
 }  // namespace shardtrain::memory

@@ -128,6 +128,8 @@ MemoryEstimate estimate_training_memory(const models::ModelRecipe& recipe, const
   }
   models::ActivationQuery query;
   query.batch = job.batch, query.seq_len = job.seq_len, query.cuda = job.cuda;
+  query.mlm_probability = job.mlm_probability, query.mim_probability = job.mim_probability;
+  query.itm_negative_probability = job.itm_negative_probability;
   query.compute = job.mixed_precision == "bf16" ? at::kBFloat16 : job.mixed_precision == "fp16" ? at::kHalf : at::kFloat;
   const models::ActivationBytes act = recipe.activation_bytes(query);
 
@@ -166,14 +168,22 @@ MemoryEstimate estimate_training_memory(const models::ModelRecipe& recipe, const
   const int64_t root_g = gathers ? root_unit * ce : 0, layer_g = gathers ? largest_layer * ce : 0;
   const int64_t all_g = gathers ? e.parameters * ce : 0;
   const int64_t held_g = reshard ? root_g : all_g;  // gathered when no layer is being computed
-  // Full gradients wait for their reduction in a sharded unit: a layer's, and the root's until the end of backward.
-  const bool reduces = gathers && shard > 1;
+  // Full gradients wait for their reduction in a sharded unit, or a replicated one (NO_SHARD over several ranks):
+  // a layer's, and the root's until the end of backward.
+  const bool replicated_fsdp = job.strategy == Strategy::kNoShard && job.world > 1;
+  const bool reduces = (gathers && shard > 1) || replicated_fsdp;
   const int64_t layer_full_grads = reduces ? largest_layer * ce : 0;
   const int64_t root_full_grads = reduces ? root_trainable * ce : 0;
   // A reduce-scatter holds its flat input (the whole unit, frozen parameters included, in the reduce dtype: bf16
-  // reduces in bf16, fp16 in float32), Gloo's receive buffer of the same size, and the output shard.
+  // reduces in bf16, fp16 in float32), Gloo's receive buffer of the same size, and the output shard; on the CPU a
+  // bf16 reduction sums the received chunks through float32 copies (ATen's reductions accumulate in float). A
+  // replicated unit (NO_SHARD) all-reduces its flat buffer in place.
   const int64_t rd = job.mixed_precision == "bf16" ? 2 : 4;
-  auto reduce_scatter = [&](int64_t unit) { return 2 * unit * rd + ceil_div(unit, shard) * rd; };
+  auto reduce_scatter = [&](int64_t unit) {
+    if (replicated_fsdp) return unit * rd;
+    const int64_t upcast = rd == 2 && !job.cuda ? unit * 4 + ceil_div(unit, shard) * 4 : 0;
+    return 2 * unit * rd + ceil_div(unit, shard) * rd + upcast;
+  };
   // DDP's buckets (25 MiB, two in flight); FSDP's reduce-scatter of a layer in flight while the next computes.
   int64_t comm = 0;
   if (job.strategy == Strategy::kDdp && job.world > 1) {
@@ -205,7 +215,7 @@ MemoryEstimate estimate_training_memory(const models::ModelRecipe& recipe, const
                                                  : held_g + act.backward_transient);
   // Layer i (1 = the last) computing its backward: the layers below it still keep their activations, those above
   // have handed in their gradients.
-  int64_t backward_walk = 0, walk_gathered = 0;
+  int64_t backward_walk = 0, walk_gathered = 0, walk_in_flight = 0, walk_root_grads = 0;
   for (int64_t i = 1; i <= act.layers; ++i) {
     const int64_t grads_so_far = offload ? 0 : std::min<int64_t>((i - 1) * ceil_div(largest_layer, shard) * pe, grads);
     // Without resharding after forward every layer is still gathered until its own backward is done.
@@ -213,13 +223,18 @@ MemoryEstimate estimate_training_memory(const models::ModelRecipe& recipe, const
     // One unit for the whole model: its full gradients grow layer by layer; else the root's (heads) are there first.
     const int64_t root_grads_at_i =
         job.wrap == Wrap::kNone && act.layers > 0 ? root_full_grads * (i - 1) / act.layers : root_full_grads;
-    const int64_t at_i = gathered + comm + layer_full_grads + root_grads_at_i + (act.layers - i + 1) * layer_kept +
+    // The reduction in flight is the layer above's: none while the last layer computes.
+    const int64_t in_flight = i > 1 ? comm : 0;
+    const int64_t at_i = gathered + in_flight + layer_full_grads + root_grads_at_i + (act.layers - i + 1) * layer_kept +
                          act.outside_layers - act.loss_kept + replay + grads_so_far;
-    if (at_i > backward_walk) backward_walk = at_i, walk_gathered = gathered;
+    if (at_i > backward_walk) {
+      backward_walk = at_i, walk_gathered = gathered, walk_in_flight = in_flight, walk_root_grads = root_grads_at_i;
+    }
   }
   // The end: the root's gradients complete (a tied weight's summed), then, sharded, its reduce-scatter once its full
   // parameters are dropped.
-  const int64_t backward_end = std::max(held_g + dev_grads + root_full_grads + tied_sum,
+  // (Every layer has been resharded after its backward by then: only the root is gathered.)
+  const int64_t backward_end = std::max(root_g + dev_grads + root_full_grads + tied_sum,
                                         reduces ? dev_grads + reduce_scatter(root_unit) : 0);
   const int64_t backward_peak = std::max({backward_start, backward_walk, backward_end});
   e.backward_bytes = base + backward_peak;
@@ -257,7 +272,10 @@ MemoryEstimate estimate_training_memory(const models::ModelRecipe& recipe, const
                        : at_loss  ? "the root unit (embeddings, heads)"
                                   : "the root unit and a layer with the next prefetched"});
     e.terms.push_back({"activations", kept, describe_activations(act, ac)});
-    if (at_loss) e.terms.push_back({"loss (logits)", act.loss_transient, "logits and their copies"});
+    if (at_loss) {
+      e.terms.push_back({"end of forward", act.loss_transient, "the loss's logits and their copies (FLAVA: the "
+                                                               "codebook making MIM targets)"});
+    }
     return e;
   }
   const std::string where = backward_peak == backward_start ? "start"
@@ -278,18 +296,18 @@ MemoryEstimate estimate_training_memory(const models::ModelRecipe& recipe, const
     e.terms.push_back({"gathered parameters", walk_gathered,
                        reshard ? "the root unit and a layer with the next prefetched"
                                : "the units whose backward has not run yet"});
-    e.terms.push_back({"full gradients and reductions", comm + layer_full_grads + root_full_grads,
+    e.terms.push_back({"full gradients and reductions", walk_in_flight + layer_full_grads + walk_root_grads,
                        "a layer's and the root's full gradients, a reduction in flight"});
     e.terms.push_back({"activations and gradients so far",
-                       backward_walk - walk_gathered - comm - layer_full_grads - root_full_grads,
+                       backward_walk - walk_gathered - walk_in_flight - layer_full_grads - walk_root_grads,
                        "the layers not yet done" + std::string(ac ? ", one layer replayed" : "") +
                            ", the gradients of those done"});
-  } else if (reduces && dev_grads + reduce_scatter(root_unit) > held_g + dev_grads + root_full_grads + tied_sum) {
+  } else if (reduces && dev_grads + reduce_scatter(root_unit) > root_g + dev_grads + root_full_grads + tied_sum) {
     e.terms.push_back({"gradients", dev_grads, "4 B per trainable parameter" + per});
     e.terms.push_back({"root reduce-scatter", reduce_scatter(root_unit),
                        "its flat input (frozen parameters included), Gloo's receive buffer, the output shard"});
   } else {
-    e.terms.push_back({"gathered parameters", held_g, "the root unit"});
+    e.terms.push_back({"gathered parameters", root_g, "the root unit"});
     e.terms.push_back({"gradients", dev_grads + root_full_grads, "4 B per trainable parameter" + per +
                                                                      (reduces ? ", the root's still full" : "")});
     e.terms.push_back({"tied gradients summed", tied_sum, "the tied embedding's two gradients and their sum"});

@@ -223,8 +223,13 @@ void describe_end(const Loop& loop, const data::LoaderStats& stats) {
 
 }  // namespace
 
-TrainSummary train(const Config& c, std::shared_ptr<log::Sink> sink) {
+TrainSummary train(const Config& given, std::shared_ptr<log::Sink> sink) {
+  // train.batch_size: auto becomes the largest batch the memory model predicts to fit (every rank computes the same).
+  const bool auto_batch = given.train.batch_size == config::kAutoBatch;
+  const RunPlan plan = auto_batch ? plan_run(given) : RunPlan{given, ""};
+  const Config& c = plan.config;
   Job job(c, std::move(sink));
+  if (auto_batch) job.logger.info(plan.text.substr(0, plan.text.find('\n')));
   const dist::Communicator& world = job.pg.world();
   TrainingData data = open_training_data(c, *job.task, world.rank(), world.size());
   // Dropout draws from the default generators, seeded per rank (at::manual_seed seeds CPU and every GPU).

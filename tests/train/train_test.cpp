@@ -274,6 +274,33 @@ TEST_F(TrainTest, MixedPrecisionEveryWay) {
   EXPECT_LE(max_difference(saved_state(a + "/step-00000008", true), saved_state(b + "/step-00000008", true)), 1e-6);
 }
 
+// train.batch_size: auto takes the largest batch the memory model fits into train.memory_budget, says so, and
+// trains with it; --dry-run prints the plan and trains nothing.
+TEST_F(TrainTest, AutoBatchAndDryRun) {
+  const Outcome plan = run(std::string(SHARDTRAIN_BIN) + " train " + root_ +
+                           "/config.yaml --dry-run --train.batch_size=auto --train.memory_budget=6MiB "
+                           "--launch.num_processes=2");
+  ASSERT_EQ(plan.status, 0) << plan.output;
+  const auto at = plan.output.find("train.batch_size: auto -> ");
+  ASSERT_NE(at, std::string::npos) << plan.output;
+  const int64_t batch = std::stoll(plan.output.substr(at + std::string("train.batch_size: auto -> ").size()));
+  EXPECT_GE(batch, 2) << plan.output;
+  EXPECT_LE(batch, 8) << plan.output;  // the held-out source (32 samples) must still fill a batch per rank
+  EXPECT_NE(plan.output.find("peak"), std::string::npos) << plan.output;
+  EXPECT_EQ(plan.output.find("step 1/"), std::string::npos) << "a dry run trains nothing:\n" << plan.output;
+
+  const Outcome r = train("--train.batch_size=auto --train.memory_budget=6MiB --train.steps=2 "
+                          "--train.grad_accum=1 --train.eval_interval=0 --checkpoint.dir=" + root_ + "/auto");
+  ASSERT_EQ(r.status, 0) << r.output;
+  EXPECT_NE(r.output.find("train.batch_size: auto -> " + std::to_string(batch)), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("done: 2 steps"), std::string::npos) << r.output;
+
+  const Outcome none = run(std::string(SHARDTRAIN_BIN) + " train " + root_ +
+                           "/config.yaml --dry-run --train.batch_size=auto --train.memory_budget=1MiB");
+  EXPECT_EQ(none.status, 2) << none.output;
+  EXPECT_NE(none.output.find("not even one sample"), std::string::npos) << none.output;
+}
+
 // model.init_weights: a Hugging Face file loads into the sharded (each rank its rows, or rank 0 broadcasting:
 // sync_module_states) and the replicated model; after one step at lr 1e-3 the weights are within 1e-2 of the
 // file's, where a fresh initialisation differs by about 0.1.

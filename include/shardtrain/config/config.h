@@ -104,9 +104,14 @@ struct OptimConfig {
   double min_lr_ratio = 0.1;   // the schedule ends at lr * min_lr_ratio
 };
 
+inline constexpr int64_t kAutoBatch = 0;  // train.batch_size: auto
+
 struct TrainConfig {
   int64_t steps = 1000;       // optimizer steps
-  int64_t batch_size = 8;     // samples per rank per micro-batch
+  int64_t batch_size = 8;     // samples per rank per micro-batch; kAutoBatch ("auto"): the largest the memory model
+                              // predicts to fit memory_budget (train::plan_run)
+  std::string memory_budget;  // per rank, for batch_size auto ("30GiB"); empty: the GPU's memory, or on CPU half of
+                              // the machine's RAM shared by its ranks
   int64_t grad_accum = 1;     // micro-batches per optimizer step
   // Reduce gradients after every micro-batch, not only the last (Accelerate's sync_each_batch): with FSDP each
   // rank then accumulates sharded gradients instead of keeping every unit's full gradients until the last

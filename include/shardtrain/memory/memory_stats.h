@@ -28,5 +28,7 @@ void reset_cpu_peak();  // peak := current
 // device when CUDA is not available (this build always compiles the path; it runs on a machine with a GPU).
 MemoryStats cuda_memory_stats(int device);
 void reset_cuda_peak(int device);
+// The device's total memory in bytes (what train.batch_size: auto budgets with by default). Same errors.
+int64_t cuda_total_memory(int device);
 
 }  // namespace shardtrain::memory

@@ -44,6 +44,8 @@ struct TrainingJob {
   int64_t batch = 1;                      // samples per rank per micro-batch
   int64_t seq_len = 0;                    // text tokens; 0: the model's maximum
   bool cuda = false;                      // CUDA kernels and allocator (else CPU)
+  // What the data pipeline masks (data.*): the heads run on masked positions only.
+  double mlm_probability = 0.15, mim_probability = 0.4, itm_negative_probability = 0.5;
 };
 
 struct MemoryTerm {

@@ -30,6 +30,16 @@ struct TrainSummary {
   std::string last_checkpoint;
 };
 
+// The memory model's view of a run (`shardtrain train --dry-run`, and train.batch_size: auto): the job as the
+// memory model sees it, the predicted bytes per rank by term, and the batch. With batch_size auto, `config` comes
+// back with the largest batch predicted to fit train.memory_budget less a 10% margin, and `text` says why. Builds
+// the model's shapes only (meta device). Throws std::invalid_argument when even one sample does not fit.
+struct RunPlan {
+  config::Config config;  // train.batch_size resolved
+  std::string text;       // the plan, for the console
+};
+RunPlan plan_run(const config::Config& config);
+
 // Console output goes to `sink` (log::console_sink() for a terminal; null: none), filtered by log.level.
 TrainSummary train(const config::Config& config, std::shared_ptr<log::Sink> sink = nullptr);
 

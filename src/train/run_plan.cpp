@@ -1,0 +1,114 @@
+// train::plan_run: a run's config as the memory model's job, its estimate, and train.batch_size: auto.
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdio>
+
+#include "shardtrain/distributed/env.h"
+#include "shardtrain/memory/memory_stats.h"
+#include "shardtrain/models/zoo.h"
+#include "shardtrain/plan/planner.h"
+#include "shardtrain/train/trainer.h"
+
+namespace shardtrain::train {
+
+namespace {
+
+constexpr double kAutoMargin = 0.10;  // of the budget kept free by batch_size auto: the model's error, allocator slack
+
+plan::Strategy strategy_of(config::Strategy s) {
+  switch (s) {
+    case config::Strategy::FULL_SHARD: return plan::Strategy::kFullShard;
+    case config::Strategy::SHARD_GRAD_OP: return plan::Strategy::kShardGradOp;
+    case config::Strategy::NO_SHARD: return plan::Strategy::kNoShard;
+    case config::Strategy::HYBRID_SHARD: return plan::Strategy::kHybridShard;
+    case config::Strategy::HYBRID_SHARD_ZERO2: return plan::Strategy::kHybridShardZero2;
+    case config::Strategy::DDP: return plan::Strategy::kDdp;
+  }
+  return plan::Strategy::kFullShard;
+}
+
+// The world is the launcher's when there is one (`shardtrain launch`, torchrun, Slurm), else the config's launch.*.
+plan::TrainingJob job_of(const config::Config& c) {
+  plan::TrainingJob job;
+  job.world = c.launch.num_processes, job.nodes = c.launch.num_machines;
+  const dist::DistEnv env = dist::read_dist_env(dist::process_env_lookup());
+  if (env.source != dist::EnvSource::NONE) {
+    job.world = env.world_size;
+    job.nodes = std::max(1, env.world_size / std::max(1, env.local_world_size));
+  }
+  job.strategy = strategy_of(c.parallel.strategy);
+  job.wrap = c.parallel.wrap == config::AutoWrap::NONE ? plan::Wrap::kNone : plan::Wrap::kTransformer;
+  job.mixed_precision = c.parallel.mixed_precision == config::Precision::BF16   ? "bf16"
+                        : c.parallel.mixed_precision == config::Precision::FP16 ? "fp16"
+                                                                                : "no";
+  job.activation_checkpointing = c.parallel.activation_checkpointing;
+  job.cpu_offload = c.parallel.cpu_offload;
+  job.batch = c.train.batch_size;
+  job.seq_len = c.data.max_text_length;
+  job.cuda = c.train.device == "cuda";
+  job.mlm_probability = c.data.mlm_probability, job.mim_probability = c.data.mim_probability;
+  job.itm_negative_probability = c.data.itm_negative_probability;
+  return job;
+}
+
+// Bytes one rank may use: train.memory_budget, else the GPU's memory, else half of this machine's RAM shared by the
+// ranks on it.
+int64_t budget_of(const config::Config& c, std::string& source) {
+  if (!c.train.memory_budget.empty()) {
+    source = "train.memory_budget";
+    return plan::parse_memory_size(c.train.memory_budget);
+  }
+  if (c.train.device == "cuda") {
+    source = "the GPU's memory";
+    return memory::cuda_total_memory(0);
+  }
+  const int64_t ram = static_cast<int64_t>(::sysconf(_SC_PHYS_PAGES)) * static_cast<int64_t>(::sysconf(_SC_PAGESIZE));
+  const plan::TrainingJob job = job_of(c);
+  const int64_t ranks_here = std::max<int64_t>(1, job.world / job.nodes);
+  source = "half of this machine's RAM shared by " + std::to_string(ranks_here) + " ranks";
+  return ram / 2 / ranks_here;
+}
+
+std::string gib(int64_t bytes) {
+  char text[32];
+  const double b = static_cast<double>(bytes);
+  if (b >= 1024.0 * 1024 * 1024) {
+    std::snprintf(text, sizeof text, "%.2f GiB", b / (1024.0 * 1024 * 1024));
+  } else {
+    std::snprintf(text, sizeof text, "%.1f MiB", b / (1024.0 * 1024));
+  }
+  return text;
+}
+
+}  // namespace
+
+RunPlan plan_run(const config::Config& config) {
+  RunPlan out{config, ""};
+  const auto recipe = models::recipe_of(config.model.flavor);
+  const plan::ModelShape shape = plan::model_shape(*recipe);
+  plan::TrainingJob job = job_of(config);
+  if (config.train.batch_size == config::kAutoBatch) {
+    std::string source;
+    const int64_t budget = budget_of(config, source);
+    plan::Cluster cluster;
+    cluster.gpu_memory = budget, cluster.memory_margin = kAutoMargin;
+    job.batch = plan::largest_batch(*recipe, shape, job, cluster);
+    if (job.batch < 1) {
+      job.batch = 1;
+      throw std::invalid_argument("train.batch_size: auto: not even one sample per rank fits " + gib(budget) + " (" +
+                                  source + "): one sample needs " +
+                                  gib(plan::estimate_training_memory(*recipe, shape, job).peak_bytes) +
+                                  "; shard over more ranks, checkpoint activations or offload");
+    }
+    out.config.train.batch_size = job.batch;
+    out.text += "train.batch_size: auto -> " + std::to_string(job.batch) + " per rank: the largest whose predicted " +
+                "peak fits " + gib(budget) + " (" + source + ") less " +
+                std::to_string(static_cast<int>(kAutoMargin * 100)) + "%\n";
+  }
+  const plan::MemoryEstimate e = plan::estimate_training_memory(*recipe, shape, job);
+  out.text += plan::format_estimate(config.model.flavor, job, e);
+  return out;
+}
+
+}  // namespace shardtrain::train
