@@ -11,6 +11,7 @@ tokens (ViT and FLAVA at 128-pixel images, 64 patches).
 
 usage: memory_model.py [--quick] [--check TOLERANCE] [--csv FILE] [--build DIR]
   --quick   the subset tests/CMakeLists.txt runs (plan.memory_model_grid)
+Cells: (family, strategy, world, batch per rank, precision, checkpointing[, micro-batches]).
   --check   exit 1 when a cell's peak is off by more than TOLERANCE (0.10 = 10%)
 """
 import argparse
@@ -47,7 +48,7 @@ PHASES = ["forward", "backward", "step"]
 
 
 def grid(quick):
-    """(family, strategy, world, batch, precision, ac) cells."""
+    """(family, strategy, world, batch, precision, ac[, grad_accum]) cells."""
     if quick:
         return [("bert", "full_shard", 2, 4, "no", False), ("bert", "ddp", 2, 4, "no", True),
                 ("llama", "shard_grad_op", 2, 4, "bf16", False), ("llama", "full_shard", 3, 2, "no", True),
@@ -64,16 +65,21 @@ def grid(quick):
             cells.append((family, strategy, 2, 4, "bf16", False))
     for family, batch in itertools.product(MODELS, [2, 8]):
         cells.append((family, "full_shard", 2, batch, "no", False))
+    for family, strategy in itertools.product(["bert", "llama"], ["full_shard", "ddp"]):
+        cells.append((family, strategy, 2, 4, "no", False, 3))  # gradient accumulation over 3 micro-batches
     return cells
 
 
 def run_cell(build, config_dir, cell):
-    family, strategy, world, batch, precision, ac = cell
+    family, strategy, world, batch, precision, ac = cell[:6]
+    grad_accum = cell[6] if len(cell) > 6 else 1
     cmd = [os.path.join(build, "shardtrain"), "launch", "--nproc-per-node", str(world), "--",
            os.path.join(build, "memory_model_bench"), "--model", os.path.join(config_dir, family), "--strategy",
            strategy, "--batch", str(batch), "--seq-len", "64", "--mixed-precision", precision]
     if ac:
         cmd.append("--ac")
+    if grad_accum > 1:
+        cmd += ["--grad-accum", str(grad_accum)]
     env = dict(os.environ, OMP_NUM_THREADS="1")
     out = subprocess.run(cmd, capture_output=True, text=True, timeout=1800, env=env)
     for line in out.stdout.splitlines() + out.stderr.splitlines():
@@ -99,7 +105,7 @@ def main():
                 json.dump(config, f)
         print(f"{len(cells)} cells; MB = 10^6 bytes, measured / predicted, error = predicted / measured - 1",
               flush=True)
-        print(f"{'model':6s} {'strategy':14s} {'W':>2s} {'B':>2s} {'prec':4s} {'AC':2s} {'params':>9s} "
+        print(f"{'model':6s} {'strategy':14s} {'W':>2s} {'B':>4s} {'prec':4s} {'AC':2s} {'params':>9s} "
               + " ".join(f"{p + ' MB':>17s}" for p in PHASES) + f" {'peak err':>9s}", flush=True)
         start = time.time()
         for i, cell in enumerate(cells):
@@ -108,8 +114,9 @@ def main():
             errors = [p / m - 1 for m, p in zip(measured, predicted)]
             peak_error = max(predicted) / max(measured) - 1
             rows.append((cell, r, errors, peak_error))
-            family, strategy, world, batch, precision, ac = cell
-            print(f"{family:6s} {strategy:14s} {world:2d} {batch:2d} {precision:4s} {'on' if ac else '':2s} "
+            family, strategy, world, batch, precision, ac = cell[:6]
+            accum = f"x{cell[6]}" if len(cell) > 6 else ""
+            print(f"{family:6s} {strategy:14s} {world:2d} {str(batch) + accum:>4s} {precision:4s} {'on' if ac else '':2s} "
                   f"{r['parameters'] / 1e6:8.1f}M "
                   + " ".join(f"{m / 1e6:7.1f}/{p / 1e6:7.1f}{e * 100:+4.0f}%"[:17].rjust(17)
                              for m, p, e in zip(measured, predicted, errors))
@@ -122,10 +129,10 @@ def main():
           f"largest phase error {max(abs(e) for e in worst_phase[2]) * 100:.1f}% {worst_phase[0]}")
     if args.csv:
         with open(args.csv, "w") as f:
-            f.write("model,strategy,world,batch,precision,ac," +
+            f.write("model,strategy,world,batch,precision,ac,grad_accum," +
                     ",".join(f"{p}_measured,{p}_predicted" for p in PHASES) + "\n")
             for cell, r, _, _ in rows:
-                f.write(",".join(str(c) for c in cell) + "," +
+                f.write(",".join(str(c) for c in cell[:6]) + f",{cell[6] if len(cell) > 6 else 1}," +
                         ",".join(f"{m:.0f},{p:.0f}" for m, p in zip(r["measured"], r["predicted"])) + "\n")
     if args.check is not None and abs(worst[3]) > args.check:
         print(f"FAIL: a peak is off by more than {args.check * 100:.0f}%")

@@ -4,7 +4,7 @@
 // (JSON) with the largest rank's measured peaks and the predicted ones.
 //
 //   memory_model_bench --model MODEL --strategy S [--mixed-precision no|bf16] [--ac] [--batch B] [--seq-len T]
-//                      [--nodes M] [--steps N]
+//                      [--nodes M] [--steps N] [--grad-accum K]
 // MODEL is a flavor or a Hugging Face config.json; the batch is synthetic, of the task's largest kind.
 #include <ATen/ATen.h>
 #include <torch/nn/module.h>
@@ -68,7 +68,7 @@ data::Batch synthetic_batch(const models::DataNeeds& needs, int64_t batch, int64
 
 int run(int argc, char** argv) {
   std::string model, strategy = "full_shard", precision = "no";
-  int64_t batch = 4, seq_len = 128, nodes = 1, steps = 3;
+  int64_t batch = 4, seq_len = 128, nodes = 1, steps = 3, grad_accum = 1;
   bool ac = false;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
@@ -83,6 +83,7 @@ int run(int argc, char** argv) {
     else if (a == "--seq-len") seq_len = std::stoll(next());
     else if (a == "--nodes") nodes = std::stoll(next());
     else if (a == "--steps") steps = std::stoll(next());
+    else if (a == "--grad-accum") grad_accum = std::stoll(next());
     else if (a == "--ac") ac = true;
     else throw std::invalid_argument("unknown option " + a);
   }
@@ -94,6 +95,7 @@ int run(int argc, char** argv) {
   plan::TrainingJob job;
   job.world = env.world_size, job.nodes = nodes, job.strategy = plan::parse_strategy(strategy);
   job.mixed_precision = precision, job.activation_checkpointing = ac, job.batch = batch, job.seq_len = seq_len;
+  job.grad_accum = grad_accum;
   const plan::MemoryEstimate predicted = plan::estimate_training_memory(*recipe, job);
 
   config::Config c;
@@ -121,13 +123,19 @@ int run(int argc, char** argv) {
   int64_t forward = 0, backward = 0, step = 0;
   for (int64_t s = 0; s < steps + static_cast<int64_t>(warmup.size()); ++s) {  // the last step is reported
     const data::Batch& batch_s = s < static_cast<int64_t>(warmup.size()) ? warmup[static_cast<size_t>(s)] : b;
-    memory::reset_cpu_peak();
-    models::Losses losses = task->compute_losses(*parallel.module(), batch_s, 0);
-    forward = memory::cpu_memory_stats().peak_bytes;
-    memory::reset_cpu_peak();
-    losses.total.backward();
-    losses = {};
-    backward = memory::cpu_memory_stats().peak_bytes;
+    // Micro-batches without a reduction until the last (the trainer's gradient accumulation); the phases' peaks
+    // are the largest over them.
+    forward = backward = 0;
+    for (int64_t m = 0; m < grad_accum; ++m) {
+      parallel.set_gradient_sync(m + 1 == grad_accum);
+      memory::reset_cpu_peak();
+      models::Losses losses = task->compute_losses(*parallel.module(), batch_s, 0);
+      forward = std::max(forward, memory::cpu_memory_stats().peak_bytes);
+      memory::reset_cpu_peak();
+      losses.total.backward();
+      losses = {};
+      backward = std::max(backward, memory::cpu_memory_stats().peak_bytes);
+    }
     memory::reset_cpu_peak();
     parallel.clip_grad_norm(INFINITY, optimizer->param_groups());
     optimizer->step();

@@ -32,6 +32,7 @@ def main():
         del bars
     ax.set_xticks(range(len(rows)), labels)
     ax.set_yscale("log")
+    ax.set_ylim(bottom=0.7)  # room for the "no fit" labels of zero bars
     ax.set_ylabel("max local batch (predicted)")
     title = {"flava": "FLAVA: max local batch per GPU", "t5": "T5-3B: default vs transformer wrapping"}
     ax.set_title(f"{title[fig_data['figure']]} ({fig_data['setting']})", fontsize=10)

@@ -26,11 +26,13 @@ const char* kEstimateUsage =
     "  --num-processes N   ranks (default 1)            --nnodes M          nodes (hybrid strategies shard in one)\n"
     "  --strategy S        full_shard | shard_grad_op | no_shard | hybrid_shard | hybrid_shard_zero2 | ddp\n"
     "  --mixed-precision P no | bf16 | fp16             --activation-checkpointing   every transformer layer\n"
+    "  --every K           checkpoint every K-th layer  --grad-accum K      micro-batches per step\n"
+    "  --sync-each-batch   reduce after each micro-batch (no full gradients kept between them)\n"
     "  --cpu-offload                                    --batch-size B      samples per rank (default 1)\n"
     "  --seq-len T         text tokens (default: the model's maximum)\n"
     "  --device D          cpu | cuda (kernels differ in what they keep; default cpu)\n"
     "  --json              the estimate as JSON\n"
-    "Activations are modelled for bert and llama so far.\n";
+    "docs/notes/memory-model.md says how each term is computed and how far it is from measurement.\n";
 
 // `--dtypes a b c` (Accelerate's nargs="+") becomes `--dtypes=a,b,c` for parse_args.
 std::vector<std::string> joined_dtypes(const std::vector<std::string>& argv) {
@@ -61,8 +63,8 @@ std::vector<std::string> split_commas(const std::string& s) {
 int run_estimate_command(const std::vector<std::string>& argv) {
   const Args args = parse_args(joined_dtypes(argv),
                                {"dtypes", "num-processes", "nnodes", "strategy", "mixed-precision", "batch-size",
-                                "seq-len", "device"},
-                               {"help", "activation-checkpointing", "cpu-offload", "json"});
+                                "seq-len", "device", "every", "grad-accum"},
+                               {"help", "activation-checkpointing", "cpu-offload", "json", "sync-each-batch"});
   if (args.has("help")) {
     std::cout << kEstimateUsage;
     return 0;
@@ -81,14 +83,17 @@ int run_estimate_command(const std::vector<std::string>& argv) {
   const bool job_given = args.has("num-processes") || args.has("strategy") || args.has("batch-size") ||
                          args.has("mixed-precision") || args.has("activation-checkpointing") ||
                          args.has("cpu-offload") || args.has("seq-len") || args.has("nnodes") || args.has("json") ||
-                         args.has("device");
+                         args.has("device") || args.has("every") || args.has("grad-accum");
   if (job_given) {
     plan::TrainingJob job;
     job.world = args.get_int("num-processes", 1);
     job.nodes = args.get_int("nnodes", 1);
     job.strategy = plan::parse_strategy(args.get("strategy", "full_shard"));
     job.mixed_precision = args.get("mixed-precision", "no");
-    job.activation_checkpointing = args.has("activation-checkpointing");
+    job.activation_checkpointing = args.has("activation-checkpointing") || args.has("every");
+    job.checkpoint_every = args.get_int("every", 1);
+    job.grad_accum = args.get_int("grad-accum", 1);
+    job.sync_each_batch = args.has("sync-each-batch");
     job.cpu_offload = args.has("cpu-offload");
     job.batch = args.get_int("batch-size", 1);
     job.seq_len = args.get_int("seq-len", 0);

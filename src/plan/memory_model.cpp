@@ -197,11 +197,30 @@ MemoryEstimate estimate_training_memory(const models::ModelRecipe& recipe, const
   // Activations: kept from forward to backward, the loss's logits on top at the end of forward, its gradients on
   // top at the start of backward; then each layer's activations are freed as its gradients arrive.
   const bool ac = job.activation_checkpointing;
-  const int64_t kept = act.kept(ac);
-  const int64_t layer_kept = ac ? act.layer_input : act.per_layer;
-  const int64_t replay = ac ? act.per_layer : 0;  // a checkpointed layer's forward, replayed in its backward
+  if (job.checkpoint_every < 1) {
+    throw std::invalid_argument("checkpoint every " + std::to_string(job.checkpoint_every) + " layers (expected >= 1)");
+  }
+  const int64_t checkpointed = ac ? act.layers / job.checkpoint_every : 0;
+  const int64_t kept = checkpointed * act.layer_input + (act.layers - checkpointed) * act.per_layer + act.outside_layers;
+  // The walk's layers, on average (checkpointed ones keep their input only).
+  const int64_t layer_kept = act.layers > 0 ? (kept - act.outside_layers) / act.layers : 0;
+  const int64_t replay = checkpointed > 0 ? act.per_layer : 0;  // a checkpointed layer's forward, replayed
 
-  const int64_t base = dev_params + dev_adam;
+  // Gradient accumulation: without a reduction per micro-batch a sharded or replicated unit keeps its full gradients
+  // (reduce dtype) from one micro-batch to the next, every unit's by the last one.
+  if (job.grad_accum < 1) {
+    throw std::invalid_argument("gradient accumulation of " + std::to_string(job.grad_accum) +
+                                " micro-batches (expected >= 1)");
+  }
+  int64_t trainable = 0;
+  for (int64_t t : units.trainable) trainable += t;
+  // Otherwise (DDP, a group of one, or reduced every micro-batch) the gradients themselves accumulate in .grad.
+  const int64_t accumulated = job.grad_accum <= 1                        ? 0
+                              : reduces && !job.sync_each_batch && !offload ? trainable * rd
+                                                                          : dev_grads;
+  const int64_t base = dev_params + dev_adam + accumulated;
+  const bool in_place = accumulated > 0 && accumulated == dev_grads;  // new gradients add into .grad: counted once
+  const int64_t new_grads = in_place ? 0 : dev_grads;
   // Gathering a unit holds it twice for a moment: the all-gather's flat output and the parameters copied out of it.
   const int64_t forward_start = 2 * root_g;
   const int64_t forward_loss = held_g + kept + act.loss_transient;
@@ -217,7 +236,7 @@ MemoryEstimate estimate_training_memory(const models::ModelRecipe& recipe, const
   // have handed in their gradients.
   int64_t backward_walk = 0, walk_gathered = 0, walk_in_flight = 0, walk_root_grads = 0;
   for (int64_t i = 1; i <= act.layers; ++i) {
-    const int64_t grads_so_far = offload ? 0 : std::min<int64_t>((i - 1) * ceil_div(largest_layer, shard) * pe, grads);
+    const int64_t grads_so_far = std::min<int64_t>((i - 1) * ceil_div(largest_layer, shard) * pe, new_grads);
     // Without resharding after forward every layer is still gathered until its own backward is done.
     const int64_t gathered = reshard ? root_g + 2 * layer_g : std::max<int64_t>(all_g - (i - 1) * layer_g, root_g);
     // One unit for the whole model: its full gradients grow layer by layer; else the root's (heads) are there first.
@@ -234,8 +253,8 @@ MemoryEstimate estimate_training_memory(const models::ModelRecipe& recipe, const
   // The end: the root's gradients complete (a tied weight's summed), then, sharded, its reduce-scatter once its full
   // parameters are dropped.
   // (Every layer has been resharded after its backward by then: only the root is gathered.)
-  const int64_t backward_end = std::max(root_g + dev_grads + root_full_grads + tied_sum,
-                                        reduces ? dev_grads + reduce_scatter(root_unit) : 0);
+  const int64_t backward_end = std::max(root_g + new_grads + root_full_grads + tied_sum,
+                                        reduces ? new_grads + reduce_scatter(root_unit) : 0);
   const int64_t backward_peak = std::max({backward_start, backward_walk, backward_end});
   e.backward_bytes = base + backward_peak;
 
@@ -246,7 +265,7 @@ MemoryEstimate estimate_training_memory(const models::ModelRecipe& recipe, const
   const int64_t largest_shard = ceil_div(shape.largest_trainable_tensor, shard);
   const int64_t clip_temp = job.strategy == Strategy::kDdp || offload ? 0 : 2 * largest_shard * 8;
   const int64_t adam_temp = offload ? 0 : 2 * largest_shard * pe;
-  e.step_bytes = base + dev_grads + std::max(clip_temp, adam_temp);
+  e.step_bytes = dev_params + dev_adam + dev_grads + std::max(clip_temp, adam_temp);  // accumulation is over
   e.peak_bytes = std::max({e.forward_bytes, e.backward_bytes, e.step_bytes});
   e.peak_phase = e.peak_bytes == e.backward_bytes ? "backward" : e.peak_bytes == e.forward_bytes ? "forward" : "step";
 
@@ -254,6 +273,12 @@ MemoryEstimate estimate_training_memory(const models::ModelRecipe& recipe, const
   e.terms.push_back({"parameters", dev_params, std::to_string(shard_numel) + " elements x 4 B" + per +
                                                    (offload ? " (offloaded: host)" : "")});
   e.terms.push_back({"AdamW state", dev_adam, "2 moments x 4 B per trainable parameter" + per});
+  if (accumulated > 0 && e.peak_phase != "step") {
+    e.terms.push_back({"accumulated gradients", accumulated,
+                       accumulated == dev_grads ? "kept between micro-batches in .grad"
+                                                : "every unit's full ones, kept between micro-batches "
+                                                  "(train.sync_each_batch: sharded ones only)"});
+  }
   if (e.peak_phase == "step") {
     e.terms.push_back({"gradients", dev_grads, "4 B per parameter" + per});
     e.terms.push_back({"clipping and AdamW temporaries", std::max(clip_temp, adam_temp),
@@ -302,13 +327,13 @@ MemoryEstimate estimate_training_memory(const models::ModelRecipe& recipe, const
                        backward_walk - walk_gathered - walk_in_flight - layer_full_grads - walk_root_grads,
                        "the layers not yet done" + std::string(ac ? ", one layer replayed" : "") +
                            ", the gradients of those done"});
-  } else if (reduces && dev_grads + reduce_scatter(root_unit) > root_g + dev_grads + root_full_grads + tied_sum) {
-    e.terms.push_back({"gradients", dev_grads, "4 B per trainable parameter" + per});
+  } else if (reduces && reduce_scatter(root_unit) > root_g + root_full_grads + tied_sum) {
+    e.terms.push_back({"gradients", new_grads, "4 B per trainable parameter" + per});
     e.terms.push_back({"root reduce-scatter", reduce_scatter(root_unit),
                        "its flat input (frozen parameters included), Gloo's receive buffer, the output shard"});
   } else {
     e.terms.push_back({"gathered parameters", root_g, "the root unit"});
-    e.terms.push_back({"gradients", dev_grads + root_full_grads, "4 B per trainable parameter" + per +
+    e.terms.push_back({"gradients", new_grads + root_full_grads, "4 B per trainable parameter" + per +
                                                                      (reduces ? ", the root's still full" : "")});
     e.terms.push_back({"tied gradients summed", tied_sum, "the tied embedding's two gradients and their sum"});
   }
@@ -320,7 +345,14 @@ std::string format_estimate(const std::string& model, const TrainingJob& job, co
                     std::to_string(job.world) + " ranks" +
                     (job.nodes > 1 ? " on " + std::to_string(job.nodes) + " nodes" : "") + ", batch " +
                     std::to_string(job.batch) + " per rank, mixed precision " + job.mixed_precision +
-                    (job.activation_checkpointing ? ", activation checkpointing" : "") +
+                    (job.activation_checkpointing
+                         ? job.checkpoint_every > 1
+                               ? ", activation checkpointing of every " + std::to_string(job.checkpoint_every) + "th layer"
+                               : ", activation checkpointing"
+                         : "") +
+                    (job.grad_accum > 1 ? ", " + std::to_string(job.grad_accum) + " micro-batches" +
+                                              (job.sync_each_batch ? " (each reduced)" : "")
+                                        : "") +
                     (job.cpu_offload ? ", CPU offload" : "") + (job.cuda ? " (CUDA)" : " (CPU)") + "\n";
   out += "  " + std::to_string(e.parameters) + " parameters in " + std::to_string(e.units) + " units\n";
   char line[256];

@@ -43,6 +43,7 @@ plan::TrainingJob job_of(const config::Config& c) {
                         : c.parallel.mixed_precision == config::Precision::FP16 ? "fp16"
                                                                                 : "no";
   job.activation_checkpointing = c.parallel.activation_checkpointing;
+  job.grad_accum = c.train.grad_accum, job.sync_each_batch = c.train.sync_each_batch;
   job.cpu_offload = c.parallel.cpu_offload;
   job.batch = c.train.batch_size;
   job.seq_len = c.data.max_text_length;

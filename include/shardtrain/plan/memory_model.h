@@ -39,7 +39,10 @@ struct TrainingJob {
   Strategy strategy = Strategy::kFullShard;
   Wrap wrap = Wrap::kTransformer;
   std::string mixed_precision = "no";  // no | bf16 | fp16: the compute dtype of gathered parameters and activations
-  bool activation_checkpointing = false;  // every transformer layer
+  bool activation_checkpointing = false;  // transformer layers replay their forward in backward
+  int64_t checkpoint_every = 1;           // with checkpointing: every k-th layer (1: all)
+  int64_t grad_accum = 1;                 // micro-batches per optimizer step
+  bool sync_each_batch = false;           // reduce after every micro-batch (no full gradients kept between them)
   bool cpu_offload = false;               // shards, gradients and AdamW state in host memory
   int64_t batch = 1;                      // samples per rank per micro-batch
   int64_t seq_len = 0;                    // text tokens; 0: the model's maximum
