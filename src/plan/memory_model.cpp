@@ -39,6 +39,8 @@ Units units_of(const ModelShape& shape, Wrap wrap) {
   return {{shape.parameters()}, {trainable}};
 }
 
+constexpr double kCudaAllocatorAllowance = 0.05;
+
 int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
 std::string mib(int64_t bytes);
@@ -163,6 +165,8 @@ MemoryEstimate estimate_training_memory(const models::ModelRecipe& recipe, const
   // Full parameters gathered (compute dtype). A group of one with no cast uses its parameters as they are; the
   // root unit (embeddings, heads) is gathered for the loss and again at the start of backward, a layer with the
   // next one prefetched; without resharding after forward every unit stays gathered until its backward is done.
+  // (DDP under bf16/fp16 autocast holds the same thing: the weights' compute-dtype copies, which autograd keeps for
+  // backward, all of them from the end of forward.)
   const bool gathers = shard > 1 || mixed || offload;
   const bool reshard = job.strategy == Strategy::kFullShard || job.strategy == Strategy::kHybridShard;
   const int64_t root_g = gathers ? root_unit * ce : 0, layer_g = gathers ? largest_layer * ce : 0;
@@ -181,7 +185,7 @@ MemoryEstimate estimate_training_memory(const models::ModelRecipe& recipe, const
   const int64_t rd = job.mixed_precision == "bf16" ? 2 : 4;
   auto reduce_scatter = [&](int64_t unit) {
     if (replicated_fsdp) return unit * rd;
-    const int64_t upcast = rd == 2 && !job.cuda ? unit * 4 + ceil_div(unit, shard) * 4 : 0;
+    const int64_t upcast = rd == 2 && !job.cuda ? unit * 4 : 0;
     return 2 * unit * rd + ceil_div(unit, shard) * rd + upcast;
   };
   // DDP's buckets (25 MiB, two in flight); FSDP's reduce-scatter of a layer in flight while the next computes.
@@ -191,8 +195,9 @@ MemoryEstimate estimate_training_memory(const models::ModelRecipe& recipe, const
   } else if (reduces) {
     comm = reduce_scatter(largest_layer);
   }
-  // A tied tensor (word embeddings shared with the LM head) gets two gradients, summed into a third at the end.
-  const int64_t tied_sum = 2 * act.reused_weight_numel * ce;
+  // A tied tensor (word embeddings shared with the LM head) gets two gradients, summed into a third at the end
+  // (in the compute dtype when gathered, else in the parameters' own).
+  const int64_t tied_sum = 2 * act.reused_weight_numel * (gathers ? ce : pe);
 
   // Activations: kept from forward to backward, the loss's logits on top at the end of forward, its gradients on
   // top at the start of backward; then each layer's activations are freed as its gradients arrive.
@@ -266,9 +271,24 @@ MemoryEstimate estimate_training_memory(const models::ModelRecipe& recipe, const
   const int64_t clip_temp = job.strategy == Strategy::kDdp || offload ? 0 : 2 * largest_shard * 8;
   const int64_t adam_temp = offload ? 0 : 2 * largest_shard * pe;
   e.step_bytes = dev_params + dev_adam + dev_grads + std::max(clip_temp, adam_temp);  // accumulation is over
+  e.peak_phase = std::max({e.forward_bytes, e.backward_bytes, e.step_bytes}) == e.backward_bytes ? "backward"
+                 : std::max(e.forward_bytes, e.step_bytes) == e.forward_bytes                  ? "forward"
+                                                                                               : "step";
+  // The CUDA caching allocator rounds every block up and keeps freed blocks of other sizes apart: what it holds
+  // runs above what tensors asked for. (The CPU count is of what tensors asked for.)
+  const auto allowance = [&](int64_t bytes) {
+    return job.cuda ? static_cast<int64_t>(static_cast<double>(bytes) * kCudaAllocatorAllowance) : 0;
+  };
+  const int64_t phase_allowance = allowance(std::max({e.forward_bytes, e.backward_bytes, e.step_bytes}));
+  e.forward_bytes += allowance(e.forward_bytes), e.backward_bytes += allowance(e.backward_bytes);
+  e.step_bytes += allowance(e.step_bytes);
   e.peak_bytes = std::max({e.forward_bytes, e.backward_bytes, e.step_bytes});
-  e.peak_phase = e.peak_bytes == e.backward_bytes ? "backward" : e.peak_bytes == e.forward_bytes ? "forward" : "step";
 
+  if (phase_allowance > 0) {
+    e.terms.push_back({"CUDA allocator allowance", phase_allowance,
+                       "block rounding and fragmentation, " +
+                           std::to_string(static_cast<int>(kCudaAllocatorAllowance * 100)) + "% of the rest"});
+  }
   const std::string per = shard > 1 ? " / " + std::to_string(shard) + " ranks" : "";
   e.terms.push_back({"parameters", dev_params, std::to_string(shard_numel) + " elements x 4 B" + per +
                                                    (offload ? " (offloaded: host)" : "")});

@@ -105,7 +105,7 @@ dist::DeviceMesh make_mesh(const Config& c, Job& job) {
 }
 
 void describe_start(const Config& c, const Job& job, ParallelModel& model, double peak_tflops,
-                    const TrainingData& data) {
+                    const TrainingData& data, const RunPlan& plan) {
   const dist::Communicator& world = job.pg.world();
   char line[512];
   std::snprintf(line, sizeof(line), "training %s (%s) on %d rank%s, %s, %lld steps of %lld x %lld x %d samples, "
@@ -115,6 +115,11 @@ void describe_start(const Config& c, const Job& job, ParallelModel& model, doubl
                 static_cast<long long>(c.train.grad_accum), world.size(), peak_tflops,
                 c.log.peak_tflops > 0 ? "" : " (measured)");
   job.logger.info(line);
+  if (plan.peak_bytes > 0) {
+    std::snprintf(line, sizeof(line), "  memory model: predicted peak %.3f GiB per rank (%s; `--dry-run` shows the terms)",
+                  static_cast<double>(plan.peak_bytes) / (1024.0 * 1024 * 1024), plan.peak_phase.c_str());
+    job.logger.info(line);
+  }
   int64_t recomputed = 0;
   for (const auto& item : model.module()->named_modules()) recomputed += nn::is_activation_checkpointed(*item.value());
   if (recomputed > 0) job.logger.info("  activation checkpointing: " + std::to_string(recomputed) + " layers");
@@ -124,6 +129,15 @@ void describe_start(const Config& c, const Job& job, ParallelModel& model, doubl
                                                         : "the model trains on the CPU already; nothing moves"));
   }
   describe_data(data, job.logger);
+}
+
+// The memory model's plan for the start-up line; a family it cannot model yet leaves the line out.
+RunPlan predicted_plan(const Config& c) {
+  try {
+    return plan_run(c);
+  } catch (const std::invalid_argument&) {
+    return RunPlan{c, "", 0, ""};
+  }
 }
 
 bool due(int64_t step, int64_t interval, int64_t last_step) {
@@ -226,7 +240,7 @@ void describe_end(const Loop& loop, const data::LoaderStats& stats) {
 TrainSummary train(const Config& given, std::shared_ptr<log::Sink> sink) {
   // train.batch_size: auto becomes the largest batch the memory model predicts to fit (every rank computes the same).
   const bool auto_batch = given.train.batch_size == config::kAutoBatch;
-  const RunPlan plan = auto_batch ? plan_run(given) : RunPlan{given, ""};
+  const RunPlan plan = auto_batch ? plan_run(given) : predicted_plan(given);
   const Config& c = plan.config;
   Job job(c, std::move(sink));
   if (auto_batch) job.logger.info(plan.text.substr(0, plan.text.find('\n')));
@@ -252,7 +266,7 @@ TrainSummary train(const Config& given, std::shared_ptr<log::Sink> sink) {
 
   const double peak_tflops = c.log.peak_tflops > 0 ? c.log.peak_tflops : measure_peak_tflops(job.device);
   MetricsLog log(c.log, job.logger, world.rank() == 0, c.train.steps, start.step, job.task->loss_names());
-  describe_start(c, job, model, peak_tflops, data);
+  describe_start(c, job, model, peak_tflops, data, plan);
   const uint64_t objective_seed = static_cast<uint64_t>(c.train.seed) ^ static_cast<uint64_t>(world.rank()) << 32;
   Loop loop{c, job, StepParts{model, *job.recipe, *job.task, *optimizer, scaler ? &*scaler : nullptr, job.device,
                               objective_seed, world.rank()},

@@ -277,8 +277,8 @@ TEST_F(TrainTest, MixedPrecisionEveryWay) {
 // train.batch_size: auto takes the largest batch the memory model fits into train.memory_budget, says so, and
 // trains with it; --dry-run prints the plan and trains nothing.
 TEST_F(TrainTest, AutoBatchAndDryRun) {
-  const Outcome plan = run(std::string(SHARDTRAIN_BIN) + " train " + root_ +
-                           "/config.yaml --dry-run --train.batch_size=auto --train.memory_budget=6MiB "
+  const std::string overrides = "--train.batch_size=auto --train.memory_budget=6MiB --train.grad_accum=1 ";
+  const Outcome plan = run(std::string(SHARDTRAIN_BIN) + " train " + root_ + "/config.yaml --dry-run " + overrides +
                            "--launch.num_processes=2");
   ASSERT_EQ(plan.status, 0) << plan.output;
   const auto at = plan.output.find("train.batch_size: auto -> ");
@@ -289,8 +289,7 @@ TEST_F(TrainTest, AutoBatchAndDryRun) {
   EXPECT_NE(plan.output.find("peak"), std::string::npos) << plan.output;
   EXPECT_EQ(plan.output.find("step 1/"), std::string::npos) << "a dry run trains nothing:\n" << plan.output;
 
-  const Outcome r = train("--train.batch_size=auto --train.memory_budget=6MiB --train.steps=2 "
-                          "--train.grad_accum=1 --train.eval_interval=0 --checkpoint.dir=" + root_ + "/auto");
+  const Outcome r = train(overrides + "--train.steps=2 --train.eval_interval=0 --checkpoint.dir=" + root_ + "/auto");
   ASSERT_EQ(r.status, 0) << r.output;
   EXPECT_NE(r.output.find("train.batch_size: auto -> " + std::to_string(batch)), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("done: 2 steps"), std::string::npos) << r.output;

@@ -30,7 +30,7 @@ struct Cluster {
   int64_t gpus = 8;                                  // in all
   int64_t nodes = 1;
   int64_t gpu_memory = 40LL * 1024 * 1024 * 1024;    // bytes per GPU
-  double memory_margin = 0.05;      // kept free: the CUDA caching allocator's fragmentation and its own reserve
+  double memory_margin = 0.05;      // kept free beyond the estimate (which has the CUDA allocator's allowance)
   double peak_tflops_bf16 = 312;    // A100's dense bf16/fp16
   double peak_tflops_fp32 = 156;    // A100's TF32 (float32 matmuls with train.tf32, the FLAVA post's setting)
   double efficiency = 0.45;         // achieved / peak FLOP/s of the computation itself, at large batches

@@ -37,6 +37,8 @@ struct TrainSummary {
 struct RunPlan {
   config::Config config;  // train.batch_size resolved
   std::string text;       // the plan, for the console
+  int64_t peak_bytes = 0;  // predicted per rank
+  std::string peak_phase;  // forward, backward or step
 };
 RunPlan plan_run(const config::Config& config);
 
