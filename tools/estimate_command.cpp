@@ -83,7 +83,8 @@ int run_estimate_command(const std::vector<std::string>& argv) {
   const bool job_given = args.has("num-processes") || args.has("strategy") || args.has("batch-size") ||
                          args.has("mixed-precision") || args.has("activation-checkpointing") ||
                          args.has("cpu-offload") || args.has("seq-len") || args.has("nnodes") || args.has("json") ||
-                         args.has("device") || args.has("every") || args.has("grad-accum");
+                         args.has("device") || args.has("every") || args.has("grad-accum") ||
+                         args.has("sync-each-batch");
   if (job_given) {
     plan::TrainingJob job;
     job.world = args.get_int("num-processes", 1);
