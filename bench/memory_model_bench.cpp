@@ -43,8 +43,7 @@ config::Strategy config_strategy(plan::Strategy s) {
 data::Batch synthetic_batch(const models::DataNeeds& needs, int64_t batch, int64_t tokens, int rank) {
   at::manual_seed(1000 + rank);
   data::Batch b;
-  const bool images = needs.kinds[0] || needs.kinds[2], text = needs.kinds[0] || needs.kinds[1];
-  b.kind = needs.kinds[0] ? data::SampleKind::IMAGE_TEXT : text ? data::SampleKind::TEXT : data::SampleKind::IMAGE;
+  b.kind = needs.largest_kind();
   if (b.kind != data::SampleKind::IMAGE) {
     b.input_ids = at::randint(5, std::max<int64_t>(needs.vocab_size, 6), {batch, tokens}, at::kLong);
     b.attention_mask = at::ones({batch, tokens}, at::kLong);
@@ -52,7 +51,7 @@ data::Batch synthetic_batch(const models::DataNeeds& needs, int64_t batch, int64
     b.mlm_labels = at::where(at::rand({batch, tokens}) < 0.15, b.input_ids, at::full({}, -100, at::kLong));
     b.texts = batch;
   }
-  if (images && b.kind != data::SampleKind::TEXT) {
+  if (b.kind != data::SampleKind::TEXT) {
     b.pixels = at::randn({batch, 3, needs.image_size, needs.image_size});
     const int64_t side = needs.image_size / std::max<int64_t>(needs.patch_size, 1);
     if (needs.uses_mim) b.masked_patches = at::rand({batch, side * side}) < 0.4;

@@ -80,6 +80,12 @@ void finish_model(const BuildOptions& options, torch::nn::Module& model, const s
   init_parameters(model, "", options.init, built);
 }
 
+BuildOptions meta_build() {
+  BuildOptions b;
+  b.tensors = at::TensorOptions().dtype(at::kFloat).device(at::kMeta);
+  return b;
+}
+
 int64_t count_parameters(const torch::nn::Module& module) {
   std::set<const c10::TensorImpl*> seen;
   int64_t total = 0;

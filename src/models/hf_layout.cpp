@@ -7,12 +7,6 @@
 
 namespace shardtrain::models {
 
-BuildOptions meta_build() {
-  BuildOptions b;
-  b.tensors = at::TensorOptions().dtype(at::kFloat).device(at::kMeta);
-  return b;
-}
-
 std::vector<HfTensor> hf_parameters(const torch::nn::Module& module, const NameMap& names,
                                     const std::string& keep_prefix) {
   std::vector<HfTensor> out;

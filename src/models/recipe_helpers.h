@@ -48,9 +48,6 @@ class FamilyRecipe : public ModelRecipe {
   std::string layer_class_;
 };
 
-// A BuildOptions that builds shapes only (the meta device, float32): nothing allocated, nothing initialised.
-BuildOptions meta_build();
-
 // The parameters of `module` (tied ones once, under their first name) as Hugging Face tensors: those whose Hugging
 // Face name starts with `keep_prefix`, with that prefix removed ("bert." of BertForMaskedLM's names gives BertModel's).
 std::vector<HfTensor> hf_parameters(const torch::nn::Module& module, const NameMap& names,

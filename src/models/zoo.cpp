@@ -80,9 +80,7 @@ ZooModel build_model(const std::string& flavor, const BuildOptions& build) {
 std::string layer_class_of(const std::string& flavor) { return recipe_of(flavor)->layer_class(); }
 
 int64_t count_flavor_parameters(const std::string& flavor) {
-  BuildOptions meta;
-  meta.tensors = at::TensorOptions().dtype(at::kFloat).device(at::kMeta);
-  return count_parameters(*build_model(flavor, meta).module);
+  return count_parameters(*build_model(flavor, meta_build()).module);
 }
 
 }  // namespace shardtrain::models

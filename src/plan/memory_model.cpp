@@ -66,9 +66,7 @@ int64_t ModelShape::parameters() const {
 
 // Tied tensors count once, in the first unit that holds them.
 ModelShape model_shape(const models::ModelRecipe& recipe) {
-  models::BuildOptions meta;
-  meta.tensors = at::TensorOptions().dtype(at::kFloat).device(at::kMeta);
-  const auto root = recipe.build(meta);
+  const auto root = recipe.build(models::meta_build());
   std::set<const c10::TensorImpl*> seen;
   ModelShape shape;
   auto count = [&](const torch::nn::Module& m, int64_t& all, int64_t& trainable) {

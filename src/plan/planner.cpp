@@ -16,13 +16,12 @@ namespace {
 data::Batch shape_batch(const models::DataNeeds& needs, int64_t batch, int64_t tokens) {
   const auto meta = at::TensorOptions().device(at::kMeta);
   data::Batch b;
-  const bool text = needs.kinds[0] || needs.kinds[1], images = needs.kinds[0] || needs.kinds[2];
-  b.kind = needs.kinds[0] ? data::SampleKind::IMAGE_TEXT : text ? data::SampleKind::TEXT : data::SampleKind::IMAGE;
-  if (text && b.kind != data::SampleKind::IMAGE) {
+  b.kind = needs.largest_kind();
+  if (b.kind != data::SampleKind::IMAGE) {
     b.input_ids = at::empty({batch, tokens}, meta.dtype(at::kLong));
     b.texts = batch;
   }
-  if (images && b.kind != data::SampleKind::TEXT) {
+  if (b.kind != data::SampleKind::TEXT) {
     b.pixels = at::empty({batch, 3, needs.image_size, needs.image_size}, meta.dtype(at::kFloat));
     b.images = batch;
   }

@@ -55,7 +55,7 @@ plan::TrainingJob job_of(const config::Config& c) {
 
 // Bytes one rank may use: train.memory_budget, else the GPU's memory, else half of this machine's RAM shared by the
 // ranks on it.
-int64_t budget_of(const config::Config& c, std::string& source) {
+int64_t budget_of(const config::Config& c, const plan::TrainingJob& job, std::string& source) {
   if (!c.train.memory_budget.empty()) {
     source = "train.memory_budget";
     return plan::parse_memory_size(c.train.memory_budget);
@@ -65,7 +65,6 @@ int64_t budget_of(const config::Config& c, std::string& source) {
     return memory::cuda_total_memory(0);
   }
   const int64_t ram = static_cast<int64_t>(::sysconf(_SC_PHYS_PAGES)) * static_cast<int64_t>(::sysconf(_SC_PAGESIZE));
-  const plan::TrainingJob job = job_of(c);
   const int64_t ranks_here = std::max<int64_t>(1, job.world / job.nodes);
   source = "half of this machine's RAM shared by " + std::to_string(ranks_here) + " ranks";
   return ram / 2 / ranks_here;
@@ -85,13 +84,13 @@ std::string gib(int64_t bytes) {
 }  // namespace
 
 RunPlan plan_run(const config::Config& config) {
-  RunPlan out{config, ""};
+  RunPlan out{config, "", 0, ""};
   const auto recipe = models::recipe_of(config.model.flavor);
   const plan::ModelShape shape = plan::model_shape(*recipe);
   plan::TrainingJob job = job_of(config);
   if (config.train.batch_size == config::kAutoBatch) {
     std::string source;
-    const int64_t budget = budget_of(config, source);
+    const int64_t budget = budget_of(config, job, source);
     plan::Cluster cluster;
     cluster.gpu_memory = budget, cluster.memory_margin = kAutoMargin;
     job.batch = plan::largest_batch(*recipe, shape, job, cluster);

@@ -57,6 +57,9 @@ void finish_layer(const BuildOptions& options, const std::string& name,
 // Initialises what finish_layer did not (embeddings, heads, norms outside layers).
 void finish_model(const BuildOptions& options, torch::nn::Module& model, const std::vector<std::string>& built);
 
+// BuildOptions that build shapes only: float32 on the meta device, nothing allocated, nothing initialised.
+BuildOptions meta_build();
+
 // Parameters of `module` counted once each (tied tensors once), from shapes only.
 int64_t count_parameters(const torch::nn::Module& module);
 

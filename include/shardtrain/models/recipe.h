@@ -50,6 +50,13 @@ struct DataNeeds {
   int64_t max_text_length = 0, vocab_size = 0;                // tokens; 0: no text
   int64_t num_labels = 0;                                     // classifier outputs (.cls labels)
   bool uses_mlm = false, uses_mim = false;                    // masked tokens / masked patches in the batch
+
+  // The kind of the task's largest batches: image-text when it reads pairs, else text, else images (what memory
+  // estimates and benchmarks size a step by).
+  data::SampleKind largest_kind() const {
+    if (kinds[0]) return data::SampleKind::IMAGE_TEXT;
+    return kinds[1] ? data::SampleKind::TEXT : data::SampleKind::IMAGE;
+  }
 };
 
 // The losses of one micro-batch.
