@@ -1,11 +1,13 @@
-// `shardtrain checkpoint export` and `shardtrain checkpoint list`.
+// `shardtrain checkpoint export`, `shardtrain checkpoint verify` and `shardtrain checkpoint list`.
 #include <torch/nn/module.h>
 
+#include <cstdio>
 #include <iostream>
 
 #include "cli_args.h"
 #include "commands.h"
 #include "shardtrain/ckpt/checkpoint.h"
+#include "shardtrain/ckpt/manifest.h"
 #include "shardtrain/io/files.h"
 #include "shardtrain/models/zoo.h"
 
@@ -15,11 +17,14 @@ namespace {
 const char* kCheckpointUsage =
     "usage: shardtrain checkpoint export CHECKPOINT --out model.safetensors [--dtype fp32|bf16|fp16]\n"
     "                                    [--allow-non-finite]\n"
+    "       shardtrain checkpoint verify PATH\n"
     "       shardtrain checkpoint list DIR\n"
     "export: merges a checkpoint's shards (any world size, FSDP or DDP) into one safetensors file with\n"
     "        Hugging Face names. CHECKPOINT is a step-* directory, or a checkpoint.dir (its newest one).\n"
     "        NaN or Inf weights are refused unless --allow-non-finite.\n"
-    "list:   the complete checkpoints in DIR with their step and world size.\n";
+    "verify: checks every file of a checkpoint (PATH a step-* directory), or of each checkpoint in a\n"
+    "        checkpoint.dir, against its manifest: size and XXH3 checksum. Exit 1 when one fails.\n"
+    "list:   the checkpoints in DIR with their step, world size and run.\n";
 
 // What an export of `flavor` holds: the flavor's module tree on the meta device (no memory) gives our names, the
 // tied pairs (once), Hugging Face's names and the shapes.
@@ -33,6 +38,31 @@ std::vector<ckpt::ExportTensor> export_layout(const std::string& flavor) {
     layout.push_back({ours, hf, like->sizes().vec()});
   }
   return layout;
+}
+
+// One line per checkpoint: "ok" with what it holds, or what is wrong. Returns 0 when every one verifies.
+int verify_command(const std::string& path) {
+  const bool one = io::path_exists(path + "/" + ckpt::kManifestName) || io::path_exists(path + "/trainer.json");
+  const std::vector<std::string> paths = one ? std::vector<std::string>{path} : ckpt::list_checkpoints(path);
+  if (paths.empty()) throw std::invalid_argument("'" + path + "' is neither a checkpoint nor a directory holding one");
+  int damaged = 0;
+  for (const std::string& p : paths) {
+    const std::string problem = ckpt::verify_files(p);
+    if (!problem.empty()) {
+      std::cout << p << "  DAMAGED: " << problem << "\n";
+      ++damaged;
+      continue;
+    }
+    const ckpt::Manifest m = ckpt::read_manifest(p);
+    int64_t bytes = 0;
+    for (const auto& f : m.files) bytes += f.size;
+    std::printf("%s  ok  step %lld, %zu files, %.1f MB, world %lld, run %s\n", p.c_str(),
+                static_cast<long long>(m.step), m.files.size(), static_cast<double>(bytes) / 1e6,
+                static_cast<long long>(m.world_size), m.run_id.c_str());
+    std::fflush(stdout);
+  }
+  if (damaged > 0) std::cout << damaged << " of " << paths.size() << " checkpoint(s) do not verify\n";
+  return damaged > 0 ? 1 : 0;
 }
 
 }  // namespace
@@ -65,12 +95,20 @@ int run_checkpoint_command(const std::vector<std::string>& args) {
     std::cout << "checkpoint export: " << path << " -> " << out << "\n";
     return 0;
   }
+  if (args[0] == "verify") {
+    if (rest.size() != 1) throw std::invalid_argument("verify takes one PATH");
+    return verify_command(rest[0]);
+  }
   if (args[0] == "list") {
     if (rest.size() != 1) throw std::invalid_argument("list takes one DIR");
     for (const auto& p : ckpt::list_checkpoints(rest[0])) {
-      const auto s = ckpt::read_trainer_state(p);
-      std::cout << p << "  step " << s.step << "  world " << s.world_size << "  " << s.flavor << " " << s.strategy
-                << "\n";
+      try {
+        const auto s = ckpt::read_trainer_state(p);
+        std::cout << p << "  step " << s.step << "  world " << s.world_size << "  " << s.flavor << " " << s.strategy
+                  << "  run " << s.run_id << "\n";
+      } catch (const std::runtime_error& e) {
+        std::cout << p << "  unreadable: " << e.what() << "\n";
+      }
     }
     return 0;
   }

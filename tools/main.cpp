@@ -20,7 +20,7 @@ const char* kUsage =
     "  config    write a config for `shardtrain train` by answering questions (--default: without asking)\n"
     "  launch    start N workers with torchrun's environment and supervise them\n"
     "  data      synthetic WebDataset shards (data synth), WordPiece vocabularies (data vocab)\n"
-    "  checkpoint  export a checkpoint to one safetensors file with Hugging Face names; list checkpoints\n"
+    "  checkpoint  export a checkpoint to one safetensors file with Hugging Face names; verify, list checkpoints\n"
     "  models    list the model zoo: every flavor with its exact parameter count and float32 size\n"
     "  estimate-memory  the memory a model needs to load and train (Accelerate's table), from a flavor or config.json\n"
     "  plan      the configurations that fit N GPUs, each with its largest batch and predicted speed\n"

@@ -4,6 +4,7 @@
 // `shardtrain launch` on itself.
 #include <unistd.h>
 
+#include <chrono>
 #include <climits>
 #include <iostream>
 
@@ -20,8 +21,10 @@ const char* kTrainUsage =
     "usage: shardtrain train CONFIG.yaml [--resume] [--dry-run] [--section.key=value ...]\n"
     "Trains the model the config names on its data, sharded over the processes of the job. Every config key\n"
     "can be overridden on the command line (--train.steps=100, --parallel.strategy=shard_grad_op); Accelerate\n"
-    "config keys are accepted too. --resume = --checkpoint.resume=true. `shardtrain config --default` writes a\n"
-    "config with every key. With launch.num_processes > 1 and no launcher around it, it starts the workers.\n"
+    "config keys are accepted too. --resume = --checkpoint.resume=true (auto: resume when there is a\n"
+    "checkpoint). `shardtrain config --default` writes a config with every key. With launch.num_processes > 1\n"
+    "and no launcher around it, it starts the workers (launch.max_restarts: restarts that resume).\n"
+    "SIGTERM or SIGINT ends the run after the current step with a checkpoint, exit code 75.\n"
     "--dry-run prints the memory model's plan (bytes per rank by term, the batch: train.batch_size may be auto)\n"
     "and trains nothing.\n";
 
@@ -70,12 +73,14 @@ int run_train_command(const std::vector<std::string>& args) {
     o.node_rank = static_cast<int>(config.launch.machine_rank);
     o.master_addr = config.launch.main_process_ip;
     o.master_port = static_cast<int>(config.launch.main_process_port);
+    o.max_restarts = static_cast<int>(config.launch.max_restarts);
+    o.preempt_grace = std::chrono::milliseconds(static_cast<int64_t>(config.launch.preempt_grace * 1000.0));
     o.command = {self_executable(), "train"};
     o.command.insert(o.command.end(), args.begin(), args.end());
     return launch::run_launch(o);
   }
-  train::train(config, log::console_sink());
-  return 0;
+  const train::TrainSummary summary = train::train(config, log::console_sink());
+  return summary.preempted_by != 0 ? launch::kPreemptedExitCode : 0;
 }
 
 }  // namespace shardtrain::cli

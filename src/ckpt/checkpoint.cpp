@@ -7,10 +7,13 @@
 #include <ATen/CPUGeneratorImpl.h>
 #include <ATen/Context.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <mutex>
 #include <stdexcept>
 
+#include "shardtrain/ckpt/manifest.h"
+#include "shardtrain/distributed/text_exchange.h"
 #include "shardtrain/fsdp/state_dict.h"
 #include "shardtrain/io/files.h"
 #include "shardtrain/io/safetensors.h"
@@ -91,8 +94,31 @@ nlohmann::json to_json(const TrainerState& s) {
   if (s.loss_scale > 0) j["loss_scale"] = {{"scale", s.loss_scale}, {"growth_tracker", s.loss_scale_growth_tracker}};
   j["flavor"] = s.flavor;
   j["strategy"] = s.strategy;
+  j["run_id"] = s.run_id;
   j["config"] = s.config_yaml;
   return j;
+}
+
+// Rank r hashes the files at positions r, r + W, ... of the sorted listing (the page cache still holds what was just
+// written); the entries are gathered and sorted into one manifest, returned on every rank.
+Manifest describe_checkpoint(const std::string& dir, const TrainerState& state, const dist::Communicator& world) {
+  const std::vector<std::string> files = checkpoint_files(dir);
+  std::vector<std::string> share;
+  for (size_t i = static_cast<size_t>(world.rank()); i < files.size(); i += static_cast<size_t>(world.size())) {
+    share.push_back(files[i]);
+  }
+  nlohmann::json mine = nlohmann::json::array();
+  for (const ManifestFile& f : describe_files(dir, share)) mine.push_back({f.path, f.size, f.xxh3});
+  Manifest m;
+  m.run_id = state.run_id, m.step = state.step, m.world_size = world.size();
+  m.config_hash = to_hex(checksum_bytes(state.config_yaml.data(), state.config_yaml.size()));
+  for (const std::string& text : dist::all_gather_text(world, mine.dump())) {
+    for (const auto& f : nlohmann::json::parse(text)) {
+      m.files.push_back({f[0].get<std::string>(), f[1].get<int64_t>(), f[2].get<uint64_t>()});
+    }
+  }
+  std::sort(m.files.begin(), m.files.end(), [](const ManifestFile& a, const ManifestFile& b) { return a.path < b.path; });
+  return m;
 }
 
 }  // namespace
@@ -152,8 +178,11 @@ std::string save_checkpoint(const std::string& dir, const TrainerState& given, c
     }
   }
   world.barrier().wait();  // every rank's files are on disk
+  if (leader) io::write_file_atomic(tmp + "/trainer.json", to_bytes(to_json(state).dump(2)));
+  world.barrier().wait();
+  const Manifest manifest = describe_checkpoint(tmp, state, world);  // collective
   if (leader) {
-    io::write_file_atomic(tmp + "/trainer.json", to_bytes(to_json(state).dump(2)));
+    write_manifest(tmp, manifest);
     io::sync_path(tmp);
     io::remove_tree(final_path);  // a checkpoint of this step from an earlier run of the same directory
     io::rename_durable(tmp, final_path);
@@ -190,6 +219,7 @@ TrainerState read_trainer_state(const std::string& path) {
     }
     s.flavor = j.at("flavor").get<std::string>();
     s.strategy = j.at("strategy").get<std::string>();
+    s.run_id = j.value("run_id", "");
     s.config_yaml = j.value("config", "");
   } catch (const nlohmann::json::exception& e) {
     throw std::runtime_error(file + ": " + e.what());
@@ -197,7 +227,17 @@ TrainerState read_trainer_state(const std::string& path) {
   return s;
 }
 
+std::string verify_checkpoint(const std::string& path, const dist::Communicator& world) {
+  const std::string mine = verify_files(path, world.rank(), world.size());
+  for (const std::string& problem : dist::all_gather_text(world, mine)) {
+    if (!problem.empty()) return problem;  // the lowest rank's
+  }
+  return "";
+}
+
 TrainerState load_checkpoint(const std::string& path, const CheckpointModel& model, const dist::Communicator& world) {
+  const std::string problem = verify_checkpoint(path, world);
+  if (!problem.empty()) throw CheckpointDamaged(path + " does not verify: " + problem);
   TrainerState state = read_trainer_state(path);
   c10::AutoGradMode no_grad(false);
   // AdamW state for every parameter that had some, filled from the files below.
@@ -255,7 +295,7 @@ std::vector<std::string> list_checkpoints(const std::string& dir) {
   std::vector<std::string> out;
   if (!io::is_directory(dir)) return out;
   for (const auto& name : io::list_directory(dir)) {  // sorted; zero-padded steps sort numerically
-    if (is_step_name(name) && io::path_exists(dir + "/" + name + "/trainer.json")) out.push_back(dir + "/" + name);
+    if (is_step_name(name) && io::is_directory(dir + "/" + name)) out.push_back(dir + "/" + name);
   }
   return out;
 }
@@ -266,7 +306,15 @@ std::optional<std::string> latest_checkpoint(const std::string& dir) {
   return all.back();
 }
 
-void prune_checkpoints(const std::string& dir, int64_t keep) {
+std::string run_id_of(const std::string& path) {
+  try {
+    return read_manifest(path).run_id;
+  } catch (const std::runtime_error&) {
+    return "";
+  }
+}
+
+void prune_checkpoints(const std::string& dir, int64_t keep, const std::string& run_id) {
   if (!io::is_directory(dir)) return;
   for (const auto& name : io::list_directory(dir)) {
     const std::string suffix = kPartial;
@@ -276,12 +324,17 @@ void prune_checkpoints(const std::string& dir, int64_t keep) {
     }
   }
   if (keep <= 0) return;
-  const auto all = list_checkpoints(dir);
-  for (size_t i = 0; i + static_cast<size_t>(keep) < all.size(); ++i) io::remove_tree(all[i]);
+  std::vector<std::string> own;
+  for (const std::string& path : list_checkpoints(dir)) {
+    if (!run_id.empty() && run_id_of(path) == run_id) own.push_back(path);
+  }
+  for (size_t i = 0; i + static_cast<size_t>(keep) < own.size(); ++i) io::remove_tree(own[i]);
 }
 
 void export_checkpoint(const std::string& path, const std::string& out, const std::vector<ExportTensor>& tensors,
                        const ExportOptions& options) {
+  const std::string problem = verify_files(path);
+  if (!problem.empty()) throw std::runtime_error(path + " does not verify: " + problem);
   const TrainerState state = read_trainer_state(path);
   std::map<std::string, at::Tensor> saved;
   if (io::path_exists(path + "/model")) {

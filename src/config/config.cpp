@@ -270,7 +270,8 @@ std::vector<Field> fields_of(Config& c) {
       field("checkpoint.dir", c.checkpoint.dir),
       field("checkpoint.interval", c.checkpoint.interval),
       field("checkpoint.keep", c.checkpoint.keep),
-      field("checkpoint.resume", c.checkpoint.resume),
+      choice("checkpoint.resume", c.checkpoint.resume,
+             {{"false", Resume::NEVER}, {"true", Resume::ALWAYS}, {"auto", Resume::AUTO}}),
       field("checkpoint.overwrite", c.checkpoint.overwrite),
       choice("checkpoint.state_dict_type", c.checkpoint.state_dict_type,
              {{"sharded", StateDictType::SHARDED}, {"full", StateDictType::FULL}}),
@@ -290,6 +291,8 @@ std::vector<Field> fields_of(Config& c) {
       field("launch.machine_rank", c.launch.machine_rank),
       field("launch.main_process_ip", c.launch.main_process_ip),
       field("launch.main_process_port", c.launch.main_process_port),
+      field("launch.max_restarts", c.launch.max_restarts),
+      field("launch.preempt_grace", c.launch.preempt_grace),
   };
 }
 
@@ -476,7 +479,8 @@ void validate(const Config& c) {
           "0 or more units");
   require(c.checkpoint.interval >= 0, "checkpoint.interval", num(c.checkpoint.interval), "0 or positive");
   require(c.checkpoint.keep >= 0, "checkpoint.keep", num(c.checkpoint.keep), "0 (keep all) or positive");
-  require(!c.checkpoint.resume || !c.checkpoint.dir.empty(), "checkpoint.resume", "true",
+  require(c.checkpoint.resume == Resume::NEVER || !c.checkpoint.dir.empty(), "checkpoint.resume",
+          c.checkpoint.resume == Resume::AUTO ? "auto" : "true",
           "possible without checkpoint.dir (where would it resume from?)");
   require(c.log.interval >= 1, "log.interval", num(c.log.interval), "at least 1");
   require(c.log.peak_tflops >= 0, "log.peak_tflops", num(c.log.peak_tflops), "0 (measure) or positive");
@@ -489,6 +493,8 @@ void validate(const Config& c) {
           num(c.launch.machine_rank), "in [0, launch.num_machines)");
   require(c.launch.main_process_port >= 0 && c.launch.main_process_port < 65536, "launch.main_process_port",
           num(c.launch.main_process_port), "a port number");
+  require(c.launch.max_restarts >= 0, "launch.max_restarts", num(c.launch.max_restarts), "0 or more");
+  require(c.launch.preempt_grace >= 0, "launch.preempt_grace", num(c.launch.preempt_grace), "0 or more seconds");
 }
 
 std::string to_yaml(const Config& config) {

@@ -163,15 +163,31 @@ EnvLookup process_env_lookup() {
   };
 }
 
+// The launcher's name for the job, the same in every restart of it: ours, torchrun's rendezvous id (its default
+// "none" names nothing), or Slurm's job.
+std::string job_id_of(const EnvLookup& lookup) {
+  for (const char* name : {"SHARDTRAIN_JOB_ID", "TORCHELASTIC_RUN_ID", "SLURM_JOB_ID"}) {
+    const auto v = lookup(name);
+    if (v && !v->empty() && *v != "none") return *v;
+  }
+  return "";
+}
+
 DistEnv read_dist_env(const EnvLookup& lookup) {
   auto is_set = [&](const char* name) {
     auto v = lookup(name);
     return v && !v->empty();
   };
-  if (is_set("RANK") || is_set("WORLD_SIZE")) return read_torchrun(lookup);
-  if (is_set("OMPI_COMM_WORLD_RANK")) return read_mpi(lookup);
-  if (is_set("SLURM_PROCID") && is_set("SLURM_STEP_ID")) return read_slurm(lookup);
-  return DistEnv{};
+  DistEnv env;
+  if (is_set("RANK") || is_set("WORLD_SIZE")) {
+    env = read_torchrun(lookup);
+  } else if (is_set("OMPI_COMM_WORLD_RANK")) {
+    env = read_mpi(lookup);
+  } else if (is_set("SLURM_PROCID") && is_set("SLURM_STEP_ID")) {
+    env = read_slurm(lookup);
+  }
+  env.job_id = job_id_of(lookup);
+  return env;
 }
 
 std::string slurm_first_host(const std::string& nodelist) {

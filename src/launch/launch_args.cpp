@@ -1,4 +1,5 @@
 #include <algorithm>
+#include <chrono>
 #include <map>
 #include <optional>
 #include <stdexcept>
@@ -20,6 +21,7 @@ enum class Opt {
   MASTER_ADDR,
   MASTER_PORT,
   MAX_RESTARTS,
+  PREEMPT_GRACE,
   NUM_PROCESSES,
 };
 
@@ -30,7 +32,7 @@ const std::map<std::string, Opt>& option_table() {
       {"master-port", Opt::MASTER_PORT},       {"max-restarts", Opt::MAX_RESTARTS},
       {"num-processes", Opt::NUM_PROCESSES},   {"num-machines", Opt::NNODES},
       {"machine-rank", Opt::NODE_RANK},        {"main-process-ip", Opt::MASTER_ADDR},
-      {"main-process-port", Opt::MASTER_PORT},
+      {"main-process-port", Opt::MASTER_PORT}, {"preempt-grace", Opt::PREEMPT_GRACE},
   };
   return table;
 }
@@ -55,11 +57,27 @@ int parse_count(const std::string& option, const std::string& value, int minimum
   return static_cast<int>(parsed);
 }
 
+// Seconds as a decimal number ("30", "0.5") -> milliseconds.
+std::chrono::milliseconds parse_seconds(const std::string& option, const std::string& value) {
+  size_t used = 0;
+  double parsed = -1;
+  try {
+    parsed = std::stod(value, &used);
+  } catch (const std::exception&) {
+    used = 0;
+  }
+  if (value.empty() || used != value.size() || !(parsed >= 0) || parsed > 86400) {
+    throw std::invalid_argument("--" + option + " '" + value + "' is not a number of seconds in [0, 86400]");
+  }
+  return std::chrono::milliseconds(static_cast<int64_t>(parsed * 1000.0));
+}
+
 }  // namespace
 
 std::string launch_usage() {
   return "usage: shardtrain launch --nproc-per-node N [--nnodes M --node-rank R --master-addr A --master-port P]\n"
-         "                        [--max-restarts K] [--] PROGRAM [ARGS...]\n"
+         "                        [--max-restarts K] [--preempt-grace SECONDS] [--] PROGRAM [ARGS...]\n"
+         "  --preempt-grace: after SIGTERM/SIGINT, how long the workers get to save before SIGKILL (30)\n"
          "  Accelerate's --num_processes (total), --num_machines, --machine_rank, --main_process_ip and\n"
          "  --main_process_port are accepted too; '_' and '-' are interchangeable in option names.\n";
 }
@@ -106,6 +124,7 @@ LaunchOptions parse_launch_args(const std::vector<std::string>& args) {
         }
         break;
       case Opt::MAX_RESTARTS: options.max_restarts = parse_count(name, *value, 0); break;
+      case Opt::PREEMPT_GRACE: options.preempt_grace = parse_seconds(name, *value); break;
     }
   }
   options.command.assign(args.begin() + static_cast<std::ptrdiff_t>(i), args.end());

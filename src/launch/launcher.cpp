@@ -10,8 +10,11 @@
 #include <atomic>
 #include <cerrno>
 #include <chrono>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <map>
+#include <random>
 #include <memory>
 #include <stdexcept>
 #include <string>
@@ -177,7 +180,8 @@ class ListenSocket {
 };
 
 std::vector<std::string> worker_environment(const LaunchOptions& o, int local_rank, const std::string& master_addr,
-                                            int master_port, int restart, std::optional<int> listen_fd) {
+                                            int master_port, int restart, std::optional<int> listen_fd,
+                                            const std::string& job_id) {
   const int world = o.nnodes * o.nproc_per_node;
   const int rank = o.node_rank * o.nproc_per_node + local_rank;
   std::map<std::string, std::string> vars;
@@ -198,6 +202,7 @@ std::vector<std::string> worker_environment(const LaunchOptions& o, int local_ra
   vars["MASTER_PORT"] = std::to_string(master_port);
   vars["TORCHELASTIC_RESTART_COUNT"] = std::to_string(restart);
   vars["TORCHELASTIC_MAX_RESTARTS"] = std::to_string(o.max_restarts);
+  vars["SHARDTRAIN_JOB_ID"] = job_id;
   // Several workers on one node each running a full-width thread pool oversubscribe the cores (torchrun does the
   // same); a value the user set is kept.
   if (o.nproc_per_node > 1 && vars.count("OMP_NUM_THREADS") == 0) vars["OMP_NUM_THREADS"] = "1";
@@ -207,7 +212,22 @@ std::vector<std::string> worker_environment(const LaunchOptions& o, int local_ra
   return env;
 }
 
-enum class GroupEnd { SUCCESS, WORKER_FAILED, LAUNCHER_SIGNALED };
+enum class GroupEnd { SUCCESS, WORKER_FAILED, PREEMPTED, LAUNCHER_SIGNALED };
+
+std::string seconds(std::chrono::milliseconds d) {
+  char text[32];
+  std::snprintf(text, sizeof(text), "%g s", static_cast<double>(d.count()) / 1000.0);
+  return text;
+}
+
+// 16 hex digits from the system's entropy source.
+std::string new_job_id() {
+  std::random_device entropy;
+  const uint64_t value = (static_cast<uint64_t>(entropy()) << 32) ^ entropy();
+  char text[17];
+  std::snprintf(text, sizeof(text), "%016llx", static_cast<unsigned long long>(value));
+  return text;
+}
 
 struct GroupResult {
   GroupEnd end = GroupEnd::SUCCESS;
@@ -218,13 +238,13 @@ struct GroupResult {
 class WorkerGroup {
  public:
   WorkerGroup(const LaunchOptions& o, const std::string& master_addr, int master_port, int restart,
-              std::optional<int> listen_fd, SignalPipe& signals)
+              std::optional<int> listen_fd, const std::string& job_id, SignalPipe& signals)
       : options_(o), signals_(signals) {
     for (int local = 0; local < o.nproc_per_node; ++local) {
       WorkerSpec spec;
       spec.rank = o.node_rank * o.nproc_per_node + local;
       spec.command = o.command;
-      spec.env = worker_environment(o, local, master_addr, master_port, restart, listen_fd);
+      spec.env = worker_environment(o, local, master_addr, master_port, restart, listen_fd, job_id);
       if (spec.rank == 0) spec.inherit_fd = listen_fd;
       workers_.push_back(std::make_unique<Worker>(spec));
       out_relays_.emplace_back(spec.rank, STDOUT_FILENO);
@@ -236,9 +256,13 @@ class WorkerGroup {
     while (true) {
       int sig = wait_and_relay(std::chrono::milliseconds(200));
       if (sig != 0) {
-        say("received " + signal_name(sig) + ", stopping " + std::to_string(running_count()) + " worker(s)");
-        stop(sig);
-        return {GroupEnd::LAUNCHER_SIGNALED, 128 + sig};
+        say("received " + signal_name(sig) + ", passing it to " + std::to_string(running_count()) +
+            " worker(s); SIGKILL in " + seconds(options_.preempt_grace) + " (a second signal: now)");
+        stop(sig, options_.preempt_grace);
+        // Workers that all ended on their own with one code (a trainer's "preempted, checkpoint saved") speak for
+        // the job; otherwise it ends as the signal ended it.
+        const std::optional<int> code = common_exit_code();
+        return {GroupEnd::LAUNCHER_SIGNALED, code ? *code : 128 + sig};
       }
       bool all_ok = true;
       for (auto& w : workers_) {
@@ -247,16 +271,22 @@ class WorkerGroup {
           all_ok = false;
           continue;
         }
+        if (status->preempted()) {  // it saved and left: the others are leaving the same way
+          say("rank " + std::to_string(w->rank()) + " was preempted (exit " + std::to_string(kPreemptedExitCode) +
+              "); waiting for the other " + std::to_string(running_count()) + " worker(s)");
+          stop(0, options_.preempt_grace);
+          return {GroupEnd::PREEMPTED, kPreemptedExitCode};
+        }
         if (!status->ok()) {
           drain_output(*w);  // its last words before the launcher's verdict
           say("rank " + std::to_string(w->rank()) + " (pid " + std::to_string(w->pid()) + ") " + status->describe() +
               "; stopping the other " + std::to_string(running_count()) + " worker(s)");
-          stop(SIGTERM);
+          stop(SIGTERM, options_.stop_grace);
           return {GroupEnd::WORKER_FAILED, status->shell_code()};
         }
       }
       if (all_ok) {
-        stop(SIGKILL);  // whatever the workers left running in their process groups
+        stop(SIGKILL, std::chrono::milliseconds(0));  // whatever the workers left running in their process groups
         return {GroupEnd::SUCCESS, 0};
       }
     }
@@ -290,14 +320,28 @@ class WorkerGroup {
     return (fds[0].revents & POLLIN) ? signals_.drain() : 0;
   }
 
-  // Sends `sig` to every running worker's process group, relays output while they stop, kills what is left after
-  // the grace period, then drains and closes the pipes. A second terminating signal skips the grace period.
-  void stop(int sig) {
+  // The one exit code every worker ended with on its own (no signal), if they agree.
+  std::optional<int> common_exit_code() const {
+    std::optional<int> code;
+    for (const auto& w : workers_) {
+      const auto& status = w->status();
+      if (!status || status->signaled || (code && *code != status->code)) return std::nullopt;
+      code = status->code;
+    }
+    return code;
+  }
+
+  // Sends `sig` (0: none, only wait) to every running worker's process group, relays output while they stop, kills
+  // what is left after `grace`, then drains and closes the pipes. A terminating signal to the launcher meanwhile
+  // skips the rest of the grace period.
+  void stop(int sig, std::chrono::milliseconds grace) {
     std::vector<Worker*> stopped;
     for (auto& w : workers_) {
-      if (w->running()) w->signal_group(sig), stopped.push_back(w.get());
+      if (!w->running()) continue;
+      if (sig != 0) w->signal_group(sig);
+      stopped.push_back(w.get());
     }
-    const auto deadline = Clock::now() + options_.stop_grace;
+    const auto deadline = Clock::now() + grace;
     while (running_count() > 0 && Clock::now() < deadline) {
       if (wait_and_relay(std::chrono::milliseconds(50)) != 0) break;
       for (auto& w : workers_) w->poll_exit();
@@ -370,11 +414,16 @@ int run_launch(const LaunchOptions& options) {
   std::optional<int> listen_fd;
   if (listen_socket) listen_fd = listen_socket->fd();
 
+  // One id for the job across its restarts (a restarted trainer resumes only this job's checkpoints); one the
+  // launcher was given in SHARDTRAIN_JOB_ID is kept, so that every node's launcher can share it.
+  const char* given_id = std::getenv("SHARDTRAIN_JOB_ID");
+  const std::string job_id = given_id && *given_id ? given_id : new_job_id();
+
   SignalPipe signals;
   for (int attempt = 0;; ++attempt) {
     GroupResult result;
     {
-      WorkerGroup group(options, master_addr, master_port, attempt, listen_fd, signals);
+      WorkerGroup group(options, master_addr, master_port, attempt, listen_fd, job_id, signals);
       result = group.supervise();
     }
     if (result.end != GroupEnd::WORKER_FAILED) return result.exit_code;

@@ -8,6 +8,8 @@
 #include <string>
 #include <vector>
 
+#include "shardtrain/launch/launch.h"
+
 namespace shardtrain::launch {
 
 // How a process ended, from waitpid's status.
@@ -16,6 +18,7 @@ struct ExitStatus {
   int signal = 0;  // terminating signal when signaled
   bool signaled = false;
   bool ok() const { return !signaled && code == 0; }
+  bool preempted() const { return !signaled && code == kPreemptedExitCode; }
   int shell_code() const { return signaled ? 128 + signal : code; }  // what a shell would report
   std::string describe() const;  // "exited with code 3", "was killed by signal 9 (SIGKILL)"
 };

@@ -1,48 +1,122 @@
 #include "train/run_checkpoint.h"
 
+#include <cstdio>
+#include <random>
 #include <stdexcept>
 
+#include "shardtrain/distributed/text_exchange.h"
 #include "shardtrain/io/files.h"
 
 namespace shardtrain::train {
+namespace {
 
+using config::Resume;
+
+std::string count_of(size_t n) { return std::to_string(n) + (n == 1 ? " checkpoint" : " checkpoints"); }
+
+// checkpoint.resume: false takes the directory: refused while it holds checkpoints, unless checkpoint.overwrite.
 void claim_checkpoint_dir(const config::Config& c, const dist::Communicator& world, const log::Logger& logger) {
-  if (c.checkpoint.dir.empty() || c.checkpoint.resume) return;
+  if (c.checkpoint.dir.empty()) return;
   const std::vector<std::string> existing = ckpt::list_checkpoints(c.checkpoint.dir);
   if (existing.empty()) return;
-  const std::string count = std::to_string(existing.size()) + (existing.size() == 1 ? " checkpoint" : " checkpoints");
   if (!c.checkpoint.overwrite) {
-    const ckpt::TrainerState newest = ckpt::read_trainer_state(existing.back());
+    std::string newest = existing.back();
+    try {
+      const ckpt::TrainerState s = ckpt::read_trainer_state(existing.back());
+      newest += ", step " + std::to_string(s.step) + " of " + s.flavor;
+    } catch (const std::runtime_error&) {
+      newest += ", unreadable";
+    }
     throw std::invalid_argument(
-        "checkpoint.dir: '" + c.checkpoint.dir + "' already holds " + count + " of an earlier run (the newest " +
-        existing.back() + ", step " + std::to_string(newest.step) + " of " + newest.flavor + "). Continue it with " +
-        "--resume, write this run elsewhere with --checkpoint.dir=DIR, or remove them with " +
-        "--checkpoint.overwrite=true");
+        "checkpoint.dir: '" + c.checkpoint.dir + "' already holds " + count_of(existing.size()) +
+        " of an earlier run (the newest " + newest + "). Continue it with --resume, write this run elsewhere with " +
+        "--checkpoint.dir=DIR, or remove them with --checkpoint.overwrite=true");
   }
   world.barrier().wait();  // every rank has listed them before they go
   if (world.rank() == 0) {
     for (const std::string& path : existing) io::remove_tree(path);
   }
   world.barrier().wait();
-  logger.info("checkpoint.overwrite: removed " + count + " of an earlier run from " + c.checkpoint.dir);
+  logger.info("checkpoint.overwrite: removed " + count_of(existing.size()) + " of an earlier run from " +
+              c.checkpoint.dir);
 }
 
-RunPosition resume_run(const config::Config& c, const ckpt::CheckpointModel& model, optim::GradScaler* scaler,
-                       const dist::Communicator& world, const log::Logger& logger) {
-  const auto latest = ckpt::latest_checkpoint(c.checkpoint.dir);
-  if (!latest) throw std::invalid_argument("checkpoint.resume: no complete checkpoint in '" + c.checkpoint.dir + "'");
-  const ckpt::TrainerState s = ckpt::load_checkpoint(*latest, model, world);
-  if (s.flavor != c.model.flavor) {
-    throw std::invalid_argument("checkpoint.resume: " + *latest + " is of " + s.flavor + ", the config trains " +
-                                c.model.flavor);
+// A fresh run's id: the launcher's job id (the same in every restart of the job), else 16 random hex digits.
+// Rank 0's, so that every rank agrees. Collective.
+std::string new_run_id(const dist::DistEnv& env, const dist::Communicator& world) {
+  std::string id = env.job_id;
+  if (id.empty()) {
+    std::random_device entropy;
+    char text[17];
+    std::snprintf(text, sizeof(text), "%08x%08x", entropy(), entropy());
+    id = text;
   }
-  if (scaler && s.loss_scale > 0) scaler->load_state(s.loss_scale, s.loss_scale_growth_tracker);
-  logger.info("resumed from " + *latest + " at step " + std::to_string(s.step) +
-              (s.world_size == world.size() ? "" : " (another world size: RNG not restored)"));
-  RunPosition at;
-  at.step = s.step;
-  at.loader.step = s.loader_step, at.loader.consumed = s.loader_consumed;
-  return at;
+  return dist::broadcast_text(world, id, 0);
+}
+
+// Loads the newest checkpoint of `candidates` (oldest first) that verifies; the skipped ones are logged. nullopt
+// when there are none; throws std::invalid_argument when none verifies.
+std::optional<RunPosition> resume_newest(const config::Config& c, const std::vector<std::string>& candidates,
+                                         const ckpt::CheckpointModel& model, optim::GradScaler* scaler,
+                                         const dist::Communicator& world, const log::Logger& logger) {
+  if (candidates.empty()) return std::nullopt;
+  std::string why;
+  for (auto it = candidates.rbegin(); it != candidates.rend(); ++it) {
+    ckpt::TrainerState s;
+    try {
+      s = ckpt::load_checkpoint(*it, model, world);
+    } catch (const ckpt::CheckpointDamaged& e) {
+      logger.warning(std::string("checkpoint.resume: skipped: ") + e.what());
+      why += std::string("\n  ") + e.what();
+      continue;
+    }
+    if (s.flavor != c.model.flavor) {
+      throw std::invalid_argument("checkpoint.resume: " + *it + " is of " + s.flavor + ", the config trains " +
+                                  c.model.flavor);
+    }
+    if (scaler && s.loss_scale > 0) scaler->load_state(s.loss_scale, s.loss_scale_growth_tracker);
+    logger.info("resumed from " + *it + " at step " + std::to_string(s.step) +
+                (s.world_size == world.size() ? "" : " (another world size: RNG not restored)"));
+    RunPosition at;
+    at.step = s.step;
+    at.loader.step = s.loader_step, at.loader.consumed = s.loader_consumed;
+    at.run_id = s.run_id;
+    return at;
+  }
+  throw std::invalid_argument("checkpoint.resume: none of the " + count_of(candidates.size()) + " in '" +
+                              c.checkpoint.dir + "' verifies (`shardtrain checkpoint verify` checks them):" + why);
+}
+
+}  // namespace
+
+RunPosition start_run(const config::Config& c, const ckpt::CheckpointModel& model, optim::GradScaler* scaler,
+                      const dist::Communicator& world, const dist::DistEnv& env, const log::Logger& logger) {
+  const std::vector<std::string> all = ckpt::list_checkpoints(c.checkpoint.dir);
+  Resume mode = c.checkpoint.resume;
+  std::vector<std::string> candidates = all;
+  if (mode == Resume::NEVER && env.restart_count > 0 && !c.checkpoint.dir.empty()) {
+    // Restart n of a job that started afresh: its own checkpoints (none when it failed before its first save).
+    mode = Resume::AUTO;
+    if (!env.job_id.empty()) {
+      candidates.clear();
+      for (const std::string& path : all) {
+        if (ckpt::run_id_of(path) == env.job_id) candidates.push_back(path);
+      }
+    }
+    logger.info("restart " + std::to_string(env.restart_count) + " of the job: " +
+                (candidates.empty() ? "no checkpoint of its own yet, starting afresh"
+                                    : "resuming from its newest checkpoint"));
+  }
+  if (mode != Resume::NEVER) {
+    if (auto at = resume_newest(c, candidates, model, scaler, world, logger)) return *at;
+    if (mode == Resume::ALWAYS) {
+      throw std::invalid_argument("checkpoint.resume: no checkpoint in '" + c.checkpoint.dir + "'");
+    }
+  }
+  claim_checkpoint_dir(c, world, logger);
+  RunPosition fresh;
+  fresh.run_id = new_run_id(env, world);
+  return fresh;
 }
 
 std::string save_run(const config::Config& c, const RunPosition& at, const optim::GradScaler* scaler,
@@ -50,10 +124,11 @@ std::string save_run(const config::Config& c, const RunPosition& at, const optim
   ckpt::TrainerState s;
   s.step = at.step, s.loader_step = at.loader.step, s.loader_consumed = at.loader.consumed;
   s.world_size = world.size(), s.flavor = c.model.flavor, s.strategy = config::to_string(c.parallel.strategy);
+  s.run_id = at.run_id;
   s.config_yaml = config::to_yaml(c);
   if (scaler) s.loss_scale = scaler->scale_value(), s.loss_scale_growth_tracker = scaler->growth_tracker();
   const std::string path = ckpt::save_checkpoint(c.checkpoint.dir, s, model, world);
-  if (world.rank() == 0) ckpt::prune_checkpoints(c.checkpoint.dir, c.checkpoint.keep);
+  if (world.rank() == 0) ckpt::prune_checkpoints(c.checkpoint.dir, c.checkpoint.keep, at.run_id);
   world.barrier().wait();
   return path;
 }

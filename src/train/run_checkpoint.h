@@ -1,5 +1,5 @@
 // Saving and resuming a run (private to the train layer): the trainer's side of ckpt/checkpoint.h — which step, the
-// data position, the float16 loss scale, and the config they came from.
+// data position, the float16 loss scale, the run id, and the config they came from.
 #pragma once
 
 #include <string>
@@ -7,6 +7,7 @@
 #include "shardtrain/ckpt/checkpoint.h"
 #include "shardtrain/config/config.h"
 #include "shardtrain/data/loader.h"
+#include "shardtrain/distributed/env.h"
 #include "shardtrain/log/log.h"
 #include "shardtrain/optim/grad_scaler.h"
 
@@ -16,19 +17,23 @@ namespace shardtrain::train {
 struct RunPosition {
   int64_t step = 0;         // optimizer steps done
   data::LoaderState loader; // the data stream's position
+  std::string run_id;       // whose checkpoints these are (ckpt/manifest.h); kept by resumes and restarts
 };
 
-// A run that does not resume takes checkpoint.dir for itself: when it already holds checkpoints, throws
-// std::invalid_argument saying what is there and the ways out, or with checkpoint.overwrite removes them (rank 0,
-// after every rank has looked). Collective when there are any.
-void claim_checkpoint_dir(const config::Config& config, const dist::Communicator& world, const log::Logger& logger);
+// How a run starts, by checkpoint.resume and by whether its launcher restarted it (env.restart_count > 0):
+//   true: from the newest checkpoint in checkpoint.dir that verifies; std::invalid_argument when there is none.
+//   auto: the same when the directory holds checkpoints, else afresh.
+//   false: afresh, taking checkpoint.dir for itself: when it already holds checkpoints, throws
+//          std::invalid_argument saying what is there and the ways out, or with checkpoint.overwrite removes them.
+//          A restarted worker group resumes instead, from its own job's checkpoints (run id = env.job_id).
+// Checkpoints that do not verify are skipped, newest first, each named with the reason; when every one fails,
+// the run stops rather than start over beside them. A fresh run's id is the launcher's job id, or a random one;
+// rank 0's is everybody's. Restores the model, the optimizer and the scaler (when given). Collective.
+RunPosition start_run(const config::Config& config, const ckpt::CheckpointModel& model, optim::GradScaler* scaler,
+                      const dist::Communicator& world, const dist::DistEnv& env, const log::Logger& logger);
 
-// Restores the newest complete checkpoint of checkpoint.dir into `model` (and the scaler when given). Collective.
-// Throws std::invalid_argument when there is none or it is of another flavor.
-RunPosition resume_run(const config::Config& config, const ckpt::CheckpointModel& model, optim::GradScaler* scaler,
-                       const dist::Communicator& world, const log::Logger& logger);
-
-// Saves step `at.step` atomically into checkpoint.dir and prunes to checkpoint.keep. Collective; returns the path.
+// Saves step `at.step` atomically into checkpoint.dir and prunes this run's to checkpoint.keep. Collective; returns
+// the path.
 std::string save_run(const config::Config& config, const RunPosition& at, const optim::GradScaler* scaler,
                      const ckpt::CheckpointModel& model, const dist::Communicator& world);
 

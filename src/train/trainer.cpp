@@ -1,6 +1,7 @@
 #include "shardtrain/train/trainer.h"
 
 #include <ATen/ATen.h>
+#include <signal.h>
 
 #include <algorithm>
 #include <chrono>
@@ -18,6 +19,7 @@
 #include "shardtrain/nn/activation_checkpoint.h"
 #include "shardtrain/train/schedule.h"
 #include "train/metrics_log.h"
+#include "train/preemption.h"
 #include "train/run_checkpoint.h"
 #include "train/train_step.h"
 #include "train/training_data.h"
@@ -166,7 +168,7 @@ struct Loop {
 
   int64_t last_step() const { return c.train.stop_at > 0 ? c.train.stop_at : c.train.steps; }
 
-  void run() {
+  void run(const PreemptionWatch& preemption) {
     const int64_t warmup_until = at.step + c.log.warmup_steps;
     if (data.eval_loader && at.step == 0) evaluate();
     while (at.step < last_step()) {
@@ -180,9 +182,23 @@ struct Loop {
       log.step_done(at.step, step.loss);
       if (due(at.step, c.log.interval, last_step())) log_interval(lr);
       if (data.eval_loader && due(at.step, c.train.eval_interval, last_step())) evaluate();
-      if (!c.checkpoint.dir.empty() && due(at.step, c.checkpoint.interval, last_step())) save();
+      const bool saved = !c.checkpoint.dir.empty() && due(at.step, c.checkpoint.interval, last_step());
+      if (saved) save();
+      if (const int sig = preemption.agreed_signal(job.pg.world()); sig != 0 && at.step < last_step()) {
+        stop_for(sig, saved);
+        break;
+      }
     }
     log.finish();
+  }
+
+  // SIGTERM/SIGINT reached a rank: every rank saves this step (unless it just did) and the run ends.
+  void stop_for(int sig, bool saved) {
+    if (!saved && !c.checkpoint.dir.empty()) save();
+    summary.preempted_by = sig;
+    log.message(std::string(sig == SIGINT ? "SIGINT" : "SIGTERM") + " at step " + std::to_string(at.step) + ": " +
+                (c.checkpoint.dir.empty() ? "no checkpoint.dir, nothing saved"
+                                          : "saved " + summary.last_checkpoint + "; continue with --resume"));
   }
 
   void log_interval(double lr) {
@@ -259,9 +275,9 @@ TrainSummary train(const Config& given, std::shared_ptr<log::Sink> sink) {
   // float16: the loss is scaled before backward, and a step whose gradients overflowed on any rank is skipped.
   std::optional<optim::GradScaler> scaler;
   if (c.parallel.mixed_precision == config::Precision::FP16) scaler.emplace(optim::GradScalerOptions{}, world);
-  claim_checkpoint_dir(c, world, job.logger);
-  const RunPosition start =
-      c.checkpoint.resume ? resume_run(c, checkpointed, scaler ? &*scaler : nullptr, world, job.logger) : RunPosition{};
+  // Watched from before the resume: a signal during start-up stops the run after its first step.
+  const PreemptionWatch preemption;
+  const RunPosition start = start_run(c, checkpointed, scaler ? &*scaler : nullptr, world, job.env, job.logger);
   start_loading(data, start.loader);
 
   const double peak_tflops = c.log.peak_tflops > 0 ? c.log.peak_tflops : measure_peak_tflops(job.device);
@@ -272,7 +288,7 @@ TrainSummary train(const Config& given, std::shared_ptr<log::Sink> sink) {
                               objective_seed, world.rank()},
             data, log, checkpointed, peak_tflops, start, {}, {}};
   loop.summary.start_step = start.step;
-  loop.run();
+  loop.run(preemption);
 
   const data::LoaderStats stats = data.loader->stats();
   loop.summary.steps = loop.at.step;

@@ -191,7 +191,7 @@ TEST_F(LauncherTest, SigtermToTheLauncherReachesEveryWorker) {
     ::kill(launcher, SIGTERM);
   });
   EXPECT_EQ(r.exit_code, 128 + SIGTERM) << r.err;
-  EXPECT_TRUE(contains(r.err, "received SIGTERM, stopping 3 worker(s)")) << r.err;
+  EXPECT_TRUE(contains(r.err, "received SIGTERM, passing it to 3 worker(s); SIGKILL in 30 s")) << r.err;
   for (int rank = 0; rank < 3; ++rank) {
     EXPECT_TRUE(contains(r.err, "stopped rank " + std::to_string(rank) + " (pid ")) << r.err;
   }
@@ -217,6 +217,40 @@ TEST_F(LauncherTest, WorkersIgnoringSigtermAreKilled) {
   EXPECT_TRUE(contains(r.err, "was killed by signal 9 (SIGKILL)")) << r.err;
   EXPECT_LT(r.seconds, 15);
   expect_nothing_left("ignore SIGTERM");
+}
+
+// Preemption: workers that save and exit 75 on SIGTERM make the launcher exit 75 (not 128 + 15).
+TEST_F(LauncherTest, PreemptedWorkersSaveAndTheJobSaysSo) {
+  auto r = launch({"--nproc-per-node", "2"}, "save-on-term", -1, [&](pid_t launcher) {
+    ASSERT_TRUE(wait_for_workers(2));
+    ::kill(launcher, SIGTERM);
+  });
+  EXPECT_EQ(r.exit_code, 75) << r.err;
+  EXPECT_TRUE(contains(r.err, "exited with code 75")) << r.err;
+  expect_nothing_left("preempted");
+}
+
+// One that ignores SIGTERM is killed after --preempt-grace.
+TEST_F(LauncherTest, AWorkerThatDoesNotStopIsKilledAfterThePreemptGrace) {
+  auto slow = launch({"--nproc-per-node", "2", "--preempt-grace", "1"}, "save-on-term", 1, [&](pid_t launcher) {
+    ASSERT_TRUE(wait_for_workers(2));
+    ::kill(launcher, SIGTERM);
+  });
+  EXPECT_EQ(slow.exit_code, 128 + SIGTERM) << slow.err;
+  EXPECT_TRUE(contains(slow.err, "SIGKILL in 1 s")) << slow.err;
+  EXPECT_TRUE(contains(slow.err, "stopped rank 1 (pid ")) << slow.err;
+  EXPECT_TRUE(contains(slow.err, "was killed by signal 9 (SIGKILL)")) << slow.err;
+  EXPECT_LT(slow.seconds, 10);
+  expect_nothing_left("ignored preemption");
+}
+
+// A worker that exits 75 by itself was preempted: no restart, and the launcher exits 75.
+TEST_F(LauncherTest, APreemptedWorkerIsNotRestarted) {
+  auto r = launch({"--nproc-per-node", "2", "--max-restarts", "2"}, "exit75", 0);
+  EXPECT_EQ(r.exit_code, 75) << r.err;
+  EXPECT_TRUE(contains(r.err, "rank 0 was preempted (exit 75)")) << r.err;
+  EXPECT_FALSE(contains(r.err, "restarting")) << r.err;
+  expect_nothing_left("preempted worker");
 }
 
 TEST_F(LauncherTest, WorkersDieWithAKilledLauncher) {
@@ -268,6 +302,12 @@ TEST_F(LauncherTest, WorkersGetTorchrunEnvironment) {
   // Only rank 0 gets the launcher's listening socket.
   EXPECT_FALSE(contains(r.out, "[rank0]: SHARDTRAIN_MASTER_LISTEN_FD=<unset>")) << r.out;
   EXPECT_TRUE(contains(r.out, "[rank1]: SHARDTRAIN_MASTER_LISTEN_FD=<unset>")) << r.out;
+  // One job id for every worker: 16 hex digits.
+  const size_t at = r.out.find("[rank0]: SHARDTRAIN_JOB_ID=");
+  ASSERT_NE(at, std::string::npos) << r.out;
+  const std::string id = r.out.substr(at + 27, 16);
+  EXPECT_EQ(id.find_first_not_of("0123456789abcdef"), std::string::npos) << id;
+  EXPECT_TRUE(contains(r.out, "[rank1]: SHARDTRAIN_JOB_ID=" + id + "\n")) << r.out;
   EXPECT_FALSE(contains(r.out, "MASTER_PORT=0\n")) << "a free port must have been chosen: " << r.out;
 }
 

@@ -38,6 +38,11 @@ void write_pid(const std::string& path, pid_t pid) {
   std::rename((path + ".tmp").c_str(), path.c_str());
 }
 
+extern "C" void on_term_save(int) {
+  ::usleep(300 * 1000);  // the checkpoint
+  ::_exit(75);
+}
+
 [[noreturn]] void sleep_forever() {
   while (true) std::this_thread::sleep_for(std::chrono::seconds(1));
 }
@@ -57,7 +62,7 @@ int main(int argc, char** argv) {
   if (mode == "env") {
     for (const char* name : {"RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "MASTER_ADDR",
                              "MASTER_PORT", "OMP_NUM_THREADS", "TORCHELASTIC_RESTART_COUNT",
-                             "SHARDTRAIN_MASTER_LISTEN_FD"}) {
+                             "SHARDTRAIN_MASTER_LISTEN_FD", "SHARDTRAIN_JOB_ID"}) {
       std::cout << name << "=" << env_or(name, "<unset>") << "\n";
     }
     return 0;
@@ -86,6 +91,8 @@ int main(int argc, char** argv) {
   }
   write_pid(dir + "/grandchild" + std::to_string(rank) + ".pid", child);
   if (mode == "ignore-term") signal(SIGTERM, SIG_IGN);
+  // A trainer being preempted: SIGTERM -> save (a pause) -> exit 75; the target ignores SIGTERM instead.
+  if (mode == "save-on-term") signal(SIGTERM, is_target ? SIG_IGN : on_term_save);
   write_pid(dir + "/worker" + std::to_string(rank) + ".pid", getpid());
   std::cout << "hello from rank " << rank << std::endl;
   std::cerr << "stderr line from rank " << rank << std::endl;
@@ -98,6 +105,11 @@ int main(int argc, char** argv) {
     std::this_thread::sleep_for(pause);
     if (mode == "sigkill") raise(SIGKILL);
     return mode == "exit3" ? 3 : 1;
+  }
+  if (mode == "save-on-term") sleep_forever();
+  if (mode == "exit75") {  // every rank preempted on its own, the target first
+    std::this_thread::sleep_for(is_target ? pause : 2 * pause);
+    return 75;
   }
   if (mode == "fail-first") {
     const bool first = env_or("TORCHELASTIC_RESTART_COUNT", "0") == "0";

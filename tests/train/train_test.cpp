@@ -16,59 +16,28 @@
 #include <torch/serialize.h>
 
 #include "shardtrain/ckpt/checkpoint.h"
+#include "shardtrain/ckpt/manifest.h"
 #include "shardtrain/config/config.h"
 #include "shardtrain/fsdp/state_dict.h"
 #include "shardtrain/io/files.h"
 #include "shardtrain/io/safetensors.h"
 #include "shardtrain/models/zoo.h"
+#include "train/train_harness.h"
 
 namespace shardtrain {
 namespace {
 
-struct Outcome {
-  int status = -1;
-  std::string output;
-};
-
-Outcome run(const std::string& command, const std::string& input = "") {
-  const std::string out = "/tmp/shardtrain_train_test_out_" + std::to_string(::getpid());
-  std::string full = command + " > " + out + " 2>&1";
-  if (!input.empty()) full = "printf '" + input + "' | " + full;
-  const int raw = std::system(full.c_str());
-  Outcome r;
-  r.status = WIFEXITED(raw) ? WEXITSTATUS(raw) : 128 + WTERMSIG(raw);
-  std::ifstream in(out);
-  std::stringstream text;
-  text << in.rdbuf();
-  r.output = text.str();
-  io::remove_tree(out);
-  return r;
-}
+using test::Outcome;
+using test::run;
+using test::saved_state;
 
 // One synthetic dataset and config for the whole suite.
 class TrainTest : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
     root_ = "/tmp/shardtrain_train_test_" + std::to_string(::getpid());
-    io::remove_tree(root_);
-    io::make_directories(root_);
-    const Outcome synth = run(std::string(SHARDTRAIN_BIN) + " data synth --out " + root_ + "/data --image-text 200 "
-                          "--text 80 --image 80 --eval 32 --image-size 32 --shard-size 64");
+    const Outcome synth = test::write_flava_suite(root_);
     ASSERT_EQ(synth.status, 0) << synth.output;
-    std::ofstream cfg(root_ + "/config.yaml");
-    cfg << "model: {flavor: flava-debug}\n"
-           "data:\n"
-           "  image_text: [" << root_ << "/data/image_text]\n"
-           "  text: [" << root_ << "/data/text]\n"
-           "  image: [" << root_ << "/data/image]\n"
-           "  eval: [" << root_ << "/data/eval]\n"
-           "  vocab: " << root_ << "/data/vocab.txt\n"
-           "  mix: {image_text: 0.5, text: 0.25, image: 0.25}\n"
-           "  max_text_length: 16\n"
-           "  workers: 2\n"
-           "optim: {lr: 2.0e-3, warmup_steps: 2}\n"
-           "train: {steps: 8, batch_size: 4, grad_accum: 2, eval_interval: 4, eval_samples: 16}\n"
-           "log: {interval: 2, progress: lines, peak_tflops: 1}\n";
   }
   static void TearDownTestSuite() { io::remove_tree(root_); }
 
@@ -95,15 +64,6 @@ double max_difference(const std::map<std::string, at::Tensor>& a, const std::map
     worst = std::max(worst, (t.to(at::kDouble) - it->second.to(at::kDouble)).abs().max().item<double>());
   }
   return worst;
-}
-
-std::map<std::string, at::Tensor> saved_state(const std::string& checkpoint, bool sharded) {
-  if (sharded) return fsdp::read_sharded_state_dict(checkpoint + "/model");
-  std::map<std::string, at::Tensor> out;
-  for (const auto& item : torch::pickle_load(io::read_file(checkpoint + "/model.pt")).toGenericDict()) {
-    out[item.key().toStringRef()] = item.value().toTensor();
-  }
-  return out;
 }
 
 TEST_F(TrainTest, StoppedAndResumedEqualsOneRun) {
@@ -228,6 +188,10 @@ TEST_F(TrainTest, CheckpointsAreKeptAndExportLoadsIntoAFreshModel) {
   model.at(damaged)[0][3] = std::nan("");
   const std::vector<char> pickled = torch::pickle_save(c10::IValue(model));
   io::write_file_atomic(diverged + "/model.pt", pickled);
+  ckpt::Manifest manifest;  // sealed as a save would: export reads only what verifies
+  manifest.step = 6;
+  manifest.files = ckpt::describe_files(diverged, ckpt::checkpoint_files(diverged));
+  ckpt::write_manifest(diverged, manifest);
   const std::string nan_out = root_ + "/diverged.safetensors";
   const Outcome refused = run(std::string(SHARDTRAIN_BIN) + " checkpoint export " + diverged + " --out " + nan_out);
   EXPECT_NE(refused.status, 0);
@@ -361,7 +325,7 @@ TEST_F(TrainTest, BadInputExitsWithTheMessage) {
   r = run(std::string(SHARDTRAIN_BIN) + " train " + root_ + "/config.yaml --checkpoint.dir=" + root_ +
           "/empty --resume");
   EXPECT_EQ(r.status, 2);
-  EXPECT_NE(r.output.find("no complete checkpoint"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("checkpoint.resume: no checkpoint in"), std::string::npos) << r.output;
   r = run(std::string(SHARDTRAIN_BIN) + " train " + root_ + "/config.yaml --parallel.cpu_offload=true "
           "--parallel.strategy=ddp");
   EXPECT_EQ(r.status, 2);

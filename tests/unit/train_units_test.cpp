@@ -10,6 +10,7 @@
 #include <fstream>
 
 #include "shardtrain/ckpt/checkpoint.h"
+#include "shardtrain/ckpt/manifest.h"
 #include "shardtrain/data/synth.h"
 #include "shardtrain/distributed/process_group.h"
 #include "shardtrain/io/files.h"
@@ -64,23 +65,84 @@ TEST(EventWriter, Crc32cAndRecordsReadBack) {
   io::remove_tree(dir);
 }
 
-TEST(CheckpointDirectory, ListsCompleteOnesAndPrunes) {
+// A checkpoint directory as save_checkpoint leaves it: files, then the manifest naming `run_id`.
+void write_checkpoint(const std::string& path, int64_t step, const std::string& run_id) {
+  io::make_directories(path + "/model");
+  const std::string json = "{\"format\":\"shardtrain.checkpoint.v1\"}";
+  io::write_file_atomic(path + "/trainer.json", std::vector<char>(json.begin(), json.end()));
+  io::write_file_atomic(path + "/model/rank0.bin", std::vector<char>(1000 + static_cast<size_t>(step), 'a'));
+  ckpt::Manifest m;
+  m.run_id = run_id, m.step = step;
+  m.files = ckpt::describe_files(path, ckpt::checkpoint_files(path));
+  ckpt::write_manifest(path, m);
+}
+
+TEST(CheckpointDirectory, ListsCheckpointsAndPrunesOnlyItsOwnRun) {
   const std::string dir = "/tmp/shardtrain_ckpt_list_" + std::to_string(::getpid());
   io::remove_tree(dir);
-  for (int64_t step : {10, 20, 30, 40}) {
-    const std::string path = dir + "/" + ckpt::step_directory_name(step);
-    io::make_directories(path);
-    const std::string json = "{\"format\":\"shardtrain.checkpoint.v1\"}";
-    io::write_file_atomic(path + "/trainer.json", std::vector<char>(json.begin(), json.end()));
-  }
-  io::make_directories(dir + "/step-00000050.partial");  // a save that crashed
-  io::make_directories(dir + "/step-00000060");          // no trainer.json: not complete
-  EXPECT_EQ(ckpt::list_checkpoints(dir).size(), 4u);
-  EXPECT_EQ(*ckpt::latest_checkpoint(dir), dir + "/step-00000040");
-  ckpt::prune_checkpoints(dir, 2);
-  EXPECT_EQ(ckpt::list_checkpoints(dir), (std::vector<std::string>{dir + "/step-00000030", dir + "/step-00000040"}));
+  for (int64_t step : {10, 20, 30, 40}) write_checkpoint(dir + "/" + ckpt::step_directory_name(step), step, "mine");
+  write_checkpoint(dir + "/step-00000025", 25, "another-run");  // written into the same directory meanwhile
+  io::make_directories(dir + "/step-00000050.partial");         // a save that crashed
+  io::make_directories(dir + "/step-00000060");                 // damaged since: no manifest
+  EXPECT_EQ(ckpt::list_checkpoints(dir).size(), 6u);
+  EXPECT_EQ(*ckpt::latest_checkpoint(dir), dir + "/step-00000060");
+  EXPECT_EQ(ckpt::run_id_of(dir + "/step-00000025"), "another-run");
+  EXPECT_EQ(ckpt::run_id_of(dir + "/step-00000060"), "");
+  ckpt::prune_checkpoints(dir, 2, "mine");
+  EXPECT_EQ(ckpt::list_checkpoints(dir), (std::vector<std::string>{dir + "/step-00000025", dir + "/step-00000030",
+                                                                   dir + "/step-00000040", dir + "/step-00000060"}));
   EXPECT_FALSE(io::path_exists(dir + "/step-00000050.partial"));
-  EXPECT_THROW(ckpt::read_trainer_state(dir + "/step-00000060"), std::runtime_error);
+  EXPECT_NE(ckpt::verify_files(dir + "/step-00000060").find("manifest.json: missing"), std::string::npos);
+  io::remove_tree(dir);
+}
+
+// Every way a checkpoint's files can be wrong after the save is named by verification, with the file.
+TEST(CheckpointManifest, VerificationNamesTheFileAndTheFault) {
+  const std::string dir = "/tmp/shardtrain_ckpt_verify_" + std::to_string(::getpid());
+  io::remove_tree(dir);
+  const std::string a = dir + "/step-00000004", b = dir + "/step-00000008";
+  write_checkpoint(a, 4, "run"), write_checkpoint(b, 8, "run");
+  EXPECT_EQ(ckpt::verify_files(a), "");
+  EXPECT_EQ(ckpt::read_manifest(a).files.size(), 2u);  // model/rank0.bin, trainer.json
+  // Shared between two readers: each checks every other file, the first also that nothing was added.
+  EXPECT_EQ(ckpt::verify_files(b, 0, 2) + ckpt::verify_files(b, 1, 2), "");
+
+  auto bytes = io::read_file(b + "/model/rank0.bin");
+  bytes[500] ^= 0x10;  // one flipped bit
+  io::write_file_atomic(b + "/model/rank0.bin", bytes);
+  EXPECT_NE(ckpt::verify_files(b).find("model/rank0.bin: checksum "), std::string::npos) << ckpt::verify_files(b);
+  EXPECT_NE(ckpt::verify_files(b, 0, 2), "");  // the first reader's share holds it (sorted: model/ first)
+  EXPECT_EQ(ckpt::verify_files(b, 1, 2), "");
+
+  bytes.resize(100);  // truncated
+  io::write_file_atomic(b + "/model/rank0.bin", bytes);
+  EXPECT_NE(ckpt::verify_files(b).find("model/rank0.bin: 100 bytes, the manifest says 1008 (truncated)"),
+            std::string::npos) << ckpt::verify_files(b);
+
+  // The shard of another step, with its own (right) size: the checksum still differs.
+  write_checkpoint(b, 8, "run");
+  auto other = io::read_file(a + "/model/rank0.bin");
+  other.resize(1008, 'a');
+  other[0] = 'b';
+  io::write_file_atomic(b + "/model/rank0.bin", other);
+  EXPECT_NE(ckpt::verify_files(b).find("(damaged, or a file of another checkpoint)"), std::string::npos);
+
+  write_checkpoint(b, 8, "run");
+  io::write_file_atomic(b + "/model/stray.bin", {'x'});
+  EXPECT_NE(ckpt::verify_files(b).find("model/stray.bin: not in the manifest"), std::string::npos);
+  io::remove_tree(b + "/model/stray.bin");
+  io::remove_tree(b + "/trainer.json");
+  EXPECT_NE(ckpt::verify_files(b).find("trainer.json: missing"), std::string::npos);
+
+  // A whole checkpoint copied under another step's name.
+  io::remove_tree(b);
+  write_checkpoint(b, 4, "run");
+  EXPECT_NE(ckpt::verify_files(b).find("step 4, the directory's is 8"), std::string::npos);
+  // A damaged manifest.
+  auto manifest = io::read_file(a + "/manifest.json");
+  manifest.resize(manifest.size() / 2);
+  io::write_file_atomic(a + "/manifest.json", manifest);
+  EXPECT_NE(ckpt::verify_files(a).find("manifest.json: "), std::string::npos);
   io::remove_tree(dir);
 }
 

@@ -6,11 +6,15 @@
 //     model.pt             DDP: the whole parameters and moments, written by rank 0
 //     rng-rank00000.pt     each rank's default generator states: "cpu" and, with GPUs, "cuda:0", ... (dropout)
 //     model.safetensors    checkpoint.state_dict_type = full: the whole model under Hugging Face names
-//     trainer.json         step, data position, per-parameter optimizer steps, world size, flavor, the config
+//     trainer.json         step, data position, per-parameter optimizer steps, world size, flavor, run id, the config
+//     manifest.json        every other file's size and checksum, the run id (ckpt/manifest.h); written last
 //
-// Atomic: every rank writes into <dir>/step-00000100.partial, then rank 0 writes trainer.json, fsyncs and renames the
-// directory into place, so a step-* directory is always whole; a crash leaves only a .partial, which the next save
-// or prune removes. The learning-rate schedule is a function of the step, so the step restores it.
+// Atomic: every rank writes into <dir>/step-00000100.partial; rank 0 writes trainer.json; the ranks hash the files
+// between them and rank 0 writes the manifest, fsyncs and renames the directory into place, so a step-* directory
+// is always a whole save; a crash leaves only a .partial, which the next save or prune removes. What happens to the
+// files afterwards (a flipped bit, a truncation, a copy from elsewhere) is caught by verifying against the
+// manifest, which loading does first. The learning-rate schedule is a function of the step, so the step restores
+// it.
 #pragma once
 
 #include <array>
@@ -18,6 +22,7 @@
 #include <map>
 #include <memory>
 #include <optional>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -43,6 +48,7 @@ struct TrainerState {
   double loss_scale = 0;
   int64_t loss_scale_growth_tracker = 0;
   std::string flavor, strategy;
+  std::string run_id;       // the run that wrote it: kept across resumes and restarts (pruning keeps to its own)
   std::string config_yaml;  // the run's whole config, for the record
 };
 
@@ -57,22 +63,39 @@ struct CheckpointModel {
 
 std::string step_directory_name(int64_t step);  // "step-00000100"
 
-// Collective over `world`. Returns the checkpoint's path.
+// Collective over `world`. Returns the checkpoint's path. The manifest's run id is state.run_id.
 std::string save_checkpoint(const std::string& dir, const TrainerState& state, const CheckpointModel& model,
                             const dist::Communicator& world);
 
-// Restores parameters, optimizer state and (at the saved world size) RNG; returns the trainer state. Collective.
-// Throws std::runtime_error naming the path and what is wrong (not a checkpoint, a different model).
+// Verifies the checkpoint at `path` against its manifest, the ranks reading a share of the files each; returns
+// what is wrong ("" when nothing is), the same text on every rank. Collective.
+std::string verify_checkpoint(const std::string& path, const dist::Communicator& world);
+
+// What load_checkpoint throws, before it has changed anything, when the checkpoint does not verify: a caller may
+// go on to an older one.
+class CheckpointDamaged : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+// Verifies (as above; CheckpointDamaged when it does not), then restores parameters, optimizer state and (at the
+// saved world size) RNG; returns the trainer state. Collective. Throws std::runtime_error naming the path and what
+// is wrong (not a checkpoint, a different model).
 TrainerState load_checkpoint(const std::string& path, const CheckpointModel& model, const dist::Communicator& world);
 
 TrainerState read_trainer_state(const std::string& path);
 
-// Complete checkpoints in `dir`, oldest first (full paths).
+// The checkpoints in `dir`, oldest first (full paths): every step-* directory. The rename that puts one in place is
+// the last step of a save, so each is a whole save, unless damaged since: verify before trusting one.
 std::vector<std::string> list_checkpoints(const std::string& dir);
 std::optional<std::string> latest_checkpoint(const std::string& dir);
 
-// Removes all but the newest `keep` checkpoints (0: keep all) and any .partial left by a crash except `in_progress`.
-void prune_checkpoints(const std::string& dir, int64_t keep);
+// The run id a checkpoint's manifest names; "" when the manifest does not read.
+std::string run_id_of(const std::string& path);
+
+// Removes run `run_id`'s checkpoints but its newest `keep` (0: keep all), and any .partial left by a crash.
+// Checkpoints of other runs, and ones whose manifest does not read, are never removed.
+void prune_checkpoints(const std::string& dir, int64_t keep, const std::string& run_id);
 
 // One tensor of an export: its name in the checkpoint, its name in the file, its shape in the model.
 struct ExportTensor {
@@ -87,8 +110,8 @@ struct ExportOptions {
 
 // Merges a checkpoint's model (sharded or whole) into one safetensors file holding `tensors` (the model's layout
 // under Hugging Face names: `shardtrain checkpoint export` builds it from the checkpoint's flavor). Needs no process
-// group: reads the files. Throws std::runtime_error naming a tensor the checkpoint lacks or holds in another shape,
-// and one that holds NaN or Inf values (in the checkpoint, or once cast to options.dtype) unless
+// group: verifies the checkpoint against its manifest, then reads the files. Throws std::runtime_error when it
+// does not verify, naming a tensor the checkpoint lacks or holds in another shape, and one that holds NaN or Inf values (in the checkpoint, or once cast to options.dtype) unless
 // options.allow_non_finite: a diverged or damaged model is not written where it would be taken for a good one.
 void export_checkpoint(const std::string& path, const std::string& out, const std::vector<ExportTensor>& tensors,
                        const ExportOptions& options = {});

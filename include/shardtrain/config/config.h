@@ -34,6 +34,8 @@ enum class LrSchedule { COSINE, LINEAR, CONSTANT };
 enum class Progress { AUTO, BAR, LINES, NONE };
 enum class StateDictType { SHARDED, FULL };
 enum class LogLevel { DEBUG, INFO, WARNING, ERROR };
+// checkpoint.resume: false | true | auto.
+enum class Resume { NEVER, ALWAYS, AUTO };
 
 struct ModelConfig {
   std::string flavor = "flava-debug";  // a flavor of the zoo (`shardtrain models`)
@@ -130,9 +132,12 @@ struct CheckpointConfig {
   std::string dir;            // empty: no checkpoints
   int64_t interval = 0;       // steps between checkpoints; 0: at the end only
   int64_t keep = 3;           // the newest K are kept; 0: all
-  bool resume = false;        // continue from the newest complete checkpoint in dir (error when there is none)
-  // A run without resume needs a dir without checkpoints (they are another run's: pruning would delete them, a
-  // later resume continue them); overwrite removes them at start instead.
+  // true (ALWAYS): continue from the newest checkpoint in dir that verifies (an error when there is none); auto:
+  // the same when there is one, else start afresh (what a restarted job wants); false: start afresh. A worker
+  // group the launcher restarted (launch.max_restarts) resumes as with auto, from its own run's checkpoints.
+  Resume resume = Resume::NEVER;
+  // A run that starts afresh needs a dir without checkpoints (they are another run's: a later resume would
+  // continue them); overwrite removes them at start instead.
   bool overwrite = false;
   StateDictType state_dict_type = StateDictType::SHARDED;  // FULL also writes model.safetensors (HF names)
 };
@@ -155,6 +160,9 @@ struct LaunchConfig {
   int64_t machine_rank = 0;
   std::string main_process_ip;
   int64_t main_process_port = 0;
+  int64_t max_restarts = 0;     // restarts of the whole worker group after a failure; each resumes (checkpoint.resume)
+  double preempt_grace = 30;    // seconds the workers get to save after SIGTERM/SIGINT, then SIGKILL (Slurm's
+                                // KillWait is 30 s by default)
 };
 
 struct Config {

@@ -29,6 +29,9 @@ struct DistEnv {
   int master_port = 29500;
   int restart_count = 0;                   // how many times the launcher restarted the group (TORCHELASTIC_RESTART_COUNT)
   std::optional<int> master_listen_fd;     // a listening socket inherited from `shardtrain launch` (rank 0 only)
+  // The launcher's id of the job, the same across its restarts: SHARDTRAIN_JOB_ID (`shardtrain launch`), else
+  // TORCHELASTIC_RUN_ID (torchrun's --rdzv-id; "none" ignored), else SLURM_JOB_ID; "" without one.
+  std::string job_id;
   EnvSource source = EnvSource::NONE;
 
   bool is_distributed() const { return world_size > 1; }

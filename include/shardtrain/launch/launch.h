@@ -11,9 +11,13 @@
 //
 // Supervision: every output line is prefixed "[rankN]: ". When a worker exits non-zero or dies by a signal, the
 // others get SIGTERM, then SIGKILL after `stop_grace`, the launcher says which rank failed and how, and exits with
-// that rank's code (128 + signal for a signal). SIGINT/SIGTERM/SIGHUP to the launcher reach every worker, and it
-// exits 128 + signal. Workers run in their own process groups (their children are stopped with them) and die with
-// the launcher even if it is killed (PR_SET_PDEATHSIG). `max_restarts` restarts the whole group after a failure.
+// that rank's code (128 + signal for a signal). SIGINT/SIGTERM/SIGHUP to the launcher reach every worker, which get
+// `preempt_grace` to finish (a trainer saves a checkpoint) before SIGKILL; the launcher exits with the code they all
+// exited with, else 128 + signal. A worker exiting with kPreemptedExitCode was preempted: the others get the same
+// grace, and the job is not restarted. Workers run in their own process groups (their children are stopped with
+// them) and die with the launcher even if it is killed (PR_SET_PDEATHSIG). `max_restarts` restarts the whole group
+// after a failure. Every worker of every restart gets the same SHARDTRAIN_JOB_ID (the launcher's own when set,
+// else a random one).
 #pragma once
 
 #include <chrono>
@@ -22,6 +26,9 @@
 
 namespace shardtrain::launch {
 
+// What a worker exits with after it was asked to stop and saved its state (EX_TEMPFAIL: try again later).
+inline constexpr int kPreemptedExitCode = 75;
+
 struct LaunchOptions {
   int nproc_per_node = 1;   // workers on this node
   int nnodes = 1;           // nodes in the job
@@ -29,12 +36,15 @@ struct LaunchOptions {
   std::string master_addr;  // rank 0's host; empty = 127.0.0.1 (required when nnodes > 1)
   int master_port = 0;      // 0 = a free port on one node, 29500 across nodes
   int max_restarts = 0;     // whole-group restarts after a failure
-  std::chrono::milliseconds stop_grace{3000};  // SIGTERM -> SIGKILL delay when stopping workers
+  std::chrono::milliseconds stop_grace{3000};  // SIGTERM -> SIGKILL delay when stopping workers after a failure
+  // SIGTERM/SIGINT to the launcher -> SIGKILL of the workers: their time to save (Slurm's KillWait default).
+  std::chrono::milliseconds preempt_grace{30000};
   std::vector<std::string> command;            // PROGRAM ARGS...
 };
 
 // Accepts `--opt value` and `--opt=value`, with '-' and '_' interchangeable in names:
 //   torchrun: --nproc-per-node --nnodes --node-rank --master-addr --master-port --max-restarts
+//   ours: --preempt-grace SECONDS
 //   Accelerate: --num-processes (total over all machines) --num-machines --machine-rank
 //               --main-process-ip --main-process-port
 // then `--` (optional) and the command. argv excludes "launch" itself.

@@ -3,6 +3,7 @@
 //   data -> loader threads -> micro-batches -> forward/backward (gradient accumulation, no sync until the last)
 //        -> clip -> AdamW with the schedule's lr -> metrics every log.interval -> eval every train.eval_interval
 //        -> checkpoint every checkpoint.interval and at the end
+//        -> SIGTERM/SIGINT on any rank: every rank stops after the step with a checkpoint (summary.preempted_by)
 //
 // What the model is and what it trains on come from its family's recipe (models/recipe.h): the trainer knows no
 // family. docs/notes/architecture.md walks one step through the layers.
@@ -28,6 +29,9 @@ struct TrainSummary {
   std::map<std::string, double> first_eval, last_eval;  // the task's evaluation on data.eval (FLAVA: R@1, ITM)
   int64_t skipped_samples = 0;                 // unusable samples replaced by the loader (this rank)
   std::string last_checkpoint;
+  // SIGTERM or SIGINT stopped the run early, after a checkpoint (when checkpoint.dir is set); 0: it was not. The
+  // CLI then exits with launch::kPreemptedExitCode.
+  int preempted_by = 0;
 };
 
 // The memory model's view of a run (`shardtrain train --dry-run`, and train.batch_size: auto): the job as the

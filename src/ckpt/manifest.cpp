@@ -1,0 +1,161 @@
+#include "shardtrain/ckpt/manifest.h"
+
+#include <nlohmann/json.hpp>
+
+#define XXH_INLINE_ALL  // header only: nothing to link, nothing to carry to the GPU machine but the header
+#include <xxhash.h>
+
+#include <cstdio>
+#include <map>
+#include <memory>
+#include <stdexcept>
+
+#include "shardtrain/io/files.h"
+
+namespace shardtrain::ckpt {
+namespace {
+
+constexpr const char* kManifestFormat = "shardtrain.manifest.v1";
+constexpr int64_t kReadPiece = 4 << 20;  // bytes per read while hashing
+
+void collect(const std::string& root, const std::string& relative, std::vector<std::string>& out) {
+  const std::string here = relative.empty() ? root : root + "/" + relative;
+  for (const std::string& name : io::list_directory(here)) {
+    const std::string rel = relative.empty() ? name : relative + "/" + name;
+    if (io::is_directory(root + "/" + rel)) {
+      collect(root, rel, out);
+    } else if (rel != kManifestName) {
+      out.push_back(rel);
+    }
+  }
+}
+
+// "step-00000100" -> 100; -1 for another name.
+int64_t step_of_directory(const std::string& dir) {
+  const std::string name = dir.substr(dir.rfind('/') + 1);
+  long long step = -1;
+  char rest = 0;
+  if (std::sscanf(name.c_str(), "step-%lld%c", &step, &rest) != 1) return -1;
+  return step;
+}
+
+}  // namespace
+
+uint64_t checksum_bytes(const void* data, size_t size) { return XXH3_64bits(data, size); }
+
+uint64_t checksum_file(const std::string& path) {
+  const io::ReadOnlyFile file(path);
+  std::unique_ptr<XXH3_state_t, decltype(&XXH3_freeState)> state(XXH3_createState(), &XXH3_freeState);
+  if (!state) throw std::bad_alloc();
+  XXH3_64bits_reset(state.get());
+  std::vector<char> piece(static_cast<size_t>(std::min(kReadPiece, std::max<int64_t>(file.size(), 1))));
+  for (int64_t at = 0; at < file.size(); at += kReadPiece) {
+    const int64_t n = std::min(kReadPiece, file.size() - at);
+    file.read(at, n, piece.data());
+    XXH3_64bits_update(state.get(), piece.data(), static_cast<size_t>(n));
+  }
+  return XXH3_64bits_digest(state.get());
+}
+
+std::string to_hex(uint64_t value) {
+  char text[17];
+  std::snprintf(text, sizeof(text), "%016llx", static_cast<unsigned long long>(value));
+  return text;
+}
+
+std::vector<std::string> checkpoint_files(const std::string& dir) {
+  std::vector<std::string> out;
+  collect(dir, "", out);
+  return out;
+}
+
+std::vector<ManifestFile> describe_files(const std::string& dir, const std::vector<std::string>& files) {
+  std::vector<ManifestFile> out;
+  for (const std::string& rel : files) {
+    const std::string path = dir + "/" + rel;
+    out.push_back({rel, io::file_size(path), checksum_file(path)});
+  }
+  return out;
+}
+
+void write_manifest(const std::string& dir, const Manifest& m) {
+  nlohmann::json j;
+  j["format"] = kManifestFormat;
+  j["run_id"] = m.run_id;
+  j["step"] = m.step;
+  j["world_size"] = m.world_size;
+  j["config_hash"] = m.config_hash;
+  j["files"] = nlohmann::json::array();
+  for (const ManifestFile& f : m.files) j["files"].push_back({{"path", f.path}, {"size", f.size}, {"xxh3", to_hex(f.xxh3)}});
+  const std::string text = j.dump(1);
+  io::write_file_atomic(dir + "/" + kManifestName, std::vector<char>(text.begin(), text.end()));
+}
+
+Manifest read_manifest(const std::string& dir) {
+  const std::string file = dir + "/" + kManifestName;
+  if (!io::path_exists(file)) {
+    throw std::runtime_error(file + ": missing (the save did not finish, or an older shardtrain wrote it)");
+  }
+  const std::vector<char> bytes = io::read_file(file);
+  Manifest m;
+  try {
+    const nlohmann::json j = nlohmann::json::parse(bytes.begin(), bytes.end());
+    if (j.value("format", "") != kManifestFormat) {
+      throw std::runtime_error("format '" + j.value("format", "") + "', expected '" + kManifestFormat + "'");
+    }
+    m.run_id = j.at("run_id").get<std::string>();
+    m.step = j.at("step").get<int64_t>();
+    m.world_size = j.at("world_size").get<int64_t>();
+    m.config_hash = j.at("config_hash").get<std::string>();
+    for (const auto& f : j.at("files")) {
+      const std::string hex = f.at("xxh3").get<std::string>();
+      size_t used = 0;
+      const uint64_t value = std::stoull(hex, &used, 16);
+      if (used != hex.size() || hex.size() != 16) throw std::runtime_error("checksum '" + hex + "' is not 16 hex digits");
+      m.files.push_back({f.at("path").get<std::string>(), f.at("size").get<int64_t>(), value});
+    }
+  } catch (const std::exception& e) {  // JSON syntax, a missing field, a damaged number
+    throw std::runtime_error(file + ": " + e.what());
+  }
+  return m;
+}
+
+std::string verify_files(const std::string& dir, int offset, int stride) {
+  Manifest m;
+  try {
+    m = read_manifest(dir);
+  } catch (const std::runtime_error& e) {
+    const std::string text = e.what();  // "<dir>/manifest.json: ..." -> "manifest.json: ..."
+    return text.rfind(dir + "/", 0) == 0 ? text.substr(dir.size() + 1) : text;
+  }
+  const int64_t step = step_of_directory(dir);
+  if (step >= 0 && m.step != step) {
+    return std::string(kManifestName) + ": step " + std::to_string(m.step) + ", the directory's is " +
+           std::to_string(step) + " (copied from another checkpoint?)";
+  }
+  for (size_t i = static_cast<size_t>(offset); i < m.files.size(); i += static_cast<size_t>(stride)) {
+    const ManifestFile& f = m.files[i];
+    const std::string path = dir + "/" + f.path;
+    if (!io::path_exists(path)) return f.path + ": missing";
+    const int64_t size = io::file_size(path);
+    if (size != f.size) {
+      return f.path + ": " + std::to_string(size) + " bytes, the manifest says " + std::to_string(f.size) +
+             (size < f.size ? " (truncated)" : "");
+    }
+    const uint64_t sum = checksum_file(path);
+    if (sum != f.xxh3) {
+      return f.path + ": checksum " + to_hex(sum) + ", the manifest says " + to_hex(f.xxh3) +
+             " (damaged, or a file of another checkpoint)";
+    }
+  }
+  if (offset == 0) {
+    std::map<std::string, bool> listed;
+    for (const ManifestFile& f : m.files) listed[f.path] = true;
+    for (const std::string& rel : checkpoint_files(dir)) {
+      if (!listed.count(rel)) return rel + ": not in the manifest (put there after the save)";
+    }
+  }
+  return "";
+}
+
+}  // namespace shardtrain::ckpt

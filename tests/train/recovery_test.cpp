@@ -1,0 +1,225 @@
+// Recovery end to end, through the CLI and the launcher (2 processes, CPU, flava-debug on synthetic data):
+//  - a rank killed with SIGKILL at a random step: the launcher restarts the group (launch.max_restarts in the
+//    trainer's config), the restarted ranks resume from the job's newest checkpoint, and the run ends with weights
+//    and optimizer state bitwise equal to an uninterrupted run's — FSDP and DDP;
+//  - SIGTERM to the launcher: the run ends after the current step with a checkpoint and exit code 75; --resume then
+//    ends where one run ends;
+//  - damaged checkpoints (a flipped bit, a shard of another step): `checkpoint verify` names them, --resume skips
+//    them for the newest one that verifies and still ends where one run ends; when none verifies it refuses.
+#include <gtest/gtest.h>
+
+#include <dirent.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <random>
+#include <thread>
+
+#include "shardtrain/ckpt/checkpoint.h"
+#include "shardtrain/io/files.h"
+#include "train/train_harness.h"
+
+namespace shardtrain {
+namespace {
+
+using test::Outcome;
+using Clock = std::chrono::steady_clock;
+
+// Every tensor of two model states equal, bit for bit.
+void expect_bitwise_equal(const std::map<std::string, at::Tensor>& a, const std::map<std::string, at::Tensor>& b) {
+  ASSERT_EQ(a.size(), b.size());
+  for (const auto& [name, t] : a) {
+    auto it = b.find(name);
+    ASSERT_NE(it, b.end()) << name;
+    EXPECT_TRUE(t.equal(it->second)) << name << " differs by "
+                                     << (t.to(at::kDouble) - it->second.to(at::kDouble)).abs().max().item<double>();
+  }
+}
+
+// A command running in the background (`exec`ed by the shell, so the pid is the command's), output to a file.
+struct Background {
+  pid_t pid = -1;
+  std::string out;
+
+  Background(const std::string& command, std::string out_path) : out(std::move(out_path)) {
+    pid = ::fork();
+    if (pid == 0) {
+      const std::string line = "exec " + command + " > " + out + " 2>&1";
+      ::execl("/bin/sh", "sh", "-c", line.c_str(), static_cast<char*>(nullptr));
+      ::_exit(127);
+    }
+  }
+  Outcome wait() const {
+    int raw = 0;
+    ::waitpid(pid, &raw, 0);
+    return {WIFEXITED(raw) ? WEXITSTATUS(raw) : 128 + WTERMSIG(raw), test::read_text(out)};
+  }
+};
+
+// The pids whose parent is `parent` (the launcher's workers), from /proc/PID/stat.
+std::vector<pid_t> children_of(pid_t parent) {
+  std::vector<pid_t> out;
+  DIR* proc = ::opendir("/proc");
+  while (dirent* entry = ::readdir(proc)) {
+    const pid_t pid = std::atoi(entry->d_name);
+    if (pid <= 0) continue;
+    const std::string stat = test::read_text("/proc/" + std::to_string(pid) + "/stat");
+    const size_t close = stat.rfind(')');  // "pid (comm) state ppid ..."; comm may hold spaces
+    if (close == std::string::npos) continue;
+    char state = 0;
+    int ppid = 0;
+    if (std::sscanf(stat.c_str() + close + 1, " %c %d", &state, &ppid) == 2 && ppid == parent && state != 'Z') {
+      out.push_back(pid);
+    }
+  }
+  ::closedir(proc);
+  return out;
+}
+
+// Waits (bounded) until `dir` holds a checkpoint of step `step` or later.
+bool wait_for_checkpoint(const std::string& dir, int64_t step, std::chrono::seconds limit) {
+  const auto deadline = Clock::now() + limit;
+  while (Clock::now() < deadline) {
+    const auto all = ckpt::list_checkpoints(dir);
+    if (!all.empty() && all.back() >= dir + "/" + ckpt::step_directory_name(step)) return true;
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  return false;
+}
+
+class RecoveryTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    root_ = "/tmp/shardtrain_recovery_test_" + std::to_string(::getpid());
+    const Outcome synth = test::write_flava_suite(root_);
+    ASSERT_EQ(synth.status, 0) << synth.output;
+  }
+  static void TearDownTestSuite() { io::remove_tree(root_); }
+
+  // 12 steps, a checkpoint every 2, no evaluation (it would only add time).
+  static std::string train_command(const std::string& overrides) {
+    return std::string(SHARDTRAIN_BIN) + " train " + root_ + "/config.yaml --train.steps=12 --train.eval_interval=0 "
+           "--checkpoint.interval=2 " + overrides;
+  }
+  static std::string launched(const std::string& overrides) {
+    return std::string(SHARDTRAIN_BIN) + " launch --nproc-per-node 2 -- " + train_command(overrides);
+  }
+  // The uninterrupted run of `strategy`, once per suite.
+  static std::string reference(const std::string& strategy) {
+    const std::string dir = root_ + "/reference-" + strategy;
+    if (!io::path_exists(dir)) {
+      const Outcome r = test::run(launched("--parallel.strategy=" + strategy + " --checkpoint.dir=" + dir));
+      EXPECT_EQ(r.status, 0) << r.output;
+    }
+    return dir;
+  }
+
+  static std::string root_;
+};
+std::string RecoveryTest::root_;
+
+TEST_F(RecoveryTest, ARankKilledAtARandomStepIsRestartedAndTheRunEndsBitwiseAsOneRun) {
+  std::random_device entropy;
+  std::mt19937 pick(entropy());
+  for (const std::string strategy : {"full_shard", "ddp"}) {
+    const int64_t after = 2 * std::uniform_int_distribution<int>(1, 4)(pick);  // the checkpoint to wait for
+    const int victim_choice = std::uniform_int_distribution<int>(0, 1)(pick);
+    SCOPED_TRACE(strategy + ": SIGKILL after checkpoint " + std::to_string(after) + ", worker " +
+                 std::to_string(victim_choice));
+    const std::string ref = reference(strategy);
+    const std::string dir = root_ + "/killed-" + strategy;
+    // `shardtrain train` starting its own workers, with restarts from the config.
+    const Background job(train_command("--parallel.strategy=" + strategy + " --checkpoint.dir=" + dir +
+                                       " --launch.num_processes=2 --launch.max_restarts=2"),
+                         root_ + "/killed-" + strategy + ".txt");
+    ASSERT_TRUE(wait_for_checkpoint(dir, after, std::chrono::seconds(180))) << test::read_text(job.out);
+    const std::vector<pid_t> workers = children_of(job.pid);
+    ASSERT_EQ(workers.size(), 2u) << test::read_text(job.out);
+    ASSERT_EQ(::kill(workers[static_cast<size_t>(victim_choice)], SIGKILL), 0);
+    const Outcome r = job.wait();
+    ASSERT_EQ(r.status, 0) << r.output;
+    EXPECT_NE(r.output.find("was killed by signal 9 (SIGKILL)"), std::string::npos) << r.output;
+    EXPECT_NE(r.output.find("restarting the worker group (restart 1 of 2)"), std::string::npos) << r.output;
+    EXPECT_NE(r.output.find("restart 1 of the job: resuming from its newest checkpoint"), std::string::npos)
+        << r.output;
+    EXPECT_NE(r.output.find("resumed from " + dir + "/step-"), std::string::npos) << r.output;
+    const bool sharded = strategy != "ddp";
+    expect_bitwise_equal(test::saved_state(ref + "/step-00000012", sharded),
+                         test::saved_state(dir + "/step-00000012", sharded));
+    EXPECT_EQ(ckpt::read_trainer_state(ref + "/step-00000012").loader_consumed,
+              ckpt::read_trainer_state(dir + "/step-00000012").loader_consumed);
+  }
+}
+
+TEST_F(RecoveryTest, SigtermSavesAndExits75ThenResumeEndsAsOneRun) {
+  const std::string ref = reference("full_shard");
+  const std::string dir = root_ + "/preempted";
+  const Background job(launched("--checkpoint.dir=" + dir), root_ + "/preempted.txt");
+  ASSERT_TRUE(wait_for_checkpoint(dir, 2, std::chrono::seconds(180))) << test::read_text(job.out);
+  ASSERT_EQ(::kill(job.pid, SIGTERM), 0);
+  const Outcome stopped = job.wait();
+  ASSERT_EQ(stopped.status, 75) << stopped.output;
+  const size_t at = stopped.output.find("SIGTERM at step ");
+  ASSERT_NE(at, std::string::npos) << stopped.output;
+  const int64_t step = std::atoll(stopped.output.c_str() + at + 16);
+  EXPECT_GE(step, 2);
+  ASSERT_LT(step, 12) << "the run ended before the signal: nothing was tested";
+  EXPECT_EQ(ckpt::list_checkpoints(dir).back(), dir + "/" + ckpt::step_directory_name(step));
+
+  const Outcome resumed = test::run(launched("--checkpoint.dir=" + dir + " --resume"));
+  ASSERT_EQ(resumed.status, 0) << resumed.output;
+  EXPECT_NE(resumed.output.find("resumed from " + dir + "/" + ckpt::step_directory_name(step)), std::string::npos)
+      << resumed.output;
+  expect_bitwise_equal(test::saved_state(ref + "/step-00000012", true), test::saved_state(dir + "/step-00000012", true));
+}
+
+TEST_F(RecoveryTest, DamagedCheckpointsAreNamedAndSkipped) {
+  const std::string ref = reference("full_shard");
+  const std::string dir = root_ + "/damaged";
+  ASSERT_EQ(test::run("cp -r " + ref + " " + dir).status, 0);
+  ASSERT_EQ(ckpt::list_checkpoints(dir).size(), 3u);  // steps 8, 10, 12 (checkpoint.keep: 3)
+  auto flip = [](const std::string& path) {
+    auto bytes = io::read_file(path);
+    bytes[bytes.size() / 2] ^= 0x01;
+    io::write_file_atomic(path, bytes);
+  };
+  flip(dir + "/step-00000012/model/shard-1-of-2.pt");
+  io::write_file_atomic(dir + "/step-00000010/model/shard-0-of-2.pt",
+                        io::read_file(dir + "/step-00000008/model/shard-0-of-2.pt"));
+
+  const Outcome verify = test::run(std::string(SHARDTRAIN_BIN) + " checkpoint verify " + dir);
+  EXPECT_EQ(verify.status, 1) << verify.output;
+  EXPECT_NE(verify.output.find(dir + "/step-00000008  ok  step 8"), std::string::npos) << verify.output;
+  EXPECT_NE(verify.output.find(dir + "/step-00000010  DAMAGED: model/shard-0-of-2.pt: checksum "), std::string::npos)
+      << verify.output;
+  EXPECT_NE(verify.output.find(dir + "/step-00000012  DAMAGED: model/shard-1-of-2.pt: checksum "), std::string::npos)
+      << verify.output;
+  const Outcome export_damaged = test::run(std::string(SHARDTRAIN_BIN) + " checkpoint export " + dir +
+                                           "/step-00000012 --out " + root_ + "/damaged.safetensors");
+  EXPECT_NE(export_damaged.status, 0);
+  EXPECT_NE(export_damaged.output.find("does not verify: model/shard-1-of-2.pt"), std::string::npos)
+      << export_damaged.output;
+
+  const Outcome resumed = test::run(launched("--checkpoint.dir=" + dir + " --resume"));
+  ASSERT_EQ(resumed.status, 0) << resumed.output;
+  EXPECT_NE(resumed.output.find("skipped: " + dir + "/step-00000012 does not verify: model/shard-1-of-2.pt"),
+            std::string::npos) << resumed.output;
+  EXPECT_NE(resumed.output.find("skipped: " + dir + "/step-00000010 does not verify: model/shard-0-of-2.pt"),
+            std::string::npos) << resumed.output;
+  EXPECT_NE(resumed.output.find("resumed from " + dir + "/step-00000008 at step 8"), std::string::npos)
+      << resumed.output;
+  expect_bitwise_equal(test::saved_state(ref + "/step-00000012", true), test::saved_state(dir + "/step-00000012", true));
+  EXPECT_EQ(test::run(std::string(SHARDTRAIN_BIN) + " checkpoint verify " + dir).status, 0);
+
+  // Nothing left that verifies: the run refuses to start over beside them.
+  for (const std::string& path : ckpt::list_checkpoints(dir)) io::remove_tree(path + "/trainer.json");
+  const Outcome refused = test::run(launched("--checkpoint.dir=" + dir + " --checkpoint.resume=auto"));
+  EXPECT_EQ(refused.status, 2) << refused.output;
+  EXPECT_NE(refused.output.find("none of the 3 checkpoints in '" + dir + "' verifies"), std::string::npos)
+      << refused.output;
+}
+
+}  // namespace
+}  // namespace shardtrain

@@ -1,0 +1,80 @@
+// What the end-to-end train tests share: running the CLI and capturing what it prints, a synthetic FLAVA dataset
+// with its config, and reading a checkpoint's model state back.
+#pragma once
+
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <fstream>
+#include <map>
+#include <sstream>
+#include <string>
+
+#include <torch/serialize.h>
+
+#include "shardtrain/fsdp/state_dict.h"
+#include "shardtrain/io/files.h"
+
+namespace shardtrain::test {
+
+struct Outcome {
+  int status = -1;  // the shell's convention: 128 + signal when killed
+  std::string output;  // stdout and stderr
+};
+
+inline std::string read_text(const std::string& path) {
+  std::ifstream in(path);
+  std::stringstream text;
+  text << in.rdbuf();
+  return text.str();
+}
+
+// Runs `command` through the shell; `input` is piped to its stdin when given.
+inline Outcome run(const std::string& command, const std::string& input = "") {
+  const std::string out = "/tmp/shardtrain_train_test_out_" + std::to_string(::getpid());
+  std::string full = command + " > " + out + " 2>&1";
+  if (!input.empty()) full = "printf '" + input + "' | " + full;
+  const int raw = std::system(full.c_str());
+  Outcome r;
+  r.status = WIFEXITED(raw) ? WEXITSTATUS(raw) : 128 + WTERMSIG(raw);
+  r.output = read_text(out);
+  io::remove_tree(out);
+  return r;
+}
+
+// A synthetic FLAVA dataset under `root`/data and `root`/config.yaml training flava-debug on it: 8 steps of 4
+// samples x 2 micro-batches per rank, evaluated every 4 steps, logged every 2. Returns the synth command's outcome.
+inline Outcome write_flava_suite(const std::string& root) {
+  io::remove_tree(root);
+  io::make_directories(root);
+  const Outcome synth = run(std::string(SHARDTRAIN_BIN) + " data synth --out " + root + "/data --image-text 200 "
+                            "--text 80 --image 80 --eval 32 --image-size 32 --shard-size 64");
+  std::ofstream cfg(root + "/config.yaml");
+  cfg << "model: {flavor: flava-debug}\n"
+         "data:\n"
+         "  image_text: [" << root << "/data/image_text]\n"
+         "  text: [" << root << "/data/text]\n"
+         "  image: [" << root << "/data/image]\n"
+         "  eval: [" << root << "/data/eval]\n"
+         "  vocab: " << root << "/data/vocab.txt\n"
+         "  mix: {image_text: 0.5, text: 0.25, image: 0.25}\n"
+         "  max_text_length: 16\n"
+         "  workers: 2\n"
+         "optim: {lr: 2.0e-3, warmup_steps: 2}\n"
+         "train: {steps: 8, batch_size: 4, grad_accum: 2, eval_interval: 4, eval_samples: 16}\n"
+         "log: {interval: 2, progress: lines, peak_tflops: 1}\n";
+  return synth;
+}
+
+// A checkpoint's model state: parameters and AdamW moments ("name::exp_avg"), sharded (FSDP) or whole (DDP).
+inline std::map<std::string, at::Tensor> saved_state(const std::string& checkpoint, bool sharded) {
+  if (sharded) return fsdp::read_sharded_state_dict(checkpoint + "/model");
+  std::map<std::string, at::Tensor> out;
+  for (const auto& item : torch::pickle_load(io::read_file(checkpoint + "/model.pt")).toGenericDict()) {
+    out[item.key().toStringRef()] = item.value().toTensor();
+  }
+  return out;
+}
+
+}  // namespace shardtrain::test
