@@ -80,10 +80,15 @@ EventWriter::EventWriter(const std::string& dir) {
   ::gethostname(host, sizeof(host) - 1);
   path_ = dir + "/events.out.tfevents." + std::to_string(static_cast<int64_t>(now_seconds())) + "." + host;
   file_ = std::fopen(path_.c_str(), "wb");
-  if (!file_) throw std::runtime_error("cannot create TensorBoard event file '" + path_ + "'");
+  if (!file_) throw std::runtime_error("cannot create '" + path_ + "': " + std::strerror(errno));
   const std::string version = "brain.Event:2";
-  write_record(event(0, &version, nullptr));
-  flush();
+  try {
+    write_record(event(0, &version, nullptr));
+    flush();
+  } catch (...) {  // no destructor runs for a constructor that throws
+    std::fclose(file_);
+    throw;
+  }
 }
 
 EventWriter::~EventWriter() {
@@ -102,7 +107,7 @@ void EventWriter::add_scalar(const std::string& tag, double value, int64_t step)
 }
 
 void EventWriter::flush() {
-  if (std::fflush(file_) != 0) throw std::runtime_error("cannot write TensorBoard event file '" + path_ + "'");
+  if (std::fflush(file_) != 0) throw std::runtime_error("cannot write '" + path_ + "': " + std::strerror(errno));
 }
 
 void EventWriter::write_record(const std::string& payload) {
@@ -113,7 +118,7 @@ void EventWriter::write_record(const std::string& payload) {
   record += payload;
   put_fixed<uint32_t>(record, masked_crc32c(payload.data(), payload.size()));
   if (std::fwrite(record.data(), 1, record.size(), file_) != record.size()) {
-    throw std::runtime_error("cannot write TensorBoard event file '" + path_ + "'");
+    throw std::runtime_error("cannot write '" + path_ + "': " + std::strerror(errno));
   }
 }
 

@@ -2,7 +2,9 @@
 
 #include <unistd.h>
 
+#include <cerrno>
 #include <chrono>
+#include <cstring>
 #include <cmath>
 #include <stdexcept>
 
@@ -26,11 +28,23 @@ std::string duration_text(double seconds) {
   return out;
 }
 
+// One line, flushed to the file; throws std::runtime_error with the system's reason (a full disk: ENOSPC).
+void write_line(std::FILE* f, const std::string& path, const std::string& line) {
+  if (std::fputs(line.c_str(), f) < 0 || std::fputc('\n', f) == EOF || std::fflush(f) != 0) {
+    throw std::runtime_error("cannot write '" + path + "': " + std::strerror(errno));
+  }
+}
+
 std::FILE* open_csv(const std::string& path, const std::string& header, bool append) {
   const bool exists = io::path_exists(path);
   std::FILE* f = std::fopen(path.c_str(), append ? "a" : "w");
-  if (!f) throw std::runtime_error("cannot write '" + path + "'");
-  if (!append || !exists) std::fprintf(f, "%s\n", header.c_str());
+  if (!f) throw std::runtime_error("cannot open '" + path + "': " + std::strerror(errno));
+  try {
+    if (!append || !exists) write_line(f, path, header);
+  } catch (...) {
+    std::fclose(f);
+    throw;
+  }
   return f;
 }
 
@@ -42,6 +56,26 @@ std::string csv_number(double v) {
 }
 
 }  // namespace
+
+template <class Write>
+void MetricsLog::guarded(Sink sink, Write&& write) {
+  try {
+    write();
+  } catch (const std::runtime_error& e) {
+    static constexpr const char* kNames[] = {"metrics.csv", "eval.csv", "TensorBoard events"};
+    logger_.warning(std::string("log.dir: ") + e.what() + "; training goes on without " +
+                    kNames[static_cast<int>(sink)]);
+    // Dropped: one warning, not one per interval.
+    std::FILE*& file = sink == Sink::CSV ? csv_ : eval_csv_;
+    if (sink == Sink::EVENTS) {
+      events_.reset();
+    } else if (file) {
+      std::fclose(file);
+      file = nullptr;
+    }
+    failed_[static_cast<int>(sink)] = true;
+  }
+}
 
 MetricsLog::MetricsLog(const config::LogConfig& config, log::Logger logger, bool leader, int64_t total_steps,
                        int64_t start_step, std::vector<std::string> loss_names)
@@ -57,12 +91,20 @@ MetricsLog::MetricsLog(const config::LogConfig& config, log::Logger logger, bool
   bar_ = config.progress == config::Progress::BAR ||
          (config.progress == config::Progress::AUTO && ::isatty(2) != 0);
   if (config.dir.empty()) return;
-  io::make_directories(config.dir);
-  if (config.tensorboard) events_ = std::make_unique<EventWriter>(config.dir);
+  try {
+    io::make_directories(config.dir);
+  } catch (const std::runtime_error& e) {
+    logger_.warning(std::string("log.dir: ") + e.what() + "; training goes on without metrics files");
+    for (bool& failed : failed_) failed = true;
+    return;
+  }
+  if (config.tensorboard) {
+    guarded(Sink::EVENTS, [&] { events_ = std::make_unique<EventWriter>(config.dir); });
+  }
   if (config.csv) {
     std::string header = "step,loss,lr,grad_norm,items_per_s,texts_per_s,images_per_s,tflops_per_rank,mfu,peak_memory_gib";
     for (const auto& c : loss_names_) header += "," + c;
-    csv_ = open_csv(config.dir + "/metrics.csv", header, /*append=*/start_step > 0);
+    guarded(Sink::CSV, [&] { csv_ = open_csv(config.dir + "/metrics.csv", header, /*append=*/start_step > 0); });
   }
 }
 
@@ -134,29 +176,32 @@ void MetricsLog::record(const IntervalMetrics& m) {
   double peak = 0;
   for (double p : m.peak_memory_gib) peak = std::max(peak, p);
   if (csv_) {
-    std::string row = std::to_string(m.step) + "," + csv_number(m.loss) + "," + csv_number(m.lr) + "," +
-                      csv_number(m.grad_norm) + "," + csv_number(m.items_per_second) + "," +
-                      csv_number(m.texts_per_second) + "," + csv_number(m.images_per_second) + "," +
-                      csv_number(m.tflops_per_rank) + "," + csv_number(m.mfu) + "," + csv_number(peak);
-    for (const auto& c : loss_names_) {
-      auto it = m.parts.find(c);
-      row += "," + (it == m.parts.end() ? std::string() : csv_number(it->second));
-    }
-    std::fprintf(csv_, "%s\n", row.c_str());
-    std::fflush(csv_);
+    guarded(Sink::CSV, [&] {
+      std::string row = std::to_string(m.step) + "," + csv_number(m.loss) + "," + csv_number(m.lr) + "," +
+                        csv_number(m.grad_norm) + "," + csv_number(m.items_per_second) + "," +
+                        csv_number(m.texts_per_second) + "," + csv_number(m.images_per_second) + "," +
+                        csv_number(m.tflops_per_rank) + "," + csv_number(m.mfu) + "," + csv_number(peak);
+      for (const auto& c : loss_names_) {
+        auto it = m.parts.find(c);
+        row += "," + (it == m.parts.end() ? std::string() : csv_number(it->second));
+      }
+      write_line(csv_, config_.dir + "/metrics.csv", row);
+    });
   }
   if (events_) {
-    events_->add_scalar("train/loss", m.loss, m.step);
-    for (const auto& [name, v] : m.parts) events_->add_scalar("train/loss_" + name, v, m.step);
-    events_->add_scalar("train/lr", m.lr, m.step);
-    events_->add_scalar("train/grad_norm", m.grad_norm, m.step);
-    if (std::isfinite(m.items_per_second)) {
-      events_->add_scalar("perf/items_per_second", m.items_per_second, m.step);
-      events_->add_scalar("perf/tflops_per_rank", m.tflops_per_rank, m.step);
-      events_->add_scalar("perf/mfu", m.mfu, m.step);
-    }
-    events_->add_scalar("memory/peak_gib", peak, m.step);
-    events_->flush();
+    guarded(Sink::EVENTS, [&] {
+      events_->add_scalar("train/loss", m.loss, m.step);
+      for (const auto& [name, v] : m.parts) events_->add_scalar("train/loss_" + name, v, m.step);
+      events_->add_scalar("train/lr", m.lr, m.step);
+      events_->add_scalar("train/grad_norm", m.grad_norm, m.step);
+      if (std::isfinite(m.items_per_second)) {
+        events_->add_scalar("perf/items_per_second", m.items_per_second, m.step);
+        events_->add_scalar("perf/tflops_per_rank", m.tflops_per_rank, m.step);
+        events_->add_scalar("perf/mfu", m.mfu, m.step);
+      }
+      events_->add_scalar("memory/peak_gib", peak, m.step);
+      events_->flush();
+    });
   }
 }
 
@@ -169,23 +214,27 @@ void MetricsLog::record_eval(int64_t step, const std::map<std::string, double>& 
     line += part;
   }
   message(line);
-  if (!config_.dir.empty() && config_.csv) {
-    if (!eval_csv_) {
-      std::string header = "step";
-      for (const auto& [name, v] : values) header += "," + name, eval_columns_.push_back(name);
-      eval_csv_ = open_csv(config_.dir + "/eval.csv", header, /*append=*/start_ > 0);
-    }
-    std::string row = std::to_string(step);
-    for (const auto& c : eval_columns_) {
-      auto it = values.find(c);
-      row += "," + (it == values.end() ? std::string() : csv_number(it->second));
-    }
-    std::fprintf(eval_csv_, "%s\n", row.c_str());
-    std::fflush(eval_csv_);
+  if (!config_.dir.empty() && config_.csv && !failed_[static_cast<int>(Sink::EVAL_CSV)]) {
+    guarded(Sink::EVAL_CSV, [&] {
+      if (!eval_csv_) {
+        std::string header = "step";
+        eval_columns_.clear();
+        for (const auto& [name, v] : values) header += "," + name, eval_columns_.push_back(name);
+        eval_csv_ = open_csv(config_.dir + "/eval.csv", header, /*append=*/start_ > 0);
+      }
+      std::string row = std::to_string(step);
+      for (const auto& c : eval_columns_) {
+        auto it = values.find(c);
+        row += "," + (it == values.end() ? std::string() : csv_number(it->second));
+      }
+      write_line(eval_csv_, config_.dir + "/eval.csv", row);
+    });
   }
   if (events_) {
-    for (const auto& [name, v] : values) events_->add_scalar("eval/" + name, v, step);
-    events_->flush();
+    guarded(Sink::EVENTS, [&] {
+      for (const auto& [name, v] : values) events_->add_scalar("eval/" + name, v, step);
+      events_->flush();
+    });
   }
 }
 

@@ -1,6 +1,7 @@
 // Where the loop's numbers go (private to the train layer), on rank 0: through the run's Logger a progress bar
 // with ETA on a terminal (the sink's status line) and plain lines otherwise; metrics.csv and eval.csv, and
-// TensorBoard events, all under log.dir.
+// TensorBoard events, all under log.dir. A file that cannot be written (a full disk, a directory that cannot be
+// made) is dropped with one warning giving the system's reason; training goes on.
 #pragma once
 
 #include <cstdint>
@@ -41,6 +42,10 @@ class MetricsLog {
   void finish();
 
  private:
+  enum class Sink { CSV, EVAL_CSV, EVENTS };
+  // Runs `write`; a std::runtime_error from it drops `sink` with a warning instead of ending the run.
+  template <class Write>
+  void guarded(Sink sink, Write&& write);
   std::string line_of(const IntervalMetrics& m) const;
   void draw_bar();
 
@@ -55,6 +60,7 @@ class MetricsLog {
   std::FILE* csv_ = nullptr;
   std::FILE* eval_csv_ = nullptr;
   std::vector<std::string> eval_columns_;
+  bool failed_[3] = {false, false, false};  // by Sink: dropped after a failure
 };
 
 }  // namespace shardtrain::train

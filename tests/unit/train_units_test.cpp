@@ -267,6 +267,67 @@ TEST(MetricsLog, LinesThroughTheLoggerAndTheTasksLossesAsColumns) {
   io::remove_tree(dir);
 }
 
+// A log directory on a full disk (a 64 KiB tmpfs filled up; needs root to mount) and one that cannot be made:
+// each file is dropped with one warning giving the system's reason, and logging goes on without it.
+TEST(MetricsLog, AFullDiskOrAMissingDirectoryWarnsOnceAndGoesOn) {
+  const std::string mnt = "/tmp/shardtrain_full_disk_" + std::to_string(::getpid());
+  io::make_directories(mnt);
+  if (std::system(("mount -t tmpfs -o size=64k tmpfs " + mnt + " 2>/dev/null").c_str()) != 0) {
+    io::remove_tree(mnt);
+    GTEST_SKIP() << "cannot mount a tmpfs here (not root)";
+  }
+  struct Unmount {  // also when an assertion ends the test early
+    std::string path;
+    ~Unmount() {
+      if (std::system(("umount -l " + path).c_str()) == 0) io::remove_tree(path);
+    }
+  } unmount{mnt};
+  io::write_file_atomic(mnt + "/filler", std::vector<char>(60 * 1024, 'x'));
+  for (int i = 0; io::file_size(mnt + "/filler") > 0 && i < 64; ++i) {  // the last blocks too
+    try {
+      io::write_file_atomic(mnt + "/filler" + std::to_string(i), std::vector<char>(4096, 'x'));
+    } catch (const std::runtime_error&) {
+      break;
+    }
+  }
+  auto sink = std::make_shared<RecordingSink>();
+  config::LogConfig lc;
+  lc.dir = mnt + "/log", lc.progress = config::Progress::LINES;
+  {
+    MetricsLog log(lc, log::Logger(sink, 0), /*leader=*/true, 100, 0, {"mlm"});
+    IntervalMetrics m;
+    m.step = 10, m.loss = 2.5, m.items_per_second = NAN, m.peak_memory_gib = {0.25};
+    for (int i = 0; i < 3; ++i) log.record(m), log.record_eval(10, {{"r1", 0.5}});
+  }
+  int warnings = 0, lines = 0;
+  std::string text;
+  for (const auto& [level, line] : sink->lines) {
+    if (level == log::Level::WARNING) ++warnings, text += line + "\n";
+    if (line.rfind("step 10/100", 0) == 0) ++lines;
+  }
+  EXPECT_EQ(lines, 3);  // the console lines go on
+  EXPECT_GE(warnings, 1);
+  EXPECT_LE(warnings, 3);  // at most one per file: metrics.csv, eval.csv, events
+  EXPECT_NE(text.find("No space left on device"), std::string::npos) << text;
+  EXPECT_NE(text.find("training goes on without"), std::string::npos) << text;
+
+  // log.dir under a regular file: it cannot be made.
+  const std::string file = "/tmp/shardtrain_not_a_dir_" + std::to_string(::getpid());
+  io::write_file_atomic(file, {'x'});
+  auto sink2 = std::make_shared<RecordingSink>();
+  lc.dir = file + "/log";
+  {
+    MetricsLog log(lc, log::Logger(sink2, 0), /*leader=*/true, 100, 0, {"mlm"});
+    IntervalMetrics m;
+    m.step = 10, m.loss = 2.5, m.items_per_second = NAN, m.peak_memory_gib = {0.25};
+    log.record(m), log.record_eval(10, {{"r1", 0.5}});
+  }
+  io::remove_tree(file);
+  ASSERT_EQ(sink2->lines.size(), 3u);
+  EXPECT_EQ(sink2->lines[0].first, log::Level::WARNING);
+  EXPECT_NE(sink2->lines[0].second.find("Not a directory"), std::string::npos) << sink2->lines[0].second;
+}
+
 // A checkpoint keeps the default generators' states: after a load, the same random numbers come again.
 TEST(CheckpointRng, GeneratorStatesComeBack) {
   const std::string dir = "/tmp/shardtrain_ckpt_rng_" + std::to_string(::getpid());
