@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "commands.h"
+#include "shardtrain/launch/error_file.h"
 #include "shardtrain/launch/launch.h"
 #include "shardtrain/models/zoo.h"
 
@@ -59,6 +60,13 @@ int run_models_command(const std::vector<std::string>& args) {
   return 0;
 }
 
+// The message on stderr, and in the launcher's error file (the job's root cause when this rank fails first).
+int fail(const std::string& command, const std::string& message, int code) {
+  std::cerr << "shardtrain " << command << ": error: " << message << "\n";
+  shardtrain::launch::record_error(message);
+  return code;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -84,13 +92,10 @@ int main(int argc, char** argv) {
     std::cerr << "shardtrain: unknown command '" << command << "'\n" << kUsage;
     return 2;
   } catch (const std::invalid_argument& e) {  // bad input: options, config, data paths
-    std::cerr << "shardtrain " << command << ": error: " << e.what() << "\n";
-    return 2;
+    return fail(command, e.what(), 2);
   } catch (const c10::Error& e) {  // LibTorch's what() carries a C++ backtrace; the message is what users need
-    std::cerr << "shardtrain " << command << ": error: " << e.what_without_backtrace() << "\n";
-    return 1;
+    return fail(command, e.what_without_backtrace(), 1);
   } catch (const std::exception& e) {
-    std::cerr << "shardtrain " << command << ": error: " << e.what() << "\n";
-    return 1;
+    return fail(command, e.what(), 1);
   }
 }

@@ -236,6 +236,7 @@ std::vector<Field> fields_of(Config& c) {
       field("parallel.sync_module_states", c.parallel.sync_module_states),
       field("parallel.bucket_cap_mb", c.parallel.bucket_cap_mb),
       field("parallel.gradient_as_bucket_view", c.parallel.gradient_as_bucket_view),
+      field("parallel.timeout", c.parallel.timeout),
       field("optim.lr", c.optim.lr),
       field("optim.betas", c.optim.betas),
       field("optim.eps", c.optim.eps),
@@ -477,6 +478,7 @@ void validate(const Config& c) {
   require(c.parallel.bucket_cap_mb > 0, "parallel.bucket_cap_mb", num(c.parallel.bucket_cap_mb), "positive (MiB)");
   require(c.parallel.forward_prefetch >= 0, "parallel.forward_prefetch", num(c.parallel.forward_prefetch),
           "0 or more units");
+  require(c.parallel.timeout >= 1, "parallel.timeout", num(c.parallel.timeout), "at least 1 (seconds)");
   require(c.checkpoint.interval >= 0, "checkpoint.interval", num(c.checkpoint.interval), "0 or positive");
   require(c.checkpoint.keep >= 0, "checkpoint.keep", num(c.checkpoint.keep), "0 (keep all) or positive");
   require(c.checkpoint.resume == Resume::NEVER || !c.checkpoint.dir.empty(), "checkpoint.resume",

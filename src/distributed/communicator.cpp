@@ -47,6 +47,20 @@ void settle(const c10::intrusive_ptr<c10d::Work>& work) {
 void Work::wait() {
   if (!state_ || state_->done) return;
   if (state_->work) {
+    // Published while blocked, for the heartbeat's report of a hang.
+    struct Posted {
+      WaitBoard* board;
+      Posted(WaitBoard* b, const std::string& what) : board(b) {
+        if (!board) return;
+        std::lock_guard<std::mutex> lock(board->mutex);
+        board->waiting = what;
+      }
+      ~Posted() {
+        if (!board) return;
+        std::lock_guard<std::mutex> lock(board->mutex);
+        board->waiting.clear();
+      }
+    } posted(state_->waits.get(), state_->what);
     try {
       state_->work->wait();
     } catch (const std::exception& e) {
@@ -89,6 +103,7 @@ Work make_work(const Impl& g, const std::string& op, c10::intrusive_ptr<c10d::Wo
   state->finish = std::move(finish);
   state->what = describe(g, op);
   state->settle_backend_references = g.kind == CommBackend::GLOO;
+  state->waits = g.waits;
   return Work(std::move(state));
 }
 

@@ -12,20 +12,10 @@
 #include "distributed/backends.h"
 #include "distributed/communicator_impl.h"
 #include "distributed/error_text.h"
+#include "distributed/process_group_impl.h"
 
 namespace shardtrain::dist {
 
-struct ProcessGroup::Impl {
-  DistEnv env;
-  ProcessGroupOptions options;
-  c10::intrusive_ptr<c10d::Store> store;  // null at world size 1
-  std::string gloo_hostname;              // interface Gloo binds: loopback on one node
-  std::optional<Communicator> world;
-  int groups_created = 0;  // sub-group counter: every rank counts the same, so it names the store prefix
-
-  // Destroy communicators (their backends hold the store) before the store.
-  ~Impl() { world.reset(); }
-};
 
 namespace {
 
@@ -76,6 +66,7 @@ std::shared_ptr<Communicator::Impl> make_group(const ProcessGroup::Impl& pg,
   impl->name = std::move(name);
   const int size = static_cast<int>(impl->global_ranks.size());
   if (size == 1) return impl;  // SELF: nothing to connect
+  impl->waits = pg.waits;
   if (pg.options.device == DeviceKind::CUDA) {
     impl->kind = CommBackend::NCCL;
     impl->device_index = pg.env.local_rank;

@@ -1,4 +1,5 @@
 #include <arpa/inet.h>
+#include <dirent.h>
 #include <fcntl.h>
 #include <netdb.h>
 #include <netinet/in.h>
@@ -21,6 +22,7 @@
 #include <vector>
 
 #include "launch/worker.h"
+#include "shardtrain/launch/error_file.h"
 #include "shardtrain/launch/launch.h"
 
 extern char** environ;
@@ -179,9 +181,14 @@ class ListenSocket {
   int port_ = 0;
 };
 
+// Where rank `rank` records its error (TORCHELASTIC_ERROR_FILE).
+std::string error_file_of(const std::string& dir, int rank) {
+  return dir + "/error-rank" + std::to_string(rank) + ".json";
+}
+
 std::vector<std::string> worker_environment(const LaunchOptions& o, int local_rank, const std::string& master_addr,
                                             int master_port, int restart, std::optional<int> listen_fd,
-                                            const std::string& job_id) {
+                                            const std::string& job_id, const std::string& error_dir) {
   const int world = o.nnodes * o.nproc_per_node;
   const int rank = o.node_rank * o.nproc_per_node + local_rank;
   std::map<std::string, std::string> vars;
@@ -203,6 +210,7 @@ std::vector<std::string> worker_environment(const LaunchOptions& o, int local_ra
   vars["TORCHELASTIC_RESTART_COUNT"] = std::to_string(restart);
   vars["TORCHELASTIC_MAX_RESTARTS"] = std::to_string(o.max_restarts);
   vars["SHARDTRAIN_JOB_ID"] = job_id;
+  vars["TORCHELASTIC_ERROR_FILE"] = error_file_of(error_dir, rank);
   // Several workers on one node each running a full-width thread pool oversubscribe the cores (torchrun does the
   // same); a value the user set is kept.
   if (o.nproc_per_node > 1 && vars.count("OMP_NUM_THREADS") == 0) vars["OMP_NUM_THREADS"] = "1";
@@ -211,6 +219,32 @@ std::vector<std::string> worker_environment(const LaunchOptions& o, int local_ra
   for (const auto& [name, value] : vars) env.push_back(name + "=" + value);
   return env;
 }
+
+// Where the workers leave their errors: a fresh directory under $TMPDIR (or /tmp), removed with what it holds.
+struct ErrorDirectory {
+  std::string path;
+  ErrorDirectory() {
+    const char* tmp = std::getenv("TMPDIR");
+    std::string pattern = std::string(tmp && *tmp ? tmp : "/tmp") + "/shardtrain-launch-XXXXXX";
+    if (::mkdtemp(pattern.data()) == nullptr) {
+      throw std::runtime_error("cannot make a directory for the workers' error files (" + pattern +
+                               "): " + std::strerror(errno));
+    }
+    path = pattern;
+  }
+  ~ErrorDirectory() {
+    if (DIR* dir = ::opendir(path.c_str())) {
+      while (dirent* entry = ::readdir(dir)) {
+        const std::string name = entry->d_name;
+        if (name != "." && name != "..") ::unlink((path + "/" + name).c_str());
+      }
+      ::closedir(dir);
+    }
+    ::rmdir(path.c_str());
+  }
+  ErrorDirectory(const ErrorDirectory&) = delete;
+  ErrorDirectory& operator=(const ErrorDirectory&) = delete;
+};
 
 enum class GroupEnd { SUCCESS, WORKER_FAILED, PREEMPTED, LAUNCHER_SIGNALED };
 
@@ -238,13 +272,15 @@ struct GroupResult {
 class WorkerGroup {
  public:
   WorkerGroup(const LaunchOptions& o, const std::string& master_addr, int master_port, int restart,
-              std::optional<int> listen_fd, const std::string& job_id, SignalPipe& signals)
-      : options_(o), signals_(signals) {
+              std::optional<int> listen_fd, const std::string& job_id, const std::string& error_dir,
+              SignalPipe& signals)
+      : options_(o), signals_(signals), error_dir_(error_dir) {
     for (int local = 0; local < o.nproc_per_node; ++local) {
       WorkerSpec spec;
       spec.rank = o.node_rank * o.nproc_per_node + local;
       spec.command = o.command;
-      spec.env = worker_environment(o, local, master_addr, master_port, restart, listen_fd, job_id);
+      ::unlink(error_file_of(error_dir, spec.rank).c_str());  // an earlier attempt's
+      spec.env = worker_environment(o, local, master_addr, master_port, restart, listen_fd, job_id, error_dir);
       if (spec.rank == 0) spec.inherit_fd = listen_fd;
       workers_.push_back(std::make_unique<Worker>(spec));
       out_relays_.emplace_back(spec.rank, STDOUT_FILENO);
@@ -279,9 +315,14 @@ class WorkerGroup {
         }
         if (!status->ok()) {
           drain_output(*w);  // its last words before the launcher's verdict
+          // The root cause: the first rank to fail, with the error it recorded (TORCHELASTIC_ERROR_FILE).
+          const auto error = read_error_file(error_file_of(error_dir_, w->rank()));
           say("rank " + std::to_string(w->rank()) + " (pid " + std::to_string(w->pid()) + ") " + status->describe() +
-              "; stopping the other " + std::to_string(running_count()) + " worker(s)");
-          stop(SIGTERM, options_.stop_grace);
+              (error ? ": " + *error : "") + "; stopping the other " + std::to_string(running_count()) +
+              " worker(s)");
+          stop(SIGTERM, options_.stop_grace, "because rank " + std::to_string(w->rank()) + " failed");
+          say("root cause: rank " + std::to_string(w->rank()) + " " + status->describe() +
+              (error ? ": " + *error : " (it recorded no error)"));
           return {GroupEnd::WORKER_FAILED, status->shell_code()};
         }
       }
@@ -334,7 +375,7 @@ class WorkerGroup {
   // Sends `sig` (0: none, only wait) to every running worker's process group, relays output while they stop, kills
   // what is left after `grace`, then drains and closes the pipes. A terminating signal to the launcher meanwhile
   // skips the rest of the grace period.
-  void stop(int sig, std::chrono::milliseconds grace) {
+  void stop(int sig, std::chrono::milliseconds grace, const std::string& why = "") {
     std::vector<Worker*> stopped;
     for (auto& w : workers_) {
       if (!w->running()) continue;
@@ -366,8 +407,8 @@ class WorkerGroup {
     }
     if (sig == SIGKILL) return;  // the clean-up after a success: nothing to report
     for (const Worker* w : stopped) {
-      say("stopped rank " + std::to_string(w->rank()) + " (pid " + std::to_string(w->pid()) + "): " +
-          w->status()->describe());
+      say("stopped rank " + std::to_string(w->rank()) + " (pid " + std::to_string(w->pid()) + ")" +
+          (why.empty() ? "" : " " + why) + ": " + w->status()->describe());
     }
   }
 
@@ -392,6 +433,7 @@ class WorkerGroup {
   std::vector<std::unique_ptr<Worker>> workers_;
   std::vector<LineRelay> out_relays_;
   std::vector<LineRelay> err_relays_;
+  std::string error_dir_;
 };
 
 }  // namespace
@@ -419,11 +461,12 @@ int run_launch(const LaunchOptions& options) {
   const char* given_id = std::getenv("SHARDTRAIN_JOB_ID");
   const std::string job_id = given_id && *given_id ? given_id : new_job_id();
 
+  const ErrorDirectory errors;
   SignalPipe signals;
   for (int attempt = 0;; ++attempt) {
     GroupResult result;
     {
-      WorkerGroup group(options, master_addr, master_port, attempt, listen_fd, job_id, signals);
+      WorkerGroup group(options, master_addr, master_port, attempt, listen_fd, job_id, errors.path, signals);
       result = group.supervise();
     }
     if (result.end != GroupEnd::WORKER_FAILED) return result.exit_code;

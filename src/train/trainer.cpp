@@ -2,18 +2,22 @@
 
 #include <ATen/ATen.h>
 #include <signal.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <optional>
 #include <stdexcept>
 
 #include "data/random.h"
 #include "shardtrain/ckpt/checkpoint.h"
 #include "shardtrain/distributed/env.h"
+#include "shardtrain/distributed/heartbeat.h"
 #include "shardtrain/distributed/mesh.h"
 #include "shardtrain/distributed/process_group.h"
+#include "shardtrain/launch/error_file.h"
 #include "shardtrain/memory/memory_stats.h"
 #include "shardtrain/models/zoo.h"
 #include "shardtrain/nn/activation_checkpoint.h"
@@ -63,8 +67,9 @@ at::Device device_of(const Config& c, const dist::DistEnv& env) {
   return at::Device(at::kCUDA, static_cast<c10::DeviceIndex>(env.local_rank));  // each rank its local GPU
 }
 
-dist::ProcessGroupOptions init_options(const at::Device& device) {
+dist::ProcessGroupOptions init_options(const Config& c, const at::Device& device) {
   dist::ProcessGroupOptions init;
+  init.timeout = std::chrono::milliseconds(static_cast<int64_t>(c.parallel.timeout * 1000.0));
   init.device = device.is_cuda() ? dist::DeviceKind::CUDA : dist::DeviceKind::CPU;
   return init;
 }
@@ -78,18 +83,38 @@ std::shared_ptr<const models::ModelRecipe> checked_recipe(const Config& c) {
   return recipe;
 }
 
+// [Note: ending a rank for a stuck peer] The heartbeat found that a peer stopped: this rank is, or soon will be,
+// blocked in a collective that no backend can cancel (Gloo has no abort), so waiting for its timeout only delays
+// the verdict. Like PyTorch's NCCL watchdog, the process ends: the reason on stderr and in the launcher's error
+// file (the job's root cause), exit code 1; the launcher then stops the others, the stuck rank included.
+void end_for_stuck_peer(const std::string& message) {
+  const std::string line = "shardtrain train: error: " + message + "\n";
+  [[maybe_unused]] const ssize_t n = ::write(2, line.data(), line.size());
+  launch::record_error(message);
+  std::_Exit(1);
+}
+
 // What the whole run shares: the process group of the environment's launcher (a world of one without), where it
 // computes, the console, and the model's recipe and task.
 struct Job {
   Job(const Config& c, std::shared_ptr<log::Sink> sink)
       : env(checked_env(c)),
         device(device_of(c, env)),
-        pg(dist::ProcessGroup::init(env, init_options(device))),
+        pg(dist::ProcessGroup::init(env, init_options(c, device))),
         logger(std::move(sink), pg.world().rank(), {log_level_of(c.log.level)}),
         recipe(checked_recipe(c)),
         task(recipe->task(c.model.task)) {
     task->check_batch_size(c.train.batch_size, pg.world().size());
     if (!device.is_cuda()) memory::install_cpu_memory_counter();
+    if (pg.world_size() > 1) {
+      heartbeat = std::make_unique<dist::Heartbeat>(pg, dist::heartbeat_options_for(init_options(c, device).timeout),
+                                                    end_for_stuck_peer);
+    }
+  }
+
+  // What this rank is doing, for the heartbeat's report of a hang.
+  void doing(const std::string& activity) const {
+    if (heartbeat) heartbeat->set_activity(activity);
   }
 
   dist::DistEnv env;
@@ -98,6 +123,7 @@ struct Job {
   log::Logger logger;
   std::shared_ptr<const models::ModelRecipe> recipe;
   std::unique_ptr<models::Task> task;
+  std::unique_ptr<dist::Heartbeat> heartbeat;  // W > 1
 };
 
 // HYBRID strategies shard within a node and replicate across nodes; the others shard over the whole world.
@@ -172,6 +198,7 @@ struct Loop {
     const int64_t warmup_until = at.step + c.log.warmup_steps;
     if (data.eval_loader && at.step == 0) evaluate();
     while (at.step < last_step()) {
+      job.doing("step " + std::to_string(at.step + 1));
       const double t0 = seconds_now();
       const double lr = learning_rate(c.optim, at.step, c.train.steps);
       set_learning_rate(parts.optimizer, lr);
@@ -213,6 +240,7 @@ struct Loop {
   }
 
   void evaluate() {
+    job.doing("evaluation at step " + std::to_string(at.step));
     models::EvalInputs in;
     in.loader = data.eval_loader.get(), in.source_size = data.eval_source->size();
     in.max_samples = c.train.eval_samples, in.batch_size = c.train.batch_size, in.world = &job.pg.world();
@@ -223,6 +251,7 @@ struct Loop {
   }
 
   void save() {
+    job.doing("checkpoint at step " + std::to_string(at.step));
     at.loader = data.loader->state();
     summary.last_checkpoint = save_run(c, at, parts.scaler, checkpointed, job.pg.world());
     log.message("checkpoint " + summary.last_checkpoint);
@@ -288,7 +317,13 @@ TrainSummary train(const Config& given, std::shared_ptr<log::Sink> sink) {
                               objective_seed, world.rank()},
             data, log, checkpointed, peak_tflops, start, {}, {}};
   loop.summary.start_step = start.step;
-  loop.run(preemption);
+  try {
+    loop.run(preemption);
+  } catch (const std::runtime_error& e) {  // a collective that timed out names the waiting rank: add the others
+    if (!job.heartbeat) throw;
+    throw std::runtime_error(std::string(e.what()) + " (what the ranks last said: " + job.heartbeat->describe_ranks() +
+                             ")");
+  }
 
   const data::LoaderStats stats = data.loader->stats();
   loop.summary.steps = loop.at.step;

@@ -5,7 +5,10 @@
 //  - SIGTERM to the launcher: the run ends after the current step with a checkpoint and exit code 75; --resume then
 //    ends where one run ends;
 //  - damaged checkpoints (a flipped bit, a shard of another step): `checkpoint verify` names them, --resume skips
-//    them for the newest one that verifies and still ends where one run ends; when none verifies it refuses.
+//    them for the newest one that verifies and still ends where one run ends; when none verifies it refuses;
+//  - a rank stopped with SIGSTOP (3 processes): the heartbeat names it well within parallel.timeout, with the
+//    collective the others wait in, and the launcher reports that as the root cause — rank 2 (found by its
+//    watcher), and rank 0 (whose store stops answering).
 #include <gtest/gtest.h>
 
 #include <dirent.h>
@@ -76,6 +79,19 @@ std::vector<pid_t> children_of(pid_t parent) {
   }
   ::closedir(proc);
   return out;
+}
+
+// The rank (RANK in its environment) of each of `pids`; -1 when unreadable.
+int rank_of(pid_t pid) {
+  const std::string env = test::read_text("/proc/" + std::to_string(pid) + "/environ");
+  for (size_t at = 0; at < env.size();) {
+    const size_t end = env.find('\0', at);
+    const std::string entry = env.substr(at, end == std::string::npos ? std::string::npos : end - at);
+    if (entry.rfind("RANK=", 0) == 0) return std::atoi(entry.c_str() + 5);
+    if (end == std::string::npos) break;
+    at = end + 1;
+  }
+  return -1;
 }
 
 // Waits (bounded) until `dir` holds a checkpoint of step `step` or later.
@@ -219,6 +235,34 @@ TEST_F(RecoveryTest, DamagedCheckpointsAreNamedAndSkipped) {
   EXPECT_EQ(refused.status, 2) << refused.output;
   EXPECT_NE(refused.output.find("none of the 3 checkpoints in '" + dir + "' verifies"), std::string::npos)
       << refused.output;
+}
+
+TEST_F(RecoveryTest, AStoppedRankIsNamedWithinTheTimeout) {
+  for (const int stopped_rank : {2, 0}) {
+    SCOPED_TRACE("SIGSTOP to rank " + std::to_string(stopped_rank));
+    const std::string dir = root_ + "/stopped-" + std::to_string(stopped_rank);
+    const Background job(std::string(SHARDTRAIN_BIN) + " launch --nproc-per-node 3 -- " +
+                             train_command("--train.steps=1000 --parallel.timeout=20 --checkpoint.dir=" + dir),
+                         dir + ".txt");
+    ASSERT_TRUE(wait_for_checkpoint(dir, 2, std::chrono::seconds(180))) << test::read_text(job.out);
+    pid_t victim = -1;
+    for (pid_t pid : children_of(job.pid)) {
+      if (rank_of(pid) == stopped_rank) victim = pid;
+    }
+    ASSERT_GT(victim, 0);
+    ASSERT_EQ(::kill(victim, SIGSTOP), 0);
+    const auto stopped_at = Clock::now();
+    const Outcome r = job.wait();
+    const double seconds = std::chrono::duration<double>(Clock::now() - stopped_at).count();
+    EXPECT_EQ(r.status, 1) << r.output;
+    EXPECT_LT(seconds, 20) << "not before parallel.timeout\n" << r.output;
+    const std::string cause = stopped_rank == 0 ? "rank 0 is stuck: the job's store, which it serves, has not answered"
+                                                : "rank 2 is stuck: no heartbeat for ";
+    EXPECT_NE(r.output.find("root cause: rank "), std::string::npos) << r.output;
+    EXPECT_NE(r.output.find(cause), std::string::npos) << r.output;
+    EXPECT_NE(r.output.find(", waiting in "), std::string::npos) << r.output;
+    EXPECT_NE(r.output.find("(pid " + std::to_string(victim) + ") because rank "), std::string::npos) << r.output;
+  }
 }
 
 }  // namespace

@@ -92,6 +92,9 @@ struct ParallelConfig {
   bool sync_module_states = true;  // init_weights: rank 0 reads, the others receive (else every rank reads)
   double bucket_cap_mb = 25.0;     // ddp: MiB of gradients per all-reduce bucket
   bool gradient_as_bucket_view = false;  // ddp: gradients live in the buckets (one gradient-sized buffer less)
+  // Seconds before the rendezvous or a collective gives up on a peer. A rank that stops altogether is named
+  // sooner, by the heartbeat: after a quarter of this (dist::heartbeat_options_for).
+  double timeout = 600;
 };
 
 struct OptimConfig {

@@ -18,8 +18,8 @@ enum class DeviceKind {
 
 struct ProcessGroupOptions {
   DeviceKind device = DeviceKind::CPU;
-  // Rendezvous and every collective fail after this long (a peer that died or hangs).
-  std::chrono::milliseconds timeout = std::chrono::minutes(5);
+  // Rendezvous and every collective fail after this long (a peer that died or hangs); parallel.timeout.
+  std::chrono::milliseconds timeout = std::chrono::minutes(10);
   int gloo_threads = 2;  // Gloo worker threads per group: operations in flight at once
 };
 
@@ -45,6 +45,7 @@ class ProcessGroup {
   struct Impl;
 
  private:
+  friend class Heartbeat;  // its own connection to the store
   explicit ProcessGroup(std::shared_ptr<Impl> impl) : impl_(std::move(impl)) {}
   std::shared_ptr<Impl> impl_;
 };
