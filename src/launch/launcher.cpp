@@ -5,9 +5,11 @@
 #include <netinet/in.h>
 #include <poll.h>
 #include <signal.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cerrno>
 #include <chrono>
@@ -436,10 +438,36 @@ class WorkerGroup {
   std::string error_dir_;
 };
 
+// Refuses a node's worker count that cannot run well here, before anything starts: far more workers than cores
+// (each would get a sliver of a core and the collectives would time out), or more files than the open-file limit
+// allows (the launcher keeps two pipes per worker; each worker's Gloo mesh holds sockets to every other rank).
+void check_node_capacity(const LaunchOptions& o) {
+  constexpr int kMaxWorkersPerCore = 8;
+  const long cores = ::sysconf(_SC_NPROCESSORS_ONLN);
+  if (cores > 0 && o.nproc_per_node > kMaxWorkersPerCore * cores) {
+    throw std::invalid_argument("--nproc-per-node " + std::to_string(o.nproc_per_node) + " is more than " +
+                                std::to_string(kMaxWorkersPerCore) + " workers per core on this machine (" +
+                                std::to_string(cores) + " cores online): expected at most " +
+                                std::to_string(kMaxWorkersPerCore * cores));
+  }
+  rlimit files{};
+  if (::getrlimit(RLIMIT_NOFILE, &files) != 0 || files.rlim_cur == RLIM_INFINITY) return;
+  const long world = static_cast<long>(o.nnodes) * o.nproc_per_node;
+  const long launcher_needs = 2L * o.nproc_per_node + 32, worker_needs = 3 * world + 64;
+  const long needs = std::max(launcher_needs, worker_needs);
+  if (needs > static_cast<long>(files.rlim_cur)) {
+    throw std::invalid_argument("--nproc-per-node " + std::to_string(o.nproc_per_node) + " over " +
+                                std::to_string(o.nnodes) + " node(s) needs about " + std::to_string(needs) +
+                                " open files per process (pipes, and sockets to every other rank), above the " +
+                                "open-file limit " + std::to_string(files.rlim_cur) + " (raise it with ulimit -n)");
+  }
+}
+
 }  // namespace
 
 int run_launch(const LaunchOptions& options) {
   if (options.command.empty()) throw std::invalid_argument("no program to launch");
+  check_node_capacity(options);
   const bool single_node = options.nnodes == 1;
   const std::string master_addr = options.master_addr.empty() ? "127.0.0.1" : options.master_addr;
   // [Note: launcher-owned rendezvous socket] On one node the launcher binds the rendezvous port itself (port 0 asks

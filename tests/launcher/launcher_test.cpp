@@ -360,4 +360,22 @@ TEST_F(LauncherTest, BadOptionExits2WithTheReason) {
   EXPECT_TRUE(contains(read_file(dir_ / "err.txt"), "--nproc-per-node 'zero' is not an integer >= 1"));
 }
 
+// More workers than the machine can run, or than the open-file limit allows: refused before anything starts.
+TEST_F(LauncherTest, NodeCapacityIsCheckedBeforeStarting) {
+  const long cores = ::sysconf(_SC_NPROCESSORS_ONLN);
+  std::string command = std::string("'") + SHARDTRAIN_BIN + "' launch --nproc-per-node " + std::to_string(8 * cores + 1) +
+                        " -- true 2>" + (dir_ / "err.txt").string();
+  int status = std::system(command.c_str());
+  EXPECT_EQ(WEXITSTATUS(status), 2);
+  EXPECT_TRUE(contains(read_file(dir_ / "err.txt"), "workers per core on this machine (" + std::to_string(cores) +
+                                                        " cores online)")) << read_file(dir_ / "err.txt");
+  // 4 nodes x 2 workers under an open-file limit of 24: each worker would hold about 3 x 8 + 64 files.
+  command = "ulimit -n 24; '" + std::string(SHARDTRAIN_BIN) + "' launch --nnodes 4 --node-rank 0 --master-addr " +
+            "127.0.0.1 --nproc-per-node 2 -- true 2>" + (dir_ / "err.txt").string();
+  status = std::system(command.c_str());
+  EXPECT_EQ(WEXITSTATUS(status), 2);
+  EXPECT_TRUE(contains(read_file(dir_ / "err.txt"), "above the open-file limit 24 (raise it with ulimit -n)"))
+      << read_file(dir_ / "err.txt");
+}
+
 }  // namespace
