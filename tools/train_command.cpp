@@ -74,6 +74,7 @@ int run_train_command(const std::vector<std::string>& args) {
     o.master_addr = config.launch.main_process_ip;
     o.master_port = static_cast<int>(config.launch.main_process_port);
     o.max_restarts = static_cast<int>(config.launch.max_restarts);
+    o.rdzv_id = config.launch.rdzv_id;
     o.preempt_grace = std::chrono::milliseconds(static_cast<int64_t>(config.launch.preempt_grace * 1000.0));
     o.command = {self_executable(), "train"};
     o.command.insert(o.command.end(), args.begin(), args.end());

@@ -292,6 +292,7 @@ std::vector<Field> fields_of(Config& c) {
       field("launch.machine_rank", c.launch.machine_rank),
       field("launch.main_process_ip", c.launch.main_process_ip),
       field("launch.main_process_port", c.launch.main_process_port),
+      field("launch.rdzv_id", c.launch.rdzv_id),
       field("launch.max_restarts", c.launch.max_restarts),
       field("launch.preempt_grace", c.launch.preempt_grace),
   };

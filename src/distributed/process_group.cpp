@@ -2,6 +2,10 @@
 
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
+#include <arpa/inet.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -27,6 +31,49 @@ std::string this_hostname() {
   char name[256] = {0};
   if (gethostname(name, sizeof(name) - 1) != 0) return "127.0.0.1";
   return name;
+}
+
+// The address of this machine's interface that reaches `host` (the kernel's route choice: a UDP socket connected
+// there sends nothing but has a local address). Gloo listens on it, so that ranks on other nodes reach this one
+// through the same network as the rendezvous, whatever the host name resolves to. "" when it cannot be found.
+std::string local_address_towards(const std::string& host, int port) {
+  addrinfo hints{};
+  hints.ai_family = AF_INET;
+  hints.ai_socktype = SOCK_DGRAM;
+  addrinfo* found = nullptr;
+  if (::getaddrinfo(host.c_str(), std::to_string(port).c_str(), &hints, &found) != 0 || found == nullptr) return "";
+  std::string out;
+  const int fd = ::socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+  if (fd >= 0 && ::connect(fd, found->ai_addr, found->ai_addrlen) == 0) {
+    sockaddr_in local{};
+    socklen_t length = sizeof(local);
+    char text[INET_ADDRSTRLEN] = {0};
+    if (::getsockname(fd, reinterpret_cast<sockaddr*>(&local), &length) == 0 &&
+        ::inet_ntop(AF_INET, &local.sin_addr, text, sizeof(text)) != nullptr) {
+      out = text;
+    }
+  }
+  if (fd >= 0) ::close(fd);
+  ::freeaddrinfo(found);
+  return out;
+}
+
+// Every rank's job id must be rank 0's: a worker of another job that reached this rendezvous (a wrong
+// --master-addr or port) stops here, before it takes part in anything.
+void check_same_job(c10d::Store& store, const DistEnv& env) {
+  const std::string key = "shardtrain/job_id";
+  if (env.rank == 0) {
+    store.set(key, std::vector<uint8_t>(env.job_id.begin(), env.job_id.end()));
+    return;
+  }
+  const std::vector<uint8_t> bytes = store.get(key);
+  const std::string theirs(bytes.begin(), bytes.end());
+  if (theirs != env.job_id) {
+    throw std::runtime_error("rank " + std::to_string(env.rank) + " is of job '" + env.job_id +
+                             "' (SHARDTRAIN_JOB_ID, --rdzv-id), but the rendezvous at " + env.master_addr + ":" +
+                             std::to_string(env.master_port) + " is job '" + theirs +
+                             "''s: another job's master answered (check --master-addr, --master-port and --rdzv-id)");
+  }
 }
 
 std::string seconds_text(std::chrono::milliseconds ms) {
@@ -96,8 +143,14 @@ ProcessGroup ProcessGroup::init(const DistEnv& env, const ProcessGroupOptions& o
   std::vector<int> all(static_cast<size_t>(env.world_size));
   for (int r = 0; r < env.world_size; ++r) all[static_cast<size_t>(r)] = r;
   if (env.world_size > 1) {
-    impl->gloo_hostname = is_loopback(env.master_addr) ? "127.0.0.1" : this_hostname();
+    if (is_loopback(env.master_addr)) {
+      impl->gloo_hostname = "127.0.0.1";
+    } else {
+      impl->gloo_hostname = local_address_towards(env.master_addr, env.master_port);
+      if (impl->gloo_hostname.empty()) impl->gloo_hostname = this_hostname();
+    }
     impl->store = connect_store(env, options.timeout);
+    check_same_job(*impl->store, env);
     auto prefixed = c10::make_intrusive<c10d::PrefixStore>("world", impl->store);
     impl->world = Communicator(make_group(*impl, prefixed, all, env.rank, "world"));
   } else {

@@ -16,7 +16,8 @@ struct ProcessGroup::Impl {
   DistEnv env;
   ProcessGroupOptions options;
   c10::intrusive_ptr<c10d::Store> store;  // null at world size 1
-  std::string gloo_hostname;              // interface Gloo binds: loopback on one node
+  std::string gloo_hostname;              // where Gloo listens: loopback on one node, else the interface that
+                                          // reaches MASTER_ADDR
   std::optional<Communicator> world;
   std::shared_ptr<WaitBoard> waits = std::make_shared<WaitBoard>();  // what this process is blocked in
   int groups_created = 0;  // sub-group counter: every rank counts the same, so it names the store prefix

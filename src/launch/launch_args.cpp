@@ -22,6 +22,7 @@ enum class Opt {
   MASTER_PORT,
   MAX_RESTARTS,
   PREEMPT_GRACE,
+  RDZV_ID,
   NUM_PROCESSES,
 };
 
@@ -33,6 +34,7 @@ const std::map<std::string, Opt>& option_table() {
       {"num-processes", Opt::NUM_PROCESSES},   {"num-machines", Opt::NNODES},
       {"machine-rank", Opt::NODE_RANK},        {"main-process-ip", Opt::MASTER_ADDR},
       {"main-process-port", Opt::MASTER_PORT}, {"preempt-grace", Opt::PREEMPT_GRACE},
+      {"rdzv-id", Opt::RDZV_ID},
   };
   return table;
 }
@@ -76,7 +78,8 @@ std::chrono::milliseconds parse_seconds(const std::string& option, const std::st
 
 std::string launch_usage() {
   return "usage: shardtrain launch --nproc-per-node N [--nnodes M --node-rank R --master-addr A --master-port P]\n"
-         "                        [--max-restarts K] [--preempt-grace SECONDS] [--] PROGRAM [ARGS...]\n"
+         "                        [--rdzv-id ID] [--max-restarts K] [--preempt-grace SECONDS] [--] PROGRAM [ARGS...]\n"
+         "  --rdzv-id: the job's id, the same on every node (needed with --nnodes > 1 outside Slurm)\n"
          "  --preempt-grace: after SIGTERM/SIGINT, how long the workers get to save before SIGKILL (30)\n"
          "  Accelerate's --num_processes (total), --num_machines, --machine_rank, --main_process_ip and\n"
          "  --main_process_port are accepted too; '_' and '-' are interchangeable in option names.\n";
@@ -125,6 +128,10 @@ LaunchOptions parse_launch_args(const std::vector<std::string>& args) {
         break;
       case Opt::MAX_RESTARTS: options.max_restarts = parse_count(name, *value, 0); break;
       case Opt::PREEMPT_GRACE: options.preempt_grace = parse_seconds(name, *value); break;
+      case Opt::RDZV_ID:
+        if (value->empty()) throw std::invalid_argument("--" + name + " is empty: expected the job's id");
+        options.rdzv_id = *value;
+        break;
     }
   }
   options.command.assign(args.begin() + static_cast<std::ptrdiff_t>(i), args.end());

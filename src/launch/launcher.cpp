@@ -265,6 +265,23 @@ std::string new_job_id() {
   return text;
 }
 
+// One id for the job across its restarts (a restarted trainer resumes only this job's checkpoints) and its nodes
+// (a worker of another job that reaches this job's rendezvous is refused): --rdzv-id, else SHARDTRAIN_JOB_ID or
+// Slurm's job id from the environment, else on one node a random one. Several nodes must be told theirs.
+std::string job_id_of(const LaunchOptions& o) {
+  if (!o.rdzv_id.empty()) return o.rdzv_id;
+  for (const char* name : {"SHARDTRAIN_JOB_ID", "SLURM_JOB_ID"}) {
+    const char* value = std::getenv(name);
+    if (value && *value) return value;
+  }
+  if (o.nnodes > 1) {
+    throw std::invalid_argument("--nnodes " + std::to_string(o.nnodes) + " needs --rdzv-id ID, the same on every " +
+                                "node (under Slurm its job id is used): the workers of one job check it at the " +
+                                "rendezvous, so that another job's cannot join");
+  }
+  return new_job_id();
+}
+
 struct GroupResult {
   GroupEnd end = GroupEnd::SUCCESS;
   int exit_code = 0;
@@ -473,21 +490,19 @@ int run_launch(const LaunchOptions& options) {
   // [Note: launcher-owned rendezvous socket] On one node the launcher binds the rendezvous port itself (port 0 asks
   // the kernel for a free one) on MASTER_ADDR, loopback by default, and hands the listening socket to rank 0,
   // whose TCPStore serves on it (TCPStoreOptions::masterListenFd). No port is guessed, no other process can take
-  // it between choosing and using it, and nothing listens beyond loopback unless asked. Across nodes rank 0's
-  // TCPStore binds MASTER_PORT itself on every interface, as with torchrun.
+  // it between choosing and using it, and nothing listens beyond loopback unless asked. Across nodes the launcher
+  // of node 0 does the same on MASTER_ADDR:MASTER_PORT (29500 by default): the rendezvous listens on the interface
+  // the other nodes were told, not on every interface as torchrun's does.
   std::unique_ptr<ListenSocket> listen_socket;
   int master_port = options.master_port != 0 ? options.master_port : 29500;
-  if (single_node) {
-    listen_socket = std::make_unique<ListenSocket>(master_addr, options.master_port);
+  if (single_node || options.node_rank == 0) {
+    listen_socket = std::make_unique<ListenSocket>(master_addr, single_node ? options.master_port : master_port);
     master_port = listen_socket->port();
   }
   std::optional<int> listen_fd;
   if (listen_socket) listen_fd = listen_socket->fd();
 
-  // One id for the job across its restarts (a restarted trainer resumes only this job's checkpoints); one the
-  // launcher was given in SHARDTRAIN_JOB_ID is kept, so that every node's launcher can share it.
-  const char* given_id = std::getenv("SHARDTRAIN_JOB_ID");
-  const std::string job_id = given_id && *given_id ? given_id : new_job_id();
+  const std::string job_id = job_id_of(options);
 
   const ErrorDirectory errors;
   SignalPipe signals;

@@ -319,7 +319,8 @@ TEST_F(LauncherTest, TwoNodesOnOneMachine) {
   for (int node = 0; node < 2; ++node) {
     launchers.push_back(spawn({SHARDTRAIN_BIN, "launch", "--nnodes", "2", "--node-rank", std::to_string(node),
                                "--nproc-per-node", "2", "--master-addr", "127.0.0.1", "--master-port",
-                               std::to_string(port), "--", PROBE_WORKER_BIN, dir_.string(), "allreduce"},
+                               std::to_string(port), "--rdzv-id", "two-nodes", "--", PROBE_WORKER_BIN, dir_.string(),
+                               "allreduce"},
                               std::to_string(node)));
   }
   for (int node = 0; node < 2; ++node) {
@@ -332,6 +333,31 @@ TEST_F(LauncherTest, TwoNodesOnOneMachine) {
           << r.out << r.err;
     }
   }
+}
+
+// A worker of another job (another --rdzv-id) that reaches this job's rendezvous is refused by name; several nodes
+// without an id are refused before starting.
+TEST_F(LauncherTest, AnotherJobsWorkersCannotJoin) {
+  const int port = shardtrain::testing::free_loopback_port();
+  auto node = [&](int rank, const std::string& id) {
+    return spawn({SHARDTRAIN_BIN, "launch", "--nnodes", "2", "--node-rank", std::to_string(rank), "--nproc-per-node",
+                  "1", "--master-addr", "127.0.0.1", "--master-port", std::to_string(port), "--rdzv-id", id, "--",
+                  PROBE_WORKER_BIN, dir_.string(), "allreduce"},
+                 std::to_string(rank));
+  };
+  const pid_t ours = node(0, "job-a");
+  const LaunchResult intruder = finish(node(1, "job-b"), "1");
+  EXPECT_NE(intruder.exit_code, 0);
+  EXPECT_TRUE(contains(intruder.err, "rank 1 is of job 'job-b' (SHARDTRAIN_JOB_ID, --rdzv-id), but the rendezvous at "
+                                     "127.0.0.1:" + std::to_string(port) + " is job 'job-a''s")) << intruder.err;
+  ::kill(ours, SIGTERM);
+  finish(ours, "0");
+
+  std::string command = std::string("'") + SHARDTRAIN_BIN + "' launch --nnodes 2 --node-rank 1 --master-addr " +
+                        "127.0.0.1 -- true 2>" + (dir_ / "err.txt").string();
+  const int status = std::system(("env -u SLURM_JOB_ID -u SHARDTRAIN_JOB_ID " + command).c_str());
+  EXPECT_EQ(WEXITSTATUS(status), 2);
+  EXPECT_TRUE(contains(read_file(dir_ / "err.txt"), "--nnodes 2 needs --rdzv-id ID")) << read_file(dir_ / "err.txt");
 }
 
 TEST_F(LauncherTest, LastLineWithoutNewlineIsStillPrefixed) {

@@ -163,6 +163,7 @@ struct LaunchConfig {
   int64_t machine_rank = 0;
   std::string main_process_ip;
   int64_t main_process_port = 0;
+  std::string rdzv_id;          // the job's id, the same on every machine (needed with num_machines > 1 outside Slurm)
   int64_t max_restarts = 0;     // restarts of the whole worker group after a failure; each resumes (checkpoint.resume)
   double preempt_grace = 30;    // seconds the workers get to save after SIGTERM/SIGINT, then SIGKILL (Slurm's
                                 // KillWait is 30 s by default)

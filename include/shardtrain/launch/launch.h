@@ -16,8 +16,8 @@
 // exited with, else 128 + signal. A worker exiting with kPreemptedExitCode was preempted: the others get the same
 // grace, and the job is not restarted. Workers run in their own process groups (their children are stopped with
 // them) and die with the launcher even if it is killed (PR_SET_PDEATHSIG). `max_restarts` restarts the whole group
-// after a failure. Every worker of every restart gets the same SHARDTRAIN_JOB_ID (the launcher's own when set,
-// else a random one).
+// after a failure. Every worker of every restart gets the same SHARDTRAIN_JOB_ID: --rdzv-id, else the launcher's
+// SHARDTRAIN_JOB_ID or SLURM_JOB_ID, else (one node only) a random one; ranks whose ids differ refuse to rendezvous.
 #pragma once
 
 #include <chrono>
@@ -36,6 +36,7 @@ struct LaunchOptions {
   std::string master_addr;  // rank 0's host; empty = 127.0.0.1 (required when nnodes > 1)
   int master_port = 0;      // 0 = a free port on one node, 29500 across nodes
   int max_restarts = 0;     // whole-group restarts after a failure
+  std::string rdzv_id;      // the job's id, the same on every node (SHARDTRAIN_JOB_ID); empty: see run_launch
   std::chrono::milliseconds stop_grace{3000};  // SIGTERM -> SIGKILL delay when stopping workers after a failure
   // SIGTERM/SIGINT to the launcher -> SIGKILL of the workers: their time to save (Slurm's KillWait default).
   std::chrono::milliseconds preempt_grace{30000};
@@ -44,7 +45,7 @@ struct LaunchOptions {
 
 // Accepts `--opt value` and `--opt=value`, with '-' and '_' interchangeable in names:
 //   torchrun: --nproc-per-node --nnodes --node-rank --master-addr --master-port --max-restarts
-//   ours: --preempt-grace SECONDS
+//   ours: --preempt-grace SECONDS; torchrun's --rdzv-id ID
 //   Accelerate: --num-processes (total over all machines) --num-machines --machine-rank
 //               --main-process-ip --main-process-port
 // then `--` (optional) and the command. argv excludes "launch" itself.
