@@ -21,7 +21,6 @@
 namespace shardtrain::ckpt {
 namespace {
 
-constexpr const char* kFormat = "shardtrain.checkpoint.v1";
 constexpr const char* kPartial = ".partial";
 
 // The default generators a run draws from (dropout, masks drawn on the device): the CPU's and, on a machine with
@@ -84,20 +83,6 @@ std::map<std::string, int64_t> optimizer_steps(const CheckpointModel& model) {
 
 c10::impl::GenericDict new_dict() { return c10::impl::GenericDict(c10::StringType::get(), c10::AnyType::get()); }
 
-nlohmann::json to_json(const TrainerState& s) {
-  nlohmann::json j;
-  j["format"] = kFormat;
-  j["step"] = s.step;
-  j["loader"] = {{"step", s.loader_step}, {"consumed", s.loader_consumed}};
-  j["optimizer_steps"] = s.optimizer_steps;
-  j["world_size"] = s.world_size;
-  if (s.loss_scale > 0) j["loss_scale"] = {{"scale", s.loss_scale}, {"growth_tracker", s.loss_scale_growth_tracker}};
-  j["flavor"] = s.flavor;
-  j["strategy"] = s.strategy;
-  j["run_id"] = s.run_id;
-  j["config"] = s.config_yaml;
-  return j;
-}
 
 // Rank r hashes the files at positions r, r + W, ... of the sorted listing (the page cache still holds what was just
 // written); the entries are gathered and sorted into one manifest, returned on every rank.
@@ -178,7 +163,7 @@ std::string save_checkpoint(const std::string& dir, const TrainerState& given, c
     }
   }
   world.barrier().wait();  // every rank's files are on disk
-  if (leader) io::write_file_atomic(tmp + "/trainer.json", to_bytes(to_json(state).dump(2)));
+  if (leader) io::write_file_atomic(tmp + "/trainer.json", to_bytes(trainer_state_json(state)));
   world.barrier().wait();
   const Manifest manifest = describe_checkpoint(tmp, state, world);  // collective
   if (leader) {
@@ -197,34 +182,7 @@ TrainerState read_trainer_state(const std::string& path) {
     throw std::runtime_error("'" + path + "' is not a shardtrain checkpoint (no trainer.json)");
   }
   const std::vector<char> bytes = io::read_file(file);
-  nlohmann::json j;
-  try {
-    j = nlohmann::json::parse(bytes.begin(), bytes.end());
-  } catch (const nlohmann::json::exception& e) {
-    throw std::runtime_error(file + ": not JSON (" + e.what() + ")");
-  }
-  if (j.value("format", "") != kFormat) {
-    throw std::runtime_error(file + ": format '" + j.value("format", "") + "', expected '" + kFormat + "'");
-  }
-  TrainerState s;
-  try {
-    s.step = j.at("step").get<int64_t>();
-    s.loader_step = j.at("loader").at("step").get<int64_t>();
-    s.loader_consumed = j.at("loader").at("consumed").get<std::array<int64_t, 3>>();
-    s.optimizer_steps = j.at("optimizer_steps").get<std::map<std::string, int64_t>>();
-    s.world_size = j.at("world_size").get<int64_t>();
-    if (j.contains("loss_scale")) {
-      s.loss_scale = j.at("loss_scale").at("scale").get<double>();
-      s.loss_scale_growth_tracker = j.at("loss_scale").at("growth_tracker").get<int64_t>();
-    }
-    s.flavor = j.at("flavor").get<std::string>();
-    s.strategy = j.at("strategy").get<std::string>();
-    s.run_id = j.value("run_id", "");
-    s.config_yaml = j.value("config", "");
-  } catch (const nlohmann::json::exception& e) {
-    throw std::runtime_error(file + ": " + e.what());
-  }
-  return s;
+  return parse_trainer_state(std::string(bytes.begin(), bytes.end()), file);
 }
 
 std::string verify_checkpoint(const std::string& path, const dist::Communicator& world) {

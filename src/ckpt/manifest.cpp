@@ -11,6 +11,7 @@
 #include <stdexcept>
 
 #include "shardtrain/io/files.h"
+#include "util/json_integer.h"
 
 namespace shardtrain::ckpt {
 namespace {
@@ -104,15 +105,21 @@ Manifest read_manifest(const std::string& dir) {
       throw std::runtime_error("format '" + j.value("format", "") + "', expected '" + kManifestFormat + "'");
     }
     m.run_id = j.at("run_id").get<std::string>();
-    m.step = j.at("step").get<int64_t>();
-    m.world_size = j.at("world_size").get<int64_t>();
+    m.step = util::json_integer(j.at("step"), "step");
+    m.world_size = util::json_integer(j.at("world_size"), "world_size");
     m.config_hash = j.at("config_hash").get<std::string>();
     for (const auto& f : j.at("files")) {
       const std::string hex = f.at("xxh3").get<std::string>();
       size_t used = 0;
       const uint64_t value = std::stoull(hex, &used, 16);
       if (used != hex.size() || hex.size() != 16) throw std::runtime_error("checksum '" + hex + "' is not 16 hex digits");
-      m.files.push_back({f.at("path").get<std::string>(), f.at("size").get<int64_t>(), value});
+      const std::string path = f.at("path").get<std::string>();
+      // Inside the checkpoint only: a damaged or hostile manifest must not have files elsewhere read.
+      if (path.empty() || path[0] == '/' || path == ".." || path.rfind("../", 0) == 0 ||
+          path.find("/../") != std::string::npos || path.size() >= 3 && path.compare(path.size() - 3, 3, "/..") == 0) {
+        throw std::runtime_error("file path '" + path + "' leaves the checkpoint");
+      }
+      m.files.push_back({path, util::json_integer(f.at("size"), "size of " + path), value});
     }
   } catch (const std::exception& e) {  // JSON syntax, a missing field, a damaged number
     throw std::runtime_error(file + ": " + e.what());
@@ -133,27 +140,32 @@ std::string verify_files(const std::string& dir, int offset, int stride) {
     return std::string(kManifestName) + ": step " + std::to_string(m.step) + ", the directory's is " +
            std::to_string(step) + " (copied from another checkpoint?)";
   }
-  for (size_t i = static_cast<size_t>(offset); i < m.files.size(); i += static_cast<size_t>(stride)) {
-    const ManifestFile& f = m.files[i];
-    const std::string path = dir + "/" + f.path;
-    if (!io::path_exists(path)) return f.path + ": missing";
-    const int64_t size = io::file_size(path);
-    if (size != f.size) {
-      return f.path + ": " + std::to_string(size) + " bytes, the manifest says " + std::to_string(f.size) +
-             (size < f.size ? " (truncated)" : "");
+  try {
+    for (size_t i = static_cast<size_t>(offset); i < m.files.size(); i += static_cast<size_t>(stride)) {
+      const ManifestFile& f = m.files[i];
+      const std::string path = dir + "/" + f.path;
+      if (!io::path_exists(path)) return f.path + ": missing";
+      if (io::is_directory(path)) return f.path + ": a directory, the manifest lists a file";
+      const int64_t size = io::file_size(path);
+      if (size != f.size) {
+        return f.path + ": " + std::to_string(size) + " bytes, the manifest says " + std::to_string(f.size) +
+               (size < f.size ? " (truncated)" : "");
+      }
+      const uint64_t sum = checksum_file(path);
+      if (sum != f.xxh3) {
+        return f.path + ": checksum " + to_hex(sum) + ", the manifest says " + to_hex(f.xxh3) +
+               " (damaged, or a file of another checkpoint)";
+      }
     }
-    const uint64_t sum = checksum_file(path);
-    if (sum != f.xxh3) {
-      return f.path + ": checksum " + to_hex(sum) + ", the manifest says " + to_hex(f.xxh3) +
-             " (damaged, or a file of another checkpoint)";
+    if (offset == 0) {
+      std::map<std::string, bool> listed;
+      for (const ManifestFile& f : m.files) listed[f.path] = true;
+      for (const std::string& rel : checkpoint_files(dir)) {
+        if (!listed.count(rel)) return rel + ": not in the manifest (put there after the save)";
+      }
     }
-  }
-  if (offset == 0) {
-    std::map<std::string, bool> listed;
-    for (const ManifestFile& f : m.files) listed[f.path] = true;
-    for (const std::string& rel : checkpoint_files(dir)) {
-      if (!listed.count(rel)) return rel + ": not in the manifest (put there after the save)";
-    }
+  } catch (const std::runtime_error& e) {  // a file that cannot be read
+    return e.what();
   }
   return "";
 }

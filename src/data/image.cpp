@@ -45,6 +45,11 @@ Image decode_image(const std::string& bytes, int64_t max_pixels) {
     throw DecodeError(std::string("cannot decode image (") + (reason ? reason : "unknown reason") + ", " +
                       std::to_string(bytes.size()) + " bytes)");
   }
+  if (width <= 0 || height <= 0) {  // stb accepts a GIF whose header says 0 rows (found by fuzz_image)
+    stbi_image_free(pixels);
+    throw DecodeError("image of " + std::to_string(width) + "x" + std::to_string(height) + " has no pixels (" +
+                      std::to_string(bytes.size()) + " bytes)");
+  }
   Image image;
   image.width = width, image.height = height;
   image.rgb.assign(pixels, pixels + static_cast<size_t>(width) * height * 3);

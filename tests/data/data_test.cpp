@@ -225,6 +225,18 @@ TEST(Images, DecodeResizeNormalize) {
 }
 
 // A decompression bomb is refused from its header: the pixels are never allocated.
+// Found by fuzz_image: a GIF whose header says 1544 x 0 decoded "successfully" into an image without pixels, which
+// later steps refused with another exception. Now it is undecodable like any damaged image.
+TEST(Images, AGifWithZeroRowsIsUndecodable) {
+  const unsigned char gif[] = {0x47, 0x49, 0x46, 0x38, 0x37, 0x61, 0x08, 0x06, 0x00, 0x00, 0x81, 0x00, 0x00, 0xc8, 0x1e, 0x28, 0x00, 0x00, 0x00, 0x00, 0x00, 0x02, 0x00, 0x00, 0x00, 0x2c, 0x06};
+  try {
+    decode_image(std::string(reinterpret_cast<const char*>(gif), sizeof(gif)));
+    FAIL() << "decoded";
+  } catch (const DecodeError& e) {
+    EXPECT_NE(std::string(e.what()).find("has no pixels"), std::string::npos) << e.what();
+  }
+}
+
 TEST(Images, AboveThePixelLimitIsNotDecoded) {
   Image image;
   image.width = 40, image.height = 30;

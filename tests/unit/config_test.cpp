@@ -11,6 +11,18 @@ namespace {
 
 using shardtrain::testing::expect_error;
 
+TEST(Config, ResumeIsFalseTrueOrAuto) {
+  EXPECT_EQ(parse_config("checkpoint: {dir: d, resume: auto}\n", "x.yaml").checkpoint.resume, Resume::AUTO);
+  EXPECT_EQ(parse_config("checkpoint: {dir: d, resume: true}\n", "x.yaml").checkpoint.resume, Resume::ALWAYS);
+  EXPECT_EQ(parse_config("checkpoint: {dir: d}\n", "x.yaml").checkpoint.resume, Resume::NEVER);
+  const Config c = parse_config("checkpoint: {dir: d, resume: auto}\nlaunch: {max_restarts: 3, preempt_grace: 5}\n",
+                                "x.yaml");
+  const Config again = parse_config(to_yaml(c), "again.yaml");  // written back as it reads
+  EXPECT_EQ(again.checkpoint.resume, Resume::AUTO);
+  EXPECT_EQ(again.launch.max_restarts, 3);
+  EXPECT_EQ(again.launch.preempt_grace, 5);
+}
+
 TEST(Config, EmptyFileIsTheDefaults) {
   const Config c = parse_config("", "empty.yaml");
   EXPECT_EQ(c.model.flavor, "flava-debug");
@@ -109,6 +121,12 @@ TEST(Config, BadValueNamesTheValueAndWhatWasExpected) {
                             {"optim.no_decay", "'('", "regular expression"});
   expect_error<ConfigError>([] { parse_config("", "x.yaml", {"--checkpoint.resume=true"}); },
                             {"checkpoint.resume", "checkpoint.dir"});
+  expect_error<ConfigError>([] { parse_config("", "x.yaml", {"--checkpoint.dir=d", "--checkpoint.resume=maybe"}); },
+                            {"checkpoint.resume", "'maybe'", "false, true, auto"});
+  expect_error<ConfigError>([] { parse_config("", "x.yaml", {"--parallel.timeout=0.5"}); },
+                            {"parallel.timeout", "0.5", "at least 1 (seconds)"});
+  expect_error<ConfigError>([] { parse_config("", "x.yaml", {"--launch.max_restarts=-1"}); },
+                            {"launch.max_restarts", "-1", "0 or more"});
   expect_error<ConfigError>([] { parse_config("train: [1, 2]\n", "x.yaml"); }, {"x.yaml:1", "train must be a mapping"});
   expect_error<ConfigError>([] { parse_config("train:\n  steps: [1\n", "x.yaml"); }, {"x.yaml", "not valid YAML"});
   expect_error<ConfigError>([] { parse_config("", "x.yaml", {"train.steps"}); }, {"--section.key=value"});

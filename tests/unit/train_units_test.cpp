@@ -11,6 +11,7 @@
 
 #include "shardtrain/ckpt/checkpoint.h"
 #include "shardtrain/ckpt/manifest.h"
+#include "shardtrain/ckpt/trainer_state.h"
 #include "shardtrain/data/synth.h"
 #include "shardtrain/distributed/process_group.h"
 #include "shardtrain/io/files.h"
@@ -138,6 +139,18 @@ TEST(CheckpointManifest, VerificationNamesTheFileAndTheFault) {
   io::remove_tree(b);
   write_checkpoint(b, 4, "run");
   EXPECT_NE(ckpt::verify_files(b).find("step 4, the directory's is 8"), std::string::npos);
+  // Found by fuzz_checkpoint_meta: a size too large for any integer (parsed as a float, whose cast to int64 is
+  // undefined behaviour) is refused as not an integer; so is one in trainer.json.
+  {
+    auto text = io::read_file(a + "/manifest.json");
+    std::string json(text.begin(), text.end());
+    const size_t at = json.find("\"size\": ") + 8;
+    json.replace(at, json.find(',', at) - at, "127870266666666666666666666666666666666");
+    io::write_file_atomic(a + "/manifest.json", std::vector<char>(json.begin(), json.end()));
+    EXPECT_NE(ckpt::verify_files(a).find(" is not an integer"), std::string::npos) << ckpt::verify_files(a);
+    EXPECT_THROW(ckpt::parse_trainer_state("{\"format\": \"shardtrain.checkpoint.v1\", \"step\": 1e300}", "t"),
+                 std::runtime_error);
+  }
   // A damaged manifest.
   auto manifest = io::read_file(a + "/manifest.json");
   manifest.resize(manifest.size() / 2);

@@ -26,6 +26,7 @@
 #include <string>
 #include <vector>
 
+#include "shardtrain/ckpt/trainer_state.h"
 #include "shardtrain/distributed/communicator.h"
 
 namespace torch::optim {
@@ -37,20 +38,6 @@ class Module;
 
 namespace shardtrain::ckpt {
 
-struct TrainerState {
-  int64_t step = 0;  // optimizer steps done
-  int64_t loader_step = 0;
-  std::array<int64_t, 3> loader_consumed = {0, 0, 0};  // data::LoaderState
-  // AdamW's step count per parameter (absent: the parameter has had no update, so no state).
-  std::map<std::string, int64_t> optimizer_steps;
-  int64_t world_size = 1;
-  // float16 training's loss scale (optim::GradScaler) and its clean steps in a row; 0: no scaler.
-  double loss_scale = 0;
-  int64_t loss_scale_growth_tracker = 0;
-  std::string flavor, strategy;
-  std::string run_id;       // the run that wrote it: kept across resumes and restarts (pruning keeps to its own)
-  std::string config_yaml;  // the run's whole config, for the record
-};
 
 struct CheckpointModel {
   std::shared_ptr<torch::nn::Module> root;
@@ -83,6 +70,7 @@ class CheckpointDamaged : public std::runtime_error {
 // is wrong (not a checkpoint, a different model).
 TrainerState load_checkpoint(const std::string& path, const CheckpointModel& model, const dist::Communicator& world);
 
+// <path>/trainer.json (ckpt/trainer_state.h).
 TrainerState read_trainer_state(const std::string& path);
 
 // The checkpoints in `dir`, oldest first (full paths): every step-* directory. The rename that puts one in place is
