@@ -7,7 +7,7 @@ cd "$(dirname "$0")/.."
 # Debian packages: compilers (clang, and g++ for its C++ library) and build tools, GoogleTest, and gloo's headers
 # (the torch wheel ships gloo's compiled code but not its headers, which ProcessGroupGloo.hpp includes;
 # docs/notes/gloo-headers.md).
-packages=(g++ clang cmake ninja-build ccache libgtest-dev libgmock-dev libgloo-dev nlohmann-json3-dev libyaml-cpp-dev libstb-dev libutf8proc-dev
+packages=(g++ clang cmake ninja-build ccache tmux libgtest-dev libgmock-dev libgloo-dev nlohmann-json3-dev libyaml-cpp-dev libstb-dev libutf8proc-dev
           libxxhash-dev python3-venv)
 missing=()
 for p in "${packages[@]}"; do

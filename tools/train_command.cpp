@@ -9,6 +9,7 @@
 #include <iostream>
 
 #include "commands.h"
+#include "progress_relay.h"
 #include "shardtrain/config/config.h"
 #include "shardtrain/distributed/env.h"
 #include "shardtrain/launch/launch.h"
@@ -80,7 +81,7 @@ int run_train_command(const std::vector<std::string>& args) {
     o.command.insert(o.command.end(), args.begin(), args.end());
     return launch::run_launch(o);
   }
-  const train::TrainSummary summary = train::train(config, log::console_sink());
+  const train::TrainSummary summary = train::train(config, train_console_sink());
   return summary.preempted_by != 0 ? launch::kPreemptedExitCode : 0;
 }
 

@@ -5,6 +5,7 @@
 #include <netinet/in.h>
 #include <poll.h>
 #include <signal.h>
+#include <sys/ioctl.h>
 #include <sys/resource.h>
 #include <sys/socket.h>
 #include <unistd.h>
@@ -103,25 +104,73 @@ class SignalPipe {
 
 // Splits a worker's output into lines and writes each with the rank prefix in one write() call, so lines of
 // different ranks never interleave mid-line.
+// The one status line (rank 0's progress) at the bottom of the launcher's terminal. See [Note: progress through the
+// launcher]. Every other line is printed above it: erased, the line, drawn again.
+class StatusLine {
+ public:
+  StatusLine() : terminal_(::isatty(STDERR_FILENO) != 0) {}
+  bool terminal() const { return terminal_; }
+  void set(const std::string& text) {
+    clear();
+    text_ = text;
+    draw();
+  }
+  void clear() {
+    if (shown_) write_all(STDERR_FILENO, "\r\033[K");
+    shown_ = false;
+  }
+  void draw() {
+    if (!terminal_ || text_.empty()) return;
+    winsize size{};
+    const size_t columns = ::ioctl(STDERR_FILENO, TIOCGWINSZ, &size) == 0 && size.ws_col > 1 ? size.ws_col - 1 : 200;
+    write_all(STDERR_FILENO, "\r" + text_.substr(0, columns));
+    shown_ = true;
+  }
+  void forget() {  // the job is over: the last status stays on its line, the next output below it
+    if (shown_) write_all(STDERR_FILENO, "\n");
+    shown_ = false;
+    text_.clear();
+  }
+
+ private:
+  bool terminal_;
+  bool shown_ = false;
+  std::string text_;
+};
+
+// One worker stream's bytes to whole lines, each prefixed with the rank. A status line (kStatusLineMarker first)
+// goes to the StatusLine on a terminal; elsewhere it is an ordinary line.
 class LineRelay {
  public:
-  LineRelay(int rank, int out_fd) : prefix_("[rank" + std::to_string(rank) + "]: "), out_fd_(out_fd) {}
+  LineRelay(int rank, int out_fd, StatusLine& status)
+      : prefix_("[rank" + std::to_string(rank) + "]: "), out_fd_(out_fd), status_(&status) {}
   void feed(const char* data, size_t size) {
     pending_.append(data, size);
     size_t start = 0;
     for (size_t nl; (nl = pending_.find('\n', start)) != std::string::npos; start = nl + 1) {
-      write_all(out_fd_, prefix_ + pending_.substr(start, nl - start + 1));
+      emit(pending_.substr(start, nl - start));
     }
     pending_.erase(0, start);
   }
   void flush() {
-    if (!pending_.empty()) write_all(out_fd_, prefix_ + pending_ + "\n");
+    if (!pending_.empty()) emit(pending_);
     pending_.clear();
   }
 
  private:
+  void emit(const std::string& line) {
+    if (!line.empty() && line[0] == kStatusLineMarker && status_->terminal()) {
+      status_->set(line.size() > 1 ? prefix_ + line.substr(1) : "");
+      return;
+    }
+    status_->clear();
+    write_all(out_fd_, prefix_ + (line.empty() || line[0] != kStatusLineMarker ? line : line.substr(1)) + "\n");
+    status_->draw();
+  }
+
   std::string prefix_;
   int out_fd_;
+  StatusLine* status_;
   std::string pending_;
 };
 
@@ -213,6 +262,11 @@ std::vector<std::string> worker_environment(const LaunchOptions& o, int local_ra
   vars["TORCHELASTIC_MAX_RESTARTS"] = std::to_string(o.max_restarts);
   vars["SHARDTRAIN_JOB_ID"] = job_id;
   vars["TORCHELASTIC_ERROR_FILE"] = error_file_of(error_dir, rank);
+  if (::isatty(STDERR_FILENO)) {
+    vars[kProgressEnv] = "relay";  // [Note: progress through the launcher]
+  } else {
+    vars.erase(kProgressEnv);  // a launcher around this one drew it; this one cannot
+  }
   // Several workers on one node each running a full-width thread pool oversubscribe the cores (torchrun does the
   // same); a value the user set is kept.
   if (o.nproc_per_node > 1 && vars.count("OMP_NUM_THREADS") == 0) vars["OMP_NUM_THREADS"] = "1";
@@ -292,8 +346,8 @@ class WorkerGroup {
  public:
   WorkerGroup(const LaunchOptions& o, const std::string& master_addr, int master_port, int restart,
               std::optional<int> listen_fd, const std::string& job_id, const std::string& error_dir,
-              SignalPipe& signals)
-      : options_(o), signals_(signals), error_dir_(error_dir) {
+              SignalPipe& signals, StatusLine& status)
+      : options_(o), signals_(signals), error_dir_(error_dir), status_(status) {
     for (int local = 0; local < o.nproc_per_node; ++local) {
       WorkerSpec spec;
       spec.rank = o.node_rank * o.nproc_per_node + local;
@@ -302,15 +356,20 @@ class WorkerGroup {
       spec.env = worker_environment(o, local, master_addr, master_port, restart, listen_fd, job_id, error_dir);
       if (spec.rank == 0) spec.inherit_fd = listen_fd;
       workers_.push_back(std::make_unique<Worker>(spec));
-      out_relays_.emplace_back(spec.rank, STDOUT_FILENO);
-      err_relays_.emplace_back(spec.rank, STDERR_FILENO);
+      out_relays_.emplace_back(spec.rank, STDOUT_FILENO, status);
+      err_relays_.emplace_back(spec.rank, STDERR_FILENO, status);
     }
   }
 
   GroupResult supervise() {
+    struct Forget {  // what the launcher says at the end goes below the last status, not over it
+      StatusLine& status;
+      ~Forget() { status.forget(); }
+    } forget{status_};
     while (true) {
       int sig = wait_and_relay(std::chrono::milliseconds(200));
       if (sig != 0) {
+        status_.forget();
         say("received " + signal_name(sig) + ", passing it to " + std::to_string(running_count()) +
             " worker(s); SIGKILL in " + seconds(options_.preempt_grace) + " (a second signal: now)");
         stop(sig, options_.preempt_grace);
@@ -326,6 +385,7 @@ class WorkerGroup {
           all_ok = false;
           continue;
         }
+        if (!status->ok()) status_.forget();
         if (status->preempted()) {  // it saved and left: the others are leaving the same way
           say("rank " + std::to_string(w->rank()) + " was preempted (exit " + std::to_string(kPreemptedExitCode) +
               "); waiting for the other " + std::to_string(running_count()) + " worker(s)");
@@ -425,6 +485,7 @@ class WorkerGroup {
       workers_[i]->close_stderr();
     }
     if (sig == SIGKILL) return;  // the clean-up after a success: nothing to report
+    status_.forget();
     for (const Worker* w : stopped) {
       say("stopped rank " + std::to_string(w->rank()) + " (pid " + std::to_string(w->pid()) + ")" +
           (why.empty() ? "" : " " + why) + ": " + w->status()->describe());
@@ -453,6 +514,7 @@ class WorkerGroup {
   std::vector<LineRelay> out_relays_;
   std::vector<LineRelay> err_relays_;
   std::string error_dir_;
+  StatusLine& status_;
 };
 
 // Refuses a node's worker count that cannot run well here, before anything starts: far more workers than cores
@@ -505,11 +567,12 @@ int run_launch(const LaunchOptions& options) {
   const std::string job_id = job_id_of(options);
 
   const ErrorDirectory errors;
+  StatusLine status;
   SignalPipe signals;
   for (int attempt = 0;; ++attempt) {
     GroupResult result;
     {
-      WorkerGroup group(options, master_addr, master_port, attempt, listen_fd, job_id, errors.path, signals);
+      WorkerGroup group(options, master_addr, master_port, attempt, listen_fd, job_id, errors.path, signals, status);
       result = group.supervise();
     }
     if (result.end != GroupEnd::WORKER_FAILED) return result.exit_code;

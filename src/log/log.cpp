@@ -1,5 +1,7 @@
 #include "shardtrain/log/log.h"
 
+#include <unistd.h>
+
 #include <cstdio>
 #include <mutex>
 
@@ -23,6 +25,7 @@ class ConsoleSink : public Sink {
     status_ = text;
     redraw_status();
   }
+  bool shows_status() const override { return ::isatty(2) != 0; }
 
  private:
   void clear_status() {
@@ -56,6 +59,8 @@ void Logger::write(Level level, const std::string& text, bool every_rank) const 
   if (rank_ != 0 && !every_rank && !options_.every_rank) return;
   sink_->line(level, text);
 }
+
+bool Logger::shows_status() const { return sink_ && rank_ == 0 && sink_->shows_status(); }
 
 void Logger::status(const std::string& text) const {
   if (sink_ && rank_ == 0) sink_->status(text);

@@ -78,7 +78,7 @@ void MetricsLog::guarded(Sink sink, Write&& write) {
 }
 
 MetricsLog::MetricsLog(const config::LogConfig& config, log::Logger logger, bool leader, int64_t total_steps,
-                       int64_t start_step, std::vector<std::string> loss_names)
+                       int64_t start_step, std::vector<std::string> loss_names, int64_t samples_per_step)
     : config_(config),
       logger_(std::move(logger)),
       loss_names_(std::move(loss_names)),
@@ -86,10 +86,11 @@ MetricsLog::MetricsLog(const config::LogConfig& config, log::Logger logger, bool
       total_(total_steps),
       start_(start_step),
       step_(start_step),
-      started_(now()) {
+      started_(now()),
+      samples_per_step_(samples_per_step) {
   if (!leader_) return;
   bar_ = config.progress == config::Progress::BAR ||
-         (config.progress == config::Progress::AUTO && ::isatty(2) != 0);
+         (config.progress == config::Progress::AUTO && logger_.shows_status());
   if (config.dir.empty()) return;
   try {
     io::make_directories(config.dir);
@@ -122,16 +123,28 @@ void MetricsLog::draw_bar() {
   const int filled = todo > 0 ? static_cast<int>(kWidth * done / todo) : kWidth;
   std::string bar(static_cast<size_t>(filled), '#');
   bar += std::string(static_cast<size_t>(kWidth - filled), '.');
-  char line[256];
-  std::snprintf(line, sizeof(line), "[%s] %lld/%lld %3d%% %.2f it/s ETA %s loss %.4f", bar.c_str(),
+  // tqdm's order: bar, steps, percentage, elapsed<remaining, rates; then the loss and this rank's peak memory.
+  char line[320];
+  std::snprintf(line, sizeof(line), "[%s] %lld/%lld %3d%% %s<%s %.2f it/s", bar.c_str(),
                 static_cast<long long>(step_), static_cast<long long>(total_),
-                static_cast<int>(100 * step_ / std::max<int64_t>(1, total_)), std::isfinite(rate) ? rate : 0.0,
-                duration_text(eta).c_str(), last_loss_);
-  logger_.status(line);
+                static_cast<int>(100 * step_ / std::max<int64_t>(1, total_)), duration_text(elapsed).c_str(),
+                duration_text(eta).c_str(), std::isfinite(rate) ? rate : 0.0);
+  std::string text = line;
+  if (samples_per_step_ > 0 && std::isfinite(rate)) {
+    std::snprintf(line, sizeof(line), " %.1f samples/s", rate * static_cast<double>(samples_per_step_));
+    text += line;
+  }
+  std::snprintf(line, sizeof(line), " loss %.4f", last_loss_);
+  text += line;
+  if (last_peak_gib_ > 0) {
+    std::snprintf(line, sizeof(line), " mem %.3g GiB", last_peak_gib_);
+    text += line;
+  }
+  logger_.status(text);
 }
 
-void MetricsLog::step_done(int64_t step, double loss) {
-  step_ = step, last_loss_ = loss;
+void MetricsLog::step_done(int64_t step, double loss, double peak_gib) {
+  step_ = step, last_loss_ = loss, last_peak_gib_ = peak_gib;
   if (leader_ && bar_) draw_bar();
 }
 

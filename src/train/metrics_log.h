@@ -30,12 +30,13 @@ struct IntervalMetrics {
 class MetricsLog {
  public:
   // `leader`: this rank writes; the others do nothing. start_step > 0 after a resume. `loss_names`: the task's
-  // losses, metrics.csv's last columns.
+  // losses, metrics.csv's last columns. `samples_per_step`: over all ranks (the bar's samples/s).
   MetricsLog(const config::LogConfig& config, log::Logger logger, bool leader, int64_t total_steps,
-             int64_t start_step, std::vector<std::string> loss_names);
+             int64_t start_step, std::vector<std::string> loss_names, int64_t samples_per_step = 0);
   ~MetricsLog();
 
-  void step_done(int64_t step, double loss);  // every step: moves the bar
+  // Every step: moves the bar. `peak_gib`: this rank's peak memory so far.
+  void step_done(int64_t step, double loss, double peak_gib = 0);
   void record(const IntervalMetrics& m);      // every log interval
   void record_eval(int64_t step, const std::map<std::string, double>& values);
   void message(const std::string& line);      // a line of its own (above the bar)
@@ -54,7 +55,8 @@ class MetricsLog {
   std::vector<std::string> loss_names_;
   bool leader_, bar_ = false;
   int64_t total_, start_, step_ = 0;
-  double last_loss_ = 0;
+  double last_loss_ = 0, last_peak_gib_ = 0;
+  int64_t samples_per_step_ = 0;
   double started_ = 0;  // seconds
   std::unique_ptr<EventWriter> events_;
   std::FILE* csv_ = nullptr;

@@ -206,7 +206,7 @@ struct Loop {
       step.seconds = seconds_now() - t0;
       ++at.step;
       interval.add(step, at.step > warmup_until);
-      log.step_done(at.step, step.loss);
+      log.step_done(at.step, step.loss, peak_memory_gib(job.device));
       if (due(at.step, c.log.interval, last_step())) log_interval(lr);
       if (data.eval_loader && due(at.step, c.train.eval_interval, last_step())) evaluate();
       const bool saved = !c.checkpoint.dir.empty() && due(at.step, c.checkpoint.interval, last_step());
@@ -278,6 +278,15 @@ void describe_end(const Loop& loop, const data::LoaderStats& stats) {
     text += line;
   }
   logger.info(text);
+  // Where the run's results are, and what to do with them next.
+  if (!s.last_checkpoint.empty()) {
+    logger.info("  checkpoint: " + s.last_checkpoint + " (continue: --resume; export: shardtrain checkpoint export " +
+                loop.c.checkpoint.dir + " --out model.safetensors)");
+  }
+  if (!loop.c.log.dir.empty()) {
+    logger.info("  metrics: " + loop.c.log.dir + " (metrics.csv, TensorBoard events: tensorboard --logdir " +
+                loop.c.log.dir + ")");
+  }
 }
 
 }  // namespace
@@ -310,7 +319,8 @@ TrainSummary train(const Config& given, std::shared_ptr<log::Sink> sink) {
   start_loading(data, start.loader);
 
   const double peak_tflops = c.log.peak_tflops > 0 ? c.log.peak_tflops : measure_peak_tflops(job.device);
-  MetricsLog log(c.log, job.logger, world.rank() == 0, c.train.steps, start.step, job.task->loss_names());
+  MetricsLog log(c.log, job.logger, world.rank() == 0, c.train.steps, start.step, job.task->loss_names(),
+                 c.train.batch_size * c.train.grad_accum * world.size());
   describe_start(c, job, model, peak_tflops, data, plan);
   const uint64_t objective_seed = static_cast<uint64_t>(c.train.seed) ^ static_cast<uint64_t>(world.rank()) << 32;
   Loop loop{c, job, StepParts{model, *job.recipe, *job.task, *optimizer, scaler ? &*scaler : nullptr, job.device,

@@ -75,6 +75,11 @@ TEST_F(TrainTest, StoppedAndResumedEqualsOneRun) {
     ASSERT_EQ(through.status, 0) << through.output;
     EXPECT_NE(through.output.find("items/s"), std::string::npos) << through.output;
     EXPECT_NE(through.output.find("itm_accuracy"), std::string::npos) << through.output;
+    // The closing lines say where the results are and what to do next.
+    EXPECT_NE(through.output.find("checkpoint: " + a + "/step-00000008 (continue: --resume; export: shardtrain "
+                                  "checkpoint export " + a + " --out model.safetensors)"), std::string::npos)
+        << through.output;
+    EXPECT_NE(through.output.find("metrics: " + a + "/log (metrics.csv"), std::string::npos) << through.output;
     const Outcome first = train(common + "--checkpoint.dir=" + b + " --train.stop_at=4");
     ASSERT_EQ(first.status, 0) << first.output;
     ASSERT_EQ(ckpt::list_checkpoints(b), std::vector<std::string>{b + "/step-00000004"});

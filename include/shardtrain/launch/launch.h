@@ -26,6 +26,13 @@
 
 namespace shardtrain::launch {
 
+// [Note: progress through the launcher] Workers write into the launcher's pipes, not to a terminal. When the
+// launcher's stderr is a terminal it sets SHARDTRAIN_PROGRESS=relay for its workers; a worker may then write a
+// status line (a progress bar) to stderr as one line starting with kStatusLineMarker ("" clears it), and the
+// launcher draws it in place at the bottom of the terminal, below the other lines, which it prints above it.
+inline constexpr char kStatusLineMarker = '\x1e';  // ASCII record separator
+inline constexpr const char* kProgressEnv = "SHARDTRAIN_PROGRESS";
+
 // What a worker exits with after it was asked to stop and saved its state (EX_TEMPFAIL: try again later).
 inline constexpr int kPreemptedExitCode = 75;
 

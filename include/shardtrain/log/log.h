@@ -23,10 +23,14 @@ class Sink {
   virtual void line(Level level, const std::string& text) = 0;
   // A transient line shown below the others until the next status or line; "" removes it.
   virtual void status(const std::string& text) = 0;
+  // Whether status lines reach a person (a terminal, or a launcher that draws them on one): log.progress: auto
+  // draws a progress bar only then.
+  virtual bool shows_status() const { return false; }
 };
 
 // stdout for DEBUG and INFO lines, stderr for WARNING and ERROR; the status line on stderr, erased before each line
-// (carriage return and erase-line) so that lines scroll above it. Lines are flushed as they are written.
+// (carriage return and erase-line) so that lines scroll above it. Lines are flushed as they are written. Shows
+// status lines when stderr is a terminal.
 std::shared_ptr<Sink> console_sink();
 
 struct LoggerOptions {
@@ -49,6 +53,7 @@ class Logger {
   void status(const std::string& text) const;
 
   bool writes(Level level) const;  // this rank writes lines of `level`
+  bool shows_status() const;       // this rank's status lines reach a person
   int rank() const { return rank_; }
 
  private:
