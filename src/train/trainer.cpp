@@ -6,8 +6,10 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <map>
 #include <optional>
 #include <stdexcept>
 
@@ -17,6 +19,7 @@
 #include "shardtrain/distributed/heartbeat.h"
 #include "shardtrain/distributed/mesh.h"
 #include "shardtrain/distributed/process_group.h"
+#include "shardtrain/fsdp/fully_shard.h"
 #include "shardtrain/launch/error_file.h"
 #include "shardtrain/memory/memory_stats.h"
 #include "shardtrain/models/zoo.h"
@@ -132,22 +135,53 @@ dist::DeviceMesh make_mesh(const Config& c, Job& job) {
   return dist::DeviceMesh::create(job.pg, is_hybrid(c.parallel.strategy) ? nodes : 1);
 }
 
+// "1,234,567"
+std::string with_commas(int64_t n) {
+  std::string digits = std::to_string(n);
+  for (int at = static_cast<int>(digits.size()) - 3; at > 0; at -= 3) digits.insert(static_cast<size_t>(at), ",");
+  return digits;
+}
+
+// The FSDP units by kind: "FlavaModel 121,916; 5 x TransformerLayer 24,383" (parameters each, unsharded).
+std::string describe_units(const std::shared_ptr<torch::nn::Module>& root) {
+  std::vector<std::pair<std::string, int64_t>> kinds;  // (class, parameters), in unit order
+  std::map<std::pair<std::string, int64_t>, int> count;
+  for (const fsdp::FsdpUnit& unit : fsdp::units_of(root)) {
+    const std::pair<std::string, int64_t> kind{unit.module_name(), unit.full_numel()};
+    if (count[kind]++ == 0) kinds.push_back(kind);
+  }
+  std::string out;
+  for (const auto& kind : kinds) {
+    if (!out.empty()) out += "; ";
+    const int n = count[kind];
+    out += (n > 1 ? std::to_string(n) + " x " : "") + kind.first + " " + with_commas(kind.second) +
+           (n > 1 ? " each" : "");
+  }
+  return out;
+}
+
+// What will happen, before the first step: the model, how it is split and computed, the batch, the data, and the
+// memory each rank will need by term (what `--dry-run` prints).
 void describe_start(const Config& c, const Job& job, ParallelModel& model, double peak_tflops,
                     const TrainingData& data, const RunPlan& plan) {
   const dist::Communicator& world = job.pg.world();
+  int64_t parameters = 0;
+  for (const auto& p : model.zoo().module->parameters()) parameters += p.numel();
+  if (model.sharded()) {  // the local shards: the whole model's count is the units'
+    parameters = 0;
+    for (const fsdp::FsdpUnit& unit : fsdp::units_of(model.module())) parameters += unit.full_numel();
+  }
   char line[512];
-  std::snprintf(line, sizeof(line), "training %s (%s) on %d rank%s, %s, %lld steps of %lld x %lld x %d samples, "
-                "peak %.3g TFLOP/s/rank%s", c.model.flavor.c_str(), job.recipe->family().c_str(), world.size(),
+  std::snprintf(line, sizeof(line), "training %s (%s, %s parameters) on %d rank%s, %s, mixed precision %s, %lld steps "
+                "of %lld x %lld x %d samples (per rank x micro-batches x ranks: %lld a step), peak %.3g TFLOP/s/rank%s",
+                c.model.flavor.c_str(), job.recipe->family().c_str(), with_commas(parameters).c_str(), world.size(),
                 world.size() == 1 ? "" : "s", config::to_string(c.parallel.strategy).c_str(),
-                static_cast<long long>(c.train.steps), static_cast<long long>(c.train.batch_size),
-                static_cast<long long>(c.train.grad_accum), world.size(), peak_tflops,
+                config::to_string(c.parallel.mixed_precision).c_str(), static_cast<long long>(c.train.steps),
+                static_cast<long long>(c.train.batch_size), static_cast<long long>(c.train.grad_accum), world.size(),
+                static_cast<long long>(c.train.batch_size * c.train.grad_accum * world.size()), peak_tflops,
                 c.log.peak_tflops > 0 ? "" : " (measured)");
   job.logger.info(line);
-  if (plan.peak_bytes > 0) {
-    std::snprintf(line, sizeof(line), "  memory model: predicted peak %.3f GiB per rank (%s; `--dry-run` shows the terms)",
-                  static_cast<double>(plan.peak_bytes) / (1024.0 * 1024 * 1024), plan.peak_phase.c_str());
-    job.logger.info(line);
-  }
+  if (model.sharded()) job.logger.info("  units: " + describe_units(model.module()));
   int64_t recomputed = 0;
   for (const auto& item : model.module()->named_modules()) recomputed += nn::is_activation_checkpointed(*item.value());
   if (recomputed > 0) job.logger.info("  activation checkpointing: " + std::to_string(recomputed) + " layers");
@@ -155,6 +189,20 @@ void describe_start(const Config& c, const Job& job, ParallelModel& model, doubl
     job.logger.info(std::string("  cpu_offload: ") + (job.device.is_cuda()
                                                         ? "shards, gradients and optimizer state in CPU memory"
                                                         : "the model trains on the CPU already; nothing moves"));
+  }
+  if (plan.peak_bytes > 0) {
+    std::snprintf(line, sizeof(line), "  memory model: predicted peak %.3f GiB per rank (%s), by term:",
+                  static_cast<double>(plan.peak_bytes) / (1024.0 * 1024 * 1024), plan.peak_phase.c_str());
+    job.logger.info(line);
+    // The plan's lines after its heading (the job, which the line above gave) and the parameter count: the terms.
+    size_t at = plan.text.find('\n');
+    for (int skipped = 0; at != std::string::npos && skipped < 1; ++skipped) at = plan.text.find('\n', at + 1);
+    while (at != std::string::npos && at + 1 < plan.text.size()) {
+      const size_t end = plan.text.find('\n', at + 1);
+      const std::string term = plan.text.substr(at + 1, end == std::string::npos ? std::string::npos : end - at - 1);
+      if (!term.empty()) job.logger.info("  " + term);
+      at = end;
+    }
   }
   describe_data(data, job.logger);
 }
@@ -191,6 +239,7 @@ struct Loop {
   IntervalSums interval;
   TrainSummary summary;
   bool first_interval = true;
+  double estimate_from = -1;  // seconds when the warm-up steps were done; < 0: not yet (then: estimated)
 
   int64_t last_step() const { return c.train.stop_at > 0 ? c.train.stop_at : c.train.steps; }
 
@@ -206,6 +255,7 @@ struct Loop {
       step.seconds = seconds_now() - t0;
       ++at.step;
       interval.add(step, at.step > warmup_until);
+      estimate_time(warmup_until);
       log.step_done(at.step, step.loss, peak_memory_gib(job.device));
       if (due(at.step, c.log.interval, last_step())) log_interval(lr);
       if (data.eval_loader && due(at.step, c.train.eval_interval, last_step())) evaluate();
@@ -217,6 +267,21 @@ struct Loop {
       }
     }
     log.finish();
+  }
+
+  // Once, a few steps after the warm-up: how long a step takes and how long the run will.
+  void estimate_time(int64_t warmup_until) {
+    constexpr int64_t kMeasured = 3;
+    if (at.step == warmup_until) estimate_from = seconds_now();
+    if (estimate_from < 0 || at.step != warmup_until + kMeasured || at.step >= last_step()) return;
+    const double per_step = (seconds_now() - estimate_from) / kMeasured;
+    const double left = per_step * static_cast<double>(last_step() - at.step);
+    char line[160];
+    std::snprintf(line, sizeof(line), "time: %.3g s a step (steps %lld-%lld): about %.0f min %02.0f s for the %lld "
+                  "steps left", per_step, static_cast<long long>(warmup_until + 1), static_cast<long long>(at.step),
+                  std::floor(left / 60), std::fmod(left, 60.0), static_cast<long long>(last_step() - at.step));
+    log.message(line);
+    estimate_from = -2;  // said
   }
 
   // SIGTERM/SIGINT reached a rank: every rank saves this step (unless it just did) and the run ends.
