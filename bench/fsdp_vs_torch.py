@@ -3,7 +3,10 @@ initial weights, in one run. Prints step time and peak CPU memory per rank (both
 allocator) and their ratios, and checks the numerics: our losses against PyTorch's, step for step.
 
     .venv/bin/python bench/fsdp_vs_torch.py [--build build] [--steps 20] [--dim 384] [--blocks 6] [--batch 64]
-                                            [--ac-batch 1024]
+                                            [--ac-batch 1024] [--plot docs/notes/figures/fsdp-vs-torch.png]
+
+--plot draws the comparisons with PyTorch as bars (step time and peak memory, ours beside PyTorch's, per
+configuration) into a PNG and an SVG of the same name.
 
 A second section trains the same model on a larger batch (--ac-batch), where activations outweigh the model
 state, with and without activation checkpointing of every block: what checkpointing saves and costs, ours beside
@@ -37,6 +40,7 @@ def main():
     p.add_argument("--blocks", type=int, default=6)
     p.add_argument("--batch", type=int, default=64)
     p.add_argument("--ac-batch", type=int, default=1024)
+    p.add_argument("--plot", help="a .png to draw the comparisons into (an .svg beside it)")
     a = p.parse_args()
     launcher = os.path.join(a.build, "shardtrain")
     ours = os.path.join(a.build, "fsdp_bench")
@@ -130,6 +134,39 @@ def main():
         ("torch", "full_shard", 2, "ac", False))
     row("  ours FULL_SHARD+AC W=2 vs FSDP2+AC", ("shardtrain", "full_shard", 2, "ac", True),
         ("torch", "full_shard", 2, "ac", True))
+    if a.plot:
+        pairs = [(name, ("shardtrain", mode, 2, "main", False), ("torch", mode, 2, "main", False))
+                 for mode, name in [("full_shard", "FULL_SHARD"), ("shard_grad_op", "SHARD_GRAD_OP"), ("ddp", "DDP"),
+                                    ("ddp_bucket_view", "DDP bucket views")]]
+        pairs.append((f"FULL_SHARD+AC\n(batch {a.ac_batch})", ("shardtrain", "full_shard", 2, "ac", True),
+                      ("torch", "full_shard", 2, "ac", True)))
+        plot_pairs(pairs, results, a.plot, f"{a.blocks} blocks, dim {a.dim}, {params / 1e6:.2f}M parameters, W=2, CPU")
+
+
+def plot_pairs(pairs, results, path, subtitle):
+    """Ours beside PyTorch's, per configuration: median step time and peak memory of the largest rank."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    labels = [p[0] for p in pairs]
+    xs = range(len(pairs))
+    fig, axes = plt.subplots(1, 2, figsize=(13, 4.8), constrained_layout=True)
+    for ax, key, scale, unit in [(axes[0], "step_ms", 1.0, "step time (ms, median)"),
+                                 (axes[1], "peak_bytes", 1.0 / 2**20, "peak memory per rank (MiB)")]:
+        ours = [results[o][key] * scale for _, o, _ in pairs]
+        theirs = [results[t][key] * scale for _, _, t in pairs]
+        ax.bar([x - 0.2 for x in xs], ours, 0.4, label="shardtrain")
+        ax.bar([x + 0.2 for x in xs], theirs, 0.4, label="PyTorch (FSDP2 / DDP)")
+        for x, o, t in zip(xs, ours, theirs):
+            ax.annotate(f"{o / t:.2f}x", (x - 0.2, o), ha="center", va="bottom", fontsize=8)
+        ax.set_xticks(list(xs), labels, fontsize=8)
+        ax.set_ylabel(unit)
+        ax.grid(True, axis="y", alpha=0.3)
+        ax.legend(fontsize=8)
+    fig.suptitle(f"shardtrain vs PyTorch: {subtitle} (ours / theirs above our bars)")
+    fig.savefig(path, dpi=110)
+    fig.savefig(os.path.splitext(path)[0] + ".svg")
+    print(f"plot: {path}")
 
 
 if __name__ == "__main__":

@@ -10,9 +10,10 @@ namespace shardtrain::cli {
 int run_data_command(const std::vector<std::string>& args);        // data synth | data vocab
 int run_config_command(const std::vector<std::string>& args);      // config [--default] [--out FILE]
 int run_train_command(const std::vector<std::string>& args);       // train CONFIG [--k=v ...]
-int run_checkpoint_command(const std::vector<std::string>& args);  // checkpoint export | list
+int run_checkpoint_command(const std::vector<std::string>& args);  // checkpoint export | verify | list
 int run_estimate_command(const std::vector<std::string>& args);    // estimate-memory MODEL [--dtypes ...]
 int run_plan_command(const std::vector<std::string>& args);        // plan MODEL --gpus N --gpu-memory S
+int run_report_command(const std::vector<std::string>& args);      // report RUN_DIR... [--out DIR]
 
 bool isatty_stderr();
 bool isatty_stdin();

@@ -25,6 +25,7 @@ const char* kUsage =
     "  models    list the model zoo: every flavor with its exact parameter count and float32 size\n"
     "  estimate-memory  the memory a model needs to load and train (Accelerate's table), from a flavor or config.json\n"
     "  plan      the configurations that fit N GPUs, each with its largest batch and predicted speed\n"
+    "  report    a run's curves (losses, evaluation, speed, memory per rank) as PNG and SVG\n"
     "  version   print the version\n"
     "run 'shardtrain <command> --help' for a command's options\n";
 
@@ -85,6 +86,7 @@ int main(int argc, char** argv) {
     if (command == "checkpoint") return shardtrain::cli::run_checkpoint_command(args);
     if (command == "estimate-memory") return shardtrain::cli::run_estimate_command(args);
     if (command == "plan") return shardtrain::cli::run_plan_command(args);
+    if (command == "report") return shardtrain::cli::run_report_command(args);
     if (command == "version") {
       std::cout << "shardtrain 0.1.0\n";
       return 0;

@@ -103,7 +103,8 @@ MetricsLog::MetricsLog(const config::LogConfig& config, log::Logger logger, bool
     guarded(Sink::EVENTS, [&] { events_ = std::make_unique<EventWriter>(config.dir); });
   }
   if (config.csv) {
-    std::string header = "step,loss,lr,grad_norm,items_per_s,texts_per_s,images_per_s,tflops_per_rank,mfu,peak_memory_gib";
+    std::string header = "step,loss,lr,grad_norm,items_per_s,texts_per_s,images_per_s,tflops_per_rank,mfu,peak_memory_gib,"
+                         "peak_memory_gib_by_rank";
     for (const auto& c : loss_names_) header += "," + c;
     guarded(Sink::CSV, [&] { csv_ = open_csv(config.dir + "/metrics.csv", header, /*append=*/start_step > 0); });
   }
@@ -193,7 +194,10 @@ void MetricsLog::record(const IntervalMetrics& m) {
       std::string row = std::to_string(m.step) + "," + csv_number(m.loss) + "," + csv_number(m.lr) + "," +
                         csv_number(m.grad_norm) + "," + csv_number(m.items_per_second) + "," +
                         csv_number(m.texts_per_second) + "," + csv_number(m.images_per_second) + "," +
-                        csv_number(m.tflops_per_rank) + "," + csv_number(m.mfu) + "," + csv_number(peak);
+                        csv_number(m.tflops_per_rank) + "," + csv_number(m.mfu) + "," + csv_number(peak) + ",";
+      for (size_t r = 0; r < m.peak_memory_gib.size(); ++r) {  // "0.125;0.25": one column whatever the world size
+        row += (r ? ";" : "") + csv_number(m.peak_memory_gib[r]);
+      }
       for (const auto& c : loss_names_) {
         auto it = m.parts.find(c);
         row += "," + (it == m.parts.end() ? std::string() : csv_number(it->second));

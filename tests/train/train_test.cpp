@@ -341,6 +341,35 @@ TEST_F(TrainTest, BadInputExitsWithTheMessage) {
             std::string::npos) << r.output;
 }
 
+// `shardtrain report`: one run's figures beside its metrics, several runs in one figure elsewhere, PNG and SVG
+// (matplotlib through scripts/report.py); a directory without metrics.csv is refused by name.
+TEST_F(TrainTest, ReportDrawsOneRunOrSeveral) {
+  std::vector<std::string> logs;
+  for (const std::string strategy : {"full_shard", "ddp"}) {
+    const std::string log = root_ + "/report-" + strategy;
+    const Outcome r = train("--parallel.strategy=" + strategy + " --log.dir=" + log + " --train.steps=4 " +
+                            "--train.eval_interval=2");
+    ASSERT_EQ(r.status, 0) << r.output;
+    logs.push_back(log);
+  }
+  auto is_png = [](const std::string& path) {
+    const std::vector<char> bytes = io::read_file(path);
+    return bytes.size() > 1000 && std::string(bytes.begin() + 1, bytes.begin() + 4) == "PNG";
+  };
+  const Outcome one = run(std::string(SHARDTRAIN_BIN) + " report " + logs[0]);
+  ASSERT_EQ(one.status, 0) << one.output;
+  EXPECT_TRUE(is_png(logs[0] + "/report.png"));
+  EXPECT_NE(test::read_text(logs[0] + "/report.svg").find("<svg"), std::string::npos);
+  const std::string both = root_ + "/report-both";
+  const Outcome several = run(std::string(SHARDTRAIN_BIN) + " report " + logs[0] + " " + logs[1] + " --out " + both);
+  ASSERT_EQ(several.status, 0) << several.output;
+  EXPECT_TRUE(is_png(both + "/report.png"));
+  EXPECT_NE(test::read_text(both + "/report.svg").find("report-ddp"), std::string::npos);  // both runs named
+  const Outcome missing = run(std::string(SHARDTRAIN_BIN) + " report " + root_);
+  EXPECT_EQ(missing.status, 2);
+  EXPECT_NE(missing.output.find("holds no metrics.csv"), std::string::npos) << missing.output;
+}
+
 TEST(ConfigCommand, AnswersBecomeTheYaml) {
   const std::string out = "/tmp/shardtrain_config_cmd_" + std::to_string(::getpid()) + ".yaml";
   // flavor, machines, processes, device, strategy (a bad answer first: asked again), precision, wrap, classes,

@@ -275,8 +275,8 @@ TEST(MetricsLog, LinesThroughTheLoggerAndTheTasksLossesAsColumns) {
   std::getline(csv, header);
   std::getline(csv, row);
   EXPECT_EQ(header, "step,loss,lr,grad_norm,items_per_s,texts_per_s,images_per_s,tflops_per_rank,mfu,peak_memory_gib,"
-                    "mlm,itm");
-  EXPECT_EQ(row, "10,2.5,0.001,0.5,,0,0,0,0,0.25,2,");
+                    "peak_memory_gib_by_rank,mlm,itm");
+  EXPECT_EQ(row, "10,2.5,0.001,0.5,,0,0,0,0,0.25,0.125;0.25,2,");
   io::remove_tree(dir);
 }
 
