@@ -20,6 +20,7 @@
 namespace shardtrain {
 namespace {
 
+using test::Background;
 using test::Outcome;
 
 // Two namespaces and the veth pair between them; removed (with the pair) on destruction.
@@ -40,24 +41,6 @@ struct TwoNodes {
     ready = std::system(("(" + script + ") >/dev/null 2>&1").c_str()) == 0;
   }
   ~TwoNodes() { std::system(("ip netns del " + a + " 2>/dev/null; ip netns del " + b + " 2>/dev/null").c_str()); }
-};
-
-struct Background {
-  pid_t pid = -1;
-  std::string out;
-  Background(const std::string& command, std::string out_path) : out(std::move(out_path)) {
-    pid = ::fork();
-    if (pid == 0) {
-      const std::string line = "exec " + command + " > " + out + " 2>&1";
-      ::execl("/bin/sh", "sh", "-c", line.c_str(), static_cast<char*>(nullptr));
-      ::_exit(127);
-    }
-  }
-  Outcome wait() const {
-    int raw = 0;
-    ::waitpid(pid, &raw, 0);
-    return {WIFEXITED(raw) ? WEXITSTATUS(raw) : 128 + WTERMSIG(raw), test::read_text(out)};
-  }
 };
 
 double max_difference(const std::map<std::string, at::Tensor>& x, const std::map<std::string, at::Tensor>& y) {

@@ -27,6 +27,7 @@
 namespace shardtrain {
 namespace {
 
+using test::Background;
 using test::Outcome;
 using Clock = std::chrono::steady_clock;
 
@@ -40,26 +41,6 @@ void expect_bitwise_equal(const std::map<std::string, at::Tensor>& a, const std:
                                      << (t.to(at::kDouble) - it->second.to(at::kDouble)).abs().max().item<double>();
   }
 }
-
-// A command running in the background (`exec`ed by the shell, so the pid is the command's), output to a file.
-struct Background {
-  pid_t pid = -1;
-  std::string out;
-
-  Background(const std::string& command, std::string out_path) : out(std::move(out_path)) {
-    pid = ::fork();
-    if (pid == 0) {
-      const std::string line = "exec " + command + " > " + out + " 2>&1";
-      ::execl("/bin/sh", "sh", "-c", line.c_str(), static_cast<char*>(nullptr));
-      ::_exit(127);
-    }
-  }
-  Outcome wait() const {
-    int raw = 0;
-    ::waitpid(pid, &raw, 0);
-    return {WIFEXITED(raw) ? WEXITSTATUS(raw) : 128 + WTERMSIG(raw), test::read_text(out)};
-  }
-};
 
 // The pids whose parent is `parent` (the launcher's workers), from /proc/PID/stat.
 std::vector<pid_t> children_of(pid_t parent) {

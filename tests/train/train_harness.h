@@ -1,5 +1,5 @@
-// What the end-to-end train tests share: running the CLI and capturing what it prints, a synthetic FLAVA dataset
-// with its config, and reading a checkpoint's model state back.
+// What the end-to-end train tests share: running the CLI and capturing what it prints (in the foreground or the
+// background), a synthetic FLAVA dataset with its config, and reading a checkpoint's model state back.
 #pragma once
 
 #include <sys/wait.h>
@@ -66,6 +66,27 @@ inline Outcome write_flava_suite(const std::string& root) {
          "log: {interval: 2, progress: lines, peak_tflops: 1}\n";
   return synth;
 }
+
+// A command running in the background (`exec`ed by the shell, so `pid` is the command's own), its stdout and
+// stderr into the file `out`.
+struct Background {
+  pid_t pid = -1;
+  std::string out;
+
+  Background(const std::string& command, std::string out_path) : out(std::move(out_path)) {
+    pid = ::fork();
+    if (pid == 0) {
+      const std::string line = "exec " + command + " > " + out + " 2>&1";
+      ::execl("/bin/sh", "sh", "-c", line.c_str(), static_cast<char*>(nullptr));
+      ::_exit(127);
+    }
+  }
+  Outcome wait() const {
+    int raw = 0;
+    ::waitpid(pid, &raw, 0);
+    return {WIFEXITED(raw) ? WEXITSTATUS(raw) : 128 + WTERMSIG(raw), read_text(out)};
+  }
+};
 
 // A checkpoint's model state: parameters and AdamW moments ("name::exp_avg"), sharded (FSDP) or whole (DDP).
 inline std::map<std::string, at::Tensor> saved_state(const std::string& checkpoint, bool sharded) {
