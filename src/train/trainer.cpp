@@ -165,11 +165,11 @@ std::string describe_units(const std::shared_ptr<torch::nn::Module>& root) {
 void describe_start(const Config& c, const Job& job, ParallelModel& model, double peak_tflops,
                     const TrainingData& data, const RunPlan& plan) {
   const dist::Communicator& world = job.pg.world();
-  int64_t parameters = 0;
-  for (const auto& p : model.zoo().module->parameters()) parameters += p.numel();
-  if (model.sharded()) {  // the local shards: the whole model's count is the units'
-    parameters = 0;
+  int64_t parameters = 0;  // the whole model's: sharded, the units' full sizes (a rank holds only its shards)
+  if (model.sharded()) {
     for (const fsdp::FsdpUnit& unit : fsdp::units_of(model.module())) parameters += unit.full_numel();
+  } else {
+    for (const auto& p : model.module()->parameters()) parameters += p.numel();
   }
   char line[512];
   std::snprintf(line, sizeof(line), "training %s (%s, %s parameters) on %d rank%s, %s, mixed precision %s, %lld steps "
@@ -239,13 +239,15 @@ struct Loop {
   IntervalSums interval;
   TrainSummary summary;
   bool first_interval = true;
-  double estimate_from = -1;  // seconds when the warm-up steps were done; < 0: not yet (then: estimated)
+  std::optional<double> measuring_since;  // seconds when the warm-up steps were done, until the time is estimated
+  bool estimated = false;
 
   int64_t last_step() const { return c.train.stop_at > 0 ? c.train.stop_at : c.train.steps; }
 
   void run(const PreemptionWatch& preemption) {
     const int64_t warmup_until = at.step + c.log.warmup_steps;
     if (data.eval_loader && at.step == 0) evaluate();
+    if (c.log.warmup_steps == 0) measuring_since = seconds_now();
     while (at.step < last_step()) {
       job.doing("step " + std::to_string(at.step + 1));
       const double t0 = seconds_now();
@@ -272,16 +274,16 @@ struct Loop {
   // Once, a few steps after the warm-up: how long a step takes and how long the run will.
   void estimate_time(int64_t warmup_until) {
     constexpr int64_t kMeasured = 3;
-    if (at.step == warmup_until) estimate_from = seconds_now();
-    if (estimate_from < 0 || at.step != warmup_until + kMeasured || at.step >= last_step()) return;
-    const double per_step = (seconds_now() - estimate_from) / kMeasured;
+    if (at.step == warmup_until) measuring_since = seconds_now();
+    if (estimated || !measuring_since || at.step != warmup_until + kMeasured || at.step >= last_step()) return;
+    const double per_step = (seconds_now() - *measuring_since) / kMeasured;
     const double left = per_step * static_cast<double>(last_step() - at.step);
     char line[160];
     std::snprintf(line, sizeof(line), "time: %.3g s a step (steps %lld-%lld): about %.0f min %02.0f s for the %lld "
                   "steps left", per_step, static_cast<long long>(warmup_until + 1), static_cast<long long>(at.step),
                   std::floor(left / 60), std::fmod(left, 60.0), static_cast<long long>(last_step() - at.step));
     log.message(line);
-    estimate_from = -2;  // said
+    estimated = true;
   }
 
   // SIGTERM/SIGINT reached a rank: every rank saves this step (unless it just did) and the run ends.
