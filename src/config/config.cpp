@@ -265,6 +265,7 @@ std::vector<Field> fields_of(Config& c) {
       field("train.max_grad_norm", c.train.max_grad_norm),
       field("train.seed", c.train.seed),
       field("train.device", c.train.device),
+      field("train.tf32", c.train.tf32),
       field("train.stop_at", c.train.stop_at),
       field("train.eval_interval", c.train.eval_interval),
       field("train.eval_samples", c.train.eval_samples),

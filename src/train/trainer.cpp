@@ -109,6 +109,10 @@ struct Job {
         task(recipe->task(c.model.task)) {
     task->check_batch_size(c.train.batch_size, pg.world().size());
     if (!device.is_cuda()) memory::install_cpu_memory_counter();
+    if (device.is_cuda()) {  // train.tf32: cuBLAS matmuls and cuDNN convolutions of float32 tensors
+      at::globalContext().setAllowTF32CuBLAS(c.train.tf32);
+      at::globalContext().setAllowTF32CuDNN(c.train.tf32);
+    }
     if (pg.world_size() > 1) {
       heartbeat = std::make_unique<dist::Heartbeat>(pg, dist::heartbeat_options_for(init_options(c, device).timeout),
                                                     end_for_stuck_peer);
@@ -172,11 +176,13 @@ void describe_start(const Config& c, const Job& job, ParallelModel& model, doubl
     for (const auto& p : model.module()->parameters()) parameters += p.numel();
   }
   char line[512];
-  std::snprintf(line, sizeof(line), "training %s (%s, %s parameters) on %d rank%s, %s, mixed precision %s, %lld steps "
-                "of %lld x %lld x %d samples (per rank x micro-batches x ranks: %lld a step), peak %.3g TFLOP/s/rank%s",
+  const char* tf32 = !job.device.is_cuda() ? "n/a on CPU" : c.train.tf32 ? "on" : "off";
+  std::snprintf(line, sizeof(line), "training %s (%s, %s parameters) on %d rank%s, %s, mixed precision %s, tf32 %s, "
+                "%lld steps of %lld x %lld x %d samples (per rank x micro-batches x ranks: %lld a step), "
+                "peak %.3g TFLOP/s/rank%s",
                 c.model.flavor.c_str(), job.recipe->family().c_str(), with_commas(parameters).c_str(), world.size(),
                 world.size() == 1 ? "" : "s", config::to_string(c.parallel.strategy).c_str(),
-                config::to_string(c.parallel.mixed_precision).c_str(), static_cast<long long>(c.train.steps),
+                config::to_string(c.parallel.mixed_precision).c_str(), tf32, static_cast<long long>(c.train.steps),
                 static_cast<long long>(c.train.batch_size), static_cast<long long>(c.train.grad_accum), world.size(),
                 static_cast<long long>(c.train.batch_size * c.train.grad_accum * world.size()), peak_tflops,
                 c.log.peak_tflops > 0 ? "" : " (measured)");

@@ -75,6 +75,7 @@ TEST_F(TrainTest, StoppedAndResumedEqualsOneRun) {
     ASSERT_EQ(through.status, 0) << through.output;
     EXPECT_NE(through.output.find("items/s"), std::string::npos) << through.output;
     EXPECT_NE(through.output.find("itm_accuracy"), std::string::npos) << through.output;
+    EXPECT_NE(through.output.find("mixed precision no, tf32 n/a on CPU, "), std::string::npos) << through.output;
     // The closing lines say where the results are and what to do next.
     EXPECT_NE(through.output.find("checkpoint: " + a + "/step-00000008 (continue: --resume; export: shardtrain "
                                   "checkpoint export " + a + " --out model.safetensors)"), std::string::npos)

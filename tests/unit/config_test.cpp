@@ -15,6 +15,8 @@ TEST(Config, ResumeIsFalseTrueOrAuto) {
   EXPECT_EQ(parse_config("checkpoint: {dir: d, resume: auto}\n", "x.yaml").checkpoint.resume, Resume::AUTO);
   EXPECT_EQ(parse_config("checkpoint: {dir: d, resume: true}\n", "x.yaml").checkpoint.resume, Resume::ALWAYS);
   EXPECT_EQ(parse_config("checkpoint: {dir: d}\n", "x.yaml").checkpoint.resume, Resume::NEVER);
+  EXPECT_TRUE(parse_config("", "x.yaml").train.tf32);  // on by default, as the FLAVA post trains
+  EXPECT_FALSE(parse_config("", "x.yaml", {"--train.tf32=false"}).train.tf32);
   const Config c = parse_config("checkpoint: {dir: d, resume: auto}\nlaunch: {max_restarts: 3, preempt_grace: 5}\n",
                                 "x.yaml");
   const Config again = parse_config(to_yaml(c), "again.yaml");  // written back as it reads

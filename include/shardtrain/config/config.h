@@ -125,6 +125,8 @@ struct TrainConfig {
   double max_grad_norm = 1.0; // 0: no clipping
   int64_t seed = 0;           // weights, data order, masking, dropout
   std::string device = "cpu"; // cpu | cuda (each rank takes cuda:LOCAL_RANK)
+  // CUDA: float32 matmuls and convolutions in TensorFloat-32 (as the FLAVA post trains); no meaning on CPU.
+  bool tf32 = true;
   int64_t stop_at = 0;        // end this run after this step, with a checkpoint (a time-limited job that resumes
                               // later); 0: run to `steps`. The schedule still spans `steps`.
   int64_t eval_interval = 0;  // steps between evaluations on data.eval; 0: at the end only
