@@ -5,7 +5,6 @@
 #include <netinet/in.h>
 #include <poll.h>
 #include <signal.h>
-#include <sys/ioctl.h>
 #include <sys/resource.h>
 #include <sys/socket.h>
 #include <unistd.h>
@@ -24,6 +23,7 @@
 #include <string>
 #include <vector>
 
+#include "launch/output_relay.h"
 #include "launch/worker.h"
 #include "shardtrain/launch/error_file.h"
 #include "shardtrain/launch/launch.h"
@@ -35,17 +35,6 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-void write_all(int fd, const std::string& text) {
-  const char* data = text.data();
-  size_t size = text.size();
-  while (size > 0) {
-    ssize_t n = ::write(fd, data, size);
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) return;
-    data += n;
-    size -= static_cast<size_t>(n);
-  }
-}
 
 void say(const std::string& message) { write_all(STDERR_FILENO, "shardtrain launch: " + message + "\n"); }
 
@@ -104,94 +93,6 @@ class SignalPipe {
 
 // Splits a worker's output into lines and writes each with the rank prefix in one write() call, so lines of
 // different ranks never interleave mid-line.
-// The one status line (rank 0's progress) at the bottom of the launcher's terminal. See [Note: progress through the
-// launcher]. Every other line is printed above it: erased, the line, drawn again.
-class StatusLine {
- public:
-  StatusLine() : terminal_(::isatty(STDERR_FILENO) != 0) {}
-  bool terminal() const { return terminal_; }
-  void set(const std::string& text) {
-    clear();
-    text_ = text;
-    draw();
-  }
-  void clear() {
-    if (shown_) write_all(STDERR_FILENO, "\r\033[K");
-    shown_ = false;
-  }
-  void draw() {
-    if (!terminal_ || text_.empty()) return;
-    winsize size{};
-    const size_t columns = ::ioctl(STDERR_FILENO, TIOCGWINSZ, &size) == 0 && size.ws_col > 1 ? size.ws_col - 1 : 200;
-    write_all(STDERR_FILENO, "\r" + text_.substr(0, columns));
-    shown_ = true;
-  }
-  void forget() {  // the job is over: the last status stays on its line, the next output below it
-    if (shown_) write_all(STDERR_FILENO, "\n");
-    shown_ = false;
-    text_.clear();
-  }
-
- private:
-  bool terminal_;
-  bool shown_ = false;
-  std::string text_;
-};
-
-// One worker stream's bytes to whole lines, each prefixed with the rank. A status line (kStatusLineMarker first)
-// goes to the StatusLine on a terminal; elsewhere it is an ordinary line.
-class LineRelay {
- public:
-  LineRelay(int rank, int out_fd, StatusLine& status)
-      : prefix_("[rank" + std::to_string(rank) + "]: "), out_fd_(out_fd), status_(&status) {}
-  void feed(const char* data, size_t size) {
-    pending_.append(data, size);
-    size_t start = 0;
-    for (size_t nl; (nl = pending_.find('\n', start)) != std::string::npos; start = nl + 1) {
-      emit(pending_.substr(start, nl - start));
-    }
-    pending_.erase(0, start);
-  }
-  void flush() {
-    if (!pending_.empty()) emit(pending_);
-    pending_.clear();
-  }
-
- private:
-  void emit(const std::string& line) {
-    if (!line.empty() && line[0] == kStatusLineMarker && status_->terminal()) {
-      status_->set(line.size() > 1 ? prefix_ + line.substr(1) : "");
-      return;
-    }
-    status_->clear();
-    write_all(out_fd_, prefix_ + (line.empty() || line[0] != kStatusLineMarker ? line : line.substr(1)) + "\n");
-    status_->draw();
-  }
-
-  std::string prefix_;
-  int out_fd_;
-  StatusLine* status_;
-  std::string pending_;
-};
-
-// Reads what is available on fd into relay; returns false at end of file.
-bool pump(int fd, LineRelay& relay) {
-  char buffer[65536];
-  while (true) {
-    ssize_t n = ::read(fd, buffer, sizeof(buffer));
-    if (n > 0) {
-      relay.feed(buffer, static_cast<size_t>(n));
-      continue;
-    }
-    if (n == 0) {
-      relay.flush();
-      return false;
-    }
-    if (errno == EINTR) continue;
-    return errno == EAGAIN || errno == EWOULDBLOCK;  // nothing more now; any other error ends the stream
-  }
-}
-
 // A bound, listening socket for the rendezvous. See [Note: launcher-owned rendezvous socket].
 class ListenSocket {
  public:
