@@ -17,7 +17,6 @@
 #include <cstdlib>
 #include <cstring>
 #include <map>
-#include <random>
 #include <memory>
 #include <stdexcept>
 #include <string>
@@ -27,6 +26,7 @@
 #include "launch/worker.h"
 #include "shardtrain/launch/error_file.h"
 #include "shardtrain/launch/launch.h"
+#include "util/random_id.h"
 
 extern char** environ;
 
@@ -211,15 +211,6 @@ std::string seconds(std::chrono::milliseconds d) {
   return text;
 }
 
-// 16 hex digits from the system's entropy source.
-std::string new_job_id() {
-  std::random_device entropy;
-  const uint64_t value = (static_cast<uint64_t>(entropy()) << 32) ^ entropy();
-  char text[17];
-  std::snprintf(text, sizeof(text), "%016llx", static_cast<unsigned long long>(value));
-  return text;
-}
-
 // One id for the job across its restarts (a restarted trainer resumes only this job's checkpoints) and its nodes
 // (a worker of another job that reaches this job's rendezvous is refused): --rdzv-id, else SHARDTRAIN_JOB_ID or
 // Slurm's job id from the environment, else on one node a random one. Several nodes must be told theirs.
@@ -234,7 +225,7 @@ std::string job_id_of(const LaunchOptions& o) {
                                 "node (under Slurm its job id is used): the workers of one job check it at the " +
                                 "rendezvous, so that another job's cannot join");
   }
-  return new_job_id();
+  return util::random_id();
 }
 
 struct GroupResult {

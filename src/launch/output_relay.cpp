@@ -9,9 +9,7 @@
 
 namespace shardtrain::launch {
 
-void write_all(int fd, const std::string& text) {
-  const char* data = text.data();
-  size_t size = text.size();
+void write_all(int fd, const char* data, size_t size) {
   while (size > 0) {
     ssize_t n = ::write(fd, data, size);
     if (n < 0 && errno == EINTR) continue;

@@ -8,8 +8,10 @@
 
 namespace shardtrain::launch {
 
-// Writes all of `text` to `fd` (retrying short writes and EINTR; gives up on other errors: output is best effort).
-void write_all(int fd, const std::string& text);
+// Writes all of `size` bytes to `fd` (retrying short writes and EINTR; gives up on other errors: output is best
+// effort). Async-signal-safe: a forked child may call it before exec.
+void write_all(int fd, const char* data, size_t size);
+inline void write_all(int fd, const std::string& text) { write_all(fd, text.data(), text.size()); }
 
 // The one status line (rank 0's progress) at the bottom of the launcher's terminal. Every other line is printed
 // above it: erased, the line, drawn again. Off a terminal it draws nothing.

@@ -10,6 +10,8 @@
 #include <cstring>
 #include <stdexcept>
 
+#include "launch/output_relay.h"
+
 namespace shardtrain::launch {
 
 std::string signal_name(int sig) {
@@ -21,20 +23,6 @@ std::string ExitStatus::describe() const {
   if (signaled) return "was killed by signal " + std::to_string(signal) + " (" + signal_name(signal) + ")";
   return "exited with code " + std::to_string(code);
 }
-
-namespace {
-
-void write_all(int fd, const char* data, size_t size) {
-  while (size > 0) {
-    ssize_t n = ::write(fd, data, size);
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) return;
-    data += n;
-    size -= static_cast<size_t>(n);
-  }
-}
-
-}  // namespace
 
 Worker::Worker(const WorkerSpec& spec) : rank_(spec.rank) {
   // Everything the child needs is built before fork: after it only async-signal-safe calls are made.

@@ -1,11 +1,10 @@
 #include "train/run_checkpoint.h"
 
-#include <cstdio>
-#include <random>
 #include <stdexcept>
 
 #include "shardtrain/distributed/text_exchange.h"
 #include "shardtrain/io/files.h"
+#include "util/random_id.h"
 
 namespace shardtrain::train {
 namespace {
@@ -44,14 +43,7 @@ void claim_checkpoint_dir(const config::Config& c, const dist::Communicator& wor
 // A fresh run's id: the launcher's job id (the same in every restart of the job), else 16 random hex digits.
 // Rank 0's, so that every rank agrees. Collective.
 std::string new_run_id(const dist::DistEnv& env, const dist::Communicator& world) {
-  std::string id = env.job_id;
-  if (id.empty()) {
-    std::random_device entropy;
-    char text[17];
-    std::snprintf(text, sizeof(text), "%08x%08x", entropy(), entropy());
-    id = text;
-  }
-  return dist::broadcast_text(world, id, 0);
+  return dist::broadcast_text(world, env.job_id.empty() ? util::random_id() : env.job_id, 0);
 }
 
 // Loads the newest checkpoint of `candidates` (oldest first) that verifies; the skipped ones are logged. nullopt

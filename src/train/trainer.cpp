@@ -202,7 +202,7 @@ void describe_start(const Config& c, const Job& job, ParallelModel& model, doubl
     job.logger.info(line);
     // The plan's lines after its heading (the job, which the line above gave) and the parameter count: the terms.
     size_t at = plan.text.find('\n');
-    for (int skipped = 0; at != std::string::npos && skipped < 1; ++skipped) at = plan.text.find('\n', at + 1);
+    if (at != std::string::npos) at = plan.text.find('\n', at + 1);
     while (at != std::string::npos && at + 1 < plan.text.size()) {
       const size_t end = plan.text.find('\n', at + 1);
       const std::string term = plan.text.substr(at + 1, end == std::string::npos ? std::string::npos : end - at - 1);
@@ -245,7 +245,8 @@ struct Loop {
   IntervalSums interval;
   TrainSummary summary;
   bool first_interval = true;
-  std::optional<double> measuring_since;  // seconds when the warm-up steps were done, until the time is estimated
+  // Seconds when the warm-up steps were done, until the time is estimated.
+  std::optional<double> measuring_since = std::nullopt;
   bool estimated = false;
 
   int64_t last_step() const { return c.train.stop_at > 0 ? c.train.stop_at : c.train.steps; }
