@@ -4,6 +4,7 @@
 #include <torch/csrc/distributed/c10d/Types.hpp>
 
 #include <chrono>
+#include <functional>
 #include <stdexcept>
 #include <string>
 #include <thread>
@@ -118,10 +119,29 @@ void check_tensor(const Impl& g, const std::string& op, const char* role, const 
     throw std::invalid_argument(describe(g, op) + ": " + role + " tensor is on " + c10::str(t.device()) +
                                 ", the NCCL backend needs CUDA tensors");
   }
-  if (g.kind == CommBackend::GLOO && !t.is_cpu()) {
+  if (g.kind == CommBackend::GLOO && !t.is_cpu() && !(cuda && g.device_index >= 0)) {
     throw std::invalid_argument(describe(g, op) + ": " + role + " tensor is on " + c10::str(t.device()) +
-                                ", the Gloo backend here takes CPU tensors");
+                                ", this Gloo group takes CPU tensors (CUDA ones only in a group made for CUDA)");
   }
+}
+
+// [Note: Gloo over CUDA tensors] A Gloo group made for CUDA (CudaBackend::GLOO: ranks sharing one GPU) moves
+// CUDA tensors through host copies, as ProcessGroupGloo's own CUDA paths do: the values are copied to the host
+// when the operation starts (a blocking copy: it waits for the current stream's producers), Gloo runs on the
+// host tensors, and wait() copies the result back on the stream current then. The host copies are the wire
+// tensors below; on CPU tensors and on NCCL they are the tensors themselves.
+bool staged(const Impl& g, const at::Tensor& t) { return g.kind == CommBackend::GLOO && t.is_cuda(); }
+at::Tensor wire_values(const Impl& g, const at::Tensor& t) { return staged(g, t) ? t.to(at::kCPU) : t; }
+at::Tensor wire_buffer(const Impl& g, const at::Tensor& t) {
+  return staged(g, t) ? at::empty(t.sizes(), t.options().device(at::kCPU)) : t;
+}
+// `then` and, where `wire` is a host copy of `t`, the copy back into `t` after it.
+std::function<void()> copy_back(const at::Tensor& t, const at::Tensor& wire, std::function<void()> then = {}) {
+  if (wire.data_ptr() == t.data_ptr()) return then;
+  return [t, wire, then]() {
+    if (then) then();
+    t.copy_(wire);
+  };
 }
 
 // out must hold W chunks of in's size: all-gather's output, reduce-scatter's input.
@@ -183,9 +203,10 @@ Work Communicator::all_gather(const at::Tensor& out, const at::Tensor& in) const
     return Work();
   }
   // Gloo's and NCCL's flat all-gathers both move (W-1)/W of the output per rank, as a ring does.
-  at::Tensor flat_out = out.view(-1);
-  at::Tensor flat_in = in.view(-1);
-  return make_work(g, "all_gather", g.backend->_allgather_base(flat_out, flat_in), {out, in});
+  at::Tensor flat_out = wire_buffer(g, out.view(-1));
+  at::Tensor flat_in = wire_values(g, in.view(-1));
+  return make_work(g, "all_gather", g.backend->_allgather_base(flat_out, flat_in), {out, in, flat_out, flat_in},
+                   copy_back(out.view(-1), flat_out));
 }
 
 Work Communicator::reduce_scatter(const at::Tensor& out, const at::Tensor& in, ReduceOp op) const {
@@ -197,9 +218,9 @@ Work Communicator::reduce_scatter(const at::Tensor& out, const at::Tensor& in, R
     if (!same_memory(out, in)) out.view(-1).copy_(in.view(-1));  // SUM, MEAN and MAX of one value are the value
     return Work();
   }
-  at::Tensor flat_out = out.view(-1);
-  at::Tensor flat_in = in.view(-1);
   if (g.kind == CommBackend::NCCL) {
+    at::Tensor flat_out = out.view(-1);
+    at::Tensor flat_in = in.view(-1);
     c10d::ReduceScatterOptions opts;
     opts.reduceOp = to_c10d(op);
     return make_work(g, what, g.backend->_reduce_scatter_base(flat_out, flat_in, opts), {out, in});
@@ -207,10 +228,12 @@ Work Communicator::reduce_scatter(const at::Tensor& out, const at::Tensor& in, R
   // Gloo: its reduce-scatter all-reduces every chunk, moving 2(W-1)/W of the input per rank. An all-to-all moves
   // (W-1)/W, what a ring reduce-scatter moves; the W received chunks are then reduced locally (in float32 for
   // half types: ATen's reductions accumulate in float and round once). See docs/notes/collectives.md.
+  at::Tensor flat_out = wire_buffer(g, out.view(-1));
+  at::Tensor flat_in = wire_values(g, in.view(-1));
   at::Tensor received = at::empty_like(flat_in);
   std::vector<int64_t> equal_splits;
   auto work = g.backend->alltoall_base(received, flat_in, equal_splits, equal_splits);
-  auto finish = [received, flat_out, op, w]() mutable {
+  auto reduce = [received, flat_out, op, w]() mutable {
     at::Tensor chunks = received.view({w, -1});
     switch (op) {
       case ReduceOp::SUM: at::sum_out(flat_out, chunks, {0}); break;
@@ -218,16 +241,18 @@ Work Communicator::reduce_scatter(const at::Tensor& out, const at::Tensor& in, R
       case ReduceOp::MAX: at::amax_out(flat_out, chunks, {0}); break;
     }
   };
-  return make_work(g, what, std::move(work), {out, in, received}, std::move(finish));
+  return make_work(g, what, std::move(work), {out, in, received, flat_out, flat_in},
+                   copy_back(out.view(-1), flat_out, std::move(reduce)));
 }
 
 Work Communicator::native_reduce_scatter(const at::Tensor& out, const at::Tensor& in) const {
   const Impl& g = *impl_;
   check_flat_pair(g, "native_reduce_scatter", in, out, "input", "output");
   if (g.kind == CommBackend::SELF) return reduce_scatter(out, in, ReduceOp::SUM);
-  at::Tensor flat_out = out.view(-1);
-  at::Tensor flat_in = in.view(-1);
-  return make_work(g, "native_reduce_scatter", g.backend->_reduce_scatter_base(flat_out, flat_in), {out, in});
+  at::Tensor flat_out = wire_buffer(g, out.view(-1));
+  at::Tensor flat_in = wire_values(g, in.view(-1));
+  return make_work(g, "native_reduce_scatter", g.backend->_reduce_scatter_base(flat_out, flat_in),
+                   {out, in, flat_out, flat_in}, copy_back(out.view(-1), flat_out));
 }
 
 Work Communicator::all_reduce(const at::Tensor& tensor, ReduceOp op) const {
@@ -235,18 +260,20 @@ Work Communicator::all_reduce(const at::Tensor& tensor, ReduceOp op) const {
   const std::string what = std::string("all_reduce(") + reduce_op_name(op) + ")";
   check_tensor(g, what, "input", tensor);
   if (g.kind == CommBackend::SELF) return Work();
-  std::vector<at::Tensor> tensors{tensor.view(-1)};
+  at::Tensor wire = wire_values(g, tensor.view(-1));
+  std::vector<at::Tensor> tensors{wire};
   c10d::AllreduceOptions opts;
   std::function<void()> finish;
   if (op == ReduceOp::MEAN && g.kind == CommBackend::GLOO) {
     // Gloo has no average of its own in every version: sum, then divide once the sum is in place.
     opts.reduceOp = c10d::ReduceOp(c10d::ReduceOp::SUM);
     const double w = size();
-    finish = [tensor, w]() { tensor.div_(w); };
+    finish = [wire, w]() { wire.div_(w); };
   } else {
     opts.reduceOp = to_c10d(op);
   }
-  return make_work(g, what, g.backend->allreduce(tensors, opts), {tensor}, std::move(finish));
+  return make_work(g, what, g.backend->allreduce(tensors, opts), {tensor, wire},
+                   copy_back(tensor.view(-1), wire, std::move(finish)));
 }
 
 Work Communicator::broadcast(const at::Tensor& tensor, int root) const {
@@ -257,10 +284,11 @@ Work Communicator::broadcast(const at::Tensor& tensor, int root) const {
     throw std::invalid_argument(describe(g, what) + ": root " + std::to_string(root) + " is not a rank of this group");
   }
   if (g.kind == CommBackend::SELF) return Work();
-  std::vector<at::Tensor> tensors{tensor.view(-1)};
+  at::Tensor wire = wire_values(g, tensor.view(-1));
+  std::vector<at::Tensor> tensors{wire};
   c10d::BroadcastOptions opts;
   opts.rootRank = root;
-  return make_work(g, what, g.backend->broadcast(tensors, opts), {tensor});
+  return make_work(g, what, g.backend->broadcast(tensors, opts), {tensor, wire}, copy_back(tensor.view(-1), wire));
 }
 
 Work Communicator::all_to_all(const at::Tensor& out, const at::Tensor& in) const {
@@ -278,11 +306,11 @@ Work Communicator::all_to_all(const at::Tensor& out, const at::Tensor& in) const
     if (!same_memory(out, in)) out.view(-1).copy_(in.view(-1));
     return Work();
   }
-  at::Tensor flat_out = out.view(-1);
-  at::Tensor flat_in = in.view(-1);
+  at::Tensor flat_out = wire_buffer(g, out.view(-1));
+  at::Tensor flat_in = wire_values(g, in.view(-1));
   std::vector<int64_t> equal_splits;
   return make_work(g, "all_to_all", g.backend->alltoall_base(flat_out, flat_in, equal_splits, equal_splits),
-                   {out, in});
+                   {out, in, flat_out, flat_in}, copy_back(out.view(-1), flat_out));
 }
 
 Work Communicator::barrier() const {

@@ -1,5 +1,6 @@
 #include "shardtrain/distributed/process_group.h"
 
+#include <torch/csrc/distributed/c10d/HashStore.hpp>
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
 #include <arpa/inet.h>
@@ -112,11 +113,13 @@ std::shared_ptr<Communicator::Impl> make_group(const ProcessGroup::Impl& pg,
   impl->global_ranks = std::move(ranks);
   impl->name = std::move(name);
   const int size = static_cast<int>(impl->global_ranks.size());
-  if (size == 1) return impl;  // SELF: nothing to connect
+  if (size == 1 && !pg.options.backend_at_world_one) return impl;  // SELF: nothing to connect
   impl->waits = pg.waits;
   if (pg.options.device == DeviceKind::CUDA) {
+    impl->device_index = pg.options.device_index >= 0 ? pg.options.device_index : pg.env.local_rank;
+  }
+  if (pg.options.device == DeviceKind::CUDA && pg.options.cuda_backend == CudaBackend::NCCL) {
     impl->kind = CommBackend::NCCL;
-    impl->device_index = pg.env.local_rank;
     impl->backend = make_nccl_backend(store, group_rank, size, pg.options.timeout, impl->device_index);
   } else {
     impl->kind = CommBackend::GLOO;
@@ -153,6 +156,10 @@ ProcessGroup ProcessGroup::init(const DistEnv& env, const ProcessGroupOptions& o
     check_same_job(*impl->store, env);
     auto prefixed = c10::make_intrusive<c10d::PrefixStore>("world", impl->store);
     impl->world = Communicator(make_group(*impl, prefixed, all, env.rank, "world"));
+  } else if (options.backend_at_world_one) {
+    impl->gloo_hostname = "127.0.0.1";
+    impl->store = c10::make_intrusive<c10d::HashStore>();
+    impl->world = Communicator(make_group(*impl, impl->store, all, 0, "world"));
   } else {
     impl->world = Communicator(make_group(*impl, nullptr, all, 0, "world"));
   }

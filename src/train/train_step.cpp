@@ -15,11 +15,8 @@ torch::optim::AdamWOptions adamw_options(const config::OptimConfig& o, double we
 }
 
 // Forward and backward of one of M micro-batches; adds its loss and parts, divided by M, to `totals`.
-void forward_backward(StepParts& p, data::Batch b, double M, int64_t step, StepTotals& totals) {
-  for (at::Tensor* t : {&b.input_ids, &b.attention_mask, &b.input_ids_masked, &b.mlm_labels, &b.pixels,
-                        &b.codebook_pixels, &b.masked_patches, &b.itm_labels, &b.labels}) {
-    if (t->defined()) *t = t->to(p.device);
-  }
+void forward_backward(StepParts& p, const data::Batch& host_batch, double M, int64_t step, StepTotals& totals) {
+  const data::Batch b = host_batch.to(p.device);
   const models::Losses losses = p.task.compute_losses(*p.model.module(), b, p.seed);
   const double value = losses.total.detach().item<double>();
   if (!std::isfinite(value)) {

@@ -1,6 +1,7 @@
 #include "shardtrain/train/trainer.h"
 
 #include <ATen/ATen.h>
+#include <torch/cuda.h>
 #include <signal.h>
 #include <unistd.h>
 
@@ -65,15 +66,26 @@ dist::DistEnv checked_env(const Config& c) {
   return dist::read_dist_env(dist::process_env_lookup());
 }
 
+// Each rank its local GPU; with more ranks on a node than GPUs, ranks share them round-robin (the collectives then
+// go through Gloo, init_options).
 at::Device device_of(const Config& c, const dist::DistEnv& env) {
   if (c.train.device != "cuda") return at::Device(at::kCPU);
-  return at::Device(at::kCUDA, static_cast<c10::DeviceIndex>(env.local_rank));  // each rank its local GPU
+  const int gpus = static_cast<int>(torch::cuda::device_count());
+  if (gpus == 0) throw std::invalid_argument("train.device: 'cuda' but this machine has no visible CUDA device");
+  return at::Device(at::kCUDA, static_cast<c10::DeviceIndex>(env.local_rank % gpus));
 }
 
-dist::ProcessGroupOptions init_options(const Config& c, const at::Device& device) {
+// NCCL refuses two ranks on one GPU; ranks that share one move CUDA tensors through Gloo (host copies).
+bool ranks_share_gpus(const at::Device& device, const dist::DistEnv& env) {
+  return device.is_cuda() && env.local_world_size > static_cast<int>(torch::cuda::device_count());
+}
+
+dist::ProcessGroupOptions init_options(const Config& c, const at::Device& device, const dist::DistEnv& env) {
   dist::ProcessGroupOptions init;
   init.timeout = std::chrono::milliseconds(static_cast<int64_t>(c.parallel.timeout * 1000.0));
   init.device = device.is_cuda() ? dist::DeviceKind::CUDA : dist::DeviceKind::CPU;
+  init.device_index = device.is_cuda() ? device.index() : -1;
+  init.cuda_backend = ranks_share_gpus(device, env) ? dist::CudaBackend::GLOO : dist::CudaBackend::NCCL;
   return init;
 }
 
@@ -103,7 +115,7 @@ struct Job {
   Job(const Config& c, std::shared_ptr<log::Sink> sink)
       : env(checked_env(c)),
         device(device_of(c, env)),
-        pg(dist::ProcessGroup::init(env, init_options(c, device))),
+        pg(dist::ProcessGroup::init(env, init_options(c, device, env))),
         logger(std::move(sink), pg.world().rank(), {log_level_of(c.log.level)}),
         recipe(checked_recipe(c)),
         task(recipe->task(c.model.task)) {
@@ -114,7 +126,7 @@ struct Job {
       at::globalContext().setAllowTF32CuDNN(c.train.tf32);
     }
     if (pg.world_size() > 1) {
-      heartbeat = std::make_unique<dist::Heartbeat>(pg, dist::heartbeat_options_for(init_options(c, device).timeout),
+      heartbeat = std::make_unique<dist::Heartbeat>(pg, dist::heartbeat_options_for(init_options(c, device, env).timeout),
                                                     end_for_stuck_peer);
     }
   }
@@ -177,11 +189,14 @@ void describe_start(const Config& c, const Job& job, ParallelModel& model, doubl
   }
   char line[512];
   const char* tf32 = !job.device.is_cuda() ? "n/a on CPU" : c.train.tf32 ? "on" : "off";
-  std::snprintf(line, sizeof(line), "training %s (%s, %s parameters) on %d rank%s, %s, mixed precision %s, tf32 %s, "
+  const std::string over = world.size() == 1 ? std::string()
+                                             : std::string(" over ") + dist::comm_backend_name(world.backend()) +
+                                                   (job.device.is_cuda() ? " (" + job.device.str() + ")" : "");
+  std::snprintf(line, sizeof(line), "training %s (%s, %s parameters) on %d rank%s%s, %s, mixed precision %s, tf32 %s, "
                 "%lld steps of %lld x %lld x %d samples (per rank x micro-batches x ranks: %lld a step), "
                 "peak %.3g TFLOP/s/rank%s",
                 c.model.flavor.c_str(), job.recipe->family().c_str(), with_commas(parameters).c_str(), world.size(),
-                world.size() == 1 ? "" : "s", config::to_string(c.parallel.strategy).c_str(),
+                world.size() == 1 ? "" : "s", over.c_str(), config::to_string(c.parallel.strategy).c_str(),
                 config::to_string(c.parallel.mixed_precision).c_str(), tf32, static_cast<long long>(c.train.steps),
                 static_cast<long long>(c.train.batch_size), static_cast<long long>(c.train.grad_accum), world.size(),
                 static_cast<long long>(c.train.batch_size * c.train.grad_accum * world.size()), peak_tflops,
@@ -318,6 +333,7 @@ struct Loop {
     models::EvalInputs in;
     in.loader = data.eval_loader.get(), in.source_size = data.eval_source->size();
     in.max_samples = c.train.eval_samples, in.batch_size = c.train.batch_size, in.world = &job.pg.world();
+    in.device = job.device;
     const auto values = job.task->evaluate(*parts.model.module(), in);
     if (summary.first_eval.empty()) summary.first_eval = values;
     summary.last_eval = values;

@@ -38,6 +38,9 @@ struct Batch {
   at::Tensor itm_labels;        // (B) int64: 1 = the text is the image's, 0 = another row's text (image-text only)
   at::Tensor labels;            // (B) int64 class labels (.cls), when every sample has one
   std::vector<int64_t> sample_ids;  // (B) the source's sample numbers (for tests and debugging)
+
+  // The same batch with every tensor on `device` (the loader builds on the CPU).
+  Batch to(const at::Device& device) const;
   int64_t texts = 0, images = 0;    // items as the FLAVA post counts them
 };
 

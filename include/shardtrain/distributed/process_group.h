@@ -13,11 +13,20 @@ namespace shardtrain::dist {
 
 enum class DeviceKind {
   CPU,   // Gloo
-  CUDA,  // NCCL, device LOCAL_RANK
+  CUDA,  // NCCL (or Gloo through host copies, cuda_backend), device `device_index`
 };
+
+// How CUDA tensors travel. NCCL refuses two ranks on one GPU; Gloo moves CUDA tensors through host copies, so
+// several ranks can share one device (tests of the multi-rank CUDA paths on a one-GPU machine).
+enum class CudaBackend { NCCL, GLOO };
 
 struct ProcessGroupOptions {
   DeviceKind device = DeviceKind::CPU;
+  int device_index = -1;  // CUDA: this rank's device; -1 takes LOCAL_RANK
+  CudaBackend cuda_backend = CudaBackend::NCCL;
+  // A world of one normally runs every operation as a local identity. With this set it still builds its backend
+  // (over an in-process store), so that one process exercises NCCL or Gloo themselves: the one-GPU tests.
+  bool backend_at_world_one = false;
   // Rendezvous and every collective fail after this long (a peer that died or hangs); parallel.timeout.
   std::chrono::milliseconds timeout = std::chrono::minutes(10);
   int gloo_threads = 2;  // Gloo worker threads per group: operations in flight at once

@@ -72,6 +72,7 @@ struct EvalInputs {
   int64_t max_samples = 0;               // 0: all
   int64_t batch_size = 0;                // per rank
   const dist::Communicator* world = nullptr;
+  at::Device device = at::kCPU;           // where the model computes: batches go there
 };
 
 // A training objective of a family: pretraining, classification, sequence to sequence, ...
