@@ -95,6 +95,7 @@ int run(int argc, char** argv) {
   job.world = env.world_size, job.nodes = nodes, job.strategy = plan::parse_strategy(strategy);
   job.mixed_precision = precision, job.activation_checkpointing = ac, job.batch = batch, job.seq_len = seq_len;
   job.grad_accum = grad_accum;
+  job.fused_optimizer = config::OptimConfig{}.fused;  // the trainer's optimizer, made below
   const plan::MemoryEstimate predicted = plan::estimate_training_memory(*recipe, job);
 
   config::Config c;

@@ -2,7 +2,7 @@
 
 #include <nlohmann/json.hpp>
 #include <torch/nn/module.h>
-#include <torch/optim/adamw.h>
+#include <torch/optim/optimizer.h>
 #include <torch/serialize.h>
 #include <ATen/CPUGeneratorImpl.h>
 #include <ATen/Context.h>
@@ -17,6 +17,7 @@
 #include "shardtrain/fsdp/state_dict.h"
 #include "shardtrain/io/files.h"
 #include "shardtrain/io/safetensors.h"
+#include "shardtrain/optim/optimizer_state.h"
 
 namespace shardtrain::ckpt {
 namespace {
@@ -51,7 +52,7 @@ bool is_step_name(const std::string& name) {
 
 std::vector<char> to_bytes(const std::string& s) { return {s.begin(), s.end()}; }
 
-// name -> parameter, and the AdamW state tensors of the parameters that have state.
+// name -> parameter, and the optimizer state tensors of the parameters that have state.
 std::map<std::string, at::Tensor> named_parameters(const torch::nn::Module& root) {
   std::map<std::string, at::Tensor> out;
   for (const auto& p : root.named_parameters()) out.emplace(p.key(), p.value());
@@ -64,9 +65,7 @@ fsdp::ParamStates moments(const CheckpointModel& model) {
   for (const auto& [name, p] : named_parameters(*model.root)) {
     auto it = state.find(p.unsafeGetTensorImpl());
     if (it == state.end()) continue;
-    auto& s = static_cast<torch::optim::AdamWParamState&>(*it->second);
-    states["exp_avg"][name] = s.exp_avg();
-    states["exp_avg_sq"][name] = s.exp_avg_sq();
+    for (const auto& [key, tensor] : optim::state_tensors(*it->second)) states[key][name] = tensor;
   }
   return states;
 }
@@ -76,7 +75,7 @@ std::map<std::string, int64_t> optimizer_steps(const CheckpointModel& model) {
   auto& state = model.optimizer->state();
   for (const auto& [name, p] : named_parameters(*model.root)) {
     auto it = state.find(p.unsafeGetTensorImpl());
-    if (it != state.end()) steps[name] = static_cast<torch::optim::AdamWParamState&>(*it->second).step();
+    if (it != state.end()) steps[name] = optim::state_step(*it->second);
   }
   return steps;
 }
@@ -198,19 +197,14 @@ TrainerState load_checkpoint(const std::string& path, const CheckpointModel& mod
   if (!problem.empty()) throw CheckpointDamaged(path + " does not verify: " + problem);
   TrainerState state = read_trainer_state(path);
   c10::AutoGradMode no_grad(false);
-  // AdamW state for every parameter that had some, filled from the files below.
-  auto& opt_state = model.optimizer->state();
+  // Optimizer state for every parameter that had some, filled from the files below.
   const auto params = named_parameters(*model.root);
   for (const auto& [name, steps] : state.optimizer_steps) {
     auto it = params.find(name);
     if (it == params.end()) {
       throw std::runtime_error(path + ": optimizer state for '" + name + "', which the model does not have");
     }
-    auto s = std::make_unique<torch::optim::AdamWParamState>();
-    s->step(steps);
-    s->exp_avg(at::zeros_like(it->second, at::MemoryFormat::Contiguous));
-    s->exp_avg_sq(at::zeros_like(it->second, at::MemoryFormat::Contiguous));
-    opt_state[it->second.unsafeGetTensorImpl()] = std::move(s);
+    optim::install_empty_state(*model.optimizer, it->second, steps);
   }
   const fsdp::ParamStates states = moments(model);
   if (model.sharded) {

@@ -193,6 +193,10 @@ const std::vector<std::pair<std::string, Precision>> kPrecisions = {
 
 }  // namespace
 
+std::vector<std::pair<std::string, StateDtype>> state_dtypes() {
+  return {{"float32", StateDtype::FLOAT32}, {"bfloat16", StateDtype::BFLOAT16}, {"float16", StateDtype::FLOAT16}};
+}
+
 std::vector<Field> fields_of(Config& c) {
   return {
       field("model.flavor", c.model.flavor),
@@ -237,6 +241,8 @@ std::vector<Field> fields_of(Config& c) {
       field("parallel.bucket_cap_mb", c.parallel.bucket_cap_mb),
       field("parallel.gradient_as_bucket_view", c.parallel.gradient_as_bucket_view),
       field("parallel.timeout", c.parallel.timeout),
+      choice("optim.name", c.optim.name,
+             {{"adamw", OptimizerKind::ADAMW}, {"anyprecision_adamw", OptimizerKind::ANYPRECISION_ADAMW}}),
       field("optim.lr", c.optim.lr),
       field("optim.betas", c.optim.betas),
       field("optim.eps", c.optim.eps),
@@ -247,6 +253,11 @@ std::vector<Field> fields_of(Config& c) {
              {{"cosine", LrSchedule::COSINE}, {"linear", LrSchedule::LINEAR}, {"constant", LrSchedule::CONSTANT}}),
       field("optim.warmup_steps", c.optim.warmup_steps),
       field("optim.min_lr_ratio", c.optim.min_lr_ratio),
+      field("optim.fused", c.optim.fused),
+      field("optim.use_kahan_summation", c.optim.use_kahan_summation),
+      choice("optim.momentum_dtype", c.optim.momentum_dtype, state_dtypes()),
+      choice("optim.variance_dtype", c.optim.variance_dtype, state_dtypes()),
+      choice("optim.compensation_buffer_dtype", c.optim.compensation_buffer_dtype, state_dtypes()),
       field("train.steps", c.train.steps),
       // An integer, or "auto" (kAutoBatch).
       Field{"train.batch_size",

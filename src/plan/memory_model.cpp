@@ -155,7 +155,7 @@ MemoryEstimate estimate_training_memory(const models::ModelRecipe& recipe, const
     shard_numel += ceil_div(units.numel[i], shard);
     trainable_shard_numel += ceil_div(units.trainable[i], shard);
   }
-  const int64_t params = shard_numel * pe, grads = trainable_shard_numel * pe, adam = 2 * trainable_shard_numel * 4;
+  const int64_t params = shard_numel * pe, grads = trainable_shard_numel * pe, adam = trainable_shard_numel * job.optimizer_state_bytes;
   const bool offload = job.cpu_offload && job.strategy != Strategy::kDdp;
   if (offload) e.host_bytes = params + grads + adam;
   const int64_t dev_params = offload ? 0 : params, dev_grads = offload ? 0 : grads, dev_adam = offload ? 0 : adam;
@@ -267,7 +267,7 @@ MemoryEstimate estimate_training_memory(const models::ModelRecipe& recipe, const
   // (Per-parameter shards: a parameter's rows split over the group, whatever the wrap.)
   const int64_t largest_shard = ceil_div(shape.largest_trainable_tensor, shard);
   const int64_t clip_temp = job.strategy == Strategy::kDdp || offload ? 0 : 2 * largest_shard * 8;
-  const int64_t adam_temp = offload ? 0 : 2 * largest_shard * pe;
+  const int64_t adam_temp = offload || job.fused_optimizer ? 0 : 2 * largest_shard * pe;
   e.step_bytes = dev_params + dev_adam + dev_grads + std::max(clip_temp, adam_temp);  // accumulation is over
   e.peak_phase = std::max({e.forward_bytes, e.backward_bytes, e.step_bytes}) == e.backward_bytes ? "backward"
                  : std::max(e.forward_bytes, e.step_bytes) == e.forward_bytes                  ? "forward"
@@ -290,7 +290,8 @@ MemoryEstimate estimate_training_memory(const models::ModelRecipe& recipe, const
   const std::string per = shard > 1 ? " / " + std::to_string(shard) + " ranks" : "";
   e.terms.push_back({"parameters", dev_params, std::to_string(shard_numel) + " elements x 4 B" + per +
                                                    (offload ? " (offloaded: host)" : "")});
-  e.terms.push_back({"AdamW state", dev_adam, "2 moments x 4 B per trainable parameter" + per});
+  e.terms.push_back({job.optimizer + " state", dev_adam,
+                     std::to_string(job.optimizer_state_bytes) + " B per trainable parameter" + per});
   if (accumulated > 0 && e.peak_phase != "step") {
     e.terms.push_back({"accumulated gradients", accumulated,
                        accumulated == dev_grads ? "kept between micro-batches in .grad"

@@ -86,8 +86,8 @@ MetricsLog::MetricsLog(const config::LogConfig& config, log::Logger logger, bool
       total_(total_steps),
       start_(start_step),
       step_(start_step),
-      started_(now()),
-      samples_per_step_(samples_per_step) {
+      samples_per_step_(samples_per_step),
+      started_(now()) {
   if (!leader_) return;
   bar_ = config.progress == config::Progress::BAR ||
          (config.progress == config::Progress::AUTO && logger_.shows_status());

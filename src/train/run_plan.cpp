@@ -48,6 +48,14 @@ plan::TrainingJob job_of(const config::Config& c) {
   job.batch = c.train.batch_size;
   job.seq_len = c.data.max_text_length;
   job.cuda = c.train.device == "cuda";
+  auto bytes = [](config::StateDtype d) -> int64_t { return d == config::StateDtype::FLOAT32 ? 4 : 2; };
+  if (c.optim.name == config::OptimizerKind::ANYPRECISION_ADAMW) {
+    job.optimizer = "AnyPrecision AdamW";
+    job.optimizer_state_bytes = bytes(c.optim.momentum_dtype) + bytes(c.optim.variance_dtype) +
+                                (c.optim.use_kahan_summation ? bytes(c.optim.compensation_buffer_dtype) : 0);
+  } else {
+    job.fused_optimizer = c.optim.fused;
+  }
   job.mlm_probability = c.data.mlm_probability, job.mim_probability = c.data.mim_probability;
   job.itm_negative_probability = c.data.itm_negative_probability;
   return job;

@@ -5,6 +5,8 @@
 #include <cmath>
 #include <regex>
 
+#include "shardtrain/optim/anyprecision_adamw.h"
+#include "shardtrain/optim/fused_adamw.h"
 #include "shardtrain/optim/param_groups.h"
 
 namespace shardtrain::train {
@@ -12,6 +14,31 @@ namespace {
 
 torch::optim::AdamWOptions adamw_options(const config::OptimConfig& o, double weight_decay) {
   return torch::optim::AdamWOptions(o.lr).betas({o.betas[0], o.betas[1]}).eps(o.eps).weight_decay(weight_decay);
+}
+
+at::ScalarType dtype_of(config::StateDtype d) {
+  switch (d) {
+    case config::StateDtype::FLOAT32: return at::kFloat;
+    case config::StateDtype::BFLOAT16: return at::kBFloat16;
+    case config::StateDtype::FLOAT16: return at::kHalf;
+  }
+  return at::kFloat;
+}
+
+optim::AnyPrecisionAdamWOptions anyprecision_options(const config::OptimConfig& o, double weight_decay) {
+  optim::AnyPrecisionAdamWOptions a(o.lr);
+  a.betas({o.betas[0], o.betas[1]}).eps(o.eps).weight_decay(weight_decay).use_kahan_summation(o.use_kahan_summation);
+  a.momentum_dtype(dtype_of(o.momentum_dtype)).variance_dtype(dtype_of(o.variance_dtype));
+  a.compensation_buffer_dtype(dtype_of(o.compensation_buffer_dtype));
+  return a;
+}
+
+// optim.name's options with weight decay `weight_decay`.
+std::unique_ptr<torch::optim::OptimizerOptions> options_of(const config::OptimConfig& o, double weight_decay) {
+  if (o.name == config::OptimizerKind::ANYPRECISION_ADAMW) {
+    return std::make_unique<optim::AnyPrecisionAdamWOptions>(anyprecision_options(o, weight_decay));
+  }
+  return std::make_unique<torch::optim::AdamWOptions>(adamw_options(o, weight_decay));
 }
 
 // Forward and backward of one of M micro-batches; adds its loss and parts, divided by M, to `totals`.
@@ -33,7 +60,7 @@ void forward_backward(StepParts& p, const data::Batch& host_batch, double M, int
 
 }  // namespace
 
-std::unique_ptr<torch::optim::AdamW> make_optimizer(const config::Config& c, torch::nn::Module& module) {
+std::unique_ptr<torch::optim::Optimizer> make_optimizer(const config::Config& c, torch::nn::Module& module) {
   std::vector<std::regex> patterns;
   for (const auto& s : c.optim.no_decay) patterns.emplace_back(s);
   const bool exempt_1d = c.optim.no_decay_1d;
@@ -45,13 +72,18 @@ std::unique_ptr<torch::optim::AdamW> make_optimizer(const config::Config& c, tor
                      }
                      return false;
                    },
-                   std::make_unique<torch::optim::AdamWOptions>(adamw_options(c.optim, 0))});
-  return std::make_unique<torch::optim::AdamW>(optim::param_groups_by_name(module, std::move(rules)),
-                                               adamw_options(c.optim, c.optim.weight_decay));
+                   options_of(c.optim, 0)});
+  auto groups = optim::param_groups_by_name(module, std::move(rules));
+  const double decay = c.optim.weight_decay;
+  if (c.optim.name == config::OptimizerKind::ANYPRECISION_ADAMW) {
+    return std::make_unique<optim::AnyPrecisionAdamW>(std::move(groups), anyprecision_options(c.optim, decay));
+  }
+  if (c.optim.fused) return std::make_unique<optim::FusedAdamW>(std::move(groups), adamw_options(c.optim, decay));
+  return std::make_unique<torch::optim::AdamW>(std::move(groups), adamw_options(c.optim, decay));
 }
 
-void set_learning_rate(torch::optim::AdamW& optimizer, double lr) {
-  for (auto& g : optimizer.param_groups()) static_cast<torch::optim::AdamWOptions&>(g.options()).lr(lr);
+void set_learning_rate(torch::optim::Optimizer& optimizer, double lr) {
+  for (auto& g : optimizer.param_groups()) g.options().set_lr(lr);
 }
 
 StepTotals train_step(StepParts& p, const config::Config& c, std::vector<data::Batch> batches, int64_t step) {

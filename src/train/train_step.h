@@ -3,7 +3,7 @@
 // optimizer step (skipped on every rank when float16 gradients overflowed on any), zeroed gradients.
 #pragma once
 
-#include <torch/optim/adamw.h>
+#include <torch/optim/optimizer.h>
 
 #include <optional>
 #include <vector>
@@ -17,17 +17,18 @@
 
 namespace shardtrain::train {
 
-// The AdamW of a run: optim.* with no weight decay for biases, norms and scalars (optim.no_decay_1d) and for the
-// parameters optim.no_decay's regular expressions match.
-std::unique_ptr<torch::optim::AdamW> make_optimizer(const config::Config& config, torch::nn::Module& module);
-void set_learning_rate(torch::optim::AdamW& optimizer, double lr);
+// The optimizer of a run, optim.name: AdamW (optim::FusedAdamW unless optim.fused is false) or AnyPrecision AdamW,
+// with no weight decay for biases, norms and scalars (optim.no_decay_1d) and for the parameters optim.no_decay's
+// regular expressions match.
+std::unique_ptr<torch::optim::Optimizer> make_optimizer(const config::Config& config, torch::nn::Module& module);
+void set_learning_rate(torch::optim::Optimizer& optimizer, double lr);
 
 // What a step works on.
 struct StepParts {
   ParallelModel& model;
   const models::ModelRecipe& recipe;
   const models::Task& task;
-  torch::optim::AdamW& optimizer;
+  torch::optim::Optimizer& optimizer;
   optim::GradScaler* scaler;  // float16 only
   c10::Device device;
   uint64_t seed;              // the objective's own draws (T5's spans): train.seed and the rank

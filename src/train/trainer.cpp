@@ -189,9 +189,11 @@ void describe_start(const Config& c, const Job& job, ParallelModel& model, doubl
   }
   char line[512];
   const char* tf32 = !job.device.is_cuda() ? "n/a on CPU" : c.train.tf32 ? "on" : "off";
-  const std::string over = world.size() == 1 ? std::string()
-                                             : std::string(" over ") + dist::comm_backend_name(world.backend()) +
-                                                   (job.device.is_cuda() ? " (" + job.device.str() + ")" : "");
+  // On CUDA, which backend the collectives take: NCCL, or Gloo when ranks share a GPU.
+  const std::string over = world.size() == 1 || !job.device.is_cuda()
+                               ? std::string()
+                               : std::string(" over ") + dist::comm_backend_name(world.backend()) + " (" +
+                                     job.device.str() + ")";
   std::snprintf(line, sizeof(line), "training %s (%s, %s parameters) on %d rank%s%s, %s, mixed precision %s, tf32 %s, "
                 "%lld steps of %lld x %lld x %d samples (per rank x micro-batches x ranks: %lld a step), "
                 "peak %.3g TFLOP/s/rank%s",

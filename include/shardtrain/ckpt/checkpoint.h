@@ -1,7 +1,7 @@
 // Training checkpoints: everything a run needs to continue exactly where it stopped.
 //
 //   <dir>/step-00000100/
-//     model/               FSDP: each rank's rows of every parameter and of its AdamW moments
+//     model/               FSDP: each rank's rows of every parameter and of its optimizer state
 //                          (fsdp/state_dict.h's sharded format: loads at any world size)
 //     model.pt             DDP: the whole parameters and moments, written by rank 0
 //     rng-rank00000.pt     each rank's default generator states: "cpu" and, with GPUs, "cuda:0", ... (dropout)
@@ -30,7 +30,7 @@
 #include "shardtrain/distributed/communicator.h"
 
 namespace torch::optim {
-class AdamW;
+class Optimizer;
 }
 namespace torch::nn {
 class Module;
@@ -41,7 +41,7 @@ namespace shardtrain::ckpt {
 
 struct CheckpointModel {
   std::shared_ptr<torch::nn::Module> root;
-  torch::optim::AdamW* optimizer = nullptr;
+  torch::optim::Optimizer* optimizer = nullptr;  // AdamW, FusedAdamW or AnyPrecisionAdamW (optim/optimizer_state.h)
   bool sharded = true;  // fully_shard'ed (else replicated: DDP or one process)
   // (our name, Hugging Face name) of every tensor of a Hugging Face file of the model (models::hf_names_of); given:
   // also write model.safetensors (state_dict_type = full). Checkpoints know names, not model families.

@@ -31,6 +31,8 @@ enum class Precision { NO, BF16, FP16 };
 enum class AutoWrap { TRANSFORMER, SIZE, NONE };
 enum class Prefetch { BACKWARD_PRE, BACKWARD_POST, NONE };
 enum class LrSchedule { COSINE, LINEAR, CONSTANT };
+enum class OptimizerKind { ADAMW, ANYPRECISION_ADAMW };
+enum class StateDtype { FLOAT32, BFLOAT16, FLOAT16 };  // an optimizer state's dtype (AnyPrecision AdamW)
 enum class Progress { AUTO, BAR, LINES, NONE };
 enum class StateDictType { SHARDED, FULL };
 enum class LogLevel { DEBUG, INFO, WARNING, ERROR };
@@ -98,6 +100,7 @@ struct ParallelConfig {
 };
 
 struct OptimConfig {
+  OptimizerKind name = OptimizerKind::ADAMW;  // adamw | anyprecision_adamw (optim::AnyPrecisionAdamW)
   double lr = 1e-3;
   std::vector<double> betas = {0.9, 0.999};
   double eps = 1e-8;
@@ -107,6 +110,14 @@ struct OptimConfig {
   LrSchedule schedule = LrSchedule::COSINE;
   int64_t warmup_steps = 100;  // linear from 0 to lr
   double min_lr_ratio = 0.1;   // the schedule ends at lr * min_lr_ratio
+  // The step as one fused kernel per device and dtype (optim::FusedAdamW) instead of LibTorch's per-tensor loop;
+  // the same results to float32 rounding.
+  bool fused = true;
+  // anyprecision_adamw: the moments' dtypes, and Kahan summation with a compensation buffer of its own dtype.
+  bool use_kahan_summation = false;
+  StateDtype momentum_dtype = StateDtype::BFLOAT16;
+  StateDtype variance_dtype = StateDtype::BFLOAT16;
+  StateDtype compensation_buffer_dtype = StateDtype::BFLOAT16;
 };
 
 inline constexpr int64_t kAutoBatch = 0;  // train.batch_size: auto

@@ -47,6 +47,11 @@ struct TrainingJob {
   int64_t batch = 1;                      // samples per rank per micro-batch
   int64_t seq_len = 0;                    // text tokens; 0: the model's maximum
   bool cuda = false;                      // CUDA kernels and allocator (else CPU)
+  // Optimizer state per trainable parameter: AdamW's two float32 moments (8 B); AnyPrecision AdamW's moments in
+  // their dtypes, plus its compensation buffer with Kahan summation (bf16 throughout: 6 B).
+  int64_t optimizer_state_bytes = 8;
+  std::string optimizer = "AdamW";  // its name in the estimate's terms
+  bool fused_optimizer = false;     // one fused kernel per step (optim.fused): no per-tensor temporaries
   // What the data pipeline masks (data.*): the heads run on masked positions only.
   double mlm_probability = 0.15, mim_probability = 0.4, itm_negative_probability = 0.5;
 };

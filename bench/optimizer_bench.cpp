@@ -1,0 +1,88 @@
+// The optimizer step on the CPU, as CPU offload runs it: a shard of N float32 parameters (default 100M) in
+// FSDP-sized tensors, LibTorch's AdamW against optim::FusedAdamW, both against the memory-bandwidth bound measured
+// in the same run. An AdamW step must read the parameters, gradients and both moments and write back the
+// parameters and moments: 28 bytes per parameter; the bound is those bytes over the bandwidth of a large copy
+// (8 bytes per float moved) or of a sum of two tensors (12).
+//
+//   build/optimizer_bench [--params N] [--tensor-size M] [--steps S]
+#include <torch/torch.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <string>
+#include <vector>
+
+#include "shardtrain/optim/fused_adamw.h"
+
+namespace {
+
+double now() { return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count(); }
+
+// The least seconds of `steps` runs of `f` after one warm-up run.
+template <typename F>
+double best_of(int steps, F&& f) {
+  f();
+  double best = 1e30;
+  for (int i = 0; i < steps; ++i) {
+    const double t0 = now();
+    f();
+    best = std::min(best, now() - t0);
+  }
+  return best;
+}
+
+int64_t arg(int argc, char** argv, const std::string& name, int64_t fallback) {
+  for (int i = 1; i + 1 < argc; ++i) {
+    if (argv[i] == "--" + name) return std::atoll(argv[i + 1]);
+  }
+  return fallback;
+}
+
+std::vector<at::Tensor> make_shard(int64_t n, int64_t per_tensor) {
+  std::vector<at::Tensor> params;
+  torch::manual_seed(0);
+  for (int64_t done = 0; done < n; done += per_tensor) {
+    at::Tensor p = torch::randn({std::min(per_tensor, n - done)}).requires_grad_();
+    p.mutable_grad() = torch::randn_like(p);
+    params.push_back(p);
+  }
+  return params;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const int64_t n = arg(argc, argv, "params", 100'000'000);
+  const int64_t per_tensor = arg(argc, argv, "tensor-size", 7'000'000);  // about one FLAVA-350m layer's shard
+  const int steps = static_cast<int>(arg(argc, argv, "steps", 3));
+  std::printf("optimizer step on %lld float32 parameters in tensors of %lld, %d threads\n",
+              static_cast<long long>(n), static_cast<long long>(per_tensor), at::get_num_threads());
+
+  // The bandwidth: the better of a copy (8 B per element read and written) and a sum of two tensors (12 B), both
+  // multi-threaded and vectorised by ATen.
+  at::Tensor a = torch::randn({n}), b = torch::randn({n}), out = torch::empty({n});
+  const double copy = best_of(steps, [&] { out.copy_(a); });
+  const double add = best_of(steps, [&] { at::add_out(out, a, b); });
+  const double bandwidth = std::max(8.0 * static_cast<double>(n) / copy, 12.0 * static_cast<double>(n) / add);
+  const double bound = 28.0 * static_cast<double>(n) / bandwidth;
+  a = b = out = at::Tensor();
+  std::printf("  memory bandwidth    %6.2f GB/s (copy %.2f, sum %.2f); AdamW's bound: 28 B x N = %.3f s\n",
+              bandwidth / 1e9, 8.0 * static_cast<double>(n) / copy / 1e9, 12.0 * static_cast<double>(n) / add / 1e9,
+              bound);
+
+  const auto options = torch::optim::AdamWOptions(1e-4).weight_decay(0.01);
+  double seconds[2];
+  for (int fused = 0; fused < 2; ++fused) {
+    std::vector<at::Tensor> params = make_shard(n, per_tensor);
+    std::unique_ptr<torch::optim::AdamW> opt =
+        fused ? std::make_unique<shardtrain::optim::FusedAdamW>(params, options)
+              : std::make_unique<torch::optim::AdamW>(params, options);
+    seconds[fused] = best_of(steps, [&] { opt->step(); });
+    std::printf("  %-19s %.3f s a step: %.2fx the bound\n", fused ? "optim::FusedAdamW" : "torch::optim::AdamW",
+                seconds[fused], seconds[fused] / bound);
+  }
+  std::printf("fused / LibTorch: %.2fx faster; fused / bound: %.2fx\n", seconds[0] / seconds[1], seconds[1] / bound);
+  return 0;
+}

@@ -1,0 +1,109 @@
+#include "shardtrain/optim/anyprecision_adamw.h"
+
+#include <ATen/ATen.h>
+#include <c10/core/GradMode.h>
+
+#include <cmath>
+#include <stdexcept>
+#include <string>
+
+#include "optim/closure.h"
+
+namespace shardtrain::optim {
+namespace {
+
+void check(bool ok, const std::string& what, double value, const char* expected) {
+  if (!ok) {
+    throw std::invalid_argument("AnyPrecisionAdamW: " + what + " " + std::to_string(value) + " is not " + expected);
+  }
+}
+
+void check_options(const AnyPrecisionAdamWOptions& o) {
+  check(o.lr() >= 0, "lr", o.lr(), "0 or positive");
+  check(o.eps() >= 0, "eps", o.eps(), "0 or positive");
+  check(o.weight_decay() >= 0, "weight_decay", o.weight_decay(), "0 or positive");
+  check(std::get<0>(o.betas()) >= 0 && std::get<0>(o.betas()) < 1, "beta1", std::get<0>(o.betas()), "in [0, 1)");
+  check(std::get<1>(o.betas()) >= 0 && std::get<1>(o.betas()) < 1, "beta2", std::get<1>(o.betas()), "in [0, 1)");
+  for (at::ScalarType t : {o.momentum_dtype(), o.variance_dtype(), o.compensation_buffer_dtype()}) {
+    if (!at::isFloatingType(t)) {
+      throw std::invalid_argument(std::string("AnyPrecisionAdamW: state dtype ") + c10::toString(t) +
+                                  " is not a floating-point type");
+    }
+  }
+}
+
+}  // namespace
+
+AnyPrecisionAdamWOptions::AnyPrecisionAdamWOptions(double lr) : lr_(lr) {}
+
+AnyPrecisionAdamW::AnyPrecisionAdamW(const std::vector<torch::optim::OptimizerParamGroup>& param_groups,
+                                     AnyPrecisionAdamWOptions defaults)
+    : torch::optim::Optimizer(param_groups, std::make_unique<AnyPrecisionAdamWOptions>(defaults)) {
+  for (const auto& group : this->param_groups()) {
+    check_options(static_cast<const AnyPrecisionAdamWOptions&>(group.options()));
+  }
+}
+
+AnyPrecisionAdamWParamState& AnyPrecisionAdamW::empty_state(const at::Tensor& param, int64_t step) {
+  const AnyPrecisionAdamWOptions* options = &static_cast<const AnyPrecisionAdamWOptions&>(defaults());
+  for (const auto& group : param_groups()) {
+    for (const auto& p : group.params()) {
+      if (p.is_same(param)) options = &static_cast<const AnyPrecisionAdamWOptions&>(group.options());
+    }
+  }
+  auto s = std::make_unique<AnyPrecisionAdamWParamState>();
+  s->step(step);
+  s->exp_avg(at::zeros_like(param, param.options().dtype(options->momentum_dtype()), at::MemoryFormat::Contiguous));
+  s->exp_avg_sq(at::zeros_like(param, param.options().dtype(options->variance_dtype()), at::MemoryFormat::Contiguous));
+  if (options->use_kahan_summation()) {
+    s->compensation(
+        at::zeros_like(param, param.options().dtype(options->compensation_buffer_dtype()), at::MemoryFormat::Contiguous));
+  }
+  auto& slot = state_[param.unsafeGetTensorImpl()];
+  slot = std::move(s);
+  return static_cast<AnyPrecisionAdamWParamState&>(*slot);
+}
+
+// torchdistx's update, with LibTorch AdamW's order of operations (so that float32 without Kahan is bitwise
+// AdamW): decoupled weight decay, the moments in their own dtypes, the bias-corrected step, and with Kahan
+// summation the update added to the compensation first, then the parameter moved by it, then the compensation
+// left with what the parameter's dtype rounded away.
+at::Tensor AnyPrecisionAdamW::step(LossClosure closure) {
+  const at::Tensor loss = evaluate_closure(closure);
+  c10::AutoGradMode no_grad(false);
+  for (auto& group : param_groups()) {
+    const auto& o = static_cast<const AnyPrecisionAdamWOptions&>(group.options());
+    const double beta1 = std::get<0>(o.betas()), beta2 = std::get<1>(o.betas());
+    for (auto& p : group.params()) {
+      if (!p.grad().defined()) continue;
+      if (p.grad().is_sparse()) throw std::invalid_argument("AnyPrecisionAdamW does not take sparse gradients");
+      auto it = state_.find(p.unsafeGetTensorImpl());
+      AnyPrecisionAdamWParamState& s =
+          it == state_.end() ? empty_state(p, 0) : static_cast<AnyPrecisionAdamWParamState&>(*it->second);
+      if (o.use_kahan_summation() && !s.compensation().defined()) {
+        s.compensation(at::zeros_like(p, p.options().dtype(o.compensation_buffer_dtype())));
+      }
+      s.step(s.step() + 1);
+      const at::Tensor& grad = p.grad();
+      if (o.weight_decay() != 0) p.mul_(1 - o.lr() * o.weight_decay());
+      s.exp_avg().mul_(beta1).add_(grad, 1 - beta1);
+      s.exp_avg_sq().mul_(beta2).addcmul_(grad, grad, 1 - beta2);
+      const double bias_correction1 = 1 - std::pow(beta1, static_cast<double>(s.step()));
+      const double bias_correction2 = 1 - std::pow(beta2, static_cast<double>(s.step()));
+      const at::Tensor denom = (s.exp_avg_sq().sqrt() / std::sqrt(bias_correction2)).add_(o.eps());
+      const double step_size = o.lr() / bias_correction1;
+      if (o.use_kahan_summation()) {
+        at::Tensor& c = s.compensation();
+        c.addcdiv_(s.exp_avg(), denom, -step_size);
+        const at::Tensor before = p.detach().clone();
+        p.add_(c);
+        c.add_(before.sub_(p));  // what the parameter's dtype could not take stays for the next step
+      } else {
+        p.addcdiv_(s.exp_avg(), denom, -step_size);
+      }
+    }
+  }
+  return loss;
+}
+
+}  // namespace shardtrain::optim

@@ -1,0 +1,49 @@
+#include "shardtrain/optim/optimizer_state.h"
+
+#include <torch/optim/adamw.h>
+
+#include <stdexcept>
+
+#include "shardtrain/optim/anyprecision_adamw.h"
+
+namespace shardtrain::optim {
+namespace {
+
+[[noreturn]] void unknown_state() {
+  throw std::invalid_argument("optimizer state: only AdamW and AnyPrecisionAdamW states can be checkpointed");
+}
+
+}  // namespace
+
+int64_t state_step(const torch::optim::OptimizerParamState& state) {
+  if (auto* s = dynamic_cast<const torch::optim::AdamWParamState*>(&state)) return s->step();
+  if (auto* s = dynamic_cast<const AnyPrecisionAdamWParamState*>(&state)) return s->step();
+  unknown_state();
+}
+
+std::map<std::string, at::Tensor> state_tensors(const torch::optim::OptimizerParamState& state) {
+  if (auto* s = dynamic_cast<const torch::optim::AdamWParamState*>(&state)) {
+    return {{"exp_avg", s->exp_avg()}, {"exp_avg_sq", s->exp_avg_sq()}};
+  }
+  if (auto* s = dynamic_cast<const AnyPrecisionAdamWParamState*>(&state)) {
+    std::map<std::string, at::Tensor> out{{"exp_avg", s->exp_avg()}, {"exp_avg_sq", s->exp_avg_sq()}};
+    if (s->compensation().defined()) out.emplace("compensation", s->compensation());
+    return out;
+  }
+  unknown_state();
+}
+
+std::map<std::string, at::Tensor> install_empty_state(torch::optim::Optimizer& optimizer, const at::Tensor& param,
+                                                      int64_t step) {
+  if (auto* any = dynamic_cast<AnyPrecisionAdamW*>(&optimizer)) return state_tensors(any->empty_state(param, step));
+  if (dynamic_cast<torch::optim::AdamW*>(&optimizer) == nullptr) unknown_state();
+  auto s = std::make_unique<torch::optim::AdamWParamState>();
+  s->step(step);
+  s->exp_avg(at::zeros_like(param, at::MemoryFormat::Contiguous));
+  s->exp_avg_sq(at::zeros_like(param, at::MemoryFormat::Contiguous));
+  auto tensors = state_tensors(*s);
+  optimizer.state()[param.unsafeGetTensorImpl()] = std::move(s);
+  return tensors;
+}
+
+}  // namespace shardtrain::optim
