@@ -4,6 +4,9 @@
 // parameters and moments: 28 bytes per parameter; the bound is those bytes over the bandwidth of a large copy
 // (8 bytes per float moved) or of a sum of two tensors (12).
 //
+// Then the memory a parameter costs after a step (weights, gradient, optimizer state), counted by our allocator:
+// float32 weights with AdamW against pure bf16 with AnyPrecision AdamW and Kahan summation.
+//
 //   build/optimizer_bench [--params N] [--tensor-size M] [--steps S]
 #include <torch/torch.h>
 
@@ -14,6 +17,8 @@
 #include <string>
 #include <vector>
 
+#include "shardtrain/memory/memory_stats.h"
+#include "shardtrain/optim/anyprecision_adamw.h"
 #include "shardtrain/optim/fused_adamw.h"
 
 namespace {
@@ -40,15 +45,30 @@ int64_t arg(int argc, char** argv, const std::string& name, int64_t fallback) {
   return fallback;
 }
 
-std::vector<at::Tensor> make_shard(int64_t n, int64_t per_tensor) {
+std::vector<at::Tensor> make_shard(int64_t n, int64_t per_tensor, at::ScalarType dtype = at::kFloat) {
   std::vector<at::Tensor> params;
   torch::manual_seed(0);
   for (int64_t done = 0; done < n; done += per_tensor) {
-    at::Tensor p = torch::randn({std::min(per_tensor, n - done)}).requires_grad_();
+    at::Tensor p = torch::randn({std::min(per_tensor, n - done)}).to(dtype).requires_grad_();
     p.mutable_grad() = torch::randn_like(p);
     params.push_back(p);
   }
   return params;
+}
+
+// Bytes per parameter held after one step: the weights, their gradients and the optimizer's state.
+double bytes_per_parameter(int64_t n, at::ScalarType dtype, bool anyprecision) {
+  const int64_t before = shardtrain::memory::cpu_memory_stats().current_bytes;
+  std::vector<at::Tensor> params = make_shard(n, n, dtype);
+  std::unique_ptr<torch::optim::Optimizer> opt;
+  if (anyprecision) {
+    opt = std::make_unique<shardtrain::optim::AnyPrecisionAdamW>(
+        params, shardtrain::optim::AnyPrecisionAdamWOptions(1e-4).use_kahan_summation(true));
+  } else {
+    opt = std::make_unique<shardtrain::optim::FusedAdamW>(params, torch::optim::AdamWOptions(1e-4));
+  }
+  opt->step();
+  return static_cast<double>(shardtrain::memory::cpu_memory_stats().current_bytes - before) / static_cast<double>(n);
 }
 
 }  // namespace
@@ -84,5 +104,14 @@ int main(int argc, char** argv) {
                 seconds[fused], seconds[fused] / bound);
   }
   std::printf("fused / LibTorch: %.2fx faster; fused / bound: %.2fx\n", seconds[0] / seconds[1], seconds[1] / bound);
+
+  shardtrain::memory::install_cpu_memory_counter();
+  const int64_t m = std::min<int64_t>(n, 10'000'000);
+  std::printf("memory per parameter after a step (%lld parameters, counted by our allocator):\n",
+              static_cast<long long>(m));
+  std::printf("  float32 weights, AdamW                          %5.2f B (4 weight + 4 gradient + 4 + 4 moments)\n",
+              bytes_per_parameter(m, at::kFloat, false));
+  std::printf("  bf16 weights, AnyPrecision AdamW with Kahan     %5.2f B (2 + 2 + 2 + 2 moments + 2 compensation)\n",
+              bytes_per_parameter(m, at::kBFloat16, true));
   return 0;
 }

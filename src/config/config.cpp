@@ -193,8 +193,9 @@ const std::vector<std::pair<std::string, Precision>> kPrecisions = {
 
 }  // namespace
 
-std::vector<std::pair<std::string, StateDtype>> state_dtypes() {
-  return {{"float32", StateDtype::FLOAT32}, {"bfloat16", StateDtype::BFLOAT16}, {"float16", StateDtype::FLOAT16}};
+std::vector<std::pair<std::string, Dtype>> dtype_names() {
+  return {{"float32", Dtype::FLOAT32}, {"bfloat16", Dtype::BFLOAT16}, {"float16", Dtype::FLOAT16},
+          {"fp32", Dtype::FLOAT32},    {"bf16", Dtype::BFLOAT16},     {"fp16", Dtype::FLOAT16}};
 }
 
 std::vector<Field> fields_of(Config& c) {
@@ -204,6 +205,7 @@ std::vector<Field> fields_of(Config& c) {
       field("model.task", c.model.task),
       field("model.init_weights", c.model.init_weights),
       field("model.init_std", c.model.init_std),
+      choice("model.dtype", c.model.dtype, dtype_names()),
       field("data.image_text", c.data.image_text),
       field("data.text", c.data.text),
       field("data.image", c.data.image),
@@ -255,9 +257,9 @@ std::vector<Field> fields_of(Config& c) {
       field("optim.min_lr_ratio", c.optim.min_lr_ratio),
       field("optim.fused", c.optim.fused),
       field("optim.use_kahan_summation", c.optim.use_kahan_summation),
-      choice("optim.momentum_dtype", c.optim.momentum_dtype, state_dtypes()),
-      choice("optim.variance_dtype", c.optim.variance_dtype, state_dtypes()),
-      choice("optim.compensation_buffer_dtype", c.optim.compensation_buffer_dtype, state_dtypes()),
+      choice("optim.momentum_dtype", c.optim.momentum_dtype, dtype_names()),
+      choice("optim.variance_dtype", c.optim.variance_dtype, dtype_names()),
+      choice("optim.compensation_buffer_dtype", c.optim.compensation_buffer_dtype, dtype_names()),
       field("train.steps", c.train.steps),
       // An integer, or "auto" (kAutoBatch).
       Field{"train.batch_size",
@@ -454,6 +456,12 @@ void validate(const Config& c) {
           "0 or a step up to train.steps (" + num(c.train.steps) + ")");
   require(c.train.eval_interval >= 0, "train.eval_interval", num(c.train.eval_interval), "0 or positive");
   require(c.train.eval_samples >= 0, "train.eval_samples", num(c.train.eval_samples), "0 or positive");
+  require(c.model.dtype != Dtype::FLOAT16, "model.dtype", "'float16'",
+          "float32 or bfloat16 (pure float16 would need loss scaling with float16 weights; for float16 compute keep "
+          "float32 weights with parallel.mixed_precision: fp16)");
+  require(c.model.dtype == Dtype::FLOAT32 || c.parallel.mixed_precision == Precision::NO, "parallel.mixed_precision",
+          "'" + to_string(c.parallel.mixed_precision) + "' with model.dtype: bfloat16",
+          "no (the weights themselves compute in bfloat16)");
   require(c.optim.lr > 0, "optim.lr", num(c.optim.lr), "positive");
   require(c.optim.betas.size() == 2, "optim.betas", std::to_string(c.optim.betas.size()) + " values",
           "two values [beta1, beta2]");

@@ -368,11 +368,12 @@ LoaderStats Loader::stats() const {
 SampleKind Loader::kind_of(int64_t step) const { return impl_->kind_of(step); }
 Batch Loader::build(SampleKind kind, int64_t start) const { return impl_->build(kind, start); }
 
-Batch Batch::to(const at::Device& device) const {
+Batch Batch::to(const at::Device& device, at::ScalarType floats) const {
   Batch out = *this;
   for (at::Tensor* t : {&out.input_ids, &out.attention_mask, &out.input_ids_masked, &out.mlm_labels, &out.pixels,
                         &out.codebook_pixels, &out.masked_patches, &out.itm_labels, &out.labels}) {
-    if (t->defined()) *t = t->to(device);
+    if (!t->defined()) continue;
+    *t = t->is_floating_point() ? t->to(device, floats) : t->to(device);
   }
   return out;
 }

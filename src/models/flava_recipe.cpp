@@ -37,7 +37,7 @@ std::map<std::string, double> evaluate_flava(FlavaImpl& flava, const EvalInputs&
   std::vector<at::Tensor> image_embeddings, text_embeddings;
   int64_t itm_correct = 0, itm_total = 0;
   for (int64_t start = 0; start < used; start += per_step) {
-    const data::Batch b = in.loader->build(data::SampleKind::IMAGE_TEXT, start).to(in.device);
+    const data::Batch b = in.loader->build(data::SampleKind::IMAGE_TEXT, start).to(in.device, in.floats);
     FlavaBatch fb;
     fb.input_ids = b.input_ids, fb.attention_mask = b.attention_mask, fb.pixels = b.pixels;
     fb.input_ids_masked = b.input_ids_masked, fb.masked_patches = b.masked_patches;

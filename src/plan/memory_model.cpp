@@ -130,14 +130,16 @@ MemoryEstimate estimate_training_memory(const models::ModelRecipe& recipe, const
   query.batch = job.batch, query.seq_len = job.seq_len, query.cuda = job.cuda;
   query.mlm_probability = job.mlm_probability, query.mim_probability = job.mim_probability;
   query.itm_negative_probability = job.itm_negative_probability;
-  query.compute = job.mixed_precision == "bf16" ? at::kBFloat16 : job.mixed_precision == "fp16" ? at::kHalf : at::kFloat;
+  query.compute = job.mixed_precision == "bf16" || job.param_bytes == 2 ? at::kBFloat16
+                  : job.mixed_precision == "fp16"                    ? at::kHalf
+                                                                     : at::kFloat;
   const models::ActivationBytes act = recipe.activation_bytes(query);
 
   MemoryEstimate e;
   const Units units = units_of(shape, job.wrap);
   for (int64_t n : units.numel) e.parameters += n;
   e.units = static_cast<int64_t>(units.numel.size());
-  const int64_t pe = 4, ce = static_cast<int64_t>(c10::elementSize(query.compute));
+  const int64_t pe = job.param_bytes, ce = static_cast<int64_t>(c10::elementSize(query.compute));
   const bool hybrid = job.strategy == Strategy::kHybridShard || job.strategy == Strategy::kHybridShardZero2;
   const bool replicated = job.strategy == Strategy::kDdp || job.strategy == Strategy::kNoShard;
   // Ranks a parameter is sharded over: the node for hybrid strategies, everyone for the others, one when replicated.
@@ -288,8 +290,9 @@ MemoryEstimate estimate_training_memory(const models::ModelRecipe& recipe, const
                            std::to_string(static_cast<int>(kCudaAllocatorAllowance * 100)) + "% of the rest"});
   }
   const std::string per = shard > 1 ? " / " + std::to_string(shard) + " ranks" : "";
-  e.terms.push_back({"parameters", dev_params, std::to_string(shard_numel) + " elements x 4 B" + per +
-                                                   (offload ? " (offloaded: host)" : "")});
+  e.terms.push_back({"parameters", dev_params,
+                     std::to_string(shard_numel) + " elements x " + std::to_string(pe) + " B" + per +
+                         (offload ? " (offloaded: host)" : "")});
   e.terms.push_back({job.optimizer + " state", dev_adam,
                      std::to_string(job.optimizer_state_bytes) + " B per trainable parameter" + per});
   if (accumulated > 0 && e.peak_phase != "step") {
@@ -299,7 +302,7 @@ MemoryEstimate estimate_training_memory(const models::ModelRecipe& recipe, const
                                                   "(train.sync_each_batch: sharded ones only)"});
   }
   if (e.peak_phase == "step") {
-    e.terms.push_back({"gradients", dev_grads, "4 B per parameter" + per});
+    e.terms.push_back({"gradients", dev_grads, std::to_string(pe) + " B per parameter" + per});
     e.terms.push_back({"clipping and AdamW temporaries", std::max(clip_temp, adam_temp),
                        "of the largest tensor: float64 copies to clip, or AdamW's sqrt(v) and quotient"});
     return e;

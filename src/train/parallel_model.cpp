@@ -104,14 +104,24 @@ fsdp::ShardingStrategy fsdp_strategy_of(config::Strategy s) {
   throw std::logic_error("fsdp_strategy_of: ddp is not an FSDP strategy");
 }
 
+at::ScalarType scalar_type_of(config::Dtype d) {
+  switch (d) {
+    case config::Dtype::FLOAT32: return at::kFloat;
+    case config::Dtype::BFLOAT16: return at::kBFloat16;
+    case config::Dtype::FLOAT16: return at::kHalf;
+  }
+  return at::kFloat;
+}
+
 bool is_hybrid(config::Strategy s) {
   return s == config::Strategy::HYBRID_SHARD || s == config::Strategy::HYBRID_SHARD_ZERO2;
 }
 
 ParallelModel::ParallelModel(const Config& c, std::shared_ptr<const models::ModelRecipe> recipe, bool has_unused,
-                             const dist::DeviceMesh& mesh, const at::Device& device) {
+                             const dist::DeviceMesh& mesh, const at::Device& device)
+    : dtype_(scalar_type_of(c.model.dtype)) {
   models::BuildOptions build;
-  build.tensors = build.tensors.device(device);
+  build.tensors = build.tensors.device(device).dtype(dtype_);
   build.init.seed = static_cast<uint64_t>(c.train.seed);
   build.init.std = c.model.init_std;
   if (c.parallel.strategy == config::Strategy::DDP) {

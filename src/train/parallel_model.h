@@ -20,6 +20,7 @@ namespace shardtrain::train {
 // config::Strategy -> the runtime's FSDP strategy; DDP has none (std::logic_error).
 fsdp::ShardingStrategy fsdp_strategy_of(config::Strategy strategy);
 bool is_hybrid(config::Strategy strategy);  // HYBRID_SHARD, HYBRID_SHARD_ZERO2: a replicate x shard mesh
+at::ScalarType scalar_type_of(config::Dtype dtype);
 
 class ParallelModel {
  public:
@@ -32,6 +33,7 @@ class ParallelModel {
   models::ZooModel& zoo() { return model_; }
   const std::shared_ptr<torch::nn::Module>& module() const { return model_.module; }
   bool sharded() const { return !ddp_.has_value(); }
+  at::ScalarType dtype() const { return dtype_; }  // the parameters' (model.dtype): batches' pixels are cast to it
 
   // Whether the next backward reduces gradients (false: they accumulate locally; gradient accumulation).
   void set_gradient_sync(bool sync);
@@ -43,6 +45,7 @@ class ParallelModel {
  private:
   models::ZooModel model_;
   std::optional<ddp::Ddp> ddp_;
+  at::ScalarType dtype_ = at::kFloat;
 };
 
 }  // namespace shardtrain::train

@@ -48,7 +48,8 @@ plan::TrainingJob job_of(const config::Config& c) {
   job.batch = c.train.batch_size;
   job.seq_len = c.data.max_text_length;
   job.cuda = c.train.device == "cuda";
-  auto bytes = [](config::StateDtype d) -> int64_t { return d == config::StateDtype::FLOAT32 ? 4 : 2; };
+  auto bytes = [](config::Dtype d) -> int64_t { return d == config::Dtype::FLOAT32 ? 4 : 2; };
+  job.param_bytes = bytes(c.model.dtype);
   if (c.optim.name == config::OptimizerKind::ANYPRECISION_ADAMW) {
     job.optimizer = "AnyPrecision AdamW";
     job.optimizer_state_bytes = bytes(c.optim.momentum_dtype) + bytes(c.optim.variance_dtype) +

@@ -16,20 +16,11 @@ torch::optim::AdamWOptions adamw_options(const config::OptimConfig& o, double we
   return torch::optim::AdamWOptions(o.lr).betas({o.betas[0], o.betas[1]}).eps(o.eps).weight_decay(weight_decay);
 }
 
-at::ScalarType dtype_of(config::StateDtype d) {
-  switch (d) {
-    case config::StateDtype::FLOAT32: return at::kFloat;
-    case config::StateDtype::BFLOAT16: return at::kBFloat16;
-    case config::StateDtype::FLOAT16: return at::kHalf;
-  }
-  return at::kFloat;
-}
-
 optim::AnyPrecisionAdamWOptions anyprecision_options(const config::OptimConfig& o, double weight_decay) {
   optim::AnyPrecisionAdamWOptions a(o.lr);
   a.betas({o.betas[0], o.betas[1]}).eps(o.eps).weight_decay(weight_decay).use_kahan_summation(o.use_kahan_summation);
-  a.momentum_dtype(dtype_of(o.momentum_dtype)).variance_dtype(dtype_of(o.variance_dtype));
-  a.compensation_buffer_dtype(dtype_of(o.compensation_buffer_dtype));
+  a.momentum_dtype(scalar_type_of(o.momentum_dtype)).variance_dtype(scalar_type_of(o.variance_dtype));
+  a.compensation_buffer_dtype(scalar_type_of(o.compensation_buffer_dtype));
   return a;
 }
 
@@ -43,7 +34,7 @@ std::unique_ptr<torch::optim::OptimizerOptions> options_of(const config::OptimCo
 
 // Forward and backward of one of M micro-batches; adds its loss and parts, divided by M, to `totals`.
 void forward_backward(StepParts& p, const data::Batch& host_batch, double M, int64_t step, StepTotals& totals) {
-  const data::Batch b = host_batch.to(p.device);
+  const data::Batch b = host_batch.to(p.device, p.model.dtype());
   const models::Losses losses = p.task.compute_losses(*p.model.module(), b, p.seed);
   const double value = losses.total.detach().item<double>();
   if (!std::isfinite(value)) {

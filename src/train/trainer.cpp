@@ -21,6 +21,7 @@
 #include "shardtrain/distributed/mesh.h"
 #include "shardtrain/distributed/process_group.h"
 #include "shardtrain/fsdp/fully_shard.h"
+#include "shardtrain/io/safetensors.h"
 #include "shardtrain/launch/error_file.h"
 #include "shardtrain/memory/memory_stats.h"
 #include "shardtrain/models/zoo.h"
@@ -178,6 +179,23 @@ std::string describe_units(const std::shared_ptr<torch::nn::Module>& root) {
 
 // What will happen, before the first step: the model, how it is split and computed, the batch, the data, and the
 // memory each rank will need by term (what `--dry-run` prints).
+// What loading model.init_weights into the model's dtype converted: "model.safetensors (F32 -> BF16: 199 tensors)".
+std::string describe_conversion(const Config& c, at::ScalarType model_dtype) {
+  std::map<at::ScalarType, int64_t> converted;
+  for (const io::SafetensorsEntry& e : io::SafetensorsReader(c.model.init_weights).entries()) {
+    if (e.dtype != model_dtype) ++converted[e.dtype];
+  }
+  std::string out = c.model.init_weights;
+  if (converted.empty()) {
+    return out + " (" + io::safetensors_dtype_name(model_dtype) + ", as the model: nothing converted)";
+  }
+  for (const auto& [dtype, count] : converted) {
+    out += " (" + io::safetensors_dtype_name(dtype) + " -> " + io::safetensors_dtype_name(model_dtype) + ": " +
+           std::to_string(count) + " tensors converted)";
+  }
+  return out;
+}
+
 void describe_start(const Config& c, const Job& job, ParallelModel& model, double peak_tflops,
                     const TrainingData& data, const RunPlan& plan) {
   const dist::Communicator& world = job.pg.world();
@@ -208,6 +226,7 @@ void describe_start(const Config& c, const Job& job, ParallelModel& model, doubl
   int64_t recomputed = 0;
   for (const auto& item : model.module()->named_modules()) recomputed += nn::is_activation_checkpointed(*item.value());
   if (recomputed > 0) job.logger.info("  activation checkpointing: " + std::to_string(recomputed) + " layers");
+  if (!c.model.init_weights.empty()) job.logger.info("  init_weights: " + describe_conversion(c, model.dtype()));
   if (c.parallel.cpu_offload) {
     job.logger.info(std::string("  cpu_offload: ") + (job.device.is_cuda()
                                                         ? "shards, gradients and optimizer state in CPU memory"
@@ -335,7 +354,7 @@ struct Loop {
     models::EvalInputs in;
     in.loader = data.eval_loader.get(), in.source_size = data.eval_source->size();
     in.max_samples = c.train.eval_samples, in.batch_size = c.train.batch_size, in.world = &job.pg.world();
-    in.device = job.device;
+    in.device = job.device, in.floats = parts.model.dtype();
     const auto values = job.task->evaluate(*parts.model.module(), in);
     if (summary.first_eval.empty()) summary.first_eval = values;
     summary.last_eval = values;

@@ -187,6 +187,36 @@ TEST_F(TrainTest, OptimizersTrainAndResume) {
   EXPECT_GT(apart, 0.0);
 }
 
+// Pure bf16 (model.dtype: bf16, AnyPrecision AdamW with Kahan summation): weights, gradients, optimizer state and
+// checkpoints in bf16, a stopped and resumed run equal to one that ran through, export in bf16, and a float32 file
+// loaded into the bf16 model with the conversion said.
+TEST_F(TrainTest, PureBf16TrainsResumesAndExportsInBf16) {
+  const std::string bf16 = "--model.dtype=bf16 --optim.name=anyprecision_adamw --optim.use_kahan_summation=true ";
+  const std::string through = root_ + "/bf16-through", resumed = root_ + "/bf16-resumed";
+  const Outcome a = train(bf16 + "--checkpoint.dir=" + through);
+  ASSERT_EQ(a.status, 0) << a.output;
+  EXPECT_NE(a.output.find("elements x 2 B / 2 ranks"), std::string::npos) << a.output;  // the memory model's
+  const Outcome first = train(bf16 + "--checkpoint.dir=" + resumed + " --train.stop_at=4");
+  ASSERT_EQ(first.status, 0) << first.output;
+  const Outcome second = train(bf16 + "--checkpoint.dir=" + resumed + " --resume");
+  ASSERT_EQ(second.status, 0) << second.output;
+  const auto state = saved_state(through + "/step-00000008", true);
+  for (const auto& [name, t] : state) EXPECT_EQ(t.scalar_type(), at::kBFloat16) << name;
+  EXPECT_EQ(max_difference(state, saved_state(resumed + "/step-00000008", true)), 0.0);
+
+  const std::string exported = root_ + "/bf16.safetensors", widened = root_ + "/bf16-as-f32.safetensors";
+  const Outcome e = run(std::string(SHARDTRAIN_BIN) + " checkpoint export " + through + " --out " + exported);
+  ASSERT_EQ(e.status, 0) << e.output;
+  for (const auto& entry : io::SafetensorsReader(exported).entries()) EXPECT_EQ(entry.dtype, at::kBFloat16);
+  const Outcome w =
+      run(std::string(SHARDTRAIN_BIN) + " checkpoint export " + through + " --out " + widened + " --dtype fp32");
+  ASSERT_EQ(w.status, 0) << w.output;
+  const Outcome loaded = train(bf16 + "--checkpoint.dir=" + root_ + "/bf16-loaded --train.steps=2 " +
+                               "--model.init_weights=" + widened);
+  ASSERT_EQ(loaded.status, 0) << loaded.output;
+  EXPECT_NE(loaded.output.find("(F32 -> BF16: "), std::string::npos) << loaded.output;
+}
+
 TEST_F(TrainTest, CheckpointsAreKeptAndExportLoadsIntoAFreshModel) {
   const std::string dir = root_ + "/keep";
   const Outcome r = train("--checkpoint.dir=" + dir + " --checkpoint.interval=2 --checkpoint.keep=2 "

@@ -129,6 +129,15 @@ TEST(Config, BadValueNamesTheValueAndWhatWasExpected) {
                             {"parallel.timeout", "0.5", "at least 1 (seconds)"});
   expect_error<ConfigError>([] { parse_config("", "x.yaml", {"--launch.max_restarts=-1"}); },
                             {"launch.max_restarts", "-1", "0 or more"});
+  expect_error<ConfigError>([] { parse_config("", "x.yaml", {"--optim.name=adam"}); },
+                            {"optim.name", "'adam'", "one of adamw, anyprecision_adamw"});
+  expect_error<ConfigError>([] { parse_config("", "x.yaml", {"--optim.momentum_dtype=int8"}); },
+                            {"optim.momentum_dtype", "'int8'", "float32, bfloat16, float16"});
+  expect_error<ConfigError>([] { parse_config("", "x.yaml", {"--model.dtype=fp16"}); },
+                            {"model.dtype", "'float16'", "loss scaling"});
+  expect_error<ConfigError>(
+      [] { parse_config("", "x.yaml", {"--model.dtype=bf16", "--parallel.mixed_precision=bf16"}); },
+      {"parallel.mixed_precision", "'bf16' with model.dtype: bfloat16", "no (the weights themselves"});
   expect_error<ConfigError>([] { parse_config("train: [1, 2]\n", "x.yaml"); }, {"x.yaml:1", "train must be a mapping"});
   expect_error<ConfigError>([] { parse_config("train:\n  steps: [1\n", "x.yaml"); }, {"x.yaml", "not valid YAML"});
   expect_error<ConfigError>([] { parse_config("", "x.yaml", {"train.steps"}); }, {"--section.key=value"});

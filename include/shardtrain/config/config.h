@@ -32,7 +32,7 @@ enum class AutoWrap { TRANSFORMER, SIZE, NONE };
 enum class Prefetch { BACKWARD_PRE, BACKWARD_POST, NONE };
 enum class LrSchedule { COSINE, LINEAR, CONSTANT };
 enum class OptimizerKind { ADAMW, ANYPRECISION_ADAMW };
-enum class StateDtype { FLOAT32, BFLOAT16, FLOAT16 };  // an optimizer state's dtype (AnyPrecision AdamW)
+enum class Dtype { FLOAT32, BFLOAT16, FLOAT16 };  // model.dtype, AnyPrecision AdamW's state dtypes
 enum class Progress { AUTO, BAR, LINES, NONE };
 enum class StateDictType { SHARDED, FULL };
 enum class LogLevel { DEBUG, INFO, WARNING, ERROR };
@@ -45,6 +45,9 @@ struct ModelConfig {
   std::string task;                    // what it trains on, one of its family's tasks; empty: the family's default
   std::string init_weights;            // optional safetensors file with Hugging Face names to start from
   double init_std = 0.02;              // std of the normal initialisation (weights depend on train.seed and names)
+  // The parameters' own dtype. bfloat16: pure bf16 training — weights, gradients, collectives and checkpoints in
+  // bf16, no float32 masters (pair it with optim.name: anyprecision_adamw and Kahan summation).
+  Dtype dtype = Dtype::FLOAT32;
 };
 
 // Sample mix of FLAVA pretraining: each step's batch kind is drawn with these weights (seeded by step).
@@ -115,9 +118,9 @@ struct OptimConfig {
   bool fused = true;
   // anyprecision_adamw: the moments' dtypes, and Kahan summation with a compensation buffer of its own dtype.
   bool use_kahan_summation = false;
-  StateDtype momentum_dtype = StateDtype::BFLOAT16;
-  StateDtype variance_dtype = StateDtype::BFLOAT16;
-  StateDtype compensation_buffer_dtype = StateDtype::BFLOAT16;
+  Dtype momentum_dtype = Dtype::BFLOAT16;
+  Dtype variance_dtype = Dtype::BFLOAT16;
+  Dtype compensation_buffer_dtype = Dtype::BFLOAT16;
 };
 
 inline constexpr int64_t kAutoBatch = 0;  // train.batch_size: auto

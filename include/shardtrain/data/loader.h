@@ -39,8 +39,9 @@ struct Batch {
   at::Tensor labels;            // (B) int64 class labels (.cls), when every sample has one
   std::vector<int64_t> sample_ids;  // (B) the source's sample numbers (for tests and debugging)
 
-  // The same batch with every tensor on `device` (the loader builds on the CPU).
-  Batch to(const at::Device& device) const;
+  // The same batch with every tensor on `device` (the loader builds on the CPU), its floating-point ones (pixels)
+  // in `floats` (the model's dtype: bf16 for pure bf16 training).
+  Batch to(const at::Device& device, at::ScalarType floats = at::kFloat) const;
   int64_t texts = 0, images = 0;    // items as the FLAVA post counts them
 };
 

@@ -73,6 +73,7 @@ struct EvalInputs {
   int64_t batch_size = 0;                // per rank
   const dist::Communicator* world = nullptr;
   at::Device device = at::kCPU;           // where the model computes: batches go there
+  at::ScalarType floats = at::kFloat;     // the model's dtype: the batches' pixels are cast to it
 };
 
 // A training objective of a family: pretraining, classification, sequence to sequence, ...

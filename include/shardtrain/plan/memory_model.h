@@ -50,6 +50,7 @@ struct TrainingJob {
   // Optimizer state per trainable parameter: AdamW's two float32 moments (8 B); AnyPrecision AdamW's moments in
   // their dtypes, plus its compensation buffer with Kahan summation (bf16 throughout: 6 B).
   int64_t optimizer_state_bytes = 8;
+  int64_t param_bytes = 4;  // the parameters' own element size (and their gradients'): 2 for pure bf16
   std::string optimizer = "AdamW";  // its name in the estimate's terms
   bool fused_optimizer = false;     // one fused kernel per step (optim.fused): no per-tensor temporaries
   // What the data pipeline masks (data.*): the heads run on masked positions only.
