@@ -29,7 +29,7 @@ const char* kCheckpointUsage =
 // What an export of `flavor` holds: the flavor's module tree on the meta device (no memory) gives our names, the
 // tied pairs (once), Hugging Face's names and the shapes.
 std::vector<ckpt::ExportTensor> export_layout(const std::string& flavor) {
-  const models::ZooModel meta = models::build_model(flavor, models::meta_build());
+  const models::ZooModel meta = models::build_model(models::recipe_of_model(flavor), models::meta_build());
   const auto params = meta.module->named_parameters(), buffers = meta.module->named_buffers();
   std::vector<ckpt::ExportTensor> layout;
   for (const auto& [ours, hf] : models::hf_names_of(*meta.module, meta.names)) {

@@ -205,6 +205,7 @@ std::vector<Field> fields_of(Config& c) {
       field("model.task", c.model.task),
       field("model.init_weights", c.model.init_weights),
       field("model.init_std", c.model.init_std),
+      field("model.from", c.model.from),
       choice("model.dtype", c.model.dtype, dtype_names()),
       field("data.image_text", c.data.image_text),
       field("data.text", c.data.text),
@@ -411,6 +412,10 @@ Config parse_config(const std::string& yaml, const std::string& source, const st
   }
   if (!root.IsNull()) reader.read_map(root, "");
   for (const auto& o : overrides) reader.apply_override(o);
+  if (!config.model.from.empty()) {  // a Hugging Face directory: its config.json is the model, its files the weights
+    config.model.flavor = config.model.from;
+    if (config.model.init_weights.empty()) config.model.init_weights = config.model.from;
+  }
   validate(config);
   return config;
 }

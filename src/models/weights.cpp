@@ -10,7 +10,7 @@
 
 #include "shardtrain/distributed/communicator.h"
 #include "shardtrain/fsdp/state_dict.h"
-#include "shardtrain/io/safetensors.h"
+#include "shardtrain/io/safetensors_files.h"
 
 namespace shardtrain::models {
 
@@ -25,7 +25,7 @@ std::string shape_text(c10::IntArrayRef shape) {
 // The file's name for each (Hugging Face name, shape) the model wants, in order, after checking that every one is
 // there with that shape and that the file holds nothing else (but ignored names). Throws std::runtime_error naming
 // the file and the tensor.
-std::vector<std::string> plan_load(const io::SafetensorsReader& file,
+std::vector<std::string> plan_load(const io::SafetensorsFiles& file,
                                    const std::vector<std::pair<std::string, std::vector<int64_t>>>& wanted,
                                    const NameMap& names, const char* caller) {
   auto fail = [&](const std::string& what) {
@@ -118,7 +118,7 @@ std::vector<std::pair<std::string, at::Tensor>> hf_named_tensors(const torch::nn
 }
 
 void load_weights(torch::nn::Module& model, const std::string& path, const NameMap& names) {
-  io::SafetensorsReader file(path);
+  io::SafetensorsFiles file(path);
   auto tensors = hf_named_tensors(model, names);
   std::vector<std::pair<std::string, std::vector<int64_t>>> wanted;
   for (const auto& [hf, t] : tensors) wanted.emplace_back(hf, t.sizes().vec());
@@ -138,7 +138,7 @@ void load_weights_sharded(const std::shared_ptr<torch::nn::Module>& model, const
   for (const auto& slot : slots) wanted.emplace_back(hf_of.at(slot.tensor.unsafeGetTensorImpl()), slot.full_shape);
 
   const bool reader = !from_rank0 || from_rank0->rank() == 0;
-  std::optional<io::SafetensorsReader> file;
+  std::optional<io::SafetensorsFiles> file;
   std::vector<std::string> plan;
   std::string error;
   if (reader) {

@@ -21,7 +21,7 @@
 #include "shardtrain/distributed/mesh.h"
 #include "shardtrain/distributed/process_group.h"
 #include "shardtrain/fsdp/fully_shard.h"
-#include "shardtrain/io/safetensors.h"
+#include "shardtrain/io/safetensors_files.h"
 #include "shardtrain/launch/error_file.h"
 #include "shardtrain/memory/memory_stats.h"
 #include "shardtrain/models/zoo.h"
@@ -91,7 +91,7 @@ dist::ProcessGroupOptions init_options(const Config& c, const at::Device& device
 }
 
 std::shared_ptr<const models::ModelRecipe> checked_recipe(const Config& c) {
-  auto recipe = models::recipe_of(c.model.flavor);
+  auto recipe = models::recipe_of_model(c.model.flavor);
   if (!c.model.family.empty() && c.model.family != recipe->family()) {
     throw std::invalid_argument("model.family: '" + c.model.family + "' but " + c.model.flavor + " is a " +
                                 recipe->family() + " flavor");
@@ -182,7 +182,7 @@ std::string describe_units(const std::shared_ptr<torch::nn::Module>& root) {
 // What loading model.init_weights into the model's dtype converted: "model.safetensors (F32 -> BF16: 199 tensors)".
 std::string describe_conversion(const Config& c, at::ScalarType model_dtype) {
   std::map<at::ScalarType, int64_t> converted;
-  for (const io::SafetensorsEntry& e : io::SafetensorsReader(c.model.init_weights).entries()) {
+  for (const io::SafetensorsEntry& e : io::SafetensorsFiles(c.model.init_weights).entries()) {
     if (e.dtype != model_dtype) ++converted[e.dtype];
   }
   std::string out = c.model.init_weights;

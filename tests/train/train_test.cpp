@@ -21,6 +21,7 @@
 #include "shardtrain/fsdp/state_dict.h"
 #include "shardtrain/io/files.h"
 #include "shardtrain/io/safetensors.h"
+#include "shardtrain/models/weights.h"
 #include "shardtrain/models/zoo.h"
 #include "train/train_harness.h"
 
@@ -366,6 +367,72 @@ TEST_F(TrainTest, InitWeightsLoadEveryWay) {
       EXPECT_LE(worst, 1e-2);
     }
   }
+}
+
+// model.from: a Hugging Face model directory (config.json with the exact size, and the weights in model.safetensors
+// or sharded across files with model.safetensors.index.json) is the model and its starting weights, no flavor
+// named. BERT for masked LM, 2 ranks, one step: the weights are the directory's to within that step (1e-2), and
+// the sharded directory gives exactly the single file's run. A missing shard or a directory without weights says so.
+TEST_F(TrainTest, ModelFromAHuggingFaceDirectory) {
+  models::BuildOptions build;
+  build.init.seed = 5;
+  models::ZooModel source = models::build_model("bert-debug", build);
+  const std::string single = root_ + "/hf-bert", sharded = root_ + "/hf-bert-sharded";
+  const std::string config_json =
+      R"({"model_type": "bert", "architectures": ["BertForMaskedLM"], "vocab_size": 1000,
+          "max_position_embeddings": 64, "hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 4,
+          "intermediate_size": 64, "hidden_act": "gelu"})";
+  auto write_text = [](const std::string& path, const std::string& text) {
+    io::write_file_atomic(path, std::vector<char>(text.begin(), text.end()));
+  };
+  for (const std::string& dir : {single, sharded}) {
+    io::make_directories(dir);
+    write_text(dir + "/config.json", config_json);
+  }
+  models::save_weights(*source.module, single + "/model.safetensors", source.names);
+  // The same tensors in two shard files and an index, as save_pretrained(max_shard_size=...) writes them.
+  const auto tensors = models::hf_named_tensors(*source.module, source.names);
+  std::vector<std::pair<std::string, at::Tensor>> halves[2];
+  std::string weight_map;
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    const int half = i < tensors.size() / 2 ? 0 : 1;
+    halves[half].push_back(tensors[i]);
+    weight_map += std::string(weight_map.empty() ? "" : ", ") + "\"" + tensors[i].first + "\": \"model-0000" +
+                  std::to_string(half + 1) + "-of-00002.safetensors\"";
+  }
+  for (int half = 0; half < 2; ++half) {
+    io::write_safetensors(sharded + "/model-0000" + std::to_string(half + 1) + "-of-00002.safetensors", halves[half]);
+  }
+  write_text(sharded + "/model.safetensors.index.json", "{\"weight_map\": {" + weight_map + "}}");
+
+  std::map<std::string, at::Tensor> saved[2];
+  for (int i = 0; i < 2; ++i) {
+    const std::string dir = i == 0 ? single : sharded, ck = dir + "-run";
+    const Outcome r = train("--model.from=" + dir + " --train.steps=1 --train.eval_interval=0 --checkpoint.dir=" + ck);
+    ASSERT_EQ(r.status, 0) << r.output;
+    EXPECT_NE(r.output.find("training " + dir + " (bert, "), std::string::npos) << r.output;
+    EXPECT_NE(r.output.find("init_weights: " + dir + " (F32, as the model: nothing converted)"), std::string::npos)
+        << r.output;
+    saved[i] = saved_state(ck + "/step-00000001", true);
+    double worst = 0;
+    for (const auto& p : source.module->named_parameters()) {
+      ASSERT_TRUE(saved[i].count(p.key())) << p.key();
+      worst = std::max(worst, (saved[i].at(p.key()) - p.value()).abs().max().item<double>());
+    }
+    EXPECT_LE(worst, 1e-2);
+  }
+  EXPECT_EQ(max_difference(saved[0], saved[1]), 0.0);
+
+  io::remove_tree(sharded + "/model-00002-of-00002.safetensors");
+  const Outcome missing = train("--model.from=" + sharded + " --train.steps=1 --checkpoint.dir=" + root_ + "/hf-x");
+  EXPECT_NE(missing.status, 0);
+  EXPECT_NE(missing.output.find("shard model-00002-of-00002.safetensors (of '"), std::string::npos)
+      << missing.output;
+  io::remove_tree(single + "/model.safetensors");
+  const Outcome none = train("--model.from=" + single + " --train.steps=1 --checkpoint.dir=" + root_ + "/hf-y");
+  EXPECT_NE(none.status, 0);
+  EXPECT_NE(none.output.find("needs model.safetensors or model.safetensors.index.json"), std::string::npos)
+      << none.output;
 }
 
 // Every family of the zoo trains on its standard objective from the same synthetic data: six steps in one process

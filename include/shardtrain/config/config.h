@@ -40,7 +40,11 @@ enum class LogLevel { DEBUG, INFO, WARNING, ERROR };
 enum class Resume { NEVER, ALWAYS, AUTO };
 
 struct ModelConfig {
-  std::string flavor = "flava-debug";  // a flavor of the zoo (`shardtrain models`)
+  // A Hugging Face model directory (config.json and model.safetensors or a sharded index) to fine-tune: the family
+  // and exact size come from its config.json, the weights from its files. Sets flavor (to this path) and, when
+  // init_weights is empty, init_weights.
+  std::string from;
+  std::string flavor = "flava-debug";  // a flavor of the zoo (`shardtrain models`), or a config.json / model dir
   std::string family;                  // optional: when set, must be the flavor's family
   std::string task;                    // what it trains on, one of its family's tasks; empty: the family's default
   std::string init_weights;            // optional safetensors file with Hugging Face names to start from

@@ -39,7 +39,9 @@ class NameMap {
   std::vector<std::regex> ignored_;
 };
 
-// Copies every parameter and buffer of `model` from the file (converting dtype, keeping the model's device).
+// Copies every parameter and buffer of `model` from the file (converting dtype, keeping the model's device). `path`:
+// a safetensors file, a sharded checkpoint's model.safetensors.index.json, or a Hugging Face model directory holding
+// either (io::SafetensorsFiles).
 // Validates the whole file against the model first, and throws std::runtime_error naming the tensor on: a
 // parameter missing from the file, a shape that differs, a tensor in the file the model does not have (unless
 // ignored). A model prefix Hugging Face drops when saving the base model alone ("bert.") is tried both ways.
