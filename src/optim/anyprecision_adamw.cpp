@@ -44,24 +44,29 @@ AnyPrecisionAdamW::AnyPrecisionAdamW(const std::vector<torch::optim::OptimizerPa
   }
 }
 
-AnyPrecisionAdamWParamState& AnyPrecisionAdamW::empty_state(const at::Tensor& param, int64_t step) {
-  const AnyPrecisionAdamWOptions* options = &static_cast<const AnyPrecisionAdamWOptions&>(defaults());
-  for (const auto& group : param_groups()) {
-    for (const auto& p : group.params()) {
-      if (p.is_same(param)) options = &static_cast<const AnyPrecisionAdamWOptions&>(group.options());
-    }
-  }
+AnyPrecisionAdamWParamState& AnyPrecisionAdamW::new_state(const at::Tensor& param, const AnyPrecisionAdamWOptions& o,
+                                                           int64_t step) {
+  auto zeros = [&](at::ScalarType dtype) {
+    return at::zeros_like(param, param.options().dtype(dtype), at::MemoryFormat::Contiguous);
+  };
   auto s = std::make_unique<AnyPrecisionAdamWParamState>();
   s->step(step);
-  s->exp_avg(at::zeros_like(param, param.options().dtype(options->momentum_dtype()), at::MemoryFormat::Contiguous));
-  s->exp_avg_sq(at::zeros_like(param, param.options().dtype(options->variance_dtype()), at::MemoryFormat::Contiguous));
-  if (options->use_kahan_summation()) {
-    s->compensation(
-        at::zeros_like(param, param.options().dtype(options->compensation_buffer_dtype()), at::MemoryFormat::Contiguous));
-  }
+  s->exp_avg(zeros(o.momentum_dtype()));
+  s->exp_avg_sq(zeros(o.variance_dtype()));
+  if (o.use_kahan_summation()) s->compensation(zeros(o.compensation_buffer_dtype()));
   auto& slot = state_[param.unsafeGetTensorImpl()];
   slot = std::move(s);
   return static_cast<AnyPrecisionAdamWParamState&>(*slot);
+}
+
+AnyPrecisionAdamWParamState& AnyPrecisionAdamW::empty_state(const at::Tensor& param, int64_t step) {
+  for (const auto& group : param_groups()) {
+    for (const auto& p : group.params()) {
+      if (!p.is_same(param)) continue;
+      return new_state(param, static_cast<const AnyPrecisionAdamWOptions&>(group.options()), step);
+    }
+  }
+  return new_state(param, static_cast<const AnyPrecisionAdamWOptions&>(defaults()), step);
 }
 
 // torchdistx's update, with LibTorch AdamW's order of operations (so that float32 without Kahan is bitwise
@@ -79,7 +84,7 @@ at::Tensor AnyPrecisionAdamW::step(LossClosure closure) {
       if (p.grad().is_sparse()) throw std::invalid_argument("AnyPrecisionAdamW does not take sparse gradients");
       auto it = state_.find(p.unsafeGetTensorImpl());
       AnyPrecisionAdamWParamState& s =
-          it == state_.end() ? empty_state(p, 0) : static_cast<AnyPrecisionAdamWParamState&>(*it->second);
+          it == state_.end() ? new_state(p, o, 0) : static_cast<AnyPrecisionAdamWParamState&>(*it->second);
       if (o.use_kahan_summation() && !s.compensation().defined()) {
         s.compensation(at::zeros_like(p, p.options().dtype(o.compensation_buffer_dtype())));
       }

@@ -127,8 +127,8 @@ struct Job {
       at::globalContext().setAllowTF32CuDNN(c.train.tf32);
     }
     if (pg.world_size() > 1) {
-      heartbeat = std::make_unique<dist::Heartbeat>(pg, dist::heartbeat_options_for(init_options(c, device, env).timeout),
-                                                    end_for_stuck_peer);
+      const auto timeout = init_options(c, device, env).timeout;
+      heartbeat = std::make_unique<dist::Heartbeat>(pg, dist::heartbeat_options_for(timeout), end_for_stuck_peer);
     }
   }
 

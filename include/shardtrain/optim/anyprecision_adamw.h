@@ -51,6 +51,10 @@ class AnyPrecisionAdamW : public torch::optim::Optimizer {
 
   // A parameter's state with zero tensors in the dtypes of its group's options, for a checkpoint to fill.
   AnyPrecisionAdamWParamState& empty_state(const at::Tensor& param, int64_t step);
+
+ private:
+  AnyPrecisionAdamWParamState& new_state(const at::Tensor& param, const AnyPrecisionAdamWOptions& options,
+                                         int64_t step);
 };
 
 }  // namespace shardtrain::optim
