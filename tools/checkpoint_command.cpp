@@ -1,15 +1,15 @@
 // `shardtrain checkpoint export`, `shardtrain checkpoint verify` and `shardtrain checkpoint list`.
-#include <torch/nn/module.h>
 
 #include <cstdio>
 #include <iostream>
 
 #include "cli_args.h"
 #include "commands.h"
+#include "hf_export.h"
 #include "shardtrain/ckpt/checkpoint.h"
 #include "shardtrain/ckpt/manifest.h"
 #include "shardtrain/io/files.h"
-#include "shardtrain/models/zoo.h"
+#include "shardtrain/plan/planner.h"
 
 namespace shardtrain::cli {
 namespace {
@@ -17,28 +17,18 @@ namespace {
 const char* kCheckpointUsage =
     "usage: shardtrain checkpoint export CHECKPOINT --out model.safetensors [--dtype fp32|bf16|fp16]\n"
     "                                    [--allow-non-finite]\n"
+    "       shardtrain checkpoint export CHECKPOINT --hf OUT_DIR [--max-shard-size 5GB] [--dtype ...]\n"
     "       shardtrain checkpoint verify PATH\n"
     "       shardtrain checkpoint list DIR\n"
     "export: merges a checkpoint's shards (any world size, FSDP or DDP) into one safetensors file with\n"
     "        Hugging Face names. CHECKPOINT is a step-* directory, or a checkpoint.dir (its newest one).\n"
     "        NaN or Inf weights are refused unless --allow-non-finite.\n"
+    "        --hf: a Hugging Face model directory that transformers' from_pretrained loads: config.json,\n"
+    "        model.safetensors (or shards of at most --max-shard-size and model.safetensors.index.json)\n"
+    "        and the run's tokenizer files.\n"
     "verify: checks every file of a checkpoint (PATH a step-* directory), or of each checkpoint in a\n"
     "        checkpoint.dir, against its manifest: size and XXH3 checksum. Exit 1 when one fails.\n"
     "list:   the checkpoints in DIR with their step, world size and run.\n";
-
-// What an export of `flavor` holds: the flavor's module tree on the meta device (no memory) gives our names, the
-// tied pairs (once), Hugging Face's names and the shapes.
-std::vector<ckpt::ExportTensor> export_layout(const std::string& flavor) {
-  const models::ZooModel meta = models::build_model(models::recipe_of_model(flavor), models::meta_build());
-  const auto params = meta.module->named_parameters(), buffers = meta.module->named_buffers();
-  std::vector<ckpt::ExportTensor> layout;
-  for (const auto& [ours, hf] : models::hf_names_of(*meta.module, meta.names)) {
-    const at::Tensor* like = params.find(ours);
-    if (!like) like = buffers.find(ours);
-    layout.push_back({ours, hf, like->sizes().vec()});
-  }
-  return layout;
-}
 
 // One line per checkpoint: "ok" with what it holds, or what is wrong. Returns 0 when every one verifies.
 int verify_command(const std::string& path) {
@@ -74,10 +64,14 @@ int run_checkpoint_command(const std::vector<std::string>& args) {
   }
   const std::vector<std::string> rest(args.begin() + 1, args.end());
   if (args[0] == "export") {
-    const Args a = parse_args(rest, {"out", "dtype"}, {"allow-non-finite"});
+    const Args a = parse_args(rest, {"out", "dtype", "hf", "max-shard-size"}, {"allow-non-finite"});
     if (a.positionals.size() != 1) throw std::invalid_argument("export takes one CHECKPOINT");
-    const std::string out = a.get("out", "");
-    if (out.empty()) throw std::invalid_argument("--out FILE is required");
+    const std::string out = a.get("out", ""), hf = a.get("hf", "");
+    if (out.empty() == hf.empty()) {
+      throw std::invalid_argument("export writes either --out FILE (one safetensors file) or --hf DIR (a model "
+                                  "directory): give one of them");
+    }
+    if (a.has("max-shard-size") && hf.empty()) throw std::invalid_argument("--max-shard-size goes with --hf DIR");
     std::string path = a.positionals[0];
     if (!io::path_exists(path + "/trainer.json")) {
       const auto latest = ckpt::latest_checkpoint(path);
@@ -91,7 +85,11 @@ int run_checkpoint_command(const std::vector<std::string>& args) {
     else if (d == "fp16") options.dtype = at::kHalf;
     else if (d == "fp32") options.dtype = at::kFloat;
     else if (!d.empty()) throw std::invalid_argument("--dtype: '" + d + "' is not one of fp32, bf16, fp16");
-    ckpt::export_checkpoint(path, out, export_layout(ckpt::read_trainer_state(path).flavor), options);
+    if (!hf.empty()) {
+      export_hf_directory(path, hf, options, plan::parse_memory_size(a.get("max-shard-size", "5GB")));
+      return 0;
+    }
+    ckpt::export_checkpoint(path, out, export_layout(*recipe_of_checkpoint(ckpt::read_trainer_state(path))), options);
     std::cout << "checkpoint export: " << path << " -> " << out << "\n";
     return 0;
   }

@@ -49,7 +49,8 @@ int run_models_command(const std::vector<std::string>& args) {
   if (!args.empty()) {
     std::cout << "usage: shardtrain models\n"
                  "Lists every flavor of every family with its exact parameter count (tied weights once) and its\n"
-                 "size in float32 (GiB = 2^30 bytes, the unit of the FLAVA post's table).\n";
+                 "size in float32 (GiB = 2^30 bytes, the unit of the FLAVA post's table), then the dimensions\n"
+                 "model.overrides may change in each family.\n";
     return args[0] == "--help" || args[0] == "-h" ? 0 : 2;
   }
   std::printf("%-8s %-24s %16s %12s\n", "family", "flavor", "parameters", "fp32 GiB");
@@ -57,6 +58,12 @@ int run_models_command(const std::vector<std::string>& args) {
     const int64_t params = shardtrain::models::count_flavor_parameters(f.flavor);
     std::printf("%-8s %-24s %16lld %12.2f\n", f.family.c_str(), f.flavor.c_str(), static_cast<long long>(params),
                 static_cast<double>(params) * 4.0 / (1024.0 * 1024.0 * 1024.0));
+  }
+  std::printf("\nA custom size: a flavor with model.overrides ({layers: 4, dim: 512}) of its family's:\n");
+  for (const auto& [family, names] : shardtrain::models::override_names()) {
+    std::string list;
+    for (const auto& n : names) list += (list.empty() ? "" : ", ") + n;
+    std::printf("  %-8s %s\n", family.c_str(), list.c_str());
   }
   return 0;
 }

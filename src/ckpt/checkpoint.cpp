@@ -283,8 +283,9 @@ void prune_checkpoints(const std::string& dir, int64_t keep, const std::string& 
   for (size_t i = 0; i + static_cast<size_t>(keep) < own.size(); ++i) io::remove_tree(own[i]);
 }
 
-void export_checkpoint(const std::string& path, const std::string& out, const std::vector<ExportTensor>& tensors,
-                       const ExportOptions& options) {
+std::vector<std::pair<std::string, at::Tensor>> read_export_tensors(const std::string& path,
+                                                                    const std::vector<ExportTensor>& tensors,
+                                                                    const ExportOptions& options) {
   const std::string problem = verify_files(path);
   if (!problem.empty()) throw std::runtime_error(path + " does not verify: " + problem);
   const TrainerState state = read_trainer_state(path);
@@ -322,7 +323,12 @@ void export_checkpoint(const std::string& path, const std::string& out, const st
     }
     named.emplace_back(t.file_name, value);
   }
-  io::write_safetensors(out, named);
+  return named;
+}
+
+void export_checkpoint(const std::string& path, const std::string& out, const std::vector<ExportTensor>& tensors,
+                       const ExportOptions& options) {
+  io::write_safetensors(out, read_export_tensors(path, tensors, options));
 }
 
 }  // namespace shardtrain::ckpt

@@ -175,6 +175,20 @@ Field field(std::string path, std::vector<std::string>& ref) {
             return n;
           }};
 }
+Field field(std::string path, std::map<std::string, double>& ref) {
+  return {std::move(path),
+          [&ref](auto& w, auto& p, auto& n) {
+            ref.clear();
+            if (n.IsNull()) return;
+            if (!n.IsMap()) bad_value(w, p, n, "a mapping of names to numbers ({layers: 4, dim: 512})");
+            for (const auto& item : n) ref[item.first.template as<std::string>()] = to_double(w, p, item.second);
+          },
+          [&ref] {
+            YAML::Node n(YAML::NodeType::Map);
+            for (const auto& [k, v] : ref) n[k] = v;
+            return n;
+          }};
+}
 Field field(std::string path, std::vector<double>& ref) {
   return {std::move(path), [&ref](auto& w, auto& p, auto& n) { ref = to_doubles(w, p, n); },
           [&ref] {
@@ -202,6 +216,7 @@ std::vector<Field> fields_of(Config& c) {
   return {
       field("model.flavor", c.model.flavor),
       field("model.family", c.model.family),
+      field("model.overrides", c.model.overrides),
       field("model.task", c.model.task),
       field("model.init_weights", c.model.init_weights),
       field("model.init_std", c.model.init_std),

@@ -1,6 +1,8 @@
 // BERT's recipe: the masked-language-modelling task (BertForMaskedLM) on text.
 #include <ATen/ATen.h>
 
+#include <nlohmann/json.hpp>
+
 #include "models/activation_model.h"
 #include "models/families.h"
 #include "models/hf_config.h"
@@ -34,9 +36,12 @@ class BertMaskedLm : public Task {
   BertConfig config_;
 };
 
+nlohmann::json bert_to_hf(const BertConfig& c);
+
 class BertRecipe : public FamilyRecipe<BertConfig, Bert> {
  public:
   using FamilyRecipe::FamilyRecipe;
+  std::string hf_config_json() const override { return bert_to_hf(config()).dump(2); }
 
   // Per sample, for T tokens of width d through L layers of 4 d^2 attention and 2 d * mlp_dim MLP weights:
   //   3 * L * (2 * (4 d^2 + 2 d mlp_dim) * T + 4 T^2 d)   (transformer_layer_flops; embeddings and head left out)
@@ -94,6 +99,26 @@ class BertRecipe : public FamilyRecipe<BertConfig, Bert> {
   }
 };
 
+// transformers' BertConfig of `c`: BertForMaskedLM with the MLM head (the pooler is kept in the files: a
+// BertForSequenceClassification fine-tune loads it), BertModel without.
+nlohmann::json bert_to_hf(const BertConfig& c) {
+  return {{"model_type", "bert"},
+          {"architectures", {c.mlm_head ? "BertForMaskedLM" : "BertModel"}},
+          {"vocab_size", c.vocab_size},
+          {"max_position_embeddings", c.max_positions},
+          {"type_vocab_size", c.type_vocab_size},
+          {"hidden_size", c.dim},
+          {"num_hidden_layers", c.layers},
+          {"num_attention_heads", c.heads},
+          {"intermediate_size", c.mlp_dim},
+          {"layer_norm_eps", c.norm_eps},
+          {"hidden_dropout_prob", c.dropout},
+          {"attention_probs_dropout_prob", c.dropout},
+          {"hidden_act", "gelu"},
+          {"position_embedding_type", "absolute"},
+          {"pad_token_id", 0}};
+}
+
 // BertConfig's keys. BertForMaskedLM / BertForPreTraining configs get the MLM head (what the task trains); every
 // BERT gets the pooler, as BertModel has one.
 BertConfig bert_from_hf(const HfConfig& hf) {
@@ -126,7 +151,16 @@ ModelFamily bert_family() {
           "bert",
           [](const HfConfig& hf, const std::string& name) -> std::shared_ptr<const ModelRecipe> {
             return std::make_shared<BertRecipe>("bert", name, bert_from_hf(hf), bert_names, "BertLayer");
-          }};
+          },
+          {{"layers", {"num_hidden_layers"}},
+           {"dim", {"hidden_size"}},
+           {"heads", {"num_attention_heads"}},
+           {"mlp_dim", {"intermediate_size"}},
+           {"vocab_size", {"vocab_size"}},
+           {"max_positions", {"max_position_embeddings"}},
+           {"type_vocab_size", {"type_vocab_size"}},
+           {"norm_eps", {"layer_norm_eps"}},
+           {"dropout", {"hidden_dropout_prob", "attention_probs_dropout_prob"}}}};
 }
 
 }  // namespace shardtrain::models

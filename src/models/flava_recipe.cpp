@@ -7,6 +7,8 @@
 #include <cmath>
 #include <cstdio>
 
+#include <nlohmann/json.hpp>
+
 #include "models/activation_model.h"
 #include "models/families.h"
 #include "models/hf_config.h"
@@ -146,9 +148,12 @@ class FlavaPretraining : public Task {
   FlavaConfig config_;
 };
 
+nlohmann::json flava_to_hf(const FlavaConfig& c);
+
 class FlavaRecipe : public FamilyRecipe<FlavaConfig, Flava> {
  public:
   using FamilyRecipe::FamilyRecipe;
+  std::string hf_config_json() const override { return flava_to_hf(config()).dump(2); }
 
   // Per sample, all encoders of width d with 4 d^2 + 2 d mlp_dim weights per layer (transformer_layer_flops), T
   // text tokens, n = (image_size / patch_size)^2 + 1 image tokens, U unimodal layers per encoder, M multimodal:
@@ -239,6 +244,52 @@ class FlavaRecipe : public FamilyRecipe<FlavaConfig, Flava> {
   }
 };
 
+// transformers' FlavaConfig of `c` (FlavaForPreTraining): one width, MLP size, head count and norm epsilon in
+// all three encoder configs; the image config's vocab_size is the codebook's (the MIM classes).
+nlohmann::json flava_to_hf(const FlavaConfig& c) {
+  const nlohmann::json encoder = {{"hidden_size", c.dim},
+                                  {"intermediate_size", c.mlp_dim},
+                                  {"num_attention_heads", c.heads},
+                                  {"layer_norm_eps", c.norm_eps},
+                                  {"hidden_dropout_prob", c.dropout},
+                                  {"attention_probs_dropout_prob", c.dropout},
+                                  {"hidden_act", "gelu"},
+                                  {"qkv_bias", true}};
+  nlohmann::json text = encoder, image = encoder, mm = encoder;
+  text.update({{"num_hidden_layers", c.unimodal_layers},
+               {"vocab_size", c.vocab_size},
+               {"max_position_embeddings", c.max_positions},
+               {"type_vocab_size", c.type_vocab_size}});
+  image.update({{"num_hidden_layers", c.unimodal_layers},
+                {"image_size", c.image_size},
+                {"patch_size", c.patch_size},
+                {"num_channels", 3},
+                {"vocab_size", c.codebook.vocab_size}});
+  mm.update({{"num_hidden_layers", c.multimodal_layers}, {"use_cls_token", true}});
+  const auto& w = c.weights;
+  return {{"model_type", "flava"},
+          {"architectures", {"FlavaForPreTraining"}},
+          {"hidden_size", c.dim},
+          {"projection_dim", c.dim},
+          {"layer_norm_eps", c.norm_eps},
+          {"logit_scale_init_value", c.logit_scale_init},
+          {"mim_weight", w.mim},
+          {"mlm_weight", w.mlm},
+          {"itm_weight", w.itm},
+          {"global_contrastive_weight", w.global_contrastive},
+          {"mmm_image_weight", w.mmm_image},
+          {"mmm_text_weight", w.mmm_text},
+          {"text_config", text},
+          {"image_config", image},
+          {"multimodal_config", mm},
+          {"image_codebook_config",
+           {{"hidden_size", c.codebook.hidden_size},
+            {"num_blocks_per_group", c.codebook.blocks_per_group},
+            {"vocab_size", c.codebook.vocab_size},
+            {"input_channels", c.codebook.channels},
+            {"num_groups", 4}}}};
+}
+
 // FlavaConfig's keys and its four sub-configs. shardtrain's FLAVA has one width, MLP size and head count for all
 // three encoders and the projections, and as many text as image layers: sub-configs that differ are refused,
 // naming the key.
@@ -294,7 +345,25 @@ ModelFamily flava_family() {
           "flava",
           [](const HfConfig& hf, const std::string& name) -> std::shared_ptr<const ModelRecipe> {
             return std::make_shared<FlavaRecipe>("flava", name, flava_from_hf(hf), flava_names, "FlavaLayer");
-          }};
+          },
+          {{"dim",
+            {"hidden_size", "projection_dim", "text_config.hidden_size", "image_config.hidden_size",
+             "multimodal_config.hidden_size"}},
+           {"mlp_dim",
+            {"text_config.intermediate_size", "image_config.intermediate_size", "multimodal_config.intermediate_size"}},
+           {"heads",
+            {"text_config.num_attention_heads", "image_config.num_attention_heads",
+             "multimodal_config.num_attention_heads"}},
+           {"unimodal_layers", {"text_config.num_hidden_layers", "image_config.num_hidden_layers"}},
+           {"multimodal_layers", {"multimodal_config.num_hidden_layers"}},
+           {"image_size", {"image_config.image_size"}},
+           {"patch_size", {"image_config.patch_size"}},
+           {"vocab_size", {"text_config.vocab_size"}},
+           {"max_positions", {"text_config.max_position_embeddings"}},
+           {"codebook_vocab_size", {"image_codebook_config.vocab_size", "image_config.vocab_size"}},
+           {"norm_eps",
+            {"layer_norm_eps", "text_config.layer_norm_eps", "image_config.layer_norm_eps",
+             "multimodal_config.layer_norm_eps"}}}};
 }
 
 }  // namespace shardtrain::models

@@ -1,6 +1,8 @@
 // Llama's recipe: causal language modelling (LlamaForCausalLM) on text, padding left out of the loss.
 #include <ATen/ATen.h>
 
+#include <nlohmann/json.hpp>
+
 #include "models/activation_model.h"
 #include "models/families.h"
 #include "models/hf_config.h"
@@ -34,9 +36,12 @@ class LlamaCausalLm : public Task {
   LlamaConfig config_;
 };
 
+nlohmann::json llama_to_hf(const LlamaConfig& c);
+
 class LlamaRecipe : public FamilyRecipe<LlamaConfig, Llama> {
  public:
   using FamilyRecipe::FamilyRecipe;
+  std::string hf_config_json() const override { return llama_to_hf(config()).dump(2); }
 
   // Per sample, for T tokens of width d through L layers, with grouped-query attention (kv = d * kv_heads / heads:
   // q and o are d x d, k and v d x kv) and the gated MLP's three d x mlp_dim matrices:
@@ -89,6 +94,26 @@ class LlamaRecipe : public FamilyRecipe<LlamaConfig, Llama> {
   }
 };
 
+// transformers' LlamaConfig of `c` (LlamaForCausalLM; rope_theta at the top, which transformers 4 and 5 both read;
+// no head_dim: transformers takes hidden_size / num_attention_heads, as shardtrain does).
+nlohmann::json llama_to_hf(const LlamaConfig& c) {
+  return {{"model_type", "llama"},
+          {"architectures", {"LlamaForCausalLM"}},
+          {"vocab_size", c.vocab_size},
+          {"hidden_size", c.dim},
+          {"intermediate_size", c.mlp_dim},
+          {"num_hidden_layers", c.layers},
+          {"num_attention_heads", c.heads},
+          {"num_key_value_heads", c.kv_heads},
+          {"max_position_embeddings", c.max_positions},
+          {"rms_norm_eps", c.norm_eps},
+          {"rope_theta", c.rope_theta},
+          {"hidden_act", "silu"},
+          {"attention_bias", false},
+          {"mlp_bias", false},
+          {"tie_word_embeddings", false}};
+}
+
 // LlamaConfig's keys (transformers 4 and 5: rope_theta at the top or in rope_parameters). Plain RoPE only: a
 // rope_scaling other than the default (Llama 3.1's "llama3", "linear", "yarn", ...) is refused, as are biases in
 // attention or MLP, tied embeddings and a head_dim other than hidden_size / num_attention_heads.
@@ -130,7 +155,16 @@ ModelFamily llama_family() {
           "llama",
           [](const HfConfig& hf, const std::string& name) -> std::shared_ptr<const ModelRecipe> {
             return std::make_shared<LlamaRecipe>("llama", name, llama_from_hf(hf), llama_names, "LlamaDecoderLayer");
-          }};
+          },
+          {{"layers", {"num_hidden_layers"}},
+           {"dim", {"hidden_size"}},
+           {"heads", {"num_attention_heads"}},
+           {"kv_heads", {"num_key_value_heads"}},
+           {"mlp_dim", {"intermediate_size"}},
+           {"vocab_size", {"vocab_size"}},
+           {"max_positions", {"max_position_embeddings"}},
+           {"norm_eps", {"rms_norm_eps"}},
+           {"rope_theta", {"rope_theta"}}}};
 }
 
 }  // namespace shardtrain::models

@@ -5,6 +5,8 @@
 #include <algorithm>
 #include <cmath>
 
+#include <nlohmann/json.hpp>
+
 #include "models/activation_model.h"
 #include "models/families.h"
 #include "models/hf_config.h"
@@ -100,9 +102,12 @@ class T5SpanCorruption : public Task {
   T5Config config_;
 };
 
+nlohmann::json t5_to_hf(const T5Config& c);
+
 class T5Recipe : public FamilyRecipe<T5Config, T5> {
  public:
   using FamilyRecipe::FamilyRecipe;
+  std::string hf_config_json() const override { return t5_to_hf(config()).dump(2); }
 
   // Per sample, with the batch's T text tokens: the encoder's L blocks over T tokens, the decoder's L blocks over
   // T / 2 (span corruption's targets are short; self- and cross-attention each counted over T / 2 tokens), attention
@@ -167,6 +172,29 @@ class T5Recipe : public FamilyRecipe<T5Config, T5> {
   }
 };
 
+// transformers' T5Config of `c` (T5ForConditionalGeneration; the decoder starts from the pad token, </s> is 1).
+nlohmann::json t5_to_hf(const T5Config& c) {
+  return {{"model_type", "t5"},
+          {"architectures", {"T5ForConditionalGeneration"}},
+          {"vocab_size", c.vocab_size},
+          {"d_model", c.dim},
+          {"d_kv", c.head_dim},
+          {"d_ff", c.mlp_dim},
+          {"num_layers", c.layers},
+          {"num_decoder_layers", c.layers},
+          {"num_heads", c.heads},
+          {"relative_attention_num_buckets", c.buckets},
+          {"relative_attention_max_distance", c.max_distance},
+          {"layer_norm_epsilon", c.norm_eps},
+          {"dropout_rate", c.dropout},
+          {"feed_forward_proj", "relu"},
+          {"tie_word_embeddings", true},
+          {"is_encoder_decoder", true},
+          {"pad_token_id", c.pad_token_id},
+          {"decoder_start_token_id", c.pad_token_id},
+          {"eos_token_id", 1}};
+}
+
 // T5Config's keys: the original T5 (ReLU feed-forward, LM head tied to the embedding, as many decoder blocks as
 // encoder blocks). T5 v1.1 / Flan-T5 (gated-gelu, untied head) are not implemented.
 T5Config t5_from_hf(const HfConfig& hf) {
@@ -198,7 +226,17 @@ ModelFamily t5_family() {
           "t5",
           [](const HfConfig& hf, const std::string& name) -> std::shared_ptr<const ModelRecipe> {
             return std::make_shared<T5Recipe>("t5", name, t5_from_hf(hf), t5_names, "T5Block");
-          }};
+          },
+          {{"layers", {"num_layers", "num_decoder_layers"}},
+           {"dim", {"d_model"}},
+           {"head_dim", {"d_kv"}},
+           {"heads", {"num_heads"}},
+           {"mlp_dim", {"d_ff"}},
+           {"vocab_size", {"vocab_size"}},
+           {"buckets", {"relative_attention_num_buckets"}},
+           {"max_distance", {"relative_attention_max_distance"}},
+           {"norm_eps", {"layer_norm_epsilon"}},
+           {"dropout", {"dropout_rate"}}}};
 }
 
 }  // namespace shardtrain::models

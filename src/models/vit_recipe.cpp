@@ -3,6 +3,8 @@
 
 #include <algorithm>
 
+#include <nlohmann/json.hpp>
+
 #include "models/activation_model.h"
 #include "models/families.h"
 #include "models/hf_config.h"
@@ -41,9 +43,12 @@ class VitClassification : public Task {
   VitConfig config_;
 };
 
+nlohmann::json vit_to_hf(const VitConfig& c);
+
 class VitRecipe : public FamilyRecipe<VitConfig, Vit> {
  public:
   using FamilyRecipe::FamilyRecipe;
+  std::string hf_config_json() const override { return vit_to_hf(config()).dump(2); }
 
   // Per sample, over n = (image_size / patch_size)^2 + 1 tokens (patches and CLS) of width d through L layers:
   //   3 * L * (2 * (4 d^2 + 2 d mlp_dim) * n + 4 n^2 d)   (patch embedding and classifier left out)
@@ -93,6 +98,35 @@ class VitRecipe : public FamilyRecipe<VitConfig, Vit> {
   }
 };
 
+// transformers' ViTConfig of `c`: ViTForImageClassification with labels "LABEL_0".. (transformers' own default
+// names) when it has a classifier, else ViTModel. DeepViT's re-attention has no transformers class: refused.
+nlohmann::json vit_to_hf(const VitConfig& c) {
+  if (c.re_attention) throw std::invalid_argument("a ViT with re-attention (DeepViT) has no transformers config");
+  nlohmann::json j = {{"model_type", "vit"},
+                      {"architectures", {c.num_labels > 0 ? "ViTForImageClassification" : "ViTModel"}},
+                      {"image_size", c.image_size},
+                      {"patch_size", c.patch_size},
+                      {"num_channels", c.channels},
+                      {"hidden_size", c.dim},
+                      {"num_hidden_layers", c.layers},
+                      {"num_attention_heads", c.heads},
+                      {"intermediate_size", c.mlp_dim},
+                      {"layer_norm_eps", c.norm_eps},
+                      {"hidden_dropout_prob", c.dropout},
+                      {"attention_probs_dropout_prob", c.dropout},
+                      {"hidden_act", "gelu"},
+                      {"qkv_bias", true}};
+  if (c.num_labels > 0) {
+    j["id2label"] = nlohmann::json::object();
+    j["label2id"] = nlohmann::json::object();
+    for (int64_t i = 0; i < c.num_labels; ++i) {
+      j["id2label"][std::to_string(i)] = "LABEL_" + std::to_string(i);
+      j["label2id"]["LABEL_" + std::to_string(i)] = i;
+    }
+  }
+  return j;
+}
+
 // ViTConfig's keys. A ViTForImageClassification config gets the classifier (one output per id2label entry) and no
 // pooler, as transformers builds it; any other ViT is a ViTModel (pooler, no classifier).
 VitConfig vit_from_hf(const HfConfig& hf) {
@@ -125,7 +159,16 @@ ModelFamily vit_family() {
           "vit",
           [](const HfConfig& hf, const std::string& name) -> std::shared_ptr<const ModelRecipe> {
             return std::make_shared<VitRecipe>("vit", name, vit_from_hf(hf), vit_names, "ViTLayer");
-          }};
+          },
+          {{"layers", {"num_hidden_layers"}},
+           {"dim", {"hidden_size"}},
+           {"heads", {"num_attention_heads"}},
+           {"mlp_dim", {"intermediate_size"}},
+           {"image_size", {"image_size"}},
+           {"patch_size", {"patch_size"}},
+           {"channels", {"num_channels"}},
+           {"norm_eps", {"layer_norm_eps"}},
+           {"dropout", {"hidden_dropout_prob", "attention_probs_dropout_prob"}}}};
 }
 
 }  // namespace shardtrain::models

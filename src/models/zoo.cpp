@@ -1,7 +1,11 @@
 #include "shardtrain/models/zoo.h"
 
+#include <nlohmann/json.hpp>
+
 #include <algorithm>
+#include <cmath>
 #include <filesystem>
+#include <sstream>
 #include <stdexcept>
 
 #include "models/families.h"
@@ -25,6 +29,15 @@ std::vector<FlavorName> list_flavors() {
   std::vector<FlavorName> out;
   for (const auto& family : families()) {
     for (const auto& f : family.flavors()) out.push_back({family.name, f});
+  }
+  return out;
+}
+
+std::vector<std::pair<std::string, std::vector<std::string>>> override_names() {
+  std::vector<std::pair<std::string, std::vector<std::string>>> out;
+  for (const auto& family : families()) {
+    out.push_back({family.name, {}});
+    for (const auto& key : family.override_keys) out.back().second.push_back(key.first);
   }
   return out;
 }
@@ -64,6 +77,53 @@ std::shared_ptr<const ModelRecipe> recipe_of_model(const std::string& flavor_or_
   } catch (const std::invalid_argument& e) {
     throw std::invalid_argument(std::string(e.what()) + "; a Hugging Face config.json or model directory works too");
   }
+}
+
+std::shared_ptr<const ModelRecipe> recipe_of_model(const std::string& flavor_or_path,
+                                                   const std::map<std::string, double>& overrides) {
+  auto base = recipe_of_model(flavor_or_path);
+  if (overrides.empty()) return base;
+  const ModelFamily* family = nullptr;
+  for (const auto& f : families()) {
+    if (f.name == base->family()) family = &f;
+  }
+  std::vector<std::string> names;
+  for (const auto& [name, keys] : family->override_keys) names.push_back(name);
+  nlohmann::json config = nlohmann::json::parse(base->hf_config_json());
+  std::ostringstream label;
+  label << base->flavor() << " {";
+  for (const auto& override : overrides) {
+    const std::string& name = override.first;
+    const double value = override.second;
+    auto it = std::find_if(family->override_keys.begin(), family->override_keys.end(),
+                           [&](const auto& k) { return k.first == name; });
+    if (it == family->override_keys.end()) {
+      std::string list;
+      for (const auto& n : names) list += (list.empty() ? "" : ", ") + n;
+      throw std::invalid_argument("model.overrides: '" + name + "' is not a dimension of a " + family->name +
+                                  " model (did you mean '" + util::closest_match(name, names) + "'? " +
+                                  family->name + "'s: " + list + ")");
+    }
+    for (const std::string& key : it->second) {
+      nlohmann::json* node = &config;
+      std::string rest = key;
+      for (size_t dot; (dot = rest.find('.')) != std::string::npos; rest = rest.substr(dot + 1)) {
+        node = &(*node)[rest.substr(0, dot)];
+      }
+      nlohmann::json& slot = (*node)[rest];
+      if (slot.is_number_integer() && value != std::floor(value)) {
+        std::ostringstream v;
+        v << value;
+        throw std::invalid_argument("model.overrides: " + name + " is " + v.str() + " (expected a whole number)");
+      }
+      if (slot.is_number_integer()) slot = static_cast<int64_t>(value);
+      else slot = value;
+    }
+    label << (label.str().back() == '{' ? "" : ", ") << name << ": " << value;
+  }
+  label << "}";
+  const std::string text = config.dump();
+  return family->from_hf(HfConfig::parse(text, base->flavor() + " with model.overrides"), label.str());
 }
 
 ZooModel build_model(std::shared_ptr<const ModelRecipe> recipe, const BuildOptions& build) {

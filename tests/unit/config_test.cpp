@@ -84,9 +84,11 @@ TEST(Config, ToYamlReadsBackEqual) {
   c.optim.no_decay = {"bias$", "norm"};
   c.parallel.backward_prefetch = Prefetch::BACKWARD_POST;
   c.checkpoint.dir = "ckpt";
+  c.model.overrides = {{"layers", 4}, {"norm_eps", 1e-6}};
   const std::string yaml = to_yaml(c);
   const Config back = parse_config(yaml, "dump.yaml");
   EXPECT_EQ(to_yaml(back), yaml);
+  EXPECT_EQ(back.model.overrides, c.model.overrides);
   EXPECT_EQ(back.data.image_mean, c.data.image_mean);
   EXPECT_EQ(back.optim.no_decay, c.optim.no_decay);
   for (const auto& key : key_paths()) {
@@ -138,6 +140,10 @@ TEST(Config, BadValueNamesTheValueAndWhatWasExpected) {
   expect_error<ConfigError>(
       [] { parse_config("", "x.yaml", {"--model.dtype=bf16", "--parallel.mixed_precision=bf16"}); },
       {"parallel.mixed_precision", "'bf16' with model.dtype: bfloat16", "no (the weights themselves"});
+  expect_error<ConfigError>([] { parse_config("", "x.yaml", {"--model.overrides=[4]"}); },
+                            {"model.overrides", "a mapping of names to numbers"});
+  expect_error<ConfigError>([] { parse_config("model:\n  overrides: {layers: many}\n", "x.yaml"); },
+                            {"x.yaml:2", "model.overrides", "'many'", "a number"});
   expect_error<ConfigError>([] { parse_config("train: [1, 2]\n", "x.yaml"); }, {"x.yaml:1", "train must be a mapping"});
   expect_error<ConfigError>([] { parse_config("train:\n  steps: [1\n", "x.yaml"); }, {"x.yaml", "not valid YAML"});
   expect_error<ConfigError>([] { parse_config("", "x.yaml", {"train.steps"}); }, {"--section.key=value"});

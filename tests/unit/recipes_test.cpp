@@ -6,6 +6,8 @@
 #include <ATen/ATen.h>
 #include <unistd.h>
 
+#include <functional>
+#include <nlohmann/json.hpp>
 #include <random>
 
 #include "models/t5_span_corruption.h"
@@ -44,6 +46,67 @@ TEST(Recipes, EveryFlavorHasARecipeOfItsFamily) {
   const std::string unknown = error_of([] { recipe_of("bert-bass-uncased"); });
   EXPECT_NE(unknown.find("unknown model flavor 'bert-bass-uncased' (did you mean 'bert-base-uncased'"),
             std::string::npos) << unknown;
+}
+
+// Every flavor's transformers config.json (what `checkpoint export --hf` writes) reads back, through the family's
+// from-config.json reading (what model.from uses), into the same model: the same config.json again, the same
+// parameters by name and shape. The published flavors' sizes differ from the families' defaults, and every real
+// number is moved off its value first, so a key written under a name the reading does not look at shows here.
+TEST(Recipes, HfConfigJsonReadsBackToTheSameModel) {
+  const std::string dir = "/tmp/shardtrain_recipes_test_" + std::to_string(::getpid());
+  io::make_directories(dir);
+  for (const auto& f : list_flavors()) {
+    SCOPED_TRACE(f.flavor);
+    const auto recipe = recipe_of(f.flavor);
+    // Every real number moved off its value (epsilons, dropout, RoPE's theta, loss weights): one the reading does
+    // not look at comes back as the family's default.
+    nlohmann::json moved = nlohmann::json::parse(recipe->hf_config_json());
+    std::function<void(nlohmann::json&)> move = [&](nlohmann::json& j) {
+      for (auto& v : j) {
+        if (v.is_number_float()) v = v.get<double>() * 1.5 + 1e-3;
+        if (v.is_structured()) move(v);
+      }
+    };
+    move(moved);
+    const std::string json = moved.dump(2);
+    io::write_file_atomic(dir + "/config.json", std::vector<char>(json.begin(), json.end()));
+    const auto back = recipe_from_hf_config(dir);
+    EXPECT_EQ(back->family(), f.family);
+    EXPECT_EQ(back->hf_config_json(), json);
+    const auto a = recipe->build(meta_build())->named_parameters(), b = back->build(meta_build())->named_parameters();
+    ASSERT_EQ(a.size(), b.size());
+    for (const auto& p : a) {
+      ASSERT_TRUE(b.contains(p.key())) << p.key();
+      EXPECT_EQ(p.value().sizes(), b[p.key()].sizes()) << p.key();
+    }
+  }
+  io::remove_tree(dir);
+}
+
+// model.overrides: a flavor's config.json with the named keys changed, read back as any config.json is.
+TEST(Recipes, OverridesMakeCustomSizes) {
+  const auto bert = recipe_of_model("bert-base-uncased", {{"layers", 2}, {"dim", 128}, {"heads", 2}, {"mlp_dim", 256}});
+  EXPECT_EQ(bert->flavor(), "bert-base-uncased {dim: 128, heads: 2, layers: 2, mlp_dim: 256}");
+  auto params = bert->build(meta_build())->named_parameters();
+  EXPECT_EQ(params["layers.1.mlp.fc1.weight"].sizes(), at::IntArrayRef({256, 128}));
+  EXPECT_FALSE(params.contains("layers.2.mlp.fc1.weight"));
+  // FLAVA's width is every encoder's and the projections'; unimodal_layers the text and the image encoder's.
+  const auto flava = recipe_of_model("flava-debug", {{"dim", 48}, {"unimodal_layers", 3}});
+  params = flava->build(meta_build())->named_parameters();
+  EXPECT_TRUE(params.contains("text.layers.2.mlp.fc1.weight"));
+  EXPECT_TRUE(params.contains("image.layers.2.mlp.fc1.weight"));
+  EXPECT_EQ(params["multimodal.layers.0.mlp.fc1.weight"].sizes()[1], 48);
+  // Llama's head size follows the width (no head_dim is written).
+  const auto llama = recipe_of_model("llama-debug", {{"dim", 128}, {"rope_theta", 1e6}});
+  EXPECT_NE(llama->hf_config_json().find("\"rope_theta\": 1000000.0"), std::string::npos);
+  EXPECT_EQ(recipe_of_model("t5-small", {})->flavor(), "t5-small");
+
+  EXPECT_NE(error_of([] { recipe_of_model("bert-debug", {{"layer", 3}}); })
+                .find("'layer' is not a dimension of a bert model (did you mean 'layers'? bert's: layers, dim"),
+            std::string::npos);
+  EXPECT_NE(error_of([] { recipe_of_model("bert-debug", {{"layers", 2.5}}); })
+                .find("model.overrides: layers is 2.5 (expected a whole number)"),
+            std::string::npos);
 }
 
 TEST(Recipes, DebugFlavorsTrainOnTheirTasks) {

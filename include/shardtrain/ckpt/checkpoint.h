@@ -104,4 +104,10 @@ struct ExportOptions {
 void export_checkpoint(const std::string& path, const std::string& out, const std::vector<ExportTensor>& tensors,
                        const ExportOptions& options = {});
 
+// What export_checkpoint writes, verified, read and checked the same way: (file name, tensor) in `tensors`' order,
+// for a caller that writes them elsewhere (a Hugging Face model directory's shards: io::write_safetensors_files).
+std::vector<std::pair<std::string, at::Tensor>> read_export_tensors(const std::string& path,
+                                                                    const std::vector<ExportTensor>& tensors,
+                                                                    const ExportOptions& options = {});
+
 }  // namespace shardtrain::ckpt

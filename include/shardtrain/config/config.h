@@ -14,6 +14,7 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -46,6 +47,9 @@ struct ModelConfig {
   std::string from;
   std::string flavor = "flava-debug";  // a flavor of the zoo (`shardtrain models`), or a config.json / model dir
   std::string family;                  // optional: when set, must be the flavor's family
+  // The flavor's dimensions changed, by the family's names: {layers: 4, dim: 512} (`shardtrain models` lists each
+  // family's). A custom size from a named one; with model.from, the directory's config.json is the base.
+  std::map<std::string, double> overrides;
   std::string task;                    // what it trains on, one of its family's tasks; empty: the family's default
   std::string init_weights;            // optional safetensors file with Hugging Face names to start from
   double init_std = 0.02;              // std of the normal initialisation (weights depend on train.seed and names)

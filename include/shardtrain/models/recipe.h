@@ -120,6 +120,9 @@ class ModelRecipe {
   // transformers' AutoModel of this model's config (the base model, without a task head) as its tensors, for
   // Accelerate's sizes (estimate-memory). Built from the family's own modules on the meta device.
   virtual HfModelLayout hf_base_model() const = 0;
+  // transformers' config.json of this model (JSON text): model_type, architectures and every dimension, what
+  // `shardtrain checkpoint export --hf` writes. The family's from-config.json reading of it gives back this model.
+  virtual std::string hf_config_json() const = 0;
 
   // Model FLOPs of one training step (forward + backward) on `batch`: 3 x the forward's. Each family states its
   // formula. Throws std::invalid_argument for a batch kind the model does not read.

@@ -7,6 +7,7 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -33,10 +34,16 @@ struct ModelFamily {
   // The model a config.json of this family describes, at its exact size, named `name`. Throws
   // std::invalid_argument naming the file and the key of an option the family does not implement.
   std::shared_ptr<const ModelRecipe> (*from_hf)(const HfConfig& config, const std::string& name);
+  // The dimensions model.overrides may change, by our name ("layers"), each with the config.json keys that hold it
+  // ("num_hidden_layers"; "text_config.hidden_size" inside a sub-config).
+  std::vector<std::pair<std::string, std::vector<std::string>>> override_keys;
 };
 
 // Every flavor, family by family, in table order.
 std::vector<FlavorName> list_flavors();
+
+// The names model.overrides takes, family by family in table order: {"bert", {"layers", "dim", ...}}.
+std::vector<std::pair<std::string, std::vector<std::string>>> override_names();
 
 // The recipe of a flavor. Throws std::invalid_argument naming the flavor and the closest known one when it is
 // unknown.
@@ -50,6 +57,12 @@ std::shared_ptr<const ModelRecipe> recipe_from_hf_config(const std::string& path
 
 // A flavor name, or else a config.json / model directory: what a command given MODEL builds.
 std::shared_ptr<const ModelRecipe> recipe_of_model(const std::string& flavor_or_path);
+// The same with some dimensions changed (model.overrides: {"layers": 4, "dim": 512}, the family's override_keys):
+// the model's config.json with those keys set, read as any config.json is (the same checks). Its flavor() is
+// "<flavor> {dim: 512, layers: 4}". Throws std::invalid_argument naming an override the family does not have (and
+// its names), a non-integer for an integer dimension, or what the family's reading refuses.
+std::shared_ptr<const ModelRecipe> recipe_of_model(const std::string& flavor_or_path,
+                                                   const std::map<std::string, double>& overrides);
 
 struct ZooModel {
   std::string family, flavor;

@@ -1,0 +1,127 @@
+// `shardtrain checkpoint export --hf` into transformers and back, for every family: a debug flavor (BERT's with
+// model.overrides: a custom size) trains two steps, its checkpoint is exported as a Hugging Face model directory (sharded with an index for two families), and
+// tests/reference/hf_export_check.py loads it with transformers' from_pretrained (no weight missing), records a
+// batch and transformers' outputs. shardtrain's model built from the same directory (model.from's path: its
+// config.json, its weights) must hold exactly the checkpoint's parameters and give transformers' outputs to 1e-5 of
+// their scale; transformers' tokenizer from the directory must tokenize as shardtrain's WordPiece does.
+#include <gtest/gtest.h>
+
+#include <unistd.h>
+
+#include <ATen/ATen.h>
+#include <torch/nn/module.h>
+
+#include <filesystem>
+#include <string>
+
+#include "shardtrain/data/tokenizer.h"
+#include "shardtrain/io/files.h"
+#include "shardtrain/io/safetensors.h"
+#include "shardtrain/models/bert.h"
+#include "shardtrain/models/flava.h"
+#include "shardtrain/models/llama.h"
+#include "shardtrain/models/t5.h"
+#include "shardtrain/models/vit.h"
+#include "shardtrain/models/zoo.h"
+#include "train/train_harness.h"
+
+namespace shardtrain {
+namespace {
+
+using test::Outcome;
+using test::run;
+
+void expect_close(const at::Tensor& ours, const at::Tensor& reference, const std::string& what) {
+  ASSERT_TRUE(ours.defined()) << what << " not computed";
+  ASSERT_EQ(ours.sizes(), reference.sizes()) << what;
+  const double scale = reference.abs().max().item<double>();
+  const double diff = (ours - reference).abs().max().item<double>();
+  EXPECT_LE(diff, 1e-5 * scale) << what << ": max |ours - transformers| = " << diff << ", scale " << scale;
+}
+
+// shardtrain's outputs on the batch hf_export_check.py recorded, compared with transformers'.
+void compare_outputs(const std::string& family, torch::nn::Module& module, const io::SafetensorsReader& io) {
+  auto ref = [&](const char* name) { return io.read(name); };
+  if (family == "bert") {
+    models::BertOutputs o = dynamic_cast<models::BertImpl&>(module).run(ref("input_ids"), ref("attention_mask"),
+                                                                ref("token_type_ids"), {});
+    expect_close(o.hidden, ref("hidden"), "BERT hidden states");
+    expect_close(o.pooled, ref("pooled"), "BERT pooled output");
+    expect_close(o.logits, ref("logits"), "BERT MLM logits");
+  } else if (family == "vit") {
+    models::VitOutputs o = dynamic_cast<models::VitImpl&>(module).run(ref("pixels"), {});
+    expect_close(o.hidden, ref("hidden"), "ViT hidden states");
+    expect_close(o.logits, ref("logits"), "ViT logits");
+  } else if (family == "t5") {
+    models::T5Outputs o = dynamic_cast<models::T5Impl&>(module).run(ref("input_ids"), ref("attention_mask"), {}, ref("labels"));
+    expect_close(o.encoder_hidden, ref("encoder_hidden"), "T5 encoder hidden states");
+    expect_close(o.logits, ref("logits"), "T5 logits");
+    expect_close(o.loss, ref("loss"), "T5 loss");
+  } else if (family == "llama") {
+    models::LlamaOutputs o = dynamic_cast<models::LlamaImpl&>(module).run(ref("input_ids"), ref("attention_mask"),
+                                                                  ref("labels"));
+    expect_close(o.logits, ref("logits"), "Llama logits");
+    expect_close(o.loss, ref("loss"), "Llama loss");
+  } else if (family == "flava") {
+    models::FlavaBatch b{ref("input_ids"), ref("input_ids_masked"), ref("attention_mask"),
+                         ref("pixels"),    ref("codebook_pixels"),  ref("masked_patches"),
+                         ref("mlm_labels"), {},                     ref("itm_labels")};
+    models::FlavaOutputs o = dynamic_cast<models::FlavaImpl&>(module).run(b);
+    expect_close(o.loss, ref("loss"), "FLAVA image-text loss");
+    expect_close(o.itm_logits, ref("itm_logits"), "FLAVA ITM logits");
+    expect_close(o.logits_per_image, ref("logits_per_image"), "FLAVA contrastive logits");
+  } else {
+    FAIL() << "no comparison for " << family;
+  }
+}
+
+TEST(HfExport, EveryFamilyLoadsIntoTransformersWithTheSameOutputs) {
+  const std::string root = "/tmp/shardtrain_hf_export_test_" + std::to_string(::getpid());
+  const Outcome synth = test::write_flava_suite(root);
+  ASSERT_EQ(synth.status, 0) << synth.output;
+  const data::WordPieceTokenizer tokenizer(data::load_vocab(root + "/data/vocab.txt"), /*lowercase=*/true);
+  for (const std::string family : {"bert", "vit", "t5", "llama", "flava"}) {
+    SCOPED_TRACE(family);
+    const std::string flavor = family + "-debug", ck = root + "/" + family + "-ck", out = root + "/" + family + "-hf";
+    const Outcome trained = run(std::string(SHARDTRAIN_BIN) + " train " + root + "/config.yaml --model.flavor=" +
+                                flavor + (family == "bert" ? " '--model.overrides={layers: 3, dim: 48, heads: 6}'" : "") +
+                                " --train.steps=2 --train.eval_interval=0 --launch.num_processes=1 "
+                                "--checkpoint.dir=" + ck + " --log.dir=" + root + "/" + family + "-log");
+    ASSERT_EQ(trained.status, 0) << trained.output;
+    // Shards of at most 300 kB for the two larger models (0.8 and 1.0 MB): an index and several files.
+    const bool sharded = family == "llama" || family == "flava";
+    const Outcome exported = run(std::string(SHARDTRAIN_BIN) + " checkpoint export " + ck + " --hf " + out +
+                                 (sharded ? " --max-shard-size 300KB" : ""));
+    ASSERT_EQ(exported.status, 0) << exported.output;
+    EXPECT_NE(exported.output.find("config.json, model"), std::string::npos) << exported.output;
+    EXPECT_EQ(io::path_exists(out + "/model.safetensors.index.json"), sharded) << exported.output;
+    EXPECT_NE(exported.output.find("vocab.txt, tokenizer_config.json"), std::string::npos) << exported.output;
+
+    const Outcome checked = run(std::string(SHARDTRAIN_PYTHON) + " " + SHARDTRAIN_SOURCE_DIR +
+                                "/tests/reference/hf_export_check.py " + out + " " + out + "/io.safetensors");
+    ASSERT_EQ(checked.status, 0) << checked.output;
+    EXPECT_NE(checked.output.find("every weight loaded"), std::string::npos) << checked.output;
+
+    // The directory as model.from reads it: its config.json gives the model, its files the weights.
+    models::ZooModel ours = models::build_model(models::recipe_of_model(out));
+    EXPECT_EQ(ours.family, family);
+    if (family == "bert") EXPECT_EQ(ours.module->named_parameters()["layers.2.mlp.fc1.weight"].size(1), 48);
+    models::load_weights(*ours.module, out, ours.names);
+    ours.module->eval();
+    const auto saved = test::saved_state(ck + "/step-00000002", io::path_exists(ck + "/step-00000002/model"));
+    for (const auto& p : ours.module->named_parameters()) {
+      ASSERT_TRUE(saved.count(p.key())) << p.key();
+      EXPECT_TRUE(at::equal(saved.at(p.key()), p.value())) << p.key() << " differs from the checkpoint's";
+    }
+    const io::SafetensorsReader io(out + "/io.safetensors");
+    compare_outputs(family, *ours.module, io);
+    const auto ids = tokenizer.encode("a red square beside a blue circle", 64);
+    std::vector<int64_t> ours_ids;
+    for (size_t i = 0; i < ids.ids.size() && ids.attention_mask[i] == 1; ++i) ours_ids.push_back(ids.ids[i]);
+    EXPECT_TRUE(at::equal(io.read("tokenized"), at::tensor(ours_ids, at::kLong))) << io.read("tokenized");
+  }
+  io::remove_tree(root);
+}
+
+}  // namespace
+}  // namespace shardtrain

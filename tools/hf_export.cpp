@@ -1,0 +1,164 @@
+// `shardtrain checkpoint export CHECKPOINT --hf OUT`: a checkpoint as a Hugging Face model directory that
+// transformers' from_pretrained loads — config.json, the weights (one file, or shards and an index), and the
+// tokenizer the run used.
+#include "hf_export.h"
+
+#include <torch/nn/module.h>
+
+#include <nlohmann/json.hpp>
+
+#include <cstdio>
+#include <filesystem>
+#include <iostream>
+#include <optional>
+
+#include "shardtrain/ckpt/checkpoint.h"
+#include "shardtrain/config/config.h"
+#include "shardtrain/io/files.h"
+#include "shardtrain/io/safetensors_files.h"
+#include "shardtrain/models/zoo.h"
+
+namespace shardtrain::cli {
+namespace {
+
+namespace fs = std::filesystem;
+
+// transformers' name of a dtype in config.json's torch_dtype.
+std::string torch_dtype_name(at::ScalarType t) {
+  switch (t) {
+    case at::kBFloat16: return "bfloat16";
+    case at::kHalf: return "float16";
+    default: return "float32";
+  }
+}
+
+void write_json(const fs::path& path, const nlohmann::json& json) {
+  const std::string text = json.dump(2) + "\n";
+  io::write_file_atomic(path.string(), std::vector<char>(text.begin(), text.end()));
+}
+
+// The tokenizer files a model directory may hold (transformers' and sentencepiece's names).
+const char* kTokenizerFiles[] = {"tokenizer.json",  "tokenizer_config.json", "special_tokens_map.json",
+                                 "vocab.txt",       "vocab.json",            "merges.txt",
+                                 "spiece.model",    "tokenizer.model",       "added_tokens.json"};
+
+// The run's config, from the checkpoint's record of it; nullopt (and why, in `note`) when it does not read.
+std::optional<config::Config> run_config(const ckpt::TrainerState& state, std::string& note) {
+  try {
+    return config::parse_config(state.config_yaml, "the checkpoint's config");
+  } catch (const std::exception& e) {
+    note = std::string("the checkpoint's config does not read (") + e.what() + ")";
+    return std::nullopt;
+  }
+}
+
+// The run's tokenizer into `out`: a model directory's own files when the model came from one, else the WordPiece
+// vocab.txt the data pipeline read (data.vocab) as a BertTokenizer. Returns the files written and, in `note`, why
+// there are none.
+std::vector<std::string> export_tokenizer(const ckpt::TrainerState& state, int64_t max_positions,
+                                          const fs::path& out, std::string& note) {
+  std::vector<std::string> written;
+  if (fs::is_directory(state.flavor)) {
+    for (const char* name : kTokenizerFiles) {
+      if (!fs::exists(fs::path(state.flavor) / name)) continue;
+      fs::copy_file(fs::path(state.flavor) / name, out / name, fs::copy_options::overwrite_existing);
+      written.push_back(name);
+    }
+    if (!written.empty()) return written;
+  }
+  const std::optional<config::Config> config = run_config(state, note);
+  if (!config) return written;
+  const std::string vocab = config->data.vocab;
+  if (vocab.empty()) {
+    note = "the run named no data.vocab";
+    return written;
+  }
+  if (!fs::is_regular_file(vocab)) {
+    note = "data.vocab '" + vocab + "' is not a file here";
+    return written;
+  }
+  fs::copy_file(vocab, out / "vocab.txt", fs::copy_options::overwrite_existing);
+  write_json(out / "tokenizer_config.json", {{"tokenizer_class", "BertTokenizer"},
+                                             {"do_lower_case", config->data.lowercase},
+                                             {"strip_accents", nullptr},
+                                             {"tokenize_chinese_chars", true},
+                                             {"model_max_length", max_positions}});
+  write_json(out / "special_tokens_map.json", {{"pad_token", "[PAD]"},
+                                               {"unk_token", "[UNK]"},
+                                               {"cls_token", "[CLS]"},
+                                               {"sep_token", "[SEP]"},
+                                               {"mask_token", "[MASK]"}});
+  return {"vocab.txt", "tokenizer_config.json", "special_tokens_map.json"};
+}
+
+}  // namespace
+
+std::shared_ptr<const models::ModelRecipe> recipe_of_checkpoint(const ckpt::TrainerState& state) {
+  std::string note;
+  const std::optional<config::Config> config = run_config(state, note);
+  return models::recipe_of_model(state.flavor, config ? config->model.overrides : std::map<std::string, double>{});
+}
+
+std::vector<ckpt::ExportTensor> export_layout(const models::ModelRecipe& recipe) {
+  const auto meta = recipe.build(models::meta_build());
+  const auto params = meta->named_parameters(), buffers = meta->named_buffers();
+  std::vector<ckpt::ExportTensor> layout;
+  for (const auto& [ours, hf] : models::hf_names_of(*meta, recipe.hf_names())) {
+    const at::Tensor* like = params.find(ours);
+    if (!like) like = buffers.find(ours);
+    layout.push_back({ours, hf, like->sizes().vec()});
+  }
+  return layout;
+}
+
+void export_hf_directory(const std::string& checkpoint, const std::string& out, const ckpt::ExportOptions& options,
+                         int64_t max_shard_bytes) {
+  const ckpt::TrainerState state = ckpt::read_trainer_state(checkpoint);
+  const auto recipe = recipe_of_checkpoint(state);
+  const auto tensors = ckpt::read_export_tensors(checkpoint, export_layout(*recipe), options);
+
+  io::make_directories(out);
+  const std::vector<std::string> weights = io::write_safetensors_files(out, tensors, max_shard_bytes);
+
+  // A model from a Hugging Face directory keeps that directory's config.json (every key of it, for the tools that
+  // read more than shardtrain does); a zoo flavor's is the recipe's.
+  const fs::path source_config = fs::is_directory(state.flavor) ? fs::path(state.flavor) / "config.json"
+                                                                 : fs::path(state.flavor);
+  std::string config_text = recipe->hf_config_json();
+  if (fs::is_regular_file(source_config) && source_config.extension() == ".json") {
+    const std::vector<char> bytes = io::read_file(source_config.string());
+    config_text.assign(bytes.begin(), bytes.end());
+  }
+  nlohmann::json config = nlohmann::json::parse(config_text);
+  at::ScalarType dtype = at::kFloat;
+  for (const auto& [name, t] : tensors) {
+    if (t.is_floating_point()) {
+      dtype = t.scalar_type();
+      break;
+    }
+  }
+  config["torch_dtype"] = torch_dtype_name(dtype);
+  write_json(fs::path(out) / "config.json", config);
+
+  int64_t max_positions = 512;
+  for (const char* key : {"max_position_embeddings", "n_positions"}) {
+    if (config.contains(key) && config[key].is_number_integer()) max_positions = config[key].get<int64_t>();
+  }
+  if (config.contains("text_config") && config["text_config"].contains("max_position_embeddings")) {
+    max_positions = config["text_config"]["max_position_embeddings"].get<int64_t>();
+  }
+  std::string note;
+  const std::vector<std::string> tokenizer = export_tokenizer(state, max_positions, out, note);
+
+  int64_t bytes = 0;
+  for (const auto& [name, t] : tensors) bytes += static_cast<int64_t>(t.numel()) * t.element_size();
+  std::string files = "config.json";
+  for (const auto& f : weights) files += ", " + f;
+  for (const auto& f : tokenizer) files += ", " + f;
+  std::printf("checkpoint export: %s -> %s (%s; %zu tensors, %.1f MB in %s)\n", checkpoint.c_str(), out.c_str(),
+              files.c_str(), tensors.size(), static_cast<double>(bytes) / 1e6, torch_dtype_name(dtype).c_str());
+  if (tokenizer.empty()) std::printf("  no tokenizer files: %s\n", note.c_str());
+  std::fflush(stdout);
+}
+
+}  // namespace shardtrain::cli
