@@ -3,10 +3,13 @@
 
 #include <nlohmann/json.hpp>
 
+#include <filesystem>
+
 #include "models/activation_model.h"
 #include "models/families.h"
 #include "models/hf_config.h"
 #include "models/recipe_helpers.h"
+#include "shardtrain/io/safetensors_files.h"
 #include "shardtrain/models/bert.h"
 
 namespace shardtrain::models {
@@ -119,9 +122,24 @@ nlohmann::json bert_to_hf(const BertConfig& c) {
           {"pad_token_id", 0}};
 }
 
+// Whether the weights beside a config.json (`path`: the file or its directory) hold BertModel's pooler: a
+// BertForMaskedLM saved by transformers has none, one converted from the original BERT (bert-base-uncased on the
+// Hub, whose config also says BertForMaskedLM) has one. True when there are no weights to look at (`path` is no
+// file: a flavor with model.overrides).
+bool weights_hold_pooler(const std::string& path) {
+  namespace fs = std::filesystem;
+  if (!fs::exists(path)) return true;
+  const fs::path dir = fs::is_directory(path) ? fs::path(path) : fs::path(path).parent_path();
+  const bool has_weights =
+      fs::exists(dir / "model.safetensors") || fs::exists(dir / "model.safetensors.index.json");
+  if (!has_weights) return true;
+  const io::SafetensorsFiles files(dir.string());
+  return files.find("bert.pooler.dense.weight") || files.find("pooler.dense.weight");
+}
+
 // BertConfig's keys. BertForMaskedLM / BertForPreTraining configs get the MLM head (what the task trains); every
-// BERT gets the pooler, as BertModel has one.
-BertConfig bert_from_hf(const HfConfig& hf) {
+// BERT gets the pooler, as BertModel has one, unless its weights have none.
+BertConfig bert_from_hf(const HfConfig& hf, const std::string& path) {
   BertConfig c;
   c.vocab_size = hf.integer("vocab_size", c.vocab_size);
   c.max_positions = hf.integer("max_position_embeddings", c.max_positions);
@@ -138,6 +156,7 @@ BertConfig bert_from_hf(const HfConfig& hf) {
   for (const auto& a : hf.texts("architectures")) {
     if (a == "BertForMaskedLM" || a == "BertForPreTraining") c.mlm_head = true;
   }
+  c.pooler = weights_hold_pooler(path);
   return c;
 }
 
@@ -150,7 +169,7 @@ ModelFamily bert_family() {
           },
           "bert",
           [](const HfConfig& hf, const std::string& name) -> std::shared_ptr<const ModelRecipe> {
-            return std::make_shared<BertRecipe>("bert", name, bert_from_hf(hf), bert_names, "BertLayer");
+            return std::make_shared<BertRecipe>("bert", name, bert_from_hf(hf, name), bert_names, "BertLayer");
           },
           {{"layers", {"num_hidden_layers"}},
            {"dim", {"hidden_size"}},

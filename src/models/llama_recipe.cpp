@@ -58,19 +58,19 @@ class LlamaRecipe : public FamilyRecipe<LlamaConfig, Llama> {
   std::vector<std::string> tasks() const override { return {"causal_lm"}; }
 
   // Layers: llama_layer_options (the embedding's output is layer 0's input). Then the final norm (its input, what
-  // it keeps, its output: lm_head's input) and the loss over the B (T - 1) shifted positions: causal_lm_loss
-  // narrows the logits and reshapes them into a copy, which log-softmax reads.
+  // it keeps, its output: lm_head's input) and the loss over every position (causal_lm_loss shifts the labels, so
+  // log-softmax reads the logits as they are; below float32 they are copied to float32 first).
   ActivationBytes activation_bytes(const ActivationQuery& q) const override {
     const LlamaConfig& c = config();
     const int64_t T = q.seq_len > 0 ? q.seq_len : c.max_positions, N = q.batch * T, e = element_size(q);
-    const int64_t unit = N * c.dim * e, shifted = q.batch * (T - 1);
-    const LossBytes loss = cross_entropy_bytes(shifted, c.vocab_size, q);
+    const int64_t unit = N * c.dim * e;
+    const LossBytes loss = cross_entropy_bytes(N, c.vocab_size, q);
     ActivationBytes a;
     a.layers = c.layers;
     a.per_layer = transformer_layer_kept(llama_layer_options(c), q.batch, T, 0, q);
     a.layer_input = unit;
     a.outside_layers = unit + norm_kept(Norm::kRMSNorm, N, c.dim, q) + unit + loss.kept;
-    a.loss_transient = N * c.vocab_size * e + shifted * c.vocab_size * (e + (e == 4 ? 0 : 4));
+    a.loss_transient = N * c.vocab_size * (e + (e == 4 ? 0 : 4));
     a.loss_kept = loss.kept;
     a.backward_transient = loss.backward_transient;
     return a;

@@ -15,6 +15,7 @@
 #include "shardtrain/distributed/process_group.h"
 #include "shardtrain/fsdp/wrap_policy.h"
 #include "shardtrain/io/files.h"
+#include "shardtrain/io/safetensors.h"
 #include "shardtrain/models/bert.h"
 #include "shardtrain/models/flava.h"
 #include "shardtrain/models/llama.h"
@@ -80,6 +81,27 @@ TEST(Recipes, HfConfigJsonReadsBackToTheSameModel) {
       EXPECT_EQ(p.value().sizes(), b[p.key()].sizes()) << p.key();
     }
   }
+  io::remove_tree(dir);
+}
+
+// A BertForMaskedLM saved by transformers has no pooler, one converted from the original BERT has: the weights
+// beside the config.json decide, and either loads.
+TEST(Recipes, BertPoolerAsTheWeightsHaveIt) {
+  const std::string dir = "/tmp/shardtrain_recipes_pooler_" + std::to_string(::getpid());
+  io::make_directories(dir);
+  const std::string json = recipe_of("bert-debug")->hf_config_json();
+  EXPECT_NE(json.find("BertForMaskedLM"), std::string::npos);
+  io::write_file_atomic(dir + "/config.json", std::vector<char>(json.begin(), json.end()));
+  EXPECT_TRUE(recipe_from_hf_config(dir)->build(meta_build())->named_parameters().contains("pooler.weight"));
+  ZooModel source = build_model("bert-debug");
+  std::vector<std::pair<std::string, at::Tensor>> without_pooler;
+  for (const auto& t : hf_named_tensors(*source.module, source.names)) {
+    if (t.first.find("pooler") == std::string::npos) without_pooler.push_back(t);
+  }
+  io::write_safetensors(dir + "/model.safetensors", without_pooler);
+  ZooModel loaded = build_model(recipe_from_hf_config(dir));
+  EXPECT_FALSE(loaded.module->named_parameters().contains("pooler.weight"));
+  EXPECT_NO_THROW(load_weights(*loaded.module, dir, loaded.names));
   io::remove_tree(dir);
 }
 

@@ -1,0 +1,180 @@
+// One side of bench/family_vs_hf.py: trains a model of the zoo, built from a Hugging Face model directory (the
+// very weights transformers loads on the other side), on one recorded batch for N steps — forward, the family's
+// loss, backward, AdamW (one fused kernel, the trainer's default) — and prints one RESULT line (JSON) on rank 0:
+// median step time of the slowest rank, peak CPU bytes of the largest rank (our counting allocator) over the timed
+// steps, overall and per phase (forward with the loss, backward, optimizer step with zero_grad), and every step's
+// loss. Run under `shardtrain launch`.
+//
+//   family_bench --model DIR --batch FILE.safetensors [--mode plain|full_shard|shard_grad_op] [--checkpoint]
+//                [--steps N] [--warmup K]
+//
+// The batch file holds the family's inputs under their data::Batch names (input_ids, attention_mask,
+// input_ids_masked, mlm_labels, pixels, codebook_pixels, masked_patches, itm_labels, labels), the whole global
+// batch: rank r trains rows [r B / W, (r + 1) B / W). The loss is the Hugging Face model's own on those inputs:
+// BertForMaskedLM on the masked ids, ViTForImageClassification, T5ForConditionalGeneration with labels (teacher
+// forcing), LlamaForCausalLM with labels = the ids, FlavaForPreTraining on whichever of text and image it is given.
+#include <ATen/ATen.h>
+#include <torch/nn/module.h>
+#include <torch/optim/adamw.h>
+
+#include <algorithm>
+#include <chrono>
+#include <iostream>
+#include <sstream>
+#include <string>
+
+#include "shardtrain/distributed/env.h"
+#include "shardtrain/distributed/mesh.h"
+#include "shardtrain/distributed/process_group.h"
+#include "shardtrain/io/safetensors.h"
+#include "shardtrain/memory/memory_stats.h"
+#include "shardtrain/models/bert.h"
+#include "shardtrain/models/flava.h"
+#include "shardtrain/models/llama.h"
+#include "shardtrain/models/parallelize.h"
+#include "shardtrain/models/t5.h"
+#include "shardtrain/models/vit.h"
+#include "shardtrain/optim/fused_adamw.h"
+
+namespace {
+
+using namespace shardtrain;
+
+struct Args {
+  std::string model, batch, mode = "plain";
+  int64_t steps = 10, warmup = 2;
+  bool checkpoint = false;
+};
+
+Args parse(int argc, char** argv) {
+  Args a;
+  for (int i = 1; i < argc; ++i) {
+    const std::string k = argv[i];
+    auto value = [&]() -> std::string {
+      if (i + 1 >= argc) throw std::invalid_argument(k + " needs a value");
+      return argv[++i];
+    };
+    if (k == "--model") a.model = value();
+    else if (k == "--batch") a.batch = value();
+    else if (k == "--mode") a.mode = value();
+    else if (k == "--steps") a.steps = std::stoll(value());
+    else if (k == "--warmup") a.warmup = std::stoll(value());
+    else if (k == "--checkpoint") a.checkpoint = true;
+    else throw std::invalid_argument("unknown option " + k);
+  }
+  if (a.model.empty() || a.batch.empty()) throw std::invalid_argument("--model DIR and --batch FILE are required");
+  return a;
+}
+
+// The Hugging Face model's loss on `in` (a rank's rows), by family.
+at::Tensor family_loss(const std::string& family, torch::nn::Module& m, const std::map<std::string, at::Tensor>& in) {
+  auto get = [&](const char* name) {
+    auto it = in.find(name);
+    return it == in.end() ? at::Tensor() : it->second;
+  };
+  if (family == "bert") {
+    return dynamic_cast<models::BertImpl&>(m).run(get("input_ids_masked"), get("attention_mask"), {},
+                                                  get("mlm_labels")).loss;
+  }
+  if (family == "vit") return dynamic_cast<models::VitImpl&>(m).run(get("pixels"), get("labels")).loss;
+  if (family == "t5") {
+    return dynamic_cast<models::T5Impl&>(m).run(get("input_ids"), get("attention_mask"), {}, get("labels")).loss;
+  }
+  if (family == "llama") {
+    return dynamic_cast<models::LlamaImpl&>(m).run(get("input_ids"), get("attention_mask"), get("labels")).loss;
+  }
+  if (family == "flava") {
+    models::FlavaBatch b{get("input_ids"),  get("input_ids_masked"), get("attention_mask"),
+                         get("pixels"),     get("codebook_pixels"),  get("masked_patches"),
+                         get("mlm_labels"), {},                      get("itm_labels")};
+    return dynamic_cast<models::FlavaImpl&>(m).run(b).loss;
+  }
+  throw std::invalid_argument("family_bench: no loss for family " + family);
+}
+
+int run(const Args& a) {
+  memory::install_cpu_memory_counter();
+  dist::ProcessGroup pg = dist::ProcessGroup::init(dist::read_dist_env(dist::process_env_lookup()));
+  const dist::Communicator& world = pg.world();
+  const int w = world.size(), r = world.rank();
+
+  models::ZooModel model = models::build_model(models::recipe_of_model(a.model));
+  models::load_weights(*model.module, a.model, model.names);
+  model.module->train();
+  const dist::DeviceMesh mesh = dist::DeviceMesh::create(pg, 1);
+  if (a.mode == "full_shard" || a.mode == "shard_grad_op") {
+    models::ParallelizeOptions options;
+    options.strategy = a.mode == "full_shard" ? fsdp::ShardingStrategy::FULL_SHARD
+                                              : fsdp::ShardingStrategy::SHARD_GRAD_OP;
+    options.activation_checkpoint_every = a.checkpoint ? 1 : 0;
+    models::parallelize(model, mesh, options);
+  } else if (a.mode == "plain") {
+    if (w != 1) throw std::invalid_argument("--mode plain runs on one process");
+    if (a.checkpoint) models::activation_checkpoint_layers(model, 1);
+  } else {
+    throw std::invalid_argument("--mode " + a.mode + ": expected plain, full_shard or shard_grad_op");
+  }
+
+  const io::SafetensorsReader file(a.batch);
+  std::map<std::string, at::Tensor> batch;
+  for (const auto& e : file.entries()) {
+    at::Tensor t = file.read(e.name);
+    const int64_t rows = t.size(0) / w;
+    batch[e.name] = t.narrow(0, r * rows, rows).clone();
+  }
+  optim::FusedAdamW optimizer(model.module->parameters(), torch::optim::AdamWOptions(1e-4).weight_decay(0.01));
+
+  std::vector<double> step_ms, losses, phase_peak(3, 0.0);
+  bool timed = false;
+  auto end_phase = [&](size_t phase) {
+    if (timed) phase_peak[phase] = std::max(phase_peak[phase], static_cast<double>(memory::cpu_memory_stats().peak_bytes));
+    memory::reset_cpu_peak();
+  };
+  for (int64_t s = 0; s < a.steps + a.warmup; ++s) {
+    timed = s >= a.warmup;
+    const auto t0 = std::chrono::steady_clock::now();
+    memory::reset_cpu_peak();
+    at::Tensor loss = family_loss(model.family, *model.module, batch);
+    end_phase(0);
+    loss.backward();
+    end_phase(1);
+    optimizer.step();
+    optimizer.zero_grad();
+    end_phase(2);
+    const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+    at::Tensor global = loss.detach().clone();
+    world.all_reduce(global, dist::ReduceOp::MEAN).wait();
+    step_ms.push_back(ms);
+    losses.push_back(global.item<double>());
+  }
+  std::vector<double> timed_ms(step_ms.begin() + a.warmup, step_ms.end());
+  std::sort(timed_ms.begin(), timed_ms.end());
+  at::Tensor summary =
+      at::tensor({timed_ms[timed_ms.size() / 2], phase_peak[0], phase_peak[1], phase_peak[2]}, at::kDouble);
+  world.all_reduce(summary, dist::ReduceOp::MAX).wait();
+  if (r == 0) {
+    std::ostringstream out;
+    out.precision(10);
+    out << "RESULT {\"impl\": \"shardtrain\", \"family\": \"" << model.family << "\", \"mode\": \"" << a.mode
+        << "\", \"checkpoint\": " << (a.checkpoint ? "true" : "false") << ", \"world\": " << w
+        << ", \"step_ms\": " << summary[0].item<double>()
+        << ", \"peak_bytes\": " << summary.narrow(0, 1, 3).max().item<double>() << ", \"phase_peak_bytes\": ["
+        << summary[1].item<double>() << ", " << summary[2].item<double>() << ", " << summary[3].item<double>()
+        << "], \"losses\": [";
+    for (size_t i = 0; i < losses.size(); ++i) out << (i ? ", " : "") << losses[i];
+    out << "]}";
+    std::cout << out.str() << std::endl;
+  }
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  try {
+    return run(parse(argc, argv));
+  } catch (const std::exception& e) {
+    std::cerr << "family_bench: " << e.what() << "\n";
+    return 1;
+  }
+}

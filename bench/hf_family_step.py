@@ -1,0 +1,144 @@
+"""transformers' side of bench/family_vs_hf.py: the Hugging Face model of a model directory (from_pretrained, the
+class its config.json names, transformers' default attention), trained on the recorded batch exactly as
+bench/family_bench.cpp trains shardtrain's: the model's own loss, backward, AdamW (fused), for N steps; with
+PyTorch's FSDP2 (fully_shard on every transformer layer, then the root) and, with --checkpoint, transformers'
+gradient checkpointing (non-reentrant) of every layer. Run under `shardtrain launch`; memory is counted by
+shardtrain's counting allocator loaded from libshardtrain_memhook.so, as on our side. Prints one RESULT line.
+"""
+import argparse
+import ctypes
+import datetime
+import json
+import os
+import time
+
+
+def parse():
+    p = argparse.ArgumentParser()
+    p.add_argument("--model", required=True)
+    p.add_argument("--batch", required=True)
+    p.add_argument("--mode", default="plain", choices=["plain", "full_shard", "shard_grad_op"])
+    p.add_argument("--checkpoint", action="store_true")
+    p.add_argument("--steps", type=int, default=10)
+    p.add_argument("--warmup", type=int, default=2)
+    p.add_argument("--memhook", required=True)
+    return p.parse_args()
+
+
+def layers_of(family, model):
+    """The transformer layers FSDP2 users shard one by one (what shardtrain's units are)."""
+    if family == "bert":
+        return list(model.bert.encoder.layer)
+    if family == "vit":
+        return list(model.vit.encoder.layer)
+    if family == "t5":
+        return list(model.encoder.block) + list(model.decoder.block)
+    if family == "llama":
+        return list(model.model.layers)
+    if family == "flava":
+        f = model.flava
+        return list(f.text_model.encoder.layer) + list(f.image_model.encoder.layer) + \
+            list(f.multimodal_model.encoder.layer)
+    raise SystemExit(f"no layers for {family}")
+
+
+def loss_of(family, model, b):
+    if family == "bert":
+        return model(input_ids=b["input_ids_masked"], attention_mask=b["attention_mask"], labels=b["mlm_labels"]).loss
+    if family == "vit":
+        return model(pixel_values=b["pixels"], labels=b["labels"]).loss
+    if family in ("t5", "llama"):
+        return model(input_ids=b["input_ids"], attention_mask=b["attention_mask"], labels=b["labels"]).loss
+    if family == "flava":
+        return model(input_ids=b.get("input_ids"), input_ids_masked=b.get("input_ids_masked"),
+                     attention_mask=b.get("attention_mask"), pixel_values=b.get("pixels"),
+                     codebook_pixel_values=b.get("codebook_pixels"), bool_masked_pos=b.get("masked_patches"),
+                     mlm_labels=b.get("mlm_labels"), itm_labels=b.get("itm_labels"), return_loss=True).loss
+    raise SystemExit(f"no loss for {family}")
+
+
+def main():
+    args = parse()
+    hook = ctypes.CDLL(args.memhook)
+    for f in ("shardtrain_cpu_current_bytes", "shardtrain_cpu_peak_bytes"):
+        getattr(hook, f).restype = ctypes.c_int64
+    import torch  # after the library: the counter is installed before any tensor exists
+    import torch.distributed as dist
+    from safetensors.torch import load_file
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+    import transformers
+    transformers.logging.set_verbosity_error()
+    transformers.logging.disable_progress_bar()
+    hook.shardtrain_install_cpu_memory_counter()
+
+    rank, world = int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1"))
+    fd = os.environ.get("SHARDTRAIN_MASTER_LISTEN_FD")
+    store = dist.TCPStore(os.environ.get("MASTER_ADDR", "127.0.0.1"), int(os.environ.get("MASTER_PORT", "0")), world,
+                          is_master=rank == 0, timeout=datetime.timedelta(seconds=120),
+                          master_listen_fd=int(fd) if (rank == 0 and fd) else None)
+    dist.init_process_group("gloo", store=store, rank=rank, world_size=world)
+
+    with open(os.path.join(args.model, "config.json")) as f:
+        config = json.load(f)
+    family = config["model_type"]
+    model = getattr(transformers, config["architectures"][0]).from_pretrained(args.model).float().train()
+    # from_pretrained may leave the weights in the file's memory map, which no allocator counts: copy them into
+    # allocated memory, as shardtrain's loading does (the same Parameter objects: tied weights stay tied).
+    with torch.no_grad():
+        for t in list(model.parameters()) + list(model.buffers()):
+            t.data = t.data.clone()
+    if args.checkpoint:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    if args.mode != "plain":
+        mesh = init_device_mesh("cpu", (world,))
+        reshard = args.mode == "full_shard"
+        for layer in layers_of(family, model):
+            fully_shard(layer, mesh=mesh, reshard_after_forward=reshard)
+        fully_shard(model, mesh=mesh, reshard_after_forward=reshard)
+    elif world != 1:
+        raise SystemExit("--mode plain runs on one process")
+    batch = {}
+    for k, v in load_file(args.batch).items():
+        rows = v.shape[0] // world
+        batch[k] = v[rank * rows:(rank + 1) * rows].clone()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, weight_decay=0.01, fused=True)
+
+    step_ms, losses = [], []
+    phase_peak = [0.0, 0.0, 0.0]
+
+    def end_phase(phase, timed):
+        if timed:
+            phase_peak[phase] = max(phase_peak[phase], float(hook.shardtrain_cpu_peak_bytes()))
+        hook.shardtrain_reset_cpu_peak()
+
+    for s in range(args.steps + args.warmup):
+        timed = s >= args.warmup
+        t0 = time.perf_counter()
+        hook.shardtrain_reset_cpu_peak()
+        loss = loss_of(family, model, batch)
+        end_phase(0, timed)
+        loss.backward()
+        end_phase(1, timed)
+        optimizer.step()
+        optimizer.zero_grad()
+        end_phase(2, timed)
+        ms = (time.perf_counter() - t0) * 1000
+        g = loss.detach().clone()
+        dist.all_reduce(g)
+        step_ms.append(ms)
+        losses.append(g.item() / world)
+    timed_ms = sorted(step_ms[args.warmup:])
+    summary = torch.tensor([timed_ms[len(timed_ms) // 2]] + phase_peak, dtype=torch.float64)
+    dist.all_reduce(summary, op=dist.ReduceOp.MAX)
+    if rank == 0:
+        print("RESULT " + json.dumps({"impl": "transformers", "family": family, "mode": args.mode,
+                                      "checkpoint": args.checkpoint, "world": world, "step_ms": summary[0].item(),
+                                      "peak_bytes": summary[1:].max().item(),
+                                      "phase_peak_bytes": summary[1:].tolist(), "losses": losses}), flush=True)
+    dist.barrier()
+    os._exit(0)  # no destructors: see bench/torch_reference.py
+
+
+if __name__ == "__main__":
+    main()
