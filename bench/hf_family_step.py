@@ -25,21 +25,15 @@ def parse():
     return p.parse_args()
 
 
-def layers_of(family, model):
-    """The transformer layers FSDP2 users shard one by one (what shardtrain's units are)."""
-    if family == "bert":
-        return list(model.bert.encoder.layer)
-    if family == "vit":
-        return list(model.vit.encoder.layer)
-    if family == "t5":
-        return list(model.encoder.block) + list(model.decoder.block)
-    if family == "llama":
-        return list(model.model.layers)
-    if family == "flava":
-        f = model.flava
-        return list(f.text_model.encoder.layer) + list(f.image_model.encoder.layer) + \
-            list(f.multimodal_model.encoder.layer)
-    raise SystemExit(f"no layers for {family}")
+LAYER_CLASSES = {"BertLayer", "ViTLayer", "T5Block", "LlamaDecoderLayer", "FlavaLayer"}
+
+
+def layers_of(model):
+    """The transformer layers FSDP2 users shard one by one (what shardtrain's units are), found by class."""
+    layers = [m for m in model.modules() if type(m).__name__ in LAYER_CLASSES]
+    if not layers:
+        raise SystemExit(f"no transformer layer ({sorted(LAYER_CLASSES)}) in {type(model).__name__}")
+    return layers
 
 
 def loss_of(family, model, b):
@@ -91,9 +85,11 @@ def main():
     if args.checkpoint:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     if args.mode != "plain":
+        if family == "flava":  # FSDP2 refuses scalar parameters: FLAVA's logit scale as a (1,) tensor, same values
+            model.flava.logit_scale = torch.nn.Parameter(model.flava.logit_scale.data.reshape(1))
         mesh = init_device_mesh("cpu", (world,))
         reshard = args.mode == "full_shard"
-        for layer in layers_of(family, model):
+        for layer in layers_of(model):
             fully_shard(layer, mesh=mesh, reshard_after_forward=reshard)
         fully_shard(model, mesh=mesh, reshard_after_forward=reshard)
     elif world != 1:

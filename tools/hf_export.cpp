@@ -138,6 +138,7 @@ void export_hf_directory(const std::string& checkpoint, const std::string& out, 
     }
   }
   config["torch_dtype"] = torch_dtype_name(dtype);
+  if (config.contains("dtype")) config["dtype"] = torch_dtype_name(dtype);  // transformers 5's name for it
   write_json(fs::path(out) / "config.json", config);
 
   int64_t max_positions = 512;

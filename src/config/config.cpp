@@ -202,6 +202,9 @@ const std::vector<std::pair<std::string, Strategy>> kStrategies = {
     {"full_shard", Strategy::FULL_SHARD},     {"shard_grad_op", Strategy::SHARD_GRAD_OP},
     {"no_shard", Strategy::NO_SHARD},         {"hybrid_shard", Strategy::HYBRID_SHARD},
     {"hybrid_shard_zero2", Strategy::HYBRID_SHARD_ZERO2}, {"ddp", Strategy::DDP}};
+const std::vector<std::pair<std::string, OptimizerKind>> kOptimizers = {
+    {"adamw", OptimizerKind::ADAMW}, {"anyprecision_adamw", OptimizerKind::ANYPRECISION_ADAMW},
+    {"sgd", OptimizerKind::SGD}};
 const std::vector<std::pair<std::string, Precision>> kPrecisions = {
     {"no", Precision::NO}, {"bf16", Precision::BF16}, {"fp16", Precision::FP16}};
 
@@ -259,8 +262,7 @@ std::vector<Field> fields_of(Config& c) {
       field("parallel.bucket_cap_mb", c.parallel.bucket_cap_mb),
       field("parallel.gradient_as_bucket_view", c.parallel.gradient_as_bucket_view),
       field("parallel.timeout", c.parallel.timeout),
-      choice("optim.name", c.optim.name,
-             {{"adamw", OptimizerKind::ADAMW}, {"anyprecision_adamw", OptimizerKind::ANYPRECISION_ADAMW}}),
+      choice("optim.name", c.optim.name, kOptimizers),
       field("optim.lr", c.optim.lr),
       field("optim.betas", c.optim.betas),
       field("optim.eps", c.optim.eps),
@@ -276,6 +278,8 @@ std::vector<Field> fields_of(Config& c) {
       choice("optim.momentum_dtype", c.optim.momentum_dtype, dtype_names()),
       choice("optim.variance_dtype", c.optim.variance_dtype, dtype_names()),
       choice("optim.compensation_buffer_dtype", c.optim.compensation_buffer_dtype, dtype_names()),
+      field("optim.momentum", c.optim.momentum),
+      field("optim.nesterov", c.optim.nesterov),
       field("train.steps", c.train.steps),
       // An integer, or "auto" (kAutoBatch).
       Field{"train.batch_size",
@@ -487,6 +491,9 @@ void validate(const Config& c) {
           "two values [beta1, beta2]");
   for (double b : c.optim.betas) require(b >= 0 && b < 1, "optim.betas", num(b), "in [0, 1)");
   require(c.optim.eps > 0, "optim.eps", num(c.optim.eps), "positive");
+  require(c.optim.momentum >= 0 && c.optim.momentum < 1, "optim.momentum", num(c.optim.momentum), "in [0, 1)");
+  require(!c.optim.nesterov || c.optim.momentum > 0, "optim.nesterov", "true with momentum 0",
+          "a positive optim.momentum (Nesterov's step is a momentum step)");
   require(c.optim.weight_decay >= 0, "optim.weight_decay", num(c.optim.weight_decay), "0 or positive");
   require(c.optim.warmup_steps >= 0, "optim.warmup_steps", num(c.optim.warmup_steps), "0 or positive");
   require(c.optim.min_lr_ratio >= 0 && c.optim.min_lr_ratio <= 1, "optim.min_lr_ratio", num(c.optim.min_lr_ratio),
@@ -574,6 +581,12 @@ std::string to_string(Strategy s) {
 std::string to_string(Precision p) {
   for (const auto& [name, value] : kPrecisions) {
     if (value == p) return name;
+  }
+  return "?";
+}
+std::string to_string(OptimizerKind k) {
+  for (const auto& [name, value] : kOptimizers) {
+    if (value == k) return name;
   }
   return "?";
 }

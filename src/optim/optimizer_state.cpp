@@ -1,6 +1,7 @@
 #include "shardtrain/optim/optimizer_state.h"
 
 #include <torch/optim/adamw.h>
+#include <torch/optim/sgd.h>
 
 #include <stdexcept>
 
@@ -10,7 +11,7 @@ namespace shardtrain::optim {
 namespace {
 
 [[noreturn]] void unknown_state() {
-  throw std::invalid_argument("optimizer state: only AdamW and AnyPrecisionAdamW states can be checkpointed");
+  throw std::invalid_argument("optimizer state: only AdamW, AnyPrecisionAdamW and SGD states can be checkpointed");
 }
 
 }  // namespace
@@ -18,6 +19,7 @@ namespace {
 int64_t state_step(const torch::optim::OptimizerParamState& state) {
   if (auto* s = dynamic_cast<const torch::optim::AdamWParamState*>(&state)) return s->step();
   if (auto* s = dynamic_cast<const AnyPrecisionAdamWParamState*>(&state)) return s->step();
+  if (dynamic_cast<const torch::optim::SGDParamState*>(&state)) return 1;  // SGD counts no steps: 1 = has state
   unknown_state();
 }
 
@@ -30,12 +32,22 @@ std::map<std::string, at::Tensor> state_tensors(const torch::optim::OptimizerPar
     if (s->compensation().defined()) out.emplace("compensation", s->compensation());
     return out;
   }
+  if (auto* s = dynamic_cast<const torch::optim::SGDParamState*>(&state)) {
+    return {{"momentum_buffer", s->momentum_buffer()}};
+  }
   unknown_state();
 }
 
 std::map<std::string, at::Tensor> install_empty_state(torch::optim::Optimizer& optimizer, const at::Tensor& param,
                                                       int64_t step) {
   if (auto* any = dynamic_cast<AnyPrecisionAdamW*>(&optimizer)) return state_tensors(any->empty_state(param, step));
+  if (dynamic_cast<torch::optim::SGD*>(&optimizer) != nullptr) {
+    auto s = std::make_unique<torch::optim::SGDParamState>();
+    s->momentum_buffer(at::zeros_like(param, at::MemoryFormat::Contiguous));
+    auto tensors = state_tensors(*s);
+    optimizer.state()[param.unsafeGetTensorImpl()] = std::move(s);
+    return tensors;
+  }
   if (dynamic_cast<torch::optim::AdamW*>(&optimizer) == nullptr) unknown_state();
   auto s = std::make_unique<torch::optim::AdamWParamState>();
   s->step(step);

@@ -50,7 +50,10 @@ plan::TrainingJob job_of(const config::Config& c) {
   job.cuda = c.train.device == "cuda";
   auto bytes = [](config::Dtype d) -> int64_t { return d == config::Dtype::FLOAT32 ? 4 : 2; };
   job.param_bytes = bytes(c.model.dtype);
-  if (c.optim.name == config::OptimizerKind::ANYPRECISION_ADAMW) {
+  if (c.optim.name == config::OptimizerKind::SGD) {
+    job.optimizer = "SGD";  // the momentum buffer, in the parameters' dtype
+    job.optimizer_state_bytes = c.optim.momentum > 0 ? job.param_bytes : 0;
+  } else if (c.optim.name == config::OptimizerKind::ANYPRECISION_ADAMW) {
     job.optimizer = "AnyPrecision AdamW";
     job.optimizer_state_bytes = bytes(c.optim.momentum_dtype) + bytes(c.optim.variance_dtype) +
                                 (c.optim.use_kahan_summation ? bytes(c.optim.compensation_buffer_dtype) : 0);

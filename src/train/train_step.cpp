@@ -2,6 +2,8 @@
 
 #include <ATen/ATen.h>
 
+#include <torch/optim/sgd.h>
+
 #include <cmath>
 #include <regex>
 
@@ -24,8 +26,13 @@ optim::AnyPrecisionAdamWOptions anyprecision_options(const config::OptimConfig& 
   return a;
 }
 
+torch::optim::SGDOptions sgd_options(const config::OptimConfig& o, double weight_decay) {
+  return torch::optim::SGDOptions(o.lr).momentum(o.momentum).nesterov(o.nesterov).weight_decay(weight_decay);
+}
+
 // optim.name's options with weight decay `weight_decay`.
 std::unique_ptr<torch::optim::OptimizerOptions> options_of(const config::OptimConfig& o, double weight_decay) {
+  if (o.name == config::OptimizerKind::SGD) return std::make_unique<torch::optim::SGDOptions>(sgd_options(o, weight_decay));
   if (o.name == config::OptimizerKind::ANYPRECISION_ADAMW) {
     return std::make_unique<optim::AnyPrecisionAdamWOptions>(anyprecision_options(o, weight_decay));
   }
@@ -68,6 +75,9 @@ std::unique_ptr<torch::optim::Optimizer> make_optimizer(const config::Config& c,
   const double decay = c.optim.weight_decay;
   if (c.optim.name == config::OptimizerKind::ANYPRECISION_ADAMW) {
     return std::make_unique<optim::AnyPrecisionAdamW>(std::move(groups), anyprecision_options(c.optim, decay));
+  }
+  if (c.optim.name == config::OptimizerKind::SGD) {
+    return std::make_unique<torch::optim::SGD>(std::move(groups), sgd_options(c.optim, decay));
   }
   if (c.optim.fused) return std::make_unique<optim::FusedAdamW>(std::move(groups), adamw_options(c.optim, decay));
   return std::make_unique<torch::optim::AdamW>(std::move(groups), adamw_options(c.optim, decay));

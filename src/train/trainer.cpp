@@ -227,6 +227,14 @@ void describe_start(const Config& c, const Job& job, ParallelModel& model, doubl
   for (const auto& item : model.module()->named_modules()) recomputed += nn::is_activation_checkpointed(*item.value());
   if (recomputed > 0) job.logger.info("  activation checkpointing: " + std::to_string(recomputed) + " layers");
   if (!c.model.init_weights.empty()) job.logger.info("  init_weights: " + describe_conversion(c, model.dtype()));
+  if (c.optim.use_kahan_summation && c.optim.name != config::OptimizerKind::ANYPRECISION_ADAMW) {
+    job.logger.warning("optim.use_kahan_summation: only optim.name: anyprecision_adamw has Kahan summation; " +
+                       config::to_string(c.optim.name) + " ignores it");
+  } else if (c.optim.use_kahan_summation && c.model.dtype == config::Dtype::FLOAT32) {
+    job.logger.warning("optim.use_kahan_summation with float32 weights: the compensation buffer recovers what bf16 "
+                       "weights lose in each update, float32 ones lose next to nothing; it costs its bytes per "
+                       "parameter for little (model.dtype: bf16 is what it is for)");
+  }
   if (c.parallel.cpu_offload) {
     job.logger.info(std::string("  cpu_offload: ") + (job.device.is_cuda()
                                                         ? "shards, gradients and optimizer state in CPU memory"

@@ -148,9 +148,9 @@ TEST_F(TrainTest, StoppedAndResumedEqualsOneRun) {
   EXPECT_TRUE(events);
 }
 
-// The optimizers of optim.name: LibTorch's per-tensor AdamW (optim.fused: false) against the fused default, and
+// The optimizers of optim.name: LibTorch's per-tensor AdamW (optim.fused: false) against the fused default,
 // AnyPrecision AdamW with bf16 moments and Kahan summation, whose state (with the compensation buffer) a stopped
-// and resumed run restores exactly.
+// and resumed run restores exactly, and SGD with momentum, likewise.
 TEST_F(TrainTest, OptimizersTrainAndResume) {
   const std::string fused = root_ + "/opt-fused", plain = root_ + "/opt-plain";
   const Outcome a = train("--checkpoint.dir=" + fused);
@@ -186,6 +186,21 @@ TEST_F(TrainTest, OptimizersTrainAndResume) {
     if (name.find("::") == std::string::npos) apart = std::max(apart, (t - state.at(name)).abs().max().item<double>());
   }
   EXPECT_GT(apart, 0.0);
+
+  // SGD with Nesterov momentum: its momentum buffers are checkpointed and a resumed run equals one run through.
+  const std::string sgd = "--optim.name=sgd --optim.lr=0.05 --optim.nesterov=true ";
+  const std::string sgd_through = root_ + "/sgd-through", sgd_resumed = root_ + "/sgd-resumed";
+  ASSERT_EQ(train(sgd + "--checkpoint.dir=" + sgd_through).status, 0);
+  const Outcome sgd_first = train(sgd + "--checkpoint.dir=" + sgd_resumed + " --train.stop_at=4");
+  ASSERT_EQ(sgd_first.status, 0) << sgd_first.output;
+  EXPECT_NE(sgd_first.output.find("SGD state"), std::string::npos) << sgd_first.output;
+  const Outcome sgd_second = train(sgd + "--checkpoint.dir=" + sgd_resumed + " --resume");
+  ASSERT_EQ(sgd_second.status, 0) << sgd_second.output;
+  const auto sgd_state = saved_state(sgd_through + "/step-00000008", true);
+  int buffers = 0;
+  for (const auto& [name, t] : sgd_state) buffers += name.find("::momentum_buffer") != std::string::npos;
+  EXPECT_GT(buffers, 0) << "no momentum buffer saved";
+  EXPECT_LE(max_difference(sgd_state, saved_state(sgd_resumed + "/step-00000008", true)), 1e-6);
 }
 
 // Pure bf16 (model.dtype: bf16, AnyPrecision AdamW with Kahan summation): weights, gradients, optimizer state and

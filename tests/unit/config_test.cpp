@@ -133,6 +133,10 @@ TEST(Config, BadValueNamesTheValueAndWhatWasExpected) {
                             {"launch.max_restarts", "-1", "0 or more"});
   expect_error<ConfigError>([] { parse_config("", "x.yaml", {"--optim.name=adam"}); },
                             {"optim.name", "'adam'", "one of adamw, anyprecision_adamw"});
+  expect_error<ConfigError>([] { parse_config("", "x.yaml", {"--optim.momentum=1"}); },
+                            {"optim.momentum", "1", "in [0, 1)"});
+  expect_error<ConfigError>([] { parse_config("", "x.yaml", {"--optim.nesterov=true", "--optim.momentum=0"}); },
+                            {"optim.nesterov", "a positive optim.momentum"});
   expect_error<ConfigError>([] { parse_config("", "x.yaml", {"--optim.momentum_dtype=int8"}); },
                             {"optim.momentum_dtype", "'int8'", "float32, bfloat16, float16"});
   expect_error<ConfigError>([] { parse_config("", "x.yaml", {"--model.dtype=fp16"}); },

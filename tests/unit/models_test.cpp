@@ -16,6 +16,7 @@
 #include "shardtrain/models/flava.h"
 #include "shardtrain/models/llama.h"
 #include "shardtrain/io/safetensors.h"
+#include "shardtrain/io/safetensors_files.h"
 #include "shardtrain/models/t5.h"
 #include "shardtrain/models/vit.h"
 #include "shardtrain/models/zoo.h"
@@ -161,6 +162,24 @@ TEST(Safetensors, RoundTripDtypesAndMetadata) {
     EXPECT_EQ(back.scalar_type(), t.scalar_type()) << name;
     EXPECT_TRUE(at::equal(back, t)) << name;
   }
+}
+
+// A model directory's weights as save_pretrained writes them: shards in order under a size limit and an index, read
+// back as one; a second write in the other layout removes the first's files.
+TEST(Safetensors, ShardedDirectoryRoundTrip) {
+  TempDir dir;
+  std::vector<std::pair<std::string, at::Tensor>> tensors;
+  for (int i = 0; i < 5; ++i) tensors.push_back({"t" + std::to_string(i), at::randn({10 + i})});  // 40-56 bytes each
+  const auto sharded = io::write_safetensors_files(dir.path, tensors, 100);  // two tensors fit a shard
+  EXPECT_EQ(sharded, (std::vector<std::string>{"model-00001-of-00003.safetensors", "model-00002-of-00003.safetensors",
+                                               "model-00003-of-00003.safetensors", "model.safetensors.index.json"}));
+  io::SafetensorsFiles back(dir.path);
+  for (const auto& [name, t] : tensors) EXPECT_TRUE(at::equal(back.read(name), t)) << name;
+  EXPECT_EQ(io::SafetensorsReader(dir.path + "/model-00001-of-00003.safetensors").metadata().at("format"), "pt");
+  EXPECT_EQ(io::write_safetensors_files(dir.path, tensors, 1000), std::vector<std::string>{"model.safetensors"});
+  EXPECT_FALSE(io::path_exists(dir.path + "/model.safetensors.index.json"));
+  EXPECT_FALSE(io::path_exists(dir.path + "/model-00001-of-00003.safetensors"));
+  EXPECT_TRUE(at::equal(io::SafetensorsFiles(dir.path).read("t4"), tensors[4].second));
 }
 
 TEST(Safetensors, WeightsRoundTripUnderHfNames) {

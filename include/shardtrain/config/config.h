@@ -32,7 +32,7 @@ enum class Precision { NO, BF16, FP16 };
 enum class AutoWrap { TRANSFORMER, SIZE, NONE };
 enum class Prefetch { BACKWARD_PRE, BACKWARD_POST, NONE };
 enum class LrSchedule { COSINE, LINEAR, CONSTANT };
-enum class OptimizerKind { ADAMW, ANYPRECISION_ADAMW };
+enum class OptimizerKind { ADAMW, ANYPRECISION_ADAMW, SGD };
 enum class Dtype { FLOAT32, BFLOAT16, FLOAT16 };  // model.dtype, AnyPrecision AdamW's state dtypes
 enum class Progress { AUTO, BAR, LINES, NONE };
 enum class StateDictType { SHARDED, FULL };
@@ -111,7 +111,8 @@ struct ParallelConfig {
 };
 
 struct OptimConfig {
-  OptimizerKind name = OptimizerKind::ADAMW;  // adamw | anyprecision_adamw (optim::AnyPrecisionAdamW)
+  // adamw | anyprecision_adamw (optim::AnyPrecisionAdamW) | sgd (LibTorch's: momentum, nesterov, L2 weight decay)
+  OptimizerKind name = OptimizerKind::ADAMW;
   double lr = 1e-3;
   std::vector<double> betas = {0.9, 0.999};
   double eps = 1e-8;
@@ -129,6 +130,9 @@ struct OptimConfig {
   Dtype momentum_dtype = Dtype::BFLOAT16;
   Dtype variance_dtype = Dtype::BFLOAT16;
   Dtype compensation_buffer_dtype = Dtype::BFLOAT16;
+  // sgd: the momentum (0: plain SGD, no state) and Nesterov's variant of it.
+  double momentum = 0.9;
+  bool nesterov = false;
 };
 
 inline constexpr int64_t kAutoBatch = 0;  // train.batch_size: auto
@@ -226,5 +230,6 @@ std::vector<std::string> key_paths();
 // Names of enum values as written in YAML ("full_shard").
 std::string to_string(Strategy s);
 std::string to_string(Precision p);
+std::string to_string(OptimizerKind k);
 
 }  // namespace shardtrain::config

@@ -1,7 +1,8 @@
 // What checkpoints need of the per-parameter state of the optimizers the trainer makes (torch::optim::AdamW,
-// optim::FusedAdamW, optim::AnyPrecisionAdamW): its step count and its tensors by name, and an empty state to fill
-// from a file. Checkpoints store the tensors under these names (exp_avg, exp_avg_sq, and compensation for
-// AnyPrecisionAdamW with Kahan summation), sharded like the parameters.
+// optim::FusedAdamW, optim::AnyPrecisionAdamW, torch::optim::SGD): its step count and its tensors by name, and an
+// empty state to fill from a file. Checkpoints store the tensors under these names (exp_avg, exp_avg_sq, and
+// compensation for AnyPrecisionAdamW with Kahan summation; SGD's momentum_buffer, its step count 1: it keeps none),
+// sharded like the parameters.
 #pragma once
 
 #include <ATen/core/Tensor.h>
