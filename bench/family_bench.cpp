@@ -17,10 +17,7 @@
 #include <torch/nn/module.h>
 #include <torch/optim/adamw.h>
 
-#include <algorithm>
-#include <chrono>
 #include <iostream>
-#include <sstream>
 #include <string>
 
 #include "shardtrain/distributed/env.h"
@@ -35,6 +32,7 @@
 #include "shardtrain/models/t5.h"
 #include "shardtrain/models/vit.h"
 #include "shardtrain/optim/fused_adamw.h"
+#include "bench_loop.h"
 
 namespace {
 
@@ -124,47 +122,12 @@ int run(const Args& a) {
   }
   optim::FusedAdamW optimizer(model.module->parameters(), torch::optim::AdamWOptions(1e-4).weight_decay(0.01));
 
-  std::vector<double> step_ms, losses, phase_peak(3, 0.0);
-  bool timed = false;
-  auto end_phase = [&](size_t phase) {
-    if (timed) phase_peak[phase] = std::max(phase_peak[phase], static_cast<double>(memory::cpu_memory_stats().peak_bytes));
-    memory::reset_cpu_peak();
-  };
-  for (int64_t s = 0; s < a.steps + a.warmup; ++s) {
-    timed = s >= a.warmup;
-    const auto t0 = std::chrono::steady_clock::now();
-    memory::reset_cpu_peak();
-    at::Tensor loss = family_loss(model.family, *model.module, batch);
-    end_phase(0);
-    loss.backward();
-    end_phase(1);
-    optimizer.step();
-    optimizer.zero_grad();
-    end_phase(2);
-    const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
-    at::Tensor global = loss.detach().clone();
-    world.all_reduce(global, dist::ReduceOp::MEAN).wait();
-    step_ms.push_back(ms);
-    losses.push_back(global.item<double>());
-  }
-  std::vector<double> timed_ms(step_ms.begin() + a.warmup, step_ms.end());
-  std::sort(timed_ms.begin(), timed_ms.end());
-  at::Tensor summary =
-      at::tensor({timed_ms[timed_ms.size() / 2], phase_peak[0], phase_peak[1], phase_peak[2]}, at::kDouble);
-  world.all_reduce(summary, dist::ReduceOp::MAX).wait();
-  if (r == 0) {
-    std::ostringstream out;
-    out.precision(10);
-    out << "RESULT {\"impl\": \"shardtrain\", \"family\": \"" << model.family << "\", \"mode\": \"" << a.mode
-        << "\", \"checkpoint\": " << (a.checkpoint ? "true" : "false") << ", \"world\": " << w
-        << ", \"step_ms\": " << summary[0].item<double>()
-        << ", \"peak_bytes\": " << summary.narrow(0, 1, 3).max().item<double>() << ", \"phase_peak_bytes\": ["
-        << summary[1].item<double>() << ", " << summary[2].item<double>() << ", " << summary[3].item<double>()
-        << "], \"losses\": [";
-    for (size_t i = 0; i < losses.size(); ++i) out << (i ? ", " : "") << losses[i];
-    out << "]}";
-    std::cout << out.str() << std::endl;
-  }
+  const bench::StepLoop result = bench::run_steps(
+      world, a.steps, a.warmup, [&](int64_t) { return family_loss(model.family, *model.module, batch); }, optimizer);
+  bench::print_result(world, "\"impl\": \"shardtrain\", \"family\": \"" + model.family + "\", \"mode\": \"" +
+                                 a.mode + "\", \"checkpoint\": " + (a.checkpoint ? "true" : "false") +
+                                 ", \"world\": " + std::to_string(w),
+                      result);
   return 0;
 }
 

@@ -15,15 +15,15 @@ layer and root; transformers' gradient checkpointing, non-reentrant) on transfor
 share this machine's cores: compare rows of one world size, not across.
 """
 import argparse
-import json
 import os
-import subprocess
 import sys
 import tempfile
 
 import torch
 from safetensors.torch import save_file
 import transformers
+
+import bench_common
 
 transformers.logging.set_verbosity_error()
 transformers.logging.disable_progress_bar()
@@ -97,14 +97,6 @@ def models_and_batches():
     return out
 
 
-def run(cmd):
-    out = subprocess.run(cmd, capture_output=True, text=True)
-    for line in out.stdout.splitlines():
-        if "RESULT " in line:
-            return json.loads(line.split("RESULT ", 1)[1])
-    sys.exit(f"no RESULT from {' '.join(cmd)} (exit {out.returncode}):\n{out.stdout[-3000:]}\n{out.stderr[-3000:]}")
-
-
 def main():
     p = argparse.ArgumentParser()
     p.add_argument("--build", default="build")
@@ -141,8 +133,8 @@ def main():
                     label = f"{family} W={world} {mode}{' +AC' if checkpoint else ''}"
                     print(f"  running {label}", file=sys.stderr, flush=True)
                     launch = [launcher, "launch", "--nproc-per-node", str(world), "--"]
-                    o = run(launch + [ours] + common + extra)
-                    t = run(launch + [sys.executable, os.path.join(here, "hf_family_step.py"), "--memhook", memhook] +
+                    o = bench_common.run_result(launch + [ours] + common + extra)
+                    t = bench_common.run_result(launch + [sys.executable, os.path.join(here, "hf_family_step.py"), "--memhook", memhook] +
                             common + extra)
                     rows.append((label, what, params, o, t))
 

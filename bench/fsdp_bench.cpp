@@ -10,10 +10,7 @@
 #include <torch/serialize.h>
 #include <torch/torch.h>
 
-#include <algorithm>
-#include <chrono>
 #include <iostream>
-#include <sstream>
 #include <string>
 
 #include "shardtrain/ddp/replicate.h"
@@ -24,6 +21,7 @@
 #include "shardtrain/memory/memory_stats.h"
 #include "shardtrain/nn/activation_checkpoint.h"
 #include "shardtrain/nn/intercept.h"
+#include "bench_loop.h"
 
 namespace {
 
@@ -119,7 +117,7 @@ int run(const Args& a) {
   }
   dist::ProcessGroup pg = dist::ProcessGroup::init(dist::read_dist_env(dist::process_env_lookup()));
   const dist::Communicator& world = pg.world();
-  const int w = world.size(), r = world.rank();
+  const int w = world.size(), rank = world.rank();
   if (a.batch % w != 0) throw std::invalid_argument("--batch " + std::to_string(a.batch) + " is not a multiple of W");
   auto model = std::make_shared<ModelImpl>(a.dim, a.blocks);
   {
@@ -147,53 +145,13 @@ int run(const Args& a) {
   }
   torch::optim::AdamW optimizer(model->parameters(), torch::optim::AdamWOptions(1e-3).weight_decay(0.01));
   const int64_t local = a.batch / w;
-  std::vector<double> step_ms, losses;
-  // Bytes: the largest peak of each phase over the timed steps (the peak counter restarts at each phase).
-  std::vector<double> phase_peak(3, 0.0);
-  bool timed = false;
-  auto end_phase = [&](size_t phase) {
-    const auto peak = static_cast<double>(memory::cpu_memory_stats().peak_bytes);
-    if (timed) phase_peak[phase] = std::max(phase_peak[phase], peak);
-    memory::reset_cpu_peak();
-  };
-  for (int64_t s = 0; s < a.steps + a.warmup; ++s) {
-    timed = s >= a.warmup;
-    at::Tensor x = data.at("x")[s].narrow(0, r * local, local), y = data.at("y")[s].narrow(0, r * local, local);
-    const auto t0 = std::chrono::steady_clock::now();
-    memory::reset_cpu_peak();
-    at::Tensor loss = torch::mse_loss(model->forward(x), y);
-    end_phase(0);
-    loss.backward();
-    end_phase(1);
-    optimizer.step();
-    optimizer.zero_grad();
-    end_phase(2);
-    const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
-    at::Tensor global = loss.detach().clone();
-    world.all_reduce(global, dist::ReduceOp::MEAN).wait();
-    if (s >= a.warmup) {
-      step_ms.push_back(ms);
-      losses.push_back(global.item<double>());
-    }
-  }
-  std::sort(step_ms.begin(), step_ms.end());
-  // The slowest rank's median step and the largest rank's peaks.
-  at::Tensor summary = torch::tensor({step_ms[step_ms.size() / 2], phase_peak[0], phase_peak[1], phase_peak[2]},
-                                     torch::kDouble);
-  world.all_reduce(summary, dist::ReduceOp::MAX).wait();
-  if (r == 0) {
-    std::ostringstream out;
-    out.precision(10);
-    out << "RESULT {\"impl\": \"shardtrain\", \"mode\": \"" << a.mode << "\", \"checkpoint\": "
-        << (a.checkpoint ? "true" : "false") << ", \"world\": " << w
-        << ", \"step_ms\": " << summary[0].item<double>()
-        << ", \"peak_bytes\": " << summary.narrow(0, 1, 3).max().item<double>() << ", \"phase_peak_bytes\": ["
-        << summary[1].item<double>() << ", " << summary[2].item<double>() << ", " << summary[3].item<double>()
-        << "], \"losses\": [";
-    for (size_t i = 0; i < losses.size(); ++i) out << (i ? ", " : "") << losses[i];
-    out << "]}";
-    std::cout << out.str() << std::endl;
-  }
+  const bench::StepLoop result = bench::run_steps(world, a.steps, a.warmup, [&](int64_t s) {
+    at::Tensor x = data.at("x")[s].narrow(0, rank * local, local), y = data.at("y")[s].narrow(0, rank * local, local);
+    return torch::mse_loss(model->forward(x), y);
+  }, optimizer);
+  bench::print_result(world, "\"impl\": \"shardtrain\", \"mode\": \"" + a.mode + "\", \"checkpoint\": " +
+                                 (a.checkpoint ? "true" : "false") + ", \"world\": " + std::to_string(w),
+                      result, static_cast<size_t>(a.warmup));
   return 0;
 }
 

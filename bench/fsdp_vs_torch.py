@@ -17,19 +17,12 @@ on one machine the ranks share its cores, so absolute times say little, ratios b
 size do.
 """
 import argparse
-import json
 import os
 import subprocess
 import sys
 import tempfile
 
-
-def run(cmd):
-    out = subprocess.run(cmd, capture_output=True, text=True)
-    for line in out.stdout.splitlines():
-        if "RESULT " in line:
-            return json.loads(line.split("RESULT ", 1)[1])
-    sys.exit(f"no RESULT from {' '.join(cmd)} (exit {out.returncode}):\n{out.stdout[-3000:]}\n{out.stderr[-3000:]}")
+import bench_common
 
 
 def main():
@@ -65,7 +58,7 @@ def main():
                        os.path.join(here, "torch_reference.py"), "--mode", mode, "--inputs", data, "--memhook", memhook]
             print(f"  running {impl:10s} {mode:13s} W={world} {size_args[5]:>5s} rows{' checkpointed' if checkpoint else ''}",
                   file=sys.stderr, flush=True)
-            results[(impl, mode, world, section, checkpoint)] = run(cmd + size_args + extra)
+            results[(impl, mode, world, section, checkpoint)] = bench_common.run_result(cmd + size_args + extra)
 
         for impl, mode, world in [("shardtrain", "plain", 1), ("shardtrain", "full_shard", 1), ("torch", "plain", 1),
                                   ("shardtrain", "full_shard", 2), ("torch", "full_shard", 2),

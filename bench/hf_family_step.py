@@ -6,11 +6,10 @@ gradient checkpointing (non-reentrant) of every layer. Run under `shardtrain lau
 shardtrain's counting allocator loaded from libshardtrain_memhook.so, as on our side. Prints one RESULT line.
 """
 import argparse
-import ctypes
-import datetime
 import json
 import os
-import time
+
+import bench_common
 
 
 def parse():
@@ -53,11 +52,8 @@ def loss_of(family, model, b):
 
 def main():
     args = parse()
-    hook = ctypes.CDLL(args.memhook)
-    for f in ("shardtrain_cpu_current_bytes", "shardtrain_cpu_peak_bytes"):
-        getattr(hook, f).restype = ctypes.c_int64
+    hook = bench_common.load_memhook(args.memhook)
     import torch  # after the library: the counter is installed before any tensor exists
-    import torch.distributed as dist
     from safetensors.torch import load_file
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
@@ -66,12 +62,7 @@ def main():
     transformers.logging.disable_progress_bar()
     hook.shardtrain_install_cpu_memory_counter()
 
-    rank, world = int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1"))
-    fd = os.environ.get("SHARDTRAIN_MASTER_LISTEN_FD")
-    store = dist.TCPStore(os.environ.get("MASTER_ADDR", "127.0.0.1"), int(os.environ.get("MASTER_PORT", "0")), world,
-                          is_master=rank == 0, timeout=datetime.timedelta(seconds=120),
-                          master_listen_fd=int(fd) if (rank == 0 and fd) else None)
-    dist.init_process_group("gloo", store=store, rank=rank, world_size=world)
+    rank, world = bench_common.init_gloo()
 
     with open(os.path.join(args.model, "config.json")) as f:
         config = json.load(f)
@@ -100,40 +91,10 @@ def main():
         batch[k] = v[rank * rows:(rank + 1) * rows].clone()
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, weight_decay=0.01, fused=True)
 
-    step_ms, losses = [], []
-    phase_peak = [0.0, 0.0, 0.0]
-
-    def end_phase(phase, timed):
-        if timed:
-            phase_peak[phase] = max(phase_peak[phase], float(hook.shardtrain_cpu_peak_bytes()))
-        hook.shardtrain_reset_cpu_peak()
-
-    for s in range(args.steps + args.warmup):
-        timed = s >= args.warmup
-        t0 = time.perf_counter()
-        hook.shardtrain_reset_cpu_peak()
-        loss = loss_of(family, model, batch)
-        end_phase(0, timed)
-        loss.backward()
-        end_phase(1, timed)
-        optimizer.step()
-        optimizer.zero_grad()
-        end_phase(2, timed)
-        ms = (time.perf_counter() - t0) * 1000
-        g = loss.detach().clone()
-        dist.all_reduce(g)
-        step_ms.append(ms)
-        losses.append(g.item() / world)
-    timed_ms = sorted(step_ms[args.warmup:])
-    summary = torch.tensor([timed_ms[len(timed_ms) // 2]] + phase_peak, dtype=torch.float64)
-    dist.all_reduce(summary, op=dist.ReduceOp.MAX)
-    if rank == 0:
-        print("RESULT " + json.dumps({"impl": "transformers", "family": family, "mode": args.mode,
-                                      "checkpoint": args.checkpoint, "world": world, "step_ms": summary[0].item(),
-                                      "peak_bytes": summary[1:].max().item(),
-                                      "phase_peak_bytes": summary[1:].tolist(), "losses": losses}), flush=True)
-    dist.barrier()
-    os._exit(0)  # no destructors: see bench/torch_reference.py
+    step_ms, losses, phase_peak = bench_common.timed_steps(hook, args.steps, args.warmup,
+                                                           lambda s: loss_of(family, model, batch), optimizer)
+    bench_common.report_and_exit({"impl": "transformers", "family": family, "mode": args.mode,
+                                  "checkpoint": args.checkpoint, "world": world}, step_ms, phase_peak, losses)
 
 
 if __name__ == "__main__":

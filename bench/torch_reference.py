@@ -6,11 +6,9 @@ measured by shardtrain's own counting allocator, loaded into this process from l
 sides are counted alike. Prints one RESULT line (JSON) on rank 0.
 """
 import argparse
-import ctypes
-import datetime
-import json
 import os
-import time
+
+import bench_common
 
 
 def parse():
@@ -29,11 +27,8 @@ def parse():
 
 def main():
     args = parse()
-    hook = ctypes.CDLL(args.memhook)
-    for f in ("shardtrain_cpu_current_bytes", "shardtrain_cpu_peak_bytes"):
-        getattr(hook, f).restype = ctypes.c_int64
+    hook = bench_common.load_memhook(args.memhook)
     import torch  # after the library: c10 is shared, the counter is installed before any tensor exists
-    import torch.distributed as dist
     import torch.utils.checkpoint
     from torch import nn
     from torch.distributed.device_mesh import init_device_mesh
@@ -70,12 +65,7 @@ def main():
                 x = b(x)
             return self.head(self.norm(x))
 
-    rank, world = int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1"))
-    fd = os.environ.get("SHARDTRAIN_MASTER_LISTEN_FD")
-    store = dist.TCPStore(os.environ.get("MASTER_ADDR", "127.0.0.1"), int(os.environ.get("MASTER_PORT", "0")), world,
-                          is_master=rank == 0, timeout=datetime.timedelta(seconds=120),
-                          master_listen_fd=int(fd) if (rank == 0 and fd) else None)
-    dist.init_process_group("gloo", store=store, rank=rank, world_size=world)
+    rank, world = bench_common.init_gloo()
 
     def load(name):  # LibTorch's pickle_save tags typed dicts; allow that one function, nothing else
         import torch.jit._pickle
@@ -95,45 +85,15 @@ def main():
         model = DistributedDataParallel(model, gradient_as_bucket_view=args.mode == "ddp_bucket_view")
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3, weight_decay=0.01)
     local = args.batch // world
-    step_ms, losses = [], []
-    phase_peak = [0.0, 0.0, 0.0]  # bytes: the largest peak of forward, backward, step over the timed steps
 
-    def end_phase(phase, timed):
-        if timed:
-            phase_peak[phase] = max(phase_peak[phase], float(hook.shardtrain_cpu_peak_bytes()))
-        hook.shardtrain_reset_cpu_peak()
-
-    for s in range(args.steps + args.warmup):
-        timed = s >= args.warmup
+    def loss_of_step(s):
         x = data["x"][s][rank * local:(rank + 1) * local]
         y = data["y"][s][rank * local:(rank + 1) * local]
-        t0 = time.perf_counter()
-        hook.shardtrain_reset_cpu_peak()
-        loss = nn.functional.mse_loss(model(x), y)
-        end_phase(0, timed)
-        loss.backward()
-        end_phase(1, timed)
-        optimizer.step()
-        optimizer.zero_grad()
-        end_phase(2, timed)
-        ms = (time.perf_counter() - t0) * 1000
-        g = loss.detach().clone()
-        dist.all_reduce(g)
-        if timed:
-            step_ms.append(ms)
-            losses.append(g.item() / world)
-    step_ms.sort()
-    summary = torch.tensor([step_ms[len(step_ms) // 2]] + phase_peak, dtype=torch.float64)
-    dist.all_reduce(summary, op=dist.ReduceOp.MAX)
-    if rank == 0:
-        print("RESULT " + json.dumps({"impl": "torch", "mode": args.mode, "checkpoint": args.checkpoint, "world": world,
-                                      "step_ms": summary[0].item(),
-                                      "peak_bytes": summary[1:].max().item(),
-                                      "phase_peak_bytes": summary[1:].tolist(), "losses": losses}), flush=True)
-    dist.barrier()
-    # Leave without destructors: torch 2.11's DDP can deadlock at interpreter exit (the main thread, holding the
-    # GIL, joins a Gloo worker thread that waits for the GIL to release a tensor; seen 2026-11-22).
-    os._exit(0)
+        return nn.functional.mse_loss(model(x), y)
+
+    step_ms, losses, phase_peak = bench_common.timed_steps(hook, args.steps, args.warmup, loss_of_step, optimizer)
+    bench_common.report_and_exit({"impl": "torch", "mode": args.mode, "checkpoint": args.checkpoint, "world": world},
+                                 step_ms, phase_peak, losses[args.warmup:])
 
 
 if __name__ == "__main__":
