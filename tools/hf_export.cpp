@@ -61,6 +61,10 @@ std::vector<std::string> export_tokenizer(const ckpt::TrainerState& state, int64
   if (fs::is_directory(state.flavor)) {
     for (const char* name : kTokenizerFiles) {
       if (!fs::exists(fs::path(state.flavor) / name)) continue;
+      if (fs::exists(out / name) && fs::equivalent(fs::path(state.flavor) / name, out / name)) {  // exported in place
+        written.push_back(name);
+        continue;
+      }
       fs::copy_file(fs::path(state.flavor) / name, out / name, fs::copy_options::overwrite_existing);
       written.push_back(name);
     }
@@ -121,11 +125,11 @@ void export_hf_directory(const std::string& checkpoint, const std::string& out, 
   const std::vector<std::string> weights = io::write_safetensors_files(out, tensors, max_shard_bytes);
 
   // A model from a Hugging Face directory keeps that directory's config.json (every key of it, for the tools that
-  // read more than shardtrain does); a zoo flavor's is the recipe's.
+  // read more than shardtrain does) unless model.overrides changed its size; a zoo flavor's is the recipe's.
   const fs::path source_config = fs::is_directory(state.flavor) ? fs::path(state.flavor) / "config.json"
                                                                  : fs::path(state.flavor);
   std::string config_text = recipe->hf_config_json();
-  if (fs::is_regular_file(source_config) && source_config.extension() == ".json") {
+  if (recipe->flavor() == state.flavor && fs::is_regular_file(source_config) && source_config.extension() == ".json") {
     const std::vector<char> bytes = io::read_file(source_config.string());
     config_text.assign(bytes.begin(), bytes.end());
   }

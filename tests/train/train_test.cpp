@@ -396,7 +396,7 @@ TEST_F(TrainTest, ModelFromAHuggingFaceDirectory) {
   const std::string config_json =
       R"({"model_type": "bert", "architectures": ["BertForMaskedLM"], "vocab_size": 1000,
           "max_position_embeddings": 64, "hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 4,
-          "intermediate_size": 64, "hidden_act": "gelu"})";
+          "intermediate_size": 64, "hidden_act": "gelu", "_name_or_path": "tiny-bert"})";
   auto write_text = [](const std::string& path, const std::string& text) {
     io::write_file_atomic(path, std::vector<char>(text.begin(), text.end()));
   };
@@ -437,6 +437,13 @@ TEST_F(TrainTest, ModelFromAHuggingFaceDirectory) {
     EXPECT_LE(worst, 1e-2);
   }
   EXPECT_EQ(max_difference(saved[0], saved[1]), 0.0);
+  // Exported as a model directory, the source's config.json comes back whole (keys shardtrain does not read too).
+  const Outcome exported =
+      run(std::string(SHARDTRAIN_BIN) + " checkpoint export " + single + "-run --hf " + root_ + "/hf-bert-export");
+  ASSERT_EQ(exported.status, 0) << exported.output;
+  const std::string exported_config = test::read_text(root_ + "/hf-bert-export/config.json");
+  EXPECT_NE(exported_config.find("\"_name_or_path\": \"tiny-bert\""), std::string::npos) << exported_config;
+  EXPECT_NE(exported_config.find("\"torch_dtype\": \"float32\""), std::string::npos) << exported_config;
 
   io::remove_tree(sharded + "/model-00002-of-00002.safetensors");
   const Outcome missing = train("--model.from=" + sharded + " --train.steps=1 --checkpoint.dir=" + root_ + "/hf-x");
