@@ -150,7 +150,7 @@ TEST_F(TrainTest, StoppedAndResumedEqualsOneRun) {
 
 // The optimizers of optim.name: LibTorch's per-tensor AdamW (optim.fused: false) against the fused default,
 // AnyPrecision AdamW with bf16 moments and Kahan summation, whose state (with the compensation buffer) a stopped
-// and resumed run restores exactly, and SGD with momentum, likewise.
+// and resumed run restores exactly (FSDP and DDP; a 2-rank checkpoint resumes on one rank), and SGD with momentum.
 TEST_F(TrainTest, OptimizersTrainAndResume) {
   const std::string fused = root_ + "/opt-fused", plain = root_ + "/opt-plain";
   const Outcome a = train("--checkpoint.dir=" + fused);
@@ -186,6 +186,26 @@ TEST_F(TrainTest, OptimizersTrainAndResume) {
     if (name.find("::") == std::string::npos) apart = std::max(apart, (t - state.at(name)).abs().max().item<double>());
   }
   EXPECT_GT(apart, 0.0);
+
+  // Under DDP the whole AnyPrecision state goes to model.pt and comes back exactly too.
+  const std::string ddp = any + "--parallel.strategy=ddp ";
+  const std::string ddp_through = root_ + "/any-ddp-through", ddp_resumed = root_ + "/any-ddp-resumed";
+  ASSERT_EQ(train(ddp + "--checkpoint.dir=" + ddp_through).status, 0);
+  ASSERT_EQ(train(ddp + "--checkpoint.dir=" + ddp_resumed + " --train.stop_at=4").status, 0);
+  const Outcome ddp_second = train(ddp + "--checkpoint.dir=" + ddp_resumed + " --resume");
+  ASSERT_EQ(ddp_second.status, 0) << ddp_second.output;
+  const auto ddp_state = saved_state(ddp_through + "/step-00000008", false);
+  EXPECT_GT(ddp_state.count("text.layers.0.mlp.fc1.weight::compensation"), 0u);
+  EXPECT_LE(max_difference(ddp_state, saved_state(ddp_resumed + "/step-00000008", false)), 1e-6);
+  // The 2-rank sharded state (compensation buffers included) resumes on one rank: resharded on load.
+  const std::string one = root_ + "/any-one-rank";
+  ASSERT_EQ(run("mkdir -p " + one + " && cp -r " + resumed + "/step-00000004 " + one + "/").status, 0);
+  const Outcome single = run(std::string(SHARDTRAIN_BIN) + " train " + root_ + "/config.yaml " + any +
+                             "--launch.num_processes=1 --checkpoint.dir=" + one + " --resume");
+  ASSERT_EQ(single.status, 0) << single.output;
+  EXPECT_NE(single.output.find("at step 4 (another world size"), std::string::npos) << single.output;
+  const auto one_state = saved_state(one + "/step-00000008", true);
+  EXPECT_GT(one_state.count("text.layers.0.mlp.fc1.weight::compensation"), 0u);
 
   // SGD with Nesterov momentum: its momentum buffers are checkpointed and a resumed run equals one run through.
   const std::string sgd = "--optim.name=sgd --optim.lr=0.05 --optim.nesterov=true ";
