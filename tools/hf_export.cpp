@@ -52,25 +52,28 @@ std::optional<config::Config> run_config(const ckpt::TrainerState& state, std::s
   }
 }
 
+// The checkpoint's model: its flavor (or model directory) with the run's model.overrides, when its config reads.
+std::shared_ptr<const models::ModelRecipe> recipe_of_run(const ckpt::TrainerState& state,
+                                                         const std::optional<config::Config>& config) {
+  return models::recipe_of_model(state.flavor, config ? config->model.overrides : std::map<std::string, double>{});
+}
+
 // The run's tokenizer into `out`: a model directory's own files when the model came from one, else the WordPiece
 // vocab.txt the data pipeline read (data.vocab) as a BertTokenizer. Returns the files written and, in `note`, why
-// there are none.
-std::vector<std::string> export_tokenizer(const ckpt::TrainerState& state, int64_t max_positions,
-                                          const fs::path& out, std::string& note) {
+// there are none (`note` arrives saying why `config` is absent, if it is).
+std::vector<std::string> export_tokenizer(const ckpt::TrainerState& state, const std::optional<config::Config>& config,
+                                          int64_t max_positions, const fs::path& out, std::string& note) {
   std::vector<std::string> written;
   if (fs::is_directory(state.flavor)) {
     for (const char* name : kTokenizerFiles) {
-      if (!fs::exists(fs::path(state.flavor) / name)) continue;
-      if (fs::exists(out / name) && fs::equivalent(fs::path(state.flavor) / name, out / name)) {  // exported in place
-        written.push_back(name);
-        continue;
-      }
-      fs::copy_file(fs::path(state.flavor) / name, out / name, fs::copy_options::overwrite_existing);
+      const fs::path source = fs::path(state.flavor) / name;
+      if (!fs::exists(source)) continue;
+      const bool in_place = fs::exists(out / name) && fs::equivalent(source, out / name);
+      if (!in_place) fs::copy_file(source, out / name, fs::copy_options::overwrite_existing);
       written.push_back(name);
     }
     if (!written.empty()) return written;
   }
-  const std::optional<config::Config> config = run_config(state, note);
   if (!config) return written;
   const std::string vocab = config->data.vocab;
   if (vocab.empty()) {
@@ -99,8 +102,7 @@ std::vector<std::string> export_tokenizer(const ckpt::TrainerState& state, int64
 
 std::shared_ptr<const models::ModelRecipe> recipe_of_checkpoint(const ckpt::TrainerState& state) {
   std::string note;
-  const std::optional<config::Config> config = run_config(state, note);
-  return models::recipe_of_model(state.flavor, config ? config->model.overrides : std::map<std::string, double>{});
+  return recipe_of_run(state, run_config(state, note));
 }
 
 std::vector<ckpt::ExportTensor> export_layout(const models::ModelRecipe& recipe) {
@@ -118,7 +120,9 @@ std::vector<ckpt::ExportTensor> export_layout(const models::ModelRecipe& recipe)
 void export_hf_directory(const std::string& checkpoint, const std::string& out, const ckpt::ExportOptions& options,
                          int64_t max_shard_bytes) {
   const ckpt::TrainerState state = ckpt::read_trainer_state(checkpoint);
-  const auto recipe = recipe_of_checkpoint(state);
+  std::string note;
+  const std::optional<config::Config> run = run_config(state, note);
+  const auto recipe = recipe_of_run(state, run);
   const auto tensors = ckpt::read_export_tensors(checkpoint, export_layout(*recipe), options);
 
   io::make_directories(out);
@@ -146,14 +150,13 @@ void export_hf_directory(const std::string& checkpoint, const std::string& out, 
   write_json(fs::path(out) / "config.json", config);
 
   int64_t max_positions = 512;
-  for (const char* key : {"max_position_embeddings", "n_positions"}) {
-    if (config.contains(key) && config[key].is_number_integer()) max_positions = config[key].get<int64_t>();
+  if (config.contains("max_position_embeddings") && config["max_position_embeddings"].is_number_integer()) {
+    max_positions = config["max_position_embeddings"].get<int64_t>();
   }
   if (config.contains("text_config") && config["text_config"].contains("max_position_embeddings")) {
     max_positions = config["text_config"]["max_position_embeddings"].get<int64_t>();
   }
-  std::string note;
-  const std::vector<std::string> tokenizer = export_tokenizer(state, max_positions, out, note);
+  const std::vector<std::string> tokenizer = export_tokenizer(state, run, max_positions, out, note);
 
   int64_t bytes = 0;
   for (const auto& [name, t] : tensors) bytes += static_cast<int64_t>(t.numel()) * t.element_size();

@@ -32,7 +32,9 @@ torch::optim::SGDOptions sgd_options(const config::OptimConfig& o, double weight
 
 // optim.name's options with weight decay `weight_decay`.
 std::unique_ptr<torch::optim::OptimizerOptions> options_of(const config::OptimConfig& o, double weight_decay) {
-  if (o.name == config::OptimizerKind::SGD) return std::make_unique<torch::optim::SGDOptions>(sgd_options(o, weight_decay));
+  if (o.name == config::OptimizerKind::SGD) {
+    return std::make_unique<torch::optim::SGDOptions>(sgd_options(o, weight_decay));
+  }
   if (o.name == config::OptimizerKind::ANYPRECISION_ADAMW) {
     return std::make_unique<optim::AnyPrecisionAdamWOptions>(anyprecision_options(o, weight_decay));
   }

@@ -215,8 +215,9 @@ void describe_start(const Config& c, const Job& job, ParallelModel& model, doubl
   std::snprintf(line, sizeof(line), "training %s (%s, %s parameters) on %d rank%s%s, %s, mixed precision %s, tf32 %s, "
                 "%lld steps of %lld x %lld x %d samples (per rank x micro-batches x ranks: %lld a step), "
                 "peak %.3g TFLOP/s/rank%s",
-                job.recipe->flavor().c_str(), job.recipe->family().c_str(), with_commas(parameters).c_str(), world.size(),
-                world.size() == 1 ? "" : "s", over.c_str(), config::to_string(c.parallel.strategy).c_str(),
+                job.recipe->flavor().c_str(), job.recipe->family().c_str(), with_commas(parameters).c_str(),
+                world.size(), world.size() == 1 ? "" : "s", over.c_str(),
+                config::to_string(c.parallel.strategy).c_str(),
                 config::to_string(c.parallel.mixed_precision).c_str(), tf32, static_cast<long long>(c.train.steps),
                 static_cast<long long>(c.train.batch_size), static_cast<long long>(c.train.grad_accum), world.size(),
                 static_cast<long long>(c.train.batch_size * c.train.grad_accum * world.size()), peak_tflops,
