@@ -12,17 +12,19 @@ namespace shardtrain::cli {
 namespace {
 
 const char* kDataUsage =
-    "usage: shardtrain data synth --out DIR [--image-text N] [--text N] [--image N] [--eval N]\n"
+    "usage: shardtrain data synth --out DIR [--image-text N] [--text N] [--image N] [--eval N] [--pairs N]\n"
     "                             [--image-size PIXELS] [--shard-size N] [--vocab-size N] [--seed S]\n"
     "       shardtrain data vocab --out vocab.txt [--size N] [--min-frequency K] [--cased] FILE|DIR...\n"
     "synth: renders scenes of coloured shapes with captions that describe them and writes WebDataset shards\n"
-    "       (image_text/, text/, image/, held-out eval/) and a WordPiece vocab.txt built from the captions.\n"
+    "       (image_text/, text/, image/, held-out eval/) and a WordPiece vocab.txt built from the captions;\n"
+    "       --pairs: N sentence pairs in GLUE MRPC's TSV layout (pairs/train.tsv, N/4 in pairs/eval.tsv),\n"
+    "       Quality 1 when both captions describe the same scene.\n"
     "vocab: learns a WordPiece vocabulary (BERT's vocab.txt format) from text: .txt lines, .jsonl \"text\"\n"
     "       fields, or the .txt members of WebDataset tars.\n";
 
 int synth(const std::vector<std::string>& argv) {
   const Args a = parse_args(argv, {"out", "image-text", "text", "image", "eval", "image-size", "shard-size",
-                                   "vocab-size", "seed"}, {});
+                                   "vocab-size", "seed", "pairs"}, {});
   data::SynthOptions o;
   o.out = a.get("out", "");
   if (o.out.empty()) throw std::invalid_argument("--out DIR is required");
@@ -30,6 +32,7 @@ int synth(const std::vector<std::string>& argv) {
   o.text_samples = a.get_int("text", o.text_samples);
   o.image_samples = a.get_int("image", o.image_samples);
   o.eval_samples = a.get_int("eval", o.eval_samples);
+  o.pair_samples = a.get_int("pairs", o.pair_samples);
   o.image_size = a.get_int("image-size", o.image_size);
   o.samples_per_shard = a.get_int("shard-size", o.samples_per_shard);
   o.vocab_size = a.get_int("vocab-size", o.vocab_size);
@@ -44,7 +47,7 @@ int synth(const std::vector<std::string>& argv) {
   });
   std::cout << "data synth: wrote " << files << " files to " << o.out << " (" << o.image_text_samples
             << " image-text, " << o.text_samples << " text, " << o.image_samples << " image, " << o.eval_samples
-            << " held-out; vocab.txt)\n";
+            << " held-out, " << o.pair_samples << " sentence pairs; vocab.txt)\n";
   return 0;
 }
 

@@ -52,10 +52,13 @@ std::optional<config::Config> run_config(const ckpt::TrainerState& state, std::s
   }
 }
 
-// The checkpoint's model: its flavor (or model directory) with the run's model.overrides, when its config reads.
+// The checkpoint's model: its flavor (or model directory) with the run's model.overrides and its task's head, when
+// its config reads.
 std::shared_ptr<const models::ModelRecipe> recipe_of_run(const ckpt::TrainerState& state,
                                                          const std::optional<config::Config>& config) {
-  return models::recipe_of_model(state.flavor, config ? config->model.overrides : std::map<std::string, double>{});
+  if (!config) return models::recipe_of_model(state.flavor);
+  return models::recipe_for_task(models::recipe_of_model(state.flavor, config->model.overrides), config->model.task,
+                                 {config->data.labels});
 }
 
 // The run's tokenizer into `out`: a model directory's own files when the model came from one, else the WordPiece
@@ -129,15 +132,18 @@ void export_hf_directory(const std::string& checkpoint, const std::string& out, 
   const std::vector<std::string> weights = io::write_safetensors_files(out, tensors, max_shard_bytes);
 
   // A model from a Hugging Face directory keeps that directory's config.json (every key of it, for the tools that
-  // read more than shardtrain does) unless model.overrides changed its size; a zoo flavor's is the recipe's.
+  // read more than shardtrain does) with the recipe's keys over it (a task's head: BertForMaskedLM fine-tuned into
+  // BertForSequenceClassification with its id2label) unless model.overrides changed its size; a zoo flavor's is the
+  // recipe's.
   const fs::path source_config = fs::is_directory(state.flavor) ? fs::path(state.flavor) / "config.json"
                                                                  : fs::path(state.flavor);
-  std::string config_text = recipe->hf_config_json();
+  nlohmann::json config = nlohmann::json::parse(recipe->hf_config_json());
   if (recipe->flavor() == state.flavor && fs::is_regular_file(source_config) && source_config.extension() == ".json") {
     const std::vector<char> bytes = io::read_file(source_config.string());
-    config_text.assign(bytes.begin(), bytes.end());
+    nlohmann::json source = nlohmann::json::parse(bytes.begin(), bytes.end());
+    source.merge_patch(config);
+    config = std::move(source);
   }
-  nlohmann::json config = nlohmann::json::parse(config_text);
   at::ScalarType dtype = at::kFloat;
   for (const auto& [name, t] : tensors) {
     if (t.is_floating_point()) {

@@ -230,6 +230,9 @@ std::vector<Field> fields_of(Config& c) {
       field("data.image", c.data.image),
       field("data.eval", c.data.eval),
       field("data.vocab", c.data.vocab),
+      field("data.text_fields", c.data.text_fields),
+      field("data.label_field", c.data.label_field),
+      field("data.labels", c.data.labels),
       field("data.mix.image_text", c.data.mix.image_text),
       field("data.mix.text", c.data.mix.text),
       field("data.mix.image", c.data.mix.image),
@@ -519,6 +522,14 @@ void validate(const Config& c) {
   require(c.data.max_image_pixels >= 1, "data.max_image_pixels", num(c.data.max_image_pixels), "at least 1");
   require(c.data.max_text_length == 0 || c.data.max_text_length >= 3, "data.max_text_length",
           num(c.data.max_text_length), "0 (the model's) or at least 3");
+  require(c.data.text_fields.size() == 1 || c.data.text_fields.size() == 2, "data.text_fields",
+          std::to_string(c.data.text_fields.size()) + " fields", "one (a text) or two (a sentence pair)");
+  for (size_t i = 0; i < c.data.labels.size(); ++i) {
+    for (size_t j = 0; j < i; ++j) {
+      require(c.data.labels[i] != c.data.labels[j], "data.labels", "'" + c.data.labels[i] + "' twice",
+              "distinct class names");
+    }
+  }
   require(c.data.image_size >= 0, "data.image_size", num(c.data.image_size), "0 (the model's) or positive");
   require(c.data.workers >= 0, "data.workers", num(c.data.workers), "0 (load on the training thread) or more");
   require(c.data.queue_depth >= 1, "data.queue_depth", num(c.data.queue_depth), "at least 1");

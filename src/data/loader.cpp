@@ -109,7 +109,8 @@ struct Loader::Impl {
         ex.label = raw.label;
         const auto p = static_cast<uint64_t>(position);
         if (kind != SampleKind::IMAGE) {
-          ex.text = o.tokenizer->encode(raw.text, o.text_length);
+          ex.text = source.pairs() ? o.tokenizer->encode_pair(raw.text, raw.text_pair, o.text_length)
+                                   : o.tokenizer->encode(raw.text, o.text_length);
           if (o.mlm_probability > 0) {
             auto rng = rng_for(seed, p, Purpose::kMlm);
             const auto& t = *o.tokenizer;
@@ -194,6 +195,10 @@ struct Loader::Impl {
     if (kind != SampleKind::IMAGE) {
       b.input_ids = rows([](const Example& e) -> const std::vector<int64_t>& { return e.text.ids; });
       b.attention_mask = rows([](const Example& e) -> const std::vector<int64_t>& { return e.text.attention_mask; });
+      if (sources[static_cast<size_t>(kind)]->pairs()) {
+        b.token_type_ids =
+            rows([](const Example& e) -> const std::vector<int64_t>& { return e.text.token_type_ids; });
+      }
       if (o.mlm_probability > 0) {
         b.input_ids_masked = rows([](const Example& e) -> const std::vector<int64_t>& { return e.mlm.masked_ids; });
         b.mlm_labels = rows([](const Example& e) -> const std::vector<int64_t>& { return e.mlm.labels; });
@@ -370,8 +375,9 @@ Batch Loader::build(SampleKind kind, int64_t start) const { return impl_->build(
 
 Batch Batch::to(const at::Device& device, at::ScalarType floats) const {
   Batch out = *this;
-  for (at::Tensor* t : {&out.input_ids, &out.attention_mask, &out.input_ids_masked, &out.mlm_labels, &out.pixels,
-                        &out.codebook_pixels, &out.masked_patches, &out.itm_labels, &out.labels}) {
+  for (at::Tensor* t : {&out.input_ids, &out.attention_mask, &out.token_type_ids, &out.input_ids_masked,
+                        &out.mlm_labels, &out.pixels, &out.codebook_pixels, &out.masked_patches, &out.itm_labels,
+                        &out.labels}) {
     if (!t->defined()) continue;
     *t = t->is_floating_point() ? t->to(device, floats) : t->to(device);
   }

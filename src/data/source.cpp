@@ -2,8 +2,10 @@
 
 #include <nlohmann/json.hpp>
 
+#include <algorithm>
 #include <stdexcept>
 
+#include "data/records.h"
 #include "data/tar.h"
 #include "shardtrain/io/files.h"
 
@@ -57,30 +59,44 @@ std::vector<std::string> expand_paths(const std::vector<std::string>& paths) {
     }
     bool any = false;
     for (const auto& name : io::list_directory(path)) {
-      if (ends_with(name, ".tar") || ends_with(name, ".txt") || ends_with(name, ".jsonl")) {
+      if (ends_with(name, ".tar") || ends_with(name, ".txt") || ends_with(name, ".jsonl") || ends_with(name, ".tsv") ||
+          ends_with(name, ".csv")) {
         files.push_back(path + "/" + name);
         any = true;
       }
     }
-    if (!any) throw std::invalid_argument("data directory '" + path + "' has no .tar, .txt or .jsonl file");
+    if (!any) throw std::invalid_argument("data directory '" + path + "' has no .tar, .txt, .jsonl, .tsv or .csv file");
   }
   return files;
 }
 
-SampleSource::SampleSource(const std::vector<std::string>& paths, SampleKind kind) : kind_(kind) {
+SampleSource::SampleSource(const std::vector<std::string>& paths, SampleKind kind, TextFields fields)
+    : kind_(kind), fields_(std::move(fields)) {
+  if (fields_.text.empty() || fields_.text.size() > 2) {
+    throw std::invalid_argument("text fields: " + std::to_string(fields_.text.size()) +
+                                " given, expected one (a text) or two (a sentence pair)");
+  }
   files_ = expand_paths(paths);
   if (files_.empty()) throw std::invalid_argument(std::string("no files given for the ") + kind_name(kind) + " data");
   for (size_t f = 0; f < files_.size(); ++f) {
     const std::string& path = files_[f];
+    const RecordFormat format = record_format_of(path);
     handles_.push_back(std::make_unique<io::ReadOnlyFile>(path));
-    if (ends_with(path, ".tar")) {
+    formats_.push_back(static_cast<int>(format));
+    columns_.emplace_back();
+    if (format == RecordFormat::TAR && ends_with(path, ".tar")) {
       index_tar(static_cast<int32_t>(f));
-    } else if (kind == SampleKind::TEXT && (ends_with(path, ".txt") || ends_with(path, ".jsonl"))) {
-      index_lines(static_cast<int32_t>(f), ends_with(path, ".jsonl"));
+    } else if (kind == SampleKind::TEXT && format != RecordFormat::TAR) {
+      if (format == RecordFormat::TEXT_LINES && (pairs() || !fields_.label.empty())) {
+        throw std::invalid_argument("data file '" + path + "': a .txt file holds one text per line, without " +
+                                    (pairs() ? "a second text" : "a label") + "; use .jsonl, .tsv or .csv");
+      }
+      index_lines(static_cast<int32_t>(f));
+      if (format == RecordFormat::TSV || format == RecordFormat::CSV) read_header(static_cast<int32_t>(f));
     } else {
       throw std::invalid_argument("data file '" + path + "': expected a .tar" +
-                                  (kind == SampleKind::TEXT ? ", .txt or .jsonl" : std::string()) + " file for " +
-                                  kind_name(kind) + " data");
+                                  (kind == SampleKind::TEXT ? ", .txt, .jsonl, .tsv or .csv" : std::string()) +
+                                  " file for " + kind_name(kind) + " data");
     }
   }
   if (index_.empty()) {
@@ -90,6 +106,30 @@ SampleSource::SampleSource(const std::vector<std::string>& paths, SampleKind kin
                                 " files, first '" + files_[0] + "') has no usable sample (" +
                                 std::to_string(incomplete_) + " incomplete)" + why);
   }
+}
+
+void SampleSource::read_header(int32_t file) {
+  const std::string& path = files_[static_cast<size_t>(file)];
+  auto first = std::find_if(index_.begin(), index_.end(), [&](const Entry& e) { return e.file == file; });
+  if (first == index_.end()) throw std::invalid_argument("data file '" + path + "' is empty: expected a header row");
+  const auto format = static_cast<RecordFormat>(formats_[static_cast<size_t>(file)]);
+  const std::vector<std::string> header =
+      split_record(handles_[static_cast<size_t>(file)]->read(first->text.offset, first->text.size), format);
+  std::vector<std::string> wanted = fields_.text;
+  if (!fields_.label.empty()) wanted.push_back(fields_.label);
+  for (const std::string& name : wanted) {
+    const auto at = std::find(header.begin(), header.end(), name);
+    if (at == header.end()) {
+      std::string list;
+      for (const auto& h : header) list += (list.empty() ? "'" : ", '") + h + "'";
+      throw std::invalid_argument("data file '" + path + "': no column '" + name + "' in its header (columns: " +
+                                  list + ")");
+    }
+    columns_[static_cast<size_t>(file)].push_back(static_cast<size_t>(at - header.begin()));
+  }
+  const auto position = first - index_.begin();
+  index_.erase(first);
+  keys_.erase(keys_.begin() + position);
 }
 
 SampleSource::~SampleSource() = default;
@@ -132,8 +172,8 @@ void SampleSource::index_tar(int32_t file) {
   close();
 }
 
-void SampleSource::index_lines(int32_t file, bool jsonl) {
-  (void)jsonl;  // parsed when read: a malformed line is the loader's to skip and count
+// Lines are parsed when read: a malformed one is the loader's to skip and count.
+void SampleSource::index_lines(int32_t file) {
   const auto& handle = *handles_[static_cast<size_t>(file)];
   const int64_t size = handle.size();
   constexpr int64_t kChunk = 1 << 20;
@@ -167,19 +207,8 @@ RawSample SampleSource::read(int64_t i) const {
   s.key = file + ":" + (key.empty() ? std::to_string(e.number) : key);
   if (e.image.offset >= 0) s.image = handle.read(e.image.offset, e.image.size);
   if (e.text.offset >= 0) s.text = handle.read(e.text.offset, e.text.size);
-  if (ends_with(file, ".jsonl")) {
-    nlohmann::json j;
-    try {
-      j = nlohmann::json::parse(s.text);
-    } catch (const nlohmann::json::exception& ex) {
-      throw std::runtime_error(s.key + ": not a JSON line (" + ex.what() + ")");
-    }
-    if (!j.is_object() || !j.contains("text") || !j["text"].is_string()) {
-      throw std::runtime_error(s.key + ": a .jsonl line needs a string field \"text\"");
-    }
-    s.text = j["text"].get<std::string>();
-  } else if (!s.text.empty() && s.text.back() == '\r') {
-    s.text.pop_back();
+  if (static_cast<RecordFormat>(formats_[static_cast<size_t>(e.file)]) != RecordFormat::TAR) {
+    read_fields(s, std::string(s.text), e.file);
   }
   if (e.label.offset >= 0) {
     const std::string text = handle.read(e.label.offset, e.label.size);
@@ -189,8 +218,70 @@ RawSample SampleSource::read(int64_t i) const {
     } catch (const std::exception&) {
       throw std::runtime_error(s.key + ": .cls is not an integer ('" + text.substr(0, 20) + "')");
     }
+    if (!fields_.classes.empty() && (*s.label < 0 || *s.label >= static_cast<int64_t>(fields_.classes.size()))) {
+      throw std::runtime_error(s.key + ": .cls label " + std::to_string(*s.label) + " is not a class id below " +
+                               std::to_string(fields_.classes.size()));
+    }
   }
   return s;
+}
+
+// The text(s) and label of one line of a .txt/.jsonl/.tsv/.csv file into `s`.
+void SampleSource::read_fields(RawSample& s, const std::string& line, int32_t file) const {
+  const auto format = static_cast<RecordFormat>(formats_[static_cast<size_t>(file)]);
+  std::vector<std::string> values;  // the text fields' values, then the label's
+  if (format == RecordFormat::TEXT_LINES) {
+    values.push_back(!line.empty() && line.back() == '\r' ? line.substr(0, line.size() - 1) : line);
+  } else if (format == RecordFormat::JSONL) {
+    nlohmann::json j;
+    try {
+      j = nlohmann::json::parse(line);
+    } catch (const nlohmann::json::exception& ex) {
+      throw std::runtime_error(s.key + ": not a JSON line (" + ex.what() + ")");
+    }
+    if (!j.is_object()) throw std::runtime_error(s.key + ": a .jsonl line must be a JSON object");
+    for (const std::string& name : fields_.text) {
+      if (!j.contains(name) || !j[name].is_string()) {
+        throw std::runtime_error(s.key + ": a .jsonl line needs a string field \"" + name + "\"");
+      }
+      values.push_back(j[name].get<std::string>());
+    }
+    if (!fields_.label.empty()) {
+      const auto it = j.find(fields_.label);
+      if (it == j.end() || !(it->is_string() || it->is_number_integer())) {
+        throw std::runtime_error(s.key + ": a .jsonl line needs a label field \"" + fields_.label +
+                                 "\" (a class name or id)");
+      }
+      values.push_back(it->is_string() ? it->get<std::string>() : std::to_string(it->get<int64_t>()));
+    }
+  } else {
+    std::vector<std::string> row;
+    try {
+      row = split_record(line, format);
+    } catch (const std::runtime_error& ex) {
+      throw std::runtime_error(s.key + ": " + ex.what());
+    }
+    for (size_t column : columns_[static_cast<size_t>(file)]) {
+      if (column >= row.size()) {
+        throw std::runtime_error(s.key + ": " + std::to_string(row.size()) + " fields, the header has more");
+      }
+      values.push_back(row[column]);
+    }
+  }
+  s.text = values[0];
+  if (pairs()) s.text_pair = values[1];
+  if (fields_.label.empty()) return;
+  const std::string& label = values.back();
+  const int64_t id = class_of(label, fields_.classes);
+  if (id < 0) {
+    std::string list;
+    for (const auto& c : fields_.classes) list += (list.empty() ? "" : ", ") + c;
+    throw std::runtime_error(s.key + ": label '" + label.substr(0, 40) + "' is " +
+                             (fields_.classes.empty() ? "not a whole number"
+                                                      : "not one of the classes [" + list + "] (data.labels) nor a "
+                                                        "class id below " + std::to_string(fields_.classes.size())));
+  }
+  s.label = id;
 }
 
 }  // namespace shardtrain::data

@@ -151,15 +151,45 @@ SynthScene render_scene(uint64_t seed, uint64_t stream, int64_t index, int64_t i
     for (const auto& [cx, cy] : centres(o.place, o.count, o.large, rng)) draw(img, o, cx, cy);
   }
   scene.caption = kOpenings[rng() % kOpenings.size()];
-  for (size_t k = 0; k < objects.size(); ++k) scene.caption += (k ? " and " : "") + describe(objects[k]);
+  for (size_t k = 0; k < objects.size(); ++k) {
+    scene.objects.push_back(describe(objects[k]));
+    scene.caption += (k ? " and " : "") + scene.objects.back();
+  }
   scene.label = objects[0].shape;
   return scene;
+}
+
+// Pair `index`, MRPC-like: the first caption from one scene; the second, half of the time, the same scene said
+// another way (another opening, its objects in reverse order: label 1), else the caption of another scene whose first
+// object has the same shape (label 0), so that a shared shape word does not give the answer away.
+SynthPair synth_pair(uint64_t seed, bool eval, int64_t index) {
+  const uint64_t stream = eval ? 6 : 5;
+  const SynthScene first = render_scene(seed, stream, 1000 * index, 16);
+  SynthPair p;
+  p.first = first.caption;
+  const uint64_t h = hash_of(seed, stream, static_cast<uint64_t>(index));
+  p.label = unit_of(h) < 0.5 ? 1 : 0;
+  if (p.label == 1) {
+    p.second = kOpenings[(h >> 8) % kOpenings.size()];
+    for (size_t k = first.objects.size(); k-- > 0;) {
+      p.second += (k + 1 == first.objects.size() ? "" : " and ") + first.objects[k];
+    }
+    return p;
+  }
+  for (int64_t k = 1; k < 1000; ++k) {  // a shape is 1 in 5: the search ends within a few scenes
+    const SynthScene other = render_scene(seed, stream, 1000 * index + k, 16);
+    if (other.label == first.label && other.caption != first.caption) {
+      p.second = other.caption;
+      break;
+    }
+  }
+  return p;
 }
 
 int64_t write_synth_dataset(const SynthOptions& o, const std::function<void(int64_t, int64_t)>& progress) {
   if (o.out.empty()) throw std::invalid_argument("data synth: no output directory");
   if (o.samples_per_shard < 1) throw std::invalid_argument("data synth: samples_per_shard must be positive");
-  for (int64_t n : {o.image_text_samples, o.text_samples, o.image_samples, o.eval_samples}) {
+  for (int64_t n : {o.image_text_samples, o.text_samples, o.image_samples, o.eval_samples, o.pair_samples}) {
     if (n < 0) throw std::invalid_argument("data synth: a negative sample count (" + std::to_string(n) + ")");
   }
   struct Split {
@@ -196,6 +226,21 @@ int64_t write_synth_dataset(const SynthOptions& o, const std::function<void(int6
       tar.finish();
       ++files;
     }
+  }
+  for (const bool eval : {false, true}) {
+    const int64_t pairs = eval ? o.pair_samples / 4 : o.pair_samples;
+    if (pairs == 0) continue;
+    io::make_directories(o.out + "/pairs");
+    std::string table = "Quality\t#1 ID\t#2 ID\t#1 String\t#2 String\n";
+    for (int64_t i = 0; i < pairs; ++i) {
+      const SynthPair p = synth_pair(o.seed, eval, i);
+      table += std::to_string(p.label) + "\t" + std::to_string(2 * i) + "\t" + std::to_string(2 * i + 1) + "\t" +
+               p.first + "\t" + p.second + "\n";
+      if (!eval) captions.push_back(p.first), captions.push_back(p.second);
+    }
+    io::write_file_atomic(o.out + (eval ? "/pairs/eval.tsv" : "/pairs/train.tsv"),
+                          std::vector<char>(table.begin(), table.end()));
+    ++files;
   }
   VocabOptions vocab;
   vocab.size = o.vocab_size;

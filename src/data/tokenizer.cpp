@@ -236,8 +236,45 @@ Encoding WordPieceTokenizer::encode(const std::string& text, int64_t length) con
   e.ids.insert(e.ids.end(), tokens.begin(), tokens.end());
   e.ids.push_back(sep_);
   e.attention_mask.assign(e.ids.size(), 1);
+  e.token_type_ids.assign(static_cast<size_t>(length), 0);
   e.ids.resize(static_cast<size_t>(length), pad_);
   e.attention_mask.resize(static_cast<size_t>(length), 0);
+  return e;
+}
+
+// Truncation as the `tokenizers` library's longest_first does it for a pair (what BertTokenizerFast runs): with a
+// budget of B = length - 3 tokens, the shorter sequence keeps at most floor(B / 2) (the first, on a tie) and the
+// other takes the rest. An empty second text is no pair (transformers' tokenizer(a, "") encodes `a` alone).
+Encoding WordPieceTokenizer::encode_pair(const std::string& first, const std::string& second, int64_t length) const {
+  if (second.empty()) return encode(first, length);
+  if (length < 3) {
+    throw std::invalid_argument("encode_pair: length " + std::to_string(length) +
+                                " leaves no room for [CLS] and two [SEP]");
+  }
+  std::vector<int64_t> a = token_ids(first), b = token_ids(second);
+  const size_t budget = static_cast<size_t>(length - 3);
+  if (a.size() + b.size() > budget) {
+    if (a.size() > b.size()) {
+      b.resize(std::min(b.size(), budget / 2));
+      a.resize(budget - b.size());
+    } else {
+      a.resize(std::min(a.size(), budget / 2));
+      b.resize(budget - a.size());
+    }
+  }
+  Encoding e;
+  e.ids.reserve(static_cast<size_t>(length));
+  e.ids.push_back(cls_);
+  e.ids.insert(e.ids.end(), a.begin(), a.end());
+  e.ids.push_back(sep_);
+  e.token_type_ids.assign(e.ids.size(), 0);
+  e.ids.insert(e.ids.end(), b.begin(), b.end());
+  e.ids.push_back(sep_);
+  e.token_type_ids.resize(e.ids.size(), 1);
+  e.attention_mask.assign(e.ids.size(), 1);
+  e.ids.resize(static_cast<size_t>(length), pad_);
+  e.attention_mask.resize(static_cast<size_t>(length), 0);
+  e.token_type_ids.resize(static_cast<size_t>(length), 0);
   return e;
 }
 

@@ -346,6 +346,7 @@ void load_rows(const std::shared_ptr<torch::nn::Module>& root, const std::functi
   c10::AutoGradMode no_grad(false);
   for_each_slot(layout_of(root, "load_rows"), [&](const RowSlot& slot, const at::Tensor& dst) {
     const at::Tensor rows = rows_of(slot);
+    if (!rows.defined()) return;  // kept as it is
     if (rows.numel() != dst.numel()) {
       throw std::invalid_argument("load_rows: '" + slot.name + "' rows [" + std::to_string(slot.first_row) + ", " +
                                   std::to_string(slot.first_row + slot.rows) + ") came with " +

@@ -51,6 +51,12 @@ BertImpl::BertImpl(const BertConfig& c, const BuildOptions& build) : Interceptab
   std::vector<std::string> built;
   layers = build_layers(*this, "layers", "layers", c.layers, bert_layer_options(c), build, built);
   if (c.pooler) pooler = register_module("pooler", Linear(c.dim, c.dim, true, t));
+  if (!c.labels.empty() && (c.mlm_head || !c.pooler)) {
+    throw std::invalid_argument("BERT: a sequence classifier needs the pooler and no masked-LM head");
+  }
+  if (!c.labels.empty()) {
+    classifier = register_module("classifier", Linear(c.dim, static_cast<int64_t>(c.labels.size()), true, t));
+  }
   if (c.mlm_head) {
     mlm_transform = register_module("mlm_transform", Linear(c.dim, c.dim, true, t));
     mlm_norm = register_module("mlm_norm", LayerNorm(c.dim, c.norm_eps, t));
@@ -76,8 +82,11 @@ std::vector<at::Tensor> BertImpl::forward_impl(const at::Tensor& input_ids, cons
     at::Tensor h = mlm_norm->forward(at::gelu(mlm_transform->forward(x)));
     logits = at::linear(h, embeddings->word->weight, mlm_bias);
     if (labels.defined()) loss = masked_cross_entropy(logits, labels);
+  } else if (classifier) {
+    logits = classifier->forward(at::dropout(pooled, config.classifier_dropout, is_training()));
+    if (labels.defined()) loss = at::cross_entropy_loss(logits.to(at::kFloat), labels);
   } else if (labels.defined()) {
-    throw std::invalid_argument("BERT: labels given to a model built without the MLM head (mlm_head = false)");
+    throw std::invalid_argument("BERT: labels given to a model built without a head (no MLM head, no classifier)");
   }
   return {x, pooled, logits, loss};
 }
@@ -102,9 +111,13 @@ NameMap bert_names() {
                              {"mlp.fc1", "intermediate.dense"},
                              {"mlp.fc2", "output.dense"},
                              {"norm2", "output.LayerNorm"}}));
-  // The decoder is tied to the word embeddings; position ids are a buffer; the next-sentence head is not built.
-  return NameMap(rules, {"^cls\\.predictions\\.decoder\\..*$", "^(bert\\.)?embeddings\\.position_ids$",
-                         "^(bert\\.)?embeddings\\.token_type_ids$", "^cls\\.seq_relationship\\..*$"});
+  // The decoder is tied to the word embeddings; position ids are a buffer. Heads (fine-tuning moves between them,
+  // weights.h): the masked-LM head, the classifier, the pooler (transformers' BertForMaskedLM has none, the
+  // classifier reads it), and the next-sentence head of BertForPreTraining (never built).
+  return NameMap(rules,
+                 {"^cls\\.predictions\\.decoder\\..*$", "^(bert\\.)?embeddings\\.position_ids$",
+                  "^(bert\\.)?embeddings\\.token_type_ids$"},
+                 {}, {"^cls\\..*$", "^classifier\\..*$", "^(bert\\.)?pooler\\..*$"});
 }
 
 

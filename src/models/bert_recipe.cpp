@@ -1,11 +1,14 @@
-// BERT's recipe: the masked-language-modelling task (BertForMaskedLM) on text.
+// BERT's recipe: masked-language modelling (BertForMaskedLM) and sequence classification
+// (BertForSequenceClassification: single texts or sentence pairs) on text.
 #include <ATen/ATen.h>
 
 #include <nlohmann/json.hpp>
 
+#include <algorithm>
 #include <filesystem>
 
 #include "models/activation_model.h"
+#include "models/classifier_eval.h"
 #include "models/families.h"
 #include "models/hf_config.h"
 #include "models/recipe_helpers.h"
@@ -39,6 +42,46 @@ class BertMaskedLm : public Task {
   BertConfig config_;
 };
 
+// Sequence classification (GLUE's MRPC: sentence pairs, two classes): cross-entropy of the classifier on the pooled
+// [CLS] output; evaluated by accuracy and F1 on data.eval.
+class BertClassify : public Task {
+ public:
+  BertClassify(std::string flavor, const BertConfig& config) : flavor_(std::move(flavor)), config_(config) {}
+  std::string name() const override { return "classify"; }
+  DataNeeds data_needs() const override {
+    DataNeeds d;
+    d.kinds = {false, true, false};
+    d.max_text_length = config_.max_positions, d.vocab_size = config_.vocab_size;
+    d.num_labels = classes(), d.class_names = config_.labels;
+    return d;
+  }
+  std::vector<std::string> loss_names() const override { return {"cls"}; }
+  Losses compute_losses(torch::nn::Module& model, const data::Batch& b, uint64_t) const override {
+    check_class_labels(b.labels, classes(), flavor_);
+    Losses out;
+    out.total = module_as<BertImpl>(model, "bert").run(b.input_ids, b.attention_mask, b.token_type_ids, b.labels).loss;
+    out.parts["cls"] = value_of(out.total);
+    return out;
+  }
+  bool has_evaluation() const override { return true; }
+  data::SampleKind eval_kind() const override { return data::SampleKind::TEXT; }
+  std::map<std::string, double> evaluate(torch::nn::Module& model, const EvalInputs& in) const override {
+    BertImpl& bert = module_as<BertImpl>(model, "bert");
+    return evaluate_classifier(model, in, data::SampleKind::TEXT, classes(), [&](const data::Batch& b) {
+      return bert.run(b.input_ids, b.attention_mask, b.token_type_ids).logits;
+    });
+  }
+  std::string describe_progress(const std::map<std::string, double>& first,
+                                const std::map<std::string, double>& last) const override {
+    return describe_classifier_progress(first, last);
+  }
+
+ private:
+  int64_t classes() const { return static_cast<int64_t>(config_.labels.size()); }
+  std::string flavor_;
+  BertConfig config_;
+};
+
 nlohmann::json bert_to_hf(const BertConfig& c);
 
 class BertRecipe : public FamilyRecipe<BertConfig, Bert> {
@@ -56,17 +99,57 @@ class BertRecipe : public FamilyRecipe<BertConfig, Bert> {
     return 3 * layers * transformer_layer_flops(weights, text_tokens(b), d) * batch_rows(b);
   }
 
-  std::vector<std::string> tasks() const override { return {"masked_lm"}; }
+  // A classifier's config (BertForSequenceClassification) classifies by default.
+  std::vector<std::string> tasks() const override {
+    if (!config().labels.empty()) return {"classify", "masked_lm"};
+    return {"masked_lm", "classify"};
+  }
+  // classify: the classifier over setup.labels (else the config's own classes) on the pooler, no MLM head;
+  // masked_lm: the MLM head, no classifier.
+  std::shared_ptr<const ModelRecipe> with_task_head(const std::string& task, const TaskSetup& setup) const override {
+    BertConfig c = config();
+    if (task == "masked_lm") {
+      if (c.mlm_head) return nullptr;
+      c.mlm_head = true, c.labels.clear();
+    } else {
+      if (!setup.labels.empty()) c.labels = setup.labels;
+      if (c.labels.empty()) {
+        throw std::invalid_argument("model.task: classify needs the classes: data.labels names none (e.g. "
+                                    "data.labels: [not_equivalent, equivalent]) and " + flavor() + " has no id2label");
+      }
+      if (c.labels == config().labels && !c.mlm_head) return nullptr;
+      c.mlm_head = false, c.pooler = true;
+    }
+    return std::make_shared<BertRecipe>(family(), flavor(), c, bert_names, layer_class());
+  }
 
   // Embeddings: the sum LayerNorm keeps, its statistics and the dropout noise (word, position and type embeddings
   // are summed and freed). Layers: bert_layer_options. MLM head: the last layer's output (the transform's input),
   // the transform's output (gelu's), gelu's output (the norm's), the norm's statistics and output (the decoder's
   // input), then the loss over every position.
+  // Classifier: the last layer's output (its [CLS] row, the pooler's input, is a view of it), tanh's output, the
+  // dropout noise and output (the classifier's input), the loss over one row per sample.
   ActivationBytes activation_bytes(const ActivationQuery& q) const override {
     const BertConfig& c = config();
-    if (!c.mlm_head) throw std::invalid_argument(flavor() + " has no MLM head: nothing to train, no activations");
+    if (!c.mlm_head && c.labels.empty()) {
+      throw std::invalid_argument(flavor() + " has no MLM head and no classifier: nothing to train, no activations");
+    }
     const int64_t T = q.seq_len > 0 ? q.seq_len : c.max_positions, N = q.batch * T, unit = N * c.dim * element_size(q);
     const int64_t norm = norm_kept(Norm::kLayerNorm, N, c.dim, q);
+    if (!c.labels.empty()) {
+      const int64_t classes = static_cast<int64_t>(c.labels.size()), row = q.batch * c.dim * element_size(q);
+      const LossBytes loss = cross_entropy_bytes(q.batch, classes, q);
+      ActivationBytes a;
+      a.layers = c.layers;
+      a.per_layer = transformer_layer_kept(bert_layer_options(c), q.batch, T, 0, q);
+      a.layer_input = unit;
+      a.outside_layers = unit + norm + dropout_kept(c.dropout, N * c.dim, q) + unit + row +
+                         dropout_kept(c.classifier_dropout, q.batch * c.dim, q) + row + loss.kept;
+      a.loss_transient = q.batch * classes * (element_size(q) + 4);
+      a.loss_kept = loss.kept;
+      a.backward_transient = loss.backward_transient;
+      return a;
+    }
     const LossBytes loss = cross_entropy_bytes(N, c.vocab_size, q);
     ActivationBytes a;
     a.layers = c.layers;
@@ -94,7 +177,11 @@ class BertRecipe : public FamilyRecipe<BertConfig, Bert> {
   }
 
  protected:
-  std::unique_ptr<Task> make_task(const std::string&) const override {
+  std::unique_ptr<Task> make_task(const std::string& name) const override {
+    if (name == "classify") {
+      if (config().labels.empty()) throw std::invalid_argument(flavor() + " has no classifier (recipe_for_task adds one)");
+      return std::make_unique<BertClassify>(flavor(), config());
+    }
     if (!config().mlm_head) {
       throw std::invalid_argument(flavor() + " is a BertModel without a masked-LM head; train bert-debug or add one");
     }
@@ -103,10 +190,13 @@ class BertRecipe : public FamilyRecipe<BertConfig, Bert> {
 };
 
 // transformers' BertConfig of `c`: BertForMaskedLM with the MLM head (the pooler is kept in the files: a
-// BertForSequenceClassification fine-tune loads it), BertModel without.
+// BertForSequenceClassification fine-tune loads it), BertForSequenceClassification with the classifier (its classes
+// as id2label / label2id), else BertModel.
 nlohmann::json bert_to_hf(const BertConfig& c) {
-  return {{"model_type", "bert"},
-          {"architectures", {c.mlm_head ? "BertForMaskedLM" : "BertModel"}},
+  const char* architecture =
+      c.mlm_head ? "BertForMaskedLM" : c.labels.empty() ? "BertModel" : "BertForSequenceClassification";
+  nlohmann::json j = {{"model_type", "bert"},
+          {"architectures", {architecture}},
           {"vocab_size", c.vocab_size},
           {"max_position_embeddings", c.max_positions},
           {"type_vocab_size", c.type_vocab_size},
@@ -120,6 +210,16 @@ nlohmann::json bert_to_hf(const BertConfig& c) {
           {"hidden_act", "gelu"},
           {"position_embedding_type", "absolute"},
           {"pad_token_id", 0}};
+  if (!c.labels.empty()) {
+    j["classifier_dropout"] = c.classifier_dropout;
+    j["id2label"] = nlohmann::json::object();
+    j["label2id"] = nlohmann::json::object();
+    for (size_t i = 0; i < c.labels.size(); ++i) {
+      j["id2label"][std::to_string(i)] = c.labels[i];
+      j["label2id"][c.labels[i]] = i;
+    }
+  }
+  return j;
 }
 
 // Whether the weights beside a config.json (`path`: the file or its directory) hold BertModel's pooler: a
@@ -153,10 +253,18 @@ BertConfig bert_from_hf(const HfConfig& hf, const std::string& path) {
   hf.require("hidden_act", {"gelu"}, "BERT");
   hf.require("position_embedding_type", {"absolute"}, "BERT");
   hf.require("is_decoder", {"false"}, "BERT (an encoder)");
+  c.classifier_dropout = hf.number("classifier_dropout", c.dropout);
+  bool classifier = false;
   for (const auto& a : hf.texts("architectures")) {
     if (a == "BertForMaskedLM" || a == "BertForPreTraining") c.mlm_head = true;
+    classifier = classifier || a == "BertForSequenceClassification";
   }
-  c.pooler = weights_hold_pooler(path);
+  if (c.mlm_head && classifier) hf.reject("architectures", "a BERT with both a masked-LM head and a classifier");
+  if (classifier) {
+    c.labels = hf.labels("id2label");
+    if (c.labels.empty()) c.labels = {"LABEL_0", "LABEL_1"};  // transformers' default: two classes
+  }
+  c.pooler = classifier || weights_hold_pooler(path);
   return c;
 }
 

@@ -101,6 +101,30 @@ int64_t HfConfig::entries(const std::string& key) const {
   return static_cast<int64_t>(v.size());
 }
 
+std::vector<std::string> HfConfig::labels(const std::string& key) const {
+  if (!has(key)) return {};
+  const auto& v = json_->at(key);
+  std::vector<std::string> out(v.is_object() ? v.size() : 0);
+  std::vector<bool> seen(out.size(), false);
+  for (auto it = v.begin(); v.is_object() && it != v.end(); ++it) {
+    size_t id = out.size();
+    try {
+      size_t used = 0;
+      id = static_cast<size_t>(std::stoul(it.key(), &used));
+      if (used != it.key().size()) id = out.size();
+    } catch (const std::exception&) {
+    }
+    if (id >= out.size() || seen[id] || !it.value().is_string()) break;
+    out[id] = it.value().get<std::string>();
+    seen[id] = true;
+  }
+  if (!v.is_object() || std::find(seen.begin(), seen.end(), false) != seen.end()) {
+    throw std::invalid_argument(where_ + ": '" + key + "' is " + v.dump().substr(0, 80) +
+                                " (expected an object of names by id, \"0\" to \"N-1\")");
+  }
+  return out;
+}
+
 HfConfig HfConfig::section(const std::string& key) const {
   const std::string where = where_ + ": " + key;
   if (!has(key)) return HfConfig(where, std::make_shared<nlohmann::json>(nlohmann::json::object()));

@@ -29,6 +29,9 @@ class HfConfig {
   bool flag(const std::string& key, bool fallback) const;
   std::vector<std::string> texts(const std::string& key) const;  // a list of strings (architectures); {} if absent
   int64_t entries(const std::string& key) const;                 // entries of an object or list (id2label); 0 if absent
+  // An object of names by id ({"0": "negative", "1": "positive"}: id2label) as a list by id; {} if absent. Throws
+  // naming the key unless its keys are "0" to "N-1" and its values strings.
+  std::vector<std::string> labels(const std::string& key) const;
   HfConfig section(const std::string& key) const;                // a sub-config; an empty one when absent
 
   // Throws std::invalid_argument unless `key` is absent, null, or (as text: strings as they are, true/false,

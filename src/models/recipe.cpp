@@ -24,16 +24,36 @@ ActivationBytes ModelRecipe::activation_bytes(const ActivationQuery&) const {
                               ") is not modelled yet: its recipe states none (ModelRecipe::activation_bytes)");
 }
 
+namespace {
+
+// Throws std::invalid_argument naming `name` and the recipe's tasks when it is not one of them.
+void check_task_name(const ModelRecipe& recipe, const std::string& name) {
+  const std::vector<std::string> known = recipe.tasks();
+  if (std::find(known.begin(), known.end(), name) != known.end()) return;
+  std::string list;
+  for (const auto& t : known) list += (list.empty() ? "" : ", ") + t;
+  throw std::invalid_argument("model.task: '" + name + "' is not a task of " + recipe.family() + " (did you mean '" +
+                              util::closest_match(name, known) + "'? " + recipe.family() + " trains on: " + list + ")");
+}
+
+}  // namespace
+
 std::unique_ptr<Task> ModelRecipe::task(const std::string& name) const {
-  const std::vector<std::string> known = tasks();
-  if (name.empty()) return make_task(known.front());
-  if (std::find(known.begin(), known.end(), name) == known.end()) {
-    std::string list;
-    for (const auto& t : known) list += (list.empty() ? "" : ", ") + t;
-    throw std::invalid_argument("model.task: '" + name + "' is not a task of " + family() + " (did you mean '" +
-                                util::closest_match(name, known) + "'? " + family() + " trains on: " + list + ")");
-  }
+  if (name.empty()) return make_task(tasks().front());
+  check_task_name(*this, name);
   return make_task(name);
+}
+
+std::shared_ptr<const ModelRecipe> ModelRecipe::with_task_head(const std::string&, const TaskSetup&) const {
+  return nullptr;
+}
+
+std::shared_ptr<const ModelRecipe> recipe_for_task(std::shared_ptr<const ModelRecipe> recipe, const std::string& task,
+                                                   const TaskSetup& setup) {
+  if (task.empty()) return recipe;
+  check_task_name(*recipe, task);
+  auto headed = recipe->with_task_head(task, setup);
+  return headed ? headed : recipe;
 }
 
 }  // namespace shardtrain::models

@@ -1,4 +1,5 @@
-// ViT's recipe: image classification (ViTForImageClassification) on the .cls labels of image samples.
+// ViT's recipe: image classification (ViTForImageClassification) on the .cls labels of image samples, evaluated by
+// accuracy and F1 on data.eval's.
 #include <ATen/ATen.h>
 
 #include <algorithm>
@@ -6,6 +7,7 @@
 #include <nlohmann/json.hpp>
 
 #include "models/activation_model.h"
+#include "models/classifier_eval.h"
 #include "models/families.h"
 #include "models/hf_config.h"
 #include "models/recipe_helpers.h"
@@ -27,15 +29,22 @@ class VitClassification : public Task {
   std::vector<std::string> loss_names() const override { return {"cls"}; }
   Losses compute_losses(torch::nn::Module& model, const data::Batch& b, uint64_t) const override {
     if (!b.labels.defined()) throw std::runtime_error("ViT classification needs a .cls label in every image sample");
-    const int64_t top = b.labels.max().item<int64_t>();
-    if (top >= config_.num_labels || b.labels.min().item<int64_t>() < 0) {
-      throw std::runtime_error("label " + std::to_string(top) + " is outside " + flavor_ + "'s " +
-                               std::to_string(config_.num_labels) + " classes");
-    }
+    check_class_labels(b.labels, config_.num_labels, flavor_);
     Losses out;
     out.total = module_as<VitImpl>(model, "vit").run(b.pixels, b.labels).loss;
     out.parts["cls"] = value_of(out.total);
     return out;
+  }
+  bool has_evaluation() const override { return true; }
+  data::SampleKind eval_kind() const override { return data::SampleKind::IMAGE; }
+  std::map<std::string, double> evaluate(torch::nn::Module& model, const EvalInputs& in) const override {
+    VitImpl& vit = module_as<VitImpl>(model, "vit");
+    return evaluate_classifier(model, in, data::SampleKind::IMAGE, config_.num_labels,
+                               [&](const data::Batch& b) { return vit.run(b.pixels).logits; });
+  }
+  std::string describe_progress(const std::map<std::string, double>& first,
+                                const std::map<std::string, double>& last) const override {
+    return describe_classifier_progress(first, last);
   }
 
  private:
@@ -60,7 +69,8 @@ class VitRecipe : public FamilyRecipe<VitConfig, Vit> {
     return 3 * static_cast<double>(config().layers) * transformer_layer_flops(weights, n, d) * batch_rows(b);
   }
 
-  std::vector<std::string> tasks() const override { return {"image_classification"}; }
+  // classify: the same task under the name every classifier shares.
+  std::vector<std::string> tasks() const override { return {"image_classification", "classify"}; }
 
   // Over n = (image_size / patch_size)^2 + 1 tokens: the batch's pixels (float32; under bf16/fp16 their cast copy is
   // what the patch convolution keeps), the embedding's dropout noise, the layers (vit_layer_options), the final

@@ -22,12 +22,13 @@ std::string shape_text(c10::IntArrayRef shape) {
   return s + "]";
 }
 
-// The file's name for each (Hugging Face name, shape) the model wants, in order, after checking that every one is
-// there with that shape and that the file holds nothing else (but ignored names). Throws std::runtime_error naming
-// the file and the tensor.
+// The file's name for each (Hugging Face name, shape) the model wants, in order ("" for a head the file lacks:
+// report.initialized), after checking that every other one is there with that shape and that the file holds
+// nothing else (but ignored names, and heads: report.unused). Throws std::runtime_error naming the file and the
+// tensor.
 std::vector<std::string> plan_load(const io::SafetensorsFiles& file,
                                    const std::vector<std::pair<std::string, std::vector<int64_t>>>& wanted,
-                                   const NameMap& names, const char* caller) {
+                                   const NameMap& names, const char* caller, LoadReport& report) {
   auto fail = [&](const std::string& what) {
     return std::runtime_error(std::string(caller) + " '" + file.path() + "': " + what);
   };
@@ -46,6 +47,11 @@ std::vector<std::string> plan_load(const io::SafetensorsFiles& file,
   std::vector<std::string> plan;
   for (const auto& [hf, shape] : wanted) {
     const std::string in_file = file_name_of(hf);
+    if (in_file.empty() && names.is_head(hf)) {
+      report.initialized.push_back(hf);
+      plan.emplace_back();
+      continue;
+    }
     if (in_file.empty()) throw fail("tensor '" + hf + "' of the model is missing from the file");
     const io::SafetensorsEntry* e = file.find(in_file);
     if (e->shape != shape) {
@@ -56,9 +62,9 @@ std::vector<std::string> plan_load(const io::SafetensorsFiles& file,
     plan.push_back(in_file);
   }
   for (const auto& e : file.entries()) {
-    if (!used.count(e.name) && !names.is_ignored(e.name)) {
-      throw fail("tensor '" + e.name + "' in the file matches nothing in the model");
-    }
+    if (used.count(e.name) || names.is_ignored(e.name)) continue;
+    if (!names.is_head(e.name)) throw fail("tensor '" + e.name + "' in the file matches nothing in the model");
+    report.unused.push_back(e.name);
   }
   return plan;
 }
@@ -71,9 +77,18 @@ std::vector<std::pair<std::regex, std::string>> NameMap::compile(const Rules& ru
   return out;
 }
 
-NameMap::NameMap(const Rules& rules, const std::vector<std::string>& ignored, const Rules& aliases)
+NameMap::NameMap(const Rules& rules, const std::vector<std::string>& ignored, const Rules& aliases,
+                 const std::vector<std::string>& heads)
     : rules_(compile(rules)), aliases_(compile(aliases)) {
   for (const auto& pattern : ignored) ignored_.emplace_back(pattern);
+  for (const auto& pattern : heads) heads_.emplace_back(pattern);
+}
+
+bool NameMap::is_head(const std::string& hf_name) const {
+  for (const auto& pattern : heads_) {
+    if (std::regex_match(hf_name, pattern)) return true;
+  }
+  return false;
 }
 
 std::vector<std::string> NameMap::aliases_of(const std::string& hf_name) const {
@@ -117,18 +132,22 @@ std::vector<std::pair<std::string, at::Tensor>> hf_named_tensors(const torch::nn
   return out;
 }
 
-void load_weights(torch::nn::Module& model, const std::string& path, const NameMap& names) {
+LoadReport load_weights(torch::nn::Module& model, const std::string& path, const NameMap& names) {
   io::SafetensorsFiles file(path);
   auto tensors = hf_named_tensors(model, names);
   std::vector<std::pair<std::string, std::vector<int64_t>>> wanted;
   for (const auto& [hf, t] : tensors) wanted.emplace_back(hf, t.sizes().vec());
-  const std::vector<std::string> plan = plan_load(file, wanted, names, "load_weights");
+  LoadReport report;
+  const std::vector<std::string> plan = plan_load(file, wanted, names, "load_weights", report);
   at::NoGradGuard no_grad;
-  for (size_t i = 0; i < plan.size(); ++i) tensors[i].second.copy_(file.read(plan[i]));
+  for (size_t i = 0; i < plan.size(); ++i) {
+    if (!plan[i].empty()) tensors[i].second.copy_(file.read(plan[i]));
+  }
+  return report;
 }
 
-void load_weights_sharded(const std::shared_ptr<torch::nn::Module>& model, const std::string& path,
-                          const NameMap& names, const std::optional<dist::Communicator>& from_rank0) {
+LoadReport load_weights_sharded(const std::shared_ptr<torch::nn::Module>& model, const std::string& path,
+                                const NameMap& names, const std::optional<dist::Communicator>& from_rank0) {
   // Hugging Face names by tensor identity: a tied tensor goes by its first name, as in hf_names_of.
   std::map<const c10::TensorImpl*, std::string> hf_of;
   for (const auto& p : model->named_parameters()) hf_of.emplace(p.value().unsafeGetTensorImpl(), names.to_hf(p.key()));
@@ -140,11 +159,12 @@ void load_weights_sharded(const std::shared_ptr<torch::nn::Module>& model, const
   const bool reader = !from_rank0 || from_rank0->rank() == 0;
   std::optional<io::SafetensorsFiles> file;
   std::vector<std::string> plan;
+  LoadReport report;
   std::string error;
   if (reader) {
     try {
       file.emplace(path);
-      plan = plan_load(*file, wanted, names, "load_weights_sharded");
+      plan = plan_load(*file, wanted, names, "load_weights_sharded", report);
     } catch (const std::exception& e) {
       if (!from_rank0) throw;
       error = e.what();
@@ -159,11 +179,30 @@ void load_weights_sharded(const std::shared_ptr<torch::nn::Module>& model, const
       throw std::runtime_error("load_weights_sharded '" + path + "': rank 0 could not load the file (its error says "
                                "why)");
     }
+    // Which slots rank 0 found no tensor for (heads, left initialized): every rank skips their broadcasts.
+    at::Tensor fresh = at::zeros({static_cast<int64_t>(slots.size()) + 1},
+                                 at::TensorOptions().dtype(at::kInt).device(from_rank0->device()));
+    if (reader) {
+      at::Tensor host = at::zeros({fresh.numel()}, at::kInt);
+      auto flags = host.accessor<int, 1>();
+      for (size_t i = 0; i < plan.size(); ++i) flags[static_cast<int64_t>(i)] = plan[i].empty() ? 1 : 0;
+      fresh.copy_(host);
+    }
+    from_rank0->broadcast(fresh, 0).wait();
+    if (!reader) {
+      const at::Tensor host = fresh.cpu();
+      auto flags = host.accessor<int, 1>();
+      plan.assign(slots.size(), "-");  // rank 0 reads; only the empty entries matter here
+      for (size_t i = 0; i < slots.size(); ++i) {
+        if (flags[static_cast<int64_t>(i)] != 0) plan[i].clear();
+      }
+    }
   }
   std::map<const c10::TensorImpl*, size_t> index;
   for (size_t i = 0; i < slots.size(); ++i) index[slots[i].tensor.unsafeGetTensorImpl()] = i;
   fsdp::load_rows(model, [&](const fsdp::RowSlot& slot) -> at::Tensor {
     const size_t i = index.at(slot.tensor.unsafeGetTensorImpl());
+    if (plan[i].empty()) return at::Tensor();  // a head the file lacks: kept as initialized
     if (!from_rank0) return file->read_rows(plan[i], slot.first_row, slot.rows);
     // On the group's device (NCCL broadcasts CUDA tensors), in the model's dtype.
     const auto options = slot.tensor.options().device(from_rank0->device()).requires_grad(false);
@@ -172,6 +211,7 @@ void load_weights_sharded(const std::shared_ptr<torch::nn::Module>& model, const
     if (slot.rows == 0) return at::empty({0}, options);  // a rank past the last row (padding only)
     return full.reshape({slot.full_shape.empty() ? 1 : slot.full_shape[0], -1}).narrow(0, slot.first_row, slot.rows);
   });
+  return report;
 }
 
 void save_weights(const torch::nn::Module& model, const std::string& path, const NameMap& names,

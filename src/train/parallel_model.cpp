@@ -27,10 +27,12 @@ fsdp::BackwardPrefetch backward_prefetch_of(config::Prefetch p) {
 // its parameters to the others.
 models::ZooModel build_replicated(const Config& c, std::shared_ptr<const models::ModelRecipe> recipe,
                                   const models::BuildOptions& build, const dist::DeviceMesh& mesh,
-                                  const at::Device& device) {
+                                  const at::Device& device, models::LoadReport& report) {
   models::ZooModel model = models::build_model(std::move(recipe), build);
   const bool reads = !c.parallel.sync_module_states || mesh.world().rank() == 0;
-  if (!c.model.init_weights.empty() && reads) models::load_weights(*model.module, c.model.init_weights, model.names);
+  if (!c.model.init_weights.empty() && reads) {
+    report = models::load_weights(*model.module, c.model.init_weights, model.names);
+  }
   if (c.parallel.activation_checkpointing) models::activation_checkpoint_layers(model, 1, c.parallel.layer_classes);
   // Mixed precision without sharding: autocast around the model (parameters, gradients, optimizer float32).
   if (c.parallel.mixed_precision != config::Precision::NO) {
@@ -70,7 +72,8 @@ models::ParallelizeOptions parallelize_options(const Config& c) {
 // file go into the sharded model: each rank reads its rows, or (sync_module_states) rank 0 reads and broadcasts,
 // for a file only rank 0 can see.
 models::ZooModel build_sharded(const Config& c, std::shared_ptr<const models::ModelRecipe> recipe,
-                               const models::BuildOptions& build, const dist::DeviceMesh& mesh) {
+                               const models::BuildOptions& build, const dist::DeviceMesh& mesh,
+                               models::LoadReport& report) {
   const models::ParallelizeOptions o = parallelize_options(c);
   const std::string own_layer = recipe->layer_class();
   const bool default_units = !o.policy && (o.layer_classes.empty() ||
@@ -83,8 +86,8 @@ models::ZooModel build_sharded(const Config& c, std::shared_ptr<const models::Mo
     models::parallelize(model, mesh, o);
   }
   if (!c.model.init_weights.empty()) {
-    models::load_weights_sharded(model.module, c.model.init_weights, model.names,
-                                 c.parallel.sync_module_states ? std::optional(mesh.world()) : std::nullopt);
+    report = models::load_weights_sharded(model.module, c.model.init_weights, model.names,
+                                          c.parallel.sync_module_states ? std::optional(mesh.world()) : std::nullopt);
   }
   fsdp::set_reshard_after_backward(model.module, c.parallel.reshard_after_backward);
   return model;
@@ -125,14 +128,14 @@ ParallelModel::ParallelModel(const Config& c, std::shared_ptr<const models::Mode
   build.init.seed = static_cast<uint64_t>(c.train.seed);
   build.init.std = c.model.init_std;
   if (c.parallel.strategy == config::Strategy::DDP) {
-    model_ = build_replicated(c, std::move(recipe), build, mesh, device);
+    model_ = build_replicated(c, std::move(recipe), build, mesh, device, load_report_);
     ddp::DdpOptions o;
     o.find_unused_parameters = has_unused;
     o.bucket_cap_mb = c.parallel.bucket_cap_mb;
     o.gradient_as_bucket_view = c.parallel.gradient_as_bucket_view;
     ddp_ = models::replicate_model(model_, mesh, o);  // parameters are rank 0's from here on
   } else {
-    model_ = build_sharded(c, std::move(recipe), build, mesh);
+    model_ = build_sharded(c, std::move(recipe), build, mesh, load_report_);
   }
   model_.module->train();
 }

@@ -34,6 +34,8 @@ class ParallelModel {
   const std::shared_ptr<torch::nn::Module>& module() const { return model_.module; }
   bool sharded() const { return !ddp_.has_value(); }
   at::ScalarType dtype() const { return dtype_; }  // the parameters' (model.dtype): batches' pixels are cast to it
+  // What loading model.init_weights left aside: task heads initialized, other tasks' heads unused (rank 0's).
+  const models::LoadReport& load_report() const { return load_report_; }
 
   // Whether the next backward reduces gradients (false: they accumulate locally; gradient accumulation).
   void set_gradient_sync(bool sync);
@@ -46,6 +48,7 @@ class ParallelModel {
   models::ZooModel model_;
   std::optional<ddp::Ddp> ddp_;
   at::ScalarType dtype_ = at::kFloat;
+  models::LoadReport load_report_;
 };
 
 }  // namespace shardtrain::train

@@ -91,7 +91,8 @@ dist::ProcessGroupOptions init_options(const Config& c, const at::Device& device
 }
 
 std::shared_ptr<const models::ModelRecipe> checked_recipe(const Config& c) {
-  auto recipe = models::recipe_of_model(c.model.flavor, c.model.overrides);
+  auto recipe = models::recipe_for_task(models::recipe_of_model(c.model.flavor, c.model.overrides), c.model.task,
+                                        {c.data.labels});
   if (!c.model.family.empty() && c.model.family != recipe->family()) {
     throw std::invalid_argument("model.family: '" + c.model.family + "' but " + c.model.flavor + " is a " +
                                 recipe->family() + " flavor");
@@ -196,6 +197,14 @@ std::string describe_conversion(const Config& c, at::ScalarType model_dtype) {
   return out;
 }
 
+// "a, b, c" (the first 6 names, then how many more).
+std::string join_names(const std::vector<std::string>& names) {
+  std::string out;
+  for (size_t i = 0; i < names.size() && i < 6; ++i) out += (i ? ", " : "") + names[i];
+  if (names.size() > 6) out += " and " + std::to_string(names.size() - 6) + " more";
+  return out;
+}
+
 void describe_start(const Config& c, const Job& job, ParallelModel& model, double peak_tflops,
                     const TrainingData& data, const RunPlan& plan) {
   const dist::Communicator& world = job.pg.world();
@@ -227,7 +236,18 @@ void describe_start(const Config& c, const Job& job, ParallelModel& model, doubl
   int64_t recomputed = 0;
   for (const auto& item : model.module()->named_modules()) recomputed += nn::is_activation_checkpointed(*item.value());
   if (recomputed > 0) job.logger.info("  activation checkpointing: " + std::to_string(recomputed) + " layers");
-  if (!c.model.init_weights.empty()) job.logger.info("  init_weights: " + describe_conversion(c, model.dtype()));
+  if (!c.model.init_weights.empty()) {
+    job.logger.info("  init_weights: " + describe_conversion(c, model.dtype()));
+    // As transformers' from_pretrained warns: the task's head the checkpoint lacks, another task's it holds.
+    const models::LoadReport& report = model.load_report();
+    if (!report.initialized.empty()) {
+      job.logger.info("  newly initialized (not in init_weights; the " + job.task->name() + " head): " +
+                      join_names(report.initialized));
+    }
+    if (!report.unused.empty()) {
+      job.logger.info("  unused (in init_weights, another task's head): " + join_names(report.unused));
+    }
+  }
   if (c.optim.use_kahan_summation && c.optim.name != config::OptimizerKind::ANYPRECISION_ADAMW) {
     job.logger.warning("optim.use_kahan_summation: only optim.name: anyprecision_adamw has Kahan summation; " +
                        config::to_string(c.optim.name) + " ignores it");

@@ -1,5 +1,6 @@
 #include "train/training_data.h"
 
+#include <filesystem>
 #include <stdexcept>
 #include <tuple>
 
@@ -7,6 +8,14 @@ namespace shardtrain::train {
 namespace {
 
 using config::Config;
+
+// The fields the task reads from .jsonl/.tsv/.csv records: the config's text fields, and a classifier's labels.
+data::TextFields text_fields(const Config& c, const models::DataNeeds& needs) {
+  data::TextFields f;
+  f.text = c.data.text_fields;
+  if (needs.num_labels > 0) f.label = c.data.label_field, f.classes = needs.class_names;
+  return f;
+}
 
 std::array<std::shared_ptr<const data::SampleSource>, 3> open_sources(const Config& c, const std::string& flavor,
                                                                        const models::DataNeeds& needs) {
@@ -16,7 +25,8 @@ std::array<std::shared_ptr<const data::SampleSource>, 3> open_sources(const Conf
   bool any = false;
   for (size_t k = 0; k < 3; ++k) {
     if (!needs.kinds[k] || paths[k]->empty()) continue;
-    sources[k] = std::make_shared<data::SampleSource>(*paths[k], static_cast<data::SampleKind>(k));
+    sources[k] = std::make_shared<data::SampleSource>(*paths[k], static_cast<data::SampleKind>(k),
+                                                      text_fields(c, needs));
     any = true;
   }
   if (!any) {
@@ -34,10 +44,18 @@ std::pair<std::shared_ptr<const data::WordPieceTokenizer>, int64_t> open_tokeniz
                                                                                    const std::string& flavor,
                                                                                    const models::DataNeeds& needs) {
   if (needs.vocab_size == 0) return {nullptr, 0};
-  if (c.data.vocab.empty()) throw std::invalid_argument("data.vocab: " + flavor + " reads text; give a vocab.txt");
-  auto tokenizer = std::make_shared<data::WordPieceTokenizer>(data::load_vocab(c.data.vocab), c.data.lowercase);
+  // The model directory's own vocabulary when the config names none (transformers' AutoTokenizer of the model).
+  std::string vocab = c.data.vocab;
+  if (vocab.empty() && !c.model.from.empty() && std::filesystem::is_regular_file(c.model.from + "/vocab.txt")) {
+    vocab = c.model.from + "/vocab.txt";
+  }
+  if (vocab.empty()) {
+    throw std::invalid_argument("data.vocab: " + flavor + " reads text; give a vocab.txt" +
+                                (c.model.from.empty() ? "" : " (" + c.model.from + " holds none)"));
+  }
+  auto tokenizer = std::make_shared<data::WordPieceTokenizer>(data::load_vocab(vocab), c.data.lowercase);
   if (tokenizer->vocab_size() > needs.vocab_size) {
-    throw std::invalid_argument("data.vocab: '" + c.data.vocab + "' has " + std::to_string(tokenizer->vocab_size()) +
+    throw std::invalid_argument("data.vocab: '" + vocab + "' has " + std::to_string(tokenizer->vocab_size()) +
                                 " tokens, more than " + flavor + "'s vocabulary of " +
                                 std::to_string(needs.vocab_size));
   }
@@ -82,7 +100,7 @@ TrainingData open_training_data(const Config& c, const models::Task& task, int r
   d.options = loader_options(c, flavor, needs, rank, world_size);
   if (task.has_evaluation() && !c.data.eval.empty()) {
     const data::SampleKind kind = task.eval_kind();
-    d.eval_source = std::make_shared<data::SampleSource>(c.data.eval, kind);
+    d.eval_source = std::make_shared<data::SampleSource>(c.data.eval, kind, text_fields(c, needs));
     data::LoaderOptions eo = d.options;
     eo.workers = 0, eo.micro_batches = 1, eo.itm_negative_probability = 0;  // masks as in training
     std::array<std::shared_ptr<const data::SampleSource>, 3> eval_sources;

@@ -147,6 +147,77 @@ TEST_F(DataTest, TextAndJsonlFiles) {
                                       {"expected a .tar file for image data"});
 }
 
+// Labelled sentence pairs in the three record formats: fields by JSON key or header column, labels by class name or
+// id, CSV quoting; what cannot be used names the file and line (or, at construction, the column).
+TEST_F(DataTest, LabelledRecordsInJsonlTsvAndCsv) {
+  write_text(dir_ + "/a.jsonl", "{\"s1\": \"one\", \"s2\": \"two\", \"y\": \"yes\"}\n"
+                                "{\"s1\": \"three\", \"s2\": \"four\", \"y\": 0}\n"
+                                "{\"s1\": \"five\", \"y\": 1}\n"
+                                "{\"s1\": \"six\", \"s2\": \"seven\", \"y\": \"maybe\"}\n");
+  write_text(dir_ + "/b.tsv", "y\ts1\ts2\n1\tsaid \"hi\t\"there\n\n2\tx\ty\nno\tshort\n");
+  write_text(dir_ + "/c.csv", "id,s1,s2,y\r\n7,\"a, b\",\"say \"\"hi\"\"\",no\r\n8,\"open,x,1\r\n");
+  const TextFields fields{{"s1", "s2"}, "y", {"no", "yes"}};
+  SampleSource source({dir_}, SampleKind::TEXT, fields);
+  ASSERT_TRUE(source.pairs());
+  ASSERT_EQ(source.size(), 9);  // 4 + 3 + 2 records; headers and empty lines are none
+  auto expect_sample = [&](int64_t i, const std::string& first, const std::string& second, int64_t label) {
+    const RawSample r = source.read(i);
+    EXPECT_EQ(r.text, first) << i;
+    EXPECT_EQ(r.text_pair, second) << i;
+    EXPECT_EQ(r.label, label) << i;
+  };
+  expect_sample(0, "one", "two", 1);
+  expect_sample(1, "three", "four", 0);
+  expect_error<std::runtime_error>([&] { source.read(2); }, {"a.jsonl:3", "string field \"s2\""});
+  expect_error<std::runtime_error>([&] { source.read(3); }, {"a.jsonl:4", "label 'maybe'", "[no, yes]"});
+  expect_sample(4, "said \"hi", "\"there", 1);  // TSV: no quoting, quotes are text (GLUE's files)
+  expect_error<std::runtime_error>([&] { source.read(5); }, {"b.tsv:4", "label '2'", "class id below 2"});
+  expect_error<std::runtime_error>([&] { source.read(6); }, {"b.tsv:5", "2 fields, the header has more"});
+  expect_sample(7, "a, b", "say \"hi\"", 0);  // CSV: quoted commas and doubled quotes
+  expect_error<std::runtime_error>([&] { source.read(8); }, {"c.csv:3", "quoted field is not closed"});
+
+  expect_error<std::invalid_argument>(
+      [&] { SampleSource({dir_ + "/b.tsv"}, SampleKind::TEXT, TextFields{{"s1", "sentence2"}, "y", {}}); },
+      {"b.tsv", "no column 'sentence2'", "'y', 's1', 's2'"});
+  write_text(dir_ + "/d.txt", "plain\n");
+  expect_error<std::invalid_argument>([&] { SampleSource({dir_ + "/d.txt"}, SampleKind::TEXT, fields); },
+                                      {"d.txt", "without a second text"});
+  // Without classes, a label is any whole number.
+  SampleSource ids({dir_ + "/a.jsonl"}, SampleKind::TEXT, TextFields{{"s1"}, "y", {}});
+  EXPECT_FALSE(ids.pairs());
+  EXPECT_EQ(ids.read(1).label, 0);
+  expect_error<std::runtime_error>([&] { ids.read(0); }, {"label 'yes' is not a whole number"});
+}
+
+// A loader over sentence pairs: [CLS] a [SEP] b [SEP] with token types, and the labels of every row.
+TEST_F(DataTest, LoaderBatchesSentencePairs) {
+  write_text(dir_ + "/p.tsv", "label\ta\tb\n1\tred circle\tblue square\n0\tgreen\tred\n");
+  LoaderOptions o;
+  o.batch_size = 2, o.workers = 0, o.text_length = 8, o.mlm_probability = 0, o.mix = {0, 1, 0};
+  o.tokenizer = std::make_shared<WordPieceTokenizer>(
+      std::vector<std::string>{"[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "red", "circle", "blue", "square",
+                               "green"},
+      true);
+  auto source = std::make_shared<SampleSource>(std::vector<std::string>{dir_ + "/p.tsv"}, SampleKind::TEXT,
+                                               TextFields{{"a", "b"}, "label", {}});
+  Loader loader({nullptr, source, nullptr}, o);
+  const Batch b = loader.build(SampleKind::TEXT, 0);
+  for (int64_t row = 0; row < 2; ++row) {
+    const int64_t label = b.labels[row].item<int64_t>();
+    const std::vector<int64_t> ids(b.input_ids[row].data_ptr<int64_t>(), b.input_ids[row].data_ptr<int64_t>() + 8);
+    const std::vector<int64_t> types(b.token_type_ids[row].data_ptr<int64_t>(),
+                                     b.token_type_ids[row].data_ptr<int64_t>() + 8);
+    if (label == 1) {
+      EXPECT_EQ(ids, (std::vector<int64_t>{2, 5, 6, 3, 7, 8, 3, 0}));
+      EXPECT_EQ(types, (std::vector<int64_t>{0, 0, 0, 0, 1, 1, 1, 0}));
+    } else {
+      EXPECT_EQ(ids, (std::vector<int64_t>{2, 9, 3, 5, 3, 0, 0, 0}));
+      EXPECT_EQ(types, (std::vector<int64_t>{0, 0, 0, 1, 1, 0, 0, 0}));
+    }
+  }
+  EXPECT_EQ(b.labels.sum().item<int64_t>(), 1);
+}
+
 // Every rank's positions over one epoch: each sample exactly once, for world sizes 1-4 and sizes that do not
 // divide evenly; the order depends on seed and epoch only.
 TEST(Sampler, EveryEpochCoversEverySampleOnceAcrossRanks) {

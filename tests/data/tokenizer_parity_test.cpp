@@ -36,6 +36,28 @@ TEST(TokenizerParity, MatchesBertTokenizer) {
   EXPECT_GE(compared, 30);
 }
 
+// Sentence pairs as BertTokenizerFast encodes them: ids, token types, padding and longest-first truncation.
+TEST(TokenizerParity, PairsMatchBertTokenizerFast) {
+  std::ifstream in(reference_dir() + "/cases.json");
+  ASSERT_TRUE(in) << "no " << reference_dir() << "/cases.json (run the data.tokenizer_reference fixture)";
+  const nlohmann::json cases = nlohmann::json::parse(in);
+  WordPieceTokenizer tok(load_vocab(reference_dir() + "/vocab.txt"), true);
+  int64_t compared = 0, truncated = 0;
+  for (const auto& c : cases.at("pairs")) {
+    const std::string first = c.at("first"), second = c.at("second");
+    const int64_t length = c.at("length");
+    const Encoding e = tok.encode_pair(first, second, length);
+    const std::string where = "'" + first + "' + '" + second + "' at " + std::to_string(length);
+    EXPECT_EQ(e.ids, c.at("ids").get<std::vector<int64_t>>()) << where;
+    EXPECT_EQ(e.token_type_ids, c.at("types").get<std::vector<int64_t>>()) << where;
+    EXPECT_EQ(e.attention_mask, c.at("mask").get<std::vector<int64_t>>()) << where;
+    truncated += static_cast<int64_t>(tok.token_ids(first).size() + tok.token_ids(second).size()) + 3 > length;
+    ++compared;
+  }
+  EXPECT_GE(compared, 100);
+  EXPECT_GE(truncated, 40);  // the truncation rule is exercised, not only padding
+}
+
 TEST(TokenizerParity, VocabularyErrors) {
   EXPECT_THROW(load_vocab("/nonexistent/vocab.txt"), std::runtime_error);
   try {

@@ -17,8 +17,9 @@ transformers.logging.set_verbosity_error()
 transformers.logging.disable_progress_bar()
 
 # Weights a class reads from the files but shardtrain's model of it has no use for: none may be missing; these may
-# be left over. BertForMaskedLM has no pooler (the export keeps it for sequence classification), BertModel no head.
-UNUSED_OK = {"BertForMaskedLM": ("bert.pooler.",), "BertModel": ("cls.",)}
+# be left over. BertForMaskedLM has no pooler (the export keeps it for sequence classification), BertModel no head
+# (neither the masked-LM head nor the classifier).
+UNUSED_OK = {"BertForMaskedLM": ("bert.pooler.",), "BertModel": ("cls.", "classifier.")}
 
 
 def load(cls_name, path):

@@ -1,16 +1,16 @@
-"""Reference tokenizations from Hugging Face's BertTokenizer, for tests/unit/tokenizer_test.cpp.
+"""Reference tokenizations from Hugging Face's BertTokenizer, for tests/data/tokenizer_parity_test.cpp.
 
 Writes <out>/tokenizer/{vocab.txt, cases.json}: a WordPiece vocabulary learned by Hugging Face tokenizers'
 WordPieceTrainer on a small corpus, then for lower-cased and cased BertTokenizers over that vocabulary the tokens
 and ids of texts chosen to exercise every rule: accents, punctuation, CJK, control characters, unknown words,
-over-long words, whitespace of every kind, truncation and padding.
+over-long words, whitespace of every kind, truncation and padding; and sentence pairs through BertTokenizerFast.
 """
 import json
 import os
 import sys
 
 from tokenizers import Tokenizer, models, normalizers, pre_tokenizers, trainers
-from transformers import BertTokenizer
+from transformers import BertTokenizer, BertTokenizerFast
 
 CORPUS = [
     "a large red circle on the left and two small blue squares at the top",
@@ -69,6 +69,17 @@ def main(out_dir: str) -> None:
             rows.append({"text": text, "tokens": bert.tokenize(text), "ids16": encoded["input_ids"],
                          "mask16": encoded["attention_mask"]})
         cases[name] = rows
+    # Sentence pairs through the fast tokenizer (what AutoTokenizer gives): [CLS] a [SEP] b [SEP], token types, and
+    # longest-first truncation at several lengths, ties included.
+    fast = BertTokenizerFast(vocab_path, do_lower_case=True)
+    pairs = []
+    for i, first in enumerate(TEXTS):
+        for second in (TEXTS[(i + 1) % len(TEXTS)], TEXTS[(i + 5) % len(TEXTS)], first):
+            for length in (8, 11, 16, 40):
+                encoded = fast(first, second, padding="max_length", truncation=True, max_length=length)
+                pairs.append({"first": first, "second": second, "length": length, "ids": encoded["input_ids"],
+                              "types": encoded["token_type_ids"], "mask": encoded["attention_mask"]})
+    cases["pairs"] = pairs
     with open(os.path.join(out, "cases.json"), "w", encoding="utf-8") as f:
         json.dump(cases, f, ensure_ascii=False, indent=1)
 

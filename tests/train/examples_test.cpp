@@ -1,6 +1,7 @@
 // The examples under examples/ run as a user runs them, and do what their comments say.
 #include <gtest/gtest.h>
 
+#include <filesystem>
 #include <regex>
 #include <string>
 #include <vector>
@@ -48,6 +49,36 @@ TEST(Examples, CustomModelTrainsAndResumesExactly) {
     EXPECT_TRUE(io::path_exists(root + "/split/" + step)) << step;
   }
   io::remove_tree(root);
+}
+
+// examples/bert_classify/run.sh: a random BertForMaskedLM written by transformers, pretrained briefly, fine-tuned as
+// a sentence-pair classifier in GLUE MRPC's TSV layout on 2 ranks, exported, and scored by transformers. The log
+// names the head it created and the one it left unused; the run beats chance on the held-out pairs, and
+// transformers' AutoModelForSequenceClassification on the export clears the script's bar (check.py).
+TEST(Examples, BertClassifierFineTunedFromAHuggingFaceDirectory) {
+  const std::string out = "/tmp/shardtrain_bert_classify_" + std::to_string(::getpid());
+  const std::string build = std::filesystem::path(SHARDTRAIN_BIN).parent_path().string();
+  const Outcome r = run("PYTHON=" + std::string(SHARDTRAIN_PYTHON) + " " + SHARDTRAIN_SOURCE_DIR +
+                        "/examples/bert_classify/run.sh " + build + " " + out);
+  ASSERT_EQ(r.status, 0) << r.output;
+  EXPECT_NE(r.output.find("newly initialized (not in init_weights; the classify head): bert.pooler.dense.weight, "
+                          "bert.pooler.dense.bias, classifier.weight, classifier.bias"),
+            std::string::npos)
+      << r.output;
+  EXPECT_NE(r.output.find("unused (in init_weights, another task's head): cls.predictions.bias"), std::string::npos)
+      << r.output;
+  const std::smatch done = [&] {
+    std::smatch m;
+    std::regex_search(r.output, m, std::regex(R"(accuracy ([0-9.]+) -> ([0-9.]+), F1)"));
+    return m;
+  }();
+  ASSERT_EQ(done.size(), 3u) << r.output;
+  EXPECT_LT(std::stod(done[1]), 0.6) << r.output;  // the fresh classifier starts near chance
+  EXPECT_GT(std::stod(done[2]), 0.65) << r.output;
+  EXPECT_NE(r.output.find("check: transformers' BertForSequenceClassification (not_equivalent, equivalent)"),
+            std::string::npos)
+      << r.output;
+  io::remove_tree(out);
 }
 
 }  // namespace

@@ -1,5 +1,6 @@
 // `shardtrain checkpoint export --hf` into transformers and back, for every family: a debug flavor (BERT's with
-// model.overrides: a custom size) trains two steps, its checkpoint is exported as a Hugging Face model directory (sharded with an index for two families), and
+// model.overrides: a custom size, and BERT as a sequence classifier) trains two steps, its checkpoint is exported
+// as a Hugging Face model directory (sharded with an index for two families), and
 // tests/reference/hf_export_check.py loads it with transformers' from_pretrained (no weight missing), records a
 // batch and transformers' outputs. shardtrain's model built from the same directory (model.from's path: its
 // config.json, its weights) must hold exactly the checkpoint's parameters and give transformers' outputs to 1e-5 of
@@ -11,6 +12,7 @@
 #include <ATen/ATen.h>
 #include <torch/nn/module.h>
 
+#include <array>
 #include <filesystem>
 #include <string>
 
@@ -47,7 +49,7 @@ void compare_outputs(const std::string& family, torch::nn::Module& module, const
                                                                 ref("token_type_ids"), {});
     expect_close(o.hidden, ref("hidden"), "BERT hidden states");
     expect_close(o.pooled, ref("pooled"), "BERT pooled output");
-    expect_close(o.logits, ref("logits"), "BERT MLM logits");
+    expect_close(o.logits, ref("logits"), "BERT head's logits (masked-LM or classifier)");
   } else if (family == "vit") {
     models::VitOutputs o = dynamic_cast<models::VitImpl&>(module).run(ref("pixels"), {});
     expect_close(o.hidden, ref("hidden"), "ViT hidden states");
@@ -80,13 +82,20 @@ TEST(HfExport, EveryFamilyLoadsIntoTransformersWithTheSameOutputs) {
   const Outcome synth = test::write_flava_suite(root);
   ASSERT_EQ(synth.status, 0) << synth.output;
   const data::WordPieceTokenizer tokenizer(data::load_vocab(root + "/data/vocab.txt"), /*lowercase=*/true);
-  for (const std::string family : {"bert", "vit", "t5", "llama", "flava"}) {
-    SCOPED_TRACE(family);
-    const std::string flavor = family + "-debug", ck = root + "/" + family + "-ck", out = root + "/" + family + "-hf";
+  // (name, family, what the run adds): BERT twice, with a custom size, and as a sequence classifier (the synthetic
+  // texts' .cls labels: the first object's shape) exported as BertForSequenceClassification.
+  const std::vector<std::array<std::string, 3>> cases = {
+      {"bert", "bert", " '--model.overrides={layers: 3, dim: 48, heads: 6}'"},
+      {"bert-classify", "bert",
+       " --model.task=classify '--data.labels=[circle, square, triangle, diamond, cross]' --data.eval=[" + root +
+           "/data/text]"},
+      {"vit", "vit", ""}, {"t5", "t5", ""}, {"llama", "llama", ""}, {"flava", "flava", ""}};
+  for (const auto& [name, family, extra] : cases) {
+    SCOPED_TRACE(name);
+    const std::string flavor = family + "-debug", ck = root + "/" + name + "-ck", out = root + "/" + name + "-hf";
     const Outcome trained = run(std::string(SHARDTRAIN_BIN) + " train " + root + "/config.yaml --model.flavor=" +
-                                flavor + (family == "bert" ? " '--model.overrides={layers: 3, dim: 48, heads: 6}'" : "") +
-                                " --train.steps=2 --train.eval_interval=0 --launch.num_processes=1 "
-                                "--checkpoint.dir=" + ck + " --log.dir=" + root + "/" + family + "-log");
+                                flavor + extra + " --train.steps=2 --train.eval_interval=0 --launch.num_processes=1 "
+                                "--checkpoint.dir=" + ck + " --log.dir=" + root + "/" + name + "-log");
     ASSERT_EQ(trained.status, 0) << trained.output;
     // Shards of at most 300 kB for the two larger models (0.8 and 1.0 MB): an index and several files.
     const bool sharded = family == "llama" || family == "flava";
@@ -101,11 +110,15 @@ TEST(HfExport, EveryFamilyLoadsIntoTransformersWithTheSameOutputs) {
                                 "/tests/reference/hf_export_check.py " + out + " " + out + "/io.safetensors");
     ASSERT_EQ(checked.status, 0) << checked.output;
     EXPECT_NE(checked.output.find("every weight loaded"), std::string::npos) << checked.output;
+    if (name == "bert-classify") {
+      EXPECT_NE(checked.output.find("BertForSequenceClassification from"), std::string::npos) << checked.output;
+      EXPECT_NE(test::read_text(out + "/config.json").find("\"4\": \"cross\""), std::string::npos);  // id2label
+    }
 
     // The directory as model.from reads it: its config.json gives the model, its files the weights.
     models::ZooModel ours = models::build_model(models::recipe_of_model(out));
     EXPECT_EQ(ours.family, family);
-    if (family == "bert") EXPECT_EQ(ours.module->named_parameters()["layers.2.mlp.fc1.weight"].size(1), 48);
+    if (name == "bert") EXPECT_EQ(ours.module->named_parameters()["layers.2.mlp.fc1.weight"].size(1), 48);
     models::load_weights(*ours.module, out, ours.names);
     ours.module->eval();
     const auto saved = test::saved_state(ck + "/step-00000002", io::path_exists(ck + "/step-00000002/model"));

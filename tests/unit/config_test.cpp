@@ -85,12 +85,16 @@ TEST(Config, ToYamlReadsBackEqual) {
   c.parallel.backward_prefetch = Prefetch::BACKWARD_POST;
   c.checkpoint.dir = "ckpt";
   c.model.overrides = {{"layers", 4}, {"norm_eps", 1e-6}};
+  c.data.text_fields = {"#1 String", "#2 String"};  // GLUE's column names: '#' starts a YAML comment unquoted
+  c.data.labels = {"not_equivalent", "equivalent"};
   const std::string yaml = to_yaml(c);
   const Config back = parse_config(yaml, "dump.yaml");
   EXPECT_EQ(to_yaml(back), yaml);
   EXPECT_EQ(back.model.overrides, c.model.overrides);
   EXPECT_EQ(back.data.image_mean, c.data.image_mean);
   EXPECT_EQ(back.optim.no_decay, c.optim.no_decay);
+  EXPECT_EQ(back.data.text_fields, c.data.text_fields);
+  EXPECT_EQ(back.data.labels, c.data.labels);
   for (const auto& key : key_paths()) {
     const auto leaf = key.substr(key.rfind('.') + 1);
     EXPECT_NE(yaml.find(leaf + ":"), std::string::npos) << key;
@@ -148,6 +152,10 @@ TEST(Config, BadValueNamesTheValueAndWhatWasExpected) {
                             {"model.overrides", "a mapping of names to numbers"});
   expect_error<ConfigError>([] { parse_config("model:\n  overrides: {layers: many}\n", "x.yaml"); },
                             {"x.yaml:2", "model.overrides", "'many'", "a number"});
+  expect_error<ConfigError>([] { parse_config("", "x.yaml", {"--data.text_fields=[a, b, c]"}); },
+                            {"data.text_fields", "3 fields", "one (a text) or two (a sentence pair)"});
+  expect_error<ConfigError>([] { parse_config("", "x.yaml", {"--data.labels=[yes, no, yes]"}); },
+                            {"data.labels", "'yes' twice", "distinct class names"});
   expect_error<ConfigError>([] { parse_config("train: [1, 2]\n", "x.yaml"); }, {"x.yaml:1", "train must be a mapping"});
   expect_error<ConfigError>([] { parse_config("train:\n  steps: [1\n", "x.yaml"); }, {"x.yaml", "not valid YAML"});
   expect_error<ConfigError>([] { parse_config("", "x.yaml", {"train.steps"}); }, {"--section.key=value"});

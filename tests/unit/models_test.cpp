@@ -3,6 +3,8 @@
 // errors that name the offending tensor.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+
 #include <ATen/ATen.h>
 #include <unistd.h>
 
@@ -233,11 +235,13 @@ TEST(Safetensors, ValidationNamesTheProblem) {
   // Against a model: missing, mis-shaped and unexpected tensors are named.
   Bert model(bert_flavor("bert-debug"));
   auto tensors = hf_named_tensors(*model, bert_names());
-  auto without = tensors;
-  without.erase(without.begin());
+  auto without = tensors;  // a head may be missing (it keeps its initialization); the body may not
+  const auto body = std::find_if(without.begin(), without.end(),
+                                 [](const auto& t) { return t.first.find("encoder") != std::string::npos; });
+  const std::string absent = body->first;
+  without.erase(body);
   io::write_safetensors(path, without);
-  expect_error<std::runtime_error>([&] { load_weights(*model, path, bert_names()); },
-                                   {"'" + tensors.front().first + "'", "missing"});
+  expect_error<std::runtime_error>([&] { load_weights(*model, path, bert_names()); }, {"'" + absent + "'", "missing"});
   auto reshaped = tensors;
   reshaped.back().second = at::zeros({7});
   io::write_safetensors(path, reshaped);

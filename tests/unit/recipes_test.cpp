@@ -105,6 +105,55 @@ TEST(Recipes, BertPoolerAsTheWeightsHaveIt) {
   io::remove_tree(dir);
 }
 
+// A task's head: BERT's classify puts a classifier over data.labels on the pooler in place of the masked-LM head,
+// and back; the config.json of each says so; loading weights of one into the other initializes the missing head
+// and leaves the other unused, and says which.
+TEST(Recipes, TaskHeadsMoveBetweenMaskedLmAndClassifier) {
+  const auto base = recipe_of("bert-debug");
+  EXPECT_EQ(base->tasks().front(), "masked_lm");
+  EXPECT_EQ(recipe_for_task(base, "", {}), base);
+  EXPECT_EQ(recipe_for_task(base, "masked_lm", {}), base);
+  EXPECT_NE(error_of([&] { recipe_for_task(base, "classify", {}); }).find("data.labels names none"), std::string::npos);
+  EXPECT_NE(error_of([&] { recipe_for_task(base, "clasify", {}); }).find("did you mean 'classify'"), std::string::npos);
+
+  const auto classifier = recipe_for_task(base, "classify", {{"negative", "positive"}});
+  auto params = classifier->build(meta_build())->named_parameters();
+  EXPECT_EQ(params["classifier.weight"].sizes(), at::IntArrayRef({2, 32}));
+  EXPECT_TRUE(params.contains("pooler.weight"));
+  EXPECT_FALSE(params.contains("mlm_bias"));
+  EXPECT_EQ(classifier->tasks().front(), "classify");
+  EXPECT_EQ(classifier->task()->data_needs().class_names, (std::vector<std::string>{"negative", "positive"}));
+  EXPECT_GT(classifier->activation_bytes({}).outside_layers, 0);
+
+  const std::string dir = "/tmp/shardtrain_recipes_heads_" + std::to_string(::getpid());
+  io::make_directories(dir);
+  const std::string json = classifier->hf_config_json();
+  EXPECT_NE(json.find("BertForSequenceClassification"), std::string::npos);
+  io::write_file_atomic(dir + "/config.json", std::vector<char>(json.begin(), json.end()));
+  const auto read = recipe_from_hf_config(dir);
+  EXPECT_EQ(read->hf_config_json(), json);
+  EXPECT_EQ(read->task()->name(), "classify");
+  EXPECT_TRUE(recipe_for_task(read, "masked_lm", {})->build(meta_build())->named_parameters().contains("mlm_bias"));
+
+  // The masked-LM model's weights into the classifier, and the classifier's back into a masked-LM model.
+  ZooModel mlm = build_model("bert-debug"), cls = build_model(classifier);
+  save_weights(*mlm.module, dir + "/mlm.safetensors", mlm.names);
+  LoadReport report = load_weights(*cls.module, dir + "/mlm.safetensors", cls.names);
+  EXPECT_EQ(report.initialized, (std::vector<std::string>{"classifier.weight", "classifier.bias"}));
+  EXPECT_EQ(report.unused.size(), 5u);  // cls.predictions: bias, transform dense and LayerNorm weights and biases
+  for (const auto& name : report.unused) EXPECT_EQ(name.rfind("cls.predictions.", 0), 0u) << name;
+  save_weights(*cls.module, dir + "/cls.safetensors", cls.names);
+  report = load_weights(*mlm.module, dir + "/cls.safetensors", mlm.names);
+  EXPECT_EQ(report.initialized.size(), 5u);
+  EXPECT_EQ(report.unused, (std::vector<std::string>{"classifier.bias", "classifier.weight"}));
+
+  const std::string gaps = R"({"model_type": "bert", "architectures": ["BertForSequenceClassification"],
+                               "id2label": {"0": "a", "2": "b"}})";
+  io::write_file_atomic(dir + "/config.json", std::vector<char>(gaps.begin(), gaps.end()));
+  EXPECT_NE(error_of([&] { recipe_from_hf_config(dir); }).find("'id2label' is"), std::string::npos);
+  io::remove_tree(dir);
+}
+
 // model.overrides: a flavor's config.json with the named keys changed, read back as any config.json is.
 TEST(Recipes, OverridesMakeCustomSizes) {
   const auto bert = recipe_of_model("bert-base-uncased", {{"layers", 2}, {"dim", 128}, {"heads", 2}, {"mlp_dim", 256}});
@@ -150,7 +199,7 @@ TEST(Recipes, DebugFlavorsTrainOnTheirTasks) {
     EXPECT_EQ(recipe->task(c.task)->name(), c.task);
     EXPECT_EQ(task->loss_names(), c.losses);
     EXPECT_EQ(task->data_needs().kinds, c.kinds);
-    EXPECT_EQ(task->has_evaluation(), c.flavor == "flava-debug");
+    EXPECT_EQ(task->has_evaluation(), c.flavor == "flava-debug" || c.flavor == "vit-debug");
     // FLAVA's batch kinds each leave heads out; BERT's pooler takes no part in the MLM loss.
     EXPECT_EQ(task->leaves_parameters_unused(), c.flavor == "flava-debug" || c.flavor == "bert-debug");
     const std::string bad = error_of([&] { recipe->task("pretrainin"); });
@@ -350,6 +399,62 @@ TEST(FlavaEvaluation, UsesWholeBatchesAndLeavesTheModelTraining) {
   EXPECT_NE(error_of([&] { task->evaluate(*model.module, in); }).find("fewer than one batch"), std::string::npos);
   const std::string progress = task->describe_progress(all, all);
   EXPECT_NE(progress.find("retrieval R@1"), std::string::npos) << progress;
+  io::remove_tree(dir);
+}
+
+// The classifiers' evaluation (ViT's here; BERT's classify shares it): accuracy, macro F1 and the mean loss over
+// whole batches, recomputed here by counting predictions one sample at a time; the model left training.
+TEST(ClassifierEvaluation, AccuracyAndF1AsCountedByHand) {
+  const std::string dir = "/tmp/shardtrain_recipes_cls_eval_" + std::to_string(::getpid());
+  io::remove_tree(dir);
+  data::SynthOptions o;
+  o.out = dir, o.image_text_samples = 0, o.text_samples = 0, o.image_samples = 27, o.eval_samples = 0;
+  o.samples_per_shard = 32, o.image_size = 32;
+  data::write_synth_dataset(o);
+  const auto recipe = recipe_for_task(recipe_of("vit-debug"), "classify", {});
+  const auto task = recipe->task("classify");
+  ASSERT_TRUE(task->has_evaluation());
+  const DataNeeds needs = task->data_needs();
+  const auto source =
+      std::make_shared<data::SampleSource>(std::vector<std::string>{dir + "/image"}, data::SampleKind::IMAGE);
+  data::LoaderOptions lo;
+  lo.batch_size = 5, lo.workers = 0, lo.image_size = needs.image_size, lo.patch_size = needs.patch_size;
+  lo.mim_probability = 0, lo.mix = {0, 0, 1};
+  const data::Loader loader({nullptr, nullptr, source}, lo);
+  dist::ProcessGroup pg = dist::ProcessGroup::init(dist::DistEnv{});
+  ZooModel model = build_model(recipe);
+  model.module->train();
+  EvalInputs in;
+  in.loader = &loader, in.source_size = source->size(), in.batch_size = 5, in.world = &pg.world();
+  const auto metrics = task->evaluate(*model.module, in);
+  EXPECT_TRUE(model.module->is_training());
+  EXPECT_EQ(metrics.at("eval_samples"), 25);  // 27 samples: 5 whole batches of 5
+
+  model.module->eval();
+  c10::AutoGradMode no_grad(false);
+  const int64_t classes = needs.num_labels;
+  std::vector<int64_t> tp(classes, 0), truth(classes, 0), predicted(classes, 0);
+  double loss = 0;
+  int64_t hits = 0;
+  for (int64_t start = 0; start < 25; start += 5) {
+    const data::Batch b = loader.build(data::SampleKind::IMAGE, start);
+    const at::Tensor logits = dynamic_cast<VitImpl&>(*model.module).run(b.pixels).logits;
+    for (int64_t i = 0; i < 5; ++i) {
+      const int64_t y = b.labels[i].item<int64_t>(), p = logits[i].argmax().item<int64_t>();
+      ++truth[y], ++predicted[p];
+      if (y == p) ++tp[y], ++hits;
+      loss -= at::log_softmax(logits[i], 0)[y].item<double>();
+    }
+  }
+  double f1 = 0;
+  int64_t seen = 0;  // macro F1 over the classes true or predicted somewhere
+  for (int64_t k = 0; k < classes; ++k) {
+    if (truth[k] + predicted[k] > 0) f1 += 2.0 * tp[k] / (truth[k] + predicted[k]), ++seen;
+  }
+  EXPECT_DOUBLE_EQ(metrics.at("accuracy"), hits / 25.0);
+  EXPECT_NEAR(metrics.at("f1"), f1 / seen, 1e-12);
+  EXPECT_NEAR(metrics.at("eval_loss"), loss / 25, 1e-5);
+  EXPECT_NE(task->describe_progress(metrics, metrics).find("accuracy"), std::string::npos);
   io::remove_tree(dir);
 }
 

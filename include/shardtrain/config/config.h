@@ -71,8 +71,17 @@ struct DataConfig {
   std::vector<std::string> image_text;
   std::vector<std::string> text;
   std::vector<std::string> image;
-  std::vector<std::string> eval;  // held-out image-text tars: retrieval R@1 and ITM accuracy
-  std::string vocab;              // BERT vocab.txt (`shardtrain data vocab` builds one)
+  // Held-out data of the task's evaluation: image-text tars for FLAVA (retrieval R@1, ITM accuracy), labelled
+  // records for classify (accuracy, F1).
+  std::vector<std::string> eval;
+  // BERT vocab.txt (`shardtrain data vocab` builds one); empty: the model.from directory's vocab.txt, when it has one
+  std::string vocab;
+  // The fields of .jsonl/.tsv/.csv records (JSON keys, header columns): the text, or two for a sentence pair
+  // ([sentence1, sentence2]); for model.task classify the label's field and the classes, by id (a record gives a
+  // class name or its id: MRPC's 0/1 with labels [not_equivalent, equivalent]).
+  std::vector<std::string> text_fields = {"text"};
+  std::string label_field = "label";
+  std::vector<std::string> labels;
   MixConfig mix;
   int64_t max_text_length = 0;    // tokens incl. [CLS] and [SEP]; 0: the model's maximum
   int64_t image_size = 0;         // pixels; 0: the model's

@@ -30,6 +30,7 @@ struct Batch {
   int64_t step = 0, micro = 0;
   at::Tensor input_ids;         // (B, T) int64, [CLS] ... [SEP] [PAD]...
   at::Tensor attention_mask;    // (B, T) int64
+  at::Tensor token_type_ids;    // (B, T) int64, 1 over a sentence pair's second text; undefined for single texts
   at::Tensor input_ids_masked;  // (B, T) MLM input; undefined when mlm_probability is 0
   at::Tensor mlm_labels;        // (B, T) original ids where masked, -100 elsewhere
   at::Tensor pixels;            // (B, 3, S, S) float32, normalised

@@ -2,8 +2,9 @@
 //
 // WebDataset tars: consecutive members sharing a key (the path up to the first '.' of the file name) form a
 // sample; by extension: jpg/jpeg/png/bmp/gif/ppm/pgm = the image, txt/text/caption = the text, cls = an integer
-// label. Text files: .txt (each non-empty line a sample) and .jsonl (each line an object; its "text" field).
-// Directories stand for every .tar/.txt/.jsonl inside, sorted.
+// label. Text files, each non-empty line a sample: .txt (the line is the text), .jsonl (an object: the fields
+// TextFields names), .tsv and .csv (a header row naming the columns, then records; data/records.h). Directories
+// stand for every .tar/.txt/.jsonl/.tsv/.csv inside, sorted.
 //
 // What cannot be used is counted, never fatal: a truncated or corrupt tar contributes the samples before the
 // damage (scan_problems says where it stopped), a sample lacking the kind's parts is left out
@@ -30,20 +31,33 @@ struct RawSample {
   std::string key;    // "shard-00003.tar:000123" or "corpus.txt:17" (line number)
   std::string image;  // encoded bytes; empty when the kind has none
   std::string text;
-  std::optional<int64_t> label;  // the .cls member
+  std::string text_pair;         // a sentence pair's second text (TextFields names two)
+  std::optional<int64_t> label;  // the .cls member, or the record's label field as a class id
+};
+
+// Which fields of a .jsonl/.tsv/.csv record a text source reads (JSON keys, header columns).
+struct TextFields {
+  std::vector<std::string> text = {"text"};  // one field, or two: a sentence pair (MRPC's sentence1, sentence2)
+  std::string label;                         // the label's field; empty: records carry no label
+  // The classes by id: a label value is a class name or a whole-number id below classes.size(). Empty: labels are
+  // whole numbers, unchecked (tars' .cls).
+  std::vector<std::string> classes;
 };
 
 class SampleSource {
  public:
   // Throws std::invalid_argument when a path does not exist, names no usable file, or yields no sample at all.
-  SampleSource(const std::vector<std::string>& paths, SampleKind kind);
+  // Also throws it for a .tsv/.csv whose header lacks a field of `fields`, or a .txt asked for a pair or a label.
+  SampleSource(const std::vector<std::string>& paths, SampleKind kind, TextFields fields = {});
   ~SampleSource();
   SampleSource(const SampleSource&) = delete;
   SampleSource& operator=(const SampleSource&) = delete;
 
   SampleKind kind() const { return kind_; }
+  bool pairs() const { return fields_.text.size() == 2; }  // samples are sentence pairs
   int64_t size() const { return static_cast<int64_t>(index_.size()); }
-  // Throws std::runtime_error for bytes that cannot be read or parsed (a .jsonl line that is not JSON).
+  // Throws std::runtime_error naming the file and line for bytes that cannot be read or parsed (a .jsonl line that
+  // is not JSON, a field missing, a label that is not one of the classes).
   RawSample read(int64_t i) const;
 
   const std::vector<std::string>& files() const { return files_; }
@@ -60,9 +74,15 @@ class SampleSource {
     Range image, text, label;
   };
   void index_tar(int32_t file);
-  void index_lines(int32_t file, bool jsonl);
+  void index_lines(int32_t file);
+  void read_header(int32_t file);  // a table's column of each field, from its first indexed line (then dropped)
+  void read_fields(RawSample& s, const std::string& line, int32_t file) const;
 
   SampleKind kind_;
+  TextFields fields_;
+  // Per file: its format, and for tables the column of each text field then (when read) of the label.
+  std::vector<int> formats_;
+  std::vector<std::vector<size_t>> columns_;
   std::vector<std::string> files_;
   std::vector<std::unique_ptr<io::ReadOnlyFile>> handles_;
   std::vector<std::string> keys_;  // tar sample keys, parallel to index_ for tars (empty strings for lines)

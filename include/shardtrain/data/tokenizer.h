@@ -22,6 +22,7 @@ void save_vocab(const std::vector<std::string>& vocab, const std::string& path);
 struct Encoding {
   std::vector<int64_t> ids;             // [CLS] tokens [SEP] then [PAD] up to the length asked for
   std::vector<int64_t> attention_mask;  // 1 for tokens, 0 for padding
+  std::vector<int64_t> token_type_ids;  // 0 for the first sequence (and padding), 1 for a pair's second
 };
 
 class WordPieceTokenizer {
@@ -35,6 +36,10 @@ class WordPieceTokenizer {
   std::vector<int64_t> token_ids(const std::string& text) const;
   // [CLS] + ids + [SEP], truncated to `length` (the tokens are cut, [SEP] kept), padded with [PAD].
   Encoding encode(const std::string& text, int64_t length) const;
+  // A sentence pair as BertTokenizerFast encodes it: [CLS] a [SEP] b [SEP], token type 1 from b on, padded to
+  // `length`; truncated longest-first (the longer sequence loses tokens until both fit). An empty `second` gives
+  // encode(first), as in transformers.
+  Encoding encode_pair(const std::string& first, const std::string& second, int64_t length) const;
 
   int64_t vocab_size() const { return static_cast<int64_t>(vocab_.size()); }
   const std::string& token(int64_t id) const { return vocab_.at(static_cast<size_t>(id)); }

@@ -63,7 +63,8 @@ std::vector<RowSlot> row_slots(const std::shared_ptr<torch::nn::Module>& root);
 
 // Fills every slot with rows_of(slot): a tensor of slot.rows rows (shaped (rows, full_shape[1:]...), any dtype and
 // device), copied in. rows_of is called for every slot in row_slots() order on every rank, also where rows = 0, so
-// it may be collective (rank 0 reads, the others receive). No communication of its own.
+// it may be collective (rank 0 reads, the others receive); an undefined tensor keeps the slot's values. No
+// communication of its own.
 void load_rows(const std::shared_ptr<torch::nn::Module>& root, const std::function<at::Tensor(const RowSlot&)>& rows_of);
 
 }  // namespace shardtrain::fsdp

@@ -1,5 +1,6 @@
-// BERT (Devlin et al.), as Hugging Face's BertModel / BertForMaskedLM: post-norm encoder, optional pooler and
-// masked-language-modelling head whose decoder is tied to the word embeddings.
+// BERT (Devlin et al.), as Hugging Face's BertModel / BertForMaskedLM / BertForSequenceClassification: post-norm
+// encoder, optional pooler, and either the masked-language-modelling head (its decoder tied to the word embeddings)
+// or a sequence classifier on the pooled output.
 #pragma once
 
 #include <string>
@@ -24,6 +25,10 @@ struct BertConfig {
   double dropout = 0.1;
   bool pooler = true;
   bool mlm_head = false;
+  // The classes of a sequence classifier (its outputs, by id; transformers' id2label), empty: none. Needs the pooler
+  // and excludes the MLM head.
+  std::vector<std::string> labels;
+  double classifier_dropout = 0.1;  // before the classifier (transformers: classifier_dropout, else hidden_dropout)
 };
 
 // bert-base-uncased, bert-base-cased, bert-large-uncased (the published configurations), bert-debug.
@@ -34,17 +39,19 @@ TransformerLayerOptions bert_layer_options(const BertConfig& config);  // its Be
 struct BertOutputs {
   at::Tensor hidden;  // (B, T, C)
   at::Tensor pooled;  // (B, C): tanh(pooler(hidden[:, 0])), when the model has a pooler
-  at::Tensor logits;  // (B, T, vocab) with the MLM head
-  at::Tensor loss;    // () mean cross-entropy over labels != -100, when labels are given
+  at::Tensor logits;  // (B, T, vocab) with the MLM head; (B, classes) with the classifier
+  at::Tensor loss;    // () mean cross-entropy over labels (!= -100 for the MLM head), when labels are given
 };
 
-// Children: embeddings, layers.N (class "BertLayer"), pooler, mlm_transform, mlm_norm; parameter mlm_bias.
+// Children: embeddings, layers.N (class "BertLayer"), pooler, mlm_transform, mlm_norm or classifier; parameter
+// mlm_bias.
 class BertImpl : public nn::Interceptable<BertImpl, std::vector<at::Tensor>(at::Tensor, at::Tensor, at::Tensor,
                                                                              at::Tensor)> {
  public:
   BertImpl(const BertConfig& config, const BuildOptions& build = {});
   // input_ids (B, T) int64; attention_mask (B, T) 1 = token, 0 = padding (undefined: all tokens); token_type_ids
-  // (B, T) or undefined; labels (B, T) int64, -100 where no loss is taken, or undefined.
+  // (B, T) or undefined; labels int64 or undefined: (B, T) with -100 where no loss is taken for the MLM head, (B)
+  // class ids for the classifier.
   BertOutputs run(const at::Tensor& input_ids, const at::Tensor& attention_mask = {},
                   const at::Tensor& token_type_ids = {}, const at::Tensor& labels = {});
   // {hidden, pooled, logits, loss}; see run().
@@ -54,7 +61,7 @@ class BertImpl : public nn::Interceptable<BertImpl, std::vector<at::Tensor>(at::
   BertConfig config;
   TextEmbeddings embeddings{nullptr};
   std::vector<TransformerLayer> layers;
-  Linear pooler{nullptr}, mlm_transform{nullptr};
+  Linear pooler{nullptr}, mlm_transform{nullptr}, classifier{nullptr};
   LayerNorm mlm_norm{nullptr};
   at::Tensor mlm_bias;
 };

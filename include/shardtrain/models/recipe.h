@@ -49,6 +49,7 @@ struct DataNeeds {
   int64_t image_size = 0, patch_size = 0, codebook_size = 0;  // pixels; 0: no images / no codebook
   int64_t max_text_length = 0, vocab_size = 0;                // tokens; 0: no text
   int64_t num_labels = 0;                                     // classifier outputs (.cls labels)
+  std::vector<std::string> class_names;  // a classifier's classes by id, when records name them (BERT's classify)
   bool uses_mlm = false, uses_mim = false;                    // masked tokens / masked patches in the batch
 
   // The kind of the task's largest batches: image-text when it reads pairs, else text, else images (what memory
@@ -104,6 +105,11 @@ class Task {
                                         const std::map<std::string, double>& last) const;
 };
 
+// What a task's head is made for, from the run's config.
+struct TaskSetup {
+  std::vector<std::string> labels;  // a classifier's classes, by id (data.labels)
+};
+
 // One model of a family at one size.
 class ModelRecipe {
  public:
@@ -137,12 +143,22 @@ class ModelRecipe {
 
   // The tasks this model trains on; the first is the default.
   virtual std::vector<std::string> tasks() const = 0;
+  // The model that trains `task` when it is not this one: the same body with the task's head (BERT's classify: a
+  // classifier over `setup.labels` in place of the masked-LM head), as transformers' AutoModelFor<Task> builds on
+  // one config. Null: this model trains it as it is. Throws std::invalid_argument when the task needs what `setup`
+  // lacks. Called through recipe_for_task.
+  virtual std::shared_ptr<const ModelRecipe> with_task_head(const std::string& task, const TaskSetup& setup) const;
   // Throws std::invalid_argument naming the task and the family's tasks when `name` is not one (empty: default).
   std::unique_ptr<Task> task(const std::string& name = "") const;
 
  protected:
   virtual std::unique_ptr<Task> make_task(const std::string& name) const = 0;  // name is one of tasks()
 };
+
+// The model of `recipe` that trains `task` (empty: the default): recipe->with_task_head, or `recipe` itself. Throws
+// std::invalid_argument naming the task and the family's tasks when `task` is not one.
+std::shared_ptr<const ModelRecipe> recipe_for_task(std::shared_ptr<const ModelRecipe> recipe, const std::string& task,
+                                                   const TaskSetup& setup);
 
 // Per-layer forward FLOPs of a transformer layer over `tokens` tokens of attention width `width`, with `weights`
 // multiply-adds per token in its projections: 2 * weights * tokens (each multiply-add is 2 FLOPs) plus attention's

@@ -24,19 +24,31 @@ namespace shardtrain::models {
 // syntax, $1 for groups); a name no rule matches is kept. `ignored` are Hugging Face names a file may hold that the
 // model does not load (tied copies, non-persistent buffers). `aliases` rewrite a Hugging Face name into the other
 // name a tied tensor may be saved under (transformers keeps one of the two, not always the same one).
+//
+// Fine-tuning moves between a family's heads (a masked-LM checkpoint into a classifier): `heads` are the Hugging
+// Face names of task heads. One the model has and the file lacks keeps its initialization; one the file has and the
+// model lacks is left unused; loading reports both (LoadReport), as transformers' from_pretrained warns.
 class NameMap {
  public:
   using Rules = std::vector<std::pair<std::string, std::string>>;
   NameMap() = default;
-  NameMap(const Rules& rules, const std::vector<std::string>& ignored = {}, const Rules& aliases = {});
+  NameMap(const Rules& rules, const std::vector<std::string>& ignored = {}, const Rules& aliases = {},
+          const std::vector<std::string>& heads = {});
   std::string to_hf(const std::string& name) const;
   bool is_ignored(const std::string& hf_name) const;
+  bool is_head(const std::string& hf_name) const;
   std::vector<std::string> aliases_of(const std::string& hf_name) const;
 
  private:
   static std::vector<std::pair<std::regex, std::string>> compile(const Rules& rules);
   std::vector<std::pair<std::regex, std::string>> rules_, aliases_;
-  std::vector<std::regex> ignored_;
+  std::vector<std::regex> ignored_, heads_;
+};
+
+// What a load left aside: the model's head tensors the file lacks (initialized, not loaded) and the file's head
+// tensors the model lacks (not loaded), by Hugging Face name.
+struct LoadReport {
+  std::vector<std::string> initialized, unused;
 };
 
 // Copies every parameter and buffer of `model` from the file (converting dtype, keeping the model's device). `path`:
@@ -44,15 +56,17 @@ class NameMap {
 // either (io::SafetensorsFiles).
 // Validates the whole file against the model first, and throws std::runtime_error naming the tensor on: a
 // parameter missing from the file, a shape that differs, a tensor in the file the model does not have (unless
-// ignored). A model prefix Hugging Face drops when saving the base model alone ("bert.") is tried both ways.
-void load_weights(torch::nn::Module& model, const std::string& path, const NameMap& names);
+// ignored or a head). A model prefix Hugging Face drops when saving the base model alone ("bert.") is tried both
+// ways.
+LoadReport load_weights(torch::nn::Module& model, const std::string& path, const NameMap& names);
 
 // load_weights into a model sharded by fully_shard (parallelize, build_parallel), which never holds a parameter
 // whole. Each rank reads only the rows it holds (a pread of their bytes) — or, with `from_rank0`
 // (sync_module_states, for a file only rank 0 can see), rank 0 reads each tensor whole, one at a time, and
 // broadcasts it over from_rank0, every rank keeping its rows. Validation as load_weights', against the full shapes;
-// with from_rank0 the other ranks fail too, saying that rank 0 did. Collective when from_rank0 is given.
-void load_weights_sharded(const std::shared_ptr<torch::nn::Module>& model, const std::string& path,
+// with from_rank0 the other ranks fail too, saying that rank 0 did. Collective when from_rank0 is given. With
+// from_rank0 only rank 0's report is filled (it alone reads the file).
+LoadReport load_weights_sharded(const std::shared_ptr<torch::nn::Module>& model, const std::string& path,
                           const NameMap& names, const std::optional<dist::Communicator>& from_rank0 = std::nullopt);
 
 // Writes every parameter (tied tensors once, under their first name) and persistent buffer of `model` in `dtype`

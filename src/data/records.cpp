@@ -1,0 +1,64 @@
+#include "data/records.h"
+
+#include <stdexcept>
+
+namespace shardtrain::data {
+namespace {
+
+bool ends_with(const std::string& s, const std::string& suffix) {
+  return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
+}
+
+}  // namespace
+
+RecordFormat record_format_of(const std::string& path) {
+  if (ends_with(path, ".txt")) return RecordFormat::TEXT_LINES;
+  if (ends_with(path, ".jsonl")) return RecordFormat::JSONL;
+  if (ends_with(path, ".tsv")) return RecordFormat::TSV;
+  if (ends_with(path, ".csv")) return RecordFormat::CSV;
+  return RecordFormat::TAR;
+}
+
+std::vector<std::string> split_record(const std::string& text, RecordFormat format) {
+  std::string line = text;
+  if (!line.empty() && line.back() == '\r') line.pop_back();
+  std::vector<std::string> fields(1);
+  if (format != RecordFormat::CSV) {
+    for (char c : line) {
+      if (c == '\t') fields.emplace_back();
+      else fields.back() += c;
+    }
+    return fields;
+  }
+  bool quoted = false;
+  for (size_t i = 0; i < line.size(); ++i) {
+    const char c = line[i];
+    if (quoted) {
+      if (c != '"') fields.back() += c;
+      else if (i + 1 < line.size() && line[i + 1] == '"') fields.back() += '"', ++i;  // "" inside quotes
+      else quoted = false;
+    } else if (c == '"') {
+      quoted = true;
+    } else if (c == ',') {
+      fields.emplace_back();
+    } else {
+      fields.back() += c;
+    }
+  }
+  if (quoted) throw std::runtime_error("a quoted field is not closed on its line");
+  return fields;
+}
+
+int64_t class_of(const std::string& value, const std::vector<std::string>& classes) {
+  for (size_t i = 0; i < classes.size(); ++i) {
+    if (classes[i] == value) return static_cast<int64_t>(i);
+  }
+  if (value.empty() || value.size() > 18) return -1;
+  for (char c : value) {
+    if (c < '0' || c > '9') return -1;
+  }
+  const int64_t n = std::stoll(value);
+  return classes.empty() || n < static_cast<int64_t>(classes.size()) ? n : -1;
+}
+
+}  // namespace shardtrain::data

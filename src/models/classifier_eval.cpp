@@ -1,0 +1,72 @@
+#include "models/classifier_eval.h"
+
+#include <ATen/ATen.h>
+#include <torch/nn/module.h>
+
+#include <cstdio>
+#include <stdexcept>
+
+#include "shardtrain/distributed/communicator.h"
+
+namespace shardtrain::models {
+
+void check_class_labels(const at::Tensor& labels, int64_t classes, const std::string& who) {
+  if (!labels.defined()) throw std::runtime_error(who + ": a batch without labels (every sample needs one)");
+  const int64_t top = labels.max().item<int64_t>(), bottom = labels.min().item<int64_t>();
+  if (top >= classes || bottom < 0) {
+    throw std::runtime_error(who + ": label " + std::to_string(top >= classes ? top : bottom) + " is outside its " +
+                             std::to_string(classes) + " classes");
+  }
+}
+
+std::map<std::string, double> evaluate_classifier(torch::nn::Module& model, const EvalInputs& in,
+                                                  data::SampleKind kind, int64_t classes,
+                                                  const std::function<at::Tensor(const data::Batch&)>& logits_of) {
+  const dist::Communicator& world = *in.world;
+  const int64_t per_step = world.size() * in.batch_size;
+  const int64_t wanted = in.max_samples > 0 ? std::min(in.max_samples, in.source_size) : in.source_size;
+  const int64_t used = wanted / per_step * per_step;
+  if (used == 0) {
+    throw std::invalid_argument("eval: " + std::to_string(wanted) + " held-out samples are fewer than one batch on "
+                                "every rank (" + std::to_string(per_step) + ")");
+  }
+  c10::AutoGradMode no_grad(false);
+  const bool was_training = model.is_training();
+  model.eval();
+  // Per (true class, predicted class): counts, the confusion matrix; and the summed loss. float64 on the device.
+  at::Tensor confusion = at::zeros({classes * classes}, at::TensorOptions().dtype(at::kDouble).device(in.device));
+  at::Tensor loss_sum = at::zeros({1}, confusion.options());
+  for (int64_t start = 0; start < used; start += per_step) {
+    const data::Batch b = in.loader->build(kind, start).to(in.device, in.floats);
+    check_class_labels(b.labels, classes, "eval");
+    const at::Tensor logits = logits_of(b).to(at::kFloat);
+    loss_sum += at::cross_entropy_loss(logits, b.labels, {}, at::Reduction::Sum).to(at::kDouble);
+    confusion.index_add_(0, b.labels * classes + logits.argmax(1), at::ones({b.labels.size(0)}, confusion.options()));
+  }
+  if (was_training) model.train();
+  world.all_reduce(confusion, dist::ReduceOp::SUM).wait();
+  world.all_reduce(loss_sum, dist::ReduceOp::SUM).wait();
+  const at::Tensor m = confusion.cpu().view({classes, classes});  // rows: true class, columns: predicted
+  const at::Tensor hits = m.diagonal(), truth = m.sum(1), predicted = m.sum(0);
+  // F1 of a class: 2 tp / (2 tp + fp + fn) = 2 tp / (true + predicted). Macro: the mean over the classes that are
+  // true or predicted somewhere (scikit-learn's f1_score(average="macro")).
+  const at::Tensor seen = (truth + predicted) > 0;
+  const at::Tensor f1 = 2 * hits / (truth + predicted).clamp_min(1);
+  std::map<std::string, double> out;
+  out["accuracy"] = hits.sum().item<double>() / static_cast<double>(used);
+  out["f1"] = classes == 2 ? f1[1].item<double>() : f1.masked_select(seen).mean().item<double>();
+  out["eval_loss"] = loss_sum.item<double>() / static_cast<double>(used);
+  out["eval_samples"] = static_cast<double>(used);
+  return out;
+}
+
+std::string describe_classifier_progress(const std::map<std::string, double>& first,
+                                         const std::map<std::string, double>& last) {
+  char text[160];
+  std::snprintf(text, sizeof(text), ", accuracy %.3f -> %.3f, F1 %.3f -> %.3f, eval loss %.4f -> %.4f",
+                first.at("accuracy"), last.at("accuracy"), first.at("f1"), last.at("f1"), first.at("eval_loss"),
+                last.at("eval_loss"));
+  return text;
+}
+
+}  // namespace shardtrain::models
