@@ -101,6 +101,7 @@ struct Loader::Impl {
     const auto& source = *sources[static_cast<size_t>(kind)];
     const uint64_t seed = kind_seed(kind);
     const LoaderOptions& o = options;
+    std::string last_error;
     for (int attempt = 0; attempt < kMaxReplacements; ++attempt, ++position) {
       Example ex;
       try {
@@ -139,10 +140,11 @@ struct Loader::Impl {
         return ex;
       } catch (const std::exception& e) {
         note_skip(e.what());
+        last_error = e.what();
       }
     }
     throw std::runtime_error(std::string("the ") + kind_name(kind) + " data has " + std::to_string(kMaxReplacements) +
-                             " unusable samples in a row (first errors in the loader's stats)");
+                             " unusable samples in a row; the last: " + last_error);
   }
 
   // ITM negatives inside the batch: each negative row takes the text (and its MLM mask) of a positive row, so its

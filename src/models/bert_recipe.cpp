@@ -8,7 +8,7 @@
 #include <filesystem>
 
 #include "models/activation_model.h"
-#include "models/classifier_eval.h"
+#include "models/evaluation.h"
 #include "models/families.h"
 #include "models/hf_config.h"
 #include "models/recipe_helpers.h"

@@ -10,6 +10,7 @@
 #include <nlohmann/json.hpp>
 
 #include "models/activation_model.h"
+#include "models/evaluation.h"
 #include "models/families.h"
 #include "models/hf_config.h"
 #include "models/recipe_helpers.h"
@@ -26,13 +27,7 @@ namespace {
 // Uses the largest multiple of world * batch_size samples up to max_samples (0: all).
 std::map<std::string, double> evaluate_flava(FlavaImpl& flava, const EvalInputs& in) {
   const dist::Communicator& world = *in.world;
-  const int64_t W = world.size(), per_step = W * in.batch_size;
-  const int64_t wanted = in.max_samples > 0 ? std::min(in.max_samples, in.source_size) : in.source_size;
-  const int64_t used = wanted / per_step * per_step;
-  if (used == 0) {
-    throw std::invalid_argument("eval: " + std::to_string(wanted) + " held-out samples are fewer than one batch on "
-                                "every rank (" + std::to_string(per_step) + ")");
-  }
+  const int64_t W = world.size(), per_step = W * in.batch_size, used = whole_batches(in);
   c10::AutoGradMode no_grad(false);
   const bool was_training = flava.is_training();
   flava.eval();

@@ -1,9 +1,13 @@
-// Llama's recipe: causal language modelling (LlamaForCausalLM) on text, padding left out of the loss.
+// Llama's recipe: causal language modelling (LlamaForCausalLM) on text, padding left out of the loss; evaluated by
+// the loss per token and perplexity on data.eval's text.
 #include <ATen/ATen.h>
 
 #include <nlohmann/json.hpp>
 
+#include <cstdio>
+
 #include "models/activation_model.h"
+#include "models/evaluation.h"
 #include "models/families.h"
 #include "models/hf_config.h"
 #include "models/recipe_helpers.h"
@@ -30,6 +34,25 @@ class LlamaCausalLm : public Task {
     out.total = module_as<LlamaImpl>(model, "llama").run(b.input_ids, b.attention_mask, labels).loss;
     out.parts["lm"] = value_of(out.total);
     return out;
+  }
+  bool has_evaluation() const override { return true; }
+  data::SampleKind eval_kind() const override { return data::SampleKind::TEXT; }
+  // Each batch's mean loss times its predicted tokens (every token but a row's first, padding aside): the sum.
+  std::map<std::string, double> evaluate(torch::nn::Module& model, const EvalInputs& in) const override {
+    LlamaImpl& llama = module_as<LlamaImpl>(model, "llama");
+    return evaluate_token_loss(model, in, [&](const data::Batch& b) {
+      const at::Tensor labels = b.input_ids.masked_fill(b.attention_mask == 0, kIgnoreIndex);
+      const int64_t tokens = (labels.narrow(1, 1, labels.size(1) - 1) != kIgnoreIndex).sum().item<int64_t>();
+      const at::Tensor loss = llama.run(b.input_ids, b.attention_mask, labels).loss;
+      return std::make_pair(loss * static_cast<double>(tokens), tokens);
+    });
+  }
+  std::string describe_progress(const std::map<std::string, double>& first,
+                                const std::map<std::string, double>& last) const override {
+    char text[120];
+    std::snprintf(text, sizeof(text), ", eval loss %.4f -> %.4f, perplexity %.2f -> %.2f", first.at("eval_loss"),
+                  last.at("eval_loss"), first.at("perplexity"), last.at("perplexity"));
+    return text;
   }
 
  private:

@@ -1,5 +1,5 @@
 // T5's recipe: span corruption (T5's pretraining objective) on text, the encoder reading the corrupted row and the
-// decoder writing the hidden spans.
+// decoder writing the hidden spans; and seq2seq fine-tuning on (input, target) records (t5_seq2seq.h).
 #include <ATen/ATen.h>
 
 #include <algorithm>
@@ -11,6 +11,7 @@
 #include "models/families.h"
 #include "models/hf_config.h"
 #include "models/recipe_helpers.h"
+#include "models/t5_seq2seq.h"
 #include "models/t5_span_corruption.h"
 #include "shardtrain/models/losses.h"
 #include "shardtrain/models/t5.h"
@@ -124,7 +125,7 @@ class T5Recipe : public FamilyRecipe<T5Config, T5> {
     return 3 * forward * batch_rows(b);
   }
 
-  std::vector<std::string> tasks() const override { return {"span_corruption"}; }
+  std::vector<std::string> tasks() const override { return {"span_corruption", "seq2seq"}; }
 
   // Span corruption turns T text tokens (n = T - 2 without [CLS]/[SEP]) into an encoder input of n - m + s + 1 and
   // a decoder input of m + s + 1 tokens (m masked in s spans, t5_span_corruption.h). Each stack keeps its
@@ -167,7 +168,8 @@ class T5Recipe : public FamilyRecipe<T5Config, T5> {
   }
 
  protected:
-  std::unique_ptr<Task> make_task(const std::string&) const override {
+  std::unique_ptr<Task> make_task(const std::string& name) const override {
+    if (name == "seq2seq") return make_t5_seq2seq(config());
     return std::make_unique<T5SpanCorruption>(config());
   }
 };

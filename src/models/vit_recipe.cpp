@@ -7,7 +7,7 @@
 #include <nlohmann/json.hpp>
 
 #include "models/activation_model.h"
-#include "models/classifier_eval.h"
+#include "models/evaluation.h"
 #include "models/families.h"
 #include "models/hf_config.h"
 #include "models/recipe_helpers.h"

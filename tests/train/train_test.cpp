@@ -10,14 +10,17 @@
 #include <cmath>
 #include <cstdio>
 #include <fstream>
+#include <regex>
 #include <sstream>
 
+#include <nlohmann/json.hpp>
 #include <torch/nn/module.h>
 #include <torch/serialize.h>
 
 #include "shardtrain/ckpt/checkpoint.h"
 #include "shardtrain/ckpt/manifest.h"
 #include "shardtrain/config/config.h"
+#include "shardtrain/data/synth.h"
 #include "shardtrain/fsdp/state_dict.h"
 #include "shardtrain/io/files.h"
 #include "shardtrain/io/safetensors.h"
@@ -494,6 +497,50 @@ TEST_F(TrainTest, EveryFamilyTrainsOnItsObjective) {
     EXPECT_NE(r.output.find("  " + c.loss + " "), std::string::npos) << r.output;
     EXPECT_EQ(r.output.find("nan"), std::string::npos) << r.output;
   }
+}
+
+// The "A -> B" of a phrase of the closing line ("eval loss 0.69 -> 0.41"); {NaN, NaN} when absent.
+std::pair<double, double> progress_of(const std::string& output, const std::string& what) {
+  std::smatch m;
+  if (!std::regex_search(output, m, std::regex(what + R"( ([-0-9.]+) -> ([-0-9.]+))"))) return {NAN, NAN};
+  return {std::stod(m[1]), std::stod(m[2])};
+}
+
+// Fine-tuning on held-out text: T5's seq2seq on (input, target) records — the target is the first object's phrase
+// of the caption — scored by eval loss, exact match and ROUGE-L of greedy outputs; Llama's causal LM on the inputs,
+// scored by eval loss and perplexity. Both improve on the held-out records within 200 steps on 2 ranks.
+TEST_F(TrainTest, Seq2SeqAndCausalLmEvaluateHeldOutText) {
+  const std::string dir = root_ + "/seq2seq";
+  io::make_directories(dir);
+  for (const auto& [name, count, stream] : {std::tuple<std::string, int, uint64_t>{"train", 480, 7}, {"eval", 32, 8}}) {
+    std::ofstream out(dir + "/" + name + ".jsonl");
+    for (int i = 0; i < count; ++i) {
+      const data::SynthScene scene = data::render_scene(0, stream, i, 16);
+      out << nlohmann::json{{"input", scene.caption}, {"target", scene.objects[0]}}.dump() << "\n";
+    }
+  }
+  const std::string data = " --data.text=[" + dir + "/train.jsonl] --data.eval=[" + dir + "/eval.jsonl]" +
+                           " --data.max_text_length=48 --train.batch_size=8 --train.grad_accum=1";
+  const Outcome t5 = train("--model.flavor=t5-debug --model.task=seq2seq --data.text_fields=[input,target]" + data +
+                           " --train.steps=200 --train.eval_interval=100 --optim.lr=1e-2 --optim.warmup_steps=4");
+  ASSERT_EQ(t5.status, 0) << t5.output;
+  const auto [loss_before, loss_after] = progress_of(t5.output, "eval loss");
+  EXPECT_LT(loss_after, 0.5 * loss_before) << t5.output;
+  const auto rouge = progress_of(t5.output, "ROUGE-L");
+  EXPECT_GE(rouge.second, rouge.first) << t5.output;
+  EXPECT_GT(rouge.second, 0.2) << t5.output;
+  EXPECT_NE(t5.output.find("exact match"), std::string::npos) << t5.output;
+
+  const Outcome llama = train("--model.flavor=llama-debug --data.text_fields=[input]" + data +
+                              " --train.steps=30 --train.eval_interval=15 --optim.lr=3e-3 --optim.warmup_steps=4");
+  ASSERT_EQ(llama.status, 0) << llama.output;
+  const auto perplexity = progress_of(llama.output, "perplexity");
+  EXPECT_LT(perplexity.second, 0.5 * perplexity.first) << llama.output;
+
+  const Outcome single =
+      train("--model.flavor=t5-debug --model.task=seq2seq --data.text_fields=[input]" + data + " --train.steps=1");
+  EXPECT_NE(single.status, 0);
+  EXPECT_NE(single.output.find("set data.text_fields to their two fields"), std::string::npos) << single.output;
 }
 
 TEST_F(TrainTest, BadInputExitsWithTheMessage) {

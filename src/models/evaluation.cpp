@@ -1,8 +1,9 @@
-#include "models/classifier_eval.h"
+#include "models/evaluation.h"
 
 #include <ATen/ATen.h>
 #include <torch/nn/module.h>
 
+#include <cmath>
 #include <cstdio>
 #include <stdexcept>
 
@@ -19,17 +20,44 @@ void check_class_labels(const at::Tensor& labels, int64_t classes, const std::st
   }
 }
 
-std::map<std::string, double> evaluate_classifier(torch::nn::Module& model, const EvalInputs& in,
-                                                  data::SampleKind kind, int64_t classes,
-                                                  const std::function<at::Tensor(const data::Batch&)>& logits_of) {
-  const dist::Communicator& world = *in.world;
-  const int64_t per_step = world.size() * in.batch_size;
+int64_t whole_batches(const EvalInputs& in) {
+  const int64_t per_step = in.world->size() * in.batch_size;
   const int64_t wanted = in.max_samples > 0 ? std::min(in.max_samples, in.source_size) : in.source_size;
   const int64_t used = wanted / per_step * per_step;
   if (used == 0) {
     throw std::invalid_argument("eval: " + std::to_string(wanted) + " held-out samples are fewer than one batch on "
                                 "every rank (" + std::to_string(per_step) + ")");
   }
+  return used;
+}
+
+std::map<std::string, double> evaluate_token_loss(
+    torch::nn::Module& model, const EvalInputs& in,
+    const std::function<std::pair<at::Tensor, int64_t>(const data::Batch&)>& token_losses) {
+  const int64_t used = whole_batches(in), per_step = in.world->size() * in.batch_size;
+  c10::AutoGradMode no_grad(false);
+  const bool was_training = model.is_training();
+  model.eval();
+  // (summed loss, predicted tokens), float64 on the device (NCCL reduces device tensors only).
+  at::Tensor totals = at::zeros({2}, at::TensorOptions().dtype(at::kDouble).device(in.device));
+  for (int64_t start = 0; start < used; start += per_step) {
+    const auto [loss, tokens] = token_losses(in.loader->build(data::SampleKind::TEXT, start).to(in.device, in.floats));
+    totals[0] += loss.detach().to(at::kDouble);
+    totals[1] += static_cast<double>(tokens);
+  }
+  if (was_training) model.train();
+  in.world->all_reduce(totals, dist::ReduceOp::SUM).wait();
+  const at::Tensor host = totals.cpu();
+  const double loss = host[0].item<double>() / std::max(1.0, host[1].item<double>());
+  return {{"eval_loss", loss}, {"perplexity", std::exp(loss)}, {"eval_tokens", host[1].item<double>()},
+          {"eval_samples", static_cast<double>(used)}};
+}
+
+std::map<std::string, double> evaluate_classifier(torch::nn::Module& model, const EvalInputs& in,
+                                                  data::SampleKind kind, int64_t classes,
+                                                  const std::function<at::Tensor(const data::Batch&)>& logits_of) {
+  const dist::Communicator& world = *in.world;
+  const int64_t used = whole_batches(in), per_step = world.size() * in.batch_size;
   c10::AutoGradMode no_grad(false);
   const bool was_training = model.is_training();
   model.eval();

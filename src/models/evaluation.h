@@ -1,5 +1,6 @@
-// Held-out evaluation of a classifier (BERT's classify, ViT's image classification; private to the models layer):
-// accuracy, F1 and the mean loss over the evaluated samples, gathered from every rank.
+// Held-out evaluation shared by the tasks (private to the models layer): a classifier's accuracy, F1 and loss (BERT's
+// classify, ViT's image classification), a language model's loss per token and perplexity (Llama's causal LM), each
+// over whole batches of every rank.
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -7,10 +8,22 @@
 #include <functional>
 #include <map>
 #include <string>
+#include <utility>
 
 #include "shardtrain/models/recipe.h"
 
 namespace shardtrain::models {
+
+// The held-out samples evaluated: the largest multiple of world * batch_size up to in.max_samples (0: all). Throws
+// std::invalid_argument when that is not one batch per rank.
+int64_t whole_batches(const EvalInputs& in);
+
+// The mean loss per predicted token of a causal language model over the held-out text (`token_losses` gives a
+// batch's summed loss and its number of predicted tokens, the model in eval mode): eval_loss, perplexity (its
+// exponential), eval_tokens and eval_samples. Collective over in.world.
+std::map<std::string, double> evaluate_token_loss(
+    torch::nn::Module& model, const EvalInputs& in,
+    const std::function<std::pair<at::Tensor, int64_t>(const data::Batch&)>& token_losses);
 
 // Runs `logits_of` ((B, classes) logits of a batch, the model in eval mode) over the largest multiple of world *
 // batch_size held-out samples up to in.max_samples (0: all) of `kind`. Returns accuracy, f1 (binary: of class 1, as
