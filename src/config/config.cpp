@@ -237,6 +237,7 @@ std::vector<Field> fields_of(Config& c) {
       field("data.mix.text", c.data.mix.text),
       field("data.mix.image", c.data.mix.image),
       field("data.max_text_length", c.data.max_text_length),
+      field("data.truncation", c.data.truncation),
       field("data.image_size", c.data.image_size),
       field("data.mlm_probability", c.data.mlm_probability),
       field("data.mim_probability", c.data.mim_probability),
@@ -522,6 +523,8 @@ void validate(const Config& c) {
   require(c.data.max_image_pixels >= 1, "data.max_image_pixels", num(c.data.max_image_pixels), "at least 1");
   require(c.data.max_text_length == 0 || c.data.max_text_length >= 3, "data.max_text_length",
           num(c.data.max_text_length), "0 (the model's) or at least 3");
+  require(c.data.truncation == "warn" || c.data.truncation == "error", "data.truncation", "'" + c.data.truncation + "'",
+          "warn (truncate and count) or error");
   require(c.data.text_fields.size() == 1 || c.data.text_fields.size() == 2, "data.text_fields",
           std::to_string(c.data.text_fields.size()) + " fields", "one (a text) or two (a sentence pair)");
   for (size_t i = 0; i < c.data.labels.size(); ++i) {

@@ -21,6 +21,12 @@ namespace {
 constexpr int kMaxReplacements = 64;  // consecutive unusable samples before the loader gives up
 constexpr size_t kKeptErrors = 8;
 
+// What the loader throws for a text longer than the model reads when truncation is refused.
+class TextTooLong : public std::invalid_argument {
+ public:
+  using std::invalid_argument::invalid_argument;
+};
+
 struct Example {
   Encoding text;
   MlmMask mlm;
@@ -85,6 +91,17 @@ struct Loader::Impl {
     return (*perm)[static_cast<size_t>(position % n)];
   }
 
+  void note_truncation(const std::string& key, int64_t tokens) const {
+    if (options.refuse_truncation) {
+      throw TextTooLong(key + ": " + std::to_string(tokens) + " tokens longer than the " +
+                        std::to_string(options.text_length) + " the model reads (data.truncation: error; "
+                        "data.max_text_length sets the length, up to the model's positions)");
+    }
+    std::lock_guard<std::mutex> lock(stats_mutex);
+    ++stats.truncated;
+    stats.truncated_tokens += tokens;
+  }
+
   void note_skip(const std::string& why) const {
     std::lock_guard<std::mutex> lock(stats_mutex);
     ++stats.skipped;
@@ -112,6 +129,7 @@ struct Loader::Impl {
         if (kind != SampleKind::IMAGE) {
           ex.text = source.pairs() ? o.tokenizer->encode_pair(raw.text, raw.text_pair, o.text_length)
                                    : o.tokenizer->encode(raw.text, o.text_length);
+          if (ex.text.truncated > 0) note_truncation(raw.key, ex.text.truncated);
           if (o.mlm_probability > 0) {
             auto rng = rng_for(seed, p, Purpose::kMlm);
             const auto& t = *o.tokenizer;
@@ -138,6 +156,8 @@ struct Loader::Impl {
           }
         }
         return ex;
+      } catch (const TextTooLong&) {
+        throw;  // not a damaged sample: the run was asked to refuse it
       } catch (const std::exception& e) {
         note_skip(e.what());
         last_error = e.what();

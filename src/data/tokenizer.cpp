@@ -229,8 +229,9 @@ std::vector<int64_t> WordPieceTokenizer::token_ids(const std::string& text) cons
 Encoding WordPieceTokenizer::encode(const std::string& text, int64_t length) const {
   if (length < 2) throw std::invalid_argument("encode: length " + std::to_string(length) + " leaves no room for [CLS] and [SEP]");
   std::vector<int64_t> tokens = token_ids(text);
-  if (static_cast<int64_t>(tokens.size()) > length - 2) tokens.resize(static_cast<size_t>(length - 2));
   Encoding e;
+  e.truncated = std::max<int64_t>(0, static_cast<int64_t>(tokens.size()) - (length - 2));
+  if (e.truncated > 0) tokens.resize(static_cast<size_t>(length - 2));
   e.ids.reserve(static_cast<size_t>(length));
   e.ids.push_back(cls_);
   e.ids.insert(e.ids.end(), tokens.begin(), tokens.end());
@@ -253,7 +254,8 @@ Encoding WordPieceTokenizer::encode_pair(const std::string& first, const std::st
   }
   std::vector<int64_t> a = token_ids(first), b = token_ids(second);
   const size_t budget = static_cast<size_t>(length - 3);
-  if (a.size() + b.size() > budget) {
+  const int64_t truncated = std::max<int64_t>(0, static_cast<int64_t>(a.size() + b.size() - budget));
+  if (truncated > 0) {
     if (a.size() > b.size()) {
       b.resize(std::min(b.size(), budget / 2));
       a.resize(budget - b.size());
@@ -263,6 +265,7 @@ Encoding WordPieceTokenizer::encode_pair(const std::string& first, const std::st
     }
   }
   Encoding e;
+  e.truncated = truncated;
   e.ids.reserve(static_cast<size_t>(length));
   e.ids.push_back(cls_);
   e.ids.insert(e.ids.end(), a.begin(), a.end());

@@ -406,6 +406,12 @@ void describe_end(const Loop& loop, const data::LoaderStats& stats) {
                            std::to_string(stats.skipped) + " unusable samples skipped (replaced by the next ones); " +
                            "first: " + (stats.first_errors.empty() ? "?" : stats.first_errors[0]));
   }
+  if (stats.truncated > 0) {
+    logger.info_every_rank("rank " + std::to_string(loop.job.pg.world().rank()) + ": " +
+                           std::to_string(stats.truncated) + " texts longer than data.max_text_length truncated (" +
+                           std::to_string(stats.truncated_tokens) + " tokens cut; data.truncation: error refuses " +
+                           "them)");
+  }
   const TrainSummary& s = loop.summary;
   char line[160];
   std::snprintf(line, sizeof(line), "done: %lld steps, loss %.4f -> %.4f", static_cast<long long>(loop.at.step),

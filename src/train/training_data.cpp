@@ -87,6 +87,7 @@ data::LoaderOptions loader_options(const Config& c, const std::string& flavor, c
   lo.image_mean = c.data.image_mean, lo.image_std = c.data.image_std;
   lo.itm_negative_probability = c.data.itm_negative_probability;
   lo.max_image_pixels = c.data.max_image_pixels;
+  lo.refuse_truncation = c.data.truncation == "error";
   return lo;
 }
 

@@ -216,6 +216,18 @@ TEST_F(DataTest, LoaderBatchesSentencePairs) {
     }
   }
   EXPECT_EQ(b.labels.sum().item<int64_t>(), 1);
+  EXPECT_EQ(loader.stats().truncated, 0);
+  // Shorter rows: the first pair loses 2 of its 4 tokens, the second 0 of 2; counted, or refused.
+  o.text_length = 5;
+  const Loader short_rows({nullptr, source, nullptr}, o);
+  short_rows.build(SampleKind::TEXT, 0);
+  EXPECT_EQ(short_rows.stats().truncated, 1);
+  EXPECT_EQ(short_rows.stats().truncated_tokens, 2);
+  EXPECT_EQ(short_rows.stats().skipped, 0);
+  o.refuse_truncation = true;
+  const Loader refusing({nullptr, source, nullptr}, o);
+  expect_error<std::invalid_argument>([&] { refusing.build(SampleKind::TEXT, 0); },
+                                      {"p.tsv:2", "2 tokens longer than the 5", "data.truncation: error"});
 }
 
 // Every rank's positions over one epoch: each sample exactly once, for world sizes 1-4 and sizes that do not

@@ -537,6 +537,17 @@ TEST_F(TrainTest, Seq2SeqAndCausalLmEvaluateHeldOutText) {
   const auto perplexity = progress_of(llama.output, "perplexity");
   EXPECT_LT(perplexity.second, 0.5 * perplexity.first) << llama.output;
 
+  // Texts longer than data.max_text_length: truncated and counted, or (data.truncation: error) refused by name.
+  const Outcome cut = train("--model.flavor=llama-debug --data.text_fields=[input]" + data +
+                            " --data.max_text_length=6 --train.steps=1 --train.eval_interval=0");
+  ASSERT_EQ(cut.status, 0) << cut.output;
+  EXPECT_NE(cut.output.find("texts longer than data.max_text_length truncated"), std::string::npos) << cut.output;
+  const Outcome refused = train("--model.flavor=llama-debug --data.text_fields=[input]" + data +
+                                " --data.max_text_length=6 --data.truncation=error --train.steps=1");
+  EXPECT_NE(refused.status, 0);
+  EXPECT_NE(refused.output.find(".jsonl:"), std::string::npos) << refused.output;  // the file and line
+  EXPECT_NE(refused.output.find("data.truncation: error"), std::string::npos) << refused.output;
+
   const Outcome single =
       train("--model.flavor=t5-debug --model.task=seq2seq --data.text_fields=[input]" + data + " --train.steps=1");
   EXPECT_NE(single.status, 0);

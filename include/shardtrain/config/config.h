@@ -84,6 +84,9 @@ struct DataConfig {
   std::vector<std::string> labels;
   MixConfig mix;
   int64_t max_text_length = 0;    // tokens incl. [CLS] and [SEP]; 0: the model's maximum
+  // A text longer than max_text_length: warn (truncated; how many the run's closing lines count) or error (the run
+  // stops naming the file and line).
+  std::string truncation = "warn";
   int64_t image_size = 0;         // pixels; 0: the model's
   double mlm_probability = 0.15;  // BERT masking: of the chosen, 80% [MASK], 10% random, 10% kept
   double mim_probability = 0.4;   // fraction of patches masked (BEiT block-wise masking)

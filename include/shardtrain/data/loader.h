@@ -67,6 +67,9 @@ struct LoaderOptions {
   std::vector<double> image_std = {0.26862954, 0.26130258, 0.27577711};
   double itm_negative_probability = 0.5;  // rows whose text is replaced by another row's (ITM negatives)
   int64_t max_image_pixels = kDefaultMaxImagePixels;  // larger images are skipped undecoded (and counted)
+  // A text longer than text_length tokens: false, it is truncated and counted (LoaderStats::truncated); true, the
+  // loader stops with an error naming the sample (data.truncation: error).
+  bool refuse_truncation = false;
 };
 
 // Where the stream stands: steps handed out and stream positions consumed per kind (global, over all ranks).
@@ -77,6 +80,8 @@ struct LoaderState {
 
 struct LoaderStats {
   int64_t skipped = 0;                   // unusable samples replaced
+  int64_t truncated = 0;                 // texts cut to text_length tokens
+  int64_t truncated_tokens = 0;          // the tokens they lost
   std::vector<std::string> first_errors; // the first 8 reasons
 };
 

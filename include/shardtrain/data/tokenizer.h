@@ -23,6 +23,7 @@ struct Encoding {
   std::vector<int64_t> ids;             // [CLS] tokens [SEP] then [PAD] up to the length asked for
   std::vector<int64_t> attention_mask;  // 1 for tokens, 0 for padding
   std::vector<int64_t> token_type_ids;  // 0 for the first sequence (and padding), 1 for a pair's second
+  int64_t truncated = 0;                // tokens cut to fit the length asked for
 };
 
 class WordPieceTokenizer {
