@@ -54,17 +54,6 @@ std::pair<std::vector<int64_t>, std::vector<int64_t>> span_corrupt(const std::ve
 
 namespace {
 
-// Rows of different lengths as one (rows, longest) int64 tensor, `pad` after each row's end.
-at::Tensor padded(const std::vector<std::vector<int64_t>>& rows, int64_t pad) {
-  size_t width = 1;
-  for (const auto& r : rows) width = std::max(width, r.size());
-  auto out = at::full({static_cast<int64_t>(rows.size()), static_cast<int64_t>(width)}, pad, at::kLong);
-  for (size_t i = 0; i < rows.size(); ++i) {
-    for (size_t j = 0; j < rows[i].size(); ++j) out[static_cast<int64_t>(i)][static_cast<int64_t>(j)] = rows[i][j];
-  }
-  return out;
-}
-
 class T5SpanCorruption : public Task {
  public:
   explicit T5SpanCorruption(const T5Config& config) : config_(config) {}
@@ -90,9 +79,9 @@ class T5SpanCorruption : public Task {
       inputs.push_back(std::move(input));
       targets.push_back(std::move(target));
     }
-    const at::Tensor input_ids = padded(inputs, config_.pad_token_id);
+    const at::Tensor input_ids = padded_rows(inputs, config_.pad_token_id, b.input_ids.device());
     const at::Tensor mask = (input_ids != config_.pad_token_id).to(at::kLong);
-    const at::Tensor labels = padded(targets, kIgnoreIndex);
+    const at::Tensor labels = padded_rows(targets, kIgnoreIndex, b.input_ids.device());
     Losses out;
     out.total = module_as<T5Impl>(model, "t5").run(input_ids, mask, {}, labels).loss;
     out.parts["span"] = value_of(out.total);

@@ -40,18 +40,6 @@ Seq2SeqRows split_rows(const data::Batch& b) {
   return rows;
 }
 
-// Rows of different lengths as one (rows, longest) int64 tensor on `device`, `pad` after each row's end.
-at::Tensor padded(const std::vector<std::vector<int64_t>>& rows, int64_t pad, const at::Device& device) {
-  size_t width = 1;
-  for (const auto& r : rows) width = std::max(width, r.size());
-  at::Tensor out = at::full({static_cast<int64_t>(rows.size()), static_cast<int64_t>(width)}, pad, at::kLong);
-  auto O = out.accessor<int64_t, 2>();
-  for (size_t i = 0; i < rows.size(); ++i) {
-    for (size_t j = 0; j < rows[i].size(); ++j) O[static_cast<int64_t>(i)][static_cast<int64_t>(j)] = rows[i][j];
-  }
-  return out.to(device);
-}
-
 // Length of the longest common subsequence of a and b (O(|a| |b|) dynamic programming, one row at a time).
 size_t common_subsequence(const std::vector<int64_t>& a, const std::vector<int64_t>& b) {
   std::vector<size_t> row(b.size() + 1, 0), next(b.size() + 1, 0);
@@ -76,10 +64,10 @@ class T5Seq2Seq : public Task {
   Losses compute_losses(torch::nn::Module& model, const data::Batch& b, uint64_t) const override {
     const Seq2SeqRows rows = split_rows(b);
     const at::Device device = b.input_ids.device();
-    const at::Tensor input_ids = padded(rows.inputs, config_.pad_token_id, device);
+    const at::Tensor input_ids = padded_rows(rows.inputs, config_.pad_token_id, device);
     const at::Tensor mask = (input_ids != config_.pad_token_id).to(at::kLong);
     Losses out;
-    const at::Tensor labels = padded(rows.targets, kIgnoreIndex, device);
+    const at::Tensor labels = padded_rows(rows.targets, kIgnoreIndex, device);
     out.total = module_as<T5Impl>(model, "t5").run(input_ids, mask, {}, labels).loss;
     out.parts["seq2seq"] = value_of(out.total);
     return out;
@@ -114,9 +102,9 @@ std::map<std::string, double> T5Seq2Seq::evaluate(torch::nn::Module& model, cons
   for (int64_t start = 0; start < used; start += per_step) {
     const data::Batch b = in.loader->build(data::SampleKind::TEXT, start).to(in.device, in.floats);
     const Seq2SeqRows rows = split_rows(b);
-    const at::Tensor input_ids = padded(rows.inputs, config_.pad_token_id, in.device);
+    const at::Tensor input_ids = padded_rows(rows.inputs, config_.pad_token_id, in.device);
     const at::Tensor mask = (input_ids != config_.pad_token_id).to(at::kLong);
-    const at::Tensor labels = padded(rows.targets, kIgnoreIndex, in.device);
+    const at::Tensor labels = padded_rows(rows.targets, kIgnoreIndex, in.device);
     const double n = (labels != kIgnoreIndex).sum().item<double>();
     loss += t5.run(input_ids, mask, {}, labels).loss.item<double>() * n;
     tokens += n;
@@ -152,6 +140,17 @@ std::map<std::string, double> T5Seq2Seq::evaluate(torch::nn::Module& model, cons
 }
 
 }  // namespace
+
+at::Tensor padded_rows(const std::vector<std::vector<int64_t>>& rows, int64_t pad, const at::Device& device) {
+  size_t width = 1;
+  for (const auto& r : rows) width = std::max(width, r.size());
+  at::Tensor out = at::full({static_cast<int64_t>(rows.size()), static_cast<int64_t>(width)}, pad, at::kLong);
+  auto O = out.accessor<int64_t, 2>();
+  for (size_t i = 0; i < rows.size(); ++i) {
+    for (size_t j = 0; j < rows[i].size(); ++j) O[static_cast<int64_t>(i)][static_cast<int64_t>(j)] = rows[i][j];
+  }
+  return out.to(device);
+}
 
 std::unique_ptr<Task> make_t5_seq2seq(const T5Config& config) { return std::make_unique<T5Seq2Seq>(config); }
 

@@ -13,4 +13,8 @@ namespace shardtrain::models {
 // batch, exact match and ROUGE-L against the targets.
 std::unique_ptr<Task> make_t5_seq2seq(const T5Config& config);
 
+// Rows of different lengths as one (rows, longest) int64 tensor on `device`, `pad` after each row's end: the
+// encoder inputs and targets of both T5 tasks.
+at::Tensor padded_rows(const std::vector<std::vector<int64_t>>& rows, int64_t pad, const at::Device& device);
+
 }  // namespace shardtrain::models
