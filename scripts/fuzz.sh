@@ -8,7 +8,7 @@ cd "$(dirname "$0")/.."
 seconds=${1:-30}
 shift || true
 names=("$@")
-[ ${#names[@]} -gt 0 ] || names=(fuzz_safetensors fuzz_tar fuzz_image fuzz_config fuzz_vocab fuzz_checkpoint_meta)
+[ ${#names[@]} -gt 0 ] || names=(fuzz_safetensors fuzz_tar fuzz_image fuzz_config fuzz_vocab fuzz_tokenizer_json fuzz_checkpoint_meta)
 
 if [ ! -f build-fuzz/CMakeCache.txt ]; then
   TORCH_PREFIX=$(.venv/bin/python -c 'import torch.utils; print(torch.utils.cmake_prefix_path)')

@@ -14,7 +14,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 packages=(libyaml-cpp-dev libyaml-cpp0.7 libstb-dev libstb0 libutf8proc-dev libutf8proc2 nlohmann-json3-dev
-          libgloo-dev libgtest-dev libxxhash-dev)
+          libgloo-dev libgtest-dev libxxhash-dev libonig-dev libonig5 libsentencepiece-dev libsentencepiece0)
 
 if [[ "${1:-}" == download ]]; then
   deps=${2:-.gpu-deps}

@@ -7,7 +7,7 @@ cd "$(dirname "$0")/.."
 # Debian packages: compilers (clang, and g++ for its C++ library) and build tools, GoogleTest, and gloo's headers
 # (the torch wheel ships gloo's compiled code but not its headers, which ProcessGroupGloo.hpp includes;
 # docs/notes/gloo-headers.md).
-packages=(g++ clang cmake ninja-build ccache tmux libgtest-dev libgmock-dev libgloo-dev nlohmann-json3-dev libyaml-cpp-dev libstb-dev libutf8proc-dev
+packages=(g++ clang cmake ninja-build ccache tmux libgtest-dev libgmock-dev libgloo-dev nlohmann-json3-dev libyaml-cpp-dev libstb-dev libutf8proc-dev libonig-dev libsentencepiece-dev
           libxxhash-dev python3-venv)
 missing=()
 for p in "${packages[@]}"; do
@@ -26,7 +26,7 @@ if [ ! -x .venv/bin/python ]; then
   echo "setup: creating .venv"
   "$PYTHON" -m venv .venv
 fi
-if ! .venv/bin/python -c 'import torch, transformers, safetensors, accelerate, matplotlib, sys; sys.exit(0 if torch.__version__.startswith("2.11.0") else 1)' 2>/dev/null; then
+if ! .venv/bin/python -c 'import torch, transformers, safetensors, accelerate, matplotlib, sentencepiece, sys; sys.exit(0 if torch.__version__.startswith("2.11.0") else 1)' 2>/dev/null; then
   echo "setup: installing the pinned wheels (requirements.txt)"
   .venv/bin/pip install -q --upgrade pip
   .venv/bin/pip install -q -r requirements.txt

@@ -13,18 +13,21 @@ namespace {
 
 const char* kDataUsage =
     "usage: shardtrain data synth --out DIR [--image-text N] [--text N] [--image N] [--eval N] [--pairs N]\n"
+    "                             [--seq2seq N]\n"
     "                             [--image-size PIXELS] [--shard-size N] [--vocab-size N] [--seed S]\n"
     "       shardtrain data vocab --out vocab.txt [--size N] [--min-frequency K] [--cased] FILE|DIR...\n"
     "synth: renders scenes of coloured shapes with captions that describe them and writes WebDataset shards\n"
     "       (image_text/, text/, image/, held-out eval/) and a WordPiece vocab.txt built from the captions;\n"
     "       --pairs: N sentence pairs in GLUE MRPC's TSV layout (pairs/train.tsv, N/4 in pairs/eval.tsv),\n"
-    "       Quality 1 when both captions describe the same scene.\n"
+    "       Quality 1 when both captions describe the same scene;\n"
+    "       --seq2seq: N records {\"input\": caption, \"target\": its first object} (seq2seq/train.jsonl, N/4 in\n"
+    "       seq2seq/eval.jsonl).\n"
     "vocab: learns a WordPiece vocabulary (BERT's vocab.txt format) from text: .txt lines, .jsonl \"text\"\n"
     "       fields, or the .txt members of WebDataset tars.\n";
 
 int synth(const std::vector<std::string>& argv) {
   const Args a = parse_args(argv, {"out", "image-text", "text", "image", "eval", "image-size", "shard-size",
-                                   "vocab-size", "seed", "pairs"}, {});
+                                   "vocab-size", "seed", "pairs", "seq2seq"}, {});
   data::SynthOptions o;
   o.out = a.get("out", "");
   if (o.out.empty()) throw std::invalid_argument("--out DIR is required");
@@ -33,6 +36,7 @@ int synth(const std::vector<std::string>& argv) {
   o.image_samples = a.get_int("image", o.image_samples);
   o.eval_samples = a.get_int("eval", o.eval_samples);
   o.pair_samples = a.get_int("pairs", o.pair_samples);
+  o.seq2seq_samples = a.get_int("seq2seq", o.seq2seq_samples);
   o.image_size = a.get_int("image-size", o.image_size);
   o.samples_per_shard = a.get_int("shard-size", o.samples_per_shard);
   o.vocab_size = a.get_int("vocab-size", o.vocab_size);
@@ -47,7 +51,8 @@ int synth(const std::vector<std::string>& argv) {
   });
   std::cout << "data synth: wrote " << files << " files to " << o.out << " (" << o.image_text_samples
             << " image-text, " << o.text_samples << " text, " << o.image_samples << " image, " << o.eval_samples
-            << " held-out, " << o.pair_samples << " sentence pairs; vocab.txt)\n";
+            << " held-out, " << o.pair_samples << " sentence pairs, " << o.seq2seq_samples
+            << " seq2seq records; vocab.txt)\n";
   return 0;
 }
 

@@ -7,6 +7,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include <algorithm>
 #include <cstdio>
 #include <filesystem>
 #include <iostream>
@@ -14,6 +15,7 @@
 
 #include "shardtrain/ckpt/checkpoint.h"
 #include "shardtrain/config/config.h"
+#include "shardtrain/data/tokenizer.h"
 #include "shardtrain/io/files.h"
 #include "shardtrain/io/safetensors_files.h"
 #include "shardtrain/models/zoo.h"
@@ -58,36 +60,52 @@ std::shared_ptr<const models::ModelRecipe> recipe_of_run(const ckpt::TrainerStat
                                                          const std::optional<config::Config>& config) {
   if (!config) return models::recipe_of_model(state.flavor);
   return models::recipe_for_task(models::recipe_of_model(state.flavor, config->model.overrides), config->model.task,
-                                 {config->data.labels});
+                                 {config->data.labels, std::nullopt});
 }
 
-// The run's tokenizer into `out`: a model directory's own files when the model came from one, else the WordPiece
-// vocab.txt the data pipeline read (data.vocab) as a BertTokenizer. Returns the files written and, in `note`, why
-// there are none (`note` arrives saying why `config` is absent, if it is).
+// The tokenizer files of directory `dir` copied into `out`; returns their names.
+std::vector<std::string> copy_tokenizer_files(const fs::path& dir, const fs::path& out) {
+  std::vector<std::string> written;
+  for (const char* name : kTokenizerFiles) {
+    const fs::path source = dir / name;
+    if (!fs::exists(source)) continue;
+    const bool in_place = fs::exists(out / name) && fs::equivalent(source, out / name);
+    if (!in_place) fs::copy_file(source, out / name, fs::copy_options::overwrite_existing);
+    written.push_back(name);
+  }
+  return written;
+}
+
+// The run's tokenizer into `out`: the one the config named (data.tokenizer or data.vocab), else the model
+// directory's own files. A tokenizer.json or SentencePiece .model is copied with the transformers files beside it
+// (tokenizer_config.json, ...); a bare WordPiece vocab.txt is written as a BertTokenizer. Returns the files written
+// and, in `note`, why there are none (`note` arrives saying why `config` is absent, if it is).
 std::vector<std::string> export_tokenizer(const ckpt::TrainerState& state, const std::optional<config::Config>& config,
                                           int64_t max_positions, const fs::path& out, std::string& note) {
-  std::vector<std::string> written;
-  if (fs::is_directory(state.flavor)) {
-    for (const char* name : kTokenizerFiles) {
-      const fs::path source = fs::path(state.flavor) / name;
-      if (!fs::exists(source)) continue;
-      const bool in_place = fs::exists(out / name) && fs::equivalent(source, out / name);
-      if (!in_place) fs::copy_file(source, out / name, fs::copy_options::overwrite_existing);
+  const std::string named = !config ? "" : !config->data.tokenizer.empty() ? config->data.tokenizer : config->data.vocab;
+  if (named.empty()) {
+    if (fs::is_directory(state.flavor)) {
+      auto written = copy_tokenizer_files(state.flavor, out);
+      if (!written.empty()) return written;
+    }
+    if (config) note = "the run named no data.tokenizer and its model directory holds none";
+    return {};
+  }
+  const fs::path file = data::tokenizer_file(named);
+  if (file.empty() || !fs::is_regular_file(file)) {
+    note = "the run's tokenizer '" + named + "' is not here";
+    return {};
+  }
+  if (file.extension() != ".txt") {  // tokenizer.json, *.model: the file and its directory's transformers files
+    std::vector<std::string> written = copy_tokenizer_files(file.parent_path(), out);
+    const std::string name = file.filename().string();
+    if (std::find(written.begin(), written.end(), name) == written.end()) {
+      fs::copy_file(file, out / name, fs::copy_options::overwrite_existing);
       written.push_back(name);
     }
-    if (!written.empty()) return written;
-  }
-  if (!config) return written;
-  const std::string vocab = config->data.vocab;
-  if (vocab.empty()) {
-    note = "the run named no data.vocab";
     return written;
   }
-  if (!fs::is_regular_file(vocab)) {
-    note = "data.vocab '" + vocab + "' is not a file here";
-    return written;
-  }
-  fs::copy_file(vocab, out / "vocab.txt", fs::copy_options::overwrite_existing);
+  fs::copy_file(file, out / "vocab.txt", fs::copy_options::overwrite_existing);
   write_json(out / "tokenizer_config.json", {{"tokenizer_class", "BertTokenizer"},
                                              {"do_lower_case", config->data.lowercase},
                                              {"strip_accents", nullptr},

@@ -229,6 +229,7 @@ std::vector<Field> fields_of(Config& c) {
       field("data.text", c.data.text),
       field("data.image", c.data.image),
       field("data.eval", c.data.eval),
+      field("data.tokenizer", c.data.tokenizer),
       field("data.vocab", c.data.vocab),
       field("data.text_fields", c.data.text_fields),
       field("data.label_field", c.data.label_field),

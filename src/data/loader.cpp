@@ -133,7 +133,7 @@ struct Loader::Impl {
           if (o.mlm_probability > 0) {
             auto rng = rng_for(seed, p, Purpose::kMlm);
             const auto& t = *o.tokenizer;
-            ex.mlm = mlm_mask(ex.text.ids, {t.pad_id(), t.cls_id(), t.sep_id()}, t.mask_id(), t.vocab_size(),
+            ex.mlm = mlm_mask(ex.text.ids, t.special_ids(), *t.mask_id(), t.vocab_size(),
                               o.mlm_probability, rng);
           }
         }
@@ -217,6 +217,7 @@ struct Loader::Impl {
     if (kind != SampleKind::IMAGE) {
       b.input_ids = rows([](const Example& e) -> const std::vector<int64_t>& { return e.text.ids; });
       b.attention_mask = rows([](const Example& e) -> const std::vector<int64_t>& { return e.text.attention_mask; });
+      b.sequence_ids = rows([](const Example& e) -> const std::vector<int64_t>& { return e.text.sequence_ids; });
       if (sources[static_cast<size_t>(kind)]->pairs()) {
         b.token_type_ids =
             rows([](const Example& e) -> const std::vector<int64_t>& { return e.text.token_type_ids; });
@@ -327,6 +328,10 @@ Loader::Loader(std::array<std::shared_ptr<const SampleSource>, 3> sources, Loade
   if ((impl_->sources[0] || impl_->sources[1]) && !o.tokenizer) {
     throw std::invalid_argument("Loader: text data needs a tokenizer");
   }
+  if (o.tokenizer && o.mlm_probability > 0 && !o.tokenizer->mask_id()) {
+    throw std::invalid_argument("masked language modelling needs a mask token, and the tokenizer has none: " +
+                                o.tokenizer->describe());
+  }
   if ((impl_->sources[0] || impl_->sources[2]) && (o.image_size <= 0 || o.patch_size <= 0 ||
                                                    o.image_size % o.patch_size != 0)) {
     throw std::invalid_argument("Loader: image_size " + std::to_string(o.image_size) +
@@ -397,9 +402,9 @@ Batch Loader::build(SampleKind kind, int64_t start) const { return impl_->build(
 
 Batch Batch::to(const at::Device& device, at::ScalarType floats) const {
   Batch out = *this;
-  for (at::Tensor* t : {&out.input_ids, &out.attention_mask, &out.token_type_ids, &out.input_ids_masked,
-                        &out.mlm_labels, &out.pixels, &out.codebook_pixels, &out.masked_patches, &out.itm_labels,
-                        &out.labels}) {
+  for (at::Tensor* t : {&out.input_ids, &out.attention_mask, &out.token_type_ids, &out.sequence_ids,
+                        &out.input_ids_masked, &out.mlm_labels, &out.pixels, &out.codebook_pixels,
+                        &out.masked_patches, &out.itm_labels, &out.labels}) {
     if (!t->defined()) continue;
     *t = t->is_floating_point() ? t->to(device, floats) : t->to(device);
   }

@@ -7,6 +7,8 @@
 #include <stdexcept>
 #include <vector>
 
+#include <nlohmann/json.hpp>
+
 #include "data/random.h"
 #include "data/tar.h"
 #include "shardtrain/data/tokenizer.h"
@@ -240,6 +242,20 @@ int64_t write_synth_dataset(const SynthOptions& o, const std::function<void(int6
     }
     io::write_file_atomic(o.out + (eval ? "/pairs/eval.tsv" : "/pairs/train.tsv"),
                           std::vector<char>(table.begin(), table.end()));
+    ++files;
+  }
+  for (const bool eval : {false, true}) {
+    const int64_t records = eval ? o.seq2seq_samples / 4 : o.seq2seq_samples;
+    if (records == 0) continue;
+    io::make_directories(o.out + "/seq2seq");
+    std::string lines;
+    for (int64_t i = 0; i < records; ++i) {
+      const SynthScene scene = render_scene(o.seed, eval ? 8 : 7, i, 16);  // streams 5, 6: the pairs
+      lines += nlohmann::json{{"input", scene.caption}, {"target", scene.objects.at(0)}}.dump() + "\n";
+      if (!eval) captions.push_back(scene.caption);
+    }
+    io::write_file_atomic(o.out + (eval ? "/seq2seq/eval.jsonl" : "/seq2seq/train.jsonl"),
+                          std::vector<char>(lines.begin(), lines.end()));
     ++files;
   }
   VocabOptions vocab;

@@ -1,113 +1,65 @@
 #include "shardtrain/data/tokenizer.h"
 
-#include <utf8proc.h>
+#include <nlohmann/json.hpp>
 
 #include <algorithm>
 #include <cstdlib>
+#include <filesystem>
 #include <fstream>
 #include <map>
 #include <queue>
 #include <set>
 #include <stdexcept>
 
+#include "shardtrain/data/hf_tokenizer.h"
+#include "shardtrain/data/sentencepiece_tokenizer.h"
 #include "shardtrain/io/files.h"
+#include "unicode_text.h"
 
 namespace shardtrain::data {
 namespace {
 
-using Codepoints = std::vector<utf8proc_int32_t>;
-
-// UTF-8 to code points; invalid bytes become U+FFFD (which clean-up then drops, like a lossy decode would).
-Codepoints from_utf8(const std::string& text) {
-  Codepoints out;
-  const auto* p = reinterpret_cast<const utf8proc_uint8_t*>(text.data());
-  utf8proc_ssize_t left = static_cast<utf8proc_ssize_t>(text.size());
-  while (left > 0) {
-    utf8proc_int32_t cp = 0;
-    utf8proc_ssize_t n = utf8proc_iterate(p, left, &cp);
-    if (n <= 0) cp = 0xFFFD, n = 1;
-    out.push_back(cp);
-    p += n, left -= n;
-  }
-  return out;
-}
-
-std::string to_utf8(const Codepoints& cps) {
-  std::string out;
-  utf8proc_uint8_t buffer[4];
-  for (auto cp : cps) {
-    const auto n = utf8proc_encode_char(cp, buffer);
-    out.append(reinterpret_cast<const char*>(buffer), static_cast<size_t>(n));
-  }
-  return out;
-}
-
-std::string normalize(const std::string& text, utf8proc_uint8_t* (*form)(const utf8proc_uint8_t*)) {
-  utf8proc_uint8_t* result = form(reinterpret_cast<const utf8proc_uint8_t*>(text.c_str()));
-  if (!result) return text;  // invalid UTF-8 cannot reach here (decode/encode made it valid)
-  std::string out(reinterpret_cast<const char*>(result));
-  std::free(result);
-  return out;
-}
-
-bool is_control(utf8proc_int32_t cp) {
-  if (cp == '\t' || cp == '\n' || cp == '\r') return false;
-  switch (utf8proc_category(cp)) {
-    case UTF8PROC_CATEGORY_CC: case UTF8PROC_CATEGORY_CF: case UTF8PROC_CATEGORY_CS:
-    case UTF8PROC_CATEGORY_CO: case UTF8PROC_CATEGORY_CN:
-      return true;
-    default:
-      return false;
-  }
-}
-
-bool is_whitespace(utf8proc_int32_t cp) {
-  return cp == ' ' || cp == '\t' || cp == '\n' || cp == '\r' || utf8proc_category(cp) == UTF8PROC_CATEGORY_ZS;
-}
-
-// Where Python's str.split() splits once clean-up has run (line and paragraph separators survive it).
-bool is_separator(utf8proc_int32_t cp) {
-  const auto c = utf8proc_category(cp);
-  return is_whitespace(cp) || c == UTF8PROC_CATEGORY_ZL || c == UTF8PROC_CATEGORY_ZP;
-}
-
-bool is_punctuation(utf8proc_int32_t cp) {
-  if ((cp >= 33 && cp <= 47) || (cp >= 58 && cp <= 64) || (cp >= 91 && cp <= 96) || (cp >= 123 && cp <= 126)) {
-    return true;
-  }
-  switch (utf8proc_category(cp)) {
-    case UTF8PROC_CATEGORY_PC: case UTF8PROC_CATEGORY_PD: case UTF8PROC_CATEGORY_PS: case UTF8PROC_CATEGORY_PE:
-    case UTF8PROC_CATEGORY_PI: case UTF8PROC_CATEGORY_PF: case UTF8PROC_CATEGORY_PO:
-      return true;
-    default:
-      return false;
-  }
-}
-
-bool is_cjk(utf8proc_int32_t cp) {
-  return (cp >= 0x4E00 && cp <= 0x9FFF) || (cp >= 0x3400 && cp <= 0x4DBF) || (cp >= 0x20000 && cp <= 0x2A6DF) ||
-         (cp >= 0x2A700 && cp <= 0x2B73F) || (cp >= 0x2B740 && cp <= 0x2B81F) || (cp >= 0x2B820 && cp <= 0x2CEAF) ||
-         (cp >= 0xF900 && cp <= 0xFAFF) || (cp >= 0x2F800 && cp <= 0x2FA1F);
-}
-
-std::vector<Codepoints> split_on(const Codepoints& cps, bool (*separator)(utf8proc_int32_t)) {
-  std::vector<Codepoints> out;
-  Codepoints current;
-  for (auto cp : cps) {
-    if (separator(cp)) {
-      if (!current.empty()) out.push_back(std::move(current)), current.clear();
-    } else {
-      current.push_back(cp);
-    }
-  }
-  if (!current.empty()) out.push_back(std::move(current));
-  return out;
-}
-
-constexpr size_t kMaxWordChars = 100;
 const char* kSpecial[] = {"[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"};
 
 }  // namespace
+
+std::pair<int64_t, int64_t> longest_first(int64_t n1, int64_t n2, int64_t budget) {
+  if (n1 + n2 <= budget) return {n1, n2};
+  const bool swap = n1 > n2;
+  if (swap) std::swap(n1, n2);
+  n2 = n1 > budget ? n1 : std::max(n1, budget - n1);
+  if (n1 + n2 > budget) n1 = budget / 2, n2 = n1 + budget % 2;
+  if (swap) std::swap(n1, n2);
+  return {n1, n2};
+}
+
+const char* const kTokenizerFiles[] = {"tokenizer.json", "tokenizer.model", "spiece.model", "sentencepiece.bpe.model",
+                                      "vocab.txt"};
+
+std::string tokenizer_file(const std::string& path) {
+  namespace fs = std::filesystem;
+  if (!fs::is_directory(path)) return path;
+  for (const char* name : kTokenizerFiles) {
+    if (fs::is_regular_file(fs::path(path) / name)) return (fs::path(path) / name).string();
+  }
+  return "";
+}
+
+std::shared_ptr<const Tokenizer> open_tokenizer(const std::string& path, bool lowercase) {
+  namespace fs = std::filesystem;
+  const fs::path file = tokenizer_file(path);
+  if (file.empty()) {
+    std::string names;
+    for (const char* name : kTokenizerFiles) names += std::string(names.empty() ? "" : ", ") + name;
+    throw std::invalid_argument("tokenizer: directory '" + path + "' holds none of " + names);
+  }
+  if (!fs::is_regular_file(file)) throw std::invalid_argument("tokenizer: no file '" + file.string() + "'");
+  if (file.extension() == ".json") return std::make_shared<HfTokenizer>(file.string());
+  if (file.extension() == ".model") return std::make_shared<SentencePieceTokenizer>(file.string());
+  if (file.extension() == ".txt") return std::make_shared<WordPieceTokenizer>(load_vocab(file.string()), lowercase);
+  throw std::invalid_argument("tokenizer: '" + file.string() +
+                              "' is not a tokenizer.json, a SentencePiece .model or a WordPiece vocab.txt");
+}
 
 std::vector<std::string> load_vocab(const std::string& path) {
   std::ifstream in(path);
@@ -135,150 +87,81 @@ void save_vocab(const std::vector<std::string>& vocab, const std::string& path) 
   io::write_file_atomic(path, bytes);
 }
 
+// transformers' BertTokenizer as a tokenizer.json (its converter's stages): BertNormalizer, BertPreTokenizer,
+// WordPiece with "##" and at most 100 characters a word, [CLS] $A [SEP] ($B [SEP]) with token types, the special
+// tokens as added tokens, the WordPiece decoder.
 WordPieceTokenizer::WordPieceTokenizer(std::vector<std::string> vocab, bool lowercase)
     : vocab_(std::move(vocab)), lowercase_(lowercase) {
-  for (size_t i = 0; i < vocab_.size(); ++i) ids_.emplace(vocab_[i], static_cast<int64_t>(i));  // first one wins
-  pad_ = id_of("[PAD]"), unk_ = id_of("[UNK]"), cls_ = id_of("[CLS]"), sep_ = id_of("[SEP]"), mask_ = id_of("[MASK]");
+  nlohmann::json ids = nlohmann::json::object();
+  for (size_t i = 0; i < vocab_.size(); ++i) {
+    if (!ids.contains(vocab_[i])) ids[vocab_[i]] = static_cast<int64_t>(i);  // the first of a repeated line wins
+  }
+  auto id_in = [&](const char* token) {
+    if (!ids.contains(token)) {
+      throw std::invalid_argument(std::string("vocabulary of ") + std::to_string(vocab_.size()) + " tokens has no " +
+                                  token + "; a BERT vocab.txt has [PAD] [UNK] [CLS] [SEP] [MASK]");
+    }
+    return ids[token].get<int64_t>();
+  };
+  pad_ = id_in("[PAD]"), unk_ = id_in("[UNK]"), cls_ = id_in("[CLS]"), sep_ = id_in("[SEP]"), mask_ = id_in("[MASK]");
+  nlohmann::json added = nlohmann::json::array();
+  for (const char* token : kSpecial) {
+    added.push_back({{"id", ids[token]}, {"content", token}, {"single_word", false}, {"lstrip", false},
+                     {"rstrip", false}, {"normalized", false}, {"special", true}});
+  }
+  const nlohmann::json j = {
+      {"added_tokens", added},
+      {"normalizer", {{"type", "BertNormalizer"}, {"clean_text", true}, {"handle_chinese_chars", true},
+                      {"strip_accents", nullptr}, {"lowercase", lowercase}}},
+      {"pre_tokenizer", {{"type", "BertPreTokenizer"}}},
+      {"post_processor", {{"type", "BertProcessing"}, {"sep", {"[SEP]", sep_}}, {"cls", {"[CLS]", cls_}}}},
+      {"decoder", {{"type", "WordPiece"}, {"prefix", "##"}, {"cleanup", true}}},
+      {"model", {{"type", "WordPiece"}, {"unk_token", "[UNK]"}, {"continuing_subword_prefix", "##"},
+                 {"max_input_chars_per_word", 100}, {"vocab", ids}}}};
+  hf_ = std::make_unique<HfTokenizer>(HfTokenizer::InMemory{j.dump(), "vocab.txt", "[PAD]", "[MASK]"});
+}
+
+WordPieceTokenizer::~WordPieceTokenizer() = default;
+
+std::optional<int64_t> WordPieceTokenizer::find(const std::string& token) const { return hf_->find(token); }
+
+std::string WordPieceTokenizer::describe() const {
+  return "WordPiece vocab.txt (" + std::to_string(vocab_size()) + " tokens" + (lowercase_ ? ", lower-cased)" : ")");
+}
+
+std::string WordPieceTokenizer::decode(const std::vector<int64_t>& ids, bool skip_special) const {
+  return hf_->decode(ids, skip_special);
 }
 
 int64_t WordPieceTokenizer::id_of(const std::string& token) const {
-  auto it = ids_.find(token);
-  if (it == ids_.end()) throw std::invalid_argument("token '" + token + "' is not in the vocabulary");
-  return it->second;
+  const auto id = find(token);
+  if (!id) throw std::invalid_argument("token '" + token + "' is not in the vocabulary");
+  return *id;
 }
 
-std::vector<std::string> WordPieceTokenizer::basic_tokens(const std::string& text) const {
-  Codepoints cleaned;
-  for (auto cp : from_utf8(text)) {
-    if (cp == 0 || cp == 0xFFFD || is_control(cp)) continue;
-    if (is_whitespace(cp)) {
-      cleaned.push_back(' ');
-    } else if (is_cjk(cp)) {
-      cleaned.insert(cleaned.end(), {' ', cp, ' '});
-    } else {
-      cleaned.push_back(cp);
-    }
-  }
-  // No NFC here: Hugging Face's BertTokenizer (the tokenizers library's BertNormalizer) leaves composition alone,
-  // so a cased tokenizer sees "e" + U+0301 as two characters (lower-casing strips the accent either way).
-  std::vector<std::string> out;
-  for (Codepoints word : split_on(cleaned, is_separator)) {
-    if (lowercase_) {
-      for (auto& cp : word) cp = utf8proc_tolower(cp);
-      Codepoints stripped;
-      for (auto cp : from_utf8(normalize(to_utf8(word), utf8proc_NFD))) {
-        if (utf8proc_category(cp) != UTF8PROC_CATEGORY_MN) stripped.push_back(cp);
-      }
-      word = std::move(stripped);
-    }
-    Codepoints current;
-    for (auto cp : word) {
-      if (is_punctuation(cp)) {
-        if (!current.empty()) out.push_back(to_utf8(current)), current.clear();
-        out.push_back(to_utf8({cp}));
-      } else {
-        current.push_back(cp);
-      }
-    }
-    if (!current.empty()) out.push_back(to_utf8(current));
-  }
-  return out;
-}
-
-void WordPieceTokenizer::word_pieces(const std::string& word, std::vector<std::string>& out) const {
-  const Codepoints chars = from_utf8(word);
-  if (chars.size() > kMaxWordChars) {
-    out.push_back("[UNK]");
-    return;
-  }
-  std::vector<std::string> pieces;
-  size_t start = 0;
-  while (start < chars.size()) {
-    size_t end = chars.size();
-    std::string match;
-    for (; end > start; --end) {
-      std::string candidate = to_utf8(Codepoints(chars.begin() + start, chars.begin() + end));
-      if (start > 0) candidate = "##" + candidate;
-      if (ids_.count(candidate)) {
-        match = std::move(candidate);
-        break;
-      }
-    }
-    if (match.empty()) {
-      out.push_back("[UNK]");
-      return;
-    }
-    pieces.push_back(std::move(match));
-    start = end;
-  }
-  out.insert(out.end(), pieces.begin(), pieces.end());
-}
+std::vector<std::string> WordPieceTokenizer::basic_tokens(const std::string& text) const { return hf_->pieces(text); }
 
 std::vector<std::string> WordPieceTokenizer::tokenize(const std::string& text) const {
   std::vector<std::string> out;
-  for (const auto& word : basic_tokens(text)) word_pieces(word, out);
+  for (int64_t id : token_ids(text)) out.push_back(token(id));
   return out;
 }
 
-std::vector<int64_t> WordPieceTokenizer::token_ids(const std::string& text) const {
-  std::vector<int64_t> ids;
-  for (const auto& t : tokenize(text)) ids.push_back(ids_.at(t));
-  return ids;
-}
+std::vector<int64_t> WordPieceTokenizer::token_ids(const std::string& text) const { return hf_->token_ids(text); }
 
 Encoding WordPieceTokenizer::encode(const std::string& text, int64_t length) const {
-  if (length < 2) throw std::invalid_argument("encode: length " + std::to_string(length) + " leaves no room for [CLS] and [SEP]");
-  std::vector<int64_t> tokens = token_ids(text);
-  Encoding e;
-  e.truncated = std::max<int64_t>(0, static_cast<int64_t>(tokens.size()) - (length - 2));
-  if (e.truncated > 0) tokens.resize(static_cast<size_t>(length - 2));
-  e.ids.reserve(static_cast<size_t>(length));
-  e.ids.push_back(cls_);
-  e.ids.insert(e.ids.end(), tokens.begin(), tokens.end());
-  e.ids.push_back(sep_);
-  e.attention_mask.assign(e.ids.size(), 1);
-  e.token_type_ids.assign(static_cast<size_t>(length), 0);
-  e.ids.resize(static_cast<size_t>(length), pad_);
-  e.attention_mask.resize(static_cast<size_t>(length), 0);
-  return e;
+  if (length < 2) {
+    throw std::invalid_argument("encode: length " + std::to_string(length) + " leaves no room for [CLS] and [SEP]");
+  }
+  return hf_->encode(text, length);
 }
 
-// Truncation as the `tokenizers` library's longest_first does it for a pair (what BertTokenizerFast runs): with a
-// budget of B = length - 3 tokens, the shorter sequence keeps at most floor(B / 2) (the first, on a tie) and the
-// other takes the rest. An empty second text is no pair (transformers' tokenizer(a, "") encodes `a` alone).
 Encoding WordPieceTokenizer::encode_pair(const std::string& first, const std::string& second, int64_t length) const {
-  if (second.empty()) return encode(first, length);
-  if (length < 3) {
+  if (!second.empty() && length < 3) {
     throw std::invalid_argument("encode_pair: length " + std::to_string(length) +
                                 " leaves no room for [CLS] and two [SEP]");
   }
-  std::vector<int64_t> a = token_ids(first), b = token_ids(second);
-  const size_t budget = static_cast<size_t>(length - 3);
-  const int64_t truncated = std::max<int64_t>(0, static_cast<int64_t>(a.size() + b.size() - budget));
-  if (truncated > 0) {
-    if (a.size() > b.size()) {
-      b.resize(std::min(b.size(), budget / 2));
-      a.resize(budget - b.size());
-    } else {
-      a.resize(std::min(a.size(), budget / 2));
-      b.resize(budget - a.size());
-    }
-  }
-  Encoding e;
-  e.truncated = truncated;
-  e.ids.reserve(static_cast<size_t>(length));
-  e.ids.push_back(cls_);
-  e.ids.insert(e.ids.end(), a.begin(), a.end());
-  e.ids.push_back(sep_);
-  e.token_type_ids.assign(e.ids.size(), 0);
-  e.ids.insert(e.ids.end(), b.begin(), b.end());
-  e.ids.push_back(sep_);
-  e.token_type_ids.resize(e.ids.size(), 1);
-  e.attention_mask.assign(e.ids.size(), 1);
-  e.ids.resize(static_cast<size_t>(length), pad_);
-  e.attention_mask.resize(static_cast<size_t>(length), 0);
-  e.token_type_ids.resize(static_cast<size_t>(length), 0);
-  return e;
+  return hf_->encode_pair(first, second, length);
 }
 
 // Byte-pair merges over the corpus' distinct words, weighted by their counts. Pair counts are kept up to date
@@ -308,14 +191,14 @@ std::vector<std::string> build_vocab(const std::vector<std::string>& texts, cons
   // Characters first, sorted, so the alphabet comes before any merge in the vocabulary (as the trainer does).
   std::set<std::string> alphabet;
   for (const auto& [w, c] : word_counts) {
-    const Codepoints cps = from_utf8(w);
-    for (size_t i = 0; i < cps.size(); ++i) alphabet.insert((i ? "##" : "") + to_utf8({cps[i]}));
+    const unicode::Codepoints cps = unicode::from_utf8(w);
+    for (size_t i = 0; i < cps.size(); ++i) alphabet.insert((i ? "##" : "") + unicode::to_utf8(cps[i]));
   }
   for (const auto& a : alphabet) symbol(a);
   for (const auto& [w, c] : word_counts) {
-    const Codepoints cps = from_utf8(w);
+    const unicode::Codepoints cps = unicode::from_utf8(w);
     std::vector<int> ids;
-    for (size_t i = 0; i < cps.size(); ++i) ids.push_back(symbol((i ? "##" : "") + to_utf8({cps[i]})));
+    for (size_t i = 0; i < cps.size(); ++i) ids.push_back(symbol((i ? "##" : "") + unicode::to_utf8(cps[i])));
     words.push_back(std::move(ids));
     counts.push_back(c);
   }

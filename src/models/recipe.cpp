@@ -50,9 +50,8 @@ std::shared_ptr<const ModelRecipe> ModelRecipe::with_task_head(const std::string
 
 std::shared_ptr<const ModelRecipe> recipe_for_task(std::shared_ptr<const ModelRecipe> recipe, const std::string& task,
                                                    const TaskSetup& setup) {
-  if (task.empty()) return recipe;
-  check_task_name(*recipe, task);
-  auto headed = recipe->with_task_head(task, setup);
+  if (!task.empty()) check_task_name(*recipe, task);
+  auto headed = recipe->with_task_head(task.empty() ? recipe->tasks().front() : task, setup);
   return headed ? headed : recipe;
 }
 

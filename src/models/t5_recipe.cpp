@@ -66,16 +66,15 @@ class T5SpanCorruption : public Task {
   }
   std::vector<std::string> loss_names() const override { return {"span"}; }
   Losses compute_losses(torch::nn::Module& model, const data::Batch& b, uint64_t seed) const override {
-    // The text's tokens without [CLS]/[SEP]/[PAD]; [SEP] doubles as EOS. The spans depend on (seed, step, micro).
-    const int64_t rows = b.input_ids.size(0);
+    // The text's tokens without special ones, closed by the row's EOS (text_rows). The spans depend on (seed,
+    // step, micro).
+    const TextRows rows = text_rows(b, config_);
     std::vector<std::vector<int64_t>> inputs, targets;
     std::mt19937_64 rng(seed ^ (static_cast<uint64_t>(b.step) * 0x9E3779B97F4A7C15ull) ^
                         static_cast<uint64_t>(b.micro));
-    for (int64_t r = 0; r < rows; ++r) {
-      const at::Tensor ids = b.input_ids[r].masked_select(b.attention_mask[r] != 0);
-      std::vector<int64_t> tokens(ids.data_ptr<int64_t>() + 1, ids.data_ptr<int64_t>() + ids.numel() - 1);
-      const int64_t eos = ids[ids.numel() - 1].item<int64_t>();
-      auto [input, target] = span_corrupt(tokens, config_.vocab_size - 1, eos, rng);
+    const int64_t sentinel = config_.first_sentinel >= 0 ? config_.first_sentinel : config_.vocab_size - 1;
+    for (size_t r = 0; r < rows.eos.size(); ++r) {
+      auto [input, target] = span_corrupt(rows.tokens[0][r], sentinel, rows.eos[r], rng);
       inputs.push_back(std::move(input));
       targets.push_back(std::move(target));
     }
@@ -115,6 +114,13 @@ class T5Recipe : public FamilyRecipe<T5Config, T5> {
   }
 
   std::vector<std::string> tasks() const override { return {"span_corruption", "seq2seq"}; }
+  // Span corruption's sentinels from the tokenizer's <extra_id_0>, when it has one.
+  std::shared_ptr<const ModelRecipe> with_task_head(const std::string&, const TaskSetup& setup) const override {
+    if (!setup.first_sentinel || *setup.first_sentinel == config().first_sentinel) return nullptr;
+    T5Config c = config();
+    c.first_sentinel = *setup.first_sentinel;
+    return std::make_shared<T5Recipe>(family(), flavor(), c, t5_names, layer_class());
+  }
 
   // Span corruption turns T text tokens (n = T - 2 without [CLS]/[SEP]) into an encoder input of n - m + s + 1 and
   // a decoder input of m + s + 1 tokens (m masked in s spans, t5_span_corruption.h). Each stack keeps its
@@ -183,7 +189,7 @@ nlohmann::json t5_to_hf(const T5Config& c) {
           {"is_encoder_decoder", true},
           {"pad_token_id", c.pad_token_id},
           {"decoder_start_token_id", c.pad_token_id},
-          {"eos_token_id", 1}};
+          {"eos_token_id", c.eos_token_id}};
 }
 
 // T5Config's keys: the original T5 (ReLU feed-forward, LM head tied to the embedding, as many decoder blocks as
@@ -201,6 +207,7 @@ T5Config t5_from_hf(const HfConfig& hf) {
   c.norm_eps = hf.number("layer_norm_epsilon", c.norm_eps);
   c.dropout = hf.number("dropout_rate", c.dropout);
   c.pad_token_id = hf.integer("pad_token_id", c.pad_token_id);
+  c.eos_token_id = hf.integer("eos_token_id", c.eos_token_id);
   hf.require("num_decoder_layers", {std::to_string(c.layers)}, "T5 (as many decoder blocks as encoder blocks)");
   hf.require("feed_forward_proj", {"relu"}, "T5");
   hf.require("tie_word_embeddings", {"true"}, "T5 (the LM head tied to the embedding)");

@@ -15,29 +15,21 @@
 namespace shardtrain::models {
 namespace {
 
-// A batch of pairs ([CLS] input [SEP] target [SEP] [PAD]..., token type 1 over the target) split at the token types
-// into encoder inputs and targets, each ending with its [SEP] as the end-of-sequence token; [CLS] dropped.
+// A batch of (input, target) pairs as encoder inputs and targets, each closed by the row's end-of-sequence token.
 struct Seq2SeqRows {
   std::vector<std::vector<int64_t>> inputs, targets;
 };
 
-Seq2SeqRows split_rows(const data::Batch& b) {
+Seq2SeqRows split_rows(const data::Batch& b, const T5Config& config) {
   if (!b.token_type_ids.defined()) {
     throw std::runtime_error("seq2seq reads (input, target) records: set data.text_fields to their two fields, "
                              "e.g. [input, target]");
   }
-  const at::Tensor ids = b.input_ids.cpu().contiguous(), types = b.token_type_ids.cpu().contiguous(),
-                   mask = b.attention_mask.cpu().contiguous();
-  const auto I = ids.accessor<int64_t, 2>(), Y = types.accessor<int64_t, 2>(), M = mask.accessor<int64_t, 2>();
-  Seq2SeqRows rows;
-  for (int64_t r = 0; r < ids.size(0); ++r) {
-    rows.inputs.emplace_back();
-    rows.targets.emplace_back();
-    for (int64_t j = 1; j < ids.size(1) && M[r][j] != 0; ++j) {
-      (Y[r][j] ? rows.targets : rows.inputs).back().push_back(I[r][j]);
-    }
+  TextRows rows = text_rows(b, config);
+  for (int s = 0; s < 2; ++s) {
+    for (size_t r = 0; r < rows.eos.size(); ++r) rows.tokens[s][r].push_back(rows.eos[r]);
   }
-  return rows;
+  return {std::move(rows.tokens[0]), std::move(rows.tokens[1])};
 }
 
 // Length of the longest common subsequence of a and b (O(|a| |b|) dynamic programming, one row at a time).
@@ -62,7 +54,7 @@ class T5Seq2Seq : public Task {
   }
   std::vector<std::string> loss_names() const override { return {"seq2seq"}; }
   Losses compute_losses(torch::nn::Module& model, const data::Batch& b, uint64_t) const override {
-    const Seq2SeqRows rows = split_rows(b);
+    const Seq2SeqRows rows = split_rows(b, config_);
     const at::Device device = b.input_ids.device();
     const at::Tensor input_ids = padded_rows(rows.inputs, config_.pad_token_id, device);
     const at::Tensor mask = (input_ids != config_.pad_token_id).to(at::kLong);
@@ -101,14 +93,18 @@ std::map<std::string, double> T5Seq2Seq::evaluate(torch::nn::Module& model, cons
   double loss = 0, tokens = 0, exact = 0, rouge = 0;
   for (int64_t start = 0; start < used; start += per_step) {
     const data::Batch b = in.loader->build(data::SampleKind::TEXT, start).to(in.device, in.floats);
-    const Seq2SeqRows rows = split_rows(b);
+    const Seq2SeqRows rows = split_rows(b, config_);
     const at::Tensor input_ids = padded_rows(rows.inputs, config_.pad_token_id, in.device);
     const at::Tensor mask = (input_ids != config_.pad_token_id).to(at::kLong);
     const at::Tensor labels = padded_rows(rows.targets, kIgnoreIndex, in.device);
     const double n = (labels != kIgnoreIndex).sum().item<double>();
     loss += t5.run(input_ids, mask, {}, labels).loss.item<double>() * n;
     tokens += n;
-    const int64_t longest = labels.size(1);
+    // Every rank decodes as many steps as the longest target of any rank: each step is a forward pass, and a
+    // sharded one gathers parameters from every rank.
+    at::Tensor longest_here = at::full({1}, labels.size(1), at::kLong).to(in.device);
+    in.world->all_reduce(longest_here, dist::ReduceOp::MAX).wait();
+    const int64_t longest = longest_here.item<int64_t>();
     at::Tensor decoded = at::full({input_ids.size(0), 1}, config_.pad_token_id, input_ids.options());
     for (int64_t t = 0; t < longest; ++t) {
       const at::Tensor next = t5.run(input_ids, mask, decoded).logits.select(1, -1).argmax(-1, true);
@@ -140,6 +136,24 @@ std::map<std::string, double> T5Seq2Seq::evaluate(torch::nn::Module& model, cons
 }
 
 }  // namespace
+
+TextRows text_rows(const data::Batch& b, const T5Config& config) {
+  const at::Tensor ids = b.input_ids.cpu().contiguous(), seq = b.sequence_ids.cpu().contiguous(),
+                   mask = b.attention_mask.cpu().contiguous();
+  const auto I = ids.accessor<int64_t, 2>(), S = seq.accessor<int64_t, 2>(), M = mask.accessor<int64_t, 2>();
+  TextRows rows;
+  for (int64_t r = 0; r < ids.size(0); ++r) {
+    rows.tokens[0].emplace_back(), rows.tokens[1].emplace_back();
+    int64_t last = -1;  // the row's last real token
+    for (int64_t j = 0; j < ids.size(1); ++j) {
+      if (M[r][j] == 0) continue;
+      last = j;
+      if (S[r][j] >= 0) rows.tokens[S[r][j] > 0 ? 1 : 0].back().push_back(I[r][j]);
+    }
+    rows.eos.push_back(last >= 0 && S[r][last] < 0 ? I[r][last] : config.eos_token_id);
+  }
+  return rows;
+}
 
 at::Tensor padded_rows(const std::vector<std::vector<int64_t>>& rows, int64_t pad, const at::Device& device) {
   size_t width = 1;

@@ -98,7 +98,7 @@ std::string gib(int64_t bytes) {
 RunPlan plan_run(const config::Config& config) {
   RunPlan out{config, "", 0, ""};
   const auto recipe = models::recipe_for_task(models::recipe_of_model(config.model.flavor, config.model.overrides),
-                                              config.model.task, {config.data.labels});
+                                              config.model.task, {config.data.labels, std::nullopt});
   const plan::ModelShape shape = plan::model_shape(*recipe);
   plan::TrainingJob job = job_of(config);
   if (config.train.batch_size == config::kAutoBatch) {

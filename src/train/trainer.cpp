@@ -90,9 +90,13 @@ dist::ProcessGroupOptions init_options(const Config& c, const at::Device& device
   return init;
 }
 
-std::shared_ptr<const models::ModelRecipe> checked_recipe(const Config& c) {
+// The model's recipe with the task's head; T5's span corruption takes its sentinels from the tokenizer's
+// <extra_id_0> when it has one.
+std::shared_ptr<const models::ModelRecipe> checked_recipe(const Config& c, const data::Tokenizer* tokenizer) {
+  models::TaskSetup setup{c.data.labels, std::nullopt};
+  if (tokenizer) setup.first_sentinel = tokenizer->find("<extra_id_0>");
   auto recipe = models::recipe_for_task(models::recipe_of_model(c.model.flavor, c.model.overrides), c.model.task,
-                                        {c.data.labels});
+                                        setup);
   if (!c.model.family.empty() && c.model.family != recipe->family()) {
     throw std::invalid_argument("model.family: '" + c.model.family + "' but " + c.model.flavor + " is a " +
                                 recipe->family() + " flavor");
@@ -119,7 +123,8 @@ struct Job {
         device(device_of(c, env)),
         pg(dist::ProcessGroup::init(env, init_options(c, device, env))),
         logger(std::move(sink), pg.world().rank(), {log_level_of(c.log.level)}),
-        recipe(checked_recipe(c)),
+        tokenizer(open_run_tokenizer(c)),
+        recipe(checked_recipe(c, tokenizer.get())),
         task(recipe->task(c.model.task)) {
     task->check_batch_size(c.train.batch_size, pg.world().size());
     if (!device.is_cuda()) memory::install_cpu_memory_counter();
@@ -142,6 +147,7 @@ struct Job {
   at::Device device;
   dist::ProcessGroup pg;
   log::Logger logger;
+  std::shared_ptr<const data::Tokenizer> tokenizer;  // null when the model reads no text and none is named
   std::shared_ptr<const models::ModelRecipe> recipe;
   std::unique_ptr<models::Task> task;
   std::unique_ptr<dist::Heartbeat> heartbeat;  // W > 1
@@ -445,7 +451,7 @@ TrainSummary train(const Config& given, std::shared_ptr<log::Sink> sink) {
   Job job(c, std::move(sink));
   if (auto_batch) job.logger.info(plan.text.substr(0, plan.text.find('\n')));
   const dist::Communicator& world = job.pg.world();
-  TrainingData data = open_training_data(c, *job.task, world.rank(), world.size());
+  TrainingData data = open_training_data(c, *job.task, job.tokenizer, world.rank(), world.size());
   // Dropout draws from the default generators, seeded per rank (at::manual_seed seeds CPU and every GPU).
   at::manual_seed(data::hash_of(static_cast<uint64_t>(c.train.seed), static_cast<uint64_t>(world.rank())));
   const dist::DeviceMesh mesh = make_mesh(c, job);

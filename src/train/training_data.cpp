@@ -40,24 +40,18 @@ std::array<std::shared_ptr<const data::SampleSource>, 3> open_sources(const Conf
 }
 
 // The tokenizer and text length for a model that reads text (null and 0 otherwise).
-std::pair<std::shared_ptr<const data::WordPieceTokenizer>, int64_t> open_tokenizer(const Config& c,
-                                                                                   const std::string& flavor,
-                                                                                   const models::DataNeeds& needs) {
+std::pair<std::shared_ptr<const data::Tokenizer>, int64_t> checked_tokenizer(
+    const Config& c, const std::string& flavor, const models::DataNeeds& needs,
+    std::shared_ptr<const data::Tokenizer> tokenizer) {
   if (needs.vocab_size == 0) return {nullptr, 0};
-  // The model directory's own vocabulary when the config names none (transformers' AutoTokenizer of the model).
-  std::string vocab = c.data.vocab;
-  if (vocab.empty() && !c.model.from.empty() && std::filesystem::is_regular_file(c.model.from + "/vocab.txt")) {
-    vocab = c.model.from + "/vocab.txt";
+  if (!tokenizer) {
+    throw std::invalid_argument("data.tokenizer: " + flavor + " reads text; give a tokenizer.json, a SentencePiece "
+                                ".model or a vocab.txt" + (c.model.from.empty() ? "" : " (" + c.model.from +
+                                " holds none)"));
   }
-  if (vocab.empty()) {
-    throw std::invalid_argument("data.vocab: " + flavor + " reads text; give a vocab.txt" +
-                                (c.model.from.empty() ? "" : " (" + c.model.from + " holds none)"));
-  }
-  auto tokenizer = std::make_shared<data::WordPieceTokenizer>(data::load_vocab(vocab), c.data.lowercase);
   if (tokenizer->vocab_size() > needs.vocab_size) {
-    throw std::invalid_argument("data.vocab: '" + vocab + "' has " + std::to_string(tokenizer->vocab_size()) +
-                                " tokens, more than " + flavor + "'s vocabulary of " +
-                                std::to_string(needs.vocab_size));
+    throw std::invalid_argument("data.tokenizer: " + tokenizer->describe() + " has more tokens than " + flavor +
+                                "'s vocabulary of " + std::to_string(needs.vocab_size));
   }
   const int64_t length = c.data.max_text_length > 0 ? c.data.max_text_length : needs.max_text_length;
   if (length > needs.max_text_length) {
@@ -68,7 +62,7 @@ std::pair<std::shared_ptr<const data::WordPieceTokenizer>, int64_t> open_tokeniz
 }
 
 data::LoaderOptions loader_options(const Config& c, const std::string& flavor, const models::DataNeeds& needs,
-                                   int rank, int world_size) {
+                                   std::shared_ptr<const data::Tokenizer> tokenizer, int rank, int world_size) {
   if (c.data.image_size > 0 && needs.image_size > 0 && c.data.image_size != needs.image_size) {
     throw std::invalid_argument("data.image_size: " + std::to_string(c.data.image_size) + ", but " + flavor +
                                 " takes " + std::to_string(needs.image_size) + " pixels (0 = the model's)");
@@ -80,7 +74,7 @@ data::LoaderOptions loader_options(const Config& c, const std::string& flavor, c
   lo.workers = c.data.workers, lo.queue_depth = c.data.queue_depth;
   lo.mix = needs.mixes_kinds ? std::array<double, 3>{c.data.mix.image_text, c.data.mix.text, c.data.mix.image}
                              : std::array<double, 3>{1, 1, 1};
-  std::tie(lo.tokenizer, lo.text_length) = open_tokenizer(c, flavor, needs);
+  std::tie(lo.tokenizer, lo.text_length) = checked_tokenizer(c, flavor, needs, std::move(tokenizer));
   lo.mlm_probability = needs.uses_mlm ? c.data.mlm_probability : 0;
   lo.image_size = needs.image_size, lo.patch_size = needs.patch_size, lo.codebook_size = needs.codebook_size;
   lo.mim_probability = needs.uses_mim ? c.data.mim_probability : 0;
@@ -93,12 +87,29 @@ data::LoaderOptions loader_options(const Config& c, const std::string& flavor, c
 
 }  // namespace
 
-TrainingData open_training_data(const Config& c, const models::Task& task, int rank, int world_size) {
+std::shared_ptr<const data::Tokenizer> open_run_tokenizer(const Config& c) {
+  if (!c.data.tokenizer.empty() && !c.data.vocab.empty()) {
+    throw std::invalid_argument("data.tokenizer '" + c.data.tokenizer + "' and data.vocab '" + c.data.vocab +
+                                "' both name a tokenizer; keep one");
+  }
+  const std::string key = c.data.vocab.empty() ? "data.tokenizer" : "data.vocab";
+  const std::string named = c.data.vocab.empty() ? c.data.tokenizer : c.data.vocab;
+  // transformers' AutoTokenizer of the model: the model directory's own when the config names none
+  if (named.empty() && (c.model.from.empty() || data::tokenizer_file(c.model.from).empty())) return nullptr;
+  try {
+    return data::open_tokenizer(named.empty() ? c.model.from : named, c.data.lowercase);
+  } catch (const std::invalid_argument& e) {
+    throw std::invalid_argument((named.empty() ? "model.from" : key) + ": " + e.what());
+  }
+}
+
+TrainingData open_training_data(const Config& c, const models::Task& task,
+                                std::shared_ptr<const data::Tokenizer> tokenizer, int rank, int world_size) {
   const std::string& flavor = c.model.flavor;
   const models::DataNeeds needs = task.data_needs();
   TrainingData d;
   d.sources = open_sources(c, flavor, needs);
-  d.options = loader_options(c, flavor, needs, rank, world_size);
+  d.options = loader_options(c, flavor, needs, std::move(tokenizer), rank, world_size);
   if (task.has_evaluation() && !c.data.eval.empty()) {
     const data::SampleKind kind = task.eval_kind();
     d.eval_source = std::make_shared<data::SampleSource>(c.data.eval, kind, text_fields(c, needs));
@@ -116,6 +127,7 @@ void start_loading(TrainingData& d, const data::LoaderState& start) {
 }
 
 void describe_data(const TrainingData& d, const log::Logger& logger) {
+  if (d.options.tokenizer) logger.info("  tokenizer: " + d.options.tokenizer->describe());
   for (size_t k = 0; k < 3; ++k) {
     const auto& source = d.sources[k];
     if (!source) continue;

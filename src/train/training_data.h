@@ -23,9 +23,14 @@ struct TrainingData {
   std::unique_ptr<data::Loader> eval_loader;
 };
 
-// Opens the sources the task reads and checks them and the vocabulary against its DataNeeds (before the model is
+// The run's tokenizer (data::open_tokenizer): data.tokenizer (or the older data.vocab), else the model.from
+// directory's own; null when neither names one. Throws std::invalid_argument naming the key when it cannot be read.
+std::shared_ptr<const data::Tokenizer> open_run_tokenizer(const config::Config& config);
+
+// Opens the sources the task reads and checks them and `tokenizer` against its DataNeeds (before the model is
 // built: bad input fails fast). Throws std::invalid_argument naming the config key.
-TrainingData open_training_data(const config::Config& config, const models::Task& task, int rank, int world_size);
+TrainingData open_training_data(const config::Config& config, const models::Task& task,
+                                std::shared_ptr<const data::Tokenizer> tokenizer, int rank, int world_size);
 
 // Starts the loader's threads at `start` (a resumed run's data position).
 void start_loading(TrainingData& data, const data::LoaderState& start);

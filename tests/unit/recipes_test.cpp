@@ -116,7 +116,7 @@ TEST(Recipes, TaskHeadsMoveBetweenMaskedLmAndClassifier) {
   EXPECT_NE(error_of([&] { recipe_for_task(base, "classify", {}); }).find("data.labels names none"), std::string::npos);
   EXPECT_NE(error_of([&] { recipe_for_task(base, "clasify", {}); }).find("did you mean 'classify'"), std::string::npos);
 
-  const auto classifier = recipe_for_task(base, "classify", {{"negative", "positive"}});
+  const auto classifier = recipe_for_task(base, "classify", {{"negative", "positive"}, std::nullopt});
   auto params = classifier->build(meta_build())->named_parameters();
   EXPECT_EQ(params["classifier.weight"].sizes(), at::IntArrayRef({2, 32}));
   EXPECT_TRUE(params.contains("pooler.weight"));

@@ -74,8 +74,11 @@ struct DataConfig {
   // Held-out data of the task's evaluation: image-text tars for FLAVA (retrieval R@1, ITM accuracy), labelled
   // records for classify (accuracy, F1).
   std::vector<std::string> eval;
-  // BERT vocab.txt (`shardtrain data vocab` builds one); empty: the model.from directory's vocab.txt, when it has one
-  std::string vocab;
+  // The tokenizer: a Hugging Face tokenizer.json, a SentencePiece .model, a WordPiece vocab.txt (`shardtrain data
+  // vocab` builds one), or a directory holding one; empty: the model.from directory's own (data::open_tokenizer).
+  std::string tokenizer;
+  std::string vocab;  // the older name of `tokenizer`, for a vocab.txt; at most one of the two
+
   // The fields of .jsonl/.tsv/.csv records (JSON keys, header columns): the text, or two for a sentence pair
   // ([sentence1, sentence2]); for model.task classify the label's field and the classes, by id (a record gives a
   // class name or its id: MRPC's 0/1 with labels [not_equivalent, equivalent]).

@@ -31,6 +31,7 @@ struct Batch {
   at::Tensor input_ids;         // (B, T) int64, [CLS] ... [SEP] [PAD]...
   at::Tensor attention_mask;    // (B, T) int64
   at::Tensor token_type_ids;    // (B, T) int64, 1 over a sentence pair's second text; undefined for single texts
+  at::Tensor sequence_ids;      // (B, T) int64, 0 over the (first) text's tokens, 1 over a pair's second, -1 else
   at::Tensor input_ids_masked;  // (B, T) MLM input; undefined when mlm_probability is 0
   at::Tensor mlm_labels;        // (B, T) original ids where masked, -100 elsewhere
   at::Tensor pixels;            // (B, 3, S, S) float32, normalised
@@ -55,7 +56,7 @@ struct LoaderOptions {
   int64_t queue_depth = 4;    // micro-batches built ahead
   std::array<double, 3> mix = {1, 0, 0};  // weights of IMAGE_TEXT, TEXT, IMAGE (absent sources count as 0)
   // Text.
-  std::shared_ptr<const WordPieceTokenizer> tokenizer;
+  std::shared_ptr<const Tokenizer> tokenizer;
   int64_t text_length = 32;
   double mlm_probability = 0.15;
   // Images.

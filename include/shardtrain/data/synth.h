@@ -8,6 +8,7 @@
 //   <out>/eval/eval-00000.tar              held-out image-text pairs
 //   <out>/pairs/train.tsv, eval.tsv        sentence pairs in GLUE MRPC's layout (Quality, #1 ID, #2 ID, #1 String,
 //                                          #2 String): Quality 1 when both describe one scene (synth_pair)
+//   <out>/seq2seq/train.jsonl, eval.jsonl  {"input": a caption, "target": its first object's description}
 //   <out>/vocab.txt                        WordPiece vocabulary built from all captions (held-out ones aside)
 // Every scene is a function of (seed, split, index): the same options write the same bytes.
 #pragma once
@@ -45,6 +46,7 @@ struct SynthOptions {
   int64_t image_samples = 10000;
   int64_t eval_samples = 512;
   int64_t pair_samples = 0;          // sentence pairs of pairs/train.tsv; pairs/eval.tsv holds a quarter as many
+  int64_t seq2seq_samples = 0;       // records of seq2seq/train.jsonl; seq2seq/eval.jsonl holds a quarter as many
   int64_t image_size = 64;           // rendered size (models resize to their own)
   int64_t samples_per_shard = 2500;
   int64_t vocab_size = 1000;         // flava-debug's vocabulary size

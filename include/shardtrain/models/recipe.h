@@ -23,6 +23,7 @@
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -107,7 +108,8 @@ class Task {
 
 // What a task's head is made for, from the run's config.
 struct TaskSetup {
-  std::vector<std::string> labels;  // a classifier's classes, by id (data.labels)
+  std::vector<std::string> labels;       // a classifier's classes, by id (data.labels)
+  std::optional<int64_t> first_sentinel;  // the tokenizer's <extra_id_0> (T5's span corruption), when it has one
 };
 
 // One model of a family at one size.

@@ -24,6 +24,10 @@ struct T5Config {
   double norm_eps = 1e-6;
   double dropout = 0.1;
   int64_t pad_token_id = 0;  // also the decoder's start token
+  int64_t eos_token_id = 1;  // ends a text whose tokenizer closes it with no special token of its own
+  // Span corruption's first sentinel (T5's <extra_id_0>; the next ones count down from it); -1: the vocabulary's
+  // last id. The trainer sets it from the tokenizer (models::TaskSetup).
+  int64_t first_sentinel = -1;
 };
 
 // t5-small, t5-base, t5-large, t5-3b, t5-11b (the published configurations), t5-debug.

@@ -1,0 +1,87 @@
+// The stages of a Hugging Face tokenizer.json, as the `tokenizers` library runs them (private to src/data):
+//
+//   text -> added tokens split out -> Normalizer -> PreTokenizer (pieces) -> Model (ids per piece)
+//        -> post-processor template ([CLS] A [SEP] ...) -> truncation, padding
+//   ids -> tokens -> Decoder -> text
+//
+// Each stage is built from its JSON object by make_* and throws std::invalid_argument naming the "type" it does
+// not know. Offsets are not tracked: shardtrain needs the ids, not the alignments, so every stage works on plain
+// UTF-8 strings (a piece remembers only whether it starts the input, which Metaspace's "first" scheme asks).
+#pragma once
+
+#include <nlohmann/json.hpp>
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace shardtrain::data::hf {
+
+using Json = nlohmann::json;
+
+struct Piece {
+  std::string text;
+  bool at_start = false;  // begins at the input's first byte
+};
+
+// How a split treats what its pattern matched (tokenizers' SplitDelimiterBehavior), for "the-final--countdown"
+// split at "-": REMOVED [the, final, countdown]; ISOLATED [the, -, final, -, -, countdown]; MERGED_WITH_PREVIOUS
+// [the-, final-, -, countdown]; MERGED_WITH_NEXT [the, -final, -, -countdown]; CONTIGUOUS [the, -, final, --, ...].
+enum class Behavior { REMOVED, ISOLATED, MERGED_WITH_PREVIOUS, MERGED_WITH_NEXT, CONTIGUOUS };
+
+// `piece` cut at `matches` (byte ranges, in order) under `behavior`; `invert` swaps matched and unmatched
+// stretches. Empty results are dropped, as the library drops them.
+std::vector<Piece> split(const Piece& piece, const std::vector<std::pair<size_t, size_t>>& matches, Behavior behavior,
+                         bool invert = false);
+
+class Normalizer {
+ public:
+  virtual ~Normalizer() = default;
+  virtual std::string normalize(const std::string& text) const = 0;
+};
+
+class PreTokenizer {
+ public:
+  virtual ~PreTokenizer() = default;
+  virtual std::vector<Piece> pre_tokenize(std::vector<Piece> pieces) const = 0;
+};
+
+class Model {
+ public:
+  virtual ~Model() = default;
+  virtual void tokenize(const std::string& piece, std::vector<int64_t>& ids) const = 0;  // appends
+  virtual std::optional<int64_t> id_of(const std::string& token) const = 0;
+  virtual std::optional<std::string> token_of(int64_t id) const = 0;
+  virtual int64_t size() const = 0;  // ids 0 .. size-1
+};
+
+class Decoder {
+ public:
+  virtual ~Decoder() = default;
+  virtual std::vector<std::string> decode_chain(std::vector<std::string> tokens) const = 0;
+};
+
+// Null JSON gives nullptr (the stage is absent).
+std::unique_ptr<Normalizer> make_normalizer(const Json& j);
+std::unique_ptr<PreTokenizer> make_pre_tokenizer(const Json& j);
+std::unique_ptr<Model> make_model(const Json& j);
+std::unique_ptr<Decoder> make_decoder(const Json& j);
+
+// GPT-2's byte-to-character table: each byte is a printable character (the printable Latin-1 bytes stand for
+// themselves, the others take U+0100 onwards), so any byte string is a string of visible characters.
+const std::vector<std::string>& byte_chars();      // byte -> UTF-8 of its character
+std::string bytes_to_chars(const std::string& bytes);
+std::optional<std::string> chars_to_bytes(const std::string& text);  // nullopt when a character is not in the table
+
+std::string base64_decode(const std::string& text);  // throws std::invalid_argument on a character outside base64
+
+// Reading a stage's options: the value at `key`, or `fallback` when absent or null.
+template <typename T>
+T option(const Json& j, const char* key, T fallback) {
+  const auto it = j.find(key);
+  return it == j.end() || it->is_null() ? fallback : it->get<T>();
+}
+
+}  // namespace shardtrain::data::hf
