@@ -239,6 +239,7 @@ std::vector<Field> fields_of(Config& c) {
       field("data.mix.image", c.data.mix.image),
       field("data.max_text_length", c.data.max_text_length),
       field("data.truncation", c.data.truncation),
+      field("data.packing", c.data.packing),
       field("data.image_size", c.data.image_size),
       field("data.mlm_probability", c.data.mlm_probability),
       field("data.mim_probability", c.data.mim_probability),

@@ -192,6 +192,26 @@ struct Loader::Impl {
     }
   }
 
+  // The examples' tokens end to end, cut into rows of text_length (LoaderOptions::pack_texts): input_ids,
+  // attention_mask (0 only at the end of the last row) and sequence_ids (0 on tokens, -1 on padding).
+  void pack(const std::vector<Example>& examples, Batch& b) const {
+    const int64_t T = options.text_length;
+    std::vector<int64_t> stream;
+    for (const auto& ex : examples) {
+      for (size_t i = 0; i < ex.text.ids.size(); ++i) {
+        if (ex.text.attention_mask[i]) stream.push_back(ex.text.ids[i]);
+      }
+    }
+    const int64_t rows = std::max<int64_t>(1, (static_cast<int64_t>(stream.size()) + T - 1) / T);
+    std::vector<int64_t> mask(stream.size(), 1);
+    stream.resize(static_cast<size_t>(rows * T), options.tokenizer->pad_id());
+    mask.resize(stream.size(), 0);
+    b.input_ids = at::tensor(stream, at::kLong).view({rows, T});
+    b.attention_mask = at::tensor(mask, at::kLong).view({rows, T});
+    b.sequence_ids = b.attention_mask - 1;
+    b.texts = static_cast<int64_t>(examples.size());
+  }
+
   Batch build(SampleKind kind, int64_t start) const {
     const LoaderOptions& o = options;
     if (!sources[static_cast<size_t>(kind)]) {
@@ -214,7 +234,9 @@ struct Loader::Impl {
       }
       return at::tensor(flat, at::kLong).view({B, -1});
     };
-    if (kind != SampleKind::IMAGE) {
+    if (kind == SampleKind::TEXT && o.pack_texts) {
+      pack(examples, b);
+    } else if (kind != SampleKind::IMAGE) {
       b.input_ids = rows([](const Example& e) -> const std::vector<int64_t>& { return e.text.ids; });
       b.attention_mask = rows([](const Example& e) -> const std::vector<int64_t>& { return e.text.attention_mask; });
       b.sequence_ids = rows([](const Example& e) -> const std::vector<int64_t>& { return e.text.sequence_ids; });

@@ -82,6 +82,7 @@ data::LoaderOptions loader_options(const Config& c, const std::string& flavor, c
   lo.itm_negative_probability = c.data.itm_negative_probability;
   lo.max_image_pixels = c.data.max_image_pixels;
   lo.refuse_truncation = c.data.truncation == "error";
+  lo.pack_texts = c.data.packing;
   return lo;
 }
 
@@ -109,12 +110,17 @@ TrainingData open_training_data(const Config& c, const models::Task& task,
   const models::DataNeeds needs = task.data_needs();
   TrainingData d;
   d.sources = open_sources(c, flavor, needs);
+  if (c.data.packing && task.name() != "causal_lm") {
+    throw std::invalid_argument("data.packing: true packs texts for causal_lm; " + flavor + "'s task is " +
+                                task.name());
+  }
   d.options = loader_options(c, flavor, needs, std::move(tokenizer), rank, world_size);
   if (task.has_evaluation() && !c.data.eval.empty()) {
     const data::SampleKind kind = task.eval_kind();
     d.eval_source = std::make_shared<data::SampleSource>(c.data.eval, kind, text_fields(c, needs));
     data::LoaderOptions eo = d.options;
     eo.workers = 0, eo.micro_batches = 1, eo.itm_negative_probability = 0;  // masks as in training
+    eo.pack_texts = false;  // held-out texts scored one per row, whatever the training packs
     std::array<std::shared_ptr<const data::SampleSource>, 3> eval_sources;
     eval_sources[static_cast<size_t>(kind)] = d.eval_source;
     d.eval_loader = std::make_unique<data::Loader>(eval_sources, eo);

@@ -230,6 +230,31 @@ TEST_F(DataTest, LoaderBatchesSentencePairs) {
                                       {"p.tsv:2", "2 tokens longer than the 5", "data.truncation: error"});
 }
 
+// data.packing: a micro-batch's texts end to end in rows of text_length — the same tokens as one padded row per
+// text, in the same order, with padding only at the end of the last row.
+TEST_F(DataTest, PackedTextsHoldTheSameTokensInFewerRows) {
+  std::string lines;
+  for (int i = 0; i < 6; ++i) lines += std::string(i % 2 ? "red circle blue" : "green square") + "\n";
+  write_text(dir_ + "/t.txt", lines);
+  LoaderOptions o;
+  o.batch_size = 6, o.workers = 0, o.text_length = 8, o.mlm_probability = 0, o.mix = {0, 1, 0};
+  o.tokenizer = std::make_shared<WordPieceTokenizer>(
+      std::vector<std::string>{"[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "red", "circle", "blue", "square",
+                               "green"},
+      true);
+  auto source = std::make_shared<SampleSource>(std::vector<std::string>{dir_ + "/t.txt"}, SampleKind::TEXT);
+  const Batch padded = Loader({nullptr, source, nullptr}, o).build(SampleKind::TEXT, 0);
+  o.pack_texts = true;
+  const Batch packed = Loader({nullptr, source, nullptr}, o).build(SampleKind::TEXT, 0);
+  // 3 texts of 4 tokens and 3 of 5 ([CLS] ... [SEP]): 27 tokens in 4 rows of 8 instead of 6
+  EXPECT_EQ(packed.input_ids.sizes(), (std::vector<int64_t>{4, 8}));
+  EXPECT_EQ(packed.texts, 6);
+  EXPECT_TRUE(at::equal(packed.input_ids.masked_select(packed.attention_mask != 0),
+                        padded.input_ids.masked_select(padded.attention_mask != 0)));
+  EXPECT_EQ(packed.attention_mask.sum().item<int64_t>(), 27);
+  EXPECT_EQ(packed.attention_mask[3].sum().item<int64_t>(), 3);  // only the last row is padded
+}
+
 // Every rank's positions over one epoch: each sample exactly once, for world sizes 1-4 and sizes that do not
 // divide evenly; the order depends on seed and epoch only.
 TEST(Sampler, EveryEpochCoversEverySampleOnceAcrossRanks) {

@@ -536,6 +536,16 @@ TEST_F(TrainTest, Seq2SeqAndCausalLmEvaluateHeldOutText) {
   ASSERT_EQ(llama.status, 0) << llama.output;
   const auto perplexity = progress_of(llama.output, "perplexity");
   EXPECT_LT(perplexity.second, 0.5 * perplexity.first) << llama.output;
+  // data.packing: the texts of each micro-batch end to end in full rows; it learns as well, and only causal_lm packs
+  const Outcome packed = train("--model.flavor=llama-debug --data.text_fields=[input] --data.packing=true" + data +
+                               " --train.steps=30 --train.eval_interval=15 --optim.lr=3e-3 --optim.warmup_steps=4");
+  ASSERT_EQ(packed.status, 0) << packed.output;
+  const auto packed_perplexity = progress_of(packed.output, "perplexity");
+  EXPECT_LT(packed_perplexity.second, 0.5 * packed_perplexity.first) << packed.output;
+  const Outcome not_lm = train("--model.flavor=t5-debug --model.task=seq2seq --data.text_fields=[input,target]"
+                               " --data.packing=true" + data + " --train.steps=1");
+  EXPECT_NE(not_lm.status, 0);
+  EXPECT_NE(not_lm.output.find("data.packing: true packs texts for causal_lm"), std::string::npos) << not_lm.output;
 
   // Texts longer than data.max_text_length: truncated and counted, or (data.truncation: error) refused by name.
   const Outcome cut = train("--model.flavor=llama-debug --data.text_fields=[input]" + data +

@@ -71,6 +71,10 @@ struct LoaderOptions {
   // A text longer than text_length tokens: false, it is truncated and counted (LoaderStats::truncated); true, the
   // loader stops with an error naming the sample (data.truncation: error).
   bool refuse_truncation = false;
+  // Text batches (causal LM): the micro-batch's encoded texts (special tokens included, padding left out) joined
+  // end to end and cut into rows of text_length, as transformers' run_clm groups texts: fewer rows, no padding but
+  // the last row's; a document attends to the ones before it in its row.
+  bool pack_texts = false;
 };
 
 // Where the stream stands: steps handed out and stream positions consumed per kind (global, over all ranks).
