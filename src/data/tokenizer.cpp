@@ -118,7 +118,9 @@ WordPieceTokenizer::WordPieceTokenizer(std::vector<std::string> vocab, bool lowe
       {"decoder", {{"type", "WordPiece"}, {"prefix", "##"}, {"cleanup", true}}},
       {"model", {{"type", "WordPiece"}, {"unk_token", "[UNK]"}, {"continuing_subword_prefix", "##"},
                  {"max_input_chars_per_word", 100}, {"vocab", ids}}}};
-  hf_ = std::make_unique<HfTokenizer>(HfTokenizer::InMemory{j.dump(), "vocab.txt", "[PAD]", "[MASK]"});
+  // A line that is not UTF-8 becomes U+FFFD (no text can produce it: clean-up drops U+FFFD), so it matches nothing.
+  const std::string text = j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+  hf_ = std::make_unique<HfTokenizer>(HfTokenizer::InMemory{text, "vocab.txt", "[PAD]", "[MASK]"});
 }
 
 WordPieceTokenizer::~WordPieceTokenizer() = default;
