@@ -95,18 +95,11 @@ class StripAccents final : public Normalizer {
 // Every match of a literal string or a regular expression replaced by `content`.
 class Replace final : public Normalizer {
  public:
-  explicit Replace(const Json& j) : content_(j.at("content").get<std::string>()) {
-    const Json& p = j.at("pattern");
-    if (p.contains("Regex")) {
-      regex_ = std::make_unique<Regex>(p.at("Regex").get<std::string>());
-    } else {
-      literal_ = p.at("String").get<std::string>();
-    }
-  }
+  explicit Replace(const Json& j) : pattern_(j.at("pattern")), content_(j.at("content").get<std::string>()) {}
   std::string normalize(const std::string& text) const override {
     std::string out;
     size_t at = 0;
-    for (const auto& [b, e] : matches(text)) {
+    for (const auto& [b, e] : pattern_.find_all(text)) {
       out.append(text, at, b - at);
       out += content_;
       at = e;
@@ -116,18 +109,8 @@ class Replace final : public Normalizer {
   }
 
  private:
-  std::vector<std::pair<size_t, size_t>> matches(const std::string& text) const {
-    if (regex_) return regex_->find_all(text);
-    std::vector<std::pair<size_t, size_t>> out;
-    if (literal_.empty()) return out;
-    for (size_t at = text.find(literal_); at != std::string::npos; at = text.find(literal_, at + literal_.size())) {
-      out.emplace_back(at, at + literal_.size());
-    }
-    return out;
-  }
-
-  std::string content_, literal_;
-  std::unique_ptr<Regex> regex_;
+  Pattern pattern_;
+  std::string content_;
 };
 
 class Prepend final : public Normalizer {

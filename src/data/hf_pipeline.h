@@ -17,6 +17,10 @@
 #include <string>
 #include <vector>
 
+namespace shardtrain::data {
+class Regex;  // regex.h
+}  // namespace shardtrain::data
+
 namespace shardtrain::data::hf {
 
 using Json = nlohmann::json;
@@ -35,6 +39,19 @@ enum class Behavior { REMOVED, ISOLATED, MERGED_WITH_PREVIOUS, MERGED_WITH_NEXT,
 // stretches. Empty results are dropped, as the library drops them.
 std::vector<Piece> split(const Piece& piece, const std::vector<std::pair<size_t, size_t>>& matches, Behavior behavior,
                          bool invert = false);
+
+// A split or replace pattern of tokenizer.json: {"String": literal} or {"Regex": pattern}.
+class Pattern {
+ public:
+  explicit Pattern(const Json& j);
+  ~Pattern();
+  // Non-overlapping matches, left to right, as byte ranges [begin, end).
+  std::vector<std::pair<size_t, size_t>> find_all(const std::string& text) const;
+
+ private:
+  std::string literal_;
+  std::unique_ptr<Regex> regex_;
+};
 
 class Normalizer {
  public:

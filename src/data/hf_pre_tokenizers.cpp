@@ -83,37 +83,21 @@ class ByteLevel final : public PreTokenizer {
 class Split final : public PreTokenizer {
  public:
   explicit Split(const Json& j)
-      : behavior_(behavior_of(j.at("behavior").get<std::string>())), invert_(option(j, "invert", false)) {
-    const Json& p = j.at("pattern");
-    if (p.contains("Regex")) {
-      regex_ = std::make_unique<Regex>(p.at("Regex").get<std::string>());
-    } else {
-      literal_ = p.at("String").get<std::string>();
-    }
-  }
+      : pattern_(j.at("pattern")),
+        behavior_(behavior_of(j.at("behavior").get<std::string>())),
+        invert_(option(j, "invert", false)) {}
   std::vector<Piece> pre_tokenize(std::vector<Piece> pieces) const override {
     std::vector<Piece> out;
     for (const auto& p : pieces) {
-      for (auto& q : split(p, matches(p.text), behavior_, invert_)) out.push_back(std::move(q));
+      for (auto& q : split(p, pattern_.find_all(p.text), behavior_, invert_)) out.push_back(std::move(q));
     }
     return out;
   }
 
  private:
-  Ranges matches(const std::string& text) const {
-    if (regex_) return regex_->find_all(text);
-    Ranges out;
-    if (literal_.empty()) return out;
-    for (size_t at = text.find(literal_); at != std::string::npos; at = text.find(literal_, at + literal_.size())) {
-      out.emplace_back(at, at + literal_.size());
-    }
-    return out;
-  }
-
+  Pattern pattern_;
   Behavior behavior_;
   bool invert_;
-  std::string literal_;
-  std::unique_ptr<Regex> regex_;
 };
 
 // Spaces become `replacement` (U+2581), which is prepended to a piece ("always"), to the input's first piece
@@ -222,6 +206,26 @@ class Sequence final : public PreTokenizer {
 };
 
 }  // namespace
+
+Pattern::Pattern(const Json& j) {
+  if (j.contains("Regex")) {
+    regex_ = std::make_unique<Regex>(j.at("Regex").get<std::string>());
+  } else {
+    literal_ = j.at("String").get<std::string>();
+  }
+}
+
+Pattern::~Pattern() = default;
+
+Ranges Pattern::find_all(const std::string& text) const {
+  if (regex_) return regex_->find_all(text);
+  Ranges out;
+  if (literal_.empty()) return out;
+  for (size_t at = text.find(literal_); at != std::string::npos; at = text.find(literal_, at + literal_.size())) {
+    out.emplace_back(at, at + literal_.size());
+  }
+  return out;
+}
 
 std::vector<Piece> split(const Piece& piece, const Ranges& matches, Behavior behavior, bool invert) {
   struct Span {

@@ -189,15 +189,20 @@ TEST_F(DataTest, LabelledRecordsInJsonlTsvAndCsv) {
   expect_error<std::runtime_error>([&] { ids.read(0); }, {"label 'yes' is not a whole number"});
 }
 
+// A WordPiece tokenizer over ten tokens: the five special ones (ids 0-4), then red circle blue square green.
+std::shared_ptr<const Tokenizer> shapes_tokenizer() {
+  return std::make_shared<WordPieceTokenizer>(
+      std::vector<std::string>{"[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "red", "circle", "blue", "square",
+                               "green"},
+      true);
+}
+
 // A loader over sentence pairs: [CLS] a [SEP] b [SEP] with token types, and the labels of every row.
 TEST_F(DataTest, LoaderBatchesSentencePairs) {
   write_text(dir_ + "/p.tsv", "label\ta\tb\n1\tred circle\tblue square\n0\tgreen\tred\n");
   LoaderOptions o;
   o.batch_size = 2, o.workers = 0, o.text_length = 8, o.mlm_probability = 0, o.mix = {0, 1, 0};
-  o.tokenizer = std::make_shared<WordPieceTokenizer>(
-      std::vector<std::string>{"[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "red", "circle", "blue", "square",
-                               "green"},
-      true);
+  o.tokenizer = shapes_tokenizer();
   auto source = std::make_shared<SampleSource>(std::vector<std::string>{dir_ + "/p.tsv"}, SampleKind::TEXT,
                                                TextFields{{"a", "b"}, "label", {}});
   Loader loader({nullptr, source, nullptr}, o);
@@ -238,10 +243,7 @@ TEST_F(DataTest, PackedTextsHoldTheSameTokensInFewerRows) {
   write_text(dir_ + "/t.txt", lines);
   LoaderOptions o;
   o.batch_size = 6, o.workers = 0, o.text_length = 8, o.mlm_probability = 0, o.mix = {0, 1, 0};
-  o.tokenizer = std::make_shared<WordPieceTokenizer>(
-      std::vector<std::string>{"[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "red", "circle", "blue", "square",
-                               "green"},
-      true);
+  o.tokenizer = shapes_tokenizer();
   auto source = std::make_shared<SampleSource>(std::vector<std::string>{dir_ + "/t.txt"}, SampleKind::TEXT);
   const Batch padded = Loader({nullptr, source, nullptr}, o).build(SampleKind::TEXT, 0);
   o.pack_texts = true;
