@@ -30,7 +30,8 @@ def tokenizer(texts):
     bos = tok.token_to_id("<|begin_of_text|>")
     tok.post_processor = processors.Sequence([
         processors.ByteLevel(trim_offsets=False),
-        processors.TemplateProcessing(single="<|begin_of_text|> $A", pair="<|begin_of_text|> $A <|begin_of_text|>:1 $B:1",
+        processors.TemplateProcessing(single="<|begin_of_text|> $A",
+                                      pair="<|begin_of_text|> $A <|begin_of_text|>:1 $B:1",
                                       special_tokens=[("<|begin_of_text|>", bos)])])
     tok.decoder = decoders.ByteLevel()
     return tok

@@ -22,8 +22,9 @@ transformers.logging.disable_progress_bar()
 
 def tokenizer(texts):
     model = io.BytesIO()
-    spm.SentencePieceTrainer.train(sentence_iterator=iter(texts), model_writer=model, vocab_size=100, hard_vocab_limit=False,
-                                   model_type="unigram", pad_id=0, eos_id=1, unk_id=2, bos_id=-1, minloglevel=2)
+    spm.SentencePieceTrainer.train(sentence_iterator=iter(texts), model_writer=model, vocab_size=100,
+                                   hard_vocab_limit=False, model_type="unigram", pad_id=0, eos_id=1, unk_id=2,
+                                   bos_id=-1, minloglevel=2)
     proto = sentencepiece_model_pb2.ModelProto()
     proto.ParseFromString(model.getvalue())
     tok = Tokenizer(models.Unigram([(p.piece, p.score) for p in proto.pieces], unk_id=2, byte_fallback=False))

@@ -1,5 +1,7 @@
 // tokenizer.json's decoders, each turning the tokens of a sequence back into text pieces: ByteLevel, WordPiece,
 // Metaspace, Replace, ByteFallback, Fuse, Strip, BPEDecoder and Sequence.
+#include <algorithm>
+#include <cctype>
 #include <stdexcept>
 
 #include "hf_pipeline.h"
@@ -10,7 +12,9 @@ namespace {
 
 std::string replace_all(std::string s, const std::string& from, const std::string& to) {
   if (from.empty()) return s;
-  for (size_t at = s.find(from); at != std::string::npos; at = s.find(from, at + to.size())) s.replace(at, from.size(), to);
+  for (size_t at = s.find(from); at != std::string::npos; at = s.find(from, at + to.size())) {
+    s.replace(at, from.size(), to);
+  }
   return s;
 }
 
@@ -25,7 +29,8 @@ class ByteLevel final : public Decoder {
 
 class WordPiece final : public Decoder {
  public:
-  explicit WordPiece(const Json& j) : prefix_(option<std::string>(j, "prefix", "##")), cleanup_(option(j, "cleanup", true)) {}
+  explicit WordPiece(const Json& j)
+      : prefix_(option<std::string>(j, "prefix", "##")), cleanup_(option(j, "cleanup", true)) {}
   std::vector<std::string> decode_chain(std::vector<std::string> tokens) const override {
     for (size_t i = 0; i < tokens.size(); ++i) {
       std::string& t = tokens[i];
@@ -106,8 +111,9 @@ class ByteFallback final : public Decoder {
       bytes.clear();
     };
     for (auto& t : tokens) {
-      if (t.size() == 6 && t.compare(0, 3, "<0x") == 0 && t[5] == '>' && std::isxdigit(static_cast<unsigned char>(t[3])) &&
-          std::isxdigit(static_cast<unsigned char>(t[4]))) {
+      auto hex = [](char c) { return std::isxdigit(static_cast<unsigned char>(c)) != 0; };
+      const bool byte = t.size() == 6 && t.compare(0, 3, "<0x") == 0 && t[5] == '>' && hex(t[3]) && hex(t[4]);
+      if (byte) {
         bytes += static_cast<char>(std::stoi(t.substr(3, 2), nullptr, 16));
       } else {
         flush();
@@ -155,7 +161,9 @@ class BpeDecoder final : public Decoder {
  public:
   explicit BpeDecoder(const Json& j) : suffix_(option<std::string>(j, "suffix", "</w>")) {}
   std::vector<std::string> decode_chain(std::vector<std::string> tokens) const override {
-    for (size_t i = 0; i < tokens.size(); ++i) tokens[i] = replace_all(tokens[i], suffix_, i + 1 == tokens.size() ? "" : " ");
+    for (size_t i = 0; i < tokens.size(); ++i) {
+      tokens[i] = replace_all(tokens[i], suffix_, i + 1 == tokens.size() ? "" : " ");
+    }
     return tokens;
   }
 

@@ -1,5 +1,6 @@
 // tokenizer.json's models: WordPiece (greedy longest match), BPE (ranked merges; byte fallback, unknown-token
 // fusing, ignore_merges as Llama 3 sets it), Unigram (Viterbi over the pieces' log-probabilities) and WordLevel.
+#include <algorithm>
 #include <cstdio>
 #include <limits>
 #include <stdexcept>

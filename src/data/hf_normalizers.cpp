@@ -136,18 +136,13 @@ class Precompiled final : public Normalizer {
   explicit Precompiled(const Json& j) {
     const std::string blob = base64_decode(j.at("precompiled_charsmap").get<std::string>());
     if (blob.size() < 4) throw std::invalid_argument("Precompiled normalizer: precompiled_charsmap is too short");
-    uint32_t trie_bytes = 0;
-    for (int i = 3; i >= 0; --i) trie_bytes = (trie_bytes << 8) | static_cast<unsigned char>(blob[static_cast<size_t>(i)]);
+    const uint32_t trie_bytes = little_endian(blob, 0);
     if (trie_bytes % 4 != 0 || 4 + static_cast<size_t>(trie_bytes) > blob.size()) {
       throw std::invalid_argument("Precompiled normalizer: a trie of " + std::to_string(trie_bytes) +
                                   " bytes does not fit precompiled_charsmap's " + std::to_string(blob.size()));
     }
     units_.resize(trie_bytes / 4);
-    for (size_t u = 0; u < units_.size(); ++u) {
-      uint32_t v = 0;
-      for (int i = 3; i >= 0; --i) v = (v << 8) | static_cast<unsigned char>(blob[4 + 4 * u + static_cast<size_t>(i)]);
-      units_[u] = v;
-    }
+    for (size_t u = 0; u < units_.size(); ++u) units_[u] = little_endian(blob, 4 + 4 * u);
     normalized_ = blob.substr(4 + trie_bytes);
   }
 
@@ -173,6 +168,11 @@ class Precompiled final : public Normalizer {
   }
 
  private:
+  static uint32_t little_endian(const std::string& bytes, size_t at) {
+    uint32_t v = 0;
+    for (size_t i = 4; i-- > 0;) v = (v << 8) | static_cast<unsigned char>(bytes[at + i]);
+    return v;
+  }
   static bool has_leaf(uint32_t unit) { return ((unit >> 8) & 1) == 1; }
   static uint32_t value(uint32_t unit) { return unit & ((1u << 31) - 1); }
   static uint32_t label(uint32_t unit) { return unit & ((1u << 31) | 0xFF); }

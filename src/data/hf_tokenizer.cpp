@@ -2,7 +2,9 @@
 // Tokenizer::encode runs them, with its added-token matching, post-processor templates and truncation.
 #include "shardtrain/data/hf_tokenizer.h"
 
+#include <algorithm>
 #include <filesystem>
+#include <initializer_list>
 #include <set>
 #include <stdexcept>
 #include <unordered_map>
@@ -109,7 +111,9 @@ struct HfTokenizer::Impl {
         }
         at = stop;
       }
-      if (emitted < start) out.push_back({s.substr(emitted, start - emitted), std::nullopt, seg.at_start && emitted == 0});
+      if (emitted < start) {
+        out.push_back({s.substr(emitted, start - emitted), std::nullopt, seg.at_start && emitted == 0});
+      }
       out.push_back({s.substr(start, stop - start), best->id, false});
       emitted = stop;
     }
@@ -256,7 +260,8 @@ struct HfTokenizer::Impl {
       } else if (auto name = m.configured_token(config, "pad_token"); name && m.find(*name)) {
         m.pad = *m.find(*name);
       } else {  // no pad token (GPT-2, Llama): the end of text pads, as transformers users set pad = eos
-        m.pad = m.first_present({"[PAD]", "<pad>", "</s>", "<|endoftext|>", "<|end_of_text|>", "<|eot_id|>"}).value_or(0);
+        m.pad = m.first_present({"[PAD]", "<pad>", "</s>", "<|endoftext|>", "<|end_of_text|>", "<|eot_id|>"})
+                    .value_or(0);
       }
       if (auto name = m.configured_token(config, "mask_token"); name && m.find(*name)) {
         m.mask = m.find(*name);

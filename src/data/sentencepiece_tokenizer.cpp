@@ -3,6 +3,7 @@
 #include <nlohmann/json.hpp>
 #include <sentencepiece_processor.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 #include <stdexcept>
@@ -89,7 +90,9 @@ Encoding SentencePieceTokenizer::encode_pair(const std::string& first, const std
                                              int64_t length) const {
   if (second.empty()) return encode(first, length);
   const Impl& m = *impl_;
-  if (length < 2 * m.added()) throw std::invalid_argument("encode_pair: length " + std::to_string(length) + " is too short");
+  if (length < 2 * m.added()) {
+    throw std::invalid_argument("encode_pair: length " + std::to_string(length) + " is too short for two texts");
+  }
   std::vector<int64_t> a = token_ids(first), b = token_ids(second);
   const auto [n1, n2] = longest_first(static_cast<int64_t>(a.size()), static_cast<int64_t>(b.size()),
                                       length - 2 * m.added());
