@@ -47,6 +47,10 @@ data::Batch synthetic_batch(const models::DataNeeds& needs, int64_t batch, int64
   if (b.kind != data::SampleKind::IMAGE) {
     b.input_ids = at::randint(5, std::max<int64_t>(needs.vocab_size, 6), {batch, tokens}, at::kLong);
     b.attention_mask = at::ones({batch, tokens}, at::kLong);
+    // as the loader marks a [CLS] ... [SEP] row: the first and last tokens special, the text between
+    b.sequence_ids = at::zeros({batch, tokens}, at::kLong);
+    b.sequence_ids.select(1, 0).fill_(-1);
+    b.sequence_ids.select(1, tokens - 1).fill_(-1);
     b.input_ids_masked = b.input_ids.clone();
     b.mlm_labels = at::where(at::rand({batch, tokens}) < 0.15, b.input_ids, at::full({}, -100, at::kLong));
     b.texts = batch;

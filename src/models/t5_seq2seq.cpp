@@ -138,6 +138,10 @@ std::map<std::string, double> T5Seq2Seq::evaluate(torch::nn::Module& model, cons
 }  // namespace
 
 TextRows text_rows(const data::Batch& b, const T5Config& config) {
+  if (!b.sequence_ids.defined()) {
+    throw std::invalid_argument("T5 reads a batch's texts through Batch::sequence_ids, which this batch lacks "
+                                "(data::Loader sets it for every text batch)");
+  }
   const at::Tensor ids = b.input_ids.cpu().contiguous(), seq = b.sequence_ids.cpu().contiguous(),
                    mask = b.attention_mask.cpu().contiguous();
   const auto I = ids.accessor<int64_t, 2>(), S = seq.accessor<int64_t, 2>(), M = mask.accessor<int64_t, 2>();
