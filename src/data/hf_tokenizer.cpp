@@ -121,7 +121,8 @@ struct HfTokenizer::Impl {
     return out;
   }
 
-  // `text` with its added tokens cut out (before and after normalization), the rest normalized.
+  // `text` with its added tokens cut out (before and after normalization), the rest normalized and
+  // pre-tokenized: the pieces the model tokenizes one by one, and the added tokens between them.
   std::vector<Segment> segments(const std::string& text) const {
     std::vector<Segment> segments;
     for (auto& raw : cut({text, std::nullopt, true}, false)) {
@@ -131,7 +132,15 @@ struct HfTokenizer::Impl {
       }
       if (normalizer) raw.text = normalizer->normalize(raw.text);
       if (raw.text.empty()) continue;
-      for (auto& s : cut(raw, true)) segments.push_back(std::move(s));
+      for (auto& s : cut(raw, true)) {
+        if (s.id || !pre_tokenizer) {
+          segments.push_back(std::move(s));
+          continue;
+        }
+        for (auto& p : pre_tokenizer->pre_tokenize({{std::move(s.text), s.at_start}})) {
+          segments.push_back({std::move(p.text), std::nullopt, p.at_start});
+        }
+      }
     }
     return segments;
   }
@@ -141,11 +150,9 @@ struct HfTokenizer::Impl {
     for (const auto& seg : segments(text)) {
       if (seg.id) {
         ids.push_back(*seg.id);
-        continue;
+      } else {
+        model->tokenize(seg.text, ids);
       }
-      std::vector<hf::Piece> pieces{{seg.text, seg.at_start}};
-      if (pre_tokenizer) pieces = pre_tokenizer->pre_tokenize(std::move(pieces));
-      for (const auto& p : pieces) model->tokenize(p.text, ids);
     }
     return ids;
   }
@@ -170,11 +177,7 @@ struct HfTokenizer::Impl {
       e.token_type_ids.resize(e.ids.size(), item.type);
       e.sequence_ids.resize(e.ids.size(), item.sequence);
     }
-    e.attention_mask.assign(e.ids.size(), 1);
-    e.ids.resize(static_cast<size_t>(length), pad);
-    e.attention_mask.resize(static_cast<size_t>(length), 0);
-    e.token_type_ids.resize(static_cast<size_t>(length), 0);
-    e.sequence_ids.resize(static_cast<size_t>(length), -1);
+    pad_encoding(e, length, pad);
     return e;
   }
 
@@ -330,15 +333,7 @@ std::vector<int64_t> HfTokenizer::token_ids(const std::string& text) const { ret
 
 std::vector<std::string> HfTokenizer::pieces(const std::string& text) const {
   std::vector<std::string> out;
-  for (const auto& seg : impl_->segments(text)) {
-    if (seg.id) {
-      out.push_back(seg.text);
-      continue;
-    }
-    std::vector<hf::Piece> pieces{{seg.text, seg.at_start}};
-    if (impl_->pre_tokenizer) pieces = impl_->pre_tokenizer->pre_tokenize(std::move(pieces));
-    for (auto& p : pieces) out.push_back(std::move(p.text));
-  }
+  for (auto& seg : impl_->segments(text)) out.push_back(std::move(seg.text));
   return out;
 }
 

@@ -60,19 +60,6 @@ std::vector<int64_t> SentencePieceTokenizer::token_ids(const std::string& text) 
   return {ids.begin(), ids.end()};
 }
 
-namespace {
-
-void pad_to(Encoding& e, int64_t length, int64_t pad, int64_t truncated) {
-  e.truncated = truncated;
-  e.attention_mask.assign(e.ids.size(), 1);
-  e.sequence_ids.resize(static_cast<size_t>(length), -1);
-  e.ids.resize(static_cast<size_t>(length), pad);
-  e.attention_mask.resize(static_cast<size_t>(length), 0);
-  e.token_type_ids.assign(static_cast<size_t>(length), 0);
-}
-
-}  // namespace
-
 Encoding SentencePieceTokenizer::encode(const std::string& text, int64_t length) const {
   const Impl& m = *impl_;
   if (length < m.added()) throw std::invalid_argument("encode: length " + std::to_string(length) + " is too short");
@@ -81,8 +68,9 @@ Encoding SentencePieceTokenizer::encode(const std::string& text, int64_t length)
   const int64_t cut = std::max<int64_t>(0, static_cast<int64_t>(ids.size()) - budget);
   ids.resize(ids.size() - static_cast<size_t>(cut));
   Encoding e;
+  e.truncated = cut;
   m.append(e, ids, 0);
-  pad_to(e, length, m.pad, cut);
+  pad_encoding(e, length, m.pad);
   return e;
 }
 
@@ -100,9 +88,10 @@ Encoding SentencePieceTokenizer::encode_pair(const std::string& first, const std
   a.resize(static_cast<size_t>(std::min<int64_t>(n1, static_cast<int64_t>(a.size()))));
   b.resize(static_cast<size_t>(std::min<int64_t>(n2, static_cast<int64_t>(b.size()))));
   Encoding e;
+  e.truncated = cut;
   m.append(e, a, 0);
   m.append(e, b, 1);
-  pad_to(e, length, m.pad, cut);
+  pad_encoding(e, length, m.pad);
   return e;
 }
 

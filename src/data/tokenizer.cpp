@@ -36,6 +36,15 @@ std::pair<int64_t, int64_t> longest_first(int64_t n1, int64_t n2, int64_t budget
 const char* const kTokenizerFiles[] = {"tokenizer.json", "tokenizer.model", "spiece.model", "sentencepiece.bpe.model",
                                       "vocab.txt"};
 
+void pad_encoding(Encoding& e, int64_t length, int64_t pad_id) {
+  const auto n = static_cast<size_t>(length);
+  e.attention_mask.assign(e.ids.size(), 1);
+  e.attention_mask.resize(n, 0);
+  e.ids.resize(n, pad_id);
+  e.token_type_ids.resize(n, 0);
+  e.sequence_ids.resize(n, -1);
+}
+
 std::string tokenizer_file(const std::string& path) {
   namespace fs = std::filesystem;
   if (!fs::is_directory(path)) return path;

@@ -63,6 +63,10 @@ class Tokenizer {
 // length up to half the budget, the longer the rest. Returns the kept lengths.
 std::pair<int64_t, int64_t> longest_first(int64_t n1, int64_t n2, int64_t budget);
 
+// `e`'s tokens padded to `length`: attention mask 1 over the tokens and 0 after, ids `pad_id`, token type 0 and
+// sequence id -1 over the padding (token types and sequence ids also where `e` left them unset).
+void pad_encoding(Encoding& e, int64_t length, int64_t pad_id);
+
 // The tokenizer at `path`: a tokenizer.json (Hugging Face), a .model (SentencePiece), a vocab.txt (WordPiece, with
 // `lowercase` as BertTokenizer's do_lower_case), or a model directory holding one of them (looked for in that
 // order, as transformers' AutoTokenizer prefers the fast tokenizer). Throws naming the path when none is there.
