@@ -111,7 +111,7 @@ int run(int argc, char** argv) {
   const dist::DeviceMesh mesh = dist::DeviceMesh::create(pg, hybrid ? static_cast<int>(nodes) : 1);
   const auto task = recipe->task();
   train::ParallelModel parallel(c, recipe, task->leaves_parameters_unused(), mesh, at::Device(at::kCPU));
-  auto optimizer = train::make_optimizer(c, *parallel.module());
+  auto optimizer = train::make_optimizer(c, parallel);
   const data::Batch b = synthetic_batch(task->data_needs(), batch, seq_len, env.rank);
 
   // A task that mixes kinds (FLAVA) trains every head over a run: a step of each kind first, so that AdamW holds

@@ -4,8 +4,10 @@
 // parameters and moments: 28 bytes per parameter; the bound is those bytes over the bandwidth of a large copy
 // (8 bytes per float moved) or of a sum of two tensors (12).
 //
-// Then the memory a parameter costs after a step (weights, gradient, optimizer state), counted by our allocator:
-// float32 weights with AdamW against pure bf16 with AnyPrecision AdamW and Kahan summation.
+// optim::Adafactor's step on the same shard as matrices of 1000 columns (its factored statistics need two
+// dimensions). Then the memory a parameter costs after a step (weights, gradient, optimizer state), counted by our
+// allocator: float32 weights with AdamW, pure bf16 with AnyPrecision AdamW and Kahan summation, float32 with
+// Adafactor.
 //
 //   build/optimizer_bench [--params N] [--tensor-size M] [--steps S]
 #include <torch/torch.h>
@@ -18,6 +20,7 @@
 #include <vector>
 
 #include "shardtrain/memory/memory_stats.h"
+#include "shardtrain/optim/adafactor.h"
 #include "shardtrain/optim/anyprecision_adamw.h"
 #include "shardtrain/optim/fused_adamw.h"
 
@@ -45,25 +48,37 @@ int64_t arg(int argc, char** argv, const std::string& name, int64_t fallback) {
   return fallback;
 }
 
-std::vector<at::Tensor> make_shard(int64_t n, int64_t per_tensor, at::ScalarType dtype = at::kFloat) {
+constexpr int64_t kColumns = 1000;  // Adafactor's matrices
+
+// `n` parameters in tensors of `per_tensor`, each with a gradient; `matrices`: as (rows, kColumns) where they divide.
+std::vector<at::Tensor> make_shard(int64_t n, int64_t per_tensor, at::ScalarType dtype = at::kFloat,
+                                   bool matrices = false) {
   std::vector<at::Tensor> params;
   torch::manual_seed(0);
   for (int64_t done = 0; done < n; done += per_tensor) {
-    at::Tensor p = torch::randn({std::min(per_tensor, n - done)}).to(dtype).requires_grad_();
+    const int64_t size = std::min(per_tensor, n - done);
+    at::Tensor p = torch::randn({size}).to(dtype);
+    if (matrices && size % kColumns == 0) p = p.view({size / kColumns, kColumns});
+    p.requires_grad_();
     p.mutable_grad() = torch::randn_like(p);
     params.push_back(p);
   }
   return params;
 }
 
+enum class Kind { ADAMW, ANYPRECISION, ADAFACTOR };
+
 // Bytes per parameter held after one step: the weights, their gradients and the optimizer's state.
-double bytes_per_parameter(int64_t n, at::ScalarType dtype, bool anyprecision) {
+double bytes_per_parameter(int64_t n, at::ScalarType dtype, Kind kind) {
   const int64_t before = shardtrain::memory::cpu_memory_stats().current_bytes;
-  std::vector<at::Tensor> params = make_shard(n, n, dtype);
+  std::vector<at::Tensor> params = make_shard(n, n, dtype, kind == Kind::ADAFACTOR);
   std::unique_ptr<torch::optim::Optimizer> opt;
-  if (anyprecision) {
+  if (kind == Kind::ANYPRECISION) {
     opt = std::make_unique<shardtrain::optim::AnyPrecisionAdamW>(
         params, shardtrain::optim::AnyPrecisionAdamWOptions(1e-4).use_kahan_summation(true));
+  } else if (kind == Kind::ADAFACTOR) {
+    opt = std::make_unique<shardtrain::optim::Adafactor>(
+        params, shardtrain::optim::AdafactorOptions(1e-4).relative_step(false));
   } else {
     opt = std::make_unique<shardtrain::optim::FusedAdamW>(params, torch::optim::AdamWOptions(1e-4));
   }
@@ -104,14 +119,23 @@ int main(int argc, char** argv) {
                 seconds[fused], seconds[fused] / bound);
   }
   std::printf("fused / LibTorch: %.2fx faster; fused / bound: %.2fx\n", seconds[0] / seconds[1], seconds[1] / bound);
+  {
+    std::vector<at::Tensor> params = make_shard(n, per_tensor, at::kFloat, /*matrices=*/true);
+    shardtrain::optim::Adafactor opt(params, shardtrain::optim::AdafactorOptions(1e-4).relative_step(false));
+    const double t = best_of(steps, [&] { opt.step(); });
+    std::printf("  %-19s %.3f s a step (matrices of %lld columns): %.2fx optim::FusedAdamW's time\n",
+                "optim::Adafactor", t, static_cast<long long>(kColumns), t / seconds[1]);
+  }
 
   shardtrain::memory::install_cpu_memory_counter();
   const int64_t m = std::min<int64_t>(n, 10'000'000);
   std::printf("memory per parameter after a step (%lld parameters, counted by our allocator):\n",
               static_cast<long long>(m));
   std::printf("  float32 weights, AdamW                          %5.2f B (4 weight + 4 gradient + 4 + 4 moments)\n",
-              bytes_per_parameter(m, at::kFloat, false));
+              bytes_per_parameter(m, at::kFloat, Kind::ADAMW));
   std::printf("  bf16 weights, AnyPrecision AdamW with Kahan     %5.2f B (2 + 2 + 2 + 2 moments + 2 compensation)\n",
-              bytes_per_parameter(m, at::kBFloat16, true));
+              bytes_per_parameter(m, at::kBFloat16, Kind::ANYPRECISION));
+  std::printf("  float32 weights, Adafactor                      %5.2f B (4 + 4 + the statistics' rows, columns)\n",
+              bytes_per_parameter(m, at::kFloat, Kind::ADAFACTOR));
   return 0;
 }

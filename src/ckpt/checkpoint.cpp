@@ -65,7 +65,7 @@ fsdp::ParamStates moments(const CheckpointModel& model) {
   for (const auto& [name, p] : named_parameters(*model.root)) {
     auto it = state.find(p.unsafeGetTensorImpl());
     if (it == state.end()) continue;
-    for (const auto& [key, tensor] : optim::state_tensors(*it->second)) states[key][name] = tensor;
+    for (auto& [key, tensor] : optim::state_tensors(*it->second, p)) states[key][name] = std::move(tensor);
   }
   return states;
 }
@@ -135,7 +135,7 @@ std::string save_checkpoint(const std::string& dir, const TrainerState& given, c
     for (const auto& [name, p] : named_parameters(*model.root)) dict.insert(name, p.detach().cpu());
     for (const auto& b : model.root->named_buffers()) dict.insert(b.key(), b.value().detach().cpu());
     for (const auto& [key, tensors] : states) {
-      for (const auto& [name, t] : tensors) dict.insert(name + "::" + key, t.detach().cpu());
+      for (const auto& [name, t] : tensors) dict.insert(name + "::" + key, t.tensor.detach().cpu());
     }
     io::write_file_atomic(tmp + "/model.pt", torch::pickle_save(dict));
   }
@@ -227,7 +227,7 @@ TrainerState load_checkpoint(const std::string& path, const CheckpointModel& mod
     for (const auto& [name, p] : params) take(name, p);
     for (const auto& b : model.root->named_buffers()) take(b.key(), b.value());
     for (const auto& [key, tensors] : states) {
-      for (const auto& [name, t] : tensors) take(name + "::" + key, t);
+      for (const auto& [name, t] : tensors) take(name + "::" + key, t.tensor);
     }
   }
   // Generator states only mean the same thing at the same world size (each rank restores its own).

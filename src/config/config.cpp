@@ -204,7 +204,7 @@ const std::vector<std::pair<std::string, Strategy>> kStrategies = {
     {"hybrid_shard_zero2", Strategy::HYBRID_SHARD_ZERO2}, {"ddp", Strategy::DDP}};
 const std::vector<std::pair<std::string, OptimizerKind>> kOptimizers = {
     {"adamw", OptimizerKind::ADAMW}, {"anyprecision_adamw", OptimizerKind::ANYPRECISION_ADAMW},
-    {"sgd", OptimizerKind::SGD}};
+    {"adafactor", OptimizerKind::ADAFACTOR}, {"sgd", OptimizerKind::SGD}};
 const std::vector<std::pair<std::string, Precision>> kPrecisions = {
     {"no", Precision::NO}, {"bf16", Precision::BF16}, {"fp16", Precision::FP16}};
 
@@ -286,6 +286,13 @@ std::vector<Field> fields_of(Config& c) {
       choice("optim.compensation_buffer_dtype", c.optim.compensation_buffer_dtype, dtype_names()),
       field("optim.momentum", c.optim.momentum),
       field("optim.nesterov", c.optim.nesterov),
+      field("optim.relative_step", c.optim.relative_step),
+      field("optim.scale_parameter", c.optim.scale_parameter),
+      field("optim.warmup_init", c.optim.warmup_init),
+      field("optim.clip_threshold", c.optim.clip_threshold),
+      field("optim.decay_rate", c.optim.decay_rate),
+      field("optim.beta1", c.optim.beta1),
+      field("optim.adafactor_eps", c.optim.adafactor_eps),
       field("train.steps", c.train.steps),
       // An integer, or "auto" (kAutoBatch).
       Field{"train.batch_size",
@@ -304,6 +311,7 @@ std::vector<Field> fields_of(Config& c) {
       field("train.max_grad_norm", c.train.max_grad_norm),
       field("train.seed", c.train.seed),
       field("train.device", c.train.device),
+      field("train.task", c.train.task),
       field("train.tf32", c.train.tf32),
       field("train.stop_at", c.train.stop_at),
       field("train.eval_interval", c.train.eval_interval),
@@ -437,6 +445,13 @@ Config parse_config(const std::string& yaml, const std::string& source, const st
   }
   if (!root.IsNull()) reader.read_map(root, "");
   for (const auto& o : overrides) reader.apply_override(o);
+  if (!config.train.task.empty()) {  // train.task names model.task
+    if (!config.model.task.empty() && config.model.task != config.train.task) {
+      throw ConfigError("train.task: '" + config.train.task + "' with model.task: '" + config.model.task +
+                        "' is not one task (train.task is another name for model.task; give one of them)");
+    }
+    config.model.task = config.train.task;
+  }
   if (!config.model.from.empty()) {  // a Hugging Face directory: its config.json is the model, its files the weights
     config.model.flavor = config.model.from;
     if (config.model.init_weights.empty()) config.model.init_weights = config.model.from;
@@ -500,6 +515,15 @@ void validate(const Config& c) {
   require(c.optim.momentum >= 0 && c.optim.momentum < 1, "optim.momentum", num(c.optim.momentum), "in [0, 1)");
   require(!c.optim.nesterov || c.optim.momentum > 0, "optim.nesterov", "true with momentum 0",
           "a positive optim.momentum (Nesterov's step is a momentum step)");
+  require(c.optim.clip_threshold > 0, "optim.clip_threshold", num(c.optim.clip_threshold), "positive");
+  require(c.optim.decay_rate < 0, "optim.decay_rate", num(c.optim.decay_rate),
+          "negative (Adafactor's second-moment decay at step t is 1 - t^decay_rate)");
+  require(c.optim.beta1 >= 0 && c.optim.beta1 < 1, "optim.beta1", num(c.optim.beta1), "in [0, 1) (0: no first moment)");
+  require(c.optim.adafactor_eps.size() == 2, "optim.adafactor_eps",
+          std::to_string(c.optim.adafactor_eps.size()) + " values", "two values [eps1, eps2]");
+  for (double e : c.optim.adafactor_eps) require(e >= 0, "optim.adafactor_eps", num(e), "0 or positive");
+  require(!c.optim.warmup_init || c.optim.relative_step, "optim.warmup_init", "true with optim.relative_step false",
+          "optim.relative_step: true (warmup_init warms the relative step up)");
   require(c.optim.weight_decay >= 0, "optim.weight_decay", num(c.optim.weight_decay), "0 or positive");
   require(c.optim.warmup_steps >= 0, "optim.warmup_steps", num(c.optim.warmup_steps), "0 or positive");
   require(c.optim.min_lr_ratio >= 0 && c.optim.min_lr_ratio <= 1, "optim.min_lr_ratio", num(c.optim.min_lr_ratio),

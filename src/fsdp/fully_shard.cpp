@@ -7,6 +7,7 @@
 #include <stdexcept>
 
 #include "fsdp/fsdp_unit.h"
+#include "shardtrain/fsdp/state_dict.h"
 
 namespace shardtrain::fsdp {
 
@@ -114,6 +115,14 @@ std::vector<std::shared_ptr<FsdpUnit::Impl>> units_sharing_one_group(const std::
     }
   }
   return units;
+}
+
+optim::RowSharding row_sharding(const std::shared_ptr<torch::nn::Module>& root) {
+  optim::RowSharding sharding{units_sharing_one_group(root, "row_sharding").front()->group, {}};
+  for (const RowSlot& slot : row_slots(root)) {
+    sharding.params[slot.tensor.unsafeGetTensorImpl()] = {slot.full_shape.empty() ? 1 : slot.full_shape[0], slot.rows};
+  }
+  return sharding;
 }
 
 double clip_grad_norm(const std::shared_ptr<torch::nn::Module>& root, double max_norm) {

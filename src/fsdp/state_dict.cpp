@@ -91,8 +91,8 @@ void check_shape(const std::string& name, at::IntArrayRef saved, at::IntArrayRef
 }
 
 // The state tensors of parameter `name`: (file entry name, tensor) for each key of `states` that has one.
-std::vector<std::pair<std::string, at::Tensor>> states_of(const ParamStates& states, const std::string& name) {
-  std::vector<std::pair<std::string, at::Tensor>> out;
+std::vector<std::pair<std::string, optim::StateTensor>> states_of(const ParamStates& states, const std::string& name) {
+  std::vector<std::pair<std::string, optim::StateTensor>> out;
   for (const auto& [key, tensors] : states) {
     auto it = tensors.find(name);
     if (it != tensors.end()) out.emplace_back(name + "::" + key, it->second);
@@ -100,13 +100,36 @@ std::vector<std::pair<std::string, at::Tensor>> states_of(const ParamStates& sta
   return out;
 }
 
-// A shard-shaped state tensor's real rows (what real_shard() is for the parameter).
-at::Tensor real_rows(const FsdpParam& p, const at::Tensor& state, const std::string& entry_name) {
-  if (state.numel() != p.shard_numel()) {
-    throw std::invalid_argument("sharded state dict: '" + entry_name + "' has " + std::to_string(state.numel()) +
-                                " elements, its parameter's shard " + std::to_string(p.shard_numel()));
+// The part of a sharded parameter's state tensor that is this rank's to save and load — the real rows of a
+// tensor split like the parameter or by its rows — and the whole tensor's shape. A WHOLE tensor is all of it.
+struct StatePart {
+  at::Tensor rows;
+  std::vector<int64_t> shape;
+};
+StatePart state_part(const FsdpParam& p, const optim::StateTensor& state, const std::string& entry_name) {
+  const at::Tensor& t = state.tensor;
+  switch (state.split) {
+    case optim::StateSplit::LIKE_PARAMETER: {
+      if (t.numel() != p.shard_numel()) {
+        throw std::invalid_argument("sharded state dict: '" + entry_name + "' has " + std::to_string(t.numel()) +
+                                    " elements, its parameter's shard " + std::to_string(p.shard_numel()));
+      }
+      return {p.as_shard(t.view({-1})).narrow(0, 0, p.shard_real_rows()), p.declared_shape()};
+    }
+    case optim::StateSplit::BY_ROWS: {
+      const std::vector<int64_t> param_shape = p.declared_shape();
+      if (t.dim() == 0 || param_shape.empty()) {
+        throw std::invalid_argument("sharded state dict: '" + entry_name + "' is split by rows but it or its " +
+                                    "parameter has no dimension");
+      }
+      std::vector<int64_t> shape = t.sizes().vec();
+      shape[0] = param_shape[0];
+      return {t.narrow(0, 0, p.shard_real_rows()), shape};
+    }
+    case optim::StateSplit::WHOLE:
+      break;
   }
-  return p.as_shard(state.view({-1})).narrow(0, 0, p.shard_real_rows());
+  return {t, t.sizes().vec()};
 }
 
 }  // namespace
@@ -125,9 +148,12 @@ void save_sharded_state_dict(const std::shared_ptr<torch::nn::Module>& root, con
         shapes.insert(name, p.declared_shape());
         first_rows.insert(name, p.shard_first_row());
         for (const auto& [entry_name, state] : states_of(states, name)) {
-          tensors.insert(entry_name, real_rows(p, state, entry_name).to(at::kCPU, false, /*copy=*/true));
-          shapes.insert(entry_name, p.declared_shape());
-          first_rows.insert(entry_name, p.shard_first_row());
+          const bool whole = state.split == optim::StateSplit::WHOLE;
+          if (whole && shard != 0) continue;  // equal on every rank: shard 0 writes it
+          const StatePart part = state_part(p, state, entry_name);
+          tensors.insert(entry_name, part.rows.detach().to(at::kCPU, false, /*copy=*/true));
+          shapes.insert(entry_name, part.shape);
+          first_rows.insert(entry_name, whole ? int64_t{0} : p.shard_first_row());
         }
       }
     }
@@ -137,8 +163,8 @@ void save_sharded_state_dict(const std::shared_ptr<torch::nn::Module>& root, con
         shapes.insert(name, t.sizes().vec());
         first_rows.insert(name, int64_t{0});
         for (const auto& [entry_name, state] : states_of(states, name)) {
-          tensors.insert(entry_name, state.detach().to(at::kCPU, false, /*copy=*/true));
-          shapes.insert(entry_name, t.sizes().vec());
+          tensors.insert(entry_name, state.tensor.detach().to(at::kCPU, false, /*copy=*/true));
+          shapes.insert(entry_name, state.tensor.sizes().vec());
           first_rows.insert(entry_name, int64_t{0});
         }
       }
@@ -208,7 +234,14 @@ void load_sharded_state_dict(const std::shared_ptr<torch::nn::Module>& root, con
       const std::string& name = layout.name_of(p);
       load_rows(name, p.declared_shape(), p.real_shard(), p.shard_first_row());
       for (const auto& [entry_name, state] : states_of(states, name)) {
-        load_rows(entry_name, p.declared_shape(), real_rows(p, state, entry_name), p.shard_first_row());
+        const StatePart part = state_part(p, state, entry_name);
+        if (state.split != optim::StateSplit::WHOLE) {
+          load_rows(entry_name, part.shape, part.rows, p.shard_first_row());
+          continue;
+        }
+        auto [source, saved_shape, source_first, path] = saved(0, entry_name);
+        check_shape(entry_name, saved_shape, part.shape, path);
+        part.rows.detach().copy_(source.reshape(part.rows.sizes()));
       }
     }
   }
@@ -218,8 +251,8 @@ void load_sharded_state_dict(const std::shared_ptr<torch::nn::Module>& root, con
     t.detach().copy_(source.reshape(t.sizes()));
     for (const auto& [entry_name, state] : states_of(states, name)) {
       auto [s_source, s_shape, s_first, s_path] = saved(0, entry_name);
-      check_shape(entry_name, s_shape, t.sizes(), s_path);
-      state.detach().copy_(s_source.reshape(state.sizes()));
+      check_shape(entry_name, s_shape, state.tensor.sizes(), s_path);
+      state.tensor.detach().copy_(s_source.reshape(state.tensor.sizes()));
     }
   }
 }

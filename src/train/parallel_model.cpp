@@ -148,6 +148,11 @@ void ParallelModel::set_gradient_sync(bool sync) {
   }
 }
 
+std::optional<optim::RowSharding> ParallelModel::row_sharding() const {
+  if (ddp_) return std::nullopt;
+  return fsdp::row_sharding(model_.module);
+}
+
 double ParallelModel::clip_grad_norm(double max_norm, const std::vector<torch::optim::OptimizerParamGroup>& groups) {
   if (!ddp_) return fsdp::clip_grad_norm(model_.module, max_norm);
   std::vector<at::Tensor> with_grad;

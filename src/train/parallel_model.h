@@ -14,6 +14,7 @@
 #include "shardtrain/distributed/mesh.h"
 #include "shardtrain/fsdp/fully_shard.h"
 #include "shardtrain/models/zoo.h"
+#include "shardtrain/optim/row_sharding.h"
 
 namespace shardtrain::train {
 
@@ -43,6 +44,8 @@ class ParallelModel {
   // before clipping. `groups` are the optimizer's (DDP: each rank holds every gradient whole, and those of the
   // optimizer's parameters are clipped; FSDP: every unit's shards).
   double clip_grad_norm(double max_norm, const std::vector<torch::optim::OptimizerParamGroup>& groups);
+  // How the parameters the optimizer steps are split by rows across the shard group (FSDP); none under DDP.
+  std::optional<optim::RowSharding> row_sharding() const;
 
  private:
   models::ZooModel model_;

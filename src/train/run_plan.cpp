@@ -53,6 +53,10 @@ plan::TrainingJob job_of(const config::Config& c) {
   if (c.optim.name == config::OptimizerKind::SGD) {
     job.optimizer = "SGD";  // the momentum buffer, in the parameters' dtype
     job.optimizer_state_bytes = c.optim.momentum > 0 ? job.param_bytes : 0;
+  } else if (c.optim.name == config::OptimizerKind::ADAFACTOR) {
+    // Factored second moments: rows + columns per matrix, next to nothing per parameter; a first moment with beta1.
+    job.optimizer = "Adafactor";
+    job.optimizer_state_bytes = c.optim.beta1 > 0 ? 4 : 0;
   } else if (c.optim.name == config::OptimizerKind::ANYPRECISION_ADAMW) {
     job.optimizer = "AnyPrecision AdamW";
     job.optimizer_state_bytes = bytes(c.optim.momentum_dtype) + bytes(c.optim.variance_dtype) +

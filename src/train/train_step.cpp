@@ -7,6 +7,7 @@
 #include <cmath>
 #include <regex>
 
+#include "shardtrain/optim/adafactor.h"
 #include "shardtrain/optim/anyprecision_adamw.h"
 #include "shardtrain/optim/fused_adamw.h"
 #include "shardtrain/optim/param_groups.h"
@@ -26,6 +27,14 @@ optim::AnyPrecisionAdamWOptions anyprecision_options(const config::OptimConfig& 
   return a;
 }
 
+optim::AdafactorOptions adafactor_options(const config::OptimConfig& o, double weight_decay) {
+  optim::AdafactorOptions a(o.lr);
+  a.eps1(o.adafactor_eps[0]).eps2(o.adafactor_eps[1]).clip_threshold(o.clip_threshold).decay_rate(o.decay_rate);
+  a.beta1(o.beta1).weight_decay(weight_decay).scale_parameter(o.scale_parameter).relative_step(o.relative_step);
+  a.warmup_init(o.warmup_init);
+  return a;
+}
+
 torch::optim::SGDOptions sgd_options(const config::OptimConfig& o, double weight_decay) {
   return torch::optim::SGDOptions(o.lr).momentum(o.momentum).nesterov(o.nesterov).weight_decay(weight_decay);
 }
@@ -37,6 +46,9 @@ std::unique_ptr<torch::optim::OptimizerOptions> options_of(const config::OptimCo
   }
   if (o.name == config::OptimizerKind::ANYPRECISION_ADAMW) {
     return std::make_unique<optim::AnyPrecisionAdamWOptions>(anyprecision_options(o, weight_decay));
+  }
+  if (o.name == config::OptimizerKind::ADAFACTOR) {
+    return std::make_unique<optim::AdafactorOptions>(adafactor_options(o, weight_decay));
   }
   return std::make_unique<torch::optim::AdamWOptions>(adamw_options(o, weight_decay));
 }
@@ -60,7 +72,8 @@ void forward_backward(StepParts& p, const data::Batch& host_batch, double M, int
 
 }  // namespace
 
-std::unique_ptr<torch::optim::Optimizer> make_optimizer(const config::Config& c, torch::nn::Module& module) {
+std::unique_ptr<torch::optim::Optimizer> make_optimizer(const config::Config& c, const ParallelModel& model) {
+  torch::nn::Module& module = *model.module();
   std::vector<std::regex> patterns;
   for (const auto& s : c.optim.no_decay) patterns.emplace_back(s);
   const bool exempt_1d = c.optim.no_decay_1d;
@@ -77,6 +90,10 @@ std::unique_ptr<torch::optim::Optimizer> make_optimizer(const config::Config& c,
   const double decay = c.optim.weight_decay;
   if (c.optim.name == config::OptimizerKind::ANYPRECISION_ADAMW) {
     return std::make_unique<optim::AnyPrecisionAdamW>(std::move(groups), anyprecision_options(c.optim, decay));
+  }
+  if (c.optim.name == config::OptimizerKind::ADAFACTOR) {
+    return std::make_unique<optim::Adafactor>(std::move(groups), adafactor_options(c.optim, decay),
+                                              model.row_sharding());
   }
   if (c.optim.name == config::OptimizerKind::SGD) {
     return std::make_unique<torch::optim::SGD>(std::move(groups), sgd_options(c.optim, decay));

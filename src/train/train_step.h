@@ -17,10 +17,10 @@
 
 namespace shardtrain::train {
 
-// The optimizer of a run, optim.name: AdamW (optim::FusedAdamW unless optim.fused is false) or AnyPrecision AdamW,
-// with no weight decay for biases, norms and scalars (optim.no_decay_1d) and for the parameters optim.no_decay's
-// regular expressions match.
-std::unique_ptr<torch::optim::Optimizer> make_optimizer(const config::Config& config, torch::nn::Module& module);
+// The optimizer of a run, optim.name: AdamW (optim::FusedAdamW unless optim.fused is false), AnyPrecision AdamW,
+// Adafactor (its whole-parameter statistics summed over the shard group) or SGD, with no weight decay for biases,
+// norms and scalars (optim.no_decay_1d) and for the parameters optim.no_decay's regular expressions match.
+std::unique_ptr<torch::optim::Optimizer> make_optimizer(const config::Config& config, const ParallelModel& model);
 void set_learning_rate(torch::optim::Optimizer& optimizer, double lr);
 
 // What a step works on.

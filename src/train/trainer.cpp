@@ -262,6 +262,14 @@ void describe_start(const Config& c, const Job& job, ParallelModel& model, doubl
                        "weights lose in each update, float32 ones lose next to nothing; it costs its bytes per "
                        "parameter for little (model.dtype: bf16 is what it is for)");
   }
+  if (c.optim.relative_step && c.optim.name != config::OptimizerKind::ADAFACTOR) {
+    job.logger.warning("optim.relative_step: only optim.name: adafactor has a relative step; " +
+                       config::to_string(c.optim.name) + " ignores it");
+  } else if (c.optim.relative_step) {
+    job.logger.info("  adafactor: relative step min(" + std::string(c.optim.warmup_init ? "1e-6 step" : "1e-2") +
+                    ", 1/sqrt(step))" + (c.optim.scale_parameter ? " times the parameter's RMS" : "") +
+                    "; optim.lr and optim.schedule are not used");
+  }
   if (c.parallel.cpu_offload) {
     job.logger.info(std::string("  cpu_offload: ") + (job.device.is_cuda()
                                                         ? "shards, gradients and optimizer state in CPU memory"
@@ -456,7 +464,7 @@ TrainSummary train(const Config& given, std::shared_ptr<log::Sink> sink) {
   at::manual_seed(data::hash_of(static_cast<uint64_t>(c.train.seed), static_cast<uint64_t>(world.rank())));
   const dist::DeviceMesh mesh = make_mesh(c, job);
   ParallelModel model(c, job.recipe, job.task->leaves_parameters_unused(), mesh, job.device);
-  const auto optimizer = make_optimizer(c, *model.module());
+  const auto optimizer = make_optimizer(c, model);
   const ckpt::CheckpointModel checkpointed{
       model.module(), optimizer.get(), model.sharded(),
       c.checkpoint.state_dict_type == config::StateDictType::FULL

@@ -1,8 +1,10 @@
 // fully_shard parity: N training steps of a small transformer-like model, sharded over the world (W = 1..4 as the
 // binary is launched), give the same losses and final parameters as one process training the same model on the
 // whole batch. Grid: strategy {FULL_SHARD, SHARD_GRAD_OP, NO_SHARD, HYBRID_SHARD, HYBRID_SHARD_ZERO2} x optimizer
-// {SGD, AdamW} x {float32, bfloat16 params with float32 reduction (float16 with loss scaling: its own test)} x reshard after forward {on, off} x prefetch
-// {none, forward + BACKWARD_PRE, BACKWARD_POST} x activation checkpointing of every block {off, on}; hybrid runs on a 2x2 mesh at W = 4, 2x1 at W = 2 and 1x3 at W = 3.
+// {SGD, AdamW} x {float32, bfloat16 params with float32 reduction (float16 with loss scaling: its own test)} x
+// reshard after forward {on, off} x prefetch {none, forward + BACKWARD_PRE, BACKWARD_POST} x activation
+// checkpointing of every block {off, on}; Adafactor over a smaller grid (FsdpParity.Adafactor); hybrid runs on a
+// 2x2 mesh at W = 4, 2x1 at W = 2 and 1x3 at W = 3.
 // Sizes are odd so that dim-0 sharding pads (10 rows over 3 or 4 ranks, 26 over 4, 3 over 4: some ranks hold only
 // padding). Tolerance: see expect_parity.
 #include <gtest/gtest.h>
@@ -16,6 +18,7 @@
 #include "shardtrain/memory/memory_stats.h"
 #include "shardtrain/nn/activation_checkpoint.h"
 #include "shardtrain/nn/intercept.h"
+#include "shardtrain/optim/adafactor.h"
 #include "shardtrain/optim/grad_scaler.h"
 #include "support/expect_error.h"
 
@@ -25,14 +28,22 @@ namespace {
 using testing::test_process_group;
 using namespace testing_models;
 
-enum class Opt { SGD, ADAMW };
+enum class Opt { SGD, ADAMW, ADAFACTOR };
 
 // Float32; bfloat16 compute with float32 reduction; float16 compute with float32 reduction and loss scaling.
 enum class Precision { FP32, BF16, FP16 };
 constexpr double kLossScale = 1024;  // float16: grads of the toy model stay below 64, so scaled ones stay finite
 
-std::unique_ptr<torch::optim::Optimizer> make_optimizer(Opt opt, std::vector<at::Tensor> params) {
+// Adafactor with every part that spans a whole parameter in use: the parameter's RMS (scale_parameter), column
+// statistics and the mean row statistic of matrices, the update's RMS; and a first moment, weight decay.
+// `sharding`: the sharded model's rows (the statistics summed over its shard group).
+std::unique_ptr<torch::optim::Optimizer> make_optimizer(Opt opt, std::vector<at::Tensor> params,
+                                                        std::optional<optim::RowSharding> sharding = std::nullopt) {
   if (opt == Opt::SGD) return std::make_unique<torch::optim::SGD>(params, torch::optim::SGDOptions(0.1).momentum(0.9));
+  if (opt == Opt::ADAFACTOR) {
+    auto o = optim::AdafactorOptions(3e-2).relative_step(false).scale_parameter(true).beta1(0.9).weight_decay(0.05);
+    return std::make_unique<optim::Adafactor>(std::move(params), o, std::move(sharding));
+  }
   return std::make_unique<torch::optim::AdamW>(params, torch::optim::AdamWOptions(1e-2).weight_decay(0.05));
 }
 
@@ -115,7 +126,8 @@ struct Config {
 
   std::string label() const {
     static const char* prefetch_names[] = {"no-prefetch", "fwd+BACKWARD_PRE", "BACKWARD_POST"};
-    return std::string(opt == Opt::SGD ? "SGD " : "AdamW ") + strategy_name(strategy) +
+    return std::string(opt == Opt::SGD ? "SGD " : opt == Opt::ADAMW ? "AdamW " : "Adafactor ") +
+           strategy_name(strategy) +
            (reshard_after_forward ? " reshard" : " keep") +
            (precision == Precision::FP32 ? " fp32 " : precision == Precision::BF16 ? " bf16 " : " fp16 ") +
            prefetch_names[static_cast<int>(prefetch)] + (checkpoint ? " checkpointed" : "") +
@@ -157,7 +169,7 @@ Run train_sharded(const Config& c) {
   FsdpOptions root_options = options;
   if (c.precision != Precision::FP32) root_options.mixed_precision.output_dtype = torch::kFloat;
   fully_shard(model.ptr(), groups.shard, root_options);
-  auto optimizer = make_optimizer(c.opt, model->parameters());
+  auto optimizer = make_optimizer(c.opt, model->parameters(), row_sharding(model.ptr()));
   std::optional<optim::GradScaler> scaler;
   if (c.precision == Precision::FP16) scaler.emplace(optim::GradScalerOptions{.init_scale = kLossScale}, world);
   Run run;
@@ -240,6 +252,24 @@ TEST(FsdpParity, ShardGradOp) { expect_parity_grid(ShardingStrategy::SHARD_GRAD_
 TEST(FsdpParity, NoShard) { expect_parity_grid(ShardingStrategy::NO_SHARD); }
 TEST(FsdpParity, HybridShard) { expect_parity_grid(ShardingStrategy::HYBRID_SHARD); }
 TEST(FsdpParity, HybridShardZero2) { expect_parity_grid(ShardingStrategy::HYBRID_SHARD_ZERO2); }
+
+// Adafactor's statistics that span a whole parameter (a matrix's column means and mean row statistic, the RMS of the
+// parameter and of the update) summed over the shard group: every strategy (padding rows at W = 3, 4, a rank holding
+// only padding in the head), float32 and bf16 compute, with and without resharding and checkpointing, against one
+// process stepping whole parameters.
+TEST(FsdpParity, Adafactor) {
+  for (Precision precision : {Precision::FP32, Precision::BF16}) {
+    const shardtrain::fsdp::Run ref = train_reference(Opt::ADAFACTOR, precision, test_process_group().world_size());
+    for (ShardingStrategy strategy : {ShardingStrategy::FULL_SHARD, ShardingStrategy::SHARD_GRAD_OP,
+                                      ShardingStrategy::NO_SHARD, ShardingStrategy::HYBRID_SHARD,
+                                      ShardingStrategy::HYBRID_SHARD_ZERO2}) {
+      for (bool reshard : {true, false}) {
+        const Prefetch prefetch = Prefetch::FORWARD_AND_BACKWARD_PRE;
+        expect_parity(Config{Opt::ADAFACTOR, strategy, reshard, precision, prefetch, /*checkpoint=*/!reshard}, ref);
+      }
+    }
+  }
+}
 
 // Float16 compute with a float32 reduction and loss scaling (optim::GradScaler over the world), every strategy,
 // against the reference doing the same by hand.

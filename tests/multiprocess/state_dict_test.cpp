@@ -10,6 +10,8 @@
 #include "shardtrain/fsdp/state_dict.h"
 #include "shardtrain/fsdp/wrap_policy.h"
 #include "shardtrain/io/files.h"
+#include "shardtrain/optim/adafactor.h"
+#include "shardtrain/optim/optimizer_state.h"
 #include "toy_model.h"
 #include "support/expect_error.h"
 
@@ -90,6 +92,62 @@ TEST(StateDict, ShardedRoundTripsAcrossWorldSizes) {
   if (pg.rank() == 0) {
     for (int size = w; size >= 1; size /= 2) io::remove_tree(scratch_dir("sharded-" + std::to_string(size)));
   }
+}
+
+// The optimizer's state tensors of `model`'s parameters, as checkpoints save them.
+ParamStates optimizer_states(const torch::optim::Optimizer& optimizer, Toy& model) {
+  ParamStates states;
+  for (const auto& p : model->named_parameters()) {
+    auto it = optimizer.state().find(p.value().unsafeGetTensorImpl());
+    if (it == optimizer.state().end()) continue;
+    for (auto& [key, t] : optim::state_tensors(*it->second, p.value())) states[key][p.key()] = t;
+  }
+  return states;
+}
+
+// Adafactor's state holds all three splits (first moments like the parameter, row statistics by rows, a matrix's
+// column statistics whole): saved by W ranks after 2 steps, loaded on one rank, 2 more steps there equal one process
+// stepping all 4 on the whole batch.
+TEST(StateDict, AdafactorStateReshardsToOneRank) {
+  dist::ProcessGroup& pg = test_process_group();
+  const int w = pg.world_size();
+  const auto options = optim::AdafactorOptions(3e-2).relative_step(false).beta1(0.9);
+  const auto batches = make_batches();
+  auto step = [&](Toy& model, torch::optim::Optimizer& optimizer, int s, const dist::Communicator& group) {
+    optimizer.zero_grad();
+    const int64_t local = kBatch / group.size();
+    const auto& [x, y] = batches[s];
+    torch::mse_loss(model(x.narrow(0, group.rank() * local, local)), y.narrow(0, group.rank() * local, local))
+        .backward();
+    optimizer.step();
+  };
+  Toy sharded = trained_toy(pg.world(), 0, 42);
+  optim::Adafactor optimizer(sharded->parameters(), options, row_sharding(sharded.ptr()));
+  for (int s = 0; s < 2; ++s) step(sharded, optimizer, s, pg.world());
+  const std::string dir = scratch_dir("adafactor-" + std::to_string(w));
+  save_sharded_state_dict(sharded.ptr(), dir, optimizer_states(optimizer, sharded));
+  std::optional<dist::Communicator> one = w == 1 ? pg.world() : pg.new_group({0}, "adafactor-one");
+  if (one) {
+    torch::manual_seed(42);
+    Toy whole;
+    whole->offset.fill_(42.5);  // as trained_toy's seed 42
+    optim::Adafactor whole_optimizer(whole->parameters(), options);
+    for (int s = 0; s < 4; ++s) step(whole, whole_optimizer, s, *one);
+
+    Toy fresh = trained_toy(*one, 0, 7);
+    optim::Adafactor fresh_optimizer(fresh->parameters(), options, row_sharding(fresh.ptr()));
+    for (const auto& p : fresh->parameters()) optim::install_empty_state(fresh_optimizer, p, 2);
+    load_sharded_state_dict(fresh.ptr(), dir, optimizer_states(fresh_optimizer, fresh));
+    for (int s = 2; s < 4; ++s) step(fresh, fresh_optimizer, s, *one);
+    const auto got = gather_full_parameters(fresh.ptr());
+    for (const auto& p : whole->named_parameters()) {
+      EXPECT_TRUE(torch::allclose(got.at(p.key()), p.value(), 1e-5, 1e-6))
+          << "W=" << w << " -> 1: " << p.key() << " max |diff| "
+          << (got.at(p.key()) - p.value()).abs().max().item<double>();
+    }
+  }
+  pg.world().barrier().wait();
+  if (pg.rank() == 0) io::remove_tree(dir);
 }
 
 TEST(StateDict, HybridShardedStateLoadsOnOneRank) {

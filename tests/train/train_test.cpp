@@ -226,6 +226,43 @@ TEST_F(TrainTest, OptimizersTrainAndResume) {
   EXPECT_LE(max_difference(sgd_state, saved_state(sgd_resumed + "/step-00000008", true)), 1e-6);
 }
 
+// Adafactor (transformers' defaults: relative step scaled by each parameter's RMS; a first moment): a stopped and
+// resumed sharded run equals one run through, its factored statistics are saved at their whole shapes, and the
+// 2-rank state resumes on one rank. (That sharded steps equal one process's is tested on the fully_shard runtime,
+// tests/multiprocess: FsdpParity.Adafactor and StateDict.AdafactorStateReshardsToOneRank.)
+TEST_F(TrainTest, AdafactorTrainsAndResumes) {
+  const std::string adafactor =
+      "--optim.name=adafactor --optim.relative_step=true --optim.scale_parameter=true --optim.beta1=0.9 ";
+  const std::string through = root_ + "/adafactor-through", resumed = root_ + "/adafactor-resumed";
+  const Outcome a = train(adafactor + "--checkpoint.dir=" + through);
+  ASSERT_EQ(a.status, 0) << a.output;
+  EXPECT_NE(a.output.find("adafactor: relative step min(1e-2, 1/sqrt(step)) times the parameter's RMS"),
+            std::string::npos) << a.output;
+  ASSERT_EQ(train(adafactor + "--checkpoint.dir=" + resumed + " --train.stop_at=4").status, 0);
+  const Outcome second = train(adafactor + "--checkpoint.dir=" + resumed + " --resume");
+  ASSERT_EQ(second.status, 0) << second.output;
+  const auto state = saved_state(through + "/step-00000008", true);
+  EXPECT_LE(max_difference(state, saved_state(resumed + "/step-00000008", true)), 1e-6);
+  const std::string fc1 = "text.layers.0.mlp.fc1.weight";
+  const at::Tensor weight = state.at(fc1);
+  ASSERT_EQ(weight.dim(), 2);
+  EXPECT_EQ(state.at(fc1 + "::exp_avg_sq_row").sizes(), (std::vector<int64_t>{weight.size(0)}));
+  EXPECT_EQ(state.at(fc1 + "::exp_avg_sq_col").sizes(), (std::vector<int64_t>{weight.size(1)}));
+  EXPECT_EQ(state.at(fc1 + "::exp_avg").sizes(), weight.sizes());
+  EXPECT_EQ(state.count(fc1 + "::exp_avg_sq"), 0u);
+
+  // The 2-rank state resumes on one rank: the row statistics resharded, the column statistics whole.
+  const std::string one = root_ + "/adafactor-one-rank";
+  ASSERT_EQ(run("mkdir -p " + one + " && cp -r " + resumed + "/step-00000004 " + one + "/").status, 0);
+  const Outcome single = run(std::string(SHARDTRAIN_BIN) + " train " + root_ + "/config.yaml " + adafactor +
+                             "--launch.num_processes=1 --checkpoint.dir=" + one + " --resume");
+  ASSERT_EQ(single.status, 0) << single.output;
+  EXPECT_NE(single.output.find("at step 4 (another world size"), std::string::npos) << single.output;
+  EXPECT_EQ(saved_state(one + "/step-00000008", true).at(fc1 + "::exp_avg_sq_col").sizes(),
+            (std::vector<int64_t>{weight.size(1)}));
+  EXPECT_GT(max_difference(state, saved_state(resumed + "/step-00000004", true)), 1e-3);  // it trained
+}
+
 // Pure bf16 (model.dtype: bf16, AnyPrecision AdamW with Kahan summation): weights, gradients, optimizer state and
 // checkpoints in bf16, a stopped and resumed run equal to one that ran through, export in bf16, and a float32 file
 // loaded into the bf16 model with the conversion said.

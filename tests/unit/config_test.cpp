@@ -136,7 +136,26 @@ TEST(Config, BadValueNamesTheValueAndWhatWasExpected) {
   expect_error<ConfigError>([] { parse_config("", "x.yaml", {"--launch.max_restarts=-1"}); },
                             {"launch.max_restarts", "-1", "0 or more"});
   expect_error<ConfigError>([] { parse_config("", "x.yaml", {"--optim.name=adam"}); },
-                            {"optim.name", "'adam'", "one of adamw, anyprecision_adamw"});
+                            {"optim.name", "'adam'", "one of adamw, anyprecision_adamw, adafactor, sgd"});
+  expect_error<ConfigError>([] { parse_config("", "x.yaml", {"--optim.name=adafactor", "--optim.decay_rate=0.8"}); },
+                            {"optim.decay_rate", "0.8", "negative"});
+  expect_error<ConfigError>([] { parse_config("", "x.yaml", {"--optim.warmup_init=true"}); },
+                            {"optim.warmup_init", "optim.relative_step: true"});
+  expect_error<ConfigError>([] { parse_config("", "x.yaml", {"--optim.adafactor_eps=[1e-30]"}); },
+                            {"optim.adafactor_eps", "1 values", "two values [eps1, eps2]"});
+  expect_error<ConfigError>([] { parse_config("", "x.yaml", {"--optim.beta1=1"}); }, {"optim.beta1", "in [0, 1)"});
+  EXPECT_EQ(parse_config("train: {task: classify}\n", "x.yaml", {}).model.task, "classify");
+  EXPECT_EQ(parse_config("", "x.yaml", {"--train.task=seq2seq", "--model.task=seq2seq"}).model.task, "seq2seq");
+  expect_error<ConfigError>([] { parse_config("", "x.yaml", {"--train.task=seq2seq", "--model.task=classify"}); },
+                            {"train.task", "'seq2seq'", "model.task: 'classify'", "give one of them"});
+  {
+    const Config a = parse_config("optim: {name: adafactor, relative_step: true, scale_parameter: true, beta1: 0.9}\n",
+                                  "x.yaml", {});
+    EXPECT_EQ(a.optim.name, OptimizerKind::ADAFACTOR);
+    EXPECT_TRUE(a.optim.relative_step && a.optim.scale_parameter);
+    EXPECT_DOUBLE_EQ(a.optim.beta1, 0.9);
+    EXPECT_EQ(a.optim.adafactor_eps, (std::vector<double>{1e-30, 1e-3}));
+  }
   expect_error<ConfigError>([] { parse_config("", "x.yaml", {"--optim.momentum=1"}); },
                             {"optim.momentum", "1", "in [0, 1)"});
   expect_error<ConfigError>([] { parse_config("", "x.yaml", {"--optim.nesterov=true", "--optim.momentum=0"}); },

@@ -5,7 +5,9 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include "shardtrain/optim/adafactor.h"
 #include "shardtrain/optim/anyprecision_adamw.h"
+#include "shardtrain/optim/optimizer_state.h"
 #include "shardtrain/optim/fused_adamw.h"
 #include "support/expect_error.h"
 
@@ -115,6 +117,47 @@ TEST(AnyPrecisionAdamW, BadOptionsAreNamed) {
       [&] { AnyPrecisionAdamW({w}, AnyPrecisionAdamWOptions().betas({0.9, 1.0})); }, {"beta2 1"});
   testing::expect_error<std::invalid_argument>(
       [&] { AnyPrecisionAdamW({w}, AnyPrecisionAdamWOptions().momentum_dtype(at::kInt)); }, {"not a floating-point"});
+}
+
+TEST(Adafactor, BadOptionsAreNamed) {
+  at::Tensor w = torch::zeros({3}, torch::requires_grad());
+  testing::expect_error<std::invalid_argument>([&] { Adafactor({w}, AdafactorOptions().decay_rate(0.5)); },
+                                               {"decay_rate 0.5", "negative"});
+  testing::expect_error<std::invalid_argument>([&] { Adafactor({w}, AdafactorOptions().beta1(1)); }, {"beta1 1"});
+  testing::expect_error<std::invalid_argument>(
+      [&] { Adafactor({w}, AdafactorOptions().relative_step(false).warmup_init(true)); }, {"warmup_init needs"});
+}
+
+// What each parameter keeps: row and column statistics of (..., R, C) for two or more dimensions (how a checkpoint
+// splits them: rows like the parameter's, a matrix's columns whole), a full second moment otherwise, a first moment
+// only with beta1; the step moves every parameter against its gradient.
+TEST(Adafactor, FactoredStateShapesAndSplits) {
+  std::vector<at::Tensor> params = make_params(3);
+  const std::vector<at::Tensor> before = {params[0].detach().clone(), params[3].detach().clone()};
+  Adafactor optimizer(params, AdafactorOptions(1e-2).relative_step(false).beta1(0.9));
+  (params[0].sum() + params[1].sum() + params[2] + params[3].sum()).backward();
+  optimizer.step();
+  auto tensors = [&](size_t i) {
+    return state_tensors(*optimizer.state().at(params[i].unsafeGetTensorImpl()), params[i]);
+  };
+  const auto matrix = tensors(0), vector = tensors(1), cube = tensors(3);
+  EXPECT_EQ(matrix.at("exp_avg_sq_row").tensor.sizes(), (std::vector<int64_t>{37}));
+  EXPECT_EQ(matrix.at("exp_avg_sq_col").tensor.sizes(), (std::vector<int64_t>{11}));
+  EXPECT_EQ(matrix.at("exp_avg_sq_row").split, StateSplit::BY_ROWS);
+  EXPECT_EQ(matrix.at("exp_avg_sq_col").split, StateSplit::WHOLE);
+  EXPECT_EQ(matrix.at("exp_avg").split, StateSplit::LIKE_PARAMETER);
+  EXPECT_EQ(matrix.count("exp_avg_sq"), 0u);
+  EXPECT_EQ(vector.at("exp_avg_sq").tensor.sizes(), (std::vector<int64_t>{1000}));
+  EXPECT_EQ(vector.count("exp_avg_sq_row"), 0u);
+  EXPECT_EQ(cube.at("exp_avg_sq_row").tensor.sizes(), (std::vector<int64_t>{4, 3}));
+  EXPECT_EQ(cube.at("exp_avg_sq_col").tensor.sizes(), (std::vector<int64_t>{4, 5}));
+  EXPECT_EQ(cube.at("exp_avg_sq_col").split, StateSplit::BY_ROWS);  // dim 0 is the parameter's
+  EXPECT_TRUE((params[0] < before[0]).all().item<bool>());  // gradient 1 everywhere: every weight goes down
+  EXPECT_TRUE((params[3] < before[1]).all().item<bool>());
+  Adafactor none(params, AdafactorOptions(1e-2).relative_step(false));
+  params[0].mutable_grad() = torch::ones_like(params[0]);
+  none.step();
+  EXPECT_EQ(state_tensors(*none.state().at(params[0].unsafeGetTensorImpl()), params[0]).count("exp_avg"), 0u);
 }
 
 }  // namespace

@@ -32,7 +32,7 @@ enum class Precision { NO, BF16, FP16 };
 enum class AutoWrap { TRANSFORMER, SIZE, NONE };
 enum class Prefetch { BACKWARD_PRE, BACKWARD_POST, NONE };
 enum class LrSchedule { COSINE, LINEAR, CONSTANT };
-enum class OptimizerKind { ADAMW, ANYPRECISION_ADAMW, SGD };
+enum class OptimizerKind { ADAMW, ANYPRECISION_ADAMW, ADAFACTOR, SGD };
 enum class Dtype { FLOAT32, BFLOAT16, FLOAT16 };  // model.dtype, AnyPrecision AdamW's state dtypes
 enum class Progress { AUTO, BAR, LINES, NONE };
 enum class StateDictType { SHARDED, FULL };
@@ -129,7 +129,8 @@ struct ParallelConfig {
 };
 
 struct OptimConfig {
-  // adamw | anyprecision_adamw (optim::AnyPrecisionAdamW) | sgd (LibTorch's: momentum, nesterov, L2 weight decay)
+  // adamw | anyprecision_adamw (optim::AnyPrecisionAdamW) | adafactor (optim::Adafactor, transformers' Adafactor)
+  // | sgd (LibTorch's: momentum, nesterov, L2 weight decay)
   OptimizerKind name = OptimizerKind::ADAMW;
   double lr = 1e-3;
   std::vector<double> betas = {0.9, 0.999};
@@ -151,6 +152,16 @@ struct OptimConfig {
   // sgd: the momentum (0: plain SGD, no state) and Nesterov's variant of it.
   double momentum = 0.9;
   bool nesterov = false;
+  // adafactor, as Hugging Face's Trainer sets it up by default (relative_step and scale_parameter off: optim.lr and
+  // the schedule give the learning rate); relative_step: transformers' own default, min(1e-2, 1/sqrt(step)) times,
+  // with scale_parameter, the parameter's RMS; optim.lr and the schedule then go unused.
+  bool relative_step = false;
+  bool scale_parameter = false;
+  bool warmup_init = false;        // relative step min(1e-6 step, 1/sqrt(step)); needs relative_step
+  double clip_threshold = 1.0;     // the update's RMS is clipped to this
+  double decay_rate = -0.8;        // second-moment decay 1 - step^decay_rate
+  double beta1 = 0.0;              // first moment (0: none kept, transformers' beta1=None)
+  std::vector<double> adafactor_eps = {1e-30, 1e-3};  // added to squared gradients; the least parameter scale
 };
 
 inline constexpr int64_t kAutoBatch = 0;  // train.batch_size: auto
@@ -169,6 +180,7 @@ struct TrainConfig {
   double max_grad_norm = 1.0; // 0: no clipping
   int64_t seed = 0;           // weights, data order, masking, dropout
   std::string device = "cpu"; // cpu | cuda (each rank takes cuda:LOCAL_RANK)
+  std::string task;           // another name for model.task (where a Trainer user looks for it); both: the same
   // CUDA: float32 matmuls and convolutions in TensorFloat-32 (as the FLAVA post trains); no meaning on CPU.
   bool tf32 = true;
   int64_t stop_at = 0;        // end this run after this step, with a checkpoint (a time-limited job that resumes

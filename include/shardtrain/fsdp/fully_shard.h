@@ -23,6 +23,7 @@
 
 #include "shardtrain/distributed/communicator.h"
 #include "shardtrain/distributed/mesh.h"
+#include "shardtrain/optim/row_sharding.h"
 
 namespace torch::nn {
 class Module;
@@ -156,6 +157,10 @@ void reset_fsdp_stats(const std::shared_ptr<torch::nn::Module>& root);
 
 // The units inside `root` (itself included), in named_modules() order.
 std::vector<FsdpUnit> units_of(const std::shared_ptr<torch::nn::Module>& root);
+
+// How the parameters of `root`'s units are split by rows over their shard group, for an optimizer whose statistics
+// span whole parameters (optim::Adafactor). std::invalid_argument when the units shard over more than one group.
+optim::RowSharding row_sharding(const std::shared_ptr<torch::nn::Module>& root);
 
 // Scales the gradients of `root`'s units so that their global L2 norm — over every shard of every rank, as if
 // the model were whole — is at most `max_norm`; returns that norm before clipping (torch.nn.utils.clip_grad_norm_

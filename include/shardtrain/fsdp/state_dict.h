@@ -19,17 +19,19 @@
 
 #include <ATen/core/Tensor.h>
 
+#include "shardtrain/optim/optimizer_state.h"
+
 namespace torch::nn {
 class Module;
 }
 
 namespace shardtrain::fsdp {
 
-// Per-parameter tensors that follow their parameter's sharding row for row — an optimizer's moments: state key
-// ("exp_avg") -> parameter name -> the tensor, shaped like the parameter is on this rank between steps. They are
-// saved next to the parameters as "<parameter>::<key>" and loaded in place into the tensors given, at any world
-// size, like the parameters.
-using ParamStates = std::map<std::string, std::map<std::string, at::Tensor>>;
+// Per-parameter tensors that follow their parameter's sharding — an optimizer's state: state key ("exp_avg") ->
+// parameter name -> the tensor as this rank holds it between steps and how it is split (optim::StateSplit: like
+// the parameter, by the parameter's rows, or whole on every rank). They are saved next to the parameters as
+// "<parameter>::<key>" and loaded in place into the tensors given, at any world size, like the parameters.
+using ParamStates = std::map<std::string, std::map<std::string, optim::StateTensor>>;
 
 void save_sharded_state_dict(const std::shared_ptr<torch::nn::Module>& root, const std::string& dir,
                              const ParamStates& states = {});
