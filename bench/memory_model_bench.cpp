@@ -17,6 +17,7 @@
 #include "shardtrain/distributed/mesh.h"
 #include "shardtrain/distributed/process_group.h"
 #include "shardtrain/memory/memory_stats.h"
+#include "shardtrain/models/synthetic_batch.h"
 #include "shardtrain/models/zoo.h"
 #include "shardtrain/plan/memory_model.h"
 #include "train/parallel_model.h"
@@ -36,37 +37,6 @@ config::Strategy config_strategy(plan::Strategy s) {
     case plan::Strategy::kDdp: return config::Strategy::DDP;
   }
   return config::Strategy::FULL_SHARD;
-}
-
-// A synthetic micro-batch of the largest kind the task reads: image-text when it mixes kinds (FLAVA), else text or
-// images, with the masks and labels its objective uses (data.* defaults: 15% MLM, 40% MIM, half ITM negatives).
-data::Batch synthetic_batch(const models::DataNeeds& needs, int64_t batch, int64_t tokens, int rank) {
-  at::manual_seed(1000 + rank);
-  data::Batch b;
-  b.kind = needs.largest_kind();
-  if (b.kind != data::SampleKind::IMAGE) {
-    b.input_ids = at::randint(5, std::max<int64_t>(needs.vocab_size, 6), {batch, tokens}, at::kLong);
-    b.attention_mask = at::ones({batch, tokens}, at::kLong);
-    // as the loader marks a [CLS] ... [SEP] row: the first and last tokens special, the text between
-    b.sequence_ids = at::zeros({batch, tokens}, at::kLong);
-    b.sequence_ids.select(1, 0).fill_(-1);
-    b.sequence_ids.select(1, tokens - 1).fill_(-1);
-    b.input_ids_masked = b.input_ids.clone();
-    b.mlm_labels = at::where(at::rand({batch, tokens}) < 0.15, b.input_ids, at::full({}, -100, at::kLong));
-    b.texts = batch;
-  }
-  if (b.kind != data::SampleKind::TEXT) {
-    b.pixels = at::randn({batch, 3, needs.image_size, needs.image_size});
-    const int64_t side = needs.image_size / std::max<int64_t>(needs.patch_size, 1);
-    if (needs.uses_mim) b.masked_patches = at::rand({batch, side * side}) < 0.4;
-    if (needs.codebook_size > 0) {
-      b.codebook_pixels = at::rand({batch, 3, needs.codebook_size, needs.codebook_size}) * 0.8 + 0.1;
-    }
-    if (needs.num_labels > 0) b.labels = at::randint(0, needs.num_labels, {batch}, at::kLong);
-    b.images = batch;
-  }
-  if (b.kind == data::SampleKind::IMAGE_TEXT) b.itm_labels = (at::arange(batch, at::kLong) % 2 == 0).to(at::kLong);
-  return b;
 }
 
 int run(int argc, char** argv) {
@@ -112,7 +82,8 @@ int run(int argc, char** argv) {
   const auto task = recipe->task();
   train::ParallelModel parallel(c, recipe, task->leaves_parameters_unused(), mesh, at::Device(at::kCPU));
   auto optimizer = train::make_optimizer(c, parallel);
-  const data::Batch b = synthetic_batch(task->data_needs(), batch, seq_len, env.rank);
+  const uint64_t seed = 1000 + static_cast<uint64_t>(env.rank);
+  const data::Batch b = models::synthetic_batch(task->data_needs(), batch, seq_len, seed);
 
   // A task that mixes kinds (FLAVA) trains every head over a run: a step of each kind first, so that AdamW holds
   // the state of every head when the image-text step is measured.
@@ -121,7 +92,7 @@ int run(int argc, char** argv) {
     for (int kind = 1; kind <= 2; ++kind) {
       models::DataNeeds only = task->data_needs();
       only.kinds = {false, kind == 1, kind == 2};
-      warmup.push_back(synthetic_batch(only, batch, seq_len, env.rank));
+      warmup.push_back(models::synthetic_batch(only, batch, seq_len, seed));
     }
   }
   int64_t forward = 0, backward = 0, step = 0;

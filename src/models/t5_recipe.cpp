@@ -52,6 +52,13 @@ std::pair<std::vector<int64_t>, std::vector<int64_t>> span_corrupt(const std::ve
   return {input, target};
 }
 
+SpanLengths span_corruption_lengths(int64_t width) {
+  const int64_t n = std::max<int64_t>(width - 2, 1);
+  const int64_t masked = n > 1 ? std::max<int64_t>(1, std::llround(kSpanNoise * static_cast<double>(n))) : 0;
+  const int64_t spans = std::max<int64_t>(masked > 0 ? 1 : 0, std::llround(static_cast<double>(masked) / kMeanSpan));
+  return {n - masked + spans + 1, masked + spans + 1};
+}
+
 namespace {
 
 class T5SpanCorruption : public Task {
@@ -98,19 +105,24 @@ class T5Recipe : public FamilyRecipe<T5Config, T5> {
   using FamilyRecipe::FamilyRecipe;
   std::string hf_config_json() const override { return t5_to_hf(config()).dump(2); }
 
-  // Per sample, with the batch's T text tokens: the encoder's L blocks over T tokens, the decoder's L blocks over
-  // T / 2 (span corruption's targets are short; self- and cross-attention each counted over T / 2 tokens), attention
-  // width inner = heads * head_dim, attn = 4 d inner weights (q, k, v, o), mlp = 2 d mlp_dim:
-  //   3 * L * (2 (attn + mlp) T + 4 T^2 inner + 2 (2 attn + mlp) T/2 + 4 (T/2)^2 inner)
+  // Per sample, with the rows span corruption makes of the batch's T text tokens (enc encoder and dec decoder
+  // tokens, span_corruption_lengths), attention width inner = heads * head_dim, attn = 4 d inner weights (q, k, v,
+  // o), mlp = 2 d mlp_dim, the L encoder and L decoder blocks:
+  //   encoder block  2 (attn + mlp) enc + 4 enc^2 inner
+  //   decoder block  2 (attn + mlp) dec + 4 dec^2 inner            (self-attention, MLP)
+  //                + 2 (attn / 2) (dec + enc) + 4 dec enc inner    (cross-attention: q, o over dec; k, v over enc)
+  // times 3 for training. Exact for span corruption's rows when no two spans meet; a seq2seq batch of the same width
+  // is counted as if span-corrupted (its split is in the token values, which the formula does not read).
   double training_flops(const data::Batch& b) const override {
     if (b.kind != data::SampleKind::TEXT) throw_unread_kind(flavor(), b);
-    const double d = static_cast<double>(config().dim), T = text_tokens(b);
+    const double d = static_cast<double>(config().dim);
     const double inner = static_cast<double>(config().heads * config().head_dim);
     const double attn = 4 * d * inner, mlp = 2 * d * static_cast<double>(config().mlp_dim);
-    const double forward = static_cast<double>(config().layers) *
-                           (transformer_layer_flops(attn + mlp, T, inner) +
-                            transformer_layer_flops(2 * attn + mlp, T / 2, inner));
-    return 3 * forward * batch_rows(b);
+    const SpanLengths rows = span_corruption_lengths(static_cast<int64_t>(text_tokens(b)));
+    const double enc = static_cast<double>(rows.encoder), dec = static_cast<double>(rows.decoder);
+    const double encoder = transformer_layer_flops(attn + mlp, enc, inner);
+    const double decoder = transformer_layer_flops(attn + mlp, dec, inner) + attn * (dec + enc) + 4 * dec * enc * inner;
+    return 3 * static_cast<double>(config().layers) * (encoder + decoder) * batch_rows(b);
   }
 
   std::vector<std::string> tasks() const override { return {"span_corruption", "seq2seq"}; }
@@ -122,18 +134,15 @@ class T5Recipe : public FamilyRecipe<T5Config, T5> {
     return std::make_shared<T5Recipe>(family(), flavor(), c, t5_names, layer_class());
   }
 
-  // Span corruption turns T text tokens (n = T - 2 without [CLS]/[SEP]) into an encoder input of n - m + s + 1 and
-  // a decoder input of m + s + 1 tokens (m masked in s spans, t5_span_corruption.h). Each stack keeps its
+  // Span corruption's rows of T text tokens (span_corruption_lengths). Each stack keeps its
   // embedding's dropout noise, its layers (t5_layer_options: the decoder's attend to the encoder's output), its final
   // norm's input and what it keeps, and the noise of the dropout after it; the encoder's output once (every
   // cross-attention's k/v read it), the decoder's output rescaled (the tied head's input), the loss over the decoder's
   // tokens. The shared embedding gets three gradients (two embeddings, the head).
   ActivationBytes activation_bytes(const ActivationQuery& q) const override {
     const T5Config& c = config();
-    const int64_t T = q.seq_len > 0 ? q.seq_len : 512, n = std::max<int64_t>(T - 2, 1);
-    const int64_t masked = n > 1 ? std::max<int64_t>(1, std::llround(kSpanNoise * static_cast<double>(n))) : 0;
-    const int64_t spans = std::max<int64_t>(1, std::llround(static_cast<double>(masked) / kMeanSpan));
-    const int64_t enc = n - masked + spans + 1, dec = masked + spans + 1, e = element_size(q);
+    const SpanLengths rows = span_corruption_lengths(q.seq_len > 0 ? q.seq_len : 512);
+    const int64_t enc = rows.encoder, dec = rows.decoder, e = element_size(q);
     const int64_t enc_rows = q.batch * enc, dec_rows = q.batch * dec;
     const int64_t enc_unit = enc_rows * c.dim * e, dec_unit = dec_rows * c.dim * e;
     const int64_t enc_layer = transformer_layer_kept(t5_layer_options(c, false), q.batch, enc, 0, q);

@@ -321,10 +321,16 @@ TEST(TrainingFlops, EqualSixTimesTheLayersWeightsPlusAttention) {
   {
     const auto r = recipe_of("t5-debug");
     const auto c = t5_flavor("t5-debug");
-    const double inner = static_cast<double>(c.heads * c.head_dim);
-    const double expected = 6 * (layer_weights(*r, "encoder") * T + layer_weights(*r, "decoder") * T / 2) * B +
-                            12.0 * c.layers * (T * T + T * T / 4) * inner * B;
-    EXPECT_DOUBLE_EQ(r->training_flops(text_batch(3, 16)), expected);
+    const double inner = static_cast<double>(c.heads * c.head_dim), L = static_cast<double>(c.layers);
+    const double attn = 4.0 * c.dim * inner, mlp = 2.0 * c.dim * static_cast<double>(c.mlp_dim);
+    EXPECT_DOUBLE_EQ(layer_weights(*r, "encoder"), L * (attn + mlp));
+    EXPECT_DOUBLE_EQ(layer_weights(*r, "decoder"), L * (2 * attn + mlp));  // self- and cross-attention
+    // Span corruption of 14 text tokens: 2 masked in 1 span, so the encoder reads 12 + 1 sentinel + EOS = 14
+    // tokens and the decoder 1 sentinel + 2 + EOS = 4.
+    const double enc = 14, dec = 4;
+    const double encoder = 2 * (attn + mlp) * enc + 4 * enc * enc * inner;
+    const double decoder = 2 * (attn + mlp) * dec + 4 * dec * dec * inner + attn * (dec + enc) + 4 * dec * enc * inner;
+    EXPECT_DOUBLE_EQ(r->training_flops(text_batch(3, 16)), 3 * L * (encoder + decoder) * B);
   }
   {
     const auto r = recipe_of("flava-debug");
