@@ -32,6 +32,15 @@ void check_options(const AnyPrecisionAdamWOptions& o) {
   }
 }
 
+// A double as Python hands it to a tensor op (a wrapped number), so that a bf16 or float16 tensor's op takes it at
+// float precision, as torchdistx's Python update does. LibTorch's Tensor::mul_(Scalar) casts the scalar to the
+// tensor's dtype first: for bf16 moments beta1 = 0.9 became 0.8984 and beta2 = 0.999 became 1.0.
+at::Tensor exact(double v) {
+  at::Tensor t = at::scalar_tensor(v, at::kDouble);
+  t.unsafeGetTensorImpl()->set_wrapped_number(true);
+  return t;
+}
+
 }  // namespace
 
 AnyPrecisionAdamWOptions::AnyPrecisionAdamWOptions(double lr) : lr_(lr) {}
@@ -90,13 +99,13 @@ at::Tensor AnyPrecisionAdamW::step(LossClosure closure) {
       }
       s.step(s.step() + 1);
       const at::Tensor& grad = p.grad();
-      if (o.weight_decay() != 0) p.mul_(1 - o.lr() * o.weight_decay());
-      s.exp_avg().mul_(beta1).add_(grad, 1 - beta1);
-      s.exp_avg_sq().mul_(beta2).addcmul_(grad, grad, 1 - beta2);
       const double bias_correction1 = 1 - std::pow(beta1, static_cast<double>(s.step()));
       const double bias_correction2 = 1 - std::pow(beta2, static_cast<double>(s.step()));
-      const at::Tensor denom = (s.exp_avg_sq().sqrt() / std::sqrt(bias_correction2)).add_(o.eps());
       const double step_size = o.lr() / bias_correction1;
+      if (o.weight_decay() != 0) p.mul_(exact(1 - o.lr() * o.weight_decay()));
+      s.exp_avg().mul_(exact(beta1)).add_(grad, 1 - beta1);
+      s.exp_avg_sq().mul_(exact(beta2)).addcmul_(grad, grad, 1 - beta2);
+      const at::Tensor denom = (s.exp_avg_sq().sqrt() / exact(std::sqrt(bias_correction2))).add_(exact(o.eps()));
       if (o.use_kahan_summation()) {
         at::Tensor& c = s.compensation();
         c.addcdiv_(s.exp_avg(), denom, -step_size);

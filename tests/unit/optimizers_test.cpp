@@ -109,6 +109,26 @@ TEST(AnyPrecisionAdamW, KahanSummationTracksFloat32WhereBf16Stalls) {
   EXPECT_LT(kahan * 10, plain);
 }
 
+// bf16 moments take beta1 = 0.9 at float precision, as torchdistx's Python update does (LibTorch's mul_(Scalar)
+// would take bf16's 0.8984): two steps' first moment, rounded to bf16 after each op, worked out in float.
+TEST(AnyPrecisionAdamW, Bf16MomentsTakeTheBetasAtFloatPrecision) {
+  torch::manual_seed(2);
+  at::Tensor w = torch::randn({10000}).requires_grad_();
+  const at::Tensor g = torch::randn({10000});
+  auto o = AnyPrecisionAdamWOptions(1e-3).momentum_dtype(at::kBFloat16).variance_dtype(at::kBFloat16);
+  AnyPrecisionAdamW opt({w}, o);
+  for (int step = 0; step < 2; ++step) {
+    w.mutable_grad() = g;
+    opt.step();
+  }
+  auto bf16 = [](const at::Tensor& t) { return t.to(at::kBFloat16).to(at::kFloat); };
+  const at::Tensor beta1 = torch::full({}, 0.9f), alpha = torch::full({}, static_cast<float>(1 - 0.9));
+  const at::Tensor m1 = bf16(alpha * g), m2 = bf16(bf16(m1 * beta1) + alpha * g);
+  const auto& s = static_cast<AnyPrecisionAdamWParamState&>(*opt.state().at(w.unsafeGetTensorImpl()));
+  EXPECT_TRUE(torch::equal(s.exp_avg().to(at::kFloat), m2))
+      << (s.exp_avg().to(at::kFloat) != m2).to(at::kFloat).mean().item<double>() << " of the moments differ";
+}
+
 TEST(AnyPrecisionAdamW, BadOptionsAreNamed) {
   at::Tensor w = torch::zeros({3}, torch::requires_grad());
   testing::expect_error<std::invalid_argument>([&] { AnyPrecisionAdamW({w}, AnyPrecisionAdamWOptions(-1)); },

@@ -5,7 +5,8 @@
 // 4 + 4 + 4 + 4 for float32 masters with AdamW, and without the compensation, small updates to bf16 weights round
 // away entirely.
 //
-// With every dtype float32 and no Kahan summation it computes exactly what torch::optim::AdamW computes.
+// With every dtype float32 and no Kahan summation it computes exactly what torch::optim::AdamW computes. Scalars
+// (betas, eps, decay) enter its bf16 and float16 ops at float precision, as in torchdistx's Python.
 #pragma once
 
 #include <torch/optim/optimizer.h>
