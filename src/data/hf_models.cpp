@@ -42,7 +42,7 @@ class Vocab {
 
 Vocab vocab_of_object(const Json& v) {
   Vocab vocab;
-  for (const auto& [token, id] : v.items()) vocab.add(token, id.get<int64_t>());
+  for (const auto& [token, id] : v.items()) vocab.add(token, integer(id, "the vocabulary's id of '" + token + "'"));
   return vocab;
 }
 
@@ -220,7 +220,7 @@ class Unigram final : public ModelBase {
     if (!j.contains("unk_id") || j.at("unk_id").is_null()) {
       unk_ = std::nullopt;
     } else {
-      unk_ = j.at("unk_id").get<int64_t>();
+      unk_ = integer(j.at("unk_id"), "Unigram unk_id");
       if (*unk_ < 0 || *unk_ >= id) {
         throw std::invalid_argument("Unigram unk_id " + std::to_string(*unk_) + " is outside the vocabulary of " +
                                     std::to_string(id));

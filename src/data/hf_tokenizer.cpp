@@ -197,12 +197,15 @@ struct HfTokenizer::Impl {
         for (const Json& item : list) {
           if (item.contains("Sequence")) {
             const std::string id = item.at("Sequence").at("id").get<std::string>();
-            out.push_back({id == "A" ? 0 : 1, {}, item.at("Sequence").at("type_id").get<int64_t>()});
+            const int64_t type_id = hf::integer(item.at("Sequence").at("type_id"), "a template's type_id");
+            out.push_back({id == "A" ? 0 : 1, {}, type_id});
           } else {
             const Json& s = item.at("SpecialToken");
             const std::string name = s.at("id").get<std::string>();
             const Json& entry = j.at("special_tokens").at(name);
-            out.push_back({-1, entry.at("ids").get<std::vector<int64_t>>(), s.at("type_id").get<int64_t>()});
+            std::vector<int64_t> ids;
+            for (const Json& v : entry.at("ids")) ids.push_back(hf::integer(v, "special token " + name + "'s id"));
+            out.push_back({-1, std::move(ids), hf::integer(s.at("type_id"), "a template's type_id")});
           }
         }
         return out;
@@ -246,7 +249,7 @@ struct HfTokenizer::Impl {
       for (const Json& a : hf::option(j, "added_tokens", Json::array())) {
         AddedToken t;
         t.content = a.at("content").get<std::string>();
-        t.id = a.at("id").get<int64_t>();
+        t.id = hf::integer(a.at("id"), "an added token's id");
         t.special = hf::option(a, "special", false);
         t.normalized = hf::option(a, "normalized", !t.special);
         t.lstrip = hf::option(a, "lstrip", false), t.rstrip = hf::option(a, "rstrip", false);
@@ -259,7 +262,7 @@ struct HfTokenizer::Impl {
 
       const auto padding = hf::option(j, "padding", Json());
       if (!padding.is_null() && padding.contains("pad_id")) {
-        m.pad = padding.at("pad_id").get<int64_t>();
+        m.pad = hf::integer(padding.at("pad_id"), "padding's pad_id");
       } else if (auto name = m.configured_token(config, "pad_token"); name && m.find(*name)) {
         m.pad = *m.find(*name);
       } else {  // no pad token (GPT-2, Llama): the end of text pads, as transformers users set pad = eos

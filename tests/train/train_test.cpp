@@ -51,6 +51,18 @@ class TrainTest : public ::testing::Test {
                "/config.yaml " + overrides);
   }
 
+  // Resumes a 2-rank run's step-4 checkpoint (`checkpoint`) on one rank, in a directory of its own, to step 8: the
+  // sharded state loaded at another world size. Returns the state it saved at step 8.
+  static std::map<std::string, at::Tensor> resume_on_one_rank(const std::string& checkpoint,
+                                                              const std::string& overrides, const std::string& dir) {
+    EXPECT_EQ(run("mkdir -p " + dir + " && cp -r " + checkpoint + " " + dir + "/").status, 0);
+    const Outcome single = run(std::string(SHARDTRAIN_BIN) + " train " + root_ + "/config.yaml " + overrides +
+                               "--launch.num_processes=1 --checkpoint.dir=" + dir + " --resume");
+    EXPECT_EQ(single.status, 0) << single.output;
+    EXPECT_NE(single.output.find("at step 4 (another world size"), std::string::npos) << single.output;
+    return saved_state(dir + "/step-00000008", true);
+  }
+
   static std::string root_;
 };
 std::string TrainTest::root_;
@@ -201,13 +213,7 @@ TEST_F(TrainTest, OptimizersTrainAndResume) {
   EXPECT_GT(ddp_state.count("text.layers.0.mlp.fc1.weight::compensation"), 0u);
   EXPECT_LE(max_difference(ddp_state, saved_state(ddp_resumed + "/step-00000008", false)), 1e-6);
   // The 2-rank sharded state (compensation buffers included) resumes on one rank: resharded on load.
-  const std::string one = root_ + "/any-one-rank";
-  ASSERT_EQ(run("mkdir -p " + one + " && cp -r " + resumed + "/step-00000004 " + one + "/").status, 0);
-  const Outcome single = run(std::string(SHARDTRAIN_BIN) + " train " + root_ + "/config.yaml " + any +
-                             "--launch.num_processes=1 --checkpoint.dir=" + one + " --resume");
-  ASSERT_EQ(single.status, 0) << single.output;
-  EXPECT_NE(single.output.find("at step 4 (another world size"), std::string::npos) << single.output;
-  const auto one_state = saved_state(one + "/step-00000008", true);
+  const auto one_state = resume_on_one_rank(resumed + "/step-00000004", any, root_ + "/any-one-rank");
   EXPECT_GT(one_state.count("text.layers.0.mlp.fc1.weight::compensation"), 0u);
 
   // SGD with Nesterov momentum: its momentum buffers are checkpointed and a resumed run equals one run through.
@@ -252,14 +258,8 @@ TEST_F(TrainTest, AdafactorTrainsAndResumes) {
   EXPECT_EQ(state.count(fc1 + "::exp_avg_sq"), 0u);
 
   // The 2-rank state resumes on one rank: the row statistics resharded, the column statistics whole.
-  const std::string one = root_ + "/adafactor-one-rank";
-  ASSERT_EQ(run("mkdir -p " + one + " && cp -r " + resumed + "/step-00000004 " + one + "/").status, 0);
-  const Outcome single = run(std::string(SHARDTRAIN_BIN) + " train " + root_ + "/config.yaml " + adafactor +
-                             "--launch.num_processes=1 --checkpoint.dir=" + one + " --resume");
-  ASSERT_EQ(single.status, 0) << single.output;
-  EXPECT_NE(single.output.find("at step 4 (another world size"), std::string::npos) << single.output;
-  EXPECT_EQ(saved_state(one + "/step-00000008", true).at(fc1 + "::exp_avg_sq_col").sizes(),
-            (std::vector<int64_t>{weight.size(1)}));
+  const auto one_state = resume_on_one_rank(resumed + "/step-00000004", adafactor, root_ + "/adafactor-one-rank");
+  EXPECT_EQ(one_state.at(fc1 + "::exp_avg_sq_col").sizes(), (std::vector<int64_t>{weight.size(1)}));
   EXPECT_GT(max_difference(state, saved_state(resumed + "/step-00000004", true)), 1e-3);  // it trained
 }
 
