@@ -104,9 +104,25 @@ struct Ddp::Impl : std::enable_shared_from_this<Ddp::Impl> {
     ++all_reduces;
   }
 
+  // Which parameters some rank gave a gradient in this backward (an all-reduce of the ranks' has_grad).
+  std::vector<char> used_anywhere() {
+    at::Tensor used = at::empty({static_cast<int64_t>(params.size())}, at::kFloat);
+    for (size_t i = 0; i < params.size(); ++i) used[static_cast<int64_t>(i)] = has_grad[i] ? 1.0f : 0.0f;
+    at::Tensor wire = used.to(group.device());
+    group.all_reduce(wire, dist::ReduceOp::MAX).wait();
+    used = wire.cpu();
+    std::vector<char> out(params.size());
+    for (size_t i = 0; i < params.size(); ++i) out[i] = used[static_cast<int64_t>(i)].item<float>() > 0;
+    return out;
+  }
+
   void finish_backward() {
     callback_queued = false;
-    // Parameters that took no part: an error naming the first, unless they count as zero.
+    // Parameters that took no part here: an error naming the first, unless find_unused_parameters. Then, as in
+    // PyTorch's DDP, one no rank used keeps its gradient as it was (none after zero_grad: optimizers skip it, so
+    // neither its moments nor weight decay move it); one another rank used gets the mean, this rank's share zero.
+    std::vector<char> used(params.size(), 1);
+    if (options.find_unused_parameters) used = used_anywhere();
     for (size_t i = 0; i < params.size(); ++i) {
       if (has_grad[i] || !params[i].requires_grad()) continue;
       if (!options.find_unused_parameters) {
@@ -116,7 +132,7 @@ struct Ddp::Impl : std::enable_shared_from_this<Ddp::Impl> {
                                  "DdpOptions::find_unused_parameters");
       }
       has_grad[i] = 1;
-      if (options.gradient_as_bucket_view) view_gradient_in_bucket(buckets[bucket_of[i]], i);
+      if (options.gradient_as_bucket_view && used[i]) view_gradient_in_bucket(buckets[bucket_of[i]], i);
       ++buckets[bucket_of[i]].ready;
     }
     launch_ready();
@@ -125,6 +141,7 @@ struct Ddp::Impl : std::enable_shared_from_this<Ddp::Impl> {
       b.work.wait();
       if (options.gradient_as_bucket_view) continue;  // the gradients are the bucket
       for (size_t k = 0; k < b.params.size(); ++k) {
+        if (!used[b.params[k]]) continue;
         const at::Tensor& p = params[b.params[k]];
         at::Tensor mean = b.flat.narrow(0, b.offsets[k], p.numel()).view(p.sizes());
         at::Tensor& grad = p.mutable_grad();

@@ -158,19 +158,29 @@ TEST(Ddp, UnusedParameterIsAnErrorNamingIt) {
   const torch::Tensor& y = batch.second;
   testing::expect_error<std::exception>([&] { torch::mse_loss(model(local_rows(x)), local_rows(y)).backward(); },
                                         {"parameter 'blocks2."});
-  // With find_unused_parameters the same model trains; the unused parameters get zero gradients.
+  // With find_unused_parameters the same model trains. A block no rank uses keeps no gradient (as PyTorch's DDP
+  // leaves it: optimizers skip it); one only rank 0 uses gets the mean over the ranks, equal everywhere.
+  const dist::Communicator& world = test_process_group().world();
   for (bool bucket_view : {false, true}) {
     Toy tolerant;
-    tolerant->active_blocks = 2;
+    tolerant->active_blocks = 1;
     DdpOptions options;
     options.find_unused_parameters = true;
     options.gradient_as_bucket_view = bucket_view;
-    replicate(tolerant.ptr(), test_process_group().world(), options);
+    replicate(tolerant.ptr(), world, options);
     for (int step = 0; step < 2; ++step) {  // the second: the bucket holds the first step's values
+      tolerant->active_blocks = world.rank() == 0 ? 2 : 1;
       for (auto& p : tolerant->parameters()) p.mutable_grad() = at::Tensor();
       torch::mse_loss(tolerant(local_rows(x)), local_rows(y)).backward();
-      EXPECT_EQ(tolerant->blocks[2]->fc1->weight.grad().abs().sum().item<double>(), 0.0);
-      EXPECT_GT(tolerant->blocks[1]->fc1->weight.grad().abs().sum().item<double>(), 0.0);
+      EXPECT_FALSE(tolerant->blocks[2]->fc1->weight.grad().defined()) << "no rank used blocks2";
+      const at::Tensor& rank0_only = tolerant->blocks[1]->fc1->weight.grad();
+      ASSERT_TRUE(rank0_only.defined());
+      EXPECT_GT(rank0_only.abs().sum().item<double>(), 0.0);
+      at::Tensor top = rank0_only.clone(), bottom = rank0_only.clone();
+      world.all_reduce(top, dist::ReduceOp::MAX).wait();
+      world.all_reduce(bottom, dist::ReduceOp::SUM).wait();
+      EXPECT_TRUE(torch::allclose(top * world.size(), bottom)) << "the same mean on every rank";
+      EXPECT_GT(tolerant->blocks[0]->fc1->weight.grad().abs().sum().item<double>(), 0.0);
     }
   }
 }

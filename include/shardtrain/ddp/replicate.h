@@ -25,7 +25,10 @@ namespace shardtrain::ddp {
 struct DdpOptions {
   double bucket_cap_mb = 25.0;  // bytes of gradients per bucket, in MiB (PyTorch's default)
   // false: a parameter that received no gradient in a backward is an error naming it (a model whose forward
-  // skips parameters would hang or diverge otherwise). true: such gradients count as zero.
+  // skips parameters would hang or diverge otherwise). true (PyTorch's find_unused_parameters): one more small
+  // all-reduce per backward finds which parameters some rank used; those get the mean (zero from the ranks that
+  // did not use them), and those no rank used keep their gradient as it was — none after zero_grad, so an optimizer
+  // leaves them alone, as with PyTorch's DDP and with fully_shard.
   bool find_unused_parameters = false;
   // Buffers are copied from rank 0 before every forward (needs a module deriving from nn::Interceptable; others
   // get them at replicate() only).
