@@ -69,7 +69,8 @@ class Adafactor : public torch::optim::Optimizer {
   // fill.
   AdafactorParamState& empty_state(const at::Tensor& param, int64_t step);
 
-  // Whether a state tensor of `param` is split by rows like it across the shard group (else whole on every rank).
+  // Whether `param`'s column statistics span all its rows, and so are whole and equal on every rank of the shard
+  // group (a matrix's); else they are split by rows like the parameter (a leading dimension before rows, columns).
   static bool column_statistics_are_whole(const at::Tensor& param) { return param.dim() == 2; }
 
  private:
