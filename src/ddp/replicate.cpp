@@ -105,15 +105,17 @@ struct Ddp::Impl : std::enable_shared_from_this<Ddp::Impl> {
   }
 
   // Which parameters some rank gave a gradient in this backward (an all-reduce of the ranks' has_grad).
+  // Filled and read through the host buffer, not element by element: this runs after every backward.
   std::vector<char> used_anywhere() {
-    at::Tensor used = at::empty({static_cast<int64_t>(params.size())}, at::kFloat);
-    for (size_t i = 0; i < params.size(); ++i) used[static_cast<int64_t>(i)] = has_grad[i] ? 1.0f : 0.0f;
+    const int64_t n = static_cast<int64_t>(params.size());
+    at::Tensor used = at::empty({n}, at::kFloat);
+    float* flags = used.data_ptr<float>();
+    for (int64_t i = 0; i < n; ++i) flags[i] = has_grad[static_cast<size_t>(i)] ? 1.0f : 0.0f;
     at::Tensor wire = used.to(group.device());
     group.all_reduce(wire, dist::ReduceOp::MAX).wait();
-    used = wire.cpu();
-    std::vector<char> out(params.size());
-    for (size_t i = 0; i < params.size(); ++i) out[i] = used[static_cast<int64_t>(i)].item<float>() > 0;
-    return out;
+    used = wire.cpu().contiguous();
+    flags = used.data_ptr<float>();
+    return std::vector<char>(flags, flags + n);  // 0 or 1 each
   }
 
   void finish_backward() {
