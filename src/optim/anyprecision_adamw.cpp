@@ -7,6 +7,7 @@
 #include <stdexcept>
 #include <string>
 
+#include "optim/anyprecision_kernel.h"
 #include "optim/closure.h"
 
 namespace shardtrain::optim {
@@ -81,10 +82,12 @@ AnyPrecisionAdamWParamState& AnyPrecisionAdamW::empty_state(const at::Tensor& pa
 // torchdistx's update, with LibTorch AdamW's order of operations (so that float32 without Kahan is bitwise
 // AdamW): decoupled weight decay, the moments in their own dtypes, the bias-corrected step, and with Kahan
 // summation the update added to the compensation first, then the parameter moved by it, then the compensation
-// left with what the parameter's dtype rounded away.
+// left with what the parameter's dtype rounded away. Parameters the fused kernel takes (anyprecision_kernel.h)
+// are collected and stepped by it in one pass at the end.
 at::Tensor AnyPrecisionAdamW::step(LossClosure closure) {
   const at::Tensor loss = evaluate_closure(closure);
   c10::AutoGradMode no_grad(false);
+  std::vector<AnyPrecisionTensors> fused;  // stepped together at the end
   for (auto& group : param_groups()) {
     const auto& o = static_cast<const AnyPrecisionAdamWOptions&>(group.options());
     const double beta1 = std::get<0>(o.betas()), beta2 = std::get<1>(o.betas());
@@ -102,6 +105,17 @@ at::Tensor AnyPrecisionAdamW::step(LossClosure closure) {
       const double bias_correction1 = 1 - std::pow(beta1, static_cast<double>(s.step()));
       const double bias_correction2 = 1 - std::pow(beta2, static_cast<double>(s.step()));
       const double step_size = o.lr() / bias_correction1;
+      if (o.fused() && fused_anyprecision_takes(p, grad, s.exp_avg(), s.exp_avg_sq(), s.compensation())) {
+        AdamWStepScalars scalars;
+        scalars.decay = 1 - o.lr() * o.weight_decay();
+        scalars.beta1 = beta1;
+        scalars.beta2 = beta2;
+        scalars.sqrt_bias_correction2 = std::sqrt(bias_correction2);
+        scalars.eps = o.eps();
+        scalars.step_size = step_size;
+        fused.push_back({p, grad, s.exp_avg(), s.exp_avg_sq(), s.compensation(), scalars});
+        continue;
+      }
       if (o.weight_decay() != 0) p.mul_(exact(1 - o.lr() * o.weight_decay()));
       s.exp_avg().mul_(exact(beta1)).add_(grad, 1 - beta1);
       s.exp_avg_sq().mul_(exact(beta2)).addcmul_(grad, grad, 1 - beta2);
@@ -117,6 +131,7 @@ at::Tensor AnyPrecisionAdamW::step(LossClosure closure) {
       }
     }
   }
+  fused_anyprecision_step(fused);
   return loss;
 }
 

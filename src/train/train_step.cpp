@@ -23,7 +23,7 @@ optim::AnyPrecisionAdamWOptions anyprecision_options(const config::OptimConfig& 
   optim::AnyPrecisionAdamWOptions a(o.lr);
   a.betas({o.betas[0], o.betas[1]}).eps(o.eps).weight_decay(weight_decay).use_kahan_summation(o.use_kahan_summation);
   a.momentum_dtype(scalar_type_of(o.momentum_dtype)).variance_dtype(scalar_type_of(o.variance_dtype));
-  a.compensation_buffer_dtype(scalar_type_of(o.compensation_buffer_dtype));
+  a.compensation_buffer_dtype(scalar_type_of(o.compensation_buffer_dtype)).fused(o.fused);
   return a;
 }
 

@@ -1,6 +1,7 @@
 // The optimizers against LibTorch's AdamW, step after step, with weight decay groups and parameters without
 // gradients: optim::FusedAdamW to float32 rounding (and its fallback to LibTorch's step, AMSGrad);
-// optim::AnyPrecisionAdamW bitwise in float32, and with bf16 weights and states, Kahan summation keeping the
+// optim::AnyPrecisionAdamW bitwise in float32 per operation (fused to rounding, and against its once-rounded
+// definition in other dtypes), and with bf16 weights and states, Kahan summation keeping the
 // weights near the float32 run where plain bf16 updates round away.
 #include <gtest/gtest.h>
 #include <torch/torch.h>
@@ -63,20 +64,29 @@ void expect_same(bool amsgrad) {
 TEST(FusedAdamW, MatchesLibTorchAdamWStepByStep) { expect_same(/*amsgrad=*/false); }
 TEST(FusedAdamW, AmsgradTakesLibTorchsStep) { expect_same(/*amsgrad=*/true); }
 
-TEST(AnyPrecisionAdamW, InFloat32WithoutKahanIsAdamWBitwise) {
+// The per-operation step is AdamW bitwise; the fused one (the default) to float32 rounding.
+TEST(AnyPrecisionAdamW, InFloat32WithoutKahanIsAdamW) {
   std::unique_ptr<torch::optim::AdamW> ref_keep;
-  std::unique_ptr<AnyPrecisionAdamW> any_keep;
   auto [ref, ref_opt] = run(adamw(false), ref_keep);
-  auto options = AnyPrecisionAdamWOptions(3e-2).betas({0.8, 0.95}).eps(1e-6).weight_decay(0.1);
-  options.momentum_dtype(at::kFloat).variance_dtype(at::kFloat);
-  auto [got, got_opt] = run(options, any_keep);
-  for (size_t i = 0; i < ref.size(); ++i) {
-    EXPECT_TRUE(torch::equal(got[i], ref[i])) << "parameter " << i;
-    const auto& a = static_cast<torch::optim::AdamWParamState&>(*ref_opt->state().at(ref[i].unsafeGetTensorImpl()));
-    const auto& b = static_cast<AnyPrecisionAdamWParamState&>(*got_opt->state().at(got[i].unsafeGetTensorImpl()));
-    EXPECT_EQ(a.step(), b.step());
-    EXPECT_TRUE(torch::equal(a.exp_avg(), b.exp_avg()) && torch::equal(a.exp_avg_sq(), b.exp_avg_sq()));
-    EXPECT_FALSE(b.compensation().defined());
+  for (bool fused : {false, true}) {
+    std::unique_ptr<AnyPrecisionAdamW> any_keep;
+    auto options = AnyPrecisionAdamWOptions(3e-2).betas({0.8, 0.95}).eps(1e-6).weight_decay(0.1).fused(fused);
+    options.momentum_dtype(at::kFloat).variance_dtype(at::kFloat);
+    auto [got, got_opt] = run(options, any_keep);
+    auto same = [&](const at::Tensor& a, const at::Tensor& b, double atol) {
+      return fused ? torch::allclose(a, b, 1e-5, atol) : torch::equal(a, b);
+    };
+    for (size_t i = 0; i < ref.size(); ++i) {
+      EXPECT_TRUE(same(got[i], ref[i], 1e-6)) << "fused " << fused << ", parameter " << i << " differs by "
+                                              << (got[i] - ref[i]).abs().max().item<double>();
+      const auto& a =
+          static_cast<torch::optim::AdamWParamState&>(*ref_opt->state().at(ref[i].unsafeGetTensorImpl()));
+      const auto& b = static_cast<AnyPrecisionAdamWParamState&>(*got_opt->state().at(got[i].unsafeGetTensorImpl()));
+      EXPECT_EQ(a.step(), b.step());
+      EXPECT_TRUE(same(a.exp_avg(), b.exp_avg(), 1e-7) && same(a.exp_avg_sq(), b.exp_avg_sq(), 1e-9))
+          << "fused " << fused << ", parameter " << i;
+      EXPECT_FALSE(b.compensation().defined());
+    }
   }
 }
 
@@ -89,9 +99,9 @@ TEST(AnyPrecisionAdamW, KahanSummationTracksFloat32WhereBf16Stalls) {
   const at::Tensor start = torch::rand({4096}) * 0.5 + 0.5;
   std::vector<at::Tensor> grads;
   for (int step = 0; step < 500; ++step) grads.push_back(torch::randn({4096}) + 0.5);  // a drift
-  auto train = [&](at::ScalarType dtype, bool kahan) {
+  auto train = [&](at::ScalarType dtype, bool kahan, bool fused) {
     at::Tensor w = start.to(dtype, /*non_blocking=*/false, /*copy=*/true).requires_grad_();
-    auto o = AnyPrecisionAdamWOptions(2e-4).use_kahan_summation(kahan);
+    auto o = AnyPrecisionAdamWOptions(2e-4).use_kahan_summation(kahan).fused(fused);
     o.momentum_dtype(dtype).variance_dtype(dtype).compensation_buffer_dtype(dtype);
     AnyPrecisionAdamW opt({w}, o);
     for (const at::Tensor& g : grads) {
@@ -100,13 +110,16 @@ TEST(AnyPrecisionAdamW, KahanSummationTracksFloat32WhereBf16Stalls) {
     }
     return w.detach().to(at::kFloat);
   };
-  const at::Tensor reference = train(at::kFloat, false);
+  const at::Tensor reference = train(at::kFloat, false, false);
   auto distance = [&](const at::Tensor& w) { return (w - reference).pow(2).mean().sqrt().item<double>(); };
-  const double plain = distance(train(at::kBFloat16, false)), kahan = distance(train(at::kBFloat16, true));
-  std::cout << "RMS distance to the float32 run after 500 steps: bf16 " << plain << ", bf16 with Kahan " << kahan
-            << " (float32 moved " << distance(start) << ")" << std::endl;
   EXPECT_GT(distance(start), 0.03) << "the float32 run should move the weights";
-  EXPECT_LT(kahan * 10, plain);
+  for (bool fused : {false, true}) {
+    const double plain = distance(train(at::kBFloat16, false, fused));
+    const double kahan = distance(train(at::kBFloat16, true, fused));
+    std::cout << (fused ? "fused" : "per operation") << ": RMS distance to the float32 run after 500 steps: bf16 "
+              << plain << ", bf16 with Kahan " << kahan << " (float32 moved " << distance(start) << ")" << std::endl;
+    EXPECT_LT(kahan * 10, plain) << "fused " << fused;
+  }
 }
 
 // bf16 moments take beta1 = 0.9 at float precision, as torchdistx's Python update does (LibTorch's mul_(Scalar)
@@ -115,7 +128,7 @@ TEST(AnyPrecisionAdamW, Bf16MomentsTakeTheBetasAtFloatPrecision) {
   torch::manual_seed(2);
   at::Tensor w = torch::randn({10000}).requires_grad_();
   const at::Tensor g = torch::randn({10000});
-  auto o = AnyPrecisionAdamWOptions(1e-3).momentum_dtype(at::kBFloat16).variance_dtype(at::kBFloat16);
+  auto o = AnyPrecisionAdamWOptions(1e-3).momentum_dtype(at::kBFloat16).variance_dtype(at::kBFloat16).fused(false);
   AnyPrecisionAdamW opt({w}, o);
   for (int step = 0; step < 2; ++step) {
     w.mutable_grad() = g;
@@ -127,6 +140,104 @@ TEST(AnyPrecisionAdamW, Bf16MomentsTakeTheBetasAtFloatPrecision) {
   const auto& s = static_cast<AnyPrecisionAdamWParamState&>(*opt.state().at(w.unsafeGetTensorImpl()));
   EXPECT_TRUE(torch::equal(s.exp_avg().to(at::kFloat), m2))
       << (s.exp_avg().to(at::kFloat) != m2).to(at::kFloat).mean().item<double>() << " of the moments differ";
+}
+
+// The fused step against its definition worked out in float64: LibTorch AdamW's operations, each tensor rounded to
+// its dtype once per step when stored, and with Kahan summation the compensation keeping what rounding the
+// parameter dropped. Float32 arithmetic makes the kernel land on the other side of a rounding boundary now and then
+// (one bf16 spacing); the per-operation step, rounding after every operation, differs from the definition far
+// more often.
+TEST(AnyPrecisionAdamW, FusedStepRoundsEachTensorOnce) {
+  const double lr = 1e-2, b1 = 0.9, b2 = 0.99, eps = 1e-8, wd = 0.1;
+  struct Case {
+    at::ScalarType param, moments, compensation;
+    bool kahan;
+  };
+  for (const Case& k : {Case{at::kBFloat16, at::kBFloat16, at::kBFloat16, true},
+                        Case{at::kBFloat16, at::kFloat, at::kFloat, true},
+                        Case{at::kFloat, at::kBFloat16, at::kBFloat16, true},
+                        Case{at::kBFloat16, at::kBFloat16, at::kBFloat16, false}}) {
+    torch::manual_seed(3);
+    const int64_t n = 300001;  // several threads' ranges and a partial chunk
+    const at::Tensor start = torch::randn({n}) * 0.3, grads = torch::randn({4, n});
+    auto train = [&](bool fused) {
+      at::Tensor w = start.to(k.param, /*non_blocking=*/false, /*copy=*/true).requires_grad_();
+      auto o = AnyPrecisionAdamWOptions(lr).betas({b1, b2}).eps(eps).weight_decay(wd).fused(fused);
+      o.momentum_dtype(k.moments).variance_dtype(k.moments).compensation_buffer_dtype(k.compensation);
+      AnyPrecisionAdamW opt({w}, o.use_kahan_summation(k.kahan));
+      for (int64_t step = 0; step < grads.size(0); ++step) {
+        w.mutable_grad() = grads[step].to(k.param);
+        opt.step();
+      }
+      const auto& s = static_cast<AnyPrecisionAdamWParamState&>(*opt.state().at(w.unsafeGetTensorImpl()));
+      return std::vector<at::Tensor>{w.detach().to(at::kDouble), s.exp_avg().to(at::kDouble),
+                                     s.exp_avg_sq().to(at::kDouble)};
+    };
+    // The definition in float64, rounding where the fused step stores.
+    auto round = [](const at::Tensor& t, at::ScalarType dtype) { return t.to(dtype).to(at::kDouble); };
+    at::Tensor p = round(start, k.param), m = torch::zeros({n}, at::kDouble), v = m.clone(), c = m.clone();
+    for (int64_t step = 1; step <= grads.size(0); ++step) {
+      const at::Tensor g = round(grads[step - 1], k.param);
+      const at::Tensor m1 = m * b1 + (1 - b1) * g, v1 = v * b2 + (1 - b2) * g * g;
+      const double bc1 = 1 - std::pow(b1, step), bc2 = 1 - std::pow(b2, step);
+      const at::Tensor update = -(lr / bc1) * m1 / (v1.sqrt() / std::sqrt(bc2) + eps), decayed = p * (1 - lr * wd);
+      if (k.kahan) {
+        const at::Tensor c1 = c + update, moved = round(decayed + c1, k.param);
+        c = round(c1 + (decayed - moved), k.compensation);
+        p = moved;
+      } else {
+        p = round(decayed + update, k.param);
+      }
+      m = round(m1, k.moments);
+      v = round(v1, k.moments);
+    }
+    const std::vector<at::Tensor> want{p, m, v}, fused = train(true), per_op = train(false);
+    const char* names[] = {"parameter", "exp_avg", "exp_avg_sq"};
+    // Where the fused step may stand from the definition: one spacing of the stored dtype (bf16: 2^-7 relative
+    // at most; float32's, with float32 arithmetic), twice over because a moment one spacing off is carried into
+    // the next step by beta. Below that, at the scale of the terms summed, where cancellation leaves their
+    // rounding: (1 - beta1) g for the first moment, and for the parameter the updates, each lr at most, through
+    // moments a spacing apart.
+    auto spacing = [](at::ScalarType t) { return t == at::kBFloat16 ? 1.0 / 128 : 1e-6; };
+    const double steps = static_cast<double>(grads.size(0));
+    const double floors[] = {lr * steps * spacing(k.moments) / spacing(k.param), 1 - b1, 0};
+    for (size_t i = 0; i < want.size(); ++i) {
+      const at::ScalarType stored = i == 0 ? k.param : k.moments;
+      const bool bf16 = stored == at::kBFloat16;
+      const at::Tensor tolerance = (want[i].abs() + floors[i]) * 2 * spacing(stored) + 1e-30;
+      const double fused_worst = ((fused[i] - want[i]).abs() / tolerance).max().item<double>();
+      const double fused_off = (fused[i] != want[i]).to(at::kDouble).mean().item<double>();
+      const double per_op_off = (per_op[i] != want[i]).to(at::kDouble).mean().item<double>();
+      std::cout << names[i] << " (param " << c10::toString(k.param) << ", state " << c10::toString(k.moments)
+                << (k.kahan ? ", Kahan" : "") << "): fused differs from the definition in " << fused_off
+                << " of the elements (at most " << fused_worst << " spacing), per operation in " << per_op_off
+                << std::endl;
+      EXPECT_LE(fused_worst, 1.0) << names[i];
+      if (bf16) {
+        EXPECT_LT(fused_off, 0.02) << names[i];
+        EXPECT_LT(fused_off * 10, per_op_off) << names[i];
+      }
+    }
+  }
+}
+
+// What the kernel does not take — float16, a non-contiguous parameter — takes the per-operation step, exactly.
+TEST(AnyPrecisionAdamW, FusedFallsBackToOperationsForWhatItDoesNotTake) {
+  for (int kind = 0; kind < 2; ++kind) {
+    auto train = [&](bool fused) {
+      torch::manual_seed(4);
+      at::Tensor w = kind == 0 ? torch::randn({300}).to(at::kHalf) : torch::randn({20, 15}).t();
+      w = w.detach().requires_grad_();
+      auto o = AnyPrecisionAdamWOptions(1e-2).weight_decay(0.1).use_kahan_summation(true).fused(fused);
+      AnyPrecisionAdamW opt({w}, o);
+      for (int step = 0; step < 3; ++step) {
+        w.mutable_grad() = torch::randn(w.sizes()).to(w.scalar_type());
+        opt.step();
+      }
+      return w.detach().clone();
+    };
+    EXPECT_TRUE(torch::equal(train(true), train(false))) << (kind == 0 ? "float16" : "non-contiguous");
+  }
 }
 
 TEST(AnyPrecisionAdamW, BadOptionsAreNamed) {

@@ -141,8 +141,9 @@ struct OptimConfig {
   LrSchedule schedule = LrSchedule::COSINE;
   int64_t warmup_steps = 100;  // linear from 0 to lr
   double min_lr_ratio = 0.1;   // the schedule ends at lr * min_lr_ratio
-  // The step as one fused kernel per device and dtype (optim::FusedAdamW) instead of LibTorch's per-tensor loop;
-  // the same results to float32 rounding.
+  // The step as one fused kernel per device and dtype (optim::FusedAdamW) instead of LibTorch's per-tensor loop,
+  // the same results to float32 rounding; for anyprecision_adamw one pass over all CPU float32/bf16 parameters,
+  // rounding each tensor once per step instead of after every operation.
   bool fused = true;
   // anyprecision_adamw: the moments' dtypes, and Kahan summation with a compensation buffer of its own dtype.
   bool use_kahan_summation = false;

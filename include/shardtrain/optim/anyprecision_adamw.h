@@ -5,7 +5,8 @@
 // 4 + 4 + 4 + 4 for float32 masters with AdamW, and without the compensation, small updates to bf16 weights round
 // away entirely.
 //
-// With every dtype float32 and no Kahan summation it computes exactly what torch::optim::AdamW computes. Scalars
+// With every dtype float32 and no Kahan summation it computes what torch::optim::AdamW computes (bitwise with
+// fused(false), to float32 rounding fused). Scalars
 // (betas, eps, decay) enter its bf16 and float16 ops at float precision, as in torchdistx's Python.
 #pragma once
 
@@ -26,6 +27,9 @@ struct AnyPrecisionAdamWOptions : public torch::optim::OptimizerCloneableOptions
   TORCH_ARG(at::ScalarType, momentum_dtype) = at::kBFloat16;
   TORCH_ARG(at::ScalarType, variance_dtype) = at::kBFloat16;
   TORCH_ARG(at::ScalarType, compensation_buffer_dtype) = at::kBFloat16;
+  // One pass over each parameter's memory on the CPU (float32 and bf16 tensors, contiguous), with float32
+  // arithmetic and each tensor rounded once; false, or other tensors: ATen's operations, rounded after each.
+  TORCH_ARG(bool, fused) = true;
 
  public:
   double get_lr() const override { return lr(); }
