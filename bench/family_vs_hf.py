@@ -1,7 +1,7 @@
 """Every model family of the zoo against Hugging Face transformers on the same training step, in one run: a model
 of a few tens of millions of parameters per family (transformers builds it with random weights and saves it as a
 model directory; shardtrain builds its own from that directory's config.json and weights), one batch at a
-realistic sequence length, the model's own loss, backward and fused AdamW, both sides launched alike through
+realistic sequence length (FLAVA: one of each kind it pretrains on, image-text, text only, image only), the model's own loss, backward and fused AdamW, both sides launched alike through
 `shardtrain launch` and their memory counted by shardtrain's allocator (bench/family_bench.cpp,
 bench/hf_family_step.py). Prints median step time, peak CPU memory of the largest rank, their ratios (ours over
 theirs), and how far the losses are apart (the first step's is the same computation on the same weights).
@@ -32,8 +32,9 @@ BATCH = 8  # rows of the global batch: W = 1, 2, 4 all divide it
 
 
 def models_and_batches():
-    """Per family: (transformers model, batch under data::Batch's names, what it is). Dropout off on both sides, so
-    that the first step is the same computation."""
+    """Per family: (transformers model, [(name, batch under data::Batch's names, what it is)]): one batch, and for
+    FLAVA one of each kind it pretrains on (image-text, text, image). Dropout off on both sides, so that the first
+    step is the same computation."""
     g = torch.Generator().manual_seed(0)
     out = {}
 
@@ -51,14 +52,15 @@ def models_and_batches():
     labels = torch.full_like(ids, -100)
     chosen = torch.rand(ids.shape, generator=g) < 0.15
     labels[chosen], masked[chosen] = ids[chosen], 103
-    out["bert"] = (transformers.BertForMaskedLM(bert), dict(input_ids_masked=masked, attention_mask=mask,
-                                                            mlm_labels=labels), "6 x 512, seq 128")
+    out["bert"] = (transformers.BertForMaskedLM(bert), [("bert", dict(input_ids_masked=masked, attention_mask=mask,
+                                                                      mlm_labels=labels), "6 x 512, seq 128")])
 
     vit = transformers.ViTConfig(hidden_size=512, num_hidden_layers=6, num_attention_heads=8, intermediate_size=2048,
                                  num_labels=1000, architectures=["ViTForImageClassification"])
     out["vit"] = (transformers.ViTForImageClassification(vit),
-                  dict(pixels=torch.randn(BATCH, 3, 224, 224, generator=g),
-                       labels=torch.randint(0, 1000, (BATCH,), generator=g)), "6 x 512, 224 px / 16 (197 tokens)")
+                  [("vit", dict(pixels=torch.randn(BATCH, 3, 224, 224, generator=g),
+                                labels=torch.randint(0, 1000, (BATCH,), generator=g)),
+                    "6 x 512, 224 px / 16 (197 tokens)")])
 
     t5 = transformers.T5Config(d_model=512, d_kv=64, d_ff=2048, num_layers=4, num_heads=8, feed_forward_proj="relu",
                                dropout_rate=0.0, decoder_start_token_id=0, pad_token_id=0, eos_token_id=1,
@@ -66,16 +68,16 @@ def models_and_batches():
     ids, mask = text(t5.vocab_size, 128)
     target = torch.randint(5, t5.vocab_size, (BATCH, 32), generator=g)
     target[2, 24:] = -100
-    out["t5"] = (transformers.T5ForConditionalGeneration(t5), dict(input_ids=ids, attention_mask=mask, labels=target),
-                 "4+4 x 512, seq 128 -> 32")
+    out["t5"] = (transformers.T5ForConditionalGeneration(t5),
+                 [("t5", dict(input_ids=ids, attention_mask=mask, labels=target), "4+4 x 512, seq 128 -> 32")])
 
     llama = transformers.LlamaConfig(vocab_size=32000, hidden_size=512, intermediate_size=1408, num_hidden_layers=6,
                                      num_attention_heads=8, num_key_value_heads=4, max_position_embeddings=2048,
                                      tie_word_embeddings=False, architectures=["LlamaForCausalLM"])
     ids, mask = text(llama.vocab_size, 256)
     out["llama"] = (transformers.LlamaForCausalLM(llama),
-                    dict(input_ids=ids, attention_mask=mask, labels=ids.masked_fill(mask == 0, -100)),
-                    "6 x 512, seq 256")
+                    [("llama", dict(input_ids=ids, attention_mask=mask, labels=ids.masked_fill(mask == 0, -100)),
+                      "6 x 512, seq 256")])
 
     common = dict(hidden_size=384, intermediate_size=1536, num_attention_heads=6)
     flava = transformers.FlavaConfig(
@@ -88,12 +90,14 @@ def models_and_batches():
     chosen = torch.rand(ids.shape, generator=g) < 0.15
     mlm[chosen], masked[chosen] = ids[chosen], 103
     patches = torch.rand(BATCH, 196, generator=g) < 0.4
+    text_part = dict(input_ids=ids, input_ids_masked=masked, attention_mask=mask, mlm_labels=mlm)
+    image_part = dict(pixels=torch.randn(BATCH, 3, 224, 224, generator=g),
+                      codebook_pixels=torch.rand(BATCH, 3, 112, 112, generator=g), masked_patches=patches)
     out["flava"] = (transformers.FlavaForPreTraining(flava),
-                    dict(input_ids=ids, input_ids_masked=masked, attention_mask=mask, mlm_labels=mlm,
-                         pixels=torch.randn(BATCH, 3, 224, 224, generator=g),
-                         codebook_pixels=torch.rand(BATCH, 3, 112, 112, generator=g), masked_patches=patches,
-                         itm_labels=torch.tensor([1, 0] * (BATCH // 2))),
-                    "4+4+2 x 384, image-text, text 64, 224 px")
+                    [("flava", dict(text_part, **image_part, itm_labels=torch.tensor([1, 0] * (BATCH // 2))),
+                      "4+4+2 x 384, image-text, text 64, 224 px"),
+                     ("flava text", text_part, "4+4+2 x 384, text only (MLM), 64"),
+                     ("flava image", image_part, "4+4+2 x 384, image only (MIM), 224 px")])
     return out
 
 
@@ -114,7 +118,7 @@ def main():
     rows = []
     with tempfile.TemporaryDirectory(prefix="shardtrain-family-bench-") as tmp:
         for family in families:
-            model, batch, what = made[family]
+            model, batches = made[family]
             torch.manual_seed(1)
             with torch.no_grad():  # transformers zero-initialises biases: random values are a fairer test
                 for prm in model.parameters():
@@ -122,38 +126,39 @@ def main():
             d = os.path.join(tmp, family)
             model.save_pretrained(d, safe_serialization=True)
             params = sum(prm.numel() for prm in model.parameters())
-            save_file({k: v.contiguous() for k, v in batch.items()}, os.path.join(d, "batch.safetensors"))
-            common = ["--model", d, "--batch", os.path.join(d, "batch.safetensors"), "--steps", str(a.steps),
-                      "--warmup", str(a.warmup)]
-            for world in worlds:
-                cases = [("plain", False)] if world == 1 else [("full_shard", False), ("shard_grad_op", False),
-                                                                ("full_shard", True)]
-                for mode, checkpoint in cases:
-                    extra = ["--mode", mode] + (["--checkpoint"] if checkpoint else [])
-                    label = f"{family} W={world} {mode}{' +AC' if checkpoint else ''}"
-                    print(f"  running {label}", file=sys.stderr, flush=True)
-                    launch = [launcher, "launch", "--nproc-per-node", str(world), "--"]
-                    o = bench_common.run_result(launch + [ours] + common + extra)
-                    t = bench_common.run_result(launch + [sys.executable, os.path.join(here, "hf_family_step.py"), "--memhook", memhook] +
-                            common + extra)
-                    rows.append((label, what, params, o, t))
+            for name, batch, what in batches:
+                batch_file = os.path.join(d, name.replace(" ", "-") + ".safetensors")
+                save_file({k: v.contiguous() for k, v in batch.items()}, batch_file)
+                common = ["--model", d, "--batch", batch_file, "--steps", str(a.steps), "--warmup", str(a.warmup)]
+                for world in worlds:
+                    cases = [("plain", False)] if world == 1 else [("full_shard", False), ("shard_grad_op", False),
+                                                                    ("full_shard", True)]
+                    for mode, checkpoint in cases:
+                        extra = ["--mode", mode] + (["--checkpoint"] if checkpoint else [])
+                        label = f"{name} W={world} {mode}{' +AC' if checkpoint else ''}"
+                        print(f"  running {label}", file=sys.stderr, flush=True)
+                        launch = [launcher, "launch", "--nproc-per-node", str(world), "--"]
+                        o = bench_common.run_result(launch + [ours] + common + extra)
+                        t = bench_common.run_result(launch + [sys.executable, os.path.join(here, "hf_family_step.py"),
+                                                              "--memhook", memhook] + common + extra)
+                        rows.append((label, what, params, o, t))
 
     print(f"\nshardtrain vs transformers{' (+ FSDP2 at W > 1)' if max(worlds) > 1 else ''}: global batch {BATCH}, "
           f"{a.steps} timed steps (median of the slowest rank), peak = most CPU bytes live on any rank during them;"
           f" ratios ours / theirs\n")
-    print(f"{'run':28s} {'params':>7s} {'ours ms':>9s} {'hf ms':>9s} {'time':>6s} {'ours MB':>8s} {'hf MB':>8s} "
+    print(f"{'run':32s} {'params':>7s} {'ours ms':>9s} {'hf ms':>9s} {'time':>6s} {'ours MB':>8s} {'hf MB':>8s} "
           f"{'mem':>6s} {'loss 1 diff':>11s} {'last diff':>9s}   model")
     for label, what, params, o, t in rows:
         first = abs(o["losses"][0] - t["losses"][0]) / abs(t["losses"][0])
         last = abs(o["losses"][-1] - t["losses"][-1]) / abs(t["losses"][-1])
-        print(f"{label:28s} {params / 1e6:6.1f}M {o['step_ms']:9.1f} {t['step_ms']:9.1f} "
+        print(f"{label:32s} {params / 1e6:6.1f}M {o['step_ms']:9.1f} {t['step_ms']:9.1f} "
               f"{o['step_ms'] / t['step_ms']:5.2f}x {o['peak_bytes'] / 2**20:8.1f} {t['peak_bytes'] / 2**20:8.1f} "
               f"{o['peak_bytes'] / t['peak_bytes']:5.2f}x {first:11.1e} {last:9.1e}   {what}")
     print("\npeak MB by phase (forward with the loss, backward, optimizer step), ours / theirs:")
     for label, what, params, o, t in rows:
         phases = "  ".join(f"{x / 2**20:7.1f} / {y / 2**20:7.1f}" for x, y in zip(o["phase_peak_bytes"],
                                                                               t["phase_peak_bytes"]))
-        print(f"{label:28s} {phases}")
+        print(f"{label:32s} {phases}")
 
 
 if __name__ == "__main__":

@@ -25,20 +25,25 @@ void foreach_all_gather_copy_out(AllGatherResult& result, std::vector<FsdpParam>
 }
 
 ReduceScatterResult foreach_reduce_scatter(std::vector<at::Tensor>& full_grads, const std::vector<FsdpParam>& params,
-                                           const std::vector<int64_t>& offsets, int64_t shard_numel,
                                            at::ScalarType dtype, const at::Device& device, dist::ReduceOp op,
                                            const dist::Communicator& group) {
+  ReduceScatterResult r;
+  int64_t shard_numel = 0;
+  for (const FsdpParam& p : params) {
+    const bool takes_part = p.param().requires_grad();
+    r.offsets.push_back(takes_part ? shard_numel : -1);
+    if (takes_part) shard_numel += p.shard_numel();
+  }
   const bool group_of_one = group.size() == 1;
   at::Tensor input = at::zeros({(group_of_one ? 1 : group.size()) * shard_numel},
                                at::TensorOptions().dtype(dtype).device(device));
   std::vector<float> local_flags(params.size(), 0.0f);
   for (size_t i = 0; i < params.size(); ++i) {
-    if (!full_grads[i].defined()) continue;
-    params[i].copy_grad_out(full_grads[i], input, shard_numel, offsets[i]);
+    if (!full_grads[i].defined() || r.offsets[i] < 0) continue;
+    params[i].copy_grad_out(full_grads[i], input, shard_numel, r.offsets[i]);
     full_grads[i] = at::Tensor();
     local_flags[i] = 1.0f;
   }
-  ReduceScatterResult r;
   r.has_gradient = at::tensor(local_flags).to(group.device());  // NCCL reduces CUDA tensors only
   if (group_of_one) {
     r.output = std::move(input);

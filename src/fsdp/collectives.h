@@ -35,19 +35,22 @@ AllGatherResult foreach_all_gather(const at::Tensor& sharded_flat, int64_t shard
 void foreach_all_gather_copy_out(AllGatherResult& result, std::vector<FsdpParam>& params,
                                  const std::vector<int64_t>& offsets, int64_t shard_numel);
 
-// A reduction in flight: `output` (S) in the reduce dtype, this rank's reduced rows, valid after work->wait();
+// A reduction in flight: `output` (G) in the reduce dtype, this rank's reduced rows of the parameters that take part
+// (those requiring a gradient), back to back at `offsets` (-1: not reduced), valid after work->wait(); G <= S.
 // `has_gradient` (params) 1.0 where this rank contributed a gradient, on the group's device.
 struct ReduceScatterResult {
   at::Tensor output;
+  std::vector<int64_t> offsets;
   at::Tensor has_gradient;
   std::optional<dist::Work> work;  // until waited; an empty Work for a group of one, which communicates nothing
 };
 
 // Copies the full gradients (undefined: the parameter got none, counted as zero) into a new reduce-scatter input
-// in `dtype` on `device`, dropping each full gradient once copied (at most one full gradient and the input alive),
-// and issues the reduce-scatter with `op`. A group of one communicates nothing: the input is the output.
+// (W * G) in `dtype` on `device`, dropping each full gradient once copied (at most one full gradient and the input
+// alive), and issues the reduce-scatter with `op`. Parameters that require no gradient take no room: a frozen
+// parameter's rows would be reduced as zeros (FLAVA's frozen image codebook, half its root unit, would make that
+// unit's reduction input twice the size). A group of one communicates nothing: the input is the output.
 ReduceScatterResult foreach_reduce_scatter(std::vector<at::Tensor>& full_grads, const std::vector<FsdpParam>& params,
-                                           const std::vector<int64_t>& offsets, int64_t shard_numel,
                                            at::ScalarType dtype, const at::Device& device, dist::ReduceOp op,
                                            const dist::Communicator& group);
 

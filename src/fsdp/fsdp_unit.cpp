@@ -302,11 +302,15 @@ void FsdpUnit::Impl::reduce_scatter_gradients() {
     return after_reduce_scatter(TrainingState::POST_BACKWARD);
   }
   // Gradients missing at the end of backward (parameters that did not take part here) count as zero in the
-  // reduction; install_gradients leaves grad undefined where no rank had one.
-  reduction = foreach_reduce_scatter(full, params, offsets, unit_shard_numel, dtype, compute_device, reduction_op(),
-                                     group);
+  // reduction; install_gradients leaves grad undefined where no rank had one. Frozen parameters take no part at
+  // all, and a unit of frozen parameters only reduces nothing.
+  if (std::none_of(params.begin(), params.end(), [](const FsdpParam& p) { return p.param().requires_grad(); })) {
+    return after_reduce_scatter(TrainingState::IDLE);
+  }
+  reduction = foreach_reduce_scatter(full, params, dtype, compute_device, reduction_op(), group);
   schedule->reducing = weak_from_this();
   ++schedule->stats.reduce_scatters;
+  schedule->stats.reduce_scatter_input_bytes += group.size() * static_cast<int64_t>(reduction->output.nbytes());
   schedule->stats.peak_reductions_in_flight =
       std::max(schedule->stats.peak_reductions_in_flight, ++schedule->reductions_in_flight);
   after_reduce_scatter(TrainingState::POST_BACKWARD);
@@ -358,8 +362,9 @@ void FsdpUnit::Impl::install_gradients() {
   const at::Tensor flags = has_gradient.to(at::kCPU);
   const float* took_part = flags.data_ptr<float>();
   for (size_t i = 0; i < params.size(); ++i) {
-    if (!params[i].param().requires_grad() || took_part[i] == 0.0f) continue;
-    at::Tensor reduced = params[i].as_shard(output.narrow(0, offsets[i], params[i].shard_numel()));
+    const int64_t offset = reduction->offsets[i];
+    if (!params[i].param().requires_grad() || offset < 0 || took_part[i] == 0.0f) continue;
+    at::Tensor reduced = params[i].as_shard(output.narrow(0, offset, params[i].shard_numel()));
     if (offloaded()) reduced = reduced.to(sharded_flat.device());  // the gradient joins its shard on the CPU
     // A tensor of its own in the parameters' dtype, not a view of the output: optimizers' zero_grad() detaches
     // gradients in place, which views do not allow.
@@ -395,8 +400,12 @@ nn::TensorVec FsdpInterceptor::around(torch::nn::Module& /*module*/, nn::TensorV
     if (schedule.root == &u) schedule.recording = false;
   }
   // Without grad mode no backward follows to reshard the unit, so it reshards now whatever the strategy (the
-  // optimizer must never see full parameters).
-  if (u.options.reshard_after_forward || !at::GradMode::is_enabled()) u.reshard();
+  // optimizer must never see full parameters). The root stays gathered for the backward that starts right after
+  // its forward, as in FSDP2: resharding it would only gather it again at once, holding the gathered buffer and
+  // the full parameters together while every activation is alive (FLAVA's root, frozen codebook included, is
+  // 3/4 of the model).
+  const bool backward_follows = at::GradMode::is_enabled();
+  if (!backward_follows || (u.options.reshard_after_forward && schedule.root != &u)) u.reshard();
   u.set_training(TrainingState::IDLE);
   for (auto& out : outputs) out = cast_if_floating(out, mp.output_dtype);
   if (at::GradMode::is_enabled()) {

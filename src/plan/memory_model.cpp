@@ -148,6 +148,8 @@ MemoryEstimate estimate_training_memory(const models::ModelRecipe& recipe, const
   const size_t layer_units = units.numel.size() - 1;
   const int64_t largest_layer =
       layer_units > 0 ? *std::max_element(units.numel.begin(), units.numel.end() - 1) : 0;
+  const int64_t largest_layer_trainable =
+      layer_units > 0 ? *std::max_element(units.trainable.begin(), units.trainable.end() - 1) : 0;
   const int64_t root_unit = units.numel.back(), root_trainable = units.trainable.back();
 
   // Sharded state: each unit's parameters split over the shard group (padded to a multiple of it); gradients and
@@ -178,7 +180,7 @@ MemoryEstimate estimate_training_memory(const models::ModelRecipe& recipe, const
   const bool reduces = (gathers && shard > 1) || replicated_fsdp;
   const int64_t layer_full_grads = reduces ? largest_layer * ce : 0;
   const int64_t root_full_grads = reduces ? root_trainable * ce : 0;
-  // A reduce-scatter holds its flat input (the whole unit, frozen parameters included, in the reduce dtype: bf16
+  // A reduce-scatter holds its flat input (the unit's trainable parameters, in the reduce dtype: bf16
   // reduces in bf16, fp16 in float32), Gloo's receive buffer of the same size, and the output shard; on the CPU a
   // bf16 reduction sums the received chunks through float32 copies (ATen's reductions accumulate in float). A
   // replicated unit (NO_SHARD) all-reduces its flat buffer in place.
@@ -193,7 +195,7 @@ MemoryEstimate estimate_training_memory(const models::ModelRecipe& recipe, const
   if (job.strategy == Strategy::kDdp && job.world > 1) {
     comm = std::min<int64_t>(2 * 25 * 1024 * 1024, e.parameters * pe);
   } else if (reduces) {
-    comm = reduce_scatter(largest_layer);
+    comm = reduce_scatter(largest_layer_trainable);
   }
   // A tied tensor (word embeddings shared with the LM head) gets two gradients, summed into a third at the end
   // (in the compute dtype when gathered, else in the parameters' own).
@@ -232,11 +234,10 @@ MemoryEstimate estimate_training_memory(const models::ModelRecipe& recipe, const
   const int64_t forward_layers = (reshard ? root_g + 2 * layer_g : all_g) + kept;
   e.forward_bytes = base + std::max({forward_start, forward_loss, forward_layers});
 
-  // Backward starts by gathering the root again when it was resharded after forward (its hook fires with the loss's
-  // gradient, before the loss's backward), then the loss's gradients arrive with the last layer prefetched.
+  // Backward starts with the root still gathered from its forward (the root is never resharded between its forward
+  // and the backward that follows), the loss's gradients arriving with the last layer prefetched.
   const int64_t prefetched = reshard ? layer_g : 0;
-  const int64_t backward_start = kept + (reshard ? std::max(2 * root_g, root_g + prefetched + act.backward_transient)
-                                                 : held_g + act.backward_transient);
+  const int64_t backward_start = kept + held_g + prefetched + act.backward_transient;
   // Layer i (1 = the last) computing its backward: the layers below it still keep their activations, those above
   // have handed in their gradients.
   int64_t backward_walk = 0, walk_gathered = 0, walk_in_flight = 0, walk_root_grads = 0;
@@ -259,7 +260,7 @@ MemoryEstimate estimate_training_memory(const models::ModelRecipe& recipe, const
   // parameters are dropped.
   // (Every layer has been resharded after its backward by then: only the root is gathered.)
   const int64_t backward_end = std::max(root_g + new_grads + root_full_grads + tied_sum,
-                                        reduces ? new_grads + reduce_scatter(root_unit) : 0);
+                                        reduces ? new_grads + reduce_scatter(root_trainable) : 0);
   const int64_t backward_peak = std::max({backward_start, backward_walk, backward_end});
   e.backward_bytes = base + backward_peak;
 
@@ -329,16 +330,12 @@ MemoryEstimate estimate_training_memory(const models::ModelRecipe& recipe, const
                             : backward_peak == backward_walk ? "layers"
                                                              : "end";
   if (where == "start") {
-    const bool regather = reshard && 2 * root_g > root_g + prefetched + act.backward_transient;
-    e.terms.push_back({"gathered parameters", regather ? 2 * root_g : held_g + prefetched,
+    e.terms.push_back({"gathered parameters", held_g + prefetched,
                        !gathers  ? "none: a group of one holds its parameters"
-                       : regather ? "the root unit, gathered again for backward (held twice)"
-                       : reshard  ? "the root unit, and the last layer prefetched"
-                                  : "every unit, gathered since forward"});
+                       : reshard ? "the root unit, and the last layer prefetched"
+                                 : "every unit, gathered since forward"});
     e.terms.push_back({"activations", kept, describe_activations(act, ac)});
-    if (!regather) {
-      e.terms.push_back({"loss gradients", act.backward_transient, "log-softmax's result's gradient and the logits'"});
-    }
+    e.terms.push_back({"loss gradients", act.backward_transient, "log-softmax's result's gradient and the logits'"});
   } else if (where == "layers") {
     e.terms.push_back({"gathered parameters", walk_gathered,
                        reshard ? "the root unit and a layer with the next prefetched"
@@ -349,10 +346,10 @@ MemoryEstimate estimate_training_memory(const models::ModelRecipe& recipe, const
                        backward_walk - walk_gathered - walk_in_flight - layer_full_grads - walk_root_grads,
                        "the layers not yet done" + std::string(ac ? ", one layer replayed" : "") +
                            ", the gradients of those done"});
-  } else if (reduces && reduce_scatter(root_unit) > root_g + root_full_grads + tied_sum) {
+  } else if (reduces && reduce_scatter(root_trainable) > root_g + root_full_grads + tied_sum) {
     e.terms.push_back({"gradients", new_grads, "4 B per trainable parameter" + per});
-    e.terms.push_back({"root reduce-scatter", reduce_scatter(root_unit),
-                       "its flat input (frozen parameters included), Gloo's receive buffer, the output shard"});
+    e.terms.push_back({"root reduce-scatter", reduce_scatter(root_trainable),
+                       "its flat input (trainable parameters), Gloo's receive buffer, the output shard"});
   } else {
     e.terms.push_back({"gathered parameters", root_g, "the root unit"});
     e.terms.push_back({"gradients", new_grads + root_full_grads, "4 B per trainable parameter" + per +

@@ -179,10 +179,12 @@ Run train_sharded(const Config& c) {
     at::Tensor out = model(x.narrow(0, r * local, local));
     EXPECT_EQ(out.scalar_type(), torch::kFloat) << c.label();
     at::Tensor loss = torch::mse_loss(out, y.narrow(0, r * local, local));
-    // Instrumentation: after forward, units hold full parameters only when not resharding.
-    for (const FsdpUnit& unit : units_of(model.ptr())) {
-      EXPECT_EQ(unit.state(), c.reshard_after_forward ? ShardState::SHARDED : ShardState::UNSHARDED)
-          << c.label() << " " << unit.module_name();
+    // Instrumentation: after forward, units hold full parameters only when not resharding, and the root, whose
+    // backward follows at once (as in FSDP2; units_of lists it first).
+    const std::vector<FsdpUnit> units = units_of(model.ptr());
+    for (size_t i = 0; i < units.size(); ++i) {
+      EXPECT_EQ(units[i].state(), c.reshard_after_forward && i > 0 ? ShardState::SHARDED : ShardState::UNSHARDED)
+          << c.label() << " " << units[i].module_name();
     }
     (scaler ? scaler->scale(loss) : loss).backward();
     for (const FsdpUnit& unit : units_of(model.ptr())) EXPECT_EQ(unit.state(), ShardState::SHARDED) << c.label();

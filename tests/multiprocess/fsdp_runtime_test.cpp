@@ -57,7 +57,8 @@ TEST(FsdpRuntime, NoSyncAccumulatesLocallyThenReducesTheSum) {
 
 TEST(FsdpRuntime, NoReshardAfterBackwardSkipsTheNextGathers) {
   // Gradient accumulation keeping parameters unsharded between micro-batches: the same training, fewer all-gathers.
-  // Per micro-batch, 4 units: SHARD_GRAD_OP gathers each once (forward), FULL_SHARD twice (forward, backward).
+  // Per micro-batch, 4 units: SHARD_GRAD_OP gathers each once (forward), FULL_SHARD the 3 blocks twice (forward,
+  // backward) and the root once (it stays gathered from its forward into the backward that follows).
   if (test_process_group().world_size() == 1) GTEST_SKIP() << "a group of one holds full parameters: nothing to gather";
   auto batches = make_batches();
   Toy ref = testing::accumulated_reference();
@@ -77,8 +78,9 @@ TEST(FsdpRuntime, NoReshardAfterBackwardSkipsTheNextGathers) {
     }
     reset_fsdp_stats(model.ptr());
     (torch::mse_loss(model(local_rows(batches[1].first)), local_rows(batches[1].second)) / 2).backward();
-    // SHARD_GRAD_OP: nothing gathered at all; FULL_SHARD: forward found its units gathered, backward gathers them.
-    EXPECT_EQ(fsdp_stats(model.ptr()).all_gathers, reshard_after_forward ? 4 : 0) << label;
+    // SHARD_GRAD_OP: nothing gathered at all; FULL_SHARD: forward found its units gathered, backward gathers the
+    // blocks again (the root stayed gathered).
+    EXPECT_EQ(fsdp_stats(model.ptr()).all_gathers, reshard_after_forward ? 3 : 0) << label;
     // A backward with gradient sync reshards whatever the setting: the optimizer steps shards.
     for (const FsdpUnit& unit : units_of(model.ptr())) EXPECT_EQ(unit.state(), ShardState::SHARDED) << label;
     sgd.step();
@@ -218,6 +220,50 @@ TEST(FsdpRuntime, OneReduceScatterInFlightDuringBackward) {
     EXPECT_EQ(fsdp_stats(model.ptr()).reduce_scatters, one ? 0 : 4);
     EXPECT_EQ(fsdp_stats(model.ptr()).peak_reductions_in_flight, one ? 0 : 1);
   }
+}
+
+TEST(FsdpRuntime, FrozenParametersTakeNoPartInTheReduction) {
+  // Block 1's `up` weight frozen, block 2 frozen whole: the frozen parameters get no gradient, take no room in the
+  // reduce-scatter's input (before, their rows were reduced as zeros: FLAVA's frozen codebook doubled its root
+  // unit's reduction), a unit of frozen parameters reduces nothing, and the rest trains as in one process.
+  auto build = [] {
+    torch::manual_seed(3);
+    auto m = std::make_shared<WideImpl>();
+    m->blocks[1]->up->weight.requires_grad_(false);
+    for (auto& p : m->blocks[2]->parameters()) p.requires_grad_(false);
+    return m;
+  };
+  auto ref = build();
+  auto model = build();
+  for (auto& b : model->blocks) fully_shard(b.ptr(), test_process_group().world(), {});
+  fully_shard(model, test_process_group().world(), {});
+  const int64_t w = test_process_group().world_size();
+  int64_t trainable_bytes = 0;  // each trainable parameter's rows padded to a multiple of W, float32
+  for (const auto& p : ref->parameters()) {
+    if (p.requires_grad()) trainable_bytes += (p.size(0) + w - 1) / w * w * (p.numel() / p.size(0)) * 4;
+  }
+  torch::optim::SGD ref_sgd(ref->parameters(), torch::optim::SGDOptions(0.1).momentum(0.9));
+  torch::optim::SGD sgd(model->parameters(), torch::optim::SGDOptions(0.1).momentum(0.9));
+  torch::manual_seed(8);
+  for (int step = 0; step < 3; ++step) {
+    const at::Tensor x = torch::randn({12, 64}), y = torch::randn({12, 64});
+    ref_sgd.zero_grad();
+    torch::mse_loss(ref->forward(x), y).backward();
+    ref_sgd.step();
+    sgd.zero_grad();
+    reset_fsdp_stats(model);
+    torch::mse_loss(model->forward(local_rows(x)), local_rows(y)).backward();
+    const FsdpStats stats = fsdp_stats(model);
+    EXPECT_EQ(stats.reduce_scatters, w == 1 ? 0 : 3) << "block 2 has nothing to reduce";
+    EXPECT_EQ(stats.reduce_scatter_input_bytes, w == 1 ? 0 : trainable_bytes);
+    EXPECT_FALSE(model->blocks[1]->up->weight.grad().defined());
+    for (const auto& p : model->blocks[2]->parameters()) EXPECT_FALSE(p.grad().defined());
+    sgd.step();
+  }
+  expect_params_equal(gather_full_parameters(model), *ref, "frozen parameters");
+  torch::manual_seed(3);
+  const auto initial = std::make_shared<WideImpl>();
+  EXPECT_TRUE(torch::equal(gather_full_parameters(model).at("blocks1.up.weight"), initial->blocks[1]->up->weight));
 }
 
 TEST(FsdpRuntime, ShardingFreesTheModulesOwnParameters) {

@@ -149,6 +149,7 @@ struct FsdpStats {
   int64_t stale_prefetches = 0;      // prefetched shards changed before use (gathered again)
   int64_t reduce_scatters = 0;       // gradient reduce-scatters issued (none by a group of one without replicas)
   int64_t peak_reductions_in_flight = 0;  // most reduce-scatters issued and not yet waited for (full-size inputs)
+  int64_t reduce_scatter_input_bytes = 0;  // the reduce-scatters' inputs, summed (frozen parameters take none)
   int64_t peak_unsharded_units = 0;  // most units holding (or gathering) full parameters at once
   int64_t peak_unsharded_bytes = 0;  // most bytes of full parameters held (or being gathered) at once
 };
