@@ -403,9 +403,12 @@ nn::TensorVec FsdpInterceptor::around(torch::nn::Module& /*module*/, nn::TensorV
   // optimizer must never see full parameters). The root stays gathered for the backward that starts right after
   // its forward, as in FSDP2: resharding it would only gather it again at once, holding the gathered buffer and
   // the full parameters together while every activation is alive (FLAVA's root, frozen codebook included, is
-  // 3/4 of the model).
+  // 3/4 of the model) — unless sharded gradients wait aside (stashed_grads): a zero_grad() between this forward
+  // and the backward, a common order, reaches them only when the parameters are sharded again.
   const bool backward_follows = at::GradMode::is_enabled();
-  if (!backward_follows || (u.options.reshard_after_forward && schedule.root != &u)) u.reshard();
+  const bool keep_root = schedule.root == &u && std::none_of(u.stashed_grads.begin(), u.stashed_grads.end(),
+                                                             [](const at::Tensor& g) { return g.defined(); });
+  if (!backward_follows || (u.options.reshard_after_forward && !keep_root)) u.reshard();
   u.set_training(TrainingState::IDLE);
   for (auto& out : outputs) out = cast_if_floating(out, mp.output_dtype);
   if (at::GradMode::is_enabled()) {

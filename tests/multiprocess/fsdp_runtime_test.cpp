@@ -266,6 +266,35 @@ TEST(FsdpRuntime, FrozenParametersTakeNoPartInTheReduction) {
   EXPECT_TRUE(torch::equal(gather_full_parameters(model).at("blocks1.up.weight"), initial->blocks[1]->up->weight));
 }
 
+TEST(FsdpRuntime, RootStaysGatheredIntoBackwardUnlessGradientsWaitAside) {
+  // FULL_SHARD keeps the root gathered from its forward into the backward that follows (one all-gather fewer);
+  // with last step's gradients still there, as when zero_grad() comes between forward and backward, it reshards
+  // so that zero_grad() reaches them: training in that order equals one process's (it accumulated across steps).
+  auto batches = make_batches();
+  torch::manual_seed(42);
+  Toy ref;
+  torch::optim::SGD ref_sgd(ref->parameters(), torch::optim::SGDOptions(0.1));
+  Toy model = sharded_toy();
+  torch::optim::SGD sgd(model->parameters(), torch::optim::SGDOptions(0.1));
+  for (size_t step = 0; step < batches.size(); ++step) {
+    const auto& [x, y] = batches[step];
+    at::Tensor ref_loss = torch::mse_loss(ref(x), y);
+    ref_sgd.zero_grad();
+    ref_loss.backward();
+    ref_sgd.step();
+    at::Tensor loss = torch::mse_loss(model(local_rows(x)), local_rows(y));
+    const FsdpUnit root = units_of(model.ptr()).front();
+    const bool gradients_aside = step > 0;
+    if (test_process_group().world_size() > 1) {
+      EXPECT_EQ(root.state(), gradients_aside ? ShardState::SHARDED : ShardState::UNSHARDED) << "step " << step;
+    }
+    sgd.zero_grad();
+    loss.backward();
+    sgd.step();
+  }
+  expect_params_equal(gather_full_parameters(model.ptr()), *ref, "zero_grad between forward and backward");
+}
+
 TEST(FsdpRuntime, ShardingFreesTheModulesOwnParameters) {
   // A model built in full, then sharded: what stays allocated is each rank's shards (1/W of the parameters, plus
   // row padding), not the shards next to the module's original tensors. Found on the GPU: the full parameters
