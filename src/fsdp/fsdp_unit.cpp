@@ -366,13 +366,18 @@ void FsdpUnit::Impl::install_gradients() {
     if (!params[i].param().requires_grad() || offset < 0 || took_part[i] == 0.0f) continue;
     at::Tensor reduced = params[i].as_shard(output.narrow(0, offset, params[i].shard_numel()));
     if (offloaded()) reduced = reduced.to(sharded_flat.device());  // the gradient joins its shard on the CPU
-    // A tensor of its own in the parameters' dtype, not a view of the output: optimizers' zero_grad() detaches
-    // gradients in place, which views do not allow.
     at::Tensor& grad = params[i].grad();
     if (grad.defined()) {
       grad.add_(reduced);
+    } else if (reduced.scalar_type() == own_dtype) {
+      // The reduction's own memory, not a copy (FSDP2's gradients are views of its reduce-scatter output too): a
+      // tensor of its own over that storage rather than an autograd view, which zero_grad(set_to_none=false)
+      // could not detach in place. A copy held the largest unit's shard twice at the end of backward.
+      at::Tensor alias = at::empty({0}, reduced.options());
+      alias.set_(reduced.storage(), reduced.storage_offset(), reduced.sizes(), reduced.strides());
+      grad = std::move(alias);
     } else {
-      grad = reduced.to(own_dtype, /*non_blocking=*/false, /*copy=*/true);
+      grad = reduced.to(own_dtype);
     }
   }
   reduction.reset();
