@@ -361,6 +361,10 @@ void FsdpUnit::Impl::install_gradients() {
   if (has_replicas()) options.replicate_group->all_reduce(has_gradient, dist::ReduceOp::MAX).wait();
   const at::Tensor flags = has_gradient.to(at::kCPU);
   const float* took_part = flags.data_ptr<float>();
+  // Gradients share the output's memory only when every parameter reduced into it gets one: else the rows of the
+  // others (FLAVA's image heads on a text-only step) would stay allocated with them.
+  bool all_installed = true;
+  for (size_t i = 0; i < params.size(); ++i) all_installed &= reduction->offsets[i] < 0 || took_part[i] != 0.0f;
   for (size_t i = 0; i < params.size(); ++i) {
     const int64_t offset = reduction->offsets[i];
     if (!params[i].param().requires_grad() || offset < 0 || took_part[i] == 0.0f) continue;
@@ -369,7 +373,7 @@ void FsdpUnit::Impl::install_gradients() {
     at::Tensor& grad = params[i].grad();
     if (grad.defined()) {
       grad.add_(reduced);
-    } else if (reduced.scalar_type() == own_dtype) {
+    } else if (reduced.scalar_type() == own_dtype && (all_installed || offloaded())) {
       // The reduction's own memory, not a copy (FSDP2's gradients are views of its reduce-scatter output too): a
       // tensor of its own over that storage rather than an autograd view, which zero_grad(set_to_none=false)
       // could not detach in place. A copy held the largest unit's shard twice at the end of backward.
@@ -377,7 +381,7 @@ void FsdpUnit::Impl::install_gradients() {
       alias.set_(reduced.storage(), reduced.storage_offset(), reduced.sizes(), reduced.strides());
       grad = std::move(alias);
     } else {
-      grad = reduced.to(own_dtype);
+      grad = reduced.to(own_dtype, /*non_blocking=*/false, /*copy=*/true);
     }
   }
   reduction.reset();

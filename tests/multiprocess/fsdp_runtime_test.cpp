@@ -295,6 +295,42 @@ TEST(FsdpRuntime, RootStaysGatheredIntoBackwardUnlessGradientsWaitAside) {
   expect_params_equal(gather_full_parameters(model.ptr()), *ref, "zero_grad between forward and backward");
 }
 
+// Two linears of which forward uses one: the unused one gets no gradient on any rank.
+struct HalfUsedImpl : nn::Interceptable<HalfUsedImpl, at::Tensor(at::Tensor)> {
+  HalfUsedImpl() {
+    used = register_module("used", torch::nn::Linear(8, 8));
+    unused = register_module("unused", torch::nn::Linear(8, 8));
+  }
+  at::Tensor forward_impl(at::Tensor x) { return used(x); }
+  torch::nn::Linear used{nullptr}, unused{nullptr};
+};
+TORCH_MODULE(HalfUsed);
+
+TEST(FsdpRuntime, GradientsSurviveZeroGradWithoutSetToNone) {
+  // Installed gradients share the reduction's memory where every reduced parameter got one, and are copies where
+  // some did not (here `unused`): either way tensors of their own that zero_grad(set_to_none=false) can detach
+  // and zero in place, and the next step's gradients are the next step's alone.
+  torch::manual_seed(5);
+  HalfUsed ref;
+  torch::manual_seed(5);
+  HalfUsed model;
+  fully_shard(model.ptr(), test_process_group().world(), {});
+  torch::optim::SGD ref_sgd(ref->parameters(), torch::optim::SGDOptions(0.1));
+  torch::optim::SGD sgd(model->parameters(), torch::optim::SGDOptions(0.1));
+  torch::manual_seed(6);
+  for (int step = 0; step < 3; ++step) {
+    const at::Tensor x = torch::randn({12, 8}), y = torch::randn({12, 8});
+    ref_sgd.zero_grad(/*set_to_none=*/false);
+    torch::mse_loss(ref(x), y).backward();
+    ref_sgd.step();
+    sgd.zero_grad(/*set_to_none=*/false);
+    torch::mse_loss(model(local_rows(x)), local_rows(y)).backward();
+    EXPECT_FALSE(model->unused->weight.grad().defined() && model->unused->weight.grad().abs().sum().item<double>() > 0);
+    sgd.step();
+  }
+  expect_params_equal(gather_full_parameters(model.ptr()), *ref, "zero_grad(set_to_none=false)");
+}
+
 TEST(FsdpRuntime, ShardingFreesTheModulesOwnParameters) {
   // A model built in full, then sharded: what stays allocated is each rank's shards (1/W of the parameters, plus
   // row padding), not the shards next to the module's original tensors. Found on the GPU: the full parameters
