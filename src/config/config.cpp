@@ -382,6 +382,10 @@ class Reader {
                         " must be a mapping of keys to values, not " + scalar_text(map));
     }
     for (const auto& item : map) {
+      if (!item.first.IsScalar()) {  // YAML's complex keys ("? {a: b}"): a mapping or list where a name belongs
+        throw ConfigError(where_of(source_, item.first) + ": a key of " + (prefix.empty() ? "the config" : prefix) +
+                          " is " + scalar_text(item.first) + ", expected a name");
+      }
       const std::string key = item.first.as<std::string>();
       const std::string path = prefix.empty() ? key : prefix + "." + key;
       set(path, item.second, where_of(source_, item.first));

@@ -110,6 +110,9 @@ TEST(Config, UnknownKeyNamesThePathAndTheClosestKey) {
                             {"x.yaml:1", "unknown key 'paralel'"});
   expect_error<ConfigError>([] { parse_config("fsdp_config:\n  fsdp_sharding_stratgy: 1\n", "x.yaml"); },
                             {"x.yaml:2", "fsdp_config.fsdp_sharding_stratgy", "fsdp_config.fsdp_sharding_strategy"});
+  // YAML's complex keys (the fuzzer's find: yaml-cpp's conversion threw its own exception type).
+  expect_error<ConfigError>([] { parse_config("train:\n  ? {steps: 5}\n  : 3\n", "x.yaml"); },
+                            {"x.yaml:2", "a key of train is a mapping, expected a name"});
 }
 
 TEST(Config, BadValueNamesTheValueAndWhatWasExpected) {

@@ -50,7 +50,9 @@ enum class BackwardPrefetch {
 
 struct FsdpOptions {
   // true: free the unit's full parameters after its forward and gather them again for backward (FULL_SHARD,
-  // ZeRO-3). false: keep them from forward until the unit's backward is done (SHARD_GRAD_OP, ZeRO-2).
+  // ZeRO-3) — except the root's, kept from its forward into the backward that follows (as FSDP2 does) unless
+  // sharded gradients of an earlier backward are still there. false: keep them from forward until the unit's
+  // backward is done (SHARD_GRAD_OP, ZeRO-2). A forward without grad mode reshards every unit.
   bool reshard_after_forward = true;
   // Ranks holding the same shards (the columns of a DeviceMesh): after the reduce-scatter inside the shard group,
   // the gradient shards are averaged across this group. Unset: the shard group is the whole data-parallel world.
