@@ -1,8 +1,9 @@
 """Every model family of the zoo against Hugging Face transformers on the same training step, in one run: a model
 of a few tens of millions of parameters per family (transformers builds it with random weights and saves it as a
 model directory; shardtrain builds its own from that directory's config.json and weights), one batch at a
-realistic sequence length (FLAVA: one of each kind it pretrains on, image-text, text only, image only), the model's own loss, backward and fused AdamW, both sides launched alike through
-`shardtrain launch` and their memory counted by shardtrain's allocator (bench/family_bench.cpp,
+realistic sequence length (FLAVA: one of each kind it pretrains on, image-text, text only, image only), the
+model's own loss, backward and fused AdamW, both sides launched alike through `shardtrain launch` and their
+memory counted by shardtrain's allocator (bench/family_bench.cpp,
 bench/hf_family_step.py). Prints median step time, peak CPU memory of the largest rank, their ratios (ours over
 theirs), and how far the losses are apart (the first step's is the same computation on the same weights).
 

@@ -6,9 +6,9 @@
 //
 // AnyPrecision AdamW in pure bf16 with Kahan summation, its fused step against its per-operation one and its own
 // bound (18 bytes per parameter). optim::Adafactor's step on the same shard as matrices of 1000 columns (its
-// factored statistics need two dimensions). Then the memory a parameter costs after a step (weights, gradient, optimizer state), counted by our
-// allocator: float32 weights with AdamW, pure bf16 with AnyPrecision AdamW and Kahan summation, float32 with
-// Adafactor.
+// factored statistics need two dimensions). Then the memory a parameter costs after a step (weights, gradient,
+// optimizer state), counted by our allocator: float32 weights with AdamW, pure bf16 with AnyPrecision AdamW and
+// Kahan summation, float32 with Adafactor.
 //
 //   build/optimizer_bench [--params N] [--tensor-size M] [--steps S]
 #include <torch/torch.h>
