@@ -197,6 +197,9 @@ struct HfTokenizer::Impl {
         for (const Json& item : list) {
           if (item.contains("Sequence")) {
             const std::string id = item.at("Sequence").at("id").get<std::string>();
+            if (id != "A" && id != "B") {
+              throw std::invalid_argument("post_processor: a template's Sequence id '" + id + "' is not A or B");
+            }
             const int64_t type_id = hf::integer(item.at("Sequence").at("type_id"), "a template's type_id");
             out.push_back({id == "A" ? 0 : 1, {}, type_id});
           } else {
@@ -212,6 +215,9 @@ struct HfTokenizer::Impl {
       };
       post.single = items(j.at("single"));
       post.pair = items(j.at("pair"));
+      for (const TemplateItem& item : post.single) {
+        if (item.sequence == 1) throw std::invalid_argument("post_processor: the single template uses sequence B");
+      }
     } else if (type == "BertProcessing") {
       const std::string cls = j.at("cls").at(0).get<std::string>(), sep = j.at("sep").at(0).get<std::string>();
       post.single = {special(cls, 0), {0, {}, 0}, special(sep, 0)};

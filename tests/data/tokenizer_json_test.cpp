@@ -118,6 +118,14 @@ TEST(TokenizerJsonErrors, NameTheFileAndWhatIsWrong) {
   expect_error(R"({"model": {"type": "WordPiece", "vocab": {"a": 0}, "unk_token": "[UNK]"}})", "'[UNK]'");
   expect_error(R"({"model": {"type": "BPE", "vocab": {"a": 0, "b": 1}, "merges": ["a b"]}})", "'ab'");
   expect_error(R"({"model": )", "tokenizer.json");
+  // A template's sequences are A and B, and a single text has only A (the fuzzer's find: read past an empty B).
+  const std::string word_level = R"("model": {"type": "WordLevel", "vocab": {"<unk>": 0}, "unk_token": "<unk>"})";
+  expect_error(R"({"post_processor": {"type": "TemplateProcessing", "single": [{"Sequence": {"id": ")A",
+               "type_id": 0}}], "pair": [], "special_tokens": {}}, )" + word_level + "}",
+               "Sequence id ')A' is not A or B");
+  expect_error(R"({"post_processor": {"type": "TemplateProcessing", "single": [{"Sequence": {"id": "B",
+               "type_id": 0}}], "pair": [], "special_tokens": {}}, )" + word_level + "}",
+               "the single template uses sequence B");
   testing::expect_error<std::invalid_argument>([] { open_tokenizer("/nonexistent/dir/tokenizer.json"); },
                                                {"/nonexistent/dir/tokenizer.json"});
   const std::string empty = "/tmp/tokenizer_json_empty_" + std::to_string(::getpid());
