@@ -93,14 +93,14 @@ const std::vector<std::string>& byte_chars();      // byte -> UTF-8 of its chara
 std::string bytes_to_chars(const std::string& bytes);
 std::optional<std::string> chars_to_bytes(const std::string& text);  // nullopt when a character is not in the table
 
-std::string base64_decode(const std::string& text);
+std::string base64_decode(const std::string& text);  // throws std::invalid_argument on a character outside base64
 
 // `v` as an integer (an id, a type id); std::invalid_argument naming `what` and the value when it is another kind of
 // number or not a number (a JSON float would not convert safely: 1e60 is outside int64).
 inline int64_t integer(const Json& v, const std::string& what) {
   if (!v.is_number_integer()) throw std::invalid_argument(what + " is " + v.dump() + ", not an integer");
   return v.get<int64_t>();
-}  // throws std::invalid_argument on a character outside base64
+}
 
 // Reading a stage's options: the value at `key`, or `fallback` when absent or null.
 template <typename T>

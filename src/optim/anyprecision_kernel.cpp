@@ -1,12 +1,12 @@
 #include "optim/anyprecision_kernel.h"
 
 #include <ATen/Parallel.h>
+#include <c10/util/BFloat16.h>
 
 #include <algorithm>
 #include <cmath>
 #include <condition_variable>
 #include <cstdint>
-#include <cstring>
 #include <mutex>
 #include <vector>
 
@@ -26,20 +26,9 @@ constexpr int64_t kGrain = 1 << 16;  // the fewest elements a thread is given
 // bf16 tensors are read and written as their bits, float32 ones as floats.
 using Bf16Bits = uint16_t;
 
-SHARDTRAIN_INLINE float widen(Bf16Bits h) {
-  const uint32_t u = static_cast<uint32_t>(h) << 16;
-  float f;
-  std::memcpy(&f, &u, sizeof f);
-  return f;
-}
-
-// To bf16 by rounding to nearest even, NaN to a quiet NaN: c10::BFloat16's conversion.
-SHARDTRAIN_INLINE Bf16Bits narrow(float f) {
-  uint32_t u;
-  std::memcpy(&u, &f, sizeof u);
-  if (std::isnan(f)) return 0x7FC0;
-  return static_cast<Bf16Bits>((u + 0x7FFFu + ((u >> 16) & 1u)) >> 16);
-}
+// c10's own bf16 conversions (round to nearest even, NaN to a quiet NaN), inline and vectorisable.
+SHARDTRAIN_INLINE float widen(Bf16Bits h) { return c10::detail::f32_from_bits(h); }
+SHARDTRAIN_INLINE Bf16Bits narrow(float f) { return c10::detail::round_to_nearest_even(f); }
 
 SHARDTRAIN_INLINE float load(const float* t, int64_t i) { return t[i]; }
 SHARDTRAIN_INLINE float load(const Bf16Bits* t, int64_t i) { return widen(t[i]); }
