@@ -9,8 +9,9 @@ cell, then the largest errors.
 Models: one per family at a few tens of millions of parameters or less (config.json files written here), text at 64
 tokens (ViT and FLAVA at 128-pixel images, 64 patches).
 
-usage: memory_model.py [--quick] [--check TOLERANCE] [--csv FILE] [--build DIR]
+usage: memory_model.py [--quick] [--only TEXT] [--check TOLERANCE] [--csv FILE] [--build DIR]
   --quick   the subset tests/CMakeLists.txt runs (plan.memory_model_grid)
+  --only    the cells whose row starts with TEXT (words separated by spaces or commas: "vit,full_shard,2")
 Cells: (family, strategy, world, batch per rank, precision, checkpointing[, micro-batches]).
   --check   exit 1 when a cell's peak is off by more than TOLERANCE (0.10 = 10%)
 """
@@ -91,12 +92,16 @@ def run_cell(build, config_dir, cell):
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--only", default=None)
     parser.add_argument("--check", type=float, default=None)
     parser.add_argument("--csv", default=None)
     parser.add_argument("--build", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "build"))
     args = parser.parse_args()
 
     cells = grid(args.quick)
+    if args.only:
+        words = args.only.replace(",", " ").split()
+        cells = [c for c in cells if [str(x) for x in c[:len(words)]] == words]
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         for family, config in MODELS.items():

@@ -1,12 +1,25 @@
 #!/usr/bin/env bash
-# Builds the libFuzzer targets (fuzz/, ASan + UBSan) in build-fuzz/ and runs each for SECONDS (default 30) on a
-# copy of its seed corpus (fuzz/corpus/NAME; what the run finds stays in build-fuzz/corpus/NAME). A crash stops
-# the script with libFuzzer's report and the input that caused it (build-fuzz/crash-*).
-#   scripts/fuzz.sh [SECONDS] [NAME...]
+# Builds the libFuzzer targets (fuzz/, ASan + UBSan) in build-fuzz/ and runs each on its seed corpus
+# (fuzz/corpus/NAME). A crash stops the script with libFuzzer's report and the input that caused it
+# (build-fuzz/crash-*). Two ways to run:
+#   scripts/fuzz.sh [SECONDS] [NAME...]      explore: random seeds, SECONDS (default 30) each, what the run finds
+#                                            kept in build-fuzz/corpus/NAME for the next run
+#   scripts/fuzz.sh --check [NAME...]        reproduce: every seed input, then FUZZ_RUNS (default 20000) inputs
+#                                            mutated from fixed seed 1 on a fresh corpus — the same inputs on every
+#                                            run of the same code, so a failure is the code's, found again by
+#                                            running it again (what scripts/test.sh and CI run)
 set -euo pipefail
 cd "$(dirname "$0")/.."
-seconds=${1:-30}
-shift || true
+check=0
+if [ "${1:-}" = --check ]; then
+  check=1
+  shift
+  seconds=120  # a bound in time only, far above what FUZZ_RUNS takes here (the slowest target: about 75 s)
+else
+  seconds=${1:-30}
+  shift || true
+fi
+runs=${FUZZ_RUNS:-20000}
 names=("$@")
 [ ${#names[@]} -gt 0 ] || names=(fuzz_safetensors fuzz_tar fuzz_image fuzz_config fuzz_vocab fuzz_tokenizer_json fuzz_checkpoint_meta)
 
@@ -23,12 +36,24 @@ cmake --build build-fuzz --target fuzzers
 export ASAN_OPTIONS=detect_leaks=0:abort_on_error=1:allocator_may_return_null=1
 export UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
 for name in "${names[@]}"; do
-  corpus=build-fuzz/corpus/$name
+  if [ $check = 1 ]; then
+    corpus=build-fuzz/check-corpus/$name
+    rm -rf "$corpus"
+    mode=(-seed=1 -runs="$runs")
+    echo "fuzz: $name, $runs inputs from seed 1 (seeds: fuzz/corpus/$name)"
+  else
+    corpus=build-fuzz/corpus/$name
+    mode=()
+    echo "fuzz: $name for $seconds s (seeds: fuzz/corpus/$name)"
+  fi
   mkdir -p "$corpus"
-  echo "fuzz: $name for $seconds s (seeds: fuzz/corpus/$name)"
-  (cd build-fuzz && ./fuzz/"$name" -max_total_time="$seconds" -rss_limit_mb=4096 -max_len=65536 -timeout=10 \
-    -print_final_stats=1 "corpus/$name" "../fuzz/corpus/$name" 2>"$name.log") ||
+  (cd build-fuzz && ./fuzz/"$name" "${mode[@]}" -max_total_time="$seconds" -rss_limit_mb=4096 -max_len=65536 \
+    -timeout=10 -print_final_stats=1 "${corpus#build-fuzz/}" "../fuzz/corpus/$name" 2>"$name.log") ||
     { tail -60 "build-fuzz/$name.log"; echo "fuzz: $name FAILED (input: build-fuzz/crash-*)"; exit 1; }
   grep -E "stat::number_of_executed_units|stat::peak_rss_mb" "build-fuzz/$name.log" | tr '\n' ' '; echo
 done
-echo "fuzz: every target ran $seconds s without a finding"
+if [ $check = 1 ]; then
+  echo "fuzz: every target ran its seeds and $runs inputs from seed 1 without a finding"
+else
+  echo "fuzz: every target ran $seconds s without a finding"
+fi

@@ -12,23 +12,24 @@
 namespace shardtrain::data::hf {
 namespace {
 
-// A vocabulary: token -> id, and id -> token.
+// A vocabulary: token -> id, and id -> token. Ids may leave holes (a file's ids are any u32), so neither table is
+// sized by the largest id.
 class Vocab {
  public:
   void add(const std::string& token, int64_t id) {
     ids_[token] = id;
-    if (static_cast<int64_t>(tokens_.size()) <= id) tokens_.resize(static_cast<size_t>(id) + 1);
-    tokens_[static_cast<size_t>(id)] = token;
+    tokens_[id] = token;
+    size_ = std::max(size_, id + 1);
   }
   std::optional<int64_t> id_of(const std::string& token) const {
     const auto it = ids_.find(token);
     return it == ids_.end() ? std::nullopt : std::optional<int64_t>(it->second);
   }
   std::optional<std::string> token_of(int64_t id) const {
-    if (id < 0 || id >= static_cast<int64_t>(tokens_.size())) return std::nullopt;
-    return tokens_[static_cast<size_t>(id)];
+    const auto it = tokens_.find(id);
+    return it == tokens_.end() ? std::nullopt : std::optional<std::string>(it->second);
   }
-  int64_t size() const { return static_cast<int64_t>(tokens_.size()); }
+  int64_t size() const { return size_; }  // one past the largest id
   int64_t required(const std::string& token, const char* what) const {
     const auto id = id_of(token);
     if (!id) throw std::invalid_argument(std::string(what) + " '" + token + "' is not in the model's vocabulary");
@@ -37,12 +38,13 @@ class Vocab {
 
  private:
   std::unordered_map<std::string, int64_t> ids_;
-  std::vector<std::string> tokens_;
+  std::unordered_map<int64_t, std::string> tokens_;
+  int64_t size_ = 0;
 };
 
 Vocab vocab_of_object(const Json& v) {
   Vocab vocab;
-  for (const auto& [token, id] : v.items()) vocab.add(token, integer(id, "the vocabulary's id of '" + token + "'"));
+  for (const auto& [token, id] : v.items()) vocab.add(token, hf::id(id, "the vocabulary's id of '" + token + "'"));
   return vocab;
 }
 

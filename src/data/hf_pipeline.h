@@ -102,6 +102,15 @@ inline int64_t integer(const Json& v, const std::string& what) {
   return v.get<int64_t>();
 }
 
+// `v` as a token or type id: an integer in [0, 2^32), the u32 the tokenizers library stores ids as.
+inline int64_t id(const Json& v, const std::string& what) {
+  const int64_t i = integer(v, what);
+  if (i < 0 || i > int64_t{0xFFFFFFFF}) {
+    throw std::invalid_argument(what + " is " + std::to_string(i) + ", outside the ids 0 .. 4294967295");
+  }
+  return i;
+}
+
 // Reading a stage's options: the value at `key`, or `fallback` when absent or null.
 template <typename T>
 T option(const Json& j, const char* key, T fallback) {

@@ -200,15 +200,15 @@ struct HfTokenizer::Impl {
             if (id != "A" && id != "B") {
               throw std::invalid_argument("post_processor: a template's Sequence id '" + id + "' is not A or B");
             }
-            const int64_t type_id = hf::integer(item.at("Sequence").at("type_id"), "a template's type_id");
+            const int64_t type_id = hf::id(item.at("Sequence").at("type_id"), "a template's type_id");
             out.push_back({id == "A" ? 0 : 1, {}, type_id});
           } else {
             const Json& s = item.at("SpecialToken");
             const std::string name = s.at("id").get<std::string>();
             const Json& entry = j.at("special_tokens").at(name);
             std::vector<int64_t> ids;
-            for (const Json& v : entry.at("ids")) ids.push_back(hf::integer(v, "special token " + name + "'s id"));
-            out.push_back({-1, std::move(ids), hf::integer(s.at("type_id"), "a template's type_id")});
+            for (const Json& v : entry.at("ids")) ids.push_back(hf::id(v, "special token " + name + "'s id"));
+            out.push_back({-1, std::move(ids), hf::id(s.at("type_id"), "a template's type_id")});
           }
         }
         return out;
@@ -255,7 +255,7 @@ struct HfTokenizer::Impl {
       for (const Json& a : hf::option(j, "added_tokens", Json::array())) {
         AddedToken t;
         t.content = a.at("content").get<std::string>();
-        t.id = hf::integer(a.at("id"), "an added token's id");
+        t.id = hf::id(a.at("id"), "an added token's id");
         t.special = hf::option(a, "special", false);
         t.normalized = hf::option(a, "normalized", !t.special);
         t.lstrip = hf::option(a, "lstrip", false), t.rstrip = hf::option(a, "rstrip", false);
@@ -268,7 +268,7 @@ struct HfTokenizer::Impl {
 
       const auto padding = hf::option(j, "padding", Json());
       if (!padding.is_null() && padding.contains("pad_id")) {
-        m.pad = hf::integer(padding.at("pad_id"), "padding's pad_id");
+        m.pad = hf::id(padding.at("pad_id"), "padding's pad_id");
       } else if (auto name = m.configured_token(config, "pad_token"); name && m.find(*name)) {
         m.pad = *m.find(*name);
       } else {  // no pad token (GPT-2, Llama): the end of text pads, as transformers users set pad = eos

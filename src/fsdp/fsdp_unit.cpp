@@ -291,7 +291,10 @@ void FsdpUnit::Impl::reduce_scatter_gradients() {
   // allocated (its backward overlapped that reduction already), and each full gradient is dropped once copied:
   // while copying, the prefetched unit, this unit's gradients and its reduction input are alive, nothing else.
   reshard();
-  if (auto previous = schedule->reducing.lock()) previous->wait_reduce_scatter();
+  if (auto previous = schedule->reducing.lock()) {
+    if (previous->reduction_in_flight()) ++schedule->stats.overlapped_reduce_scatters;
+    previous->wait_reduce_scatter();
+  }
   if (shards_are_full() && !has_replicas()) {
     // Nothing to reduce (one rank, no replicas): the full gradients are the sharded ones, installed as they are —
     // no flat buffer, no copy in or out.
@@ -314,6 +317,7 @@ void FsdpUnit::Impl::reduce_scatter_gradients() {
   schedule->stats.peak_reductions_in_flight =
       std::max(schedule->stats.peak_reductions_in_flight, ++schedule->reductions_in_flight);
   after_reduce_scatter(TrainingState::POST_BACKWARD);
+  if (!overlaps_reduce_scatter()) wait_reduce_scatter();
 }
 
 void FsdpUnit::Impl::after_reduce_scatter(TrainingState next) {
@@ -326,8 +330,12 @@ void FsdpUnit::Impl::finish_reduction() {
   wait_reduce_scatter();
 }
 
+bool FsdpUnit::Impl::reduction_in_flight() const {
+  return training == TrainingState::POST_BACKWARD && reduction && reduction->work;
+}
+
 void FsdpUnit::Impl::wait_reduce_scatter() {
-  if (training != TrainingState::POST_BACKWARD || !reduction || !reduction->work) return;
+  if (!reduction_in_flight()) return;
   reduction->work->wait();  // releases the reduce-scatter's full-size input
   reduction->work.reset();
   --schedule->reductions_in_flight;

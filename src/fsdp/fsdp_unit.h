@@ -66,6 +66,9 @@ struct FsdpUnit::Impl : std::enable_shared_from_this<FsdpUnit::Impl> {
   at::ScalarType reduce_dtype() const;
   // CPU offload of parameters computing elsewhere: shards on the CPU, full values on compute_device.
   bool offloaded() const { return options.offload_params && compute_device.type() != at::kCPU; }
+  bool overlaps_reduce_scatter() const {
+    return options.overlap_reduce_scatter.value_or(group.backend() == dist::CommBackend::NCCL);
+  }
   // A shard group of one rank computing in the parameters' own dtype on their own device (world size 1,
   // NO_SHARD): the shards are the full parameters, so unsharding moves nothing and gradients need no
   // reduce-scatter.
@@ -97,6 +100,7 @@ struct FsdpUnit::Impl : std::enable_shared_from_this<FsdpUnit::Impl> {
   void reduce_scatter_gradients();           // all gradients present (or backward ended): start the reduce-scatter
   void after_reduce_scatter(TrainingState next);  // the one epilogue of reduce_scatter_gradients' paths
   void finish_reduction();                   // end of backward, first pass: wait, start the replicate all-reduce
+  bool reduction_in_flight() const;          // this unit's reduce-scatter issued and not yet waited for
   void wait_reduce_scatter();                // a reduce-scatter in flight: wait, start the replicate all-reduce
   void install_gradients();                  // end of backward, second pass: sharded gradients into .grad
   // Issues the all-gathers of the next units (forward: forward_prefetch of them in forward order; backward: one,

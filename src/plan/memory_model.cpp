@@ -180,21 +180,23 @@ MemoryEstimate estimate_training_memory(const models::ModelRecipe& recipe, const
   const bool reduces = (gathers && shard > 1) || replicated_fsdp;
   const int64_t layer_full_grads = reduces ? largest_layer * ce : 0;
   const int64_t root_full_grads = reduces ? root_trainable * ce : 0;
-  // A reduce-scatter holds its flat input (the unit's trainable parameters, in the reduce dtype: bf16
-  // reduces in bf16, fp16 in float32), Gloo's receive buffer of the same size, and the output shard; on the CPU a
-  // bf16 reduction sums the received chunks through float32 copies (ATen's reductions accumulate in float). A
-  // replicated unit (NO_SHARD) all-reduces its flat buffer in place.
+  // A reduce-scatter holds its flat input (the unit's trainable parameters, in the reduce dtype: bf16 reduces in
+  // bf16, fp16 in float32), Gloo's receive buffer of the same size (NCCL has none), and the output shard; on the
+  // CPU a bf16 reduction sums the received chunks through float32 copies (ATen's reductions accumulate in float).
+  // A replicated unit (NO_SHARD) all-reduces its flat buffer in place.
   const int64_t rd = job.mixed_precision == "bf16" ? 2 : 4;
   auto reduce_scatter = [&](int64_t unit) {
     if (replicated_fsdp) return unit * rd;
     const int64_t upcast = rd == 2 && !job.cuda ? unit * 4 : 0;
-    return 2 * unit * rd + ceil_div(unit, shard) * rd + upcast;
+    return (job.cuda ? 1 : 2) * unit * rd + ceil_div(unit, shard) * rd + upcast;
   };
-  // DDP's buckets (25 MiB, two in flight); FSDP's reduce-scatter of a layer in flight while the next computes.
+  // DDP's buckets (25 MiB, two in flight); FSDP's reduce-scatter of a layer in flight while the next computes —
+  // on CUDA only: with Gloo each reduction is waited for before the next unit's backward (FsdpOptions::
+  // overlap_reduce_scatter), its buffers gone by then.
   int64_t comm = 0;
   if (job.strategy == Strategy::kDdp && job.world > 1) {
     comm = std::min<int64_t>(2 * 25 * 1024 * 1024, e.parameters * pe);
-  } else if (reduces) {
+  } else if (reduces && job.cuda) {
     comm = reduce_scatter(largest_layer_trainable);
   }
   // A tied tensor (word embeddings shared with the LM head) gets two gradients, summed into a third at the end
@@ -240,7 +242,12 @@ MemoryEstimate estimate_training_memory(const models::ModelRecipe& recipe, const
   const int64_t backward_start = kept + held_g + prefetched + act.backward_transient;
   // Layer i (1 = the last) computing its backward: the layers below it still keep their activations, those above
   // have handed in their gradients.
-  int64_t backward_walk = 0, walk_gathered = 0, walk_in_flight = 0, walk_root_grads = 0;
+  int64_t backward_walk = 0, walk_gathered = 0, walk_in_flight = 0, walk_layer_grads = 0, walk_root_grads = 0;
+  auto candidate = [&](int64_t at, int64_t gathered, int64_t in_flight, int64_t layer_grads, int64_t root_grads) {
+    if (at <= backward_walk) return;
+    backward_walk = at, walk_gathered = gathered, walk_in_flight = in_flight, walk_layer_grads = layer_grads;
+    walk_root_grads = root_grads;
+  };
   for (int64_t i = 1; i <= act.layers; ++i) {
     const int64_t grads_so_far = std::min<int64_t>((i - 1) * ceil_div(largest_layer, shard) * pe, new_grads);
     // Without resharding after forward every layer is still gathered until its own backward is done.
@@ -248,18 +255,25 @@ MemoryEstimate estimate_training_memory(const models::ModelRecipe& recipe, const
     // One unit for the whole model: its full gradients grow layer by layer; else the root's (heads) are there first.
     const int64_t root_grads_at_i =
         job.wrap == Wrap::kNone && act.layers > 0 ? root_full_grads * (i - 1) / act.layers : root_full_grads;
+    const int64_t below = (act.layers - i) * layer_kept + act.outside_layers - act.loss_kept;
     // The reduction in flight is the layer above's: none while the last layer computes.
     const int64_t in_flight = i > 1 ? comm : 0;
-    const int64_t at_i = gathered + in_flight + layer_full_grads + root_grads_at_i + (act.layers - i + 1) * layer_kept +
-                         act.outside_layers - act.loss_kept + replay + grads_so_far;
-    if (at_i > backward_walk) {
-      backward_walk = at_i, walk_gathered = gathered, walk_in_flight = in_flight, walk_root_grads = root_grads_at_i;
+    candidate(gathered + in_flight + layer_full_grads + root_grads_at_i + below + layer_kept + replay + grads_so_far,
+              gathered, in_flight, layer_full_grads, root_grads_at_i);
+    // A reduction waited for at once (Gloo) is a moment of its own: the layer resharded and its full gradients
+    // copied into the input by then, the next layer's gather issued (on the CPU, bf16's float32 sum is the most).
+    if (reduces && comm == 0 && job.wrap != Wrap::kNone) {
+      const int64_t rs_gathered = reshard ? root_g + layer_g : std::max<int64_t>(all_g - i * layer_g, root_g);
+      const int64_t reduction = reduce_scatter(largest_layer_trainable);
+      candidate(rs_gathered + reduction + root_grads_at_i + below + grads_so_far, rs_gathered, reduction, 0,
+                root_grads_at_i);
     }
   }
   // The end: the root's gradients complete (a tied weight's summed), then, sharded, its reduce-scatter once its full
   // parameters are dropped.
   // (Every layer has been resharded after its backward by then: only the root is gathered.)
-  const int64_t backward_end = std::max(root_g + new_grads + root_full_grads + tied_sum,
+  // (With overlap the last layer's reduction is still in flight while the root computes.)
+  const int64_t backward_end = std::max(root_g + new_grads + root_full_grads + tied_sum + (reduces ? comm : 0),
                                         reduces ? new_grads + reduce_scatter(root_trainable) : 0);
   const int64_t backward_peak = std::max({backward_start, backward_walk, backward_end});
   e.backward_bytes = base + backward_peak;
@@ -340,10 +354,11 @@ MemoryEstimate estimate_training_memory(const models::ModelRecipe& recipe, const
     e.terms.push_back({"gathered parameters", walk_gathered,
                        reshard ? "the root unit and a layer with the next prefetched"
                                : "the units whose backward has not run yet"});
-    e.terms.push_back({"full gradients and reductions", walk_in_flight + layer_full_grads + walk_root_grads,
-                       "a layer's and the root's full gradients, a reduction in flight"});
+    e.terms.push_back({"full gradients and reductions", walk_in_flight + walk_layer_grads + walk_root_grads,
+                       walk_layer_grads > 0 ? "a layer's and the root's full gradients, a reduction in flight"
+                                            : "a layer's reduction, the root's full gradients"});
     e.terms.push_back({"activations and gradients so far",
-                       backward_walk - walk_gathered - walk_in_flight - layer_full_grads - walk_root_grads,
+                       backward_walk - walk_gathered - walk_in_flight - walk_layer_grads - walk_root_grads,
                        "the layers not yet done" + std::string(ac ? ", one layer replayed" : "") +
                            ", the gradients of those done"});
   } else if (reduces && reduce_scatter(root_trainable) > root_g + root_full_grads + tied_sum) {

@@ -126,6 +126,21 @@ TEST(TokenizerJsonErrors, NameTheFileAndWhatIsWrong) {
   expect_error(R"({"post_processor": {"type": "TemplateProcessing", "single": [{"Sequence": {"id": "B",
                "type_id": 0}}], "pair": [], "special_tokens": {}}, )" + word_level + "}",
                "the single template uses sequence B");
+  // Ids are the tokenizers library's u32 (the fuzzer's find: a negative vocabulary id indexed before the table).
+  expect_error(R"({"model": {"type": "BPE", "vocab": {"a": -3}, "merges": []}})",
+               "the vocabulary's id of 'a' is -3, outside the ids 0 .. 4294967295");
+  expect_error(R"({"added_tokens": [{"content": "x", "id": 4294967296}], )" + word_level + "}",
+               "an added token's id is 4294967296");
+  // A vocabulary with holes in its ids takes no room for them: the largest id sizes nothing.
+  {
+    const std::string dir = "/tmp/tokenizer_json_holes_" + std::to_string(::getpid());
+    io::make_directories(dir);
+    std::ofstream(dir + "/tokenizer.json")
+        << R"({"model": {"type": "WordLevel", "vocab": {"<unk>": 0, "a": 4000000000}, "unk_token": "<unk>"}})";
+    HfTokenizer tok(dir + "/tokenizer.json");
+    EXPECT_EQ(tok.vocab_size(), 4000000001);
+    io::remove_tree(dir);
+  }
   testing::expect_error<std::invalid_argument>([] { open_tokenizer("/nonexistent/dir/tokenizer.json"); },
                                                {"/nonexistent/dir/tokenizer.json"});
   const std::string empty = "/tmp/tokenizer_json_empty_" + std::to_string(::getpid());

@@ -209,16 +209,34 @@ TEST(FsdpRuntime, PrefetchBoundsUnshardedUnits) {
 }
 
 TEST(FsdpRuntime, OneReduceScatterInFlightDuringBackward) {
-  // Each unit's reduce-scatter overlaps the next unit's backward and is waited for when the next one is issued:
-  // one full-size reduction input alive at a time, not one per unit until the end of backward.
-  Toy model = sharded_toy();
-  auto [x, y] = make_batches().front();
-  for (int step = 0; step < 2; ++step) {
-    reset_fsdp_stats(model.ptr());
-    torch::mse_loss(model(local_rows(x)), local_rows(y)).backward();
-    const bool one = test_process_group().world_size() == 1;  // a group of one reduces nothing
-    EXPECT_EQ(fsdp_stats(model.ptr()).reduce_scatters, one ? 0 : 4);
-    EXPECT_EQ(fsdp_stats(model.ptr()).peak_reductions_in_flight, one ? 0 : 1);
+  // With overlap each unit's reduce-scatter runs on while the next unit computes its backward and is waited for
+  // when the next one is issued: one full-size reduction input alive at a time, not one per unit until the end of
+  // backward. Without (Gloo's default), each is waited for at once: none is alive while another unit computes.
+  for (const std::optional<bool> overlap : std::vector<std::optional<bool>>{true, false, std::nullopt}) {
+    SCOPED_TRACE(overlap ? (*overlap ? "overlap" : "no overlap") : "the default");
+    FsdpOptions options;
+    options.overlap_reduce_scatter = overlap;
+    Toy model = sharded_toy(options);
+    torch::manual_seed(42);
+    Toy ref;
+    torch::optim::SGD ref_sgd(ref->parameters(), torch::optim::SGDOptions(0.1));
+    torch::optim::SGD sgd(model->parameters(), torch::optim::SGDOptions(0.1));
+    for (const auto& [x, y] : make_batches()) {
+      ref_sgd.zero_grad();
+      torch::mse_loss(ref(x), y).backward();
+      ref_sgd.step();
+      sgd.zero_grad();
+      reset_fsdp_stats(model.ptr());
+      torch::mse_loss(model(local_rows(x)), local_rows(y)).backward();
+      const bool one = test_process_group().world_size() == 1;  // a group of one reduces nothing
+      const FsdpStats stats = fsdp_stats(model.ptr());
+      EXPECT_EQ(stats.reduce_scatters, one ? 0 : 4);
+      EXPECT_EQ(stats.peak_reductions_in_flight, one ? 0 : 1);
+      // Four units, the root's reduction last: the three before it overlap the next unit's backward, or none do.
+      EXPECT_EQ(stats.overlapped_reduce_scatters, one || !overlap.value_or(false) ? 0 : 3);
+      sgd.step();
+    }
+    expect_params_equal(gather_full_parameters(model.ptr()), *ref, "reduce-scatter overlap");
   }
 }
 

@@ -71,6 +71,13 @@ struct FsdpOptions {
   int forward_prefetch = 0;
   BackwardPrefetch backward_prefetch = BackwardPrefetch::BACKWARD_PRE;
   bool limit_all_gathers = true;
+  // Whether a unit's gradient reduce-scatter runs on while the next unit computes its backward (true), or is waited
+  // for before it starts (false). Overlap hides the collective behind compute, but its buffers stay allocated
+  // meanwhile: on Gloo the flat input and the all-to-all's receive buffer, twice the unit's full gradients, on top
+  // of the next unit's backward. Unset: overlap with NCCL (its reduce-scatter has no receive buffer and runs on
+  // its own stream); wait with Gloo, where on CPU cores that compute and communicate alike overlap bought no time
+  // and cost BERT 24 MB of a 385 MB backward peak at W=4 (docs/notes/benchmarks.md).
+  std::optional<bool> overlap_reduce_scatter;
   // CPU offload (FSDP2's CPUOffloadPolicy, Accelerate's fsdp_offload_params): the shards — what the optimizer reads
   // and updates, so also its state and the gradients it sees — live in CPU memory (pinned), each gather copies them
   // to the compute device first, and reduced gradients come back to the CPU; the optimizer steps on the CPU. The
@@ -152,6 +159,7 @@ struct FsdpStats {
   int64_t reduce_scatters = 0;       // gradient reduce-scatters issued (none by a group of one without replicas)
   int64_t peak_reductions_in_flight = 0;  // most reduce-scatters issued and not yet waited for (full-size inputs)
   int64_t reduce_scatter_input_bytes = 0;  // the reduce-scatters' inputs, summed (frozen parameters take none)
+  int64_t overlapped_reduce_scatters = 0;  // still in flight when the next unit's gradients were complete
   int64_t peak_unsharded_units = 0;  // most units holding (or gathering) full parameters at once
   int64_t peak_unsharded_bytes = 0;  // most bytes of full parameters held (or being gathered) at once
 };
