@@ -6,6 +6,7 @@
 // loss. Run under `shardtrain launch`.
 //
 //   family_bench --model DIR --batch FILE.safetensors [--mode plain|full_shard|shard_grad_op] [--checkpoint]
+//                [--overlap-reduce-scatter on|off]   (FsdpOptions::overlap_reduce_scatter; unset: the default)
 //                [--steps N] [--warmup K]
 //
 // The batch file holds the family's inputs under their data::Batch names (input_ids, attention_mask,
@@ -34,6 +35,8 @@
 #include "shardtrain/optim/fused_adamw.h"
 #include "bench_loop.h"
 
+#include <optional>
+
 namespace {
 
 using namespace shardtrain;
@@ -42,7 +45,13 @@ struct Args {
   std::string model, batch, mode = "plain";
   int64_t steps = 10, warmup = 2;
   bool checkpoint = false;
+  std::optional<bool> overlap_reduce_scatter;
 };
+
+bool parse_on_off(const std::string& key, const std::string& v) {
+  if (v == "on" || v == "off") return v == "on";
+  throw std::invalid_argument(key + " '" + v + "': expected on or off");
+}
 
 Args parse(int argc, char** argv) {
   Args a;
@@ -58,6 +67,7 @@ Args parse(int argc, char** argv) {
     else if (k == "--steps") a.steps = std::stoll(value());
     else if (k == "--warmup") a.warmup = std::stoll(value());
     else if (k == "--checkpoint") a.checkpoint = true;
+    else if (k == "--overlap-reduce-scatter") a.overlap_reduce_scatter = parse_on_off(k, value());
     else throw std::invalid_argument("unknown option " + k);
   }
   if (a.model.empty() || a.batch.empty()) throw std::invalid_argument("--model DIR and --batch FILE are required");
@@ -105,6 +115,7 @@ int run(const Args& a) {
     options.strategy = a.mode == "full_shard" ? fsdp::ShardingStrategy::FULL_SHARD
                                               : fsdp::ShardingStrategy::SHARD_GRAD_OP;
     options.activation_checkpoint_every = a.checkpoint ? 1 : 0;
+    options.fsdp.overlap_reduce_scatter = a.overlap_reduce_scatter;
     models::parallelize(model, mesh, options);
   } else if (a.mode == "plain") {
     if (w != 1) throw std::invalid_argument("--mode plain runs on one process");

@@ -75,8 +75,9 @@ struct FsdpOptions {
   // for before it starts (false). Overlap hides the collective behind compute, but its buffers stay allocated
   // meanwhile: on Gloo the flat input and the all-to-all's receive buffer, twice the unit's full gradients, on top
   // of the next unit's backward. Unset: overlap with NCCL (its reduce-scatter has no receive buffer and runs on
-  // its own stream); wait with Gloo, where on CPU cores that compute and communicate alike overlap bought no time
-  // and cost BERT 24 MB of a 385 MB backward peak at W=4 (docs/notes/benchmarks.md).
+  // its own stream); wait with Gloo, where on CPU cores that both compute and communicate overlap bought 1.5-3%
+  // of the step's time and cost up to two layers' gradients of peak (BERT W=4: 404 -> 379 MB, ViT W=2: 340 ->
+  // 334 MB; docs/notes/benchmarks.md): memory decides what fits.
   std::optional<bool> overlap_reduce_scatter;
   // CPU offload (FSDP2's CPUOffloadPolicy, Accelerate's fsdp_offload_params): the shards — what the optimizer reads
   // and updates, so also its state and the gradients it sees — live in CPU memory (pinned), each gather copies them
