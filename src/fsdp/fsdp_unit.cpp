@@ -288,8 +288,9 @@ void FsdpUnit::Impl::reduce_scatter_gradients() {
   }
   // Memory: what this unit holds from here on is its full gradients and the reduction input, so the full
   // parameters go first (reshard), the previous unit's reduce-scatter is waited for before this one's input is
-  // allocated (its backward overlapped that reduction already), and each full gradient is dropped once copied:
-  // while copying, the prefetched unit, this unit's gradients and its reduction input are alive, nothing else.
+  // allocated (its backward overlapped that reduction already, when overlapping), and each full gradient is
+  // dropped once copied: while copying, the prefetched unit, this unit's gradients and its reduction input are
+  // alive, nothing else.
   reshard();
   if (auto previous = schedule->reducing.lock()) {
     if (previous->reduction_in_flight()) ++schedule->stats.overlapped_reduce_scatters;

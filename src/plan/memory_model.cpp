@@ -193,10 +193,11 @@ MemoryEstimate estimate_training_memory(const models::ModelRecipe& recipe, const
   // DDP's buckets (25 MiB, two in flight); FSDP's reduce-scatter of a layer in flight while the next computes —
   // on CUDA only: with Gloo each reduction is waited for before the next unit's backward (FsdpOptions::
   // overlap_reduce_scatter), its buffers gone by then.
+  const bool overlap = job.cuda;
   int64_t comm = 0;
   if (job.strategy == Strategy::kDdp && job.world > 1) {
     comm = std::min<int64_t>(2 * 25 * 1024 * 1024, e.parameters * pe);
-  } else if (reduces && job.cuda) {
+  } else if (reduces && overlap) {
     comm = reduce_scatter(largest_layer_trainable);
   }
   // A tied tensor (word embeddings shared with the LM head) gets two gradients, summed into a third at the end
@@ -262,7 +263,7 @@ MemoryEstimate estimate_training_memory(const models::ModelRecipe& recipe, const
               gathered, in_flight, layer_full_grads, root_grads_at_i);
     // A reduction waited for at once (Gloo) is a moment of its own: the layer resharded and its full gradients
     // copied into the input by then, the next layer's gather issued (on the CPU, bf16's float32 sum is the most).
-    if (reduces && comm == 0 && job.wrap != Wrap::kNone) {
+    if (reduces && !overlap && job.wrap != Wrap::kNone) {
       const int64_t rs_gathered = reshard ? root_g + layer_g : std::max<int64_t>(all_g - i * layer_g, root_g);
       const int64_t reduction = reduce_scatter(largest_layer_trainable);
       candidate(rs_gathered + reduction + root_grads_at_i + below + grads_so_far, rs_gathered, reduction, 0,
