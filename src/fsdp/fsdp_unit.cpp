@@ -376,7 +376,7 @@ void FsdpUnit::Impl::install_gradients() {
   for (size_t i = 0; i < params.size(); ++i) all_installed &= reduction->offsets[i] < 0 || took_part[i] != 0.0f;
   for (size_t i = 0; i < params.size(); ++i) {
     const int64_t offset = reduction->offsets[i];
-    if (!params[i].param().requires_grad() || offset < 0 || took_part[i] == 0.0f) continue;
+    if (offset < 0 || took_part[i] == 0.0f) continue;  // frozen (not reduced), or no rank had a gradient
     at::Tensor reduced = params[i].as_shard(output.narrow(0, offset, params[i].shard_numel()));
     if (offloaded()) reduced = reduced.to(sharded_flat.device());  // the gradient joins its shard on the CPU
     at::Tensor& grad = params[i].grad();
