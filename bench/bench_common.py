@@ -45,20 +45,26 @@ def init_gloo():
 
 def timed_steps(hook, steps, warmup, loss_of_step, optimizer):
     """warmup + steps training steps: loss_of_step(s) returns step s's loss. Returns (milliseconds of the timed steps,
-    every step's loss averaged over the ranks, the largest peak bytes of each phase over the timed steps)."""
+    every step's loss averaged over the ranks, the largest peak bytes of each phase over the timed steps, each
+    phase's milliseconds in the timed steps)."""
     import torch
     import torch.distributed as dist
     world = dist.get_world_size()
-    step_ms, losses, phase_peak = [], [], [0.0, 0.0, 0.0]
+    step_ms, losses, phase_peak, phase_ms = [], [], [0.0, 0.0, 0.0], [[], [], []]
+    phase_start = 0.0
 
     def end_phase(phase, timed):
+        nonlocal phase_start
+        now = time.perf_counter()
         if timed:
             phase_peak[phase] = max(phase_peak[phase], float(hook.shardtrain_cpu_peak_bytes()))
+            phase_ms[phase].append((now - phase_start) * 1000)
         hook.shardtrain_reset_cpu_peak()
+        phase_start = now
 
     for s in range(steps + warmup):
         timed = s >= warmup
-        t0 = time.perf_counter()
+        t0 = phase_start = time.perf_counter()
         hook.shardtrain_reset_cpu_peak()
         loss = loss_of_step(s)
         end_phase(0, timed)
@@ -73,21 +79,25 @@ def timed_steps(hook, steps, warmup, loss_of_step, optimizer):
         if timed:
             step_ms.append(ms)
         losses.append(g.item() / world)
-    return step_ms, losses, phase_peak
+    return step_ms, losses, phase_peak, phase_ms
 
 
-def report_and_exit(fields, step_ms, phase_peak, losses):
-    """Rank 0 prints RESULT {fields..., step_ms, peak_bytes, phase_peak_bytes, losses} (the slowest rank's median
-    step, the largest rank's peaks); then every rank leaves without destructors: torch 2.11's DDP can deadlock at
-    interpreter exit (the main thread, holding the GIL, joins a Gloo worker thread that waits for the GIL to release
-    a tensor; seen 2026-11-22)."""
+def report_and_exit(fields, step_ms, phase_peak, losses, phase_ms):
+    """Rank 0 prints RESULT {fields..., step_ms, phase_ms, peak_bytes, phase_peak_bytes, losses} (the slowest rank's
+    median step and phases, the largest rank's peaks); then every rank leaves without destructors: torch 2.11's DDP
+    can deadlock at interpreter exit (the main thread, holding the GIL, joins a Gloo worker thread that waits for the
+    GIL to release a tensor; seen 2026-11-22)."""
     import torch
     import torch.distributed as dist
-    step_ms = sorted(step_ms)
-    summary = torch.tensor([step_ms[len(step_ms) // 2]] + phase_peak, dtype=torch.float64)
+
+    def median(ms):
+        return sorted(ms)[len(ms) // 2]
+
+    summary = torch.tensor([median(step_ms)] + [median(ms) for ms in phase_ms] + phase_peak, dtype=torch.float64)
     dist.all_reduce(summary, op=dist.ReduceOp.MAX)
     if dist.get_rank() == 0:
-        print("RESULT " + json.dumps(dict(fields, step_ms=summary[0].item(), peak_bytes=summary[1:].max().item(),
-                                          phase_peak_bytes=summary[1:].tolist(), losses=losses)), flush=True)
+        print("RESULT " + json.dumps(dict(fields, step_ms=summary[0].item(), phase_ms=summary[1:4].tolist(),
+                                          peak_bytes=summary[4:].max().item(), phase_peak_bytes=summary[4:].tolist(),
+                                          losses=losses)), flush=True)
     dist.barrier()
     os._exit(0)

@@ -24,6 +24,7 @@ struct StepLoop {
   std::vector<double> step_ms;                    // the timed steps, in order
   std::vector<double> losses;                     // every step's, warm-up included
   std::vector<double> phase_peak{0.0, 0.0, 0.0};  // bytes: the largest peak of each phase over the timed steps
+  std::vector<std::vector<double>> phase_ms{{}, {}, {}};  // each phase's milliseconds in the timed steps
 };
 
 // warmup + steps steps; loss_of_step(s) is step s's forward and loss. Collective over `world` (the loss average).
@@ -31,14 +32,21 @@ inline StepLoop run_steps(const dist::Communicator& world, int64_t steps, int64_
                           const std::function<at::Tensor(int64_t)>& loss_of_step, torch::optim::Optimizer& optimizer) {
   StepLoop out;
   bool timed = false;
+  auto phase_start = std::chrono::steady_clock::now();
   auto end_phase = [&](size_t phase) {
+    const auto now = std::chrono::steady_clock::now();
     const auto peak = static_cast<double>(memory::cpu_memory_stats().peak_bytes);
-    if (timed) out.phase_peak[phase] = std::max(out.phase_peak[phase], peak);
+    if (timed) {
+      out.phase_peak[phase] = std::max(out.phase_peak[phase], peak);
+      out.phase_ms[phase].push_back(std::chrono::duration<double, std::milli>(now - phase_start).count());
+    }
     memory::reset_cpu_peak();
+    phase_start = now;
   };
   for (int64_t s = 0; s < steps + warmup; ++s) {
     timed = s >= warmup;
     const auto t0 = std::chrono::steady_clock::now();
+    phase_start = t0;
     memory::reset_cpu_peak();
     at::Tensor loss = loss_of_step(s);
     end_phase(0);
@@ -56,22 +64,29 @@ inline StepLoop run_steps(const dist::Communicator& world, int64_t steps, int64_
   return out;
 }
 
-// Rank 0 prints RESULT {<fields>, "step_ms", "peak_bytes", "phase_peak_bytes", "losses"} with the losses from step
-// `first_loss` on; `fields` is JSON members without braces ("\"impl\": \"shardtrain\", ..."). Collective.
+// The median of `ms` (the upper one of an even count, as Python's sorted(ms)[len // 2]).
+inline double median_ms(std::vector<double> ms) {
+  std::sort(ms.begin(), ms.end());
+  return ms[ms.size() / 2];
+}
+
+// Rank 0 prints RESULT {<fields>, "step_ms", "phase_ms", "peak_bytes", "phase_peak_bytes", "losses"} with the
+// losses from step `first_loss` on; `fields` is JSON members without braces ("\"impl\": \"shardtrain\", ...").
+// Times are each rank's median, the slowest rank's printed. Collective.
 inline void print_result(const dist::Communicator& world, const std::string& fields, const StepLoop& r,
                          size_t first_loss = 0) {
-  std::vector<double> sorted = r.step_ms;
-  std::sort(sorted.begin(), sorted.end());
-  at::Tensor summary =
-      at::tensor({sorted[sorted.size() / 2], r.phase_peak[0], r.phase_peak[1], r.phase_peak[2]}, at::kDouble);
+  // [step ms, forward ms, backward ms, optimizer ms, forward bytes, backward bytes, optimizer bytes]
+  at::Tensor summary = at::tensor({median_ms(r.step_ms), median_ms(r.phase_ms[0]), median_ms(r.phase_ms[1]),
+                                   median_ms(r.phase_ms[2]), r.phase_peak[0], r.phase_peak[1], r.phase_peak[2]},
+                                  at::kDouble);
   world.all_reduce(summary, dist::ReduceOp::MAX).wait();
   if (world.rank() != 0) return;
+  auto v = [&](int64_t i) { return summary[i].item<double>(); };
   std::ostringstream out;
   out.precision(10);
-  out << "RESULT {" << fields << ", \"step_ms\": " << summary[0].item<double>()
-      << ", \"peak_bytes\": " << summary.narrow(0, 1, 3).max().item<double>() << ", \"phase_peak_bytes\": ["
-      << summary[1].item<double>() << ", " << summary[2].item<double>() << ", " << summary[3].item<double>()
-      << "], \"losses\": [";
+  out << "RESULT {" << fields << ", \"step_ms\": " << v(0) << ", \"phase_ms\": [" << v(1) << ", " << v(2)
+      << ", " << v(3) << "], \"peak_bytes\": " << summary.narrow(0, 4, 3).max().item<double>()
+      << ", \"phase_peak_bytes\": [" << v(4) << ", " << v(5) << ", " << v(6) << "], \"losses\": [";
   for (size_t i = first_loss; i < r.losses.size(); ++i) out << (i > first_loss ? ", " : "") << r.losses[i];
   out << "]}";
   std::cout << out.str() << std::endl;

@@ -160,6 +160,10 @@ def main():
         phases = "  ".join(f"{x / 2**20:7.1f} / {y / 2**20:7.1f}" for x, y in zip(o["phase_peak_bytes"],
                                                                               t["phase_peak_bytes"]))
         print(f"{label:32s} {phases}")
+    print("\nmedian ms by phase (forward with the loss, backward, optimizer step), ours / theirs:")
+    for label, what, params, o, t in rows:
+        phases = "  ".join(f"{x:7.1f} / {y:7.1f}" for x, y in zip(o["phase_ms"], t["phase_ms"]))
+        print(f"{label:32s} {phases}")
 
 
 if __name__ == "__main__":

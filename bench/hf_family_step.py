@@ -91,10 +91,11 @@ def main():
         batch[k] = v[rank * rows:(rank + 1) * rows].clone()
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, weight_decay=0.01, fused=True)
 
-    step_ms, losses, phase_peak = bench_common.timed_steps(hook, args.steps, args.warmup,
-                                                           lambda s: loss_of(family, model, batch), optimizer)
+    step_ms, losses, phase_peak, phase_ms = bench_common.timed_steps(hook, args.steps, args.warmup,
+                                                                     lambda s: loss_of(family, model, batch), optimizer)
     bench_common.report_and_exit({"impl": "transformers", "family": family, "mode": args.mode,
-                                  "checkpoint": args.checkpoint, "world": world}, step_ms, phase_peak, losses)
+                                  "checkpoint": args.checkpoint, "world": world}, step_ms, phase_peak, losses,
+                                 phase_ms)
 
 
 if __name__ == "__main__":

@@ -201,8 +201,24 @@ void FsdpUnit::Impl::unshard() {
     start_gather(/*prefetch=*/false);
     foreach_all_gather_copy_out(*pending_gather, params, offsets, unit_shard_numel);
     pending_gather.reset();  // still counted as unsharded until reshard()
+    rebind_grad_accumulators();
   }
   state = ShardState::UNSHARDED;
+}
+
+void FsdpUnit::Impl::rebind_grad_accumulators() {
+  // set_data() to another dtype or device (mixed precision's compute dtype, an offloaded shard's compute device)
+  // drops the parameter's cached AccumulateGrad node, and autograd makes a fresh one at the next use — without the
+  // hook that counts the gradient in: the unit would never see its gradients complete and stay gathered, its
+  // reduction not started, until the end of backward. The full value's dtype and device are those the nodes were
+  // made with (install_unit), so ours take the gradients again.
+  if (compute_dtype() == own_dtype && !offloaded()) return;
+  for (size_t i = 0; i < params.size(); ++i) {
+    if (!grad_accumulators[i]) continue;
+    torch::autograd::AutogradMeta* meta = torch::autograd::impl::get_autograd_meta(params[i].param());
+    std::lock_guard<std::mutex> lock(meta->mutex_);
+    meta->grad_accumulator_ = grad_accumulators[i];
+  }
 }
 
 void FsdpUnit::Impl::reshard() {
@@ -258,7 +274,7 @@ void FsdpUnit::Impl::on_parameter_gradient(size_t index) {
                            "was not on the path of this backward");
   }
   // One accumulator per parameter that requires a gradient: when all have run, the unit's gradients are complete.
-  if (++gradients_ready == grad_accumulators.size()) reduce_scatter_gradients();
+  if (++gradients_ready == accumulating) reduce_scatter_gradients();
 }
 
 void FsdpUnit::Impl::reduce_scatter_gradients() {
@@ -341,8 +357,18 @@ void FsdpUnit::Impl::wait_reduce_scatter() {
   reduction->work.reset();
   --schedule->reductions_in_flight;
   if (has_replicas()) {
-    // Hybrid sharding / NO_SHARD: the shards of the same rows, one per replica, reduced across replicas.
+    // Hybrid sharding / NO_SHARD: the shards of the same rows, one per replica, reduced across replicas (in the
+    // reduce dtype, on the compute device; install_gradients converts).
     replicate_work = options.replicate_group->all_reduce(reduction->output, reduction_op());
+    return;
+  }
+  // The reduced shards take the parameters' dtype and device now, not at the end of backward (FSDP2 casts right
+  // after its reduce-scatter too): held until then, every unit's output in the reduce dtype would sit beside the
+  // gradients installed from it — with bf16 reductions of float32 parameters 2 bytes per parameter / W more at the
+  // end of backward — and, offloaded, every unit's gradient shard would stay on the compute device.
+  at::Tensor& output = reduction->output;
+  if (output.scalar_type() != own_dtype || output.device() != sharded_flat.device()) {
+    output = output.to(sharded_flat.device(), own_dtype);
   }
 }
 
@@ -378,11 +404,12 @@ void FsdpUnit::Impl::install_gradients() {
     const int64_t offset = reduction->offsets[i];
     if (offset < 0 || took_part[i] == 0.0f) continue;  // frozen (not reduced), or no rank had a gradient
     at::Tensor reduced = params[i].as_shard(output.narrow(0, offset, params[i].shard_numel()));
-    if (offloaded()) reduced = reduced.to(sharded_flat.device());  // the gradient joins its shard on the CPU
+    reduced = reduced.to(sharded_flat.device());  // replicas: the gradient joins its shard on the CPU if offloaded
+    const bool own_memory = !reduced.is_alias_of(output);
     at::Tensor& grad = params[i].grad();
     if (grad.defined()) {
       grad.add_(reduced);
-    } else if (reduced.scalar_type() == own_dtype && (all_installed || offloaded())) {
+    } else if (reduced.scalar_type() == own_dtype && (all_installed || own_memory)) {
       // The reduction's own memory, not a copy (FSDP2's gradients are views of its reduce-scatter output too): a
       // tensor of its own over that storage rather than an autograd view, which zero_grad(set_to_none=false)
       // could not detach in place. A copy held the largest unit's shard twice at the end of backward.
@@ -469,6 +496,7 @@ void install_unit(const std::shared_ptr<FsdpUnit::Impl>& unit) {
   const at::ScalarType compute = unit->compute_dtype();
   std::vector<at::Tensor> full_values;
   std::weak_ptr<FsdpUnit::Impl> weak = unit;
+  unit->grad_accumulators.resize(unit->params.size());
   for (size_t i = 0; i < unit->params.size(); ++i) {
     const at::Tensor& p = unit->params[i].param();
     full_values.push_back(p.detach());  // keeps the full value's storage while p's data is swapped below
@@ -480,7 +508,8 @@ void install_unit(const std::shared_ptr<FsdpUnit::Impl>& unit) {
     accumulator->add_post_hook(std::make_unique<nn::AfterAccumulate>([weak, i] {
       if (auto u = weak.lock()) u->on_parameter_gradient(i);
     }));
-    unit->grad_accumulators.push_back(std::move(accumulator));
+    unit->grad_accumulators[i] = std::move(accumulator);
+    ++unit->accumulating;
   }
   if (!unit->params.empty()) {
     const at::Tensor& first = full_values.front();

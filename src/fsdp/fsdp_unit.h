@@ -103,6 +103,7 @@ struct FsdpUnit::Impl : std::enable_shared_from_this<FsdpUnit::Impl> {
   bool reduction_in_flight() const;          // this unit's reduce-scatter issued and not yet waited for
   void wait_reduce_scatter();                // a reduce-scatter in flight: wait, start the replicate all-reduce
   void install_gradients();                  // end of backward, second pass: sharded gradients into .grad
+  void rebind_grad_accumulators();           // after set_data() to another dtype or device: ours again
   // Issues the all-gathers of the next units (forward: forward_prefetch of them in forward order; backward: one,
   // in reverse post-forward order) that are sharded, within limit_all_gathers.
   void prefetch(bool backward);
@@ -120,7 +121,10 @@ struct FsdpUnit::Impl : std::enable_shared_from_this<FsdpUnit::Impl> {
                                  // on the CPU (pinned) when offloaded, else on compute_device
   std::vector<at::Tensor> stashed_grads;  // the sharded .grad of each param while it is unsharded
   std::vector<at::Tensor> unreduced_grads;  // no_sync: full gradients summed over backward passes, reduce dtype
-  std::vector<std::shared_ptr<torch::autograd::Node>> grad_accumulators;  // kept alive: tensors hold them weakly
+  // Each parameter's AccumulateGrad node with the hook that counts its gradient in (null: frozen), kept alive
+  // here: tensors hold theirs weakly. `accumulating` of them are not null.
+  std::vector<std::shared_ptr<torch::autograd::Node>> grad_accumulators;
+  size_t accumulating = 0;
   ShardState state = ShardState::SHARDED;
   TrainingState training = TrainingState::IDLE;
   bool requires_gradient_sync = true;

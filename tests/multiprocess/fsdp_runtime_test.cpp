@@ -170,11 +170,12 @@ TEST(FsdpRuntime, MixedPrecisionDtypes) {
 struct Peaks {
   int64_t forward, backward, prefetches;
 };
-Peaks measure_peaks(int forward_prefetch, bool limit, BackwardPrefetch backward) {
+Peaks measure_peaks(int forward_prefetch, bool limit, BackwardPrefetch backward, MixedPrecision mp = {}) {
   FsdpOptions options;
   options.forward_prefetch = forward_prefetch;
   options.limit_all_gathers = limit;
   options.backward_prefetch = backward;
+  options.mixed_precision = mp;
   Toy model = sharded_toy(options);
   auto [x, y] = make_batches().front();
   torch::mse_loss(model(local_rows(x)), local_rows(y)).backward();
@@ -206,6 +207,23 @@ TEST(FsdpRuntime, PrefetchBoundsUnshardedUnits) {
   EXPECT_EQ(measure_peaks(2, false, BackwardPrefetch::NONE).forward, 4);
   // BACKWARD_POST gathers the next unit once the current one's gradients are reduced: no more than without.
   EXPECT_EQ(measure_peaks(0, true, BackwardPrefetch::BACKWARD_POST).backward, 2);
+}
+
+TEST(FsdpRuntime, MixedPrecisionReshardsEachUnitDuringBackward) {
+  // Gathering in another dtype swaps each parameter's data for one of that dtype, which drops autograd's cached
+  // AccumulateGrad node: a node made afresh at the next use would lack the hook that tells a unit its gradients
+  // are complete, and every unit would stay gathered (and its reduction wait) until the end of backward — what
+  // SHARD_GRAD_OP holds. With the hook kept, the same bound as in float32: the root and the running block. Even a
+  // group of one gathers here (its bf16 copy of the float32 shard).
+  for (const at::ScalarType reduce : {torch::kBFloat16, torch::kFloat}) {
+    SCOPED_TRACE(c10::toString(reduce));
+    MixedPrecision mp;
+    mp.param_dtype = torch::kBFloat16;
+    mp.reduce_dtype = reduce;
+    const Peaks peaks = measure_peaks(0, true, BackwardPrefetch::NONE, mp);
+    EXPECT_EQ(peaks.forward, 2);
+    EXPECT_EQ(peaks.backward, 2);
+  }
 }
 
 TEST(FsdpRuntime, OneReduceScatterInFlightDuringBackward) {
