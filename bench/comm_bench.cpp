@@ -69,7 +69,8 @@ int main(int argc, char** argv) {
     if (print) {
       std::printf("# shardtrain comm_bench: world %d, backend %s, float32, loopback\n", w,
                   comm_backend_name(comm.backend()));
-      std::printf("# all_gather: ours is the backend's flat all-gather (no second column)\n");
+      std::printf("# all_gather: ours = %s; backend = its _allgather_base\n",
+                  comm.backend() == CommBackend::GLOO ? "a broadcast from each rank, in place" : "its _allgather_base");
       std::printf("# reduce_scatter: ours = all-to-all + local sum; backend = its _reduce_scatter_base\n");
       std::printf("# all_reduce: ours is the backend's all-reduce (no second column)\n");
       std::printf("%-15s %12s %8s | %10s %8s %8s | %10s %8s %8s | %9s\n", "op", "size(B)", "iters", "ours(us)",
@@ -90,7 +91,8 @@ int main(int argc, char** argv) {
         std::function<Work()> ours, backend;
       };
       std::vector<Row> rows = {
-          {"all_gather", (w - 1.0) / w, [&] { return comm.all_gather(big_out, small); }, {}},
+          {"all_gather", (w - 1.0) / w, [&] { return comm.all_gather(big_out, small); },
+           [&] { return comm.native_all_gather(big_out, small); }},
           {"reduce_scatter", (w - 1.0) / w, [&] { return comm.reduce_scatter(small, big, ReduceOp::SUM); },
            [&] { return comm.native_reduce_scatter(small, big); }},
           {"all_reduce", 2.0 * (w - 1.0) / w, [&] { return comm.all_reduce(big, ReduceOp::SUM); }, {}},

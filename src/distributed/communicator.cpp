@@ -3,6 +3,7 @@
 #include <ATen/ATen.h>
 #include <torch/csrc/distributed/c10d/Types.hpp>
 
+#include <algorithm>
 #include <chrono>
 #include <functional>
 #include <stdexcept>
@@ -47,7 +48,7 @@ void settle(const c10::intrusive_ptr<c10d::Work>& work) {
 
 void Work::wait() {
   if (!state_ || state_->done) return;
-  if (state_->work) {
+  if (!state_->works.empty()) {
     // Published while blocked, for the heartbeat's report of a hang.
     struct Posted {
       WaitBoard* board;
@@ -63,7 +64,7 @@ void Work::wait() {
       }
     } posted(state_->waits.get(), state_->what);
     try {
-      state_->work->wait();
+      for (const auto& work : state_->works) work->wait();
     } catch (const std::exception& e) {
       state_->done = true;  // a failed operation is not retried by a second wait()
       throw std::runtime_error(state_->what + " failed: " + error_text(e));
@@ -71,8 +72,10 @@ void Work::wait() {
   }
   if (state_->finish) state_->finish();
   // The backend's handle holds the operation's input, output and scratch tensors too: release them with ours.
-  if (state_->work && state_->settle_backend_references) settle(state_->work);
-  state_->work.reset();
+  if (state_->settle_backend_references) {
+    for (const auto& work : state_->works) settle(work);
+  }
+  state_->works.clear();
   state_->finish = nullptr;
   state_->keep_alive.clear();
   state_->done = true;
@@ -80,7 +83,8 @@ void Work::wait() {
 
 bool Work::is_completed() const {
   if (!state_ || state_->done) return true;
-  return !state_->work || state_->work->isCompleted();
+  return std::all_of(state_->works.begin(), state_->works.end(),
+                     [](const c10::intrusive_ptr<c10d::Work>& work) { return work->isCompleted(); });
 }
 
 void wait_all(std::vector<Work>& works) {
@@ -96,16 +100,22 @@ std::string describe(const Impl& g, const std::string& op) {
          ", " + comm_backend_name(g.kind) + ")";
 }
 
-Work make_work(const Impl& g, const std::string& op, c10::intrusive_ptr<c10d::Work> work,
+Work make_work(const Impl& g, const std::string& op, std::vector<c10::intrusive_ptr<c10d::Work>> works,
                std::vector<at::Tensor> keep_alive, std::function<void()> finish = {}) {
   auto state = std::make_shared<Work::State>();
-  state->work = std::move(work);
+  state->works = std::move(works);
   state->keep_alive = std::move(keep_alive);
   state->finish = std::move(finish);
   state->what = describe(g, op);
   state->settle_backend_references = g.kind == CommBackend::GLOO;
   state->waits = g.waits;
   return Work(std::move(state));
+}
+
+Work make_work(const Impl& g, const std::string& op, c10::intrusive_ptr<c10d::Work> work,
+               std::vector<at::Tensor> keep_alive, std::function<void()> finish = {}) {
+  return make_work(g, op, std::vector<c10::intrusive_ptr<c10d::Work>>{std::move(work)}, std::move(keep_alive),
+                   std::move(finish));
 }
 
 void check_tensor(const Impl& g, const std::string& op, const char* role, const at::Tensor& t) {
@@ -202,10 +212,27 @@ Work Communicator::all_gather(const at::Tensor& out, const at::Tensor& in) const
     if (!same_memory(out, in)) out.view(-1).copy_(in.view(-1));
     return Work();
   }
-  // Gloo's and NCCL's flat all-gathers both move (W-1)/W of the output per rank, as a ring does.
+  // Each rank receives the W-1 other chunks: (W-1)/W of the output, what a ring moves.
   at::Tensor flat_out = wire_buffer(g, out.view(-1));
   at::Tensor flat_in = wire_values(g, in.view(-1));
-  return make_work(g, "all_gather", g.backend->_allgather_base(flat_out, flat_in), {out, in, flat_out, flat_in},
+  if (g.kind == CommBackend::NCCL) {
+    return make_work(g, "all_gather", g.backend->_allgather_base(flat_out, flat_in), {out, in, flat_out, flat_in},
+                     copy_back(out.view(-1), flat_out));
+  }
+  // Gloo's all-gather gathers into a scratch buffer as large as the output and copies it out at the end: one
+  // more full-size buffer (a whole layer, for FSDP) alive while each gather runs, beside the layer computing. A
+  // broadcast from each rank of its chunk, in place in the output, moves the same bytes without it.
+  const int64_t n = flat_in.numel();
+  at::Tensor own = flat_out.narrow(0, g.rank * n, n);
+  if (!same_memory(own, flat_in)) own.copy_(flat_in);
+  std::vector<c10::intrusive_ptr<c10d::Work>> works;
+  for (int root = 0; root < size(); ++root) {
+    std::vector<at::Tensor> chunk{flat_out.narrow(0, root * n, n)};
+    c10d::BroadcastOptions opts;
+    opts.rootRank = root;
+    works.push_back(g.backend->broadcast(chunk, opts));
+  }
+  return make_work(g, "all_gather", std::move(works), {out, in, flat_out, flat_in},
                    copy_back(out.view(-1), flat_out));
 }
 
@@ -252,6 +279,16 @@ Work Communicator::native_reduce_scatter(const at::Tensor& out, const at::Tensor
   at::Tensor flat_out = wire_buffer(g, out.view(-1));
   at::Tensor flat_in = wire_values(g, in.view(-1));
   return make_work(g, "native_reduce_scatter", g.backend->_reduce_scatter_base(flat_out, flat_in),
+                   {out, in, flat_out, flat_in}, copy_back(out.view(-1), flat_out));
+}
+
+Work Communicator::native_all_gather(const at::Tensor& out, const at::Tensor& in) const {
+  const Impl& g = *impl_;
+  check_flat_pair(g, "native_all_gather", out, in, "output", "input");
+  if (g.kind == CommBackend::SELF) return all_gather(out, in);
+  at::Tensor flat_out = wire_buffer(g, out.view(-1));
+  at::Tensor flat_in = wire_values(g, in.view(-1));
+  return make_work(g, "native_all_gather", g.backend->_allgather_base(flat_out, flat_in),
                    {out, in, flat_out, flat_in}, copy_back(out.view(-1), flat_out));
 }
 

@@ -21,7 +21,9 @@ struct WaitBoard {
 };
 
 struct Work::State {
-  c10::intrusive_ptr<c10d::Work> work;  // the backend's handle; null when nothing is in flight
+  // The backend's handles, waited for in order: one, or one per part of an operation made of several (Gloo's
+  // all-gather: a broadcast from each rank). Empty when nothing is in flight.
+  std::vector<c10::intrusive_ptr<c10d::Work>> works;
   std::function<void()> finish;         // local step once the transfer is done (fallback sum, mean's divide)
   std::vector<at::Tensor> keep_alive;   // inputs, outputs and scratch buffers the transfer reads or writes
   std::string what;                     // "reduce_scatter(SUM) on world (rank 1 of 4)" for error messages

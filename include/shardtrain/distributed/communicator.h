@@ -71,9 +71,11 @@ class Communicator {
   Work all_to_all(const at::Tensor& out, const at::Tensor& in) const;
   Work barrier() const;
 
-  // The backend's own flat reduce-scatter (SUM), unchanged: on Gloo it is W all-reduces. Only for the benchmark
-  // that shows what reduce_scatter() saves; all-gather and all-reduce above are already the backend's own.
+  // The backend's own flat reduce-scatter (SUM) and all-gather, unchanged: on Gloo the first is W all-reduces,
+  // the second gathers through a scratch buffer as large as the output. Only for the benchmark that shows what
+  // reduce_scatter() and all_gather() change; all-reduce above is already the backend's own.
   Work native_reduce_scatter(const at::Tensor& out, const at::Tensor& in) const;
+  Work native_all_gather(const at::Tensor& out, const at::Tensor& in) const;
 
  private:
   std::shared_ptr<Impl> impl_;
