@@ -91,7 +91,8 @@ def main():
         y = data["y"][s][rank * local:(rank + 1) * local]
         return nn.functional.mse_loss(model(x), y)
 
-    step_ms, losses, phase_peak, phase_ms = bench_common.timed_steps(hook, args.steps, args.warmup, loss_of_step, optimizer)
+    step_ms, losses, phase_peak, phase_ms = bench_common.timed_steps(hook, args.steps, args.warmup, loss_of_step,
+                                                                     optimizer)
     bench_common.report_and_exit({"impl": "torch", "mode": args.mode, "checkpoint": args.checkpoint, "world": world},
                                  step_ms, phase_peak, losses[args.warmup:], phase_ms)
 
