@@ -26,13 +26,14 @@ void foreach_all_gather_copy_out(AllGatherResult& result, std::vector<FsdpParam>
 
 ReduceScatterResult foreach_reduce_scatter(std::vector<at::Tensor>& full_grads, const std::vector<FsdpParam>& params,
                                            at::ScalarType dtype, const at::Device& device, dist::ReduceOp op,
-                                           const dist::Communicator& group) {
+                                           const dist::Communicator& group, const at::Tensor& agreed) {
   ReduceScatterResult r;
+  const float* any_rank = agreed.defined() ? agreed.data_ptr<float>() : nullptr;
   int64_t shard_numel = 0;
-  for (const FsdpParam& p : params) {
-    const bool takes_part = p.param().requires_grad();
+  for (size_t i = 0; i < params.size(); ++i) {
+    const bool takes_part = params[i].param().requires_grad() && (!any_rank || any_rank[i] != 0.0f);
     r.offsets.push_back(takes_part ? shard_numel : -1);
-    if (takes_part) shard_numel += p.shard_numel();
+    if (takes_part) shard_numel += params[i].shard_numel();
   }
   const bool group_of_one = group.size() == 1;
   at::Tensor input = at::zeros({(group_of_one ? 1 : group.size()) * shard_numel},
@@ -44,7 +45,12 @@ ReduceScatterResult foreach_reduce_scatter(std::vector<at::Tensor>& full_grads, 
     full_grads[i] = at::Tensor();
     local_flags[i] = 1.0f;
   }
-  r.has_gradient = at::tensor(local_flags).to(group.device());  // NCCL reduces CUDA tensors only
+  if (agreed.defined()) {
+    r.has_gradient = agreed;
+    r.has_gradient_agreed = true;
+  } else {
+    r.has_gradient = at::tensor(local_flags).to(group.device());  // NCCL reduces CUDA tensors only
+  }
   if (group_of_one) {
     r.output = std::move(input);
     r.work = dist::Work();

@@ -42,6 +42,7 @@ struct ReduceScatterResult {
   at::Tensor output;
   std::vector<int64_t> offsets;
   at::Tensor has_gradient;
+  bool has_gradient_agreed = false;  // already reduced over the ranks (reduced_parameters given), not this rank's
   std::optional<dist::Work> work;  // until waited; an empty Work for a group of one, which communicates nothing
 };
 
@@ -49,9 +50,11 @@ struct ReduceScatterResult {
 // (W * G) in `dtype` on `device`, dropping each full gradient once copied (at most one full gradient and the input
 // alive), and issues the reduce-scatter with `op`. Parameters that require no gradient take no room: a frozen
 // parameter's rows would be reduced as zeros (FLAVA's frozen image codebook, half its root unit, would make that
-// unit's reduction input twice the size). A group of one communicates nothing: the input is the output.
+// unit's reduction input twice the size). `agreed`, when defined, is the per-parameter MAX over the ranks of
+// "has a gradient" (float, one per parameter, on the CPU): parameters no rank has a gradient for take no room
+// either, and it becomes the result's has_gradient. A group of one communicates nothing: the input is the output.
 ReduceScatterResult foreach_reduce_scatter(std::vector<at::Tensor>& full_grads, const std::vector<FsdpParam>& params,
                                            at::ScalarType dtype, const at::Device& device, dist::ReduceOp op,
-                                           const dist::Communicator& group);
+                                           const dist::Communicator& group, const at::Tensor& agreed = {});
 
 }  // namespace shardtrain::fsdp

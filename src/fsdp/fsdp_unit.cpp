@@ -322,12 +322,14 @@ void FsdpUnit::Impl::reduce_scatter_gradients() {
     return after_reduce_scatter(TrainingState::POST_BACKWARD);
   }
   // Gradients missing at the end of backward (parameters that did not take part here) count as zero in the
-  // reduction; install_gradients leaves grad undefined where no rank had one. Frozen parameters take no part at
-  // all, and a unit of frozen parameters only reduces nothing.
+  // reduction, or on Gloo are left out where no rank has one; install_gradients leaves grad undefined where no
+  // rank had one. Frozen parameters take no part at all, and a unit of frozen parameters reduces nothing.
   if (std::none_of(params.begin(), params.end(), [](const FsdpParam& p) { return p.param().requires_grad(); })) {
     return after_reduce_scatter(TrainingState::IDLE);
   }
-  reduction = foreach_reduce_scatter(full, params, dtype, compute_device, reduction_op(), group);
+  const at::Tensor agreed = agree_on_gradients(full);
+  if (agreed.defined() && agreed.max().item<float>() == 0.0f) return after_reduce_scatter(TrainingState::IDLE);
+  reduction = foreach_reduce_scatter(full, params, dtype, compute_device, reduction_op(), group, agreed);
   schedule->reducing = weak_from_this();
   ++schedule->stats.reduce_scatters;
   schedule->stats.reduce_scatter_input_bytes += group.size() * static_cast<int64_t>(reduction->output.nbytes());
@@ -335,6 +337,22 @@ void FsdpUnit::Impl::reduce_scatter_gradients() {
       std::max(schedule->stats.peak_reductions_in_flight, ++schedule->reductions_in_flight);
   after_reduce_scatter(TrainingState::POST_BACKWARD);
   if (!overlaps_reduce_scatter()) wait_reduce_scatter();
+}
+
+at::Tensor FsdpUnit::Impl::agree_on_gradients(const std::vector<at::Tensor>& full) const {
+  // On Gloo the ranks first agree which parameters any of them has a gradient for (MAX of a flag per parameter,
+  // a few bytes), and the reduction leaves out the others, as FSDP2's leaves out parameters without a gradient:
+  // a FLAVA text-only step otherwise reduced every image head of the root as zeros, most of a W=2 backward. On
+  // NCCL the flags travel after the reduction (install_gradients): reading them first would wait for the GPU.
+  const bool gloo = group.backend() == dist::CommBackend::GLOO &&
+                    (!has_replicas() || options.replicate_group->backend() == dist::CommBackend::GLOO);
+  if (!gloo) return {};
+  std::vector<float> local(params.size(), 0.0f);
+  for (size_t i = 0; i < params.size(); ++i) local[i] = full[i].defined() ? 1.0f : 0.0f;
+  at::Tensor flags = at::tensor(local);
+  group.all_reduce(flags, dist::ReduceOp::MAX).wait();
+  if (has_replicas()) options.replicate_group->all_reduce(flags, dist::ReduceOp::MAX).wait();
+  return flags;
 }
 
 void FsdpUnit::Impl::after_reduce_scatter(TrainingState next) {
@@ -392,12 +410,14 @@ void FsdpUnit::Impl::install_gradients() {
   // Which parameters got a gradient on any rank: those keep (or get) one; the others stay undefined. Zero
   // gradients are not the same as none — AdamW would still decay and move such parameters.
   at::Tensor& has_gradient = reduction->has_gradient;
-  if (!shards_are_full()) group.all_reduce(has_gradient, dist::ReduceOp::MAX).wait();
-  if (has_replicas()) options.replicate_group->all_reduce(has_gradient, dist::ReduceOp::MAX).wait();
+  if (!reduction->has_gradient_agreed) {
+    if (!shards_are_full()) group.all_reduce(has_gradient, dist::ReduceOp::MAX).wait();
+    if (has_replicas()) options.replicate_group->all_reduce(has_gradient, dist::ReduceOp::MAX).wait();
+  }
   const at::Tensor flags = has_gradient.to(at::kCPU);
   const float* took_part = flags.data_ptr<float>();
   // Gradients share the output's memory only when every parameter reduced into it gets one: else the rows of the
-  // others (FLAVA's image heads on a text-only step) would stay allocated with them.
+  // others (FLAVA's image heads on a text-only step, on NCCL; Gloo leaves them out) would stay allocated with them.
   bool all_installed = true;
   for (size_t i = 0; i < params.size(); ++i) all_installed &= reduction->offsets[i] < 0 || took_part[i] != 0.0f;
   for (size_t i = 0; i < params.size(); ++i) {
