@@ -135,10 +135,10 @@ struct FsdpUnit::Impl : std::enable_shared_from_this<FsdpUnit::Impl> {
   // An all-gather issued (a prefetch, or unshard's own) whose output the parameters have not taken yet.
   std::optional<AllGatherResult> pending_gather;
   // This backward's reduction, from the reduce-scatter until install_gradients: `output` the reduced gradient
-  // shards of the parameters requiring a gradient, in the reduce dtype, at `offsets`; `has_gradient` per
-  // parameter, 1 when this rank contributed one (FSDP2: a parameter no rank computed a gradient for keeps grad
-  // undefined, so optimizers skip it, as they would in one process); `work` until waited (at most one unit's
-  // reduce-scatter is in flight at a time).
+  // shards of the parameters requiring a gradient (on Gloo only those some rank has one for), in the reduce
+  // dtype, at `offsets`; `has_gradient` per parameter, 1 when this rank contributed one, or on Gloo when any rank
+  // did (FSDP2: a parameter no rank computed a gradient for keeps grad undefined, so optimizers skip it, as they
+  // would in one process); `work` until waited (at most one unit's reduce-scatter is in flight at a time).
   std::optional<ReduceScatterResult> reduction;
   // A group of one without replicas reduces nothing: each parameter's full gradient of this backward (undefined
   // where it got none), in the parameters' dtype, to be installed as its .grad at the end of backward.
