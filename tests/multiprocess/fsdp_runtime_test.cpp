@@ -342,62 +342,44 @@ struct HalfUsedImpl : nn::Interceptable<HalfUsedImpl, at::Tensor(at::Tensor)> {
 };
 TORCH_MODULE(HalfUsed);
 
-TEST(FsdpRuntime, GradientsSurviveZeroGradWithoutSetToNone) {
-  // Installed gradients share the reduction's memory where every reduced parameter got one, and are copies where
-  // some did not (`unused` on NCCL; Gloo leaves it out of the reduction): either way tensors of their own that
-  // zero_grad(set_to_none=false) can detach and zero in place, and the next step's gradients are the next
-  // step's alone.
-  torch::manual_seed(5);
-  HalfUsed ref;
-  torch::manual_seed(5);
-  HalfUsed model;
-  fully_shard(model.ptr(), test_process_group().world(), {});
-  torch::optim::SGD ref_sgd(ref->parameters(), torch::optim::SGDOptions(0.1));
-  torch::optim::SGD sgd(model->parameters(), torch::optim::SGDOptions(0.1));
-  torch::manual_seed(6);
-  for (int step = 0; step < 3; ++step) {
-    const at::Tensor x = torch::randn({12, 8}), y = torch::randn({12, 8});
-    ref_sgd.zero_grad(/*set_to_none=*/false);
-    torch::mse_loss(ref(x), y).backward();
-    ref_sgd.step();
-    sgd.zero_grad(/*set_to_none=*/false);
-    torch::mse_loss(model(local_rows(x)), local_rows(y)).backward();
-    EXPECT_FALSE(model->unused->weight.grad().defined() && model->unused->weight.grad().abs().sum().item<double>() > 0);
-    sgd.step();
-  }
-  expect_params_equal(gather_full_parameters(model.ptr()), *ref, "zero_grad(set_to_none=false)");
-}
-
 TEST(FsdpRuntime, ParametersNoRankUsedTakeNoPartInTheReduction) {
   // On Gloo the ranks agree before reducing which parameters any of them has a gradient for, and `unused`, which
   // no rank computes through, takes no room in the reduce-scatter, as in FSDP2 (before, its rows were reduced as
   // zeros: FLAVA's text-only steps reduced every image head of the root, 390 of a 644 ms backward at W=2). Its
-  // gradient stays undefined, and the rest trains as in one process.
-  torch::manual_seed(5);
-  HalfUsed ref;
-  torch::manual_seed(5);
-  HalfUsed model;
-  fully_shard(model.ptr(), test_process_group().world(), {});
-  const int64_t w = test_process_group().world_size();
-  int64_t used_bytes = 0;  // `used`'s rows padded to a multiple of W, float32
-  for (const auto& p : ref->used->parameters()) used_bytes += (p.size(0) + w - 1) / w * w * (p.numel() / p.size(0)) * 4;
-  torch::optim::SGD ref_sgd(ref->parameters(), torch::optim::SGDOptions(0.1));
-  torch::optim::SGD sgd(model->parameters(), torch::optim::SGDOptions(0.1));
-  torch::manual_seed(6);
-  for (int step = 0; step < 3; ++step) {
-    const at::Tensor x = torch::randn({12, 8}), y = torch::randn({12, 8});
-    ref_sgd.zero_grad();
-    torch::mse_loss(ref(x), y).backward();
-    ref_sgd.step();
-    sgd.zero_grad();
-    reset_fsdp_stats(model.ptr());
-    torch::mse_loss(model(local_rows(x)), local_rows(y)).backward();
-    EXPECT_EQ(fsdp_stats(model.ptr()).reduce_scatter_input_bytes, w == 1 ? 0 : used_bytes);
-    EXPECT_FALSE(model->unused->weight.grad().defined());
-    EXPECT_FALSE(model->unused->bias.grad().defined());
-    sgd.step();
+  // gradient stays undefined, and the rest trains as in one process. Installed gradients share the reduction's
+  // memory where every reduced parameter got one (here, on Gloo) and are copies where some did not (`unused` on
+  // NCCL): either way tensors of their own that zero_grad(set_to_none=false) can detach and zero in place, and
+  // the next step's gradients are the next step's alone.
+  for (const bool set_to_none : {true, false}) {
+    SCOPED_TRACE(set_to_none ? "zero_grad(set_to_none=true)" : "zero_grad(set_to_none=false)");
+    torch::manual_seed(5);
+    HalfUsed ref;
+    torch::manual_seed(5);
+    HalfUsed model;
+    fully_shard(model.ptr(), test_process_group().world(), {});
+    const int64_t w = test_process_group().world_size();
+    int64_t used_bytes = 0;  // `used`'s rows padded to a multiple of W, float32
+    for (const auto& p : ref->used->parameters()) {
+      used_bytes += (p.size(0) + w - 1) / w * w * (p.numel() / p.size(0)) * 4;
+    }
+    torch::optim::SGD ref_sgd(ref->parameters(), torch::optim::SGDOptions(0.1));
+    torch::optim::SGD sgd(model->parameters(), torch::optim::SGDOptions(0.1));
+    torch::manual_seed(6);
+    for (int step = 0; step < 3; ++step) {
+      const at::Tensor x = torch::randn({12, 8}), y = torch::randn({12, 8});
+      ref_sgd.zero_grad(set_to_none);
+      torch::mse_loss(ref(x), y).backward();
+      ref_sgd.step();
+      sgd.zero_grad(set_to_none);
+      reset_fsdp_stats(model.ptr());
+      torch::mse_loss(model(local_rows(x)), local_rows(y)).backward();
+      EXPECT_EQ(fsdp_stats(model.ptr()).reduce_scatter_input_bytes, w == 1 ? 0 : used_bytes);
+      EXPECT_FALSE(model->unused->weight.grad().defined());
+      EXPECT_FALSE(model->unused->bias.grad().defined());
+      sgd.step();
+    }
+    expect_params_equal(gather_full_parameters(model.ptr()), *ref, "a parameter no rank used");
   }
-  expect_params_equal(gather_full_parameters(model.ptr()), *ref, "a parameter no rank used");
 }
 
 TEST(FsdpRuntime, ShardingFreesTheModulesOwnParameters) {
