@@ -42,7 +42,7 @@ struct ReduceScatterResult {
   at::Tensor output;
   std::vector<int64_t> offsets;
   at::Tensor has_gradient;
-  bool has_gradient_agreed = false;  // already reduced over the ranks (reduced_parameters given), not this rank's
+  bool has_gradient_agreed = false;  // has_gradient is already the MAX over the ranks (`agreed` was given)
   std::optional<dist::Work> work;  // until waited; an empty Work for a group of one, which communicates nothing
 };
 

@@ -350,9 +350,13 @@ at::Tensor FsdpUnit::Impl::agree_on_gradients(const std::vector<at::Tensor>& ful
   std::vector<float> local(params.size(), 0.0f);
   for (size_t i = 0; i < params.size(); ++i) local[i] = full[i].defined() ? 1.0f : 0.0f;
   at::Tensor flags = at::tensor(local);
-  group.all_reduce(flags, dist::ReduceOp::MAX).wait();
-  if (has_replicas()) options.replicate_group->all_reduce(flags, dist::ReduceOp::MAX).wait();
+  max_over_ranks(flags);
   return flags;
+}
+
+void FsdpUnit::Impl::max_over_ranks(at::Tensor& flags) const {
+  if (!shards_are_full()) group.all_reduce(flags, dist::ReduceOp::MAX).wait();
+  if (has_replicas()) options.replicate_group->all_reduce(flags, dist::ReduceOp::MAX).wait();
 }
 
 void FsdpUnit::Impl::after_reduce_scatter(TrainingState next) {
@@ -410,10 +414,7 @@ void FsdpUnit::Impl::install_gradients() {
   // Which parameters got a gradient on any rank: those keep (or get) one; the others stay undefined. Zero
   // gradients are not the same as none — AdamW would still decay and move such parameters.
   at::Tensor& has_gradient = reduction->has_gradient;
-  if (!reduction->has_gradient_agreed) {
-    if (!shards_are_full()) group.all_reduce(has_gradient, dist::ReduceOp::MAX).wait();
-    if (has_replicas()) options.replicate_group->all_reduce(has_gradient, dist::ReduceOp::MAX).wait();
-  }
+  if (!reduction->has_gradient_agreed) max_over_ranks(has_gradient);
   const at::Tensor flags = has_gradient.to(at::kCPU);
   const float* took_part = flags.data_ptr<float>();
   // Gradients share the output's memory only when every parameter reduced into it gets one: else the rows of the

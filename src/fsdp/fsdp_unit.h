@@ -101,6 +101,7 @@ struct FsdpUnit::Impl : std::enable_shared_from_this<FsdpUnit::Impl> {
   void after_reduce_scatter(TrainingState next);  // the one epilogue of reduce_scatter_gradients' paths
   // Gloo: the MAX over the ranks (and replicas) of "has a gradient" per parameter; undefined on NCCL.
   at::Tensor agree_on_gradients(const std::vector<at::Tensor>& full) const;
+  void max_over_ranks(at::Tensor& flags) const;  // in place: MAX over the shard group, then over the replicas
   void finish_reduction();                   // end of backward, first pass: wait, start the replicate all-reduce
   bool reduction_in_flight() const;          // this unit's reduce-scatter issued and not yet waited for
   void wait_reduce_scatter();                // a reduce-scatter in flight: wait, start the replicate all-reduce
