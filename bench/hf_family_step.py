@@ -21,6 +21,8 @@ def parse():
     p.add_argument("--steps", type=int, default=10)
     p.add_argument("--warmup", type=int, default=2)
     p.add_argument("--memhook", required=True)
+    p.add_argument("--profile", help="one more step under torch.profiler, its Chrome trace written here "
+                   "(FILE.rank<r> when W > 1)")
     return p.parse_args()
 
 
@@ -93,6 +95,13 @@ def main():
 
     step_ms, losses, phase_peak, phase_ms = bench_common.timed_steps(hook, args.steps, args.warmup,
                                                                      lambda s: loss_of(family, model, batch), optimizer)
+    if args.profile:
+        from torch.profiler import profile, ProfilerActivity
+        with profile(activities=[ProfilerActivity.CPU], record_shapes=True) as p:
+            loss_of(family, model, batch).backward()
+            optimizer.step()
+            optimizer.zero_grad()
+        p.export_chrome_trace(args.profile if world == 1 else f"{args.profile}.rank{rank}")
     bench_common.report_and_exit({"impl": "transformers", "family": family, "mode": args.mode,
                                   "checkpoint": args.checkpoint, "world": world}, step_ms, phase_peak, losses,
                                  phase_ms)
