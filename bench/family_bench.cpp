@@ -7,7 +7,10 @@
 //
 //   family_bench --model DIR --batch FILE.safetensors [--mode plain|full_shard|shard_grad_op] [--checkpoint]
 //                [--overlap-reduce-scatter on|off]   (FsdpOptions::overlap_reduce_scatter; unset: the default)
-//                [--steps N] [--warmup K]
+//                [--steps N] [--warmup K] [--profile FILE]
+//
+// --profile FILE: one more step after the timed ones under LibTorch's profiler (Kineto, CPU), its trace written
+// as Chrome JSON to FILE (FILE.rank<r> when W > 1); bench/profile_compare.py sets it beside transformers'.
 //
 // The batch file holds the family's inputs under their data::Batch names (input_ids, attention_mask,
 // input_ids_masked, mlm_labels, pixels, codebook_pixels, masked_patches, itm_labels, labels), the whole global
@@ -16,9 +19,12 @@
 // forcing), LlamaForCausalLM with labels = the ids, FlavaForPreTraining on whichever of text and image it is given.
 #include <ATen/ATen.h>
 #include <torch/nn/module.h>
+#include <torch/csrc/autograd/profiler_kineto.h>
 #include <torch/optim/adamw.h>
 
+#include <functional>
 #include <iostream>
+#include <set>
 #include <string>
 
 #include "shardtrain/distributed/env.h"
@@ -42,7 +48,7 @@ namespace {
 using namespace shardtrain;
 
 struct Args {
-  std::string model, batch, mode = "plain";
+  std::string model, batch, mode = "plain", profile;
   int64_t steps = 10, warmup = 2;
   bool checkpoint = false;
   std::optional<bool> overlap_reduce_scatter;
@@ -67,6 +73,7 @@ Args parse(int argc, char** argv) {
     else if (k == "--steps") a.steps = std::stoll(value());
     else if (k == "--warmup") a.warmup = std::stoll(value());
     else if (k == "--checkpoint") a.checkpoint = true;
+    else if (k == "--profile") a.profile = value();
     else if (k == "--overlap-reduce-scatter") a.overlap_reduce_scatter = parse_on_off(k, value());
     else throw std::invalid_argument("unknown option " + k);
   }
@@ -82,9 +89,9 @@ at::Tensor family_loss(const std::string& family, torch::nn::Module& m, const st
   };
   if (family == "bert") {
     return dynamic_cast<models::BertImpl&>(m).run(get("input_ids_masked"), get("attention_mask"), {},
-                                                  get("mlm_labels")).loss;
+                                                  get("mlm_labels"), /*labelled_only=*/true).loss;
   }
-  if (family == "vit") return dynamic_cast<models::VitImpl&>(m).run(get("pixels"), get("labels")).loss;
+  if (family == "vit") return dynamic_cast<models::VitImpl&>(m).run(get("pixels"), get("labels"), true).loss;
   if (family == "t5") {
     return dynamic_cast<models::T5Impl&>(m).run(get("input_ids"), get("attention_mask"), {}, get("labels")).loss;
   }
@@ -98,6 +105,20 @@ at::Tensor family_loss(const std::string& family, torch::nn::Module& m, const st
     return dynamic_cast<models::FlavaImpl&>(m).run(b).loss;
   }
   throw std::invalid_argument("family_bench: no loss for family " + family);
+}
+
+// One training step under the Kineto CPU profiler, its trace saved to `path` (Chrome trace JSON).
+void profile_step(const std::string& path, const std::function<at::Tensor()>& loss_of_step,
+                  torch::optim::Optimizer& optimizer) {
+  namespace prof = torch::profiler::impl;
+  const prof::ProfilerConfig config(prof::ProfilerState::KINETO, /*report_input_shapes=*/true);
+  const std::set<prof::ActivityType> cpu = {prof::ActivityType::CPU};
+  torch::autograd::profiler::prepareProfiler(config, cpu);
+  torch::autograd::profiler::enableProfiler(config, cpu);
+  loss_of_step().backward();
+  optimizer.step();
+  optimizer.zero_grad();
+  torch::autograd::profiler::disableProfiler()->save(path);
 }
 
 int run(const Args& a) {
@@ -133,8 +154,11 @@ int run(const Args& a) {
   }
   optim::FusedAdamW optimizer(model.module->parameters(), torch::optim::AdamWOptions(1e-4).weight_decay(0.01));
 
-  const bench::StepLoop result = bench::run_steps(
-      world, a.steps, a.warmup, [&](int64_t) { return family_loss(model.family, *model.module, batch); }, optimizer);
+  auto loss_of_step = [&] { return family_loss(model.family, *model.module, batch); };
+  const bench::StepLoop result =
+      bench::run_steps(world, a.steps, a.warmup, [&](int64_t) { return loss_of_step(); }, optimizer);
+  if (!a.profile.empty()) profile_step(w == 1 ? a.profile : a.profile + ".rank" + std::to_string(r), loss_of_step,
+                                       optimizer);
   bench::print_result(world, "\"impl\": \"shardtrain\", \"family\": \"" + model.family + "\", \"mode\": \"" +
                                  a.mode + "\", \"checkpoint\": " + (a.checkpoint ? "true" : "false") +
                                  ", \"world\": " + std::to_string(w),

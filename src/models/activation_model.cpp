@@ -59,26 +59,30 @@ int64_t mlp_kept(const TransformerLayerOptions& o, int64_t rows, const Activatio
 }  // namespace
 
 int64_t transformer_layer_kept(const TransformerLayerOptions& o, int64_t batch, int64_t tokens,
-                               int64_t context_tokens, const ActivationQuery& q) {
+                               int64_t context_tokens, const ActivationQuery& q, int64_t queries) {
+  if (queries <= 0) queries = tokens;
   const int64_t e = element_size(q), d = o.attention.dim, rows = batch * tokens, unit = rows * d * e;
-  const int64_t norm = norm_kept(o.norm, rows, d, q), drop = dropout_kept(o.dropout, rows * d, q);
+  // What follows the attention runs over the kept queries' rows only.
+  const int64_t q_rows = batch * queries, q_unit = q_rows * d * e;
+  const int64_t q_norm = norm_kept(o.norm, q_rows, d, q), q_drop = dropout_kept(o.dropout, q_rows * d, q);
   int64_t bytes = unit;  // the input
-  bytes += attention_kept(o.attention, batch, tokens, tokens, q) + drop;
+  bytes += attention_kept(o.attention, batch, queries, tokens, q) + q_drop;
   if (o.norm_first) {
-    // norm1's output (q/k/v's input); the residual sum after attention (norm2's or norm_cross's input).
-    bytes += norm + unit + unit;
+    // norm1 and its output (q/k/v's input, over every token); the residual sum after attention (norm2's or
+    // norm_cross's input).
+    bytes += norm_kept(o.norm, rows, d, q) + unit + q_unit;
     if (o.cross_attention) {
       AttentionOptions cross = o.attention;
       cross.causal = false;
-      bytes += norm + unit + attention_kept(cross, batch, tokens, context_tokens, q) + drop + unit;
+      bytes += q_norm + q_unit + attention_kept(cross, batch, queries, context_tokens, q) + q_drop + q_unit;
     }
-    bytes += norm + unit;  // norm2 and its output (the MLP's input)
+    bytes += q_norm + q_unit;  // norm2 and its output (the MLP's input)
   } else {
     // Post-norm: the sums before norm1 and norm2, norm1's output (the MLP's input); norm2's output is the next
     // layer's input.
-    bytes += unit + norm + unit + unit + norm;
+    bytes += q_unit + q_norm + q_unit + q_unit + q_norm;
   }
-  return bytes + mlp_kept(o, rows, q) + drop;
+  return bytes + mlp_kept(o, q_rows, q) + q_drop;
 }
 
 LossBytes cross_entropy_bytes(int64_t rows, int64_t vocab, const ActivationQuery& q) {

@@ -66,22 +66,29 @@ BertImpl::BertImpl(const BertConfig& c, const BuildOptions& build) : Interceptab
 }
 
 BertOutputs BertImpl::run(const at::Tensor& input_ids, const at::Tensor& attention_mask,
-                          const at::Tensor& token_type_ids, const at::Tensor& labels) {
-  auto out = forward(input_ids, attention_mask, token_type_ids, labels);
+                          const at::Tensor& token_type_ids, const at::Tensor& labels, bool labelled_only) {
+  auto out = forward(input_ids, attention_mask, token_type_ids, labels, labelled_only);
   return {out[0], out[1], out[2], out[3]};
 }
 
 std::vector<at::Tensor> BertImpl::forward_impl(const at::Tensor& input_ids, const at::Tensor& attention_mask,
-                                               const at::Tensor& token_type_ids, const at::Tensor& labels) {
+                                               const at::Tensor& token_type_ids, const at::Tensor& labels,
+                                               bool labelled_only) {
   at::Tensor x = embeddings->forward(input_ids, token_type_ids);
   const at::Tensor bias = attention_mask.defined() ? padding_bias(attention_mask, x.scalar_type()) : at::Tensor();
   x = run_layers(layers, x, bias);
   at::Tensor pooled, logits, loss;
   if (pooler) pooled = at::tanh(pooler->forward(x.select(1, 0)));
   if (mlm_transform) {
-    at::Tensor h = mlm_norm->forward(at::gelu(mlm_transform->forward(x)));
+    at::Tensor h = x, targets = labels;
+    if (labelled_only && labels.defined()) {  // (K, C) rows of the labelled positions, (K) their labels
+      const at::Tensor rows = (labels.reshape({-1}) != kIgnoreIndex).nonzero().squeeze(1);
+      h = x.reshape({-1, x.size(-1)}).index_select(0, rows);
+      targets = labels.reshape({-1}).index_select(0, rows);
+    }
+    h = mlm_norm->forward(at::gelu(mlm_transform->forward(h)));
     logits = at::linear(h, embeddings->word->weight, mlm_bias);
-    if (labels.defined()) loss = masked_cross_entropy(logits, labels);
+    if (labels.defined()) loss = masked_cross_entropy(logits, targets);
   } else if (classifier) {
     logits = classifier->forward(at::dropout(pooled, config.classifier_dropout, is_training()));
     if (labels.defined()) loss = at::cross_entropy_loss(logits.to(at::kFloat), labels);

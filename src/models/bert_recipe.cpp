@@ -5,6 +5,7 @@
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
+#include <cmath>
 #include <filesystem>
 
 #include "models/activation_model.h"
@@ -33,7 +34,9 @@ class BertMaskedLm : public Task {
   bool leaves_parameters_unused() const override { return config_.pooler; }
   Losses compute_losses(torch::nn::Module& model, const data::Batch& b, uint64_t) const override {
     Losses out;
-    out.total = module_as<BertImpl>(model, "bert").run(b.input_ids_masked, b.attention_mask, {}, b.mlm_labels).loss;
+    out.total = module_as<BertImpl>(model, "bert")
+                    .run(b.input_ids_masked, b.attention_mask, {}, b.mlm_labels, /*labelled_only=*/true)
+                    .loss;
     out.parts["mlm"] = value_of(out.total);
     return out;
   }
@@ -124,9 +127,9 @@ class BertRecipe : public FamilyRecipe<BertConfig, Bert> {
   }
 
   // Embeddings: the sum LayerNorm keeps, its statistics and the dropout noise (word, position and type embeddings
-  // are summed and freed). Layers: bert_layer_options. MLM head: the last layer's output (the transform's input),
-  // the transform's output (gelu's), gelu's output (the norm's), the norm's statistics and output (the decoder's
-  // input), then the loss over every position.
+  // are summed and freed). Layers: bert_layer_options. MLM head, over the K = N * mlm_probability labelled
+  // positions only (labelled_only): their rows of the last layer's output (the transform's input), the transform's
+  // output (gelu's), gelu's output (the norm's), the norm's statistics and output (the decoder's input), the loss.
   // Classifier: the last layer's output (its [CLS] row, the pooler's input, is a view of it), tanh's output, the
   // dropout noise and output (the classifier's input), the loss over one row per sample.
   ActivationBytes activation_bytes(const ActivationQuery& q) const override {
@@ -150,14 +153,16 @@ class BertRecipe : public FamilyRecipe<BertConfig, Bert> {
       a.backward_transient = loss.backward_transient;
       return a;
     }
-    const LossBytes loss = cross_entropy_bytes(N, c.vocab_size, q);
+    const int64_t K = std::max<int64_t>(1, std::llround(static_cast<double>(N) * q.mlm_probability));
+    const LossBytes loss = cross_entropy_bytes(K, c.vocab_size, q);
     ActivationBytes a;
     a.layers = c.layers;
     a.per_layer = transformer_layer_kept(bert_layer_options(c), q.batch, T, 0, q);
     a.layer_input = unit;
-    a.outside_layers = unit + norm + dropout_kept(c.dropout, N * c.dim, q) + 4 * unit + norm + loss.kept;
+    a.outside_layers = unit + norm + dropout_kept(c.dropout, N * c.dim, q) + 4 * K * c.dim * element_size(q) +
+                       norm_kept(Norm::kLayerNorm, K, c.dim, q) + loss.kept;
     // The logits, and their float32 copy below float32, alive while log-softmax runs.
-    a.loss_transient = N * c.vocab_size * (element_size(q) + (element_size(q) == 4 ? 0 : 4));
+    a.loss_transient = K * c.vocab_size * (element_size(q) + (element_size(q) == 4 ? 0 : 4));
     a.loss_kept = loss.kept;
     a.backward_transient = loss.backward_transient;
     a.reused_weight_numel = c.vocab_size * c.dim;  // the decoder is the word embedding

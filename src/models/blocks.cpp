@@ -156,11 +156,13 @@ at::Tensor TransformerLayerImpl::drop(const at::Tensor& x) {
 }
 
 at::Tensor TransformerLayerImpl::forward_impl(const at::Tensor& x, const at::Tensor& bias, const at::Tensor& rope,
-                                              const at::Tensor& context, const at::Tensor& context_bias) {
+                                              const at::Tensor& context, const at::Tensor& context_bias,
+                                              int64_t queries) {
   if (options.cross_attention != context.defined()) {
     throw std::invalid_argument(options.class_name + ": a context is required exactly for cross-attention layers");
   }
   const at::Tensor none;
+  if (queries != 0 && queries != x.size(1)) return forward_queries(x, bias, rope, queries);
   if (options.norm_first) {
     at::Tensor h = x + drop(attn->forward(norm1.forward(x), none, bias, rope));
     if (options.cross_attention) h = h + drop(cross_attn->forward(norm_cross.forward(h), context, context_bias, none));
@@ -168,6 +170,28 @@ at::Tensor TransformerLayerImpl::forward_impl(const at::Tensor& x, const at::Ten
   }
   at::Tensor h = norm1.forward(x + drop(attn->forward(x, none, bias, rope)));
   if (options.cross_attention) h = norm_cross.forward(h + drop(cross_attn->forward(h, context, context_bias, none)));
+  return norm2.forward(h + drop(mlp->forward(h)));
+}
+
+// The first `queries` positions attend to all of x: the attention's "context" is the whole (normalized) sequence,
+// its queries the leading rows; the residuals, the norm after it and the MLP see those rows only.
+at::Tensor TransformerLayerImpl::forward_queries(const at::Tensor& x, const at::Tensor& bias, const at::Tensor& rope,
+                                                 int64_t queries) {
+  if (queries < 1 || queries > x.size(1) || options.attention.causal || options.cross_attention || rope.defined()) {
+    throw std::invalid_argument(options.class_name + ": queries " + std::to_string(queries) +
+                                ": expected 0 (all) or 1.." + std::to_string(x.size(1)) +
+                                ", in a layer that is neither causal nor rotary nor cross-attending");
+  }
+  // A bias over (B, H, T, S) keeps the rows of the kept queries; one broadcast over queries (B, 1, 1, S) stays.
+  const at::Tensor q_bias = bias.defined() && bias.dim() >= 2 && bias.size(-2) == x.size(1)
+                                ? bias.narrow(-2, 0, queries) : bias;
+  const at::Tensor xq = x.narrow(1, 0, queries);
+  if (options.norm_first) {
+    const at::Tensor n = norm1.forward(x);
+    at::Tensor h = xq + drop(attn->forward(n.narrow(1, 0, queries), n, q_bias, {}));
+    return h + drop(mlp->forward(norm2.forward(h)));
+  }
+  at::Tensor h = norm1.forward(xq + drop(attn->forward(xq, x, q_bias, {})));
   return norm2.forward(h + drop(mlp->forward(h)));
 }
 
@@ -187,7 +211,7 @@ std::vector<TransformerLayer> build_layers(torch::nn::Module& parent, const std:
 
 at::Tensor run_layers(std::vector<TransformerLayer>& layers, at::Tensor x, const at::Tensor& bias,
                       const at::Tensor& rope, const at::Tensor& context, const at::Tensor& context_bias) {
-  for (auto& layer : layers) x = layer->forward(x, bias, rope, context, context_bias);
+  for (auto& layer : layers) x = layer->forward(x, bias, rope, context, context_bias, 0);
   return x;
 }
 

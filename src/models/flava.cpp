@@ -27,8 +27,9 @@ at::Tensor selected_cross_entropy(FlavaMaskedHead& head, const at::Tensor& seq, 
 // torch.nn.functional.normalize over the last dimension.
 at::Tensor l2_normalize(const at::Tensor& x) { return x / x.norm(2, {-1}, /*keepdim=*/true).clamp_min(1e-12); }
 
+// t's rows `rows`; all of t when rows is undefined (no selection).
 at::Tensor select_rows(const at::Tensor& t, const at::Tensor& rows) {
-  return t.defined() ? t.index_select(0, rows) : t;
+  return t.defined() && rows.defined() ? t.index_select(0, rows) : t;
 }
 
 }  // namespace
@@ -180,18 +181,27 @@ std::vector<at::Tensor> FlavaImpl::forward_impl(const at::Tensor& input_ids, con
     mm_m = multimodal->forward(mm_input, mm_mask);
   }
 
-  // Visual-token targets of the masked patches (ignored elsewhere).
+  // With ITM labels the multimodal objectives read the matching pairs only (every row when none match).
+  at::Tensor matching_rows;
+  if (multimodal_batch && w.itm > 0 && itm_labels.defined()) {
+    at::Tensor positive = itm_labels != 0;
+    matching_rows = (positive | ~positive.any()).nonzero().squeeze(1);
+  }
+
+  // Visual-token targets of the masked patches (ignored elsewhere), for the rows that read them: the frozen
+  // codebook runs on those images only, its last convolution at their masked patches only.
   at::Tensor mim_targets;
   const bool wants_mim = has_image && masked_patches.defined() && (multimodal_batch ? w.mmm_image > 0 : w.mim > 0);
   if (wants_mim) {
-    mim_targets = mim_labels;
-    if (!mim_targets.defined()) {
-      if (!codebook_pixels.defined()) {
-        throw std::invalid_argument("FLAVA: masked patches need mim_labels or codebook_pixels to make them");
-      }
-      mim_targets = image_codebook->tokens(codebook_pixels);
+    const at::Tensor masked = select_rows(masked_patches.reshape({batch, -1}), matching_rows);
+    if (mim_labels.defined()) {
+      mim_targets = select_rows(mim_labels.reshape({batch, -1}), matching_rows);
+    } else if (codebook_pixels.defined()) {
+      mim_targets = image_codebook->tokens(select_rows(codebook_pixels, matching_rows), masked);
+    } else {
+      throw std::invalid_argument("FLAVA: masked patches need mim_labels or codebook_pixels to make them");
     }
-    mim_targets = mim_targets.reshape({batch, -1}).masked_fill(~masked_patches.reshape({batch, -1}), kIgnoreIndex);
+    mim_targets = mim_targets.masked_fill(~masked, kIgnoreIndex);
   }
 
   FlavaOutputs out;
@@ -204,18 +214,14 @@ std::vector<at::Tensor> FlavaImpl::forward_impl(const at::Tensor& input_ids, con
     out.mlm = selected_cross_entropy(mlm_head, txt_m.hidden.narrow(1, txt_m.hidden.size(1) - t, t), mlm_labels) * w.mlm;
   }
 
-  at::Tensor matching_rows;  // with ITM labels, the multimodal objectives use the matching pairs only
   if (multimodal_batch) {
     at::Tensor mm = mm_m.hidden, mlm_targets = mlm_labels;
     if (w.itm > 0) {
       out.itm_logits = itm_head->forward(at::tanh(itm_head_pooler->forward(mm.select(1, 0))));
-      if (itm_labels.defined()) {
-        at::Tensor positive = itm_labels != 0;
-        matching_rows = (positive | ~positive.any()).nonzero().squeeze(1);
+      if (matching_rows.defined()) {
         out.itm = at::cross_entropy_loss(out.itm_logits.to(at::kFloat), itm_labels) * w.itm;
         mm = mm.index_select(0, matching_rows);
         mlm_targets = select_rows(mlm_targets, matching_rows);
-        mim_targets = select_rows(mim_targets, matching_rows);
       }
     }
     if (w.mmm_image > 0 && mim_targets.defined()) {

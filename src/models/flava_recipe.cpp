@@ -4,6 +4,7 @@
 #include <ATen/ATen.h>
 #include <c10/core/GradMode.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 
@@ -187,8 +188,8 @@ class FlavaRecipe : public FamilyRecipe<FlavaConfig, Flava> {
   //   multimodal  its layers, its final norm's input, statistics and output
   //   heads       MIM and MLM on the masked positions of the matching pairs only: each keeps four (K, d) tensors
   //               and log-softmax's (K, classes)
-  // At the end of forward the frozen codebook turns the codebook pixels into MIM targets without autograd: its
-  // first group holds about four (B, hidden, 8 * side, 8 * side) tensors at once.
+  // Before the heads the frozen codebook turns the matching pairs' codebook pixels into MIM targets without
+  // autograd: its first group holds about four (rows, hidden, 8 * side, 8 * side) tensors at once.
   ActivationBytes activation_bytes(const ActivationQuery& q) const override {
     const FlavaConfig& c = config();
     const int64_t e = element_size(q), d = c.dim, B = q.batch;
@@ -217,7 +218,8 @@ class FlavaRecipe : public FamilyRecipe<FlavaConfig, Flava> {
     a.outside_layers = inputs + 2 * (ut + ln(B * T)) + 2 * (ui + ln(B * n)) + ui + 2 * (ut + ln(B * T)) + ut +
                        2 * um + ln(B * m) + head(k_image) + head(k_text) + mim.kept + mlm.kept;
     a.loss_kept = mim.kept + mlm.kept;
-    a.loss_transient = 4 * B * c.codebook.hidden_size * codebook_side * codebook_side * e;
+    const int64_t codebook_rows = std::max<int64_t>(1, std::llround(positives));
+    a.loss_transient = 4 * codebook_rows * c.codebook.hidden_size * codebook_side * codebook_side * e;
     a.backward_transient = mim.backward_transient + mlm.backward_transient;
     return a;
   }

@@ -56,13 +56,18 @@ VitImpl::VitImpl(const VitConfig& c, const BuildOptions& build) : Interceptable(
   finish_model(build, *this, built);
 }
 
-VitOutputs VitImpl::run(const at::Tensor& pixels, const at::Tensor& labels) {
-  auto out = forward(pixels, labels);
+VitOutputs VitImpl::run(const at::Tensor& pixels, const at::Tensor& labels, bool cls_only) {
+  auto out = forward(pixels, labels, cls_only);
   return {out[0], out[1], out[2], out[3]};
 }
 
-std::vector<at::Tensor> VitImpl::forward_impl(const at::Tensor& pixels, const at::Tensor& labels) {
-  at::Tensor x = norm->forward(run_layers(layers, embeddings->forward(pixels, {}), {}));
+std::vector<at::Tensor> VitImpl::forward_impl(const at::Tensor& pixels, const at::Tensor& labels, bool cls_only) {
+  at::Tensor x = embeddings->forward(pixels, {});
+  const at::Tensor none;
+  for (size_t i = 0; i < layers.size(); ++i) {
+    x = layers[i]->forward(x, none, none, none, none, cls_only && i + 1 == layers.size() ? 1 : 0);
+  }
+  x = norm->forward(x);
   at::Tensor pooled, logits, loss;
   if (pooler) pooled = at::tanh(pooler->forward(x.select(1, 0)));
   if (classifier) {

@@ -31,7 +31,7 @@ class VitClassification : public Task {
     if (!b.labels.defined()) throw std::runtime_error("ViT classification needs a .cls label in every image sample");
     check_class_labels(b.labels, config_.num_labels, flavor_);
     Losses out;
-    out.total = module_as<VitImpl>(model, "vit").run(b.pixels, b.labels).loss;
+    out.total = module_as<VitImpl>(model, "vit").run(b.pixels, b.labels, /*cls_only=*/true).loss;
     out.parts["cls"] = value_of(out.total);
     return out;
   }
@@ -40,7 +40,7 @@ class VitClassification : public Task {
   std::map<std::string, double> evaluate(torch::nn::Module& model, const EvalInputs& in) const override {
     VitImpl& vit = module_as<VitImpl>(model, "vit");
     return evaluate_classifier(model, in, data::SampleKind::IMAGE, config_.num_labels,
-                               [&](const data::Batch& b) { return vit.run(b.pixels).logits; });
+                               [&](const data::Batch& b) { return vit.run(b.pixels, {}, /*cls_only=*/true).logits; });
   }
   std::string describe_progress(const std::map<std::string, double>& first,
                                 const std::map<std::string, double>& last) const override {
@@ -66,15 +66,19 @@ class VitRecipe : public FamilyRecipe<VitConfig, Vit> {
     const double d = static_cast<double>(config().dim);
     const double side = static_cast<double>(config().image_size / config().patch_size), n = side * side + 1;
     const double weights = 4 * d * d + 2 * d * static_cast<double>(config().mlp_dim);
-    return 3 * static_cast<double>(config().layers) * transformer_layer_flops(weights, n, d) * batch_rows(b);
+    // The last layer (cls_only) projects keys and values for the n tokens, the rest for the CLS token, which
+    // attends to n keys.
+    const double last = 2 * (2 * d * d) * n + 2 * (weights - 2 * d * d) + 4 * n * d;
+    const double layers = static_cast<double>(config().layers);
+    return 3 * ((layers - 1) * transformer_layer_flops(weights, n, d) + last) * batch_rows(b);
   }
 
   // classify: the same task under the name every classifier shares.
   std::vector<std::string> tasks() const override { return {"image_classification", "classify"}; }
 
   // Over n = (image_size / patch_size)^2 + 1 tokens: the batch's pixels (float32; under bf16/fp16 their cast copy is
-  // what the patch convolution keeps), the embedding's dropout noise, the layers (vit_layer_options), the final
-  // norm's input, statistics and output (the classifier reads its CLS row: a view, which keeps it), the loss.
+  // what the patch convolution keeps), the embedding's dropout noise, the layers (vit_layer_options; the last one
+  // computes the CLS token only), the final norm's input, statistics and output over the CLS rows, the loss.
   ActivationBytes activation_bytes(const ActivationQuery& q) const override {
     const VitConfig& c = config();
     if (c.num_labels <= 0) throw std::invalid_argument(flavor() + " has no classifier: nothing to train");
@@ -84,9 +88,11 @@ class VitRecipe : public FamilyRecipe<VitConfig, Vit> {
     ActivationBytes a;
     a.layers = c.layers;
     a.per_layer = transformer_layer_kept(vit_layer_options(c), q.batch, n, 0, q);
+    a.last_layer = transformer_layer_kept(vit_layer_options(c), q.batch, n, 0, q, /*queries=*/1);  // cls_only
     a.layer_input = unit;
-    a.outside_layers = pixels * 4 + (e == 4 ? 0 : pixels * e) + dropout_kept(c.dropout, N * c.dim, q) + unit +
-                       norm_kept(Norm::kLayerNorm, N, c.dim, q) + unit + loss.kept;
+    const int64_t cls = q.batch * c.dim * e;
+    a.outside_layers = pixels * 4 + (e == 4 ? 0 : pixels * e) + dropout_kept(c.dropout, N * c.dim, q) + cls +
+                       norm_kept(Norm::kLayerNorm, q.batch, c.dim, q) + cls + loss.kept;
     a.loss_kept = loss.kept;
     a.loss_transient = q.batch * c.num_labels * (e + 4);
     a.backward_transient = loss.backward_transient;

@@ -211,7 +211,11 @@ MemoryEstimate estimate_training_memory(const models::ModelRecipe& recipe, const
     throw std::invalid_argument("checkpoint every " + std::to_string(job.checkpoint_every) + " layers (expected >= 1)");
   }
   const int64_t checkpointed = ac ? act.layers / job.checkpoint_every : 0;
-  const int64_t kept = checkpointed * act.layer_input + (act.layers - checkpointed) * act.per_layer + act.outside_layers;
+  // The every-th layers are checkpointed (models::activation_checkpoint_layers): the last one is when every divides
+  // the count.
+  const bool last_checkpointed = ac && act.layers % job.checkpoint_every == 0;
+  const int64_t kept = checkpointed * act.layer_input + (act.layers - checkpointed) * act.per_layer +
+                       act.outside_layers - (last_checkpointed ? 0 : act.last_layer_saving());
   // The walk's layers, on average (checkpointed ones keep their input only).
   const int64_t layer_kept = act.layers > 0 ? (kept - act.outside_layers) / act.layers : 0;
   const int64_t replay = checkpointed > 0 ? act.per_layer : 0;  // a checkpointed layer's forward, replayed

@@ -157,7 +157,7 @@ TEST(Cuda, CheckpointReplaysDropoutOnTheDevice) {
     if (checkpoint) nn::apply_activation_checkpoint(*layer);
     at::Tensor x = torch::randn({2, 16, 64}, kCuda).requires_grad_(true);
     torch::manual_seed(9);
-    layer->forward(x, {}, {}, {}, {}).pow(2).sum().backward();
+    layer->forward(x, {}, {}, {}, {}, 0).pow(2).sum().backward();
     std::vector<at::Tensor> grads{x.grad().cpu()};
     for (const auto& p : layer->parameters()) grads.push_back(p.grad().cpu());
     grads.push_back(torch::rand({4}, kCuda).cpu());  // where the random stream was left

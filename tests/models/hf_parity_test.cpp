@@ -18,9 +18,12 @@
 #include "shardtrain/models/t5.h"
 #include "shardtrain/models/vit.h"
 #include "shardtrain/models/zoo.h"
+#include "support/expect_error.h"
 
 namespace shardtrain::models {
 namespace {
+
+using shardtrain::testing::expect_error;
 
 constexpr double kRelative = 1e-5;
 
@@ -61,6 +64,13 @@ TEST(HfParity, Bert) {
   expect_close(out.pooled, ref["pooled"], "pooled output");
   expect_close(out.logits, ref["logits"], "MLM logits");
   expect_close(out.loss, ref["loss"], "MLM loss");
+  // The head at the labelled positions only: transformers' loss, and its logits' rows there.
+  BertOutputs labelled = model->run(ref["input_ids"], ref["attention_mask"], ref["token_type_ids"], ref["labels"],
+                                    /*labelled_only=*/true);
+  expect_close(labelled.loss, ref["loss"], "MLM loss, head at the labelled positions");
+  const at::Tensor rows = (ref["labels"].reshape({-1}) != -100).nonzero().squeeze(1);
+  expect_close(labelled.logits, ref["logits"].reshape({-1, ref["logits"].size(-1)}).index_select(0, rows),
+               "MLM logits at the labelled positions");
 }
 
 TEST(HfParity, Vit) {
@@ -70,6 +80,11 @@ TEST(HfParity, Vit) {
   expect_close(out.hidden, ref["hidden"], "hidden states");
   expect_close(out.logits, ref["logits"], "logits");
   expect_close(out.loss, ref["loss"], "loss");
+  // The last layer at the CLS token only: transformers' logits and loss, its CLS hidden state.
+  VitOutputs cls = model->run(ref["pixels"], ref["labels"], /*cls_only=*/true);
+  expect_close(cls.hidden, ref["hidden"].narrow(1, 0, 1), "CLS hidden state, last layer at the CLS token only");
+  expect_close(cls.logits, ref["logits"], "logits, last layer at the CLS token only");
+  expect_close(cls.loss, ref["loss"], "loss, last layer at the CLS token only");
 }
 
 TEST(HfParity, Llama) {
@@ -93,6 +108,13 @@ TEST(HfParity, Flava) {
   Reference ref("flava");
   Flava model = load(Flava(flava_flavor("flava-debug")), ref, flava_names());
   EXPECT_TRUE(at::equal(model->image_codebook->tokens(ref["codebook_pixels"]), ref["codebook_tokens"]));
+  // At chosen positions only (the last convolution as a product over their rows): the same tokens there.
+  const at::Tensor chosen = ref["masked_patches"];
+  EXPECT_TRUE(at::equal(model->image_codebook->tokens(ref["codebook_pixels"], chosen),
+                        ref["codebook_tokens"].masked_fill(~chosen, -100)));
+  const at::Tensor too_few = chosen.narrow(1, 0, 3);
+  expect_error<std::invalid_argument>([&] { model->image_codebook->tokens(ref["codebook_pixels"], too_few); },
+                                      {"positions must be"});
 
   FlavaBatch image_text{ref["input_ids"], ref["input_ids_masked"], ref["attention_mask"],
                         ref["pixels"],    ref["codebook_pixels"],  ref["masked_patches"],

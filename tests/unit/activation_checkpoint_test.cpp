@@ -32,7 +32,7 @@ struct StackImpl : Interceptable<StackImpl, at::Tensor(at::Tensor, at::Tensor)> 
   }
   // x (B, T, C), bias (B, 1, 1, T) -> (B, T, C)
   at::Tensor forward_impl(at::Tensor x, at::Tensor bias) {
-    for (auto& layer : layers) x = layer->forward(x, bias, {}, {}, {});
+    for (auto& layer : layers) x = layer->forward(x, bias, {}, {}, {}, 0);
     return x;
   }
   std::vector<models::TransformerLayer> layers;
@@ -242,7 +242,7 @@ TEST(ActivationCheckpoint, ErrorsNameTheModuleAndTheReason) {
   // An input changed in place between forward and backward.
   at::Tensor x = torch::randn({1, 3, kDim}).requires_grad_(true);
   at::Tensor h = x * 1.0;
-  at::Tensor loss = stack->layers[0]->forward(h, {}, {}, {}, {}).sum();
+  at::Tensor loss = stack->layers[0]->forward(h, {}, {}, {}, {}, 0).sum();
   {
     torch::NoGradGuard no_grad;
     h.add_(1.0);
@@ -251,7 +251,7 @@ TEST(ActivationCheckpoint, ErrorsNameTheModuleAndTheReason) {
 
   // Higher-order gradients.
   at::Tensor y = torch::randn({1, 3, kDim}).requires_grad_(true);
-  at::Tensor out = stack->layers[0]->forward(y, {}, {}, {}, {}).pow(2).sum();
+  at::Tensor out = stack->layers[0]->forward(y, {}, {}, {}, {}, 0).pow(2).sum();
   testing::expect_error<std::runtime_error>(
       [&] { torch::autograd::grad({out}, {y}, {}, true, /*create_graph=*/true); }, {"layers0", "create_graph"});
 }

@@ -77,6 +77,87 @@ TEST(Models, VitDebugShapesAndReAttention) {
   EXPECT_TRUE(at::equal(Vit(c)->layers[0]->attn->reattn_weights, at::eye(4)));
 }
 
+// Random weights for a module built without the zoo's initialisation (its parameters start as at::empty).
+void randomize(torch::nn::Module& m) {
+  at::NoGradGuard no_grad;
+  for (auto& p : m.parameters()) p.copy_(at::randn(p.sizes()) * 0.2);
+}
+
+void expect_same_grads(torch::nn::Module& a, torch::nn::Module& b, const std::string& what) {
+  const auto pa = a.named_parameters(), pb = b.named_parameters();
+  for (const auto& item : pa) {
+    const at::Tensor& ga = item.value().grad();
+    const at::Tensor& gb = pb[item.key()].grad();
+    ASSERT_EQ(ga.defined(), gb.defined()) << what << " " << item.key();
+    if (ga.defined()) EXPECT_TRUE(at::allclose(ga, gb, 1e-4, 1e-5)) << what << " gradient of " << item.key();
+  }
+}
+
+// A layer asked for its first k positions computes what the whole layer computes there: outputs and gradients,
+// pre- and post-norm, with a padding bias (broadcast over queries) and a full (B, H, T, S) one.
+TEST(Models, LayerQueriesMatchTheWholeLayer) {
+  for (bool norm_first : {true, false}) {
+    for (int bias_kind : {0, 1, 2}) {
+      TransformerLayerOptions o;
+      o.attention.dim = 16, o.attention.heads = 4, o.mlp_dim = 32, o.norm_first = norm_first;
+      TransformerLayer whole(o, at::TensorOptions()), part(o, at::TensorOptions());
+      randomize(*whole);
+      {
+        at::NoGradGuard no_grad;
+        for (const auto& item : whole->named_parameters()) part->named_parameters()[item.key()].copy_(item.value());
+      }
+      const at::Tensor x = at::randn({2, 7, 16});
+      at::Tensor bias;
+      if (bias_kind == 1) bias = padding_bias(at::tensor({1, 1, 1, 1, 1, 0, 0, 1, 1, 1, 1, 1, 1, 0}).view({2, 7}),
+                                              at::kFloat);
+      if (bias_kind == 2) bias = at::randn({2, 4, 7, 7});
+      const std::string what = std::string(norm_first ? "pre" : "post") + "-norm, bias kind " +
+                               std::to_string(bias_kind);
+      const at::Tensor xa = x.clone().requires_grad_(), xb = x.clone().requires_grad_();
+      const at::Tensor full = whole->forward(xa, bias, {}, {}, {}, 0).narrow(1, 0, 3);
+      const at::Tensor first = part->forward(xb, bias, {}, {}, {}, 3);
+      ASSERT_EQ(first.sizes(), (std::vector<int64_t>{2, 3, 16})) << what;
+      EXPECT_TRUE(at::allclose(first, full, 1e-5, 1e-6)) << what;
+      full.pow(2).sum().backward();
+      first.pow(2).sum().backward();
+      EXPECT_TRUE(at::allclose(xa.grad(), xb.grad(), 1e-4, 1e-5)) << what;
+      expect_same_grads(*whole, *part, what);
+    }
+  }
+  TransformerLayerOptions causal;
+  causal.attention.dim = 16, causal.attention.heads = 4, causal.mlp_dim = 32, causal.attention.causal = true;
+  TransformerLayer layer(causal, at::TensorOptions());
+  expect_error<std::invalid_argument>([&] { layer->forward(at::randn({1, 5, 16}), {}, {}, {}, {}, 2); },
+                                      {"queries 2", "causal"});
+  causal.attention.causal = false;
+  TransformerLayer plain(causal, at::TensorOptions());
+  expect_error<std::invalid_argument>([&] { plain->forward(at::randn({1, 5, 16}), {}, {}, {}, {}, 6); },
+                                      {"queries 6", "1..5"});
+}
+
+// ViT with cls_only (its last layer computes the CLS token only): the same logits, loss and gradients.
+TEST(Models, VitClsOnlyMatchesTheWholeModel) {
+  for (bool re_attention : {false, true}) {
+    VitConfig c = vit_flavor("vit-debug");
+    c.re_attention = re_attention;
+    Vit whole(c), part(c);
+    randomize(*whole);
+    {
+      at::NoGradGuard no_grad;
+      for (const auto& item : whole->named_parameters()) part->named_parameters()[item.key()].copy_(item.value());
+    }
+    const at::Tensor pixels = at::randn({3, 3, 32, 32}), labels = at::tensor(std::vector<int64_t>{1, 2, 7});
+    VitOutputs a = whole->run(pixels, labels), b = part->run(pixels, labels, /*cls_only=*/true);
+    EXPECT_EQ(b.hidden.sizes(), (std::vector<int64_t>{3, 1, 32}));
+    EXPECT_TRUE(at::allclose(b.hidden, a.hidden.narrow(1, 0, 1), 1e-5, 1e-6)) << re_attention;
+    EXPECT_TRUE(at::allclose(b.logits, a.logits, 1e-5, 1e-6)) << re_attention;
+    EXPECT_NEAR(b.loss.item<double>(), a.loss.item<double>(), 1e-5);
+    a.loss.backward();
+    b.loss.backward();
+    expect_same_grads(*whole, *part, re_attention ? "DeepViT" : "ViT");
+  }
+}
+
 TEST(Models, LlamaAndT5DebugShapes) {
   Llama llama(llama_flavor("llama-debug"));
   at::Tensor ids = at::randint(0, 1000, {2, 9}, at::kLong);

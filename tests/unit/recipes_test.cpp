@@ -313,8 +313,11 @@ TEST(TrainingFlops, EqualSixTimesTheLayersWeightsPlusAttention) {
   {
     const auto r = recipe_of("vit-debug");
     const auto c = vit_flavor("vit-debug");
-    const double n = (c.image_size / c.patch_size) * (c.image_size / c.patch_size) + 1;
-    const double expected = 6 * layer_weights(*r, "") * n * B + 12.0 * c.layers * n * n * c.dim * B;
+    const double n = (c.image_size / c.patch_size) * (c.image_size / c.patch_size) + 1, L = c.layers, d = c.dim;
+    // The last layer runs for the CLS token only (cls_only), its keys and values (2 d^2 weights) for all n.
+    const double w = layer_weights(*r, "") / L, kv = 2 * d * d;
+    const double expected = 6 * w * (L - 1) * n * B + 12.0 * (L - 1) * n * n * d * B +
+                            6 * (kv * n + (w - kv)) * B + 12.0 * n * d * B;
     EXPECT_DOUBLE_EQ(r->training_flops(image_batch(3, c.image_size)), expected);
     EXPECT_THROW(r->training_flops(text_batch(3, 16)), std::invalid_argument);
   }

@@ -24,6 +24,9 @@ struct ActivationBytes {
   int64_t layers = 0;            // transformer layers
   int64_t per_layer = 0;         // kept by one layer without checkpointing (its input included)
   int64_t layer_input = 0;       // kept by one checkpointed layer: its input only
+  // Kept by the last layer without checkpointing when it computes fewer positions than the others (those the head
+  // reads: ViT's classifier the CLS token); -1: per_layer.
+  int64_t last_layer = -1;
   int64_t outside_layers = 0;    // kept by embeddings, heads and the loss (logits' log-softmax)
   int64_t loss_kept = 0;         // the loss's part of outside_layers (freed first in backward)
   int64_t loss_transient = 0;    // alive on top at the end of forward (logits and their copies)
@@ -33,8 +36,11 @@ struct ActivationBytes {
   int64_t reused_weight_numel = 0;
 
   int64_t kept(bool checkpointed) const {
-    return layers * (checkpointed ? layer_input : per_layer) + outside_layers;
+    if (checkpointed) return layers * layer_input + outside_layers;
+    return layers * per_layer - last_layer_saving() + outside_layers;
   }
+  // What the last layer keeps less than the others when it is not checkpointed.
+  int64_t last_layer_saving() const { return layers > 0 && last_layer >= 0 ? per_layer - last_layer : 0; }
 };
 
 }  // namespace shardtrain::models

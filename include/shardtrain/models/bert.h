@@ -39,24 +39,28 @@ TransformerLayerOptions bert_layer_options(const BertConfig& config);  // its Be
 struct BertOutputs {
   at::Tensor hidden;  // (B, T, C)
   at::Tensor pooled;  // (B, C): tanh(pooler(hidden[:, 0])), when the model has a pooler
-  at::Tensor logits;  // (B, T, vocab) with the MLM head; (B, classes) with the classifier
+  at::Tensor logits;  // (B, T, vocab) with the MLM head ((K, vocab) when run labelled_only); (B, classes) with the
+                      // classifier
   at::Tensor loss;    // () mean cross-entropy over labels (!= -100 for the MLM head), when labels are given
 };
 
 // Children: embeddings, layers.N (class "BertLayer"), pooler, mlm_transform, mlm_norm or classifier; parameter
 // mlm_bias.
 class BertImpl : public nn::Interceptable<BertImpl, std::vector<at::Tensor>(at::Tensor, at::Tensor, at::Tensor,
-                                                                             at::Tensor)> {
+                                                                             at::Tensor, bool)> {
  public:
   BertImpl(const BertConfig& config, const BuildOptions& build = {});
   // input_ids (B, T) int64; attention_mask (B, T) 1 = token, 0 = padding (undefined: all tokens); token_type_ids
   // (B, T) or undefined; labels int64 or undefined: (B, T) with -100 where no loss is taken for the MLM head, (B)
-  // class ids for the classifier.
+  // class ids for the classifier. labelled_only (with MLM labels): the MLM head runs at the K labelled positions
+  // only (row-major order), all the loss reads — the same loss and gradients without the (B, T, vocab) logits, at a
+  // sixth of the head's work at 15% masking.
   BertOutputs run(const at::Tensor& input_ids, const at::Tensor& attention_mask = {},
-                  const at::Tensor& token_type_ids = {}, const at::Tensor& labels = {});
+                  const at::Tensor& token_type_ids = {}, const at::Tensor& labels = {}, bool labelled_only = false);
   // {hidden, pooled, logits, loss}; see run().
   std::vector<at::Tensor> forward_impl(const at::Tensor& input_ids, const at::Tensor& attention_mask,
-                                       const at::Tensor& token_type_ids, const at::Tensor& labels);
+                                       const at::Tensor& token_type_ids, const at::Tensor& labels,
+                                       bool labelled_only);
 
   BertConfig config;
   TextEmbeddings embeddings{nullptr};

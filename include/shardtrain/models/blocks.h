@@ -85,15 +85,18 @@ struct TransformerLayerOptions {
 // One transformer layer. Children: norm1, attn, [norm_cross, cross_attn,] norm2, mlp.
 //   pre-norm:  x += attn(norm1(x)); x += cross_attn(norm_cross(x), context); x += mlp(norm2(x))
 //   post-norm: x = norm1(x + attn(x)); x = norm2(x + mlp(x))
+// A layer may compute its output for the first `queries` positions only (the rows a head reads: a classifier reads
+// the CLS token): those positions attend to all T keys, and nothing else runs for the others.
 class TransformerLayerImpl
     : public nn::Interceptable<TransformerLayerImpl,
-                               at::Tensor(at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor)> {
+                               at::Tensor(at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, int64_t)> {
  public:
   TransformerLayerImpl(const TransformerLayerOptions& options, const torch::TensorOptions& tensor_options);
   // x (B, T, C); bias for self-attention (see above); rope (2, T, D); context (B, S, C) and context_bias for
-  // cross-attention. Unused arguments are undefined tensors. Returns (B, T, C).
+  // cross-attention. Unused arguments are undefined tensors. queries in [1, T]: the output's positions, the first
+  // ones (a layer that is neither causal nor rotary nor cross-attending); 0: all. Returns (B, queries or T, C).
   at::Tensor forward_impl(const at::Tensor& x, const at::Tensor& bias, const at::Tensor& rope,
-                          const at::Tensor& context, const at::Tensor& context_bias);
+                          const at::Tensor& context, const at::Tensor& context_bias, int64_t queries);
 
   TransformerLayerOptions options;
   torch::nn::AnyModule norm1, norm_cross, norm2;
@@ -102,6 +105,7 @@ class TransformerLayerImpl
 
  private:
   at::Tensor drop(const at::Tensor& x);
+  at::Tensor forward_queries(const at::Tensor& x, const at::Tensor& bias, const at::Tensor& rope, int64_t queries);
 };
 TORCH_MODULE(TransformerLayer);
 
@@ -112,7 +116,7 @@ std::vector<TransformerLayer> build_layers(torch::nn::Module& parent, const std:
                                            const TransformerLayerOptions& options, const BuildOptions& build,
                                            std::vector<std::string>& built);
 
-// Runs x through `layers` with the same extra arguments.
+// Runs x through `layers` with the same extra arguments, all positions through every layer.
 at::Tensor run_layers(std::vector<TransformerLayer>& layers, at::Tensor x, const at::Tensor& bias,
                       const at::Tensor& rope = {}, const at::Tensor& context = {}, const at::Tensor& context_bias = {});
 

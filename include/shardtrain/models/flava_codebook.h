@@ -37,12 +37,18 @@ class FlavaCodebookImpl : public torch::nn::Module {
   FlavaCodebookImpl(const CodebookConfig& config, const torch::TensorOptions& options);
   // pixels (B, channels, H, W), H and W multiples of 8 -> logits (B, vocab, H/8, W/8).
   at::Tensor forward(const at::Tensor& pixels);
-  // The visual token of each position, row-major: (B, H/8 * W/8) int64. No gradient.
-  at::Tensor tokens(const at::Tensor& pixels);
+  // The visual token of each position, row-major: (B, H/8 * W/8) int64. No gradient. With `positions` (B, H/8 *
+  // W/8) bool, only those positions' tokens, the others kIgnoreIndex: the last convolution (vocab logits per
+  // position, an eighth of the work at DALL-E's size) runs there only.
+  at::Tensor tokens(const at::Tensor& pixels, const at::Tensor& positions = {});
 
   CodebookConfig config;
   Conv2d input{nullptr}, output{nullptr};
   std::vector<std::vector<CodebookBlock>> groups;
+
+ private:
+  // What the last convolution reads: (B, 8 hidden, H/8, W/8), after its ReLU.
+  at::Tensor features(const at::Tensor& pixels);
 };
 TORCH_MODULE(FlavaCodebook);
 
