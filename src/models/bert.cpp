@@ -80,15 +80,16 @@ std::vector<at::Tensor> BertImpl::forward_impl(const at::Tensor& input_ids, cons
   at::Tensor pooled, logits, loss;
   if (pooler) pooled = at::tanh(pooler->forward(x.select(1, 0)));
   if (mlm_transform) {
-    at::Tensor h = x, targets = labels;
-    if (labelled_only && labels.defined()) {  // (K, C) rows of the labelled positions, (K) their labels
-      const at::Tensor rows = (labels.reshape({-1}) != kIgnoreIndex).nonzero().squeeze(1);
-      h = x.reshape({-1, x.size(-1)}).index_select(0, rows);
-      targets = labels.reshape({-1}).index_select(0, rows);
+    auto head = [&](const at::Tensor& h) {
+      return at::linear(mlm_norm->forward(at::gelu(mlm_transform->forward(h))), embeddings->word->weight, mlm_bias);
+    };
+    if (labelled_only && labels.defined()) {
+      LabelledLoss labelled = labelled_cross_entropy(head, x, labels);
+      logits = labelled.logits, loss = labelled.loss;
+    } else {
+      logits = head(x);
+      if (labels.defined()) loss = masked_cross_entropy(logits, labels);
     }
-    h = mlm_norm->forward(at::gelu(mlm_transform->forward(h)));
-    logits = at::linear(h, embeddings->word->weight, mlm_bias);
-    if (labels.defined()) loss = masked_cross_entropy(logits, targets);
   } else if (classifier) {
     logits = classifier->forward(at::dropout(pooled, config.classifier_dropout, is_training()));
     if (labels.defined()) loss = at::cross_entropy_loss(logits.to(at::kFloat), labels);

@@ -18,10 +18,8 @@ constexpr double kLogitScaleMax = 4.6052;  // log(100): FLAVA clamps the contras
 // Cross-entropy of head(seq) at the positions whose label is not ignored (the head runs on those rows only).
 // seq (B, L, C), labels (B, L).
 at::Tensor selected_cross_entropy(FlavaMaskedHead& head, const at::Tensor& seq, const at::Tensor& labels) {
-  at::Tensor rows = (labels.reshape({-1}) != kIgnoreIndex).nonzero().squeeze(1);
-  if (rows.numel() == 0) return seq.sum() * 0.0;  // nothing masked: no loss, graph kept
-  at::Tensor picked = seq.reshape({-1, seq.size(-1)}).index_select(0, rows);
-  return masked_cross_entropy(head->forward(picked), labels.reshape({-1}).index_select(0, rows));
+  if (!(labels != kIgnoreIndex).any().item<bool>()) return seq.sum() * 0.0;  // nothing masked: no loss, graph kept
+  return labelled_cross_entropy([&](const at::Tensor& rows) { return head->forward(rows); }, seq, labels).loss;
 }
 
 // torch.nn.functional.normalize over the last dimension.

@@ -52,13 +52,14 @@ LlamaImpl::LlamaImpl(const LlamaConfig& c, const BuildOptions& build) : Intercep
   finish_model(build, *this, built);
 }
 
-LlamaOutputs LlamaImpl::run(const at::Tensor& input_ids, const at::Tensor& attention_mask, const at::Tensor& labels) {
-  auto out = forward(input_ids, attention_mask, labels);
+LlamaOutputs LlamaImpl::run(const at::Tensor& input_ids, const at::Tensor& attention_mask, const at::Tensor& labels,
+                            bool labelled_only) {
+  auto out = forward(input_ids, attention_mask, labels, labelled_only);
   return {out[0], out[1]};
 }
 
 std::vector<at::Tensor> LlamaImpl::forward_impl(const at::Tensor& input_ids, const at::Tensor& attention_mask,
-                                                const at::Tensor& labels) {
+                                                const at::Tensor& labels, bool labelled_only) {
   const int64_t length = input_ids.size(1);
   if (length > config.max_positions) {
     throw std::invalid_argument("Llama: " + std::to_string(length) + " tokens exceed max_positions " +
@@ -67,7 +68,13 @@ std::vector<at::Tensor> LlamaImpl::forward_impl(const at::Tensor& input_ids, con
   at::Tensor x = embed->forward(input_ids);
   const at::Tensor bias = attention_mask.defined() ? padding_bias(attention_mask, x.scalar_type()) : at::Tensor();
   const at::Tensor rope = rotary_table(length, config.dim / config.heads, config.rope_theta, x.device());
-  at::Tensor logits = lm_head->forward(norm->forward(run_layers(layers, x, bias, rope)));
+  const at::Tensor hidden = norm->forward(run_layers(layers, x, bias, rope));
+  if (labelled_only && labels.defined()) {
+    LabelledLoss labelled = labelled_cross_entropy([&](const at::Tensor& rows) { return lm_head->forward(rows); },
+                                                   hidden, next_token_labels(labels));
+    return {labelled.logits, labelled.loss};
+  }
+  at::Tensor logits = lm_head->forward(hidden);
   return {logits, labels.defined() ? causal_lm_loss(logits, labels) : at::Tensor()};
 }
 

@@ -31,7 +31,8 @@ class LlamaCausalLm : public Task {
   Losses compute_losses(torch::nn::Module& model, const data::Batch& b, uint64_t) const override {
     const at::Tensor labels = b.input_ids.masked_fill(b.attention_mask == 0, kIgnoreIndex);
     Losses out;
-    out.total = module_as<LlamaImpl>(model, "llama").run(b.input_ids, b.attention_mask, labels).loss;
+    out.total =
+        module_as<LlamaImpl>(model, "llama").run(b.input_ids, b.attention_mask, labels, /*labelled_only=*/true).loss;
     out.parts["lm"] = value_of(out.total);
     return out;
   }
@@ -43,7 +44,7 @@ class LlamaCausalLm : public Task {
     return evaluate_token_loss(model, in, [&](const data::Batch& b) {
       const at::Tensor labels = b.input_ids.masked_fill(b.attention_mask == 0, kIgnoreIndex);
       const int64_t tokens = (labels.narrow(1, 1, labels.size(1) - 1) != kIgnoreIndex).sum().item<int64_t>();
-      const at::Tensor loss = llama.run(b.input_ids, b.attention_mask, labels).loss;
+      const at::Tensor loss = llama.run(b.input_ids, b.attention_mask, labels, /*labelled_only=*/true).loss;
       return std::make_pair(loss * static_cast<double>(tokens), tokens);
     });
   }
@@ -81,8 +82,9 @@ class LlamaRecipe : public FamilyRecipe<LlamaConfig, Llama> {
   std::vector<std::string> tasks() const override { return {"causal_lm"}; }
 
   // Layers: llama_layer_options (the embedding's output is layer 0's input). Then the final norm (its input, what
-  // it keeps, its output: lm_head's input) and the loss over every position (causal_lm_loss shifts the labels, so
-  // log-softmax reads the logits as they are; below float32 they are copied to float32 first).
+  // it keeps, and lm_head's input: the rows of its output at the positions that predict a label, labelled_only),
+  // the loss there; every position counted (all but a row's last, and padding, predict a label: 1/T more at most;
+  // below float32 the logits are copied to float32 for log-softmax).
   ActivationBytes activation_bytes(const ActivationQuery& q) const override {
     const LlamaConfig& c = config();
     const int64_t T = q.seq_len > 0 ? q.seq_len : c.max_positions, N = q.batch * T, e = element_size(q);

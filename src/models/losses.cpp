@@ -9,14 +9,26 @@ at::Tensor masked_cross_entropy(const at::Tensor& logits, const at::Tensor& labe
                                 /*weight=*/{}, at::Reduction::Mean, kIgnoreIndex);
 }
 
+at::Tensor next_token_labels(const at::Tensor& labels) {
+  const int64_t t = labels.size(1);
+  return at::cat({labels.narrow(1, 1, t - 1), at::full({labels.size(0), 1}, kIgnoreIndex, labels.options())}, 1);
+}
+
 // Position t predicts token t + 1: the labels move one to the left (the last position predicts nothing, -100),
 // not the logits, whose (B, T - 1, V) slice would be copied to be flattened — at a 32k vocabulary and 2k tokens,
 // 256 MB a sample in forward and again in backward.
 at::Tensor causal_lm_loss(const at::Tensor& logits, const at::Tensor& labels) {
-  const int64_t t = labels.size(1);
-  const at::Tensor shifted =
-      at::cat({labels.narrow(1, 1, t - 1), at::full({labels.size(0), 1}, kIgnoreIndex, labels.options())}, 1);
-  return masked_cross_entropy(logits, shifted);
+  return masked_cross_entropy(logits, next_token_labels(labels));
+}
+
+LabelledLoss labelled_cross_entropy(const std::function<at::Tensor(const at::Tensor&)>& head,
+                                    const at::Tensor& hidden, const at::Tensor& labels) {
+  const at::Tensor flat = labels.reshape({-1});
+  const at::Tensor rows = (flat != kIgnoreIndex).nonzero().squeeze(1);  // (K)
+  LabelledLoss out;
+  out.logits = head(hidden.reshape({-1, hidden.size(-1)}).index_select(0, rows));
+  out.loss = masked_cross_entropy(out.logits, flat.index_select(0, rows));
+  return out;
 }
 
 }  // namespace shardtrain::models

@@ -3,6 +3,8 @@
 
 #include <ATen/core/Tensor.h>
 
+#include <functional>
+
 namespace shardtrain::models {
 
 // Label value that takes no loss (Hugging Face's and PyTorch's ignore_index).
@@ -13,5 +15,19 @@ at::Tensor masked_cross_entropy(const at::Tensor& logits, const at::Tensor& labe
 
 // Mean next-token cross-entropy: logits (B, T, V) at position t predict labels (B, T) at t + 1.
 at::Tensor causal_lm_loss(const at::Tensor& logits, const at::Tensor& labels);
+
+// What position t of a causal LM is trained to predict: labels (B, T) moved one to the left, kIgnoreIndex at the
+// last position.
+at::Tensor next_token_labels(const at::Tensor& labels);
+
+// A head applied at the labelled positions only: `head` maps rows (K, C) of hidden (..., C) whose label (...) is not
+// kIgnoreIndex to logits (K, V), and the loss is masked_cross_entropy's over them — the same loss without the
+// logits (and the head's work) of the positions that take none. K = 0 gives NaN, as masked_cross_entropy does.
+struct LabelledLoss {
+  at::Tensor logits;  // (K, V), the labelled positions in row-major order
+  at::Tensor loss;    // ()
+};
+LabelledLoss labelled_cross_entropy(const std::function<at::Tensor(const at::Tensor&)>& head,
+                                    const at::Tensor& hidden, const at::Tensor& labels);
 
 }  // namespace shardtrain::models
