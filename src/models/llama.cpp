@@ -52,6 +52,16 @@ LlamaImpl::LlamaImpl(const LlamaConfig& c, const BuildOptions& build) : Intercep
   finish_model(build, *this, built);
 }
 
+namespace {
+
+// mask (B, T): every row's ones come first.
+bool is_right_padded(const at::Tensor& mask) {
+  const int64_t t = mask.size(1);
+  return t < 2 || (mask.narrow(1, 1, t - 1) <= mask.narrow(1, 0, t - 1)).all().item<bool>();
+}
+
+}  // namespace
+
 LlamaOutputs LlamaImpl::run(const at::Tensor& input_ids, const at::Tensor& attention_mask, const at::Tensor& labels,
                             bool labelled_only) {
   auto out = forward(input_ids, attention_mask, labels, labelled_only);
@@ -66,7 +76,14 @@ std::vector<at::Tensor> LlamaImpl::forward_impl(const at::Tensor& input_ids, con
                                 std::to_string(config.max_positions));
   }
   at::Tensor x = embed->forward(input_ids);
-  const at::Tensor bias = attention_mask.defined() ? padding_bias(attention_mask, x.scalar_type()) : at::Tensor();
+  // Right padding (each row's tokens, then its padding): under causal attention no real position sees a padded
+  // one, so the padding mask changes only the padded positions' outputs, which predict no label. For the loss
+  // alone (labelled_only) the mask is left out and attention runs causal in the fused kernel: no (B, 1, T, T) bias,
+  // the scores above the diagonal skipped. (CPU masks only: reading a device mask would wait for the device.)
+  const bool causal_suffices = labelled_only && labels.defined() && attention_mask.defined() &&
+                               attention_mask.device().is_cpu() && is_right_padded(attention_mask);
+  const at::Tensor bias = attention_mask.defined() && !causal_suffices
+                              ? padding_bias(attention_mask, x.scalar_type()) : at::Tensor();
   const at::Tensor rope = rotary_table(length, config.dim / config.heads, config.rope_theta, x.device());
   const at::Tensor hidden = norm->forward(run_layers(layers, x, bias, rope));
   if (labelled_only && labels.defined()) {

@@ -17,6 +17,7 @@
 #include "shardtrain/models/bert.h"
 #include "shardtrain/models/flava.h"
 #include "shardtrain/models/llama.h"
+#include "shardtrain/models/losses.h"
 #include "shardtrain/io/safetensors.h"
 #include "shardtrain/io/safetensors_files.h"
 #include "shardtrain/models/t5.h"
@@ -155,6 +156,30 @@ TEST(Models, VitClsOnlyMatchesTheWholeModel) {
     a.loss.backward();
     b.loss.backward();
     expect_same_grads(*whole, *part, re_attention ? "DeepViT" : "ViT");
+  }
+}
+
+// Llama's loss with the LM head at the labelled positions only equals the whole model's, gradients included: with
+// right padding (where the padding mask is left out for causal attention alone) and with left padding (kept).
+TEST(Models, LlamaLabelledOnlyMatchesTheWholeModel) {
+  for (bool right : {true, false}) {
+    Llama whole(llama_flavor("llama-debug")), part(llama_flavor("llama-debug"));
+    randomize(*whole);
+    {
+      at::NoGradGuard no_grad;
+      for (const auto& item : whole->named_parameters()) part->named_parameters()[item.key()].copy_(item.value());
+    }
+    const at::Tensor ids = at::randint(0, 1000, {2, 9}, at::kLong);
+    at::Tensor mask = at::ones({2, 9}, at::kLong);
+    if (right) mask[1].narrow(0, 6, 3).zero_();
+    else mask[1].narrow(0, 0, 3).zero_();
+    const at::Tensor labels = ids.masked_fill(mask == 0, -100);
+    LlamaOutputs a = whole->run(ids, mask, labels), b = part->run(ids, mask, labels, /*labelled_only=*/true);
+    EXPECT_NEAR(b.loss.item<double>(), a.loss.item<double>(), 1e-5) << (right ? "right" : "left") << " padding";
+    EXPECT_EQ(b.logits.size(0), (next_token_labels(labels) != -100).sum().item<int64_t>());
+    a.loss.backward();
+    b.loss.backward();
+    expect_same_grads(*whole, *part, right ? "right padding" : "left padding");
   }
 }
 
