@@ -86,10 +86,11 @@ std::vector<at::Tensor> LlamaImpl::forward_impl(const at::Tensor& input_ids, con
                               ? padding_bias(attention_mask, x.scalar_type()) : at::Tensor();
   const at::Tensor rope = rotary_table(length, config.dim / config.heads, config.rope_theta, x.device());
   const at::Tensor hidden = norm->forward(run_layers(layers, x, bias, rope));
-  if (labelled_only && labels.defined()) {
-    LabelledLoss labelled = labelled_cross_entropy([&](const at::Tensor& rows) { return lm_head->forward(rows); },
-                                                   hidden, next_token_labels(labels));
-    return {labelled.logits, labelled.loss};
+  if (labelled_only && labels.defined()) {  // no logits: the loss in chunks (linear_cross_entropy)
+    const at::Tensor targets = next_token_labels(labels).reshape({-1});
+    const at::Tensor rows = (targets != kIgnoreIndex).nonzero().squeeze(1);  // (K)
+    const at::Tensor picked = hidden.reshape({-1, hidden.size(-1)}).index_select(0, rows);
+    return {at::Tensor(), linear_cross_entropy(picked, lm_head->weight, lm_head->bias, targets.index_select(0, rows))};
   }
   at::Tensor logits = lm_head->forward(hidden);
   return {logits, labels.defined() ? causal_lm_loss(logits, labels) : at::Tensor()};

@@ -29,7 +29,7 @@ LlamaConfig llama_flavor(const std::string& name);
 TransformerLayerOptions llama_layer_options(const LlamaConfig& config);  // its decoder layer (RMSNorm, SwiGLU, GQA)
 
 struct LlamaOutputs {
-  at::Tensor logits;  // (B, T, vocab); (K, vocab) at the K positions that predict a label when run labelled_only
+  at::Tensor logits;  // (B, T, vocab); undefined when run labelled_only
   at::Tensor loss;    // () next-token cross-entropy (labels shifted inside, -100 ignored), when labels are given
 };
 
@@ -39,8 +39,9 @@ class LlamaImpl
  public:
   LlamaImpl(const LlamaConfig& config, const BuildOptions& build = {});
   // input_ids (B, T); attention_mask (B, T) 1 = token, 0 = padding, or undefined; labels (B, T) or undefined.
-  // labelled_only (with labels): the LM head runs at the positions whose next token has a label only (padding and
-  // prompt tokens masked with -100 take none): the same loss, without their logits.
+  // labelled_only (with labels): the loss alone, the LM head at the positions whose next token has a label only
+  // (padding and prompt tokens masked with -100 take none), fused with the cross-entropy in chunks
+  // (linear_cross_entropy): the same loss and gradients without the (B, T, vocab) logits.
   LlamaOutputs run(const at::Tensor& input_ids, const at::Tensor& attention_mask = {}, const at::Tensor& labels = {},
                    bool labelled_only = false);
   std::vector<at::Tensor> forward_impl(const at::Tensor& input_ids, const at::Tensor& attention_mask,

@@ -30,4 +30,15 @@ struct LabelledLoss {
 LabelledLoss labelled_cross_entropy(const std::function<at::Tensor(const at::Tensor&)>& head,
                                     const at::Tensor& hidden, const at::Tensor& labels);
 
+// masked_cross_entropy(at::linear(hidden, weight, bias), labels) without its (K, V) logits: hidden (K, C), weight
+// (V, C), bias (V) or undefined, labels (K). The rows go through in chunks of about 8M logits; each chunk's
+// logits, log-softmax and gradient live only while it is processed, since the gradients with respect to hidden,
+// weight and bias are computed in forward (the loss ends the graph) and only scaled in backward. What an LM head
+// over a 32k vocabulary keeps is then two (V, C) and (K, C) gradients instead of three (K, V) float32 tensors.
+// The same loss and gradients to float32 rounding (the weight's accumulated in float32 over the chunks).
+at::Tensor linear_cross_entropy(const at::Tensor& hidden, const at::Tensor& weight, const at::Tensor& bias,
+                                const at::Tensor& labels);
+// Its rows per chunk at a vocabulary of `vocab` (at least one).
+int64_t linear_cross_entropy_chunk_rows(int64_t vocab);
+
 }  // namespace shardtrain::models

@@ -1,0 +1,98 @@
+#include "shardtrain/models/losses.h"
+
+#include <ATen/ATen.h>
+#include <torch/csrc/autograd/custom_function.h>
+
+#include <algorithm>
+#include <optional>
+#include <stdexcept>
+#include <string>
+
+namespace shardtrain::models {
+
+namespace {
+
+// The loss is the end of the graph, so its gradients are known in forward: each chunk's logits become the loss's
+// terms and their gradient (softmax minus the one-hot target, over the count) at once, and are dropped. Backward
+// scales what forward computed by the incoming gradient.
+struct LinearCrossEntropy : public torch::autograd::Function<LinearCrossEntropy> {
+  // hidden (K, C), weight (V, C), bias (V) or none, labels (K) int64 in [0, V) or kIgnoreIndex. Returns (). (An
+  // absent bias is an empty optional: apply() reads every at::Tensor argument's device, undefined or not.)
+  static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& hidden, const at::Tensor& weight,
+                            const std::optional<at::Tensor>& maybe_bias, const at::Tensor& labels) {
+    const at::Tensor bias = maybe_bias.value_or(at::Tensor());
+    const int64_t rows = hidden.size(0), vocab = weight.size(0), step = linear_cross_entropy_chunk_rows(vocab);
+    const at::Tensor counted = labels != kIgnoreIndex;
+    // The mean is over the labelled rows (masked_cross_entropy's); none: NaN, as there.
+    const double count = static_cast<double>(counted.sum().item<int64_t>());
+    at::Tensor grad_hidden = at::zeros_like(hidden);
+    at::Tensor grad_weight = weight.requires_grad() ? at::zeros(weight.sizes(), weight.options().dtype(at::kFloat))
+                                                    : at::Tensor();
+    at::Tensor grad_bias = bias.defined() && bias.requires_grad()
+                               ? at::zeros(bias.sizes(), bias.options().dtype(at::kFloat)) : at::Tensor();
+    at::Tensor total = at::zeros({}, hidden.options().dtype(at::kFloat));
+    for (int64_t start = 0; start < rows; start += step) {
+      const int64_t n = std::min(step, rows - start);
+      const at::Tensor h = hidden.narrow(0, start, n);
+      const at::Tensor target = labels.narrow(0, start, n), keep = counted.narrow(0, start, n);
+      const at::Tensor safe = target.masked_fill(~keep, 0).unsqueeze(1);  // (n, 1): a valid index everywhere
+      at::Tensor logits = at::linear(h, weight, bias).to(at::kFloat);  // (n, V), float32 like the loss's cast
+      const at::Tensor log_probs = at::log_softmax(logits, 1);
+      total += -(log_probs.gather(1, safe).squeeze(1) * keep).sum();
+      // d loss / d logits = (softmax - one_hot) / count on labelled rows, 0 elsewhere; in the logits' own dtype
+      // for the products, as autograd would cast it back.
+      at::Tensor grad = log_probs.exp_();
+      grad.scatter_add_(1, safe, at::full({n, 1}, -1.0, grad.options()));
+      grad.mul_((keep.to(at::kFloat) / count).unsqueeze(1));
+      const at::Tensor grad_c = grad.to(hidden.scalar_type());
+      if (hidden.requires_grad()) {
+        at::Tensor slice = grad_hidden.narrow(0, start, n);  // rows of a contiguous tensor: contiguous
+        at::mm_out(slice, grad_c, weight);
+      }
+      if (grad_weight.defined()) grad_weight.addmm_(grad_c.t().to(at::kFloat), h.to(at::kFloat));
+      if (grad_bias.defined()) grad_bias.add_(grad.sum(0));
+    }
+    ctx->saved_data["grad_hidden"] = grad_hidden;
+    ctx->saved_data["grad_weight"] = grad_weight.defined() ? grad_weight.to(weight.scalar_type()) : grad_weight;
+    ctx->saved_data["grad_bias"] = grad_bias.defined() ? grad_bias.to(bias.scalar_type()) : grad_bias;
+    return total / count;
+  }
+
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grad_outputs) {
+    const at::Tensor& g = grad_outputs[0];  // () d(whatever follows) / d loss
+    // Scaled in place and handed over: no second gradient-sized copy (the weight's is the LM head's size).
+    auto scaled = [&](const char* name) {
+      auto it = ctx->saved_data.find(name);
+      if (it == ctx->saved_data.end()) {
+        throw std::logic_error("linear_cross_entropy: backward ran twice over one forward (retain_graph)");
+      }
+      at::Tensor t = it->second.toTensor();
+      ctx->saved_data.erase(it);
+      return t.defined() ? t.mul_(g.to(t.scalar_type())) : t;
+    };
+    return {scaled("grad_hidden"), scaled("grad_weight"), scaled("grad_bias"), at::Tensor()};
+  }
+};
+
+}  // namespace
+
+// 8M float32 logits (32 MB) at a time: at 1024 rows x 512 x 32000 on one and two threads, 262-row chunks took
+// 0.83-0.86x the time of the unfused linear + cross-entropy + backward, 131-row ones 0.92-0.97x (2026-11-24).
+int64_t linear_cross_entropy_chunk_rows(int64_t vocab) {
+  return std::max<int64_t>(1, (int64_t{1} << 23) / std::max<int64_t>(1, vocab));
+}
+
+at::Tensor linear_cross_entropy(const at::Tensor& hidden, const at::Tensor& weight, const at::Tensor& bias,
+                                const at::Tensor& labels) {
+  if (hidden.dim() != 2 || weight.dim() != 2 || hidden.size(1) != weight.size(1) || labels.dim() != 1 ||
+      labels.size(0) != hidden.size(0)) {
+    throw std::invalid_argument("linear_cross_entropy: expected hidden (K, C), weight (V, C) and labels (K), got " +
+                                c10::str(hidden.sizes()) + ", " + c10::str(weight.sizes()) + " and " +
+                                c10::str(labels.sizes()));
+  }
+  return LinearCrossEntropy::apply(hidden, weight, bias.defined() ? std::optional<at::Tensor>(bias) : std::nullopt,
+                                   labels);
+}
+
+}  // namespace shardtrain::models
