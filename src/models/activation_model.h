@@ -15,6 +15,7 @@ namespace shardtrain::models {
 // the first `queries` positions only (TransformerLayer's queries argument), 0: all.
 int64_t transformer_layer_kept(const TransformerLayerOptions& layer, int64_t batch, int64_t tokens,
                                int64_t context_tokens, const ActivationQuery& q, int64_t queries = 0);
+
 // What a norm keeps besides its input and output (LayerNorm's statistics; RMSNorm's float32 input and normalized
 // copy), over `rows` rows of `dim`.
 int64_t norm_kept(Norm norm, int64_t rows, int64_t dim, const ActivationQuery& q);

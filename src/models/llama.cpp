@@ -77,20 +77,24 @@ std::vector<at::Tensor> LlamaImpl::forward_impl(const at::Tensor& input_ids, con
   }
   at::Tensor x = embed->forward(input_ids);
   // Right padding (each row's tokens, then its padding): under causal attention no real position sees a padded
-  // one, so the padding mask changes only the padded positions' outputs, which predict no label. For the loss
-  // alone (labelled_only) the mask is left out and attention runs causal in the fused kernel: no (B, 1, T, T) bias,
-  // the scores above the diagonal skipped. (CPU masks only: reading a device mask would wait for the device.)
-  const bool causal_suffices = labelled_only && labels.defined() && attention_mask.defined() &&
-                               attention_mask.device().is_cpu() && is_right_padded(attention_mask);
+  // one, so the padding mask changes only the padded positions' outputs. For the loss alone (labelled_only), when
+  // no padded position predicts a label, the mask is left out and attention runs causal in the fused kernel: no
+  // (B, 1, T, T) bias, the scores above the diagonal skipped. (CPU masks only: reading a device mask would wait
+  // for the device.)
+  const bool loss_only = labelled_only && labels.defined();
+  const at::Tensor targets = loss_only ? next_token_labels(labels) : at::Tensor();  // (B, T)
+  const bool causal_suffices = loss_only && attention_mask.defined() && attention_mask.device().is_cpu() &&
+                               is_right_padded(attention_mask) &&
+                               !((attention_mask == 0) & (targets != kIgnoreIndex)).any().item<bool>();
   const at::Tensor bias = attention_mask.defined() && !causal_suffices
                               ? padding_bias(attention_mask, x.scalar_type()) : at::Tensor();
   const at::Tensor rope = rotary_table(length, config.dim / config.heads, config.rope_theta, x.device());
   const at::Tensor hidden = norm->forward(run_layers(layers, x, bias, rope));
-  if (labelled_only && labels.defined()) {  // no logits: the loss in chunks (linear_cross_entropy)
-    const at::Tensor targets = next_token_labels(labels).reshape({-1});
-    const at::Tensor rows = (targets != kIgnoreIndex).nonzero().squeeze(1);  // (K)
+  if (loss_only) {  // no logits: the loss in chunks (linear_cross_entropy)
+    const at::Tensor flat = targets.reshape({-1});
+    const at::Tensor rows = (flat != kIgnoreIndex).nonzero().squeeze(1);  // (K)
     const at::Tensor picked = hidden.reshape({-1, hidden.size(-1)}).index_select(0, rows);
-    return {at::Tensor(), linear_cross_entropy(picked, lm_head->weight, lm_head->bias, targets.index_select(0, rows))};
+    return {at::Tensor(), linear_cross_entropy(picked, lm_head->weight, lm_head->bias, flat.index_select(0, rows))};
   }
   at::Tensor logits = lm_head->forward(hidden);
   return {logits, labels.defined() ? causal_lm_loss(logits, labels) : at::Tensor()};

@@ -160,9 +160,10 @@ TEST(Models, VitClsOnlyMatchesTheWholeModel) {
 }
 
 // Llama's loss with the LM head at the labelled positions only equals the whole model's, gradients included: with
-// right padding (where the padding mask is left out for causal attention alone) and with left padding (kept).
+// right padding (where the padding mask is left out for causal attention alone), with right padding whose padded
+// positions still predict labels (kept), and with left padding (kept).
 TEST(Models, LlamaLabelledOnlyMatchesTheWholeModel) {
-  for (bool right : {true, false}) {
+  for (const std::string padding : {"right", "right, labelled", "left"}) {
     Llama whole(llama_flavor("llama-debug")), part(llama_flavor("llama-debug"));
     randomize(*whole);
     {
@@ -171,20 +172,17 @@ TEST(Models, LlamaLabelledOnlyMatchesTheWholeModel) {
     }
     const at::Tensor ids = at::randint(0, 1000, {2, 9}, at::kLong);
     at::Tensor mask = at::ones({2, 9}, at::kLong);
-    if (right) mask[1].narrow(0, 6, 3).zero_();
-    else mask[1].narrow(0, 0, 3).zero_();
-    const at::Tensor labels = ids.masked_fill(mask == 0, -100);
+    if (padding == "left") mask[1].narrow(0, 0, 3).zero_();
+    else mask[1].narrow(0, 6, 3).zero_();
+    const at::Tensor labels = padding == "right, labelled" ? ids : ids.masked_fill(mask == 0, -100);
     LlamaOutputs a = whole->run(ids, mask, labels), b = part->run(ids, mask, labels, /*labelled_only=*/true);
-    EXPECT_NEAR(b.loss.item<double>(), a.loss.item<double>(), 1e-5) << (right ? "right" : "left") << " padding";
+    EXPECT_NEAR(b.loss.item<double>(), a.loss.item<double>(), 1e-5) << padding << " padding";
     a.loss.backward();
     b.loss.backward();
-    expect_same_grads(*whole, *part, right ? "right padding" : "left padding");
+    expect_same_grads(*whole, *part, padding + " padding");
   }
 }
 
-// linear_cross_entropy against the logits' path (linear, then masked_cross_entropy): the loss and the gradients of
-// hidden, weight and bias, over two chunks (100 rows at a vocabulary of 100000: 83 rows a chunk), with ignored
-// rows, a gradient other than 1 coming in, in float32 and bfloat16.
 TEST(Models, LinearCrossEntropyMatchesTheLogitsPath) {
   for (const at::ScalarType dtype : {at::kFloat, at::kBFloat16}) {
     const at::Tensor hidden = at::randn({100, 16}).to(dtype), weight = (at::randn({100000, 16}) * 0.3).to(dtype);
