@@ -84,8 +84,9 @@ std::vector<at::Tensor> BertImpl::forward_impl(const at::Tensor& input_ids, cons
       return at::linear(mlm_norm->forward(at::gelu(mlm_transform->forward(h))), embeddings->word->weight, mlm_bias);
     };
     if (labelled_only && labels.defined()) {
-      LabelledLoss labelled = labelled_cross_entropy(head, x, labels);
-      logits = labelled.logits, loss = labelled.loss;
+      const LabelledRows labelled = labelled_rows(x, labels);
+      logits = head(labelled.hidden);
+      loss = masked_cross_entropy(logits, labelled.labels);
     } else {
       logits = head(x);
       if (labels.defined()) loss = masked_cross_entropy(logits, labels);

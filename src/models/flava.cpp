@@ -18,8 +18,9 @@ constexpr double kLogitScaleMax = 4.6052;  // log(100): FLAVA clamps the contras
 // Cross-entropy of head(seq) at the positions whose label is not ignored (the head runs on those rows only).
 // seq (B, L, C), labels (B, L).
 at::Tensor selected_cross_entropy(FlavaMaskedHead& head, const at::Tensor& seq, const at::Tensor& labels) {
-  if (!(labels != kIgnoreIndex).any().item<bool>()) return seq.sum() * 0.0;  // nothing masked: no loss, graph kept
-  return labelled_cross_entropy([&](const at::Tensor& rows) { return head->forward(rows); }, seq, labels).loss;
+  const LabelledRows labelled = labelled_rows(seq, labels);
+  if (labelled.labels.numel() == 0) return seq.sum() * 0.0;  // nothing masked: no loss, graph kept
+  return masked_cross_entropy(head->forward(labelled.hidden), labelled.labels);
 }
 
 // torch.nn.functional.normalize over the last dimension.

@@ -91,10 +91,8 @@ std::vector<at::Tensor> LlamaImpl::forward_impl(const at::Tensor& input_ids, con
   const at::Tensor rope = rotary_table(length, config.dim / config.heads, config.rope_theta, x.device());
   const at::Tensor hidden = norm->forward(run_layers(layers, x, bias, rope));
   if (loss_only) {  // no logits: the loss in chunks (linear_cross_entropy)
-    const at::Tensor flat = targets.reshape({-1});
-    const at::Tensor rows = (flat != kIgnoreIndex).nonzero().squeeze(1);  // (K)
-    const at::Tensor picked = hidden.reshape({-1, hidden.size(-1)}).index_select(0, rows);
-    return {at::Tensor(), linear_cross_entropy(picked, lm_head->weight, lm_head->bias, flat.index_select(0, rows))};
+    const LabelledRows labelled = labelled_rows(hidden, targets);
+    return {at::Tensor(), linear_cross_entropy(labelled.hidden, lm_head->weight, lm_head->bias, labelled.labels)};
   }
   at::Tensor logits = lm_head->forward(hidden);
   return {logits, labels.defined() ? causal_lm_loss(logits, labels) : at::Tensor()};

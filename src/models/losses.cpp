@@ -21,14 +21,10 @@ at::Tensor causal_lm_loss(const at::Tensor& logits, const at::Tensor& labels) {
   return masked_cross_entropy(logits, next_token_labels(labels));
 }
 
-LabelledLoss labelled_cross_entropy(const std::function<at::Tensor(const at::Tensor&)>& head,
-                                    const at::Tensor& hidden, const at::Tensor& labels) {
+LabelledRows labelled_rows(const at::Tensor& hidden, const at::Tensor& labels) {
   const at::Tensor flat = labels.reshape({-1});
   const at::Tensor rows = (flat != kIgnoreIndex).nonzero().squeeze(1);  // (K)
-  LabelledLoss out;
-  out.logits = head(hidden.reshape({-1, hidden.size(-1)}).index_select(0, rows));
-  out.loss = masked_cross_entropy(out.logits, flat.index_select(0, rows));
-  return out;
+  return {hidden.reshape({-1, hidden.size(-1)}).index_select(0, rows), flat.index_select(0, rows)};
 }
 
 }  // namespace shardtrain::models

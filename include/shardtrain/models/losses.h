@@ -3,8 +3,6 @@
 
 #include <ATen/core/Tensor.h>
 
-#include <functional>
-
 namespace shardtrain::models {
 
 // Label value that takes no loss (Hugging Face's and PyTorch's ignore_index).
@@ -20,15 +18,14 @@ at::Tensor causal_lm_loss(const at::Tensor& logits, const at::Tensor& labels);
 // last position.
 at::Tensor next_token_labels(const at::Tensor& labels);
 
-// A head applied at the labelled positions only: `head` maps rows (K, C) of hidden (..., C) whose label (...) is not
-// kIgnoreIndex to logits (K, V), and the loss is masked_cross_entropy's over them — the same loss without the
-// logits (and the head's work) of the positions that take none. K = 0 gives NaN, as masked_cross_entropy does.
-struct LabelledLoss {
-  at::Tensor logits;  // (K, V), the labelled positions in row-major order
-  at::Tensor loss;    // ()
+// The positions that take a loss, for a head to run at those only: the rows of hidden (..., C) whose label (...) is
+// not kIgnoreIndex, (K, C), and their labels, (K), in row-major order. A head's loss over them equals
+// masked_cross_entropy's over every position, without the others' logits and work.
+struct LabelledRows {
+  at::Tensor hidden;  // (K, C)
+  at::Tensor labels;  // (K)
 };
-LabelledLoss labelled_cross_entropy(const std::function<at::Tensor(const at::Tensor&)>& head,
-                                    const at::Tensor& hidden, const at::Tensor& labels);
+LabelledRows labelled_rows(const at::Tensor& hidden, const at::Tensor& labels);
 
 // masked_cross_entropy(at::linear(hidden, weight, bias), labels) without its (K, V) logits: hidden (K, C), weight
 // (V, C), bias (V) or undefined, labels (K). The rows go through in chunks of about 8M logits; each chunk's
