@@ -25,7 +25,8 @@ struct LinearCrossEntropy : public torch::autograd::Function<LinearCrossEntropy>
     const at::Tensor counted = labels != kIgnoreIndex;
     // The mean is over the labelled rows (masked_cross_entropy's); none: NaN, as there.
     const double count = static_cast<double>(counted.sum().item<int64_t>());
-    at::Tensor grad_hidden = at::zeros_like(hidden);
+    // Every row of hidden's gradient is written below, chunk by chunk: no zero fill.
+    at::Tensor grad_hidden = hidden.requires_grad() ? at::empty_like(hidden) : at::Tensor();
     at::Tensor grad_weight = weight.requires_grad() ? at::zeros(weight.sizes(), weight.options().dtype(at::kFloat))
                                                     : at::Tensor();
     at::Tensor grad_bias = bias.defined() && bias.requires_grad()
@@ -45,7 +46,7 @@ struct LinearCrossEntropy : public torch::autograd::Function<LinearCrossEntropy>
       grad.scatter_add_(1, safe, at::full({n, 1}, -1.0, grad.options()));
       grad.mul_((keep.to(at::kFloat) / count).unsqueeze(1));
       const at::Tensor grad_c = grad.to(hidden.scalar_type());
-      if (hidden.requires_grad()) {
+      if (grad_hidden.defined()) {
         at::Tensor slice = grad_hidden.narrow(0, start, n);  // rows of a contiguous tensor: contiguous
         at::mm_out(slice, grad_c, weight);
       }

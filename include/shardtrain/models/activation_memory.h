@@ -35,10 +35,6 @@ struct ActivationBytes {
   // third at the end of backward. Its elements; 0: none.
   int64_t reused_weight_numel = 0;
 
-  int64_t kept(bool checkpointed) const {
-    if (checkpointed) return layers * layer_input + outside_layers;
-    return layers * per_layer - last_layer_saving() + outside_layers;
-  }
   // What the last layer keeps less than the others when it is not checkpointed.
   int64_t last_layer_saving() const { return layers > 0 && last_layer >= 0 ? per_layer - last_layer : 0; }
 };
