@@ -95,7 +95,9 @@ at::Tensor family_loss(const std::string& family, torch::nn::Module& m, const st
     return dynamic_cast<models::VitImpl&>(m).run(get("pixels"), get("labels"), /*cls_only=*/true).loss;
   }
   if (family == "t5") {
-    return dynamic_cast<models::T5Impl&>(m).run(get("input_ids"), get("attention_mask"), {}, get("labels")).loss;
+    return dynamic_cast<models::T5Impl&>(m)
+        .run(get("input_ids"), get("attention_mask"), {}, get("labels"), /*labelled_only=*/true)
+        .loss;
   }
   if (family == "llama") {
     return dynamic_cast<models::LlamaImpl&>(m)

@@ -1,5 +1,9 @@
 #include "models/activation_model.h"
 
+#include <algorithm>
+
+#include "shardtrain/models/losses.h"
+
 namespace shardtrain::models {
 
 int64_t dropout_kept(double p, int64_t elements, const ActivationQuery& q) {
@@ -90,6 +94,15 @@ LossBytes cross_entropy_bytes(int64_t rows, int64_t vocab, const ActivationQuery
   const int64_t logits32 = rows * vocab * 4;
   // log_softmax keeps its float32 result; backward starts with that result's gradient and the logits' (float32).
   return {logits32, 2 * logits32};
+}
+
+LossBytes linear_cross_entropy_bytes(int64_t rows, int64_t vocab, int64_t dim, const ActivationQuery& q) {
+  const int64_t e = element_size(q), weight = vocab * dim;
+  const int64_t chunk = std::min<int64_t>(rows, linear_cross_entropy_chunk_rows(vocab)) * vocab;
+  LossBytes out;
+  out.kept = rows * dim * e + weight * e;
+  out.forward_transient = 2 * chunk * 4 + (e == 4 ? 0 : chunk * e + weight * 4);
+  return out;
 }
 
 }  // namespace shardtrain::models

@@ -28,8 +28,15 @@ int64_t dropout_kept(double p, int64_t elements, const ActivationQuery& q);
 // float32 result): kept, and what backward adds at its start (the result's gradient and the logits').
 struct LossBytes {
   int64_t kept = 0, backward_transient = 0;
+  int64_t forward_transient = 0;  // alive only while the loss runs
 };
 LossBytes cross_entropy_bytes(int64_t rows, int64_t vocab, const ActivationQuery& q);
+
+// linear_cross_entropy (losses.h) over `rows` rows of width `dim` and a (vocab, dim) weight: it keeps the
+// gradients it computed in forward, for the rows (rows, dim) and the weight (vocab, dim), in the compute dtype;
+// while it runs, a chunk's float32 logits and their log-softmax, below float32 also a compute-dtype copy of their
+// gradient and the weight's float32 accumulator (in float32 the accumulator is the kept gradient itself).
+LossBytes linear_cross_entropy_bytes(int64_t rows, int64_t vocab, int64_t dim, const ActivationQuery& q);
 
 inline int64_t element_size(const ActivationQuery& q) { return static_cast<int64_t>(c10::elementSize(q.compute)); }
 

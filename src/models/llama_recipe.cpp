@@ -84,24 +84,19 @@ class LlamaRecipe : public FamilyRecipe<LlamaConfig, Llama> {
 
   // Layers: llama_layer_options (the embedding's output is layer 0's input). Then the final norm (its input and
   // what it keeps) and the loss through linear_cross_entropy at the positions that predict a label (every position
-  // counted: all but a row's last, and padding, predict one): it keeps the gradients it computed in forward, for
-  // the picked rows (N, C) and for lm_head's weight (V, C) in the compute dtype; while it runs, a chunk's float32
-  // logits and their log-softmax (8M elements each), below float32 also a compute-dtype copy of their gradient and
-  // the weight's float32 accumulator.
+  // counted: all but a row's last, and padding, predict one): linear_cross_entropy_bytes.
   ActivationBytes activation_bytes(const ActivationQuery& q) const override {
     const LlamaConfig& c = config();
     const int64_t T = q.seq_len > 0 ? q.seq_len : c.max_positions, N = q.batch * T, e = element_size(q);
-    const int64_t unit = N * c.dim * e, head = c.vocab_size * c.dim;
-    const int64_t chunk = std::min<int64_t>(N, linear_cross_entropy_chunk_rows(c.vocab_size)) * c.vocab_size;
-    const int64_t loss_kept = unit + head * e;
+    const int64_t unit = N * c.dim * e;
+    const LossBytes loss = linear_cross_entropy_bytes(N, c.vocab_size, c.dim, q);
     ActivationBytes a;
     a.layers = c.layers;
     a.per_layer = transformer_layer_kept(llama_layer_options(c), q.batch, T, 0, q);
     a.layer_input = unit;
-    a.outside_layers = unit + norm_kept(Norm::kRMSNorm, N, c.dim, q) + loss_kept;
-    // In float32 the weight's accumulator is the kept gradient itself.
-    a.loss_transient = 2 * chunk * 4 + (e == 4 ? 0 : chunk * e + head * 4);
-    a.loss_kept = loss_kept;
+    a.outside_layers = unit + norm_kept(Norm::kRMSNorm, N, c.dim, q) + loss.kept;
+    a.loss_transient = loss.forward_transient;
+    a.loss_kept = loss.kept;
     return a;
   }
 

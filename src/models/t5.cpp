@@ -108,13 +108,14 @@ T5Impl::T5Impl(const T5Config& c, const BuildOptions& build) : Interceptable("T5
 }
 
 T5Outputs T5Impl::run(const at::Tensor& input_ids, const at::Tensor& attention_mask,
-                      const at::Tensor& decoder_input_ids, const at::Tensor& labels) {
-  auto out = forward(input_ids, attention_mask, decoder_input_ids, labels);
+                      const at::Tensor& decoder_input_ids, const at::Tensor& labels, bool labelled_only) {
+  auto out = forward(input_ids, attention_mask, decoder_input_ids, labels, labelled_only);
   return {out[0], out[1], out[2]};
 }
 
 std::vector<at::Tensor> T5Impl::forward_impl(const at::Tensor& input_ids, const at::Tensor& attention_mask,
-                                             const at::Tensor& decoder_input_ids, const at::Tensor& labels) {
+                                             const at::Tensor& decoder_input_ids, const at::Tensor& labels,
+                                             bool labelled_only) {
   at::Tensor targets_in = decoder_input_ids;
   if (!targets_in.defined()) {
     if (!labels.defined()) throw std::invalid_argument("T5: give decoder_input_ids or labels");
@@ -126,7 +127,13 @@ std::vector<at::Tensor> T5Impl::forward_impl(const at::Tensor& input_ids, const 
   at::Tensor encoded = encoder->forward(shared->forward(input_ids), attention_mask, {}, {});
   at::Tensor decoded = decoder->forward(shared->forward(targets_in), {}, encoded, attention_mask);
   // Tied head: the shared embedding, the decoder output rescaled by dim^-1/2 (Mesh TensorFlow's convention).
-  at::Tensor logits = at::linear(decoded * std::pow(static_cast<double>(config.dim), -0.5), shared->weight);
+  const double scale = std::pow(static_cast<double>(config.dim), -0.5);
+  if (labelled_only && labels.defined()) {  // no logits: the loss in chunks (linear_cross_entropy)
+    const LabelledRows labelled = labelled_rows(decoded, labels);
+    const at::Tensor loss = linear_cross_entropy(labelled.hidden * scale, shared->weight, {}, labelled.labels);
+    return {at::Tensor(), loss, encoded};
+  }
+  at::Tensor logits = at::linear(decoded * scale, shared->weight);
   return {logits, labels.defined() ? masked_cross_entropy(logits, labels) : at::Tensor(), encoded};
 }
 

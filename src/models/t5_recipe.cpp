@@ -89,7 +89,7 @@ class T5SpanCorruption : public Task {
     const at::Tensor mask = (input_ids != config_.pad_token_id).to(at::kLong);
     const at::Tensor labels = padded_rows(targets, kIgnoreIndex, b.input_ids.device());
     Losses out;
-    out.total = module_as<T5Impl>(model, "t5").run(input_ids, mask, {}, labels).loss;
+    out.total = module_as<T5Impl>(model, "t5").run(input_ids, mask, {}, labels, /*labelled_only=*/true).loss;
     out.parts["span"] = value_of(out.total);
     return out;
   }
@@ -137,8 +137,9 @@ class T5Recipe : public FamilyRecipe<T5Config, T5> {
   // Span corruption's rows of T text tokens (span_corruption_lengths). Each stack keeps its
   // embedding's dropout noise, its layers (t5_layer_options: the decoder's attend to the encoder's output), its final
   // norm's input and what it keeps, and the noise of the dropout after it; the encoder's output once (every
-  // cross-attention's k/v read it), the decoder's output rescaled (the tied head's input), the loss over the decoder's
-  // tokens. The shared embedding gets three gradients (two embeddings, the head).
+  // cross-attention's k/v read it), the loss over the decoder's tokens through linear_cross_entropy (every row
+  // counted: span corruption labels all but padding). The shared embedding gets three gradients (two embeddings,
+  // the head's computed in forward).
   ActivationBytes activation_bytes(const ActivationQuery& q) const override {
     const T5Config& c = config();
     const SpanLengths rows = span_corruption_lengths(q.seq_len > 0 ? q.seq_len : 512);
@@ -150,16 +151,14 @@ class T5Recipe : public FamilyRecipe<T5Config, T5> {
     auto stack_outside = [&](int64_t rows, int64_t unit) {
       return 2 * dropout_kept(c.dropout, rows * c.dim, q) + unit + norm_kept(Norm::kRMSNorm, rows, c.dim, q);
     };
-    const LossBytes loss = cross_entropy_bytes(dec_rows, c.vocab_size, q);
+    const LossBytes loss = linear_cross_entropy_bytes(dec_rows, c.vocab_size, c.dim, q);
     ActivationBytes a;
     a.layers = 2 * c.layers;
     a.per_layer = (enc_layer + dec_layer) / 2;  // encoder and decoder blocks alternate in the walk
     a.layer_input = (enc_unit + dec_unit) / 2;
-    a.outside_layers = stack_outside(enc_rows, enc_unit) + enc_unit + stack_outside(dec_rows, dec_unit) + dec_unit +
-                       loss.kept;
+    a.outside_layers = stack_outside(enc_rows, enc_unit) + enc_unit + stack_outside(dec_rows, dec_unit) + loss.kept;
     a.loss_kept = loss.kept;
-    a.loss_transient = dec_rows * c.vocab_size * (e + (e == 4 ? 0 : 4));
-    a.backward_transient = loss.backward_transient;
+    a.loss_transient = loss.forward_transient;
     a.reused_weight_numel = c.vocab_size * c.dim;
     return a;
   }

@@ -60,7 +60,7 @@ class T5Seq2Seq : public Task {
     const at::Tensor mask = (input_ids != config_.pad_token_id).to(at::kLong);
     Losses out;
     const at::Tensor labels = padded_rows(rows.targets, kIgnoreIndex, device);
-    out.total = module_as<T5Impl>(model, "t5").run(input_ids, mask, {}, labels).loss;
+    out.total = module_as<T5Impl>(model, "t5").run(input_ids, mask, {}, labels, /*labelled_only=*/true).loss;
     out.parts["seq2seq"] = value_of(out.total);
     return out;
   }
@@ -98,7 +98,7 @@ std::map<std::string, double> T5Seq2Seq::evaluate(torch::nn::Module& model, cons
     const at::Tensor mask = (input_ids != config_.pad_token_id).to(at::kLong);
     const at::Tensor labels = padded_rows(rows.targets, kIgnoreIndex, in.device);
     const double n = (labels != kIgnoreIndex).sum().item<double>();
-    loss += t5.run(input_ids, mask, {}, labels).loss.item<double>() * n;
+    loss += t5.run(input_ids, mask, {}, labels, /*labelled_only=*/true).loss.item<double>() * n;
     tokens += n;
     // Every rank decodes as many steps as the longest target of any rank: each step is a forward pass, and a
     // sharded one gathers parameters from every rank.

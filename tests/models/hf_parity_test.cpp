@@ -107,6 +107,10 @@ TEST(HfParity, T5) {
   expect_close(out.encoder_hidden, ref["encoder_hidden"], "encoder hidden states");
   expect_close(out.logits, ref["logits"], "logits");
   expect_close(out.loss, ref["loss"], "loss");
+  // The loss alone (labelled_only: the tied head at the labelled positions, fused with the cross-entropy).
+  T5Outputs labelled = model->run(ref["input_ids"], ref["attention_mask"], {}, ref["labels"], /*labelled_only=*/true);
+  expect_close(labelled.loss, ref["loss"], "loss, head at the labelled positions");
+  EXPECT_FALSE(labelled.logits.defined());
 }
 
 TEST(HfParity, Flava) {

@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "shardtrain/io/files.h"
+#include "shardtrain/memory/memory_stats.h"
 #include "shardtrain/models/bert.h"
 #include "shardtrain/models/flava.h"
 #include "shardtrain/models/llama.h"
@@ -183,6 +184,28 @@ TEST(Models, LlamaLabelledOnlyMatchesTheWholeModel) {
   }
 }
 
+TEST(Models, T5LabelledOnlyMatchesTheWholeModel) {
+  T5 whole(t5_flavor("t5-debug")), part(t5_flavor("t5-debug"));
+  randomize(*whole);
+  whole->eval();  // no dropout: the same computation on both
+  part->eval();
+  {
+    at::NoGradGuard no_grad;
+    for (const auto& item : whole->named_parameters()) part->named_parameters()[item.key()].copy_(item.value());
+  }
+  const at::Tensor ids = at::randint(0, 1000, {2, 9}, at::kLong);
+  at::Tensor mask = at::ones({2, 9}, at::kLong);
+  mask[1].narrow(0, 6, 3).zero_();
+  at::Tensor labels = at::randint(0, 1000, {2, 5}, at::kLong);
+  labels[1].narrow(0, 3, 2).fill_(-100);  // a shorter target, padded
+  T5Outputs a = whole->run(ids, mask, {}, labels), b = part->run(ids, mask, {}, labels, /*labelled_only=*/true);
+  EXPECT_FALSE(b.logits.defined());
+  EXPECT_NEAR(b.loss.item<double>(), a.loss.item<double>(), 1e-5);
+  a.loss.backward();
+  b.loss.backward();
+  expect_same_grads(*whole, *part, "T5");
+}
+
 TEST(Models, LinearCrossEntropyMatchesTheLogitsPath) {
   for (const at::ScalarType dtype : {at::kFloat, at::kBFloat16}) {
     const at::Tensor hidden = at::randn({100, 16}).to(dtype), weight = (at::randn({100000, 16}) * 0.3).to(dtype);
@@ -211,6 +234,24 @@ TEST(Models, LinearCrossEntropyMatchesTheLogitsPath) {
   expect_error<std::invalid_argument>(
       [] { linear_cross_entropy(at::randn({4, 8}), at::randn({10, 7}), {}, at::zeros({4}, at::kLong)); },
       {"linear_cross_entropy", "[4, 8]", "[10, 7]"});
+  // No rows (a batch with no label): the weight and bias get zero gradients, not what an empty buffer held.
+  const at::Tensor w = at::randn({10, 8}).requires_grad_(), b = at::randn({10}).requires_grad_();
+  linear_cross_entropy(at::randn({0, 8}), w, b, at::zeros({0}, at::kLong)).backward();
+  EXPECT_TRUE(at::equal(w.grad(), at::zeros_like(w)));
+  EXPECT_TRUE(at::equal(b.grad(), at::zeros_like(b)));
+  {  // Under no_grad (evaluation): the same loss, no graph, and no weight gradient made (12.8 MB here; the
+     // chunk's logits and log-softmax are 2 x 3.2 MB).
+    at::NoGradGuard no_grad;
+    const at::Tensor big = at::randn({200000, 16}).requires_grad_();
+    const at::Tensor h = at::randn({4, 16}), labels = at::randint(0, 200000, {4}, at::kLong);
+    memory::install_cpu_memory_counter();
+    memory::reset_cpu_peak();
+    const int64_t base = memory::cpu_memory_stats().current_bytes;
+    const at::Tensor loss = linear_cross_entropy(h, big, {}, labels);
+    EXPECT_LT(memory::cpu_memory_stats().peak_bytes - base, big.nbytes());
+    EXPECT_FALSE(loss.requires_grad());
+    EXPECT_NEAR(loss.item<double>(), masked_cross_entropy(at::linear(h, big), labels).item<double>(), 1e-5);
+  }
 }
 
 TEST(Models, LlamaAndT5DebugShapes) {

@@ -32,7 +32,8 @@ LabelledRows labelled_rows(const at::Tensor& hidden, const at::Tensor& labels);
 // logits, log-softmax and gradient live only while it is processed, since the gradients with respect to hidden,
 // weight and bias are computed in forward (the loss ends the graph) and only scaled in backward. What an LM head
 // over a 32k vocabulary keeps is then two (V, C) and (K, C) gradients instead of three (K, V) float32 tensors.
-// The same loss and gradients to float32 rounding (the weight's accumulated in float32 over the chunks).
+// The same loss and gradients to float32 rounding (the weight's accumulated in float32 over the chunks). Under
+// no_grad (evaluation) the loss alone, no gradient computed.
 at::Tensor linear_cross_entropy(const at::Tensor& hidden, const at::Tensor& weight, const at::Tensor& bias,
                                 const at::Tensor& labels);
 // Its rows per chunk at a vocabulary of `vocab` (at least one).

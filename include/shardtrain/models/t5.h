@@ -63,15 +63,19 @@ struct T5Outputs {
 
 // Children: shared, encoder, decoder.
 class T5Impl
-    : public nn::Interceptable<T5Impl, std::vector<at::Tensor>(at::Tensor, at::Tensor, at::Tensor, at::Tensor)> {
+    : public nn::Interceptable<T5Impl,
+                               std::vector<at::Tensor>(at::Tensor, at::Tensor, at::Tensor, at::Tensor, bool)> {
  public:
   T5Impl(const T5Config& config, const BuildOptions& build = {});
   // input_ids (B, S); attention_mask (B, S) or undefined; decoder_input_ids (B, T), or undefined to use labels
-  // shifted right behind the start token; labels (B, T) or undefined.
+  // shifted right behind the start token; labels (B, T) or undefined. labelled_only (with labels): the loss alone,
+  // the tied head at the labelled positions only, fused with the cross-entropy in chunks (linear_cross_entropy):
+  // the same loss and gradients without the (B, T, vocab) logits.
   T5Outputs run(const at::Tensor& input_ids, const at::Tensor& attention_mask = {},
-                const at::Tensor& decoder_input_ids = {}, const at::Tensor& labels = {});
+                const at::Tensor& decoder_input_ids = {}, const at::Tensor& labels = {}, bool labelled_only = false);
   std::vector<at::Tensor> forward_impl(const at::Tensor& input_ids, const at::Tensor& attention_mask,
-                                       const at::Tensor& decoder_input_ids, const at::Tensor& labels);
+                                       const at::Tensor& decoder_input_ids, const at::Tensor& labels,
+                                       bool labelled_only);
 
   T5Config config;
   Embedding shared{nullptr};
