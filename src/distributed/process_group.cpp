@@ -16,6 +16,7 @@
 
 #include "distributed/backends.h"
 #include "distributed/communicator_impl.h"
+#include "distributed/connect_agreed.h"
 #include "distributed/error_text.h"
 #include "distributed/process_group_impl.h"
 
@@ -105,6 +106,9 @@ c10::intrusive_ptr<c10d::Store> connect_store(const DistEnv& env, std::chrono::m
   }
 }
 
+// Gloo's connects, each agreed over the store (connect_agreed.h): a failure on some ranks makes all try again.
+constexpr int kConnectAttempts = 3;
+
 std::shared_ptr<Communicator::Impl> make_group(const ProcessGroup::Impl& pg,
                                                const c10::intrusive_ptr<c10d::Store>& store, std::vector<int> ranks,
                                                int group_rank, std::string name) {
@@ -123,8 +127,11 @@ std::shared_ptr<Communicator::Impl> make_group(const ProcessGroup::Impl& pg,
     impl->backend = make_nccl_backend(store, group_rank, size, pg.options.timeout, impl->device_index);
   } else {
     impl->kind = CommBackend::GLOO;
-    impl->backend =
-        make_gloo_backend(store, group_rank, size, pg.options.timeout, pg.gloo_hostname, pg.options.gloo_threads);
+    impl->backend = connect_agreed(store, group_rank, size, kConnectAttempts, pg.options.timeout, impl->name,
+                                   [&](const c10::intrusive_ptr<c10d::Store>& attempt_store) {
+                                     return make_gloo_backend(attempt_store, group_rank, size, pg.options.timeout,
+                                                              pg.gloo_hostname, pg.options.gloo_threads);
+                                   });
   }
   return impl;
 }
