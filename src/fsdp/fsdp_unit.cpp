@@ -453,6 +453,10 @@ nn::TensorVec FsdpInterceptor::around(torch::nn::Module& /*module*/, nn::TensorV
                            training_state_name(u.training) + "; finish the backward pass first");
   }
   if (schedule.recording) RootState::record(schedule.forward_order, unit_);
+  // Backward prefetches in the reverse of this forward's own post-forward order (FSDP2 keeps one per iteration
+  // too): models that run different units per step (FLAVA's text-only and image-only steps) would otherwise
+  // gather, in backward, a layer that did not run.
+  if (schedule.root == &u) schedule.post_forward_order.clear();
   u.unshard();
   u.set_training(TrainingState::FORWARD);
   if (u.options.forward_prefetch > 0) u.prefetch(/*backward=*/false);
@@ -461,10 +465,10 @@ nn::TensorVec FsdpInterceptor::around(torch::nn::Module& /*module*/, nn::TensorV
     for (auto& in : inputs) in = cast_if_floating(in, mp.param_dtype);
   }
   nn::TensorVec outputs = next(std::move(inputs));
-  if (schedule.recording) {
-    RootState::record(schedule.post_forward_order, unit_);
-    if (schedule.root == &u) schedule.recording = false;
-  }
+  // A unit whose forward ran without grad mode (FLAVA's frozen codebook) has no backward: gathering it there
+  // would only hold it until the end of backward.
+  if (at::GradMode::is_enabled()) RootState::record(schedule.post_forward_order, unit_);
+  if (schedule.recording && schedule.root == &u) schedule.recording = false;
   // Without grad mode no backward follows to reshard the unit, so it reshards now whatever the strategy (the
   // optimizer must never see full parameters). The root stays gathered for the backward that starts right after
   // its forward, as in FSDP2: resharding it would only gather it again at once, holding the gathered buffer and

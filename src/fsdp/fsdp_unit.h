@@ -36,7 +36,7 @@ const char* training_state_name(TrainingState s);
 struct RootState : std::enable_shared_from_this<RootState> {
   std::vector<std::weak_ptr<FsdpUnit::Impl>> units;         // registration order, the root last
   std::vector<std::weak_ptr<FsdpUnit::Impl>> forward_order;  // pre-forward order of the first forward
-  std::vector<std::weak_ptr<FsdpUnit::Impl>> post_forward_order;
+  std::vector<std::weak_ptr<FsdpUnit::Impl>> post_forward_order;  // of the latest forward, units with a backward
   const FsdpUnit::Impl* root = nullptr;
   bool recording = true;  // until the root's first forward ends
   bool backward_callback_queued = false;

@@ -154,6 +154,32 @@ std::vector<at::Tensor> FlavaImpl::forward_impl(const at::Tensor& input_ids, con
   const FlavaLossWeights& w = config.weights;
   const bool multimodal_batch = has_text && has_image;
 
+  const int64_t batch = has_image ? pixels.size(0) : input_ids.size(0);
+
+  // With ITM labels the multimodal objectives read the matching pairs only (every row when none match).
+  at::Tensor matching_rows;
+  if (multimodal_batch && w.itm > 0 && itm_labels.defined()) {
+    at::Tensor positive = itm_labels != 0;
+    matching_rows = (positive | ~positive.any()).nonzero().squeeze(1);
+  }
+
+  // Visual-token targets of the masked patches (ignored elsewhere), for the rows that read them: the frozen
+  // codebook runs on those images only, its last convolution at their masked patches only. First, while no
+  // encoder keeps anything yet: its activations (and, sharded, its gathered parameters) never meet theirs.
+  at::Tensor mim_targets;
+  const bool wants_mim = has_image && masked_patches.defined() && (multimodal_batch ? w.mmm_image > 0 : w.mim > 0);
+  if (wants_mim) {
+    const at::Tensor masked = select_rows(masked_patches.reshape({batch, -1}), matching_rows);
+    if (mim_labels.defined()) {
+      mim_targets = select_rows(mim_labels.reshape({batch, -1}), matching_rows);
+    } else if (codebook_pixels.defined()) {
+      mim_targets = image_codebook->tokens(select_rows(codebook_pixels, matching_rows), masked);
+    } else {
+      throw std::invalid_argument("FLAVA: masked patches need mim_labels or codebook_pixels to make them");
+    }
+    mim_targets = mim_targets.masked_fill(~masked, kIgnoreIndex);
+  }
+
   // Unmasked pass (contrastive embeddings) and masked pass (every other objective), as FlavaForPreTraining runs
   // them; a pass whose inputs carry no mask is the unmasked one, and the unmasked pass of masked inputs runs only
   // when the contrastive loss needs it.
@@ -169,7 +195,6 @@ std::vector<at::Tensor> FlavaImpl::forward_impl(const at::Tensor& input_ids, con
     if (!masked || contrastive) txt = text->forward(input_ids, attention_mask);
     txt_m = masked ? text->forward(input_ids_masked, attention_mask) : txt;
   }
-  const int64_t batch = has_image ? pixels.size(0) : input_ids.size(0);
   if (multimodal_batch) {
     at::Tensor mm_input = at::cat({image_to_mm_projection->forward(img_m.last), text_to_mm_projection->forward(txt_m.last)}, 1);
     at::Tensor mm_mask;
@@ -178,29 +203,6 @@ std::vector<at::Tensor> FlavaImpl::forward_impl(const at::Tensor& input_ids, con
       mm_mask = at::cat({at::ones({batch, img_m.last.size(1) + 1}, f32), attention_mask.to(at::kFloat)}, 1);
     }
     mm_m = multimodal->forward(mm_input, mm_mask);
-  }
-
-  // With ITM labels the multimodal objectives read the matching pairs only (every row when none match).
-  at::Tensor matching_rows;
-  if (multimodal_batch && w.itm > 0 && itm_labels.defined()) {
-    at::Tensor positive = itm_labels != 0;
-    matching_rows = (positive | ~positive.any()).nonzero().squeeze(1);
-  }
-
-  // Visual-token targets of the masked patches (ignored elsewhere), for the rows that read them: the frozen
-  // codebook runs on those images only, its last convolution at their masked patches only.
-  at::Tensor mim_targets;
-  const bool wants_mim = has_image && masked_patches.defined() && (multimodal_batch ? w.mmm_image > 0 : w.mim > 0);
-  if (wants_mim) {
-    const at::Tensor masked = select_rows(masked_patches.reshape({batch, -1}), matching_rows);
-    if (mim_labels.defined()) {
-      mim_targets = select_rows(mim_labels.reshape({batch, -1}), matching_rows);
-    } else if (codebook_pixels.defined()) {
-      mim_targets = image_codebook->tokens(select_rows(codebook_pixels, matching_rows), masked);
-    } else {
-      throw std::invalid_argument("FLAVA: masked patches need mim_labels or codebook_pixels to make them");
-    }
-    mim_targets = mim_targets.masked_fill(~masked, kIgnoreIndex);
   }
 
   FlavaOutputs out;

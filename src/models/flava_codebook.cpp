@@ -37,7 +37,8 @@ at::Tensor CodebookBlockImpl::forward(const at::Tensor& x) {
   return (id_path ? id_path->forward(x) : x) + post_gain * r;
 }
 
-FlavaCodebookImpl::FlavaCodebookImpl(const CodebookConfig& c, const torch::TensorOptions& t) : config(c) {
+FlavaCodebookImpl::FlavaCodebookImpl(const CodebookConfig& c, const torch::TensorOptions& t)
+    : Interceptable("FlavaImageCodebook"), config(c) {
   auto blocks = child(*this, "blocks");
   const int64_t h = c.hidden_size, num_layers = 4 * c.blocks_per_group;
   input = blocks->register_module("input", Conv2d(c.channels, h, 7, 1, 3, t));
@@ -55,7 +56,7 @@ FlavaCodebookImpl::FlavaCodebookImpl(const CodebookConfig& c, const torch::Tenso
   for (auto& p : parameters()) p.set_requires_grad(false);
 }
 
-at::Tensor FlavaCodebookImpl::forward(const at::Tensor& pixels) { return output->forward(features(pixels)); }
+at::Tensor FlavaCodebookImpl::logits(const at::Tensor& pixels) { return output->forward(features(pixels)); }
 
 at::Tensor FlavaCodebookImpl::features(const at::Tensor& pixels) {
   if (pixels.dim() != 4 || pixels.size(1) != config.channels || pixels.size(2) % 8 || pixels.size(3) % 8) {
@@ -73,9 +74,14 @@ at::Tensor FlavaCodebookImpl::features(const at::Tensor& pixels) {
 }
 
 at::Tensor FlavaCodebookImpl::tokens(const at::Tensor& pixels, const at::Tensor& positions) {
+  at::NoGradGuard no_grad;  // before the interceptors: a sharded codebook reshards as soon as it has computed
+  return forward(pixels, positions);
+}
+
+at::Tensor FlavaCodebookImpl::forward_impl(const at::Tensor& pixels, const at::Tensor& positions) {
   at::NoGradGuard no_grad;
   const at::Tensor x = pixels.to(input->weight.scalar_type());
-  if (!positions.defined()) return forward(x).argmax(1).flatten(1);
+  if (!positions.defined()) return logits(x).argmax(1).flatten(1);
   const int64_t b = x.size(0), grid = (x.size(2) / 8) * (x.size(3) / 8);
   if (positions.scalar_type() != at::kBool || positions.sizes() != at::IntArrayRef{b, grid}) {
     throw std::invalid_argument("codebook: positions must be (" + std::to_string(b) + ", " + std::to_string(grid) +

@@ -173,6 +173,8 @@ class FlavaRecipe : public FamilyRecipe<FlavaConfig, Flava> {
     return 3 * forward * batch_rows(b);
   }
 
+  std::vector<std::string> extra_unit_classes() const override { return {"FlavaImageCodebook"}; }
+
   void parallelize_hook(torch::nn::Module& root, const dist::DeviceMesh& mesh) const override {
     module_as<FlavaImpl>(root, "flava").set_contrastive_group(mesh.world());
   }
@@ -188,7 +190,7 @@ class FlavaRecipe : public FamilyRecipe<FlavaConfig, Flava> {
   //   multimodal  its layers, its final norm's input, statistics and output
   //   heads       MIM and MLM on the masked positions of the matching pairs only: each keeps four (K, d) tensors
   //               and log-softmax's (K, classes)
-  // Before the heads the frozen codebook turns the matching pairs' codebook pixels into MIM targets without
+  // Before the encoders the frozen codebook turns the matching pairs' codebook pixels into MIM targets without
   // autograd: its first group holds about four (rows, hidden, 8 * side, 8 * side) tensors at once.
   ActivationBytes activation_bytes(const ActivationQuery& q) const override {
     const FlavaConfig& c = config();
@@ -219,7 +221,7 @@ class FlavaRecipe : public FamilyRecipe<FlavaConfig, Flava> {
                        2 * um + ln(B * m) + head(k_image) + head(k_text) + mim.kept + mlm.kept;
     a.loss_kept = mim.kept + mlm.kept;
     const int64_t codebook_rows = std::max<int64_t>(1, std::llround(positives));
-    a.loss_transient = 4 * codebook_rows * c.codebook.hidden_size * codebook_side * codebook_side * e;
+    a.start_transient = 4 * codebook_rows * c.codebook.hidden_size * codebook_side * codebook_side * e;
     a.backward_transient = mim.backward_transient + mlm.backward_transient;
     return a;
   }

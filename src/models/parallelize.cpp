@@ -24,6 +24,13 @@ std::vector<std::string> layer_classes_of(const ZooModel& model, const Paralleli
   return options.layer_classes.empty() ? std::vector<std::string>{model.layer_class} : options.layer_classes;
 }
 
+// The units by class: the layers' and the family's extra units (recipe.h: extra_unit_classes).
+std::vector<std::string> unit_classes_of(const ZooModel& model, const ParallelizeOptions& options) {
+  std::vector<std::string> classes = layer_classes_of(model, options);
+  for (const auto& c : model.recipe->extra_unit_classes()) classes.push_back(c);
+  return classes;
+}
+
 void check_every(int64_t every, const char* caller) {
   if (every < 0) {
     throw std::invalid_argument(std::string(caller) + ": activation_checkpoint_every = " + std::to_string(every) +
@@ -64,7 +71,7 @@ std::vector<fsdp::FsdpUnit> parallelize(ZooModel& model, const dist::DeviceMesh&
   const fsdp::StrategyGroups groups = groups_for(mesh, options);
   auto units = fsdp::fully_shard_model(model.module, groups.shard,
                                        options.policy ? *options.policy
-                                                      : fsdp::wrap_by_class_name(layer_classes_of(model, options)),
+                                                      : fsdp::wrap_by_class_name(unit_classes_of(model, options)),
                                        groups.options);
   finish_root(model, mesh);
   return units;
@@ -104,6 +111,11 @@ ZooModel build_parallel(std::shared_ptr<const ModelRecipe> recipe, const dist::D
     fsdp::fully_shard(layer, groups.shard, groups.options);
   };
   ZooModel model = build_model(recipe, build);
+  const std::vector<std::string> extra = recipe->extra_unit_classes();
+  for (const auto& m : model.module->modules(/*include_self=*/false)) {
+    if (std::find(extra.begin(), extra.end(), fsdp::module_class_name(*m)) == extra.end()) continue;
+    fsdp::fully_shard(m, groups.shard, groups.options);
+  }
   fsdp::fully_shard(model.module, groups.shard, groups.options);
   finish_root(model, mesh);
   return model;

@@ -22,9 +22,11 @@ const std::vector<std::pair<std::string, Strategy>>& strategies() {
   return table;
 }
 
-// The units of a wrap: per transformer layer and the root, or everything in one unit.
+// The units of a wrap: per transformer layer and the root (and the recipe's extra units), or everything in one
+// unit.
 struct Units {
   std::vector<int64_t> numel, trainable;  // per unit, the root last; trainable: gradients and AdamW state
+  int64_t extra_numel = 0, extra_trainable = 0;  // the extra units together (not in numel)
 };
 
 Units units_of(const ModelShape& shape, Wrap wrap) {
@@ -32,9 +34,10 @@ Units units_of(const ModelShape& shape, Wrap wrap) {
   if (wrap == Wrap::kTransformer) {
     u.numel = shape.layer_numel, u.trainable = shape.layer_trainable;
     u.numel.push_back(shape.root_numel), u.trainable.push_back(shape.root_trainable);
+    u.extra_numel = shape.extra_numel, u.extra_trainable = shape.extra_trainable;
     return u;
   }
-  int64_t trainable = shape.root_trainable;
+  int64_t trainable = shape.root_trainable + shape.extra_trainable;
   for (int64_t t : shape.layer_trainable) trainable += t;
   return {{shape.parameters()}, {trainable}};
 }
@@ -59,7 +62,7 @@ std::string mib(int64_t bytes) {
 }  // namespace
 
 int64_t ModelShape::parameters() const {
-  int64_t n = root_numel;
+  int64_t n = root_numel + extra_numel;
   for (int64_t l : layer_numel) n += l;
   return n;
 }
@@ -79,8 +82,14 @@ ModelShape model_shape(const models::ModelRecipe& recipe) {
       }
     }
   };
+  const std::vector<std::string> extra = recipe.extra_unit_classes();
   for (const auto& m : root->modules(/*include_self=*/false)) {
-    if (fsdp::module_class_name(*m) != recipe.layer_class()) continue;
+    const std::string name = fsdp::module_class_name(*m);
+    if (std::find(extra.begin(), extra.end(), name) != extra.end()) {
+      count(*m, shape.extra_numel, shape.extra_trainable);
+      continue;
+    }
+    if (name != recipe.layer_class()) continue;
     shape.layer_numel.push_back(0), shape.layer_trainable.push_back(0);
     count(*m, shape.layer_numel.back(), shape.layer_trainable.back());
   }
@@ -138,7 +147,8 @@ MemoryEstimate estimate_training_memory(const models::ModelRecipe& recipe, const
   MemoryEstimate e;
   const Units units = units_of(shape, job.wrap);
   for (int64_t n : units.numel) e.parameters += n;
-  e.units = static_cast<int64_t>(units.numel.size());
+  e.parameters += units.extra_numel;
+  e.units = static_cast<int64_t>(units.numel.size() + (units.extra_numel > 0 ? 1 : 0));
   const int64_t pe = job.param_bytes, ce = static_cast<int64_t>(c10::elementSize(query.compute));
   const bool hybrid = job.strategy == Strategy::kHybridShard || job.strategy == Strategy::kHybridShardZero2;
   const bool replicated = job.strategy == Strategy::kDdp || job.strategy == Strategy::kNoShard;
@@ -159,6 +169,8 @@ MemoryEstimate estimate_training_memory(const models::ModelRecipe& recipe, const
     shard_numel += ceil_div(units.numel[i], shard);
     trainable_shard_numel += ceil_div(units.trainable[i], shard);
   }
+  shard_numel += ceil_div(units.extra_numel, shard);
+  trainable_shard_numel += ceil_div(units.extra_trainable, shard);
   const int64_t params = shard_numel * pe, grads = trainable_shard_numel * pe, adam = trainable_shard_numel * job.optimizer_state_bytes;
   const bool offload = job.cpu_offload && job.strategy != Strategy::kDdp;
   if (offload) e.host_bytes = params + grads + adam;
@@ -172,7 +184,10 @@ MemoryEstimate estimate_training_memory(const models::ModelRecipe& recipe, const
   const bool gathers = shard > 1 || mixed || offload;
   const bool reshard = job.strategy == Strategy::kFullShard || job.strategy == Strategy::kHybridShard;
   const int64_t root_g = gathers ? root_unit * ce : 0, layer_g = gathers ? largest_layer * ce : 0;
-  const int64_t all_g = gathers ? e.parameters * ce : 0;
+  // The extra units are gathered only while they compute (a no-grad forward reshards at once, whatever the
+  // strategy): at the start of forward (FLAVA's codebook).
+  const int64_t extra_g = gathers ? units.extra_numel * ce : 0;
+  const int64_t all_g = gathers ? (e.parameters - units.extra_numel) * ce : 0;
   const int64_t held_g = reshard ? root_g : all_g;  // gathered when no layer is being computed
   // Full gradients wait for their reduction in a sharded unit, or a replicated one (NO_SHARD over several ranks):
   // a layer's, and the root's until the end of backward.
@@ -226,7 +241,7 @@ MemoryEstimate estimate_training_memory(const models::ModelRecipe& recipe, const
     throw std::invalid_argument("gradient accumulation of " + std::to_string(job.grad_accum) +
                                 " micro-batches (expected >= 1)");
   }
-  int64_t trainable = 0;
+  int64_t trainable = units.extra_trainable;
   for (int64_t t : units.trainable) trainable += t;
   // Otherwise (DDP, a group of one, or reduced every micro-batch) the gradients themselves accumulate in .grad.
   const int64_t accumulated = job.grad_accum <= 1                        ? 0
@@ -236,7 +251,9 @@ MemoryEstimate estimate_training_memory(const models::ModelRecipe& recipe, const
   const bool in_place = accumulated > 0 && accumulated == dev_grads;  // new gradients add into .grad: counted once
   const int64_t new_grads = in_place ? 0 : dev_grads;
   // Gathering a unit holds it twice for a moment: the all-gather's flat output and the parameters copied out of it.
-  const int64_t forward_start = 2 * root_g;
+  // The root first; then, before any layer, what the model computes first (FLAVA: its extra unit, the codebook,
+  // gathered and tokenizing).
+  const int64_t forward_start = std::max({2 * root_g, root_g + 2 * extra_g, root_g + extra_g + act.start_transient});
   const int64_t forward_loss = held_g + kept + act.loss_transient;
   const int64_t forward_layers = (reshard ? root_g + 2 * layer_g : all_g) + kept;
   e.forward_bytes = base + std::max({forward_start, forward_loss, forward_layers});
@@ -328,7 +345,16 @@ MemoryEstimate estimate_training_memory(const models::ModelRecipe& recipe, const
     return e;
   }
   if (e.peak_phase == "forward" && forward_start >= std::max(forward_loss, forward_layers)) {
-    e.terms.push_back({"gathered parameters", forward_start, "the root unit, being gathered (held twice)"});
+    if (forward_start == 2 * root_g) {
+      e.terms.push_back({"gathered parameters", forward_start, "the root unit, being gathered (held twice)"});
+    } else if (forward_start == root_g + 2 * extra_g) {
+      e.terms.push_back({"gathered parameters", forward_start, "the root unit, and the extra units being gathered "
+                                                               "(held twice)"});
+    } else {
+      e.terms.push_back({"gathered parameters", root_g + extra_g, "the root unit and the extra units"});
+      e.terms.push_back({"start of forward", act.start_transient, "what the model computes first (FLAVA: the "
+                                                                  "codebook making MIM targets)"});
+    }
     return e;
   }
   if (e.peak_phase == "forward") {
@@ -340,8 +366,7 @@ MemoryEstimate estimate_training_memory(const models::ModelRecipe& recipe, const
                                   : "the root unit and a layer with the next prefetched"});
     e.terms.push_back({"activations", kept, describe_activations(act, ac)});
     if (at_loss) {
-      e.terms.push_back({"end of forward", act.loss_transient, "the loss's logits and their copies (FLAVA: the "
-                                                               "codebook making MIM targets)"});
+      e.terms.push_back({"end of forward", act.loss_transient, "the loss's logits and their copies"});
     }
     return e;
   }

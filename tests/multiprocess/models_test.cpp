@@ -8,6 +8,8 @@
 //  - a sharded model loads a Hugging Face safetensors file, each rank reading its rows or rank 0 reading and
 //    broadcasting (sync_module_states), and a bad file fails on every rank.
 #include <gtest/gtest.h>
+
+#include <algorithm>
 #include <torch/torch.h>
 #include <unistd.h>
 
@@ -152,7 +154,12 @@ TEST(ModelsDist, FlavaFullShardTrainsLikeOneProcess) {
       model = build_model("flava-debug", build);
       units = parallelize(model, mesh, options);
     }
-    EXPECT_EQ(units.size(), 2 * 2 + 1 + 1u) << "two text, two image, one multimodal FlavaLayer, and the root";
+    ASSERT_EQ(units.size(), 2 * 2 + 1 + 1 + 1u)
+        << "two text, two image, one multimodal FlavaLayer, the codebook, and the root";
+    const auto codebook = std::find_if(units.begin(), units.end(), [](const fsdp::FsdpUnit& u) {
+      return u.module_name() == "FlavaImageCodebook";
+    });
+    ASSERT_NE(codebook, units.end()) << "the frozen codebook is a unit of its own";
     std::vector<std::string> checkpointed;
     for (const auto& item : model.module->named_modules()) {
       if (nn::is_activation_checkpointed(*item.value())) checkpointed.push_back(item.key());
@@ -167,9 +174,19 @@ TEST(ModelsDist, FlavaFullShardTrainsLikeOneProcess) {
     for (int s = 0; s < kSteps; ++s) {
       adam.zero_grad();
       at::Tensor loss = flava->run(local_batch(batch_for_step(s))).loss;
+      const int64_t gathers_before_backward = fsdp::fsdp_stats(model.module).all_gathers;
       loss.backward();
       adam.step();
       expect_relative(mean_over_ranks(loss), ref_losses[s], 1e-5, label + ": loss at step " + std::to_string(s));
+      if (s > 0 && every == 0 && test_process_group().world_size() > 1) {
+        // Backward gathers the layers that ran only (steps 1-3: text, image, image-text): not the codebook, whose
+        // forward ran without grad mode, nor, prefetched, a layer of the other modality.
+        const int64_t layers_run[] = {5, 2, 2, 5};
+        EXPECT_EQ(fsdp::fsdp_stats(model.module).all_gathers - gathers_before_backward, layers_run[s])
+            << "step " << s;
+      }
+      // Gathered only while it computed the MIM targets (no backward follows a no-grad forward).
+      EXPECT_EQ(codebook->state(), fsdp::ShardState::SHARDED) << label << " step " << s;
     }
     // Parameters to 1e-5 absolute (1% of one Adam step, lr 1e-3), except the attention key biases: softmax is
     // invariant to them, so their true gradient is zero and what they get is rounding noise, which Adam normalises

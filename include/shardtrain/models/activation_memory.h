@@ -29,6 +29,9 @@ struct ActivationBytes {
   int64_t last_layer = -1;
   int64_t outside_layers = 0;    // kept by embeddings, heads and the loss (logits' log-softmax)
   int64_t loss_kept = 0;         // the loss's part of outside_layers (freed first in backward)
+  // Alive on top at the start of forward, before any layer keeps anything (FLAVA: the frozen codebook making the
+  // MIM targets).
+  int64_t start_transient = 0;
   int64_t loss_transient = 0;    // alive on top at the end of forward (logits and their copies)
   int64_t backward_transient = 0;  // alive on top at the start of backward (the loss's gradients)
   // A weight the forward uses twice (word embeddings tied to the LM head): autograd sums its two gradients into a

@@ -12,6 +12,7 @@
 
 #include "shardtrain/models/build.h"
 #include "shardtrain/models/layers.h"
+#include "shardtrain/nn/intercept.h"
 
 namespace shardtrain::models {
 
@@ -32,15 +33,18 @@ class CodebookBlockImpl : public torch::nn::Module {
 };
 TORCH_MODULE(CodebookBlock);
 
-class FlavaCodebookImpl : public torch::nn::Module {
+// Class "FlavaImageCodebook" (Hugging Face's): FLAVA's recipe makes it an FSDP unit of its own, gathered only
+// while it computes tokens (models/recipe.h: ModelRecipe::extra_unit_classes).
+class FlavaCodebookImpl : public nn::Interceptable<FlavaCodebookImpl, at::Tensor(at::Tensor, at::Tensor)> {
  public:
   FlavaCodebookImpl(const CodebookConfig& config, const torch::TensorOptions& options);
   // pixels (B, channels, H, W), H and W multiples of 8 -> logits (B, vocab, H/8, W/8).
-  at::Tensor forward(const at::Tensor& pixels);
+  at::Tensor logits(const at::Tensor& pixels);
   // The visual token of each position, row-major: (B, H/8 * W/8) int64. No gradient. With `positions` (B, H/8 *
   // W/8) bool, only those positions' tokens, the others kIgnoreIndex: the last convolution (vocab logits per
   // position, an eighth of the work at DALL-E's size) runs there only.
   at::Tensor tokens(const at::Tensor& pixels, const at::Tensor& positions = {});
+  at::Tensor forward_impl(const at::Tensor& pixels, const at::Tensor& positions);  // tokens(), intercepted
 
   CodebookConfig config;
   Conv2d input{nullptr}, output{nullptr};

@@ -125,6 +125,10 @@ class ModelRecipe {
   virtual NameMap hf_names() const = 0;  // our parameter names to Hugging Face's
   // The transformer layer class: the default FSDP unit and activation-checkpoint region ("BertLayer").
   virtual std::string layer_class() const = 0;
+  // Other module classes that are FSDP units of their own under the default wrap, outside the transformer layers
+  // and never checkpointed: a large part of the root that not every step runs (FLAVA's frozen image codebook,
+  // "FlavaImageCodebook": gathered only while it tokenizes images, never in text-only steps). Default none.
+  virtual std::vector<std::string> extra_unit_classes() const { return {}; }
   // transformers' AutoModel of this model's config (the base model, without a task head) as its tensors, for
   // Accelerate's sizes (estimate-memory). Built from the family's own modules on the meta device.
   virtual HfModelLayout hf_base_model() const = 0;

@@ -76,7 +76,10 @@ struct MemoryEstimate {
 // The model's parameters per FSDP unit (built once on the meta device; estimates for many jobs share it).
 struct ModelShape {
   std::vector<int64_t> layer_numel, layer_trainable;  // per transformer layer
-  int64_t root_numel = 0, root_trainable = 0;         // what no layer holds (embeddings, heads, frozen parts)
+  int64_t root_numel = 0, root_trainable = 0;         // what no unit holds (embeddings, heads)
+  // The recipe's extra units (ModelRecipe::extra_unit_classes: FLAVA's frozen codebook), all together: gathered
+  // only while they compute, near the end of forward, without gradients.
+  int64_t extra_numel = 0, extra_trainable = 0;
   int64_t largest_trainable_tensor = 0;
   int64_t parameters() const;
 };
