@@ -1,5 +1,7 @@
 #include "shardtrain/models/parallelize.h"
 
+#include <torch/nn/module.h>
+
 #include <algorithm>
 #include <stdexcept>
 

@@ -2,6 +2,7 @@
 
 #include <ATen/ATen.h>
 #include <torch/cuda.h>
+#include <torch/nn/module.h>
 #include <signal.h>
 #include <unistd.h>
 
