@@ -78,7 +78,7 @@ struct ModelShape {
   std::vector<int64_t> layer_numel, layer_trainable;  // per transformer layer
   int64_t root_numel = 0, root_trainable = 0;         // what no unit holds (embeddings, heads)
   // The recipe's extra units (ModelRecipe::extra_unit_classes: FLAVA's frozen codebook), all together: gathered
-  // only while they compute, near the end of forward, without gradients.
+  // only while they compute, at the start of forward, without gradients.
   int64_t extra_numel = 0, extra_trainable = 0;
   int64_t largest_trainable_tensor = 0;
   int64_t parameters() const;
