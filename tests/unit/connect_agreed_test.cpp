@@ -6,7 +6,6 @@
 
 #include <ATen/ATen.h>
 
-#include <atomic>
 #include <chrono>
 #include <stdexcept>
 #include <string>
