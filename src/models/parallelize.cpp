@@ -113,12 +113,9 @@ ZooModel build_parallel(std::shared_ptr<const ModelRecipe> recipe, const dist::D
     fsdp::fully_shard(layer, groups.shard, groups.options);
   };
   ZooModel model = build_model(recipe, build);
-  const std::vector<std::string> extra = recipe->extra_unit_classes();
-  for (const auto& m : model.module->modules(/*include_self=*/false)) {
-    if (std::find(extra.begin(), extra.end(), fsdp::module_class_name(*m)) == extra.end()) continue;
-    fsdp::fully_shard(m, groups.shard, groups.options);
-  }
-  fsdp::fully_shard(model.module, groups.shard, groups.options);
+  // The layers are units already; the family's extra units, then the root.
+  fsdp::fully_shard_model(model.module, groups.shard, fsdp::wrap_by_class_name(recipe->extra_unit_classes()),
+                          groups.options);
   finish_root(model, mesh);
   return model;
 }
