@@ -71,7 +71,7 @@ int main(int argc, char** argv) {
                   comm_backend_name(comm.backend()));
       std::printf("# all_gather: ours = %s; backend = its _allgather_base\n",
                   comm.backend() == CommBackend::GLOO ? "a broadcast from each rank, in place" : "its _allgather_base");
-      std::printf("# reduce_scatter: ours = all-to-all + local sum; backend = its _reduce_scatter_base\n");
+      std::printf("# reduce_scatter: ours = a send to each rank, summed as they arrive; backend = _reduce_scatter_base\n");
       std::printf("# all_reduce: ours is the backend's all-reduce (no second column)\n");
       std::printf("%-15s %12s %8s | %10s %8s %8s | %10s %8s %8s | %9s\n", "op", "size(B)", "iters", "ours(us)",
                   "algbw", "busbw", "backend", "algbw", "busbw", "speedup");

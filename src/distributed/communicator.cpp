@@ -48,7 +48,8 @@ void settle(const c10::intrusive_ptr<c10d::Work>& work) {
 
 void Work::wait() {
   if (!state_ || state_->done) return;
-  if (!state_->works.empty()) {
+  const bool blocks = !state_->works.empty() || state_->finish_transfers;
+  {
     // Published while blocked, for the heartbeat's report of a hang.
     struct Posted {
       WaitBoard* board;
@@ -62,15 +63,16 @@ void Work::wait() {
         std::lock_guard<std::mutex> lock(board->mutex);
         board->waiting.clear();
       }
-    } posted(state_->waits.get(), state_->what);
+    } posted(blocks ? state_->waits.get() : nullptr, state_->what);
     try {
       for (const auto& work : state_->works) work->wait();
+      if (state_->finish) state_->finish();
     } catch (const std::exception& e) {
       state_->done = true;  // a failed operation is not retried by a second wait()
+      if (!blocks) throw;
       throw std::runtime_error(state_->what + " failed: " + error_text(e));
     }
   }
-  if (state_->finish) state_->finish();
   // The backend's handle holds the operation's input, output and scratch tensors too: release them with ours.
   if (state_->settle_backend_references) {
     for (const auto& work : state_->works) settle(work);
@@ -83,6 +85,7 @@ void Work::wait() {
 
 bool Work::is_completed() const {
   if (!state_ || state_->done) return true;
+  if (state_->finish_transfers) return false;
   return std::all_of(state_->works.begin(), state_->works.end(),
                      [](const c10::intrusive_ptr<c10d::Work>& work) { return work->isCompleted(); });
 }
@@ -101,11 +104,12 @@ std::string describe(const Impl& g, const std::string& op) {
 }
 
 Work make_work(const Impl& g, const std::string& op, std::vector<c10::intrusive_ptr<c10d::Work>> works,
-               std::vector<at::Tensor> keep_alive, std::function<void()> finish = {}) {
+               std::vector<at::Tensor> keep_alive, std::function<void()> finish = {}, bool finish_transfers = false) {
   auto state = std::make_shared<Work::State>();
   state->works = std::move(works);
   state->keep_alive = std::move(keep_alive);
   state->finish = std::move(finish);
+  state->finish_transfers = finish_transfers;
   state->what = describe(g, op);
   state->settle_backend_references = g.kind == CommBackend::GLOO;
   state->waits = g.waits;
@@ -184,6 +188,48 @@ c10d::ReduceOp to_c10d(ReduceOp op) {
   throw std::invalid_argument("unknown ReduceOp");
 }
 
+// Elements of a half-type chunk summed into the float32 accumulator at a time (4 MiB of float32 temporary).
+constexpr int64_t kHalfSlice = int64_t{1} << 20;
+
+// The chunks a Gloo reduce-scatter receives, one from each peer in rank order, into two buffers of one chunk
+// each, taken in turn: a peer's receive is posted once the buffer it lands in has been summed (the first two at
+// once, so that they arrive while the caller computes).
+class Incoming {
+ public:
+  Incoming(const Impl& g, int tag, std::vector<int> peers, int64_t n, const at::TensorOptions& options)
+      : backend_(g.backend), tag_(tag), peers_(std::move(peers)) {
+    const int64_t slots = std::min<int64_t>(2, static_cast<int64_t>(peers_.size()));
+    buffers_ = at::empty({slots, n}, options);
+    for (int64_t i = 0; i < slots; ++i) post(static_cast<size_t>(i));
+  }
+
+  // The next peer's chunk, once it has arrived; valid until done_with(). (Each receive is waited for here alone:
+  // a Gloo receive's wait() takes its completion, and a second one would wait for another.)
+  at::Tensor next() {
+    receives_.at(taken_)->wait();
+    return buffers_[static_cast<int64_t>(taken_ % 2)];
+  }
+
+  // The chunk from next() has been summed: its buffer takes the receive two peers on.
+  void done_with() {
+    if (taken_ + 2 < peers_.size()) post(taken_ + 2);
+    ++taken_;
+  }
+
+ private:
+  void post(size_t i) {
+    std::vector<at::Tensor> into{buffers_[static_cast<int64_t>(i % 2)]};
+    receives_.push_back(backend_->recv(into, peers_[i], tag_));
+  }
+
+  c10::intrusive_ptr<c10d::Backend> backend_;
+  int tag_;
+  std::vector<int> peers_;
+  at::Tensor buffers_;  // (2, n), or (1, n) with one peer
+  std::vector<c10::intrusive_ptr<c10d::Work>> receives_;  // posted so far, in peer order
+  size_t taken_ = 0;
+};
+
 }  // namespace
 
 Communicator::Communicator(std::shared_ptr<Impl> impl) : impl_(std::move(impl)) {}
@@ -252,24 +298,53 @@ Work Communicator::reduce_scatter(const at::Tensor& out, const at::Tensor& in, R
     opts.reduceOp = to_c10d(op);
     return make_work(g, what, g.backend->_reduce_scatter_base(flat_out, flat_in, opts), {out, in});
   }
-  // Gloo: its reduce-scatter all-reduces every chunk, moving 2(W-1)/W of the input per rank. An all-to-all moves
-  // (W-1)/W, what a ring reduce-scatter moves; the W received chunks are then reduced locally (in float32 for
-  // half types: ATen's reductions accumulate in float and round once). See docs/notes/collectives.md.
+  // Gloo: its reduce-scatter all-reduces every chunk, moving 2(W-1)/W of the input per rank. Ours sends chunk j
+  // of the input to rank j (what a ring reduce-scatter moves, (W-1)/W) and sums what arrives into the output
+  // in rank order, the same order as a sum over a (W, n) view: half types in a float32 accumulator, rounded once.
+  // The chunks arrive into two buffers of one chunk each, taken in turn (an all-to-all would need a receive
+  // buffer as large as the input, a whole unit's gradients under FSDP). See docs/notes/collectives.md.
   at::Tensor flat_out = wire_buffer(g, out.view(-1));
   at::Tensor flat_in = wire_values(g, in.view(-1));
-  at::Tensor received = at::empty_like(flat_in);
-  std::vector<int64_t> equal_splits;
-  auto work = g.backend->alltoall_base(received, flat_in, equal_splits, equal_splits);
-  auto reduce = [received, flat_out, op, w]() mutable {
-    at::Tensor chunks = received.view({w, -1});
-    switch (op) {
-      case ReduceOp::SUM: at::sum_out(flat_out, chunks, {0}); break;
-      case ReduceOp::MEAN: at::mean_out(flat_out, chunks, {0}); break;
-      case ReduceOp::MAX: at::amax_out(flat_out, chunks, {0}); break;
+  const int64_t n = flat_out.numel();
+  if (n == 0) return Work();  // every rank's chunk is empty: nothing to move
+  const int tag = impl_->next_tag();
+  std::vector<c10::intrusive_ptr<c10d::Work>> sends;
+  std::vector<int> peers;  // the ranks whose chunks this rank receives, in rank order
+  for (int peer = 0; peer < w; ++peer) {
+    if (peer == g.rank) continue;
+    peers.push_back(peer);
+    std::vector<at::Tensor> chunk{flat_in.narrow(0, peer * n, n)};
+    sends.push_back(g.backend->send(chunk, peer, tag));
+  }
+  auto incoming = std::make_shared<Incoming>(g, tag, std::move(peers), n, flat_in.options());
+  const int64_t own = g.rank;
+  auto reduce = [incoming, sends, flat_in, flat_out, op, w, n, own]() {
+    const bool exact = flat_out.scalar_type() == at::kFloat || flat_out.scalar_type() == at::kDouble;
+    at::Tensor acc = exact ? flat_out : at::empty({n}, flat_out.options().dtype(at::kFloat));
+    for (int64_t src = 0; src < w; ++src) {
+      at::Tensor chunk = src == own ? flat_in.narrow(0, own * n, n) : incoming->next();
+      // Half types in slices: adding one into the float32 accumulator converts it to a float32 temporary first.
+      const int64_t slice = exact ? std::max<int64_t>(n, 1) : kHalfSlice;
+      for (int64_t start = 0; start < n; start += slice) {
+        at::Tensor a = acc.narrow(0, start, std::min(slice, n - start)), c = chunk.narrow(0, start, a.numel());
+        if (src == 0) {
+          a.copy_(c);
+        } else if (op == ReduceOp::MAX) {
+          at::maximum_out(a, a, c);
+        } else {
+          a.add_(c);
+        }
+      }
+      if (src != own) incoming->done_with();
     }
+    if (op == ReduceOp::MEAN) acc.div_(w);
+    if (!exact) flat_out.copy_(acc);
+    // A peer takes this rank's chunk in its own wait(), which needs nothing from this rank but the sends posted
+    // when the operation started: no waiting in a cycle.
+    for (const auto& send : sends) send->wait();
   };
-  return make_work(g, what, std::move(work), {out, in, received, flat_out, flat_in},
-                   copy_back(out.view(-1), flat_out, std::move(reduce)));
+  return make_work(g, what, {}, {out, in, flat_out, flat_in},
+                   copy_back(out.view(-1), flat_out, std::move(reduce)), /*finish_transfers=*/true);
 }
 
 Work Communicator::native_reduce_scatter(const at::Tensor& out, const at::Tensor& in) const {

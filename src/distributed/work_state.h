@@ -33,6 +33,9 @@ struct Work::State {
   // after completing it, concurrently with wait() returning. wait() lets that happen first, so an operation's
   // buffers are freed when wait() returns — a caller allocating the next buffer never holds both.
   bool settle_backend_references = false;
+  // finish moves data itself (receives it posts and sends it waits for): the operation is not complete before it
+  // ran, and its failures are the operation's.
+  bool finish_transfers = false;
 };
 
 }  // namespace shardtrain::dist

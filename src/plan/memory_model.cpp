@@ -43,6 +43,8 @@ Units units_of(const ModelShape& shape, Wrap wrap) {
 }
 
 constexpr double kCudaAllocatorAllowance = 0.05;
+// Elements of a bf16 chunk a Gloo reduce-scatter adds into its float32 accumulator at a time (dist/communicator).
+constexpr int64_t kGlooHalfSlice = int64_t{1} << 20;
 
 int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
@@ -196,14 +198,17 @@ MemoryEstimate estimate_training_memory(const models::ModelRecipe& recipe, const
   const int64_t layer_full_grads = reduces ? largest_layer * ce : 0;
   const int64_t root_full_grads = reduces ? root_trainable * ce : 0;
   // A reduce-scatter holds its flat input (the unit's trainable parameters, in the reduce dtype: bf16 reduces in
-  // bf16, fp16 in float32), Gloo's receive buffer of the same size (NCCL has none), and the output shard; on the
-  // CPU a bf16 reduction sums the received chunks through float32 copies (ATen's reductions accumulate in float).
+  // bf16, fp16 in float32) and the output shard; on Gloo (NCCL has none) two receive buffers of one shard each
+  // (one with a single peer) and for bf16 a float32 accumulator of one shard (the sum is rounded once) and the
+  // float32 copy of the slice being added into it.
   // A replicated unit (NO_SHARD) all-reduces its flat buffer in place.
   const int64_t rd = job.mixed_precision == "bf16" ? 2 : 4;
   auto reduce_scatter = [&](int64_t unit) {
     if (replicated_fsdp) return unit * rd;
-    const int64_t upcast = rd == 2 && !job.cuda ? unit * 4 : 0;
-    return (job.cuda ? 1 : 2) * unit * rd + ceil_div(unit, shard) * rd + upcast;
+    const int64_t out = ceil_div(unit, shard);
+    const int64_t received = job.cuda ? 0 : std::min<int64_t>(2, shard - 1) * out * rd;
+    const int64_t accumulator = rd == 2 && !job.cuda ? (out + std::min<int64_t>(out, kGlooHalfSlice)) * 4 : 0;
+    return unit * rd + out * rd + received + accumulator;
   };
   // DDP's buckets (25 MiB, two in flight); FSDP's reduce-scatter of a layer in flight while the next computes —
   // on CUDA only: with Gloo each reduction is waited for before the next unit's backward (FsdpOptions::
@@ -394,7 +399,7 @@ MemoryEstimate estimate_training_memory(const models::ModelRecipe& recipe, const
   } else if (reduces && reduce_scatter(root_trainable) > root_g + root_full_grads + tied_sum) {
     e.terms.push_back({"gradients", new_grads, "4 B per trainable parameter" + per});
     e.terms.push_back({"root reduce-scatter", reduce_scatter(root_trainable),
-                       "its flat input (trainable parameters), Gloo's receive buffer, the output shard"});
+                       "its flat input (trainable parameters), the output shard, Gloo's receive buffers"});
   } else {
     e.terms.push_back({"gathered parameters", root_g, "the root unit"});
     e.terms.push_back({"gradients", new_grads + root_full_grads, "4 B per trainable parameter" + per +

@@ -8,6 +8,7 @@
 
 #include "test_env.h"
 #include "shardtrain/distributed/communicator.h"
+#include "shardtrain/memory/memory_stats.h"
 #include "support/expect_error.h"
 
 namespace shardtrain::dist {
@@ -88,6 +89,32 @@ TEST(Collectives, ReduceScatterSumMeanMax) {
         expect_close(out, expected, dtype, label(reduce_op_name(op), dtype, n) + " reduce_scatter");
       }
     }
+  }
+}
+
+TEST(Collectives, ReduceScatterReceivesIntoTwoShardsAtMost) {
+  // Gloo's reduce-scatter (ours) receives each peer's chunk into one of two shard-sized buffers, in turn, and
+  // sums bf16 in a float32 shard, a slice of 2^20 elements at a time: beyond its input and output it allocates at
+  // most two shards (one with a single peer), the accumulator and one slice's float32 copy, whatever the world
+  // size. (An all-to-all receives a buffer as large as the input.)
+  const Communicator& comm = test_process_group().world();
+  const int w = comm.size();
+  if (w == 1) GTEST_SKIP() << "a world of one receives nothing";
+  memory::install_cpu_memory_counter();
+  const int64_t n = (int64_t{1} << 21) + 3;  // two slices and a few elements
+  for (auto dtype : {at::kFloat, at::kBFloat16}) {
+    at::Tensor in = rank_values(comm.rank(), w * n).to(dtype);
+    at::Tensor out = at::empty({n}, in.options());
+    const int64_t before = memory::cpu_memory_stats().current_bytes;
+    memory::reset_cpu_peak();
+    comm.reduce_scatter(out, in, ReduceOp::SUM).wait();
+    const int64_t extra = memory::cpu_memory_stats().peak_bytes - before;
+    const int64_t shard = n * static_cast<int64_t>(c10::elementSize(dtype));
+    const int64_t bound = std::min(2, w - 1) * shard + (dtype == at::kBFloat16 ? (n + (1 << 20)) * 4 : 0);
+    EXPECT_LE(extra, bound + 4096) << c10::toString(dtype) << " W=" << w << ": bytes allocated by the reduction";
+    std::vector<at::Tensor> mine;
+    for (int r = 0; r < w; ++r) mine.push_back(rank_values(r, n, comm.rank() * n));
+    expect_close(out, at::stack(mine).sum(0), dtype, label("SUM", dtype, n) + " reduce_scatter");
   }
 }
 

@@ -73,11 +73,12 @@ struct FsdpOptions {
   bool limit_all_gathers = true;
   // Whether a unit's gradient reduce-scatter runs on while the next unit computes its backward (true), or is waited
   // for before it starts (false). Overlap hides the collective behind compute, but its buffers stay allocated
-  // meanwhile: on Gloo the flat input and the all-to-all's receive buffer, twice the unit's full gradients, on top
-  // of the next unit's backward. Unset: overlap with NCCL (its reduce-scatter has no receive buffer and runs on
-  // its own stream); wait with Gloo, where on CPU cores that both compute and communicate overlap bought 1.5-3%
-  // of the step's time and cost up to two layers' gradients of peak (BERT W=4: 404 -> 379 MB, ViT W=2: 340 ->
-  // 334 MB; docs/notes/benchmarks.md): memory decides what fits.
+  // meanwhile: the flat input (the unit's full gradients) and on Gloo two received shards, on top of the next
+  // unit's backward. Unset: overlap with NCCL (its reduce-scatter has no receive buffer and runs on its own
+  // stream); wait with Gloo, where on CPU cores that both compute and communicate overlap bought 1.5-3% of the
+  // step's time and cost up to two layers' gradients of peak (BERT W=4: 404 -> 379 MB, ViT W=2: 340 -> 334 MB,
+  // measured when Gloo's reduce-scatter still received into a buffer as large as its input;
+  // docs/notes/benchmarks.md): memory decides what fits.
   std::optional<bool> overlap_reduce_scatter;
   // CPU offload (FSDP2's CPUOffloadPolicy, Accelerate's fsdp_offload_params): the shards — what the optimizer reads
   // and updates, so also its state and the gradients it sees — live in CPU memory (pinned), each gather copies them
