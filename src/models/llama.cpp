@@ -42,13 +42,30 @@ TransformerLayerOptions llama_layer_options(const LlamaConfig& c) {
   return l;
 }
 
+LlamaEmbeddingImpl::LlamaEmbeddingImpl(int64_t vocab, int64_t dim, const torch::TensorOptions& options)
+    : Interceptable("LlamaEmbedding") {
+  weight = register_parameter("weight", at::empty({vocab, dim}, options));
+}
+
+at::Tensor LlamaEmbeddingImpl::forward_impl(const at::Tensor& input_ids) { return at::embedding(weight, input_ids); }
+
+LlamaLMHeadImpl::LlamaLMHeadImpl(int64_t dim, int64_t vocab, const torch::TensorOptions& options)
+    : Interceptable("LlamaLMHead") {
+  weight = register_parameter("weight", at::empty({vocab, dim}, options));
+}
+
+std::vector<at::Tensor> LlamaLMHeadImpl::forward_impl(const at::Tensor& hidden, const at::Tensor& targets) {
+  if (!targets.defined()) return {at::linear(hidden, weight)};
+  return {linear_cross_entropy(hidden, weight, at::Tensor(), targets)};
+}
+
 LlamaImpl::LlamaImpl(const LlamaConfig& c, const BuildOptions& build) : Interceptable("Llama"), config(c) {
   const auto& t = build.tensors;
-  embed = register_module("embed", Embedding(c.vocab_size, c.dim, t));
+  embed = register_module("embed", LlamaEmbedding(c.vocab_size, c.dim, t));
   std::vector<std::string> built;
   layers = build_layers(*this, "layers", "layers", c.layers, llama_layer_options(c), build, built);
   norm = register_module("norm", RMSNorm(c.dim, c.norm_eps, t));
-  lm_head = register_module("lm_head", Linear(c.dim, c.vocab_size, false, t));
+  lm_head = register_module("lm_head", LlamaLMHead(c.dim, c.vocab_size, t));
   finish_model(build, *this, built);
 }
 
@@ -92,9 +109,9 @@ std::vector<at::Tensor> LlamaImpl::forward_impl(const at::Tensor& input_ids, con
   const at::Tensor hidden = norm->forward(run_layers(layers, x, bias, rope));
   if (loss_only) {  // no logits: the loss in chunks (linear_cross_entropy)
     const LabelledRows labelled = labelled_rows(hidden, targets);
-    return {at::Tensor(), linear_cross_entropy(labelled.hidden, lm_head->weight, lm_head->bias, labelled.labels)};
+    return {at::Tensor(), lm_head->forward(labelled.hidden, labelled.labels)[0]};
   }
-  at::Tensor logits = lm_head->forward(hidden);
+  at::Tensor logits = lm_head->forward(hidden, at::Tensor())[0];
   return {logits, labels.defined() ? causal_lm_loss(logits, labels) : at::Tensor()};
 }
 

@@ -82,6 +82,9 @@ class LlamaRecipe : public FamilyRecipe<LlamaConfig, Llama> {
 
   std::vector<std::string> tasks() const override { return {"causal_lm"}; }
 
+  // Untied: the embedding and the head, each vocab x dim, are units of their own (recipe.h).
+  EdgeUnits edge_unit_classes() const override { return {"LlamaEmbedding", "LlamaLMHead"}; }
+
   // Layers: llama_layer_options (the embedding's output is layer 0's input). Then the final norm (its input and
   // what it keeps) and the loss through linear_cross_entropy at the positions that predict a label (every position
   // counted: all but a row's last, and padding, predict one): linear_cross_entropy_bytes.

@@ -26,10 +26,10 @@ std::vector<std::string> layer_classes_of(const ZooModel& model, const Paralleli
   return options.layer_classes.empty() ? std::vector<std::string>{model.layer_class} : options.layer_classes;
 }
 
-// The units by class: the layers' and the family's extra units (recipe.h: extra_unit_classes).
+// The units by class: the layers' and the family's own (recipe.h: extra_unit_classes, edge_unit_classes).
 std::vector<std::string> unit_classes_of(const ZooModel& model, const ParallelizeOptions& options) {
   std::vector<std::string> classes = layer_classes_of(model, options);
-  for (const auto& c : model.recipe->extra_unit_classes()) classes.push_back(c);
+  for (const auto& c : model.recipe->own_unit_classes()) classes.push_back(c);
   return classes;
 }
 
@@ -113,8 +113,8 @@ ZooModel build_parallel(std::shared_ptr<const ModelRecipe> recipe, const dist::D
     fsdp::fully_shard(layer, groups.shard, groups.options);
   };
   ZooModel model = build_model(recipe, build);
-  // The layers are units already; the family's extra units, then the root.
-  fsdp::fully_shard_model(model.module, groups.shard, fsdp::wrap_by_class_name(recipe->extra_unit_classes()),
+  // The layers are units already; the family's own units (extra and edge units), then the root.
+  fsdp::fully_shard_model(model.module, groups.shard, fsdp::wrap_by_class_name(recipe->own_unit_classes()),
                           groups.options);
   finish_root(model, mesh);
   return model;

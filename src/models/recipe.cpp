@@ -19,6 +19,15 @@ void Task::check_batch_size(int64_t, int64_t) const {}
 
 void ModelRecipe::parallelize_hook(torch::nn::Module&, const dist::DeviceMesh&) const {}
 
+std::vector<std::string> ModelRecipe::own_unit_classes() const {
+  std::vector<std::string> classes = extra_unit_classes();
+  const EdgeUnits edges = edge_unit_classes();
+  for (const std::string* c : {&edges.input, &edges.output}) {
+    if (!c->empty()) classes.push_back(*c);
+  }
+  return classes;
+}
+
 ActivationBytes ModelRecipe::activation_bytes(const ActivationQuery&) const {
   throw std::invalid_argument("the activation memory of " + family() + " (" + flavor() +
                               ") is not modelled yet: its recipe states none (ModelRecipe::activation_bytes)");

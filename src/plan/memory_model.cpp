@@ -27,6 +27,7 @@ const std::vector<std::pair<std::string, Strategy>>& strategies() {
 struct Units {
   std::vector<int64_t> numel, trainable;  // per unit, the root last; trainable: gradients and AdamW state
   int64_t extra_numel = 0, extra_trainable = 0;  // the extra units together (not in numel)
+  int64_t input_numel = 0, input_trainable = 0, output_numel = 0, output_trainable = 0;  // edge units (not in numel)
 };
 
 Units units_of(const ModelShape& shape, Wrap wrap) {
@@ -35,9 +36,11 @@ Units units_of(const ModelShape& shape, Wrap wrap) {
     u.numel = shape.layer_numel, u.trainable = shape.layer_trainable;
     u.numel.push_back(shape.root_numel), u.trainable.push_back(shape.root_trainable);
     u.extra_numel = shape.extra_numel, u.extra_trainable = shape.extra_trainable;
+    u.input_numel = shape.input_numel, u.input_trainable = shape.input_trainable;
+    u.output_numel = shape.output_numel, u.output_trainable = shape.output_trainable;
     return u;
   }
-  int64_t trainable = shape.root_trainable + shape.extra_trainable;
+  int64_t trainable = shape.root_trainable + shape.extra_trainable + shape.input_trainable + shape.output_trainable;
   for (int64_t t : shape.layer_trainable) trainable += t;
   return {{shape.parameters()}, {trainable}};
 }
@@ -64,7 +67,7 @@ std::string mib(int64_t bytes) {
 }  // namespace
 
 int64_t ModelShape::parameters() const {
-  int64_t n = root_numel + extra_numel;
+  int64_t n = root_numel + extra_numel + input_numel + output_numel;
   for (int64_t l : layer_numel) n += l;
   return n;
 }
@@ -85,10 +88,19 @@ ModelShape model_shape(const models::ModelRecipe& recipe) {
     }
   };
   const std::vector<std::string> extra = recipe.extra_unit_classes();
+  const models::ModelRecipe::EdgeUnits edges = recipe.edge_unit_classes();
   for (const auto& m : root->modules(/*include_self=*/false)) {
     const std::string name = fsdp::module_class_name(*m);
     if (std::find(extra.begin(), extra.end(), name) != extra.end()) {
       count(*m, shape.extra_numel, shape.extra_trainable);
+      continue;
+    }
+    if (!edges.input.empty() && name == edges.input) {
+      count(*m, shape.input_numel, shape.input_trainable);
+      continue;
+    }
+    if (!edges.output.empty() && name == edges.output) {
+      count(*m, shape.output_numel, shape.output_trainable);
       continue;
     }
     if (name != recipe.layer_class()) continue;
@@ -149,8 +161,9 @@ MemoryEstimate estimate_training_memory(const models::ModelRecipe& recipe, const
   MemoryEstimate e;
   const Units units = units_of(shape, job.wrap);
   for (int64_t n : units.numel) e.parameters += n;
-  e.parameters += units.extra_numel;
-  e.units = static_cast<int64_t>(units.numel.size() + (units.extra_numel > 0 ? 1 : 0));
+  e.parameters += units.extra_numel + units.input_numel + units.output_numel;
+  e.units = static_cast<int64_t>(units.numel.size()) + (units.extra_numel > 0 ? 1 : 0) +
+            (units.input_numel > 0 ? 1 : 0) + (units.output_numel > 0 ? 1 : 0);
   const int64_t pe = job.param_bytes, ce = static_cast<int64_t>(c10::elementSize(query.compute));
   const bool hybrid = job.strategy == Strategy::kHybridShard || job.strategy == Strategy::kHybridShardZero2;
   const bool replicated = job.strategy == Strategy::kDdp || job.strategy == Strategy::kNoShard;
@@ -171,8 +184,10 @@ MemoryEstimate estimate_training_memory(const models::ModelRecipe& recipe, const
     shard_numel += ceil_div(units.numel[i], shard);
     trainable_shard_numel += ceil_div(units.trainable[i], shard);
   }
-  shard_numel += ceil_div(units.extra_numel, shard);
-  trainable_shard_numel += ceil_div(units.extra_trainable, shard);
+  for (int64_t n : {units.extra_numel, units.input_numel, units.output_numel}) shard_numel += ceil_div(n, shard);
+  for (int64_t n : {units.extra_trainable, units.input_trainable, units.output_trainable}) {
+    trainable_shard_numel += ceil_div(n, shard);
+  }
   const int64_t params = shard_numel * pe, grads = trainable_shard_numel * pe, adam = trainable_shard_numel * job.optimizer_state_bytes;
   const bool offload = job.cpu_offload && job.strategy != Strategy::kDdp;
   if (offload) e.host_bytes = params + grads + adam;
@@ -189,14 +204,18 @@ MemoryEstimate estimate_training_memory(const models::ModelRecipe& recipe, const
   // The extra units are gathered only while they compute (a no-grad forward reshards at once, whatever the
   // strategy): at the start of forward (FLAVA's codebook).
   const int64_t extra_g = gathers ? units.extra_numel * ce : 0;
+  // The edge units (Llama's embedding and head): the input one gathered for its forward, the first, and again
+  // for its backward, the last; the output one for the loss and its backward, the first.
+  const int64_t in_g = gathers ? units.input_numel * ce : 0, out_g = gathers ? units.output_numel * ce : 0;
   const int64_t all_g = gathers ? (e.parameters - units.extra_numel) * ce : 0;
-  const int64_t held_g = reshard ? root_g : all_g;  // gathered when no layer is being computed
+  const int64_t held_g = reshard ? root_g + out_g : all_g;  // gathered at the loss and as backward starts
   // Full gradients wait for their reduction in a sharded unit, or a replicated one (NO_SHARD over several ranks):
   // a layer's, and the root's until the end of backward.
   const bool replicated_fsdp = job.strategy == Strategy::kNoShard && job.world > 1;
   const bool reduces = (gathers && shard > 1) || replicated_fsdp;
   const int64_t layer_full_grads = reduces ? largest_layer * ce : 0;
   const int64_t root_full_grads = reduces ? root_trainable * ce : 0;
+  const int64_t in_full_grads = reduces ? units.input_trainable * ce : 0;
   // A reduce-scatter holds its flat input (the unit's trainable parameters, in the reduce dtype: bf16 reduces in
   // bf16, fp16 in float32) and the output shard; on Gloo (NCCL has none) two receive buffers of one shard each
   // (one with a single peer) and for bf16 a float32 accumulator of one shard (the sum is rounded once) and the
@@ -246,7 +265,7 @@ MemoryEstimate estimate_training_memory(const models::ModelRecipe& recipe, const
     throw std::invalid_argument("gradient accumulation of " + std::to_string(job.grad_accum) +
                                 " micro-batches (expected >= 1)");
   }
-  int64_t trainable = units.extra_trainable;
+  int64_t trainable = units.extra_trainable + units.input_trainable + units.output_trainable;
   for (int64_t t : units.trainable) trainable += t;
   // Otherwise (DDP, a group of one, or reduced every micro-batch) the gradients themselves accumulate in .grad.
   const int64_t accumulated = job.grad_accum <= 1                        ? 0
@@ -258,15 +277,27 @@ MemoryEstimate estimate_training_memory(const models::ModelRecipe& recipe, const
   // Gathering a unit holds it twice for a moment: the all-gather's flat output and the parameters copied out of it.
   // The root first; then, before any layer, what the model computes first (FLAVA: its extra unit, the codebook,
   // gathered and tokenizing).
-  const int64_t forward_start = std::max({2 * root_g, root_g + 2 * extra_g, root_g + extra_g + act.start_transient});
+  const int64_t forward_start = std::max({2 * root_g, root_g + 2 * extra_g, root_g + extra_g + act.start_transient,
+                                          root_g + 2 * in_g});
   const int64_t forward_loss = held_g + kept + act.loss_transient;
-  const int64_t forward_layers = (reshard ? root_g + 2 * layer_g : all_g) + kept;
+  const int64_t forward_layers = (reshard ? root_g + 2 * layer_g : all_g - out_g) + kept;
   e.forward_bytes = base + std::max({forward_start, forward_loss, forward_layers});
 
   // Backward starts with the root still gathered from its forward (the root is never resharded between its forward
   // and the backward that follows), the loss's gradients arriving with the last layer prefetched.
   const int64_t prefetched = reshard ? layer_g : 0;
-  const int64_t backward_start = kept + held_g + prefetched + act.backward_transient;
+  // An output edge unit resharded after the loss is gathered again as backward starts, and held twice for a moment
+  // (the all-gather's output and the parameters copied out of it) before the last layer's prefetch is issued.
+  const int64_t regather = reshard ? out_g : 0;
+  const int64_t backward_start = kept + held_g + std::max(prefetched, regather) + act.backward_transient;
+  // An output edge unit reduces its gradients first (the head's, which the loss keeps from forward): resharded, its
+  // gradients copied into the reduction's input, then the reduction while the activations below wait.
+  int64_t head_reduction = 0;
+  if (reduces && units.output_trainable > 0) {
+    const int64_t others = reshard ? root_g + prefetched : all_g - out_g;
+    head_reduction = std::max(others + kept + units.output_trainable * rd,
+                              others + kept - act.loss_kept + reduce_scatter(units.output_trainable));
+  }
   // Layer i (1 = the last) computing its backward: the layers below it still keep their activations, those above
   // have handed in their gradients.
   int64_t backward_walk = 0, walk_gathered = 0, walk_in_flight = 0, walk_layer_grads = 0, walk_root_grads = 0;
@@ -277,8 +308,12 @@ MemoryEstimate estimate_training_memory(const models::ModelRecipe& recipe, const
   };
   for (int64_t i = 1; i <= act.layers; ++i) {
     const int64_t grads_so_far = std::min<int64_t>((i - 1) * ceil_div(largest_layer, shard) * pe, new_grads);
-    // Without resharding after forward every layer is still gathered until its own backward is done.
-    const int64_t gathered = reshard ? root_g + 2 * layer_g : std::max<int64_t>(all_g - (i - 1) * layer_g, root_g);
+    // Without resharding after forward every layer is still gathered until its own backward is done (the output
+    // edge unit resharded after its own, the input one gathered to the end). The first layer prefetches the input
+    // edge unit where there is one.
+    const int64_t next = i < act.layers || in_g == 0 ? layer_g : in_g;
+    const int64_t gathered = reshard ? root_g + layer_g + next
+                                     : std::max<int64_t>(all_g - out_g - (i - 1) * layer_g, root_g + in_g);
     // One unit for the whole model: its full gradients grow layer by layer; else the root's (heads) are there first.
     const int64_t root_grads_at_i =
         job.wrap == Wrap::kNone && act.layers > 0 ? root_full_grads * (i - 1) / act.layers : root_full_grads;
@@ -290,19 +325,25 @@ MemoryEstimate estimate_training_memory(const models::ModelRecipe& recipe, const
     // A reduction waited for at once (Gloo) is a moment of its own: the layer resharded and its full gradients
     // copied into the input by then, the next layer's gather issued (on the CPU, bf16's float32 sum is the most).
     if (reduces && !overlap && job.wrap != Wrap::kNone) {
-      const int64_t rs_gathered = reshard ? root_g + layer_g : std::max<int64_t>(all_g - i * layer_g, root_g);
+      const int64_t rs_gathered =
+          reshard ? root_g + next : std::max<int64_t>(all_g - out_g - i * layer_g, root_g + in_g);
       const int64_t reduction = reduce_scatter(largest_layer_trainable);
       candidate(rs_gathered + reduction + root_grads_at_i + below + grads_so_far, rs_gathered, reduction, 0,
                 root_grads_at_i);
     }
   }
-  // The end: the root's gradients complete (a tied weight's summed), then, sharded, its reduce-scatter once its full
-  // parameters are dropped.
-  // (Every layer has been resharded after its backward by then: only the root is gathered.)
+  // The end: the root's gradients complete (a tied weight's summed), with an input edge unit's, which reduces
+  // first; then, sharded, the root's reduce-scatter once its full parameters are dropped.
+  // (Every layer has been resharded after its backward by then: only the root and the input unit are gathered.)
   // (With overlap the last layer's reduction is still in flight while the root computes.)
-  const int64_t backward_end = std::max(root_g + new_grads + root_full_grads + tied_sum + (reduces ? comm : 0),
-                                        reduces ? new_grads + reduce_scatter(root_trainable) : 0);
-  const int64_t backward_peak = std::max({backward_start, backward_walk, backward_end});
+  const int64_t end_gradients =
+      root_g + in_g + new_grads + root_full_grads + in_full_grads + tied_sum + (reduces ? comm : 0);
+  const int64_t end_input_reduction = reduces ? new_grads + root_full_grads + reduce_scatter(units.input_trainable) : 0;
+  const int64_t end_root_reduction = reduces ? new_grads + reduce_scatter(root_trainable) : 0;
+  // An input edge unit resharded after its forward is gathered again for its backward (held twice for a moment).
+  const int64_t end_input_gather = reshard ? root_g + 2 * in_g + new_grads + root_full_grads : 0;
+  const int64_t backward_end = std::max({end_gradients, end_input_reduction, end_root_reduction, end_input_gather});
+  const int64_t backward_peak = std::max({backward_start, head_reduction, backward_walk, backward_end});
   e.backward_bytes = base + backward_peak;
 
   // The step: clipping sums squares in float64 (FSDP: a float64 copy of a gradient and its square, the largest
@@ -352,6 +393,9 @@ MemoryEstimate estimate_training_memory(const models::ModelRecipe& recipe, const
   if (e.peak_phase == "forward" && forward_start >= std::max(forward_loss, forward_layers)) {
     if (forward_start == 2 * root_g) {
       e.terms.push_back({"gathered parameters", forward_start, "the root unit, being gathered (held twice)"});
+    } else if (forward_start == root_g + 2 * in_g) {
+      e.terms.push_back({"gathered parameters", forward_start, "the root unit, and the input edge unit (the "
+                                                               "embedding) being gathered (held twice)"});
     } else if (forward_start == root_g + 2 * extra_g) {
       e.terms.push_back({"gathered parameters", forward_start, "the root unit, and the extra units being gathered "
                                                                "(held twice)"});
@@ -367,7 +411,7 @@ MemoryEstimate estimate_training_memory(const models::ModelRecipe& recipe, const
     e.terms.push_back({"gathered parameters", at_loss ? held_g : forward_layers - kept,
                        !gathers ? "none: a group of one holds its parameters"
                        : !reshard ? "every unit, gathered until its backward"
-                       : at_loss  ? "the root unit (embeddings, heads)"
+                       : at_loss  ? (out_g > 0 ? "the root unit and the head's" : "the root unit (embeddings, heads)")
                                   : "the root unit and a layer with the next prefetched"});
     e.terms.push_back({"activations", kept, describe_activations(act, ac)});
     if (at_loss) {
@@ -375,16 +419,25 @@ MemoryEstimate estimate_training_memory(const models::ModelRecipe& recipe, const
     }
     return e;
   }
-  const std::string where = backward_peak == backward_start ? "start"
-                            : backward_peak == backward_walk ? "layers"
-                                                             : "end";
+  const std::string where = backward_peak == backward_start   ? "start"
+                            : backward_peak == head_reduction ? "head"
+                            : backward_peak == backward_walk  ? "layers"
+                                                              : "end";
   if (where == "start") {
-    e.terms.push_back({"gathered parameters", held_g + prefetched,
-                       !gathers  ? "none: a group of one holds its parameters"
-                       : reshard ? "the root unit, and the last layer prefetched"
-                                 : "every unit, gathered since forward"});
+    e.terms.push_back({"gathered parameters", held_g + std::max(prefetched, regather),
+                       !gathers                 ? "none: a group of one holds its parameters"
+                       : !reshard               ? "every unit, gathered since forward"
+                       : regather > prefetched ? "the root unit, and the head's being gathered again (held twice)"
+                                                : "the root unit (and the head's), and the last layer prefetched"});
     e.terms.push_back({"activations", kept, describe_activations(act, ac)});
     e.terms.push_back({"loss gradients", act.backward_transient, "log-softmax's result's gradient and the logits'"});
+  } else if (where == "head") {
+    const int64_t others = reshard ? root_g + prefetched : all_g - out_g;
+    e.terms.push_back({"gathered parameters", others,
+                       reshard ? "the root unit, and the last layer prefetched" : "every unit but the head's"});
+    e.terms.push_back({"head reduce-scatter", head_reduction - others - kept + act.loss_kept,
+                       "the head's flat input and output shard, Gloo's receive buffers"});
+    e.terms.push_back({"activations", kept - act.loss_kept, describe_activations(act, ac) + ", less the loss's"});
   } else if (where == "layers") {
     e.terms.push_back({"gathered parameters", walk_gathered,
                        reshard ? "the root unit and a layer with the next prefetched"
@@ -396,15 +449,27 @@ MemoryEstimate estimate_training_memory(const models::ModelRecipe& recipe, const
                        backward_walk - walk_gathered - walk_in_flight - walk_layer_grads - walk_root_grads,
                        "the layers not yet done" + std::string(ac ? ", one layer replayed" : "") +
                            ", the gradients of those done"});
-  } else if (reduces && reduce_scatter(root_trainable) > root_g + root_full_grads + tied_sum) {
+  } else if (backward_end == end_root_reduction && end_root_reduction > end_gradients) {
     e.terms.push_back({"gradients", new_grads, "4 B per trainable parameter" + per});
     e.terms.push_back({"root reduce-scatter", reduce_scatter(root_trainable),
                        "its flat input (trainable parameters), the output shard, Gloo's receive buffers"});
+  } else if (backward_end == end_input_gather && end_input_gather > end_gradients) {
+    e.terms.push_back({"gathered parameters", root_g + 2 * in_g,
+                       "the root unit, and the embedding's being gathered again (held twice)"});
+    e.terms.push_back({"gradients", new_grads + root_full_grads,
+                       "4 B per trainable parameter" + per + ", the root's still full"});
+  } else if (backward_end == end_input_reduction && end_input_reduction > end_gradients) {
+    e.terms.push_back({"gradients", new_grads + root_full_grads,
+                       "4 B per trainable parameter" + per + ", the root's still full"});
+    e.terms.push_back({"embedding reduce-scatter", reduce_scatter(units.input_trainable),
+                       "the input edge unit's flat input and output shard, Gloo's receive buffers"});
   } else {
-    e.terms.push_back({"gathered parameters", root_g, "the root unit"});
-    e.terms.push_back({"gradients", new_grads + root_full_grads, "4 B per trainable parameter" + per +
-                                                                     (reduces ? ", the root's still full" : "")});
+    e.terms.push_back({"gathered parameters", root_g + in_g, in_g > 0 ? "the root unit and the embedding's"
+                                                                      : "the root unit"});
+    e.terms.push_back({"gradients", new_grads + root_full_grads + in_full_grads,
+                       "4 B per trainable parameter" + per + (reduces ? ", the root's still full" : "")});
     e.terms.push_back({"tied gradients summed", tied_sum, "the tied embedding's two gradients and their sum"});
+    if (reduces && comm > 0) e.terms.push_back({"reduction in flight", comm, "the last layer's"});
   }
   return e;
 }

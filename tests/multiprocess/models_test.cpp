@@ -3,6 +3,7 @@
 //  - flava-debug trains under FULL_SHARD (FlavaLayer units) with the same losses and final parameters as one
 //    process on the whole global batch, its data (masks, ITM negatives) a function of the seed and each sample's
 //    global index only — also with activation checkpointing of every layer or every second layer;
+//  - llama-debug, its embedding and head units of their own, trains under FULL_SHARD as one process does;
 //  - build_parallel (each layer sharded as it is built) gives the model build_model + parallelize gives, with a
 //    construction peak of about one layer beyond this rank's shards;
 //  - a sharded model loads a Hugging Face safetensors file, each rank reading its rows or rank 0 reading and
@@ -20,6 +21,7 @@
 #include "shardtrain/io/safetensors.h"
 #include "shardtrain/models/contrastive.h"
 #include "shardtrain/models/flava.h"
+#include "shardtrain/models/llama.h"
 #include "shardtrain/models/parallelize.h"
 #include "shardtrain/models/weights.h"
 #include "shardtrain/nn/activation_checkpoint.h"
@@ -200,6 +202,69 @@ TEST(ModelsDist, FlavaFullShardTrainsLikeOneProcess) {
     }
   }
   EXPECT_GT(ref_losses.front(), 0.0);
+}
+
+TEST(ModelsDist, LlamaEdgeUnitsTrainLikeOneProcess) {
+  // Llama's embedding and LM head are units of their own (ModelRecipe::edge_unit_classes), so that the root does
+  // not hold them gathered through the step: both sharded after every step, and the training the same as one
+  // process on the whole batch, with and without checkpointed layers, parallelized or sharded as built.
+  constexpr int kSteps = 3;
+  BuildOptions build;
+  build.init.seed = 7;
+  const LlamaConfig config = llama_flavor("llama-debug");
+  torch::manual_seed(3);
+  const at::Tensor ids = torch::randint(config.vocab_size, {12, 16}, torch::kLong);  // 12 rows: W = 1..4 divide
+  std::vector<double> ref_losses;
+  Llama reference(config, build);
+  {
+    torch::optim::AdamW adam(reference->parameters(), torch::optim::AdamWOptions(1e-3));
+    for (int s = 0; s < kSteps; ++s) {
+      adam.zero_grad();
+      at::Tensor loss = reference->run(ids, {}, ids, /*labelled_only=*/true).loss;
+      loss.backward();
+      adam.step();
+      ref_losses.push_back(loss.item<double>());
+    }
+  }
+  const auto mesh = dist::DeviceMesh::create(test_process_group(), 1);
+  const at::Tensor local = local_rows(ids);
+  for (int64_t every : {0, 1}) {
+    for (bool as_built : {false, true}) {
+      const std::string label = "activation_checkpoint_every " + std::to_string(every) + (as_built ? ", as built" : "");
+      ParallelizeOptions options;
+      options.activation_checkpoint_every = every;
+      ZooModel model;
+      std::vector<fsdp::FsdpUnit> units;
+      if (as_built) {
+        model = build_parallel("llama-debug", mesh, options, build);
+        units = fsdp::units_of(model.module);
+      } else {
+        model = build_model("llama-debug", build);
+        units = parallelize(model, mesh, options);
+      }
+      ASSERT_EQ(units.size(), 2 + 2 + 1u) << label << ": two LlamaDecoderLayers, the embedding, the head, the root";
+      std::vector<fsdp::FsdpUnit> edges;
+      for (const auto& u : units) {
+        if (u.module_name() == "LlamaEmbedding" || u.module_name() == "LlamaLMHead") edges.push_back(u);
+      }
+      ASSERT_EQ(edges.size(), 2u) << label;
+      auto* llama = dynamic_cast<LlamaImpl*>(model.module.get());
+      torch::optim::AdamW adam(model.module->parameters(), torch::optim::AdamWOptions(1e-3));
+      for (int s = 0; s < kSteps; ++s) {
+        adam.zero_grad();
+        at::Tensor loss = llama->run(local, {}, local, /*labelled_only=*/true).loss;
+        loss.backward();
+        adam.step();
+        expect_relative(mean_over_ranks(loss), ref_losses[s], 1e-5, label + ": loss at step " + std::to_string(s));
+        for (const auto& u : edges) EXPECT_EQ(u.state(), fsdp::ShardState::SHARDED) << label << " " << u.module_name();
+      }
+      auto full = fsdp::gather_full_parameters(model.module);
+      for (const auto& p : reference->named_parameters()) {
+        ASSERT_TRUE(full.count(p.key())) << p.key();
+        EXPECT_LE((full.at(p.key()) - p.value()).abs().max().item<double>(), 1e-5) << label << " " << p.key();
+      }
+    }
+  }
 }
 
 // A FLAVA large enough that its layers dominate: 20 layers of 0.8M parameters, small embeddings and codebook.

@@ -28,12 +28,35 @@ std::vector<std::string> llama_flavors();
 LlamaConfig llama_flavor(const std::string& name);
 TransformerLayerOptions llama_layer_options(const LlamaConfig& config);  // its decoder layer (RMSNorm, SwiGLU, GQA)
 
+// The token embedding and the LM head as modules of classes of their own ("LlamaEmbedding", "LlamaLMHead"), which
+// FSDP makes units apart from the root (ModelRecipe::edge_unit_classes): each is then gathered around its own
+// forward and backward only, where in the root both (two vocab x dim tensors, the model's largest) would stay
+// gathered from the start of forward to the end of backward.
+class LlamaEmbeddingImpl : public nn::Interceptable<LlamaEmbeddingImpl, at::Tensor(at::Tensor)> {
+ public:
+  LlamaEmbeddingImpl(int64_t vocab, int64_t dim, const torch::TensorOptions& options);
+  at::Tensor forward_impl(const at::Tensor& input_ids);  // (B, T) int64 -> (B, T, dim)
+  at::Tensor weight;                                     // (vocab, dim)
+};
+TORCH_MODULE(LlamaEmbedding);
+
+class LlamaLMHeadImpl : public nn::Interceptable<LlamaLMHeadImpl, std::vector<at::Tensor>(at::Tensor, at::Tensor)> {
+ public:
+  LlamaLMHeadImpl(int64_t dim, int64_t vocab, const torch::TensorOptions& options);
+  // hidden (..., dim), targets undefined: {logits (..., vocab)}. hidden (N, dim) rows and targets (N): {loss},
+  // the head fused with the cross-entropy in chunks (linear_cross_entropy), no (N, vocab) logits.
+  std::vector<at::Tensor> forward_impl(const at::Tensor& hidden, const at::Tensor& targets);
+  at::Tensor weight;  // (vocab, dim)
+};
+TORCH_MODULE(LlamaLMHead);
+
 struct LlamaOutputs {
   at::Tensor logits;  // (B, T, vocab); undefined when run labelled_only
   at::Tensor loss;    // () next-token cross-entropy (labels shifted inside, -100 ignored), when labels are given
 };
 
-// Children: embed, layers.N (class "LlamaDecoderLayer"), norm, lm_head.
+// Children: embed (class "LlamaEmbedding"), layers.N (class "LlamaDecoderLayer"), norm, lm_head (class
+// "LlamaLMHead").
 class LlamaImpl
     : public nn::Interceptable<LlamaImpl, std::vector<at::Tensor>(at::Tensor, at::Tensor, at::Tensor, bool)> {
  public:
@@ -48,10 +71,10 @@ class LlamaImpl
                                        const at::Tensor& labels, bool labelled_only);
 
   LlamaConfig config;
-  Embedding embed{nullptr};
+  LlamaEmbedding embed{nullptr};
   std::vector<TransformerLayer> layers;
   RMSNorm norm{nullptr};
-  Linear lm_head{nullptr};
+  LlamaLMHead lm_head{nullptr};
 };
 TORCH_MODULE(Llama);
 

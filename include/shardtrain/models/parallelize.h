@@ -3,8 +3,8 @@
 //      (nn/activation_checkpoint.h), which
 //      stays inside the layer's unit whatever the order: the replay runs while the unit is gathered;
 //   1. FSDP units: fully_shard on every transformer layer (the family's layer class, or the classes given —
-//      Accelerate's fsdp_transformer_layer_cls_to_wrap) and on the family's extra units (FLAVA's frozen codebook:
-//      ModelRecipe::extra_unit_classes), innermost first;
+//      Accelerate's fsdp_transformer_layer_cls_to_wrap) and on the family's own units (FLAVA's frozen codebook:
+//      ModelRecipe::extra_unit_classes; Llama's embedding and head: edge_unit_classes), innermost first;
 //   2. the root unit, which takes the embeddings, heads and everything else;
 //   3. the family's parallelize_hook (models/recipe.h; FLAVA: the global contrastive loss gathers over the
 //      data-parallel world).

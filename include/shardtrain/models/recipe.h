@@ -129,6 +129,18 @@ class ModelRecipe {
   // and never checkpointed: a large part of the root that not every step runs (FLAVA's frozen image codebook,
   // "FlavaImageCodebook": gathered only while it tokenizes images, never in text-only steps). Default none.
   virtual std::vector<std::string> extra_unit_classes() const { return {}; }
+  // The classes of the modules at the model's two ends that are FSDP units of their own under the default wrap,
+  // never checkpointed: the input embedding, which runs before every layer, and the output head, which runs after
+  // them all (Llama: "LlamaEmbedding", "LlamaLMHead"; torchtitan shards them apart from the root too). Out of the
+  // root, neither is held gathered from the start of forward to the end of backward: the embedding is gathered
+  // for its forward and again for its backward (the last), the head for the loss and its backward (the first).
+  // Empty names: they stay in the root (as a weight tied between the two must).
+  struct EdgeUnits {
+    std::string input, output;
+  };
+  virtual EdgeUnits edge_unit_classes() const { return {}; }
+  // extra_unit_classes() and the edge units' classes that are set: every unit of the default wrap but the layers.
+  std::vector<std::string> own_unit_classes() const;
   // transformers' AutoModel of this model's config (the base model, without a task head) as its tensors, for
   // Accelerate's sizes (estimate-memory). Built from the family's own modules on the meta device.
   virtual HfModelLayout hf_base_model() const = 0;

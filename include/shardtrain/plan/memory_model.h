@@ -80,6 +80,9 @@ struct ModelShape {
   // The recipe's extra units (ModelRecipe::extra_unit_classes: FLAVA's frozen codebook), all together: gathered
   // only while they compute, at the start of forward, without gradients.
   int64_t extra_numel = 0, extra_trainable = 0;
+  // The edge units (ModelRecipe::edge_unit_classes: Llama's embedding and head): the input one gathered for its
+  // forward (the first) and its backward (the last), the output one for the loss and its backward (the first).
+  int64_t input_numel = 0, input_trainable = 0, output_numel = 0, output_trainable = 0;
   int64_t largest_trainable_tensor = 0;
   int64_t parameters() const;
 };
