@@ -436,7 +436,8 @@ MemoryEstimate estimate_training_memory(const models::ModelRecipe& recipe, const
     e.terms.push_back({"gathered parameters", others,
                        reshard ? "the root unit, and the last layer prefetched" : "every unit but the head's"});
     e.terms.push_back({"head reduce-scatter", head_reduction - others - kept + act.loss_kept,
-                       "the head's flat input and output shard, Gloo's receive buffers"});
+                       "the head's gradients and flat input, or its reduction (flat input, output shard, Gloo's "
+                       "receive buffers)"});
     e.terms.push_back({"activations", kept - act.loss_kept, describe_activations(act, ac) + ", less the loss's"});
   } else if (where == "layers") {
     e.terms.push_back({"gathered parameters", walk_gathered,
