@@ -321,10 +321,10 @@ Work Communicator::reduce_scatter(const at::Tensor& out, const at::Tensor& in, R
   auto reduce = [incoming, sends, flat_in, flat_out, op, w, n, own]() {
     const bool exact = flat_out.scalar_type() == at::kFloat || flat_out.scalar_type() == at::kDouble;
     at::Tensor acc = exact ? flat_out : at::empty({n}, flat_out.options().dtype(at::kFloat));
+    // Half types in slices: adding one into the float32 accumulator converts it to a float32 temporary first.
+    const int64_t slice = exact ? n : kHalfSlice;
     for (int64_t src = 0; src < w; ++src) {
       at::Tensor chunk = src == own ? flat_in.narrow(0, own * n, n) : incoming->next();
-      // Half types in slices: adding one into the float32 accumulator converts it to a float32 temporary first.
-      const int64_t slice = exact ? std::max<int64_t>(n, 1) : kHalfSlice;
       for (int64_t start = 0; start < n; start += slice) {
         at::Tensor a = acc.narrow(0, start, std::min(slice, n - start)), c = chunk.narrow(0, start, a.numel());
         if (src == 0) {

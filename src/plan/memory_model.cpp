@@ -292,11 +292,11 @@ MemoryEstimate estimate_training_memory(const models::ModelRecipe& recipe, const
   const int64_t backward_start = kept + held_g + std::max(prefetched, regather) + act.backward_transient;
   // An output edge unit reduces its gradients first (the head's, which the loss keeps from forward): resharded, its
   // gradients copied into the reduction's input, then the reduction while the activations below wait.
+  const int64_t head_others = reshard ? root_g + prefetched : all_g - out_g;  // gathered meanwhile
   int64_t head_reduction = 0;
   if (reduces && units.output_trainable > 0) {
-    const int64_t others = reshard ? root_g + prefetched : all_g - out_g;
-    head_reduction = std::max(others + kept + units.output_trainable * rd,
-                              others + kept - act.loss_kept + reduce_scatter(units.output_trainable));
+    head_reduction = std::max(head_others + kept + units.output_trainable * rd,
+                              head_others + kept - act.loss_kept + reduce_scatter(units.output_trainable));
   }
   // Layer i (1 = the last) computing its backward: the layers below it still keep their activations, those above
   // have handed in their gradients.
@@ -432,10 +432,9 @@ MemoryEstimate estimate_training_memory(const models::ModelRecipe& recipe, const
     e.terms.push_back({"activations", kept, describe_activations(act, ac)});
     e.terms.push_back({"loss gradients", act.backward_transient, "log-softmax's result's gradient and the logits'"});
   } else if (where == "head") {
-    const int64_t others = reshard ? root_g + prefetched : all_g - out_g;
-    e.terms.push_back({"gathered parameters", others,
+    e.terms.push_back({"gathered parameters", head_others,
                        reshard ? "the root unit, and the last layer prefetched" : "every unit but the head's"});
-    e.terms.push_back({"head reduce-scatter", head_reduction - others - kept + act.loss_kept,
+    e.terms.push_back({"head reduce-scatter", head_reduction - head_others - kept + act.loss_kept,
                        "the head's gradients and flat input, or its reduction (flat input, output shard, Gloo's "
                        "receive buffers)"});
     e.terms.push_back({"activations", kept - act.loss_kept, describe_activations(act, ac) + ", less the loss's"});
