@@ -7,6 +7,7 @@
 //
 //   family_bench --model DIR --batch FILE.safetensors [--mode plain|full_shard|shard_grad_op] [--checkpoint]
 //                [--overlap-reduce-scatter on|off]   (FsdpOptions::overlap_reduce_scatter; unset: the default)
+//                [--forward-prefetch N]   (FsdpOptions::forward_prefetch; unset: the default)
 //                [--steps N] [--warmup K] [--profile FILE]
 //
 // --profile FILE: one more step after the timed ones under LibTorch's profiler (Kineto, CPU), its trace written
@@ -52,6 +53,7 @@ struct Args {
   int64_t steps = 10, warmup = 2;
   bool checkpoint = false;
   std::optional<bool> overlap_reduce_scatter;
+  std::optional<int> forward_prefetch;
 };
 
 bool parse_on_off(const std::string& key, const std::string& v) {
@@ -75,6 +77,7 @@ Args parse(int argc, char** argv) {
     else if (k == "--checkpoint") a.checkpoint = true;
     else if (k == "--profile") a.profile = value();
     else if (k == "--overlap-reduce-scatter") a.overlap_reduce_scatter = parse_on_off(k, value());
+    else if (k == "--forward-prefetch") a.forward_prefetch = std::stoi(value());
     else throw std::invalid_argument("unknown option " + k);
   }
   if (a.model.empty() || a.batch.empty()) throw std::invalid_argument("--model DIR and --batch FILE are required");
@@ -143,6 +146,7 @@ int run(const Args& a) {
                                               : fsdp::ShardingStrategy::SHARD_GRAD_OP;
     options.activation_checkpoint_every = a.checkpoint ? 1 : 0;
     options.fsdp.overlap_reduce_scatter = a.overlap_reduce_scatter;
+    if (a.forward_prefetch) options.fsdp.forward_prefetch = *a.forward_prefetch;
     models::parallelize(model, mesh, options);
   } else if (a.mode == "plain") {
     if (w != 1) throw std::invalid_argument("--mode plain runs on one process");

@@ -7,10 +7,17 @@ the thread it ran on) and call count on both sides, largest difference first.
 
 --shapes keys the operators by their input shapes as well (both traces record them), to tell apart, say, the
 matrix products of attention from those of the MLP.
+
+Then the annotated regions of each side, total (inclusive) time and count by name, the module named in it left
+out: FSDP2's "FSDP::..." regions (all_gather, all_gather_copy_out, post_backward_reduce, ...) and ours (src/fsdp:
+FSDP::all_gather, FSDP::all_gather_copy_out, FSDP::agree_on_gradients, FSDP::reduce_scatter,
+FSDP::wait_reduce_scatter, FSDP::post_backward, FSDP::install_gradients), and Gloo's own ("gloo:send", ...). A
+region's time includes waiting: the time one rank spent on another.
 """
 import argparse
 import collections
 import json
+import re
 
 
 def self_times(path, with_shapes):
@@ -47,6 +54,20 @@ def self_times(path, with_shapes):
     return totals
 
 
+def annotated(path):
+    """{region name: [inclusive microseconds, count]} over the user annotations of a Chrome trace."""
+    with open(path) as f:
+        trace = json.load(f)
+    events = trace["traceEvents"] if isinstance(trace, dict) else trace
+    totals = collections.defaultdict(lambda: [0.0, 0])
+    for e in events:
+        if e.get("ph") == "X" and e.get("cat") == "user_annotation":
+            key = re.sub(r" (\(.*\)|for .*)$", "", e["name"])
+            totals[key][0] += float(e["dur"])
+            totals[key][1] += 1
+    return totals
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("ours")
@@ -63,6 +84,13 @@ def main():
     for k in keys[:args.top]:
         o, t = ours.get(k, [0.0, 0]), theirs.get(k, [0.0, 0])
         print(f"{o[0] / 1000:9.1f} {o[1]:6d} {t[0] / 1000:9.1f} {t[1]:6d} {(o[0] - t[0]) / 1000:8.1f}  {k[:150]}")
+    ours, theirs = annotated(args.ours), annotated(args.theirs)
+    if ours or theirs:
+        print("\nannotated regions, total time (waits included):")
+        print(f"{'ours ms':>9} {'count':>6} {'theirs ms':>9} {'count':>6}  region")
+        for k in sorted(set(ours) | set(theirs)):
+            o, t = ours.get(k, [0.0, 0]), theirs.get(k, [0.0, 0])
+            print(f"{o[0] / 1000:9.1f} {o[1]:6d} {t[0] / 1000:9.1f} {t[1]:6d}  {k}")
 
 
 if __name__ == "__main__":

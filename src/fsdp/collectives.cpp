@@ -1,6 +1,7 @@
 #include "fsdp/collectives.h"
 
 #include <ATen/ATen.h>
+#include <ATen/record_function.h>
 
 namespace shardtrain::fsdp {
 
@@ -27,6 +28,7 @@ void foreach_all_gather_copy_out(AllGatherResult& result, std::vector<FsdpParam>
 ReduceScatterResult foreach_reduce_scatter(std::vector<at::Tensor>& full_grads, const std::vector<FsdpParam>& params,
                                            at::ScalarType dtype, const at::Device& device, dist::ReduceOp op,
                                            const dist::Communicator& group, const at::Tensor& agreed) {
+  RECORD_USER_SCOPE("FSDP::reduce_scatter");  // copy-in and the collective's start
   ReduceScatterResult r;
   const float* any_rank = agreed.defined() ? agreed.data_ptr<float>() : nullptr;
   int64_t shard_numel = 0;
@@ -36,11 +38,17 @@ ReduceScatterResult foreach_reduce_scatter(std::vector<at::Tensor>& full_grads, 
     if (takes_part) shard_numel += params[i].shard_numel();
   }
   const bool group_of_one = group.size() == 1;
-  at::Tensor input = at::zeros({(group_of_one ? 1 : group.size()) * shard_numel},
+  // Every slot is written below (a gradient, its padding or zeros), so the buffer starts uninitialised: zeroing
+  // it first was a second pass over a unit's full gradients.
+  at::Tensor input = at::empty({(group_of_one ? 1 : group.size()) * shard_numel},
                                at::TensorOptions().dtype(dtype).device(device));
   std::vector<float> local_flags(params.size(), 0.0f);
   for (size_t i = 0; i < params.size(); ++i) {
-    if (!full_grads[i].defined() || r.offsets[i] < 0) continue;
+    if (r.offsets[i] < 0) continue;
+    if (!full_grads[i].defined()) {
+      params[i].zero_grad_slots(input, shard_numel, r.offsets[i]);
+      continue;
+    }
     params[i].copy_grad_out(full_grads[i], input, shard_numel, r.offsets[i]);
     full_grads[i] = at::Tensor();
     local_flags[i] = 1.0f;

@@ -88,16 +88,25 @@ void FsdpParam::use_shard_as_full() { param_.set_data(scalar_ ? as_scalar(shard_
 
 void FsdpParam::copy_grad_out(const at::Tensor& full_grad, const at::Tensor& rs_input, int64_t unit_shard_numel,
                               int64_t offset_in_unit) const {
+  if (shard_numel() == 0) return;
   c10::AutoGradMode no_grad(false);
-  at::Tensor dst = slots_in(rs_input, unit_shard_numel, offset_in_unit);
+  // (W, chunk_rows, row_numel): rank k's slot takes rows [k * chunk_rows, (k + 1) * chunk_rows) of the gradient,
+  // written in place, the padding rows past rows_ zeroed there (no padded copy of the whole gradient).
+  at::Tensor dst = slots_in(rs_input, unit_shard_numel, offset_in_unit).view({world_, chunk_rows_, row_numel_});
   at::Tensor grad = full_grad.reshape({rows_, row_numel_});
-  if (rows_ == chunk_rows_ * world_) {
-    dst.copy_(grad.view({world_, shard_numel()}));
-    return;
-  }
-  at::Tensor padded = at::zeros({chunk_rows_ * world_, row_numel_}, grad.options());
-  padded.narrow(0, 0, rows_).copy_(grad);
-  dst.copy_(padded.view({world_, shard_numel()}));
+  const int64_t whole = rows_ / chunk_rows_;  // ranks whose slot holds real rows only
+  const int64_t rest = rows_ - whole * chunk_rows_;
+  if (whole > 0) dst.narrow(0, 0, whole).copy_(grad.narrow(0, 0, whole * chunk_rows_).view({whole, chunk_rows_,
+                                                                                               row_numel_}));
+  if (whole == world_) return;
+  at::Tensor partial = dst.select(0, whole);
+  partial.narrow(0, 0, rest).copy_(grad.narrow(0, whole * chunk_rows_, rest));
+  partial.narrow(0, rest, chunk_rows_ - rest).zero_();
+  dst.narrow(0, whole + 1, world_ - whole - 1).zero_();
+}
+
+void FsdpParam::zero_grad_slots(const at::Tensor& rs_input, int64_t unit_shard_numel, int64_t offset_in_unit) const {
+  if (shard_numel() > 0) slots_in(rs_input, unit_shard_numel, offset_in_unit).zero_();
 }
 
 at::Tensor FsdpParam::as_shard(const at::Tensor& flat) const { return flat.view(shard_shape_); }

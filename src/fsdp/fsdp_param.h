@@ -55,6 +55,8 @@ class FsdpParam {
   // zero), at offset_in_unit inside each rank's block of unit_shard_numel elements.
   void copy_grad_out(const at::Tensor& full_grad, const at::Tensor& rs_input, int64_t unit_shard_numel,
                      int64_t offset_in_unit) const;
+  // Zeroes this parameter's slots in the reduce-scatter input: a parameter without a gradient on this rank.
+  void zero_grad_slots(const at::Tensor& rs_input, int64_t unit_shard_numel, int64_t offset_in_unit) const;
   // The shard-shaped view of a flat shard-sized tensor.
   at::Tensor as_shard(const at::Tensor& flat) const;
   // This parameter's full value (a new tensor of full_shape) out of a unit all-gather result (rank-major).

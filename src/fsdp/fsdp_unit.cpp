@@ -1,5 +1,6 @@
 #include "fsdp/fsdp_unit.h"
 
+#include <ATen/record_function.h>
 #include <torch/csrc/autograd/engine.h>
 #include <torch/csrc/autograd/function_hook.h>
 #include <torch/csrc/autograd/variable.h>
@@ -76,8 +77,15 @@ void RootState::note_unsharded(int64_t units_delta, int64_t bytes_delta) {
   stats.peak_unsharded_bytes = std::max(stats.peak_unsharded_bytes, unsharded_bytes);
 }
 
+void RootState::drop_unused_prefetches() {
+  for (const auto& weak : units) {
+    if (auto u = weak.lock(); u && u->state == ShardState::SHARDED) u->discard_gather();
+  }
+}
+
 void RootState::queue_backward_callback() {
   if (backward_callback_queued) return;
+  drop_unused_prefetches();  // the first unit of this backward: no backward prefetch issued yet
   std::weak_ptr<RootState> weak = weak_from_this();
   torch::autograd::Engine::get_default_engine().queue_callback([weak] {
     if (auto schedule = weak.lock()) schedule->finish_backward();
@@ -169,6 +177,7 @@ void FsdpUnit::Impl::set_training(TrainingState next) {
 
 void FsdpUnit::Impl::start_gather(bool prefetch) {
   if (params.empty() || pending_gather || state == ShardState::UNSHARDED || shards_are_full()) return;
+  RECORD_USER_SCOPE("FSDP::all_gather");
   pending_gather = foreach_all_gather(sharded_flat, shard_version(), compute_dtype(), compute_device, group);
   ++schedule->stats.all_gathers;
   if (prefetch) ++schedule->stats.prefetches;
@@ -199,6 +208,7 @@ void FsdpUnit::Impl::unshard() {
       discard_gather();
     }
     start_gather(/*prefetch=*/false);
+    RECORD_USER_SCOPE("FSDP::all_gather_copy_out");  // waits for the gather first
     foreach_all_gather_copy_out(*pending_gather, params, offsets, unit_shard_numel);
     pending_gather.reset();  // still counted as unsharded until reshard()
     rebind_grad_accumulators();
@@ -244,7 +254,6 @@ std::vector<at::Tensor> FsdpUnit::Impl::gather_full_values() const {
 }
 
 void FsdpUnit::Impl::prefetch(bool backward) {
-  if (schedule->recording) return;  // the order is known after the first forward
   // Backward runs the units in the reverse of the order their forwards ended in.
   const auto& order = backward ? schedule->post_forward_order : schedule->forward_order;
   const int ahead = backward ? 1 : options.forward_prefetch;
@@ -278,6 +287,7 @@ void FsdpUnit::Impl::on_parameter_gradient(size_t index) {
 }
 
 void FsdpUnit::Impl::reduce_scatter_gradients() {
+  RECORD_USER_SCOPE("FSDP::post_backward");
   if (params.empty()) {  // a unit that only groups others (a root without parameters of its own)
     reshard();
     return after_reduce_scatter(TrainingState::IDLE);
@@ -347,6 +357,7 @@ at::Tensor FsdpUnit::Impl::agree_on_gradients(const std::vector<at::Tensor>& ful
   const bool gloo = group.backend() == dist::CommBackend::GLOO &&
                     (!has_replicas() || options.replicate_group->backend() == dist::CommBackend::GLOO);
   if (!gloo) return {};
+  RECORD_USER_SCOPE("FSDP::agree_on_gradients");
   std::vector<float> local(params.size(), 0.0f);
   for (size_t i = 0; i < params.size(); ++i) local[i] = full[i].defined() ? 1.0f : 0.0f;
   at::Tensor flags = at::tensor(local);
@@ -375,6 +386,7 @@ bool FsdpUnit::Impl::reduction_in_flight() const {
 
 void FsdpUnit::Impl::wait_reduce_scatter() {
   if (!reduction_in_flight()) return;
+  RECORD_USER_SCOPE("FSDP::wait_reduce_scatter");
   reduction->work->wait();  // releases the reduce-scatter's full-size input
   reduction->work.reset();
   --schedule->reductions_in_flight;
@@ -396,6 +408,7 @@ void FsdpUnit::Impl::wait_reduce_scatter() {
 
 void FsdpUnit::Impl::install_gradients() {
   if (training != TrainingState::POST_BACKWARD) return;
+  RECORD_USER_SCOPE("FSDP::install_gradients");
   c10::AutoGradMode no_grad(false);
   if (!local_grads.empty()) {  // a group of one (reduce_scatter_gradients)
     for (size_t i = 0; i < params.size(); ++i) {
@@ -452,11 +465,16 @@ nn::TensorVec FsdpInterceptor::around(torch::nn::Module& /*module*/, nn::TensorV
     throw std::logic_error("fully_shard(" + u.module_name + "): forward called while the unit is in " +
                            training_state_name(u.training) + "; finish the backward pass first");
   }
-  if (schedule.recording) RootState::record(schedule.forward_order, unit_);
   // Backward prefetches in the reverse of this forward's own post-forward order (FSDP2 keeps one per iteration
   // too): models that run different units per step (FLAVA's text-only and image-only steps) would otherwise
   // gather, in backward, a layer that did not run.
-  if (schedule.root == &u) schedule.post_forward_order.clear();
+  if (schedule.root == &u) {
+    schedule.post_forward_order.clear();
+    schedule.forward_order = std::move(schedule.running_forward_order);
+    schedule.running_forward_order.clear();
+    schedule.drop_unused_prefetches();  // after a forward without backward (evaluation)
+  }
+  RootState::record(schedule.running_forward_order, unit_);
   u.unshard();
   u.set_training(TrainingState::FORWARD);
   if (u.options.forward_prefetch > 0) u.prefetch(/*backward=*/false);
@@ -468,7 +486,6 @@ nn::TensorVec FsdpInterceptor::around(torch::nn::Module& /*module*/, nn::TensorV
   // A unit whose forward ran without grad mode (FLAVA's frozen codebook) has no backward: gathering it there
   // would only hold it until the end of backward.
   if (at::GradMode::is_enabled()) RootState::record(schedule.post_forward_order, unit_);
-  if (schedule.recording && schedule.root == &u) schedule.recording = false;
   // Without grad mode no backward follows to reshard the unit, so it reshards now whatever the strategy (the
   // optimizer must never see full parameters). The root stays gathered for the backward that starts right after
   // its forward, as in FSDP2: resharding it would only gather it again at once, holding the gathered buffer and

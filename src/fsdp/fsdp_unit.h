@@ -35,10 +35,13 @@ const char* training_state_name(TrainingState s);
 // them into its own schedule. Holds units weakly: modules own their units.
 struct RootState : std::enable_shared_from_this<RootState> {
   std::vector<std::weak_ptr<FsdpUnit::Impl>> units;         // registration order, the root last
-  std::vector<std::weak_ptr<FsdpUnit::Impl>> forward_order;  // pre-forward order of the first forward
+  // Pre-forward order of the previous forward (forward prefetch follows it: none in the first) and of the one
+  // running. A model whose path changes (FLAVA's batch kinds, Toy's active_blocks) is followed from the next
+  // forward on; a unit it gathered ahead and did not run is dropped as backward starts (drop_unused_prefetches).
+  std::vector<std::weak_ptr<FsdpUnit::Impl>> forward_order;
+  std::vector<std::weak_ptr<FsdpUnit::Impl>> running_forward_order;
   std::vector<std::weak_ptr<FsdpUnit::Impl>> post_forward_order;  // of the latest forward, units with a backward
   const FsdpUnit::Impl* root = nullptr;
-  bool recording = true;  // until the root's first forward ends
   bool backward_callback_queued = false;
   // The unit whose reduce-scatter is in flight: waited for when the next one is issued, so one runs during the
   // backward of the next unit and at most one unit's full-size reduction input is alive.
@@ -55,6 +58,9 @@ struct RootState : std::enable_shared_from_this<RootState> {
   int64_t pending_gathers() const;
   void note_unsharded(int64_t units_delta, int64_t bytes_delta);
   void queue_backward_callback();
+  // Waits for and drops the all-gathers still pending (prefetched in forward for a unit that did not run): at
+  // the start of backward and at the root's next forward, so that they are not held through a backward.
+  void drop_unused_prefetches();
   void finish_backward();  // the end-of-backward callback
 };
 

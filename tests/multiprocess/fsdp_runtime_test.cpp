@@ -209,6 +209,50 @@ TEST(FsdpRuntime, PrefetchBoundsUnshardedUnits) {
   EXPECT_EQ(measure_peaks(0, true, BackwardPrefetch::BACKWARD_POST).backward, 2);
 }
 
+TEST(FsdpRuntime, ForwardPrefetchFollowsThePreviousForwardsPath) {
+  if (test_process_group().world_size() == 1) GTEST_SKIP() << "a group of one holds full parameters: nothing to gather";
+  // Forward prefetch gathers the unit that ran next in the previous forward. When the path changes (Toy's active
+  // blocks; FLAVA's batch kinds), one forward gathers a unit that does not run, which is dropped as backward
+  // starts rather than held through it, and the next forward follows the new path. Before, the first forward's
+  // order was kept for good and the unused gather held until the end of backward. Trains as one process.
+  FsdpOptions options;
+  options.forward_prefetch = 1;
+  options.backward_prefetch = BackwardPrefetch::NONE;
+  Toy model = sharded_toy(options);
+  torch::manual_seed(42);
+  Toy ref;
+  torch::optim::SGD ref_sgd(ref->parameters(), torch::optim::SGDOptions(0.1));
+  torch::optim::SGD sgd(model->parameters(), torch::optim::SGDOptions(0.1));
+  struct Step {
+    int blocks;
+    int64_t forward_prefetches;  // root -> block 0 -> block 1 (-> block 2) in the previous forward's order
+  };
+  const std::vector<Step> steps = {{3, 0},   // no previous forward
+                                   {2, 3},   // the 3-block order: block 2 gathered, not run
+                                   {2, 2},   // the 2-block order
+                                   {3, 2},   // the 2-block order: block 2 gathered when it runs
+                                   {3, 3}};  // the 3-block order
+  const auto batches = make_batches();
+  for (size_t s = 0; s < steps.size(); ++s) {
+    SCOPED_TRACE("step " + std::to_string(s) + ", " + std::to_string(steps[s].blocks) + " blocks");
+    const auto& [x, y] = batches[s % batches.size()];
+    ref->active_blocks = model->active_blocks = steps[s].blocks;
+    ref_sgd.zero_grad();
+    torch::mse_loss(ref(x), y).backward();
+    ref_sgd.step();
+    sgd.zero_grad();
+    reset_fsdp_stats(model.ptr());
+    at::Tensor loss = torch::mse_loss(model(local_rows(x)), local_rows(y));
+    EXPECT_EQ(fsdp_stats(model.ptr()).prefetches, steps[s].forward_prefetches);
+    reset_fsdp_stats(model.ptr());
+    loss.backward();
+    // The root (gathered from forward to the end of backward) and the block running its backward.
+    EXPECT_EQ(fsdp_stats(model.ptr()).peak_unsharded_units, 2);
+    sgd.step();
+  }
+  expect_params_equal(gather_full_parameters(model.ptr()), *ref, "forward prefetch along a changing path");
+}
+
 TEST(FsdpRuntime, MixedPrecisionReshardsEachUnitDuringBackward) {
   // Gathering in another dtype swaps each parameter's data for one of that dtype, which drops autograd's cached
   // AccumulateGrad node: a node made afresh at the next use would lack the hook that tells a unit its gradients
@@ -461,8 +505,11 @@ TEST(FsdpRuntime, BackwardFreesFullParametersBeforeReducing) {
             << std::endl;
 }
 
-TEST(FsdpRuntime, StalePrefetchIsGatheredAgain) {
+TEST(FsdpRuntime, UnusedPrefetchIsDroppedBeforeTheNextForward) {
   if (test_process_group().world_size() == 1) GTEST_SKIP() << "a group of one holds full parameters: nothing to gather";
+  // A forward without backward (evaluation) that gathers ahead a unit it does not run: the gather is dropped when
+  // the root's next forward starts, so shards changed meanwhile are gathered afresh, never read from it. (Before,
+  // it stayed pending into the next forward and was caught there as stale.)
   FsdpOptions options;
   options.forward_prefetch = 1;
   Toy model = sharded_toy(options);
@@ -475,7 +522,10 @@ TEST(FsdpRuntime, StalePrefetchIsGatheredAgain) {
   model->active_blocks = 3;
   reset_fsdp_stats(model.ptr());
   at::Tensor out = model(x);
-  EXPECT_EQ(fsdp_stats(model.ptr()).stale_prefetches, 1);
+  const FsdpStats stats = fsdp_stats(model.ptr());
+  EXPECT_EQ(stats.stale_prefetches, 0);
+  EXPECT_EQ(stats.prefetches, 2);   // root -> block 0 -> block 1, the previous forward's path
+  EXPECT_EQ(stats.all_gathers, 4);  // those, the root's and block 2's own
   // The output is that of the current parameters.
   Toy plain;
   auto full = gather_full_parameters(model.ptr());

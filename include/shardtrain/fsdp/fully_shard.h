@@ -64,10 +64,13 @@ struct FsdpOptions {
   // Gradients are summed over every rank (shard x replicate group) and divided by this. Unset: the number of
   // ranks, i.e. the mean, which matches one process on the whole batch when every rank has an equal share.
   std::optional<double> gradient_divide_factor;
-  // Prefetching follows the order units ran in during the first forward (recorded by the root unit, the one
-  // fully_shard'ed last around the others). forward_prefetch = how many units ahead to gather while this one
-  // computes; limit_all_gathers bounds the gathered-ahead units to one, so at most the running units and one
-  // more hold full parameters (FSDP's rate limiter).
+  // forward_prefetch = how many units ahead to gather while this one computes, in the order units ran in during
+  // the previous forward (recorded per forward by the root unit, the one fully_shard'ed last around the others;
+  // none in the first). When the path changes, a unit gathered ahead that does not run is dropped as backward
+  // starts. Backward gathers the next unit in the reverse of this forward's order. limit_all_gathers bounds the
+  // gathered-ahead units to one, so at most the running units and one more hold full parameters (FSDP's rate
+  // limiter). On CPU with two cores per two ranks forward prefetch bought nothing measurable (Llama W=2
+  // SHARD_GRAD_OP, docs/notes/benchmarks.md): the gather's copies compete with compute for the same cores.
   int forward_prefetch = 0;
   BackwardPrefetch backward_prefetch = BackwardPrefetch::BACKWARD_PRE;
   bool limit_all_gathers = true;
