@@ -69,7 +69,7 @@ struct FsdpOptions {
   // none in the first). When the path changes, a unit gathered ahead that does not run is dropped as backward
   // starts. Backward gathers the next unit in the reverse of this forward's order. limit_all_gathers bounds the
   // gathered-ahead units to one, so at most the running units and one more hold full parameters (FSDP's rate
-  // limiter). On CPU with two cores per two ranks forward prefetch bought nothing measurable (Llama W=2
+  // limiter). With two ranks on two CPU cores forward prefetch bought nothing measurable (Llama W=2
   // SHARD_GRAD_OP, docs/notes/benchmarks.md): the gather's copies compete with compute for the same cores.
   int forward_prefetch = 0;
   BackwardPrefetch backward_prefetch = BackwardPrefetch::BACKWARD_PRE;
