@@ -52,10 +52,11 @@ int64_t mlp_kept(const TransformerLayerOptions& o, int64_t rows, const Activatio
   const int64_t e = element_size(q), m = rows * o.mlp_dim * e;
   const int64_t drop = dropout_kept(o.mlp_dropout, rows * o.mlp_dim, q);
   switch (o.activation) {
-    case Activation::kSwiGlu: return 4 * m;  // gate (silu's input), silu's output, up, their product (down's input)
+    // The activation and the output projection are one node keeping the activation's inputs (fused_mlp.h).
+    case Activation::kSwiGlu: return 2 * m;  // gate and up (silu(gate) * up recomputed in backward)
     case Activation::kRelu: return m + (drop > 0 ? m + drop : 0);  // relu keeps its output; fc2 its (dropped) input
     case Activation::kGelu:
-    case Activation::kGeluTanh: return 2 * m + drop;  // fc1's output (gelu's input), fc2's input
+    case Activation::kGeluTanh: return drop > 0 ? 2 * m + drop : m;  // fc1's output; with dropout also fc2's input
   }
   return 0;
 }

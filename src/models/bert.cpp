@@ -74,14 +74,16 @@ BertOutputs BertImpl::run(const at::Tensor& input_ids, const at::Tensor& attenti
 std::vector<at::Tensor> BertImpl::forward_impl(const at::Tensor& input_ids, const at::Tensor& attention_mask,
                                                const at::Tensor& token_type_ids, const at::Tensor& labels,
                                                bool labelled_only) {
-  at::Tensor x = embeddings->forward(input_ids, token_type_ids);
+  // The MLM decoder is the word table: the lookup's rows are added into the decoder's dense gradient (tie_table()).
+  const TiedTable word = mlm_transform ? tie_table(embeddings->word->weight) : TiedTable{};
+  at::Tensor x = embeddings->forward(input_ids, token_type_ids, word.lookups);
   const at::Tensor bias = attention_mask.defined() ? padding_bias(attention_mask, x.scalar_type()) : at::Tensor();
   x = run_layers(layers, x, bias);
   at::Tensor pooled, logits, loss;
   if (pooler) pooled = at::tanh(pooler->forward(x.select(1, 0)));
   if (mlm_transform) {
     auto head = [&](const at::Tensor& h) {
-      return at::linear(mlm_norm->forward(at::gelu(mlm_transform->forward(h))), embeddings->word->weight, mlm_bias);
+      return tied_projection(mlm_norm->forward(at::gelu(mlm_transform->forward(h))), word.head, mlm_bias);
     };
     if (labelled_only && labels.defined()) {
       const LabelledRows labelled = labelled_rows(x, labels);

@@ -165,7 +165,6 @@ class BertRecipe : public FamilyRecipe<BertConfig, Bert> {
     a.loss_transient = K * c.vocab_size * (element_size(q) + (element_size(q) == 4 ? 0 : 4));
     a.loss_kept = loss.kept;
     a.backward_transient = loss.backward_transient;
-    a.reused_weight_numel = c.vocab_size * c.dim;  // the decoder is the word embedding
     return a;
   }
 

@@ -6,6 +6,8 @@
 #include <limits>
 #include <stdexcept>
 
+#include "fused_mlp.h"
+
 namespace shardtrain::models {
 
 namespace {
@@ -122,6 +124,16 @@ MlpImpl::MlpImpl(int64_t dim, int64_t hidden_dim, Activation act, bool bias, dou
 }
 
 at::Tensor MlpImpl::forward(const at::Tensor& x) {
+  // Without dropout between them, the activation and the output projection are one node that keeps only the
+  // activation's inputs (fused_mlp.h): a (rows, hidden) tensor less per layer with GELU, two with SwiGLU.
+  if (!(dropout > 0 && is_training())) {
+    switch (activation) {
+      case Activation::kSwiGlu: return swiglu_linear(gate->forward(x), up->forward(x), down->weight, down->bias);
+      case Activation::kGelu: return gelu_linear(fc1->forward(x), fc2->weight, fc2->bias, /*tanh=*/false);
+      case Activation::kGeluTanh: return gelu_linear(fc1->forward(x), fc2->weight, fc2->bias, /*tanh=*/true);
+      case Activation::kRelu: break;  // relu's output is what fc2 keeps: nothing to save
+    }
+  }
   at::Tensor hidden;
   switch (activation) {
     case Activation::kSwiGlu: return down->forward(at::silu(gate->forward(x)) * up->forward(x));

@@ -14,13 +14,14 @@ TextEmbeddingsImpl::TextEmbeddingsImpl(const TextEmbeddingOptions& o, const torc
   norm = register_module("norm", LayerNorm(o.dim, o.norm_eps, t));
 }
 
-at::Tensor TextEmbeddingsImpl::forward(const at::Tensor& input_ids, const at::Tensor& token_type_ids) {
+at::Tensor TextEmbeddingsImpl::forward(const at::Tensor& input_ids, const at::Tensor& token_type_ids,
+                                       const at::Tensor& tied_word) {
   const int64_t length = input_ids.size(1);
   if (length > options.max_positions) {
     throw std::invalid_argument("text of " + std::to_string(length) + " tokens exceeds the " +
                                 std::to_string(options.max_positions) + " positions of the model");
   }
-  at::Tensor x = word->forward(input_ids);
+  at::Tensor x = tied_word.defined() ? sparse_lookup(tied_word, input_ids) : word->forward(input_ids);
   x = x + position->forward(at::arange(length, input_ids.options().dtype(at::kLong))).unsqueeze(0);
   if (token_type) {
     x = x + token_type->forward(token_type_ids.defined() ? token_type_ids : at::zeros_like(input_ids));

@@ -124,16 +124,18 @@ std::vector<at::Tensor> T5Impl::forward_impl(const at::Tensor& input_ids, const 
     shifted.narrow(1, 1, labels.size(1) - 1).copy_(labels.narrow(1, 0, labels.size(1) - 1));
     targets_in = shifted.masked_fill(shifted == kIgnoreIndex, config.pad_token_id);
   }
-  at::Tensor encoded = encoder->forward(shared->forward(input_ids), attention_mask, {}, {});
-  at::Tensor decoded = decoder->forward(shared->forward(targets_in), {}, encoded, attention_mask);
+  // The head is the shared table: the two lookups' rows are added into its dense gradient (tie_table()).
+  const TiedTable table = tie_table(shared->weight);
+  at::Tensor encoded = encoder->forward(sparse_lookup(table.lookups, input_ids), attention_mask, {}, {});
+  at::Tensor decoded = decoder->forward(sparse_lookup(table.lookups, targets_in), {}, encoded, attention_mask);
   // Tied head: the shared embedding, the decoder output rescaled by dim^-1/2 (Mesh TensorFlow's convention).
   const double scale = std::pow(static_cast<double>(config.dim), -0.5);
   if (labelled_only && labels.defined()) {  // no logits: the loss in chunks (linear_cross_entropy)
     const LabelledRows labelled = labelled_rows(decoded, labels);
-    const at::Tensor loss = linear_cross_entropy(labelled.hidden * scale, shared->weight, {}, labelled.labels);
+    const at::Tensor loss = linear_cross_entropy(labelled.hidden * scale, table.head, {}, labelled.labels);
     return {at::Tensor(), loss, encoded};
   }
-  at::Tensor logits = at::linear(decoded * scale, shared->weight);
+  at::Tensor logits = tied_projection(decoded * scale, table.head);
   return {logits, labels.defined() ? masked_cross_entropy(logits, labels) : at::Tensor(), encoded};
 }
 

@@ -138,8 +138,8 @@ class T5Recipe : public FamilyRecipe<T5Config, T5> {
   // embedding's dropout noise, its layers (t5_layer_options: the decoder's attend to the encoder's output), its final
   // norm's input and what it keeps, and the noise of the dropout after it; the encoder's output once (every
   // cross-attention's k/v read it), the loss over the decoder's tokens through linear_cross_entropy (every row
-  // counted: span corruption labels all but padding). The shared embedding gets three gradients (two embeddings,
-  // the head's computed in forward).
+  // counted: span corruption labels all but padding). The shared embedding's lookups add their rows into the head's
+  // gradient, computed in forward (tie_table()): no table-sized gradient beyond the one.
   ActivationBytes activation_bytes(const ActivationQuery& q) const override {
     const T5Config& c = config();
     const SpanLengths rows = span_corruption_lengths(q.seq_len > 0 ? q.seq_len : 512);
@@ -159,7 +159,6 @@ class T5Recipe : public FamilyRecipe<T5Config, T5> {
     a.outside_layers = stack_outside(enc_rows, enc_unit) + enc_unit + stack_outside(dec_rows, dec_unit) + loss.kept;
     a.loss_kept = loss.kept;
     a.loss_transient = loss.forward_transient;
-    a.reused_weight_numel = c.vocab_size * c.dim;
     return a;
   }
 

@@ -239,9 +239,6 @@ MemoryEstimate estimate_training_memory(const models::ModelRecipe& recipe, const
   } else if (reduces && overlap) {
     comm = reduce_scatter(largest_layer_trainable);
   }
-  // A tied tensor (word embeddings shared with the LM head) gets two gradients, summed into a third at the end
-  // (in the compute dtype when gathered, else in the parameters' own).
-  const int64_t tied_sum = 2 * act.reused_weight_numel * (gathers ? ce : pe);
 
   // Activations: kept from forward to backward, the loss's logits on top at the end of forward, its gradients on
   // top at the start of backward; then each layer's activations are freed as its gradients arrive.
@@ -332,12 +329,13 @@ MemoryEstimate estimate_training_memory(const models::ModelRecipe& recipe, const
                 root_grads_at_i);
     }
   }
-  // The end: the root's gradients complete (a tied weight's summed), with an input edge unit's, which reduces
-  // first; then, sharded, the root's reduce-scatter once its full parameters are dropped.
-  // (Every layer has been resharded after its backward by then: only the root and the input unit are gathered.)
-  // (With overlap the last layer's reduction is still in flight while the root computes.)
+  // The end: the root's gradients complete (a tied table's lookups add their rows into its head's gradient in
+  // place: tie_table()), with an input edge unit's, which reduces first; then, sharded, the root's reduce-scatter
+  // once its full parameters are dropped. (Every layer has been resharded after its backward by then: only the root
+  // and the input unit are gathered.) (With overlap the last layer's reduction is still in flight while the root
+  // computes; DDP's buckets are all there as the last ones all-reduce.)
   const int64_t end_gradients =
-      root_g + in_g + new_grads + root_full_grads + in_full_grads + tied_sum + (reduces ? comm : 0);
+      root_g + in_g + new_grads + root_full_grads + in_full_grads + comm;
   const int64_t end_input_reduction = reduces ? new_grads + root_full_grads + reduce_scatter(units.input_trainable) : 0;
   const int64_t end_root_reduction = reduces ? new_grads + reduce_scatter(root_trainable) : 0;
   // An input edge unit resharded after its forward is gathered again for its backward (held twice for a moment).
@@ -468,8 +466,11 @@ MemoryEstimate estimate_training_memory(const models::ModelRecipe& recipe, const
                                                                       : "the root unit"});
     e.terms.push_back({"gradients", new_grads + root_full_grads + in_full_grads,
                        "4 B per trainable parameter" + per + (reduces ? ", the root's still full" : "")});
-    e.terms.push_back({"tied gradients summed", tied_sum, "the tied embedding's two gradients and their sum"});
-    if (reduces && comm > 0) e.terms.push_back({"reduction in flight", comm, "the last layer's"});
+    if (comm > 0) {
+      e.terms.push_back({job.strategy == Strategy::kDdp ? "buckets" : "reduction in flight", comm,
+                         job.strategy == Strategy::kDdp ? "DDP's gradient buckets, the last ones all-reducing"
+                                                        : "the last layer's"});
+    }
   }
   return e;
 }

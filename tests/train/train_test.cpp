@@ -405,7 +405,7 @@ TEST_F(TrainTest, MixedPrecisionEveryWay) {
 // train.batch_size: auto takes the largest batch the memory model fits into train.memory_budget, says so, and
 // trains with it; --dry-run prints the plan and trains nothing.
 TEST_F(TrainTest, AutoBatchAndDryRun) {
-  const std::string overrides = "--train.batch_size=auto --train.memory_budget=5MiB --train.grad_accum=1 ";
+  const std::string overrides = "--train.batch_size=auto --train.memory_budget=4.5MiB --train.grad_accum=1 ";
   const Outcome plan = run(std::string(SHARDTRAIN_BIN) + " train " + root_ + "/config.yaml --dry-run " + overrides +
                            "--launch.num_processes=2");
   ASSERT_EQ(plan.status, 0) << plan.output;

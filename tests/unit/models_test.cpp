@@ -16,7 +16,9 @@
 #include "shardtrain/io/files.h"
 #include "shardtrain/memory/memory_stats.h"
 #include "shardtrain/models/bert.h"
+#include "shardtrain/models/blocks.h"
 #include "shardtrain/models/flava.h"
+#include "shardtrain/models/layers.h"
 #include "shardtrain/models/llama.h"
 #include "shardtrain/models/losses.h"
 #include "shardtrain/io/safetensors.h"
@@ -24,6 +26,7 @@
 #include "shardtrain/models/t5.h"
 #include "shardtrain/models/vit.h"
 #include "shardtrain/models/zoo.h"
+#include "nn/autocast_guard.h"
 #include "support/expect_error.h"
 
 namespace shardtrain::models {
@@ -251,6 +254,123 @@ TEST(Models, LinearCrossEntropyMatchesTheLogitsPath) {
     EXPECT_LT(memory::cpu_memory_stats().peak_bytes - base, big.nbytes());
     EXPECT_FALSE(loss.requires_grad());
     EXPECT_NEAR(loss.item<double>(), masked_cross_entropy(at::linear(h, big), labels).item<double>(), 1e-5);
+  }
+}
+
+// A table tied to an output projection (BERT's decoder, T5's head): read through tie_table(), the lookups'
+// gradient is their rows, added in place into the projection's dense gradient, so the two never both exist as dense
+// tables — and .grad is the same dense tensor as with plain lookups, also when the projection is not used.
+TEST(Models, TiedTableAddsTheLookupsRowsIntoTheHeadsGradient) {
+  const int64_t vocab = 100000, dim = 16;  // the table: 6.4 MB at float32
+  const at::Tensor table = at::randn({vocab, dim}) * 0.1, ids = at::randint(0, vocab, {4, 8}, at::kLong);
+  const at::Tensor labels = at::randint(0, vocab, {2}, at::kLong), bias = at::randn({vocab});
+  memory::install_cpu_memory_counter();
+  for (const at::ScalarType dtype : {at::kFloat, at::kBFloat16}) {
+    const double tol = dtype == at::kFloat ? 1e-6 : 1e-2;
+    // head 0: none; 1: a projection with a bias (BERT's decoder); 2: linear_cross_entropy (T5's labelled head).
+    for (int head = 0; head < 3; ++head) {
+      at::Tensor grads[2], bias_grads[2];
+      int64_t peaks[2] = {0, 0};
+      for (int tied = 0; tied < 2; ++tied) {
+        const at::Tensor weight = table.to(dtype, /*non_blocking=*/false, /*copy=*/true).requires_grad_();
+        const at::Tensor b = bias.to(dtype, /*non_blocking=*/false, /*copy=*/true).requires_grad_();
+        const TiedTable w = tied ? tie_table(weight) : TiedTable{weight, weight};
+        auto lookup = [&] { return tied ? sparse_lookup(w.lookups, ids) : at::embedding(weight, ids); };
+        // Two lookups (T5's encoder and decoder); the head reads two positions, its logits (2, vocab) small beside
+        // the table's gradient.
+        const at::Tensor x = lookup();  // (4, 8, dim)
+        at::Tensor loss = x.to(at::kFloat).pow(2).mean() + lookup().to(at::kFloat).mean();
+        const at::Tensor h = x.select(1, 0).narrow(0, 0, 2);
+        if (head == 1) {
+          loss = loss + masked_cross_entropy(tied ? tied_projection(h, w.head, b) : at::linear(h, weight, b), labels);
+        } else if (head == 2) {
+          loss = loss + linear_cross_entropy(h, w.head, {}, labels);
+        }
+        memory::reset_cpu_peak();
+        const int64_t base = memory::cpu_memory_stats().current_bytes;
+        loss.backward();
+        peaks[tied] = memory::cpu_memory_stats().peak_bytes - base;
+        const std::string what = "head " + std::to_string(head) + ", " + c10::toString(dtype);
+        ASSERT_FALSE(weight.grad().is_sparse()) << what;
+        grads[tied] = weight.grad().to(at::kFloat);
+        if (head == 1) bias_grads[tied] = b.grad().to(at::kFloat);
+      }
+      const std::string what = "head " + std::to_string(head) + ", " + c10::toString(dtype);
+      EXPECT_LE((grads[1] - grads[0]).abs().max().item<double>(), tol * grads[0].abs().max().item<double>()) << what;
+      if (head == 1) {
+        EXPECT_LE((bias_grads[1] - bias_grads[0]).abs().max().item<double>(),
+                  tol * bias_grads[0].abs().max().item<double>()) << what;
+      }
+      if (head == 0) continue;
+      // Plain: the head's gradient and the lookups', each table-sized, summed; tied: one table and the rows.
+      const int64_t table_bytes = vocab * dim * static_cast<int64_t>(c10::elementSize(dtype));
+      EXPECT_GE(peaks[0] - peaks[1], table_bytes * 9 / 10) << what;
+      EXPECT_LT(peaks[1], table_bytes * 3 / 2) << what;
+    }
+  }
+}
+
+// The MLP's activation and output projection are one node keeping only the activation's inputs (fused_mlp.h): the
+// same outputs and gradients as the layers one by one, and a (rows, hidden) tensor less kept with GELU, two with
+// SwiGLU (allocator accounting: the bytes alive after forward).
+TEST(Models, FusedMlpMatchesTheLayersAndKeepsLess) {
+  const int64_t dim = 32, hidden = 256, rows = 4 * 64;
+  const int64_t m = rows * hidden * 4;  // one (rows, hidden) float32 tensor
+  memory::install_cpu_memory_counter();
+  for (const Activation act : {Activation::kGelu, Activation::kGeluTanh, Activation::kSwiGlu}) {
+    const bool swiglu = act == Activation::kSwiGlu;
+    const std::string what = swiglu ? "swiglu" : act == Activation::kGelu ? "gelu" : "gelu tanh";
+    Mlp mlp(dim, hidden, act, /*bias=*/true, /*dropout=*/0.0, at::TensorOptions());
+    for (auto& p : mlp->parameters()) {
+      at::NoGradGuard no_grad;
+      p.normal_(0, 0.1);
+    }
+    const at::Tensor input = at::randn({4, 64, dim});
+    auto unfused = [&](const at::Tensor& x) {
+      if (swiglu) return mlp->down->forward(at::silu(mlp->gate->forward(x)) * mlp->up->forward(x));
+      return mlp->fc2->forward(at::gelu(mlp->fc1->forward(x), act == Activation::kGeluTanh ? "tanh" : "none"));
+    };
+    at::Tensor outs[2];
+    int64_t kept[2];
+    std::vector<at::Tensor> grads[2];
+    for (int fused = 0; fused < 2; ++fused) {
+      const at::Tensor x = input.clone().requires_grad_();
+      const int64_t base = memory::cpu_memory_stats().current_bytes;
+      outs[fused] = fused ? mlp->forward(x) : unfused(x);
+      kept[fused] = memory::cpu_memory_stats().current_bytes - base;
+      (outs[fused] * outs[fused]).sum().backward();
+      grads[fused].push_back(x.grad().clone());
+      for (auto& p : mlp->parameters()) {
+        grads[fused].push_back(p.grad().clone());
+        p.mutable_grad() = at::Tensor();
+      }
+    }
+    EXPECT_TRUE(at::allclose(outs[1], outs[0], 1e-5, 1e-6)) << what;
+    for (size_t i = 0; i < grads[0].size(); ++i) {
+      EXPECT_TRUE(at::allclose(grads[1][i], grads[0][i], 1e-4, 1e-5)) << what << ", gradient " << i;
+    }
+    EXPECT_LE(kept[1], kept[0] - (swiglu ? 2 : 1) * m) << what;
+    // Under autocast (DDP's mixed precision): products in bfloat16 forward and backward, float32 gradients.
+    for (int fused = 0; fused < 2; ++fused) {
+      const at::Tensor x = input.clone().requires_grad_();
+      {
+        nn::AutocastGuard autocast(c10::DeviceType::CPU, true, at::kBFloat16);
+        outs[fused] = fused ? mlp->forward(x) : unfused(x);
+      }
+      outs[fused].to(at::kFloat).pow(2).sum().backward();
+      grads[fused] = {x.grad().clone()};
+      for (auto& p : mlp->parameters()) {
+        EXPECT_EQ(p.grad().scalar_type(), at::kFloat) << what;
+        grads[fused].push_back(p.grad().clone());
+        p.mutable_grad() = at::Tensor();
+      }
+    }
+    EXPECT_TRUE(at::allclose(outs[1].to(at::kFloat), outs[0].to(at::kFloat), 2e-2, 1e-2)) << what << ", autocast";
+    for (size_t i = 0; i < grads[0].size(); ++i) {
+      const double scale = grads[0][i].abs().max().item<double>();
+      EXPECT_LE((grads[1][i] - grads[0][i]).abs().max().item<double>(), 3e-2 * scale)
+          << what << ", autocast, gradient " << i;
+    }
   }
 }
 

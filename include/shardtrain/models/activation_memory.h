@@ -34,9 +34,6 @@ struct ActivationBytes {
   int64_t start_transient = 0;
   int64_t loss_transient = 0;    // alive on top at the end of forward (logits and their copies)
   int64_t backward_transient = 0;  // alive on top at the start of backward (the loss's gradients)
-  // A weight the forward uses twice (word embeddings tied to the LM head): autograd sums its two gradients into a
-  // third at the end of backward. Its elements; 0: none.
-  int64_t reused_weight_numel = 0;
 
   // What the last layer keeps less than the others when it is not checkpointed.
   int64_t last_layer_saving() const { return layers > 0 && last_layer >= 0 ? per_layer - last_layer : 0; }

@@ -22,8 +22,10 @@ struct TextEmbeddingOptions {
 class TextEmbeddingsImpl : public torch::nn::Module {
  public:
   TextEmbeddingsImpl(const TextEmbeddingOptions& options, const torch::TensorOptions& tensor_options);
-  // input_ids (B, T) int64; token_type_ids (B, T) or undefined (all zero). Returns (B, T, C).
-  at::Tensor forward(const at::Tensor& input_ids, const at::Tensor& token_type_ids);
+  // input_ids (B, T) int64; token_type_ids (B, T) or undefined (all zero). Returns (B, T, C). tied_word: the word
+  // table's TiedTable::lookups when an output projection shares it (rows then looked up with sparse_lookup()).
+  at::Tensor forward(const at::Tensor& input_ids, const at::Tensor& token_type_ids,
+                     const at::Tensor& tied_word = at::Tensor());
 
   TextEmbeddingOptions options;
   Embedding word{nullptr}, position{nullptr}, token_type{nullptr};

@@ -49,6 +49,21 @@ class EmbeddingImpl : public torch::nn::Module {
 };
 TORCH_MODULE(Embedding);
 
+// A table shared by lookups and an output projection (BERT's decoder, T5's head), for one forward: read `lookups`
+// with sparse_lookup() and `head` with tied_projection() or linear_cross_entropy(). The lookups' gradient is the
+// looked-up rows, added in place into the projection's dense gradient, so the two never both exist as dense tables
+// (62.5 MB for BERT's 30522 x 512 at float32); rows alone (the projection unused in this backward) become a dense
+// table, so the weight's .grad is always dense. `head` must go to those two only: its gradient is written into.
+// Without grad mode both are the weight itself.
+struct TiedTable {
+  at::Tensor lookups, head;
+};
+TiedTable tie_table(const at::Tensor& weight);
+// table[ids] with a sparse gradient, table a TiedTable's lookups. ids (...) int64 -> (..., dim).
+at::Tensor sparse_lookup(const at::Tensor& table, const at::Tensor& ids);
+// x (..., dim) -> x table^T + bias (..., num), as at::linear; bias (num) or undefined.
+at::Tensor tied_projection(const at::Tensor& x, const at::Tensor& table, const at::Tensor& bias = at::Tensor());
+
 // 2-d convolution, square kernel: weight (out, in, k, k), bias (out).
 class Conv2dImpl : public torch::nn::Module {
  public:

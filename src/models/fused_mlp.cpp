@@ -1,0 +1,97 @@
+#include "fused_mlp.h"
+
+#include <ATen/ATen.h>
+#include <torch/csrc/autograd/custom_function.h>
+
+#include <optional>
+
+namespace shardtrain::models {
+
+namespace {
+
+using torch::autograd::AutogradContext;
+using torch::autograd::variable_list;
+
+at::Tensor rows(const at::Tensor& t) { return t.reshape({-1, t.size(-1)}); }
+
+// Backward computes in the dtype forward's product ran in, the activation's input's: under autocast the weight was
+// cast for it (and the engine casts the weight's gradient back to the weight's dtype).
+at::Tensor in_dtype_of(const at::Tensor& t, const at::Tensor& like) { return t.to(like.scalar_type()); }
+
+// The output projection's gradients from its recomputed input x (N, hidden) and the incoming grad (N, out): the
+// weight's (out, hidden) and the bias's (out) as wanted (input `first` of the node is the weight).
+void projection_grads(AutogradContext* ctx, size_t first, const at::Tensor& grad, const at::Tensor& x,
+                      at::Tensor& grad_weight, at::Tensor& grad_bias) {
+  if (ctx->needs_input_grad(first)) grad_weight = grad.t().mm(x);
+  if (ctx->saved_data["bias"].toBool() && ctx->needs_input_grad(first + 1)) grad_bias = grad.sum(0);
+}
+
+struct GeluLinear : public torch::autograd::Function<GeluLinear> {
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& h, const at::Tensor& weight,
+                            const std::optional<at::Tensor>& bias, bool tanh) {
+    ctx->save_for_backward({h, weight});
+    ctx->saved_data["bias"] = bias.has_value();  // an absent optional is no input of the node
+    ctx->saved_data["tanh"] = tanh;
+    return at::linear(at::gelu(h, tanh ? "tanh" : "none"), weight, bias.value_or(at::Tensor()));
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    const variable_list saved = ctx->get_saved_variables();
+    const at::Tensor &h = saved[0], weight = in_dtype_of(saved[1], h);
+    const char* approximate = ctx->saved_data["tanh"].toBool() ? "tanh" : "none";
+    const at::Tensor grad = in_dtype_of(rows(grads[0]), h);  // (N, out)
+    at::Tensor grad_h, grad_weight, grad_bias;
+    {  // the recomputed activation lives only for the weight's gradient
+      const at::Tensor activated = at::gelu(rows(h), approximate);
+      projection_grads(ctx, 1, grad, activated, grad_weight, grad_bias);
+    }
+    if (ctx->needs_input_grad(0)) {  // GELU's backward in place: one (N, hidden) tensor alive here, not two
+      grad_h = grad.mm(weight);
+      at::gelu_backward_out(grad_h, grad_h, rows(h), approximate);
+      grad_h = grad_h.view(h.sizes());
+    }
+    return {grad_h, grad_weight, grad_bias, at::Tensor()};
+  }
+};
+
+struct SwigluLinear : public torch::autograd::Function<SwigluLinear> {
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& gate, const at::Tensor& up,
+                            const at::Tensor& weight, const std::optional<at::Tensor>& bias) {
+    ctx->save_for_backward({gate, up, weight});
+    ctx->saved_data["bias"] = bias.has_value();
+    return at::linear(at::silu(gate) * up, weight, bias.value_or(at::Tensor()));
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    const variable_list saved = ctx->get_saved_variables();
+    const at::Tensor gate = rows(saved[0]), up = rows(saved[1]), weight = in_dtype_of(saved[2], gate);
+    const at::Tensor grad = in_dtype_of(rows(grads[0]), gate);  // (N, out)
+    at::Tensor grad_gate, grad_up, grad_weight, grad_bias;
+    at::Tensor silu = at::silu(gate);
+    projection_grads(ctx, 2, grad, silu * up, grad_weight, grad_bias);
+    if (ctx->needs_input_grad(0) || ctx->needs_input_grad(1)) {
+      at::Tensor grad_product = grad.mm(weight);  // (N, hidden)
+      if (ctx->needs_input_grad(1)) grad_up = (grad_product * silu).view(saved[1].sizes());
+      silu = at::Tensor();
+      if (ctx->needs_input_grad(0)) {  // in place: silu's backward of grad_product * up
+        grad_product.mul_(up);
+        at::silu_backward_out(grad_product, grad_product, gate);
+        grad_gate = grad_product.view(saved[0].sizes());
+      }
+    }
+    return {grad_gate, grad_up, grad_weight, grad_bias};
+  }
+};
+
+std::optional<at::Tensor> optional(const at::Tensor& t) { return t.defined() ? std::optional<at::Tensor>(t) : std::nullopt; }
+
+}  // namespace
+
+at::Tensor gelu_linear(const at::Tensor& h, const at::Tensor& weight, const at::Tensor& bias, bool tanh) {
+  return GeluLinear::apply(h, weight, optional(bias), tanh);
+}
+
+at::Tensor swiglu_linear(const at::Tensor& gate, const at::Tensor& up, const at::Tensor& weight,
+                         const at::Tensor& bias) {
+  return SwigluLinear::apply(gate, up, weight, optional(bias));
+}
+
+}  // namespace shardtrain::models

@@ -1,0 +1,73 @@
+#include <ATen/ATen.h>
+#include <torch/csrc/autograd/custom_function.h>
+
+#include <optional>
+
+#include "shardtrain/models/layers.h"
+
+namespace shardtrain::models {
+
+namespace {
+
+using torch::autograd::AutogradContext;
+using torch::autograd::variable_list;
+
+// Two aliases of the table in forward, one for the lookups and one for the projection, so that their gradients
+// arrive apart: autograd adds two gradients of one tensor in place only into a dense one whose storage it holds
+// alone, and adds a sparse one so only when the sparse one came first (it counts a sparse tensor as a subclass) —
+// and the projection's comes first, being last in forward. The rows (sparse) are added here into the projection's gradient instead, in place: it is a
+// tensor no other node holds (tied_projection's and linear_cross_entropy's are made for it). Rows alone become a
+// dense table here.
+struct TiedTableFunction : public torch::autograd::Function<TiedTableFunction> {
+  static variable_list forward(AutogradContext*, const at::Tensor& weight) {
+    return {weight.alias(), weight.alias()};
+  }
+  static variable_list backward(AutogradContext*, variable_list grads) {
+    at::Tensor rows = std::move(grads[0]), head = std::move(grads[1]);
+    if (!head.defined()) return {rows.defined() && rows.is_sparse() ? rows.to_dense() : rows};
+    if (rows.defined()) head.add_(rows);
+    return {head};
+  }
+};
+
+// at::linear, with the table's gradient made by one mm into a tensor of its own. (at::linear's is a transposed
+// view of its mm's result, and autograd adds into a gradient in place only when it holds the gradient's storage
+// alone — a view shares it with its base — so the rows went into a third table.)
+struct TiedProjection : public torch::autograd::Function<TiedProjection> {
+  // x (..., C), table (V, C), bias (V) or none. Returns (..., V).
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& table,
+                            const std::optional<at::Tensor>& bias) {
+    ctx->save_for_backward({x, table});
+    ctx->saved_data["bias"] = bias.has_value();  // an absent optional is no input of the node
+    return at::linear(x, table, bias.value_or(at::Tensor()));
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    const variable_list saved = ctx->get_saved_variables();
+    // In the dtype forward's product ran in, x's (under autocast the table was cast for it).
+    const at::Tensor &x = saved[0], table = saved[1].to(x.scalar_type());
+    const at::Tensor grad = grads[0].reshape({-1, table.size(0)}).to(x.scalar_type());  // (N, V)
+    at::Tensor grad_x, grad_table, grad_bias;
+    if (ctx->needs_input_grad(0)) grad_x = grad.mm(table).view(x.sizes());
+    if (ctx->needs_input_grad(1)) grad_table = grad.t().mm(x.reshape({-1, x.size(-1)}));  // (V, C), its own
+    if (ctx->saved_data["bias"].toBool() && ctx->needs_input_grad(2)) grad_bias = grad.sum(0);
+    return {grad_x, grad_table, grad_bias};
+  }
+};
+
+}  // namespace
+
+TiedTable tie_table(const at::Tensor& weight) {
+  if (!at::GradMode::is_enabled() || !weight.requires_grad()) return {weight, weight};
+  variable_list both = TiedTableFunction::apply(weight);
+  return {std::move(both[0]), std::move(both[1])};
+}
+
+at::Tensor sparse_lookup(const at::Tensor& table, const at::Tensor& ids) {
+  return at::embedding(table, ids, /*padding_idx=*/-1, /*scale_grad_by_freq=*/false, /*sparse=*/true);
+}
+
+at::Tensor tied_projection(const at::Tensor& x, const at::Tensor& table, const at::Tensor& bias) {
+  return TiedProjection::apply(x, table, bias.defined() ? std::optional<at::Tensor>(bias) : std::nullopt);
+}
+
+}  // namespace shardtrain::models
