@@ -81,7 +81,9 @@ struct SwigluLinear : public torch::autograd::Function<SwigluLinear> {
   }
 };
 
-std::optional<at::Tensor> optional(const at::Tensor& t) { return t.defined() ? std::optional<at::Tensor>(t) : std::nullopt; }
+std::optional<at::Tensor> optional(const at::Tensor& t) {
+  return t.defined() ? std::optional<at::Tensor>(t) : std::nullopt;
+}
 
 }  // namespace
 

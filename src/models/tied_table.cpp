@@ -15,9 +15,9 @@ using torch::autograd::variable_list;
 // Two aliases of the table in forward, one for the lookups and one for the projection, so that their gradients
 // arrive apart: autograd adds two gradients of one tensor in place only into a dense one whose storage it holds
 // alone, and adds a sparse one so only when the sparse one came first (it counts a sparse tensor as a subclass) —
-// and the projection's comes first, being last in forward. The rows (sparse) are added here into the projection's gradient instead, in place: it is a
-// tensor no other node holds (tied_projection's and linear_cross_entropy's are made for it). Rows alone become a
-// dense table here.
+// and the projection's comes first, being last in forward. The rows (sparse) are added here into the projection's
+// gradient instead, in place: it is a tensor no other node holds (tied_projection's and linear_cross_entropy's are
+// made for it). Rows alone become a dense table here.
 struct TiedTableFunction : public torch::autograd::Function<TiedTableFunction> {
   static variable_list forward(AutogradContext*, const at::Tensor& weight) {
     return {weight.alias(), weight.alias()};
