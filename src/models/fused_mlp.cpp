@@ -5,6 +5,8 @@
 
 #include <optional>
 
+#include "custom_nodes.h"
+
 namespace shardtrain::models {
 
 namespace {
@@ -18,19 +20,11 @@ at::Tensor rows(const at::Tensor& t) { return t.reshape({-1, t.size(-1)}); }
 // cast for it (and the engine casts the weight's gradient back to the weight's dtype).
 at::Tensor in_dtype_of(const at::Tensor& t, const at::Tensor& like) { return t.to(like.scalar_type()); }
 
-// The output projection's gradients from its recomputed input x (N, hidden) and the incoming grad (N, out): the
-// weight's (out, hidden) and the bias's (out) as wanted (input `first` of the node is the weight).
-void projection_grads(AutogradContext* ctx, size_t first, const at::Tensor& grad, const at::Tensor& x,
-                      at::Tensor& grad_weight, at::Tensor& grad_bias) {
-  if (ctx->needs_input_grad(first)) grad_weight = grad.t().mm(x);
-  if (ctx->saved_data["bias"].toBool() && ctx->needs_input_grad(first + 1)) grad_bias = grad.sum(0);
-}
-
 struct GeluLinear : public torch::autograd::Function<GeluLinear> {
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& h, const at::Tensor& weight,
                             const std::optional<at::Tensor>& bias, bool tanh) {
     ctx->save_for_backward({h, weight});
-    ctx->saved_data["bias"] = bias.has_value();  // an absent optional is no input of the node
+    ctx->saved_data["bias"] = bias.has_value();
     ctx->saved_data["tanh"] = tanh;
     return at::linear(at::gelu(h, tanh ? "tanh" : "none"), weight, bias.value_or(at::Tensor()));
   }
@@ -81,19 +75,15 @@ struct SwigluLinear : public torch::autograd::Function<SwigluLinear> {
   }
 };
 
-std::optional<at::Tensor> optional(const at::Tensor& t) {
-  return t.defined() ? std::optional<at::Tensor>(t) : std::nullopt;
-}
-
 }  // namespace
 
 at::Tensor gelu_linear(const at::Tensor& h, const at::Tensor& weight, const at::Tensor& bias, bool tanh) {
-  return GeluLinear::apply(h, weight, optional(bias), tanh);
+  return GeluLinear::apply(h, weight, optional_input(bias), tanh);
 }
 
 at::Tensor swiglu_linear(const at::Tensor& gate, const at::Tensor& up, const at::Tensor& weight,
                          const at::Tensor& bias) {
-  return SwigluLinear::apply(gate, up, weight, optional(bias));
+  return SwigluLinear::apply(gate, up, weight, optional_input(bias));
 }
 
 }  // namespace shardtrain::models

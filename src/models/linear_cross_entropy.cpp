@@ -8,6 +8,8 @@
 #include <stdexcept>
 #include <string>
 
+#include "custom_nodes.h"
+
 namespace shardtrain::models {
 
 namespace {
@@ -16,8 +18,8 @@ namespace {
 // terms and their gradient (softmax minus the one-hot target, over the count) at once, and are dropped. Backward
 // scales what forward computed by the incoming gradient.
 struct LinearCrossEntropy : public torch::autograd::Function<LinearCrossEntropy> {
-  // hidden (K, C), weight (V, C), bias (V) or none, labels (K) int64 in [0, V) or kIgnoreIndex. Returns (). (An
-  // absent bias is an empty optional: apply() reads every at::Tensor argument's device, undefined or not.)
+  // hidden (K, C), weight (V, C), bias (V) or none (optional_input), labels (K) int64 in [0, V) or kIgnoreIndex.
+  // Returns ().
   // grads: gradients wanted at all (grad mode was on at the call; inside forward it is always off).
   static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& hidden, const at::Tensor& weight,
                             const std::optional<at::Tensor>& maybe_bias, const at::Tensor& labels, bool grads) {
@@ -102,8 +104,7 @@ at::Tensor linear_cross_entropy(const at::Tensor& hidden, const at::Tensor& weig
                                 c10::str(hidden.sizes()) + ", " + c10::str(weight.sizes()) + " and " +
                                 c10::str(labels.sizes()));
   }
-  return LinearCrossEntropy::apply(hidden, weight, bias.defined() ? std::optional<at::Tensor>(bias) : std::nullopt,
-                                   labels, at::GradMode::is_enabled());
+  return LinearCrossEntropy::apply(hidden, weight, optional_input(bias), labels, at::GradMode::is_enabled());
 }
 
 }  // namespace shardtrain::models

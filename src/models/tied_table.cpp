@@ -3,6 +3,7 @@
 
 #include <optional>
 
+#include "custom_nodes.h"
 #include "shardtrain/models/layers.h"
 
 namespace shardtrain::models {
@@ -30,15 +31,15 @@ struct TiedTableFunction : public torch::autograd::Function<TiedTableFunction> {
   }
 };
 
-// at::linear, with the table's gradient made by one mm into a tensor of its own. (at::linear's is a transposed
-// view of its mm's result, and autograd adds into a gradient in place only when it holds the gradient's storage
-// alone — a view shares it with its base — so the rows went into a third table.)
+// at::linear, with the table's gradient made by one mm into a tensor of its own (projection_grads). (at::linear's is
+// a transposed view of its mm's result, and autograd adds into a gradient in place only when it holds the gradient's
+// storage alone — a view shares it with its base — so the rows went into a third table.)
 struct TiedProjection : public torch::autograd::Function<TiedProjection> {
   // x (..., C), table (V, C), bias (V) or none. Returns (..., V).
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& table,
                             const std::optional<at::Tensor>& bias) {
     ctx->save_for_backward({x, table});
-    ctx->saved_data["bias"] = bias.has_value();  // an absent optional is no input of the node
+    ctx->saved_data["bias"] = bias.has_value();
     return at::linear(x, table, bias.value_or(at::Tensor()));
   }
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
@@ -48,8 +49,7 @@ struct TiedProjection : public torch::autograd::Function<TiedProjection> {
     const at::Tensor grad = grads[0].reshape({-1, table.size(0)}).to(x.scalar_type());  // (N, V)
     at::Tensor grad_x, grad_table, grad_bias;
     if (ctx->needs_input_grad(0)) grad_x = grad.mm(table).view(x.sizes());
-    if (ctx->needs_input_grad(1)) grad_table = grad.t().mm(x.reshape({-1, x.size(-1)}));  // (V, C), its own
-    if (ctx->saved_data["bias"].toBool() && ctx->needs_input_grad(2)) grad_bias = grad.sum(0);
+    projection_grads(ctx, 1, grad, x.reshape({-1, x.size(-1)}), grad_table, grad_bias);  // (V, C), (V)
     return {grad_x, grad_table, grad_bias};
   }
 };
@@ -67,7 +67,7 @@ at::Tensor sparse_lookup(const at::Tensor& table, const at::Tensor& ids) {
 }
 
 at::Tensor tied_projection(const at::Tensor& x, const at::Tensor& table, const at::Tensor& bias) {
-  return TiedProjection::apply(x, table, bias.defined() ? std::optional<at::Tensor>(bias) : std::nullopt);
+  return TiedProjection::apply(x, table, optional_input(bias));
 }
 
 }  // namespace shardtrain::models
