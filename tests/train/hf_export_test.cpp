@@ -1,6 +1,7 @@
 // `shardtrain checkpoint export --hf` into transformers and back, for every family: a debug flavor (BERT's with
-// model.overrides: a custom size, and BERT as a sequence classifier) trains two steps, its checkpoint is exported
-// as a Hugging Face model directory (sharded with an index for two families), and
+// model.overrides: a custom size, and BERT as a sequence classifier; and the first BERT export trained again from
+// its directory, model.from, with and without overrides) trains two steps, its checkpoint is exported as a Hugging
+// Face model directory (sharded with an index for two families), and
 // tests/reference/hf_export_check.py loads it with transformers' from_pretrained (no weight missing), records a
 // batch and transformers' outputs. shardtrain's model built from the same directory (model.from's path: its
 // config.json, its weights) must hold exactly the checkpoint's parameters and give transformers' outputs to 1e-5 of
@@ -15,6 +16,7 @@
 #include <array>
 #include <filesystem>
 #include <string>
+#include <vector>
 
 #include "shardtrain/data/tokenizer.h"
 #include "shardtrain/io/files.h"
@@ -82,16 +84,28 @@ TEST(HfExport, EveryFamilyLoadsIntoTransformersWithTheSameOutputs) {
   const Outcome synth = test::write_flava_suite(root);
   ASSERT_EQ(synth.status, 0) << synth.output;
   const data::WordPieceTokenizer tokenizer(data::load_vocab(root + "/data/vocab.txt"), /*lowercase=*/true);
-  // (name, family, what the run adds): BERT twice, with a custom size, and as a sequence classifier (the synthetic
-  // texts' .cls labels: the first object's shape) exported as BertForSequenceClassification.
+  // (name, family, what the run adds): BERT with a custom size, as a sequence classifier (the synthetic texts'
+  // .cls labels: the first object's shape) exported as BertForSequenceClassification, and the custom size's
+  // export as model.from: without overrides its config.json is kept whole (a key shardtrain does not read is added
+  // to it below and must come back), with them (another head count: the same weights, other outputs) the recipe's
+  // replaces it.
+  const std::string from = " --model.from=" + root + "/bert-hf";
   const std::vector<std::array<std::string, 3>> cases = {
       {"bert", "bert", " '--model.overrides={layers: 3, dim: 48, heads: 6}'"},
       {"bert-classify", "bert",
        " --model.task=classify '--data.labels=[circle, square, triangle, diamond, cross]' --data.eval=[" + root +
            "/data/text]"},
+      {"bert-from", "bert", from},
+      {"bert-from-overrides", "bert", from + " '--model.overrides={heads: 4}'"},
       {"vit", "vit", ""}, {"t5", "t5", ""}, {"llama", "llama", ""}, {"flava", "flava", ""}};
+  const std::string kept = "\"key_only_the_source_has\": \"kept\"";
   for (const auto& [name, family, extra] : cases) {
     SCOPED_TRACE(name);
+    if (name == "bert-from") {  // the source directory gets a key of its own
+      std::string source = test::read_text(root + "/bert-hf/config.json");
+      source.insert(source.find('{') + 1, kept + ",");
+      io::write_file_atomic(root + "/bert-hf/config.json", std::vector<char>(source.begin(), source.end()));
+    }
     const std::string flavor = family + "-debug", ck = root + "/" + name + "-ck", out = root + "/" + name + "-hf";
     const Outcome trained = run(std::string(SHARDTRAIN_BIN) + " train " + root + "/config.yaml --model.flavor=" +
                                 flavor + extra + " --train.steps=2 --train.eval_interval=0 --launch.num_processes=1 "
@@ -114,11 +128,20 @@ TEST(HfExport, EveryFamilyLoadsIntoTransformersWithTheSameOutputs) {
       EXPECT_NE(checked.output.find("BertForSequenceClassification from"), std::string::npos) << checked.output;
       EXPECT_NE(test::read_text(out + "/config.json").find("\"4\": \"cross\""), std::string::npos);  // id2label
     }
+    if (name.rfind("bert-from", 0) == 0) {
+      const std::string config = test::read_text(out + "/config.json");
+      const bool overridden = name == "bert-from-overrides";
+      EXPECT_EQ(config.find("\"key_only_the_source_has\"") != std::string::npos, !overridden) << config;
+      EXPECT_NE(config.find(overridden ? "\"num_attention_heads\": 4" : "\"num_attention_heads\": 6"),
+                std::string::npos) << config;
+    }
 
     // The directory as model.from reads it: its config.json gives the model, its files the weights.
     models::ZooModel ours = models::build_model(models::recipe_of_model(out));
     EXPECT_EQ(ours.family, family);
-    if (name == "bert") EXPECT_EQ(ours.module->named_parameters()["layers.2.mlp.fc1.weight"].size(1), 48);
+    if (name.rfind("bert", 0) == 0 && name != "bert-classify") {
+      EXPECT_EQ(ours.module->named_parameters()["layers.2.mlp.fc1.weight"].size(1), 48);
+    }
     models::load_weights(*ours.module, out, ours.names);
     ours.module->eval();
     const auto saved = test::saved_state(ck + "/step-00000002", io::path_exists(ck + "/step-00000002/model"));
