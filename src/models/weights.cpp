@@ -22,13 +22,14 @@ std::string shape_text(c10::IntArrayRef shape) {
   return s + "]";
 }
 
-// The file's name for each (Hugging Face name, shape) the model wants, in order ("" for a head the file lacks:
-// report.initialized), after checking that every other one is there with that shape and that the file holds
-// nothing else (but ignored names, and heads: report.unused). Throws std::runtime_error naming the file and the
-// tensor.
+// The file's name for each (Hugging Face name, shape) the model wants, in order ("" for a head the file lacks, or
+// with options.partial any tensor: report.initialized), after checking that every other one is there with that
+// shape and that the file holds nothing else (but ignored names, and heads or with options.partial anything:
+// report.unused). Throws std::runtime_error naming the file and the tensor.
 std::vector<std::string> plan_load(const io::SafetensorsFiles& file,
                                    const std::vector<std::pair<std::string, std::vector<int64_t>>>& wanted,
-                                   const NameMap& names, const char* caller, LoadReport& report) {
+                                   const NameMap& names, const LoadOptions& options, const char* caller,
+                                   LoadReport& report) {
   auto fail = [&](const std::string& what) {
     return std::runtime_error(std::string(caller) + " '" + file.path() + "': " + what);
   };
@@ -47,7 +48,7 @@ std::vector<std::string> plan_load(const io::SafetensorsFiles& file,
   std::vector<std::string> plan;
   for (const auto& [hf, shape] : wanted) {
     const std::string in_file = file_name_of(hf);
-    if (in_file.empty() && names.is_head(hf)) {
+    if (in_file.empty() && (options.partial || names.is_head(hf))) {
       report.initialized.push_back(hf);
       plan.emplace_back();
       continue;
@@ -63,7 +64,9 @@ std::vector<std::string> plan_load(const io::SafetensorsFiles& file,
   }
   for (const auto& e : file.entries()) {
     if (used.count(e.name) || names.is_ignored(e.name)) continue;
-    if (!names.is_head(e.name)) throw fail("tensor '" + e.name + "' in the file matches nothing in the model");
+    if (!options.partial && !names.is_head(e.name)) {
+      throw fail("tensor '" + e.name + "' in the file matches nothing in the model");
+    }
     report.unused.push_back(e.name);
   }
   return plan;
@@ -132,13 +135,14 @@ std::vector<std::pair<std::string, at::Tensor>> hf_named_tensors(const torch::nn
   return out;
 }
 
-LoadReport load_weights(torch::nn::Module& model, const std::string& path, const NameMap& names) {
+LoadReport load_weights(torch::nn::Module& model, const std::string& path, const NameMap& names,
+                        const LoadOptions& options) {
   io::SafetensorsFiles file(path);
   auto tensors = hf_named_tensors(model, names);
   std::vector<std::pair<std::string, std::vector<int64_t>>> wanted;
   for (const auto& [hf, t] : tensors) wanted.emplace_back(hf, t.sizes().vec());
   LoadReport report;
-  const std::vector<std::string> plan = plan_load(file, wanted, names, "load_weights", report);
+  const std::vector<std::string> plan = plan_load(file, wanted, names, options, "load_weights", report);
   at::NoGradGuard no_grad;
   for (size_t i = 0; i < plan.size(); ++i) {
     if (!plan[i].empty()) tensors[i].second.copy_(file.read(plan[i]));
@@ -147,7 +151,8 @@ LoadReport load_weights(torch::nn::Module& model, const std::string& path, const
 }
 
 LoadReport load_weights_sharded(const std::shared_ptr<torch::nn::Module>& model, const std::string& path,
-                                const NameMap& names, const std::optional<dist::Communicator>& from_rank0) {
+                                const NameMap& names, const std::optional<dist::Communicator>& from_rank0,
+                                const LoadOptions& options) {
   // Hugging Face names by tensor identity: a tied tensor goes by its first name, as in hf_names_of.
   std::map<const c10::TensorImpl*, std::string> hf_of;
   for (const auto& p : model->named_parameters()) hf_of.emplace(p.value().unsafeGetTensorImpl(), names.to_hf(p.key()));
@@ -164,7 +169,7 @@ LoadReport load_weights_sharded(const std::shared_ptr<torch::nn::Module>& model,
   if (reader) {
     try {
       file.emplace(path);
-      plan = plan_load(*file, wanted, names, "load_weights_sharded", report);
+      plan = plan_load(*file, wanted, names, options, "load_weights_sharded", report);
     } catch (const std::exception& e) {
       if (!from_rank0) throw;
       error = e.what();
@@ -202,7 +207,7 @@ LoadReport load_weights_sharded(const std::shared_ptr<torch::nn::Module>& model,
   for (size_t i = 0; i < slots.size(); ++i) index[slots[i].tensor.unsafeGetTensorImpl()] = i;
   fsdp::load_rows(model, [&](const fsdp::RowSlot& slot) -> at::Tensor {
     const size_t i = index.at(slot.tensor.unsafeGetTensorImpl());
-    if (plan[i].empty()) return at::Tensor();  // a head the file lacks: kept as initialized
+    if (plan[i].empty()) return at::Tensor();  // a head (or, partial, any tensor) the file lacks: kept as initialized
     if (!from_rank0) return file->read_rows(plan[i], slot.first_row, slot.rows);
     // On the group's device (NCCL broadcasts CUDA tensors), in the model's dtype.
     const auto options = slot.tensor.options().device(from_rank0->device()).requires_grad(false);

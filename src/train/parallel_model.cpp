@@ -23,6 +23,14 @@ fsdp::BackwardPrefetch backward_prefetch_of(config::Prefetch p) {
   return fsdp::BackwardPrefetch::NONE;
 }
 
+// model.overrides resize the model init_weights was saved from: load what the file has, as transformers'
+// from_pretrained does with a changed config (the report names the rest).
+models::LoadOptions load_options(const Config& c) {
+  models::LoadOptions o;
+  o.partial = !c.model.overrides.empty();
+  return o;
+}
+
 // DDP: every rank builds the whole model; with sync_module_states rank 0 reads init_weights and replicate() hands
 // its parameters to the others.
 models::ZooModel build_replicated(const Config& c, std::shared_ptr<const models::ModelRecipe> recipe,
@@ -31,7 +39,7 @@ models::ZooModel build_replicated(const Config& c, std::shared_ptr<const models:
   models::ZooModel model = models::build_model(std::move(recipe), build);
   const bool reads = !c.parallel.sync_module_states || mesh.world().rank() == 0;
   if (!c.model.init_weights.empty() && reads) {
-    report = models::load_weights(*model.module, c.model.init_weights, model.names);
+    report = models::load_weights(*model.module, c.model.init_weights, model.names, load_options(c));
   }
   if (c.parallel.activation_checkpointing) models::activation_checkpoint_layers(model, 1, c.parallel.layer_classes);
   // Mixed precision without sharding: autocast around the model (parameters, gradients, optimizer float32).
@@ -87,7 +95,8 @@ models::ZooModel build_sharded(const Config& c, std::shared_ptr<const models::Mo
   }
   if (!c.model.init_weights.empty()) {
     report = models::load_weights_sharded(model.module, c.model.init_weights, model.names,
-                                          c.parallel.sync_module_states ? std::optional(mesh.world()) : std::nullopt);
+                                          c.parallel.sync_module_states ? std::optional(mesh.world()) : std::nullopt,
+                                          load_options(c));
   }
   fsdp::set_reshard_after_backward(model.module, c.parallel.reshard_after_backward);
   return model;

@@ -245,14 +245,17 @@ void describe_start(const Config& c, const Job& job, ParallelModel& model, doubl
   if (recomputed > 0) job.logger.info("  activation checkpointing: " + std::to_string(recomputed) + " layers");
   if (!c.model.init_weights.empty()) {
     job.logger.info("  init_weights: " + describe_conversion(c, model.dtype()));
-    // As transformers' from_pretrained warns: the task's head the checkpoint lacks, another task's it holds.
+    // As transformers' from_pretrained warns: the task's head the checkpoint lacks, another task's it holds; with
+    // model.overrides, whatever the resize added or left out.
     const models::LoadReport& report = model.load_report();
+    const bool resized = !c.model.overrides.empty();
+    const std::string added = resized ? "a head, or added by model.overrides" : "the " + job.task->name() + " head";
+    const std::string left = resized ? "another task's head, or left out by model.overrides" : "another task's head";
     if (!report.initialized.empty()) {
-      job.logger.info("  newly initialized (not in init_weights; the " + job.task->name() + " head): " +
-                      join_names(report.initialized));
+      job.logger.info("  newly initialized (not in init_weights; " + added + "): " + join_names(report.initialized));
     }
     if (!report.unused.empty()) {
-      job.logger.info("  unused (in init_weights, another task's head): " + join_names(report.unused));
+      job.logger.info("  unused (in init_weights, " + left + "): " + join_names(report.unused));
     }
   }
   if (c.optim.use_kahan_summation && c.optim.name != config::OptimizerKind::ANYPRECISION_ADAMW) {

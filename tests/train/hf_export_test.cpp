@@ -87,8 +87,8 @@ TEST(HfExport, EveryFamilyLoadsIntoTransformersWithTheSameOutputs) {
   // (name, family, what the run adds): BERT with a custom size, as a sequence classifier (the synthetic texts'
   // .cls labels: the first object's shape) exported as BertForSequenceClassification, and the custom size's
   // export as model.from: without overrides its config.json is kept whole (a key shardtrain does not read is added
-  // to it below and must come back), with them (another head count: the same weights, other outputs) the recipe's
-  // replaces it.
+  // to it below and must come back), with them (another head count: the same weights, other outputs; or a layer
+  // fewer, loaded as transformers' from_pretrained would, the third layer left and said so) the recipe's replaces it.
   const std::string from = " --model.from=" + root + "/bert-hf";
   const std::vector<std::array<std::string, 3>> cases = {
       {"bert", "bert", " '--model.overrides={layers: 3, dim: 48, heads: 6}'"},
@@ -97,6 +97,7 @@ TEST(HfExport, EveryFamilyLoadsIntoTransformersWithTheSameOutputs) {
            "/data/text]"},
       {"bert-from", "bert", from},
       {"bert-from-overrides", "bert", from + " '--model.overrides={heads: 4}'"},
+      {"bert-from-fewer-layers", "bert", from + " '--model.overrides={layers: 2}'"},
       {"vit", "vit", ""}, {"t5", "t5", ""}, {"llama", "llama", ""}, {"flava", "flava", ""}};
   const std::string kept = "\"key_only_the_source_has\": \"kept\"";
   for (const auto& [name, family, extra] : cases) {
@@ -130,17 +131,22 @@ TEST(HfExport, EveryFamilyLoadsIntoTransformersWithTheSameOutputs) {
     }
     if (name.rfind("bert-from", 0) == 0) {
       const std::string config = test::read_text(out + "/config.json");
-      const bool overridden = name == "bert-from-overrides";
-      EXPECT_EQ(config.find("\"key_only_the_source_has\"") != std::string::npos, !overridden) << config;
-      EXPECT_NE(config.find(overridden ? "\"num_attention_heads\": 4" : "\"num_attention_heads\": 6"),
-                std::string::npos) << config;
+      EXPECT_EQ(config.find("\"key_only_the_source_has\"") != std::string::npos, name == "bert-from") << config;
+      const std::string heads = name == "bert-from-overrides" ? "4" : "6";
+      const std::string layers = name == "bert-from-fewer-layers" ? "2" : "3";
+      EXPECT_NE(config.find("\"num_attention_heads\": " + heads), std::string::npos) << config;
+      EXPECT_NE(config.find("\"num_hidden_layers\": " + layers), std::string::npos) << config;
+    }
+    if (name == "bert-from-fewer-layers") {
+      EXPECT_NE(trained.output.find("left out by model.overrides): bert.encoder.layer.2."), std::string::npos)
+          << trained.output;
     }
 
     // The directory as model.from reads it: its config.json gives the model, its files the weights.
     models::ZooModel ours = models::build_model(models::recipe_of_model(out));
     EXPECT_EQ(ours.family, family);
     if (name.rfind("bert", 0) == 0 && name != "bert-classify") {
-      EXPECT_EQ(ours.module->named_parameters()["layers.2.mlp.fc1.weight"].size(1), 48);
+      EXPECT_EQ(ours.module->named_parameters()["layers.1.mlp.fc1.weight"].size(1), 48);
     }
     models::load_weights(*ours.module, out, ours.names);
     ours.module->eval();

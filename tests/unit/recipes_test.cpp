@@ -180,6 +180,46 @@ TEST(Recipes, OverridesMakeCustomSizes) {
             std::string::npos);
 }
 
+// Weights into a model resized by model.overrides (LoadOptions::partial), as transformers' from_pretrained with a
+// changed config: the layers both have are loaded, the file's extra ones are left and the model's extra ones keep
+// their initialization, each reported; strict loading refuses both, and a changed width fails either way.
+TEST(Recipes, PartialLoadIntoAResizedModel) {
+  const std::string dir = "/tmp/shardtrain_recipes_partial_" + std::to_string(::getpid());
+  io::make_directories(dir);
+  ZooModel three = build_model(recipe_of_model("bert-debug", {{"layers", 3}}));
+  save_weights(*three.module, dir + "/three.safetensors", three.names);
+  auto params_of = [](const ZooModel& m) { return m.module->named_parameters(); };
+  const LoadOptions partial{.partial = true};
+
+  ZooModel two = build_model(recipe_of_model("bert-debug", {{"layers", 2}}));
+  const std::string strict = error_of([&] { load_weights(*two.module, dir + "/three.safetensors", two.names); });
+  EXPECT_NE(strict.find("tensor 'bert.encoder.layer.2."), std::string::npos) << strict;
+  EXPECT_NE(strict.find("in the file matches nothing in the model"), std::string::npos) << strict;
+  LoadReport report = load_weights(*two.module, dir + "/three.safetensors", two.names, partial);
+  EXPECT_TRUE(report.initialized.empty());
+  EXPECT_EQ(report.unused.size(), 16u);  // layer 2: q, k, v, o, fc1, fc2, two LayerNorms, weights and biases
+  for (const auto& name : report.unused) EXPECT_EQ(name.rfind("bert.encoder.layer.2.", 0), 0u) << name;
+  for (const auto& p : params_of(two)) EXPECT_TRUE(at::equal(p.value(), params_of(three)[p.key()])) << p.key();
+
+  ZooModel four = build_model(recipe_of_model("bert-debug", {{"layers", 4}}));
+  const at::Tensor before = params_of(four)["layers.3.mlp.fc1.weight"].clone();
+  EXPECT_NE(error_of([&] { load_weights(*four.module, dir + "/three.safetensors", four.names); })
+                .find("of the model is missing from the file"),
+            std::string::npos);
+  report = load_weights(*four.module, dir + "/three.safetensors", four.names, partial);
+  EXPECT_TRUE(report.unused.empty());
+  EXPECT_EQ(report.initialized.size(), 16u);
+  for (const auto& name : report.initialized) EXPECT_EQ(name.rfind("bert.encoder.layer.3.", 0), 0u) << name;
+  EXPECT_TRUE(at::equal(params_of(four)["layers.3.mlp.fc1.weight"], before));
+  EXPECT_TRUE(at::equal(params_of(four)["layers.2.mlp.fc1.weight"], params_of(three)["layers.2.mlp.fc1.weight"]));
+
+  ZooModel wider = build_model(recipe_of_model("bert-debug", {{"layers", 3}, {"mlp_dim", 80}}));
+  EXPECT_NE(error_of([&] { load_weights(*wider.module, dir + "/three.safetensors", wider.names, partial); })
+                .find("the model expects [80, 32]"),
+            std::string::npos);
+  io::remove_tree(dir);
+}
+
 TEST(Recipes, DebugFlavorsTrainOnTheirTasks) {
   struct Case {
     std::string flavor, task;

@@ -46,9 +46,16 @@ class NameMap {
 };
 
 // What a load left aside: the model's head tensors the file lacks (initialized, not loaded) and the file's head
-// tensors the model lacks (not loaded), by Hugging Face name.
+// tensors the model lacks (not loaded), by Hugging Face name — any tensors with LoadOptions::partial.
 struct LoadReport {
   std::vector<std::string> initialized, unused;
+};
+
+struct LoadOptions {
+  // The model was resized from the file's (model.overrides: fewer or more layers): as transformers' from_pretrained
+  // with a changed config, any tensor the file lacks keeps its initialization and any the model lacks is left, both
+  // reported; a shape that differs still throws.
+  bool partial = false;
 };
 
 // Copies every parameter and buffer of `model` from the file (converting dtype, keeping the model's device). `path`:
@@ -58,7 +65,8 @@ struct LoadReport {
 // parameter missing from the file, a shape that differs, a tensor in the file the model does not have (unless
 // ignored or a head). A model prefix Hugging Face drops when saving the base model alone ("bert.") is tried both
 // ways.
-LoadReport load_weights(torch::nn::Module& model, const std::string& path, const NameMap& names);
+LoadReport load_weights(torch::nn::Module& model, const std::string& path, const NameMap& names,
+                        const LoadOptions& options = {});
 
 // load_weights into a model sharded by fully_shard (parallelize, build_parallel), which never holds a parameter
 // whole. Each rank reads only the rows it holds (a pread of their bytes) — or, with `from_rank0`
@@ -67,7 +75,9 @@ LoadReport load_weights(torch::nn::Module& model, const std::string& path, const
 // with from_rank0 the other ranks fail too, saying that rank 0 did. Collective when from_rank0 is given. With
 // from_rank0 only rank 0's report is filled (it alone reads the file).
 LoadReport load_weights_sharded(const std::shared_ptr<torch::nn::Module>& model, const std::string& path,
-                          const NameMap& names, const std::optional<dist::Communicator>& from_rank0 = std::nullopt);
+                                const NameMap& names,
+                                const std::optional<dist::Communicator>& from_rank0 = std::nullopt,
+                                const LoadOptions& options = {});
 
 // Writes every parameter (tied tensors once, under their first name) and persistent buffer of `model` in `dtype`
 // (their own dtype when undefined) under Hugging Face names, atomically.
