@@ -48,7 +48,8 @@ struct ModelConfig {
   std::string flavor = "flava-debug";  // a flavor of the zoo (`shardtrain models`), or a config.json / model dir
   std::string family;                  // optional: when set, must be the flavor's family
   // The flavor's dimensions changed, by the family's names: {layers: 4, dim: 512} (`shardtrain models` lists each
-  // family's). A custom size from a named one; with model.from, the directory's config.json is the base.
+  // family's). A custom size from a named one; with model.from, the directory's config.json is the base, and
+  // init_weights loads what the resized model shares with the file (the rest reported, as from_pretrained warns).
   std::map<std::string, double> overrides;
   std::string task;                    // what it trains on, one of its family's tasks; empty: the family's default
   std::string init_weights;            // optional safetensors file with Hugging Face names to start from

@@ -63,8 +63,8 @@ struct LoadOptions {
 // either (io::SafetensorsFiles).
 // Validates the whole file against the model first, and throws std::runtime_error naming the tensor on: a
 // parameter missing from the file, a shape that differs, a tensor in the file the model does not have (unless
-// ignored or a head). A model prefix Hugging Face drops when saving the base model alone ("bert.") is tried both
-// ways.
+// ignored or a head; with options.partial a missing or extra tensor of any kind is reported instead). A model
+// prefix Hugging Face drops when saving the base model alone ("bert.") is tried both ways.
 LoadReport load_weights(torch::nn::Module& model, const std::string& path, const NameMap& names,
                         const LoadOptions& options = {});
 
