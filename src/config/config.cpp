@@ -222,6 +222,7 @@ std::vector<Field> fields_of(Config& c) {
       field("model.overrides", c.model.overrides),
       field("model.task", c.model.task),
       field("model.init_weights", c.model.init_weights),
+      field("model.ignore_mismatched_sizes", c.model.ignore_mismatched_sizes),
       field("model.init_std", c.model.init_std),
       field("model.from", c.model.from),
       choice("model.dtype", c.model.dtype, dtype_names()),

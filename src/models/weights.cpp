@@ -25,7 +25,8 @@ std::string shape_text(c10::IntArrayRef shape) {
 // The file's name for each (Hugging Face name, shape) the model wants, in order ("" for a head the file lacks, or
 // with options.partial any tensor: report.initialized), after checking that every other one is there with that
 // shape and that the file holds nothing else (but ignored names, and heads or with options.partial anything:
-// report.unused). Throws std::runtime_error naming the file and the tensor.
+// report.unused), and that its shape is the model's (or with options.ignore_mismatched_sizes "" and
+// report.mismatched). Throws std::runtime_error naming the file and the tensor.
 std::vector<std::string> plan_load(const io::SafetensorsFiles& file,
                                    const std::vector<std::pair<std::string, std::vector<int64_t>>>& wanted,
                                    const NameMap& names, const LoadOptions& options, const char* caller,
@@ -55,6 +56,12 @@ std::vector<std::string> plan_load(const io::SafetensorsFiles& file,
     }
     if (in_file.empty()) throw fail("tensor '" + hf + "' of the model is missing from the file");
     const io::SafetensorsEntry* e = file.find(in_file);
+    if (e->shape != shape && options.ignore_mismatched_sizes) {
+      report.mismatched.push_back(in_file + ": " + shape_text(e->shape) + " -> " + shape_text(shape));
+      used.insert(in_file);
+      plan.emplace_back();
+      continue;
+    }
     if (e->shape != shape) {
       throw fail("tensor '" + in_file + "' has shape " + shape_text(e->shape) + ", the model expects " +
                  shape_text(shape));
@@ -152,7 +159,7 @@ LoadReport load_weights(torch::nn::Module& model, const std::string& path, const
 
 LoadReport load_weights_sharded(const std::shared_ptr<torch::nn::Module>& model, const std::string& path,
                                 const NameMap& names, const std::optional<dist::Communicator>& from_rank0,
-                                const LoadOptions& options) {
+                                const LoadOptions& load_options) {
   // Hugging Face names by tensor identity: a tied tensor goes by its first name, as in hf_names_of.
   std::map<const c10::TensorImpl*, std::string> hf_of;
   for (const auto& p : model->named_parameters()) hf_of.emplace(p.value().unsafeGetTensorImpl(), names.to_hf(p.key()));
@@ -169,7 +176,7 @@ LoadReport load_weights_sharded(const std::shared_ptr<torch::nn::Module>& model,
   if (reader) {
     try {
       file.emplace(path);
-      plan = plan_load(*file, wanted, names, options, "load_weights_sharded", report);
+      plan = plan_load(*file, wanted, names, load_options, "load_weights_sharded", report);
     } catch (const std::exception& e) {
       if (!from_rank0) throw;
       error = e.what();
@@ -207,7 +214,7 @@ LoadReport load_weights_sharded(const std::shared_ptr<torch::nn::Module>& model,
   for (size_t i = 0; i < slots.size(); ++i) index[slots[i].tensor.unsafeGetTensorImpl()] = i;
   fsdp::load_rows(model, [&](const fsdp::RowSlot& slot) -> at::Tensor {
     const size_t i = index.at(slot.tensor.unsafeGetTensorImpl());
-    if (plan[i].empty()) return at::Tensor();  // a head (or, partial, any tensor) the file lacks: kept as initialized
+    if (plan[i].empty()) return at::Tensor();  // not loaded (report): kept as initialized
     if (!from_rank0) return file->read_rows(plan[i], slot.first_row, slot.rows);
     // On the group's device (NCCL broadcasts CUDA tensors), in the model's dtype.
     const auto options = slot.tensor.options().device(from_rank0->device()).requires_grad(false);

@@ -28,6 +28,7 @@ fsdp::BackwardPrefetch backward_prefetch_of(config::Prefetch p) {
 models::LoadOptions load_options(const Config& c) {
   models::LoadOptions o;
   o.partial = !c.model.overrides.empty();
+  o.ignore_mismatched_sizes = c.model.ignore_mismatched_sizes;
   return o;
 }
 

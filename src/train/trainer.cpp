@@ -257,6 +257,10 @@ void describe_start(const Config& c, const Job& job, ParallelModel& model, doubl
     if (!report.unused.empty()) {
       job.logger.info("  unused (in init_weights, " + left + "): " + join_names(report.unused));
     }
+    if (!report.mismatched.empty()) {
+      job.logger.info("  newly initialized (shape differs from init_weights', model.ignore_mismatched_sizes): " +
+                      join_names(report.mismatched));
+    }
   }
   if (c.optim.use_kahan_summation && c.optim.name != config::OptimizerKind::ANYPRECISION_ADAMW) {
     job.logger.warning("optim.use_kahan_summation: only optim.name: anyprecision_adamw has Kahan summation; " +

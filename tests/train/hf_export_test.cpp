@@ -88,7 +88,8 @@ TEST(HfExport, EveryFamilyLoadsIntoTransformersWithTheSameOutputs) {
   // .cls labels: the first object's shape) exported as BertForSequenceClassification, and the custom size's
   // export as model.from: without overrides its config.json is kept whole (a key shardtrain does not read is added
   // to it below and must come back), with them (another head count: the same weights, other outputs; or a layer
-  // fewer, loaded as transformers' from_pretrained would, the third layer left and said so) the recipe's replaces it.
+  // fewer, loaded as transformers' from_pretrained would, the third layer left and said so; or a wider MLP with
+  // model.ignore_mismatched_sizes, its matrices initialized and said so) the recipe's replaces it.
   const std::string from = " --model.from=" + root + "/bert-hf";
   const std::vector<std::array<std::string, 3>> cases = {
       {"bert", "bert", " '--model.overrides={layers: 3, dim: 48, heads: 6}'"},
@@ -98,6 +99,7 @@ TEST(HfExport, EveryFamilyLoadsIntoTransformersWithTheSameOutputs) {
       {"bert-from", "bert", from},
       {"bert-from-overrides", "bert", from + " '--model.overrides={heads: 4}'"},
       {"bert-from-fewer-layers", "bert", from + " '--model.overrides={layers: 2}'"},
+      {"bert-from-wider-mlp", "bert", from + " '--model.overrides={mlp_dim: 80}' --model.ignore_mismatched_sizes=true"},
       {"vit", "vit", ""}, {"t5", "t5", ""}, {"llama", "llama", ""}, {"flava", "flava", ""}};
   const std::string kept = "\"key_only_the_source_has\": \"kept\"";
   for (const auto& [name, family, extra] : cases) {
@@ -140,6 +142,11 @@ TEST(HfExport, EveryFamilyLoadsIntoTransformersWithTheSameOutputs) {
     if (name == "bert-from-fewer-layers") {
       EXPECT_NE(trained.output.find("left out by model.overrides): bert.encoder.layer.2."), std::string::npos)
           << trained.output;
+    }
+    if (name == "bert-from-wider-mlp") {
+      EXPECT_NE(trained.output.find("model.ignore_mismatched_sizes): bert.encoder.layer.0.intermediate.dense.weight: "
+                                    "[64, 48] -> [80, 48]"),
+                std::string::npos) << trained.output;
     }
 
     // The directory as model.from reads it: its config.json gives the model, its files the weights.

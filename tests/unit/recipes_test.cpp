@@ -182,7 +182,8 @@ TEST(Recipes, OverridesMakeCustomSizes) {
 
 // Weights into a model resized by model.overrides (LoadOptions::partial), as transformers' from_pretrained with a
 // changed config: the layers both have are loaded, the file's extra ones are left and the model's extra ones keep
-// their initialization, each reported; strict loading refuses both, and a changed width fails either way.
+// their initialization, each reported; strict loading refuses both, and a changed width fails either way unless
+// ignore_mismatched_sizes.
 TEST(Recipes, PartialLoadIntoAResizedModel) {
   const std::string dir = "/tmp/shardtrain_recipes_partial_" + std::to_string(::getpid());
   io::make_directories(dir);
@@ -217,6 +218,15 @@ TEST(Recipes, PartialLoadIntoAResizedModel) {
   EXPECT_NE(error_of([&] { load_weights(*wider.module, dir + "/three.safetensors", wider.names, partial); })
                 .find("the model expects [80, 32]"),
             std::string::npos);
+  // ignore_mismatched_sizes (transformers' flag): those keep their initialization, the rest loads.
+  const at::Tensor fc1 = params_of(wider)["layers.0.mlp.fc1.weight"].clone();
+  report = load_weights(*wider.module, dir + "/three.safetensors", wider.names, {.ignore_mismatched_sizes = true});
+  EXPECT_EQ(report.mismatched.size(), 9u);  // per layer: fc1's weight and bias, fc2's weight
+  EXPECT_EQ(report.mismatched[0], "bert.encoder.layer.0.intermediate.dense.weight: [64, 32] -> [80, 32]");
+  EXPECT_TRUE(report.initialized.empty() && report.unused.empty());
+  EXPECT_TRUE(at::equal(params_of(wider)["layers.0.mlp.fc1.weight"], fc1));
+  EXPECT_TRUE(at::equal(params_of(wider)["layers.0.attn.q.weight"], params_of(three)["layers.0.attn.q.weight"]));
+  EXPECT_TRUE(at::equal(params_of(wider)["layers.2.mlp.fc2.bias"], params_of(three)["layers.2.mlp.fc2.bias"]));
   io::remove_tree(dir);
 }
 

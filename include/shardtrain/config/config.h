@@ -53,6 +53,9 @@ struct ModelConfig {
   std::map<std::string, double> overrides;
   std::string task;                    // what it trains on, one of its family's tasks; empty: the family's default
   std::string init_weights;            // optional safetensors file with Hugging Face names to start from
+  // transformers' from_pretrained flag: a tensor of init_weights whose shape differs from the model's keeps its
+  // initialization (and is named at start-up) instead of failing the load — a classifier fine-tuned to other labels.
+  bool ignore_mismatched_sizes = false;
   double init_std = 0.02;              // std of the normal initialisation (weights depend on train.seed and names)
   // The parameters' own dtype. bfloat16: pure bf16 training — weights, gradients, collectives and checkpoints in
   // bf16, no float32 masters (pair it with optim.name: anyprecision_adamw and Kahan summation).

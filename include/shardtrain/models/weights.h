@@ -46,9 +46,11 @@ class NameMap {
 };
 
 // What a load left aside: the model's head tensors the file lacks (initialized, not loaded) and the file's head
-// tensors the model lacks (not loaded), by Hugging Face name — any tensors with LoadOptions::partial.
+// tensors the model lacks (not loaded), by Hugging Face name — any tensors with LoadOptions::partial; with
+// LoadOptions::ignore_mismatched_sizes the tensors whose shapes differ (initialized, not loaded), as
+// "name: [file's shape] -> [model's]".
 struct LoadReport {
-  std::vector<std::string> initialized, unused;
+  std::vector<std::string> initialized, unused, mismatched;
 };
 
 struct LoadOptions {
@@ -56,6 +58,8 @@ struct LoadOptions {
   // with a changed config, any tensor the file lacks keeps its initialization and any the model lacks is left, both
   // reported; a shape that differs still throws.
   bool partial = false;
+  // transformers' flag of that name: a tensor whose shape differs keeps its initialization instead of throwing.
+  bool ignore_mismatched_sizes = false;
 };
 
 // Copies every parameter and buffer of `model` from the file (converting dtype, keeping the model's device). `path`:
@@ -77,7 +81,7 @@ LoadReport load_weights(torch::nn::Module& model, const std::string& path, const
 LoadReport load_weights_sharded(const std::shared_ptr<torch::nn::Module>& model, const std::string& path,
                                 const NameMap& names,
                                 const std::optional<dist::Communicator>& from_rank0 = std::nullopt,
-                                const LoadOptions& options = {});
+                                const LoadOptions& load_options = {});
 
 // Writes every parameter (tied tensors once, under their first name) and persistent buffer of `model` in `dtype`
 // (their own dtype when undefined) under Hugging Face names, atomically.
