@@ -23,8 +23,9 @@ fsdp::BackwardPrefetch backward_prefetch_of(config::Prefetch p) {
   return fsdp::BackwardPrefetch::NONE;
 }
 
-// model.overrides resize the model init_weights was saved from: load what the file has, as transformers'
-// from_pretrained does with a changed config (the report names the rest).
+// How init_weights loads: partially when model.overrides resized the model it was saved from (what the file shares
+// with it, as transformers' from_pretrained with a changed config; the report names the rest), and with
+// model.ignore_mismatched_sizes as transformers' flag of that name.
 models::LoadOptions load_options(const Config& c) {
   models::LoadOptions o;
   o.partial = !c.model.overrides.empty();
