@@ -8,6 +8,13 @@
 
 namespace shardtrain::models {
 
+// (..., n) as (rows, n).
+inline at::Tensor rows(const at::Tensor& t) { return t.reshape({-1, t.size(-1)}); }
+
+// Backward computes in the dtype forward's product ran in, that of the input `like` the weight multiplied: under
+// autocast the weight was cast for it (and the engine casts the weight's gradient back to the weight's dtype).
+inline at::Tensor in_dtype_of(const at::Tensor& t, const at::Tensor& like) { return t.to(like.scalar_type()); }
+
 // An optional input of a node (a bias) as apply() takes it: an empty optional when undefined, since apply() reads
 // the device of every at::Tensor argument, undefined or not. The node records whether it had one
 // (saved_data["bias"]): an absent optional is no input of the node.

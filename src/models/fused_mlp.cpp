@@ -14,12 +14,6 @@ namespace {
 using torch::autograd::AutogradContext;
 using torch::autograd::variable_list;
 
-at::Tensor rows(const at::Tensor& t) { return t.reshape({-1, t.size(-1)}); }
-
-// Backward computes in the dtype forward's product ran in, the activation's input's: under autocast the weight was
-// cast for it (and the engine casts the weight's gradient back to the weight's dtype).
-at::Tensor in_dtype_of(const at::Tensor& t, const at::Tensor& like) { return t.to(like.scalar_type()); }
-
 struct GeluLinear : public torch::autograd::Function<GeluLinear> {
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& h, const at::Tensor& weight,
                             const std::optional<at::Tensor>& bias, bool tanh) {

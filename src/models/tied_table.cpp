@@ -44,12 +44,11 @@ struct TiedProjection : public torch::autograd::Function<TiedProjection> {
   }
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
     const variable_list saved = ctx->get_saved_variables();
-    // In the dtype forward's product ran in, x's (under autocast the table was cast for it).
-    const at::Tensor &x = saved[0], table = saved[1].to(x.scalar_type());
-    const at::Tensor grad = grads[0].reshape({-1, table.size(0)}).to(x.scalar_type());  // (N, V)
+    const at::Tensor &x = saved[0], table = in_dtype_of(saved[1], x);
+    const at::Tensor grad = in_dtype_of(rows(grads[0]), x);  // (N, V)
     at::Tensor grad_x, grad_table, grad_bias;
     if (ctx->needs_input_grad(0)) grad_x = grad.mm(table).view(x.sizes());
-    projection_grads(ctx, 1, grad, x.reshape({-1, x.size(-1)}), grad_table, grad_bias);  // (V, C), (V)
+    projection_grads(ctx, 1, grad, rows(x), grad_table, grad_bias);  // (V, C), (V)
     return {grad_x, grad_table, grad_bias};
   }
 };

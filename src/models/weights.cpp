@@ -56,15 +56,15 @@ std::vector<std::string> plan_load(const io::SafetensorsFiles& file,
     }
     if (in_file.empty()) throw fail("tensor '" + hf + "' of the model is missing from the file");
     const io::SafetensorsEntry* e = file.find(in_file);
-    if (e->shape != shape && options.ignore_mismatched_sizes) {
+    if (e->shape != shape) {
+      if (!options.ignore_mismatched_sizes) {
+        throw fail("tensor '" + in_file + "' has shape " + shape_text(e->shape) + ", the model expects " +
+                   shape_text(shape));
+      }
       report.mismatched.push_back(in_file + ": " + shape_text(e->shape) + " -> " + shape_text(shape));
       used.insert(in_file);
       plan.emplace_back();
       continue;
-    }
-    if (e->shape != shape) {
-      throw fail("tensor '" + in_file + "' has shape " + shape_text(e->shape) + ", the model expects " +
-                 shape_text(shape));
     }
     used.insert(in_file);
     plan.push_back(in_file);
