@@ -7,6 +7,7 @@
 #include <stdexcept>
 #include <string>
 
+#include "optim/anyprecision_foreach.h"
 #include "optim/anyprecision_kernel.h"
 #include "optim/closure.h"
 
@@ -82,8 +83,11 @@ AnyPrecisionAdamWParamState& AnyPrecisionAdamW::empty_state(const at::Tensor& pa
 // torchdistx's update, with LibTorch AdamW's order of operations (so that float32 without Kahan is bitwise
 // AdamW): decoupled weight decay, the moments in their own dtypes, the bias-corrected step, and with Kahan
 // summation the update added to the compensation first, then the parameter moved by it, then the compensation
-// left with what the parameter's dtype rounded away. Parameters the fused kernel takes (anyprecision_kernel.h)
-// are collected and stepped by it in one pass at the end.
+// left with what the parameter's dtype rounded away. With fused(): parameters the CPU kernel takes
+// (anyprecision_kernel.h) are collected and stepped by it in one pass at the end, those on a GPU by the same
+// operations over lists (anyprecision_foreach.h), a group at a time. The CPU's others (float16, non-contiguous)
+// stay per operation: ATen's CPU list operations run tensor by tensor anyway, and LibTorch rounds their scalars
+// to the tensors' dtype (beta1 0.9 to 0.8984 in bf16) where exact() keeps float precision.
 at::Tensor AnyPrecisionAdamW::step(LossClosure closure) {
   const at::Tensor loss = evaluate_closure(closure);
   c10::AutoGradMode no_grad(false);
@@ -91,6 +95,7 @@ at::Tensor AnyPrecisionAdamW::step(LossClosure closure) {
   for (auto& group : param_groups()) {
     const auto& o = static_cast<const AnyPrecisionAdamWOptions&>(group.options());
     const double beta1 = std::get<0>(o.betas()), beta2 = std::get<1>(o.betas());
+    std::vector<AnyPrecisionTensors> lists;  // this group's, stepped after its loop
     for (auto& p : group.params()) {
       if (!p.grad().defined()) continue;
       if (p.grad().is_sparse()) throw std::invalid_argument("AnyPrecisionAdamW does not take sparse gradients");
@@ -105,7 +110,9 @@ at::Tensor AnyPrecisionAdamW::step(LossClosure closure) {
       const double bias_correction1 = 1 - std::pow(beta1, static_cast<double>(s.step()));
       const double bias_correction2 = 1 - std::pow(beta2, static_cast<double>(s.step()));
       const double step_size = o.lr() / bias_correction1;
-      if (o.fused() && fused_anyprecision_takes(p, grad, s.exp_avg(), s.exp_avg_sq(), s.compensation())) {
+      const bool one_pass =
+          o.fused() && fused_anyprecision_takes(p, grad, s.exp_avg(), s.exp_avg_sq(), s.compensation());
+      if (one_pass || (o.fused() && !p.is_cpu())) {
         AdamWStepScalars scalars;
         scalars.decay = 1 - o.lr() * o.weight_decay();
         scalars.beta1 = beta1;
@@ -113,7 +120,7 @@ at::Tensor AnyPrecisionAdamW::step(LossClosure closure) {
         scalars.sqrt_bias_correction2 = std::sqrt(bias_correction2);
         scalars.eps = o.eps();
         scalars.step_size = step_size;
-        fused.push_back({p, grad, s.exp_avg(), s.exp_avg_sq(), s.compensation(), scalars});
+        (one_pass ? fused : lists).push_back({p, grad, s.exp_avg(), s.exp_avg_sq(), s.compensation(), scalars});
         continue;
       }
       if (o.weight_decay() != 0) p.mul_(exact(1 - o.lr() * o.weight_decay()));
@@ -130,6 +137,7 @@ at::Tensor AnyPrecisionAdamW::step(LossClosure closure) {
         p.addcdiv_(s.exp_avg(), denom, -step_size);
       }
     }
+    foreach_anyprecision_step(lists);
   }
   fused_anyprecision_step(fused);
   return loss;

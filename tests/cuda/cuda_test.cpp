@@ -4,7 +4,8 @@
 //  - fully_shard (float32, bfloat16, CPU offload, activation checkpointing) trains as plain training does;
 //  - CPU offload keeps shards, gradients and optimizer state off the device (the caching allocator's peak);
 //  - a checkpointed layer with dropout replays the forward's CUDA random numbers;
-//  - float16 with loss scaling over NCCL, clip_grad_norm, and a sharded model loading from rank 0.
+//  - float16 with loss scaling over NCCL, clip_grad_norm, and a sharded model loading from rank 0;
+//  - the optimizers' device steps (FusedAdamW's CUDA kernel, AnyPrecision AdamW's multi-tensor step).
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 #include <unistd.h>
@@ -22,6 +23,8 @@
 #include "shardtrain/models/parallelize.h"
 #include "shardtrain/models/weights.h"
 #include "shardtrain/nn/activation_checkpoint.h"
+#include "shardtrain/optim/anyprecision_adamw.h"
+#include "shardtrain/optim/fused_adamw.h"
 #include "shardtrain/optim/grad_scaler.h"
 
 namespace shardtrain {
@@ -210,6 +213,56 @@ TEST(Cuda, Float16ScalingClippingAndLoadingFromRankZero) {
     EXPECT_TRUE(torch::equal(full.at(p.key()).cpu(), p.value())) << p.key();
   }
   io::remove_tree(path);
+}
+
+// The optimizers' device steps: FusedAdamW's CUDA kernel (at::_fused_adamw_) as LibTorch's AdamW on the same
+// device; AnyPrecision AdamW's multi-tensor step (bf16 weights, moments and Kahan compensation: its fused(true)
+// on a GPU) as its per-operation step there, to bf16 rounding (a list kernel may order a product differently),
+// and both as the CPU's per-operation step, whose scalars also keep float precision.
+TEST(Cuda, OptimizerStepsOnTheDevice) {
+  REQUIRE_CUDA();
+  auto params = [](at::Device device, at::ScalarType dtype) {
+    torch::manual_seed(3);
+    std::vector<at::Tensor> w = {torch::randn({256, 64}), torch::randn({64}), torch::randn({3, 5, 7})};
+    for (at::Tensor& t : w) t = t.to(device, dtype).detach().requires_grad_();
+    return w;
+  };
+  auto train = [](torch::optim::Optimizer& opt, const std::vector<at::Tensor>& w) {
+    torch::manual_seed(5);
+    for (int step = 0; step < 5; ++step) {
+      for (const at::Tensor& t : w) t.mutable_grad() = torch::randn(t.sizes()).to(t.options());
+      opt.step();
+    }
+    std::vector<at::Tensor> out;
+    for (const at::Tensor& t : w) out.push_back(t.detach().to(at::kCPU, at::kFloat));
+    return out;
+  };
+  auto expect_close = [](const std::vector<at::Tensor>& a, const std::vector<at::Tensor>& b, double rtol,
+                         const char* what) {
+    for (size_t i = 0; i < a.size(); ++i) {
+      EXPECT_TRUE(torch::allclose(a[i], b[i], rtol, 1e-5)) << what << ", tensor " << i << ": differs by "
+                                                           << (a[i] - b[i]).abs().max().item<double>();
+    }
+  };
+
+  const auto adamw = torch::optim::AdamWOptions(1e-2).weight_decay(0.1);
+  std::vector<at::Tensor> w = params(kCuda, at::kFloat);
+  torch::optim::AdamW reference(w, adamw);
+  const auto plain = train(reference, w);
+  w = params(kCuda, at::kFloat);
+  optim::FusedAdamW fused(w, adamw);
+  expect_close(train(fused, w), plain, 1e-5, "FusedAdamW on the device");
+
+  auto any = [&](at::Device device, bool lists) {
+    std::vector<at::Tensor> v = params(device, at::kBFloat16);
+    optim::AnyPrecisionAdamW opt(
+        v, optim::AnyPrecisionAdamWOptions(1e-3).weight_decay(0.1).use_kahan_summation(true).fused(lists));
+    return train(opt, v);
+  };
+  const auto per_operation = any(kCuda, false);
+  constexpr double kBf16 = 1.0 / 128;  // one unit in the last place of a bf16 in [1, 2)
+  expect_close(any(kCuda, true), per_operation, kBf16, "AnyPrecision's multi-tensor step");
+  expect_close(per_operation, any(at::kCPU, false), kBf16, "AnyPrecision per operation, device against CPU");
 }
 
 }  // namespace

@@ -10,6 +10,7 @@
 #include "shardtrain/optim/anyprecision_adamw.h"
 #include "shardtrain/optim/optimizer_state.h"
 #include "shardtrain/optim/fused_adamw.h"
+#include "optim/anyprecision_foreach.h"
 #include "support/expect_error.h"
 
 namespace shardtrain::optim {
@@ -238,6 +239,86 @@ TEST(AnyPrecisionAdamW, FusedFallsBackToOperationsForWhatItDoesNotTake) {
     };
     EXPECT_TRUE(torch::equal(train(true), train(false))) << (kind == 0 ? "float16" : "non-contiguous");
   }
+}
+
+// The multi-tensor step GPU parameters take (anyprecision_foreach.h), run here on CPU tensors in float32, where
+// LibTorch's scalars keep their precision: bitwise the per-operation step, over one call mixing decayed and
+// undecayed tensors, with and without Kahan, a non-contiguous one, and a tensor that skipped a step (its bias
+// correction differs from the others').
+TEST(AnyPrecisionAdamW, MultiTensorStepIsThePerOperationStep) {
+  const double lr = 1e-2, beta1 = 0.8, beta2 = 0.95, eps = 1e-6, wd = 0.1;
+  auto make = [] {
+    torch::manual_seed(4);
+    std::vector<at::Tensor> w = {torch::randn({300}), torch::randn({20, 15}).t(), torch::randn({7, 3}),
+                                 torch::randn({40})};
+    for (at::Tensor& t : w) t = t.detach().requires_grad_();
+    return w;
+  };
+  const bool kahan[] = {true, true, false, false};
+  const bool decayed[] = {true, false, true, false};
+  auto grad = [](int step, size_t i, const at::Tensor& w) {
+    return step == 1 && i == 2 ? at::Tensor() : torch::randn(w.sizes());
+  };
+  auto options = [&](size_t i) {
+    return AnyPrecisionAdamWOptions(lr).betas({beta1, beta2}).eps(eps).weight_decay(decayed[i] ? wd : 0)
+        .use_kahan_summation(kahan[i]).momentum_dtype(at::kFloat).variance_dtype(at::kFloat)
+        .compensation_buffer_dtype(at::kFloat).fused(false);
+  };
+
+  std::vector<at::Tensor> ref = make();
+  std::vector<torch::optim::OptimizerParamGroup> groups;
+  for (size_t i = 0; i < ref.size(); ++i) {
+    groups.emplace_back(std::vector<at::Tensor>{ref[i]}, std::make_unique<AnyPrecisionAdamWOptions>(options(i)));
+  }
+  AnyPrecisionAdamW opt(groups, options(0));
+  torch::manual_seed(11);
+  for (int step = 0; step < 4; ++step) {
+    for (size_t i = 0; i < ref.size(); ++i) ref[i].mutable_grad() = grad(step, i, ref[i]);
+    opt.step();
+  }
+
+  std::vector<at::Tensor> got = make();
+  std::vector<AnyPrecisionTensors> lists(got.size());
+  std::vector<int64_t> steps(got.size(), 0);
+  for (size_t i = 0; i < got.size(); ++i) {
+    lists[i].param = got[i];
+    lists[i].exp_avg = at::zeros_like(got[i], at::MemoryFormat::Contiguous);
+    lists[i].exp_avg_sq = at::zeros_like(got[i], at::MemoryFormat::Contiguous);
+    if (kahan[i]) lists[i].compensation = at::zeros_like(got[i]);
+  }
+  torch::manual_seed(11);
+  for (int step = 0; step < 4; ++step) {
+    std::vector<AnyPrecisionTensors> now;
+    for (size_t i = 0; i < got.size(); ++i) {
+      lists[i].grad = grad(step, i, got[i]);
+      if (!lists[i].grad.defined()) continue;
+      const double t = static_cast<double>(++steps[i]);
+      AdamWStepScalars& s = lists[i].scalars;
+      s.decay = 1 - lr * (decayed[i] ? wd : 0);
+      s.beta1 = beta1;
+      s.beta2 = beta2;
+      s.sqrt_bias_correction2 = std::sqrt(1 - std::pow(beta2, t));
+      s.eps = eps;
+      s.step_size = lr / (1 - std::pow(beta1, t));
+      now.push_back(lists[i]);
+    }
+    at::NoGradGuard no_grad;
+    foreach_anyprecision_step(now);
+  }
+
+  for (size_t i = 0; i < got.size(); ++i) {
+    const auto& s = static_cast<AnyPrecisionAdamWParamState&>(*opt.state().at(ref[i].unsafeGetTensorImpl()));
+    EXPECT_EQ(s.step(), steps[i]) << "tensor " << i;
+    EXPECT_TRUE(torch::equal(got[i], ref[i])) << "tensor " << i << " differs by " << (got[i] - ref[i]).abs().max();
+    EXPECT_TRUE(torch::equal(lists[i].exp_avg, s.exp_avg())) << "exp_avg of tensor " << i;
+    EXPECT_TRUE(torch::equal(lists[i].exp_avg_sq, s.exp_avg_sq())) << "exp_avg_sq of tensor " << i;
+    if (kahan[i]) EXPECT_TRUE(torch::equal(lists[i].compensation, s.compensation())) << "compensation " << i;
+  }
+
+  std::vector<AnyPrecisionTensors> two_groups = {lists[0], lists[1]};
+  two_groups[1].scalars.beta1 = 0.9;
+  testing::expect_error<std::invalid_argument>([&] { foreach_anyprecision_step(two_groups); },
+                                               {"betas (0.900000, 0.950000)", "expected one group"});
 }
 
 TEST(AnyPrecisionAdamW, BadOptionsAreNamed) {

@@ -1,0 +1,20 @@
+// AnyPrecision AdamW's step as ATen's multi-tensor (_foreach_) operations: the per-operation step's arithmetic,
+// operation for operation, over lists of tensors. On CUDA each operation is a handful of kernel launches for the
+// whole list instead of one per tensor (about ten operations per tensor; FLAVA-350m has some 900 tensors), with
+// scalars at float precision (the kernels' opmath type). On the CPU ATen runs them tensor by tensor and rounds the
+// scalars to each tensor's dtype first, so the optimizer uses this for GPU tensors only; in float32 the two agree.
+#pragma once
+
+#include <vector>
+
+#include "optim/anyprecision_kernel.h"
+
+namespace shardtrain::optim {
+
+// The step in place for all of them, as AnyPrecisionAdamW's per-operation step computes it (bitwise in float32):
+// weight decay, both moments in their own dtypes, the bias-corrected update, and where `compensation` is defined,
+// Kahan summation. Tensors are listed together by device and dtypes; every one must share beta1 and beta2 (one
+// parameter group), steps may differ. Throws std::invalid_argument for tensors of different betas.
+void foreach_anyprecision_step(const std::vector<AnyPrecisionTensors>& params);
+
+}  // namespace shardtrain::optim
