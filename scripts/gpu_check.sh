@@ -2,7 +2,13 @@
 # The CUDA checks of a GPU session (docs/notes/gpu.md), after scripts/gpu_build.sh: each stage bounded in time, its
 # log in $LOGS (default build-gpu/logs) and a one-line verdict on stdout.
 #
-#   scripts/gpu_check.sh STAGE...     stages: info, cuda_tests, synth, train_debug, train_ranks, sanitize
+#   scripts/gpu_check.sh STAGE...     checks: info, cuda_tests, synth, train_debug, train_ranks, sanitize
+#                                     measurements (after synth): optimizer, tf32, memory
+#
+# optimizer: build-gpu/optimizer_bench --device cuda, with a FLAVA layer's tensor size and with 1000 small tensors.
+# tf32: a float32 flava-350m step (batch 32) with train.tf32 on and off, items/s of the last interval of each.
+# memory: the memory model's predicted peak against the caching allocator's, flava-350m (with and without
+# checkpointing) and flava-900m at batch 32, one rank, bf16.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 build=${BUILD:-build-gpu}
@@ -27,6 +33,22 @@ stage() {  # stage NAME SECONDS COMMAND...
 train_debug=("$cli" train configs/flava-debug.yaml --train.device=cuda --train.steps=60 --log.interval=20
              --train.eval_interval=0 --checkpoint.interval=30 --checkpoint.overwrite=true --log.progress=lines)
 
+# The last interval line's throughput and peak of a trainer log, and the memory model's prediction.
+summary() {  # summary LOG
+  local last
+  last=$(grep -E 'step [0-9]+/[0-9]+' "$1" | tail -1)
+  echo "  $(grep -oE 'items/s [0-9.]+|peak mem [0-9.]+ GiB' <<<"$last" | tr '\n' ' ')" \
+       "| $(grep -oE 'predicted peak [0-9.]+ GiB' "$1" | head -1)"
+}
+
+# One flava-gpu.yaml run (configs/flava-gpu.yaml: flava-350m, batch 32, bf16) with overrides, and its summary.
+flava_gpu() {  # flava_gpu TAG OVERRIDE...
+  local tag=$1
+  shift
+  stage "$tag" 300 "$cli" train configs/flava-gpu.yaml --train.steps=20 --log.interval=5 --log.dir="runs/gpu-$tag" "$@"
+  summary "$logs/$tag.log"
+}
+
 for s in "$@"; do
   case $s in
     info) stage info 30 bash -c 'nvidia-smi; ldd --version | head -1; ${CXX:-c++} --version | head -1' ;;
@@ -38,7 +60,16 @@ for s in "$@"; do
                    --log.dir=runs/gpu-debug2 ;;
     sanitize) stage sanitize 400 compute-sanitizer --tool memcheck --report-api-errors no --target-processes all --error-exitcode 9 \
                 "$cli" launch --nproc-per-node 1 -- "$build/tests/cuda_tests" ;;
-    *) echo "gpu_check.sh: unknown stage '$s' (info, cuda_tests, synth, train_debug, train_ranks, sanitize)" >&2
+    optimizer) stage optimizer 300 "$build/optimizer_bench" --device cuda
+               grep -E 'faster|memory bandwidth' "$logs/optimizer.log"
+               stage optimizer_small 300 "$build/optimizer_bench" --device cuda --tensor-size 100000
+               grep -E 'faster' "$logs/optimizer_small.log" ;;
+    tf32) for on in true false; do flava_gpu "tf32-$on" --parallel.mixed_precision=no --train.tf32=$on; done ;;
+    memory) flava_gpu memory-350m
+            flava_gpu memory-350m-ac --parallel.activation_checkpointing=true
+            flava_gpu memory-900m --model.flavor=flava-900m ;;
+    *) echo "gpu_check.sh: unknown stage '$s' (info, cuda_tests, synth, train_debug, train_ranks, sanitize," \
+            "optimizer, tf32, memory)" >&2
        exit 2 ;;
   esac
 done
