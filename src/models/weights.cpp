@@ -59,7 +59,8 @@ std::vector<std::string> plan_load(const io::SafetensorsFiles& file,
     if (e->shape != shape) {
       if (!options.ignore_mismatched_sizes) {
         throw fail("tensor '" + in_file + "' has shape " + shape_text(e->shape) + ", the model expects " +
-                   shape_text(shape));
+                   shape_text(shape) + " (ignore_mismatched_sizes, model.ignore_mismatched_sizes in a trainer " +
+                   "config, keeps the model's initialization for tensors whose shapes differ)");
       }
       report.mismatched.push_back(in_file + ": " + shape_text(e->shape) + " -> " + shape_text(shape));
       used.insert(in_file);
