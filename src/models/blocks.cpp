@@ -239,11 +239,13 @@ at::Tensor causal_bias(int64_t length, at::ScalarType dtype, const at::Device& d
   return (upper * lowest(dtype)).view({1, 1, length, length});
 }
 
-at::Tensor rotary_table(int64_t length, int64_t head_dim, double theta, const at::Device& device) {
-  auto f32 = at::TensorOptions().dtype(at::kFloat).device(device);
-  at::Tensor inv_freq = 1.0 / at::pow(theta, at::arange(0, head_dim, 2, f32.dtype(at::kLong)).to(at::kFloat) /
-                                                 static_cast<double>(head_dim));
-  at::Tensor angles = at::outer(at::arange(length, f32), inv_freq);  // (T, D/2)
+at::Tensor rotary_inv_freq(int64_t head_dim, double theta, const at::Device& device) {
+  auto i64 = at::TensorOptions().dtype(at::kLong).device(device);
+  return 1.0 / at::pow(theta, at::arange(0, head_dim, 2, i64).to(at::kFloat) / static_cast<double>(head_dim));
+}
+
+at::Tensor rotary_table(int64_t length, const at::Tensor& inv_freq) {
+  at::Tensor angles = at::outer(at::arange(length, inv_freq.options()), inv_freq);  // (T, D/2)
   at::Tensor full = at::cat({angles, angles}, -1);                    // (T, D)
   return at::stack({full.cos(), full.sin()});
 }

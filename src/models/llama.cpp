@@ -2,6 +2,7 @@
 
 #include <ATen/ATen.h>
 
+#include <cmath>
 #include <stdexcept>
 
 #include "layer_names.h"
@@ -10,11 +11,30 @@
 
 namespace shardtrain::models {
 
-std::vector<std::string> llama_flavors() { return {"llama-3-8b", "llama-3-70b", "llama-2-7b", "llama-debug"}; }
+std::vector<std::string> llama_flavors() {
+  return {"llama-3-8b",  "llama-3.1-8b", "llama-3.2-1b", "llama-3.2-3b",
+          "llama-3-70b", "llama-2-7b",   "llama-debug",  "llama-3.2-debug"};
+}
 
 LlamaConfig llama_flavor(const std::string& name) {
   LlamaConfig c;  // llama-3-8b (Meta-Llama-3-8B)
   if (name == "llama-3-8b") return c;
+  // Llama 3.1 and 3.2: 128K positions through "llama3" RoPE scaling of the 8K pretraining context; 3.2's small
+  // models tie the head to the embedding.
+  LlamaRopeScaling llama3;
+  llama3.type = "llama3", llama3.factor = 8, llama3.low_freq_factor = 1, llama3.high_freq_factor = 4;
+  llama3.original_max_positions = 8192;
+  if (name == "llama-3.1-8b") {
+    c.max_positions = 131072, c.rope_scaling = llama3;
+    return c;
+  }
+  if (name == "llama-3.2-1b" || name == "llama-3.2-3b") {
+    const bool small = name == "llama-3.2-1b";
+    c.dim = small ? 2048 : 3072, c.layers = small ? 16 : 28, c.heads = small ? 32 : 24, c.kv_heads = 8;
+    c.head_dim = small ? 64 : 128, c.mlp_dim = 8192, c.max_positions = 131072;
+    c.rope_scaling = llama3, c.rope_scaling.factor = 32, c.tie_word_embeddings = true;
+    return c;
+  }
   if (name == "llama-3-70b") {
     c.dim = 8192, c.layers = 80, c.heads = 64, c.kv_heads = 8, c.mlp_dim = 28672;
     return c;
@@ -24,9 +44,14 @@ LlamaConfig llama_flavor(const std::string& name) {
     c.max_positions = 4096, c.rope_theta = 10000.0;
     return c;
   }
-  if (name == "llama-debug") {
+  if (name == "llama-debug" || name == "llama-3.2-debug") {
     c.vocab_size = 1000, c.dim = 64, c.layers = 2, c.heads = 4, c.kv_heads = 2, c.mlp_dim = 128;
     c.max_positions = 128, c.rope_theta = 10000.0;
+    if (name == "llama-debug") return c;
+    // Llama 3.2's shape at that size: a tied head, heads of 32 (not 64 / 4), "llama3" RoPE scaling of a 64-token
+    // context (of the 16 frequencies the two fastest kept, one interpolated, the rest scaled).
+    c.head_dim = 32, c.rope_theta = 500000.0, c.tie_word_embeddings = true;
+    c.rope_scaling = llama3, c.rope_scaling.original_max_positions = 64;
     return c;
   }
   throw_unknown_flavor("Llama", name, llama_flavors());
@@ -36,10 +61,32 @@ TransformerLayerOptions llama_layer_options(const LlamaConfig& c) {
   TransformerLayerOptions l;
   l.class_name = "LlamaDecoderLayer";
   l.attention.dim = c.dim, l.attention.heads = c.heads, l.attention.kv_heads = c.kv_heads;
-  l.attention.qkv_bias = false, l.attention.out_bias = false, l.attention.causal = true;
-  l.mlp_dim = c.mlp_dim, l.activation = Activation::kSwiGlu, l.mlp_bias = false;
+  l.attention.head_dim = c.head_size();
+  l.attention.qkv_bias = c.attention_bias, l.attention.out_bias = c.attention_bias, l.attention.causal = true;
+  l.mlp_dim = c.mlp_dim, l.activation = Activation::kSwiGlu, l.mlp_bias = c.mlp_bias;
   l.norm = Norm::kRMSNorm, l.norm_eps = c.norm_eps;
   return l;
+}
+
+// transformers' _compute_default / _linear_scaling / _llama3_parameters, operation for operation in float32
+// (Python's `number / tensor` is reciprocal(tensor) * number).
+at::Tensor llama_inv_freq(const LlamaConfig& c, const at::Device& device) {
+  const at::Tensor inv_freq = rotary_inv_freq(c.head_size(), c.rope_theta, device);
+  const LlamaRopeScaling& r = c.rope_scaling;
+  if (r.type == "default") return inv_freq;
+  if (r.type == "linear") return inv_freq / r.factor;
+  if (r.type != "llama3") {
+    throw std::invalid_argument("Llama: rope scaling '" + r.type + "' is not one of default, linear, llama3");
+  }
+  const double old_context = static_cast<double>(r.original_max_positions);
+  const double low_freq_wavelen = old_context / r.low_freq_factor, high_freq_wavelen = old_context / r.high_freq_factor;
+  const at::Tensor wavelen = at::reciprocal(inv_freq) * (2 * M_PI);
+  at::Tensor scaled = at::where(wavelen > low_freq_wavelen, inv_freq / r.factor, inv_freq);
+  const at::Tensor smooth =
+      (at::reciprocal(wavelen) * old_context - r.low_freq_factor) / (r.high_freq_factor - r.low_freq_factor);
+  const at::Tensor smoothed = (1 - smooth) * scaled / r.factor + smooth * scaled;
+  const at::Tensor medium = (wavelen < high_freq_wavelen).logical_not() & (wavelen > low_freq_wavelen).logical_not();
+  return at::where(medium, smoothed, scaled);
 }
 
 LlamaEmbeddingImpl::LlamaEmbeddingImpl(int64_t vocab, int64_t dim, const torch::TensorOptions& options)
@@ -61,11 +108,15 @@ std::vector<at::Tensor> LlamaLMHeadImpl::forward_impl(const at::Tensor& hidden, 
 
 LlamaImpl::LlamaImpl(const LlamaConfig& c, const BuildOptions& build) : Interceptable("Llama"), config(c) {
   const auto& t = build.tensors;
-  embed = register_module("embed", LlamaEmbedding(c.vocab_size, c.dim, t));
+  if (c.tie_word_embeddings) {
+    tied_embed = register_module("embed", Embedding(c.vocab_size, c.dim, t));
+  } else {
+    embed = register_module("embed", LlamaEmbedding(c.vocab_size, c.dim, t));
+  }
   std::vector<std::string> built;
   layers = build_layers(*this, "layers", "layers", c.layers, llama_layer_options(c), build, built);
   norm = register_module("norm", RMSNorm(c.dim, c.norm_eps, t));
-  lm_head = register_module("lm_head", LlamaLMHead(c.dim, c.vocab_size, t));
+  if (!c.tie_word_embeddings) lm_head = register_module("lm_head", LlamaLMHead(c.dim, c.vocab_size, t));
   finish_model(build, *this, built);
 }
 
@@ -92,7 +143,10 @@ std::vector<at::Tensor> LlamaImpl::forward_impl(const at::Tensor& input_ids, con
     throw std::invalid_argument("Llama: " + std::to_string(length) + " tokens exceed max_positions " +
                                 std::to_string(config.max_positions));
   }
-  at::Tensor x = embed->forward(input_ids);
+  // Tied: the lookups' rows go into the head's dense gradient (tie_table()), one vocab x dim gradient, not two.
+  const bool tied = config.tie_word_embeddings;
+  const TiedTable table = tied ? tie_table(tied_embed->weight) : TiedTable{};
+  at::Tensor x = tied ? sparse_lookup(table.lookups, input_ids) : embed->forward(input_ids);
   // Right padding (each row's tokens, then its padding): under causal attention no real position sees a padded
   // one, so the padding mask changes only the padded positions' outputs. For the loss alone (labelled_only), when
   // no padded position predicts a label, the mask is left out and attention runs causal in the fused kernel: no
@@ -105,13 +159,15 @@ std::vector<at::Tensor> LlamaImpl::forward_impl(const at::Tensor& input_ids, con
                                !((attention_mask == 0) & (targets != kIgnoreIndex)).any().item<bool>();
   const at::Tensor bias = attention_mask.defined() && !causal_suffices
                               ? padding_bias(attention_mask, x.scalar_type()) : at::Tensor();
-  const at::Tensor rope = rotary_table(length, config.dim / config.heads, config.rope_theta, x.device());
+  const at::Tensor rope = rotary_table(length, llama_inv_freq(config, x.device()));
   const at::Tensor hidden = norm->forward(run_layers(layers, x, bias, rope));
   if (loss_only) {  // no logits: the loss in chunks (linear_cross_entropy)
     const LabelledRows labelled = labelled_rows(hidden, targets);
-    return {at::Tensor(), lm_head->forward(labelled.hidden, labelled.labels)[0]};
+    const at::Tensor loss = tied ? linear_cross_entropy(labelled.hidden, table.head, {}, labelled.labels)
+                                 : lm_head->forward(labelled.hidden, labelled.labels)[0];
+    return {at::Tensor(), loss};
   }
-  at::Tensor logits = lm_head->forward(hidden, at::Tensor())[0];
+  at::Tensor logits = tied ? tied_projection(hidden, table.head) : lm_head->forward(hidden, at::Tensor())[0];
   return {logits, labels.defined() ? causal_lm_loss(logits, labels) : at::Tensor()};
 }
 
@@ -127,7 +183,8 @@ NameMap llama_names() {
                              {"mlp.gate", "mlp.gate_proj"},
                              {"mlp.up", "mlp.up_proj"},
                              {"mlp.down", "mlp.down_proj"}}));
-  return NameMap(rules, {"^model\\.layers\\.\\d+\\.self_attn\\.rotary_emb\\.inv_freq$"});
+  // A tied model has no lm_head; a file that keeps the tied copy anyway has it under lm_head.weight.
+  return NameMap(rules, {"^model\\.layers\\.\\d+\\.self_attn\\.rotary_emb\\.inv_freq$", "^lm_head\\.weight$"});
 }
 
 

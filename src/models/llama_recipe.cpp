@@ -68,22 +68,28 @@ class LlamaRecipe : public FamilyRecipe<LlamaConfig, Llama> {
   using FamilyRecipe::FamilyRecipe;
   std::string hf_config_json() const override { return llama_to_hf(config()).dump(2); }
 
-  // Per sample, for T tokens of width d through L layers, with grouped-query attention (kv = d * kv_heads / heads:
-  // q and o are d x d, k and v d x kv) and the gated MLP's three d x mlp_dim matrices:
-  //   3 * L * (2 * (2 d^2 + 2 d kv + 3 d mlp_dim) * T + 4 T^2 d)   (embeddings and lm_head left out)
+  // Per sample, for T tokens of width d through L layers, with grouped-query attention (a = heads * head_dim wide
+  // queries, kv = kv_heads * head_dim wide keys and values: q and o are d x a, k and v d x kv) and the gated MLP's
+  // three d x mlp_dim matrices:
+  //   3 * L * (2 * (2 d a + 2 d kv + 3 d mlp_dim) * T + 4 T^2 a)   (embeddings and lm_head left out)
   double training_flops(const data::Batch& b) const override {
     if (b.kind != data::SampleKind::TEXT) throw_unread_kind(flavor(), b);
-    const double d = static_cast<double>(config().dim);
-    const double kv = d * static_cast<double>(config().kv_heads) / static_cast<double>(config().heads);
-    const double weights = 2 * d * d + 2 * d * kv + 3 * d * static_cast<double>(config().mlp_dim);
-    const double layers = static_cast<double>(config().layers);
-    return 3 * layers * transformer_layer_flops(weights, text_tokens(b), d) * batch_rows(b);
+    const LlamaConfig& c = config();
+    const double d = static_cast<double>(c.dim), head = static_cast<double>(c.head_size());
+    const double a = head * static_cast<double>(c.heads), kv = head * static_cast<double>(c.kv_heads);
+    const double weights = 2 * d * a + 2 * d * kv + 3 * d * static_cast<double>(c.mlp_dim);
+    const double layers = static_cast<double>(c.layers);
+    return 3 * layers * transformer_layer_flops(weights, text_tokens(b), a) * batch_rows(b);
   }
 
   std::vector<std::string> tasks() const override { return {"causal_lm"}; }
 
-  // Untied: the embedding and the head, each vocab x dim, are units of their own (recipe.h).
-  EdgeUnits edge_unit_classes() const override { return {"LlamaEmbedding", "LlamaLMHead"}; }
+  // Untied: the embedding and the head, each vocab x dim, are units of their own (recipe.h). Tied: one table,
+  // read at both ends of the model, stays in the root.
+  EdgeUnits edge_unit_classes() const override {
+    if (config().tie_word_embeddings) return {};
+    return {"LlamaEmbedding", "LlamaLMHead"};
+  }
 
   // Layers: llama_layer_options (the embedding's output is layer 0's input). Then the final norm (its input and
   // what it keeps) and the loss through linear_cross_entropy at the positions that predict a label (every position
@@ -108,7 +114,7 @@ class LlamaRecipe : public FamilyRecipe<LlamaConfig, Llama> {
   HfModelLayout hf_base_model() const override {
     HfModelLayout out{"LlamaModel", hf_parameters(*Llama(config(), meta_build()), hf_names(), "model."),
                       {"^layers\\.\\d+$"}};
-    const int64_t half = config().dim / config().heads / 2;
+    const int64_t half = config().head_size() / 2;
     for (const char* f : {"rotary_emb.inv_freq", "rotary_emb.original_inv_freq"}) {
       out.tensors.push_back({f, {half}, at::kFloat, true});
     }
@@ -121,29 +127,67 @@ class LlamaRecipe : public FamilyRecipe<LlamaConfig, Llama> {
   }
 };
 
-// transformers' LlamaConfig of `c` (LlamaForCausalLM; rope_theta at the top, which transformers 4 and 5 both read;
-// no head_dim: transformers takes hidden_size / num_attention_heads, as shardtrain does).
+// transformers' LlamaConfig of `c` (LlamaForCausalLM; rope_theta and rope_scaling at the top, which transformers 4
+// and 5 both read; head_dim only when it is not hidden_size / num_attention_heads).
 nlohmann::json llama_to_hf(const LlamaConfig& c) {
-  return {{"model_type", "llama"},
-          {"architectures", {"LlamaForCausalLM"}},
-          {"vocab_size", c.vocab_size},
-          {"hidden_size", c.dim},
-          {"intermediate_size", c.mlp_dim},
-          {"num_hidden_layers", c.layers},
-          {"num_attention_heads", c.heads},
-          {"num_key_value_heads", c.kv_heads},
-          {"max_position_embeddings", c.max_positions},
-          {"rms_norm_eps", c.norm_eps},
-          {"rope_theta", c.rope_theta},
-          {"hidden_act", "silu"},
-          {"attention_bias", false},
-          {"mlp_bias", false},
-          {"tie_word_embeddings", false}};
+  nlohmann::json j = {{"model_type", "llama"},
+                      {"architectures", {"LlamaForCausalLM"}},
+                      {"vocab_size", c.vocab_size},
+                      {"hidden_size", c.dim},
+                      {"intermediate_size", c.mlp_dim},
+                      {"num_hidden_layers", c.layers},
+                      {"num_attention_heads", c.heads},
+                      {"num_key_value_heads", c.kv_heads},
+                      {"max_position_embeddings", c.max_positions},
+                      {"rms_norm_eps", c.norm_eps},
+                      {"rope_theta", c.rope_theta},
+                      {"hidden_act", "silu"},
+                      {"attention_bias", c.attention_bias},
+                      {"mlp_bias", c.mlp_bias},
+                      {"tie_word_embeddings", c.tie_word_embeddings}};
+  if (c.head_dim > 0 && c.head_dim != c.dim / c.heads) j["head_dim"] = c.head_dim;
+  const LlamaRopeScaling& r = c.rope_scaling;
+  if (r.type == "linear") j["rope_scaling"] = {{"rope_type", "linear"}, {"factor", r.factor}};
+  if (r.type == "llama3") {
+    j["rope_scaling"] = {{"rope_type", "llama3"},
+                         {"factor", r.factor},
+                         {"low_freq_factor", r.low_freq_factor},
+                         {"high_freq_factor", r.high_freq_factor},
+                         {"original_max_position_embeddings", r.original_max_positions}};
+  }
+  return j;
 }
 
-// LlamaConfig's keys (transformers 4 and 5: rope_theta at the top or in rope_parameters). Plain RoPE only: a
-// rope_scaling other than the default (Llama 3.1's "llama3", "linear", "yarn", ...) is refused, as are biases in
-// attention or MLP, tied embeddings and a head_dim other than hidden_size / num_attention_heads.
+// RoPE's scaling from rope_scaling (transformers 4: "rope_type", or "type" in older files) or rope_parameters
+// (transformers 5, which also holds rope_theta there). "dynamic", "yarn", "longrope" and the rest are refused:
+// they change with the sequence length or scale attention too.
+LlamaRopeScaling rope_scaling_from_hf(const HfConfig& hf, int64_t max_positions) {
+  const HfConfig scaling = hf.has("rope_scaling") ? hf.section("rope_scaling") : hf.section("rope_parameters");
+  LlamaRopeScaling r;
+  r.type = scaling.text("rope_type", scaling.text("type", "default"));
+  scaling.require("rope_type", {"default", "linear", "llama3"}, "Llama (RoPE scaling)");
+  scaling.require("type", {"default", "linear", "llama3"}, "Llama (RoPE scaling)");
+  scaling.require("partial_rotary_factor", {"1", "1.0"}, "Llama (rotary embedding over the whole head)");
+  if (r.type == "default") return r;
+  r.factor = scaling.number("factor", 0);
+  if (!(r.factor >= 1)) scaling.reject("factor", "expected a number of at least 1 for " + r.type + " RoPE scaling");
+  if (r.type == "llama3") {
+    for (const char* key : {"low_freq_factor", "high_freq_factor"}) {
+      if (!scaling.has(key)) scaling.reject(key, "llama3 RoPE scaling needs a number there");
+    }
+    r.low_freq_factor = scaling.number("low_freq_factor", 0);
+    r.high_freq_factor = scaling.number("high_freq_factor", 0);
+    r.original_max_positions = scaling.integer("original_max_position_embeddings", max_positions);
+    if (!(r.low_freq_factor > 0)) scaling.reject("low_freq_factor", "expected a positive number");
+    if (!(r.high_freq_factor > r.low_freq_factor)) {
+      scaling.reject("high_freq_factor", "expected more than low_freq_factor (" + std::to_string(r.low_freq_factor) +
+                                             ")");
+    }
+  }
+  return r;
+}
+
+// LlamaConfig's keys (transformers 4 and 5: rope_theta at the top or in rope_parameters).
 LlamaConfig llama_from_hf(const HfConfig& hf) {
   LlamaConfig c;
   c.vocab_size = hf.integer("vocab_size", c.vocab_size);
@@ -154,20 +198,24 @@ LlamaConfig llama_from_hf(const HfConfig& hf) {
   c.mlp_dim = hf.integer("intermediate_size", c.mlp_dim);
   c.max_positions = hf.integer("max_position_embeddings", c.max_positions);
   c.norm_eps = hf.number("rms_norm_eps", c.norm_eps);
-  const HfConfig rope = hf.section("rope_parameters");
-  c.rope_theta = hf.number("rope_theta", rope.number("rope_theta", c.rope_theta));
-  rope.require("rope_type", {"default"}, "Llama (plain RoPE)");
-  const HfConfig scaling = hf.section("rope_scaling");
-  scaling.require("rope_type", {"default"}, "Llama (plain RoPE)");
-  scaling.require("type", {"default"}, "Llama (plain RoPE)");
+  c.rope_theta = hf.number("rope_theta", hf.section("rope_parameters").number("rope_theta", c.rope_theta));
+  c.rope_scaling = rope_scaling_from_hf(hf, c.max_positions);
   hf.require("hidden_act", {"silu"}, "Llama");
-  hf.require("attention_bias", {"false"}, "Llama");
-  hf.require("mlp_bias", {"false"}, "Llama");
-  hf.require("tie_word_embeddings", {"false"}, "Llama (an untied LM head)");
-  hf.require("head_dim", {std::to_string(c.dim / c.heads)}, "Llama (head_dim = hidden_size / num_attention_heads)");
-  if (c.heads <= 0 || c.dim % c.heads != 0 || c.kv_heads <= 0 || c.heads % c.kv_heads != 0) {
+  c.attention_bias = hf.flag("attention_bias", false);
+  c.mlp_bias = hf.flag("mlp_bias", false);
+  c.tie_word_embeddings = hf.flag("tie_word_embeddings", false);  // LlamaConfig's default
+  if (c.heads <= 0 || c.kv_heads <= 0 || c.heads % c.kv_heads != 0) {
+    hf.reject("num_attention_heads", "expected a positive multiple of num_key_value_heads (" +
+                                         std::to_string(c.kv_heads) + ")");
+  }
+  c.head_dim = hf.integer("head_dim", 0);
+  if (c.head_dim == 0 && c.dim % c.heads != 0) {
     hf.reject("num_attention_heads", "expected a divisor of hidden_size (" + std::to_string(c.dim) +
-                                         ") and a multiple of num_key_value_heads (" + std::to_string(c.kv_heads) + ")");
+                                         ") when head_dim is not given");
+  }
+  if (c.head_dim < 0 || c.head_size() % 2 != 0) {
+    hf.reject("head_dim", "expected an even number (rotary embeddings rotate pairs), got " +
+                              std::to_string(c.head_size()));
   }
   return c;
 }

@@ -100,6 +100,26 @@ TEST(HfParity, Llama) {
   EXPECT_FALSE(labelled.logits.defined());
 }
 
+// Llama 3.2's shape (hf_reference.py's llama3_debug): "llama3" RoPE scaling, head_dim apart from hidden / heads,
+// the head tied to the embedding, attention biases; the model built from the reference's own config.json.
+TEST(HfParity, Llama3ScaledRopeTiedHead) {
+  Reference ref("llama3");
+  ZooModel built = build_model(recipe_of_model(ref.dir));
+  auto* llama = dynamic_cast<LlamaImpl*>(built.module.get());
+  ASSERT_NE(llama, nullptr);
+  EXPECT_TRUE(llama->config.tie_word_embeddings);
+  EXPECT_EQ(llama->config.rope_scaling.type, "llama3");
+  EXPECT_EQ(llama->config.head_size(), 32);
+  EXPECT_TRUE(llama->lm_head.is_empty());  // one table: the file holds model.embed_tokens.weight alone
+  load_weights(*built.module, ref.dir + "/model.safetensors", built.names);
+  built.module->eval();
+  LlamaOutputs out = llama->run(ref["input_ids"], ref["attention_mask"], ref["labels"]);
+  expect_close(out.logits, ref["logits"], "logits");
+  expect_close(out.loss, ref["loss"], "causal LM loss");
+  LlamaOutputs labelled = llama->run(ref["input_ids"], ref["attention_mask"], ref["labels"], /*labelled_only=*/true);
+  expect_close(labelled.loss, ref["loss"], "causal LM loss, tied head at the labelled positions");
+}
+
 TEST(HfParity, T5) {
   Reference ref("t5");
   T5 model = load(T5(t5_flavor("t5-debug")), ref, t5_names());

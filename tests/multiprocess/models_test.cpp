@@ -207,61 +207,70 @@ TEST(ModelsDist, FlavaFullShardTrainsLikeOneProcess) {
 TEST(ModelsDist, LlamaEdgeUnitsTrainLikeOneProcess) {
   // Llama's embedding and LM head are units of their own (ModelRecipe::edge_unit_classes), so that the root does
   // not hold them gathered through the step: both sharded after every step, and the training the same as one
-  // process on the whole batch, with and without checkpointed layers, parallelized or sharded as built.
+  // process on the whole batch, with and without checkpointed layers, parallelized or sharded as built. Llama
+  // 3.2's shape (llama-3.2-debug: the head tied to the embedding, RoPE scaling) keeps its one table in the root.
   constexpr int kSteps = 3;
-  BuildOptions build;
-  build.init.seed = 7;
-  const LlamaConfig config = llama_flavor("llama-debug");
-  torch::manual_seed(3);
-  const at::Tensor ids = torch::randint(config.vocab_size, {12, 16}, torch::kLong);  // 12 rows: W = 1..4 divide
-  std::vector<double> ref_losses;
-  Llama reference(config, build);
-  {
-    torch::optim::AdamW adam(reference->parameters(), torch::optim::AdamWOptions(1e-3));
-    for (int s = 0; s < kSteps; ++s) {
-      adam.zero_grad();
-      at::Tensor loss = reference->run(ids, {}, ids, /*labelled_only=*/true).loss;
-      loss.backward();
-      adam.step();
-      ref_losses.push_back(loss.item<double>());
-    }
-  }
-  const auto mesh = dist::DeviceMesh::create(test_process_group(), 1);
-  const at::Tensor local = local_rows(ids);
-  for (int64_t every : {0, 1}) {
-    for (bool as_built : {false, true}) {
-      const std::string label = "activation_checkpoint_every " + std::to_string(every) + (as_built ? ", as built" : "");
-      ParallelizeOptions options;
-      options.activation_checkpoint_every = every;
-      ZooModel model;
-      std::vector<fsdp::FsdpUnit> units;
-      if (as_built) {
-        model = build_parallel("llama-debug", mesh, options, build);
-        units = fsdp::units_of(model.module);
-      } else {
-        model = build_model("llama-debug", build);
-        units = parallelize(model, mesh, options);
-      }
-      ASSERT_EQ(units.size(), 2 + 2 + 1u) << label << ": two LlamaDecoderLayers, the embedding, the head, the root";
-      std::vector<fsdp::FsdpUnit> edges;
-      for (const auto& u : units) {
-        if (u.module_name() == "LlamaEmbedding" || u.module_name() == "LlamaLMHead") edges.push_back(u);
-      }
-      ASSERT_EQ(edges.size(), 2u) << label;
-      auto* llama = dynamic_cast<LlamaImpl*>(model.module.get());
-      torch::optim::AdamW adam(model.module->parameters(), torch::optim::AdamWOptions(1e-3));
+  for (const std::string flavor : {"llama-debug", "llama-3.2-debug"}) {
+    BuildOptions build;
+    build.init.seed = 7;
+    const LlamaConfig config = llama_flavor(flavor);
+    const bool tied = config.tie_word_embeddings;
+    torch::manual_seed(3);
+    const at::Tensor ids = torch::randint(config.vocab_size, {12, 16}, torch::kLong);  // 12 rows: W = 1..4 divide
+    std::vector<double> ref_losses;
+    Llama reference(config, build);
+    {
+      torch::optim::AdamW adam(reference->parameters(), torch::optim::AdamWOptions(1e-3));
       for (int s = 0; s < kSteps; ++s) {
         adam.zero_grad();
-        at::Tensor loss = llama->run(local, {}, local, /*labelled_only=*/true).loss;
+        at::Tensor loss = reference->run(ids, {}, ids, /*labelled_only=*/true).loss;
         loss.backward();
         adam.step();
-        expect_relative(mean_over_ranks(loss), ref_losses[s], 1e-5, label + ": loss at step " + std::to_string(s));
-        for (const auto& u : edges) EXPECT_EQ(u.state(), fsdp::ShardState::SHARDED) << label << " " << u.module_name();
+        ref_losses.push_back(loss.item<double>());
       }
-      auto full = fsdp::gather_full_parameters(model.module);
-      for (const auto& p : reference->named_parameters()) {
-        ASSERT_TRUE(full.count(p.key())) << p.key();
-        EXPECT_LE((full.at(p.key()) - p.value()).abs().max().item<double>(), 1e-5) << label << " " << p.key();
+    }
+    const auto mesh = dist::DeviceMesh::create(test_process_group(), 1);
+    const at::Tensor local = local_rows(ids);
+    for (int64_t every : {0, 1}) {
+      for (bool as_built : {false, true}) {
+        const std::string label =
+            flavor + ", activation_checkpoint_every " + std::to_string(every) + (as_built ? ", as built" : "");
+        ParallelizeOptions options;
+        options.activation_checkpoint_every = every;
+        ZooModel model;
+        std::vector<fsdp::FsdpUnit> units;
+        if (as_built) {
+          model = build_parallel(flavor, mesh, options, build);
+          units = fsdp::units_of(model.module);
+        } else {
+          model = build_model(flavor, build);
+          units = parallelize(model, mesh, options);
+        }
+        ASSERT_EQ(units.size(), (tied ? 2 + 1u : 2 + 2 + 1u))
+            << label << ": two LlamaDecoderLayers, the embedding and the head unless tied, the root";
+        std::vector<fsdp::FsdpUnit> edges;
+        for (const auto& u : units) {
+          if (u.module_name() == "LlamaEmbedding" || u.module_name() == "LlamaLMHead") edges.push_back(u);
+        }
+        ASSERT_EQ(edges.size(), tied ? 0u : 2u) << label;
+        auto* llama = dynamic_cast<LlamaImpl*>(model.module.get());
+        torch::optim::AdamW adam(model.module->parameters(), torch::optim::AdamWOptions(1e-3));
+        for (int s = 0; s < kSteps; ++s) {
+          adam.zero_grad();
+          at::Tensor loss = llama->run(local, {}, local, /*labelled_only=*/true).loss;
+          loss.backward();
+          adam.step();
+          expect_relative(mean_over_ranks(loss), ref_losses[s], 1e-5, label + ": loss at step " + std::to_string(s));
+          for (const auto& u : edges) {
+            EXPECT_EQ(u.state(), fsdp::ShardState::SHARDED) << label << " " << u.module_name();
+          }
+        }
+        auto full = fsdp::gather_full_parameters(model.module);
+        EXPECT_EQ(full.size(), reference->named_parameters().size()) << label;
+        for (const auto& p : reference->named_parameters()) {
+          ASSERT_TRUE(full.count(p.key())) << p.key();
+          EXPECT_LE((full.at(p.key()) - p.value()).abs().max().item<double>(), 1e-5) << label << " " << p.key();
+        }
       }
     }
   }

@@ -55,6 +55,11 @@ CONFIGS = {
     "llama-3-8b": LlamaConfig(vocab_size=128256, hidden_size=4096, intermediate_size=14336, num_hidden_layers=32,
                               num_attention_heads=32, num_key_value_heads=8, max_position_embeddings=8192,
                               rope_theta=500000.0),
+    "llama-3.2-1b": LlamaConfig(vocab_size=128256, hidden_size=2048, intermediate_size=8192, num_hidden_layers=16,
+                                num_attention_heads=32, num_key_value_heads=8, head_dim=64,
+                                max_position_embeddings=131072, rope_theta=500000.0, tie_word_embeddings=True,
+                                rope_scaling={"rope_type": "llama3", "factor": 32.0, "low_freq_factor": 1.0,
+                                              "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}),
     "llama-odd": LlamaConfig(vocab_size=1001, hidden_size=96, intermediate_size=200, num_hidden_layers=3,
                              num_attention_heads=6, num_key_value_heads=2),
     "flava-350m": flava(768, 3072, 12, 12, 6),
@@ -64,7 +69,8 @@ CONFIGS = {
 
 # Zoo flavors whose config.json above is the same model: their tables must match but for the title.
 SAME_AS_FLAVOR = {"bert-base-cased": "bert-base-cased", "t5-small": "t5-small", "flava-350m": "flava-350m",
-                  "llama-3-8b": "llama-3-8b", "vit-base-patch16-224": "vit-base-patch16-224"}
+                  "llama-3-8b": "llama-3-8b", "llama-3.2-1b": "llama-3.2-1b",
+                  "vit-base-patch16-224": "vit-base-patch16-224"}
 
 
 def accelerate_table(config, title):
@@ -129,7 +135,9 @@ def main():
         os.makedirs(bad)
         cases = [
             ({"model_type": "gpt2"}, "gpt2"),
-            ({"model_type": "llama", "rope_scaling": {"rope_type": "llama3", "factor": 8.0}}, "llama3"),
+            ({"model_type": "llama", "rope_scaling": {"rope_type": "yarn", "factor": 8.0}}, "yarn"),
+            ({"model_type": "llama", "rope_scaling": {"rope_type": "llama3", "factor": 8.0}},
+             "'low_freq_factor' is absent"),
             ({"model_type": "t5", "feed_forward_proj": "gated-gelu"}, "gated-gelu"),
             ({"model_type": "bert", "hidden_size": "big"}, "hidden_size"),
         ]

@@ -37,6 +37,18 @@ def llama_debug():
                        rope_theta=10000.0, rms_norm_eps=1e-5, tie_word_embeddings=False)
 
 
+def llama3_debug(attention_bias=True):
+    """shardtrain's llama-3.2-debug, Llama 3.2's shape at debug size: "llama3" RoPE scaling (original context 64: of
+    the 16 frequencies of a 32-wide head, the two fastest kept, one interpolated, the rest scaled), head_dim 32 !=
+    64 / 4, the head tied to the embedding; for the parity test also biases on q, k, v and o (attention_bias)."""
+    return LlamaConfig(vocab_size=1000, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                       num_attention_heads=4, num_key_value_heads=2, head_dim=32, max_position_embeddings=128,
+                       rope_theta=500000.0, rms_norm_eps=1e-5, tie_word_embeddings=True,
+                       attention_bias=attention_bias,
+                       rope_scaling={"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+                                     "high_freq_factor": 4.0, "original_max_position_embeddings": 64})
+
+
 def t5_debug():
     return T5Config(vocab_size=1000, d_model=32, d_kv=8, d_ff=64, num_layers=2, num_heads=4,
                     relative_attention_num_buckets=8, relative_attention_max_distance=16,
@@ -125,6 +137,16 @@ def llama(out, g):
     save(out, "llama", model, dict(input_ids=ids, attention_mask=mask, labels=labels, logits=o.logits, loss=o.loss))
 
 
+def llama3(out, g):
+    model = LlamaForCausalLM(llama3_debug()).eval()
+    randomize(model, 6)
+    ids, mask = text_batch(g, 1000, length=48)  # positions far enough for the scaled frequencies to turn
+    labels = ids.masked_fill(mask == 0, -100)
+    with torch.no_grad():
+        o = model(input_ids=ids, attention_mask=mask, labels=labels)
+    save(out, "llama3", model, dict(input_ids=ids, attention_mask=mask, labels=labels, logits=o.logits, loss=o.loss))
+
+
 def t5(out, g):
     model = T5ForConditionalGeneration(t5_debug()).eval()
     randomize(model, 4)
@@ -172,6 +194,11 @@ def flava(out, g):
     save(out, "flava", model, io)
 
 
+def llama3_rope(factor):
+    return {"rope_type": "llama3", "factor": factor, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+            "original_max_position_embeddings": 8192}
+
+
 def counts():
     """Parameter counts of every published flavor, from transformers' own modules built on the meta device."""
     hf = {
@@ -199,6 +226,17 @@ def counts():
         "llama-3-8b": lambda: LlamaForCausalLM(LlamaConfig(vocab_size=128256, hidden_size=4096,
                                                            intermediate_size=14336, num_hidden_layers=32,
                                                            num_attention_heads=32, num_key_value_heads=8)),
+        "llama-3.1-8b": lambda: LlamaForCausalLM(LlamaConfig(
+            vocab_size=128256, hidden_size=4096, intermediate_size=14336, num_hidden_layers=32, num_attention_heads=32,
+            num_key_value_heads=8, max_position_embeddings=131072, rope_scaling=llama3_rope(8.0))),
+        "llama-3.2-1b": lambda: LlamaForCausalLM(LlamaConfig(
+            vocab_size=128256, hidden_size=2048, intermediate_size=8192, num_hidden_layers=16, num_attention_heads=32,
+            num_key_value_heads=8, head_dim=64, max_position_embeddings=131072, rope_scaling=llama3_rope(32.0),
+            tie_word_embeddings=True)),
+        "llama-3.2-3b": lambda: LlamaForCausalLM(LlamaConfig(
+            vocab_size=128256, hidden_size=3072, intermediate_size=8192, num_hidden_layers=28, num_attention_heads=24,
+            num_key_value_heads=8, head_dim=128, max_position_embeddings=131072, rope_scaling=llama3_rope(32.0),
+            tie_word_embeddings=True)),
         "llama-3-70b": lambda: LlamaForCausalLM(LlamaConfig(vocab_size=128256, hidden_size=8192,
                                                             intermediate_size=28672, num_hidden_layers=80,
                                                             num_attention_heads=64, num_key_value_heads=8)),
@@ -212,6 +250,7 @@ def counts():
         "vit-debug": lambda: ViTForImageClassification(vit_debug()),
         "t5-debug": lambda: T5ForConditionalGeneration(t5_debug()),
         "llama-debug": lambda: LlamaForCausalLM(llama_debug()),
+        "llama-3.2-debug": lambda: LlamaForCausalLM(llama3_debug(attention_bias=False)),
         "flava-debug": lambda: FlavaForPreTraining(flava_debug()),
     }
     result = {}
@@ -230,7 +269,7 @@ def main():
     os.makedirs(out, exist_ok=True)
     torch.manual_seed(0)
     g = torch.Generator().manual_seed(1234)
-    for make in (bert, vit, llama, t5, flava):
+    for make in (bert, vit, llama, llama3, t5, flava):
         make(out, g)
     with open(os.path.join(out, "counts.json"), "w") as f:
         json.dump(counts(), f, indent=1)

@@ -1,7 +1,8 @@
 // `shardtrain checkpoint export --hf` into transformers and back, for every family: a debug flavor (BERT's with
 // model.overrides: a custom size, and BERT as a sequence classifier; and the first BERT export trained again from
 // its directory, model.from, with and without overrides) trains two steps, its checkpoint is exported as a Hugging
-// Face model directory (sharded with an index for two families), and
+// Face model directory (sharded with an index for two families; Llama also as Llama 3.2's shape: tied head, RoPE
+// scaling), and
 // tests/reference/hf_export_check.py loads it with transformers' from_pretrained (no weight missing), records a
 // batch and transformers' outputs. shardtrain's model built from the same directory (model.from's path: its
 // config.json, its weights) must hold exactly the checkpoint's parameters and give transformers' outputs to 1e-5 of
@@ -100,7 +101,8 @@ TEST(HfExport, EveryFamilyLoadsIntoTransformersWithTheSameOutputs) {
       {"bert-from-overrides", "bert", from + " '--model.overrides={heads: 4}'"},
       {"bert-from-fewer-layers", "bert", from + " '--model.overrides={layers: 2}'"},
       {"bert-from-wider-mlp", "bert", from + " '--model.overrides={mlp_dim: 80}' --model.ignore_mismatched_sizes=true"},
-      {"vit", "vit", ""}, {"t5", "t5", ""}, {"llama", "llama", ""}, {"flava", "flava", ""}};
+      {"vit", "vit", ""}, {"t5", "t5", ""}, {"llama", "llama", ""}, {"llama-3.2", "llama", ""},
+      {"flava", "flava", ""}};
   const std::string kept = "\"key_only_the_source_has\": \"kept\"";
   for (const auto& [name, family, extra] : cases) {
     SCOPED_TRACE(name);
@@ -109,7 +111,8 @@ TEST(HfExport, EveryFamilyLoadsIntoTransformersWithTheSameOutputs) {
       source.insert(source.find('{') + 1, kept + ",");
       io::write_file_atomic(root + "/bert-hf/config.json", std::vector<char>(source.begin(), source.end()));
     }
-    const std::string flavor = family + "-debug", ck = root + "/" + name + "-ck", out = root + "/" + name + "-hf";
+    const std::string flavor = name == "llama-3.2" ? "llama-3.2-debug" : family + "-debug";
+    const std::string ck = root + "/" + name + "-ck", out = root + "/" + name + "-hf";
     const Outcome trained = run(std::string(SHARDTRAIN_BIN) + " train " + root + "/config.yaml --model.flavor=" +
                                 flavor + extra + " --train.steps=2 --train.eval_interval=0 --launch.num_processes=1 "
                                 "--checkpoint.dir=" + ck + " --log.dir=" + root + "/" + name + "-log");
@@ -138,6 +141,13 @@ TEST(HfExport, EveryFamilyLoadsIntoTransformersWithTheSameOutputs) {
       const std::string layers = name == "bert-from-fewer-layers" ? "2" : "3";
       EXPECT_NE(config.find("\"num_attention_heads\": " + heads), std::string::npos) << config;
       EXPECT_NE(config.find("\"num_hidden_layers\": " + layers), std::string::npos) << config;
+    }
+    if (name == "llama-3.2") {  // the tied head, the heads' width and the RoPE scaling, as transformers reads them
+      const std::string config = test::read_text(out + "/config.json");
+      for (const char* key : {"\"tie_word_embeddings\": true", "\"head_dim\": 32", "\"rope_type\": \"llama3\"",
+                              "\"original_max_position_embeddings\": 64"}) {
+        EXPECT_NE(config.find(key), std::string::npos) << key << " in " << config;
+      }
     }
     if (name == "bert-from-fewer-layers") {
       EXPECT_NE(trained.output.find("left out by model.overrides): bert.encoder.layer.2."), std::string::npos)

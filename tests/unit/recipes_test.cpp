@@ -84,6 +84,58 @@ TEST(Recipes, HfConfigJsonReadsBackToTheSameModel) {
   io::remove_tree(dir);
 }
 
+// Llama's RoPE scaling from either transformers' config.json: 4's rope_scaling beside rope_theta (the published
+// Llama 3.1/3.2 files) and 5's rope_parameters holding both; what it does not implement is refused by name.
+TEST(Recipes, LlamaRopeScalingFromEitherTransformersFormat) {
+  const std::string dir = "/tmp/shardtrain_recipes_rope_" + std::to_string(::getpid());
+  io::make_directories(dir);
+  auto config_of = [&](nlohmann::json j) {
+    const std::string text = j.dump(2);
+    io::write_file_atomic(dir + "/config.json", std::vector<char>(text.begin(), text.end()));
+    const auto model = recipe_from_hf_config(dir)->build(meta_build());
+    return dynamic_cast<LlamaImpl&>(*model).config;
+  };
+  nlohmann::json base = {{"model_type", "llama"}, {"vocab_size", 100}, {"hidden_size", 64},
+                         {"intermediate_size", 32},  {"num_hidden_layers", 1}, {"num_attention_heads", 4},
+                         {"num_key_value_heads", 2}, {"max_position_embeddings", 256}};
+  const nlohmann::json scaling = {{"factor", 32.0}, {"low_freq_factor", 1.0}, {"high_freq_factor", 4.0},
+                                  {"original_max_position_embeddings", 64}};
+  nlohmann::json v4 = base, v5 = base;
+  v4["rope_theta"] = 500000.0;
+  v4["rope_scaling"] = scaling;
+  v4["rope_scaling"]["rope_type"] = "llama3";
+  v5["rope_parameters"] = scaling;
+  v5["rope_parameters"]["rope_type"] = "llama3";
+  v5["rope_parameters"]["rope_theta"] = 500000.0;
+  const LlamaConfig a = config_of(v4), b = config_of(v5);
+  for (const LlamaConfig& c : {a, b}) {
+    EXPECT_EQ(c.rope_scaling.type, "llama3");
+    EXPECT_EQ(c.rope_scaling.factor, 32.0);
+    EXPECT_EQ(c.rope_scaling.original_max_positions, 64);
+    EXPECT_EQ(c.rope_theta, 500000.0);
+  }
+  EXPECT_TRUE(at::equal(llama_inv_freq(a, at::kCPU), llama_inv_freq(b, at::kCPU)));
+  // The slowest frequency is divided by the factor, the fastest kept.
+  const at::Tensor plain = rotary_inv_freq(16, 500000.0, at::kCPU), scaled = llama_inv_freq(a, at::kCPU);
+  EXPECT_FLOAT_EQ(scaled[7].item<float>(), plain[7].item<float>() / 32);
+  EXPECT_FLOAT_EQ(scaled[0].item<float>(), plain[0].item<float>());
+  nlohmann::json linear = base;
+  linear["rope_scaling"] = {{"type", "linear"}, {"factor", 2.0}};  // the older key for the type
+  EXPECT_TRUE(at::allclose(llama_inv_freq(config_of(linear), at::kCPU), rotary_inv_freq(16, 500000.0, at::kCPU) / 2));
+
+  nlohmann::json yarn = base;
+  yarn["rope_scaling"] = {{"rope_type", "yarn"}, {"factor", 4.0}};
+  testing::expect_error<std::invalid_argument>([&] { config_of(yarn); },
+                                               {"'rope_type' is \"yarn\"", "implements 'default', 'linear', 'llama3'"});
+  nlohmann::json no_factor = base;
+  no_factor["rope_scaling"] = {{"rope_type", "linear"}};
+  testing::expect_error<std::invalid_argument>([&] { config_of(no_factor); }, {"'factor' is absent", "at least 1"});
+  nlohmann::json odd = base;
+  odd["head_dim"] = 15;
+  testing::expect_error<std::invalid_argument>([&] { config_of(odd); }, {"'head_dim' is 15", "even"});
+  io::remove_tree(dir);
+}
+
 // A BertForMaskedLM saved by transformers has no pooler, one converted from the original BERT has: the weights
 // beside the config.json decide, and either loads.
 TEST(Recipes, BertPoolerAsTheWeightsHaveIt) {

@@ -1,5 +1,6 @@
-// Llama 2 / 3 (Touvron et al.; Meta), as Hugging Face's LlamaForCausalLM: RMSNorm, rotary position embeddings,
-// SwiGLU feed-forward, grouped-query attention, untied output head.
+// Llama 2 / 3 (Touvron et al.; Meta), as Hugging Face's LlamaForCausalLM: RMSNorm, rotary position embeddings
+// (plain, linearly scaled, or Llama 3.1's "llama3" scaling), SwiGLU feed-forward, grouped-query attention, an output
+// head of its own or tied to the token embedding (Llama 3.2 1B and 3B).
 #pragma once
 
 #include <string>
@@ -11,22 +12,43 @@
 
 namespace shardtrain::models {
 
+// The rotary embedding's frequency scaling (config.json's rope_scaling, or rope_parameters in transformers 5).
+struct LlamaRopeScaling {
+  std::string type = "default";  // "default" (none); "linear": every inverse frequency / factor; "llama3": those of
+                                 // wavelength above original_max_positions / low_freq_factor / factor, those below
+                                 // original_max_positions / high_freq_factor kept, the ones between interpolated
+  double factor = 1;
+  double low_freq_factor = 1, high_freq_factor = 4;  // "llama3" only
+  int64_t original_max_positions = 8192;             // "llama3" only: the context length of pretraining
+};
+
 struct LlamaConfig {
   int64_t vocab_size = 128256;
   int64_t dim = 4096;
   int64_t layers = 32;
   int64_t heads = 32;
   int64_t kv_heads = 8;
+  int64_t head_dim = 0;  // 0: dim / heads
   int64_t mlp_dim = 14336;
   int64_t max_positions = 8192;
   double norm_eps = 1e-5;
   double rope_theta = 500000.0;
+  LlamaRopeScaling rope_scaling;
+  bool attention_bias = false;       // biases on q, k, v and o
+  bool mlp_bias = false;             // biases on gate, up and down
+  bool tie_word_embeddings = false;  // the LM head is the token embedding's table
+
+  int64_t head_size() const { return head_dim > 0 ? head_dim : dim / heads; }
 };
 
-// llama-3-8b, llama-3-70b, llama-2-7b (the published configurations), llama-debug.
+// llama-3-8b, llama-3.1-8b, llama-3.2-1b, llama-3.2-3b, llama-3-70b, llama-2-7b (the published configurations),
+// llama-debug, llama-3.2-debug (3.2's tied head, head_dim and RoPE scaling at debug size).
 std::vector<std::string> llama_flavors();
 LlamaConfig llama_flavor(const std::string& name);
 TransformerLayerOptions llama_layer_options(const LlamaConfig& config);  // its decoder layer (RMSNorm, SwiGLU, GQA)
+// The rotary embedding's inverse frequencies, (head_size / 2) float32 on `device`, scaled as config.rope_scaling
+// says, as transformers computes them (in float32). Throws std::invalid_argument for a scaling type it lacks.
+at::Tensor llama_inv_freq(const LlamaConfig& config, const at::Device& device);
 
 // The token embedding and the LM head as modules of classes of their own ("LlamaEmbedding", "LlamaLMHead"), which
 // FSDP makes units apart from the root (ModelRecipe::edge_unit_classes): each is then gathered around its own
@@ -56,7 +78,8 @@ struct LlamaOutputs {
 };
 
 // Children: embed (class "LlamaEmbedding"), layers.N (class "LlamaDecoderLayer"), norm, lm_head (class
-// "LlamaLMHead").
+// "LlamaLMHead"). With tie_word_embeddings: embed is a plain Embedding (tied_embed; no unit of its own: the head
+// reads its table, so both stay in the root) and there is no lm_head.
 class LlamaImpl
     : public nn::Interceptable<LlamaImpl, std::vector<at::Tensor>(at::Tensor, at::Tensor, at::Tensor, bool)> {
  public:
@@ -71,10 +94,11 @@ class LlamaImpl
                                        const at::Tensor& labels, bool labelled_only);
 
   LlamaConfig config;
-  LlamaEmbedding embed{nullptr};
+  LlamaEmbedding embed{nullptr};    // untied
+  Embedding tied_embed{nullptr};    // tied, registered as "embed" too
   std::vector<TransformerLayer> layers;
   RMSNorm norm{nullptr};
-  LlamaLMHead lm_head{nullptr};
+  LlamaLMHead lm_head{nullptr};     // untied
 };
 TORCH_MODULE(Llama);
 
