@@ -239,6 +239,11 @@ at::Tensor causal_bias(int64_t length, at::ScalarType dtype, const at::Device& d
   return (upper * lowest(dtype)).view({1, 1, length, length});
 }
 
+at::Tensor sliding_window_bias(int64_t length, int64_t window, at::ScalarType dtype, const at::Device& device) {
+  at::Tensor far = at::ones({length, length}, at::TensorOptions().dtype(dtype).device(device)).tril(-window);
+  return (far * lowest(dtype)).view({1, 1, length, length});
+}
+
 at::Tensor rotary_inv_freq(int64_t head_dim, double theta, const at::Device& device) {
   auto i64 = at::TensorOptions().dtype(at::kLong).device(device);
   return 1.0 / at::pow(theta, at::arange(0, head_dim, 2, i64).to(at::kFloat) / static_cast<double>(head_dim));

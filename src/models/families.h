@@ -9,6 +9,8 @@ ModelFamily flava_family();  // src/models/flava_recipe.cpp
 ModelFamily bert_family();   // src/models/bert_recipe.cpp
 ModelFamily vit_family();    // src/models/vit_recipe.cpp
 ModelFamily t5_family();     // src/models/t5_recipe.cpp
-ModelFamily llama_family();  // src/models/llama_recipe.cpp
+ModelFamily llama_family();    // src/models/llama_recipe.cpp, as the two below
+ModelFamily mistral_family();
+ModelFamily qwen2_family();
 
 }  // namespace shardtrain::models

@@ -16,7 +16,66 @@ std::vector<std::string> llama_flavors() {
           "llama-3-70b", "llama-2-7b",   "llama-debug",  "llama-3.2-debug"};
 }
 
+std::vector<std::string> mistral_flavors() { return {"mistral-7b", "mistral-7b-v0.3", "mistral-debug"}; }
+
+std::vector<std::string> qwen2_flavors() { return {"qwen2.5-0.5b", "qwen2.5-7b", "qwen2-debug"}; }
+
+namespace {
+
+// Mistral 7B (v0.1: a 4096-token sliding window; v0.3: none, a 32768-token vocabulary), mistral-debug (a window of
+// 8 tokens).
+LlamaConfig mistral_flavor(const std::string& name) {
+  LlamaConfig c;
+  c.model_type = "mistral";
+  c.vocab_size = 32000, c.dim = 4096, c.layers = 32, c.heads = 32, c.kv_heads = 8, c.mlp_dim = 14336;
+  c.max_positions = 32768, c.rope_theta = 10000.0, c.sliding_window = 4096;
+  if (name == "mistral-7b") return c;
+  if (name == "mistral-7b-v0.3") {
+    c.vocab_size = 32768, c.rope_theta = 1e6, c.sliding_window = 0;
+    return c;
+  }
+  if (name == "mistral-debug") {
+    c.vocab_size = 1000, c.dim = 64, c.layers = 2, c.heads = 4, c.kv_heads = 2, c.mlp_dim = 128;
+    c.max_positions = 128, c.sliding_window = 8;
+    return c;
+  }
+  throw_unknown_flavor("Mistral", name, mistral_flavors());
+}
+
+// Qwen2.5 0.5B (its head tied) and 7B, qwen2-debug (tied): biases on q, k and v, RMSNorm's epsilon 1e-6.
+LlamaConfig qwen2_flavor(const std::string& name) {
+  LlamaConfig c;
+  c.model_type = "qwen2";
+  c.qkv_bias = true, c.norm_eps = 1e-6, c.rope_theta = 1e6;
+  if (name == "qwen2.5-0.5b") {
+    c.vocab_size = 151936, c.dim = 896, c.layers = 24, c.heads = 14, c.kv_heads = 2, c.mlp_dim = 4864;
+    c.max_positions = 32768, c.tie_word_embeddings = true;
+    return c;
+  }
+  if (name == "qwen2.5-7b") {
+    c.vocab_size = 152064, c.dim = 3584, c.layers = 28, c.heads = 28, c.kv_heads = 4, c.mlp_dim = 18944;
+    c.max_positions = 131072;
+    return c;
+  }
+  if (name == "qwen2-debug") {
+    c.vocab_size = 1000, c.dim = 64, c.layers = 2, c.heads = 4, c.kv_heads = 2, c.mlp_dim = 128;
+    c.max_positions = 128, c.tie_word_embeddings = true;
+    return c;
+  }
+  throw_unknown_flavor("Qwen2", name, qwen2_flavors());
+}
+
+}  // namespace
+
+std::string llama_layer_class(const LlamaConfig& c) {
+  if (c.model_type == "mistral") return "MistralDecoderLayer";
+  if (c.model_type == "qwen2") return "Qwen2DecoderLayer";
+  return "LlamaDecoderLayer";
+}
+
 LlamaConfig llama_flavor(const std::string& name) {
+  if (name.rfind("mistral", 0) == 0) return mistral_flavor(name);
+  if (name.rfind("qwen2", 0) == 0) return qwen2_flavor(name);
   LlamaConfig c;  // llama-3-8b (Meta-Llama-3-8B)
   if (name == "llama-3-8b") return c;
   // Llama 3.1 and 3.2: 128K positions through "llama3" RoPE scaling of the 8K pretraining context; 3.2's small
@@ -59,10 +118,10 @@ LlamaConfig llama_flavor(const std::string& name) {
 
 TransformerLayerOptions llama_layer_options(const LlamaConfig& c) {
   TransformerLayerOptions l;
-  l.class_name = "LlamaDecoderLayer";
+  l.class_name = llama_layer_class(c);
   l.attention.dim = c.dim, l.attention.heads = c.heads, l.attention.kv_heads = c.kv_heads;
   l.attention.head_dim = c.head_size();
-  l.attention.qkv_bias = c.attention_bias, l.attention.out_bias = c.attention_bias, l.attention.causal = true;
+  l.attention.qkv_bias = c.qkv_bias, l.attention.out_bias = c.out_bias, l.attention.causal = true;
   l.mlp_dim = c.mlp_dim, l.activation = Activation::kSwiGlu, l.mlp_bias = c.mlp_bias;
   l.norm = Norm::kRMSNorm, l.norm_eps = c.norm_eps;
   return l;
@@ -157,8 +216,12 @@ std::vector<at::Tensor> LlamaImpl::forward_impl(const at::Tensor& input_ids, con
   const bool causal_suffices = loss_only && attention_mask.defined() && attention_mask.device().is_cpu() &&
                                is_right_padded(attention_mask) &&
                                !((attention_mask == 0) & (targets != kIgnoreIndex)).any().item<bool>();
-  const at::Tensor bias = attention_mask.defined() && !causal_suffices
-                              ? padding_bias(attention_mask, x.scalar_type()) : at::Tensor();
+  at::Tensor bias = attention_mask.defined() && !causal_suffices
+                        ? padding_bias(attention_mask, x.scalar_type()) : at::Tensor();
+  if (config.sliding_window > 0 && length > config.sliding_window) {  // Mistral's window: only when it cuts
+    const at::Tensor window = sliding_window_bias(length, config.sliding_window, x.scalar_type(), x.device());
+    bias = bias.defined() ? bias + window : window;
+  }
   const at::Tensor rope = rotary_table(length, llama_inv_freq(config, x.device()));
   const at::Tensor hidden = norm->forward(run_layers(layers, x, bias, rope));
   if (loss_only) {  // no logits: the loss in chunks (linear_cross_entropy)

@@ -18,6 +18,13 @@
 namespace shardtrain::models {
 namespace {
 
+// Hugging Face's class names of a model_type: "Llama" (LlamaForCausalLM, LlamaModel), "Mistral", "Qwen2".
+std::string hf_class_prefix(const std::string& model_type) {
+  if (model_type == "mistral") return "Mistral";
+  if (model_type == "qwen2") return "Qwen2";
+  return "Llama";
+}
+
 class LlamaCausalLm : public Task {
  public:
   explicit LlamaCausalLm(const LlamaConfig& config) : config_(config) {}
@@ -109,10 +116,11 @@ class LlamaRecipe : public FamilyRecipe<LlamaConfig, Llama> {
     return a;
   }
 
-  // LlamaModel: no LM head. Its rotary embedding holds the inverse frequencies, and (transformers 5) their original
-  // values, as float32 buffers of head_dim / 2.
+  // LlamaModel (MistralModel, Qwen2Model): no LM head. Its rotary embedding holds the inverse frequencies, and
+  // (transformers 5) their original values, as float32 buffers of head_dim / 2.
   HfModelLayout hf_base_model() const override {
-    HfModelLayout out{"LlamaModel", hf_parameters(*Llama(config(), meta_build()), hf_names(), "model."),
+    const std::string base = hf_class_prefix(config().model_type) + "Model";
+    HfModelLayout out{base, hf_parameters(*Llama(config(), meta_build()), hf_names(), "model."),
                       {"^layers\\.\\d+$"}};
     const int64_t half = config().head_size() / 2;
     for (const char* f : {"rotary_emb.inv_freq", "rotary_emb.original_inv_freq"}) {
@@ -127,11 +135,13 @@ class LlamaRecipe : public FamilyRecipe<LlamaConfig, Llama> {
   }
 };
 
-// transformers' LlamaConfig of `c` (LlamaForCausalLM; rope_theta and rope_scaling at the top, which transformers 4
-// and 5 both read; head_dim only when it is not hidden_size / num_attention_heads).
+// transformers' LlamaConfig, MistralConfig or Qwen2Config of `c` (for ...ForCausalLM; rope_theta and
+// rope_scaling at the top, which transformers 4 and 5 both read; head_dim only when it is not hidden_size /
+// num_attention_heads). Biases as each family's keys say them: Llama's attention_bias (q, k, v and o) and
+// mlp_bias, Qwen2's q, k and v always; Mistral has none.
 nlohmann::json llama_to_hf(const LlamaConfig& c) {
-  nlohmann::json j = {{"model_type", "llama"},
-                      {"architectures", {"LlamaForCausalLM"}},
+  nlohmann::json j = {{"model_type", c.model_type},
+                      {"architectures", {hf_class_prefix(c.model_type) + "ForCausalLM"}},
                       {"vocab_size", c.vocab_size},
                       {"hidden_size", c.dim},
                       {"intermediate_size", c.mlp_dim},
@@ -142,9 +152,13 @@ nlohmann::json llama_to_hf(const LlamaConfig& c) {
                       {"rms_norm_eps", c.norm_eps},
                       {"rope_theta", c.rope_theta},
                       {"hidden_act", "silu"},
-                      {"attention_bias", c.attention_bias},
-                      {"mlp_bias", c.mlp_bias},
                       {"tie_word_embeddings", c.tie_word_embeddings}};
+  if (c.model_type == "llama") {
+    j["attention_bias"] = c.qkv_bias;
+    j["mlp_bias"] = c.mlp_bias;
+  }
+  if (c.model_type == "mistral") j["sliding_window"] = c.sliding_window > 0 ? nlohmann::json(c.sliding_window) : nullptr;
+  if (c.model_type == "qwen2") j["use_sliding_window"] = false;
   if (c.head_dim > 0 && c.head_dim != c.dim / c.heads) j["head_dim"] = c.head_dim;
   const LlamaRopeScaling& r = c.rope_scaling;
   if (r.type == "linear") j["rope_scaling"] = {{"rope_type", "linear"}, {"factor", r.factor}};
@@ -187,9 +201,11 @@ LlamaRopeScaling rope_scaling_from_hf(const HfConfig& hf, int64_t max_positions)
   return r;
 }
 
-// LlamaConfig's keys (transformers 4 and 5: rope_theta at the top or in rope_parameters).
-LlamaConfig llama_from_hf(const HfConfig& hf) {
+// The keys of LlamaConfig, MistralConfig or Qwen2Config (`model_type`; transformers 4 and 5: rope_theta at the top
+// or in rope_parameters; where a key is absent, transformers' default for theta and the norm's epsilon).
+LlamaConfig llama_from_hf(const HfConfig& hf, const std::string& model_type) {
   LlamaConfig c;
+  c.model_type = model_type;
   c.vocab_size = hf.integer("vocab_size", c.vocab_size);
   c.dim = hf.integer("hidden_size", c.dim);
   c.layers = hf.integer("num_hidden_layers", c.layers);
@@ -197,12 +213,28 @@ LlamaConfig llama_from_hf(const HfConfig& hf) {
   c.kv_heads = hf.integer("num_key_value_heads", c.heads);
   c.mlp_dim = hf.integer("intermediate_size", c.mlp_dim);
   c.max_positions = hf.integer("max_position_embeddings", c.max_positions);
-  c.norm_eps = hf.number("rms_norm_eps", c.norm_eps);
-  c.rope_theta = hf.number("rope_theta", hf.section("rope_parameters").number("rope_theta", c.rope_theta));
+  c.norm_eps = hf.number("rms_norm_eps", 1e-6);
+  c.rope_theta = hf.number("rope_theta", hf.section("rope_parameters").number("rope_theta", 10000.0));
   c.rope_scaling = rope_scaling_from_hf(hf, c.max_positions);
-  hf.require("hidden_act", {"silu"}, "Llama");
-  c.attention_bias = hf.flag("attention_bias", false);
-  c.mlp_bias = hf.flag("mlp_bias", false);
+  const std::string family = hf_class_prefix(model_type);
+  hf.require("hidden_act", {"silu"}, family);
+  if (model_type == "llama") {
+    c.qkv_bias = c.out_bias = hf.flag("attention_bias", false);
+    c.mlp_bias = hf.flag("mlp_bias", false);
+  } else {  // keys their configs do not have: a file that sets them is of another model
+    hf.require("attention_bias", {"false"}, family);
+    hf.require("mlp_bias", {"false"}, family);
+  }
+  if (model_type == "mistral") c.sliding_window = hf.integer("sliding_window", 0);  // null: none
+  if (model_type == "qwen2") {
+    c.qkv_bias = true;
+    // Qwen2's sliding window covers only the layers from max_window_layers on, when use_sliding_window says so.
+    hf.require("use_sliding_window", {"false"}, family + " (full attention in every layer)");
+    for (const std::string& layer : hf.texts("layer_types")) {
+      if (layer != "full_attention") hf.reject("layer_types", "shardtrain's Qwen2 implements full_attention layers");
+    }
+  }
+  if (c.sliding_window < 0) hf.reject("sliding_window", "expected a positive number of positions, or null");
   c.tie_word_embeddings = hf.flag("tie_word_embeddings", false);  // LlamaConfig's default
   if (c.heads <= 0 || c.kv_heads <= 0 || c.heads % c.kv_heads != 0) {
     hf.reject("num_attention_heads", "expected a positive multiple of num_key_value_heads (" +
@@ -220,16 +252,18 @@ LlamaConfig llama_from_hf(const HfConfig& hf) {
   return c;
 }
 
-}  // namespace
-
-ModelFamily llama_family() {
-  return {"llama", llama_flavors,
+// The three families of the one decoder differ in their flavors, config.json's model_type and layer class.
+template <std::vector<std::string> (*Flavors)(), const char* kType>
+ModelFamily decoder_family() {
+  return {kType, Flavors,
           [](const std::string& f) -> std::shared_ptr<const ModelRecipe> {
-            return std::make_shared<LlamaRecipe>("llama", f, llama_flavor(f), llama_names, "LlamaDecoderLayer");
+            const LlamaConfig c = llama_flavor(f);
+            return std::make_shared<LlamaRecipe>(kType, f, c, llama_names, llama_layer_class(c));
           },
-          "llama",
+          kType,
           [](const HfConfig& hf, const std::string& name) -> std::shared_ptr<const ModelRecipe> {
-            return std::make_shared<LlamaRecipe>("llama", name, llama_from_hf(hf), llama_names, "LlamaDecoderLayer");
+            const LlamaConfig c = llama_from_hf(hf, kType);
+            return std::make_shared<LlamaRecipe>(kType, name, c, llama_names, llama_layer_class(c));
           },
           {{"layers", {"num_hidden_layers"}},
            {"dim", {"hidden_size"}},
@@ -241,5 +275,13 @@ ModelFamily llama_family() {
            {"norm_eps", {"rms_norm_eps"}},
            {"rope_theta", {"rope_theta"}}}};
 }
+
+constexpr char kLlama[] = "llama", kMistral[] = "mistral", kQwen2[] = "qwen2";
+
+}  // namespace
+
+ModelFamily llama_family() { return decoder_family<llama_flavors, kLlama>(); }
+ModelFamily mistral_family() { return decoder_family<mistral_flavors, kMistral>(); }
+ModelFamily qwen2_family() { return decoder_family<qwen2_flavors, kQwen2>(); }
 
 }  // namespace shardtrain::models

@@ -100,24 +100,57 @@ TEST(HfParity, Llama) {
   EXPECT_FALSE(labelled.logits.defined());
 }
 
-// Llama 3.2's shape (hf_reference.py's llama3_debug): "llama3" RoPE scaling, head_dim apart from hidden / heads,
-// the head tied to the embedding, attention biases; the model built from the reference's own config.json.
-TEST(HfParity, Llama3ScaledRopeTiedHead) {
-  Reference ref("llama3");
-  ZooModel built = build_model(recipe_of_model(ref.dir));
-  auto* llama = dynamic_cast<LlamaImpl*>(built.module.get());
-  ASSERT_NE(llama, nullptr);
-  EXPECT_TRUE(llama->config.tie_word_embeddings);
-  EXPECT_EQ(llama->config.rope_scaling.type, "llama3");
-  EXPECT_EQ(llama->config.head_size(), 32);
-  EXPECT_TRUE(llama->lm_head.is_empty());  // one table: the file holds model.embed_tokens.weight alone
+// A Llama-like decoder built from the reference's own config.json (model.from's path) and loaded from its file:
+// transformers' logits and loss, and the loss alone through the head fused with the cross-entropy. Logits at the
+// tokens; at the padding too unless a sliding window leaves a padded query no key at all (transformers' boolean
+// mask gives such a row zeros, our additive one the mean of the values: neither reaches a token or the loss).
+LlamaImpl& check_decoder(const std::string& name, ZooModel& built) {
+  Reference ref(name);
+  built = build_model(recipe_of_model(ref.dir));
+  auto& llama = dynamic_cast<LlamaImpl&>(*built.module);
   load_weights(*built.module, ref.dir + "/model.safetensors", built.names);
   built.module->eval();
-  LlamaOutputs out = llama->run(ref["input_ids"], ref["attention_mask"], ref["labels"]);
-  expect_close(out.logits, ref["logits"], "logits");
-  expect_close(out.loss, ref["loss"], "causal LM loss");
-  LlamaOutputs labelled = llama->run(ref["input_ids"], ref["attention_mask"], ref["labels"], /*labelled_only=*/true);
-  expect_close(labelled.loss, ref["loss"], "causal LM loss, tied head at the labelled positions");
+  LlamaOutputs out = llama.run(ref["input_ids"], ref["attention_mask"], ref["labels"]);
+  const at::Tensor tokens = ref["attention_mask"].reshape({-1}).nonzero().squeeze(1);
+  auto at_tokens = [&](const at::Tensor& logits) {
+    return logits.reshape({-1, logits.size(-1)}).index_select(0, tokens);
+  };
+  expect_close(at_tokens(out.logits), at_tokens(ref["logits"]), name + " logits at the tokens");
+  if (llama.config.sliding_window == 0) expect_close(out.logits, ref["logits"], name + " logits");
+  expect_close(out.loss, ref["loss"], name + " causal LM loss");
+  LlamaOutputs labelled = llama.run(ref["input_ids"], ref["attention_mask"], ref["labels"], /*labelled_only=*/true);
+  expect_close(labelled.loss, ref["loss"], name + " causal LM loss, head at the labelled positions");
+  return llama;
+}
+
+// Llama 3.2's shape (hf_reference.py's llama3_debug): "llama3" RoPE scaling, head_dim apart from hidden / heads,
+// the head tied to the embedding (the file holds model.embed_tokens.weight alone), attention biases.
+TEST(HfParity, Llama3ScaledRopeTiedHead) {
+  ZooModel built;
+  const LlamaImpl& llama = check_decoder("llama3", built);
+  EXPECT_TRUE(llama.config.tie_word_embeddings);
+  EXPECT_EQ(llama.config.rope_scaling.type, "llama3");
+  EXPECT_EQ(llama.config.head_size(), 32);
+  EXPECT_TRUE(llama.config.qkv_bias && llama.config.out_bias);
+  EXPECT_TRUE(llama.lm_head.is_empty());
+}
+
+// MistralForCausalLM with a window of 8 positions over a batch of 48: each query sees its last 8 keys.
+TEST(HfParity, MistralSlidingWindow) {
+  ZooModel built;
+  const LlamaImpl& mistral = check_decoder("mistral", built);
+  EXPECT_EQ(built.family, "mistral");
+  EXPECT_EQ(mistral.config.sliding_window, 8);
+}
+
+// Qwen2ForCausalLM: biases on q, k and v (none on o), the head tied.
+TEST(HfParity, Qwen2QkvBiasTiedHead) {
+  ZooModel built;
+  const LlamaImpl& qwen = check_decoder("qwen2", built);
+  EXPECT_EQ(built.family, "qwen2");
+  EXPECT_TRUE(qwen.config.qkv_bias && !qwen.config.out_bias && qwen.config.tie_word_embeddings);
+  EXPECT_TRUE(built.module->named_parameters().contains("layers.0.attn.q.bias"));
+  EXPECT_FALSE(built.module->named_parameters().contains("layers.0.attn.o.bias"));
 }
 
 TEST(HfParity, T5) {

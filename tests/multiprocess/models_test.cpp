@@ -208,9 +208,10 @@ TEST(ModelsDist, LlamaEdgeUnitsTrainLikeOneProcess) {
   // Llama's embedding and LM head are units of their own (ModelRecipe::edge_unit_classes), so that the root does
   // not hold them gathered through the step: both sharded after every step, and the training the same as one
   // process on the whole batch, with and without checkpointed layers, parallelized or sharded as built. Llama
-  // 3.2's shape (llama-3.2-debug: the head tied to the embedding, RoPE scaling) keeps its one table in the root.
+  // 3.2's shape (llama-3.2-debug: the head tied to the embedding, RoPE scaling) keeps its one table in the root, as
+  // Qwen2's (qwen2-debug, with biases on q, k, v); Mistral's window (8) is shorter than these 16 positions.
   constexpr int kSteps = 3;
-  for (const std::string flavor : {"llama-debug", "llama-3.2-debug"}) {
+  for (const std::string flavor : {"llama-debug", "llama-3.2-debug", "qwen2-debug", "mistral-debug"}) {
     BuildOptions build;
     build.init.seed = 7;
     const LlamaConfig config = llama_flavor(flavor);
@@ -247,7 +248,7 @@ TEST(ModelsDist, LlamaEdgeUnitsTrainLikeOneProcess) {
           units = parallelize(model, mesh, options);
         }
         ASSERT_EQ(units.size(), (tied ? 2 + 1u : 2 + 2 + 1u))
-            << label << ": two LlamaDecoderLayers, the embedding and the head unless tied, the root";
+            << label << ": two decoder layers, the embedding and the head unless tied, the root";
         std::vector<fsdp::FsdpUnit> edges;
         for (const auto& u : units) {
           if (u.module_name() == "LlamaEmbedding" || u.module_name() == "LlamaLMHead") edges.push_back(u);
@@ -265,10 +266,12 @@ TEST(ModelsDist, LlamaEdgeUnitsTrainLikeOneProcess) {
             EXPECT_EQ(u.state(), fsdp::ShardState::SHARDED) << label << " " << u.module_name();
           }
         }
+        // Qwen2's key biases aside: their true gradient is zero, rounding noise that Adam normalises (as above).
         auto full = fsdp::gather_full_parameters(model.module);
         EXPECT_EQ(full.size(), reference->named_parameters().size()) << label;
         for (const auto& p : reference->named_parameters()) {
           ASSERT_TRUE(full.count(p.key())) << p.key();
+          if (p.key().find("attn.k.bias") != std::string::npos) continue;
           EXPECT_LE((full.at(p.key()) - p.value()).abs().max().item<double>(), 1e-5) << label << " " << p.key();
         }
       }

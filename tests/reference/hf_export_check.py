@@ -71,7 +71,7 @@ def main():
             o = model(input_ids=ids, attention_mask=mask, labels=labels)
             io = dict(input_ids=ids, attention_mask=mask, labels=labels, logits=o.logits, loss=o.loss,
                       encoder_hidden=o.encoder_last_hidden_state)
-        elif family == "llama":
+        elif family in ("llama", "mistral", "qwen2"):  # one decoder, three names
             model = load(arch, path)
             ids, mask = text_batch(g, config["vocab_size"])
             labels = ids.masked_fill(mask == 0, -100)
@@ -105,7 +105,13 @@ def main():
     tokenizer_files = [f for f in ("tokenizer.json", "vocab.txt", "spiece.model", "tokenizer.model")
                        if os.path.exists(os.path.join(path, f))]
     if tokenizer_files:
-        tok = transformers.AutoTokenizer.from_pretrained(path)
+        # The class tokenizer_config.json names; AutoTokenizer would take transformers' own choice for some model
+        # types (Mistral's needs a tokenizer.json, which a WordPiece vocab.txt export does not have).
+        named = None
+        if os.path.exists(os.path.join(path, "tokenizer_config.json")):
+            with open(os.path.join(path, "tokenizer_config.json")) as f:
+                named = json.load(f).get("tokenizer_class")
+        tok = (getattr(transformers, named) if named else transformers.AutoTokenizer).from_pretrained(path)
         encoded = tok("a red square beside a blue circle")["input_ids"]
         io["tokenized"] = torch.tensor(encoded)
         print(f"hf_export_check: tokenizer {type(tok).__name__}, {len(tok)} tokens")

@@ -14,8 +14,8 @@ import torch
 from safetensors.torch import save_file
 import transformers
 from transformers import (BertConfig, BertForPreTraining, FlavaConfig, FlavaForPreTraining, LlamaConfig,
-                          LlamaForCausalLM, T5Config, T5ForConditionalGeneration, ViTConfig, ViTForImageClassification,
-                          ViTModel)
+                          LlamaForCausalLM, MistralConfig, MistralForCausalLM, Qwen2Config, Qwen2ForCausalLM, T5Config,
+                          T5ForConditionalGeneration, ViTConfig, ViTForImageClassification, ViTModel)
 
 transformers.logging.set_verbosity_error()
 
@@ -47,6 +47,20 @@ def llama3_debug(attention_bias=True):
                        attention_bias=attention_bias,
                        rope_scaling={"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
                                      "high_freq_factor": 4.0, "original_max_position_embeddings": 64})
+
+
+def mistral_debug():
+    """shardtrain's mistral-debug: a sliding window of 8 positions."""
+    return MistralConfig(vocab_size=1000, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128,
+                         rope_theta=10000.0, rms_norm_eps=1e-5, sliding_window=8, tie_word_embeddings=False)
+
+
+def qwen2_debug():
+    """shardtrain's qwen2-debug: biases on q, k and v, the head tied to the embedding."""
+    return Qwen2Config(vocab_size=1000, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                       num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128,
+                       rope_theta=1000000.0, rms_norm_eps=1e-6, tie_word_embeddings=True, use_sliding_window=False)
 
 
 def t5_debug():
@@ -147,6 +161,19 @@ def llama3(out, g):
     save(out, "llama3", model, dict(input_ids=ids, attention_mask=mask, labels=labels, logits=o.logits, loss=o.loss))
 
 
+def decoder(name, model_class, config):
+    """A Llama-like decoder's batch of 48 positions (past mistral-debug's window of 8), its logits and loss."""
+    def make(out, g):
+        model = model_class(config).eval()
+        randomize(model, 7)
+        ids, mask = text_batch(g, 1000, length=48)
+        labels = ids.masked_fill(mask == 0, -100)
+        with torch.no_grad():
+            o = model(input_ids=ids, attention_mask=mask, labels=labels)
+        save(out, name, model, dict(input_ids=ids, attention_mask=mask, labels=labels, logits=o.logits, loss=o.loss))
+    return make
+
+
 def t5(out, g):
     model = T5ForConditionalGeneration(t5_debug()).eval()
     randomize(model, 4)
@@ -237,6 +264,20 @@ def counts():
             vocab_size=128256, hidden_size=3072, intermediate_size=8192, num_hidden_layers=28, num_attention_heads=24,
             num_key_value_heads=8, head_dim=128, max_position_embeddings=131072, rope_scaling=llama3_rope(32.0),
             tie_word_embeddings=True)),
+        "mistral-7b": lambda: MistralForCausalLM(MistralConfig(
+            vocab_size=32000, hidden_size=4096, intermediate_size=14336, num_hidden_layers=32, num_attention_heads=32,
+            num_key_value_heads=8, max_position_embeddings=32768, sliding_window=4096)),
+        "mistral-7b-v0.3": lambda: MistralForCausalLM(MistralConfig(
+            vocab_size=32768, hidden_size=4096, intermediate_size=14336, num_hidden_layers=32, num_attention_heads=32,
+            num_key_value_heads=8, max_position_embeddings=32768, sliding_window=None, rope_theta=1e6)),
+        "qwen2.5-0.5b": lambda: Qwen2ForCausalLM(Qwen2Config(
+            vocab_size=151936, hidden_size=896, intermediate_size=4864, num_hidden_layers=24, num_attention_heads=14,
+            num_key_value_heads=2, max_position_embeddings=32768, tie_word_embeddings=True)),
+        "qwen2.5-7b": lambda: Qwen2ForCausalLM(Qwen2Config(
+            vocab_size=152064, hidden_size=3584, intermediate_size=18944, num_hidden_layers=28, num_attention_heads=28,
+            num_key_value_heads=4, max_position_embeddings=131072, tie_word_embeddings=False)),
+        "mistral-debug": lambda: MistralForCausalLM(mistral_debug()),
+        "qwen2-debug": lambda: Qwen2ForCausalLM(qwen2_debug()),
         "llama-3-70b": lambda: LlamaForCausalLM(LlamaConfig(vocab_size=128256, hidden_size=8192,
                                                             intermediate_size=28672, num_hidden_layers=80,
                                                             num_attention_heads=64, num_key_value_heads=8)),
@@ -269,7 +310,8 @@ def main():
     os.makedirs(out, exist_ok=True)
     torch.manual_seed(0)
     g = torch.Generator().manual_seed(1234)
-    for make in (bert, vit, llama, llama3, t5, flava):
+    for make in (bert, vit, llama, llama3, decoder("mistral", MistralForCausalLM, mistral_debug()),
+                 decoder("qwen2", Qwen2ForCausalLM, qwen2_debug()), t5, flava):
         make(out, g)
     with open(os.path.join(out, "counts.json"), "w") as f:
         json.dump(counts(), f, indent=1)

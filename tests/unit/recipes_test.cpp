@@ -119,9 +119,9 @@ TEST(Recipes, LlamaRopeScalingFromEitherTransformersFormat) {
   const at::Tensor plain = rotary_inv_freq(16, 500000.0, at::kCPU), scaled = llama_inv_freq(a, at::kCPU);
   EXPECT_FLOAT_EQ(scaled[7].item<float>(), plain[7].item<float>() / 32);
   EXPECT_FLOAT_EQ(scaled[0].item<float>(), plain[0].item<float>());
-  nlohmann::json linear = base;
+  nlohmann::json linear = base;  // no rope_theta: transformers' default, 10000
   linear["rope_scaling"] = {{"type", "linear"}, {"factor", 2.0}};  // the older key for the type
-  EXPECT_TRUE(at::allclose(llama_inv_freq(config_of(linear), at::kCPU), rotary_inv_freq(16, 500000.0, at::kCPU) / 2));
+  EXPECT_TRUE(at::allclose(llama_inv_freq(config_of(linear), at::kCPU), rotary_inv_freq(16, 10000.0, at::kCPU) / 2));
 
   nlohmann::json yarn = base;
   yarn["rope_scaling"] = {{"rope_type", "yarn"}, {"factor", 4.0}};

@@ -124,6 +124,9 @@ at::Tensor run_layers(std::vector<TransformerLayer>& layers, at::Tensor x, const
 at::Tensor padding_bias(const at::Tensor& mask, at::ScalarType dtype);
 // (1, 1, T, T): key positions after the query's hidden.
 at::Tensor causal_bias(int64_t length, at::ScalarType dtype, const at::Device& device);
+// (1, 1, T, T): key positions `window` or more before the query's hidden (Mistral's sliding window: a query sees
+// itself and the window - 1 positions before; the causal part is the attention's own).
+at::Tensor sliding_window_bias(int64_t length, int64_t window, at::ScalarType dtype, const at::Device& device);
 // RoPE's inverse frequencies theta^(-2i / head_dim), i < head_dim / 2: (head_dim / 2) float32, as transformers.
 at::Tensor rotary_inv_freq(int64_t head_dim, double theta, const at::Device& device);
 // Rotary embeddings for positions [0, length) from inv_freq (D / 2): (2, length, D) cos and sin, Hugging Face's

@@ -1,6 +1,8 @@
 // Llama 2 / 3 (Touvron et al.; Meta), as Hugging Face's LlamaForCausalLM: RMSNorm, rotary position embeddings
 // (plain, linearly scaled, or Llama 3.1's "llama3" scaling), SwiGLU feed-forward, grouped-query attention, an output
-// head of its own or tied to the token embedding (Llama 3.2 1B and 3B).
+// head of its own or tied to the token embedding (Llama 3.2 1B and 3B). The same decoder is Mistral's
+// (MistralForCausalLM: sliding-window attention) and Qwen2's (Qwen2ForCausalLM: biases on q, k and v): one model,
+// three families of the zoo, told apart by LlamaConfig::model_type.
 #pragma once
 
 #include <string>
@@ -23,6 +25,7 @@ struct LlamaRopeScaling {
 };
 
 struct LlamaConfig {
+  std::string model_type = "llama";  // config.json's: "llama", "mistral" or "qwen2"
   int64_t vocab_size = 128256;
   int64_t dim = 4096;
   int64_t layers = 32;
@@ -34,9 +37,11 @@ struct LlamaConfig {
   double norm_eps = 1e-5;
   double rope_theta = 500000.0;
   LlamaRopeScaling rope_scaling;
-  bool attention_bias = false;       // biases on q, k, v and o
+  bool qkv_bias = false;             // biases on q, k and v (Llama's attention_bias; Qwen2's always)
+  bool out_bias = false;             // a bias on o (Llama's attention_bias)
   bool mlp_bias = false;             // biases on gate, up and down
   bool tie_word_embeddings = false;  // the LM head is the token embedding's table
+  int64_t sliding_window = 0;        // Mistral: a query sees the keys of its last sliding_window positions; 0: all
 
   int64_t head_size() const { return head_dim > 0 ? head_dim : dim / heads; }
 };
@@ -44,7 +49,14 @@ struct LlamaConfig {
 // llama-3-8b, llama-3.1-8b, llama-3.2-1b, llama-3.2-3b, llama-3-70b, llama-2-7b (the published configurations),
 // llama-debug, llama-3.2-debug (3.2's tied head, head_dim and RoPE scaling at debug size).
 std::vector<std::string> llama_flavors();
+// mistral-7b (v0.1: a 4096-token sliding window), mistral-7b-v0.3, mistral-debug (a window of 8).
+std::vector<std::string> mistral_flavors();
+// qwen2.5-0.5b (tied head), qwen2.5-7b, qwen2-debug.
+std::vector<std::string> qwen2_flavors();
+// Any of the three families' flavors.
 LlamaConfig llama_flavor(const std::string& name);
+// The decoder layer's Hugging Face class: LlamaDecoderLayer, MistralDecoderLayer or Qwen2DecoderLayer.
+std::string llama_layer_class(const LlamaConfig& config);
 TransformerLayerOptions llama_layer_options(const LlamaConfig& config);  // its decoder layer (RMSNorm, SwiGLU, GQA)
 // The rotary embedding's inverse frequencies, (head_size / 2) float32 on `device`, scaled as config.rope_scaling
 // says, as transformers computes them (in float32). Throws std::invalid_argument for a scaling type it lacks.
