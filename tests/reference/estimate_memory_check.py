@@ -23,7 +23,8 @@ import torch
 import transformers
 from accelerate.commands.estimate import create_ascii_table, estimate_training_usage
 from accelerate.utils import calculate_maximum_sizes, convert_bytes
-from transformers import AutoModel, BertConfig, FlavaConfig, LlamaConfig, T5Config, ViTConfig
+from transformers import (AutoModel, BertConfig, FlavaConfig, LlamaConfig, MistralConfig, Qwen2Config, T5Config,
+                          ViTConfig)
 
 transformers.logging.set_verbosity_error()
 
@@ -60,6 +61,12 @@ CONFIGS = {
                                 max_position_embeddings=131072, rope_theta=500000.0, tie_word_embeddings=True,
                                 rope_scaling={"rope_type": "llama3", "factor": 32.0, "low_freq_factor": 1.0,
                                               "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}),
+    "mistral-7b": MistralConfig(vocab_size=32000, hidden_size=4096, intermediate_size=14336, num_hidden_layers=32,
+                                num_attention_heads=32, num_key_value_heads=8, max_position_embeddings=32768,
+                                sliding_window=4096),
+    "qwen2.5-0.5b": Qwen2Config(vocab_size=151936, hidden_size=896, intermediate_size=4864, num_hidden_layers=24,
+                                num_attention_heads=14, num_key_value_heads=2, max_position_embeddings=32768,
+                                rope_theta=1000000.0, rms_norm_eps=1e-6, tie_word_embeddings=True),
     "llama-odd": LlamaConfig(vocab_size=1001, hidden_size=96, intermediate_size=200, num_hidden_layers=3,
                              num_attention_heads=6, num_key_value_heads=2),
     "flava-350m": flava(768, 3072, 12, 12, 6),
@@ -69,7 +76,8 @@ CONFIGS = {
 
 # Zoo flavors whose config.json above is the same model: their tables must match but for the title.
 SAME_AS_FLAVOR = {"bert-base-cased": "bert-base-cased", "t5-small": "t5-small", "flava-350m": "flava-350m",
-                  "llama-3-8b": "llama-3-8b", "llama-3.2-1b": "llama-3.2-1b",
+                  "llama-3-8b": "llama-3-8b", "llama-3.2-1b": "llama-3.2-1b", "mistral-7b": "mistral-7b",
+                  "qwen2.5-0.5b": "qwen2.5-0.5b",
                   "vit-base-patch16-224": "vit-base-patch16-224"}
 
 
