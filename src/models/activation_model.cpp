@@ -31,12 +31,16 @@ int64_t attention_kept(const AttentionOptions& a, int64_t batch, int64_t tokens,
   const int64_t hd = a.head_dim > 0 ? a.head_dim : a.dim / a.heads;
   // q, and k, v after repeat_interleave for grouped-query attention (the repeated copies are what attention keeps).
   const int64_t q_numel = batch * tokens * h * hd, kv_numel = 2 * batch * keys * (kvh != h ? h : kvh) * hd;
+  // Qwen3's RMSNorms over each head of q and k keep what any RMSNorm keeps; their outputs are q and k below.
+  const int64_t qk_norms = a.qk_norm ? norm_kept(Norm::kRMSNorm, batch * tokens * h, hd, q) +
+                                           norm_kept(Norm::kRMSNorm, batch * keys * kvh, hd, q)
+                                     : 0;
   const double p = q.training ? a.dropout : 0.0;
   const bool fused = q.cuda ? !a.re_attention : (p <= 0 && !a.re_attention);  // CPU: dropout takes the math kernel
   if (fused) {
     // Flash / memory-efficient: q, k, v, the output, laid out (B, T, H, D) so o's input is a view of it, and the
     // float32 log-sum-exp.
-    return (q_numel + kv_numel + q_numel) * e + batch * h * tokens * 4;
+    return qk_norms + (q_numel + kv_numel + q_numel) * e + batch * h * tokens * 4;
   }
   // Math: SDPA's math kernel works in float32 for bfloat16/float16 inputs (float32 copies of q, k, v are what its
   // products keep); DeepViT's re-attention in the compute dtype. Softmax keeps its result; with dropout, the noise
@@ -45,7 +49,7 @@ int64_t attention_kept(const AttentionOptions& a, int64_t batch, int64_t tokens,
   const int64_t me = a.re_attention ? e : 4, scores = batch * h * tokens * keys;
   int64_t bytes = (q_numel + kv_numel) * me + scores * me;
   if (p > 0) bytes += (q.cuda ? scores : scores * me) + scores * me;
-  return bytes + q_numel * e;
+  return qk_norms + bytes + q_numel * e;
 }
 
 int64_t mlp_kept(const TransformerLayerOptions& o, int64_t rows, const ActivationQuery& q) {

@@ -67,6 +67,10 @@ AttentionImpl::AttentionImpl(const AttentionOptions& opts, const torch::TensorOp
     reattn_weights = register_parameter("reattn_weights", at::empty({options.heads, options.heads}, t));
     reattn_norm = register_module("reattn_norm", LayerNorm(options.heads, 1e-5, t));
   }
+  if (options.qk_norm) {
+    q_norm = register_module("q_norm", RMSNorm(d, options.qk_norm_eps, t));
+    k_norm = register_module("k_norm", RMSNorm(d, options.qk_norm_eps, t));
+  }
 }
 
 at::Tensor AttentionImpl::forward(const at::Tensor& x, const at::Tensor& context, const at::Tensor& bias,
@@ -74,8 +78,10 @@ at::Tensor AttentionImpl::forward(const at::Tensor& x, const at::Tensor& context
   const at::Tensor& source = context.defined() ? context : x;
   const int64_t b = x.size(0), t = x.size(1), s = source.size(1);
   const int64_t h = options.heads, kvh = options.kv_heads, d = options.head_dim;
-  at::Tensor qh = q->forward(x).view({b, t, h, d}).transpose(1, 2);        // (B, H, T, D)
-  at::Tensor kh = k->forward(source).view({b, s, kvh, d}).transpose(1, 2);  // (B, kvH, S, D)
+  at::Tensor qh = q->forward(x).view({b, t, h, d});        // (B, T, H, D)
+  at::Tensor kh = k->forward(source).view({b, s, kvh, d});  // (B, S, kvH, D)
+  if (options.qk_norm) qh = q_norm->forward(qh), kh = k_norm->forward(kh);
+  qh = qh.transpose(1, 2), kh = kh.transpose(1, 2);         // (B, H, T, D), (B, kvH, S, D)
   at::Tensor vh = v->forward(source).view({b, s, kvh, d}).transpose(1, 2);
   if (rope.defined()) {
     qh = apply_rotary(qh, rope);

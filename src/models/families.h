@@ -9,8 +9,9 @@ ModelFamily flava_family();  // src/models/flava_recipe.cpp
 ModelFamily bert_family();   // src/models/bert_recipe.cpp
 ModelFamily vit_family();    // src/models/vit_recipe.cpp
 ModelFamily t5_family();     // src/models/t5_recipe.cpp
-ModelFamily llama_family();    // src/models/llama_recipe.cpp, as the two below
+ModelFamily llama_family();    // src/models/llama_recipe.cpp, as the three below
 ModelFamily mistral_family();
 ModelFamily qwen2_family();
+ModelFamily qwen3_family();
 
 }  // namespace shardtrain::models

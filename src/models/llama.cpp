@@ -20,6 +20,8 @@ std::vector<std::string> mistral_flavors() { return {"mistral-7b", "mistral-7b-v
 
 std::vector<std::string> qwen2_flavors() { return {"qwen2.5-0.5b", "qwen2.5-7b", "qwen2-debug"}; }
 
+std::vector<std::string> qwen3_flavors() { return {"qwen3-0.6b", "qwen3-8b", "qwen3-debug"}; }
+
 namespace {
 
 // Mistral 7B (v0.1: a 4096-token sliding window; v0.3: none, a 32768-token vocabulary), mistral-debug (a window of
@@ -65,17 +67,42 @@ LlamaConfig qwen2_flavor(const std::string& name) {
   throw_unknown_flavor("Qwen2", name, qwen2_flavors());
 }
 
+// Qwen3 0.6B (its head tied) and 8B, qwen3-debug (tied, heads of 32 for a width of 64 over 4 heads): q_norm and
+// k_norm, heads of 128 wider than hidden_size / heads, no biases.
+LlamaConfig qwen3_flavor(const std::string& name) {
+  LlamaConfig c;
+  c.model_type = "qwen3";
+  c.qk_norm = true, c.head_dim = 128, c.norm_eps = 1e-6, c.rope_theta = 1e6, c.max_positions = 40960;
+  c.vocab_size = 151936, c.kv_heads = 8;
+  if (name == "qwen3-0.6b") {
+    c.dim = 1024, c.layers = 28, c.heads = 16, c.mlp_dim = 3072, c.tie_word_embeddings = true;
+    return c;
+  }
+  if (name == "qwen3-8b") {
+    c.dim = 4096, c.layers = 36, c.heads = 32, c.mlp_dim = 12288;
+    return c;
+  }
+  if (name == "qwen3-debug") {
+    c.vocab_size = 1000, c.dim = 64, c.layers = 2, c.heads = 4, c.kv_heads = 2, c.head_dim = 32, c.mlp_dim = 128;
+    c.max_positions = 128, c.tie_word_embeddings = true;
+    return c;
+  }
+  throw_unknown_flavor("Qwen3", name, qwen3_flavors());
+}
+
 }  // namespace
 
 std::string llama_layer_class(const LlamaConfig& c) {
   if (c.model_type == "mistral") return "MistralDecoderLayer";
   if (c.model_type == "qwen2") return "Qwen2DecoderLayer";
+  if (c.model_type == "qwen3") return "Qwen3DecoderLayer";
   return "LlamaDecoderLayer";
 }
 
 LlamaConfig llama_flavor(const std::string& name) {
   if (name.rfind("mistral", 0) == 0) return mistral_flavor(name);
   if (name.rfind("qwen2", 0) == 0) return qwen2_flavor(name);
+  if (name.rfind("qwen3", 0) == 0) return qwen3_flavor(name);
   LlamaConfig c;  // llama-3-8b (Meta-Llama-3-8B)
   if (name == "llama-3-8b") return c;
   // Llama 3.1 and 3.2: 128K positions through "llama3" RoPE scaling of the 8K pretraining context; 3.2's small
@@ -122,6 +149,7 @@ TransformerLayerOptions llama_layer_options(const LlamaConfig& c) {
   l.attention.dim = c.dim, l.attention.heads = c.heads, l.attention.kv_heads = c.kv_heads;
   l.attention.head_dim = c.head_size();
   l.attention.qkv_bias = c.qkv_bias, l.attention.out_bias = c.out_bias, l.attention.causal = true;
+  l.attention.qk_norm = c.qk_norm, l.attention.qk_norm_eps = c.norm_eps;
   l.mlp_dim = c.mlp_dim, l.activation = Activation::kSwiGlu, l.mlp_bias = c.mlp_bias;
   l.norm = Norm::kRMSNorm, l.norm_eps = c.norm_eps;
   return l;
@@ -241,6 +269,8 @@ NameMap llama_names() {
                              {"attn.k", "self_attn.k_proj"},
                              {"attn.v", "self_attn.v_proj"},
                              {"attn.o", "self_attn.o_proj"},
+                             {"attn.q_norm", "self_attn.q_norm"},  // Qwen3's
+                             {"attn.k_norm", "self_attn.k_norm"},
                              {"norm1", "input_layernorm"},
                              {"norm2", "post_attention_layernorm"},
                              {"mlp.gate", "mlp.gate_proj"},

@@ -22,6 +22,7 @@ namespace {
 std::string hf_class_prefix(const std::string& model_type) {
   if (model_type == "mistral") return "Mistral";
   if (model_type == "qwen2") return "Qwen2";
+  if (model_type == "qwen3") return "Qwen3";
   return "Llama";
 }
 
@@ -135,10 +136,11 @@ class LlamaRecipe : public FamilyRecipe<LlamaConfig, Llama> {
   }
 };
 
-// transformers' LlamaConfig, MistralConfig or Qwen2Config of `c` (for ...ForCausalLM; rope_theta and
-// rope_scaling at the top, which transformers 4 and 5 both read; head_dim only when it is not hidden_size /
-// num_attention_heads). Biases as each family's keys say them: Llama's attention_bias (q, k, v and o) and
-// mlp_bias, Qwen2's q, k and v always; Mistral has none.
+// transformers' LlamaConfig, MistralConfig, Qwen2Config or Qwen3Config of `c` (for ...ForCausalLM; rope_theta and
+// rope_scaling at the top, which transformers 4 and 5 both read; head_dim when it is not hidden_size /
+// num_attention_heads, and always for Qwen3, whose config defaults it to 128). Biases as each family's keys say
+// them: Llama's attention_bias (q, k, v and o) and mlp_bias, Qwen3's attention_bias, Qwen2's q, k and v always;
+// Mistral has none.
 nlohmann::json llama_to_hf(const LlamaConfig& c) {
   nlohmann::json j = {{"model_type", c.model_type},
                       {"architectures", {hf_class_prefix(c.model_type) + "ForCausalLM"}},
@@ -153,13 +155,13 @@ nlohmann::json llama_to_hf(const LlamaConfig& c) {
                       {"rope_theta", c.rope_theta},
                       {"hidden_act", "silu"},
                       {"tie_word_embeddings", c.tie_word_embeddings}};
-  if (c.model_type == "llama") {
-    j["attention_bias"] = c.qkv_bias;
-    j["mlp_bias"] = c.mlp_bias;
+  if (c.model_type == "llama" || c.model_type == "qwen3") j["attention_bias"] = c.qkv_bias;
+  if (c.model_type == "llama") j["mlp_bias"] = c.mlp_bias;
+  if (c.model_type == "mistral") {
+    j["sliding_window"] = c.sliding_window > 0 ? nlohmann::json(c.sliding_window) : nlohmann::json(nullptr);
   }
-  if (c.model_type == "mistral") j["sliding_window"] = c.sliding_window > 0 ? nlohmann::json(c.sliding_window) : nullptr;
-  if (c.model_type == "qwen2") j["use_sliding_window"] = false;
-  if (c.head_dim > 0 && c.head_dim != c.dim / c.heads) j["head_dim"] = c.head_dim;
+  if (c.model_type == "qwen2" || c.model_type == "qwen3") j["use_sliding_window"] = false;
+  if ((c.head_dim > 0 && c.head_dim != c.dim / c.heads) || c.model_type == "qwen3") j["head_dim"] = c.head_size();
   const LlamaRopeScaling& r = c.rope_scaling;
   if (r.type == "linear") j["rope_scaling"] = {{"rope_type", "linear"}, {"factor", r.factor}};
   if (r.type == "llama3") {
@@ -218,17 +220,21 @@ LlamaConfig llama_from_hf(const HfConfig& hf, const std::string& model_type) {
   c.rope_scaling = rope_scaling_from_hf(hf, c.max_positions);
   const std::string family = hf_class_prefix(model_type);
   hf.require("hidden_act", {"silu"}, family);
-  if (model_type == "llama") {
+  if (model_type == "llama" || model_type == "qwen3") {
     c.qkv_bias = c.out_bias = hf.flag("attention_bias", false);
-    c.mlp_bias = hf.flag("mlp_bias", false);
-  } else {  // keys their configs do not have: a file that sets them is of another model
+  } else {  // a key their configs do not have: a file that sets it is of another model
     hf.require("attention_bias", {"false"}, family);
+  }
+  if (model_type == "llama") {
+    c.mlp_bias = hf.flag("mlp_bias", false);
+  } else {
     hf.require("mlp_bias", {"false"}, family);
   }
   if (model_type == "mistral") c.sliding_window = hf.integer("sliding_window", 0);  // null: none
-  if (model_type == "qwen2") {
-    c.qkv_bias = true;
-    // Qwen2's sliding window covers only the layers from max_window_layers on, when use_sliding_window says so.
+  if (model_type == "qwen2" || model_type == "qwen3") {
+    c.qkv_bias = c.qkv_bias || model_type == "qwen2";
+    c.qk_norm = model_type == "qwen3";
+    // Their sliding window covers only the layers from max_window_layers on, when use_sliding_window says so.
     hf.require("use_sliding_window", {"false"}, family + " (full attention in every layer)");
     for (const std::string& layer : hf.texts("layer_types")) {
       if (layer != "full_attention") hf.reject("layer_types", "shardtrain's Qwen2 implements full_attention layers");
@@ -240,7 +246,7 @@ LlamaConfig llama_from_hf(const HfConfig& hf, const std::string& model_type) {
     hf.reject("num_attention_heads", "expected a positive multiple of num_key_value_heads (" +
                                          std::to_string(c.kv_heads) + ")");
   }
-  c.head_dim = hf.integer("head_dim", 0);
+  c.head_dim = hf.integer("head_dim", model_type == "qwen3" ? 128 : 0);  // Qwen3Config's default
   if (c.head_dim == 0 && c.dim % c.heads != 0) {
     hf.reject("num_attention_heads", "expected a divisor of hidden_size (" + std::to_string(c.dim) +
                                          ") when head_dim is not given");
@@ -252,7 +258,7 @@ LlamaConfig llama_from_hf(const HfConfig& hf, const std::string& model_type) {
   return c;
 }
 
-// The three families of the one decoder differ in their flavors, config.json's model_type and layer class.
+// The four families of the one decoder differ in their flavors, config.json's model_type and layer class.
 template <std::vector<std::string> (*Flavors)(), const char* kType>
 ModelFamily decoder_family() {
   return {kType, Flavors,
@@ -276,12 +282,13 @@ ModelFamily decoder_family() {
            {"rope_theta", {"rope_theta"}}}};
 }
 
-constexpr char kLlama[] = "llama", kMistral[] = "mistral", kQwen2[] = "qwen2";
+constexpr char kLlama[] = "llama", kMistral[] = "mistral", kQwen2[] = "qwen2", kQwen3[] = "qwen3";
 
 }  // namespace
 
 ModelFamily llama_family() { return decoder_family<llama_flavors, kLlama>(); }
 ModelFamily mistral_family() { return decoder_family<mistral_flavors, kMistral>(); }
 ModelFamily qwen2_family() { return decoder_family<qwen2_flavors, kQwen2>(); }
+ModelFamily qwen3_family() { return decoder_family<qwen3_flavors, kQwen3>(); }
 
 }  // namespace shardtrain::models

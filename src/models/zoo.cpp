@@ -19,7 +19,8 @@ namespace {
 // The zoo: one row per family, in the order `shardtrain models` lists them.
 const std::vector<ModelFamily>& families() {
   static const std::vector<ModelFamily> table = {flava_family(), bert_family(),    vit_family(), t5_family(),
-                                                 llama_family(), mistral_family(), qwen2_family()};
+                                                 llama_family(), mistral_family(), qwen2_family(),
+                                                 qwen3_family()};
   return table;
 }
 

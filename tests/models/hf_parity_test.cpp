@@ -153,6 +153,17 @@ TEST(HfParity, Qwen2QkvBiasTiedHead) {
   EXPECT_FALSE(built.module->named_parameters().contains("layers.0.attn.o.bias"));
 }
 
+// Qwen3ForCausalLM: an RMSNorm over each head of q and k before RoPE, heads wider than hidden / heads, the head
+// tied.
+TEST(HfParity, Qwen3QkNormTiedHead) {
+  ZooModel built;
+  const LlamaImpl& qwen = check_decoder("qwen3", built);
+  EXPECT_EQ(built.family, "qwen3");
+  EXPECT_TRUE(qwen.config.qk_norm && qwen.config.tie_word_embeddings && !qwen.config.qkv_bias);
+  EXPECT_EQ(qwen.config.head_size(), 32);
+  EXPECT_TRUE(built.module->named_parameters().contains("layers.1.attn.k_norm.weight"));
+}
+
 TEST(HfParity, T5) {
   Reference ref("t5");
   T5 model = load(T5(t5_flavor("t5-debug")), ref, t5_names());

@@ -23,8 +23,8 @@ import torch
 import transformers
 from accelerate.commands.estimate import create_ascii_table, estimate_training_usage
 from accelerate.utils import calculate_maximum_sizes, convert_bytes
-from transformers import (AutoModel, BertConfig, FlavaConfig, LlamaConfig, MistralConfig, Qwen2Config, T5Config,
-                          ViTConfig)
+from transformers import (AutoModel, BertConfig, FlavaConfig, LlamaConfig, MistralConfig, Qwen2Config, Qwen3Config,
+                          T5Config, ViTConfig)
 
 transformers.logging.set_verbosity_error()
 
@@ -67,6 +67,10 @@ CONFIGS = {
     "qwen2.5-0.5b": Qwen2Config(vocab_size=151936, hidden_size=896, intermediate_size=4864, num_hidden_layers=24,
                                 num_attention_heads=14, num_key_value_heads=2, max_position_embeddings=32768,
                                 rope_theta=1000000.0, rms_norm_eps=1e-6, tie_word_embeddings=True),
+    "qwen3-0.6b": Qwen3Config(vocab_size=151936, hidden_size=1024, intermediate_size=3072, num_hidden_layers=28,
+                              num_attention_heads=16, num_key_value_heads=8, head_dim=128,
+                              max_position_embeddings=40960, rope_theta=1000000.0, rms_norm_eps=1e-6,
+                              tie_word_embeddings=True),
     "llama-odd": LlamaConfig(vocab_size=1001, hidden_size=96, intermediate_size=200, num_hidden_layers=3,
                              num_attention_heads=6, num_key_value_heads=2),
     "flava-350m": flava(768, 3072, 12, 12, 6),
@@ -77,7 +81,7 @@ CONFIGS = {
 # Zoo flavors whose config.json above is the same model: their tables must match but for the title.
 SAME_AS_FLAVOR = {"bert-base-cased": "bert-base-cased", "t5-small": "t5-small", "flava-350m": "flava-350m",
                   "llama-3-8b": "llama-3-8b", "llama-3.2-1b": "llama-3.2-1b", "mistral-7b": "mistral-7b",
-                  "qwen2.5-0.5b": "qwen2.5-0.5b",
+                  "qwen2.5-0.5b": "qwen2.5-0.5b", "qwen3-0.6b": "qwen3-0.6b",
                   "vit-base-patch16-224": "vit-base-patch16-224"}
 
 

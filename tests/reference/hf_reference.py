@@ -14,8 +14,9 @@ import torch
 from safetensors.torch import save_file
 import transformers
 from transformers import (BertConfig, BertForPreTraining, FlavaConfig, FlavaForPreTraining, LlamaConfig,
-                          LlamaForCausalLM, MistralConfig, MistralForCausalLM, Qwen2Config, Qwen2ForCausalLM, T5Config,
-                          T5ForConditionalGeneration, ViTConfig, ViTForImageClassification, ViTModel)
+                          LlamaForCausalLM, MistralConfig, MistralForCausalLM, Qwen2Config, Qwen2ForCausalLM,
+                          Qwen3Config, Qwen3ForCausalLM, T5Config, T5ForConditionalGeneration, ViTConfig,
+                          ViTForImageClassification, ViTModel)
 
 transformers.logging.set_verbosity_error()
 
@@ -60,6 +61,13 @@ def qwen2_debug():
     """shardtrain's qwen2-debug: biases on q, k and v, the head tied to the embedding."""
     return Qwen2Config(vocab_size=1000, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
                        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128,
+                       rope_theta=1000000.0, rms_norm_eps=1e-6, tie_word_embeddings=True, use_sliding_window=False)
+
+
+def qwen3_debug():
+    """shardtrain's qwen3-debug: q_norm and k_norm, heads of 32 (not 64 / 4), the head tied to the embedding."""
+    return Qwen3Config(vocab_size=1000, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                       num_attention_heads=4, num_key_value_heads=2, head_dim=32, max_position_embeddings=128,
                        rope_theta=1000000.0, rms_norm_eps=1e-6, tie_word_embeddings=True, use_sliding_window=False)
 
 
@@ -276,6 +284,13 @@ def counts():
         "qwen2.5-7b": lambda: Qwen2ForCausalLM(Qwen2Config(
             vocab_size=152064, hidden_size=3584, intermediate_size=18944, num_hidden_layers=28, num_attention_heads=28,
             num_key_value_heads=4, max_position_embeddings=131072, tie_word_embeddings=False)),
+        "qwen3-0.6b": lambda: Qwen3ForCausalLM(Qwen3Config(
+            vocab_size=151936, hidden_size=1024, intermediate_size=3072, num_hidden_layers=28, num_attention_heads=16,
+            num_key_value_heads=8, head_dim=128, max_position_embeddings=40960, tie_word_embeddings=True)),
+        "qwen3-8b": lambda: Qwen3ForCausalLM(Qwen3Config(
+            vocab_size=151936, hidden_size=4096, intermediate_size=12288, num_hidden_layers=36, num_attention_heads=32,
+            num_key_value_heads=8, head_dim=128, max_position_embeddings=40960, tie_word_embeddings=False)),
+        "qwen3-debug": lambda: Qwen3ForCausalLM(qwen3_debug()),
         "mistral-debug": lambda: MistralForCausalLM(mistral_debug()),
         "qwen2-debug": lambda: Qwen2ForCausalLM(qwen2_debug()),
         "llama-3-70b": lambda: LlamaForCausalLM(LlamaConfig(vocab_size=128256, hidden_size=8192,
@@ -311,7 +326,8 @@ def main():
     torch.manual_seed(0)
     g = torch.Generator().manual_seed(1234)
     for make in (bert, vit, llama, llama3, decoder("mistral", MistralForCausalLM, mistral_debug()),
-                 decoder("qwen2", Qwen2ForCausalLM, qwen2_debug()), t5, flava):
+                 decoder("qwen2", Qwen2ForCausalLM, qwen2_debug()), decoder("qwen3", Qwen3ForCausalLM, qwen3_debug()),
+                 t5, flava):
         make(out, g)
     with open(os.path.join(out, "counts.json"), "w") as f:
         json.dump(counts(), f, indent=1)

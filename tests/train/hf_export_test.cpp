@@ -2,7 +2,7 @@
 // model.overrides: a custom size, and BERT as a sequence classifier; and the first BERT export trained again from
 // its directory, model.from, with and without overrides) trains two steps, its checkpoint is exported as a Hugging
 // Face model directory (sharded with an index for two families; Llama also as Llama 3.2's shape: tied head, RoPE
-// scaling; Mistral's and Qwen2's debug flavors, which share Llama's decoder), and
+// scaling; Mistral's, Qwen2's and Qwen3's debug flavors, which share Llama's decoder), and
 // tests/reference/hf_export_check.py loads it with transformers' from_pretrained (no weight missing), records a
 // batch and transformers' outputs. shardtrain's model built from the same directory (model.from's path: its
 // config.json, its weights) must hold exactly the checkpoint's parameters and give transformers' outputs to 1e-5 of
@@ -62,7 +62,7 @@ void compare_outputs(const std::string& family, torch::nn::Module& module, const
     expect_close(o.encoder_hidden, ref("encoder_hidden"), "T5 encoder hidden states");
     expect_close(o.logits, ref("logits"), "T5 logits");
     expect_close(o.loss, ref("loss"), "T5 loss");
-  } else if (family == "llama" || family == "mistral" || family == "qwen2") {
+  } else if (family == "llama" || family == "mistral" || family == "qwen2" || family == "qwen3") {
     models::LlamaOutputs o = dynamic_cast<models::LlamaImpl&>(module).run(ref("input_ids"), ref("attention_mask"),
                                                                   ref("labels"));
     expect_close(o.logits, ref("logits"), "Llama logits");
@@ -102,7 +102,7 @@ TEST(HfExport, EveryFamilyLoadsIntoTransformersWithTheSameOutputs) {
       {"bert-from-fewer-layers", "bert", from + " '--model.overrides={layers: 2}'"},
       {"bert-from-wider-mlp", "bert", from + " '--model.overrides={mlp_dim: 80}' --model.ignore_mismatched_sizes=true"},
       {"vit", "vit", ""}, {"t5", "t5", ""}, {"llama", "llama", ""}, {"llama-3.2", "llama", ""},
-      {"mistral", "mistral", ""}, {"qwen2", "qwen2", ""}, {"flava", "flava", ""}};
+      {"mistral", "mistral", ""}, {"qwen2", "qwen2", ""}, {"qwen3", "qwen3", ""}, {"flava", "flava", ""}};
   const std::string kept = "\"key_only_the_source_has\": \"kept\"";
   for (const auto& [name, family, extra] : cases) {
     SCOPED_TRACE(name);

@@ -32,10 +32,13 @@ struct AttentionOptions {
   bool causal = false;     // each query attends to keys at its position and before
   bool re_attention = false;  // DeepViT: mix the heads' attention maps with a learned (H, H) matrix, then norm
   double dropout = 0.0;    // on attention probabilities, training only
+  bool qk_norm = false;    // Qwen3: an RMSNorm over each head's D of the queries and of the keys, before RoPE
+  double qk_norm_eps = 1e-6;
 };
 
 // Multi-head attention on LibTorch's scaled_dot_product_attention. Children: q, k, v (C -> H*D or kv_heads*D),
-// o (H*D -> C); with re_attention also reattn_weights (H, H) and reattn_norm over heads.
+// o (H*D -> C); with re_attention also reattn_weights (H, H) and reattn_norm over heads; with qk_norm q_norm and
+// k_norm (D).
 class AttentionImpl : public torch::nn::Module {
  public:
   AttentionImpl(const AttentionOptions& options, const torch::TensorOptions& tensor_options);
@@ -47,6 +50,7 @@ class AttentionImpl : public torch::nn::Module {
   Linear q{nullptr}, k{nullptr}, v{nullptr}, o{nullptr};
   at::Tensor reattn_weights;
   LayerNorm reattn_norm{nullptr};
+  RMSNorm q_norm{nullptr}, k_norm{nullptr};
 };
 TORCH_MODULE(Attention);
 

@@ -1,8 +1,9 @@
 // Llama 2 / 3 (Touvron et al.; Meta), as Hugging Face's LlamaForCausalLM: RMSNorm, rotary position embeddings
 // (plain, linearly scaled, or Llama 3.1's "llama3" scaling), SwiGLU feed-forward, grouped-query attention, an output
 // head of its own or tied to the token embedding (Llama 3.2 1B and 3B). The same decoder is Mistral's
-// (MistralForCausalLM: sliding-window attention) and Qwen2's (Qwen2ForCausalLM: biases on q, k and v): one model,
-// three families of the zoo, told apart by LlamaConfig::model_type.
+// (MistralForCausalLM: sliding-window attention), Qwen2's (Qwen2ForCausalLM: biases on q, k and v) and Qwen3's
+// (Qwen3ForCausalLM: an RMSNorm over each head of q and k): one model, four families of the zoo, told apart by
+// LlamaConfig::model_type.
 #pragma once
 
 #include <string>
@@ -25,7 +26,7 @@ struct LlamaRopeScaling {
 };
 
 struct LlamaConfig {
-  std::string model_type = "llama";  // config.json's: "llama", "mistral" or "qwen2"
+  std::string model_type = "llama";  // config.json's: "llama", "mistral", "qwen2" or "qwen3"
   int64_t vocab_size = 128256;
   int64_t dim = 4096;
   int64_t layers = 32;
@@ -42,6 +43,7 @@ struct LlamaConfig {
   bool mlp_bias = false;             // biases on gate, up and down
   bool tie_word_embeddings = false;  // the LM head is the token embedding's table
   int64_t sliding_window = 0;        // Mistral: a query sees the keys of its last sliding_window positions; 0: all
+  bool qk_norm = false;              // Qwen3: q_norm and k_norm, RMSNorms over each head (norm_eps)
 
   int64_t head_size() const { return head_dim > 0 ? head_dim : dim / heads; }
 };
@@ -53,9 +55,12 @@ std::vector<std::string> llama_flavors();
 std::vector<std::string> mistral_flavors();
 // qwen2.5-0.5b (tied head), qwen2.5-7b, qwen2-debug.
 std::vector<std::string> qwen2_flavors();
-// Any of the three families' flavors.
+// qwen3-0.6b (tied head), qwen3-8b, qwen3-debug.
+std::vector<std::string> qwen3_flavors();
+// Any of the four families' flavors.
 LlamaConfig llama_flavor(const std::string& name);
-// The decoder layer's Hugging Face class: LlamaDecoderLayer, MistralDecoderLayer or Qwen2DecoderLayer.
+// The decoder layer's Hugging Face class: LlamaDecoderLayer, MistralDecoderLayer, Qwen2DecoderLayer or
+// Qwen3DecoderLayer.
 std::string llama_layer_class(const LlamaConfig& config);
 TransformerLayerOptions llama_layer_options(const LlamaConfig& config);  // its decoder layer (RMSNorm, SwiGLU, GQA)
 // The rotary embedding's inverse frequencies, (head_size / 2) float32 on `device`, scaled as config.rope_scaling

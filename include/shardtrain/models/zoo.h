@@ -19,7 +19,7 @@
 namespace shardtrain::models {
 
 struct FlavorName {
-  std::string family;  // "flava", "bert", "vit", "t5", "llama", "mistral", "qwen2"
+  std::string family;  // "flava", "bert", "vit", "t5", "llama", "mistral", "qwen2", "qwen3"
   std::string flavor;  // "flava-350m", "bert-base-uncased", ...
 };
 
