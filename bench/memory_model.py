@@ -6,8 +6,8 @@ backward, clipping + AdamW + zero_grad) counted by our allocator, the largest ra
 `plan::estimate_training_memory`'s prediction for the same job. Prints predicted vs measured and the error per
 cell, then the largest errors.
 
-Models: one per family at a few tens of millions of parameters or less (config.json files written here), text at 64
-tokens (ViT and FLAVA at 128-pixel images, 64 patches).
+Models: one per family at a few tens of millions of parameters or less (config.json files written here; Llama's
+decoder also as Qwen3 and Mistral), text at 64 tokens (ViT and FLAVA at 128-pixel images, 64 patches).
 
 usage: memory_model.py [--quick] [--only TEXT] [--check TOLERANCE] [--csv FILE] [--build DIR]
   --quick   the subset tests/CMakeLists.txt runs (plan.memory_model_grid)
@@ -31,6 +31,14 @@ MODELS = {
     "llama": {"model_type": "llama", "vocab_size": 8000, "hidden_size": 256, "num_hidden_layers": 4,
               "num_attention_heads": 4, "num_key_value_heads": 2, "intermediate_size": 688,
               "max_position_embeddings": 512},
+    # Llama's decoder as Qwen3 (q/k norms, heads of 96 for a width of 256 over 4, the head tied: one table in the
+    # root) and as Mistral (a window of 32 positions, shorter than the 64 tokens: an explicit band mask).
+    "qwen3": {"model_type": "qwen3", "vocab_size": 8000, "hidden_size": 256, "num_hidden_layers": 4,
+              "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 96, "intermediate_size": 688,
+              "max_position_embeddings": 512, "tie_word_embeddings": True},
+    "mistral": {"model_type": "mistral", "vocab_size": 8000, "hidden_size": 256, "num_hidden_layers": 4,
+                "num_attention_heads": 4, "num_key_value_heads": 2, "intermediate_size": 688,
+                "max_position_embeddings": 512, "sliding_window": 32},
     "vit": {"model_type": "vit", "architectures": ["ViTForImageClassification"], "image_size": 128, "patch_size": 16,
             "hidden_size": 384, "num_hidden_layers": 6, "num_attention_heads": 6, "intermediate_size": 1536,
             "id2label": {str(i): str(i) for i in range(10)}},
@@ -54,7 +62,8 @@ def grid(quick):
         return [("bert", "full_shard", 2, 4, "no", False), ("bert", "ddp", 2, 4, "no", True),
                 ("llama", "shard_grad_op", 2, 4, "bf16", False), ("llama", "full_shard", 3, 2, "no", True),
                 ("t5", "full_shard", 2, 4, "no", False), ("vit", "no_shard", 2, 4, "no", False),
-                ("flava", "full_shard", 2, 2, "no", False)]
+                ("flava", "full_shard", 2, 2, "no", False), ("qwen3", "full_shard", 2, 4, "no", False),
+                ("mistral", "shard_grad_op", 2, 4, "no", True)]
     cells = []
     for family, strategy, world in itertools.product(MODELS, STRATEGIES, [1, 2, 4]):
         if world == 1 and strategy != "full_shard":
