@@ -18,7 +18,7 @@
 namespace shardtrain::models {
 namespace {
 
-// Hugging Face's class names of a model_type: "Llama" (LlamaForCausalLM, LlamaModel), "Mistral", "Qwen2".
+// Hugging Face's class names of a model_type: "Llama" (LlamaForCausalLM, LlamaModel), "Mistral", "Qwen2", "Qwen3".
 std::string hf_class_prefix(const std::string& model_type) {
   if (model_type == "mistral") return "Mistral";
   if (model_type == "qwen2") return "Qwen2";
@@ -117,8 +117,8 @@ class LlamaRecipe : public FamilyRecipe<LlamaConfig, Llama> {
     return a;
   }
 
-  // LlamaModel (MistralModel, Qwen2Model): no LM head. Its rotary embedding holds the inverse frequencies, and
-  // (transformers 5) their original values, as float32 buffers of head_dim / 2.
+  // LlamaModel (MistralModel, Qwen2Model, Qwen3Model): no LM head. Its rotary embedding holds the inverse
+  // frequencies, and (transformers 5) their original values, as float32 buffers of head_dim / 2.
   HfModelLayout hf_base_model() const override {
     const std::string base = hf_class_prefix(config().model_type) + "Model";
     HfModelLayout out{base, hf_parameters(*Llama(config(), meta_build()), hf_names(), "model."),
@@ -203,8 +203,9 @@ LlamaRopeScaling rope_scaling_from_hf(const HfConfig& hf, int64_t max_positions)
   return r;
 }
 
-// The keys of LlamaConfig, MistralConfig or Qwen2Config (`model_type`; transformers 4 and 5: rope_theta at the top
-// or in rope_parameters; where a key is absent, transformers' default for theta and the norm's epsilon).
+// The keys of LlamaConfig, MistralConfig, Qwen2Config or Qwen3Config (`model_type`; transformers 4 and 5:
+// rope_theta at the top or in rope_parameters; where a key is absent, transformers' default for theta and the
+// norm's epsilon).
 LlamaConfig llama_from_hf(const HfConfig& hf, const std::string& model_type) {
   LlamaConfig c;
   c.model_type = model_type;
