@@ -84,10 +84,11 @@ AnyPrecisionAdamWParamState& AnyPrecisionAdamW::empty_state(const at::Tensor& pa
 // AdamW): decoupled weight decay, the moments in their own dtypes, the bias-corrected step, and with Kahan
 // summation the update added to the compensation first, then the parameter moved by it, then the compensation
 // left with what the parameter's dtype rounded away. With fused(): parameters the CPU kernel takes
-// (anyprecision_kernel.h) are collected and stepped by it in one pass at the end, those on a GPU by the same
-// operations over lists (anyprecision_foreach.h), a group at a time. The CPU's others (float16, non-contiguous)
-// stay per operation: ATen's CPU list operations run tensor by tensor anyway, and LibTorch rounds their scalars
-// to the tensors' dtype (beta1 0.9 to 0.8984 in bf16) where exact() keeps float precision.
+// (anyprecision_kernel.h) are collected and stepped by it in one pass at the end, those on a GPU whose state shares
+// their dtype by the same operations over lists (anyprecision_foreach.h), a group at a time. The others (float16
+// or non-contiguous on the CPU, mixed dtypes on a GPU) stay per operation: ATen's list operations would run them
+// tensor by tensor anyway, with their scalars rounded to the tensors' dtype by LibTorch (beta1 0.9 to 0.8984 in
+// bf16) where exact() keeps float precision.
 at::Tensor AnyPrecisionAdamW::step(LossClosure closure) {
   const at::Tensor loss = evaluate_closure(closure);
   c10::AutoGradMode no_grad(false);
@@ -112,7 +113,9 @@ at::Tensor AnyPrecisionAdamW::step(LossClosure closure) {
       const double step_size = o.lr() / bias_correction1;
       const bool one_pass =
           o.fused() && fused_anyprecision_takes(p, grad, s.exp_avg(), s.exp_avg_sq(), s.compensation());
-      if (one_pass || (o.fused() && !p.is_cpu())) {
+      const bool listed =
+          o.fused() && foreach_anyprecision_takes(p, grad, s.exp_avg(), s.exp_avg_sq(), s.compensation());
+      if (one_pass || listed) {
         AdamWStepScalars scalars;
         scalars.decay = 1 - o.lr() * o.weight_decay();
         scalars.beta1 = beta1;

@@ -49,6 +49,19 @@ void step_lists(Lists& l, double beta1, double beta2) {
 
 }  // namespace
 
+bool foreach_anyprecision_takes(const at::Tensor& param, const at::Tensor& grad, const at::Tensor& exp_avg,
+                                const at::Tensor& exp_avg_sq, const at::Tensor& compensation) {
+  if (param.is_cpu() || param.device().is_meta()) return false;
+  for (const at::Tensor* t : {&param, &grad, &exp_avg, &exp_avg_sq, &compensation}) {
+    if (t == &compensation && !t->defined()) continue;
+    if (t->device() != param.device() || t->scalar_type() != param.scalar_type() || !t->is_contiguous() ||
+        t->layout() != at::kStrided) {
+      return false;
+    }
+  }
+  return true;
+}
+
 void foreach_anyprecision_step(const std::vector<AnyPrecisionTensors>& params) {
   if (params.empty()) return;
   const double beta1 = params.front().scalars.beta1, beta2 = params.front().scalars.beta2;

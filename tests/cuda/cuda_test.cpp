@@ -24,6 +24,7 @@
 #include "shardtrain/models/parallelize.h"
 #include "shardtrain/models/weights.h"
 #include "shardtrain/nn/activation_checkpoint.h"
+#include "optim/anyprecision_foreach.h"
 #include "shardtrain/optim/anyprecision_adamw.h"
 #include "shardtrain/optim/fused_adamw.h"
 #include "shardtrain/optim/grad_scaler.h"
@@ -266,6 +267,11 @@ TEST(Cuda, OptimizerStepsOnTheDevice) {
         v, optim::AnyPrecisionAdamWOptions(1e-3).weight_decay(0.1).use_kahan_summation(true).fused(lists));
     return train(opt, v);
   };
+  {  // the list step takes a pure bf16 parameter's tensors on the device, not a float32 moment beside them
+    const at::Tensor w = torch::zeros({4}, at::TensorOptions().device(kCuda).dtype(at::kBFloat16));
+    EXPECT_TRUE(optim::foreach_anyprecision_takes(w, w, w, w, w));
+    EXPECT_FALSE(optim::foreach_anyprecision_takes(w, w, w.to(at::kFloat), w, w));
+  }
   const auto per_operation = any(kCuda, false);
   constexpr double kBf16 = 1.0 / 128;  // one unit in the last place of a bf16 in [1, 2)
   expect_close(any(kCuda, true), per_operation, kBf16, "AnyPrecision's multi-tensor step");

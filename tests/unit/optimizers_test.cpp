@@ -315,6 +315,9 @@ TEST(AnyPrecisionAdamW, MultiTensorStepIsThePerOperationStep) {
     if (kahan[i]) EXPECT_TRUE(torch::equal(lists[i].compensation, s.compensation())) << "compensation " << i;
   }
 
+  // The optimizer sends no CPU tensor there (ATen's CPU list operations would round its scalars).
+  EXPECT_FALSE(foreach_anyprecision_takes(got[0], got[0].grad(), lists[0].exp_avg, lists[0].exp_avg_sq,
+                                          lists[0].compensation));
   std::vector<AnyPrecisionTensors> two_groups = {lists[0], lists[1]};
   two_groups[1].scalars.beta1 = 0.9;
   testing::expect_error<std::invalid_argument>([&] { foreach_anyprecision_step(two_groups); },

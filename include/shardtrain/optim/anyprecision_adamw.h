@@ -28,9 +28,9 @@ struct AnyPrecisionAdamWOptions : public torch::optim::OptimizerCloneableOptions
   TORCH_ARG(at::ScalarType, variance_dtype) = at::kBFloat16;
   TORCH_ARG(at::ScalarType, compensation_buffer_dtype) = at::kBFloat16;
   // One pass over each parameter's memory on the CPU (float32 and bf16 tensors, contiguous), with float32
-  // arithmetic and each tensor rounded once; on a GPU, ATen's multi-tensor operations (a few kernels for all of a
-  // group's tensors, rounded after each operation as ATen's per-tensor ones). false, or other CPU tensors: ATen's
-  // operations tensor by tensor.
+  // arithmetic and each tensor rounded once; on a GPU, with the state in the parameters' dtype (pure bf16), ATen's
+  // multi-tensor operations (a few kernels for all of a group's tensors, rounded after each operation as ATen's
+  // per-tensor ones). false, or other tensors: ATen's operations tensor by tensor.
   TORCH_ARG(bool, fused) = true;
 
  public:
