@@ -259,6 +259,18 @@ LlamaConfig llama_from_hf(const HfConfig& hf, const std::string& model_type) {
   return c;
 }
 
+// model.overrides' names for the decoder (Mistral's also its window).
+std::vector<std::pair<std::string, std::vector<std::string>>> decoder_override_keys(const std::string& model_type) {
+  std::vector<std::pair<std::string, std::vector<std::string>>> keys = {
+      {"layers", {"num_hidden_layers"}},   {"dim", {"hidden_size"}},
+      {"heads", {"num_attention_heads"}},  {"kv_heads", {"num_key_value_heads"}},
+      {"head_dim", {"head_dim"}},          {"mlp_dim", {"intermediate_size"}},
+      {"vocab_size", {"vocab_size"}},      {"max_positions", {"max_position_embeddings"}},
+      {"norm_eps", {"rms_norm_eps"}},      {"rope_theta", {"rope_theta"}}};
+  if (model_type == "mistral") keys.push_back({"sliding_window", {"sliding_window"}});
+  return keys;
+}
+
 // The four families of the one decoder differ in their flavors, config.json's model_type and layer class.
 template <std::vector<std::string> (*Flavors)(), const char* kType>
 ModelFamily decoder_family() {
@@ -272,15 +284,7 @@ ModelFamily decoder_family() {
             const LlamaConfig c = llama_from_hf(hf, kType);
             return std::make_shared<LlamaRecipe>(kType, name, c, llama_names, llama_layer_class(c));
           },
-          {{"layers", {"num_hidden_layers"}},
-           {"dim", {"hidden_size"}},
-           {"heads", {"num_attention_heads"}},
-           {"kv_heads", {"num_key_value_heads"}},
-           {"mlp_dim", {"intermediate_size"}},
-           {"vocab_size", {"vocab_size"}},
-           {"max_positions", {"max_position_embeddings"}},
-           {"norm_eps", {"rms_norm_eps"}},
-           {"rope_theta", {"rope_theta"}}}};
+          decoder_override_keys(kType)};
 }
 
 constexpr char kLlama[] = "llama", kMistral[] = "mistral", kQwen2[] = "qwen2", kQwen3[] = "qwen3";

@@ -117,7 +117,10 @@ std::shared_ptr<const ModelRecipe> recipe_of_model(const std::string& flavor_or_
         v << value;
         throw std::invalid_argument("model.overrides: " + name + " is " + v.str() + " (expected a whole number)");
       }
-      if (slot.is_number_integer()) slot = static_cast<int64_t>(value);
+      // A key the config.json leaves out (null: Llama's head_dim, Mistral v0.3's window) takes a whole number as
+      // one: the integer keys read nothing else, the real ones read it as well.
+      const bool whole = (slot.is_number_integer() || slot.is_null()) && value == std::floor(value);
+      if (whole) slot = static_cast<int64_t>(value);
       else slot = value;
     }
     label << (label.str().back() == '{' ? "" : ", ") << name << ": " << value;

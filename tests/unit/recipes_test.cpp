@@ -223,6 +223,15 @@ TEST(Recipes, OverridesMakeCustomSizes) {
   const auto llama = recipe_of_model("llama-debug", {{"dim", 128}, {"rope_theta", 1e6}});
   EXPECT_NE(llama->hf_config_json().find("\"rope_theta\": 1000000.0"), std::string::npos);
   EXPECT_EQ(recipe_of_model("t5-small", {})->flavor(), "t5-small");
+  // Keys the config.json leaves out: a head size apart from the width, Mistral's window where v0.3 has none.
+  const auto wide = recipe_of_model("llama-debug", {{"head_dim", 32}})->build(meta_build());
+  EXPECT_EQ(dynamic_cast<LlamaImpl&>(*wide).config.head_size(), 32);
+  EXPECT_EQ(wide->named_parameters()["layers.0.attn.q.weight"].sizes(), at::IntArrayRef({4 * 32, 64}));
+  const auto windowed =
+      recipe_of_model("mistral-7b-v0.3", {{"layers", 1}, {"sliding_window", 1024}})->build(meta_build());
+  EXPECT_EQ(dynamic_cast<LlamaImpl&>(*windowed).config.sliding_window, 1024);
+  EXPECT_NE(error_of([] { recipe_of_model("llama-debug", {{"sliding_window", 8}}); }).find("'sliding_window' is not"),
+            std::string::npos);
 
   EXPECT_NE(error_of([] { recipe_of_model("bert-debug", {{"layer", 3}}); })
                 .find("'layer' is not a dimension of a bert model (did you mean 'layers'? bert's: layers, dim"),
