@@ -92,12 +92,14 @@ LlamaConfig qwen3_flavor(const std::string& name) {
 
 }  // namespace
 
-std::string llama_layer_class(const LlamaConfig& c) {
-  if (c.model_type == "mistral") return "MistralDecoderLayer";
-  if (c.model_type == "qwen2") return "Qwen2DecoderLayer";
-  if (c.model_type == "qwen3") return "Qwen3DecoderLayer";
-  return "LlamaDecoderLayer";
+std::string llama_hf_class_prefix(const std::string& model_type) {
+  if (model_type == "mistral") return "Mistral";
+  if (model_type == "qwen2") return "Qwen2";
+  if (model_type == "qwen3") return "Qwen3";
+  return "Llama";
 }
+
+std::string llama_layer_class(const LlamaConfig& c) { return llama_hf_class_prefix(c.model_type) + "DecoderLayer"; }
 
 LlamaConfig llama_flavor(const std::string& name) {
   if (name.rfind("mistral", 0) == 0) return mistral_flavor(name);

@@ -18,14 +18,6 @@
 namespace shardtrain::models {
 namespace {
 
-// Hugging Face's class names of a model_type: "Llama" (LlamaForCausalLM, LlamaModel), "Mistral", "Qwen2", "Qwen3".
-std::string hf_class_prefix(const std::string& model_type) {
-  if (model_type == "mistral") return "Mistral";
-  if (model_type == "qwen2") return "Qwen2";
-  if (model_type == "qwen3") return "Qwen3";
-  return "Llama";
-}
-
 class LlamaCausalLm : public Task {
  public:
   explicit LlamaCausalLm(const LlamaConfig& config) : config_(config) {}
@@ -120,7 +112,7 @@ class LlamaRecipe : public FamilyRecipe<LlamaConfig, Llama> {
   // LlamaModel (MistralModel, Qwen2Model, Qwen3Model): no LM head. Its rotary embedding holds the inverse
   // frequencies, and (transformers 5) their original values, as float32 buffers of head_dim / 2.
   HfModelLayout hf_base_model() const override {
-    const std::string base = hf_class_prefix(config().model_type) + "Model";
+    const std::string base = llama_hf_class_prefix(config().model_type) + "Model";
     HfModelLayout out{base, hf_parameters(*Llama(config(), meta_build()), hf_names(), "model."),
                       {"^layers\\.\\d+$"}};
     const int64_t half = config().head_size() / 2;
@@ -143,7 +135,7 @@ class LlamaRecipe : public FamilyRecipe<LlamaConfig, Llama> {
 // Mistral has none.
 nlohmann::json llama_to_hf(const LlamaConfig& c) {
   nlohmann::json j = {{"model_type", c.model_type},
-                      {"architectures", {hf_class_prefix(c.model_type) + "ForCausalLM"}},
+                      {"architectures", {llama_hf_class_prefix(c.model_type) + "ForCausalLM"}},
                       {"vocab_size", c.vocab_size},
                       {"hidden_size", c.dim},
                       {"intermediate_size", c.mlp_dim},
@@ -219,7 +211,7 @@ LlamaConfig llama_from_hf(const HfConfig& hf, const std::string& model_type) {
   c.norm_eps = hf.number("rms_norm_eps", 1e-6);
   c.rope_theta = hf.number("rope_theta", hf.section("rope_parameters").number("rope_theta", 10000.0));
   c.rope_scaling = rope_scaling_from_hf(hf, c.max_positions);
-  const std::string family = hf_class_prefix(model_type);
+  const std::string family = llama_hf_class_prefix(model_type);
   hf.require("hidden_act", {"silu"}, family);
   if (model_type == "llama" || model_type == "qwen3") {
     c.qkv_bias = c.out_bias = hf.flag("attention_bias", false);
@@ -232,13 +224,15 @@ LlamaConfig llama_from_hf(const HfConfig& hf, const std::string& model_type) {
     hf.require("mlp_bias", {"false"}, family);
   }
   if (model_type == "mistral") c.sliding_window = hf.integer("sliding_window", 0);  // null: none
+  if (model_type == "qwen2") c.qkv_bias = true;
+  if (model_type == "qwen3") c.qk_norm = true;
   if (model_type == "qwen2" || model_type == "qwen3") {
-    c.qkv_bias = c.qkv_bias || model_type == "qwen2";
-    c.qk_norm = model_type == "qwen3";
     // Their sliding window covers only the layers from max_window_layers on, when use_sliding_window says so.
     hf.require("use_sliding_window", {"false"}, family + " (full attention in every layer)");
     for (const std::string& layer : hf.texts("layer_types")) {
-      if (layer != "full_attention") hf.reject("layer_types", "shardtrain's Qwen2 implements full_attention layers");
+      if (layer != "full_attention") {
+        hf.reject("layer_types", "shardtrain's " + family + " implements full_attention layers");
+      }
     }
   }
   if (c.sliding_window < 0) hf.reject("sliding_window", "expected a positive number of positions, or null");

@@ -59,6 +59,9 @@ std::vector<std::string> qwen2_flavors();
 std::vector<std::string> qwen3_flavors();
 // Any of the four families' flavors.
 LlamaConfig llama_flavor(const std::string& name);
+// Hugging Face's class names of a model_type begin with: "Llama" (LlamaForCausalLM, LlamaModel,
+// LlamaDecoderLayer), "Mistral", "Qwen2", "Qwen3".
+std::string llama_hf_class_prefix(const std::string& model_type);
 // The decoder layer's Hugging Face class: LlamaDecoderLayer, MistralDecoderLayer, Qwen2DecoderLayer or
 // Qwen3DecoderLayer.
 std::string llama_layer_class(const LlamaConfig& config);
