@@ -7,12 +7,14 @@ backward, clipping + AdamW + zero_grad) counted by our allocator, the largest ra
 cell, then the largest errors.
 
 Models: one per family at a few tens of millions of parameters or less (config.json files written here; Llama's
-decoder also as Qwen3 and Mistral), text at 64 tokens (ViT and FLAVA at 128-pixel images, 64 patches).
+decoder also as Qwen3 and Mistral), text at 64 tokens (ViT and FLAVA at 128-pixel images, 64 patches), and the
+text families at realistic lengths (512 tokens for BERT, 1024 for the decoders and T5), where attention's (T, T)
+tensors, the masks and a layer's temporaries count.
 
 usage: memory_model.py [--quick] [--only TEXT] [--check TOLERANCE] [--csv FILE] [--build DIR]
   --quick   the subset tests/CMakeLists.txt runs (plan.memory_model_grid)
   --only    the cells whose row starts with TEXT (words separated by spaces or commas: "vit,full_shard,2")
-Cells: (family, strategy, world, batch per rank, precision, checkpointing[, micro-batches]).
+Cells: (family, strategy, world, batch per rank, precision, checkpointing[, micro-batches[, tokens]]).
   --check   exit 1 when a cell's peak is off by more than TOLERANCE (0.10 = 10%)
 """
 import argparse
@@ -27,18 +29,18 @@ import time
 MODELS = {
     "bert": {"model_type": "bert", "architectures": ["BertForMaskedLM"], "vocab_size": 8000, "hidden_size": 256,
              "num_hidden_layers": 4, "num_attention_heads": 4, "intermediate_size": 1024,
-             "max_position_embeddings": 256},
+             "max_position_embeddings": 512},
     "llama": {"model_type": "llama", "vocab_size": 8000, "hidden_size": 256, "num_hidden_layers": 4,
               "num_attention_heads": 4, "num_key_value_heads": 2, "intermediate_size": 688,
-              "max_position_embeddings": 512},
+              "max_position_embeddings": 2048},
     # Llama's decoder as Qwen3 (q/k norms, heads of 96 for a width of 256 over 4, the head tied: one table in the
     # root) and as Mistral (a window of 32 positions, shorter than the 64 tokens: an explicit band mask).
     "qwen3": {"model_type": "qwen3", "vocab_size": 8000, "hidden_size": 256, "num_hidden_layers": 4,
               "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 96, "intermediate_size": 688,
-              "max_position_embeddings": 512, "tie_word_embeddings": True},
+              "max_position_embeddings": 2048, "tie_word_embeddings": True},
     "mistral": {"model_type": "mistral", "vocab_size": 8000, "hidden_size": 256, "num_hidden_layers": 4,
                 "num_attention_heads": 4, "num_key_value_heads": 2, "intermediate_size": 688,
-                "max_position_embeddings": 512, "sliding_window": 32},
+                "max_position_embeddings": 2048, "sliding_window": 32},
     "vit": {"model_type": "vit", "architectures": ["ViTForImageClassification"], "image_size": 128, "patch_size": 16,
             "hidden_size": 384, "num_hidden_layers": 6, "num_attention_heads": 6, "intermediate_size": 1536,
             "id2label": {str(i): str(i) for i in range(10)}},
@@ -63,7 +65,8 @@ def grid(quick):
                 ("llama", "shard_grad_op", 2, 4, "bf16", False), ("llama", "full_shard", 3, 2, "no", True),
                 ("t5", "full_shard", 2, 4, "no", False), ("vit", "no_shard", 2, 4, "no", False),
                 ("flava", "full_shard", 2, 2, "no", False), ("qwen3", "full_shard", 2, 4, "no", False),
-                ("mistral", "shard_grad_op", 2, 4, "no", True)]
+                ("mistral", "shard_grad_op", 2, 4, "no", True), ("t5", "full_shard", 2, 2, "no", True, 1, 1024),
+                ("mistral", "full_shard", 2, 2, "no", False, 1, 1024)]
     cells = []
     for family, strategy, world in itertools.product(MODELS, STRATEGIES, [1, 2, 4]):
         if world == 1 and strategy != "full_shard":
@@ -77,15 +80,31 @@ def grid(quick):
         cells.append((family, "full_shard", 2, batch, "no", False))
     for family, strategy in itertools.product(["bert", "llama"], ["full_shard", "ddp"]):
         cells.append((family, strategy, 2, 4, "no", False, 3))  # gradient accumulation over 3 micro-batches
+    cells += long_cells()
     return cells
+
+
+def long_cells():
+    """Text at realistic lengths: attention over (T, T), masks made once, a layer's temporaries."""
+    cells = []
+    for family, tokens in [("bert", 512), ("llama", 1024), ("mistral", 1024), ("t5", 1024)]:
+        for strategy, precision, ac in [("full_shard", "no", False), ("full_shard", "no", True),
+                                        ("ddp", "bf16", False)]:
+            cells.append((family, strategy, 2, 2, precision, ac, 1, tokens))
+    return cells
+
+
+def options(cell):
+    """(micro-batches, tokens) of a cell."""
+    return (cell[6] if len(cell) > 6 else 1), (cell[7] if len(cell) > 7 else 64)
 
 
 def run_cell(build, config_dir, cell):
     family, strategy, world, batch, precision, ac = cell[:6]
-    grad_accum = cell[6] if len(cell) > 6 else 1
+    grad_accum, tokens = options(cell)
     cmd = [os.path.join(build, "shardtrain"), "launch", "--nproc-per-node", str(world), "--",
            os.path.join(build, "memory_model_bench"), "--model", os.path.join(config_dir, family), "--strategy",
-           strategy, "--batch", str(batch), "--seq-len", "64", "--mixed-precision", precision]
+           strategy, "--batch", str(batch), "--seq-len", str(tokens), "--mixed-precision", precision]
     if ac:
         cmd.append("--ac")
     if grad_accum > 1:
@@ -119,8 +138,8 @@ def main():
                 json.dump(config, f)
         print(f"{len(cells)} cells; MB = 10^6 bytes, measured / predicted, error = predicted / measured - 1",
               flush=True)
-        print(f"{'model':6s} {'strategy':14s} {'W':>2s} {'B':>4s} {'prec':4s} {'AC':2s} {'params':>9s} "
-              + " ".join(f"{p + ' MB':>17s}" for p in PHASES) + f" {'peak err':>9s}", flush=True)
+        print(f"{'model':6s} {'strategy':14s} {'W':>2s} {'B':>4s} {'T':>4s} {'prec':4s} {'AC':2s} {'params':>9s} "
+              + " ".join(f"{p + ' MB':>19s}" for p in PHASES) + f" {'peak err':>9s}", flush=True)
         start = time.time()
         for i, cell in enumerate(cells):
             r = run_cell(args.build, tmp, cell)
@@ -129,10 +148,12 @@ def main():
             peak_error = max(predicted) / max(measured) - 1
             rows.append((cell, r, errors, peak_error))
             family, strategy, world, batch, precision, ac = cell[:6]
-            accum = f"x{cell[6]}" if len(cell) > 6 else ""
-            print(f"{family:6s} {strategy:14s} {world:2d} {str(batch) + accum:>4s} {precision:4s} {'on' if ac else '':2s} "
+            grad_accum, tokens = options(cell)
+            accum = f"x{grad_accum}" if grad_accum > 1 else ""
+            print(f"{family:6s} {strategy:14s} {world:2d} {str(batch) + accum:>4s} {tokens:4d} {precision:4s} "
+                  f"{'on' if ac else '':2s} "
                   f"{r['parameters'] / 1e6:8.1f}M "
-                  + " ".join(f"{m / 1e6:7.1f}/{p / 1e6:7.1f}{e * 100:+4.0f}%"[:17].rjust(17)
+                  + " ".join(f"{m / 1e6:7.1f}/{p / 1e6:7.1f}{e * 100:+4.0f}%".rjust(19)
                              for m, p, e in zip(measured, predicted, errors))
                   + f" {peak_error * 100:+8.1f}%   [{i + 1}/{len(cells)}, {time.time() - start:.0f} s]", flush=True)
 
@@ -143,10 +164,10 @@ def main():
           f"largest phase error {max(abs(e) for e in worst_phase[2]) * 100:.1f}% {worst_phase[0]}")
     if args.csv:
         with open(args.csv, "w") as f:
-            f.write("model,strategy,world,batch,precision,ac,grad_accum," +
+            f.write("model,strategy,world,batch,precision,ac,grad_accum,tokens," +
                     ",".join(f"{p}_measured,{p}_predicted" for p in PHASES) + "\n")
             for cell, r, _, _ in rows:
-                f.write(",".join(str(c) for c in cell[:6]) + f",{cell[6] if len(cell) > 6 else 1}," +
+                f.write(",".join(str(c) for c in cell[:6]) + ",{},{},".format(*options(cell)) +
                         ",".join(f"{m:.0f},{p:.0f}" for m, p in zip(r["measured"], r["predicted"])) + "\n")
     if args.check is not None and abs(worst[3]) > args.check:
         print(f"FAIL: a peak is off by more than {args.check * 100:.0f}%")

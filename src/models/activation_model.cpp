@@ -20,6 +20,11 @@ int64_t norm_kept(Norm norm, int64_t rows, int64_t dim, const ActivationQuery& q
   return x32 + rows * dim * e + rows * 4;
 }
 
+bool attention_fused(const AttentionOptions& a, const ActivationQuery& q) {
+  const double p = q.training ? a.dropout : 0.0;
+  return q.cuda ? !a.re_attention : (p <= 0 && !a.re_attention);  // CPU: dropout takes the math kernel
+}
+
 namespace {
 
 // Attention's q/k/v, the attention itself and its output (the o projection's input), over `tokens` queries and
@@ -36,8 +41,7 @@ int64_t attention_kept(const AttentionOptions& a, int64_t batch, int64_t tokens,
                                            norm_kept(Norm::kRMSNorm, batch * keys * kvh, hd, q)
                                      : 0;
   const double p = q.training ? a.dropout : 0.0;
-  const bool fused = q.cuda ? !a.re_attention : (p <= 0 && !a.re_attention);  // CPU: dropout takes the math kernel
-  if (fused) {
+  if (attention_fused(a, q)) {
     // Flash / memory-efficient: q, k, v, the output, laid out (B, T, H, D) so o's input is a view of it, and the
     // float32 log-sum-exp.
     return qk_norms + (q_numel + kv_numel + q_numel) * e + batch * h * tokens * 4;
@@ -92,6 +96,61 @@ int64_t transformer_layer_kept(const TransformerLayerOptions& o, int64_t batch, 
     bytes += q_unit + q_norm + q_unit + q_unit + q_norm;
   }
   return bytes + mlp_kept(o, q_rows, q) + q_drop;
+}
+
+namespace {
+
+// Attention's part of transformer_layer_transients over `tokens` queries and `keys` keys, its input's norm included.
+LayerTransients attention_transients(const AttentionOptions& a, int64_t batch, int64_t tokens, int64_t keys,
+                                     const ActivationQuery& q) {
+  const int64_t e = element_size(q), h = a.heads, kvh = a.kv_heads > 0 ? a.kv_heads : a.heads;
+  const int64_t hd = a.head_dim > 0 ? a.head_dim : a.dim / a.heads;
+  const int64_t q_numel = batch * tokens * h * hd, kv_numel = 2 * batch * keys * (kvh != h ? h : kvh) * hd;
+  const bool fused = attention_fused(a, q);
+  const bool dropped = q.training && a.dropout > 0;
+  // The math kernel's (B, H, T, S) scores: their softmax beside them, with dropout the noise and the dropped copy.
+  const int64_t scores = fused ? 0 : batch * h * tokens * keys * (a.re_attention ? e : 4);
+  LayerTransients t;
+  t.forward = batch * tokens * a.dim * e + (2 * q_numel + kv_numel) * e + (dropped ? 3 : 2) * scores;
+  // Fused: the gradients of q and of the (repeated) k and v; math: a (B, H, T, S) gradient made before the tensor
+  // it replaces is freed.
+  t.backward = fused ? (q_numel + kv_numel) * e : scores;
+  return t;
+}
+
+}  // namespace
+
+LayerTransients transformer_layer_transients(const TransformerLayerOptions& o, int64_t batch, int64_t tokens,
+                                             int64_t context_tokens, const ActivationQuery& q) {
+  const int64_t e = element_size(q), rows = batch * tokens, unit = rows * o.attention.dim * e;
+  const int64_t m = rows * o.mlp_dim * e;
+  const bool mlp_dropped = q.training && o.mlp_dropout > 0;
+  LayerTransients mlp;
+  switch (o.activation) {
+    // swiglu_linear: gate, up, silu(gate) and the product; backward silu(gate), the product's gradient and up's.
+    case Activation::kSwiGlu: mlp = {unit + 4 * m, 3 * m}; break;
+    // gelu_linear: fc1's output and its GELU; backward one (rows, hidden) gradient, made in place.
+    case Activation::kGelu:
+    case Activation::kGeluTanh: mlp = {unit + 2 * m, m}; break;
+    // fc1's output, relu's (and the dropout's noise and output); backward two gradients at a time.
+    case Activation::kRelu: mlp = {unit + (mlp_dropped ? 3 : 2) * m, 2 * m}; break;
+  }
+  LayerTransients attn = attention_transients(o.attention, batch, tokens, tokens, q);
+  if (o.cross_attention) {
+    AttentionOptions cross = o.attention;
+    cross.causal = false;
+    const LayerTransients c = attention_transients(cross, batch, tokens, context_tokens, q);
+    attn = {std::max(attn.forward, c.forward), std::max(attn.backward, c.backward)};
+  }
+  // The MLP runs after attention: by attention's backward what the MLP kept is freed.
+  attn.backward = std::max<int64_t>(0, attn.backward - mlp_kept(o, rows, q));
+  // On top: the residual stream (forward); the output's gradient and the input's being summed (backward).
+  return {unit + std::max(attn.forward, mlp.forward), 2 * unit + std::max(attn.backward, mlp.backward)};
+}
+
+void note_layer_transients(ActivationBytes& a, int64_t count, const LayerTransients& t) {
+  a.layer_forward_transient = std::max(a.layer_forward_transient, t.forward);
+  a.layer_backward_transients.insert(a.layer_backward_transients.end(), count, t.backward);
 }
 
 LossBytes cross_entropy_bytes(int64_t rows, int64_t vocab, const ActivationQuery& q) {

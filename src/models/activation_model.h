@@ -16,9 +16,25 @@ namespace shardtrain::models {
 int64_t transformer_layer_kept(const TransformerLayerOptions& layer, int64_t batch, int64_t tokens,
                                int64_t context_tokens, const ActivationQuery& q, int64_t queries = 0);
 
+// What one TransformerLayer (same arguments) holds on top while it runs, beyond what it keeps for backward:
+// forward, a checkpointed layer computing without gradients (its temporaries: the largest sub-block's outputs
+// alive at once); backward, the gradients it makes before the tensors they replace are freed.
+struct LayerTransients {
+  int64_t forward = 0, backward = 0;
+};
+LayerTransients transformer_layer_transients(const TransformerLayerOptions& layer, int64_t batch, int64_t tokens,
+                                             int64_t context_tokens, const ActivationQuery& q);
+// Notes the transients of the next `count` layers (in forward order) in `a`: their backward ones, the forward one
+// when larger than those already there.
+void note_layer_transients(ActivationBytes& a, int64_t count, const LayerTransients& t);
+
 // What a norm keeps besides its input and output (LayerNorm's statistics; RMSNorm's float32 input and normalized
 // copy), over `rows` rows of `dim`.
 int64_t norm_kept(Norm norm, int64_t rows, int64_t dim, const ActivationQuery& q);
+
+// Whether attention runs in a fused kernel (flash / memory-efficient), which saves its mask, the bias, for
+// backward; the math kernel (CPU with dropout, DeepViT's re-attention) keeps no bias.
+bool attention_fused(const AttentionOptions& attention, const ActivationQuery& q);
 
 // A dropout mask over `elements` when dropout `p` is active: CPU's dropout multiplies by a noise tensor of the
 // compute dtype (kept); CUDA's fused dropout keeps a 1-byte mask.

@@ -145,6 +145,7 @@ class BertRecipe : public FamilyRecipe<BertConfig, Bert> {
       ActivationBytes a;
       a.layers = c.layers;
       a.per_layer = transformer_layer_kept(bert_layer_options(c), q.batch, T, 0, q);
+      note_layer_transients(a, c.layers, transformer_layer_transients(bert_layer_options(c), q.batch, T, 0, q));
       a.layer_input = unit;
       a.outside_layers = unit + norm + dropout_kept(c.dropout, N * c.dim, q) + unit + row +
                          dropout_kept(c.classifier_dropout, q.batch * c.dim, q) + row + loss.kept;
@@ -158,6 +159,7 @@ class BertRecipe : public FamilyRecipe<BertConfig, Bert> {
     ActivationBytes a;
     a.layers = c.layers;
     a.per_layer = transformer_layer_kept(bert_layer_options(c), q.batch, T, 0, q);
+    note_layer_transients(a, c.layers, transformer_layer_transients(bert_layer_options(c), q.batch, T, 0, q));
     a.layer_input = unit;
     a.outside_layers = unit + norm + dropout_kept(c.dropout, N * c.dim, q) + 4 * K * c.dim * element_size(q) +
                        norm_kept(Norm::kLayerNorm, K, c.dim, q) + loss.kept;

@@ -92,9 +92,13 @@ at::Tensor AttentionImpl::forward(const at::Tensor& x, const at::Tensor& context
     vh = vh.repeat_interleave(h / kvh, 1);
   }
   at::Tensor full_bias = bias.defined() ? bias.to(qh.scalar_type()) : at::Tensor();
-  if (options.causal && (full_bias.defined() || options.re_attention)) {
-    at::Tensor c = causal_bias(t, qh.scalar_type(), qh.device());
-    full_bias = full_bias.defined() ? full_bias + c : c;
+  if (options.causal && full_bias.defined() && (full_bias.dim() < 2 || full_bias.size(-2) != t)) {
+    throw std::invalid_argument("causal attention over " + std::to_string(t) + " queries: its bias must hide the "
+                                "future itself, (..., " + std::to_string(t) + ", S) made with causal_bias or "
+                                "hide_future, got sizes " + c10::str(full_bias.sizes()));
+  }
+  if (options.causal && !full_bias.defined() && options.re_attention) {
+    full_bias = causal_bias(t, qh.scalar_type(), qh.device());
   }
   const double scale = options.scaled ? 1.0 / std::sqrt(static_cast<double>(d)) : 1.0;
   const double p = is_training() ? options.dropout : 0.0;
@@ -240,14 +244,26 @@ at::Tensor padding_bias(const at::Tensor& mask, at::ScalarType dtype) {
   return ((1 - mask.to(dtype)) * lowest(dtype)).view({mask.size(0), 1, 1, mask.size(1)});
 }
 
-at::Tensor causal_bias(int64_t length, at::ScalarType dtype, const at::Device& device) {
-  at::Tensor upper = at::ones({length, length}, at::TensorOptions().dtype(dtype).device(device)).triu(1);
-  return (upper * lowest(dtype)).view({1, 1, length, length});
+namespace {
+
+// (T, T) flags, true where a query (row) may not see a key (column): the keys after it, and with window > 0 those
+// `window` or more positions before it. One byte an element: what the float bias is made from.
+at::Tensor hidden_keys(int64_t length, int64_t window, const at::Device& device) {
+  const auto flags = at::TensorOptions().dtype(at::kBool).device(device);
+  at::Tensor hidden = at::ones({length, length}, flags).triu_(1);
+  if (window > 0) hidden.logical_or_(at::ones({length, length}, flags).tril_(-window));
+  return hidden;
 }
 
-at::Tensor sliding_window_bias(int64_t length, int64_t window, at::ScalarType dtype, const at::Device& device) {
-  at::Tensor far = at::ones({length, length}, at::TensorOptions().dtype(dtype).device(device)).tril(-window);
-  return (far * lowest(dtype)).view({1, 1, length, length});
+}  // namespace
+
+at::Tensor causal_bias(int64_t length, at::ScalarType dtype, const at::Device& device, int64_t window) {
+  return at::zeros({1, 1, length, length}, at::TensorOptions().dtype(dtype).device(device))
+      .masked_fill_(hidden_keys(length, window, device), lowest(dtype));
+}
+
+at::Tensor hide_future(const at::Tensor& bias, int64_t length, int64_t window) {
+  return at::where(hidden_keys(length, window, bias.device()), lowest(bias.scalar_type()), bias);
 }
 
 at::Tensor rotary_inv_freq(int64_t head_dim, double theta, const at::Device& device) {

@@ -246,11 +246,13 @@ std::vector<at::Tensor> LlamaImpl::forward_impl(const at::Tensor& input_ids, con
   const bool causal_suffices = loss_only && attention_mask.defined() && attention_mask.device().is_cpu() &&
                                is_right_padded(attention_mask) &&
                                !((attention_mask == 0) & (targets != kIgnoreIndex)).any().item<bool>();
-  at::Tensor bias = attention_mask.defined() && !causal_suffices
-                        ? padding_bias(attention_mask, x.scalar_type()) : at::Tensor();
-  if (config.sliding_window > 0 && length > config.sliding_window) {  // Mistral's window: only when it cuts
-    const at::Tensor window = sliding_window_bias(length, config.sliding_window, x.scalar_type(), x.device());
-    bias = bias.defined() ? bias + window : window;
+  // Mistral's window, where it cuts; the bias made once for every layer (blocks.h).
+  const int64_t window = config.sliding_window > 0 && length > config.sliding_window ? config.sliding_window : 0;
+  at::Tensor bias;  // undefined: attention causal in the fused kernel
+  if (attention_mask.defined() && !causal_suffices) {
+    bias = hide_future(padding_bias(attention_mask, x.scalar_type()), length, window);  // (B, 1, T, T)
+  } else if (window > 0) {
+    bias = causal_bias(length, x.scalar_type(), x.device(), window);  // (1, 1, T, T)
   }
   const at::Tensor rope = rotary_table(length, llama_inv_freq(config, x.device()));
   const at::Tensor hidden = norm->forward(run_layers(layers, x, bias, rope));

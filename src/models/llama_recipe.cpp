@@ -93,7 +93,8 @@ class LlamaRecipe : public FamilyRecipe<LlamaConfig, Llama> {
 
   // Layers: llama_layer_options (the embedding's output is layer 0's input). Then the final norm (its input and
   // what it keeps) and the loss through linear_cross_entropy at the positions that predict a label (every position
-  // counted: all but a row's last, and padding, predict one): linear_cross_entropy_bytes.
+  // counted: all but a row's last, and padding, predict one): linear_cross_entropy_bytes. Mistral's window, where
+  // it cuts, is a (1, 1, T, T) bias all layers read (right padding needs none: llama.cpp).
   ActivationBytes activation_bytes(const ActivationQuery& q) const override {
     const LlamaConfig& c = config();
     const int64_t T = q.seq_len > 0 ? q.seq_len : c.max_positions, N = q.batch * T, e = element_size(q);
@@ -101,7 +102,11 @@ class LlamaRecipe : public FamilyRecipe<LlamaConfig, Llama> {
     const LossBytes loss = linear_cross_entropy_bytes(N, c.vocab_size, c.dim, q);
     ActivationBytes a;
     a.layers = c.layers;
-    a.per_layer = transformer_layer_kept(llama_layer_options(c), q.batch, T, 0, q);
+    const TransformerLayerOptions layer = llama_layer_options(c);
+    a.per_layer = transformer_layer_kept(layer, q.batch, T, 0, q);
+    note_layer_transients(a, c.layers, transformer_layer_transients(layer, q.batch, T, 0, q));
+    a.layer_bias = c.sliding_window > 0 && T > c.sliding_window ? T * T * e : 0;
+    a.bias_saved_by_attention = attention_fused(layer.attention, q);
     a.layer_input = unit;
     a.outside_layers = unit + norm_kept(Norm::kRMSNorm, N, c.dim, q) + loss.kept;
     a.loss_transient = loss.forward_transient;

@@ -139,7 +139,9 @@ class T5Recipe : public FamilyRecipe<T5Config, T5> {
   // norm's input and what it keeps, and the noise of the dropout after it; the encoder's output once (every
   // cross-attention's k/v read it), the loss over the decoder's tokens through linear_cross_entropy (every row
   // counted: span corruption labels all but padding). The shared embedding's lookups add their rows into the head's
-  // gradient, computed in forward (tie_table()): no table-sized gradient beyond the one.
+  // gradient, computed in forward (tie_table()): no table-sized gradient beyond the one. Each stack's position bias,
+  // made once for all its layers (the encoder's with the padding added: (B, H, T, T); the decoder's (1, H, T, T)
+  // with the future hidden), is the layers' bias; its relative_bias lookup keeps the (T, T) int64 buckets.
   ActivationBytes activation_bytes(const ActivationQuery& q) const override {
     const T5Config& c = config();
     const SpanLengths rows = span_corruption_lengths(q.seq_len > 0 ? q.seq_len : 512);
@@ -156,7 +158,18 @@ class T5Recipe : public FamilyRecipe<T5Config, T5> {
     a.layers = 2 * c.layers;
     a.per_layer = (enc_layer + dec_layer) / 2;  // encoder and decoder blocks alternate in the walk
     a.layer_input = (enc_unit + dec_unit) / 2;
-    a.outside_layers = stack_outside(enc_rows, enc_unit) + enc_unit + stack_outside(dec_rows, dec_unit) + loss.kept;
+    const int64_t buckets = (enc * enc + dec * dec) * 8;
+    a.outside_layers =
+        stack_outside(enc_rows, enc_unit) + enc_unit + stack_outside(dec_rows, dec_unit) + loss.kept + buckets;
+    a.layer_bias = (q.batch * enc * enc + dec * dec) * c.heads * e;  // the two stacks' biases
+    a.bias_saved_by_attention = attention_fused(t5_layer_options(c, false).attention, q);
+    // Backward: each stack's bias gathers its gradient from the stack's layers (the encoder's walked last): the sum
+    // so far and the next one.
+    LayerTransients enc_work = transformer_layer_transients(t5_layer_options(c, false), q.batch, enc, 0, q);
+    LayerTransients dec_work = transformer_layer_transients(t5_layer_options(c, true), q.batch, dec, enc, q);
+    enc_work.backward += 2 * q.batch * enc * enc * c.heads * e, dec_work.backward += 2 * dec * dec * c.heads * e;
+    note_layer_transients(a, c.layers, enc_work);
+    note_layer_transients(a, c.layers, dec_work);
     a.loss_kept = loss.kept;
     a.loss_transient = loss.forward_transient;
     return a;

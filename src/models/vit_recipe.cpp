@@ -88,6 +88,7 @@ class VitRecipe : public FamilyRecipe<VitConfig, Vit> {
     ActivationBytes a;
     a.layers = c.layers;
     a.per_layer = transformer_layer_kept(vit_layer_options(c), q.batch, n, 0, q);
+    note_layer_transients(a, c.layers, transformer_layer_transients(vit_layer_options(c), q.batch, n, 0, q));
     a.last_layer = transformer_layer_kept(vit_layer_options(c), q.batch, n, 0, q, /*queries=*/1);  // cls_only
     a.layer_input = unit;
     const int64_t cls = q.batch * c.dim * e;

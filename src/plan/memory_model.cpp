@@ -55,7 +55,8 @@ std::string mib(int64_t bytes);
 
 std::string describe_activations(const models::ActivationBytes& a, bool checkpointed) {
   return std::to_string(a.layers) + " layers x " + mib(checkpointed ? a.layer_input : a.per_layer) +
-         (checkpointed ? " (checkpointed: inputs only)" : "") + " + " + mib(a.outside_layers) + " outside them";
+         (checkpointed ? " (checkpointed: inputs only)" : "") + " + " + mib(a.kept_outside(checkpointed)) +
+         " outside them";
 }
 
 std::string mib(int64_t bytes) {
@@ -250,10 +251,11 @@ MemoryEstimate estimate_training_memory(const models::ModelRecipe& recipe, const
   // The every-th layers are checkpointed (models::activation_checkpoint_layers): the last one is when every divides
   // the count.
   const bool last_checkpointed = ac && act.layers % job.checkpoint_every == 0;
-  const int64_t kept = checkpointed * act.layer_input + (act.layers - checkpointed) * act.per_layer +
-                       act.outside_layers - (last_checkpointed ? 0 : act.last_layer_saving());
+  const int64_t outside = act.kept_outside(checkpointed > 0);
+  const int64_t kept = checkpointed * act.layer_input + (act.layers - checkpointed) * act.per_layer + outside -
+                       (last_checkpointed ? 0 : act.last_layer_saving());
   // The walk's layers, on average (checkpointed ones keep their input only).
-  const int64_t layer_kept = act.layers > 0 ? (kept - act.outside_layers) / act.layers : 0;
+  const int64_t layer_kept = act.layers > 0 ? (kept - outside) / act.layers : 0;
   const int64_t replay = checkpointed > 0 ? act.per_layer : 0;  // a checkpointed layer's forward, replayed
 
   // Gradient accumulation: without a reduction per micro-batch a sharded or replicated unit keeps its full gradients
@@ -277,7 +279,10 @@ MemoryEstimate estimate_training_memory(const models::ModelRecipe& recipe, const
   const int64_t forward_start = std::max({2 * root_g, root_g + 2 * extra_g, root_g + extra_g + act.start_transient,
                                           root_g + 2 * in_g});
   const int64_t forward_loss = held_g + kept + act.loss_transient;
-  const int64_t forward_layers = (reshard ? root_g + 2 * layer_g : all_g - out_g) + kept;
+  // A checkpointed layer computes its forward without keeping anything: its temporaries are on top while it runs
+  // (before the loss keeps anything).
+  const int64_t forward_work = checkpointed > 0 ? std::max<int64_t>(0, act.layer_forward_transient - act.loss_kept) : 0;
+  const int64_t forward_layers = (reshard ? root_g + 2 * layer_g : all_g - out_g) + kept + forward_work;
   e.forward_bytes = base + std::max({forward_start, forward_loss, forward_layers});
 
   // Backward starts with the root still gathered from its forward (the root is never resharded between its forward
@@ -298,10 +303,12 @@ MemoryEstimate estimate_training_memory(const models::ModelRecipe& recipe, const
   // Layer i (1 = the last) computing its backward: the layers below it still keep their activations, those above
   // have handed in their gradients.
   int64_t backward_walk = 0, walk_gathered = 0, walk_in_flight = 0, walk_layer_grads = 0, walk_root_grads = 0;
-  auto candidate = [&](int64_t at, int64_t gathered, int64_t in_flight, int64_t layer_grads, int64_t root_grads) {
+  int64_t walk_work = 0;
+  auto candidate = [&](int64_t at, int64_t gathered, int64_t in_flight, int64_t layer_grads, int64_t root_grads,
+                       int64_t work) {
     if (at <= backward_walk) return;
     backward_walk = at, walk_gathered = gathered, walk_in_flight = in_flight, walk_layer_grads = layer_grads;
-    walk_root_grads = root_grads;
+    walk_root_grads = root_grads, walk_work = work;
   };
   for (int64_t i = 1; i <= act.layers; ++i) {
     const int64_t grads_so_far = std::min<int64_t>((i - 1) * ceil_div(largest_layer, shard) * pe, new_grads);
@@ -314,11 +321,15 @@ MemoryEstimate estimate_training_memory(const models::ModelRecipe& recipe, const
     // One unit for the whole model: its full gradients grow layer by layer; else the root's (heads) are there first.
     const int64_t root_grads_at_i =
         job.wrap == Wrap::kNone && act.layers > 0 ? root_full_grads * (i - 1) / act.layers : root_full_grads;
-    const int64_t below = (act.layers - i) * layer_kept + act.outside_layers - act.loss_kept;
+    const int64_t below = (act.layers - i) * layer_kept + outside - act.loss_kept;
     // The reduction in flight is the layer above's: none while the last layer computes.
     const int64_t in_flight = i > 1 ? comm : 0;
-    candidate(gathered + in_flight + layer_full_grads + root_grads_at_i + below + layer_kept + replay + grads_so_far,
-              gathered, in_flight, layer_full_grads, root_grads_at_i);
+    // The layer's backward making its gradients (walked from the last layer).
+    const bool per_layer = act.layer_backward_transients.size() == static_cast<size_t>(act.layers);
+    const int64_t work = per_layer ? act.layer_backward_transients[act.layers - i] : 0;
+    candidate(gathered + in_flight + layer_full_grads + root_grads_at_i + below + layer_kept + replay + work +
+                  grads_so_far,
+              gathered, in_flight, layer_full_grads, root_grads_at_i, work);
     // A reduction waited for at once (Gloo) is a moment of its own: the layer resharded and its full gradients
     // copied into the input by then, the next layer's gather issued (on the CPU, bf16's float32 sum is the most).
     if (reduces && !overlap && job.wrap != Wrap::kNone) {
@@ -326,7 +337,7 @@ MemoryEstimate estimate_training_memory(const models::ModelRecipe& recipe, const
           reshard ? root_g + next : std::max<int64_t>(all_g - out_g - i * layer_g, root_g + in_g);
       const int64_t reduction = reduce_scatter(largest_layer_trainable);
       candidate(rs_gathered + reduction + root_grads_at_i + below + grads_so_far, rs_gathered, reduction, 0,
-                root_grads_at_i);
+                root_grads_at_i, 0);
     }
   }
   // The end: the root's gradients complete (a tied table's lookups add their rows into its head's gradient in
@@ -406,7 +417,7 @@ MemoryEstimate estimate_training_memory(const models::ModelRecipe& recipe, const
   }
   if (e.peak_phase == "forward") {
     const bool at_loss = forward_loss >= forward_layers;
-    e.terms.push_back({"gathered parameters", at_loss ? held_g : forward_layers - kept,
+    e.terms.push_back({"gathered parameters", at_loss ? held_g : forward_layers - kept - forward_work,
                        !gathers ? "none: a group of one holds its parameters"
                        : !reshard ? "every unit, gathered until its backward"
                        : at_loss  ? (out_g > 0 ? "the root unit and the head's" : "the root unit (embeddings, heads)")
@@ -414,6 +425,9 @@ MemoryEstimate estimate_training_memory(const models::ModelRecipe& recipe, const
     e.terms.push_back({"activations", kept, describe_activations(act, ac)});
     if (at_loss) {
       e.terms.push_back({"end of forward", act.loss_transient, "the loss's logits and their copies"});
+    } else if (forward_work > 0) {
+      e.terms.push_back({"layer temporaries", forward_work, "a checkpointed layer computing (attention, MLP), less "
+                                                                "what the loss keeps later"});
     }
     return e;
   }
@@ -444,9 +458,13 @@ MemoryEstimate estimate_training_memory(const models::ModelRecipe& recipe, const
                        walk_layer_grads > 0 ? "a layer's and the root's full gradients, a reduction in flight"
                                             : "a layer's reduction, the root's full gradients"});
     e.terms.push_back({"activations and gradients so far",
-                       backward_walk - walk_gathered - walk_in_flight - walk_layer_grads - walk_root_grads,
+                       backward_walk - walk_gathered - walk_in_flight - walk_layer_grads - walk_root_grads -
+                           walk_work,
                        "the layers not yet done" + std::string(ac ? ", one layer replayed" : "") +
                            ", the gradients of those done"});
+    e.terms.push_back({"layer gradients in flight", walk_work,
+                       "what a layer's backward makes before it frees what it kept (T5: and its stack's position "
+                       "bias's gradient)"});
   } else if (backward_end == end_root_reduction && end_root_reduction > end_gradients) {
     e.terms.push_back({"gradients", new_grads, "4 B per trainable parameter" + per});
     e.terms.push_back({"root reduce-scatter", reduce_scatter(root_trainable),

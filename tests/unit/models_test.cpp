@@ -10,6 +10,7 @@
 
 #include <cstdint>
 #include <cstring>
+#include <limits>
 #include <string>
 #include <vector>
 
@@ -185,6 +186,55 @@ TEST(Models, LlamaLabelledOnlyMatchesTheWholeModel) {
     b.loss.backward();
     expect_same_grads(*whole, *part, padding + " padding");
   }
+}
+
+// Causal biases: the future hidden (and with a window the far past), padding or a learned bias kept elsewhere; a
+// causal attention refuses a bias that does not hide the future itself; a model makes its mask once, not per layer.
+TEST(Models, CausalMasksAreMadeOnceForAllLayers) {
+  const double low = std::numeric_limits<float>::lowest();
+  const at::Tensor rows = at::arange(6).view({6, 1}), cols = at::arange(6).view({1, 6});
+  for (int64_t window : {0, 2}) {
+    const at::Tensor hidden = (cols > rows) | (window > 0 ? cols <= rows - window : at::zeros({6, 6}, at::kBool));
+    const at::Tensor expected = at::where(hidden, low, 0.0).to(at::kFloat).view({1, 1, 6, 6});
+    EXPECT_TRUE(at::equal(causal_bias(6, at::kFloat, at::kCPU, window), expected)) << "window " << window;
+    const at::Tensor learned = at::randn({1, 3, 6, 6});
+    EXPECT_TRUE(at::equal(hide_future(learned, 6, window), at::where(hidden, low, learned))) << "window " << window;
+  }
+  const at::Tensor padding = padding_bias(at::tensor({1, 1, 1, 1, 0, 0, 1, 1, 1, 1, 1, 1}).view({2, 6}), at::kFloat);
+  const at::Tensor both = hide_future(padding, 6);
+  ASSERT_EQ(both.sizes(), (std::vector<int64_t>{2, 1, 6, 6}));
+  EXPECT_EQ(both[0][0][5][4].item<double>(), low);   // a padded key
+  EXPECT_EQ(both[1][0][2][3].item<double>(), low);   // the future
+  EXPECT_EQ(both[1][0][3][2].item<double>(), 0.0);   // the past
+
+  AttentionOptions causal;
+  causal.dim = 8, causal.heads = 2, causal.causal = true;
+  Attention attention(causal, at::TensorOptions());
+  randomize(*attention);
+  expect_error<std::invalid_argument>([&] { attention->forward(at::randn({2, 6, 8}), {}, padding, {}); },
+                                      {"causal attention over 6 queries", "hide the future", "[2, 1, 1, 6]"});
+  // Made with hide_future, the same outputs as the kernel's own causal mask where nothing is padded.
+  const at::Tensor x = at::randn({2, 6, 8});
+  EXPECT_TRUE(at::allclose(attention->forward(x, {}, causal_bias(6, at::kFloat, at::kCPU), {}),
+                           attention->forward(x, {}, {}, {}), 1e-5, 1e-6));
+
+  // Mistral's window over 256 tokens and 4 layers: what forward keeps beyond Llama's (no mask) is one (T, T) float
+  // mask, where a mask made per layer would keep 4.
+  memory::install_cpu_memory_counter();
+  const int64_t tokens = 256, mask = tokens * tokens * 4;
+  int64_t kept[2];
+  for (int windowed = 0; windowed < 2; ++windowed) {
+    LlamaConfig c = llama_flavor("llama-debug");
+    c.layers = 4, c.max_positions = tokens, c.sliding_window = windowed ? 64 : 0;
+    Llama model(c);
+    const at::Tensor ids = at::randint(0, c.vocab_size, {1, tokens}, at::kLong);
+    const int64_t base = memory::cpu_memory_stats().current_bytes;
+    const at::Tensor loss = model->run(ids, {}, ids, /*labelled_only=*/true).loss;
+    kept[windowed] = memory::cpu_memory_stats().current_bytes - base;
+    loss.backward();
+  }
+  EXPECT_GE(kept[1] - kept[0], mask);
+  EXPECT_LT(kept[1] - kept[0], 2 * mask);
 }
 
 TEST(Models, T5LabelledOnlyMatchesTheWholeModel) {

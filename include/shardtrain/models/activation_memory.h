@@ -7,6 +7,7 @@
 #include <c10/core/ScalarType.h>
 
 #include <cstdint>
+#include <vector>
 
 namespace shardtrain::models {
 
@@ -28,12 +29,27 @@ struct ActivationBytes {
   // reads: ViT's classifier the CLS token); -1: per_layer.
   int64_t last_layer = -1;
   int64_t outside_layers = 0;    // kept by embeddings, heads and the loss (logits' log-softmax)
+  // The attention bias every layer reads (T5's position bias, a causal mask with padding or a window: made once
+  // by the model, blocks.h): kept once, by checkpointing (a checkpointed layer keeps its inputs) or, when
+  // bias_saved_by_attention, by the attention kernel itself (the fused kernels save their mask).
+  int64_t layer_bias = 0;
+  bool bias_saved_by_attention = false;
+  // On top while a layer runs (models/activation_model.h): forward, a checkpointed layer computing without
+  // gradients (the largest layer's); backward, per layer in forward order, the gradients it makes before what they
+  // replace is freed (with a learned bias, T5's, also the bias's gradient gathered over its stack's layers).
+  int64_t layer_forward_transient = 0;
+  std::vector<int64_t> layer_backward_transients;  // empty or `layers` long
   int64_t loss_kept = 0;         // the loss's part of outside_layers (freed first in backward)
   // Alive on top at the start of forward, before any layer keeps anything (FLAVA: the frozen codebook making the
   // MIM targets).
   int64_t start_transient = 0;
   int64_t loss_transient = 0;    // alive on top at the end of forward (logits and their copies)
   int64_t backward_transient = 0;  // alive on top at the start of backward (the loss's gradients)
+
+  // What is kept outside the layers with checkpointing on or off: outside_layers and, when kept, layer_bias.
+  int64_t kept_outside(bool checkpointed) const {
+    return outside_layers + (checkpointed || bias_saved_by_attention ? layer_bias : 0);
+  }
 
   // What the last layer keeps less than the others when it is not checkpointed.
   int64_t last_layer_saving() const { return layers > 0 && last_layer >= 0 ? per_layer - last_layer : 0; }

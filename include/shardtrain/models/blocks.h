@@ -44,6 +44,9 @@ class AttentionImpl : public torch::nn::Module {
   AttentionImpl(const AttentionOptions& options, const torch::TensorOptions& tensor_options);
   // x (B, T, C); context (B, S, C) for cross-attention, undefined for self-attention; bias as above or undefined;
   // rope (2, T, D) cos and sin of rotary embeddings or undefined. Returns (B, T, C).
+  // Causal: with no bias the kernel masks the future itself; a bias must already hide it, (..., T, S) from
+  // causal_bias or hide_future, made once for all layers by the model (one made per layer would stay alive per
+  // layer until backward: the fused kernels save their mask).
   at::Tensor forward(const at::Tensor& x, const at::Tensor& context, const at::Tensor& bias, const at::Tensor& rope);
 
   AttentionOptions options;
@@ -126,11 +129,12 @@ at::Tensor run_layers(std::vector<TransformerLayer>& layers, at::Tensor x, const
 
 // The additive bias that hides padded keys: mask (B, S), 1 = real token, 0 = padding -> (B, 1, 1, S) in dtype.
 at::Tensor padding_bias(const at::Tensor& mask, at::ScalarType dtype);
-// (1, 1, T, T): key positions after the query's hidden.
-at::Tensor causal_bias(int64_t length, at::ScalarType dtype, const at::Device& device);
-// (1, 1, T, T): key positions `window` or more before the query's hidden (Mistral's sliding window: a query sees
-// itself and the window - 1 positions before; the causal part is the attention's own).
-at::Tensor sliding_window_bias(int64_t length, int64_t window, at::ScalarType dtype, const at::Device& device);
+// (1, 1, T, T): key positions after the query's hidden, and with window > 0 also those `window` or more before it
+// (Mistral's sliding window: a query sees itself and the window - 1 positions before).
+at::Tensor causal_bias(int64_t length, at::ScalarType dtype, const at::Device& device, int64_t window = 0);
+// `bias` (padding (B, 1, 1, T), T5's position bias (1, H, T, T), ...) with what causal_bias hides set to the dtype's
+// lowest: (..., T, T), the one bias every causal layer takes.
+at::Tensor hide_future(const at::Tensor& bias, int64_t length, int64_t window = 0);
 // RoPE's inverse frequencies theta^(-2i / head_dim), i < head_dim / 2: (head_dim / 2) float32, as transformers.
 at::Tensor rotary_inv_freq(int64_t head_dim, double theta, const at::Device& device);
 // Rotary embeddings for positions [0, length) from inv_freq (D / 2): (2, length, D) cos and sin, Hugging Face's
