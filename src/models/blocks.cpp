@@ -1,6 +1,7 @@
 #include "shardtrain/models/blocks.h"
 
 #include <ATen/ATen.h>
+#include <ATen/autocast_mode.h>
 #include <torch/nn/modules/container/modulelist.h>
 
 #include <limits>
@@ -242,6 +243,14 @@ at::Tensor padding_bias(const at::Tensor& mask, at::ScalarType dtype) {
     throw std::invalid_argument("padding mask must be (batch, length), got " + std::to_string(mask.dim()) + " dims");
   }
   return ((1 - mask.to(dtype)) * lowest(dtype)).view({mask.size(0), 1, 1, mask.size(1)});
+}
+
+at::ScalarType attention_dtype(const at::Tensor& x) {
+  const c10::DeviceType device = x.device().type();
+  if (x.is_floating_point() && at::autocast::is_autocast_enabled(device)) {
+    return at::autocast::get_autocast_dtype(device);
+  }
+  return x.scalar_type();
 }
 
 namespace {

@@ -250,9 +250,9 @@ std::vector<at::Tensor> LlamaImpl::forward_impl(const at::Tensor& input_ids, con
   const int64_t window = config.sliding_window > 0 && length > config.sliding_window ? config.sliding_window : 0;
   at::Tensor bias;  // undefined: attention causal in the fused kernel
   if (attention_mask.defined() && !causal_suffices) {
-    bias = hide_future(padding_bias(attention_mask, x.scalar_type()), length, window);  // (B, 1, T, T)
+    bias = hide_future(padding_bias(attention_mask, attention_dtype(x)), length, window);  // (B, 1, T, T)
   } else if (window > 0) {
-    bias = causal_bias(length, x.scalar_type(), x.device(), window);  // (1, 1, T, T)
+    bias = causal_bias(length, attention_dtype(x), x.device(), window);  // (1, 1, T, T)
   }
   const at::Tensor rope = rotary_table(length, llama_inv_freq(config, x.device()));
   const at::Tensor hidden = norm->forward(run_layers(layers, x, bias, rope));

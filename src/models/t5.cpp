@@ -91,11 +91,12 @@ at::Tensor T5StackImpl::forward(const at::Tensor& embedded, const at::Tensor& ma
   const bool train = is_training() && config.dropout > 0;
   at::Tensor x = train ? at::dropout(embedded, config.dropout, true) : embedded;
   const int64_t length = x.size(1);
-  at::Tensor bias = position_bias(length, length).to(x.scalar_type());
-  if (mask.defined()) bias = bias + padding_bias(mask, x.scalar_type());
+  const at::ScalarType dtype = attention_dtype(x);
+  at::Tensor bias = position_bias(length, length).to(dtype);
+  if (mask.defined()) bias = bias + padding_bias(mask, dtype);
   if (decoder) bias = hide_future(bias, length);  // once for every layer (blocks.h)
   at::Tensor cross_bias;
-  if (decoder && encoder_mask.defined()) cross_bias = padding_bias(encoder_mask, x.scalar_type());
+  if (decoder && encoder_mask.defined()) cross_bias = padding_bias(encoder_mask, dtype);
   x = norm->forward(run_layers(layers, x, bias, {}, decoder ? encoder_out : at::Tensor(), cross_bias));
   return train ? at::dropout(x, config.dropout, true) : x;
 }

@@ -218,23 +218,31 @@ TEST(Models, CausalMasksAreMadeOnceForAllLayers) {
   EXPECT_TRUE(at::allclose(attention->forward(x, {}, causal_bias(6, at::kFloat, at::kCPU), {}),
                            attention->forward(x, {}, {}, {}), 1e-5, 1e-6));
 
-  // Mistral's window over 256 tokens and 4 layers: what forward keeps beyond Llama's (no mask) is one (T, T) float
-  // mask, where a mask made per layer would keep 4.
+  // Mistral's window over 256 tokens and 4 layers: what forward keeps beyond Llama's (no mask) is one (T, T) mask,
+  // where a mask made per layer would keep 4; under autocast (DDP's mixed precision) one in bfloat16, where a float
+  // mask would be cast by each layer.
   memory::install_cpu_memory_counter();
-  const int64_t tokens = 256, mask = tokens * tokens * 4;
-  int64_t kept[2];
-  for (int windowed = 0; windowed < 2; ++windowed) {
-    LlamaConfig c = llama_flavor("llama-debug");
-    c.layers = 4, c.max_positions = tokens, c.sliding_window = windowed ? 64 : 0;
-    Llama model(c);
-    const at::Tensor ids = at::randint(0, c.vocab_size, {1, tokens}, at::kLong);
-    const int64_t base = memory::cpu_memory_stats().current_bytes;
-    const at::Tensor loss = model->run(ids, {}, ids, /*labelled_only=*/true).loss;
-    kept[windowed] = memory::cpu_memory_stats().current_bytes - base;
-    loss.backward();
+  const int64_t tokens = 256;
+  for (bool autocast : {false, true}) {
+    const int64_t mask = tokens * tokens * (autocast ? 2 : 4);
+    int64_t kept[2];
+    for (int windowed = 0; windowed < 2; ++windowed) {
+      LlamaConfig c = llama_flavor("llama-debug");
+      c.layers = 4, c.max_positions = tokens, c.sliding_window = windowed ? 64 : 0;
+      Llama model(c);
+      const at::Tensor ids = at::randint(0, c.vocab_size, {1, tokens}, at::kLong);
+      const int64_t base = memory::cpu_memory_stats().current_bytes;
+      at::Tensor loss;
+      {
+        nn::AutocastGuard guard(c10::DeviceType::CPU, autocast, at::kBFloat16);
+        loss = model->run(ids, {}, ids, /*labelled_only=*/true).loss;
+      }
+      kept[windowed] = memory::cpu_memory_stats().current_bytes - base;
+      loss.backward();
+    }
+    EXPECT_GE(kept[1] - kept[0], mask) << (autocast ? "autocast" : "float32");
+    EXPECT_LT(kept[1] - kept[0], 2 * mask) << (autocast ? "autocast" : "float32");
   }
-  EXPECT_GE(kept[1] - kept[0], mask);
-  EXPECT_LT(kept[1] - kept[0], 2 * mask);
 }
 
 TEST(Models, T5LabelledOnlyMatchesTheWholeModel) {

@@ -127,6 +127,9 @@ std::vector<TransformerLayer> build_layers(torch::nn::Module& parent, const std:
 at::Tensor run_layers(std::vector<TransformerLayer>& layers, at::Tensor x, const at::Tensor& bias,
                       const at::Tensor& rope = {}, const at::Tensor& context = {}, const at::Tensor& context_bias = {});
 
+// The dtype attention computes in for an input x: autocast's where it is on for x's device (DDP's mixed
+// precision), else x's. A bias made in it is cast by no layer (a cast in each would copy it per layer).
+at::ScalarType attention_dtype(const at::Tensor& x);
 // The additive bias that hides padded keys: mask (B, S), 1 = real token, 0 = padding -> (B, 1, 1, S) in dtype.
 at::Tensor padding_bias(const at::Tensor& mask, at::ScalarType dtype);
 // (1, 1, T, T): key positions after the query's hidden, and with window > 0 also those `window` or more before it
