@@ -160,6 +160,7 @@ MemoryEstimate estimate_training_memory(const models::ModelRecipe& recipe, const
   const models::ActivationBytes act = recipe.activation_bytes(query);
 
   MemoryEstimate e;
+  e.tokens = job.seq_len > 0 ? job.seq_len : recipe.task()->data_needs().max_text_length;
   const Units units = units_of(shape, job.wrap);
   for (int64_t n : units.numel) e.parameters += n;
   e.parameters += units.extra_numel + units.input_numel + units.output_numel;
@@ -497,7 +498,11 @@ std::string format_estimate(const std::string& model, const TrainingJob& job, co
   std::string out = "Training memory per rank for `" + model + "`: " + strategy_name(job.strategy) + ", " +
                     std::to_string(job.world) + " ranks" +
                     (job.nodes > 1 ? " on " + std::to_string(job.nodes) + " nodes" : "") + ", batch " +
-                    std::to_string(job.batch) + " per rank, mixed precision " + job.mixed_precision +
+                    std::to_string(job.batch) + " per rank" +
+                    (e.tokens > 0 ? " x " + std::to_string(e.tokens) + " tokens" +
+                                        (job.seq_len > 0 ? "" : " (the model's maximum)")
+                                  : "") +
+                    ", mixed precision " + job.mixed_precision +
                     (job.activation_checkpointing
                          ? job.checkpoint_every > 1
                                ? ", activation checkpointing of every " + std::to_string(job.checkpoint_every) + "th layer"
@@ -528,7 +533,7 @@ std::string estimate_json(const std::string& model, const TrainingJob& job, cons
               {"strategy", strategy_name(job.strategy)}, {"mixed_precision", job.mixed_precision},
               {"activation_checkpointing", job.activation_checkpointing}, {"cpu_offload", job.cpu_offload},
               {"batch", job.batch},           {"seq_len", job.seq_len}, {"cuda", job.cuda}};
-  j["parameters"] = e.parameters, j["units"] = e.units;
+  j["parameters"] = e.parameters, j["units"] = e.units, j["tokens"] = e.tokens;
   j["peak_bytes"] = e.peak_bytes, j["peak_phase"] = e.peak_phase;
   j["phases"] = {{"forward", e.forward_bytes}, {"backward", e.backward_bytes}, {"step", e.step_bytes}};
   j["host_bytes"] = e.host_bytes;

@@ -33,6 +33,25 @@ TEST(Planner, LargestBatchIsTheLastThatFits) {
   EXPECT_GT(estimate_training_memory(*recipe, shape, job).peak_bytes, budget);
 }
 
+// An estimate says how long its samples are: the model's maximum unless the job gives a length (Llama 3.1's
+// 131072 tokens would otherwise be estimated silently).
+TEST(Planner, EstimateSaysItsTokens) {
+  const auto recipe = models::recipe_of("llama-debug");
+  TrainingJob job;
+  job.world = 2;
+  const MemoryEstimate longest = estimate_training_memory(*recipe, job);
+  EXPECT_EQ(longest.tokens, recipe->task()->data_needs().max_text_length);
+  const std::string text = format_estimate("llama-debug", job, longest);
+  EXPECT_NE(text.find("x " + std::to_string(longest.tokens) + " tokens (the model's maximum)"), std::string::npos)
+      << text;
+  job.seq_len = 64;
+  const MemoryEstimate given = estimate_training_memory(*recipe, job);
+  EXPECT_EQ(given.tokens, 64);
+  EXPECT_LT(given.peak_bytes, longest.peak_bytes);
+  EXPECT_NE(format_estimate("llama-debug", job, given).find("batch 1 per rank x 64 tokens, "), std::string::npos);
+  EXPECT_NE(estimate_json("llama-debug", job, given).find("\"tokens\": 64"), std::string::npos);
+}
+
 // What the FLAVA and T5 posts report qualitatively: checkpointing, sharding over more GPUs and transformer
 // wrapping each buy batch; offload buys more.
 TEST(Planner, EachMemoryOptimizationBuysBatch) {

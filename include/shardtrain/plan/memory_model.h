@@ -71,6 +71,7 @@ struct MemoryEstimate {
   int64_t host_bytes = 0;         // what CPU offload moves to host memory
   int64_t parameters = 0;         // of the model, tied once
   int64_t units = 0;              // FSDP units: one per transformer layer, plus the root
+  int64_t tokens = 0;             // text tokens per sample estimated for (the model's maximum unless given); 0: none
 };
 
 // The model's parameters per FSDP unit (built once on the meta device; estimates for many jobs share it).
