@@ -27,33 +27,63 @@ bool attention_fused(const AttentionOptions& a, const ActivationQuery& q) {
 
 namespace {
 
+// Attention's sizes over `tokens` queries and `keys` keys, in elements: q (B, T, H, D), k and v after
+// repeat_interleave for grouped-query attention (the repeated copies are what attention keeps), the (B, H, T, S)
+// scores.
+struct AttentionSizes {
+  int64_t heads = 0, kv_heads = 0, head_dim = 0, q = 0, kv = 0, scores = 0;
+};
+AttentionSizes attention_sizes(const AttentionOptions& a, int64_t batch, int64_t tokens, int64_t keys) {
+  AttentionSizes s;
+  s.heads = a.heads, s.kv_heads = a.kv_heads > 0 ? a.kv_heads : a.heads;
+  s.head_dim = a.head_dim > 0 ? a.head_dim : a.dim / a.heads;
+  s.q = batch * tokens * s.heads * s.head_dim;
+  s.kv = 2 * batch * keys * (s.kv_heads != s.heads ? s.heads : s.kv_heads) * s.head_dim;
+  s.scores = batch * s.heads * tokens * keys;
+  return s;
+}
+
 // Attention's q/k/v, the attention itself and its output (the o projection's input), over `tokens` queries and
 // `keys` keys. (Cross-attention's k/v projections keep the context: the encoder's output, kept once outside.)
 int64_t attention_kept(const AttentionOptions& a, int64_t batch, int64_t tokens, int64_t keys,
                        const ActivationQuery& q) {
   const int64_t e = element_size(q);
-  const int64_t h = a.heads, kvh = a.kv_heads > 0 ? a.kv_heads : a.heads;
-  const int64_t hd = a.head_dim > 0 ? a.head_dim : a.dim / a.heads;
-  // q, and k, v after repeat_interleave for grouped-query attention (the repeated copies are what attention keeps).
-  const int64_t q_numel = batch * tokens * h * hd, kv_numel = 2 * batch * keys * (kvh != h ? h : kvh) * hd;
+  const AttentionSizes n = attention_sizes(a, batch, tokens, keys);
   // Qwen3's RMSNorms over each head of q and k keep what any RMSNorm keeps; their outputs are q and k below.
-  const int64_t qk_norms = a.qk_norm ? norm_kept(Norm::kRMSNorm, batch * tokens * h, hd, q) +
-                                           norm_kept(Norm::kRMSNorm, batch * keys * kvh, hd, q)
+  const int64_t qk_norms = a.qk_norm ? norm_kept(Norm::kRMSNorm, batch * tokens * n.heads, n.head_dim, q) +
+                                           norm_kept(Norm::kRMSNorm, batch * keys * n.kv_heads, n.head_dim, q)
                                      : 0;
   const double p = q.training ? a.dropout : 0.0;
   if (attention_fused(a, q)) {
     // Flash / memory-efficient: q, k, v, the output, laid out (B, T, H, D) so o's input is a view of it, and the
     // float32 log-sum-exp.
-    return qk_norms + (q_numel + kv_numel + q_numel) * e + batch * h * tokens * 4;
+    return qk_norms + (n.q + n.kv + n.q) * e + batch * n.heads * tokens * 4;
   }
   // Math: SDPA's math kernel works in float32 for bfloat16/float16 inputs (float32 copies of q, k, v are what its
   // products keep); DeepViT's re-attention in the compute dtype. Softmax keeps its result; with dropout, the noise
   // (CPU: a tensor; CUDA: a 1-byte mask) and the dropped probabilities (kept by the product with v). The output,
   // (B, H, T, D) cast back and reshaped, is a copy: o's input.
-  const int64_t me = a.re_attention ? e : 4, scores = batch * h * tokens * keys;
-  int64_t bytes = (q_numel + kv_numel) * me + scores * me;
-  if (p > 0) bytes += (q.cuda ? scores : scores * me) + scores * me;
-  return qk_norms + bytes + q_numel * e;
+  const int64_t me = a.re_attention ? e : 4;
+  int64_t bytes = (n.q + n.kv) * me + n.scores * me;
+  if (p > 0) bytes += (q.cuda ? n.scores : n.scores * me) + n.scores * me;
+  return qk_norms + bytes + n.q * e;
+}
+
+// Attention's part of transformer_layer_transients over `tokens` queries and `keys` keys, its input's norm included.
+LayerTransients attention_transients(const AttentionOptions& a, int64_t batch, int64_t tokens, int64_t keys,
+                                     const ActivationQuery& q) {
+  const int64_t e = element_size(q);
+  const AttentionSizes n = attention_sizes(a, batch, tokens, keys);
+  const bool fused = attention_fused(a, q);
+  const bool dropped = q.training && a.dropout > 0;
+  // The math kernel's (B, H, T, S) scores: their softmax beside them, with dropout the noise and the dropped copy.
+  const int64_t scores = fused ? 0 : n.scores * (a.re_attention ? e : 4);
+  LayerTransients t;
+  t.forward = batch * tokens * a.dim * e + (2 * n.q + n.kv) * e + (dropped ? 3 : 2) * scores;
+  // Fused: the gradients of q and of the (repeated) k and v; math: a (B, H, T, S) gradient made before the tensor
+  // it replaces is freed.
+  t.backward = fused ? (n.q + n.kv) * e : scores;
+  return t;
 }
 
 int64_t mlp_kept(const TransformerLayerOptions& o, int64_t rows, const ActivationQuery& q) {
@@ -97,28 +127,6 @@ int64_t transformer_layer_kept(const TransformerLayerOptions& o, int64_t batch, 
   }
   return bytes + mlp_kept(o, q_rows, q) + q_drop;
 }
-
-namespace {
-
-// Attention's part of transformer_layer_transients over `tokens` queries and `keys` keys, its input's norm included.
-LayerTransients attention_transients(const AttentionOptions& a, int64_t batch, int64_t tokens, int64_t keys,
-                                     const ActivationQuery& q) {
-  const int64_t e = element_size(q), h = a.heads, kvh = a.kv_heads > 0 ? a.kv_heads : a.heads;
-  const int64_t hd = a.head_dim > 0 ? a.head_dim : a.dim / a.heads;
-  const int64_t q_numel = batch * tokens * h * hd, kv_numel = 2 * batch * keys * (kvh != h ? h : kvh) * hd;
-  const bool fused = attention_fused(a, q);
-  const bool dropped = q.training && a.dropout > 0;
-  // The math kernel's (B, H, T, S) scores: their softmax beside them, with dropout the noise and the dropped copy.
-  const int64_t scores = fused ? 0 : batch * h * tokens * keys * (a.re_attention ? e : 4);
-  LayerTransients t;
-  t.forward = batch * tokens * a.dim * e + (2 * q_numel + kv_numel) * e + (dropped ? 3 : 2) * scores;
-  // Fused: the gradients of q and of the (repeated) k and v; math: a (B, H, T, S) gradient made before the tensor
-  // it replaces is freed.
-  t.backward = fused ? (q_numel + kv_numel) * e : scores;
-  return t;
-}
-
-}  // namespace
 
 LayerTransients transformer_layer_transients(const TransformerLayerOptions& o, int64_t batch, int64_t tokens,
                                              int64_t context_tokens, const ActivationQuery& q) {

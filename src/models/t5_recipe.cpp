@@ -161,13 +161,14 @@ class T5Recipe : public FamilyRecipe<T5Config, T5> {
     const int64_t buckets = (enc * enc + dec * dec) * 8;
     a.outside_layers =
         stack_outside(enc_rows, enc_unit) + enc_unit + stack_outside(dec_rows, dec_unit) + loss.kept + buckets;
-    a.layer_bias = (q.batch * enc * enc + dec * dec) * c.heads * e;  // the two stacks' biases
+    const int64_t enc_bias = q.batch * c.heads * enc * enc * e, dec_bias = c.heads * dec * dec * e;
+    a.layer_bias = enc_bias + dec_bias;
     a.bias_saved_by_attention = attention_fused(t5_layer_options(c, false).attention, q);
     // Backward: each stack's bias gathers its gradient from the stack's layers (the encoder's walked last): the sum
     // so far and the next one.
     LayerTransients enc_work = transformer_layer_transients(t5_layer_options(c, false), q.batch, enc, 0, q);
     LayerTransients dec_work = transformer_layer_transients(t5_layer_options(c, true), q.batch, dec, enc, q);
-    enc_work.backward += 2 * q.batch * enc * enc * c.heads * e, dec_work.backward += 2 * dec * dec * c.heads * e;
+    enc_work.backward += 2 * enc_bias, dec_work.backward += 2 * dec_bias;
     note_layer_transients(a, c.layers, enc_work);
     note_layer_transients(a, c.layers, dec_work);
     a.loss_kept = loss.kept;

@@ -311,6 +311,7 @@ MemoryEstimate estimate_training_memory(const models::ModelRecipe& recipe, const
     backward_walk = at, walk_gathered = gathered, walk_in_flight = in_flight, walk_layer_grads = layer_grads;
     walk_root_grads = root_grads, walk_work = work;
   };
+  const bool has_transients = act.layer_backward_transients.size() == static_cast<size_t>(act.layers);
   for (int64_t i = 1; i <= act.layers; ++i) {
     const int64_t grads_so_far = std::min<int64_t>((i - 1) * ceil_div(largest_layer, shard) * pe, new_grads);
     // Without resharding after forward every layer is still gathered until its own backward is done (the output
@@ -326,8 +327,7 @@ MemoryEstimate estimate_training_memory(const models::ModelRecipe& recipe, const
     // The reduction in flight is the layer above's: none while the last layer computes.
     const int64_t in_flight = i > 1 ? comm : 0;
     // The layer's backward making its gradients (walked from the last layer).
-    const bool per_layer = act.layer_backward_transients.size() == static_cast<size_t>(act.layers);
-    const int64_t work = per_layer ? act.layer_backward_transients[act.layers - i] : 0;
+    const int64_t work = has_transients ? act.layer_backward_transients[act.layers - i] : 0;
     candidate(gathered + in_flight + layer_full_grads + root_grads_at_i + below + layer_kept + replay + work +
                   grads_so_far,
               gathered, in_flight, layer_full_grads, root_grads_at_i, work);
