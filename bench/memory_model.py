@@ -66,16 +66,18 @@ def grid(quick):
                 ("t5", "full_shard", 2, 4, "no", False), ("vit", "no_shard", 2, 4, "no", False),
                 ("flava", "full_shard", 2, 2, "no", False), ("qwen3", "full_shard", 2, 4, "no", False),
                 ("mistral", "shard_grad_op", 2, 4, "no", True), ("t5", "full_shard", 2, 2, "no", True, 1, 1024),
-                ("mistral", "full_shard", 2, 2, "no", False, 1, 1024)]
+                ("mistral", "full_shard", 2, 2, "no", False, 1, 1024), ("t5", "full_shard", 2, 4, "fp16", False),
+                ("bert", "ddp", 1, 4, "no", False)]
     cells = []
     for family, strategy, world in itertools.product(MODELS, STRATEGIES, [1, 2, 4]):
-        if world == 1 and strategy != "full_shard":
-            continue  # at one rank every strategy is the same model
+        if world == 1 and strategy in ("shard_grad_op", "no_shard"):
+            continue  # at one rank every FSDP strategy is the same model (DDP is a runtime of its own)
         cells.append((family, strategy, world, 4, "no", False))
     for family, strategy in itertools.product(MODELS, ["full_shard", "shard_grad_op", "ddp"]):
         cells.append((family, strategy, 2, 4, "no", True))
-        if family != "flava":  # bfloat16 convolutions (FLAVA's codebook) take minutes on CPU
+        if family != "flava":  # half-precision convolutions (FLAVA's codebook) take minutes on CPU
             cells.append((family, strategy, 2, 4, "bf16", False))
+            cells.append((family, strategy, 2, 4, "fp16", False))  # scaled loss, float32 reductions
     for family, batch in itertools.product(MODELS, [2, 8]):
         cells.append((family, "full_shard", 2, batch, "no", False))
     for family, strategy in itertools.product(["bert", "llama"], ["full_shard", "ddp"]):

@@ -3,7 +3,7 @@
 // memory model's prediction (plan/memory_model.h). Run under `shardtrain launch`; rank 0 prints one RESULT line
 // (JSON) with the largest rank's measured peaks and the predicted ones.
 //
-//   memory_model_bench --model MODEL --strategy S [--mixed-precision no|bf16] [--ac] [--batch B] [--seq-len T]
+//   memory_model_bench --model MODEL --strategy S [--mixed-precision no|bf16|fp16] [--ac] [--batch B] [--seq-len T]
 //                      [--nodes M] [--steps N] [--grad-accum K]
 // MODEL is a flavor or a Hugging Face config.json; the batch is synthetic, of the task's largest kind.
 #include <ATen/ATen.h>
@@ -19,6 +19,7 @@
 #include "shardtrain/memory/memory_stats.h"
 #include "shardtrain/models/synthetic_batch.h"
 #include "shardtrain/models/zoo.h"
+#include "shardtrain/optim/grad_scaler.h"
 #include "shardtrain/plan/memory_model.h"
 #include "train/parallel_model.h"
 #include "train/train_step.h"
@@ -74,7 +75,10 @@ int run(int argc, char** argv) {
 
   config::Config c;
   c.parallel.strategy = config_strategy(job.strategy);
-  c.parallel.mixed_precision = precision == "bf16" ? config::Precision::BF16 : config::Precision::NO;
+  if (precision == "no") c.parallel.mixed_precision = config::Precision::NO;
+  else if (precision == "bf16") c.parallel.mixed_precision = config::Precision::BF16;
+  else if (precision == "fp16") c.parallel.mixed_precision = config::Precision::FP16;
+  else throw std::invalid_argument("--mixed-precision " + precision + ": expected no, bf16 or fp16");
   c.parallel.activation_checkpointing = ac;
   c.train.batch_size = batch;
   const bool hybrid = train::is_hybrid(c.parallel.strategy);
@@ -84,6 +88,9 @@ int run(int argc, char** argv) {
   auto optimizer = train::make_optimizer(c, parallel);
   const uint64_t seed = 1000 + static_cast<uint64_t>(env.rank);
   const data::Batch b = models::synthetic_batch(task->data_needs(), batch, seq_len, seed);
+  // float16 scales the loss and unscales the gradients before the step, as the trainer's loop does.
+  std::optional<optim::GradScaler> scaler;
+  if (c.parallel.mixed_precision == config::Precision::FP16) scaler.emplace(optim::GradScalerOptions{}, pg.world());
 
   // A task that mixes kinds (FLAVA) trains every head over a run: a step of each kind first, so that AdamW holds
   // the state of every head when the image-text step is measured.
@@ -107,13 +114,19 @@ int run(int argc, char** argv) {
       models::Losses losses = task->compute_losses(*parallel.module(), batch_s, 0);
       forward = std::max(forward, memory::cpu_memory_stats().peak_bytes);
       memory::reset_cpu_peak();
-      losses.total.backward();
+      (scaler ? scaler->scale(losses.total) : losses.total).backward();
       losses = {};
       backward = std::max(backward, memory::cpu_memory_stats().peak_bytes);
     }
     memory::reset_cpu_peak();
+    if (scaler) scaler->unscale(*optimizer);
     parallel.clip_grad_norm(INFINITY, optimizer->param_groups());
-    optimizer->step();
+    if (scaler) {
+      scaler->step(*optimizer);
+      scaler->update();
+    } else {
+      optimizer->step();
+    }
     optimizer->zero_grad();
     step = memory::cpu_memory_stats().peak_bytes;
   }

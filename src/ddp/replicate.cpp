@@ -92,6 +92,7 @@ struct Ddp::Impl : std::enable_shared_from_this<Ddp::Impl> {
   }
 
   void launch(Bucket& b) {
+    if (group.size() == 1) return;  // its own mean already: no second copy of every gradient, no collective
     c10::AutoGradMode no_grad(false);
     if (!options.gradient_as_bucket_view) {
       b.flat = at::zeros({b.numel}, params[b.params.front()].options().requires_grad(false));
@@ -141,7 +142,7 @@ struct Ddp::Impl : std::enable_shared_from_this<Ddp::Impl> {
     c10::AutoGradMode no_grad(false);
     for (Bucket& b : buckets) {
       b.work.wait();
-      if (options.gradient_as_bucket_view) continue;  // the gradients are the bucket
+      if (options.gradient_as_bucket_view || !b.flat.defined()) continue;  // the gradients are the bucket, or alone
       for (size_t k = 0; k < b.params.size(); ++k) {
         if (!used[b.params[k]]) continue;
         const at::Tensor& p = params[b.params[k]];
@@ -198,7 +199,11 @@ Ddp replicate(const std::shared_ptr<torch::nn::Module>& module, const dist::Comm
     throw std::invalid_argument("replicate: bucket_cap_mb = " + std::to_string(options.bucket_cap_mb) +
                                 ", expected > 0");
   }
-  auto impl = std::make_shared<Ddp::Impl>(group, options);
+  // A group of one has nothing to average: no buckets are filled, viewed or reduced (gradients stay in .grad as
+  // AccumulateGrad left them); what parameters received a gradient is still checked.
+  DdpOptions used = options;
+  if (group.size() == 1) used.gradient_as_bucket_view = false;
+  auto impl = std::make_shared<Ddp::Impl>(group, used);
   // Everyone starts from rank 0's model.
   {
     c10::AutoGradMode no_grad(false);
@@ -232,7 +237,7 @@ Ddp replicate(const std::shared_ptr<torch::nn::Module>& module, const dist::Comm
     impl->offset_in_bucket[n] = b.offsets.back();
   }
   impl->has_grad.assign(impl->params.size(), 0);
-  if (options.gradient_as_bucket_view) {
+  if (used.gradient_as_bucket_view) {
     for (Bucket& b : impl->buckets) {
       b.flat = at::zeros({b.numel}, impl->params[b.params.front()].options().requires_grad(false));
     }

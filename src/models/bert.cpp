@@ -76,7 +76,7 @@ std::vector<at::Tensor> BertImpl::forward_impl(const at::Tensor& input_ids, cons
                                                bool labelled_only) {
   // The MLM decoder is the word table: the lookup's rows are added into the decoder's dense gradient (tie_table()).
   const TiedTable word = mlm_transform ? tie_table(embeddings->word->weight) : TiedTable{};
-  at::Tensor x = embeddings->forward(input_ids, token_type_ids, word.lookups);
+  at::Tensor x = embeddings->forward(input_ids, token_type_ids, mlm_transform ? word.lookups[0] : at::Tensor());
   const at::Tensor bias = attention_mask.defined() ? padding_bias(attention_mask, attention_dtype(x)) : at::Tensor();
   x = run_layers(layers, x, bias);
   at::Tensor pooled, logits, loss;

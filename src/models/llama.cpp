@@ -235,7 +235,7 @@ std::vector<at::Tensor> LlamaImpl::forward_impl(const at::Tensor& input_ids, con
   // Tied: the lookups' rows go into the head's dense gradient (tie_table()), one vocab x dim gradient, not two.
   const bool tied = config.tie_word_embeddings;
   const TiedTable table = tied ? tie_table(tied_embed->weight) : TiedTable{};
-  at::Tensor x = tied ? sparse_lookup(table.lookups, input_ids) : embed->forward(input_ids);
+  at::Tensor x = tied ? sparse_lookup(table.lookups[0], input_ids) : embed->forward(input_ids);
   // Right padding (each row's tokens, then its padding): under causal attention no real position sees a padded
   // one, so the padding mask changes only the padded positions' outputs. For the loss alone (labelled_only), when
   // no padded position predicts a label, the mask is left out and attention runs causal in the fused kernel: no

@@ -127,9 +127,9 @@ std::vector<at::Tensor> T5Impl::forward_impl(const at::Tensor& input_ids, const 
     targets_in = shifted.masked_fill(shifted == kIgnoreIndex, config.pad_token_id);
   }
   // The head is the shared table: the two lookups' rows are added into its dense gradient (tie_table()).
-  const TiedTable table = tie_table(shared->weight);
-  at::Tensor encoded = encoder->forward(sparse_lookup(table.lookups, input_ids), attention_mask, {}, {});
-  at::Tensor decoded = decoder->forward(sparse_lookup(table.lookups, targets_in), {}, encoded, attention_mask);
+  const TiedTable table = tie_table(shared->weight, 2);
+  at::Tensor encoded = encoder->forward(sparse_lookup(table.lookups[0], input_ids), attention_mask, {}, {});
+  at::Tensor decoded = decoder->forward(sparse_lookup(table.lookups[1], targets_in), {}, encoded, attention_mask);
   // Tied head: the shared embedding, the decoder output rescaled by dim^-1/2 (Mesh TensorFlow's convention).
   const double scale = std::pow(static_cast<double>(config.dim), -0.5);
   if (labelled_only && labels.defined()) {  // no logits: the loss in chunks (linear_cross_entropy)

@@ -2,6 +2,8 @@
 #include <torch/csrc/autograd/custom_function.h>
 
 #include <optional>
+#include <stdexcept>
+#include <string>
 
 #include "custom_nodes.h"
 #include "shardtrain/models/layers.h"
@@ -13,21 +15,31 @@ namespace {
 using torch::autograd::AutogradContext;
 using torch::autograd::variable_list;
 
-// Two aliases of the table in forward, one for the lookups and one for the projection, so that their gradients
-// arrive apart: autograd adds two gradients of one tensor in place only into a dense one whose storage it holds
-// alone, and adds a sparse one so only when the sparse one came first (it counts a sparse tensor as a subclass) —
-// and the projection's comes first, being last in forward. The rows (sparse) are added here into the projection's
-// gradient instead, in place: it is a tensor no other node holds (tied_projection's and linear_cross_entropy's are
-// made for it). Rows alone become a dense table here.
+// Aliases of the table in forward, one per lookup and one for the projection, so that their gradients arrive
+// apart: autograd adds two gradients of one tensor in place only into a dense one whose storage it holds alone, and
+// adds a sparse one so only when the sparse one came first (it counts a sparse tensor as a subclass) — and the
+// projection's comes first, being last in forward; two sparse gradients of one tensor it adds into a third, which
+// CPU cannot do in float16. The rows (sparse) are added here into the projection's gradient instead, in place: it
+// is a tensor no other node holds (tied_projection's and linear_cross_entropy's are made for it). Rows alone become
+// a dense table here.
 struct TiedTableFunction : public torch::autograd::Function<TiedTableFunction> {
-  static variable_list forward(AutogradContext*, const at::Tensor& weight) {
-    return {weight.alias(), weight.alias()};
+  static variable_list forward(AutogradContext*, const at::Tensor& weight, int64_t lookups) {
+    variable_list aliases;
+    for (int64_t i = 0; i <= lookups; ++i) aliases.push_back(weight.alias());
+    return aliases;  // the lookups', then the head's
   }
   static variable_list backward(AutogradContext*, variable_list grads) {
-    at::Tensor rows = std::move(grads[0]), head = std::move(grads[1]);
-    if (!head.defined()) return {rows.defined() && rows.is_sparse() ? rows.to_dense() : rows};
-    if (rows.defined()) head.add_(rows);
-    return {head};
+    at::Tensor table = std::move(grads.back());
+    grads.pop_back();
+    for (at::Tensor& rows : grads) {
+      if (!rows.defined()) continue;
+      if (!table.defined()) {
+        table = rows.is_sparse() ? rows.to_dense() : std::move(rows);
+      } else {
+        table.add_(rows);
+      }
+    }
+    return {table, at::Tensor()};
   }
 };
 
@@ -55,10 +67,15 @@ struct TiedProjection : public torch::autograd::Function<TiedProjection> {
 
 }  // namespace
 
-TiedTable tie_table(const at::Tensor& weight) {
-  if (!at::GradMode::is_enabled() || !weight.requires_grad()) return {weight, weight};
-  variable_list both = TiedTableFunction::apply(weight);
-  return {std::move(both[0]), std::move(both[1])};
+TiedTable tie_table(const at::Tensor& weight, int64_t lookups) {
+  if (lookups < 1) throw std::invalid_argument("tie_table: " + std::to_string(lookups) + " lookups (expected >= 1)");
+  if (!at::GradMode::is_enabled() || !weight.requires_grad()) {
+    return {std::vector<at::Tensor>(static_cast<size_t>(lookups), weight), weight};
+  }
+  variable_list aliases = TiedTableFunction::apply(weight, lookups);
+  at::Tensor head = std::move(aliases.back());
+  aliases.pop_back();
+  return {std::move(aliases), std::move(head)};
 }
 
 at::Tensor sparse_lookup(const at::Tensor& table, const at::Tensor& ids) {

@@ -63,11 +63,13 @@ void expect_parity(bool adamw, double bucket_cap_mb, Checkpoint checkpoint = Che
     opt->step();
   }
   expect_params_equal(parameters_of(*model), *ref, label);
-  if (bucket_view && bucket_cap_mb >= 25.0) {  // one bucket: every gradient lies in one buffer
+  // A group of one reduces nothing and allocates no bucket: its gradients are their own mean.
+  const bool alone = test_process_group().world().size() == 1;
+  if (bucket_view && bucket_cap_mb >= 25.0 && !alone) {  // one bucket: every gradient lies in one buffer
     const auto params = model->parameters();
     EXPECT_EQ(params.front().grad().storage().data(), params.back().grad().storage().data()) << label;
   }
-  EXPECT_EQ(ddp.all_reduces(), static_cast<int64_t>(ddp.buckets().size() * batches.size())) << label;
+  EXPECT_EQ(ddp.all_reduces(), alone ? 0 : static_cast<int64_t>(ddp.buckets().size() * batches.size())) << label;
 }
 
 TEST(Ddp, TrainsLikeOneProcess) {
@@ -111,7 +113,13 @@ TEST(Ddp, GradientAsBucketViewHoldsOneGradientCopyLess) {
     return static_cast<double>(peak) / param_bytes;
   };
   const double copies = backward_peak(false), views = backward_peak(true);
-  EXPECT_LE(views, copies - 0.7) << "peak during backward in units of the parameters' bytes";
+  if (test_process_group().world().size() == 1) {
+    // Alone, neither copies gradients into buckets: the parameters and their gradients (2P).
+    EXPECT_LT(copies, 2.3) << "peak during backward in units of the parameters' bytes";
+    EXPECT_LT(views, 2.3) << "peak during backward in units of the parameters' bytes";
+  } else {
+    EXPECT_LE(views, copies - 0.7) << "peak during backward in units of the parameters' bytes";
+  }
   std::cout << "backward peak / parameter bytes: copies " << copies << ", bucket views " << views << std::endl;
 }
 
@@ -143,7 +151,7 @@ TEST(Ddp, NoSyncAccumulatesThenAveragesTheSum) {
     }
     EXPECT_EQ(ddp.all_reduces(), 0);
     (torch::mse_loss(model(local_rows(batches[1].first)), local_rows(batches[1].second)) / 2).backward();
-    EXPECT_EQ(ddp.all_reduces(), 1);
+    EXPECT_EQ(ddp.all_reduces(), test_process_group().world().size() > 1 ? 1 : 0);
     sgd.step();
     expect_params_equal(parameters_of(*model), *ref, bucket_view ? "no_sync gradient_as_bucket_view" : "no_sync");
   }

@@ -7,7 +7,8 @@
 // Every rank holds the whole model. Gradients are grouped into buckets of about bucket_cap_mb, in the reverse of
 // parameter order (the order backward produces them); a bucket is all-reduced (mean) as soon as its last gradient
 // is accumulated, while backward goes on, and buckets start in the same order on every rank. At the end of backward
-// the averaged gradients are written back into .grad (or, with gradient_as_bucket_view, already are .grad).
+// the averaged gradients are written back into .grad (or, with gradient_as_bucket_view, already are .grad). A group
+// of one communicates nothing and allocates no bucket: its gradients are their own mean.
 #pragma once
 
 #include <memory>
@@ -50,7 +51,7 @@ class Ddp {
   void set_requires_gradient_sync(bool sync);
   // Parameter names per bucket, in launch order.
   std::vector<std::vector<std::string>> buckets() const;
-  int64_t all_reduces() const;  // bucket all-reduces issued so far
+  int64_t all_reduces() const;  // bucket all-reduces issued so far (none in a group of one)
 
  private:
   std::shared_ptr<Impl> impl_;

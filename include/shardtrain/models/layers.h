@@ -7,6 +7,7 @@
 #include <torch/nn/module.h>
 
 #include <cstdint>
+#include <vector>
 
 namespace shardtrain::models {
 
@@ -49,17 +50,19 @@ class EmbeddingImpl : public torch::nn::Module {
 };
 TORCH_MODULE(Embedding);
 
-// A table shared by lookups and an output projection (BERT's decoder, T5's head), for one forward: read `lookups`
-// with sparse_lookup() and `head` with tied_projection() or linear_cross_entropy(). The lookups' gradient is the
-// looked-up rows, added in place into the projection's dense gradient, so the two never both exist as dense tables
-// (62.5 MB for BERT's 30522 x 512 at float32); rows alone (the projection unused in this backward) become a dense
-// table, so the weight's .grad is always dense. `head` must go to those two only: its gradient is written into.
-// Without grad mode both are the weight itself.
+// A table shared by lookups and an output projection (BERT's decoder, T5's head), for one forward: read each of
+// `lookups` with one sparse_lookup() (T5: the encoder's and the decoder's) and `head` with tied_projection() or
+// linear_cross_entropy(). The lookups' gradients are the looked-up rows, added in place into the projection's
+// dense gradient, so the two never both exist as dense tables (62.5 MB for BERT's 30522 x 512 at float32); rows
+// alone (the projection unused in this backward) become a dense table, so the weight's .grad is always dense.
+// `head` must go to those two only: its gradient is written into. Without grad mode all are the weight itself.
 struct TiedTable {
-  at::Tensor lookups, head;
+  std::vector<at::Tensor> lookups;
+  at::Tensor head;
 };
-TiedTable tie_table(const at::Tensor& weight);
-// table[ids] with a sparse gradient, table a TiedTable's lookups. ids (...) int64 -> (..., dim).
+// Throws std::invalid_argument for lookups < 1.
+TiedTable tie_table(const at::Tensor& weight, int64_t lookups = 1);
+// table[ids] with a sparse gradient, table one of a TiedTable's lookups. ids (...) int64 -> (..., dim).
 at::Tensor sparse_lookup(const at::Tensor& table, const at::Tensor& ids);
 // x (..., dim) -> x table^T + bias (..., num), as at::linear; bias (num) or undefined.
 at::Tensor tied_projection(const at::Tensor& x, const at::Tensor& table, const at::Tensor& bias = at::Tensor());
