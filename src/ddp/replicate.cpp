@@ -33,6 +33,9 @@ at::Tensor alias_into(const at::Tensor& flat, int64_t offset, at::IntArrayRef si
 
 }  // namespace
 
+// Bucket all-reduces in flight at once during backward (the memory model's two buckets).
+constexpr size_t kBucketsInFlight = 2;
+
 struct Ddp::Impl : std::enable_shared_from_this<Ddp::Impl> {
   dist::Communicator group;
   DdpOptions options;
@@ -66,12 +69,38 @@ struct Ddp::Impl : std::enable_shared_from_this<Ddp::Impl> {
     if (++b.ready == b.params.size()) launch_ready();
   }
 
-  // Starts every bucket that is complete and whose predecessors have started: one order on every rank.
-  void launch_ready() {
+  // Starts every bucket that is complete and whose predecessors have started: one order on every rank. At most
+  // kBucketsInFlight are reduced at once: before another starts, the earliest is waited for and its mean written
+  // back (without gradient_as_bucket_view, a flat copy of every gradient otherwise lived until the end of
+  // backward: a whole model's gradients twice). `used`: as complete()'s.
+  void launch_ready(const std::vector<char>* used = nullptr) {
     while (next_launch < buckets.size() && buckets[next_launch].ready == buckets[next_launch].params.size()) {
+      if (next_launch >= kBucketsInFlight) complete(buckets[next_launch - kBucketsInFlight], used);
       launch(buckets[next_launch]);
       ++next_launch;
     }
+  }
+
+  // Waits for bucket `b`'s all-reduce and writes the mean into the gradients of its parameters that some rank used
+  // (`used`; nullptr: all, as during backward, where a bucket is complete when all its parameters had one here;
+  // at its end, parameters no rank used keep no gradient).
+  void complete(Bucket& b, const std::vector<char>* used) {
+    b.work.wait();
+    b.work = dist::Work();
+    c10::AutoGradMode no_grad(false);
+    if (options.gradient_as_bucket_view || !b.flat.defined()) return;  // the gradients are the bucket, or done
+    for (size_t k = 0; k < b.params.size(); ++k) {
+      if (used && !(*used)[b.params[k]]) continue;
+      const at::Tensor& p = params[b.params[k]];
+      at::Tensor mean = b.flat.narrow(0, b.offsets[k], p.numel()).view(p.sizes());
+      at::Tensor& grad = p.mutable_grad();
+      if (grad.defined()) {
+        grad.copy_(mean);
+      } else {
+        grad = mean.clone();  // its own tensor: zero_grad() detaches gradients in place
+      }
+    }
+    b.flat = at::Tensor();
   }
 
   // gradient_as_bucket_view: points parameter `index`'s .grad at its slot of bucket `b`, copying its value in
@@ -138,23 +167,8 @@ struct Ddp::Impl : std::enable_shared_from_this<Ddp::Impl> {
       if (options.gradient_as_bucket_view && used[i]) view_gradient_in_bucket(buckets[bucket_of[i]], i);
       ++buckets[bucket_of[i]].ready;
     }
-    launch_ready();
-    c10::AutoGradMode no_grad(false);
-    for (Bucket& b : buckets) {
-      b.work.wait();
-      if (options.gradient_as_bucket_view || !b.flat.defined()) continue;  // the gradients are the bucket, or alone
-      for (size_t k = 0; k < b.params.size(); ++k) {
-        if (!used[b.params[k]]) continue;
-        const at::Tensor& p = params[b.params[k]];
-        at::Tensor mean = b.flat.narrow(0, b.offsets[k], p.numel()).view(p.sizes());
-        at::Tensor& grad = p.mutable_grad();
-        if (grad.defined()) {
-          grad.copy_(mean);
-        } else {
-          grad = mean.clone();  // its own tensor: zero_grad() detaches gradients in place
-        }
-      }
-    }
+    launch_ready(&used);
+    for (Bucket& b : buckets) complete(b, &used);  // those completed already return at once
     reset();
   }
 

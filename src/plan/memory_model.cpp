@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <nlohmann/json.hpp>
+#include <numeric>
 #include <set>
 #include <stdexcept>
 
@@ -65,6 +66,29 @@ std::string mib(int64_t bytes) {
   return text;
 }
 
+// DDP's buckets (ddp::replicate): the trainable tensors in reverse registration order (backward's), a bucket closed
+// once it holds `cap` bytes or more — so one may hold up to cap plus a tensor. Bytes per bucket, in launch order.
+std::vector<int64_t> ddp_bucket_bytes(const std::vector<int64_t>& numel_in_order, int64_t element_bytes, int64_t cap) {
+  std::vector<int64_t> buckets;
+  for (auto n = numel_in_order.rbegin(); n != numel_in_order.rend(); ++n) {
+    if (buckets.empty() || buckets.back() >= cap) buckets.push_back(0);
+    buckets.back() += *n * element_bytes;
+  }
+  return buckets;
+}
+
+// Bytes of DDP's buckets in flight once `done` bytes of gradients are made: the last two complete (two at most
+// are all-reduced at once; an earlier one is waited for, and its copy dropped, when a third starts).
+int64_t ddp_in_flight(const std::vector<int64_t>& buckets, int64_t done) {
+  size_t complete = 0;
+  for (int64_t sum = 0; complete < buckets.size() && sum + buckets[complete] <= done; ++complete) {
+    sum += buckets[complete];
+  }
+  int64_t bytes = 0;
+  for (size_t k = complete >= 2 ? complete - 2 : 0; k < complete; ++k) bytes += buckets[k];
+  return bytes;
+}
+
 }  // namespace
 
 int64_t ModelShape::parameters() const {
@@ -88,6 +112,10 @@ ModelShape model_shape(const models::ModelRecipe& recipe) {
       }
     }
   };
+  for (const auto& p : root->parameters(/*recurse=*/true)) {
+    if (p.requires_grad() && seen.insert(p.unsafeGetTensorImpl()).second) shape.trainable_in_order.push_back(p.numel());
+  }
+  seen.clear();
   const std::vector<std::string> extra = recipe.extra_unit_classes();
   const models::ModelRecipe::EdgeUnits edges = recipe.edge_unit_classes();
   for (const auto& m : root->modules(/*include_self=*/false)) {
@@ -231,13 +259,19 @@ MemoryEstimate estimate_training_memory(const models::ModelRecipe& recipe, const
     const int64_t accumulator = rd == 2 && !job.cuda ? (out + std::min<int64_t>(out, kGlooHalfSlice)) * 4 : 0;
     return unit * rd + out * rd + received + accumulator;
   };
-  // DDP's buckets (25 MiB, two in flight); FSDP's reduce-scatter of a layer in flight while the next computes —
-  // on CUDA only: with Gloo each reduction is waited for before the next unit's backward (FsdpOptions::
-  // overlap_reduce_scatter), its buffers gone by then.
+  // DDP's buckets (25 MiB of gradients each, two in flight: ddp::replicate); FSDP's reduce-scatter of a layer in
+  // flight while the next computes — on CUDA only: with Gloo each reduction is waited for before the next unit's
+  // backward (FsdpOptions::overlap_reduce_scatter), its buffers gone by then.
   const bool overlap = job.cuda;
+  // (With gradient_as_bucket_view the buckets are the gradients.)
+  const bool ddp_buckets = job.strategy == Strategy::kDdp && job.world > 1 && !job.gradient_as_bucket_view;
+  const std::vector<int64_t> buckets =
+      ddp_buckets ? ddp_bucket_bytes(shape.trainable_in_order, pe,
+                                     static_cast<int64_t>(job.bucket_cap_mb * 1024 * 1024))
+                  : std::vector<int64_t>{};
   int64_t comm = 0;
-  if (job.strategy == Strategy::kDdp && job.world > 1) {
-    comm = std::min<int64_t>(2 * 25 * 1024 * 1024, e.parameters * pe);
+  if (ddp_buckets) {
+    comm = ddp_in_flight(buckets, std::accumulate(buckets.begin(), buckets.end(), int64_t{0}));  // the last two
   } else if (reduces && overlap) {
     comm = reduce_scatter(largest_layer_trainable);
   }
@@ -313,7 +347,15 @@ MemoryEstimate estimate_training_memory(const models::ModelRecipe& recipe, const
   };
   const bool has_transients = act.layer_backward_transients.size() == static_cast<size_t>(act.layers);
   for (int64_t i = 1; i <= act.layers; ++i) {
-    const int64_t grads_so_far = std::min<int64_t>((i - 1) * ceil_div(largest_layer, shard) * pe, new_grads);
+    // Gradients not reduced unit by unit (one rank, DDP) are .grad from the moment they are made: the head's (the
+    // root's and an output edge unit's) first, then the layers' done. (One unit for the whole model: they grow
+    // layer by layer.)
+    const int64_t unreduced_head =
+        reduces ? 0
+        : job.wrap == Wrap::kNone ? new_grads * (i - 1) / act.layers
+                                  : (root_trainable + units.output_trainable) * pe;
+    const int64_t done = (i - 1) * ceil_div(largest_layer, shard) * pe + unreduced_head;
+    const int64_t grads_so_far = std::min(done, new_grads);  // those accumulated in place are in `base`
     // Without resharding after forward every layer is still gathered until its own backward is done (the output
     // edge unit resharded after its own, the input one gathered to the end). The first layer prefetches the input
     // edge unit where there is one.
@@ -324,8 +366,11 @@ MemoryEstimate estimate_training_memory(const models::ModelRecipe& recipe, const
     const int64_t root_grads_at_i =
         job.wrap == Wrap::kNone && act.layers > 0 ? root_full_grads * (i - 1) / act.layers : root_full_grads;
     const int64_t below = (act.layers - i) * layer_kept + outside - act.loss_kept;
-    // The reduction in flight is the layer above's: none while the last layer computes.
-    const int64_t in_flight = i > 1 ? comm : 0;
+    // The reduction in flight is the layer above's: none while the last layer computes. DDP's: the buckets its
+    // gradients so far have filled, two at most.
+    const int64_t in_flight = ddp_buckets ? ddp_in_flight(buckets, done)
+                              : i > 1     ? comm
+                                          : 0;
     // The layer's backward making its gradients (walked from the last layer).
     const int64_t work = has_transients ? act.layer_backward_transients[act.layers - i] : 0;
     candidate(gathered + in_flight + layer_full_grads + root_grads_at_i + below + layer_kept + replay + work +

@@ -45,6 +45,7 @@ plan::TrainingJob job_of(const config::Config& c) {
   job.activation_checkpointing = c.parallel.activation_checkpointing;
   job.grad_accum = c.train.grad_accum, job.sync_each_batch = c.train.sync_each_batch;
   job.cpu_offload = c.parallel.cpu_offload;
+  job.bucket_cap_mb = c.parallel.bucket_cap_mb, job.gradient_as_bucket_view = c.parallel.gradient_as_bucket_view;
   job.batch = c.train.batch_size;
   job.seq_len = c.data.max_text_length;
   job.cuda = c.train.device == "cuda";

@@ -1,7 +1,8 @@
 // replicate (DDP): training matches one process on the whole batch (SGD, AdamW; one bucket and many; gradients as
 // bucket views or not), parameters start equal to rank 0's, no_sync accumulates without communication, and a
 // parameter without gradient is an error naming it. With activation checkpointing (every block, or the whole
-// model) training is the same. Gradients as bucket views hold one gradient-sized buffer less during backward.
+// model) training is the same. Gradients as bucket views hold one gradient-sized buffer less during backward, and
+// two buckets at most are in flight.
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
@@ -123,6 +124,36 @@ TEST(Ddp, GradientAsBucketViewHoldsOneGradientCopyLess) {
   std::cout << "backward peak / parameter bytes: copies " << copies << ", bucket views " << views << std::endl;
 }
 
+// Two bucket all-reduces in flight at most: an earlier bucket is waited for, its mean written back and its flat
+// copy dropped when a third starts. Eight equal layers, a bucket each: at the peak of backward the parameters,
+// their gradients and two buckets (2P + P/4), where holding every bucket to the end of backward was 3P.
+TEST(Ddp, AtMostTwoBucketsInFlight) {
+  memory::install_cpu_memory_counter();
+  const int64_t dim = 128, layers = 8;
+  const double param_bytes = 4.0 * layers * dim * dim;
+  const int64_t base = memory::cpu_memory_stats().current_bytes;
+  torch::manual_seed(1);
+  torch::nn::Sequential model;
+  for (int64_t i = 0; i < layers; ++i) model->push_back(torch::nn::Linear(torch::nn::LinearOptions(dim, dim).bias(false)));
+  DdpOptions options;
+  options.bucket_cap_mb = 4.0 * dim * dim / (1024 * 1024);  // one layer's weight
+  Ddp ddp = replicate(model.ptr(), test_process_group().world(), options);
+  const at::Tensor x = torch::randn({4, dim});
+  int64_t peak = 0;
+  for (int step = 0; step < 2; ++step) {
+    model->zero_grad();
+    at::Tensor loss = model->forward(x).pow(2).mean();
+    memory::reset_cpu_peak();
+    loss.backward();
+    peak = memory::cpu_memory_stats().peak_bytes - base;
+  }
+  const bool alone = test_process_group().world().size() == 1;
+  EXPECT_EQ(ddp.buckets().size(), static_cast<size_t>(layers));
+  // Activations (4 x 128 floats a layer) are small beside P/8.
+  EXPECT_LT(static_cast<double>(peak) / param_bytes, alone ? 2.1 : 2.4)
+      << "peak during backward in units of the parameters' bytes";
+}
+
 TEST(Ddp, BucketsFollowReverseParameterOrderUpToTheCap) {
   Toy model;
   DdpOptions options;
@@ -167,14 +198,19 @@ TEST(Ddp, UnusedParameterIsAnErrorNamingIt) {
   testing::expect_error<std::exception>([&] { torch::mse_loss(model(local_rows(x)), local_rows(y)).backward(); },
                                         {"parameter 'blocks2."});
   // With find_unused_parameters the same model trains. A block no rank uses keeps no gradient (as PyTorch's DDP
-  // leaves it: optimizers skip it); one only rank 0 uses gets the mean over the ranks, equal everywhere.
+  // leaves it: optimizers skip it); one only rank 0 uses gets the mean over the ranks, equal everywhere. One bucket,
+  // or a bucket every parameter or two (those of the unused blocks start and complete at the end of backward,
+  // beyond the two in flight).
   const dist::Communicator& world = test_process_group().world();
-  for (bool bucket_view : {false, true}) {
+  for (const auto& [bucket_view, bucket_cap_mb] : {std::pair{false, 25.0}, std::pair{true, 25.0},
+                                                   std::pair{false, 0.0005}, std::pair{true, 0.0005}}) {
+    SCOPED_TRACE(std::string(bucket_view ? "bucket views, " : "") + std::to_string(bucket_cap_mb) + " MB buckets");
     Toy tolerant;
     tolerant->active_blocks = 1;
     DdpOptions options;
     options.find_unused_parameters = true;
     options.gradient_as_bucket_view = bucket_view;
+    options.bucket_cap_mb = bucket_cap_mb;
     replicate(tolerant.ptr(), world, options);
     for (int step = 0; step < 2; ++step) {  // the second: the bucket holds the first step's values
       tolerant->active_blocks = world.rank() == 0 ? 2 : 1;

@@ -6,9 +6,10 @@
 //
 // Every rank holds the whole model. Gradients are grouped into buckets of about bucket_cap_mb, in the reverse of
 // parameter order (the order backward produces them); a bucket is all-reduced (mean) as soon as its last gradient
-// is accumulated, while backward goes on, and buckets start in the same order on every rank. At the end of backward
-// the averaged gradients are written back into .grad (or, with gradient_as_bucket_view, already are .grad). A group
-// of one communicates nothing and allocates no bucket: its gradients are their own mean.
+// is accumulated, while backward goes on, and buckets start in the same order on every rank; two are in flight at
+// most, an earlier one waited for when a third starts. The averaged gradients are written back into .grad as each
+// bucket completes (or, with gradient_as_bucket_view, already are .grad); .grad holds the mean once backward
+// returns. A group of one communicates nothing and allocates no bucket: its gradients are their own mean.
 #pragma once
 
 #include <memory>

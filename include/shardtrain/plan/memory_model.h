@@ -53,6 +53,9 @@ struct TrainingJob {
   int64_t param_bytes = 4;  // the parameters' own element size (and their gradients'): 2 for pure bf16
   std::string optimizer = "AdamW";  // its name in the estimate's terms
   bool fused_optimizer = false;     // one fused kernel per step (optim.fused): no per-tensor temporaries
+  // DDP (parallel.*): MiB of gradients per all-reduce bucket; gradients living in the buckets (no copies).
+  double bucket_cap_mb = 25.0;
+  bool gradient_as_bucket_view = false;
   // What the data pipeline masks (data.*): the heads run on masked positions only.
   double mlm_probability = 0.15, mim_probability = 0.4, itm_negative_probability = 0.5;
 };
@@ -85,6 +88,7 @@ struct ModelShape {
   // forward (the first) and its backward (the last), the output one for the loss and its backward (the first).
   int64_t input_numel = 0, input_trainable = 0, output_numel = 0, output_trainable = 0;
   int64_t largest_trainable_tensor = 0;
+  std::vector<int64_t> trainable_in_order;  // each trainable tensor's elements, in registration order (DDP's buckets)
   int64_t parameters() const;
 };
 ModelShape model_shape(const models::ModelRecipe& recipe);
