@@ -32,6 +32,9 @@ class BertMaskedLm : public Task {
   std::vector<std::string> loss_names() const override { return {"mlm"}; }
   // The pooler (BertModel has one; every published BERT checkpoint holds it) takes no part in the MLM loss.
   bool leaves_parameters_unused() const override { return config_.pooler; }
+  std::vector<std::string> modules_without_gradient() const override {
+    return config_.pooler ? std::vector<std::string>{"pooler"} : std::vector<std::string>{};
+  }
   Losses compute_losses(torch::nn::Module& model, const data::Batch& b, uint64_t) const override {
     Losses out;
     out.total = module_as<BertImpl>(model, "bert")

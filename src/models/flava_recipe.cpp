@@ -124,6 +124,10 @@ class FlavaPretraining : public Task {
   }
   // Each batch kind leaves some heads and poolers out of the loss.
   bool leaves_parameters_unused() const override { return true; }
+  // The image-text step: the multimodal heads (MMM, ITM) and the projections take part, not the unimodal ones.
+  std::vector<std::string> modules_without_gradient() const override {
+    return {"text.pooler", "image.pooler", "multimodal.pooler", "mim_head", "mlm_head"};
+  }
 
   bool has_evaluation() const override { return true; }
   data::SampleKind eval_kind() const override { return data::SampleKind::IMAGE_TEXT; }

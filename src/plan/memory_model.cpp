@@ -137,6 +137,17 @@ ModelShape model_shape(const models::ModelRecipe& recipe) {
     count(*m, shape.layer_numel.back(), shape.layer_trainable.back());
   }
   count(*root, shape.root_numel, shape.root_trainable);
+  // The modules the task's largest step leaves out, as far as the root holds them (by then every tensor is seen:
+  // counted again through a fresh set).
+  seen.clear();
+  const std::vector<std::string> left_out = recipe.task()->modules_without_gradient();
+  for (const auto& item : root->named_modules()) {
+    if (std::find(left_out.begin(), left_out.end(), item.key()) == left_out.end()) continue;
+    for (const auto& p : item.value()->parameters(/*recurse=*/true)) {
+      if (p.requires_grad() && seen.insert(p.unsafeGetTensorImpl()).second) shape.root_without_gradient += p.numel();
+    }
+  }
+  shape.root_without_gradient = std::min(shape.root_without_gradient, shape.root_trainable);
   return shape;
 }
 
@@ -205,7 +216,8 @@ MemoryEstimate estimate_training_memory(const models::ModelRecipe& recipe, const
       layer_units > 0 ? *std::max_element(units.numel.begin(), units.numel.end() - 1) : 0;
   const int64_t largest_layer_trainable =
       layer_units > 0 ? *std::max_element(units.trainable.begin(), units.trainable.end() - 1) : 0;
-  const int64_t root_unit = units.numel.back(), root_trainable = units.trainable.back();
+  // The root's trainable parameters that get a gradient in the step walked (its unused heads get none).
+  const int64_t root_unit = units.numel.back(), root_trainable = units.trainable.back() - shape.root_without_gradient;
 
   // Sharded state: each unit's parameters split over the shard group (padded to a multiple of it); gradients and
   // AdamW's two moments for the trainable ones only.
@@ -218,7 +230,9 @@ MemoryEstimate estimate_training_memory(const models::ModelRecipe& recipe, const
   for (int64_t n : {units.extra_trainable, units.input_trainable, units.output_trainable}) {
     trainable_shard_numel += ceil_div(n, shard);
   }
-  const int64_t params = shard_numel * pe, grads = trainable_shard_numel * pe, adam = trainable_shard_numel * job.optimizer_state_bytes;
+  // AdamW holds state for every trainable parameter (the heads a step leaves out train in other steps).
+  const int64_t params = shard_numel * pe, adam = trainable_shard_numel * job.optimizer_state_bytes;
+  const int64_t grads = (trainable_shard_numel - ceil_div(shape.root_without_gradient, shard)) * pe;
   const bool offload = job.cpu_offload && job.strategy != Strategy::kDdp;
   if (offload) e.host_bytes = params + grads + adam;
   const int64_t dev_params = offload ? 0 : params, dev_grads = offload ? 0 : grads, dev_adam = offload ? 0 : adam;
@@ -300,6 +314,7 @@ MemoryEstimate estimate_training_memory(const models::ModelRecipe& recipe, const
                                 " micro-batches (expected >= 1)");
   }
   int64_t trainable = units.extra_trainable + units.input_trainable + units.output_trainable;
+  trainable -= shape.root_without_gradient;
   for (int64_t t : units.trainable) trainable += t;
   // Otherwise (DDP, a group of one, or reduced every micro-batch) the gradients themselves accumulate in .grad.
   const int64_t accumulated = job.grad_accum <= 1                        ? 0

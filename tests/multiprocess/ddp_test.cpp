@@ -134,7 +134,9 @@ TEST(Ddp, AtMostTwoBucketsInFlight) {
   const int64_t base = memory::cpu_memory_stats().current_bytes;
   torch::manual_seed(1);
   torch::nn::Sequential model;
-  for (int64_t i = 0; i < layers; ++i) model->push_back(torch::nn::Linear(torch::nn::LinearOptions(dim, dim).bias(false)));
+  for (int64_t i = 0; i < layers; ++i) {
+    model->push_back(torch::nn::Linear(torch::nn::LinearOptions(dim, dim).bias(false)));
+  }
   DdpOptions options;
   options.bucket_cap_mb = 4.0 * dim * dim / (1024 * 1024);  // one layer's weight
   Ddp ddp = replicate(model.ptr(), test_process_group().world(), options);

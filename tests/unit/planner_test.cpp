@@ -78,7 +78,7 @@ TEST(Planner, ConfigurationsFitAndComeFastestFirst) {
   const auto recipe = models::recipe_of("bert-large-uncased");
   // BertModel has no MLM head to train: the planner says so rather than planning nothing.
   testing::expect_error<std::invalid_argument>([&] { plan_configurations(*recipe, small_cluster()); },
-                                               {"bert-large-uncased", "MLM head"});
+                                               {"bert-large-uncased", "masked-LM head"});
   const auto llama = models::recipe_of("llama-debug");
   const Cluster cluster = small_cluster();
   const auto configs = plan_configurations(*llama, cluster);

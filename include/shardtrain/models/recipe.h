@@ -92,6 +92,10 @@ class Task {
   // Some batches leave parameters without a gradient (FLAVA's text-only batch skips the image heads): DDP must
   // look for them (find_unused_parameters).
   virtual bool leaves_parameters_unused() const { return false; }
+  // Modules (paths in the recipe's module tree, "mlm_head") no gradient reaches in a step of the task's largest
+  // kind, the one the memory model walks: FLAVA's image-text step leaves out the unimodal MIM and MLM heads and the
+  // poolers, BERT's masked LM its pooler. Their parameters get no gradient there (plan/memory_model.h).
+  virtual std::vector<std::string> modules_without_gradient() const { return {}; }
   // Throws std::invalid_argument naming the objective when `local_batch` samples per rank (of `world_size`
   // ranks) are too few for it to mean anything (FLAVA's ITM negatives come from the same rank's batch).
   virtual void check_batch_size(int64_t local_batch, int64_t world_size) const;

@@ -89,6 +89,8 @@ struct ModelShape {
   int64_t input_numel = 0, input_trainable = 0, output_numel = 0, output_trainable = 0;
   int64_t largest_trainable_tensor = 0;
   std::vector<int64_t> trainable_in_order;  // each trainable tensor's elements, in registration order (DDP's buckets)
+  // Trainable root parameters no gradient reaches in the step the model walks (Task::modules_without_gradient).
+  int64_t root_without_gradient = 0;
   int64_t parameters() const;
 };
 ModelShape model_shape(const models::ModelRecipe& recipe);
