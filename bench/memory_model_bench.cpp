@@ -11,6 +11,7 @@
 
 #include <iostream>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <string>
 
 #include "shardtrain/distributed/env.h"

@@ -215,9 +215,9 @@ Ddp replicate(const std::shared_ptr<torch::nn::Module>& module, const dist::Comm
   }
   // A group of one has nothing to average: no buckets are filled, viewed or reduced (gradients stay in .grad as
   // AccumulateGrad left them); what parameters received a gradient is still checked.
-  DdpOptions used = options;
-  if (group.size() == 1) used.gradient_as_bucket_view = false;
-  auto impl = std::make_shared<Ddp::Impl>(group, used);
+  DdpOptions effective = options;
+  if (group.size() == 1) effective.gradient_as_bucket_view = false;
+  auto impl = std::make_shared<Ddp::Impl>(group, effective);
   // Everyone starts from rank 0's model.
   {
     c10::AutoGradMode no_grad(false);
@@ -238,7 +238,9 @@ Ddp replicate(const std::shared_ptr<torch::nn::Module>& module, const dist::Comm
   int64_t bytes = 0;
   for (size_t n = impl->params.size(); n-- > 0;) {
     const at::Tensor& p = impl->params[n];
-    if (impl->buckets.empty() || bytes >= cap_bytes || p.scalar_type() != impl->params[impl->buckets.back().params.front()].scalar_type()) {
+    const bool other_dtype =
+        !impl->buckets.empty() && p.scalar_type() != impl->params[impl->buckets.back().params.front()].scalar_type();
+    if (impl->buckets.empty() || bytes >= cap_bytes || other_dtype) {
       impl->buckets.emplace_back();
       bytes = 0;
     }
@@ -251,7 +253,7 @@ Ddp replicate(const std::shared_ptr<torch::nn::Module>& module, const dist::Comm
     impl->offset_in_bucket[n] = b.offsets.back();
   }
   impl->has_grad.assign(impl->params.size(), 0);
-  if (used.gradient_as_bucket_view) {
+  if (effective.gradient_as_bucket_view) {
     for (Bucket& b : impl->buckets) {
       b.flat = at::zeros({b.numel}, impl->params[b.params.front()].options().requires_grad(false));
     }

@@ -3,6 +3,7 @@
 // first (fully_shard relies on it to hand a unit's gradients to its reduce-scatter without holding them twice).
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
+#include <torch/csrc/autograd/function.h>
 #include <torch/csrc/autograd/variable.h>
 
 #include <memory>
