@@ -112,10 +112,14 @@ ModelShape model_shape(const models::ModelRecipe& recipe) {
       }
     }
   };
-  for (const auto& p : root->parameters(/*recurse=*/true)) {
-    if (p.requires_grad() && seen.insert(p.unsafeGetTensorImpl()).second) shape.trainable_in_order.push_back(p.numel());
+  {
+    std::set<const c10::TensorImpl*> listed;  // tied tensors once
+    for (const auto& p : root->parameters(/*recurse=*/true)) {
+      if (p.requires_grad() && listed.insert(p.unsafeGetTensorImpl()).second) {
+        shape.trainable_in_order.push_back(p.numel());
+      }
+    }
   }
-  seen.clear();
   const std::vector<std::string> extra = recipe.extra_unit_classes();
   const models::ModelRecipe::EdgeUnits edges = recipe.edge_unit_classes();
   for (const auto& m : root->modules(/*include_self=*/false)) {
@@ -137,14 +141,15 @@ ModelShape model_shape(const models::ModelRecipe& recipe) {
     count(*m, shape.layer_numel.back(), shape.layer_trainable.back());
   }
   count(*root, shape.root_numel, shape.root_trainable);
-  // The modules the task's largest step leaves out, as far as the root holds them (by then every tensor is seen:
-  // counted again through a fresh set).
-  seen.clear();
+  // The modules the task's largest step leaves out, as far as the root holds them.
   const std::vector<std::string> left_out = recipe.task()->modules_without_gradient();
+  std::set<const c10::TensorImpl*> left_out_seen;  // tied tensors once
   for (const auto& item : root->named_modules()) {
     if (std::find(left_out.begin(), left_out.end(), item.key()) == left_out.end()) continue;
     for (const auto& p : item.value()->parameters(/*recurse=*/true)) {
-      if (p.requires_grad() && seen.insert(p.unsafeGetTensorImpl()).second) shape.root_without_gradient += p.numel();
+      if (p.requires_grad() && left_out_seen.insert(p.unsafeGetTensorImpl()).second) {
+        shape.root_without_gradient += p.numel();
+      }
     }
   }
   shape.root_without_gradient = std::min(shape.root_without_gradient, shape.root_trainable);
