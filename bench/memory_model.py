@@ -87,8 +87,10 @@ def grid(quick):
             cells.append((family, strategy, 2, 4, "fp16", False))  # scaled loss, float32 reductions
     for family, batch in itertools.product(MODELS, [2, 8]):
         cells.append((family, "full_shard", 2, batch, "no", False))
-    for family, strategy in itertools.product(["bert", "llama"], ["full_shard", "ddp"]):
-        cells.append((family, strategy, 2, 4, "no", False, 3))  # gradient accumulation over 3 micro-batches
+    # Gradient accumulation over 3 micro-batches, untied (Llama) and tied tables (BERT, Qwen3, T5: the head's dense
+    # gradient apart from .grad until the lookups' rows join it).
+    for family, strategy in itertools.product(["bert", "llama", "qwen3", "t5"], ["full_shard", "ddp"]):
+        cells.append((family, strategy, 2, 4, "no", False, 3))
     cells += long_cells()
     # DDP's buckets two at a time, the last of them the embedding's (larger than the cap) plus what precedes it.
     cells += [("bert-28m", "ddp", 2, 4, "no", False), ("bert-28m", "ddp", 2, 4, "bf16", False),

@@ -105,6 +105,12 @@ class BertRecipe : public FamilyRecipe<BertConfig, Bert> {
     return 3 * layers * transformer_layer_flops(weights, text_tokens(b), d) * batch_rows(b);
   }
 
+  // The masked-LM head's decoder is the word table.
+  std::vector<std::string> tied_tables() const override {
+    if (!config().mlm_head) return {};
+    return {"embeddings.word.weight"};
+  }
+
   // A classifier's config (BertForSequenceClassification) classifies by default.
   std::vector<std::string> tasks() const override {
     if (!config().labels.empty()) return {"classify", "masked_lm"};

@@ -90,6 +90,10 @@ class LlamaRecipe : public FamilyRecipe<LlamaConfig, Llama> {
     if (config().tie_word_embeddings) return {};
     return {"LlamaEmbedding", "LlamaLMHead"};
   }
+  std::vector<std::string> tied_tables() const override {
+    if (!config().tie_word_embeddings) return {};
+    return {"embed.weight"};
+  }
 
   // Layers: llama_layer_options (the embedding's output is layer 0's input). Then the final norm (its input and
   // what it keeps) and the loss through linear_cross_entropy at the positions that predict a label (every position

@@ -126,6 +126,8 @@ class T5Recipe : public FamilyRecipe<T5Config, T5> {
   }
 
   std::vector<std::string> tasks() const override { return {"span_corruption", "seq2seq"}; }
+  // The LM head is the shared table both stacks' embeddings read.
+  std::vector<std::string> tied_tables() const override { return {"shared.weight"}; }
   // Span corruption's sentinels from the tokenizer's <extra_id_0>, when it has one.
   std::shared_ptr<const ModelRecipe> with_task_head(const std::string&, const TaskSetup& setup) const override {
     if (!setup.first_sentinel || *setup.first_sentinel == config().first_sentinel) return nullptr;

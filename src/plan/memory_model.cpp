@@ -153,6 +153,14 @@ ModelShape model_shape(const models::ModelRecipe& recipe) {
     }
   }
   shape.root_without_gradient = std::min(shape.root_without_gradient, shape.root_trainable);
+  const auto named = root->named_parameters(/*recurse=*/true);
+  for (const std::string& name : recipe.tied_tables()) {
+    const at::Tensor* table = named.find(name);
+    if (table == nullptr) {
+      throw std::logic_error(recipe.flavor() + ": tied table '" + name + "' is not one of the model's parameters");
+    }
+    if (table->requires_grad()) shape.tied_tables += table->numel();
+  }
   return shape;
 }
 
@@ -328,6 +336,10 @@ MemoryEstimate estimate_training_memory(const models::ModelRecipe& recipe, const
   const int64_t base = dev_params + dev_adam + accumulated;
   const bool in_place = accumulated > 0 && accumulated == dev_grads;  // new gradients add into .grad: counted once
   const int64_t new_grads = in_place ? 0 : dev_grads;
+  // A tied table's head gradient, made first in backward, waits apart from .grad for the lookups' rows until the
+  // end (tie_table()). Counted among the gradients made unless they accumulate in place (among the root's full ones
+  // where reduced).
+  const int64_t tied_held = in_place && !reduces ? shape.tied_tables * pe : 0;
   // Gathering a unit holds it twice for a moment: the all-gather's flat output and the parameters copied out of it.
   // The root first; then, before any layer, what the model computes first (FLAVA: its extra unit, the codebook,
   // gathered and tokenizing).
@@ -387,14 +399,15 @@ MemoryEstimate estimate_training_memory(const models::ModelRecipe& recipe, const
         job.wrap == Wrap::kNone && act.layers > 0 ? root_full_grads * (i - 1) / act.layers : root_full_grads;
     const int64_t below = (act.layers - i) * layer_kept + outside - act.loss_kept;
     // The reduction in flight is the layer above's: none while the last layer computes. DDP's: the buckets its
-    // gradients so far have filled, two at most.
-    const int64_t in_flight = ddp_buckets ? ddp_in_flight(buckets, done)
+    // gradients so far have filled, two at most (a tied table's is ready only at the end, whatever it holds).
+    const int64_t ready = std::max<int64_t>(0, done - shape.tied_tables * pe);
+    const int64_t in_flight = ddp_buckets ? ddp_in_flight(buckets, ready)
                               : i > 1     ? comm
                                           : 0;
     // The layer's backward making its gradients (walked from the last layer).
     const int64_t work = has_transients ? act.layer_backward_transients[act.layers - i] : 0;
     candidate(gathered + in_flight + layer_full_grads + root_grads_at_i + below + layer_kept + replay + work +
-                  grads_so_far,
+                  grads_so_far + tied_held,
               gathered, in_flight, layer_full_grads, root_grads_at_i, work);
     // A reduction waited for at once (Gloo) is a moment of its own: the layer resharded and its full gradients
     // copied into the input by then, the next layer's gather issued (on the CPU, bf16's float32 sum is the most).
@@ -402,8 +415,8 @@ MemoryEstimate estimate_training_memory(const models::ModelRecipe& recipe, const
       const int64_t rs_gathered =
           reshard ? root_g + next : std::max<int64_t>(all_g - out_g - i * layer_g, root_g + in_g);
       const int64_t reduction = reduce_scatter(largest_layer_trainable);
-      candidate(rs_gathered + reduction + root_grads_at_i + below + grads_so_far, rs_gathered, reduction, 0,
-                root_grads_at_i, 0);
+      candidate(rs_gathered + reduction + root_grads_at_i + below + grads_so_far + tied_held, rs_gathered, reduction,
+                0, root_grads_at_i, 0);
     }
   }
   // The end: the root's gradients complete (a tied table's lookups add their rows into its head's gradient in
@@ -411,8 +424,7 @@ MemoryEstimate estimate_training_memory(const models::ModelRecipe& recipe, const
   // once its full parameters are dropped. (Every layer has been resharded after its backward by then: only the root
   // and the input unit are gathered.) (With overlap the last layer's reduction is still in flight while the root
   // computes; DDP's buckets are all there as the last ones all-reduce.)
-  const int64_t end_gradients =
-      root_g + in_g + new_grads + root_full_grads + in_full_grads + comm;
+  const int64_t end_gradients = root_g + in_g + new_grads + root_full_grads + in_full_grads + tied_held + comm;
   const int64_t end_input_reduction = reduces ? new_grads + root_full_grads + reduce_scatter(units.input_trainable) : 0;
   const int64_t end_root_reduction = reduces ? new_grads + reduce_scatter(root_trainable) : 0;
   // An input edge unit resharded after its forward is gathered again for its backward (held twice for a moment).
@@ -448,6 +460,7 @@ MemoryEstimate estimate_training_memory(const models::ModelRecipe& recipe, const
                            std::to_string(static_cast<int>(kCudaAllocatorAllowance * 100)) + "% of the rest"});
   }
   const std::string per = shard > 1 ? " / " + std::to_string(shard) + " ranks" : "";
+  const std::string per_param = std::to_string(pe) + " B per trainable parameter" + per;
   e.terms.push_back({"parameters", dev_params,
                      std::to_string(shard_numel) + " elements x " + std::to_string(pe) + " B" + per +
                          (offload ? " (offloaded: host)" : "")});
@@ -525,31 +538,33 @@ MemoryEstimate estimate_training_memory(const models::ModelRecipe& recipe, const
                                             : "a layer's reduction, the root's full gradients"});
     e.terms.push_back({"activations and gradients so far",
                        backward_walk - walk_gathered - walk_in_flight - walk_layer_grads - walk_root_grads -
-                           walk_work,
+                           walk_work - tied_held,
                        "the layers not yet done" + std::string(ac ? ", one layer replayed" : "") +
                            ", the gradients of those done"});
     e.terms.push_back({"layer gradients in flight", walk_work,
                        "what a layer's backward makes before it frees what it kept (T5: and its stack's position "
                        "bias's gradient)"});
+    if (tied_held > 0) {
+      e.terms.push_back({"tied table's gradient", tied_held, "the head's, waiting for the lookups' rows"});
+    }
   } else if (backward_end == end_root_reduction && end_root_reduction > end_gradients) {
-    e.terms.push_back({"gradients", new_grads, "4 B per trainable parameter" + per});
+    e.terms.push_back({"gradients", new_grads, per_param});
     e.terms.push_back({"root reduce-scatter", reduce_scatter(root_trainable),
                        "its flat input (trainable parameters), the output shard, Gloo's receive buffers"});
   } else if (backward_end == end_input_gather && end_input_gather > end_gradients) {
     e.terms.push_back({"gathered parameters", root_g + 2 * in_g,
                        "the root unit, and the embedding's being gathered again (held twice)"});
-    e.terms.push_back({"gradients", new_grads + root_full_grads,
-                       "4 B per trainable parameter" + per + ", the root's still full"});
+    e.terms.push_back({"gradients", new_grads + root_full_grads, per_param + ", the root's still full"});
   } else if (backward_end == end_input_reduction && end_input_reduction > end_gradients) {
-    e.terms.push_back({"gradients", new_grads + root_full_grads,
-                       "4 B per trainable parameter" + per + ", the root's still full"});
+    e.terms.push_back({"gradients", new_grads + root_full_grads, per_param + ", the root's still full"});
     e.terms.push_back({"embedding reduce-scatter", reduce_scatter(units.input_trainable),
                        "the input edge unit's flat input and output shard, Gloo's receive buffers"});
   } else {
     e.terms.push_back({"gathered parameters", root_g + in_g, in_g > 0 ? "the root unit and the embedding's"
                                                                       : "the root unit"});
-    e.terms.push_back({"gradients", new_grads + root_full_grads + in_full_grads,
-                       "4 B per trainable parameter" + per + (reduces ? ", the root's still full" : "")});
+    e.terms.push_back({"gradients", new_grads + root_full_grads + in_full_grads + tied_held,
+                       per_param + (reduces ? ", the root's still full" : "") +
+                           (tied_held > 0 ? ", the tied table's apart from .grad" : "")});
     if (comm > 0) {
       e.terms.push_back({job.strategy == Strategy::kDdp ? "buckets" : "reduction in flight", comm,
                          job.strategy == Strategy::kDdp ? "DDP's gradient buckets, the last ones all-reducing"
@@ -569,9 +584,9 @@ std::string format_estimate(const std::string& model, const TrainingJob& job, co
                                   : "") +
                     ", mixed precision " + job.mixed_precision +
                     (job.activation_checkpointing
-                         ? job.checkpoint_every > 1
-                               ? ", activation checkpointing of every " + std::to_string(job.checkpoint_every) + "th layer"
-                               : ", activation checkpointing"
+                         ? job.checkpoint_every > 1 ? ", activation checkpointing of every " +
+                                                          std::to_string(job.checkpoint_every) + "th layer"
+                                                    : ", activation checkpointing"
                          : "") +
                     (job.grad_accum > 1 ? ", " + std::to_string(job.grad_accum) + " micro-batches" +
                                               (job.sync_each_batch ? " (each reduced)" : "")

@@ -29,8 +29,10 @@ struct Measured {
   int64_t peak() const { return std::max({forward, backward, step}); }
 };
 
-// Three steps; the third is measured (AdamW's state exists from the first).
-Measured measure(const models::ModelRecipe& recipe, int64_t batch, int64_t tokens, bool text_labels) {
+// Three steps of `micro_batches` forwards and backwards each; the third is measured (AdamW's state exists from the
+// first), each phase's peak over its micro-batches.
+Measured measure(const models::ModelRecipe& recipe, int64_t batch, int64_t tokens, bool text_labels,
+                 int64_t micro_batches) {
   memory::install_cpu_memory_counter();
   models::BuildOptions build;
   build.init.seed = 1;
@@ -47,13 +49,16 @@ Measured measure(const models::ModelRecipe& recipe, int64_t batch, int64_t token
   if (text_labels) b.mlm_labels.index_put_({at::indexing::Slice(), at::indexing::Slice(0, at::indexing::None, 7)}, 3);
   Measured m;
   for (int step = 0; step < 3; ++step) {
-    memory::reset_cpu_peak();
-    models::Losses losses = task->compute_losses(*model, b, 0);
-    m.forward = memory::cpu_memory_stats().peak_bytes;
-    memory::reset_cpu_peak();
-    losses.total.backward();
-    losses = {};
-    m.backward = memory::cpu_memory_stats().peak_bytes;
+    m = {};
+    for (int64_t micro = 0; micro < micro_batches; ++micro) {
+      memory::reset_cpu_peak();
+      models::Losses losses = task->compute_losses(*model, b, 0);
+      m.forward = std::max(m.forward, memory::cpu_memory_stats().peak_bytes);
+      memory::reset_cpu_peak();
+      losses.total.backward();
+      losses = {};
+      m.backward = std::max(m.backward, memory::cpu_memory_stats().peak_bytes);
+    }
     memory::reset_cpu_peak();
     adam.step();
     adam.zero_grad();
@@ -69,14 +74,16 @@ void expect_close(const char* what, int64_t predicted, int64_t measured, double 
   EXPECT_LE(std::abs(error), tolerance) << what;
 }
 
-void check(const std::string& name, const std::string& json, int64_t batch, int64_t tokens, bool mlm) {
+void check(const std::string& name, const std::string& json, int64_t batch, int64_t tokens, bool mlm,
+           int64_t micro_batches = 1) {
   const auto recipe = recipe_from_json(name, json);
   TrainingJob job;  // one rank, the model as it is: DDP at world size 1 (no clipping copies, as in measure())
-  job.strategy = Strategy::kDdp, job.batch = batch, job.seq_len = tokens;
+  job.strategy = Strategy::kDdp, job.batch = batch, job.seq_len = tokens, job.grad_accum = micro_batches;
   const MemoryEstimate e = estimate_training_memory(*recipe, job);
-  const Measured m = measure(*recipe, batch, tokens, mlm);
-  std::printf("%s, batch %lld x %lld tokens (%lld parameters):\n", name.c_str(), static_cast<long long>(batch),
-              static_cast<long long>(tokens), static_cast<long long>(e.parameters));
+  const Measured m = measure(*recipe, batch, tokens, mlm, micro_batches);
+  std::printf("%s, batch %lld x %lld tokens x %lld micro-batches (%lld parameters):\n", name.c_str(),
+              static_cast<long long>(batch), static_cast<long long>(tokens), static_cast<long long>(micro_batches),
+              static_cast<long long>(e.parameters));
   expect_close("forward", e.forward_bytes, m.forward, 0.10);
   expect_close("backward", e.backward_bytes, m.backward, 0.10);
   expect_close("step", e.step_bytes, m.step, 0.10);
@@ -95,6 +102,40 @@ const char* kLlama = R"({"model_type": "llama", "vocab_size": 8000, "hidden_size
 TEST(MemoryModel, BertStepMatchesMeasurement) {
   check("bert", kBert, 8, 128, true);
   check("bert", kBert, 2, 256, true);
+}
+
+// Gradients accumulating in .grad over micro-batches, and the tied word table's head gradient held apart from
+// .grad through backward (ModelRecipe::tied_tables).
+TEST(MemoryModel, BertAccumulatingMatchesMeasurement) { check("bert", kBert, 4, 64, true, 3); }
+
+// The tables a lookup and the head share, as each recipe names them, and what the estimate makes of them: with
+// gradients accumulating in place the head's table-sized gradient is a term of the backward walk; reduced or
+// replaced every step it is among the gradients already.
+TEST(MemoryModel, TiedTableHeldThroughBackward) {
+  const auto bert = recipe_from_json("bert", kBert);
+  const int64_t table = 8000 * 256;
+  EXPECT_EQ(model_shape(*bert).tied_tables, table);
+  EXPECT_EQ(model_shape(*models::recipe_for_task(bert, "classify", {{"no", "yes"}})).tied_tables, 0);
+  EXPECT_EQ(model_shape(*recipe_from_json("llama", kLlama)).tied_tables, 0);
+  const auto t5 = models::recipe_of("t5-small");
+  EXPECT_EQ(model_shape(*t5).tied_tables, 32128 * 512);
+
+  TrainingJob job;
+  job.strategy = Strategy::kDdp, job.batch = 4, job.seq_len = 64, job.grad_accum = 3;  // the walk's peak
+  ModelShape shape = model_shape(*bert);
+  const MemoryEstimate tied = estimate_training_memory(*bert, shape, job);
+  shape.tied_tables = 0;
+  const MemoryEstimate untied = estimate_training_memory(*bert, shape, job);
+  // (Without it the peak moves to the start of backward: less than the whole table.)
+  EXPECT_GT(tied.backward_bytes - untied.backward_bytes, table * 4 / 2);
+  EXPECT_LE(tied.backward_bytes - untied.backward_bytes, table * 4);
+  ASSERT_EQ(tied.peak_phase, "backward");
+  bool named = false;
+  for (const MemoryTerm& term : tied.terms) named |= term.name == "tied table's gradient" && term.bytes == table * 4;
+  EXPECT_TRUE(named);
+  job.grad_accum = 1;  // the head's gradient becomes .grad: one gradient of the table in either case
+  EXPECT_EQ(estimate_training_memory(*bert, shape, job).backward_bytes,
+            estimate_training_memory(*bert, model_shape(*bert), job).backward_bytes);
 }
 
 TEST(MemoryModel, BertWithDropoutMatchesMeasurement) { check("bert-dropout", kBertDropout, 8, 128, true); }

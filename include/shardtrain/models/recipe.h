@@ -143,6 +143,10 @@ class ModelRecipe {
     std::string input, output;
   };
   virtual EdgeUnits edge_unit_classes() const { return {}; }
+  // The parameters (our names) that are at once a lookup's table and the output head's weight (tie_table(): BERT's
+  // word embeddings under the masked-LM head, T5's shared table, a tied Llama's): backward makes the head's dense
+  // gradient first and holds it apart from .grad until the lookups' rows join it at the end. Default none.
+  virtual std::vector<std::string> tied_tables() const { return {}; }
   // extra_unit_classes() and the edge units' classes that are set: every unit of the default wrap but the layers.
   std::vector<std::string> own_unit_classes() const;
   // transformers' AutoModel of this model's config (the base model, without a task head) as its tensors, for

@@ -91,6 +91,8 @@ struct ModelShape {
   std::vector<int64_t> trainable_in_order;  // each trainable tensor's elements, in registration order (DDP's buckets)
   // Trainable root parameters no gradient reaches in the step the model walks (Task::modules_without_gradient).
   int64_t root_without_gradient = 0;
+  // Trainable elements of the tables a lookup and the head share (ModelRecipe::tied_tables).
+  int64_t tied_tables = 0;
   int64_t parameters() const;
 };
 ModelShape model_shape(const models::ModelRecipe& recipe);
