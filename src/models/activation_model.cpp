@@ -11,13 +11,19 @@ int64_t dropout_kept(double p, int64_t elements, const ActivationQuery& q) {
   return q.cuda ? elements : elements * element_size(q);
 }
 
-int64_t norm_kept(Norm norm, int64_t rows, int64_t dim, const ActivationQuery& q) {
-  const int64_t e = element_size(q);
+int64_t norm_kept(Norm norm, int64_t rows, int64_t dim, const ActivationQuery& q, int64_t input_bytes) {
+  const int64_t e = element_size(q), in = input_bytes > 0 ? input_bytes : e;
   if (norm == Norm::kLayerNorm) return 2 * rows * 4;  // at::layer_norm: mean and rstd in float32
   // RMSNorm: x.to(float32) (a copy unless float32) kept by pow and mul, rsqrt's result, and weight * normed kept by
-  // the product with the weight (normed cast back to the compute dtype).
-  const int64_t x32 = e == 4 ? 0 : rows * dim * 4;
-  return x32 + rows * dim * e + rows * 4;
+  // the product with the weight (normed cast to the weight's dtype: float32 under autocast).
+  const int64_t x32 = in == 4 ? 0 : rows * dim * 4;
+  return x32 + rows * dim * (q.autocast ? 4 : e) + rows * 4;
+}
+
+int64_t stream_size(const ActivationQuery& q) { return q.autocast ? 4 : element_size(q); }
+
+int64_t linear_inputs_kept(int64_t readers, int64_t elements, const ActivationQuery& q) {
+  return (q.autocast ? readers : 1) * elements * element_size(q);
 }
 
 bool attention_fused(const AttentionOptions& a, const ActivationQuery& q) {
@@ -104,33 +110,37 @@ int64_t mlp_kept(const TransformerLayerOptions& o, int64_t rows, const Activatio
 int64_t transformer_layer_kept(const TransformerLayerOptions& o, int64_t batch, int64_t tokens,
                                int64_t context_tokens, const ActivationQuery& q, int64_t queries) {
   if (queries <= 0) queries = tokens;
-  const int64_t e = element_size(q), d = o.attention.dim, rows = batch * tokens, unit = rows * d * e;
+  const int64_t s = stream_size(q), d = o.attention.dim, rows = batch * tokens;
   // What follows the attention runs over the kept queries' rows only.
-  const int64_t q_rows = batch * queries, q_unit = q_rows * d * e;
-  const int64_t q_norm = norm_kept(o.norm, q_rows, d, q), q_drop = dropout_kept(o.dropout, q_rows * d, q);
-  int64_t bytes = unit;  // the input
-  bytes += attention_kept(o.attention, batch, queries, tokens, q) + q_drop;
+  const int64_t q_rows = batch * queries, q_unit = q_rows * d * s;
+  const int64_t q_norm = norm_kept(o.norm, q_rows, d, q, s), q_drop = dropout_kept(o.dropout, q_rows * d, q);
+  // The linear layers reading the attention's input (q, k, v) and the MLP's (SwiGLU's gate and up, or fc1).
+  const int64_t mlp_readers = o.activation == Activation::kSwiGlu ? 2 : 1;
+  int64_t bytes = attention_kept(o.attention, batch, queries, tokens, q) + q_drop;
   if (o.norm_first) {
-    // norm1 and its output (q/k/v's input, over every token); the residual sum after attention (norm2's or
-    // norm_cross's input).
-    bytes += norm_kept(o.norm, rows, d, q) + unit + q_unit;
+    // The input (kept by norm1), norm1 and its output (q/k/v's input, over every token); the residual sum after
+    // attention (norm2's or norm_cross's input).
+    bytes += rows * d * s + norm_kept(o.norm, rows, d, q, s) + linear_inputs_kept(3, rows * d, q) + q_unit;
     if (o.cross_attention) {
       AttentionOptions cross = o.attention;
       cross.causal = false;
-      bytes += q_norm + q_unit + attention_kept(cross, batch, queries, context_tokens, q) + q_drop + q_unit;
+      bytes += q_norm + linear_inputs_kept(1, q_rows * d, q) +
+               attention_kept(cross, batch, queries, context_tokens, q) + q_drop + q_unit;
     }
-    bytes += q_norm + q_unit;  // norm2 and its output (the MLP's input)
+    bytes += q_norm + linear_inputs_kept(mlp_readers, q_rows * d, q);  // norm2 and its output (the MLP's input)
   } else {
-    // Post-norm: the sums before norm1 and norm2, norm1's output (the MLP's input); norm2's output is the next
-    // layer's input.
-    bytes += q_unit + q_norm + q_unit + q_unit + q_norm;
+    // Post-norm: the input (q/k/v's; under autocast their copies, the input itself feeding the residual sum
+    // only), the sums before norm1 and norm2, norm1's output (the MLP's input); norm2's output is the next layer's
+    // input.
+    bytes += linear_inputs_kept(3, rows * d, q) + q_unit + q_norm + linear_inputs_kept(mlp_readers, q_rows * d, q) +
+             q_unit + q_norm;
   }
   return bytes + mlp_kept(o, q_rows, q) + q_drop;
 }
 
 LayerTransients transformer_layer_transients(const TransformerLayerOptions& o, int64_t batch, int64_t tokens,
                                              int64_t context_tokens, const ActivationQuery& q) {
-  const int64_t e = element_size(q), rows = batch * tokens, unit = rows * o.attention.dim * e;
+  const int64_t e = element_size(q), rows = batch * tokens, unit = rows * o.attention.dim * stream_size(q);
   const int64_t m = rows * o.mlp_dim * e;
   const bool mlp_dropped = q.training && o.mlp_dropout > 0;
   LayerTransients mlp;
@@ -172,8 +182,20 @@ LossBytes linear_cross_entropy_bytes(int64_t rows, int64_t vocab, int64_t dim, c
   const int64_t e = element_size(q), weight = vocab * dim;
   const int64_t chunk = std::min<int64_t>(rows, linear_cross_entropy_chunk_rows(vocab)) * vocab;
   LossBytes out;
-  out.kept = rows * dim * e + weight * e;
-  out.forward_transient = 2 * chunk * 4 + (e == 4 ? 0 : chunk * e + weight * 4);
+  // A chunk: its logits in the compute dtype, then in float32, then their float32 log-softmax, in which the
+  // gradient is made in place (its compute-dtype copy beside it is less): two float32 copies at most.
+  const int64_t chunk_peak = 2 * chunk * 4;
+  if (e == 4 || q.autocast) {
+    // Rows and weight in float32 (under autocast the final norm's output and the parameters are): the gradients
+    // are kept from the start, the weight's summed in place; autocast casts the weight for each chunk's logits.
+    out.kept = rows * dim * 4 + weight * 4;
+    out.forward_transient = e == 4 ? chunk_peak : std::max(chunk_peak, weight * e + chunk * e);
+  } else {
+    // Cast to the compute dtype: the weight's gradient sums in float32 through the chunks and becomes the kept
+    // compute-dtype one at the end, the float32 one still alive then.
+    out.kept = rows * dim * e + weight * e;
+    out.forward_transient = std::max(weight * 4 + chunk_peak - weight * e, weight * 4);
+  }
   return out;
 }
 

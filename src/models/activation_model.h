@@ -29,8 +29,16 @@ LayerTransients transformer_layer_transients(const TransformerLayerOptions& laye
 void note_layer_transients(ActivationBytes& a, int64_t count, const LayerTransients& t);
 
 // What a norm keeps besides its input and output (LayerNorm's statistics; RMSNorm's float32 input and normalized
-// copy), over `rows` rows of `dim`.
-int64_t norm_kept(Norm norm, int64_t rows, int64_t dim, const ActivationQuery& q);
+// copy), over `rows` rows of `dim` whose input has `input_bytes` per element (0: the compute dtype's).
+int64_t norm_kept(Norm norm, int64_t rows, int64_t dim, const ActivationQuery& q, int64_t input_bytes = 0);
+
+// Bytes per element of the residual stream (layer inputs, residual sums, norm outputs): the compute dtype's, but
+// float32 under autocast (the weights stay float32, so sums with float32 embeddings and norms' float32 products
+// promote; only the ops autocast lists — linear, matmul, attention, convolution — compute in bfloat16/float16).
+int64_t stream_size(const ActivationQuery& q);
+// What a linear layer reading a stream tensor of `elements` keeps of it: the tensor itself in the compute dtype,
+// or under autocast each of its `readers` linear layers' own cast copy (q, k and v; SwiGLU's gate and up).
+int64_t linear_inputs_kept(int64_t readers, int64_t elements, const ActivationQuery& q);
 
 // Whether attention runs in a fused kernel (flash / memory-efficient), which saves its mask, the bias, for
 // backward; the math kernel (CPU with dropout, DeepViT's re-attention) keeps no bias.
@@ -49,9 +57,10 @@ struct LossBytes {
 LossBytes cross_entropy_bytes(int64_t rows, int64_t vocab, const ActivationQuery& q);
 
 // linear_cross_entropy (losses.h) over `rows` rows of width `dim` and a (vocab, dim) weight: it keeps the
-// gradients it computed in forward, for the rows (rows, dim) and the weight (vocab, dim), in the compute dtype;
-// while it runs, a chunk's float32 logits and their log-softmax, below float32 also a compute-dtype copy of their
-// gradient and the weight's float32 accumulator (in float32 the accumulator is the kept gradient itself).
+// gradients it computed in forward, for the rows (rows, dim) and the weight (vocab, dim), in their dtypes (the
+// compute dtype, or float32 under autocast and in float32); while it runs, a chunk's float32 logits and their
+// log-softmax, and with cast weights the weight's float32 accumulator (else the kept gradient itself), under
+// autocast the weight's compute-dtype copy with the chunk's logits.
 LossBytes linear_cross_entropy_bytes(int64_t rows, int64_t vocab, int64_t dim, const ActivationQuery& q);
 
 inline int64_t element_size(const ActivationQuery& q) { return static_cast<int64_t>(c10::elementSize(q.compute)); }

@@ -146,7 +146,7 @@ class BertRecipe : public FamilyRecipe<BertConfig, Bert> {
     if (!c.mlm_head && c.labels.empty()) {
       throw std::invalid_argument(flavor() + " has no MLM head and no classifier: nothing to train, no activations");
     }
-    const int64_t T = q.seq_len > 0 ? q.seq_len : c.max_positions, N = q.batch * T, unit = N * c.dim * element_size(q);
+    const int64_t T = q.seq_len > 0 ? q.seq_len : c.max_positions, N = q.batch * T, unit = N * c.dim * stream_size(q);
     const int64_t norm = norm_kept(Norm::kLayerNorm, N, c.dim, q);
     if (!c.labels.empty()) {
       const int64_t classes = static_cast<int64_t>(c.labels.size()), row = q.batch * c.dim * element_size(q);

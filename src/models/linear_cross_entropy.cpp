@@ -7,6 +7,7 @@
 #include <optional>
 #include <stdexcept>
 #include <string>
+#include <utility>
 
 #include "custom_nodes.h"
 
@@ -45,13 +46,18 @@ struct LinearCrossEntropy : public torch::autograd::Function<LinearCrossEntropy>
       const at::Tensor h = hidden.narrow(0, start, n);
       const at::Tensor target = labels.narrow(0, start, n), keep = counted.narrow(0, start, n);
       const at::Tensor safe = target.masked_fill(~keep, 0).unsqueeze(1);  // (n, 1): a valid index everywhere
-      at::Tensor logits = at::linear(h, weight, bias).to(at::kFloat);  // (n, V), float32 like the loss's cast
-      const at::Tensor log_probs = at::log_softmax(logits, 1);
+      // (n, V) float32 like the loss's cast; the compute-dtype logits go before log-softmax runs, the float32
+      // ones after (at most two float32 copies of a chunk at once: activation_model's linear_cross_entropy_bytes).
+      at::Tensor log_probs;
+      {
+        const at::Tensor logits = at::linear(h, weight, bias).to(at::kFloat);
+        log_probs = at::log_softmax(logits, 1);
+      }
       total += -(log_probs.gather(1, safe).squeeze(1) * keep).sum();
       if (!grads) continue;
       // d loss / d logits = (softmax - one_hot) / count on labelled rows, 0 elsewhere; in the logits' own dtype
       // for the products, as autograd would cast it back.
-      at::Tensor grad = log_probs.exp_();
+      at::Tensor grad = std::move(log_probs).exp_();
       grad.scatter_add_(1, safe, at::full({n, 1}, -1.0, grad.options()));
       grad.mul_((keep.to(at::kFloat) / count).unsqueeze(1));
       const at::Tensor grad_c = grad.to(hidden.scalar_type());
@@ -60,8 +66,10 @@ struct LinearCrossEntropy : public torch::autograd::Function<LinearCrossEntropy>
         at::mm_out(slice, grad_c, weight);
       }
       if (grad_weight.defined()) {
-        const at::Tensor a = grad_c.t().to(at::kFloat), b = h.to(at::kFloat);
-        start == 0 ? at::mm_out(grad_weight, a, b) : grad_weight.addmm_(a, b);
+        // The weight's gradient sums in float32 over the rounded chunk gradient: rounded in place, no copy.
+        if (grad_c.scalar_type() != at::kFloat) grad.copy_(grad_c);
+        const at::Tensor b = h.to(at::kFloat);
+        start == 0 ? at::mm_out(grad_weight, grad.t(), b) : grad_weight.addmm_(grad.t(), b);
       }
       if (grad_bias.defined()) start == 0 ? at::sum_out(grad_bias, grad, 0) : grad_bias.add_(grad.sum(0));
     }

@@ -102,7 +102,7 @@ class LlamaRecipe : public FamilyRecipe<LlamaConfig, Llama> {
   ActivationBytes activation_bytes(const ActivationQuery& q) const override {
     const LlamaConfig& c = config();
     const int64_t T = q.seq_len > 0 ? q.seq_len : c.max_positions, N = q.batch * T, e = element_size(q);
-    const int64_t unit = N * c.dim * e;
+    const int64_t unit = N * c.dim * stream_size(q);
     const LossBytes loss = linear_cross_entropy_bytes(N, c.vocab_size, c.dim, q);
     ActivationBytes a;
     a.layers = c.layers;
@@ -112,7 +112,7 @@ class LlamaRecipe : public FamilyRecipe<LlamaConfig, Llama> {
     a.layer_bias = c.sliding_window > 0 && T > c.sliding_window ? T * T * e : 0;
     a.bias_saved_by_attention = attention_fused(layer.attention, q);
     a.layer_input = unit;
-    a.outside_layers = unit + norm_kept(Norm::kRMSNorm, N, c.dim, q) + loss.kept;
+    a.outside_layers = unit + norm_kept(Norm::kRMSNorm, N, c.dim, q, stream_size(q)) + loss.kept;
     a.loss_transient = loss.forward_transient;
     a.loss_kept = loss.kept;
     return a;

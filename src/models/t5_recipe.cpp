@@ -149,11 +149,12 @@ class T5Recipe : public FamilyRecipe<T5Config, T5> {
     const SpanLengths rows = span_corruption_lengths(q.seq_len > 0 ? q.seq_len : 512);
     const int64_t enc = rows.encoder, dec = rows.decoder, e = element_size(q);
     const int64_t enc_rows = q.batch * enc, dec_rows = q.batch * dec;
-    const int64_t enc_unit = enc_rows * c.dim * e, dec_unit = dec_rows * c.dim * e;
+    const int64_t enc_unit = enc_rows * c.dim * stream_size(q), dec_unit = dec_rows * c.dim * stream_size(q);
     const int64_t enc_layer = transformer_layer_kept(t5_layer_options(c, false), q.batch, enc, 0, q);
     const int64_t dec_layer = transformer_layer_kept(t5_layer_options(c, true), q.batch, dec, enc, q);
     auto stack_outside = [&](int64_t rows, int64_t unit) {
-      return 2 * dropout_kept(c.dropout, rows * c.dim, q) + unit + norm_kept(Norm::kRMSNorm, rows, c.dim, q);
+      return 2 * dropout_kept(c.dropout, rows * c.dim, q) + unit +
+             norm_kept(Norm::kRMSNorm, rows, c.dim, q, stream_size(q));
     };
     const LossBytes loss = linear_cross_entropy_bytes(dec_rows, c.vocab_size, c.dim, q);
     ActivationBytes a;
@@ -161,8 +162,10 @@ class T5Recipe : public FamilyRecipe<T5Config, T5> {
     a.per_layer = (enc_layer + dec_layer) / 2;  // encoder and decoder blocks alternate in the walk
     a.layer_input = (enc_unit + dec_unit) / 2;
     const int64_t buckets = (enc * enc + dec * dec) * 8;
+    // The encoder's output, the context every decoder layer's k and v read (under autocast, each its own copy).
+    const int64_t context = linear_inputs_kept(2 * c.layers, enc_rows * c.dim, q);
     a.outside_layers =
-        stack_outside(enc_rows, enc_unit) + enc_unit + stack_outside(dec_rows, dec_unit) + loss.kept + buckets;
+        stack_outside(enc_rows, enc_unit) + context + stack_outside(dec_rows, dec_unit) + loss.kept + buckets;
     const int64_t enc_bias = q.batch * c.heads * enc * enc * e, dec_bias = c.heads * dec * dec * e;
     a.layer_bias = enc_bias + dec_bias;
     a.bias_saved_by_attention = attention_fused(t5_layer_options(c, false).attention, q);

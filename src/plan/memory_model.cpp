@@ -10,6 +10,7 @@
 #include <stdexcept>
 
 #include "shardtrain/fsdp/wrap_policy.h"
+#include "shardtrain/models/layers.h"
 
 namespace shardtrain::plan {
 
@@ -153,6 +154,16 @@ ModelShape model_shape(const models::ModelRecipe& recipe) {
     }
   }
   shape.root_without_gradient = std::min(shape.root_without_gradient, shape.root_trainable);
+  std::set<const c10::TensorImpl*> lookups_seen;  // tied tensors once
+  for (const auto& m : root->modules(/*include_self=*/false)) {
+    if (dynamic_cast<const models::LookupModule*>(m.get()) == nullptr) continue;
+    const bool input = !edges.input.empty() && fsdp::module_class_name(*m) == edges.input;
+    for (const auto& p : m->parameters(/*recurse=*/true)) {
+      if (!lookups_seen.insert(p.unsafeGetTensorImpl()).second) continue;
+      shape.lookup_tables += p.numel();
+      if (input) shape.input_lookup_tables += p.numel();
+    }
+  }
   const auto named = root->named_parameters(/*recurse=*/true);
   for (const std::string& name : recipe.tied_tables()) {
     const at::Tensor* table = named.find(name);
@@ -209,6 +220,7 @@ MemoryEstimate estimate_training_memory(const models::ModelRecipe& recipe, const
   query.compute = job.mixed_precision == "bf16" || job.param_bytes == 2 ? at::kBFloat16
                   : job.mixed_precision == "fp16"                    ? at::kHalf
                                                                      : at::kFloat;
+  query.autocast = job.strategy == Strategy::kDdp && job.mixed_precision != "no";  // train/parallel_model.cpp
   const models::ActivationBytes act = recipe.activation_bytes(query);
 
   MemoryEstimate e;
@@ -255,16 +267,22 @@ MemoryEstimate estimate_training_memory(const models::ModelRecipe& recipe, const
   // next one prefetched; without resharding after forward every unit stays gathered until its backward is done.
   // (DDP under bf16/fp16 autocast holds the same thing: the weights' compute-dtype copies, which autograd keeps for
   // backward, all of them from the end of forward.)
+  // Under autocast a weight has a copy only where an op casts it: lookups' tables have none (a tied table's head
+  // reads it through an alias, cast for the moment: tie_table()). (Lookups inside layers, T5's position bias
+  // tables, are a few hundred elements: counted as the root's.)
+  const int64_t uncast_input = query.autocast && job.wrap != Wrap::kNone ? shape.input_lookup_tables : 0;
+  const int64_t uncast_root = query.autocast ? shape.lookup_tables - uncast_input : 0;
   const bool gathers = shard > 1 || mixed || offload;
   const bool reshard = job.strategy == Strategy::kFullShard || job.strategy == Strategy::kHybridShard;
-  const int64_t root_g = gathers ? root_unit * ce : 0, layer_g = gathers ? largest_layer * ce : 0;
+  const int64_t root_g = gathers ? (root_unit - uncast_root) * ce : 0, layer_g = gathers ? largest_layer * ce : 0;
   // The extra units are gathered only while they compute (a no-grad forward reshards at once, whatever the
   // strategy): at the start of forward (FLAVA's codebook).
   const int64_t extra_g = gathers ? units.extra_numel * ce : 0;
   // The edge units (Llama's embedding and head): the input one gathered for its forward, the first, and again
   // for its backward, the last; the output one for the loss and its backward, the first.
-  const int64_t in_g = gathers ? units.input_numel * ce : 0, out_g = gathers ? units.output_numel * ce : 0;
-  const int64_t all_g = gathers ? (e.parameters - units.extra_numel) * ce : 0;
+  const int64_t in_g = gathers ? (units.input_numel - uncast_input) * ce : 0;
+  const int64_t out_g = gathers ? units.output_numel * ce : 0;
+  const int64_t all_g = gathers ? (e.parameters - units.extra_numel - uncast_root - uncast_input) * ce : 0;
   const int64_t held_g = reshard ? root_g + out_g : all_g;  // gathered at the loss and as backward starts
   // Full gradients wait for their reduction in a sharded unit, or a replicated one (NO_SHARD over several ranks):
   // a layer's, and the root's until the end of backward.

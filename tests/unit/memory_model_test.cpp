@@ -13,6 +13,7 @@
 #include "shardtrain/memory/memory_stats.h"
 #include "shardtrain/models/zoo.h"
 #include "shardtrain/plan/memory_model.h"
+#include "nn/autocast_guard.h"
 
 namespace shardtrain::plan {
 namespace {
@@ -30,9 +31,10 @@ struct Measured {
 };
 
 // Three steps of `micro_batches` forwards and backwards each; the third is measured (AdamW's state exists from the
-// first), each phase's peak over its micro-batches.
+// first), each phase's peak over its micro-batches. With `autocast`, forward runs under bfloat16 autocast, as
+// DDP's mixed precision runs it (train/parallel_model.cpp).
 Measured measure(const models::ModelRecipe& recipe, int64_t batch, int64_t tokens, bool text_labels,
-                 int64_t micro_batches) {
+                 int64_t micro_batches, bool autocast) {
   memory::install_cpu_memory_counter();
   models::BuildOptions build;
   build.init.seed = 1;
@@ -52,7 +54,11 @@ Measured measure(const models::ModelRecipe& recipe, int64_t batch, int64_t token
     m = {};
     for (int64_t micro = 0; micro < micro_batches; ++micro) {
       memory::reset_cpu_peak();
-      models::Losses losses = task->compute_losses(*model, b, 0);
+      models::Losses losses;
+      {
+        nn::AutocastGuard guard(c10::DeviceType::CPU, autocast, at::kBFloat16);
+        losses = task->compute_losses(*model, b, 0);
+      }
       m.forward = std::max(m.forward, memory::cpu_memory_stats().peak_bytes);
       memory::reset_cpu_peak();
       losses.total.backward();
@@ -75,15 +81,16 @@ void expect_close(const char* what, int64_t predicted, int64_t measured, double 
 }
 
 void check(const std::string& name, const std::string& json, int64_t batch, int64_t tokens, bool mlm,
-           int64_t micro_batches = 1) {
+           int64_t micro_batches = 1, bool autocast = false) {
   const auto recipe = recipe_from_json(name, json);
   TrainingJob job;  // one rank, the model as it is: DDP at world size 1 (no clipping copies, as in measure())
   job.strategy = Strategy::kDdp, job.batch = batch, job.seq_len = tokens, job.grad_accum = micro_batches;
+  job.mixed_precision = autocast ? "bf16" : "no";
   const MemoryEstimate e = estimate_training_memory(*recipe, job);
-  const Measured m = measure(*recipe, batch, tokens, mlm, micro_batches);
-  std::printf("%s, batch %lld x %lld tokens x %lld micro-batches (%lld parameters):\n", name.c_str(),
+  const Measured m = measure(*recipe, batch, tokens, mlm, micro_batches, autocast);
+  std::printf("%s, batch %lld x %lld tokens x %lld micro-batches%s (%lld parameters):\n", name.c_str(),
               static_cast<long long>(batch), static_cast<long long>(tokens), static_cast<long long>(micro_batches),
-              static_cast<long long>(e.parameters));
+              autocast ? ", bf16 autocast" : "", static_cast<long long>(e.parameters));
   expect_close("forward", e.forward_bytes, m.forward, 0.10);
   expect_close("backward", e.backward_bytes, m.backward, 0.10);
   expect_close("step", e.step_bytes, m.step, 0.10);
@@ -115,7 +122,9 @@ TEST(MemoryModel, TiedTableHeldThroughBackward) {
   const auto bert = recipe_from_json("bert", kBert);
   const int64_t table = 8000 * 256;
   EXPECT_EQ(model_shape(*bert).tied_tables, table);
-  EXPECT_EQ(model_shape(*models::recipe_for_task(bert, "classify", {{"no", "yes"}})).tied_tables, 0);
+  models::TaskSetup classify;
+  classify.labels = {"no", "yes"};
+  EXPECT_EQ(model_shape(*models::recipe_for_task(bert, "classify", classify)).tied_tables, 0);
   EXPECT_EQ(model_shape(*recipe_from_json("llama", kLlama)).tied_tables, 0);
   const auto t5 = models::recipe_of("t5-small");
   EXPECT_EQ(model_shape(*t5).tied_tables, 32128 * 512);
@@ -139,6 +148,13 @@ TEST(MemoryModel, TiedTableHeldThroughBackward) {
 }
 
 TEST(MemoryModel, BertWithDropoutMatchesMeasurement) { check("bert-dropout", kBertDropout, 8, 128, true); }
+
+// DDP's mixed precision: the residual stream in float32, each linear layer's own bfloat16 copy of its input, no
+// copies of the embedding tables, the loss's float32 gradients (activation_model.h).
+TEST(MemoryModel, AutocastStepMatchesMeasurement) {
+  check("bert", kBert, 8, 128, true, 1, true);
+  check("llama", kLlama, 2, 512, false, 1, true);
+}
 
 TEST(MemoryModel, LlamaStepMatchesMeasurement) {
   check("llama", kLlama, 8, 128, false);

@@ -27,6 +27,7 @@
 #include "shardtrain/models/t5.h"
 #include "shardtrain/models/vit.h"
 #include "shardtrain/models/zoo.h"
+#include "models/activation_model.h"
 #include "nn/autocast_guard.h"
 #include "support/expect_error.h"
 
@@ -312,6 +313,40 @@ TEST(Models, LinearCrossEntropyMatchesTheLogitsPath) {
     EXPECT_LT(memory::cpu_memory_stats().peak_bytes - base, big.nbytes());
     EXPECT_FALSE(loss.requires_grad());
     EXPECT_NEAR(loss.item<double>(), masked_cross_entropy(at::linear(h, big), labels).item<double>(), 1e-5);
+  }
+}
+
+// What linear_cross_entropy allocates in forward, where it computes its gradients too: what the memory model says
+// (activation_model's linear_cross_entropy_bytes: kept + forward_transient) in float32, with weights cast to
+// bfloat16 (FSDP's mixed precision) and under autocast (DDP's), within 5%. One chunk of 50 rows x 20000 (4 MB of
+// float32 logits): at most two float32 copies of it at once (a chunk's logits, log-softmax, the gradient made in
+// place in it; 3.5 copies before 2026-11-25, which fails here).
+TEST(Models, LinearCrossEntropyAllocatesWhatTheMemoryModelSays) {
+  const int64_t rows = 50, vocab = 20000, dim = 16;
+  ASSERT_GE(linear_cross_entropy_chunk_rows(vocab), rows);
+  memory::install_cpu_memory_counter();
+  for (const int mode : {0, 1, 2}) {  // float32, cast to bfloat16, autocast to bfloat16
+    const at::ScalarType dtype = mode == 1 ? at::kBFloat16 : at::kFloat;
+    const at::Tensor h = at::randn({rows, dim}).to(dtype).requires_grad_();
+    const at::Tensor w = (at::randn({vocab, dim}) * 0.3).to(dtype).requires_grad_();
+    const at::Tensor labels = at::randint(0, vocab, {rows}, at::kLong);
+    ActivationQuery q;
+    q.compute = mode == 0 ? at::kFloat : at::kBFloat16, q.autocast = mode == 2;
+    const LossBytes predicted = linear_cross_entropy_bytes(rows, vocab, dim, q);
+    memory::reset_cpu_peak();
+    const int64_t base = memory::cpu_memory_stats().current_bytes;
+    at::Tensor loss;
+    {
+      nn::AutocastGuard autocast(c10::DeviceType::CPU, mode == 2, at::kBFloat16);
+      // (Through an alias, as a tied table is read: autocast caches its cast of a leaf until the region ends, and
+      // the memory model counts that copy with the other weights' casts.)
+      loss = linear_cross_entropy(h, mode == 2 ? w.alias() : w, {}, labels);
+    }
+    const double peak = static_cast<double>(memory::cpu_memory_stats().peak_bytes - base);
+    const double model = static_cast<double>(predicted.kept + predicted.forward_transient);
+    EXPECT_NEAR(peak, model, 0.05 * model) << "mode " << mode;
+    loss.backward();
+    EXPECT_EQ(w.grad().scalar_type(), dtype);
   }
 }
 

@@ -17,6 +17,9 @@ struct ActivationQuery {
   at::ScalarType compute = at::kFloat;       // the dtype layers compute in (bf16/fp16 under mixed precision)
   bool cuda = false;                         // CUDA kernels (fused dropout keeps a 1-byte mask; CPU a full tensor)
   bool training = true;                      // dropout active
+  // Mixed precision by autocast around an unsharded model (DDP): parameters stay float32 and each op casts its
+  // inputs (FSDP instead computes with parameters cast to `compute`).
+  bool autocast = false;
   // What the data pipeline masks (data.*): the heads run on masked positions only.
   double mlm_probability = 0.15, mim_probability = 0.4, itm_negative_probability = 0.5;
 };

@@ -41,8 +41,15 @@ class RMSNormImpl : public torch::nn::Module {
 };
 TORCH_MODULE(RMSNorm);
 
+// A module whose parameters only lookups read (at::embedding), which autocast never casts: under DDP's mixed
+// precision they have no compute-dtype copy (plan/memory_model).
+class LookupModule {
+ public:
+  virtual ~LookupModule() = default;
+};
+
 // Lookup table: weight (num, dim). ids (...) int64 -> (..., dim).
-class EmbeddingImpl : public torch::nn::Module {
+class EmbeddingImpl : public torch::nn::Module, public LookupModule {
  public:
   EmbeddingImpl(int64_t num, int64_t dim, const torch::TensorOptions& options);
   at::Tensor forward(const at::Tensor& ids);

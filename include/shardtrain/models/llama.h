@@ -11,6 +11,7 @@
 
 #include "shardtrain/models/blocks.h"
 #include "shardtrain/models/build.h"
+#include "shardtrain/models/layers.h"
 #include "shardtrain/models/weights.h"
 
 namespace shardtrain::models {
@@ -74,7 +75,7 @@ at::Tensor llama_inv_freq(const LlamaConfig& config, const at::Device& device);
 // FSDP makes units apart from the root (ModelRecipe::edge_unit_classes): each is then gathered around its own
 // forward and backward only, where in the root both (two vocab x dim tensors, the model's largest) would stay
 // gathered from the start of forward to the end of backward.
-class LlamaEmbeddingImpl : public nn::Interceptable<LlamaEmbeddingImpl, at::Tensor(at::Tensor)> {
+class LlamaEmbeddingImpl : public nn::Interceptable<LlamaEmbeddingImpl, at::Tensor(at::Tensor)>, public LookupModule {
  public:
   LlamaEmbeddingImpl(int64_t vocab, int64_t dim, const torch::TensorOptions& options);
   at::Tensor forward_impl(const at::Tensor& input_ids);  // (B, T) int64 -> (B, T, dim)
