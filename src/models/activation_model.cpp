@@ -22,8 +22,8 @@ int64_t norm_kept(Norm norm, int64_t rows, int64_t dim, const ActivationQuery& q
 
 int64_t stream_size(const ActivationQuery& q) { return q.autocast ? 4 : element_size(q); }
 
-int64_t linear_inputs_kept(int64_t readers, int64_t elements, const ActivationQuery& q) {
-  return (q.autocast ? readers : 1) * elements * element_size(q);
+int64_t stream_copies_kept(int64_t casts, int64_t elements, const ActivationQuery& q) {
+  return (q.autocast ? casts : 1) * elements * element_size(q);
 }
 
 bool attention_fused(const AttentionOptions& a, const ActivationQuery& q) {
@@ -114,25 +114,22 @@ int64_t transformer_layer_kept(const TransformerLayerOptions& o, int64_t batch, 
   // What follows the attention runs over the kept queries' rows only.
   const int64_t q_rows = batch * queries, q_unit = q_rows * d * s;
   const int64_t q_norm = norm_kept(o.norm, q_rows, d, q, s), q_drop = dropout_kept(o.dropout, q_rows * d, q);
-  // The linear layers reading the attention's input (q, k, v) and the MLP's (SwiGLU's gate and up, or fc1).
-  const int64_t mlp_readers = o.activation == Activation::kSwiGlu ? 2 : 1;
   int64_t bytes = attention_kept(o.attention, batch, queries, tokens, q) + q_drop;
   if (o.norm_first) {
     // The input (kept by norm1), norm1 and its output (q/k/v's input, over every token); the residual sum after
     // attention (norm2's or norm_cross's input).
-    bytes += rows * d * s + norm_kept(o.norm, rows, d, q, s) + linear_inputs_kept(3, rows * d, q) + q_unit;
+    bytes += rows * d * s + norm_kept(o.norm, rows, d, q, s) + stream_copies_kept(1, rows * d, q) + q_unit;
     if (o.cross_attention) {
       AttentionOptions cross = o.attention;
       cross.causal = false;
-      bytes += q_norm + linear_inputs_kept(1, q_rows * d, q) +
+      bytes += q_norm + stream_copies_kept(1, q_rows * d, q) +
                attention_kept(cross, batch, queries, context_tokens, q) + q_drop + q_unit;
     }
-    bytes += q_norm + linear_inputs_kept(mlp_readers, q_rows * d, q);  // norm2 and its output (the MLP's input)
+    bytes += q_norm + stream_copies_kept(1, q_rows * d, q);  // norm2 and its output (the MLP's input)
   } else {
-    // Post-norm: the input (q/k/v's; under autocast their copies, the input itself feeding the residual sum
-    // only), the sums before norm1 and norm2, norm1's output (the MLP's input); norm2's output is the next layer's
-    // input.
-    bytes += linear_inputs_kept(3, rows * d, q) + q_unit + q_norm + linear_inputs_kept(mlp_readers, q_rows * d, q) +
+    // Post-norm: the input (q/k/v's; under autocast its copy, the input itself feeding the residual sum only),
+    // the sums before norm1 and norm2, norm1's output (the MLP's input); norm2's output is the next layer's input.
+    bytes += stream_copies_kept(1, rows * d, q) + q_unit + q_norm + stream_copies_kept(1, q_rows * d, q) +
              q_unit + q_norm;
   }
   return bytes + mlp_kept(o, q_rows, q) + q_drop;

@@ -36,9 +36,10 @@ int64_t norm_kept(Norm norm, int64_t rows, int64_t dim, const ActivationQuery& q
 // float32 under autocast (the weights stay float32, so sums with float32 embeddings and norms' float32 products
 // promote; only the ops autocast lists — linear, matmul, attention, convolution — compute in bfloat16/float16).
 int64_t stream_size(const ActivationQuery& q);
-// What a linear layer reading a stream tensor of `elements` keeps of it: the tensor itself in the compute dtype,
-// or under autocast each of its `readers` linear layers' own cast copy (q, k and v; SwiGLU's gate and up).
-int64_t linear_inputs_kept(int64_t readers, int64_t elements, const ActivationQuery& q);
+// What the linear layers reading a stream tensor of `elements` keep of it: the tensor itself in the compute dtype,
+// or under autocast a compute-dtype copy per module that casts it (Attention and Mlp cast their input once for
+// all their projections: `casts` is the number of such modules reading it).
+int64_t stream_copies_kept(int64_t casts, int64_t elements, const ActivationQuery& q);
 
 // Whether attention runs in a fused kernel (flash / memory-efficient), which saves its mask, the bias, for
 // backward; the math kernel (CPU with dropout, DeepViT's re-attention) keeps no bias.

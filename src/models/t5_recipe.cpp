@@ -162,8 +162,8 @@ class T5Recipe : public FamilyRecipe<T5Config, T5> {
     a.per_layer = (enc_layer + dec_layer) / 2;  // encoder and decoder blocks alternate in the walk
     a.layer_input = (enc_unit + dec_unit) / 2;
     const int64_t buckets = (enc * enc + dec * dec) * 8;
-    // The encoder's output, the context every decoder layer's k and v read (under autocast, each its own copy).
-    const int64_t context = linear_inputs_kept(2 * c.layers, enc_rows * c.dim, q);
+    // The encoder's output, the context every decoder layer's k and v read (under autocast, each layer's copy).
+    const int64_t context = stream_copies_kept(c.layers, enc_rows * c.dim, q);
     a.outside_layers =
         stack_outside(enc_rows, enc_unit) + context + stack_outside(dec_rows, dec_unit) + loss.kept + buckets;
     const int64_t enc_bias = q.batch * c.heads * enc * enc * e, dec_bias = c.heads * dec * dec * e;

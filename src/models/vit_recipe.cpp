@@ -94,7 +94,7 @@ class VitRecipe : public FamilyRecipe<VitConfig, Vit> {
     const int64_t cls = q.batch * c.dim;  // the final norm's input (the stream) and output (the classifier's input)
     a.outside_layers = pixels * 4 + (e == 4 ? 0 : pixels * e) + dropout_kept(c.dropout, N * c.dim, q) +
                        cls * stream_size(q) + norm_kept(Norm::kLayerNorm, q.batch, c.dim, q) +
-                       linear_inputs_kept(1, cls, q) + loss.kept;
+                       stream_copies_kept(1, cls, q) + loss.kept;
     a.loss_kept = loss.kept;
     a.loss_transient = q.batch * c.num_labels * (e + 4);
     a.backward_transient = loss.backward_transient;

@@ -361,8 +361,11 @@ MemoryEstimate estimate_training_memory(const models::ModelRecipe& recipe, const
   // Gathering a unit holds it twice for a moment: the all-gather's flat output and the parameters copied out of it.
   // The root first; then, before any layer, what the model computes first (FLAVA: its extra unit, the codebook,
   // gathered and tokenizing).
-  const int64_t forward_start = std::max({2 * root_g, root_g + 2 * extra_g, root_g + extra_g + act.start_transient,
-                                          root_g + 2 * in_g});
+  // (Autocast gathers nothing: its copies are made as the ops run, none yet.)
+  const int64_t forward_start =
+      query.autocast ? act.start_transient
+                     : std::max({2 * root_g, root_g + 2 * extra_g, root_g + extra_g + act.start_transient,
+                                 root_g + 2 * in_g});
   const int64_t forward_loss = held_g + kept + act.loss_transient;
   // A checkpointed layer computes its forward without keeping anything: its temporaries are on top while it runs
   // (before the loss keeps anything).
@@ -497,7 +500,10 @@ MemoryEstimate estimate_training_memory(const models::ModelRecipe& recipe, const
     return e;
   }
   if (e.peak_phase == "forward" && forward_start >= std::max(forward_loss, forward_layers)) {
-    if (forward_start == 2 * root_g) {
+    if (query.autocast) {
+      e.terms.push_back({"start of forward", act.start_transient, "what the model computes first (FLAVA: the "
+                                                                  "codebook making MIM targets)"});
+    } else if (forward_start == 2 * root_g) {
       e.terms.push_back({"gathered parameters", forward_start, "the root unit, being gathered (held twice)"});
     } else if (forward_start == root_g + 2 * in_g) {
       e.terms.push_back({"gathered parameters", forward_start, "the root unit, and the input edge unit (the "
