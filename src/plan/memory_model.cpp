@@ -266,10 +266,9 @@ MemoryEstimate estimate_training_memory(const models::ModelRecipe& recipe, const
   // root unit (embeddings, heads) is gathered for the loss and again at the start of backward, a layer with the
   // next one prefetched; without resharding after forward every unit stays gathered until its backward is done.
   // (DDP under bf16/fp16 autocast holds the same thing: the weights' compute-dtype copies, which autograd keeps for
-  // backward, all of them from the end of forward.)
-  // Under autocast a weight has a copy only where an op casts it: lookups' tables have none (a tied table's head
-  // reads it through an alias, cast for the moment: tie_table()). (Lookups inside layers, T5's position bias
-  // tables, are a few hundred elements: counted as the root's.)
+  // backward, all of them from the end of forward — but only where an op casts a weight: lookups' tables have none,
+  // and a tied table's head reads it through an alias, cast for the moment: tie_table(). Lookups inside layers,
+  // T5's position bias tables, are a few hundred elements: counted as the root's.)
   const int64_t uncast_input = query.autocast && job.wrap != Wrap::kNone ? shape.input_lookup_tables : 0;
   const int64_t uncast_root = query.autocast ? shape.lookup_tables - uncast_input : 0;
   const bool gathers = shard > 1 || mixed || offload;
