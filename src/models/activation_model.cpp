@@ -55,9 +55,12 @@ int64_t attention_kept(const AttentionOptions& a, int64_t batch, int64_t tokens,
                        const ActivationQuery& q) {
   const int64_t e = element_size(q);
   const AttentionSizes n = attention_sizes(a, batch, tokens, keys);
-  // Qwen3's RMSNorms over each head of q and k keep what any RMSNorm keeps; their outputs are q and k below.
-  const int64_t qk_norms = a.qk_norm ? norm_kept(Norm::kRMSNorm, batch * tokens * n.heads, n.head_dim, q) +
-                                           norm_kept(Norm::kRMSNorm, batch * keys * n.kv_heads, n.head_dim, q)
+  // Qwen3's RMSNorms over each head of q and k keep what any RMSNorm keeps; their outputs are q and k below. Their
+  // inputs, the projections' outputs, nothing else keeps: in float32 the norms' float32 input is that tensor.
+  const int64_t q_heads = batch * tokens * n.heads, k_heads = batch * keys * n.kv_heads;
+  const int64_t qk_norms = a.qk_norm ? norm_kept(Norm::kRMSNorm, q_heads, n.head_dim, q) +
+                                           norm_kept(Norm::kRMSNorm, k_heads, n.head_dim, q) +
+                                           (e == 4 ? (q_heads + k_heads) * n.head_dim * 4 : 0)
                                      : 0;
   const double p = q.training ? a.dropout : 0.0;
   if (attention_fused(a, q)) {
