@@ -284,10 +284,9 @@ MemoryEstimate estimate_training_memory(const models::ModelRecipe& recipe, const
   const int64_t all_g = gathers ? (e.parameters - units.extra_numel - uncast_root - uncast_input) * ce : 0;
   const int64_t held_g = reshard ? root_g + out_g : all_g;  // gathered at the loss and as backward starts
   // Full gradients wait for their reduction in a sharded unit, or a replicated one (NO_SHARD over several ranks):
-  // a layer's, and the root's until the end of backward.
+  // a layer's (in the walk), and the root's until the end of backward.
   const bool replicated_fsdp = job.strategy == Strategy::kNoShard && job.world > 1;
   const bool reduces = (gathers && shard > 1) || replicated_fsdp;
-  const int64_t layer_full_grads = reduces ? largest_layer * ce : 0;
   const int64_t root_full_grads = reduces ? root_trainable * ce : 0;
   const int64_t in_full_grads = reduces ? units.input_trainable * ce : 0;
   // A reduce-scatter holds its flat input (the unit's trainable parameters, in the reduce dtype: bf16 reduces in
@@ -398,7 +397,20 @@ MemoryEstimate estimate_training_memory(const models::ModelRecipe& recipe, const
     walk_root_grads = root_grads, walk_work = work;
   };
   const bool has_transients = act.layer_backward_transients.size() == static_cast<size_t>(act.layers);
+  // Layer i of the walk (1 = the last): its own unit's parameters where each layer is one, in registration order
+  // (T5's decoder layers, with cross-attention, are a third larger than its encoder's), else the largest.
+  const bool own_units = job.wrap != Wrap::kNone && layer_units == static_cast<size_t>(act.layers);
+  auto walk_numel = [&](int64_t i) {
+    return own_units ? units.numel[static_cast<size_t>(act.layers - std::min(i, act.layers))] : largest_layer;
+  };
+  auto walk_trainable = [&](int64_t i) {
+    return own_units ? units.trainable[static_cast<size_t>(act.layers - std::min(i, act.layers))]
+                     : largest_layer_trainable;
+  };
+  int64_t above_numel = 0, above_shards = 0;  // the layers done: all their parameters, and their shards'
   for (int64_t i = 1; i <= act.layers; ++i) {
+    if (i > 1) above_numel += walk_numel(i - 1), above_shards += ceil_div(walk_numel(i - 1), shard);
+    const int64_t layer_i = gathers ? walk_numel(i) * ce : 0;
     // Gradients not reduced unit by unit (one rank, DDP) are .grad from the moment they are made: the head's (the
     // root's and an output edge unit's) first, then the layers' done. (One unit for the whole model: they grow
     // layer by layer.)
@@ -406,14 +418,15 @@ MemoryEstimate estimate_training_memory(const models::ModelRecipe& recipe, const
         reduces ? 0
         : job.wrap == Wrap::kNone ? new_grads * (i - 1) / act.layers
                                   : (root_trainable + units.output_trainable) * pe;
-    const int64_t done = (i - 1) * ceil_div(largest_layer, shard) * pe + unreduced_head;
+    const int64_t done = above_shards * pe + unreduced_head;
     const int64_t grads_so_far = std::min(done, new_grads);  // those accumulated in place are in `base`
     // Without resharding after forward every layer is still gathered until its own backward is done (the output
     // edge unit resharded after its own, the input one gathered to the end). The first layer prefetches the input
     // edge unit where there is one.
-    const int64_t next = i < act.layers || in_g == 0 ? layer_g : in_g;
-    const int64_t gathered = reshard ? root_g + layer_g + next
-                                     : std::max<int64_t>(all_g - out_g - (i - 1) * layer_g, root_g + in_g);
+    const int64_t next = i < act.layers || in_g == 0 ? (gathers ? walk_numel(i + 1) * ce : 0) : in_g;
+    const int64_t above_g = gathers ? above_numel * ce : 0;
+    const int64_t gathered =
+        reshard ? root_g + layer_i + next : std::max<int64_t>(all_g - out_g - above_g, root_g + in_g);
     // One unit for the whole model: its full gradients grow layer by layer; else the root's (heads) are there first.
     const int64_t root_grads_at_i =
         job.wrap == Wrap::kNone && act.layers > 0 ? root_full_grads * (i - 1) / act.layers : root_full_grads;
@@ -426,6 +439,7 @@ MemoryEstimate estimate_training_memory(const models::ModelRecipe& recipe, const
                                           : 0;
     // The layer's backward making its gradients (walked from the last layer).
     const int64_t work = has_transients ? act.layer_backward_transients[act.layers - i] : 0;
+    const int64_t layer_full_grads = reduces ? walk_numel(i) * ce : 0;
     candidate(gathered + in_flight + layer_full_grads + root_grads_at_i + below + layer_kept + replay + work +
                   grads_so_far + tied_held,
               gathered, in_flight, layer_full_grads, root_grads_at_i, work);
@@ -433,8 +447,8 @@ MemoryEstimate estimate_training_memory(const models::ModelRecipe& recipe, const
     // copied into the input by then, the next layer's gather issued (on the CPU, bf16's float32 sum is the most).
     if (reduces && !overlap && job.wrap != Wrap::kNone) {
       const int64_t rs_gathered =
-          reshard ? root_g + next : std::max<int64_t>(all_g - out_g - i * layer_g, root_g + in_g);
-      const int64_t reduction = reduce_scatter(largest_layer_trainable);
+          reshard ? root_g + next : std::max<int64_t>(all_g - out_g - above_g - layer_i, root_g + in_g);
+      const int64_t reduction = reduce_scatter(walk_trainable(i));
       candidate(rs_gathered + reduction + root_grads_at_i + below + grads_so_far + tied_held, rs_gathered, reduction,
                 0, root_grads_at_i, 0);
     }
