@@ -56,6 +56,10 @@ double lowest(at::ScalarType dtype) {
   }
 }
 
+// A module's input in the dtype its projections compute in, cast once for all of them: under autocast each would
+// cast a float32 input itself and keep its own copy for backward. x itself without autocast.
+at::Tensor for_projections(const at::Tensor& x) { return x.to(attention_dtype(x)); }
+
 }  // namespace
 
 AttentionImpl::AttentionImpl(const AttentionOptions& opts, const torch::TensorOptions& t) : options(completed(opts)) {
@@ -76,9 +80,8 @@ AttentionImpl::AttentionImpl(const AttentionOptions& opts, const torch::TensorOp
 
 at::Tensor AttentionImpl::forward(const at::Tensor& x_in, const at::Tensor& context, const at::Tensor& bias,
                                   const at::Tensor& rope) {
-  // Under autocast each projection would cast its float32 input and keep its own copy: cast once, shared.
-  const at::Tensor x = x_in.to(attention_dtype(x_in));
-  const at::Tensor source = context.defined() ? context.to(attention_dtype(context)) : x;
+  const at::Tensor x = for_projections(x_in);
+  const at::Tensor source = context.defined() ? for_projections(context) : x;
   const int64_t b = x.size(0), t = x.size(1), s = source.size(1);
   const int64_t h = options.heads, kvh = options.kv_heads, d = options.head_dim;
   at::Tensor qh = q->forward(x).view({b, t, h, d});        // (B, T, H, D)
@@ -137,7 +140,7 @@ MlpImpl::MlpImpl(int64_t dim, int64_t hidden_dim, Activation act, bool bias, dou
 }
 
 at::Tensor MlpImpl::forward(const at::Tensor& x_in) {
-  const at::Tensor x = x_in.to(attention_dtype(x_in));  // one copy under autocast, not one per projection
+  const at::Tensor x = for_projections(x_in);
   // Without dropout between them, the activation and the output projection are one node that keeps only the
   // activation's inputs (fused_mlp.h): a (rows, hidden) tensor less per layer with GELU, two with SwiGLU.
   if (!(dropout > 0 && is_training())) {

@@ -98,29 +98,38 @@ int64_t ModelShape::parameters() const {
   return n;
 }
 
+namespace {
+
+using TensorSet = std::set<const c10::TensorImpl*>;
+
+// Calls f on each parameter of `m` not in `seen` yet, noting it there: a tied tensor once.
+template <class F>
+void each_new_parameter(const torch::nn::Module& m, TensorSet& seen, F f) {
+  for (const auto& p : m.parameters(/*recurse=*/true)) {
+    if (seen.insert(p.unsafeGetTensorImpl()).second) f(p);
+  }
+}
+
+}  // namespace
+
 // Tied tensors count once, in the first unit that holds them.
 ModelShape model_shape(const models::ModelRecipe& recipe) {
   const auto root = recipe.build(models::meta_build());
-  std::set<const c10::TensorImpl*> seen;
+  TensorSet seen;
   ModelShape shape;
   auto count = [&](const torch::nn::Module& m, int64_t& all, int64_t& trainable) {
-    for (const auto& p : m.parameters(/*recurse=*/true)) {
-      if (!seen.insert(p.unsafeGetTensorImpl()).second) continue;
+    each_new_parameter(m, seen, [&](const at::Tensor& p) {
       all += p.numel();
       if (p.requires_grad()) {
         trainable += p.numel();
         shape.largest_trainable_tensor = std::max(shape.largest_trainable_tensor, p.numel());
       }
-    }
+    });
   };
-  {
-    std::set<const c10::TensorImpl*> listed;  // tied tensors once
-    for (const auto& p : root->parameters(/*recurse=*/true)) {
-      if (p.requires_grad() && listed.insert(p.unsafeGetTensorImpl()).second) {
-        shape.trainable_in_order.push_back(p.numel());
-      }
-    }
-  }
+  TensorSet listed;
+  each_new_parameter(*root, listed, [&](const at::Tensor& p) {
+    if (p.requires_grad()) shape.trainable_in_order.push_back(p.numel());
+  });
   const std::vector<std::string> extra = recipe.extra_unit_classes();
   const models::ModelRecipe::EdgeUnits edges = recipe.edge_unit_classes();
   for (const auto& m : root->modules(/*include_self=*/false)) {
@@ -144,25 +153,22 @@ ModelShape model_shape(const models::ModelRecipe& recipe) {
   count(*root, shape.root_numel, shape.root_trainable);
   // The modules the task's largest step leaves out, as far as the root holds them.
   const std::vector<std::string> left_out = recipe.task()->modules_without_gradient();
-  std::set<const c10::TensorImpl*> left_out_seen;  // tied tensors once
+  TensorSet left_out_seen;
   for (const auto& item : root->named_modules()) {
     if (std::find(left_out.begin(), left_out.end(), item.key()) == left_out.end()) continue;
-    for (const auto& p : item.value()->parameters(/*recurse=*/true)) {
-      if (p.requires_grad() && left_out_seen.insert(p.unsafeGetTensorImpl()).second) {
-        shape.root_without_gradient += p.numel();
-      }
-    }
+    each_new_parameter(*item.value(), left_out_seen, [&](const at::Tensor& p) {
+      if (p.requires_grad()) shape.root_without_gradient += p.numel();
+    });
   }
   shape.root_without_gradient = std::min(shape.root_without_gradient, shape.root_trainable);
-  std::set<const c10::TensorImpl*> lookups_seen;  // tied tensors once
+  TensorSet lookups_seen;
   for (const auto& m : root->modules(/*include_self=*/false)) {
     if (dynamic_cast<const models::LookupModule*>(m.get()) == nullptr) continue;
     const bool input = !edges.input.empty() && fsdp::module_class_name(*m) == edges.input;
-    for (const auto& p : m->parameters(/*recurse=*/true)) {
-      if (!lookups_seen.insert(p.unsafeGetTensorImpl()).second) continue;
+    each_new_parameter(*m, lookups_seen, [&](const at::Tensor& p) {
       shape.lookup_tables += p.numel();
       if (input) shape.input_lookup_tables += p.numel();
-    }
+    });
   }
   const auto named = root->named_parameters(/*recurse=*/true);
   for (const std::string& name : recipe.tied_tables()) {
@@ -400,13 +406,10 @@ MemoryEstimate estimate_training_memory(const models::ModelRecipe& recipe, const
   // Layer i of the walk (1 = the last): its own unit's parameters where each layer is one, in registration order
   // (T5's decoder layers, with cross-attention, are a third larger than its encoder's), else the largest.
   const bool own_units = job.wrap != Wrap::kNone && layer_units == static_cast<size_t>(act.layers);
-  auto walk_numel = [&](int64_t i) {
-    return own_units ? units.numel[static_cast<size_t>(act.layers - std::min(i, act.layers))] : largest_layer;
+  auto walk_unit = [&](const std::vector<int64_t>& per_unit, int64_t largest, int64_t i) {
+    return own_units ? per_unit[static_cast<size_t>(act.layers - std::min(i, act.layers))] : largest;
   };
-  auto walk_trainable = [&](int64_t i) {
-    return own_units ? units.trainable[static_cast<size_t>(act.layers - std::min(i, act.layers))]
-                     : largest_layer_trainable;
-  };
+  auto walk_numel = [&](int64_t i) { return walk_unit(units.numel, largest_layer, i); };
   int64_t above_numel = 0, above_shards = 0;  // the layers done: all their parameters, and their shards'
   for (int64_t i = 1; i <= act.layers; ++i) {
     if (i > 1) above_numel += walk_numel(i - 1), above_shards += ceil_div(walk_numel(i - 1), shard);
@@ -448,7 +451,7 @@ MemoryEstimate estimate_training_memory(const models::ModelRecipe& recipe, const
     if (reduces && !overlap && job.wrap != Wrap::kNone) {
       const int64_t rs_gathered =
           reshard ? root_g + next : std::max<int64_t>(all_g - out_g - above_g - layer_i, root_g + in_g);
-      const int64_t reduction = reduce_scatter(walk_trainable(i));
+      const int64_t reduction = reduce_scatter(walk_unit(units.trainable, largest_layer_trainable, i));
       candidate(rs_gathered + reduction + root_grads_at_i + below + grads_so_far + tied_held, rs_gathered, reduction,
                 0, root_grads_at_i, 0);
     }
