@@ -78,8 +78,12 @@ int64_t attention_kept(const AttentionOptions& a, int64_t batch, int64_t tokens,
   return qk_norms + bytes + n.q * e;
 }
 
-// Attention's part of transformer_layer_transients over `tokens` queries and `keys` keys, its input's norm included.
-LayerTransients attention_transients(const AttentionOptions& a, int64_t batch, int64_t tokens, int64_t keys,
+// Attention's part of transformer_layer_transients over `tokens` queries and `keys` keys, its input's norm included:
+// its forward temporaries, and what its backward holds beside the kept tensors.
+struct AttentionTransients {
+  int64_t forward = 0, backward = 0;
+};
+AttentionTransients attention_transients(const AttentionOptions& a, int64_t batch, int64_t tokens, int64_t keys,
                                      const ActivationQuery& q) {
   const int64_t e = element_size(q);
   const AttentionSizes n = attention_sizes(a, batch, tokens, keys);
@@ -87,7 +91,7 @@ LayerTransients attention_transients(const AttentionOptions& a, int64_t batch, i
   const bool dropped = q.training && a.dropout > 0;
   // The math kernel's (B, H, T, S) scores: their softmax beside them, with dropout the noise and the dropped copy.
   const int64_t scores = fused ? 0 : n.scores * (a.re_attention ? e : 4);
-  LayerTransients t;
+  AttentionTransients t;
   t.forward = batch * tokens * a.dim * e + (2 * n.q + n.kv) * e + (dropped ? 3 : 2) * scores;
   // Fused: the gradients of q and of the (repeated) k and v; math: a (B, H, T, S) gradient made before the tensor
   // it replaces is freed.
@@ -110,65 +114,93 @@ int64_t mlp_kept(const TransformerLayerOptions& o, int64_t rows, const Activatio
 
 }  // namespace
 
-int64_t transformer_layer_kept(const TransformerLayerOptions& o, int64_t batch, int64_t tokens,
-                               int64_t context_tokens, const ActivationQuery& q, int64_t queries) {
+namespace {
+
+// What one TransformerLayer keeps (transformer_layer_kept's arguments): all of it, and the part on the MLP's side of
+// its last attention (that attention's output dropout, the residual sums and norms after it, the MLP), which
+// backward frees before it reaches that attention.
+struct LayerKept {
+  int64_t all = 0, mlp_side = 0;
+};
+LayerKept layer_kept(const TransformerLayerOptions& o, int64_t batch, int64_t tokens, int64_t context_tokens,
+                     const ActivationQuery& q, int64_t queries) {
   if (queries <= 0) queries = tokens;
   const int64_t s = stream_size(q), d = o.attention.dim, rows = batch * tokens;
   // What follows the attention runs over the kept queries' rows only.
   const int64_t q_rows = batch * queries, q_unit = q_rows * d * s;
   const int64_t q_norm = norm_kept(o.norm, q_rows, d, q, s), q_drop = dropout_kept(o.dropout, q_rows * d, q);
-  int64_t bytes = attention_kept(o.attention, batch, queries, tokens, q) + q_drop;
+  LayerKept k;
+  k.all = attention_kept(o.attention, batch, queries, tokens, q);
   if (o.norm_first) {
     // The input (kept by norm1), norm1 and its output (q/k/v's input, over every token); the residual sum after
     // attention (norm2's or norm_cross's input).
-    bytes += rows * d * s + norm_kept(o.norm, rows, d, q, s) + stream_copies_kept(1, rows * d, q) + q_unit;
+    k.all += rows * d * s + norm_kept(o.norm, rows, d, q, s) + stream_copies_kept(1, rows * d, q);
     if (o.cross_attention) {
       AttentionOptions cross = o.attention;
       cross.causal = false;
-      bytes += q_norm + stream_copies_kept(1, q_rows * d, q) +
-               attention_kept(cross, batch, queries, context_tokens, q) + q_drop + q_unit;
+      k.all += q_drop + q_unit + q_norm + stream_copies_kept(1, q_rows * d, q) +
+               attention_kept(cross, batch, queries, context_tokens, q);
     }
-    bytes += q_norm + stream_copies_kept(1, q_rows * d, q);  // norm2 and its output (the MLP's input)
+    // The last attention's dropout, the sum after it (norm2's input), norm2 and its output (the MLP's input).
+    k.mlp_side = q_drop + q_unit + q_norm + stream_copies_kept(1, q_rows * d, q);
   } else {
-    // Post-norm: the input (q/k/v's; under autocast its copy, the input itself feeding the residual sum only),
-    // the sums before norm1 and norm2, norm1's output (the MLP's input); norm2's output is the next layer's input.
-    bytes += stream_copies_kept(1, rows * d, q) + q_unit + q_norm + stream_copies_kept(1, q_rows * d, q) +
-             q_unit + q_norm;
+    // Post-norm: the input (q/k/v's; under autocast its copy, the input itself feeding the residual sum only);
+    // after attention its dropout, the sums before norm1 and norm2, norm1's output (the MLP's input); norm2's output
+    // is the next layer's input.
+    k.all += stream_copies_kept(1, rows * d, q);
+    k.mlp_side = q_drop + q_unit + q_norm + stream_copies_kept(1, q_rows * d, q) + q_unit + q_norm;
   }
-  return bytes + mlp_kept(o, q_rows, q) + q_drop;
+  k.mlp_side += mlp_kept(o, q_rows, q) + q_drop;
+  k.all += k.mlp_side;
+  return k;
+}
+
+}  // namespace
+
+int64_t transformer_layer_kept(const TransformerLayerOptions& o, int64_t batch, int64_t tokens,
+                               int64_t context_tokens, const ActivationQuery& q, int64_t queries) {
+  return layer_kept(o, batch, tokens, context_tokens, q, queries).all;
 }
 
 LayerTransients transformer_layer_transients(const TransformerLayerOptions& o, int64_t batch, int64_t tokens,
                                              int64_t context_tokens, const ActivationQuery& q) {
-  const int64_t e = element_size(q), rows = batch * tokens, unit = rows * o.attention.dim * stream_size(q);
+  const int64_t e = element_size(q), rows = batch * tokens, d = o.attention.dim, unit = rows * d * stream_size(q);
   const int64_t m = rows * o.mlp_dim * e;
   const bool mlp_dropped = q.training && o.mlp_dropout > 0;
-  LayerTransients mlp;
+  // The MLP's forward temporaries, and what its output projection's backward holds beside the kept tensors.
+  int64_t mlp_forward = 0, mlp_backward = 0;
   switch (o.activation) {
     // swiglu_linear: gate, up, silu(gate) and the product; backward silu(gate), the product's gradient and up's.
-    case Activation::kSwiGlu: mlp = {unit + 4 * m, 3 * m}; break;
+    case Activation::kSwiGlu: mlp_forward = unit + 4 * m, mlp_backward = 3 * m; break;
     // gelu_linear: fc1's output and its GELU; backward one (rows, hidden) gradient, made in place.
     case Activation::kGelu:
-    case Activation::kGeluTanh: mlp = {unit + 2 * m, m}; break;
+    case Activation::kGeluTanh: mlp_forward = unit + 2 * m, mlp_backward = m; break;
     // fc1's output, relu's (and the dropout's noise and output); backward two gradients at a time.
-    case Activation::kRelu: mlp = {unit + (mlp_dropped ? 3 : 2) * m, 2 * m}; break;
+    case Activation::kRelu: mlp_forward = unit + (mlp_dropped ? 3 : 2) * m, mlp_backward = 2 * m; break;
   }
-  LayerTransients attn = attention_transients(o.attention, batch, tokens, tokens, q);
+  AttentionTransients attn = attention_transients(o.attention, batch, tokens, tokens, q);
   if (o.cross_attention) {
     AttentionOptions cross = o.attention;
     cross.causal = false;
-    const LayerTransients c = attention_transients(cross, batch, tokens, context_tokens, q);
+    const AttentionTransients c = attention_transients(cross, batch, tokens, context_tokens, q);
     attn = {std::max(attn.forward, c.forward), std::max(attn.backward, c.backward)};
   }
-  // The MLP runs after attention: by attention's backward what the MLP kept is freed.
-  attn.backward = std::max<int64_t>(0, attn.backward - mlp_kept(o, rows, q));
-  // On top: the residual stream (forward); the output's gradient and the input's being summed (backward).
-  return {unit + std::max(attn.forward, mlp.forward), 2 * unit + std::max(attn.backward, mlp.backward)};
+  // On top in forward: the residual stream.
+  LayerTransients t;
+  t.forward = unit + std::max(attn.forward, mlp_forward);
+  // Backward first reaches the MLP's output projection, whose weight's gradient it makes with the MLP's temporaries
+  // and the output's gradient alive; by attention's every parameter of the layer has its gradient, what the MLP's
+  // side kept is freed (less on top than the layer kept, then, where attention's backward is small) and the input's
+  // gradient is being summed beside the output's.
+  const int64_t out_projection = o.mlp_dim * d + (o.mlp_bias ? d : 0);
+  const int64_t mlp_side = layer_kept(o, batch, tokens, context_tokens, q, 0).mlp_side;
+  t.backward = {{unit + mlp_backward, out_projection}, {2 * unit + attn.backward - mlp_side, -1}};
+  return t;
 }
 
 void note_layer_transients(ActivationBytes& a, int64_t count, const LayerTransients& t) {
   a.layer_forward_transient = std::max(a.layer_forward_transient, t.forward);
-  a.layer_backward_transients.insert(a.layer_backward_transients.end(), count, t.backward);
+  a.layer_backward.insert(a.layer_backward.end(), count, t.backward);
 }
 
 LossBytes cross_entropy_bytes(int64_t rows, int64_t vocab, const ActivationQuery& q) {

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <vector>
 
 #include "shardtrain/models/activation_memory.h"
 #include "shardtrain/models/blocks.h"
@@ -18,14 +19,16 @@ int64_t transformer_layer_kept(const TransformerLayerOptions& layer, int64_t bat
 
 // What one TransformerLayer (same arguments) holds on top while it runs, beyond what it keeps for backward:
 // forward, a checkpointed layer computing without gradients (its temporaries: the largest sub-block's outputs
-// alive at once); backward, the gradients it makes before the tensors they replace are freed.
+// alive at once); backward, its moments (ActivationBytes::layer_backward): the MLP's output projection, then
+// attention.
 struct LayerTransients {
-  int64_t forward = 0, backward = 0;
+  int64_t forward = 0;
+  std::vector<BackwardMoment> backward;
 };
 LayerTransients transformer_layer_transients(const TransformerLayerOptions& layer, int64_t batch, int64_t tokens,
                                              int64_t context_tokens, const ActivationQuery& q);
-// Notes the transients of the next `count` layers (in forward order) in `a`: their backward ones, the forward one
-// when larger than those already there.
+// Notes the transients of the next `count` layers (in forward order) in `a`: their backward moments, the forward
+// one when larger than those already there.
 void note_layer_transients(ActivationBytes& a, int64_t count, const LayerTransients& t);
 
 // What a norm keeps besides its input and output (LayerNorm's statistics; RMSNorm's float32 input and normalized

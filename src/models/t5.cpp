@@ -97,7 +97,9 @@ at::Tensor T5StackImpl::forward(const at::Tensor& embedded, const at::Tensor& ma
   if (decoder) bias = hide_future(bias, length);  // once for every layer (blocks.h)
   at::Tensor cross_bias;
   if (decoder && encoder_mask.defined()) cross_bias = padding_bias(encoder_mask, dtype);
-  x = norm->forward(run_layers(layers, x, bias, {}, decoder ? encoder_out : at::Tensor(), cross_bias));
+  // The encoder's output cast once for every layer's cross-attention (under autocast each would keep its own copy).
+  const at::Tensor context = decoder ? encoder_out.to(dtype) : at::Tensor();
+  x = norm->forward(run_layers(layers, x, bias, {}, context, cross_bias));
   return train ? at::dropout(x, config.dropout, true) : x;
 }
 

@@ -162,8 +162,8 @@ class T5Recipe : public FamilyRecipe<T5Config, T5> {
     a.per_layer = (enc_layer + dec_layer) / 2;  // encoder and decoder blocks alternate in the walk
     a.layer_input = (enc_unit + dec_unit) / 2;
     const int64_t buckets = (enc * enc + dec * dec) * 8;
-    // The encoder's output, the context every decoder layer's k and v read (under autocast, each layer's copy).
-    const int64_t context = stream_copies_kept(c.layers, enc_rows * c.dim, q);
+    // The encoder's output, the context every decoder layer's k and v read (under autocast its copy, cast once).
+    const int64_t context = stream_copies_kept(1, enc_rows * c.dim, q);
     a.outside_layers =
         stack_outside(enc_rows, enc_unit) + context + stack_outside(dec_rows, dec_unit) + loss.kept + buckets;
     const int64_t enc_bias = q.batch * c.heads * enc * enc * e, dec_bias = c.heads * dec * dec * e;
@@ -173,7 +173,8 @@ class T5Recipe : public FamilyRecipe<T5Config, T5> {
     // so far and the next one.
     LayerTransients enc_work = transformer_layer_transients(t5_layer_options(c, false), q.batch, enc, 0, q);
     LayerTransients dec_work = transformer_layer_transients(t5_layer_options(c, true), q.batch, dec, enc, q);
-    enc_work.backward += 2 * enc_bias, dec_work.backward += 2 * dec_bias;
+    for (BackwardMoment& moment : enc_work.backward) moment.transient += 2 * enc_bias;
+    for (BackwardMoment& moment : dec_work.backward) moment.transient += 2 * dec_bias;
     note_layer_transients(a, c.layers, enc_work);
     note_layer_transients(a, c.layers, dec_work);
     a.loss_kept = loss.kept;

@@ -132,6 +132,7 @@ ModelShape model_shape(const models::ModelRecipe& recipe) {
   });
   const std::vector<std::string> extra = recipe.extra_unit_classes();
   const models::ModelRecipe::EdgeUnits edges = recipe.edge_unit_classes();
+  const c10::TensorImpl* first_layer = nullptr;  // the first layer's first parameter
   for (const auto& m : root->modules(/*include_self=*/false)) {
     const std::string name = fsdp::module_class_name(*m);
     if (std::find(extra.begin(), extra.end(), name) != extra.end()) {
@@ -149,6 +150,23 @@ ModelShape model_shape(const models::ModelRecipe& recipe) {
     if (name != recipe.layer_class()) continue;
     shape.layer_numel.push_back(0), shape.layer_trainable.push_back(0);
     count(*m, shape.layer_numel.back(), shape.layer_trainable.back());
+    if (first_layer == nullptr && !m->parameters().empty()) first_layer = m->parameters().front().unsafeGetTensorImpl();
+  }
+  // The root's own trainable parameters registered before the first layer's, its input side, but for the tables a
+  // head shares (its gradient comes first).
+  TensorSet tied;
+  const auto named = root->named_parameters(/*recurse=*/true);
+  for (const std::string& name : recipe.tied_tables()) {
+    const at::Tensor* table = named.find(name);
+    if (table == nullptr) {
+      throw std::logic_error(recipe.flavor() + ": tied table '" + name + "' is not one of the model's parameters");
+    }
+    if (table->requires_grad() && tied.insert(table->unsafeGetTensorImpl()).second) shape.tied_tables += table->numel();
+  }
+  for (const at::Tensor& p : root->parameters(/*recurse=*/true)) {
+    const c10::TensorImpl* impl = p.unsafeGetTensorImpl();
+    if (impl == first_layer) break;
+    if (p.requires_grad() && seen.count(impl) == 0 && tied.count(impl) == 0) shape.root_input_side += p.numel();
   }
   count(*root, shape.root_numel, shape.root_trainable);
   // The modules the task's largest step leaves out, as far as the root holds them.
@@ -169,14 +187,6 @@ ModelShape model_shape(const models::ModelRecipe& recipe) {
       shape.lookup_tables += p.numel();
       if (input) shape.input_lookup_tables += p.numel();
     });
-  }
-  const auto named = root->named_parameters(/*recurse=*/true);
-  for (const std::string& name : recipe.tied_tables()) {
-    const at::Tensor* table = named.find(name);
-    if (table == nullptr) {
-      throw std::logic_error(recipe.flavor() + ": tied table '" + name + "' is not one of the model's parameters");
-    }
-    if (table->requires_grad()) shape.tied_tables += table->numel();
   }
   return shape;
 }
@@ -249,6 +259,7 @@ MemoryEstimate estimate_training_memory(const models::ModelRecipe& recipe, const
       layer_units > 0 ? *std::max_element(units.trainable.begin(), units.trainable.end() - 1) : 0;
   // The root's trainable parameters that get a gradient in the step walked (its unused heads get none).
   const int64_t root_unit = units.numel.back(), root_trainable = units.trainable.back() - shape.root_without_gradient;
+  const int64_t root_input_side = std::min(shape.root_input_side, root_trainable);
 
   // Sharded state: each unit's parameters split over the shard group (padded to a multiple of it); gradients and
   // AdamW's two moments for the trainable ones only.
@@ -308,6 +319,9 @@ MemoryEstimate estimate_training_memory(const models::ModelRecipe& recipe, const
     const int64_t accumulator = rd == 2 && !job.cuda ? (out + std::min<int64_t>(out, kGlooHalfSlice)) * 4 : 0;
     return unit * rd + out * rd + received + accumulator;
   };
+  // Reduced, the output is installed as the unit's gradient shard (the parameters' dtype) beside it: the collective
+  // or that, whichever holds more.
+  auto reduction = [&](int64_t unit) { return std::max(reduce_scatter(unit), ceil_div(unit, shard) * (rd + pe)); };
   // DDP's buckets (25 MiB of gradients each, two in flight: ddp::replicate); FSDP's reduce-scatter of a layer in
   // flight while the next computes — on CUDA only: with Gloo each reduction is waited for before the next unit's
   // backward (FsdpOptions::overlap_reduce_scatter), its buffers gone by then.
@@ -340,7 +354,8 @@ MemoryEstimate estimate_training_memory(const models::ModelRecipe& recipe, const
                        (last_checkpointed ? 0 : act.last_layer_saving());
   // The walk's layers, on average (checkpointed ones keep their input only).
   const int64_t layer_kept = act.layers > 0 ? (kept - outside) / act.layers : 0;
-  const int64_t replay = checkpointed > 0 ? act.per_layer : 0;  // a checkpointed layer's forward, replayed
+  // A checkpointed layer's forward, replayed from its kept input (the same tensor: not counted twice).
+  const int64_t replay = checkpointed > 0 ? act.per_layer - act.layer_input : 0;
 
   // Gradient accumulation: without a reduction per micro-batch a sharded or replicated unit keeps its full gradients
   // (reduce dtype) from one micro-batch to the next, every unit's by the last one.
@@ -402,7 +417,8 @@ MemoryEstimate estimate_training_memory(const models::ModelRecipe& recipe, const
     backward_walk = at, walk_gathered = gathered, walk_in_flight = in_flight, walk_layer_grads = layer_grads;
     walk_root_grads = root_grads, walk_work = work;
   };
-  const bool has_transients = act.layer_backward_transients.size() == static_cast<size_t>(act.layers);
+  const bool has_moments = act.layer_backward.size() == static_cast<size_t>(act.layers);
+  const std::vector<models::BackwardMoment> every_gradient_at_once = {{0, -1}};
   // Layer i of the walk (1 = the last): its own unit's parameters where each layer is one, in registration order
   // (T5's decoder layers, with cross-attention, are a third larger than its encoder's), else the largest.
   const bool own_units = job.wrap != Wrap::kNone && layer_units == static_cast<size_t>(act.layers);
@@ -417,12 +433,12 @@ MemoryEstimate estimate_training_memory(const models::ModelRecipe& recipe, const
     // Gradients not reduced unit by unit (one rank, DDP) are .grad from the moment they are made: the head's (the
     // root's and an output edge unit's) first, then the layers' done. (One unit for the whole model: they grow
     // layer by layer.)
+    // (The root's parameters that compute before the layers, its embeddings', get theirs at the end.)
     const int64_t unreduced_head =
         reduces ? 0
         : job.wrap == Wrap::kNone ? new_grads * (i - 1) / act.layers
-                                  : (root_trainable + units.output_trainable) * pe;
+                                  : (root_trainable - root_input_side + units.output_trainable) * pe;
     const int64_t done = above_shards * pe + unreduced_head;
-    const int64_t grads_so_far = std::min(done, new_grads);  // those accumulated in place are in `base`
     // Without resharding after forward every layer is still gathered until its own backward is done (the output
     // edge unit resharded after its own, the input one gathered to the end). The first layer prefetches the input
     // edge unit where there is one.
@@ -431,29 +447,43 @@ MemoryEstimate estimate_training_memory(const models::ModelRecipe& recipe, const
     const int64_t gathered =
         reshard ? root_g + layer_i + next : std::max<int64_t>(all_g - out_g - above_g, root_g + in_g);
     // One unit for the whole model: its full gradients grow layer by layer; else the root's (heads) are there first.
-    const int64_t root_grads_at_i =
-        job.wrap == Wrap::kNone && act.layers > 0 ? root_full_grads * (i - 1) / act.layers : root_full_grads;
+    const int64_t root_grads_at_i = job.wrap == Wrap::kNone && act.layers > 0
+                                        ? root_full_grads * (i - 1) / act.layers
+                                        : root_full_grads - (reduces ? root_input_side * ce : 0);
     const int64_t below = (act.layers - i) * layer_kept + outside - act.loss_kept;
-    // The reduction in flight is the layer above's: none while the last layer computes. DDP's: the buckets its
-    // gradients so far have filled, two at most (a tied table's is ready only at the end, whatever it holds).
-    const int64_t ready = std::max<int64_t>(0, done - shape.tied_tables * pe);
-    const int64_t in_flight = ddp_buckets ? ddp_in_flight(buckets, ready)
-                              : i > 1     ? comm
-                                          : 0;
-    // The layer's backward making its gradients (walked from the last layer).
-    const int64_t work = has_transients ? act.layer_backward_transients[act.layers - i] : 0;
-    const int64_t layer_full_grads = reduces ? walk_numel(i) * ce : 0;
-    candidate(gathered + in_flight + layer_full_grads + root_grads_at_i + below + layer_kept + replay + work +
-                  grads_so_far + tied_held,
-              gathered, in_flight, layer_full_grads, root_grads_at_i, work);
-    // A reduction waited for at once (Gloo) is a moment of its own: the layer resharded and its full gradients
-    // copied into the input by then, the next layer's gather issued (on the CPU, bf16's float32 sum is the most).
-    if (reduces && !overlap && job.wrap != Wrap::kNone) {
+    // The layer's backward, moment by moment (walked from the last layer): its MLP's, whose output projection's
+    // gradient is made first, then attention's, with all of them. Reduced, they are full gradients in the compute
+    // dtype until the layer's reduction; else .grad from the start.
+    for (const models::BackwardMoment& moment : has_moments ? act.layer_backward[act.layers - i]
+                                                            : every_gradient_at_once) {
+      const int64_t made = moment.gradient_elements < 0 ? walk_numel(i)
+                                                        : std::min(moment.gradient_elements, walk_numel(i));
+      const int64_t layer_full_grads = reduces ? made * ce : 0;
+      const int64_t done_now = done + (reduces ? 0 : made * pe);
+      const int64_t grads_so_far = std::min(done_now, new_grads);  // those accumulated in place are in `base`
+      // The reduction in flight is the layer above's: none while the last layer computes. DDP's: the buckets its
+      // gradients so far have filled, two at most (a tied table's is ready only at the end, whatever it holds).
+      const int64_t ready = std::max<int64_t>(0, done_now - shape.tied_tables * pe);
+      const int64_t in_flight = ddp_buckets ? ddp_in_flight(buckets, ready)
+                                : i > 1     ? comm
+                                            : 0;
+      candidate(gathered + in_flight + layer_full_grads + root_grads_at_i + below + layer_kept + replay +
+                    moment.transient + grads_so_far + tied_held,
+                gathered, in_flight, layer_full_grads, root_grads_at_i, std::max<int64_t>(0, moment.transient));
+    }
+    const int64_t grads_so_far = std::min(done, new_grads);
+    // The layer's reduction: its full gradients copied into the flat input, all of them alive while that is
+    // allocated (each is dropped once copied), the layer resharded and the next layer's gather issued. Waited for at
+    // once (Gloo), the reduction is a moment of its own: input, output and receive buffers (on the CPU, bf16's
+    // float32 sum is the most).
+    if (reduces && job.wrap != Wrap::kNone) {
       const int64_t rs_gathered =
           reshard ? root_g + next : std::max<int64_t>(all_g - out_g - above_g - layer_i, root_g + in_g);
-      const int64_t reduction = reduce_scatter(walk_unit(units.trainable, largest_layer_trainable, i));
-      candidate(rs_gathered + reduction + root_grads_at_i + below + grads_so_far + tied_held, rs_gathered, reduction,
-                0, root_grads_at_i, 0);
+      const int64_t trainable_i = walk_unit(units.trainable, largest_layer_trainable, i);
+      const int64_t rest = rs_gathered + root_grads_at_i + below + grads_so_far + tied_held;
+      candidate(rest + trainable_i * rd + trainable_i * ce, rs_gathered, trainable_i * rd, trainable_i * ce,
+                root_grads_at_i, 0);
+      if (!overlap) candidate(rest + reduction(trainable_i), rs_gathered, reduction(trainable_i), 0, root_grads_at_i, 0);
     }
   }
   // The end: the root's gradients complete (a tied table's lookups add their rows into its head's gradient in
@@ -462,8 +492,19 @@ MemoryEstimate estimate_training_memory(const models::ModelRecipe& recipe, const
   // and the input unit are gathered.) (With overlap the last layer's reduction is still in flight while the root
   // computes; DDP's buckets are all there as the last ones all-reduce.)
   const int64_t end_gradients = root_g + in_g + new_grads + root_full_grads + in_full_grads + tied_held + comm;
-  const int64_t end_input_reduction = reduces ? new_grads + root_full_grads + reduce_scatter(units.input_trainable) : 0;
-  const int64_t end_root_reduction = reduces ? new_grads + reduce_scatter(root_trainable) : 0;
+  // (Each reduction's input is allocated with the unit's full gradients still alive, as a layer's; the gradient
+  // shards of the units reducing last are not there yet.)
+  const int64_t root_shard_grads = new_grads > 0 ? ceil_div(root_trainable, shard) * pe : 0;
+  const int64_t in_shard_grads = new_grads > 0 ? ceil_div(units.input_trainable, shard) * pe : 0;
+  auto end_reduction = [&](int64_t trainable, int64_t full_grads) {
+    return std::max(full_grads + trainable * rd, reduction(trainable));
+  };
+  const int64_t end_input_reduction =
+      reduces ? new_grads - root_shard_grads - in_shard_grads + root_full_grads +
+                    end_reduction(units.input_trainable, in_full_grads)
+              : 0;
+  const int64_t end_root_reduction =
+      reduces ? new_grads - root_shard_grads + end_reduction(root_trainable, root_full_grads) : 0;
   // An input edge unit resharded after its forward is gathered again for its backward (held twice for a moment).
   const int64_t end_input_gather = reshard ? root_g + 2 * in_g + new_grads + root_full_grads : 0;
   const int64_t backward_end = std::max({end_gradients, end_input_reduction, end_root_reduction, end_input_gather});
@@ -574,7 +615,8 @@ MemoryEstimate estimate_training_memory(const models::ModelRecipe& recipe, const
                        reshard ? "the root unit and a layer with the next prefetched"
                                : "the units whose backward has not run yet"});
     e.terms.push_back({"full gradients and reductions", walk_in_flight + walk_layer_grads + walk_root_grads,
-                       walk_layer_grads > 0 ? "a layer's and the root's full gradients, a reduction in flight"
+                       walk_layer_grads > 0 ? "a layer's full gradients so far and the root's, a reduction's "
+                                              "input or one in flight"
                                             : "a layer's reduction, the root's full gradients"});
     e.terms.push_back({"activations and gradients so far",
                        backward_walk - walk_gathered - walk_in_flight - walk_layer_grads - walk_root_grads -
@@ -582,23 +624,25 @@ MemoryEstimate estimate_training_memory(const models::ModelRecipe& recipe, const
                        "the layers not yet done" + std::string(ac ? ", one layer replayed" : "") +
                            ", the gradients of those done"});
     e.terms.push_back({"layer gradients in flight", walk_work,
-                       "what a layer's backward makes before it frees what it kept (T5: and its stack's position "
-                       "bias's gradient)"});
+                       "what a layer's backward holds beside what it kept: the gradients of its output and "
+                       "input, the MLP's or attention's temporaries (T5: its stack's position bias's gradient)"});
     if (tied_held > 0) {
       e.terms.push_back({"tied table's gradient", tied_held, "the head's, waiting for the lookups' rows"});
     }
   } else if (backward_end == end_root_reduction && end_root_reduction > end_gradients) {
-    e.terms.push_back({"gradients", new_grads, per_param});
-    e.terms.push_back({"root reduce-scatter", reduce_scatter(root_trainable),
-                       "its flat input (trainable parameters), the output shard, Gloo's receive buffers"});
+    e.terms.push_back({"gradients", new_grads - root_shard_grads, per_param + ", but the root's"});
+    e.terms.push_back({"root reduce-scatter", end_reduction(root_trainable, root_full_grads),
+                       "its full gradients and flat input, or the collective (the flat input, the output shard, "
+                       "Gloo's receive buffers)"});
   } else if (backward_end == end_input_gather && end_input_gather > end_gradients) {
     e.terms.push_back({"gathered parameters", root_g + 2 * in_g,
                        "the root unit, and the embedding's being gathered again (held twice)"});
     e.terms.push_back({"gradients", new_grads + root_full_grads, per_param + ", the root's still full"});
   } else if (backward_end == end_input_reduction && end_input_reduction > end_gradients) {
-    e.terms.push_back({"gradients", new_grads + root_full_grads, per_param + ", the root's still full"});
-    e.terms.push_back({"embedding reduce-scatter", reduce_scatter(units.input_trainable),
-                       "the input edge unit's flat input and output shard, Gloo's receive buffers"});
+    e.terms.push_back({"gradients", new_grads - root_shard_grads - in_shard_grads + root_full_grads,
+                       per_param + ", the root's still full, but the embedding's"});
+    e.terms.push_back({"embedding reduce-scatter", end_reduction(units.input_trainable, in_full_grads),
+                       "the input edge unit's full gradients and flat input, or the collective"});
   } else {
     e.terms.push_back({"gathered parameters", root_g + in_g, in_g > 0 ? "the root unit and the embedding's"
                                                                       : "the root unit"});

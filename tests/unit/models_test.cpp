@@ -350,6 +350,53 @@ TEST(Models, LinearCrossEntropyAllocatesWhatTheMemoryModelSays) {
   }
 }
 
+// A layer's backward as the memory model walks it (activation_model.h: transformer_layer_transients): first its
+// MLP's output projection, whose weight's gradient is made with the MLP's temporaries alive, then attention with
+// every parameter's gradient and the MLP's side freed. The peak over one layer's backward, beyond what it kept,
+// against the larger moment: a post-norm GELU layer (BERT) and a SwiGLU/RMSNorm one (Llama) to the byte, a pre-norm
+// GELU one (ViT) one (B, T, C) tensor over (+10%). All of the layer's gradients on top of the largest transient, as
+// the model counted before 2026-11-25, is over by a quarter or more (checked here too).
+TEST(Models, LayerBackwardPeaksWhereTheMemoryModelSays) {
+  const int64_t batch = 4, tokens = 64, dim = 256;
+  memory::install_cpu_memory_counter();
+  for (int kind = 0; kind < 3; ++kind) {
+    TransformerLayerOptions o;
+    o.attention.dim = dim, o.attention.heads = 4, o.mlp_dim = 1024;
+    o.norm_first = kind != 0;
+    if (kind == 2) {
+      o.activation = Activation::kSwiGlu, o.norm = Norm::kRMSNorm, o.mlp_dim = 688, o.mlp_bias = false;
+      o.attention.qkv_bias = o.attention.out_bias = false;
+    }
+    TransformerLayer layer(o, torch::TensorOptions());
+    int64_t parameters = 0;
+    for (const at::Tensor& p : layer->parameters()) parameters += p.numel();
+    ActivationQuery q;
+    q.batch = batch;
+    const LayerTransients t = transformer_layer_transients(o, batch, tokens, 0, q);
+    ASSERT_EQ(t.backward.size(), 2u);
+    int64_t predicted = 0, largest_transient = 0;
+    for (const BackwardMoment& m : t.backward) {
+      const int64_t grads = m.gradient_elements < 0 ? parameters : m.gradient_elements;
+      predicted = std::max(predicted, m.transient + grads * 4);
+      largest_transient = std::max(largest_transient, m.transient);
+    }
+    const at::Tensor x = at::randn({batch, tokens, dim}).requires_grad_();
+    const at::Tensor out = layer->forward(x, {}, {}, {}, {}, 0);
+    memory::reset_cpu_peak();
+    const int64_t base = memory::cpu_memory_stats().current_bytes;
+    out.backward(at::ones_like(out));  // the output's gradient, freed once used, as the layer above's would be
+    const double peak = static_cast<double>(memory::cpu_memory_stats().peak_bytes - base);
+    std::printf("  layer %d: backward peak %.2f MB above what it kept, the model %.2f MB (moments", kind, peak / 1e6,
+                predicted / 1e6);
+    for (const BackwardMoment& m : t.backward) {
+      std::printf(" %.2f", (m.transient + (m.gradient_elements < 0 ? parameters : m.gradient_elements) * 4) / 1e6);
+    }
+    std::printf(")\n");
+    EXPECT_NEAR(peak, predicted, 0.12 * predicted) << "layer " << kind;
+    EXPECT_GT(static_cast<double>(largest_transient + parameters * 4), 1.25 * peak) << "layer " << kind;
+  }
+}
+
 // A table tied to an output projection (BERT's decoder, T5's head): read through tie_table(), the lookups'
 // gradient is their rows, added in place into the projection's dense gradient, so the two never both exist as dense
 // tables — and .grad is the same dense tensor as with plain lookups, also when the projection is not used.

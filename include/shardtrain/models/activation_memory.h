@@ -24,6 +24,14 @@ struct ActivationQuery {
   double mlm_probability = 0.15, mim_probability = 0.4, itm_negative_probability = 0.5;
 };
 
+// One moment of a layer's backward: what is alive on top of the activations the layer kept, its parameters'
+// gradients aside (negative where more of what it kept is freed by then than it holds beside), and how many of the
+// layer's parameters have their gradient by then (-1: all of them).
+struct BackwardMoment {
+  int64_t transient = 0;
+  int64_t gradient_elements = -1;
+};
+
 struct ActivationBytes {
   int64_t layers = 0;            // transformer layers
   int64_t per_layer = 0;         // kept by one layer without checkpointing (its input included)
@@ -38,10 +46,11 @@ struct ActivationBytes {
   int64_t layer_bias = 0;
   bool bias_saved_by_attention = false;
   // On top while a layer runs (models/activation_model.h): forward, a checkpointed layer computing without
-  // gradients (the largest layer's); backward, per layer in forward order, the gradients it makes before what they
-  // replace is freed (with a learned bias, T5's, also the bias's gradient gathered over its stack's layers).
+  // gradients (the largest layer's); backward, per layer in forward order, its moments in the order they come:
+  // the gradients it makes before what they replace is freed, and its parameters' gradients made so far (with a
+  // learned bias, T5's, also the bias's gradient gathered over its stack's layers).
   int64_t layer_forward_transient = 0;
-  std::vector<int64_t> layer_backward_transients;  // empty or `layers` long
+  std::vector<std::vector<BackwardMoment>> layer_backward;  // empty or `layers` long
   int64_t loss_kept = 0;         // the loss's part of outside_layers (freed first in backward)
   // Alive on top at the start of forward, before any layer keeps anything (FLAVA: the frozen codebook making the
   // MIM targets).

@@ -93,6 +93,9 @@ struct ModelShape {
   int64_t root_without_gradient = 0;
   // Trainable elements of the tables a lookup and the head share (ModelRecipe::tied_tables).
   int64_t tied_tables = 0;
+  // Trainable root elements registered before the first layer, not tied (the embeddings'): their gradients come
+  // at the end of backward, after every layer's.
+  int64_t root_input_side = 0;
   // Elements of the tables only lookups read (models::LookupModule), all and the input edge unit's: autocast
   // makes no compute-dtype copy of them.
   int64_t lookup_tables = 0, input_lookup_tables = 0;
