@@ -175,8 +175,9 @@ LayerTransients transformer_layer_transients(const TransformerLayerOptions& o, i
     // gelu_linear: fc1's output and its GELU; backward one (rows, hidden) gradient, made in place.
     case Activation::kGelu:
     case Activation::kGeluTanh: mlp_forward = unit + 2 * m, mlp_backward = m; break;
-    // fc1's output, relu's (and the dropout's noise and output); backward two gradients at a time.
-    case Activation::kRelu: mlp_forward = unit + (mlp_dropped ? 3 : 2) * m, mlp_backward = 2 * m; break;
+    // fc1's output, relu's (and the dropout's noise and output); backward fc2's input's gradient (the dropout's and
+    // relu's backward each make one as a kept tensor of that size goes).
+    case Activation::kRelu: mlp_forward = unit + (mlp_dropped ? 3 : 2) * m, mlp_backward = m; break;
   }
   AttentionTransients attn = attention_transients(o.attention, batch, tokens, tokens, q);
   if (o.cross_attention) {
@@ -198,9 +199,15 @@ LayerTransients transformer_layer_transients(const TransformerLayerOptions& o, i
   return t;
 }
 
-void note_layer_transients(ActivationBytes& a, int64_t count, const LayerTransients& t) {
+void add_transformer_layers(ActivationBytes& a, int64_t count, const TransformerLayerOptions& o, int64_t batch,
+                            int64_t tokens, int64_t context_tokens, const ActivationQuery& q) {
+  const LayerTransients t = transformer_layer_transients(o, batch, tokens, context_tokens, q);
   a.layer_forward_transient = std::max(a.layer_forward_transient, t.forward);
-  a.layer_backward.insert(a.layer_backward.end(), count, t.backward);
+  LayerActivations layer;
+  layer.kept = transformer_layer_kept(o, batch, tokens, context_tokens, q);
+  layer.input = batch * tokens * o.attention.dim * stream_size(q);  // the previous layer's output
+  layer.backward = t.backward;
+  a.layers.insert(a.layers.end(), count, layer);
 }
 
 LossBytes cross_entropy_bytes(int64_t rows, int64_t vocab, const ActivationQuery& q) {

@@ -19,17 +19,17 @@ int64_t transformer_layer_kept(const TransformerLayerOptions& layer, int64_t bat
 
 // What one TransformerLayer (same arguments) holds on top while it runs, beyond what it keeps for backward:
 // forward, a checkpointed layer computing without gradients (its temporaries: the largest sub-block's outputs
-// alive at once); backward, its moments (ActivationBytes::layer_backward): the MLP's output projection, then
-// attention.
+// alive at once); backward, its moments (LayerActivations::backward): the MLP's output projection, then attention.
 struct LayerTransients {
   int64_t forward = 0;
   std::vector<BackwardMoment> backward;
 };
 LayerTransients transformer_layer_transients(const TransformerLayerOptions& layer, int64_t batch, int64_t tokens,
                                              int64_t context_tokens, const ActivationQuery& q);
-// Notes the transients of the next `count` layers (in forward order) in `a`: their backward moments, the forward
-// one when larger than those already there.
-void note_layer_transients(ActivationBytes& a, int64_t count, const LayerTransients& t);
+// Appends `count` TransformerLayers (transformer_layer_kept's arguments, all positions) to a.layers, in forward
+// order, with their inputs and backward moments; their forward transient to a.layer_forward_transient when larger.
+void add_transformer_layers(ActivationBytes& a, int64_t count, const TransformerLayerOptions& layer, int64_t batch,
+                            int64_t tokens, int64_t context_tokens, const ActivationQuery& q);
 
 // What a norm keeps besides its input and output (LayerNorm's statistics; RMSNorm's float32 input and normalized
 // copy), over `rows` rows of `dim` whose input has `input_bytes` per element (0: the compute dtype's).

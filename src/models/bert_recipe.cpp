@@ -152,10 +152,7 @@ class BertRecipe : public FamilyRecipe<BertConfig, Bert> {
       const int64_t classes = static_cast<int64_t>(c.labels.size()), row = q.batch * c.dim * element_size(q);
       const LossBytes loss = cross_entropy_bytes(q.batch, classes, q);
       ActivationBytes a;
-      a.layers = c.layers;
-      a.per_layer = transformer_layer_kept(bert_layer_options(c), q.batch, T, 0, q);
-      note_layer_transients(a, c.layers, transformer_layer_transients(bert_layer_options(c), q.batch, T, 0, q));
-      a.layer_input = unit;
+      add_transformer_layers(a, c.layers, bert_layer_options(c), q.batch, T, 0, q);
       a.outside_layers = unit + norm + dropout_kept(c.dropout, N * c.dim, q) + unit + row +
                          dropout_kept(c.classifier_dropout, q.batch * c.dim, q) + row + loss.kept;
       a.loss_transient = q.batch * classes * (element_size(q) + 4);
@@ -166,10 +163,7 @@ class BertRecipe : public FamilyRecipe<BertConfig, Bert> {
     const int64_t K = std::max<int64_t>(1, std::llround(static_cast<double>(N) * q.mlm_probability));
     const LossBytes loss = cross_entropy_bytes(K, c.vocab_size, q);
     ActivationBytes a;
-    a.layers = c.layers;
-    a.per_layer = transformer_layer_kept(bert_layer_options(c), q.batch, T, 0, q);
-    note_layer_transients(a, c.layers, transformer_layer_transients(bert_layer_options(c), q.batch, T, 0, q));
-    a.layer_input = unit;
+    add_transformer_layers(a, c.layers, bert_layer_options(c), q.batch, T, 0, q);
     a.outside_layers = unit + norm + dropout_kept(c.dropout, N * c.dim, q) + 4 * K * c.dim * element_size(q) +
                        norm_kept(Norm::kLayerNorm, K, c.dim, q) + loss.kept;
     // The logits, and their float32 copy below float32, alive while log-softmax runs.

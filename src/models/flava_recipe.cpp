@@ -216,16 +216,9 @@ class FlavaRecipe : public FamilyRecipe<FlavaConfig, Flava> {
                            B * P + 4 * B * T * 8;
 
     ActivationBytes a;
-    a.layers = 4 * U + M;
-    const int64_t layers = 2 * U * (transformer_layer_kept(layer, B, n, 0, q) + transformer_layer_kept(layer, B, T, 0, q)) +
-                           M * transformer_layer_kept(layer, B, m, 0, q);
-    a.per_layer = layers / a.layers;
     // In forward order: each encoder twice (image, text), then the multimodal one.
-    for (int64_t tokens : {n, T, n, T}) {
-      note_layer_transients(a, U, transformer_layer_transients(layer, B, tokens, 0, q));
-    }
-    note_layer_transients(a, M, transformer_layer_transients(layer, B, m, 0, q));
-    a.layer_input = (2 * U * (ui + ut) + M * um) / a.layers;
+    for (int64_t tokens : {n, T, n, T}) add_transformer_layers(a, U, layer, B, tokens, 0, q);
+    add_transformer_layers(a, M, layer, B, m, 0, q);
     a.outside_layers = inputs + 2 * (ut + ln(B * T)) + 2 * (ui + ln(B * n)) + ui + 2 * (ut + ln(B * T)) + ut +
                        2 * um + ln(B * m) + head(k_image) + head(k_text) + mim.kept + mlm.kept;
     a.loss_kept = mim.kept + mlm.kept;

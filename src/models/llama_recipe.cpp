@@ -105,13 +105,10 @@ class LlamaRecipe : public FamilyRecipe<LlamaConfig, Llama> {
     const int64_t unit = N * c.dim * stream_size(q);
     const LossBytes loss = linear_cross_entropy_bytes(N, c.vocab_size, c.dim, q);
     ActivationBytes a;
-    a.layers = c.layers;
     const TransformerLayerOptions layer = llama_layer_options(c);
-    a.per_layer = transformer_layer_kept(layer, q.batch, T, 0, q);
-    note_layer_transients(a, c.layers, transformer_layer_transients(layer, q.batch, T, 0, q));
+    add_transformer_layers(a, c.layers, layer, q.batch, T, 0, q);
     a.layer_bias = c.sliding_window > 0 && T > c.sliding_window ? T * T * e : 0;
     a.bias_saved_by_attention = attention_fused(layer.attention, q);
-    a.layer_input = unit;
     a.outside_layers = unit + norm_kept(Norm::kRMSNorm, N, c.dim, q, stream_size(q)) + loss.kept;
     a.loss_transient = loss.forward_transient;
     a.loss_kept = loss.kept;

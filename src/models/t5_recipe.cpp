@@ -150,17 +150,14 @@ class T5Recipe : public FamilyRecipe<T5Config, T5> {
     const int64_t enc = rows.encoder, dec = rows.decoder, e = element_size(q);
     const int64_t enc_rows = q.batch * enc, dec_rows = q.batch * dec;
     const int64_t enc_unit = enc_rows * c.dim * stream_size(q), dec_unit = dec_rows * c.dim * stream_size(q);
-    const int64_t enc_layer = transformer_layer_kept(t5_layer_options(c, false), q.batch, enc, 0, q);
-    const int64_t dec_layer = transformer_layer_kept(t5_layer_options(c, true), q.batch, dec, enc, q);
     auto stack_outside = [&](int64_t rows, int64_t unit) {
       return 2 * dropout_kept(c.dropout, rows * c.dim, q) + unit +
              norm_kept(Norm::kRMSNorm, rows, c.dim, q, stream_size(q));
     };
     const LossBytes loss = linear_cross_entropy_bytes(dec_rows, c.vocab_size, c.dim, q);
     ActivationBytes a;
-    a.layers = 2 * c.layers;
-    a.per_layer = (enc_layer + dec_layer) / 2;  // encoder and decoder blocks alternate in the walk
-    a.layer_input = (enc_unit + dec_unit) / 2;
+    add_transformer_layers(a, c.layers, t5_layer_options(c, false), q.batch, enc, 0, q);
+    add_transformer_layers(a, c.layers, t5_layer_options(c, true), q.batch, dec, enc, q);
     const int64_t buckets = (enc * enc + dec * dec) * 8;
     // The encoder's output, the context every decoder layer's k and v read (under autocast its copy, cast once).
     const int64_t context = stream_copies_kept(1, enc_rows * c.dim, q);
@@ -169,14 +166,14 @@ class T5Recipe : public FamilyRecipe<T5Config, T5> {
     const int64_t enc_bias = q.batch * c.heads * enc * enc * e, dec_bias = c.heads * dec * dec * e;
     a.layer_bias = enc_bias + dec_bias;
     a.bias_saved_by_attention = attention_fused(t5_layer_options(c, false).attention, q);
-    // Backward: each stack's bias gathers its gradient from the stack's layers (the encoder's walked last): the sum
-    // so far and the next one.
-    LayerTransients enc_work = transformer_layer_transients(t5_layer_options(c, false), q.batch, enc, 0, q);
-    LayerTransients dec_work = transformer_layer_transients(t5_layer_options(c, true), q.batch, dec, enc, q);
-    for (BackwardMoment& moment : enc_work.backward) moment.transient += 2 * enc_bias;
-    for (BackwardMoment& moment : dec_work.backward) moment.transient += 2 * dec_bias;
-    note_layer_transients(a, c.layers, enc_work);
-    note_layer_transients(a, c.layers, dec_work);
+    // Backward: each stack's bias gathers its gradient from the stack's layers (the encoder's walked last), the sum
+    // so far through every moment; a layer's own part is made in attention's backward, where the math kernel's
+    // scores' gradient (attention's transient already) is it, a fused kernel's an output of its own.
+    for (size_t i = 0; i < a.layers.size(); ++i) {
+      const int64_t bias = i < static_cast<size_t>(c.layers) ? enc_bias : dec_bias;
+      for (BackwardMoment& moment : a.layers[i].backward) moment.transient += bias;
+      if (a.bias_saved_by_attention) a.layers[i].backward.back().transient += bias;
+    }
     a.loss_kept = loss.kept;
     a.loss_transient = loss.forward_transient;
     return a;

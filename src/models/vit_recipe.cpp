@@ -83,14 +83,11 @@ class VitRecipe : public FamilyRecipe<VitConfig, Vit> {
     const VitConfig& c = config();
     if (c.num_labels <= 0) throw std::invalid_argument(flavor() + " has no classifier: nothing to train");
     const int64_t side = c.image_size / c.patch_size, n = side * side + 1, N = q.batch * n, e = element_size(q);
-    const int64_t unit = N * c.dim * stream_size(q), pixels = q.batch * c.channels * c.image_size * c.image_size;
+    const int64_t pixels = q.batch * c.channels * c.image_size * c.image_size;
     const LossBytes loss = cross_entropy_bytes(q.batch, c.num_labels, q);
     ActivationBytes a;
-    a.layers = c.layers;
-    a.per_layer = transformer_layer_kept(vit_layer_options(c), q.batch, n, 0, q);
-    note_layer_transients(a, c.layers, transformer_layer_transients(vit_layer_options(c), q.batch, n, 0, q));
-    a.last_layer = transformer_layer_kept(vit_layer_options(c), q.batch, n, 0, q, /*queries=*/1);  // cls_only
-    a.layer_input = unit;
+    add_transformer_layers(a, c.layers, vit_layer_options(c), q.batch, n, 0, q);
+    a.layers.back().kept = transformer_layer_kept(vit_layer_options(c), q.batch, n, 0, q, /*queries=*/1);  // cls_only
     const int64_t cls = q.batch * c.dim;  // the final norm's input (the stream) and output (the classifier's input)
     a.outside_layers = pixels * 4 + (e == 4 ? 0 : pixels * e) + dropout_kept(c.dropout, N * c.dim, q) +
                        cls * stream_size(q) + norm_kept(Norm::kLayerNorm, q.batch, c.dim, q) +

@@ -56,7 +56,13 @@ int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 std::string mib(int64_t bytes);
 
 std::string describe_activations(const models::ActivationBytes& a, bool checkpointed) {
-  return std::to_string(a.layers) + " layers x " + mib(checkpointed ? a.layer_input : a.per_layer) +
+  int64_t sum = 0, largest = 0;
+  for (const models::LayerActivations& layer : a.layers) {
+    const int64_t bytes = checkpointed ? layer.input : layer.kept;
+    sum += bytes, largest = std::max(largest, bytes);
+  }
+  const int64_t count = static_cast<int64_t>(a.layers.size()), mean = count > 0 ? sum / count : 0;
+  return std::to_string(count) + " layers x " + mib(mean) + (largest > mean ? " on average" : "") +
          (checkpointed ? " (checkpointed: inputs only)" : "") + " + " + mib(a.kept_outside(checkpointed)) +
          " outside them";
 }
@@ -345,17 +351,20 @@ MemoryEstimate estimate_training_memory(const models::ModelRecipe& recipe, const
   if (job.checkpoint_every < 1) {
     throw std::invalid_argument("checkpoint every " + std::to_string(job.checkpoint_every) + " layers (expected >= 1)");
   }
-  const int64_t checkpointed = ac ? act.layers / job.checkpoint_every : 0;
-  // The every-th layers are checkpointed (models::activation_checkpoint_layers): the last one is when every divides
-  // the count.
-  const bool last_checkpointed = ac && act.layers % job.checkpoint_every == 0;
+  // The every-th layers are checkpointed (models::activation_checkpoint_layers), keeping their input only: layer j
+  // (forward order, from 0) when every divides j + 1.
+  const int64_t layers = static_cast<int64_t>(act.layers.size());
+  std::vector<bool> checkpoint(act.layers.size());
+  std::vector<int64_t> layer_kept(act.layers.size());  // what each layer keeps from its forward to its backward
+  int64_t checkpointed = 0, kept_by_layers = 0;
+  for (int64_t j = 0; j < layers; ++j) {
+    checkpoint[j] = ac && (j + 1) % job.checkpoint_every == 0;
+    checkpointed += checkpoint[j] ? 1 : 0;
+    layer_kept[j] = checkpoint[j] ? act.layers[j].input : act.layers[j].kept;
+    kept_by_layers += layer_kept[j];
+  }
   const int64_t outside = act.kept_outside(checkpointed > 0);
-  const int64_t kept = checkpointed * act.layer_input + (act.layers - checkpointed) * act.per_layer + outside -
-                       (last_checkpointed ? 0 : act.last_layer_saving());
-  // The walk's layers, on average (checkpointed ones keep their input only).
-  const int64_t layer_kept = act.layers > 0 ? (kept - outside) / act.layers : 0;
-  // A checkpointed layer's forward, replayed from its kept input (the same tensor: not counted twice).
-  const int64_t replay = checkpointed > 0 ? act.per_layer - act.layer_input : 0;
+  const int64_t kept = kept_by_layers + outside;
 
   // Gradient accumulation: without a reduction per micro-batch a sharded or replicated unit keeps its full gradients
   // (reduce dtype) from one micro-batch to the next, every unit's by the last one.
@@ -417,17 +426,18 @@ MemoryEstimate estimate_training_memory(const models::ModelRecipe& recipe, const
     backward_walk = at, walk_gathered = gathered, walk_in_flight = in_flight, walk_layer_grads = layer_grads;
     walk_root_grads = root_grads, walk_work = work;
   };
-  const bool has_moments = act.layer_backward.size() == static_cast<size_t>(act.layers);
-  const std::vector<models::BackwardMoment> every_gradient_at_once = {{0, -1}};
   // Layer i of the walk (1 = the last): its own unit's parameters where each layer is one, in registration order
   // (T5's decoder layers, with cross-attention, are a third larger than its encoder's), else the largest.
-  const bool own_units = job.wrap != Wrap::kNone && layer_units == static_cast<size_t>(act.layers);
+  const bool own_units = job.wrap != Wrap::kNone && layer_units == act.layers.size();
   auto walk_unit = [&](const std::vector<int64_t>& per_unit, int64_t largest, int64_t i) {
-    return own_units ? per_unit[static_cast<size_t>(act.layers - std::min(i, act.layers))] : largest;
+    return own_units ? per_unit[static_cast<size_t>(layers - std::min(i, layers))] : largest;
   };
   auto walk_numel = [&](int64_t i) { return walk_unit(units.numel, largest_layer, i); };
   int64_t above_numel = 0, above_shards = 0;  // the layers done: all their parameters, and their shards'
-  for (int64_t i = 1; i <= act.layers; ++i) {
+  int64_t below_kept = kept_by_layers;         // what the layers not done yet keep, this one's included
+  for (int64_t i = 1; i <= layers; ++i) {
+    const models::LayerActivations& layer = act.layers[layers - i];
+    below_kept -= layer_kept[layers - i];
     if (i > 1) above_numel += walk_numel(i - 1), above_shards += ceil_div(walk_numel(i - 1), shard);
     const int64_t layer_i = gathers ? walk_numel(i) * ce : 0;
     // Gradients not reduced unit by unit (one rank, DDP) are .grad from the moment they are made: the head's (the
@@ -436,26 +446,27 @@ MemoryEstimate estimate_training_memory(const models::ModelRecipe& recipe, const
     // (The root's parameters that compute before the layers, its embeddings', get theirs at the end.)
     const int64_t unreduced_head =
         reduces ? 0
-        : job.wrap == Wrap::kNone ? new_grads * (i - 1) / act.layers
+        : job.wrap == Wrap::kNone ? new_grads * (i - 1) / layers
                                   : (root_trainable - root_input_side + units.output_trainable) * pe;
     const int64_t done = above_shards * pe + unreduced_head;
     // Without resharding after forward every layer is still gathered until its own backward is done (the output
     // edge unit resharded after its own, the input one gathered to the end). The first layer prefetches the input
     // edge unit where there is one.
-    const int64_t next = i < act.layers || in_g == 0 ? (gathers ? walk_numel(i + 1) * ce : 0) : in_g;
+    const int64_t next = i < layers || in_g == 0 ? (gathers ? walk_numel(i + 1) * ce : 0) : in_g;
     const int64_t above_g = gathers ? above_numel * ce : 0;
     const int64_t gathered =
         reshard ? root_g + layer_i + next : std::max<int64_t>(all_g - out_g - above_g, root_g + in_g);
     // One unit for the whole model: its full gradients grow layer by layer; else the root's (heads) are there first.
-    const int64_t root_grads_at_i = job.wrap == Wrap::kNone && act.layers > 0
-                                        ? root_full_grads * (i - 1) / act.layers
+    const int64_t root_grads_at_i = job.wrap == Wrap::kNone
+                                        ? root_full_grads * (i - 1) / layers
                                         : root_full_grads - (reduces ? root_input_side * ce : 0);
-    const int64_t below = (act.layers - i) * layer_kept + outside - act.loss_kept;
+    const int64_t below = below_kept + outside - act.loss_kept;
+    // A checkpointed layer replays its forward from its kept input (the same tensor: not counted twice).
+    const int64_t own = layer_kept[layers - i], replay = checkpoint[layers - i] ? layer.kept - layer.input : 0;
     // The layer's backward, moment by moment (walked from the last layer): its MLP's, whose output projection's
     // gradient is made first, then attention's, with all of them. Reduced, they are full gradients in the compute
     // dtype until the layer's reduction; else .grad from the start.
-    for (const models::BackwardMoment& moment : has_moments ? act.layer_backward[act.layers - i]
-                                                            : every_gradient_at_once) {
+    for (const models::BackwardMoment& moment : layer.backward) {
       const int64_t made = moment.gradient_elements < 0 ? walk_numel(i)
                                                         : std::min(moment.gradient_elements, walk_numel(i));
       const int64_t layer_full_grads = reduces ? made * ce : 0;
@@ -467,8 +478,8 @@ MemoryEstimate estimate_training_memory(const models::ModelRecipe& recipe, const
       const int64_t in_flight = ddp_buckets ? ddp_in_flight(buckets, ready)
                                 : i > 1     ? comm
                                             : 0;
-      candidate(gathered + in_flight + layer_full_grads + root_grads_at_i + below + layer_kept + replay +
-                    moment.transient + grads_so_far + tied_held,
+      candidate(gathered + in_flight + layer_full_grads + root_grads_at_i + below + own + replay + moment.transient +
+                    grads_so_far + tied_held,
                 gathered, in_flight, layer_full_grads, root_grads_at_i, std::max<int64_t>(0, moment.transient));
     }
     const int64_t grads_so_far = std::min(done, new_grads);

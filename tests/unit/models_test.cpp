@@ -353,19 +353,25 @@ TEST(Models, LinearCrossEntropyAllocatesWhatTheMemoryModelSays) {
 // A layer's backward as the memory model walks it (activation_model.h: transformer_layer_transients): first its
 // MLP's output projection, whose weight's gradient is made with the MLP's temporaries alive, then attention with
 // every parameter's gradient and the MLP's side freed. The peak over one layer's backward, beyond what it kept,
-// against the larger moment: a post-norm GELU layer (BERT) and a SwiGLU/RMSNorm one (Llama) to the byte, a pre-norm
-// GELU one (ViT) one (B, T, C) tensor over (+10%). All of the layer's gradients on top of the largest transient, as
-// the model counted before 2026-11-25, is over by a quarter or more (checked here too).
+// against the larger moment: a post-norm GELU layer (BERT), a SwiGLU/RMSNorm one (Llama) and a ReLU one with
+// dropout everywhere (T5) to the byte, a pre-norm GELU one (ViT) one (B, T, C) tensor over (+10%). All of the
+// layer's gradients on top of the largest transient, as the model counted before 2026-11-25, is over by a quarter
+// or more (checked here too).
 TEST(Models, LayerBackwardPeaksWhereTheMemoryModelSays) {
   const int64_t batch = 4, tokens = 64, dim = 256;
   memory::install_cpu_memory_counter();
-  for (int kind = 0; kind < 3; ++kind) {
+  for (int kind = 0; kind < 4; ++kind) {
     TransformerLayerOptions o;
     o.attention.dim = dim, o.attention.heads = 4, o.mlp_dim = 1024;
     o.norm_first = kind != 0;
-    if (kind == 2) {
-      o.activation = Activation::kSwiGlu, o.norm = Norm::kRMSNorm, o.mlp_dim = 688, o.mlp_bias = false;
+    if (kind >= 2) {
+      o.norm = Norm::kRMSNorm, o.mlp_bias = false;
       o.attention.qkv_bias = o.attention.out_bias = false;
+    }
+    if (kind == 2) o.activation = Activation::kSwiGlu, o.mlp_dim = 688;
+    if (kind == 3) {  // T5's: ReLU, dropout everywhere (attention's: SDPA's math kernel on the CPU)
+      o.activation = Activation::kRelu;
+      o.dropout = o.mlp_dropout = o.attention.dropout = 0.1;
     }
     TransformerLayer layer(o, torch::TensorOptions());
     int64_t parameters = 0;

@@ -32,25 +32,28 @@ struct BackwardMoment {
   int64_t gradient_elements = -1;
 };
 
+// One transformer layer as the estimate walks it.
+struct LayerActivations {
+  int64_t kept = 0;   // kept without checkpointing (its input included)
+  int64_t input = 0;  // kept checkpointed: its input only
+  // What its backward holds beside what it kept, moment by moment in the order they come (models/activation_model.h:
+  // the MLP's output projection, then attention).
+  std::vector<BackwardMoment> backward;
+};
+
 struct ActivationBytes {
-  int64_t layers = 0;            // transformer layers
-  int64_t per_layer = 0;         // kept by one layer without checkpointing (its input included)
-  int64_t layer_input = 0;       // kept by one checkpointed layer: its input only
-  // Kept by the last layer without checkpointing when it computes fewer positions than the others (those the head
-  // reads: ViT's classifier the CLS token); -1: per_layer.
-  int64_t last_layer = -1;
+  // The transformer layers in forward order (T5's encoder's, then its decoder's; FLAVA's image and text encoders'
+  // per pass, then its multimodal one's). Layers of one stack differ only where one computes fewer positions (ViT's
+  // last, the CLS token the classifier reads).
+  std::vector<LayerActivations> layers;
   int64_t outside_layers = 0;    // kept by embeddings, heads and the loss (logits' log-softmax)
   // The attention bias every layer reads (T5's position bias, a causal mask with padding or a window: made once
   // by the model, blocks.h): kept once, by checkpointing (a checkpointed layer keeps its inputs) or, when
   // bias_saved_by_attention, by the attention kernel itself (the fused kernels save their mask).
   int64_t layer_bias = 0;
   bool bias_saved_by_attention = false;
-  // On top while a layer runs (models/activation_model.h): forward, a checkpointed layer computing without
-  // gradients (the largest layer's); backward, per layer in forward order, its moments in the order they come:
-  // the gradients it makes before what they replace is freed, and its parameters' gradients made so far (with a
-  // learned bias, T5's, also the bias's gradient gathered over its stack's layers).
+  // On top while a checkpointed layer computes its forward without gradients (the largest layer's temporaries).
   int64_t layer_forward_transient = 0;
-  std::vector<std::vector<BackwardMoment>> layer_backward;  // empty or `layers` long
   int64_t loss_kept = 0;         // the loss's part of outside_layers (freed first in backward)
   // Alive on top at the start of forward, before any layer keeps anything (FLAVA: the frozen codebook making the
   // MIM targets).
@@ -62,9 +65,6 @@ struct ActivationBytes {
   int64_t kept_outside(bool checkpointed) const {
     return outside_layers + (checkpointed || bias_saved_by_attention ? layer_bias : 0);
   }
-
-  // What the last layer keeps less than the others when it is not checkpointed.
-  int64_t last_layer_saving() const { return layers > 0 && last_layer >= 0 ? per_layer - last_layer : 0; }
 };
 
 }  // namespace shardtrain::models
