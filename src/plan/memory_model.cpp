@@ -433,6 +433,7 @@ MemoryEstimate estimate_training_memory(const models::ModelRecipe& recipe, const
     return own_units ? per_unit[static_cast<size_t>(layers - std::min(i, layers))] : largest;
   };
   auto walk_numel = [&](int64_t i) { return walk_unit(units.numel, largest_layer, i); };
+  const std::vector<models::BackwardMoment> every_gradient_at_once = {{0, -1}};  // a layer stating no moments
   int64_t above_numel = 0, above_shards = 0;  // the layers done: all their parameters, and their shards'
   int64_t below_kept = kept_by_layers;         // what the layers not done yet keep, this one's included
   for (int64_t i = 1; i <= layers; ++i) {
@@ -466,7 +467,7 @@ MemoryEstimate estimate_training_memory(const models::ModelRecipe& recipe, const
     // The layer's backward, moment by moment (walked from the last layer): its MLP's, whose output projection's
     // gradient is made first, then attention's, with all of them. Reduced, they are full gradients in the compute
     // dtype until the layer's reduction; else .grad from the start.
-    for (const models::BackwardMoment& moment : layer.backward) {
+    for (const models::BackwardMoment& moment : layer.backward.empty() ? every_gradient_at_once : layer.backward) {
       const int64_t made = moment.gradient_elements < 0 ? walk_numel(i)
                                                         : std::min(moment.gradient_elements, walk_numel(i));
       const int64_t layer_full_grads = reduces ? made * ce : 0;
