@@ -255,9 +255,10 @@ std::vector<at::Tensor> LlamaImpl::forward_impl(const at::Tensor& input_ids, con
     bias = causal_bias(length, attention_dtype(x), x.device(), window);  // (1, 1, T, T)
   }
   const at::Tensor rope = rotary_table(length, llama_inv_freq(config, x.device()));
-  const at::Tensor hidden = norm->forward(run_layers(layers, x, bias, rope));
+  at::Tensor hidden = norm->forward(run_layers(layers, x, bias, rope));
   if (loss_only) {  // no logits: the loss in chunks (linear_cross_entropy)
     const LabelledRows labelled = labelled_rows(hidden, targets);
+    hidden = at::Tensor();  // nothing keeps the norm's output: (B, T, C) less alive while the loss runs
     const at::Tensor loss = tied ? linear_cross_entropy(labelled.hidden, table.head, {}, labelled.labels)
                                  : lm_head->forward(labelled.hidden, labelled.labels)[0];
     return {at::Tensor(), loss};

@@ -110,7 +110,8 @@ class LlamaRecipe : public FamilyRecipe<LlamaConfig, Llama> {
     a.layer_bias = c.sliding_window > 0 && T > c.sliding_window ? T * T * e : 0;
     a.bias_saved_by_attention = attention_fused(layer.attention, q);
     a.outside_layers = unit + norm_kept(Norm::kRMSNorm, N, c.dim, q, stream_size(q)) + loss.kept;
-    a.loss_transient = loss.forward_transient;
+    // While the loss runs, also its input: the labelled rows, gathered (labelled_rows: a copy).
+    a.loss_transient = loss.forward_transient + N * c.dim * stream_size(q);
     a.loss_kept = loss.kept;
     return a;
   }

@@ -135,8 +135,11 @@ std::vector<at::Tensor> T5Impl::forward_impl(const at::Tensor& input_ids, const 
   // Tied head: the shared embedding, the decoder output rescaled by dim^-1/2 (Mesh TensorFlow's convention).
   const double scale = std::pow(static_cast<double>(config.dim), -0.5);
   if (labelled_only && labels.defined()) {  // no logits: the loss in chunks (linear_cross_entropy)
-    const LabelledRows labelled = labelled_rows(decoded, labels);
-    const at::Tensor loss = linear_cross_entropy(labelled.hidden * scale, table.head, {}, labelled.labels);
+    LabelledRows labelled = labelled_rows(decoded, labels);
+    // Nothing keeps the decoder's output nor the unscaled rows: one (K, C) copy alive while the loss runs.
+    decoded = at::Tensor();
+    labelled.hidden = labelled.hidden * scale;
+    const at::Tensor loss = linear_cross_entropy(labelled.hidden, table.head, {}, labelled.labels);
     return {at::Tensor(), loss, encoded};
   }
   at::Tensor logits = tied_projection(decoded * scale, table.head);

@@ -175,7 +175,8 @@ class T5Recipe : public FamilyRecipe<T5Config, T5> {
       if (a.bias_saved_by_attention) a.layers[i].backward.back().transient += bias;
     }
     a.loss_kept = loss.kept;
-    a.loss_transient = loss.forward_transient;
+    // While the loss runs, also its input: the labelled rows, gathered and scaled (one copy).
+    a.loss_transient = loss.forward_transient + dec_rows * c.dim * stream_size(q);
     return a;
   }
 
