@@ -395,10 +395,11 @@ MemoryEstimate estimate_training_memory(const models::ModelRecipe& recipe, const
                      : std::max({2 * root_g, root_g + 2 * extra_g, root_g + extra_g + act.start_transient,
                                  root_g + 2 * in_g});
   const int64_t forward_loss = held_g + kept + act.loss_transient;
-  // A checkpointed layer computes its forward without keeping anything: its temporaries are on top while it runs
-  // (before the loss keeps anything).
-  const int64_t forward_work = checkpointed > 0 ? std::max<int64_t>(0, act.layer_forward_transient - act.loss_kept) : 0;
-  const int64_t forward_layers = (reshard ? root_g + 2 * layer_g : all_g - out_g) + kept + forward_work;
+  // The layers computing, before the loss keeps anything; a checkpointed layer computes its forward without keeping
+  // anything, its temporaries on top while it runs.
+  const int64_t forward_gathered = reshard ? root_g + 2 * layer_g : all_g - out_g;
+  const int64_t forward_work = checkpointed > 0 ? act.layer_forward_transient : 0;
+  const int64_t forward_layers = forward_gathered + kept - act.loss_kept + forward_work;
   e.forward_bytes = base + std::max({forward_start, forward_loss, forward_layers});
 
   // Backward starts with the root still gathered from its forward (the root is never resharded between its forward
@@ -589,17 +590,19 @@ MemoryEstimate estimate_training_memory(const models::ModelRecipe& recipe, const
   }
   if (e.peak_phase == "forward") {
     const bool at_loss = forward_loss >= forward_layers;
-    e.terms.push_back({"gathered parameters", at_loss ? held_g : forward_layers - kept - forward_work,
+    e.terms.push_back({"gathered parameters", at_loss ? held_g : forward_gathered,
                        !gathers ? "none: a group of one holds its parameters"
                        : !reshard ? "every unit, gathered until its backward"
                        : at_loss  ? (out_g > 0 ? "the root unit and the head's" : "the root unit (embeddings, heads)")
                                   : "the root unit and a layer with the next prefetched"});
-    e.terms.push_back({"activations", kept, describe_activations(act, ac)});
     if (at_loss) {
+      e.terms.push_back({"activations", kept, describe_activations(act, ac)});
       e.terms.push_back({"end of forward", act.loss_transient, "the loss's logits and their copies"});
-    } else if (forward_work > 0) {
-      e.terms.push_back({"layer temporaries", forward_work, "a checkpointed layer computing (attention, MLP), less "
-                                                                "what the loss keeps later"});
+    } else {
+      e.terms.push_back({"activations", kept - act.loss_kept, describe_activations(act, ac) + ", less the loss's"});
+      if (forward_work > 0) {
+        e.terms.push_back({"layer temporaries", forward_work, "a checkpointed layer computing (attention, MLP)"});
+      }
     }
     return e;
   }
