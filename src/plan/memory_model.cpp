@@ -169,10 +169,13 @@ ModelShape model_shape(const models::ModelRecipe& recipe) {
     }
     if (table->requires_grad() && tied.insert(table->unsafeGetTensorImpl()).second) shape.tied_tables += table->numel();
   }
+  TensorSet input_side = tied;  // each tensor once (a tensor read twice is listed twice), the tied tables never
   for (const at::Tensor& p : root->parameters(/*recurse=*/true)) {
     const c10::TensorImpl* impl = p.unsafeGetTensorImpl();
     if (impl == first_layer) break;
-    if (p.requires_grad() && seen.count(impl) == 0 && tied.count(impl) == 0) shape.root_input_side += p.numel();
+    if (p.requires_grad() && seen.count(impl) == 0 && input_side.insert(impl).second) {
+      shape.root_input_side += p.numel();
+    }
   }
   count(*root, shape.root_numel, shape.root_trainable);
   // The modules the task's largest step leaves out, as far as the root holds them.
