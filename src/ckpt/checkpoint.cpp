@@ -3,7 +3,6 @@
 #include <nlohmann/json.hpp>
 #include <torch/nn/module.h>
 #include <torch/optim/optimizer.h>
-#include <torch/serialize.h>
 #include <ATen/CPUGeneratorImpl.h>
 #include <ATen/Context.h>
 
@@ -16,6 +15,7 @@
 #include "shardtrain/distributed/text_exchange.h"
 #include "shardtrain/fsdp/state_dict.h"
 #include "shardtrain/io/files.h"
+#include "shardtrain/io/pickle_files.h"
 #include "shardtrain/io/safetensors.h"
 #include "shardtrain/optim/optimizer_state.h"
 
@@ -137,7 +137,7 @@ std::string save_checkpoint(const std::string& dir, const TrainerState& given, c
     for (const auto& [key, tensors] : states) {
       for (const auto& [name, t] : tensors) dict.insert(name + "::" + key, t.tensor.detach().cpu());
     }
-    io::write_file_atomic(tmp + "/model.pt", torch::pickle_save(dict));
+    io::save_pickle(tmp + "/model.pt", dict);
   }
   {
     auto rng = new_dict();
@@ -145,7 +145,7 @@ std::string save_checkpoint(const std::string& dir, const TrainerState& given, c
       std::lock_guard<std::mutex> lock(generator.mutex());
       rng.insert(key, generator.get_state());
     }
-    io::write_file_atomic(rng_file(tmp, world.rank()), torch::pickle_save(rng));
+    io::save_pickle(rng_file(tmp, world.rank()), rng);
   }
   if (!model.hf_names.empty()) {
     std::map<std::string, at::Tensor> full;
@@ -213,7 +213,7 @@ TrainerState load_checkpoint(const std::string& path, const CheckpointModel& mod
   } else {
     const std::string file = path + "/model.pt";
     if (!io::path_exists(file)) throw std::runtime_error(path + ": no model.pt; saved with FSDP?");
-    const auto dict = torch::pickle_load(io::read_file(file)).toGenericDict();
+    const auto dict = io::load_pickle(file).toGenericDict();
     auto take = [&](const std::string& name, const at::Tensor& dst) {
       auto it = dict.find(name);
       if (it == dict.end()) throw std::runtime_error(file + ": no entry '" + name + "'");
@@ -232,7 +232,7 @@ TrainerState load_checkpoint(const std::string& path, const CheckpointModel& mod
   }
   // Generator states only mean the same thing at the same world size (each rank restores its own).
   if (state.world_size == world.size() && io::path_exists(rng_file(path, world.rank()))) {
-    const auto rng = torch::pickle_load(io::read_file(rng_file(path, world.rank()))).toGenericDict();
+    const auto rng = io::load_pickle(rng_file(path, world.rank())).toGenericDict();
     for (auto& [key, generator] : default_generators()) {
       if (!rng.contains(key)) continue;  // saved on a machine without this device
       std::lock_guard<std::mutex> lock(generator.mutex());
@@ -293,7 +293,7 @@ std::vector<std::pair<std::string, at::Tensor>> read_export_tensors(const std::s
   if (io::path_exists(path + "/model")) {
     saved = fsdp::read_sharded_state_dict(path + "/model");
   } else if (io::path_exists(path + "/model.pt")) {
-    for (const auto& item : torch::pickle_load(io::read_file(path + "/model.pt")).toGenericDict()) {
+    for (const auto& item : io::load_pickle(path + "/model.pt").toGenericDict()) {
       saved[item.key().toStringRef()] = item.value().toTensor();
     }
   } else {

@@ -1,13 +1,13 @@
 #include "shardtrain/fsdp/state_dict.h"
 
 #include <torch/nn/module.h>
-#include <torch/serialize.h>
 
 #include <set>
 #include <stdexcept>
 
 #include "fsdp/fsdp_unit.h"
 #include "shardtrain/io/files.h"
+#include "shardtrain/io/pickle_files.h"
 
 namespace shardtrain::fsdp {
 namespace {
@@ -64,7 +64,7 @@ std::string shard_file(const std::string& dir, int64_t shard, int64_t count) {
 c10::impl::GenericDict new_dict() { return c10::impl::GenericDict(c10::StringType::get(), c10::AnyType::get()); }
 
 c10::impl::GenericDict load_dict(const std::string& path, const char* what) {
-  c10::IValue value = torch::pickle_load(io::read_file(path));
+  c10::IValue value = io::load_pickle(path);
   if (!value.isGenericDict()) throw std::runtime_error(path + " is not a " + what + " (not a dict)");
   return value.toGenericDict();
 }
@@ -144,14 +144,14 @@ void save_sharded_state_dict(const std::shared_ptr<torch::nn::Module>& root, con
     for (const auto& unit : layout.units) {
       for (const auto& p : unit->params) {
         const std::string& name = layout.name_of(p);
-        tensors.insert(name, p.real_shard().detach().to(at::kCPU, /*non_blocking=*/false, /*copy=*/true));
+        tensors.insert(name, p.real_shard().detach().to(at::kCPU));
         shapes.insert(name, p.declared_shape());
         first_rows.insert(name, p.shard_first_row());
         for (const auto& [entry_name, state] : states_of(states, name)) {
           const bool whole = state.split == optim::StateSplit::WHOLE;
           if (whole && shard != 0) continue;  // equal on every rank: shard 0 writes it
           const StatePart part = state_part(p, state, entry_name);
-          tensors.insert(entry_name, part.rows.detach().to(at::kCPU, false, /*copy=*/true));
+          tensors.insert(entry_name, part.rows.detach().to(at::kCPU));
           shapes.insert(entry_name, part.shape);
           first_rows.insert(entry_name, whole ? int64_t{0} : p.shard_first_row());
         }
@@ -159,11 +159,11 @@ void save_sharded_state_dict(const std::shared_ptr<torch::nn::Module>& root, con
     }
     if (shard == 0) {
       for (const auto& [name, t] : layout.whole) {
-        tensors.insert(name, t.detach().to(at::kCPU, /*non_blocking=*/false, /*copy=*/true));
+        tensors.insert(name, t.detach().to(at::kCPU));
         shapes.insert(name, t.sizes().vec());
         first_rows.insert(name, int64_t{0});
         for (const auto& [entry_name, state] : states_of(states, name)) {
-          tensors.insert(entry_name, state.tensor.detach().to(at::kCPU, false, /*copy=*/true));
+          tensors.insert(entry_name, state.tensor.detach().to(at::kCPU));
           shapes.insert(entry_name, state.tensor.sizes().vec());
           first_rows.insert(entry_name, int64_t{0});
         }
@@ -176,14 +176,14 @@ void save_sharded_state_dict(const std::shared_ptr<torch::nn::Module>& root, con
     file.insert("tensors", tensors);
     file.insert("shapes", shapes);
     file.insert("first_rows", first_rows);
-    io::write_file_atomic(shard_file(dir, shard, count), torch::pickle_save(file));
+    io::save_pickle(shard_file(dir, shard, count), file);
   }
   layout.shard_group->barrier().wait();  // every shard is on disk before the metadata declares the directory whole
   if (layout.writer && shard == 0) {
     auto meta = new_dict();
     meta.insert("format", std::string(kShardedFormat));
     meta.insert("shard_count", count);
-    io::write_file_atomic(dir + "/metadata.pt", torch::pickle_save(meta));
+    io::save_pickle(dir + "/metadata.pt", meta);
   }
   layout.barrier();
 }
@@ -295,7 +295,7 @@ std::map<std::string, at::Tensor> full_state_dict(const std::shared_ptr<torch::n
   }
   if (keep) {
     for (const auto& [name, t] : layout.whole) {
-      state[name] = t.detach().to(at::kCPU, /*non_blocking=*/false, /*copy=*/true);
+      state[name] = t.detach().to(at::kCPU);
     }
   }
   return state;
@@ -309,13 +309,13 @@ void save_full_state_dict(const std::shared_ptr<torch::nn::Module>& root, const 
     for (auto& [name, t] : state) dict.insert(name, t);
     const size_t slash = path.rfind('/');
     if (slash != std::string::npos && slash > 0) io::make_directories(path.substr(0, slash));
-    io::write_file_atomic(path, torch::pickle_save(dict));
+    io::save_pickle(path, dict);
   }
   layout.barrier();  // the file exists on return, on every rank
 }
 
 void load_full_state_dict(const std::shared_ptr<torch::nn::Module>& root, const std::string& path) {
-  c10::IValue value = torch::pickle_load(io::read_file(path));
+  c10::IValue value = io::load_pickle(path);
   if (!value.isGenericDict()) throw std::runtime_error(path + " is not a full state dict (not a dict)");
   std::map<std::string, at::Tensor> state;
   for (const auto& item : value.toGenericDict()) state[item.key().toStringRef()] = item.value().toTensor();

@@ -1,0 +1,25 @@
+// torch.save's format (what torch::pickle_save returns: a zip of the pickle program and one record per tensor
+// storage) written to and read from files directly, never the whole file in memory. pickle_save's bytes are a
+// second copy of every tensor until they are written, and reading them back a third: a checkpoint of a rank's
+// state then needs twice that state free, on CPU the whole model's (CPU training, CPU offload).
+#pragma once
+
+#include <string>
+
+namespace c10 {
+struct IValue;
+}
+
+namespace shardtrain::io {
+
+// Writes `value` to `path` atomically (io::AtomicFile). Each tensor's storage is written as it is, a CPU one
+// without a copy (a device one through a CPU copy, one storage at a time); views of one storage share one record,
+// so a view writes all of its storage: give views of a larger buffer that the file should not hold as copies.
+// Loads with torch::pickle_load as well as with load_pickle. Throws std::runtime_error naming the path.
+void save_pickle(const std::string& path, const c10::IValue& value);
+
+// What save_pickle or torch::pickle_save wrote, each tensor read from the file into its own CPU storage. Throws
+// std::runtime_error naming the path when the file is missing or is not such an archive.
+c10::IValue load_pickle(const std::string& path);
+
+}  // namespace shardtrain::io
