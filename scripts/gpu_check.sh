@@ -3,12 +3,14 @@
 # log in $LOGS (default build-gpu/logs) and a one-line verdict on stdout.
 #
 #   scripts/gpu_check.sh STAGE...     checks: info, cuda_tests, synth, train_debug, train_ranks, sanitize
-#                                     measurements (after synth): optimizer, tf32, memory
+#                                     measurements (after synth): optimizer, tf32, memory, oom
 #
 # optimizer: build-gpu/optimizer_bench --device cuda, with a FLAVA layer's tensor size and with 1000 small tensors.
 # tf32: a float32 flava-350m step (batch 32) with train.tf32 on and off, items/s of the last interval of each.
 # memory: the memory model's predicted peak against the caching allocator's, flava-350m (with and without
 # checkpointing) and flava-900m at batch 32, one rank, bf16.
+# oom: train.batch_size auto planned for 16 GiB on a device capped at 8 GiB (train.memory_limit): the first step
+# runs out of memory, the run halves the batch and trains (flava-350m, bf16).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 build=${BUILD:-build-gpu}
@@ -68,8 +70,10 @@ for s in "$@"; do
     memory) flava_gpu memory-350m
             flava_gpu memory-350m-ac --parallel.activation_checkpointing=true
             flava_gpu memory-900m --model.flavor=flava-900m ;;
+    oom) flava_gpu oom --train.batch_size=auto --train.memory_budget=16GiB --train.memory_limit=8GiB
+         grep -E 'out of memory on the first step|train.batch_size: auto ->' "$logs/oom.log" ;;
     *) echo "gpu_check.sh: unknown stage '$s' (info, cuda_tests, synth, train_debug, train_ranks, sanitize," \
-            "optimizer, tf32, memory)" >&2
+            "optimizer, tf32, memory, oom)" >&2
        exit 2 ;;
   esac
 done

@@ -12,6 +12,7 @@
 #include "progress_relay.h"
 #include "shardtrain/config/config.h"
 #include "shardtrain/distributed/env.h"
+#include "shardtrain/launch/error_file.h"
 #include "shardtrain/launch/launch.h"
 #include "shardtrain/train/trainer.h"
 
@@ -81,8 +82,14 @@ int run_train_command(const std::vector<std::string>& args) {
     o.command.insert(o.command.end(), args.begin(), args.end());
     return launch::run_launch(o);
   }
-  const train::TrainSummary summary = train::train(config, train_console_sink());
-  return summary.preempted_by != 0 ? launch::kPreemptedExitCode : 0;
+  try {
+    const train::TrainSummary summary = train::train(config, train_console_sink());
+    return summary.preempted_by != 0 ? launch::kPreemptedExitCode : 0;
+  } catch (const train::FirstStepOutOfMemory& e) {  // one of several ranks: the launcher restarts them all smaller
+    std::cerr << "shardtrain train: " << e.what() << "\n";
+    launch::record_error(e.what(), {{launch::kRetryBatchKey, std::to_string(e.retry_batch)}});
+    return launch::kOutOfMemoryExitCode;
+  }
 }
 
 }  // namespace shardtrain::cli

@@ -9,6 +9,7 @@
 #include <sstream>
 
 #include "config/fields.h"
+#include "shardtrain/plan/memory_size.h"
 #include "util/closest_match.h"
 
 namespace shardtrain::config {
@@ -167,6 +168,20 @@ Field field(std::string path, std::string& ref) {
   return {std::move(path), [&ref](auto& w, auto& p, auto& n) { ref = to_str(w, p, n); },
           [&ref] { return YAML::Node(ref); }};
 }
+// A memory size ("40GiB", "512MiB", bytes; empty: none), checked where it is read (plan::parse_memory_size).
+Field memory_size(std::string path, std::string& ref) {
+  return {std::move(path),
+          [&ref](auto& w, auto& p, auto& n) {
+            ref = to_str(w, p, n);
+            if (ref.empty()) return;
+            try {
+              plan::parse_memory_size(ref);
+            } catch (const std::invalid_argument&) {
+              bad_value(w, p, n, "a positive number with a unit: 40GiB, 80GB, 512MiB, or bytes");
+            }
+          },
+          [&ref] { return YAML::Node(ref); }};
+}
 Field field(std::string path, std::vector<std::string>& ref) {
   return {std::move(path), [&ref](auto& w, auto& p, auto& n) { ref = to_strings(w, p, n, false); },
           [&ref] {
@@ -306,7 +321,8 @@ std::vector<Field> fields_of(Config& c) {
               if (c.train.batch_size < 1) bad_value(w, p, n, "at least 1, or auto");
             },
             [&c] { return c.train.batch_size == kAutoBatch ? YAML::Node("auto") : YAML::Node(c.train.batch_size); }},
-      field("train.memory_budget", c.train.memory_budget),
+      memory_size("train.memory_budget", c.train.memory_budget),
+      memory_size("train.memory_limit", c.train.memory_limit),
       field("train.grad_accum", c.train.grad_accum),
       field("train.sync_each_batch", c.train.sync_each_batch),
       field("train.max_grad_norm", c.train.max_grad_norm),

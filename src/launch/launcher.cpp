@@ -138,9 +138,11 @@ std::string error_file_of(const std::string& dir, int rank) {
   return dir + "/error-rank" + std::to_string(rank) + ".json";
 }
 
+// batch_limit: kAutoBatchLimitEnv for the workers (0: the environment's own, if any).
 std::vector<std::string> worker_environment(const LaunchOptions& o, int local_rank, const std::string& master_addr,
                                             int master_port, int restart, std::optional<int> listen_fd,
-                                            const std::string& job_id, const std::string& error_dir) {
+                                            const std::string& job_id, const std::string& error_dir,
+                                            int64_t batch_limit) {
   const int world = o.nnodes * o.nproc_per_node;
   const int rank = o.node_rank * o.nproc_per_node + local_rank;
   std::map<std::string, std::string> vars;
@@ -163,6 +165,7 @@ std::vector<std::string> worker_environment(const LaunchOptions& o, int local_ra
   vars["TORCHELASTIC_MAX_RESTARTS"] = std::to_string(o.max_restarts);
   vars["SHARDTRAIN_JOB_ID"] = job_id;
   vars["TORCHELASTIC_ERROR_FILE"] = error_file_of(error_dir, rank);
+  if (batch_limit > 0) vars[kAutoBatchLimitEnv] = std::to_string(batch_limit);
   if (::isatty(STDERR_FILENO)) {
     vars[kProgressEnv] = "relay";  // [Note: progress through the launcher]
   } else {
@@ -203,7 +206,7 @@ struct ErrorDirectory {
   ErrorDirectory& operator=(const ErrorDirectory&) = delete;
 };
 
-enum class GroupEnd { SUCCESS, WORKER_FAILED, PREEMPTED, LAUNCHER_SIGNALED };
+enum class GroupEnd { SUCCESS, WORKER_FAILED, OUT_OF_MEMORY, PREEMPTED, LAUNCHER_SIGNALED };
 
 std::string seconds(std::chrono::milliseconds d) {
   char text[32];
@@ -231,6 +234,7 @@ std::string job_id_of(const LaunchOptions& o) {
 struct GroupResult {
   GroupEnd end = GroupEnd::SUCCESS;
   int exit_code = 0;
+  int64_t retry_batch = 0;  // OUT_OF_MEMORY: the smallest batch a worker asked to be restarted with
 };
 
 // The workers of one attempt, their output relays and the supervision loop.
@@ -238,14 +242,15 @@ class WorkerGroup {
  public:
   WorkerGroup(const LaunchOptions& o, const std::string& master_addr, int master_port, int restart,
               std::optional<int> listen_fd, const std::string& job_id, const std::string& error_dir,
-              SignalPipe& signals, StatusLine& status)
+              int64_t batch_limit, SignalPipe& signals, StatusLine& status)
       : options_(o), signals_(signals), error_dir_(error_dir), status_(status) {
     for (int local = 0; local < o.nproc_per_node; ++local) {
       WorkerSpec spec;
       spec.rank = o.node_rank * o.nproc_per_node + local;
       spec.command = o.command;
       ::unlink(error_file_of(error_dir, spec.rank).c_str());  // an earlier attempt's
-      spec.env = worker_environment(o, local, master_addr, master_port, restart, listen_fd, job_id, error_dir);
+      spec.env = worker_environment(o, local, master_addr, master_port, restart, listen_fd, job_id, error_dir,
+                                    batch_limit);
       if (spec.rank == 0) spec.inherit_fd = listen_fd;
       workers_.push_back(std::make_unique<Worker>(spec));
       out_relays_.emplace_back(spec.rank, STDOUT_FILENO, status);
@@ -294,6 +299,9 @@ class WorkerGroup {
           stop(SIGTERM, options_.stop_grace, "because rank " + std::to_string(w->rank()) + " failed");
           say("root cause: rank " + std::to_string(w->rank()) + " " + status->describe() +
               (error ? ": " + *error : " (it recorded no error)"));
+          if (const int64_t batch = retry_batch(); batch > 0) {
+            return {GroupEnd::OUT_OF_MEMORY, kOutOfMemoryExitCode, batch};
+          }
           return {GroupEnd::WORKER_FAILED, status->shell_code()};
         }
       }
@@ -330,6 +338,24 @@ class WorkerGroup {
       if (!pump(fds[k].fd, relay)) is_err ? w.close_stderr() : w.close_stdout();
     }
     return (fds[0].revents & POLLIN) ? signals_.drain() : 0;
+  }
+
+  // [Note: a smaller batch after an out-of-memory] (launch.h) The smallest batch a worker recorded to retry with in
+  // this attempt's error file (each is removed before the attempt starts); 0 when none did. Every worker is looked
+  // at, whatever it ended with: the others may have failed first, in a collective the out-of-memory rank left, or
+  // been stopped between recording and exiting.
+  int64_t retry_batch() const {
+    int64_t smallest = 0;
+    for (const auto& w : workers_) {
+      const auto text = read_error_info(error_file_of(error_dir_, w->rank()), kRetryBatchKey);
+      try {
+        const int64_t batch = text ? std::stoll(*text) : 0;
+        if (batch > 0 && (smallest == 0 || batch < smallest)) smallest = batch;
+      } catch (const std::exception&) {
+        // not a number: this worker asked for nothing usable
+      }
+    }
+    return smallest;
   }
 
   // The one exit code every worker ended with on its own (no signal), if they agree.
@@ -461,18 +487,32 @@ int run_launch(const LaunchOptions& options) {
   const ErrorDirectory errors;
   StatusLine status;
   SignalPipe signals;
+  int failures = 0, batch_retries = 0;  // restarts of each kind so far
+  int64_t batch_limit = 0;
   for (int attempt = 0;; ++attempt) {
     GroupResult result;
     {
-      WorkerGroup group(options, master_addr, master_port, attempt, listen_fd, job_id, errors.path, signals, status);
+      WorkerGroup group(options, master_addr, master_port, attempt, listen_fd, job_id, errors.path, batch_limit,
+                        signals, status);
       result = group.supervise();
     }
-    if (result.end != GroupEnd::WORKER_FAILED) return result.exit_code;
-    if (attempt >= options.max_restarts) {
+    if (result.end == GroupEnd::OUT_OF_MEMORY && batch_retries < kMaxBatchRetries) {
+      batch_limit = result.retry_batch, ++batch_retries;
+      say("restarting the worker group with train.batch_size auto at most " + std::to_string(batch_limit) +
+          " per rank, after an out-of-memory on the first step (retry " + std::to_string(batch_retries) + " of " +
+          std::to_string(kMaxBatchRetries) + ")");
+      continue;
+    }
+    if (result.end == GroupEnd::OUT_OF_MEMORY) {
+      say("giving up on smaller batches after " + std::to_string(kMaxBatchRetries) + " restarts for them");
+    }
+    if (result.end != GroupEnd::WORKER_FAILED && result.end != GroupEnd::OUT_OF_MEMORY) return result.exit_code;
+    if (failures >= options.max_restarts) {
       if (options.max_restarts > 0) say("giving up after " + std::to_string(options.max_restarts) + " restart(s)");
       return result.exit_code;
     }
-    say("restarting the worker group (restart " + std::to_string(attempt + 1) + " of " +
+    ++failures;
+    say("restarting the worker group (restart " + std::to_string(failures) + " of " +
         std::to_string(options.max_restarts) + ")");
   }
 }

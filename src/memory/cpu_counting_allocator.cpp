@@ -2,8 +2,10 @@
 #include <c10/core/CPUAllocator.h>
 
 #include <atomic>
+#include <cstdio>
 #include <mutex>
 #include <stdexcept>
+#include <string>
 #include <unordered_map>
 
 #include "shardtrain/memory/memory_stats.h"
@@ -22,15 +24,28 @@ class CountingCpuAllocator final : public c10::Allocator {
   explicit CountingCpuAllocator(c10::Allocator* base) : base_(base) {}
 
   c10::DataPtr allocate(size_t nbytes) override {
-    c10::DataPtr inner = base_->allocate(nbytes);
+    const int64_t n = static_cast<int64_t>(nbytes);
+    // Counted before it exists: the limit holds between threads allocating at once.
+    const int64_t held = reserve(n);
+    c10::DataPtr inner;
+    try {
+      inner = base_->allocate(nbytes);
+    } catch (...) {
+      current_.fetch_sub(n);
+      throw;
+    }
     void* data = inner.get();
-    if (data == nullptr) return inner;  // empty allocations: nothing to count, no key to file them under
+    if (data == nullptr) {  // empty allocations: nothing to count, no key to file them under
+      current_.fetch_sub(n);
+      return inner;
+    }
     const c10::Device device = inner.device();
     {
       std::lock_guard<std::mutex> lock(mutex_);
-      live_.emplace(data, Record{std::move(inner), static_cast<int64_t>(nbytes)});
+      live_.emplace(data, Record{std::move(inner), n});
     }
-    add(static_cast<int64_t>(nbytes));
+    note_peak(held);
+    allocations_.fetch_add(1);
     return c10::DataPtr(data, data, &CountingCpuAllocator::free_data, device);
   }
 
@@ -42,6 +57,7 @@ class CountingCpuAllocator final : public c10::Allocator {
     return MemoryStats{current_.load(), peak_.load(), allocations_.load()};
   }
   void reset_peak() { peak_.store(current_.load()); }
+  void set_limit(int64_t bytes) { limit_.store(bytes); }
 
  private:
   struct Record {
@@ -64,12 +80,28 @@ class CountingCpuAllocator final : public c10::Allocator {
     // record.inner frees the memory through the original deleter as it goes out of scope.
   }
 
-  void add(int64_t nbytes) {
-    allocations_.fetch_add(1);
-    const int64_t now = current_.fetch_add(nbytes) + nbytes;
+  // Counts `nbytes` as held and returns what is held with them, or throws c10::OutOfMemoryError (nothing counted)
+  // when that would pass the limit.
+  int64_t reserve(int64_t nbytes) {
+    const int64_t now = current_.fetch_add(nbytes) + nbytes, limit = limit_.load();
+    if (limit > 0 && now > limit) {
+      current_.fetch_sub(nbytes);
+      TORCH_CHECK_WITH(OutOfMemoryError, false, "CPU out of memory: tried to allocate ", mib(nbytes), " with ",
+                       mib(now - nbytes), " held, above the limit of ", mib(limit), " (train.memory_limit)");
+    }
+    return now;
+  }
+
+  void note_peak(int64_t now) {
     int64_t peak = peak_.load();
     while (now > peak && !peak_.compare_exchange_weak(peak, now)) {
     }
+  }
+
+  static std::string mib(int64_t bytes) {
+    char text[32];
+    std::snprintf(text, sizeof text, "%.2f MiB", static_cast<double>(bytes) / (1024.0 * 1024.0));
+    return text;
   }
 
   c10::Allocator* base_;
@@ -78,6 +110,7 @@ class CountingCpuAllocator final : public c10::Allocator {
   std::atomic<int64_t> current_{0};
   std::atomic<int64_t> peak_{0};
   std::atomic<int64_t> allocations_{0};
+  std::atomic<int64_t> limit_{0};  // 0: none
 };
 
 // The one counter of this process (see the header: c10's CPU allocator slot is itself process-wide). Leaked on
@@ -110,5 +143,7 @@ bool cpu_memory_counter_installed() { return installed.load() != nullptr; }
 MemoryStats cpu_memory_stats() { return counter().stats(); }
 
 void reset_cpu_peak() { counter().reset_peak(); }
+
+void set_cpu_memory_limit(int64_t bytes) { counter().set_limit(bytes); }
 
 }  // namespace shardtrain::memory

@@ -1,5 +1,6 @@
 #include <c10/core/CachingDeviceAllocator.h>
 #include <c10/core/impl/DeviceGuardImplInterface.h>
+#include <c10/cuda/CUDACachingAllocator.h>
 
 #include <stdexcept>
 #include <string>
@@ -30,6 +31,17 @@ MemoryStats cuda_memory_stats(int device) {
 
 int64_t cuda_total_memory(int device) {
   return static_cast<int64_t>(cuda_allocator(device).getMemoryInfo(static_cast<c10::DeviceIndex>(device)).second);
+}
+
+void set_cuda_memory_limit(int device, int64_t bytes) {
+  const int64_t total = cuda_total_memory(device);
+  if (bytes <= 0 || bytes > total) {
+    throw std::invalid_argument("train.memory_limit: " + std::to_string(bytes) + " bytes on cuda:" +
+                                std::to_string(device) + ", expected more than 0 and at most the device's " +
+                                std::to_string(total));
+  }
+  c10::cuda::CUDACachingAllocator::setMemoryFraction(static_cast<double>(bytes) / static_cast<double>(total),
+                                                     static_cast<c10::DeviceIndex>(device));
 }
 
 void reset_cuda_peak(int device) { cuda_allocator(device).resetPeakStats(static_cast<c10::DeviceIndex>(device)); }

@@ -70,12 +70,16 @@ plan::TrainingJob job_of(const config::Config& c) {
   return job;
 }
 
-// Bytes one rank may use: train.memory_budget, else the GPU's memory, else half of this machine's RAM shared by the
-// ranks on it.
+// Bytes one rank may use: train.memory_budget, else train.memory_limit, else the GPU's memory, else half of this
+// machine's RAM shared by the ranks on it.
 int64_t budget_of(const config::Config& c, const plan::TrainingJob& job, std::string& source) {
   if (!c.train.memory_budget.empty()) {
     source = "train.memory_budget";
     return plan::parse_memory_size(c.train.memory_budget);
+  }
+  if (!c.train.memory_limit.empty()) {
+    source = "train.memory_limit";
+    return plan::parse_memory_size(c.train.memory_limit);
   }
   if (c.train.device == "cuda") {
     source = "the GPU's memory";
@@ -100,7 +104,7 @@ std::string gib(int64_t bytes) {
 
 }  // namespace
 
-RunPlan plan_run(const config::Config& config) {
+RunPlan plan_run(const config::Config& config, int64_t auto_batch_limit) {
   RunPlan out{config, "", 0, ""};
   const auto recipe = models::recipe_for_task(models::recipe_of_model(config.model.flavor, config.model.overrides),
                                               config.model.task, {config.data.labels, std::nullopt});
@@ -111,7 +115,8 @@ RunPlan plan_run(const config::Config& config) {
     const int64_t budget = budget_of(config, job, source);
     plan::Cluster cluster;
     cluster.gpu_memory = budget, cluster.memory_margin = kAutoMargin;
-    job.batch = plan::largest_batch(*recipe, shape, job, cluster);
+    const int64_t fits = plan::largest_batch(*recipe, shape, job, cluster);
+    job.batch = auto_batch_limit > 0 ? std::min(fits, auto_batch_limit) : fits;
     if (job.batch < 1) {
       job.batch = 1;
       throw std::invalid_argument("train.batch_size: auto: not even one sample per rank fits " + gib(budget) + " (" +
@@ -120,9 +125,12 @@ RunPlan plan_run(const config::Config& config) {
                                   "; shard over more ranks, checkpoint activations or offload");
     }
     out.config.train.batch_size = job.batch;
-    out.text += "train.batch_size: auto -> " + std::to_string(job.batch) + " per rank: the largest whose predicted " +
-                "peak fits " + gib(budget) + " (" + source + ") less " +
-                std::to_string(static_cast<int>(kAutoMargin * 100)) + "%\n";
+    const std::string fitting = "predicted peak fits " + gib(budget) + " (" + source + ") less " +
+                                std::to_string(static_cast<int>(kAutoMargin * 100)) + "%";
+    out.text += "train.batch_size: auto -> " + std::to_string(job.batch) + " per rank: " +
+                (job.batch < fits ? "at most " + std::to_string(auto_batch_limit) + " after an out-of-memory on the " +
+                                        "first step (the largest whose " + fitting + " is " + std::to_string(fits) + ")"
+                                  : "the largest whose " + fitting) + "\n";
   }
   const plan::MemoryEstimate e = plan::estimate_training_memory(*recipe, shape, job);
   out.text += plan::format_estimate(config.model.flavor, job, e);

@@ -24,9 +24,11 @@
 #include "shardtrain/fsdp/fully_shard.h"
 #include "shardtrain/io/safetensors_files.h"
 #include "shardtrain/launch/error_file.h"
+#include "shardtrain/launch/launch.h"
 #include "shardtrain/memory/memory_stats.h"
 #include "shardtrain/models/zoo.h"
 #include "shardtrain/nn/activation_checkpoint.h"
+#include "shardtrain/plan/memory_size.h"
 #include "shardtrain/train/schedule.h"
 #include "train/metrics_log.h"
 #include "train/preemption.h"
@@ -127,8 +129,11 @@ struct Job {
         tokenizer(open_run_tokenizer(c)),
         recipe(checked_recipe(c, tokenizer.get())),
         task(recipe->task(c.model.task)) {
-    task->check_batch_size(c.train.batch_size, pg.world().size());
     if (!device.is_cuda()) memory::install_cpu_memory_counter();
+    if (!c.train.memory_limit.empty()) {  // before the model: everything the run holds counts
+      const int64_t limit = plan::parse_memory_size(c.train.memory_limit);
+      device.is_cuda() ? memory::set_cuda_memory_limit(device.index(), limit) : memory::set_cpu_memory_limit(limit);
+    }
     if (device.is_cuda()) {  // train.tf32: cuBLAS matmuls and cuDNN convolutions of float32 tensors
       at::globalContext().setAllowTF32CuBLAS(c.train.tf32);
       at::globalContext().setAllowTF32CuDNN(c.train.tf32);
@@ -457,14 +462,39 @@ void describe_end(const Loop& loop, const data::LoaderStats& stats) {
   }
 }
 
-}  // namespace
+// train.batch_size: auto's limit from the launcher (kAutoBatchLimitEnv: an out-of-memory at a larger batch); 0: none.
+int64_t auto_batch_limit_of_env() {
+  const char* text = std::getenv(launch::kAutoBatchLimitEnv);
+  if (text == nullptr || *text == '\0') return 0;
+  try {
+    const int64_t limit = std::stoll(text);
+    if (limit >= 1) return limit;
+  } catch (const std::exception&) {
+  }
+  throw std::invalid_argument(std::string(launch::kAutoBatchLimitEnv) + "='" + text +
+                              "': expected a batch of at least 1 (the launcher sets it)");
+}
 
-TrainSummary train(const Config& given, std::shared_ptr<log::Sink> sink) {
+// The smallest of the ranks' limits (0: none): across nodes each launcher gives its own (launch.h). Collective.
+int64_t agreed_batch_limit(int64_t mine, const dist::Communicator& world) {
+  if (world.size() == 1) return mine;
+  constexpr double kNone = 1e15;  // above any batch; exact in float64, as every batch is
+  at::Tensor t = at::full({1}, -(mine > 0 ? static_cast<double>(mine) : kNone), at::dtype(at::kDouble));
+  t = t.to(world.device());
+  world.all_reduce(t, dist::ReduceOp::MAX).wait();  // max of negatives: the smallest limit
+  const double smallest = -t.cpu().item<double>();
+  return smallest >= kNone ? 0 : static_cast<int64_t>(smallest);
+}
+
+// One attempt at the run; `batch_limit` caps train.batch_size: auto (0: no cap).
+TrainSummary train_run(const Config& given, std::shared_ptr<log::Sink> sink, int64_t batch_limit) {
+  Job job(given, std::move(sink));
   // train.batch_size: auto becomes the largest batch the memory model predicts to fit (every rank computes the same).
   const bool auto_batch = given.train.batch_size == config::kAutoBatch;
-  const RunPlan plan = auto_batch ? plan_run(given) : predicted_plan(given);
+  if (auto_batch) batch_limit = agreed_batch_limit(batch_limit, job.pg.world());
+  const RunPlan plan = auto_batch ? plan_run(given, batch_limit) : predicted_plan(given);
   const Config& c = plan.config;
-  Job job(c, std::move(sink));
+  job.task->check_batch_size(c.train.batch_size, job.pg.world().size());
   if (auto_batch) job.logger.info(plan.text.substr(0, plan.text.find('\n')));
   const dist::Communicator& world = job.pg.world();
   TrainingData data = open_training_data(c, *job.task, job.tokenizer, world.rank(), world.size());
@@ -497,6 +527,15 @@ TrainSummary train(const Config& given, std::shared_ptr<log::Sink> sink) {
   loop.summary.start_step = start.step;
   try {
     loop.run(preemption);
+  } catch (const c10::OutOfMemoryError& e) {
+    // The batch was the memory model's guess: one that did not fit before any step completed is halved (train()).
+    if (!auto_batch || loop.at.step != start.step || c.train.batch_size <= 1) throw;
+    const int64_t retry = c.train.batch_size / 2;
+    const std::string what = e.what_without_backtrace();
+    throw FirstStepOutOfMemory("out of memory on the first step at train.batch_size auto's " +
+                                   std::to_string(c.train.batch_size) + " per rank (" +
+                                   what.substr(0, what.find('\n')) + "); retrying at " + std::to_string(retry),
+                               retry);
   } catch (const std::runtime_error& e) {  // a collective that timed out names the waiting rank: add the others
     if (!job.heartbeat) throw;
     throw std::runtime_error(std::string(e.what()) + " (what the ranks last said: " + job.heartbeat->describe_ranks() +
@@ -508,6 +547,23 @@ TrainSummary train(const Config& given, std::shared_ptr<log::Sink> sink) {
   loop.summary.skipped_samples = stats.skipped;
   describe_end(loop, stats);
   return loop.summary;
+}
+
+}  // namespace
+
+TrainSummary train(const Config& given, std::shared_ptr<log::Sink> sink) {
+  int64_t batch_limit = auto_batch_limit_of_env();
+  const dist::DistEnv env = dist::read_dist_env(dist::process_env_lookup());
+  const bool alone = env.source == dist::EnvSource::NONE || env.world_size == 1;
+  while (true) {
+    try {
+      return train_run(given, sink, batch_limit);
+    } catch (const FirstStepOutOfMemory& e) {
+      if (!alone) throw;  // the other ranks wait in collectives: the launcher restarts them all (launch.h)
+      log::Logger(sink, 0).warning(e.what());
+      batch_limit = e.retry_batch;  // every attempt halves the batch: at most log2(batch) of them
+    }
+  }
 }
 
 }  // namespace shardtrain::train

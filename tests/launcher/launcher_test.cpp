@@ -284,6 +284,27 @@ TEST_F(LauncherTest, WithoutRestartsTheFailureIsFinal) {
   EXPECT_FALSE(contains(r.err, "restarting")) << r.err;
 }
 
+// [Note: a smaller batch after an out-of-memory] Workers that exit 76 with a batch in their error files restart
+// the group with the smallest (64 -> 31 -> 14 -> 6: rank 1 asks one less than rank 0), not counted against
+// --max-restarts; a job that keeps asking stops after kMaxBatchRetries with the workers' code.
+TEST_F(LauncherTest, OutOfMemoryRestartsTheGroupWithTheSmallestBatchAsked) {
+  auto r = launch({"--nproc-per-node", "2"}, "oom");
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  for (const char* limit : {"at most 31 per rank", "at most 14 per rank", "at most 6 per rank"}) {
+    EXPECT_TRUE(contains(r.err, std::string("restarting the worker group with train.batch_size auto ") + limit))
+        << r.err;
+  }
+  EXPECT_TRUE(contains(r.err, "(retry 3 of 16)")) << r.err;
+  EXPECT_TRUE(contains(r.out, "[rank0]: batch 6\n")) << r.out;
+  EXPECT_TRUE(contains(r.out, "[rank1]: batch 6\n")) << r.out;
+
+  auto always = launch({"--nproc-per-node", "2"}, "oom-always");
+  EXPECT_EQ(always.exit_code, 76) << always.err;
+  EXPECT_TRUE(contains(always.err, "(retry 16 of 16)")) << always.err;
+  EXPECT_FALSE(contains(always.err, "(retry 17 of")) << always.err;
+  EXPECT_TRUE(contains(always.err, "giving up on smaller batches after 16 restarts")) << always.err;
+}
+
 TEST_F(LauncherTest, WorkersGetTorchrunEnvironment) {
   auto r = launch({"--num_processes", "2", "--main_process_port", "0"}, "env");
   ASSERT_EQ(r.exit_code, 0) << r.err;

@@ -7,6 +7,11 @@
 //   ignore-term every rank ignores SIGTERM; rank TARGET exits 1, the others must be killed with SIGKILL
 //   sleep       every rank sleeps until stopped
 //   fail-first  rank TARGET exits 5 on the first attempt (TORCHELASTIC_RESTART_COUNT=0), all succeed after
+//   oom         the out-of-memory protocol of a trainer with train.batch_size: auto (launch.h): the batch is
+//               SHARDTRAIN_AUTO_BATCH_LIMIT, else 64; above 8 every rank records the batch to retry with, half of
+//               it less its rank (the launcher takes the smallest); once all have, rank 0 exits 76 and the others
+//               wait to be stopped. At 8 or less each prints it and exits 0
+//   oom-always  every rank asks for a batch of 1 and exits 76, every time
 //   env         print the launcher's variables, exit 0
 //   partial     print a line without its newline, exit 0
 //   allreduce   join the job's process group, all-reduce the ranks and print the sum (multi-node test)
@@ -25,6 +30,8 @@
 
 #include "shardtrain/distributed/env.h"
 #include "shardtrain/distributed/process_group.h"
+#include "shardtrain/launch/error_file.h"
+#include "shardtrain/launch/launch.h"
 
 namespace {
 
@@ -110,6 +117,30 @@ int main(int argc, char** argv) {
   if (mode == "exit75") {  // every rank preempted on its own, the target first
     std::this_thread::sleep_for(is_target ? pause : 2 * pause);
     return 75;
+  }
+  if (mode == "oom" || mode == "oom-always") {
+    const int batch = std::atoi(env_or(shardtrain::launch::kAutoBatchLimitEnv, "64").c_str());
+    if (mode == "oom" && batch <= 8) {
+      std::cout << "batch " << batch << std::endl;
+      return 0;
+    }
+    const int retry = mode == "oom" ? batch / 2 - rank : 1;
+    shardtrain::launch::record_error("out of memory at batch " + std::to_string(batch),
+                                     {{shardtrain::launch::kRetryBatchKey, std::to_string(retry)}});
+    if (mode == "oom") {
+      // Every rank records before rank 0 exits first, asking the most: the launcher stops the others (SIGTERM) and
+      // must still find their smaller batches in their files.
+      const std::string own = env_or("TORCHELASTIC_ERROR_FILE", "");
+      const std::string prefix = own.substr(0, own.rfind("error-rank"));
+      const int world = std::atoi(env_or("WORLD_SIZE", "1").c_str());
+      for (int r = 0, waited = 0; r < world && waited < 500; ++r) {
+        while (!std::ifstream(prefix + "error-rank" + std::to_string(r) + ".json") && waited++ < 500) {
+          std::this_thread::sleep_for(std::chrono::milliseconds(10));
+        }
+      }
+      if (rank != 0) sleep_forever();
+    }
+    return shardtrain::launch::kOutOfMemoryExitCode;
   }
   if (mode == "fail-first") {
     const bool first = env_or("TORCHELASTIC_RESTART_COUNT", "0") == "0";

@@ -138,6 +138,11 @@ TEST(Config, BadValueNamesTheValueAndWhatWasExpected) {
                             {"parallel.timeout", "0.5", "at least 1 (seconds)"});
   expect_error<ConfigError>([] { parse_config("", "x.yaml", {"--launch.max_restarts=-1"}); },
                             {"launch.max_restarts", "-1", "0 or more"});
+  expect_error<ConfigError>([] { parse_config("train:\n  memory_limit: 40 gigs\n", "x.yaml"); },
+                            {"x.yaml:2", "train.memory_limit", "'40 gigs'", "40GiB"});
+  expect_error<ConfigError>([] { parse_config("", "x.yaml", {"--train.memory_budget=-1GiB"}); },
+                            {"train.memory_budget", "'-1GiB'", "a positive number with a unit"});
+  EXPECT_EQ(parse_config("train:\n  memory_limit: 1.5GiB\n", "x.yaml").train.memory_limit, "1.5GiB");
   expect_error<ConfigError>([] { parse_config("", "x.yaml", {"--optim.name=adam"}); },
                             {"optim.name", "'adam'", "one of adamw, anyprecision_adamw, adafactor, sgd"});
   expect_error<ConfigError>([] { parse_config("", "x.yaml", {"--optim.name=adafactor", "--optim.decay_rate=0.8"}); },

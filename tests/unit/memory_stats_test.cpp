@@ -74,6 +74,28 @@ TEST(MemoryStats, CountsAcrossThreads) {
   EXPECT_EQ(cpu_memory_stats().current_bytes, base);
 }
 
+// train.memory_limit on CPU: an allocation that would pass the limit fails as a full GPU's does
+// (c10::OutOfMemoryError, naming the sizes), counts nothing, and what fits still allocates; 0 lifts the limit.
+TEST(MemoryStats, LimitRefusesWhatWouldPassIt) {
+  install_cpu_memory_counter();
+  struct Lift {  // the counter is the process's: no other test may see the limit
+    ~Lift() { set_cpu_memory_limit(0); }
+  } lift;
+  const int64_t base = cpu_memory_stats().current_bytes;
+  set_cpu_memory_limit(base + (8 << 20));  // 8 MiB above what is held
+  at::Tensor fits = at::empty({1 << 20}, at::kFloat);  // 4 MiB
+  const int64_t allocations = cpu_memory_stats().allocations;
+  testing::expect_error<c10::OutOfMemoryError>([] { at::empty({(1 << 20) + 1}, at::kFloat); },
+                                               {"CPU out of memory", "4.00 MiB", "train.memory_limit"});
+  EXPECT_EQ(cpu_memory_stats().current_bytes, base + (4 << 20));
+  EXPECT_EQ(cpu_memory_stats().allocations, allocations);
+  at::Tensor more = at::empty({1 << 20}, at::kFloat);  // up to the limit exactly
+  EXPECT_EQ(cpu_memory_stats().current_bytes, base + (8 << 20));
+  set_cpu_memory_limit(0);
+  at::Tensor beyond = at::empty({1 << 20}, at::kFloat);
+  EXPECT_EQ(cpu_memory_stats().current_bytes, base + (12 << 20));
+}
+
 TEST(MemoryStats, CudaWithoutDeviceIsAClearError) {
   if (c10::impl::hasDeviceGuardImpl(c10::kCUDA) && at::hasCUDA()) GTEST_SKIP() << "a GPU is present";
   testing::expect_error<std::runtime_error>([] { cuda_memory_stats(0); }, {"device 0"});

@@ -175,8 +175,12 @@ struct TrainConfig {
   int64_t steps = 1000;       // optimizer steps
   int64_t batch_size = 8;     // samples per rank per micro-batch; kAutoBatch ("auto"): the largest the memory model
                               // predicts to fit memory_budget (train::plan_run)
-  std::string memory_budget;  // per rank, for batch_size auto ("30GiB"); empty: the GPU's memory, or on CPU half of
-                              // the machine's RAM shared by its ranks
+  std::string memory_budget;  // per rank, for batch_size auto ("30GiB"); empty: memory_limit, else the GPU's memory,
+                              // or on CPU half of the machine's RAM shared by its ranks
+  // A hard limit per rank ("40GiB"; empty: none): tensors beyond it fail with out-of-memory as on a full GPU. On
+  // CUDA the caching allocator's cap (torch.cuda.set_per_process_memory_fraction); on CPU the counting allocator
+  // refuses allocations above it — a smaller device rehearsed on a larger one.
+  std::string memory_limit;
   int64_t grad_accum = 1;     // micro-batches per optimizer step
   // Reduce gradients after every micro-batch, not only the last (Accelerate's sync_each_batch): with FSDP each
   // rank then accumulates sharded gradients instead of keeping every unit's full gradients until the last

@@ -36,6 +36,18 @@ inline constexpr const char* kProgressEnv = "SHARDTRAIN_PROGRESS";
 // What a worker exits with after it was asked to stop and saved its state (EX_TEMPFAIL: try again later).
 inline constexpr int kPreemptedExitCode = 75;
 
+// [Note: a smaller batch after an out-of-memory] What a worker exits with when the batch chosen for it
+// (train.batch_size: auto) ran out of memory before its first step completed. Its error file names the batch to
+// retry with (kRetryBatchKey in extraInfo); the launcher then restarts the whole group — not counted against
+// max_restarts, at most kMaxBatchRetries times — with kAutoBatchLimitEnv set to the smallest batch any worker
+// asked for. One node's launcher sees its own workers only: across nodes the other nodes' groups restart only
+// within their max_restarts, and the restarted ranks plan with the smallest limit any of them was given (the
+// trainer agrees on it before planning).
+inline constexpr int kOutOfMemoryExitCode = 76;
+inline constexpr const char* kRetryBatchKey = "retry_batch_size";
+inline constexpr const char* kAutoBatchLimitEnv = "SHARDTRAIN_AUTO_BATCH_LIMIT";
+inline constexpr int kMaxBatchRetries = 16;
+
 struct LaunchOptions {
   int nproc_per_node = 1;   // workers on this node
   int nnodes = 1;           // nodes in the job

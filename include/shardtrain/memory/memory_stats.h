@@ -23,6 +23,10 @@ bool cpu_memory_counter_installed();
 // Throws std::logic_error when the counter is not installed (rather than reporting zeros that look like data).
 MemoryStats cpu_memory_stats();
 void reset_cpu_peak();  // peak := current
+// A hard limit on the bytes this process's counted CPU tensors hold at once (0: none): an allocation that would
+// go above it throws c10::OutOfMemoryError naming both, as a full GPU's allocator does (train.memory_limit). Like
+// the counter, process-wide; throws std::logic_error when the counter is not installed.
+void set_cpu_memory_limit(int64_t bytes);
 
 // The CUDA caching allocator's allocated-bytes statistics for `device`. Throws std::runtime_error naming the
 // device when CUDA is not available (this build always compiles the path; it runs on a machine with a GPU).
@@ -30,5 +34,9 @@ MemoryStats cuda_memory_stats(int device);
 void reset_cuda_peak(int device);
 // The device's total memory in bytes (what train.batch_size: auto budgets with by default). Same errors.
 int64_t cuda_total_memory(int device);
+// Caps the caching allocator on `device` at `bytes` (as a fraction of the total: torch.cuda.
+// set_per_process_memory_fraction); allocations beyond it throw c10::OutOfMemoryError. Same errors, and
+// std::invalid_argument when `bytes` is not in (0, total].
+void set_cuda_memory_limit(int device, int64_t bytes);
 
 }  // namespace shardtrain::memory

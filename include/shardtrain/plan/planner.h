@@ -23,6 +23,7 @@
 #include <vector>
 
 #include "shardtrain/plan/memory_model.h"
+#include "shardtrain/plan/memory_size.h"
 
 namespace shardtrain::plan {
 
@@ -67,8 +68,5 @@ std::vector<PlannedConfig> plan_configurations(const models::ModelRecipe& recipe
 
 // A `shardtrain train` config for a planned configuration (model.flavor, or the config.json as model.from).
 std::string trainer_yaml(const std::string& model, const PlannedConfig& config);
-
-// Parses "40GiB", "80GB", "1.5TiB", "512MiB", or a byte count. Throws std::invalid_argument naming the text.
-int64_t parse_memory_size(const std::string& text);
 
 }  // namespace shardtrain::plan

@@ -15,6 +15,7 @@
 
 #include <cstdint>
 #include <map>
+#include <stdexcept>
 #include <string>
 
 #include "shardtrain/config/config.h"
@@ -36,17 +37,31 @@ struct TrainSummary {
 
 // The memory model's view of a run (`shardtrain train --dry-run`, and train.batch_size: auto): the job as the
 // memory model sees it, the predicted bytes per rank by term, and the batch. With batch_size auto, `config` comes
-// back with the largest batch predicted to fit train.memory_budget less a 10% margin, and `text` says why. Builds
-// the model's shapes only (meta device). Throws std::invalid_argument when even one sample does not fit.
+// back with the largest batch predicted to fit train.memory_budget less a 10% margin — at most `auto_batch_limit`
+// when that is > 0 (what an out-of-memory at a larger batch left) —, and `text` says why. Builds the model's shapes
+// only (meta device). Throws std::invalid_argument when even one sample does not fit.
 struct RunPlan {
   config::Config config;  // train.batch_size resolved
   std::string text;       // the plan, for the console
   int64_t peak_bytes = 0;  // predicted per rank
   std::string peak_phase;  // forward, backward or step
 };
-RunPlan plan_run(const config::Config& config);
+RunPlan plan_run(const config::Config& config, int64_t auto_batch_limit = 0);
 
-// Console output goes to `sink` (log::console_sink() for a terminal; null: none), filtered by log.level.
+// train.batch_size: auto chose a batch that ran out of memory (c10::OutOfMemoryError) before the run's first step
+// completed. train() retries by itself at half the batch when it is the only rank; with more ranks, where the
+// others wait in collectives this rank left, it throws this: the CLI records `retry_batch` in the launcher's error
+// file and exits with launch::kOutOfMemoryExitCode, and `shardtrain launch` restarts every rank with the batch
+// limited to it ([Note: a smaller batch after an out-of-memory] in launch/launch.h).
+class FirstStepOutOfMemory : public std::runtime_error {
+ public:
+  FirstStepOutOfMemory(const std::string& what, int64_t retry_batch)
+      : std::runtime_error(what), retry_batch(retry_batch) {}
+  int64_t retry_batch;  // per rank, at least 1
+};
+
+// Console output goes to `sink` (log::console_sink() for a terminal; null: none), filtered by log.level. With
+// train.batch_size: auto the batch is limited by launch::kAutoBatchLimitEnv when the launcher set it.
 TrainSummary train(const config::Config& config, std::shared_ptr<log::Sink> sink = nullptr);
 
 }  // namespace shardtrain::train
