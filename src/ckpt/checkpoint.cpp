@@ -132,10 +132,11 @@ std::string save_checkpoint(const std::string& dir, const TrainerState& given, c
     fsdp::save_sharded_state_dict(model.root, tmp + "/model", states);
   } else if (leader) {
     auto dict = new_dict();
-    for (const auto& [name, p] : named_parameters(*model.root)) dict.insert(name, p.detach().cpu());
-    for (const auto& b : model.root->named_buffers()) dict.insert(b.key(), b.value().detach().cpu());
+    // On their device: io::save_pickle copies one storage at a time to the host as it writes.
+    for (const auto& [name, p] : named_parameters(*model.root)) dict.insert(name, p.detach());
+    for (const auto& b : model.root->named_buffers()) dict.insert(b.key(), b.value().detach());
     for (const auto& [key, tensors] : states) {
-      for (const auto& [name, t] : tensors) dict.insert(name + "::" + key, t.tensor.detach().cpu());
+      for (const auto& [name, t] : tensors) dict.insert(name + "::" + key, t.tensor.detach());
     }
     io::save_pickle(tmp + "/model.pt", dict);
   }

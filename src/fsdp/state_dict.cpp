@@ -140,18 +140,20 @@ void save_sharded_state_dict(const std::shared_ptr<torch::nn::Module>& root, con
   const int64_t count = layout.shard_group->size(), shard = layout.shard_group->rank();
   if (layout.writer) {
     io::make_directories(dir);
+    // The shards as they are, on their device: io::save_pickle writes each storage once (a unit's flat shard holds
+    // its parameters' real rows), a device one through one host copy at a time.
     auto tensors = new_dict(), shapes = new_dict(), first_rows = new_dict();
     for (const auto& unit : layout.units) {
       for (const auto& p : unit->params) {
         const std::string& name = layout.name_of(p);
-        tensors.insert(name, p.real_shard().detach().to(at::kCPU));
+        tensors.insert(name, p.real_shard().detach());
         shapes.insert(name, p.declared_shape());
         first_rows.insert(name, p.shard_first_row());
         for (const auto& [entry_name, state] : states_of(states, name)) {
           const bool whole = state.split == optim::StateSplit::WHOLE;
           if (whole && shard != 0) continue;  // equal on every rank: shard 0 writes it
           const StatePart part = state_part(p, state, entry_name);
-          tensors.insert(entry_name, part.rows.detach().to(at::kCPU));
+          tensors.insert(entry_name, part.rows.detach());
           shapes.insert(entry_name, part.shape);
           first_rows.insert(entry_name, whole ? int64_t{0} : p.shard_first_row());
         }
@@ -159,11 +161,11 @@ void save_sharded_state_dict(const std::shared_ptr<torch::nn::Module>& root, con
     }
     if (shard == 0) {
       for (const auto& [name, t] : layout.whole) {
-        tensors.insert(name, t.detach().to(at::kCPU));
+        tensors.insert(name, t.detach());
         shapes.insert(name, t.sizes().vec());
         first_rows.insert(name, int64_t{0});
         for (const auto& [entry_name, state] : states_of(states, name)) {
-          tensors.insert(entry_name, state.tensor.detach().to(at::kCPU));
+          tensors.insert(entry_name, state.tensor.detach());
           shapes.insert(entry_name, state.tensor.sizes().vec());
           first_rows.insert(entry_name, int64_t{0});
         }

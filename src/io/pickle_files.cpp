@@ -40,7 +40,7 @@ c10::IValue load_pickle(const std::string& path) {
   try {
     caffe2::serialize::PyTorchStreamReader reader(path);
     return torch::jit::readArchiveAndTensors("data", /*pickle_prefix=*/"", /*tensor_prefix=*/"", std::nullopt,
-                                             std::nullopt, std::nullopt, reader);
+                                             std::nullopt, at::Device(at::kCPU), reader);
   } catch (const c10::Error& e) {
     throw std::runtime_error("cannot read " + path + " as a torch.save archive: " + e.what_without_backtrace());
   }

@@ -5,7 +5,8 @@
 //  - CPU offload keeps shards, gradients and optimizer state off the device (the caching allocator's peak);
 //  - a checkpointed layer with dropout replays the forward's CUDA random numbers;
 //  - float16 with loss scaling over NCCL, clip_grad_norm, and a sharded model loading from rank 0;
-//  - the optimizers' device steps (FusedAdamW's CUDA kernel, AnyPrecision AdamW's multi-tensor step).
+//  - the optimizers' device steps (FusedAdamW's CUDA kernel, AnyPrecision AdamW's multi-tensor step);
+//  - a sharded checkpoint written through the host one storage at a time, and loaded back.
 #include <ATen/cuda/CUDAContextLight.h>
 #include <gtest/gtest.h>
 #include <torch/torch.h>
@@ -18,6 +19,7 @@
 #include "shardtrain/distributed/env.h"
 #include "shardtrain/distributed/process_group.h"
 #include "shardtrain/fsdp/fully_shard.h"
+#include "shardtrain/fsdp/state_dict.h"
 #include "shardtrain/io/files.h"
 #include "shardtrain/memory/memory_stats.h"
 #include "shardtrain/models/blocks.h"
@@ -153,6 +155,37 @@ TEST(Cuda, OffloadKeepsShardsOffTheDevice) {
   const int64_t on_device = peak_of(false), offloaded = peak_of(true);
   std::cout << "CUDA peak above the baseline: on device " << on_device << " B, offloaded " << offloaded << " B\n";
   EXPECT_LT(offloaded + 150'000'000, on_device) << "offload left the model state on the device";
+}
+
+// A sharded checkpoint of a model on the device: written one storage at a time through the host (io::save_pickle),
+// so the host holds one block's shard at once, not the 67 MB model; it loads back onto the device equal.
+TEST(Cuda, CheckpointGoesThroughTheHostOneStorageAtATime) {
+  REQUIRE_CUDA();
+  memory::install_cpu_memory_counter();
+  auto sharded_stack = [](uint64_t seed) {
+    torch::manual_seed(seed);
+    auto root = std::make_shared<torch::nn::Module>();
+    for (int i = 0; i < 8; ++i) {
+      auto block = root->register_module("block" + std::to_string(i), std::make_shared<BigBlockImpl>());
+      block->to(kCuda);
+      fsdp::fully_shard(block, world());
+    }
+    return root;
+  };
+  const auto saved = sharded_stack(3);
+  const std::string dir = "/tmp/shardtrain-cuda-ckpt-" + std::to_string(::getppid());
+  memory::reset_cpu_peak();
+  const int64_t before = memory::cpu_memory_stats().current_bytes;
+  fsdp::save_sharded_state_dict(saved, dir);
+  const int64_t host = memory::cpu_memory_stats().peak_bytes - before;
+  std::cout << "host memory while saving 67 MB of shards: " << (host >> 20) << " MiB\n";
+  EXPECT_LT(host, 20'000'000) << "one block's flat shard (8.4 MB) at a time";
+  const auto loaded = sharded_stack(4);
+  fsdp::load_sharded_state_dict(loaded, dir);
+  const auto a = fsdp::gather_full_parameters(saved), b = fsdp::gather_full_parameters(loaded);
+  for (const auto& [name, value] : a) EXPECT_TRUE(torch::equal(b.at(name), value)) << name;
+  world().barrier().wait();
+  if (world().rank() == 0) io::remove_tree(dir);
 }
 
 TEST(Cuda, CheckpointReplaysDropoutOnTheDevice) {

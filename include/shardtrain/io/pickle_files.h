@@ -13,13 +13,15 @@ struct IValue;
 namespace shardtrain::io {
 
 // Writes `value` to `path` atomically (io::AtomicFile). Each tensor's storage is written as it is, a CPU one
-// without a copy (a device one through a CPU copy, one storage at a time); views of one storage share one record,
-// so a view writes all of its storage: give views of a larger buffer that the file should not hold as copies.
-// Loads with torch::pickle_load as well as with load_pickle. Throws std::runtime_error naming the path.
+// without a copy, a device one through a host copy of that storage alone (the host holds one storage at a time,
+// not the whole state); views of one storage share one record, so a view writes all of its storage: give views of
+// a larger buffer that the file should not hold as copies. Loads with torch::pickle_load as well as with
+// load_pickle. Throws std::runtime_error naming the path.
 void save_pickle(const std::string& path, const c10::IValue& value);
 
-// What save_pickle or torch::pickle_save wrote, each tensor read from the file into its own CPU storage. Throws
-// std::runtime_error naming the path when the file is missing or is not such an archive.
+// What save_pickle or torch::pickle_save wrote, each tensor read from the file into a CPU storage whatever device
+// it was saved from (torch.load's map_location="cpu"). Throws std::runtime_error naming the path when the file is
+// missing or is not such an archive.
 c10::IValue load_pickle(const std::string& path);
 
 }  // namespace shardtrain::io
