@@ -1,0 +1,32 @@
+#include "shardtrain/plan/memory_size.h"
+
+#include <algorithm>
+#include <cctype>
+#include <stdexcept>
+#include <utility>
+
+namespace shardtrain::plan {
+
+int64_t parse_memory_size(const std::string& text) {
+  size_t used = 0;
+  double value = 0;
+  try {
+    value = std::stod(text, &used);
+  } catch (const std::exception&) {
+    used = 0;
+  }
+  std::string unit = text.substr(used);
+  unit.erase(std::remove_if(unit.begin(), unit.end(), [](unsigned char ch) { return std::isspace(ch); }), unit.end());
+  std::transform(unit.begin(), unit.end(), unit.begin(), [](unsigned char ch) { return std::tolower(ch); });
+  const std::pair<const char*, double> units[] = {
+      {"", 1},       {"b", 1},          {"kb", 1e3},         {"mb", 1e6},           {"gb", 1e9},   {"tb", 1e12},
+      {"kib", 1024}, {"mib", 1048576.0}, {"gib", 1073741824.0}, {"tib", 1099511627776.0}, {"k", 1024}, {"m", 1048576.0},
+      {"g", 1073741824.0}, {"t", 1099511627776.0}};
+  for (const auto& [name, scale] : units) {
+    if (used > 0 && unit == name && value > 0) return static_cast<int64_t>(value * scale);
+  }
+  throw std::invalid_argument("memory size '" + text + "' (expected a positive number with a unit: 40GiB, 80GB, "
+                              "512MiB, or bytes)");
+}
+
+}  // namespace shardtrain::plan
