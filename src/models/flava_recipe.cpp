@@ -216,8 +216,14 @@ class FlavaRecipe : public FamilyRecipe<FlavaConfig, Flava> {
                            B * P + 4 * B * T * 8;
 
     ActivationBytes a;
-    // In forward order: each encoder twice (image, text), then the multimodal one.
-    for (int64_t tokens : {n, T, n, T}) add_transformer_layers(a, U, layer, B, tokens, 0, q);
+    // In forward order: the image encoder unmasked then masked, the text encoder likewise, the multimodal one.
+    for (int64_t tokens : {n, n, T, T}) {
+      add_transformer_layers(a, U, layer, B, tokens, 0, q);
+      const bool second = a.layers.size() % (2 * U) == 0;  // the masked pass: the same layers again
+      for (size_t l = a.layers.size() - static_cast<size_t>(U); l < a.layers.size(); ++l) {
+        (second ? a.layers[l].ran_before : a.layers[l].runs_again) = true;
+      }
+    }
     add_transformer_layers(a, M, layer, B, m, 0, q);
     a.outside_layers = inputs + 2 * (ut + ln(B * T)) + 2 * (ui + ln(B * n)) + ui + 2 * (ut + ln(B * T)) + ut +
                        2 * um + ln(B * m) + head(k_image) + head(k_text) + mim.kept + mlm.kept;

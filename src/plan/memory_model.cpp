@@ -4,6 +4,8 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <cstdint>
+#include <deque>
 #include <nlohmann/json.hpp>
 #include <numeric>
 #include <set>
@@ -75,20 +77,30 @@ std::string mib(int64_t bytes) {
 
 // DDP's buckets (ddp::replicate): the trainable tensors in reverse registration order (backward's), a bucket closed
 // once it holds `cap` bytes or more — so one may hold up to cap plus a tensor. Bytes per bucket, in launch order.
-std::vector<int64_t> ddp_bucket_bytes(const std::vector<int64_t>& numel_in_order, int64_t element_bytes, int64_t cap) {
+// `first_blocked`: the first bucket holding a parameter the step gives no gradient (without_gradient, parallel to
+// numel_in_order), ready only at the end of backward (ddp::replicate's finish_backward); buckets.size() if none.
+std::vector<int64_t> ddp_bucket_bytes(const std::vector<int64_t>& numel_in_order,
+                                      const std::vector<char>& without_gradient, int64_t element_bytes, int64_t cap,
+                                      size_t& first_blocked) {
   std::vector<int64_t> buckets;
-  for (auto n = numel_in_order.rbegin(); n != numel_in_order.rend(); ++n) {
+  first_blocked = SIZE_MAX;
+  for (size_t k = numel_in_order.size(); k-- > 0;) {
     if (buckets.empty() || buckets.back() >= cap) buckets.push_back(0);
-    buckets.back() += *n * element_bytes;
+    buckets.back() += numel_in_order[k] * element_bytes;
+    if (k < without_gradient.size() && without_gradient[k]) {
+      first_blocked = std::min(first_blocked, buckets.size() - 1);
+    }
   }
+  first_blocked = std::min(first_blocked, buckets.size());
   return buckets;
 }
 
 // Bytes of DDP's buckets in flight once `done` bytes of gradients are made: the last two complete (two at most
-// are all-reduced at once; an earlier one is waited for, and its copy dropped, when a third starts).
-int64_t ddp_in_flight(const std::vector<int64_t>& buckets, int64_t done) {
+// are all-reduced at once; an earlier one is waited for, and its copy dropped, when a third starts). They start in
+// order: none from the first blocked one on (ddp_bucket_bytes) before the end of backward.
+int64_t ddp_in_flight(const std::vector<int64_t>& buckets, int64_t done, size_t first_blocked) {
   size_t complete = 0;
-  for (int64_t sum = 0; complete < buckets.size() && sum + buckets[complete] <= done; ++complete) {
+  for (int64_t sum = 0; complete < first_blocked && sum + buckets[complete] <= done; ++complete) {
     sum += buckets[complete];
   }
   int64_t bytes = 0;
@@ -133,8 +145,11 @@ ModelShape model_shape(const models::ModelRecipe& recipe) {
     });
   };
   TensorSet listed;
+  std::vector<const c10::TensorImpl*> trainable_order;
   each_new_parameter(*root, listed, [&](const at::Tensor& p) {
-    if (p.requires_grad()) shape.trainable_in_order.push_back(p.numel());
+    if (!p.requires_grad()) return;
+    shape.trainable_in_order.push_back(p.numel());
+    trainable_order.push_back(p.unsafeGetTensorImpl());
   });
   const std::vector<std::string> extra = recipe.extra_unit_classes();
   const models::ModelRecipe::EdgeUnits edges = recipe.edge_unit_classes();
@@ -188,6 +203,7 @@ ModelShape model_shape(const models::ModelRecipe& recipe) {
     });
   }
   shape.root_without_gradient = std::min(shape.root_without_gradient, shape.root_trainable);
+  for (const c10::TensorImpl* p : trainable_order) shape.without_gradient_in_order.push_back(left_out_seen.count(p));
   TensorSet lookups_seen;
   for (const auto& m : root->modules(/*include_self=*/false)) {
     if (dynamic_cast<const models::LookupModule*>(m.get()) == nullptr) continue;
@@ -337,13 +353,20 @@ MemoryEstimate estimate_training_memory(const models::ModelRecipe& recipe, const
   const bool overlap = job.cuda;
   // (With gradient_as_bucket_view the buckets are the gradients.)
   const bool ddp_buckets = job.strategy == Strategy::kDdp && job.world > 1 && !job.gradient_as_bucket_view;
+  size_t first_blocked = 0;
   const std::vector<int64_t> buckets =
-      ddp_buckets ? ddp_bucket_bytes(shape.trainable_in_order, pe,
-                                     static_cast<int64_t>(job.bucket_cap_mb * 1024 * 1024))
+      ddp_buckets ? ddp_bucket_bytes(shape.trainable_in_order, shape.without_gradient_in_order, pe,
+                                     static_cast<int64_t>(job.bucket_cap_mb * 1024 * 1024), first_blocked)
                   : std::vector<int64_t>{};
   int64_t comm = 0;
   if (ddp_buckets) {
-    comm = ddp_in_flight(buckets, std::accumulate(buckets.begin(), buckets.end(), int64_t{0}));  // the last two
+    // At the end the last two; where buckets waited for the end, they start then one after another, each once the
+    // one two before it is done: the largest two neighbours.
+    comm = ddp_in_flight(buckets, std::accumulate(buckets.begin(), buckets.end(), int64_t{0}), buckets.size());
+    for (size_t k = std::max<size_t>(first_blocked, 1); k < buckets.size(); ++k) {
+      comm = std::max(comm, buckets[k - 1] + buckets[k]);
+    }
+    if (first_blocked < buckets.size()) comm = std::max(comm, buckets[first_blocked]);
   } else if (reduces && overlap) {
     comm = reduce_scatter(largest_layer_trainable);
   }
@@ -438,13 +461,25 @@ MemoryEstimate estimate_training_memory(const models::ModelRecipe& recipe, const
   };
   auto walk_numel = [&](int64_t i) { return walk_unit(units.numel, largest_layer, i); };
   const std::vector<models::BackwardMoment> every_gradient_at_once = {{0, -1}};  // a layer stating no moments
-  int64_t above_numel = 0, above_shards = 0;  // the layers done: all their parameters, and their shards'
-  int64_t below_kept = kept_by_layers;         // what the layers not done yet keep, this one's included
+  int64_t above_numel = 0;  // the parameters of the layers done (their units complete)
+  int64_t grad_shards = 0;  // the gradient elements the layers walked have made (a layer run twice: once)
+  int64_t below_kept = kept_by_layers;  // what the layers not done yet keep, this one's included
+  // [Parameters run twice] A layer's second run (LayerActivations::ran_before) is walked first: its unit's gradients
+  // wait, partial, in autograd's buffers — no reduction, no DDP bucket, the unit still gathered — until its first
+  // run's backward adds into them and completes them (its AccumulateGrad runs once, then). The units waiting, in
+  // the order they complete (the last layer's second run pairs with its first).
+  std::deque<int64_t> waiting;
+  int64_t waiting_numel = 0;
   for (int64_t i = 1; i <= layers; ++i) {
     const models::LayerActivations& layer = act.layers[layers - i];
     below_kept -= layer_kept[layers - i];
-    if (i > 1) above_numel += walk_numel(i - 1), above_shards += ceil_div(walk_numel(i - 1), shard);
-    const int64_t layer_i = gathers ? walk_numel(i) * ce : 0;
+    // (One unit for the whole model: it is gathered, and its gradients grow, throughout.)
+    const bool pairs = job.wrap != Wrap::kNone;
+    const bool runs_again = pairs && layer.runs_again, ran_before = pairs && layer.ran_before;
+    const bool next_waits = pairs && i < layers && act.layers[layers - i - 1].runs_again;  // already gathered
+    const int64_t layer_i = gathers && !runs_again ? walk_numel(i) * ce : 0;  // waiting: counted there
+    const int64_t waiting_g = gathers && reshard ? waiting_numel * ce : 0;
+    const int64_t waiting_grads = reduces ? waiting_numel * ce : 0;
     // Gradients not reduced unit by unit (one rank, DDP) are .grad from the moment they are made: the head's (the
     // root's and an output edge unit's) first, then the layers' done. (One unit for the whole model: they grow
     // layer by layer.)
@@ -453,14 +488,14 @@ MemoryEstimate estimate_training_memory(const models::ModelRecipe& recipe, const
         reduces ? 0
         : job.wrap == Wrap::kNone ? new_grads * (i - 1) / layers
                                   : (root_trainable - root_input_side + units.output_trainable) * pe;
-    const int64_t done = above_shards * pe + unreduced_head;
+    const int64_t done = grad_shards * pe + unreduced_head;
     // Without resharding after forward every layer is still gathered until its own backward is done (the output
     // edge unit resharded after its own, the input one gathered to the end). The first layer prefetches the input
     // edge unit where there is one.
-    const int64_t next = i < layers || in_g == 0 ? (gathers ? walk_numel(i + 1) * ce : 0) : in_g;
+    const int64_t next = next_waits ? 0 : i < layers || in_g == 0 ? (gathers ? walk_numel(i + 1) * ce : 0) : in_g;
     const int64_t above_g = gathers ? above_numel * ce : 0;
     const int64_t gathered =
-        reshard ? root_g + layer_i + next : std::max<int64_t>(all_g - out_g - above_g, root_g + in_g);
+        reshard ? root_g + layer_i + next + waiting_g : std::max<int64_t>(all_g - out_g - above_g, root_g + in_g);
     // One unit for the whole model: its full gradients grow layer by layer; else the root's (heads) are there first.
     const int64_t root_grads_at_i = job.wrap == Wrap::kNone
                                         ? root_full_grads * (i - 1) / layers
@@ -474,32 +509,46 @@ MemoryEstimate estimate_training_memory(const models::ModelRecipe& recipe, const
     for (const models::BackwardMoment& moment : layer.backward.empty() ? every_gradient_at_once : layer.backward) {
       const int64_t made = moment.gradient_elements < 0 ? walk_numel(i)
                                                         : std::min(moment.gradient_elements, walk_numel(i));
-      const int64_t layer_full_grads = reduces ? made * ce : 0;
+      const int64_t layer_full_grads = (reduces ? made * ce : 0) + waiting_grads;
       const int64_t done_now = done + (reduces ? 0 : made * pe);
       const int64_t grads_so_far = std::min(done_now, new_grads);  // those accumulated in place are in `base`
       // The reduction in flight is the layer above's: none while the last layer computes. DDP's: the buckets its
-      // gradients so far have filled, two at most (a tied table's is ready only at the end, whatever it holds).
-      const int64_t ready = std::max<int64_t>(0, done_now - shape.tied_tables * pe);
-      const int64_t in_flight = ddp_buckets ? ddp_in_flight(buckets, ready)
+      // gradients so far have filled, two at most (a tied table's is ready only at the end, whatever it holds;
+      // a unit run twice only once both runs' are in).
+      const int64_t unready = waiting_numel + (ran_before || runs_again ? made : 0);
+      const int64_t ready = std::max<int64_t>(0, done_now - shape.tied_tables * pe - (reduces ? 0 : unready * pe));
+      const int64_t in_flight = ddp_buckets ? ddp_in_flight(buckets, ready, first_blocked)
                                 : i > 1     ? comm
                                             : 0;
       candidate(gathered + in_flight + layer_full_grads + root_grads_at_i + below + own + replay + moment.transient +
                     grads_so_far + tied_held,
                 gathered, in_flight, layer_full_grads, root_grads_at_i, std::max<int64_t>(0, moment.transient));
     }
+    if (!runs_again) grad_shards += ceil_div(walk_numel(i), shard);
+    if (ran_before) {  // waits for its first run: no reduction yet
+      waiting.push_back(walk_numel(i)), waiting_numel += walk_numel(i);
+      continue;
+    }
+    if (runs_again && !waiting.empty()) waiting_numel -= waiting.front(), waiting.pop_front();
+    above_numel += walk_numel(i);
     const int64_t grads_so_far = std::min(done, new_grads);
     // The layer's reduction: its full gradients copied into the flat input, all of them alive while that is
     // allocated (each is dropped once copied), the layer resharded and the next layer's gather issued. Waited for at
     // once (Gloo), the reduction is a moment of its own: input, output and receive buffers (on the CPU, bf16's
     // float32 sum is the most).
     if (reduces && job.wrap != Wrap::kNone) {
+      // The units still waiting for their first runs stay gathered, their partial gradients alive.
+      const int64_t waiting_full = waiting_numel * ce, waiting_gathered = gathers && reshard ? waiting_full : 0;
       const int64_t rs_gathered =
-          reshard ? root_g + next : std::max<int64_t>(all_g - out_g - above_g - layer_i, root_g + in_g);
+          reshard ? root_g + next + waiting_gathered
+                  : std::max<int64_t>(all_g - out_g - above_g - (gathers ? walk_numel(i) * ce : 0), root_g + in_g);
       const int64_t trainable_i = walk_unit(units.trainable, largest_layer_trainable, i);
-      const int64_t rest = rs_gathered + root_grads_at_i + below + grads_so_far + tied_held;
-      candidate(rest + trainable_i * rd + trainable_i * ce, rs_gathered, trainable_i * rd, trainable_i * ce,
-                root_grads_at_i, 0);
-      if (!overlap) candidate(rest + reduction(trainable_i), rs_gathered, reduction(trainable_i), 0, root_grads_at_i, 0);
+      const int64_t rest = rs_gathered + waiting_full + root_grads_at_i + below + grads_so_far + tied_held;
+      candidate(rest + trainable_i * rd + trainable_i * ce, rs_gathered, trainable_i * rd,
+                trainable_i * ce + waiting_full, root_grads_at_i, 0);
+      if (!overlap) {
+        candidate(rest + reduction(trainable_i), rs_gathered, reduction(trainable_i), waiting_full, root_grads_at_i, 0);
+      }
     }
   }
   // The end: the root's gradients complete (a tied table's lookups add their rows into its head's gradient in

@@ -91,6 +91,7 @@ struct ModelShape {
   std::vector<int64_t> trainable_in_order;  // each trainable tensor's elements, in registration order (DDP's buckets)
   // Trainable root parameters no gradient reaches in the step the model walks (Task::modules_without_gradient).
   int64_t root_without_gradient = 0;
+  std::vector<char> without_gradient_in_order;  // 1 for those, parallel to trainable_in_order
   // Trainable elements of the tables a lookup and the head share (ModelRecipe::tied_tables).
   int64_t tied_tables = 0;
   // Trainable root elements registered before the first layer, not tied (the embeddings'): their gradients come
