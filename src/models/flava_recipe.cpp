@@ -195,7 +195,8 @@ class FlavaRecipe : public FamilyRecipe<FlavaConfig, Flava> {
   //   heads       MIM and MLM on the masked positions of the matching pairs only: each keeps four (K, d) tensors
   //               and log-softmax's (K, classes)
   // Before the encoders the frozen codebook turns the matching pairs' codebook pixels into MIM targets without
-  // autograd: its first group holds about four (rows, hidden, 8 * side, 8 * side) tensors at once.
+  // autograd: its first group holds about four (rows, hidden, 8 * side, 8 * side) tensors at once; on the CPU its
+  // last group's convolutions two copies of their weight.
   ActivationBytes activation_bytes(const ActivationQuery& q) const override {
     const FlavaConfig& c = config();
     const int64_t e = element_size(q), d = c.dim, B = q.batch;
@@ -229,7 +230,11 @@ class FlavaRecipe : public FamilyRecipe<FlavaConfig, Flava> {
                        2 * um + ln(B * m) + head(k_image) + head(k_text) + mim.kept + mlm.kept;
     a.loss_kept = mim.kept + mlm.kept;
     const int64_t codebook_rows = std::max<int64_t>(1, std::llround(positives));
-    a.start_transient = 4 * codebook_rows * c.codebook.hidden_size * codebook_side * codebook_side * e;
+    // Late in the codebook, on the CPU, oneDNN's convolution holds two copies of a 3x3 weight while it runs (a
+    // contiguous clone and its own reordered one; traced 2026-11-25): the last group's, 8h x 2h x 3 x 3, the
+    // largest, outweighs the first group's activations at these few rows.
+    const int64_t h = c.codebook.hidden_size, conv_copies = q.cuda ? 0 : 2 * (8 * h) * (2 * h) * 9 * e;
+    a.start_transient = std::max(4 * codebook_rows * h * codebook_side * codebook_side * e, conv_copies);
     a.backward_transient = mim.backward_transient + mlm.backward_transient;
     return a;
   }
