@@ -220,7 +220,7 @@ class FlavaRecipe : public FamilyRecipe<FlavaConfig, Flava> {
     // In forward order: the image encoder unmasked then masked, the text encoder likewise, the multimodal one.
     for (int64_t tokens : {n, n, T, T}) {
       add_transformer_layers(a, U, layer, B, tokens, 0, q);
-      const bool second = a.layers.size() % (2 * U) == 0;  // the masked pass: the same layers again
+      const bool second = U > 0 && a.layers.size() % (2 * U) == 0;  // the masked pass: the same layers again
       for (size_t l = a.layers.size() - static_cast<size_t>(U); l < a.layers.size(); ++l) {
         (second ? a.layers[l].ran_before : a.layers[l].runs_again) = true;
       }
