@@ -218,11 +218,11 @@ class FlavaRecipe : public FamilyRecipe<FlavaConfig, Flava> {
 
     ActivationBytes a;
     // In forward order: the image encoder unmasked then masked, the text encoder likewise, the multimodal one.
-    for (int64_t tokens : {n, n, T, T}) {
-      add_transformer_layers(a, U, layer, B, tokens, 0, q);
-      const bool second = U > 0 && a.layers.size() % (2 * U) == 0;  // the masked pass: the same layers again
+    for (int pass = 0; pass < 4; ++pass) {
+      add_transformer_layers(a, U, layer, B, pass < 2 ? n : T, 0, q);
+      const bool masked = pass % 2 == 1;  // the same layers again
       for (size_t l = a.layers.size() - static_cast<size_t>(U); l < a.layers.size(); ++l) {
-        (second ? a.layers[l].ran_before : a.layers[l].runs_again) = true;
+        (masked ? a.layers[l].ran_before : a.layers[l].runs_again) = true;
       }
     }
     add_transformer_layers(a, M, layer, B, m, 0, q);

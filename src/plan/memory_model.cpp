@@ -470,11 +470,10 @@ MemoryEstimate estimate_training_memory(const models::ModelRecipe& recipe, const
   // the order they complete (the last layer's second run pairs with its first).
   std::deque<int64_t> waiting;
   int64_t waiting_numel = 0;
+  const bool pairs = job.wrap != Wrap::kNone;  // (one unit for the whole model: gathered, its gradients growing)
   for (int64_t i = 1; i <= layers; ++i) {
     const models::LayerActivations& layer = act.layers[layers - i];
     below_kept -= layer_kept[layers - i];
-    // (One unit for the whole model: it is gathered, and its gradients grow, throughout.)
-    const bool pairs = job.wrap != Wrap::kNone;
     const bool runs_again = pairs && layer.runs_again, ran_before = pairs && layer.ran_before;
     const bool next_waits = pairs && i < layers && act.layers[layers - i - 1].runs_again;  // already gathered
     const int64_t layer_i = gathers && !runs_again ? walk_numel(i) * ce : 0;  // waiting: counted there
