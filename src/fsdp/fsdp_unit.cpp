@@ -29,6 +29,37 @@ void accumulate_grad(at::Tensor& grad, at::Tensor g) {
   }
 }
 
+// [Note: a unit called twice]
+// A unit may be called more than once in a forward: FLAVA runs its image and text encoders unmasked (for the
+// contrastive loss) and masked (for the rest), every encoder layer twice. Autograd sums a parameter's
+// contributions from both calls before its AccumulateGrad runs, once, in the backward of the call that ran first;
+// so the backward of the later call leaves the unit's gradients partial, in the engine's buffers, and the unit's
+// reduction waits. Kept gathered until then, an encoder's layers were all gathered at once between the two
+// backwards (at 10B, 64 layers of 59M parameters: 7.5 GB in bf16 beside the 7.5 GB of partial gradients). As
+// FSDP2 does, the unit reshards when a call's backward is done and no gradient of it is complete yet, and gathers
+// again when the next call's backward starts: one all-gather more per extra call, one unit gathered at a time.
+// A call's backward is done when its inputs' gradients leave it: CallEndNode, an identity placed on the inputs
+// that require a gradient. Autograd's engine runs, of the nodes ready, the most recently created first, and an
+// AccumulateGrad before any other, so by the time the node runs every node of the call has — an AccumulateGrad
+// completed by this call among them (then the unit is reduced already, and nothing is left to do). A call whose
+// inputs need no gradient never reports its end; while one runs, nothing reshards.
+
+// Identity on a call's inputs that require a gradient; its backward reports the call's end to the unit.
+class CallEndNode : public torch::autograd::Node {
+ public:
+  CallEndNode(std::weak_ptr<FsdpUnit::Impl> unit, std::shared_ptr<CallBackward> call)
+      : unit_(std::move(unit)), call_(std::move(call)) {}
+  std::string name() const override { return "fully_shard::CallEnd"; }
+  torch::autograd::variable_list apply(torch::autograd::variable_list&& grads) override {
+    if (auto u = unit_.lock()) u->on_input_gradient(*call_);
+    return std::move(grads);
+  }
+
+ private:
+  std::weak_ptr<FsdpUnit::Impl> unit_;
+  std::shared_ptr<CallBackward> call_;
+};
+
 }  // namespace
 
 const char* training_state_name(TrainingState s) {
@@ -43,23 +74,26 @@ const char* training_state_name(TrainingState s) {
 
 // ---- RootState ----
 
-std::shared_ptr<FsdpUnit::Impl> RootState::next_after(const std::vector<std::weak_ptr<FsdpUnit::Impl>>& order,
-                                                     const FsdpUnit::Impl* unit, int offset) {
+int64_t RootState::record_call(std::vector<std::weak_ptr<FsdpUnit::Impl>>& order,
+                               const std::shared_ptr<FsdpUnit::Impl>& unit) {
+  if (order.size() >= 64 * units.size()) return -1;
+  order.push_back(unit);
+  return static_cast<int64_t>(order.size()) - 1;
+}
+
+int64_t RootState::calls_of(const std::vector<std::weak_ptr<FsdpUnit::Impl>>& order, const FsdpUnit::Impl* unit) {
+  return std::count_if(order.begin(), order.end(), [unit](const auto& weak) { return weak.lock().get() == unit; });
+}
+
+std::shared_ptr<FsdpUnit::Impl> RootState::after_call(const std::vector<std::weak_ptr<FsdpUnit::Impl>>& order,
+                                                     const FsdpUnit::Impl* unit, int64_t occurrence, int offset) {
   for (size_t i = 0; i < order.size(); ++i) {
-    if (order[i].lock().get() != unit) continue;
+    if (order[i].lock().get() != unit || occurrence-- > 0) continue;
     const int64_t j = static_cast<int64_t>(i) + offset;
     if (j < 0 || j >= static_cast<int64_t>(order.size())) return nullptr;
     return order[j].lock();
   }
   return nullptr;
-}
-
-void RootState::record(std::vector<std::weak_ptr<FsdpUnit::Impl>>& order,
-                      const std::shared_ptr<FsdpUnit::Impl>& unit) {
-  for (const auto& known : order) {
-    if (known.lock() == unit) return;
-  }
-  order.push_back(unit);
 }
 
 int64_t RootState::pending_gathers() const {
@@ -99,6 +133,7 @@ void RootState::finish_backward() {
   for (const auto& weak : units) {
     if (auto u = weak.lock()) live.push_back(std::move(u));
   }
+  for (auto& u : live) u->calls = u->calls_in_backward = u->calls_done = 0;
   // Two passes so that the replicate all-reduces of all units are in flight together.
   for (auto& u : live) u->finish_reduction();
   for (auto& u : live) u->install_gradients();
@@ -253,12 +288,26 @@ std::vector<at::Tensor> FsdpUnit::Impl::gather_full_values() const {
   return full;
 }
 
-void FsdpUnit::Impl::prefetch(bool backward) {
-  // Backward runs the units in the reverse of the order their forwards ended in.
-  const auto& order = backward ? schedule->post_forward_order : schedule->forward_order;
-  const int ahead = backward ? 1 : options.forward_prefetch;
-  for (int k = 1; k <= ahead; ++k) {
-    std::shared_ptr<FsdpUnit::Impl> next = RootState::next_after(order, this, backward ? -k : k);
+// Backward runs the calls in the reverse of the order they ended in: the call that ended before the one whose
+// backward runs now is next (FSDP2 too keeps each call's place, so that a unit called twice prefetches what
+// precedes each of its calls).
+void FsdpUnit::Impl::prefetch_backward() {
+  const auto& order = schedule->post_forward_order;
+  const int64_t before = backward_call_index - 1;
+  if (backward_call_forward != schedule->forwards || before < 0 || before >= static_cast<int64_t>(order.size())) return;
+  gather_ahead({order[before].lock()});
+}
+
+void FsdpUnit::Impl::prefetch_forward(int64_t occurrence) {
+  std::vector<std::shared_ptr<FsdpUnit::Impl>> ahead;
+  for (int k = 1; k <= options.forward_prefetch; ++k) {
+    ahead.push_back(RootState::after_call(schedule->forward_order, this, occurrence, k));
+  }
+  gather_ahead(ahead);
+}
+
+void FsdpUnit::Impl::gather_ahead(const std::vector<std::shared_ptr<FsdpUnit::Impl>>& ahead) {
+  for (const std::shared_ptr<FsdpUnit::Impl>& next : ahead) {
     if (!next) break;
     if (next->state == ShardState::UNSHARDED || next->pending_gather) continue;
     if (options.limit_all_gathers && schedule->pending_gathers() >= 1) break;
@@ -266,13 +315,40 @@ void FsdpUnit::Impl::prefetch(bool backward) {
   }
 }
 
-void FsdpUnit::Impl::on_output_gradient() {
+void FsdpUnit::Impl::on_output_gradient(CallBackward& call) {
   schedule->queue_backward_callback();
-  if (training == TrainingState::PRE_BACKWARD || training == TrainingState::POST_BACKWARD) return;
-  unshard();
-  set_training(TrainingState::PRE_BACKWARD);
-  gradients_ready = 0;
-  if (options.backward_prefetch == BackwardPrefetch::BACKWARD_PRE) prefetch(/*backward=*/true);
+  if (!call.started) {
+    call.started = true;
+    ++calls_in_backward;
+  }
+  backward_call_index = call.post_forward_index;  // where backward prefetch looks from
+  backward_call_forward = call.forward;
+  if (training == TrainingState::POST_BACKWARD) return;
+  if (training == TrainingState::PRE_BACKWARD) {
+    if (state == ShardState::UNSHARDED) return;
+    unshard();  // resharded after another call's backward (on_input_gradient): gathered again for this one's
+  } else {
+    unshard();
+    set_training(TrainingState::PRE_BACKWARD);
+    gradients_ready = 0;
+  }
+  if (options.backward_prefetch == BackwardPrefetch::BACKWARD_PRE) prefetch_backward();
+}
+
+void FsdpUnit::Impl::on_input_gradient(CallBackward& call) {
+  if (!call.started || call.done) return;
+  call.done = true;
+  --calls_in_backward;
+  ++calls_done;
+  // [Note: a unit called twice]: between two calls' backwards, with no gradient complete (one that is would be
+  // lost to the shards' .grad put back) and another call's backward still to come.
+  const bool between_calls = training == TrainingState::PRE_BACKWARD && state == ShardState::UNSHARDED &&
+                             gradients_ready == 0 && calls_in_backward == 0 && calls_done < calls;
+  if (!between_calls || shards_are_full() || stays_unsharded_after_backward()) return;
+  RECORD_USER_SCOPE("FSDP::reshard_between_calls");
+  reshard();
+  ++schedule->stats.reshards_between_calls;
+  if (options.backward_prefetch == BackwardPrefetch::BACKWARD_POST) prefetch_backward();
 }
 
 void FsdpUnit::Impl::on_parameter_gradient(size_t index) {
@@ -372,7 +448,7 @@ void FsdpUnit::Impl::max_over_ranks(at::Tensor& flags) const {
 
 void FsdpUnit::Impl::after_reduce_scatter(TrainingState next) {
   set_training(next);
-  if (options.backward_prefetch == BackwardPrefetch::BACKWARD_POST) prefetch(/*backward=*/true);
+  if (options.backward_prefetch == BackwardPrefetch::BACKWARD_POST) prefetch_backward();
 }
 
 void FsdpUnit::Impl::finish_reduction() {
@@ -470,14 +546,36 @@ nn::TensorVec FsdpInterceptor::around(torch::nn::Module& /*module*/, nn::TensorV
   // gather, in backward, a layer that did not run.
   if (schedule.root == &u) {
     schedule.post_forward_order.clear();
+    ++schedule.forwards;
     schedule.forward_order = std::move(schedule.running_forward_order);
     schedule.running_forward_order.clear();
     schedule.drop_unused_prefetches();  // after a forward without backward (evaluation)
   }
-  RootState::record(schedule.running_forward_order, unit_);
+  const int64_t occurrence = RootState::calls_of(schedule.running_forward_order, &u);  // this call is the unit's
+  schedule.record_call(schedule.running_forward_order, unit_);
   u.unshard();
   u.set_training(TrainingState::FORWARD);
-  if (u.options.forward_prefetch > 0) u.prefetch(/*backward=*/false);
+  if (u.options.forward_prefetch > 0) u.prefetch_forward(occurrence);
+  // This call's backward, as the hooks on its outputs and the node on its inputs see it.
+  std::shared_ptr<CallBackward> call;
+  if (at::GradMode::is_enabled() && !u.params.empty()) {
+    call = std::make_shared<CallBackward>();
+    ++u.calls;
+    std::vector<at::Tensor*> tracked;
+    for (auto& in : inputs) {
+      if (in.defined() && in.requires_grad()) tracked.push_back(&in);
+    }
+    if (!tracked.empty()) {
+      auto node = std::shared_ptr<CallEndNode>(new CallEndNode(unit_, call), torch::autograd::deleteNode);
+      torch::autograd::variable_list sources;
+      for (at::Tensor* in : tracked) sources.push_back(*in);
+      node->set_next_edges(torch::autograd::collect_next_edges(sources));
+      for (at::Tensor* in : tracked) {
+        *in = in->detach();  // the same values and version counter, its gradient through the node
+        torch::autograd::create_gradient_edge(*in, node);
+      }
+    }
+  }
   const MixedPrecision& mp = u.options.mixed_precision;
   if (mp.cast_forward_inputs) {
     for (auto& in : inputs) in = cast_if_floating(in, mp.param_dtype);
@@ -485,7 +583,11 @@ nn::TensorVec FsdpInterceptor::around(torch::nn::Module& /*module*/, nn::TensorV
   nn::TensorVec outputs = next(std::move(inputs));
   // A unit whose forward ran without grad mode (FLAVA's frozen codebook) has no backward: gathering it there
   // would only hold it until the end of backward.
-  if (at::GradMode::is_enabled()) RootState::record(schedule.post_forward_order, unit_);
+  if (at::GradMode::is_enabled()) {
+    if (!call) call = std::make_shared<CallBackward>();  // a unit without parameters: nothing is counted
+    call->post_forward_index = schedule.record_call(schedule.post_forward_order, unit_);
+    call->forward = schedule.forwards;
+  }
   // Without grad mode no backward follows to reshard the unit, so it reshards now whatever the strategy (the
   // optimizer must never see full parameters). The root stays gathered for the backward that starts right after
   // its forward, as in FSDP2: resharding it would only gather it again at once, holding the gathered buffer and
@@ -502,8 +604,8 @@ nn::TensorVec FsdpInterceptor::around(torch::nn::Module& /*module*/, nn::TensorV
     std::weak_ptr<FsdpUnit::Impl> weak = unit_;
     for (auto& out : outputs) {
       if (!out.defined() || !out.requires_grad()) continue;
-      out.register_hook([weak](const at::Tensor&) {
-        if (auto locked = weak.lock()) locked->on_output_gradient();
+      out.register_hook([weak, call](const at::Tensor&) {
+        if (auto locked = weak.lock()) locked->on_output_gradient(*call);
       });
     }
   }

@@ -21,10 +21,12 @@ namespace shardtrain::fsdp {
 //   IDLE -> PRE_BACKWARD -> POST_BACKWARD -> IDLE  a backward with gradient sync
 //   PRE_BACKWARD -> IDLE                           a backward without sync (no_sync), or a unit without parameters
 // and throws std::logic_error naming the unit and both states otherwise.
+// A unit called more than once in a forward ([Note: a unit called twice] in fsdp_unit.cpp) stays PRE_BACKWARD from
+// its first call's backward to its last, SHARDED between them.
 enum class TrainingState {
   IDLE,           // between steps, or forward done
   FORWARD,        // inside the unit's forward
-  PRE_BACKWARD,   // gathered for backward, waiting for its gradients
+  PRE_BACKWARD,   // gathered for backward (or between two calls' backwards), waiting for its gradients
   POST_BACKWARD,  // gradients reduce-scattered (in flight), waiting for the end of backward
 };
 
@@ -35,12 +37,17 @@ const char* training_state_name(TrainingState s);
 // them into its own schedule. Holds units weakly: modules own their units.
 struct RootState : std::enable_shared_from_this<RootState> {
   std::vector<std::weak_ptr<FsdpUnit::Impl>> units;         // registration order, the root last
-  // Pre-forward order of the previous forward (forward prefetch follows it: none in the first) and of the one
-  // running. A model whose path changes (FLAVA's batch kinds, Toy's active_blocks) is followed from the next
-  // forward on; a unit it gathered ahead and did not run is dropped as backward starts (drop_unused_prefetches).
+  // The calls in pre-forward order of the previous forward (forward prefetch follows it: none in the first) and of
+  // the one running; a unit called twice is there twice. A model whose path changes (FLAVA's batch kinds, Toy's
+  // active_blocks) is followed from the next forward on; a unit it gathered ahead and did not run is dropped as
+  // backward starts (drop_unused_prefetches).
   std::vector<std::weak_ptr<FsdpUnit::Impl>> forward_order;
   std::vector<std::weak_ptr<FsdpUnit::Impl>> running_forward_order;
-  std::vector<std::weak_ptr<FsdpUnit::Impl>> post_forward_order;  // of the latest forward, units with a backward
+  // The calls of the latest forward that have a backward, in the order they ended (a unit called twice is there
+  // twice): backward prefetch follows it in reverse. `forwards` counts the root's forwards, so that a call of an
+  // earlier forward does not read this one's order.
+  std::vector<std::weak_ptr<FsdpUnit::Impl>> post_forward_order;
+  int64_t forwards = 0;
   const FsdpUnit::Impl* root = nullptr;
   bool backward_callback_queued = false;
   // The unit whose reduce-scatter is in flight: waited for when the next one is issued, so one runs during the
@@ -51,10 +58,14 @@ struct RootState : std::enable_shared_from_this<RootState> {
   int64_t unsharded_units = 0;
   int64_t unsharded_bytes = 0;
 
-  // The unit `offset` places after `unit` in `order` (before it when negative), or nullptr.
-  static std::shared_ptr<FsdpUnit::Impl> next_after(const std::vector<std::weak_ptr<FsdpUnit::Impl>>& order,
-                                                    const FsdpUnit::Impl* unit, int offset);
-  static void record(std::vector<std::weak_ptr<FsdpUnit::Impl>>& order, const std::shared_ptr<FsdpUnit::Impl>& unit);
+  // Appends a call of `unit` to `order` and returns its place there, or -1 once `order` holds 64 calls per unit
+  // (a unit called outside its root's forward, over and over, records nothing more until the root's next one).
+  int64_t record_call(std::vector<std::weak_ptr<FsdpUnit::Impl>>& order, const std::shared_ptr<FsdpUnit::Impl>& unit);
+  // How often `unit` is in `order`, and the unit `offset` places after its `occurrence`-th call there (from 0), or
+  // nullptr.
+  static int64_t calls_of(const std::vector<std::weak_ptr<FsdpUnit::Impl>>& order, const FsdpUnit::Impl* unit);
+  static std::shared_ptr<FsdpUnit::Impl> after_call(const std::vector<std::weak_ptr<FsdpUnit::Impl>>& order,
+                                                    const FsdpUnit::Impl* unit, int64_t occurrence, int offset);
   int64_t pending_gathers() const;
   void note_unsharded(int64_t units_delta, int64_t bytes_delta);
   void queue_backward_callback();
@@ -62,6 +73,15 @@ struct RootState : std::enable_shared_from_this<RootState> {
   // the start of backward and at the root's next forward, so that they are not held through a backward.
   void drop_unused_prefetches();
   void finish_backward();  // the end-of-backward callback
+};
+
+// One forward call of a unit, as its backward sees it: shared by the hooks on the call's outputs and the node on
+// its inputs (fsdp_unit.cpp), which may each fire several times.
+struct CallBackward {
+  bool started = false;  // an output's gradient arrived
+  bool done = false;     // the inputs' gradients left
+  int64_t post_forward_index = -1;  // its place in RootState::post_forward_order
+  int64_t forward = -1;             // of RootState::forwards
 };
 
 struct FsdpUnit::Impl : std::enable_shared_from_this<FsdpUnit::Impl> {
@@ -100,8 +120,9 @@ struct FsdpUnit::Impl : std::enable_shared_from_this<FsdpUnit::Impl> {
   // The parameters' full values in their own dtype (a collective; the unit's state does not change).
   std::vector<at::Tensor> gather_full_values() const;
 
-  // Hooks of the autograd pass.
-  void on_output_gradient();                 // the unit's outputs got their gradient: gather for backward
+  // Hooks of the autograd pass. `call`: the forward call whose outputs (inputs) the gradient reached.
+  void on_output_gradient(CallBackward& call);  // a call's outputs got their gradient: gather for its backward
+  void on_input_gradient(CallBackward& call);   // a call's backward is done: reshard if another call's is to come
   void on_parameter_gradient(size_t index);  // AccumulateGrad of parameter `index` ran
   void reduce_scatter_gradients();           // all gradients present (or backward ended): start the reduce-scatter
   void after_reduce_scatter(TrainingState next);  // the one epilogue of reduce_scatter_gradients' paths
@@ -113,9 +134,12 @@ struct FsdpUnit::Impl : std::enable_shared_from_this<FsdpUnit::Impl> {
   void wait_reduce_scatter();                // a reduce-scatter in flight: wait, start the replicate all-reduce
   void install_gradients();                  // end of backward, second pass: sharded gradients into .grad
   void rebind_grad_accumulators();           // after set_data() to another dtype or device: ours again
-  // Issues the all-gathers of the next units (forward: forward_prefetch of them in forward order; backward: one,
-  // in reverse post-forward order) that are sharded, within limit_all_gathers.
-  void prefetch(bool backward);
+  // Issues the all-gathers of the next units that are sharded, within limit_all_gathers: in forward the
+  // forward_prefetch calls after this unit's `occurrence`-th call in the previous forward's order; in backward
+  // the call before backward_call_index in post-forward order.
+  void prefetch_forward(int64_t occurrence);
+  void prefetch_backward();
+  void gather_ahead(const std::vector<std::shared_ptr<FsdpUnit::Impl>>& ahead);
 
   std::string module_name;
   dist::Communicator group;
@@ -139,6 +163,12 @@ struct FsdpUnit::Impl : std::enable_shared_from_this<FsdpUnit::Impl> {
   bool requires_gradient_sync = true;
   bool reshard_after_backward = true;  // false: a backward without sync leaves the unit UNSHARDED
   size_t gradients_ready = 0;
+  // The forward calls under grad mode since the last backward ended, and of their backwards those running (output
+  // gradient in, input gradients not yet out) and those done. Only a call whose inputs require a gradient reports
+  // its end; the others count as running to the end of backward.
+  int64_t calls = 0, calls_in_backward = 0, calls_done = 0;
+  // The call whose backward started last (its CallBackward's place): backward prefetch looks from there.
+  int64_t backward_call_index = -1, backward_call_forward = -1;
   // An all-gather issued (a prefetch, or unshard's own) whose output the parameters have not taken yet.
   std::optional<AllGatherResult> pending_gather;
   // This backward's reduction, from the reduce-scatter until install_gradients: `output` the reduced gradient

@@ -465,9 +465,10 @@ MemoryEstimate estimate_training_memory(const models::ModelRecipe& recipe, const
   int64_t grad_shards = 0;  // the gradient elements the layers walked have made (a layer run twice: once)
   int64_t below_kept = kept_by_layers;  // what the layers not done yet keep, this one's included
   // [Parameters run twice] A layer's second run (LayerActivations::ran_before) is walked first: its unit's gradients
-  // wait, partial, in autograd's buffers — no reduction, no DDP bucket, the unit still gathered — until its first
-  // run's backward adds into them and completes them (its AccumulateGrad runs once, then). The units waiting, in
-  // the order they complete (the last layer's second run pairs with its first).
+  // wait, partial, in autograd's buffers — no reduction, no DDP bucket — until its first run's backward adds into
+  // them and completes them (its AccumulateGrad runs once, then). Meanwhile the unit is resharded, and gathered
+  // again for its first run's backward (fully_shard: [Note: a unit called twice]). The units waiting, in the order
+  // they complete (the last layer's second run pairs with its first).
   std::deque<int64_t> waiting;
   int64_t waiting_numel = 0;
   const bool pairs = job.wrap != Wrap::kNone;  // (one unit for the whole model: gathered, its gradients growing)
@@ -475,9 +476,7 @@ MemoryEstimate estimate_training_memory(const models::ModelRecipe& recipe, const
     const models::LayerActivations& layer = act.layers[layers - i];
     below_kept -= layer_kept[layers - i];
     const bool runs_again = pairs && layer.runs_again, ran_before = pairs && layer.ran_before;
-    const bool next_waits = pairs && i < layers && act.layers[layers - i - 1].runs_again;  // already gathered
-    const int64_t layer_i = gathers && !runs_again ? walk_numel(i) * ce : 0;  // waiting: counted there
-    const int64_t waiting_g = gathers && reshard ? waiting_numel * ce : 0;
+    const int64_t layer_i = gathers ? walk_numel(i) * ce : 0;
     const int64_t waiting_grads = reduces ? waiting_numel * ce : 0;
     // Gradients not reduced unit by unit (one rank, DDP) are .grad from the moment they are made: the head's (the
     // root's and an output edge unit's) first, then the layers' done. (One unit for the whole model: they grow
@@ -489,12 +488,16 @@ MemoryEstimate estimate_training_memory(const models::ModelRecipe& recipe, const
                                   : (root_trainable - root_input_side + units.output_trainable) * pe;
     const int64_t done = grad_shards * pe + unreduced_head;
     // Without resharding after forward every layer is still gathered until its own backward is done (the output
-    // edge unit resharded after its own, the input one gathered to the end). The first layer prefetches the input
-    // edge unit where there is one.
-    const int64_t next = next_waits ? 0 : i < layers || in_g == 0 ? (gathers ? walk_numel(i + 1) * ce : 0) : in_g;
-    const int64_t above_g = gathers ? above_numel * ce : 0;
+    // edge unit resharded after its own, the input one gathered to the end), a layer run twice until its second
+    // run's: its first run's gathers it again, and the one before prefetches it. The first layer prefetches the
+    // input edge unit where there is one.
+    const int64_t next = i < layers || in_g == 0 ? (gathers ? walk_numel(i + 1) * ce : 0) : in_g;
+    const int64_t next_again = i < layers && pairs && act.layers[layers - i - 1].runs_again ? next : 0;
+    const int64_t above_g = gathers ? above_numel * ce : 0, waiting_g = gathers ? waiting_numel * ce : 0;
     const int64_t gathered =
-        reshard ? root_g + layer_i + next + waiting_g : std::max<int64_t>(all_g - out_g - above_g, root_g + in_g);
+        reshard ? root_g + layer_i + next
+                : std::max<int64_t>(all_g - out_g - above_g - waiting_g + (runs_again ? layer_i : 0) + next_again,
+                                    root_g + in_g);
     // One unit for the whole model: its full gradients grow layer by layer; else the root's (heads) are there first.
     const int64_t root_grads_at_i = job.wrap == Wrap::kNone
                                         ? root_full_grads * (i - 1) / layers
@@ -536,11 +539,13 @@ MemoryEstimate estimate_training_memory(const models::ModelRecipe& recipe, const
     // once (Gloo), the reduction is a moment of its own: input, output and receive buffers (on the CPU, bf16's
     // float32 sum is the most).
     if (reduces && job.wrap != Wrap::kNone) {
-      // The units still waiting for their first runs stay gathered, their partial gradients alive.
-      const int64_t waiting_full = waiting_numel * ce, waiting_gathered = gathers && reshard ? waiting_full : 0;
+      // The units still waiting for their first runs hold their partial gradients, resharded.
+      const int64_t waiting_full = waiting_numel * ce;
       const int64_t rs_gathered =
-          reshard ? root_g + next + waiting_gathered
-                  : std::max<int64_t>(all_g - out_g - above_g - (gathers ? walk_numel(i) * ce : 0), root_g + in_g);
+          reshard ? root_g + next
+                  : std::max<int64_t>(all_g - out_g - above_g - (gathers ? (walk_numel(i) + waiting_numel) * ce : 0) +
+                                          next_again,
+                                      root_g + in_g);
       const int64_t trainable_i = walk_unit(units.trainable, largest_layer_trainable, i);
       const int64_t rest = rs_gathered + waiting_full + root_grads_at_i + below + grads_so_far + tied_held;
       candidate(rest + trainable_i * rd + trainable_i * ce, rs_gathered, trainable_i * rd,

@@ -57,10 +57,11 @@ struct Run {
 // outputs and gradients — with the batch taken as `micro_batches` equal micro-batches whose low-precision gradients
 // are averaged in float32: the arithmetic of data parallelism over that many ranks with a float32 reduction.
 // Float16 scales the loss by kLossScale before backward and divides the float32 gradients by it, as GradScaler does.
-Run train_reference(Opt opt, Precision precision, int micro_batches) {
+Run train_reference(Opt opt, Precision precision, int micro_batches, int passes = 1) {
   torch::manual_seed(42);
   Toy model;
   Toy compute;
+  model->passes = compute->passes = passes;
   auto optimizer = make_optimizer(opt, model->parameters());
   const at::ScalarType low = precision == Precision::FP16 ? torch::kHalf : torch::kBFloat16;
   const double scale = precision == Precision::FP16 ? kLossScale : 1.0;
@@ -123,6 +124,7 @@ struct Config {
   Precision precision = Precision::FP32;
   Prefetch prefetch = Prefetch::NONE;
   bool checkpoint = false;  // activation checkpointing on every block (inside its unit)
+  int passes = 1;           // every block called this many times in a forward (Toy::passes)
 
   std::string label() const {
     static const char* prefetch_names[] = {"no-prefetch", "fwd+BACKWARD_PRE", "BACKWARD_POST"};
@@ -131,7 +133,7 @@ struct Config {
            (reshard_after_forward ? " reshard" : " keep") +
            (precision == Precision::FP32 ? " fp32 " : precision == Precision::BF16 ? " bf16 " : " fp16 ") +
            prefetch_names[static_cast<int>(prefetch)] + (checkpoint ? " checkpointed" : "") +
-           " W=" + std::to_string(test_process_group().world_size());
+           (passes > 1 ? " blocks called x" + std::to_string(passes) : "") + " W=" + std::to_string(test_process_group().world_size());
   }
 };
 
@@ -160,6 +162,7 @@ Run train_sharded(const Config& c) {
   const FsdpOptions options = options_for(c, groups.options);
   torch::manual_seed(42);
   Toy model;  // identical initial weights on every rank (same seed)
+  model->passes = c.passes;
   for (auto& b : model->blocks) {
     if (c.checkpoint) nn::apply_activation_checkpoint(*b);
     fully_shard(b.ptr(), groups.shard, options);
@@ -254,6 +257,26 @@ TEST(FsdpParity, ShardGradOp) { expect_parity_grid(ShardingStrategy::SHARD_GRAD_
 TEST(FsdpParity, NoShard) { expect_parity_grid(ShardingStrategy::NO_SHARD); }
 TEST(FsdpParity, HybridShard) { expect_parity_grid(ShardingStrategy::HYBRID_SHARD); }
 TEST(FsdpParity, HybridShardZero2) { expect_parity_grid(ShardingStrategy::HYBRID_SHARD_ZERO2); }
+
+// Every block called twice in a forward (FLAVA's encoder layers run unmasked, then masked): each unit's gradients
+// complete only in its first call's backward, and it reshards between its calls' backwards ([Note: a unit called
+// twice] in src/fsdp/fsdp_unit.cpp). Every strategy, SGD and AdamW, float32 and bf16, every prefetch, with and
+// without resharding after forward and checkpointing.
+TEST(FsdpParity, UnitsCalledTwice) {
+  for (Opt opt : {Opt::SGD, Opt::ADAMW}) {
+    for (Precision precision : {Precision::FP32, Precision::BF16}) {
+      const shardtrain::fsdp::Run ref = train_reference(opt, precision, test_process_group().world_size(), /*passes=*/2);
+      for (ShardingStrategy strategy : {ShardingStrategy::FULL_SHARD, ShardingStrategy::SHARD_GRAD_OP,
+                                        ShardingStrategy::NO_SHARD, ShardingStrategy::HYBRID_SHARD,
+                                        ShardingStrategy::HYBRID_SHARD_ZERO2}) {
+        for (Prefetch prefetch : {Prefetch::NONE, Prefetch::FORWARD_AND_BACKWARD_PRE, Prefetch::BACKWARD_POST}) {
+          const bool reshard = prefetch != Prefetch::BACKWARD_POST, checkpoint = prefetch != Prefetch::NONE;
+          expect_parity(Config{opt, strategy, reshard, precision, prefetch, checkpoint, /*passes=*/2}, ref);
+        }
+      }
+    }
+  }
+}
 
 // Adafactor's statistics that span a whole parameter (a matrix's column means and mean row statistic, the RMS of the
 // parameter and of the update) summed over the shard group: every strategy (padding rows at W = 3, 4, a rank holding

@@ -567,5 +567,69 @@ TEST(FsdpRuntime, ForwardWithoutGradReshardsEveryStrategy) {
   for (const FsdpUnit& unit : units_of(model.ptr())) EXPECT_EQ(unit.state(), ShardState::SHARDED);
 }
 
+TEST(FsdpRuntime, AUnitCalledTwiceReshardsBetweenItsCallsBackwards) {
+  if (test_process_group().world_size() == 1) GTEST_SKIP() << "a group of one holds full parameters: nothing to gather";
+  // Every block called twice in a forward (Toy::passes, as FLAVA calls its encoder layers unmasked then masked):
+  // backward runs the second pass's blocks (2, 1, 0), whose gradients stay partial in autograd's buffers, then the
+  // first pass's, which complete them. Each block reshards after its second call's backward and gathers again for
+  // its first call's ([Note: a unit called twice]): one block gathered at a time. Before, all three stayed
+  // gathered from their second call's backward to their first's (4 units at once, no reshard between calls).
+  // Prefetching follows the calls: forward root, b0, b1, b2, b0, b1, b2 (each call gathers the next one's unit:
+  // 6), backward b2, b1, b0, b2, b1, b0 (the root prefetches the first, each call the next: 6). Following units
+  // instead, the second b0 found nothing before it in backward (5) and the first b2 nothing after it in forward (5).
+  struct Case {
+    bool reshard_after_forward;
+    int forward_prefetch;
+    BackwardPrefetch backward_prefetch;
+    int64_t peak_units, backward_gathers, forward_prefetches, backward_prefetches;
+  };
+  const std::vector<Case> cases = {
+      // The root and the block computing, each block gathered for each call's backward.
+      {true, 0, BackwardPrefetch::NONE, 2, 6, 0, 0},
+      // Every block is gathered as backward starts; the second calls' backwards reshard them.
+      {false, 0, BackwardPrefetch::NONE, 4, 3, 0, 0},
+      // The root, the block computing and the next call's, every gather a prefetch.
+      {true, 1, BackwardPrefetch::BACKWARD_PRE, 3, 6, 6, 6},
+  };
+  for (const Case& c : cases) {
+    const std::string label = std::string(c.reshard_after_forward ? "resharding" : "not resharding") +
+                              " after forward, forward prefetch " + std::to_string(c.forward_prefetch) +
+                              (c.backward_prefetch == BackwardPrefetch::NONE ? ", no" : ", BACKWARD_PRE") +
+                              " backward prefetch";
+    FsdpOptions options;
+    options.reshard_after_forward = c.reshard_after_forward;
+    options.forward_prefetch = c.forward_prefetch;
+    options.backward_prefetch = c.backward_prefetch;
+    Toy model = sharded_toy(options);
+    torch::manual_seed(42);
+    Toy ref;
+    model->passes = ref->passes = 2;
+    torch::optim::SGD sgd(model->parameters(), torch::optim::SGDOptions(0.1));
+    torch::optim::SGD ref_sgd(ref->parameters(), torch::optim::SGDOptions(0.1));
+    int step = 0;
+    for (const auto& [x, y] : make_batches()) {
+      const std::string at = label + ", step " + std::to_string(step);
+      ref_sgd.zero_grad();
+      torch::mse_loss(ref(x), y).backward();
+      ref_sgd.step();
+      sgd.zero_grad();
+      reset_fsdp_stats(model.ptr());
+      at::Tensor loss = torch::mse_loss(model(local_rows(x)), local_rows(y));
+      // (The first forward has no previous one to follow.)
+      if (step++ > 0) EXPECT_EQ(fsdp_stats(model.ptr()).prefetches, c.forward_prefetches) << at;
+      reset_fsdp_stats(model.ptr());
+      loss.backward();
+      const FsdpStats stats = fsdp_stats(model.ptr());
+      EXPECT_EQ(stats.reshards_between_calls, 3) << at;
+      EXPECT_EQ(stats.peak_unsharded_units, c.peak_units) << at;
+      EXPECT_EQ(stats.all_gathers, c.backward_gathers) << at;
+      EXPECT_EQ(stats.prefetches, c.backward_prefetches) << at;
+      for (const FsdpUnit& unit : units_of(model.ptr())) EXPECT_EQ(unit.state(), ShardState::SHARDED) << at;
+      sgd.step();
+    }
+    expect_params_equal(gather_full_parameters(model.ptr()), *ref, "blocks called twice, " + label);
+  }
+}
+
 }  // namespace
 }  // namespace shardtrain::fsdp

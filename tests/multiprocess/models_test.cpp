@@ -177,14 +177,20 @@ TEST(ModelsDist, FlavaFullShardTrainsLikeOneProcess) {
       adam.zero_grad();
       at::Tensor loss = flava->run(local_batch(batch_for_step(s))).loss;
       const int64_t gathers_before_backward = fsdp::fsdp_stats(model.module).all_gathers;
+      const int64_t reshards_before_backward = fsdp::fsdp_stats(model.module).reshards_between_calls;
       loss.backward();
       adam.step();
       expect_relative(mean_over_ranks(loss), ref_losses[s], 1e-5, label + ": loss at step " + std::to_string(s));
       if (s > 0 && every == 0 && test_process_group().world_size() > 1) {
         // Backward gathers the layers that ran only (steps 1-3: text, image, image-text): not the codebook, whose
-        // forward ran without grad mode, nor, prefetched, a layer of the other modality.
-        const int64_t layers_run[] = {5, 2, 2, 5};
+        // forward ran without grad mode, nor, prefetched, a layer of the other modality. The image-text step runs
+        // each encoder twice (unmasked, masked): its four encoder layers reshard between their two calls'
+        // backwards and are gathered again ([Note: a unit called twice] in src/fsdp/fsdp_unit.cpp).
+        const int64_t layers_run[] = {5, 2, 2, 5 + 4}, reshards_between_calls[] = {0, 0, 0, 4};
         EXPECT_EQ(fsdp::fsdp_stats(model.module).all_gathers - gathers_before_backward, layers_run[s])
+            << "step " << s;
+        EXPECT_EQ(fsdp::fsdp_stats(model.module).reshards_between_calls - reshards_before_backward,
+                  reshards_between_calls[s])
             << "step " << s;
       }
       // Gathered only while it computed the MIM targets (no backward follows a no-grad forward).

@@ -33,13 +33,16 @@ struct ToyImpl : nn::Interceptable<ToyImpl, at::Tensor(at::Tensor)> {
   }
   at::Tensor forward_impl(at::Tensor x) {
     at::Tensor h = in(x);
-    for (int i = 0; i < active_blocks; ++i) h = blocks[i](h);
+    for (int pass = 0; pass < passes; ++pass) {
+      for (int i = 0; i < active_blocks; ++i) h = blocks[i](h);
+    }
     return head(h) + offset;
   }
   torch::nn::Linear in{nullptr}, head{nullptr};
   std::vector<Block> blocks;
   at::Tensor offset;      // a buffer (zero unless a test sets it)
   int active_blocks = 3;  // forward runs the first active_blocks blocks (a model whose path varies)
+  int passes = 1;         // ... this many times over (each block called `passes` times in one forward)
 };
 TORCH_MODULE(Toy);
 

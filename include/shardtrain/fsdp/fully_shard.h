@@ -167,6 +167,7 @@ struct FsdpStats {
   int64_t overlapped_reduce_scatters = 0;  // still in flight when the next unit's gradients were complete
   int64_t peak_unsharded_units = 0;  // most units holding (or gathering) full parameters at once
   int64_t peak_unsharded_bytes = 0;  // most bytes of full parameters held (or being gathered) at once
+  int64_t reshards_between_calls = 0;  // a unit called twice, resharded between its calls' backwards
 };
 FsdpStats fsdp_stats(const std::shared_ptr<torch::nn::Module>& root);
 void reset_fsdp_stats(const std::shared_ptr<torch::nn::Module>& root);
