@@ -5,8 +5,17 @@
 #include <torch/csrc/jit/serialization/export.h>
 #include <torch/csrc/jit/serialization/import_read.h>
 #include <torch/csrc/jit/serialization/pickler.h>
+#include <torch/csrc/jit/serialization/unpickler.h>
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
+#include <algorithm>
+#include <cstring>
+#include <memory>
 #include <stdexcept>
+#include <tuple>
 #include <vector>
 
 #include "shardtrain/io/files.h"
@@ -35,12 +44,81 @@ void save_pickle(const std::string& path, const c10::IValue& value) {
   file.commit();
 }
 
+namespace {
+
+// The file mapped into memory, private and copy-on-write: pages are read from the page cache as a storage is
+// touched (reclaimable, not the process's own memory), and a write to a loaded tensor changes only this process's
+// copy of that page. Unmapped when the last storage over it is freed.
+class MappedFile {
+ public:
+  explicit MappedFile(const std::string& path) {
+    const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return;
+    struct stat st {};
+    if (::fstat(fd, &st) == 0 && st.st_size > 0) {
+      void* addr = ::mmap(nullptr, static_cast<size_t>(st.st_size), PROT_READ | PROT_WRITE, MAP_PRIVATE, fd, 0);
+      if (addr != MAP_FAILED) addr_ = static_cast<char*>(addr), size_ = static_cast<size_t>(st.st_size);
+    }
+    ::close(fd);
+  }
+  ~MappedFile() {
+    if (addr_) ::munmap(addr_, size_);
+  }
+  MappedFile(const MappedFile&) = delete;
+  MappedFile& operator=(const MappedFile&) = delete;
+  bool mapped() const { return addr_ != nullptr; }
+  size_t size() const { return size_; }
+  char* at(size_t offset) const { return addr_ + offset; }
+
+ private:
+  char* addr_ = nullptr;
+  size_t size_ = 0;
+};
+
+// A storage's bytes inside the mapping, which it keeps alive.
+at::DataPtr mapped_bytes(const std::shared_ptr<MappedFile>& file, size_t offset) {
+  auto* owner = new std::shared_ptr<MappedFile>(file);
+  return at::DataPtr(file->at(offset), owner, [](void* p) { delete static_cast<std::shared_ptr<MappedFile>*>(p); },
+                     at::Device(at::kCPU));
+}
+
+}  // namespace
+
 c10::IValue load_pickle(const std::string& path) {
   if (!path_exists(path)) throw std::runtime_error("cannot read " + path + ": no such file");
   try {
     caffe2::serialize::PyTorchStreamReader reader(path);
-    return torch::jit::readArchiveAndTensors("data", /*pickle_prefix=*/"", /*tensor_prefix=*/"", std::nullopt,
-                                             std::nullopt, at::Device(at::kCPU), reader);
+    auto file = std::make_shared<MappedFile>(path);
+    if (!file->mapped()) {  // a file system that cannot map it: each storage read into memory
+      return torch::jit::readArchiveAndTensors("data", /*pickle_prefix=*/"", /*tensor_prefix=*/"", std::nullopt,
+                                               std::nullopt, at::Device(at::kCPU), reader);
+    }
+    // As readArchiveAndTensors, but each storage is the record's bytes in the mapping (torch.load's mmap=True):
+    // records are stored uncompressed, 64-byte aligned, so a storage is a view of the file and loading the state
+    // it holds into a model's shards reads the file once, with no copy of it in memory. (Read into memory, every
+    // storage of the file was alive at once beside the state it was loaded into.)
+    at::DataPtr program;
+    size_t program_size = 0, consumed = 0;
+    std::tie(program, program_size) = reader.getRecord("data.pkl");
+    auto read_program = [&](char* buffer, size_t len) -> size_t {
+      len = std::min(program_size - consumed, len);
+      std::memcpy(buffer, static_cast<const char*>(program.get()) + consumed, len);
+      consumed += len;
+      return len;
+    };
+    auto read_record = [&](const std::string& key) {
+      const std::string record = "data/" + key;
+      const size_t offset = reader.getRecordOffset(record), size = reader.getRecordSize(record);
+      if (offset > file->size() || size > file->size() - offset) {
+        throw std::runtime_error("cannot read " + path + ": record " + record + " (" + std::to_string(size) +
+                                 " bytes at " + std::to_string(offset) + ") lies past the file's end");
+      }
+      return mapped_bytes(file, offset);
+    };
+    torch::jit::Unpickler unpickler(read_program, /*type_resolver=*/nullptr, /*obj_loader=*/nullptr, read_record,
+                                    at::Device(at::kCPU));
+    unpickler.set_version(reader.version());
+    return unpickler.parse_ivalue();
   } catch (const c10::Error& e) {
     throw std::runtime_error("cannot read " + path + " as a torch.save archive: " + e.what_without_backtrace());
   }

@@ -3,7 +3,8 @@
 // whole batch. Grid: strategy {FULL_SHARD, SHARD_GRAD_OP, NO_SHARD, HYBRID_SHARD, HYBRID_SHARD_ZERO2} x optimizer
 // {SGD, AdamW} x {float32, bfloat16 params with float32 reduction (float16 with loss scaling: its own test)} x
 // reshard after forward {on, off} x prefetch {none, forward + BACKWARD_PRE, BACKWARD_POST} x activation
-// checkpointing of every block {off, on}; Adafactor over a smaller grid (FsdpParity.Adafactor); hybrid runs on a
+// checkpointing of every block {off, on}; Adafactor and blocks called twice in a forward over smaller grids
+// (FsdpParity.Adafactor, FsdpParity.UnitsCalledTwice); hybrid runs on a
 // 2x2 mesh at W = 4, 2x1 at W = 2 and 1x3 at W = 3.
 // Sizes are odd so that dim-0 sharding pads (10 rows over 3 or 4 ranks, 26 over 4, 3 over 4: some ranks hold only
 // padding). Tolerance: see expect_parity.

@@ -19,9 +19,11 @@ namespace shardtrain::io {
 // load_pickle. Throws std::runtime_error naming the path.
 void save_pickle(const std::string& path, const c10::IValue& value);
 
-// What save_pickle or torch::pickle_save wrote, each tensor read from the file into a CPU storage whatever device
-// it was saved from (torch.load's map_location="cpu"). Throws std::runtime_error naming the path when the file is
-// missing or is not such an archive.
+// What save_pickle or torch::pickle_save wrote, every tensor on the CPU whatever device it was saved from
+// (torch.load's map_location="cpu"), its storage a view of the file mapped into memory (torch.load's mmap=True;
+// copy-on-write: writing to a tensor changes only this process's copy of the page), so that loading a state from
+// it into a model holds no second copy of the state; where the file cannot be mapped, each storage is read into
+// memory. Throws std::runtime_error naming the path when the file is missing or is not such an archive.
 c10::IValue load_pickle(const std::string& path);
 
 }  // namespace shardtrain::io
