@@ -527,6 +527,7 @@ MemoryEstimate estimate_training_memory(const models::ModelRecipe& recipe, const
                 gathered, in_flight, layer_full_grads, root_grads_at_i, std::max<int64_t>(0, moment.transient));
     }
     if (!runs_again) grad_shards += ceil_div(walk_numel(i), shard);
+    if (runs_again) e.parameters_called_twice += walk_numel(i);
     if (ran_before) {  // waits for its first run: no reduction yet
       waiting.push_back(walk_numel(i)), waiting_numel += walk_numel(i);
       continue;

@@ -78,17 +78,21 @@ PlannedConfig predict(const models::ModelRecipe& recipe, const ModelShape& shape
   const double intra = cluster.intra_node_gbps * 1e9;
   const double inter = (job.nodes > 1 ? cluster.inter_node_gbps : cluster.intra_node_gbps) * 1e9;
   auto moved = [](double bytes, double ranks) { return ranks > 1 ? bytes * (ranks - 1) / ranks : 0.0; };
+  // All-gathered per step: every parameter for forward and again for backward when resharded after forward, once
+  // when not — and a unit called twice (FLAVA's encoders) once more in each (P2).
+  const double P2 = static_cast<double>(p.memory.parameters_called_twice);
+  const double resharding = (P + P2) * ce * 2, keeping = (P + P2) * ce;
   double comm = 0;
   switch (job.strategy) {
-    case Strategy::kFullShard: comm = moved(2 * P * ce + P * rd, W) / inter; break;
-    case Strategy::kShardGradOp: comm = moved(P * ce + P * rd, W) / inter; break;
+    case Strategy::kFullShard: comm = moved(resharding + P * rd, W) / inter; break;
+    case Strategy::kShardGradOp: comm = moved(keeping + P * rd, W) / inter; break;
     case Strategy::kNoShard:
     case Strategy::kDdp: comm = moved(2 * P * rd, W) / inter; break;
     case Strategy::kHybridShard:
     case Strategy::kHybridShardZero2: {
-      const double gathers = job.strategy == Strategy::kHybridShard ? 2 : 1;
+      const double gathered = job.strategy == Strategy::kHybridShard ? resharding : keeping;
       const double nodes = static_cast<double>(job.nodes);
-      comm = moved(gathers * P * ce + P * rd, per_node) / intra + moved(2 * P / per_node * rd, nodes) / inter;
+      comm = moved(gathered + P * rd, per_node) / intra + moved(2 * P / per_node * rd, nodes) / inter;
       break;
     }
   }

@@ -4,6 +4,7 @@
 
 #include "shardtrain/config/config.h"
 #include "shardtrain/models/zoo.h"
+#include "shardtrain/plan/memory_model.h"
 #include "shardtrain/plan/planner.h"
 #include "support/expect_error.h"
 
@@ -102,6 +103,33 @@ TEST(Planner, RecommendationIsATrainerConfig) {
   EXPECT_EQ(c.parallel.activation_checkpointing, best.job.activation_checkpointing);
   EXPECT_EQ(c.parallel.cpu_offload, best.job.cpu_offload);
   EXPECT_EQ(c.train.device, "cuda");
+}
+
+// FLAVA calls its text and image encoders twice a step (unmasked, then masked): their layers are gathered once
+// per call, in forward (resharded after it) and in backward (resharded between the calls), and the throughput
+// model moves them so. Llama calls every unit once.
+TEST(Planner, UnitsCalledTwiceAreGatheredOncePerCall) {
+  const auto flava = models::recipe_of("flava-debug");
+  int64_t encoder_layers = 0;  // counted by name: text.layers.*, image.layers.*
+  for (const auto& p : models::build_model(flava).module->named_parameters()) {
+    const std::string& name = p.key();
+    if (name.rfind("text.layers.", 0) == 0 || name.rfind("image.layers.", 0) == 0) encoder_layers += p.value().numel();
+  }
+  ASSERT_GT(encoder_layers, 0);
+  TrainingJob job;
+  job.world = 4, job.batch = 2, job.seq_len = 32, job.cuda = true, job.mixed_precision = "bf16";
+  const ModelShape shape = model_shape(*flava);
+  EXPECT_EQ(estimate_training_memory(*flava, shape, job).parameters_called_twice, encoder_layers);
+  const Cluster cluster = small_cluster();
+  const double P = static_cast<double>(shape.parameters()), P2 = static_cast<double>(encoder_layers);
+  const double bandwidth = cluster.intra_node_gbps * 1e9, moved = 3.0 / 4.0;  // of what a rank holds, at W = 4
+  // bf16 gathers (2 B) and reductions (2 B): FULL_SHARD gathers twice a call, SHARD_GRAD_OP once a call but the
+  // first's forward, which the second reuses.
+  EXPECT_NEAR(predict(*flava, shape, job, cluster).comm_seconds, (2 * (P + P2) * 2 + P * 2) * moved / bandwidth, 1e-12);
+  job.strategy = Strategy::kShardGradOp;
+  EXPECT_NEAR(predict(*flava, shape, job, cluster).comm_seconds, ((P + P2) * 2 + P * 2) * moved / bandwidth, 1e-12);
+  const auto llama = models::recipe_of("llama-debug");
+  EXPECT_EQ(estimate_training_memory(*llama, model_shape(*llama), job).parameters_called_twice, 0);
 }
 
 TEST(Planner, MemorySizesParseAndBadOnesAreNamed) {

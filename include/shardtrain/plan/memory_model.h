@@ -75,6 +75,9 @@ struct MemoryEstimate {
   int64_t parameters = 0;         // of the model, tied once
   int64_t units = 0;              // FSDP units: one per transformer layer, plus the root
   int64_t tokens = 0;             // text tokens per sample estimated for (the model's maximum unless given); 0: none
+  // Of the parameters, those in units called twice a step (FLAVA's encoder layers, unmasked then masked): gathered
+  // once more in forward under FULL_SHARD, and in backward (fully_shard reshards them between the calls).
+  int64_t parameters_called_twice = 0;
 };
 
 // The model's parameters per FSDP unit (built once on the meta device; estimates for many jobs share it).
