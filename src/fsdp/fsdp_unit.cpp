@@ -338,7 +338,7 @@ void FsdpUnit::Impl::on_output_gradient(CallBackward& call) {
 void FsdpUnit::Impl::on_input_gradient(CallBackward& call) {
   if (!call.started || call.done) return;
   call.done = true;
-  --calls_in_backward;
+  calls_in_backward = std::max<int64_t>(0, calls_in_backward - 1);  // (0: started before the counts were reset)
   ++calls_done;
   // [Note: a unit called twice]: between two calls' backwards, with no gradient complete (one that is would be
   // lost to the shards' .grad put back) and another call's backward still to come.
