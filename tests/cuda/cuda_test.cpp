@@ -1,7 +1,8 @@
 // The CUDA/NCCL paths, on a machine with a GPU: one rank under `shardtrain launch` with an NCCL process group.
 // Without a CUDA device every test is skipped (the development machine has none; the GPU sessions run it:
 // ctest -R cuda). Each compares the device run against plain LibTorch on the same device:
-//  - fully_shard (float32, bfloat16, CPU offload, activation checkpointing) trains as plain training does;
+//  - fully_shard (float32, bfloat16, CPU offload, activation checkpointing, blocks called twice) trains as plain
+//    training does;
 //  - CPU offload keeps shards, gradients and optimizer state off the device (the caching allocator's peak);
 //  - a checkpointed layer with dropout replays the forward's CUDA random numbers;
 //  - float16 with loss scaling over NCCL, clip_grad_norm, and a sharded model loading from rank 0;
@@ -50,12 +51,15 @@ const at::Device kCuda(at::kCUDA, 0);
 struct Trained {
   std::vector<double> losses;
   std::map<std::string, at::Tensor> params;
+  int64_t reshards_between_calls = 0;  // sharded: fsdp_stats' count over the steps
 };
 
-// Four AdamW steps of the toy model on the device; `shard` applies fully_shard (or nothing for the reference).
-Trained train_toy(const std::function<void(Toy&)>& shard) {
+// Four AdamW steps of the toy model on the device, each block called `passes` times a forward; `shard` applies
+// fully_shard (or nothing for the reference).
+Trained train_toy(const std::function<void(Toy&)>& shard, int passes = 1) {
   torch::manual_seed(42);
   Toy model;
+  model->passes = passes;
   model->to(kCuda);
   shard(model);
   torch::optim::AdamW adam(model->parameters(), torch::optim::AdamWOptions(1e-2));
@@ -68,32 +72,42 @@ Trained train_toy(const std::function<void(Toy&)>& shard) {
     t.losses.push_back(loss.item<double>());
   }
   for (const auto& [name, value] : fsdp::gather_full_parameters(model.ptr())) t.params[name] = value.to(at::kCPU);
+  if (!fsdp::units_of(model.ptr()).empty()) {
+    t.reshards_between_calls = fsdp::fsdp_stats(model.ptr()).reshards_between_calls;
+  }
   return t;
 }
 
+// Also with every block called twice a forward (FLAVA's encoders): offloaded, a block's full parameters are a
+// device copy, freed between its two calls' backwards ([Note: a unit called twice] in src/fsdp/fsdp_unit.cpp) on
+// the autograd engine's device thread and gathered again; on the device at one rank they are the shards.
 TEST(Cuda, FullShardTrainsLikePlainOnTheDevice) {
   REQUIRE_CUDA();
-  const Trained ref = train_toy([](Toy&) {});
-  for (bool offload : {false, true}) {
-    for (bool checkpoint : {false, true}) {
-      const std::string label = std::string(offload ? "offload" : "on device") + (checkpoint ? " checkpointed" : "");
-      fsdp::FsdpOptions options;
-      options.offload_params = offload;
-      const Trained got = train_toy([&](Toy& model) {
-        for (auto& b : model->blocks) {
-          if (checkpoint) nn::apply_activation_checkpoint(*b);
-          fsdp::fully_shard(b.ptr(), world(), options);
+  for (int passes : {1, 2}) {
+    const Trained ref = train_toy([](Toy&) {}, passes);
+    for (bool offload : {false, true}) {
+      for (bool checkpoint : {false, true}) {
+        const std::string label = std::string(offload ? "offload" : "on device") +
+                                  (checkpoint ? " checkpointed" : "") + (passes > 1 ? " blocks called twice" : "");
+        fsdp::FsdpOptions options;
+        options.offload_params = offload;
+        const Trained got = train_toy([&](Toy& model) {
+          for (auto& b : model->blocks) {
+            if (checkpoint) nn::apply_activation_checkpoint(*b);
+            fsdp::fully_shard(b.ptr(), world(), options);
+          }
+          fsdp::fully_shard(model.ptr(), world(), options);
+          for (const auto& p : model->parameters()) {
+            EXPECT_EQ(p.device().type(), offload ? at::kCPU : at::kCUDA) << label << ": shard device";
+          }
+        }, passes);
+        EXPECT_EQ(got.reshards_between_calls, offload && passes > 1 ? 3 * kSteps : 0) << label;
+        for (size_t s = 0; s < ref.losses.size(); ++s) {
+          EXPECT_NEAR(got.losses[s], ref.losses[s], 1e-5 * std::abs(ref.losses[s])) << label << " step " << s;
         }
-        fsdp::fully_shard(model.ptr(), world(), options);
-        for (const auto& p : model->parameters()) {
-          EXPECT_EQ(p.device().type(), offload ? at::kCPU : at::kCUDA) << label << ": shard device";
+        for (const auto& [name, value] : ref.params) {
+          EXPECT_TRUE(torch::allclose(got.params.at(name), value, 1e-5, 1e-6)) << label << " " << name;
         }
-      });
-      for (size_t s = 0; s < ref.losses.size(); ++s) {
-        EXPECT_NEAR(got.losses[s], ref.losses[s], 1e-5 * std::abs(ref.losses[s])) << label << " step " << s;
-      }
-      for (const auto& [name, value] : ref.params) {
-        EXPECT_TRUE(torch::allclose(got.params.at(name), value, 1e-5, 1e-6)) << label << " " << name;
       }
     }
   }

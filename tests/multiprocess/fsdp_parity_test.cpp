@@ -266,7 +266,8 @@ TEST(FsdpParity, HybridShardZero2) { expect_parity_grid(ShardingStrategy::HYBRID
 TEST(FsdpParity, UnitsCalledTwice) {
   for (Opt opt : {Opt::SGD, Opt::ADAMW}) {
     for (Precision precision : {Precision::FP32, Precision::BF16}) {
-      const shardtrain::fsdp::Run ref = train_reference(opt, precision, test_process_group().world_size(), /*passes=*/2);
+      const int world = test_process_group().world_size();
+      const shardtrain::fsdp::Run ref = train_reference(opt, precision, world, /*passes=*/2);
       for (ShardingStrategy strategy : {ShardingStrategy::FULL_SHARD, ShardingStrategy::SHARD_GRAD_OP,
                                         ShardingStrategy::NO_SHARD, ShardingStrategy::HYBRID_SHARD,
                                         ShardingStrategy::HYBRID_SHARD_ZERO2}) {
