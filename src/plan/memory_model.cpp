@@ -447,11 +447,12 @@ MemoryEstimate estimate_training_memory(const models::ModelRecipe& recipe, const
   // have handed in their gradients.
   int64_t backward_walk = 0, walk_gathered = 0, walk_in_flight = 0, walk_layer_grads = 0, walk_root_grads = 0;
   int64_t walk_work = 0;
+  int64_t waiting_now = 0, walk_waiting = 0;  // of the layer gradients, the partial ones of layers run twice
   auto candidate = [&](int64_t at, int64_t gathered, int64_t in_flight, int64_t layer_grads, int64_t root_grads,
                        int64_t work) {
     if (at <= backward_walk) return;
     backward_walk = at, walk_gathered = gathered, walk_in_flight = in_flight, walk_layer_grads = layer_grads;
-    walk_root_grads = root_grads, walk_work = work;
+    walk_root_grads = root_grads, walk_work = work, walk_waiting = waiting_now;
   };
   // Layer i of the walk (1 = the last): its own unit's parameters where each layer is one, in registration order
   // (T5's decoder layers, with cross-attention, are a third larger than its encoder's), else the largest.
@@ -478,6 +479,7 @@ MemoryEstimate estimate_training_memory(const models::ModelRecipe& recipe, const
     const bool runs_again = pairs && layer.runs_again, ran_before = pairs && layer.ran_before;
     const int64_t layer_i = gathers ? walk_numel(i) * ce : 0;
     const int64_t waiting_grads = reduces ? waiting_numel * ce : 0;
+    waiting_now = waiting_grads;
     // Gradients not reduced unit by unit (one rank, DDP) are .grad from the moment they are made: the head's (the
     // root's and an output edge unit's) first, then the layers' done. (One unit for the whole model: they grow
     // layer by layer.)
@@ -542,6 +544,7 @@ MemoryEstimate estimate_training_memory(const models::ModelRecipe& recipe, const
     if (reduces && job.wrap != Wrap::kNone) {
       // The units still waiting for their first runs hold their partial gradients, resharded.
       const int64_t waiting_full = waiting_numel * ce;
+      waiting_now = waiting_full;
       const int64_t rs_gathered =
           reshard ? root_g + next
                   : std::max<int64_t>(all_g - out_g - above_g - (gathers ? (walk_numel(i) + waiting_numel) * ce : 0) +
@@ -687,9 +690,13 @@ MemoryEstimate estimate_training_memory(const models::ModelRecipe& recipe, const
                        reshard ? "the root unit and a layer with the next prefetched"
                                : "the units whose backward has not run yet"});
     e.terms.push_back({"full gradients and reductions", walk_in_flight + walk_layer_grads + walk_root_grads,
-                       walk_layer_grads > 0 ? "a layer's full gradients so far and the root's, a reduction's "
-                                              "input or one in flight"
-                                            : "a layer's reduction, the root's full gradients"});
+                       (walk_layer_grads > 0 ? std::string("a layer's full gradients so far and the root's, a "
+                                                           "reduction's input or one in flight")
+                                             : std::string("a layer's reduction, the root's full gradients")) +
+                           (walk_waiting > 0 ? "; " + mib(walk_waiting) +
+                                                   " of them the partial gradients of the layers run twice, "
+                                                   "waiting for their other run"
+                                             : "")});
     e.terms.push_back({"activations and gradients so far",
                        backward_walk - walk_gathered - walk_in_flight - walk_layer_grads - walk_root_grads -
                            walk_work - tied_held,
