@@ -82,9 +82,8 @@ def grid(quick):
         cells.append((family, strategy, world, 4, "no", False))
     for family, strategy in itertools.product(MODELS, ["full_shard", "shard_grad_op", "ddp"]):
         cells.append((family, strategy, 2, 4, "no", True))
-        if family != "flava":  # half-precision convolutions (FLAVA's codebook) take minutes on CPU
-            cells.append((family, strategy, 2, 4, "bf16", False))
-            cells.append((family, strategy, 2, 4, "fp16", False))  # scaled loss, float32 reductions
+        cells.append((family, strategy, 2, 4, "bf16", False))
+        cells.append((family, strategy, 2, 4, "fp16", False))  # scaled loss, float32 reductions
     for family, batch in itertools.product(MODELS, [2, 8]):
         cells.append((family, "full_shard", 2, batch, "no", False))
     # Gradient accumulation over 3 micro-batches, untied (Llama) and tied tables (BERT, Qwen3, T5: the head's dense
