@@ -1,6 +1,7 @@
 // The planner (plan/planner.h) on zoo flavors built on the meta device: its batches are the memory model's, its
 // configurations fit and come fastest first, and its YAML is a config `shardtrain train` reads.
 #include <gtest/gtest.h>
+#include <torch/nn/module.h>
 
 #include "shardtrain/config/config.h"
 #include "shardtrain/models/zoo.h"
