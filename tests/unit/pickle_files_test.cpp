@@ -1,5 +1,6 @@
 // io::save_pickle / load_pickle: torch.save's archive written from the tensors' own storages straight to the file
-// and read back from it; the same format as torch::pickle_save both ways; clear errors naming the path.
+// and read back through a mapping of it; the same format as torch::pickle_save both ways; clear errors naming the
+// path.
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
 #include <torch/serialize.h>
@@ -48,6 +49,24 @@ TEST(PickleFiles, SavesViewsOfOneStorageOnceWithoutCopies) {
     EXPECT_TRUE(at::equal(back.at("b").toTensor(), flat.narrow(0, 1 << 20, 1 << 20)));
     EXPECT_EQ(back.at("note").toStringRef(), "text beside the tensors");
   }
+}
+
+// A load maps the file: its storages are views of it, nothing the size of the file is allocated (by the counting
+// allocator), and writing to a loaded tensor changes this process's copy only, not the file.
+TEST(PickleFiles, LoadsThroughACopyOnWriteMappingOfTheFile) {
+  memory::install_cpu_memory_counter();
+  const ScratchDir dir;
+  const std::string path = dir.path + "/x.pt";
+  const at::Tensor t = at::randn({1 << 21});  // 8 MiB
+  save_pickle(path, dict_of({{"t", t}}));
+  memory::reset_cpu_peak();
+  const int64_t before = memory::cpu_memory_stats().current_bytes;
+  at::Tensor loaded = load_pickle(path).toGenericDict().at("t").toTensor();
+  EXPECT_LT(memory::cpu_memory_stats().peak_bytes - before, (8 << 20) / 10);
+  EXPECT_TRUE(at::equal(loaded, t));
+  loaded.mul_(2);
+  EXPECT_TRUE(at::equal(loaded, t * 2));
+  EXPECT_TRUE(at::equal(load_pickle(path).toGenericDict().at("t").toTensor(), t)) << "the file changed";
 }
 
 // What torch::pickle_save wrote loads with load_pickle (checkpoints written before save_pickle existed).
