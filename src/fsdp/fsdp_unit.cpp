@@ -557,9 +557,10 @@ nn::TensorVec FsdpInterceptor::around(torch::nn::Module& /*module*/, nn::TensorV
   u.set_training(TrainingState::FORWARD);
   if (u.options.forward_prefetch > 0) u.prefetch_forward(occurrence);
   // This call's backward, as the hooks on its outputs and the node on its inputs see it.
+  // (A unit without parameters has nothing to reshard: its calls are not counted.)
   std::shared_ptr<CallBackward> call;
-  if (at::GradMode::is_enabled() && !u.params.empty()) {
-    call = std::make_shared<CallBackward>();
+  if (at::GradMode::is_enabled()) call = std::make_shared<CallBackward>();
+  if (call && !u.params.empty()) {
     ++u.calls;
     std::vector<at::Tensor*> tracked;
     for (auto& in : inputs) {
@@ -583,8 +584,7 @@ nn::TensorVec FsdpInterceptor::around(torch::nn::Module& /*module*/, nn::TensorV
   nn::TensorVec outputs = next(std::move(inputs));
   // A unit whose forward ran without grad mode (FLAVA's frozen codebook) has no backward: gathering it there
   // would only hold it until the end of backward.
-  if (at::GradMode::is_enabled()) {
-    if (!call) call = std::make_shared<CallBackward>();  // a unit without parameters: nothing is counted
+  if (call) {
     call->post_forward_index = schedule.record_call(schedule.post_forward_order, unit_);
     call->forward = schedule.forwards;
   }

@@ -134,7 +134,8 @@ struct Config {
            (reshard_after_forward ? " reshard" : " keep") +
            (precision == Precision::FP32 ? " fp32 " : precision == Precision::BF16 ? " bf16 " : " fp16 ") +
            prefetch_names[static_cast<int>(prefetch)] + (checkpoint ? " checkpointed" : "") +
-           (passes > 1 ? " blocks called x" + std::to_string(passes) : "") + " W=" + std::to_string(test_process_group().world_size());
+           (passes > 1 ? " blocks called x" + std::to_string(passes) : "") +
+           " W=" + std::to_string(test_process_group().world_size());
   }
 };
 
