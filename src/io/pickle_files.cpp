@@ -6,10 +6,6 @@
 #include <torch/csrc/jit/serialization/import_read.h>
 #include <torch/csrc/jit/serialization/pickler.h>
 #include <torch/csrc/jit/serialization/unpickler.h>
-#include <fcntl.h>
-#include <sys/mman.h>
-#include <sys/stat.h>
-#include <unistd.h>
 
 #include <algorithm>
 #include <cstring>
@@ -19,6 +15,7 @@
 #include <vector>
 
 #include "shardtrain/io/files.h"
+#include "io/mapped_file.h"
 
 namespace shardtrain::io {
 
@@ -44,45 +41,6 @@ void save_pickle(const std::string& path, const c10::IValue& value) {
   file.commit();
 }
 
-namespace {
-
-// The file mapped into memory, private and copy-on-write: pages are read from the page cache as a storage is
-// touched (reclaimable, not the process's own memory), and a write to a loaded tensor changes only this process's
-// copy of that page. Unmapped when the last storage over it is freed.
-class MappedFile {
- public:
-  explicit MappedFile(const std::string& path) {
-    const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-    if (fd < 0) return;
-    struct stat st {};
-    if (::fstat(fd, &st) == 0 && st.st_size > 0) {
-      void* addr = ::mmap(nullptr, static_cast<size_t>(st.st_size), PROT_READ | PROT_WRITE, MAP_PRIVATE, fd, 0);
-      if (addr != MAP_FAILED) addr_ = static_cast<char*>(addr), size_ = static_cast<size_t>(st.st_size);
-    }
-    ::close(fd);
-  }
-  ~MappedFile() {
-    if (addr_) ::munmap(addr_, size_);
-  }
-  MappedFile(const MappedFile&) = delete;
-  MappedFile& operator=(const MappedFile&) = delete;
-  bool mapped() const { return addr_ != nullptr; }
-  size_t size() const { return size_; }
-  char* at(size_t offset) const { return addr_ + offset; }
-
- private:
-  char* addr_ = nullptr;
-  size_t size_ = 0;
-};
-
-// A storage's bytes inside the mapping, which it keeps alive.
-at::DataPtr mapped_bytes(const std::shared_ptr<MappedFile>& file, size_t offset) {
-  auto* owner = new std::shared_ptr<MappedFile>(file);
-  return at::DataPtr(file->at(offset), owner, [](void* p) { delete static_cast<std::shared_ptr<MappedFile>*>(p); },
-                     at::Device(at::kCPU));
-}
-
-}  // namespace
 
 c10::IValue load_pickle(const std::string& path) {
   if (!path_exists(path)) throw std::runtime_error("cannot read " + path + ": no such file");

@@ -13,7 +13,7 @@
 #include "models/families.h"
 #include "models/hf_config.h"
 #include "models/recipe_helpers.h"
-#include "shardtrain/io/safetensors_files.h"
+#include "shardtrain/io/weight_files.h"
 #include "shardtrain/models/bert.h"
 
 namespace shardtrain::models {
@@ -239,10 +239,8 @@ bool weights_hold_pooler(const std::string& path) {
   namespace fs = std::filesystem;
   if (!fs::exists(path)) return true;
   const fs::path dir = fs::is_directory(path) ? fs::path(path) : fs::path(path).parent_path();
-  const bool has_weights =
-      fs::exists(dir / "model.safetensors") || fs::exists(dir / "model.safetensors.index.json");
-  if (!has_weights) return true;
-  const io::SafetensorsFiles files(dir.string());
+  if (!io::has_weight_files(dir.string())) return true;
+  const io::WeightFiles files(dir.string());
   return files.find("bert.pooler.dense.weight") || files.find("pooler.dense.weight");
 }
 

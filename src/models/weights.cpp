@@ -10,7 +10,8 @@
 
 #include "shardtrain/distributed/communicator.h"
 #include "shardtrain/fsdp/state_dict.h"
-#include "shardtrain/io/safetensors_files.h"
+#include "shardtrain/io/safetensors.h"
+#include "shardtrain/io/weight_files.h"
 
 namespace shardtrain::models {
 
@@ -27,7 +28,7 @@ std::string shape_text(c10::IntArrayRef shape) {
 // shape and that the file holds nothing else (but ignored names, and heads or with options.partial anything:
 // report.unused), and that its shape is the model's (or with options.ignore_mismatched_sizes "" and
 // report.mismatched). Throws std::runtime_error naming the file and the tensor.
-std::vector<std::string> plan_load(const io::SafetensorsFiles& file,
+std::vector<std::string> plan_load(const io::WeightFiles& file,
                                    const std::vector<std::pair<std::string, std::vector<int64_t>>>& wanted,
                                    const NameMap& names, const LoadOptions& options, const char* caller,
                                    LoadReport& report) {
@@ -55,7 +56,7 @@ std::vector<std::string> plan_load(const io::SafetensorsFiles& file,
       continue;
     }
     if (in_file.empty()) throw fail("tensor '" + hf + "' of the model is missing from the file");
-    const io::SafetensorsEntry* e = file.find(in_file);
+    const io::WeightEntry* e = file.find(in_file);
     if (e->shape != shape) {
       if (!options.ignore_mismatched_sizes) {
         throw fail("tensor '" + in_file + "' has shape " + shape_text(e->shape) + ", the model expects " +
@@ -145,7 +146,7 @@ std::vector<std::pair<std::string, at::Tensor>> hf_named_tensors(const torch::nn
 
 LoadReport load_weights(torch::nn::Module& model, const std::string& path, const NameMap& names,
                         const LoadOptions& options) {
-  io::SafetensorsFiles file(path);
+  io::WeightFiles file(path);
   auto tensors = hf_named_tensors(model, names);
   std::vector<std::pair<std::string, std::vector<int64_t>>> wanted;
   for (const auto& [hf, t] : tensors) wanted.emplace_back(hf, t.sizes().vec());
@@ -170,7 +171,7 @@ LoadReport load_weights_sharded(const std::shared_ptr<torch::nn::Module>& model,
   for (const auto& slot : slots) wanted.emplace_back(hf_of.at(slot.tensor.unsafeGetTensorImpl()), slot.full_shape);
 
   const bool reader = !from_rank0 || from_rank0->rank() == 0;
-  std::optional<io::SafetensorsFiles> file;
+  std::optional<io::WeightFiles> file;
   std::vector<std::string> plan;
   LoadReport report;
   std::string error;

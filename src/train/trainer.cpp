@@ -22,7 +22,8 @@
 #include "shardtrain/distributed/mesh.h"
 #include "shardtrain/distributed/process_group.h"
 #include "shardtrain/fsdp/fully_shard.h"
-#include "shardtrain/io/safetensors_files.h"
+#include "shardtrain/io/safetensors.h"
+#include "shardtrain/io/weight_files.h"
 #include "shardtrain/launch/error_file.h"
 #include "shardtrain/launch/launch.h"
 #include "shardtrain/memory/memory_stats.h"
@@ -195,7 +196,7 @@ std::string describe_units(const std::shared_ptr<torch::nn::Module>& root) {
 // What loading model.init_weights into the model's dtype converted: "model.safetensors (F32 -> BF16: 199 tensors)".
 std::string describe_conversion(const Config& c, at::ScalarType model_dtype) {
   std::map<at::ScalarType, int64_t> converted;
-  for (const io::SafetensorsEntry& e : io::SafetensorsFiles(c.model.init_weights).entries()) {
+  for (const io::WeightEntry& e : io::WeightFiles(c.model.init_weights).entries()) {
     if (e.dtype != model_dtype) ++converted[e.dtype];
   }
   std::string out = c.model.init_weights;

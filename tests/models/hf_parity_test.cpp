@@ -5,15 +5,19 @@
 #include <gtest/gtest.h>
 
 #include <ATen/ATen.h>
+#include <torch/nn/module.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <fstream>
+#include <map>
 #include <nlohmann/json.hpp>
 #include <string>
 
 #include "shardtrain/models/bert.h"
 #include "shardtrain/models/flava.h"
 #include "shardtrain/models/llama.h"
+#include "shardtrain/io/files.h"
 #include "shardtrain/io/safetensors.h"
 #include "shardtrain/models/t5.h"
 #include "shardtrain/models/vit.h"
@@ -215,6 +219,54 @@ TEST(HfParity, Flava) {
   FlavaOutputs image = model->run(image_only);
   expect_close(image.mim, ref["image_mim"], "MIM loss");
   expect_close(image.loss, ref["image_loss"], "image-only total loss");
+}
+
+// Every tensor of `model`, by name.
+std::map<std::string, at::Tensor> tensors_of(const torch::nn::Module& model) {
+  std::map<std::string, at::Tensor> out;
+  for (const auto& p : model.named_parameters()) out.emplace(p.key(), p.value().detach().clone());
+  for (const auto& b : model.named_buffers()) out.emplace(b.key(), b.value().clone());
+  return out;
+}
+
+// The same weights saved by Python's torch.save (hf_reference.py's save_torch: pytorch_model.bin as transformers
+// wrote it before safetensors — the whole state_dict, an OrderedDict with _metadata and tied tensors under each
+// name; nn.Parameters; plain-dict shards with pytorch_model.bin.index.json) build the same model from their
+// directory (model.from) and load exactly the safetensors file's values, in every family.
+TEST(HfParity, TorchSaveFilesLoadAsTheirSafetensors) {
+  for (const std::string family : {"bert", "vit", "llama", "llama3", "mistral", "qwen2", "qwen3", "t5", "flava"}) {
+    const std::string dir = reference_dir() + "/" + family;
+    ZooModel expected = build_model(recipe_of_model(dir));
+    const LoadReport expected_report = load_weights(*expected.module, dir + "/model.safetensors", expected.names);
+    const auto want = tensors_of(*expected.module);
+    for (const std::string layout : {"torch", "torch-sharded", "torch-bf16"}) {
+      if (!io::path_exists(dir + "/" + layout)) continue;
+      SCOPED_TRACE(family + "/" + layout);
+      ZooModel model = build_model(recipe_of_model(dir + "/" + layout));
+      const LoadReport report = load_weights(*model.module, dir + "/" + layout, model.names);
+      // What the safetensors file leaves aside (bert: the NSP head a masked-LM model has not), and no more.
+      auto sorted = [](std::vector<std::string> names) {
+        std::sort(names.begin(), names.end());
+        return names;
+      };
+      EXPECT_EQ(sorted(report.initialized), sorted(expected_report.initialized));
+      EXPECT_EQ(sorted(report.unused), sorted(expected_report.unused));
+      EXPECT_TRUE(report.mismatched.empty());
+      const auto got = tensors_of(*model.module);
+      ASSERT_EQ(got.size(), want.size());
+      for (const auto& [name, t] : want) {
+        // bfloat16 in the file: the float32 model holds the safetensors value rounded to bfloat16.
+        const at::Tensor expect_value = layout == "torch-bf16" && t.is_floating_point()
+                                            ? t.to(at::kBFloat16).to(t.scalar_type()) : t;
+        EXPECT_TRUE(at::equal(got.at(name), expect_value)) << name;
+      }
+    }
+  }
+  // PyTorch before 1.6 wrote another format: the error says how to convert it.
+  ZooModel bert = build_model(recipe_of_model(reference_dir() + "/bert"));
+  expect_error<std::runtime_error>(
+      [&] { load_weights(*bert.module, reference_dir() + "/legacy/pytorch_model.bin", bert.names); },
+      {"legacy format", "torch.save(torch.load(path), path)"});
 }
 
 // Every published flavor's count, from shapes, equals transformers' own module's count.

@@ -3,15 +3,20 @@ flavors. For each family: a model built by transformers from the flavor's config
 its weights saved as safetensors (Hugging Face names), a batch and the model's outputs on it (eval mode, float32).
 tests/models/hf_parity_test.cpp loads the weights into shardtrain's model and compares.
 
+The same weights are also saved as torch.save wrote them before safetensors (OUT_DIR/<family>/torch/: the
+pytorch_model.bin files that many checkpoints on the Hub still hold), for the tests that read those files.
+
 usage: hf_reference.py OUT_DIR
-writes OUT_DIR/<family>/{model.safetensors, io.safetensors} and OUT_DIR/counts.json
+writes OUT_DIR/<family>/{model.safetensors, io.safetensors, torch/...}, OUT_DIR/legacy/pytorch_model.bin and
+OUT_DIR/counts.json
 """
 import json
 import os
+import shutil
 import sys
 
 import torch
-from safetensors.torch import save_file
+from safetensors.torch import load_file, save_file
 import transformers
 from transformers import (BertConfig, BertForPreTraining, FlavaConfig, FlavaForPreTraining, LlamaConfig,
                           LlamaForCausalLM, MistralConfig, MistralForCausalLM, Qwen2Config, Qwen2ForCausalLM,
@@ -111,6 +116,40 @@ def save(out, family, model, io):
     os.makedirs(d, exist_ok=True)
     model.save_pretrained(d, safe_serialization=True)
     save_file({k: v.contiguous() for k, v in io.items() if v is not None}, os.path.join(d, "io.safetensors"))
+    save_torch(d, family, model)
+
+
+def save_torch(d, family, model):
+    """The weights as torch.save files in d/torch*/ (transformers 5 writes safetensors only): the whole state_dict
+    (an OrderedDict with its _metadata attribute, tied tensors under each name) as transformers before 4.18 saved it;
+    for vit the parameters themselves (nn.Parameter); for bert and t5 also plain-dict shards with an index, as
+    transformers 4.18-4.x saved them; for bert also in bfloat16 with pickle protocol 4."""
+    def directory(name):
+        path = os.path.join(d, name)
+        os.makedirs(path, exist_ok=True)
+        shutil.copy(os.path.join(d, "config.json"), path)
+        return path
+    state = model.state_dict()
+    if family == "vit":  # transformers 5 names ViT's modules apart from its checkpoints: the file's names
+        state = {k: torch.nn.Parameter(v) for k, v in load_file(os.path.join(d, "model.safetensors")).items()}
+    torch.save(state, os.path.join(directory("torch"), "pytorch_model.bin"))
+    if family in ("bert", "t5"):
+        names = list(model.state_dict().keys())
+        shards = [names[i::3] for i in range(3)]
+        sharded = directory("torch-sharded")
+        weight_map = {}
+        for i, shard in enumerate(shards):
+            file = f"pytorch_model-{i + 1:05d}-of-{len(shards):05d}.bin"
+            torch.save({n: state[n] for n in shard}, os.path.join(sharded, file))
+            weight_map.update({n: file for n in shard})
+        with open(os.path.join(sharded, "pytorch_model.bin.index.json"), "w") as f:
+            json.dump({"metadata": {"total_size": 0}, "weight_map": weight_map}, f)
+    if family == "bert":
+        torch.save({k: v.to(torch.bfloat16) if v.is_floating_point() else v for k, v in state.items()},
+                   os.path.join(directory("torch-bf16"), "pytorch_model.bin"), pickle_protocol=4)
+        legacy = os.path.join(d, "..", "legacy")
+        os.makedirs(legacy, exist_ok=True)
+        torch.save(state, os.path.join(legacy, "pytorch_model.bin"), _use_new_zipfile_serialization=False)
 
 
 def text_batch(g, vocab, batch=3, length=12):

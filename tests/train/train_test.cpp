@@ -23,6 +23,7 @@
 #include "shardtrain/data/synth.h"
 #include "shardtrain/fsdp/state_dict.h"
 #include "shardtrain/io/files.h"
+#include "shardtrain/io/pickle_files.h"
 #include "shardtrain/io/safetensors.h"
 #include "shardtrain/models/weights.h"
 #include "shardtrain/models/zoo.h"
@@ -507,15 +508,16 @@ TEST_F(TrainTest, InitWeightsLoadEveryWay) {
   }
 }
 
-// model.from: a Hugging Face model directory (config.json with the exact size, and the weights in model.safetensors
-// or sharded across files with model.safetensors.index.json) is the model and its starting weights, no flavor
-// named. BERT for masked LM, 2 ranks, one step: the weights are the directory's to within that step (1e-2), and
-// the sharded directory gives exactly the single file's run. A missing shard or a directory without weights says so.
+// model.from: a Hugging Face model directory (config.json with the exact size, and the weights in model.safetensors,
+// sharded across files with model.safetensors.index.json, or in a torch.save pytorch_model.bin) is the model and its
+// starting weights, no flavor named. BERT for masked LM, 2 ranks, one step: the weights are the directory's to
+// within that step (1e-2), and the sharded and torch.save directories give exactly the single file's run. A missing
+// shard or a directory without weights says so.
 TEST_F(TrainTest, ModelFromAHuggingFaceDirectory) {
   models::BuildOptions build;
   build.init.seed = 5;
   models::ZooModel source = models::build_model("bert-debug", build);
-  const std::string single = root_ + "/hf-bert", sharded = root_ + "/hf-bert-sharded";
+  const std::string single = root_ + "/hf-bert", sharded = root_ + "/hf-bert-sharded", pickled = root_ + "/hf-bert-pt";
   const std::string config_json =
       R"({"model_type": "bert", "architectures": ["BertForMaskedLM"], "vocab_size": 1000,
           "max_position_embeddings": 64, "hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 4,
@@ -523,7 +525,7 @@ TEST_F(TrainTest, ModelFromAHuggingFaceDirectory) {
   auto write_text = [](const std::string& path, const std::string& text) {
     io::write_file_atomic(path, std::vector<char>(text.begin(), text.end()));
   };
-  for (const std::string& dir : {single, sharded}) {
+  for (const std::string& dir : {single, sharded, pickled}) {
     io::make_directories(dir);
     write_text(dir + "/config.json", config_json);
   }
@@ -542,10 +544,13 @@ TEST_F(TrainTest, ModelFromAHuggingFaceDirectory) {
     io::write_safetensors(sharded + "/model-0000" + std::to_string(half + 1) + "-of-00002.safetensors", halves[half]);
   }
   write_text(sharded + "/model.safetensors.index.json", "{\"weight_map\": {" + weight_map + "}}");
+  c10::impl::GenericDict state_dict(c10::StringType::get(), c10::TensorType::get());
+  for (const auto& [name, t] : tensors) state_dict.insert(name, t);
+  io::save_pickle(pickled + "/pytorch_model.bin", state_dict);
 
-  std::map<std::string, at::Tensor> saved[2];
-  for (int i = 0; i < 2; ++i) {
-    const std::string dir = i == 0 ? single : sharded, ck = dir + "-run";
+  std::map<std::string, at::Tensor> saved[3];
+  for (int i = 0; i < 3; ++i) {
+    const std::string dir = i == 0 ? single : i == 1 ? sharded : pickled, ck = dir + "-run";
     const Outcome r = train("--model.from=" + dir + " --train.steps=1 --train.eval_interval=0 --checkpoint.dir=" + ck);
     ASSERT_EQ(r.status, 0) << r.output;
     EXPECT_NE(r.output.find("training " + dir + " (bert, "), std::string::npos) << r.output;
@@ -560,6 +565,7 @@ TEST_F(TrainTest, ModelFromAHuggingFaceDirectory) {
     EXPECT_LE(worst, 1e-2);
   }
   EXPECT_EQ(max_difference(saved[0], saved[1]), 0.0);
+  EXPECT_EQ(max_difference(saved[0], saved[2]), 0.0);
   // Exported as a model directory, the source's config.json comes back whole (keys shardtrain does not read too).
   const Outcome exported =
       run(std::string(SHARDTRAIN_BIN) + " checkpoint export " + single + "-run --hf " + root_ + "/hf-bert-export");
@@ -576,7 +582,8 @@ TEST_F(TrainTest, ModelFromAHuggingFaceDirectory) {
   io::remove_tree(single + "/model.safetensors");
   const Outcome none = train("--model.from=" + single + " --train.steps=1 --checkpoint.dir=" + root_ + "/hf-y");
   EXPECT_NE(none.status, 0);
-  EXPECT_NE(none.output.find("needs model.safetensors or model.safetensors.index.json"), std::string::npos)
+  EXPECT_NE(none.output.find("needs model.safetensors, model.safetensors.index.json, pytorch_model.bin or "
+                             "pytorch_model.bin.index.json"), std::string::npos)
       << none.output;
 }
 

@@ -24,6 +24,7 @@
 #include "shardtrain/models/losses.h"
 #include "shardtrain/io/safetensors.h"
 #include "shardtrain/io/safetensors_files.h"
+#include "shardtrain/io/weight_files.h"
 #include "shardtrain/models/t5.h"
 #include "shardtrain/models/vit.h"
 #include "shardtrain/models/zoo.h"
@@ -620,13 +621,13 @@ TEST(Safetensors, ShardedDirectoryRoundTrip) {
   const auto sharded = io::write_safetensors_files(dir.path, tensors, 100);  // two tensors fit a shard
   EXPECT_EQ(sharded, (std::vector<std::string>{"model-00001-of-00003.safetensors", "model-00002-of-00003.safetensors",
                                                "model-00003-of-00003.safetensors", "model.safetensors.index.json"}));
-  io::SafetensorsFiles back(dir.path);
+  io::WeightFiles back(dir.path);
   for (const auto& [name, t] : tensors) EXPECT_TRUE(at::equal(back.read(name), t)) << name;
   EXPECT_EQ(io::SafetensorsReader(dir.path + "/model-00001-of-00003.safetensors").metadata().at("format"), "pt");
   EXPECT_EQ(io::write_safetensors_files(dir.path, tensors, 1000), std::vector<std::string>{"model.safetensors"});
   EXPECT_FALSE(io::path_exists(dir.path + "/model.safetensors.index.json"));
   EXPECT_FALSE(io::path_exists(dir.path + "/model-00001-of-00003.safetensors"));
-  EXPECT_TRUE(at::equal(io::SafetensorsFiles(dir.path).read("t4"), tensors[4].second));
+  EXPECT_TRUE(at::equal(io::WeightFiles(dir.path).read("t4"), tensors[4].second));
 }
 
 TEST(Safetensors, WeightsRoundTripUnderHfNames) {

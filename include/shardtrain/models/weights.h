@@ -63,8 +63,9 @@ struct LoadOptions {
 };
 
 // Copies every parameter and buffer of `model` from the file (converting dtype, keeping the model's device). `path`:
-// a safetensors file, a sharded checkpoint's model.safetensors.index.json, or a Hugging Face model directory holding
-// either (io::SafetensorsFiles).
+// a safetensors or torch.save file (pytorch_model.bin), a sharded checkpoint's index, or a Hugging Face model
+// directory holding either (io::WeightFiles). A file that holds a tied tensor under each of its names (older
+// transformers saved the whole state_dict) loads it once: the family's NameMap ignores the copies.
 // Validates the whole file against the model first, and throws std::runtime_error naming the tensor on: a
 // parameter missing from the file, a shape that differs, a tensor in the file the model does not have (unless
 // ignored or a head; with options.partial a missing or extra tensor of any kind is reported instead). A model

@@ -1,0 +1,36 @@
+// A file mapped into memory, private and copy-on-write, for loads whose tensors are views of the file (torch.load's
+// mmap=True): pages are read from the page cache as a tensor is touched (reclaimable, not the process's own
+// memory), and a write to a loaded tensor changes only this process's copy of that page. Shared by io::load_pickle
+// and io::load_torch_state_dict.
+#pragma once
+
+#include <c10/core/Allocator.h>
+
+#include <cstddef>
+#include <memory>
+#include <string>
+
+namespace shardtrain::io {
+
+class MappedFile {
+ public:
+  // Maps `path` whole; mapped() is false when it cannot be (missing, empty, a file system without mmap): the caller
+  // then reads instead.
+  explicit MappedFile(const std::string& path);
+  ~MappedFile();
+  MappedFile(const MappedFile&) = delete;
+  MappedFile& operator=(const MappedFile&) = delete;
+  bool mapped() const { return addr_ != nullptr; }
+  size_t size() const { return size_; }
+  char* at(size_t offset) const { return addr_ + offset; }
+
+ private:
+  char* addr_ = nullptr;
+  size_t size_ = 0;
+};
+
+// The bytes at `offset` in the mapping as a storage's CPU data, keeping the mapping alive (unmapped when the last
+// storage over it is freed).
+at::DataPtr mapped_bytes(const std::shared_ptr<MappedFile>& file, size_t offset);
+
+}  // namespace shardtrain::io
