@@ -82,6 +82,8 @@ class Machine {
   Machine(const std::string& path, const char* program, size_t size, const StorageOf& storage_of)
       : path_(path), p_(program), size_(size), storage_of_(storage_of) {}
 
+  size_t consumed() const { return pos_; }  // the program's bytes up to its STOP, once run
+
   ValuePtr run() {
     while (true) {
       const size_t at = pos_;
@@ -364,10 +366,13 @@ class Machine {
   // that names it.
   ValuePtr persistent_load(const ValuePtr& id) {
     const auto& t = expect(id, Value::Kind::kTuple, "a persistent id")->items;
-    if (t.size() != 5 || t[0]->kind != Value::Kind::kString || t[0]->s != "storage" ||
+    if (t.size() < 5 || t.size() > 6 || t[0]->kind != Value::Kind::kString || t[0]->s != "storage" ||
         t[1]->kind != Value::Kind::kGlobal || t[2]->kind != Value::Kind::kString ||
         t[4]->kind != Value::Kind::kInt) {
-      fail("a persistent id that is not ('storage', type, key, location, numel)");
+      fail("a persistent id that is not ('storage', type, key, location, numel[, view])");
+    }
+    if (t.size() == 6 && t[5]->kind != Value::Kind::kNone) {  // the legacy format's view_metadata
+      fail("a view of a storage (saved by PyTorch before 1.0), which is not read");
     }
     auto type = storage_types().find(t[1]->s);
     if (type == storage_types().end()) fail("storage type " + t[1]->s + " (a tensor dtype's storage expected)");
@@ -392,10 +397,10 @@ class Machine {
 
 }  // namespace
 
-std::vector<std::pair<std::string, at::Tensor>> run_state_dict_program(const std::string& path, const char* program,
-                                                                       size_t size, const StorageOf& storage_of) {
-  Machine machine(path, program, size, storage_of);
-  const Value& root = *machine.run();
+namespace {
+
+// The dict a program built as (name, tensor) entries. Throws naming the first entry that is not one.
+std::vector<std::pair<std::string, at::Tensor>> entries_of(const std::string& path, const Value& root) {
   if (root.kind != Value::Kind::kDict) {
     throw std::runtime_error(path + ": holds a " + std::string(kind_name(root.kind)) +
                              ", not a state dict (a dict of tensors)");
@@ -415,6 +420,96 @@ std::vector<std::pair<std::string, at::Tensor>> run_state_dict_program(const std
     out.emplace_back(key.s, value.tensor);
   }
   return out;
+}
+
+// The magic number torch.save's legacy format begins with, pickled (LONG1 of 10 bytes, STOP) after PROTO n.
+const std::string kLegacyMagic("\x8a\x0a\x6c\xfc\x9c\x46\xf9\x20\x6a\xa8\x50\x19.", 13);
+
+}  // namespace
+
+std::vector<std::pair<std::string, at::Tensor>> run_state_dict_program(const std::string& path, const char* program,
+                                                                       size_t size, const StorageOf& storage_of) {
+  Machine machine(path, program, size, storage_of);
+  return entries_of(path, *machine.run());
+}
+
+bool is_legacy_torch_save(const char* bytes, size_t size) {
+  return size >= 2 + kLegacyMagic.size() && static_cast<uint8_t>(bytes[0]) == kProto &&
+         std::memcmp(bytes + 2, kLegacyMagic.data(), kLegacyMagic.size()) == 0;
+}
+
+std::vector<std::pair<std::string, at::Tensor>> run_legacy_state_dict(
+    const std::string& path, const char* bytes, size_t size, const std::function<at::DataPtr(size_t)>& bytes_at) {
+  auto fail = [&](const std::string& what) {
+    return std::runtime_error(path + ": cannot read its state dict (torch.save's legacy format): " + what);
+  };
+  if (!is_legacy_torch_save(bytes, size)) throw fail("it does not begin with the format's magic number");
+  size_t pos = 2 + kLegacyMagic.size();
+  // Each pickle runs to its STOP; the next begins after it.
+  StorageOf no_storages = [&](const std::string&, at::ScalarType, int64_t) -> at::Storage {
+    throw fail("a storage outside the saved object");
+  };
+  auto next = [&](const StorageOf& storage_of, auto&& use) {
+    Machine machine(path, bytes + pos, size - pos, storage_of);
+    const Value& value = *machine.run();
+    pos += machine.consumed();
+    return use(value);
+  };
+  next(no_storages, [&](const Value& v) {
+    if (v.kind != Value::Kind::kInt || v.i != 1001) throw fail("protocol version is not 1001");
+    return 0;
+  });
+  next(no_storages, [&](const Value& v) {  // sys_info: {"protocol_version", "little_endian", "type_sizes"}
+    if (v.kind != Value::Kind::kDict) throw fail("its system information is not a dict");
+    auto little = v.keys.find("little_endian");
+    if (little != v.keys.end() && !(v.items[little->second + 1]->kind == Value::Kind::kBool &&
+                                    v.items[little->second + 1]->i == 1)) {
+      throw fail("saved big-endian (little expected)");
+    }
+    return 0;
+  });
+  // The object: each storage it names is made without its bytes, which follow the next pickle.
+  std::map<std::string, std::pair<at::Storage, size_t>> storages;  // key -> (storage, element size)
+  StorageOf placeholder = [&](const std::string& key, at::ScalarType dtype, int64_t numel) {
+    const size_t item = at::elementSize(dtype);
+    if (numel < 0 || static_cast<uint64_t>(numel) > size / item) {
+      throw fail("storage " + key + " of " + std::to_string(numel) + " elements is larger than the file");
+    }
+    at::Storage s(at::Storage::use_byte_size_t(), static_cast<size_t>(numel) * item,
+                  at::DataPtr(nullptr, at::Device(at::kCPU)), nullptr, /*resizable=*/false);
+    storages.emplace(key, std::make_pair(s, item));
+    return s;
+  };
+  auto entries = next(placeholder, [&](const Value& v) { return entries_of(path, v); });
+  // The storages' keys in the order their bytes follow: each an int64 element count, then the elements.
+  const std::vector<std::string> keys = next(no_storages, [&](const Value& v) {
+    if (v.kind != Value::Kind::kList) throw fail("its storage keys are not a list");
+    std::vector<std::string> out;
+    for (const ValuePtr& key : v.items) {
+      if (key->kind != Value::Kind::kString) throw fail("a storage key is not a string");
+      out.push_back(key->s);
+    }
+    return out;
+  });
+  for (const std::string& key : keys) {
+    auto it = storages.find(key);
+    if (it == storages.end()) throw fail("storage " + key + " is not used by any tensor");
+    if (size - pos < 8) throw fail("the file ends before storage " + key);
+    int64_t numel = 0;
+    std::memcpy(&numel, bytes + pos, 8);  // little-endian, as the check above
+    const auto& [storage, item] = it->second;
+    const size_t nbytes = storage.nbytes();
+    if (numel < 0 || static_cast<uint64_t>(numel) != nbytes / item) {
+      throw fail("storage " + key + " holds " + std::to_string(numel) + " elements, its tensors' persistent id " +
+                 std::to_string(nbytes / item));
+    }
+    if (size - pos - 8 < nbytes) throw fail("the file ends inside storage " + key);
+    storage.set_data_ptr_noswap(bytes_at(pos + 8));
+    pos += 8 + nbytes;
+    storages.erase(it);
+  }
+  if (!storages.empty()) throw fail("storage " + storages.begin()->first + " has no bytes in the file");
+  return entries;
 }
 
 }  // namespace shardtrain::io

@@ -25,4 +25,16 @@ using StorageOf = std::function<at::Storage(const std::string& key, at::ScalarTy
 std::vector<std::pair<std::string, at::Tensor>> run_state_dict_program(const std::string& path, const char* program,
                                                                        size_t size, const StorageOf& storage_of);
 
+// Whether `bytes` begin as torch.save's legacy format does (PROTO, then the pickled magic number).
+bool is_legacy_torch_save(const char* bytes, size_t size);
+
+// A file in torch.save's legacy format (PyTorch before 1.6, or _use_new_zipfile_serialization=False), whole in
+// `bytes`: five pickles — the magic number, the protocol version (1001), the system's information (little-endian
+// checked), the state dict (its storages named by key), the storages' keys — then each storage as its element
+// count (int64) and its elements. `bytes_at(offset)` gives a storage the file's bytes at that offset (a view of the
+// mapped file: they may be unaligned, which x86 and ARM64 load). Throws as run_state_dict_program, and naming a
+// storage whose count differs from its tensors' or that the file ends inside.
+std::vector<std::pair<std::string, at::Tensor>> run_legacy_state_dict(
+    const std::string& path, const char* bytes, size_t size, const std::function<at::DataPtr(size_t)>& bytes_at);
+
 }  // namespace shardtrain::io

@@ -6,6 +6,7 @@
 #include <memory>
 #include <stdexcept>
 
+#include "shardtrain/io/files.h"
 #include "io/mapped_file.h"
 #include "io/state_dict_program.h"
 
@@ -20,25 +21,37 @@ std::string first_bytes(const std::string& path, size_t n) {
   return out;
 }
 
-// The legacy format's first bytes: pickle protocol 2, then the magic number 0x1950a86a20f9469cfc6c as a LONG1.
-bool is_legacy(const std::string& head) { return head.compare(0, 4, std::string("\x80\x02\x8a\x0a", 4)) == 0; }
+constexpr size_t kHead = 15;  // enough to tell the legacy format's magic number
+bool is_legacy(const std::string& head) { return is_legacy_torch_save(head.data(), head.size()); }
 bool is_zip(const std::string& head) { return head.compare(0, 4, std::string("PK\x03\x04", 4)) == 0; }
+
+// A legacy-format file, mapped (or where it cannot be, read whole), its storages views of it.
+std::vector<std::pair<std::string, at::Tensor>> load_legacy(const std::string& path) {
+  auto file = std::make_shared<MappedFile>(path);
+  if (file->mapped()) {
+    return run_legacy_state_dict(path, file->at(0), file->size(),
+                                 [&](size_t offset) { return mapped_bytes(file, offset); });
+  }
+  auto bytes = std::make_shared<std::vector<char>>(read_file(path));
+  return run_legacy_state_dict(path, bytes->data(), bytes->size(), [&](size_t offset) {
+    auto* owner = new std::shared_ptr<std::vector<char>>(bytes);
+    return at::DataPtr(bytes->data() + offset, owner,
+                       [](void* p) { delete static_cast<std::shared_ptr<std::vector<char>>*>(p); },
+                       at::Device(at::kCPU));
+  });
+}
 
 }  // namespace
 
 bool is_torch_save_file(const std::string& path) {
-  const std::string head = first_bytes(path, 4);
-  return head.size() == 4 && (is_zip(head) || is_legacy(head));
+  const std::string head = first_bytes(path, kHead);
+  return is_zip(head) || is_legacy(head);
 }
 
 std::vector<std::pair<std::string, at::Tensor>> load_torch_state_dict(const std::string& path) {
-  const std::string head = first_bytes(path, 4);
+  const std::string head = first_bytes(path, kHead);
   if (head.empty() && !std::ifstream(path).good()) throw std::runtime_error("cannot read " + path + ": no such file");
-  if (is_legacy(head)) {
-    throw std::runtime_error(path + ": saved in torch.save's legacy format (PyTorch before 1.6, or "
-                             "_use_new_zipfile_serialization=False), which is not read; convert it once in Python: "
-                             "torch.save(torch.load(path), path), or save the model as safetensors");
-  }
+  if (is_legacy(head)) return load_legacy(path);
   if (!is_zip(head)) throw std::runtime_error(path + ": not a torch.save archive (a zip file expected)");
   try {
     caffe2::serialize::PyTorchStreamReader reader(path);

@@ -231,15 +231,15 @@ std::map<std::string, at::Tensor> tensors_of(const torch::nn::Module& model) {
 
 // The same weights saved by Python's torch.save (hf_reference.py's save_torch: pytorch_model.bin as transformers
 // wrote it before safetensors — the whole state_dict, an OrderedDict with _metadata and tied tensors under each
-// name; nn.Parameters; plain-dict shards with pytorch_model.bin.index.json) build the same model from their
-// directory (model.from) and load exactly the safetensors file's values, in every family.
+// name; nn.Parameters; plain-dict shards with pytorch_model.bin.index.json; the format of PyTorch before 1.6) build
+// the same model from their directory (model.from) and load exactly the safetensors file's values, in every family.
 TEST(HfParity, TorchSaveFilesLoadAsTheirSafetensors) {
   for (const std::string family : {"bert", "vit", "llama", "llama3", "mistral", "qwen2", "qwen3", "t5", "flava"}) {
     const std::string dir = reference_dir() + "/" + family;
     ZooModel expected = build_model(recipe_of_model(dir));
     const LoadReport expected_report = load_weights(*expected.module, dir + "/model.safetensors", expected.names);
     const auto want = tensors_of(*expected.module);
-    for (const std::string layout : {"torch", "torch-sharded", "torch-bf16"}) {
+    for (const std::string layout : {"torch", "torch-sharded", "torch-bf16", "torch-legacy"}) {
       if (!io::path_exists(dir + "/" + layout)) continue;
       SCOPED_TRACE(family + "/" + layout);
       ZooModel model = build_model(recipe_of_model(dir + "/" + layout));
@@ -262,11 +262,6 @@ TEST(HfParity, TorchSaveFilesLoadAsTheirSafetensors) {
       }
     }
   }
-  // PyTorch before 1.6 wrote another format: the error says how to convert it.
-  ZooModel bert = build_model(recipe_of_model(reference_dir() + "/bert"));
-  expect_error<std::runtime_error>(
-      [&] { load_weights(*bert.module, reference_dir() + "/legacy/pytorch_model.bin", bert.names); },
-      {"legacy format", "torch.save(torch.load(path), path)"});
 }
 
 // Every published flavor's count, from shapes, equals transformers' own module's count.

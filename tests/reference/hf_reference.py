@@ -7,8 +7,7 @@ The same weights are also saved as torch.save wrote them before safetensors (OUT
 pytorch_model.bin files that many checkpoints on the Hub still hold), for the tests that read those files.
 
 usage: hf_reference.py OUT_DIR
-writes OUT_DIR/<family>/{model.safetensors, io.safetensors, torch/...}, OUT_DIR/legacy/pytorch_model.bin and
-OUT_DIR/counts.json
+writes OUT_DIR/<family>/{model.safetensors, io.safetensors, torch*/...} and OUT_DIR/counts.json
 """
 import json
 import os
@@ -123,7 +122,8 @@ def save_torch(d, family, model):
     """The weights as torch.save files in d/torch*/ (transformers 5 writes safetensors only): the whole state_dict
     (an OrderedDict with its _metadata attribute, tied tensors under each name) as transformers before 4.18 saved it;
     for vit the parameters themselves (nn.Parameter); for bert and t5 also plain-dict shards with an index, as
-    transformers 4.18-4.x saved them; for bert also in bfloat16 with pickle protocol 4."""
+    transformers 4.18-4.x saved them; for bert also in bfloat16 with pickle protocol 4, and in the format of PyTorch
+    before 1.6 (many older checkpoints on the Hub)."""
     def directory(name):
         path = os.path.join(d, name)
         os.makedirs(path, exist_ok=True)
@@ -147,9 +147,8 @@ def save_torch(d, family, model):
     if family == "bert":
         torch.save({k: v.to(torch.bfloat16) if v.is_floating_point() else v for k, v in state.items()},
                    os.path.join(directory("torch-bf16"), "pytorch_model.bin"), pickle_protocol=4)
-        legacy = os.path.join(d, "..", "legacy")
-        os.makedirs(legacy, exist_ok=True)
-        torch.save(state, os.path.join(legacy, "pytorch_model.bin"), _use_new_zipfile_serialization=False)
+        torch.save(state, os.path.join(directory("torch-legacy"), "pytorch_model.bin"),
+                   _use_new_zipfile_serialization=False)
 
 
 def text_batch(g, vocab, batch=3, length=12):

@@ -1,7 +1,7 @@
 // io::load_torch_state_dict and io::WeightFiles over torch.save files: what LibTorch writes reads back as views of
 // the mapped file, in order, storages shared as saved; directories and indexes of pytorch_model*.bin files (mixed
-// with safetensors shards) read as one; a file that is not a dict of tensors, calls a global outside the list, is
-// truncated or in the legacy format is refused, naming why. Python-written files (the OrderedDict state_dict, protocol
+// with safetensors shards) read as one; the legacy format (PyTorch before 1.6) read in place; a file that is not a
+// dict of tensors, calls a global outside the list, is truncated or reaches past a storage is refused, naming why. Python-written files (the OrderedDict state_dict, protocol
 // 4, nn.Parameter) are read in tests/models/hf_parity_test.cpp against transformers' own.
 #include <ATen/ATen.h>
 #include <caffe2/serialize/inline_container.h>
@@ -50,10 +50,24 @@ std::string str(const std::string& s) {
          static_cast<char>(n >> 24) + s;
 }
 
-// {'w': a float tensor of sizes (rows,) over storage '0' of 4 elements}, as torch.save writes it.
-std::string one_tensor_program(int rows) {
+// {'w': a float tensor of sizes (rows,) over storage '0' of 4 elements}, as torch.save writes it (the legacy format
+// adds a sixth item to the storage's persistent id, None).
+std::string one_tensor_program(int rows, bool legacy = false) {
   return "\x80\x02}("s + str("w") + "ctorch._utils\n_rebuild_tensor_v2\n((" + str("storage") + "ctorch\nFloatStorage\n" +
-         str("0") + str("cpu") + "K\x04tQK\x00K"s + static_cast<char>(rows) + "\x85K\x01\x85\x89tRu.";
+         str("0") + str("cpu") + "K\x04" + (legacy ? "N" : "") + "tQK\x00K"s + static_cast<char>(rows) +
+         "\x85K\x01\x85\x89tRu.";
+}
+
+// The same in torch.save's legacy format: the magic number, protocol 1001, system information, the object, the
+// storage keys ['0'], then storage '0' as its element count `count` and the floats 1..4.
+std::string legacy_file(int rows, int64_t count) {
+  std::string out = "\x80\x02\x8a\x0a\x6c\xfc\x9c\x46\xf9\x20\x6a\xa8\x50\x19."s + "\x80\x02M\xe9\x03." +
+                    "\x80\x02}(" + str("little_endian") + "\x88u." + one_tensor_program(rows, true) + "\x80\x02](" +
+                    str("0") + "e.";
+  out.append(reinterpret_cast<const char*>(&count), 8);
+  const float values[4] = {1, 2, 3, 4};
+  out.append(reinterpret_cast<const char*>(values), sizeof(values));
+  return out;
 }
 
 TEST(TorchStateDict, ReadsEveryDtypeAndLayoutAsViewsOfTheFile) {
@@ -129,6 +143,28 @@ TEST(TorchStateDict, WeightFilesReadTorchSaveFilesAndShards) {
   expect_error<std::runtime_error>([&] { WeightFiles none(dir.path); }, {"pytorch_model.bin.index.json"});
 }
 
+// PyTorch before 1.6 wrote five pickles and the storages after them: read in place, as views of the mapped file; a
+// storage whose count differs from its tensors' or that the file cuts short is refused.
+TEST(TorchStateDict, ReadsTheLegacyFormat) {
+  const ScratchDir dir;
+  const std::string p = dir.path + "/legacy.bin";
+  auto write = [&](const std::string& bytes) { write_file_atomic(p, std::vector<char>(bytes.begin(), bytes.end())); };
+  write(legacy_file(4, 4));
+  EXPECT_TRUE(is_torch_save_file(p));
+  const auto loaded = load_torch_state_dict(p);
+  ASSERT_EQ(loaded.size(), 1u);
+  EXPECT_TRUE(at::equal(loaded[0].second, at::arange(1, 5, at::kFloat)));
+  write(legacy_file(3, 4));  // three of the storage's four elements
+  EXPECT_TRUE(at::equal(load_torch_state_dict(p).at(0).second, at::arange(1, 4, at::kFloat)));
+  write(legacy_file(4, 5));
+  expect_error<std::runtime_error>([&] { load_torch_state_dict(p); }, {"legacy format", "storage 0 holds 5"});
+  const std::string whole = legacy_file(4, 4);
+  write(whole.substr(0, whole.size() - 1));
+  expect_error<std::runtime_error>([&] { load_torch_state_dict(p); }, {"ends inside storage 0"});
+  write(whole.substr(0, 40));
+  expect_error<std::runtime_error>([&] { load_torch_state_dict(p); }, {"legacy.bin", "ends inside an instruction"});
+}
+
 TEST(TorchStateDict, RefusesWhatIsNotADictOfTensors) {
   const ScratchDir dir;
   const std::string p = dir.path + "/x.pt";
@@ -150,9 +186,6 @@ TEST(TorchStateDict, RefusesWhatIsNotADictOfTensors) {
   expect_error<std::runtime_error>([&] { load_torch_state_dict(p); }, {"reaches past its storage of 4 elements"});
   write_archive(p, one_tensor_program(4), 12);
   expect_error<std::runtime_error>([&] { load_torch_state_dict(p); }, {"holds 12 bytes, not 4 elements of 4"});
-  write_file_atomic(p, std::vector<char>{'\x80', '\x02', '\x8a', '\x0a', 'l', '\xfc'});
-  EXPECT_TRUE(is_torch_save_file(p));
-  expect_error<std::runtime_error>([&] { load_torch_state_dict(p); }, {"legacy format", "torch.load(path)"});
   write_file_atomic(p, std::vector<char>{'{', '}', '\n'});
   EXPECT_FALSE(is_torch_save_file(p));
   expect_error<std::runtime_error>([&] { load_torch_state_dict(p); }, {"not a torch.save archive"});
