@@ -7,7 +7,6 @@
 //   fsdp_bench --mode M --inputs DIR       M = plain | full_shard | shard_grad_op | ddp | ddp_bucket_view
 //              [--checkpoint]              activation checkpointing of every block
 // The weights and batches are read from files so that PyTorch (bench/torch_reference.py) trains the very same.
-#include <torch/serialize.h>
 #include <torch/torch.h>
 
 #include <iostream>
@@ -18,6 +17,7 @@
 #include "shardtrain/distributed/process_group.h"
 #include "shardtrain/fsdp/fully_shard.h"
 #include "shardtrain/io/files.h"
+#include "shardtrain/io/pickle_files.h"
 #include "shardtrain/memory/memory_stats.h"
 #include "shardtrain/nn/activation_checkpoint.h"
 #include "shardtrain/nn/intercept.h"
@@ -89,7 +89,7 @@ Args parse(int argc, char** argv) {
 
 std::map<std::string, at::Tensor> load_tensors(const std::string& path) {
   std::map<std::string, at::Tensor> out;
-  for (const auto& item : torch::pickle_load(io::read_file(path)).toGenericDict()) {
+  for (const auto& item : io::load_pickle(path).toGenericDict()) {
     out[item.key().toStringRef()] = item.value().toTensor();
   }
   return out;
@@ -98,7 +98,7 @@ std::map<std::string, at::Tensor> load_tensors(const std::string& path) {
 void save_tensors(const std::string& path, const std::map<std::string, at::Tensor>& tensors) {
   c10::Dict<std::string, at::Tensor> dict;
   for (const auto& [k, v] : tensors) dict.insert(k, v);
-  io::write_file_atomic(path, torch::pickle_save(dict));
+  io::save_pickle(path, dict);  // torch.load reads it with its defaults
 }
 
 int run(const Args& a) {

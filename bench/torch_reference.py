@@ -67,10 +67,8 @@ def main():
 
     rank, world = bench_common.init_gloo()
 
-    def load(name):  # LibTorch's pickle_save tags typed dicts; allow that one function, nothing else
-        import torch.jit._pickle
-        with torch.serialization.safe_globals([torch.jit._pickle.restore_type_tag]):
-            return torch.load(os.path.join(args.inputs, name))
+    def load(name):  # written by io::save_pickle: torch.load's defaults read it
+        return torch.load(os.path.join(args.inputs, name))
 
     model = Model(args.dim, args.blocks)
     model.load_state_dict(load("init.pt"))

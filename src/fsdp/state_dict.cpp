@@ -212,7 +212,8 @@ void load_sharded_state_dict(const std::shared_ptr<torch::nn::Module>& root, con
     auto tensors = entry(f, "tensors", path).toGenericDict();
     auto it = tensors.find(c10::IValue(name));
     if (it == tensors.end()) throw std::invalid_argument(path + ": no entry for '" + name + "' of the model");
-    return std::make_tuple(it->value().toTensor(), entry(f, "shapes", path).toGenericDict().at(name).toIntVector(),
+    return std::make_tuple(it->value().toTensor(),
+                           io::int_vector(entry(f, "shapes", path).toGenericDict().at(name), path + ": shape of " + name),
                            entry(f, "first_rows", path).toGenericDict().at(name).toInt(), path);
   };
   c10::AutoGradMode no_grad(false);
@@ -274,7 +275,7 @@ std::map<std::string, at::Tensor> read_sharded_state_dict(const std::string& dir
     for (const auto& item : entry(file, "tensors", path).toGenericDict()) {
       const std::string name = item.key().toStringRef();
       const at::Tensor source = item.value().toTensor();
-      const std::vector<int64_t> shape = shapes.at(name).toIntVector();
+      const std::vector<int64_t> shape = io::int_vector(shapes.at(name), path + ": shape of " + name);
       auto it = full.find(name);
       if (it == full.end()) it = full.emplace(name, at::zeros(shape, source.options())).first;
       if (source.numel() == 0) continue;

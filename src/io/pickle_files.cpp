@@ -19,13 +19,44 @@
 
 namespace shardtrain::io {
 
+namespace {
+
+// `value` with every list, dict and tuple rebuilt untyped (elements of any type): the pickler writes a List[int]
+// (a shape) through torch.jit._pickle.build_intlist, a global Python's torch.load refuses by default
+// (weights_only=True since PyTorch 2.6), and a plain list otherwise. Tensors and scalars are kept as they are.
+c10::IValue untyped(const c10::IValue& value) {
+  if (value.isList()) {
+    c10::impl::GenericList out(c10::AnyType::get());
+    for (const c10::IValue& item : value.toListRef()) out.push_back(untyped(item));
+    return out;
+  }
+  if (value.isGenericDict()) {
+    const c10::impl::GenericDict dict = value.toGenericDict();
+    c10::impl::GenericDict out(dict.keyType(), c10::AnyType::get());
+    for (const auto& item : dict) out.insert(item.key(), untyped(item.value()));
+    return out;
+  }
+  if (value.isTuple()) {
+    std::vector<c10::IValue> items;
+    for (const c10::IValue& item : value.toTupleRef().elements()) items.push_back(untyped(item));
+    return c10::ivalue::Tuple::create(std::move(items));
+  }
+  return value;
+}
+
+}  // namespace
+
 void save_pickle(const std::string& path, const c10::IValue& value) {
   // The pickle program alone (kilobytes): tensors are references to records written after it, as pickle_save does.
+  // Containers untagged (no torch.jit._pickle.restore_type_tag) and untyped (above): Python's torch.load reads the
+  // file with its defaults.
   std::vector<char> program;
   torch::jit::Pickler pickler(
-      [&](const char* bytes, size_t size) { program.insert(program.end(), bytes, bytes + size); });
+      [&](const char* bytes, size_t size) { program.insert(program.end(), bytes, bytes + size); },
+      /*tensor_table=*/nullptr, /*type_renamer=*/nullptr, /*memoized_class_types=*/nullptr,
+      /*get_tensor_id=*/nullptr, /*tag_aggregates=*/false);
   pickler.protocol();
-  pickler.pushIValue(value);
+  pickler.pushIValue(untyped(value));
   pickler.stop();
   AtomicFile file(path);
   try {
@@ -80,6 +111,16 @@ c10::IValue load_pickle(const std::string& path) {
   } catch (const c10::Error& e) {
     throw std::runtime_error("cannot read " + path + " as a torch.save archive: " + e.what_without_backtrace());
   }
+}
+
+std::vector<int64_t> int_vector(const c10::IValue& list, const std::string& what) {
+  if (!list.isList()) throw std::runtime_error(what + ": a list of integers expected, found " + list.tagKind());
+  std::vector<int64_t> out;
+  for (const c10::IValue& item : list.toListRef()) {
+    if (!item.isInt()) throw std::runtime_error(what + ": a list of integers holds a " + item.tagKind());
+    out.push_back(item.toInt());
+  }
+  return out;
 }
 
 }  // namespace shardtrain::io

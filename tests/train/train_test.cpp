@@ -482,7 +482,7 @@ TEST_F(TrainTest, AutoBatchHalvesAfterAnOutOfMemory) {
 
 // model.init_weights: a Hugging Face file loads into the sharded (each rank its rows, or rank 0 broadcasting:
 // sync_module_states) and the replicated model; after one step at lr 1e-3 the weights are within 1e-2 of the
-// file's, where a fresh initialisation differs by about 0.1.
+// file's, where a fresh initialisation differs by about 0.1. Python's torch.load reads the checkpoint's files.
 TEST_F(TrainTest, InitWeightsLoadEveryWay) {
   models::BuildOptions build;
   build.init.seed = 5;
@@ -504,6 +504,11 @@ TEST_F(TrainTest, InitWeightsLoadEveryWay) {
         worst = std::max(worst, (saved.at(p.key()) - p.value()).abs().max().item<double>());
       }
       EXPECT_LE(worst, 1e-2);
+      // Python reads every file of the checkpoint with torch.load's defaults (weights_only=True).
+      const Outcome loaded = run(std::string(SHARDTRAIN_PYTHON) + " " + SHARDTRAIN_SOURCE_DIR +
+                                 "/tests/reference/torch_load_check.py " + dir + "/step-00000001");
+      EXPECT_EQ(loaded.status, 0) << loaded.output;
+      EXPECT_NE(loaded.output.find("torch.load read"), std::string::npos) << loaded.output;
     }
   }
 }

@@ -2,6 +2,7 @@
 // and read back through a mapping of it; the same format as torch::pickle_save both ways; clear errors naming the
 // path.
 #include <ATen/ATen.h>
+#include <caffe2/serialize/inline_container.h>
 #include <gtest/gtest.h>
 #include <torch/serialize.h>
 #include <unistd.h>
@@ -69,12 +70,46 @@ TEST(PickleFiles, LoadsThroughACopyOnWriteMappingOfTheFile) {
   EXPECT_TRUE(at::equal(load_pickle(path).toGenericDict().at("t").toTensor(), t)) << "the file changed";
 }
 
-// What torch::pickle_save wrote loads with load_pickle (checkpoints written before save_pickle existed).
+// What torch::pickle_save wrote (typed containers) loads with load_pickle, shapes through int_vector (checkpoints
+// written before save_pickle existed, and before it wrote containers untyped).
 TEST(PickleFiles, LoadsWhatPickleSaveWrote) {
   const ScratchDir dir;
   const at::Tensor t = at::arange(12, at::kLong).view({3, 4});
-  write_file_atomic(dir.path + "/old.pt", torch::pickle_save(dict_of({{"t", t}})));
-  EXPECT_TRUE(at::equal(load_pickle(dir.path + "/old.pt").toGenericDict().at("t").toTensor(), t));
+  auto dict = dict_of({{"t", t}});
+  dict.insert("shape", c10::List<int64_t>({3, 4}));
+  write_file_atomic(dir.path + "/old.pt", torch::pickle_save(dict));
+  const auto back = load_pickle(dir.path + "/old.pt").toGenericDict();
+  EXPECT_TRUE(at::equal(back.at("t").toTensor(), t));
+  EXPECT_EQ(int_vector(back.at("shape"), "shape"), (std::vector<int64_t>{3, 4}));
+}
+
+// save_pickle writes no global Python's torch.load refuses by default (weights_only=True): typed containers —
+// List[int] (build_intlist), List[float], List[Tensor], a typed dict (restore_type_tag), tuples — go untyped,
+// and read back (tests/reference/torch_load_check.py loads a trainer's checkpoint in Python).
+TEST(PickleFiles, WritesNoGlobalTorchLoadRefuses) {
+  const ScratchDir dir;
+  const std::string path = dir.path + "/x.pt";
+  c10::Dict<std::string, int64_t> rows;
+  rows.insert("w", 3);
+  auto dict = dict_of({{"t", at::randn({2})}});
+  dict.insert("shape", c10::List<int64_t>({3, 4}));
+  dict.insert("scales", c10::List<double>({0.5, 2.0}));
+  dict.insert("tensors", c10::List<at::Tensor>({at::ones({1}), at::zeros({2})}));
+  dict.insert("rows", rows);
+  dict.insert("pair", c10::ivalue::Tuple::create({c10::IValue(int64_t{1}), c10::IValue(c10::List<int64_t>({5}))}));
+  save_pickle(path, dict);
+  caffe2::serialize::PyTorchStreamReader reader(path);
+  const auto [program, size] = reader.getRecord("data.pkl");
+  const std::string text(static_cast<const char*>(program.get()), size);
+  EXPECT_EQ(text.find("torch.jit"), std::string::npos) << "a global torch.load refuses by default";
+  const auto back = load_pickle(path).toGenericDict();
+  EXPECT_EQ(int_vector(back.at("shape"), "shape"), (std::vector<int64_t>{3, 4}));
+  EXPECT_EQ(back.at("scales").toListRef().at(1).toDouble(), 2.0);
+  EXPECT_TRUE(at::equal(back.at("tensors").toListRef().at(1).toTensor(), at::zeros({2})));
+  EXPECT_EQ(back.at("rows").toGenericDict().at("w").toInt(), 3);
+  EXPECT_EQ(int_vector(back.at("pair").toTupleRef().elements().at(1), "pair"), (std::vector<int64_t>{5}));
+  testing::expect_error<std::runtime_error>([&] { int_vector(back.at("scales"), "scales"); },
+                                            {"scales", "holds a Double"});
 }
 
 TEST(PickleFiles, MissingOrDamagedFilesNameThePath) {
