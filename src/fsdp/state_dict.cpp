@@ -8,6 +8,7 @@
 #include "fsdp/fsdp_unit.h"
 #include "shardtrain/io/files.h"
 #include "shardtrain/io/pickle_files.h"
+#include "shardtrain/io/torch_state_dict.h"
 
 namespace shardtrain::fsdp {
 namespace {
@@ -318,10 +319,10 @@ void save_full_state_dict(const std::shared_ptr<torch::nn::Module>& root, const 
 }
 
 void load_full_state_dict(const std::shared_ptr<torch::nn::Module>& root, const std::string& path) {
-  c10::IValue value = io::load_pickle(path);
-  if (!value.isGenericDict()) throw std::runtime_error(path + " is not a full state dict (not a dict)");
+  // Ours, or Python's torch.save(model.state_dict()) (an OrderedDict with _metadata, zip or legacy format): the
+  // restricted reader takes both, where LibTorch's unpickler cannot read Python's.
   std::map<std::string, at::Tensor> state;
-  for (const auto& item : value.toGenericDict()) state[item.key().toStringRef()] = item.value().toTensor();
+  for (auto& [name, t] : io::load_torch_state_dict(path)) state[name] = std::move(t);
   load_full_state_dict(root, state);
 }
 

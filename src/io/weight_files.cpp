@@ -50,7 +50,7 @@ struct WeightFiles::File {
   }
 
   at::Tensor read(const std::string& name) const {
-    return safetensors ? safetensors->read(name) : tensors.at(name);
+    return safetensors ? safetensors->read(name) : tensors.at(name).contiguous();  // a saved view: its elements
   }
 
   at::Tensor read_rows(const std::string& name, int64_t first_row, int64_t rows) const {

@@ -6,6 +6,8 @@
 #include <torch/serialize.h>
 #include <unistd.h>
 
+#include <cstdlib>
+
 #include "test_env.h"
 #include "shardtrain/fsdp/state_dict.h"
 #include "shardtrain/fsdp/wrap_policy.h"
@@ -216,15 +218,26 @@ TEST(StateDict, FullStateLoadsAtAnyWorldSize) {
   EXPECT_EQ(held.size(), pg.rank() == 0 ? expected.size() : 0u);
   auto dict = torch::pickle_load(io::read_file(path)).toGenericDict();
   EXPECT_EQ(dict.size(), expected.size());
-  for (int size : {w, 3, 1}) {
-    if (size > w) continue;
-    std::vector<int> ranks(size);
-    for (int i = 0; i < size; ++i) ranks[i] = i;
-    std::optional<dist::Communicator> group = pg.new_group(ranks, "full" + std::to_string(size));
-    if (group) {
-      Toy fresh = trained_toy(*group, 0, 7);
-      load_full_state_dict(fresh.ptr(), path);
-      expect_same_state(fresh, expected, "full " + std::to_string(w) + " -> " + std::to_string(size));
+  // Python reads it (torch.load's defaults) and saves it again as a model's state_dict() is saved: an OrderedDict
+  // with _metadata (which LibTorch's own unpickler cannot read), zip and legacy formats.
+  const std::string python = scratch_dir("full") + "/python.pt", legacy = scratch_dir("full") + "/legacy.pt";
+  if (pg.rank() == 0) {
+    const std::string command = std::string(SHARDTRAIN_PYTHON) + " " + SHARDTRAIN_SOURCE_DIR +
+                                "/tests/reference/resave_state_dict.py " + path + " " + python + " " + legacy;
+    ASSERT_EQ(std::system(command.c_str()), 0) << command;
+  }
+  pg.world().barrier().wait();
+  for (const std::string& file : {path, python, legacy}) {
+    for (int size : {w, 3, 1}) {
+      if (size > w) continue;
+      std::vector<int> ranks(size);
+      for (int i = 0; i < size; ++i) ranks[i] = i;
+      std::optional<dist::Communicator> group = pg.new_group(ranks, "full" + std::to_string(size));
+      if (group) {
+        Toy fresh = trained_toy(*group, 0, 7);
+        load_full_state_dict(fresh.ptr(), file);
+        expect_same_state(fresh, expected, file + ": full " + std::to_string(w) + " -> " + std::to_string(size));
+      }
     }
   }
   pg.world().barrier().wait();

@@ -45,7 +45,8 @@ std::map<std::string, at::Tensor> read_sharded_state_dict(const std::string& dir
 // Collective over the units' groups. Parameters in their own dtype; buffers as they are.
 std::map<std::string, at::Tensor> full_state_dict(const std::shared_ptr<torch::nn::Module>& root, bool rank0_only = true);
 void save_full_state_dict(const std::shared_ptr<torch::nn::Module>& root, const std::string& path);
-// Every rank reads `path` (or takes `state`) and keeps its own rows. No communication.
+// Every rank reads `path` (or takes `state`) and keeps its own rows. No communication. `path` is what
+// save_full_state_dict wrote or Python's torch.save(model.state_dict(), path) (io::load_torch_state_dict).
 void load_full_state_dict(const std::shared_ptr<torch::nn::Module>& root, const std::string& path);
 void load_full_state_dict(const std::shared_ptr<torch::nn::Module>& root, const std::map<std::string, at::Tensor>& state);
 
