@@ -9,6 +9,7 @@
 #include <sstream>
 
 #include "config/fields.h"
+#include "shardtrain/io/hf_cache.h"
 #include "shardtrain/plan/memory_size.h"
 #include "util/closest_match.h"
 
@@ -474,6 +475,11 @@ Config parse_config(const std::string& yaml, const std::string& source, const st
     config.model.task = config.train.task;
   }
   if (!config.model.from.empty()) {  // a Hugging Face directory: its config.json is the model, its files the weights
+    try {  // a model name: its snapshot in the Hugging Face cache, as from_pretrained finds it offline
+      config.model.from = io::resolve_hf_model(config.model.from, "model.from");
+    } catch (const std::exception& e) {
+      throw ConfigError(source + ": " + e.what());
+    }
     config.model.flavor = config.model.from;
     if (config.model.init_weights.empty()) config.model.init_weights = config.model.from;
   }

@@ -10,6 +10,7 @@
 
 #include "models/families.h"
 #include "models/hf_config.h"
+#include "shardtrain/io/hf_cache.h"
 #include "util/closest_match.h"
 
 namespace shardtrain::models {
@@ -72,11 +73,16 @@ std::shared_ptr<const ModelRecipe> recipe_from_hf_config(const std::string& path
 std::shared_ptr<const ModelRecipe> recipe_of_model(const std::string& flavor_or_path) {
   const std::string& m = flavor_or_path;
   const bool json = m.size() >= 5 && m.compare(m.size() - 5, 5, ".json") == 0;
-  if (std::filesystem::exists(m) || json || m.find('/') != std::string::npos) return recipe_from_hf_config(m);
+  if (std::filesystem::exists(m) || json) return recipe_from_hf_config(m);
+  // A model name: a flavor of the zoo first, then a model in the Hugging Face cache (from_pretrained's offline
+  // lookup); "org/name" is never a flavor.
+  if (m.find('/') != std::string::npos) return recipe_from_hf_config(io::resolve_hf_model(m, "model"));
   try {
     return recipe_of(m);
   } catch (const std::invalid_argument& e) {
-    throw std::invalid_argument(std::string(e.what()) + "; a Hugging Face config.json or model directory works too");
+    if (auto snapshot = io::find_in_hf_cache(m)) return recipe_from_hf_config(*snapshot);
+    throw std::invalid_argument(std::string(e.what()) + "; a Hugging Face config.json, model directory or model " +
+                                "name in the Hugging Face cache (" + io::hf_hub_cache_dir() + ") works too");
   }
 }
 

@@ -571,6 +571,36 @@ TEST_F(TrainTest, ModelFromAHuggingFaceDirectory) {
   }
   EXPECT_EQ(max_difference(saved[0], saved[1]), 0.0);
   EXPECT_EQ(max_difference(saved[0], saved[2]), 0.0);
+
+  // A model name: the same files in a Hugging Face cache (blobs, a snapshot of links to them, refs/main), found as
+  // huggingface_hub's offline snapshot_download finds them, train exactly as the directory did.
+  const std::string cache = root_ + "/hf-cache", repo = cache + "/models--org--tiny-bert";
+  const std::string snapshot = repo + "/snapshots/0123abcd";
+  io::make_directories(repo + "/blobs");
+  io::make_directories(snapshot);
+  io::make_directories(repo + "/refs");
+  for (const std::string name : {"config.json", "model.safetensors"}) {
+    io::rename_durable(single + "/" + name, repo + "/blobs/" + name + ".blob");
+    ASSERT_EQ(::symlink(("../../blobs/" + name + ".blob").c_str(), (snapshot + "/" + name).c_str()), 0);
+  }
+  write_text(repo + "/refs/main", "0123abcd");
+  const Outcome hub = run("HF_HUB_OFFLINE=1 HF_HUB_CACHE=" + cache + " " + SHARDTRAIN_PYTHON +
+                          " -c \"from huggingface_hub import snapshot_download; print(snapshot_download('org/tiny-bert'))\"");
+  EXPECT_NE(hub.output.find(snapshot), std::string::npos) << hub.output;
+  ::setenv("HF_HUB_CACHE", cache.c_str(), 1);
+  const Outcome named = train("--model.from=org/tiny-bert --train.steps=1 --train.eval_interval=0 --checkpoint.dir=" +
+                              root_ + "/hf-named-run");
+  ::unsetenv("HF_HUB_CACHE");
+  ASSERT_EQ(named.status, 0) << named.output;
+  EXPECT_NE(named.output.find("training " + snapshot + " (bert, "), std::string::npos) << named.output;
+  EXPECT_EQ(max_difference(saved[0], saved_state(root_ + "/hf-named-run/step-00000001", true)), 0.0);
+  const Outcome absent = train("--model.from=org/absent --train.steps=1 --checkpoint.dir=" + root_ + "/hf-z");
+  EXPECT_NE(absent.status, 0);
+  EXPECT_NE(absent.output.find("huggingface-cli download org/absent"), std::string::npos) << absent.output;
+  for (const std::string name : {"config.json", "model.safetensors"}) {  // back where the rest of the test reads them
+    ASSERT_EQ(::unlink((snapshot + "/" + name).c_str()), 0);
+    io::rename_durable(repo + "/blobs/" + name + ".blob", single + "/" + name);
+  }
   // Exported as a model directory, the source's config.json comes back whole (keys shardtrain does not read too).
   const Outcome exported =
       run(std::string(SHARDTRAIN_BIN) + " checkpoint export " + single + "-run --hf " + root_ + "/hf-bert-export");

@@ -42,8 +42,9 @@ enum class Resume { NEVER, ALWAYS, AUTO };
 
 struct ModelConfig {
   // A Hugging Face model directory (config.json and model.safetensors or a sharded index) to fine-tune: the family
-  // and exact size come from its config.json, the weights from its files. Sets flavor (to this path) and, when
-  // init_weights is empty, init_weights.
+  // and exact size come from its config.json, the weights from its files. Or a model name ("org/name"), found in
+  // the Hugging Face cache as from_pretrained finds it offline (io::resolve_hf_model): replaced by its snapshot's
+  // directory when the config is read. Sets flavor (to this path) and, when init_weights is empty, init_weights.
   std::string from;
   std::string flavor = "flava-debug";  // a flavor of the zoo (`shardtrain models`), or a config.json / model dir
   std::string family;                  // optional: when set, must be the flavor's family

@@ -55,7 +55,8 @@ std::shared_ptr<const ModelRecipe> recipe_of(const std::string& flavor);
 // family does not implement.
 std::shared_ptr<const ModelRecipe> recipe_from_hf_config(const std::string& path);
 
-// A flavor name, or else a config.json / model directory: what a command given MODEL builds.
+// A flavor name, or else a config.json / model directory, or a model name ("org/name") in the Hugging Face cache
+// (io::find_in_hf_cache): what a command given MODEL builds.
 std::shared_ptr<const ModelRecipe> recipe_of_model(const std::string& flavor_or_path);
 // The same with some dimensions changed (model.overrides: {"layers": 4, "dim": 512}, the family's override_keys):
 // the model's config.json with those keys set, read as any config.json is (the same checks). Its flavor() is
