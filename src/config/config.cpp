@@ -9,6 +9,7 @@
 #include <sstream>
 
 #include "config/fields.h"
+#include "shardtrain/io/files.h"
 #include "shardtrain/io/hf_cache.h"
 #include "shardtrain/plan/memory_size.h"
 #include "util/closest_match.h"
@@ -482,6 +483,15 @@ Config parse_config(const std::string& yaml, const std::string& source, const st
     }
     config.model.flavor = config.model.from;
     if (config.model.init_weights.empty()) config.model.init_weights = config.model.from;
+  }
+  // Weights and a tokenizer named as a Hugging Face model ("org/name") that is no path here: its snapshot in the
+  // cache, when the cache holds it (else the path's own error comes when it is opened).
+  for (std::string* named : {&config.model.init_weights, &config.data.tokenizer}) {
+    try {
+      if (!named->empty() && !io::path_exists(*named)) *named = io::find_in_hf_cache(*named).value_or(*named);
+    } catch (const std::exception& e) {
+      throw ConfigError(source + ": " + e.what());
+    }
   }
   validate(config);
   return config;

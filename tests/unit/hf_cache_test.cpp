@@ -9,6 +9,7 @@
 #include <optional>
 #include <string>
 
+#include "shardtrain/config/config.h"
 #include "shardtrain/io/files.h"
 #include "shardtrain/io/hf_cache.h"
 #include "shardtrain/models/recipe.h"
@@ -128,6 +129,21 @@ TEST(HfCache, FindsTheSnapshotAsFromPretrainedDoes) {
                                       {"model.from: 'org/absent'", dir.path, "huggingface-cli download org/absent"});
   expect_error<std::invalid_argument>([&] { models::recipe_of_model("no-such-flavor"); },
                                       {"model name in the Hugging Face cache (" + dir.path + ")"});
+}
+
+// A trainer config naming weights or a tokenizer by model name: the snapshot's directory once read; a name the
+// cache does not hold stays as written (a relative path, whose own error comes when it is opened).
+TEST(HfCache, ConfigKeysTakeModelNames) {
+  const ScratchDir dir;
+  EnvGuard env;
+  env.set("HF_HUB_CACHE", dir.path);
+  add_snapshot(dir.path, "models--org--tiny-bert", "aaaa", kBertConfig);
+  const config::Config c = config::parse_config("model: {init_weights: org/tiny-bert}\n"
+                                                "data: {tokenizer: org/tiny-bert}\n", "test.yaml", {});
+  EXPECT_EQ(c.model.init_weights, dir.path + "/models--org--tiny-bert/snapshots/aaaa");
+  EXPECT_EQ(c.data.tokenizer, dir.path + "/models--org--tiny-bert/snapshots/aaaa");
+  const config::Config relative = config::parse_config("data: {tokenizer: vocab.txt}\n", "test.yaml", {});
+  EXPECT_EQ(relative.data.tokenizer, "vocab.txt");
 }
 
 }  // namespace

@@ -53,7 +53,9 @@ struct ModelConfig {
   // init_weights loads what the resized model shares with the file (the rest reported, as from_pretrained warns).
   std::map<std::string, double> overrides;
   std::string task;                    // what it trains on, one of its family's tasks; empty: the family's default
-  std::string init_weights;            // optional safetensors file with Hugging Face names to start from
+  // Optional weights under Hugging Face names to start from (io::WeightFiles: safetensors or pytorch_model.bin, a
+  // file, an index or a directory), or a model name in the Hugging Face cache (its snapshot once read).
+  std::string init_weights;
   // transformers' from_pretrained flag: a tensor of init_weights whose shape differs from the model's keeps its
   // initialization (and is named at start-up) instead of failing the load — a classifier fine-tuned to other labels.
   bool ignore_mismatched_sizes = false;
@@ -80,7 +82,8 @@ struct DataConfig {
   // records for classify (accuracy, F1).
   std::vector<std::string> eval;
   // The tokenizer: a Hugging Face tokenizer.json, a SentencePiece .model, a WordPiece vocab.txt (`shardtrain data
-  // vocab` builds one), or a directory holding one; empty: the model.from directory's own (data::open_tokenizer).
+  // vocab` builds one), or a directory holding one, or a model name in the Hugging Face cache (AutoTokenizer's
+  // offline lookup); empty: the model.from directory's own (data::open_tokenizer).
   std::string tokenizer;
   std::string vocab;  // the older name of `tokenizer`, for a vocab.txt; at most one of the two
 
