@@ -482,7 +482,8 @@ TEST_F(TrainTest, AutoBatchHalvesAfterAnOutOfMemory) {
 
 // model.init_weights: a Hugging Face file loads into the sharded (each rank its rows, or rank 0 broadcasting:
 // sync_module_states) and the replicated model; after one step at lr 1e-3 the weights are within 1e-2 of the
-// file's, where a fresh initialisation differs by about 0.1. Python's torch.load reads the checkpoint's files.
+// file's, where a fresh initialisation differs by about 0.1. Python's torch.load reads the checkpoint's files. The
+// same weights in a pytorch_model.bin, each rank reading its rows, give the same run.
 TEST_F(TrainTest, InitWeightsLoadEveryWay) {
   models::BuildOptions build;
   build.init.seed = 5;
@@ -511,6 +512,16 @@ TEST_F(TrainTest, InitWeightsLoadEveryWay) {
       EXPECT_NE(loaded.output.find("torch.load read"), std::string::npos) << loaded.output;
     }
   }
+  // The same weights as a torch.save pytorch_model.bin, each rank reading its rows of the mapped file: the same run.
+  c10::impl::GenericDict state(c10::StringType::get(), c10::TensorType::get());
+  for (const auto& [name, t] : models::hf_named_tensors(*source.module, source.names)) state.insert(name, t);
+  io::save_pickle(root_ + "/pytorch_model.bin", state);
+  const Outcome r = train("--parallel.strategy=full_shard --parallel.sync_module_states=false "
+                          "--model.init_weights=" + root_ + "/pytorch_model.bin --train.steps=1 "
+                          "--train.eval_interval=0 --checkpoint.dir=" + root_ + "/init-bin");
+  ASSERT_EQ(r.status, 0) << r.output;
+  EXPECT_EQ(max_difference(saved_state(root_ + "/init-bin/step-00000001", true),
+                           saved_state(root_ + "/init-full_shard-false/step-00000001", true)), 0.0);
 }
 
 // model.from: a Hugging Face model directory (config.json with the exact size, and the weights in model.safetensors,
