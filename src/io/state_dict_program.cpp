@@ -13,7 +13,6 @@
 namespace shardtrain::io {
 namespace {
 
-
 // The pickle protocol's opcodes that torch.save's programs use (protocol 2, its default; the protocol 4-5 ones
 // that pickle_protocol= can add). pickletools documents each.
 enum Op : uint8_t {
