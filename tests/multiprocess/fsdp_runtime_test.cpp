@@ -21,6 +21,14 @@ using testing::local_rows;
 using testing::test_process_group;
 using namespace testing_models;
 
+// One SGD step of the single-process reference on (x, y): what the sharded model's step is compared with.
+template <class Module>
+void reference_step(Module& ref, torch::optim::SGD& sgd, const at::Tensor& x, const at::Tensor& y) {
+  sgd.zero_grad();
+  torch::mse_loss(ref->forward(x), y).backward();
+  sgd.step();
+}
+
 Toy sharded_toy(const FsdpOptions& options = {}) {
   torch::manual_seed(42);
   Toy model;
@@ -237,9 +245,7 @@ TEST(FsdpRuntime, ForwardPrefetchFollowsThePreviousForwardsPath) {
     SCOPED_TRACE("step " + std::to_string(s) + ", " + std::to_string(steps[s].blocks) + " blocks");
     const auto& [x, y] = batches[s % batches.size()];
     ref->active_blocks = model->active_blocks = steps[s].blocks;
-    ref_sgd.zero_grad();
-    torch::mse_loss(ref(x), y).backward();
-    ref_sgd.step();
+    reference_step(ref, ref_sgd, x, y);
     sgd.zero_grad();
     reset_fsdp_stats(model.ptr());
     at::Tensor loss = torch::mse_loss(model(local_rows(x)), local_rows(y));
@@ -284,9 +290,7 @@ TEST(FsdpRuntime, OneReduceScatterInFlightDuringBackward) {
     torch::optim::SGD ref_sgd(ref->parameters(), torch::optim::SGDOptions(0.1));
     torch::optim::SGD sgd(model->parameters(), torch::optim::SGDOptions(0.1));
     for (const auto& [x, y] : make_batches()) {
-      ref_sgd.zero_grad();
-      torch::mse_loss(ref(x), y).backward();
-      ref_sgd.step();
+      reference_step(ref, ref_sgd, x, y);
       sgd.zero_grad();
       reset_fsdp_stats(model.ptr());
       torch::mse_loss(model(local_rows(x)), local_rows(y)).backward();
@@ -327,9 +331,7 @@ TEST(FsdpRuntime, FrozenParametersTakeNoPartInTheReduction) {
   torch::manual_seed(8);
   for (int step = 0; step < 3; ++step) {
     const at::Tensor x = torch::randn({12, 64}), y = torch::randn({12, 64});
-    ref_sgd.zero_grad();
-    torch::mse_loss(ref->forward(x), y).backward();
-    ref_sgd.step();
+    reference_step(ref, ref_sgd, x, y);
     sgd.zero_grad();
     reset_fsdp_stats(model);
     torch::mse_loss(model->forward(local_rows(x)), local_rows(y)).backward();
@@ -609,9 +611,7 @@ TEST(FsdpRuntime, AUnitCalledTwiceReshardsBetweenItsCallsBackwards) {
     int step = 0;
     for (const auto& [x, y] : make_batches()) {
       const std::string at = label + ", step " + std::to_string(step);
-      ref_sgd.zero_grad();
-      torch::mse_loss(ref(x), y).backward();
-      ref_sgd.step();
+      reference_step(ref, ref_sgd, x, y);
       sgd.zero_grad();
       reset_fsdp_stats(model.ptr());
       at::Tensor loss = torch::mse_loss(model(local_rows(x)), local_rows(y));
