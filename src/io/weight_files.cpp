@@ -2,7 +2,6 @@
 
 #include <nlohmann/json.hpp>
 
-#include <algorithm>
 #include <filesystem>
 #include <stdexcept>
 
@@ -43,10 +42,16 @@ struct WeightFiles::File {
         entries.push_back({name, t.scalar_type(), t.sizes().vec()});
         tensors.emplace(name, std::move(t));
       }
-      return;
+    } else {
+      safetensors = std::make_unique<SafetensorsReader>(path);
+      for (const auto& e : safetensors->entries()) entries.push_back({e.name, e.dtype, e.shape});
     }
-    safetensors = std::make_unique<SafetensorsReader>(path);
-    for (const auto& e : safetensors->entries()) entries.push_back({e.name, e.dtype, e.shape});
+    for (size_t k = 0; k < entries.size(); ++k) position.emplace(entries[k].name, k);
+  }
+
+  const WeightEntry* find(const std::string& name) const {
+    auto it = position.find(name);
+    return it == position.end() ? nullptr : &entries[it->second];
   }
 
   at::Tensor read(const std::string& name) const {
@@ -70,6 +75,7 @@ struct WeightFiles::File {
   std::unique_ptr<SafetensorsReader> safetensors;  // a safetensors file, or
   std::map<std::string, at::Tensor> tensors;       // a torch.save state dict's tensors
   std::vector<WeightEntry> entries;                // in the file's order
+  std::map<std::string, size_t> position;          // name -> entries[k]
 };
 
 WeightFiles::~WeightFiles() = default;
@@ -114,9 +120,8 @@ WeightFiles::WeightFiles(const std::string& path) : path_(resolve(path)) {
       files_.push_back(std::make_unique<File>(shard_path));
       it = opened.emplace(file, files_.size() - 1).first;
     }
-    const auto& in_shard = files_[it->second]->entries;
-    auto e = std::find_if(in_shard.begin(), in_shard.end(), [&](const WeightEntry& x) { return x.name == tensor; });
-    if (e == in_shard.end()) throw std::runtime_error(path_ + ": '" + tensor + "' is not in its shard " + file);
+    const WeightEntry* e = files_[it->second]->find(tensor);
+    if (e == nullptr) throw std::runtime_error(path_ + ": '" + tensor + "' is not in its shard " + file);
     add(*e, it->second);
   }
   // A shard holding a tensor the index does not list would be silently skipped: say so instead.
