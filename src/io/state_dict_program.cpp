@@ -3,63 +3,14 @@
 #include <ATen/ATen.h>
 
 #include <algorithm>
-#include <cstdio>
 #include <cstring>
 #include <map>
-#include <memory>
 #include <stdexcept>
-#include <unordered_map>
+
+#include "io/pickle_machine.h"
 
 namespace shardtrain::io {
 namespace {
-
-// The pickle protocol's opcodes that torch.save's programs use (protocol 2, its default; the protocol 4-5 ones
-// that pickle_protocol= can add). pickletools documents each.
-enum Op : uint8_t {
-  kMark = '(', kStop = '.', kPop = '0', kPopMark = '1', kDup = '2',
-  kBinInt = 'J', kBinInt1 = 'K', kBinInt2 = 'M', kLong1 = 0x8a, kNone = 'N', kNewTrue = 0x88, kNewFalse = 0x89,
-  kBinFloat = 'G', kBinUnicode = 'X', kShortBinUnicode = 0x8c, kBinUnicode8 = 0x8d, kShortBinString = 'U',
-  kBinString = 'T', kEmptyTuple = ')', kTuple = 't', kTuple1 = 0x85, kTuple2 = 0x86, kTuple3 = 0x87,
-  kEmptyList = ']', kAppend = 'a', kAppends = 'e', kList = 'l', kEmptyDict = '}', kDict = 'd', kSetItem = 's',
-  kSetItems = 'u', kGlobal = 'c', kStackGlobal = 0x93, kReduce = 'R', kBuild = 'b', kBinPersId = 'Q',
-  kBinGet = 'h', kLongBinGet = 'j', kBinPut = 'q', kLongBinPut = 'r', kMemoize = 0x94, kProto = 0x80,
-  kFrame = 0x95,
-};
-
-// A value on the pickle machine's stack. Every value is owned by the machine's arena and referred to by pointer:
-// the memo and the stack share a dict filled after it was memoized, and a program may nest containers deeply or in
-// cycles without recursion or leaks when they are freed.
-struct Value;
-using ValuePtr = Value*;
-struct Value {
-  enum class Kind { kNone, kBool, kInt, kFloat, kString, kTuple, kList, kDict, kGlobal, kStorage, kTensor };
-  Kind kind = Kind::kNone;
-  int64_t i = 0;                         // kBool, kInt
-  double f = 0;                          // kFloat
-  std::string s;                         // kString; kGlobal: "module.name"
-  std::vector<ValuePtr> items;           // kTuple, kList; kDict: key, value, key, value...
-  std::unordered_map<std::string, size_t> keys;  // kDict: a string key's place in items
-  at::Storage storage;                   // kStorage
-  at::ScalarType dtype = at::kByte;      // kStorage
-  at::Tensor tensor;                     // kTensor
-};
-
-const char* kind_name(Value::Kind kind) {
-  switch (kind) {
-    case Value::Kind::kNone: return "None";
-    case Value::Kind::kBool: return "bool";
-    case Value::Kind::kInt: return "int";
-    case Value::Kind::kFloat: return "float";
-    case Value::Kind::kString: return "str";
-    case Value::Kind::kTuple: return "tuple";
-    case Value::Kind::kList: return "list";
-    case Value::Kind::kDict: return "dict";
-    case Value::Kind::kGlobal: return "global";
-    case Value::Kind::kStorage: return "storage";
-    case Value::Kind::kTensor: return "tensor";
-  }
-  return "?";
-}
 
 // torch.<Name>Storage, the storage types torch.save names in a tensor's persistent id, and their element types.
 const std::map<std::string, at::ScalarType>& storage_types() {
@@ -75,249 +26,16 @@ const std::map<std::string, at::ScalarType>& storage_types() {
   return types;
 }
 
-// Runs one pickle program (the archive's data.pkl) to its STOP. Storages come from `storage_of(key, dtype, numel)`.
-class Machine {
+// Runs one torch.save pickle program (the archive's data.pkl) to its STOP. Storages come from
+// `storage_of(key, dtype, numel)`.
+class Machine : public PickleMachine {
  public:
   Machine(const std::string& path, const char* program, size_t size, const StorageOf& storage_of)
-      : path_(path), p_(program), size_(size), storage_of_(storage_of) {}
-
-  size_t consumed() const { return pos_; }  // the program's bytes up to its STOP, once run
-
-  ValuePtr run() {
-    while (true) {
-      const size_t at = pos_;
-      const uint8_t op = u8();
-      switch (op) {
-        case kProto: u8(); break;
-        case kFrame: take(8); break;
-        case kStop:
-          if (stack_.size() != 1) fail("the program stops with " + std::to_string(stack_.size()) + " values");
-          return stack_.back();
-        case kMark: marks_.push_back(stack_.size()); break;
-        case kPop: pop(); break;
-        case kPopMark: since_mark(); break;
-        case kDup: {
-          ValuePtr v = top();
-          stack_.push_back(v);
-          break;
-        }
-        case kNone: stack_.push_back(make(Value::Kind::kNone)); break;
-        case kNewTrue: case kNewFalse: {
-          auto v = make(Value::Kind::kBool);
-          v->i = op == kNewTrue;
-          stack_.push_back(v);
-          break;
-        }
-        case kBinInt: push_int(static_cast<int32_t>(le(4))); break;
-        case kBinInt1: push_int(static_cast<int64_t>(le(1))); break;
-        case kBinInt2: push_int(static_cast<int64_t>(le(2))); break;
-        case kLong1: {
-          const size_t n = u8();
-          if (n > 8) fail("an integer of " + std::to_string(n) + " bytes (8 at most expected)");
-          uint64_t bits = n == 0 ? 0 : le(n);
-          if (n > 0 && n < 8 && (bits >> (8 * n - 1)) != 0) bits |= ~uint64_t{0} << (8 * n);  // sign-extend
-          push_int(static_cast<int64_t>(bits));
-          break;
-        }
-        case kBinFloat: {
-          uint64_t bits = 0;
-          for (const char c : take(8)) bits = (bits << 8) | static_cast<uint8_t>(c);  // big-endian
-          auto v = make(Value::Kind::kFloat);
-          std::memcpy(&v->f, &bits, sizeof(bits));
-          stack_.push_back(v);
-          break;
-        }
-        case kBinUnicode: case kBinString: push_string(take(le(4))); break;
-        case kShortBinUnicode: case kShortBinString: push_string(take(u8())); break;
-        case kBinUnicode8: push_string(take(le(8))); break;
-        case kEmptyTuple: stack_.push_back(make(Value::Kind::kTuple)); break;
-        case kTuple: push_sequence(Value::Kind::kTuple, since_mark()); break;
-        case kTuple1: case kTuple2: case kTuple3: {
-          const size_t n = op - kTuple1 + 1;
-          if (stack_.size() < n) fail("a tuple of " + std::to_string(n) + " from a shorter stack");
-          push_sequence(Value::Kind::kTuple, std::vector<ValuePtr>(stack_.end() - n, stack_.end()), n);
-          break;
-        }
-        case kEmptyList: stack_.push_back(make(Value::Kind::kList)); break;
-        case kList: push_sequence(Value::Kind::kList, since_mark()); break;
-        case kAppend: {
-          ValuePtr item = pop();
-          expect(top(), Value::Kind::kList, "APPEND")->items.push_back(item);
-          break;
-        }
-        case kAppends: {
-          std::vector<ValuePtr> items = since_mark();
-          auto& list = expect(top(), Value::Kind::kList, "APPENDS")->items;
-          list.insert(list.end(), items.begin(), items.end());
-          break;
-        }
-        case kEmptyDict: stack_.push_back(make(Value::Kind::kDict)); break;
-        case kDict: {
-          std::vector<ValuePtr> items = since_mark();
-          stack_.push_back(make(Value::Kind::kDict));
-          set_items(top(), items);
-          break;
-        }
-        case kSetItem: {
-          ValuePtr value = pop(), key = pop();
-          set_items(top(), {key, value});
-          break;
-        }
-        case kSetItems: {
-          std::vector<ValuePtr> items = since_mark();
-          set_items(top(), items);
-          break;
-        }
-        case kGlobal: {
-          std::string module = line(), name = line();
-          push_global(module + "." + name);
-          break;
-        }
-        case kStackGlobal: {
-          ValuePtr name = pop(), module = pop();
-          push_global(expect(module, Value::Kind::kString, "STACK_GLOBAL")->s + "." +
-                      expect(name, Value::Kind::kString, "STACK_GLOBAL")->s);
-          break;
-        }
-        case kReduce: {
-          ValuePtr args = pop(), callable = pop();
-          stack_.push_back(call(expect(callable, Value::Kind::kGlobal, "REDUCE")->s,
-                                expect(args, Value::Kind::kTuple, "REDUCE")->items));
-          break;
-        }
-        case kBuild: {
-          pop();  // the state: a state dict's attributes (OrderedDict's _metadata), which tensors do not need
-          if (top()->kind != Value::Kind::kDict) {
-            fail(std::string("BUILD of a ") + kind_name(top()->kind) + " (only a dict's attributes are expected)");
-          }
-          break;
-        }
-        case kBinPersId: stack_.push_back(persistent_load(pop())); break;
-        case kBinGet: case kLongBinGet: {
-          const uint64_t key = le(op == kBinGet ? 1 : 4);
-          auto it = memo_.find(key);
-          if (it == memo_.end()) fail("memo entry " + std::to_string(key) + " read before it was written");
-          stack_.push_back(it->second);
-          break;
-        }
-        case kBinPut: memo_[le(1)] = top(); break;
-        case kLongBinPut: memo_[le(4)] = top(); break;
-        case kMemoize: memo_[memo_.size()] = top(); break;
-        default: {
-          char text[64];
-          std::snprintf(text, sizeof(text), "opcode 0x%02x at byte %zu", op, at);
-          fail(std::string(text) + ", which a file of tensors does not use");
-        }
-      }
-    }
-  }
+      : PickleMachine(path, "its state dict", program, size), storage_of_(storage_of) {}
 
  private:
-  [[noreturn]] void fail(const std::string& what) const {
-    throw std::runtime_error(path_ + ": cannot read its state dict: " + what);
-  }
-  ValuePtr make(Value::Kind kind) {
-    arena_.push_back(std::make_unique<Value>());
-    arena_.back()->kind = kind;
-    return arena_.back().get();
-  }
-  std::string take(uint64_t n) {
-    if (n > size_ - pos_) fail("the pickle program ends inside an instruction (truncated file?)");
-    std::string out(p_ + pos_, p_ + pos_ + n);
-    pos_ += n;
-    return out;
-  }
-  uint8_t u8() { return static_cast<uint8_t>(take(1)[0]); }
-  uint64_t le(size_t n) {  // an unsigned little-endian integer of n bytes
-    const std::string bytes = take(n);
-    uint64_t v = 0;
-    for (size_t k = n; k-- > 0;) v = (v << 8) | static_cast<uint8_t>(bytes[k]);
-    return v;
-  }
-  std::string line() {
-    const void* end = std::memchr(p_ + pos_, '\n', size_ - pos_);
-    if (end == nullptr) fail("a GLOBAL without its newline");
-    std::string out = take(static_cast<const char*>(end) - (p_ + pos_));
-    pos_ += 1;
-    return out;
-  }
-  ValuePtr top() {
-    if (stack_.empty()) fail("an instruction reads an empty stack");
-    return stack_.back();
-  }
-  ValuePtr pop() {
-    ValuePtr v = top();
-    stack_.pop_back();
-    return v;
-  }
-  std::vector<ValuePtr> since_mark() {
-    if (marks_.empty() || marks_.back() > stack_.size()) fail("an instruction expects a MARK that is not there");
-    std::vector<ValuePtr> items(stack_.begin() + static_cast<std::ptrdiff_t>(marks_.back()), stack_.end());
-    stack_.resize(marks_.back());
-    marks_.pop_back();
-    return items;
-  }
-  ValuePtr expect(const ValuePtr& v, Value::Kind kind, const char* op) const {
-    if (v->kind != kind) {
-      fail(std::string(op) + " expects a " + kind_name(kind) + ", found a " + kind_name(v->kind));
-    }
-    return v;
-  }
-  void push_int(int64_t i) {
-    auto v = make(Value::Kind::kInt);
-    v->i = i;
-    stack_.push_back(v);
-  }
-  void push_string(std::string s) {
-    auto v = make(Value::Kind::kString);
-    v->s = std::move(s);
-    stack_.push_back(v);
-  }
-  void push_global(std::string name) {
-    auto v = make(Value::Kind::kGlobal);
-    v->s = std::move(name);
-    stack_.push_back(v);
-  }
-  void push_sequence(Value::Kind kind, std::vector<ValuePtr> items, size_t popped = 0) {
-    stack_.resize(stack_.size() - popped);
-    auto v = make(kind);
-    v->items = std::move(items);
-    stack_.push_back(v);
-  }
-  void set_items(const ValuePtr& dict, const std::vector<ValuePtr>& items) {
-    expect(dict, Value::Kind::kDict, "SETITEM");
-    if (items.size() % 2 != 0) fail("SETITEMS with a key and no value");
-    for (size_t k = 0; k < items.size(); k += 2) {
-      if (items[k]->kind == Value::Kind::kString) {
-        auto [it, added] = dict->keys.emplace(items[k]->s, dict->items.size());
-        if (!added) {  // a key set again: Python keeps its first place and the last value
-          dict->items[it->second + 1] = items[k + 1];
-          continue;
-        }
-      }
-      dict->items.push_back(items[k]);
-      dict->items.push_back(items[k + 1]);
-    }
-  }
-
-  int64_t int_arg(const std::vector<ValuePtr>& args, size_t k, const std::string& fn) const {
-    if (args.size() <= k || args[k]->kind != Value::Kind::kInt) fail(fn + "'s argument " + std::to_string(k) +
-                                                                     " is not an integer");
-    return args[k]->i;
-  }
-  std::vector<int64_t> ints_arg(const std::vector<ValuePtr>& args, size_t k, const std::string& fn) const {
-    if (args.size() <= k || args[k]->kind != Value::Kind::kTuple) fail(fn + "'s argument " + std::to_string(k) +
-                                                                       " is not a tuple");
-    std::vector<int64_t> out;
-    for (const auto& item : args[k]->items) {
-      if (item->kind != Value::Kind::kInt) fail(fn + "'s argument " + std::to_string(k) + " holds a non-integer");
-      out.push_back(item->i);
-    }
-    return out;
-  }
-
   // The globals a state dict calls; any other is refused (torch.load(weights_only=True)'s rule).
-  ValuePtr call(const std::string& fn, const std::vector<ValuePtr>& args) {
+  ValuePtr call(const std::string& fn, const std::vector<ValuePtr>& args) override {
     if (fn == "collections.OrderedDict") {
       if (!args.empty()) fail("collections.OrderedDict called with arguments");
       return make(Value::Kind::kDict);
@@ -363,7 +81,7 @@ class Machine {
 
   // ('storage', torch.<T>Storage, key, location, numel): the archive's record data/<key>, shared by every tensor
   // that names it.
-  ValuePtr persistent_load(const ValuePtr& id) {
+  ValuePtr persistent_load(const ValuePtr& id) override {
     const auto& t = expect(id, Value::Kind::kTuple, "a persistent id")->items;
     if (t.size() < 5 || t.size() > 6 || t[0]->kind != Value::Kind::kString || t[0]->s != "storage" ||
         t[1]->kind != Value::Kind::kGlobal || t[2]->kind != Value::Kind::kString ||
@@ -383,14 +101,7 @@ class Machine {
     return v;
   }
 
-  std::string path_;
-  const char* p_;
-  size_t size_, pos_ = 0;
   const StorageOf& storage_of_;
-  std::vector<std::unique_ptr<Value>> arena_;  // every value made, freed with the machine
-  std::vector<ValuePtr> stack_;
-  std::vector<size_t> marks_;
-  std::unordered_map<uint64_t, ValuePtr> memo_;
   std::map<std::string, at::Storage> storages_;
 };
 
@@ -432,8 +143,18 @@ std::vector<std::pair<std::string, at::Tensor>> run_state_dict_program(const std
   return entries_of(path, *machine.run());
 }
 
+at::Tensor run_tensor_program(const std::string& path, const char* program, size_t size,
+                              const StorageOf& storage_of) {
+  Machine machine(path, program, size, storage_of);
+  const Value& root = *machine.run();
+  if (root.kind != Value::Kind::kTensor) {
+    throw std::runtime_error(path + ": holds a " + std::string(kind_name(root.kind)) + ", not a tensor");
+  }
+  return root.tensor;
+}
+
 bool is_legacy_torch_save(const char* bytes, size_t size) {
-  return size >= 2 + kLegacyMagic.size() && static_cast<uint8_t>(bytes[0]) == kProto &&
+  return size >= 2 + kLegacyMagic.size() && static_cast<uint8_t>(bytes[0]) == 0x80 &&  // PROTO
          std::memcmp(bytes + 2, kLegacyMagic.data(), kLegacyMagic.size()) == 0;
 }
 

@@ -25,6 +25,10 @@ using StorageOf = std::function<at::Storage(const std::string& key, at::ScalarTy
 std::vector<std::pair<std::string, at::Tensor>> run_state_dict_program(const std::string& path, const char* program,
                                                                        size_t size, const StorageOf& storage_of);
 
+// The same for a program whose value is one tensor (what torch.save(tensor) writes: each chunk of a PyTorch
+// distributed checkpoint). Throws as above, and for a value that is not a tensor.
+at::Tensor run_tensor_program(const std::string& path, const char* program, size_t size, const StorageOf& storage_of);
+
 // Whether `bytes` begin as torch.save's legacy format does (PROTO, then the pickled magic number).
 bool is_legacy_torch_save(const char* bytes, size_t size);
 

@@ -2,19 +2,24 @@
 
 #include <nlohmann/json.hpp>
 
+#include <algorithm>
+#include <cstring>
 #include <filesystem>
+#include <set>
 #include <stdexcept>
 
 #include "shardtrain/io/files.h"
 #include "shardtrain/io/safetensors.h"
 #include "shardtrain/io/torch_state_dict.h"
+#include "io/dcp_checkpoint.h"
 
 namespace shardtrain::io {
 namespace {
 
-// The names transformers' from_pretrained looks for, in its order.
+// The names transformers' from_pretrained looks for, in its order; then a PyTorch distributed checkpoint's.
 constexpr const char* kWeightNames[] = {"model.safetensors", "model.safetensors.index.json", "pytorch_model.bin",
-                                        "pytorch_model.bin.index.json"};
+                                        "pytorch_model.bin.index.json", ".metadata"};
+constexpr const char* kDcpMetadata = ".metadata";
 
 bool ends_with(const std::string& s, const std::string& tail) {
   return s.size() >= tail.size() && s.compare(s.size() - tail.size(), tail.size(), tail) == 0;
@@ -28,16 +33,64 @@ std::string resolve(const std::string& path) {
     if (std::filesystem::exists(candidate)) return candidate;
   }
   throw std::runtime_error(path + ": a model directory needs model.safetensors, model.safetensors.index.json, "
-                           "pytorch_model.bin or pytorch_model.bin.index.json");
+                           "pytorch_model.bin or pytorch_model.bin.index.json (or, a PyTorch distributed checkpoint's, "
+                           ".metadata)");
+}
+
+// The model's tensors in a distributed checkpoint, under the names its state dict gives them. A checkpoint saves
+// what the program passed to dcp.save, flattened: `{"model": model_sd, "optim": optim_sd, "step": 3}` (FSDP2's and
+// Accelerate's custom, torchtitan's) holds "model.<name>" and "optim.state.<name>.exp_avg" keys; a model state dict
+// saved alone holds its names as they are. So: the entries under a top-level "model" when there are any, else every
+// tensor but an optimizer's ("optim", "optimizer"). Wrapper modules' parts of a name (torch.compile's _orig_mod,
+// checkpoint_wrapper's and FSDP1's) are dropped, as get_model_state_dict drops them.
+// `note` says which entries were taken and how many were not.
+std::vector<std::pair<std::string, const DcpTensor*>> model_tensors(const DcpMetadata& metadata,
+                                                                    const std::string& where, std::string& note) {
+  const bool nested = std::any_of(metadata.tensors.begin(), metadata.tensors.end(), [](const DcpTensor& t) {
+    return t.path.size() > 1 && t.path[0] == "model";
+  });
+  std::vector<std::pair<std::string, const DcpTensor*>> out;
+  std::map<std::string, std::string> seen;  // name -> the key it came from
+  for (const DcpTensor& t : metadata.tensors) {
+    const std::string& top = t.path.front();
+    if (nested ? top != "model" || t.path.size() < 2 : top == "optim" || top == "optimizer") continue;
+    std::string name;
+    for (size_t k = nested ? 1 : 0; k < t.path.size(); ++k) name += (name.empty() ? "" : ".") + t.path[k];
+    for (const char* wrapper : {"_orig_mod.", "_checkpoint_wrapped_module.", "_fsdp_wrapped_module."}) {
+      for (size_t at = name.find(wrapper); at != std::string::npos && (at == 0 || name[at - 1] == '.');
+           at = name.find(wrapper, at)) {
+        name.erase(at, std::strlen(wrapper));
+      }
+    }
+    auto [it, added] = seen.emplace(name, t.key);
+    if (!added) throw std::runtime_error(where + ": '" + it->second + "' and '" + t.key + "' are both '" + name + "'");
+    out.emplace_back(name, &t);
+  }
+  std::set<std::string> files;
+  for (const DcpTensor& t : metadata.tensors) {
+    for (const DcpChunk& c : t.chunks) files.insert(c.file);
+  }
+  const size_t left = metadata.tensors.size() + metadata.byte_items.size() - out.size();
+  note = "a PyTorch distributed checkpoint (" + std::to_string(files.size()) + " data files): " +
+         (nested ? "the entries under \"model\"" : "its tensors but an optimizer's") + ", " + std::to_string(left) +
+         " other entries not read";
+  return out;
 }
 
 }  // namespace
 
-// One file of weights: a safetensors file read on demand, or a torch.save state dict whose tensors are views of the
-// file mapped copy-on-write (nothing read until a row is taken).
+// One file of weights: a safetensors file read on demand, a torch.save state dict whose tensors are views of the
+// file mapped copy-on-write (nothing read until a row is taken), or a distributed checkpoint's .metadata (its
+// tensors' chunks read as rows are taken).
 struct WeightFiles::File {
   explicit File(const std::string& file_path) : path(file_path) {
-    if (is_torch_save_file(path)) {
+    if (std::filesystem::path(path).filename() == kDcpMetadata) {
+      dcp = std::make_unique<DcpCheckpoint>(std::filesystem::path(path).parent_path().string());
+      for (const auto& [name, t] : model_tensors(dcp->metadata(), path, note)) {
+        entries.push_back({name, t->dtype, t->size});
+        dcp_tensors.emplace(name, t);
+      }
+    } else if (is_torch_save_file(path)) {
       for (auto& [name, t] : load_torch_state_dict(path)) {
         entries.push_back({name, t.scalar_type(), t.sizes().vec()});
         tensors.emplace(name, std::move(t));
@@ -55,10 +108,16 @@ struct WeightFiles::File {
   }
 
   at::Tensor read(const std::string& name) const {
+    if (dcp) {
+      const DcpTensor& t = *dcp_tensors.at(name);
+      const at::Tensor whole = dcp->read_rows(t, 0, t.size.empty() ? 1 : t.size[0]);
+      return t.size.empty() ? whole.reshape({}) : whole;
+    }
     return safetensors ? safetensors->read(name) : tensors.at(name).contiguous();  // a saved view: its elements
   }
 
   at::Tensor read_rows(const std::string& name, int64_t first_row, int64_t rows) const {
+    if (dcp) return dcp->read_rows(*dcp_tensors.at(name), first_row, rows);
     if (safetensors) return safetensors->read_rows(name, first_row, rows);
     const at::Tensor& t = tensors.at(name);
     const at::Tensor rowed = t.dim() == 0 ? t.reshape({1}) : t;
@@ -73,7 +132,10 @@ struct WeightFiles::File {
 
   std::string path;
   std::unique_ptr<SafetensorsReader> safetensors;  // a safetensors file, or
-  std::map<std::string, at::Tensor> tensors;       // a torch.save state dict's tensors
+  std::map<std::string, at::Tensor> tensors;       // a torch.save state dict's tensors, or
+  std::unique_ptr<DcpCheckpoint> dcp;              // a distributed checkpoint, its model's tensors named below
+  std::map<std::string, const DcpTensor*> dcp_tensors;
+  std::string note;                                // a distributed checkpoint's: what was taken
   std::vector<WeightEntry> entries;                // in the file's order
   std::map<std::string, size_t> position;          // name -> entries[k]
 };
@@ -89,6 +151,7 @@ WeightFiles::WeightFiles(const std::string& path) : path_(resolve(path)) {
   if (!ends_with(path_, ".json")) {
     files_.push_back(std::make_unique<File>(path_));
     for (const auto& e : files_.front()->entries) add(e, 0);
+    note_ = files_.front()->note;
     return;
   }
   nlohmann::json index;

@@ -191,23 +191,21 @@ std::string describe_units(const std::shared_ptr<torch::nn::Module>& root) {
   return out;
 }
 
-// What will happen, before the first step: the model, how it is split and computed, the batch, the data, and the
-// memory each rank will need by term (what `--dry-run` prints).
-// What loading model.init_weights into the model's dtype converted: "model.safetensors (F32 -> BF16: 199 tensors)".
+// What loading model.init_weights into the model's dtype converted: "model.safetensors (F32 -> BF16: 199 tensors)";
+// for a distributed checkpoint, also which of its entries were the weights.
 std::string describe_conversion(const Config& c, at::ScalarType model_dtype) {
   std::map<at::ScalarType, int64_t> converted;
-  for (const io::WeightEntry& e : io::WeightFiles(c.model.init_weights).entries()) {
+  const io::WeightFiles files(c.model.init_weights);
+  for (const io::WeightEntry& e : files.entries()) {
     if (e.dtype != model_dtype) ++converted[e.dtype];
   }
   std::string out = c.model.init_weights;
-  if (converted.empty()) {
-    return out + " (" + io::safetensors_dtype_name(model_dtype) + ", as the model: nothing converted)";
-  }
+  if (converted.empty()) out += " (" + io::safetensors_dtype_name(model_dtype) + ", as the model: nothing converted)";
   for (const auto& [dtype, count] : converted) {
     out += " (" + io::safetensors_dtype_name(dtype) + " -> " + io::safetensors_dtype_name(model_dtype) + ": " +
            std::to_string(count) + " tensors converted)";
   }
-  return out;
+  return files.note().empty() ? out : out + " — " + files.note();
 }
 
 // "a, b, c" (the first 6 names, then how many more).
@@ -218,6 +216,8 @@ std::string join_names(const std::vector<std::string>& names) {
   return out;
 }
 
+// What will happen, before the first step: the model, how it is split and computed, the batch, the data, and the
+// memory each rank will need by term (what `--dry-run` prints).
 void describe_start(const Config& c, const Job& job, ParallelModel& model, double peak_tflops,
                     const TrainingData& data, const RunPlan& plan) {
   const dist::Communicator& world = job.pg.world();

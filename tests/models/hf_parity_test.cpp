@@ -19,6 +19,7 @@
 #include "shardtrain/models/llama.h"
 #include "shardtrain/io/files.h"
 #include "shardtrain/io/safetensors.h"
+#include "shardtrain/io/weight_files.h"
 #include "shardtrain/models/t5.h"
 #include "shardtrain/models/vit.h"
 #include "shardtrain/models/zoo.h"
@@ -229,39 +230,85 @@ std::map<std::string, at::Tensor> tensors_of(const torch::nn::Module& model) {
   return out;
 }
 
+// The model of `family`'s reference directory built from its `layout` subdirectory (model.from: its config.json)
+// and loaded from that subdirectory's weights: exactly the safetensors file's values (`rounded_to`: the file's
+// dtype, when it holds them rounded), the same tensors left aside (bert: the NSP head a masked-LM model has not).
+void expect_loads_as_safetensors(const std::string& family, const std::string& layout,
+                                 at::ScalarType rounded_to = at::kFloat) {
+  SCOPED_TRACE(family + "/" + layout);
+  const std::string dir = reference_dir() + "/" + family;
+  ZooModel expected = build_model(recipe_of_model(dir));
+  const LoadReport expected_report = load_weights(*expected.module, dir + "/model.safetensors", expected.names);
+  ZooModel model = build_model(recipe_of_model(dir + "/" + layout));
+  const LoadReport report = load_weights(*model.module, dir + "/" + layout, model.names);
+  auto sorted = [](std::vector<std::string> names) {
+    std::sort(names.begin(), names.end());
+    return names;
+  };
+  EXPECT_EQ(sorted(report.initialized), sorted(expected_report.initialized));
+  EXPECT_EQ(sorted(report.unused), sorted(expected_report.unused));
+  EXPECT_TRUE(report.mismatched.empty());
+  const auto want = tensors_of(*expected.module);
+  const auto got = tensors_of(*model.module);
+  ASSERT_EQ(got.size(), want.size());
+  for (const auto& [name, t] : want) {
+    const at::Tensor expect_value = t.is_floating_point() ? t.to(rounded_to).to(t.scalar_type()) : t;
+    EXPECT_TRUE(at::equal(got.at(name), expect_value)) << name;
+  }
+}
+
 // The same weights saved by Python's torch.save (hf_reference.py's save_torch: pytorch_model.bin as transformers
 // wrote it before safetensors — the whole state_dict, an OrderedDict with _metadata and tied tensors under each
 // name; nn.Parameters; plain-dict shards with pytorch_model.bin.index.json; the format of PyTorch before 1.6) build
 // the same model from their directory (model.from) and load exactly the safetensors file's values, in every family.
 TEST(HfParity, TorchSaveFilesLoadAsTheirSafetensors) {
   for (const std::string family : {"bert", "vit", "llama", "llama3", "mistral", "qwen2", "qwen3", "t5", "flava"}) {
-    const std::string dir = reference_dir() + "/" + family;
-    ZooModel expected = build_model(recipe_of_model(dir));
-    const LoadReport expected_report = load_weights(*expected.module, dir + "/model.safetensors", expected.names);
-    const auto want = tensors_of(*expected.module);
     for (const std::string layout : {"torch", "torch-sharded", "torch-bf16", "torch-legacy"}) {
-      if (!io::path_exists(dir + "/" + layout)) continue;
-      SCOPED_TRACE(family + "/" + layout);
-      ZooModel model = build_model(recipe_of_model(dir + "/" + layout));
-      const LoadReport report = load_weights(*model.module, dir + "/" + layout, model.names);
-      // What the safetensors file leaves aside (bert: the NSP head a masked-LM model has not), and no more.
-      auto sorted = [](std::vector<std::string> names) {
-        std::sort(names.begin(), names.end());
-        return names;
-      };
-      EXPECT_EQ(sorted(report.initialized), sorted(expected_report.initialized));
-      EXPECT_EQ(sorted(report.unused), sorted(expected_report.unused));
-      EXPECT_TRUE(report.mismatched.empty());
-      const auto got = tensors_of(*model.module);
-      ASSERT_EQ(got.size(), want.size());
-      for (const auto& [name, t] : want) {
-        // bfloat16 in the file: the float32 model holds the safetensors value rounded to bfloat16.
-        const at::Tensor expect_value = layout == "torch-bf16" && t.is_floating_point()
-                                            ? t.to(at::kBFloat16).to(t.scalar_type()) : t;
-        EXPECT_TRUE(at::equal(got.at(name), expect_value)) << name;
-      }
+      if (!io::path_exists(reference_dir() + "/" + family + "/" + layout)) continue;
+      expect_loads_as_safetensors(family, layout, layout == "torch-bf16" ? at::kBFloat16 : at::kFloat);
     }
   }
+}
+
+// The same weights in a distributed checkpoint an FSDP2 job saved with torch.distributed.checkpoint
+// (tests/reference/dcp_reference.py): bert from 3 ranks, its model under "model" beside the optimizer's state and
+// a step; t5 from 2 ranks with the model's tensors at the top and 2-D ones sharded along their columns. Each
+// tensor is put together from its ranks' chunks, and the optimizer's entries are not taken for weights.
+TEST(HfParity, DistributedCheckpointsLoadAsTheirSafetensors) {
+  for (const std::string family : {"bert", "t5"}) expect_loads_as_safetensors(family, "dcp");
+  // A rank's rows that cross chunks (bert's word embeddings: 1000 rows saved by 3 ranks as 334 + 334 + 332) read
+  // as the same rows of the whole tensor; t5's column chunks make each row of two pieces.
+  for (const auto& tensor : {std::pair<std::string, std::string>{"bert", "bert.embeddings.word_embeddings.weight"},
+                             {"t5", "shared.weight"}}) {
+    const std::string& family = tensor.first;
+    const std::string& name = tensor.second;  // a reference the lambda below can capture (a binding it cannot)
+    const io::WeightFiles dcp(reference_dir() + "/" + family + "/dcp");
+    const io::SafetensorsReader file(reference_dir() + "/" + family + "/model.safetensors");
+    for (const auto& [first, rows] : {std::pair<int64_t, int64_t>{0, 1000}, {300, 100}, {333, 2}, {667, 333}, {5, 0}}) {
+      EXPECT_TRUE(at::equal(dcp.read_rows(name, first, rows), file.read_rows(name, first, rows)))
+          << family << " rows " << first << "+" << rows;
+    }
+    expect_error<std::out_of_range>([&] { dcp.read_rows(name, 900, 101); }, {name + "' has 1000 rows"});
+  }
+}
+
+// Damaged copies of bert's checkpoint (dcp_reference.py's write_faults): each is refused, saying why, before or
+// while its tensors are read — and metadata that would call os.system or make another class is never run.
+TEST(HfParity, DamagedDistributedCheckpointsAreRefused) {
+  const std::string faults = reference_dir() + "/bert/dcp-faults/";
+  auto read_all = [](const std::string& dir) {
+    const io::WeightFiles files(dir);
+    for (const auto& e : files.entries()) files.read(e.name);
+  };
+  expect_error<std::runtime_error>([&] { read_all(faults + "missing-file"); }, {"data file __1_0.distcp is missing"});
+  expect_error<std::runtime_error>([&] { read_all(faults + "truncated"); },
+                                   {"__0_0.distcp: the chunk of '", "past the file's end"});
+  expect_error<std::runtime_error>([&] { read_all(faults + "missing-chunk"); }, {"are not all in its chunks"});
+  expect_error<std::runtime_error>([&] { read_all(faults + "compressed"); }, {"writer extension zstd"});
+  expect_error<std::runtime_error>([&] { read_all(faults + "calls-code"); },
+                                   {".metadata: cannot read its checkpoint metadata: the file calls posix.system"});
+  expect_error<std::runtime_error>([&] { read_all(faults + "other-class"); },
+                                   {"makes an object of class dcp_reference._Note"});
 }
 
 // Every published flavor's count, from shapes, equals transformers' own module's count.

@@ -4,7 +4,8 @@ its weights saved as safetensors (Hugging Face names), a batch and the model's o
 tests/models/hf_parity_test.cpp loads the weights into shardtrain's model and compares.
 
 The same weights are also saved as torch.save wrote them before safetensors (OUT_DIR/<family>/torch/: the
-pytorch_model.bin files that many checkpoints on the Hub still hold), for the tests that read those files.
+pytorch_model.bin files that many checkpoints on the Hub still hold), for the tests that read those files, and for
+bert and t5 as an FSDP2 job's distributed checkpoint (OUT_DIR/<family>/dcp/; damaged copies in bert/dcp-faults/).
 
 usage: hf_reference.py OUT_DIR
 writes OUT_DIR/<family>/{model.safetensors, io.safetensors, torch*/...} and OUT_DIR/counts.json
@@ -16,6 +17,7 @@ import sys
 
 import torch
 from safetensors.torch import load_file, save_file
+from dcp_reference import save_dcp, write_faults
 import transformers
 from transformers import (BertConfig, BertForPreTraining, FlavaConfig, FlavaForPreTraining, LlamaConfig,
                           LlamaForCausalLM, MistralConfig, MistralForCausalLM, Qwen2Config, Qwen2ForCausalLM,
@@ -149,6 +151,12 @@ def save_torch(d, family, model):
                    os.path.join(directory("torch-bf16"), "pytorch_model.bin"), pickle_protocol=4)
         torch.save(state, os.path.join(directory("torch-legacy"), "pytorch_model.bin"),
                    _use_new_zipfile_serialization=False)
+    # Distributed checkpoints an FSDP2 job wrote (tests/reference/dcp_reference.py).
+    if family == "bert":
+        save_dcp(d, os.path.join(d, "dcp"), "BertForPreTraining", world=3, nested=True)
+        write_faults(os.path.join(d, "dcp"), os.path.join(d, "dcp-faults"))
+    if family == "t5":
+        save_dcp(d, os.path.join(d, "dcp"), "T5ForConditionalGeneration", world=2, nested=False, dim1=True)
 
 
 def text_batch(g, vocab, batch=3, length=12):

@@ -525,10 +525,10 @@ TEST_F(TrainTest, InitWeightsLoadEveryWay) {
 }
 
 // model.from: a Hugging Face model directory (config.json with the exact size, and the weights in model.safetensors,
-// sharded across files with model.safetensors.index.json, or in a torch.save pytorch_model.bin) is the model and its
-// starting weights, no flavor named. BERT for masked LM, 2 ranks, one step: the weights are the directory's to
-// within that step (1e-2), and the sharded and torch.save directories give exactly the single file's run. A missing
-// shard or a directory without weights says so.
+// sharded across files with model.safetensors.index.json, in a torch.save pytorch_model.bin, or in a PyTorch
+// distributed checkpoint) is the model and its starting weights, no flavor named. BERT for masked LM, 2 ranks, one
+// step: the weights are the directory's to within that step (1e-2), and the sharded, torch.save and distributed
+// checkpoint directories give exactly the single file's run. A missing shard or a directory without weights says so.
 TEST_F(TrainTest, ModelFromAHuggingFaceDirectory) {
   models::BuildOptions build;
   build.init.seed = 5;
@@ -564,24 +564,39 @@ TEST_F(TrainTest, ModelFromAHuggingFaceDirectory) {
   for (const auto& [name, t] : tensors) state_dict.insert(name, t);
   io::save_pickle(pickled + "/pytorch_model.bin", state_dict);
 
-  std::map<std::string, at::Tensor> saved[3];
-  for (int i = 0; i < 3; ++i) {
-    const std::string dir = i == 0 ? single : i == 1 ? sharded : pickled, ck = dir + "-run";
+  // The same model as an FSDP2 job saves it with torch.distributed.checkpoint: 2 ranks' chunks, the model under
+  // "model" beside AdamW's state (tests/reference/dcp_reference.py), with the directory's config.json. Saved from
+  // transformers' BertForPreTraining, which keeps the pooler the directory has (BertForMaskedLM would drop it, and
+  // a model from such weights has none) and adds a next-sentence head, left unused.
+  const std::string dcp = root_ + "/hf-bert-dcp";
+  const Outcome saved_dcp = run(std::string(SHARDTRAIN_PYTHON) + " " + SHARDTRAIN_SOURCE_DIR +
+                                "/tests/reference/dcp_reference.py " + single + " " + dcp + " BertForPreTraining 2");
+  ASSERT_EQ(saved_dcp.status, 0) << saved_dcp.output;
+
+  std::map<std::string, at::Tensor> saved[4];
+  const std::string dirs[4] = {single, sharded, pickled, dcp};
+  for (int i = 0; i < 4; ++i) {
+    const std::string dir = dirs[i], ck = dir + "-run";
     const Outcome r = train("--model.from=" + dir + " --train.steps=1 --train.eval_interval=0 --checkpoint.dir=" + ck);
     ASSERT_EQ(r.status, 0) << r.output;
     EXPECT_NE(r.output.find("training " + dir + " (bert, "), std::string::npos) << r.output;
     EXPECT_NE(r.output.find("init_weights: " + dir + " (F32, as the model: nothing converted)"), std::string::npos)
         << r.output;
+    if (dir == dcp) {
+      EXPECT_NE(r.output.find("nothing converted) — a PyTorch distributed checkpoint (2 data files): the entries "
+                              "under \"model\", "), std::string::npos) << r.output;
+    }
     saved[i] = saved_state(ck + "/step-00000001", true);
     double worst = 0;
     for (const auto& p : source.module->named_parameters()) {
-      ASSERT_TRUE(saved[i].count(p.key())) << p.key();
+      ASSERT_TRUE(saved[i].count(p.key())) << dir << ": " << p.key();
       worst = std::max(worst, (saved[i].at(p.key()) - p.value()).abs().max().item<double>());
     }
     EXPECT_LE(worst, 1e-2);
   }
   EXPECT_EQ(max_difference(saved[0], saved[1]), 0.0);
   EXPECT_EQ(max_difference(saved[0], saved[2]), 0.0);
+  EXPECT_EQ(max_difference(saved[0], saved[3]), 0.0);
 
   // A model name: the same files in a Hugging Face cache (blobs, a snapshot of links to them, refs/main), found as
   // huggingface_hub's offline snapshot_download finds them, train exactly as the directory did.

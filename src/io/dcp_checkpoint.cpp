@@ -1,0 +1,156 @@
+#include "io/dcp_checkpoint.h"
+
+#include <ATen/ATen.h>
+#include <caffe2/serialize/inline_container.h>
+#include <caffe2/serialize/read_adapter_interface.h>
+
+#include <algorithm>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <stdexcept>
+
+#include "io/mapped_file.h"
+#include "io/state_dict_program.h"
+#include "shardtrain/io/files.h"
+
+namespace shardtrain::io {
+namespace {
+
+// Bytes in memory as PyTorchStreamReader's input: one chunk's archive inside its data file.
+class MemoryAdapter : public caffe2::serialize::ReadAdapterInterface {
+ public:
+  MemoryAdapter(const char* bytes, size_t size) : bytes_(bytes), size_(size) {}
+  size_t size() const override { return size_; }
+  size_t read(uint64_t pos, void* buf, size_t n, const char*) const override {
+    if (pos >= size_) return 0;
+    n = std::min<size_t>(n, size_ - pos);
+    std::memcpy(buf, bytes_ + pos, n);
+    return n;
+  }
+
+ private:
+  const char* bytes_;
+  size_t size_;
+};
+
+// The tensor torch.save(tensor) wrote as the archive in `bytes` (`size` of them); its storage the archive's bytes
+// given by `data_at(offset in the archive)`. `what` names it in messages.
+at::Tensor load_saved_tensor(const std::string& what, const char* bytes, size_t size,
+                             const std::function<at::DataPtr(size_t)>& data_at) {
+  try {
+    caffe2::serialize::PyTorchStreamReader reader(std::make_shared<MemoryAdapter>(bytes, size));
+    auto storage_of = [&](const std::string& key, at::ScalarType dtype, int64_t numel) {
+      const std::string record = "data/" + key;
+      if (!reader.hasRecord(record)) throw std::runtime_error(what + ": no record " + record + " for a storage");
+      const size_t bytes_of = reader.getRecordSize(record), item = at::elementSize(dtype);
+      if (numel < 0 || static_cast<uint64_t>(numel) > bytes_of / item) {
+        throw std::runtime_error(what + ": record " + record + " holds " + std::to_string(bytes_of) + " bytes, not " +
+                                 std::to_string(numel) + " elements of " + std::to_string(item));
+      }
+      const size_t offset = reader.getRecordOffset(record);
+      if (offset > size || bytes_of > size - offset)
+        throw std::runtime_error(what + ": record " + record + " lies past its end");
+      return at::Storage(at::Storage::use_byte_size_t(), bytes_of, data_at(offset), nullptr, /*resizable=*/false);
+    };
+    auto [program, length] = reader.getRecord("data.pkl");
+    return run_tensor_program(what, static_cast<const char*>(program.get()), length, storage_of);
+  } catch (const c10::Error& e) {
+    throw std::runtime_error(what + ": not a readable torch.save archive: " + e.what_without_backtrace());
+  }
+}
+
+}  // namespace
+
+DcpCheckpoint::DcpCheckpoint(std::string dir) : dir_(std::move(dir)) {
+  const std::string path = (std::filesystem::path(dir_) / ".metadata").string();
+  if (!std::filesystem::exists(path)) {
+    throw std::runtime_error(dir_ + ": no .metadata (a PyTorch distributed checkpoint's directory holds one)");
+  }
+  const std::vector<char> bytes = read_file(path);
+  metadata_ = parse_dcp_metadata(path, bytes.data(), bytes.size());
+}
+
+DcpCheckpoint::~DcpCheckpoint() = default;
+
+std::shared_ptr<MappedFile> DcpCheckpoint::data_file(const std::string& name) const {
+  auto it = files_.find(name);
+  if (it != files_.end()) return it->second;
+  const std::string path = (std::filesystem::path(dir_) / name).string();
+  if (!std::filesystem::exists(path)) throw std::runtime_error(dir_ + ": data file " + name + " is missing");
+  return files_.emplace(name, std::make_shared<MappedFile>(path)).first->second;
+}
+
+at::Tensor DcpCheckpoint::load_chunk(const DcpTensor& tensor, const DcpChunk& chunk) const {
+  std::string where = "'" + tensor.key + "' at (";
+  for (size_t d = 0; d < chunk.offsets.size(); ++d) where += (d ? ", " : "") + std::to_string(chunk.offsets[d]);
+  const std::string what = dir_ + "/" + chunk.file + ": the chunk of " + where + ")";
+  if (!chunk.transforms.empty()) {
+    throw std::runtime_error(what + " was stored through the writer extension " + chunk.transforms.front() +
+                             " (compression); only chunks saved plain, DCP's default, are read");
+  }
+  const std::shared_ptr<MappedFile> file = data_file(chunk.file);
+  // A file system that cannot map the file: its bytes read instead.
+  std::shared_ptr<std::vector<char>> read;
+  if (!file->mapped()) read = std::make_shared<std::vector<char>>(read_file(dir_ + "/" + chunk.file));
+  const size_t size = read ? read->size() : file->size();
+  const char* base = read ? read->data() : file->at(0);
+  if (chunk.offset > size || chunk.length > size - chunk.offset) {
+    throw std::runtime_error(what + " lies past the file's end (" + std::to_string(size) + " bytes)");
+  }
+  const size_t start = chunk.offset;
+  if (chunk.length < 4 || std::memcmp(base + start, "PK\x03\x04", 4) != 0) {
+    throw std::runtime_error(what + " is not a torch.save archive (DCP's default serialization; checkpoints saved "
+                             "with serialization_format=SAFETENSORS are not read)");
+  }
+  const at::Tensor out = load_saved_tensor(what, base + start, chunk.length, [&](size_t offset) {
+    if (!read) return mapped_bytes(file, start + offset);
+    auto* owner = new std::shared_ptr<std::vector<char>>(read);
+    return at::DataPtr(read->data() + start + offset, owner,
+                       [](void* p) { delete static_cast<std::shared_ptr<std::vector<char>>*>(p); },
+                       at::Device(at::kCPU));
+  });
+  if (out.sizes().vec() != chunk.sizes || out.scalar_type() != tensor.dtype) {
+    throw std::runtime_error(what + " holds a " + std::string(c10::toString(out.scalar_type())) + " tensor of shape " +
+                             c10::str(out.sizes()) + ", its metadata a " + c10::toString(tensor.dtype) +
+                             " chunk of shape " + c10::str(at::IntArrayRef(chunk.sizes)));
+  }
+  return out;
+}
+
+at::Tensor DcpCheckpoint::read_rows(const DcpTensor& tensor, int64_t first_row, int64_t rows) const {
+  // A 0-dim tensor is one row of one element; its one chunk has no offsets.
+  std::vector<int64_t> shape = tensor.size;
+  if (shape.empty()) shape = {1};
+  if (rows < 0 || (rows > 0 && (first_row < 0 || first_row > shape[0] - rows))) {
+    throw std::out_of_range(dir_ + ": tensor '" + tensor.key + "' has " + std::to_string(shape[0]) + " rows, rows [" +
+                            std::to_string(first_row) + ", " + std::to_string(first_row + rows) + ") asked for");
+  }
+  shape[0] = rows;
+  at::Tensor out = at::empty(shape, at::TensorOptions().dtype(tensor.dtype));
+  if (out.numel() == 0) return out;
+  int64_t covered = 0;  // elements copied: each once when the chunks tile the tensor
+  for (const DcpChunk& chunk : tensor.chunks) {
+    const int64_t chunk_first = chunk.offsets.empty() ? 0 : chunk.offsets[0];
+    const int64_t chunk_rows = chunk.sizes.empty() ? 1 : chunk.sizes[0];
+    const int64_t lo = std::max(first_row, chunk_first), hi = std::min(first_row + rows, chunk_first + chunk_rows);
+    if (hi <= lo || std::find(chunk.sizes.begin(), chunk.sizes.end(), 0) != chunk.sizes.end()) continue;
+    at::Tensor piece = load_chunk(tensor, chunk);
+    if (tensor.size.empty()) piece = piece.reshape({1});
+    piece = piece.narrow(0, lo - chunk_first, hi - lo);
+    at::Tensor into = out.narrow(0, lo - first_row, hi - lo);
+    for (size_t d = 1; d < chunk.offsets.size(); ++d) into = into.narrow(d, chunk.offsets[d], chunk.sizes[d]);
+    into.copy_(piece);
+    covered += piece.numel();
+  }
+  if (covered != out.numel()) {
+    throw std::runtime_error(
+        dir_ + ": rows [" + std::to_string(first_row) + ", " + std::to_string(first_row + rows) + ") of '" +
+        tensor.key + "' are " + (covered < out.numel() ? "not all in its chunks" : "in more than one of its chunks") +
+        " (" + std::to_string(covered) + " of " + std::to_string(out.numel()) + " elements found)");
+  }
+  return out;
+}
+
+}  // namespace shardtrain::io
