@@ -9,6 +9,8 @@
 #include "shardtrain/ckpt/checkpoint.h"
 #include "shardtrain/ckpt/manifest.h"
 #include "shardtrain/io/files.h"
+#include "shardtrain/io/safetensors.h"
+#include "shardtrain/io/weight_files.h"
 #include "shardtrain/plan/planner.h"
 
 namespace shardtrain::cli {
@@ -21,7 +23,9 @@ const char* kCheckpointUsage =
     "       shardtrain checkpoint verify PATH\n"
     "       shardtrain checkpoint list DIR\n"
     "export: merges a checkpoint's shards (any world size, FSDP or DDP) into one safetensors file with\n"
-    "        Hugging Face names. CHECKPOINT is a step-* directory, or a checkpoint.dir (its newest one).\n"
+    "        Hugging Face names. CHECKPOINT is a step-* directory, or a checkpoint.dir (its newest one),\n"
+    "        or a PyTorch distributed checkpoint (the directory dcp.save wrote: its model's tensors,\n"
+    "        under the names they were saved with; --out only).\n"
     "        NaN or Inf weights are refused unless --allow-non-finite.\n"
     "        --hf: a Hugging Face model directory that transformers' from_pretrained loads: config.json,\n"
     "        model.safetensors (or shards of at most --max-shard-size and model.safetensors.index.json)\n"
@@ -55,6 +59,26 @@ int verify_command(const std::string& path) {
   return damaged > 0 ? 1 : 0;
 }
 
+// A PyTorch distributed checkpoint (a directory dcp.save wrote, holding .metadata) merged into one safetensors
+// file: its model's tensors whole (io::WeightFiles' choice of its entries), under the names they were saved with —
+// what torch.distributed.checkpoint.format_utils.dcp_to_torch_save does, written as safetensors.
+void export_distributed_checkpoint(const std::string& path, const std::string& out,
+                                   const ckpt::ExportOptions& options) {
+  const io::WeightFiles files(path);
+  std::vector<std::pair<std::string, at::Tensor>> tensors;
+  for (const io::WeightEntry& e : files.entries()) {
+    at::Tensor t = files.read(e.name);
+    if (options.dtype && t.is_floating_point()) t = t.to(*options.dtype);
+    if (!options.allow_non_finite && t.is_floating_point() && !at::isfinite(t).all().item<bool>()) {
+      throw std::runtime_error(path + ": '" + e.name + "' holds NaN or Inf values (--allow-non-finite writes them)");
+    }
+    tensors.emplace_back(e.name, std::move(t));
+  }
+  io::write_safetensors(out, tensors);
+  std::cout << "checkpoint export: " << path << " (" << files.note() << ") -> " << out << ", " << tensors.size()
+            << " tensors\n";
+}
+
 }  // namespace
 
 int run_checkpoint_command(const std::vector<std::string>& args) {
@@ -73,11 +97,6 @@ int run_checkpoint_command(const std::vector<std::string>& args) {
     }
     if (a.has("max-shard-size") && hf.empty()) throw std::invalid_argument("--max-shard-size goes with --hf DIR");
     std::string path = a.positionals[0];
-    if (!io::path_exists(path + "/trainer.json")) {
-      const auto latest = ckpt::latest_checkpoint(path);
-      if (!latest) throw std::invalid_argument("'" + path + "' is neither a checkpoint nor a directory holding one");
-      path = *latest;
-    }
     ckpt::ExportOptions options;
     options.allow_non_finite = a.has("allow-non-finite");
     const std::string d = a.get("dtype", "");
@@ -85,6 +104,20 @@ int run_checkpoint_command(const std::vector<std::string>& args) {
     else if (d == "fp16") options.dtype = at::kHalf;
     else if (d == "fp32") options.dtype = at::kFloat;
     else if (!d.empty()) throw std::invalid_argument("--dtype: '" + d + "' is not one of fp32, bf16, fp16");
+    if (io::path_exists(path + "/.metadata")) {
+      if (!hf.empty()) {
+        throw std::invalid_argument("'" + path + "' is a PyTorch distributed checkpoint: it exports with --out FILE "
+                                    "(its model's tensors under their saved names); --hf needs a shardtrain "
+                                    "checkpoint (train from it with model.from or model.init_weights first)");
+      }
+      export_distributed_checkpoint(path, out, options);
+      return 0;
+    }
+    if (!io::path_exists(path + "/trainer.json")) {
+      const auto latest = ckpt::latest_checkpoint(path);
+      if (!latest) throw std::invalid_argument("'" + path + "' is neither a checkpoint nor a directory holding one");
+      path = *latest;
+    }
     if (!hf.empty()) {
       export_hf_directory(path, hf, options, plan::parse_memory_size(a.get("max-shard-size", "5GB")));
       return 0;

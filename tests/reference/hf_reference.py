@@ -17,7 +17,7 @@ import sys
 
 import torch
 from safetensors.torch import load_file, save_file
-from dcp_reference import save_dcp, write_faults
+from dcp_reference import save_compiled_names, save_dcp, write_faults
 import transformers
 from transformers import (BertConfig, BertForPreTraining, FlavaConfig, FlavaForPreTraining, LlamaConfig,
                           LlamaForCausalLM, MistralConfig, MistralForCausalLM, Qwen2Config, Qwen2ForCausalLM,
@@ -155,6 +155,7 @@ def save_torch(d, family, model):
     if family == "bert":
         save_dcp(d, os.path.join(d, "dcp"), "BertForPreTraining", world=3, nested=True)
         write_faults(os.path.join(d, "dcp"), os.path.join(d, "dcp-faults"))
+        save_compiled_names(d, os.path.join(d, "dcp-compiled"))
     if family == "t5":
         save_dcp(d, os.path.join(d, "dcp"), "T5ForConditionalGeneration", world=2, nested=False, dim1=True)
 

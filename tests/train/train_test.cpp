@@ -597,6 +597,14 @@ TEST_F(TrainTest, ModelFromAHuggingFaceDirectory) {
   EXPECT_EQ(max_difference(saved[0], saved[1]), 0.0);
   EXPECT_EQ(max_difference(saved[0], saved[2]), 0.0);
   EXPECT_EQ(max_difference(saved[0], saved[3]), 0.0);
+  // `checkpoint export` merges the distributed checkpoint into one safetensors file: the directory's tensors.
+  const Outcome merging = run(std::string(SHARDTRAIN_BIN) + " checkpoint export " + dcp + " --out " + root_ +
+                               "/dcp.safetensors");
+  ASSERT_EQ(merging.status, 0) << merging.output;
+  EXPECT_NE(merging.output.find("(a PyTorch distributed checkpoint (2 data files)"), std::string::npos)
+      << merging.output;
+  const io::SafetensorsReader merged(root_ + "/dcp.safetensors"), original(single + "/model.safetensors");
+  for (const auto& e : original.entries()) EXPECT_TRUE(at::equal(merged.read(e.name), original.read(e.name))) << e.name;
 
   // A model name: the same files in a Hugging Face cache (blobs, a snapshot of links to them, refs/main), found as
   // huggingface_hub's offline snapshot_download finds them, train exactly as the directory did.
