@@ -127,6 +127,14 @@ at::Tensor DcpCheckpoint::read_rows(const DcpTensor& tensor, int64_t first_row, 
     throw std::out_of_range(dir_ + ": tensor '" + tensor.key + "' has " + std::to_string(shape[0]) + " rows, rows [" +
                             std::to_string(first_row) + ", " + std::to_string(first_row + rows) + ") asked for");
   }
+  // Rows inside one chunk that spans the other dimensions (a rank reading what it saved, at the same world size):
+  // a view of that chunk's bytes in the mapped file, no copy.
+  for (const DcpChunk& chunk : tensor.chunks) {
+    if (tensor.size.empty() || rows == 0) break;
+    bool spans = chunk.offsets[0] <= first_row && first_row + rows <= chunk.offsets[0] + chunk.sizes[0];
+    for (size_t d = 1; d < tensor.size.size(); ++d) spans = spans && chunk.sizes[d] == tensor.size[d];
+    if (spans) return load_chunk(tensor, chunk).narrow(0, first_row - chunk.offsets[0], rows).contiguous();
+  }
   shape[0] = rows;
   at::Tensor out = at::empty(shape, at::TensorOptions().dtype(tensor.dtype));
   if (out.numel() == 0) return out;

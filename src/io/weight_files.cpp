@@ -1,5 +1,6 @@
 #include "shardtrain/io/weight_files.h"
 
+#include <ATen/ATen.h>
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
@@ -12,6 +13,7 @@
 #include "shardtrain/io/safetensors.h"
 #include "shardtrain/io/torch_state_dict.h"
 #include "io/dcp_checkpoint.h"
+#include "io/mapped_file.h"
 
 namespace shardtrain::io {
 namespace {
@@ -79,9 +81,17 @@ std::vector<std::pair<std::string, const DcpTensor*>> model_tensors(const DcpMet
 
 }  // namespace
 
-// One file of weights: a safetensors file read on demand, a torch.save state dict whose tensors are views of the
-// file mapped copy-on-write (nothing read until a row is taken), or a distributed checkpoint's .metadata (its
-// tensors' chunks read as rows are taken).
+// Rows [first_row, first_row + rows) of a tensor of `total` rows, or throws naming it.
+void check_rows(const std::string& path, const std::string& name, int64_t total, int64_t first_row, int64_t rows) {
+  if (rows < 0 || (rows > 0 && (first_row < 0 || first_row > total - rows))) {  // no rows: from anywhere
+    throw std::out_of_range(path + ": tensor '" + name + "' has " + std::to_string(total) + " rows, rows [" +
+                            std::to_string(first_row) + ", " + std::to_string(first_row + rows) + ") asked for");
+  }
+}
+
+// One file of weights: a safetensors file or a torch.save state dict, whose tensors are views of the file mapped
+// copy-on-write (nothing read until a row is taken, and then only its pages, from the page cache: no copy beside
+// the one into the model), or a distributed checkpoint's .metadata (its tensors' chunks read as rows are taken).
 struct WeightFiles::File {
   explicit File(const std::string& file_path) : path(file_path) {
     if (std::filesystem::path(path).filename() == kDcpMetadata) {
@@ -98,6 +108,8 @@ struct WeightFiles::File {
     } else {
       safetensors = std::make_unique<SafetensorsReader>(path);
       for (const auto& e : safetensors->entries()) entries.push_back({e.name, e.dtype, e.shape});
+      mapped = std::make_shared<MappedFile>(path);  // unmapped (a file system without mmap): read instead
+      if (mapped->mapped() && mapped->size() < safetensors->data_start() + data_bytes()) mapped.reset();
     }
     for (size_t k = 0; k < entries.size(); ++k) position.emplace(entries[k].name, k);
   }
@@ -113,25 +125,52 @@ struct WeightFiles::File {
       const at::Tensor whole = dcp->read_rows(t, 0, t.size.empty() ? 1 : t.size[0]);
       return t.size.empty() ? whole.reshape({}) : whole;
     }
-    return safetensors ? safetensors->read(name) : tensors.at(name).contiguous();  // a saved view: its elements
+    if (safetensors) {
+      const SafetensorsEntry& e = *safetensors->find(name);
+      if (!mapped) return safetensors->read(name);
+      const int64_t total = e.shape.empty() ? 1 : e.shape[0];
+      return safetensors_rows(e, 0, total).reshape(e.shape);
+    }
+    return tensors.at(name).contiguous();  // a saved view: its elements
   }
 
   at::Tensor read_rows(const std::string& name, int64_t first_row, int64_t rows) const {
     if (dcp) return dcp->read_rows(*dcp_tensors.at(name), first_row, rows);
-    if (safetensors) return safetensors->read_rows(name, first_row, rows);
+    if (safetensors) {
+      if (!mapped) return safetensors->read_rows(name, first_row, rows);
+      const SafetensorsEntry& e = *safetensors->find(name);
+      check_rows(path, name, e.shape.empty() ? 1 : e.shape[0], first_row, rows);
+      return safetensors_rows(e, first_row, rows);
+    }
     const at::Tensor& t = tensors.at(name);
     const at::Tensor rowed = t.dim() == 0 ? t.reshape({1}) : t;
-    const int64_t total = rowed.size(0);
-    if (rows < 0 || (rows > 0 && (first_row < 0 || first_row + rows > total))) {  // no rows: from anywhere
-      throw std::out_of_range(path + ": tensor '" + name + "' has " + std::to_string(total) + " rows, rows [" +
-                              std::to_string(first_row) + ", " + std::to_string(first_row + rows) + ") asked for");
-    }
+    check_rows(path, name, rowed.size(0), first_row, rows);
     if (rows == 0) return rowed.narrow(0, 0, 0).contiguous();
     return rowed.narrow(0, first_row, rows).contiguous();
   }
 
+  // The end of the safetensors file's last tensor, relative to its data section.
+  uint64_t data_bytes() const {
+    uint64_t end = 0;
+    for (const auto& e : safetensors->entries()) end = std::max(end, e.end);
+    return end;
+  }
+
+  // Rows of safetensors entry `e` (checked) as a view of the mapped file: a 0-dim tensor is one row.
+  at::Tensor safetensors_rows(const SafetensorsEntry& e, int64_t first_row, int64_t rows) const {
+    std::vector<int64_t> shape = e.shape.empty() ? std::vector<int64_t>{1} : e.shape;
+    const uint64_t total = static_cast<uint64_t>(shape[0]);
+    const uint64_t row_bytes = total == 0 ? 0 : (e.end - e.begin) / total;
+    shape[0] = rows;
+    const size_t offset = safetensors->data_start() + e.begin + row_bytes * static_cast<uint64_t>(first_row);
+    at::Storage storage(at::Storage::use_byte_size_t(), row_bytes * static_cast<uint64_t>(rows),
+                        mapped_bytes(mapped, rows == 0 ? 0 : offset), nullptr, /*resizable=*/false);
+    return at::empty({0}, at::TensorOptions().dtype(e.dtype)).set_(storage, 0, shape);
+  }
+
   std::string path;
-  std::unique_ptr<SafetensorsReader> safetensors;  // a safetensors file, or
+  std::unique_ptr<SafetensorsReader> safetensors;  // a safetensors file (mapped, when it can be), or
+  std::shared_ptr<MappedFile> mapped;
   std::map<std::string, at::Tensor> tensors;       // a torch.save state dict's tensors, or
   std::unique_ptr<DcpCheckpoint> dcp;              // a distributed checkpoint, its model's tensors named below
   std::map<std::string, const DcpTensor*> dcp_tensors;

@@ -31,6 +31,7 @@ class SafetensorsReader {
   const std::vector<SafetensorsEntry>& entries() const { return entries_; }  // in file order
   const SafetensorsEntry* find(const std::string& name) const;                // nullptr when absent
   const std::map<std::string, std::string>& metadata() const { return metadata_; }
+  uint64_t data_start() const { return data_start_; }  // the data section's offset in the file (8 + header length)
   // The tensor (CPU, its file dtype). Throws naming it when absent.
   at::Tensor read(const std::string& name) const;
   // Rows [first_row, first_row + rows) of dim 0 (a 0-dim tensor has one row), reading only their bytes: what a rank
