@@ -1,5 +1,7 @@
 // `shardtrain checkpoint export`, `shardtrain checkpoint verify` and `shardtrain checkpoint list`.
 
+#include <ATen/ops/isfinite.h>
+
 #include <cstdio>
 #include <iostream>
 
