@@ -91,7 +91,7 @@ at::Tensor DcpCheckpoint::load_chunk(const DcpTensor& tensor, const DcpChunk& ch
                              " (compression); only chunks saved plain, DCP's default, are read");
   }
   const std::shared_ptr<MappedFile> file = data_file(chunk.file);
-  // A file system that cannot map the file: its bytes read instead.
+  // A file system that cannot map the file: the whole file read instead, for each chunk (a rare path, kept simple).
   std::shared_ptr<std::vector<char>> read;
   if (!file->mapped()) read = std::make_shared<std::vector<char>>(read_file(dir_ + "/" + chunk.file));
   const size_t size = read ? read->size() : file->size();

@@ -35,8 +35,8 @@ std::string resolve(const std::string& path) {
     if (std::filesystem::exists(candidate)) return candidate;
   }
   throw std::runtime_error(path + ": a model directory needs model.safetensors, model.safetensors.index.json, "
-                           "pytorch_model.bin or pytorch_model.bin.index.json (or, a PyTorch distributed checkpoint's, "
-                           ".metadata)");
+                           "pytorch_model.bin or pytorch_model.bin.index.json (or .metadata, a PyTorch distributed "
+                           "checkpoint's)");
 }
 
 // The model's tensors in a distributed checkpoint, under the names its state dict gives them. A checkpoint saves
@@ -79,8 +79,6 @@ std::vector<std::pair<std::string, const DcpTensor*>> model_tensors(const DcpMet
   return out;
 }
 
-}  // namespace
-
 // Rows [first_row, first_row + rows) of a tensor of `total` rows, or throws naming it.
 void check_rows(const std::string& path, const std::string& name, int64_t total, int64_t first_row, int64_t rows) {
   if (rows < 0 || (rows > 0 && (first_row < 0 || first_row > total - rows))) {  // no rows: from anywhere
@@ -88,6 +86,8 @@ void check_rows(const std::string& path, const std::string& name, int64_t total,
                             std::to_string(first_row) + ", " + std::to_string(first_row + rows) + ") asked for");
   }
 }
+
+}  // namespace
 
 // One file of weights: a safetensors file or a torch.save state dict, whose tensors are views of the file mapped
 // copy-on-write (nothing read until a row is taken, and then only its pages, from the page cache: no copy beside
@@ -109,7 +109,7 @@ struct WeightFiles::File {
       safetensors = std::make_unique<SafetensorsReader>(path);
       for (const auto& e : safetensors->entries()) entries.push_back({e.name, e.dtype, e.shape});
       mapped = std::make_shared<MappedFile>(path);  // unmapped (a file system without mmap): read instead
-      if (mapped->mapped() && mapped->size() < safetensors->data_start() + data_bytes()) mapped.reset();
+      if (!mapped->mapped() || mapped->size() < safetensors->data_start() + data_bytes()) mapped.reset();
     }
     for (size_t k = 0; k < entries.size(); ++k) position.emplace(entries[k].name, k);
   }
