@@ -18,9 +18,13 @@
 namespace shardtrain::io {
 namespace {
 
-// The names transformers' from_pretrained looks for, in its order; then a PyTorch distributed checkpoint's.
-constexpr const char* kWeightNames[] = {"model.safetensors", "model.safetensors.index.json", "pytorch_model.bin",
-                                        "pytorch_model.bin.index.json", ".metadata"};
+// The names transformers' from_pretrained looks for, in its order; then a PyTorch distributed checkpoint's; then
+// what Accelerate's save_state writes for an FSDP model (fsdp_state_dict_type FULL_STATE_DICT: a torch.save file;
+// SHARDED_STATE_DICT: a distributed checkpoint in a directory of its own).
+constexpr const char* kWeightNames[] = {"model.safetensors",           "model.safetensors.index.json",
+                                        "pytorch_model.bin",           "pytorch_model.bin.index.json",
+                                        ".metadata",                   "pytorch_model_fsdp.bin",
+                                        "pytorch_model_fsdp_0/.metadata"};
 constexpr const char* kDcpMetadata = ".metadata";
 
 bool ends_with(const std::string& s, const std::string& tail) {
@@ -36,7 +40,7 @@ std::string resolve(const std::string& path) {
   }
   throw std::runtime_error(path + ": a model directory needs model.safetensors, model.safetensors.index.json, "
                            "pytorch_model.bin or pytorch_model.bin.index.json (or .metadata, a PyTorch distributed "
-                           "checkpoint's)");
+                           "checkpoint's; or Accelerate's pytorch_model_fsdp.bin or pytorch_model_fsdp_0/)");
 }
 
 // The model's tensors in a distributed checkpoint, under the names its state dict gives them. A checkpoint saves

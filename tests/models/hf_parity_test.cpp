@@ -273,11 +273,16 @@ TEST(HfParity, TorchSaveFilesLoadAsTheirSafetensors) {
 // The same weights in a distributed checkpoint an FSDP2 job saved with torch.distributed.checkpoint
 // (tests/reference/dcp_reference.py): bert from 3 ranks, its model under "model" beside the optimizer's state and
 // a step; t5 from 2 ranks with the model's tensors at the top and 2-D ones sharded along their columns; bert from
-// one process under a torch.compile'd model's names (_orig_mod.). Each tensor is put together from its ranks'
-// chunks, the optimizer's entries are not taken for weights, and the names lose the compiled wrapper's part.
+// one process under a torch.compile'd model's names (_orig_mod.); bert as Accelerate's save_state lays out an FSDP
+// model. Each tensor is put together from its ranks' chunks, the optimizer's entries are not taken for weights,
+// and the names lose the compiled wrapper's part.
 TEST(HfParity, DistributedCheckpointsLoadAsTheirSafetensors) {
   for (const std::string family : {"bert", "t5"}) expect_loads_as_safetensors(family, "dcp");
   expect_loads_as_safetensors("bert", "dcp-compiled");
+  // The directory Accelerate's save_state fills for an FSDP model: pytorch_model_fsdp_0/ (a distributed
+  // checkpoint of {"model": state_dict}) or pytorch_model_fsdp.bin (the whole state dict).
+  expect_loads_as_safetensors("bert", "accelerate-sharded");
+  expect_loads_as_safetensors("bert", "accelerate-full");
   // A rank's rows that cross chunks (bert's word embeddings: 1000 rows saved by 3 ranks as 334 + 334 + 332) read
   // as the same rows of the whole tensor; t5's column chunks make each row of two pieces.
   for (const auto& tensor : {std::pair<std::string, std::string>{"bert", "bert.embeddings.word_embeddings.weight"},

@@ -6,6 +6,8 @@ tests/models/hf_parity_test.cpp loads both and compares.
 
   nested=True:  {"model": model_sd, "optim": optim_sd, "step": 7}  (FSDP2's recipes, Accelerate)
   nested=False: {**model_sd, "optimizer": optim_sd}                 (a model state dict at the top)
+  accelerate=True: {"model": model.state_dict()} in out_dir/pytorch_model_fsdp_0/, as Accelerate's save_state
+                writes an FSDP model with fsdp_state_dict_type SHARDED_STATE_DICT (accelerate/utils/fsdp_utils.py)
   dim1=True:    2-D parameters whose columns divide evenly sharded along dimension 1 (fully_shard's
                 shard_placement_fn); others along dimension 0, where a world of 3 makes chunks uneven
 
@@ -29,7 +31,7 @@ from torch.distributed.fsdp import fully_shard
 from torch.distributed.tensor import Shard
 
 
-def _rank(rank, world, port, model_dir, out_dir, class_name, nested, dim1):
+def _rank(rank, world, port, model_dir, out_dir, class_name, nested, dim1, accelerate):
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     dist.init_process_group("gloo", rank=rank, world_size=world)
     try:
@@ -44,18 +46,21 @@ def _rank(rank, world, port, model_dir, out_dir, class_name, nested, dim1):
         model_sd = get_model_state_dict(model)
         optim_sd = get_optimizer_state_dict(model, opt)
         state = {"model": model_sd, "optim": optim_sd, "step": 7} if nested else {**model_sd, "optimizer": optim_sd}
+        if accelerate:
+            state, out_dir = {"model": model.state_dict()}, os.path.join(out_dir, "pytorch_model_fsdp_0")
         dcp.save(state, checkpoint_id=out_dir)
     finally:
         dist.destroy_process_group()
 
 
-def save_dcp(model_dir, out_dir, class_name, world, nested, dim1=False):
+def save_dcp(model_dir, out_dir, class_name, world, nested, dim1=False, accelerate=False):
     os.makedirs(out_dir, exist_ok=True)
     shutil.copy(os.path.join(model_dir, "config.json"), out_dir)
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    mp.spawn(_rank, args=(world, port, model_dir, out_dir, class_name, nested, dim1), nprocs=world, join=True)
+    mp.spawn(_rank, args=(world, port, model_dir, out_dir, class_name, nested, dim1, accelerate), nprocs=world,
+             join=True)
 
 
 def save_compiled_names(model_dir, out_dir):

@@ -156,6 +156,11 @@ def save_torch(d, family, model):
         save_dcp(d, os.path.join(d, "dcp"), "BertForPreTraining", world=3, nested=True)
         write_faults(os.path.join(d, "dcp"), os.path.join(d, "dcp-faults"))
         save_compiled_names(d, os.path.join(d, "dcp-compiled"))
+        # What Accelerate's save_state writes for an FSDP model: a distributed checkpoint in pytorch_model_fsdp_0/
+        # (SHARDED_STATE_DICT), or the whole state dict in pytorch_model_fsdp.bin (FULL_STATE_DICT).
+        save_dcp(d, os.path.join(d, "accelerate-sharded"), "BertForPreTraining", world=2, nested=True,
+                 accelerate=True)
+        torch.save(state, os.path.join(directory("accelerate-full"), "pytorch_model_fsdp.bin"))
     if family == "t5":
         save_dcp(d, os.path.join(d, "dcp"), "T5ForConditionalGeneration", world=2, nested=False, dim1=True)
 

@@ -528,7 +528,8 @@ TEST_F(TrainTest, InitWeightsLoadEveryWay) {
 // sharded across files with model.safetensors.index.json, in a torch.save pytorch_model.bin, or in a PyTorch
 // distributed checkpoint) is the model and its starting weights, no flavor named. BERT for masked LM, 2 ranks, one
 // step: the weights are the directory's to within that step (1e-2), and the sharded, torch.save and distributed
-// checkpoint directories give exactly the single file's run. A missing shard or a directory without weights says so.
+// checkpoint directories give exactly the single file's run (the last also with each rank reading its own rows).
+// `checkpoint export` merges the distributed checkpoint. A missing shard or a directory without weights says so.
 TEST_F(TrainTest, ModelFromAHuggingFaceDirectory) {
   models::BuildOptions build;
   build.init.seed = 5;
@@ -597,6 +598,12 @@ TEST_F(TrainTest, ModelFromAHuggingFaceDirectory) {
   EXPECT_EQ(max_difference(saved[0], saved[1]), 0.0);
   EXPECT_EQ(max_difference(saved[0], saved[2]), 0.0);
   EXPECT_EQ(max_difference(saved[0], saved[3]), 0.0);
+  // Each rank reading only its own rows of the distributed checkpoint (sync_module_states off: the rows a rank
+  // needs from the chunks that hold them): the same run again.
+  const Outcome own_rows = train("--model.from=" + dcp + " --parallel.sync_module_states=false --train.steps=1 "
+                                 "--train.eval_interval=0 --checkpoint.dir=" + dcp + "-rows");
+  ASSERT_EQ(own_rows.status, 0) << own_rows.output;
+  EXPECT_EQ(max_difference(saved[0], saved_state(dcp + "-rows/step-00000001", true)), 0.0);
   // `checkpoint export` merges the distributed checkpoint into one safetensors file: the directory's tensors.
   const Outcome merging = run(std::string(SHARDTRAIN_BIN) + " checkpoint export " + dcp + " --out " + root_ +
                                "/dcp.safetensors");

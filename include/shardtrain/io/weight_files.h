@@ -31,7 +31,9 @@ class WeightFiles {
   // `path`: a weights file (safetensors or torch.save, told apart by their first bytes), an index (*.index.json),
   // or a directory holding one of the names above (transformers' order: safetensors first), or else a distributed
   // checkpoint's .metadata (the tensors under its top-level "model" when it has one, else all but an optimizer's;
-  // the names without torch.compile's and wrappers' parts, as get_model_state_dict gives them). Throws
+  // the names without torch.compile's and wrappers' parts, as get_model_state_dict gives them), or what
+  // Accelerate's save_state wrote for an FSDP model (pytorch_model_fsdp.bin, or the distributed checkpoint
+  // pytorch_model_fsdp_0/). Throws
   // std::runtime_error naming the file for a directory with none, an index that is not JSON or has no weight_map,
   // a shard that is missing, a tensor the index places in a shard that does not hold it (or a shard tensor the
   // index does not list), and whatever SafetensorsReader or load_torch_state_dict refuse.
