@@ -1,7 +1,5 @@
 // `shardtrain checkpoint export`, `shardtrain checkpoint verify` and `shardtrain checkpoint list`.
 
-#include <ATen/ops/isfinite.h>
-
 #include <cstdio>
 #include <iostream>
 
@@ -25,9 +23,11 @@ const char* kCheckpointUsage =
     "       shardtrain checkpoint verify PATH\n"
     "       shardtrain checkpoint list DIR\n"
     "export: merges a checkpoint's shards (any world size, FSDP or DDP) into one safetensors file with\n"
-    "        Hugging Face names. CHECKPOINT is a step-* directory, or a checkpoint.dir (its newest one),\n"
-    "        or a PyTorch distributed checkpoint (the directory dcp.save wrote: its model's tensors,\n"
-    "        under the names they were saved with; --out only).\n"
+    "        Hugging Face names. CHECKPOINT is a step-* directory, or a checkpoint.dir (its newest one).\n"
+    "        Or weights from elsewhere: a PyTorch distributed checkpoint (the directory dcp.save wrote),\n"
+    "        the directory Accelerate's save_state fills, a pytorch_model.bin: its model's tensors under\n"
+    "        the names they were saved with; with --hf, the model of the config.json beside them (or in\n"
+    "        the directory above), every tensor of it required.\n"
     "        NaN or Inf weights are refused unless --allow-non-finite.\n"
     "        --hf: a Hugging Face model directory that transformers' from_pretrained loads: config.json,\n"
     "        model.safetensors (or shards of at most --max-shard-size and model.safetensors.index.json)\n"
@@ -61,26 +61,6 @@ int verify_command(const std::string& path) {
   return damaged > 0 ? 1 : 0;
 }
 
-// A PyTorch distributed checkpoint (a directory dcp.save wrote, holding .metadata) merged into one safetensors
-// file: its model's tensors whole (io::WeightFiles' choice of its entries), under the names they were saved with —
-// what torch.distributed.checkpoint.format_utils.dcp_to_torch_save does, written as safetensors.
-void export_distributed_checkpoint(const std::string& path, const std::string& out,
-                                   const ckpt::ExportOptions& options) {
-  const io::WeightFiles files(path);
-  std::vector<std::pair<std::string, at::Tensor>> tensors;
-  for (const io::WeightEntry& e : files.entries()) {
-    at::Tensor t = files.read(e.name);
-    if (options.dtype && t.is_floating_point()) t = t.to(*options.dtype);
-    if (!options.allow_non_finite && t.is_floating_point() && !at::isfinite(t).all().item<bool>()) {
-      throw std::runtime_error(path + ": '" + e.name + "' holds NaN or Inf values (--allow-non-finite writes them)");
-    }
-    tensors.emplace_back(e.name, std::move(t));
-  }
-  io::write_safetensors(out, tensors);
-  std::cout << "checkpoint export: " << path << " (" << files.note() << ") -> " << out << ", " << tensors.size()
-            << " tensors\n";
-}
-
 }  // namespace
 
 int run_checkpoint_command(const std::vector<std::string>& args) {
@@ -106,22 +86,27 @@ int run_checkpoint_command(const std::vector<std::string>& args) {
     else if (d == "fp16") options.dtype = at::kHalf;
     else if (d == "fp32") options.dtype = at::kFloat;
     else if (!d.empty()) throw std::invalid_argument("--dtype: '" + d + "' is not one of fp32, bf16, fp16");
-    if (io::path_exists(path + "/.metadata")) {
-      if (!hf.empty()) {
-        throw std::invalid_argument("'" + path + "' is a PyTorch distributed checkpoint: it exports with --out FILE "
-                                    "(its model's tensors under their saved names); --hf needs a shardtrain "
-                                    "checkpoint (train from it with model.from or model.init_weights first)");
-      }
-      export_distributed_checkpoint(path, out, options);
-      return 0;
-    }
+    const int64_t max_shard = plan::parse_memory_size(a.get("max-shard-size", "5GB"));
     if (!io::path_exists(path + "/trainer.json")) {
       const auto latest = ckpt::latest_checkpoint(path);
+      if (!latest && (io::has_weight_files(path) || (io::path_exists(path) && !io::is_directory(path)))) {
+        // Not ours: a distributed checkpoint, Accelerate's save_state, a pytorch_model.bin... (io::WeightFiles).
+        if (!hf.empty()) {
+          export_hf_from_weights(path, hf, options, max_shard);
+          return 0;
+        }
+        const io::WeightFiles files(path);
+        const auto tensors = read_weights(files, {}, options);
+        io::write_safetensors(out, tensors);
+        std::cout << "checkpoint export: " << path << (files.note().empty() ? "" : " (" + files.note() + ")")
+                  << " -> " << out << ", " << tensors.size() << " tensors\n";
+        return 0;
+      }
       if (!latest) throw std::invalid_argument("'" + path + "' is neither a checkpoint nor a directory holding one");
       path = *latest;
     }
     if (!hf.empty()) {
-      export_hf_directory(path, hf, options, plan::parse_memory_size(a.get("max-shard-size", "5GB")));
+      export_hf_directory(path, hf, options, max_shard);
       return 0;
     }
     ckpt::export_checkpoint(path, out, export_layout(*recipe_of_checkpoint(ckpt::read_trainer_state(path))), options);

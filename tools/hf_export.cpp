@@ -3,6 +3,7 @@
 // tokenizer the run used.
 #include "hf_export.h"
 
+#include <ATen/ops/isfinite.h>
 #include <torch/nn/module.h>
 
 #include <nlohmann/json.hpp>
@@ -18,6 +19,7 @@
 #include "shardtrain/data/tokenizer.h"
 #include "shardtrain/io/files.h"
 #include "shardtrain/io/safetensors_files.h"
+#include "shardtrain/io/weight_files.h"
 #include "shardtrain/models/zoo.h"
 
 namespace shardtrain::cli {
@@ -190,6 +192,78 @@ void export_hf_directory(const std::string& checkpoint, const std::string& out, 
   std::printf("checkpoint export: %s -> %s (%s; %zu tensors, %.1f MB in %s)\n", checkpoint.c_str(), out.c_str(),
               files.c_str(), tensors.size(), static_cast<double>(bytes) / 1e6, torch_dtype_name(dtype).c_str());
   if (tokenizer.empty()) std::printf("  no tokenizer files: %s\n", note.c_str());
+  std::fflush(stdout);
+}
+
+std::vector<std::pair<std::string, at::Tensor>> read_weights(const io::WeightFiles& files,
+                                                             const std::vector<std::string>& names,
+                                                             const ckpt::ExportOptions& options) {
+  std::vector<std::string> all;
+  for (const io::WeightEntry& e : files.entries()) all.push_back(e.name);
+  std::vector<std::pair<std::string, at::Tensor>> out;
+  for (const std::string& name : names.empty() ? all : names) {
+    at::Tensor t = files.read(name);
+    if (options.dtype && t.is_floating_point()) t = t.to(*options.dtype);
+    if (!options.allow_non_finite && t.is_floating_point() && !at::isfinite(t).all().item<bool>()) {
+      throw std::runtime_error(files.path() + ": '" + name + "' holds NaN or Inf values (--allow-non-finite writes "
+                               "them)");
+    }
+    out.emplace_back(name, std::move(t));
+  }
+  return out;
+}
+
+void export_hf_from_weights(const std::string& path, const std::string& out, const ckpt::ExportOptions& options,
+                            int64_t max_shard_bytes) {
+  const fs::path source = fs::path(path).lexically_normal();
+  fs::path config_dir = source;
+  if (!fs::exists(config_dir / "config.json")) config_dir = (source / "..").lexically_normal();
+  if (!fs::exists(config_dir / "config.json")) {
+    throw std::invalid_argument("'" + path + "' has no config.json beside it (nor in the directory above): a model "
+                                "directory needs the model's; copy it there");
+  }
+  const auto recipe = models::recipe_of_model(config_dir.string());
+  const io::WeightFiles files(path);
+  std::vector<std::string> names, missing;
+  for (const ckpt::ExportTensor& e : export_layout(*recipe)) {
+    const io::WeightEntry* w = files.find(e.file_name);
+    if (w != nullptr && w->shape == e.shape) {
+      names.push_back(e.file_name);
+    } else {
+      missing.push_back("'" + e.file_name + "'" + (w != nullptr ? " (another shape)" : ""));
+    }
+  }
+  if (!missing.empty()) {
+    std::string list;
+    for (size_t i = 0; i < missing.size() && i < 4; ++i) list += (i ? ", " : "") + missing[i];
+    throw std::runtime_error(path + ": not the model of " + (config_dir / "config.json").string() + ": " +
+                             std::to_string(missing.size()) + " of its tensors are not in it in their shape (" + list +
+                             (missing.size() > 4 ? ", ..." : "") + ")");
+  }
+  const auto tensors = read_weights(files, names, options);
+  io::make_directories(out);
+  const std::vector<std::string> weights = io::write_safetensors_files(out, tensors, max_shard_bytes);
+
+  const std::vector<char> bytes = io::read_file((config_dir / "config.json").string());
+  nlohmann::json config = nlohmann::json::parse(bytes.begin(), bytes.end());
+  at::ScalarType dtype = at::kFloat;
+  for (const auto& [name, t] : tensors) {
+    if (t.is_floating_point()) {
+      dtype = t.scalar_type();
+      break;
+    }
+  }
+  config["torch_dtype"] = torch_dtype_name(dtype);
+  if (config.contains("dtype")) config["dtype"] = torch_dtype_name(dtype);
+  write_json(fs::path(out) / "config.json", config);
+  const std::vector<std::string> tokenizer = copy_tokenizer_files(config_dir, out);
+
+  std::string written = "config.json";
+  for (const auto& f : weights) written += ", " + f;
+  for (const auto& f : tokenizer) written += ", " + f;
+  std::printf("checkpoint export: %s -> %s (%s; %zu tensors of the model, %zu others left%s%s)\n", path.c_str(),
+              out.c_str(), written.c_str(), tensors.size(), files.entries().size() - tensors.size(),
+              files.note().empty() ? "" : "; ", files.note().c_str());
   std::fflush(stdout);
 }
 

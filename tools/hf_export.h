@@ -11,6 +11,9 @@
 namespace shardtrain::models {
 class ModelRecipe;
 }
+namespace shardtrain::io {
+class WeightFiles;
+}
 
 namespace shardtrain::cli {
 
@@ -27,5 +30,21 @@ std::vector<ckpt::ExportTensor> export_layout(const models::ModelRecipe& recipe)
 // or data.vocab as a BertTokenizer). Prints what it wrote. Throws what read_export_tensors throws.
 void export_hf_directory(const std::string& checkpoint, const std::string& out, const ckpt::ExportOptions& options,
                          int64_t max_shard_bytes);
+
+// Tensors `names` of `files` (every one, in the files' order, when `names` is empty) whole: floating ones cast to
+// options.dtype when set. Throws naming a tensor that holds NaN or Inf unless options.allow_non_finite.
+std::vector<std::pair<std::string, at::Tensor>> read_weights(const io::WeightFiles& files,
+                                                             const std::vector<std::string>& names,
+                                                             const ckpt::ExportOptions& options);
+
+// Weights that are not a shardtrain checkpoint — a PyTorch distributed checkpoint, the directory Accelerate's
+// save_state fills, a pytorch_model.bin: whatever io::WeightFiles reads at `path` — as a Hugging Face model
+// directory `out`, for the model of the config.json beside them (or in the directory above: Accelerate's
+// pytorch_model_fsdp_0/). Every tensor of that model must be there under transformers' name and in its shape
+// (else an error names the missing ones); the checkpoint's others (an optimizer's, another task's head) are left
+// and counted. Writes config.json (torch_dtype the weights'), the weights as export_hf_directory does, and the
+// tokenizer files found beside the config. Prints what it wrote.
+void export_hf_from_weights(const std::string& path, const std::string& out, const ckpt::ExportOptions& options,
+                            int64_t max_shard_bytes);
 
 }  // namespace shardtrain::cli

@@ -612,6 +612,31 @@ TEST_F(TrainTest, ModelFromAHuggingFaceDirectory) {
       << merging.output;
   const io::SafetensorsReader merged(root_ + "/dcp.safetensors"), original(single + "/model.safetensors");
   for (const auto& e : original.entries()) EXPECT_TRUE(at::equal(merged.read(e.name), original.read(e.name))) << e.name;
+  // --hf: a model directory of the config.json beside the checkpoint, which transformers loads with no weight
+  // missing; what the checkpoint also holds (the next-sentence head, the decoder's tied copies) is left out.
+  const std::string dcp_hf = root_ + "/dcp-hf";
+  const Outcome as_hf = run(std::string(SHARDTRAIN_BIN) + " checkpoint export " + dcp + " --hf " + dcp_hf);
+  ASSERT_EQ(as_hf.status, 0) << as_hf.output;
+  EXPECT_NE(as_hf.output.find("44 tensors of the model, 4 others left"), std::string::npos) << as_hf.output;
+  const Outcome hf_loads = run(std::string(SHARDTRAIN_PYTHON) + " " + SHARDTRAIN_SOURCE_DIR +
+                               "/tests/reference/hf_export_check.py " + dcp_hf + " " + dcp_hf + "/io.safetensors");
+  EXPECT_EQ(hf_loads.status, 0) << hf_loads.output;
+  const io::SafetensorsReader hf_weights(dcp_hf + "/model.safetensors");
+  for (const auto& e : original.entries()) {
+    EXPECT_TRUE(at::equal(hf_weights.read(e.name), original.read(e.name))) << e.name;
+  }
+  // A config.json of another model: the tensors it needs and the checkpoint lacks are named.
+  const std::string other = root_ + "/other-config";
+  io::make_directories(other + "/dcp");
+  write_text(other + "/config.json", R"({"model_type": "bert", "architectures": ["BertForMaskedLM"],
+      "vocab_size": 1000, "hidden_size": 32, "num_hidden_layers": 3, "num_attention_heads": 4,
+      "intermediate_size": 64, "max_position_embeddings": 64})");
+  EXPECT_EQ(run("cp " + dcp + "/.metadata " + dcp + "/*.distcp " + other + "/dcp/").status, 0);
+  const Outcome mismatch = run(std::string(SHARDTRAIN_BIN) + " checkpoint export " + other + "/dcp --hf " + other +
+                               "/hf");
+  EXPECT_NE(mismatch.status, 0);
+  EXPECT_NE(mismatch.output.find("of its tensors are not in it in their shape ('bert.encoder.layer.2."),
+            std::string::npos) << mismatch.output;
 
   // A model name: the same files in a Hugging Face cache (blobs, a snapshot of links to them, refs/main), found as
   // huggingface_hub's offline snapshot_download finds them, train exactly as the directory did.
