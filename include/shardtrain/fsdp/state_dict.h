@@ -5,9 +5,8 @@
 // is a complete checkpoint when metadata.pt exists. Loading reads only the files holding this rank's rows, so a
 // state saved at one world size loads at any other.
 // Full: every parameter gathered whole, on CPU, by rank 0 (the others get an empty map), one file loadable by
-// LibTorch's torch::pickle_load and by Python's torch.load (a dict of tensors; LibTorch tags the dict's type, so
-// with weights_only allow it: `with torch.serialization.safe_globals([torch.jit._pickle.restore_type_tag]):`).
-// Loads at any world size.
+// LibTorch's torch::pickle_load and by Python's torch.load with its defaults (a dict of tensors, written untyped:
+// io/pickle_files.h). Loads at any world size.
 // Every file is written atomically (io/files.h). Loading checks names and shapes and names what does not match.
 #pragma once
 
