@@ -38,6 +38,17 @@ std::string resolve(const std::string& path) {
     const std::string candidate = (std::filesystem::path(path) / name).string();
     if (std::filesystem::exists(candidate)) return candidate;
   }
+  // A training checkpoint of shardtrain's (its trainer.json, or a checkpoint.dir of step-* ones) holds each rank's
+  // rows under the model's own names: say how to make weights of it.
+  bool checkpoint = std::filesystem::exists(std::filesystem::path(path) / "trainer.json");
+  for (const auto& entry : std::filesystem::directory_iterator(path)) {
+    checkpoint = checkpoint || entry.path().filename().string().rfind("step-", 0) == 0;
+  }
+  if (checkpoint) {
+    throw std::runtime_error(path + ": a shardtrain training checkpoint, not a model's weights: `shardtrain "
+                             "checkpoint export " + path + " --out model.safetensors` (or --hf DIR) writes them "
+                             "(checkpoint.state_dict_type: full saves them beside it), and --resume continues its run");
+  }
   throw std::runtime_error(path + ": a model directory needs model.safetensors, model.safetensors.index.json, "
                            "pytorch_model.bin or pytorch_model.bin.index.json (or .metadata, a PyTorch distributed "
                            "checkpoint's; or Accelerate's pytorch_model_fsdp.bin or pytorch_model_fsdp_0/)");

@@ -529,7 +529,8 @@ TEST_F(TrainTest, InitWeightsLoadEveryWay) {
 // distributed checkpoint) is the model and its starting weights, no flavor named. BERT for masked LM, 2 ranks, one
 // step: the weights are the directory's to within that step (1e-2), and the sharded, torch.save and distributed
 // checkpoint directories give exactly the single file's run (the last also with each rank reading its own rows).
-// `checkpoint export` merges the distributed checkpoint. A missing shard or a directory without weights says so.
+// `checkpoint export` merges the distributed checkpoint. A missing shard, a directory without weights or a training
+// checkpoint given as weights says so.
 TEST_F(TrainTest, ModelFromAHuggingFaceDirectory) {
   models::BuildOptions build;
   build.init.seed = 5;
@@ -686,6 +687,15 @@ TEST_F(TrainTest, ModelFromAHuggingFaceDirectory) {
   EXPECT_NE(none.output.find("needs model.safetensors, model.safetensors.index.json, pytorch_model.bin or "
                              "pytorch_model.bin.index.json"), std::string::npos)
       << none.output;
+  // A training checkpoint of shardtrain's as init_weights (a step directory, or its checkpoint.dir): how to make
+  // weights of it.
+  for (const std::string& own : {single + "-run/step-00000001", single + "-run"}) {
+    const Outcome r = train("--model.from=" + pickled + " --model.init_weights=" + own +
+                            " --train.steps=1 --checkpoint.dir=" + root_ + "/hf-z");
+    EXPECT_NE(r.status, 0);
+    EXPECT_NE(r.output.find(own + ": a shardtrain training checkpoint, not a model's weights: `shardtrain checkpoint "
+                            "export " + own + " --out model.safetensors`"), std::string::npos) << r.output;
+  }
 }
 
 // Every family of the zoo trains on its standard objective from the same synthetic data: six steps in one process
