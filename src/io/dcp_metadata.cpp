@@ -14,33 +14,22 @@ const std::string kMeta = "torch.distributed.checkpoint.metadata.";
 
 // The classes a DCP metadata file instantiates (NEWOBJ, their fields set by BUILD).
 const std::set<std::string>& dcp_classes() {
-  static const std::set<std::string> classes = {kMeta + "Metadata",
-                                                kMeta + "TensorStorageMetadata",
-                                                kMeta + "TensorProperties",
-                                                kMeta + "ChunkStorageMetadata",
-                                                kMeta + "BytesStorageMetadata",
-                                                kMeta + "MetadataIndex",
-                                                kMeta + "StorageMeta",
-                                                "torch.distributed.checkpoint.filesystem._StorageInfo"};
+  static const std::set<std::string> classes = {
+      kMeta + "Metadata",         kMeta + "TensorStorageMetadata", kMeta + "TensorProperties",
+      kMeta + "ChunkStorageMetadata", kMeta + "BytesStorageMetadata", kMeta + "MetadataIndex",
+      kMeta + "StorageMeta",      "torch.distributed.checkpoint.filesystem._StorageInfo"};
   return classes;
 }
 
 // torch.<dtype> globals as the metadata names a tensor's dtype.
 const std::map<std::string, at::ScalarType>& dtypes() {
-  static const std::map<std::string, at::ScalarType> types = {{"torch.float32", at::kFloat},
-                                                              {"torch.float64", at::kDouble},
-                                                              {"torch.float16", at::kHalf},
-                                                              {"torch.bfloat16", at::kBFloat16},
-                                                              {"torch.int64", at::kLong},
-                                                              {"torch.int32", at::kInt},
-                                                              {"torch.int16", at::kShort},
-                                                              {"torch.int8", at::kChar},
-                                                              {"torch.uint8", at::kByte},
-                                                              {"torch.bool", at::kBool},
-                                                              {"torch.complex64", at::kComplexFloat},
-                                                              {"torch.complex128", at::kComplexDouble},
-                                                              {"torch.float8_e4m3fn", at::kFloat8_e4m3fn},
-                                                              {"torch.float8_e5m2", at::kFloat8_e5m2}};
+  static const std::map<std::string, at::ScalarType> types = {
+      {"torch.float32", at::kFloat},   {"torch.float64", at::kDouble},   {"torch.float16", at::kHalf},
+      {"torch.bfloat16", at::kBFloat16}, {"torch.int64", at::kLong},     {"torch.int32", at::kInt},
+      {"torch.int16", at::kShort},     {"torch.int8", at::kChar},        {"torch.uint8", at::kByte},
+      {"torch.bool", at::kBool},       {"torch.complex64", at::kComplexFloat},
+      {"torch.complex128", at::kComplexDouble}, {"torch.float8_e4m3fn", at::kFloat8_e4m3fn},
+      {"torch.float8_e5m2", at::kFloat8_e5m2}};
   return types;
 }
 
@@ -160,9 +149,6 @@ DcpMetadata parse_dcp_metadata(const std::string& path, const char* bytes, size_
   const Reader r(path);
   const Value& root = r.fields(machine.run(), "Metadata");
   DcpMetadata out;
-  if (const Value* version = root.get("version"); version != nullptr && version->kind == Value::Kind::kString) {
-    out.version = version->s;
-  }
 
   // storage_data: {MetadataIndex(fqn, offset): _StorageInfo(relative_path, offset, length)} for every chunk.
   struct Place {

@@ -34,7 +34,6 @@ struct DcpTensor {
 struct DcpMetadata {
   std::vector<DcpTensor> tensors;       // in the file's order
   std::vector<std::string> byte_items;  // keys saved as pickled objects (a step count, an optimizer's lr...)
-  std::string version;                  // DCP's format version ("1.0.0"), empty in files before it had one
 };
 
 // Parses the metadata in `bytes` (the file `path`, named in messages). Throws std::runtime_error naming the path
