@@ -119,14 +119,23 @@ at::Tensor DcpCheckpoint::load_chunk(const DcpTensor& tensor, const DcpChunk& ch
   return out;
 }
 
+namespace {
+
+// `rows` rows from `first_row` of a tensor of `total` (checked), the message naming it.
+void check_rows(const std::string& dir, const DcpTensor& tensor, int64_t total, int64_t first_row, int64_t rows) {
+  if (rows < 0 || (rows > 0 && (first_row < 0 || first_row > total - rows))) {
+    throw std::out_of_range(dir + ": tensor '" + tensor.key + "' has " + std::to_string(total) + " rows, rows [" +
+                            std::to_string(first_row) + ", " + std::to_string(first_row + rows) + ") asked for");
+  }
+}
+
+}  // namespace
+
 at::Tensor DcpCheckpoint::read_rows(const DcpTensor& tensor, int64_t first_row, int64_t rows) const {
   // A 0-dim tensor is one row of one element; its one chunk has no offsets.
   std::vector<int64_t> shape = tensor.size;
   if (shape.empty()) shape = {1};
-  if (rows < 0 || (rows > 0 && (first_row < 0 || first_row > shape[0] - rows))) {
-    throw std::out_of_range(dir_ + ": tensor '" + tensor.key + "' has " + std::to_string(shape[0]) + " rows, rows [" +
-                            std::to_string(first_row) + ", " + std::to_string(first_row + rows) + ") asked for");
-  }
+  check_rows(dir_, tensor, shape[0], first_row, rows);
   // Rows inside one chunk that spans the other dimensions (a rank reading what it saved, at the same world size):
   // a view of that chunk's bytes in the mapped file, no copy.
   for (const DcpChunk& chunk : tensor.chunks) {
@@ -137,7 +146,20 @@ at::Tensor DcpCheckpoint::read_rows(const DcpTensor& tensor, int64_t first_row, 
   }
   shape[0] = rows;
   at::Tensor out = at::empty(shape, at::TensorOptions().dtype(tensor.dtype));
-  if (out.numel() == 0) return out;
+  read_rows_into(tensor, first_row, rows, out);
+  return out;
+}
+
+void DcpCheckpoint::read_rows_into(const DcpTensor& tensor, int64_t first_row, int64_t rows,
+                                   const at::Tensor& out) const {
+  check_rows(dir_, tensor, tensor.size.empty() ? 1 : tensor.size[0], first_row, rows);
+  std::vector<int64_t> shape = tensor.size.empty() ? std::vector<int64_t>{1} : tensor.size;
+  shape[0] = rows;
+  if (out.sizes().vec() != shape) {
+    throw std::invalid_argument(dir_ + ": rows of '" + tensor.key + "' of shape " + c10::str(at::IntArrayRef(shape)) +
+                                " read into a tensor of shape " + c10::str(out.sizes()));
+  }
+  if (out.numel() == 0) return;
   int64_t covered = 0;  // elements copied: each once when the chunks tile the tensor
   for (const DcpChunk& chunk : tensor.chunks) {
     const int64_t chunk_first = chunk.offsets.empty() ? 0 : chunk.offsets[0];
@@ -158,7 +180,6 @@ at::Tensor DcpCheckpoint::read_rows(const DcpTensor& tensor, int64_t first_row, 
         tensor.key + "' are " + (covered < out.numel() ? "not all in its chunks" : "in more than one of its chunks") +
         " (" + std::to_string(covered) + " of " + std::to_string(out.numel()) + " elements found)");
   }
-  return out;
 }
 
 }  // namespace shardtrain::io

@@ -31,6 +31,9 @@ class DcpCheckpoint {
   // holds another shape or dtype than the metadata says, or that was stored through a writer extension
   // (compression).
   at::Tensor read_rows(const DcpTensor& tensor, int64_t first_row, int64_t rows) const;
+  // The same rows copied into `out` (shaped as read_rows' result; any dtype, converted), chunk by chunk: nothing
+  // of their size allocated beside it. Throws as read_rows.
+  void read_rows_into(const DcpTensor& tensor, int64_t first_row, int64_t rows, const at::Tensor& out) const;
 
  private:
   at::Tensor load_chunk(const DcpTensor& tensor, const DcpChunk& chunk) const;

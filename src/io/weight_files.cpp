@@ -149,6 +149,20 @@ struct WeightFiles::File {
     return tensors.at(name).contiguous();  // a saved view: its elements
   }
 
+  void read_into(const std::string& name, const at::Tensor& out) const {
+    if (!dcp) {
+      const at::Tensor t = read(name);
+      if (t.sizes() != out.sizes()) {
+        throw std::invalid_argument(path + ": '" + name + "' of shape " + c10::str(t.sizes()) +
+                                    " read into a tensor of shape " + c10::str(out.sizes()));
+      }
+      out.copy_(t);
+      return;
+    }
+    const DcpTensor& t = *dcp_tensors.at(name);
+    dcp->read_rows_into(t, 0, t.size.empty() ? 1 : t.size[0], t.size.empty() ? out.reshape({1}) : out);
+  }
+
   at::Tensor read_rows(const std::string& name, int64_t first_row, int64_t rows) const {
     if (dcp) return dcp->read_rows(*dcp_tensors.at(name), first_row, rows);
     if (safetensors) {
@@ -263,6 +277,10 @@ const WeightFiles::File& WeightFiles::file_of(const std::string& name) const {
 }
 
 at::Tensor WeightFiles::read(const std::string& name) const { return file_of(name).read(name); }
+
+void WeightFiles::read_into(const std::string& name, const at::Tensor& out) const {
+  file_of(name).read_into(name, out);
+}
 
 at::Tensor WeightFiles::read_rows(const std::string& name, int64_t first_row, int64_t rows) const {
   return file_of(name).read_rows(name, first_row, rows);

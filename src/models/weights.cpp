@@ -154,7 +154,7 @@ LoadReport load_weights(torch::nn::Module& model, const std::string& path, const
   const std::vector<std::string> plan = plan_load(file, wanted, names, options, "load_weights", report);
   at::NoGradGuard no_grad;
   for (size_t i = 0; i < plan.size(); ++i) {
-    if (!plan[i].empty()) tensors[i].second.copy_(file.read(plan[i]));
+    if (!plan[i].empty()) file.read_into(plan[i], tensors[i].second);
   }
   return report;
 }

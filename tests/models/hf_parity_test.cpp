@@ -296,6 +296,12 @@ TEST(HfParity, DistributedCheckpointsLoadAsTheirSafetensors) {
           << family << " rows " << first << "+" << rows;
     }
     expect_error<std::out_of_range>([&] { dcp.read_rows(name, 900, 101); }, {name + "' has 1000 rows"});
+    // Read into a tensor of the model's (load_weights' way: chunk by chunk, converted to its dtype).
+    const at::Tensor into = at::empty({1000, 32}, at::kDouble);
+    dcp.read_into(name, into);
+    EXPECT_TRUE(at::equal(into, file.read(name).to(at::kDouble))) << family;
+    expect_error<std::invalid_argument>([&] { dcp.read_into(name, at::empty({999, 32})); },
+                                        {"read into a tensor of shape [999, 32]"});
   }
 }
 

@@ -54,6 +54,10 @@ class WeightFiles {
   // Rows [first_row, first_row + rows) of dim 0 (a 0-dim tensor has one row), contiguous, reading only their
   // bytes: what a rank of a sharded model reads. Throws naming the tensor when absent or the rows are out of range.
   at::Tensor read_rows(const std::string& name, int64_t first_row, int64_t rows) const;
+  // The tensor copied into `out` (its shape; any dtype, converted): what read() gives, without a copy of it beside
+  // `out` where read() would make one (a distributed checkpoint's tensor split across chunks). Throws as read(), and
+  // std::invalid_argument for another shape.
+  void read_into(const std::string& name, const at::Tensor& out) const;
 
  private:
   struct File;
