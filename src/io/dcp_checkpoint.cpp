@@ -1,68 +1,17 @@
 #include "io/dcp_checkpoint.h"
 
 #include <ATen/ATen.h>
-#include <caffe2/serialize/inline_container.h>
-#include <caffe2/serialize/read_adapter_interface.h>
 
 #include <algorithm>
 #include <cstring>
 #include <filesystem>
-#include <fstream>
-#include <functional>
 #include <stdexcept>
 
-#include "io/mapped_file.h"
-#include "io/state_dict_program.h"
 #include "shardtrain/io/files.h"
+#include "io/mapped_file.h"
+#include "io/torch_archive.h"
 
 namespace shardtrain::io {
-namespace {
-
-// Bytes in memory as PyTorchStreamReader's input: one chunk's archive inside its data file.
-class MemoryAdapter : public caffe2::serialize::ReadAdapterInterface {
- public:
-  MemoryAdapter(const char* bytes, size_t size) : bytes_(bytes), size_(size) {}
-  size_t size() const override { return size_; }
-  size_t read(uint64_t pos, void* buf, size_t n, const char*) const override {
-    if (pos >= size_) return 0;
-    n = std::min<size_t>(n, size_ - pos);
-    std::memcpy(buf, bytes_ + pos, n);
-    return n;
-  }
-
- private:
-  const char* bytes_;
-  size_t size_;
-};
-
-// The tensor torch.save(tensor) wrote as the archive in `bytes` (`size` of them); its storage the archive's bytes
-// given by `data_at(offset in the archive)`. `what` names it in messages.
-at::Tensor load_saved_tensor(const std::string& what, const char* bytes, size_t size,
-                             const std::function<at::DataPtr(size_t)>& data_at) {
-  try {
-    caffe2::serialize::PyTorchStreamReader reader(std::make_shared<MemoryAdapter>(bytes, size));
-    auto storage_of = [&](const std::string& key, at::ScalarType dtype, int64_t numel) {
-      const std::string record = "data/" + key;
-      if (!reader.hasRecord(record)) throw std::runtime_error(what + ": no record " + record + " for a storage");
-      const size_t bytes_of = reader.getRecordSize(record), item = at::elementSize(dtype);
-      if (numel < 0 || static_cast<uint64_t>(numel) > bytes_of / item) {
-        throw std::runtime_error(what + ": record " + record + " holds " + std::to_string(bytes_of) + " bytes, not " +
-                                 std::to_string(numel) + " elements of " + std::to_string(item));
-      }
-      const size_t offset = reader.getRecordOffset(record);
-      if (offset > size || bytes_of > size - offset)
-        throw std::runtime_error(what + ": record " + record + " lies past its end");
-      return at::Storage(at::Storage::use_byte_size_t(), bytes_of, data_at(offset), nullptr, /*resizable=*/false);
-    };
-    auto [program, length] = reader.getRecord("data.pkl");
-    return run_tensor_program(what, static_cast<const char*>(program.get()), length, storage_of);
-  } catch (const c10::Error& e) {
-    throw std::runtime_error(what + ": not a readable torch.save archive: " + e.what_without_backtrace());
-  }
-}
-
-}  // namespace
-
 DcpCheckpoint::DcpCheckpoint(std::string dir) : dir_(std::move(dir)) {
   const std::string path = (std::filesystem::path(dir_) / ".metadata").string();
   if (!std::filesystem::exists(path)) {
@@ -74,12 +23,12 @@ DcpCheckpoint::DcpCheckpoint(std::string dir) : dir_(std::move(dir)) {
 
 DcpCheckpoint::~DcpCheckpoint() = default;
 
-std::shared_ptr<MappedFile> DcpCheckpoint::data_file(const std::string& name) const {
+const FileBytes& DcpCheckpoint::data_file(const std::string& name) const {
   auto it = files_.find(name);
   if (it != files_.end()) return it->second;
   const std::string path = (std::filesystem::path(dir_) / name).string();
   if (!std::filesystem::exists(path)) throw std::runtime_error(dir_ + ": data file " + name + " is missing");
-  return files_.emplace(name, std::make_shared<MappedFile>(path)).first->second;
+  return files_.emplace(name, file_bytes(path)).first->second;
 }
 
 at::Tensor DcpCheckpoint::load_chunk(const DcpTensor& tensor, const DcpChunk& chunk) const {
@@ -90,27 +39,17 @@ at::Tensor DcpCheckpoint::load_chunk(const DcpTensor& tensor, const DcpChunk& ch
     throw std::runtime_error(what + " was stored through the writer extension " + chunk.transforms.front() +
                              " (compression); only chunks saved plain, DCP's default, are read");
   }
-  const std::shared_ptr<MappedFile> file = data_file(chunk.file);
-  // A file system that cannot map the file: the whole file read instead, for each chunk (a rare path, kept simple).
-  std::shared_ptr<std::vector<char>> read;
-  if (!file->mapped()) read = std::make_shared<std::vector<char>>(read_file(dir_ + "/" + chunk.file));
-  const size_t size = read ? read->size() : file->size();
-  const char* base = read ? read->data() : file->at(0);
-  if (chunk.offset > size || chunk.length > size - chunk.offset) {
+  const FileBytes& file = data_file(chunk.file);
+  const size_t size = file.size(), start = chunk.offset;
+  if (start > size || chunk.length > size - start) {
     throw std::runtime_error(what + " lies past the file's end (" + std::to_string(size) + " bytes)");
   }
-  const size_t start = chunk.offset;
-  if (chunk.length < 4 || std::memcmp(base + start, "PK\x03\x04", 4) != 0) {
+  if (chunk.length < 4 || std::memcmp(file.data() + start, "PK\x03\x04", 4) != 0) {
     throw std::runtime_error(what + " is not a torch.save archive (DCP's default serialization; checkpoints saved "
                              "with serialization_format=SAFETENSORS are not read)");
   }
-  const at::Tensor out = load_saved_tensor(what, base + start, chunk.length, [&](size_t offset) {
-    if (!read) return mapped_bytes(file, start + offset);
-    auto* owner = new std::shared_ptr<std::vector<char>>(read);
-    return at::DataPtr(read->data() + start + offset, owner,
-                       [](void* p) { delete static_cast<std::shared_ptr<std::vector<char>>*>(p); },
-                       at::Device(at::kCPU));
-  });
+  const at::Tensor out = load_saved_tensor(what, file.data() + start, chunk.length,
+                                           [&](size_t offset) { return file.at(start + offset); });
   if (out.sizes().vec() != chunk.sizes || out.scalar_type() != tensor.dtype) {
     throw std::runtime_error(what + " holds a " + std::string(c10::toString(out.scalar_type())) + " tensor of shape " +
                              c10::str(out.sizes()) + ", its metadata a " + c10::toString(tensor.dtype) +

@@ -10,10 +10,9 @@
 #include <string>
 
 #include "io/dcp_metadata.h"
+#include "io/mapped_file.h"
 
 namespace shardtrain::io {
-
-class MappedFile;
 
 class DcpCheckpoint {
  public:
@@ -37,11 +36,11 @@ class DcpCheckpoint {
 
  private:
   at::Tensor load_chunk(const DcpTensor& tensor, const DcpChunk& chunk) const;
-  std::shared_ptr<MappedFile> data_file(const std::string& name) const;
+  const FileBytes& data_file(const std::string& name) const;
 
   std::string dir_;
   DcpMetadata metadata_;
-  mutable std::map<std::string, std::shared_ptr<MappedFile>> files_;  // data files mapped once each
+  mutable std::map<std::string, FileBytes> files_;  // data files mapped (or read) once each
 };
 
 }  // namespace shardtrain::io

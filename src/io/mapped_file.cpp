@@ -5,6 +5,8 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "shardtrain/io/files.h"
+
 namespace shardtrain::io {
 
 MappedFile::MappedFile(const std::string& path) {
@@ -27,6 +29,20 @@ at::DataPtr mapped_bytes(const std::shared_ptr<MappedFile>& file, size_t offset)
   auto* owner = new std::shared_ptr<MappedFile>(file);
   return at::DataPtr(file->at(offset), owner, [](void* p) { delete static_cast<std::shared_ptr<MappedFile>*>(p); },
                      at::Device(at::kCPU));
+}
+
+at::DataPtr FileBytes::at(size_t offset) const {
+  if (!read) return mapped_bytes(mapped, offset);
+  auto* owner = new std::shared_ptr<std::vector<char>>(read);
+  return at::DataPtr(read->data() + offset, owner,
+                     [](void* p) { delete static_cast<std::shared_ptr<std::vector<char>>*>(p); },
+                     at::Device(at::kCPU));
+}
+
+FileBytes file_bytes(const std::string& path) {
+  FileBytes f{std::make_shared<MappedFile>(path), nullptr};
+  if (!f.mapped->mapped()) f.read = std::make_shared<std::vector<char>>(read_file(path));
+  return f;
 }
 
 }  // namespace shardtrain::io

@@ -9,6 +9,7 @@
 #include <cstddef>
 #include <memory>
 #include <string>
+#include <vector>
 
 namespace shardtrain::io {
 
@@ -32,5 +33,16 @@ class MappedFile {
 // The bytes at `offset` in the mapping as a storage's CPU data, keeping the mapping alive (unmapped when the last
 // storage over it is freed).
 at::DataPtr mapped_bytes(const std::shared_ptr<MappedFile>& file, size_t offset);
+
+// A file's bytes for loads whose tensors are views of them: the file mapped, or where it cannot be, read whole.
+struct FileBytes {
+  std::shared_ptr<MappedFile> mapped;
+  std::shared_ptr<std::vector<char>> read;  // set when the file could not be mapped
+  const char* data() const { return read ? read->data() : mapped->at(0); }
+  size_t size() const { return read ? read->size() : mapped->size(); }
+  at::DataPtr at(size_t offset) const;  // as mapped_bytes, keeping whichever holds them alive
+};
+// Throws std::runtime_error naming `path` when it cannot be read either way.
+FileBytes file_bytes(const std::string& path);
 
 }  // namespace shardtrain::io
