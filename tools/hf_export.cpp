@@ -41,6 +41,23 @@ void write_json(const fs::path& path, const nlohmann::json& json) {
   io::write_file_atomic(path.string(), std::vector<char>(text.begin(), text.end()));
 }
 
+// `config` written as out/config.json with torch_dtype the weights' (their first floating tensor's; float32 when
+// none), and transformers 5's name for it, dtype, where the config has it. Returns that dtype.
+at::ScalarType write_config(nlohmann::json& config, const std::vector<std::pair<std::string, at::Tensor>>& tensors,
+                            const std::string& out) {
+  at::ScalarType dtype = at::kFloat;
+  for (const auto& [name, t] : tensors) {
+    if (t.is_floating_point()) {
+      dtype = t.scalar_type();
+      break;
+    }
+  }
+  config["torch_dtype"] = torch_dtype_name(dtype);
+  if (config.contains("dtype")) config["dtype"] = torch_dtype_name(dtype);
+  write_json(fs::path(out) / "config.json", config);
+  return dtype;
+}
+
 // The tokenizer files a model directory may hold (transformers' and sentencepiece's names).
 const char* kTokenizerFiles[] = {"tokenizer.json",  "tokenizer_config.json", "special_tokens_map.json",
                                  "vocab.txt",       "vocab.json",            "merges.txt",
@@ -164,16 +181,7 @@ void export_hf_directory(const std::string& checkpoint, const std::string& out, 
     source.merge_patch(config);
     config = std::move(source);
   }
-  at::ScalarType dtype = at::kFloat;
-  for (const auto& [name, t] : tensors) {
-    if (t.is_floating_point()) {
-      dtype = t.scalar_type();
-      break;
-    }
-  }
-  config["torch_dtype"] = torch_dtype_name(dtype);
-  if (config.contains("dtype")) config["dtype"] = torch_dtype_name(dtype);  // transformers 5's name for it
-  write_json(fs::path(out) / "config.json", config);
+  const at::ScalarType dtype = write_config(config, tensors, out);
 
   int64_t max_positions = 512;
   if (config.contains("max_position_embeddings") && config["max_position_embeddings"].is_number_integer()) {
@@ -246,16 +254,7 @@ void export_hf_from_weights(const std::string& path, const std::string& out, con
 
   const std::vector<char> bytes = io::read_file((config_dir / "config.json").string());
   nlohmann::json config = nlohmann::json::parse(bytes.begin(), bytes.end());
-  at::ScalarType dtype = at::kFloat;
-  for (const auto& [name, t] : tensors) {
-    if (t.is_floating_point()) {
-      dtype = t.scalar_type();
-      break;
-    }
-  }
-  config["torch_dtype"] = torch_dtype_name(dtype);
-  if (config.contains("dtype")) config["dtype"] = torch_dtype_name(dtype);
-  write_json(fs::path(out) / "config.json", config);
+  write_config(config, tensors, out);
   const std::vector<std::string> tokenizer = copy_tokenizer_files(config_dir, out);
 
   std::string written = "config.json";
