@@ -1,5 +1,5 @@
 """PyTorch distributed checkpoints (torch.distributed.checkpoint, "DCP") of a Hugging Face model, as an FSDP2 job
-saves them: W processes (Gloo on loopback) load the model with from_pretrained, shard it with fully_shard, make
+saves them: W processes (Gloo on loopback, meeting through a file store: no port to choose) load the model with from_pretrained, shard it with fully_shard, make
 AdamW's state (a step with learning rate 0, so the weights stay those of the model directory) and dcp.save the
 model's and the optimizer's state dicts. The weights in the checkpoint are exactly the directory's:
 tests/models/hf_parity_test.cpp loads both and compares.
@@ -18,8 +18,8 @@ import dataclasses
 import os
 import pickle
 import shutil
-import socket
 import sys
+import tempfile
 
 import torch
 import torch.distributed as dist
@@ -31,9 +31,9 @@ from torch.distributed.fsdp import fully_shard
 from torch.distributed.tensor import Shard
 
 
-def _rank(rank, world, port, model_dir, out_dir, class_name, nested, dim1, accelerate):
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    dist.init_process_group("gloo", rank=rank, world_size=world)
+def _rank(rank, world, store, model_dir, out_dir, class_name, nested, dim1, accelerate):
+    os.environ["GLOO_SOCKET_IFNAME"] = "lo"  # Gloo's pairs on loopback too
+    dist.init_process_group("gloo", init_method="file://" + store, rank=rank, world_size=world)
     try:
         transformers.logging.set_verbosity_error()
         model = getattr(transformers, class_name).from_pretrained(model_dir)
@@ -56,11 +56,9 @@ def _rank(rank, world, port, model_dir, out_dir, class_name, nested, dim1, accel
 def save_dcp(model_dir, out_dir, class_name, world, nested, dim1=False, accelerate=False):
     os.makedirs(out_dir, exist_ok=True)
     shutil.copy(os.path.join(model_dir, "config.json"), out_dir)
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    mp.spawn(_rank, args=(world, port, model_dir, out_dir, class_name, nested, dim1, accelerate), nprocs=world,
-             join=True)
+    with tempfile.TemporaryDirectory() as meeting:
+        mp.spawn(_rank, args=(world, os.path.join(meeting, "store"), model_dir, out_dir, class_name, nested, dim1,
+                              accelerate), nprocs=world, join=True)
 
 
 def save_compiled_names(model_dir, out_dir):
