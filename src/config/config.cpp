@@ -251,6 +251,7 @@ std::vector<Field> fields_of(Config& c) {
       field("data.vocab", c.data.vocab),
       field("data.text_fields", c.data.text_fields),
       field("data.label_field", c.data.label_field),
+      field("data.image_field", c.data.image_field),
       field("data.labels", c.data.labels),
       field("data.mix.image_text", c.data.mix.image_text),
       field("data.mix.text", c.data.mix.text),

@@ -16,6 +16,7 @@ RecordFormat record_format_of(const std::string& path) {
   if (ends_with(path, ".jsonl")) return RecordFormat::JSONL;
   if (ends_with(path, ".tsv")) return RecordFormat::TSV;
   if (ends_with(path, ".csv")) return RecordFormat::CSV;
+  if (ends_with(path, ".arrow")) return RecordFormat::ARROW;
   return RecordFormat::TAR;
 }
 
@@ -59,6 +60,14 @@ int64_t class_of(const std::string& value, const std::vector<std::string>& class
   }
   const int64_t n = std::stoll(value);
   return classes.empty() || n < static_cast<int64_t>(classes.size()) ? n : -1;
+}
+
+std::string not_a_class(const std::string& value, const std::vector<std::string>& classes) {
+  if (classes.empty()) return "label '" + value.substr(0, 40) + "' is not a whole number";
+  std::string list;
+  for (const auto& c : classes) list += (list.empty() ? "" : ", ") + c;
+  return "label '" + value.substr(0, 40) + "' is not one of the classes [" + list + "] (data.labels) nor a class id "
+         "below " + std::to_string(classes.size());
 }
 
 }  // namespace shardtrain::data

@@ -1,6 +1,7 @@
 // Records of the table and JSON-lines formats a text source reads (data/source.h): one record per line.
 //   .tsv  fields split at tabs, no quoting (GLUE's files: MRPC's sentences hold unbalanced quotes)
 //   .csv  fields split at commas, RFC 4180 quoting within the line ("a, b" is one field, "" a quote)
+//   .arrow  not lines: a Hugging Face datasets table, a row per record (data/arrow_dataset.h)
 // Both start with a header row naming the columns.
 #pragma once
 
@@ -10,7 +11,7 @@
 
 namespace shardtrain::data {
 
-enum class RecordFormat { TAR, TEXT_LINES, JSONL, TSV, CSV };
+enum class RecordFormat { TAR, TEXT_LINES, JSONL, TSV, CSV, ARROW };
 
 // The format of a file by its extension; TAR for anything else (the caller checks).
 RecordFormat record_format_of(const std::string& path);
@@ -21,5 +22,7 @@ std::vector<std::string> split_record(const std::string& line, RecordFormat form
 // The class id of a label value: its position in `classes` when it is one of them, else the value itself when it is
 // a whole number below classes.size() (GLUE's 0/1), or any whole number when there are no classes. -1 otherwise.
 int64_t class_of(const std::string& value, const std::vector<std::string>& classes);
+// Why class_of gave -1, for an error that names the sample: "label 'x' is not one of the classes [a, b] ...".
+std::string not_a_class(const std::string& value, const std::vector<std::string>& classes);
 
 }  // namespace shardtrain::data

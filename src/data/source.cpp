@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <stdexcept>
 
+#include "data/arrow_dataset.h"
 #include "data/records.h"
 #include "data/tar.h"
 #include "shardtrain/io/files.h"
@@ -49,6 +50,59 @@ const char* kind_name(SampleKind kind) {
   return "?";
 }
 
+namespace {
+
+// The files of a directory: every data file inside, sorted; for datasets' directories, their own lists.
+std::vector<std::string> directory_files(const std::string& path) {
+  const std::vector<std::string> names = io::list_directory(path);
+  auto has = [&](const char* name) { return std::find(names.begin(), names.end(), name) != names.end(); };
+  if (has("dataset_dict.json")) {  // DatasetDict.save_to_disk: a directory per split
+    std::string splits;
+    for (const auto& n : names) {
+      if (io::is_directory(path + "/" + n)) splits += (splits.empty() ? "" : ", ") + n;
+    }
+    throw std::invalid_argument("data directory '" + path + "' holds a dataset's splits (" + splits +
+                                "): name one, as '" + path + "/train'");
+  }
+  std::vector<std::string> files;
+  if (has("state.json")) {  // Dataset.save_to_disk: its data files, in order
+    try {
+      const std::vector<char> text = io::read_file(path + "/state.json");
+      const nlohmann::json state = nlohmann::json::parse(text.begin(), text.end());
+      for (const auto& f : state.at("_data_files")) {
+        files.push_back(path + "/" + f.at("filename").get<std::string>());
+      }
+    } catch (const nlohmann::json::exception& e) {
+      throw std::invalid_argument("data directory '" + path + "': its state.json (datasets' save_to_disk) does not "
+                                  "list its _data_files: " + e.what());
+    }
+    for (const auto& f : files) {
+      if (!io::path_exists(f)) {
+        throw std::invalid_argument("data directory '" + path + "': its state.json lists '" + f +
+                                    "', which is not there");
+      }
+    }
+    return files;
+  }
+  std::vector<std::string> arrow;
+  for (const auto& name : names) {
+    for (const char* ext : {".tar", ".txt", ".jsonl", ".tsv", ".csv", ".arrow"}) {
+      if (ends_with(name, ext)) files.push_back(path + "/" + name);
+    }
+    if (ends_with(name, ".arrow")) arrow.push_back(name);
+  }
+  // load_dataset's cache directory: every split's files side by side (glue-train.arrow, glue-validation.arrow)
+  if (arrow.size() > 1 && has("dataset_info.json")) {
+    std::string list;
+    for (const auto& a : arrow) list += (list.empty() ? "" : ", ") + a;
+    throw std::invalid_argument("data directory '" + path + "' is a datasets cache directory holding several files (" +
+                                list + "): name the split's file(s)");
+  }
+  return files;
+}
+
+}  // namespace
+
 std::vector<std::string> expand_paths(const std::vector<std::string>& paths) {
   std::vector<std::string> files;
   for (const auto& path : paths) {
@@ -57,15 +111,11 @@ std::vector<std::string> expand_paths(const std::vector<std::string>& paths) {
       files.push_back(path);
       continue;
     }
-    bool any = false;
-    for (const auto& name : io::list_directory(path)) {
-      if (ends_with(name, ".tar") || ends_with(name, ".txt") || ends_with(name, ".jsonl") || ends_with(name, ".tsv") ||
-          ends_with(name, ".csv")) {
-        files.push_back(path + "/" + name);
-        any = true;
-      }
+    const std::vector<std::string> inside = directory_files(path);
+    if (inside.empty()) {
+      throw std::invalid_argument("data directory '" + path + "' has no .tar, .txt, .jsonl, .tsv, .csv or .arrow file");
     }
-    if (!any) throw std::invalid_argument("data directory '" + path + "' has no .tar, .txt, .jsonl, .tsv or .csv file");
+    files.insert(files.end(), inside.begin(), inside.end());
   }
   return files;
 }
@@ -84,8 +134,15 @@ SampleSource::SampleSource(const std::vector<std::string>& paths, SampleKind kin
     handles_.push_back(std::make_unique<io::ReadOnlyFile>(path));
     formats_.push_back(static_cast<int>(format));
     columns_.emplace_back();
+    arrow_.emplace_back();
     if (format == RecordFormat::TAR && ends_with(path, ".tar")) {
       index_tar(static_cast<int32_t>(f));
+    } else if (format == RecordFormat::ARROW) {
+      arrow_.back() = std::make_unique<ArrowRecords>(path, kind, fields_);
+      for (int64_t row = 0; row < arrow_.back()->rows(); ++row) {
+        index_.push_back(Entry{static_cast<int32_t>(f), row, {}, {}, {}});
+        keys_.emplace_back();
+      }
     } else if (kind == SampleKind::TEXT && format != RecordFormat::TAR) {
       if (format == RecordFormat::TEXT_LINES && (pairs() || !fields_.label.empty())) {
         throw std::invalid_argument("data file '" + path + "': a .txt file holds one text per line, without " +
@@ -95,8 +152,10 @@ SampleSource::SampleSource(const std::vector<std::string>& paths, SampleKind kin
       if (format == RecordFormat::TSV || format == RecordFormat::CSV) read_header(static_cast<int32_t>(f));
     } else {
       throw std::invalid_argument("data file '" + path + "': expected a .tar" +
-                                  (kind == SampleKind::TEXT ? ", .txt, .jsonl, .tsv or .csv" : std::string()) +
-                                  " file for " + kind_name(kind) + " data");
+                                  (kind == SampleKind::TEXT ? ", .txt, .jsonl, .tsv, .csv" : std::string()) +
+                                  " or .arrow file for " + kind_name(kind) + " data" +
+                                  (ends_with(path, ".parquet") ? " (Parquet is not read: datasets' load_dataset "
+                                                                 "keeps .arrow files in its cache)" : ""));
     }
   }
   if (index_.empty()) {
@@ -205,6 +264,10 @@ RawSample SampleSource::read(int64_t i) const {
   RawSample s;
   const std::string& key = keys_[static_cast<size_t>(i)];
   s.key = file + ":" + (key.empty() ? std::to_string(e.number) : key);
+  if (arrow_[static_cast<size_t>(e.file)]) {
+    arrow_[static_cast<size_t>(e.file)]->read(e.number, s);
+    return s;
+  }
   if (e.image.offset >= 0) s.image = handle.read(e.image.offset, e.image.size);
   if (e.text.offset >= 0) s.text = handle.read(e.text.offset, e.text.size);
   if (static_cast<RecordFormat>(formats_[static_cast<size_t>(e.file)]) != RecordFormat::TAR) {
@@ -273,14 +336,7 @@ void SampleSource::read_fields(RawSample& s, const std::string& line, int32_t fi
   if (fields_.label.empty()) return;
   const std::string& label = values.back();
   const int64_t id = class_of(label, fields_.classes);
-  if (id < 0) {
-    std::string list;
-    for (const auto& c : fields_.classes) list += (list.empty() ? "" : ", ") + c;
-    throw std::runtime_error(s.key + ": label '" + label.substr(0, 40) + "' is " +
-                             (fields_.classes.empty() ? "not a whole number"
-                                                      : "not one of the classes [" + list + "] (data.labels) nor a "
-                                                        "class id below " + std::to_string(fields_.classes.size())));
-  }
+  if (id < 0) throw std::runtime_error(s.key + ": " + not_a_class(label, fields_.classes));
   s.label = id;
 }
 

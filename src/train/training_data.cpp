@@ -13,6 +13,7 @@ using config::Config;
 data::TextFields text_fields(const Config& c, const models::DataNeeds& needs) {
   data::TextFields f;
   f.text = c.data.text_fields;
+  f.image = c.data.image_field;
   if (needs.num_labels > 0) f.label = c.data.label_field, f.classes = needs.class_names;
   return f;
 }

@@ -782,6 +782,65 @@ TEST_F(TrainTest, Seq2SeqAndCausalLmEvaluateHeldOutText) {
   EXPECT_NE(single.output.find("set data.text_fields to their two fields"), std::string::npos) << single.output;
 }
 
+// The lines a run prints for its steps and evaluations ("step 3/6  loss 0.6927", "eval step 3  accuracy ..."), in
+// order: two runs on the same samples print the same.
+std::vector<std::string> loss_lines(const std::string& output) {
+  std::vector<std::string> lines;
+  const std::regex pattern(R"((step \d+/\d+  loss [-0-9.]+)|(eval step \d+ .*))");
+  for (auto it = std::sregex_iterator(output.begin(), output.end(), pattern); it != std::sregex_iterator(); ++it) {
+    lines.push_back(it->str());
+  }
+  return lines;
+}
+
+// Hugging Face datasets saved with save_to_disk train exactly as the same records in TSV and WebDataset tars
+// (tests/reference/to_datasets.py: GLUE MRPC's features for the sentence pairs; an Image column and a ClassLabel for
+// the images, CIFAR-10's shape): the same samples in the same order, so the same loss at every step and the same
+// evaluation. The image column is found by its Image feature; ClassLabel names in another order than data.labels,
+// and a directory of splits, are refused.
+TEST_F(TrainTest, HuggingFaceDatasetsTrainAsTheirFiles) {
+  const std::string dir = root_ + "/hf_datasets";
+  Outcome made = run(std::string(SHARDTRAIN_BIN) + " data synth --out " + dir + "/synth --image-text 0 --text 0 "
+                     "--image 0 --eval 0 --pairs 200");
+  ASSERT_EQ(made.status, 0) << made.output;
+  made = run(std::string(SHARDTRAIN_PYTHON) + " " + SHARDTRAIN_SOURCE_DIR + "/tests/reference/to_datasets.py " + dir +
+             "/synth/pairs " + root_ + "/data/image " + dir);
+  ASSERT_EQ(made.status, 0) << made.output;
+
+  const std::string classify = " --model.flavor=bert-debug --model.task=classify --data.max_text_length=32 "
+                               "--data.labels=[not_equivalent,equivalent] --train.steps=6 --log.interval=1 "
+                               "--train.eval_interval=3 --optim.warmup_steps=0 --checkpoint.overwrite=true "
+                               "--checkpoint.dir=" + dir + "/run";
+  const Outcome tsv = train(classify + " '--data.text_fields=[\"#1 String\", \"#2 String\"]' "
+                            "--data.label_field=Quality --data.text=[" + dir + "/synth/pairs/train.tsv] --data.eval=[" +
+                            dir + "/synth/pairs/eval.tsv]");
+  ASSERT_EQ(tsv.status, 0) << tsv.output;
+  const Outcome arrow = train(classify + " --data.text_fields=[sentence1,sentence2] --data.text=[" + dir +
+                              "/mrpc/train] --data.eval=[" + dir + "/mrpc/validation]");
+  ASSERT_EQ(arrow.status, 0) << arrow.output;
+  EXPECT_EQ(loss_lines(tsv.output).size(), 9u) << tsv.output;  // 6 steps, 3 evaluations
+  EXPECT_EQ(loss_lines(arrow.output), loss_lines(tsv.output)) << arrow.output;
+
+  const std::string vit = " --model.flavor=vit-debug --train.steps=4 --log.interval=1 --checkpoint.overwrite=true "
+                          "--checkpoint.dir=" + dir + "/run";
+  const Outcome tars = train(vit);
+  ASSERT_EQ(tars.status, 0) << tars.output;
+  const Outcome images = train(vit + " --data.image=[" + dir + "/shapes/train]");
+  ASSERT_EQ(images.status, 0) << images.output;
+  EXPECT_EQ(loss_lines(tars.output).size(), 6u) << tars.output;
+  EXPECT_EQ(loss_lines(images.output), loss_lines(tars.output)) << images.output;
+
+  const Outcome swapped = train(classify + " --data.text_fields=[sentence1,sentence2] --data.text=[" + dir +
+                                "/mrpc/train] --data.labels=[equivalent,not_equivalent]");
+  EXPECT_NE(swapped.status, 0);
+  EXPECT_NE(swapped.output.find("holds the classes [not_equivalent, equivalent] (datasets' ClassLabel)"),
+            std::string::npos) << swapped.output;
+  const Outcome splits = train(classify + " --data.text_fields=[sentence1,sentence2] --data.text=[" + dir + "/mrpc]");
+  EXPECT_NE(splits.status, 0);
+  EXPECT_NE(splits.output.find("holds a dataset's splits (train, validation): name one"), std::string::npos)
+      << splits.output;
+}
+
 TEST_F(TrainTest, BadInputExitsWithTheMessage) {
   Outcome r = run(std::string(SHARDTRAIN_BIN) + " train " + root_ + "/config.yaml --train.stepz=3");
   EXPECT_EQ(r.status, 2);

@@ -73,8 +73,9 @@ struct MixConfig {
 };
 
 struct DataConfig {
-  // Files or directories (every *.tar inside, sorted). image_text/image: WebDataset tars; text: tars, .txt
-  // (one sample per non-empty line) or .jsonl (the "text" field).
+  // Files or directories (every data file inside, sorted). image_text/image: WebDataset tars or Hugging Face
+  // datasets .arrow files (load_dataset's cache, save_to_disk); text: those, .txt (one sample per non-empty line),
+  // .jsonl, .tsv or .csv (the fields below).
   std::vector<std::string> image_text;
   std::vector<std::string> text;
   std::vector<std::string> image;
@@ -93,6 +94,9 @@ struct DataConfig {
   std::vector<std::string> text_fields = {"text"};
   std::string label_field = "label";
   std::vector<std::string> labels;
+  // A Hugging Face datasets .arrow file's image column (datasets' Image, or binary); when it has none of this
+  // name, its one Image column.
+  std::string image_field = "image";
   MixConfig mix;
   int64_t max_text_length = 0;    // tokens incl. [CLS] and [SEP]; 0: the model's maximum
   // A text longer than max_text_length: warn (truncated; how many the run's closing lines count) or error (the run

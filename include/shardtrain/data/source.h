@@ -3,8 +3,10 @@
 // WebDataset tars: consecutive members sharing a key (the path up to the first '.' of the file name) form a
 // sample; by extension: jpg/jpeg/png/bmp/gif/ppm/pgm = the image, txt/text/caption = the text, cls = an integer
 // label. Text files, each non-empty line a sample: .txt (the line is the text), .jsonl (an object: the fields
-// TextFields names), .tsv and .csv (a header row naming the columns, then records; data/records.h). Directories
-// stand for every .tar/.txt/.jsonl/.tsv/.csv inside, sorted.
+// TextFields names), .tsv and .csv (a header row naming the columns, then records; data/records.h). Hugging Face
+// datasets' Arrow files (.arrow: load_dataset's cache, save_to_disk), each row a sample of any kind, its columns
+// named by TextFields (data/arrow_dataset.h). Directories stand for every .tar/.txt/.jsonl/.tsv/.csv/.arrow
+// inside, sorted; a save_to_disk directory for the files its state.json lists.
 //
 // What cannot be used is counted, never fatal: a truncated or corrupt tar contributes the samples before the
 // damage (scan_problems says where it stopped), a sample lacking the kind's parts is left out
@@ -24,6 +26,8 @@ class ReadOnlyFile;
 
 namespace shardtrain::data {
 
+class ArrowRecords;
+
 enum class SampleKind { IMAGE_TEXT, TEXT, IMAGE };
 const char* kind_name(SampleKind kind);  // "image_text", "text", "image"
 
@@ -35,19 +39,23 @@ struct RawSample {
   std::optional<int64_t> label;  // the .cls member, or the record's label field as a class id
 };
 
-// Which fields of a .jsonl/.tsv/.csv record a text source reads (JSON keys, header columns).
+// Which fields of a .jsonl/.tsv/.csv/.arrow record a source reads (JSON keys, header columns, Arrow columns).
 struct TextFields {
   std::vector<std::string> text = {"text"};  // one field, or two: a sentence pair (MRPC's sentence1, sentence2)
   std::string label;                         // the label's field; empty: records carry no label
   // The classes by id: a label value is a class name or a whole-number id below classes.size(). Empty: labels are
   // whole numbers, unchecked (tars' .cls).
   std::vector<std::string> classes;
+  // An Arrow table's image column (binary, or datasets' Image struct {bytes, path}); when the table has none of
+  // this name, its one Image column.
+  std::string image = "image";
 };
 
 class SampleSource {
  public:
   // Throws std::invalid_argument when a path does not exist, names no usable file, or yields no sample at all.
-  // Also throws it for a .tsv/.csv whose header lacks a field of `fields`, or a .txt asked for a pair or a label.
+  // Also throws it for a .tsv/.csv/.arrow lacking a field of `fields`, or a .txt asked for a pair or a label;
+  // std::runtime_error for an .arrow file that is damaged.
   SampleSource(const std::vector<std::string>& paths, SampleKind kind, TextFields fields = {});
   ~SampleSource();
   SampleSource(const SampleSource&) = delete;
@@ -85,13 +93,16 @@ class SampleSource {
   std::vector<std::vector<size_t>> columns_;
   std::vector<std::string> files_;
   std::vector<std::unique_ptr<io::ReadOnlyFile>> handles_;
+  std::vector<std::unique_ptr<ArrowRecords>> arrow_;  // per file: the table of an .arrow file, else null
   std::vector<std::string> keys_;  // tar sample keys, parallel to index_ for tars (empty strings for lines)
   std::vector<Entry> index_;
   std::vector<std::string> problems_;
   int64_t incomplete_ = 0;
 };
 
-// The files a list of paths stands for (directories expanded, sorted), checked to exist.
+// The files a list of paths stands for (directories expanded, sorted), checked to exist. Throws
+// std::invalid_argument for a directory of datasets' splits (dataset_dict.json: name one) or a datasets cache
+// directory holding several splits' files.
 std::vector<std::string> expand_paths(const std::vector<std::string>& paths);
 
 }  // namespace shardtrain::data

@@ -1,0 +1,143 @@
+#include "data/arrow_dataset.h"
+
+#include <nlohmann/json.hpp>
+
+#include <algorithm>
+#include <stdexcept>
+
+#include "data/records.h"
+#include "shardtrain/io/files.h"
+
+namespace shardtrain::data {
+namespace {
+
+// datasets' features by column name ({"label": {"_type": "ClassLabel", "names": [...]}, ...}); empty when the file
+// carries none (pyarrow wrote it) or they do not parse (the Arrow types still say what each column holds).
+nlohmann::json features_of(const ArrowTable& table) {
+  const std::string text = table.metadata("huggingface");
+  if (text.empty()) return nlohmann::json::object();
+  const nlohmann::json j = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
+  if (j.is_discarded() || !j.is_object()) return nlohmann::json::object();
+  const auto info = j.find("info");
+  if (info == j.end() || !info->is_object() || !info->contains("features") || !(*info)["features"].is_object()) {
+    return nlohmann::json::object();
+  }
+  return (*info)["features"];
+}
+
+std::string feature_type(const nlohmann::json& features, const std::string& column) {
+  const auto f = features.find(column);
+  if (f == features.end() || !f->is_object() || !f->contains("_type") || !(*f)["_type"].is_string()) return "";
+  return (*f)["_type"].get<std::string>();
+}
+
+std::string list_of(const std::vector<std::string>& names) {
+  std::string out;
+  for (const auto& n : names) out += (out.empty() ? "" : ", ") + n;
+  return "[" + out + "]";
+}
+
+}  // namespace
+
+ArrowRecords::ArrowRecords(const std::string& path, SampleKind kind, const TextFields& fields)
+    : path_(path), bytes_(io::file_bytes(path)), classes_(fields.classes) {
+  table_ = std::make_unique<ArrowTable>(std::string_view(bytes_.data(), bytes_.size()), path);
+  const nlohmann::json features = features_of(*table_);
+  if (kind != SampleKind::IMAGE) {
+    for (const std::string& name : fields.text) text_.push_back(find(name, "data.text_fields", {ArrowKind::UTF8}));
+  }
+  if (kind != SampleKind::TEXT) {
+    // The configured column, else the one datasets marks as an Image when there is exactly one.
+    std::string name = fields.image;
+    if (table_->column(name) < 0) {
+      std::vector<std::string> images;
+      for (const auto& c : table_->columns()) {
+        if (c.parent < 0 && feature_type(features, c.path) == "Image") images.push_back(c.path);
+      }
+      if (images.size() == 1) name = images[0];
+    }
+    image_ = find(name, "data.image_field", {ArrowKind::BINARY, ArrowKind::STRUCT});
+    if (table_->columns()[static_cast<size_t>(image_)].kind == ArrowKind::STRUCT) {  // datasets' Image: {bytes, path}
+      const int bytes = table_->column(name + ".bytes"), file = table_->column(name + ".path");
+      if (bytes < 0 || table_->columns()[static_cast<size_t>(bytes)].kind != ArrowKind::BINARY) {
+        throw std::invalid_argument("data file '" + path + "': column '" + name +
+                                    "' is a struct without binary 'bytes' (datasets' Image holds {bytes, path})");
+      }
+      image_ = bytes;
+      if (file >= 0 && table_->columns()[static_cast<size_t>(file)].kind == ArrowKind::UTF8) image_path_ = file;
+    }
+  }
+  if (!fields.label.empty()) {
+    label_ = find(fields.label, "data.label_field", {ArrowKind::INT, ArrowKind::BOOL, ArrowKind::UTF8});
+    const auto f = features.find(fields.label);
+    if (feature_type(features, fields.label) == "ClassLabel" && (*f).contains("names") && (*f)["names"].is_array()) {
+      std::vector<std::string> names;
+      for (const auto& n : (*f)["names"]) {
+        if (n.is_string()) names.push_back(n.get<std::string>());
+      }
+      if (!classes_.empty() && names != classes_) {
+        throw std::invalid_argument("data file '" + path + "': column '" + fields.label + "' holds the classes " +
+                                    list_of(names) + " (datasets' ClassLabel), the run " + list_of(classes_) +
+                                    " (data.labels, or the model's id2label): give the dataset's names in its "
+                                    "order, so that a label id means the same class");
+      }
+    }
+  }
+}
+
+int ArrowRecords::find(const std::string& field, const std::string& key, const std::vector<ArrowKind>& kinds) const {
+  const int c = table_->column(field);
+  if (c < 0 || table_->columns()[static_cast<size_t>(c)].parent >= 0) {
+    std::vector<std::string> columns;
+    for (const auto& col : table_->columns()) {
+      if (col.parent < 0) columns.push_back(col.path + " (" + col.type + ")");
+    }
+    throw std::invalid_argument("data file '" + path_ + "': no column '" + field + "' (" + key + "); it has " +
+                                list_of(columns));
+  }
+  const ArrowColumn& col = table_->columns()[static_cast<size_t>(c)];
+  if (std::find(kinds.begin(), kinds.end(), col.kind) == kinds.end()) {
+    const char* wanted = key == "data.label_field" ? "whole numbers or strings"
+                         : key == "data.image_field" ? "encoded images (binary, or datasets' Image)" : "strings";
+    throw std::invalid_argument("data file '" + path_ + "': column '" + field + "' (" + key + ") holds " + col.type +
+                                ", expected " + wanted);
+  }
+  return c;
+}
+
+void ArrowRecords::read(int64_t row, RawSample& s) const {
+  for (size_t i = 0; i < text_.size(); ++i) {
+    const int c = text_[i];
+    if (table_->is_null(c, row)) {
+      throw std::runtime_error(s.key + ": column '" + table_->columns()[static_cast<size_t>(c)].path + "' is null");
+    }
+    (i == 0 ? s.text : s.text_pair) = std::string(table_->bytes(c, row));
+  }
+  if (image_ >= 0) {
+    if (!table_->is_null(image_, row)) {
+      s.image = std::string(table_->bytes(image_, row));
+    } else if (image_path_ >= 0 && !table_->is_null(image_path_, row)) {
+      std::string file(table_->bytes(image_path_, row));
+      if (!file.empty() && file[0] != '/') file = path_.substr(0, path_.rfind('/') + 1) + file;
+      try {
+        const std::vector<char> b = io::read_file(file);
+        s.image.assign(b.begin(), b.end());
+      } catch (const std::exception& e) {
+        throw std::runtime_error(s.key + ": the image's bytes are not in the file and its path cannot be read (" +
+                                 e.what() + ")");
+      }
+    } else {
+      throw std::runtime_error(s.key + ": no image (null)");
+    }
+  }
+  if (label_ < 0) return;
+  const ArrowColumn& c = table_->columns()[static_cast<size_t>(label_)];
+  if (table_->is_null(label_, row)) throw std::runtime_error(s.key + ": label '" + c.path + "' is null");
+  const std::string value =
+      c.kind == ArrowKind::UTF8 ? std::string(table_->bytes(label_, row)) : std::to_string(table_->integer(label_, row));
+  const int64_t id = class_of(value, classes_);
+  if (id < 0) throw std::runtime_error(s.key + ": " + not_a_class(value, classes_));
+  s.label = id;
+}
+
+}  // namespace shardtrain::data

@@ -1,0 +1,47 @@
+// A Hugging Face `datasets` table as a source's records: an Arrow file (data/arrow_ipc.h) of the cache
+// (load_dataset's `<name>-<split>.arrow`) or of save_to_disk, each row a sample. Columns are chosen by name, as
+// for .jsonl/.tsv records (data.text_fields, data.label_field, data.image_field), and read in place from the
+// mapped file when a sample is read.
+//
+// datasets' features (the schema's "huggingface" metadata) are used where they say more than the Arrow types: an
+// Image column is a struct {bytes, path} — the encoded image, or where datasets kept only a path, the file there —
+// and a ClassLabel column's names must be the classes the run was given (data.labels), in their order, so that a
+// label id means the same class in both.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "data/arrow_ipc.h"
+#include "io/mapped_file.h"
+#include "shardtrain/data/source.h"
+
+namespace shardtrain::data {
+
+class ArrowRecords {
+ public:
+  // Throws std::invalid_argument naming the file and the column for a column missing (listing the columns there
+  // are) or of a type that cannot be the field, ClassLabel names other than fields.classes; std::runtime_error for
+  // a file that is not Arrow or is damaged (ArrowTable).
+  ArrowRecords(const std::string& path, SampleKind kind, const TextFields& fields);
+
+  int64_t rows() const { return table_->rows(); }
+  // The row's fields into `s` (s.key already set). Throws std::runtime_error naming s.key for a null text or
+  // image, a label that is no class, an image file that cannot be read: the loader skips and counts the sample.
+  void read(int64_t row, RawSample& s) const;
+
+ private:
+  int find(const std::string& field, const std::string& key, const std::vector<ArrowKind>& kinds) const;
+
+  std::string path_;
+  io::FileBytes bytes_;
+  std::unique_ptr<ArrowTable> table_;
+  std::vector<int> text_;  // one column per text field
+  int label_ = -1;
+  int image_ = -1, image_path_ = -1;  // the encoded bytes; the path beside them (an Image struct), or -1
+  std::vector<std::string> classes_;
+};
+
+}  // namespace shardtrain::data

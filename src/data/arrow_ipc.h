@@ -1,0 +1,82 @@
+// Apache Arrow's IPC format, read in place: what Hugging Face `datasets` keeps its data in (the cache files
+// load_dataset writes, `<name>-train.arrow`, and save_to_disk's `data-00000-of-00001.arrow`, both the streaming
+// format) and what pyarrow writes as `.arrow`/`.feather` files (the file format: the same stream between an
+// "ARROW1" header and a footer, which is not needed to read it).
+//
+// A stream is a sequence of messages, each [0xFFFFFFFF][int32 metadata size][flatbuffer Message][body]: first the
+// Schema, then RecordBatches (a length, one FieldNode {length, null_count} per field in depth-first order, and the
+// offset and size of each of their buffers in the body), ended by a zero size. A field's buffers: its validity
+// bitmap, then by type: nothing more (struct: its children follow), data (ints, floats, bools as bits), offsets +
+// data (utf8, binary; int32 offsets, int64 for the large_ kinds), offsets (list; the child follows).
+//
+// Every offset, buffer and string offset is checked against the file when the table is opened, so reading a value
+// afterwards cannot leave the file whatever the file holds. Not read: compressed bodies (lz4/zstd; datasets never
+// writes them), big-endian data, and the values of dictionary-encoded, view, union and run-end columns — such a
+// column can be present (its buffers are stepped over); asking for its values is refused naming it.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace shardtrain::data {
+
+enum class ArrowKind { NULL_TYPE, BOOL, INT, FLOAT, UTF8, BINARY, STRUCT, LIST, OTHER };
+
+// One node of the schema, flattened: a top-level column is its name, a struct's child "parent.child" (the bytes of
+// an image column are "image.bytes").
+struct ArrowColumn {
+  std::string path;
+  ArrowKind kind = ArrowKind::OTHER;
+  std::string type;    // as pyarrow names it: "int64", "string", "large_binary", "struct", "timestamp", ...
+  int width = 0;       // bytes per value: INT and FLOAT 1-8; offsets of UTF8/BINARY 4 or 8
+  bool is_signed = true;
+  int parent = -1;     // the column this one is a child of; -1 at the top
+  bool per_row = true; // one value per row: a top-level column or a struct's child (not a list's items)
+};
+
+class ArrowTable {
+ public:
+  // `bytes` is the whole file; it must outlive the table. Throws std::runtime_error naming `name` and what is wrong
+  // (not an Arrow file, cut short, a buffer outside the file, offsets that go backwards, a compressed body).
+  ArrowTable(std::string_view bytes, std::string name);
+
+  int64_t rows() const { return rows_; }
+  const std::vector<ArrowColumn>& columns() const { return columns_; }
+  int column(const std::string& path) const;  // -1 when there is none
+  // The schema's key-value metadata ("huggingface": datasets' features as JSON); "" when absent.
+  std::string metadata(const std::string& key) const;
+
+  // A value at `row` (0 <= row < rows()); null when the column or a struct above it is null there. Each throws
+  // std::runtime_error naming the column when its kind is not the one asked for.
+  bool is_null(int column, int64_t row) const;
+  std::string_view bytes(int column, int64_t row) const;  // UTF8 or BINARY; "" when null
+  int64_t integer(int column, int64_t row) const;         // INT or BOOL; 0 when null
+
+ private:
+  // Where one column's values of one record batch are: byte offsets into the file (-1: the buffer is absent).
+  struct Slice {
+    int64_t length = 0, null_count = 0;
+    int64_t validity = -1, offsets = -1, data = -1;
+  };
+  struct Batch {
+    int64_t first_row = 0, rows = 0;
+    std::vector<Slice> slices;  // per column
+  };
+  void read_schema(const char* metadata, size_t size);
+  void read_batch(const char* metadata, size_t size, int64_t body, int64_t body_size);
+  const Slice& locate(int column, int64_t& row) const;  // the batch holding `row`, made relative to it
+  [[noreturn]] void fail(const std::string& what) const;
+
+  std::string_view bytes_;
+  std::string name_;
+  std::vector<ArrowColumn> columns_;
+  std::vector<int> buffers_;  // per column: how many buffers a record batch gives it; -1: 2 + a variadic count
+  int16_t version_ = 0;       // the schema message's MetadataVersion (4 = V5, 3 = V4)
+  std::vector<std::pair<std::string, std::string>> metadata_;
+  std::vector<Batch> batches_;
+  int64_t rows_ = 0;
+};
+
+}  // namespace shardtrain::data

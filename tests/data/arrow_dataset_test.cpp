@@ -1,0 +1,131 @@
+// Hugging Face datasets' Arrow files as sample sources, against what datasets and pyarrow wrote:
+// tests/reference/datasets_reference.py writes save_to_disk directories, load_dataset's cache, datasets' own
+// ArrowWriter in small record batches, Image columns (embedded bytes and paths), pyarrow's file and legacy stream
+// formats, a dictionary-encoded and a compressed file, damaged files; expected.json says, per case, what each row
+// must read as or which error opening it must give.
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include <cstdlib>
+#include <fstream>
+
+#include "data/arrow_ipc.h"
+#include "shardtrain/data/source.h"
+#include "support/expect_error.h"
+
+namespace shardtrain::data {
+namespace {
+
+std::string reference_dir() {
+  const char* dir = std::getenv("SHARDTRAIN_DATASETS_REFERENCE");
+  return dir ? dir : "build/hf_reference/datasets";
+}
+
+nlohmann::json cases() {
+  std::ifstream in(reference_dir() + "/expected.json");
+  if (!in) throw std::runtime_error("no " + reference_dir() + "/expected.json (run the data.datasets_reference fixture)");
+  return nlohmann::json::parse(in);
+}
+
+SampleKind kind_of(const std::string& name) {
+  if (name == "text") return SampleKind::TEXT;
+  if (name == "image") return SampleKind::IMAGE;
+  return SampleKind::IMAGE_TEXT;
+}
+
+std::string hex(const std::string& bytes) {
+  static const char* digits = "0123456789abcdef";
+  std::string out;
+  for (unsigned char c : bytes) out += {digits[c >> 4], digits[c & 15]};
+  return out;
+}
+
+std::unique_ptr<SampleSource> open_case(const nlohmann::json& c) {
+  TextFields fields;
+  if (c.contains("text")) fields.text = c.at("text").get<std::vector<std::string>>();
+  if (c.contains("label")) fields.label = c.at("label").get<std::string>();
+  if (c.contains("classes")) fields.classes = c.at("classes").get<std::vector<std::string>>();
+  return std::make_unique<SampleSource>(c.at("paths").get<std::vector<std::string>>(),
+                                        kind_of(c.at("kind").get<std::string>()), fields);
+}
+
+TEST(ArrowDatasets, EveryRowReadsAsDatasetsWroteIt) {
+  int64_t rows = 0, refused = 0;
+  const nlohmann::json all = cases();
+  for (const auto& [name, c] : all.items()) {
+    SCOPED_TRACE(name);
+    if (c.contains("open_error")) {
+      const std::string needle = c.at("open_error");
+      try {
+        open_case(c);
+        ADD_FAILURE() << "opened, expected an error containing \"" << needle << "\"";
+      } catch (const std::exception& e) {
+        EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
+      }
+      ++refused;
+      continue;
+    }
+    const auto source = open_case(c);
+    const auto& want = c.at("rows");
+    ASSERT_EQ(source->size(), static_cast<int64_t>(want.size()));
+    for (size_t i = 0; i < want.size(); ++i) {
+      SCOPED_TRACE("row " + std::to_string(i));
+      const auto& w = want[i];
+      if (w.contains("error")) {
+        shardtrain::testing::expect_error<std::runtime_error>([&] { source->read(static_cast<int64_t>(i)); },
+                                                              {w.at("error").get<std::string>()});
+        continue;
+      }
+      const RawSample s = source->read(static_cast<int64_t>(i));
+      if (w.contains("text")) EXPECT_EQ(s.text, w.at("text").get<std::string>());
+      if (w.contains("pair")) EXPECT_EQ(s.text_pair, w.at("pair").get<std::string>());
+      if (w.contains("label")) {
+        ASSERT_TRUE(s.label.has_value());
+        EXPECT_EQ(*s.label, w.at("label").get<int64_t>());
+      } else {
+        EXPECT_FALSE(s.label.has_value());
+      }
+      if (w.contains("image")) EXPECT_EQ(hex(s.image), w.at("image").get<std::string>());
+      ++rows;
+    }
+  }
+  EXPECT_GT(rows, 40);
+  EXPECT_GT(refused, 8);
+}
+
+// The table's own view of a file of record batches of 3 rows: every column's type as pyarrow names it, nulls,
+// values across batch boundaries, and refusals naming the column.
+TEST(ArrowDatasets, TableReadsValuesAcrossRecordBatches) {
+  std::ifstream in(reference_dir() + "/batches.arrow", std::ios::binary);
+  ASSERT_TRUE(in);
+  const std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  const ArrowTable t(bytes, "batches.arrow");
+  EXPECT_EQ(t.rows(), 8);
+  std::vector<std::string> types;
+  for (const auto& c : t.columns()) types.push_back(c.path + ":" + c.type);
+  EXPECT_EQ(types, (std::vector<std::string>{"text:large_string", "small:int8", "name:string", "flag:bool",
+                                             "score:float32", "tokens:list", "tokens.item:int32", "meta:struct",
+                                             "meta.a:int64", "meta.b:string", "when:timestamp"}));
+  EXPECT_NE(t.metadata("huggingface").find("\"_type\": \"Value\""), std::string::npos);
+  const int text = t.column("text"), small = t.column("small"), a = t.column("meta.a");
+  EXPECT_EQ(t.bytes(text, 4), "r4 xxxx");  // the second batch
+  EXPECT_TRUE(t.is_null(text, 5));
+  EXPECT_EQ(t.bytes(text, 5), "");
+  EXPECT_EQ(t.bytes(text, 7), "r7 xxxxxxx");  // the last, short batch
+  EXPECT_EQ(t.integer(small, 6), -1);
+  EXPECT_EQ(t.integer(a, 7), 7);
+  EXPECT_EQ(t.bytes(t.column("meta.b"), 3), "3");
+  EXPECT_TRUE(t.is_null(t.column("when"), 0));
+  using shardtrain::testing::expect_error;
+  expect_error<std::runtime_error>([&] { t.integer(text, 0); }, {"column 'text' holds large_string"});
+  expect_error<std::runtime_error>([&] { t.bytes(t.column("tokens.item"), 0); }, {"a list's items"});
+  expect_error<std::runtime_error>([&] { t.bytes(text, 8); }, {"row 8 of 8"});
+  // Cut anywhere, the file is refused when opened, never read past its end.
+  for (size_t cut : {size_t{0}, size_t{3}, size_t{7}, bytes.size() / 4, bytes.size() / 2, bytes.size() - 9,
+                     bytes.size() - 8}) {
+    EXPECT_THROW(ArrowTable(std::string_view(bytes).substr(0, cut), "cut"), std::runtime_error) << cut;
+  }
+}
+
+}  // namespace
+}  // namespace shardtrain::data

@@ -1,0 +1,212 @@
+"""Hugging Face datasets' own Arrow files, for the C++ reader (tests/data/arrow_dataset_test.cpp).
+
+Usage: datasets_reference.py OUT
+
+Writes into OUT/datasets/ what datasets and pyarrow write, and expected.json: for each case the files to read, the
+kind and fields to read them with, and per row what a sample must hold (or the error reading it must give), or the
+error opening them must give.
+  mrpc/         Dataset.save_to_disk in 2 shards: sentence pairs, a ClassLabel, unicode, an empty and a null text
+  cache/        load_dataset("json", ...)'s cache directory (train and validation side by side)
+  batches.arrow datasets' ArrowWriter in record batches of 3 rows: large_string, int8 and string labels, bool, a
+                float, a list, a struct and a timestamp column (stepped over), nulls
+  images/       save_to_disk of an Image column (bytes embedded) with a ClassLabel and captions
+  paths.arrow   an Image column holding only paths (what the cache holds for local image files)
+  file.arrow, legacy.arrow, dictionary.arrow, zstd.arrow: pyarrow's file format, the stream without continuation
+                markers (before Arrow 0.15), a dictionary-encoded column, a compressed body
+  dict/         DatasetDict.save_to_disk (a directory per split); truncated.arrow, not-arrow.arrow: damaged
+"""
+import io
+import json
+import os
+import shutil
+import sys
+
+import datasets
+import pyarrow as pa
+from datasets import ClassLabel, Dataset, DatasetDict, Features, Image, Sequence, Value
+from datasets.arrow_writer import ArrowWriter
+from PIL import Image as PILImage
+
+datasets.disable_progress_bars()
+
+
+def png(color, size=5):
+    buf = io.BytesIO()
+    PILImage.new("RGB", (size, size), color).save(buf, format="PNG")
+    return buf.getvalue()
+
+
+def rows(texts=None, pairs=None, labels=None, images=None, errors=None):
+    """The expected samples: one dict per row."""
+    n = len(next(x for x in (texts, labels, images) if x is not None))
+    out = []
+    for i in range(n):
+        if errors and errors[i]:
+            out.append({"error": errors[i]})
+            continue
+        r = {}
+        if texts is not None:
+            r["text"] = texts[i]
+        if pairs is not None:
+            r["pair"] = pairs[i]
+        if labels is not None:
+            r["label"] = labels[i]
+        if images is not None:
+            r["image"] = images[i].hex()
+        out.append(r)
+    return out
+
+
+def main(out):
+    root = os.path.join(out, "datasets")
+    shutil.rmtree(root, ignore_errors=True)
+    os.makedirs(root)
+    cases = {}
+
+    # Sentence pairs with a ClassLabel, as GLUE's MRPC, in two shards.
+    s1 = ["The cat sat.", "Ünïcödé — 東京 🙂", "", "tab\there", "last one", "six"]
+    s2 = ["A cat sat.", "x", "empty first", None, "the end", "seven"]
+    label = [1, 0, 1, 0, 1, 0]
+    names = ["not_equivalent", "equivalent"]
+    mrpc = Dataset.from_dict({"sentence1": s1, "sentence2": s2, "label": label, "idx": list(range(6))},
+                             features=Features({"sentence1": Value("string"), "sentence2": Value("string"),
+                                                "label": ClassLabel(names=names), "idx": Value("int32")}))
+    mrpc.save_to_disk(os.path.join(root, "mrpc"), num_shards=2)
+    errors = [None, None, None, "'sentence2' is null", None, None]
+    cases["mrpc"] = {"paths": [os.path.join(root, "mrpc")], "kind": "text", "text": ["sentence1", "sentence2"],
+                     "label": "label", "classes": names,
+                     "rows": rows(s1, [x or "" for x in s2], label, errors=errors)}
+    cases["mrpc_names_swapped"] = {"paths": [os.path.join(root, "mrpc")], "kind": "text", "text": ["sentence1"],
+                                   "label": "label", "classes": list(reversed(names)),
+                                   "open_error": "holds the classes [not_equivalent, equivalent]"}
+    cases["mrpc_no_column"] = {"paths": [os.path.join(root, "mrpc")], "kind": "text", "text": ["sentence"],
+                               "open_error": "no column 'sentence' (data.text_fields); it has [sentence1 (string)"}
+    cases["mrpc_int_text"] = {"paths": [os.path.join(root, "mrpc")], "kind": "text", "text": ["idx"],
+                              "open_error": "column 'idx' (data.text_fields) holds int32, expected strings"}
+
+    # load_dataset's cache: the split files side by side in one directory.
+    src = os.path.join(root, "src")
+    os.makedirs(src)
+    for split, texts in (("train", ["alpha", "beta", "gamma"]), ("validation", ["delta"])):
+        with open(os.path.join(src, split + ".jsonl"), "w") as f:
+            for i, t in enumerate(texts):
+                f.write(json.dumps({"text": t, "label": i % 2}) + "\n")
+    loaded = datasets.load_dataset("json", data_files={"train": os.path.join(src, "train.jsonl"),
+                                                       "validation": os.path.join(src, "validation.jsonl")},
+                                   cache_dir=os.path.join(root, "cache"))
+    train_files = [f["filename"] for f in loaded["train"].cache_files]
+    cache_dir = os.path.dirname(train_files[0])
+    cases["cache_train"] = {"paths": train_files, "kind": "text", "text": ["text"], "label": "label",
+                            "rows": rows(["alpha", "beta", "gamma"], labels=[0, 1, 0])}
+    cases["cache_directory"] = {"paths": [cache_dir], "kind": "text", "text": ["text"],
+                                "open_error": "is a datasets cache directory holding several files"}
+
+    # Record batches of 3 rows through datasets' own writer, with columns of every kind to step over.
+    texts = ["r%d %s" % (i, "x" * i) for i in range(8)]
+    texts[5] = None
+    feats = Features({"text": Value("large_string"), "small": Value("int8"), "name": Value("string"),
+                      "flag": Value("bool"), "score": Value("float32"), "tokens": Sequence(Value("int32")),
+                      "meta": {"a": Value("int64"), "b": Value("string")}, "when": Value("timestamp[s]")})
+    path = os.path.join(root, "batches.arrow")
+    with ArrowWriter(features=feats, path=path, writer_batch_size=3) as w:
+        for i, t in enumerate(texts):
+            w.write({"text": t, "small": -1 if i == 6 else i % 3, "name": ["neg", "pos", "mid"][i % 3],
+                     "flag": i % 2 == 0, "score": i / 2, "tokens": list(range(i)),
+                     "meta": {"a": i, "b": str(i)}, "when": None})
+        w.finalize()
+    classes = ["neg", "pos", "mid"]
+    errors = [None] * 8
+    errors[5] = "'text' is null"
+    errors[6] = "label '-1' is not one of the classes"
+    cases["batches_int_label"] = {"paths": [path], "kind": "text", "text": ["text"], "label": "small",
+                                  "classes": classes, "rows": rows(texts, labels=[i % 3 for i in range(8)],
+                                                                   errors=errors)}
+    errors = [None] * 8
+    errors[5] = "'text' is null"
+    cases["batches_string_label"] = {"paths": [path], "kind": "text", "text": ["text", "meta.b"], "label": "name",
+                                     "classes": classes,
+                                     "open_error": "no column 'meta.b' (data.text_fields)"}
+    cases["batches_bool_label"] = {"paths": [path], "kind": "text", "text": ["text"], "label": "flag",
+                                   "rows": rows(texts, labels=[int(i % 2 == 0) for i in range(8)], errors=errors)}
+    cases["batches_names"] = {"paths": [path], "kind": "text", "text": ["name"], "label": "name", "classes": classes,
+                              "rows": rows(["neg", "pos", "mid"] * 2 + ["neg", "pos"],
+                                           labels=[i % 3 for i in range(8)])}
+    cases["batches_list_label"] = {"paths": [path], "kind": "text", "text": ["text"], "label": "tokens",
+                                   "open_error": "column 'tokens' (data.label_field) holds list"}
+
+    # Images: save_to_disk embeds the encoded bytes; labels and captions beside them.
+    colors = [(255, 0, 0), (0, 255, 0), (0, 0, 255), (9, 9, 9)]
+    encoded = [png(c) for c in colors]
+    img_names = ["red", "green", "blue", "grey"]
+    images = Dataset.from_dict(
+        {"img": [PILImage.open(io.BytesIO(b)) for b in encoded], "caption": ["a red square", "green", "blue", "grey"],
+         "label": [0, 1, 2, 3]},
+        features=Features({"img": Image(), "caption": Value("string"), "label": ClassLabel(names=img_names)}))
+    images.save_to_disk(os.path.join(root, "images"))
+    cases["images"] = {"paths": [os.path.join(root, "images")], "kind": "image", "label": "label",
+                       "classes": img_names, "rows": rows(labels=[0, 1, 2, 3], images=encoded)}
+    cases["images_captions"] = {"paths": [os.path.join(root, "images")], "kind": "image_text", "text": ["caption"],
+                                "rows": rows(["a red square", "green", "blue", "grey"], images=encoded)}
+
+    # An Image column of paths only (the cache of a dataset built from local files): the files are read.
+    pngs = []
+    for i, b in enumerate(encoded[:2]):
+        pngs.append(os.path.join(root, "img%d.png" % i))
+        with open(pngs[-1], "wb") as f:
+            f.write(b)
+    path = os.path.join(root, "paths.arrow")
+    with ArrowWriter(features=Features({"image": Image(), "text": Value("string")}), path=path) as w:
+        w.write({"image": pngs[0], "text": "zero"})
+        w.write({"image": "img1.png", "text": "one"})  # relative: beside the .arrow file
+        w.write({"image": os.path.join(root, "missing.png"), "text": "two"})
+        w.finalize()
+    cases["paths"] = {"paths": [path], "kind": "image_text", "text": ["text"],
+                      "rows": rows(["zero", "one", "two"], images=encoded[:2] + [b""],
+                                   errors=[None, None, "its path cannot be read"])}
+
+    # pyarrow's own formats.
+    table = pa.table({"text": pa.array(["one", None, "three"]), "label": pa.array([0, 1, 1], pa.int64())})
+    with pa.ipc.new_file(os.path.join(root, "file.arrow"), table.schema) as w:
+        w.write_table(table)
+    opts = pa.ipc.IpcWriteOptions(use_legacy_format=True)
+    with pa.ipc.new_stream(os.path.join(root, "legacy.arrow"), table.schema, options=opts) as w:
+        w.write_table(table)
+    for name in ("file", "legacy"):
+        cases[name] = {"paths": [os.path.join(root, name + ".arrow")], "kind": "text", "text": ["text"],
+                       "label": "label", "rows": rows(["one", "", "three"], labels=[0, 1, 1],
+                                                      errors=[None, "'text' is null", None])}
+    dictionary = pa.table({"text": pa.array(["a", "b", "c"]), "cat": pa.array(["x", "y", "x"]).dictionary_encode()})
+    with pa.ipc.new_stream(os.path.join(root, "dictionary.arrow"), dictionary.schema) as w:
+        w.write_table(dictionary)
+    cases["dictionary"] = {"paths": [os.path.join(root, "dictionary.arrow")], "kind": "text", "text": ["text"],
+                           "rows": rows(["a", "b", "c"])}
+    cases["dictionary_column"] = {"paths": [os.path.join(root, "dictionary.arrow")], "kind": "text", "text": ["cat"],
+                                  "open_error": "column 'cat' (data.text_fields) holds dictionary, expected strings"}
+    opts = pa.ipc.IpcWriteOptions(compression="zstd")
+    with pa.ipc.new_stream(os.path.join(root, "zstd.arrow"), table.schema, options=opts) as w:
+        w.write_table(table)
+    cases["zstd"] = {"paths": [os.path.join(root, "zstd.arrow")], "kind": "text", "text": ["text"],
+                     "open_error": "record batch 0 is compressed (zstd)"}
+
+    # Damaged and misplaced.
+    DatasetDict({"train": mrpc, "validation": mrpc}).save_to_disk(os.path.join(root, "dict"))
+    cases["dict"] = {"paths": [os.path.join(root, "dict")], "kind": "text", "text": ["sentence1"],
+                     "open_error": "holds a dataset's splits (train, validation): name one"}
+    with open(os.path.join(root, "batches.arrow"), "rb") as f:
+        whole = f.read()
+    with open(os.path.join(root, "truncated.arrow"), "wb") as f:
+        f.write(whole[: len(whole) * 2 // 3])
+    cases["truncated"] = {"paths": [os.path.join(root, "truncated.arrow")], "kind": "text", "text": ["text"],
+                          "open_error": "cut short"}
+    with open(os.path.join(root, "not-arrow.arrow"), "wb") as f:
+        f.write(b"text,label\nhello,1\n")
+    cases["not_arrow"] = {"paths": [os.path.join(root, "not-arrow.arrow")], "kind": "text", "text": ["text"],
+                          "open_error": "not-arrow.arrow: "}
+
+    with open(os.path.join(root, "expected.json"), "w") as f:
+        json.dump(cases, f, indent=1, ensure_ascii=False)
+    print("datasets_reference: %d cases in %s" % (len(cases), root))
+
+
+if __name__ == "__main__":
+    main(sys.argv[1])

@@ -1,0 +1,61 @@
+"""The synthetic data of `shardtrain data synth` as Hugging Face datasets, in the shapes the Hub's datasets have, saved
+with save_to_disk: what a user of datasets gives `shardtrain train` (tests/train/train_test.cpp trains on both and
+compares).
+
+Usage: to_datasets.py PAIRS_DIR IMAGE_DIR OUT
+  OUT/mrpc    DatasetDict {train, validation} of PAIRS_DIR's train.tsv and eval.tsv with GLUE MRPC's features:
+              sentence1, sentence2, label (ClassLabel not_equivalent/equivalent), idx; rows in the files' order
+  OUT/shapes  DatasetDict {train} of IMAGE_DIR's WebDataset tars as an image-classification dataset (CIFAR-10's
+              shape): img (Image, the tars' PNG bytes unchanged), label (ClassLabel); samples in the tars' order
+"""
+import os
+import sys
+import tarfile
+
+import datasets
+from datasets import ClassLabel, Dataset, DatasetDict, Features, Image, Value
+
+datasets.disable_progress_bars()
+
+
+def pairs(path):
+    rows = {"sentence1": [], "sentence2": [], "label": [], "idx": []}
+    with open(path) as f:
+        next(f)  # Quality, #1 ID, #2 ID, #1 String, #2 String
+        for i, line in enumerate(f):
+            quality, _, _, s1, s2 = line.rstrip("\n").split("\t")
+            rows["sentence1"].append(s1)
+            rows["sentence2"].append(s2)
+            rows["label"].append(int(quality))
+            rows["idx"].append(i)
+    features = Features({"sentence1": Value("string"), "sentence2": Value("string"),
+                         "label": ClassLabel(names=["not_equivalent", "equivalent"]), "idx": Value("int32")})
+    return Dataset.from_dict(rows, features=features)
+
+
+def shapes(image_dir):
+    images, labels = [], []
+    for name in sorted(os.listdir(image_dir)):
+        if not name.endswith(".tar"):
+            continue
+        with tarfile.open(os.path.join(image_dir, name)) as tar:
+            members = {}
+            for m in tar.getmembers():
+                key, ext = m.name.split(".", 1)
+                members.setdefault(key, {})[ext] = tar.extractfile(m).read()
+            for key, parts in members.items():  # insertion order: the tar's
+                images.append({"bytes": parts["png"], "path": None})
+                labels.append(int(parts["cls"]))
+    names = ["class%d" % i for i in range(max(labels) + 1)]
+    return Dataset.from_dict({"img": images, "label": labels},
+                             features=Features({"img": Image(), "label": ClassLabel(names=names)}))
+
+
+def main(pairs_dir, image_dir, out):
+    DatasetDict({"train": pairs(os.path.join(pairs_dir, "train.tsv")),
+                 "validation": pairs(os.path.join(pairs_dir, "eval.tsv"))}).save_to_disk(os.path.join(out, "mrpc"))
+    DatasetDict({"train": shapes(image_dir)}).save_to_disk(os.path.join(out, "shapes"))
+
+
+if __name__ == "__main__":
+    main(*sys.argv[1:4])
