@@ -31,6 +31,18 @@ std::string feature_type(const nlohmann::json& features, const std::string& colu
   return (*f)["_type"].get<std::string>();
 }
 
+// The names of a ClassLabel column; empty for a column of another feature.
+std::vector<std::string> class_names(const nlohmann::json& features, const std::string& column) {
+  std::vector<std::string> names;
+  if (feature_type(features, column) != "ClassLabel") return names;
+  const nlohmann::json& f = features[column];
+  if (!f.contains("names") || !f["names"].is_array()) return names;
+  for (const auto& n : f["names"]) {
+    if (n.is_string()) names.push_back(n.get<std::string>());
+  }
+  return names;
+}
+
 std::string list_of(const std::vector<std::string>& names) {
   std::string out;
   for (const auto& n : names) out += (out.empty() ? "" : ", ") + n;
@@ -69,20 +81,19 @@ ArrowRecords::ArrowRecords(const std::string& path, SampleKind kind, const TextF
   }
   if (!fields.label.empty()) {
     label_ = find(fields.label, "data.label_field", {ArrowKind::INT, ArrowKind::BOOL, ArrowKind::UTF8});
-    const auto f = features.find(fields.label);
-    if (feature_type(features, fields.label) == "ClassLabel" && (*f).contains("names") && (*f)["names"].is_array()) {
-      std::vector<std::string> names;
-      for (const auto& n : (*f)["names"]) {
-        if (n.is_string()) names.push_back(n.get<std::string>());
-      }
-      if (!classes_.empty() && names != classes_) {
+    const std::vector<std::string> names = class_names(features, fields.label);
+    if (!names.empty() && !classes_.empty() && names != classes_) {
         throw std::invalid_argument("data file '" + path + "': column '" + fields.label + "' holds the classes " +
                                     list_of(names) + " (datasets' ClassLabel), the run " + list_of(classes_) +
                                     " (data.labels, or the model's id2label): give the dataset's names in its "
                                     "order, so that a label id means the same class");
-      }
     }
   }
+}
+
+std::vector<std::string> class_label_names(const std::string& path, const std::string& column) {
+  const io::FileBytes bytes = io::file_bytes(path);
+  return class_names(features_of(ArrowTable(std::string_view(bytes.data(), bytes.size()), path)), column);
 }
 
 int ArrowRecords::find(const std::string& field, const std::string& key, const std::vector<ArrowKind>& kinds) const {

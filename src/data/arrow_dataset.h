@@ -44,4 +44,8 @@ class ArrowRecords {
   std::vector<std::string> classes_;
 };
 
+// The names of `column`'s ClassLabel in datasets' features of the .arrow file at `path` (what transformers'
+// run_glue takes a classifier's classes from); empty when it is not a ClassLabel. Throws as ArrowTable.
+std::vector<std::string> class_label_names(const std::string& path, const std::string& column);
+
 }  // namespace shardtrain::data

@@ -4,6 +4,9 @@
 #include <stdexcept>
 #include <tuple>
 
+#include "data/arrow_dataset.h"
+#include "data/records.h"
+
 namespace shardtrain::train {
 namespace {
 
@@ -89,6 +92,18 @@ data::LoaderOptions loader_options(const Config& c, const std::string& flavor, c
 
 }  // namespace
 
+std::vector<std::string> run_classes(const Config& c) {
+  if (!c.data.labels.empty()) return c.data.labels;
+  for (const auto* paths : {&c.data.text, &c.data.image}) {
+    for (const std::string& file : data::expand_paths(*paths)) {
+      if (data::record_format_of(file) == data::RecordFormat::ARROW) {
+        return data::class_label_names(file, c.data.label_field);
+      }
+    }
+  }
+  return {};
+}
+
 std::shared_ptr<const data::Tokenizer> open_run_tokenizer(const Config& c) {
   if (!c.data.tokenizer.empty() && !c.data.vocab.empty()) {
     throw std::invalid_argument("data.tokenizer '" + c.data.tokenizer + "' and data.vocab '" + c.data.vocab +
@@ -116,6 +131,11 @@ TrainingData open_training_data(const Config& c, const models::Task& task,
                                 task.name());
   }
   d.options = loader_options(c, flavor, needs, std::move(tokenizer), rank, world_size);
+  if (c.data.labels.empty() && needs.num_labels > 0 && needs.class_names == run_classes(c)) {
+    std::string list;
+    for (const auto& name : needs.class_names) list += (list.empty() ? "" : ", ") + name;
+    d.notes.push_back("classes: [" + list + "], the dataset's ClassLabel '" + c.data.label_field + "'");
+  }
   if (task.has_evaluation() && !c.data.eval.empty()) {
     const data::SampleKind kind = task.eval_kind();
     d.eval_source = std::make_shared<data::SampleSource>(c.data.eval, kind, text_fields(c, needs));
@@ -135,6 +155,7 @@ void start_loading(TrainingData& d, const data::LoaderState& start) {
 
 void describe_data(const TrainingData& d, const log::Logger& logger) {
   if (d.options.tokenizer) logger.info("  tokenizer: " + d.options.tokenizer->describe());
+  for (const auto& note : d.notes) logger.info("  " + note);
   for (size_t k = 0; k < 3; ++k) {
     const auto& source = d.sources[k];
     if (!source) continue;

@@ -21,7 +21,13 @@ struct TrainingData {
   std::unique_ptr<data::Loader> loader;                              // from start_loading()
   std::shared_ptr<const data::SampleSource> eval_source;             // null: no evaluation
   std::unique_ptr<data::Loader> eval_loader;
+  std::vector<std::string> notes;  // start-up lines about where settings came from (describe_data prints them)
 };
+
+// A classifier's classes: data.labels, else the names of the ClassLabel column data.label_field of the first
+// Hugging Face datasets .arrow file among data.text and data.image (where transformers' run_glue takes them from),
+// else none (the model's own id2label then). Throws std::invalid_argument for a data path that does not exist.
+std::vector<std::string> run_classes(const config::Config& config);
 
 // The run's tokenizer (data::open_tokenizer): data.tokenizer (or the older data.vocab), else the model.from
 // directory's own; null when neither names one. Throws std::invalid_argument naming the key when it cannot be read.

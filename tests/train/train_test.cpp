@@ -796,8 +796,8 @@ std::vector<std::string> loss_lines(const std::string& output) {
 // Hugging Face datasets saved with save_to_disk train exactly as the same records in TSV and WebDataset tars
 // (tests/reference/to_datasets.py: GLUE MRPC's features for the sentence pairs; an Image column and a ClassLabel for
 // the images, CIFAR-10's shape): the same samples in the same order, so the same loss at every step and the same
-// evaluation. The image column is found by its Image feature; ClassLabel names in another order than data.labels,
-// and a directory of splits, are refused.
+// evaluation. The classes come from the ClassLabel when data.labels names none, the image column is found by its
+// Image feature; ClassLabel names in another order than data.labels, and a directory of splits, are refused.
 TEST_F(TrainTest, HuggingFaceDatasetsTrainAsTheirFiles) {
   const std::string dir = root_ + "/hf_datasets";
   Outcome made = run(std::string(SHARDTRAIN_BIN) + " data synth --out " + dir + "/synth --image-text 0 --text 0 "
@@ -808,10 +808,10 @@ TEST_F(TrainTest, HuggingFaceDatasetsTrainAsTheirFiles) {
   ASSERT_EQ(made.status, 0) << made.output;
 
   const std::string classify = " --model.flavor=bert-debug --model.task=classify --data.max_text_length=32 "
-                               "--data.labels=[not_equivalent,equivalent] --train.steps=6 --log.interval=1 "
-                               "--train.eval_interval=3 --optim.warmup_steps=0 --checkpoint.overwrite=true "
-                               "--checkpoint.dir=" + dir + "/run";
-  const Outcome tsv = train(classify + " '--data.text_fields=[\"#1 String\", \"#2 String\"]' "
+                               "--train.steps=6 --log.interval=1 --train.eval_interval=3 --optim.warmup_steps=0 "
+                               "--checkpoint.overwrite=true --checkpoint.dir=" + dir + "/run";
+  const Outcome tsv = train(classify + " --data.labels=[not_equivalent,equivalent] "
+                            "'--data.text_fields=[\"#1 String\", \"#2 String\"]' "
                             "--data.label_field=Quality --data.text=[" + dir + "/synth/pairs/train.tsv] --data.eval=[" +
                             dir + "/synth/pairs/eval.tsv]");
   ASSERT_EQ(tsv.status, 0) << tsv.output;
@@ -820,6 +820,9 @@ TEST_F(TrainTest, HuggingFaceDatasetsTrainAsTheirFiles) {
   ASSERT_EQ(arrow.status, 0) << arrow.output;
   EXPECT_EQ(loss_lines(tsv.output).size(), 9u) << tsv.output;  // 6 steps, 3 evaluations
   EXPECT_EQ(loss_lines(arrow.output), loss_lines(tsv.output)) << arrow.output;
+  // no data.labels: the classes are the ClassLabel's names, as transformers' run_glue takes them
+  EXPECT_NE(arrow.output.find("classes: [not_equivalent, equivalent], the dataset's ClassLabel 'label'"),
+            std::string::npos) << arrow.output;
 
   const std::string vit = " --model.flavor=vit-debug --train.steps=4 --log.interval=1 --checkpoint.overwrite=true "
                           "--checkpoint.dir=" + dir + "/run";
