@@ -22,7 +22,8 @@ fi
 runs=${FUZZ_RUNS:-20000}
 names=("$@")
 [ ${#names[@]} -gt 0 ] || names=(fuzz_safetensors fuzz_tar fuzz_image fuzz_config fuzz_vocab fuzz_tokenizer_json fuzz_checkpoint_meta
-                                 fuzz_state_dict_program fuzz_dcp_metadata fuzz_arrow)
+                                 fuzz_state_dict_program fuzz_dcp_metadata fuzz_arrow
+                                 fuzz_parquet)
 
 if [ ! -f build-fuzz/CMakeCache.txt ]; then
   TORCH_PREFIX=$(.venv/bin/python -c 'import torch.utils; print(torch.utils.cmake_prefix_path)')

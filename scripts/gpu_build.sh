@@ -3,7 +3,7 @@
 # CMake, Ninja and a Python with the pinned torch wheel, nothing else). docs/notes/gpu.md describes the sessions.
 #
 #   scripts/gpu_build.sh download [DEPS]        on the development machine: the Debian packages the build needs
-#                                               (about 2 MB) into DEPS (default .gpu-deps/, git-ignored)
+#                                               (about 4 MB) into DEPS (default .gpu-deps/, git-ignored)
 #   scripts/gpu_build.sh [DEPS [BUILD]] [-- TARGET...]
 #                                               on the GPU machine: unpack DEPS with dpkg -x into BUILD/deps (no
 #                                               root needed, nothing installed system-wide), configure against the
@@ -14,7 +14,8 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 packages=(libyaml-cpp-dev libyaml-cpp0.7 libstb-dev libstb0 libutf8proc-dev libutf8proc2 nlohmann-json3-dev
-          libgloo-dev libgtest-dev libxxhash-dev libonig-dev libonig5 libsentencepiece-dev libsentencepiece0)
+          libgloo-dev libgtest-dev libxxhash-dev libonig-dev libonig5 libsentencepiece-dev libsentencepiece0
+          libsnappy-dev libsnappy1v5 libzstd-dev libzstd1 zlib1g-dev zlib1g)
 
 if [[ "${1:-}" == download ]]; then
   deps=${2:-.gpu-deps}

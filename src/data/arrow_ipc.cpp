@@ -195,11 +195,11 @@ void ArrowTable::read_schema(const char* metadata, size_t size) {
   // Depth first, as record batches list the fields' nodes and buffers.
   auto add = [&](auto&& self, const Table& field, int parent, int depth) -> void {
     if (depth > kMaxDepth) fail("fields nested more than " + std::to_string(kMaxDepth) + " deep");
-    ArrowColumn c;
+    TableColumn c;
     c.path = std::string(field.string(0));
     if (parent >= 0) c.path = columns_[static_cast<size_t>(parent)].path + "." + c.path;
     c.parent = parent;
-    c.per_row = parent < 0 || (columns_[static_cast<size_t>(parent)].kind == ArrowKind::STRUCT &&
+    c.per_row = parent < 0 || (columns_[static_cast<size_t>(parent)].kind == ColumnKind::STRUCT &&
                                columns_[static_cast<size_t>(parent)].per_row);
     const uint8_t tag = field.get<uint8_t>(2, 0);
     c.type = tag < std::size(kTypeNames) ? kTypeNames[tag] : "type " + std::to_string(tag);
@@ -208,30 +208,30 @@ void ArrowTable::read_schema(const char* metadata, size_t size) {
     if (dictionary) {
       c.type = "dictionary";  // the record batch holds its integer indices
     } else if (tag == kNull) {
-      c.kind = ArrowKind::NULL_TYPE, buffers = 0;
+      c.kind = ColumnKind::NULL_TYPE, buffers = 0;
     } else if (tag == kInt) {
       const Table t = field.table(3);
       const int32_t bits = t.get<int32_t>(0, 0);
       if (bits != 8 && bits != 16 && bits != 32 && bits != 64) fail("column '" + c.path + "': an int of " +
                                                                      std::to_string(bits) + " bits");
-      c.kind = ArrowKind::INT, c.width = bits / 8, c.is_signed = t.get<uint8_t>(1, 0) != 0;
+      c.kind = ColumnKind::INT, c.width = bits / 8, c.is_signed = t.get<uint8_t>(1, 0) != 0;
       c.type = std::string(c.is_signed ? "int" : "uint") + std::to_string(bits);
     } else if (tag == kFloat) {
       const int16_t precision = field.table(3).get<int16_t>(0, 0);  // HALF, SINGLE, DOUBLE
       if (precision < 0 || precision > 2) fail("column '" + c.path + "': float precision " + std::to_string(precision));
-      c.kind = ArrowKind::FLOAT, c.width = 2 << precision;
+      c.kind = ColumnKind::FLOAT, c.width = 2 << precision;
       c.type = "float" + std::to_string(16 << precision);
     } else if (tag == kBool) {
-      c.kind = ArrowKind::BOOL;
+      c.kind = ColumnKind::BOOL;
     } else if (tag == kUtf8 || tag == kLargeUtf8 || tag == kBinary || tag == kLargeBinary) {
-      c.kind = tag == kUtf8 || tag == kLargeUtf8 ? ArrowKind::UTF8 : ArrowKind::BINARY;
+      c.kind = tag == kUtf8 || tag == kLargeUtf8 ? ColumnKind::UTF8 : ColumnKind::BINARY;
       c.width = tag == kUtf8 || tag == kBinary ? 4 : 8, buffers = 3;
     } else if (tag == kStruct) {
-      c.kind = ArrowKind::STRUCT, buffers = 1;
+      c.kind = ColumnKind::STRUCT, buffers = 1;
     } else if (tag == kList || tag == kLargeList || tag == kMap) {
-      c.kind = ArrowKind::LIST;
+      c.kind = ColumnKind::LIST;
     } else if (tag == kFixedSizeList) {
-      c.kind = ArrowKind::LIST, buffers = 1;
+      c.kind = ColumnKind::LIST, buffers = 1;
     } else if (tag == kListView || tag == kLargeListView) {
       buffers = 3;
     } else if (tag == kRunEndEncoded) {
@@ -285,7 +285,7 @@ void ArrowTable::read_batch(const char* metadata, size_t size, int64_t body, int
     return length == 0 ? -1 : body + offset;
   };
   for (size_t i = 0; i < columns_.size(); ++i) {
-    const ArrowColumn& c = columns_[i];
+    const TableColumn& c = columns_[i];
     Slice s;
     s.length = flat.scalar<int64_t>(nodes.first + 16 * i);
     s.null_count = flat.scalar<int64_t>(nodes.first + 16 * i + 8);
@@ -313,13 +313,13 @@ void ArrowTable::read_batch(const char* metadata, size_t size, int64_t body, int
       if (got[0].second < bitmap_bytes) fail(where + ": column '" + c.path + "' has nulls and a short bitmap");
       s.validity = got[0].first;
     }
-    if ((c.kind == ArrowKind::INT || c.kind == ArrowKind::FLOAT || c.kind == ArrowKind::BOOL) && s.length > 0) {
-      if (c.kind == ArrowKind::BOOL ? got[1].second < bitmap_bytes : got[1].second / c.width < s.length) {
+    if ((c.kind == ColumnKind::INT || c.kind == ColumnKind::FLOAT || c.kind == ColumnKind::BOOL) && s.length > 0) {
+      if (c.kind == ColumnKind::BOOL ? got[1].second < bitmap_bytes : got[1].second / c.width < s.length) {
         fail(where + ": column '" + c.path + "' has " + std::to_string(s.length) + " values in " +
              std::to_string(got[1].second) + " bytes");
       }
       s.data = got[1].first;
-    } else if ((c.kind == ArrowKind::UTF8 || c.kind == ArrowKind::BINARY) && s.length > 0) {
+    } else if ((c.kind == ColumnKind::UTF8 || c.kind == ColumnKind::BINARY) && s.length > 0) {
       if (got[1].second / c.width <= s.length) fail(where + ": column '" + c.path + "' has too few offsets");
       s.offsets = got[1].first, s.data = got[2].first;
       // Offsets start at or after 0, never go backwards, and end inside the data: every value lies in the file.
@@ -347,13 +347,6 @@ void ArrowTable::read_batch(const char* metadata, size_t size, int64_t body, int
   batches_.push_back(std::move(b));
 }
 
-int ArrowTable::column(const std::string& path) const {
-  for (size_t i = 0; i < columns_.size(); ++i) {
-    if (columns_[i].path == path) return static_cast<int>(i);
-  }
-  return -1;
-}
-
 std::string ArrowTable::metadata(const std::string& key) const {
   for (const auto& [k, v] : metadata_) {
     if (k == key) return v;
@@ -377,17 +370,17 @@ bool ArrowTable::is_null(int column, int64_t row) const {
   for (int c = column; c >= 0; c = columns_[static_cast<size_t>(c)].parent) {
     int64_t r = row;
     const Slice& s = locate(c, r);
-    if (columns_[static_cast<size_t>(c)].kind == ArrowKind::NULL_TYPE) return true;
+    if (columns_[static_cast<size_t>(c)].kind == ColumnKind::NULL_TYPE) return true;
     if (s.validity >= 0 && !bit(bytes_.data() + s.validity, r)) return true;
   }
   return false;
 }
 
-std::string_view ArrowTable::bytes(int column, int64_t row) const {
+std::string_view ArrowTable::view(int column, int64_t row) const {
   int64_t r = row;
   const Slice& s = locate(column, r);
-  const ArrowColumn& c = columns_[static_cast<size_t>(column)];
-  if (c.kind != ArrowKind::UTF8 && c.kind != ArrowKind::BINARY) {
+  const TableColumn& c = columns_[static_cast<size_t>(column)];
+  if (c.kind != ColumnKind::UTF8 && c.kind != ColumnKind::BINARY) {
     fail("column '" + c.path + "' holds " + c.type + ", not strings or bytes");
   }
   if (is_null(column, row) || s.offsets < 0) return {};
@@ -400,13 +393,13 @@ std::string_view ArrowTable::bytes(int column, int64_t row) const {
 int64_t ArrowTable::integer(int column, int64_t row) const {
   int64_t r = row;
   const Slice& s = locate(column, r);
-  const ArrowColumn& c = columns_[static_cast<size_t>(column)];
-  if (c.kind != ArrowKind::INT && c.kind != ArrowKind::BOOL) {
+  const TableColumn& c = columns_[static_cast<size_t>(column)];
+  if (c.kind != ColumnKind::INT && c.kind != ColumnKind::BOOL) {
     fail("column '" + c.path + "' holds " + c.type + ", not whole numbers");
   }
   if (is_null(column, row) || s.data < 0) return 0;
   const char* p = bytes_.data() + s.data;
-  if (c.kind == ArrowKind::BOOL) return bit(p, r);
+  if (c.kind == ColumnKind::BOOL) return bit(p, r);
   switch (c.width) {
     case 1: { int8_t v; std::memcpy(&v, p + r, 1); return c.is_signed ? v : static_cast<uint8_t>(v); }
     case 2: { int16_t v; std::memcpy(&v, p + 2 * r, 2); return c.is_signed ? v : static_cast<uint16_t>(v); }

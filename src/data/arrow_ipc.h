@@ -20,39 +20,23 @@
 #include <string_view>
 #include <vector>
 
+#include "data/column_table.h"
+
 namespace shardtrain::data {
 
-enum class ArrowKind { NULL_TYPE, BOOL, INT, FLOAT, UTF8, BINARY, STRUCT, LIST, OTHER };
-
-// One node of the schema, flattened: a top-level column is its name, a struct's child "parent.child" (the bytes of
-// an image column are "image.bytes").
-struct ArrowColumn {
-  std::string path;
-  ArrowKind kind = ArrowKind::OTHER;
-  std::string type;    // as pyarrow names it: "int64", "string", "large_binary", "struct", "timestamp", ...
-  int width = 0;       // bytes per value: INT and FLOAT 1-8; offsets of UTF8/BINARY 4 or 8
-  bool is_signed = true;
-  int parent = -1;     // the column this one is a child of; -1 at the top
-  bool per_row = true; // one value per row: a top-level column or a struct's child (not a list's items)
-};
-
-class ArrowTable {
+class ArrowTable : public ColumnTable {
  public:
   // `bytes` is the whole file; it must outlive the table. Throws std::runtime_error naming `name` and what is wrong
   // (not an Arrow file, cut short, a buffer outside the file, offsets that go backwards, a compressed body).
   ArrowTable(std::string_view bytes, std::string name);
 
-  int64_t rows() const { return rows_; }
-  const std::vector<ArrowColumn>& columns() const { return columns_; }
-  int column(const std::string& path) const;  // -1 when there is none
-  // The schema's key-value metadata ("huggingface": datasets' features as JSON); "" when absent.
-  std::string metadata(const std::string& key) const;
-
-  // A value at `row` (0 <= row < rows()); null when the column or a struct above it is null there. Each throws
-  // std::runtime_error naming the column when its kind is not the one asked for.
-  bool is_null(int column, int64_t row) const;
-  std::string_view bytes(int column, int64_t row) const;  // UTF8 or BINARY; "" when null
-  int64_t integer(int column, int64_t row) const;         // INT or BOOL; 0 when null
+  int64_t rows() const override { return rows_; }
+  const std::vector<TableColumn>& columns() const override { return columns_; }
+  std::string metadata(const std::string& key) const override;  // the schema's
+  bool is_null(int column, int64_t row) const override;
+  std::string bytes(int column, int64_t row) const override { return std::string(view(column, row)); }
+  int64_t integer(int column, int64_t row) const override;
+  std::string_view view(int column, int64_t row) const;  // bytes() in place: a view of the file
 
  private:
   // Where one column's values of one record batch are: byte offsets into the file (-1: the buffer is absent).
@@ -71,7 +55,7 @@ class ArrowTable {
 
   std::string_view bytes_;
   std::string name_;
-  std::vector<ArrowColumn> columns_;
+  std::vector<TableColumn> columns_;
   std::vector<int> buffers_;  // per column: how many buffers a record batch gives it; -1: 2 + a variadic count
   int16_t version_ = 0;       // the schema message's MetadataVersion (4 = V5, 3 = V4)
   std::vector<std::pair<std::string, std::string>> metadata_;

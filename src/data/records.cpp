@@ -17,6 +17,7 @@ RecordFormat record_format_of(const std::string& path) {
   if (ends_with(path, ".tsv")) return RecordFormat::TSV;
   if (ends_with(path, ".csv")) return RecordFormat::CSV;
   if (ends_with(path, ".arrow")) return RecordFormat::ARROW;
+  if (ends_with(path, ".parquet")) return RecordFormat::PARQUET;
   return RecordFormat::TAR;
 }
 

@@ -1,7 +1,7 @@
 // Records of the table and JSON-lines formats a text source reads (data/source.h): one record per line.
 //   .tsv  fields split at tabs, no quoting (GLUE's files: MRPC's sentences hold unbalanced quotes)
 //   .csv  fields split at commas, RFC 4180 quoting within the line ("a, b" is one field, "" a quote)
-//   .arrow  not lines: a Hugging Face datasets table, a row per record (data/arrow_dataset.h)
+//   .arrow, .parquet  not lines: tables (Hugging Face datasets'), a row per record (data/table_records.h)
 // Both start with a header row naming the columns.
 #pragma once
 
@@ -11,7 +11,7 @@
 
 namespace shardtrain::data {
 
-enum class RecordFormat { TAR, TEXT_LINES, JSONL, TSV, CSV, ARROW };
+enum class RecordFormat { TAR, TEXT_LINES, JSONL, TSV, CSV, ARROW, PARQUET };
 
 // The format of a file by its extension; TAR for anything else (the caller checks).
 RecordFormat record_format_of(const std::string& path);

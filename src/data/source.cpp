@@ -2,11 +2,15 @@
 
 #include <nlohmann/json.hpp>
 
+#include <glob.h>
+
 #include <algorithm>
+#include <map>
+#include <regex>
 #include <stdexcept>
 
-#include "data/arrow_dataset.h"
 #include "data/records.h"
+#include "data/table_records.h"
 #include "data/tar.h"
 #include "shardtrain/io/files.h"
 
@@ -84,19 +88,25 @@ std::vector<std::string> directory_files(const std::string& path) {
     }
     return files;
   }
-  std::vector<std::string> arrow;
+  // The files of several splits side by side: load_dataset's cache (glue-train.arrow, glue-validation.arrow), a
+  // dataset repository of the Hub (train-00000-of-00002.parquet, test-00000-of-00001.parquet).
+  static const std::regex split_file(R"((?:.*-)?(train|validation|valid|dev|test|eval)(?:-\d+-of-\d+)?\.(arrow|parquet))");
+  std::map<std::string, std::string> splits;  // split -> a file of it
   for (const auto& name : names) {
-    for (const char* ext : {".tar", ".txt", ".jsonl", ".tsv", ".csv", ".arrow"}) {
+    for (const char* ext : {".tar", ".txt", ".jsonl", ".tsv", ".csv", ".arrow", ".parquet"}) {
       if (ends_with(name, ext)) files.push_back(path + "/" + name);
     }
-    if (ends_with(name, ".arrow")) arrow.push_back(name);
+    std::smatch m;
+    if (std::regex_match(name, m, split_file)) splits.emplace(m[1], name);
   }
-  // load_dataset's cache directory: every split's files side by side (glue-train.arrow, glue-validation.arrow)
-  if (arrow.size() > 1 && has("dataset_info.json")) {
+  if (splits.size() > 1) {
     std::string list;
-    for (const auto& a : arrow) list += (list.empty() ? "" : ", ") + a;
-    throw std::invalid_argument("data directory '" + path + "' is a datasets cache directory holding several files (" +
-                                list + "): name the split's file(s)");
+    for (const auto& [split, file] : splits) list += (list.empty() ? "" : ", ") + split;
+    const std::string& example = splits.begin()->second;
+    const size_t cut = example.find(splits.begin()->first) + splits.begin()->first.size();
+    throw std::invalid_argument("data directory '" + path + "' holds the files of several splits (" + list +
+                                "): name one's files, as '" + path + "/" + example.substr(0, cut) + "*." +
+                                example.substr(example.rfind('.') + 1) + "'");
   }
   return files;
 }
@@ -106,6 +116,14 @@ std::vector<std::string> directory_files(const std::string& path) {
 std::vector<std::string> expand_paths(const std::vector<std::string>& paths) {
   std::vector<std::string> files;
   for (const auto& path : paths) {
+    if (path.find_first_of("*?[") != std::string::npos) {  // a pattern: train-*.parquet
+      glob_t found{};
+      const int status = ::glob(path.c_str(), 0, nullptr, &found);
+      for (size_t i = 0; status == 0 && i < found.gl_pathc; ++i) files.emplace_back(found.gl_pathv[i]);
+      ::globfree(&found);
+      if (status != 0) throw std::invalid_argument("data path '" + path + "' matches no file");
+      continue;
+    }
     if (!io::path_exists(path)) throw std::invalid_argument("data path '" + path + "' does not exist");
     if (!io::is_directory(path)) {
       files.push_back(path);
@@ -113,7 +131,8 @@ std::vector<std::string> expand_paths(const std::vector<std::string>& paths) {
     }
     const std::vector<std::string> inside = directory_files(path);
     if (inside.empty()) {
-      throw std::invalid_argument("data directory '" + path + "' has no .tar, .txt, .jsonl, .tsv, .csv or .arrow file");
+      throw std::invalid_argument("data directory '" + path + "' has no .tar, .txt, .jsonl, .tsv, .csv, .arrow or .parquet "
+                                  "file");
     }
     files.insert(files.end(), inside.begin(), inside.end());
   }
@@ -134,12 +153,12 @@ SampleSource::SampleSource(const std::vector<std::string>& paths, SampleKind kin
     handles_.push_back(std::make_unique<io::ReadOnlyFile>(path));
     formats_.push_back(static_cast<int>(format));
     columns_.emplace_back();
-    arrow_.emplace_back();
+    tables_.emplace_back();
     if (format == RecordFormat::TAR && ends_with(path, ".tar")) {
       index_tar(static_cast<int32_t>(f));
-    } else if (format == RecordFormat::ARROW) {
-      arrow_.back() = std::make_unique<ArrowRecords>(path, kind, fields_);
-      for (int64_t row = 0; row < arrow_.back()->rows(); ++row) {
+    } else if (format == RecordFormat::ARROW || format == RecordFormat::PARQUET) {
+      tables_.back() = std::make_unique<TableRecords>(path, kind, fields_);
+      for (int64_t row = 0; row < tables_.back()->rows(); ++row) {
         index_.push_back(Entry{static_cast<int32_t>(f), row, {}, {}, {}});
         keys_.emplace_back();
       }
@@ -153,9 +172,7 @@ SampleSource::SampleSource(const std::vector<std::string>& paths, SampleKind kin
     } else {
       throw std::invalid_argument("data file '" + path + "': expected a .tar" +
                                   (kind == SampleKind::TEXT ? ", .txt, .jsonl, .tsv, .csv" : std::string()) +
-                                  " or .arrow file for " + kind_name(kind) + " data" +
-                                  (ends_with(path, ".parquet") ? " (Parquet is not read: datasets' load_dataset "
-                                                                 "keeps .arrow files in its cache)" : ""));
+                                  " or .arrow/.parquet file for " + kind_name(kind) + " data");
     }
   }
   if (index_.empty()) {
@@ -264,8 +281,8 @@ RawSample SampleSource::read(int64_t i) const {
   RawSample s;
   const std::string& key = keys_[static_cast<size_t>(i)];
   s.key = file + ":" + (key.empty() ? std::to_string(e.number) : key);
-  if (arrow_[static_cast<size_t>(e.file)]) {
-    arrow_[static_cast<size_t>(e.file)]->read(e.number, s);
+  if (tables_[static_cast<size_t>(e.file)]) {
+    tables_[static_cast<size_t>(e.file)]->read(e.number, s);
     return s;
   }
   if (e.image.offset >= 0) s.image = handle.read(e.image.offset, e.image.size);

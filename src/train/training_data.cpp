@@ -4,7 +4,7 @@
 #include <stdexcept>
 #include <tuple>
 
-#include "data/arrow_dataset.h"
+#include "data/table_records.h"
 #include "data/records.h"
 
 namespace shardtrain::train {
@@ -96,7 +96,8 @@ std::vector<std::string> run_classes(const Config& c) {
   if (!c.data.labels.empty()) return c.data.labels;
   for (const auto* paths : {&c.data.text, &c.data.image}) {
     for (const std::string& file : data::expand_paths(*paths)) {
-      if (data::record_format_of(file) == data::RecordFormat::ARROW) {
+      const data::RecordFormat format = data::record_format_of(file);
+      if (format == data::RecordFormat::ARROW || format == data::RecordFormat::PARQUET) {
         return data::class_label_names(file, c.data.label_field);
       }
     }

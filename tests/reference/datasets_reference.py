@@ -1,4 +1,4 @@
-"""Hugging Face datasets' own Arrow files, for the C++ reader (tests/data/arrow_dataset_test.cpp).
+"""Hugging Face datasets' own Arrow and Parquet files, for the C++ readers (tests/data/table_files_test.cpp).
 
 Usage: datasets_reference.py OUT
 
@@ -13,6 +13,9 @@ error opening them must give.
   paths.arrow   an Image column holding only paths (what the cache holds for local image files)
   file.arrow, legacy.arrow, dictionary.arrow, zstd.arrow: pyarrow's file format, the stream without continuation
                 markers (before Arrow 0.15), a dictionary-encoded column, a compressed body
+  hub/data/     Parquet files of two splits, as a Hub dataset repository holds them (datasets' to_parquet)
+  parquet_*.parquet: batches.arrow's table through pyarrow's Parquet writer, every compression read (and brotli,
+                refused), data pages v1 and v2, with and without dictionaries, row groups of 3 rows; images.parquet
   dict/         DatasetDict.save_to_disk (a directory per split); truncated.arrow, not-arrow.arrow: damaged
 """
 import io
@@ -23,6 +26,7 @@ import sys
 
 import datasets
 import pyarrow as pa
+import pyarrow.parquet as pq
 from datasets import ClassLabel, Dataset, DatasetDict, Features, Image, Sequence, Value
 from datasets.arrow_writer import ArrowWriter
 from PIL import Image as PILImage
@@ -99,7 +103,7 @@ def main(out):
     cases["cache_train"] = {"paths": train_files, "kind": "text", "text": ["text"], "label": "label",
                             "rows": rows(["alpha", "beta", "gamma"], labels=[0, 1, 0])}
     cases["cache_directory"] = {"paths": [cache_dir], "kind": "text", "text": ["text"],
-                                "open_error": "is a datasets cache directory holding several files"}
+                                "open_error": "holds the files of several splits (train, validation): name one's files, as"}
 
     # Record batches of 3 rows through datasets' own writer, with columns of every kind to step over.
     texts = ["r%d %s" % (i, "x" * i) for i in range(8)]
@@ -187,6 +191,42 @@ def main(out):
         w.write_table(table)
     cases["zstd"] = {"paths": [os.path.join(root, "zstd.arrow")], "kind": "text", "text": ["text"],
                      "open_error": "record batch 0 is compressed (zstd)"}
+
+    # Parquet, as the Hub keeps datasets and pyarrow writes tables: datasets' to_parquet (snappy, dictionary pages)
+    # in a Hub repository's layout of split files; pyarrow with each compression read, data pages v1 and v2, with
+    # and without dictionaries, row groups of 3 rows, nulls, a list and a struct column beside.
+    hub = os.path.join(root, "hub", "data")
+    os.makedirs(hub)
+    mrpc.to_parquet(os.path.join(hub, "train-00000-of-00001.parquet"))
+    mrpc.select(range(2)).to_parquet(os.path.join(hub, "validation-00000-of-00001.parquet"))
+    cases["parquet_datasets"] = dict(cases["mrpc"], paths=[os.path.join(hub, "train-*.parquet")])
+    cases["parquet_hub_directory"] = {"paths": [hub], "kind": "text", "text": ["sentence1"],
+                                      "open_error": "holds the files of several splits (train, validation): name "
+                                                    "one's files, as '" + hub + "/train*.parquet'"}
+    batches = pa.ipc.open_stream(os.path.join(root, "batches.arrow")).read_all()
+    for codec in ("none", "snappy", "gzip", "zstd"):
+        for version in ("1.0", "2.0"):
+            for dictionary in (True, False):
+                name = "parquet_%s_v%s%s" % (codec, version[0], "_dict" if dictionary else "")
+                path = os.path.join(root, name + ".parquet")
+                pq.write_table(batches, path, compression=codec, data_page_version=version, use_dictionary=dictionary,
+                               row_group_size=3)
+                cases[name] = dict(cases["batches_int_label"], paths=[path])
+                cases[name + "_bool"] = dict(cases["batches_bool_label"], paths=[path])
+    images.to_parquet(os.path.join(root, "images.parquet"))
+    cases["images_parquet"] = dict(cases["images"], paths=[os.path.join(root, "images.parquet")])
+    pq.write_table(batches, os.path.join(root, "brotli.parquet"), compression="brotli")
+    cases["parquet_brotli"] = {"paths": [os.path.join(root, "brotli.parquet")], "kind": "text", "text": ["text"],
+                               "rows": rows(texts, errors=["compressed with brotli, which is not read"] * 8)}
+    cases["parquet_list"] = {"paths": [os.path.join(root, "parquet_snappy_v1_dict.parquet")], "kind": "text",
+                             "text": ["text"], "label": "tokens",
+                             "open_error": "column 'tokens' (data.label_field) holds list"}
+    with open(os.path.join(root, "parquet_snappy_v1_dict.parquet"), "rb") as f:
+        whole = f.read()
+    with open(os.path.join(root, "truncated.parquet"), "wb") as f:
+        f.write(whole[: len(whole) - 100])
+    cases["parquet_truncated"] = {"paths": [os.path.join(root, "truncated.parquet")], "kind": "text",
+                                  "text": ["text"], "open_error": "not a Parquet file"}
 
     # Damaged and misplaced.
     DatasetDict({"train": mrpc, "validation": mrpc}).save_to_disk(os.path.join(root, "dict"))

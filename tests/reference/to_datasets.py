@@ -5,6 +5,7 @@ compares).
 Usage: to_datasets.py PAIRS_DIR IMAGE_DIR OUT
   OUT/mrpc    DatasetDict {train, validation} of PAIRS_DIR's train.tsv and eval.tsv with GLUE MRPC's features:
               sentence1, sentence2, label (ClassLabel not_equivalent/equivalent), idx; rows in the files' order
+  OUT/hub     the same pairs as a Hub dataset repository holds them: data/{train,validation}-00000-of-00001.parquet
   OUT/shapes  DatasetDict {train} of IMAGE_DIR's WebDataset tars as an image-classification dataset (CIFAR-10's
               shape): img (Image, the tars' PNG bytes unchanged), label (ClassLabel); samples in the tars' order
 """
@@ -52,8 +53,12 @@ def shapes(image_dir):
 
 
 def main(pairs_dir, image_dir, out):
-    DatasetDict({"train": pairs(os.path.join(pairs_dir, "train.tsv")),
-                 "validation": pairs(os.path.join(pairs_dir, "eval.tsv"))}).save_to_disk(os.path.join(out, "mrpc"))
+    mrpc = DatasetDict({"train": pairs(os.path.join(pairs_dir, "train.tsv")),
+                        "validation": pairs(os.path.join(pairs_dir, "eval.tsv"))})
+    mrpc.save_to_disk(os.path.join(out, "mrpc"))
+    os.makedirs(os.path.join(out, "hub", "data"))
+    for split, d in mrpc.items():
+        d.to_parquet(os.path.join(out, "hub", "data", split + "-00000-of-00001.parquet"))
     DatasetDict({"train": shapes(image_dir)}).save_to_disk(os.path.join(out, "shapes"))
 
 

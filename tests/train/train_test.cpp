@@ -793,9 +793,9 @@ std::vector<std::string> loss_lines(const std::string& output) {
   return lines;
 }
 
-// Hugging Face datasets saved with save_to_disk train exactly as the same records in TSV and WebDataset tars
-// (tests/reference/to_datasets.py: GLUE MRPC's features for the sentence pairs; an Image column and a ClassLabel for
-// the images, CIFAR-10's shape): the same samples in the same order, so the same loss at every step and the same
+// Hugging Face datasets saved with save_to_disk, and as Parquet in a Hub repository's layout, train exactly as the
+// same records in TSV and WebDataset tars (tests/reference/to_datasets.py: GLUE MRPC's features for the sentence
+// pairs; an Image column and a ClassLabel for the images, CIFAR-10's shape): the same samples in the same order, so the same loss at every step and the same
 // evaluation. The classes come from the ClassLabel when data.labels names none, the image column is found by its
 // Image feature; ClassLabel names in another order than data.labels, and a directory of splits, are refused.
 TEST_F(TrainTest, HuggingFaceDatasetsTrainAsTheirFiles) {
@@ -823,6 +823,11 @@ TEST_F(TrainTest, HuggingFaceDatasetsTrainAsTheirFiles) {
   // no data.labels: the classes are the ClassLabel's names, as transformers' run_glue takes them
   EXPECT_NE(arrow.output.find("classes: [not_equivalent, equivalent], the dataset's ClassLabel 'label'"),
             std::string::npos) << arrow.output;
+  // the Hub's layout: Parquet files of each split side by side, named by a pattern
+  const Outcome parquet = train(classify + " --data.text_fields=[sentence1,sentence2] --data.text=[" + dir +
+                                "/hub/data/train-*.parquet] --data.eval=[" + dir + "/hub/data/validation-*]");
+  ASSERT_EQ(parquet.status, 0) << parquet.output;
+  EXPECT_EQ(loss_lines(parquet.output), loss_lines(tsv.output)) << parquet.output;
 
   const std::string vit = " --model.flavor=vit-debug --train.steps=4 --log.interval=1 --checkpoint.overwrite=true "
                           "--checkpoint.dir=" + dir + "/run";

@@ -4,8 +4,8 @@
 // sample; by extension: jpg/jpeg/png/bmp/gif/ppm/pgm = the image, txt/text/caption = the text, cls = an integer
 // label. Text files, each non-empty line a sample: .txt (the line is the text), .jsonl (an object: the fields
 // TextFields names), .tsv and .csv (a header row naming the columns, then records; data/records.h). Hugging Face
-// datasets' Arrow files (.arrow: load_dataset's cache, save_to_disk), each row a sample of any kind, its columns
-// named by TextFields (data/arrow_dataset.h). Directories stand for every .tar/.txt/.jsonl/.tsv/.csv/.arrow
+// datasets' Arrow files (.arrow: load_dataset's cache, save_to_disk) and Parquet files (the Hub's), each row a sample
+// of any kind, its columns named by TextFields (data/table_records.h). Directories stand for every data file
 // inside, sorted; a save_to_disk directory for the files its state.json lists.
 //
 // What cannot be used is counted, never fatal: a truncated or corrupt tar contributes the samples before the
@@ -26,7 +26,7 @@ class ReadOnlyFile;
 
 namespace shardtrain::data {
 
-class ArrowRecords;
+class TableRecords;
 
 enum class SampleKind { IMAGE_TEXT, TEXT, IMAGE };
 const char* kind_name(SampleKind kind);  // "image_text", "text", "image"
@@ -39,7 +39,7 @@ struct RawSample {
   std::optional<int64_t> label;  // the .cls member, or the record's label field as a class id
 };
 
-// Which fields of a .jsonl/.tsv/.csv/.arrow record a source reads (JSON keys, header columns, Arrow columns).
+// Which fields of a .jsonl/.tsv/.csv/.arrow/.parquet record a source reads (JSON keys, header columns, columns).
 struct TextFields {
   std::vector<std::string> text = {"text"};  // one field, or two: a sentence pair (MRPC's sentence1, sentence2)
   std::string label;                         // the label's field; empty: records carry no label
@@ -54,8 +54,8 @@ struct TextFields {
 class SampleSource {
  public:
   // Throws std::invalid_argument when a path does not exist, names no usable file, or yields no sample at all.
-  // Also throws it for a .tsv/.csv/.arrow lacking a field of `fields`, or a .txt asked for a pair or a label;
-  // std::runtime_error for an .arrow file that is damaged.
+  // Also throws it for a .tsv/.csv/.arrow/.parquet lacking a field of `fields`, or a .txt asked for a pair or a
+  // label; std::runtime_error for an .arrow/.parquet file that is damaged.
   SampleSource(const std::vector<std::string>& paths, SampleKind kind, TextFields fields = {});
   ~SampleSource();
   SampleSource(const SampleSource&) = delete;
@@ -93,16 +93,17 @@ class SampleSource {
   std::vector<std::vector<size_t>> columns_;
   std::vector<std::string> files_;
   std::vector<std::unique_ptr<io::ReadOnlyFile>> handles_;
-  std::vector<std::unique_ptr<ArrowRecords>> arrow_;  // per file: the table of an .arrow file, else null
+  std::vector<std::unique_ptr<TableRecords>> tables_;  // per file: the table of an .arrow/.parquet file, else null
   std::vector<std::string> keys_;  // tar sample keys, parallel to index_ for tars (empty strings for lines)
   std::vector<Entry> index_;
   std::vector<std::string> problems_;
   int64_t incomplete_ = 0;
 };
 
-// The files a list of paths stands for (directories expanded, sorted), checked to exist. Throws
-// std::invalid_argument for a directory of datasets' splits (dataset_dict.json: name one) or a datasets cache
-// directory holding several splits' files.
+// The files a list of paths stands for (directories expanded, sorted; patterns as `data/train-*.parquet`
+// matched), checked to exist. Throws std::invalid_argument for a directory of datasets' splits (dataset_dict.json:
+// name one) or one holding several splits' files side by side (load_dataset's cache, a Hub dataset's parquet
+// files).
 std::vector<std::string> expand_paths(const std::vector<std::string>& paths);
 
 }  // namespace shardtrain::data

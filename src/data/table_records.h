@@ -1,7 +1,7 @@
-// A Hugging Face `datasets` table as a source's records: an Arrow file (data/arrow_ipc.h) of the cache
-// (load_dataset's `<name>-<split>.arrow`) or of save_to_disk, each row a sample. Columns are chosen by name, as
-// for .jsonl/.tsv records (data.text_fields, data.label_field, data.image_field), and read in place from the
-// mapped file when a sample is read.
+// A table file as a source's records, each row a sample: a Hugging Face `datasets` Arrow file (data/arrow_ipc.h)
+// of the cache (load_dataset's `<name>-<split>.arrow`) or of save_to_disk, read in place from the mapped file; a
+// Parquet file (data/parquet.h) as datasets on the Hub are stored, its row groups decoded as samples are read.
+// Columns are chosen by name, as for .jsonl/.tsv records (data.text_fields, data.label_field, data.image_field).
 //
 // datasets' features (the schema's "huggingface" metadata) are used where they say more than the Arrow types: an
 // Image column is a struct {bytes, path} — the encoded image, or where datasets kept only a path, the file there —
@@ -14,18 +14,18 @@
 #include <string>
 #include <vector>
 
-#include "data/arrow_ipc.h"
+#include "data/column_table.h"
 #include "io/mapped_file.h"
 #include "shardtrain/data/source.h"
 
 namespace shardtrain::data {
 
-class ArrowRecords {
+class TableRecords {
  public:
   // Throws std::invalid_argument naming the file and the column for a column missing (listing the columns there
   // are) or of a type that cannot be the field, ClassLabel names other than fields.classes; std::runtime_error for
-  // a file that is not Arrow or is damaged (ArrowTable).
-  ArrowRecords(const std::string& path, SampleKind kind, const TextFields& fields);
+  // a file that is damaged or not of its format (ArrowTable, ParquetTable).
+  TableRecords(const std::string& path, SampleKind kind, const TextFields& fields);
 
   int64_t rows() const { return table_->rows(); }
   // The row's fields into `s` (s.key already set). Throws std::runtime_error naming s.key for a null text or
@@ -33,18 +33,18 @@ class ArrowRecords {
   void read(int64_t row, RawSample& s) const;
 
  private:
-  int find(const std::string& field, const std::string& key, const std::vector<ArrowKind>& kinds) const;
+  int find(const std::string& field, const std::string& key, const std::vector<ColumnKind>& kinds) const;
 
   std::string path_;
   io::FileBytes bytes_;
-  std::unique_ptr<ArrowTable> table_;
+  std::unique_ptr<ColumnTable> table_;
   std::vector<int> text_;  // one column per text field
   int label_ = -1;
   int image_ = -1, image_path_ = -1;  // the encoded bytes; the path beside them (an Image struct), or -1
   std::vector<std::string> classes_;
 };
 
-// The names of `column`'s ClassLabel in datasets' features of the .arrow file at `path` (what transformers'
+// The names of `column`'s ClassLabel in datasets' features of the .arrow or .parquet file at `path` (what transformers'
 // run_glue takes a classifier's classes from); empty when it is not a ClassLabel. Throws as ArrowTable.
 std::vector<std::string> class_label_names(const std::string& path, const std::string& column);
 

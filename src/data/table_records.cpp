@@ -1,10 +1,12 @@
-#include "data/arrow_dataset.h"
+#include "data/table_records.h"
 
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
 #include <stdexcept>
 
+#include "data/arrow_ipc.h"
+#include "data/parquet.h"
 #include "data/records.h"
 #include "shardtrain/io/files.h"
 
@@ -13,7 +15,7 @@ namespace {
 
 // datasets' features by column name ({"label": {"_type": "ClassLabel", "names": [...]}, ...}); empty when the file
 // carries none (pyarrow wrote it) or they do not parse (the Arrow types still say what each column holds).
-nlohmann::json features_of(const ArrowTable& table) {
+nlohmann::json features_of(const ColumnTable& table) {
   const std::string text = table.metadata("huggingface");
   if (text.empty()) return nlohmann::json::object();
   const nlohmann::json j = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
@@ -49,14 +51,21 @@ std::string list_of(const std::vector<std::string>& names) {
   return "[" + out + "]";
 }
 
+// The table of a file by its format (the extension, as records.h's record_format_of).
+std::unique_ptr<ColumnTable> open_table(const io::FileBytes& bytes, const std::string& path) {
+  const std::string_view view(bytes.data(), bytes.size());
+  if (record_format_of(path) == RecordFormat::PARQUET) return std::make_unique<ParquetTable>(view, path);
+  return std::make_unique<ArrowTable>(view, path);
+}
+
 }  // namespace
 
-ArrowRecords::ArrowRecords(const std::string& path, SampleKind kind, const TextFields& fields)
+TableRecords::TableRecords(const std::string& path, SampleKind kind, const TextFields& fields)
     : path_(path), bytes_(io::file_bytes(path)), classes_(fields.classes) {
-  table_ = std::make_unique<ArrowTable>(std::string_view(bytes_.data(), bytes_.size()), path);
+  table_ = open_table(bytes_, path);
   const nlohmann::json features = features_of(*table_);
   if (kind != SampleKind::IMAGE) {
-    for (const std::string& name : fields.text) text_.push_back(find(name, "data.text_fields", {ArrowKind::UTF8}));
+    for (const std::string& name : fields.text) text_.push_back(find(name, "data.text_fields", {ColumnKind::UTF8}));
   }
   if (kind != SampleKind::TEXT) {
     // The configured column, else the one datasets marks as an Image when there is exactly one.
@@ -68,19 +77,19 @@ ArrowRecords::ArrowRecords(const std::string& path, SampleKind kind, const TextF
       }
       if (images.size() == 1) name = images[0];
     }
-    image_ = find(name, "data.image_field", {ArrowKind::BINARY, ArrowKind::STRUCT});
-    if (table_->columns()[static_cast<size_t>(image_)].kind == ArrowKind::STRUCT) {  // datasets' Image: {bytes, path}
+    image_ = find(name, "data.image_field", {ColumnKind::BINARY, ColumnKind::STRUCT});
+    if (table_->columns()[static_cast<size_t>(image_)].kind == ColumnKind::STRUCT) {  // datasets' Image: {bytes, path}
       const int bytes = table_->column(name + ".bytes"), file = table_->column(name + ".path");
-      if (bytes < 0 || table_->columns()[static_cast<size_t>(bytes)].kind != ArrowKind::BINARY) {
+      if (bytes < 0 || table_->columns()[static_cast<size_t>(bytes)].kind != ColumnKind::BINARY) {
         throw std::invalid_argument("data file '" + path + "': column '" + name +
                                     "' is a struct without binary 'bytes' (datasets' Image holds {bytes, path})");
       }
       image_ = bytes;
-      if (file >= 0 && table_->columns()[static_cast<size_t>(file)].kind == ArrowKind::UTF8) image_path_ = file;
+      if (file >= 0 && table_->columns()[static_cast<size_t>(file)].kind == ColumnKind::UTF8) image_path_ = file;
     }
   }
   if (!fields.label.empty()) {
-    label_ = find(fields.label, "data.label_field", {ArrowKind::INT, ArrowKind::BOOL, ArrowKind::UTF8});
+    label_ = find(fields.label, "data.label_field", {ColumnKind::INT, ColumnKind::BOOL, ColumnKind::UTF8});
     const std::vector<std::string> names = class_names(features, fields.label);
     if (!names.empty() && !classes_.empty() && names != classes_) {
         throw std::invalid_argument("data file '" + path + "': column '" + fields.label + "' holds the classes " +
@@ -93,10 +102,10 @@ ArrowRecords::ArrowRecords(const std::string& path, SampleKind kind, const TextF
 
 std::vector<std::string> class_label_names(const std::string& path, const std::string& column) {
   const io::FileBytes bytes = io::file_bytes(path);
-  return class_names(features_of(ArrowTable(std::string_view(bytes.data(), bytes.size()), path)), column);
+  return class_names(features_of(*open_table(bytes, path)), column);
 }
 
-int ArrowRecords::find(const std::string& field, const std::string& key, const std::vector<ArrowKind>& kinds) const {
+int TableRecords::find(const std::string& field, const std::string& key, const std::vector<ColumnKind>& kinds) const {
   const int c = table_->column(field);
   if (c < 0 || table_->columns()[static_cast<size_t>(c)].parent >= 0) {
     std::vector<std::string> columns;
@@ -106,7 +115,7 @@ int ArrowRecords::find(const std::string& field, const std::string& key, const s
     throw std::invalid_argument("data file '" + path_ + "': no column '" + field + "' (" + key + "); it has " +
                                 list_of(columns));
   }
-  const ArrowColumn& col = table_->columns()[static_cast<size_t>(c)];
+  const TableColumn& col = table_->columns()[static_cast<size_t>(c)];
   if (std::find(kinds.begin(), kinds.end(), col.kind) == kinds.end()) {
     const char* wanted = key == "data.label_field" ? "whole numbers or strings"
                          : key == "data.image_field" ? "encoded images (binary, or datasets' Image)" : "strings";
@@ -116,7 +125,7 @@ int ArrowRecords::find(const std::string& field, const std::string& key, const s
   return c;
 }
 
-void ArrowRecords::read(int64_t row, RawSample& s) const {
+void TableRecords::read(int64_t row, RawSample& s) const {
   for (size_t i = 0; i < text_.size(); ++i) {
     const int c = text_[i];
     if (table_->is_null(c, row)) {
@@ -142,10 +151,10 @@ void ArrowRecords::read(int64_t row, RawSample& s) const {
     }
   }
   if (label_ < 0) return;
-  const ArrowColumn& c = table_->columns()[static_cast<size_t>(label_)];
+  const TableColumn& c = table_->columns()[static_cast<size_t>(label_)];
   if (table_->is_null(label_, row)) throw std::runtime_error(s.key + ": label '" + c.path + "' is null");
   const std::string value =
-      c.kind == ArrowKind::UTF8 ? std::string(table_->bytes(label_, row)) : std::to_string(table_->integer(label_, row));
+      c.kind == ColumnKind::UTF8 ? std::string(table_->bytes(label_, row)) : std::to_string(table_->integer(label_, row));
   const int64_t id = class_of(value, classes_);
   if (id < 0) throw std::runtime_error(s.key + ": " + not_a_class(value, classes_));
   s.label = id;

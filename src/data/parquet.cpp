@@ -1,0 +1,740 @@
+#include "data/parquet.h"
+
+#include <snappy-c.h>
+#include <zlib.h>
+#include <zstd.h>
+
+#include <algorithm>
+#include <cstring>
+#include <stdexcept>
+
+namespace shardtrain::data {
+namespace {
+
+// Thrift's compact encoding, read with every byte checked against the end: a struct is fields until a 0 byte, each
+// headed by a byte [id delta (4 bits, 0: a zigzag varint id follows) | type (4 bits)]; integers are zigzag varints,
+// binaries a varint length then the bytes, a list a byte [size (4 bits, 15: a varint follows) | element type].
+enum ThriftType { kStop = 0, kTrue = 1, kFalse = 2, kByte = 3, kI16 = 4, kI32 = 5, kI64 = 6, kDouble = 7,
+                  kBinary = 8, kList = 9, kSet = 10, kMap = 11, kStruct = 12 };
+constexpr int kMaxThriftDepth = 32;
+
+class Thrift {
+ public:
+  Thrift(const char* begin, const char* end, std::string what) : p_(begin), end_(end), what_(std::move(what)) {}
+  const char* position() const { return p_; }
+
+  uint8_t byte() {
+    if (p_ >= end_) fail("ends early");
+    return static_cast<uint8_t>(*p_++);
+  }
+  uint64_t varint() {
+    uint64_t v = 0;
+    for (int shift = 0; shift < 64; shift += 7) {
+      const uint8_t b = byte();
+      v |= static_cast<uint64_t>(b & 0x7f) << shift;
+      if (!(b & 0x80)) return v;
+    }
+    fail("has a varint longer than 10 bytes");
+  }
+  int64_t zigzag() {
+    const uint64_t v = varint();
+    return static_cast<int64_t>(v >> 1) ^ -static_cast<int64_t>(v & 1);
+  }
+  int64_t integer(int type) {  // a field of any integer type
+    if (type == kByte) return static_cast<int8_t>(byte());
+    if (type == kI16 || type == kI32 || type == kI64) return zigzag();
+    fail("has an integer field of type " + std::to_string(type));
+  }
+  std::string_view binary() {
+    const uint64_t n = varint();
+    if (n > static_cast<uint64_t>(end_ - p_)) fail("has a string past its end");
+    const std::string_view s(p_, n);
+    p_ += n;
+    return s;
+  }
+  // The next field of a struct; false at its end. `last` is the previous field's id (ids are deltas).
+  bool field(int16_t& last, int16_t& id, int& type) {
+    const uint8_t b = byte();
+    if (b == kStop) return false;
+    type = b & 0x0f;
+    const int delta = b >> 4;
+    id = delta ? static_cast<int16_t>(last + delta) : static_cast<int16_t>(zigzag());
+    last = id;
+    return true;
+  }
+  int64_t list(int& element_type) {  // the list's size
+    const uint8_t b = byte();
+    element_type = b & 0x0f;
+    const int64_t n = (b >> 4) == 15 ? static_cast<int64_t>(varint()) : b >> 4;
+    if (n < 0 || n > end_ - p_) fail("has a list of " + std::to_string(n) + " elements in fewer bytes");
+    return n;
+  }
+  void skip(int type, int depth = 0) {
+    if (depth > kMaxThriftDepth) fail("nests deeper than " + std::to_string(kMaxThriftDepth));
+    switch (type) {
+      case kTrue: case kFalse: return;
+      case kByte: byte(); return;
+      case kI16: case kI32: case kI64: varint(); return;
+      case kDouble:
+        if (end_ - p_ < 8) fail("ends early");
+        p_ += 8;
+        return;
+      case kBinary: binary(); return;
+      case kList: case kSet: {
+        int element = 0;
+        const int64_t n = list(element);
+        for (int64_t i = 0; i < n; ++i) element == kTrue || element == kFalse ? (void)byte() : skip(element, depth + 1);
+        return;
+      }
+      case kMap: {
+        const uint64_t n = varint();
+        if (n == 0) return;
+        if (n > static_cast<uint64_t>(end_ - p_)) fail("has a map larger than its bytes");
+        const uint8_t types = byte();
+        for (uint64_t i = 0; i < n; ++i) skip(types >> 4, depth + 1), skip(types & 0x0f, depth + 1);
+        return;
+      }
+      case kStruct: {
+        int16_t last = 0, id = 0;
+        int t = 0;
+        while (field(last, id, t)) skip(t, depth + 1);
+        return;
+      }
+      default: fail("has a field of unknown type " + std::to_string(type));
+    }
+  }
+  [[noreturn]] void fail(const std::string& why) const { throw std::runtime_error(what_ + " " + why); }
+
+ private:
+  const char* p_;
+  const char* end_;
+  std::string what_;  // for errors: "file.parquet: column 'text' in row group 2's values"
+};
+
+// Parquet's enums (parquet.thrift).
+enum Physical { kBoolean = 0, kInt32 = 1, kInt64 = 2, kInt96 = 3, kFloat = 4, kDouble64 = 5, kByteArray = 6,
+                kFixedLenByteArray = 7 };
+enum Repetition { kRequired = 0, kOptional = 1, kRepeated = 2 };
+enum PageType { kDataPage = 0, kIndexPage = 1, kDictionaryPage = 2, kDataPageV2 = 3 };
+enum Encoding { kPlain = 0, kPlainDictionary = 2, kRle = 3, kRleDictionary = 8 };
+constexpr const char* kCodecs[] = {"uncompressed", "snappy", "gzip", "lzo", "brotli", "lz4", "zstd", "lz4_raw"};
+constexpr int64_t kMaxPageBytes = int64_t{1} << 30;  // what a page may decompress to: 1 GiB
+
+struct SchemaElement {
+  int type = -1, repetition = kRequired, num_children = 0, converted = -1;
+  int logical = 0;                   // the LogicalType union's member: STRING 1, MAP 2, LIST 3, ..., INTEGER 10
+  int int_bits = 0;                  // INTEGER's bitWidth
+  bool int_signed = true;
+  std::string name;
+};
+
+SchemaElement read_schema_element(Thrift& t) {
+  SchemaElement e;
+  int16_t last = 0, id = 0;
+  int type = 0;
+  while (t.field(last, id, type)) {
+    if (id == 1 && type == kI32) e.type = static_cast<int>(t.zigzag());
+    else if (id == 3 && type == kI32) e.repetition = static_cast<int>(t.zigzag());
+    else if (id == 4 && type == kBinary) e.name = std::string(t.binary());
+    else if (id == 5 && type == kI32) e.num_children = static_cast<int>(t.zigzag());
+    else if (id == 6 && type == kI32) e.converted = static_cast<int>(t.zigzag());
+    else if (id == 10 && type == kStruct) {
+      int16_t l2 = 0, member = 0;
+      int t2 = 0;
+      while (t.field(l2, member, t2)) {
+        if (t2 != kStruct) { t.skip(t2); continue; }
+        e.logical = member;
+        int16_t l3 = 0, f = 0;
+        int t3 = 0;
+        while (t.field(l3, f, t3)) {
+          if (member == 10 && f == 1) e.int_bits = static_cast<int>(t.integer(t3));
+          else if (member == 10 && f == 2) e.int_signed = t3 == kTrue;
+          else t.skip(t3);
+        }
+      }
+    } else {
+      t.skip(type);
+    }
+  }
+  return e;
+}
+
+struct ChunkMeta {
+  int type = -1, codec = 0;
+  int64_t values = 0, compressed = 0, data_page = -1, dictionary_page = -1;
+  bool external = false;  // the chunk lives in another file (file_path)
+};
+
+ChunkMeta read_chunk(Thrift& t) {
+  ChunkMeta c;
+  int16_t last = 0, id = 0;
+  int type = 0;
+  while (t.field(last, id, type)) {
+    if (id == 1 && type == kBinary) {
+      c.external = !t.binary().empty();
+    } else if (id == 3 && type == kStruct) {  // ColumnMetaData
+      int16_t l2 = 0, f = 0;
+      int t2 = 0;
+      while (t.field(l2, f, t2)) {
+        if (f == 1 && t2 == kI32) c.type = static_cast<int>(t.zigzag());
+        else if (f == 4 && t2 == kI32) c.codec = static_cast<int>(t.zigzag());
+        else if (f == 5 && t2 == kI64) c.values = t.zigzag();
+        else if (f == 7 && t2 == kI64) c.compressed = t.zigzag();
+        else if (f == 9 && t2 == kI64) c.data_page = t.zigzag();
+        else if (f == 11 && t2 == kI64) c.dictionary_page = t.zigzag();
+        else t.skip(t2);
+      }
+    } else {
+      t.skip(type);
+    }
+  }
+  return c;
+}
+
+struct PageHeader {
+  int type = -1;
+  int64_t uncompressed = 0, compressed = 0, values = 0;
+  int encoding = 0;
+  int64_t def_bytes = 0, rep_bytes = 0;  // v2: the levels' sizes, stored uncompressed before the values
+  bool compressed_values = true;         // v2's is_compressed
+};
+
+PageHeader read_page_header(Thrift& t) {
+  PageHeader h;
+  int16_t last = 0, id = 0;
+  int type = 0;
+  while (t.field(last, id, type)) {
+    if (id == 1 && type == kI32) h.type = static_cast<int>(t.zigzag());
+    else if (id == 2 && type == kI32) h.uncompressed = t.zigzag();
+    else if (id == 3 && type == kI32) h.compressed = t.zigzag();
+    else if ((id == 5 || id == 7 || id == 8) && type == kStruct) {  // data, dictionary, data v2 page headers
+      int16_t l2 = 0, f = 0;
+      int t2 = 0;
+      while (t.field(l2, f, t2)) {
+        if (f == 1 && t2 == kI32) h.values = t.zigzag();
+        else if (id == 5 && f == 2 && t2 == kI32) h.encoding = static_cast<int>(t.zigzag());
+        else if (id == 7 && f == 2 && t2 == kI32) h.encoding = static_cast<int>(t.zigzag());
+        else if (id == 8 && f == 4 && t2 == kI32) h.encoding = static_cast<int>(t.zigzag());
+        else if (id == 8 && f == 5 && t2 == kI32) h.def_bytes = t.zigzag();
+        else if (id == 8 && f == 6 && t2 == kI32) h.rep_bytes = t.zigzag();
+        else if (id == 8 && f == 7 && (t2 == kTrue || t2 == kFalse)) h.compressed_values = t2 == kTrue;
+        else t.skip(t2);
+      }
+    } else {
+      t.skip(type);
+    }
+  }
+  return h;
+}
+
+uint32_t load_u32(const char* p) {
+  uint32_t v;
+  std::memcpy(&v, p, 4);
+  return v;
+}
+
+// The RLE / bit-packing hybrid: runs headed by a varint, odd: (header >> 1) groups of 8 values bit-packed LSB
+// first, even: (header >> 1) repeats of one value in ceil(bit_width / 8) bytes. Appends `count` values to `out`.
+void read_hybrid(Thrift& t, const char* end, int bit_width, int64_t count, std::vector<uint32_t>& out) {
+  if (bit_width < 0 || bit_width > 32) t.fail("has a bit width of " + std::to_string(bit_width));
+  const size_t target = out.size() + static_cast<size_t>(count);
+  while (out.size() < target) {
+    const uint64_t header = t.varint();
+    const uint64_t left = target - out.size();
+    if (header & 1) {
+      const uint64_t groups = header >> 1;
+      if (groups == 0) t.fail("has an empty bit-packed run");
+      const int64_t available = end - t.position();
+      if (bit_width > 0 && groups > static_cast<uint64_t>(available) / static_cast<uint64_t>(bit_width)) {
+        t.fail("has a bit-packed run past its end");
+      }
+      const auto* p = reinterpret_cast<const uint8_t*>(t.position());
+      const uint64_t n = std::min<uint64_t>(groups * 8, left);
+      for (uint64_t i = 0; i < n; ++i) {
+        uint64_t v = 0;
+        for (int b = 0; b < bit_width; ++b) {
+          const uint64_t bit = i * static_cast<uint64_t>(bit_width) + static_cast<uint64_t>(b);
+          v |= static_cast<uint64_t>((p[bit >> 3] >> (bit & 7)) & 1) << b;
+        }
+        out.push_back(static_cast<uint32_t>(v));
+      }
+      for (uint64_t i = 0; i < groups * static_cast<uint64_t>(bit_width); ++i) t.byte();  // step over the run
+    } else {
+      const uint64_t n = header >> 1;
+      if (n == 0) t.fail("has an empty run");
+      uint32_t v = 0;
+      for (int b = 0; b < (bit_width + 7) / 8; ++b) v |= static_cast<uint32_t>(t.byte()) << (8 * b);
+      if (bit_width < 32 && (v >> bit_width) != 0) t.fail("has a run value wider than its bit width");
+      out.insert(out.end(), static_cast<size_t>(std::min(n, left)), v);
+    }
+  }
+}
+
+int bit_width_of(int max_value) {
+  int w = 0;
+  while ((1 << w) <= max_value) ++w;
+  return w;
+}
+
+}  // namespace
+
+// A leaf's values in one row group: per row its definition level, and its value (whole numbers, or byte ranges).
+struct ParquetTable::Values {
+  std::vector<uint8_t> level;
+  std::vector<int64_t> ints;     // BOOLEAN, INT32, INT64
+  std::vector<int64_t> offsets;  // BYTE_ARRAY: row r is data[offsets[r], offsets[r + 1])
+  std::string data;
+};
+
+ParquetTable::ParquetTable(std::string_view bytes, std::string name) : bytes_(bytes), name_(std::move(name)) {
+  const size_t size = bytes_.size();
+  if (size >= 4 && bytes_.substr(size - 4) == "PARE") fail("an encrypted Parquet file, which is not read");
+  if (size < 12 || bytes_.substr(0, 4) != "PAR1" || bytes_.substr(size - 4) != "PAR1") {
+    fail("not a Parquet file (no PAR1 at its start and end; cut short?)");
+  }
+  const uint32_t footer = load_u32(bytes_.data() + size - 8);
+  if (footer > size - 12) fail("a footer of " + std::to_string(footer) + " bytes in a " + std::to_string(size) + "-byte file");
+  const std::string what = name_ + ": the footer";
+  Thrift t(bytes_.data() + size - 8 - footer, bytes_.data() + size - 8, what);
+  std::vector<SchemaElement> schema;
+  int64_t num_rows = -1;
+  std::vector<std::pair<int64_t, std::vector<ChunkMeta>>> row_groups;
+  int16_t last = 0, id = 0;
+  int type = 0;
+  while (t.field(last, id, type)) {
+    int element = 0;
+    if (id == 2 && type == kList) {
+      const int64_t n = t.list(element);
+      for (int64_t i = 0; i < n; ++i) schema.push_back(read_schema_element(t));
+    } else if (id == 3 && type == kI64) {
+      num_rows = t.zigzag();
+    } else if (id == 4 && type == kList) {
+      const int64_t n = t.list(element);
+      for (int64_t i = 0; i < n; ++i) {
+        auto& group = row_groups.emplace_back(-1, std::vector<ChunkMeta>{});
+        int16_t l2 = 0, f = 0;
+        int t2 = 0;
+        while (t.field(l2, f, t2)) {
+          if (f == 1 && t2 == kList) {
+            int e2 = 0;
+            const int64_t chunks = t.list(e2);
+            for (int64_t c = 0; c < chunks; ++c) group.second.push_back(read_chunk(t));
+          } else if (f == 3 && t2 == kI64) {
+            group.first = t.zigzag();
+          } else {
+            t.skip(t2);
+          }
+        }
+      }
+    } else if (id == 5 && type == kList) {
+      const int64_t n = t.list(element);
+      for (int64_t i = 0; i < n; ++i) {
+        std::string key, value;
+        int16_t l2 = 0, f = 0;
+        int t2 = 0;
+        while (t.field(l2, f, t2)) {
+          if (f == 1 && t2 == kBinary) key = std::string(t.binary());
+          else if (f == 2 && t2 == kBinary) value = std::string(t.binary());
+          else t.skip(t2);
+        }
+        metadata_.emplace_back(std::move(key), std::move(value));
+      }
+    } else {
+      t.skip(type);
+    }
+  }
+  if (schema.empty() || num_rows < 0) fail("a footer without a schema or a row count");
+
+  // The schema's tree, depth first from the root (schema[0], the table itself, not a column).
+  size_t next = 1;
+  auto add = [&](auto&& self, int parent, int level, int depth) -> void {
+    if (next >= schema.size()) fail("a schema whose groups claim more children than it has");
+    if (depth > kMaxThriftDepth) fail("a schema nested deeper than " + std::to_string(kMaxThriftDepth));
+    const SchemaElement& e = schema[next++];
+    TableColumn c;
+    Node node;
+    c.path = parent < 0 ? e.name : columns_[static_cast<size_t>(parent)].path + "." + e.name;
+    c.parent = parent;
+    node.level = level + (e.repetition != kRequired ? 1 : 0);
+    const TableColumn* up = parent < 0 ? nullptr : &columns_[static_cast<size_t>(parent)];
+    c.per_row = e.repetition != kRepeated && (!up || (up->kind == ColumnKind::STRUCT && up->per_row));
+    const bool group = e.num_children > 0 || e.type < 0;
+    if (group) {
+      const bool list = e.converted == 1 || e.converted == 3 || e.logical == 2 || e.logical == 3;
+      c.kind = list ? ColumnKind::LIST : ColumnKind::STRUCT;
+      c.type = list ? "list" : "struct";
+    } else {
+      node.physical = e.type;
+      node.leaf = static_cast<int>(leaves_.size());
+      leaves_.push_back(static_cast<int>(columns_.size()));
+      const bool annotated_int = e.logical == 10 || (e.converted >= 11 && e.converted <= 18);
+      if (e.type == kBoolean) {
+        c.kind = ColumnKind::BOOL, c.type = "bool";
+      } else if ((e.type == kInt32 || e.type == kInt64) && (annotated_int || (e.converted < 0 && e.logical == 0))) {
+        int bits = e.type == kInt32 ? 32 : 64;
+        bool is_signed = true;
+        if (e.logical == 10) bits = e.int_bits, is_signed = e.int_signed;
+        else if (e.converted >= 11 && e.converted <= 14) bits = 8 << (e.converted - 11), is_signed = false;
+        else if (e.converted >= 15) bits = 8 << (e.converted - 15);
+        c.kind = ColumnKind::INT, c.width = bits / 8, c.is_signed = is_signed;
+        c.type = std::string(is_signed ? "int" : "uint") + std::to_string(bits);
+      } else if (e.type == kByteArray) {
+        const bool text = e.converted == 0 || e.logical == 1 || e.logical == 12;  // UTF8, STRING, JSON
+        c.kind = text ? ColumnKind::UTF8 : ColumnKind::BINARY;
+        c.type = text ? "string" : "binary";
+      } else if (e.type == kFloat || e.type == kDouble64) {
+        c.kind = ColumnKind::FLOAT, c.width = e.type == kFloat ? 4 : 8;
+        c.type = e.type == kFloat ? "float32" : "float64";
+      } else {
+        c.type = e.type == kInt96 ? "int96" : e.type == kFixedLenByteArray ? "fixed_size_binary" : "annotated " +
+                 std::string(e.type == kInt32 ? "int32" : "int64");  // dates, times, timestamps, decimals
+      }
+    }
+    columns_.push_back(c);
+    nodes_.push_back(node);
+    const int self_index = static_cast<int>(columns_.size()) - 1;
+    for (int i = 0; i < e.num_children; ++i) self(self, self_index, node.level, depth + 1);
+    nodes_[static_cast<size_t>(self_index)].first_leaf =
+        node.leaf >= 0 ? node.leaf : (static_cast<size_t>(self_index) + 1 < columns_.size()
+                                          ? nodes_[static_cast<size_t>(self_index) + 1].first_leaf : -1);
+  };
+  for (int i = 0; i < schema[0].num_children; ++i) add(add, -1, 0, 0);
+  if (next != schema.size()) fail("a schema of " + std::to_string(schema.size()) + " elements, its tree " +
+                                  std::to_string(next));
+
+  const int64_t footer_start = static_cast<int64_t>(size - 8 - footer);
+  for (const auto& [group_rows, chunks] : row_groups) {
+    const std::string where = "row group " + std::to_string(groups_.size());
+    if (group_rows < 0 || group_rows > num_rows - rows_) fail(where + " has " + std::to_string(group_rows) + " rows");
+    if (chunks.size() != leaves_.size()) {
+      fail(where + " has " + std::to_string(chunks.size()) + " column chunks for " + std::to_string(leaves_.size()) +
+           " columns");
+    }
+    Group g;
+    g.first_row = rows_, g.rows = group_rows;
+    for (size_t l = 0; l < chunks.size(); ++l) {
+      const ChunkMeta& m = chunks[l];
+      const std::string& column = columns_[static_cast<size_t>(leaves_[l])].path;
+      if (m.external) fail(where + ": column '" + column + "' is stored in another file, which is not read");
+      Chunk c;
+      c.codec = m.codec;
+      c.start = m.dictionary_page > 0 && m.dictionary_page < m.data_page ? m.dictionary_page : m.data_page;
+      c.size = m.compressed;
+      if (c.start < 4 || c.size < 0 || c.start > footer_start || c.size > footer_start - c.start) {
+        fail(where + ": column '" + column + "' has " + std::to_string(c.size) + " bytes at " +
+             std::to_string(c.start) + ", outside the data before the footer (" + std::to_string(footer_start) + ")");
+      }
+      if (m.type != nodes_[static_cast<size_t>(leaves_[l])].physical) {
+        fail(where + ": column '" + column + "' holds type " + std::to_string(m.type) + ", its schema says " +
+             std::to_string(nodes_[static_cast<size_t>(leaves_[l])].physical));
+      }
+      g.chunks.push_back(c);
+    }
+    rows_ += group_rows;
+    groups_.push_back(std::move(g));
+  }
+  if (rows_ != num_rows) fail("row groups of " + std::to_string(rows_) + " rows, the footer says " +
+                              std::to_string(num_rows));
+}
+
+ParquetTable::~ParquetTable() = default;
+
+void ParquetTable::fail(const std::string& what) const { throw std::runtime_error(name_ + ": " + what); }
+
+std::string ParquetTable::metadata(const std::string& key) const {
+  for (const auto& [k, v] : metadata_) {
+    if (k == key) return v;
+  }
+  return "";
+}
+
+std::shared_ptr<const ParquetTable::Values> ParquetTable::values(int column, int64_t& row) const {
+  if (column < 0 || static_cast<size_t>(column) >= columns_.size()) fail("no column " + std::to_string(column));
+  const TableColumn& c = columns_[static_cast<size_t>(column)];
+  if (!c.per_row) fail("column '" + c.path + "' holds a list's items, not a value per row");
+  if (row < 0 || row >= rows_) fail("row " + std::to_string(row) + " of " + std::to_string(rows_));
+  const int leaf = nodes_[static_cast<size_t>(column)].first_leaf;
+  if (leaf < 0) fail("column '" + c.path + "' has no values (an empty group)");
+  if (c.kind == ColumnKind::LIST || !columns_[static_cast<size_t>(leaves_[static_cast<size_t>(leaf)])].per_row) {
+    fail("column '" + c.path + "' is a list (or a struct whose first field is one), whose rows are not read");
+  }
+  const auto g = std::upper_bound(groups_.begin(), groups_.end(), row,
+                                  [](int64_t r, const Group& x) { return r < x.first_row; }) - 1;
+  row -= g->first_row;
+  const int64_t key = (g - groups_.begin()) * static_cast<int64_t>(leaves_.size()) + leaf;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    for (auto it = cache_.begin(); it != cache_.end(); ++it) {
+      if (it->first != key) continue;
+      cache_.splice(cache_.begin(), cache_, it);
+      return cache_.front().second;
+    }
+  }
+  // Decoded outside the lock (another thread may decode the same group meanwhile: the same values, kept once).
+  std::shared_ptr<const Values> v = decode(leaves_[static_cast<size_t>(leaf)], *g);
+  constexpr size_t kCachedColumns = 16;  // leaves of row groups, most recently read first
+  std::lock_guard<std::mutex> lock(mutex_);
+  cache_.emplace_front(key, v);
+  if (cache_.size() > kCachedColumns) cache_.pop_back();
+  return v;
+}
+
+std::shared_ptr<const ParquetTable::Values> ParquetTable::decode(int column, const Group& group) const {
+  const TableColumn& c = columns_[static_cast<size_t>(column)];
+  const Node& node = nodes_[static_cast<size_t>(column)];
+  const Chunk& chunk = group.chunks[static_cast<size_t>(node.leaf)];
+  const std::string what = name_ + ": column '" + c.path + "' in row group " +
+                           std::to_string(&group - groups_.data());
+  const int physical = node.physical;
+  if (physical != kBoolean && physical != kInt32 && physical != kInt64 && physical != kByteArray) {
+    throw std::runtime_error(what + " holds " + c.type + " values, which are not read");
+  }
+  if (chunk.codec < 0 || chunk.codec > 7 || (chunk.codec != 0 && chunk.codec != 1 && chunk.codec != 2 &&
+                                              chunk.codec != 6)) {
+    throw std::runtime_error(what + " is compressed with " +
+                             (chunk.codec >= 0 && chunk.codec <= 7 ? kCodecs[chunk.codec] : std::to_string(chunk.codec)) +
+                             ", which is not read (snappy, gzip, zstd or none are)");
+  }
+  auto out = std::make_shared<Values>();
+  std::vector<int64_t> dict_ints, dict_offsets;
+  std::string dict_data;
+  bool have_dictionary = false;
+  const int max_level = node.level;
+  const int level_width = bit_width_of(max_level);
+  std::string buffer;  // a decompressed page
+
+  auto decompress = [&](const char* p, int64_t n, int64_t expected) -> std::string_view {
+    // Bounded before allocating: by what the codec can expand n bytes to (Snappy: its own length header; deflate:
+    // 1032:1), and by kMaxPageBytes.
+    size_t snappy_length = 0;
+    const bool bounded =
+        chunk.codec == 1 ? snappy_uncompressed_length(p, static_cast<size_t>(n), &snappy_length) == SNAPPY_OK &&
+                               static_cast<int64_t>(snappy_length) == expected
+        : chunk.codec == 2 ? expected <= 1032 * n + 1024
+                           : true;
+    if (expected < 0 || expected > kMaxPageBytes || !bounded) {
+      throw std::runtime_error(what + ": a page of " + std::to_string(n) + " bytes that says it holds " +
+                               std::to_string(expected));
+    }
+    if (chunk.codec == 0) {
+      if (n != expected) throw std::runtime_error(what + ": an uncompressed page of " + std::to_string(n) +
+                                                  " bytes that says " + std::to_string(expected));
+      return {p, static_cast<size_t>(n)};
+    }
+    buffer.resize(static_cast<size_t>(expected));
+    size_t got = buffer.size();
+    bool ok = false;
+    if (chunk.codec == 1) {
+      ok = snappy_uncompress(p, static_cast<size_t>(n), buffer.data(), &got) == SNAPPY_OK;
+    } else if (chunk.codec == 6) {
+      got = ZSTD_decompress(buffer.data(), buffer.size(), p, static_cast<size_t>(n));
+      ok = !ZSTD_isError(got);
+    } else {
+      z_stream z{};
+      ok = inflateInit2(&z, 15 + 32) == Z_OK;  // gzip or zlib headers
+      if (ok) {
+        z.next_in = reinterpret_cast<Bytef*>(const_cast<char*>(p));
+        z.avail_in = static_cast<uInt>(n);
+        z.next_out = reinterpret_cast<Bytef*>(buffer.data());
+        z.avail_out = static_cast<uInt>(buffer.size());
+        ok = inflate(&z, Z_FINISH) == Z_STREAM_END;
+        got = z.total_out;
+        inflateEnd(&z);
+      }
+    }
+    if (!ok || got != buffer.size()) {
+      throw std::runtime_error(what + ": a page does not decompress (" + kCodecs[chunk.codec] + ") to the " +
+                               std::to_string(expected) + " bytes its header says");
+    }
+    return buffer;
+  };
+  // `count` PLAIN values from t into ints or (offsets, data).
+  auto plain = [&](Thrift& t, const char* end, int64_t count, std::vector<int64_t>& ints,
+                   std::vector<int64_t>& offsets, std::string& data) {
+    if (physical == kBoolean) {
+      for (int64_t i = 0; i < count; ++i) {
+        if (i % 8 == 0 && end - t.position() < 1) t.fail("ends inside its booleans");
+        ints.push_back((static_cast<uint8_t>(t.position()[0]) >> (i % 8)) & 1);
+        if (i % 8 == 7 || i + 1 == count) t.byte();
+      }
+    } else if (physical == kInt32 || physical == kInt64) {
+      const int width = physical == kInt32 ? 4 : 8;
+      if (count > (end - t.position()) / width) t.fail("ends inside its values");
+      for (int64_t i = 0; i < count; ++i) {
+        int64_t v = 0;
+        if (width == 4) {
+          int32_t w;
+          std::memcpy(&w, t.position(), 4);
+          v = c.is_signed ? w : static_cast<int64_t>(static_cast<uint32_t>(w));
+        } else {
+          std::memcpy(&v, t.position(), 8);
+        }
+        ints.push_back(v);
+        for (int b = 0; b < width; ++b) t.byte();
+      }
+    } else {
+      if (offsets.empty()) offsets.push_back(0);
+      for (int64_t i = 0; i < count; ++i) {
+        if (end - t.position() < 4) t.fail("ends inside its values");
+        const uint32_t n = load_u32(t.position());
+        for (int b = 0; b < 4; ++b) t.byte();
+        if (n > static_cast<uint64_t>(end - t.position())) t.fail("has a value past its end");
+        data.append(t.position(), n);
+        for (uint32_t b = 0; b < n; ++b) t.byte();
+        offsets.push_back(static_cast<int64_t>(data.size()));
+      }
+    }
+  };
+
+  const char* p = bytes_.data() + chunk.start;
+  const char* chunk_end = p + chunk.size;
+  int64_t rows = 0;
+  out->offsets.push_back(0);
+  std::vector<uint32_t> levels, indices;
+  while (rows < group.rows) {
+    if (p >= chunk_end) throw std::runtime_error(what + " ends after " + std::to_string(rows) + " of " +
+                                                 std::to_string(group.rows) + " rows");
+    Thrift header(p, chunk_end, what + "'s page header");
+    const PageHeader h = read_page_header(header);
+    p = header.position();
+    if (h.compressed < 0 || h.compressed > chunk_end - p) {
+      throw std::runtime_error(what + ": a page of " + std::to_string(h.compressed) + " bytes past the chunk's end");
+    }
+    const char* page = p;
+    p += h.compressed;
+    if (h.type == kIndexPage) continue;
+    if (h.type == kDictionaryPage) {
+      if (h.encoding != kPlain && h.encoding != kPlainDictionary) {
+        throw std::runtime_error(what + ": a dictionary page in encoding " + std::to_string(h.encoding));
+      }
+      const std::string_view d = decompress(page, h.compressed, h.uncompressed);
+      if (h.values < 0) throw std::runtime_error(what + ": a dictionary of " + std::to_string(h.values) + " values");
+      Thrift t(d.data(), d.data() + d.size(), what + "'s dictionary");
+      dict_ints.clear(), dict_offsets.clear(), dict_data.clear();
+      plain(t, d.data() + d.size(), h.values, dict_ints, dict_offsets, dict_data);
+      have_dictionary = true;
+      continue;
+    }
+    if (h.type != kDataPage && h.type != kDataPageV2) {
+      throw std::runtime_error(what + ": a page of unknown type " + std::to_string(h.type));
+    }
+    if (h.values < 0 || h.values > group.rows - rows) {
+      throw std::runtime_error(what + ": a page of " + std::to_string(h.values) + " values with " +
+                               std::to_string(group.rows - rows) + " rows left");
+    }
+    // The levels, then the values: v1 compresses both, v2 only the values.
+    std::string_view levels_bytes, values_bytes;
+    if (h.type == kDataPage) {
+      const std::string_view whole = decompress(page, h.compressed, h.uncompressed);
+      size_t at = 0;
+      if (max_level > 0) {
+        if (whole.size() < 4 || load_u32(whole.data()) > whole.size() - 4) {
+          throw std::runtime_error(what + ": a page's definition levels pass its end");
+        }
+        at = 4 + load_u32(whole.data());
+        levels_bytes = whole.substr(4, at - 4);
+      }
+      values_bytes = whole.substr(at);
+    } else {
+      if (h.rep_bytes < 0 || h.def_bytes < 0 || h.rep_bytes > h.compressed - h.def_bytes) {
+        throw std::runtime_error(what + ": a v2 page's levels pass its end");
+      }
+      levels_bytes = std::string_view(page + h.rep_bytes, static_cast<size_t>(h.def_bytes));
+      const int64_t skip = h.rep_bytes + h.def_bytes;
+      values_bytes = h.compressed_values ? decompress(page + skip, h.compressed - skip, h.uncompressed - skip)
+                                         : std::string_view(page + skip, static_cast<size_t>(h.compressed - skip));
+    }
+    levels.clear();
+    if (max_level > 0) {
+      Thrift lt(levels_bytes.data(), levels_bytes.data() + levels_bytes.size(), what + "'s definition levels");
+      read_hybrid(lt, levels_bytes.data() + levels_bytes.size(), level_width, h.values, levels);
+    } else {
+      levels.assign(static_cast<size_t>(h.values), 0);
+    }
+    int64_t present = 0;
+    for (uint32_t l : levels) {
+      if (l > static_cast<uint32_t>(max_level)) throw std::runtime_error(what + ": a definition level above the leaf's");
+      present += l == static_cast<uint32_t>(max_level);
+    }
+    // The present values, into page-local storage, then spread over the rows.
+    std::vector<int64_t> ints, offsets;
+    std::string data;
+    Thrift vt(values_bytes.data(), values_bytes.data() + values_bytes.size(), what + "'s values");
+    if (h.encoding == kPlain) {
+      plain(vt, values_bytes.data() + values_bytes.size(), present, ints, offsets, data);
+    } else if (h.encoding == kPlainDictionary || h.encoding == kRleDictionary) {
+      if (!have_dictionary) throw std::runtime_error(what + ": dictionary indices without a dictionary page");
+      indices.clear();
+      if (present > 0) {
+        const int width = vt.byte();
+        read_hybrid(vt, values_bytes.data() + values_bytes.size(), width, present, indices);
+      }
+      const size_t dict_size = physical == kByteArray ? dict_offsets.size() - 1 : dict_ints.size();
+      if (physical == kByteArray) offsets.push_back(0);
+      for (uint32_t i : indices) {
+        if (i >= dict_size) throw std::runtime_error(what + ": dictionary index " + std::to_string(i) + " of " +
+                                                     std::to_string(dict_size));
+        if (physical == kByteArray) {
+          data.append(dict_data, static_cast<size_t>(dict_offsets[i]),
+                      static_cast<size_t>(dict_offsets[i + 1] - dict_offsets[i]));
+          offsets.push_back(static_cast<int64_t>(data.size()));
+        } else {
+          ints.push_back(dict_ints[i]);
+        }
+      }
+    } else if (h.encoding == kRle && physical == kBoolean) {  // v2 pages' booleans: a length, then width-1 runs
+      if (values_bytes.size() < 4 || load_u32(values_bytes.data()) > values_bytes.size() - 4) {
+        throw std::runtime_error(what + ": RLE booleans pass the page's end");
+      }
+      Thrift rt(values_bytes.data() + 4, values_bytes.data() + 4 + load_u32(values_bytes.data()), what + "'s values");
+      indices.clear();
+      read_hybrid(rt, values_bytes.data() + 4 + load_u32(values_bytes.data()), 1, present, indices);
+      ints.assign(indices.begin(), indices.end());
+    } else {
+      throw std::runtime_error(what + " is in encoding " + std::to_string(h.encoding) +
+                               ", which is not read (PLAIN and dictionary encodings are)");
+    }
+    int64_t k = 0;
+    for (uint32_t l : levels) {
+      out->level.push_back(static_cast<uint8_t>(l));
+      const bool defined = l == static_cast<uint32_t>(max_level);
+      if (physical == kByteArray) {
+        if (defined) out->data.append(data, static_cast<size_t>(offsets[static_cast<size_t>(k)]),
+                                      static_cast<size_t>(offsets[static_cast<size_t>(k) + 1] -
+                                                          offsets[static_cast<size_t>(k)]));
+        out->offsets.push_back(static_cast<int64_t>(out->data.size()));
+      } else {
+        out->ints.push_back(defined ? ints[static_cast<size_t>(k)] : 0);
+      }
+      k += defined;
+    }
+    rows += h.values;
+  }
+  return out;
+}
+
+bool ParquetTable::is_null(int column, int64_t row) const {
+  const auto v = values(column, row);
+  return v->level[static_cast<size_t>(row)] < nodes_[static_cast<size_t>(column)].level;
+}
+
+std::string ParquetTable::bytes(int column, int64_t row) const {
+  const TableColumn& c = columns_.at(static_cast<size_t>(column));
+  if (c.kind != ColumnKind::UTF8 && c.kind != ColumnKind::BINARY) {
+    fail("column '" + c.path + "' holds " + c.type + ", not strings or bytes");
+  }
+  const auto v = values(column, row);
+  const auto r = static_cast<size_t>(row);
+  return v->data.substr(static_cast<size_t>(v->offsets[r]), static_cast<size_t>(v->offsets[r + 1] - v->offsets[r]));
+}
+
+int64_t ParquetTable::integer(int column, int64_t row) const {
+  const TableColumn& c = columns_.at(static_cast<size_t>(column));
+  if (c.kind != ColumnKind::INT && c.kind != ColumnKind::BOOL) {
+    fail("column '" + c.path + "' holds " + c.type + ", not whole numbers");
+  }
+  const auto v = values(column, row);
+  return v->ints[static_cast<size_t>(row)];
+}
+
+}  // namespace shardtrain::data
