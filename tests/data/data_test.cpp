@@ -144,7 +144,7 @@ TEST_F(DataTest, TextAndJsonlFiles) {
   expect_error<std::runtime_error>([&] { source.read(4); }, {"d.jsonl:2", "not a JSON line"});
   expect_error<std::runtime_error>([&] { source.read(5); }, {"d.jsonl:3", "\"text\""});
   expect_error<std::invalid_argument>([&] { SampleSource({dir_ + "/c.txt"}, SampleKind::IMAGE); },
-                                      {"expected a .tar or .arrow file for image data"});
+                                      {"expected a .tar or .arrow/.parquet file for image data"});
 }
 
 // Labelled sentence pairs in the three record formats: fields by JSON key or header column, labels by class name or
