@@ -27,6 +27,10 @@ class Thrift {
     if (p_ >= end_) fail("ends early");
     return static_cast<uint8_t>(*p_++);
   }
+  void advance(uint64_t n) {  // past n bytes
+    if (n > static_cast<uint64_t>(end_ - p_)) fail("ends early");
+    p_ += n;
+  }
   uint64_t varint() {
     uint64_t v = 0;
     for (int shift = 0; shift < 64; shift += 7) {
@@ -258,7 +262,7 @@ void read_hybrid(Thrift& t, const char* end, int bit_width, int64_t count, std::
         }
         out.push_back(static_cast<uint32_t>(v));
       }
-      for (uint64_t i = 0; i < groups * static_cast<uint64_t>(bit_width); ++i) t.byte();  // step over the run
+      t.advance(groups * static_cast<uint64_t>(bit_width));
     } else {
       const uint64_t n = header >> 1;
       if (n == 0) t.fail("has an empty run");
@@ -284,6 +288,9 @@ struct ParquetTable::Values {
   std::vector<int64_t> ints;     // BOOLEAN, INT32, INT64
   std::vector<int64_t> offsets;  // BYTE_ARRAY: row r is data[offsets[r], offsets[r + 1])
   std::string data;
+  int64_t bytes() const {
+    return static_cast<int64_t>(level.size() + 8 * (ints.size() + offsets.size()) + data.size());
+  }
 };
 
 ParquetTable::ParquetTable(std::string_view bytes, std::string name) : bytes_(bytes), name_(std::move(name)) {
@@ -460,49 +467,113 @@ std::shared_ptr<const ParquetTable::Values> ParquetTable::values(int column, int
   }
   const auto g = std::upper_bound(groups_.begin(), groups_.end(), row,
                                   [](int64_t r, const Group& x) { return r < x.first_row; }) - 1;
+  const auto group = static_cast<size_t>(g - groups_.begin());
   row -= g->first_row;
-  const int64_t key = (g - groups_.begin()) * static_cast<int64_t>(leaves_.size()) + leaf;
-  {
-    std::lock_guard<std::mutex> lock(mutex_);
-    for (auto it = cache_.begin(); it != cache_.end(); ++it) {
-      if (it->first != key) continue;
-      cache_.splice(cache_.begin(), cache_, it);
-      return cache_.front().second;
-    }
+  const std::shared_ptr<const Pages> index = pages(leaf, group);
+  const auto page = std::upper_bound(index->data.begin(), index->data.end(), row,
+                                     [](int64_t r, const Page& x) { return r < x.first_row; }) - 1;
+  row -= page->first_row;
+  const auto page_number = static_cast<int64_t>(page - index->data.begin());
+  const int64_t chunk = static_cast<int64_t>(group) * static_cast<int64_t>(leaves_.size()) + leaf;
+  if (auto hit = cached({chunk, page_number})) return hit;
+  // Decoded outside the lock (another thread may decode the same page meanwhile: the same values, kept once).
+  std::shared_ptr<const Values> dictionary;
+  if (index->dictionary >= 0) {
+    dictionary = cached({chunk, -1});
+    if (!dictionary) dictionary = keep({chunk, -1}, decode_page(leaf, group, index->dictionary, 0, nullptr));
   }
-  // Decoded outside the lock (another thread may decode the same group meanwhile: the same values, kept once).
-  std::shared_ptr<const Values> v = decode(leaves_[static_cast<size_t>(leaf)], *g);
-  constexpr size_t kCachedColumns = 16;  // leaves of row groups, most recently read first
-  std::lock_guard<std::mutex> lock(mutex_);
-  cache_.emplace_front(key, v);
-  if (cache_.size() > kCachedColumns) cache_.pop_back();
-  return v;
+  return keep({chunk, page_number}, decode_page(leaf, group, page->header, page->rows, dictionary.get()));
 }
 
-std::shared_ptr<const ParquetTable::Values> ParquetTable::decode(int column, const Group& group) const {
+std::shared_ptr<const ParquetTable::Values> ParquetTable::cached(std::pair<int64_t, int64_t> key) const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  for (auto it = cache_.begin(); it != cache_.end(); ++it) {
+    if (it->first != key) continue;
+    cache_.splice(cache_.begin(), cache_, it);
+    return cache_.front().second;
+  }
+  return nullptr;
+}
+
+std::shared_ptr<const ParquetTable::Values> ParquetTable::keep(std::pair<int64_t, int64_t> key,
+                                                               std::shared_ptr<const Values> values) const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  cache_.emplace_front(key, values);
+  cached_bytes_ += values->bytes();
+  while (cache_.size() > 1 && cached_bytes_ > kCacheBytes) {
+    cached_bytes_ -= cache_.back().second->bytes();
+    cache_.pop_back();
+  }
+  return values;
+}
+
+std::shared_ptr<const ParquetTable::Pages> ParquetTable::pages(int leaf, size_t group) const {
+  const int64_t chunk_key = static_cast<int64_t>(group) * static_cast<int64_t>(leaves_.size()) + leaf;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    const auto it = pages_.find(chunk_key);
+    if (it != pages_.end()) return it->second;
+  }
+  // The page headers, read one after another through the chunk (no page is decompressed).
+  const Group& g = groups_[group];
+  const Chunk& chunk = g.chunks[static_cast<size_t>(leaf)];
+  const std::string what = where(leaf, group);
+  auto out = std::make_shared<Pages>();
+  const char* begin = bytes_.data();
+  const char* p = begin + chunk.start;
+  const char* end = p + chunk.size;
+  int64_t rows = 0;
+  while (rows < g.rows) {
+    if (p >= end) {
+      throw std::runtime_error(what + " ends after " + std::to_string(rows) + " of " + std::to_string(g.rows) +
+                               " rows");
+    }
+    Thrift t(p, end, what + "'s page header");
+    const PageHeader h = read_page_header(t);
+    if (h.compressed < 0 || h.compressed > end - t.position()) {
+      throw std::runtime_error(what + ": a page of " + std::to_string(h.compressed) + " bytes past the chunk's end");
+    }
+    if (h.type == kDictionaryPage) {
+      if (out->dictionary >= 0 || !out->data.empty()) throw std::runtime_error(what + ": a second dictionary page");
+      out->dictionary = p - begin;
+    } else if (h.type == kDataPage || h.type == kDataPageV2) {
+      if (h.values < 0 || h.values > g.rows - rows) {
+        throw std::runtime_error(what + ": a page of " + std::to_string(h.values) + " values with " +
+                                 std::to_string(g.rows - rows) + " rows left");
+      }
+      if (h.values > 0) out->data.push_back(Page{p - begin, rows, h.values});
+      rows += h.values;
+    } else if (h.type != kIndexPage) {
+      throw std::runtime_error(what + ": a page of unknown type " + std::to_string(h.type));
+    }
+    p = t.position() + h.compressed;
+  }
+  std::lock_guard<std::mutex> lock(mutex_);
+  return pages_.emplace(chunk_key, out).first->second;
+}
+
+std::string ParquetTable::where(int leaf, size_t group) const {
+  return name_ + ": column '" + columns_[static_cast<size_t>(leaves_[static_cast<size_t>(leaf)])].path +
+         "' in row group " + std::to_string(group);
+}
+
+std::shared_ptr<const ParquetTable::Values> ParquetTable::decode_page(int leaf, size_t group, int64_t header,
+                                                                      int64_t rows, const Values* dictionary) const {
+  const int column = leaves_[static_cast<size_t>(leaf)];
   const TableColumn& c = columns_[static_cast<size_t>(column)];
   const Node& node = nodes_[static_cast<size_t>(column)];
-  const Chunk& chunk = group.chunks[static_cast<size_t>(node.leaf)];
-  const std::string what = name_ + ": column '" + c.path + "' in row group " +
-                           std::to_string(&group - groups_.data());
+  const Chunk& chunk = groups_[group].chunks[static_cast<size_t>(leaf)];
+  const std::string what = where(leaf, group);
   const int physical = node.physical;
   if (physical != kBoolean && physical != kInt32 && physical != kInt64 && physical != kByteArray) {
     throw std::runtime_error(what + " holds " + c.type + " values, which are not read");
   }
-  if (chunk.codec < 0 || chunk.codec > 7 || (chunk.codec != 0 && chunk.codec != 1 && chunk.codec != 2 &&
-                                              chunk.codec != 6)) {
+  if (chunk.codec != 0 && chunk.codec != 1 && chunk.codec != 2 && chunk.codec != 6) {
     throw std::runtime_error(what + " is compressed with " +
                              (chunk.codec >= 0 && chunk.codec <= 7 ? kCodecs[chunk.codec] : std::to_string(chunk.codec)) +
                              ", which is not read (snappy, gzip, zstd or none are)");
   }
-  auto out = std::make_shared<Values>();
-  std::vector<int64_t> dict_ints, dict_offsets;
-  std::string dict_data;
-  bool have_dictionary = false;
-  const int max_level = node.level;
-  const int level_width = bit_width_of(max_level);
-  std::string buffer;  // a decompressed page
-
+  std::string buffer;  // the decompressed page
   auto decompress = [&](const char* p, int64_t n, int64_t expected) -> std::string_view {
     // Bounded before allocating: by what the codec can expand n bytes to (Snappy: its own length header; deflate:
     // 1032:1), and by kMaxPageBytes.
@@ -549,12 +620,11 @@ std::shared_ptr<const ParquetTable::Values> ParquetTable::decode(int column, con
     return buffer;
   };
   // `count` PLAIN values from t into ints or (offsets, data).
-  auto plain = [&](Thrift& t, const char* end, int64_t count, std::vector<int64_t>& ints,
-                   std::vector<int64_t>& offsets, std::string& data) {
+  auto plain = [&](Thrift& t, const char* end, int64_t count, Values& out) {
     if (physical == kBoolean) {
       for (int64_t i = 0; i < count; ++i) {
         if (i % 8 == 0 && end - t.position() < 1) t.fail("ends inside its booleans");
-        ints.push_back((static_cast<uint8_t>(t.position()[0]) >> (i % 8)) & 1);
+        out.ints.push_back((static_cast<uint8_t>(t.position()[0]) >> (i % 8)) & 1);
         if (i % 8 == 7 || i + 1 == count) t.byte();
       }
     } else if (physical == kInt32 || physical == kInt64) {
@@ -569,146 +639,123 @@ std::shared_ptr<const ParquetTable::Values> ParquetTable::decode(int column, con
         } else {
           std::memcpy(&v, t.position(), 8);
         }
-        ints.push_back(v);
-        for (int b = 0; b < width; ++b) t.byte();
+        out.ints.push_back(v);
+        t.advance(static_cast<uint64_t>(width));
       }
     } else {
-      if (offsets.empty()) offsets.push_back(0);
+      if (out.offsets.empty()) out.offsets.push_back(0);
       for (int64_t i = 0; i < count; ++i) {
         if (end - t.position() < 4) t.fail("ends inside its values");
         const uint32_t n = load_u32(t.position());
-        for (int b = 0; b < 4; ++b) t.byte();
+        t.advance(4);
         if (n > static_cast<uint64_t>(end - t.position())) t.fail("has a value past its end");
-        data.append(t.position(), n);
-        for (uint32_t b = 0; b < n; ++b) t.byte();
-        offsets.push_back(static_cast<int64_t>(data.size()));
+        out.data.append(t.position(), n);
+        t.advance(n);
+        out.offsets.push_back(static_cast<int64_t>(out.data.size()));
       }
     }
   };
 
-  const char* p = bytes_.data() + chunk.start;
-  const char* chunk_end = p + chunk.size;
-  int64_t rows = 0;
-  out->offsets.push_back(0);
-  std::vector<uint32_t> levels, indices;
-  while (rows < group.rows) {
-    if (p >= chunk_end) throw std::runtime_error(what + " ends after " + std::to_string(rows) + " of " +
-                                                 std::to_string(group.rows) + " rows");
-    Thrift header(p, chunk_end, what + "'s page header");
-    const PageHeader h = read_page_header(header);
-    p = header.position();
-    if (h.compressed < 0 || h.compressed > chunk_end - p) {
-      throw std::runtime_error(what + ": a page of " + std::to_string(h.compressed) + " bytes past the chunk's end");
+  const char* chunk_end = bytes_.data() + chunk.start + chunk.size;
+  Thrift ht(bytes_.data() + header, chunk_end, what + "'s page header");
+  const PageHeader h = read_page_header(ht);
+  const char* page = ht.position();  // pages() checked that the page lies inside the chunk
+  auto out = std::make_shared<Values>();
+  if (h.type == kDictionaryPage) {
+    if (h.encoding != kPlain && h.encoding != kPlainDictionary) {
+      throw std::runtime_error(what + ": a dictionary page in encoding " + std::to_string(h.encoding));
     }
-    const char* page = p;
-    p += h.compressed;
-    if (h.type == kIndexPage) continue;
-    if (h.type == kDictionaryPage) {
-      if (h.encoding != kPlain && h.encoding != kPlainDictionary) {
-        throw std::runtime_error(what + ": a dictionary page in encoding " + std::to_string(h.encoding));
-      }
-      const std::string_view d = decompress(page, h.compressed, h.uncompressed);
-      if (h.values < 0) throw std::runtime_error(what + ": a dictionary of " + std::to_string(h.values) + " values");
-      Thrift t(d.data(), d.data() + d.size(), what + "'s dictionary");
-      dict_ints.clear(), dict_offsets.clear(), dict_data.clear();
-      plain(t, d.data() + d.size(), h.values, dict_ints, dict_offsets, dict_data);
-      have_dictionary = true;
-      continue;
-    }
-    if (h.type != kDataPage && h.type != kDataPageV2) {
-      throw std::runtime_error(what + ": a page of unknown type " + std::to_string(h.type));
-    }
-    if (h.values < 0 || h.values > group.rows - rows) {
-      throw std::runtime_error(what + ": a page of " + std::to_string(h.values) + " values with " +
-                               std::to_string(group.rows - rows) + " rows left");
-    }
-    // The levels, then the values: v1 compresses both, v2 only the values.
-    std::string_view levels_bytes, values_bytes;
-    if (h.type == kDataPage) {
-      const std::string_view whole = decompress(page, h.compressed, h.uncompressed);
-      size_t at = 0;
-      if (max_level > 0) {
-        if (whole.size() < 4 || load_u32(whole.data()) > whole.size() - 4) {
-          throw std::runtime_error(what + ": a page's definition levels pass its end");
-        }
-        at = 4 + load_u32(whole.data());
-        levels_bytes = whole.substr(4, at - 4);
-      }
-      values_bytes = whole.substr(at);
-    } else {
-      if (h.rep_bytes < 0 || h.def_bytes < 0 || h.rep_bytes > h.compressed - h.def_bytes) {
-        throw std::runtime_error(what + ": a v2 page's levels pass its end");
-      }
-      levels_bytes = std::string_view(page + h.rep_bytes, static_cast<size_t>(h.def_bytes));
-      const int64_t skip = h.rep_bytes + h.def_bytes;
-      values_bytes = h.compressed_values ? decompress(page + skip, h.compressed - skip, h.uncompressed - skip)
-                                         : std::string_view(page + skip, static_cast<size_t>(h.compressed - skip));
-    }
-    levels.clear();
+    if (h.values < 0) throw std::runtime_error(what + ": a dictionary of " + std::to_string(h.values) + " values");
+    const std::string_view d = decompress(page, h.compressed, h.uncompressed);
+    Thrift t(d.data(), d.data() + d.size(), what + "'s dictionary");
+    plain(t, d.data() + d.size(), h.values, *out);
+    if (physical == kByteArray && out->offsets.empty()) out->offsets.push_back(0);
+    return out;
+  }
+  // The levels, then the values: v1 compresses both, v2 only the values.
+  const int max_level = node.level;
+  std::string_view levels_bytes, values_bytes;
+  if (h.type == kDataPage) {
+    const std::string_view whole = decompress(page, h.compressed, h.uncompressed);
+    size_t at = 0;
     if (max_level > 0) {
-      Thrift lt(levels_bytes.data(), levels_bytes.data() + levels_bytes.size(), what + "'s definition levels");
-      read_hybrid(lt, levels_bytes.data() + levels_bytes.size(), level_width, h.values, levels);
-    } else {
-      levels.assign(static_cast<size_t>(h.values), 0);
-    }
-    int64_t present = 0;
-    for (uint32_t l : levels) {
-      if (l > static_cast<uint32_t>(max_level)) throw std::runtime_error(what + ": a definition level above the leaf's");
-      present += l == static_cast<uint32_t>(max_level);
-    }
-    // The present values, into page-local storage, then spread over the rows.
-    std::vector<int64_t> ints, offsets;
-    std::string data;
-    Thrift vt(values_bytes.data(), values_bytes.data() + values_bytes.size(), what + "'s values");
-    if (h.encoding == kPlain) {
-      plain(vt, values_bytes.data() + values_bytes.size(), present, ints, offsets, data);
-    } else if (h.encoding == kPlainDictionary || h.encoding == kRleDictionary) {
-      if (!have_dictionary) throw std::runtime_error(what + ": dictionary indices without a dictionary page");
-      indices.clear();
-      if (present > 0) {
-        const int width = vt.byte();
-        read_hybrid(vt, values_bytes.data() + values_bytes.size(), width, present, indices);
+      if (whole.size() < 4 || load_u32(whole.data()) > whole.size() - 4) {
+        throw std::runtime_error(what + ": a page's definition levels pass its end");
       }
-      const size_t dict_size = physical == kByteArray ? dict_offsets.size() - 1 : dict_ints.size();
-      if (physical == kByteArray) offsets.push_back(0);
-      for (uint32_t i : indices) {
-        if (i >= dict_size) throw std::runtime_error(what + ": dictionary index " + std::to_string(i) + " of " +
-                                                     std::to_string(dict_size));
-        if (physical == kByteArray) {
-          data.append(dict_data, static_cast<size_t>(dict_offsets[i]),
-                      static_cast<size_t>(dict_offsets[i + 1] - dict_offsets[i]));
-          offsets.push_back(static_cast<int64_t>(data.size()));
-        } else {
-          ints.push_back(dict_ints[i]);
-        }
-      }
-    } else if (h.encoding == kRle && physical == kBoolean) {  // v2 pages' booleans: a length, then width-1 runs
-      if (values_bytes.size() < 4 || load_u32(values_bytes.data()) > values_bytes.size() - 4) {
-        throw std::runtime_error(what + ": RLE booleans pass the page's end");
-      }
-      Thrift rt(values_bytes.data() + 4, values_bytes.data() + 4 + load_u32(values_bytes.data()), what + "'s values");
-      indices.clear();
-      read_hybrid(rt, values_bytes.data() + 4 + load_u32(values_bytes.data()), 1, present, indices);
-      ints.assign(indices.begin(), indices.end());
-    } else {
-      throw std::runtime_error(what + " is in encoding " + std::to_string(h.encoding) +
-                               ", which is not read (PLAIN and dictionary encodings are)");
+      at = 4 + load_u32(whole.data());
+      levels_bytes = whole.substr(4, at - 4);
     }
-    int64_t k = 0;
-    for (uint32_t l : levels) {
-      out->level.push_back(static_cast<uint8_t>(l));
-      const bool defined = l == static_cast<uint32_t>(max_level);
+    values_bytes = whole.substr(at);
+  } else {
+    if (h.rep_bytes < 0 || h.def_bytes < 0 || h.rep_bytes > h.compressed - h.def_bytes) {
+      throw std::runtime_error(what + ": a v2 page's levels pass its end");
+    }
+    levels_bytes = std::string_view(page + h.rep_bytes, static_cast<size_t>(h.def_bytes));
+    const int64_t skip = h.rep_bytes + h.def_bytes;
+    values_bytes = h.compressed_values ? decompress(page + skip, h.compressed - skip, h.uncompressed - skip)
+                                       : std::string_view(page + skip, static_cast<size_t>(h.compressed - skip));
+  }
+  std::vector<uint32_t> levels;
+  if (max_level > 0) {
+    Thrift lt(levels_bytes.data(), levels_bytes.data() + levels_bytes.size(), what + "'s definition levels");
+    read_hybrid(lt, levels_bytes.data() + levels_bytes.size(), bit_width_of(max_level), rows, levels);
+  } else {
+    levels.assign(static_cast<size_t>(rows), 0);
+  }
+  int64_t present = 0;
+  for (uint32_t l : levels) {
+    if (l > static_cast<uint32_t>(max_level)) throw std::runtime_error(what + ": a definition level above the leaf's");
+    present += l == static_cast<uint32_t>(max_level);
+  }
+  // The present values, then spread over the rows (a null row: no value, an empty range).
+  Values present_values;
+  Thrift vt(values_bytes.data(), values_bytes.data() + values_bytes.size(), what + "'s values");
+  const char* values_end = values_bytes.data() + values_bytes.size();
+  if (h.encoding == kPlain) {
+    plain(vt, values_end, present, present_values);
+  } else if (h.encoding == kPlainDictionary || h.encoding == kRleDictionary) {
+    if (!dictionary) throw std::runtime_error(what + ": dictionary indices without a dictionary page");
+    std::vector<uint32_t> indices;
+    if (present > 0) read_hybrid(vt, values_end, vt.byte(), present, indices);
+    const size_t dict_size = physical == kByteArray ? dictionary->offsets.size() - 1 : dictionary->ints.size();
+    if (physical == kByteArray) present_values.offsets.push_back(0);
+    for (uint32_t i : indices) {
+      if (i >= dict_size) throw std::runtime_error(what + ": dictionary index " + std::to_string(i) + " of " +
+                                                   std::to_string(dict_size));
       if (physical == kByteArray) {
-        if (defined) out->data.append(data, static_cast<size_t>(offsets[static_cast<size_t>(k)]),
-                                      static_cast<size_t>(offsets[static_cast<size_t>(k) + 1] -
-                                                          offsets[static_cast<size_t>(k)]));
-        out->offsets.push_back(static_cast<int64_t>(out->data.size()));
+        present_values.data.append(dictionary->data, static_cast<size_t>(dictionary->offsets[i]),
+                                   static_cast<size_t>(dictionary->offsets[i + 1] - dictionary->offsets[i]));
+        present_values.offsets.push_back(static_cast<int64_t>(present_values.data.size()));
       } else {
-        out->ints.push_back(defined ? ints[static_cast<size_t>(k)] : 0);
+        present_values.ints.push_back(dictionary->ints[i]);
       }
-      k += defined;
     }
-    rows += h.values;
+  } else if (h.encoding == kRle && physical == kBoolean) {  // v2 pages' booleans: a length, then width-1 runs
+    if (values_bytes.size() < 4 || load_u32(values_bytes.data()) > values_bytes.size() - 4) {
+      throw std::runtime_error(what + ": RLE booleans pass the page's end");
+    }
+    const char* runs_end = values_bytes.data() + 4 + load_u32(values_bytes.data());
+    Thrift rt(values_bytes.data() + 4, runs_end, what + "'s values");
+    std::vector<uint32_t> bits;
+    read_hybrid(rt, runs_end, 1, present, bits);
+    present_values.ints.assign(bits.begin(), bits.end());
+  } else {
+    throw std::runtime_error(what + " is in encoding " + std::to_string(h.encoding) +
+                             ", which is not read (PLAIN and dictionary encodings are)");
+  }
+  // A null row holds nothing: the bytes are the present values' as they are, each row's range an offset apart.
+  out->data = std::move(present_values.data);
+  out->offsets.push_back(0);
+  size_t k = 0;
+  for (uint32_t l : levels) {
+    out->level.push_back(static_cast<uint8_t>(l));
+    const bool defined = l == static_cast<uint32_t>(max_level);
+    if (physical == kByteArray) {
+      out->offsets.push_back(defined ? present_values.offsets[k + 1] : out->offsets.back());
+    } else {
+      out->ints.push_back(defined ? present_values.ints[k] : 0);
+    }
+    k += defined;
   }
   return out;
 }

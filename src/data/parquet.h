@@ -8,9 +8,9 @@
 // the leaf's level, null) and the values present, PLAIN or as dictionary indices, levels and indices in the RLE /
 // bit-packing hybrid.
 //
-// The footer is read when the table is opened, every chunk checked to lie inside the file; a leaf's values are read
-// a row group at a time when one is asked for, and the last groups read kept (rows are read in shuffled order, so a
-// group evicted is decoded again). Read: BOOLEAN, INT32, INT64 and BYTE_ARRAY values; no compression, Snappy, gzip
+// The footer is read when the table is opened, every chunk checked to lie inside the file; a row's value is read by
+// decoding the page that holds it (a chunk's page headers read once, its dictionary decoded once), and the pages
+// last read are kept up to kCacheBytes (rows are read in shuffled order: a page evicted is decoded again). Read: BOOLEAN, INT32, INT64 and BYTE_ARRAY values; no compression, Snappy, gzip
 // and zstd; PLAIN and dictionary encodings; data pages v1 and v2. Not read: encrypted files, chunks in other files,
 // the items of repeated (list) columns, DELTA_* and BYTE_STREAM_SPLIT encodings, LZ4, Brotli and LZO compression —
 // each refused naming the column when its values are asked for.
@@ -18,6 +18,7 @@
 
 #include <cstdint>
 #include <list>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -57,10 +58,28 @@ class ParquetTable : public ColumnTable {
     int64_t first_row = 0, rows = 0;
     std::vector<Chunk> chunks;  // by leaf
   };
-  struct Values;  // one leaf of one row group, decoded
+  struct Values;  // one page of a leaf, decoded (or a chunk's dictionary)
+  struct Page {
+    int64_t header = 0;              // its PageHeader's offset in the file
+    int64_t first_row = 0, rows = 0;  // in the row group
+  };
+  struct Pages {  // one column chunk's, found by reading its page headers
+    int64_t dictionary = -1;  // the dictionary page's header offset; -1: none
+    std::vector<Page> data;
+  };
 
-  std::shared_ptr<const Values> values(int column, int64_t& row) const;  // `row` made relative to its group
-  std::shared_ptr<const Values> decode(int leaf_column, const Group& group) const;
+  // The values of the page holding `row` of `column`'s first leaf; `row` made relative to that page.
+  std::shared_ptr<const Values> values(int column, int64_t& row) const;
+  std::shared_ptr<const Pages> pages(int leaf, size_t group) const;
+  // A page whose header is at `header`: a data page of `rows` rows (`dictionary` for its indices), or the
+  // dictionary page itself (rows and dictionary unused).
+  std::shared_ptr<const Values> decode_page(int leaf, size_t group, int64_t header, int64_t rows,
+                                            const Values* dictionary) const;
+  // The decoded pages kept, by (group x leaves + leaf, page; -1 for the dictionary), least recently used dropped
+  // beyond kCacheBytes.
+  std::shared_ptr<const Values> cached(std::pair<int64_t, int64_t> key) const;
+  std::shared_ptr<const Values> keep(std::pair<int64_t, int64_t> key, std::shared_ptr<const Values> values) const;
+  std::string where(int leaf, size_t group) const;  // "file: column 'x' in row group 3", for errors
   [[noreturn]] void fail(const std::string& what) const;
 
   std::string_view bytes_;
@@ -71,8 +90,11 @@ class ParquetTable : public ColumnTable {
   std::vector<Group> groups_;
   std::vector<std::pair<std::string, std::string>> metadata_;
   int64_t rows_ = 0;
-  mutable std::mutex mutex_;
-  mutable std::list<std::pair<int64_t, std::shared_ptr<const Values>>> cache_;  // (group x leaves + leaf), newest first
+  static constexpr int64_t kCacheBytes = int64_t{64} << 20;  // about 64 pages of pyarrow's default 1 MiB
+  mutable std::mutex mutex_;  // guards what follows: samples are read from several loader threads at once
+  mutable std::map<int64_t, std::shared_ptr<const Pages>> pages_;  // by group x leaves + leaf
+  mutable std::list<std::pair<std::pair<int64_t, int64_t>, std::shared_ptr<const Values>>> cache_;  // newest first
+  mutable int64_t cached_bytes_ = 0;
 };
 
 }  // namespace shardtrain::data

@@ -15,7 +15,8 @@ error opening them must give.
                 markers (before Arrow 0.15), a dictionary-encoded column, a compressed body
   hub/data/     Parquet files of two splits, as a Hub dataset repository holds them (datasets' to_parquet)
   parquet_*.parquet: batches.arrow's table through pyarrow's Parquet writer, every compression read (and brotli,
-                refused), data pages v1 and v2, with and without dictionaries, row groups of 3 rows; images.parquet
+                refused), data pages v1 and v2, with and without dictionaries, row groups of 3 rows, pages of 2
+                rows; images.parquet
   dict/         DatasetDict.save_to_disk (a directory per split); truncated.arrow, not-arrow.arrow: damaged
 """
 import io
@@ -213,6 +214,12 @@ def main(out):
                                row_group_size=3)
                 cases[name] = dict(cases["batches_int_label"], paths=[path])
                 cases[name + "_bool"] = dict(cases["batches_bool_label"], paths=[path])
+    for version in ("1.0", "2.0"):  # pages of 2 rows: rows found across pages, after a dictionary page
+        path = os.path.join(root, "parquet_pages_v%s.parquet" % version[0])
+        pq.write_table(batches, path, compression="snappy", data_page_version=version, data_page_size=16,
+                       write_batch_size=2, dictionary_pagesize_limit=64)
+        cases["parquet_pages_v" + version[0]] = dict(cases["batches_int_label"], paths=[path])
+        cases["parquet_pages_v%s_bool" % version[0]] = dict(cases["batches_bool_label"], paths=[path])
     images.to_parquet(os.path.join(root, "images.parquet"))
     cases["images_parquet"] = dict(cases["images"], paths=[os.path.join(root, "images.parquet")])
     pq.write_table(batches, os.path.join(root, "brotli.parquet"), compression="brotli")

@@ -1,0 +1,129 @@
+"""Reading a dataset's rows: shardtrain's readers (build/data_bench) against Hugging Face datasets' own random access,
+on the same files, each row once in a shuffled order (an epoch of the sampler), one thread each side.
+
+Usage: .venv/bin/python bench/datasets_vs_hf.py [--build build] [--work /tmp/shardtrain_datasets_bench]
+                                                [--text-rows 200000] [--images 2000]
+
+Datasets written with datasets itself (the work directory is reused when its files exist):
+  text    sentence pairs of 8-40 words with a ClassLabel (GLUE MRPC's features), as save_to_disk's .arrow and as
+          Parquet from datasets' to_parquet (what a Hub repository holds)
+  images  128x128 PNGs of noise and gradients with a ClassLabel (an Image column: CIFAR-style), the same two ways
+Theirs: load_from_disk then ds[i] for the Arrow files (images with decode=False: bytes, as ours returns them); for
+Parquet, Dataset.from_parquet — which converts the file into an Arrow cache first, timed as its "open" — then
+ds[i]. Ours: data::SampleSource over the file, opened (indexed) then read row by row. Printed: seconds to open,
+seconds to read every row, rows per second, and ours / theirs for the whole (open + read).
+"""
+import argparse
+import io
+import json
+import os
+import random
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+
+import datasets
+import numpy as np
+from datasets import ClassLabel, Dataset, Features, Image, Value
+from PIL import Image as PILImage
+
+datasets.disable_progress_bars()
+WORDS = ("the a an of to in for on with at by from about as into like through after over between out against "
+         "during without before under around among image picture photo shows small large red green blue circle "
+         "square triangle cross top bottom middle left right three two one many few several some").split()
+
+
+def make_text(work, rows):
+    arrow, parquet = os.path.join(work, "text"), os.path.join(work, "text.parquet")
+    if not os.path.exists(parquet):
+        rng = random.Random(0)
+        sentence = lambda: " ".join(rng.choice(WORDS) for _ in range(rng.randint(8, 40)))
+        ds = Dataset.from_dict(
+            {"sentence1": [sentence() for _ in range(rows)], "sentence2": [sentence() for _ in range(rows)],
+             "label": [rng.randint(0, 1) for _ in range(rows)]},
+            features=Features({"sentence1": Value("string"), "sentence2": Value("string"),
+                               "label": ClassLabel(names=["not_equivalent", "equivalent"])}))
+        shutil.rmtree(arrow, ignore_errors=True)
+        ds.save_to_disk(arrow)
+        ds.to_parquet(parquet)
+    return arrow, parquet
+
+
+def make_images(work, count):
+    arrow, parquet = os.path.join(work, "images"), os.path.join(work, "images.parquet")
+    if not os.path.exists(parquet):
+        rng = np.random.default_rng(0)
+        encoded = []
+        for i in range(count):
+            ramp = np.linspace(0, 255, 128, dtype=np.float32)
+            pixels = (ramp[None, :, None] * (i % 3) / 2 + rng.integers(0, 64, (128, 128, 3))).clip(0, 255)
+            buf = io.BytesIO()
+            PILImage.fromarray(pixels.astype(np.uint8)).save(buf, format="PNG")
+            encoded.append({"bytes": buf.getvalue(), "path": None})
+        ds = Dataset.from_dict({"img": encoded, "label": [i % 10 for i in range(count)]},
+                               features=Features({"img": Image(), "label": ClassLabel(num_classes=10)}))
+        shutil.rmtree(arrow, ignore_errors=True)
+        ds.save_to_disk(arrow)
+        ds.to_parquet(parquet)
+    return arrow, parquet
+
+
+def ours(build, path, kind, fields):
+    args = [os.path.join(build, "data_bench"), "--kind", kind, "--threads", "1"] + fields + [path]
+    out = subprocess.run(args, capture_output=True, text=True, check=True).stdout
+    r = json.loads(out.split("RESULT ", 1)[1])
+    return r["open_s"], r["read_s"], r["samples"]
+
+
+def theirs(path, image_column):
+    t0 = time.perf_counter()
+    if path.endswith(".parquet"):
+        with tempfile.TemporaryDirectory() as cache:
+            ds = Dataset.from_parquet(path, cache_dir=cache)
+            return read_all(ds, image_column, t0)
+    return read_all(datasets.load_from_disk(path), image_column, t0)
+
+
+def read_all(ds, image_column, t0):
+    if image_column:
+        ds = ds.cast_column(image_column, Image(decode=False))
+    opened = time.perf_counter()
+    order = list(range(len(ds)))
+    random.Random(1).shuffle(order)
+    for i in order:
+        ds[i]
+    return opened - t0, time.perf_counter() - opened, len(ds)
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--build", default="build")
+    parser.add_argument("--work", default="/tmp/shardtrain_datasets_bench")
+    parser.add_argument("--text-rows", type=int, default=200000)
+    parser.add_argument("--images", type=int, default=2000)
+    a = parser.parse_args()
+    os.makedirs(a.work, exist_ok=True)
+    text_arrow, text_parquet = make_text(a.work, a.text_rows)
+    image_arrow, image_parquet = make_images(a.work, a.images)
+    text_fields = ["--text", "sentence1,sentence2", "--label", "label"]
+    image_fields = ["--label", "label"]
+    cases = [("text, save_to_disk .arrow", text_arrow, "text", text_fields, None),
+             ("text, Parquet (to_parquet)", text_parquet, "text", text_fields, None),
+             ("images, save_to_disk .arrow", image_arrow, "image", image_fields, "img"),
+             ("images, Parquet (to_parquet)", image_parquet, "image", image_fields, "img")]
+    print("%-30s %8s | %-24s | %-24s | %s" % ("data", "rows", "ours: open + read s", "datasets: open + read s",
+                                               "ours/theirs"))
+    for name, path, kind, fields, image_column in cases:
+        o_open, o_read, rows = ours(a.build, path, kind, fields)
+        t_open, t_read, t_rows = theirs(path, image_column)
+        assert rows == t_rows, (rows, t_rows)
+        print("%-30s %8d | %7.3f + %7.3f (%7.0f/s) | %7.3f + %7.3f (%7.0f/s) | %.3f" % (
+            name, rows, o_open, o_read, rows / o_read, t_open, t_read, rows / t_read,
+            (o_open + o_read) / (t_open + t_read)))
+        sys.stdout.flush()
+
+
+if __name__ == "__main__":
+    main()
