@@ -300,7 +300,9 @@ ParquetTable::ParquetTable(std::string_view bytes, std::string name) : bytes_(by
     fail("not a Parquet file (no PAR1 at its start and end; cut short?)");
   }
   const uint32_t footer = load_u32(bytes_.data() + size - 8);
-  if (footer > size - 12) fail("a footer of " + std::to_string(footer) + " bytes in a " + std::to_string(size) + "-byte file");
+  if (footer > size - 12) {
+    fail("a footer of " + std::to_string(footer) + " bytes in a " + std::to_string(size) + "-byte file");
+  }
   const std::string what = name_ + ": the footer";
   Thrift t(bytes_.data() + size - 8 - footer, bytes_.data() + size - 8, what);
   std::vector<SchemaElement> schema;
@@ -569,9 +571,9 @@ std::shared_ptr<const ParquetTable::Values> ParquetTable::decode_page(int leaf, 
     throw std::runtime_error(what + " holds " + c.type + " values, which are not read");
   }
   if (chunk.codec != 0 && chunk.codec != 1 && chunk.codec != 2 && chunk.codec != 6) {
-    throw std::runtime_error(what + " is compressed with " +
-                             (chunk.codec >= 0 && chunk.codec <= 7 ? kCodecs[chunk.codec] : std::to_string(chunk.codec)) +
-                             ", which is not read (snappy, gzip, zstd or none are)");
+    const std::string codec = chunk.codec >= 0 && chunk.codec <= 7 ? kCodecs[chunk.codec] : std::to_string(chunk.codec);
+    throw std::runtime_error(what + " is compressed with " + codec + ", which is not read (snappy, gzip, zstd or none "
+                             "are)");
   }
   std::string buffer;  // the decompressed page
   auto decompress = [&](const char* p, int64_t n, int64_t expected) -> std::string_view {

@@ -10,8 +10,9 @@
 //
 // The footer is read when the table is opened, every chunk checked to lie inside the file; a row's value is read by
 // decoding the page that holds it (a chunk's page headers read once, its dictionary decoded once), and the pages
-// last read are kept up to kCacheBytes (rows are read in shuffled order: a page evicted is decoded again). Read: BOOLEAN, INT32, INT64 and BYTE_ARRAY values; no compression, Snappy, gzip
-// and zstd; PLAIN and dictionary encodings; data pages v1 and v2. Not read: encrypted files, chunks in other files,
+// last read are kept up to kCacheBytes (rows are read in shuffled order: a page evicted is decoded again). Read:
+// BOOLEAN, INT32, INT64 and BYTE_ARRAY values; no compression, Snappy, gzip and zstd; PLAIN and dictionary encodings
+// (RLE for v2's booleans); data pages v1 and v2. Not read: encrypted files, chunks in other files,
 // the items of repeated (list) columns, DELTA_* and BYTE_STREAM_SPLIT encodings, LZ4, Brotli and LZO compression —
 // each refused naming the column when its values are asked for.
 #pragma once

@@ -90,7 +90,8 @@ std::vector<std::string> directory_files(const std::string& path) {
   }
   // The files of several splits side by side: load_dataset's cache (glue-train.arrow, glue-validation.arrow), a
   // dataset repository of the Hub (train-00000-of-00002.parquet, test-00000-of-00001.parquet).
-  static const std::regex split_file(R"((?:.*-)?(train|validation|valid|dev|test|eval)(?:-\d+-of-\d+)?\.(arrow|parquet))");
+  static const std::regex split_file(
+      R"((?:.*-)?(train|validation|valid|dev|test|eval)(?:-\d+-of-\d+)?\.(arrow|parquet))");
   std::map<std::string, std::string> splits;  // split -> a file of it
   for (const auto& name : names) {
     for (const char* ext : {".tar", ".txt", ".jsonl", ".tsv", ".csv", ".arrow", ".parquet"}) {
@@ -131,8 +132,8 @@ std::vector<std::string> expand_paths(const std::vector<std::string>& paths) {
     }
     const std::vector<std::string> inside = directory_files(path);
     if (inside.empty()) {
-      throw std::invalid_argument("data directory '" + path + "' has no .tar, .txt, .jsonl, .tsv, .csv, .arrow or .parquet "
-                                  "file");
+      throw std::invalid_argument("data directory '" + path +
+                                  "' has no .tar, .txt, .jsonl, .tsv, .csv, .arrow or .parquet file");
     }
     files.insert(files.end(), inside.begin(), inside.end());
   }

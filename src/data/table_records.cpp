@@ -154,7 +154,7 @@ void TableRecords::read(int64_t row, RawSample& s) const {
   const TableColumn& c = table_->columns()[static_cast<size_t>(label_)];
   if (table_->is_null(label_, row)) throw std::runtime_error(s.key + ": label '" + c.path + "' is null");
   const std::string value =
-      c.kind == ColumnKind::UTF8 ? std::string(table_->bytes(label_, row)) : std::to_string(table_->integer(label_, row));
+      c.kind == ColumnKind::UTF8 ? table_->bytes(label_, row) : std::to_string(table_->integer(label_, row));
   const int64_t id = class_of(value, classes_);
   if (id < 0) throw std::runtime_error(s.key + ": " + not_a_class(value, classes_));
   s.label = id;

@@ -24,7 +24,9 @@ std::string reference_dir() {
 
 nlohmann::json cases() {
   std::ifstream in(reference_dir() + "/expected.json");
-  if (!in) throw std::runtime_error("no " + reference_dir() + "/expected.json (run the data.datasets_reference fixture)");
+  if (!in) {
+    throw std::runtime_error("no " + reference_dir() + "/expected.json (run the data.datasets_reference fixture)");
+  }
   return nlohmann::json::parse(in);
 }
 

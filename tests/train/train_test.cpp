@@ -795,9 +795,10 @@ std::vector<std::string> loss_lines(const std::string& output) {
 
 // Hugging Face datasets saved with save_to_disk, and as Parquet in a Hub repository's layout, train exactly as the
 // same records in TSV and WebDataset tars (tests/reference/to_datasets.py: GLUE MRPC's features for the sentence
-// pairs; an Image column and a ClassLabel for the images, CIFAR-10's shape): the same samples in the same order, so the same loss at every step and the same
-// evaluation. The classes come from the ClassLabel when data.labels names none, the image column is found by its
-// Image feature; ClassLabel names in another order than data.labels, and a directory of splits, are refused.
+// pairs; an Image column and a ClassLabel for the images, CIFAR-10's shape): the same samples in the same order, so
+// the same loss at every step and the same evaluation. The classes come from the ClassLabel when data.labels names
+// none, the image column is found by its Image feature; ClassLabel names in another order than data.labels, and a
+// directory of splits, are refused.
 TEST_F(TrainTest, HuggingFaceDatasetsTrainAsTheirFiles) {
   const std::string dir = root_ + "/hf_datasets";
   Outcome made = run(std::string(SHARDTRAIN_BIN) + " data synth --out " + dir + "/synth --image-text 0 --text 0 "
