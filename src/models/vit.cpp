@@ -92,7 +92,8 @@ NameMap vit_names() {
   NameRules subpaths = vit_layer_subpaths();
   subpaths.emplace_back("attn.reattn_norm", "attention.attention.reattn_norm");
   append(rules, layer_rules("layers", "vit.encoder.layer", subpaths));
-  return NameMap(rules);
+  // Heads (fine-tuning moves between them, weights.h): ViTForImageClassification's classifier, ViTModel's pooler.
+  return NameMap(rules, {}, {}, {"^classifier\\..*$", "^(vit\\.)?pooler\\..*$"});
 }
 
 }  // namespace shardtrain::models

@@ -24,6 +24,7 @@ class VitClassification : public Task {
     DataNeeds d;
     d.kinds = {false, false, true};
     d.image_size = config_.image_size, d.patch_size = config_.patch_size, d.num_labels = config_.num_labels;
+    d.class_names = config_.labels;
     return d;
   }
   std::vector<std::string> loss_names() const override { return {"cls"}; }
@@ -75,6 +76,16 @@ class VitRecipe : public FamilyRecipe<VitConfig, Vit> {
 
   // classify: the same task under the name every classifier shares.
   std::vector<std::string> tasks() const override { return {"image_classification", "classify"}; }
+  // A classifier over setup.labels (data.labels, or the dataset's ClassLabel) on the CLS token and no pooler: a
+  // ViTModel's encoder fine-tuned as ViTForImageClassification, as transformers' run_image_classification builds
+  // it. Without labels, the model's own classifier.
+  std::shared_ptr<const ModelRecipe> with_task_head(const std::string&, const TaskSetup& setup) const override {
+    if (setup.labels.empty()) return nullptr;
+    VitConfig c = config();
+    c.labels = setup.labels, c.num_labels = static_cast<int64_t>(setup.labels.size()), c.pooler = false;
+    if (c.labels == config().labels && c.num_labels == config().num_labels && !config().pooler) return nullptr;
+    return std::make_shared<VitRecipe>(family(), flavor(), c, vit_names, layer_class());
+  }
 
   // Over n = (image_size / patch_size)^2 + 1 tokens: the batch's pixels (float32; under bf16/fp16 their cast copy is
   // what the patch convolution keeps), the embedding's dropout noise, the layers (vit_layer_options; the last one
@@ -108,13 +119,16 @@ class VitRecipe : public FamilyRecipe<VitConfig, Vit> {
 
  protected:
   std::unique_ptr<Task> make_task(const std::string&) const override {
-    if (config().num_labels <= 0) throw std::invalid_argument(flavor() + " has no classifier to train");
+    if (config().num_labels <= 0) {
+      throw std::invalid_argument(flavor() + " has no classifier to train: give its classes (data.labels, or a "
+                                  "dataset whose label column is a ClassLabel)");
+    }
     return std::make_unique<VitClassification>(flavor(), config());
   }
 };
 
-// transformers' ViTConfig of `c`: ViTForImageClassification with labels "LABEL_0".. (transformers' own default
-// names) when it has a classifier, else ViTModel. DeepViT's re-attention has no transformers class: refused.
+// transformers' ViTConfig of `c`: ViTForImageClassification with its classes' names as id2label (else
+// transformers' own default names, "LABEL_0"..) when it has a classifier, else ViTModel. DeepViT's re-attention has no transformers class: refused.
 nlohmann::json vit_to_hf(const VitConfig& c) {
   if (c.re_attention) throw std::invalid_argument("a ViT with re-attention (DeepViT) has no transformers config");
   nlohmann::json j = {{"model_type", "vit"},
@@ -134,9 +148,11 @@ nlohmann::json vit_to_hf(const VitConfig& c) {
   if (c.num_labels > 0) {
     j["id2label"] = nlohmann::json::object();
     j["label2id"] = nlohmann::json::object();
+    const bool named = static_cast<int64_t>(c.labels.size()) == c.num_labels;
     for (int64_t i = 0; i < c.num_labels; ++i) {
-      j["id2label"][std::to_string(i)] = "LABEL_" + std::to_string(i);
-      j["label2id"]["LABEL_" + std::to_string(i)] = i;
+      const std::string name = named ? c.labels[static_cast<size_t>(i)] : "LABEL_" + std::to_string(i);
+      j["id2label"][std::to_string(i)] = name;
+      j["label2id"][name] = i;
     }
   }
   return j;
@@ -160,6 +176,7 @@ VitConfig vit_from_hf(const HfConfig& hf) {
   const auto arch = hf.texts("architectures");
   const bool classifier = std::find(arch.begin(), arch.end(), "ViTForImageClassification") != arch.end();
   c.num_labels = classifier ? std::max<int64_t>(hf.entries("id2label"), 2) : 0;
+  if (classifier) c.labels = hf.labels("id2label");
   c.pooler = !classifier;
   return c;
 }

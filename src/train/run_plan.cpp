@@ -9,6 +9,7 @@
 #include "shardtrain/models/zoo.h"
 #include "shardtrain/plan/planner.h"
 #include "shardtrain/train/trainer.h"
+#include "train/training_data.h"
 
 namespace shardtrain::train {
 
@@ -107,7 +108,7 @@ std::string gib(int64_t bytes) {
 RunPlan plan_run(const config::Config& config, int64_t auto_batch_limit) {
   RunPlan out{config, "", 0, ""};
   const auto recipe = models::recipe_for_task(models::recipe_of_model(config.model.flavor, config.model.overrides),
-                                              config.model.task, {config.data.labels, std::nullopt});
+                                              config.model.task, {run_classes(config), std::nullopt});
   const plan::ModelShape shape = plan::model_shape(*recipe);
   plan::TrainingJob job = job_of(config);
   if (config.train.batch_size == config::kAutoBatch) {

@@ -97,7 +97,7 @@ dist::ProcessGroupOptions init_options(const Config& c, const at::Device& device
 // The model's recipe with the task's head; T5's span corruption takes its sentinels from the tokenizer's
 // <extra_id_0> when it has one.
 std::shared_ptr<const models::ModelRecipe> checked_recipe(const Config& c, const data::Tokenizer* tokenizer) {
-  models::TaskSetup setup{run_classes(c), std::nullopt};
+  models::TaskSetup setup{c.data.labels, std::nullopt};
   if (tokenizer) setup.first_sentinel = tokenizer->find("<extra_id_0>");
   auto recipe = models::recipe_for_task(models::recipe_of_model(c.model.flavor, c.model.overrides), c.model.task,
                                         setup);
@@ -488,7 +488,9 @@ int64_t agreed_batch_limit(int64_t mine, const dist::Communicator& world) {
 }
 
 // One attempt at the run; `batch_limit` caps train.batch_size: auto (0: no cap).
-TrainSummary train_run(const Config& given, std::shared_ptr<log::Sink> sink, int64_t batch_limit) {
+// `classes_from_data`: data.labels was filled from the dataset's ClassLabel (train()), which the start-up says.
+TrainSummary train_run(const Config& given, std::shared_ptr<log::Sink> sink, int64_t batch_limit,
+                       bool classes_from_data) {
   Job job(given, std::move(sink));
   // train.batch_size: auto becomes the largest batch the memory model predicts to fit (every rank computes the same).
   const bool auto_batch = given.train.batch_size == config::kAutoBatch;
@@ -499,6 +501,11 @@ TrainSummary train_run(const Config& given, std::shared_ptr<log::Sink> sink, int
   if (auto_batch) job.logger.info(plan.text.substr(0, plan.text.find('\n')));
   const dist::Communicator& world = job.pg.world();
   TrainingData data = open_training_data(c, *job.task, job.tokenizer, world.rank(), world.size());
+  if (classes_from_data && job.task->data_needs().num_labels > 0) {
+    std::string names;
+    for (const auto& name : c.data.labels) names += (names.empty() ? "" : ", ") + name;
+    data.notes.push_back("classes: [" + names + "], the dataset's ClassLabel '" + c.data.label_field + "'");
+  }
   // Dropout draws from the default generators, seeded per rank (at::manual_seed seeds CPU and every GPU).
   at::manual_seed(data::hash_of(static_cast<uint64_t>(c.train.seed), static_cast<uint64_t>(world.rank())));
   const dist::DeviceMesh mesh = make_mesh(c, job);
@@ -553,12 +560,17 @@ TrainSummary train_run(const Config& given, std::shared_ptr<log::Sink> sink, int
 }  // namespace
 
 TrainSummary train(const Config& given, std::shared_ptr<log::Sink> sink) {
+  // A classifier's classes from the data when the config names none (run_classes), resolved once: the model is
+  // built for them, the data checked against them, and the checkpoints' config (an export's) holds them.
+  Config resolved = given;
+  resolved.data.labels = run_classes(given);
+  const bool classes_from_data = given.data.labels.empty() && !resolved.data.labels.empty();
   int64_t batch_limit = auto_batch_limit_of_env();
   const dist::DistEnv env = dist::read_dist_env(dist::process_env_lookup());
   const bool alone = env.source == dist::EnvSource::NONE || env.world_size == 1;
   while (true) {
     try {
-      return train_run(given, sink, batch_limit);
+      return train_run(resolved, sink, batch_limit, classes_from_data);
     } catch (const FirstStepOutOfMemory& e) {
       if (!alone) throw;  // the other ranks wait in collectives: the launcher restarts them all (launch.h)
       log::Logger(sink, 0).warning(e.what());

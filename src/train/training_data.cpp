@@ -132,11 +132,6 @@ TrainingData open_training_data(const Config& c, const models::Task& task,
                                 task.name());
   }
   d.options = loader_options(c, flavor, needs, std::move(tokenizer), rank, world_size);
-  if (c.data.labels.empty() && needs.num_labels > 0 && needs.class_names == run_classes(c)) {
-    std::string list;
-    for (const auto& name : needs.class_names) list += (list.empty() ? "" : ", ") + name;
-    d.notes.push_back("classes: [" + list + "], the dataset's ClassLabel '" + c.data.label_field + "'");
-  }
   if (task.has_evaluation() && !c.data.eval.empty()) {
     const data::SampleKind kind = task.eval_kind();
     d.eval_source = std::make_shared<data::SampleSource>(c.data.eval, kind, text_fields(c, needs));

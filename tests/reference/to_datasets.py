@@ -47,7 +47,7 @@ def shapes(image_dir):
             for key, parts in members.items():  # insertion order: the tar's
                 images.append({"bytes": parts["png"], "path": None})
                 labels.append(int(parts["cls"]))
-    names = ["class%d" % i for i in range(max(labels) + 1)]
+    names = ["class%d" % i for i in range(10)]  # vit-debug classifies 10 classes
     return Dataset.from_dict({"img": images, "label": labels},
                              features=Features({"img": Image(), "label": ClassLabel(names=names)}))
 

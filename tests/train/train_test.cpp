@@ -797,8 +797,8 @@ std::vector<std::string> loss_lines(const std::string& output) {
 // same records in TSV and WebDataset tars (tests/reference/to_datasets.py: GLUE MRPC's features for the sentence
 // pairs; an Image column and a ClassLabel for the images, CIFAR-10's shape): the same samples in the same order, so
 // the same loss at every step and the same evaluation. The classes come from the ClassLabel when data.labels names
-// none, the image column is found by its Image feature; ClassLabel names in another order than data.labels, and a
-// directory of splits, are refused.
+// none (a ViTModel gets its classifier for them), the image column is found by its Image feature; ClassLabel names
+// in another order than data.labels, and a directory of splits, are refused.
 TEST_F(TrainTest, HuggingFaceDatasetsTrainAsTheirFiles) {
   const std::string dir = root_ + "/hf_datasets";
   Outcome made = run(std::string(SHARDTRAIN_BIN) + " data synth --out " + dir + "/synth --image-text 0 --text 0 "
@@ -838,6 +838,27 @@ TEST_F(TrainTest, HuggingFaceDatasetsTrainAsTheirFiles) {
   ASSERT_EQ(images.status, 0) << images.output;
   EXPECT_EQ(loss_lines(tars.output).size(), 6u) << tars.output;
   EXPECT_EQ(loss_lines(images.output), loss_lines(tars.output)) << images.output;
+
+  // A ViTModel (no classifier) fine-tuned on the image dataset: the classifier made for its ClassLabel's 10 classes,
+  // the pooler left; the export is a ViTForImageClassification with those names, which transformers loads whole.
+  made = run(std::string(SHARDTRAIN_PYTHON) + " -c \"from transformers import ViTConfig, ViTModel; ViTModel(ViTConfig("
+             "image_size=32, patch_size=8, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, "
+             "intermediate_size=64)).save_pretrained('" + dir + "/vit-model')\"");
+  ASSERT_EQ(made.status, 0) << made.output;
+  const Outcome tuned = train(vit + " --model.from=" + dir + "/vit-model --data.image=[" + dir + "/shapes/train]");
+  ASSERT_EQ(tuned.status, 0) << tuned.output;
+  EXPECT_NE(tuned.output.find("newly initialized (not in init_weights; the image_classification head): "
+                              "classifier.weight, classifier.bias"), std::string::npos) << tuned.output;
+  EXPECT_NE(tuned.output.find("classes: [class0, class1, class2, class3, class4, class5, class6, class7, class8, "
+                              "class9], the dataset's ClassLabel 'label'"), std::string::npos) << tuned.output;
+  made = run(std::string(SHARDTRAIN_BIN) + " checkpoint export " + dir + "/run --hf " + dir + "/vit-tuned");
+  ASSERT_EQ(made.status, 0) << made.output;
+  const nlohmann::json exported = nlohmann::json::parse(test::read_text(dir + "/vit-tuned/config.json"));
+  EXPECT_EQ(exported.at("architectures")[0], "ViTForImageClassification");
+  EXPECT_EQ(exported.at("id2label").at("9"), "class9");
+  made = run(std::string(SHARDTRAIN_PYTHON) + " " + SHARDTRAIN_SOURCE_DIR + "/tests/reference/hf_export_check.py " +
+             dir + "/vit-tuned " + dir + "/vit-tuned/io.safetensors");
+  EXPECT_EQ(made.status, 0) << made.output;
 
   const Outcome swapped = train(classify + " --data.text_fields=[sentence1,sentence2] --data.text=[" + dir +
                                 "/mrpc/train] --data.labels=[equivalent,not_equivalent]");

@@ -23,6 +23,7 @@ struct VitConfig {
   double norm_eps = 1e-12;
   double dropout = 0.0;
   int64_t num_labels = 1000;  // classifier over the CLS token; 0: none
+  std::vector<std::string> labels;  // the classes' names by id (id2label); empty: transformers' LABEL_0, ...
   bool pooler = false;        // ViTModel's tanh pooler
   bool re_attention = false;  // DeepViT re-attention in every layer
 };
