@@ -155,14 +155,11 @@ SampleSource::SampleSource(const std::vector<std::string>& paths, SampleKind kin
     formats_.push_back(static_cast<int>(format));
     columns_.emplace_back();
     tables_.emplace_back();
+    const size_t entries = index_.size();
     if (format == RecordFormat::TAR && ends_with(path, ".tar")) {
       index_tar(static_cast<int32_t>(f));
     } else if (format == RecordFormat::ARROW || format == RecordFormat::PARQUET) {
       tables_.back() = std::make_unique<TableRecords>(path, kind, fields_);
-      for (int64_t row = 0; row < tables_.back()->rows(); ++row) {
-        index_.push_back(Entry{static_cast<int32_t>(f), row, {}, {}, {}});
-        keys_.emplace_back();
-      }
     } else if (kind == SampleKind::TEXT && format != RecordFormat::TAR) {
       if (format == RecordFormat::TEXT_LINES && (pairs() || !fields_.label.empty())) {
         throw std::invalid_argument("data file '" + path + "': a .txt file holds one text per line, without " +
@@ -175,8 +172,12 @@ SampleSource::SampleSource(const std::vector<std::string>& paths, SampleKind kin
                                   (kind == SampleKind::TEXT ? ", .txt, .jsonl, .tsv, .csv" : std::string()) +
                                   " or .arrow/.parquet file for " + kind_name(kind) + " data");
     }
+    const bool table = tables_.back() != nullptr;
+    const int64_t samples = table ? tables_.back()->rows() : static_cast<int64_t>(index_.size() - entries);
+    if (samples > 0) spans_.push_back(Span{size_, static_cast<int32_t>(f), table ? -1 : static_cast<int64_t>(entries)});
+    size_ += samples;
   }
-  if (index_.empty()) {
+  if (size_ == 0) {
     std::string why;
     for (const auto& p : problems_) why += "\n  " + p;
     throw std::invalid_argument(std::string("the ") + kind_name(kind) + " data (" + std::to_string(files_.size()) +
@@ -276,16 +277,22 @@ void SampleSource::index_lines(int32_t file) {
 }
 
 RawSample SampleSource::read(int64_t i) const {
+  if (i < 0 || i >= size_) throw std::out_of_range("sample " + std::to_string(i) + " of " + std::to_string(size_));
+  const Span& span = *(std::upper_bound(spans_.begin(), spans_.end(), i,
+                                        [](int64_t x, const Span& s) { return x < s.first; }) - 1);
+  if (span.entries < 0) {
+    RawSample s;
+    s.key = files_[static_cast<size_t>(span.file)] + ":" + std::to_string(i - span.first);
+    tables_[static_cast<size_t>(span.file)]->read(i - span.first, s);
+    return s;
+  }
+  i = span.entries + (i - span.first);
   const Entry& e = index_.at(static_cast<size_t>(i));
   const auto& handle = *handles_[static_cast<size_t>(e.file)];
   const std::string& file = files_[static_cast<size_t>(e.file)];
   RawSample s;
   const std::string& key = keys_[static_cast<size_t>(i)];
   s.key = file + ":" + (key.empty() ? std::to_string(e.number) : key);
-  if (tables_[static_cast<size_t>(e.file)]) {
-    tables_[static_cast<size_t>(e.file)]->read(e.number, s);
-    return s;
-  }
   if (e.image.offset >= 0) s.image = handle.read(e.image.offset, e.image.size);
   if (e.text.offset >= 0) s.text = handle.read(e.text.offset, e.text.size);
   if (static_cast<RecordFormat>(formats_[static_cast<size_t>(e.file)]) != RecordFormat::TAR) {

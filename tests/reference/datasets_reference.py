@@ -201,6 +201,9 @@ def main(out):
     mrpc.to_parquet(os.path.join(hub, "train-00000-of-00001.parquet"))
     mrpc.select(range(2)).to_parquet(os.path.join(hub, "validation-00000-of-00001.parquet"))
     cases["parquet_datasets"] = dict(cases["mrpc"], paths=[os.path.join(hub, "train-*.parquet")])
+    cases["mixed"] = dict(cases["mrpc"], paths=[os.path.join(root, "mrpc"), os.path.join(hub, "train-*.parquet"),
+                                                os.path.join(root, "mrpc", "data-00001-of-00002.arrow")],
+                          rows=cases["mrpc"]["rows"] * 2 + cases["mrpc"]["rows"][3:])
     cases["parquet_hub_directory"] = {"paths": [hub], "kind": "text", "text": ["sentence1"],
                                       "open_error": "holds the files of several splits (train, validation): name "
                                                     "one's files, as '" + hub + "/train*.parquet'"}

@@ -63,7 +63,7 @@ class SampleSource {
 
   SampleKind kind() const { return kind_; }
   bool pairs() const { return fields_.text.size() == 2; }  // samples are sentence pairs
-  int64_t size() const { return static_cast<int64_t>(index_.size()); }
+  int64_t size() const { return size_; }
   // Throws std::runtime_error naming the file and line for bytes that cannot be read or parsed (a .jsonl line that
   // is not JSON, a field missing, a label that is not one of the classes).
   RawSample read(int64_t i) const;
@@ -95,7 +95,16 @@ class SampleSource {
   std::vector<std::unique_ptr<io::ReadOnlyFile>> handles_;
   std::vector<std::unique_ptr<TableRecords>> tables_;  // per file: the table of an .arrow/.parquet file, else null
   std::vector<std::string> keys_;  // tar sample keys, parallel to index_ for tars (empty strings for lines)
-  std::vector<Entry> index_;
+  std::vector<Entry> index_;       // the samples of tars and line files
+  // Sample numbers by file, in order: a file's samples are [first, next span's first). A table's are its rows (no
+  // entry each: a dataset of 100M rows costs nothing per row); another file's are index_ from `entries` on.
+  struct Span {
+    int64_t first = 0;
+    int32_t file = 0;
+    int64_t entries = -1;  // -1: a table
+  };
+  std::vector<Span> spans_;
+  int64_t size_ = 0;
   std::vector<std::string> problems_;
   int64_t incomplete_ = 0;
 };
