@@ -1,9 +1,12 @@
-// `shardtrain data synth` and `shardtrain data vocab`.
+// `shardtrain data synth`, `shardtrain data vocab` and `shardtrain data show`.
+#include <algorithm>
 #include <cstdio>
 #include <iostream>
 
 #include "cli_args.h"
 #include "commands.h"
+#include "data/records.h"
+#include "data/table_records.h"
 #include "shardtrain/data/source.h"
 #include "shardtrain/data/synth.h"
 #include "shardtrain/data/tokenizer.h"
@@ -16,6 +19,7 @@ const char* kDataUsage =
     "                             [--seq2seq N]\n"
     "                             [--image-size PIXELS] [--shard-size N] [--vocab-size N] [--seed S]\n"
     "       shardtrain data vocab --out vocab.txt [--size N] [--min-frequency K] [--cased] FILE|DIR...\n"
+    "       shardtrain data show FILE.parquet|FILE.arrow [--rows N]\n"
     "synth: renders scenes of coloured shapes with captions that describe them and writes WebDataset shards\n"
     "       (image_text/, text/, image/, held-out eval/) and a WordPiece vocab.txt built from the captions;\n"
     "       --pairs: N sentence pairs in GLUE MRPC's TSV layout (pairs/train.tsv, N/4 in pairs/eval.tsv),\n"
@@ -23,7 +27,9 @@ const char* kDataUsage =
     "       --seq2seq: N records {\"input\": caption, \"target\": its first object} (seq2seq/train.jsonl, N/4 in\n"
     "       seq2seq/eval.jsonl).\n"
     "vocab: learns a WordPiece vocabulary (BERT's vocab.txt format) from text: .txt lines, .jsonl \"text\"\n"
-    "       fields, or the .txt members of WebDataset tars.\n";
+    "       fields, or the .txt members of WebDataset tars.\n"
+    "show: a table file's columns (type, and datasets' feature: a ClassLabel's names) and its first N rows\n"
+    "      (default 3): the names data.text_fields, data.label_field and data.image_field take.\n";
 
 int synth(const std::vector<std::string>& argv) {
   const Args a = parse_args(argv, {"out", "image-text", "text", "image", "eval", "image-size", "shard-size",
@@ -84,6 +90,58 @@ int vocab(const std::vector<std::string>& argv) {
   return 0;
 }
 
+// One value as `show` prints it: a string quoted and cut at 60 bytes, bytes by their count, numbers as they are.
+std::string shown(const data::ColumnTable& t, int column, int64_t row) {
+  const data::TableColumn& c = t.columns()[static_cast<size_t>(column)];
+  if (t.is_null(column, row)) return "null";
+  if (c.kind == data::ColumnKind::UTF8) {
+    const std::string v = t.bytes(column, row);
+    return "\"" + v.substr(0, 60) + (v.size() > 60 ? "...\"" : "\"");
+  }
+  if (c.kind == data::ColumnKind::BINARY) return "<" + std::to_string(t.bytes(column, row).size()) + " bytes>";
+  return std::to_string(t.integer(column, row));
+}
+
+int show(const std::vector<std::string>& argv) {
+  const Args a = parse_args(argv, {"rows"}, {});
+  if (a.positionals.size() != 1) throw std::invalid_argument("data show takes one file (.parquet or .arrow)");
+  const std::string& path = a.positionals[0];
+  const data::RecordFormat format = data::record_format_of(path);
+  if (format != data::RecordFormat::PARQUET && format != data::RecordFormat::ARROW) {
+    throw std::invalid_argument("data show: '" + path + "' is not a table file (expected .parquet or .arrow)");
+  }
+  const data::TableFile file = data::open_table_file(path);
+  const data::ColumnTable& t = *file.table;
+  std::cout << path << ": " << (format == data::RecordFormat::PARQUET ? "Parquet" : "Arrow") << ", " << t.rows()
+            << " rows\n";
+  std::vector<int> readable;  // the columns with a value per row that reads as text, bytes or a number
+  for (size_t i = 0; i < t.columns().size(); ++i) {
+    const data::TableColumn& c = t.columns()[i];
+    int depth = 0;
+    for (int p = c.parent; p >= 0; p = t.columns()[static_cast<size_t>(p)].parent) ++depth;
+    const std::string feature = c.parent < 0 ? data::feature_of(t, c.path) : "";
+    std::cout << "  " << std::string(2 * static_cast<size_t>(depth), ' ') << c.path << "  " << c.type
+              << (feature.empty() ? "" : "  " + feature) << "\n";
+    const bool values = c.kind == data::ColumnKind::UTF8 || c.kind == data::ColumnKind::BINARY ||
+                        c.kind == data::ColumnKind::INT || c.kind == data::ColumnKind::BOOL;
+    if (c.per_row && values) readable.push_back(static_cast<int>(i));
+  }
+  const int64_t rows = std::min<int64_t>(a.get_int("rows", 3), t.rows());
+  for (int64_t r = 0; r < rows; ++r) {
+    std::cout << "row " << r << ":";
+    for (int c : readable) {
+      std::cout << "  " << t.columns()[static_cast<size_t>(c)].path << "=";
+      try {
+        std::cout << shown(t, c, r);
+      } catch (const std::runtime_error& e) {
+        std::cout << "(unreadable: " << e.what() << ")";
+      }
+    }
+    std::cout << "\n";
+  }
+  return 0;
+}
+
 }  // namespace
 
 int run_data_command(const std::vector<std::string>& args) {
@@ -94,6 +152,7 @@ int run_data_command(const std::vector<std::string>& args) {
   const std::vector<std::string> rest(args.begin() + 1, args.end());
   if (args[0] == "synth") return synth(rest);
   if (args[0] == "vocab") return vocab(rest);
+  if (args[0] == "show") return show(rest);
   std::cerr << "shardtrain data: unknown sub-command '" << args[0] << "'\n" << kDataUsage;
   return 2;
 }

@@ -51,18 +51,29 @@ std::string list_of(const std::vector<std::string>& names) {
   return "[" + out + "]";
 }
 
-// The table of a file by its format (the extension, as records.h's record_format_of).
-std::unique_ptr<ColumnTable> open_table(const io::FileBytes& bytes, const std::string& path) {
-  const std::string_view view(bytes.data(), bytes.size());
-  if (record_format_of(path) == RecordFormat::PARQUET) return std::make_unique<ParquetTable>(view, path);
-  return std::make_unique<ArrowTable>(view, path);
-}
-
 }  // namespace
 
+TableFile open_table_file(const std::string& path) {
+  TableFile f{io::file_bytes(path), nullptr};
+  const std::string_view view(f.bytes.data(), f.bytes.size());
+  if (record_format_of(path) == RecordFormat::PARQUET) f.table = std::make_unique<ParquetTable>(view, path);
+  else f.table = std::make_unique<ArrowTable>(view, path);
+  return f;
+}
+
+std::string feature_of(const ColumnTable& table, const std::string& column) {
+  const nlohmann::json features = features_of(table);
+  const std::string type = feature_type(features, column);
+  if (type == "ClassLabel") return "ClassLabel " + list_of(class_names(features, column));
+  const auto f = features.find(column);
+  if (type == "Value" && f->contains("dtype") && (*f)["dtype"].is_string()) {
+    return "Value(" + (*f)["dtype"].get<std::string>() + ")";
+  }
+  return type;
+}
+
 TableRecords::TableRecords(const std::string& path, SampleKind kind, const TextFields& fields)
-    : path_(path), bytes_(io::file_bytes(path)), classes_(fields.classes) {
-  table_ = open_table(bytes_, path);
+    : path_(path), file_(open_table_file(path)), table_(file_.table.get()), classes_(fields.classes) {
   const nlohmann::json features = features_of(*table_);
   if (kind != SampleKind::IMAGE) {
     for (const std::string& name : fields.text) text_.push_back(find(name, "data.text_fields", {ColumnKind::UTF8}));
@@ -101,8 +112,7 @@ TableRecords::TableRecords(const std::string& path, SampleKind kind, const TextF
 }
 
 std::vector<std::string> class_label_names(const std::string& path, const std::string& column) {
-  const io::FileBytes bytes = io::file_bytes(path);
-  return class_names(features_of(*open_table(bytes, path)), column);
+  return class_names(features_of(*open_table_file(path).table), column);
 }
 
 int TableRecords::find(const std::string& field, const std::string& key, const std::vector<ColumnKind>& kinds) const {

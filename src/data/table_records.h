@@ -20,6 +20,18 @@
 
 namespace shardtrain::data {
 
+// A table file opened: its bytes (mapped) and the table over them, by the file's extension (.parquet: Parquet,
+// else Arrow). Throws as ArrowTable and ParquetTable.
+struct TableFile {
+  io::FileBytes bytes;
+  std::unique_ptr<ColumnTable> table;
+};
+TableFile open_table_file(const std::string& path);
+
+// datasets' description of each column in the file's "huggingface" metadata, by column ("ClassLabel [neg, pos]",
+// "Image", "Value(string)"); empty where it says nothing.
+std::string feature_of(const ColumnTable& table, const std::string& column);
+
 class TableRecords {
  public:
   // Throws std::invalid_argument naming the file and the column for a column missing (listing the columns there
@@ -36,8 +48,8 @@ class TableRecords {
   int find(const std::string& field, const std::string& key, const std::vector<ColumnKind>& kinds) const;
 
   std::string path_;
-  io::FileBytes bytes_;
-  std::unique_ptr<ColumnTable> table_;
+  TableFile file_;
+  const ColumnTable* table_ = nullptr;  // file_'s
   std::vector<int> text_;  // one column per text field
   int label_ = -1;
   int image_ = -1, image_path_ = -1;  // the encoded bytes; the path beside them (an Image struct), or -1

@@ -824,7 +824,13 @@ TEST_F(TrainTest, HuggingFaceDatasetsTrainAsTheirFiles) {
   // no data.labels: the classes are the ClassLabel's names, as transformers' run_glue takes them
   EXPECT_NE(arrow.output.find("classes: [not_equivalent, equivalent], the dataset's ClassLabel 'label'"),
             std::string::npos) << arrow.output;
-  // the Hub's layout: Parquet files of each split side by side, named by a pattern
+  // the Hub's layout: Parquet files of each split side by side, named by a pattern; `data show` names the columns
+  made = run(std::string(SHARDTRAIN_BIN) + " data show " + dir + "/hub/data/train-00000-of-00001.parquet --rows 1");
+  ASSERT_EQ(made.status, 0) << made.output;
+  EXPECT_NE(made.output.find("Parquet, 200 rows"), std::string::npos) << made.output;  // --pairs 200
+  EXPECT_NE(made.output.find("  label  int64  ClassLabel [not_equivalent, equivalent]"), std::string::npos)
+      << made.output;
+  EXPECT_NE(made.output.find("row 0:  sentence1=\""), std::string::npos) << made.output;
   const Outcome parquet = train(classify + " --data.text_fields=[sentence1,sentence2] --data.text=[" + dir +
                                 "/hub/data/train-*.parquet] --data.eval=[" + dir + "/hub/data/validation-*]");
   ASSERT_EQ(parquet.status, 0) << parquet.output;
