@@ -128,7 +128,8 @@ class VitRecipe : public FamilyRecipe<VitConfig, Vit> {
 };
 
 // transformers' ViTConfig of `c`: ViTForImageClassification with its classes' names as id2label (else
-// transformers' own default names, "LABEL_0"..) when it has a classifier, else ViTModel. DeepViT's re-attention has no transformers class: refused.
+// transformers' own default names, "LABEL_0"..) when it has a classifier, else ViTModel. DeepViT's re-attention
+// has no transformers class: refused.
 nlohmann::json vit_to_hf(const VitConfig& c) {
   if (c.re_attention) throw std::invalid_argument("a ViT with re-attention (DeepViT) has no transformers config");
   nlohmann::json j = {{"model_type", "vit"},
