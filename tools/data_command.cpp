@@ -18,7 +18,7 @@ const char* kDataUsage =
     "usage: shardtrain data synth --out DIR [--image-text N] [--text N] [--image N] [--eval N] [--pairs N]\n"
     "                             [--seq2seq N]\n"
     "                             [--image-size PIXELS] [--shard-size N] [--vocab-size N] [--seed S]\n"
-    "       shardtrain data vocab --out vocab.txt [--size N] [--min-frequency K] [--cased] FILE|DIR...\n"
+    "       shardtrain data vocab --out vocab.txt [--size N] [--min-frequency K] [--cased] [--field F] FILE|DIR...\n"
     "       shardtrain data show FILE.parquet|FILE.arrow [--rows N]\n"
     "synth: renders scenes of coloured shapes with captions that describe them and writes WebDataset shards\n"
     "       (image_text/, text/, image/, held-out eval/) and a WordPiece vocab.txt built from the captions;\n"
@@ -26,8 +26,8 @@ const char* kDataUsage =
     "       Quality 1 when both captions describe the same scene;\n"
     "       --seq2seq: N records {\"input\": caption, \"target\": its first object} (seq2seq/train.jsonl, N/4 in\n"
     "       seq2seq/eval.jsonl).\n"
-    "vocab: learns a WordPiece vocabulary (BERT's vocab.txt format) from text: .txt lines, .jsonl \"text\"\n"
-    "       fields, or the .txt members of WebDataset tars.\n"
+    "vocab: learns a WordPiece vocabulary (BERT's vocab.txt format) from text: .txt lines, .jsonl fields,\n"
+    "       .tsv/.csv, .parquet or .arrow columns (--field, default \"text\"), or the .txt members of tars.\n"
     "show: a table file's columns (type, and datasets' feature: a ClassLabel's names) and its first N rows\n"
     "      (default 3): the names data.text_fields, data.label_field and data.image_field take.\n";
 
@@ -63,7 +63,7 @@ int synth(const std::vector<std::string>& argv) {
 }
 
 int vocab(const std::vector<std::string>& argv) {
-  const Args a = parse_args(argv, {"out", "size", "min-frequency"}, {"cased"});
+  const Args a = parse_args(argv, {"out", "size", "min-frequency", "field"}, {"cased"});
   const std::string out = a.get("out", "");
   if (out.empty()) throw std::invalid_argument("--out vocab.txt is required");
   if (a.positionals.empty()) throw std::invalid_argument("no input files (FILE|DIR...)");
@@ -71,7 +71,9 @@ int vocab(const std::vector<std::string>& argv) {
   o.size = a.get_int("size", o.size);
   o.min_frequency = a.get_int("min-frequency", o.min_frequency);
   o.lowercase = !a.has("cased");
-  data::SampleSource source(a.positionals, data::SampleKind::TEXT);
+  data::TextFields fields;
+  fields.text = {a.get("field", "text")};
+  data::SampleSource source(a.positionals, data::SampleKind::TEXT, fields);
   std::vector<std::string> texts;
   int64_t unreadable = 0;
   for (int64_t i = 0; i < source.size(); ++i) {

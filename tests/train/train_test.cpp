@@ -831,6 +831,10 @@ TEST_F(TrainTest, HuggingFaceDatasetsTrainAsTheirFiles) {
   EXPECT_NE(made.output.find("  label  int64  ClassLabel [not_equivalent, equivalent]"), std::string::npos)
       << made.output;
   EXPECT_NE(made.output.find("row 0:  sentence1=\""), std::string::npos) << made.output;
+  made = run(std::string(SHARDTRAIN_BIN) + " data vocab --out " + dir + "/vocab.txt --field sentence2 '" + dir +
+             "/hub/data/train-*.parquet'");
+  ASSERT_EQ(made.status, 0) << made.output;
+  EXPECT_NE(made.output.find("from 200 texts"), std::string::npos) << made.output;
   const Outcome parquet = train(classify + " --data.text_fields=[sentence1,sentence2] --data.text=[" + dir +
                                 "/hub/data/train-*.parquet] --data.eval=[" + dir + "/hub/data/validation-*]");
   ASSERT_EQ(parquet.status, 0) << parquet.output;
