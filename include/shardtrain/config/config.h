@@ -73,9 +73,9 @@ struct MixConfig {
 };
 
 struct DataConfig {
-  // Files or directories (every data file inside, sorted). image_text/image: WebDataset tars or Hugging Face
-  // datasets .arrow files (load_dataset's cache, save_to_disk); text: those, .txt (one sample per non-empty line),
-  // .jsonl, .tsv or .csv (the fields below).
+  // Files, directories (every data file inside, sorted) or patterns (data/train-*.parquet). image_text/image:
+  // WebDataset tars, or tables as Hugging Face datasets keeps them (.parquet: the Hub's; .arrow: load_dataset's
+  // cache, save_to_disk); text: those, .txt (one sample per non-empty line), .jsonl, .tsv or .csv (the fields below).
   std::vector<std::string> image_text;
   std::vector<std::string> text;
   std::vector<std::string> image;
@@ -94,8 +94,8 @@ struct DataConfig {
   std::vector<std::string> text_fields = {"text"};
   std::string label_field = "label";
   std::vector<std::string> labels;
-  // A Hugging Face datasets .arrow file's image column (datasets' Image, or binary); when it has none of this
-  // name, its one Image column.
+  // A .parquet/.arrow table's image column (datasets' Image, or binary); when it has none of this name, its one
+  // Image column. A table's ClassLabel label column gives the classes when `labels` is empty.
   std::string image_field = "image";
   MixConfig mix;
   int64_t max_text_length = 0;    // tokens incl. [CLS] and [SEP]; 0: the model's maximum

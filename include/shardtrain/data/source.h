@@ -46,8 +46,8 @@ struct TextFields {
   // The classes by id: a label value is a class name or a whole-number id below classes.size(). Empty: labels are
   // whole numbers, unchecked (tars' .cls).
   std::vector<std::string> classes;
-  // An Arrow table's image column (binary, or datasets' Image struct {bytes, path}); when the table has none of
-  // this name, its one Image column.
+  // A table's image column (binary, or datasets' Image struct {bytes, path}); when the table has none of this
+  // name, its one Image column.
   std::string image = "image";
 };
 
