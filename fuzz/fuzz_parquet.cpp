@@ -6,25 +6,12 @@
 #include <string_view>
 
 #include "data/parquet.h"
+#include "fuzz_table.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const std::string bytes(reinterpret_cast<const char*>(data), size);  // exactly `size` bytes, for ASan
   try {
-    const shardtrain::data::ParquetTable table(bytes, "fuzz.parquet");
-    (void)table.metadata("huggingface");
-    for (size_t c = 0; c < table.columns().size(); ++c) {
-      for (int64_t row = 0; row < table.rows() && row < 4096; ++row) {
-        try {
-          (void)table.is_null(static_cast<int>(c), row);
-          (void)table.bytes(static_cast<int>(c), row);
-        } catch (const std::runtime_error&) {
-        }
-        try {
-          (void)table.integer(static_cast<int>(c), row);
-        } catch (const std::runtime_error&) {
-        }
-      }
-    }
+    shardtrain::fuzz::read_every_value(shardtrain::data::ParquetTable(bytes, "fuzz.parquet"));
   } catch (const std::runtime_error&) {
   }
   return 0;

@@ -151,14 +151,16 @@ SampleSource::SampleSource(const std::vector<std::string>& paths, SampleKind kin
   for (size_t f = 0; f < files_.size(); ++f) {
     const std::string& path = files_[f];
     const RecordFormat format = record_format_of(path);
-    handles_.push_back(std::make_unique<io::ReadOnlyFile>(path));
+    const bool table = format == RecordFormat::ARROW || format == RecordFormat::PARQUET;
+    // A table is read through its own mapping (TableRecords): no descriptor of its own held beside it.
+    handles_.push_back(table ? nullptr : std::make_unique<io::ReadOnlyFile>(path));
     formats_.push_back(static_cast<int>(format));
     columns_.emplace_back();
     tables_.emplace_back();
     const size_t entries = index_.size();
     if (format == RecordFormat::TAR && ends_with(path, ".tar")) {
       index_tar(static_cast<int32_t>(f));
-    } else if (format == RecordFormat::ARROW || format == RecordFormat::PARQUET) {
+    } else if (table) {
       tables_.back() = std::make_unique<TableRecords>(path, kind, fields_);
     } else if (kind == SampleKind::TEXT && format != RecordFormat::TAR) {
       if (format == RecordFormat::TEXT_LINES && (pairs() || !fields_.label.empty())) {
@@ -172,7 +174,6 @@ SampleSource::SampleSource(const std::vector<std::string>& paths, SampleKind kin
                                   (kind == SampleKind::TEXT ? ", .txt, .jsonl, .tsv, .csv" : std::string()) +
                                   " or .arrow/.parquet file for " + kind_name(kind) + " data");
     }
-    const bool table = tables_.back() != nullptr;
     const int64_t samples = table ? tables_.back()->rows() : static_cast<int64_t>(index_.size() - entries);
     if (samples > 0) spans_.push_back(Span{size_, static_cast<int32_t>(f), table ? -1 : static_cast<int64_t>(entries)});
     size_ += samples;

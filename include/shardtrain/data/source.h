@@ -92,7 +92,7 @@ class SampleSource {
   std::vector<int> formats_;
   std::vector<std::vector<size_t>> columns_;
   std::vector<std::string> files_;
-  std::vector<std::unique_ptr<io::ReadOnlyFile>> handles_;
+  std::vector<std::unique_ptr<io::ReadOnlyFile>> handles_;  // per file; null for a table
   std::vector<std::unique_ptr<TableRecords>> tables_;  // per file: the table of an .arrow/.parquet file, else null
   std::vector<std::string> keys_;  // tar sample keys, parallel to index_ for tars (empty strings for lines)
   std::vector<Entry> index_;       // the samples of tars and line files
