@@ -101,6 +101,12 @@ std::string shown(const data::ColumnTable& t, int column, int64_t row) {
     return "\"" + v.substr(0, 60) + (v.size() > 60 ? "...\"" : "\"");
   }
   if (c.kind == data::ColumnKind::BINARY) return "<" + std::to_string(t.bytes(column, row).size()) + " bytes>";
+  if (c.kind == data::ColumnKind::LIST) {  // whole numbers: a tokenized text's ids
+    const std::vector<int64_t> items = t.integers(column, row);
+    std::string out;
+    for (size_t i = 0; i < std::min<size_t>(items.size(), 8); ++i) out += (i ? ", " : "") + std::to_string(items[i]);
+    return "[" + out + (items.size() > 8 ? ", ... (" + std::to_string(items.size()) + ")]" : "]");
+  }
   return std::to_string(t.integer(column, row));
 }
 
@@ -122,10 +128,13 @@ int show(const std::vector<std::string>& argv) {
     int depth = 0;
     for (int p = c.parent; p >= 0; p = t.columns()[static_cast<size_t>(p)].parent) ++depth;
     const std::string feature = c.parent < 0 ? data::feature_of(t, c.path) : "";
-    std::cout << "  " << std::string(2 * static_cast<size_t>(depth), ' ') << c.path << "  " << c.type
+    const std::string items = c.items >= 0 ? "<" + t.columns()[static_cast<size_t>(c.items)].type + ">" : "";
+    std::cout << "  " << std::string(2 * static_cast<size_t>(depth), ' ') << c.path << "  " << c.type << items
               << (feature.empty() ? "" : "  " + feature) << "\n";
+    const data::ColumnKind item = c.items >= 0 ? t.columns()[static_cast<size_t>(c.items)].kind : c.kind;
+    const bool whole_numbers = c.items >= 0 && (item == data::ColumnKind::INT || item == data::ColumnKind::BOOL);
     const bool values = c.kind == data::ColumnKind::UTF8 || c.kind == data::ColumnKind::BINARY ||
-                        c.kind == data::ColumnKind::INT || c.kind == data::ColumnKind::BOOL;
+                        c.kind == data::ColumnKind::INT || c.kind == data::ColumnKind::BOOL || whole_numbers;
     if (c.per_row && values) readable.push_back(static_cast<int>(i));
   }
   const int64_t rows = std::min<int64_t>(a.get_int("rows", 3), t.rows());

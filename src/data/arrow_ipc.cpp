@@ -131,6 +131,17 @@ int64_t offset_at(const char* p, int width, int64_t i) {
   return v;
 }
 
+// Value i of a column of whole numbers (INT of its width and sign, or BOOL bits) whose data starts at p.
+int64_t value_at(const TableColumn& c, const char* p, int64_t i) {
+  if (c.kind == ColumnKind::BOOL) return bit(p, i);
+  switch (c.width) {
+    case 1: { int8_t v; std::memcpy(&v, p + i, 1); return c.is_signed ? v : static_cast<uint8_t>(v); }
+    case 2: { int16_t v; std::memcpy(&v, p + 2 * i, 2); return c.is_signed ? v : static_cast<uint16_t>(v); }
+    case 4: { int32_t v; std::memcpy(&v, p + 4 * i, 4); return c.is_signed ? v : static_cast<uint32_t>(v); }
+    default: { int64_t v; std::memcpy(&v, p + 8 * i, 8); return v; }
+  }
+}
+
 }  // namespace
 
 ArrowTable::ArrowTable(std::string_view bytes, std::string name) : bytes_(bytes), name_(std::move(name)) {
@@ -204,6 +215,7 @@ void ArrowTable::read_schema(const char* metadata, size_t size) {
     const uint8_t tag = field.get<uint8_t>(2, 0);
     c.type = tag < std::size(kTypeNames) ? kTypeNames[tag] : "type " + std::to_string(tag);
     int buffers = 2;  // validity + data: the fixed-width types
+    int32_t list_size = 0;
     const bool dictionary = field.has(4);
     if (dictionary) {
       c.type = "dictionary";  // the record batch holds its integer indices
@@ -229,9 +241,11 @@ void ArrowTable::read_schema(const char* metadata, size_t size) {
     } else if (tag == kStruct) {
       c.kind = ColumnKind::STRUCT, buffers = 1;
     } else if (tag == kList || tag == kLargeList || tag == kMap) {
-      c.kind = ColumnKind::LIST;
+      c.kind = ColumnKind::LIST, c.width = tag == kLargeList ? 8 : 4;
     } else if (tag == kFixedSizeList) {
       c.kind = ColumnKind::LIST, buffers = 1;
+      list_size = field.table(3).get<int32_t>(0, 0);
+      if (list_size < 0) fail("column '" + c.path + "': a fixed_size_list of " + std::to_string(list_size) + " items");
     } else if (tag == kListView || tag == kLargeListView) {
       buffers = 3;
     } else if (tag == kRunEndEncoded) {
@@ -245,10 +259,19 @@ void ArrowTable::read_schema(const char* metadata, size_t size) {
     }
     columns_.push_back(c);
     buffers_.push_back(buffers);
+    list_size_.push_back(list_size);
     const int self_index = static_cast<int>(columns_.size()) - 1;
     if (dictionary) return;  // its value type's children live in the dictionary batch
     const auto children = field.vector(5, 4);
     for (size_t i = 0; i < children.second; ++i) self(self, field.element(children, i), self_index, depth + 1);
+    // A list (not a map) of one scalar column: its items can be read as a row's list.
+    const auto item = static_cast<size_t>(self_index) + 1;
+    const ColumnKind k = item < columns_.size() ? columns_[item].kind : ColumnKind::OTHER;
+    if (c.kind == ColumnKind::LIST && tag != kMap && children.second == 1 && item + 1 == columns_.size() &&
+        k != ColumnKind::LIST && k != ColumnKind::STRUCT && k != ColumnKind::OTHER &&
+        columns_[item].type != "dictionary") {
+      columns_[static_cast<size_t>(self_index)].items = static_cast<int>(item);
+    }
   };
   const auto fields = schema.vector(1, 4);
   for (size_t i = 0; i < fields.second; ++i) add(add, schema.element(fields, i), -1, 0);
@@ -272,6 +295,7 @@ void ArrowTable::read_batch(const char* metadata, size_t size, int64_t body, int
          std::to_string(columns_.size()) + " fields");
   }
   size_t next_buffer = 0, next_variadic = 0;
+  std::vector<std::pair<size_t, int64_t>> item_ends;  // (a list's item column, the items its rows need)
   // The file position of the next buffer (-1 when it is empty) after checking it lies inside the body.
   auto take = [&](const std::string& column, int64_t& length) -> int64_t {
     if (next_buffer >= buffers.second) fail(where + ": too few buffers for column '" + column + "'");
@@ -319,10 +343,12 @@ void ArrowTable::read_batch(const char* metadata, size_t size, int64_t body, int
              std::to_string(got[1].second) + " bytes");
       }
       s.data = got[1].first;
-    } else if ((c.kind == ColumnKind::UTF8 || c.kind == ColumnKind::BINARY) && s.length > 0) {
+    } else if ((c.kind == ColumnKind::UTF8 || c.kind == ColumnKind::BINARY || (c.kind == ColumnKind::LIST &&
+                                                                                   c.width > 0)) && s.length > 0) {
       if (got[1].second / c.width <= s.length) fail(where + ": column '" + c.path + "' has too few offsets");
-      s.offsets = got[1].first, s.data = got[2].first;
-      // Offsets start at or after 0, never go backwards, and end inside the data: every value lies in the file.
+      s.offsets = got[1].first;
+      // Offsets start at or after 0, never go backwards, and end inside the data (a list's: inside its items,
+      // checked below): every value lies in the file.
       const char* o = bytes_.data() + s.offsets;
       int64_t previous = offset_at(o, c.width, 0);
       if (previous < 0) fail(where + ": column '" + c.path + "' starts at offset " + std::to_string(previous));
@@ -332,12 +358,28 @@ void ArrowTable::read_batch(const char* metadata, size_t size, int64_t body, int
                                   std::to_string(b.first_row + r - 1));
         previous = next;
       }
-      if (previous > got[2].second) {
-        fail(where + ": column '" + c.path + "' ends at byte " + std::to_string(previous) + " of a " +
-             std::to_string(got[2].second) + "-byte data buffer");
+      if (c.kind == ColumnKind::LIST) {
+        item_ends.emplace_back(i + 1, previous);
+      } else {
+        s.data = got[2].first;
+        if (previous > got[2].second) {
+          fail(where + ": column '" + c.path + "' ends at byte " + std::to_string(previous) + " of a " +
+               std::to_string(got[2].second) + "-byte data buffer");
+        }
       }
+    } else if (c.kind == ColumnKind::LIST && s.length > 0) {  // fixed_size_list
+      const int64_t n = list_size_[i];
+      if (n > 0 && s.length > INT64_MAX / n) fail(where + ": column '" + c.path + "' has too many items");
+      item_ends.emplace_back(i + 1, s.length * n);
     }
     b.slices.push_back(s);
+  }
+  for (const auto& [item, needed] : item_ends) {
+    if (item >= b.slices.size() || b.slices[item].length < needed) {
+      fail(where + ": column '" + columns_[item - 1].path + "' has rows of " + std::to_string(needed) +
+           " items in all, its items column " +
+           std::to_string(item < b.slices.size() ? b.slices[item].length : 0));
+    }
   }
   if (next_buffer != buffers.second) {
     fail(where + " has " + std::to_string(buffers.second) + " buffers, the schema's fields " +
@@ -354,7 +396,7 @@ std::string ArrowTable::metadata(const std::string& key) const {
   return "";
 }
 
-const ArrowTable::Slice& ArrowTable::locate(int column, int64_t& row) const {
+const ArrowTable::Batch& ArrowTable::locate(int column, int64_t& row) const {
   if (column < 0 || static_cast<size_t>(column) >= columns_.size()) fail("no column " + std::to_string(column));
   if (!columns_[static_cast<size_t>(column)].per_row) {
     fail("column '" + columns_[static_cast<size_t>(column)].path + "' holds a list's items, not a value per row");
@@ -363,13 +405,13 @@ const ArrowTable::Slice& ArrowTable::locate(int column, int64_t& row) const {
   const auto b = std::upper_bound(batches_.begin(), batches_.end(), row,
                                   [](int64_t r, const Batch& x) { return r < x.first_row; }) - 1;
   row -= b->first_row;
-  return b->slices[static_cast<size_t>(column)];
+  return *b;
 }
 
 bool ArrowTable::is_null(int column, int64_t row) const {
   for (int c = column; c >= 0; c = columns_[static_cast<size_t>(c)].parent) {
     int64_t r = row;
-    const Slice& s = locate(c, r);
+    const Slice& s = locate(c, r).slices[static_cast<size_t>(c)];
     if (columns_[static_cast<size_t>(c)].kind == ColumnKind::NULL_TYPE) return true;
     if (s.validity >= 0 && !bit(bytes_.data() + s.validity, r)) return true;
   }
@@ -378,7 +420,7 @@ bool ArrowTable::is_null(int column, int64_t row) const {
 
 std::string_view ArrowTable::view(int column, int64_t row) const {
   int64_t r = row;
-  const Slice& s = locate(column, r);
+  const Slice& s = locate(column, r).slices[static_cast<size_t>(column)];
   const TableColumn& c = columns_[static_cast<size_t>(column)];
   if (c.kind != ColumnKind::UTF8 && c.kind != ColumnKind::BINARY) {
     fail("column '" + c.path + "' holds " + c.type + ", not strings or bytes");
@@ -392,20 +434,45 @@ std::string_view ArrowTable::view(int column, int64_t row) const {
 
 int64_t ArrowTable::integer(int column, int64_t row) const {
   int64_t r = row;
-  const Slice& s = locate(column, r);
+  const Slice& s = locate(column, r).slices[static_cast<size_t>(column)];
   const TableColumn& c = columns_[static_cast<size_t>(column)];
   if (c.kind != ColumnKind::INT && c.kind != ColumnKind::BOOL) {
     fail("column '" + c.path + "' holds " + c.type + ", not whole numbers");
   }
   if (is_null(column, row) || s.data < 0) return 0;
-  const char* p = bytes_.data() + s.data;
-  if (c.kind == ColumnKind::BOOL) return bit(p, r);
-  switch (c.width) {
-    case 1: { int8_t v; std::memcpy(&v, p + r, 1); return c.is_signed ? v : static_cast<uint8_t>(v); }
-    case 2: { int16_t v; std::memcpy(&v, p + 2 * r, 2); return c.is_signed ? v : static_cast<uint16_t>(v); }
-    case 4: { int32_t v; std::memcpy(&v, p + 4 * r, 4); return c.is_signed ? v : static_cast<uint32_t>(v); }
-    default: { int64_t v; std::memcpy(&v, p + 8 * r, 8); return v; }
+  return value_at(c, bytes_.data() + s.data, r);
+}
+
+std::vector<int64_t> ArrowTable::integers(int column, int64_t row) const {
+  int64_t r = row;
+  const Batch& b = locate(column, r);
+  const TableColumn& c = columns_[static_cast<size_t>(column)];
+  const TableColumn* items = c.items >= 0 ? &columns_[static_cast<size_t>(c.items)] : nullptr;
+  if (!items || (items->kind != ColumnKind::INT && items->kind != ColumnKind::BOOL)) {
+    fail("column '" + c.path + "' holds " + c.type + (items ? " of " + items->type : "") +
+         ", not lists of whole numbers");
   }
+  if (is_null(column, row)) return {};
+  const Slice& s = b.slices[static_cast<size_t>(column)];
+  const Slice& values = b.slices[static_cast<size_t>(c.items)];
+  int64_t begin = 0, end = 0;
+  if (c.width > 0) {
+    if (s.offsets < 0) return {};
+    const char* offsets = bytes_.data() + s.offsets;
+    begin = offset_at(offsets, c.width, r), end = offset_at(offsets, c.width, r + 1);
+  } else {
+    const int64_t n = list_size_[static_cast<size_t>(column)];
+    begin = r * n, end = begin + n;
+  }
+  std::vector<int64_t> out;
+  out.reserve(static_cast<size_t>(end - begin));
+  for (int64_t i = begin; i < end; ++i) {
+    if (values.validity >= 0 && !bit(bytes_.data() + values.validity, i)) {
+      fail("column '" + c.path + "' has a null item (" + std::to_string(i - begin) + ") in row " + std::to_string(row));
+    }
+    out.push_back(values.data < 0 ? 0 : value_at(*items, bytes_.data() + values.data, i));
+  }
+  return out;
 }
 
 }  // namespace shardtrain::data

@@ -6,8 +6,9 @@
 // A stream is a sequence of messages, each [0xFFFFFFFF][int32 metadata size][flatbuffer Message][body]: first the
 // Schema, then RecordBatches (a length, one FieldNode {length, null_count} per field in depth-first order, and the
 // offset and size of each of their buffers in the body), ended by a zero size. A field's buffers: its validity
-// bitmap, then by type: nothing more (struct: its children follow), data (ints, floats, bools as bits), offsets +
-// data (utf8, binary; int32 offsets, int64 for the large_ kinds), offsets (list; the child follows).
+// bitmap, then by type: nothing more (struct, fixed_size_list: the children follow), data (ints, floats, bools as
+// bits), offsets + data (utf8, binary; int32 offsets, int64 for the large_ kinds), offsets (list, large_list; the
+// child, the items of every row end to end, follows).
 //
 // Every offset, buffer and string offset is checked against the file when the table is opened, so reading a value
 // afterwards cannot leave the file whatever the file holds. Not read: compressed bodies (lz4/zstd; datasets never
@@ -36,6 +37,7 @@ class ArrowTable : public ColumnTable {
   bool is_null(int column, int64_t row) const override;
   std::string bytes(int column, int64_t row) const override { return std::string(view(column, row)); }
   int64_t integer(int column, int64_t row) const override;
+  std::vector<int64_t> integers(int column, int64_t row) const override;
   std::string_view view(int column, int64_t row) const;  // bytes() in place: a view of the file
 
  private:
@@ -50,13 +52,14 @@ class ArrowTable : public ColumnTable {
   };
   void read_schema(const char* metadata, size_t size);
   void read_batch(const char* metadata, size_t size, int64_t body, int64_t body_size);
-  const Slice& locate(int column, int64_t& row) const;  // the batch holding `row`, made relative to it
+  const Batch& locate(int column, int64_t& row) const;  // the batch holding `row`, made relative to it
   [[noreturn]] void fail(const std::string& what) const;
 
   std::string_view bytes_;
   std::string name_;
   std::vector<TableColumn> columns_;
   std::vector<int> buffers_;  // per column: how many buffers a record batch gives it; -1: 2 + a variadic count
+  std::vector<int32_t> list_size_;  // per column: a fixed_size_list's items per row; 0 for others
   int16_t version_ = 0;       // the schema message's MetadataVersion (4 = V5, 3 = V4)
   std::vector<std::pair<std::string, std::string>> metadata_;
   std::vector<Batch> batches_;

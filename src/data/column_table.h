@@ -1,6 +1,7 @@
 // A table of columns read from a file, as the sources see it whatever its format: Apache Arrow IPC files
 // (data/arrow_ipc.h: Hugging Face datasets' cache and save_to_disk) and Parquet files (data/parquet.h: datasets on
-// the Hugging Face Hub). Each row is a sample; a column is read by row, as strings, bytes or whole numbers.
+// the Hugging Face Hub). Each row is a sample; a column is read by row, as strings, bytes, whole numbers or lists of
+// whole numbers (a tokenized dataset's input_ids).
 #pragma once
 
 #include <cstdint>
@@ -21,6 +22,9 @@ struct TableColumn {
   bool is_signed = true;
   int parent = -1;      // the column this one is a child of; -1 at the top
   bool per_row = true;  // one value per row: a top-level column or a struct's child (not a list's items)
+  // A LIST's items when they are one column of scalars (datasets' Sequence(Value("int32")), List(Value(...))): that
+  // column; -1 for a list of structs or of lists, and for other kinds.
+  int items = -1;
 };
 
 class ColumnTable {
@@ -37,6 +41,9 @@ class ColumnTable {
   virtual bool is_null(int column, int64_t row) const = 0;
   virtual std::string bytes(int column, int64_t row) const = 0;  // UTF8 or BINARY; "" when null
   virtual int64_t integer(int column, int64_t row) const = 0;    // INT or BOOL; 0 when null
+  // A LIST of INT or BOOL items: the row's items in order (input_ids [101, 7592, 102]); empty when null. Throws
+  // naming the column for a null item.
+  virtual std::vector<int64_t> integers(int column, int64_t row) const = 0;
 
   int column(const std::string& path) const;  // -1 when there is none
 };

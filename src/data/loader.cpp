@@ -21,11 +21,34 @@ namespace {
 constexpr int kMaxReplacements = 64;  // consecutive unusable samples before the loader gives up
 constexpr size_t kKeptErrors = 8;
 
-// What the loader throws for a text longer than the model reads when truncation is refused.
-class TextTooLong : public std::invalid_argument {
+// What the loader throws for a sample that is not damaged but does not fit the run: a text longer than the model
+// reads when truncation is refused, token ids outside the tokenizer's vocabulary. Never skipped.
+class Refused : public std::invalid_argument {
  public:
   using std::invalid_argument::invalid_argument;
 };
+
+// A tokenized dataset's row as the model's input: its ids (the special tokens already among them) cut to `length`,
+// or padded to it; sequence ids 0 or 1 by token type over the tokens that are not special.
+Encoding encoding_of_ids(const RawSample& raw, const Tokenizer& t, int64_t length) {
+  const std::vector<int64_t> special = t.special_ids();
+  Encoding e;
+  const size_t n = std::min(raw.input_ids.size(), static_cast<size_t>(length));
+  e.truncated = static_cast<int64_t>(raw.input_ids.size() - n);
+  for (size_t i = 0; i < n; ++i) {
+    const int64_t id = raw.input_ids[i];
+    if (id < 0 || id >= t.vocab_size()) {
+      throw Refused(raw.key + ": token id " + std::to_string(id) + " is outside the vocabulary of " + t.describe() +
+                    ": the dataset was tokenized by another tokenizer (data.tokenizer names the one to use)");
+    }
+    const int64_t type = raw.token_type_ids.empty() ? 0 : raw.token_type_ids[i];
+    e.ids.push_back(id);
+    e.token_type_ids.push_back(type);
+    e.sequence_ids.push_back(std::find(special.begin(), special.end(), id) != special.end() ? -1 : type != 0);
+  }
+  pad_encoding(e, length, t.pad_id());
+  return e;
+}
 
 struct Example {
   Encoding text;
@@ -36,6 +59,7 @@ struct Example {
   int64_t position = 0;   // stream position it was read at
   std::optional<int64_t> label;
   int64_t sample = 0;
+  bool token_types = false;  // the text's token types came with its tokenized row
 };
 
 }  // namespace
@@ -93,7 +117,7 @@ struct Loader::Impl {
 
   void note_truncation(const std::string& key, int64_t tokens) const {
     if (options.refuse_truncation) {
-      throw TextTooLong(key + ": " + std::to_string(tokens) + " tokens longer than the " +
+      throw Refused(key + ": " + std::to_string(tokens) + " tokens longer than the " +
                         std::to_string(options.text_length) + " the model reads (data.truncation: error; "
                         "data.max_text_length sets the length, up to the model's positions)");
     }
@@ -127,8 +151,10 @@ struct Loader::Impl {
         ex.label = raw.label;
         const auto p = static_cast<uint64_t>(position);
         if (kind != SampleKind::IMAGE) {
-          ex.text = source.pairs() ? o.tokenizer->encode_pair(raw.text, raw.text_pair, o.text_length)
-                                   : o.tokenizer->encode(raw.text, o.text_length);
+          ex.text = raw.tokenized      ? encoding_of_ids(raw, *o.tokenizer, o.text_length)
+                    : source.pairs() ? o.tokenizer->encode_pair(raw.text, raw.text_pair, o.text_length)
+                                     : o.tokenizer->encode(raw.text, o.text_length);
+          ex.token_types = !raw.token_type_ids.empty();
           if (ex.text.truncated > 0) note_truncation(raw.key, ex.text.truncated);
           if (o.mlm_probability > 0) {
             auto rng = rng_for(seed, p, Purpose::kMlm);
@@ -156,8 +182,8 @@ struct Loader::Impl {
           }
         }
         return ex;
-      } catch (const TextTooLong&) {
-        throw;  // not a damaged sample: the run was asked to refuse it
+      } catch (const Refused&) {
+        throw;  // not a damaged sample: one the run cannot use
       } catch (const std::exception& e) {
         note_skip(e.what());
         last_error = e.what();
@@ -240,7 +266,8 @@ struct Loader::Impl {
       b.input_ids = rows([](const Example& e) -> const std::vector<int64_t>& { return e.text.ids; });
       b.attention_mask = rows([](const Example& e) -> const std::vector<int64_t>& { return e.text.attention_mask; });
       b.sequence_ids = rows([](const Example& e) -> const std::vector<int64_t>& { return e.text.sequence_ids; });
-      if (sources[static_cast<size_t>(kind)]->pairs()) {
+      if (sources[static_cast<size_t>(kind)]->pairs() ||
+          std::any_of(examples.begin(), examples.end(), [](const Example& e) { return e.token_types; })) {
         b.token_type_ids =
             rows([](const Example& e) -> const std::vector<int64_t>& { return e.text.token_type_ids; });
       }

@@ -201,6 +201,7 @@ struct PageHeader {
   int encoding = 0;
   int64_t def_bytes = 0, rep_bytes = 0;  // v2: the levels' sizes, stored uncompressed before the values
   bool compressed_values = true;         // v2's is_compressed
+  int64_t rows = -1;                     // v2: the rows the page holds (for a list, fewer than its values)
 };
 
 PageHeader read_page_header(Thrift& t) {
@@ -218,6 +219,7 @@ PageHeader read_page_header(Thrift& t) {
         if (f == 1 && t2 == kI32) h.values = t.zigzag();
         else if (id == 5 && f == 2 && t2 == kI32) h.encoding = static_cast<int>(t.zigzag());
         else if (id == 7 && f == 2 && t2 == kI32) h.encoding = static_cast<int>(t.zigzag());
+        else if (id == 8 && f == 3 && t2 == kI32) h.rows = t.zigzag();
         else if (id == 8 && f == 4 && t2 == kI32) h.encoding = static_cast<int>(t.zigzag());
         else if (id == 8 && f == 5 && t2 == kI32) h.def_bytes = t.zigzag();
         else if (id == 8 && f == 6 && t2 == kI32) h.rep_bytes = t.zigzag();
@@ -280,16 +282,136 @@ int bit_width_of(int max_value) {
   return w;
 }
 
+// The n bytes at p of a page compressed with `codec` (UNCOMPRESSED 0, SNAPPY 1, GZIP 2, ZSTD 6), which its header
+// says are `expected` bytes decompressed: into `buffer`, or in place when uncompressed. `what` names the chunk.
+std::string_view decompress(int codec, const char* p, int64_t n, int64_t expected, std::string& buffer,
+                            const std::string& what) {
+  // Bounded before allocating: by what the codec can expand n bytes to (Snappy: its own length header; deflate:
+  // 1032:1), and by kMaxPageBytes.
+  size_t snappy_length = 0;
+  if (codec != 0 && codec != 1 && codec != 2 && codec != 6) {
+    const std::string name = codec >= 0 && codec <= 7 ? kCodecs[codec] : std::to_string(codec);
+    throw std::runtime_error(what + " is compressed with " + name + ", which is not read (snappy, gzip, zstd or none "
+                             "are)");
+  }
+  const bool bounded = codec == 1   ? snappy_uncompressed_length(p, static_cast<size_t>(n), &snappy_length) ==
+                                          SNAPPY_OK && static_cast<int64_t>(snappy_length) == expected
+                       : codec == 2 ? expected <= 1032 * n + 1024
+                                    : true;
+  if (expected < 0 || expected > kMaxPageBytes || !bounded) {
+    throw std::runtime_error(what + ": a page of " + std::to_string(n) + " bytes that says it holds " +
+                             std::to_string(expected));
+  }
+  if (codec == 0) {
+    if (n != expected) throw std::runtime_error(what + ": an uncompressed page of " + std::to_string(n) +
+                                                " bytes that says " + std::to_string(expected));
+    return {p, static_cast<size_t>(n)};
+  }
+  buffer.resize(static_cast<size_t>(expected));
+  size_t got = buffer.size();
+  bool ok = false;
+  if (codec == 1) {
+    ok = snappy_uncompress(p, static_cast<size_t>(n), buffer.data(), &got) == SNAPPY_OK;
+  } else if (codec == 6) {
+    got = ZSTD_decompress(buffer.data(), buffer.size(), p, static_cast<size_t>(n));
+    ok = !ZSTD_isError(got);
+  } else {
+    z_stream z{};
+    ok = inflateInit2(&z, 15 + 32) == Z_OK;  // gzip or zlib headers
+    if (ok) {
+      z.next_in = reinterpret_cast<Bytef*>(const_cast<char*>(p));
+      z.avail_in = static_cast<uInt>(n);
+      z.next_out = reinterpret_cast<Bytef*>(buffer.data());
+      z.avail_out = static_cast<uInt>(buffer.size());
+      ok = inflate(&z, Z_FINISH) == Z_STREAM_END;
+      got = z.total_out;
+      inflateEnd(&z);
+    }
+  }
+  if (!ok || got != buffer.size()) {
+    throw std::runtime_error(what + ": a page does not decompress (" + kCodecs[codec] + ") to the " +
+                             std::to_string(expected) + " bytes its header says");
+  }
+  return buffer;
+}
+
+// A data page's parts: its repetition levels, definition levels (each RLE / bit-packing hybrid runs; empty when the
+// leaf has no such levels) and values. v1 compresses all three, each level block headed by its length; v2 stores
+// the levels uncompressed before the values, their lengths in the header.
+struct PageParts {
+  std::string_view repetition, definition, values;
+};
+PageParts split_page(const PageHeader& h, const char* page, int codec, int max_repetition, int max_definition,
+                     std::string& buffer, const std::string& what) {
+  PageParts parts;
+  if (h.type == kDataPage) {
+    std::string_view rest = decompress(codec, page, h.compressed, h.uncompressed, buffer, what);
+    auto levels = [&](int max_level, const char* kind) -> std::string_view {
+      if (max_level == 0) return {};
+      if (rest.size() < 4 || load_u32(rest.data()) > rest.size() - 4) {
+        throw std::runtime_error(what + ": a page's " + kind + " levels pass its end");
+      }
+      const std::string_view out = rest.substr(4, load_u32(rest.data()));
+      rest.remove_prefix(4 + out.size());
+      return out;
+    };
+    parts.repetition = levels(max_repetition, "repetition");
+    parts.definition = levels(max_definition, "definition");
+    parts.values = rest;
+    return parts;
+  }
+  if (h.rep_bytes < 0 || h.def_bytes < 0 || h.rep_bytes > h.compressed - h.def_bytes) {
+    throw std::runtime_error(what + ": a v2 page's levels pass its end");
+  }
+  parts.repetition = std::string_view(page, static_cast<size_t>(h.rep_bytes));
+  parts.definition = std::string_view(page + h.rep_bytes, static_cast<size_t>(h.def_bytes));
+  const int64_t skip = h.rep_bytes + h.def_bytes;
+  parts.values = h.compressed_values
+                     ? decompress(codec, page + skip, h.compressed - skip, h.uncompressed - skip, buffer, what)
+                     : std::string_view(page + skip, static_cast<size_t>(h.compressed - skip));
+  return parts;
+}
+
+// `count` levels of at most max_level from hybrid runs (all 0 when max_level is 0: the level is implied).
+std::vector<uint32_t> read_levels(std::string_view bytes, int max_level, int64_t count, const std::string& what) {
+  std::vector<uint32_t> levels;
+  if (max_level == 0) {
+    levels.assign(static_cast<size_t>(count), 0);
+    return levels;
+  }
+  Thrift t(bytes.data(), bytes.data() + bytes.size(), what);
+  read_hybrid(t, bytes.data() + bytes.size(), bit_width_of(max_level), count, levels);
+  for (uint32_t l : levels) {
+    if (l > static_cast<uint32_t>(max_level)) t.fail("has a level above the leaf's");
+  }
+  return levels;
+}
+
+// The rows of a list leaf's data page: v2 says; v1's repetition levels are read (the page decompressed) and their
+// zeros counted.
+int64_t list_page_rows(const PageHeader& h, const char* page, int codec, int max_repetition, int max_definition,
+                       const std::string& what) {
+  if (h.type == kDataPageV2 && h.rows >= 0) return h.rows;
+  std::string buffer;
+  const PageParts parts = split_page(h, page, codec, max_repetition, max_definition, buffer, what);
+  if (h.values < 0) throw std::runtime_error(what + ": a page of " + std::to_string(h.values) + " values");
+  const std::vector<uint32_t> levels = read_levels(parts.repetition, max_repetition, h.values,
+                                                   what + "'s repetition levels");
+  return std::count(levels.begin(), levels.end(), 0u);
+}
+
 }  // namespace
 
-// A leaf's values in one row group: per row its definition level, and its value (whole numbers, or byte ranges).
+// A leaf's values in one page: per row its definition level, and its value (whole numbers, or byte ranges); a list's
+// leaf: per row the level of its first slot and the range of its items.
 struct ParquetTable::Values {
   std::vector<uint8_t> level;
   std::vector<int64_t> ints;     // BOOLEAN, INT32, INT64
   std::vector<int64_t> offsets;  // BYTE_ARRAY: row r is data[offsets[r], offsets[r + 1])
   std::string data;
+  std::vector<uint8_t> holes;  // a list's leaf (offsets index ints): per row, 1 when an item is null
   int64_t bytes() const {
-    return static_cast<int64_t>(level.size() + 8 * (ints.size() + offsets.size()) + data.size());
+    return static_cast<int64_t>(level.size() + holes.size() + 8 * (ints.size() + offsets.size()) + data.size());
   }
 };
 
@@ -356,7 +478,7 @@ ParquetTable::ParquetTable(std::string_view bytes, std::string name) : bytes_(by
 
   // The schema's tree, depth first from the root (schema[0], the table itself, not a column).
   size_t next = 1;
-  auto add = [&](auto&& self, int parent, int level, int depth) -> void {
+  auto add = [&](auto&& self, int parent, int level, int repetition, int item_level, int depth) -> void {
     if (next >= schema.size()) fail("a schema whose groups claim more children than it has");
     if (depth > kMaxThriftDepth) fail("a schema nested deeper than " + std::to_string(kMaxThriftDepth));
     const SchemaElement& e = schema[next++];
@@ -365,6 +487,8 @@ ParquetTable::ParquetTable(std::string_view bytes, std::string name) : bytes_(by
     c.path = parent < 0 ? e.name : columns_[static_cast<size_t>(parent)].path + "." + e.name;
     c.parent = parent;
     node.level = level + (e.repetition != kRequired ? 1 : 0);
+    node.repetition = repetition + (e.repetition == kRepeated ? 1 : 0);
+    node.item_level = e.repetition == kRepeated ? node.level : item_level;
     const TableColumn* up = parent < 0 ? nullptr : &columns_[static_cast<size_t>(parent)];
     c.per_row = e.repetition != kRepeated && (!up || (up->kind == ColumnKind::STRUCT && up->per_row));
     const bool group = e.num_children > 0 || e.type < 0;
@@ -402,12 +526,21 @@ ParquetTable::ParquetTable(std::string_view bytes, std::string name) : bytes_(by
     columns_.push_back(c);
     nodes_.push_back(node);
     const int self_index = static_cast<int>(columns_.size()) - 1;
-    for (int i = 0; i < e.num_children; ++i) self(self, self_index, node.level, depth + 1);
+    for (int i = 0; i < e.num_children; ++i) {
+      self(self, self_index, node.level, node.repetition, node.item_level, depth + 1);
+    }
+    // A list of one scalar leaf one repetition below it (pyarrow's `list.element`, the legacy `array`): its items.
+    const size_t last = columns_.size() - 1;
+    if (c.kind == ColumnKind::LIST && nodes_[last].leaf >= 0 && nodes_[last].repetition == node.repetition + 1 &&
+        std::count_if(nodes_.begin() + self_index, nodes_.end(), [](const Node& n) { return n.leaf >= 0; }) == 1 &&
+        columns_[last].kind != ColumnKind::OTHER) {
+      columns_[static_cast<size_t>(self_index)].items = static_cast<int>(last);
+    }
     nodes_[static_cast<size_t>(self_index)].first_leaf =
         node.leaf >= 0 ? node.leaf : (static_cast<size_t>(self_index) + 1 < columns_.size()
                                           ? nodes_[static_cast<size_t>(self_index) + 1].first_leaf : -1);
   };
-  for (int i = 0; i < schema[0].num_children; ++i) add(add, -1, 0, 0);
+  for (int i = 0; i < schema[0].num_children; ++i) add(add, -1, 0, 0, 0, 0);
   if (next != schema.size()) fail("a schema of " + std::to_string(schema.size()) + " elements, its tree " +
                                   std::to_string(next));
 
@@ -462,10 +595,13 @@ std::shared_ptr<const ParquetTable::Values> ParquetTable::values(int column, int
   const TableColumn& c = columns_[static_cast<size_t>(column)];
   if (!c.per_row) fail("column '" + c.path + "' holds a list's items, not a value per row");
   if (row < 0 || row >= rows_) fail("row " + std::to_string(row) + " of " + std::to_string(rows_));
-  const int leaf = nodes_[static_cast<size_t>(column)].first_leaf;
+  const int leaf =
+      c.items >= 0 ? nodes_[static_cast<size_t>(c.items)].leaf : nodes_[static_cast<size_t>(column)].first_leaf;
   if (leaf < 0) fail("column '" + c.path + "' has no values (an empty group)");
-  if (c.kind == ColumnKind::LIST || !columns_[static_cast<size_t>(leaves_[static_cast<size_t>(leaf)])].per_row) {
-    fail("column '" + c.path + "' is a list (or a struct whose first field is one), whose rows are not read");
+  if (c.items < 0 && (c.kind == ColumnKind::LIST ||
+                      !columns_[static_cast<size_t>(leaves_[static_cast<size_t>(leaf)])].per_row)) {
+    fail("column '" + c.path + "' is a list of lists or structs (or a struct whose first field is a list), whose rows "
+         "are not read");
   }
   const auto g = std::upper_bound(groups_.begin(), groups_.end(), row,
                                   [](int64_t r, const Group& x) { return r < x.first_row; }) - 1;
@@ -519,6 +655,7 @@ std::shared_ptr<const ParquetTable::Pages> ParquetTable::pages(int leaf, size_t 
   // The page headers, read one after another through the chunk (no page is decompressed).
   const Group& g = groups_[group];
   const Chunk& chunk = g.chunks[static_cast<size_t>(leaf)];
+  const Node& node = nodes_[static_cast<size_t>(leaves_[static_cast<size_t>(leaf)])];
   const std::string what = where(leaf, group);
   auto out = std::make_shared<Pages>();
   const char* begin = bytes_.data();
@@ -539,12 +676,15 @@ std::shared_ptr<const ParquetTable::Pages> ParquetTable::pages(int leaf, size_t 
       if (out->dictionary >= 0 || !out->data.empty()) throw std::runtime_error(what + ": a second dictionary page");
       out->dictionary = p - begin;
     } else if (h.type == kDataPage || h.type == kDataPageV2) {
-      if (h.values < 0 || h.values > g.rows - rows) {
-        throw std::runtime_error(what + ": a page of " + std::to_string(h.values) + " values with " +
+      const int64_t page_rows =
+          node.repetition == 0 ? h.values
+                               : list_page_rows(h, t.position(), chunk.codec, node.repetition, node.level, what);
+      if (page_rows < 0 || page_rows > g.rows - rows) {
+        throw std::runtime_error(what + ": a page of " + std::to_string(page_rows) + " rows with " +
                                  std::to_string(g.rows - rows) + " rows left");
       }
-      if (h.values > 0) out->data.push_back(Page{p - begin, rows, h.values});
-      rows += h.values;
+      if (page_rows > 0) out->data.push_back(Page{p - begin, rows, page_rows});
+      rows += page_rows;
     } else if (h.type != kIndexPage) {
       throw std::runtime_error(what + ": a page of unknown type " + std::to_string(h.type));
     }
@@ -570,57 +710,6 @@ std::shared_ptr<const ParquetTable::Values> ParquetTable::decode_page(int leaf, 
   if (physical != kBoolean && physical != kInt32 && physical != kInt64 && physical != kByteArray) {
     throw std::runtime_error(what + " holds " + c.type + " values, which are not read");
   }
-  if (chunk.codec != 0 && chunk.codec != 1 && chunk.codec != 2 && chunk.codec != 6) {
-    const std::string codec = chunk.codec >= 0 && chunk.codec <= 7 ? kCodecs[chunk.codec] : std::to_string(chunk.codec);
-    throw std::runtime_error(what + " is compressed with " + codec + ", which is not read (snappy, gzip, zstd or none "
-                             "are)");
-  }
-  std::string buffer;  // the decompressed page
-  auto decompress = [&](const char* p, int64_t n, int64_t expected) -> std::string_view {
-    // Bounded before allocating: by what the codec can expand n bytes to (Snappy: its own length header; deflate:
-    // 1032:1), and by kMaxPageBytes.
-    size_t snappy_length = 0;
-    const bool bounded =
-        chunk.codec == 1 ? snappy_uncompressed_length(p, static_cast<size_t>(n), &snappy_length) == SNAPPY_OK &&
-                               static_cast<int64_t>(snappy_length) == expected
-        : chunk.codec == 2 ? expected <= 1032 * n + 1024
-                           : true;
-    if (expected < 0 || expected > kMaxPageBytes || !bounded) {
-      throw std::runtime_error(what + ": a page of " + std::to_string(n) + " bytes that says it holds " +
-                               std::to_string(expected));
-    }
-    if (chunk.codec == 0) {
-      if (n != expected) throw std::runtime_error(what + ": an uncompressed page of " + std::to_string(n) +
-                                                  " bytes that says " + std::to_string(expected));
-      return {p, static_cast<size_t>(n)};
-    }
-    buffer.resize(static_cast<size_t>(expected));
-    size_t got = buffer.size();
-    bool ok = false;
-    if (chunk.codec == 1) {
-      ok = snappy_uncompress(p, static_cast<size_t>(n), buffer.data(), &got) == SNAPPY_OK;
-    } else if (chunk.codec == 6) {
-      got = ZSTD_decompress(buffer.data(), buffer.size(), p, static_cast<size_t>(n));
-      ok = !ZSTD_isError(got);
-    } else {
-      z_stream z{};
-      ok = inflateInit2(&z, 15 + 32) == Z_OK;  // gzip or zlib headers
-      if (ok) {
-        z.next_in = reinterpret_cast<Bytef*>(const_cast<char*>(p));
-        z.avail_in = static_cast<uInt>(n);
-        z.next_out = reinterpret_cast<Bytef*>(buffer.data());
-        z.avail_out = static_cast<uInt>(buffer.size());
-        ok = inflate(&z, Z_FINISH) == Z_STREAM_END;
-        got = z.total_out;
-        inflateEnd(&z);
-      }
-    }
-    if (!ok || got != buffer.size()) {
-      throw std::runtime_error(what + ": a page does not decompress (" + kCodecs[chunk.codec] + ") to the " +
-                               std::to_string(expected) + " bytes its header says");
-    }
-    return buffer;
-  };
   // `count` PLAIN values from t into ints or (offsets, data).
   auto plain = [&](Thrift& t, const char* end, int64_t count, Values& out) {
     if (physical == kBoolean) {
@@ -658,6 +747,7 @@ std::shared_ptr<const ParquetTable::Values> ParquetTable::decode_page(int leaf, 
     }
   };
 
+  std::string buffer;  // the decompressed page
   const char* chunk_end = bytes_.data() + chunk.start + chunk.size;
   Thrift ht(bytes_.data() + header, chunk_end, what + "'s page header");
   const PageHeader h = read_page_header(ht);
@@ -668,47 +758,24 @@ std::shared_ptr<const ParquetTable::Values> ParquetTable::decode_page(int leaf, 
       throw std::runtime_error(what + ": a dictionary page in encoding " + std::to_string(h.encoding));
     }
     if (h.values < 0) throw std::runtime_error(what + ": a dictionary of " + std::to_string(h.values) + " values");
-    const std::string_view d = decompress(page, h.compressed, h.uncompressed);
+    const std::string_view d = decompress(chunk.codec, page, h.compressed, h.uncompressed, buffer, what);
     Thrift t(d.data(), d.data() + d.size(), what + "'s dictionary");
     plain(t, d.data() + d.size(), h.values, *out);
     if (physical == kByteArray && out->offsets.empty()) out->offsets.push_back(0);
     return out;
   }
-  // The levels, then the values: v1 compresses both, v2 only the values.
-  const int max_level = node.level;
-  std::string_view levels_bytes, values_bytes;
-  if (h.type == kDataPage) {
-    const std::string_view whole = decompress(page, h.compressed, h.uncompressed);
-    size_t at = 0;
-    if (max_level > 0) {
-      if (whole.size() < 4 || load_u32(whole.data()) > whole.size() - 4) {
-        throw std::runtime_error(what + ": a page's definition levels pass its end");
-      }
-      at = 4 + load_u32(whole.data());
-      levels_bytes = whole.substr(4, at - 4);
-    }
-    values_bytes = whole.substr(at);
-  } else {
-    if (h.rep_bytes < 0 || h.def_bytes < 0 || h.rep_bytes > h.compressed - h.def_bytes) {
-      throw std::runtime_error(what + ": a v2 page's levels pass its end");
-    }
-    levels_bytes = std::string_view(page + h.rep_bytes, static_cast<size_t>(h.def_bytes));
-    const int64_t skip = h.rep_bytes + h.def_bytes;
-    values_bytes = h.compressed_values ? decompress(page + skip, h.compressed - skip, h.uncompressed - skip)
-                                       : std::string_view(page + skip, static_cast<size_t>(h.compressed - skip));
-  }
-  std::vector<uint32_t> levels;
-  if (max_level > 0) {
-    Thrift lt(levels_bytes.data(), levels_bytes.data() + levels_bytes.size(), what + "'s definition levels");
-    read_hybrid(lt, levels_bytes.data() + levels_bytes.size(), bit_width_of(max_level), rows, levels);
-  } else {
-    levels.assign(static_cast<size_t>(rows), 0);
-  }
+  // The levels, then the values; a list's leaf has a slot per item (an empty or null list: one slot), each
+  // repetition level 0 starting a row.
+  const int max_level = node.level, max_repetition = node.repetition;
+  const int64_t slots = max_repetition > 0 ? h.values : rows;
+  if (slots < 0) throw std::runtime_error(what + ": a page of " + std::to_string(slots) + " values");
+  const PageParts parts = split_page(h, page, chunk.codec, max_repetition, max_level, buffer, what);
+  const std::vector<uint32_t> repetitions = read_levels(parts.repetition, max_repetition, slots,
+                                                        what + "'s repetition levels");
+  const std::vector<uint32_t> levels = read_levels(parts.definition, max_level, slots, what + "'s definition levels");
+  const std::string_view values_bytes = parts.values;
   int64_t present = 0;
-  for (uint32_t l : levels) {
-    if (l > static_cast<uint32_t>(max_level)) throw std::runtime_error(what + ": a definition level above the leaf's");
-    present += l == static_cast<uint32_t>(max_level);
-  }
+  for (uint32_t l : levels) present += l == static_cast<uint32_t>(max_level);
   // The present values, then spread over the rows (a null row: no value, an empty range).
   Values present_values;
   Thrift vt(values_bytes.data(), values_bytes.data() + values_bytes.size(), what + "'s values");
@@ -745,6 +812,30 @@ std::shared_ptr<const ParquetTable::Values> ParquetTable::decode_page(int leaf, 
     throw std::runtime_error(what + " is in encoding " + std::to_string(h.encoding) +
                              ", which is not read (PLAIN and dictionary encodings are)");
   }
+  if (max_repetition > 0) {  // a list: per row its first slot's level and its items' range of ints
+    if (physical == kByteArray) throw std::runtime_error(what + " holds lists of " + c.type + ", which are not read");
+    size_t k = 0;
+    for (size_t i = 0; i < levels.size(); ++i) {
+      if (repetitions[i] == 0) {
+        out->offsets.push_back(static_cast<int64_t>(out->ints.size()));
+        out->level.push_back(static_cast<uint8_t>(levels[i]));
+        out->holes.push_back(0);
+      } else if (i == 0) {
+        throw std::runtime_error(what + ": a page that starts inside a row, which is not read");
+      }
+      if (levels[i] == static_cast<uint32_t>(max_level)) {
+        out->ints.push_back(present_values.ints[k++]);
+      } else if (levels[i] >= static_cast<uint32_t>(node.item_level)) {
+        out->holes.back() = 1;  // a null item
+      }
+    }
+    out->offsets.push_back(static_cast<int64_t>(out->ints.size()));
+    if (static_cast<int64_t>(out->level.size()) != rows) {
+      throw std::runtime_error(what + ": a page of " + std::to_string(out->level.size()) + " rows, its index says " +
+                               std::to_string(rows));
+    }
+    return out;
+  }
   // A null row holds nothing: the bytes are the present values' as they are, each row's range an offset apart.
   out->data = std::move(present_values.data);
   out->offsets.push_back(0);
@@ -775,6 +866,21 @@ std::string ParquetTable::bytes(int column, int64_t row) const {
   const auto v = values(column, row);
   const auto r = static_cast<size_t>(row);
   return v->data.substr(static_cast<size_t>(v->offsets[r]), static_cast<size_t>(v->offsets[r + 1] - v->offsets[r]));
+}
+
+std::vector<int64_t> ParquetTable::integers(int column, int64_t row) const {
+  const TableColumn& c = columns_.at(static_cast<size_t>(column));
+  const TableColumn* items = c.items >= 0 ? &columns_[static_cast<size_t>(c.items)] : nullptr;
+  if (!items || (items->kind != ColumnKind::INT && items->kind != ColumnKind::BOOL)) {
+    fail("column '" + c.path + "' holds " + c.type + (items ? " of " + items->type : "") +
+         ", not lists of whole numbers");
+  }
+  const int64_t asked = row;
+  const auto v = values(column, row);
+  const auto r = static_cast<size_t>(row);
+  if (v->level[r] < nodes_[static_cast<size_t>(column)].level) return {};  // a null list
+  if (v->holes[r]) fail("column '" + c.path + "' has a null item in row " + std::to_string(asked));
+  return {v->ints.begin() + v->offsets[r], v->ints.begin() + v->offsets[r + 1]};
 }
 
 int64_t ParquetTable::integer(int column, int64_t row) const {

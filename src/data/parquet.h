@@ -12,9 +12,10 @@
 // decoding the page that holds it (a chunk's page headers read once, its dictionary decoded once), and the pages
 // last read are kept up to kCacheBytes (rows are read in shuffled order: a page evicted is decoded again). Read:
 // BOOLEAN, INT32, INT64 and BYTE_ARRAY values; no compression, Snappy, gzip and zstd; PLAIN and dictionary encodings
-// (RLE for v2's booleans); data pages v1 and v2. Not read: encrypted files, chunks in other files,
-// the items of repeated (list) columns, DELTA_* and BYTE_STREAM_SPLIT encodings, LZ4, Brotli and LZO compression —
-// each refused naming the column when its values are asked for.
+// (RLE for v2's booleans); data pages v1 and v2; lists of whole numbers (a list column's leaf has repetition levels
+// too: a slot per item, level 0 starting a row; a page must start a row). Not read: encrypted files, chunks in other
+// files, lists of strings and lists of lists, DELTA_* and BYTE_STREAM_SPLIT encodings, LZ4, Brotli and LZO
+// compression — each refused naming the column when its values are asked for.
 #pragma once
 
 #include <cstdint>
@@ -43,12 +44,15 @@ class ParquetTable : public ColumnTable {
   bool is_null(int column, int64_t row) const override;
   std::string bytes(int column, int64_t row) const override;
   int64_t integer(int column, int64_t row) const override;
+  std::vector<int64_t> integers(int column, int64_t row) const override;
 
  private:
   struct Node {          // per column, beside TableColumn
     int leaf = -1;       // its index among the leaves (the column chunks of a row group); -1 for a group
     int first_leaf = -1; // the first leaf at or below it: a group's nulls are read from it
     int level = 0;       // its definition level: how many optional or repeated nodes from the root to it
+    int repetition = 0;  // its repetition level: how many repeated nodes (lists) from the root to it
+    int item_level = 0;  // under a list: the definition level at which a slot holds an item (null or not)
     int physical = -1;   // a leaf's Parquet type (BOOLEAN 0, INT32 1, INT64 2, ..., BYTE_ARRAY 6)
   };
   struct Chunk {
@@ -69,7 +73,8 @@ class ParquetTable : public ColumnTable {
     std::vector<Page> data;
   };
 
-  // The values of the page holding `row` of `column`'s first leaf; `row` made relative to that page.
+  // The values of the page holding `row` of `column`'s first leaf (a list's: its items' leaf); `row` made relative
+  // to that page.
   std::shared_ptr<const Values> values(int column, int64_t& row) const;
   std::shared_ptr<const Pages> pages(int leaf, size_t group) const;
   // A page whose header is at `header`: a data page of `rows` rows (`dictionary` for its indices), or the

@@ -277,6 +277,13 @@ void SampleSource::index_lines(int32_t file) {
   }
 }
 
+std::string SampleSource::tokenized() const {
+  for (const auto& table : tables_) {
+    if (table && !table->tokenized().empty()) return table->tokenized();
+  }
+  return "";
+}
+
 RawSample SampleSource::read(int64_t i) const {
   if (i < 0 || i >= size_) throw std::out_of_range("sample " + std::to_string(i) + " of " + std::to_string(size_));
   const Span& span = *(std::upper_bound(spans_.begin(), spans_.end(), i,

@@ -45,6 +45,15 @@ std::vector<std::string> class_names(const nlohmann::json& features, const std::
   return names;
 }
 
+// A Value feature as "Value(int32)"; "" for another.
+std::string feature_of_json(const nlohmann::json& f) {
+  if (!f.is_object() || !f.contains("_type") || f["_type"] != "Value" || !f.contains("dtype") ||
+      !f["dtype"].is_string()) {
+    return "";
+  }
+  return "Value(" + f["dtype"].get<std::string>() + ")";
+}
+
 std::string list_of(const std::vector<std::string>& names) {
   std::string out;
   for (const auto& n : names) out += (out.empty() ? "" : ", ") + n;
@@ -66,8 +75,10 @@ std::string feature_of(const ColumnTable& table, const std::string& column) {
   const std::string type = feature_type(features, column);
   if (type == "ClassLabel") return "ClassLabel " + list_of(class_names(features, column));
   const auto f = features.find(column);
-  if (type == "Value" && f->contains("dtype") && (*f)["dtype"].is_string()) {
-    return "Value(" + (*f)["dtype"].get<std::string>() + ")";
+  if (type == "Value") return feature_of_json(*f).empty() ? type : feature_of_json(*f);
+  if ((type == "List" || type == "Sequence" || type == "LargeList") && f->contains("feature")) {
+    const std::string item = feature_of_json((*f)["feature"]);  // List(Value(int32)): a tokenized text's ids
+    return item.empty() ? type : type + "(" + item + ")";
   }
   return type;
 }
@@ -76,7 +87,25 @@ TableRecords::TableRecords(const std::string& path, SampleKind kind, const TextF
     : path_(path), file_(open_table_file(path)), table_(file_.table.get()), classes_(fields.classes) {
   const nlohmann::json features = features_of(*table_);
   if (kind != SampleKind::IMAGE) {
-    for (const std::string& name : fields.text) text_.push_back(find(name, "data.text_fields", {ColumnKind::UTF8}));
+    // Token ids: the named column holds lists of whole numbers, or by default the table has input_ids and no text.
+    std::vector<std::string> names = fields.text;
+    if (names == std::vector<std::string>{"text"} && table_->column("text") < 0 &&
+        token_list(table_->column("input_ids"))) {
+      names = {"input_ids"};
+    }
+    for (const std::string& name : names) {
+      if (!token_list(table_->column(name))) continue;
+      if (names.size() > 1) {
+        throw std::invalid_argument("data file '" + path + "': column '" + name + "' (data.text_fields) holds token "
+                                    "ids, which hold a whole sample (a tokenized pair is one list): name it alone");
+      }
+      ids_ = table_->column(name);
+      if (token_list(table_->column("token_type_ids"))) type_ids_ = table_->column("token_type_ids");
+      if (token_list(table_->column("attention_mask"))) mask_ = table_->column("attention_mask");
+    }
+    if (ids_ < 0) {
+      for (const std::string& name : names) text_.push_back(find(name, "data.text_fields", {ColumnKind::UTF8}));
+    }
   }
   if (kind != SampleKind::TEXT) {
     // The configured column, else the one datasets marks as an Image when there is exactly one.
@@ -111,6 +140,49 @@ TableRecords::TableRecords(const std::string& path, SampleKind kind, const TextF
   }
 }
 
+bool TableRecords::token_list(int column) const {
+  if (column < 0) return false;
+  const TableColumn& c = table_->columns()[static_cast<size_t>(column)];
+  if (c.parent >= 0 || c.kind != ColumnKind::LIST || c.items < 0) return false;
+  return table_->columns()[static_cast<size_t>(c.items)].kind == ColumnKind::INT;
+}
+
+std::string TableRecords::tokenized() const {
+  if (ids_ < 0) return "";
+  std::string out = table_->columns()[static_cast<size_t>(ids_)].path;
+  for (int c : {type_ids_, mask_}) {
+    if (c >= 0) out += ", " + table_->columns()[static_cast<size_t>(c)].path;
+  }
+  return out;
+}
+
+// A tokenized row: its ids with the padding (attention_mask 0, left or right) left out, and their token types.
+void TableRecords::read_tokens(int64_t row, RawSample& s) const {
+  auto list = [&](int c) {
+    if (table_->is_null(c, row)) {
+      throw std::runtime_error(s.key + ": column '" + table_->columns()[static_cast<size_t>(c)].path + "' is null");
+    }
+    return table_->integers(c, row);
+  };
+  const std::vector<int64_t> ids = list(ids_);
+  const std::vector<int64_t> types = type_ids_ >= 0 ? list(type_ids_) : std::vector<int64_t>{};
+  const std::vector<int64_t> mask = mask_ >= 0 ? list(mask_) : std::vector<int64_t>{};
+  for (int c : {type_ids_, mask_}) {
+    const size_t n = (c == type_ids_ ? types : mask).size();
+    if (c >= 0 && n != ids.size()) {
+      throw std::runtime_error(s.key + ": column '" + table_->columns()[static_cast<size_t>(c)].path + "' holds " +
+                               std::to_string(n) + " values for " + std::to_string(ids.size()) + " token ids");
+    }
+  }
+  s.tokenized = true;
+  for (size_t i = 0; i < ids.size(); ++i) {
+    if (!mask.empty() && mask[i] == 0) continue;
+    s.input_ids.push_back(ids[i]);
+    if (!types.empty()) s.token_type_ids.push_back(types[i]);
+  }
+  if (s.input_ids.empty()) throw std::runtime_error(s.key + ": no token ids (an empty list)");
+}
+
 std::vector<std::string> class_label_names(const std::string& path, const std::string& column) {
   return class_names(features_of(*open_table_file(path).table), column);
 }
@@ -127,15 +199,17 @@ int TableRecords::find(const std::string& field, const std::string& key, const s
   }
   const TableColumn& col = table_->columns()[static_cast<size_t>(c)];
   if (std::find(kinds.begin(), kinds.end(), col.kind) == kinds.end()) {
+    const std::string items = col.items >= 0 ? "<" + table_->columns()[static_cast<size_t>(col.items)].type + ">" : "";
     const char* wanted = key == "data.label_field" ? "whole numbers or strings"
                          : key == "data.image_field" ? "encoded images (binary, or datasets' Image)" : "strings";
     throw std::invalid_argument("data file '" + path_ + "': column '" + field + "' (" + key + ") holds " + col.type +
-                                ", expected " + wanted);
+                                items + ", expected " + wanted);
   }
   return c;
 }
 
 void TableRecords::read(int64_t row, RawSample& s) const {
+  if (ids_ >= 0) read_tokens(row, s);
   for (size_t i = 0; i < text_.size(); ++i) {
     const int c = text_[i];
     if (table_->is_null(c, row)) {

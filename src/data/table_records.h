@@ -2,6 +2,8 @@
 // of the cache (load_dataset's `<name>-<split>.arrow`) or of save_to_disk, read in place from the mapped file; a
 // Parquet file (data/parquet.h) as datasets on the Hub are stored, its row groups decoded as samples are read.
 // Columns are chosen by name, as for .jsonl/.tsv records (data.text_fields, data.label_field, data.image_field).
+// A tokenized dataset's column of token ids (datasets' `input_ids` after dataset.map(tokenizer)) is read as the
+// tokens themselves, with its token_type_ids and attention_mask beside it.
 //
 // datasets' features (the schema's "huggingface" metadata) are used where they say more than the Arrow types: an
 // Image column is a struct {bytes, path} — the encoded image, or where datasets kept only a path, the file there —
@@ -40,17 +42,22 @@ class TableRecords {
   TableRecords(const std::string& path, SampleKind kind, const TextFields& fields);
 
   int64_t rows() const { return table_->rows(); }
+  // The columns a tokenized table's samples are read from ("input_ids, attention_mask"); "" when its text is text.
+  std::string tokenized() const;
   // The row's fields into `s` (s.key already set). Throws std::runtime_error naming s.key for a null text or
   // image, a label that is no class, an image file that cannot be read: the loader skips and counts the sample.
   void read(int64_t row, RawSample& s) const;
 
  private:
   int find(const std::string& field, const std::string& key, const std::vector<ColumnKind>& kinds) const;
+  bool token_list(int column) const;  // a top-level column of lists of whole numbers
+  void read_tokens(int64_t row, RawSample& s) const;
 
   std::string path_;
   TableFile file_;
   const ColumnTable* table_ = nullptr;  // file_'s
   std::vector<int> text_;  // one column per text field
+  int ids_ = -1, type_ids_ = -1, mask_ = -1;  // a tokenized table's token ids and the lists beside them, or -1
   int label_ = -1;
   int image_ = -1, image_path_ = -1;  // the encoded bytes; the path beside them (an Image struct), or -1
   std::vector<std::string> classes_;

@@ -158,6 +158,7 @@ void describe_data(const TrainingData& d, const log::Logger& logger) {
     std::string line = "  " + std::string(data::kind_name(static_cast<data::SampleKind>(k))) + " data: " +
                        std::to_string(source->size()) + " samples in " + std::to_string(source->files().size()) +
                        " files";
+    if (!source->tokenized().empty()) line += ", tokenized (" + source->tokenized() + "; not tokenized again)";
     if (source->incomplete_samples()) {
       line += ", " + std::to_string(source->incomplete_samples()) + " incomplete left out";
     }

@@ -10,8 +10,12 @@
 #include <cstdlib>
 #include <fstream>
 
+#include <ATen/ATen.h>
+
 #include "data/arrow_ipc.h"
+#include "shardtrain/data/loader.h"
 #include "shardtrain/data/source.h"
+#include "shardtrain/data/tokenizer.h"
 #include "support/expect_error.h"
 
 namespace shardtrain::data {
@@ -89,11 +93,70 @@ TEST(DatasetFiles, EveryRowReadsAsDatasetsWroteIt) {
         EXPECT_FALSE(s.label.has_value());
       }
       if (w.contains("image")) EXPECT_EQ(hex(s.image), w.at("image").get<std::string>());
+      EXPECT_EQ(s.tokenized, w.contains("ids"));
+      if (w.contains("ids")) EXPECT_EQ(s.input_ids, w.at("ids").get<std::vector<int64_t>>());
+      EXPECT_EQ(s.token_type_ids, w.value("types", std::vector<int64_t>{}));
       ++rows;
     }
   }
   EXPECT_GT(rows, 250);
   EXPECT_GT(refused, 12);
+}
+
+// A tokenized dataset's rows as batches: the ids datasets holds (max_length's padding, right or left, left out and
+// the row padded again to the loader's length) with their token types; a row longer than text_length cut and
+// counted, or refused under data.truncation: error; rows end to end when packed for causal LM.
+TEST(DatasetFiles, TokenizedRowsAreTheBatchesTokens) {
+  const nlohmann::json want = cases().at("tokenized").at("rows");
+  const std::string dir = reference_dir() + "/tokenized";
+  LoaderOptions o;
+  o.batch_size = 6, o.workers = 0;
+  o.mix = {0, 1, 0};  // text only
+  o.tokenizer = open_tokenizer(dir + "/vocab.txt");
+  auto row = [&](const Batch& b, int64_t r, const char* what) {
+    return want[static_cast<size_t>(b.sample_ids[static_cast<size_t>(r)])].at(what).get<std::vector<int64_t>>();
+  };
+  for (const std::string name : {"plain", "padded", "left"}) {
+    SCOPED_TRACE(name);
+    auto source = std::make_shared<SampleSource>(std::vector<std::string>{dir + "/" + name}, SampleKind::TEXT);
+    EXPECT_EQ(source->tokenized(), "input_ids, token_type_ids, attention_mask");
+    o.text_length = 20;
+    const Batch b = Loader({nullptr, source, nullptr}, o).build(SampleKind::TEXT, 0);
+    ASSERT_EQ(b.input_ids.sizes(), (std::vector<int64_t>{6, 20}));
+    ASSERT_TRUE(b.token_type_ids.defined());
+    for (int64_t r = 0; r < 6; ++r) {
+      const std::vector<int64_t> ids = row(b, r, "ids"), types = row(b, r, "types");
+      const auto n = static_cast<int64_t>(ids.size());
+      EXPECT_TRUE(b.input_ids[r].slice(0, 0, n).equal(at::tensor(ids))) << r;
+      EXPECT_TRUE(b.token_type_ids[r].slice(0, 0, n).equal(at::tensor(types))) << r;
+      EXPECT_EQ(b.attention_mask[r].sum().item<int64_t>(), n) << r;
+      EXPECT_EQ(b.input_ids[r][n].item<int64_t>(), o.tokenizer->pad_id()) << r;
+    }
+  }
+  auto source = std::make_shared<SampleSource>(std::vector<std::string>{dir + "/plain"}, SampleKind::TEXT);
+  o.text_length = 8;
+  Loader cut({nullptr, source, nullptr}, o);
+  const Batch b = cut.build(SampleKind::TEXT, 0);
+  int64_t longer = 0;
+  for (int64_t r = 0; r < 6; ++r) {
+    std::vector<int64_t> ids = row(b, r, "ids");
+    longer += ids.size() > 8;
+    ids.resize(std::min<size_t>(ids.size(), 8));
+    EXPECT_TRUE(b.input_ids[r].slice(0, 0, static_cast<int64_t>(ids.size())).equal(at::tensor(ids))) << r;
+  }
+  EXPECT_GT(longer, 0);
+  EXPECT_EQ(cut.stats().truncated, longer);
+  o.refuse_truncation = true;
+  EXPECT_THROW(Loader({nullptr, source, nullptr}, o).build(SampleKind::TEXT, 0), std::invalid_argument);
+  o.refuse_truncation = false, o.pack_texts = true;
+  const Batch packed = Loader({nullptr, source, nullptr}, o).build(SampleKind::TEXT, 0);
+  std::vector<int64_t> stream;
+  for (int64_t r = 0; r < 6; ++r) {
+    const std::vector<int64_t> ids = row(packed, r, "ids");
+    stream.insert(stream.end(), ids.begin(), ids.begin() + std::min<int64_t>(static_cast<int64_t>(ids.size()), 8));
+  }
+  const at::Tensor flat = packed.input_ids.flatten();
+  EXPECT_TRUE(flat.slice(0, 0, static_cast<int64_t>(stream.size())).equal(at::tensor(stream)));
 }
 
 // The table's own view of a file of record batches of 3 rows: every column's type as pyarrow names it, nulls,
@@ -119,9 +182,13 @@ TEST(DatasetFiles, TableReadsValuesAcrossRecordBatches) {
   EXPECT_EQ(t.integer(a, 7), 7);
   EXPECT_EQ(t.bytes(t.column("meta.b"), 3), "3");
   EXPECT_TRUE(t.is_null(t.column("when"), 0));
+  EXPECT_EQ(t.integers(t.column("tokens"), 4), (std::vector<int64_t>{0, 1, 2, 3}));  // list(range(row))
+  EXPECT_EQ(t.integers(t.column("tokens"), 7).size(), 7u);
+  EXPECT_TRUE(t.integers(t.column("tokens"), 0).empty());
   using shardtrain::testing::expect_error;
   expect_error<std::runtime_error>([&] { t.integer(text, 0); }, {"column 'text' holds large_string"});
   expect_error<std::runtime_error>([&] { t.bytes(t.column("tokens.item"), 0); }, {"a list's items"});
+  expect_error<std::runtime_error>([&] { t.integers(text, 0); }, {"column 'text' holds large_string, not lists"});
   expect_error<std::runtime_error>([&] { t.bytes(text, 8); }, {"row 8 of 8"});
   // Cut anywhere, the file is refused when opened, never read past its end.
   for (size_t cut : {size_t{0}, size_t{3}, size_t{7}, bytes.size() / 4, bytes.size() / 2, bytes.size() - 9,

@@ -17,6 +17,10 @@ error opening them must give.
   parquet_*.parquet: batches.arrow's table through pyarrow's Parquet writer, every compression read (and brotli,
                 refused), data pages v1 and v2, with and without dictionaries, row groups of 3 rows, pages of 2
                 rows; images.parquet
+  tokenized/    a tokenized dataset: dataset.map(BertTokenizerFast) of sentence pairs (input_ids, token_type_ids,
+                attention_mask beside the texts), save_to_disk and to_parquet; padded to max_length, right and left; pyarrow's
+                Parquet of it with every compression, v1/v2 pages, pages of 2 rows; lists with a null item, a null
+                list, an empty one; large_list and fixed_size_list; a list of lists (not token ids)
   dict/         DatasetDict.save_to_disk (a directory per split); truncated.arrow, not-arrow.arrow: damaged
 """
 import io
@@ -41,9 +45,9 @@ def png(color, size=5):
     return buf.getvalue()
 
 
-def rows(texts=None, pairs=None, labels=None, images=None, errors=None):
+def rows(texts=None, pairs=None, labels=None, images=None, errors=None, ids=None, types=None):
     """The expected samples: one dict per row."""
-    n = len(next(x for x in (texts, labels, images) if x is not None))
+    n = len(next(x for x in (texts, labels, images, ids) if x is not None))
     out = []
     for i in range(n):
         if errors and errors[i]:
@@ -58,8 +62,92 @@ def rows(texts=None, pairs=None, labels=None, images=None, errors=None):
             r["label"] = labels[i]
         if images is not None:
             r["image"] = images[i].hex()
+        if ids is not None:
+            r["ids"] = ids[i]
+        if types is not None:
+            r["types"] = types[i]
         out.append(r)
     return out
+
+
+def tokenized_cases(root, mrpc, names, cases):
+    """A tokenized dataset, as transformers' run_glue makes one (dataset.map(tokenizer, batched=True)), in the files
+    datasets writes, and lists in every shape pyarrow writes them."""
+    from transformers import BertTokenizerFast
+    d = os.path.join(root, "tokenized")
+    os.makedirs(d)
+    texts = list(mrpc["sentence1"]) + [x or "" for x in mrpc["sentence2"]]
+    words = sorted({w for t in texts for w in t.lower().split()})
+    vocab = os.path.join(d, "vocab.txt")
+    with open(vocab, "w") as f:
+        f.write("\n".join(["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "."] + words) + "\n")
+    tok = BertTokenizerFast(vocab, do_lower_case=True)
+    pairs = mrpc.map(lambda b: {"sentence2": [x or "" for x in b["sentence2"]]}, batched=True)
+    plain = pairs.map(lambda b: tok(b["sentence1"], b["sentence2"], truncation=True, max_length=12), batched=True)
+    padded = pairs.map(lambda b: tok(b["sentence1"], b["sentence2"], truncation=True, max_length=16,
+                                     padding="max_length"), batched=True)
+    tok.padding_side = "left"
+    left = pairs.map(lambda b: tok(b["sentence1"], b["sentence2"], truncation=True, max_length=16,
+                                   padding="max_length"), batched=True)
+    plain.save_to_disk(os.path.join(d, "plain"))
+    padded.save_to_disk(os.path.join(d, "padded"))
+    left.save_to_disk(os.path.join(d, "left"))
+    plain.to_parquet(os.path.join(d, "plain.parquet"))
+    labels = list(mrpc["label"])
+    want = rows(labels=labels, ids=plain["input_ids"], types=plain["token_type_ids"])
+    # No data.text_fields: a table without "text" but with input_ids is read as tokens.
+    cases["tokenized"] = {"paths": [os.path.join(d, "plain")], "kind": "text", "label": "label", "classes": names,
+                          "rows": want}
+    cases["tokenized_named"] = dict(cases["tokenized"], text=["input_ids"])
+    cases["tokenized_padded"] = dict(cases["tokenized"], paths=[os.path.join(d, "padded")])
+    cases["tokenized_left"] = dict(cases["tokenized"], paths=[os.path.join(d, "left")])
+    cases["tokenized_parquet"] = dict(cases["tokenized"], paths=[os.path.join(d, "plain.parquet")])
+    cases["tokenized_with_text"] = {"paths": [os.path.join(d, "plain")], "kind": "text",
+                                    "text": ["input_ids", "sentence1"],
+                                    "open_error": "column 'input_ids' (data.text_fields) holds token ids, which "
+                                                  "hold a whole sample"}
+    cases["tokenized_texts"] = {"paths": [os.path.join(d, "plain")], "kind": "text",
+                                "text": ["sentence1", "sentence2"], "label": "label", "classes": names,
+                                "rows": rows(list(mrpc["sentence1"]), list(pairs["sentence2"]), labels)}
+    table = plain.data.table
+    for codec in ("none", "snappy", "gzip", "zstd"):
+        for version in ("1.0", "2.0"):
+            for dictionary in (True, False):
+                name = "tokenized_%s_v%s%s" % (codec, version[0], "_dict" if dictionary else "")
+                path = os.path.join(d, name + ".parquet")
+                pq.write_table(table, path, compression=codec, data_page_version=version,
+                               use_dictionary=dictionary, row_group_size=4)
+                cases[name] = dict(cases["tokenized"], paths=[path])
+    for version in ("1.0", "2.0"):  # pages of 2 rows: a row's items found in the page that holds it
+        path = os.path.join(d, "pages_v%s.parquet" % version[0])
+        pq.write_table(table, path, compression="snappy", data_page_version=version, data_page_size=16,
+                       write_batch_size=2, dictionary_pagesize_limit=64)
+        cases["tokenized_pages_v" + version[0]] = dict(cases["tokenized"], paths=[path])
+
+    # Lists as pyarrow writes them: null items and lists, empty lists, 64-bit offsets, a fixed size, lists of lists.
+    ids = [[5, 6, 7], [None, 3], None, [], [2**40, 0], [9]]
+    errors = [None, "'input_ids' has a null item", "'input_ids' is null", "no token ids", None, None]
+    want = rows(ids=[x or [] for x in ids], errors=errors)
+    for name, type_ in (("list", pa.list_(pa.int64())), ("large_list", pa.large_list(pa.int64()))):
+        t = pa.table({"input_ids": pa.array(ids, type_)})
+        with pa.ipc.new_stream(os.path.join(d, name + ".arrow"), t.schema) as w:
+            w.write_table(t)
+        cases["tokens_" + name] = {"paths": [os.path.join(d, name + ".arrow")], "kind": "text", "rows": want}
+    for version in ("1.0", "2.0"):
+        path = os.path.join(d, "nulls_v%s.parquet" % version[0])
+        pq.write_table(pa.table({"input_ids": pa.array(ids, pa.list_(pa.int64()))}), path, data_page_version=version,
+                       row_group_size=4)
+        cases["tokens_parquet_v" + version[0]] = {"paths": [path], "kind": "text", "rows": want}
+    fixed = pa.table({"input_ids": pa.array([[1, 2, 3], [4, 5, 6]], pa.list_(pa.int16(), 3)),
+                      "token_type_ids": pa.array([[0, 0, 1], [0, 1, 1]], pa.list_(pa.int8(), 3))})
+    with pa.ipc.new_stream(os.path.join(d, "fixed.arrow"), fixed.schema) as w:
+        w.write_table(fixed)
+    cases["tokens_fixed_size"] = {"paths": [os.path.join(d, "fixed.arrow")], "kind": "text",
+                                  "rows": rows(ids=[[1, 2, 3], [4, 5, 6]], types=[[0, 0, 1], [0, 1, 1]])}
+    nested = pa.table({"input_ids": pa.array([[[1, 2]], [[3]]], pa.list_(pa.list_(pa.int64())))})
+    pq.write_table(nested, os.path.join(d, "nested.parquet"))
+    cases["tokens_nested"] = {"paths": [os.path.join(d, "nested.parquet")], "kind": "text", "text": ["input_ids"],
+                              "open_error": "column 'input_ids' (data.text_fields) holds list, expected strings"}
 
 
 def main(out):
@@ -237,6 +325,8 @@ def main(out):
         f.write(whole[: len(whole) - 100])
     cases["parquet_truncated"] = {"paths": [os.path.join(root, "truncated.parquet")], "kind": "text",
                                   "text": ["text"], "open_error": "not a Parquet file"}
+
+    tokenized_cases(root, mrpc, names, cases)
 
     # Damaged and misplaced.
     DatasetDict({"train": mrpc, "validation": mrpc}).save_to_disk(os.path.join(root, "dict"))

@@ -2,10 +2,14 @@
 with save_to_disk: what a user of datasets gives `shardtrain train` (tests/train/train_test.cpp trains on both and
 compares).
 
-Usage: to_datasets.py PAIRS_DIR IMAGE_DIR OUT
+Usage: to_datasets.py PAIRS_DIR IMAGE_DIR OUT VOCAB
   OUT/mrpc    DatasetDict {train, validation} of PAIRS_DIR's train.tsv and eval.tsv with GLUE MRPC's features:
               sentence1, sentence2, label (ClassLabel not_equivalent/equivalent), idx; rows in the files' order
   OUT/hub     the same pairs as a Hub dataset repository holds them: data/{train,validation}-00000-of-00001.parquet
+  OUT/mrpc_tokenized  OUT/mrpc tokenized as transformers' run_glue does it (dataset.map of BertTokenizerFast over
+              VOCAB, lower-cased, pairs truncated to 32 tokens): input_ids, token_type_ids, attention_mask added
+  OUT/tokenized_hub  the same padded to 32 (padding="max_length"), as Parquet files of each split
+  OUT/foreign token ids from a larger vocabulary than VOCAB's (a dataset tokenized by another tokenizer)
   OUT/shapes  DatasetDict {train} of IMAGE_DIR's WebDataset tars as an image-classification dataset (CIFAR-10's
               shape): img (Image, the tars' PNG bytes unchanged), label (ClassLabel); samples in the tars' order
 """
@@ -52,15 +56,26 @@ def shapes(image_dir):
                              features=Features({"img": Image(), "label": ClassLabel(names=names)}))
 
 
-def main(pairs_dir, image_dir, out):
+def main(pairs_dir, image_dir, out, vocab):
     mrpc = DatasetDict({"train": pairs(os.path.join(pairs_dir, "train.tsv")),
                         "validation": pairs(os.path.join(pairs_dir, "eval.tsv"))})
     mrpc.save_to_disk(os.path.join(out, "mrpc"))
     os.makedirs(os.path.join(out, "hub", "data"))
     for split, d in mrpc.items():
         d.to_parquet(os.path.join(out, "hub", "data", split + "-00000-of-00001.parquet"))
+    from transformers import BertTokenizerFast
+    tok = BertTokenizerFast(vocab, do_lower_case=True)
+    mrpc.map(lambda b: tok(b["sentence1"], b["sentence2"], truncation=True, max_length=32),
+             batched=True).save_to_disk(os.path.join(out, "mrpc_tokenized"))
+    padded = mrpc.map(lambda b: tok(b["sentence1"], b["sentence2"], truncation=True, max_length=32,
+                                    padding="max_length"), batched=True)
+    os.makedirs(os.path.join(out, "tokenized_hub"))
+    for split, d in padded.items():
+        d.to_parquet(os.path.join(out, "tokenized_hub", split + "-00000-of-00001.parquet"))
+    foreign = Dataset.from_dict({"input_ids": [[2, 7, 30521, 3]] * 8, "label": [0, 1] * 4})
+    foreign.save_to_disk(os.path.join(out, "foreign"))
     DatasetDict({"train": shapes(image_dir)}).save_to_disk(os.path.join(out, "shapes"))
 
 
 if __name__ == "__main__":
-    main(*sys.argv[1:4])
+    main(*sys.argv[1:5])

@@ -805,7 +805,7 @@ TEST_F(TrainTest, HuggingFaceDatasetsTrainAsTheirFiles) {
                      "--image 0 --eval 0 --pairs 200");
   ASSERT_EQ(made.status, 0) << made.output;
   made = run(std::string(SHARDTRAIN_PYTHON) + " " + SHARDTRAIN_SOURCE_DIR + "/tests/reference/to_datasets.py " + dir +
-             "/synth/pairs " + root_ + "/data/image " + dir);
+             "/synth/pairs " + root_ + "/data/image " + dir + " " + root_ + "/data/vocab.txt");
   ASSERT_EQ(made.status, 0) << made.output;
 
   const std::string classify = " --model.flavor=bert-debug --model.task=classify --data.max_text_length=32 "
@@ -839,6 +839,26 @@ TEST_F(TrainTest, HuggingFaceDatasetsTrainAsTheirFiles) {
                                 "/hub/data/train-*.parquet] --data.eval=[" + dir + "/hub/data/validation-*]");
   ASSERT_EQ(parquet.status, 0) << parquet.output;
   EXPECT_EQ(loss_lines(parquet.output), loss_lines(tsv.output)) << parquet.output;
+
+  // A tokenized dataset (run_glue's dataset.map(tokenizer) by transformers' BertTokenizerFast): its input_ids are
+  // the tokens, not tokenized again — the same losses as the texts; padded to max_length, as Parquet, too.
+  const Outcome tokenized = train(classify + " --data.text=[" + dir + "/mrpc_tokenized/train] --data.eval=[" + dir +
+                                  "/mrpc_tokenized/validation]");
+  ASSERT_EQ(tokenized.status, 0) << tokenized.output;
+  EXPECT_NE(tokenized.output.find("text data: 200 samples in 1 files, tokenized (input_ids, token_type_ids, "
+                                  "attention_mask; not tokenized again)"), std::string::npos) << tokenized.output;
+  EXPECT_EQ(loss_lines(tokenized.output), loss_lines(tsv.output)) << tokenized.output;
+  const Outcome padded = train(classify + " --data.text=[" + dir + "/tokenized_hub/train-*] --data.eval=[" + dir +
+                               "/tokenized_hub/validation-*]");
+  ASSERT_EQ(padded.status, 0) << padded.output;
+  EXPECT_EQ(loss_lines(padded.output), loss_lines(tsv.output)) << padded.output;
+  made = run(std::string(SHARDTRAIN_BIN) + " data show " + dir +
+             "/tokenized_hub/train-00000-of-00001.parquet --rows 1");
+  EXPECT_NE(made.output.find("  input_ids  list<int32>  List(Value(int32))"), std::string::npos) << made.output;
+  EXPECT_NE(made.output.find("  input_ids=[2, "), std::string::npos) << made.output;  // [CLS] of the suite's vocab
+  const Outcome foreign = train(classify + " --data.labels=[a,b] --data.text=[" + dir + "/foreign]");
+  EXPECT_NE(foreign.status, 0);
+  EXPECT_NE(foreign.output.find("token id 30521 is outside the vocabulary of"), std::string::npos) << foreign.output;
 
   const std::string vit = " --model.flavor=vit-debug --train.steps=4 --log.interval=1 --checkpoint.overwrite=true "
                           "--checkpoint.dir=" + dir + "/run";

@@ -37,11 +37,21 @@ struct RawSample {
   std::string text;
   std::string text_pair;         // a sentence pair's second text (TextFields names two)
   std::optional<int64_t> label;  // the .cls member, or the record's label field as a class id
+  // A tokenized dataset's row (an .arrow/.parquet column of token ids, Hugging Face datasets' `input_ids` after
+  // dataset.map(tokenizer)): the ids as its tokenizer made them, special tokens included, padding left out; the
+  // text is then empty and is not tokenized again.
+  bool tokenized = false;
+  std::vector<int64_t> input_ids;
+  std::vector<int64_t> token_type_ids;  // the row's token_type_ids when the table has them; else empty
 };
 
 // Which fields of a .jsonl/.tsv/.csv/.arrow/.parquet record a source reads (JSON keys, header columns, columns).
 struct TextFields {
-  std::vector<std::string> text = {"text"};  // one field, or two: a sentence pair (MRPC's sentence1, sentence2)
+  // One field, or two: a sentence pair (MRPC's sentence1, sentence2). A table's column of token ids (lists of whole
+  // numbers) is read as its tokenizer's output (RawSample::input_ids), with token_type_ids and attention_mask
+  // beside it when the table has them; a table with no "text" column but such an "input_ids" column is read so by
+  // default.
+  std::vector<std::string> text = {"text"};
   std::string label;                         // the label's field; empty: records carry no label
   // The classes by id: a label value is a class name or a whole-number id below classes.size(). Empty: labels are
   // whole numbers, unchecked (tars' .cls).
@@ -63,6 +73,8 @@ class SampleSource {
 
   SampleKind kind() const { return kind_; }
   bool pairs() const { return fields_.text.size() == 2; }  // samples are sentence pairs
+  // What the first tokenized table reads ("input_ids, token_type_ids, attention_mask"); "" when no table is.
+  std::string tokenized() const;
   int64_t size() const { return size_; }
   // Throws std::runtime_error naming the file and line for bytes that cannot be read or parsed (a .jsonl line that
   // is not JSON, a field missing, a label that is not one of the classes).
