@@ -58,7 +58,8 @@ int main(int argc, char** argv) {
       int64_t mine = 0;
       for (int64_t i = next++; i < source.size(); i = next++) {
         const data::RawSample s = source.read(order[static_cast<size_t>(i)]);
-        mine += static_cast<int64_t>(s.text.size() + s.text_pair.size() + s.image.size());
+        mine += static_cast<int64_t>(s.text.size() + s.text_pair.size() + s.image.size() +
+                                     8 * (s.input_ids.size() + s.token_type_ids.size()));
       }
       bytes += mine;
     });

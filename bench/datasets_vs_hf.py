@@ -7,6 +7,8 @@ Usage: .venv/bin/python bench/datasets_vs_hf.py [--build build] [--work /tmp/sha
 Datasets written with datasets itself (the work directory is reused when its files exist):
   text    sentence pairs of 8-40 words with a ClassLabel (GLUE MRPC's features), as save_to_disk's .arrow and as
           Parquet from datasets' to_parquet (what a Hub repository holds)
+  tokenized  the text pairs through dataset.map(BertTokenizerFast) as run_glue tokenizes (input_ids,
+          token_type_ids, attention_mask beside the texts), the same two ways
   images  128x128 PNGs of noise and gradients with a ClassLabel (an Image column: CIFAR-style), the same two ways
 Theirs: load_from_disk then ds[i] for the Arrow files (images with decode=False: bytes, as ours returns them); for
 Parquet, Dataset.from_parquet — which converts the file into an Arrow cache first, timed as its "open" — then
@@ -51,6 +53,22 @@ def make_text(work, rows):
     return arrow, parquet
 
 
+def make_tokenized(work, text_arrow):
+    arrow, parquet = os.path.join(work, "tokenized"), os.path.join(work, "tokenized.parquet")
+    if not os.path.exists(parquet):
+        from transformers import BertTokenizerFast
+        vocab = os.path.join(work, "vocab.txt")
+        with open(vocab, "w") as f:
+            f.write("\n".join(["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"] + sorted(set(WORDS))) + "\n")
+        tok = BertTokenizerFast(vocab)
+        ds = datasets.load_from_disk(text_arrow).map(
+            lambda b: tok(b["sentence1"], b["sentence2"], truncation=True, max_length=128), batched=True)
+        shutil.rmtree(arrow, ignore_errors=True)
+        ds.save_to_disk(arrow)
+        ds.to_parquet(parquet)
+    return arrow, parquet
+
+
 def make_images(work, count):
     arrow, parquet = os.path.join(work, "images"), os.path.join(work, "images.parquet")
     if not os.path.exists(parquet):
@@ -77,18 +95,20 @@ def ours(build, path, kind, fields):
     return r["open_s"], r["read_s"], r["samples"]
 
 
-def theirs(path, image_column):
+def theirs(path, image_column, columns):
     t0 = time.perf_counter()
     if path.endswith(".parquet"):
         with tempfile.TemporaryDirectory() as cache:
             ds = Dataset.from_parquet(path, cache_dir=cache)
-            return read_all(ds, image_column, t0)
-    return read_all(datasets.load_from_disk(path), image_column, t0)
+            return read_all(ds, image_column, columns, t0)
+    return read_all(datasets.load_from_disk(path), image_column, columns, t0)
 
 
-def read_all(ds, image_column, t0):
+def read_all(ds, image_column, columns, t0):
     if image_column:
         ds = ds.cast_column(image_column, Image(decode=False))
+    if columns:  # the columns the training reads, as ours
+        ds = ds.select_columns(columns)
     opened = time.perf_counter()
     order = list(range(len(ds)))
     random.Random(1).shuffle(order)
@@ -106,18 +126,22 @@ def main():
     a = parser.parse_args()
     os.makedirs(a.work, exist_ok=True)
     text_arrow, text_parquet = make_text(a.work, a.text_rows)
+    tokens_arrow, tokens_parquet = make_tokenized(a.work, text_arrow)
     image_arrow, image_parquet = make_images(a.work, a.images)
     text_fields = ["--text", "sentence1,sentence2", "--label", "label"]
     image_fields = ["--label", "label"]
-    cases = [("text, save_to_disk .arrow", text_arrow, "text", text_fields, None),
-             ("text, Parquet (to_parquet)", text_parquet, "text", text_fields, None),
-             ("images, save_to_disk .arrow", image_arrow, "image", image_fields, "img"),
-             ("images, Parquet (to_parquet)", image_parquet, "image", image_fields, "img")]
+    tokens = ["input_ids", "token_type_ids", "attention_mask", "label"]
+    cases = [("text, save_to_disk .arrow", text_arrow, "text", text_fields, None, None),
+             ("text, Parquet (to_parquet)", text_parquet, "text", text_fields, None, None),
+             ("tokenized, save_to_disk .arrow", tokens_arrow, "text", ["--label", "label"], None, tokens),
+             ("tokenized, Parquet", tokens_parquet, "text", ["--label", "label"], None, tokens),
+             ("images, save_to_disk .arrow", image_arrow, "image", image_fields, "img", None),
+             ("images, Parquet (to_parquet)", image_parquet, "image", image_fields, "img", None)]
     print("%-30s %8s | %-24s | %-24s | %s" % ("data", "rows", "ours: open + read s", "datasets: open + read s",
                                                "ours/theirs"))
-    for name, path, kind, fields, image_column in cases:
+    for name, path, kind, fields, image_column, columns in cases:
         o_open, o_read, rows = ours(a.build, path, kind, fields)
-        t_open, t_read, t_rows = theirs(path, image_column)
+        t_open, t_read, t_rows = theirs(path, image_column, columns)
         assert rows == t_rows, (rows, t_rows)
         print("%-30s %8d | %7.3f + %7.3f (%7.0f/s) | %7.3f + %7.3f (%7.0f/s) | %.3f" % (
             name, rows, o_open, o_read, rows / o_read, t_open, t_read, rows / t_read,

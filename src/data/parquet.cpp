@@ -239,6 +239,15 @@ uint32_t load_u32(const char* p) {
   return v;
 }
 
+// The value of `width` bits (at most 32) at bit `bit` of the bit-packed bytes p[0, size), LSB first; the value
+// must lie inside them. Read through one little-endian 64-bit load (the value spans at most 5 bytes).
+uint32_t unpack(const uint8_t* p, uint64_t size, uint64_t bit, int width) {
+  const uint64_t byte = bit >> 3;
+  uint64_t word = 0;
+  std::memcpy(&word, p + byte, static_cast<size_t>(std::min<uint64_t>(8, size - byte)));
+  return static_cast<uint32_t>((word >> (bit & 7)) & ((uint64_t{1} << width) - 1));
+}
+
 // The RLE / bit-packing hybrid: runs headed by a varint, odd: (header >> 1) groups of 8 values bit-packed LSB
 // first, even: (header >> 1) repeats of one value in ceil(bit_width / 8) bytes. Appends `count` values to `out`.
 void read_hybrid(Thrift& t, const char* end, int bit_width, int64_t count, std::vector<uint32_t>& out) {
@@ -255,14 +264,9 @@ void read_hybrid(Thrift& t, const char* end, int bit_width, int64_t count, std::
         t.fail("has a bit-packed run past its end");
       }
       const auto* p = reinterpret_cast<const uint8_t*>(t.position());
-      const uint64_t n = std::min<uint64_t>(groups * 8, left);
+      const uint64_t n = std::min<uint64_t>(groups * 8, left), size = groups * static_cast<uint64_t>(bit_width);
       for (uint64_t i = 0; i < n; ++i) {
-        uint64_t v = 0;
-        for (int b = 0; b < bit_width; ++b) {
-          const uint64_t bit = i * static_cast<uint64_t>(bit_width) + static_cast<uint64_t>(b);
-          v |= static_cast<uint64_t>((p[bit >> 3] >> (bit & 7)) & 1) << b;
-        }
-        out.push_back(static_cast<uint32_t>(v));
+        out.push_back(bit_width == 0 ? 0 : unpack(p, size, i * static_cast<uint64_t>(bit_width), bit_width));
       }
       t.advance(groups * static_cast<uint64_t>(bit_width));
     } else {
@@ -274,6 +278,46 @@ void read_hybrid(Thrift& t, const char* end, int bit_width, int64_t count, std::
       out.insert(out.end(), static_cast<size_t>(std::min(n, left)), v);
     }
   }
+}
+
+// One run of the hybrid encoding, found without decoding it: `count` values from value `first` on, bit-packed at
+// byte `offset` of the encoded bytes, or (not packed) all `value`.
+struct HybridRun {
+  int64_t first = 0;
+  uint32_t offset = 0, value = 0;
+  bool packed = false;
+};
+
+// The runs holding `count` values of `bit_width` bits in `bytes`: only their headers are read, so that one value can
+// be decoded without those before it. Throws std::runtime_error (naming `what`) for runs past the bytes' end.
+std::vector<HybridRun> index_hybrid(std::string_view bytes, int bit_width, int64_t count, const std::string& what) {
+  Thrift t(bytes.data(), bytes.data() + bytes.size(), what);
+  if (bit_width < 0 || bit_width > 32) t.fail("has a bit width of " + std::to_string(bit_width));
+  std::vector<HybridRun> runs;
+  for (int64_t n = 0; n < count;) {
+    const uint64_t header = t.varint();
+    HybridRun run;
+    run.first = n;
+    if (header & 1) {
+      const uint64_t groups = header >> 1;
+      if (groups == 0) t.fail("has an empty bit-packed run");
+      if (bit_width > 0 && groups > static_cast<uint64_t>(bytes.data() + bytes.size() - t.position()) /
+                                        static_cast<uint64_t>(bit_width)) {
+        t.fail("has a bit-packed run past its end");
+      }
+      run.packed = true, run.offset = static_cast<uint32_t>(t.position() - bytes.data());
+      t.advance(groups * static_cast<uint64_t>(bit_width));
+      n += static_cast<int64_t>(std::min<uint64_t>(groups * 8, static_cast<uint64_t>(count - n)));
+    } else {
+      const uint64_t length = header >> 1;
+      if (length == 0) t.fail("has an empty run");
+      for (int b = 0; b < (bit_width + 7) / 8; ++b) run.value |= static_cast<uint32_t>(t.byte()) << (8 * b);
+      if (bit_width < 32 && (run.value >> bit_width) != 0) t.fail("has a run value wider than its bit width");
+      n += static_cast<int64_t>(std::min<uint64_t>(length, static_cast<uint64_t>(count - n)));
+    }
+    runs.push_back(run);
+  }
+  return runs;
 }
 
 int bit_width_of(int max_value) {
@@ -402,18 +446,58 @@ int64_t list_page_rows(const PageHeader& h, const char* page, int codec, int max
 
 }  // namespace
 
-// A leaf's values in one page: per row its definition level, and its value (whole numbers, or byte ranges); a list's
-// leaf: per row the level of its first slot and the range of its items.
+// A leaf's values in one page: per row its definition level, and its value (whole numbers, or byte ranges).
+//
+// A list's leaf: per row the level of its first slot, whether an item is null (holes), and its items' range
+// [offsets[r], offsets[r + 1]) of the page's values, which stay encoded in `data` and are decoded one by one when
+// read (item()): a page of dictionary indices, 6 bits each for a vocabulary of 50 words, would decode to 10 times
+// its bytes, and a shuffled epoch reads one row of a page at a time.
 struct ParquetTable::Values {
   std::vector<uint8_t> level;
   std::vector<int64_t> ints;     // BOOLEAN, INT32, INT64
-  std::vector<int64_t> offsets;  // BYTE_ARRAY: row r is data[offsets[r], offsets[r + 1])
+  std::vector<int64_t> offsets;  // BYTE_ARRAY: row r is data[offsets[r], offsets[r + 1]); a list's leaf: its items
   std::string data;
-  std::vector<uint8_t> holes;  // a list's leaf (offsets index ints): per row, 1 when an item is null
+  std::vector<uint8_t> holes;
+  // A list's leaf: PLAIN values of `width` bytes (0: booleans, a bit each), or the hybrid `runs` of `bit_width`
+  // values: indices into `dictionary`'s ints, or (no dictionary) RLE booleans.
+  int width = 0, bit_width = 0;
+  bool is_signed = true;
+  std::vector<HybridRun> runs;
+  std::shared_ptr<const Values> dictionary;
+
+  int64_t item(int64_t k) const;
   int64_t bytes() const {
-    return static_cast<int64_t>(level.size() + holes.size() + 8 * (ints.size() + offsets.size()) + data.size());
+    return static_cast<int64_t>(level.size() + holes.size() + 8 * (ints.size() + offsets.size()) + data.size() +
+                                sizeof(HybridRun) * runs.size());
   }
 };
+
+int64_t ParquetTable::Values::item(int64_t k) const {
+  const auto* p = reinterpret_cast<const uint8_t*>(data.data());
+  if (runs.empty()) {  // PLAIN: decode_page checked that every value lies in data
+    if (width == 0) return (p[k >> 3] >> (k & 7)) & 1;
+    if (width == 4) {
+      int32_t v;
+      std::memcpy(&v, p + 4 * k, 4);
+      return is_signed ? v : static_cast<int64_t>(static_cast<uint32_t>(v));
+    }
+    int64_t v;
+    std::memcpy(&v, p + 8 * k, 8);
+    return v;
+  }
+  const HybridRun& run = *(std::upper_bound(runs.begin(), runs.end(), k,
+                                            [](int64_t x, const HybridRun& r) { return x < r.first; }) - 1);
+  const uint32_t v = !run.packed ? run.value
+                                 : unpack(p + run.offset, data.size() - run.offset,
+                                          static_cast<uint64_t>(k - run.first) * static_cast<uint64_t>(bit_width),
+                                          bit_width);
+  if (!dictionary) return v;
+  if (v >= dictionary->ints.size()) {
+    throw std::runtime_error("a dictionary index " + std::to_string(v) + " of " +
+                             std::to_string(dictionary->ints.size()));
+  }
+  return dictionary->ints[v];
+}
 
 ParquetTable::ParquetTable(std::string_view bytes, std::string name) : bytes_(bytes), name_(std::move(name)) {
   const size_t size = bytes_.size();
@@ -620,7 +704,7 @@ std::shared_ptr<const ParquetTable::Values> ParquetTable::values(int column, int
     dictionary = cached({chunk, -1});
     if (!dictionary) dictionary = keep({chunk, -1}, decode_page(leaf, group, index->dictionary, 0, nullptr));
   }
-  return keep({chunk, page_number}, decode_page(leaf, group, page->header, page->rows, dictionary.get()));
+  return keep({chunk, page_number}, decode_page(leaf, group, page->header, page->rows, std::move(dictionary)));
 }
 
 std::shared_ptr<const ParquetTable::Values> ParquetTable::cached(std::pair<int64_t, int64_t> key) const {
@@ -700,7 +784,8 @@ std::string ParquetTable::where(int leaf, size_t group) const {
 }
 
 std::shared_ptr<const ParquetTable::Values> ParquetTable::decode_page(int leaf, size_t group, int64_t header,
-                                                                      int64_t rows, const Values* dictionary) const {
+                                                                      int64_t rows,
+                                                                      std::shared_ptr<const Values> dictionary) const {
   const int column = leaves_[static_cast<size_t>(leaf)];
   const TableColumn& c = columns_[static_cast<size_t>(column)];
   const Node& node = nodes_[static_cast<size_t>(column)];
@@ -753,6 +838,7 @@ std::shared_ptr<const ParquetTable::Values> ParquetTable::decode_page(int leaf, 
   const PageHeader h = read_page_header(ht);
   const char* page = ht.position();  // pages() checked that the page lies inside the chunk
   auto out = std::make_shared<Values>();
+  out->is_signed = c.is_signed;
   if (h.type == kDictionaryPage) {
     if (h.encoding != kPlain && h.encoding != kPlainDictionary) {
       throw std::runtime_error(what + ": a dictionary page in encoding " + std::to_string(h.encoding));
@@ -776,6 +862,11 @@ std::shared_ptr<const ParquetTable::Values> ParquetTable::decode_page(int leaf, 
   const std::string_view values_bytes = parts.values;
   int64_t present = 0;
   for (uint32_t l : levels) present += l == static_cast<uint32_t>(max_level);
+  if (max_repetition > 0) {
+    fill_list(*out, what, physical, h.encoding, parts.values, repetitions, levels, max_level, node.item_level, rows,
+              std::move(dictionary));
+    return out;
+  }
   // The present values, then spread over the rows (a null row: no value, an empty range).
   Values present_values;
   Thrift vt(values_bytes.data(), values_bytes.data() + values_bytes.size(), what + "'s values");
@@ -812,30 +903,6 @@ std::shared_ptr<const ParquetTable::Values> ParquetTable::decode_page(int leaf, 
     throw std::runtime_error(what + " is in encoding " + std::to_string(h.encoding) +
                              ", which is not read (PLAIN and dictionary encodings are)");
   }
-  if (max_repetition > 0) {  // a list: per row its first slot's level and its items' range of ints
-    if (physical == kByteArray) throw std::runtime_error(what + " holds lists of " + c.type + ", which are not read");
-    size_t k = 0;
-    for (size_t i = 0; i < levels.size(); ++i) {
-      if (repetitions[i] == 0) {
-        out->offsets.push_back(static_cast<int64_t>(out->ints.size()));
-        out->level.push_back(static_cast<uint8_t>(levels[i]));
-        out->holes.push_back(0);
-      } else if (i == 0) {
-        throw std::runtime_error(what + ": a page that starts inside a row, which is not read");
-      }
-      if (levels[i] == static_cast<uint32_t>(max_level)) {
-        out->ints.push_back(present_values.ints[k++]);
-      } else if (levels[i] >= static_cast<uint32_t>(node.item_level)) {
-        out->holes.back() = 1;  // a null item
-      }
-    }
-    out->offsets.push_back(static_cast<int64_t>(out->ints.size()));
-    if (static_cast<int64_t>(out->level.size()) != rows) {
-      throw std::runtime_error(what + ": a page of " + std::to_string(out->level.size()) + " rows, its index says " +
-                               std::to_string(rows));
-    }
-    return out;
-  }
   // A null row holds nothing: the bytes are the present values' as they are, each row's range an offset apart.
   out->data = std::move(present_values.data);
   out->offsets.push_back(0);
@@ -851,6 +918,61 @@ std::shared_ptr<const ParquetTable::Values> ParquetTable::decode_page(int leaf, 
     k += defined;
   }
   return out;
+}
+
+void ParquetTable::fill_list(Values& out, const std::string& what, int physical, int encoding,
+                             std::string_view values, const std::vector<uint32_t>& repetitions,
+                             const std::vector<uint32_t>& levels, int max_level, int item_level, int64_t rows,
+                             std::shared_ptr<const Values> dictionary) {
+  if (physical == kByteArray) throw std::runtime_error(what + " holds lists of strings, which are not read");
+  int64_t present = 0;
+  for (size_t i = 0; i < levels.size(); ++i) {
+    if (repetitions[i] == 0) {
+      out.offsets.push_back(present);
+      out.level.push_back(static_cast<uint8_t>(levels[i]));
+      out.holes.push_back(0);
+    } else if (i == 0) {
+      throw std::runtime_error(what + ": a page that starts inside a row, which is not read");
+    }
+    if (levels[i] == static_cast<uint32_t>(max_level)) {
+      ++present;
+    } else if (levels[i] >= static_cast<uint32_t>(item_level)) {
+      out.holes.back() = 1;  // a null item
+    }
+  }
+  out.offsets.push_back(present);
+  if (static_cast<int64_t>(out.level.size()) != rows) {
+    throw std::runtime_error(what + ": a page of " + std::to_string(out.level.size()) + " rows, its index says " +
+                             std::to_string(rows));
+  }
+  if (encoding == kPlain) {
+    out.width = physical == kBoolean ? 0 : physical == kInt32 ? 4 : 8;
+    const int64_t needed = out.width == 0 ? (present + 7) / 8 : present * out.width;
+    if (needed > static_cast<int64_t>(values.size())) {
+      throw std::runtime_error(what + ": a page of " + std::to_string(present) + " values in " +
+                               std::to_string(values.size()) + " bytes");
+    }
+    out.data = std::string(values.substr(0, static_cast<size_t>(needed)));
+    return;
+  }
+  if (encoding == kPlainDictionary || encoding == kRleDictionary) {
+    if (!dictionary) throw std::runtime_error(what + ": dictionary indices without a dictionary page");
+    if (values.empty() && present > 0) throw std::runtime_error(what + ": a page without its indices' bit width");
+    out.bit_width = values.empty() ? 0 : static_cast<uint8_t>(values[0]);
+    out.data = std::string(values.substr(values.empty() ? 0 : 1));
+    out.dictionary = std::move(dictionary);
+  } else if (encoding == kRle && physical == kBoolean) {  // v2 pages' booleans: a length, then width-1 runs
+    if (values.size() < 4 || load_u32(values.data()) > values.size() - 4) {
+      throw std::runtime_error(what + ": RLE booleans pass the page's end");
+    }
+    out.bit_width = 1;
+    out.data = std::string(values.substr(4, load_u32(values.data())));
+  } else {
+    throw std::runtime_error(what + " is in encoding " + std::to_string(encoding) +
+                             ", which is not read (PLAIN and dictionary encodings are)");
+  }
+  out.runs = index_hybrid(out.data, out.bit_width, present, what + "'s values");
+  if (out.runs.empty()) out.runs.push_back(HybridRun{});  // no values: item() is never asked, runs marks the kind
 }
 
 bool ParquetTable::is_null(int column, int64_t row) const {
@@ -880,7 +1002,14 @@ std::vector<int64_t> ParquetTable::integers(int column, int64_t row) const {
   const auto r = static_cast<size_t>(row);
   if (v->level[r] < nodes_[static_cast<size_t>(column)].level) return {};  // a null list
   if (v->holes[r]) fail("column '" + c.path + "' has a null item in row " + std::to_string(asked));
-  return {v->ints.begin() + v->offsets[r], v->ints.begin() + v->offsets[r + 1]};
+  std::vector<int64_t> out;
+  out.reserve(static_cast<size_t>(v->offsets[r + 1] - v->offsets[r]));
+  try {
+    for (int64_t k = v->offsets[r]; k < v->offsets[r + 1]; ++k) out.push_back(v->item(k));
+  } catch (const std::runtime_error& e) {
+    fail("column '" + c.path + "' in row " + std::to_string(asked) + ": " + e.what());
+  }
+  return out;
 }
 
 int64_t ParquetTable::integer(int column, int64_t row) const {

@@ -13,9 +13,10 @@
 // last read are kept up to kCacheBytes (rows are read in shuffled order: a page evicted is decoded again). Read:
 // BOOLEAN, INT32, INT64 and BYTE_ARRAY values; no compression, Snappy, gzip and zstd; PLAIN and dictionary encodings
 // (RLE for v2's booleans); data pages v1 and v2; lists of whole numbers (a list column's leaf has repetition levels
-// too: a slot per item, level 0 starting a row; a page must start a row). Not read: encrypted files, chunks in other
-// files, lists of strings and lists of lists, DELTA_* and BYTE_STREAM_SPLIT encodings, LZ4, Brotli and LZO
-// compression — each refused naming the column when its values are asked for.
+// too: a slot per item, level 0 starting a row; a page must start a row; its values stay encoded in the cache, each
+// item decoded when its row is read, since dictionary indices decode to many times their bytes). Not read: encrypted
+// files, chunks in other files, lists of strings and lists of lists, DELTA_* and BYTE_STREAM_SPLIT encodings, LZ4,
+// Brotli and LZO compression — each refused naming the column when its values are asked for.
 #pragma once
 
 #include <cstdint>
@@ -80,7 +81,12 @@ class ParquetTable : public ColumnTable {
   // A page whose header is at `header`: a data page of `rows` rows (`dictionary` for its indices), or the
   // dictionary page itself (rows and dictionary unused).
   std::shared_ptr<const Values> decode_page(int leaf, size_t group, int64_t header, int64_t rows,
-                                            const Values* dictionary) const;
+                                            std::shared_ptr<const Values> dictionary) const;
+  // A list leaf's data page (decode_page's): per row its first slot's level, its null items and its items' range;
+  // the values (`encoding`: PLAIN, dictionary indices or RLE booleans) kept encoded. `what` names the chunk.
+  static void fill_list(Values& out, const std::string& what, int physical, int encoding, std::string_view values,
+                        const std::vector<uint32_t>& repetitions, const std::vector<uint32_t>& levels, int max_level,
+                        int item_level, int64_t rows, std::shared_ptr<const Values> dictionary);
   // The decoded pages kept, by (group x leaves + leaf, page; -1 for the dictionary), least recently used dropped
   // beyond kCacheBytes.
   std::shared_ptr<const Values> cached(std::pair<int64_t, int64_t> key) const;
