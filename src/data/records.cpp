@@ -2,6 +2,8 @@
 
 #include <stdexcept>
 
+#include "shardtrain/data/source.h"
+
 namespace shardtrain::data {
 namespace {
 
@@ -69,6 +71,24 @@ std::string not_a_class(const std::string& value, const std::vector<std::string>
   for (const auto& c : classes) list += (list.empty() ? "" : ", ") + c;
   return "label '" + value.substr(0, 40) + "' is not one of the classes [" + list + "] (data.labels) nor a class id "
          "below " + std::to_string(classes.size());
+}
+
+void set_tokens(RawSample& s, const std::vector<int64_t>& ids, const std::vector<int64_t>& types,
+                const std::vector<int64_t>& mask, const std::string& types_name, const std::string& mask_name) {
+  for (const auto* list : {&types, &mask}) {
+    if (!list->empty() && list->size() != ids.size()) {
+      throw std::runtime_error(s.key + ": '" + (list == &types ? types_name : mask_name) + "' holds " +
+                               std::to_string(list->size()) + " values for " + std::to_string(ids.size()) +
+                               " token ids");
+    }
+  }
+  s.tokenized = true;
+  for (size_t i = 0; i < ids.size(); ++i) {
+    if (!mask.empty() && mask[i] == 0) continue;
+    s.input_ids.push_back(ids[i]);
+    if (!types.empty()) s.token_type_ids.push_back(types[i]);
+  }
+  if (s.input_ids.empty()) throw std::runtime_error(s.key + ": no token ids (an empty list)");
 }
 
 }  // namespace shardtrain::data

@@ -11,6 +11,8 @@
 
 namespace shardtrain::data {
 
+struct RawSample;
+
 enum class RecordFormat { TAR, TEXT_LINES, JSONL, TSV, CSV, ARROW, PARQUET };
 
 // The format of a file by its extension; TAR for anything else (the caller checks).
@@ -24,5 +26,11 @@ std::vector<std::string> split_record(const std::string& line, RecordFormat form
 int64_t class_of(const std::string& value, const std::vector<std::string>& classes);
 // Why class_of gave -1, for an error that names the sample: "label 'x' is not one of the classes [a, b] ...".
 std::string not_a_class(const std::string& value, const std::vector<std::string>& classes);
+
+// A tokenized record's lists into s (RawSample::tokenized): the ids whose attention_mask is not 0 (all when `mask`
+// is empty) and their token types (none when `types` is empty). Throws std::runtime_error naming s.key for types or
+// a mask of another length than the ids (named `types_name`, `mask_name`), or no ids at all.
+void set_tokens(RawSample& s, const std::vector<int64_t>& ids, const std::vector<int64_t>& types,
+                const std::vector<int64_t>& mask, const std::string& types_name, const std::string& mask_name);
 
 }  // namespace shardtrain::data

@@ -112,6 +112,31 @@ std::vector<std::string> directory_files(const std::string& path) {
   return files;
 }
 
+// A tokenized .jsonl line ({"input_ids": [101, 7592, 102], "attention_mask": [1, 1, 1]}, as datasets' to_json
+// writes a tokenized dataset) into `s`: the one text field, or by default input_ids, holds an array. False when it
+// holds text (or `fields` name two).
+bool json_tokens(RawSample& s, const nlohmann::json& j, const TextFields& fields) {
+  std::string name = fields.text.size() == 1 ? fields.text[0] : "";
+  if (name == "text" && !j.contains("text") && j.contains("input_ids")) name = "input_ids";
+  if (name.empty() || !j.contains(name) || !j[name].is_array()) return false;
+  auto list = [&](const std::string& key) {
+    std::vector<int64_t> out;
+    const auto it = j.find(key);
+    if (it == j.end()) return out;
+    if (!it->is_array()) throw std::runtime_error(s.key + ": \"" + key + "\" is not a list of whole numbers");
+    for (const auto& v : *it) {
+      if (!v.is_number_integer()) {
+        throw std::runtime_error(s.key + ": \"" + key + "\" holds " + v.dump().substr(0, 20) +
+                                 ", not a whole number");
+      }
+      out.push_back(v.get<int64_t>());
+    }
+    return out;
+  };
+  set_tokens(s, list(name), list("token_type_ids"), list("attention_mask"), "token_type_ids", "attention_mask");
+  return true;
+}
+
 }  // namespace
 
 std::vector<std::string> expand_paths(const std::vector<std::string>& paths) {
@@ -336,7 +361,9 @@ void SampleSource::read_fields(RawSample& s, const std::string& line, int32_t fi
       throw std::runtime_error(s.key + ": not a JSON line (" + ex.what() + ")");
     }
     if (!j.is_object()) throw std::runtime_error(s.key + ": a .jsonl line must be a JSON object");
-    for (const std::string& name : fields_.text) {
+    if (json_tokens(s, j, fields_)) values.emplace_back();  // token ids, not text
+    for (size_t f = values.size(); f < fields_.text.size(); ++f) {
+      const std::string& name = fields_.text[f];
       if (!j.contains(name) || !j[name].is_string()) {
         throw std::runtime_error(s.key + ": a .jsonl line needs a string field \"" + name + "\"");
       }

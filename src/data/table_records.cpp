@@ -164,23 +164,8 @@ void TableRecords::read_tokens(int64_t row, RawSample& s) const {
     }
     return table_->integers(c, row);
   };
-  const std::vector<int64_t> ids = list(ids_);
-  const std::vector<int64_t> types = type_ids_ >= 0 ? list(type_ids_) : std::vector<int64_t>{};
-  const std::vector<int64_t> mask = mask_ >= 0 ? list(mask_) : std::vector<int64_t>{};
-  for (int c : {type_ids_, mask_}) {
-    const size_t n = (c == type_ids_ ? types : mask).size();
-    if (c >= 0 && n != ids.size()) {
-      throw std::runtime_error(s.key + ": column '" + table_->columns()[static_cast<size_t>(c)].path + "' holds " +
-                               std::to_string(n) + " values for " + std::to_string(ids.size()) + " token ids");
-    }
-  }
-  s.tokenized = true;
-  for (size_t i = 0; i < ids.size(); ++i) {
-    if (!mask.empty() && mask[i] == 0) continue;
-    s.input_ids.push_back(ids[i]);
-    if (!types.empty()) s.token_type_ids.push_back(types[i]);
-  }
-  if (s.input_ids.empty()) throw std::runtime_error(s.key + ": no token ids (an empty list)");
+  set_tokens(s, list(ids_), type_ids_ >= 0 ? list(type_ids_) : std::vector<int64_t>{},
+             mask_ >= 0 ? list(mask_) : std::vector<int64_t>{}, "token_type_ids", "attention_mask");
 }
 
 std::vector<std::string> class_label_names(const std::string& path, const std::string& column) {

@@ -18,7 +18,7 @@ error opening them must give.
                 refused), data pages v1 and v2, with and without dictionaries, row groups of 3 rows, pages of 2
                 rows; images.parquet
   tokenized/    a tokenized dataset: dataset.map(BertTokenizerFast) of sentence pairs (input_ids, token_type_ids,
-                attention_mask beside the texts), save_to_disk and to_parquet; padded to max_length, right and left; pyarrow's
+                attention_mask beside the texts), save_to_disk, to_parquet and to_json; padded to max_length, right and left; pyarrow's
                 Parquet of it with every compression, v1/v2 pages, pages of 2 rows; lists with a null item, a null
                 list, an empty one; large_list and fixed_size_list; a list of lists (not token ids)
   dict/         DatasetDict.save_to_disk (a directory per split); truncated.arrow, not-arrow.arrow: damaged
@@ -93,6 +93,7 @@ def tokenized_cases(root, mrpc, names, cases):
     padded.save_to_disk(os.path.join(d, "padded"))
     left.save_to_disk(os.path.join(d, "left"))
     plain.to_parquet(os.path.join(d, "plain.parquet"))
+    plain.to_json(os.path.join(d, "plain.jsonl"))
     labels = list(mrpc["label"])
     want = rows(labels=labels, ids=plain["input_ids"], types=plain["token_type_ids"])
     # No data.text_fields: a table without "text" but with input_ids is read as tokens.
@@ -102,6 +103,13 @@ def tokenized_cases(root, mrpc, names, cases):
     cases["tokenized_padded"] = dict(cases["tokenized"], paths=[os.path.join(d, "padded")])
     cases["tokenized_left"] = dict(cases["tokenized"], paths=[os.path.join(d, "left")])
     cases["tokenized_parquet"] = dict(cases["tokenized"], paths=[os.path.join(d, "plain.parquet")])
+    cases["tokenized_json"] = dict(cases["tokenized"], paths=[os.path.join(d, "plain.jsonl")])
+    with open(os.path.join(d, "bad.jsonl"), "w") as f:
+        f.write('{"input_ids": [2, 5, 3], "attention_mask": [1, 1]}\n{"input_ids": [2, "x", 3]}\n'
+                '{"input_ids": [2, 6, 3], "attention_mask": [1, 1, 0]}\n')
+    cases["tokenized_json_damaged"] = {"paths": [os.path.join(d, "bad.jsonl")], "kind": "text", "rows": rows(
+        ids=[[], [], [2, 6]], errors=["'attention_mask' holds 2 values for 3 token ids",
+                                      "\"input_ids\" holds \"x\", not a whole number", None])}
     cases["tokenized_with_text"] = {"paths": [os.path.join(d, "plain")], "kind": "text",
                                     "text": ["input_ids", "sentence1"],
                                     "open_error": "column 'input_ids' (data.text_fields) holds token ids, which "

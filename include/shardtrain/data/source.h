@@ -48,9 +48,9 @@ struct RawSample {
 // Which fields of a .jsonl/.tsv/.csv/.arrow/.parquet record a source reads (JSON keys, header columns, columns).
 struct TextFields {
   // One field, or two: a sentence pair (MRPC's sentence1, sentence2). A table's column of token ids (lists of whole
-  // numbers) is read as its tokenizer's output (RawSample::input_ids), with token_type_ids and attention_mask
-  // beside it when the table has them; a table with no "text" column but such an "input_ids" column is read so by
-  // default.
+  // numbers), or a .jsonl field holding an array of them, is read as its tokenizer's output (RawSample::input_ids),
+  // with token_type_ids and attention_mask beside it when the record has them; a record with no "text" but such an
+  // "input_ids" is read so by default.
   std::vector<std::string> text = {"text"};
   std::string label;                         // the label's field; empty: records carry no label
   // The classes by id: a label value is a class name or a whole-number id below classes.size(). Empty: labels are
