@@ -88,9 +88,10 @@ struct DataConfig {
   std::string tokenizer;
   std::string vocab;  // the older name of `tokenizer`, for a vocab.txt; at most one of the two
 
-  // The fields of .jsonl/.tsv/.csv records (JSON keys, header columns): the text, or two for a sentence pair
-  // ([sentence1, sentence2]); for model.task classify the label's field and the classes, by id (a record gives a
-  // class name or its id: MRPC's 0/1 with labels [not_equivalent, equivalent]).
+  // The fields of .jsonl/.tsv/.csv records and .arrow/.parquet columns: the text, or two for a sentence pair
+  // ([sentence1, sentence2]), or a tokenized dataset's token ids ([input_ids]: read so by default where a record
+  // has no "text"); for model.task classify the label's field and the classes, by id (a record gives a class name
+  // or its id: MRPC's 0/1 with labels [not_equivalent, equivalent]).
   std::vector<std::string> text_fields = {"text"};
   std::string label_field = "label";
   std::vector<std::string> labels;
