@@ -1,9 +1,11 @@
 // Reading samples from data files the way the loader's workers do: data::SampleSource over the files, every sample
 // read once in a seeded shuffled order (an epoch of the sampler), split over --threads threads. Prints one RESULT
 // line of JSON: seconds to open (index) the files, seconds to read every sample, samples and bytes read.
-// bench/datasets_vs_hf.py runs it beside Hugging Face datasets' own random access to the same rows.
+// bench/datasets_vs_hf.py runs it beside Hugging Face datasets' own random access to the same rows. With
+// --tokenizer, each text sample is also tokenized to --length tokens (what the loader's workers do next; a tokenized
+// dataset's rows need not be), to weigh reading tokens against tokenizing texts.
 //
-//   data_bench --kind text|image [--text a,b] [--label L] [--threads 2] FILE...
+//   data_bench --kind text|image [--text a,b] [--label L] [--threads 2] [--tokenizer FILE --length 128] FILE...
 #include <algorithm>
 #include <atomic>
 #include <chrono>
@@ -17,12 +19,15 @@
 #include <vector>
 
 #include "shardtrain/data/source.h"
+#include "shardtrain/data/tokenizer.h"
 
 int main(int argc, char** argv) {
   using namespace shardtrain;
   data::SampleKind kind = data::SampleKind::TEXT;
   data::TextFields fields;
   int threads = 2;
+  std::shared_ptr<const data::Tokenizer> tokenizer;
+  int64_t length = 128;
   std::vector<std::string> files;
   for (int i = 1; i < argc; ++i) {
     const std::string arg = argv[i];
@@ -35,6 +40,10 @@ int main(int argc, char** argv) {
       for (std::string f; std::getline(list, f, ',');) fields.text.push_back(f);
     } else if (arg == "--label" && has_value) {
       fields.label = argv[++i];
+    } else if (arg == "--tokenizer" && has_value) {
+      tokenizer = data::open_tokenizer(argv[++i]);
+    } else if (arg == "--length" && has_value) {
+      length = std::stoll(argv[++i]);
     } else if (arg == "--threads" && has_value) {
       threads = std::max(1, std::stoi(argv[++i]));
     } else {
@@ -42,7 +51,8 @@ int main(int argc, char** argv) {
     }
   }
   if (files.empty()) {
-    std::cerr << "usage: data_bench --kind text|image [--text a,b] [--label L] [--threads 2] FILE...\n";
+    std::cerr << "usage: data_bench --kind text|image [--text a,b] [--label L] [--threads 2] [--tokenizer FILE "
+                 "--length 128] FILE...\n";
     return 2;
   }
   const auto t0 = std::chrono::steady_clock::now();
@@ -58,6 +68,11 @@ int main(int argc, char** argv) {
       int64_t mine = 0;
       for (int64_t i = next++; i < source.size(); i = next++) {
         const data::RawSample s = source.read(order[static_cast<size_t>(i)]);
+        if (tokenizer && !s.tokenized) {
+          const data::Encoding e = source.pairs() ? tokenizer->encode_pair(s.text, s.text_pair, length)
+                                                  : tokenizer->encode(s.text, length);
+          mine += static_cast<int64_t>(8 * e.ids.size());
+        }
         mine += static_cast<int64_t>(s.text.size() + s.text_pair.size() + s.image.size() +
                                      8 * (s.input_ids.size() + s.token_type_ids.size()));
       }
