@@ -118,8 +118,8 @@ struct Loader::Impl {
   void note_truncation(const std::string& key, int64_t tokens) const {
     if (options.refuse_truncation) {
       throw Refused(key + ": " + std::to_string(tokens) + " tokens longer than the " +
-                        std::to_string(options.text_length) + " the model reads (data.truncation: error; "
-                        "data.max_text_length sets the length, up to the model's positions)");
+                    std::to_string(options.text_length) + " the model reads (data.truncation: error; "
+                    "data.max_text_length sets the length, up to the model's positions)");
     }
     std::lock_guard<std::mutex> lock(stats_mutex);
     ++stats.truncated;

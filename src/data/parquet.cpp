@@ -120,7 +120,8 @@ enum Physical { kBoolean = 0, kInt32 = 1, kInt64 = 2, kInt96 = 3, kFloat = 4, kD
                 kFixedLenByteArray = 7 };
 enum Repetition { kRequired = 0, kOptional = 1, kRepeated = 2 };
 enum PageType { kDataPage = 0, kIndexPage = 1, kDictionaryPage = 2, kDataPageV2 = 3 };
-enum Encoding { kPlain = 0, kPlainDictionary = 2, kRle = 3, kRleDictionary = 8 };
+enum Encoding { kPlain = 0, kPlainDictionary = 2, kRle = 3, kDeltaBinaryPacked = 5, kDeltaLengthByteArray = 6,
+                kDeltaByteArray = 7, kRleDictionary = 8 };
 constexpr const char* kCodecs[] = {"uncompressed", "snappy", "gzip", "lzo", "brotli", "lz4", "zstd", "lz4_raw"};
 constexpr int64_t kMaxPageBytes = int64_t{1} << 30;  // what a page may decompress to: 1 GiB
 
@@ -246,6 +247,83 @@ uint32_t unpack(const uint8_t* p, uint64_t size, uint64_t bit, int width) {
   uint64_t word = 0;
   std::memcpy(&word, p + byte, static_cast<size_t>(std::min<uint64_t>(8, size - byte)));
   return static_cast<uint32_t>((word >> (bit & 7)) & ((uint64_t{1} << width) - 1));
+}
+
+// unpack() for widths up to 64 (DELTA_BINARY_PACKED's deltas): two loads above 32 bits.
+uint64_t unpack_wide(const uint8_t* p, uint64_t size, uint64_t bit, int width) {
+  if (width <= 32) return unpack(p, size, bit, width);
+  return unpack(p, size, bit, 32) | static_cast<uint64_t>(unpack(p, size, bit + 32, width - 32)) << 32;
+}
+
+// DELTA_BINARY_PACKED: a header (values per block, a multiple of 128; miniblocks per block, each a multiple of 32
+// values; the value count; the first value, zigzag), then blocks: the block's minimum delta (zigzag), a bit width
+// per miniblock, the miniblocks' deltas bit-packed (a miniblock padded to its full size; those after the last value
+// absent). Each value is the previous plus the minimum plus its delta, in wrapping 64-bit arithmetic. Appends the
+// `count` values it must hold to `out`; t is left after them.
+void read_delta(Thrift& t, const char* end, int64_t count, std::vector<int64_t>& out) {
+  const uint64_t block = t.varint(), miniblocks = t.varint(), total = t.varint();
+  uint64_t value = static_cast<uint64_t>(t.zigzag());
+  if (block == 0 || block % 128 != 0 || block > (uint64_t{1} << 20) || miniblocks == 0 || block % miniblocks != 0 ||
+      (block / miniblocks) % 32 != 0) {
+    t.fail("has delta blocks of " + std::to_string(block) + " values in " + std::to_string(miniblocks) +
+           " miniblocks");
+  }
+  if (total != static_cast<uint64_t>(count)) {
+    t.fail("holds " + std::to_string(total) + " delta-encoded values where the page has " + std::to_string(count));
+  }
+  if (count == 0) return;
+  const uint64_t per_miniblock = block / miniblocks;
+  out.push_back(static_cast<int64_t>(value));
+  int64_t n = 1;
+  while (n < count) {
+    const uint64_t min_delta = static_cast<uint64_t>(t.zigzag());
+    if (miniblocks > static_cast<uint64_t>(end - t.position())) t.fail("ends inside a delta block's bit widths");
+    const auto* widths = reinterpret_cast<const uint8_t*>(t.position());
+    t.advance(miniblocks);
+    for (uint64_t m = 0; m < miniblocks && n < count; ++m) {
+      const int width = widths[m];
+      if (width > 64) t.fail("has a delta bit width of " + std::to_string(width));
+      const uint64_t bytes = per_miniblock * static_cast<uint64_t>(width) / 8;
+      if (bytes > static_cast<uint64_t>(end - t.position())) t.fail("ends inside a delta miniblock");
+      const auto* p = reinterpret_cast<const uint8_t*>(t.position());
+      for (uint64_t i = 0; i < per_miniblock && n < count; ++i, ++n) {
+        value += min_delta + (width == 0 ? 0 : unpack_wide(p, bytes, i * static_cast<uint64_t>(width), width));
+        out.push_back(static_cast<int64_t>(value));
+      }
+      t.advance(bytes);
+    }
+  }
+}
+
+// DELTA_LENGTH_BYTE_ARRAY (the lengths delta-encoded, then the bytes end to end) and DELTA_BYTE_ARRAY (each value
+// the previous one's first `prefix` bytes then a suffix: the prefix lengths delta-encoded, then the suffixes as
+// DELTA_LENGTH_BYTE_ARRAY): `count` values appended to data, each one's end to offsets.
+void read_delta_strings(Thrift& t, const char* end, int64_t count, bool prefixed, std::string& data,
+                        std::vector<int64_t>& offsets) {
+  std::vector<int64_t> prefixes, lengths;
+  if (prefixed) read_delta(t, end, count, prefixes);
+  read_delta(t, end, count, lengths);
+  std::string previous;
+  for (int64_t i = 0; i < count; ++i) {
+    const int64_t n = lengths[static_cast<size_t>(i)], keep = prefixed ? prefixes[static_cast<size_t>(i)] : 0;
+    if (n < 0 || n > end - t.position()) t.fail("has a value of " + std::to_string(n) + " bytes past its end");
+    if (keep < 0 || keep > static_cast<int64_t>(previous.size())) {
+      t.fail("has a prefix of " + std::to_string(keep) + " bytes of a " + std::to_string(previous.size()) +
+             "-byte value");
+    }
+    previous.resize(static_cast<size_t>(keep));
+    previous.append(t.position(), static_cast<size_t>(n));
+    t.advance(static_cast<uint64_t>(n));
+    data += previous;
+    offsets.push_back(static_cast<int64_t>(data.size()));
+  }
+}
+
+// A 64-bit delta-decoded value as the column's physical type holds it: INT32 wraps to 32 bits, signed or not.
+int64_t as_physical(int64_t v, int physical, bool is_signed) {
+  if (physical != kInt32) return v;
+  const auto low = static_cast<uint32_t>(static_cast<uint64_t>(v));
+  return is_signed ? static_cast<int32_t>(low) : static_cast<int64_t>(low);
 }
 
 // The RLE / bit-packing hybrid: runs headed by a varint, odd: (header >> 1) groups of 8 values bit-packed LSB
@@ -890,6 +968,13 @@ std::shared_ptr<const ParquetTable::Values> ParquetTable::decode_page(int leaf, 
         present_values.ints.push_back(dictionary->ints[i]);
       }
     }
+  } else if (h.encoding == kDeltaBinaryPacked && (physical == kInt32 || physical == kInt64)) {
+    read_delta(vt, values_end, present, present_values.ints);
+    for (int64_t& v : present_values.ints) v = as_physical(v, physical, c.is_signed);
+  } else if ((h.encoding == kDeltaLengthByteArray || h.encoding == kDeltaByteArray) && physical == kByteArray) {
+    present_values.offsets.push_back(0);
+    read_delta_strings(vt, values_end, present, h.encoding == kDeltaByteArray, present_values.data,
+                       present_values.offsets);
   } else if (h.encoding == kRle && physical == kBoolean) {  // v2 pages' booleans: a length, then width-1 runs
     if (values_bytes.size() < 4 || load_u32(values_bytes.data()) > values_bytes.size() - 4) {
       throw std::runtime_error(what + ": RLE booleans pass the page's end");
@@ -901,7 +986,7 @@ std::shared_ptr<const ParquetTable::Values> ParquetTable::decode_page(int leaf, 
     present_values.ints.assign(bits.begin(), bits.end());
   } else {
     throw std::runtime_error(what + " is in encoding " + std::to_string(h.encoding) +
-                             ", which is not read (PLAIN and dictionary encodings are)");
+                             ", which is not read (PLAIN, dictionary and DELTA_* encodings are)");
   }
   // A null row holds nothing: the bytes are the present values' as they are, each row's range an offset apart.
   out->data = std::move(present_values.data);
@@ -955,6 +1040,16 @@ void ParquetTable::fill_list(Values& out, const std::string& what, int physical,
     out.data = std::string(values.substr(0, static_cast<size_t>(needed)));
     return;
   }
+  if (encoding == kDeltaBinaryPacked && (physical == kInt32 || physical == kInt64)) {
+    // Each value depends on all before it: decoded whole, kept as 8-byte PLAIN values.
+    std::vector<int64_t> decoded;
+    Thrift t(values.data(), values.data() + values.size(), what + "'s values");
+    read_delta(t, values.data() + values.size(), present, decoded);
+    for (int64_t& v : decoded) v = as_physical(v, physical, out.is_signed);
+    out.width = 8;
+    out.data.assign(reinterpret_cast<const char*>(decoded.data()), 8 * decoded.size());
+    return;
+  }
   if (encoding == kPlainDictionary || encoding == kRleDictionary) {
     if (!dictionary) throw std::runtime_error(what + ": dictionary indices without a dictionary page");
     if (values.empty() && present > 0) throw std::runtime_error(what + ": a page without its indices' bit width");
@@ -969,7 +1064,7 @@ void ParquetTable::fill_list(Values& out, const std::string& what, int physical,
     out.data = std::string(values.substr(4, load_u32(values.data())));
   } else {
     throw std::runtime_error(what + " is in encoding " + std::to_string(encoding) +
-                             ", which is not read (PLAIN and dictionary encodings are)");
+                             ", which is not read (PLAIN, dictionary and DELTA_BINARY_PACKED encodings are)");
   }
   out.runs = index_hybrid(out.data, out.bit_width, present, what + "'s values");
   if (out.runs.empty()) out.runs.push_back(HybridRun{});  // no values: item() is never asked, runs marks the kind

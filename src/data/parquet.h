@@ -11,12 +11,12 @@
 // The footer is read when the table is opened, every chunk checked to lie inside the file; a row's value is read by
 // decoding the page that holds it (a chunk's page headers read once, its dictionary decoded once), and the pages
 // last read are kept up to kCacheBytes (rows are read in shuffled order: a page evicted is decoded again). Read:
-// BOOLEAN, INT32, INT64 and BYTE_ARRAY values; no compression, Snappy, gzip and zstd; PLAIN and dictionary encodings
-// (RLE for v2's booleans); data pages v1 and v2; lists of whole numbers (a list column's leaf has repetition levels
-// too: a slot per item, level 0 starting a row; a page must start a row; its values stay encoded in the cache, each
-// item decoded when its row is read, since dictionary indices decode to many times their bytes). Not read: encrypted
-// files, chunks in other files, lists of strings and lists of lists, DELTA_* and BYTE_STREAM_SPLIT encodings, LZ4,
-// Brotli and LZO compression — each refused naming the column when its values are asked for.
+// BOOLEAN, INT32, INT64 and BYTE_ARRAY values; no compression, Snappy, gzip and zstd; PLAIN, dictionary and DELTA_*
+// encodings (RLE for v2's booleans); data pages v1 and v2; lists of whole numbers (a list column's leaf has
+// repetition levels too: a slot per item, level 0 starting a row; a page must start a row; its values stay encoded
+// in the cache, each item decoded when its row is read, since dictionary indices decode to many times their bytes).
+// Not read: encrypted files, chunks in other files, lists of strings and lists of lists, BYTE_STREAM_SPLIT (floats'),
+// LZ4, Brotli and LZO compression — each refused naming the column when its values are asked for.
 #pragma once
 
 #include <cstdint>

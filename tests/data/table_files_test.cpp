@@ -9,10 +9,12 @@
 
 #include <cstdlib>
 #include <fstream>
+#include <numeric>
 
 #include <ATen/ATen.h>
 
 #include "data/arrow_ipc.h"
+#include "data/parquet.h"
 #include "shardtrain/data/loader.h"
 #include "shardtrain/data/source.h"
 #include "shardtrain/data/tokenizer.h"
@@ -190,6 +192,18 @@ TEST(DatasetFiles, TableReadsValuesAcrossRecordBatches) {
   expect_error<std::runtime_error>([&] { t.bytes(t.column("tokens.item"), 0); }, {"a list's items"});
   expect_error<std::runtime_error>([&] { t.integers(text, 0); }, {"column 'text' holds large_string, not lists"});
   expect_error<std::runtime_error>([&] { t.bytes(text, 8); }, {"row 8 of 8"});
+  // The same table as Parquet, its integers and lists delta-encoded, in row groups of 5 rows.
+  std::ifstream delta_in(reference_dir() + "/parquet_delta_v2.parquet", std::ios::binary);
+  ASSERT_TRUE(delta_in);
+  const std::string delta_bytes((std::istreambuf_iterator<char>(delta_in)), std::istreambuf_iterator<char>());
+  const ParquetTable p(delta_bytes, "parquet_delta_v2.parquet");
+  for (int64_t row = 0; row < 8; ++row) {
+    std::vector<int64_t> range(static_cast<size_t>(row));
+    std::iota(range.begin(), range.end(), 0);
+    EXPECT_EQ(p.integers(p.column("tokens"), row), range) << row;
+    EXPECT_EQ(p.integer(p.column("meta.a"), row), row);
+  }
+  EXPECT_EQ(p.integer(p.column("small"), 6), -1);
   // Cut anywhere, the file is refused when opened, never read past its end.
   for (size_t cut : {size_t{0}, size_t{3}, size_t{7}, bytes.size() / 4, bytes.size() / 2, bytes.size() - 9,
                      bytes.size() - 8}) {

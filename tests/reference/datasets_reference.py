@@ -16,10 +16,11 @@ error opening them must give.
   hub/data/     Parquet files of two splits, as a Hub dataset repository holds them (datasets' to_parquet)
   parquet_*.parquet: batches.arrow's table through pyarrow's Parquet writer, every compression read (and brotli,
                 refused), data pages v1 and v2, with and without dictionaries, row groups of 3 rows, pages of 2
-                rows; images.parquet
+                rows; DELTA_BINARY_PACKED, DELTA_LENGTH_BYTE_ARRAY and DELTA_BYTE_ARRAY columns; images.parquet
   tokenized/    a tokenized dataset: dataset.map(BertTokenizerFast) of sentence pairs (input_ids, token_type_ids,
-                attention_mask beside the texts), save_to_disk, to_parquet and to_json; padded to max_length, right and left; pyarrow's
-                Parquet of it with every compression, v1/v2 pages, pages of 2 rows; lists with a null item, a null
+                attention_mask beside the texts), save_to_disk, to_parquet and to_json; padded to max_length, right
+                and left; pyarrow's Parquet of it with every compression, v1/v2 pages, pages of 2 rows, delta-encoded;
+                a damaged .jsonl; lists with a null item, a null
                 list, an empty one; large_list and fixed_size_list; a list of lists (not token ids)
   dict/         DatasetDict.save_to_disk (a directory per split); truncated.arrow, not-arrow.arrow: damaged
 """
@@ -126,6 +127,12 @@ def tokenized_cases(root, mrpc, names, cases):
                 pq.write_table(table, path, compression=codec, data_page_version=version,
                                use_dictionary=dictionary, row_group_size=4)
                 cases[name] = dict(cases["tokenized"], paths=[path])
+    for version in ("1.0", "2.0"):  # token ids delta-encoded
+        path = os.path.join(d, "delta_v%s.parquet" % version[0])
+        pq.write_table(table, path, use_dictionary=False, data_page_version=version,
+                       column_encoding={c + ".list.element": "DELTA_BINARY_PACKED"
+                                        for c in ("input_ids", "token_type_ids", "attention_mask")})
+        cases["tokenized_delta_v" + version[0]] = dict(cases["tokenized"], paths=[path])
     for version in ("1.0", "2.0"):  # pages of 2 rows: a row's items found in the page that holds it
         path = os.path.join(d, "pages_v%s.parquet" % version[0])
         pq.write_table(table, path, compression="snappy", data_page_version=version, data_page_size=16,
@@ -146,6 +153,10 @@ def tokenized_cases(root, mrpc, names, cases):
         pq.write_table(pa.table({"input_ids": pa.array(ids, pa.list_(pa.int64()))}), path, data_page_version=version,
                        row_group_size=4)
         cases["tokens_parquet_v" + version[0]] = {"paths": [path], "kind": "text", "rows": want}
+        path = os.path.join(d, "nulls_delta_v%s.parquet" % version[0])  # 2**40 and back: 64-bit deltas
+        pq.write_table(pa.table({"input_ids": pa.array(ids, pa.list_(pa.int64()))}), path, data_page_version=version,
+                       use_dictionary=False, column_encoding={"input_ids.list.element": "DELTA_BINARY_PACKED"})
+        cases["tokens_parquet_delta_v" + version[0]] = {"paths": [path], "kind": "text", "rows": want}
     fixed = pa.table({"input_ids": pa.array([[1, 2, 3], [4, 5, 6]], pa.list_(pa.int16(), 3)),
                       "token_type_ids": pa.array([[0, 0, 1], [0, 1, 1]], pa.list_(pa.int8(), 3))})
     with pa.ipc.new_stream(os.path.join(d, "fixed.arrow"), fixed.schema) as w:
@@ -319,6 +330,15 @@ def main(out):
                        write_batch_size=2, dictionary_pagesize_limit=64)
         cases["parquet_pages_v" + version[0]] = dict(cases["batches_int_label"], paths=[path])
         cases["parquet_pages_v%s_bool" % version[0]] = dict(cases["batches_bool_label"], paths=[path])
+    # The DELTA encodings (Spark's and parquet-mr's v2 writers use them): integers, strings by length and by prefix.
+    delta = {"text": "DELTA_LENGTH_BYTE_ARRAY", "name": "DELTA_BYTE_ARRAY", "small": "DELTA_BINARY_PACKED",
+             "meta.a": "DELTA_BINARY_PACKED", "tokens.list.element": "DELTA_BINARY_PACKED"}
+    for version in ("1.0", "2.0"):
+        path = os.path.join(root, "parquet_delta_v%s.parquet" % version[0])
+        pq.write_table(batches, path, use_dictionary=False, column_encoding=delta, data_page_version=version,
+                       row_group_size=5)
+        cases["parquet_delta_v" + version[0]] = dict(cases["batches_int_label"], paths=[path])
+        cases["parquet_delta_v%s_names" % version[0]] = dict(cases["batches_names"], paths=[path])
     images.to_parquet(os.path.join(root, "images.parquet"))
     cases["images_parquet"] = dict(cases["images"], paths=[os.path.join(root, "images.parquet")])
     pq.write_table(batches, os.path.join(root, "brotli.parquet"), compression="brotli")
