@@ -28,24 +28,31 @@ class Refused : public std::invalid_argument {
   using std::invalid_argument::invalid_argument;
 };
 
-// A tokenized dataset's row as the model's input: its ids (the special tokens already among them) cut to `length`,
-// or padded to it; sequence ids 0 or 1 by token type over the tokens that are not special.
+// A tokenized dataset's row as the model's input: its ids (the special tokens already among them), then a pair's
+// second ids (token type 1), cut to `length` (a pair longest-first, as tokenizers cut texts) or padded to it;
+// sequence ids 0 or 1 by token type over the tokens that are not special.
 Encoding encoding_of_ids(const RawSample& raw, const Tokenizer& t, int64_t length) {
   const std::vector<int64_t> special = t.special_ids();
+  const auto n1 = static_cast<int64_t>(raw.input_ids.size()), n2 = static_cast<int64_t>(raw.pair_ids.size());
+  const auto [keep1, keep2] = longest_first(n1, n2, length);
   Encoding e;
-  const size_t n = std::min(raw.input_ids.size(), static_cast<size_t>(length));
-  e.truncated = static_cast<int64_t>(raw.input_ids.size() - n);
-  for (size_t i = 0; i < n; ++i) {
-    const int64_t id = raw.input_ids[i];
-    if (id < 0 || id >= t.vocab_size()) {
-      throw Refused(raw.key + ": token id " + std::to_string(id) + " is outside the vocabulary of " + t.describe() +
-                    ": the dataset was tokenized by another tokenizer (data.tokenizer names the one to use)");
+  e.truncated = n1 + n2 - keep1 - keep2;
+  auto add = [&](const std::vector<int64_t>& ids, int64_t keep, bool second) {
+    for (int64_t i = 0; i < keep; ++i) {
+      const int64_t id = ids[static_cast<size_t>(i)];
+      if (id < 0 || id >= t.vocab_size()) {
+        throw Refused(raw.key + ": token id " + std::to_string(id) + " is outside the vocabulary of " +
+                      t.describe() + ": the dataset was tokenized by another tokenizer (data.tokenizer names the "
+                      "one to use)");
+      }
+      const int64_t type = second ? 1 : raw.token_type_ids.empty() ? 0 : raw.token_type_ids[static_cast<size_t>(i)];
+      e.ids.push_back(id);
+      e.token_type_ids.push_back(type);
+      e.sequence_ids.push_back(std::find(special.begin(), special.end(), id) != special.end() ? -1 : type != 0);
     }
-    const int64_t type = raw.token_type_ids.empty() ? 0 : raw.token_type_ids[i];
-    e.ids.push_back(id);
-    e.token_type_ids.push_back(type);
-    e.sequence_ids.push_back(std::find(special.begin(), special.end(), id) != special.end() ? -1 : type != 0);
-  }
+  };
+  add(raw.input_ids, keep1, false);
+  add(raw.pair_ids, keep2, true);
   pad_encoding(e, length, t.pad_id());
   return e;
 }

@@ -74,7 +74,8 @@ std::string not_a_class(const std::string& value, const std::vector<std::string>
 }
 
 void set_tokens(RawSample& s, const std::vector<int64_t>& ids, const std::vector<int64_t>& types,
-                const std::vector<int64_t>& mask, const std::string& types_name, const std::string& mask_name) {
+                const std::vector<int64_t>& mask, const std::string& types_name, const std::string& mask_name,
+                const std::vector<int64_t>& pair_ids) {
   for (const auto* list : {&types, &mask}) {
     if (!list->empty() && list->size() != ids.size()) {
       throw std::runtime_error(s.key + ": '" + (list == &types ? types_name : mask_name) + "' holds " +
@@ -87,6 +88,9 @@ void set_tokens(RawSample& s, const std::vector<int64_t>& ids, const std::vector
     if (!mask.empty() && mask[i] == 0) continue;
     s.input_ids.push_back(ids[i]);
     if (!types.empty()) s.token_type_ids.push_back(types[i]);
+  }
+  for (int64_t id : pair_ids) {
+    if (id != -100) s.pair_ids.push_back(id);
   }
   if (s.input_ids.empty()) throw std::runtime_error(s.key + ": no token ids (an empty list)");
 }

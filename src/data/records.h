@@ -28,9 +28,11 @@ int64_t class_of(const std::string& value, const std::vector<std::string>& class
 std::string not_a_class(const std::string& value, const std::vector<std::string>& classes);
 
 // A tokenized record's lists into s (RawSample::tokenized): the ids whose attention_mask is not 0 (all when `mask`
-// is empty) and their token types (none when `types` is empty). Throws std::runtime_error naming s.key for types or
-// a mask of another length than the ids (named `types_name`, `mask_name`), or no ids at all.
+// is empty) and their token types (none when `types` is empty); a pair's second ids without transformers' ignored
+// label -100. Throws std::runtime_error naming s.key for types or a mask of another length than the ids (named
+// `types_name`, `mask_name`), or no ids at all.
 void set_tokens(RawSample& s, const std::vector<int64_t>& ids, const std::vector<int64_t>& types,
-                const std::vector<int64_t>& mask, const std::string& types_name, const std::string& mask_name);
+                const std::vector<int64_t>& mask, const std::string& types_name, const std::string& mask_name,
+                const std::vector<int64_t>& pair_ids = {});
 
 }  // namespace shardtrain::data

@@ -113,12 +113,18 @@ std::vector<std::string> directory_files(const std::string& path) {
 }
 
 // A tokenized .jsonl line ({"input_ids": [101, 7592, 102], "attention_mask": [1, 1, 1]}, as datasets' to_json
-// writes a tokenized dataset) into `s`: the one text field, or by default input_ids, holds an array. False when it
-// holds text (or `fields` name two).
+// writes a tokenized dataset) into `s`: the first text field, or by default input_ids, holds an array (a second field
+// another: a seq2seq target). False when it holds text.
 bool json_tokens(RawSample& s, const nlohmann::json& j, const TextFields& fields) {
-  std::string name = fields.text.size() == 1 ? fields.text[0] : "";
-  if (name == "text" && !j.contains("text") && j.contains("input_ids")) name = "input_ids";
-  if (name.empty() || !j.contains(name) || !j[name].is_array()) return false;
+  std::vector<std::string> names = fields.text;
+  if (names == std::vector<std::string>{"text"} && !j.contains("text") && j.contains("input_ids")) {
+    names = {"input_ids"};
+  }
+  if (!j.contains(names[0]) || !j[names[0]].is_array()) return false;
+  if (names.size() > 1 && (!j.contains(names[1]) || !j[names[1]].is_array())) {
+    throw std::runtime_error(s.key + ": \"" + names[0] + "\" holds token ids, so \"" + names[1] +
+                             "\" must too (a seq2seq target's ids)");
+  }
   auto list = [&](const std::string& key) {
     std::vector<int64_t> out;
     const auto it = j.find(key);
@@ -133,7 +139,8 @@ bool json_tokens(RawSample& s, const nlohmann::json& j, const TextFields& fields
     }
     return out;
   };
-  set_tokens(s, list(name), list("token_type_ids"), list("attention_mask"), "token_type_ids", "attention_mask");
+  set_tokens(s, list(names[0]), list("token_type_ids"), list("attention_mask"), "token_type_ids", "attention_mask",
+             names.size() > 1 ? list(names[1]) : std::vector<int64_t>{});
   return true;
 }
 
@@ -361,7 +368,7 @@ void SampleSource::read_fields(RawSample& s, const std::string& line, int32_t fi
       throw std::runtime_error(s.key + ": not a JSON line (" + ex.what() + ")");
     }
     if (!j.is_object()) throw std::runtime_error(s.key + ": a .jsonl line must be a JSON object");
-    if (json_tokens(s, j, fields_)) values.emplace_back();  // token ids, not text
+    if (json_tokens(s, j, fields_)) values.assign(fields_.text.size(), "");  // token ids, not text
     for (size_t f = values.size(); f < fields_.text.size(); ++f) {
       const std::string& name = fields_.text[f];
       if (!j.contains(name) || !j[name].is_string()) {

@@ -93,13 +93,16 @@ TableRecords::TableRecords(const std::string& path, SampleKind kind, const TextF
         token_list(table_->column("input_ids"))) {
       names = {"input_ids"};
     }
-    for (const std::string& name : names) {
-      if (!token_list(table_->column(name))) continue;
-      if (names.size() > 1) {
-        throw std::invalid_argument("data file '" + path + "': column '" + name + "' (data.text_fields) holds token "
-                                    "ids, which hold a whole sample (a tokenized pair is one list): name it alone");
-      }
-      ids_ = table_->column(name);
+    size_t lists = 0;
+    for (const std::string& name : names) lists += token_list(table_->column(name));
+    if (lists > 0 && lists < names.size()) {
+      throw std::invalid_argument("data file '" + path + "': data.text_fields [" + names[0] + ", " + names[1] +
+                                  "] mix token ids and text: name one column of token ids (a tokenized pair is one "
+                                  "list), or two (seq2seq's input_ids and labels)");
+    }
+    if (lists > 0) {
+      ids_ = table_->column(names[0]);
+      if (names.size() > 1) pair_ids_ = table_->column(names[1]);
       if (token_list(table_->column("token_type_ids"))) type_ids_ = table_->column("token_type_ids");
       if (token_list(table_->column("attention_mask"))) mask_ = table_->column("attention_mask");
     }
@@ -150,7 +153,7 @@ bool TableRecords::token_list(int column) const {
 std::string TableRecords::tokenized() const {
   if (ids_ < 0) return "";
   std::string out = table_->columns()[static_cast<size_t>(ids_)].path;
-  for (int c : {type_ids_, mask_}) {
+  for (int c : {pair_ids_, type_ids_, mask_}) {
     if (c >= 0) out += ", " + table_->columns()[static_cast<size_t>(c)].path;
   }
   return out;
@@ -165,7 +168,8 @@ void TableRecords::read_tokens(int64_t row, RawSample& s) const {
     return table_->integers(c, row);
   };
   set_tokens(s, list(ids_), type_ids_ >= 0 ? list(type_ids_) : std::vector<int64_t>{},
-             mask_ >= 0 ? list(mask_) : std::vector<int64_t>{}, "token_type_ids", "attention_mask");
+             mask_ >= 0 ? list(mask_) : std::vector<int64_t>{}, "token_type_ids", "attention_mask",
+             pair_ids_ >= 0 ? list(pair_ids_) : std::vector<int64_t>{});
 }
 
 std::vector<std::string> class_label_names(const std::string& path, const std::string& column) {

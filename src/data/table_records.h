@@ -58,6 +58,7 @@ class TableRecords {
   const ColumnTable* table_ = nullptr;  // file_'s
   std::vector<int> text_;  // one column per text field
   int ids_ = -1, type_ids_ = -1, mask_ = -1;  // a tokenized table's token ids and the lists beside them, or -1
+  int pair_ids_ = -1;                         // a second field of token ids (a seq2seq target), or -1
   int label_ = -1;
   int image_ = -1, image_path_ = -1;  // the encoded bytes; the path beside them (an Image struct), or -1
   std::vector<std::string> classes_;

@@ -98,6 +98,7 @@ TEST(DatasetFiles, EveryRowReadsAsDatasetsWroteIt) {
       EXPECT_EQ(s.tokenized, w.contains("ids"));
       if (w.contains("ids")) EXPECT_EQ(s.input_ids, w.at("ids").get<std::vector<int64_t>>());
       EXPECT_EQ(s.token_type_ids, w.value("types", std::vector<int64_t>{}));
+      EXPECT_EQ(s.pair_ids, w.value("pair_ids", std::vector<int64_t>{}));
       ++rows;
     }
   }

@@ -20,7 +20,8 @@ error opening them must give.
   tokenized/    a tokenized dataset: dataset.map(BertTokenizerFast) of sentence pairs (input_ids, token_type_ids,
                 attention_mask beside the texts), save_to_disk, to_parquet and to_json; padded to max_length, right
                 and left; pyarrow's Parquet of it with every compression, v1/v2 pages, pages of 2 rows, delta-encoded;
-                a damaged .jsonl; lists with a null item, a null
+                a damaged .jsonl; seq2seq's input_ids and labels (text_target), padded with -100 too; lists with
+                a null item, a null
                 list, an empty one; large_list and fixed_size_list; a list of lists (not token ids)
   dict/         DatasetDict.save_to_disk (a directory per split); truncated.arrow, not-arrow.arrow: damaged
 """
@@ -46,7 +47,7 @@ def png(color, size=5):
     return buf.getvalue()
 
 
-def rows(texts=None, pairs=None, labels=None, images=None, errors=None, ids=None, types=None):
+def rows(texts=None, pairs=None, labels=None, images=None, errors=None, ids=None, types=None, pair_ids=None):
     """The expected samples: one dict per row."""
     n = len(next(x for x in (texts, labels, images, ids) if x is not None))
     out = []
@@ -67,6 +68,8 @@ def rows(texts=None, pairs=None, labels=None, images=None, errors=None, ids=None
             r["ids"] = ids[i]
         if types is not None:
             r["types"] = types[i]
+        if pair_ids is not None:
+            r["pair_ids"] = pair_ids[i]
         out.append(r)
     return out
 
@@ -113,8 +116,24 @@ def tokenized_cases(root, mrpc, names, cases):
                                       "\"input_ids\" holds \"x\", not a whole number", None])}
     cases["tokenized_with_text"] = {"paths": [os.path.join(d, "plain")], "kind": "text",
                                     "text": ["input_ids", "sentence1"],
-                                    "open_error": "column 'input_ids' (data.text_fields) holds token ids, which "
-                                                  "hold a whole sample"}
+                                    "open_error": "data.text_fields [input_ids, sentence1] mix token ids and text"}
+    # seq2seq as run_summarization tokenizes: tok(inputs, text_target=targets); padded, the labels' padding -100.
+    seq = pairs.map(lambda b: tok(b["sentence1"], text_target=b["sentence2"], truncation=True, max_length=12),
+                    batched=True)
+    seq.save_to_disk(os.path.join(d, "seq2seq"))
+
+    def ignore_padding(b):
+        out = tok(b["sentence1"], text_target=b["sentence2"], truncation=True, max_length=16, padding="max_length")
+        out["labels"] = [[t if t != tok.pad_token_id else -100 for t in row] for row in out["labels"]]
+        return out
+    seq_padded = pairs.map(ignore_padding, batched=True)
+    seq_padded.to_parquet(os.path.join(d, "seq2seq_padded.parquet"))
+    seq_padded.to_json(os.path.join(d, "seq2seq_padded.jsonl"))
+    want = rows(ids=seq["input_ids"], types=seq["token_type_ids"], pair_ids=seq["labels"])
+    cases["seq2seq_tokenized"] = {"paths": [os.path.join(d, "seq2seq")], "kind": "text",
+                                  "text": ["input_ids", "labels"], "rows": want}
+    for name in ("seq2seq_padded.parquet", "seq2seq_padded.jsonl"):
+        cases["seq2seq_" + name.replace(".", "_")] = dict(cases["seq2seq_tokenized"], paths=[os.path.join(d, name)])
     cases["tokenized_texts"] = {"paths": [os.path.join(d, "plain")], "kind": "text",
                                 "text": ["sentence1", "sentence2"], "label": "label", "classes": names,
                                 "rows": rows(list(mrpc["sentence1"]), list(pairs["sentence2"]), labels)}

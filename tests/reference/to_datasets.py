@@ -10,9 +10,13 @@ Usage: to_datasets.py PAIRS_DIR IMAGE_DIR OUT VOCAB
               VOCAB, lower-cased, pairs truncated to 32 tokens): input_ids, token_type_ids, attention_mask added
   OUT/tokenized_hub  the same padded to 32 (padding="max_length"), as Parquet files of each split
   OUT/foreign token ids from a larger vocabulary than VOCAB's (a dataset tokenized by another tokenizer)
+  OUT/seq2seq.jsonl  the train pairs as seq2seq records {input: sentence1, target: sentence2}
+  OUT/seq2seq_tokenized  the same as run_summarization tokenizes them: tok(input, text_target=target) padded to 32,
+              the labels' padding -100
   OUT/shapes  DatasetDict {train} of IMAGE_DIR's WebDataset tars as an image-classification dataset (CIFAR-10's
               shape): img (Image, the tars' PNG bytes unchanged), label (ClassLabel); samples in the tars' order
 """
+import json
 import os
 import sys
 import tarfile
@@ -74,6 +78,16 @@ def main(pairs_dir, image_dir, out, vocab):
         d.to_parquet(os.path.join(out, "tokenized_hub", split + "-00000-of-00001.parquet"))
     foreign = Dataset.from_dict({"input_ids": [[2, 7, 30521, 3]] * 8, "label": [0, 1] * 4})
     foreign.save_to_disk(os.path.join(out, "foreign"))
+    train = mrpc["train"]
+    with open(os.path.join(out, "seq2seq.jsonl"), "w") as f:
+        for a, b in zip(train["sentence1"], train["sentence2"]):
+            f.write(json.dumps({"input": a, "target": b}) + "\n")
+
+    def seq2seq(b):
+        enc = tok(b["sentence1"], text_target=b["sentence2"], truncation=True, max_length=32, padding="max_length")
+        enc["labels"] = [[t if t != tok.pad_token_id else -100 for t in row] for row in enc["labels"]]
+        return enc
+    train.map(seq2seq, batched=True).save_to_disk(os.path.join(out, "seq2seq_tokenized"))
     DatasetDict({"train": shapes(image_dir)}).save_to_disk(os.path.join(out, "shapes"))
 
 

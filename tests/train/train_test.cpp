@@ -859,6 +859,19 @@ TEST_F(TrainTest, HuggingFaceDatasetsTrainAsTheirFiles) {
   const Outcome foreign = train(classify + " --data.labels=[a,b] --data.text=[" + dir + "/foreign]");
   EXPECT_NE(foreign.status, 0);
   EXPECT_NE(foreign.output.find("token id 30521 is outside the vocabulary of"), std::string::npos) << foreign.output;
+  // seq2seq as run_summarization tokenizes (input_ids, and the target's ids as labels padded with -100): the same
+  // losses and evaluations as from the texts.
+  const std::string seq2seq = " --model.flavor=t5-debug --model.task=seq2seq --data.max_text_length=48 "
+                              "--train.steps=4 --train.eval_interval=2 --train.eval_samples=16 --log.interval=1 "
+                              "--checkpoint.overwrite=true --checkpoint.dir=" + dir + "/run";
+  const Outcome texts = train(seq2seq + " --data.text_fields=[input,target] --data.text=[" + dir +
+                              "/seq2seq.jsonl] --data.eval=[" + dir + "/seq2seq.jsonl]");
+  ASSERT_EQ(texts.status, 0) << texts.output;
+  const Outcome ids = train(seq2seq + " --data.text_fields=[input_ids,labels] --data.text=[" + dir +
+                            "/seq2seq_tokenized] --data.eval=[" + dir + "/seq2seq_tokenized]");
+  ASSERT_EQ(ids.status, 0) << ids.output;
+  EXPECT_EQ(loss_lines(texts.output).size(), 7u) << texts.output;  // 4 steps, 3 evaluations
+  EXPECT_EQ(loss_lines(ids.output), loss_lines(texts.output)) << ids.output;
 
   const std::string vit = " --model.flavor=vit-debug --train.steps=4 --log.interval=1 --checkpoint.overwrite=true "
                           "--checkpoint.dir=" + dir + "/run";

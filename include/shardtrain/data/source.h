@@ -43,6 +43,9 @@ struct RawSample {
   bool tokenized = false;
   std::vector<int64_t> input_ids;
   std::vector<int64_t> token_type_ids;  // the row's token_type_ids when the table has them; else empty
+  // A pair's second sequence when two fields hold token ids (a seq2seq dataset's input_ids and labels: the target),
+  // -100 (transformers' ignored label, its padding) left out; else empty.
+  std::vector<int64_t> pair_ids;
 };
 
 // Which fields of a .jsonl/.tsv/.csv/.arrow/.parquet record a source reads (JSON keys, header columns, columns).
@@ -50,7 +53,7 @@ struct TextFields {
   // One field, or two: a sentence pair (MRPC's sentence1, sentence2). A table's column of token ids (lists of whole
   // numbers), or a .jsonl field holding an array of them, is read as its tokenizer's output (RawSample::input_ids),
   // with token_type_ids and attention_mask beside it when the record has them; a record with no "text" but such an
-  // "input_ids" is read so by default.
+  // "input_ids" is read so by default. Two such fields are a pair of token sequences (seq2seq's [input_ids, labels]).
   std::vector<std::string> text = {"text"};
   std::string label;                         // the label's field; empty: records carry no label
   // The classes by id: a label value is a class name or a whole-number id below classes.size(). Empty: labels are
