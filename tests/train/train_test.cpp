@@ -799,6 +799,12 @@ std::vector<std::string> loss_lines(const std::string& output) {
 // the same loss at every step and the same evaluation. The classes come from the ClassLabel when data.labels names
 // none (a ViTModel gets its classifier for them), the image column is found by its Image feature; ClassLabel names
 // in another order than data.labels, and a directory of splits, are refused.
+// A run's step and evaluation lines (loss_lines), after checking that it succeeded.
+std::vector<std::string> checked_loss_lines(const Outcome& run) {
+  EXPECT_EQ(run.status, 0) << run.output;
+  return loss_lines(run.output);
+}
+
 TEST_F(TrainTest, HuggingFaceDatasetsTrainAsTheirFiles) {
   const std::string dir = root_ + "/hf_datasets";
   Outcome made = run(std::string(SHARDTRAIN_BIN) + " data synth --out " + dir + "/synth --image-text 0 --text 0 "
@@ -864,14 +870,13 @@ TEST_F(TrainTest, HuggingFaceDatasetsTrainAsTheirFiles) {
   const std::string seq2seq = " --model.flavor=t5-debug --model.task=seq2seq --data.max_text_length=48 "
                               "--train.steps=4 --train.eval_interval=2 --train.eval_samples=16 --log.interval=1 "
                               "--checkpoint.overwrite=true --checkpoint.dir=" + dir + "/run";
-  const Outcome texts = train(seq2seq + " --data.text_fields=[input,target] --data.text=[" + dir +
-                              "/seq2seq.jsonl] --data.eval=[" + dir + "/seq2seq.jsonl]");
-  ASSERT_EQ(texts.status, 0) << texts.output;
-  const Outcome ids = train(seq2seq + " --data.text_fields=[input_ids,labels] --data.text=[" + dir +
-                            "/seq2seq_tokenized] --data.eval=[" + dir + "/seq2seq_tokenized]");
-  ASSERT_EQ(ids.status, 0) << ids.output;
-  EXPECT_EQ(loss_lines(texts.output).size(), 7u) << texts.output;  // 4 steps, 3 evaluations
-  EXPECT_EQ(loss_lines(ids.output), loss_lines(texts.output)) << ids.output;
+  const std::vector<std::string> texts = checked_loss_lines(
+      train(seq2seq + " --data.text_fields=[input,target] --data.text=[" + dir + "/seq2seq.jsonl] --data.eval=[" +
+            dir + "/seq2seq.jsonl]"));
+  EXPECT_EQ(texts.size(), 7u);  // 4 steps, 3 evaluations
+  EXPECT_EQ(checked_loss_lines(train(seq2seq + " --data.text_fields=[input_ids,labels] --data.text=[" + dir +
+                                     "/seq2seq_tokenized] --data.eval=[" + dir + "/seq2seq_tokenized]")),
+            texts);
 
   const std::string vit = " --model.flavor=vit-debug --train.steps=4 --log.interval=1 --checkpoint.overwrite=true "
                           "--checkpoint.dir=" + dir + "/run";
