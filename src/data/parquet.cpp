@@ -297,7 +297,8 @@ void read_delta(Thrift& t, const char* end, int64_t count, std::vector<int64_t>&
 
 // DELTA_LENGTH_BYTE_ARRAY (the lengths delta-encoded, then the bytes end to end) and DELTA_BYTE_ARRAY (each value
 // the previous one's first `prefix` bytes then a suffix: the prefix lengths delta-encoded, then the suffixes as
-// DELTA_LENGTH_BYTE_ARRAY): `count` values appended to data, each one's end to offsets.
+// DELTA_LENGTH_BYTE_ARRAY): `count` values appended to data, each one's end to offsets. Prefixes repeat bytes, so
+// the values are bounded in all by kMaxPageBytes, as a decompressed page is.
 void read_delta_strings(Thrift& t, const char* end, int64_t count, bool prefixed, std::string& data,
                         std::vector<int64_t>& offsets) {
   std::vector<int64_t> prefixes, lengths;
@@ -314,6 +315,9 @@ void read_delta_strings(Thrift& t, const char* end, int64_t count, bool prefixed
     previous.resize(static_cast<size_t>(keep));
     previous.append(t.position(), static_cast<size_t>(n));
     t.advance(static_cast<uint64_t>(n));
+    if (previous.size() > static_cast<uint64_t>(kMaxPageBytes) - data.size()) {
+      t.fail("has values of more than " + std::to_string(kMaxPageBytes) + " bytes in all");
+    }
     data += previous;
     offsets.push_back(static_cast<int64_t>(data.size()));
   }
@@ -408,14 +412,14 @@ int bit_width_of(int max_value) {
 // says are `expected` bytes decompressed: into `buffer`, or in place when uncompressed. `what` names the chunk.
 std::string_view decompress(int codec, const char* p, int64_t n, int64_t expected, std::string& buffer,
                             const std::string& what) {
-  // Bounded before allocating: by what the codec can expand n bytes to (Snappy: its own length header; deflate:
-  // 1032:1), and by kMaxPageBytes.
-  size_t snappy_length = 0;
   if (codec != 0 && codec != 1 && codec != 2 && codec != 6) {
     const std::string name = codec >= 0 && codec <= 7 ? kCodecs[codec] : std::to_string(codec);
     throw std::runtime_error(what + " is compressed with " + name + ", which is not read (snappy, gzip, zstd or none "
                              "are)");
   }
+  // Bounded before allocating: by what the codec can expand n bytes to (Snappy: its own length header; deflate:
+  // 1032:1), and by kMaxPageBytes.
+  size_t snappy_length = 0;
   const bool bounded = codec == 1   ? snappy_uncompressed_length(p, static_cast<size_t>(n), &snappy_length) ==
                                           SNAPPY_OK && static_cast<int64_t>(snappy_length) == expected
                        : codec == 2 ? expected <= 1032 * n + 1024
@@ -1041,13 +1045,16 @@ void ParquetTable::fill_list(Values& out, const std::string& what, int physical,
     return;
   }
   if (encoding == kDeltaBinaryPacked && (physical == kInt32 || physical == kInt64)) {
-    // Each value depends on all before it: decoded whole, kept as 8-byte PLAIN values.
+    // Each value depends on all before it: decoded whole, kept as PLAIN values.
     std::vector<int64_t> decoded;
     Thrift t(values.data(), values.data() + values.size(), what + "'s values");
     read_delta(t, values.data() + values.size(), present, decoded);
-    for (int64_t& v : decoded) v = as_physical(v, physical, out.is_signed);
-    out.width = 8;
-    out.data.assign(reinterpret_cast<const char*>(decoded.data()), 8 * decoded.size());
+    out.width = physical == kInt32 ? 4 : 8;  // as PLAIN values of the physical type: INT32 keeps 4 bytes each
+    out.data.resize(decoded.size() * static_cast<size_t>(out.width));
+    for (size_t i = 0; i < decoded.size(); ++i) {
+      const auto v = static_cast<uint64_t>(decoded[i]);  // little-endian: the low bytes first
+      std::memcpy(out.data.data() + i * static_cast<size_t>(out.width), &v, static_cast<size_t>(out.width));
+    }
     return;
   }
   if (encoding == kPlainDictionary || encoding == kRleDictionary) {
