@@ -120,7 +120,7 @@ bool json_tokens(RawSample& s, const nlohmann::json& j, const TextFields& fields
   if (names == std::vector<std::string>{"text"} && !j.contains("text") && j.contains("input_ids")) {
     names = {"input_ids"};
   }
-  if (!j.contains(names[0]) || !j[names[0]].is_array()) return false;
+  if (names.empty() || !j.contains(names[0]) || !j[names[0]].is_array()) return false;
   if (names.size() > 1 && (!j.contains(names[1]) || !j[names[1]].is_array())) {
     throw std::runtime_error(s.key + ": \"" + names[0] + "\" holds token ids, so \"" + names[1] +
                              "\" must too (a seq2seq target's ids)");

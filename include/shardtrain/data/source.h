@@ -37,9 +37,9 @@ struct RawSample {
   std::string text;
   std::string text_pair;         // a sentence pair's second text (TextFields names two)
   std::optional<int64_t> label;  // the .cls member, or the record's label field as a class id
-  // A tokenized dataset's row (an .arrow/.parquet column of token ids, Hugging Face datasets' `input_ids` after
-  // dataset.map(tokenizer)): the ids as its tokenizer made them, special tokens included, padding left out; the
-  // text is then empty and is not tokenized again.
+  // A tokenized dataset's row (an .arrow/.parquet column or a .jsonl field of token ids, Hugging Face datasets'
+  // `input_ids` after dataset.map(tokenizer)): the ids as its tokenizer made them, special tokens included, padding
+  // left out; the text is then empty and is not tokenized again.
   bool tokenized = false;
   std::vector<int64_t> input_ids;
   std::vector<int64_t> token_type_ids;  // the row's token_type_ids when the table has them; else empty
