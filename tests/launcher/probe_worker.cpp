@@ -114,8 +114,19 @@ int main(int argc, char** argv) {
     return mode == "exit3" ? 3 : 1;
   }
   if (mode == "save-on-term") sleep_forever();
-  if (mode == "exit75") {  // every rank preempted on its own, the target first
-    std::this_thread::sleep_for(is_target ? pause : 2 * pause);
+  if (mode == "exit75") {  // every rank preempted on its own, the target first: the others wait for its mark, as
+                           // ranks started under load can be far apart (a fixed head start lost in CI once)
+    const std::string mark = dir + "/preempted";
+    if (is_target) {
+      std::this_thread::sleep_for(pause);
+      std::ofstream(mark) << rank;
+      return 75;
+    }
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+    while (!std::ifstream(mark) && std::chrono::steady_clock::now() < deadline) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+    std::this_thread::sleep_for(pause);
     return 75;
   }
   if (mode == "oom" || mode == "oom-always") {
