@@ -941,14 +941,14 @@ std::shared_ptr<const ParquetTable::Values> ParquetTable::decode_page(int leaf, 
   const std::vector<uint32_t> repetitions = read_levels(parts.repetition, max_repetition, slots,
                                                         what + "'s repetition levels");
   const std::vector<uint32_t> levels = read_levels(parts.definition, max_level, slots, what + "'s definition levels");
-  const std::string_view values_bytes = parts.values;
-  int64_t present = 0;
-  for (uint32_t l : levels) present += l == static_cast<uint32_t>(max_level);
   if (max_repetition > 0) {
     fill_list(*out, what, physical, h.encoding, parts.values, repetitions, levels, max_level, node.item_level, rows,
               std::move(dictionary));
     return out;
   }
+  const std::string_view values_bytes = parts.values;
+  int64_t present = 0;
+  for (uint32_t l : levels) present += l == static_cast<uint32_t>(max_level);
   // The present values, then spread over the rows (a null row: no value, an empty range).
   Values present_values;
   Thrift vt(values_bytes.data(), values_bytes.data() + values_bytes.size(), what + "'s values");

@@ -73,6 +73,11 @@ std::string not_a_class(const std::string& value, const std::vector<std::string>
          "below " + std::to_string(classes.size());
 }
 
+std::vector<std::string> text_field_names(const std::vector<std::string>& text, bool has_text, bool has_input_ids) {
+  if (text == std::vector<std::string>{"text"} && !has_text && has_input_ids) return {"input_ids"};
+  return text;
+}
+
 void set_tokens(RawSample& s, const std::vector<int64_t>& ids, const std::vector<int64_t>& types,
                 const std::vector<int64_t>& mask, const std::string& types_name, const std::string& mask_name,
                 const std::vector<int64_t>& pair_ids) {

@@ -27,6 +27,10 @@ int64_t class_of(const std::string& value, const std::vector<std::string>& class
 // Why class_of gave -1, for an error that names the sample: "label 'x' is not one of the classes [a, b] ...".
 std::string not_a_class(const std::string& value, const std::vector<std::string>& classes);
 
+// The fields a record's text is read from: `text` as configured, except that the default ["text"] stands for
+// ["input_ids"] in a record with no "text" but token ids in "input_ids" (a tokenized dataset).
+std::vector<std::string> text_field_names(const std::vector<std::string>& text, bool has_text, bool has_input_ids);
+
 // A tokenized record's lists into s (RawSample::tokenized): the ids whose attention_mask is not 0 (all when `mask`
 // is empty) and their token types (none when `types` is empty); a pair's second ids without transformers' ignored
 // label -100. Throws std::runtime_error naming s.key for types or a mask of another length than the ids (named

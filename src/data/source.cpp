@@ -116,10 +116,8 @@ std::vector<std::string> directory_files(const std::string& path) {
 // writes a tokenized dataset) into `s`: the first text field, or by default input_ids, holds an array (a second field
 // another: a seq2seq target). False when it holds text.
 bool json_tokens(RawSample& s, const nlohmann::json& j, const TextFields& fields) {
-  std::vector<std::string> names = fields.text;
-  if (names == std::vector<std::string>{"text"} && !j.contains("text") && j.contains("input_ids")) {
-    names = {"input_ids"};
-  }
+  const std::vector<std::string> names =
+      text_field_names(fields.text, j.contains("text"), j.contains("input_ids") && j["input_ids"].is_array());
   if (names.empty() || !j.contains(names[0]) || !j[names[0]].is_array()) return false;
   if (names.size() > 1 && (!j.contains(names[1]) || !j[names[1]].is_array())) {
     throw std::runtime_error(s.key + ": \"" + names[0] + "\" holds token ids, so \"" + names[1] +
@@ -311,7 +309,8 @@ void SampleSource::index_lines(int32_t file) {
 
 std::string SampleSource::tokenized() const {
   for (const auto& table : tables_) {
-    if (table && !table->tokenized().empty()) return table->tokenized();
+    const std::string columns = table ? table->tokenized() : "";
+    if (!columns.empty()) return columns;
   }
   return "";
 }

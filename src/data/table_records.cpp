@@ -75,7 +75,10 @@ std::string feature_of(const ColumnTable& table, const std::string& column) {
   const std::string type = feature_type(features, column);
   if (type == "ClassLabel") return "ClassLabel " + list_of(class_names(features, column));
   const auto f = features.find(column);
-  if (type == "Value") return feature_of_json(*f).empty() ? type : feature_of_json(*f);
+  if (type == "Value") {
+    const std::string value = feature_of_json(*f);
+    return value.empty() ? type : value;
+  }
   if ((type == "List" || type == "Sequence" || type == "LargeList") && f->contains("feature")) {
     const std::string item = feature_of_json((*f)["feature"]);  // List(Value(int32)): a tokenized text's ids
     return item.empty() ? type : type + "(" + item + ")";
@@ -88,11 +91,8 @@ TableRecords::TableRecords(const std::string& path, SampleKind kind, const TextF
   const nlohmann::json features = features_of(*table_);
   if (kind != SampleKind::IMAGE) {
     // Token ids: the named column holds lists of whole numbers, or by default the table has input_ids and no text.
-    std::vector<std::string> names = fields.text;
-    if (names == std::vector<std::string>{"text"} && table_->column("text") < 0 &&
-        token_list(table_->column("input_ids"))) {
-      names = {"input_ids"};
-    }
+    const std::vector<std::string> names =
+        text_field_names(fields.text, table_->column("text") >= 0, token_list(table_->column("input_ids")));
     size_t lists = 0;
     for (const std::string& name : names) lists += token_list(table_->column(name));
     if (lists > 0 && lists < names.size()) {

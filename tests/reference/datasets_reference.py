@@ -55,21 +55,11 @@ def rows(texts=None, pairs=None, labels=None, images=None, errors=None, ids=None
         if errors and errors[i]:
             out.append({"error": errors[i]})
             continue
-        r = {}
-        if texts is not None:
-            r["text"] = texts[i]
-        if pairs is not None:
-            r["pair"] = pairs[i]
-        if labels is not None:
-            r["label"] = labels[i]
-        if images is not None:
-            r["image"] = images[i].hex()
-        if ids is not None:
-            r["ids"] = ids[i]
-        if types is not None:
-            r["types"] = types[i]
-        if pair_ids is not None:
-            r["pair_ids"] = pair_ids[i]
+        fields = (("text", texts), ("pair", pairs), ("label", labels), ("image", images), ("ids", ids),
+                  ("types", types), ("pair_ids", pair_ids))
+        r = {key: values[i] for key, values in fields if values is not None}
+        if "image" in r:
+            r["image"] = r["image"].hex()
         out.append(r)
     return out
 
