@@ -3,9 +3,13 @@
 // line of JSON: seconds to open (index) the files, seconds to read every sample, samples and bytes read.
 // bench/datasets_vs_hf.py runs it beside Hugging Face datasets' own random access to the same rows. With
 // --tokenizer, each text sample is also tokenized to --length tokens (what the loader's workers do next; a tokenized
-// dataset's rows need not be), to weigh reading tokens against tokenizing texts.
+// dataset's rows need not be), to weigh reading tokens against tokenizing texts. With --pack as well, the texts
+// are packed for causal LM (data::PackedTexts: counted on --threads threads, timed as count_s) and every block of
+// --length tokens is read once in a shuffled order instead (what data.packing's loader reads); --keep-mib 0 reads
+// each block by encoding its documents again, as a stream too large to keep in memory is read.
 //
-//   data_bench --kind text|image [--text a,b] [--label L] [--threads 2] [--tokenizer FILE --length 128] FILE...
+//   data_bench --kind text|image [--text a,b] [--label L] [--threads 2] [--tokenizer FILE --length 128 [--pack
+//              [--keep-mib 1024]]] FILE...
 #include <algorithm>
 #include <atomic>
 #include <chrono>
@@ -18,6 +22,7 @@
 #include <thread>
 #include <vector>
 
+#include "shardtrain/data/packed_texts.h"
 #include "shardtrain/data/source.h"
 #include "shardtrain/data/tokenizer.h"
 
@@ -28,6 +33,8 @@ int main(int argc, char** argv) {
   int threads = 2;
   std::shared_ptr<const data::Tokenizer> tokenizer;
   int64_t length = 128;
+  bool pack = false;
+  int64_t keep_bytes = data::PackedTexts::Options().keep_bytes;
   std::vector<std::string> files;
   for (int i = 1; i < argc; ++i) {
     const std::string arg = argv[i];
@@ -44,21 +51,33 @@ int main(int argc, char** argv) {
       tokenizer = data::open_tokenizer(argv[++i]);
     } else if (arg == "--length" && has_value) {
       length = std::stoll(argv[++i]);
+    } else if (arg == "--pack") {
+      pack = true;
+    } else if (arg == "--keep-mib" && has_value) {
+      keep_bytes = std::stoll(argv[++i]) << 20;
     } else if (arg == "--threads" && has_value) {
       threads = std::max(1, std::stoi(argv[++i]));
     } else {
       files.push_back(arg);
     }
   }
-  if (files.empty()) {
+  if (files.empty() || (pack && !tokenizer)) {
     std::cerr << "usage: data_bench --kind text|image [--text a,b] [--label L] [--threads 2] [--tokenizer FILE "
-                 "--length 128] FILE...\n";
+                 "--length 128 [--pack [--keep-mib 1024]]] FILE...\n";
     return 2;
   }
   const auto t0 = std::chrono::steady_clock::now();
-  const data::SampleSource source(files, kind, fields);
+  const auto source = std::make_shared<const data::SampleSource>(files, kind, fields);
   const auto t1 = std::chrono::steady_clock::now();
-  std::vector<int64_t> order(static_cast<size_t>(source.size()));
+  std::unique_ptr<data::PackedTexts> packed;
+  if (pack) {
+    data::PackedTexts::Options o;
+    o.length = length, o.threads = threads, o.keep_bytes = keep_bytes;
+    packed = std::make_unique<data::PackedTexts>(source, tokenizer, o);
+  }
+  const auto t1b = std::chrono::steady_clock::now();
+  const int64_t items = packed ? packed->blocks() : source->size();
+  std::vector<int64_t> order(static_cast<size_t>(items));
   std::iota(order.begin(), order.end(), 0);
   std::shuffle(order.begin(), order.end(), std::mt19937_64(1));
   std::atomic<int64_t> bytes{0}, next{0};
@@ -66,10 +85,14 @@ int main(int argc, char** argv) {
   for (int w = 0; w < threads; ++w) {
     workers.emplace_back([&] {
       int64_t mine = 0;
-      for (int64_t i = next++; i < source.size(); i = next++) {
-        const data::RawSample s = source.read(order[static_cast<size_t>(i)]);
+      for (int64_t i = next++; i < items; i = next++) {
+        if (packed) {
+          mine += static_cast<int64_t>(8 * packed->block(order[static_cast<size_t>(i)]).size());
+          continue;
+        }
+        const data::RawSample s = source->read(order[static_cast<size_t>(i)]);
         if (tokenizer && !s.tokenized) {
-          const data::Encoding e = source.pairs() ? tokenizer->encode_pair(s.text, s.text_pair, length)
+          const data::Encoding e = source->pairs() ? tokenizer->encode_pair(s.text, s.text_pair, length)
                                                   : tokenizer->encode(s.text, length);
           mine += static_cast<int64_t>(8 * e.ids.size());
         }
@@ -81,8 +104,11 @@ int main(int argc, char** argv) {
   }
   for (auto& t : workers) t.join();
   const auto t2 = std::chrono::steady_clock::now();
-  std::printf("RESULT {\"open_s\": %.4f, \"read_s\": %.4f, \"samples\": %lld, \"bytes\": %lld}\n",
-              std::chrono::duration<double>(t1 - t0).count(), std::chrono::duration<double>(t2 - t1).count(),
-              static_cast<long long>(source.size()), static_cast<long long>(bytes.load()));
+  auto seconds = [](auto a, auto b) { return std::chrono::duration<double>(b - a).count(); };
+  std::printf("RESULT {\"open_s\": %.4f, \"count_s\": %.4f, \"read_s\": %.4f, \"samples\": %lld, "
+              "\"blocks\": %lld, \"tokens\": %lld, \"bytes\": %lld}\n",
+              seconds(t0, t1), seconds(t1, t1b), seconds(t1b, t2), static_cast<long long>(source->size()),
+              static_cast<long long>(packed ? packed->blocks() : 0),
+              static_cast<long long>(packed ? packed->tokens() : 0), static_cast<long long>(bytes.load()));
   return 0;
 }

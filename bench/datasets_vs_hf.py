@@ -10,10 +10,18 @@ Datasets written with datasets itself (the work directory is reused when its fil
   tokenized  the text pairs through dataset.map(BertTokenizerFast) as run_glue tokenizes (input_ids,
           token_type_ids, attention_mask beside the texts), the same two ways
   images  128x128 PNGs of noise and gradients with a ClassLabel (an Image column: CIFAR-style), the same two ways
+  documents  texts of 50-3000 words (wikitext-like articles) for causal LM packing, and a byte-level BPE trained
+          on them by tokenizers (GPT-2's kind, 4000 tokens)
 Theirs: load_from_disk then ds[i] for the Arrow files (images with decode=False: bytes, as ours returns them); for
 Parquet, Dataset.from_parquet — which converts the file into an Arrow cache first, timed as its "open" — then
 ds[i]. Ours: data::SampleSource over the file, opened (indexed) then read row by row. Printed: seconds to open,
 seconds to read every row, rows per second, and ours / theirs for the whole (open + read).
+
+Packed for causal LM (data.packing against transformers' run_clm): theirs is run_clm's preprocessing —
+dataset.map(tokenizer) then map(group_texts) into blocks of 1024, both with the cache turned off, as a first run
+makes them — then each block once in a shuffled order; ours is data_bench --pack: the texts' tokens counted
+(data::PackedTexts), then each block read once (the documents it overlaps tokenized again). One thread each side.
+datasets keeps the mapped files for a later run; ours counts again at every start.
 """
 import argparse
 import io
@@ -32,6 +40,8 @@ from datasets import ClassLabel, Dataset, Features, Image, Value
 from PIL import Image as PILImage
 
 datasets.disable_progress_bars()
+os.environ["TOKENIZERS_PARALLELISM"] = "false"  # one thread each side: the tokenizers library's batches too
+os.environ["RAYON_NUM_THREADS"] = "1"
 WORDS = ("the a an of to in for on with at by from about as into like through after over between out against "
          "during without before under around among image picture photo shows small large red green blue circle "
          "square triangle cross top bottom middle left right three two one many few several some").split()
@@ -88,6 +98,53 @@ def make_images(work, count):
     return arrow, parquet
 
 
+def make_documents(work, count):
+    arrow, tokenizer = os.path.join(work, "documents"), os.path.join(work, "bpe.json")
+    if not os.path.exists(tokenizer):
+        from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+        rng = random.Random(2)
+        docs = [" ".join(rng.choice(WORDS) for _ in range(rng.randint(50, 3000))) for _ in range(count)]
+        shutil.rmtree(arrow, ignore_errors=True)
+        Dataset.from_dict({"text": docs}).save_to_disk(arrow)
+        tok = Tokenizer(models.BPE())
+        tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+        tok.decoder = decoders.ByteLevel()
+        tok.post_processor = processors.ByteLevel(trim_offsets=False)
+        tok.train_from_iterator(docs[:200], trainers.BpeTrainer(vocab_size=4000, special_tokens=["<|endoftext|>"],
+                                                                initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+        tok.save(tokenizer)
+    return arrow, tokenizer
+
+
+def packed(build, arrow, tokenizer, block_size):
+    """(ours: open, count, read s, blocks, tokens), (theirs: map s, read s, blocks, tokens)."""
+    from itertools import chain
+
+    from transformers import PreTrainedTokenizerFast
+    args = [os.path.join(build, "data_bench"), "--kind", "text", "--threads", "1", "--tokenizer", tokenizer,
+            "--length", str(block_size), "--pack", arrow]
+    r = json.loads(subprocess.run(args, capture_output=True, text=True, check=True).stdout.split("RESULT ", 1)[1])
+    fast = PreTrainedTokenizerFast(tokenizer_file=tokenizer)
+
+    def group_texts(examples):  # run_clm's
+        concatenated = {k: list(chain(*examples[k])) for k in examples.keys()}
+        total = len(concatenated["input_ids"]) // block_size * block_size
+        return {k: [t[i: i + block_size] for i in range(0, total, block_size)] for k, t in concatenated.items()}
+    t0 = time.perf_counter()
+    tokenized = datasets.load_from_disk(arrow).map(lambda b: fast(b["text"]), batched=True, remove_columns=["text"],
+                                                   load_from_cache_file=False)
+    blocks = tokenized.map(group_texts, batched=True, load_from_cache_file=False)
+    mapped = time.perf_counter()
+    order = list(range(len(blocks)))
+    random.Random(1).shuffle(order)
+    for i in order:
+        blocks[i]
+    read = time.perf_counter() - mapped
+    tokens = sum(len(x) for x in tokenized["input_ids"])
+    return ((r["open_s"], r["count_s"], r["read_s"], r["blocks"], r["tokens"]),
+            (mapped - t0, read, len(blocks), tokens))
+
+
 def ours(build, path, kind, fields):
     args = [os.path.join(build, "data_bench"), "--kind", kind, "--threads", "1"] + fields + [path]
     out = subprocess.run(args, capture_output=True, text=True, check=True).stdout
@@ -123,6 +180,7 @@ def main():
     parser.add_argument("--work", default="/tmp/shardtrain_datasets_bench")
     parser.add_argument("--text-rows", type=int, default=200000)
     parser.add_argument("--images", type=int, default=2000)
+    parser.add_argument("--documents", type=int, default=2000)
     a = parser.parse_args()
     os.makedirs(a.work, exist_ok=True)
     text_arrow, text_parquet = make_text(a.work, a.text_rows)
@@ -147,6 +205,16 @@ def main():
             name, rows, o_open, o_read, rows / o_read, t_open, t_read, rows / t_read,
             (o_open + o_read) / (t_open + t_read)))
         sys.stdout.flush()
+    doc_arrow, bpe = make_documents(a.work, a.documents)
+    (o_open, o_count, o_read, o_blocks, o_tokens), (t_map, t_read, t_blocks, t_tokens) = packed(
+        a.build, doc_arrow, bpe, 1024)
+    assert o_tokens == t_tokens, (o_tokens, t_tokens)
+    print("\npacked for causal LM, %d documents, %d tokens, blocks of 1024 (run_clm drops each 1000 texts' rest)"
+          % (a.documents, o_tokens))
+    print("%-34s | %-32s | %s" % ("ours: open + count + read s (blocks)", "datasets: map + read s (blocks)",
+                                  "ours/theirs"))
+    print("%6.3f + %6.3f + %6.3f (%7d) | %11.3f + %6.3f (%7d) | %.3f" % (
+        o_open, o_count, o_read, o_blocks, t_map, t_read, t_blocks, (o_open + o_count + o_read) / (t_map + t_read)))
 
 
 if __name__ == "__main__":

@@ -160,7 +160,8 @@ struct HfTokenizer::Impl {
   Encoding assemble(std::vector<int64_t> a, std::optional<std::vector<int64_t>> b, int64_t length) const {
     const bool is_pair = b.has_value();
     const int64_t added_count = post.added(is_pair);
-    const int64_t budget = length - added_count;
+    const int64_t budget =
+        length == kWholeText ? static_cast<int64_t>(a.size() + (is_pair ? b->size() : 0)) : length - added_count;
     if (budget < 0) {
       throw std::invalid_argument("encode: length " + std::to_string(length) + " leaves no room for the " +
                                   std::to_string(added_count) + " special tokens of " + path);

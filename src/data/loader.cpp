@@ -12,6 +12,7 @@
 
 #include "data/random.h"
 #include "shardtrain/data/image.h"
+#include "shardtrain/data/packed_texts.h"
 #include "data/masking.h"
 #include "data/sampler.h"
 
@@ -41,9 +42,7 @@ Encoding encoding_of_ids(const RawSample& raw, const Tokenizer& t, int64_t lengt
     for (int64_t i = 0; i < keep; ++i) {
       const int64_t id = ids[static_cast<size_t>(i)];
       if (id < 0 || id >= t.vocab_size()) {
-        throw Refused(raw.key + ": token id " + std::to_string(id) + " is outside the vocabulary of " +
-                      t.describe() + ": the dataset was tokenized by another tokenizer (data.tokenizer names the "
-                      "one to use)");
+        throw Refused(foreign_id_error(raw.key, id, t));
       }
       const int64_t type = second ? 1 : raw.token_type_ids.empty() ? 0 : raw.token_type_ids[static_cast<size_t>(i)];
       e.ids.push_back(id);
@@ -98,7 +97,8 @@ struct Loader::Impl {
 
   int64_t sample_at(SampleKind kind, int64_t position) const {
     const auto& source = *sources[static_cast<size_t>(kind)];
-    const int64_t n = source.size(), epoch = position / n;
+    const int64_t n = kind == SampleKind::TEXT && options.packed ? options.packed->blocks() : source.size();
+    const int64_t epoch = position / n;
     std::shared_ptr<const std::vector<int64_t>> perm;
     {
       std::lock_guard<std::mutex> lock(perm_mutex);
@@ -154,21 +154,25 @@ struct Loader::Impl {
       Example ex;
       try {
         ex.sample = sample_at(kind, position);
-        const RawSample raw = source.read(ex.sample);
-        ex.label = raw.label;
         const auto p = static_cast<uint64_t>(position);
-        if (kind != SampleKind::IMAGE) {
+        const bool packed = kind == SampleKind::TEXT && o.packed;
+        const RawSample raw = packed ? RawSample{} : source.read(ex.sample);  // a block reads its documents itself
+        ex.label = raw.label;
+        if (packed) {  // one full row of the stream (sequence id 0 on every token, special ones too)
+          ex.text.ids = o.packed->block(ex.sample);
+          ex.text.sequence_ids.assign(ex.text.ids.size(), 0);
+          pad_encoding(ex.text, o.text_length, o.tokenizer->pad_id());
+        } else if (kind != SampleKind::IMAGE) {
           ex.text = raw.tokenized      ? encoding_of_ids(raw, *o.tokenizer, o.text_length)
                     : source.pairs() ? o.tokenizer->encode_pair(raw.text, raw.text_pair, o.text_length)
                                      : o.tokenizer->encode(raw.text, o.text_length);
           ex.token_types = !raw.token_type_ids.empty();
           if (ex.text.truncated > 0) note_truncation(raw.key, ex.text.truncated);
-          if (o.mlm_probability > 0) {
-            auto rng = rng_for(seed, p, Purpose::kMlm);
-            const auto& t = *o.tokenizer;
-            ex.mlm = mlm_mask(ex.text.ids, t.special_ids(), *t.mask_id(), t.vocab_size(),
-                              o.mlm_probability, rng);
-          }
+        }
+        if (kind != SampleKind::IMAGE && o.mlm_probability > 0) {
+          auto rng = rng_for(seed, p, Purpose::kMlm);
+          const auto& t = *o.tokenizer;
+          ex.mlm = mlm_mask(ex.text.ids, t.special_ids(), *t.mask_id(), t.vocab_size(), o.mlm_probability, rng);
         }
         if (kind != SampleKind::TEXT) {
           const Image decoded = decode_image(raw.image, o.max_image_pixels);
@@ -225,26 +229,6 @@ struct Loader::Impl {
     }
   }
 
-  // The examples' tokens end to end, cut into rows of text_length (LoaderOptions::pack_texts): input_ids,
-  // attention_mask (0 only at the end of the last row) and sequence_ids (0 on tokens, -1 on padding).
-  void pack(const std::vector<Example>& examples, Batch& b) const {
-    const int64_t T = options.text_length;
-    std::vector<int64_t> stream;
-    for (const auto& ex : examples) {
-      for (size_t i = 0; i < ex.text.ids.size(); ++i) {
-        if (ex.text.attention_mask[i]) stream.push_back(ex.text.ids[i]);
-      }
-    }
-    const int64_t rows = std::max<int64_t>(1, (static_cast<int64_t>(stream.size()) + T - 1) / T);
-    std::vector<int64_t> mask(stream.size(), 1);
-    stream.resize(static_cast<size_t>(rows * T), options.tokenizer->pad_id());
-    mask.resize(stream.size(), 0);
-    b.input_ids = at::tensor(stream, at::kLong).view({rows, T});
-    b.attention_mask = at::tensor(mask, at::kLong).view({rows, T});
-    b.sequence_ids = b.attention_mask - 1;
-    b.texts = static_cast<int64_t>(examples.size());
-  }
-
   Batch build(SampleKind kind, int64_t start) const {
     const LoaderOptions& o = options;
     if (!sources[static_cast<size_t>(kind)]) {
@@ -267,9 +251,7 @@ struct Loader::Impl {
       }
       return at::tensor(flat, at::kLong).view({B, -1});
     };
-    if (kind == SampleKind::TEXT && o.pack_texts) {
-      pack(examples, b);
-    } else if (kind != SampleKind::IMAGE) {
+    if (kind != SampleKind::IMAGE) {
       b.input_ids = rows([](const Example& e) -> const std::vector<int64_t>& { return e.text.ids; });
       b.attention_mask = rows([](const Example& e) -> const std::vector<int64_t>& { return e.text.attention_mask; });
       b.sequence_ids = rows([](const Example& e) -> const std::vector<int64_t>& { return e.text.sequence_ids; });
@@ -383,6 +365,11 @@ Loader::Loader(std::array<std::shared_ptr<const SampleSource>, 3> sources, Loade
   }
   if ((impl_->sources[0] || impl_->sources[1]) && !o.tokenizer) {
     throw std::invalid_argument("Loader: text data needs a tokenizer");
+  }
+  if (o.packed && (!impl_->sources[1] || o.packed->length() != o.text_length)) {
+    throw std::invalid_argument("Loader: packed blocks of " + std::to_string(o.packed->length()) +
+                                " tokens need a text source and text_length " + std::to_string(o.text_length) +
+                                " equal to it");
   }
   if (o.tokenizer && o.mlm_probability > 0 && !o.tokenizer->mask_id()) {
     throw std::invalid_argument("masked language modelling needs a mask token, and the tokenizer has none: " +

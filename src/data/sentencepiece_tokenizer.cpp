@@ -62,9 +62,11 @@ std::vector<int64_t> SentencePieceTokenizer::token_ids(const std::string& text) 
 
 Encoding SentencePieceTokenizer::encode(const std::string& text, int64_t length) const {
   const Impl& m = *impl_;
-  if (length < m.added()) throw std::invalid_argument("encode: length " + std::to_string(length) + " is too short");
+  if (length != kWholeText && length < m.added()) {
+    throw std::invalid_argument("encode: length " + std::to_string(length) + " is too short");
+  }
   std::vector<int64_t> ids = token_ids(text);
-  const int64_t budget = length - m.added();
+  const int64_t budget = length == kWholeText ? static_cast<int64_t>(ids.size()) : length - m.added();
   const int64_t cut = std::max<int64_t>(0, static_cast<int64_t>(ids.size()) - budget);
   ids.resize(ids.size() - static_cast<size_t>(cut));
   Encoding e;
@@ -78,12 +80,13 @@ Encoding SentencePieceTokenizer::encode_pair(const std::string& first, const std
                                              int64_t length) const {
   if (second.empty()) return encode(first, length);
   const Impl& m = *impl_;
-  if (length < 2 * m.added()) {
+  if (length != kWholeText && length < 2 * m.added()) {
     throw std::invalid_argument("encode_pair: length " + std::to_string(length) + " is too short for two texts");
   }
   std::vector<int64_t> a = token_ids(first), b = token_ids(second);
+  const auto whole = static_cast<int64_t>(a.size() + b.size());
   const auto [n1, n2] = longest_first(static_cast<int64_t>(a.size()), static_cast<int64_t>(b.size()),
-                                      length - 2 * m.added());
+                                      length == kWholeText ? whole : length - 2 * m.added());
   const int64_t cut = static_cast<int64_t>(a.size() + b.size()) - n1 - n2;
   a.resize(static_cast<size_t>(std::min<int64_t>(n1, static_cast<int64_t>(a.size()))));
   b.resize(static_cast<size_t>(std::min<int64_t>(n2, static_cast<int64_t>(b.size()))));

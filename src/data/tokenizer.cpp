@@ -37,12 +37,17 @@ const char* const kTokenizerFiles[] = {"tokenizer.json", "tokenizer.model", "spi
                                       "vocab.txt"};
 
 void pad_encoding(Encoding& e, int64_t length, int64_t pad_id) {
-  const auto n = static_cast<size_t>(length);
+  const size_t n = length == kWholeText ? e.ids.size() : static_cast<size_t>(length);
   e.attention_mask.assign(e.ids.size(), 1);
   e.attention_mask.resize(n, 0);
   e.ids.resize(n, pad_id);
   e.token_type_ids.resize(n, 0);
   e.sequence_ids.resize(n, -1);
+}
+
+std::string foreign_id_error(const std::string& key, int64_t id, const Tokenizer& t) {
+  return key + ": token id " + std::to_string(id) + " is outside the vocabulary of " + t.describe() +
+         ": the dataset was tokenized by another tokenizer (data.tokenizer names the one to use)";
 }
 
 std::string tokenizer_file(const std::string& path) {
@@ -161,14 +166,14 @@ std::vector<std::string> WordPieceTokenizer::tokenize(const std::string& text) c
 std::vector<int64_t> WordPieceTokenizer::token_ids(const std::string& text) const { return hf_->token_ids(text); }
 
 Encoding WordPieceTokenizer::encode(const std::string& text, int64_t length) const {
-  if (length < 2) {
+  if (length != kWholeText && length < 2) {
     throw std::invalid_argument("encode: length " + std::to_string(length) + " leaves no room for [CLS] and [SEP]");
   }
   return hf_->encode(text, length);
 }
 
 Encoding WordPieceTokenizer::encode_pair(const std::string& first, const std::string& second, int64_t length) const {
-  if (!second.empty() && length < 3) {
+  if (!second.empty() && length != kWholeText && length < 3) {
     throw std::invalid_argument("encode_pair: length " + std::to_string(length) +
                                 " leaves no room for [CLS] and two [SEP]");
   }

@@ -500,7 +500,7 @@ TrainSummary train_run(const Config& given, std::shared_ptr<log::Sink> sink, int
   job.task->check_batch_size(c.train.batch_size, job.pg.world().size());
   if (auto_batch) job.logger.info(plan.text.substr(0, plan.text.find('\n')));
   const dist::Communicator& world = job.pg.world();
-  TrainingData data = open_training_data(c, *job.task, job.tokenizer, world.rank(), world.size());
+  TrainingData data = open_training_data(c, *job.task, job.tokenizer, world.rank(), world.size(), job.logger);
   if (classes_from_data && job.task->data_needs().num_labels > 0) {
     std::string names;
     for (const auto& name : c.data.labels) names += (names.empty() ? "" : ", ") + name;

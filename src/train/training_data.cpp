@@ -1,11 +1,13 @@
 #include "train/training_data.h"
 
+#include <algorithm>
 #include <filesystem>
 #include <stdexcept>
 #include <tuple>
 
 #include "data/table_records.h"
 #include "data/records.h"
+#include "shardtrain/data/packed_texts.h"
 
 namespace shardtrain::train {
 namespace {
@@ -86,8 +88,23 @@ data::LoaderOptions loader_options(const Config& c, const std::string& flavor, c
   lo.itm_negative_probability = c.data.itm_negative_probability;
   lo.max_image_pixels = c.data.max_image_pixels;
   lo.refuse_truncation = c.data.truncation == "error";
-  lo.pack_texts = c.data.packing;
   return lo;
+}
+
+// data.packing: the text source's documents counted once (a progress line while it takes), for blocks of the
+// loader's text length.
+std::shared_ptr<const data::PackedTexts> pack_texts(const Config& c, const TrainingData& d, const log::Logger& logger) {
+  const auto& text = d.sources[static_cast<size_t>(data::SampleKind::TEXT)];
+  if (!text) throw std::invalid_argument("data.packing: true packs data.text, and the config gives none");
+  data::PackedTexts::Options o;
+  o.length = d.options.text_length;
+  o.threads = std::max<int64_t>(1, c.data.workers);
+  o.progress = [&](int64_t done, int64_t total) {
+    logger.status("packing texts: " + std::to_string(done) + " of " + std::to_string(total) + " documents counted");
+  };
+  auto packed = std::make_shared<const data::PackedTexts>(text, d.options.tokenizer, o);
+  logger.status("");
+  return packed;
 }
 
 }  // namespace
@@ -122,7 +139,8 @@ std::shared_ptr<const data::Tokenizer> open_run_tokenizer(const Config& c) {
 }
 
 TrainingData open_training_data(const Config& c, const models::Task& task,
-                                std::shared_ptr<const data::Tokenizer> tokenizer, int rank, int world_size) {
+                                std::shared_ptr<const data::Tokenizer> tokenizer, int rank, int world_size,
+                                const log::Logger& logger) {
   const std::string& flavor = c.model.flavor;
   const models::DataNeeds needs = task.data_needs();
   TrainingData d;
@@ -132,12 +150,13 @@ TrainingData open_training_data(const Config& c, const models::Task& task,
                                 task.name());
   }
   d.options = loader_options(c, flavor, needs, std::move(tokenizer), rank, world_size);
+  if (c.data.packing) d.options.packed = pack_texts(c, d, logger);
   if (task.has_evaluation() && !c.data.eval.empty()) {
     const data::SampleKind kind = task.eval_kind();
     d.eval_source = std::make_shared<data::SampleSource>(c.data.eval, kind, text_fields(c, needs));
     data::LoaderOptions eo = d.options;
     eo.workers = 0, eo.micro_batches = 1, eo.itm_negative_probability = 0;  // masks as in training
-    eo.pack_texts = false;  // held-out texts scored one per row, whatever the training packs
+    eo.packed = nullptr;  // held-out texts scored one per row, whatever the training packs
     std::array<std::shared_ptr<const data::SampleSource>, 3> eval_sources;
     eval_sources[static_cast<size_t>(kind)] = d.eval_source;
     d.eval_loader = std::make_unique<data::Loader>(eval_sources, eo);
@@ -164,11 +183,18 @@ void describe_data(const TrainingData& d, const log::Logger& logger) {
     }
     logger.info(line);
     for (const auto& p : source->scan_problems()) logger.info("  data problem: " + p);
+    const bool packed = k == static_cast<size_t>(data::SampleKind::TEXT) && d.options.packed;
+    if (packed) {
+      logger.info("  " + d.options.packed->describe());
+      for (const auto& e : d.options.packed->first_errors()) logger.info("  data problem: " + e);
+    }
     // One micro-batch of this kind takes batch_size samples on every rank.
     const int64_t global = static_cast<int64_t>(d.options.world) * d.options.batch_size;
-    if (source->size() < global) {
+    const int64_t samples = packed ? d.options.packed->blocks() : source->size();
+    if (samples < global) {
       logger.warning(std::string(data::kind_name(static_cast<data::SampleKind>(k))) + " data: " +
-                     std::to_string(source->size()) + " samples are fewer than one global batch (" +
+                     std::to_string(samples) + (packed ? " blocks" : " samples") +
+                     " are fewer than one global batch (" +
                      std::to_string(d.options.world) + " ranks x train.batch_size " +
                      std::to_string(d.options.batch_size) + " = " + std::to_string(global) +
                      "): every batch of it repeats samples");

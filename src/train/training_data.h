@@ -34,15 +34,17 @@ std::vector<std::string> run_classes(const config::Config& config);
 std::shared_ptr<const data::Tokenizer> open_run_tokenizer(const config::Config& config);
 
 // Opens the sources the task reads and checks them and `tokenizer` against its DataNeeds (before the model is
-// built: bad input fails fast). Throws std::invalid_argument naming the config key.
+// built: bad input fails fast); with data.packing, counts the texts' tokens (progress on `logger`'s status line).
+// Throws std::invalid_argument naming the config key.
 TrainingData open_training_data(const config::Config& config, const models::Task& task,
-                                std::shared_ptr<const data::Tokenizer> tokenizer, int rank, int world_size);
+                                std::shared_ptr<const data::Tokenizer> tokenizer, int rank, int world_size,
+                                const log::Logger& logger);
 
 // Starts the loader's threads at `start` (a resumed run's data position).
 void start_loading(TrainingData& data, const data::LoaderState& start);
 
-// The start-up lines about the data: samples and files per source, incomplete samples, problems found; a warning
-// for a source smaller than one global batch.
+// The start-up lines about the data: samples and files per source, incomplete samples, problems found, the packed
+// stream's tokens and blocks; a warning for a source smaller than one global batch.
 void describe_data(const TrainingData& data, const log::Logger& logger);
 
 }  // namespace shardtrain::train

@@ -10,6 +10,7 @@
 
 #include "shardtrain/data/image.h"
 #include "shardtrain/data/loader.h"
+#include "shardtrain/data/packed_texts.h"
 #include "data/masking.h"
 #include "data/sampler.h"
 #include "shardtrain/data/source.h"
@@ -235,26 +236,95 @@ TEST_F(DataTest, LoaderBatchesSentencePairs) {
                                       {"p.tsv:2", "2 tokens longer than the 5", "data.truncation: error"});
 }
 
-// data.packing: a micro-batch's texts end to end in rows of text_length — the same tokens as one padded row per
-// text, in the same order, with padding only at the end of the last row.
-TEST_F(DataTest, PackedTextsHoldTheSameTokensInFewerRows) {
+// data.packing: every text encoded whole ([CLS] .. [SEP] here), end to end in file order, in blocks of
+// text_length: a text longer than a block spans blocks (nothing truncated), a damaged line is left out and counted,
+// the blocks are the same at any number of threads and when read by encoding again. The loader's rows are the blocks, every block once an epoch
+// across ranks, and resumed batches are the same batches.
+TEST_F(DataTest, PackedTextsAreTheWholeTextsInBlocks) {
   std::string lines;
-  for (int i = 0; i < 6; ++i) lines += std::string(i % 2 ? "red circle blue" : "green square") + "\n";
-  write_text(dir_ + "/t.txt", lines);
+  for (int i = 0; i < 9; ++i) {
+    std::string text = "green";
+    for (int w = 0; w < (i * 5) % 17; ++w) text += w % 2 ? " red" : " circle";  // 1 to 16 words
+    lines += (i == 4 ? std::string("{\"text\": broken") : "{\"text\": \"" + text + "\"}") + "\n";
+  }
+  write_text(dir_ + "/t.jsonl", lines);
+  const auto tokenizer = shapes_tokenizer();
+  auto source = std::make_shared<const SampleSource>(std::vector<std::string>{dir_ + "/t.jsonl"}, SampleKind::TEXT);
+  std::vector<int64_t> stream;
+  for (int64_t d = 0; d < source->size(); ++d) {
+    if (d == 4) continue;
+    const std::vector<int64_t> ids = tokenizer->encode(source->read(d).text, kWholeText).ids;
+    EXPECT_EQ(ids.size(), tokenizer->token_ids(source->read(d).text).size() + 2);  // whole, unpadded
+    stream.insert(stream.end(), ids.begin(), ids.end());
+  }
+  PackedTexts::Options po;
+  po.length = 8;
+  const auto packed = std::make_shared<const PackedTexts>(source, tokenizer, po);
+  EXPECT_EQ(packed->tokens(), static_cast<int64_t>(stream.size()));
+  EXPECT_EQ(packed->blocks(), (packed->tokens() + 7) / 8);
+  EXPECT_EQ(packed->skipped(), 1);
+  ASSERT_EQ(packed->first_errors().size(), 1u);
+  EXPECT_NE(packed->first_errors()[0].find("t.jsonl:5"), std::string::npos) << packed->first_errors()[0];
+  EXPECT_NE(packed->describe().find(std::to_string(stream.size()) + " tokens of 9 documents in "),
+            std::string::npos) << packed->describe();
+  std::vector<int64_t> joined;
+  for (int64_t i = 0; i < packed->blocks(); ++i) {
+    const std::vector<int64_t> block = packed->block(i);
+    EXPECT_EQ(static_cast<int64_t>(block.size()), i + 1 < packed->blocks() ? 8 : packed->tokens() - 8 * i);
+    joined.insert(joined.end(), block.begin(), block.end());
+  }
+  EXPECT_EQ(joined, stream);
+  // the same blocks counted on 3 threads, and read by encoding the documents again (a stream over keep_bytes)
+  EXPECT_TRUE(packed->kept());
+  po.threads = 3;
+  const PackedTexts threaded(source, tokenizer, po);
+  po.keep_bytes = 4 * packed->tokens();
+  const PackedTexts encoded_again(source, tokenizer, po);
+  EXPECT_FALSE(encoded_again.kept());
+  EXPECT_NE(encoded_again.describe().find("encoded again per block"), std::string::npos) << encoded_again.describe();
+  for (int64_t i = 0; i < packed->blocks(); ++i) {
+    EXPECT_EQ(threaded.block(i), packed->block(i)) << i;
+    EXPECT_EQ(encoded_again.block(i), packed->block(i)) << i;
+  }
+  expect_error<std::out_of_range>([&] { packed->block(packed->blocks()); }, {"block " + std::to_string(
+                                                                                  packed->blocks())});
+
   LoaderOptions o;
-  o.batch_size = 6, o.workers = 0, o.text_length = 8, o.mlm_probability = 0, o.mix = {0, 1, 0};
-  o.tokenizer = shapes_tokenizer();
-  auto source = std::make_shared<SampleSource>(std::vector<std::string>{dir_ + "/t.txt"}, SampleKind::TEXT);
-  const Batch padded = Loader({nullptr, source, nullptr}, o).build(SampleKind::TEXT, 0);
-  o.pack_texts = true;
-  const Batch packed = Loader({nullptr, source, nullptr}, o).build(SampleKind::TEXT, 0);
-  // 3 texts of 4 tokens and 3 of 5 ([CLS] ... [SEP]): 27 tokens in 4 rows of 8 instead of 6
-  EXPECT_EQ(packed.input_ids.sizes(), (std::vector<int64_t>{4, 8}));
-  EXPECT_EQ(packed.texts, 6);
-  EXPECT_TRUE(at::equal(packed.input_ids.masked_select(packed.attention_mask != 0),
-                        padded.input_ids.masked_select(padded.attention_mask != 0)));
-  EXPECT_EQ(packed.attention_mask.sum().item<int64_t>(), 27);
-  EXPECT_EQ(packed.attention_mask[3].sum().item<int64_t>(), 3);  // only the last row is padded
+  o.batch_size = 2, o.workers = 0, o.text_length = 8, o.mlm_probability = 0, o.mix = {0, 1, 0};
+  o.tokenizer = tokenizer, o.packed = packed;
+  for (int64_t world = 1; world <= 3; ++world) {
+    std::multiset<int64_t> seen;
+    for (int64_t rank = 0; rank < world; ++rank) {
+      o.rank = rank, o.world = world;
+      const Loader loader({nullptr, source, nullptr}, o);
+      for (int64_t start = 0; start < packed->blocks(); start += world * o.batch_size) {
+        const Batch b = loader.build(SampleKind::TEXT, start);
+        ASSERT_EQ(b.input_ids.sizes(), (std::vector<int64_t>{2, 8}));
+        for (int64_t r = 0; r < 2; ++r) {
+          const int64_t block = b.sample_ids[static_cast<size_t>(r)];
+          if (start + rank * 2 + r < packed->blocks()) seen.insert(block);
+          const auto ids = packed->block(block);
+          const auto n = static_cast<int64_t>(ids.size());
+          EXPECT_TRUE(b.input_ids[r].slice(0, 0, n).equal(at::tensor(ids)));
+          EXPECT_EQ(b.attention_mask[r].sum().item<int64_t>(), n);
+          EXPECT_TRUE(b.sequence_ids[r].equal(b.attention_mask[r] - 1));  // 0 on every token, -1 on padding
+        }
+        EXPECT_EQ(loader.stats().truncated, 0);
+      }
+    }
+    ASSERT_EQ(static_cast<int64_t>(seen.size()), packed->blocks()) << "world " << world;
+    for (int64_t i = 0; i < packed->blocks(); ++i) EXPECT_EQ(seen.count(i), 1u) << i << " world " << world;
+  }
+  o.rank = 0, o.world = 1;
+  Loader loader({nullptr, source, nullptr}, o);
+  loader.next_step();
+  const LoaderState state = loader.state();
+  const auto second = loader.next_step();
+  Loader resumed({nullptr, source, nullptr}, o, state);
+  EXPECT_TRUE(resumed.next_step()[0].input_ids.equal(second[0].input_ids));
+  o.text_length = 9;
+  expect_error<std::invalid_argument>([&] { Loader({nullptr, source, nullptr}, o); },
+                                      {"packed blocks of 8 tokens need", "text_length 9"});
 }
 
 // Every rank's positions over one epoch: each sample exactly once, for world sizes 1-4 and sizes that do not

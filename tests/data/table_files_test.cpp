@@ -16,6 +16,7 @@
 #include "data/arrow_ipc.h"
 #include "data/parquet.h"
 #include "shardtrain/data/loader.h"
+#include "shardtrain/data/packed_texts.h"
 #include "shardtrain/data/source.h"
 #include "shardtrain/data/tokenizer.h"
 #include "support/expect_error.h"
@@ -108,7 +109,7 @@ TEST(DatasetFiles, EveryRowReadsAsDatasetsWroteIt) {
 
 // A tokenized dataset's rows as batches: the ids datasets holds (max_length's padding, right or left, left out and
 // the row padded again to the loader's length) with their token types; a row longer than text_length cut and
-// counted, or refused under data.truncation: error; rows end to end when packed for causal LM.
+// counted, or refused under data.truncation: error; rows whole and end to end when packed for causal LM.
 TEST(DatasetFiles, TokenizedRowsAreTheBatchesTokens) {
   const nlohmann::json want = cases().at("tokenized").at("rows");
   const std::string dir = reference_dir() + "/tokenized";
@@ -151,15 +152,68 @@ TEST(DatasetFiles, TokenizedRowsAreTheBatchesTokens) {
   EXPECT_EQ(cut.stats().truncated, longer);
   o.refuse_truncation = true;
   EXPECT_THROW(Loader({nullptr, source, nullptr}, o).build(SampleKind::TEXT, 0), std::invalid_argument);
-  o.refuse_truncation = false, o.pack_texts = true;
-  const Batch packed = Loader({nullptr, source, nullptr}, o).build(SampleKind::TEXT, 0);
-  std::vector<int64_t> stream;
-  for (int64_t r = 0; r < 6; ++r) {
-    const std::vector<int64_t> ids = row(packed, r, "ids");
-    stream.insert(stream.end(), ids.begin(), ids.begin() + std::min<int64_t>(static_cast<int64_t>(ids.size()), 8));
+  // Packed: every row's ids whole, end to end in the table's order, in blocks of 8; the batch's rows are blocks.
+  o.refuse_truncation = false;
+  PackedTexts::Options po;
+  po.length = 8;
+  o.packed = std::make_shared<const PackedTexts>(source, o.tokenizer, po);
+  std::vector<int64_t> stream, blocks;
+  for (const auto& w : want) {
+    const auto ids = w.at("ids").get<std::vector<int64_t>>();
+    stream.insert(stream.end(), ids.begin(), ids.end());
   }
-  const at::Tensor flat = packed.input_ids.flatten();
-  EXPECT_TRUE(flat.slice(0, 0, static_cast<int64_t>(stream.size())).equal(at::tensor(stream)));
+  for (int64_t i = 0; i < o.packed->blocks(); ++i) {
+    const std::vector<int64_t> block = o.packed->block(i);
+    blocks.insert(blocks.end(), block.begin(), block.end());
+  }
+  EXPECT_EQ(blocks, stream);
+  const Batch packed = Loader({nullptr, source, nullptr}, o).build(SampleKind::TEXT, 0);
+  ASSERT_EQ(packed.input_ids.sizes(), (std::vector<int64_t>{6, 8}));
+  for (int64_t r = 0; r < 6; ++r) {
+    const std::vector<int64_t> block = o.packed->block(packed.sample_ids[static_cast<size_t>(r)]);
+    EXPECT_TRUE(packed.input_ids[r].slice(0, 0, static_cast<int64_t>(block.size())).equal(at::tensor(block))) << r;
+  }
+  // ids from another tokenizer's vocabulary stop the packing before the first step, naming the id
+  const nlohmann::json foreign = cases().at("tokens_list");
+  testing::expect_error<std::invalid_argument>([&] { PackedTexts(open_case(foreign), o.tokenizer, po); },
+                                               {"list.arrow:4: token id 1099511627776 is outside the vocabulary"});
+}
+
+// data.packing against transformers' run_clm (tokenize_function, then group_texts): the same blocks of 16 from a
+// save_to_disk dataset and from the same documents as a .txt, by a byte-level BPE without special tokens (GPT-2)
+// and with <s> before each document (Llama); the stream whole, the remainder run_clm drops in a last short block.
+TEST(DatasetFiles, PackedBlocksAreRunClmsGroupedTexts) {
+  std::ifstream in(reference_dir() + "/clm/expected.json");
+  ASSERT_TRUE(in);
+  const nlohmann::json want = nlohmann::json::parse(in);
+  const int64_t block_size = want.at("block_size").get<int64_t>();
+  for (const std::string name : {"gpt2", "llama"}) {
+    const auto tokenizer = open_tokenizer(want.at(name).at("tokenizer").get<std::string>());
+    const auto blocks = want.at(name).at("blocks").get<std::vector<std::vector<int64_t>>>();
+    const auto stream = want.at(name).at("stream").get<std::vector<int64_t>>();
+    for (const std::string file : {"texts", "texts.txt"}) {
+      SCOPED_TRACE(name + " " + file);
+      auto source = std::make_shared<const SampleSource>(std::vector<std::string>{reference_dir() + "/clm/" + file},
+                                                         SampleKind::TEXT);
+      for (int64_t threads : {1, 3}) {
+        PackedTexts::Options po;
+        po.length = block_size, po.threads = threads;
+        po.keep_bytes = threads == 1 ? po.keep_bytes : 0;  // 3 threads: blocks read by encoding the texts again
+        const PackedTexts packed(source, tokenizer, po);
+        EXPECT_EQ(packed.kept(), threads == 1);
+        EXPECT_EQ(packed.documents(), 60);
+        EXPECT_EQ(packed.tokens(), static_cast<int64_t>(stream.size()));
+        ASSERT_EQ(packed.blocks(), static_cast<int64_t>(blocks.size()) + 1);  // run_clm drops the remainder
+        std::vector<int64_t> all;
+        for (int64_t i = 0; i < packed.blocks(); ++i) {
+          const std::vector<int64_t> block = packed.block(i);
+          if (i < static_cast<int64_t>(blocks.size())) EXPECT_EQ(block, blocks[static_cast<size_t>(i)]) << i;
+          all.insert(all.end(), block.begin(), block.end());
+        }
+        EXPECT_EQ(all, stream);
+      }
+    }
+  }
 }
 
 // The table's own view of a file of record batches of 3 rows: every column's type as pyarrow names it, nulls,

@@ -23,6 +23,8 @@ error opening them must give.
                 a damaged .jsonl; seq2seq's input_ids and labels (text_target), padded with -100 too; lists with
                 a null item, a null
                 list, an empty one; large_list and fixed_size_list; a list of lists (not token ids)
+  clm/          run_clm's packed stream of 60 documents (tokenize_function, group_texts) by a byte-level BPE with
+                and without <s>: expected.json holds the blocks and the whole stream
   dict/         DatasetDict.save_to_disk (a directory per split); truncated.arrow, not-arrow.arrow: damaged
 """
 import io
@@ -176,6 +178,53 @@ def tokenized_cases(root, mrpc, names, cases):
     pq.write_table(nested, os.path.join(d, "nested.parquet"))
     cases["tokens_nested"] = {"paths": [os.path.join(d, "nested.parquet")], "kind": "text", "text": ["input_ids"],
                               "open_error": "column 'input_ids' (data.text_fields) holds list, expected strings"}
+
+
+def group_texts_cases(root):
+    """Causal LM's packed stream as transformers' run_clm makes it: tokenize_function (tokenizer(examples["text"]))
+    then group_texts (each map batch's ids end to end, cut into blocks of block_size, the remainder dropped), over
+    documents of 1 to 40 words, by a GPT-2-like byte-level BPE (no special tokens) and a Llama-like one (<s> before
+    each document). Writes clm/expected.json: per tokenizer the blocks and the whole stream."""
+    from itertools import chain
+
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+    from transformers import PreTrainedTokenizerFast
+    d = os.path.join(root, "clm")
+    os.makedirs(d)
+    words = ("the cat sat on a mat while seven red circles rolled past blue squares near Tokyo and Zürich "
+             "every day").split()
+    docs = [" ".join(words[(i * 7 + j) % len(words)] for j in range(1 + (i * 13) % 40)) for i in range(60)]
+    Dataset.from_dict({"text": docs}).save_to_disk(os.path.join(d, "texts"))
+    with open(os.path.join(d, "texts.txt"), "w") as f:
+        f.write("\n".join(docs) + "\n")
+    block_size = 16
+
+    def group_texts(examples):  # run_clm's, word for word in effect
+        concatenated = {k: list(chain(*examples[k])) for k in examples.keys()}
+        total_length = len(concatenated[list(examples.keys())[0]])
+        total_length = (total_length // block_size) * block_size
+        return {k: [t[i: i + block_size] for i in range(0, total_length, block_size)]
+                for k, t in concatenated.items()}
+    want = {"block_size": block_size}
+    for name, bos in (("gpt2", False), ("llama", True)):
+        tok = Tokenizer(models.BPE())
+        tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+        tok.decoder = decoders.ByteLevel()
+        specials = ["<s>", "<|endoftext|>"] if bos else ["<|endoftext|>"]
+        tok.train_from_iterator(docs, trainers.BpeTrainer(vocab_size=300, special_tokens=specials,
+                                                          initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+        tok.post_processor = (processors.TemplateProcessing(single="<s> $A", special_tokens=[("<s>", 0)]) if bos
+                              else processors.ByteLevel(trim_offsets=False))
+        path = os.path.join(d, name + ".json")
+        tok.save(path)
+        fast = PreTrainedTokenizerFast(tokenizer_file=path)
+        tokenized = Dataset.from_dict({"text": docs}).map(lambda b: fast(b["text"]), batched=True,
+                                                           remove_columns=["text"])
+        grouped = tokenized.map(group_texts, batched=True)
+        want[name] = {"tokenizer": path, "blocks": list(grouped["input_ids"]),
+                      "stream": list(chain(*tokenized["input_ids"]))}
+    with open(os.path.join(d, "expected.json"), "w") as f:
+        json.dump(want, f)
 
 
 def main(out):
@@ -364,6 +413,7 @@ def main(out):
                                   "text": ["text"], "open_error": "not a Parquet file"}
 
     tokenized_cases(root, mrpc, names, cases)
+    group_texts_cases(root)
 
     # Damaged and misplaced.
     DatasetDict({"train": mrpc, "validation": mrpc}).save_to_disk(os.path.join(root, "dict"))

@@ -103,8 +103,8 @@ struct DataConfig {
   // A text longer than max_text_length: warn (truncated; how many the run's closing lines count) or error (the run
   // stops naming the file and line).
   std::string truncation = "warn";
-  // causal_lm: each micro-batch's texts joined end to end and cut into rows of max_text_length (transformers'
-  // run_clm grouping; data::LoaderOptions::pack_texts) instead of one padded row per text.
+  // causal_lm: every text whole, end to end, cut into rows of max_text_length, the rows shuffled (transformers'
+  // run_clm grouping; data::PackedTexts) instead of one padded row per text, cut to max_text_length.
   bool packing = false;
   int64_t image_size = 0;         // pixels; 0: the model's
   double mlm_probability = 0.15;  // BERT masking: of the chosen, 80% [MASK], 10% random, 10% kept

@@ -24,6 +24,8 @@
 
 namespace shardtrain::data {
 
+class PackedTexts;  // shardtrain/data/packed_texts.h
+
 // One micro-batch of one rank. What the kind lacks is undefined.
 struct Batch {
   SampleKind kind = SampleKind::IMAGE_TEXT;
@@ -71,10 +73,11 @@ struct LoaderOptions {
   // A text longer than text_length tokens: false, it is truncated and counted (LoaderStats::truncated); true, the
   // loader stops with an error naming the sample (data.truncation: error).
   bool refuse_truncation = false;
-  // Text batches (causal LM): the micro-batch's encoded texts (special tokens included, padding left out) joined
-  // end to end and cut into rows of text_length, as transformers' run_clm groups texts: fewer rows, no padding but
-  // the last row's; a document attends to the ones before it in its row.
-  bool pack_texts = false;
+  // Text batches (causal LM): each row a block of text_length tokens of this packing of the text source
+  // (transformers' run_clm grouping: every text end to end, long ones across rows; no padding but in the last
+  // block), the blocks shuffled and dealt as samples are; null: one padded row per text. Its length must be
+  // text_length.
+  std::shared_ptr<const PackedTexts> packed;
 };
 
 // Where the stream stands: steps handed out and stream positions consumed per kind (global, over all ranks).

@@ -26,6 +26,10 @@ namespace shardtrain::data {
 std::vector<std::string> load_vocab(const std::string& path);
 void save_vocab(const std::vector<std::string>& vocab, const std::string& path);  // atomic
 
+// encode's and encode_pair's length for the whole text: nothing cut, no padding (causal LM packing:
+// data/packed_texts.h).
+constexpr int64_t kWholeText = -1;
+
 struct Encoding {
   std::vector<int64_t> ids;             // special tokens around the text's ([CLS] .. [SEP]), then padding
 
@@ -43,10 +47,11 @@ class Tokenizer {
   virtual std::vector<int64_t> token_ids(const std::string& text) const = 0;
   // The model's input for `text`: the tokenizer's special tokens around its ids (BERT's [CLS] .. [SEP], T5's
   // .. </s>, Llama's <s> ..), exactly `length` long: the text's tokens cut to fit (the special ones kept), then
-  // padding (attention mask 0).
+  // padding (attention mask 0). `length` kWholeText: all of them, unpadded.
   virtual Encoding encode(const std::string& text, int64_t length) const = 0;
   // A sentence pair (BERT's [CLS] a [SEP] b [SEP]), cut longest-first to fit `length` as the tokenizers library
   // does: the shorter keeps up to half the budget, the longer the rest. An empty `second` gives encode(first).
+  // `length` kWholeText: both whole, unpadded.
   virtual Encoding encode_pair(const std::string& first, const std::string& second, int64_t length) const = 0;
   // Text of `ids`; special tokens (and padding) left out when `skip_special`.
   virtual std::string decode(const std::vector<int64_t>& ids, bool skip_special = true) const = 0;
@@ -63,9 +68,13 @@ class Tokenizer {
 // length up to half the budget, the longer the rest. Returns the kept lengths.
 std::pair<int64_t, int64_t> longest_first(int64_t n1, int64_t n2, int64_t budget);
 
-// `e`'s tokens padded to `length`: attention mask 1 over the tokens and 0 after, ids `pad_id`, token type 0 and
-// sequence id -1 over the padding (token types and sequence ids also where `e` left them unset).
+// `e`'s tokens padded to `length` (kWholeText: not padded): attention mask 1 over the tokens and 0 after, ids
+// `pad_id`, token type 0 and sequence id -1 over the padding (token types and sequence ids also where `e` left them
+// unset).
 void pad_encoding(Encoding& e, int64_t length, int64_t pad_id);
+
+// Why a tokenized dataset's row `key` cannot be read by `t`: its token id `id` is outside t's vocabulary.
+std::string foreign_id_error(const std::string& key, int64_t id, const Tokenizer& t);
 
 // The tokenizer at `path`: a tokenizer.json (Hugging Face), a .model (SentencePiece), a vocab.txt (WordPiece, with
 // `lowercase` as BertTokenizer's do_lower_case), or a model directory holding one of them (looked for in that
