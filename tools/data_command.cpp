@@ -107,6 +107,11 @@ std::string shown(const data::ColumnTable& t, int column, int64_t row) {
     for (size_t i = 0; i < std::min<size_t>(items.size(), 8); ++i) out += (i ? ", " : "") + std::to_string(items[i]);
     return "[" + out + (items.size() > 8 ? ", ... (" + std::to_string(items.size()) + ")]" : "]");
   }
+  if (c.kind == data::ColumnKind::FLOAT) {  // a regression's score: 6 significant digits
+    char text[32];
+    std::snprintf(text, sizeof text, "%g", t.number(column, row));
+    return text;
+  }
   return std::to_string(t.integer(column, row));
 }
 

@@ -1,6 +1,7 @@
 #include "data/arrow_ipc.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <iterator>
@@ -140,6 +141,16 @@ int64_t value_at(const TableColumn& c, const char* p, int64_t i) {
     case 4: { int32_t v; std::memcpy(&v, p + 4 * i, 4); return c.is_signed ? v : static_cast<uint32_t>(v); }
     default: { int64_t v; std::memcpy(&v, p + 8 * i, 8); return v; }
   }
+}
+
+// An IEEE half-precision value's bits as a double: (1024 + mantissa) 2^(exponent - 25), subnormals
+// mantissa 2^-24.
+double half_to_double(uint16_t h) {
+  const int exponent = (h >> 10) & 31, mantissa = h & 1023;
+  const double sign = (h & 0x8000) ? -1.0 : 1.0;
+  if (exponent == 0) return sign * std::ldexp(mantissa, -24);
+  if (exponent == 31) return mantissa ? std::nan("") : sign * HUGE_VAL;
+  return sign * std::ldexp(mantissa + 1024, exponent - 25);
 }
 
 }  // namespace
@@ -441,6 +452,29 @@ int64_t ArrowTable::integer(int column, int64_t row) const {
   }
   if (is_null(column, row) || s.data < 0) return 0;
   return value_at(c, bytes_.data() + s.data, r);
+}
+
+double ArrowTable::number(int column, int64_t row) const {
+  const TableColumn& c = columns_[static_cast<size_t>(column)];
+  if (c.kind == ColumnKind::INT || c.kind == ColumnKind::BOOL) return static_cast<double>(integer(column, row));
+  if (c.kind != ColumnKind::FLOAT) fail("column '" + c.path + "' holds " + c.type + ", not numbers");
+  int64_t r = row;
+  const Slice& s = locate(column, r).slices[static_cast<size_t>(column)];
+  if (is_null(column, row) || s.data < 0) return 0;
+  const char* p = bytes_.data() + s.data + c.width * r;
+  if (c.width == 2) {
+    uint16_t h;
+    std::memcpy(&h, p, 2);
+    return half_to_double(h);
+  }
+  if (c.width == 4) {
+    float f;
+    std::memcpy(&f, p, 4);
+    return f;
+  }
+  double d;
+  std::memcpy(&d, p, 8);
+  return d;
 }
 
 std::vector<int64_t> ArrowTable::integers(int column, int64_t row) const {

@@ -37,6 +37,7 @@ class ArrowTable : public ColumnTable {
   bool is_null(int column, int64_t row) const override;
   std::string bytes(int column, int64_t row) const override { return std::string(view(column, row)); }
   int64_t integer(int column, int64_t row) const override;
+  double number(int column, int64_t row) const override;
   std::vector<int64_t> integers(int column, int64_t row) const override;
   std::string_view view(int column, int64_t row) const;  // bytes() in place: a view of the file
 

@@ -1,7 +1,7 @@
 // A table of columns read from a file, as the sources see it whatever its format: Apache Arrow IPC files
 // (data/arrow_ipc.h: Hugging Face datasets' cache and save_to_disk) and Parquet files (data/parquet.h: datasets on
-// the Hugging Face Hub). Each row is a sample; a column is read by row, as strings, bytes, whole numbers or lists of
-// whole numbers (a tokenized dataset's input_ids).
+// the Hugging Face Hub). Each row is a sample; a column is read by row, as strings, bytes, whole numbers, numbers
+// (a regression's float labels) or lists of whole numbers (a tokenized dataset's input_ids).
 #pragma once
 
 #include <cstdint>
@@ -41,6 +41,7 @@ class ColumnTable {
   virtual bool is_null(int column, int64_t row) const = 0;
   virtual std::string bytes(int column, int64_t row) const = 0;  // UTF8 or BINARY; "" when null
   virtual int64_t integer(int column, int64_t row) const = 0;    // INT or BOOL; 0 when null
+  virtual double number(int column, int64_t row) const = 0;      // FLOAT (float16/32/64), INT or BOOL; 0 when null
   // A LIST of INT or BOOL items: the row's items in order (input_ids [101, 7592, 102]); empty when null. Throws
   // naming the column for a null item.
   virtual std::vector<int64_t> integers(int column, int64_t row) const = 0;

@@ -64,6 +64,7 @@ struct Example {
   int64_t itm = 1;        // 0: an ITM negative, its text replaced by another row's in build()
   int64_t position = 0;   // stream position it was read at
   std::optional<int64_t> label;
+  std::optional<double> score;  // a regression's target instead of a class
   int64_t sample = 0;
   bool token_types = false;  // the text's token types came with its tokenized row
 };
@@ -157,7 +158,7 @@ struct Loader::Impl {
         const auto p = static_cast<uint64_t>(position);
         const bool packed = kind == SampleKind::TEXT && o.packed;
         const RawSample raw = packed ? RawSample{} : source.read(ex.sample);  // a block reads its documents itself
-        ex.label = raw.label;
+        ex.label = raw.label, ex.score = raw.score;
         if (packed) {  // one full row of the stream (sequence id 0 on every token, special ones too)
           ex.text.ids = o.packed->block(ex.sample);
           ex.text.sequence_ids.assign(ex.text.ids.size(), 0);
@@ -291,6 +292,11 @@ struct Loader::Impl {
       std::vector<int64_t> labels;
       for (const auto& ex : examples) labels.push_back(*ex.label);
       b.labels = at::tensor(labels, at::kLong);
+    }
+    if (std::all_of(examples.begin(), examples.end(), [](const Example& e) { return e.score.has_value(); })) {
+      std::vector<float> scores;
+      for (const auto& ex : examples) scores.push_back(static_cast<float>(*ex.score));
+      b.labels = at::tensor(scores, at::kFloat);
     }
     return b;
   }
@@ -449,7 +455,8 @@ Batch Batch::to(const at::Device& device, at::ScalarType floats) const {
                         &out.input_ids_masked, &out.mlm_labels, &out.pixels, &out.codebook_pixels,
                         &out.masked_patches, &out.itm_labels, &out.labels}) {
     if (!t->defined()) continue;
-    *t = t->is_floating_point() ? t->to(device, floats) : t->to(device);
+    // a regression's scores stay float32: the loss is computed in float32 whatever the model's dtype
+    *t = t->is_floating_point() && t != &out.labels ? t->to(device, floats) : t->to(device);
   }
   return out;
 }

@@ -121,7 +121,7 @@ enum Physical { kBoolean = 0, kInt32 = 1, kInt64 = 2, kInt96 = 3, kFloat = 4, kD
 enum Repetition { kRequired = 0, kOptional = 1, kRepeated = 2 };
 enum PageType { kDataPage = 0, kIndexPage = 1, kDictionaryPage = 2, kDataPageV2 = 3 };
 enum Encoding { kPlain = 0, kPlainDictionary = 2, kRle = 3, kDeltaBinaryPacked = 5, kDeltaLengthByteArray = 6,
-                kDeltaByteArray = 7, kRleDictionary = 8 };
+                kDeltaByteArray = 7, kRleDictionary = 8, kByteStreamSplit = 9 };
 constexpr const char* kCodecs[] = {"uncompressed", "snappy", "gzip", "lzo", "brotli", "lz4", "zstd", "lz4_raw"};
 constexpr int64_t kMaxPageBytes = int64_t{1} << 30;  // what a page may decompress to: 1 GiB
 
@@ -874,10 +874,11 @@ std::shared_ptr<const ParquetTable::Values> ParquetTable::decode_page(int leaf, 
   const Chunk& chunk = groups_[group].chunks[static_cast<size_t>(leaf)];
   const std::string what = where(leaf, group);
   const int physical = node.physical;
-  if (physical != kBoolean && physical != kInt32 && physical != kInt64 && physical != kByteArray) {
+  if (physical != kBoolean && physical != kInt32 && physical != kInt64 && physical != kFloat &&
+      physical != kDouble64 && physical != kByteArray) {
     throw std::runtime_error(what + " holds " + c.type + " values, which are not read");
   }
-  // `count` PLAIN values from t into ints or (offsets, data).
+  // `count` PLAIN values from t into ints (a float's or double's bits) or (offsets, data).
   auto plain = [&](Thrift& t, const char* end, int64_t count, Values& out) {
     if (physical == kBoolean) {
       for (int64_t i = 0; i < count; ++i) {
@@ -885,8 +886,8 @@ std::shared_ptr<const ParquetTable::Values> ParquetTable::decode_page(int leaf, 
         out.ints.push_back((static_cast<uint8_t>(t.position()[0]) >> (i % 8)) & 1);
         if (i % 8 == 7 || i + 1 == count) t.byte();
       }
-    } else if (physical == kInt32 || physical == kInt64) {
-      const int width = physical == kInt32 ? 4 : 8;
+    } else if (physical != kByteArray) {
+      const int width = physical == kInt32 || physical == kFloat ? 4 : 8;
       if (count > (end - t.position()) / width) t.fail("ends inside its values");
       for (int64_t i = 0; i < count; ++i) {
         int64_t v = 0;
@@ -979,6 +980,15 @@ std::shared_ptr<const ParquetTable::Values> ParquetTable::decode_page(int leaf, 
     present_values.offsets.push_back(0);
     read_delta_strings(vt, values_end, present, h.encoding == kDeltaByteArray, present_values.data,
                        present_values.offsets);
+  } else if (h.encoding == kByteStreamSplit && (physical == kFloat || physical == kDouble64)) {
+    // value i's byte b at b * present + i: the streams of each byte position one after another
+    const auto width = static_cast<size_t>(physical == kFloat ? 4 : 8), n = static_cast<size_t>(present);
+    if (values_bytes.size() / width < n) throw std::runtime_error(what + ": its split bytes end inside the values");
+    for (size_t i = 0; i < n; ++i) {
+      uint64_t v = 0;
+      for (size_t b = 0; b < width; ++b) v |= uint64_t{static_cast<uint8_t>(values_bytes[b * n + i])} << (8 * b);
+      present_values.ints.push_back(static_cast<int64_t>(v));
+    }
   } else if (h.encoding == kRle && physical == kBoolean) {  // v2 pages' booleans: a length, then width-1 runs
     if (values_bytes.size() < 4 || load_u32(values_bytes.data()) > values_bytes.size() - 4) {
       throw std::runtime_error(what + ": RLE booleans pass the page's end");
@@ -990,7 +1000,8 @@ std::shared_ptr<const ParquetTable::Values> ParquetTable::decode_page(int leaf, 
     present_values.ints.assign(bits.begin(), bits.end());
   } else {
     throw std::runtime_error(what + " is in encoding " + std::to_string(h.encoding) +
-                             ", which is not read (PLAIN, dictionary and DELTA_* encodings are)");
+                             ", which is not read (PLAIN, dictionary, DELTA_* and a float's BYTE_STREAM_SPLIT "
+                             "are)");
   }
   // A null row holds nothing: the bytes are the present values' as they are, each row's range an offset apart.
   out->data = std::move(present_values.data);
@@ -1014,6 +1025,9 @@ void ParquetTable::fill_list(Values& out, const std::string& what, int physical,
                              const std::vector<uint32_t>& levels, int max_level, int item_level, int64_t rows,
                              std::shared_ptr<const Values> dictionary) {
   if (physical == kByteArray) throw std::runtime_error(what + " holds lists of strings, which are not read");
+  if (physical == kFloat || physical == kDouble64) {
+    throw std::runtime_error(what + " holds lists of floats, which are not read");
+  }
   int64_t present = 0;
   for (size_t i = 0; i < levels.size(); ++i) {
     if (repetitions[i] == 0) {
@@ -1112,6 +1126,23 @@ std::vector<int64_t> ParquetTable::integers(int column, int64_t row) const {
     fail("column '" + c.path + "' in row " + std::to_string(asked) + ": " + e.what());
   }
   return out;
+}
+
+double ParquetTable::number(int column, int64_t row) const {
+  const TableColumn& c = columns_.at(static_cast<size_t>(column));
+  if (c.kind == ColumnKind::INT || c.kind == ColumnKind::BOOL) return static_cast<double>(integer(column, row));
+  if (c.kind != ColumnKind::FLOAT) fail("column '" + c.path + "' holds " + c.type + ", not numbers");
+  const auto v = values(column, row);
+  const int64_t bits = v->ints[static_cast<size_t>(row)];  // 0 for a null row
+  if (c.width == 4) {
+    const auto low = static_cast<uint32_t>(bits);
+    float f;
+    std::memcpy(&f, &low, 4);
+    return f;
+  }
+  double d;
+  std::memcpy(&d, &bits, 8);
+  return d;
 }
 
 int64_t ParquetTable::integer(int column, int64_t row) const {

@@ -45,6 +45,7 @@ class ParquetTable : public ColumnTable {
   bool is_null(int column, int64_t row) const override;
   std::string bytes(int column, int64_t row) const override;
   int64_t integer(int column, int64_t row) const override;
+  double number(int column, int64_t row) const override;
   std::vector<int64_t> integers(int column, int64_t row) const override;
 
  private:

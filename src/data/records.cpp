@@ -1,5 +1,7 @@
 #include "data/records.h"
 
+#include <cmath>
+#include <cstdlib>
 #include <stdexcept>
 
 #include "shardtrain/data/source.h"
@@ -71,6 +73,20 @@ std::string not_a_class(const std::string& value, const std::vector<std::string>
   for (const auto& c : classes) list += (list.empty() ? "" : ", ") + c;
   return "label '" + value.substr(0, 40) + "' is not one of the classes [" + list + "] (data.labels) nor a class id "
          "below " + std::to_string(classes.size());
+}
+
+std::optional<double> score_of(const std::string& value) {
+  if (value.empty() || value.size() > 64 || value.find_first_not_of("0123456789+-.eE") != std::string::npos) {
+    return std::nullopt;  // also no spaces, hexadecimal, "nan" or "inf", which strtod would take
+  }
+  char* end = nullptr;
+  const double v = std::strtod(value.c_str(), &end);
+  if (end != value.c_str() + value.size() || !std::isfinite(v)) return std::nullopt;
+  return v;
+}
+
+std::string not_a_score(const std::string& value) {
+  return "label '" + value.substr(0, 40) + "' is not a number (a regression's score: data.labels names one)";
 }
 
 std::vector<std::string> text_field_names(const std::vector<std::string>& text, bool has_text, bool has_input_ids) {

@@ -6,6 +6,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -26,6 +27,10 @@ std::vector<std::string> split_record(const std::string& line, RecordFormat form
 int64_t class_of(const std::string& value, const std::vector<std::string>& classes);
 // Why class_of gave -1, for an error that names the sample: "label 'x' is not one of the classes [a, b] ...".
 std::string not_a_class(const std::string& value, const std::vector<std::string>& classes);
+// A regression label: `value` whole as a finite decimal number ("3.8", "4", "-1e-3"); nullopt otherwise.
+std::optional<double> score_of(const std::string& value);
+// Why score_of gave nullopt: "label 'x' is not a number (a regression's score)".
+std::string not_a_score(const std::string& value);
 
 // The fields a record's text is read from: `text` as configured, except that the default ["text"] stands for
 // ["input_ids"] in a record with no "text" but token ids in "input_ids" (a tokenized dataset).

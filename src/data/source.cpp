@@ -337,7 +337,11 @@ RawSample SampleSource::read(int64_t i) const {
   if (static_cast<RecordFormat>(formats_[static_cast<size_t>(e.file)]) != RecordFormat::TAR) {
     read_fields(s, std::string(s.text), e.file);
   }
-  if (e.label.offset >= 0) {
+  if (e.label.offset >= 0 && fields_.scores) {
+    const std::string text = handle.read(e.label.offset, e.label.size);
+    s.score = score_of(text);
+    if (!s.score) throw std::runtime_error(s.key + ": .cls " + not_a_score(text));
+  } else if (e.label.offset >= 0) {
     const std::string text = handle.read(e.label.offset, e.label.size);
     try {
       size_t used = 0;
@@ -377,11 +381,11 @@ void SampleSource::read_fields(RawSample& s, const std::string& line, int32_t fi
     }
     if (!fields_.label.empty()) {
       const auto it = j.find(fields_.label);
-      if (it == j.end() || !(it->is_string() || it->is_number_integer())) {
-        throw std::runtime_error(s.key + ": a .jsonl line needs a label field \"" + fields_.label +
-                                 "\" (a class name or id)");
+      if (it == j.end() || !(it->is_string() || (fields_.scores ? it->is_number() : it->is_number_integer()))) {
+        throw std::runtime_error(s.key + ": a .jsonl line needs a label field \"" + fields_.label + "\" (" +
+                                 (fields_.scores ? "a number" : "a class name or id") + ")");
       }
-      values.push_back(it->is_string() ? it->get<std::string>() : std::to_string(it->get<int64_t>()));
+      values.push_back(it->is_string() ? it->get<std::string>() : it->dump());  // a number's shortest round trip
     }
   } else {
     std::vector<std::string> row;
@@ -401,6 +405,11 @@ void SampleSource::read_fields(RawSample& s, const std::string& line, int32_t fi
   if (pairs()) s.text_pair = values[1];
   if (fields_.label.empty()) return;
   const std::string& label = values.back();
+  if (fields_.scores) {
+    s.score = score_of(label);
+    if (!s.score) throw std::runtime_error(s.key + ": " + not_a_score(label));
+    return;
+  }
   const int64_t id = class_of(label, fields_.classes);
   if (id < 0) throw std::runtime_error(s.key + ": " + not_a_class(label, fields_.classes));
   s.label = id;

@@ -3,6 +3,7 @@
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
+#include <cmath>
 #include <stdexcept>
 
 #include "data/arrow_ipc.h"
@@ -131,7 +132,10 @@ TableRecords::TableRecords(const std::string& path, SampleKind kind, const TextF
       if (file >= 0 && table_->columns()[static_cast<size_t>(file)].kind == ColumnKind::UTF8) image_path_ = file;
     }
   }
-  if (!fields.label.empty()) {
+  if (!fields.label.empty() && fields.scores) {  // a regression's target
+    scores_ = true;
+    label_ = find(fields.label, "data.label_field", {ColumnKind::FLOAT, ColumnKind::INT, ColumnKind::UTF8});
+  } else if (!fields.label.empty()) {
     label_ = find(fields.label, "data.label_field", {ColumnKind::INT, ColumnKind::BOOL, ColumnKind::UTF8});
     const std::vector<std::string> names = class_names(features, fields.label);
     if (!names.empty() && !classes_.empty() && names != classes_) {
@@ -173,7 +177,10 @@ void TableRecords::read_tokens(int64_t row, RawSample& s) const {
 }
 
 std::vector<std::string> class_label_names(const std::string& path, const std::string& column) {
-  return class_names(features_of(*open_table_file(path).table), column);
+  const TableFile file = open_table_file(path);
+  const int c = file.table->column(column);
+  if (c >= 0 && file.table->columns()[static_cast<size_t>(c)].kind == ColumnKind::FLOAT) return {column};
+  return class_names(features_of(*file.table), column);
 }
 
 int TableRecords::find(const std::string& field, const std::string& key, const std::vector<ColumnKind>& kinds) const {
@@ -189,7 +196,7 @@ int TableRecords::find(const std::string& field, const std::string& key, const s
   const TableColumn& col = table_->columns()[static_cast<size_t>(c)];
   if (std::find(kinds.begin(), kinds.end(), col.kind) == kinds.end()) {
     const std::string items = col.items >= 0 ? "<" + table_->columns()[static_cast<size_t>(col.items)].type + ">" : "";
-    const char* wanted = key == "data.label_field" ? "whole numbers or strings"
+    const char* wanted = key == "data.label_field" ? (scores_ ? "numbers" : "whole numbers or strings")
                          : key == "data.image_field" ? "encoded images (binary, or datasets' Image)" : "strings";
     throw std::invalid_argument("data file '" + path_ + "': column '" + field + "' (" + key + ") holds " + col.type +
                                 items + ", expected " + wanted);
@@ -226,6 +233,19 @@ void TableRecords::read(int64_t row, RawSample& s) const {
   if (label_ < 0) return;
   const TableColumn& c = table_->columns()[static_cast<size_t>(label_)];
   if (table_->is_null(label_, row)) throw std::runtime_error(s.key + ": label '" + c.path + "' is null");
+  if (scores_ && c.kind == ColumnKind::UTF8) {
+    const std::string text = table_->bytes(label_, row);
+    s.score = score_of(text);
+    if (!s.score) throw std::runtime_error(s.key + ": " + not_a_score(text));
+    return;
+  }
+  if (scores_) {
+    s.score = table_->number(label_, row);
+    if (!std::isfinite(*s.score)) {
+      throw std::runtime_error(s.key + ": label '" + c.path + "' is " + std::to_string(*s.score) + ", not finite");
+    }
+    return;
+  }
   const std::string value =
       c.kind == ColumnKind::UTF8 ? table_->bytes(label_, row) : std::to_string(table_->integer(label_, row));
   const int64_t id = class_of(value, classes_);

@@ -60,12 +60,14 @@ class TableRecords {
   int ids_ = -1, type_ids_ = -1, mask_ = -1;  // a tokenized table's token ids and the lists beside them, or -1
   int pair_ids_ = -1;                         // a second field of token ids (a seq2seq target), or -1
   int label_ = -1;
+  bool scores_ = false;  // label_ is a regression's number (TextFields::scores)
   int image_ = -1, image_path_ = -1;  // the encoded bytes; the path beside them (an Image struct), or -1
   std::vector<std::string> classes_;
 };
 
 // The names of `column`'s ClassLabel in datasets' features of the .arrow or .parquet file at `path` (what transformers'
-// run_glue takes a classifier's classes from); empty when it is not a ClassLabel. Throws as ArrowTable.
+// run_glue takes a classifier's classes from); empty when it is not a ClassLabel; {column} alone when it holds
+// floats (a regression, as run_glue decides from the dtype: STS-B's similarity). Throws as ArrowTable.
 std::vector<std::string> class_label_names(const std::string& path, const std::string& column);
 
 }  // namespace shardtrain::data

@@ -95,7 +95,7 @@ std::vector<at::Tensor> BertImpl::forward_impl(const at::Tensor& input_ids, cons
     }
   } else if (classifier) {
     logits = classifier->forward(at::dropout(pooled, config.classifier_dropout, is_training()));
-    if (labels.defined()) loss = at::cross_entropy_loss(logits.to(at::kFloat), labels);
+    if (labels.defined()) loss = classifier_loss(logits, labels);
   } else if (labels.defined()) {
     throw std::invalid_argument("BERT: labels given to a model built without a head (no MLM head, no classifier)");
   }

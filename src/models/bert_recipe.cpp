@@ -49,7 +49,8 @@ class BertMaskedLm : public Task {
 };
 
 // Sequence classification (GLUE's MRPC: sentence pairs, two classes): cross-entropy of the classifier on the pooled
-// [CLS] output; evaluated by accuracy and F1 on data.eval.
+// [CLS] output; evaluated by accuracy and F1 on data.eval. One label is a regression (GLUE's STS-B: a similarity
+// score per pair): the mean squared error of the one output, evaluated by Pearson's and Spearman's correlations.
 class BertClassify : public Task {
  public:
   BertClassify(std::string flavor, const BertConfig& config) : flavor_(std::move(flavor)), config_(config) {}
@@ -227,6 +228,7 @@ nlohmann::json bert_to_hf(const BertConfig& c) {
       j["id2label"][std::to_string(i)] = c.labels[i];
       j["label2id"][c.labels[i]] = i;
     }
+    if (c.labels.size() == 1) j["problem_type"] = "regression";  // what transformers infers for num_labels 1
   }
   return j;
 }

@@ -3,9 +3,11 @@
 #include <ATen/ATen.h>
 #include <torch/nn/module.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <stdexcept>
+#include <vector>
 
 #include "shardtrain/distributed/communicator.h"
 
@@ -13,6 +15,16 @@ namespace shardtrain::models {
 
 void check_class_labels(const at::Tensor& labels, int64_t classes, const std::string& who) {
   if (!labels.defined()) throw std::runtime_error(who + ": a batch without labels (every sample needs one)");
+  if (classes == 1) {  // a regression
+    if (!labels.is_floating_point()) {
+      throw std::runtime_error(who + ": a regression (one label) needs scores, and the batch holds class ids");
+    }
+    return;
+  }
+  if (labels.is_floating_point()) {
+    throw std::runtime_error(who + ": " + std::to_string(classes) + " classes need class ids, and the batch holds "
+                             "scores");
+  }
   const int64_t top = labels.max().item<int64_t>(), bottom = labels.min().item<int64_t>();
   if (top >= classes || bottom < 0) {
     throw std::runtime_error(who + ": label " + std::to_string(top >= classes ? top : bottom) + " is outside its " +
@@ -53,9 +65,77 @@ std::map<std::string, double> evaluate_token_loss(
           {"eval_samples", static_cast<double>(used)}};
 }
 
+namespace {
+
+// Each value's rank (1-based) in `v`, ties given the mean of the ranks they span (scipy.stats.rankdata).
+std::vector<double> ranks_of(const std::vector<double>& v) {
+  std::vector<size_t> order(v.size());
+  for (size_t i = 0; i < order.size(); ++i) order[i] = i;
+  std::sort(order.begin(), order.end(), [&](size_t a, size_t b) { return v[a] < v[b]; });
+  std::vector<double> ranks(v.size());
+  for (size_t i = 0; i < order.size();) {
+    size_t j = i;
+    while (j + 1 < order.size() && v[order[j + 1]] == v[order[i]]) ++j;
+    for (size_t k = i; k <= j; ++k) ranks[order[k]] = (static_cast<double>(i + j) + 2) / 2;
+    i = j + 1;
+  }
+  return ranks;
+}
+
+// Pearson's correlation of x and y; 0 where either is constant (scipy says nan).
+double pearson(const std::vector<double>& x, const std::vector<double>& y) {
+  const auto n = static_cast<double>(x.size());
+  double mx = 0, my = 0;
+  for (size_t i = 0; i < x.size(); ++i) mx += x[i] / n, my += y[i] / n;
+  double sxy = 0, sxx = 0, syy = 0;
+  for (size_t i = 0; i < x.size(); ++i) {
+    sxy += (x[i] - mx) * (y[i] - my), sxx += (x[i] - mx) * (x[i] - mx), syy += (y[i] - my) * (y[i] - my);
+  }
+  return sxx > 0 && syy > 0 ? sxy / std::sqrt(sxx * syy) : 0.0;
+}
+
+// A regression (one output): every held-out prediction and score gathered (each rank writes its rows' slots of a
+// zeroed vector, then a sum), then run_glue's STS-B metrics over them.
+std::map<std::string, double> evaluate_regression(const EvalInputs& in, data::SampleKind kind,
+                                                  const std::function<at::Tensor(const data::Batch&)>& logits_of,
+                                                  int64_t used) {
+  const dist::Communicator& world = *in.world;
+  const int64_t per_step = world.size() * in.batch_size;
+  const auto options = at::TensorOptions().dtype(at::kDouble).device(in.device);
+  at::Tensor predicted = at::zeros({used}, options), truth = at::zeros({used}, options);
+  for (int64_t start = 0; start < used; start += per_step) {
+    const data::Batch b = in.loader->build(kind, start).to(in.device, in.floats);
+    check_class_labels(b.labels, 1, "eval");
+    const int64_t first = start + world.rank() * in.batch_size;  // this rank's rows (EpochSampler::rank_positions)
+    predicted.slice(0, first, first + in.batch_size).copy_(logits_of(b).squeeze(1).to(at::kDouble));
+    truth.slice(0, first, first + in.batch_size).copy_(b.labels.to(at::kDouble));
+  }
+  world.all_reduce(predicted, dist::ReduceOp::SUM).wait();
+  world.all_reduce(truth, dist::ReduceOp::SUM).wait();
+  const at::Tensor p = predicted.cpu(), t = truth.cpu();
+  const std::vector<double> x(p.data_ptr<double>(), p.data_ptr<double>() + used),
+      y(t.data_ptr<double>(), t.data_ptr<double>() + used);
+  std::map<std::string, double> out;
+  out["pearson"] = pearson(x, y);
+  out["spearmanr"] = pearson(ranks_of(x), ranks_of(y));
+  out["eval_loss"] = (p - t).pow(2).mean().item<double>();  // mean squared error, the training loss
+  out["eval_samples"] = static_cast<double>(used);
+  return out;
+}
+
+}  // namespace
+
 std::map<std::string, double> evaluate_classifier(torch::nn::Module& model, const EvalInputs& in,
                                                   data::SampleKind kind, int64_t classes,
                                                   const std::function<at::Tensor(const data::Batch&)>& logits_of) {
+  if (classes == 1) {
+    c10::AutoGradMode no_grad(false);
+    const bool was_training = model.is_training();
+    model.eval();
+    auto out = evaluate_regression(in, kind, logits_of, whole_batches(in));
+    if (was_training) model.train();
+    return out;
+  }
   const dist::Communicator& world = *in.world;
   const int64_t used = whole_batches(in), per_step = world.size() * in.batch_size;
   c10::AutoGradMode no_grad(false);
@@ -91,6 +171,12 @@ std::map<std::string, double> evaluate_classifier(torch::nn::Module& model, cons
 std::string describe_classifier_progress(const std::map<std::string, double>& first,
                                          const std::map<std::string, double>& last) {
   char text[160];
+  if (first.count("pearson")) {
+    std::snprintf(text, sizeof(text), ", Pearson %.3f -> %.3f, Spearman %.3f -> %.3f, eval loss %.4f -> %.4f",
+                  first.at("pearson"), last.at("pearson"), first.at("spearmanr"), last.at("spearmanr"),
+                  first.at("eval_loss"), last.at("eval_loss"));
+    return text;
+  }
   std::snprintf(text, sizeof(text), ", accuracy %.3f -> %.3f, F1 %.3f -> %.3f, eval loss %.4f -> %.4f",
                 first.at("accuracy"), last.at("accuracy"), first.at("f1"), last.at("f1"), first.at("eval_loss"),
                 last.at("eval_loss"));

@@ -9,6 +9,11 @@ at::Tensor masked_cross_entropy(const at::Tensor& logits, const at::Tensor& labe
                                 /*weight=*/{}, at::Reduction::Mean, kIgnoreIndex);
 }
 
+at::Tensor classifier_loss(const at::Tensor& logits, const at::Tensor& labels) {
+  if (logits.size(-1) == 1) return at::mse_loss(logits.squeeze(-1).to(at::kFloat), labels.to(at::kFloat));
+  return masked_cross_entropy(logits, labels);
+}
+
 at::Tensor next_token_labels(const at::Tensor& labels) {
   const int64_t t = labels.size(1);
   return at::cat({labels.narrow(1, 1, t - 1), at::full({labels.size(0), 1}, kIgnoreIndex, labels.options())}, 1);

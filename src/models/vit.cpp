@@ -72,7 +72,7 @@ std::vector<at::Tensor> VitImpl::forward_impl(const at::Tensor& pixels, const at
   if (pooler) pooled = at::tanh(pooler->forward(x.select(1, 0)));
   if (classifier) {
     logits = classifier->forward(x.select(1, 0));
-    if (labels.defined()) loss = masked_cross_entropy(logits, labels);
+    if (labels.defined()) loss = classifier_loss(logits, labels);
   } else if (labels.defined()) {
     throw std::invalid_argument("ViT: labels given to a model built without a classifier (num_labels = 0)");
   }

@@ -155,6 +155,7 @@ nlohmann::json vit_to_hf(const VitConfig& c) {
       j["id2label"][std::to_string(i)] = name;
       j["label2id"][name] = i;
     }
+    if (c.num_labels == 1) j["problem_type"] = "regression";  // what transformers infers for num_labels 1
   }
   return j;
 }
@@ -176,7 +177,8 @@ VitConfig vit_from_hf(const HfConfig& hf) {
   hf.require("qkv_bias", {"true"}, "ViT");
   const auto arch = hf.texts("architectures");
   const bool classifier = std::find(arch.begin(), arch.end(), "ViTForImageClassification") != arch.end();
-  c.num_labels = classifier ? std::max<int64_t>(hf.entries("id2label"), 2) : 0;
+  const int64_t entries = hf.entries("id2label");  // one: a regression (num_labels 1); none: transformers' two
+  c.num_labels = classifier ? (entries > 0 ? entries : 2) : 0;
   if (classifier) c.labels = hf.labels("id2label");
   c.pooler = !classifier;
   return c;

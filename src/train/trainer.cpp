@@ -504,7 +504,10 @@ TrainSummary train_run(const Config& given, std::shared_ptr<log::Sink> sink, int
   if (classes_from_data && job.task->data_needs().num_labels > 0) {
     std::string names;
     for (const auto& name : c.data.labels) names += (names.empty() ? "" : ", ") + name;
-    data.notes.push_back("classes: [" + names + "], the dataset's ClassLabel '" + c.data.label_field + "'");
+    data.notes.push_back(c.data.labels.size() == 1 ? "regression: one output, the scores of the dataset's float "
+                                                     "column '" + c.data.label_field + "' (as run_glue's STS-B)"
+                                                   : "classes: [" + names + "], the dataset's ClassLabel '" +
+                                                         c.data.label_field + "'");
   }
   // Dropout draws from the default generators, seeded per rank (at::manual_seed seeds CPU and every GPU).
   at::manual_seed(data::hash_of(static_cast<uint64_t>(c.train.seed), static_cast<uint64_t>(world.rank())));

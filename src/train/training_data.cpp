@@ -20,6 +20,7 @@ data::TextFields text_fields(const Config& c, const models::DataNeeds& needs) {
   f.text = c.data.text_fields;
   f.image = c.data.image_field;
   if (needs.num_labels > 0) f.label = c.data.label_field, f.classes = needs.class_names;
+  f.scores = needs.num_labels == 1;  // one label: a regression's scores (as transformers' num_labels 1)
   return f;
 }
 

@@ -12,6 +12,7 @@
 #include "shardtrain/data/loader.h"
 #include "shardtrain/data/packed_texts.h"
 #include "data/masking.h"
+#include "data/records.h"
 #include "data/sampler.h"
 #include "shardtrain/data/source.h"
 #include "shardtrain/data/synth.h"
@@ -234,6 +235,31 @@ TEST_F(DataTest, LoaderBatchesSentencePairs) {
   const Loader refusing({nullptr, source, nullptr}, o);
   expect_error<std::invalid_argument>([&] { refusing.build(SampleKind::TEXT, 0); },
                                       {"p.tsv:2", "2 tokens longer than the 5", "data.truncation: error"});
+}
+
+// A regression's labels (TextFields::scores, GLUE STS-B's similarity): decimal scores as float32 labels (B), any
+// decimal form; a label that is no number is the sample's error, as a class that does not exist is.
+TEST_F(DataTest, ScoresAreFloatLabels) {
+  write_text(dir_ + "/s.tsv", "a\tb\tscore\nred\tblue\t3.8\ngreen\tred\t4\nred\tred\t-1e-1\nblue\tred\thigh\n");
+  TextFields fields{{"a", "b"}, "score", {}};
+  fields.scores = true;
+  auto source = std::make_shared<SampleSource>(std::vector<std::string>{dir_ + "/s.tsv"}, SampleKind::TEXT, fields);
+  EXPECT_DOUBLE_EQ(*source->read(0).score, 3.8);
+  EXPECT_DOUBLE_EQ(*source->read(2).score, -0.1);
+  EXPECT_FALSE(source->read(0).label.has_value());
+  expect_error<std::runtime_error>([&] { source->read(3); }, {"s.tsv:", "label 'high' is not a number"});
+  for (const std::string bad : {"", " 1", "1 ", "nan", "inf", "1e999", "0x10", "3.8.1", "-"}) {
+    EXPECT_FALSE(score_of(bad).has_value()) << bad;
+  }
+  EXPECT_EQ(score_of("+2.5E1"), 25.0);
+  LoaderOptions o;
+  o.batch_size = 3, o.workers = 0, o.text_length = 8, o.mlm_probability = 0, o.mix = {0, 1, 0};
+  o.tokenizer = shapes_tokenizer();
+  const Batch b = Loader({nullptr, source, nullptr}, o).build(SampleKind::TEXT, 0);
+  ASSERT_TRUE(b.labels.defined());
+  EXPECT_EQ(b.labels.scalar_type(), at::kFloat);
+  EXPECT_EQ(b.labels.sizes(), (std::vector<int64_t>{3}));
+  EXPECT_EQ(b.to(at::kCPU, at::kBFloat16).labels.scalar_type(), at::kFloat);  // scores stay float32
 }
 
 // data.packing: every text encoded whole ([CLS] .. [SEP] here), end to end in file order, in blocks of

@@ -7,6 +7,7 @@
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
+#include <cmath>
 #include <cstdlib>
 #include <fstream>
 #include <numeric>
@@ -55,6 +56,7 @@ std::unique_ptr<SampleSource> open_case(const nlohmann::json& c) {
   if (c.contains("text")) fields.text = c.at("text").get<std::vector<std::string>>();
   if (c.contains("label")) fields.label = c.at("label").get<std::string>();
   if (c.contains("classes")) fields.classes = c.at("classes").get<std::vector<std::string>>();
+  fields.scores = c.value("scores", false);
   return std::make_unique<SampleSource>(c.at("paths").get<std::vector<std::string>>(),
                                         kind_of(c.at("kind").get<std::string>()), fields);
 }
@@ -94,6 +96,13 @@ TEST(DatasetFiles, EveryRowReadsAsDatasetsWroteIt) {
         EXPECT_EQ(*s.label, w.at("label").get<int64_t>());
       } else {
         EXPECT_FALSE(s.label.has_value());
+      }
+      if (w.contains("score")) {  // float16 and float32 columns hold the scores rounded: 3.8 as 3.80078 in half
+        ASSERT_TRUE(s.score.has_value());
+        const double x = w.at("score").get<double>();
+        EXPECT_NEAR(*s.score, x, 1e-3 * std::max(1.0, std::abs(x)));
+      } else {
+        EXPECT_FALSE(s.score.has_value());
       }
       if (w.contains("image")) EXPECT_EQ(hex(s.image), w.at("image").get<std::string>());
       EXPECT_EQ(s.tokenized, w.contains("ids"));

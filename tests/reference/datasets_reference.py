@@ -23,6 +23,8 @@ error opening them must give.
                 a damaged .jsonl; seq2seq's input_ids and labels (text_target), padded with -100 too; lists with
                 a null item, a null
                 list, an empty one; large_list and fixed_size_list; a list of lists (not token ids)
+  stsb/         a regression's float labels (GLUE STS-B's similarity): datasets' float32 column, pyarrow's float64
+                in every Parquet encoding of floats, float16, .jsonl numbers, .tsv decimals
   clm/          run_clm's packed stream of 60 documents (tokenize_function, group_texts) by a byte-level BPE with
                 and without <s>: expected.json holds the blocks and the whole stream
   dict/         DatasetDict.save_to_disk (a directory per split); truncated.arrow, not-arrow.arrow: damaged
@@ -49,16 +51,17 @@ def png(color, size=5):
     return buf.getvalue()
 
 
-def rows(texts=None, pairs=None, labels=None, images=None, errors=None, ids=None, types=None, pair_ids=None):
+def rows(texts=None, pairs=None, labels=None, images=None, errors=None, ids=None, types=None, pair_ids=None,
+         scores=None):
     """The expected samples: one dict per row."""
-    n = len(next(x for x in (texts, labels, images, ids) if x is not None))
+    n = len(next(x for x in (texts, labels, images, ids, scores) if x is not None))
     out = []
     for i in range(n):
         if errors and errors[i]:
             out.append({"error": errors[i]})
             continue
         fields = (("text", texts), ("pair", pairs), ("label", labels), ("image", images), ("ids", ids),
-                  ("types", types), ("pair_ids", pair_ids))
+                  ("types", types), ("pair_ids", pair_ids), ("score", scores))
         r = {key: values[i] for key, values in fields if values is not None}
         if "image" in r:
             r["image"] = r["image"].hex()
@@ -178,6 +181,57 @@ def tokenized_cases(root, mrpc, names, cases):
     pq.write_table(nested, os.path.join(d, "nested.parquet"))
     cases["tokens_nested"] = {"paths": [os.path.join(d, "nested.parquet")], "kind": "text", "text": ["input_ids"],
                               "open_error": "column 'input_ids' (data.text_fields) holds list, expected strings"}
+
+
+def score_cases(root, cases):
+    """A regression's float labels, as GLUE's STS-B holds them (sentence pairs, a similarity 0-5 as float32): datasets'
+    save_to_disk and to_parquet; pyarrow's Parquet of float64 scores with every encoding it writes floats in
+    (dictionary, PLAIN, BYTE_STREAM_SPLIT) in v1 and v2 pages, with a null; float16 in Arrow; .jsonl numbers and
+    .tsv decimal strings; a score that is no number."""
+    d = os.path.join(root, "stsb")
+    os.makedirs(d)
+    s1 = ["A plane is taking off.", "A man is playing a flute.", "A cat sits.", "Two dogs run.", "Rain falls."]
+    s2 = ["An air plane is taking off.", "A man plays a flute.", "A dog runs.", "Dogs are running.", "Sun shines."]
+    scores = [5.0, 3.8, 0.25, 4.2, 0.0]
+    stsb = Dataset.from_dict({"sentence1": s1, "sentence2": s2, "label": scores},
+                             features=Features({"sentence1": Value("string"), "sentence2": Value("string"),
+                                                "label": Value("float32")}))
+    stsb.save_to_disk(os.path.join(d, "arrow"))
+    stsb.to_parquet(os.path.join(d, "stsb.parquet"))
+    want = rows(s1, s2, scores=scores)
+    base = {"kind": "text", "text": ["sentence1", "sentence2"], "label": "label", "scores": True, "rows": want}
+    cases["stsb_arrow"] = dict(base, paths=[os.path.join(d, "arrow")])
+    cases["stsb_parquet"] = dict(base, paths=[os.path.join(d, "stsb.parquet")])
+    with_null = scores[:2] + [None] + scores[3:]
+    null_rows = rows(s1, s2, scores=[x if x is not None else 0.0 for x in with_null],
+                     errors=[None, None, "label 'score' is null", None, None])
+    table = pa.table({"sentence1": s1, "sentence2": s2, "score": pa.array(with_null, pa.float64())})
+    for version in ("1.0", "2.0"):
+        for name, options in (("dict", {}), ("plain", {"use_dictionary": False}),
+                              ("split", {"use_dictionary": False, "use_byte_stream_split": ["score"]})):
+            path = os.path.join(d, "score_%s_v%s.parquet" % (name, version[0]))
+            pq.write_table(table, path, data_page_version=version, row_group_size=3, **options)
+            cases["scores_%s_v%s" % (name, version[0])] = dict(base, paths=[path], label="score", rows=null_rows)
+    half = pa.table({"sentence1": s1, "sentence2": s2, "label": pa.array(scores, pa.float16())})
+    with pa.ipc.new_stream(os.path.join(d, "half.arrow"), half.schema) as w:
+        w.write_table(half)
+    cases["scores_float16"] = dict(base, paths=[os.path.join(d, "half.arrow")])
+    with open(os.path.join(d, "stsb.jsonl"), "w") as f:
+        for a, b, x in zip(s1, s2, scores):
+            f.write(json.dumps({"sentence1": a, "sentence2": b, "label": x}) + "\n")
+        f.write(json.dumps({"sentence1": "x", "sentence2": "y", "label": "high"}) + "\n")
+    cases["scores_jsonl"] = dict(base, paths=[os.path.join(d, "stsb.jsonl")],
+                                 rows=want + [{"error": "label 'high' is not a number"}])
+    with open(os.path.join(d, "stsb.tsv"), "w") as f:  # GLUE's STS-B train.tsv keeps the score as text
+        f.write("sentence1\tsentence2\tscore\n")
+        for a, b, x in zip(s1, s2, scores):
+            f.write("%s\t%s\t%s\n" % (a, b, x))
+    cases["scores_tsv"] = dict(base, paths=[os.path.join(d, "stsb.tsv")], label="score")
+    cases["scores_text_column"] = dict(base, paths=[os.path.join(d, "arrow")], text=["sentence1"], label="sentence2",
+                                       rows=rows(s1, errors=["label '%s' is not a number" % x for x in s2]))
+    mrpc_texts = ["The cat sat.", "Ünïcödé — 東京 🙂", "", "tab\there", "last one", "six"]  # main()'s s1
+    cases["scores_classes"] = dict(base, paths=[os.path.join(root, "mrpc")], text=["sentence1"], label="label",
+                                   rows=rows(mrpc_texts, scores=[1.0, 0.0, 1.0, 0.0, 1.0, 0.0]))
 
 
 def group_texts_cases(root):
@@ -414,6 +468,7 @@ def main(out):
 
     tokenized_cases(root, mrpc, names, cases)
     group_texts_cases(root)
+    score_cases(root, cases)
 
     # Damaged and misplaced.
     DatasetDict({"train": mrpc, "validation": mrpc}).save_to_disk(os.path.join(root, "dict"))

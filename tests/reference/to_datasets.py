@@ -13,6 +13,9 @@ Usage: to_datasets.py PAIRS_DIR IMAGE_DIR OUT VOCAB
   OUT/seq2seq.jsonl  the train pairs as seq2seq records {input: sentence1, target: sentence2}
   OUT/seq2seq_tokenized  the same as run_summarization tokenizes them: tok(input, text_target=target) padded to 32,
               the labels' padding -100
+  OUT/stsb    a regression as GLUE STS-B holds one: DatasetDict {train, validation} of the pairs with a float32
+              similarity score as label (4.x for equivalent pairs, 1.x for the others); OUT/stsb_tsv/{train,
+              validation}.tsv the same as STS-B's .tsv files (sentence1, sentence2, score)
   OUT/shapes  DatasetDict {train} of IMAGE_DIR's WebDataset tars as an image-classification dataset (CIFAR-10's
               shape): img (Image, the tars' PNG bytes unchanged), label (ClassLabel); samples in the tars' order
 """
@@ -89,6 +92,21 @@ def main(pairs_dir, image_dir, out, vocab):
         return enc
     train.map(seq2seq, batched=True).save_to_disk(os.path.join(out, "seq2seq_tokenized"))
     DatasetDict({"train": shapes(image_dir)}).save_to_disk(os.path.join(out, "shapes"))
+
+    # A regression as GLUE's STS-B: a similarity score per pair (float32), here 4 for the equivalent pairs and 1 for
+    # the others, set apart by tenths; as save_to_disk splits and as STS-B's own .tsv files (the score as text).
+    os.makedirs(os.path.join(out, "stsb_tsv"))
+    stsb = {}
+    for split, d in mrpc.items():
+        scores = [(4.0 if q else 1.0) + (i % 5) / 10 for i, q in enumerate(d["label"])]
+        stsb[split] = Dataset.from_dict({"sentence1": d["sentence1"], "sentence2": d["sentence2"], "label": scores},
+                                        features=Features({"sentence1": Value("string"), "sentence2": Value("string"),
+                                                           "label": Value("float32")}))
+        with open(os.path.join(out, "stsb_tsv", split + ".tsv"), "w") as f:
+            f.write("sentence1\tsentence2\tscore\n")
+            for a, b, x in zip(d["sentence1"], d["sentence2"], stsb[split]["label"]):
+                f.write("%s\t%s\t%r\n" % (a, b, x))
+    DatasetDict(stsb).save_to_disk(os.path.join(out, "stsb"))
 
 
 if __name__ == "__main__":

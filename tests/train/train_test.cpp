@@ -837,6 +837,50 @@ TEST_F(TrainTest, HuggingFaceDatasetsTrainAsTheirFiles) {
   // no data.labels: the classes are the ClassLabel's names, as transformers' run_glue takes them
   EXPECT_NE(arrow.output.find("classes: [not_equivalent, equivalent], the dataset's ClassLabel 'label'"),
             std::string::npos) << arrow.output;
+  // A regression (GLUE STS-B): no data.labels, and the float label column makes one output (run_glue's rule); the
+  // same losses and evaluations as from STS-B's .tsv form with data.labels naming the one output; scored by Pearson
+  // and Spearman; exported as a BertForSequenceClassification with problem_type regression, which transformers
+  // scores on the same 50 held-out pairs (every one: 2 ranks x 5) as the last evaluation did.
+  const std::string regression =
+      classify + " --data.text_fields=[sentence1,sentence2] --train.batch_size=5 --train.eval_samples=0";
+  const Outcome stsb = train(regression + " --data.text=[" + dir + "/stsb/train] --data.eval=[" + dir +
+                             "/stsb/validation]");
+  ASSERT_EQ(stsb.status, 0) << stsb.output;
+  EXPECT_NE(stsb.output.find("regression: one output, the scores of the dataset's float column 'label'"),
+            std::string::npos) << stsb.output;
+  EXPECT_NE(stsb.output.find(" pearson "), std::string::npos) << stsb.output;
+  EXPECT_NE(stsb.output.find(" spearmanr "), std::string::npos) << stsb.output;
+  EXPECT_NE(stsb.output.find(", Pearson "), std::string::npos) << stsb.output;  // the closing line
+  EXPECT_EQ(loss_lines(stsb.output).size(), 9u) << stsb.output;
+  made = run(std::string(SHARDTRAIN_BIN) + " checkpoint export " + dir + "/run --hf " + dir + "/stsb-tuned");
+  ASSERT_EQ(made.status, 0) << made.output;
+  const nlohmann::json stsb_config = nlohmann::json::parse(test::read_text(dir + "/stsb-tuned/config.json"));
+  EXPECT_EQ(stsb_config.at("problem_type"), "regression");
+  EXPECT_EQ(stsb_config.at("id2label").size(), 1u);
+  made = run(std::string(SHARDTRAIN_PYTHON) + " " + SHARDTRAIN_SOURCE_DIR + "/tests/reference/regression_check.py " +
+             dir + "/stsb-tuned " + dir + "/stsb/validation " + root_ + "/data/vocab.txt 32");
+  ASSERT_EQ(made.status, 0) << made.output;
+  const nlohmann::json theirs = nlohmann::json::parse(made.output.substr(made.output.rfind("{")));
+  EXPECT_EQ(theirs.at("samples"), 50);
+  for (const char* metric : {"eval_loss", "pearson", "spearmanr"}) {  // the last eval line's, printed to 4 digits
+    const std::regex value(std::string(metric) + " ([-0-9.e+]+)");
+    double ours = NAN;
+    for (auto it = std::sregex_iterator(stsb.output.begin(), stsb.output.end(), value); it != std::sregex_iterator();
+         ++it) {
+      ours = std::stod((*it)[1]);
+    }
+    const double x = theirs.at(metric).get<double>();
+    EXPECT_NEAR(ours, x, 1e-3 * std::max(1.0, std::abs(x))) << metric << "\n" << stsb.output;
+  }
+  const Outcome stsb_tsv = train(regression + " --data.labels=[label] --data.label_field=score --data.text=[" + dir +
+                                 "/stsb_tsv/train.tsv] --data.eval=[" + dir + "/stsb_tsv/validation.tsv]");
+  ASSERT_EQ(stsb_tsv.status, 0) << stsb_tsv.output;
+  EXPECT_EQ(loss_lines(stsb_tsv.output), loss_lines(stsb.output)) << stsb_tsv.output;
+  const Outcome not_scores = train(regression + " --data.labels=[label] --data.text=[" + dir + "/stsb_tsv/train.tsv]"
+                                   " --data.label_field=sentence2");  // texts: every sample refused, by name
+  EXPECT_NE(not_scores.status, 0);
+  EXPECT_NE(not_scores.output.find("is not a number (a regression's score"), std::string::npos) << not_scores.output;
+
   // the Hub's layout: Parquet files of each split side by side, named by a pattern; `data show` names the columns
   made = run(std::string(SHARDTRAIN_BIN) + " data show " + dir + "/hub/data/train-00000-of-00001.parquet --rows 1");
   ASSERT_EQ(made.status, 0) << made.output;

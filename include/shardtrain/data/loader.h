@@ -40,11 +40,12 @@ struct Batch {
   at::Tensor codebook_pixels;   // (B, 3, C, C) float32 in [0.1, 0.9]; undefined when codebook_size is 0
   at::Tensor masked_patches;    // (B, N) bool; undefined when mim_probability is 0
   at::Tensor itm_labels;        // (B) int64: 1 = the text is the image's, 0 = another row's text (image-text only)
-  at::Tensor labels;            // (B) int64 class labels (.cls), when every sample has one
+  at::Tensor labels;            // (B) int64 class labels (.cls), when every sample has one; float32 scores instead
+                                // for a regression (TextFields::scores)
   std::vector<int64_t> sample_ids;  // (B) the source's sample numbers (for tests and debugging)
 
-  // The same batch with every tensor on `device` (the loader builds on the CPU), its floating-point ones (pixels)
-  // in `floats` (the model's dtype: bf16 for pure bf16 training).
+  // The same batch with every tensor on `device` (the loader builds on the CPU), its floating-point inputs (pixels)
+  // in `floats` (the model's dtype: bf16 for pure bf16 training); a regression's labels stay float32.
   Batch to(const at::Device& device, at::ScalarType floats = at::kFloat) const;
   int64_t texts = 0, images = 0;    // items as the FLAVA post counts them
 };

@@ -37,6 +37,7 @@ struct RawSample {
   std::string text;
   std::string text_pair;         // a sentence pair's second text (TextFields names two)
   std::optional<int64_t> label;  // the .cls member, or the record's label field as a class id
+  std::optional<double> score;   // the label as a number instead, when TextFields::scores (a regression target)
   // A tokenized dataset's row (an .arrow/.parquet column or a .jsonl field of token ids, Hugging Face datasets'
   // `input_ids` after dataset.map(tokenizer)): the ids as its tokenizer made them, special tokens included, padding
   // left out; the text is then empty and is not tokenized again.
@@ -59,6 +60,9 @@ struct TextFields {
   // The classes by id: a label value is a class name or a whole-number id below classes.size(). Empty: labels are
   // whole numbers, unchecked (tars' .cls).
   std::vector<std::string> classes;
+  // The label is a number, not a class: a regression's target (GLUE STS-B's similarity 0-5), read into
+  // RawSample::score from a JSON number, a decimal string or a table's float/int column; `classes` unused.
+  bool scores = false;
   // A table's image column (binary, or datasets' Image struct {bytes, path}); when the table has none of this
   // name, its one Image column.
   std::string image = "image";

@@ -26,7 +26,8 @@ struct BertConfig {
   bool pooler = true;
   bool mlm_head = false;
   // The classes of a sequence classifier (its outputs, by id; transformers' id2label), empty: none. Needs the pooler
-  // and excludes the MLM head.
+  // and excludes the MLM head. One name: a regression (num_labels 1, as transformers: one output, mean squared
+  // error against float scores).
   std::vector<std::string> labels;
   double classifier_dropout = 0.1;  // before the classifier (transformers: classifier_dropout, else hidden_dropout)
 };
@@ -41,7 +42,8 @@ struct BertOutputs {
   at::Tensor pooled;  // (B, C): tanh(pooler(hidden[:, 0])), when the model has a pooler
   at::Tensor logits;  // (B, T, vocab) with the MLM head ((K, vocab) when run labelled_only); (B, classes) with the
                       // classifier
-  at::Tensor loss;    // () mean cross-entropy over labels (!= -100 for the MLM head), when labels are given
+  at::Tensor loss;    // () mean cross-entropy over labels (!= -100 for the MLM head), when labels are given; a
+                      // regression's mean squared error
 };
 
 // Children: embeddings, layers.N (class "BertLayer"), pooler, mlm_transform, mlm_norm or classifier; parameter
@@ -52,9 +54,9 @@ class BertImpl : public nn::Interceptable<BertImpl, std::vector<at::Tensor>(at::
   BertImpl(const BertConfig& config, const BuildOptions& build = {});
   // input_ids (B, T) int64; attention_mask (B, T) 1 = token, 0 = padding (undefined: all tokens); token_type_ids
   // (B, T) or undefined; labels int64 or undefined: (B, T) with -100 where no loss is taken for the MLM head, (B)
-  // class ids for the classifier. labelled_only (with MLM labels): the MLM head runs at the K labelled positions
-  // only (row-major order), all the loss reads — the same loss and gradients without the (B, T, vocab) logits, at a
-  // sixth of the head's work at 15% masking.
+  // class ids for the classifier, (B) float scores for a regression's. labelled_only (with MLM labels): the MLM
+  // head runs at the K labelled positions only (row-major order), all the loss reads — the same loss and gradients
+  // without the (B, T, vocab) logits, at a sixth of the head's work at 15% masking.
   BertOutputs run(const at::Tensor& input_ids, const at::Tensor& attention_mask = {},
                   const at::Tensor& token_type_ids = {}, const at::Tensor& labels = {}, bool labelled_only = false);
   // {hidden, pooled, logits, loss}; see run().

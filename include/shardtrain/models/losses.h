@@ -11,6 +11,11 @@ constexpr int64_t kIgnoreIndex = -100;
 // Mean cross-entropy of logits (..., V) against labels (...), computed in float32, kIgnoreIndex positions left out.
 at::Tensor masked_cross_entropy(const at::Tensor& logits, const at::Tensor& labels);
 
+// A sequence or image classifier's loss as transformers' *ForSequenceClassification computes it: logits (B, N)
+// against labels (B): class ids, the mean cross-entropy (in float32); one output (N = 1) is a regression, float
+// scores, the mean squared error.
+at::Tensor classifier_loss(const at::Tensor& logits, const at::Tensor& labels);
+
 // Mean next-token cross-entropy: logits (B, T, V) at position t predict labels (B, T) at t + 1.
 at::Tensor causal_lm_loss(const at::Tensor& logits, const at::Tensor& labels);
 

@@ -38,16 +38,17 @@ struct VitOutputs {
   at::Tensor hidden;  // (B, N+1, C) after the final norm; (B, 1, C), the CLS token's, when run with cls_only
   at::Tensor pooled;  // (B, C) with the pooler
   at::Tensor logits;  // (B, num_labels) with a classifier
-  at::Tensor loss;    // () cross-entropy when labels are given
+  at::Tensor loss;    // () cross-entropy when labels are given (one label: a regression's mean squared error)
 };
 
 // Children: embeddings, layers.N (class "ViTLayer"), norm, pooler, classifier.
 class VitImpl : public nn::Interceptable<VitImpl, std::vector<at::Tensor>(at::Tensor, at::Tensor, bool)> {
  public:
   VitImpl(const VitConfig& config, const BuildOptions& build = {});
-  // pixels (B, channels, image_size, image_size); labels (B) int64 or undefined. cls_only: the last layer computes
-  // the CLS token only, all the pooler, the classifier and the loss read (the other tokens' keys and values are
-  // still computed: the CLS token attends to them): the same outputs, a layer's MLP and most of its attention less.
+  // pixels (B, channels, image_size, image_size); labels (B) int64 (one label: float scores) or undefined.
+  // cls_only: the last layer computes the CLS token only, all the pooler, the classifier and the loss read (the
+  // other tokens' keys and values are still computed: the CLS token attends to them): the same outputs, a layer's
+  // MLP and most of its attention less.
   VitOutputs run(const at::Tensor& pixels, const at::Tensor& labels = {}, bool cls_only = false);
   std::vector<at::Tensor> forward_impl(const at::Tensor& pixels, const at::Tensor& labels, bool cls_only);
 
