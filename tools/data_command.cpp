@@ -139,7 +139,8 @@ int show(const std::vector<std::string>& argv) {
     const data::ColumnKind item = c.items >= 0 ? t.columns()[static_cast<size_t>(c.items)].kind : c.kind;
     const bool whole_numbers = c.items >= 0 && (item == data::ColumnKind::INT || item == data::ColumnKind::BOOL);
     const bool values = c.kind == data::ColumnKind::UTF8 || c.kind == data::ColumnKind::BINARY ||
-                        c.kind == data::ColumnKind::INT || c.kind == data::ColumnKind::BOOL || whole_numbers;
+                        c.kind == data::ColumnKind::INT || c.kind == data::ColumnKind::BOOL ||
+                        c.kind == data::ColumnKind::FLOAT || whole_numbers;
     if (c.per_row && values) readable.push_back(static_cast<int>(i));
   }
   const int64_t rows = std::min<int64_t>(a.get_int("rows", 3), t.rows());

@@ -872,6 +872,10 @@ TEST_F(TrainTest, HuggingFaceDatasetsTrainAsTheirFiles) {
     const double x = theirs.at(metric).get<double>();
     EXPECT_NEAR(ours, x, 1e-3 * std::max(1.0, std::abs(x))) << metric << "\n" << stsb.output;
   }
+  made = run(std::string(SHARDTRAIN_BIN) + " data show " + dir + "/stsb/train/data-00000-of-00001.arrow --rows 1");
+  EXPECT_NE(made.output.find("  label  float32  Value(float32)"), std::string::npos) << made.output;
+  EXPECT_TRUE(made.output.find("  label=1\n") != std::string::npos ||  // row 0's score: 1 or 4, and 0 tenths
+              made.output.find("  label=4\n") != std::string::npos) << made.output;
   const Outcome stsb_tsv = train(regression + " --data.labels=[label] --data.label_field=score --data.text=[" + dir +
                                  "/stsb_tsv/train.tsv] --data.eval=[" + dir + "/stsb_tsv/validation.tsv]");
   ASSERT_EQ(stsb_tsv.status, 0) << stsb_tsv.output;
