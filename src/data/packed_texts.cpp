@@ -40,10 +40,10 @@ PackedTexts::PackedTexts(std::shared_ptr<const SampleSource> source, std::shared
   }
   const int64_t n = source_->size();
   std::vector<int64_t> counts(static_cast<size_t>(n), 0);
-  std::vector<std::vector<uint32_t>> kept(static_cast<size_t>(n));
   // the memory the kept ids take (a vector per document too); over keep_bytes, no more are kept
   std::atomic<int64_t> kept_bytes{static_cast<int64_t>(n * sizeof(std::vector<uint32_t>))};
   std::atomic<bool> keeping{kept_bytes <= options.keep_bytes};
+  std::vector<std::vector<uint32_t>> kept(keeping ? static_cast<size_t>(n) : 0);
   // Threads take chunks of documents in turn; the first error that is not a damaged document (an id outside the
   // vocabulary) stops them all and is rethrown.
   std::atomic<int64_t> next{0}, done{0};
