@@ -85,8 +85,13 @@ std::optional<double> score_of(const std::string& value) {
   return v;
 }
 
-std::string not_a_score(const std::string& value) {
-  return "label '" + value.substr(0, 40) + "' is not a number (a regression's score: data.labels names one)";
+double checked_score(const std::string& value, const std::string& prefix) {
+  const std::optional<double> score = score_of(value);
+  if (!score) {
+    throw std::runtime_error(prefix + "label '" + value.substr(0, 40) +
+                             "' is not a number (a regression's score: data.labels names one)");
+  }
+  return *score;
 }
 
 std::vector<std::string> text_field_names(const std::vector<std::string>& text, bool has_text, bool has_input_ids) {

@@ -29,8 +29,9 @@ int64_t class_of(const std::string& value, const std::vector<std::string>& class
 std::string not_a_class(const std::string& value, const std::vector<std::string>& classes);
 // A regression label: `value` whole as a finite decimal number ("3.8", "4", "-1e-3"); nullopt otherwise.
 std::optional<double> score_of(const std::string& value);
-// Why score_of gave nullopt: "label 'x' is not a number (a regression's score)".
-std::string not_a_score(const std::string& value);
+// score_of(value), or std::runtime_error "<prefix>label 'x' is not a number (a regression's score ...)" (prefix
+// names the sample: "corpus.tsv:3: ").
+double checked_score(const std::string& value, const std::string& prefix);
 
 // The fields a record's text is read from: `text` as configured, except that the default ["text"] stands for
 // ["input_ids"] in a record with no "text" but token ids in "input_ids" (a tokenized dataset).

@@ -337,12 +337,12 @@ RawSample SampleSource::read(int64_t i) const {
   if (static_cast<RecordFormat>(formats_[static_cast<size_t>(e.file)]) != RecordFormat::TAR) {
     read_fields(s, std::string(s.text), e.file);
   }
-  if (e.label.offset >= 0 && fields_.scores) {
+  if (e.label.offset >= 0) {
     const std::string text = handle.read(e.label.offset, e.label.size);
-    s.score = score_of(text);
-    if (!s.score) throw std::runtime_error(s.key + ": .cls " + not_a_score(text));
-  } else if (e.label.offset >= 0) {
-    const std::string text = handle.read(e.label.offset, e.label.size);
+    if (fields_.scores) {
+      s.score = checked_score(text, s.key + ": .cls ");
+      return s;
+    }
     try {
       size_t used = 0;
       s.label = std::stoll(text, &used);
@@ -406,8 +406,7 @@ void SampleSource::read_fields(RawSample& s, const std::string& line, int32_t fi
   if (fields_.label.empty()) return;
   const std::string& label = values.back();
   if (fields_.scores) {
-    s.score = score_of(label);
-    if (!s.score) throw std::runtime_error(s.key + ": " + not_a_score(label));
+    s.score = checked_score(label, s.key + ": ");
     return;
   }
   const int64_t id = class_of(label, fields_.classes);

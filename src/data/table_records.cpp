@@ -233,15 +233,10 @@ void TableRecords::read(int64_t row, RawSample& s) const {
   if (label_ < 0) return;
   const TableColumn& c = table_->columns()[static_cast<size_t>(label_)];
   if (table_->is_null(label_, row)) throw std::runtime_error(s.key + ": label '" + c.path + "' is null");
-  if (scores_ && c.kind == ColumnKind::UTF8) {
-    const std::string text = table_->bytes(label_, row);
-    s.score = score_of(text);
-    if (!s.score) throw std::runtime_error(s.key + ": " + not_a_score(text));
-    return;
-  }
   if (scores_) {
-    s.score = table_->number(label_, row);
-    if (!std::isfinite(*s.score)) {
+    s.score = c.kind == ColumnKind::UTF8 ? checked_score(table_->bytes(label_, row), s.key + ": ")
+                                         : table_->number(label_, row);
+    if (!std::isfinite(*s.score)) {  // a float column's nan or inf
       throw std::runtime_error(s.key + ": label '" + c.path + "' is " + std::to_string(*s.score) + ", not finite");
     }
     return;

@@ -32,6 +32,12 @@ void check_class_labels(const at::Tensor& labels, int64_t classes, const std::st
   }
 }
 
+EvalMode::EvalMode(torch::nn::Module& model) : model_(model), was_training_(model.is_training()) { model.eval(); }
+
+EvalMode::~EvalMode() {
+  if (was_training_) model_.train();
+}
+
 int64_t whole_batches(const EvalInputs& in) {
   const int64_t per_step = in.world->size() * in.batch_size;
   const int64_t wanted = in.max_samples > 0 ? std::min(in.max_samples, in.source_size) : in.source_size;
@@ -47,9 +53,7 @@ std::map<std::string, double> evaluate_token_loss(
     torch::nn::Module& model, const EvalInputs& in,
     const std::function<std::pair<at::Tensor, int64_t>(const data::Batch&)>& token_losses) {
   const int64_t used = whole_batches(in), per_step = in.world->size() * in.batch_size;
-  c10::AutoGradMode no_grad(false);
-  const bool was_training = model.is_training();
-  model.eval();
+  const EvalMode mode(model);
   // (summed loss, predicted tokens), float64 on the device (NCCL reduces device tensors only).
   at::Tensor totals = at::zeros({2}, at::TensorOptions().dtype(at::kDouble).device(in.device));
   for (int64_t start = 0; start < used; start += per_step) {
@@ -57,7 +61,6 @@ std::map<std::string, double> evaluate_token_loss(
     totals[0] += loss.detach().to(at::kDouble);
     totals[1] += static_cast<double>(tokens);
   }
-  if (was_training) model.train();
   in.world->all_reduce(totals, dist::ReduceOp::SUM).wait();
   const at::Tensor host = totals.cpu();
   const double loss = host[0].item<double>() / std::max(1.0, host[1].item<double>());
@@ -128,19 +131,10 @@ std::map<std::string, double> evaluate_regression(const EvalInputs& in, data::Sa
 std::map<std::string, double> evaluate_classifier(torch::nn::Module& model, const EvalInputs& in,
                                                   data::SampleKind kind, int64_t classes,
                                                   const std::function<at::Tensor(const data::Batch&)>& logits_of) {
-  if (classes == 1) {
-    c10::AutoGradMode no_grad(false);
-    const bool was_training = model.is_training();
-    model.eval();
-    auto out = evaluate_regression(in, kind, logits_of, whole_batches(in));
-    if (was_training) model.train();
-    return out;
-  }
   const dist::Communicator& world = *in.world;
   const int64_t used = whole_batches(in), per_step = world.size() * in.batch_size;
-  c10::AutoGradMode no_grad(false);
-  const bool was_training = model.is_training();
-  model.eval();
+  const EvalMode mode(model);
+  if (classes == 1) return evaluate_regression(in, kind, logits_of, used);
   // Per (true class, predicted class): counts, the confusion matrix; and the summed loss. float64 on the device.
   at::Tensor confusion = at::zeros({classes * classes}, at::TensorOptions().dtype(at::kDouble).device(in.device));
   at::Tensor loss_sum = at::zeros({1}, confusion.options());
@@ -151,7 +145,6 @@ std::map<std::string, double> evaluate_classifier(torch::nn::Module& model, cons
     loss_sum += at::cross_entropy_loss(logits, b.labels, {}, at::Reduction::Sum).to(at::kDouble);
     confusion.index_add_(0, b.labels * classes + logits.argmax(1), at::ones({b.labels.size(0)}, confusion.options()));
   }
-  if (was_training) model.train();
   world.all_reduce(confusion, dist::ReduceOp::SUM).wait();
   world.all_reduce(loss_sum, dist::ReduceOp::SUM).wait();
   const at::Tensor m = confusion.cpu().view({classes, classes});  // rows: true class, columns: predicted

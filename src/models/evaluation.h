@@ -4,6 +4,7 @@
 #pragma once
 
 #include <ATen/core/Tensor.h>
+#include <c10/core/GradMode.h>
 
 #include <functional>
 #include <map>
@@ -13,6 +14,21 @@
 #include "shardtrain/models/recipe.h"
 
 namespace shardtrain::models {
+
+// Evaluation's mode for a scope: no autograd, `model` in eval mode (dropout off); its training mode is restored on
+// leaving the scope, an exception included.
+class EvalMode {
+ public:
+  explicit EvalMode(torch::nn::Module& model);
+  ~EvalMode();
+  EvalMode(const EvalMode&) = delete;
+  EvalMode& operator=(const EvalMode&) = delete;
+
+ private:
+  torch::nn::Module& model_;
+  bool was_training_;
+  c10::AutoGradMode grad_{false};
+};
 
 // The held-out samples evaluated: the largest multiple of world * batch_size up to in.max_samples (0: all). Throws
 // std::invalid_argument when that is not one batch per rank.

@@ -2,7 +2,6 @@
 // MMM and the global contrastive loss), zero-shot evaluation on held-out image-text pairs, and the contrastive
 // loss gathering over the data-parallel world.
 #include <ATen/ATen.h>
-#include <c10/core/GradMode.h>
 
 #include <algorithm>
 #include <cmath>
@@ -29,9 +28,7 @@ namespace {
 std::map<std::string, double> evaluate_flava(FlavaImpl& flava, const EvalInputs& in) {
   const dist::Communicator& world = *in.world;
   const int64_t W = world.size(), per_step = W * in.batch_size, used = whole_batches(in);
-  c10::AutoGradMode no_grad(false);
-  const bool was_training = flava.is_training();
-  flava.eval();
+  const EvalMode mode(flava);
   std::vector<at::Tensor> image_embeddings, text_embeddings;
   int64_t itm_correct = 0, itm_total = 0;
   for (int64_t start = 0; start < used; start += per_step) {
@@ -54,7 +51,6 @@ std::map<std::string, double> evaluate_flava(FlavaImpl& flava, const EvalInputs&
       itm_total += b.input_ids.size(0);
     }
   }
-  if (was_training) flava.train();
 
   // Every rank's embeddings, rank-major: (used, C) on every rank.
   auto gather = [&](const std::vector<at::Tensor>& parts) {

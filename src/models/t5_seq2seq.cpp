@@ -87,9 +87,7 @@ class T5Seq2Seq : public Task {
 std::map<std::string, double> T5Seq2Seq::evaluate(torch::nn::Module& model, const EvalInputs& in) const {
   T5Impl& t5 = module_as<T5Impl>(model, "t5");
   const int64_t used = whole_batches(in), per_step = in.world->size() * in.batch_size;
-  c10::AutoGradMode no_grad(false);
-  const bool was_training = model.is_training();
-  model.eval();
+  const EvalMode mode(model);
   double loss = 0, tokens = 0, exact = 0, rouge = 0;
   for (int64_t start = 0; start < used; start += per_step) {
     const data::Batch b = in.loader->build(data::SampleKind::TEXT, start).to(in.device, in.floats);
@@ -125,7 +123,6 @@ std::map<std::string, double> T5Seq2Seq::evaluate(torch::nn::Module& model, cons
       if (common > 0) rouge += 2 * common / static_cast<double>(got.size() + wanted.size());
     }
   }
-  if (was_training) model.train();
   at::Tensor totals = at::tensor({loss, tokens, exact, rouge}, at::kDouble).to(in.device);
   in.world->all_reduce(totals, dist::ReduceOp::SUM).wait();
   const at::Tensor t = totals.cpu();
