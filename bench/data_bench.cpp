@@ -6,10 +6,12 @@
 // dataset's rows need not be), to weigh reading tokens against tokenizing texts. With --pack as well, the texts
 // are packed for causal LM (data::PackedTexts: counted on --threads threads, timed as count_s) and every block of
 // --length tokens is read once in a shuffled order instead (what data.packing's loader reads); --keep-mib 0 reads
-// each block by encoding its documents again, as a stream too large to keep in memory is read.
+// each block by encoding its documents again, as a stream too large to keep in memory is read; --cache DIR keeps
+// the stream in a file there (data.cache_dir): the first run counts into it, a second reads it (count_s is then
+// the time to find and check the file) and every block is a read of the file.
 //
 //   data_bench --kind text|image [--text a,b] [--label L] [--threads 2] [--tokenizer FILE --length 128 [--pack
-//              [--keep-mib 1024]]] FILE...
+//              [--keep-mib 1024] [--cache DIR]]] FILE...
 #include <algorithm>
 #include <atomic>
 #include <chrono>
@@ -35,6 +37,7 @@ int main(int argc, char** argv) {
   int64_t length = 128;
   bool pack = false;
   int64_t keep_bytes = data::PackedTexts::Options().keep_bytes;
+  std::string cache_dir;
   std::vector<std::string> files;
   for (int i = 1; i < argc; ++i) {
     const std::string arg = argv[i];
@@ -55,6 +58,8 @@ int main(int argc, char** argv) {
       pack = true;
     } else if (arg == "--keep-mib" && has_value) {
       keep_bytes = std::stoll(argv[++i]) << 20;
+    } else if (arg == "--cache" && has_value) {
+      cache_dir = argv[++i];
     } else if (arg == "--threads" && has_value) {
       threads = std::max(1, std::stoi(argv[++i]));
     } else {
@@ -63,7 +68,7 @@ int main(int argc, char** argv) {
   }
   if (files.empty() || (pack && !tokenizer)) {
     std::cerr << "usage: data_bench --kind text|image [--text a,b] [--label L] [--threads 2] [--tokenizer FILE "
-                 "--length 128 [--pack [--keep-mib 1024]]] FILE...\n";
+                 "--length 128 [--pack [--keep-mib 1024] [--cache DIR]]] FILE...\n";
     return 2;
   }
   const auto t0 = std::chrono::steady_clock::now();
@@ -72,7 +77,7 @@ int main(int argc, char** argv) {
   std::unique_ptr<data::PackedTexts> packed;
   if (pack) {
     data::PackedTexts::Options o;
-    o.length = length, o.threads = threads, o.keep_bytes = keep_bytes;
+    o.length = length, o.threads = threads, o.keep_bytes = keep_bytes, o.cache_dir = cache_dir;
     packed = std::make_unique<data::PackedTexts>(source, tokenizer, o);
   }
   const auto t1b = std::chrono::steady_clock::now();
@@ -106,9 +111,10 @@ int main(int argc, char** argv) {
   const auto t2 = std::chrono::steady_clock::now();
   auto seconds = [](auto a, auto b) { return std::chrono::duration<double>(b - a).count(); };
   std::printf("RESULT {\"open_s\": %.4f, \"count_s\": %.4f, \"read_s\": %.4f, \"samples\": %lld, "
-              "\"blocks\": %lld, \"tokens\": %lld, \"bytes\": %lld}\n",
+              "\"blocks\": %lld, \"tokens\": %lld, \"bytes\": %lld, \"counted\": %s}\n",
               seconds(t0, t1), seconds(t1, t1b), seconds(t1b, t2), static_cast<long long>(source->size()),
               static_cast<long long>(packed ? packed->blocks() : 0),
-              static_cast<long long>(packed ? packed->tokens() : 0), static_cast<long long>(bytes.load()));
+              static_cast<long long>(packed ? packed->tokens() : 0), static_cast<long long>(bytes.load()),
+              packed && !packed->counted() ? "false" : "true");
   return 0;
 }

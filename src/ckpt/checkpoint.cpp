@@ -14,6 +14,7 @@
 #include "shardtrain/ckpt/manifest.h"
 #include "shardtrain/distributed/text_exchange.h"
 #include "shardtrain/fsdp/state_dict.h"
+#include "shardtrain/io/checksum.h"
 #include "shardtrain/io/files.h"
 #include "shardtrain/io/pickle_files.h"
 #include "shardtrain/io/safetensors.h"
@@ -95,7 +96,7 @@ Manifest describe_checkpoint(const std::string& dir, const TrainerState& state, 
   for (const ManifestFile& f : describe_files(dir, share)) mine.push_back({f.path, f.size, f.xxh3});
   Manifest m;
   m.run_id = state.run_id, m.step = state.step, m.world_size = world.size();
-  m.config_hash = to_hex(checksum_bytes(state.config_yaml.data(), state.config_yaml.size()));
+  m.config_hash = io::to_hex(io::checksum_bytes(state.config_yaml));
   for (const std::string& text : dist::all_gather_text(world, mine.dump())) {
     for (const auto& f : nlohmann::json::parse(text)) {
       m.files.push_back({f[0].get<std::string>(), f[1].get<int64_t>(), f[2].get<uint64_t>()});

@@ -2,14 +2,12 @@
 
 #include <nlohmann/json.hpp>
 
-#define XXH_INLINE_ALL  // header only: nothing to link, nothing to carry to the GPU machine but the header
-#include <xxhash.h>
-
 #include <cstdio>
 #include <map>
 #include <memory>
 #include <stdexcept>
 
+#include "shardtrain/io/checksum.h"
 #include "shardtrain/io/files.h"
 #include "util/json_integer.h"
 
@@ -17,7 +15,6 @@ namespace shardtrain::ckpt {
 namespace {
 
 constexpr const char* kManifestFormat = "shardtrain.manifest.v1";
-constexpr int64_t kReadPiece = 4 << 20;  // bytes per read while hashing
 
 void collect(const std::string& root, const std::string& relative, std::vector<std::string>& out) {
   const std::string here = relative.empty() ? root : root + "/" + relative;
@@ -42,28 +39,6 @@ int64_t step_of_directory(const std::string& dir) {
 
 }  // namespace
 
-uint64_t checksum_bytes(const void* data, size_t size) { return XXH3_64bits(data, size); }
-
-uint64_t checksum_file(const std::string& path) {
-  const io::ReadOnlyFile file(path);
-  std::unique_ptr<XXH3_state_t, decltype(&XXH3_freeState)> state(XXH3_createState(), &XXH3_freeState);
-  if (!state) throw std::bad_alloc();
-  XXH3_64bits_reset(state.get());
-  std::vector<char> piece(static_cast<size_t>(std::min(kReadPiece, std::max<int64_t>(file.size(), 1))));
-  for (int64_t at = 0; at < file.size(); at += kReadPiece) {
-    const int64_t n = std::min(kReadPiece, file.size() - at);
-    file.read(at, n, piece.data());
-    XXH3_64bits_update(state.get(), piece.data(), static_cast<size_t>(n));
-  }
-  return XXH3_64bits_digest(state.get());
-}
-
-std::string to_hex(uint64_t value) {
-  char text[17];
-  std::snprintf(text, sizeof(text), "%016llx", static_cast<unsigned long long>(value));
-  return text;
-}
-
 std::vector<std::string> checkpoint_files(const std::string& dir) {
   std::vector<std::string> out;
   collect(dir, "", out);
@@ -74,7 +49,7 @@ std::vector<ManifestFile> describe_files(const std::string& dir, const std::vect
   std::vector<ManifestFile> out;
   for (const std::string& rel : files) {
     const std::string path = dir + "/" + rel;
-    out.push_back({rel, io::file_size(path), checksum_file(path)});
+    out.push_back({rel, io::file_size(path), io::checksum_file(path)});
   }
   return out;
 }
@@ -87,7 +62,7 @@ void write_manifest(const std::string& dir, const Manifest& m) {
   j["world_size"] = m.world_size;
   j["config_hash"] = m.config_hash;
   j["files"] = nlohmann::json::array();
-  for (const ManifestFile& f : m.files) j["files"].push_back({{"path", f.path}, {"size", f.size}, {"xxh3", to_hex(f.xxh3)}});
+  for (const ManifestFile& f : m.files) j["files"].push_back({{"path", f.path}, {"size", f.size}, {"xxh3", io::to_hex(f.xxh3)}});
   const std::string text = j.dump(1);
   io::write_file_atomic(dir + "/" + kManifestName, std::vector<char>(text.begin(), text.end()));
 }
@@ -116,7 +91,7 @@ Manifest read_manifest(const std::string& dir) {
       const std::string path = f.at("path").get<std::string>();
       // Inside the checkpoint only: a damaged or hostile manifest must not have files elsewhere read.
       if (path.empty() || path[0] == '/' || path == ".." || path.rfind("../", 0) == 0 ||
-          path.find("/../") != std::string::npos || path.size() >= 3 && path.compare(path.size() - 3, 3, "/..") == 0) {
+          path.find("/../") != std::string::npos || (path.size() >= 3 && path.compare(path.size() - 3, 3, "/..") == 0)) {
         throw std::runtime_error("file path '" + path + "' leaves the checkpoint");
       }
       m.files.push_back({path, util::json_integer(f.at("size"), "size of " + path), value});
@@ -151,9 +126,9 @@ std::string verify_files(const std::string& dir, int offset, int stride) {
         return f.path + ": " + std::to_string(size) + " bytes, the manifest says " + std::to_string(f.size) +
                (size < f.size ? " (truncated)" : "");
       }
-      const uint64_t sum = checksum_file(path);
+      const uint64_t sum = io::checksum_file(path);
       if (sum != f.xxh3) {
-        return f.path + ": checksum " + to_hex(sum) + ", the manifest says " + to_hex(f.xxh3) +
+        return f.path + ": checksum " + io::to_hex(sum) + ", the manifest says " + io::to_hex(f.xxh3) +
                " (damaged, or a file of another checkpoint)";
       }
     }

@@ -10,6 +10,7 @@
 #include <unordered_map>
 
 #include "hf_pipeline.h"
+#include "shardtrain/io/checksum.h"
 #include "shardtrain/io/files.h"
 #include "unicode_text.h"
 
@@ -55,6 +56,7 @@ struct HfTokenizer::Impl {
   std::optional<int64_t> mask;
   std::vector<int64_t> specials;  // the special added tokens and the pad id, ascending
   std::string model_type;
+  uint64_t fingerprint = 0;  // of the tokenizer.json's text and the options beside it
 
   // A stretch of the input: text still to tokenize, or an added token's id.
   struct Segment {
@@ -244,9 +246,11 @@ struct HfTokenizer::Impl {
   }
 
   // The stages of tokenizer.json `j`, and the pad and mask tokens (tokenizer_config.json's `config`, when given).
-  void read(const Json& j, const Json& config, const std::string& where) {
+  // `text`: the tokenizer.json `j` was parsed from, for the fingerprint.
+  void read(const Json& j, const Json& config, const std::string& where, const std::string& text) {
     Impl& m = *this;
     m.path = where;
+    m.fingerprint = io::checksum_bytes(io::to_hex(io::checksum_bytes(text)) + config.dump());
     try {
       m.normalizer = hf::make_normalizer(hf::option(j, "normalizer", Json()));
       m.pre_tokenizer = hf::make_pre_tokenizer(hf::option(j, "pre_tokenizer", Json()));
@@ -314,15 +318,17 @@ Json parsed(const std::vector<char>& bytes) { return Json::parse(bytes.begin(), 
 
 HfTokenizer::HfTokenizer(const std::string& path) : impl_(std::make_unique<Impl>()) {
   Json j, config;
+  std::vector<char> text;
   try {
-    j = parsed(io::read_file(path));
+    text = io::read_file(path);
+    j = parsed(text);
     // transformers' tokenizer_config.json beside it names the pad and mask tokens
     const auto config_path = std::filesystem::path(path).parent_path() / "tokenizer_config.json";
     if (std::filesystem::is_regular_file(config_path)) config = parsed(io::read_file(config_path.string()));
   } catch (const std::exception& e) {
     throw std::invalid_argument("tokenizer '" + path + "': " + e.what());
   }
-  impl_->read(j, config, path);
+  impl_->read(j, config, path, std::string(text.begin(), text.end()));
 }
 
 HfTokenizer::HfTokenizer(const InMemory& json) : impl_(std::make_unique<Impl>()) {
@@ -334,7 +340,7 @@ HfTokenizer::HfTokenizer(const InMemory& json) : impl_(std::make_unique<Impl>())
   }
   if (!json.pad_token.empty()) config["pad_token"] = json.pad_token;
   if (!json.mask_token.empty()) config["mask_token"] = json.mask_token;
-  impl_->read(j, config, json.name);
+  impl_->read(j, config, json.name, json.text);
 }
 
 HfTokenizer::~HfTokenizer() = default;
@@ -387,6 +393,8 @@ int64_t HfTokenizer::pad_id() const { return impl_->pad; }
 std::optional<int64_t> HfTokenizer::mask_id() const { return impl_->mask; }
 
 std::vector<int64_t> HfTokenizer::special_ids() const { return impl_->specials; }
+
+uint64_t HfTokenizer::fingerprint() const { return impl_->fingerprint; }
 
 std::string HfTokenizer::describe() const {
   return impl_->model_type + " tokenizer.json '" + impl_->path + "' (" + std::to_string(vocab_size()) + " tokens)";

@@ -8,12 +8,15 @@
 #include <fstream>
 #include <stdexcept>
 
+#include "shardtrain/io/checksum.h"
+
 namespace shardtrain::data {
 
 struct SentencePieceTokenizer::Impl {
   std::string path;
   sentencepiece::SentencePieceProcessor sp;
   bool add_bos = false, add_eos = true;
+  uint64_t fingerprint = 0;  // of the model's bytes and add_bos/add_eos
   int64_t pad = 0;
   std::vector<int64_t> specials;  // control and unknown pieces
 
@@ -49,6 +52,8 @@ SentencePieceTokenizer::SentencePieceTokenizer(const std::string& path, const Se
     if (m.sp.IsControl(id) || m.sp.IsUnknown(id)) m.specials.push_back(id);
   }
   m.pad = m.sp.pad_id() >= 0 ? m.sp.pad_id() : m.sp.eos_id() >= 0 ? m.sp.eos_id() : 0;
+  m.fingerprint = io::checksum_bytes(io::to_hex(io::checksum_bytes(m.sp.serialized_model_proto())) +
+                                     (m.add_bos ? " bos" : "") + (m.add_eos ? " eos" : ""));
 }
 
 SentencePieceTokenizer::~SentencePieceTokenizer() = default;
@@ -121,6 +126,8 @@ std::optional<int64_t> SentencePieceTokenizer::find(const std::string& token) co
 int64_t SentencePieceTokenizer::pad_id() const { return impl_->pad; }
 
 std::vector<int64_t> SentencePieceTokenizer::special_ids() const { return impl_->specials; }
+
+uint64_t SentencePieceTokenizer::fingerprint() const { return impl_->fingerprint; }
 
 std::string SentencePieceTokenizer::describe() const {
   return "SentencePiece '" + impl_->path + "' (" + std::to_string(vocab_size()) + " pieces)";

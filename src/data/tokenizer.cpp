@@ -145,6 +145,8 @@ std::string WordPieceTokenizer::describe() const {
   return "WordPiece vocab.txt (" + std::to_string(vocab_size()) + " tokens" + (lowercase_ ? ", lower-cased)" : ")");
 }
 
+uint64_t WordPieceTokenizer::fingerprint() const { return hf_->fingerprint(); }  // its vocabulary and lowercase
+
 std::string WordPieceTokenizer::decode(const std::vector<int64_t>& ids, bool skip_special) const {
   return hf_->decode(ids, skip_special);
 }

@@ -2,11 +2,13 @@
 
 #include <dirent.h>
 #include <fcntl.h>
+#include <sys/file.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
+#include <cstdlib>
 #include <cstring>
 #include <stdexcept>
 
@@ -135,6 +137,17 @@ int64_t file_size(const std::string& path) {
   return static_cast<int64_t>(st.st_size);
 }
 
+std::string file_identity(const std::string& path) {
+  struct stat st;
+  if (::stat(path.c_str(), &st) != 0) fail("cannot stat", path);
+  char* real = ::realpath(path.c_str(), nullptr);
+  if (!real) fail("cannot resolve", path);
+  std::string id = real;
+  std::free(real);
+  const int64_t ns = static_cast<int64_t>(st.st_mtim.tv_sec) * 1000000000 + st.st_mtim.tv_nsec;
+  return id + " " + std::to_string(static_cast<int64_t>(st.st_size)) + " " + std::to_string(ns);
+}
+
 std::vector<std::string> list_directory(const std::string& path) {
   DIR* dir = ::opendir(path.c_str());
   if (!dir) fail("cannot list directory", path);
@@ -191,6 +204,40 @@ std::string ReadOnlyFile::read(int64_t offset, int64_t size) const {
   std::string out(static_cast<size_t>(size), '\0');
   read(offset, size, out.data());
   return out;
+}
+
+FileLock::FileLock(std::string path) : path_(std::move(path)) {
+  fd_ = ::open(path_.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+  if (fd_ < 0) fail("cannot open lock file", path_);
+}
+
+FileLock::~FileLock() { ::close(fd_); }  // releases the lock
+
+bool FileLock::try_lock() {
+  while (::flock(fd_, LOCK_EX | LOCK_NB) != 0) {
+    if (errno == EWOULDBLOCK) return false;
+    if (errno != EINTR) fail("cannot lock", path_);
+  }
+  return true;
+}
+
+void FileLock::write_note(const std::string& line) const {
+  // padded to a fixed width, so a shorter line leaves nothing of a longer one behind
+  std::string padded = line.substr(0, 127);
+  padded.resize(127, ' ');
+  padded += '\n';
+  if (::pwrite(fd_, padded.data(), padded.size(), 0) != static_cast<ssize_t>(padded.size())) {
+    fail("cannot write", path_);
+  }
+}
+
+std::string FileLock::read_note() const {
+  char text[128];
+  const ssize_t n = ::pread(fd_, text, sizeof text, 0);
+  if (n <= 0) return "";
+  std::string line(text, static_cast<size_t>(n));
+  line.erase(line.find_last_not_of(" \n") + 1);
+  return line;
 }
 
 }  // namespace shardtrain::io

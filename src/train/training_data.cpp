@@ -1,6 +1,9 @@
 #include "train/training_data.h"
 
+#include <sched.h>
+
 #include <algorithm>
+#include <cstdlib>
 #include <filesystem>
 #include <stdexcept>
 #include <tuple>
@@ -92,14 +95,37 @@ data::LoaderOptions loader_options(const Config& c, const std::string& flavor, c
   return lo;
 }
 
+// data.cache_dir as a directory: the default ($SHARDTRAIN_CACHE, $XDG_CACHE_HOME/shardtrain, ~/.cache/shardtrain;
+// "" with no home), "" for "none".
+std::string cache_directory(const Config& c) {
+  if (c.data.cache_dir == "none") return "";
+  if (!c.data.cache_dir.empty()) return c.data.cache_dir;
+  auto env = [](const char* name) {
+    const char* value = std::getenv(name);
+    return std::string(value ? value : "");
+  };
+  if (!env("SHARDTRAIN_CACHE").empty()) return env("SHARDTRAIN_CACHE");
+  if (!env("XDG_CACHE_HOME").empty()) return env("XDG_CACHE_HOME") + "/shardtrain";
+  return env("HOME").empty() ? "" : env("HOME") + "/.cache/shardtrain";
+}
+
+// The CPUs this process may run on (a job scheduler's share of the node).
+int64_t usable_cpus() {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  if (::sched_getaffinity(0, sizeof set, &set) != 0) return 1;
+  return std::max(1, CPU_COUNT(&set));
+}
+
 // data.packing: the text source's documents counted once (a progress line while it takes), for blocks of the
-// loader's text length.
+// loader's text length. With a cache one process counts while the node's others wait, so it takes every CPU.
 std::shared_ptr<const data::PackedTexts> pack_texts(const Config& c, const TrainingData& d, const log::Logger& logger) {
   const auto& text = d.sources[static_cast<size_t>(data::SampleKind::TEXT)];
   if (!text) throw std::invalid_argument("data.packing: true packs data.text, and the config gives none");
   data::PackedTexts::Options o;
   o.length = d.options.text_length;
-  o.threads = std::max<int64_t>(1, c.data.workers);
+  o.cache_dir = cache_directory(c);
+  o.threads = o.cache_dir.empty() ? std::max<int64_t>(1, c.data.workers) : usable_cpus();
   o.progress = [&](int64_t done, int64_t total) {
     logger.status("packing texts: " + std::to_string(done) + " of " + std::to_string(total) + " documents counted");
   };

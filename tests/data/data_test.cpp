@@ -5,8 +5,12 @@
 #include <ATen/ATen.h>
 #include <unistd.h>
 
+#include <atomic>
+#include <chrono>
 #include <fstream>
+#include <mutex>
 #include <set>
+#include <thread>
 
 #include "shardtrain/data/image.h"
 #include "shardtrain/data/loader.h"
@@ -301,12 +305,12 @@ TEST_F(DataTest, PackedTextsAreTheWholeTextsInBlocks) {
   }
   EXPECT_EQ(joined, stream);
   // the same blocks counted on 3 threads, and read by encoding the documents again (a stream over keep_bytes)
-  EXPECT_TRUE(packed->kept());
+  EXPECT_EQ(packed->where(), PackedTexts::Where::MEMORY);
   po.threads = 3;
   const PackedTexts threaded(source, tokenizer, po);
-  po.keep_bytes = 4 * packed->tokens();
+  po.keep_bytes = 4 * packed->tokens() - 4;  // one token short
   const PackedTexts encoded_again(source, tokenizer, po);
-  EXPECT_FALSE(encoded_again.kept());
+  EXPECT_EQ(encoded_again.where(), PackedTexts::Where::ENCODED_AGAIN);
   EXPECT_NE(encoded_again.describe().find("encoded again per block"), std::string::npos) << encoded_again.describe();
   for (int64_t i = 0; i < packed->blocks(); ++i) {
     EXPECT_EQ(threaded.block(i), packed->block(i)) << i;
@@ -351,6 +355,166 @@ TEST_F(DataTest, PackedTextsAreTheWholeTextsInBlocks) {
   o.text_length = 9;
   expect_error<std::invalid_argument>([&] { Loader({nullptr, source, nullptr}, o); },
                                       {"packed blocks of 8 tokens need", "text_length 9"});
+}
+
+// data.cache_dir: the packed stream is a file named by the texts' files and the tokenizer. The first start counts
+// into it; later ones (any block length) read it, the same blocks; a process that finds another counting waits on
+// the lock, showing the other's progress, then reads its file; of two starting at once one counts. A changed text
+// file or another tokenizer names another file; a damaged file is replaced, an impossible id in it is refused by
+// name; a directory that cannot be made leaves the stream in memory, said in the start-up line.
+TEST_F(DataTest, PackedTextsAreCachedForLaterStarts) {
+  std::string lines;
+  for (int i = 0; i < 40; ++i) lines += std::string(i % 3 ? "green red" : "Blue square circle") + (i % 7 ? "" : " red") + "\n";
+  write_text(dir_ + "/t.txt", lines);
+  const auto tokenizer = shapes_tokenizer();
+  auto source = std::make_shared<const SampleSource>(std::vector<std::string>{dir_ + "/t.txt"}, SampleKind::TEXT);
+  PackedTexts::Options po;
+  po.length = 8;
+  const PackedTexts reference(source, tokenizer, po);  // no cache
+  auto blocks_of = [](const PackedTexts& p) {
+    std::vector<int64_t> joined;
+    for (int64_t i = 0; i < p.blocks(); ++i) {
+      const std::vector<int64_t> block = p.block(i);
+      joined.insert(joined.end(), block.begin(), block.end());
+    }
+    return joined;
+  };
+  const std::vector<int64_t> stream = blocks_of(reference);
+  po.cache_dir = dir_ + "/cache";
+  const PackedTexts first(source, tokenizer, po);
+  EXPECT_EQ(first.where(), PackedTexts::Where::CACHE_FILE);
+  EXPECT_TRUE(first.counted());
+  const std::string path = first.cache_file();
+  EXPECT_EQ(path.rfind(dir_ + "/cache/packed-", 0), 0u) << path;
+  EXPECT_EQ(first.tokens(), reference.tokens());
+  EXPECT_GT(io::file_size(path), 4 * first.tokens());  // the ids, then the key and the trailer
+  EXPECT_NE(first.describe().find("cached in " + path + " ("), std::string::npos) << first.describe();
+  EXPECT_NE(first.describe().find("counted now"), std::string::npos) << first.describe();
+  EXPECT_EQ(blocks_of(first), stream);
+  po.length = 5;
+  const PackedTexts later(source, tokenizer, po);
+  EXPECT_FALSE(later.counted());
+  EXPECT_EQ(later.cache_file(), path);
+  EXPECT_EQ(later.documents(), 40);
+  EXPECT_EQ(later.blocks(), (reference.tokens() + 4) / 5);
+  EXPECT_EQ(blocks_of(later), stream);
+  EXPECT_NE(later.describe().find("counted by an earlier start"), std::string::npos) << later.describe();
+  po.length = 8;
+
+  // another process counting: this one waits, shows its progress, then reads its file
+  const std::vector<char> bytes = io::read_file(path);
+  io::remove_tree(path);
+  {
+    auto other = std::make_unique<io::FileLock>(path + ".lock");
+    ASSERT_TRUE(other->try_lock());
+    other->write_note("5 40");
+    std::mutex mutex;
+    std::vector<std::pair<int64_t, int64_t>> shown;
+    std::atomic<bool> finished{false};
+    std::unique_ptr<PackedTexts> waited;
+    PackedTexts::Options wo = po;
+    wo.progress = [&](int64_t done, int64_t total) {
+      std::lock_guard<std::mutex> lock(mutex);
+      shown.emplace_back(done, total);
+    };
+    std::thread waiter([&] {
+      waited = std::make_unique<PackedTexts>(source, tokenizer, wo);
+      finished = true;
+    });
+    std::this_thread::sleep_for(std::chrono::milliseconds(1500));
+    EXPECT_FALSE(finished);
+    io::write_file_atomic(path, bytes);  // the other process's file, then its lock released
+    {
+      std::lock_guard<std::mutex> lock(mutex);
+      EXPECT_FALSE(shown.empty());
+      if (!shown.empty()) EXPECT_EQ(shown[0], std::make_pair(int64_t{5}, int64_t{40}));
+    }
+    other.reset();
+    waiter.join();
+    ASSERT_TRUE(waited);
+    EXPECT_FALSE(waited->counted());
+    EXPECT_EQ(blocks_of(*waited), stream);
+  }
+  // two starting at once: one counts, the other reads what it wrote
+  io::remove_tree(path);
+  std::unique_ptr<PackedTexts> a, b;
+  std::thread ta([&] { a = std::make_unique<PackedTexts>(source, tokenizer, po); });
+  std::thread tb([&] { b = std::make_unique<PackedTexts>(source, tokenizer, po); });
+  ta.join(), tb.join();
+  EXPECT_EQ(int{a->counted()} + int{b->counted()}, 1);
+  EXPECT_EQ(blocks_of(*a), stream);
+  EXPECT_EQ(blocks_of(*b), stream);
+
+  // a truncated file is counted again and replaced, whole
+  io::write_file_atomic(path, std::vector<char>(bytes.begin(), bytes.end() - 1));
+  const PackedTexts replaced(source, tokenizer, po);
+  EXPECT_TRUE(replaced.counted());
+  EXPECT_NE(replaced.describe().find("replaced " + path), std::string::npos) << replaced.describe();
+  EXPECT_EQ(io::read_file(path), bytes);
+  // an id the tokenizer cannot have (the file damaged in place) stops the block that holds it
+  std::vector<char> damaged = bytes;
+  damaged[4 * 9] = 100;  // token 9: block 1
+  io::write_file_atomic(path, damaged);
+  const PackedTexts bad(source, tokenizer, po);
+  EXPECT_NO_THROW(bad.block(0));
+  expect_error<std::runtime_error>([&] { bad.block(1); }, {path, "token 9 is id 100", "damaged"});
+
+  // other texts, another tokenizer: other files
+  write_text(dir_ + "/t.txt", lines + "circle\n");
+  auto changed = std::make_shared<const SampleSource>(std::vector<std::string>{dir_ + "/t.txt"}, SampleKind::TEXT);
+  const PackedTexts recounted(changed, tokenizer, po);
+  EXPECT_TRUE(recounted.counted());
+  EXPECT_NE(recounted.cache_file(), path);
+  EXPECT_EQ(recounted.documents(), 41);
+  const auto cased = std::make_shared<WordPieceTokenizer>(
+      std::vector<std::string>{"[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "red", "circle", "blue", "square",
+                               "green"},
+      false);
+  EXPECT_NE(cased->fingerprint(), tokenizer->fingerprint());
+  EXPECT_EQ(shapes_tokenizer()->fingerprint(), tokenizer->fingerprint());
+  const PackedTexts other_tokenizer(changed, cased, po);
+  EXPECT_TRUE(other_tokenizer.counted());
+  EXPECT_NE(other_tokenizer.cache_file(), recounted.cache_file());
+  EXPECT_NE(blocks_of(other_tokenizer), blocks_of(recounted));  // "Blue" is [UNK] when cased
+
+  // a cache directory that cannot be made: counted into memory, said so
+  po.cache_dir = dir_ + "/t.txt/cache";
+  const PackedTexts uncached(changed, tokenizer, po);
+  EXPECT_EQ(uncached.where(), PackedTexts::Where::MEMORY);
+  EXPECT_NE(uncached.describe().find("not cached ("), std::string::npos) << uncached.describe();
+  EXPECT_EQ(blocks_of(uncached), blocks_of(recounted));
+}
+
+// A cache directory on a full disk (a 64 KiB tmpfs; needs root to mount) under a stream of 100 kB: the counting
+// goes on into memory, the start-up line gives the system's reason, and no part of a file is left there.
+TEST_F(DataTest, PackedTextsGoOnWithoutTheCacheOnAFullDisk) {
+  const std::string mnt = dir_ + "/full";
+  io::make_directories(mnt);
+  if (std::system(("mount -t tmpfs -o size=64k tmpfs " + mnt + " 2>/dev/null").c_str()) != 0) {
+    GTEST_SKIP() << "cannot mount a tmpfs here (not root)";
+  }
+  struct Unmount {  // also when an assertion ends the test early
+    std::string path;
+    ~Unmount() { [[maybe_unused]] const int status = std::system(("umount -l " + path).c_str()); }
+  } unmount{mnt};
+  std::string lines;
+  for (int i = 0; i < 5000; ++i) lines += "green red circle\n";  // 5 tokens a line with [CLS] and [SEP]
+  write_text(dir_ + "/t.txt", lines);
+  auto source = std::make_shared<const SampleSource>(std::vector<std::string>{dir_ + "/t.txt"}, SampleKind::TEXT);
+  PackedTexts::Options po;
+  po.length = 64, po.cache_dir = mnt + "/cache";
+  const PackedTexts packed(source, shapes_tokenizer(), po);
+  EXPECT_EQ(packed.tokens(), 25000);
+  EXPECT_EQ(packed.where(), PackedTexts::Where::MEMORY);
+  EXPECT_NE(packed.describe().find("not cached ("), std::string::npos) << packed.describe();
+  EXPECT_NE(packed.describe().find("No space left on device"), std::string::npos) << packed.describe();
+  std::vector<int64_t> stream;
+  for (int i = 0; i < 5000; ++i) stream.insert(stream.end(), {2, 9, 5, 6, 3});  // [CLS] green red circle [SEP]
+  EXPECT_EQ(packed.block(0), std::vector<int64_t>(stream.begin(), stream.begin() + 64));
+  EXPECT_EQ(packed.block(390), std::vector<int64_t>(stream.begin() + 390 * 64, stream.end()));  // the last 40
+  for (const std::string& name : io::list_directory(mnt + "/cache")) {
+    EXPECT_NE(name.find(".lock"), std::string::npos) << name << ": a part of the stream's file was left";
+  }
 }
 
 // Every rank's positions over one epoch: each sample exactly once, for world sizes 1-4 and sizes that do not

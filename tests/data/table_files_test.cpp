@@ -209,7 +209,7 @@ TEST(DatasetFiles, PackedBlocksAreRunClmsGroupedTexts) {
         po.length = block_size, po.threads = threads;
         po.keep_bytes = threads == 1 ? po.keep_bytes : 0;  // 3 threads: blocks read by encoding the texts again
         const PackedTexts packed(source, tokenizer, po);
-        EXPECT_EQ(packed.kept(), threads == 1);
+        EXPECT_EQ(packed.where() == PackedTexts::Where::MEMORY, threads == 1);
         EXPECT_EQ(packed.documents(), 60);
         EXPECT_EQ(packed.tokens(), static_cast<int64_t>(stream.size()));
         ASSERT_EQ(packed.blocks(), static_cast<int64_t>(blocks.size()) + 1);  // run_clm drops the remainder

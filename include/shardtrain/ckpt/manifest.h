@@ -35,11 +35,6 @@ struct Manifest {
 
 inline constexpr const char* kManifestName = "manifest.json";
 
-// XXH3-64 of a file's contents (read in 4 MiB pieces) and of bytes in memory; hex is 16 lowercase digits.
-uint64_t checksum_file(const std::string& path);
-uint64_t checksum_bytes(const void* data, size_t size);
-std::string to_hex(uint64_t value);
-
 // Every regular file below `dir`, relative and sorted ("model/x.pt"), the manifest itself left out.
 std::vector<std::string> checkpoint_files(const std::string& dir);
 

@@ -107,6 +107,11 @@ struct DataConfig {
   // causal_lm: every text whole, end to end, cut into rows of max_text_length, the rows shuffled (transformers'
   // run_clm grouping; data::PackedTexts) instead of one padded row per text, cut to max_text_length.
   bool packing = false;
+  // Where packing keeps the counted token stream for every later start over the same texts and tokenizer (a
+  // restart, another run; the node's ranks count it once): "" the default, $SHARDTRAIN_CACHE or else
+  // $XDG_CACHE_HOME/shardtrain or ~/.cache/shardtrain (as Hugging Face datasets' cache); "none": counted at every
+  // start by every rank.
+  std::string cache_dir;
   int64_t image_size = 0;         // pixels; 0: the model's
   double mlm_probability = 0.15;  // BERT masking: of the chosen, 80% [MASK], 10% random, 10% kept
   double mim_probability = 0.4;   // fraction of patches masked (BEiT block-wise masking)

@@ -44,6 +44,7 @@ class HfTokenizer final : public Tokenizer {
   std::optional<int64_t> mask_id() const override;
   std::vector<int64_t> special_ids() const override;
   std::string describe() const override;
+  uint64_t fingerprint() const override;
 
  private:
   struct Impl;

@@ -6,12 +6,17 @@
 // remainder of every 1000 texts it groups at once).
 //
 // Opening encodes every document once (a text source is tokenized for it, on `threads` threads; a tokenized
-// dataset's rows are only read) and keeps the stream's ids in memory, 4 bytes a token, up to keep_bytes; a block
-// is then a copy. A larger stream keeps 8 bytes per document and a block is read by encoding again the documents
-// it overlaps, so a document of k blocks is tokenized about k times an epoch.
+// dataset's rows are only read) into the stream of ids. With a cache directory the stream is a file there, named by
+// a fingerprint of the source's files (path, size, modification time), its fields and the tokenizer's own
+// fingerprint, written atomically: every later start over the same texts and tokenizer (a restart, the node's other
+// ranks, another run, any block length) reads it instead of counting, and a block is a read of 4 bytes a token
+// (the ranks of a node share the file's pages). One process counts while the others wait on a lock file beside it,
+// showing its progress. Without a cache, or when the directory cannot be written, the ids are kept in memory up to
+// keep_bytes; a larger stream keeps 8 bytes per document and a block is read by encoding again the documents it
+// overlaps, so a document of k blocks is tokenized about k times an epoch.
 //
 //   PackedTexts::Options o;
-//   o.length = 1024, o.threads = 4;
+//   o.length = 1024, o.threads = 4, o.cache_dir = "/home/me/.cache/shardtrain";
 //   PackedTexts packed(source, tokenizer, o);
 //   std::vector<int64_t> row = packed.block(17);  // 1024 token ids (fewer in the last block)
 #pragma once
@@ -21,6 +26,11 @@
 #include <memory>
 #include <string>
 #include <vector>
+
+namespace shardtrain::io {
+class AtomicFile;
+class ReadOnlyFile;
+}  // namespace shardtrain::io
 
 namespace shardtrain::data {
 
@@ -33,7 +43,9 @@ class PackedTexts {
     int64_t length = 1024;  // tokens per block (the model's row: data.max_text_length)
     int64_t threads = 1;    // counting threads
     int64_t keep_bytes = int64_t{1} << 30;  // the most the stream's ids may take in memory (4 bytes a token)
-    // Called from the constructor's thread about once a second while counting: documents counted, of all.
+    std::string cache_dir;  // where the stream is kept for later starts (created when missing); "": nowhere
+    // Called from the constructor's thread about once a second while counting, or while waiting for another
+    // process counting into the cache: documents counted, of all.
     std::function<void(int64_t done, int64_t total)> progress;
   };
 
@@ -42,21 +54,26 @@ class PackedTexts {
   // skipped() with its reason (the first ones).
   PackedTexts(std::shared_ptr<const SampleSource> source, std::shared_ptr<const Tokenizer> tokenizer,
               Options options);
+  ~PackedTexts();
 
   int64_t length() const { return length_; }
-  int64_t documents() const { return static_cast<int64_t>(starts_.size()) - 1; }
-  int64_t tokens() const { return starts_.back(); }
+  int64_t documents() const { return documents_; }
+  int64_t tokens() const { return tokens_; }
   int64_t blocks() const { return (tokens() + length_ - 1) / length_; }
   int64_t skipped() const { return skipped_; }
-  bool kept() const { return !kept_.empty(); }  // the ids are in memory (else encoded again per block)
-  const std::vector<std::string>& first_errors() const { return first_errors_; }
-  // "packed: 20500 tokens of 200 documents in 21 blocks of 1024 (the last 20 tokens), in memory (0.1 MiB)", for
-  // the start-up log.
+  const std::vector<std::string>& first_errors() const { return first_errors_; }  // in document order
+  enum class Where { CACHE_FILE, MEMORY, ENCODED_AGAIN };  // where a block's ids come from
+  Where where() const;
+  const std::string& cache_file() const { return cache_path_; }  // the stream's file; "" without a cache
+  bool counted() const { return counted_; }  // this process counted the documents (not read from the cache)
+  // "packed: 20500 tokens of 200 documents in 21 blocks of 1024 (the last 20 tokens), cached in
+  // /home/me/.cache/shardtrain/packed-0123456789abcdef.tokens (0.1 MiB, counted by an earlier start)", for the
+  // start-up log.
   std::string describe() const;
 
   // Block i's token ids: length() of them, fewer in the last block. Throws std::out_of_range for i outside
   // [0, blocks()), std::runtime_error naming the document when one reads differently than when it was counted
-  // (its file changed).
+  // (its file changed) or the cache file when it holds an id outside the vocabulary (damaged).
   std::vector<int64_t> block(int64_t i) const;
 
  private:
@@ -64,16 +81,28 @@ class PackedTexts {
     std::string key;  // RawSample::key
     std::vector<int64_t> ids;
   };
+  struct Chunk;
   Document document(int64_t d) const;
+  // Encodes every document on options.threads threads, handing `take` their chunks in document order (under a
+  // lock); rethrows the first error that is not one document's.
+  void count(const Options& options, const std::function<void(Chunk&)>& take);
+  void count_into_memory(const Options& options, io::AtomicFile* file);
+  bool read_cache(const std::string& path, const std::string& key);
+  void use_cache(const Options& options);
 
   std::shared_ptr<const SampleSource> source_;
   std::shared_ptr<const Tokenizer> tokenizer_;
   int64_t length_;
   int64_t keep_bytes_;
-  std::vector<int64_t> starts_;  // (documents + 1): where each document's tokens start in the stream; then the end
-  std::vector<std::vector<uint32_t>> kept_;  // per document its ids, when the stream fits keep_bytes; else empty
-  int64_t skipped_ = 0;
+  int64_t documents_ = 0, tokens_ = 0, skipped_ = 0;
   std::vector<std::string> first_errors_;
+  bool counted_ = false;
+  std::string cache_path_;
+  std::string cache_problem_;  // why there is no file although a directory was given
+  std::string cache_note_;     // what was wrong with a file found there (then replaced)
+  std::shared_ptr<const io::ReadOnlyFile> file_;  // the cache file, when reading from it
+  std::vector<uint32_t> stream_;  // the ids in memory (ids < vocab_size < 2^32); else empty
+  std::vector<int64_t> starts_;   // encoding again: (documents + 1) where each document starts, then the end
 };
 
 }  // namespace shardtrain::data

@@ -80,6 +80,7 @@ class SampleSource {
 
   SampleKind kind() const { return kind_; }
   bool pairs() const { return fields_.text.size() == 2; }  // samples are sentence pairs
+  const TextFields& fields() const { return fields_; }
   // What the first tokenized table reads ("input_ids, token_type_ids, attention_mask"); "" when no table is.
   std::string tokenized() const;
   int64_t size() const { return size_; }

@@ -62,6 +62,9 @@ class Tokenizer {
   virtual std::optional<int64_t> mask_id() const = 0;  // masked language modelling's [MASK], when there is one
   virtual std::vector<int64_t> special_ids() const = 0;  // never masked or replaced by MLM
   virtual std::string describe() const = 0;  // kind, file and size, for the start-up log
+  // XXH3-64 of everything that decides the ids (the tokenizer file's bytes, the options read beside it, the
+  // lower-casing): what a cache of its output (data/packed_texts.h) is keyed by.
+  virtual uint64_t fingerprint() const = 0;
 };
 
 // How a pair of n1 and n2 tokens is cut to fit `budget` (tokenizers' LongestFirst): the shorter keeps its
@@ -109,6 +112,7 @@ class WordPieceTokenizer final : public Tokenizer {
   std::optional<int64_t> mask_id() const override { return mask_; }
   std::vector<int64_t> special_ids() const override { return {pad_, unk_, cls_, sep_, mask_}; }
   std::string describe() const override;
+  uint64_t fingerprint() const override;
 
   const std::string& token(int64_t id) const { return vocab_.at(static_cast<size_t>(id)); }
   int64_t id_of(const std::string& token) const;  // throws when absent

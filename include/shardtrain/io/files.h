@@ -40,6 +40,10 @@ void remove_tree(const std::string& path);
 
 bool is_directory(const std::string& path);
 int64_t file_size(const std::string& path);
+// "/abs/path 1048576 1732712345123456789": the absolute path (symbolic links resolved), size in bytes and
+// modification time in nanoseconds, which change when the file does (make's rule), for keys of caches derived
+// from it.
+std::string file_identity(const std::string& path);
 // The entries of a directory (no "." and ".."), sorted by name.
 std::vector<std::string> list_directory(const std::string& path);
 // rename(2) then fsync of the destination's directory: a directory renamed into place appears whole or not at all.
@@ -65,6 +69,24 @@ class ReadOnlyFile {
   std::string path_;
   int fd_ = -1;
   int64_t size_ = 0;
+};
+
+// An exclusive advisory lock on `path` (created when missing), for processes of one machine sharing a cache:
+// flock(2), released when the holder destroys it or exits, however it ends, so a crashed holder blocks nobody.
+// The holder can leave a line of text in the file (its progress) for those waiting to show.
+class FileLock {
+ public:
+  explicit FileLock(std::string path);  // opens the file; throws naming it when it cannot
+  ~FileLock();
+  FileLock(const FileLock&) = delete;
+  FileLock& operator=(const FileLock&) = delete;
+  bool try_lock();                       // takes the lock if no other process holds it
+  void write_note(const std::string& line) const;  // over the file's first bytes (the holder)
+  std::string read_note() const;                   // what the holder last wrote ("" at first)
+
+ private:
+  std::string path_;
+  int fd_ = -1;
 };
 
 }  // namespace shardtrain::io
