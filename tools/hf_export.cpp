@@ -79,7 +79,7 @@ std::shared_ptr<const models::ModelRecipe> recipe_of_run(const ckpt::TrainerStat
                                                          const std::optional<config::Config>& config) {
   if (!config) return models::recipe_of_model(state.flavor);
   return models::recipe_for_task(models::recipe_of_model(state.flavor, config->model.overrides), config->model.task,
-                                 {config->data.labels, std::nullopt});
+                                 {config->data.labels, config->data.multi_label, std::nullopt});
 }
 
 // The tokenizer files of directory `dir` copied into `out`; returns their names.

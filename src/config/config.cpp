@@ -253,6 +253,7 @@ std::vector<Field> fields_of(Config& c) {
       field("data.label_field", c.data.label_field),
       field("data.image_field", c.data.image_field),
       field("data.labels", c.data.labels),
+      field("data.multi_label", c.data.multi_label),
       field("data.mix.image_text", c.data.mix.image_text),
       field("data.mix.text", c.data.mix.text),
       field("data.mix.image", c.data.mix.image),

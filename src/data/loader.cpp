@@ -65,6 +65,7 @@ struct Example {
   int64_t position = 0;   // stream position it was read at
   std::optional<int64_t> label;
   std::optional<double> score;  // a regression's target instead of a class
+  std::optional<std::vector<int64_t>> label_set;  // a multi-label sample's classes instead
   int64_t sample = 0;
   bool token_types = false;  // the text's token types came with its tokenized row
 };
@@ -158,7 +159,7 @@ struct Loader::Impl {
         const auto p = static_cast<uint64_t>(position);
         const bool packed = kind == SampleKind::TEXT && o.packed;
         const RawSample raw = packed ? RawSample{} : source.read(ex.sample);  // a block reads its documents itself
-        ex.label = raw.label, ex.score = raw.score;
+        ex.label = raw.label, ex.score = raw.score, ex.label_set = raw.label_set;
         if (packed) {  // one full row of the stream (sequence id 0 on every token, special ones too)
           ex.text.ids = o.packed->block(ex.sample);
           ex.text.sequence_ids.assign(ex.text.ids.size(), 0);
@@ -297,6 +298,15 @@ struct Loader::Impl {
       std::vector<float> scores;
       for (const auto& ex : examples) scores.push_back(static_cast<float>(*ex.score));
       b.labels = at::tensor(scores, at::kFloat);
+    }
+    if (std::all_of(examples.begin(), examples.end(), [](const Example& e) { return e.label_set.has_value(); })) {
+      // (B, classes) float 0/1: the targets of every output (transformers' multi-label labels)
+      const auto classes = static_cast<int64_t>(sources[static_cast<size_t>(kind)]->fields().classes.size());
+      b.labels = at::zeros({static_cast<int64_t>(examples.size()), classes}, at::kFloat);
+      auto rows = b.labels.accessor<float, 2>();
+      for (size_t r = 0; r < examples.size(); ++r) {
+        for (int64_t id : *examples[r].label_set) rows[static_cast<int64_t>(r)][id] = 1;
+      }
     }
     return b;
   }

@@ -142,6 +142,29 @@ bool json_tokens(RawSample& s, const nlohmann::json& j, const TextFields& fields
   return true;
 }
 
+// A .jsonl record's set of classes: its label field, an array of class names or ids; ascending, each once.
+std::vector<int64_t> json_label_set(const nlohmann::json& j, const TextFields& fields, const std::string& key) {
+  const auto it = j.find(fields.label);
+  if (it == j.end() || !it->is_array()) {
+    throw std::runtime_error(key + ": a .jsonl line needs a label field \"" + fields.label + "\" holding an array " +
+                             "of class names or ids (multi-label)");
+  }
+  std::vector<int64_t> ids;
+  for (const auto& item : *it) {
+    if (!item.is_string() && !item.is_number_integer()) {
+      throw std::runtime_error(key + ": label " + item.dump() + " in \"" + fields.label +
+                               "\" is not a class name or id");
+    }
+    const std::string value = item.is_string() ? item.get<std::string>() : item.dump();
+    const int64_t id = class_of(value, fields.classes);
+    if (id < 0) throw std::runtime_error(key + ": " + not_a_class(value, fields.classes));
+    ids.push_back(id);
+  }
+  std::sort(ids.begin(), ids.end());
+  ids.erase(std::unique(ids.begin(), ids.end()), ids.end());
+  return ids;
+}
+
 }  // namespace
 
 std::vector<std::string> expand_paths(const std::vector<std::string>& paths) {
@@ -178,6 +201,10 @@ SampleSource::SampleSource(const std::vector<std::string>& paths, SampleKind kin
   }
   files_ = expand_paths(paths);
   if (files_.empty()) throw std::invalid_argument(std::string("no files given for the ") + kind_name(kind) + " data");
+  if (fields_.multi_label && !fields_.label.empty() && fields_.classes.empty()) {
+    throw std::invalid_argument("multi-label data needs its classes named (data.labels, or a dataset's "
+                                "List(ClassLabel)): each sample's set of them is one output per class");
+  }
   for (size_t f = 0; f < files_.size(); ++f) {
     const std::string& path = files_[f];
     const RecordFormat format = record_format_of(path);
@@ -188,6 +215,11 @@ SampleSource::SampleSource(const std::vector<std::string>& paths, SampleKind kin
     columns_.emplace_back();
     tables_.emplace_back();
     const size_t entries = index_.size();
+    if (fields_.multi_label && !fields_.label.empty() && !table && format != RecordFormat::JSONL) {
+      throw std::invalid_argument("data file '" + path + "': a multi-label sample's set of classes is a .jsonl "
+                                  "array or a table's list column (datasets' List(ClassLabel)); this file holds one "
+                                  "label per sample");
+    }
     if (format == RecordFormat::TAR && ends_with(path, ".tar")) {
       index_tar(static_cast<int32_t>(f));
     } else if (table) {
@@ -378,6 +410,12 @@ void SampleSource::read_fields(RawSample& s, const std::string& line, int32_t fi
         throw std::runtime_error(s.key + ": a .jsonl line needs a string field \"" + name + "\"");
       }
       values.push_back(j[name].get<std::string>());
+    }
+    if (!fields_.label.empty() && fields_.multi_label) {
+      s.text = values[0];
+      if (pairs()) s.text_pair = values[1];
+      s.label_set = json_label_set(j, fields_, s.key);
+      return;
     }
     if (!fields_.label.empty()) {
       const auto it = j.find(fields_.label);

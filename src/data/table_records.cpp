@@ -34,11 +34,20 @@ std::string feature_type(const nlohmann::json& features, const std::string& colu
   return (*f)["_type"].get<std::string>();
 }
 
-// The names of a ClassLabel column; empty for a column of another feature.
+// Whether a column is a list of ClassLabel (datasets' List, Sequence before datasets 4: a multi-label column).
+bool class_label_list(const nlohmann::json& features, const std::string& column) {
+  const std::string type = feature_type(features, column);
+  if (type != "List" && type != "Sequence") return false;
+  const nlohmann::json& item = features[column].contains("feature") ? features[column]["feature"] : nlohmann::json();
+  return item.is_object() && item.value("_type", nlohmann::json()) == "ClassLabel";
+}
+
+// The names of a ClassLabel column, or of a list of ClassLabel's items; empty for a column of another feature.
 std::vector<std::string> class_names(const nlohmann::json& features, const std::string& column) {
   std::vector<std::string> names;
-  if (feature_type(features, column) != "ClassLabel") return names;
-  const nlohmann::json& f = features[column];
+  const bool list = class_label_list(features, column);
+  if (!list && feature_type(features, column) != "ClassLabel") return names;
+  const nlohmann::json& f = list ? features[column]["feature"] : features[column];
   if (!f.contains("names") || !f["names"].is_array()) return names;
   for (const auto& n : f["names"]) {
     if (n.is_string()) names.push_back(n.get<std::string>());
@@ -75,6 +84,7 @@ std::string feature_of(const ColumnTable& table, const std::string& column) {
   const nlohmann::json features = features_of(table);
   const std::string type = feature_type(features, column);
   if (type == "ClassLabel") return "ClassLabel " + list_of(class_names(features, column));
+  if (class_label_list(features, column)) return type + "(ClassLabel " + list_of(class_names(features, column)) + ")";
   const auto f = features.find(column);
   if (type == "Value") {
     const std::string value = feature_of_json(*f);
@@ -136,7 +146,16 @@ TableRecords::TableRecords(const std::string& path, SampleKind kind, const TextF
     scores_ = true;
     label_ = find(fields.label, "data.label_field", {ColumnKind::FLOAT, ColumnKind::INT, ColumnKind::UTF8});
   } else if (!fields.label.empty()) {
-    label_ = find(fields.label, "data.label_field", {ColumnKind::INT, ColumnKind::BOOL, ColumnKind::UTF8});
+    sets_ = fields.multi_label;
+    label_ = sets_ ? find(fields.label, "data.label_field", {ColumnKind::LIST})
+                   : find(fields.label, "data.label_field", {ColumnKind::INT, ColumnKind::BOOL, ColumnKind::UTF8});
+    if (sets_ && !token_list(label_)) {
+      const TableColumn& items =
+          table_->columns()[static_cast<size_t>(table_->columns()[static_cast<size_t>(label_)].items)];
+      throw std::invalid_argument("data file '" + path + "': column '" + fields.label + "' (data.label_field) holds " +
+                                  "lists of " + items.type + ", expected lists of class ids (datasets' "
+                                  "List(ClassLabel))");
+    }
     const std::vector<std::string> names = class_names(features, fields.label);
     if (!names.empty() && !classes_.empty() && names != classes_) {
         throw std::invalid_argument("data file '" + path + "': column '" + fields.label + "' holds the classes " +
@@ -176,11 +195,15 @@ void TableRecords::read_tokens(int64_t row, RawSample& s) const {
              pair_ids_ >= 0 ? list(pair_ids_) : std::vector<int64_t>{});
 }
 
-std::vector<std::string> class_label_names(const std::string& path, const std::string& column) {
+LabelColumn label_column(const std::string& path, const std::string& column) {
   const TableFile file = open_table_file(path);
-  const int c = file.table->column(column);
-  if (c >= 0 && file.table->columns()[static_cast<size_t>(c)].kind == ColumnKind::FLOAT) return {column};
-  return class_names(features_of(*file.table), column);
+  const ColumnTable& t = *file.table;
+  const int c = t.column(column);
+  if (c >= 0 && t.columns()[static_cast<size_t>(c)].kind == ColumnKind::FLOAT) return {{column}, false};
+  const bool lists = c >= 0 && t.columns()[static_cast<size_t>(c)].kind == ColumnKind::LIST &&
+                     t.columns()[static_cast<size_t>(c)].items >= 0 &&
+                     t.columns()[static_cast<size_t>(t.columns()[static_cast<size_t>(c)].items)].kind == ColumnKind::INT;
+  return {class_names(features_of(t), column), lists};
 }
 
 int TableRecords::find(const std::string& field, const std::string& key, const std::vector<ColumnKind>& kinds) const {
@@ -196,7 +219,12 @@ int TableRecords::find(const std::string& field, const std::string& key, const s
   const TableColumn& col = table_->columns()[static_cast<size_t>(c)];
   if (std::find(kinds.begin(), kinds.end(), col.kind) == kinds.end()) {
     const std::string items = col.items >= 0 ? "<" + table_->columns()[static_cast<size_t>(col.items)].type + ">" : "";
-    const char* wanted = key == "data.label_field" ? (scores_ ? "numbers" : "whole numbers or strings")
+    const char* wanted = key == "data.label_field"
+                             ? (scores_ ? "numbers"
+                                : sets_ ? "lists of class ids (datasets' List(ClassLabel)) for data.multi_label"
+                                        : col.kind == ColumnKind::LIST ? "whole numbers or strings (a list of classes "
+                                                                         "per sample is data.multi_label's)"
+                                                                       : "whole numbers or strings")
                          : key == "data.image_field" ? "encoded images (binary, or datasets' Image)" : "strings";
     throw std::invalid_argument("data file '" + path_ + "': column '" + field + "' (" + key + ") holds " + col.type +
                                 items + ", expected " + wanted);
@@ -239,6 +267,18 @@ void TableRecords::read(int64_t row, RawSample& s) const {
     if (!std::isfinite(*s.score)) {  // a float column's nan or inf
       throw std::runtime_error(s.key + ": label '" + c.path + "' is " + std::to_string(*s.score) + ", not finite");
     }
+    return;
+  }
+  if (sets_) {
+    std::vector<int64_t> ids = table_->integers(label_, row);
+    for (int64_t id : ids) {
+      if (id < 0 || id >= static_cast<int64_t>(classes_.size())) {
+        throw std::runtime_error(s.key + ": " + not_a_class(std::to_string(id), classes_));
+      }
+    }
+    std::sort(ids.begin(), ids.end());
+    ids.erase(std::unique(ids.begin(), ids.end()), ids.end());
+    s.label_set = std::move(ids);
     return;
   }
   const std::string value =

@@ -61,13 +61,20 @@ class TableRecords {
   int pair_ids_ = -1;                         // a second field of token ids (a seq2seq target), or -1
   int label_ = -1;
   bool scores_ = false;  // label_ is a regression's number (TextFields::scores)
+  bool sets_ = false;    // label_ is a list of class ids (TextFields::multi_label)
   int image_ = -1, image_path_ = -1;  // the encoded bytes; the path beside them (an Image struct), or -1
   std::vector<std::string> classes_;
 };
 
-// The names of `column`'s ClassLabel in datasets' features of the .arrow or .parquet file at `path` (what transformers'
-// run_glue takes a classifier's classes from); empty when it is not a ClassLabel; {column} alone when it holds
-// floats (a regression, as run_glue decides from the dtype: STS-B's similarity). Throws as ArrowTable.
-std::vector<std::string> class_label_names(const std::string& path, const std::string& column);
+// What `column` of the .arrow or .parquet file at `path` says of a classifier, as transformers' run_glue and
+// run_classification read datasets' features: the names of its ClassLabel (empty when it is none); for a column of
+// lists of whole numbers (List(ClassLabel): sets of classes, go_emotions') the items' names and multi_label; {column}
+// alone when it holds floats (a regression, as run_glue decides from the dtype: STS-B's similarity). Throws as
+// ArrowTable.
+struct LabelColumn {
+  std::vector<std::string> names;
+  bool multi_label = false;
+};
+LabelColumn label_column(const std::string& path, const std::string& column);
 
 }  // namespace shardtrain::data

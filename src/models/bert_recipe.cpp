@@ -51,6 +51,7 @@ class BertMaskedLm : public Task {
 // Sequence classification (GLUE's MRPC: sentence pairs, two classes): cross-entropy of the classifier on the pooled
 // [CLS] output; evaluated by accuracy and F1 on data.eval. One label is a regression (GLUE's STS-B: a similarity
 // score per pair): the mean squared error of the one output, evaluated by Pearson's and Spearman's correlations.
+// Multi-label (go_emotions: a set of classes per text): binary cross-entropy on every output, micro F1.
 class BertClassify : public Task {
  public:
   BertClassify(std::string flavor, const BertConfig& config) : flavor_(std::move(flavor)), config_(config) {}
@@ -59,12 +60,12 @@ class BertClassify : public Task {
     DataNeeds d;
     d.kinds = {false, true, false};
     d.max_text_length = config_.max_positions, d.vocab_size = config_.vocab_size;
-    d.num_labels = classes(), d.class_names = config_.labels;
+    d.num_labels = classes(), d.class_names = config_.labels, d.multi_label = config_.multi_label;
     return d;
   }
   std::vector<std::string> loss_names() const override { return {"cls"}; }
   Losses compute_losses(torch::nn::Module& model, const data::Batch& b, uint64_t) const override {
-    check_class_labels(b.labels, classes(), flavor_);
+    check_class_labels(b.labels, classes(), config_.multi_label, flavor_);
     Losses out;
     out.total = module_as<BertImpl>(model, "bert").run(b.input_ids, b.attention_mask, b.token_type_ids, b.labels).loss;
     out.parts["cls"] = value_of(out.total);
@@ -74,7 +75,8 @@ class BertClassify : public Task {
   data::SampleKind eval_kind() const override { return data::SampleKind::TEXT; }
   std::map<std::string, double> evaluate(torch::nn::Module& model, const EvalInputs& in) const override {
     BertImpl& bert = module_as<BertImpl>(model, "bert");
-    return evaluate_classifier(model, in, data::SampleKind::TEXT, classes(), [&](const data::Batch& b) {
+    return evaluate_classifier(model, in, data::SampleKind::TEXT, classes(), config_.multi_label,
+                               [&](const data::Batch& b) {
       return bert.run(b.input_ids, b.attention_mask, b.token_type_ids).logits;
     });
   }
@@ -123,14 +125,19 @@ class BertRecipe : public FamilyRecipe<BertConfig, Bert> {
     BertConfig c = config();
     if (task == "masked_lm") {
       if (c.mlm_head) return nullptr;
-      c.mlm_head = true, c.labels.clear();
+      c.mlm_head = true, c.labels.clear(), c.multi_label = false;
     } else {
       if (!setup.labels.empty()) c.labels = setup.labels;
       if (c.labels.empty()) {
         throw std::invalid_argument("model.task: classify needs the classes: data.labels names none (e.g. "
                                     "data.labels: [not_equivalent, equivalent]) and " + flavor() + " has no id2label");
       }
-      if (c.labels == config().labels && !c.mlm_head) return nullptr;
+      c.multi_label = setup.multi_label || config().multi_label;
+      if (c.multi_label && c.labels.size() < 2) {
+        throw std::invalid_argument("data.multi_label: sets of classes need 2 classes or more; " + flavor() +
+                                    " would have " + std::to_string(c.labels.size()));
+      }
+      if (c.labels == config().labels && c.multi_label == config().multi_label && !c.mlm_head) return nullptr;
       c.mlm_head = false, c.pooler = true;
     }
     return std::make_shared<BertRecipe>(family(), flavor(), c, bert_names, layer_class());
@@ -229,6 +236,7 @@ nlohmann::json bert_to_hf(const BertConfig& c) {
       j["label2id"][c.labels[i]] = i;
     }
     if (c.labels.size() == 1) j["problem_type"] = "regression";  // what transformers infers for num_labels 1
+    if (c.multi_label) j["problem_type"] = "multi_label_classification";
   }
   return j;
 }
@@ -272,6 +280,7 @@ BertConfig bert_from_hf(const HfConfig& hf, const std::string& path) {
   if (classifier) {
     c.labels = hf.labels("id2label");
     if (c.labels.empty()) c.labels = {"LABEL_0", "LABEL_1"};  // transformers' default: two classes
+    c.multi_label = hf.text("problem_type", "") == "multi_label_classification";
   }
   c.pooler = classifier || weights_hold_pooler(path);
   return c;

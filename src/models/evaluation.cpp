@@ -13,8 +13,20 @@
 
 namespace shardtrain::models {
 
-void check_class_labels(const at::Tensor& labels, int64_t classes, const std::string& who) {
+void check_class_labels(const at::Tensor& labels, int64_t classes, bool multi_label, const std::string& who) {
   if (!labels.defined()) throw std::runtime_error(who + ": a batch without labels (every sample needs one)");
+  if (multi_label) {
+    if (labels.dim() != 2 || labels.size(1) != classes || !labels.is_floating_point()) {
+      throw std::runtime_error(who + ": a multi-label classifier of " + std::to_string(classes) + " classes needs " +
+                               "each sample's set of them, and the batch holds " +
+                               (labels.dim() == 1 ? "one class or score per sample" : "labels of another shape"));
+    }
+    return;  // 0/1 by construction (the loader's)
+  }
+  if (labels.dim() == 2) {
+    throw std::runtime_error(who + ": the batch holds sets of classes, and the classifier picks one (data.multi_label "
+                             "makes one for sets)");
+  }
   if (classes == 1) {  // a regression
     if (!labels.is_floating_point()) {
       throw std::runtime_error(who + ": a regression (one label) needs scores, and the batch holds class ids");
@@ -108,7 +120,7 @@ std::map<std::string, double> evaluate_regression(const EvalInputs& in, data::Sa
   at::Tensor predicted = at::zeros({used}, options), truth = at::zeros({used}, options);
   for (int64_t start = 0; start < used; start += per_step) {
     const data::Batch b = in.loader->build(kind, start).to(in.device, in.floats);
-    check_class_labels(b.labels, 1, "eval");
+    check_class_labels(b.labels, 1, false, "eval");
     const int64_t first = start + world.rank() * in.batch_size;  // this rank's rows (EpochSampler::rank_positions)
     predicted.slice(0, first, first + in.batch_size).copy_(logits_of(b).squeeze(1).to(at::kDouble));
     truth.slice(0, first, first + in.batch_size).copy_(b.labels.to(at::kDouble));
@@ -126,21 +138,52 @@ std::map<std::string, double> evaluate_regression(const EvalInputs& in, data::Sa
   return out;
 }
 
+// Multi-label: per output a yes (logit > 0) or no against the sample's set; counts of true positives, predicted and
+// true yeses, samples wholly right, and the summed binary cross-entropy, summed over the ranks.
+std::map<std::string, double> evaluate_multi_label(const EvalInputs& in, data::SampleKind kind, int64_t classes,
+                                                   const std::function<at::Tensor(const data::Batch&)>& logits_of,
+                                                   int64_t used) {
+  const dist::Communicator& world = *in.world;
+  const int64_t per_step = world.size() * in.batch_size;
+  at::Tensor totals = at::zeros({5}, at::TensorOptions().dtype(at::kDouble).device(in.device));
+  for (int64_t start = 0; start < used; start += per_step) {
+    const data::Batch b = in.loader->build(kind, start).to(in.device, in.floats);
+    check_class_labels(b.labels, classes, true, "eval");
+    const at::Tensor logits = logits_of(b).to(at::kFloat), truth = b.labels.to(at::kFloat);
+    const at::Tensor predicted = (logits > 0).to(at::kFloat);
+    totals[0] += (predicted * truth).sum().to(at::kDouble);
+    totals[1] += predicted.sum().to(at::kDouble);
+    totals[2] += truth.sum().to(at::kDouble);
+    totals[3] += (predicted == truth).all(1).sum().to(at::kDouble);
+    totals[4] += at::binary_cross_entropy_with_logits(logits, truth, {}, {}, at::Reduction::Sum).to(at::kDouble);
+  }
+  world.all_reduce(totals, dist::ReduceOp::SUM).wait();
+  const at::Tensor t = totals.cpu();
+  const double hits = t[0].item<double>(), predicted = t[1].item<double>(), truth = t[2].item<double>();
+  std::map<std::string, double> out;
+  out["f1"] = predicted + truth > 0 ? 2 * hits / (predicted + truth) : 0.0;  // micro: 2 tp / (2 tp + fp + fn)
+  out["accuracy"] = t[3].item<double>() / static_cast<double>(used);
+  out["eval_loss"] = t[4].item<double>() / static_cast<double>(used * classes);
+  out["eval_samples"] = static_cast<double>(used);
+  return out;
+}
+
 }  // namespace
 
 std::map<std::string, double> evaluate_classifier(torch::nn::Module& model, const EvalInputs& in,
-                                                  data::SampleKind kind, int64_t classes,
+                                                  data::SampleKind kind, int64_t classes, bool multi_label,
                                                   const std::function<at::Tensor(const data::Batch&)>& logits_of) {
   const dist::Communicator& world = *in.world;
   const int64_t used = whole_batches(in), per_step = world.size() * in.batch_size;
   const EvalMode mode(model);
+  if (multi_label) return evaluate_multi_label(in, kind, classes, logits_of, used);
   if (classes == 1) return evaluate_regression(in, kind, logits_of, used);
   // Per (true class, predicted class): counts, the confusion matrix; and the summed loss. float64 on the device.
   at::Tensor confusion = at::zeros({classes * classes}, at::TensorOptions().dtype(at::kDouble).device(in.device));
   at::Tensor loss_sum = at::zeros({1}, confusion.options());
   for (int64_t start = 0; start < used; start += per_step) {
     const data::Batch b = in.loader->build(kind, start).to(in.device, in.floats);
-    check_class_labels(b.labels, classes, "eval");
+    check_class_labels(b.labels, classes, false, "eval");
     const at::Tensor logits = logits_of(b).to(at::kFloat);
     loss_sum += at::cross_entropy_loss(logits, b.labels, {}, at::Reduction::Sum).to(at::kDouble);
     confusion.index_add_(0, b.labels * classes + logits.argmax(1), at::ones({b.labels.size(0)}, confusion.options()));

@@ -45,11 +45,14 @@ std::map<std::string, double> evaluate_token_loss(
 // batch_size held-out samples up to in.max_samples (0: all) of `kind`. Returns accuracy, f1 (binary: of class 1, as
 // GLUE scores MRPC; more classes: the mean of the per-class F1s over the classes true or predicted, macro),
 // eval_loss (mean cross-entropy) and eval_samples. One class is a regression (float scores): pearson, spearmanr
-// (as run_glue scores STS-B), eval_loss (mean squared error) and eval_samples. Throws std::invalid_argument when
+// (as run_glue scores STS-B), eval_loss (mean squared error) and eval_samples. `multi_label` (labels are sets of
+// classes, an output > 0 predicts its class): f1 (micro, over every sample's every class, as transformers'
+// run_classification scores a multi-label task), accuracy (every class of a sample right: scikit-learn's subset
+// accuracy), eval_loss (mean binary cross-entropy per output) and eval_samples. Throws std::invalid_argument when
 // there is not one batch per rank, std::runtime_error for a batch without labels or with one outside the classes.
 // Collective over in.world.
 std::map<std::string, double> evaluate_classifier(torch::nn::Module& model, const EvalInputs& in,
-                                                  data::SampleKind kind, int64_t classes,
+                                                  data::SampleKind kind, int64_t classes, bool multi_label,
                                                   const std::function<at::Tensor(const data::Batch&)>& logits_of);
 
 // ", accuracy 0.50 -> 0.91, F1 0.40 -> 0.90, ..." (a regression's ", Pearson 0.10 -> 0.85, ...") for the run's
@@ -58,7 +61,7 @@ std::string describe_classifier_progress(const std::map<std::string, double>& fi
                                          const std::map<std::string, double>& last);
 
 // Throws std::runtime_error unless `labels` ((B) int64, defined) are class ids below `classes` (one class, a
-// regression: (B) float scores); `who` names the model in the message.
-void check_class_labels(const at::Tensor& labels, int64_t classes, const std::string& who);
+// regression: (B) float scores; `multi_label`: (B, classes) float 0/1); `who` names the model in the message.
+void check_class_labels(const at::Tensor& labels, int64_t classes, bool multi_label, const std::string& who);
 
 }  // namespace shardtrain::models

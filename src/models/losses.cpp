@@ -10,6 +10,7 @@ at::Tensor masked_cross_entropy(const at::Tensor& logits, const at::Tensor& labe
 }
 
 at::Tensor classifier_loss(const at::Tensor& logits, const at::Tensor& labels) {
+  if (labels.dim() == 2) return at::binary_cross_entropy_with_logits(logits.to(at::kFloat), labels.to(at::kFloat));
   if (logits.size(-1) == 1) return at::mse_loss(logits.squeeze(-1).to(at::kFloat), labels.to(at::kFloat));
   return masked_cross_entropy(logits, labels);
 }

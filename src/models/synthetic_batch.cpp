@@ -28,8 +28,12 @@ data::Batch synthetic_batch(const DataNeeds& needs, int64_t batch, int64_t token
     if (needs.codebook_size > 0) {
       b.codebook_pixels = at::rand({batch, 3, needs.codebook_size, needs.codebook_size}) * 0.8 + 0.1;
     }
-    if (needs.num_labels > 0) b.labels = at::randint(0, needs.num_labels, {batch}, at::kLong);
     b.images = batch;
+  }
+  if (needs.num_labels > 0) {  // class ids; a regression's scores; a multi-label classifier's sets as rows of 0/1
+    b.labels = needs.multi_label       ? (at::rand({batch, needs.num_labels}) < 0.5).to(at::kFloat)
+               : needs.num_labels == 1 ? at::randn({batch})
+                                       : at::randint(0, needs.num_labels, {batch}, at::kLong);
   }
   if (b.kind == data::SampleKind::IMAGE_TEXT) b.itm_labels = (at::arange(batch, at::kLong) % 2 == 0).to(at::kLong);
   return b;

@@ -24,13 +24,13 @@ class VitClassification : public Task {
     DataNeeds d;
     d.kinds = {false, false, true};
     d.image_size = config_.image_size, d.patch_size = config_.patch_size, d.num_labels = config_.num_labels;
-    d.class_names = config_.labels;
+    d.class_names = config_.labels, d.multi_label = config_.multi_label;
     return d;
   }
   std::vector<std::string> loss_names() const override { return {"cls"}; }
   Losses compute_losses(torch::nn::Module& model, const data::Batch& b, uint64_t) const override {
     if (!b.labels.defined()) throw std::runtime_error("ViT classification needs a .cls label in every image sample");
-    check_class_labels(b.labels, config_.num_labels, flavor_);
+    check_class_labels(b.labels, config_.num_labels, config_.multi_label, flavor_);
     Losses out;
     out.total = module_as<VitImpl>(model, "vit").run(b.pixels, b.labels, /*cls_only=*/true).loss;
     out.parts["cls"] = value_of(out.total);
@@ -40,7 +40,7 @@ class VitClassification : public Task {
   data::SampleKind eval_kind() const override { return data::SampleKind::IMAGE; }
   std::map<std::string, double> evaluate(torch::nn::Module& model, const EvalInputs& in) const override {
     VitImpl& vit = module_as<VitImpl>(model, "vit");
-    return evaluate_classifier(model, in, data::SampleKind::IMAGE, config_.num_labels,
+    return evaluate_classifier(model, in, data::SampleKind::IMAGE, config_.num_labels, config_.multi_label,
                                [&](const data::Batch& b) { return vit.run(b.pixels, {}, /*cls_only=*/true).logits; });
   }
   std::string describe_progress(const std::map<std::string, double>& first,
@@ -80,10 +80,18 @@ class VitRecipe : public FamilyRecipe<VitConfig, Vit> {
   // ViTModel's encoder fine-tuned as ViTForImageClassification, as transformers' run_image_classification builds
   // it. Without labels, the model's own classifier.
   std::shared_ptr<const ModelRecipe> with_task_head(const std::string&, const TaskSetup& setup) const override {
-    if (setup.labels.empty()) return nullptr;
+    if (setup.labels.empty() && !setup.multi_label) return nullptr;
     VitConfig c = config();
-    c.labels = setup.labels, c.num_labels = static_cast<int64_t>(setup.labels.size()), c.pooler = false;
-    if (c.labels == config().labels && c.num_labels == config().num_labels && !config().pooler) return nullptr;
+    if (!setup.labels.empty()) c.labels = setup.labels, c.num_labels = static_cast<int64_t>(setup.labels.size());
+    c.pooler = false, c.multi_label = setup.multi_label || config().multi_label;
+    if (c.multi_label && c.num_labels < 2) {
+      throw std::invalid_argument("data.multi_label: sets of classes need 2 classes or more; " + flavor() +
+                                  " would have " + std::to_string(c.num_labels));
+    }
+    if (c.labels == config().labels && c.num_labels == config().num_labels && c.multi_label == config().multi_label &&
+        !config().pooler) {
+      return nullptr;
+    }
     return std::make_shared<VitRecipe>(family(), flavor(), c, vit_names, layer_class());
   }
 
@@ -156,6 +164,7 @@ nlohmann::json vit_to_hf(const VitConfig& c) {
       j["label2id"][name] = i;
     }
     if (c.num_labels == 1) j["problem_type"] = "regression";  // what transformers infers for num_labels 1
+    if (c.multi_label) j["problem_type"] = "multi_label_classification";
   }
   return j;
 }
@@ -180,6 +189,7 @@ VitConfig vit_from_hf(const HfConfig& hf) {
   const int64_t entries = hf.entries("id2label");  // one: a regression (num_labels 1); none: transformers' two
   c.num_labels = classifier ? (entries > 0 ? entries : 2) : 0;
   if (classifier) c.labels = hf.labels("id2label");
+  c.multi_label = classifier && hf.text("problem_type", "") == "multi_label_classification";
   c.pooler = !classifier;
   return c;
 }

@@ -97,7 +97,7 @@ dist::ProcessGroupOptions init_options(const Config& c, const at::Device& device
 // The model's recipe with the task's head; T5's span corruption takes its sentinels from the tokenizer's
 // <extra_id_0> when it has one.
 std::shared_ptr<const models::ModelRecipe> checked_recipe(const Config& c, const data::Tokenizer* tokenizer) {
-  models::TaskSetup setup{c.data.labels, std::nullopt};
+  models::TaskSetup setup{c.data.labels, c.data.multi_label, std::nullopt};
   if (tokenizer) setup.first_sentinel = tokenizer->find("<extra_id_0>");
   auto recipe = models::recipe_for_task(models::recipe_of_model(c.model.flavor, c.model.overrides), c.model.task,
                                         setup);
@@ -504,10 +504,13 @@ TrainSummary train_run(const Config& given, std::shared_ptr<log::Sink> sink, int
   if (classes_from_data && job.task->data_needs().num_labels > 0) {
     std::string names;
     for (const auto& name : c.data.labels) names += (names.empty() ? "" : ", ") + name;
-    data.notes.push_back(c.data.labels.size() == 1 ? "regression: one output, the scores of the dataset's float "
-                                                     "column '" + c.data.label_field + "' (as run_glue's STS-B)"
-                                                   : "classes: [" + names + "], the dataset's ClassLabel '" +
-                                                         c.data.label_field + "'");
+    data.notes.push_back(c.data.multi_label ? "multi-label: sets of the classes [" + names + "], the dataset's " +
+                                                  "List(ClassLabel) '" + c.data.label_field + "' (binary cross-" +
+                                                  "entropy on each, as run_classification)"
+                         : c.data.labels.size() == 1 ? "regression: one output, the scores of the dataset's float "
+                                                       "column '" + c.data.label_field + "' (as run_glue's STS-B)"
+                                                     : "classes: [" + names + "], the dataset's ClassLabel '" +
+                                                           c.data.label_field + "'");
   }
   // Dropout draws from the default generators, seeded per rank (at::manual_seed seeds CPU and every GPU).
   at::manual_seed(data::hash_of(static_cast<uint64_t>(c.train.seed), static_cast<uint64_t>(world.rank())));
@@ -566,7 +569,8 @@ TrainSummary train(const Config& given, std::shared_ptr<log::Sink> sink) {
   // A classifier's classes from the data when the config names none (run_classes), resolved once: the model is
   // built for them, the data checked against them, and the checkpoints' config (an export's) holds them.
   Config resolved = given;
-  resolved.data.labels = run_classes(given);
+  const RunLabels labels = run_labels(given);
+  resolved.data.labels = labels.names, resolved.data.multi_label = labels.multi_label;
   const bool classes_from_data = given.data.labels.empty() && !resolved.data.labels.empty();
   int64_t batch_limit = auto_batch_limit_of_env();
   const dist::DistEnv env = dist::read_dist_env(dist::process_env_lookup());

@@ -23,7 +23,8 @@ data::TextFields text_fields(const Config& c, const models::DataNeeds& needs) {
   f.text = c.data.text_fields;
   f.image = c.data.image_field;
   if (needs.num_labels > 0) f.label = c.data.label_field, f.classes = needs.class_names;
-  f.scores = needs.num_labels == 1;  // one label: a regression's scores (as transformers' num_labels 1)
+  f.scores = needs.num_labels == 1 && !needs.multi_label;  // one label: a regression's scores (transformers')
+  f.multi_label = needs.multi_label;
   return f;
 }
 
@@ -136,17 +137,17 @@ std::shared_ptr<const data::PackedTexts> pack_texts(const Config& c, const Train
 
 }  // namespace
 
-std::vector<std::string> run_classes(const Config& c) {
-  if (!c.data.labels.empty()) return c.data.labels;
+RunLabels run_labels(const Config& c) {
   for (const auto* paths : {&c.data.text, &c.data.image}) {
     for (const std::string& file : data::expand_paths(*paths)) {
       const data::RecordFormat format = data::record_format_of(file);
       if (format == data::RecordFormat::ARROW || format == data::RecordFormat::PARQUET) {
-        return data::class_label_names(file, c.data.label_field);
+        const data::LabelColumn column = data::label_column(file, c.data.label_field);
+        return {c.data.labels.empty() ? column.names : c.data.labels, c.data.multi_label || column.multi_label};
       }
     }
   }
-  return {};
+  return {c.data.labels, c.data.multi_label};
 }
 
 std::shared_ptr<const data::Tokenizer> open_run_tokenizer(const Config& c) {

@@ -25,9 +25,15 @@ struct TrainingData {
 };
 
 // A classifier's classes: data.labels, else the names of the ClassLabel column data.label_field of the first
-// Hugging Face datasets .arrow file among data.text and data.image (where transformers' run_glue takes them from),
-// else none (the model's own id2label then). Throws std::invalid_argument for a data path that does not exist.
-std::vector<std::string> run_classes(const config::Config& config);
+// Hugging Face datasets .arrow/.parquet file among data.text and data.image (where transformers' run_glue takes them
+// from), else none (the model's own id2label then); multi_label: data.multi_label, or that column holds lists of
+// class ids (List(ClassLabel), as run_classification decides). Throws std::invalid_argument for a data path that
+// does not exist.
+struct RunLabels {
+  std::vector<std::string> names;
+  bool multi_label = false;
+};
+RunLabels run_labels(const config::Config& config);
 
 // The run's tokenizer (data::open_tokenizer): data.tokenizer (or the older data.vocab), else the model.from
 // directory's own; null when neither names one. Throws std::invalid_argument naming the key when it cannot be read.

@@ -241,6 +241,33 @@ TEST_F(DataTest, LoaderBatchesSentencePairs) {
                                       {"p.tsv:2", "2 tokens longer than the 5", "data.truncation: error"});
 }
 
+// Multi-label: each record's set of classes (a .jsonl array of names or ids) is a row of 0/1 per class in the batch,
+// float32 whatever the model's dtype (binary cross-entropy's targets); a sample with none is a row of zeros.
+TEST_F(DataTest, LabelSetsAreRowsOfOnesPerClass) {
+  write_text(dir_ + "/m.jsonl", "{\"text\": \"red circle\", \"tags\": [\"round\", \"warm\"]}\n"
+                                "{\"text\": \"blue square\", \"tags\": []}\n"
+                                "{\"text\": \"green circle\", \"tags\": [0, \"round\"]}\n");
+  TextFields fields{{"text"}, "tags", {"round", "warm", "cold"}};
+  fields.multi_label = true;
+  auto source = std::make_shared<SampleSource>(std::vector<std::string>{dir_ + "/m.jsonl"}, SampleKind::TEXT, fields);
+  EXPECT_EQ(*source->read(0).label_set, (std::vector<int64_t>{0, 1}));
+  EXPECT_EQ(*source->read(2).label_set, (std::vector<int64_t>{0}));  // a class named twice is in the set once
+  EXPECT_FALSE(source->read(0).label.has_value());
+  LoaderOptions o;
+  o.batch_size = 3, o.workers = 0, o.text_length = 8, o.mlm_probability = 0, o.mix = {0, 1, 0};
+  o.tokenizer = shapes_tokenizer();
+  const Batch b = Loader({nullptr, source, nullptr}, o).build(SampleKind::TEXT, 0);
+  ASSERT_EQ(b.labels.sizes(), (std::vector<int64_t>{3, 3}));
+  EXPECT_EQ(b.labels.scalar_type(), at::kFloat);
+  for (int64_t r = 0; r < 3; ++r) {
+    at::Tensor want = at::zeros({3});
+    const RawSample sample = source->read(b.sample_ids[static_cast<size_t>(r)]);
+    for (int64_t id : *sample.label_set) want[id] = 1;
+    EXPECT_TRUE(b.labels[r].equal(want)) << r;
+  }
+  EXPECT_EQ(b.to(at::kCPU, at::kBFloat16).labels.scalar_type(), at::kFloat);
+}
+
 // A regression's labels (TextFields::scores, GLUE STS-B's similarity): decimal scores as float32 labels (B), any
 // decimal form; a label that is no number is the sample's error, as a class that does not exist is.
 TEST_F(DataTest, ScoresAreFloatLabels) {

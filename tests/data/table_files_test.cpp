@@ -57,6 +57,7 @@ std::unique_ptr<SampleSource> open_case(const nlohmann::json& c) {
   if (c.contains("label")) fields.label = c.at("label").get<std::string>();
   if (c.contains("classes")) fields.classes = c.at("classes").get<std::vector<std::string>>();
   fields.scores = c.value("scores", false);
+  fields.multi_label = c.value("multi_label", false);
   return std::make_unique<SampleSource>(c.at("paths").get<std::vector<std::string>>(),
                                         kind_of(c.at("kind").get<std::string>()), fields);
 }
@@ -103,6 +104,12 @@ TEST(DatasetFiles, EveryRowReadsAsDatasetsWroteIt) {
         EXPECT_NEAR(*s.score, x, 1e-3 * std::max(1.0, std::abs(x)));
       } else {
         EXPECT_FALSE(s.score.has_value());
+      }
+      if (w.contains("label_set")) {
+        ASSERT_TRUE(s.label_set.has_value());
+        EXPECT_EQ(*s.label_set, w.at("label_set").get<std::vector<int64_t>>());
+      } else {
+        EXPECT_FALSE(s.label_set.has_value());
       }
       if (w.contains("image")) EXPECT_EQ(hex(s.image), w.at("image").get<std::string>());
       EXPECT_EQ(s.tokenized, w.contains("ids"));

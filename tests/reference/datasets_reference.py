@@ -52,16 +52,16 @@ def png(color, size=5):
 
 
 def rows(texts=None, pairs=None, labels=None, images=None, errors=None, ids=None, types=None, pair_ids=None,
-         scores=None):
+         scores=None, label_sets=None):
     """The expected samples: one dict per row."""
-    n = len(next(x for x in (texts, labels, images, ids, scores) if x is not None))
+    n = len(next(x for x in (texts, labels, images, ids, scores, label_sets) if x is not None))
     out = []
     for i in range(n):
         if errors and errors[i]:
             out.append({"error": errors[i]})
             continue
         fields = (("text", texts), ("pair", pairs), ("label", labels), ("image", images), ("ids", ids),
-                  ("types", types), ("pair_ids", pair_ids), ("score", scores))
+                  ("types", types), ("pair_ids", pair_ids), ("score", scores), ("label_set", label_sets))
         r = {key: values[i] for key, values in fields if values is not None}
         if "image" in r:
             r["image"] = r["image"].hex()
@@ -232,6 +232,48 @@ def score_cases(root, cases):
     mrpc_texts = ["The cat sat.", "Ünïcödé — 東京 🙂", "", "tab\there", "last one", "six"]  # main()'s s1
     cases["scores_classes"] = dict(base, paths=[os.path.join(root, "mrpc")], text=["sentence1"], label="label",
                                    rows=rows(mrpc_texts, scores=[1.0, 0.0, 1.0, 0.0, 1.0, 0.0]))
+
+
+def multi_label_cases(root, cases):
+    """Multi-label classification's sets of classes, as go_emotions holds them (a List(ClassLabel) per text, some
+    empty): datasets' save_to_disk and to_parquet; pyarrow's Parquet with a null list and an id beyond the classes;
+    .jsonl arrays of names and ids with a repeat and a name that is no class; refused: a .tsv, a column of single
+    labels, and sets without the classes named."""
+    d = os.path.join(root, "multi_label")
+    os.makedirs(d)
+    names = ["admiration", "anger", "joy", "neutral"]
+    texts = ["So proud of you!", "This is infuriating.", "Nice, thanks :)", "ok", "Wow, great but also annoying"]
+    sets = [[0, 2], [1], [2], [], [0, 1, 2]]
+    ds = Dataset.from_dict({"text": texts, "labels": sets},
+                           features=Features({"text": Value("string"), "labels": Sequence(ClassLabel(names=names))}))
+    ds.save_to_disk(os.path.join(d, "arrow"))
+    ds.to_parquet(os.path.join(d, "ml.parquet"))
+    base = {"kind": "text", "text": ["text"], "label": "labels", "classes": names, "multi_label": True,
+            "rows": rows(texts, label_sets=sets)}
+    cases["multi_label_arrow"] = dict(base, paths=[os.path.join(d, "arrow")])
+    cases["multi_label_parquet"] = dict(base, paths=[os.path.join(d, "ml.parquet")])
+    odd = pa.table({"text": texts, "labels": pa.array([[2, 0], None, [7], [], [1]], pa.list_(pa.int64()))})
+    pq.write_table(odd, os.path.join(d, "odd.parquet"))
+    cases["multi_label_odd"] = dict(base, paths=[os.path.join(d, "odd.parquet")], rows=rows(
+        texts, label_sets=[[0, 2], [], [], [], [1]],
+        errors=[None, "label 'labels' is null", "label '7' is not one of the classes", None, None]))
+    with open(os.path.join(d, "ml.jsonl"), "w") as f:
+        for t, ids in zip(texts, sets):
+            f.write(json.dumps({"text": t, "labels": [names[i] for i in ids]}) + "\n")
+        f.write(json.dumps({"text": "ids", "labels": [3, "joy", 3]}) + "\n")
+        f.write(json.dumps({"text": "a name", "labels": ["sadness"]}) + "\n")
+        f.write(json.dumps({"text": "one label", "labels": "joy"}) + "\n")
+    cases["multi_label_jsonl"] = dict(base, paths=[os.path.join(d, "ml.jsonl")], rows=rows(
+        texts + ["ids", "a name", "one label"], label_sets=sets + [[2, 3], [], []],
+        errors=[None] * 6 + ["label 'sadness' is not one of the classes", "holding an array of class names or ids"]))
+    with open(os.path.join(d, "ml.tsv"), "w") as f:
+        f.write("text\tlabels\nok\tjoy\n")
+    cases["multi_label_tsv"] = dict(base, paths=[os.path.join(d, "ml.tsv")],
+                                    open_error="a multi-label sample's set of classes is a .jsonl array")
+    cases["multi_label_single_column"] = dict(base, paths=[os.path.join(root, "mrpc")], text=["sentence1"],
+                                              label="label", open_error="expected lists of class ids")
+    cases["multi_label_no_classes"] = dict(base, paths=[os.path.join(d, "arrow")], classes=[],
+                                           open_error="multi-label data needs its classes named")
 
 
 def group_texts_cases(root):
@@ -469,6 +511,7 @@ def main(out):
     tokenized_cases(root, mrpc, names, cases)
     group_texts_cases(root)
     score_cases(root, cases)
+    multi_label_cases(root, cases)
 
     # Damaged and misplaced.
     DatasetDict({"train": mrpc, "validation": mrpc}).save_to_disk(os.path.join(root, "dict"))

@@ -16,6 +16,10 @@ Usage: to_datasets.py PAIRS_DIR IMAGE_DIR OUT VOCAB
   OUT/stsb    a regression as GLUE STS-B holds one: DatasetDict {train, validation} of the pairs with a float32
               similarity score as label (4.x for equivalent pairs, 1.x for the others); OUT/stsb_tsv/{train,
               validation}.tsv the same as STS-B's .tsv files (sentence1, sentence2, score)
+  OUT/multilabel  multi-label classification as go_emotions holds one: DatasetDict {train, validation} of the
+              pairs' second texts with labels, a List(ClassLabel) of the shapes each names (circle, square,
+              triangle, diamond, cross; one or two); OUT/multilabel_{train,validation}.jsonl the same as .jsonl
+              records {"text": ..., "labels": [names]}
   OUT/shapes  DatasetDict {train} of IMAGE_DIR's WebDataset tars as an image-classification dataset (CIFAR-10's
               shape): img (Image, the tars' PNG bytes unchanged), label (ClassLabel); samples in the tars' order
 """
@@ -25,7 +29,7 @@ import sys
 import tarfile
 
 import datasets
-from datasets import ClassLabel, Dataset, DatasetDict, Features, Image, Value
+from datasets import ClassLabel, Dataset, DatasetDict, Features, Image, Sequence, Value
 
 datasets.disable_progress_bars()
 
@@ -107,6 +111,21 @@ def main(pairs_dir, image_dir, out, vocab):
             for a, b, x in zip(d["sentence1"], d["sentence2"], stsb[split]["label"]):
                 f.write("%s\t%s\t%r\n" % (a, b, x))
     DatasetDict(stsb).save_to_disk(os.path.join(out, "stsb"))
+
+    # Multi-label (go_emotions' layout): each text's set of the shapes it names, as a List(ClassLabel) of ids and as
+    # .jsonl arrays of the names.
+    shape_names = ["circle", "square", "triangle", "diamond", "cross"]
+    multilabel = {}
+    for split, d in mrpc.items():
+        texts = list(d["sentence2"])
+        labels = [[i for i, name in enumerate(shape_names) if name in t] for t in texts]
+        multilabel[split] = Dataset.from_dict(
+            {"text": texts, "labels": labels},
+            features=Features({"text": Value("string"), "labels": Sequence(ClassLabel(names=shape_names))}))
+        with open(os.path.join(out, "multilabel_" + split + ".jsonl"), "w") as f:
+            for t, ids in zip(texts, labels):
+                f.write(json.dumps({"text": t, "labels": [shape_names[i] for i in ids]}) + "\n")
+    DatasetDict(multilabel).save_to_disk(os.path.join(out, "multilabel"))
 
 
 if __name__ == "__main__":

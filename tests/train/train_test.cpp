@@ -895,6 +895,52 @@ TEST_F(TrainTest, HuggingFaceDatasetsTrainAsTheirFiles) {
   EXPECT_NE(not_scores.status, 0);
   EXPECT_NE(not_scores.output.find("is not a number (a regression's score"), std::string::npos) << not_scores.output;
 
+  // Multi-label (go_emotions' layout): the List(ClassLabel) label column makes one without data.multi_label (as
+  // run_classification decides); binary cross-entropy on each of the 5 outputs, scored by micro F1 and subset
+  // accuracy; exported with problem_type multi_label_classification, which transformers scores on the same 50
+  // held-out texts as the last evaluation did. The .jsonl form (arrays of names) trains the same.
+  const std::string multi = classify + " --data.text_fields=[text] --data.label_field=labels --train.batch_size=5" +
+                            " --train.eval_samples=0";
+  const Outcome ml = train(multi + " --data.text=[" + dir + "/multilabel/train] --data.eval=[" + dir +
+                           "/multilabel/validation]");
+  ASSERT_EQ(ml.status, 0) << ml.output;
+  EXPECT_NE(ml.output.find("multi-label: sets of the classes [circle, square, triangle, diamond, cross], the "
+                           "dataset's List(ClassLabel) 'labels'"), std::string::npos) << ml.output;
+  EXPECT_NE(ml.output.find(", accuracy "), std::string::npos) << ml.output;  // the closing line
+  EXPECT_EQ(loss_lines(ml.output).size(), 9u) << ml.output;
+  made = run(std::string(SHARDTRAIN_BIN) + " checkpoint export " + dir + "/run --hf " + dir + "/multilabel-tuned");
+  ASSERT_EQ(made.status, 0) << made.output;
+  const nlohmann::json ml_config = nlohmann::json::parse(test::read_text(dir + "/multilabel-tuned/config.json"));
+  EXPECT_EQ(ml_config.at("problem_type"), "multi_label_classification");
+  made = run(std::string(SHARDTRAIN_PYTHON) + " " + SHARDTRAIN_SOURCE_DIR + "/tests/reference/multilabel_check.py " +
+             dir + "/multilabel-tuned " + dir + "/multilabel/validation " + root_ + "/data/vocab.txt 32");
+  ASSERT_EQ(made.status, 0) << made.output;
+  const nlohmann::json ml_theirs = nlohmann::json::parse(made.output.substr(made.output.rfind("{")));
+  EXPECT_EQ(ml_theirs.at("samples"), 50);
+  for (const char* metric : {"eval_loss", "f1", "accuracy"}) {  // the last eval line's, printed to 4 digits
+    const std::regex value(std::string(" ") + metric + " ([-0-9.e+]+)");
+    double ours = NAN;
+    for (auto it = std::sregex_iterator(ml.output.begin(), ml.output.end(), value); it != std::sregex_iterator();
+         ++it) {
+      ours = std::stod((*it)[1]);
+    }
+    const double x = ml_theirs.at(metric).get<double>();
+    EXPECT_NEAR(ours, x, 1e-3 * std::max(1.0, std::abs(x))) << metric << "\n" << ml.output;
+  }
+  made = run(std::string(SHARDTRAIN_BIN) + " data show " + dir + "/multilabel/train/data-00000-of-00001.arrow");
+  EXPECT_NE(made.output.find("  labels  list<int64>  List(ClassLabel [circle, square, triangle, diamond, cross])"),
+            std::string::npos) << made.output;
+  const Outcome ml_jsonl = train(multi + " --data.multi_label=true --data.labels=[circle,square,triangle,diamond,"
+                                 "cross] --data.text=[" + dir + "/multilabel_train.jsonl] --data.eval=[" + dir +
+                                 "/multilabel_validation.jsonl]");
+  ASSERT_EQ(ml_jsonl.status, 0) << ml_jsonl.output;
+  EXPECT_EQ(loss_lines(ml_jsonl.output), loss_lines(ml.output)) << ml_jsonl.output;
+  const Outcome ml_tsv = train(multi + " --data.multi_label=true --data.labels=[a,b] --data.label_field=Quality "
+                               "'--data.text_fields=[\"#1 String\"]' --data.text=[" + dir + "/synth/pairs/train.tsv]");
+  EXPECT_NE(ml_tsv.status, 0);
+  EXPECT_NE(ml_tsv.output.find("a multi-label sample's set of classes is a .jsonl array"), std::string::npos)
+      << ml_tsv.output;
+
   // the Hub's layout: Parquet files of each split side by side, named by a pattern; `data show` names the columns
   made = run(std::string(SHARDTRAIN_BIN) + " data show " + dir + "/hub/data/train-00000-of-00001.parquet --rows 1");
   ASSERT_EQ(made.status, 0) << made.output;

@@ -168,7 +168,7 @@ TEST(Recipes, TaskHeadsMoveBetweenMaskedLmAndClassifier) {
   EXPECT_NE(error_of([&] { recipe_for_task(base, "classify", {}); }).find("data.labels names none"), std::string::npos);
   EXPECT_NE(error_of([&] { recipe_for_task(base, "clasify", {}); }).find("did you mean 'classify'"), std::string::npos);
 
-  const auto classifier = recipe_for_task(base, "classify", {{"negative", "positive"}, std::nullopt});
+  const auto classifier = recipe_for_task(base, "classify", {{"negative", "positive"}, false, std::nullopt});
   auto params = classifier->build(meta_build())->named_parameters();
   EXPECT_EQ(params["classifier.weight"].sizes(), at::IntArrayRef({2, 32}));
   EXPECT_TRUE(params.contains("pooler.weight"));
@@ -198,6 +198,20 @@ TEST(Recipes, TaskHeadsMoveBetweenMaskedLmAndClassifier) {
   report = load_weights(*mlm.module, dir + "/cls.safetensors", mlm.names);
   EXPECT_EQ(report.initialized.size(), 5u);
   EXPECT_EQ(report.unused, (std::vector<std::string>{"classifier.bias", "classifier.weight"}));
+
+  // multi-label: problem_type multi_label_classification in the config, and read back; the model's own classes
+  // keep the flag, a set of one class is refused
+  const auto multi = recipe_for_task(base, "classify", {{"a", "b", "c"}, true, std::nullopt});
+  EXPECT_TRUE(multi->task()->data_needs().multi_label);
+  const std::string multi_json = multi->hf_config_json();
+  EXPECT_NE(multi_json.find("\"problem_type\": \"multi_label_classification\""), std::string::npos) << multi_json;
+  io::write_file_atomic(dir + "/config.json", std::vector<char>(multi_json.begin(), multi_json.end()));
+  const auto multi_read = recipe_from_hf_config(dir);
+  EXPECT_EQ(multi_read->hf_config_json(), multi_json);
+  EXPECT_TRUE(recipe_for_task(multi_read, "classify", {})->task()->data_needs().multi_label);
+  EXPECT_FALSE(classifier->task()->data_needs().multi_label);
+  EXPECT_NE(error_of([&] { recipe_for_task(base, "classify", {{"only"}, true, std::nullopt}); })
+                .find("sets of classes need 2 classes or more"), std::string::npos);
 
   const std::string gaps = R"({"model_type": "bert", "architectures": ["BertForSequenceClassification"],
                                "id2label": {"0": "a", "2": "b"}})";

@@ -38,6 +38,8 @@ struct RawSample {
   std::string text_pair;         // a sentence pair's second text (TextFields names two)
   std::optional<int64_t> label;  // the .cls member, or the record's label field as a class id
   std::optional<double> score;   // the label as a number instead, when TextFields::scores (a regression target)
+  // The label as a set of class ids instead, when TextFields::multi_label (ascending, each once; may be empty).
+  std::optional<std::vector<int64_t>> label_set;
   // A tokenized dataset's row (an .arrow/.parquet column or a .jsonl field of token ids, Hugging Face datasets'
   // `input_ids` after dataset.map(tokenizer)): the ids as its tokenizer made them, special tokens included, padding
   // left out; the text is then empty and is not tokenized again.
@@ -63,6 +65,9 @@ struct TextFields {
   // The label is a number, not a class: a regression's target (GLUE STS-B's similarity 0-5), read into
   // RawSample::score from a JSON number, a decimal string or a table's float/int column; `classes` unused.
   bool scores = false;
+  // The label is a set of classes (go_emotions' labels: a .jsonl array of class names or ids, a table's list of
+  // ClassLabel ids), read into RawSample::label_set; `classes` names them. A .tsv/.csv or tar cannot hold one.
+  bool multi_label = false;
   // A table's image column (binary, or datasets' Image struct {bytes, path}); when the table has none of this
   // name, its one Image column.
   std::string image = "image";

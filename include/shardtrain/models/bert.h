@@ -29,6 +29,9 @@ struct BertConfig {
   // and excludes the MLM head. One name: a regression (num_labels 1, as transformers: one output, mean squared
   // error against float scores).
   std::vector<std::string> labels;
+  // Each sample has a set of the classes, each output a yes/no: binary cross-entropy on every output (transformers'
+  // problem_type multi_label_classification); labels (B, classes) float 0/1.
+  bool multi_label = false;
   double classifier_dropout = 0.1;  // before the classifier (transformers: classifier_dropout, else hidden_dropout)
 };
 
@@ -54,7 +57,7 @@ class BertImpl : public nn::Interceptable<BertImpl, std::vector<at::Tensor>(at::
   BertImpl(const BertConfig& config, const BuildOptions& build = {});
   // input_ids (B, T) int64; attention_mask (B, T) 1 = token, 0 = padding (undefined: all tokens); token_type_ids
   // (B, T) or undefined; labels int64 or undefined: (B, T) with -100 where no loss is taken for the MLM head, (B)
-  // class ids for the classifier, (B) float scores for a regression's. labelled_only (with MLM labels): the MLM
+  // class ids for the classifier, (B) float scores for a regression's, (B, classes) float 0/1 for a multi-label one. labelled_only (with MLM labels): the MLM
   // head runs at the K labelled positions only (row-major order), all the loss reads — the same loss and gradients
   // without the (B, T, vocab) logits, at a sixth of the head's work at 15% masking.
   BertOutputs run(const at::Tensor& input_ids, const at::Tensor& attention_mask = {},

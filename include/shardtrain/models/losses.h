@@ -13,7 +13,8 @@ at::Tensor masked_cross_entropy(const at::Tensor& logits, const at::Tensor& labe
 
 // A sequence or image classifier's loss as transformers' *ForSequenceClassification computes it: logits (B, N)
 // against labels (B): class ids, the mean cross-entropy (in float32); one output (N = 1) is a regression, float
-// scores, the mean squared error.
+// scores, the mean squared error; labels (B, N) of 0/1 are a multi-label one's sets of classes, the mean binary
+// cross-entropy over every output (BCEWithLogitsLoss).
 at::Tensor classifier_loss(const at::Tensor& logits, const at::Tensor& labels);
 
 // Mean next-token cross-entropy: logits (B, T, V) at position t predict labels (B, T) at t + 1.

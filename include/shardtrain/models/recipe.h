@@ -51,6 +51,7 @@ struct DataNeeds {
   int64_t max_text_length = 0, vocab_size = 0;                // tokens; 0: no text
   int64_t num_labels = 0;                                     // classifier outputs (.cls labels)
   std::vector<std::string> class_names;  // a classifier's classes by id, when records name them (BERT's classify)
+  bool multi_label = false;              // a sample's label is a set of the classes (a list in its record)
   bool uses_mlm = false, uses_mim = false;                    // masked tokens / masked patches in the batch
 
   // The kind of the task's largest batches: image-text when it reads pairs, else text, else images (what memory
@@ -113,6 +114,7 @@ class Task {
 // What a task's head is made for, from the run's config.
 struct TaskSetup {
   std::vector<std::string> labels;       // a classifier's classes, by id (data.labels)
+  bool multi_label = false;              // each sample has a set of them (data.multi_label)
   std::optional<int64_t> first_sentinel;  // the tokenizer's <extra_id_0> (T5's span corruption), when it has one
 };
 

@@ -24,6 +24,7 @@ struct VitConfig {
   double dropout = 0.0;
   int64_t num_labels = 1000;  // classifier over the CLS token; 0: none
   std::vector<std::string> labels;  // the classes' names by id (id2label); empty: transformers' LABEL_0, ...
+  bool multi_label = false;  // labels are sets of classes: (B, num_labels) float 0/1, binary cross-entropy each
   bool pooler = false;        // ViTModel's tanh pooler
   bool re_attention = false;  // DeepViT re-attention in every layer
 };
@@ -45,7 +46,8 @@ struct VitOutputs {
 class VitImpl : public nn::Interceptable<VitImpl, std::vector<at::Tensor>(at::Tensor, at::Tensor, bool)> {
  public:
   VitImpl(const VitConfig& config, const BuildOptions& build = {});
-  // pixels (B, channels, image_size, image_size); labels (B) int64 (one label: float scores) or undefined.
+  // pixels (B, channels, image_size, image_size); labels (B) int64 (one label: float scores; multi-label: (B,
+  // num_labels) float 0/1) or undefined.
   // cls_only: the last layer computes the CLS token only, all the pooler, the classifier and the loss read (the
   // other tokens' keys and values are still computed: the CLS token attends to them): the same outputs, a layer's
   // MLP and most of its attention less.
