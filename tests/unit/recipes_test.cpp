@@ -6,6 +6,7 @@
 #include <ATen/ATen.h>
 #include <unistd.h>
 
+#include <cmath>
 #include <functional>
 #include <nlohmann/json.hpp>
 #include <random>
@@ -19,6 +20,7 @@
 #include "shardtrain/models/bert.h"
 #include "shardtrain/models/flava.h"
 #include "shardtrain/models/llama.h"
+#include "shardtrain/models/synthetic_batch.h"
 #include "shardtrain/models/t5.h"
 #include "shardtrain/models/vit.h"
 #include "shardtrain/models/zoo.h"
@@ -591,6 +593,34 @@ TEST(ClassifierEvaluation, AccuracyAndF1AsCountedByHand) {
   EXPECT_NEAR(metrics.at("eval_loss"), loss / 25, 1e-5);
   EXPECT_NE(task->describe_progress(metrics, metrics).find("accuracy"), std::string::npos);
   io::remove_tree(dir);
+}
+
+// ViT's multi-label loss: the binary cross-entropy of every output against the sample's set of classes, recomputed
+// here by hand; the config says problem_type multi_label_classification; a batch of single class ids is refused.
+TEST(ClassifierEvaluation, VitMultiLabelLossIsTheBinaryCrossEntropyOfEveryOutput) {
+  const auto recipe = recipe_for_task(recipe_of("vit-debug"), "classify", {{}, true, std::nullopt});
+  const auto task = recipe->task("classify");
+  const DataNeeds needs = task->data_needs();
+  ASSERT_TRUE(needs.multi_label);
+  EXPECT_NE(recipe->hf_config_json().find("multi_label_classification"), std::string::npos);
+  ZooModel model = build_model(recipe);
+  model.module->eval();  // no dropout: the same logits twice
+  const data::Batch b = synthetic_batch(needs, 3, 0, 5);
+  ASSERT_EQ(b.labels.sizes(), at::IntArrayRef({3, needs.num_labels}));
+  const double loss = task->compute_losses(*model.module, b, 0).total.item<double>();
+  const at::Tensor logits = dynamic_cast<VitImpl&>(*model.module).run(b.pixels).logits.to(at::kDouble);
+  double want = 0;
+  for (int64_t i = 0; i < 3; ++i) {
+    for (int64_t k = 0; k < needs.num_labels; ++k) {
+      const double p = 1 / (1 + std::exp(-logits[i][k].item<double>())), y = b.labels[i][k].item<double>();
+      want -= y * std::log(p) + (1 - y) * std::log(1 - p);
+    }
+  }
+  EXPECT_NEAR(loss, want / static_cast<double>(3 * needs.num_labels), 1e-5);
+  data::Batch ids = b;
+  ids.labels = at::randint(0, needs.num_labels, {3}, at::kLong);
+  EXPECT_NE(error_of([&] { task->compute_losses(*model.module, ids, 0); }).find("needs each sample's set of them"),
+            std::string::npos);
 }
 
 }  // namespace
