@@ -177,7 +177,8 @@ bool PackedTexts::read_cache(const std::string& path, const std::string& key) {
     auto file = std::make_shared<const io::ReadOnlyFile>(path);
     Trailer t{};
     const auto size = static_cast<uint64_t>(file->size());
-    if (size >= sizeof t) file->read(file->size() - static_cast<int64_t>(sizeof t), sizeof t, reinterpret_cast<char*>(&t));
+    const auto trailer_at = file->size() - static_cast<int64_t>(sizeof t);
+    if (size >= sizeof t) file->read(trailer_at, sizeof t, reinterpret_cast<char*>(&t));
     const uint64_t limit = uint64_t{1} << 60;  // no sum below overflows
     if (size < sizeof t || std::memcmp(t.magic, kMagic, sizeof kMagic) != 0 || t.tokens >= limit ||
         t.key_bytes >= limit || t.errors_bytes >= limit ||

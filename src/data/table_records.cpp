@@ -200,9 +200,9 @@ LabelColumn label_column(const std::string& path, const std::string& column) {
   const ColumnTable& t = *file.table;
   const int c = t.column(column);
   if (c >= 0 && t.columns()[static_cast<size_t>(c)].kind == ColumnKind::FLOAT) return {{column}, false};
-  const bool lists = c >= 0 && t.columns()[static_cast<size_t>(c)].kind == ColumnKind::LIST &&
-                     t.columns()[static_cast<size_t>(c)].items >= 0 &&
-                     t.columns()[static_cast<size_t>(t.columns()[static_cast<size_t>(c)].items)].kind == ColumnKind::INT;
+  const TableColumn* col = c >= 0 ? &t.columns()[static_cast<size_t>(c)] : nullptr;
+  const bool lists = col && col->kind == ColumnKind::LIST && col->items >= 0 &&
+                     t.columns()[static_cast<size_t>(col->items)].kind == ColumnKind::INT;
   return {class_names(features_of(t), column), lists};
 }
 

@@ -409,7 +409,7 @@ struct Loop {
   void evaluate() {
     job.doing("evaluation at step " + std::to_string(at.step));
     models::EvalInputs in;
-    in.loader = data.eval_loader.get(), in.source_size = data.eval_source->size();
+    in.loader = data.eval_loader.get(), in.source_size = data.eval_size();
     in.max_samples = c.train.eval_samples, in.batch_size = c.train.batch_size, in.world = &job.pg.world();
     in.device = job.device, in.floats = parts.model.dtype();
     const auto values = job.task->evaluate(*parts.model.module(), in);

@@ -118,19 +118,18 @@ int64_t usable_cpus() {
   return std::max(1, CPU_COUNT(&set));
 }
 
-// data.packing: the text source's documents counted once (a progress line while it takes), for blocks of the
+// data.packing: a text source's documents counted once (a progress line while it takes), for blocks of the
 // loader's text length. With a cache one process counts while the node's others wait, so it takes every CPU.
-std::shared_ptr<const data::PackedTexts> pack_texts(const Config& c, const TrainingData& d, const log::Logger& logger) {
-  const auto& text = d.sources[static_cast<size_t>(data::SampleKind::TEXT)];
-  if (!text) throw std::invalid_argument("data.packing: true packs data.text, and the config gives none");
+std::shared_ptr<const data::PackedTexts> pack_texts(const Config& c, std::shared_ptr<const data::SampleSource> text,
+                                                    const data::LoaderOptions& options, const log::Logger& logger) {
   data::PackedTexts::Options o;
-  o.length = d.options.text_length;
+  o.length = options.text_length;
   o.cache_dir = cache_directory(c);
   o.threads = o.cache_dir.empty() ? std::max<int64_t>(1, c.data.workers) : usable_cpus();
   o.progress = [&](int64_t done, int64_t total) {
     logger.status("packing texts: " + std::to_string(done) + " of " + std::to_string(total) + " documents counted");
   };
-  auto packed = std::make_shared<const data::PackedTexts>(text, d.options.tokenizer, o);
+  auto packed = std::make_shared<const data::PackedTexts>(std::move(text), options.tokenizer, o);
   logger.status("");
   return packed;
 }
@@ -178,13 +177,21 @@ TrainingData open_training_data(const Config& c, const models::Task& task,
                                 task.name());
   }
   d.options = loader_options(c, flavor, needs, std::move(tokenizer), rank, world_size);
-  if (c.data.packing) d.options.packed = pack_texts(c, d, logger);
+  if (c.data.packing) {
+    const auto& text = d.sources[static_cast<size_t>(data::SampleKind::TEXT)];
+    if (!text) throw std::invalid_argument("data.packing: true packs data.text, and the config gives none");
+    d.options.packed = pack_texts(c, text, d.options, logger);
+  }
   if (task.has_evaluation() && !c.data.eval.empty()) {
     const data::SampleKind kind = task.eval_kind();
     d.eval_source = std::make_shared<data::SampleSource>(c.data.eval, kind, text_fields(c, needs));
     data::LoaderOptions eo = d.options;
     eo.workers = 0, eo.micro_batches = 1, eo.itm_negative_probability = 0;  // masks as in training
-    eo.packed = nullptr;  // held-out texts scored one per row, whatever the training packs
+    // held-out texts packed as the training's (run_clm groups its validation split the same), else one per row
+    if (c.data.packing && kind == data::SampleKind::TEXT) {
+      d.eval_packed = pack_texts(c, d.eval_source, d.options, logger);
+    }
+    eo.packed = d.eval_packed;
     std::array<std::shared_ptr<const data::SampleSource>, 3> eval_sources;
     eval_sources[static_cast<size_t>(kind)] = d.eval_source;
     d.eval_loader = std::make_unique<data::Loader>(eval_sources, eo);
@@ -195,6 +202,8 @@ TrainingData open_training_data(const Config& c, const models::Task& task,
 void start_loading(TrainingData& d, const data::LoaderState& start) {
   d.loader = std::make_unique<data::Loader>(d.sources, d.options, start);
 }
+
+int64_t TrainingData::eval_size() const { return eval_packed ? eval_packed->blocks() : eval_source->size(); }
 
 void describe_data(const TrainingData& d, const log::Logger& logger) {
   if (d.options.tokenizer) logger.info("  tokenizer: " + d.options.tokenizer->describe());
@@ -227,6 +236,10 @@ void describe_data(const TrainingData& d, const log::Logger& logger) {
                      std::to_string(d.options.batch_size) + " = " + std::to_string(global) +
                      "): every batch of it repeats samples");
     }
+  }
+  if (d.eval_packed) {
+    logger.info("  held-out text " + d.eval_packed->describe());
+    for (const auto& e : d.eval_packed->first_errors()) logger.info("  data problem: " + e);
   }
 }
 

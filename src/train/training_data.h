@@ -20,7 +20,9 @@ struct TrainingData {
   data::LoaderOptions options;                                       // the training loader's
   std::unique_ptr<data::Loader> loader;                              // from start_loading()
   std::shared_ptr<const data::SampleSource> eval_source;             // null: no evaluation
+  std::shared_ptr<const data::PackedTexts> eval_packed;              // its blocks, with data.packing
   std::unique_ptr<data::Loader> eval_loader;
+  int64_t eval_size() const;  // the held-out samples: eval_source's, or its packed blocks
   std::vector<std::string> notes;  // start-up lines about where settings came from (describe_data prints them)
 };
 

@@ -295,8 +295,8 @@ TEST_F(DataTest, ScoresAreFloatLabels) {
 
 // data.packing: every text encoded whole ([CLS] .. [SEP] here), end to end in file order, in blocks of
 // text_length: a text longer than a block spans blocks (nothing truncated), a damaged line is left out and counted,
-// the blocks are the same at any number of threads and when read by encoding again. The loader's rows are the blocks, every block once an epoch
-// across ranks, and resumed batches are the same batches.
+// the blocks are the same at any number of threads and when read by encoding again. The loader's rows are the
+// blocks, every block once an epoch across ranks, and resumed batches are the same batches.
 TEST_F(DataTest, PackedTextsAreTheWholeTextsInBlocks) {
   std::string lines;
   for (int i = 0; i < 9; ++i) {
@@ -391,7 +391,9 @@ TEST_F(DataTest, PackedTextsAreTheWholeTextsInBlocks) {
 // name; a directory that cannot be made leaves the stream in memory, said in the start-up line.
 TEST_F(DataTest, PackedTextsAreCachedForLaterStarts) {
   std::string lines;
-  for (int i = 0; i < 40; ++i) lines += std::string(i % 3 ? "green red" : "Blue square circle") + (i % 7 ? "" : " red") + "\n";
+  for (int i = 0; i < 40; ++i) {
+    lines += std::string(i % 3 ? "green red" : "Blue square circle") + (i % 7 ? "" : " red") + "\n";
+  }
   write_text(dir_ + "/t.txt", lines);
   const auto tokenizer = shapes_tokenizer();
   auto source = std::make_shared<const SampleSource>(std::vector<std::string>{dir_ + "/t.txt"}, SampleKind::TEXT);

@@ -756,16 +756,21 @@ TEST_F(TrainTest, Seq2SeqAndCausalLmEvaluateHeldOutText) {
   EXPECT_LT(perplexity.second, 0.5 * perplexity.first) << llama.output;
   // data.packing: the texts whole, end to end in full rows (run_clm's grouping); it learns as well, and only
   // causal_lm packs. Texts longer than a row are not truncated: they go on in the next. The stream counted by the
-  // first run is in data.cache_dir, read by the next (another row length); "none" counts without it.
+  // first run is in data.cache_dir, read by the next (another row length); "none" counts without it. The held-out
+  // texts pack into 10 blocks of 48: 4 a rank (2 ranks x 4 = 8 of them evaluated).
   const std::string cache = " --data.cache_dir=" + dir + "/cache";
   const Outcome packed = train("--model.flavor=llama-debug --data.text_fields=[input] --data.packing=true" + data +
-                               cache + " --train.steps=30 --train.eval_interval=15 --optim.lr=3e-3" +
-                               " --optim.warmup_steps=4");
+                               cache + " --train.batch_size=4 --train.steps=30 --train.eval_interval=15" +
+                               " --optim.lr=3e-3 --optim.warmup_steps=4");
   ASSERT_EQ(packed.status, 0) << packed.output;
   const auto packed_perplexity = progress_of(packed.output, "perplexity");
   EXPECT_LT(packed_perplexity.second, 0.5 * packed_perplexity.first) << packed.output;
   EXPECT_NE(packed.output.find("packed: "), std::string::npos) << packed.output;
   EXPECT_NE(packed.output.find("cached in " + dir + "/cache/packed-"), std::string::npos) << packed.output;
+  // the held-out texts packed the same way (run_clm groups its validation split too): whole, in full rows
+  EXPECT_NE(packed.output.find("held-out text packed: 451 tokens of 32 documents in 10 blocks of 48"),
+            std::string::npos) << packed.output;
+  EXPECT_NE(packed.output.find("eval_samples 8"), std::string::npos) << packed.output;
   const Outcome packed_short = train("--model.flavor=llama-debug --data.text_fields=[input] --data.packing=true" +
                                      data + cache + " --data.max_text_length=6 --train.steps=1" +
                                      " --train.eval_interval=0");
@@ -774,7 +779,7 @@ TEST_F(TrainTest, Seq2SeqAndCausalLmEvaluateHeldOutText) {
   EXPECT_NE(packed_short.output.find("counted by an earlier start"), std::string::npos) << packed_short.output;
   EXPECT_EQ(packed_short.output.find("truncated"), std::string::npos) << packed_short.output;
   const Outcome uncached = train("--model.flavor=llama-debug --data.text_fields=[input] --data.packing=true" + data +
-                                 " --data.cache_dir=none --train.steps=1 --train.eval_interval=0");
+                                 " --data.cache_dir=none --train.batch_size=4 --train.steps=1 --train.eval_interval=0");
   ASSERT_EQ(uncached.status, 0) << uncached.output;
   EXPECT_NE(uncached.output.find(", in memory ("), std::string::npos) << uncached.output;
   const Outcome not_lm = train("--model.flavor=t5-debug --model.task=seq2seq --data.text_fields=[input,target]"
