@@ -260,6 +260,7 @@ std::vector<Field> fields_of(Config& c) {
       field("data.max_text_length", c.data.max_text_length),
       field("data.truncation", c.data.truncation),
       field("data.packing", c.data.packing),
+      field("data.packing_eos", c.data.packing_eos),
       field("data.cache_dir", c.data.cache_dir),
       field("data.image_size", c.data.image_size),
       field("data.mlm_probability", c.data.mlm_probability),

@@ -53,7 +53,7 @@ struct HfTokenizer::Impl {
   std::unordered_map<int64_t, const AddedToken*> added_by_id;
   Template post;
   int64_t pad = 0;
-  std::optional<int64_t> mask;
+  std::optional<int64_t> mask, eos;
   std::vector<int64_t> specials;  // the special added tokens and the pad id, ascending
   std::string model_type;
   uint64_t fingerprint = 0;  // of the tokenizer.json's text and the options beside it
@@ -285,6 +285,11 @@ struct HfTokenizer::Impl {
       } else {
         m.mask = m.first_present({"[MASK]", "<mask>"});
       }
+      if (auto name = m.configured_token(config, "eos_token"); name && m.find(*name)) {
+        m.eos = m.find(*name);
+      } else {
+        m.eos = m.first_present({"</s>", "<|endoftext|>", "<|end_of_text|>"});
+      }
       std::set<int64_t> specials{m.pad};
       for (const auto& a : m.added) {
         if (a.special) specials.insert(a.id);
@@ -295,7 +300,7 @@ struct HfTokenizer::Impl {
     }
   }
 
-  // transformers' tokenizer_config.json names the pad and mask tokens ("pad_token": "<pad>" or {"content": ...}).
+  // transformers' tokenizer_config.json names the special tokens ("pad_token": "<pad>" or {"content": ...}).
   std::optional<std::string> configured_token(const Json& config, const char* key) const {
     const auto it = config.find(key);
     if (it == config.end() || it->is_null()) return std::nullopt;
@@ -391,6 +396,7 @@ int64_t HfTokenizer::vocab_size() const {
 std::optional<int64_t> HfTokenizer::find(const std::string& token) const { return impl_->find(token); }
 int64_t HfTokenizer::pad_id() const { return impl_->pad; }
 std::optional<int64_t> HfTokenizer::mask_id() const { return impl_->mask; }
+std::optional<int64_t> HfTokenizer::eos_id() const { return impl_->eos; }
 
 std::vector<int64_t> HfTokenizer::special_ids() const { return impl_->specials; }
 

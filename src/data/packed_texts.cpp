@@ -36,9 +36,10 @@ static_assert(sizeof(Trailer) == 48, "the trailer is 48 bytes, no padding");
 
 // What a stream depends on, the cache file's name hashed from it: the tokenizer, the fields read and every file
 // of the source by path, size and modification time. Not the block length: blocks are cut when read.
-std::string cache_key(const SampleSource& source, const Tokenizer& tokenizer) {
+std::string cache_key(const SampleSource& source, const Tokenizer& tokenizer, std::optional<int64_t> eos) {
   std::string key = "shardtrain packed texts 1\ntokenizer " + io::to_hex(tokenizer.fingerprint()) + " " +
-                    std::to_string(tokenizer.vocab_size()) + "\nfields";
+                    std::to_string(tokenizer.vocab_size()) + "\neos " + (eos ? std::to_string(*eos) : "none") +
+                    "\nfields";
   for (const std::string& field : source.fields().text) key += " " + field;
   key += "\n";
   for (const std::string& file : source.files()) key += "file " + io::file_identity(file) + "\n";
@@ -69,6 +70,13 @@ PackedTexts::PackedTexts(std::shared_ptr<const SampleSource> source, std::shared
   if (!source_ || !tokenizer_) throw std::invalid_argument("PackedTexts: a text source and a tokenizer are needed");
   if (length_ < 1) {
     throw std::invalid_argument("PackedTexts: blocks of " + std::to_string(length_) + " tokens; expected 1 or more");
+  }
+  if (options.append_eos) {
+    eos_ = tokenizer_->eos_id();
+    if (!eos_) {
+      throw std::invalid_argument("data.packing_eos: the tokenizer (" + tokenizer_->describe() + ") has no end-of-"
+                                  "text token (eos_token in tokenizer_config.json, </s>, <|endoftext|>)");
+    }
   }
   if (options.cache_dir.empty()) {
     count_into_memory(options, nullptr);
@@ -206,7 +214,7 @@ void PackedTexts::use_cache(const Options& options) {
   std::unique_ptr<io::FileLock> lock;
   std::string key, path;
   try {
-    key = cache_key(*source_, *tokenizer_);
+    key = cache_key(*source_, *tokenizer_, eos_);
     path = options.cache_dir + "/packed-" + io::to_hex(io::checksum_bytes(key)) + ".tokens";
     if (read_cache(path, key)) return;
     io::make_directories(options.cache_dir);
@@ -280,6 +288,7 @@ PackedTexts::Document PackedTexts::document(int64_t d) const {
     doc.ids = (source_->pairs() ? t.encode_pair(raw.text, raw.text_pair, kWholeText) : t.encode(raw.text, kWholeText))
                   .ids;
   }
+  if (eos_ && (doc.ids.empty() || doc.ids.back() != *eos_)) doc.ids.push_back(*eos_);
   return doc;
 }
 
@@ -343,6 +352,7 @@ std::string PackedTexts::describe() const {
       break;
   }
   if (!cache_problem_.empty()) s += ", not cached (" + cache_problem_ + ")";
+  if (eos_) s += ", an end of text after each document (id " + std::to_string(*eos_) + ")";
   if (skipped_ > 0) s += ", " + std::to_string(skipped_) + " unreadable documents left out";
   return s;
 }

@@ -124,6 +124,9 @@ std::optional<int64_t> SentencePieceTokenizer::find(const std::string& token) co
 }
 
 int64_t SentencePieceTokenizer::pad_id() const { return impl_->pad; }
+std::optional<int64_t> SentencePieceTokenizer::eos_id() const {
+  return impl_->sp.eos_id() >= 0 ? std::optional<int64_t>(impl_->sp.eos_id()) : std::nullopt;
+}
 
 std::vector<int64_t> SentencePieceTokenizer::special_ids() const { return impl_->specials; }
 

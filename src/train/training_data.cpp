@@ -123,7 +123,7 @@ int64_t usable_cpus() {
 std::shared_ptr<const data::PackedTexts> pack_texts(const Config& c, std::shared_ptr<const data::SampleSource> text,
                                                     const data::LoaderOptions& options, const log::Logger& logger) {
   data::PackedTexts::Options o;
-  o.length = options.text_length;
+  o.length = options.text_length, o.append_eos = c.data.packing_eos;
   o.cache_dir = cache_directory(c);
   o.threads = o.cache_dir.empty() ? std::max<int64_t>(1, c.data.workers) : usable_cpus();
   o.progress = [&](int64_t done, int64_t total) {

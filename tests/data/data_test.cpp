@@ -343,6 +343,9 @@ TEST_F(DataTest, PackedTextsAreTheWholeTextsInBlocks) {
     EXPECT_EQ(threaded.block(i), packed->block(i)) << i;
     EXPECT_EQ(encoded_again.block(i), packed->block(i)) << i;
   }
+  po.append_eos = true;  // BERT's WordPiece ends texts in [SEP] and has no end of text to put between them
+  expect_error<std::invalid_argument>([&] { PackedTexts(source, tokenizer, po); },
+                                      {"data.packing_eos", "has no end-of-text token"});
   expect_error<std::out_of_range>([&] { packed->block(packed->blocks()); }, {"block " + std::to_string(
                                                                                   packed->blocks())});
 

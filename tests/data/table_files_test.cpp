@@ -228,6 +228,18 @@ TEST(DatasetFiles, PackedBlocksAreRunClmsGroupedTexts) {
         }
         EXPECT_EQ(all, stream);
       }
+      // data.packing_eos: the end of text after every document, as tokenizer(text) + [eos_token_id]
+      PackedTexts::Options po;
+      po.length = block_size, po.append_eos = true;
+      const PackedTexts with_eos(source, tokenizer, po);
+      std::vector<int64_t> all;
+      for (int64_t i = 0; i < with_eos.blocks(); ++i) {
+        const std::vector<int64_t> block = with_eos.block(i);
+        all.insert(all.end(), block.begin(), block.end());
+      }
+      EXPECT_EQ(all, want.at(name).at("stream_eos").get<std::vector<int64_t>>());
+      EXPECT_NE(with_eos.describe().find("an end of text after each document"), std::string::npos)
+          << with_eos.describe();
     }
   }
 }

@@ -280,7 +280,9 @@ def group_texts_cases(root):
     """Causal LM's packed stream as transformers' run_clm makes it: tokenize_function (tokenizer(examples["text"]))
     then group_texts (each map batch's ids end to end, cut into blocks of block_size, the remainder dropped), over
     documents of 1 to 40 words, by a GPT-2-like byte-level BPE (no special tokens) and a Llama-like one (<s> before
-    each document). Writes clm/expected.json: per tokenizer the blocks and the whole stream."""
+    each document). Writes clm/expected.json: per tokenizer the blocks and the whole stream, and the stream with the
+    end of text appended to each document (tokenizer(text)["input_ids"] + [eos_token_id], torchtitan's separation:
+    data.packing_eos)."""
     from itertools import chain
 
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
@@ -313,12 +315,13 @@ def group_texts_cases(root):
                               else processors.ByteLevel(trim_offsets=False))
         path = os.path.join(d, name + ".json")
         tok.save(path)
-        fast = PreTrainedTokenizerFast(tokenizer_file=path)
+        fast = PreTrainedTokenizerFast(tokenizer_file=path, eos_token="<|endoftext|>")
         tokenized = Dataset.from_dict({"text": docs}).map(lambda b: fast(b["text"]), batched=True,
                                                            remove_columns=["text"])
         grouped = tokenized.map(group_texts, batched=True)
         want[name] = {"tokenizer": path, "blocks": list(grouped["input_ids"]),
-                      "stream": list(chain(*tokenized["input_ids"]))}
+                      "stream": list(chain(*tokenized["input_ids"])),
+                      "stream_eos": list(chain(*(ids + [fast.eos_token_id] for ids in tokenized["input_ids"])))}
     with open(os.path.join(d, "expected.json"), "w") as f:
         json.dump(want, f)
 

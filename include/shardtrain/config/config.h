@@ -111,6 +111,9 @@ struct DataConfig {
   // causal_lm: every text whole, end to end, cut into rows of max_text_length, the rows shuffled (transformers'
   // run_clm grouping; data::PackedTexts) instead of one padded row per text, cut to max_text_length.
   bool packing = false;
+  // packing: the tokenizer's end of text (eos_token) after every document, so that a row says where one ends
+  // (torchtitan's and Megatron's streams; run_clm's GPT-2 stream has none).
+  bool packing_eos = false;
   // Where packing keeps the counted token stream for every later start over the same texts and tokenizer (a
   // restart, another run; the node's ranks count it once): "" the default, $SHARDTRAIN_CACHE or else
   // $XDG_CACHE_HOME/shardtrain or ~/.cache/shardtrain (as Hugging Face datasets' cache); "none": counted at every

@@ -42,6 +42,8 @@ class HfTokenizer final : public Tokenizer {
   std::optional<int64_t> find(const std::string& token) const override;
   int64_t pad_id() const override;
   std::optional<int64_t> mask_id() const override;
+  // tokenizer_config.json's eos_token, else the first of </s>, <|endoftext|>, <|end_of_text|> it has.
+  std::optional<int64_t> eos_id() const override;
   std::vector<int64_t> special_ids() const override;
   std::string describe() const override;
   uint64_t fingerprint() const override;

@@ -1,6 +1,6 @@
 // Causal language modelling's packed token stream, as transformers' run_clm groups texts: every document of a text
-// source encoded whole (its tokenizer's special tokens included: Llama's <s>, none for GPT-2's byte-level BPE), end
-// to end in the source's order, cut into blocks of `length` tokens. A block is one training row: a long document
+// source encoded whole (its tokenizer's special tokens included: Llama's <s>, none for GPT-2's byte-level BPE; with
+// append_eos its end of text after each), end to end in the source's order, cut into blocks of `length` tokens. A block is one training row: a long document
 // spans several blocks, short ones share a block (each attends to those before it in the row, as in run_clm).
 // Nothing is cut away: the last block holds the remainder, padded by the loader (run_clm drops it, and the
 // remainder of every 1000 texts it groups at once).
@@ -24,6 +24,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -44,6 +45,10 @@ class PackedTexts {
     int64_t threads = 1;    // counting threads
     int64_t keep_bytes = int64_t{1} << 30;  // the most the stream's ids may take in memory (4 bytes a token)
     std::string cache_dir;  // where the stream is kept for later starts (created when missing); "": nowhere
+    // The tokenizer's end of text after every document that does not end in it already (torchtitan's and
+    // Megatron's separation of documents; run_clm's GPT-2 adds none). Throws std::invalid_argument when the
+    // tokenizer has none.
+    bool append_eos = false;
     // Called from the constructor's thread about once a second while counting, or while waiting for another
     // process counting into the cache: documents counted, of all.
     std::function<void(int64_t done, int64_t total)> progress;
@@ -92,6 +97,7 @@ class PackedTexts {
 
   std::shared_ptr<const SampleSource> source_;
   std::shared_ptr<const Tokenizer> tokenizer_;
+  std::optional<int64_t> eos_;  // appended to every document (Options::append_eos)
   int64_t length_;
   int64_t keep_bytes_;
   int64_t documents_ = 0, tokens_ = 0, skipped_ = 0;

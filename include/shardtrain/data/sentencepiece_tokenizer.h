@@ -29,6 +29,7 @@ class SentencePieceTokenizer final : public Tokenizer {
   std::optional<int64_t> find(const std::string& token) const override;
   int64_t pad_id() const override;
   std::optional<int64_t> mask_id() const override { return std::nullopt; }
+  std::optional<int64_t> eos_id() const override;  // the model's </s>
   std::vector<int64_t> special_ids() const override;
   std::string describe() const override;
   uint64_t fingerprint() const override;

@@ -60,6 +60,9 @@ class Tokenizer {
   virtual std::optional<int64_t> find(const std::string& token) const = 0;  // nullopt when absent
   virtual int64_t pad_id() const = 0;                 // what padding holds (a real token id; masked out anyway)
   virtual std::optional<int64_t> mask_id() const = 0;  // masked language modelling's [MASK], when there is one
+  // The end of a text (transformers' eos_token: </s>, GPT-2's <|endoftext|>, Llama 3's <|end_of_text|>), when the
+  // tokenizer has one; what packing puts between documents (data.packing_eos).
+  virtual std::optional<int64_t> eos_id() const = 0;
   virtual std::vector<int64_t> special_ids() const = 0;  // never masked or replaced by MLM
   virtual std::string describe() const = 0;  // kind, file and size, for the start-up log
   // XXH3-64 of everything that decides the ids (the tokenizer file's bytes, the options read beside it, the
@@ -110,6 +113,7 @@ class WordPieceTokenizer final : public Tokenizer {
   std::optional<int64_t> find(const std::string& token) const override;
   int64_t pad_id() const override { return pad_; }
   std::optional<int64_t> mask_id() const override { return mask_; }
+  std::optional<int64_t> eos_id() const override { return std::nullopt; }  // BERT's texts end in [SEP], no end
   std::vector<int64_t> special_ids() const override { return {pad_, unk_, cls_, sep_, mask_}; }
   std::string describe() const override;
   uint64_t fingerprint() const override;
