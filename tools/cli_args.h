@@ -77,4 +77,27 @@ inline Args parse_args(const std::vector<std::string>& argv, const std::vector<s
   return args;
 }
 
+// A trainer config's overrides among argv[from, end): `--section.key=value` or `--section.key value`; the flags a
+// command takes besides (`flags`, e.g. --dry-run) go into `given`. Throws std::invalid_argument naming an argument
+// that is neither.
+inline std::vector<std::string> config_overrides(const std::vector<std::string>& argv, size_t from,
+                                                 const std::set<std::string>& flags = {},
+                                                 std::set<std::string>* given = nullptr) {
+  std::vector<std::string> overrides;
+  for (size_t i = from; i < argv.size(); ++i) {
+    const std::string& a = argv[i];
+    if (flags.count(a)) {
+      if (given) given->insert(a);
+    } else if (a.rfind("--", 0) == 0 && a.find('=') != std::string::npos) {
+      overrides.push_back(a);
+    } else if (a.rfind("--", 0) == 0 && i + 1 < argv.size()) {  // --key value
+      overrides.push_back(a + "=" + argv[i + 1]);
+      ++i;
+    } else {
+      throw std::invalid_argument("unexpected argument '" + a + "' (expected --section.key=value)");
+    }
+  }
+  return overrides;
+}
+
 }  // namespace shardtrain::cli

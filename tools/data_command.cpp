@@ -1,4 +1,4 @@
-// `shardtrain data synth`, `shardtrain data vocab` and `shardtrain data show`.
+// `shardtrain data synth`, `shardtrain data vocab` and `shardtrain data show` (`data pack`: data_pack.cpp).
 #include <algorithm>
 #include <cstdio>
 #include <iostream>
@@ -20,6 +20,7 @@ const char* kDataUsage =
     "                             [--image-size PIXELS] [--shard-size N] [--vocab-size N] [--seed S]\n"
     "       shardtrain data vocab --out vocab.txt [--size N] [--min-frequency K] [--cased] [--field F] FILE|DIR...\n"
     "       shardtrain data show FILE.parquet|FILE.arrow [--rows N]\n"
+    "       shardtrain data pack CONFIG.yaml [--section.key=value ...]\n"
     "synth: renders scenes of coloured shapes with captions that describe them and writes WebDataset shards\n"
     "       (image_text/, text/, image/, held-out eval/) and a WordPiece vocab.txt built from the captions;\n"
     "       --pairs: N sentence pairs in GLUE MRPC's TSV layout (pairs/train.tsv, N/4 in pairs/eval.tsv),\n"
@@ -29,7 +30,9 @@ const char* kDataUsage =
     "vocab: learns a WordPiece vocabulary (BERT's vocab.txt format) from text: .txt lines, .jsonl fields,\n"
     "       .tsv/.csv, .parquet or .arrow columns (--field, default \"text\"), or the .txt members of tars.\n"
     "show: a table file's columns (type, and datasets' feature: a ClassLabel's names) and its first N rows\n"
-    "      (default 3): the names data.text_fields, data.label_field and data.image_field take.\n";
+    "      (default 3): the names data.text_fields, data.label_field and data.image_field take.\n"
+    "pack: counts a causal LM config's data.text and data.eval into data.cache_dir as packed token streams (what\n"
+    "      data.packing reads), on every CPU, so that the training job starts by reading them.\n";
 
 int synth(const std::vector<std::string>& argv) {
   const Args a = parse_args(argv, {"out", "image-text", "text", "image", "eval", "image-size", "shard-size",
@@ -170,6 +173,7 @@ int run_data_command(const std::vector<std::string>& args) {
   if (args[0] == "synth") return synth(rest);
   if (args[0] == "vocab") return vocab(rest);
   if (args[0] == "show") return show(rest);
+  if (args[0] == "pack") return run_data_pack(rest);
   std::cerr << "shardtrain data: unknown sub-command '" << args[0] << "'\n" << kDataUsage;
   return 2;
 }

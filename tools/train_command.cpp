@@ -7,7 +7,9 @@
 #include <chrono>
 #include <climits>
 #include <iostream>
+#include <set>
 
+#include "cli_args.h"
 #include "commands.h"
 #include "progress_relay.h"
 #include "shardtrain/config/config.h"
@@ -45,22 +47,10 @@ int run_train_command(const std::vector<std::string>& args) {
     return args.empty() ? 2 : 0;
   }
   const std::string path = args[0];
-  std::vector<std::string> overrides;
-  bool dry_run = false;
-  for (size_t i = 1; i < args.size(); ++i) {
-    if (args[i] == "--dry-run") {
-      dry_run = true;
-    } else if (args[i] == "--resume") {
-      overrides.push_back("--checkpoint.resume=true");
-    } else if (args[i].rfind("--", 0) == 0 && args[i].find('=') != std::string::npos) {
-      overrides.push_back(args[i]);
-    } else if (args[i].rfind("--", 0) == 0 && i + 1 < args.size()) {  // --key value
-      overrides.push_back(args[i] + "=" + args[i + 1]);
-      ++i;
-    } else {
-      throw std::invalid_argument("unexpected argument '" + args[i] + "' (expected --section.key=value)");
-    }
-  }
+  std::set<std::string> flags;
+  std::vector<std::string> overrides = config_overrides(args, 1, {"--dry-run", "--resume"}, &flags);
+  if (flags.count("--resume")) overrides.push_back("--checkpoint.resume=true");
+  const bool dry_run = flags.count("--dry-run") > 0;
   const config::Config config = config::load_config(path, overrides);
   if (dry_run) {
     std::cout << train::plan_run(config).text;

@@ -782,6 +782,22 @@ TEST_F(TrainTest, Seq2SeqAndCausalLmEvaluateHeldOutText) {
                                  " --data.cache_dir=none --train.batch_size=4 --train.steps=1 --train.eval_interval=0");
   ASSERT_EQ(uncached.status, 0) << uncached.output;
   EXPECT_NE(uncached.output.find(", in memory ("), std::string::npos) << uncached.output;
+  // `data pack` counts the streams into the cache before the job (on a CPU machine); the job then reads both
+  const std::string packing = " --model.flavor=llama-debug --data.text_fields=[input]" + data +
+                              " --data.cache_dir=" + dir + "/prepared";
+  Outcome prepared = run(std::string(SHARDTRAIN_BIN) + " data pack " + root_ + "/config.yaml" + packing);
+  ASSERT_EQ(prepared.status, 0) << prepared.output;
+  EXPECT_NE(prepared.output.find("packed: 7078 tokens of 480 documents"), std::string::npos) << prepared.output;
+  EXPECT_NE(prepared.output.find("held-out text packed: 451 tokens"), std::string::npos) << prepared.output;
+  const Outcome reads = train(packing.substr(1) + " --data.packing=true --train.batch_size=4 --train.steps=1" +
+                              " --train.eval_interval=0");
+  ASSERT_EQ(reads.status, 0) << reads.output;
+  EXPECT_EQ(reads.output.find("counted now"), std::string::npos) << reads.output;
+  EXPECT_NE(reads.output.find("counted by an earlier start"), std::string::npos) << reads.output;
+  prepared = run(std::string(SHARDTRAIN_BIN) + " data pack " + root_ + "/config.yaml" + packing +
+                 " --data.cache_dir=none");
+  EXPECT_NE(prepared.status, 0);
+  EXPECT_NE(prepared.output.find("data.cache_dir: none keeps no stream"), std::string::npos) << prepared.output;
   const Outcome not_lm = train("--model.flavor=t5-debug --model.task=seq2seq --data.text_fields=[input,target]"
                                " --data.packing=true" + data + " --train.steps=1");
   EXPECT_NE(not_lm.status, 0);
