@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <map>
 #include <regex>
+#include <sstream>
 #include <stdexcept>
 
 #include "data/records.h"
@@ -142,20 +143,12 @@ bool json_tokens(RawSample& s, const nlohmann::json& j, const TextFields& fields
   return true;
 }
 
-// A .jsonl record's set of classes: its label field, an array of class names or ids; ascending, each once.
-std::vector<int64_t> json_label_set(const nlohmann::json& j, const TextFields& fields, const std::string& key) {
-  const auto it = j.find(fields.label);
-  if (it == j.end() || !it->is_array()) {
-    throw std::runtime_error(key + ": a .jsonl line needs a label field \"" + fields.label + "\" holding an array " +
-                             "of class names or ids (multi-label)");
-  }
+// A multi-label sample's set of classes from their names or ids: ascending, each once. Throws naming a value that
+// is no class.
+std::vector<int64_t> label_set_of(const std::vector<std::string>& values, const TextFields& fields,
+                                  const std::string& key) {
   std::vector<int64_t> ids;
-  for (const auto& item : *it) {
-    if (!item.is_string() && !item.is_number_integer()) {
-      throw std::runtime_error(key + ": label " + item.dump() + " in \"" + fields.label +
-                               "\" is not a class name or id");
-    }
-    const std::string value = item.is_string() ? item.get<std::string>() : item.dump();
+  for (const std::string& value : values) {
     const int64_t id = class_of(value, fields.classes);
     if (id < 0) throw std::runtime_error(key + ": " + not_a_class(value, fields.classes));
     ids.push_back(id);
@@ -163,6 +156,36 @@ std::vector<int64_t> json_label_set(const nlohmann::json& j, const TextFields& f
   std::sort(ids.begin(), ids.end());
   ids.erase(std::unique(ids.begin(), ids.end()), ids.end());
   return ids;
+}
+
+// A .jsonl record's set of classes: its label field, an array of class names or ids.
+std::vector<int64_t> json_label_set(const nlohmann::json& j, const TextFields& fields, const std::string& key) {
+  const auto it = j.find(fields.label);
+  if (it == j.end() || !it->is_array()) {
+    throw std::runtime_error(key + ": a .jsonl line needs a label field \"" + fields.label + "\" holding an array " +
+                             "of class names or ids (multi-label)");
+  }
+  std::vector<std::string> values;
+  for (const auto& item : *it) {
+    if (!item.is_string() && !item.is_number_integer()) {
+      throw std::runtime_error(key + ": label " + item.dump() + " in \"" + fields.label +
+                               "\" is not a class name or id");
+    }
+    values.push_back(item.is_string() ? item.get<std::string>() : item.dump());
+  }
+  return label_set_of(values, fields, key);
+}
+
+// A .tsv/.csv field's set of classes: names or ids separated by commas ("2,15", as go_emotions' own .tsv files
+// hold them; spaces around each left out); an empty field is the empty set.
+std::vector<int64_t> listed_label_set(const std::string& field, const TextFields& fields, const std::string& key) {
+  std::vector<std::string> values;
+  std::stringstream items(field);
+  for (std::string item; std::getline(items, item, ',');) {
+    const size_t first = item.find_first_not_of(' '), last = item.find_last_not_of(' ');
+    if (first != std::string::npos) values.push_back(item.substr(first, last - first + 1));
+  }
+  return label_set_of(values, fields, key);
 }
 
 }  // namespace
@@ -215,10 +238,11 @@ SampleSource::SampleSource(const std::vector<std::string>& paths, SampleKind kin
     columns_.emplace_back();
     tables_.emplace_back();
     const size_t entries = index_.size();
-    if (fields_.multi_label && !fields_.label.empty() && !table && format != RecordFormat::JSONL) {
+    if (fields_.multi_label && !fields_.label.empty() &&
+        (format == RecordFormat::TAR || format == RecordFormat::TEXT_LINES)) {
       throw std::invalid_argument("data file '" + path + "': a multi-label sample's set of classes is a .jsonl "
-                                  "array or a table's list column (datasets' List(ClassLabel)); this file holds one "
-                                  "label per sample");
+                                  "array, a .tsv/.csv field of names or ids separated by commas, or a table's list "
+                                  "column (datasets' List(ClassLabel)); this file holds one label per sample");
     }
     if (format == RecordFormat::TAR && ends_with(path, ".tar")) {
       index_tar(static_cast<int32_t>(f));
@@ -443,6 +467,10 @@ void SampleSource::read_fields(RawSample& s, const std::string& line, int32_t fi
   if (pairs()) s.text_pair = values[1];
   if (fields_.label.empty()) return;
   const std::string& label = values.back();
+  if (fields_.multi_label) {
+    s.label_set = listed_label_set(label, fields_, s.key);
+    return;
+  }
   if (fields_.scores) {
     s.score = checked_score(label, s.key + ": ");
     return;

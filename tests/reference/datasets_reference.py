@@ -266,9 +266,17 @@ def multi_label_cases(root, cases):
     cases["multi_label_jsonl"] = dict(base, paths=[os.path.join(d, "ml.jsonl")], rows=rows(
         texts + ["ids", "a name", "one label"], label_sets=sets + [[2, 3], [], []],
         errors=[None] * 6 + ["label 'sadness' is not one of the classes", "holding an array of class names or ids"]))
-    with open(os.path.join(d, "ml.tsv"), "w") as f:
-        f.write("text\tlabels\nok\tjoy\n")
-    cases["multi_label_tsv"] = dict(base, paths=[os.path.join(d, "ml.tsv")],
+    with open(os.path.join(d, "ml.tsv"), "w") as f:  # go_emotions' own files: ids separated by commas
+        f.write("text\tlabels\n")
+        for t, ids in zip(texts, sets):
+            f.write("%s\t%s\n" % (t, ",".join(str(i) for i in ids)))
+        f.write("names\tjoy, anger ,joy\nbad\t2,9\n")
+    cases["multi_label_tsv"] = dict(base, paths=[os.path.join(d, "ml.tsv")], rows=rows(
+        texts + ["names", "bad"], label_sets=sets + [[1, 2], []],
+        errors=[None] * 6 + ["label '9' is not one of the classes"]))
+    with open(os.path.join(d, "ml.txt"), "w") as f:
+        f.write("a text\n")
+    cases["multi_label_txt"] = dict(base, paths=[os.path.join(d, "ml.txt")],
                                     open_error="a multi-label sample's set of classes is a .jsonl array")
     cases["multi_label_single_column"] = dict(base, paths=[os.path.join(root, "mrpc")], text=["sentence1"],
                                               label="label", open_error="expected lists of class ids")

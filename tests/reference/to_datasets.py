@@ -19,7 +19,8 @@ Usage: to_datasets.py PAIRS_DIR IMAGE_DIR OUT VOCAB
   OUT/multilabel  multi-label classification as go_emotions holds one: DatasetDict {train, validation} of the
               pairs' second texts with labels, a List(ClassLabel) of the shapes each names (circle, square,
               triangle, diamond, cross; one or two); OUT/multilabel_{train,validation}.jsonl the same as .jsonl
-              records {"text": ..., "labels": [names]}
+              records {"text": ..., "labels": [names]}, OUT/multilabel_{train,validation}.tsv as go_emotions' own
+              .tsv files (text, then the ids separated by commas)
   OUT/shapes  DatasetDict {train} of IMAGE_DIR's WebDataset tars as an image-classification dataset (CIFAR-10's
               shape): img (Image, the tars' PNG bytes unchanged), label (ClassLabel); samples in the tars' order
 """
@@ -125,6 +126,10 @@ def main(pairs_dir, image_dir, out, vocab):
         with open(os.path.join(out, "multilabel_" + split + ".jsonl"), "w") as f:
             for t, ids in zip(texts, labels):
                 f.write(json.dumps({"text": t, "labels": [shape_names[i] for i in ids]}) + "\n")
+        with open(os.path.join(out, "multilabel_" + split + ".tsv"), "w") as f:
+            f.write("text\tlabels\n")
+            for t, ids in zip(texts, labels):
+                f.write("%s\t%s\n" % (t, ",".join(str(i) for i in ids)))
     DatasetDict(multilabel).save_to_disk(os.path.join(out, "multilabel"))
 
 

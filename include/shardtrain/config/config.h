@@ -96,7 +96,8 @@ struct DataConfig {
   std::vector<std::string> text_fields = {"text"};
   std::string label_field = "label";
   std::vector<std::string> labels;
-  // Each sample's label is a set of the classes (a .jsonl array, a table's List(ClassLabel): go_emotions'): binary
+  // Each sample's label is a set of the classes (a .jsonl array, a .tsv/.csv field "2,15", a table's
+  // List(ClassLabel): go_emotions'): binary
   // cross-entropy on every output (transformers' problem_type multi_label_classification), micro F1. A dataset's
   // List(ClassLabel) label column makes one without it.
   bool multi_label = false;

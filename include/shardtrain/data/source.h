@@ -65,8 +65,9 @@ struct TextFields {
   // The label is a number, not a class: a regression's target (GLUE STS-B's similarity 0-5), read into
   // RawSample::score from a JSON number, a decimal string or a table's float/int column; `classes` unused.
   bool scores = false;
-  // The label is a set of classes (go_emotions' labels: a .jsonl array of class names or ids, a table's list of
-  // ClassLabel ids), read into RawSample::label_set; `classes` names them. A .tsv/.csv or tar cannot hold one.
+  // The label is a set of classes (go_emotions' labels: a .jsonl array of class names or ids, a .tsv/.csv field of
+  // them separated by commas, a table's list of ClassLabel ids), read into RawSample::label_set; `classes` names
+  // them. A .txt or tar cannot hold one.
   bool multi_label = false;
   // A table's image column (binary, or datasets' Image struct {bytes, path}); when the table has none of this
   // name, its one Image column.
