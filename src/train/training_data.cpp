@@ -190,6 +190,14 @@ TrainingData open_training_data(const Config& c, const models::Task& task,
     // held-out texts packed as the training's (run_clm groups its validation split the same), else one per row
     if (c.data.packing && kind == data::SampleKind::TEXT) {
       d.eval_packed = pack_texts(c, d.eval_source, d.options, logger);
+      const int64_t per_step = static_cast<int64_t>(world_size) * c.train.batch_size;
+      if (d.eval_packed->blocks() < per_step) {  // the evaluation scores whole batches of blocks
+        throw std::invalid_argument(
+            "data.eval: the held-out texts pack into " + std::to_string(d.eval_packed->blocks()) + " blocks of " +
+            std::to_string(d.options.text_length) + " tokens, fewer than one batch on every rank (" +
+            std::to_string(world_size) + " ranks x train.batch_size " + std::to_string(c.train.batch_size) +
+            "): give more held-out text, a smaller batch or a shorter data.max_text_length");
+      }
     }
     eo.packed = d.eval_packed;
     std::array<std::shared_ptr<const data::SampleSource>, 3> eval_sources;

@@ -771,6 +771,12 @@ TEST_F(TrainTest, Seq2SeqAndCausalLmEvaluateHeldOutText) {
   EXPECT_NE(packed.output.find("held-out text packed: 451 tokens of 32 documents in 10 blocks of 48"),
             std::string::npos) << packed.output;
   EXPECT_NE(packed.output.find("eval_samples 8"), std::string::npos) << packed.output;
+  const Outcome few_blocks = train("--model.flavor=llama-debug --data.text_fields=[input] --data.packing=true" + data +
+                                   cache + " --train.steps=1");  // 8 a rank: 16 > 10 blocks
+  EXPECT_NE(few_blocks.status, 0);
+  EXPECT_NE(few_blocks.output.find("data.eval: the held-out texts pack into 10 blocks of 48 tokens, fewer than one "
+                                   "batch on every rank (2 ranks x train.batch_size 8)"), std::string::npos)
+      << few_blocks.output;
   const Outcome packed_short = train("--model.flavor=llama-debug --data.text_fields=[input] --data.packing=true" +
                                      data + cache + " --data.max_text_length=6 --train.steps=1" +
                                      " --train.eval_interval=0");
