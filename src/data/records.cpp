@@ -1,5 +1,6 @@
 #include "data/records.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdlib>
 #include <stdexcept>
@@ -53,6 +54,12 @@ std::vector<std::string> split_record(const std::string& text, RecordFormat form
   }
   if (quoted) throw std::runtime_error("a quoted field is not closed on its line");
   return fields;
+}
+
+std::vector<int64_t> as_label_set(std::vector<int64_t> ids) {
+  std::sort(ids.begin(), ids.end());
+  ids.erase(std::unique(ids.begin(), ids.end()), ids.end());
+  return ids;
 }
 
 int64_t class_of(const std::string& value, const std::vector<std::string>& classes) {

@@ -27,6 +27,8 @@ std::vector<std::string> split_record(const std::string& line, RecordFormat form
 int64_t class_of(const std::string& value, const std::vector<std::string>& classes);
 // Why class_of gave -1, for an error that names the sample: "label 'x' is not one of the classes [a, b] ...".
 std::string not_a_class(const std::string& value, const std::vector<std::string>& classes);
+// A multi-label sample's class ids as its set: ascending, each once.
+std::vector<int64_t> as_label_set(std::vector<int64_t> ids);
 // A regression label: `value` whole as a finite decimal number ("3.8", "4", "-1e-3"); nullopt otherwise.
 std::optional<double> score_of(const std::string& value);
 // score_of(value), or std::runtime_error "<prefix>label 'x' is not a number (a regression's score ...)" (prefix

@@ -143,8 +143,7 @@ bool json_tokens(RawSample& s, const nlohmann::json& j, const TextFields& fields
   return true;
 }
 
-// A multi-label sample's set of classes from their names or ids: ascending, each once. Throws naming a value that
-// is no class.
+// A multi-label sample's set of classes from their names or ids. Throws naming a value that is no class.
 std::vector<int64_t> label_set_of(const std::vector<std::string>& values, const TextFields& fields,
                                   const std::string& key) {
   std::vector<int64_t> ids;
@@ -153,9 +152,7 @@ std::vector<int64_t> label_set_of(const std::vector<std::string>& values, const 
     if (id < 0) throw std::runtime_error(key + ": " + not_a_class(value, fields.classes));
     ids.push_back(id);
   }
-  std::sort(ids.begin(), ids.end());
-  ids.erase(std::unique(ids.begin(), ids.end()), ids.end());
-  return ids;
+  return as_label_set(std::move(ids));
 }
 
 // A .jsonl record's set of classes: its label field, an array of class names or ids.

@@ -276,9 +276,7 @@ void TableRecords::read(int64_t row, RawSample& s) const {
         throw std::runtime_error(s.key + ": " + not_a_class(std::to_string(id), classes_));
       }
     }
-    std::sort(ids.begin(), ids.end());
-    ids.erase(std::unique(ids.begin(), ids.end()), ids.end());
-    s.label_set = std::move(ids);
+    s.label_set = as_label_set(std::move(ids));
     return;
   }
   const std::string value =

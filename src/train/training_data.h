@@ -42,8 +42,8 @@ RunLabels run_labels(const config::Config& config);
 std::shared_ptr<const data::Tokenizer> open_run_tokenizer(const config::Config& config);
 
 // Opens the sources the task reads and checks them and `tokenizer` against its DataNeeds (before the model is
-// built: bad input fails fast); with data.packing, counts the texts' tokens (progress on `logger`'s status line).
-// Throws std::invalid_argument naming the config key.
+// built: bad input fails fast); with data.packing, packs data.text and data.eval (read from data.cache_dir, or
+// counted into it: progress on `logger`'s status line). Throws std::invalid_argument naming the config key.
 TrainingData open_training_data(const config::Config& config, const models::Task& task,
                                 std::shared_ptr<const data::Tokenizer> tokenizer, int rank, int world_size,
                                 const log::Logger& logger);
