@@ -433,12 +433,8 @@ void SampleSource::read_fields(RawSample& s, const std::string& line, int32_t fi
       values.push_back(j[name].get<std::string>());
     }
     if (!fields_.label.empty() && fields_.multi_label) {
-      s.text = values[0];
-      if (pairs()) s.text_pair = values[1];
       s.label_set = json_label_set(j, fields_, s.key);
-      return;
-    }
-    if (!fields_.label.empty()) {
+    } else if (!fields_.label.empty()) {
       const auto it = j.find(fields_.label);
       if (it == j.end() || !(it->is_string() || (fields_.scores ? it->is_number() : it->is_number_integer()))) {
         throw std::runtime_error(s.key + ": a .jsonl line needs a label field \"" + fields_.label + "\" (" +
@@ -462,7 +458,7 @@ void SampleSource::read_fields(RawSample& s, const std::string& line, int32_t fi
   }
   s.text = values[0];
   if (pairs()) s.text_pair = values[1];
-  if (fields_.label.empty()) return;
+  if (fields_.label.empty() || s.label_set) return;  // no label, or a .jsonl array already read
   const std::string& label = values.back();
   if (fields_.multi_label) {
     s.label_set = listed_label_set(label, fields_, s.key);

@@ -34,6 +34,14 @@ std::string feature_type(const nlohmann::json& features, const std::string& colu
   return (*f)["_type"].get<std::string>();
 }
 
+// Whether `column` (-1: none) is a top-level column of lists of whole numbers: token ids, or a List(ClassLabel)'s.
+bool whole_number_lists(const ColumnTable& t, int column) {
+  if (column < 0) return false;
+  const TableColumn& c = t.columns()[static_cast<size_t>(column)];
+  if (c.parent >= 0 || c.kind != ColumnKind::LIST || c.items < 0) return false;
+  return t.columns()[static_cast<size_t>(c.items)].kind == ColumnKind::INT;
+}
+
 // Whether a column is a list of ClassLabel (datasets' List, Sequence before datasets 4: a multi-label column).
 bool class_label_list(const nlohmann::json& features, const std::string& column) {
   const std::string type = feature_type(features, column);
@@ -166,12 +174,7 @@ TableRecords::TableRecords(const std::string& path, SampleKind kind, const TextF
   }
 }
 
-bool TableRecords::token_list(int column) const {
-  if (column < 0) return false;
-  const TableColumn& c = table_->columns()[static_cast<size_t>(column)];
-  if (c.parent >= 0 || c.kind != ColumnKind::LIST || c.items < 0) return false;
-  return table_->columns()[static_cast<size_t>(c.items)].kind == ColumnKind::INT;
-}
+bool TableRecords::token_list(int column) const { return whole_number_lists(*table_, column); }
 
 std::string TableRecords::tokenized() const {
   if (ids_ < 0) return "";
@@ -200,10 +203,7 @@ LabelColumn label_column(const std::string& path, const std::string& column) {
   const ColumnTable& t = *file.table;
   const int c = t.column(column);
   if (c >= 0 && t.columns()[static_cast<size_t>(c)].kind == ColumnKind::FLOAT) return {{column}, false};
-  const TableColumn* col = c >= 0 ? &t.columns()[static_cast<size_t>(c)] : nullptr;
-  const bool lists = col && col->kind == ColumnKind::LIST && col->items >= 0 &&
-                     t.columns()[static_cast<size_t>(col->items)].kind == ColumnKind::INT;
-  return {class_names(features_of(t), column), lists};
+  return {class_names(features_of(t), column), whole_number_lists(t, c)};
 }
 
 int TableRecords::find(const std::string& field, const std::string& key, const std::vector<ColumnKind>& kinds) const {

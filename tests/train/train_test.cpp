@@ -837,6 +837,21 @@ std::vector<std::string> loss_lines(const std::string& output) {
   return lines;
 }
 
+// A reference script's scores of an export (`theirs`: the JSON it printed) against the run's last evaluation line,
+// where each of `metrics` is printed to 4 digits.
+void expect_last_eval_matches(const std::string& output, const nlohmann::json& theirs,
+                              const std::vector<std::string>& metrics) {
+  for (const std::string& metric : metrics) {
+    const std::regex value(" " + metric + " ([-0-9.e+]+)");
+    double ours = NAN;
+    for (auto it = std::sregex_iterator(output.begin(), output.end(), value); it != std::sregex_iterator(); ++it) {
+      ours = std::stod((*it)[1]);
+    }
+    const double x = theirs.at(metric).get<double>();
+    EXPECT_NEAR(ours, x, 1e-3 * std::max(1.0, std::abs(x))) << metric << "\n" << output;
+  }
+}
+
 // Hugging Face datasets saved with save_to_disk, and as Parquet in a Hub repository's layout, train exactly as the
 // same records in TSV and WebDataset tars (tests/reference/to_datasets.py: GLUE MRPC's features for the sentence
 // pairs; an Image column and a ClassLabel for the images, CIFAR-10's shape): the same samples in the same order, so
@@ -899,16 +914,7 @@ TEST_F(TrainTest, HuggingFaceDatasetsTrainAsTheirFiles) {
   ASSERT_EQ(made.status, 0) << made.output;
   const nlohmann::json theirs = nlohmann::json::parse(made.output.substr(made.output.rfind("{")));
   EXPECT_EQ(theirs.at("samples"), 50);
-  for (const char* metric : {"eval_loss", "pearson", "spearmanr"}) {  // the last eval line's, printed to 4 digits
-    const std::regex value(std::string(metric) + " ([-0-9.e+]+)");
-    double ours = NAN;
-    for (auto it = std::sregex_iterator(stsb.output.begin(), stsb.output.end(), value); it != std::sregex_iterator();
-         ++it) {
-      ours = std::stod((*it)[1]);
-    }
-    const double x = theirs.at(metric).get<double>();
-    EXPECT_NEAR(ours, x, 1e-3 * std::max(1.0, std::abs(x))) << metric << "\n" << stsb.output;
-  }
+  expect_last_eval_matches(stsb.output, theirs, {"eval_loss", "pearson", "spearmanr"});
   made = run(std::string(SHARDTRAIN_BIN) + " data show " + dir + "/stsb/train/data-00000-of-00001.arrow --rows 1");
   EXPECT_NE(made.output.find("  label  float32  Value(float32)"), std::string::npos) << made.output;
   EXPECT_TRUE(made.output.find("  label=1\n") != std::string::npos ||  // row 0's score: 1 or 4, and 0 tenths
@@ -945,16 +951,7 @@ TEST_F(TrainTest, HuggingFaceDatasetsTrainAsTheirFiles) {
   ASSERT_EQ(made.status, 0) << made.output;
   const nlohmann::json ml_theirs = nlohmann::json::parse(made.output.substr(made.output.rfind("{")));
   EXPECT_EQ(ml_theirs.at("samples"), 50);
-  for (const char* metric : {"eval_loss", "f1", "accuracy"}) {  // the last eval line's, printed to 4 digits
-    const std::regex value(std::string(" ") + metric + " ([-0-9.e+]+)");
-    double ours = NAN;
-    for (auto it = std::sregex_iterator(ml.output.begin(), ml.output.end(), value); it != std::sregex_iterator();
-         ++it) {
-      ours = std::stod((*it)[1]);
-    }
-    const double x = ml_theirs.at(metric).get<double>();
-    EXPECT_NEAR(ours, x, 1e-3 * std::max(1.0, std::abs(x))) << metric << "\n" << ml.output;
-  }
+  expect_last_eval_matches(ml.output, ml_theirs, {"eval_loss", "f1", "accuracy"});
   made = run(std::string(SHARDTRAIN_BIN) + " data show " + dir + "/multilabel/train/data-00000-of-00001.arrow");
   EXPECT_NE(made.output.find("  labels  list<int64>  List(ClassLabel [circle, square, triangle, diamond, cross])"),
             std::string::npos) << made.output;
