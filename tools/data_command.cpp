@@ -104,10 +104,15 @@ std::string shown(const data::ColumnTable& t, int column, int64_t row) {
     return "\"" + v.substr(0, 60) + (v.size() > 60 ? "...\"" : "\"");
   }
   if (c.kind == data::ColumnKind::BINARY) return "<" + std::to_string(t.bytes(column, row).size()) + " bytes>";
-  if (c.kind == data::ColumnKind::LIST) {  // whole numbers: a tokenized text's ids
-    const std::vector<int64_t> items = t.integers(column, row);
+  if (c.kind == data::ColumnKind::LIST) {  // whole numbers (a tokenized text's ids) or strings (words), the first 8
+    std::vector<std::string> items;
+    if (t.columns()[static_cast<size_t>(c.items)].kind == data::ColumnKind::UTF8) {
+      for (const std::string& v : t.strings(column, row)) items.push_back("\"" + v.substr(0, 20) + "\"");
+    } else {
+      for (int64_t v : t.integers(column, row)) items.push_back(std::to_string(v));
+    }
     std::string out;
-    for (size_t i = 0; i < std::min<size_t>(items.size(), 8); ++i) out += (i ? ", " : "") + std::to_string(items[i]);
+    for (size_t i = 0; i < std::min<size_t>(items.size(), 8); ++i) out += (i ? ", " : "") + items[i];
     return "[" + out + (items.size() > 8 ? ", ... (" + std::to_string(items.size()) + ")]" : "]");
   }
   if (c.kind == data::ColumnKind::FLOAT) {  // a regression's score: 6 significant digits
@@ -141,9 +146,10 @@ int show(const std::vector<std::string>& argv) {
               << (feature.empty() ? "" : "  " + feature) << "\n";
     const data::ColumnKind item = c.items >= 0 ? t.columns()[static_cast<size_t>(c.items)].kind : c.kind;
     const bool whole_numbers = c.items >= 0 && (item == data::ColumnKind::INT || item == data::ColumnKind::BOOL);
+    const bool words = c.items >= 0 && item == data::ColumnKind::UTF8;
     const bool values = c.kind == data::ColumnKind::UTF8 || c.kind == data::ColumnKind::BINARY ||
                         c.kind == data::ColumnKind::INT || c.kind == data::ColumnKind::BOOL ||
-                        c.kind == data::ColumnKind::FLOAT || whole_numbers;
+                        c.kind == data::ColumnKind::FLOAT || whole_numbers || words;
     if (c.per_row && values) readable.push_back(static_cast<int>(i));
   }
   const int64_t rows = std::min<int64_t>(a.get_int("rows", 3), t.rows());

@@ -479,6 +479,12 @@ Config parse_config(const std::string& yaml, const std::string& source, const st
     }
     config.model.task = config.train.task;
   }
+  // Token classification reads transformers' run_ner's columns unless told: the words in `tokens`, their classes in
+  // `ner_tags` (CoNLL-2003's).
+  if (config.model.task == "token_classify") {
+    if (config.data.text_fields == std::vector<std::string>{"text"}) config.data.text_fields = {"tokens"};
+    if (config.data.label_field == "label") config.data.label_field = "ner_tags";
+  }
   if (!config.model.from.empty()) {  // a Hugging Face directory: its config.json is the model, its files the weights
     try {  // a model name: its snapshot in the Hugging Face cache, as from_pretrained finds it offline
       config.model.from = io::resolve_hf_model(config.model.from, "model.from");

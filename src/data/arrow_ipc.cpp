@@ -477,34 +477,67 @@ double ArrowTable::number(int column, int64_t row) const {
   return d;
 }
 
-std::vector<int64_t> ArrowTable::integers(int column, int64_t row) const {
+// A list column's row as the range [begin, end) of its items' indexes (empty for a null list).
+std::pair<int64_t, int64_t> ArrowTable::item_range(int column, int64_t row) const {
   int64_t r = row;
   const Batch& b = locate(column, r);
   const TableColumn& c = columns_[static_cast<size_t>(column)];
+  if (is_null(column, row)) return {0, 0};
+  const Slice& s = b.slices[static_cast<size_t>(column)];
+  if (c.width == 0) {  // a fixed_size_list
+    const int64_t n = list_size_[static_cast<size_t>(column)];
+    return {r * n, r * n + n};
+  }
+  if (s.offsets < 0) return {0, 0};
+  const char* offsets = bytes_.data() + s.offsets;
+  return {offset_at(offsets, c.width, r), offset_at(offsets, c.width, r + 1)};
+}
+
+// The slice of a list column's items in the batch holding `row`; fails naming the column for a null item.
+const ArrowTable::Slice& ArrowTable::items_of(int column, int64_t row, std::pair<int64_t, int64_t> range) const {
+  int64_t r = row;
+  const TableColumn& c = columns_[static_cast<size_t>(column)];
+  const Slice& values = locate(column, r).slices[static_cast<size_t>(c.items)];
+  for (int64_t i = range.first; i < range.second; ++i) {
+    if (values.validity >= 0 && !bit(bytes_.data() + values.validity, i)) {
+      fail("column '" + c.path + "' has a null item (" + std::to_string(i - range.first) + ") in row " +
+           std::to_string(row));
+    }
+  }
+  return values;
+}
+
+std::vector<int64_t> ArrowTable::integers(int column, int64_t row) const {
+  const TableColumn& c = columns_.at(static_cast<size_t>(column));
   const TableColumn* items = c.items >= 0 ? &columns_[static_cast<size_t>(c.items)] : nullptr;
   if (!items || (items->kind != ColumnKind::INT && items->kind != ColumnKind::BOOL)) {
     fail("column '" + c.path + "' holds " + c.type + (items ? " of " + items->type : "") +
          ", not lists of whole numbers");
   }
-  if (is_null(column, row)) return {};
-  const Slice& s = b.slices[static_cast<size_t>(column)];
-  const Slice& values = b.slices[static_cast<size_t>(c.items)];
-  int64_t begin = 0, end = 0;
-  if (c.width > 0) {
-    if (s.offsets < 0) return {};
-    const char* offsets = bytes_.data() + s.offsets;
-    begin = offset_at(offsets, c.width, r), end = offset_at(offsets, c.width, r + 1);
-  } else {
-    const int64_t n = list_size_[static_cast<size_t>(column)];
-    begin = r * n, end = begin + n;
-  }
+  const auto range = item_range(column, row);
+  const Slice& values = items_of(column, row, range);
   std::vector<int64_t> out;
-  out.reserve(static_cast<size_t>(end - begin));
-  for (int64_t i = begin; i < end; ++i) {
-    if (values.validity >= 0 && !bit(bytes_.data() + values.validity, i)) {
-      fail("column '" + c.path + "' has a null item (" + std::to_string(i - begin) + ") in row " + std::to_string(row));
-    }
+  out.reserve(static_cast<size_t>(range.second - range.first));
+  for (int64_t i = range.first; i < range.second; ++i) {
     out.push_back(values.data < 0 ? 0 : value_at(*items, bytes_.data() + values.data, i));
+  }
+  return out;
+}
+
+std::vector<std::string> ArrowTable::strings(int column, int64_t row) const {
+  const TableColumn& c = columns_.at(static_cast<size_t>(column));
+  const TableColumn* items = c.items >= 0 ? &columns_[static_cast<size_t>(c.items)] : nullptr;
+  if (!items || items->kind != ColumnKind::UTF8) {
+    fail("column '" + c.path + "' holds " + c.type + (items ? " of " + items->type : "") + ", not lists of strings");
+  }
+  const auto range = item_range(column, row);
+  const Slice& values = items_of(column, row, range);
+  std::vector<std::string> out;
+  if (values.offsets < 0) return std::vector<std::string>(static_cast<size_t>(range.second - range.first));
+  const char* o = bytes_.data() + values.offsets;
+  for (int64_t i = range.first; i < range.second; ++i) {
+    const int64_t start = offset_at(o, items->width, i), end = offset_at(o, items->width, i + 1);
+    out.emplace_back(bytes_.data() + values.data + start, static_cast<size_t>(end - start));
   }
   return out;
 }

@@ -19,6 +19,7 @@
 #include <cstdint>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include "data/column_table.h"
@@ -39,6 +40,7 @@ class ArrowTable : public ColumnTable {
   int64_t integer(int column, int64_t row) const override;
   double number(int column, int64_t row) const override;
   std::vector<int64_t> integers(int column, int64_t row) const override;
+  std::vector<std::string> strings(int column, int64_t row) const override;
   std::string_view view(int column, int64_t row) const;  // bytes() in place: a view of the file
 
  private:
@@ -54,6 +56,8 @@ class ArrowTable : public ColumnTable {
   void read_schema(const char* metadata, size_t size);
   void read_batch(const char* metadata, size_t size, int64_t body, int64_t body_size);
   const Batch& locate(int column, int64_t& row) const;  // the batch holding `row`, made relative to it
+  std::pair<int64_t, int64_t> item_range(int column, int64_t row) const;
+  const Slice& items_of(int column, int64_t row, std::pair<int64_t, int64_t> range) const;
   [[noreturn]] void fail(const std::string& what) const;
 
   std::string_view bytes_;

@@ -1,7 +1,7 @@
 // A table of columns read from a file, as the sources see it whatever its format: Apache Arrow IPC files
 // (data/arrow_ipc.h: Hugging Face datasets' cache and save_to_disk) and Parquet files (data/parquet.h: datasets on
 // the Hugging Face Hub). Each row is a sample; a column is read by row, as strings, bytes, whole numbers, numbers
-// (a regression's float labels) or lists of whole numbers (a tokenized dataset's input_ids).
+// (a regression's float labels), lists of whole numbers (a tokenized dataset's input_ids) or lists of strings (words).
 #pragma once
 
 #include <cstdint>
@@ -45,6 +45,10 @@ class ColumnTable {
   // A LIST of INT or BOOL items: the row's items in order (input_ids [101, 7592, 102]); empty when null. Throws
   // naming the column for a null item.
   virtual std::vector<int64_t> integers(int column, int64_t row) const = 0;
+  // A LIST of UTF8 items: the row's strings in order (a token-classification dataset's words, CoNLL-2003's
+  // `tokens`); empty when null. Throws naming the column for a null item, and where the format's reader does not
+  // read such lists (Parquet's).
+  virtual std::vector<std::string> strings(int column, int64_t row) const = 0;
 
   int column(const std::string& path) const;  // -1 when there is none
 };

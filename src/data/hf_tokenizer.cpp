@@ -367,6 +367,18 @@ Encoding HfTokenizer::encode_pair(const std::string& first, const std::string& s
   return impl_->assemble(impl_->ids_of(first), impl_->ids_of(second), length);
 }
 
+Encoding HfTokenizer::encode_words(const std::vector<std::string>& words, int64_t length) const {
+  std::vector<int64_t> ids, word_of;
+  for (size_t w = 0; w < words.size(); ++w) {
+    const std::vector<int64_t> word = impl_->ids_of(words[w]);
+    ids.insert(ids.end(), word.begin(), word.end());
+    word_of.resize(ids.size(), static_cast<int64_t>(w));
+  }
+  Encoding e = impl_->assemble(std::move(ids), std::nullopt, length);
+  set_word_ids(e, word_of);
+  return e;
+}
+
 std::string HfTokenizer::decode(const std::vector<int64_t>& ids, bool skip_special) const {
   const Impl& m = *impl_;
   std::vector<std::string> tokens;

@@ -56,6 +56,17 @@ Encoding encoding_of_ids(const RawSample& raw, const Tokenizer& t, int64_t lengt
   return e;
 }
 
+// Token classification's targets, as transformers' run_ner aligns them: a word's class on its first token, -100
+// (no loss, not scored) on its other tokens, the special tokens and the padding.
+std::vector<int64_t> word_token_labels(const std::vector<int64_t>& word_ids, const std::vector<int64_t>& classes) {
+  std::vector<int64_t> out(word_ids.size(), -100);
+  for (size_t t = 0; t < word_ids.size(); ++t) {
+    const int64_t w = word_ids[t];
+    if (w >= 0 && (t == 0 || word_ids[t - 1] != w)) out[t] = classes.at(static_cast<size_t>(w));
+  }
+  return out;
+}
+
 struct Example {
   Encoding text;
   MlmMask mlm;
@@ -66,6 +77,7 @@ struct Example {
   std::optional<int64_t> label;
   std::optional<double> score;  // a regression's target instead of a class
   std::optional<std::vector<int64_t>> label_set;  // a multi-label sample's classes instead
+  std::vector<int64_t> token_labels;  // token classification: a class per token, -100 where no loss is taken
   int64_t sample = 0;
   bool token_types = false;  // the text's token types came with its tokenized row
 };
@@ -164,6 +176,10 @@ struct Loader::Impl {
           ex.text.ids = o.packed->block(ex.sample);
           ex.text.sequence_ids.assign(ex.text.ids.size(), 0);
           pad_encoding(ex.text, o.text_length, o.tokenizer->pad_id());
+        } else if (source.fields().words) {
+          ex.text = o.tokenizer->encode_words(raw.words, o.text_length);
+          ex.token_labels = word_token_labels(ex.text.word_ids, raw.word_labels);
+          if (ex.text.truncated > 0) note_truncation(raw.key, ex.text.truncated);
         } else if (kind != SampleKind::IMAGE) {
           ex.text = raw.tokenized      ? encoding_of_ids(raw, *o.tokenizer, o.text_length)
                     : source.pairs() ? o.tokenizer->encode_pair(raw.text, raw.text_pair, o.text_length)
@@ -298,6 +314,9 @@ struct Loader::Impl {
       std::vector<float> scores;
       for (const auto& ex : examples) scores.push_back(static_cast<float>(*ex.score));
       b.labels = at::tensor(scores, at::kFloat);
+    }
+    if (sources[static_cast<size_t>(kind)]->fields().words) {
+      b.labels = rows([](const Example& e) -> const std::vector<int64_t>& { return e.token_labels; });
     }
     if (std::all_of(examples.begin(), examples.end(), [](const Example& e) { return e.label_set.has_value(); })) {
       // (B, classes) float 0/1: the targets of every output (transformers' multi-label labels)

@@ -1128,6 +1128,12 @@ std::vector<int64_t> ParquetTable::integers(int column, int64_t row) const {
   return out;
 }
 
+std::vector<std::string> ParquetTable::strings(int column, int64_t row) const {
+  const TableColumn& c = columns_.at(static_cast<size_t>(column));
+  fail("column '" + c.path + "' (row " + std::to_string(row) + "): lists of strings are not read from Parquet files; "
+       "datasets' load_dataset(...).save_to_disk(DIR) writes .arrow files that are");
+}
+
 double ParquetTable::number(int column, int64_t row) const {
   const TableColumn& c = columns_.at(static_cast<size_t>(column));
   if (c.kind == ColumnKind::INT || c.kind == ColumnKind::BOOL) return static_cast<double>(integer(column, row));

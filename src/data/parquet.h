@@ -47,6 +47,8 @@ class ParquetTable : public ColumnTable {
   int64_t integer(int column, int64_t row) const override;
   double number(int column, int64_t row) const override;
   std::vector<int64_t> integers(int column, int64_t row) const override;
+  // Not read: a Parquet list of strings is refused when its pages are decoded (an .arrow copy reads).
+  std::vector<std::string> strings(int column, int64_t row) const override;
 
  private:
   struct Node {          // per column, beside TableColumn

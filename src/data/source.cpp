@@ -155,6 +155,36 @@ std::vector<int64_t> label_set_of(const std::vector<std::string>& values, const 
   return as_label_set(std::move(ids));
 }
 
+// A .jsonl record's words and their classes (TextFields::words): two arrays of the same length, strings and class
+// names or ids.
+void json_words(RawSample& s, const nlohmann::json& j, const TextFields& fields) {
+  const std::string& name = fields.text[0];
+  const auto words = j.find(name), labels = j.find(fields.label);
+  if (words == j.end() || !words->is_array()) {
+    throw std::runtime_error(s.key + ": a .jsonl line needs \"" + name + "\" holding an array of words");
+  }
+  if (labels == j.end() || !labels->is_array() || labels->size() != words->size()) {
+    throw std::runtime_error(s.key + ": a .jsonl line needs \"" + fields.label + "\" holding a class for each of the " +
+                             std::to_string(words->size()) + " words of \"" + name + "\"" +
+                             (labels != j.end() && labels->is_array()
+                                  ? " (it holds " + std::to_string(labels->size()) + ")" : std::string()));
+  }
+  for (const auto& w : *words) {
+    if (!w.is_string()) throw std::runtime_error(s.key + ": \"" + name + "\" holds " + w.dump() + ", not a word");
+    s.words.push_back(w.get<std::string>());
+  }
+  for (const auto& label : *labels) {
+    if (!label.is_string() && !label.is_number_integer()) {
+      throw std::runtime_error(s.key + ": label " + label.dump() + " in \"" + fields.label +
+                               "\" is not a class name or id");
+    }
+    const std::string value = label.is_string() ? label.get<std::string>() : label.dump();
+    const int64_t id = class_of(value, fields.classes);
+    if (id < 0) throw std::runtime_error(s.key + ": " + not_a_class(value, fields.classes));
+    s.word_labels.push_back(id);
+  }
+}
+
 // A .jsonl record's set of classes: its label field, an array of class names or ids.
 std::vector<int64_t> json_label_set(const nlohmann::json& j, const TextFields& fields, const std::string& key) {
   const auto it = j.find(fields.label);
@@ -221,6 +251,11 @@ SampleSource::SampleSource(const std::vector<std::string>& paths, SampleKind kin
   }
   files_ = expand_paths(paths);
   if (files_.empty()) throw std::invalid_argument(std::string("no files given for the ") + kind_name(kind) + " data");
+  if (fields_.words && (fields_.text.size() != 1 || fields_.label.empty() || fields_.classes.empty())) {
+    throw std::invalid_argument("token classification reads one field of words (data.text_fields: [tokens]) and "
+                                "one of their classes (data.label_field: ner_tags), the classes named (data.labels, "
+                                "or a dataset's List(ClassLabel))");
+  }
   if (fields_.multi_label && !fields_.label.empty() && fields_.classes.empty()) {
     throw std::invalid_argument("multi-label data needs its classes named (data.labels, or a dataset's "
                                 "List(ClassLabel)): each sample's set of them is one output per class");
@@ -240,6 +275,11 @@ SampleSource::SampleSource(const std::vector<std::string>& paths, SampleKind kin
       throw std::invalid_argument("data file '" + path + "': a multi-label sample's set of classes is a .jsonl "
                                   "array, a .tsv/.csv field of names or ids separated by commas, or a table's list "
                                   "column (datasets' List(ClassLabel)); this file holds one label per sample");
+    }
+    if (fields_.words && format != RecordFormat::JSONL && !table) {
+      throw std::invalid_argument("data file '" + path + "': token classification's words and their classes are "
+                                  ".jsonl arrays ({\"tokens\": [...], \"ner_tags\": [...]}) or a dataset's list "
+                                  "columns (.arrow); this file cannot hold them");
     }
     if (format == RecordFormat::TAR && ends_with(path, ".tar")) {
       index_tar(static_cast<int32_t>(f));
@@ -424,6 +464,7 @@ void SampleSource::read_fields(RawSample& s, const std::string& line, int32_t fi
       throw std::runtime_error(s.key + ": not a JSON line (" + ex.what() + ")");
     }
     if (!j.is_object()) throw std::runtime_error(s.key + ": a .jsonl line must be a JSON object");
+    if (fields_.words) return json_words(s, j, fields_);
     if (json_tokens(s, j, fields_)) values.assign(fields_.text.size(), "");  // token ids, not text
     for (size_t f = values.size(); f < fields_.text.size(); ++f) {
       const std::string& name = fields_.text[f];

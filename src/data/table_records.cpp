@@ -108,6 +108,13 @@ std::string feature_of(const ColumnTable& table, const std::string& column) {
 TableRecords::TableRecords(const std::string& path, SampleKind kind, const TextFields& fields)
     : path_(path), file_(open_table_file(path)), table_(file_.table.get()), classes_(fields.classes) {
   const nlohmann::json features = features_of(*table_);
+  if (fields.words) {  // token classification: a list of words, a list of their classes
+    words_ = list_column(fields.text[0], "data.text_fields", {ColumnKind::UTF8}, "lists of words (strings)");
+    label_ = list_column(fields.label, "data.label_field", {ColumnKind::INT, ColumnKind::UTF8},
+                         "lists of class ids or names, one per word (datasets' List(ClassLabel))");
+    check_class_names(class_names(features, fields.label), fields.label);
+    return;
+  }
   if (kind != SampleKind::IMAGE) {
     // Token ids: the named column holds lists of whole numbers, or by default the table has input_ids and no text.
     const std::vector<std::string> names =
@@ -164,14 +171,31 @@ TableRecords::TableRecords(const std::string& path, SampleKind kind, const TextF
                                   "lists of " + items.type + ", expected lists of class ids (datasets' "
                                   "List(ClassLabel))");
     }
-    const std::vector<std::string> names = class_names(features, fields.label);
-    if (!names.empty() && !classes_.empty() && names != classes_) {
-        throw std::invalid_argument("data file '" + path + "': column '" + fields.label + "' holds the classes " +
-                                    list_of(names) + " (datasets' ClassLabel), the run " + list_of(classes_) +
-                                    " (data.labels, or the model's id2label): give the dataset's names in its "
-                                    "order, so that a label id means the same class");
-    }
+    check_class_names(class_names(features, fields.label), fields.label);
   }
+}
+
+void TableRecords::check_class_names(const std::vector<std::string>& names, const std::string& column) const {
+  if (!names.empty() && !classes_.empty() && names != classes_) {
+    throw std::invalid_argument("data file '" + path_ + "': column '" + column + "' holds the classes " +
+                                list_of(names) + " (datasets' ClassLabel), the run " + list_of(classes_) +
+                                " (data.labels, or the model's id2label): give the dataset's names in its order, "
+                                "so that a label id means the same class");
+  }
+}
+
+int TableRecords::list_column(const std::string& field, const std::string& key, const std::vector<ColumnKind>& items,
+                              const std::string& wanted) const {
+  const int c = find(field, key, {ColumnKind::LIST});
+  const int item = table_->columns()[static_cast<size_t>(c)].items;
+  if (item < 0 || std::find(items.begin(), items.end(), table_->columns()[static_cast<size_t>(item)].kind) ==
+                      items.end()) {
+    throw std::invalid_argument("data file '" + path_ + "': column '" + field + "' (" + key + ") holds lists of " +
+                                (item < 0 ? std::string("lists or structs")
+                                          : table_->columns()[static_cast<size_t>(item)].type) + ", expected " +
+                                wanted);
+  }
+  return c;
 }
 
 bool TableRecords::token_list(int column) const { return whole_number_lists(*table_, column); }
@@ -232,7 +256,37 @@ int TableRecords::find(const std::string& field, const std::string& key, const s
   return c;
 }
 
+// A token-classification row: its words and their class ids (names looked up), as many of each.
+void TableRecords::read_words(int64_t row, RawSample& s) const {
+  for (int c : {words_, label_}) {
+    if (table_->is_null(c, row)) {
+      throw std::runtime_error(s.key + ": column '" + table_->columns()[static_cast<size_t>(c)].path + "' is null");
+    }
+  }
+  s.words = table_->strings(words_, row);
+  const bool names = table_->columns()[static_cast<size_t>(table_->columns()[static_cast<size_t>(label_)].items)]
+                         .kind == ColumnKind::UTF8;
+  std::vector<std::string> values;
+  if (names) {
+    values = table_->strings(label_, row);
+  } else {
+    for (int64_t id : table_->integers(label_, row)) values.push_back(std::to_string(id));
+  }
+  if (values.size() != s.words.size()) {
+    throw std::runtime_error(s.key + ": " + std::to_string(values.size()) + " classes in '" +
+                             table_->columns()[static_cast<size_t>(label_)].path + "' for " +
+                             std::to_string(s.words.size()) + " words in '" +
+                             table_->columns()[static_cast<size_t>(words_)].path + "'");
+  }
+  for (const std::string& value : values) {
+    const int64_t id = class_of(value, classes_);
+    if (id < 0) throw std::runtime_error(s.key + ": " + not_a_class(value, classes_));
+    s.word_labels.push_back(id);
+  }
+}
+
 void TableRecords::read(int64_t row, RawSample& s) const {
+  if (words_ >= 0) return read_words(row, s);
   if (ids_ >= 0) read_tokens(row, s);
   for (size_t i = 0; i < text_.size(); ++i) {
     const int c = text_[i];

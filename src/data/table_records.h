@@ -52,6 +52,12 @@ class TableRecords {
   int find(const std::string& field, const std::string& key, const std::vector<ColumnKind>& kinds) const;
   bool token_list(int column) const;  // a top-level column of lists of whole numbers
   void read_tokens(int64_t row, RawSample& s) const;
+  void read_words(int64_t row, RawSample& s) const;
+  // A top-level list column of items of `items` kinds, else std::invalid_argument saying `wanted`.
+  int list_column(const std::string& field, const std::string& key, const std::vector<ColumnKind>& items,
+                  const std::string& wanted) const;
+  // Throws unless a ClassLabel's `names` (empty: none) are the run's classes in their order.
+  void check_class_names(const std::vector<std::string>& names, const std::string& column) const;
 
   std::string path_;
   TableFile file_;
@@ -60,6 +66,7 @@ class TableRecords {
   int ids_ = -1, type_ids_ = -1, mask_ = -1;  // a tokenized table's token ids and the lists beside them, or -1
   int pair_ids_ = -1;                         // a second field of token ids (a seq2seq target), or -1
   int label_ = -1;
+  int words_ = -1;       // token classification's list of words (TextFields::words); label_ its list of classes
   bool scores_ = false;  // label_ is a regression's number (TextFields::scores)
   bool sets_ = false;    // label_ is a list of class ids (TextFields::multi_label)
   int image_ = -1, image_path_ = -1;  // the encoded bytes; the path beside them (an Image struct), or -1

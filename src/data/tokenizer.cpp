@@ -45,6 +45,19 @@ void pad_encoding(Encoding& e, int64_t length, int64_t pad_id) {
   e.sequence_ids.resize(n, -1);
 }
 
+void set_word_ids(Encoding& e, const std::vector<int64_t>& word_of) {
+  e.word_ids.assign(e.ids.size(), -1);
+  size_t n = 0;
+  for (size_t i = 0; i < e.ids.size(); ++i) {
+    if (e.sequence_ids[i] == 0) e.word_ids[i] = word_of.at(n++);
+  }
+}
+
+Encoding Tokenizer::encode_words(const std::vector<std::string>&, int64_t) const {
+  throw std::invalid_argument("tokenizer " + describe() + " cannot encode text already split into words (token "
+                              "classification reads a tokenizer.json or a vocab.txt)");
+}
+
 std::string foreign_id_error(const std::string& key, int64_t id, const Tokenizer& t) {
   return key + ": token id " + std::to_string(id) + " is outside the vocabulary of " + t.describe() +
          ": the dataset was tokenized by another tokenizer (data.tokenizer names the one to use)";
@@ -180,6 +193,14 @@ Encoding WordPieceTokenizer::encode_pair(const std::string& first, const std::st
                                 " leaves no room for [CLS] and two [SEP]");
   }
   return hf_->encode_pair(first, second, length);
+}
+
+Encoding WordPieceTokenizer::encode_words(const std::vector<std::string>& words, int64_t length) const {
+  if (length != kWholeText && length < 2) {
+    throw std::invalid_argument("encode_words: length " + std::to_string(length) + " leaves no room for [CLS] and "
+                                "[SEP]");
+  }
+  return hf_->encode_words(words, length);
 }
 
 // Byte-pair merges over the corpus' distinct words, weighted by their counts. Pair counts are kept up to date

@@ -51,9 +51,10 @@ BertImpl::BertImpl(const BertConfig& c, const BuildOptions& build) : Interceptab
   std::vector<std::string> built;
   layers = build_layers(*this, "layers", "layers", c.layers, bert_layer_options(c), build, built);
   if (c.pooler) pooler = register_module("pooler", Linear(c.dim, c.dim, true, t));
-  if (!c.labels.empty() && (c.mlm_head || !c.pooler)) {
+  if (!c.labels.empty() && (c.mlm_head || (!c.pooler && !c.token_classifier))) {
     throw std::invalid_argument("BERT: a sequence classifier needs the pooler and no masked-LM head");
   }
+  if (c.token_classifier && c.labels.empty()) throw std::invalid_argument("BERT: a token classifier without classes");
   if (!c.labels.empty()) {
     classifier = register_module("classifier", Linear(c.dim, static_cast<int64_t>(c.labels.size()), true, t));
   }
@@ -93,6 +94,9 @@ std::vector<at::Tensor> BertImpl::forward_impl(const at::Tensor& input_ids, cons
       logits = head(x);
       if (labels.defined()) loss = masked_cross_entropy(logits, labels);
     }
+  } else if (classifier && config.token_classifier) {
+    logits = classifier->forward(at::dropout(x, config.classifier_dropout, is_training()));
+    if (labels.defined()) loss = masked_cross_entropy(logits, labels);
   } else if (classifier) {
     logits = classifier->forward(at::dropout(pooled, config.classifier_dropout, is_training()));
     if (labels.defined()) loss = classifier_loss(logits, labels);

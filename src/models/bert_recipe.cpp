@@ -1,5 +1,6 @@
-// BERT's recipe: masked-language modelling (BertForMaskedLM) and sequence classification
-// (BertForSequenceClassification: single texts or sentence pairs) on text.
+// BERT's recipe: masked-language modelling (BertForMaskedLM), sequence classification
+// (BertForSequenceClassification: single texts or sentence pairs) and token classification
+// (BertForTokenClassification: named entities) on text.
 #include <ATen/ATen.h>
 
 #include <nlohmann/json.hpp>
@@ -91,6 +92,47 @@ class BertClassify : public Task {
   BertConfig config_;
 };
 
+// Token classification (named entities: CoNLL-2003's tokens and ner_tags, as transformers' run_ner trains them):
+// cross-entropy of the classifier on each word's first token; evaluated by seqeval's entity precision, recall and F1
+// and the accuracy over those tokens.
+class BertTokenClassify : public Task {
+ public:
+  BertTokenClassify(std::string flavor, const BertConfig& config) : flavor_(std::move(flavor)), config_(config) {}
+  std::string name() const override { return "token_classify"; }
+  DataNeeds data_needs() const override {
+    DataNeeds d;
+    d.kinds = {false, true, false};
+    d.max_text_length = config_.max_positions, d.vocab_size = config_.vocab_size;
+    d.num_labels = static_cast<int64_t>(config_.labels.size()), d.class_names = config_.labels;
+    d.word_labels = true;
+    return d;
+  }
+  std::vector<std::string> loss_names() const override { return {"cls"}; }
+  Losses compute_losses(torch::nn::Module& model, const data::Batch& b, uint64_t) const override {
+    check_token_labels(b.labels, static_cast<int64_t>(config_.labels.size()), flavor_);
+    Losses out;
+    out.total = module_as<BertImpl>(model, "bert").run(b.input_ids, b.attention_mask, b.token_type_ids, b.labels).loss;
+    out.parts["cls"] = value_of(out.total);
+    return out;
+  }
+  bool has_evaluation() const override { return true; }
+  data::SampleKind eval_kind() const override { return data::SampleKind::TEXT; }
+  std::map<std::string, double> evaluate(torch::nn::Module& model, const EvalInputs& in) const override {
+    BertImpl& bert = module_as<BertImpl>(model, "bert");
+    return evaluate_token_classifier(model, in, config_.labels, [&](const data::Batch& b) {
+      return bert.run(b.input_ids, b.attention_mask, b.token_type_ids).logits;
+    });
+  }
+  std::string describe_progress(const std::map<std::string, double>& first,
+                                const std::map<std::string, double>& last) const override {
+    return describe_classifier_progress(first, last);
+  }
+
+ private:
+  std::string flavor_;
+  BertConfig config_;
+};
+
 nlohmann::json bert_to_hf(const BertConfig& c);
 
 class BertRecipe : public FamilyRecipe<BertConfig, Bert> {
@@ -114,30 +156,46 @@ class BertRecipe : public FamilyRecipe<BertConfig, Bert> {
     return {"embeddings.word.weight"};
   }
 
-  // A classifier's config (BertForSequenceClassification) classifies by default.
+  // A classifier's config (BertForSequenceClassification, BertForTokenClassification) classifies by default.
   std::vector<std::string> tasks() const override {
-    if (!config().labels.empty()) return {"classify", "masked_lm"};
-    return {"masked_lm", "classify"};
+    if (config().token_classifier) return {"token_classify", "classify", "masked_lm"};
+    if (!config().labels.empty()) return {"classify", "token_classify", "masked_lm"};
+    return {"masked_lm", "classify", "token_classify"};
   }
   // classify: the classifier over setup.labels (else the config's own classes) on the pooler, no MLM head;
+  // token_classify: the classifier on every token, no pooler (BertForTokenClassification has none), no MLM head;
   // masked_lm: the MLM head, no classifier.
   std::shared_ptr<const ModelRecipe> with_task_head(const std::string& task, const TaskSetup& setup) const override {
     BertConfig c = config();
     if (task == "masked_lm") {
       if (c.mlm_head) return nullptr;
-      c.mlm_head = true, c.labels.clear(), c.multi_label = false;
+      c.mlm_head = true, c.labels.clear(), c.multi_label = false, c.token_classifier = false;
     } else {
       if (!setup.labels.empty()) c.labels = setup.labels;
       if (c.labels.empty()) {
-        throw std::invalid_argument("model.task: classify needs the classes: data.labels names none (e.g. "
-                                    "data.labels: [not_equivalent, equivalent]) and " + flavor() + " has no id2label");
+        throw std::invalid_argument("model.task: " + task + " needs the classes: data.labels names none (e.g. " +
+                                    (task == "classify" ? "data.labels: [not_equivalent, equivalent]"
+                                                        : "data.labels: [O, B-PER, I-PER]") + ") and " + flavor() +
+                                    " has no id2label");
       }
+      if (task == "token_classify") {
+        if (setup.multi_label) {
+          throw std::invalid_argument("data.multi_label: a token classifier gives each word one class");
+        }
+        c.token_classifier = true, c.multi_label = false, c.mlm_head = false, c.pooler = false;
+        if (c.labels == config().labels && config().token_classifier) return nullptr;
+        return std::make_shared<BertRecipe>(family(), flavor(), c, bert_names, layer_class());
+      }
+      c.token_classifier = false;
       c.multi_label = setup.multi_label || config().multi_label;
       if (c.multi_label && c.labels.size() < 2) {
         throw std::invalid_argument("data.multi_label: sets of classes need 2 classes or more; " + flavor() +
                                     " would have " + std::to_string(c.labels.size()));
       }
-      if (c.labels == config().labels && c.multi_label == config().multi_label && !c.mlm_head) return nullptr;
+      if (c.labels == config().labels && c.multi_label == config().multi_label && !c.mlm_head &&
+          !config().token_classifier) {
+        return nullptr;
+      }
       c.mlm_head = false, c.pooler = true;
     }
     return std::make_shared<BertRecipe>(family(), flavor(), c, bert_names, layer_class());
@@ -156,6 +214,18 @@ class BertRecipe : public FamilyRecipe<BertConfig, Bert> {
     }
     const int64_t T = q.seq_len > 0 ? q.seq_len : c.max_positions, N = q.batch * T, unit = N * c.dim * stream_size(q);
     const int64_t norm = norm_kept(Norm::kLayerNorm, N, c.dim, q);
+    if (c.token_classifier) {  // every token: the last layer's output, the dropout's noise and output, the loss
+      const int64_t classes = static_cast<int64_t>(c.labels.size());
+      const LossBytes loss = cross_entropy_bytes(N, classes, q);
+      ActivationBytes a;
+      add_transformer_layers(a, c.layers, bert_layer_options(c), q.batch, T, 0, q);
+      a.outside_layers = unit + norm + dropout_kept(c.dropout, N * c.dim, q) + unit +
+                         dropout_kept(c.classifier_dropout, N * c.dim, q) + unit + loss.kept;
+      a.loss_transient = N * classes * (element_size(q) + 4);
+      a.loss_kept = loss.kept;
+      a.backward_transient = loss.backward_transient;
+      return a;
+    }
     if (!c.labels.empty()) {
       const int64_t classes = static_cast<int64_t>(c.labels.size()), row = q.batch * c.dim * element_size(q);
       const LossBytes loss = cross_entropy_bytes(q.batch, classes, q);
@@ -195,8 +265,12 @@ class BertRecipe : public FamilyRecipe<BertConfig, Bert> {
 
  protected:
   std::unique_ptr<Task> make_task(const std::string& name) const override {
-    if (name == "classify") {
-      if (config().labels.empty()) throw std::invalid_argument(flavor() + " has no classifier (recipe_for_task adds one)");
+    if (name == "classify" || name == "token_classify") {
+      if (config().labels.empty() || config().token_classifier != (name == "token_classify")) {
+        throw std::invalid_argument(flavor() + " has no " + (name == "classify" ? "sequence" : "token") +
+                                    " classifier (recipe_for_task adds one)");
+      }
+      if (name == "token_classify") return std::make_unique<BertTokenClassify>(flavor(), config());
       return std::make_unique<BertClassify>(flavor(), config());
     }
     if (!config().mlm_head) {
@@ -207,11 +281,13 @@ class BertRecipe : public FamilyRecipe<BertConfig, Bert> {
 };
 
 // transformers' BertConfig of `c`: BertForMaskedLM with the MLM head (the pooler is kept in the files: a
-// BertForSequenceClassification fine-tune loads it), BertForSequenceClassification with the classifier (its classes
-// as id2label / label2id), else BertModel.
+// BertForSequenceClassification fine-tune loads it), BertForSequenceClassification or BertForTokenClassification with
+// the classifier (its classes as id2label / label2id), else BertModel.
 nlohmann::json bert_to_hf(const BertConfig& c) {
-  const char* architecture =
-      c.mlm_head ? "BertForMaskedLM" : c.labels.empty() ? "BertModel" : "BertForSequenceClassification";
+  const char* architecture = c.mlm_head             ? "BertForMaskedLM"
+                             : c.labels.empty()       ? "BertModel"
+                             : c.token_classifier     ? "BertForTokenClassification"
+                                                      : "BertForSequenceClassification";
   nlohmann::json j = {{"model_type", "bert"},
           {"architectures", {architecture}},
           {"vocab_size", c.vocab_size},
@@ -274,7 +350,8 @@ BertConfig bert_from_hf(const HfConfig& hf, const std::string& path) {
   bool classifier = false;
   for (const auto& a : hf.texts("architectures")) {
     if (a == "BertForMaskedLM" || a == "BertForPreTraining") c.mlm_head = true;
-    classifier = classifier || a == "BertForSequenceClassification";
+    classifier = classifier || a == "BertForSequenceClassification" || a == "BertForTokenClassification";
+    c.token_classifier = c.token_classifier || a == "BertForTokenClassification";
   }
   if (c.mlm_head && classifier) hf.reject("architectures", "a BERT with both a masked-LM head and a classifier");
   if (classifier) {
@@ -282,7 +359,7 @@ BertConfig bert_from_hf(const HfConfig& hf, const std::string& path) {
     if (c.labels.empty()) c.labels = {"LABEL_0", "LABEL_1"};  // transformers' default: two classes
     c.multi_label = hf.text("problem_type", "") == "multi_label_classification";
   }
-  c.pooler = classifier || weights_hold_pooler(path);
+  c.pooler = (classifier && !c.token_classifier) || (!classifier && weights_hold_pooler(path));
   return c;
 }
 

@@ -9,6 +9,7 @@
 #include <stdexcept>
 #include <vector>
 
+#include "models/entities.h"
 #include "shardtrain/distributed/communicator.h"
 
 namespace shardtrain::models {
@@ -38,6 +39,20 @@ void check_class_labels(const at::Tensor& labels, int64_t classes, bool multi_la
                              "scores");
   }
   const int64_t top = labels.max().item<int64_t>(), bottom = labels.min().item<int64_t>();
+  if (top >= classes || bottom < 0) {
+    throw std::runtime_error(who + ": label " + std::to_string(top >= classes ? top : bottom) + " is outside its " +
+                             std::to_string(classes) + " classes");
+  }
+}
+
+void check_token_labels(const at::Tensor& labels, int64_t classes, const std::string& who) {
+  if (!labels.defined() || labels.dim() != 2 || labels.is_floating_point()) {
+    throw std::runtime_error(who + ": a token classifier needs a class per token, (batch, tokens) ids, and the batch "
+                             "holds " + (labels.defined() ? "a label per sample" : "none"));
+  }
+  const at::Tensor scored = labels.masked_select(labels != -100);
+  if (scored.numel() == 0) return;
+  const int64_t top = scored.max().item<int64_t>(), bottom = scored.min().item<int64_t>();
   if (top >= classes || bottom < 0) {
     throw std::runtime_error(who + ": label " + std::to_string(top >= classes ? top : bottom) + " is outside its " +
                              std::to_string(classes) + " classes");
@@ -200,6 +215,52 @@ std::map<std::string, double> evaluate_classifier(torch::nn::Module& model, cons
   out["accuracy"] = hits.sum().item<double>() / static_cast<double>(used);
   out["f1"] = classes == 2 ? f1[1].item<double>() : f1.masked_select(seen).mean().item<double>();
   out["eval_loss"] = loss_sum.item<double>() / static_cast<double>(used);
+  out["eval_samples"] = static_cast<double>(used);
+  return out;
+}
+
+std::map<std::string, double> evaluate_token_classifier(
+    torch::nn::Module& model, const EvalInputs& in, const std::vector<std::string>& classes,
+    const std::function<at::Tensor(const data::Batch&)>& logits_of) {
+  const dist::Communicator& world = *in.world;
+  const int64_t used = whole_batches(in), per_step = world.size() * in.batch_size;
+  const auto n = static_cast<int64_t>(classes.size());
+  const EvalMode mode(model);
+  EntityCounts entities;
+  double right = 0, scored = 0, loss = 0;
+  for (int64_t start = 0; start < used; start += per_step) {
+    const data::Batch b = in.loader->build(data::SampleKind::TEXT, start).to(in.device, in.floats);
+    check_token_labels(b.labels, n, "eval");
+    const at::Tensor logits = logits_of(b).to(at::kFloat);
+    loss += at::cross_entropy_loss(logits.flatten(0, 1), b.labels.flatten(), {}, at::Reduction::Sum, -100)
+                .item<double>();
+    const at::Tensor truth = b.labels.cpu().contiguous(), predicted = logits.argmax(2).cpu().contiguous();
+    const auto t = truth.accessor<int64_t, 2>(), p = predicted.accessor<int64_t, 2>();
+    for (int64_t row = 0; row < truth.size(0); ++row) {  // a sample's scored tokens: its words' tags
+      std::vector<std::string> truth_tags, predicted_tags;
+      for (int64_t k = 0; k < truth.size(1); ++k) {
+        if (t[row][k] == -100) continue;
+        truth_tags.push_back(classes[static_cast<size_t>(t[row][k])]);
+        predicted_tags.push_back(classes[static_cast<size_t>(p[row][k])]);
+        right += t[row][k] == p[row][k];
+      }
+      scored += static_cast<double>(truth_tags.size());
+      entities.add(truth_tags, predicted_tags);
+    }
+  }
+  at::Tensor totals = at::tensor({static_cast<double>(entities.true_entities), static_cast<double>(entities.predicted),
+                                  static_cast<double>(entities.correct), right, scored, loss},
+                                 at::kDouble).to(in.device);
+  world.all_reduce(totals, dist::ReduceOp::SUM).wait();
+  const at::Tensor host = totals.cpu();
+  const double* v = host.data_ptr<double>();
+  const double precision = v[1] > 0 ? v[2] / v[1] : 0.0, recall = v[0] > 0 ? v[2] / v[0] : 0.0;
+  std::map<std::string, double> out;
+  out["precision"] = precision;
+  out["recall"] = recall;
+  out["f1"] = precision + recall > 0 ? 2 * precision * recall / (precision + recall) : 0.0;
+  out["accuracy"] = v[4] > 0 ? v[3] / v[4] : 0.0;
+  out["eval_loss"] = v[4] > 0 ? v[5] / v[4] : 0.0;
   out["eval_samples"] = static_cast<double>(used);
   return out;
 }

@@ -1,5 +1,5 @@
 // Held-out evaluation shared by the tasks (private to the models layer): a classifier's accuracy, F1 and loss (BERT's
-// classify, ViT's image classification), a language model's loss per token and perplexity (Llama's causal LM), each
+// classify, ViT's image classification), a token classifier's entity F1 (BERT's token_classify), a language model's loss per token and perplexity (Llama's causal LM), each
 // over whole batches of every rank.
 #pragma once
 
@@ -10,6 +10,7 @@
 #include <map>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include "shardtrain/models/recipe.h"
 
@@ -55,6 +56,15 @@ std::map<std::string, double> evaluate_classifier(torch::nn::Module& model, cons
                                                   data::SampleKind kind, int64_t classes, bool multi_label,
                                                   const std::function<at::Tensor(const data::Batch&)>& logits_of);
 
+// Token classification: runs `logits_of` ((B, T, classes) logits of a batch, the model in eval mode) over the
+// held-out samples as evaluate_classifier does and scores the tokens whose label is not -100 (each word's first) as
+// transformers' run_ner does with seqeval: precision, recall and f1 of the entities (overall, micro; the tags are
+// `classes`' names, IOB), accuracy over those tokens; eval_loss (mean cross-entropy per scored token),
+// eval_samples. Throws as evaluate_classifier. Collective over in.world.
+std::map<std::string, double> evaluate_token_classifier(
+    torch::nn::Module& model, const EvalInputs& in, const std::vector<std::string>& classes,
+    const std::function<at::Tensor(const data::Batch&)>& logits_of);
+
 // ", accuracy 0.50 -> 0.91, F1 0.40 -> 0.90, ..." (a regression's ", Pearson 0.10 -> 0.85, ...") for the run's
 // closing line.
 std::string describe_classifier_progress(const std::map<std::string, double>& first,
@@ -63,5 +73,8 @@ std::string describe_classifier_progress(const std::map<std::string, double>& fi
 // Throws std::runtime_error unless `labels` ((B) int64, defined) are class ids below `classes` (one class, a
 // regression: (B) float scores; `multi_label`: (B, classes) float 0/1); `who` names the model in the message.
 void check_class_labels(const at::Tensor& labels, int64_t classes, bool multi_label, const std::string& who);
+// Throws std::runtime_error unless `labels` are a token classifier's: (B, T) int64, each a class id below `classes`
+// or -100.
+void check_token_labels(const at::Tensor& labels, int64_t classes, const std::string& who);
 
 }  // namespace shardtrain::models

@@ -31,7 +31,9 @@ data::Batch synthetic_batch(const DataNeeds& needs, int64_t batch, int64_t token
     b.images = batch;
   }
   if (needs.num_labels > 0) {  // class ids; a regression's scores; a multi-label classifier's sets as rows of 0/1
-    b.labels = needs.multi_label       ? (at::rand({batch, needs.num_labels}) < 0.5).to(at::kFloat)
+    // a token classifier's class per token (every token scored: the most its loss holds)
+    b.labels = needs.word_labels       ? at::randint(0, needs.num_labels, b.input_ids.sizes(), at::kLong)
+               : needs.multi_label     ? (at::rand({batch, needs.num_labels}) < 0.5).to(at::kFloat)
                : needs.num_labels == 1 ? at::randn({batch})
                                        : at::randint(0, needs.num_labels, {batch}, at::kLong);
   }

@@ -504,9 +504,12 @@ TrainSummary train_run(const Config& given, std::shared_ptr<log::Sink> sink, int
   if (classes_from_data && job.task->data_needs().num_labels > 0) {
     std::string names;
     for (const auto& name : c.data.labels) names += (names.empty() ? "" : ", ") + name;
-    data.notes.push_back(c.data.multi_label ? "multi-label: sets of the classes [" + names + "], the dataset's " +
-                                                  "List(ClassLabel) '" + c.data.label_field + "' (binary cross-" +
-                                                  "entropy on each, as run_classification)"
+    const bool words = job.task->data_needs().word_labels;
+    data.notes.push_back(words ? "token classes: [" + names + "], the dataset's List(ClassLabel) '" +
+                                     c.data.label_field + "' (a class per word, scored on its first token as run_ner)"
+                         : c.data.multi_label ? "multi-label: sets of the classes [" + names + "], the dataset's " +
+                                                    "List(ClassLabel) '" + c.data.label_field + "' (binary cross-" +
+                                                    "entropy on each, as run_classification)"
                          : c.data.labels.size() == 1 ? "regression: one output, the scores of the dataset's float "
                                                        "column '" + c.data.label_field + "' (as run_glue's STS-B)"
                                                      : "classes: [" + names + "], the dataset's ClassLabel '" +

@@ -25,6 +25,7 @@ data::TextFields text_fields(const Config& c, const models::DataNeeds& needs) {
   if (needs.num_labels > 0) f.label = c.data.label_field, f.classes = needs.class_names;
   f.scores = needs.num_labels == 1 && !needs.multi_label;  // one label: a regression's scores (transformers')
   f.multi_label = needs.multi_label;
+  f.words = needs.word_labels;
   return f;
 }
 
@@ -142,7 +143,9 @@ RunLabels run_labels(const Config& c) {
       const data::RecordFormat format = data::record_format_of(file);
       if (format == data::RecordFormat::ARROW || format == data::RecordFormat::PARQUET) {
         const data::LabelColumn column = data::label_column(file, c.data.label_field);
-        return {c.data.labels.empty() ? column.names : c.data.labels, c.data.multi_label || column.multi_label};
+        // a token classifier's List(ClassLabel) holds a class per word, not a set
+        const bool sets = column.multi_label && c.model.task != "token_classify";
+        return {c.data.labels.empty() ? column.names : c.data.labels, c.data.multi_label || sets};
       }
     }
   }

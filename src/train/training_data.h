@@ -29,7 +29,8 @@ struct TrainingData {
 // A classifier's classes: data.labels, else the names of the ClassLabel column data.label_field of the first
 // Hugging Face datasets .arrow/.parquet file among data.text and data.image (where transformers' run_glue takes them
 // from), else none (the model's own id2label then); multi_label: data.multi_label, or that column holds lists of
-// class ids (List(ClassLabel), as run_classification decides). Throws std::invalid_argument for a data path that
+// class ids (List(ClassLabel), as run_classification decides) and model.task is not token_classify (whose
+// List(ClassLabel) holds each word's class). Throws std::invalid_argument for a data path that
 // does not exist.
 struct RunLabels {
   std::vector<std::string> names;

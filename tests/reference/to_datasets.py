@@ -21,6 +21,12 @@ Usage: to_datasets.py PAIRS_DIR IMAGE_DIR OUT VOCAB
               triangle, diamond, cross; one or two); OUT/multilabel_{train,validation}.jsonl the same as .jsonl
               records {"text": ..., "labels": [names]}, OUT/multilabel_{train,validation}.tsv as go_emotions' own
               .tsv files (text, then the ids separated by commas)
+  OUT/ner     token classification as CoNLL-2003 holds it: DatasetDict {train, validation} of the pairs' second
+              texts split at spaces (tokens: List(Value(string))) with IOB tags (ner_tags: List(ClassLabel O, B-OBJ,
+              I-OBJ, B-LOC, I-LOC)): an object is its size, colour and shape words, a location its position word;
+              words of several sub-word tokens: every third text ends in "tagged" (O), every other "top" is
+              "topmost" (B-LOC); OUT/ner_{train,
+              validation}.jsonl the same as .jsonl records {"tokens": [...], "ner_tags": [names]}
   OUT/shapes  DatasetDict {train} of IMAGE_DIR's WebDataset tars as an image-classification dataset (CIFAR-10's
               shape): img (Image, the tars' PNG bytes unchanged), label (ClassLabel); samples in the tars' order
 """
@@ -131,6 +137,36 @@ def main(pairs_dir, image_dir, out, vocab):
             for t, ids in zip(texts, labels):
                 f.write("%s\t%s\n" % (t, ",".join(str(i) for i in ids)))
     DatasetDict(multilabel).save_to_disk(os.path.join(out, "multilabel"))
+
+    # Token classification (CoNLL-2003's layout): objects (size, colour, shape words) and locations, IOB tags.
+    ner_names = ["O", "B-OBJ", "I-OBJ", "B-LOC", "I-LOC"]
+    sizes, places = {"small", "large"}, {"top", "bottom", "middle", "left", "right"}
+    colours = {"red", "green", "blue", "white", "purple", "yellow", "black", "orange"}
+
+    def tags_of(words):
+        tags = []
+        for w in words:
+            inside = bool(tags) and tags[-1] in ("B-OBJ", "I-OBJ")
+            if w in sizes or w in colours or any(w.startswith(s) for s in shape_names):
+                tags.append("I-OBJ" if inside and w not in sizes else "B-OBJ")
+            elif w in places or w == "topmost":
+                tags.append("B-LOC")
+            else:
+                tags.append("O")
+        return tags
+    ner = {}
+    for split, d in mrpc.items():
+        words = [[("topmost" if w == "top" and i % 2 == 0 else w) for w in t.split()] + (["tagged"] if i % 3 == 0
+                                                                                         else [])
+                 for i, t in enumerate(d["sentence2"])]
+        tags = [tags_of(w) for w in words]
+        ner[split] = Dataset.from_dict(
+            {"tokens": words, "ner_tags": [[ner_names.index(t) for t in row] for row in tags]},
+            features=Features({"tokens": Sequence(Value("string")), "ner_tags": Sequence(ClassLabel(names=ner_names))}))
+        with open(os.path.join(out, "ner_" + split + ".jsonl"), "w") as f:
+            for w, t in zip(words, tags):
+                f.write(json.dumps({"tokens": w, "ner_tags": t}) + "\n")
+    DatasetDict(ner).save_to_disk(os.path.join(out, "ner"))
 
 
 if __name__ == "__main__":

@@ -841,12 +841,14 @@ std::vector<std::string> loss_lines(const std::string& output) {
 // where each of `metrics` is printed to 4 digits.
 void expect_last_eval_matches(const std::string& output, const nlohmann::json& theirs,
                               const std::vector<std::string>& metrics) {
+  std::string last;  // the last "eval step N ..." line (not the closing line's "accuracy 0.31 -> 0.58")
+  for (const std::string& line : loss_lines(output)) {
+    if (line.rfind("eval step", 0) == 0) last = line;
+  }
   for (const std::string& metric : metrics) {
-    const std::regex value(" " + metric + " ([-0-9.e+]+)");
-    double ours = NAN;
-    for (auto it = std::sregex_iterator(output.begin(), output.end(), value); it != std::sregex_iterator(); ++it) {
-      ours = std::stod((*it)[1]);
-    }
+    std::smatch found;
+    const bool present = std::regex_search(last, found, std::regex(" " + metric + " ([-0-9.e+]+)"));
+    const double ours = present ? std::stod(found[1]) : NAN;
     const double x = theirs.at(metric).get<double>();
     EXPECT_NEAR(ours, x, 1e-3 * std::max(1.0, std::abs(x))) << metric << "\n" << output;
   }
@@ -965,6 +967,44 @@ TEST_F(TrainTest, HuggingFaceDatasetsTrainAsTheirFiles) {
                                "/multilabel_validation.tsv]");
   ASSERT_EQ(ml_tsv.status, 0) << ml_tsv.output;
   EXPECT_EQ(loss_lines(ml_tsv.output), loss_lines(ml.output)) << ml_tsv.output;
+
+  // Token classification (CoNLL-2003's layout: tokens, ner_tags as List(ClassLabel)): model.task token_classify
+  // reads run_ner's columns by default, takes the classes from the ClassLabel, gives each word's class to its first
+  // token; scored by seqeval's entity precision, recall and F1; exported as a BertForTokenClassification that
+  // transformers scores (words tokenized with is_split_into_words, labels aligned as run_ner) on the same 50 held-out
+  // texts as the last evaluation did. The .jsonl form (arrays of words and tag names) trains the same.
+  const std::string ner = " --model.flavor=bert-debug --model.task=token_classify --data.max_text_length=32 "
+                          "--train.steps=6 --log.interval=1 --train.eval_interval=3 --optim.warmup_steps=0 "
+                          "--train.batch_size=5 --train.eval_samples=0 --checkpoint.overwrite=true "
+                          "--checkpoint.dir=" + dir + "/run";
+  const Outcome tokens = train(ner + " --data.text=[" + dir + "/ner/train] --data.eval=[" + dir + "/ner/validation]");
+  ASSERT_EQ(tokens.status, 0) << tokens.output;
+  EXPECT_NE(tokens.output.find("token classes: [O, B-OBJ, I-OBJ, B-LOC, I-LOC], the dataset's List(ClassLabel) "
+                               "'ner_tags'"), std::string::npos) << tokens.output;
+  EXPECT_NE(tokens.output.find(" precision "), std::string::npos) << tokens.output;
+  EXPECT_EQ(loss_lines(tokens.output).size(), 9u) << tokens.output;
+  made = run(std::string(SHARDTRAIN_BIN) + " checkpoint export " + dir + "/run --hf " + dir + "/ner-tuned");
+  ASSERT_EQ(made.status, 0) << made.output;
+  const nlohmann::json ner_config = nlohmann::json::parse(test::read_text(dir + "/ner-tuned/config.json"));
+  EXPECT_EQ(ner_config.at("architectures").at(0), "BertForTokenClassification");
+  made = run(std::string(SHARDTRAIN_PYTHON) + " " + SHARDTRAIN_SOURCE_DIR + "/tests/reference/ner_check.py " + dir +
+             "/ner-tuned " + dir + "/ner/validation " + root_ + "/data/vocab.txt 32");
+  ASSERT_EQ(made.status, 0) << made.output;
+  const nlohmann::json ner_theirs = nlohmann::json::parse(made.output.substr(made.output.rfind("{")));
+  EXPECT_EQ(ner_theirs.at("samples"), 50);
+  EXPECT_GT(ner_theirs.at("split_words").get<int>(), 10);  // words of several tokens: only the first one scored
+  expect_last_eval_matches(tokens.output, ner_theirs, {"eval_loss", "precision", "recall", "f1", "accuracy"});
+  made = run(std::string(SHARDTRAIN_BIN) + " data show " + dir + "/ner/train/data-00000-of-00001.arrow --rows 1");
+  EXPECT_NE(made.output.find("row 0:  tokens=[\""), std::string::npos) << made.output;
+  const Outcome tokens_jsonl = train(ner + " --data.labels=[O,B-OBJ,I-OBJ,B-LOC,I-LOC] --data.text=[" + dir +
+                                     "/ner_train.jsonl] --data.eval=[" + dir + "/ner_validation.jsonl]");
+  ASSERT_EQ(tokens_jsonl.status, 0) << tokens_jsonl.output;
+  EXPECT_EQ(loss_lines(tokens_jsonl.output), loss_lines(tokens.output)) << tokens_jsonl.output;
+  const Outcome tokens_tsv = train(ner + " --data.labels=[O,B-OBJ,I-OBJ,B-LOC,I-LOC] --data.text=[" + dir +
+                                   "/multilabel_train.tsv]");  // one text per record: no words
+  EXPECT_NE(tokens_tsv.status, 0);
+  EXPECT_NE(tokens_tsv.output.find("token classification's words and their classes are .jsonl arrays"),
+            std::string::npos) << tokens_tsv.output;
 
   // the Hub's layout: Parquet files of each split side by side, named by a pattern; `data show` names the columns
   made = run(std::string(SHARDTRAIN_BIN) + " data show " + dir + "/hub/data/train-00000-of-00001.parquet --rows 1");

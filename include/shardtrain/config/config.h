@@ -92,7 +92,8 @@ struct DataConfig {
   // ([sentence1, sentence2]), or a tokenized dataset's token ids ([input_ids]: read so by default where a record
   // has no "text"; [input_ids, labels] for seq2seq); for model.task classify the label's field and the classes, by
   // id (a record gives a class name or its id: MRPC's 0/1 with labels [not_equivalent, equivalent]); one name is a
-  // regression on the label's numbers (STS-B's scores: labels [score]).
+  // regression on the label's numbers (STS-B's scores: labels [score]). For model.task token_classify the words'
+  // field and their classes' (run_ner's: [tokens] and ner_tags, the defaults then).
   std::vector<std::string> text_fields = {"text"};
   std::string label_field = "label";
   std::vector<std::string> labels;

@@ -36,6 +36,9 @@ class HfTokenizer final : public Tokenizer {
   std::vector<int64_t> token_ids(const std::string& text) const override;
   Encoding encode(const std::string& text, int64_t length) const override;
   Encoding encode_pair(const std::string& first, const std::string& second, int64_t length) const override;
+  // Each word through the normalizer, pre-tokenizer and model alone, as the tokenizers library encodes a
+  // pre-tokenized input (a byte-level BPE's words get the space its add_prefix_space gives each).
+  Encoding encode_words(const std::vector<std::string>& words, int64_t length) const override;
   std::string decode(const std::vector<int64_t>& ids, bool skip_special = true) const override;
 
   int64_t vocab_size() const override;  // the model's ids and the added tokens'

@@ -42,7 +42,8 @@ struct Batch {
   at::Tensor itm_labels;        // (B) int64: 1 = the text is the image's, 0 = another row's text (image-text only)
   at::Tensor labels;            // (B) int64 class labels (.cls), when every sample has one; float32 scores instead
                                 // for a regression (TextFields::scores); (B, classes) float32 0/1 for sets of
-                                // classes (TextFields::multi_label)
+                                // classes (TextFields::multi_label); (B, T) int64 for token classification
+                                // (TextFields::words): a word's class on its first token, -100 elsewhere
   std::vector<int64_t> sample_ids;  // (B) the source's sample numbers (for tests and debugging)
 
   // The same batch with every tensor on `device` (the loader builds on the CPU), its floating-point inputs (pixels)

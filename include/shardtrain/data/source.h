@@ -40,6 +40,10 @@ struct RawSample {
   std::optional<double> score;   // the label as a number instead, when TextFields::scores (a regression target)
   // The label as a set of class ids instead, when TextFields::multi_label (ascending, each once; may be empty).
   std::optional<std::vector<int64_t>> label_set;
+  // A text already split into words, each with its class, when TextFields::words (token classification: CoNLL-2003's
+  // tokens and ner_tags); the text is then empty.
+  std::vector<std::string> words;
+  std::vector<int64_t> word_labels;  // one class id per word
   // A tokenized dataset's row (an .arrow/.parquet column or a .jsonl field of token ids, Hugging Face datasets'
   // `input_ids` after dataset.map(tokenizer)): the ids as its tokenizer made them, special tokens included, padding
   // left out; the text is then empty and is not tokenized again.
@@ -69,6 +73,11 @@ struct TextFields {
   // them separated by commas, a table's list of ClassLabel ids), read into RawSample::label_set; `classes` names
   // them. A .txt or tar cannot hold one.
   bool multi_label = false;
+  // The text field holds words, the label field one class per word (token classification, transformers' run_ner:
+  // CoNLL-2003's `tokens` and `ner_tags`): a .jsonl array of strings and one of class names or ids, a table's list
+  // of strings and list of ClassLabel ids or names; read into RawSample::words and word_labels. `classes` names them.
+  // One text field; .txt, .tsv, .csv and tars cannot hold them.
+  bool words = false;
   // A table's image column (binary, or datasets' Image struct {bytes, path}); when the table has none of this
   // name, its one Image column.
   std::string image = "image";

@@ -36,6 +36,9 @@ struct Encoding {
   std::vector<int64_t> attention_mask;  // 1 for tokens, 0 for padding
   std::vector<int64_t> token_type_ids;  // 0 for the first sequence (and padding), 1 for a pair's second
   std::vector<int64_t> sequence_ids;    // 0: the first text's tokens, 1: the second's, -1: special tokens, padding
+  // encode_words only: the word each token comes from (its index in the words), -1 for special tokens and padding
+  // (transformers' word_ids(), None there); else empty.
+  std::vector<int64_t> word_ids;
   int64_t truncated = 0;                // tokens cut to fit the length asked for
 };
 
@@ -53,6 +56,12 @@ class Tokenizer {
   // does: the shorter keeps up to half the budget, the longer the rest. An empty `second` gives encode(first).
   // `length` kWholeText: both whole, unpadded.
   virtual Encoding encode_pair(const std::string& first, const std::string& second, int64_t length) const = 0;
+  // Text already split into words (a token-classification dataset's `tokens`: CoNLL-2003's ["EU", "rejects", ...]),
+  // as transformers' tokenizer(words, is_split_into_words=True) encodes it: each word tokenized alone, the ids end to
+  // end between the special tokens, cut to fit `length` then padded; word_ids says which word each token is of. A
+  // word that gives no token (a control character alone) has none. Throws std::invalid_argument for a tokenizer that
+  // cannot (SentencePiece's).
+  virtual Encoding encode_words(const std::vector<std::string>& words, int64_t length) const;
   // Text of `ids`; special tokens (and padding) left out when `skip_special`.
   virtual std::string decode(const std::vector<int64_t>& ids, bool skip_special = true) const = 0;
 
@@ -78,6 +87,10 @@ std::pair<int64_t, int64_t> longest_first(int64_t n1, int64_t n2, int64_t budget
 // `pad_id`, token type 0 and sequence id -1 over the padding (token types and sequence ids also where `e` left them
 // unset).
 void pad_encoding(Encoding& e, int64_t length, int64_t pad_id);
+
+// `e`'s word ids from its sequence ids: the n-th token of the (first) text is of word word_of[n]; -1 elsewhere.
+// `e` encodes the words' ids end to end (encode_words' implementations); word_of holds one entry per such id.
+void set_word_ids(Encoding& e, const std::vector<int64_t>& word_of);
 
 // Why a tokenized dataset's row `key` cannot be read by `t`: its token id `id` is outside t's vocabulary.
 std::string foreign_id_error(const std::string& key, int64_t id, const Tokenizer& t);
@@ -106,6 +119,7 @@ class WordPieceTokenizer final : public Tokenizer {
   Encoding encode(const std::string& text, int64_t length) const override;
   // [CLS] a [SEP] b [SEP] as BertTokenizerFast encodes it, token type 1 from b on.
   Encoding encode_pair(const std::string& first, const std::string& second, int64_t length) const override;
+  Encoding encode_words(const std::vector<std::string>& words, int64_t length) const override;
   // Tokens joined by spaces, "##" continuations glued on, spaces before punctuation dropped.
   std::string decode(const std::vector<int64_t>& ids, bool skip_special = true) const override;
 

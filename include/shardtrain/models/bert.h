@@ -1,6 +1,6 @@
-// BERT (Devlin et al.), as Hugging Face's BertModel / BertForMaskedLM / BertForSequenceClassification: post-norm
-// encoder, optional pooler, and either the masked-language-modelling head (its decoder tied to the word embeddings)
-// or a sequence classifier on the pooled output.
+// BERT (Devlin et al.), as Hugging Face's BertModel / BertForMaskedLM / BertForSequenceClassification /
+// BertForTokenClassification: post-norm encoder, optional pooler, and either the masked-language-modelling head (its
+// decoder tied to the word embeddings), a sequence classifier on the pooled output or a classifier of every token.
 #pragma once
 
 #include <string>
@@ -33,6 +33,9 @@ struct BertConfig {
   // problem_type multi_label_classification); labels (B, classes) float 0/1.
   bool multi_label = false;
   double classifier_dropout = 0.1;  // before the classifier (transformers: classifier_dropout, else hidden_dropout)
+  // The classifier classifies every token (transformers' BertForTokenClassification, named entities): logits (B, T,
+  // classes) on the last layer's output, no pooler needed; labels (B, T) class ids, -100 where no loss is taken.
+  bool token_classifier = false;
 };
 
 // bert-base-uncased, bert-base-cased, bert-large-uncased (the published configurations), bert-debug.
@@ -44,7 +47,7 @@ struct BertOutputs {
   at::Tensor hidden;  // (B, T, C)
   at::Tensor pooled;  // (B, C): tanh(pooler(hidden[:, 0])), when the model has a pooler
   at::Tensor logits;  // (B, T, vocab) with the MLM head ((K, vocab) when run labelled_only); (B, classes) with the
-                      // classifier
+                      // classifier, (B, T, classes) with a token classifier
   at::Tensor loss;    // () mean cross-entropy over labels (!= -100 for the MLM head), when labels are given; a
                       // regression's mean squared error
 };
@@ -57,7 +60,8 @@ class BertImpl : public nn::Interceptable<BertImpl, std::vector<at::Tensor>(at::
   BertImpl(const BertConfig& config, const BuildOptions& build = {});
   // input_ids (B, T) int64; attention_mask (B, T) 1 = token, 0 = padding (undefined: all tokens); token_type_ids
   // (B, T) or undefined; labels int64 or undefined: (B, T) with -100 where no loss is taken for the MLM head, (B)
-  // class ids for the classifier, (B) float scores for a regression's, (B, classes) float 0/1 for a multi-label one. labelled_only (with MLM labels): the MLM
+  // class ids for the classifier, (B) float scores for a regression's, (B, classes) float 0/1 for a multi-label one,
+  // (B, T) class ids or -100 for a token classifier. labelled_only (with MLM labels): the MLM
   // head runs at the K labelled positions only (row-major order), all the loss reads — the same loss and gradients
   // without the (B, T, vocab) logits, at a sixth of the head's work at 15% masking.
   BertOutputs run(const at::Tensor& input_ids, const at::Tensor& attention_mask = {},

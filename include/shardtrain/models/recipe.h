@@ -52,6 +52,7 @@ struct DataNeeds {
   int64_t num_labels = 0;                                     // classifier outputs (.cls labels)
   std::vector<std::string> class_names;  // a classifier's classes by id, when records name them (BERT's classify)
   bool multi_label = false;              // a sample's label is a set of the classes (a list in its record)
+  bool word_labels = false;  // token classification: texts are words, each with one of the classes
   bool uses_mlm = false, uses_mim = false;                    // masked tokens / masked patches in the batch
 
   // The kind of the task's largest batches: image-text when it reads pairs, else text, else images (what memory
