@@ -1,6 +1,7 @@
 // What the table fuzz targets share (fuzz_arrow, fuzz_parquet): every value of every column of an opened table read
-// as each kind (numbers and lists of whole numbers too). A column of another kind, or data found damaged when read,
-// throws std::runtime_error; anything else (a crash, a sanitizer report, another exception) is a finding.
+// as each kind (numbers, lists of whole numbers and lists of strings too). A column of another kind, or data found
+// damaged when read, throws std::runtime_error; anything else (a crash, a sanitizer report, another exception) is a
+// finding.
 #pragma once
 
 #include <cstdint>
@@ -29,6 +30,10 @@ inline void read_every_value(const data::ColumnTable& table) {
       }
       try {
         (void)table.integers(static_cast<int>(c), row);
+      } catch (const std::runtime_error&) {
+      }
+      try {
+        (void)table.strings(static_cast<int>(c), row);
       } catch (const std::runtime_error&) {
       }
     }

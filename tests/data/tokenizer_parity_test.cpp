@@ -58,6 +58,29 @@ TEST(TokenizerParity, PairsMatchBertTokenizerFast) {
   EXPECT_GE(truncated, 40);  // the truncation rule is exercised, not only padding
 }
 
+// Texts already split into words as BertTokenizerFast encodes them with is_split_into_words (run_ner's input): the
+// ids, and the word of each token (transformers' word_ids(), None as -1), truncated and padded.
+TEST(TokenizerParity, WordsMatchBertTokenizerFastSplitIntoWords) {
+  std::ifstream in(reference_dir() + "/cases.json");
+  ASSERT_TRUE(in) << "no " << reference_dir() << "/cases.json (run the data.tokenizer_reference fixture)";
+  const nlohmann::json cases = nlohmann::json::parse(in);
+  WordPieceTokenizer tok(load_vocab(reference_dir() + "/vocab.txt"), true);
+  int64_t compared = 0, split_words = 0;
+  for (const auto& c : cases.at("words")) {
+    const auto words = c.at("words").get<std::vector<std::string>>();
+    const Encoding e = tok.encode_words(words, c.at("length").get<int64_t>());
+    const std::string where = c.at("words").dump() + " at " + c.at("length").dump();
+    EXPECT_EQ(e.ids, c.at("ids").get<std::vector<int64_t>>()) << where;
+    EXPECT_EQ(e.word_ids, c.at("word_ids").get<std::vector<int64_t>>()) << where;
+    for (size_t i = 1; i < e.word_ids.size(); ++i) {
+      split_words += e.word_ids[i] >= 0 && e.word_ids[i] == e.word_ids[i - 1];
+    }
+    ++compared;
+  }
+  EXPECT_GE(compared, 50);
+  EXPECT_GE(split_words, 20);  // words of several tokens, not only one token each
+}
+
 TEST(TokenizerParity, VocabularyErrors) {
   EXPECT_THROW(load_vocab("/nonexistent/vocab.txt"), std::runtime_error);
   try {

@@ -3,7 +3,8 @@
 Writes <out>/tokenizer/{vocab.txt, cases.json}: a WordPiece vocabulary learned by Hugging Face tokenizers'
 WordPieceTrainer on a small corpus, then for lower-cased and cased BertTokenizers over that vocabulary the tokens
 and ids of texts chosen to exercise every rule: accents, punctuation, CJK, control characters, unknown words,
-over-long words, whitespace of every kind, truncation and padding; and sentence pairs through BertTokenizerFast.
+over-long words, whitespace of every kind, truncation and padding; and sentence pairs and texts split into words
+(is_split_into_words, with each token's word) through BertTokenizerFast.
 """
 import json
 import os
@@ -80,6 +81,16 @@ def main(out_dir: str) -> None:
                 pairs.append({"first": first, "second": second, "length": length, "ids": encoded["input_ids"],
                               "types": encoded["token_type_ids"], "mask": encoded["attention_mask"]})
     cases["pairs"] = pairs
+    # Texts already split into words (token classification's input, run_ner's): is_split_into_words, each word
+    # tokenized alone (a word of punctuation splits further, an empty one gives nothing), the word of each token.
+    words = []
+    for i, text in enumerate(TEXTS):
+        split = text.split() + (["U.N.", "", "re-run"] if i % 4 == 0 else [])
+        for length in (8, 16, 40):
+            encoded = fast(split, is_split_into_words=True, padding="max_length", truncation=True, max_length=length)
+            words.append({"words": split, "length": length, "ids": encoded["input_ids"],
+                          "word_ids": [-1 if w is None else w for w in encoded.word_ids()]})
+    cases["words"] = words
     with open(os.path.join(out, "cases.json"), "w", encoding="utf-8") as f:
         json.dump(cases, f, ensure_ascii=False, indent=1)
 

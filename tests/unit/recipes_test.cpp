@@ -11,6 +11,7 @@
 #include <nlohmann/json.hpp>
 #include <random>
 
+#include "models/entities.h"
 #include "models/t5_span_corruption.h"
 #include "shardtrain/data/synth.h"
 #include "shardtrain/distributed/process_group.h"
@@ -220,6 +221,73 @@ TEST(Recipes, TaskHeadsMoveBetweenMaskedLmAndClassifier) {
   io::write_file_atomic(dir + "/config.json", std::vector<char>(gaps.begin(), gaps.end()));
   EXPECT_NE(error_of([&] { recipe_from_hf_config(dir); }).find("'id2label' is"), std::string::npos);
   io::remove_tree(dir);
+}
+
+// token_classify: a classifier of every token on the last layer's output, no pooler (BertForTokenClassification's
+// layout), the config.json says so and reads back; the pooler of masked-LM weights is left unused; its loss is the
+// mean cross-entropy over the tokens whose label is not -100; a model with a token classifier moves to classify.
+TEST(Recipes, TokenClassifierHead) {
+  const auto base = recipe_of("bert-debug");
+  const auto tagger = recipe_for_task(base, "token_classify", {{"O", "B-PER", "I-PER"}, false, std::nullopt});
+  auto params = tagger->build(meta_build())->named_parameters();
+  EXPECT_EQ(params["classifier.weight"].sizes(), at::IntArrayRef({3, 32}));
+  EXPECT_FALSE(params.contains("pooler.weight"));
+  EXPECT_FALSE(params.contains("mlm_bias"));
+  EXPECT_EQ(tagger->tasks().front(), "token_classify");
+  EXPECT_TRUE(tagger->task()->data_needs().word_labels);
+  EXPECT_GT(tagger->activation_bytes({}).loss_transient, 0);
+  EXPECT_NE(error_of([&] { recipe_for_task(base, "token_classify", {}); }).find("data.labels: [O, B-PER, I-PER]"),
+            std::string::npos);
+  EXPECT_NE(error_of([&] { recipe_for_task(base, "token_classify", {{"O", "B-X"}, true, std::nullopt}); })
+                .find("a token classifier gives each word one class"), std::string::npos);
+
+  const std::string dir = "/tmp/shardtrain_recipes_tagger_" + std::to_string(::getpid());
+  io::make_directories(dir);
+  const std::string json = tagger->hf_config_json();
+  EXPECT_NE(json.find("BertForTokenClassification"), std::string::npos);
+  io::write_file_atomic(dir + "/config.json", std::vector<char>(json.begin(), json.end()));
+  const auto read = recipe_from_hf_config(dir);
+  EXPECT_EQ(read->hf_config_json(), json);
+  EXPECT_EQ(read->task()->name(), "token_classify");
+  EXPECT_TRUE(recipe_for_task(read, "classify", {})->build(meta_build())->named_parameters().contains("pooler.weight"));
+
+  ZooModel mlm = build_model("bert-debug"), tags = build_model(tagger);
+  save_weights(*mlm.module, dir + "/mlm.safetensors", mlm.names);
+  const LoadReport report = load_weights(*tags.module, dir + "/mlm.safetensors", tags.names);
+  EXPECT_EQ(report.initialized, (std::vector<std::string>{"classifier.weight", "classifier.bias"}));
+  EXPECT_NE(std::find(report.unused.begin(), report.unused.end(), "bert.pooler.dense.weight"), report.unused.end());
+  io::remove_tree(dir);
+
+  // the loss: only the labelled tokens count
+  tags.module->eval();
+  const at::Tensor ids = at::randint(5, 100, {2, 6}, at::kLong);
+  const at::Tensor labels = at::tensor({-100, 1, 2, -100, 0, -100, -100, 0, -100, 1, 1, -100}, at::kLong).view({2, 6});
+  auto& bert = *std::dynamic_pointer_cast<BertImpl>(tags.module);
+  const BertOutputs out = bert.run(ids, {}, {}, labels);
+  EXPECT_EQ(out.logits.sizes(), at::IntArrayRef({2, 6, 3}));
+  const at::Tensor keep = labels.flatten() != -100;
+  const at::Tensor expected =
+      at::cross_entropy_loss(out.logits.flatten(0, 1).index({keep}), labels.flatten().index({keep}));
+  EXPECT_NEAR(out.loss.item<double>(), expected.item<double>(), 1e-6);
+}
+
+// Entities as seqeval finds them (get_entities, its default mode), and the counts its overall precision and recall
+// come from: the cases below as seqeval 1.2.2 answers them.
+TEST(ClassifierEvaluation, EntitiesAsSeqevalFindsThem) {
+  using E = std::vector<Entity>;
+  EXPECT_EQ(entities_of({"B-PER", "I-PER", "O", "B-LOC"}), (E{{"PER", 0, 1}, {"LOC", 3, 3}}));
+  EXPECT_EQ(entities_of({"I-PER", "I-PER", "B-PER"}), (E{{"PER", 0, 1}, {"PER", 2, 2}}));
+  EXPECT_EQ(entities_of({"B-PER", "I-LOC", "O"}), (E{{"PER", 0, 0}, {"LOC", 1, 1}}));
+  EXPECT_EQ(entities_of({"O", "E-PER", "S-LOC", "B-ORG", "E-ORG"}), (E{{"PER", 1, 1}, {"LOC", 2, 2}, {"ORG", 3, 4}}));
+  EXPECT_EQ(entities_of({"B", "I", "O", "PER"}), (E{{"_", 0, 1}, {"ER", 3, 3}}));
+  EXPECT_EQ(entities_of({"B-PER", "I-PER", "I-PER"}), (E{{"PER", 0, 2}}));
+  EXPECT_TRUE(entities_of({}).empty());
+  EntityCounts counts;  // seqeval: precision 0.75, recall 1.0
+  counts.add({"B-PER", "I-PER", "O", "B-LOC"}, {"B-PER", "I-PER", "O", "I-LOC"});
+  counts.add({"I-ORG", "O"}, {"B-ORG", "B-ORG"});
+  EXPECT_EQ(counts.true_entities, 3);
+  EXPECT_EQ(counts.predicted, 4);
+  EXPECT_EQ(counts.correct, 3);
 }
 
 // model.overrides: a flavor's config.json with the named keys changed, read back as any config.json is.
