@@ -254,6 +254,7 @@ std::vector<Field> fields_of(Config& c) {
       field("data.image_field", c.data.image_field),
       field("data.labels", c.data.labels),
       field("data.multi_label", c.data.multi_label),
+      field("data.label_all_tokens", c.data.label_all_tokens),
       field("data.mix.image_text", c.data.mix.image_text),
       field("data.mix.text", c.data.mix.text),
       field("data.mix.image", c.data.mix.image),

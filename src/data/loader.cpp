@@ -56,13 +56,24 @@ Encoding encoding_of_ids(const RawSample& raw, const Tokenizer& t, int64_t lengt
   return e;
 }
 
-// Token classification's targets, as transformers' run_ner aligns them: a word's class on its first token, -100
-// (no loss, not scored) on its other tokens, the special tokens and the padding.
-std::vector<int64_t> word_token_labels(const std::vector<int64_t>& word_ids, const std::vector<int64_t>& classes) {
+// Token classification's targets, as transformers' run_ner aligns them: a word's class on its first token; on its
+// other tokens -100 (no loss, not scored), or with `all_tokens` the class again, a B- class as its I- class where
+// `names` has one (run_ner's b_to_i_label); -100 on the special tokens and the padding.
+std::vector<int64_t> word_token_labels(const std::vector<int64_t>& word_ids, const std::vector<int64_t>& classes,
+                                       bool all_tokens, const std::vector<std::string>& names) {
   std::vector<int64_t> out(word_ids.size(), -100);
   for (size_t t = 0; t < word_ids.size(); ++t) {
     const int64_t w = word_ids[t];
-    if (w >= 0 && (t == 0 || word_ids[t - 1] != w)) out[t] = classes.at(static_cast<size_t>(w));
+    if (w < 0) continue;
+    const int64_t c = classes.at(static_cast<size_t>(w));
+    if (t == 0 || word_ids[t - 1] != w) {
+      out[t] = c;
+    } else if (all_tokens) {
+      const std::string& name = names.at(static_cast<size_t>(c));
+      const auto inside = name.rfind("B-", 0) == 0 ? std::find(names.begin(), names.end(), "I-" + name.substr(2))
+                                                   : names.end();
+      out[t] = inside == names.end() ? c : inside - names.begin();
+    }
   }
   return out;
 }
@@ -178,7 +189,8 @@ struct Loader::Impl {
           pad_encoding(ex.text, o.text_length, o.tokenizer->pad_id());
         } else if (source.fields().words) {
           ex.text = o.tokenizer->encode_words(raw.words, o.text_length);
-          ex.token_labels = word_token_labels(ex.text.word_ids, raw.word_labels);
+          ex.token_labels =
+              word_token_labels(ex.text.word_ids, raw.word_labels, o.label_all_tokens, source.fields().classes);
           if (ex.text.truncated > 0) note_truncation(raw.key, ex.text.truncated);
         } else if (kind != SampleKind::IMAGE) {
           ex.text = raw.tokenized      ? encoding_of_ids(raw, *o.tokenizer, o.text_length)

@@ -539,6 +539,7 @@ struct ParquetTable::Values {
   std::vector<int64_t> ints;     // BOOLEAN, INT32, INT64
   std::vector<int64_t> offsets;  // BYTE_ARRAY: row r is data[offsets[r], offsets[r + 1]); a list's leaf: its items
   std::string data;
+  std::vector<int64_t> item_bytes;  // a list of strings' leaf: item k is data[item_bytes[k], item_bytes[k + 1])
   std::vector<uint8_t> holes;
   // A list's leaf: PLAIN values of `width` bytes (0: booleans, a bit each), or the hybrid `runs` of `bit_width`
   // values: indices into `dictionary`'s ints, or (no dictionary) RLE booleans.
@@ -549,7 +550,8 @@ struct ParquetTable::Values {
 
   int64_t item(int64_t k) const;
   int64_t bytes() const {
-    return static_cast<int64_t>(level.size() + holes.size() + 8 * (ints.size() + offsets.size()) + data.size() +
+    return static_cast<int64_t>(level.size() + holes.size() + 8 * (ints.size() + offsets.size() + item_bytes.size()) +
+                                data.size() +
                                 sizeof(HybridRun) * runs.size());
   }
 };
@@ -942,67 +944,77 @@ std::shared_ptr<const ParquetTable::Values> ParquetTable::decode_page(int leaf, 
   const std::vector<uint32_t> repetitions = read_levels(parts.repetition, max_repetition, slots,
                                                         what + "'s repetition levels");
   const std::vector<uint32_t> levels = read_levels(parts.definition, max_level, slots, what + "'s definition levels");
+  const std::string_view values_bytes = parts.values;
+  // The `present` values of the page, decoded whole: ints, or (offsets, data) for byte arrays.
+  auto decode_present = [&](int64_t present) {
+    Values present_values;
+    Thrift vt(values_bytes.data(), values_bytes.data() + values_bytes.size(), what + "'s values");
+    const char* values_end = values_bytes.data() + values_bytes.size();
+    if (h.encoding == kPlain) {
+      plain(vt, values_end, present, present_values);
+    } else if (h.encoding == kPlainDictionary || h.encoding == kRleDictionary) {
+      if (!dictionary) throw std::runtime_error(what + ": dictionary indices without a dictionary page");
+      std::vector<uint32_t> indices;
+      if (present > 0) read_hybrid(vt, values_end, vt.byte(), present, indices);
+      const size_t dict_size = physical == kByteArray ? dictionary->offsets.size() - 1 : dictionary->ints.size();
+      if (physical == kByteArray) present_values.offsets.push_back(0);
+      for (uint32_t i : indices) {
+        if (i >= dict_size) throw std::runtime_error(what + ": dictionary index " + std::to_string(i) + " of " +
+                                                     std::to_string(dict_size));
+        if (physical == kByteArray) {
+          present_values.data.append(dictionary->data, static_cast<size_t>(dictionary->offsets[i]),
+                                     static_cast<size_t>(dictionary->offsets[i + 1] - dictionary->offsets[i]));
+          present_values.offsets.push_back(static_cast<int64_t>(present_values.data.size()));
+        } else {
+          present_values.ints.push_back(dictionary->ints[i]);
+        }
+      }
+    } else if (h.encoding == kDeltaBinaryPacked && (physical == kInt32 || physical == kInt64)) {
+      read_delta(vt, values_end, present, present_values.ints);
+      for (int64_t& v : present_values.ints) v = as_physical(v, physical, c.is_signed);
+    } else if ((h.encoding == kDeltaLengthByteArray || h.encoding == kDeltaByteArray) && physical == kByteArray) {
+      present_values.offsets.push_back(0);
+      read_delta_strings(vt, values_end, present, h.encoding == kDeltaByteArray, present_values.data,
+                         present_values.offsets);
+    } else if (h.encoding == kByteStreamSplit && (physical == kFloat || physical == kDouble64)) {
+      // value i's byte b at b * present + i: the streams of each byte position one after another
+      const auto width = static_cast<size_t>(physical == kFloat ? 4 : 8), n = static_cast<size_t>(present);
+      if (values_bytes.size() / width < n) throw std::runtime_error(what + ": its split bytes end inside the values");
+      for (size_t i = 0; i < n; ++i) {
+        uint64_t v = 0;
+        for (size_t b = 0; b < width; ++b) v |= uint64_t{static_cast<uint8_t>(values_bytes[b * n + i])} << (8 * b);
+        present_values.ints.push_back(static_cast<int64_t>(v));
+      }
+    } else if (h.encoding == kRle && physical == kBoolean) {  // v2 pages' booleans: a length, then width-1 runs
+      if (values_bytes.size() < 4 || load_u32(values_bytes.data()) > values_bytes.size() - 4) {
+        throw std::runtime_error(what + ": RLE booleans pass the page's end");
+      }
+      const char* runs_end = values_bytes.data() + 4 + load_u32(values_bytes.data());
+      Thrift rt(values_bytes.data() + 4, runs_end, what + "'s values");
+      std::vector<uint32_t> bits;
+      read_hybrid(rt, runs_end, 1, present, bits);
+      present_values.ints.assign(bits.begin(), bits.end());
+    } else {
+      throw std::runtime_error(what + " is in encoding " + std::to_string(h.encoding) +
+                               ", which is not read (PLAIN, dictionary, DELTA_* and a float's BYTE_STREAM_SPLIT "
+                               "are)");
+    }
+    return present_values;
+  };
   if (max_repetition > 0) {
     fill_list(*out, what, physical, h.encoding, parts.values, repetitions, levels, max_level, node.item_level, rows,
-              std::move(dictionary));
+              dictionary);
+    if (physical == kByteArray) {  // a list of strings: its items decoded whole (at most a page's)
+      Values strings = decode_present(out->offsets.back());
+      out->data = std::move(strings.data);
+      out->item_bytes = std::move(strings.offsets);
+    }
     return out;
   }
-  const std::string_view values_bytes = parts.values;
   int64_t present = 0;
   for (uint32_t l : levels) present += l == static_cast<uint32_t>(max_level);
   // The present values, then spread over the rows (a null row: no value, an empty range).
-  Values present_values;
-  Thrift vt(values_bytes.data(), values_bytes.data() + values_bytes.size(), what + "'s values");
-  const char* values_end = values_bytes.data() + values_bytes.size();
-  if (h.encoding == kPlain) {
-    plain(vt, values_end, present, present_values);
-  } else if (h.encoding == kPlainDictionary || h.encoding == kRleDictionary) {
-    if (!dictionary) throw std::runtime_error(what + ": dictionary indices without a dictionary page");
-    std::vector<uint32_t> indices;
-    if (present > 0) read_hybrid(vt, values_end, vt.byte(), present, indices);
-    const size_t dict_size = physical == kByteArray ? dictionary->offsets.size() - 1 : dictionary->ints.size();
-    if (physical == kByteArray) present_values.offsets.push_back(0);
-    for (uint32_t i : indices) {
-      if (i >= dict_size) throw std::runtime_error(what + ": dictionary index " + std::to_string(i) + " of " +
-                                                   std::to_string(dict_size));
-      if (physical == kByteArray) {
-        present_values.data.append(dictionary->data, static_cast<size_t>(dictionary->offsets[i]),
-                                   static_cast<size_t>(dictionary->offsets[i + 1] - dictionary->offsets[i]));
-        present_values.offsets.push_back(static_cast<int64_t>(present_values.data.size()));
-      } else {
-        present_values.ints.push_back(dictionary->ints[i]);
-      }
-    }
-  } else if (h.encoding == kDeltaBinaryPacked && (physical == kInt32 || physical == kInt64)) {
-    read_delta(vt, values_end, present, present_values.ints);
-    for (int64_t& v : present_values.ints) v = as_physical(v, physical, c.is_signed);
-  } else if ((h.encoding == kDeltaLengthByteArray || h.encoding == kDeltaByteArray) && physical == kByteArray) {
-    present_values.offsets.push_back(0);
-    read_delta_strings(vt, values_end, present, h.encoding == kDeltaByteArray, present_values.data,
-                       present_values.offsets);
-  } else if (h.encoding == kByteStreamSplit && (physical == kFloat || physical == kDouble64)) {
-    // value i's byte b at b * present + i: the streams of each byte position one after another
-    const auto width = static_cast<size_t>(physical == kFloat ? 4 : 8), n = static_cast<size_t>(present);
-    if (values_bytes.size() / width < n) throw std::runtime_error(what + ": its split bytes end inside the values");
-    for (size_t i = 0; i < n; ++i) {
-      uint64_t v = 0;
-      for (size_t b = 0; b < width; ++b) v |= uint64_t{static_cast<uint8_t>(values_bytes[b * n + i])} << (8 * b);
-      present_values.ints.push_back(static_cast<int64_t>(v));
-    }
-  } else if (h.encoding == kRle && physical == kBoolean) {  // v2 pages' booleans: a length, then width-1 runs
-    if (values_bytes.size() < 4 || load_u32(values_bytes.data()) > values_bytes.size() - 4) {
-      throw std::runtime_error(what + ": RLE booleans pass the page's end");
-    }
-    const char* runs_end = values_bytes.data() + 4 + load_u32(values_bytes.data());
-    Thrift rt(values_bytes.data() + 4, runs_end, what + "'s values");
-    std::vector<uint32_t> bits;
-    read_hybrid(rt, runs_end, 1, present, bits);
-    present_values.ints.assign(bits.begin(), bits.end());
-  } else {
-    throw std::runtime_error(what + " is in encoding " + std::to_string(h.encoding) +
-                             ", which is not read (PLAIN, dictionary, DELTA_* and a float's BYTE_STREAM_SPLIT "
-                             "are)");
-  }
+  Values present_values = decode_present(present);
   // A null row holds nothing: the bytes are the present values' as they are, each row's range an offset apart.
   out->data = std::move(present_values.data);
   out->offsets.push_back(0);
@@ -1024,7 +1036,6 @@ void ParquetTable::fill_list(Values& out, const std::string& what, int physical,
                              std::string_view values, const std::vector<uint32_t>& repetitions,
                              const std::vector<uint32_t>& levels, int max_level, int item_level, int64_t rows,
                              std::shared_ptr<const Values> dictionary) {
-  if (physical == kByteArray) throw std::runtime_error(what + " holds lists of strings, which are not read");
   if (physical == kFloat || physical == kDouble64) {
     throw std::runtime_error(what + " holds lists of floats, which are not read");
   }
@@ -1048,6 +1059,7 @@ void ParquetTable::fill_list(Values& out, const std::string& what, int physical,
     throw std::runtime_error(what + ": a page of " + std::to_string(out.level.size()) + " rows, its index says " +
                              std::to_string(rows));
   }
+  if (physical == kByteArray) return;  // strings: decode_page decodes the items whole
   if (encoding == kPlain) {
     out.width = physical == kBoolean ? 0 : physical == kInt32 ? 4 : 8;
     const int64_t needed = out.width == 0 ? (present + 7) / 8 : present * out.width;
@@ -1130,8 +1142,21 @@ std::vector<int64_t> ParquetTable::integers(int column, int64_t row) const {
 
 std::vector<std::string> ParquetTable::strings(int column, int64_t row) const {
   const TableColumn& c = columns_.at(static_cast<size_t>(column));
-  fail("column '" + c.path + "' (row " + std::to_string(row) + "): lists of strings are not read from Parquet files; "
-       "datasets' load_dataset(...).save_to_disk(DIR) writes .arrow files that are");
+  const TableColumn* items = c.items >= 0 ? &columns_[static_cast<size_t>(c.items)] : nullptr;
+  if (!items || items->kind != ColumnKind::UTF8) {
+    fail("column '" + c.path + "' holds " + c.type + (items ? " of " + items->type : "") + ", not lists of strings");
+  }
+  const int64_t asked = row;
+  const auto v = values(column, row);
+  const auto r = static_cast<size_t>(row);
+  if (v->level[r] < nodes_[static_cast<size_t>(column)].level) return {};  // a null list
+  if (v->holes[r]) fail("column '" + c.path + "' has a null item in row " + std::to_string(asked));
+  std::vector<std::string> out;
+  for (int64_t k = v->offsets[r]; k < v->offsets[r + 1]; ++k) {
+    const auto first = static_cast<size_t>(v->item_bytes[static_cast<size_t>(k)]);
+    out.push_back(v->data.substr(first, static_cast<size_t>(v->item_bytes[static_cast<size_t>(k) + 1]) - first));
+  }
+  return out;
 }
 
 double ParquetTable::number(int column, int64_t row) const {

@@ -14,8 +14,9 @@
 // BOOLEAN, INT32, INT64 and BYTE_ARRAY values; no compression, Snappy, gzip and zstd; PLAIN, dictionary and DELTA_*
 // encodings (RLE for v2's booleans); data pages v1 and v2; lists of whole numbers (a list column's leaf has
 // repetition levels too: a slot per item, level 0 starting a row; a page must start a row; its values stay encoded
-// in the cache, each item decoded when its row is read, since dictionary indices decode to many times their bytes).
-// Not read: encrypted files, chunks in other files, lists of strings and lists of lists, BYTE_STREAM_SPLIT (floats'),
+// in the cache, each item decoded when its row is read, since dictionary indices decode to many times their bytes)
+// and lists of strings (a token-classification dataset's words: a page's items decoded whole).
+// Not read: encrypted files, chunks in other files, lists of floats and lists of lists, BYTE_STREAM_SPLIT (floats'),
 // LZ4, Brotli and LZO compression — each refused naming the column when its values are asked for.
 #pragma once
 
@@ -47,7 +48,6 @@ class ParquetTable : public ColumnTable {
   int64_t integer(int column, int64_t row) const override;
   double number(int column, int64_t row) const override;
   std::vector<int64_t> integers(int column, int64_t row) const override;
-  // Not read: a Parquet list of strings is refused when its pages are decoded (an .arrow copy reads).
   std::vector<std::string> strings(int column, int64_t row) const override;
 
  private:

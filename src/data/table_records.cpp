@@ -186,14 +186,13 @@ void TableRecords::check_class_names(const std::vector<std::string>& names, cons
 
 int TableRecords::list_column(const std::string& field, const std::string& key, const std::vector<ColumnKind>& items,
                               const std::string& wanted) const {
-  const int c = find(field, key, {ColumnKind::LIST});
-  const int item = table_->columns()[static_cast<size_t>(c)].items;
-  if (item < 0 || std::find(items.begin(), items.end(), table_->columns()[static_cast<size_t>(item)].kind) ==
-                      items.end()) {
-    throw std::invalid_argument("data file '" + path_ + "': column '" + field + "' (" + key + ") holds lists of " +
-                                (item < 0 ? std::string("lists or structs")
-                                          : table_->columns()[static_cast<size_t>(item)].type) + ", expected " +
-                                wanted);
+  const int c = table_->column(field);
+  if (c < 0 || table_->columns()[static_cast<size_t>(c)].parent >= 0) return find(field, key, {});  // names them
+  const TableColumn& col = table_->columns()[static_cast<size_t>(c)];
+  const TableColumn* item = col.items >= 0 ? &table_->columns()[static_cast<size_t>(col.items)] : nullptr;
+  if (col.kind != ColumnKind::LIST || !item || std::find(items.begin(), items.end(), item->kind) == items.end()) {
+    throw std::invalid_argument("data file '" + path_ + "': column '" + field + "' (" + key + ") holds " + col.type +
+                                (item ? "<" + item->type + ">" : std::string()) + ", expected " + wanted);
   }
   return c;
 }

@@ -94,6 +94,7 @@ data::LoaderOptions loader_options(const Config& c, const std::string& flavor, c
   lo.itm_negative_probability = c.data.itm_negative_probability;
   lo.max_image_pixels = c.data.max_image_pixels;
   lo.refuse_truncation = c.data.truncation == "error";
+  lo.label_all_tokens = c.data.label_all_tokens;
   return lo;
 }
 

@@ -58,6 +58,7 @@ std::unique_ptr<SampleSource> open_case(const nlohmann::json& c) {
   if (c.contains("classes")) fields.classes = c.at("classes").get<std::vector<std::string>>();
   fields.scores = c.value("scores", false);
   fields.multi_label = c.value("multi_label", false);
+  fields.words = c.value("words", false);
   return std::make_unique<SampleSource>(c.at("paths").get<std::vector<std::string>>(),
                                         kind_of(c.at("kind").get<std::string>()), fields);
 }
@@ -111,6 +112,8 @@ TEST(DatasetFiles, EveryRowReadsAsDatasetsWroteIt) {
       } else {
         EXPECT_FALSE(s.label_set.has_value());
       }
+      EXPECT_EQ(s.words, w.value("words", std::vector<std::string>{}));
+      EXPECT_EQ(s.word_labels, w.value("word_labels", std::vector<int64_t>{}));
       if (w.contains("image")) EXPECT_EQ(hex(s.image), w.at("image").get<std::string>());
       EXPECT_EQ(s.tokenized, w.contains("ids"));
       if (w.contains("ids")) EXPECT_EQ(s.input_ids, w.at("ids").get<std::vector<int64_t>>());

@@ -52,16 +52,17 @@ def png(color, size=5):
 
 
 def rows(texts=None, pairs=None, labels=None, images=None, errors=None, ids=None, types=None, pair_ids=None,
-         scores=None, label_sets=None):
+         scores=None, label_sets=None, words=None, word_labels=None):
     """The expected samples: one dict per row."""
-    n = len(next(x for x in (texts, labels, images, ids, scores, label_sets) if x is not None))
+    n = len(next(x for x in (texts, labels, images, ids, scores, label_sets, words) if x is not None))
     out = []
     for i in range(n):
         if errors and errors[i]:
             out.append({"error": errors[i]})
             continue
         fields = (("text", texts), ("pair", pairs), ("label", labels), ("image", images), ("ids", ids),
-                  ("types", types), ("pair_ids", pair_ids), ("score", scores), ("label_set", label_sets))
+                  ("types", types), ("pair_ids", pair_ids), ("score", scores), ("label_set", label_sets),
+                  ("words", words), ("word_labels", word_labels))
         r = {key: values[i] for key, values in fields if values is not None}
         if "image" in r:
             r["image"] = r["image"].hex()
@@ -282,6 +283,73 @@ def multi_label_cases(root, cases):
                                               label="label", open_error="expected lists of class ids")
     cases["multi_label_no_classes"] = dict(base, paths=[os.path.join(d, "arrow")], classes=[],
                                            open_error="multi-label data needs its classes named")
+
+
+def word_cases(root, cases):
+    """Token classification's words and tags, as CoNLL-2003 holds them (tokens: List(Value(string)), ner_tags:
+    List(ClassLabel)): datasets' save_to_disk and to_parquet; pyarrow's Parquet with and without a dictionary, page
+    versions 1 and 2, DELTA_BYTE_ARRAY words, small pages, a null word, a row with fewer tags than words, tags as
+    names; .jsonl arrays of names and ids; refused: a .tsv, no classes, a ClassLabel of other names."""
+    d = os.path.join(root, "words")
+    os.makedirs(d)
+    names = ["O", "B-PER", "I-PER", "B-LOC"]
+    words = [["EU", "rejects", "German", "call"], ["Peter", "Blackburn"], [], ["Ünïcödé", "東京", "🙂", ""],
+             ["BRUSSELS", "1996-08-22"] * 30]
+    tags = [[0, 0, 3, 0], [1, 2], [], [0, 3, 0, 0], [3, 0] * 30]
+    ds = Dataset.from_dict({"id": [str(i) for i in range(len(words))], "tokens": words, "ner_tags": tags},
+                           features=Features({"id": Value("string"), "tokens": Sequence(Value("string")),
+                                              "ner_tags": Sequence(ClassLabel(names=names))}))
+    ds.save_to_disk(os.path.join(d, "arrow"))
+    ds.to_parquet(os.path.join(d, "hub.parquet"))
+    base = {"kind": "text", "text": ["tokens"], "label": "ner_tags", "classes": names, "words": True,
+            "rows": rows(words=words, word_labels=tags)}
+    cases["words_arrow"] = dict(base, paths=[os.path.join(d, "arrow")])
+    cases["words_parquet_hub"] = dict(base, paths=[os.path.join(d, "hub.parquet")])
+    table = pa.table({"tokens": pa.array(words, pa.list_(pa.string())),
+                      "ner_tags": pa.array(tags, pa.list_(pa.int32()))})
+    for version in ("1.0", "2.0"):
+        for dictionary in (True, False):
+            path = os.path.join(d, "v%s_%s.parquet" % (version[0], "dict" if dictionary else "plain"))
+            pq.write_table(table, path, data_page_version=version, use_dictionary=dictionary, data_page_size=64,
+                           write_batch_size=2)
+            cases["words_parquet_v%s_%s" % (version[0], "dict" if dictionary else "plain")] = dict(base, paths=[path])
+        path = os.path.join(d, "v%s_delta.parquet" % version[0])
+        pq.write_table(table, path, data_page_version=version, use_dictionary=False,
+                       column_encoding={"tokens": "DELTA_BYTE_ARRAY", "ner_tags": "DELTA_BINARY_PACKED"})
+        cases["words_parquet_delta_v" + version[0]] = dict(base, paths=[path])
+    odd = pa.table({"tokens": pa.array([["a", None], ["b", "c"], None, ["d"]], pa.list_(pa.string())),
+                    "ner_tags": pa.array([["O", "O"], ["B-PER"], ["O"], ["I-PER"]], pa.list_(pa.string()))})
+    for fmt in ("parquet", "arrow"):
+        path = os.path.join(d, "odd." + fmt)
+        if fmt == "parquet":
+            pq.write_table(odd, path)
+        else:
+            with pa.ipc.new_stream(path, odd.schema) as w:
+                w.write_table(odd)
+        cases["words_odd_" + fmt] = dict(base, paths=[path], rows=rows(
+            words=[[], [], [], ["d"]], word_labels=[[], [], [], [2]],
+            errors=["has a null item", "1 classes in 'ner_tags' for 2 words", "column 'tokens' is null", None]))
+    with open(os.path.join(d, "words.jsonl"), "w") as f:
+        for w, t in zip(words, tags):
+            f.write(json.dumps({"tokens": w, "ner_tags": [names[i] for i in t]}) + "\n")
+        f.write(json.dumps({"tokens": ["ids"], "ner_tags": [1]}) + "\n")
+        f.write(json.dumps({"tokens": ["x", "y"], "ner_tags": ["O"]}) + "\n")
+        f.write(json.dumps({"tokens": ["x"], "ner_tags": ["B-ORG"]}) + "\n")
+        f.write(json.dumps({"tokens": "x y", "ner_tags": ["O"]}) + "\n")
+    cases["words_jsonl"] = dict(base, paths=[os.path.join(d, "words.jsonl")], rows=rows(
+        words=words + [["ids"], [], [], []], word_labels=tags + [[1], [], [], []],
+        errors=[None] * 6 + ["holding a class for each of the 2 words of \"tokens\" (it holds 1)",
+                             "label 'B-ORG' is not one of the classes", "holding an array of words"]))
+    with open(os.path.join(d, "words.tsv"), "w") as f:
+        f.write("tokens\tner_tags\nEU rejects\t0 0\n")
+    cases["words_tsv"] = dict(base, paths=[os.path.join(d, "words.tsv")],
+                              open_error="token classification's words and their classes are .jsonl arrays")
+    cases["words_no_classes"] = dict(base, paths=[os.path.join(d, "arrow")], classes=[],
+                                     open_error="the classes named (data.labels")
+    cases["words_other_names"] = dict(base, paths=[os.path.join(d, "arrow")], classes=["O", "B-LOC", "I-PER", "B-PER"],
+                                      open_error="holds the classes [O, B-PER, I-PER, B-LOC]")
+    cases["words_text_column"] = dict(base, paths=[os.path.join(d, "arrow")], text=["id"],
+                                      open_error="expected lists of words (strings)")
 
 
 def group_texts_cases(root):
@@ -523,6 +591,7 @@ def main(out):
     group_texts_cases(root)
     score_cases(root, cases)
     multi_label_cases(root, cases)
+    word_cases(root, cases)
 
     # Damaged and misplaced.
     DatasetDict({"train": mrpc, "validation": mrpc}).save_to_disk(os.path.join(root, "dict"))

@@ -5,7 +5,9 @@ is_split_into_words, each word's tag on its first token and -100 on the rest (la
 transformers' own model gives over those tokens, and seqeval's overall precision, recall, F1 and accuracy of the tags
 predicted there.
 
-usage: ner_check.py EXPORT_DIR DATASET_DIR VOCAB MAX_LENGTH   (prints one JSON line)
+usage: ner_check.py EXPORT_DIR DATASET_DIR VOCAB MAX_LENGTH [label_all_tokens]   (prints one JSON line)
+With label_all_tokens, a word's other tokens take its tag too, a B- tag as its I- tag (run_ner's b_to_i_label), and
+are scored.
 """
 import json
 import sys
@@ -20,7 +22,7 @@ transformers.logging.set_verbosity_error()
 transformers.logging.disable_progress_bar()
 
 
-def main(export, data, vocab, max_length):
+def main(export, data, vocab, max_length, all_tokens=""):
     model = BertForTokenClassification.from_pretrained(export).eval()
     ds = datasets.load_from_disk(data)
     names = ds.features["ner_tags"].feature.names
@@ -29,11 +31,18 @@ def main(export, data, vocab, max_length):
     tok = BertTokenizerFast(vocab, do_lower_case=True)
     enc = tok(list(ds["tokens"]), is_split_into_words=True, truncation=True, max_length=int(max_length),
               padding="max_length", return_tensors="pt")
+    b_to_i = [names.index("I-" + n[2:]) if n.startswith("B-") and "I-" + n[2:] in names else i
+              for i, n in enumerate(names)]
     labels = []
     for row, tags in enumerate(ds["ner_tags"]):
         previous, aligned = None, []
         for word in enc.word_ids(batch_index=row):
-            aligned.append(-100 if word is None or word == previous else tags[word])
+            if word is None:
+                aligned.append(-100)
+            elif word != previous:
+                aligned.append(tags[word])
+            else:
+                aligned.append(b_to_i[tags[word]] if all_tokens == "label_all_tokens" else -100)
             previous = word
         labels.append(aligned)
     labels = torch.tensor(labels)
@@ -53,4 +62,4 @@ def main(export, data, vocab, max_length):
 
 
 if __name__ == "__main__":
-    main(*sys.argv[1:5])
+    main(*sys.argv[1:6])

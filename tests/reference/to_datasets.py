@@ -26,7 +26,8 @@ Usage: to_datasets.py PAIRS_DIR IMAGE_DIR OUT VOCAB
               I-OBJ, B-LOC, I-LOC)): an object is its size, colour and shape words, a location its position word;
               words of several sub-word tokens: every third text ends in "tagged" (O), every other "top" is
               "topmost" (B-LOC); OUT/ner_{train,
-              validation}.jsonl the same as .jsonl records {"tokens": [...], "ner_tags": [names]}
+              validation}.jsonl the same as .jsonl records {"tokens": [...], "ner_tags": [names]}, OUT/ner_hub the
+              same as the Hub's Parquet files of each split
   OUT/shapes  DatasetDict {train} of IMAGE_DIR's WebDataset tars as an image-classification dataset (CIFAR-10's
               shape): img (Image, the tars' PNG bytes unchanged), label (ClassLabel); samples in the tars' order
 """
@@ -167,6 +168,9 @@ def main(pairs_dir, image_dir, out, vocab):
             for w, t in zip(words, tags):
                 f.write(json.dumps({"tokens": w, "ner_tags": t}) + "\n")
     DatasetDict(ner).save_to_disk(os.path.join(out, "ner"))
+    os.makedirs(os.path.join(out, "ner_hub"))
+    for split, d in ner.items():
+        d.to_parquet(os.path.join(out, "ner_hub", split + "-00000-of-00001.parquet"))
 
 
 if __name__ == "__main__":

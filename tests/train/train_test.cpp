@@ -972,7 +972,8 @@ TEST_F(TrainTest, HuggingFaceDatasetsTrainAsTheirFiles) {
   // reads run_ner's columns by default, takes the classes from the ClassLabel, gives each word's class to its first
   // token; scored by seqeval's entity precision, recall and F1; exported as a BertForTokenClassification that
   // transformers scores (words tokenized with is_split_into_words, labels aligned as run_ner) on the same 50 held-out
-  // texts as the last evaluation did. The .jsonl form (arrays of words and tag names) trains the same.
+  // texts as the last evaluation did. The .jsonl form (arrays of words and tag names) and the Hub's Parquet files
+  // train the same.
   const std::string ner = " --model.flavor=bert-debug --model.task=token_classify --data.max_text_length=32 "
                           "--train.steps=6 --log.interval=1 --train.eval_interval=3 --optim.warmup_steps=0 "
                           "--train.batch_size=5 --train.eval_samples=0 --checkpoint.overwrite=true "
@@ -994,12 +995,28 @@ TEST_F(TrainTest, HuggingFaceDatasetsTrainAsTheirFiles) {
   EXPECT_EQ(ner_theirs.at("samples"), 50);
   EXPECT_GT(ner_theirs.at("split_words").get<int>(), 10);  // words of several tokens: only the first one scored
   expect_last_eval_matches(tokens.output, ner_theirs, {"eval_loss", "precision", "recall", "f1", "accuracy"});
+  // label_all_tokens: every token of a word takes its class (B- as I- after the first) and is scored, as run_ner's
+  const Outcome all_tokens = train(ner + " --data.label_all_tokens=true --data.text=[" + dir + "/ner/train] "
+                                   "--data.eval=[" + dir + "/ner/validation]");
+  ASSERT_EQ(all_tokens.status, 0) << all_tokens.output;
+  made = run(std::string(SHARDTRAIN_BIN) + " checkpoint export " + dir + "/run --hf " + dir + "/ner-all-tuned");
+  ASSERT_EQ(made.status, 0) << made.output;
+  made = run(std::string(SHARDTRAIN_PYTHON) + " " + SHARDTRAIN_SOURCE_DIR + "/tests/reference/ner_check.py " + dir +
+             "/ner-all-tuned " + dir + "/ner/validation " + root_ + "/data/vocab.txt 32 label_all_tokens");
+  ASSERT_EQ(made.status, 0) << made.output;
+  const nlohmann::json all_theirs = nlohmann::json::parse(made.output.substr(made.output.rfind("{")));
+  expect_last_eval_matches(all_tokens.output, all_theirs, {"eval_loss", "precision", "recall", "f1", "accuracy"});
+  EXPECT_NE(loss_lines(all_tokens.output), loss_lines(tokens.output));
   made = run(std::string(SHARDTRAIN_BIN) + " data show " + dir + "/ner/train/data-00000-of-00001.arrow --rows 1");
   EXPECT_NE(made.output.find("row 0:  tokens=[\""), std::string::npos) << made.output;
   const Outcome tokens_jsonl = train(ner + " --data.labels=[O,B-OBJ,I-OBJ,B-LOC,I-LOC] --data.text=[" + dir +
                                      "/ner_train.jsonl] --data.eval=[" + dir + "/ner_validation.jsonl]");
   ASSERT_EQ(tokens_jsonl.status, 0) << tokens_jsonl.output;
   EXPECT_EQ(loss_lines(tokens_jsonl.output), loss_lines(tokens.output)) << tokens_jsonl.output;
+  const Outcome tokens_parquet = train(ner + " --data.text=[" + dir + "/ner_hub/train-00000-of-00001.parquet] "
+                                       "--data.eval=[" + dir + "/ner_hub/validation-00000-of-00001.parquet]");
+  ASSERT_EQ(tokens_parquet.status, 0) << tokens_parquet.output;
+  EXPECT_EQ(loss_lines(tokens_parquet.output), loss_lines(tokens.output)) << tokens_parquet.output;
   const Outcome tokens_tsv = train(ner + " --data.labels=[O,B-OBJ,I-OBJ,B-LOC,I-LOC] --data.text=[" + dir +
                                    "/multilabel_train.tsv]");  // one text per record: no words
   EXPECT_NE(tokens_tsv.status, 0);

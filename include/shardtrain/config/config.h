@@ -102,6 +102,9 @@ struct DataConfig {
   // cross-entropy on every output (transformers' problem_type multi_label_classification), micro F1. A dataset's
   // List(ClassLabel) label column makes one without it.
   bool multi_label = false;
+  // Token classification: every token of a word takes its class (a B- class becomes its I- class after the first
+  // token, as run_ner's --label_all_tokens) and is scored; false: the first token only, the others no loss.
+  bool label_all_tokens = false;
   // A .parquet/.arrow table's image column (datasets' Image, or binary); when it has none of this name, its one
   // Image column. A table's ClassLabel label column gives the classes when `labels` is empty.
   std::string image_field = "image";

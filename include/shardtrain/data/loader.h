@@ -43,7 +43,8 @@ struct Batch {
   at::Tensor labels;            // (B) int64 class labels (.cls), when every sample has one; float32 scores instead
                                 // for a regression (TextFields::scores); (B, classes) float32 0/1 for sets of
                                 // classes (TextFields::multi_label); (B, T) int64 for token classification
-                                // (TextFields::words): a word's class on its first token, -100 elsewhere
+                                // (TextFields::words): a word's class on its first token (on all of them with
+                                // label_all_tokens), -100 elsewhere
   std::vector<int64_t> sample_ids;  // (B) the source's sample numbers (for tests and debugging)
 
   // The same batch with every tensor on `device` (the loader builds on the CPU), its floating-point inputs (pixels)
@@ -76,6 +77,9 @@ struct LoaderOptions {
   // A text longer than text_length tokens: false, it is truncated and counted (LoaderStats::truncated); true, the
   // loader stops with an error naming the sample (data.truncation: error).
   bool refuse_truncation = false;
+  // Token classification (TextFields::words): a word's tokens after its first take its class too (a B- class its
+  // I- class, by the source's class names), as run_ner's label_all_tokens; false: -100 there.
+  bool label_all_tokens = false;
   // Text batches (causal LM): each row a block of text_length tokens of this packing of the text source
   // (transformers' run_clm grouping: every text end to end, long ones across rows; no padding but in the last
   // block), the blocks shuffled and dealt as samples are; null: one padded row per text. Its length must be
