@@ -203,6 +203,19 @@ TrainingData open_training_data(const Config& c, const models::Task& task,
             "): give more held-out text, a smaller batch or a shorter data.max_text_length");
       }
     }
+    // unpacked: the samples the evaluation reads (train.eval_samples of them at most) fill a batch on every rank
+    const int64_t per_step = static_cast<int64_t>(world_size) * c.train.batch_size, samples = d.eval_source->size();
+    const int64_t read = c.train.eval_samples > 0 ? std::min(c.train.eval_samples, samples) : samples;
+    if (!d.eval_packed && read < per_step) {
+      throw std::invalid_argument(
+          "data.eval: the evaluation reads " + std::to_string(read) + " held-out samples" +
+          (read < samples ? " (train.eval_samples " + std::to_string(c.train.eval_samples) + " of " +
+                                std::to_string(samples) + ")"
+                          : std::string()) +
+          ", fewer than one batch on every rank (" + std::to_string(world_size) + " ranks x train.batch_size " +
+          std::to_string(c.train.batch_size) + "): give more held-out samples" +
+          (read < samples ? ", a larger train.eval_samples" : std::string()) + " or a smaller batch");
+    }
     eo.packed = d.eval_packed;
     std::array<std::shared_ptr<const data::SampleSource>, 3> eval_sources;
     eval_sources[static_cast<size_t>(kind)] = d.eval_source;

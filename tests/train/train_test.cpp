@@ -777,6 +777,14 @@ TEST_F(TrainTest, Seq2SeqAndCausalLmEvaluateHeldOutText) {
   EXPECT_NE(few_blocks.output.find("data.eval: the held-out texts pack into 10 blocks of 48 tokens, fewer than one "
                                    "batch on every rank (2 ranks x train.batch_size 8)"), std::string::npos)
       << few_blocks.output;
+  // unpacked, the same: too few held-out samples for a batch on every rank stop the start, not the first evaluation
+  const Outcome few_texts = train("--model.flavor=llama-debug --data.text_fields=[input]" + data + cache +
+                                  " --train.steps=1 --train.eval_samples=12");  // 8 a rank: 16 > 12
+  EXPECT_NE(few_texts.status, 0);
+  EXPECT_NE(few_texts.output.find("data.eval: the evaluation reads 12 held-out samples (train.eval_samples 12 of 32), "
+                                  "fewer than one batch on every rank (2 ranks x train.batch_size 8)"),
+            std::string::npos) << few_texts.output;
+  EXPECT_EQ(few_texts.output.find("step 1/"), std::string::npos) << few_texts.output;
   const Outcome packed_short = train("--model.flavor=llama-debug --data.text_fields=[input] --data.packing=true" +
                                      data + cache + " --data.max_text_length=6 --train.steps=1" +
                                      " --train.eval_interval=0");
