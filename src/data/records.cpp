@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdlib>
+#include <sstream>
 #include <stdexcept>
 
 #include "shardtrain/data/source.h"
@@ -23,6 +24,7 @@ RecordFormat record_format_of(const std::string& path) {
   if (ends_with(path, ".csv")) return RecordFormat::CSV;
   if (ends_with(path, ".arrow")) return RecordFormat::ARROW;
   if (ends_with(path, ".parquet")) return RecordFormat::PARQUET;
+  if (ends_with(path, ".conll")) return RecordFormat::CONLL;
   return RecordFormat::TAR;
 }
 
@@ -54,6 +56,28 @@ std::vector<std::string> split_record(const std::string& text, RecordFormat form
   }
   if (quoted) throw std::runtime_error("a quoted field is not closed on its line");
   return fields;
+}
+
+bool conll_separator(const std::string& line) {
+  return line.find_first_not_of(" \t\r") == std::string::npos || line.rfind("-DOCSTART-", 0) == 0;
+}
+
+void conll_words(const std::string& sentence, const std::string& key, int64_t first_line,
+                 std::vector<std::string>& words, std::vector<std::string>& tags) {
+  std::stringstream lines(sentence);
+  int64_t number = first_line;
+  for (std::string line; std::getline(lines, line); ++number) {
+    if (!line.empty() && line.back() == '\r') line.pop_back();
+    std::vector<std::string> fields;
+    std::stringstream split(line);
+    for (std::string field; split >> field;) fields.push_back(field);
+    if (fields.size() < 2) {
+      throw std::runtime_error(key + ": line " + std::to_string(number) + " ('" + line.substr(0, 40) + "') holds " +
+                               std::to_string(fields.size()) + " field, expected a word and its tag (CoNLL columns)");
+    }
+    words.push_back(fields.front());
+    tags.push_back(fields.back());
+  }
 }
 
 std::vector<int64_t> as_label_set(std::vector<int64_t> ids) {

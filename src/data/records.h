@@ -1,6 +1,10 @@
 // Records of the table and JSON-lines formats a text source reads (data/source.h): one record per line.
 //   .tsv  fields split at tabs, no quoting (GLUE's files: MRPC's sentences hold unbalanced quotes)
 //   .csv  fields split at commas, RFC 4180 quoting within the line ("a, b" is one field, "" a quote)
+//   .conll  CoNLL-2003's columns (token classification): a word per line, its fields split at spaces or tabs (the
+//         word first, its tag last: "EU NNP B-NP B-ORG"), sentences apart by blank lines, -DOCSTART- lines
+//         between documents; a sentence is a record. A .txt file read for token classification is read so too
+//         (CoNLL-2003's own files are train.txt, valid.txt, test.txt).
 //   .arrow, .parquet  not lines: tables (Hugging Face datasets'), a row per record (data/table_records.h)
 // Both start with a header row naming the columns.
 #pragma once
@@ -14,13 +18,21 @@ namespace shardtrain::data {
 
 struct RawSample;
 
-enum class RecordFormat { TAR, TEXT_LINES, JSONL, TSV, CSV, ARROW, PARQUET };
+enum class RecordFormat { TAR, TEXT_LINES, JSONL, TSV, CSV, ARROW, PARQUET, CONLL };
 
 // The format of a file by its extension; TAR for anything else (the caller checks).
 RecordFormat record_format_of(const std::string& path);
 
 // The fields of one line (a trailing '\r' dropped). Throws std::runtime_error for a CSV quote left open.
 std::vector<std::string> split_record(const std::string& line, RecordFormat format);
+
+// A CoNLL sentence's words and tags (see above; `sentence` its lines, '\n' apart, a trailing '\r' on each left out):
+// each line's first and last fields. Throws std::runtime_error naming `key` and the line (from `first_line`) for a
+// line of one field.
+void conll_words(const std::string& sentence, const std::string& key, int64_t first_line,
+                 std::vector<std::string>& words, std::vector<std::string>& tags);
+// Whether a line ends a CoNLL sentence: blank (spaces, tabs, '\r'), or -DOCSTART- (a document's start).
+bool conll_separator(const std::string& line);
 
 // The class id of a label value: its position in `classes` when it is one of them, else the value itself when it is
 // a whole number below classes.size() (GLUE's 0/1), or any whole number when there are no classes. -1 otherwise.

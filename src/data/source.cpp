@@ -95,7 +95,7 @@ std::vector<std::string> directory_files(const std::string& path) {
       R"((?:.*-)?(train|validation|valid|dev|test|eval)(?:-\d+-of-\d+)?\.(arrow|parquet))");
   std::map<std::string, std::string> splits;  // split -> a file of it
   for (const auto& name : names) {
-    for (const char* ext : {".tar", ".txt", ".jsonl", ".tsv", ".csv", ".arrow", ".parquet"}) {
+    for (const char* ext : {".tar", ".txt", ".jsonl", ".tsv", ".csv", ".arrow", ".parquet", ".conll"}) {
       if (ends_with(name, ext)) files.push_back(path + "/" + name);
     }
     std::smatch m;
@@ -276,12 +276,21 @@ SampleSource::SampleSource(const std::vector<std::string>& paths, SampleKind kin
                                   "array, a .tsv/.csv field of names or ids separated by commas, or a table's list "
                                   "column (datasets' List(ClassLabel)); this file holds one label per sample");
     }
-    if (fields_.words && format != RecordFormat::JSONL && !table) {
+    const bool conll = format == RecordFormat::CONLL || (fields_.words && format == RecordFormat::TEXT_LINES);
+    if (fields_.words && format != RecordFormat::JSONL && !table && !conll) {
       throw std::invalid_argument("data file '" + path + "': token classification's words and their classes are "
-                                  ".jsonl arrays ({\"tokens\": [...], \"ner_tags\": [...]}) or a dataset's list "
-                                  "columns (.arrow); this file cannot hold them");
+                                  ".jsonl arrays ({\"tokens\": [...], \"ner_tags\": [...]}), a dataset's list "
+                                  "columns (.arrow, .parquet) or CoNLL columns (.conll, .txt); this file cannot "
+                                  "hold them");
     }
-    if (format == RecordFormat::TAR && ends_with(path, ".tar")) {
+    if (conll && (!fields_.words || kind != SampleKind::TEXT)) {
+      throw std::invalid_argument("data file '" + path + "': a .conll file holds words and their tags, for "
+                                  "model.task token_classify");
+    }
+    if (conll) {
+      formats_.back() = static_cast<int>(RecordFormat::CONLL);
+      index_sentences(static_cast<int32_t>(f));
+    } else if (format == RecordFormat::TAR && ends_with(path, ".tar")) {
       index_tar(static_cast<int32_t>(f));
     } else if (table) {
       tables_.back() = std::make_unique<TableRecords>(path, kind, fields_);
@@ -375,6 +384,41 @@ void SampleSource::index_tar(int32_t file) {
 }
 
 // Lines are parsed when read: a malformed one is the loader's to skip and count.
+// CoNLL columns: each sentence (a run of lines up to a blank or -DOCSTART- line) one entry, numbered by its first
+// line.
+void SampleSource::index_sentences(int32_t file) {
+  const auto& handle = *handles_[static_cast<size_t>(file)];
+  const int64_t size = handle.size();
+  constexpr int64_t kChunk = 1 << 20;
+  int64_t line_start = 0, line_number = 0, sentence_start = -1, sentence_end = 0, first_line = 0;
+  std::string chunk, line;
+  auto end_line = [&](int64_t end) {
+    ++line_number;
+    if (conll_separator(line)) {
+      if (sentence_start >= 0) {
+        index_.push_back(Entry{file, first_line, {}, {sentence_start, sentence_end - sentence_start}, {}});
+        keys_.emplace_back();
+      }
+      sentence_start = -1;
+    } else {
+      if (sentence_start < 0) sentence_start = line_start, first_line = line_number;
+      sentence_end = end;
+    }
+    line.clear();
+    line_start = end + 1;
+  };
+  for (int64_t offset = 0; offset < size; offset += kChunk) {
+    chunk = handle.read(offset, std::min(kChunk, size - offset));
+    for (size_t i = 0; i < chunk.size(); ++i) {
+      if (chunk[i] == '\n') end_line(offset + static_cast<int64_t>(i));
+      else line += chunk[i];
+    }
+  }
+  if (line_start < size) end_line(size);  // a last line without its newline
+  line.clear();
+  end_line(size);  // the end: a separator
+}
+
 void SampleSource::index_lines(int32_t file) {
   const auto& handle = *handles_[static_cast<size_t>(file)];
   const int64_t size = handle.size();
@@ -454,6 +498,18 @@ RawSample SampleSource::read(int64_t i) const {
 void SampleSource::read_fields(RawSample& s, const std::string& line, int32_t file) const {
   const auto format = static_cast<RecordFormat>(formats_[static_cast<size_t>(file)]);
   std::vector<std::string> values;  // the text fields' values, then the label's
+  if (format == RecordFormat::CONLL) {  // a sentence: its lines' words and tags
+    std::vector<std::string> tags;
+    const size_t colon = s.key.rfind(':');
+    conll_words(line, s.key, std::stoll(s.key.substr(colon + 1)), s.words, tags);
+    for (const std::string& tag : tags) {
+      const int64_t id = class_of(tag, fields_.classes);
+      if (id < 0) throw std::runtime_error(s.key + ": " + not_a_class(tag, fields_.classes));
+      s.word_labels.push_back(id);
+    }
+    s.text.clear();
+    return;
+  }
   if (format == RecordFormat::TEXT_LINES) {
     values.push_back(!line.empty() && line.back() == '\r' ? line.substr(0, line.size() - 1) : line);
   } else if (format == RecordFormat::JSONL) {

@@ -340,6 +340,22 @@ def word_cases(root, cases):
         words=words + [["ids"], [], [], []], word_labels=tags + [[1], [], [], []],
         errors=[None] * 6 + ["holding a class for each of the 2 words of \"tokens\" (it holds 1)",
                              "label 'B-ORG' is not one of the classes", "holding an array of words"]))
+    # CoNLL-2003's own files: "word POS chunk tag" lines, blank lines between sentences, -DOCSTART- between
+    # documents; here also CRLF ends, tabs, runs of blank lines, and no newline at the end (as the files are read by
+    # datasets' conll2003 script: the first field the word, the last the tag)
+    conll = ("-DOCSTART- -X- -X- O\n\nEU NNP B-NP O\nrejects VBZ B-VP O\nGerman JJ B-NP B-LOC\r\ncall NN I-NP O\n\n\n"
+             "Peter\tNNP\tB-NP\tB-PER\nBlackburn NNP I-NP I-PER\n \n-DOCSTART- -X- -X- O\n\nlonely\nword O\n\n"
+             "x O\ny B-ORG\n\nlast O\nline B-LOC")
+    conll_rows = rows(words=[["EU", "rejects", "German", "call"], ["Peter", "Blackburn"], [], [], ["last", "line"]],
+                      word_labels=[[0, 0, 3, 0], [1, 2], [], [], [0, 3]],
+                      errors=[None, None, "line 14 ('lonely') holds 1 field", "label 'B-ORG' is not one of the classes",
+                              None])
+    for ext in ("conll", "txt"):
+        with open(os.path.join(d, "eng." + ext), "w", newline="") as f:
+            f.write(conll)
+        cases["words_" + ext] = dict(base, paths=[os.path.join(d, "eng." + ext)], rows=conll_rows)
+    cases["conll_not_words"] = dict(base, paths=[os.path.join(d, "eng.conll")], words=False,
+                                    open_error="a .conll file holds words and their tags")
     with open(os.path.join(d, "words.tsv"), "w") as f:
         f.write("tokens\tner_tags\nEU rejects\t0 0\n")
     cases["words_tsv"] = dict(base, paths=[os.path.join(d, "words.tsv")],

@@ -27,7 +27,8 @@ Usage: to_datasets.py PAIRS_DIR IMAGE_DIR OUT VOCAB
               words of several sub-word tokens: every third text ends in "tagged" (O), every other "top" is
               "topmost" (B-LOC); OUT/ner_{train,
               validation}.jsonl the same as .jsonl records {"tokens": [...], "ner_tags": [names]}, OUT/ner_hub the
-              same as the Hub's Parquet files of each split
+              same as the Hub's Parquet files of each split, OUT/ner_{train,validation}.conll in CoNLL-2003's
+              columns (word, part of speech, chunk, tag)
   OUT/shapes  DatasetDict {train} of IMAGE_DIR's WebDataset tars as an image-classification dataset (CIFAR-10's
               shape): img (Image, the tars' PNG bytes unchanged), label (ClassLabel); samples in the tars' order
 """
@@ -167,6 +168,10 @@ def main(pairs_dir, image_dir, out, vocab):
         with open(os.path.join(out, "ner_" + split + ".jsonl"), "w") as f:
             for w, t in zip(words, tags):
                 f.write(json.dumps({"tokens": w, "ner_tags": t}) + "\n")
+        with open(os.path.join(out, "ner_" + split + ".conll"), "w") as f:  # CoNLL-2003's columns
+            f.write("-DOCSTART- -X- -X- O\n\n")
+            for w, t in zip(words, tags):
+                f.write("".join("%s NN O %s\n" % (word, tag) for word, tag in zip(w, t)) + "\n")
     DatasetDict(ner).save_to_disk(os.path.join(out, "ner"))
     os.makedirs(os.path.join(out, "ner_hub"))
     for split, d in ner.items():

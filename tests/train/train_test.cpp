@@ -980,8 +980,8 @@ TEST_F(TrainTest, HuggingFaceDatasetsTrainAsTheirFiles) {
   // reads run_ner's columns by default, takes the classes from the ClassLabel, gives each word's class to its first
   // token; scored by seqeval's entity precision, recall and F1; exported as a BertForTokenClassification that
   // transformers scores (words tokenized with is_split_into_words, labels aligned as run_ner) on the same 50 held-out
-  // texts as the last evaluation did. The .jsonl form (arrays of words and tag names) and the Hub's Parquet files
-  // train the same.
+  // texts as the last evaluation did. The .jsonl form (arrays of words and tag names), the Hub's Parquet files and
+  // CoNLL-2003's column files train the same.
   const std::string ner = " --model.flavor=bert-debug --model.task=token_classify --data.max_text_length=32 "
                           "--train.steps=6 --log.interval=1 --train.eval_interval=3 --optim.warmup_steps=0 "
                           "--train.batch_size=5 --train.eval_samples=0 --checkpoint.overwrite=true "
@@ -1025,6 +1025,10 @@ TEST_F(TrainTest, HuggingFaceDatasetsTrainAsTheirFiles) {
                                        "--data.eval=[" + dir + "/ner_hub/validation-00000-of-00001.parquet]");
   ASSERT_EQ(tokens_parquet.status, 0) << tokens_parquet.output;
   EXPECT_EQ(loss_lines(tokens_parquet.output), loss_lines(tokens.output)) << tokens_parquet.output;
+  const Outcome tokens_conll = train(ner + " --data.labels=[O,B-OBJ,I-OBJ,B-LOC,I-LOC] --data.text=[" + dir +
+                                     "/ner_train.conll] --data.eval=[" + dir + "/ner_validation.conll]");
+  ASSERT_EQ(tokens_conll.status, 0) << tokens_conll.output;
+  EXPECT_EQ(loss_lines(tokens_conll.output), loss_lines(tokens.output)) << tokens_conll.output;
   const Outcome tokens_tsv = train(ner + " --data.labels=[O,B-OBJ,I-OBJ,B-LOC,I-LOC] --data.text=[" + dir +
                                    "/multilabel_train.tsv]");  // one text per record: no words
   EXPECT_NE(tokens_tsv.status, 0);

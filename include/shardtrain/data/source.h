@@ -3,7 +3,8 @@
 // WebDataset tars: consecutive members sharing a key (the path up to the first '.' of the file name) form a
 // sample; by extension: jpg/jpeg/png/bmp/gif/ppm/pgm = the image, txt/text/caption = the text, cls = an integer
 // label. Text files, each non-empty line a sample: .txt (the line is the text), .jsonl (an object: the fields
-// TextFields names), .tsv and .csv (a header row naming the columns, then records; data/records.h). Hugging Face
+// TextFields names), .tsv and .csv (a header row naming the columns, then records; data/records.h); CoNLL columns
+// (.conll, or .txt for token classification), each sentence a sample. Hugging Face
 // datasets' Arrow files (.arrow: load_dataset's cache, save_to_disk) and Parquet files (the Hub's), each row a sample
 // of any kind, its columns named by TextFields (data/table_records.h). Directories stand for every data file
 // inside, sorted; a save_to_disk directory for the files its state.json lists.
@@ -75,8 +76,9 @@ struct TextFields {
   bool multi_label = false;
   // The text field holds words, the label field one class per word (token classification, transformers' run_ner:
   // CoNLL-2003's `tokens` and `ner_tags`): a .jsonl array of strings and one of class names or ids, a table's list
-  // of strings and list of ClassLabel ids or names; read into RawSample::words and word_labels. `classes` names them.
-  // One text field; .txt, .tsv, .csv and tars cannot hold them.
+  // of strings and list of ClassLabel ids or names, or CoNLL columns (.conll, and .txt then: a sentence per sample,
+  // the word and tag of each line; the field names unused); read into RawSample::words and word_labels. `classes`
+  // names them. One text field; .tsv, .csv and tars cannot hold them.
   bool words = false;
   // A table's image column (binary, or datasets' Image struct {bytes, path}); when the table has none of this
   // name, its one Image column.
@@ -118,6 +120,7 @@ class SampleSource {
   };
   void index_tar(int32_t file);
   void index_lines(int32_t file);
+  void index_sentences(int32_t file);  // CoNLL columns (data/records.h): a sentence per sample
   void read_header(int32_t file);  // a table's column of each field, from its first indexed line (then dropped)
   void read_fields(RawSample& s, const std::string& line, int32_t file) const;
 
