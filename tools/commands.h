@@ -7,8 +7,9 @@
 
 namespace shardtrain::cli {
 
-int run_data_command(const std::vector<std::string>& args);        // data synth | vocab | show | pack
+int run_data_command(const std::vector<std::string>& args);        // data synth | vocab | show | pack | cache
 int run_data_pack(const std::vector<std::string>& args);           // data pack CONFIG [--k=v ...]
+int run_data_cache(const std::vector<std::string>& args);          // data cache [DIR] [--prune | --clear]
 int run_config_command(const std::vector<std::string>& args);      // config [--default] [--out FILE]
 int run_train_command(const std::vector<std::string>& args);       // train CONFIG [--k=v ...]
 int run_checkpoint_command(const std::vector<std::string>& args);  // checkpoint export | verify | list

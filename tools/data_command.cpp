@@ -21,6 +21,7 @@ const char* kDataUsage =
     "       shardtrain data vocab --out vocab.txt [--size N] [--min-frequency K] [--cased] [--field F] FILE|DIR...\n"
     "       shardtrain data show FILE.parquet|FILE.arrow [--rows N]\n"
     "       shardtrain data pack CONFIG.yaml [--section.key=value ...]\n"
+    "       shardtrain data cache [DIR] [--prune | --clear]\n"
     "synth: renders scenes of coloured shapes with captions that describe them and writes WebDataset shards\n"
     "       (image_text/, text/, image/, held-out eval/) and a WordPiece vocab.txt built from the captions;\n"
     "       --pairs: N sentence pairs in GLUE MRPC's TSV layout (pairs/train.tsv, N/4 in pairs/eval.tsv),\n"
@@ -32,7 +33,11 @@ const char* kDataUsage =
     "show: a table file's columns (type, and datasets' feature: a ClassLabel's names) and its first N rows\n"
     "      (default 3): the names data.text_fields, data.label_field and data.image_field take.\n"
     "pack: counts a causal LM config's data.text and data.eval into data.cache_dir as packed token streams (what\n"
-    "      data.packing reads), on every CPU, so that the training job starts by reading them.\n";
+    "      data.packing reads), on every CPU, so that the training job starts by reading them.\n"
+    "cache: the packed streams in DIR (default: data.cache_dir's default, $SHARDTRAIN_CACHE, else\n"
+    "       $XDG_CACHE_HOME/shardtrain or ~/.cache/shardtrain), each with its size, tokens and source files and\n"
+    "       whether a start over them reads it (current); --prune removes the others (a source changed or gone,\n"
+    "       damaged), --clear all; a stream being counted is left.\n";
 
 int synth(const std::vector<std::string>& argv) {
   const Args a = parse_args(argv, {"out", "image-text", "text", "image", "eval", "image-size", "shard-size",
@@ -180,6 +185,7 @@ int run_data_command(const std::vector<std::string>& args) {
   if (args[0] == "vocab") return vocab(rest);
   if (args[0] == "show") return show(rest);
   if (args[0] == "pack") return run_data_pack(rest);
+  if (args[0] == "cache") return run_data_cache(rest);
   std::cerr << "shardtrain data: unknown sub-command '" << args[0] << "'\n" << kDataUsage;
   return 2;
 }

@@ -1,13 +1,17 @@
 // `shardtrain estimate-memory MODEL`: Accelerate's table for a zoo flavor or a Hugging Face config.json, computed
-// from the family's own modules built on the meta device (nothing allocated, any size).
+// from the family's own modules built on the meta device (nothing allocated, any size); with a job, or a trainer
+// config, the peak per rank by term.
 #include <iostream>
+#include <set>
 #include <sstream>
 
 #include "cli_args.h"
 #include "commands.h"
 #include "shardtrain/models/zoo.h"
 #include "shardtrain/plan/accelerate_estimate.h"
+#include "shardtrain/config/config.h"
 #include "shardtrain/plan/memory_model.h"
+#include "shardtrain/train/trainer.h"
 
 namespace shardtrain::cli {
 
@@ -15,6 +19,7 @@ namespace {
 
 const char* kEstimateUsage =
     "usage: shardtrain estimate-memory MODEL [--dtypes DTYPE [DTYPE ...]]\n"
+    "       shardtrain estimate-memory CONFIG.yaml [--json] [--section.key=value ...]\n"
     "MODEL: a flavor of `shardtrain models`, or a Hugging Face config.json (or a model directory holding one, or a\n"
     "model name such as google/t5-v1_1-xl found in the Hugging Face cache, as Accelerate takes it) of a supported\n"
     "family (model_type bert, vit, t5, llama, mistral, qwen2, qwen3, flava), any size.\n"
@@ -33,6 +38,10 @@ const char* kEstimateUsage =
     "  --seq-len T         text tokens (default: the model's maximum)\n"
     "  --device D          cpu | cuda (kernels differ in what they keep; default cpu)\n"
     "  --json              the estimate as JSON\n"
+    "\n"
+    "A trainer config (CONFIG.yaml, as `shardtrain train` takes it, overrides too) gives the whole job: the model\n"
+    "with its task's head, launch.num_processes, parallel.*, train.batch_size (auto: the batch it would pick),\n"
+    "data.max_text_length; the same estimate as `shardtrain train CONFIG --dry-run`.\n"
     "docs/notes/memory-model.md says how each term is computed and how far it is from measurement.\n";
 
 // `--dtypes a b c` (Accelerate's nargs="+") becomes `--dtypes=a,b,c` for parse_args.
@@ -59,9 +68,34 @@ std::vector<std::string> split_commas(const std::string& s) {
   return out;
 }
 
+// `estimate-memory CONFIG.yaml [--json] [--section.key=value ...]`: the trainer's own plan of the job.
+int estimate_config(const std::vector<std::string>& argv) {
+  std::set<std::string> flags;
+  const std::vector<std::string> overrides = config_overrides(argv, 1, {"--json"}, &flags);
+  for (const std::string& o : overrides) {
+    const std::string key = o.substr(2, o.find('=') - 2);
+    if (key.find('.') == std::string::npos) {  // a job flag (--strategy, --batch-size): the config gives the job
+      throw std::invalid_argument("--" + key + ": " + argv[0] + " gives the job; change it with its keys, e.g. "
+                                  "--parallel.strategy=shard_grad_op --train.batch_size=8");
+    }
+  }
+  const train::RunPlan plan = train::plan_run(config::load_config(argv[0], overrides));
+  std::cout << (flags.count("--json") ? plan.json + "\n" : plan.text);
+  return 0;
+}
+
+bool is_yaml(const std::string& path) {
+  for (const char* ext : {".yaml", ".yml"}) {
+    const std::string e(ext);
+    if (path.size() > e.size() && path.compare(path.size() - e.size(), e.size(), e) == 0) return true;
+  }
+  return false;
+}
+
 }  // namespace
 
 int run_estimate_command(const std::vector<std::string>& argv) {
+  if (!argv.empty() && is_yaml(argv[0])) return estimate_config(argv);
   const Args args = parse_args(joined_dtypes(argv),
                                {"dtypes", "num-processes", "nnodes", "strategy", "mixed-precision", "batch-size",
                                 "seq-len", "device", "every", "grad-accum"},

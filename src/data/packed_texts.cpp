@@ -5,6 +5,7 @@
 #include <chrono>
 #include <condition_variable>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <exception>
 #include <map>
@@ -268,6 +269,57 @@ void PackedTexts::use_cache(const Options& options) {
   }
   std::vector<uint32_t>().swap(stream_);  // the file's pages serve the blocks now
   std::vector<int64_t>().swap(starts_);
+}
+
+std::string default_cache_dir() {
+  auto env = [](const char* name) {
+    const char* value = std::getenv(name);
+    return std::string(value ? value : "");
+  };
+  if (!env("SHARDTRAIN_CACHE").empty()) return env("SHARDTRAIN_CACHE");
+  if (!env("XDG_CACHE_HOME").empty()) return env("XDG_CACHE_HOME") + "/shardtrain";
+  return env("HOME").empty() ? "" : env("HOME") + "/.cache/shardtrain";
+}
+
+std::vector<CachedStream> cached_streams(const std::string& dir) {
+  std::vector<CachedStream> out;
+  if (!io::is_directory(dir)) return out;
+  for (const std::string& name : io::list_directory(dir)) {
+    if (name.rfind("packed-", 0) != 0 || name.size() < 14 || name.compare(name.size() - 7, 7, ".tokens") != 0) continue;
+    CachedStream c;
+    c.path = dir + "/" + name;
+    try {
+      const io::ReadOnlyFile file(c.path);
+      c.bytes = file.size();
+      Trailer t{};
+      const auto size = static_cast<uint64_t>(c.bytes);
+      if (size >= sizeof t) file.read(c.bytes - static_cast<int64_t>(sizeof t), sizeof t, reinterpret_cast<char*>(&t));
+      const uint64_t limit = uint64_t{1} << 60;
+      c.whole = size >= sizeof t && std::memcmp(t.magic, kMagic, sizeof kMagic) == 0 && t.tokens < limit &&
+                t.key_bytes < limit && t.errors_bytes < limit &&
+                4 * t.tokens + t.key_bytes + t.errors_bytes + sizeof t == size;
+      if (c.whole) {
+        c.tokens = static_cast<int64_t>(t.tokens), c.documents = static_cast<int64_t>(t.documents);
+        std::istringstream key(file.read(4 * c.tokens, static_cast<int64_t>(t.key_bytes)));
+        c.current = true;
+        for (std::string line; std::getline(key, line);) {
+          if (line.rfind("file ", 0) != 0) continue;
+          const std::string identity = line.substr(5);  // "path size mtime": the path may hold spaces
+          const size_t mtime = identity.rfind(' '), bytes = identity.rfind(' ', mtime - 1);
+          c.sources.push_back(identity.substr(0, bytes));
+          try {
+            c.current = c.current && io::file_identity(c.sources.back()) == identity;
+          } catch (const std::runtime_error&) {  // gone
+            c.current = false;
+          }
+        }
+      }
+    } catch (const std::runtime_error&) {
+      c.whole = false;
+    }
+    out.push_back(std::move(c));
+  }
+  return out;
 }
 
 PackedTexts::Where PackedTexts::where() const {

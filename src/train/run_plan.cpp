@@ -136,6 +136,7 @@ RunPlan plan_run(const config::Config& config, int64_t auto_batch_limit) {
   }
   const plan::MemoryEstimate e = plan::estimate_training_memory(*recipe, shape, job);
   out.text += plan::format_estimate(config.model.flavor, job, e);
+  out.json = plan::estimate_json(config.model.flavor, job, e);
   out.peak_bytes = e.peak_bytes, out.peak_phase = e.peak_phase;
   return out;
 }

@@ -3,7 +3,6 @@
 #include <sched.h>
 
 #include <algorithm>
-#include <cstdlib>
 #include <filesystem>
 #include <stdexcept>
 #include <tuple>
@@ -98,18 +97,10 @@ data::LoaderOptions loader_options(const Config& c, const std::string& flavor, c
   return lo;
 }
 
-// data.cache_dir as a directory: the default ($SHARDTRAIN_CACHE, $XDG_CACHE_HOME/shardtrain, ~/.cache/shardtrain;
-// "" with no home), "" for "none".
+// data.cache_dir as a directory: the default (data::default_cache_dir) when empty, "" for "none".
 std::string cache_directory(const Config& c) {
   if (c.data.cache_dir == "none") return "";
-  if (!c.data.cache_dir.empty()) return c.data.cache_dir;
-  auto env = [](const char* name) {
-    const char* value = std::getenv(name);
-    return std::string(value ? value : "");
-  };
-  if (!env("SHARDTRAIN_CACHE").empty()) return env("SHARDTRAIN_CACHE");
-  if (!env("XDG_CACHE_HOME").empty()) return env("XDG_CACHE_HOME") + "/shardtrain";
-  return env("HOME").empty() ? "" : env("HOME") + "/.cache/shardtrain";
+  return c.data.cache_dir.empty() ? data::default_cache_dir() : c.data.cache_dir;
 }
 
 // The CPUs this process may run on (a job scheduler's share of the node).

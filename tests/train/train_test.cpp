@@ -417,6 +417,20 @@ TEST_F(TrainTest, AutoBatchAndDryRun) {
   EXPECT_LE(batch, 8) << plan.output;  // the held-out source (32 samples) must still fill a batch per rank
   EXPECT_NE(plan.output.find("peak"), std::string::npos) << plan.output;
   EXPECT_EQ(plan.output.find("step 1/"), std::string::npos) << "a dry run trains nothing:\n" << plan.output;
+  // `estimate-memory CONFIG.yaml` is the same plan (the whole job from the trainer's config), and as JSON
+  const std::string estimate = std::string(SHARDTRAIN_BIN) + " estimate-memory " + root_ + "/config.yaml ";
+  const Outcome estimated = run(estimate + overrides + "--launch.num_processes=2");
+  ASSERT_EQ(estimated.status, 0) << estimated.output;
+  EXPECT_EQ(estimated.output, plan.output);
+  const Outcome as_json = run(estimate + overrides + "--launch.num_processes=2 --json");
+  ASSERT_EQ(as_json.status, 0) << as_json.output;
+  const nlohmann::json j = nlohmann::json::parse(as_json.output);
+  EXPECT_EQ(j.at("job").at("batch"), batch) << as_json.output;
+  EXPECT_EQ(j.at("job").at("world"), 2) << as_json.output;
+  const Outcome flag = run(estimate + "--strategy ddp");
+  EXPECT_NE(flag.status, 0);
+  EXPECT_NE(flag.output.find("--strategy: " + root_ + "/config.yaml gives the job"), std::string::npos)
+      << flag.output;
 
   const Outcome r = train(overrides + "--train.steps=2 --train.eval_interval=0 --checkpoint.dir=" + root_ + "/auto");
   ASSERT_EQ(r.status, 0) << r.output;
@@ -808,6 +822,33 @@ TEST_F(TrainTest, Seq2SeqAndCausalLmEvaluateHeldOutText) {
   ASSERT_EQ(reads.status, 0) << reads.output;
   EXPECT_EQ(reads.output.find("counted now"), std::string::npos) << reads.output;
   EXPECT_NE(reads.output.find("counted by an earlier start"), std::string::npos) << reads.output;
+  // `data cache` lists the streams (current: their sources unchanged); --prune removes those no start reads again (a
+  // source gone, a damaged file), --clear the rest
+  ASSERT_EQ(run("cp " + dir + "/eval.jsonl " + dir + "/gone.jsonl").status, 0);
+  prepared = run(std::string(SHARDTRAIN_BIN) + " data pack " + root_ + "/config.yaml" + packing + " --data.eval=[" +
+                 dir + "/gone.jsonl]");
+  ASSERT_EQ(prepared.status, 0) << prepared.output;
+  ASSERT_EQ(run("rm " + dir + "/gone.jsonl && echo damaged > " + dir + "/prepared/packed-0123456789abcdef.tokens")
+                .status, 0);
+  const std::string cache_command = std::string(SHARDTRAIN_BIN) + " data cache " + dir + "/prepared";
+  Outcome listed = run(cache_command);
+  ASSERT_EQ(listed.status, 0) << listed.output;
+  EXPECT_NE(listed.output.find("data cache: 4 packed streams in " + dir + "/prepared"), std::string::npos)
+      << listed.output;
+  EXPECT_NE(listed.output.find("7078 tokens of 480 documents  current  from " + dir + "/train.jsonl"),
+            std::string::npos) << listed.output;
+  EXPECT_NE(listed.output.find("stale (a source changed or is gone)  from " + dir + "/gone.jsonl"),
+            std::string::npos) << listed.output;
+  EXPECT_NE(listed.output.find("packed-0123456789abcdef.tokens  0.0 MiB  damaged"), std::string::npos)
+      << listed.output;
+  listed = run(cache_command + " --prune");
+  EXPECT_NE(listed.output.find("; removed 2, "), std::string::npos) << listed.output;
+  listed = run(cache_command);
+  EXPECT_NE(listed.output.find("data cache: 2 packed streams"), std::string::npos) << listed.output;
+  EXPECT_EQ(listed.output.find("stale"), std::string::npos) << listed.output;
+  listed = run(cache_command + " --clear");
+  EXPECT_NE(listed.output.find("; removed 2, "), std::string::npos) << listed.output;
+  EXPECT_NE(run(cache_command).output.find("data cache: 0 packed streams"), std::string::npos);
   prepared = run(std::string(SHARDTRAIN_BIN) + " data pack " + root_ + "/config.yaml" + packing +
                  " --data.cache_dir=none");
   EXPECT_NE(prepared.status, 0);

@@ -111,4 +111,21 @@ class PackedTexts {
   std::vector<int64_t> starts_;   // encoding again: (documents + 1) where each document starts, then the end
 };
 
+// The default cache directory (as datasets' cache is found): $SHARDTRAIN_CACHE, else $XDG_CACHE_HOME/shardtrain, else
+// ~/.cache/shardtrain; "" without a home.
+std::string default_cache_dir();
+
+// A stream file in a cache directory (`shardtrain data cache` lists them).
+struct CachedStream {
+  std::string path;
+  int64_t bytes = 0;
+  bool whole = false;  // its trailer reads and its sizes agree (else a damaged or foreign file; the rest unset)
+  int64_t tokens = 0, documents = 0;
+  std::vector<std::string> sources;  // the files it was counted from
+  // Every source is still as it was counted (same path, size and modification time): a start over them reads it.
+  bool current = false;
+};
+// The packed-*.tokens files of `dir`, sorted by name; none when it does not exist.
+std::vector<CachedStream> cached_streams(const std::string& dir);
+
 }  // namespace shardtrain::data

@@ -45,6 +45,7 @@ struct RunPlan {
   std::string text;       // the plan, for the console
   int64_t peak_bytes = 0;  // predicted per rank
   std::string peak_phase;  // forward, backward or step
+  std::string json;        // the estimate as `shardtrain estimate-memory --json` writes it
 };
 RunPlan plan_run(const config::Config& config, int64_t auto_batch_limit = 0);
 
