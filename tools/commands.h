@@ -16,6 +16,7 @@ int run_checkpoint_command(const std::vector<std::string>& args);  // checkpoint
 int run_estimate_command(const std::vector<std::string>& args);    // estimate-memory MODEL [--dtypes ...]
 int run_plan_command(const std::vector<std::string>& args);        // plan MODEL --gpus N --gpu-memory S
 int run_report_command(const std::vector<std::string>& args);      // report RUN_DIR... [--out DIR]
+int run_env_command(const std::vector<std::string>& args);         // env
 
 bool isatty_stderr();
 bool isatty_stdin();

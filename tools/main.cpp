@@ -27,6 +27,7 @@ const char* kUsage =
     "            a flavor, a config.json or a trainer's CONFIG.yaml\n"
     "  plan      the configurations that fit N GPUs, each with its largest batch and predicted speed\n"
     "  report    a run's curves (losses, evaluation, speed, memory per rank) as PNG and SVG\n"
+    "  env       versions, GPUs, CPUs, memory, launcher and cache directories (for a bug report)\n"
     "  version   print the version\n"
     "run 'shardtrain <command> --help' for a command's options\n";
 
@@ -95,8 +96,9 @@ int main(int argc, char** argv) {
     if (command == "estimate-memory") return shardtrain::cli::run_estimate_command(args);
     if (command == "plan") return shardtrain::cli::run_plan_command(args);
     if (command == "report") return shardtrain::cli::run_report_command(args);
+    if (command == "env") return shardtrain::cli::run_env_command(args);
     if (command == "version") {
-      std::cout << "shardtrain 0.1.0\n";
+      std::cout << "shardtrain " << SHARDTRAIN_VERSION << "\n";
       return 0;
     }
     std::cerr << "shardtrain: unknown command '" << command << "'\n" << kUsage;

@@ -1165,6 +1165,27 @@ TEST_F(TrainTest, HuggingFaceDatasetsTrainAsTheirFiles) {
       << splits.output;
 }
 
+// `shardtrain env` (accelerate env's counterpart) says what LibTorch was built with and what this machine has: the
+// versions Python's torch of the same wheel reports, the GPUs it sees, and the launcher's variables in effect.
+TEST_F(TrainTest, EnvDescribesTheMachine) {
+  const Outcome env = run(std::string(SHARDTRAIN_BIN) + " env");
+  ASSERT_EQ(env.status, 0) << env.output;
+  const Outcome torch = run(std::string(SHARDTRAIN_PYTHON) + " -c \"import torch; v = torch.cuda.nccl.version(); "
+                            "c = torch.backends.cudnn.version(); print('LibTorch: %s|CUDA: runtime %s, cuDNN %d.%d.%d, "
+                            "NCCL %d.%d.%d|GPUs: %d' % (torch.__version__.split('+')[0], torch.version.cuda, c // 10000, "
+                            "c % 10000 // 100, c % 100, *v, torch.cuda.device_count()))\"");
+  ASSERT_EQ(torch.status, 0) << torch.output;
+  std::stringstream expected(torch.output.substr(0, torch.output.find('\n')));
+  for (std::string line; std::getline(expected, line, '|');) {
+    EXPECT_NE(env.output.find(line), std::string::npos) << line << "\n" << env.output;
+  }
+  EXPECT_NE(env.output.find("launcher: none (one process)"), std::string::npos) << env.output;
+  const Outcome half = run("RANK=1 WORLD_SIZE=2 LOCAL_RANK=1 LOCAL_WORLD_SIZE=2 " + std::string(SHARDTRAIN_BIN) +
+                           " env");
+  EXPECT_NE(half.output.find("launcher: unusable: environment variable MASTER_ADDR is not set"), std::string::npos)
+      << half.output;
+}
+
 TEST_F(TrainTest, BadInputExitsWithTheMessage) {
   Outcome r = run(std::string(SHARDTRAIN_BIN) + " train " + root_ + "/config.yaml --train.stepz=3");
   EXPECT_EQ(r.status, 2);
