@@ -53,7 +53,7 @@ flava_gpu() {  # flava_gpu TAG OVERRIDE...
 
 for s in "$@"; do
   case $s in
-    info) stage info 30 bash -c 'nvidia-smi; ldd --version | head -1; ${CXX:-c++} --version | head -1' ;;
+    info) stage info 30 bash -c "nvidia-smi; ldd --version | head -1; \${CXX:-c++} --version | head -1; $cli env" ;;
     cuda_tests) stage cuda_tests 240 ctest --test-dir "$build" -R '^cuda\.' --output-on-failure ;;
     synth) stage synth 240 "$cli" data synth --out data/synth --image-text 4000 --text 1000 --image 1000 --eval 512 ;;
     train_debug) stage train_debug 150 "${train_debug[@]}" --launch.num_processes=1 --checkpoint.dir=runs/gpu-debug1/ck \
