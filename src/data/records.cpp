@@ -106,6 +106,17 @@ std::string not_a_class(const std::string& value, const std::vector<std::string>
          "below " + std::to_string(classes.size());
 }
 
+std::vector<int64_t> class_ids(const std::vector<std::string>& values, const std::vector<std::string>& classes,
+                               const std::string& key) {
+  std::vector<int64_t> ids;
+  for (const std::string& value : values) {
+    const int64_t id = class_of(value, classes);
+    if (id < 0) throw std::runtime_error(key + ": " + not_a_class(value, classes));
+    ids.push_back(id);
+  }
+  return ids;
+}
+
 std::optional<double> score_of(const std::string& value) {
   if (value.empty() || value.size() > 64 || value.find_first_not_of("0123456789+-.eE") != std::string::npos) {
     return std::nullopt;  // also no spaces, hexadecimal, "nan" or "inf", which strtod would take

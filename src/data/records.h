@@ -39,6 +39,10 @@ bool conll_separator(const std::string& line);
 int64_t class_of(const std::string& value, const std::vector<std::string>& classes);
 // Why class_of gave -1, for an error that names the sample: "label 'x' is not one of the classes [a, b] ...".
 std::string not_a_class(const std::string& value, const std::vector<std::string>& classes);
+// The class ids of `values` (class_of each), in order. Throws std::runtime_error "<key>: label 'x' is not one of
+// the classes ..." for a value that is none.
+std::vector<int64_t> class_ids(const std::vector<std::string>& values, const std::vector<std::string>& classes,
+                               const std::string& key);
 // A multi-label sample's class ids as its set: ascending, each once.
 std::vector<int64_t> as_label_set(std::vector<int64_t> ids);
 // A regression label: `value` whole as a finite decimal number ("3.8", "4", "-1e-3"); nullopt otherwise.

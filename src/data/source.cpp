@@ -143,16 +143,18 @@ bool json_tokens(RawSample& s, const nlohmann::json& j, const TextFields& fields
   return true;
 }
 
-// A multi-label sample's set of classes from their names or ids. Throws naming a value that is no class.
-std::vector<int64_t> label_set_of(const std::vector<std::string>& values, const TextFields& fields,
-                                  const std::string& key) {
-  std::vector<int64_t> ids;
-  for (const std::string& value : values) {
-    const int64_t id = class_of(value, fields.classes);
-    if (id < 0) throw std::runtime_error(key + ": " + not_a_class(value, fields.classes));
-    ids.push_back(id);
+// A .jsonl array's class names or ids (`field` holds it), as text for class_ids. Throws naming an item that is
+// neither.
+std::vector<std::string> json_class_values(const nlohmann::json& array, const std::string& field,
+                                           const std::string& key) {
+  std::vector<std::string> values;
+  for (const auto& item : array) {
+    if (!item.is_string() && !item.is_number_integer()) {
+      throw std::runtime_error(key + ": label " + item.dump() + " in \"" + field + "\" is not a class name or id");
+    }
+    values.push_back(item.is_string() ? item.get<std::string>() : item.dump());
   }
-  return as_label_set(std::move(ids));
+  return values;
 }
 
 // A .jsonl record's words and their classes (TextFields::words): two arrays of the same length, strings and class
@@ -173,16 +175,7 @@ void json_words(RawSample& s, const nlohmann::json& j, const TextFields& fields)
     if (!w.is_string()) throw std::runtime_error(s.key + ": \"" + name + "\" holds " + w.dump() + ", not a word");
     s.words.push_back(w.get<std::string>());
   }
-  for (const auto& label : *labels) {
-    if (!label.is_string() && !label.is_number_integer()) {
-      throw std::runtime_error(s.key + ": label " + label.dump() + " in \"" + fields.label +
-                               "\" is not a class name or id");
-    }
-    const std::string value = label.is_string() ? label.get<std::string>() : label.dump();
-    const int64_t id = class_of(value, fields.classes);
-    if (id < 0) throw std::runtime_error(s.key + ": " + not_a_class(value, fields.classes));
-    s.word_labels.push_back(id);
-  }
+  s.word_labels = class_ids(json_class_values(*labels, fields.label, s.key), fields.classes, s.key);
 }
 
 // A .jsonl record's set of classes: its label field, an array of class names or ids.
@@ -192,15 +185,7 @@ std::vector<int64_t> json_label_set(const nlohmann::json& j, const TextFields& f
     throw std::runtime_error(key + ": a .jsonl line needs a label field \"" + fields.label + "\" holding an array " +
                              "of class names or ids (multi-label)");
   }
-  std::vector<std::string> values;
-  for (const auto& item : *it) {
-    if (!item.is_string() && !item.is_number_integer()) {
-      throw std::runtime_error(key + ": label " + item.dump() + " in \"" + fields.label +
-                               "\" is not a class name or id");
-    }
-    values.push_back(item.is_string() ? item.get<std::string>() : item.dump());
-  }
-  return label_set_of(values, fields, key);
+  return as_label_set(class_ids(json_class_values(*it, fields.label, key), fields.classes, key));
 }
 
 // A .tsv/.csv field's set of classes: names or ids separated by commas ("2,15", as go_emotions' own .tsv files
@@ -212,7 +197,7 @@ std::vector<int64_t> listed_label_set(const std::string& field, const TextFields
     const size_t first = item.find_first_not_of(' '), last = item.find_last_not_of(' ');
     if (first != std::string::npos) values.push_back(item.substr(first, last - first + 1));
   }
-  return label_set_of(values, fields, key);
+  return as_label_set(class_ids(values, fields.classes, key));
 }
 
 }  // namespace
@@ -383,7 +368,6 @@ void SampleSource::index_tar(int32_t file) {
   close();
 }
 
-// Lines are parsed when read: a malformed one is the loader's to skip and count.
 // CoNLL columns: each sentence (a run of lines up to a blank or -DOCSTART- line) one entry, numbered by its first
 // line.
 void SampleSource::index_sentences(int32_t file) {
@@ -419,6 +403,7 @@ void SampleSource::index_sentences(int32_t file) {
   end_line(size);  // the end: a separator
 }
 
+// Lines are parsed when read: a malformed one is the loader's to skip and count.
 void SampleSource::index_lines(int32_t file) {
   const auto& handle = *handles_[static_cast<size_t>(file)];
   const int64_t size = handle.size();
@@ -500,13 +485,9 @@ void SampleSource::read_fields(RawSample& s, const std::string& line, int32_t fi
   std::vector<std::string> values;  // the text fields' values, then the label's
   if (format == RecordFormat::CONLL) {  // a sentence: its lines' words and tags
     std::vector<std::string> tags;
-    const size_t colon = s.key.rfind(':');
-    conll_words(line, s.key, std::stoll(s.key.substr(colon + 1)), s.words, tags);
-    for (const std::string& tag : tags) {
-      const int64_t id = class_of(tag, fields_.classes);
-      if (id < 0) throw std::runtime_error(s.key + ": " + not_a_class(tag, fields_.classes));
-      s.word_labels.push_back(id);
-    }
+    const int64_t first_line = std::stoll(s.key.substr(s.key.rfind(':') + 1));  // the key ends in it
+    conll_words(line, s.key, first_line, s.words, tags);
+    s.word_labels = class_ids(tags, fields_.classes, s.key);
     s.text.clear();
     return;
   }

@@ -277,11 +277,7 @@ void TableRecords::read_words(int64_t row, RawSample& s) const {
                              std::to_string(s.words.size()) + " words in '" +
                              table_->columns()[static_cast<size_t>(words_)].path + "'");
   }
-  for (const std::string& value : values) {
-    const int64_t id = class_of(value, classes_);
-    if (id < 0) throw std::runtime_error(s.key + ": " + not_a_class(value, classes_));
-    s.word_labels.push_back(id);
-  }
+  s.word_labels = class_ids(values, classes_, s.key);
 }
 
 void TableRecords::read(int64_t row, RawSample& s) const {
