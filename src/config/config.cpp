@@ -260,6 +260,7 @@ std::vector<Field> fields_of(Config& c) {
       field("data.mix.image", c.data.mix.image),
       field("data.max_text_length", c.data.max_text_length),
       field("data.truncation", c.data.truncation),
+      field("data.padding", c.data.padding),
       field("data.packing", c.data.packing),
       field("data.packing_eos", c.data.packing_eos),
       field("data.cache_dir", c.data.cache_dir),
@@ -599,6 +600,8 @@ void validate(const Config& c) {
           num(c.data.max_text_length), "0 (the model's) or at least 3");
   require(c.data.truncation == "warn" || c.data.truncation == "error", "data.truncation", "'" + c.data.truncation + "'",
           "warn (truncate and count) or error");
+  require(c.data.padding == "max_length" || c.data.padding == "longest", "data.padding", "'" + c.data.padding + "'",
+          "max_length (every text padded to data.max_text_length) or longest (to the batch's longest)");
   require(c.data.text_fields.size() == 1 || c.data.text_fields.size() == 2, "data.text_fields",
           std::to_string(c.data.text_fields.size()) + " fields", "one (a text) or two (a sentence pair)");
   for (size_t i = 0; i < c.data.labels.size(); ++i) {

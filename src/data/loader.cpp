@@ -339,7 +339,25 @@ struct Loader::Impl {
         for (int64_t id : *examples[r].label_set) rows[static_cast<int64_t>(r)][id] = 1;
       }
     }
+    const bool packed = kind == SampleKind::TEXT && o.packed;
+    if (o.pad_to_longest && kind != SampleKind::IMAGE && !packed) {
+      cut_padding(b, sources[static_cast<size_t>(kind)]->fields().words);
+    }
     return b;
+  }
+
+  // padding="longest": the columns after the batch's longest row are padding in every row (attention mask 0, no
+  // label, never masked), so every (B, T) tensor ends there; `token_labels`: the labels are (B, T) too.
+  static void cut_padding(Batch& b, bool token_labels) {
+    const int64_t T = b.attention_mask.size(1);
+    const at::Tensor used = b.attention_mask.any(0);  // (T) a token in some row
+    const int64_t longest = used.any().item<bool>() ? T - used.flip(0).to(at::kLong).argmax().item<int64_t>() : 1;
+    if (longest == T) return;
+    for (at::Tensor* t : {&b.input_ids, &b.attention_mask, &b.token_type_ids, &b.sequence_ids, &b.input_ids_masked,
+                          &b.mlm_labels}) {
+      if (t->defined()) *t = t->narrow(1, 0, longest).contiguous();
+    }
+    if (token_labels) b.labels = b.labels.narrow(1, 0, longest).contiguous();
   }
 
   SampleKind kind_of(int64_t step) const {

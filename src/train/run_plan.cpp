@@ -106,7 +106,7 @@ std::string gib(int64_t bytes) {
 }  // namespace
 
 RunPlan plan_run(const config::Config& config, int64_t auto_batch_limit) {
-  RunPlan out{config, "", 0, ""};
+  RunPlan out{config, "", 0, "", ""};
   const RunLabels labels = run_labels(config);
   const auto recipe = models::recipe_for_task(models::recipe_of_model(config.model.flavor, config.model.overrides),
                                               config.model.task, {labels.names, labels.multi_label, std::nullopt});

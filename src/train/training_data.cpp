@@ -94,6 +94,7 @@ data::LoaderOptions loader_options(const Config& c, const std::string& flavor, c
   lo.max_image_pixels = c.data.max_image_pixels;
   lo.refuse_truncation = c.data.truncation == "error";
   lo.label_all_tokens = c.data.label_all_tokens;
+  lo.pad_to_longest = c.data.padding == "longest";
   return lo;
 }
 

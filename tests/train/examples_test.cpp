@@ -100,6 +100,22 @@ TEST(Examples, BertClassifierFineTunedFromAHuggingFaceDirectory) {
   io::remove_tree(out);
 }
 
+// examples/bert_ner/run.sh: CoNLL files of tagged captions, a random BertForMaskedLM written by transformers, the
+// tagger fine-tuned on 2 ranks (the token classifier created, the masked-LM head unused), exported, and scored by
+// transformers and seqeval on the held-out sentences (check.py's bar: entity F1 0.9), then run in the
+// token-classification pipeline, which groups a sentence's object and location.
+TEST(Examples, BertTaggerFineTunedOnConllFiles) {
+  const std::string out = "/tmp/shardtrain_bert_ner_" + std::to_string(::getpid());
+  const Outcome r = run_example("bert_ner", out);
+  ASSERT_EQ(r.status, 0) << r.output;
+  EXPECT_NE(r.output.find("newly initialized (not in init_weights; the token_classify head): classifier.weight, "
+                          "classifier.bias"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("make_conll: 4000 sentences"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("check: transformers' BertForTokenClassification"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("-> OBJ 'small red circles', LOC 'top'"), std::string::npos) << r.output;
+  io::remove_tree(out);
+}
+
 // examples/t5_seq2seq/run.sh: a random T5ForConditionalGeneration with a T5-style Unigram tokenizer.json, both written
 // by Hugging Face's libraries, fine-tuned for seq2seq on 2 ranks through that tokenizer.json; the held-out exact match
 // of greedy outputs rises from 0 past the script's bar (0.25; 0.39 measured, ROUGE-L 0.81), and transformers'

@@ -903,6 +903,26 @@ void expect_last_eval_matches(const std::string& output, const nlohmann::json& t
   }
 }
 
+// Two runs' step and evaluation lines (loss_lines) alike to `tolerance` (relative, at least absolute): the same
+// lines, each number within it.
+void expect_same_numbers(const std::vector<std::string>& a, const std::vector<std::string>& b, double tolerance) {
+  ASSERT_EQ(a.size(), b.size());
+  const std::regex number(R"([-+]?[0-9]*\.?[0-9]+(?:e[-+]?[0-9]+)?)");
+  for (size_t i = 0; i < a.size(); ++i) {
+    std::vector<double> x, y;
+    for (auto it = std::sregex_iterator(a[i].begin(), a[i].end(), number); it != std::sregex_iterator(); ++it) {
+      x.push_back(std::stod(it->str()));
+    }
+    for (auto it = std::sregex_iterator(b[i].begin(), b[i].end(), number); it != std::sregex_iterator(); ++it) {
+      y.push_back(std::stod(it->str()));
+    }
+    ASSERT_EQ(x.size(), y.size()) << a[i] << "\n" << b[i];
+    for (size_t k = 0; k < x.size(); ++k) {
+      EXPECT_NEAR(x[k], y[k], tolerance * std::max(1.0, std::abs(y[k]))) << a[i] << "\n" << b[i];
+    }
+  }
+}
+
 // Hugging Face datasets saved with save_to_disk, and as Parquet in a Hub repository's layout, train exactly as the
 // same records in TSV and WebDataset tars (tests/reference/to_datasets.py: GLUE MRPC's features for the sentence
 // pairs; an Image column and a ClassLabel for the images, CIFAR-10's shape): the same samples in the same order, so
@@ -1044,6 +1064,13 @@ TEST_F(TrainTest, HuggingFaceDatasetsTrainAsTheirFiles) {
   EXPECT_EQ(ner_theirs.at("samples"), 50);
   EXPECT_GT(ner_theirs.at("split_words").get<int>(), 10);  // words of several tokens: only the first one scored
   expect_last_eval_matches(tokens.output, ner_theirs, {"eval_loss", "precision", "recall", "f1", "accuracy"});
+  // data.padding: longest (run_ner's dynamic padding) cuts each batch after its longest text: without dropout (whose
+  // masks are drawn over the batch's shape) the same run as padding to max_length, to float rounding
+  const std::string no_dropout = ner + " '--model.overrides={dropout: 0}' --data.text=[" + dir + "/ner/train] " +
+                                 "--data.eval=[" + dir + "/ner/validation]";
+  const Outcome full = train(no_dropout), longest = train(no_dropout + " --data.padding=longest");
+  ASSERT_EQ(longest.status, 0) << longest.output;
+  expect_same_numbers(loss_lines(longest.output), loss_lines(full.output), 1e-3);
   // label_all_tokens: every token of a word takes its class (B- as I- after the first) and is scored, as run_ner's
   const Outcome all_tokens = train(ner + " --data.label_all_tokens=true --data.text=[" + dir + "/ner/train] "
                                    "--data.eval=[" + dir + "/ner/validation]");

@@ -113,6 +113,10 @@ struct DataConfig {
   // A text longer than max_text_length: warn (truncated; how many the run's closing lines count) or error (the run
   // stops naming the file and line).
   std::string truncation = "warn";
+  // Each batch's texts padded to max_text_length (max_length) or only to the longest of the batch (longest:
+  // transformers' DataCollatorWithPadding, run_ner's default): the same losses to float rounding, less work on
+  // short texts. Each rank cuts its own batch.
+  std::string padding = "max_length";
   // causal_lm: every text whole, end to end, cut into rows of max_text_length, the rows shuffled (transformers'
   // run_clm grouping; data::PackedTexts) instead of one padded row per text, cut to max_text_length.
   bool packing = false;

@@ -80,6 +80,9 @@ struct LoaderOptions {
   // Token classification (TextFields::words): a word's tokens after its first take its class too (a B- class its
   // I- class, by the source's class names), as run_ner's label_all_tokens; false: -100 there.
   bool label_all_tokens = false;
+  // Unpacked text batches end at their longest row's last token (transformers' padding="longest"): the columns that
+  // are padding in every row are cut from every (B, T) tensor. false: T is text_length.
+  bool pad_to_longest = false;
   // Text batches (causal LM): each row a block of text_length tokens of this packing of the text source
   // (transformers' run_clm grouping: every text end to end, long ones across rows; no padding but in the last
   // block), the blocks shuffled and dealt as samples are; null: one padded row per text. Its length must be
