@@ -225,7 +225,7 @@ LabelColumn label_column(const std::string& path, const std::string& column) {
   const TableFile file = open_table_file(path);
   const ColumnTable& t = *file.table;
   const int c = t.column(column);
-  if (c >= 0 && t.columns()[static_cast<size_t>(c)].kind == ColumnKind::FLOAT) return {{column}, false};
+  if (c >= 0 && t.columns()[static_cast<size_t>(c)].kind == ColumnKind::FLOAT) return {{column}, false, true};
   return {class_names(features_of(t), column), whole_number_lists(t, c)};
 }
 

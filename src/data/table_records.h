@@ -81,6 +81,7 @@ class TableRecords {
 struct LabelColumn {
   std::vector<std::string> names;
   bool multi_label = false;
+  bool scores = false;  // a float column: names is {column}
 };
 LabelColumn label_column(const std::string& path, const std::string& column);
 

@@ -488,9 +488,10 @@ int64_t agreed_batch_limit(int64_t mine, const dist::Communicator& world) {
 }
 
 // One attempt at the run; `batch_limit` caps train.batch_size: auto (0: no cap).
-// `classes_from_data`: data.labels was filled from the dataset's ClassLabel (train()), which the start-up says.
+// `classes_from`: where train() filled data.labels from when the config gave none (RunLabels::from: the dataset's
+// ClassLabel, the records' distinct labels), which the start-up says; "" when it did not.
 TrainSummary train_run(const Config& given, std::shared_ptr<log::Sink> sink, int64_t batch_limit,
-                       bool classes_from_data) {
+                       const std::string& classes_from) {
   Job job(given, std::move(sink));
   // train.batch_size: auto becomes the largest batch the memory model predicts to fit (every rank computes the same).
   const bool auto_batch = given.train.batch_size == config::kAutoBatch;
@@ -501,19 +502,17 @@ TrainSummary train_run(const Config& given, std::shared_ptr<log::Sink> sink, int
   if (auto_batch) job.logger.info(plan.text.substr(0, plan.text.find('\n')));
   const dist::Communicator& world = job.pg.world();
   TrainingData data = open_training_data(c, *job.task, job.tokenizer, world.rank(), world.size(), job.logger);
-  if (classes_from_data && job.task->data_needs().num_labels > 0) {
+  if (!classes_from.empty() && job.task->data_needs().num_labels > 0) {
     std::string names;
     for (const auto& name : c.data.labels) names += (names.empty() ? "" : ", ") + name;
     const bool words = job.task->data_needs().word_labels;
-    data.notes.push_back(words ? "token classes: [" + names + "], the dataset's List(ClassLabel) '" +
-                                     c.data.label_field + "' (a class per word, scored on its first token as run_ner)"
-                         : c.data.multi_label ? "multi-label: sets of the classes [" + names + "], the dataset's " +
-                                                    "List(ClassLabel) '" + c.data.label_field + "' (binary cross-" +
-                                                    "entropy on each, as run_classification)"
-                         : c.data.labels.size() == 1 ? "regression: one output, the scores of the dataset's float "
-                                                       "column '" + c.data.label_field + "' (as run_glue's STS-B)"
-                                                     : "classes: [" + names + "], the dataset's ClassLabel '" +
-                                                           c.data.label_field + "'");
+    data.notes.push_back(words ? "token classes: [" + names + "], " + classes_from +
+                                     " (a class per word, scored on its first token as run_ner)"
+                         : c.data.multi_label ? "multi-label: sets of the classes [" + names + "], " + classes_from +
+                                                    " (binary cross-entropy on each, as run_classification)"
+                         : c.data.labels.size() == 1 ? "regression: one output, " + classes_from + " (as run_glue's "
+                                                       "STS-B)"
+                                                     : "classes: [" + names + "], " + classes_from);
   }
   // Dropout draws from the default generators, seeded per rank (at::manual_seed seeds CPU and every GPU).
   at::manual_seed(data::hash_of(static_cast<uint64_t>(c.train.seed), static_cast<uint64_t>(world.rank())));
@@ -574,13 +573,13 @@ TrainSummary train(const Config& given, std::shared_ptr<log::Sink> sink) {
   Config resolved = given;
   const RunLabels labels = run_labels(given);
   resolved.data.labels = labels.names, resolved.data.multi_label = labels.multi_label;
-  const bool classes_from_data = given.data.labels.empty() && !resolved.data.labels.empty();
+  const std::string classes_from = labels.from;
   int64_t batch_limit = auto_batch_limit_of_env();
   const dist::DistEnv env = dist::read_dist_env(dist::process_env_lookup());
   const bool alone = env.source == dist::EnvSource::NONE || env.world_size == 1;
   while (true) {
     try {
-      return train_run(resolved, sink, batch_limit, classes_from_data);
+      return train_run(resolved, sink, batch_limit, classes_from);
     } catch (const FirstStepOutOfMemory& e) {
       if (!alone) throw;  // the other ranks wait in collectives: the launcher restarts them all (launch.h)
       log::Logger(sink, 0).warning(e.what());

@@ -8,6 +8,7 @@
 #include <tuple>
 
 #include "data/table_records.h"
+#include "data/label_values.h"
 #include "data/records.h"
 #include "shardtrain/data/packed_texts.h"
 
@@ -138,11 +139,26 @@ RunLabels run_labels(const Config& c) {
         const data::LabelColumn column = data::label_column(file, c.data.label_field);
         // a token classifier's List(ClassLabel) holds a class per word, not a set
         const bool sets = column.multi_label && c.model.task != "token_classify";
-        return {c.data.labels.empty() ? column.names : c.data.labels, c.data.multi_label || sets};
+        const std::string from = "the " + std::string(column.scores ? "scores of the dataset's float column '"
+                                                      : column.multi_label ? "dataset's List(ClassLabel) '"
+                                                                           : "dataset's ClassLabel '") +
+                                 c.data.label_field + "'";
+        return {c.data.labels.empty() ? column.names : c.data.labels, c.data.multi_label || sets,
+                c.data.labels.empty() && !column.names.empty() ? from : ""};
       }
     }
   }
-  return {c.data.labels, c.data.multi_label};
+  const bool words = c.model.task == "token_classify";
+  if (!c.data.labels.empty() || (c.model.task != "classify" && !words)) return {c.data.labels, c.data.multi_label, ""};
+  const data::LabelValues values =
+      data::label_values(data::expand_paths(c.data.text), c.data.label_field, c.data.multi_label, words);
+  if (values.scores) {  // one output (a regression), named after the field, as a float column makes one
+    return {{c.data.label_field}, false, "the scores of '" + c.data.label_field + "' in data.text"};
+  }
+  const std::string from = words ? "the distinct tags in data.text, sorted (as run_ner collects them)"
+                                 : "the distinct labels of '" + c.data.label_field + "' in data.text, sorted (as " +
+                                       "run_glue collects them)";
+  return {values.names, c.data.multi_label || (values.lists && !words), values.names.empty() ? "" : from};
 }
 
 std::shared_ptr<const data::Tokenizer> open_run_tokenizer(const Config& c) {

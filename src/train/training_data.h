@@ -30,11 +30,17 @@ struct TrainingData {
 // Hugging Face datasets .arrow/.parquet file among data.text and data.image (where transformers' run_glue takes them
 // from), else none (the model's own id2label then); multi_label: data.multi_label, or that column holds lists of
 // class ids (List(ClassLabel), as run_classification decides) and model.task is not token_classify (whose
-// List(ClassLabel) holds each word's class). Throws std::invalid_argument for a data path that
+// List(ClassLabel) holds each word's class). Without a ClassLabel, for model.task classify or token_classify, the
+// distinct labels of data.text's .jsonl, .tsv/.csv and CoNLL records, sorted (data/label_values.h: run_glue's and
+// run_ner's get_label_list; numbers that are not all whole make a regression, and .jsonl arrays a multi-label
+// classifier). Throws std::invalid_argument for a data path that
 // does not exist.
 struct RunLabels {
   std::vector<std::string> names;
   bool multi_label = false;
+  // Where `names` came from when the config gave none, for the start-up line ("the dataset's ClassLabel 'label'");
+  // "" otherwise.
+  std::string from;
 };
 RunLabels run_labels(const config::Config& config);
 

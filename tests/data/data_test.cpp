@@ -15,6 +15,7 @@
 #include "shardtrain/data/image.h"
 #include "shardtrain/data/loader.h"
 #include "shardtrain/data/packed_texts.h"
+#include "data/label_values.h"
 #include "data/masking.h"
 #include "data/records.h"
 #include "data/sampler.h"
@@ -551,6 +552,42 @@ TEST_F(DataTest, PackedTextsGoOnWithoutTheCacheOnAFullDisk) {
 
 // Every rank's positions over one epoch: each sample exactly once, for world sizes 1-4 and sizes that do not
 // divide evenly; the order depends on seed and epoch only.
+// A classifier's classes from text records without a ClassLabel, as run_glue and run_ner collect them: sorted,
+// whole numbers by value; numbers not all whole are a regression's scores; .jsonl arrays are sets; CoNLL tags from
+// the last column; tables and unparsable lines add nothing.
+TEST(LabelValues, DistinctSortedAsTransformersCollectThem) {
+  const std::string dir = "/tmp/shardtrain_label_values_" + std::to_string(::getpid());
+  io::make_directories(dir);
+  auto write = [&](const std::string& name, const std::string& text) {
+    std::ofstream(dir + "/" + name) << text;
+    return dir + "/" + name;
+  };
+  const std::string tsv = write("a.tsv", "text\tlabel\nx\tpos\ny\tneg\nz\tpos\nbroken line\n");
+  const std::string jsonl =
+      write("b.jsonl", "{\"text\": \"u\", \"label\": \"neutral\"}\nnot json\n{\"text\": \"v\"}\n");
+  LabelValues v = label_values({tsv, jsonl}, "label", false, false);
+  EXPECT_EQ(v.names, (std::vector<std::string>{"neg", "neutral", "pos"}));
+  EXPECT_FALSE(v.scores);
+  EXPECT_FALSE(v.lists);
+  v = label_values({write("ids.tsv", "text\tlabel\na\t10\nb\t2\nc\t0\n")}, "label", false, false);
+  EXPECT_EQ(v.names, (std::vector<std::string>{"0", "2", "10"}));  // by value, not "0", "10", "2"
+  v = label_values({write("s.tsv", "text\tscore\na\t3.8\nb\t4\n")}, "score", false, false);
+  EXPECT_TRUE(v.scores);
+  EXPECT_TRUE(v.names.empty());
+  v = label_values({write("m.jsonl", "{\"t\": \"a\", \"labels\": [\"joy\", \"anger\"]}\n{\"labels\": []}\n")},
+                   "labels", false, false);
+  EXPECT_EQ(v.names, (std::vector<std::string>{"anger", "joy"}));
+  EXPECT_TRUE(v.lists);
+  v = label_values({write("m.tsv", "text\tlabels\na\t2, 15\nb\t\n")}, "labels", true, false);
+  EXPECT_EQ(v.names, (std::vector<std::string>{"2", "15"}));
+  const std::string conll = write("eng.txt", "-DOCSTART- -X- -X- O\n\nEU NNP B-ORG\nrejects VBZ O\n\nlonely\n"
+                                             "Peter\tB-PER\n");
+  v = label_values({conll}, "ner_tags", false, true);
+  EXPECT_EQ(v.names, (std::vector<std::string>{"B-ORG", "B-PER", "O"}));
+  EXPECT_TRUE(label_values({conll}, "label", false, false).names.empty());  // a .txt of texts holds no labels
+  io::remove_tree(dir);
+}
+
 TEST(Sampler, EveryEpochCoversEverySampleOnceAcrossRanks) {
   for (int64_t n : {1, 7, 64, 101}) {
     for (int64_t world = 1; world <= 4; ++world) {

@@ -994,6 +994,12 @@ TEST_F(TrainTest, HuggingFaceDatasetsTrainAsTheirFiles) {
                                  "/stsb_tsv/train.tsv] --data.eval=[" + dir + "/stsb_tsv/validation.tsv]");
   ASSERT_EQ(stsb_tsv.status, 0) << stsb_tsv.output;
   EXPECT_EQ(loss_lines(stsb_tsv.output), loss_lines(stsb.output)) << stsb_tsv.output;
+  // without data.labels: scores that are not all whole numbers make the regression (run_glue's float rule)
+  const Outcome stsb_collected = train(regression + " --train.steps=1 --data.label_field=score --data.text=[" + dir +
+                                       "/stsb_tsv/train.tsv] --data.eval=[" + dir + "/stsb_tsv/validation.tsv]");
+  ASSERT_EQ(stsb_collected.status, 0) << stsb_collected.output;
+  EXPECT_NE(stsb_collected.output.find("regression: one output, the scores of 'score' in data.text"),
+            std::string::npos) << stsb_collected.output;
   const Outcome not_scores = train(regression + " --data.labels=[label] --data.text=[" + dir + "/stsb_tsv/train.tsv]"
                                    " --data.label_field=sentence2");  // texts: every sample refused, by name
   EXPECT_NE(not_scores.status, 0);
@@ -1031,6 +1037,13 @@ TEST_F(TrainTest, HuggingFaceDatasetsTrainAsTheirFiles) {
                                  "/multilabel_validation.jsonl]");
   ASSERT_EQ(ml_jsonl.status, 0) << ml_jsonl.output;
   EXPECT_EQ(loss_lines(ml_jsonl.output), loss_lines(ml.output)) << ml_jsonl.output;
+  // .jsonl arrays without data.labels or data.multi_label: sets of the distinct labels, sorted (run_classification)
+  const Outcome ml_collected = train(multi + " --train.steps=1 --data.text=[" + dir + "/multilabel_train.jsonl] " +
+                                     "--data.eval=[" + dir + "/multilabel_validation.jsonl]");
+  ASSERT_EQ(ml_collected.status, 0) << ml_collected.output;
+  EXPECT_NE(ml_collected.output.find("multi-label: sets of the classes [circle, cross, diamond, square, triangle], "
+                                     "the distinct labels of 'labels' in data.text"), std::string::npos)
+      << ml_collected.output;
   const Outcome ml_tsv = train(multi + " --data.multi_label=true --data.labels=[circle,square,triangle,diamond,"
                                "cross] --data.text=[" + dir + "/multilabel_train.tsv] --data.eval=[" + dir +
                                "/multilabel_validation.tsv]");
@@ -1093,6 +1106,12 @@ TEST_F(TrainTest, HuggingFaceDatasetsTrainAsTheirFiles) {
                                        "--data.eval=[" + dir + "/ner_hub/validation-00000-of-00001.parquet]");
   ASSERT_EQ(tokens_parquet.status, 0) << tokens_parquet.output;
   EXPECT_EQ(loss_lines(tokens_parquet.output), loss_lines(tokens.output)) << tokens_parquet.output;
+  // without data.labels the classes are the records' distinct tags, sorted (run_ner's get_label_list)
+  const Outcome tags_collected = train(ner + " --train.steps=1 --data.text=[" + dir + "/ner_train.conll] "
+                                       "--data.eval=[" + dir + "/ner_validation.conll]");
+  ASSERT_EQ(tags_collected.status, 0) << tags_collected.output;
+  EXPECT_NE(tags_collected.output.find("token classes: [B-LOC, B-OBJ, I-OBJ, O], the distinct tags in data.text, "
+                                       "sorted"), std::string::npos) << tags_collected.output;
   const Outcome tokens_conll = train(ner + " --data.labels=[O,B-OBJ,I-OBJ,B-LOC,I-LOC] --data.text=[" + dir +
                                      "/ner_train.conll] --data.eval=[" + dir + "/ner_validation.conll]");
   ASSERT_EQ(tokens_conll.status, 0) << tokens_conll.output;
@@ -1198,9 +1217,10 @@ TEST_F(TrainTest, EnvDescribesTheMachine) {
   const Outcome env = run(std::string(SHARDTRAIN_BIN) + " env");
   ASSERT_EQ(env.status, 0) << env.output;
   const Outcome torch = run(std::string(SHARDTRAIN_PYTHON) + " -c \"import torch; v = torch.cuda.nccl.version(); "
-                            "c = torch.backends.cudnn.version(); print('LibTorch: %s|CUDA: runtime %s, cuDNN %d.%d.%d, "
-                            "NCCL %d.%d.%d|GPUs: %d' % (torch.__version__.split('+')[0], torch.version.cuda, c // 10000, "
-                            "c % 10000 // 100, c % 100, *v, torch.cuda.device_count()))\"");
+                            "c = torch.backends.cudnn.version(); print('LibTorch: %s|CUDA: runtime %s, cuDNN "
+                            "%d.%d.%d, NCCL %d.%d.%d|GPUs: %d' % (torch.__version__.split('+')[0], "
+                            "torch.version.cuda, c // 10000, c % 10000 // 100, c % 100, *v, "
+                            "torch.cuda.device_count()))\"");
   ASSERT_EQ(torch.status, 0) << torch.output;
   std::stringstream expected(torch.output.substr(0, torch.output.find('\n')));
   for (std::string line; std::getline(expected, line, '|');) {
