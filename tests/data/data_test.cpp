@@ -269,6 +269,49 @@ TEST_F(DataTest, LabelSetsAreRowsOfOnesPerClass) {
   EXPECT_EQ(b.to(at::kCPU, at::kBFloat16).labels.scalar_type(), at::kFloat);
 }
 
+// Token classification's batches: each word's class on its first token, -100 on its others, the special tokens and
+// the padding; with label_all_tokens the others take it too (a B- class as its I- class); with pad_to_longest every
+// (B, T) tensor ends at the batch's longest row, the rows unchanged before it.
+TEST_F(DataTest, WordBatchesLabelFirstTokensAndPadToTheLongest) {
+  write_text(dir_ + "/w.jsonl", "{\"tokens\": [\"red\", \"circles\"], \"tags\": [\"B-X\", \"I-X\"]}\n"
+                                "{\"tokens\": [\"blue\"], \"tags\": [\"O\"]}\n");
+  TextFields fields{{"tokens"}, "tags", {"O", "B-X", "I-X"}};
+  fields.words = true;
+  auto source = std::make_shared<SampleSource>(std::vector<std::string>{dir_ + "/w.jsonl"}, SampleKind::TEXT, fields);
+  EXPECT_EQ(source->read(0).words, (std::vector<std::string>{"red", "circles"}));
+  EXPECT_EQ(source->read(0).word_labels, (std::vector<int64_t>{1, 2}));
+  LoaderOptions o;
+  o.batch_size = 2, o.workers = 0, o.text_length = 12, o.mlm_probability = 0, o.mix = {0, 1, 0};
+  o.tokenizer = std::make_shared<WordPieceTokenizer>(
+      std::vector<std::string>{"[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "red", "circle", "##s", "blue"}, true);
+  const std::vector<int64_t> circles = o.tokenizer->token_ids("circles");
+  ASSERT_GT(circles.size(), 1u);  // a word of several tokens
+  auto labels_of = [&](const Batch& b, int64_t sample) {  // the row of `sample`, as a vector
+    const auto row = static_cast<int64_t>(std::find(b.sample_ids.begin(), b.sample_ids.end(), sample) -
+                                          b.sample_ids.begin());
+    const at::Tensor r = b.labels[row].contiguous();
+    return std::vector<int64_t>(r.data_ptr<int64_t>(), r.data_ptr<int64_t>() + r.numel());
+  };
+  const Batch full = Loader({nullptr, source, nullptr}, o).build(SampleKind::TEXT, 0);
+  ASSERT_EQ(full.labels.sizes(), (std::vector<int64_t>{2, 12}));
+  std::vector<int64_t> want(12, -100);
+  want[1] = 1, want[2] = 2;  // [CLS] red circles... [SEP]: the first token of each word
+  EXPECT_EQ(labels_of(full, 0), want);
+  o.label_all_tokens = true;
+  const Batch all = Loader({nullptr, source, nullptr}, o).build(SampleKind::TEXT, 0);
+  for (size_t k = 1; k < circles.size(); ++k) want[2 + k] = 2;  // I-X on the rest of "circles"
+  EXPECT_EQ(labels_of(all, 0), want);
+  o.label_all_tokens = false, o.pad_to_longest = true;
+  const Batch cut = Loader({nullptr, source, nullptr}, o).build(SampleKind::TEXT, 0);
+  const int64_t longest = 3 + static_cast<int64_t>(circles.size());  // [CLS] red circles.. [SEP]
+  for (const at::Tensor* t : {&cut.input_ids, &cut.attention_mask, &cut.sequence_ids, &cut.labels}) {
+    EXPECT_EQ(t->sizes(), (std::vector<int64_t>{2, longest}));
+  }
+  EXPECT_TRUE(cut.input_ids.equal(full.input_ids.narrow(1, 0, longest)));
+  EXPECT_TRUE(cut.labels.equal(full.labels.narrow(1, 0, longest)));
+  EXPECT_EQ(full.attention_mask.narrow(1, longest, 12 - longest).sum().item<int64_t>(), 0);
+}
+
 // A regression's labels (TextFields::scores, GLUE STS-B's similarity): decimal scores as float32 labels (B), any
 // decimal form; a label that is no number is the sample's error, as a class that does not exist is.
 TEST_F(DataTest, ScoresAreFloatLabels) {

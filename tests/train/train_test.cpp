@@ -1211,6 +1211,18 @@ TEST_F(TrainTest, HuggingFaceDatasetsTrainAsTheirFiles) {
       << splits.output;
 }
 
+// data.padding: longest on FLAVA (no dropout): each text batch cut after its longest caption trains as padding every
+// caption to data.max_text_length does — the contrastive, ITM, MLM and MIM losses and the retrieval evaluation alike.
+TEST_F(TrainTest, PaddingToTheLongestTrainsAsMaxLength) {
+  const std::string run = "--train.steps=4 --train.eval_interval=2 --data.max_text_length=48 --log.interval=1 "
+                          "--checkpoint.overwrite=true --checkpoint.dir=" + root_ + "/padding";
+  const Outcome full = train(run), longest = train(run + " --data.padding=longest");
+  ASSERT_EQ(full.status, 0) << full.output;
+  ASSERT_EQ(longest.status, 0) << longest.output;
+  EXPECT_EQ(loss_lines(full.output).size(), 7u) << full.output;  // 4 steps, 3 evaluations
+  expect_same_numbers(loss_lines(longest.output), loss_lines(full.output), 1e-3);
+}
+
 // `shardtrain env` (accelerate env's counterpart) says what LibTorch was built with and what this machine has: the
 // versions Python's torch of the same wheel reports, the GPUs it sees, and the launcher's variables in effect.
 TEST_F(TrainTest, EnvDescribesTheMachine) {
