@@ -53,20 +53,25 @@ class BertMaskedLm : public Task {
 // [CLS] output; evaluated by accuracy and F1 on data.eval. One label is a regression (GLUE's STS-B: a similarity
 // score per pair): the mean squared error of the one output, evaluated by Pearson's and Spearman's correlations.
 // Multi-label (go_emotions: a set of classes per text): binary cross-entropy on every output, micro F1.
+// Token classification (BertConfig::token_classifier; named entities: CoNLL-2003's tokens and ner_tags, as
+// transformers' run_ner trains them): cross-entropy of the classifier on each word's first token, evaluated by
+// seqeval's entity precision, recall and F1 and the accuracy over those tokens.
 class BertClassify : public Task {
  public:
   BertClassify(std::string flavor, const BertConfig& config) : flavor_(std::move(flavor)), config_(config) {}
-  std::string name() const override { return "classify"; }
+  std::string name() const override { return config_.token_classifier ? "token_classify" : "classify"; }
   DataNeeds data_needs() const override {
     DataNeeds d;
     d.kinds = {false, true, false};
     d.max_text_length = config_.max_positions, d.vocab_size = config_.vocab_size;
     d.num_labels = classes(), d.class_names = config_.labels, d.multi_label = config_.multi_label;
+    d.word_labels = config_.token_classifier;
     return d;
   }
   std::vector<std::string> loss_names() const override { return {"cls"}; }
   Losses compute_losses(torch::nn::Module& model, const data::Batch& b, uint64_t) const override {
-    check_class_labels(b.labels, classes(), config_.multi_label, flavor_);
+    if (config_.token_classifier) check_token_labels(b.labels, classes(), flavor_);
+    else check_class_labels(b.labels, classes(), config_.multi_label, flavor_);
     Losses out;
     out.total = module_as<BertImpl>(model, "bert").run(b.input_ids, b.attention_mask, b.token_type_ids, b.labels).loss;
     out.parts["cls"] = value_of(out.total);
@@ -76,10 +81,11 @@ class BertClassify : public Task {
   data::SampleKind eval_kind() const override { return data::SampleKind::TEXT; }
   std::map<std::string, double> evaluate(torch::nn::Module& model, const EvalInputs& in) const override {
     BertImpl& bert = module_as<BertImpl>(model, "bert");
-    return evaluate_classifier(model, in, data::SampleKind::TEXT, classes(), config_.multi_label,
-                               [&](const data::Batch& b) {
+    auto logits_of = [&](const data::Batch& b) {
       return bert.run(b.input_ids, b.attention_mask, b.token_type_ids).logits;
-    });
+    };
+    if (config_.token_classifier) return evaluate_token_classifier(model, in, config_.labels, logits_of);
+    return evaluate_classifier(model, in, data::SampleKind::TEXT, classes(), config_.multi_label, logits_of);
   }
   std::string describe_progress(const std::map<std::string, double>& first,
                                 const std::map<std::string, double>& last) const override {
@@ -88,47 +94,6 @@ class BertClassify : public Task {
 
  private:
   int64_t classes() const { return static_cast<int64_t>(config_.labels.size()); }
-  std::string flavor_;
-  BertConfig config_;
-};
-
-// Token classification (named entities: CoNLL-2003's tokens and ner_tags, as transformers' run_ner trains them):
-// cross-entropy of the classifier on each word's first token; evaluated by seqeval's entity precision, recall and F1
-// and the accuracy over those tokens.
-class BertTokenClassify : public Task {
- public:
-  BertTokenClassify(std::string flavor, const BertConfig& config) : flavor_(std::move(flavor)), config_(config) {}
-  std::string name() const override { return "token_classify"; }
-  DataNeeds data_needs() const override {
-    DataNeeds d;
-    d.kinds = {false, true, false};
-    d.max_text_length = config_.max_positions, d.vocab_size = config_.vocab_size;
-    d.num_labels = static_cast<int64_t>(config_.labels.size()), d.class_names = config_.labels;
-    d.word_labels = true;
-    return d;
-  }
-  std::vector<std::string> loss_names() const override { return {"cls"}; }
-  Losses compute_losses(torch::nn::Module& model, const data::Batch& b, uint64_t) const override {
-    check_token_labels(b.labels, static_cast<int64_t>(config_.labels.size()), flavor_);
-    Losses out;
-    out.total = module_as<BertImpl>(model, "bert").run(b.input_ids, b.attention_mask, b.token_type_ids, b.labels).loss;
-    out.parts["cls"] = value_of(out.total);
-    return out;
-  }
-  bool has_evaluation() const override { return true; }
-  data::SampleKind eval_kind() const override { return data::SampleKind::TEXT; }
-  std::map<std::string, double> evaluate(torch::nn::Module& model, const EvalInputs& in) const override {
-    BertImpl& bert = module_as<BertImpl>(model, "bert");
-    return evaluate_token_classifier(model, in, config_.labels, [&](const data::Batch& b) {
-      return bert.run(b.input_ids, b.attention_mask, b.token_type_ids).logits;
-    });
-  }
-  std::string describe_progress(const std::map<std::string, double>& first,
-                                const std::map<std::string, double>& last) const override {
-    return describe_classifier_progress(first, last);
-  }
-
- private:
   std::string flavor_;
   BertConfig config_;
 };
@@ -270,7 +235,6 @@ class BertRecipe : public FamilyRecipe<BertConfig, Bert> {
         throw std::invalid_argument(flavor() + " has no " + (name == "classify" ? "sequence" : "token") +
                                     " classifier (recipe_for_task adds one)");
       }
-      if (name == "token_classify") return std::make_unique<BertTokenClassify>(flavor(), config());
       return std::make_unique<BertClassify>(flavor(), config());
     }
     if (!config().mlm_head) {
