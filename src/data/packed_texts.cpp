@@ -35,6 +35,20 @@ struct Trailer {
 };
 static_assert(sizeof(Trailer) == 48, "the trailer is 48 bytes, no padding");
 
+// The trailer of a whole stream file (its magic, and sizes that add up to the file's); nullopt for anything else.
+std::optional<Trailer> whole_trailer(const io::ReadOnlyFile& file) {
+  Trailer t{};
+  const auto size = static_cast<uint64_t>(file.size());
+  if (size < sizeof t) return std::nullopt;
+  file.read(file.size() - static_cast<int64_t>(sizeof t), sizeof t, reinterpret_cast<char*>(&t));
+  const uint64_t limit = uint64_t{1} << 60;  // no sum below overflows
+  if (std::memcmp(t.magic, kMagic, sizeof kMagic) != 0 || t.tokens >= limit || t.key_bytes >= limit ||
+      t.errors_bytes >= limit || 4 * t.tokens + t.key_bytes + t.errors_bytes + sizeof t != size) {
+    return std::nullopt;
+  }
+  return t;
+}
+
 // What a stream depends on, the cache file's name hashed from it: the tokenizer, the fields read and every file
 // of the source by path, size and modification time. Not the block length: blocks are cut when read.
 std::string cache_key(const SampleSource& source, const Tokenizer& tokenizer, std::optional<int64_t> eos) {
@@ -184,18 +198,12 @@ bool PackedTexts::read_cache(const std::string& path, const std::string& key) {
   if (!io::path_exists(path)) return false;
   try {
     auto file = std::make_shared<const io::ReadOnlyFile>(path);
-    Trailer t{};
-    const auto size = static_cast<uint64_t>(file->size());
-    const auto trailer_at = file->size() - static_cast<int64_t>(sizeof t);
-    if (size >= sizeof t) file->read(trailer_at, sizeof t, reinterpret_cast<char*>(&t));
-    const uint64_t limit = uint64_t{1} << 60;  // no sum below overflows
-    if (size < sizeof t || std::memcmp(t.magic, kMagic, sizeof kMagic) != 0 || t.tokens >= limit ||
-        t.key_bytes >= limit || t.errors_bytes >= limit ||
-        4 * t.tokens + t.key_bytes + t.errors_bytes + sizeof t != size ||
-        t.documents != static_cast<uint64_t>(source_->size()) || t.skipped > t.documents) {
+    const std::optional<Trailer> whole = whole_trailer(*file);
+    if (!whole || whole->documents != static_cast<uint64_t>(source_->size()) || whole->skipped > whole->documents) {
       cache_note_ = "replaced " + path + ", which was not a whole stream file";
       return false;
     }
+    const Trailer& t = *whole;
     const auto at = static_cast<int64_t>(4 * t.tokens);
     if (file->read(at, static_cast<int64_t>(t.key_bytes)) != key) return false;  // another stream of the same hash
     std::istringstream errors(file->read(at + static_cast<int64_t>(t.key_bytes), static_cast<int64_t>(t.errors_bytes)));
@@ -285,22 +293,19 @@ std::vector<CachedStream> cached_streams(const std::string& dir) {
   std::vector<CachedStream> out;
   if (!io::is_directory(dir)) return out;
   for (const std::string& name : io::list_directory(dir)) {
-    if (name.rfind("packed-", 0) != 0 || name.size() < 14 || name.compare(name.size() - 7, 7, ".tokens") != 0) continue;
+    const bool stream = name.rfind("packed-", 0) == 0 && name.size() >= 14 &&
+                        name.compare(name.size() - 7, 7, ".tokens") == 0;
+    if (!stream) continue;
     CachedStream c;
     c.path = dir + "/" + name;
     try {
       const io::ReadOnlyFile file(c.path);
       c.bytes = file.size();
-      Trailer t{};
-      const auto size = static_cast<uint64_t>(c.bytes);
-      if (size >= sizeof t) file.read(c.bytes - static_cast<int64_t>(sizeof t), sizeof t, reinterpret_cast<char*>(&t));
-      const uint64_t limit = uint64_t{1} << 60;
-      c.whole = size >= sizeof t && std::memcmp(t.magic, kMagic, sizeof kMagic) == 0 && t.tokens < limit &&
-                t.key_bytes < limit && t.errors_bytes < limit &&
-                4 * t.tokens + t.key_bytes + t.errors_bytes + sizeof t == size;
+      const std::optional<Trailer> t = whole_trailer(file);
+      c.whole = t.has_value();
       if (c.whole) {
-        c.tokens = static_cast<int64_t>(t.tokens), c.documents = static_cast<int64_t>(t.documents);
-        std::istringstream key(file.read(4 * c.tokens, static_cast<int64_t>(t.key_bytes)));
+        c.tokens = static_cast<int64_t>(t->tokens), c.documents = static_cast<int64_t>(t->documents);
+        std::istringstream key(file.read(4 * c.tokens, static_cast<int64_t>(t->key_bytes)));
         c.current = true;
         for (std::string line; std::getline(key, line);) {
           if (line.rfind("file ", 0) != 0) continue;
