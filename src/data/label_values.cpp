@@ -5,7 +5,6 @@
 #include <algorithm>
 #include <fstream>
 #include <set>
-#include <sstream>
 #include <stdexcept>
 
 #include "data/records.h"
@@ -52,11 +51,8 @@ LabelValues label_values(const std::vector<std::string>& files, const std::strin
     }
     while (std::getline(in, line)) {
       if (conll) {
-        if (conll_separator(line)) continue;
-        std::istringstream fields(line);
-        std::string value, last;
-        while (fields >> value) last = value;
-        if (!last.empty() && line.find_first_of(" \t") != std::string::npos) seen.insert(last);
+        std::string word, tag;
+        if (!conll_separator(line) && conll_line(line, word, tag)) seen.insert(tag);
       } else if (format == RecordFormat::JSONL) {
         json_labels(line, field, seen, out.lists);
       } else {
@@ -67,11 +63,14 @@ LabelValues label_values(const std::vector<std::string>& files, const std::strin
           continue;
         }
         if (column >= row.size()) continue;
-        std::istringstream items(row[column]);
-        for (std::string item; std::getline(items, item, sets ? ',' : '\n');) {
-          const size_t first = item.find_first_not_of(' '), last = item.find_last_not_of(' ');
-          if (first != std::string::npos) seen.insert(item.substr(first, last - first + 1));
+        if (sets) {  // a set's items, as the reader splits them
+          const std::vector<std::string> items = listed_values(row[column]);
+          seen.insert(items.begin(), items.end());
+          continue;
         }
+        const std::string& value = row[column];
+        const size_t first = value.find_first_not_of(' '), last = value.find_last_not_of(' ');
+        if (first != std::string::npos) seen.insert(value.substr(first, last - first + 1));
       }
     }
   }

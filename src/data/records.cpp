@@ -62,22 +62,37 @@ bool conll_separator(const std::string& line) {
   return line.find_first_not_of(" \t\r") == std::string::npos || line.rfind("-DOCSTART-", 0) == 0;
 }
 
+bool conll_line(const std::string& line, std::string& word, std::string& tag) {
+  std::istringstream fields(line);  // '\r' is whitespace to >>
+  if (!(fields >> word >> tag)) return false;
+  for (std::string next; fields >> next;) tag = next;
+  return true;
+}
+
 void conll_words(const std::string& sentence, const std::string& key, int64_t first_line,
                  std::vector<std::string>& words, std::vector<std::string>& tags) {
   std::stringstream lines(sentence);
   int64_t number = first_line;
   for (std::string line; std::getline(lines, line); ++number) {
     if (!line.empty() && line.back() == '\r') line.pop_back();
-    std::vector<std::string> fields;
-    std::stringstream split(line);
-    for (std::string field; split >> field;) fields.push_back(field);
-    if (fields.size() < 2) {
+    std::string word, tag;
+    if (!conll_line(line, word, tag)) {
       throw std::runtime_error(key + ": line " + std::to_string(number) + " ('" + line.substr(0, 40) + "') holds " +
-                               std::to_string(fields.size()) + " field, expected a word and its tag (CoNLL columns)");
+                               "1 field, expected a word and its tag (CoNLL columns)");
     }
-    words.push_back(fields.front());
-    tags.push_back(fields.back());
+    words.push_back(word);
+    tags.push_back(tag);
   }
+}
+
+std::vector<std::string> listed_values(const std::string& field) {
+  std::vector<std::string> values;
+  std::stringstream items(field);
+  for (std::string item; std::getline(items, item, ',');) {
+    const size_t first = item.find_first_not_of(' '), last = item.find_last_not_of(' ');
+    if (first != std::string::npos) values.push_back(item.substr(first, last - first + 1));
+  }
+  return values;
 }
 
 std::vector<int64_t> as_label_set(std::vector<int64_t> ids) {

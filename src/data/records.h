@@ -31,6 +31,9 @@ std::vector<std::string> split_record(const std::string& line, RecordFormat form
 // line of one field.
 void conll_words(const std::string& sentence, const std::string& key, int64_t first_line,
                  std::vector<std::string>& words, std::vector<std::string>& tags);
+// A CoNLL line's word and tag: its first and last fields (split at spaces and tabs, a trailing '\r' left out);
+// false for a line of fewer than two fields.
+bool conll_line(const std::string& line, std::string& word, std::string& tag);
 // Whether a line ends a CoNLL sentence: blank (spaces, tabs, '\r'), or -DOCSTART- (a document's start).
 bool conll_separator(const std::string& line);
 
@@ -43,6 +46,9 @@ std::string not_a_class(const std::string& value, const std::vector<std::string>
 // the classes ..." for a value that is none.
 std::vector<int64_t> class_ids(const std::vector<std::string>& values, const std::vector<std::string>& classes,
                                const std::string& key);
+// A .tsv/.csv field listing classes ("2,15", go_emotions'): the items between commas, spaces around each left out,
+// empty ones dropped.
+std::vector<std::string> listed_values(const std::string& field);
 // A multi-label sample's class ids as its set: ascending, each once.
 std::vector<int64_t> as_label_set(std::vector<int64_t> ids);
 // A regression label: `value` whole as a finite decimal number ("3.8", "4", "-1e-3"); nullopt otherwise.

@@ -7,7 +7,6 @@
 #include <algorithm>
 #include <map>
 #include <regex>
-#include <sstream>
 #include <stdexcept>
 
 #include "data/records.h"
@@ -191,13 +190,7 @@ std::vector<int64_t> json_label_set(const nlohmann::json& j, const TextFields& f
 // A .tsv/.csv field's set of classes: names or ids separated by commas ("2,15", as go_emotions' own .tsv files
 // hold them; spaces around each left out); an empty field is the empty set.
 std::vector<int64_t> listed_label_set(const std::string& field, const TextFields& fields, const std::string& key) {
-  std::vector<std::string> values;
-  std::stringstream items(field);
-  for (std::string item; std::getline(items, item, ',');) {
-    const size_t first = item.find_first_not_of(' '), last = item.find_last_not_of(' ');
-    if (first != std::string::npos) values.push_back(item.substr(first, last - first + 1));
-  }
-  return as_label_set(class_ids(values, fields.classes, key));
+  return as_label_set(class_ids(listed_values(field), fields.classes, key));
 }
 
 }  // namespace
