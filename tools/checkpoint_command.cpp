@@ -20,6 +20,7 @@ const char* kCheckpointUsage =
     "usage: shardtrain checkpoint export CHECKPOINT --out model.safetensors [--dtype fp32|bf16|fp16]\n"
     "                                    [--allow-non-finite]\n"
     "       shardtrain checkpoint export CHECKPOINT --hf OUT_DIR [--max-shard-size 5GB] [--dtype ...]\n"
+    "       shardtrain checkpoint export CHECKPOINT --peft OUT_DIR [--dtype ...]\n"
     "       shardtrain checkpoint verify PATH\n"
     "       shardtrain checkpoint list DIR\n"
     "export: merges a checkpoint's shards (any world size, FSDP or DDP) into one safetensors file with\n"
@@ -31,7 +32,9 @@ const char* kCheckpointUsage =
     "        NaN or Inf weights are refused unless --allow-non-finite.\n"
     "        --hf: a Hugging Face model directory that transformers' from_pretrained loads: config.json,\n"
     "        model.safetensors (or shards of at most --max-shard-size and model.safetensors.index.json)\n"
-    "        and the run's tokenizer files.\n"
+    "        and the run's tokenizer files. A LoRA run (model.lora) exports the model with its adapters\n"
+    "        merged (--out and --hf), or with --peft the adapter alone as PEFT's save_pretrained writes it\n"
+    "        (adapter_config.json, adapter_model.safetensors) for PeftModel.from_pretrained.\n"
     "verify: checks every file of a checkpoint (PATH a step-* directory), or of each checkpoint in a\n"
     "        checkpoint.dir, against its manifest: size and XXH3 checksum. Exit 1 when one fails.\n"
     "list:   the checkpoints in DIR with their step, world size and run.\n";
@@ -70,12 +73,12 @@ int run_checkpoint_command(const std::vector<std::string>& args) {
   }
   const std::vector<std::string> rest(args.begin() + 1, args.end());
   if (args[0] == "export") {
-    const Args a = parse_args(rest, {"out", "dtype", "hf", "max-shard-size"}, {"allow-non-finite"});
+    const Args a = parse_args(rest, {"out", "dtype", "hf", "max-shard-size", "peft"}, {"allow-non-finite"});
     if (a.positionals.size() != 1) throw std::invalid_argument("export takes one CHECKPOINT");
-    const std::string out = a.get("out", ""), hf = a.get("hf", "");
-    if (out.empty() == hf.empty()) {
-      throw std::invalid_argument("export writes either --out FILE (one safetensors file) or --hf DIR (a model "
-                                  "directory): give one of them");
+    const std::string out = a.get("out", ""), hf = a.get("hf", ""), peft = a.get("peft", "");
+    if (!out.empty() + !hf.empty() + !peft.empty() != 1) {
+      throw std::invalid_argument("export writes one of --out FILE (one safetensors file), --hf DIR (a model "
+                                  "directory) or --peft DIR (a LoRA run's adapter): give one of them");
     }
     if (a.has("max-shard-size") && hf.empty()) throw std::invalid_argument("--max-shard-size goes with --hf DIR");
     std::string path = a.positionals[0];
@@ -90,6 +93,7 @@ int run_checkpoint_command(const std::vector<std::string>& args) {
     if (!io::path_exists(path + "/trainer.json")) {
       const auto latest = ckpt::latest_checkpoint(path);
       if (!latest && (io::has_weight_files(path) || (io::path_exists(path) && !io::is_directory(path)))) {
+        if (!peft.empty()) throw std::invalid_argument("--peft: '" + path + "' is not a shardtrain checkpoint");
         // Not ours: a distributed checkpoint, Accelerate's save_state, a pytorch_model.bin... (io::WeightFiles).
         if (!hf.empty()) {
           export_hf_from_weights(path, hf, options, max_shard);
@@ -107,6 +111,15 @@ int run_checkpoint_command(const std::vector<std::string>& args) {
     }
     if (!hf.empty()) {
       export_hf_directory(path, hf, options, max_shard);
+      return 0;
+    }
+    if (!peft.empty()) {
+      export_peft_adapter(path, peft, options);
+      return 0;
+    }
+    if (is_lora_run(path)) {  // the adapters merged: the tensors whole in memory, as --hf holds them
+      io::write_safetensors(out, read_model_tensors(path, options));
+      std::cout << "checkpoint export: " << path << " -> " << out << " (LoRA adapters merged)\n";
       return 0;
     }
     ckpt::export_checkpoint(path, out, export_layout(*recipe_of_checkpoint(ckpt::read_trainer_state(path))), options);

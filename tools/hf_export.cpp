@@ -20,6 +20,7 @@
 #include "shardtrain/io/files.h"
 #include "shardtrain/io/safetensors_files.h"
 #include "shardtrain/io/weight_files.h"
+#include "shardtrain/models/lora.h"
 #include "shardtrain/models/zoo.h"
 
 namespace shardtrain::cli {
@@ -78,8 +79,10 @@ std::optional<config::Config> run_config(const ckpt::TrainerState& state, std::s
 std::shared_ptr<const models::ModelRecipe> recipe_of_run(const ckpt::TrainerState& state,
                                                          const std::optional<config::Config>& config) {
   if (!config) return models::recipe_of_model(state.flavor);
-  return models::recipe_for_task(models::recipe_of_model(state.flavor, config->model.overrides), config->model.task,
-                                 {config->data.labels, config->data.multi_label, std::nullopt});
+  return models::with_lora(models::recipe_for_task(models::recipe_of_model(state.flavor, config->model.overrides),
+                                                   config->model.task,
+                                                   {config->data.labels, config->data.multi_label, std::nullopt}),
+                           config->model.lora);
 }
 
 // The tokenizer files of directory `dir` copied into `out`; returns their names.
@@ -157,13 +160,58 @@ std::vector<ckpt::ExportTensor> export_layout(const models::ModelRecipe& recipe)
   return layout;
 }
 
+std::vector<std::pair<std::string, at::Tensor>> read_model_tensors(const std::string& checkpoint,
+                                                                   const ckpt::ExportOptions& options) {
+  const ckpt::TrainerState state = ckpt::read_trainer_state(checkpoint);
+  std::string note;
+  const std::optional<config::Config> run = run_config(state, note);
+  auto tensors = ckpt::read_export_tensors(checkpoint, export_layout(*recipe_of_run(state, run)), options);
+  if (run && run->model.lora.enabled()) tensors = models::merge_lora(std::move(tensors), run->model.lora);
+  return tensors;
+}
+
+bool is_lora_run(const std::string& checkpoint) {
+  std::string note;
+  const std::optional<config::Config> run = run_config(ckpt::read_trainer_state(checkpoint), note);
+  return run && run->model.lora.enabled();
+}
+
+void export_peft_adapter(const std::string& checkpoint, const std::string& out, const ckpt::ExportOptions& options) {
+  const ckpt::TrainerState state = ckpt::read_trainer_state(checkpoint);
+  std::string note;
+  const std::optional<config::Config> run = run_config(state, note);
+  if (!run || !run->model.lora.enabled()) {
+    throw std::invalid_argument("--peft: " + checkpoint + " is not of a LoRA run (model.lora.r was 0" +
+                                (run ? std::string(")") : "; " + note + ")") + "; export the model with --hf");
+  }
+  const auto recipe = recipe_of_run(state, run);
+  const models::LoraTargets targets = models::lora_targets(*recipe, run->model.lora);
+  const auto adapter = models::lora_adapter_tensors(
+      ckpt::read_export_tensors(checkpoint, export_layout(*recipe), options), targets);
+  io::make_directories(out);
+  io::write_safetensors((fs::path(out) / "adapter_model.safetensors").string(), adapter);
+  const std::string base = run->model.from.empty() ? state.flavor : run->model.from;
+  const std::string config = models::lora_adapter_config(run->model.lora, targets, run->model.task, base);
+  write_json(fs::path(out) / "adapter_config.json", nlohmann::json::parse(config));
+  int64_t numel = 0;
+  for (const auto& [name, t] : adapter) numel += t.numel();
+  std::string modules;
+  for (const auto& m : targets.target_modules) modules += (modules.empty() ? "" : ", ") + m;
+  std::printf("checkpoint export: %s -> %s (adapter_config.json, adapter_model.safetensors; %zu tensors, %lld "
+              "parameters: LoRA r %lld on %s%s)\n",
+              checkpoint.c_str(), out.c_str(), adapter.size(), static_cast<long long>(numel),
+              static_cast<long long>(run->model.lora.r), modules.c_str(),
+              targets.modules_to_save.empty() ? "" : (", saving " + targets.modules_to_save.front()).c_str());
+  std::fflush(stdout);
+}
+
 void export_hf_directory(const std::string& checkpoint, const std::string& out, const ckpt::ExportOptions& options,
                          int64_t max_shard_bytes) {
   const ckpt::TrainerState state = ckpt::read_trainer_state(checkpoint);
   std::string note;
   const std::optional<config::Config> run = run_config(state, note);
   const auto recipe = recipe_of_run(state, run);
-  const auto tensors = ckpt::read_export_tensors(checkpoint, export_layout(*recipe), options);
+  const auto tensors = read_model_tensors(checkpoint, options);
 
   io::make_directories(out);
   const std::vector<std::string> weights = io::write_safetensors_files(out, tensors, max_shard_bytes);

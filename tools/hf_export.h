@@ -24,7 +24,20 @@ std::shared_ptr<const models::ModelRecipe> recipe_of_checkpoint(const ckpt::Trai
 // pairs (once), Hugging Face's names and the shapes.
 std::vector<ckpt::ExportTensor> export_layout(const models::ModelRecipe& recipe);
 
-// `checkpoint` (a step-* directory) as a Hugging Face model directory `out`: config.json (the source directory's
+// A checkpoint's model under Hugging Face names (the layout of its run's recipe): a LoRA run's adapters merged into
+// their weights (models::merge_lora). Throws what read_export_tensors throws.
+std::vector<std::pair<std::string, at::Tensor>> read_model_tensors(const std::string& checkpoint,
+                                                                   const ckpt::ExportOptions& options);
+
+// True when the checkpoint's run trained with LoRA adapters (model.lora.r > 0).
+bool is_lora_run(const std::string& checkpoint);
+
+// A LoRA run's adapter as PEFT's save_pretrained writes it: `out`/adapter_config.json and adapter_model.safetensors
+// (the adapters and modules_to_save; base_model_name_or_path the run's model.from, else its flavor), which
+// PeftModel.from_pretrained loads over the base model. Throws std::invalid_argument for a run without LoRA.
+void export_peft_adapter(const std::string& checkpoint, const std::string& out, const ckpt::ExportOptions& options);
+
+// `checkpoint` (a step-* directory) as a Hugging Face model directory `out` (a LoRA run's adapters merged): config.json (the source directory's
 // when the run's model came from one, else the recipe's; torch_dtype the weights'), the weights (io::
 // write_safetensors_files: sharded above `max_shard_bytes`), and the run's tokenizer (the source directory's files,
 // or data.vocab as a BertTokenizer). Prints what it wrote. Throws what read_export_tensors throws.

@@ -243,6 +243,11 @@ std::vector<Field> fields_of(Config& c) {
       field("model.init_std", c.model.init_std),
       field("model.from", c.model.from),
       choice("model.dtype", c.model.dtype, dtype_names()),
+      field("model.lora.r", c.model.lora.r),
+      field("model.lora.lora_alpha", c.model.lora.lora_alpha),
+      field("model.lora.lora_dropout", c.model.lora.lora_dropout),
+      field("model.lora.target_modules", c.model.lora.target_modules),
+      field("model.lora.modules_to_save", c.model.lora.modules_to_save),
       field("data.image_text", c.data.image_text),
       field("data.text", c.data.text),
       field("data.image", c.data.image),
@@ -556,6 +561,12 @@ void validate(const Config& c) {
   require(c.model.dtype == Dtype::FLOAT32 || c.parallel.mixed_precision == Precision::NO, "parallel.mixed_precision",
           "'" + to_string(c.parallel.mixed_precision) + "' with model.dtype: bfloat16",
           "no (the weights themselves compute in bfloat16)");
+  require(c.model.lora.r >= 0, "model.lora.r", num(c.model.lora.r), "0 (no LoRA) or a rank of 1 or more");
+  require(c.model.lora.lora_alpha > 0, "model.lora.lora_alpha", num(c.model.lora.lora_alpha), "positive");
+  require(c.model.lora.lora_dropout >= 0 && c.model.lora.lora_dropout < 1, "model.lora.lora_dropout",
+          num(c.model.lora.lora_dropout), "a probability in [0, 1)");
+  require(c.model.lora.enabled() || (c.model.lora.target_modules.empty() && c.model.lora.modules_to_save.empty()),
+          "model.lora.target_modules", "given with model.lora.r: 0", "a rank model.lora.r of 1 or more (r 0 is no LoRA)");
   require(c.optim.lr > 0, "optim.lr", num(c.optim.lr), "positive");
   require(c.optim.betas.size() == 2, "optim.betas", std::to_string(c.optim.betas.size()) + " values",
           "two values [beta1, beta2]");

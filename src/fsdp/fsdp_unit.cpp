@@ -340,6 +340,12 @@ void FsdpUnit::Impl::on_input_gradient(CallBackward& call) {
   call.done = true;
   calls_in_backward = std::max<int64_t>(0, calls_in_backward - 1);  // (0: started before the counts were reset)
   ++calls_done;
+  // [Note: frozen parameters]: the call's backward is over, and with it every read of the frozen parameters.
+  const bool frozen = accumulating < params.size();
+  if (frozen && training == TrainingState::PRE_BACKWARD && gradients_ready == accumulating && calls_in_backward == 0) {
+    reduce_scatter_gradients();
+    return;
+  }
   // [Note: a unit called twice]: between two calls' backwards, with no gradient complete (one that is would be
   // lost to the shards' .grad put back) and another call's backward still to come.
   const bool between_calls = training == TrainingState::PRE_BACKWARD && state == ShardState::UNSHARDED &&
@@ -359,7 +365,11 @@ void FsdpUnit::Impl::on_parameter_gradient(size_t index) {
                            "was not on the path of this backward");
   }
   // One accumulator per parameter that requires a gradient: when all have run, the unit's gradients are complete.
-  if (++gradients_ready == accumulating) reduce_scatter_gradients();
+  // [Note: frozen parameters] A unit that also holds parameters without a gradient (a LoRA layer's base weights)
+  // cannot reduce and reshard then: its backward may still read them (the input's gradient through a frozen
+  // weight comes after the adapters' gradients). It waits for its call's end (on_input_gradient), or for the end
+  // of backward when its inputs need no gradient.
+  if (++gradients_ready == accumulating && accumulating == params.size()) reduce_scatter_gradients();
 }
 
 void FsdpUnit::Impl::reduce_scatter_gradients() {

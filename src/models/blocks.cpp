@@ -142,8 +142,10 @@ MlpImpl::MlpImpl(int64_t dim, int64_t hidden_dim, Activation act, bool bias, dou
 at::Tensor MlpImpl::forward(const at::Tensor& x_in) {
   const at::Tensor x = for_projections(x_in);
   // Without dropout between them, the activation and the output projection are one node that keeps only the
-  // activation's inputs (fused_mlp.h): a (rows, hidden) tensor less per layer with GELU, two with SwiGLU.
-  if (!(dropout > 0 && is_training())) {
+  // activation's inputs (fused_mlp.h): a (rows, hidden) tensor less per layer with GELU, two with SwiGLU. A LoRA
+  // adapter on the output projection reads the activation itself, so it is made apart then.
+  const bool adapted_output = (down && down->has_lora()) || (fc2 && fc2->has_lora());
+  if (!(dropout > 0 && is_training()) && !adapted_output) {
     switch (activation) {
       case Activation::kSwiGlu: return swiglu_linear(gate->forward(x), up->forward(x), down->weight, down->bias);
       case Activation::kGelu: return gelu_linear(fc1->forward(x), fc2->weight, fc2->bias, /*tanh=*/false);

@@ -9,10 +9,8 @@
 
 namespace shardtrain::models {
 
-namespace {
-
 // splitmix64 over an FNV-1a hash of the name: a well-mixed 64-bit seed per (seed, name).
-uint64_t seed_for(uint64_t seed, const std::string& name) {
+uint64_t parameter_seed(uint64_t seed, const std::string& name) {
   uint64_t h = 1469598103934665603ull;
   for (unsigned char ch : name) h = (h ^ ch) * 1099511628211ull;
   uint64_t z = h ^ (seed + 0x9e3779b97f4a7c15ull);
@@ -20,6 +18,8 @@ uint64_t seed_for(uint64_t seed, const std::string& name) {
   z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
   return z ^ (z >> 31);
 }
+
+namespace {
 
 bool starts_with(const std::string& s, const std::string& prefix) { return s.compare(0, prefix.size(), prefix) == 0; }
 
@@ -56,7 +56,7 @@ void init_parameters(torch::nn::Module& module, const std::string& prefix, const
     } else if (norm_weights.count(p.unsafeGetTensorImpl())) {
       p.fill_(1.0);
     } else {
-      auto generator = at::make_generator<at::CPUGeneratorImpl>(seed_for(options.seed, name));
+      auto generator = at::make_generator<at::CPUGeneratorImpl>(parameter_seed(options.seed, name));
       at::Tensor values = at::empty(p.sizes(), at::TensorOptions().dtype(at::kFloat));
       values.normal_(0.0, options.std, generator);
       p.copy_(values);

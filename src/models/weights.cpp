@@ -12,6 +12,7 @@
 #include "shardtrain/fsdp/state_dict.h"
 #include "shardtrain/io/safetensors.h"
 #include "shardtrain/io/weight_files.h"
+#include "shardtrain/models/lora.h"
 
 namespace shardtrain::models {
 
@@ -50,6 +51,10 @@ std::vector<std::string> plan_load(const io::WeightFiles& file,
   std::vector<std::string> plan;
   for (const auto& [hf, shape] : wanted) {
     const std::string in_file = file_name_of(hf);
+    if (in_file.empty() && is_lora_tensor(hf)) {  // a LoRA adapter the base model's file lacks: new, initialised
+      plan.emplace_back();
+      continue;
+    }
     if (in_file.empty() && (options.partial || names.is_head(hf))) {
       report.initialized.push_back(hf);
       plan.emplace_back();

@@ -6,6 +6,7 @@
 
 #include "shardtrain/distributed/env.h"
 #include "shardtrain/memory/memory_stats.h"
+#include "shardtrain/models/lora.h"
 #include "shardtrain/models/zoo.h"
 #include "shardtrain/plan/planner.h"
 #include "shardtrain/train/trainer.h"
@@ -108,8 +109,10 @@ std::string gib(int64_t bytes) {
 RunPlan plan_run(const config::Config& config, int64_t auto_batch_limit) {
   RunPlan out{config, "", 0, "", ""};
   const RunLabels labels = run_labels(config);
-  const auto recipe = models::recipe_for_task(models::recipe_of_model(config.model.flavor, config.model.overrides),
-                                              config.model.task, {labels.names, labels.multi_label, std::nullopt});
+  const auto recipe = models::with_lora(
+      models::recipe_for_task(models::recipe_of_model(config.model.flavor, config.model.overrides), config.model.task,
+                              {labels.names, labels.multi_label, std::nullopt}),
+      config.model.lora);
   const plan::ModelShape shape = plan::model_shape(*recipe);
   plan::TrainingJob job = job_of(config);
   if (config.train.batch_size == config::kAutoBatch) {

@@ -27,6 +27,7 @@
 #include "shardtrain/launch/error_file.h"
 #include "shardtrain/launch/launch.h"
 #include "shardtrain/memory/memory_stats.h"
+#include "shardtrain/models/lora.h"
 #include "shardtrain/models/zoo.h"
 #include "shardtrain/nn/activation_checkpoint.h"
 #include "shardtrain/plan/memory_size.h"
@@ -99,8 +100,9 @@ dist::ProcessGroupOptions init_options(const Config& c, const at::Device& device
 std::shared_ptr<const models::ModelRecipe> checked_recipe(const Config& c, const data::Tokenizer* tokenizer) {
   models::TaskSetup setup{c.data.labels, c.data.multi_label, std::nullopt};
   if (tokenizer) setup.first_sentinel = tokenizer->find("<extra_id_0>");
-  auto recipe = models::recipe_for_task(models::recipe_of_model(c.model.flavor, c.model.overrides), c.model.task,
-                                        setup);
+  auto recipe = models::with_lora(
+      models::recipe_for_task(models::recipe_of_model(c.model.flavor, c.model.overrides), c.model.task, setup),
+      c.model.lora);
   if (!c.model.family.empty() && c.model.family != recipe->family()) {
     throw std::invalid_argument("model.family: '" + c.model.family + "' but " + c.model.flavor + " is a " +
                                 recipe->family() + " flavor");
@@ -246,6 +248,19 @@ void describe_start(const Config& c, const Job& job, ParallelModel& model, doubl
                 c.log.peak_tflops > 0 ? "" : " (measured)");
   job.logger.info(line);
   if (model.sharded()) job.logger.info("  units: " + describe_units(model.module()));
+  if (c.model.lora.enabled()) {
+    const models::LoraTargets t = models::lora_targets(*job.recipe, c.model.lora);
+    std::string modules;
+    for (const auto& m : t.target_modules) modules += (modules.empty() ? "" : ", ") + m;
+    std::snprintf(line, sizeof(line), "  LoRA: r %lld, lora_alpha %g, lora_dropout %g on %lld modules (%s)%s; "
+                  "trainable params: %s || all params: %s || trainable%%: %.4f",
+                  static_cast<long long>(c.model.lora.r), c.model.lora.lora_alpha, c.model.lora.lora_dropout,
+                  static_cast<long long>(t.adapted_modules), modules.c_str(),
+                  t.modules_to_save.empty() ? "" : (", " + t.modules_to_save.front() + " trained whole").c_str(),
+                  with_commas(t.trainable).c_str(), with_commas(t.total).c_str(),
+                  100.0 * static_cast<double>(t.trainable) / static_cast<double>(t.total));
+    job.logger.info(line);
+  }
   int64_t recomputed = 0;
   for (const auto& item : model.module()->named_modules()) recomputed += nn::is_activation_checkpointed(*item.value());
   if (recomputed > 0) job.logger.info("  activation checkpointing: " + std::to_string(recomputed) + " layers");

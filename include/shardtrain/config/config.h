@@ -19,6 +19,8 @@
 #include <string>
 #include <vector>
 
+#include "shardtrain/models/lora.h"
+
 namespace shardtrain::config {
 
 // What was wrong and where ("config.yaml:12: parallel.strategy: ..."). Derives from invalid_argument: bad input.
@@ -63,6 +65,9 @@ struct ModelConfig {
   // The parameters' own dtype. bfloat16: pure bf16 training — weights, gradients, collectives and checkpoints in
   // bf16, no float32 masters (pair it with optim.name: anyprecision_adamw and Kahan summation).
   Dtype dtype = Dtype::FLOAT32;
+  // LoRA fine-tuning (models/lora.h), by PEFT's LoraConfig names: lora.r > 0 adds rank-r adapters to
+  // lora.target_modules (default the query and value projections) and trains only them and lora.modules_to_save.
+  models::LoraSpec lora;
 };
 
 // Sample mix of FLAVA pretraining: each step's batch kind is drawn with these weights (seeded by step).

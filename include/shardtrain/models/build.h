@@ -46,6 +46,9 @@ struct BuildOptions {
 void init_parameters(torch::nn::Module& module, const std::string& prefix, const WeightInitOptions& options,
                      const std::vector<std::string>& skip_prefixes = {});
 
+// The seed of the generator a parameter named `name` (its qualified name) is drawn from under `seed`.
+uint64_t parameter_seed(uint64_t seed, const std::string& name);
+
 // Sets a parameter to `value` (e.g. FLAVA's logit scale; call after finish_model). Meta tensors are left alone.
 void fill_constant(at::Tensor& parameter, double value);
 

@@ -17,6 +17,14 @@ class LinearImpl : public torch::nn::Module {
   LinearImpl(int64_t in_features, int64_t out_features, bool bias, const torch::TensorOptions& options);
   at::Tensor forward(const at::Tensor& x);  // (..., in) -> (..., out)
   at::Tensor weight, bias;                          // bias undefined when built without
+
+  // A low-rank adapter (LoRA, Hu et al. 2021, as PEFT's lora.Linear): children lora_A (weight (r, in)) and lora_B
+  // (weight (out, r)), and forward adds dropout(x) A^T B^T * scale, scale = alpha / r. Uninitialised, like every
+  // parameter here (models/lora.h initialises them). Throws std::invalid_argument for r < 1 or a second adapter.
+  void add_lora(int64_t r, double alpha, double dropout);
+  bool has_lora() const { return lora_A != nullptr; }
+  std::shared_ptr<LinearImpl> lora_A, lora_B;  // null without an adapter
+  double lora_scale = 0, lora_dropout = 0;
 };
 TORCH_MODULE(Linear);
 

@@ -68,7 +68,8 @@ struct LoadOptions {
 // transformers saved the whole state_dict) loads it once: the family's NameMap ignores the copies.
 // Validates the whole file against the model first, and throws std::runtime_error naming the tensor on: a
 // parameter missing from the file, a shape that differs, a tensor in the file the model does not have (unless
-// ignored or a head; with options.partial a missing or extra tensor of any kind is reported instead). A model
+// ignored or a head; with options.partial a missing or extra tensor of any kind is reported instead). A LoRA
+// adapter's tensor (models/lora.h) the file lacks keeps its initialization, unreported: a base model has none. A model
 // prefix Hugging Face drops when saving the base model alone ("bert.") is tried both ways.
 LoadReport load_weights(torch::nn::Module& model, const std::string& path, const NameMap& names,
                         const LoadOptions& options = {});

@@ -1,0 +1,76 @@
+// LoRA fine-tuning (Hu et al. 2021, "LoRA: Low-Rank Adaptation of Large Language Models") as Hugging Face's PEFT
+// sets it up with a LoraConfig: each target Linear of the transformer layers gains a rank-r adapter beside its
+// frozen weight, y = x W^T + b + dropout(x) A^T B^T * (lora_alpha / r), and only the adapters (and modules_to_save,
+// a classifier made for the task) train. The base model's weights, gathered and computed with as before, get no
+// gradient, no optimizer state and no reduction; a run checkpoints everything, and exports either the merged
+// model (W + scale B A: transformers loads it as any model) or the adapter alone, as PEFT's save_pretrained writes
+// it (adapter_config.json, adapter_model.safetensors: PeftModel.from_pretrained loads it over the base model).
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace shardtrain::models {
+
+class ModelRecipe;
+
+// model.lora in a trainer config, by PEFT's LoraConfig names.
+struct LoraSpec {
+  int64_t r = 0;              // each adapter's rank; 0: no LoRA (every parameter trains)
+  double lora_alpha = 8;      // the adapters' output is scaled by lora_alpha / r (PEFT's defaults: r 8, alpha 8)
+  double lora_dropout = 0;    // dropout on an adapter's input, in training
+  // Hugging Face module names: a Linear of a transformer layer is adapted when its name is one of them or ends in
+  // "." + one (PEFT's rule: q_proj, self_attn.q_proj). ["all-linear"]: every Linear of the layers. Empty: the query
+  // and value projections, as PEFT's default for every family here (q_proj and v_proj, query and value, q and v).
+  std::vector<std::string> target_modules;
+  // Modules trained whole and saved with the adapter, matched the same way. Empty: the task's new head when the
+  // model has one ("classifier"), as PEFT's task types SEQ_CLS and TOKEN_CLS add it.
+  std::vector<std::string> modules_to_save;
+  bool enabled() const { return r > 0; }
+};
+
+// `recipe`'s model with adapters (`recipe` itself when !spec.enabled()). Its build() adds them to the target
+// Linears of each transformer layer as the layer is built, before BuildOptions::on_layer sees it (so FSDP shards
+// them with it), initialised as PEFT does (A kaiming-uniform, bound 1/sqrt(in), seeded by the run's seed and the
+// parameter's name; B zero: the model starts as the base model), and freezes every other parameter except
+// modules_to_save's. build() throws std::invalid_argument when a target module or a module to save named in
+// `spec` matches nothing, naming the layer's Linear modules; with_lora throws it for r < 0, lora_alpha <= 0 or a
+// dropout outside [0, 1).
+std::shared_ptr<const ModelRecipe> with_lora(std::shared_ptr<const ModelRecipe> recipe, const LoraSpec& spec);
+
+// What a LoRA model's build adapted and trains: the adapted modules by their Hugging Face names inside a layer
+// (self_attn.q_proj, self_attn.v_proj; what adapter_config.json's target_modules lists, matching them and nothing
+// outside the layers), in the order found; the leaves of the modules saved whole (classifier); how many modules
+// were adapted; the parameters that train and all of them (tied ones once), PEFT's print_trainable_parameters.
+struct LoraTargets {
+  std::vector<std::string> target_modules, modules_to_save;
+  int64_t adapted_modules = 0, trainable = 0, total = 0;
+};
+LoraTargets lora_targets(const ModelRecipe& recipe, const LoraSpec& spec);
+
+// True for a tensor of an adapter ("....q_proj.lora_A.weight"), in our names or Hugging Face's.
+bool is_lora_tensor(const std::string& name);
+
+// Tensors under Hugging Face names with every adapter merged into its base weight, W + (lora_alpha / r) B A (in
+// float32, back to W's dtype), and the adapters left out: the model transformers loads (PEFT's merge_and_unload).
+// Throws std::invalid_argument for an adapter without its pair or its base weight.
+std::vector<std::pair<std::string, at::Tensor>> merge_lora(std::vector<std::pair<std::string, at::Tensor>> tensors,
+                                                           const LoraSpec& spec);
+
+// The adapter as PEFT's save_pretrained writes adapter_model.safetensors: the adapters' and modules_to_save's
+// tensors of `tensors` (Hugging Face names), each under "base_model.model." + its name.
+std::vector<std::pair<std::string, at::Tensor>> lora_adapter_tensors(
+    const std::vector<std::pair<std::string, at::Tensor>>& tensors, const LoraTargets& targets);
+
+// adapter_config.json (JSON text): peft_type LORA, r, lora_alpha, lora_dropout, target_modules (the adapted
+// modules, targets.target_modules), modules_to_save, task_type (PEFT's name of `task`: CAUSAL_LM, SEQ_2_SEQ_LM, SEQ_CLS, TOKEN_CLS, or null),
+// base_model_name_or_path.
+std::string lora_adapter_config(const LoraSpec& spec, const LoraTargets& targets, const std::string& task,
+                                const std::string& base_model);
+
+}  // namespace shardtrain::models

@@ -1,0 +1,140 @@
+// LoRA fine-tuning end to end through the CLI (model.lora): a Llama written by transformers, adapters on every
+// Linear of its layers trained on 2 ranks, exported as PEFT's adapter and as a merged model, and scored again by
+// PEFT and transformers (tests/reference/lora_check.py); stopped and resumed, it ends where it would have; bad
+// targets and an adapter export of a run without LoRA are refused by name.
+#include <gtest/gtest.h>
+
+#include <unistd.h>
+
+#include <cmath>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <regex>
+#include <string>
+#include <vector>
+
+#include "shardtrain/io/files.h"
+#include "train_harness.h"
+
+namespace shardtrain {
+namespace {
+
+using test::Outcome;
+using test::run;
+
+// The lines a run prints for its steps and evaluations, in order.
+std::vector<std::string> step_lines(const std::string& output) {
+  std::vector<std::string> lines;
+  const std::regex pattern(R"((step \d+/\d+  loss [-0-9.]+)|(eval step \d+ .*))");
+  for (auto it = std::sregex_iterator(output.begin(), output.end(), pattern); it != std::sregex_iterator(); ++it) {
+    lines.push_back(it->str());
+  }
+  return lines;
+}
+
+// The number after `metric` in the last "eval step" line.
+double last_eval(const std::string& output, const std::string& metric) {
+  std::string last;
+  for (const std::string& line : step_lines(output)) {
+    if (line.rfind("eval step", 0) == 0) last = line;
+  }
+  std::smatch found;
+  return std::regex_search(last, found, std::regex(" " + metric + " ([-0-9.e+]+)")) ? std::stod(found[1]) : NAN;
+}
+
+TEST(LoraTrain, AdaptersExportAsPeftLoadsThem) {
+  const std::string dir = "/tmp/shardtrain_lora_train_" + std::to_string(::getpid());
+  io::remove_tree(dir);
+  io::make_directories(dir);
+  const std::string st = SHARDTRAIN_BIN, python = SHARDTRAIN_PYTHON, source = SHARDTRAIN_SOURCE_DIR;
+  Outcome made = run(st + " data synth --out " + dir + "/data --text 0 --image-text 0 --image 0 --eval 0 "
+                     "--seq2seq 2000");
+  ASSERT_EQ(made.status, 0) << made.output;
+  made = run(python + " " + source + "/examples/llama_causal_lm/make_model.py " + dir + "/base " + dir +
+             "/data/seq2seq/train.jsonl");
+  ASSERT_EQ(made.status, 0) << made.output;
+  // 320 held-out texts: 10 batches of 16 on each of 2 ranks, every one scored by both sides.
+  {
+    std::ifstream all(dir + "/data/seq2seq/eval.jsonl");
+    std::ofstream first(dir + "/eval.jsonl");
+    std::string line;
+    for (int i = 0; i < 320 && std::getline(all, line); ++i) first << line << "\n";
+  }
+  std::ofstream(dir + "/lora.yaml") << "model:\n"
+                                       "  from: " << dir << "/base\n"
+                                       "  task: causal_lm\n"
+                                       "  lora: {r: 8, lora_alpha: 16, lora_dropout: 0.05, target_modules: all-linear}\n"
+                                       "data:\n"
+                                       "  text: [" << dir << "/data/seq2seq/train.jsonl]\n"
+                                       "  eval: [" << dir << "/eval.jsonl]\n"
+                                       "  text_fields: [input]\n"
+                                       "  max_text_length: 48\n"
+                                       "optim: {lr: 3.0e-3, warmup_steps: 4}\n"
+                                       "train: {steps: 16, batch_size: 16, eval_interval: 16, eval_samples: 0}\n"
+                                       "log: {interval: 2, progress: lines}\n"
+                                       "checkpoint: {dir: " << dir << "/run, interval: 8}\n";
+  auto train = [&](const std::string& extra) {
+    return run(st + " launch --nproc-per-node 2 -- " + st + " train " + dir + "/lora.yaml " + extra);
+  };
+  const Outcome through = train("");
+  ASSERT_EQ(through.status, 0) << through.output;
+  EXPECT_NE(through.output.find("LoRA: r 8, lora_alpha 16, lora_dropout 0.05 on 14 modules (self_attn.q_proj, "
+                                "self_attn.k_proj, self_attn.v_proj, self_attn.o_proj, mlp.gate_proj, mlp.up_proj, "
+                                "mlp.down_proj); trainable params: 16,384 || all params: 139,584"),
+            std::string::npos) << through.output;
+  EXPECT_NE(through.output.find("eval_samples 320"), std::string::npos) << through.output;
+
+  made = run(st + " checkpoint export " + dir + "/run --peft " + dir + "/adapter");
+  ASSERT_EQ(made.status, 0) << made.output;
+  EXPECT_NE(made.output.find("28 tensors, 16384 parameters: LoRA r 8"), std::string::npos) << made.output;
+  const nlohmann::json config = nlohmann::json::parse(test::read_text(dir + "/adapter/adapter_config.json"));
+  EXPECT_EQ(config.at("task_type"), "CAUSAL_LM");
+  EXPECT_EQ(config.at("base_model_name_or_path"), dir + "/base");
+  made = run(st + " checkpoint export " + dir + "/run --hf " + dir + "/merged");
+  ASSERT_EQ(made.status, 0) << made.output;
+  made = run(python + " " + source + "/tests/reference/lora_check.py " + dir + "/base " + dir + "/adapter " + dir +
+             "/merged " + dir + "/eval.jsonl input 48");
+  ASSERT_EQ(made.status, 0) << made.output;
+  const nlohmann::json theirs = nlohmann::json::parse(made.output.substr(made.output.rfind("{\"eval_loss\"")));
+  EXPECT_EQ(theirs.at("texts"), 320);
+  EXPECT_EQ(theirs.at("adapter_tensors"), 28);  // lora_A and lora_B of 7 modules x 2 layers
+  // PEFT's model scores the held-out texts as the run's last evaluation did, and was trained: the base is worse.
+  for (const char* metric : {"eval_loss", "perplexity"}) {
+    const double x = theirs.at(metric).get<double>();
+    EXPECT_NEAR(last_eval(through.output, metric), x, 1e-3 * std::max(1.0, std::abs(x))) << metric << "\n"
+                                                                                          << through.output;
+  }
+  EXPECT_GT(theirs.at("base_eval_loss").get<double>(), theirs.at("eval_loss").get<double>() + 0.1);
+  // PEFT's merge_and_unload gives the merged directory's weights, and both models the same logits.
+  EXPECT_LE(theirs.at("merged_weight_diff").get<double>(), 1e-6);
+  EXPECT_LE(theirs.at("merged_logit_diff").get<double>(), 1e-4);
+
+  // Stopped at step 8 and resumed: the adapters and their AdamW state, and the dropout's generators, come back.
+  const Outcome stopped = train("--checkpoint.dir=" + dir + "/resumed --train.stop_at=8");
+  ASSERT_EQ(stopped.status, 0) << stopped.output;
+  const Outcome resumed = train("--checkpoint.dir=" + dir + "/resumed --resume");
+  ASSERT_EQ(resumed.status, 0) << resumed.output;
+  std::vector<std::string> joined;
+  for (const Outcome* part : {&stopped, &resumed}) {
+    for (const std::string& line : step_lines(part->output)) {
+      if (line.rfind("eval step 8 ", 0) != 0) joined.push_back(line);  // the stopped run's closing evaluation
+    }
+  }
+  EXPECT_EQ(joined, step_lines(through.output)) << stopped.output << resumed.output;
+
+  const Outcome typo = train("--checkpoint.dir=" + dir + "/typo --model.lora.target_modules=[q_prj]");
+  EXPECT_NE(typo.status, 0);
+  EXPECT_NE(typo.output.find("model.lora.target_modules: 'q_prj' is no Linear module of the model's transformer "
+                             "layers; theirs are q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj"),
+            std::string::npos) << typo.output;
+  const Outcome plain = train("--checkpoint.dir=" + dir + "/plain --model.lora.r=0 "
+                              "--model.lora.target_modules=[] --train.steps=1 --train.eval_interval=0");
+  ASSERT_EQ(plain.status, 0) << plain.output;
+  made = run(st + " checkpoint export " + dir + "/plain --peft " + dir + "/no-adapter");
+  EXPECT_NE(made.status, 0);
+  EXPECT_NE(made.output.find("is not of a LoRA run"), std::string::npos) << made.output;
+  io::remove_tree(dir);
+}
+
+}  // namespace
+}  // namespace shardtrain
