@@ -193,15 +193,8 @@ void export_peft_adapter(const std::string& checkpoint, const std::string& out, 
   const std::string base = run->model.from.empty() ? state.flavor : run->model.from;
   const std::string config = models::lora_adapter_config(run->model.lora, targets, run->model.task, base);
   write_json(fs::path(out) / "adapter_config.json", nlohmann::json::parse(config));
-  int64_t numel = 0;
-  for (const auto& [name, t] : adapter) numel += t.numel();
-  std::string modules;
-  for (const auto& m : targets.target_modules) modules += (modules.empty() ? "" : ", ") + m;
-  std::printf("checkpoint export: %s -> %s (adapter_config.json, adapter_model.safetensors; %zu tensors, %lld "
-              "parameters: LoRA r %lld on %s%s)\n",
-              checkpoint.c_str(), out.c_str(), adapter.size(), static_cast<long long>(numel),
-              static_cast<long long>(run->model.lora.r), modules.c_str(),
-              targets.modules_to_save.empty() ? "" : (", saving " + targets.modules_to_save.front()).c_str());
+  std::printf("checkpoint export: %s -> %s (adapter_config.json, adapter_model.safetensors; %zu tensors; LoRA %s)\n",
+              checkpoint.c_str(), out.c_str(), adapter.size(), models::describe_lora(run->model.lora, targets).c_str());
   std::fflush(stdout);
 }
 

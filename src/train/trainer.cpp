@@ -37,6 +37,7 @@
 #include "train/run_checkpoint.h"
 #include "train/train_step.h"
 #include "train/training_data.h"
+#include "util/with_commas.h"
 
 namespace shardtrain::train {
 namespace {
@@ -168,12 +169,7 @@ dist::DeviceMesh make_mesh(const Config& c, Job& job) {
   return dist::DeviceMesh::create(job.pg, is_hybrid(c.parallel.strategy) ? nodes : 1);
 }
 
-// "1,234,567"
-std::string with_commas(int64_t n) {
-  std::string digits = std::to_string(n);
-  for (int at = static_cast<int>(digits.size()) - 3; at > 0; at -= 3) digits.insert(static_cast<size_t>(at), ",");
-  return digits;
-}
+using util::with_commas;
 
 // The FSDP units by kind: "FlavaModel 121,916; 5 x TransformerLayer 24,383" (parameters each, unsharded).
 std::string describe_units(const std::shared_ptr<torch::nn::Module>& root) {
@@ -250,16 +246,7 @@ void describe_start(const Config& c, const Job& job, ParallelModel& model, doubl
   if (model.sharded()) job.logger.info("  units: " + describe_units(model.module()));
   if (c.model.lora.enabled()) {
     const models::LoraTargets t = models::lora_targets(*job.recipe, c.model.lora);
-    std::string modules;
-    for (const auto& m : t.target_modules) modules += (modules.empty() ? "" : ", ") + m;
-    std::snprintf(line, sizeof(line), "  LoRA: r %lld, lora_alpha %g, lora_dropout %g on %lld modules (%s)%s; "
-                  "trainable params: %s || all params: %s || trainable%%: %.4f",
-                  static_cast<long long>(c.model.lora.r), c.model.lora.lora_alpha, c.model.lora.lora_dropout,
-                  static_cast<long long>(t.adapted_modules), modules.c_str(),
-                  t.modules_to_save.empty() ? "" : (", " + t.modules_to_save.front() + " trained whole").c_str(),
-                  with_commas(t.trainable).c_str(), with_commas(t.total).c_str(),
-                  100.0 * static_cast<double>(t.trainable) / static_cast<double>(t.total));
-    job.logger.info(line);
+    job.logger.info("  LoRA: " + models::describe_lora(c.model.lora, t));
   }
   int64_t recomputed = 0;
   for (const auto& item : model.module()->named_modules()) recomputed += nn::is_activation_checkpointed(*item.value());

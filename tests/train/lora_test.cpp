@@ -1,7 +1,8 @@
 // LoRA fine-tuning end to end through the CLI (model.lora): a Llama written by transformers, adapters on every
 // Linear of its layers trained on 2 ranks, exported as PEFT's adapter and as a merged model, and scored again by
 // PEFT and transformers (tests/reference/lora_check.py); stopped and resumed, it ends where it would have; bad
-// targets and an adapter export of a run without LoRA are refused by name.
+// targets and an adapter export of a run without LoRA are refused by name. A BERT classifier with its head trained
+// whole, the same way.
 #include <gtest/gtest.h>
 
 #include <unistd.h>
@@ -86,17 +87,18 @@ TEST(LoraTrain, AdaptersExportAsPeftLoadsThem) {
 
   made = run(st + " checkpoint export " + dir + "/run --peft " + dir + "/adapter");
   ASSERT_EQ(made.status, 0) << made.output;
-  EXPECT_NE(made.output.find("28 tensors, 16384 parameters: LoRA r 8"), std::string::npos) << made.output;
+  EXPECT_NE(made.output.find("28 tensors; LoRA r 8, lora_alpha 16, lora_dropout 0.05 on 14 modules"),
+            std::string::npos) << made.output;
   const nlohmann::json config = nlohmann::json::parse(test::read_text(dir + "/adapter/adapter_config.json"));
   EXPECT_EQ(config.at("task_type"), "CAUSAL_LM");
   EXPECT_EQ(config.at("base_model_name_or_path"), dir + "/base");
   made = run(st + " checkpoint export " + dir + "/run --hf " + dir + "/merged");
   ASSERT_EQ(made.status, 0) << made.output;
-  made = run(python + " " + source + "/tests/reference/lora_check.py " + dir + "/base " + dir + "/adapter " + dir +
-             "/merged " + dir + "/eval.jsonl input 48");
+  made = run(python + " " + source + "/tests/reference/lora_check.py causal_lm " + dir + "/base " + dir +
+             "/adapter " + dir + "/merged " + dir + "/eval.jsonl input 48");
   ASSERT_EQ(made.status, 0) << made.output;
   const nlohmann::json theirs = nlohmann::json::parse(made.output.substr(made.output.rfind("{\"eval_loss\"")));
-  EXPECT_EQ(theirs.at("texts"), 320);
+  EXPECT_EQ(theirs.at("samples"), last_eval(through.output, "eval_tokens"));  // every predicted token
   EXPECT_EQ(theirs.at("adapter_tensors"), 28);  // lora_A and lora_B of 7 modules x 2 layers
   // PEFT's model scores the held-out texts as the run's last evaluation did, and was trained: the base is worse.
   for (const char* metric : {"eval_loss", "perplexity"}) {
@@ -107,7 +109,7 @@ TEST(LoraTrain, AdaptersExportAsPeftLoadsThem) {
   EXPECT_GT(theirs.at("base_eval_loss").get<double>(), theirs.at("eval_loss").get<double>() + 0.1);
   // PEFT's merge_and_unload gives the merged directory's weights, and both models the same logits.
   EXPECT_LE(theirs.at("merged_weight_diff").get<double>(), 1e-6);
-  EXPECT_LE(theirs.at("merged_logit_diff").get<double>(), 1e-4);
+  EXPECT_LE(theirs.at("merged_output_diff").get<double>(), 1e-4);
 
   // Stopped at step 8 and resumed: the adapters and their AdamW state, and the dropout's generators, come back.
   const Outcome stopped = train("--checkpoint.dir=" + dir + "/resumed --train.stop_at=8");
@@ -133,6 +135,57 @@ TEST(LoraTrain, AdaptersExportAsPeftLoadsThem) {
   made = run(st + " checkpoint export " + dir + "/plain --peft " + dir + "/no-adapter");
   EXPECT_NE(made.status, 0);
   EXPECT_NE(made.output.find("is not of a LoRA run"), std::string::npos) << made.output;
+  io::remove_tree(dir);
+}
+
+// A BERT sentence-pair classifier from a BertForMaskedLM: the classifier and the pooler it reads (the masked-LM
+// checkpoint has neither) train whole beside the adapters, are saved with them, and PEFT's
+// BertForSequenceClassification with the adapter scores the held-out pairs as the run did.
+TEST(LoraTrain, ClassifierTrainsWholeBesideTheAdapters) {
+  const std::string dir = "/tmp/shardtrain_lora_classify_" + std::to_string(::getpid());
+  io::remove_tree(dir);
+  io::make_directories(dir);
+  const std::string st = SHARDTRAIN_BIN, python = SHARDTRAIN_PYTHON, source = SHARDTRAIN_SOURCE_DIR;
+  Outcome made = run(st + " data synth --out " + dir + "/data --text 0 --image-text 0 --image 0 --eval 0 "
+                     "--pairs 1000 --vocab-size 400");
+  ASSERT_EQ(made.status, 0) << made.output;
+  made = run(python + " " + source + "/examples/bert_classify/make_model.py " + dir + "/base " + dir +
+             "/data/vocab.txt");
+  ASSERT_EQ(made.status, 0) << made.output;
+  {  // 224 held-out pairs (the header and 7 batches of 16 on each of 2 ranks): every one scored by both sides
+    std::ifstream all(dir + "/data/pairs/eval.tsv");
+    std::ofstream first(dir + "/eval.tsv");
+    std::string line;
+    for (int i = 0; i < 1 + 224 && std::getline(all, line); ++i) first << line << "\n";
+  }
+  const Outcome trained = run(
+      st + " launch --nproc-per-node 2 -- " + st + " train " + source + "/examples/bert_classify/classify.yaml " +
+      "--model.from=" + dir + "/base --data.text=[" + dir + "/data/pairs/train.tsv] --data.eval=[" + dir +
+      "/eval.tsv] --checkpoint.dir=" + dir + "/run --model.lora.r=4 --model.lora.lora_alpha=8 "
+      "--model.lora.target_modules=[query,value,output.dense] --train.steps=30 --train.eval_interval=30 "
+      "--train.eval_samples=0 --optim.lr=3e-3 --optim.warmup_steps=0");
+  ASSERT_EQ(trained.status, 0) << trained.output;
+  EXPECT_NE(trained.output.find("on 8 modules (attention.self.query, attention.self.value, attention.output.dense, "
+                                "output.dense), pooler, classifier trained whole"),
+            std::string::npos) << trained.output;
+  EXPECT_NE(trained.output.find("eval_samples 224"), std::string::npos) << trained.output;
+  made = run(st + " checkpoint export " + dir + "/run --peft " + dir + "/adapter");
+  ASSERT_EQ(made.status, 0) << made.output;
+  made = run(st + " checkpoint export " + dir + "/run --hf " + dir + "/merged");
+  ASSERT_EQ(made.status, 0) << made.output;
+  made = run(python + " " + source + "/tests/reference/lora_check.py classify " + dir + "/base " + dir +
+             "/adapter " + dir + "/merged " + dir + "/eval.tsv '#1 String,#2 String,Quality' 48");
+  ASSERT_EQ(made.status, 0) << made.output;
+  const nlohmann::json theirs = nlohmann::json::parse(made.output.substr(made.output.rfind("{\"eval_loss\"")));
+  EXPECT_EQ(theirs.at("samples"), 224);
+  EXPECT_EQ(theirs.at("adapter_tensors"), 2 * 2 * 4 + 2 + 2);  // A and B of 4 modules x 2 layers; pooler, classifier
+  for (const char* metric : {"eval_loss", "accuracy"}) {
+    const double x = theirs.at(metric).get<double>();
+    EXPECT_NEAR(last_eval(trained.output, metric), x, 1e-3 * std::max(1.0, std::abs(x))) << metric << "\n"
+                                                                                          << trained.output;
+  }
+  EXPECT_LE(theirs.at("merged_weight_diff").get<double>(), 1e-6);
+  EXPECT_LE(theirs.at("merged_output_diff").get<double>(), 1e-4);
   io::remove_tree(dir);
 }
 

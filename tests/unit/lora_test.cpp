@@ -101,8 +101,8 @@ TEST(Lora, RecipeAdaptsTheTargetsAndTrainsOnlyThem) {
   EXPECT_EQ(t.trainable, trained);
   EXPECT_EQ(t.total, count_parameters(*model));
 
-  // BERT classification: the classifier (new, for the task) trains whole, as PEFT's SEQ_CLS saves it; the pooler,
-  // which PEFT leaves frozen, too. all-linear adapts the six Linears of every layer.
+  // BERT classification: the classifier (new, for the task) trains whole, as PEFT's SEQ_CLS saves it, and the
+  // pooler it reads. all-linear adapts the six Linears of every layer.
   const auto bert = with_lora(recipe_for_task(recipe_of("bert-debug"), "classify", {{"no", "yes"}, false, std::nullopt}),
                               spec_of(2, 4, {"all-linear"}));
   const LoraTargets b = lora_targets(*bert, spec_of(2, 4, {"all-linear"}));
@@ -111,11 +111,12 @@ TEST(Lora, RecipeAdaptsTheTargetsAndTrainsOnlyThem) {
                                                          "attention.self.value", "attention.output.dense",
                                                          "intermediate.dense", "output.dense"}));
   EXPECT_EQ(b.adapted_modules, 2 * 6);
-  EXPECT_EQ(b.modules_to_save, (std::vector<std::string>{"classifier"}));
+  EXPECT_EQ(b.modules_to_save, (std::vector<std::string>{"pooler", "classifier"}));
   const auto bert_model = bert->build(meta_build());
   const auto bp = bert_model->named_parameters();
   EXPECT_TRUE(bp["classifier.weight"].requires_grad());
-  EXPECT_FALSE(bp["pooler.weight"].requires_grad());
+  EXPECT_TRUE(bp["pooler.weight"].requires_grad());
+  EXPECT_FALSE(bp["embeddings.word.weight"].requires_grad());
   EXPECT_FALSE(bp["layers.0.attn.q.weight"].requires_grad());
 
   // The memory model counts what trains: gradients and optimizer state for the adapters and the classifier only.
@@ -130,18 +131,20 @@ TEST(Lora, RecipeAdaptsTheTargetsAndTrainsOnlyThem) {
       {"bert.encoder.layer.0.attention.self.query.weight", at::zeros({2, 2})},
       {"bert.encoder.layer.0.attention.self.query.lora_A.weight", at::zeros({1, 2})},
       {"bert.encoder.layer.0.attention.self.query.lora_B.weight", at::zeros({2, 1})},
-      {"classifier.weight", at::zeros({2, 2})}, {"classifier.bias", at::zeros({2})}};
+      {"bert.pooler.dense.weight", at::zeros({2, 2})}, {"classifier.weight", at::zeros({2, 2})},
+      {"classifier.bias", at::zeros({2})}};
   std::vector<std::string> names;
   for (const auto& [name, t] : lora_adapter_tensors(tensors, b)) names.push_back(name);
   EXPECT_EQ(names, (std::vector<std::string>{"base_model.model.bert.encoder.layer.0.attention.self.query.lora_A.weight",
                                              "base_model.model.bert.encoder.layer.0.attention.self.query.lora_B.weight",
+                                             "base_model.model.bert.pooler.dense.weight",
                                              "base_model.model.classifier.weight", "base_model.model.classifier.bias"}));
   const auto config = nlohmann::json::parse(lora_adapter_config(spec_of(2, 4), b, "classify", "/models/bert"));
   EXPECT_EQ(config.at("peft_type"), "LORA");
   EXPECT_EQ(config.at("task_type"), "SEQ_CLS");
   EXPECT_EQ(config.at("r"), 2);
   EXPECT_EQ(config.at("lora_alpha"), 4.0);
-  EXPECT_EQ(config.at("modules_to_save"), nlohmann::json({"classifier"}));
+  EXPECT_EQ(config.at("modules_to_save"), nlohmann::json({"pooler", "classifier"}));
   EXPECT_EQ(config.at("base_model_name_or_path"), "/models/bert");
 }
 

@@ -28,8 +28,10 @@ struct LoraSpec {
   // "." + one (PEFT's rule: q_proj, self_attn.q_proj). ["all-linear"]: every Linear of the layers. Empty: the query
   // and value projections, as PEFT's default for every family here (q_proj and v_proj, query and value, q and v).
   std::vector<std::string> target_modules;
-  // Modules trained whole and saved with the adapter, matched the same way. Empty: the task's new head when the
-  // model has one ("classifier"), as PEFT's task types SEQ_CLS and TOKEN_CLS add it.
+  // Modules trained whole and saved with the adapter, matched the same way, with everything inside them. Empty: the
+  // task's new head when the model has one ("classifier", as PEFT's task types SEQ_CLS and TOKEN_CLS add it) and
+  // the pooler a sequence classifier reads ("pooler": a masked-LM checkpoint has none, and PEFT's default would
+  // leave it random and frozen).
   std::vector<std::string> modules_to_save;
   bool enabled() const { return r > 0; }
 };
@@ -45,13 +47,18 @@ std::shared_ptr<const ModelRecipe> with_lora(std::shared_ptr<const ModelRecipe> 
 
 // What a LoRA model's build adapted and trains: the adapted modules by their Hugging Face names inside a layer
 // (self_attn.q_proj, self_attn.v_proj; what adapter_config.json's target_modules lists, matching them and nothing
-// outside the layers), in the order found; the leaves of the modules saved whole (classifier); how many modules
-// were adapted; the parameters that train and all of them (tied ones once), PEFT's print_trainable_parameters.
+// outside the layers), in the order found; the modules saved whole, as model.lora names them (classifier); how
+// many modules were adapted; the parameters that train and all of them (tied ones once).
 struct LoraTargets {
   std::vector<std::string> target_modules, modules_to_save;
   int64_t adapted_modules = 0, trainable = 0, total = 0;
 };
 LoraTargets lora_targets(const ModelRecipe& recipe, const LoraSpec& spec);
+
+// "r 8, lora_alpha 16, lora_dropout 0.05 on 28 modules (self_attn.q_proj, ...), classifier trained whole;
+// trainable params: 188,416 || all params: 4,581,632 || trainable%: 4.1124" (the last part PEFT's
+// print_trainable_parameters), for start-up lines and exports.
+std::string describe_lora(const LoraSpec& spec, const LoraTargets& targets);
 
 // True for a tensor of an adapter ("....q_proj.lora_A.weight"), in our names or Hugging Face's.
 bool is_lora_tensor(const std::string& name);
