@@ -11,10 +11,11 @@ decoder also as Qwen3 and Mistral), text at 64 tokens (ViT and FLAVA at 128-pixe
 text families at realistic lengths (512 tokens for BERT, 1024 for the decoders and T5), where attention's (T, T)
 tensors, the masks and a layer's temporaries count.
 
-usage: memory_model.py [--quick] [--only TEXT] [--check TOLERANCE] [--csv FILE] [--build DIR]
+usage: memory_model.py [--quick | --lora] [--only TEXT] [--check TOLERANCE] [--csv FILE] [--build DIR]
   --quick   the subset tests/CMakeLists.txt runs (plan.memory_model_grid)
+  --lora    the LoRA cells alone (docs/notes/memory-model-lora.csv)
   --only    the cells whose row starts with TEXT (words separated by spaces or commas: "vit,full_shard,2")
-Cells: (family, strategy, world, batch per rank, precision, checkpointing[, micro-batches[, tokens]]).
+Cells: (family, strategy, world, batch per rank, precision, checkpointing[, micro-batches[, tokens[, LoRA]]]).
   --check   exit 1 when a cell's peak is off by more than TOLERANCE (0.10 = 10%)
 """
 import argparse
@@ -74,7 +75,9 @@ def grid(quick):
                 ("flava", "full_shard", 2, 2, "no", False), ("qwen3", "full_shard", 2, 4, "no", False),
                 ("mistral", "shard_grad_op", 2, 4, "no", True), ("t5", "full_shard", 2, 2, "no", True, 1, 1024),
                 ("mistral", "full_shard", 2, 2, "no", False, 1, 1024), ("t5", "full_shard", 2, 4, "fp16", False),
-                ("bert", "ddp", 1, 4, "no", False), ("bert-28m", "ddp", 2, 4, "no", False)]
+                ("bert", "ddp", 1, 4, "no", False), ("bert-28m", "ddp", 2, 4, "no", False),
+                ("llama", "full_shard", 2, 4, "no", False, 1, 64, "8:all-linear"),
+                ("bert", "ddp", 2, 4, "no", False, 1, 64, "8")]
     cells = []
     for family, strategy, world in itertools.product(MODELS, STRATEGIES, [1, 2, 4]):
         if world == 1 and strategy in ("shard_grad_op", "no_shard"):
@@ -91,6 +94,7 @@ def grid(quick):
     for family, strategy in itertools.product(["bert", "llama", "qwen3", "t5"], ["full_shard", "ddp"]):
         cells.append((family, strategy, 2, 4, "no", False, 3))
     cells += long_cells()
+    cells += lora_cells()
     # DDP's buckets two at a time, the last of them the embedding's (larger than the cap) plus what precedes it.
     cells += [("bert-28m", "ddp", 2, 4, "no", False), ("bert-28m", "ddp", 2, 4, "bf16", False),
               ("bert-28m", "full_shard", 2, 4, "no", False)]
@@ -107,14 +111,31 @@ def long_cells():
     return cells
 
 
+def lora_cells():
+    """LoRA (model.lora): rank-8 adapters on the default targets (query and value), on every Linear of the layers,
+    or on one projection; the rest frozen. What a frozen projection, norm and head no longer keep, an adapter keeps."""
+    cells = []
+    for family in MODELS:
+        cells.append((family, "full_shard", 2, 4, "no", False, 1, 64, "8"))
+        cells.append((family, "full_shard", 2, 4, "no", False, 1, 64, "8:all-linear"))
+    for family, strategy, precision, ac in [("llama", "ddp", "no", False), ("llama", "full_shard", "bf16", False),
+                                            ("llama", "full_shard", "no", True), ("bert", "ddp", "bf16", False),
+                                            ("t5", "shard_grad_op", "no", True)]:
+        cells.append((family, strategy, 2, 4, precision, ac, 1, 64, "8:all-linear"))
+    for targets in ["o_proj", "gate_proj", "down_proj"]:
+        cells.append(("llama", "full_shard", 2, 4, "no", False, 1, 256, "8:" + targets))
+    cells.append(("llama", "full_shard", 2, 2, "no", False, 1, 1024, "8:all-linear"))
+    return cells
+
+
 def options(cell):
-    """(micro-batches, tokens) of a cell."""
-    return (cell[6] if len(cell) > 6 else 1), (cell[7] if len(cell) > 7 else 64)
+    """(micro-batches, tokens, LoRA "rank[:targets]" or "") of a cell."""
+    return (cell[6] if len(cell) > 6 else 1), (cell[7] if len(cell) > 7 else 64), (cell[8] if len(cell) > 8 else "")
 
 
 def run_cell(build, config_dir, cell):
     family, strategy, world, batch, precision, ac = cell[:6]
-    grad_accum, tokens = options(cell)
+    grad_accum, tokens, lora = options(cell)
     cmd = [os.path.join(build, "shardtrain"), "launch", "--nproc-per-node", str(world), "--",
            os.path.join(build, "memory_model_bench"), "--model", os.path.join(config_dir, family), "--strategy",
            strategy, "--batch", str(batch), "--seq-len", str(tokens), "--mixed-precision", precision]
@@ -122,6 +143,9 @@ def run_cell(build, config_dir, cell):
         cmd.append("--ac")
     if grad_accum > 1:
         cmd += ["--grad-accum", str(grad_accum)]
+    if lora:
+        rank, _, targets = lora.partition(":")
+        cmd += ["--lora", rank] + (["--lora-targets", targets] if targets else [])
     env = dict(os.environ, OMP_NUM_THREADS="1")
     out = subprocess.run(cmd, capture_output=True, text=True, timeout=1800, env=env)
     for line in out.stdout.splitlines() + out.stderr.splitlines():
@@ -133,13 +157,14 @@ def run_cell(build, config_dir, cell):
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--lora", action="store_true")
     parser.add_argument("--only", default=None)
     parser.add_argument("--check", type=float, default=None)
     parser.add_argument("--csv", default=None)
     parser.add_argument("--build", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "build"))
     args = parser.parse_args()
 
-    cells = grid(args.quick)
+    cells = lora_cells() if args.lora else grid(args.quick)
     if args.only:
         words = args.only.replace(",", " ").split()
         cells = [c for c in cells if [str(x) for x in c[:len(words)]] == words]
@@ -161,14 +186,15 @@ def main():
             peak_error = max(predicted) / max(measured) - 1
             rows.append((cell, r, errors, peak_error))
             family, strategy, world, batch, precision, ac = cell[:6]
-            grad_accum, tokens = options(cell)
+            grad_accum, tokens, lora = options(cell)
             accum = f"x{grad_accum}" if grad_accum > 1 else ""
             print(f"{family:6s} {strategy:14s} {world:2d} {str(batch) + accum:>4s} {tokens:4d} {precision:4s} "
                   f"{'on' if ac else '':2s} "
                   f"{r['parameters'] / 1e6:8.1f}M "
                   + " ".join(f"{m / 1e6:7.1f}/{p / 1e6:7.1f}{e * 100:+4.0f}%".rjust(19)
                              for m, p, e in zip(measured, predicted, errors))
-                  + f" {peak_error * 100:+8.1f}%   [{i + 1}/{len(cells)}, {time.time() - start:.0f} s]", flush=True)
+                  + f" {peak_error * 100:+8.1f}%" + (f"  LoRA {lora}" if lora else "")
+                  + f"   [{i + 1}/{len(cells)}, {time.time() - start:.0f} s]", flush=True)
 
     worst = max(rows, key=lambda row: abs(row[3]))
     worst_phase = max(rows, key=lambda row: max(abs(e) for e in row[2]))
@@ -177,10 +203,10 @@ def main():
           f"largest phase error {max(abs(e) for e in worst_phase[2]) * 100:.1f}% {worst_phase[0]}")
     if args.csv:
         with open(args.csv, "w") as f:
-            f.write("model,strategy,world,batch,precision,ac,grad_accum,tokens," +
+            f.write("model,strategy,world,batch,precision,ac,grad_accum,tokens,lora," +
                     ",".join(f"{p}_measured,{p}_predicted" for p in PHASES) + "\n")
             for cell, r, _, _ in rows:
-                f.write(",".join(str(c) for c in cell[:6]) + ",{},{},".format(*options(cell)) +
+                f.write(",".join(str(c) for c in cell[:6]) + ",{},{},{},".format(*options(cell)) +
                         ",".join(f"{m:.0f},{p:.0f}" for m, p in zip(r["measured"], r["predicted"])) + "\n")
     if args.check is not None and abs(worst[3]) > args.check:
         print(f"FAIL: a peak is off by more than {args.check * 100:.0f}%")

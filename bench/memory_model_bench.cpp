@@ -4,8 +4,9 @@
 // (JSON) with the largest rank's measured peaks and the predicted ones.
 //
 //   memory_model_bench --model MODEL --strategy S [--mixed-precision no|bf16|fp16] [--ac] [--batch B] [--seq-len T]
-//                      [--nodes M] [--steps N] [--grad-accum K]
-// MODEL is a flavor or a Hugging Face config.json; the batch is synthetic, of the task's largest kind.
+//                      [--nodes M] [--steps N] [--grad-accum K] [--lora R [--lora-targets a,b] [--lora-dropout P]]
+// MODEL is a flavor or a Hugging Face config.json; the batch is synthetic, of the task's largest kind. --lora: rank-R
+// adapters on the targets (default the query and value projections; "all-linear"), the rest frozen (models/lora.h).
 #include <ATen/ATen.h>
 #include <torch/nn/module.h>
 
@@ -13,11 +14,13 @@
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "shardtrain/distributed/env.h"
 #include "shardtrain/distributed/mesh.h"
 #include "shardtrain/distributed/process_group.h"
 #include "shardtrain/memory/memory_stats.h"
+#include "shardtrain/models/lora.h"
 #include "shardtrain/models/synthetic_batch.h"
 #include "shardtrain/models/zoo.h"
 #include "shardtrain/optim/grad_scaler.h"
@@ -28,6 +31,16 @@
 namespace {
 
 using namespace shardtrain;
+
+std::vector<std::string> split_commas(const std::string& text) {
+  std::vector<std::string> out;
+  size_t start = 0;
+  for (size_t comma; (comma = text.find(',', start)) != std::string::npos; start = comma + 1) {
+    out.push_back(text.substr(start, comma - start));
+  }
+  out.push_back(text.substr(start));
+  return out;
+}
 
 config::Strategy config_strategy(plan::Strategy s) {
   switch (s) {
@@ -45,6 +58,7 @@ int run(int argc, char** argv) {
   std::string model, strategy = "full_shard", precision = "no";
   int64_t batch = 4, seq_len = 128, nodes = 1, steps = 3, grad_accum = 1;
   bool ac = false;
+  models::LoraSpec lora;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     auto next = [&]() -> std::string {
@@ -60,12 +74,15 @@ int run(int argc, char** argv) {
     else if (a == "--steps") steps = std::stoll(next());
     else if (a == "--grad-accum") grad_accum = std::stoll(next());
     else if (a == "--ac") ac = true;
+    else if (a == "--lora") lora.r = std::stoll(next()), lora.lora_alpha = 2.0 * static_cast<double>(lora.r);
+    else if (a == "--lora-targets") lora.target_modules = split_commas(next());
+    else if (a == "--lora-dropout") lora.lora_dropout = std::stod(next());
     else throw std::invalid_argument("unknown option " + a);
   }
   memory::install_cpu_memory_counter();
   const dist::DistEnv env = dist::read_dist_env(dist::process_env_lookup());
   dist::ProcessGroup pg = dist::ProcessGroup::init(env, {});
-  const auto recipe = models::recipe_of_model(model);
+  const auto recipe = models::with_lora(models::recipe_of_model(model), lora);
 
   plan::TrainingJob job;
   job.world = env.world_size, job.nodes = nodes, job.strategy = plan::parse_strategy(strategy);
@@ -75,6 +92,7 @@ int run(int argc, char** argv) {
   const plan::MemoryEstimate predicted = plan::estimate_training_memory(*recipe, job);
 
   config::Config c;
+  c.model.lora = lora;
   c.parallel.strategy = config_strategy(job.strategy);
   if (precision == "no") c.parallel.mixed_precision = config::Precision::NO;
   else if (precision == "bf16") c.parallel.mixed_precision = config::Precision::BF16;

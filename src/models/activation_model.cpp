@@ -15,9 +15,22 @@ int64_t norm_kept(Norm norm, int64_t rows, int64_t dim, const ActivationQuery& q
   const int64_t e = element_size(q), in = input_bytes > 0 ? input_bytes : e;
   if (norm == Norm::kLayerNorm) return 2 * rows * 4;  // at::layer_norm: mean and rstd in float32
   // RMSNorm: x.to(float32) (a copy unless float32) kept by pow and mul, rsqrt's result, and weight * normed kept by
-  // the product with the weight (normed cast to the weight's dtype: float32 under autocast).
+  // the product with the weight (normed cast to the weight's dtype: float32 under autocast) unless it is frozen.
   const int64_t x32 = in == 4 ? 0 : rows * dim * 4;
-  return x32 + rows * dim * (q.autocast ? 4 : e) + rows * 4;
+  return x32 + (q.adapters.frozen ? 0 : rows * dim * (q.autocast ? 4 : e)) + rows * 4;
+}
+
+int64_t adapters_kept(int64_t rows, int64_t dim, int64_t mlp_dim, const ActivationQuery& q) {
+  const ActivationQuery::Adapters& a = q.adapters;
+  if (a.r <= 0) return 0;
+  const int64_t modules = a.qkv + a.o + a.mlp_in + a.mlp_out, e = element_size(q);
+  // A's product (rows, r), kept by B; with dropout, the dropped input (kept by A) and its noise, per module.
+  int64_t bytes = modules * rows * a.r * e;
+  if (q.training && a.dropout > 0) {
+    const int64_t inputs = (a.qkv + a.o + a.mlp_in) * rows * dim + a.mlp_out * rows * mlp_dim;
+    bytes += inputs * e + dropout_kept(a.dropout, inputs, q);
+  }
+  return bytes;
 }
 
 int64_t stream_size(const ActivationQuery& q) { return q.autocast ? 4 : element_size(q); }
@@ -102,6 +115,18 @@ AttentionTransients attention_transients(const AttentionOptions& a, int64_t batc
 int64_t mlp_kept(const TransformerLayerOptions& o, int64_t rows, const ActivationQuery& q) {
   const int64_t e = element_size(q), m = rows * o.mlp_dim * e;
   const int64_t drop = dropout_kept(o.mlp_dropout, rows * o.mlp_dim, q);
+  if (q.adapters.frozen) {
+    // The output projection adapted: the MLP unfused (blocks.cpp), its adapter keeping the projection's input.
+    // Frozen and not adapted, with dropout: the dropped activation is kept by nothing.
+    const bool adapted = q.adapters.mlp_out > 0;
+    switch (o.activation) {
+      case Activation::kSwiGlu:  // gate (silu's), silu(gate) and up (the product's), the product (the adapter's)
+        return adapted ? 4 * m : 2 * m;
+      case Activation::kRelu: return m + drop + (adapted && drop > 0 ? m : 0);  // relu's output; the dropped copy
+      case Activation::kGelu:
+      case Activation::kGeluTanh: return m + drop + (adapted ? m : 0);  // fc1's output (GELU's); GELU's (the adapter's)
+    }
+  }
   switch (o.activation) {
     // The activation and the output projection are one node keeping the activation's inputs (fused_mlp.h).
     case Activation::kSwiGlu: return 2 * m;  // gate and up (silu(gate) * up recomputed in backward)
@@ -130,11 +155,15 @@ LayerKept layer_kept(const TransformerLayerOptions& o, int64_t batch, int64_t to
   const int64_t q_rows = batch * queries, q_unit = q_rows * d * s;
   const int64_t q_norm = norm_kept(o.norm, q_rows, d, q, s), q_drop = dropout_kept(o.dropout, q_rows * d, q);
   LayerKept k;
-  k.all = attention_kept(o.attention, batch, queries, tokens, q);
+  // What the projections reading a stream keep of it: frozen ones nothing, unless an adapter reads it too.
+  const ActivationQuery::Adapters& adapted = q.adapters;
+  const bool attention_input = !adapted.frozen || adapted.qkv > 0, mlp_input = !adapted.frozen || adapted.mlp_in > 0;
+  k.all = attention_kept(o.attention, batch, queries, tokens, q) + adapters_kept(q_rows, d, o.mlp_dim, q);
   if (o.norm_first) {
     // The input (kept by norm1), norm1 and its output (q/k/v's input, over every token); the residual sum after
     // attention (norm2's or norm_cross's input).
-    k.all += rows * d * s + norm_kept(o.norm, rows, d, q, s) + stream_copies_kept(1, rows * d, q);
+    k.all += rows * d * s + norm_kept(o.norm, rows, d, q, s) +
+             (attention_input ? stream_copies_kept(1, rows * d, q) : 0);
     if (o.cross_attention) {
       AttentionOptions cross = o.attention;
       cross.causal = false;
@@ -142,13 +171,13 @@ LayerKept layer_kept(const TransformerLayerOptions& o, int64_t batch, int64_t to
                attention_kept(cross, batch, queries, context_tokens, q);
     }
     // The last attention's dropout, the sum after it (norm2's input), norm2 and its output (the MLP's input).
-    k.mlp_side = q_drop + q_unit + q_norm + stream_copies_kept(1, q_rows * d, q);
+    k.mlp_side = q_drop + q_unit + q_norm + (mlp_input ? stream_copies_kept(1, q_rows * d, q) : 0);
   } else {
     // Post-norm: the input (q/k/v's; under autocast its copy, the input itself feeding the residual sum only);
     // after attention its dropout, the sums before norm1 and norm2, norm1's output (the MLP's input); norm2's output
     // is the next layer's input.
-    k.all += stream_copies_kept(1, rows * d, q);
-    k.mlp_side = q_drop + q_unit + q_norm + stream_copies_kept(1, q_rows * d, q) + q_unit + q_norm;
+    k.all += attention_input ? stream_copies_kept(1, rows * d, q) : 0;
+    k.mlp_side = q_drop + q_unit + q_norm + (mlp_input ? stream_copies_kept(1, q_rows * d, q) : 0) + q_unit + q_norm;
   }
   k.mlp_side += mlp_kept(o, q_rows, q) + q_drop;
   k.all += k.mlp_side;
@@ -160,6 +189,25 @@ LayerKept layer_kept(const TransformerLayerOptions& o, int64_t batch, int64_t to
 int64_t transformer_layer_kept(const TransformerLayerOptions& o, int64_t batch, int64_t tokens,
                                int64_t context_tokens, const ActivationQuery& q, int64_t queries) {
   return layer_kept(o, batch, tokens, context_tokens, q, queries).all;
+}
+
+int64_t frozen_input_layer_kept(const TransformerLayerOptions& o, int64_t batch, int64_t tokens,
+                                int64_t context_tokens, const ActivationQuery& q) {
+  const ActivationQuery::Adapters& a = q.adapters;
+  const LayerKept k = layer_kept(o, batch, tokens, context_tokens, q, 0);
+  const int64_t s = stream_size(q), e = element_size(q), d = o.attention.dim, rows = batch * tokens;
+  const int64_t adapters = adapters_kept(rows, d, o.mlp_dim, q);
+  const int64_t unit = rows * d * s, norm = norm_kept(o.norm, rows, d, q, s);
+  const int64_t drop = dropout_kept(o.dropout, rows * d, q);
+  // From q, k, v on as any layer; pre-norm, the input and norm1's statistics are not kept (nothing needs them).
+  if (a.qkv > 0) return o.norm_first ? k.all - unit - norm : k.all;
+  // From o on: attention keeps its output alone (o's input, the adapter's), then the MLP's side as any layer.
+  if (a.o > 0) return adapters + attention_sizes(o.attention, batch, tokens, tokens).q * e + k.mlp_side;
+  // From the MLP's input projections on: the sum after attention (norm2's input) and its norm keep nothing.
+  if (a.mlp_in > 0) return adapters + k.mlp_side - drop - unit - norm;
+  // The output projection alone: its input (the adapter's), the output's dropout; post-norm, norm2 and its input.
+  if (a.mlp_out > 0) return adapters + rows * o.mlp_dim * e + drop + (o.norm_first ? 0 : unit + norm);
+  return 0;  // no adapter here: nothing in this layer needs a gradient
 }
 
 LayerTransients transformer_layer_transients(const TransformerLayerOptions& o, int64_t batch, int64_t tokens,
@@ -207,6 +255,14 @@ void add_transformer_layers(ActivationBytes& a, int64_t count, const Transformer
   layer.kept = transformer_layer_kept(o, batch, tokens, context_tokens, q);
   layer.input = batch * tokens * o.attention.dim * stream_size(q);  // the previous layer's output
   layer.backward = t.backward;
+  if (q.adapters.frozen && a.layers.empty() && count > 0) {
+    // LoRA: the model's first layer reads frozen embeddings, an input that needs no gradient. (The first layers of
+    // later stacks, T5's decoder and FLAVA's encoders, are counted as any layer: a little more than they keep.)
+    LayerActivations first = layer;
+    first.kept = frozen_input_layer_kept(o, batch, tokens, context_tokens, q);
+    a.layers.push_back(first);
+    --count;
+  }
   a.layers.insert(a.layers.end(), count, layer);
 }
 
@@ -224,7 +280,10 @@ LossBytes linear_cross_entropy_bytes(int64_t rows, int64_t vocab, int64_t dim, c
   // A chunk: its logits in the compute dtype, then in float32, then their float32 log-softmax, in which the
   // gradient is made in place (its compute-dtype copy beside it is less): two float32 copies at most.
   const int64_t chunk_peak = 2 * chunk * 4;
-  if (e == 4 || q.autocast) {
+  if (q.adapters.frozen) {  // the head frozen (LoRA): the rows' gradient alone, in their dtype
+    out.kept = rows * dim * (q.autocast ? 4 : e);
+    out.forward_transient = chunk_peak + (q.autocast ? weight * e : 0);
+  } else if (e == 4 || q.autocast) {
     // Rows and weight in float32 (under autocast the final norm's output and the parameters are): the gradients
     // are kept from the start, the weight's summed in place; autocast casts the weight for each chunk's logits.
     out.kept = rows * dim * 4 + weight * 4;

@@ -17,6 +17,11 @@ namespace shardtrain::models {
 int64_t transformer_layer_kept(const TransformerLayerOptions& layer, int64_t batch, int64_t tokens,
                                int64_t context_tokens, const ActivationQuery& q, int64_t queries = 0);
 
+// transformer_layer_kept of a model's first layer under LoRA (q.adapters.frozen), whose input, the frozen
+// embeddings' output, needs no gradient: nothing before the layer's first adapter keeps anything.
+int64_t frozen_input_layer_kept(const TransformerLayerOptions& layer, int64_t batch, int64_t tokens,
+                                int64_t context_tokens, const ActivationQuery& q);
+
 // What one TransformerLayer (same arguments) holds on top while it runs, beyond what it keeps for backward:
 // forward, a checkpointed layer computing without gradients (its temporaries: the largest sub-block's outputs
 // alive at once); backward, its moments (LayerActivations::backward): the MLP's output projection, then attention.
@@ -34,6 +39,10 @@ void add_transformer_layers(ActivationBytes& a, int64_t count, const Transformer
 // What a norm keeps besides its input and output (LayerNorm's statistics; RMSNorm's float32 input and normalized
 // copy), over `rows` rows of `dim` whose input has `input_bytes` per element (0: the compute dtype's).
 int64_t norm_kept(Norm norm, int64_t rows, int64_t dim, const ActivationQuery& q, int64_t input_bytes = 0);
+
+// What a layer's LoRA adapters (q.adapters) keep over `rows` rows: each A's (rows, r) product, and with dropout each
+// dropped input (dim wide, the output projection's mlp_dim) and its noise.
+int64_t adapters_kept(int64_t rows, int64_t dim, int64_t mlp_dim, const ActivationQuery& q);
 
 // Bytes per element of the residual stream (layer inputs, residual sums, norm outputs): the compute dtype's, but
 // float32 under autocast (the weights stay float32, so sums with float32 embeddings and norms' float32 products

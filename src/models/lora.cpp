@@ -102,7 +102,9 @@ void check_spec(const LoraSpec& spec) {
 class Adapter {
  public:
   Adapter(const LoraSpec& spec, NameMap names, const WeightInitOptions& init)
-      : spec_(spec), names_(std::move(names)), init_(init) {}
+      : spec_(spec), names_(std::move(names)), init_(init) {
+    first_layer_.frozen = true, first_layer_.r = spec.r, first_layer_.dropout = spec.lora_dropout;
+  }
 
   // A transformer layer `name`, built and initialised: adapters on its target Linears, every other parameter frozen
   // but modules_to_save's.
@@ -120,15 +122,20 @@ class Adapter {
       }
     }
     const std::vector<std::string>& targets = spec_.target_modules.empty() ? default_targets_ : spec_.target_modules;
+    const bool first = layers_.size() == 1;
     for (const auto& [path, linear] : linears) {
       const std::string* hit = matched(hf_module(path), targets);
       if (!hit) continue;
       hits_.insert(*hit);
       linear->add_lora(spec_.r, spec_.lora_alpha, spec_.lora_dropout);
       init_adapter(path, *linear);
+      if (first) count_adapted(leaf_of(path));
     }
     freeze(layer, name);
   }
+
+  // The first layer's adapted projections, for the memory model (ActivationQuery::Adapters).
+  const ActivationQuery::Adapters& first_layer() const { return first_layer_; }
 
   // The rest of the model (after every layer): frozen but modules_to_save's; then the checks.
   void rest(torch::nn::Module& root) {
@@ -152,6 +159,15 @@ class Adapter {
 
  private:
   std::string hf_module(const std::string& path) const { return module_of(names_.to_hf(path + ".weight")); }
+
+  // Our blocks' Linear names (blocks.h): attention's q, k, v, o; the MLP's fc1 or gate and up, then fc2 or down.
+  void count_adapted(const std::string& leaf) {
+    ActivationQuery::Adapters& a = first_layer_;
+    if (leaf == "q" || leaf == "k" || leaf == "v") ++a.qkv;
+    if (leaf == "o") ++a.o;
+    if (leaf == "fc1" || leaf == "gate" || leaf == "up") ++a.mlp_in;
+    if (leaf == "fc2" || leaf == "down") ++a.mlp_out;
+  }
 
   // PEFT's initialisation: A kaiming_uniform_(a=sqrt(5)), i.e. uniform(-1/sqrt(in), 1/sqrt(in)); B zero.
   void init_adapter(const std::string& path, LinearImpl& linear) const {
@@ -182,6 +198,7 @@ class Adapter {
   LoraSpec spec_;
   NameMap names_;
   WeightInitOptions init_;
+  ActivationQuery::Adapters first_layer_;
   std::vector<std::string> layers_, linear_leaves_, default_targets_;
   std::set<std::string> hits_, saved_;
 };
@@ -189,20 +206,16 @@ class Adapter {
 // ModelRecipe with adapters: build() adapts; every other question goes to the recipe it wraps.
 class LoraRecipe : public ModelRecipe {
  public:
-  LoraRecipe(std::shared_ptr<const ModelRecipe> inner, const LoraSpec& spec) : inner_(std::move(inner)), spec_(spec) {}
+  // Builds the model on the meta device once: a target that matches nothing throws here, and the first layer's
+  // adapters are known to the memory model.
+  LoraRecipe(std::shared_ptr<const ModelRecipe> inner, const LoraSpec& spec) : inner_(std::move(inner)), spec_(spec) {
+    adapters_ = build_adapted(meta_build()).second;
+  }
 
   std::string family() const override { return inner_->family(); }
   std::string flavor() const override { return inner_->flavor(); }
   std::shared_ptr<torch::nn::Module> build(const BuildOptions& options) const override {
-    Adapter adapter(spec_, inner_->hf_names(), options.init);
-    BuildOptions adapted = options;
-    adapted.on_layer = [&adapter, &options](const std::string& name, const std::shared_ptr<torch::nn::Module>& layer) {
-      adapter.layer(name, *layer);
-      if (options.on_layer) options.on_layer(name, layer);
-    };
-    auto root = inner_->build(adapted);
-    adapter.rest(*root);
-    return root;
+    return build_adapted(options).first;
   }
   NameMap hf_names() const override { return inner_->hf_names(); }
   std::string layer_class() const override { return inner_->layer_class(); }
@@ -218,7 +231,9 @@ class LoraRecipe : public ModelRecipe {
   // a projection's) are not counted.
   double training_flops(const data::Batch& batch) const override { return inner_->training_flops(batch) * 2 / 3; }
   ActivationBytes activation_bytes(const ActivationQuery& query) const override {
-    return inner_->activation_bytes(query);
+    ActivationQuery adapted = query;
+    adapted.adapters = adapters_;
+    return inner_->activation_bytes(adapted);
   }
   void parallelize_hook(torch::nn::Module& root, const dist::DeviceMesh& mesh) const override {
     inner_->parallelize_hook(root, mesh);
@@ -233,8 +248,22 @@ class LoraRecipe : public ModelRecipe {
   std::unique_ptr<Task> make_task(const std::string& name) const override { return inner_->task(name); }
 
  private:
+  std::pair<std::shared_ptr<torch::nn::Module>, ActivationQuery::Adapters> build_adapted(
+      const BuildOptions& options) const {
+    Adapter adapter(spec_, inner_->hf_names(), options.init);
+    BuildOptions adapted = options;
+    adapted.on_layer = [&adapter, &options](const std::string& name, const std::shared_ptr<torch::nn::Module>& layer) {
+      adapter.layer(name, *layer);
+      if (options.on_layer) options.on_layer(name, layer);
+    };
+    auto root = inner_->build(adapted);
+    adapter.rest(*root);
+    return {root, adapter.first_layer()};
+  }
+
   std::shared_ptr<const ModelRecipe> inner_;
   LoraSpec spec_;
+  ActivationQuery::Adapters adapters_;
 };
 
 }  // namespace

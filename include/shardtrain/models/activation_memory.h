@@ -22,6 +22,17 @@ struct ActivationQuery {
   bool autocast = false;
   // What the data pipeline masks (data.*): the heads run on masked positions only.
   double mlm_probability = 0.15, mim_probability = 0.4, itm_negative_probability = 0.5;
+  // LoRA (models/lora.h): the base model's weights need no gradient, and each layer's adapted projections carry
+  // rank-r adapters. A frozen projection keeps no input for its weight's gradient (an adapter on it keeps that input
+  // instead, and its (rows, r) product), a frozen RMSNorm no normalized copy, a frozen head no weight gradient made
+  // in forward (linear_cross_entropy), and an adapter on the MLP's output projection unfuses the MLP (fused_mlp.h).
+  struct Adapters {
+    bool frozen = false;
+    int64_t r = 0;
+    double dropout = 0;
+    int64_t qkv = 0, o = 0, mlp_in = 0, mlp_out = 0;  // adapted per layer: of q, k, v; o; fc1 or gate and up; fc2/down
+  };
+  Adapters adapters;
 };
 
 // One moment of a layer's backward: what is alive on top of the activations the layer kept, its parameters'

@@ -40,9 +40,11 @@ struct LoraSpec {
 // Linears of each transformer layer as the layer is built, before BuildOptions::on_layer sees it (so FSDP shards
 // them with it), initialised as PEFT does (A kaiming-uniform, bound 1/sqrt(in), seeded by the run's seed and the
 // parameter's name; B zero: the model starts as the base model), and freezes every other parameter except
-// modules_to_save's. build() throws std::invalid_argument when a target module or a module to save named in
-// `spec` matches nothing, naming the layer's Linear modules; with_lora throws it for r < 0, lora_alpha <= 0 or a
-// dropout outside [0, 1).
+// modules_to_save's. Its activation_bytes() tell the family's memory model which projections carry adapters and that
+// the rest is frozen (ActivationQuery::Adapters); its training_flops() leave out the frozen weights' gradients.
+// Throws std::invalid_argument (building the model on the meta device once) when a target module or a module to
+// save named in `spec` matches nothing, naming the layer's Linear modules; for r < 0, lora_alpha <= 0 or a dropout
+// outside [0, 1).
 std::shared_ptr<const ModelRecipe> with_lora(std::shared_ptr<const ModelRecipe> recipe, const LoraSpec& spec);
 
 // What a LoRA model's build adapted and trains: the adapted modules by their Hugging Face names inside a layer
