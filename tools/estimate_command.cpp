@@ -1,12 +1,14 @@
 // `shardtrain estimate-memory MODEL`: Accelerate's table for a zoo flavor or a Hugging Face config.json, computed
 // from the family's own modules built on the meta device (nothing allocated, any size); with a job, or a trainer
 // config, the peak per rank by term.
+#include <algorithm>
 #include <iostream>
 #include <set>
 #include <sstream>
 
 #include "cli_args.h"
 #include "commands.h"
+#include "shardtrain/models/lora.h"
 #include "shardtrain/models/zoo.h"
 #include "shardtrain/plan/accelerate_estimate.h"
 #include "shardtrain/config/config.h"
@@ -37,6 +39,8 @@ const char* kEstimateUsage =
     "  --cpu-offload                                    --batch-size B      samples per rank (default 1)\n"
     "  --seq-len T         text tokens (default: the model's maximum)\n"
     "  --device D          cpu | cuda (kernels differ in what they keep; default cpu)\n"
+    "  --lora R            LoRA: rank-R adapters, the base frozen (--lora-targets a,b: PEFT's target_modules;\n"
+    "                      default the query and value projections; all-linear)\n"
     "  --json              the estimate as JSON\n"
     "\n"
     "A trainer config (CONFIG.yaml, as `shardtrain train` takes it, overrides too) gives the whole job: the model\n"
@@ -98,7 +102,7 @@ int run_estimate_command(const std::vector<std::string>& argv) {
   if (!argv.empty() && is_yaml(argv[0])) return estimate_config(argv);
   const Args args = parse_args(joined_dtypes(argv),
                                {"dtypes", "num-processes", "nnodes", "strategy", "mixed-precision", "batch-size",
-                                "seq-len", "device", "every", "grad-accum"},
+                                "seq-len", "device", "every", "grad-accum", "lora", "lora-targets"},
                                {"help", "activation-checkpointing", "cpu-offload", "json", "sync-each-batch"});
   if (args.has("help")) {
     std::cout << kEstimateUsage;
@@ -114,8 +118,14 @@ int run_estimate_command(const std::vector<std::string>& argv) {
   if (dtypes.empty()) throw std::invalid_argument("--dtypes: expected at least one dtype");
   for (const auto& d : dtypes) plan::check_accelerate_dtype(d);
 
-  const auto recipe = models::recipe_of_model(model);
+  models::LoraSpec lora;
+  lora.r = args.get_int("lora", 0);
+  lora.lora_alpha = 2.0 * static_cast<double>(std::max<int64_t>(1, lora.r));  // the scale changes no memory
+  lora.target_modules = split_commas(args.get("lora-targets", ""));
+  if (args.has("lora-targets") && !args.has("lora")) throw std::invalid_argument("--lora-targets goes with --lora R");
+  const auto recipe = models::with_lora(models::recipe_of_model(model), lora);
   const bool job_given = args.has("num-processes") || args.has("strategy") || args.has("batch-size") ||
+                         args.has("lora") ||
                          args.has("mixed-precision") || args.has("activation-checkpointing") ||
                          args.has("cpu-offload") || args.has("seq-len") || args.has("nnodes") || args.has("json") ||
                          args.has("device") || args.has("every") || args.has("grad-accum") ||
@@ -139,7 +149,13 @@ int run_estimate_command(const std::vector<std::string>& argv) {
     }
     job.cuda = device == "cuda";
     const plan::MemoryEstimate e = plan::estimate_training_memory(*recipe, job);
-    std::cout << (args.has("json") ? plan::estimate_json(model, job, e) + "\n" : plan::format_estimate(model, job, e));
+    std::string label = model;
+    if (lora.enabled()) {
+      const models::LoraTargets t = models::lora_targets(*recipe, lora);
+      label += " + LoRA r " + std::to_string(lora.r) + " (" + std::to_string(t.adapted_modules) + " modules; " +
+               std::to_string(t.trainable) + " of " + std::to_string(t.total) + " parameters train)";
+    }
+    std::cout << (args.has("json") ? plan::estimate_json(label, job, e) + "\n" : plan::format_estimate(label, job, e));
     return 0;
   }
   const plan::ModelSizes sizes = plan::accelerate_sizes(recipe->hf_base_model());

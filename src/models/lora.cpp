@@ -74,12 +74,14 @@ const std::string* matched_above(const std::string& module, const std::vector<st
   return matched(module, names);
 }
 
-// PEFT's task types SEQ_CLS and TOKEN_CLS save the classifier ("classifier", or "score" in other models); the pooler
-// BERT's classifier reads trains with it (a masked-LM checkpoint has none: PEFT would leave it random and frozen).
-const std::vector<std::string>& default_saved() {
-  static const std::vector<std::string> names = {"classifier", "score", "pooler"};
+// PEFT's task types SEQ_CLS and TOKEN_CLS save the classifier ("classifier", or "score" in other models). A model
+// with one trains the pooler the classifier reads too (a masked-LM checkpoint has none: PEFT would leave it random
+// and frozen); FLAVA's poolers, of a model without a classifier, stay frozen.
+const std::vector<std::string>& default_heads() {
+  static const std::vector<std::string> names = {"classifier", "score"};
   return names;
 }
+const char* kDefaultPooler = "pooler";
 
 std::string joined(const std::vector<std::string>& names) {
   std::string out;
@@ -88,7 +90,9 @@ std::string joined(const std::vector<std::string>& names) {
 }
 
 void check_spec(const LoraSpec& spec) {
-  if (spec.r < 0) throw std::invalid_argument("model.lora.r is " + std::to_string(spec.r) + ", expected 0 (off) or more");
+  if (spec.r < 0) {
+    throw std::invalid_argument("model.lora.r is " + std::to_string(spec.r) + ", expected 0 (off) or more");
+  }
   if (!(spec.lora_alpha > 0)) {
     throw std::invalid_argument("model.lora.lora_alpha is " + std::to_string(spec.lora_alpha) + ", expected > 0");
   }
@@ -102,7 +106,8 @@ void check_spec(const LoraSpec& spec) {
 class Adapter {
  public:
   Adapter(const LoraSpec& spec, NameMap names, const WeightInitOptions& init)
-      : spec_(spec), names_(std::move(names)), init_(init) {
+      : spec_(spec), names_(std::move(names)), init_(init),
+        saves_(spec.modules_to_save.empty() ? default_heads() : spec.modules_to_save) {
     first_layer_.frozen = true, first_layer_.r = spec.r, first_layer_.dropout = spec.lora_dropout;
   }
 
@@ -139,6 +144,14 @@ class Adapter {
 
   // The rest of the model (after every layer): frozen but modules_to_save's; then the checks.
   void rest(torch::nn::Module& root) {
+    if (spec_.modules_to_save.empty()) {
+      for (const auto& item : root.named_parameters(/*recurse=*/true)) {
+        if (matched_above(module_of(names_.to_hf(item.key())), default_heads())) {
+          saves_.push_back(kDefaultPooler);
+          break;
+        }
+      }
+    }
     for (auto& item : root.named_parameters(/*recurse=*/true)) {
       bool in_layer = false;
       for (const auto& l : layers_) in_layer = in_layer || starts_with(item.key(), l + ".");
@@ -189,8 +202,7 @@ class Adapter {
 
   void set_trainable(const std::string& name, at::Tensor& p) {
     if (is_lora_tensor(name)) return;
-    const std::string* hit = matched_above(module_of(names_.to_hf(name)),
-                                           spec_.modules_to_save.empty() ? default_saved() : spec_.modules_to_save);
+    const std::string* hit = matched_above(module_of(names_.to_hf(name)), saves_);
     if (hit) saved_.insert(*hit);
     p.set_requires_grad(hit != nullptr);
   }
@@ -198,6 +210,7 @@ class Adapter {
   LoraSpec spec_;
   NameMap names_;
   WeightInitOptions init_;
+  std::vector<std::string> saves_;  // modules_to_save, or the defaults (the pooler once a classifier is found)
   ActivationQuery::Adapters first_layer_;
   std::vector<std::string> layers_, linear_leaves_, default_targets_;
   std::set<std::string> hits_, saved_;
@@ -291,8 +304,9 @@ LoraTargets lora_targets(const ModelRecipe& recipe, const LoraSpec& spec) {
       const std::string module = within_layer(module_of(module_of(hf)));  // "...q_proj.lora_A.weight" -> "q_proj"
       if (leaves.insert(module).second) out.target_modules.push_back(module);
     } else if (!is_lora_tensor(item.key()) && item.value().requires_grad()) {
+      static const std::vector<std::string> defaults = {default_heads()[0], default_heads()[1], kDefaultPooler};
       const std::string* hit =
-          matched_above(module_of(hf), spec.modules_to_save.empty() ? default_saved() : spec.modules_to_save);
+          matched_above(module_of(hf), spec.modules_to_save.empty() ? defaults : spec.modules_to_save);
       if (hit && saved.insert(*hit).second) out.modules_to_save.push_back(*hit);
     }
   }
@@ -306,8 +320,9 @@ std::string describe_lora(const LoraSpec& spec, const LoraTargets& targets) {
   text += numbers;
   text += " on " + std::to_string(targets.adapted_modules) + " modules (" + joined(targets.target_modules) + ")";
   if (!targets.modules_to_save.empty()) text += ", " + joined(targets.modules_to_save) + " trained whole";
-  std::snprintf(numbers, sizeof(numbers), "%.4f",
-                100.0 * static_cast<double>(targets.trainable) / static_cast<double>(std::max<int64_t>(1, targets.total)));
+  const double share =
+      static_cast<double>(targets.trainable) / static_cast<double>(std::max<int64_t>(1, targets.total));
+  std::snprintf(numbers, sizeof(numbers), "%.4f", 100.0 * share);
   return text + "; trainable params: " + util::with_commas(targets.trainable) +
          " || all params: " + util::with_commas(targets.total) + " || trainable%: " + numbers;
 }

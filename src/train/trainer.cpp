@@ -456,8 +456,9 @@ void describe_end(const Loop& loop, const data::LoaderStats& stats) {
   logger.info(text);
   // Where the run's results are, and what to do with them next.
   if (!s.last_checkpoint.empty()) {
+    const std::string adapter = loop.c.model.lora.enabled() ? ", or the LoRA adapter alone: --peft DIR" : "";
     logger.info("  checkpoint: " + s.last_checkpoint + " (continue: --resume; export: shardtrain checkpoint export " +
-                loop.c.checkpoint.dir + " --out model.safetensors)");
+                loop.c.checkpoint.dir + " --out model.safetensors" + adapter + ")");
   }
   if (!loop.c.log.dir.empty()) {
     logger.info("  metrics: " + loop.c.log.dir + " (metrics.csv, TensorBoard events: tensorboard --logdir " +

@@ -150,5 +150,20 @@ TEST(Examples, LlamaCausalLmFineTunedThroughItsTokenizerJson) {
   io::remove_tree(out);
 }
 
+// examples/llama_lora/run.sh: LoRA adapters on every Linear of a random LlamaForCausalLM's layers trained on 2 ranks,
+// the base frozen; the held-out perplexity falls, and PEFT, loading the exported adapter over the base model, measures
+// the same perplexity; the merged export gives the adapted model's logits.
+TEST(Examples, LlamaLoraAdapterLoadedByPeft) {
+  const std::string out = "/tmp/shardtrain_llama_lora_" + std::to_string(::getpid());
+  const Outcome r = run_example("llama_lora", out);
+  ASSERT_EQ(r.status, 0) << r.output;
+  EXPECT_NE(r.output.find("LoRA: r 16, lora_alpha 32, lora_dropout 0.05 on 14 modules"), std::string::npos) << r.output;
+  const auto [before, after] = progress_of(r.output, "perplexity");
+  EXPECT_LT(after, 0.7 * before) << r.output;
+  const double theirs = checked_value(r.output, "perplexity");
+  EXPECT_NEAR(theirs, after, 0.01 * after) << r.output;
+  io::remove_tree(out);
+}
+
 }  // namespace
 }  // namespace shardtrain::test

@@ -23,20 +23,26 @@ namespace {
 using test::Outcome;
 using test::run;
 
-// The lines a run prints for its steps and evaluations, in order.
-std::vector<std::string> step_lines(const std::string& output) {
-  std::vector<std::string> lines;
-  const std::regex pattern(R"((step \d+/\d+  loss [-0-9.]+)|(eval step \d+ .*))");
-  for (auto it = std::sregex_iterator(output.begin(), output.end(), pattern); it != std::sregex_iterator(); ++it) {
-    lines.push_back(it->str());
-  }
-  return lines;
+// An empty directory of this test's own.
+std::string fresh_dir(const std::string& name) {
+  const std::string dir = "/tmp/shardtrain_" + name + "_" + std::to_string(::getpid());
+  io::remove_tree(dir);
+  io::make_directories(dir);
+  return dir;
+}
+
+// The first `lines` lines of `from` into `to` (a held-out set of a size every rank's batches divide).
+void copy_lines(const std::string& from, const std::string& to, int lines) {
+  std::ifstream all(from);
+  std::ofstream first(to);
+  std::string line;
+  for (int i = 0; i < lines && std::getline(all, line); ++i) first << line << "\n";
 }
 
 // The number after `metric` in the last "eval step" line.
 double last_eval(const std::string& output, const std::string& metric) {
   std::string last;
-  for (const std::string& line : step_lines(output)) {
+  for (const std::string& line : test::loss_lines(output)) {
     if (line.rfind("eval step", 0) == 0) last = line;
   }
   std::smatch found;
@@ -44,9 +50,7 @@ double last_eval(const std::string& output, const std::string& metric) {
 }
 
 TEST(LoraTrain, AdaptersExportAsPeftLoadsThem) {
-  const std::string dir = "/tmp/shardtrain_lora_train_" + std::to_string(::getpid());
-  io::remove_tree(dir);
-  io::make_directories(dir);
+  const std::string dir = fresh_dir("lora_train");
   const std::string st = SHARDTRAIN_BIN, python = SHARDTRAIN_PYTHON, source = SHARDTRAIN_SOURCE_DIR;
   Outcome made = run(st + " data synth --out " + dir + "/data --text 0 --image-text 0 --image 0 --eval 0 "
                      "--seq2seq 2000");
@@ -55,12 +59,7 @@ TEST(LoraTrain, AdaptersExportAsPeftLoadsThem) {
              "/data/seq2seq/train.jsonl");
   ASSERT_EQ(made.status, 0) << made.output;
   // 320 held-out texts: 10 batches of 16 on each of 2 ranks, every one scored by both sides.
-  {
-    std::ifstream all(dir + "/data/seq2seq/eval.jsonl");
-    std::ofstream first(dir + "/eval.jsonl");
-    std::string line;
-    for (int i = 0; i < 320 && std::getline(all, line); ++i) first << line << "\n";
-  }
+  copy_lines(dir + "/data/seq2seq/eval.jsonl", dir + "/eval.jsonl", 320);
   std::ofstream(dir + "/lora.yaml") << "model:\n"
                                        "  from: " << dir << "/base\n"
                                        "  task: causal_lm\n"
@@ -118,12 +117,28 @@ TEST(LoraTrain, AdaptersExportAsPeftLoadsThem) {
   ASSERT_EQ(resumed.status, 0) << resumed.output;
   std::vector<std::string> joined;
   for (const Outcome* part : {&stopped, &resumed}) {
-    for (const std::string& line : step_lines(part->output)) {
+    for (const std::string& line : test::loss_lines(part->output)) {
       if (line.rfind("eval step 8 ", 0) != 0) joined.push_back(line);  // the stopped run's closing evaluation
     }
   }
-  EXPECT_EQ(joined, step_lines(through.output)) << stopped.output << resumed.output;
+  EXPECT_EQ(joined, test::loss_lines(through.output)) << stopped.output << resumed.output;
 
+  // estimate-memory with --lora: the adapters' AdamW state only, and what the frozen layers keep.
+  const std::string estimate = st + " estimate-memory " + dir + "/base --num-processes 2 --batch-size 16 --seq-len 48";
+  const Outcome full = run(estimate + " --json"), adapted = run(estimate + " --lora 8 --lora-targets all-linear --json");
+  ASSERT_EQ(full.status, 0) << full.output;
+  ASSERT_EQ(adapted.status, 0) << adapted.output;
+  EXPECT_NE(adapted.output.find("+ LoRA r 8 (14 modules; 16384 of 139584 parameters train)"), std::string::npos)
+      << adapted.output;
+  const auto term = [](const std::string& text, const std::string& name) {
+    const nlohmann::json estimate = nlohmann::json::parse(text);
+    for (const auto& t : estimate.at("terms")) {
+      if (t.at("name") == name) return t.at("bytes").get<double>();
+    }
+    return -1.0;
+  };
+  EXPECT_NEAR(term(adapted.output, "AdamW state"), 8.0 * 16384 / 2, 1.0) << adapted.output;
+  EXPECT_GT(term(full.output, "AdamW state"), 5 * term(adapted.output, "AdamW state")) << full.output;
   const Outcome typo = train("--checkpoint.dir=" + dir + "/typo --model.lora.target_modules=[q_prj]");
   EXPECT_NE(typo.status, 0);
   EXPECT_NE(typo.output.find("model.lora.target_modules: 'q_prj' is no Linear module of the model's transformer "
@@ -142,9 +157,7 @@ TEST(LoraTrain, AdaptersExportAsPeftLoadsThem) {
 // checkpoint has neither) train whole beside the adapters, are saved with them, and PEFT's
 // BertForSequenceClassification with the adapter scores the held-out pairs as the run did.
 TEST(LoraTrain, ClassifierTrainsWholeBesideTheAdapters) {
-  const std::string dir = "/tmp/shardtrain_lora_classify_" + std::to_string(::getpid());
-  io::remove_tree(dir);
-  io::make_directories(dir);
+  const std::string dir = fresh_dir("lora_classify");
   const std::string st = SHARDTRAIN_BIN, python = SHARDTRAIN_PYTHON, source = SHARDTRAIN_SOURCE_DIR;
   Outcome made = run(st + " data synth --out " + dir + "/data --text 0 --image-text 0 --image 0 --eval 0 "
                      "--pairs 1000 --vocab-size 400");
@@ -152,12 +165,8 @@ TEST(LoraTrain, ClassifierTrainsWholeBesideTheAdapters) {
   made = run(python + " " + source + "/examples/bert_classify/make_model.py " + dir + "/base " + dir +
              "/data/vocab.txt");
   ASSERT_EQ(made.status, 0) << made.output;
-  {  // 224 held-out pairs (the header and 7 batches of 16 on each of 2 ranks): every one scored by both sides
-    std::ifstream all(dir + "/data/pairs/eval.tsv");
-    std::ofstream first(dir + "/eval.tsv");
-    std::string line;
-    for (int i = 0; i < 1 + 224 && std::getline(all, line); ++i) first << line << "\n";
-  }
+  // 224 held-out pairs (after the header; 7 batches of 16 on each of 2 ranks): every one scored by both sides
+  copy_lines(dir + "/data/pairs/eval.tsv", dir + "/eval.tsv", 1 + 224);
   const Outcome trained = run(
       st + " launch --nproc-per-node 2 -- " + st + " train " + source + "/examples/bert_classify/classify.yaml " +
       "--model.from=" + dir + "/base --data.text=[" + dir + "/data/pairs/train.tsv] --data.eval=[" + dir +

@@ -8,8 +8,10 @@
 #include <cstdlib>
 #include <fstream>
 #include <map>
+#include <regex>
 #include <sstream>
 #include <string>
+#include <vector>
 
 #include <torch/serialize.h>
 
@@ -41,6 +43,17 @@ inline Outcome run(const std::string& command, const std::string& input = "") {
   r.output = read_text(out);
   io::remove_tree(out);
   return r;
+}
+
+// The lines a run prints for its steps and evaluations ("step 3/6  loss 0.6927", "eval step 3  accuracy ..."), in
+// order: two runs on the same samples print the same.
+inline std::vector<std::string> loss_lines(const std::string& output) {
+  std::vector<std::string> lines;
+  const std::regex pattern(R"((step \d+/\d+  loss [-0-9.]+)|(eval step \d+ .*))");
+  for (auto it = std::sregex_iterator(output.begin(), output.end(), pattern); it != std::sregex_iterator(); ++it) {
+    lines.push_back(it->str());
+  }
+  return lines;
 }
 
 // A synthetic FLAVA dataset under `root`/data and `root`/config.yaml training flava-debug on it: 8 steps of 4

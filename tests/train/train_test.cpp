@@ -35,6 +35,7 @@ namespace {
 using test::Outcome;
 using test::run;
 using test::saved_state;
+using test::loss_lines;
 
 // One synthetic dataset and config for the whole suite.
 class TrainTest : public ::testing::Test {
@@ -873,17 +874,6 @@ TEST_F(TrainTest, Seq2SeqAndCausalLmEvaluateHeldOutText) {
       train("--model.flavor=t5-debug --model.task=seq2seq --data.text_fields=[input]" + data + " --train.steps=1");
   EXPECT_NE(single.status, 0);
   EXPECT_NE(single.output.find("set data.text_fields to their two fields"), std::string::npos) << single.output;
-}
-
-// The lines a run prints for its steps and evaluations ("step 3/6  loss 0.6927", "eval step 3  accuracy ..."), in
-// order: two runs on the same samples print the same.
-std::vector<std::string> loss_lines(const std::string& output) {
-  std::vector<std::string> lines;
-  const std::regex pattern(R"((step \d+/\d+  loss [-0-9.]+)|(eval step \d+ .*))");
-  for (auto it = std::sregex_iterator(output.begin(), output.end(), pattern); it != std::sregex_iterator(); ++it) {
-    lines.push_back(it->str());
-  }
-  return lines;
 }
 
 // A reference script's scores of an export (`theirs`: the JSON it printed) against the run's last evaluation line,

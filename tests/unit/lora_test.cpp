@@ -103,8 +103,8 @@ TEST(Lora, RecipeAdaptsTheTargetsAndTrainsOnlyThem) {
 
   // BERT classification: the classifier (new, for the task) trains whole, as PEFT's SEQ_CLS saves it, and the
   // pooler it reads. all-linear adapts the six Linears of every layer.
-  const auto bert = with_lora(recipe_for_task(recipe_of("bert-debug"), "classify", {{"no", "yes"}, false, std::nullopt}),
-                              spec_of(2, 4, {"all-linear"}));
+  const auto classifier = recipe_for_task(recipe_of("bert-debug"), "classify", {{"no", "yes"}, false, std::nullopt});
+  const auto bert = with_lora(classifier, spec_of(2, 4, {"all-linear"}));
   const LoraTargets b = lora_targets(*bert, spec_of(2, 4, {"all-linear"}));
   // by their names inside a layer: "output.dense" (the attention's and the layer's) matches no pooler "dense"
   EXPECT_EQ(b.target_modules, (std::vector<std::string>{"attention.self.query", "attention.self.key",
@@ -118,6 +118,10 @@ TEST(Lora, RecipeAdaptsTheTargetsAndTrainsOnlyThem) {
   EXPECT_TRUE(bp["pooler.weight"].requires_grad());
   EXPECT_FALSE(bp["embeddings.word.weight"].requires_grad());
   EXPECT_FALSE(bp["layers.0.attn.q.weight"].requires_grad());
+
+  // A model without a classifier keeps its poolers frozen (FLAVA's text, image and multimodal ones).
+  const auto flava = with_lora(recipe_of("flava-debug"), spec_of(2, 4));
+  EXPECT_TRUE(lora_targets(*flava, spec_of(2, 4)).modules_to_save.empty());
 
   // The memory model counts what trains: gradients and optimizer state for the adapters and the classifier only.
   const plan::ModelShape shape = plan::model_shape(*bert);
@@ -135,10 +139,11 @@ TEST(Lora, RecipeAdaptsTheTargetsAndTrainsOnlyThem) {
       {"classifier.bias", at::zeros({2})}};
   std::vector<std::string> names;
   for (const auto& [name, t] : lora_adapter_tensors(tensors, b)) names.push_back(name);
-  EXPECT_EQ(names, (std::vector<std::string>{"base_model.model.bert.encoder.layer.0.attention.self.query.lora_A.weight",
-                                             "base_model.model.bert.encoder.layer.0.attention.self.query.lora_B.weight",
-                                             "base_model.model.bert.pooler.dense.weight",
-                                             "base_model.model.classifier.weight", "base_model.model.classifier.bias"}));
+  const std::string peft = "base_model.model.";
+  EXPECT_EQ(names, (std::vector<std::string>{peft + "bert.encoder.layer.0.attention.self.query.lora_A.weight",
+                                             peft + "bert.encoder.layer.0.attention.self.query.lora_B.weight",
+                                             peft + "bert.pooler.dense.weight", peft + "classifier.weight",
+                                             peft + "classifier.bias"}));
   const auto config = nlohmann::json::parse(lora_adapter_config(spec_of(2, 4), b, "classify", "/models/bert"));
   EXPECT_EQ(config.at("peft_type"), "LORA");
   EXPECT_EQ(config.at("task_type"), "SEQ_CLS");

@@ -19,7 +19,7 @@
 #include <string>
 #include <vector>
 
-#include "shardtrain/models/lora.h"
+#include "shardtrain/models/lora_spec.h"
 
 namespace shardtrain::config {
 

@@ -15,26 +15,11 @@
 #include <utility>
 #include <vector>
 
+#include "shardtrain/models/lora_spec.h"
+
 namespace shardtrain::models {
 
 class ModelRecipe;
-
-// model.lora in a trainer config, by PEFT's LoraConfig names.
-struct LoraSpec {
-  int64_t r = 0;              // each adapter's rank; 0: no LoRA (every parameter trains)
-  double lora_alpha = 8;      // the adapters' output is scaled by lora_alpha / r (PEFT's defaults: r 8, alpha 8)
-  double lora_dropout = 0;    // dropout on an adapter's input, in training
-  // Hugging Face module names: a Linear of a transformer layer is adapted when its name is one of them or ends in
-  // "." + one (PEFT's rule: q_proj, self_attn.q_proj). ["all-linear"]: every Linear of the layers. Empty: the query
-  // and value projections, as PEFT's default for every family here (q_proj and v_proj, query and value, q and v).
-  std::vector<std::string> target_modules;
-  // Modules trained whole and saved with the adapter, matched the same way, with everything inside them. Empty: the
-  // task's new head when the model has one ("classifier", as PEFT's task types SEQ_CLS and TOKEN_CLS add it) and
-  // the pooler a sequence classifier reads ("pooler": a masked-LM checkpoint has none, and PEFT's default would
-  // leave it random and frozen).
-  std::vector<std::string> modules_to_save;
-  bool enabled() const { return r > 0; }
-};
 
 // `recipe`'s model with adapters (`recipe` itself when !spec.enabled()). Its build() adds them to the target
 // Linears of each transformer layer as the layer is built, before BuildOptions::on_layer sees it (so FSDP shards
@@ -77,8 +62,8 @@ std::vector<std::pair<std::string, at::Tensor>> lora_adapter_tensors(
     const std::vector<std::pair<std::string, at::Tensor>>& tensors, const LoraTargets& targets);
 
 // adapter_config.json (JSON text): peft_type LORA, r, lora_alpha, lora_dropout, target_modules (the adapted
-// modules, targets.target_modules), modules_to_save, task_type (PEFT's name of `task`: CAUSAL_LM, SEQ_2_SEQ_LM, SEQ_CLS, TOKEN_CLS, or null),
-// base_model_name_or_path.
+// modules, targets.target_modules), modules_to_save, task_type (PEFT's name of `task`: CAUSAL_LM, SEQ_2_SEQ_LM,
+// SEQ_CLS, TOKEN_CLS, or null), base_model_name_or_path.
 std::string lora_adapter_config(const LoraSpec& spec, const LoraTargets& targets, const std::string& task,
                                 const std::string& base_model);
 
