@@ -186,8 +186,11 @@ void export_peft_adapter(const std::string& checkpoint, const std::string& out, 
   }
   const auto recipe = recipe_of_run(state, run);
   const models::LoraTargets targets = models::lora_targets(*recipe, run->model.lora);
-  const auto adapter = models::lora_adapter_tensors(
-      ckpt::read_export_tensors(checkpoint, export_layout(*recipe), options), targets);
+  std::vector<ckpt::ExportTensor> layout;  // the adapter's tensors alone are read, not the base model's
+  for (const ckpt::ExportTensor& t : export_layout(*recipe)) {
+    if (models::in_lora_adapter(t.file_name, targets)) layout.push_back(t);
+  }
+  const auto adapter = models::lora_adapter_tensors(ckpt::read_export_tensors(checkpoint, layout, options), targets);
   io::make_directories(out);
   io::write_safetensors((fs::path(out) / "adapter_model.safetensors").string(), adapter);
   const std::string base = run->model.from.empty() ? state.flavor : run->model.from;

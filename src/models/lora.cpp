@@ -355,13 +355,15 @@ std::vector<std::pair<std::string, at::Tensor>> merge_lora(std::vector<std::pair
   return out;
 }
 
+bool in_lora_adapter(const std::string& hf_name, const LoraTargets& targets) {
+  return is_lora_tensor(hf_name) || matched_above(module_of(hf_name), targets.modules_to_save) != nullptr;
+}
+
 std::vector<std::pair<std::string, at::Tensor>> lora_adapter_tensors(
     const std::vector<std::pair<std::string, at::Tensor>>& tensors, const LoraTargets& targets) {
   std::vector<std::pair<std::string, at::Tensor>> out;
   for (const auto& [name, t] : tensors) {
-    if (is_lora_tensor(name) || matched_above(module_of(name), targets.modules_to_save)) {
-      out.emplace_back(kPeftPrefix + name, t);
-    }
+    if (in_lora_adapter(name, targets)) out.emplace_back(kPeftPrefix + name, t);
   }
   return out;
 }

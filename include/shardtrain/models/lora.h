@@ -56,8 +56,11 @@ bool is_lora_tensor(const std::string& name);
 std::vector<std::pair<std::string, at::Tensor>> merge_lora(std::vector<std::pair<std::string, at::Tensor>> tensors,
                                                            const LoraSpec& spec);
 
-// The adapter as PEFT's save_pretrained writes adapter_model.safetensors: the adapters' and modules_to_save's
-// tensors of `tensors` (Hugging Face names), each under "base_model.model." + its name.
+// True for a tensor of the adapter file (a Hugging Face name): an adapter's, or one of targets.modules_to_save.
+bool in_lora_adapter(const std::string& hf_name, const LoraTargets& targets);
+
+// The adapter as PEFT's save_pretrained writes adapter_model.safetensors: the tensors of `tensors` (Hugging Face
+// names) in_lora_adapter, each under "base_model.model." + its name.
 std::vector<std::pair<std::string, at::Tensor>> lora_adapter_tensors(
     const std::vector<std::pair<std::string, at::Tensor>>& tensors, const LoraTargets& targets);
 
