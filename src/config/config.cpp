@@ -248,6 +248,7 @@ std::vector<Field> fields_of(Config& c) {
       field("model.lora.lora_dropout", c.model.lora.lora_dropout),
       field("model.lora.target_modules", c.model.lora.target_modules),
       field("model.lora.modules_to_save", c.model.lora.modules_to_save),
+      field("model.lora.from", c.model.lora.from),
       field("data.image_text", c.data.image_text),
       field("data.text", c.data.text),
       field("data.image", c.data.image),
@@ -397,6 +398,67 @@ std::string closest_key(const std::string& key, const std::vector<std::string>& 
 
 namespace {
 
+// model.lora.from: the adapter's adapter_config.json (JSON, read as the YAML it also is) gives r, lora_alpha,
+// lora_dropout, target_modules and modules_to_save. A LoRA shardtrain does not train as PEFT would (DoRA, rsLoRA,
+// trained biases, per-module ranks, layers picked, targets as a regular expression) is refused by its key; an r or
+// target_modules the config gives must be the adapter's. Read once (r set), a directory gone since — an export long
+// after the run re-reads the run's config — keeps what was read.
+void read_lora_adapter(models::LoraSpec& lora, const std::string& source) {
+  if (lora.from.empty()) return;
+  const std::string path = lora.from + "/adapter_config.json";
+  if (!io::path_exists(path)) {
+    if (lora.r > 0) return;
+    throw ConfigError(source + ": model.lora.from: '" + lora.from + "' holds no adapter_config.json (expected the "
+                      "directory PEFT's save_pretrained or `shardtrain checkpoint export --peft` writes)");
+  }
+  YAML::Node j;
+  try {
+    j = YAML::LoadFile(path);
+  } catch (const YAML::Exception& e) {
+    throw ConfigError(source + ": model.lora.from: " + path + " does not read as JSON: " + e.msg);
+  }
+  auto refuse = [&](const std::string& key, const std::string& value) {
+    throw ConfigError(source + ": model.lora.from: " + path + " has " + key + ": " + value + ", a LoRA shardtrain " +
+                      "does not train (it trains PEFT's plain LoRA: peft_type LORA, bias none, one r for all)");
+  };
+  const std::string where = "model.lora.from (" + path + ")";
+  const std::string type = j["peft_type"] ? node_string(where, "peft_type", j["peft_type"]) : "";
+  if (type != "LORA") refuse("peft_type", "'" + type + "'");
+  for (const char* flag : {"use_dora", "use_rslora", "fan_in_fan_out"}) {
+    if (j[flag] && !j[flag].IsNull() && node_bool(where, flag, j[flag])) refuse(flag, "true");
+  }
+  if (j["bias"] && !j["bias"].IsNull() && node_string(where, "bias", j["bias"]) != "none") {
+    refuse("bias", "'" + j["bias"].as<std::string>() + "'");
+  }
+  for (const char* pattern : {"rank_pattern", "alpha_pattern"}) {
+    if (j[pattern] && j[pattern].IsMap() && j[pattern].size() > 0) refuse(pattern, "a pattern");
+  }
+  if (j["layers_to_transform"] && !j["layers_to_transform"].IsNull()) refuse("layers_to_transform", "layers");
+  const int64_t r = j["r"] ? node_int(where, "r", j["r"]) : 8;
+  if (lora.r > 0 && lora.r != r) {
+    throw ConfigError(source + ": model.lora.r is " + std::to_string(lora.r) + " but the adapter of model.lora.from (" +
+                      path + ") has r " + std::to_string(r) + "; leave model.lora.r out");
+  }
+  std::vector<std::string> targets;
+  if (j["target_modules"] && j["target_modules"].IsScalar()) {
+    targets = {node_string(where, "target_modules", j["target_modules"])};
+    if (targets[0] != "all-linear") refuse("target_modules", "'" + targets[0] + "' (a regular expression)");
+  } else if (j["target_modules"] && !j["target_modules"].IsNull()) {
+    targets = node_list(where, "target_modules", j["target_modules"]);
+  }
+  if (!lora.target_modules.empty() && lora.target_modules != targets) {
+    throw ConfigError(source + ": model.lora.target_modules differ from those of the adapter of model.lora.from (" +
+                      path + "); leave model.lora.target_modules out");
+  }
+  lora.r = r;
+  lora.target_modules = targets;
+  lora.lora_alpha = j["lora_alpha"] ? to_double(where, "lora_alpha", j["lora_alpha"]) : 8.0;
+  lora.lora_dropout = j["lora_dropout"] ? to_double(where, "lora_dropout", j["lora_dropout"]) : 0.0;
+  lora.modules_to_save = j["modules_to_save"] && !j["modules_to_save"].IsNull()
+                             ? node_list(where, "modules_to_save", j["modules_to_save"])
+                             : std::vector<std::string>{};
+}
+
 class Reader {
  public:
   Reader(Config& config, std::string source) : config_(config), source_(std::move(source)), fields_(fields_of(config)) {
@@ -492,6 +554,7 @@ Config parse_config(const std::string& yaml, const std::string& source, const st
     if (config.data.text_fields == std::vector<std::string>{"text"}) config.data.text_fields = {"tokens"};
     if (config.data.label_field == "label") config.data.label_field = "ner_tags";
   }
+  read_lora_adapter(config.model.lora, source);
   if (!config.model.from.empty()) {  // a Hugging Face directory: its config.json is the model, its files the weights
     try {  // a model name: its snapshot in the Hugging Face cache, as from_pretrained finds it offline
       config.model.from = io::resolve_hf_model(config.model.from, "model.from");
@@ -566,7 +629,8 @@ void validate(const Config& c) {
   require(c.model.lora.lora_dropout >= 0 && c.model.lora.lora_dropout < 1, "model.lora.lora_dropout",
           num(c.model.lora.lora_dropout), "a probability in [0, 1)");
   require(c.model.lora.enabled() || (c.model.lora.target_modules.empty() && c.model.lora.modules_to_save.empty()),
-          "model.lora.target_modules", "given with model.lora.r: 0", "a rank model.lora.r of 1 or more (r 0 is no LoRA)");
+          "model.lora.target_modules", "given with model.lora.r: 0",
+          "a rank model.lora.r of 1 or more (r 0 is no LoRA)");
   require(c.optim.lr > 0, "optim.lr", num(c.optim.lr), "positive");
   require(c.optim.betas.size() == 2, "optim.betas", std::to_string(c.optim.betas.size()) + " values",
           "two values [beta1, beta2]");

@@ -13,6 +13,7 @@
 #include <set>
 #include <stdexcept>
 
+#include "shardtrain/io/files.h"
 #include "shardtrain/models/build.h"
 #include "shardtrain/models/layers.h"
 #include "shardtrain/models/recipe.h"
@@ -22,7 +23,6 @@ namespace shardtrain::models {
 namespace {
 
 const char* kAllLinear = "all-linear";
-const char* kPeftPrefix = "base_model.model.";
 
 bool ends_with(const std::string& s, const std::string& suffix) {
   return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
@@ -355,6 +355,15 @@ std::vector<std::pair<std::string, at::Tensor>> merge_lora(std::vector<std::pair
   return out;
 }
 
+std::string lora_adapter_file(const std::string& dir) {
+  for (const char* name : {"adapter_model.safetensors", "adapter_model.bin"}) {
+    const std::string path = dir + "/" + name;
+    if (io::path_exists(path)) return path;
+  }
+  throw std::invalid_argument("model.lora.from: '" + dir + "' holds no adapter_model.safetensors (nor " +
+                              "adapter_model.bin): expected the directory PEFT's save_pretrained writes");
+}
+
 bool in_lora_adapter(const std::string& hf_name, const LoraTargets& targets) {
   return is_lora_tensor(hf_name) || matched_above(module_of(hf_name), targets.modules_to_save) != nullptr;
 }
@@ -363,7 +372,7 @@ std::vector<std::pair<std::string, at::Tensor>> lora_adapter_tensors(
     const std::vector<std::pair<std::string, at::Tensor>>& tensors, const LoraTargets& targets) {
   std::vector<std::pair<std::string, at::Tensor>> out;
   for (const auto& [name, t] : tensors) {
-    if (in_lora_adapter(name, targets)) out.emplace_back(kPeftPrefix + name, t);
+    if (in_lora_adapter(name, targets)) out.emplace_back(kPeftModelPrefix + name, t);
   }
   return out;
 }

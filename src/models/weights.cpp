@@ -50,7 +50,15 @@ std::vector<std::string> plan_load(const io::WeightFiles& file,
   std::set<std::string> used;
   std::vector<std::string> plan;
   for (const auto& [hf, shape] : wanted) {
-    const std::string in_file = file_name_of(hf);
+    if (options.lora_adapter) {  // PEFT's names; the base model's tensors are not in the file
+      const std::string peft = kPeftModelPrefix + hf;
+      if (!file.find(peft)) {
+        if (is_lora_tensor(hf)) throw fail("adapter tensor '" + peft + "' of the model is missing from the file");
+        plan.emplace_back();
+        continue;
+      }
+    }
+    const std::string in_file = options.lora_adapter ? kPeftModelPrefix + hf : file_name_of(hf);
     if (in_file.empty() && is_lora_tensor(hf)) {  // a LoRA adapter the base model's file lacks: new, initialised
       plan.emplace_back();
       continue;
@@ -78,6 +86,7 @@ std::vector<std::string> plan_load(const io::WeightFiles& file,
   }
   for (const auto& e : file.entries()) {
     if (used.count(e.name) || names.is_ignored(e.name)) continue;
+    if (options.lora_adapter) throw fail("tensor '" + e.name + "' in the adapter matches nothing in the model");
     if (!options.partial && !names.is_head(e.name)) {
       throw fail("tensor '" + e.name + "' in the file matches nothing in the model");
     }

@@ -6,6 +6,7 @@
 #include <stdexcept>
 
 #include "shardtrain/fsdp/wrap_policy.h"
+#include "shardtrain/models/lora.h"
 #include "shardtrain/models/parallelize.h"
 #include "shardtrain/nn/autocast.h"
 
@@ -33,6 +34,13 @@ models::LoadOptions load_options(const Config& c) {
   return o;
 }
 
+// model.lora.from: the adapter PEFT wrote, over the base model's weights just loaded.
+models::LoadOptions adapter_options() {
+  models::LoadOptions o;
+  o.lora_adapter = true;
+  return o;
+}
+
 // DDP: every rank builds the whole model; with sync_module_states rank 0 reads init_weights and replicate() hands
 // its parameters to the others.
 models::ZooModel build_replicated(const Config& c, std::shared_ptr<const models::ModelRecipe> recipe,
@@ -42,6 +50,9 @@ models::ZooModel build_replicated(const Config& c, std::shared_ptr<const models:
   const bool reads = !c.parallel.sync_module_states || mesh.world().rank() == 0;
   if (!c.model.init_weights.empty() && reads) {
     report = models::load_weights(*model.module, c.model.init_weights, model.names, load_options(c));
+  }
+  if (!c.model.lora.from.empty() && reads) {
+    models::load_weights(*model.module, models::lora_adapter_file(c.model.lora.from), model.names, adapter_options());
   }
   if (c.parallel.activation_checkpointing) models::activation_checkpoint_layers(model, 1, c.parallel.layer_classes);
   // Mixed precision without sharding: autocast around the model (parameters, gradients, optimizer float32).
@@ -99,6 +110,11 @@ models::ZooModel build_sharded(const Config& c, std::shared_ptr<const models::Mo
     report = models::load_weights_sharded(model.module, c.model.init_weights, model.names,
                                           c.parallel.sync_module_states ? std::optional(mesh.world()) : std::nullopt,
                                           load_options(c));
+  }
+  if (!c.model.lora.from.empty()) {
+    models::load_weights_sharded(model.module, models::lora_adapter_file(c.model.lora.from), model.names,
+                                 c.parallel.sync_module_states ? std::optional(mesh.world()) : std::nullopt,
+                                 adapter_options());
   }
   fsdp::set_reshard_after_backward(model.module, c.parallel.reshard_after_backward);
   return model;

@@ -246,7 +246,8 @@ void describe_start(const Config& c, const Job& job, ParallelModel& model, doubl
   if (model.sharded()) job.logger.info("  units: " + describe_units(model.module()));
   if (c.model.lora.enabled()) {
     const models::LoraTargets t = models::lora_targets(*job.recipe, c.model.lora);
-    job.logger.info("  LoRA: " + models::describe_lora(c.model.lora, t));
+    job.logger.info("  LoRA: " + models::describe_lora(c.model.lora, t) +
+                    (c.model.lora.from.empty() ? "" : "; the adapter from " + c.model.lora.from));
   }
   int64_t recomputed = 0;
   for (const auto& item : model.module()->named_modules()) recomputed += nn::is_activation_checkpointed(*item.value());

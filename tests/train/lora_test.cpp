@@ -110,6 +110,38 @@ TEST(LoraTrain, AdaptersExportAsPeftLoadsThem) {
   EXPECT_LE(theirs.at("merged_weight_diff").get<double>(), 1e-6);
   EXPECT_LE(theirs.at("merged_output_diff").get<double>(), 1e-4);
 
+  // Started again from the exported adapter (model.lora.from; r, lora_alpha and the targets from its
+  // adapter_config.json): the first evaluation is the last one of the run that trained it.
+  const Outcome again = train("--checkpoint.dir=" + dir + "/again --model.lora.from=" + dir + "/adapter " +
+                              "--model.lora.target_modules=[] --train.steps=2");
+  ASSERT_EQ(again.status, 0) << again.output;
+  EXPECT_NE(again.output.find("trainable params: 16,384 || all params: 139,584 || trainable%: 11.7377; the adapter "
+                              "from " + dir + "/adapter"), std::string::npos) << again.output;
+  const std::vector<std::string> first_run = test::loss_lines(through.output), second_run =
+      test::loss_lines(again.output);
+  ASSERT_FALSE(second_run.empty());
+  EXPECT_EQ(second_run.front().substr(second_run.front().find("eval_loss")),
+            first_run.back().substr(first_run.back().find("eval_loss"))) << again.output;
+  // An adapter PEFT made (both matrices random), and what PEFT scores with it: the run's first evaluation.
+  made = run(python + " " + source + "/tests/reference/lora_check.py make_adapter " + dir + "/base " + dir +
+             "/peft-made " + dir + "/eval.jsonl input 48");
+  ASSERT_EQ(made.status, 0) << made.output;
+  const nlohmann::json made_by_peft = nlohmann::json::parse(made.output.substr(made.output.rfind("{\"eval_loss\"")));
+  const Outcome from_peft = train("--checkpoint.dir=" + dir + "/from-peft --model.lora.from=" + dir + "/peft-made " +
+                                  "--model.lora.target_modules=[] --model.lora.r=0 --train.steps=1");
+  ASSERT_EQ(from_peft.status, 0) << from_peft.output;
+  EXPECT_NE(from_peft.output.find("LoRA: r 4, lora_alpha 8, lora_dropout 0 on 4 modules (self_attn.q_proj, "
+                                  "self_attn.v_proj)"), std::string::npos) << from_peft.output;
+  const std::string first_eval = test::loss_lines(from_peft.output).front();
+  std::smatch loss;
+  ASSERT_TRUE(std::regex_search(first_eval, loss, std::regex("eval_loss ([0-9.]+)"))) << first_eval;
+  EXPECT_NEAR(std::stod(loss[1]), made_by_peft.at("eval_loss").get<double>(), 1e-3) << from_peft.output;
+  const Outcome bad_rank = train("--checkpoint.dir=" + dir + "/bad --model.lora.from=" + dir + "/peft-made " +
+                                 "--model.lora.target_modules=[] --model.lora.r=16");
+  EXPECT_NE(bad_rank.status, 0);
+  EXPECT_NE(bad_rank.output.find("model.lora.r is 16 but the adapter of model.lora.from"), std::string::npos)
+      << bad_rank.output;
+
   // Stopped at step 8 and resumed: the adapters and their AdamW state, and the dropout's generators, come back.
   const Outcome stopped = train("--checkpoint.dir=" + dir + "/resumed --train.stop_at=8");
   ASSERT_EQ(stopped.status, 0) << stopped.output;

@@ -9,6 +9,9 @@
 
 #include <nlohmann/json.hpp>
 
+#include <fstream>
+
+#include "shardtrain/config/config.h"
 #include "shardtrain/io/files.h"
 #include "shardtrain/models/layers.h"
 #include "shardtrain/models/lora.h"
@@ -191,6 +194,47 @@ TEST(Lora, BadSpecsNameWhatWasExpected) {
   expect_error<std::invalid_argument>([&] { with_lora(llama, save)->build(meta_build()); },
                                       {"modules_to_save: 'clasifier' is no module"});
   EXPECT_EQ(with_lora(llama, spec_of(0, 8)), llama);  // r 0: no LoRA, the recipe itself
+}
+
+// model.lora.from: the adapter's adapter_config.json gives the LoRA's shape; what shardtrain does not train as PEFT
+// would is refused by its key, and a config's own r or targets must be the adapter's.
+TEST(Lora, AdapterConfigGivesTheShape) {
+  const std::string dir = "/tmp/shardtrain_lora_adapter_" + std::to_string(::getpid());
+  io::make_directories(dir);
+  auto parse = [&](const std::string& json, const std::string& lora = "") {
+    std::ofstream(dir + "/adapter_config.json") << json;
+    return config::parse_config("model: {flavor: llama-debug, lora: {from: " + dir + lora + "}}\n", "test.yaml");
+  };
+  const std::string peft = R"({"peft_type": "LORA", "r": 16, "lora_alpha": 32, "lora_dropout": 0.05, "bias": "none",
+      "target_modules": ["q_proj", "v_proj"], "modules_to_save": null, "use_dora": false, "use_rslora": false,
+      "rank_pattern": {}, "alpha_pattern": {}, "layers_to_transform": null})";
+  const config::Config c = parse(peft);
+  EXPECT_EQ(c.model.lora.r, 16);
+  EXPECT_EQ(c.model.lora.lora_alpha, 32);
+  EXPECT_EQ(c.model.lora.lora_dropout, 0.05);
+  EXPECT_EQ(c.model.lora.target_modules, (std::vector<std::string>{"q_proj", "v_proj"}));
+  EXPECT_TRUE(c.model.lora.modules_to_save.empty());
+  // Written back and read again with the directory gone (an export long after the run): what was read stays.
+  const std::string yaml = config::to_yaml(c);
+  io::remove_tree(dir);
+  EXPECT_EQ(config::parse_config(yaml, "recorded").model.lora.r, 16);
+  io::make_directories(dir);
+  EXPECT_EQ(parse(R"({"peft_type": "LORA", "r": 4, "target_modules": "all-linear"})").model.lora.target_modules,
+            (std::vector<std::string>{"all-linear"}));
+  expect_error<config::ConfigError>([&] { parse(R"({"peft_type": "IA3"})"); }, {"peft_type: 'IA3'"});
+  expect_error<config::ConfigError>([&] { parse(R"({"peft_type": "LORA", "use_dora": true})"); }, {"use_dora: true"});
+  expect_error<config::ConfigError>([&] { parse(R"({"peft_type": "LORA", "bias": "all"})"); }, {"bias: 'all'"});
+  expect_error<config::ConfigError>([&] { parse(R"({"peft_type": "LORA", "target_modules": ".*proj"})"); },
+                                    {"'.*proj' (a regular expression)"});
+  expect_error<config::ConfigError>([&] { parse(R"({"peft_type": "LORA", "rank_pattern": {"q_proj": 2}})"); },
+                                    {"rank_pattern"});
+  expect_error<config::ConfigError>([&] { parse(peft, ", r: 8"); }, {"model.lora.r is 8 but the adapter", "r 16"});
+  expect_error<config::ConfigError>([&] { parse(peft, ", target_modules: [q_proj]"); },
+                                    {"model.lora.target_modules differ"});
+  io::remove_tree(dir);
+  expect_error<config::ConfigError>(
+      [&] { config::parse_config("model: {flavor: llama-debug, lora: {from: " + dir + "}}\n", "test.yaml"); },
+      {"holds no adapter_config.json"});
 }
 
 }  // namespace

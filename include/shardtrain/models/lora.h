@@ -47,6 +47,13 @@ LoraTargets lora_targets(const ModelRecipe& recipe, const LoraSpec& spec);
 // print_trainable_parameters), for start-up lines and exports.
 std::string describe_lora(const LoraSpec& spec, const LoraTargets& targets);
 
+// The weights file of an adapter directory (model.lora.from): adapter_model.safetensors, or PEFT's older
+// adapter_model.bin. Throws std::invalid_argument naming the directory when it holds neither.
+std::string lora_adapter_file(const std::string& dir);
+
+// What PEFT's adapter files put before a Hugging Face name (the PeftModel's base_model, the LoraModel's model).
+inline constexpr const char* kPeftModelPrefix = "base_model.model.";
+
 // True for a tensor of an adapter ("....q_proj.lora_A.weight"), in our names or Hugging Face's.
 bool is_lora_tensor(const std::string& name);
 

@@ -22,6 +22,10 @@ struct LoraSpec {
   // then the pooler it reads ("pooler": a masked-LM checkpoint has none, and PEFT's default would leave it random
   // and frozen); nothing for a model without a classifier.
   std::vector<std::string> modules_to_save;
+  // An adapter to start from: the directory PEFT's save_pretrained (or `shardtrain checkpoint export --peft`)
+  // wrote. Its adapter_config.json gives the fields above (config.cpp reads it), its adapter_model.safetensors the
+  // adapters' and modules_to_save's starting values, over the base model's weights.
+  std::string from;
   bool enabled() const { return r > 0; }
 };
 

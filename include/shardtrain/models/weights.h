@@ -60,6 +60,10 @@ struct LoadOptions {
   bool partial = false;
   // transformers' flag of that name: a tensor whose shape differs keeps its initialization instead of throwing.
   bool ignore_mismatched_sizes = false;
+  // The file is a LoRA adapter as PEFT's save_pretrained writes it (models/lora.h): "base_model.model." + a Hugging
+  // Face name, the adapters' tensors and the modules saved whole. Each adapter tensor of the model must be in it
+  // and everything in it must be the model's; the model's other tensors are left as they are (the base model's).
+  bool lora_adapter = false;
 };
 
 // Copies every parameter and buffer of `model` from the file (converting dtype, keeping the model's device). `path`:
