@@ -116,15 +116,17 @@ int64_t mlp_kept(const TransformerLayerOptions& o, int64_t rows, const Activatio
   const int64_t e = element_size(q), m = rows * o.mlp_dim * e;
   const int64_t drop = dropout_kept(o.mlp_dropout, rows * o.mlp_dim, q);
   if (q.adapters.frozen) {
-    // The output projection adapted: the MLP unfused (blocks.cpp), its adapter keeping the projection's input.
-    // Frozen and not adapted, with dropout: the dropped activation is kept by nothing.
+    // An adapter on the output projection joins the fused node (fused_mlp.h: what it keeps is the same) unless a
+    // dropout needs the activation itself (blocks.cpp); unfused, its A keeps the projection's input. A frozen
+    // projection without an adapter keeps nothing of its input.
     const bool adapted = q.adapters.mlp_out > 0;
+    const bool unfused = drop > 0 || (adapted && q.training && q.adapters.dropout > 0);
     switch (o.activation) {
-      case Activation::kSwiGlu:  // gate (silu's), silu(gate) and up (the product's), the product (the adapter's)
-        return adapted ? 4 * m : 2 * m;
+      case Activation::kSwiGlu:  // gate and up; unfused silu(gate) and the product too
+        return adapted && unfused ? 4 * m : 2 * m;
       case Activation::kRelu: return m + drop + (adapted && drop > 0 ? m : 0);  // relu's output; the dropped copy
       case Activation::kGelu:
-      case Activation::kGeluTanh: return m + drop + (adapted ? m : 0);  // fc1's output (GELU's); GELU's (the adapter's)
+      case Activation::kGeluTanh: return m + drop + (adapted && unfused ? m : 0);  // fc1's output; GELU's, unfused
     }
   }
   switch (o.activation) {
@@ -205,8 +207,13 @@ int64_t frozen_input_layer_kept(const TransformerLayerOptions& o, int64_t batch,
   if (a.o > 0) return adapters + attention_sizes(o.attention, batch, tokens, tokens).q * e + k.mlp_side;
   // From the MLP's input projections on: the sum after attention (norm2's input) and its norm keep nothing.
   if (a.mlp_in > 0) return adapters + k.mlp_side - drop - unit - norm;
-  // The output projection alone: its input (the adapter's), the output's dropout; post-norm, norm2 and its input.
-  if (a.mlp_out > 0) return adapters + rows * o.mlp_dim * e + drop + (o.norm_first ? 0 : unit + norm);
+  // The output projection alone: what its adapter reads (fused_mlp.h's node keeps SwiGLU's gate and up; unfused,
+  // or GELU's node, one (rows, hidden) tensor), the output's dropout; post-norm, norm2 and its input.
+  if (a.mlp_out > 0) {
+    const bool unfused = dropout_kept(o.mlp_dropout, rows * o.mlp_dim, q) > 0 || (q.training && a.dropout > 0);
+    const int64_t mlp = (o.activation == Activation::kSwiGlu && !unfused ? 2 : 1) * rows * o.mlp_dim * e;
+    return adapters + mlp + drop + (o.norm_first ? 0 : unit + norm);
+  }
   return 0;  // no adapter here: nothing in this layer needs a gradient
 }
 

@@ -143,9 +143,20 @@ at::Tensor MlpImpl::forward(const at::Tensor& x_in) {
   const at::Tensor x = for_projections(x_in);
   // Without dropout between them, the activation and the output projection are one node that keeps only the
   // activation's inputs (fused_mlp.h): a (rows, hidden) tensor less per layer with GELU, two with SwiGLU. A LoRA
-  // adapter on the output projection reads the activation itself, so it is made apart then.
-  const bool adapted_output = (down && down->has_lora()) || (fc2 && fc2->has_lora());
-  if (!(dropout > 0 && is_training()) && !adapted_output) {
+  // adapter on the output projection joins the node (its A reads the activation there), unless its dropout needs
+  // the activation itself.
+  LinearImpl* out = down ? down.get() : fc2.get();
+  const bool adapted_output = out->has_lora();
+  const bool fused = !(dropout > 0 && is_training()) && !(adapted_output && out->lora_dropout > 0 && is_training());
+  if (fused && adapted_output && activation != Activation::kRelu) {
+    const auto [y, z] = activation == Activation::kSwiGlu
+                            ? swiglu_lora_linear(gate->forward(x), up->forward(x), down->weight, down->bias,
+                                                 down->lora_A->weight)
+                            : gelu_lora_linear(fc1->forward(x), fc2->weight, fc2->bias, fc2->lora_A->weight,
+                                               activation == Activation::kGeluTanh);
+    return y + at::linear(z, out->lora_B->weight) * out->lora_scale;  // LinearImpl::forward's adapter term
+  }
+  if (fused && !adapted_output) {
     switch (activation) {
       case Activation::kSwiGlu: return swiglu_linear(gate->forward(x), up->forward(x), down->weight, down->bias);
       case Activation::kGelu: return gelu_linear(fc1->forward(x), fc2->weight, fc2->bias, /*tanh=*/false);

@@ -13,6 +13,7 @@
 
 #include "shardtrain/config/config.h"
 #include "shardtrain/io/files.h"
+#include "shardtrain/models/blocks.h"
 #include "shardtrain/models/layers.h"
 #include "shardtrain/models/lora.h"
 #include "shardtrain/models/recipe.h"
@@ -69,6 +70,38 @@ TEST(Lora, AdaptedLinearAddsTheScaledLowRankProduct) {
   EXPECT_TRUE(at::equal(dropped->forward(x), dropped->forward(x)));
   dropped->train();
   EXPECT_FALSE(at::equal(dropped->forward(x), dropped->forward(x)));
+}
+
+// An adapter on the MLP's output projection joins the fused activation + projection node (fused_mlp.h): the same
+// output and the same gradients, for every input and weight, as the plain composition of the modules.
+TEST(Lora, AdaptedOutputProjectionFusesAsItComposes) {
+  for (const Activation activation : {Activation::kSwiGlu, Activation::kGelu, Activation::kGeluTanh}) {
+    at::manual_seed(2);
+    Mlp mlp(6, 10, activation, /*bias=*/true, /*dropout=*/0.0, at::TensorOptions().dtype(at::kDouble));
+    Linear& out = activation == Activation::kSwiGlu ? mlp->down : mlp->fc2;
+    out->add_lora(3, 6, 0.0);
+    for (auto& p : mlp->parameters()) p.detach().normal_();
+    const at::Tensor x = at::randn({2, 5, 6}, at::kDouble).requires_grad_(true);
+    auto grads_of = [&](const at::Tensor& y) {
+      for (auto& p : mlp->parameters()) p.mutable_grad() = at::Tensor();
+      x.mutable_grad() = at::Tensor();
+      (y * at::linspace(-1, 1, y.numel(), at::kDouble).view(y.sizes())).sum().backward();
+      std::vector<at::Tensor> g = {x.grad().clone()};
+      for (const auto& p : mlp->parameters()) g.push_back(p.grad().clone());
+      return g;
+    };
+    const at::Tensor fused = mlp->forward(x);
+    const auto fused_grads = grads_of(fused);
+    const at::Tensor hidden = activation == Activation::kSwiGlu ? at::silu(mlp->gate->forward(x)) * mlp->up->forward(x)
+                              : at::gelu(mlp->fc1->forward(x), activation == Activation::kGeluTanh ? "tanh" : "none");
+    const at::Tensor composed = out->forward(hidden);
+    const auto composed_grads = grads_of(composed);
+    EXPECT_TRUE(at::allclose(fused, composed));
+    ASSERT_EQ(fused_grads.size(), composed_grads.size());
+    for (size_t i = 0; i < fused_grads.size(); ++i) {
+      EXPECT_TRUE(at::allclose(fused_grads[i], composed_grads[i])) << "gradient " << i;
+    }
+  }
 }
 
 TEST(Lora, RecipeAdaptsTheTargetsAndTrainsOnlyThem) {
