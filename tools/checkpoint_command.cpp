@@ -117,13 +117,7 @@ int run_checkpoint_command(const std::vector<std::string>& args) {
       export_peft_adapter(path, peft, options);
       return 0;
     }
-    if (is_lora_run(path)) {  // the adapters merged: the tensors whole in memory, as --hf holds them
-      io::write_safetensors(out, read_model_tensors(path, options));
-      std::cout << "checkpoint export: " << path << " -> " << out << " (LoRA adapters merged)\n";
-      return 0;
-    }
-    ckpt::export_checkpoint(path, out, export_layout(*recipe_of_checkpoint(ckpt::read_trainer_state(path))), options);
-    std::cout << "checkpoint export: " << path << " -> " << out << "\n";
+    export_model_file(path, out, options);
     return 0;
   }
   if (args[0] == "verify") {

@@ -141,12 +141,24 @@ std::vector<std::string> export_tokenizer(const ckpt::TrainerState& state, const
   return {"vocab.txt", "tokenizer_config.json", "special_tokens_map.json"};
 }
 
-}  // namespace
-
-std::shared_ptr<const models::ModelRecipe> recipe_of_checkpoint(const ckpt::TrainerState& state) {
+// A checkpoint's run, read once for an export: its state, its config (nullopt and why, in `note`, when it does not
+// read) and its model's recipe.
+struct CheckpointRun {
+  ckpt::TrainerState state;
   std::string note;
-  return recipe_of_run(state, run_config(state, note));
+  std::optional<config::Config> config;
+  std::shared_ptr<const models::ModelRecipe> recipe;
+  bool lora() const { return config && config->model.lora.enabled(); }
+};
+CheckpointRun read_run(const std::string& checkpoint) {
+  CheckpointRun r;
+  r.state = ckpt::read_trainer_state(checkpoint);
+  r.config = run_config(r.state, r.note);
+  r.recipe = recipe_of_run(r.state, r.config);
+  return r;
 }
+
+}  // namespace
 
 std::vector<ckpt::ExportTensor> export_layout(const models::ModelRecipe& recipe) {
   const auto meta = recipe.build(models::meta_build());
@@ -160,54 +172,62 @@ std::vector<ckpt::ExportTensor> export_layout(const models::ModelRecipe& recipe)
   return layout;
 }
 
+namespace {
+
+// The checkpoint's model under Hugging Face names, a LoRA run's adapters merged into their weights.
 std::vector<std::pair<std::string, at::Tensor>> read_model_tensors(const std::string& checkpoint,
+                                                                   const CheckpointRun& run,
                                                                    const ckpt::ExportOptions& options) {
-  const ckpt::TrainerState state = ckpt::read_trainer_state(checkpoint);
-  std::string note;
-  const std::optional<config::Config> run = run_config(state, note);
-  auto tensors = ckpt::read_export_tensors(checkpoint, export_layout(*recipe_of_run(state, run)), options);
-  if (run && run->model.lora.enabled()) tensors = models::merge_lora(std::move(tensors), run->model.lora);
+  auto tensors = ckpt::read_export_tensors(checkpoint, export_layout(*run.recipe), options);
+  if (run.lora()) tensors = models::merge_lora(std::move(tensors), run.config->model.lora);
   return tensors;
 }
 
-bool is_lora_run(const std::string& checkpoint) {
-  std::string note;
-  const std::optional<config::Config> run = run_config(ckpt::read_trainer_state(checkpoint), note);
-  return run && run->model.lora.enabled();
+}  // namespace
+
+void export_model_file(const std::string& checkpoint, const std::string& out, const ckpt::ExportOptions& options) {
+  const CheckpointRun run = read_run(checkpoint);
+  if (run.lora()) {  // the adapters merged: the tensors whole in memory, as --hf holds them
+    io::write_safetensors(out, read_model_tensors(checkpoint, run, options));
+    std::printf("checkpoint export: %s -> %s (LoRA adapters merged)\n", checkpoint.c_str(), out.c_str());
+  } else {
+    ckpt::export_checkpoint(checkpoint, out, export_layout(*run.recipe), options);
+    std::printf("checkpoint export: %s -> %s\n", checkpoint.c_str(), out.c_str());
+  }
+  std::fflush(stdout);
 }
 
 void export_peft_adapter(const std::string& checkpoint, const std::string& out, const ckpt::ExportOptions& options) {
-  const ckpt::TrainerState state = ckpt::read_trainer_state(checkpoint);
-  std::string note;
-  const std::optional<config::Config> run = run_config(state, note);
-  if (!run || !run->model.lora.enabled()) {
+  const CheckpointRun r = read_run(checkpoint);
+  if (!r.lora()) {
     throw std::invalid_argument("--peft: " + checkpoint + " is not of a LoRA run (model.lora.r was 0" +
-                                (run ? std::string(")") : "; " + note + ")") + "; export the model with --hf");
+                                (r.config ? std::string(")") : "; " + r.note + ")") + "; export the model with --hf");
   }
-  const auto recipe = recipe_of_run(state, run);
-  const models::LoraTargets targets = models::lora_targets(*recipe, run->model.lora);
+  const config::Config& run = *r.config;
+  const models::LoraTargets targets = models::lora_targets(*r.recipe, run.model.lora);
   std::vector<ckpt::ExportTensor> layout;  // the adapter's tensors alone are read, not the base model's
-  for (const ckpt::ExportTensor& t : export_layout(*recipe)) {
+  for (const ckpt::ExportTensor& t : export_layout(*r.recipe)) {
     if (models::in_lora_adapter(t.file_name, targets)) layout.push_back(t);
   }
   const auto adapter = models::lora_adapter_tensors(ckpt::read_export_tensors(checkpoint, layout, options), targets);
   io::make_directories(out);
   io::write_safetensors((fs::path(out) / "adapter_model.safetensors").string(), adapter);
-  const std::string base = run->model.from.empty() ? state.flavor : run->model.from;
-  const std::string config = models::lora_adapter_config(run->model.lora, targets, run->model.task, base);
+  const std::string base = run.model.from.empty() ? r.state.flavor : run.model.from;
+  const std::string config = models::lora_adapter_config(run.model.lora, targets, run.model.task, base);
   write_json(fs::path(out) / "adapter_config.json", nlohmann::json::parse(config));
   std::printf("checkpoint export: %s -> %s (adapter_config.json, adapter_model.safetensors; %zu tensors; LoRA %s)\n",
-              checkpoint.c_str(), out.c_str(), adapter.size(), models::describe_lora(run->model.lora, targets).c_str());
+              checkpoint.c_str(), out.c_str(), adapter.size(), models::describe_lora(run.model.lora, targets).c_str());
   std::fflush(stdout);
 }
 
 void export_hf_directory(const std::string& checkpoint, const std::string& out, const ckpt::ExportOptions& options,
                          int64_t max_shard_bytes) {
-  const ckpt::TrainerState state = ckpt::read_trainer_state(checkpoint);
-  std::string note;
-  const std::optional<config::Config> run = run_config(state, note);
-  const auto recipe = recipe_of_run(state, run);
-  const auto tensors = read_model_tensors(checkpoint, options);
+  const CheckpointRun r = read_run(checkpoint);
+  const ckpt::TrainerState& state = r.state;
+  std::string note = r.note;
+  const std::optional<config::Config>& run = r.config;
+  const auto& recipe = r.recipe;
+  const auto tensors = read_model_tensors(checkpoint, r, options);
 
   io::make_directories(out);
   const std::vector<std::string> weights = io::write_safetensors_files(out, tensors, max_shard_bytes);

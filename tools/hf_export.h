@@ -17,20 +17,14 @@ class WeightFiles;
 
 namespace shardtrain::cli {
 
-// The model a checkpoint holds: its flavor (or model directory) with the run's model.overrides.
-std::shared_ptr<const models::ModelRecipe> recipe_of_checkpoint(const ckpt::TrainerState& state);
-
 // What an export of `recipe`'s model holds: its module tree on the meta device (no memory) gives our names, the tied
 // pairs (once), Hugging Face's names and the shapes.
 std::vector<ckpt::ExportTensor> export_layout(const models::ModelRecipe& recipe);
 
-// A checkpoint's model under Hugging Face names (the layout of its run's recipe): a LoRA run's adapters merged into
-// their weights (models::merge_lora). Throws what read_export_tensors throws.
-std::vector<std::pair<std::string, at::Tensor>> read_model_tensors(const std::string& checkpoint,
-                                                                   const ckpt::ExportOptions& options);
-
-// True when the checkpoint's run trained with LoRA adapters (model.lora.r > 0).
-bool is_lora_run(const std::string& checkpoint);
+// `checkpoint` (a step-* directory) as one safetensors file `out` under Hugging Face names (ckpt::export_checkpoint
+// of its run's layout); a LoRA run's adapters merged into their weights (models::merge_lora), the tensors whole in
+// memory. Prints what it wrote. Throws what read_export_tensors throws.
+void export_model_file(const std::string& checkpoint, const std::string& out, const ckpt::ExportOptions& options);
 
 // A LoRA run's adapter as PEFT's save_pretrained writes it: `out`/adapter_config.json and adapter_model.safetensors
 // (the adapters and modules_to_save; base_model_name_or_path the run's model.from, else its flavor), which

@@ -50,16 +50,15 @@ std::vector<std::string> plan_load(const io::WeightFiles& file,
   std::set<std::string> used;
   std::vector<std::string> plan;
   for (const auto& [hf, shape] : wanted) {
-    if (options.lora_adapter) {  // PEFT's names; the base model's tensors are not in the file
-      const std::string peft = kPeftModelPrefix + hf;
-      if (!file.find(peft)) {
-        if (is_lora_tensor(hf)) throw fail("adapter tensor '" + peft + "' of the model is missing from the file");
-        plan.emplace_back();
-        continue;
-      }
+    // An adapter file holds PEFT's names, and none of the base model's tensors (those are left as they are).
+    const std::string peft = options.lora_adapter ? kPeftModelPrefix + hf : "";
+    const std::string in_file = !options.lora_adapter ? file_name_of(hf) : file.find(peft) ? peft : "";
+    if (in_file.empty() && options.lora_adapter && is_lora_tensor(hf)) {
+      throw fail("adapter tensor '" + peft + "' of the model is missing from the file");
     }
-    const std::string in_file = options.lora_adapter ? kPeftModelPrefix + hf : file_name_of(hf);
-    if (in_file.empty() && is_lora_tensor(hf)) {  // a LoRA adapter the base model's file lacks: new, initialised
+    // Not in the file and left as they are: the base model in an adapter's load; an adapter in a base model's load
+    // (new, initialised).
+    if (in_file.empty() && (options.lora_adapter || is_lora_tensor(hf))) {
       plan.emplace_back();
       continue;
     }
