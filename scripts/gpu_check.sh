@@ -3,14 +3,19 @@
 # log in $LOGS (default build-gpu/logs) and a one-line verdict on stdout.
 #
 #   scripts/gpu_check.sh STAGE...     checks: info, cuda_tests, synth, train_debug, train_ranks, sanitize
-#                                     measurements (after synth): optimizer, tf32, memory, oom
+#                                     measurements (after synth): optimizer, tf32, memory, oom, compare
 #
 # optimizer: build-gpu/optimizer_bench --device cuda, with a FLAVA layer's tensor size and with 1000 small tensors.
 # tf32: a float32 flava-350m step (batch 32) with train.tf32 on and off, items/s of the last interval of each.
 # memory: the memory model's predicted peak against the caching allocator's, flava-350m (with and without
 # checkpointing) and flava-900m at batch 32, one rank, bf16.
+# compare: scripts/gpu_bench.sh flava-350m 32, ours beside transformers' FlavaForPreTraining on the same device.
 # oom: train.batch_size auto planned for 16 GiB on a device capped at 8 GiB (train.memory_limit): the first step
 # runs out of memory, the run halves the batch and trains (flava-350m, bf16).
+#
+# DEADLINE (seconds since the epoch) bounds the whole: a stage gets at most what is left before it, and one with
+# under 20 s left is skipped, so one device command can run the stages in order of importance. COPY_TO (a folder,
+# e.g. the device tool's $OUT) gets every stage's log appended to COPY_TO/logs.txt as the stage ends.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 build=${BUILD:-build-gpu}
@@ -24,10 +29,18 @@ stage() {  # stage NAME SECONDS COMMAND...
   local name=$1 limit=$2
   shift 2
   local start=$(date +%s)
+  if [[ -n "${DEADLINE:-}" ]]; then
+    local left=$(( DEADLINE - start - 10 ))
+    if (( left < 20 )); then echo "[$name] skipped: $left s left before DEADLINE"; return 0; fi
+    (( limit > left )) && limit=$left
+  fi
   timeout --kill-after=10 "$limit" "$@" >"$logs/$name.log" 2>&1
   local rc=$?
   echo "[$name] exit $rc in $(( $(date +%s) - start )) s (log $logs/$name.log)"
   if [[ $rc -ne 0 ]]; then tail -n 25 "$logs/$name.log"; fi
+  if [[ -n "${COPY_TO:-}" ]]; then
+    { echo "=== $name: exit $rc"; tail -n 400 "$logs/$name.log"; } >>"$COPY_TO/logs.txt"
+  fi
   return 0
 }
 
@@ -72,8 +85,10 @@ for s in "$@"; do
             flava_gpu memory-900m --model.flavor=flava-900m ;;
     oom) flava_gpu oom --train.batch_size=auto --train.memory_budget=16GiB --train.memory_limit=8GiB
          grep -E 'out of memory on the first step|train.batch_size: auto ->' "$logs/oom.log" ;;
+    compare) stage compare 400 scripts/gpu_bench.sh flava-350m 32
+             cat "$logs/compare.log" ;;
     *) echo "gpu_check.sh: unknown stage '$s' (info, cuda_tests, synth, train_debug, train_ranks, sanitize," \
-            "optimizer, tf32, memory, oom)" >&2
+            "optimizer, tf32, memory, oom, compare)" >&2
        exit 2 ;;
   esac
 done
