@@ -35,6 +35,7 @@
 #include "shardtrain/memory/memory_stats.h"
 #include "shardtrain/models/bert.h"
 #include "shardtrain/models/flava.h"
+#include "shardtrain/models/gpt2.h"
 #include "shardtrain/models/llama.h"
 #include "shardtrain/models/parallelize.h"
 #include "shardtrain/models/t5.h"
@@ -104,6 +105,11 @@ at::Tensor family_loss(const std::string& family, torch::nn::Module& m, const st
   }
   if (family == "llama") {
     return dynamic_cast<models::LlamaImpl&>(m)
+        .run(get("input_ids"), get("attention_mask"), get("labels"), /*labelled_only=*/true)
+        .loss;
+  }
+  if (family == "gpt2") {
+    return dynamic_cast<models::Gpt2Impl&>(m)
         .run(get("input_ids"), get("attention_mask"), get("labels"), /*labelled_only=*/true)
         .loss;
   }

@@ -7,7 +7,7 @@ memory counted by shardtrain's allocator (bench/family_bench.cpp,
 bench/hf_family_step.py). Prints median step time, peak CPU memory of the largest rank, their ratios (ours over
 theirs), and how far the losses are apart (the first step's is the same computation on the same weights).
 
-    .venv/bin/python bench/family_vs_hf.py [--build build] [--families bert,vit,t5,llama,flava] [--worlds 1,2]
+    .venv/bin/python bench/family_vs_hf.py [--build build] [--families bert,vit,t5,llama,gpt2,flava] [--worlds 1,2]
                                            [--steps 6] [--warmup 2] [--repeats 1]
 
 World size 1 compares the models themselves (no sharding on either side); W > 1 compares FULL_SHARD,
@@ -84,6 +84,14 @@ def models_and_batches():
                     [("llama", dict(input_ids=ids, attention_mask=mask, labels=ids.masked_fill(mask == 0, -100)),
                       "6 x 512, seq 256")])
 
+    # GPT-2 at gpt2's shape but 6 layers (distilgpt2's), dropout off.
+    gpt2 = transformers.GPT2Config(n_layer=6, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0,
+                                   architectures=["GPT2LMHeadModel"])
+    ids, mask = text(gpt2.vocab_size, 256)
+    out["gpt2"] = (transformers.GPT2LMHeadModel(gpt2),
+                   [("gpt2", dict(input_ids=ids, attention_mask=mask, labels=ids.masked_fill(mask == 0, -100)),
+                     "6 x 768, seq 256")])
+
     common = dict(hidden_size=384, intermediate_size=1536, num_attention_heads=6)
     flava = transformers.FlavaConfig(
         image_config=dict(common, num_hidden_layers=4), text_config=dict(common, num_hidden_layers=4),
@@ -114,7 +122,7 @@ def fastest(best, result):
 def main():
     p = argparse.ArgumentParser()
     p.add_argument("--build", default="build")
-    p.add_argument("--families", default="bert,vit,t5,llama,flava")
+    p.add_argument("--families", default="bert,vit,t5,llama,gpt2,flava")
     p.add_argument("--worlds", default="1")
     p.add_argument("--steps", type=int, default=6)
     p.add_argument("--warmup", type=int, default=2)

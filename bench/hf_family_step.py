@@ -26,7 +26,7 @@ def parse():
     return p.parse_args()
 
 
-LAYER_CLASSES = {"BertLayer", "ViTLayer", "T5Block", "LlamaDecoderLayer", "FlavaLayer"}
+LAYER_CLASSES = {"BertLayer", "ViTLayer", "T5Block", "LlamaDecoderLayer", "GPT2Block", "FlavaLayer"}
 
 
 def layers_of(model):
@@ -42,7 +42,7 @@ def loss_of(family, model, b):
         return model(input_ids=b["input_ids_masked"], attention_mask=b["attention_mask"], labels=b["mlm_labels"]).loss
     if family == "vit":
         return model(pixel_values=b["pixels"], labels=b["labels"]).loss
-    if family in ("t5", "llama"):
+    if family in ("t5", "llama", "gpt2"):
         return model(input_ids=b["input_ids"], attention_mask=b["attention_mask"], labels=b["labels"]).loss
     if family == "flava":
         return model(input_ids=b.get("input_ids"), input_ids_masked=b.get("input_ids_masked"),

@@ -7,7 +7,7 @@ backward, clipping + AdamW + zero_grad) counted by our allocator, the largest ra
 cell, then the largest errors.
 
 Models: one per family at a few tens of millions of parameters or less (config.json files written here; Llama's
-decoder also as Qwen3 and Mistral), text at 64 tokens (ViT and FLAVA at 128-pixel images, 64 patches), and the
+decoder also as Qwen3 and Mistral; GPT-2), text at 64 tokens (ViT and FLAVA at 128-pixel images, 64 patches), and the
 text families at realistic lengths (512 tokens for BERT, 1024 for the decoders and T5), where attention's (T, T)
 tensors, the masks and a layer's temporaries count.
 
@@ -42,6 +42,9 @@ MODELS = {
     "mistral": {"model_type": "mistral", "vocab_size": 8000, "hidden_size": 256, "num_hidden_layers": 4,
                 "num_attention_heads": 4, "num_key_value_heads": 2, "intermediate_size": 688,
                 "max_position_embeddings": 2048, "sliding_window": 32},
+    # GPT-2 as its config.json says it (dropout 0.1 on the embeddings, attention and each sub-layer's output).
+    "gpt2": {"model_type": "gpt2", "vocab_size": 8000, "n_embd": 256, "n_layer": 4, "n_head": 4,
+             "n_positions": 1024},
     "vit": {"model_type": "vit", "architectures": ["ViTForImageClassification"], "image_size": 128, "patch_size": 16,
             "hidden_size": 384, "num_hidden_layers": 6, "num_attention_heads": 6, "intermediate_size": 1536,
             "id2label": {str(i): str(i) for i in range(10)}},
@@ -77,7 +80,7 @@ def grid(quick):
                 ("mistral", "full_shard", 2, 2, "no", False, 1, 1024), ("t5", "full_shard", 2, 4, "fp16", False),
                 ("bert", "ddp", 1, 4, "no", False), ("bert-28m", "ddp", 2, 4, "no", False),
                 ("llama", "full_shard", 2, 4, "no", False, 1, 64, "8:all-linear"),
-                ("bert", "ddp", 2, 4, "no", False, 1, 64, "8")]
+                ("bert", "ddp", 2, 4, "no", False, 1, 64, "8"), ("gpt2", "full_shard", 2, 4, "no", False)]
     cells = []
     for family, strategy, world in itertools.product(MODELS, STRATEGIES, [1, 2, 4]):
         if world == 1 and strategy in ("shard_grad_op", "no_shard"):
@@ -104,7 +107,7 @@ def grid(quick):
 def long_cells():
     """Text at realistic lengths: attention over (T, T), masks made once, a layer's temporaries."""
     cells = []
-    for family, tokens in [("bert", 512), ("llama", 1024), ("mistral", 1024), ("t5", 1024)]:
+    for family, tokens in [("bert", 512), ("llama", 1024), ("mistral", 1024), ("gpt2", 1024), ("t5", 1024)]:
         for strategy, precision, ac in [("full_shard", "no", False), ("full_shard", "no", True),
                                         ("ddp", "bf16", False)]:
             cells.append((family, strategy, 2, 2, precision, ac, 1, tokens))

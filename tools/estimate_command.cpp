@@ -24,7 +24,7 @@ const char* kEstimateUsage =
     "       shardtrain estimate-memory CONFIG.yaml [--json] [--section.key=value ...]\n"
     "MODEL: a flavor of `shardtrain models`, or a Hugging Face config.json (or a model directory holding one, or a\n"
     "model name such as google/t5-v1_1-xl found in the Hugging Face cache, as Accelerate takes it) of a supported\n"
-    "family (model_type bert, vit, t5, llama, mistral, qwen2, qwen3, flava), any size.\n"
+    "family (model_type bert, vit, t5, llama, mistral, qwen2, qwen3, gpt2, flava), any size.\n"
     "Prints `accelerate estimate-memory`'s table, with its arithmetic and formatting: for transformers' base model\n"
     "of the config (AutoModel) in float32, the largest layer, the total size and training with Adam for a batch of\n"
     "one per dtype (float32, float16, bfloat16, int8, int4; default: float32 float16 int8 int4), then the stages of\n"

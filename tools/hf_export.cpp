@@ -179,7 +179,7 @@ std::vector<std::pair<std::string, at::Tensor>> read_model_tensors(const std::st
                                                                    const CheckpointRun& run,
                                                                    const ckpt::ExportOptions& options) {
   auto tensors = ckpt::read_export_tensors(checkpoint, export_layout(*run.recipe), options);
-  if (run.lora()) tensors = models::merge_lora(std::move(tensors), run.config->model.lora);
+  if (run.lora()) tensors = models::merge_lora(std::move(tensors), run.config->model.lora, run.recipe->hf_names());
   return tensors;
 }
 

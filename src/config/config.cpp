@@ -424,7 +424,9 @@ void read_lora_adapter(models::LoraSpec& lora, const std::string& source) {
   const std::string where = "model.lora.from (" + path + ")";
   const std::string type = j["peft_type"] ? node_string(where, "peft_type", j["peft_type"]) : "";
   if (type != "LORA") refuse("peft_type", "'" + type + "'");
-  for (const char* flag : {"use_dora", "use_rslora", "fan_in_fan_out"}) {
+  // fan_in_fan_out (PEFT sets it for GPT-2's Conv1D) says how the base weights are stored, which the model knows:
+  // the adapter's tensors and forward are the same either way.
+  for (const char* flag : {"use_dora", "use_rslora"}) {
     if (j[flag] && !j[flag].IsNull() && node_bool(where, flag, j[flag])) refuse(flag, "true");
   }
   if (j["bias"] && !j["bias"].IsNull() && node_string(where, "bias", j["bias"]) != "none") {

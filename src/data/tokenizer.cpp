@@ -34,7 +34,7 @@ std::pair<int64_t, int64_t> longest_first(int64_t n1, int64_t n2, int64_t budget
 }
 
 const char* const kTokenizerFiles[] = {"tokenizer.json", "tokenizer.model", "spiece.model", "sentencepiece.bpe.model",
-                                      "vocab.txt"};
+                                      "vocab.txt", "vocab.json"};
 
 void pad_encoding(Encoding& e, int64_t length, int64_t pad_id) {
   const size_t n = length == kWholeText ? e.ids.size() : static_cast<size_t>(length);
@@ -72,6 +72,72 @@ std::string tokenizer_file(const std::string& path) {
   return "";
 }
 
+namespace {
+
+// transformers' GPT2Tokenizer files without a tokenizer.json (older GPT-2 checkpoints on the Hub keep only these):
+// vocab.json (token -> id) and merges.txt beside it ("#version" first, then one "a b" merge per line), as the
+// tokenizer.json transformers' GPT2Converter makes of them: byte-level BPE behind GPT-2's pattern (add_prefix_space
+// as tokenizer_config.json says, default false), the ByteLevel post-processor and decoder; the added tokens those
+// of tokenizer_config.json's added_tokens_decoder, else GPT-2's one special token, <|endoftext|>.
+std::shared_ptr<const Tokenizer> open_gpt2_files(const std::filesystem::path& vocab_json) {
+  const std::filesystem::path dir = vocab_json.parent_path(), merges_txt = dir / "merges.txt";
+  if (!std::filesystem::is_regular_file(merges_txt)) {
+    throw std::invalid_argument("tokenizer: '" + vocab_json.string() + "' has no merges.txt beside it (a GPT-2 "
+                                "tokenizer is vocab.json and merges.txt, or a tokenizer.json)");
+  }
+  nlohmann::json vocab, config = nlohmann::json::object();
+  try {
+    const std::vector<char> bytes = io::read_file(vocab_json.string());
+    vocab = nlohmann::json::parse(bytes.begin(), bytes.end());
+    const std::filesystem::path config_path = dir / "tokenizer_config.json";
+    if (std::filesystem::is_regular_file(config_path)) {
+      const std::vector<char> text = io::read_file(config_path.string());
+      config = nlohmann::json::parse(text.begin(), text.end());
+    }
+  } catch (const std::exception& e) {
+    throw std::invalid_argument("tokenizer '" + vocab_json.string() + "': " + e.what());
+  }
+  if (!vocab.is_object()) throw std::invalid_argument("tokenizer '" + vocab_json.string() + "': not a JSON object");
+  nlohmann::json merges = nlohmann::json::array();
+  std::ifstream in(merges_txt);
+  for (std::string line; std::getline(in, line);) {
+    if (!line.empty() && line.back() == '\r') line.pop_back();
+    if (line.empty() || line.rfind("#version", 0) == 0) continue;
+    merges.push_back(line);
+  }
+  nlohmann::json added = nlohmann::json::array();
+  auto add = [&](int64_t id, const std::string& content, bool special) {
+    added.push_back({{"id", id}, {"content", content}, {"single_word", false}, {"lstrip", false}, {"rstrip", false},
+                     {"normalized", !special}, {"special", special}});
+  };
+  if (config.contains("added_tokens_decoder") && config["added_tokens_decoder"].is_object()) {
+    for (const auto& [id, token] : config["added_tokens_decoder"].items()) {
+      add(std::stoll(id), token.at("content").get<std::string>(), token.value("special", false));
+    }
+  } else if (vocab.contains("<|endoftext|>")) {
+    add(vocab["<|endoftext|>"].get<int64_t>(), "<|endoftext|>", true);
+  }
+  const bool prefix_space = config.value("add_prefix_space", false);
+  const nlohmann::json byte_level = {{"type", "ByteLevel"}, {"add_prefix_space", prefix_space},
+                                     {"trim_offsets", true}, {"use_regex", true}};
+  nlohmann::json post = byte_level;
+  post["trim_offsets"] = false;
+  const nlohmann::json j = {
+      {"added_tokens", added}, {"normalizer", nullptr}, {"pre_tokenizer", byte_level}, {"post_processor", post},
+      {"decoder", byte_level},
+      {"model", {{"type", "BPE"}, {"dropout", nullptr}, {"unk_token", nullptr}, {"continuing_subword_prefix", ""},
+                 {"end_of_word_suffix", ""}, {"fuse_unk", false}, {"byte_fallback", false}, {"vocab", vocab},
+                 {"merges", merges}}}};
+  std::string pad;
+  if (config.contains("pad_token") && !config["pad_token"].is_null()) {
+    pad = config["pad_token"].is_string() ? config["pad_token"].get<std::string>()
+                                          : config["pad_token"].at("content").get<std::string>();
+  }
+  return std::make_shared<HfTokenizer>(HfTokenizer::InMemory{j.dump(), vocab_json.string() + " + merges.txt", pad, ""});
+}
+
+}  // namespace
+
 std::shared_ptr<const Tokenizer> open_tokenizer(const std::string& path, bool lowercase) {
   namespace fs = std::filesystem;
   const fs::path file = tokenizer_file(path);
@@ -81,11 +147,13 @@ std::shared_ptr<const Tokenizer> open_tokenizer(const std::string& path, bool lo
     throw std::invalid_argument("tokenizer: directory '" + path + "' holds none of " + names);
   }
   if (!fs::is_regular_file(file)) throw std::invalid_argument("tokenizer: no file '" + file.string() + "'");
+  if (file.filename() == "vocab.json") return open_gpt2_files(file);
   if (file.extension() == ".json") return std::make_shared<HfTokenizer>(file.string());
   if (file.extension() == ".model") return std::make_shared<SentencePieceTokenizer>(file.string());
   if (file.extension() == ".txt") return std::make_shared<WordPieceTokenizer>(load_vocab(file.string()), lowercase);
   throw std::invalid_argument("tokenizer: '" + file.string() +
-                              "' is not a tokenizer.json, a SentencePiece .model or a WordPiece vocab.txt");
+                              "' is not a tokenizer.json, a SentencePiece .model, a WordPiece vocab.txt or a GPT-2 "
+                              "vocab.json");
 }
 
 std::vector<std::string> load_vocab(const std::string& path) {

@@ -64,10 +64,15 @@ at::Tensor for_projections(const at::Tensor& x) { return x.to(attention_dtype(x)
 
 AttentionImpl::AttentionImpl(const AttentionOptions& opts, const torch::TensorOptions& t) : options(completed(opts)) {
   const int64_t c = options.dim, d = options.head_dim;
-  q = register_module("q", Linear(c, options.heads * d, options.qkv_bias, t));
-  k = register_module("k", Linear(c, options.kv_heads * d, options.qkv_bias, t));
-  v = register_module("v", Linear(c, options.kv_heads * d, options.qkv_bias, t));
-  o = register_module("o", Linear(options.heads * d, c, options.out_bias, t));
+  const bool tr = options.transposed;
+  if (options.fused_qkv) {
+    qkv = register_module("qkv", Linear(c, (options.heads + 2 * options.kv_heads) * d, options.qkv_bias, t, tr));
+  } else {
+    q = register_module("q", Linear(c, options.heads * d, options.qkv_bias, t, tr));
+    k = register_module("k", Linear(c, options.kv_heads * d, options.qkv_bias, t, tr));
+    v = register_module("v", Linear(c, options.kv_heads * d, options.qkv_bias, t, tr));
+  }
+  o = register_module("o", Linear(options.heads * d, c, options.out_bias, t, tr));
   if (options.re_attention) {
     reattn_weights = register_parameter("reattn_weights", at::empty({options.heads, options.heads}, t));
     reattn_norm = register_module("reattn_norm", LayerNorm(options.heads, 1e-5, t));
@@ -84,11 +89,20 @@ at::Tensor AttentionImpl::forward(const at::Tensor& x_in, const at::Tensor& cont
   const at::Tensor source = context.defined() ? for_projections(context) : x;
   const int64_t b = x.size(0), t = x.size(1), s = source.size(1);
   const int64_t h = options.heads, kvh = options.kv_heads, d = options.head_dim;
-  at::Tensor qh = q->forward(x).view({b, t, h, d});        // (B, T, H, D)
-  at::Tensor kh = k->forward(source).view({b, s, kvh, d});  // (B, S, kvH, D)
+  at::Tensor qh, kh, vh;
+  if (options.fused_qkv) {
+    if (context.defined()) throw std::invalid_argument("attention: fused_qkv projects self-attention only");
+    const at::Tensor all = qkv->forward(x);  // (B, T, (H + 2 kvH) D): q, k, v side by side, as GPT-2's c_attn
+    qh = all.narrow(-1, 0, h * d).view({b, t, h, d});
+    kh = all.narrow(-1, h * d, kvh * d).view({b, s, kvh, d});
+    vh = all.narrow(-1, (h + kvh) * d, kvh * d).view({b, s, kvh, d});
+  } else {
+    qh = q->forward(x).view({b, t, h, d});        // (B, T, H, D)
+    kh = k->forward(source).view({b, s, kvh, d});  // (B, S, kvH, D)
+    vh = v->forward(source).view({b, s, kvh, d});
+  }
   if (options.qk_norm) qh = q_norm->forward(qh), kh = k_norm->forward(kh);
-  qh = qh.transpose(1, 2), kh = kh.transpose(1, 2);         // (B, H, T, D), (B, kvH, S, D)
-  at::Tensor vh = v->forward(source).view({b, s, kvh, d}).transpose(1, 2);
+  qh = qh.transpose(1, 2), kh = kh.transpose(1, 2), vh = vh.transpose(1, 2);  // (B, H, T, D), (B, kvH, S, D)
   if (rope.defined()) {
     qh = apply_rotary(qh, rope);
     kh = apply_rotary(kh, rope);
@@ -127,15 +141,15 @@ at::Tensor AttentionImpl::forward(const at::Tensor& x_in, const at::Tensor& cont
 }
 
 MlpImpl::MlpImpl(int64_t dim, int64_t hidden_dim, Activation act, bool bias, double dropout_,
-                 const torch::TensorOptions& t)
+                 const torch::TensorOptions& t, bool tr)
     : activation(act), dropout(dropout_) {
   if (act == Activation::kSwiGlu) {
-    gate = register_module("gate", Linear(dim, hidden_dim, bias, t));
-    up = register_module("up", Linear(dim, hidden_dim, bias, t));
-    down = register_module("down", Linear(hidden_dim, dim, bias, t));
+    gate = register_module("gate", Linear(dim, hidden_dim, bias, t, tr));
+    up = register_module("up", Linear(dim, hidden_dim, bias, t, tr));
+    down = register_module("down", Linear(hidden_dim, dim, bias, t, tr));
   } else {
-    fc1 = register_module("fc1", Linear(dim, hidden_dim, bias, t));
-    fc2 = register_module("fc2", Linear(hidden_dim, dim, bias, t));
+    fc1 = register_module("fc1", Linear(dim, hidden_dim, bias, t, tr));
+    fc2 = register_module("fc2", Linear(hidden_dim, dim, bias, t, tr));
   }
 }
 
@@ -150,17 +164,17 @@ at::Tensor MlpImpl::forward(const at::Tensor& x_in) {
   const bool fused = !(dropout > 0 && is_training()) && !(adapted_output && out->lora_dropout > 0 && is_training());
   if (fused && adapted_output && activation != Activation::kRelu) {
     const auto [y, z] = activation == Activation::kSwiGlu
-                            ? swiglu_lora_linear(gate->forward(x), up->forward(x), down->weight, down->bias,
+                            ? swiglu_lora_linear(gate->forward(x), up->forward(x), down->matrix(), down->bias,
                                                  down->lora_A->weight)
-                            : gelu_lora_linear(fc1->forward(x), fc2->weight, fc2->bias, fc2->lora_A->weight,
+                            : gelu_lora_linear(fc1->forward(x), fc2->matrix(), fc2->bias, fc2->lora_A->weight,
                                                activation == Activation::kGeluTanh);
     return y + at::linear(z, out->lora_B->weight) * out->lora_scale;  // LinearImpl::forward's adapter term
   }
   if (fused && !adapted_output) {
     switch (activation) {
-      case Activation::kSwiGlu: return swiglu_linear(gate->forward(x), up->forward(x), down->weight, down->bias);
-      case Activation::kGelu: return gelu_linear(fc1->forward(x), fc2->weight, fc2->bias, /*tanh=*/false);
-      case Activation::kGeluTanh: return gelu_linear(fc1->forward(x), fc2->weight, fc2->bias, /*tanh=*/true);
+      case Activation::kSwiGlu: return swiglu_linear(gate->forward(x), up->forward(x), down->matrix(), down->bias);
+      case Activation::kGelu: return gelu_linear(fc1->forward(x), fc2->matrix(), fc2->bias, /*tanh=*/false);
+      case Activation::kGeluTanh: return gelu_linear(fc1->forward(x), fc2->matrix(), fc2->bias, /*tanh=*/true);
       case Activation::kRelu: break;  // relu's output is what fc2 keeps: nothing to save
     }
   }
@@ -190,7 +204,8 @@ TransformerLayerImpl::TransformerLayerImpl(const TransformerLayerOptions& opts, 
   }
   norm2 = make_norm(options.norm, c, options.norm_eps, t);
   register_module("norm2", norm2.ptr());
-  mlp = register_module("mlp", Mlp(c, options.mlp_dim, options.activation, options.mlp_bias, options.mlp_dropout, t));
+  mlp = register_module("mlp", Mlp(c, options.mlp_dim, options.activation, options.mlp_bias, options.mlp_dropout, t,
+                                   options.attention.transposed));
 }
 
 at::Tensor TransformerLayerImpl::drop(const at::Tensor& x) {

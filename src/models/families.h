@@ -13,5 +13,6 @@ ModelFamily llama_family();    // src/models/llama_recipe.cpp, as the three belo
 ModelFamily mistral_family();
 ModelFamily qwen2_family();
 ModelFamily qwen3_family();
+ModelFamily gpt2_family();   // src/models/gpt2_recipe.cpp
 
 }  // namespace shardtrain::models

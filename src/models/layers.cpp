@@ -7,13 +7,17 @@
 
 namespace shardtrain::models {
 
-LinearImpl::LinearImpl(int64_t in_features, int64_t out_features, bool with_bias, const torch::TensorOptions& options) {
-  weight = register_parameter("weight", at::empty({out_features, in_features}, options));
+LinearImpl::LinearImpl(int64_t in_features, int64_t out_features, bool with_bias, const torch::TensorOptions& options,
+                       bool transposed_)
+    : transposed(transposed_) {
+  weight = register_parameter("weight", transposed ? at::empty({in_features, out_features}, options)
+                                                   : at::empty({out_features, in_features}, options));
   if (with_bias) bias = register_parameter("bias", at::empty({out_features}, options));
 }
 
 at::Tensor LinearImpl::forward(const at::Tensor& x) {
-  at::Tensor y = at::linear(x, weight, bias);
+  // Transposed, linear's own transpose of matrix() is the stored (in, out) weight: the product reads it as it is.
+  at::Tensor y = at::linear(x, matrix(), bias);
   if (!lora_A) return y;
   const at::Tensor dropped = lora_dropout > 0 && is_training() ? at::dropout(x, lora_dropout, true) : x;
   return y + at::linear(at::linear(dropped, lora_A->weight), lora_B->weight) * lora_scale;
@@ -23,8 +27,9 @@ void LinearImpl::add_lora(int64_t r, double alpha, double dropout) {
   if (r < 1) throw std::invalid_argument("LoRA rank r is " + std::to_string(r) + ", expected 1 or more");
   if (lora_A) throw std::invalid_argument("this Linear has a LoRA adapter already");
   const auto options = weight.options();
-  lora_A = register_module("lora_A", std::make_shared<LinearImpl>(weight.size(1), r, false, options));
-  lora_B = register_module("lora_B", std::make_shared<LinearImpl>(r, weight.size(0), false, options));
+  // PEFT's shapes whatever the base layout (its fan_in_fan_out transposes only the merged product).
+  lora_A = register_module("lora_A", std::make_shared<LinearImpl>(matrix().size(1), r, false, options));
+  lora_B = register_module("lora_B", std::make_shared<LinearImpl>(r, matrix().size(0), false, options));
   lora_scale = alpha / static_cast<double>(r);
   lora_dropout = dropout;
 }

@@ -6,6 +6,7 @@
 #include <stdexcept>
 
 #include "layer_names.h"
+#include "models/causal_lm.h"
 #include "unknown_flavor.h"
 #include "shardtrain/models/losses.h"
 
@@ -209,16 +210,6 @@ LlamaImpl::LlamaImpl(const LlamaConfig& c, const BuildOptions& build) : Intercep
   finish_model(build, *this, built);
 }
 
-namespace {
-
-// mask (B, T): every row's ones come first.
-bool is_right_padded(const at::Tensor& mask) {
-  const int64_t t = mask.size(1);
-  return t < 2 || (mask.narrow(1, 1, t - 1) <= mask.narrow(1, 0, t - 1)).all().item<bool>();
-}
-
-}  // namespace
-
 LlamaOutputs LlamaImpl::run(const at::Tensor& input_ids, const at::Tensor& attention_mask, const at::Tensor& labels,
                             bool labelled_only) {
   auto out = forward(input_ids, attention_mask, labels, labelled_only);
@@ -236,35 +227,16 @@ std::vector<at::Tensor> LlamaImpl::forward_impl(const at::Tensor& input_ids, con
   const bool tied = config.tie_word_embeddings;
   const TiedTable table = tied ? tie_table(tied_embed->weight) : TiedTable{};
   at::Tensor x = tied ? sparse_lookup(table.lookups[0], input_ids) : embed->forward(input_ids);
-  // Right padding (each row's tokens, then its padding): under causal attention no real position sees a padded
-  // one, so the padding mask changes only the padded positions' outputs. For the loss alone (labelled_only), when
-  // no padded position predicts a label, the mask is left out and attention runs causal in the fused kernel: no
-  // (B, 1, T, T) bias, the scores above the diagonal skipped. (CPU masks only: reading a device mask would wait
-  // for the device.)
-  const bool loss_only = labelled_only && labels.defined();
-  const at::Tensor targets = loss_only ? next_token_labels(labels) : at::Tensor();  // (B, T)
-  const bool causal_suffices = loss_only && attention_mask.defined() && attention_mask.device().is_cpu() &&
-                               is_right_padded(attention_mask) &&
-                               !((attention_mask == 0) & (targets != kIgnoreIndex)).any().item<bool>();
   // Mistral's window, where it cuts; the bias made once for every layer (blocks.h).
   const int64_t window = config.sliding_window > 0 && length > config.sliding_window ? config.sliding_window : 0;
-  at::Tensor bias;  // undefined: attention causal in the fused kernel
-  if (attention_mask.defined() && !causal_suffices) {
-    bias = hide_future(padding_bias(attention_mask, attention_dtype(x)), length, window);  // (B, 1, T, T)
-  } else if (window > 0) {
-    bias = causal_bias(length, attention_dtype(x), x.device(), window);  // (1, 1, T, T)
-  }
+  const CausalLmStart start =
+      causal_lm_start(attention_mask, labels, labelled_only, length, window, attention_dtype(x), x.device());
   const at::Tensor rope = rotary_table(length, llama_inv_freq(config, x.device()));
-  at::Tensor hidden = norm->forward(run_layers(layers, x, bias, rope));
-  if (loss_only) {  // no logits: the loss in chunks (linear_cross_entropy)
-    const LabelledRows labelled = labelled_rows(hidden, targets);
-    hidden = at::Tensor();  // nothing keeps the norm's output: (B, T, C) less alive while the loss runs
-    const at::Tensor loss = tied ? linear_cross_entropy(labelled.hidden, table.head, {}, labelled.labels)
-                                 : lm_head->forward(labelled.hidden, labelled.labels)[0];
-    return {at::Tensor(), loss};
-  }
-  at::Tensor logits = tied ? tied_projection(hidden, table.head) : lm_head->forward(hidden, at::Tensor())[0];
-  return {logits, labels.defined() ? causal_lm_loss(logits, labels) : at::Tensor()};
+  auto head = [&](const at::Tensor& h, const at::Tensor& targets) {
+    if (!tied) return lm_head->forward(h, targets)[0];
+    return targets.defined() ? linear_cross_entropy(h, table.head, {}, targets) : tied_projection(h, table.head);
+  };
+  return causal_lm_outputs(norm->forward(run_layers(layers, x, start.bias, rope)), start, labels, head);
 }
 
 NameMap llama_names() {

@@ -8,7 +8,7 @@
 #include <cstdio>
 
 #include "models/activation_model.h"
-#include "models/evaluation.h"
+#include "models/causal_lm.h"
 #include "models/families.h"
 #include "models/hf_config.h"
 #include "models/recipe_helpers.h"
@@ -17,49 +17,6 @@
 
 namespace shardtrain::models {
 namespace {
-
-class LlamaCausalLm : public Task {
- public:
-  explicit LlamaCausalLm(const LlamaConfig& config) : config_(config) {}
-  std::string name() const override { return "causal_lm"; }
-  DataNeeds data_needs() const override {
-    DataNeeds d;
-    d.kinds = {false, true, false};
-    d.max_text_length = config_.max_positions, d.vocab_size = config_.vocab_size;
-    return d;
-  }
-  std::vector<std::string> loss_names() const override { return {"lm"}; }
-  Losses compute_losses(torch::nn::Module& model, const data::Batch& b, uint64_t) const override {
-    const at::Tensor labels = b.input_ids.masked_fill(b.attention_mask == 0, kIgnoreIndex);
-    Losses out;
-    out.total =
-        module_as<LlamaImpl>(model, "llama").run(b.input_ids, b.attention_mask, labels, /*labelled_only=*/true).loss;
-    out.parts["lm"] = value_of(out.total);
-    return out;
-  }
-  bool has_evaluation() const override { return true; }
-  data::SampleKind eval_kind() const override { return data::SampleKind::TEXT; }
-  // Each batch's mean loss times its predicted tokens (every token but a row's first, padding aside): the sum.
-  std::map<std::string, double> evaluate(torch::nn::Module& model, const EvalInputs& in) const override {
-    LlamaImpl& llama = module_as<LlamaImpl>(model, "llama");
-    return evaluate_token_loss(model, in, [&](const data::Batch& b) {
-      const at::Tensor labels = b.input_ids.masked_fill(b.attention_mask == 0, kIgnoreIndex);
-      const int64_t tokens = (labels.narrow(1, 1, labels.size(1) - 1) != kIgnoreIndex).sum().item<int64_t>();
-      const at::Tensor loss = llama.run(b.input_ids, b.attention_mask, labels, /*labelled_only=*/true).loss;
-      return std::make_pair(loss * static_cast<double>(tokens), tokens);
-    });
-  }
-  std::string describe_progress(const std::map<std::string, double>& first,
-                                const std::map<std::string, double>& last) const override {
-    char text[120];
-    std::snprintf(text, sizeof(text), ", eval loss %.4f -> %.4f, perplexity %.2f -> %.2f", first.at("eval_loss"),
-                  last.at("eval_loss"), first.at("perplexity"), last.at("perplexity"));
-    return text;
-  }
-
- private:
-  LlamaConfig config_;
-};
 
 nlohmann::json llama_to_hf(const LlamaConfig& c);
 
@@ -131,7 +88,7 @@ class LlamaRecipe : public FamilyRecipe<LlamaConfig, Llama> {
 
  protected:
   std::unique_ptr<Task> make_task(const std::string&) const override {
-    return std::make_unique<LlamaCausalLm>(config());
+    return std::make_unique<CausalLmTask<LlamaImpl>>("llama", config().max_positions, config().vocab_size);
   }
 };
 

@@ -123,7 +123,10 @@ class Adapter {
     if (linear_leaves_.empty()) {  // the first layer's, for the default targets and for errors
       for (const auto& [path, linear] : linears) {
         linear_leaves_.push_back(leaf_of(hf_module(path)));
-        if (ends_with(path, ".attn.q") || ends_with(path, ".attn.v")) default_targets_.push_back(linear_leaves_.back());
+        // PEFT's defaults: the query and value projections, or GPT-2's c_attn that makes both.
+        if (ends_with(path, ".attn.q") || ends_with(path, ".attn.v") || ends_with(path, ".attn.qkv")) {
+          default_targets_.push_back(linear_leaves_.back());
+        }
       }
     }
     const std::vector<std::string>& targets = spec_.target_modules.empty() ? default_targets_ : spec_.target_modules;
@@ -173,10 +176,11 @@ class Adapter {
  private:
   std::string hf_module(const std::string& path) const { return module_of(names_.to_hf(path + ".weight")); }
 
-  // Our blocks' Linear names (blocks.h): attention's q, k, v, o; the MLP's fc1 or gate and up, then fc2 or down.
+  // Our blocks' Linear names (blocks.h): attention's q, k, v (or qkv), o; the MLP's fc1 or gate and up, then fc2
+  // or down.
   void count_adapted(const std::string& leaf) {
     ActivationQuery::Adapters& a = first_layer_;
-    if (leaf == "q" || leaf == "k" || leaf == "v") ++a.qkv;
+    if (leaf == "q" || leaf == "k" || leaf == "v" || leaf == "qkv") ++a.qkv;
     if (leaf == "o") ++a.o;
     if (leaf == "fc1" || leaf == "gate" || leaf == "up") ++a.mlp_in;
     if (leaf == "fc2" || leaf == "down") ++a.mlp_out;
@@ -303,6 +307,7 @@ LoraTargets lora_targets(const ModelRecipe& recipe, const LoraSpec& spec) {
       ++out.adapted_modules;
       const std::string module = within_layer(module_of(module_of(hf)));  // "...q_proj.lora_A.weight" -> "q_proj"
       if (leaves.insert(module).second) out.target_modules.push_back(module);
+      out.fan_in_fan_out = out.fan_in_fan_out || names.is_transposed(module_of(module_of(hf)) + ".weight");
     } else if (!is_lora_tensor(item.key()) && item.value().requires_grad()) {
       static const std::vector<std::string> defaults = {default_heads()[0], default_heads()[1], kDefaultPooler};
       const std::string* hit =
@@ -332,7 +337,7 @@ bool is_lora_tensor(const std::string& name) {
 }
 
 std::vector<std::pair<std::string, at::Tensor>> merge_lora(std::vector<std::pair<std::string, at::Tensor>> tensors,
-                                                           const LoraSpec& spec) {
+                                                           const LoraSpec& spec, const NameMap& names) {
   std::map<std::string, size_t> index;
   for (size_t i = 0; i < tensors.size(); ++i) index[tensors[i].first] = i;
   const double scale = spec.lora_alpha / static_cast<double>(spec.r);
@@ -346,7 +351,8 @@ std::vector<std::pair<std::string, at::Tensor>> merge_lora(std::vector<std::pair
                                   (b == index.end() ? module + ".lora_B.weight" : module + ".weight") + " beside it");
     }
     at::Tensor& base = tensors[w->second].second;
-    const at::Tensor delta = at::matmul(tensors[b->second].second.to(at::kFloat), t.to(at::kFloat)) * scale;
+    at::Tensor delta = at::matmul(tensors[b->second].second.to(at::kFloat), t.to(at::kFloat)) * scale;  // (out, in)
+    if (names.is_transposed(w->first)) delta = delta.t();  // Conv1D's (in, out): PEFT's fan_in_fan_out
     base = (base.to(at::kFloat) + delta).to(base.scalar_type());
   }
   for (auto& [name, t] : tensors) {
@@ -394,7 +400,7 @@ std::string lora_adapter_config(const LoraSpec& spec, const LoraTargets& targets
   j["target_modules"] = targets.target_modules;
   j["modules_to_save"] = targets.modules_to_save.empty() ? nlohmann::json() : nlohmann::json(targets.modules_to_save);
   j["bias"] = "none";
-  j["fan_in_fan_out"] = false;
+  j["fan_in_fan_out"] = targets.fan_in_fan_out;
   j["inference_mode"] = true;
   j["init_lora_weights"] = true;
   j["use_rslora"] = false;

@@ -103,18 +103,27 @@ std::vector<std::pair<std::regex, std::string>> NameMap::compile(const Rules& ru
 }
 
 NameMap::NameMap(const Rules& rules, const std::vector<std::string>& ignored, const Rules& aliases,
-                 const std::vector<std::string>& heads)
+                 const std::vector<std::string>& heads, const std::vector<std::string>& transposed)
     : rules_(compile(rules)), aliases_(compile(aliases)) {
   for (const auto& pattern : ignored) ignored_.emplace_back(pattern);
   for (const auto& pattern : heads) heads_.emplace_back(pattern);
+  for (const auto& pattern : transposed) transposed_.emplace_back(pattern);
 }
 
-bool NameMap::is_head(const std::string& hf_name) const {
-  for (const auto& pattern : heads_) {
-    if (std::regex_match(hf_name, pattern)) return true;
+namespace {
+
+bool any_match(const std::string& name, const std::vector<std::regex>& patterns) {
+  for (const auto& pattern : patterns) {
+    if (std::regex_match(name, pattern)) return true;
   }
   return false;
 }
+
+}  // namespace
+
+bool NameMap::is_head(const std::string& hf_name) const { return any_match(hf_name, heads_); }
+
+bool NameMap::is_transposed(const std::string& hf_name) const { return any_match(hf_name, transposed_); }
 
 std::vector<std::string> NameMap::aliases_of(const std::string& hf_name) const {
   std::vector<std::string> out;
@@ -131,12 +140,7 @@ std::string NameMap::to_hf(const std::string& name) const {
   return name;
 }
 
-bool NameMap::is_ignored(const std::string& hf_name) const {
-  for (const auto& pattern : ignored_) {
-    if (std::regex_match(hf_name, pattern)) return true;
-  }
-  return false;
-}
+bool NameMap::is_ignored(const std::string& hf_name) const { return any_match(hf_name, ignored_); }
 
 std::vector<std::pair<std::string, std::string>> hf_names_of(const torch::nn::Module& model, const NameMap& names) {
   std::vector<std::pair<std::string, std::string>> out;

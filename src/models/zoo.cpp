@@ -21,7 +21,7 @@ namespace {
 const std::vector<ModelFamily>& families() {
   static const std::vector<ModelFamily> table = {flava_family(), bert_family(),    vit_family(), t5_family(),
                                                  llama_family(), mistral_family(), qwen2_family(),
-                                                 qwen3_family()};
+                                                 qwen3_family(), gpt2_family()};
   return table;
 }
 

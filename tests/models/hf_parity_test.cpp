@@ -16,6 +16,7 @@
 
 #include "shardtrain/models/bert.h"
 #include "shardtrain/models/flava.h"
+#include "shardtrain/models/gpt2.h"
 #include "shardtrain/models/llama.h"
 #include "shardtrain/io/files.h"
 #include "shardtrain/io/safetensors.h"
@@ -169,6 +170,30 @@ TEST(HfParity, Qwen3QkNormTiedHead) {
   EXPECT_TRUE(built.module->named_parameters().contains("layers.1.attn.k_norm.weight"));
 }
 
+// GPT2LMHeadModel from its config.json: Conv1D weights kept (in, out), c_attn's one product split into q, k and v,
+// learned positions, gelu_new, the head tied to wte. Logits, the loss (also through the head at the labelled
+// positions), and the loss's gradients of Conv1D weights and of the tied table.
+TEST(HfParity, Gpt2Conv1DFusedQkvTiedHead) {
+  Reference ref("gpt2");
+  ZooModel built = build_model(recipe_of_model(ref.dir));
+  EXPECT_EQ(built.family, "gpt2");
+  auto& gpt2 = dynamic_cast<Gpt2Impl&>(*built.module);
+  load_weights(*built.module, ref.dir + "/model.safetensors", built.names);
+  built.module->eval();
+  const auto params = built.module->named_parameters();
+  EXPECT_EQ(params["layers.0.attn.qkv.weight"].sizes(), (at::IntArrayRef{64, 192}));  // (in, out), as the file's
+  Gpt2Outputs out = gpt2.run(ref["input_ids"], ref["attention_mask"], ref["labels"]);
+  expect_close(out.logits, ref["logits"], "logits");
+  expect_close(out.loss, ref["loss"], "causal LM loss");
+  out.loss.backward();
+  expect_close(params["layers.0.attn.qkv.weight"].grad(), ref["grad_c_attn"], "c_attn's gradient");
+  expect_close(params["layers.1.mlp.fc2.weight"].grad(), ref["grad_mlp_c_proj"], "mlp.c_proj's gradient");
+  expect_close(params["embed.weight"].grad(), ref["grad_wte"], "wte's gradient (lookups and head)");
+  Gpt2Outputs labelled = gpt2.run(ref["input_ids"], ref["attention_mask"], ref["labels"], /*labelled_only=*/true);
+  expect_close(labelled.loss, ref["loss"], "causal LM loss, head at the labelled positions");
+  EXPECT_FALSE(labelled.logits.defined());
+}
+
 TEST(HfParity, T5) {
   Reference ref("t5");
   T5 model = load(T5(t5_flavor("t5-debug")), ref, t5_names());
@@ -259,11 +284,14 @@ void expect_loads_as_safetensors(const std::string& family, const std::string& l
 
 // The same weights saved by Python's torch.save (hf_reference.py's save_torch: pytorch_model.bin as transformers
 // wrote it before safetensors — the whole state_dict, an OrderedDict with _metadata and tied tensors under each
-// name; nn.Parameters; plain-dict shards with pytorch_model.bin.index.json; the format of PyTorch before 1.6) build
-// the same model from their directory (model.from) and load exactly the safetensors file's values, in every family.
+// name; nn.Parameters; plain-dict shards with pytorch_model.bin.index.json; the format of PyTorch before 1.6), and
+// GPT-2's as the Hub keeps them, build the same model from their directory (model.from) and load exactly the
+// safetensors file's values, in every family.
 TEST(HfParity, TorchSaveFilesLoadAsTheirSafetensors) {
-  for (const std::string family : {"bert", "vit", "llama", "llama3", "mistral", "qwen2", "qwen3", "t5", "flava"}) {
-    for (const std::string layout : {"torch", "torch-sharded", "torch-bf16", "torch-legacy"}) {
+  for (const std::string family :
+       {"bert", "vit", "llama", "llama3", "mistral", "qwen2", "qwen3", "gpt2", "t5", "flava"}) {
+    // hub: GPT-2's weights as the Hub's openai-community/gpt2 holds them (no "transformer.", causal masks saved).
+    for (const std::string layout : {"torch", "torch-sharded", "torch-bf16", "torch-legacy", "hub"}) {
       if (!io::path_exists(reference_dir() + "/" + family + "/" + layout)) continue;
       expect_loads_as_safetensors(family, layout, layout == "torch-bf16" ? at::kBFloat16 : at::kFloat);
     }

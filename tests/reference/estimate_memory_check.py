@@ -23,8 +23,8 @@ import torch
 import transformers
 from accelerate.commands.estimate import create_ascii_table, estimate_training_usage
 from accelerate.utils import calculate_maximum_sizes, convert_bytes
-from transformers import (AutoModel, BertConfig, FlavaConfig, LlamaConfig, MistralConfig, Qwen2Config, Qwen3Config,
-                          T5Config, ViTConfig)
+from transformers import (AutoModel, BertConfig, FlavaConfig, GPT2Config, LlamaConfig, MistralConfig, Qwen2Config,
+                          Qwen3Config, T5Config, ViTConfig)
 
 transformers.logging.set_verbosity_error()
 
@@ -73,6 +73,9 @@ CONFIGS = {
                               tie_word_embeddings=True),
     "llama-odd": LlamaConfig(vocab_size=1001, hidden_size=96, intermediate_size=200, num_hidden_layers=3,
                              num_attention_heads=6, num_key_value_heads=2),
+    "gpt2": GPT2Config(architectures=["GPT2LMHeadModel"]),
+    "gpt2-xl": GPT2Config(n_embd=1600, n_layer=48, n_head=25),
+    "gpt2-odd": GPT2Config(vocab_size=1003, n_positions=40, n_embd=48, n_layer=3, n_head=6, n_inner=100),
     "flava-350m": flava(768, 3072, 12, 12, 6),
     "flava-odd": flava(64, 96, 4, 2, 1, image=dict(image_size=48, patch_size=16),
                        text=dict(vocab_size=500, max_position_embeddings=40)),
@@ -82,7 +85,7 @@ CONFIGS = {
 SAME_AS_FLAVOR = {"bert-base-cased": "bert-base-cased", "t5-small": "t5-small", "flava-350m": "flava-350m",
                   "llama-3-8b": "llama-3-8b", "llama-3.2-1b": "llama-3.2-1b", "mistral-7b": "mistral-7b",
                   "qwen2.5-0.5b": "qwen2.5-0.5b", "qwen3-0.6b": "qwen3-0.6b",
-                  "vit-base-patch16-224": "vit-base-patch16-224"}
+                  "vit-base-patch16-224": "vit-base-patch16-224", "gpt2": "gpt2", "gpt2-xl": "gpt2-xl"}
 
 
 def accelerate_table(config, title):
@@ -146,7 +149,8 @@ def main():
         bad = os.path.join(tmp, "bad")
         os.makedirs(bad)
         cases = [
-            ({"model_type": "gpt2"}, "gpt2"),
+            ({"model_type": "gpt_neox"}, "gpt_neox"),
+            ({"model_type": "gpt2", "activation_function": "gelu_fast"}, "gelu_fast"),
             ({"model_type": "llama", "rope_scaling": {"rope_type": "yarn", "factor": 8.0}}, "yarn"),
             ({"model_type": "llama", "rope_scaling": {"rope_type": "llama3", "factor": 8.0}},
              "'low_freq_factor' is absent"),

@@ -71,7 +71,7 @@ def main():
             o = model(input_ids=ids, attention_mask=mask, labels=labels)
             io = dict(input_ids=ids, attention_mask=mask, labels=labels, logits=o.logits, loss=o.loss,
                       encoder_hidden=o.encoder_last_hidden_state)
-        elif family in ("llama", "mistral", "qwen2", "qwen3"):  # one decoder, four names
+        elif family in ("llama", "mistral", "qwen2", "qwen3", "gpt2"):  # causal LMs
             model = load(arch, path)
             ids, mask = text_batch(g, config["vocab_size"])
             labels = ids.masked_fill(mask == 0, -100)

@@ -19,10 +19,10 @@ import torch
 from safetensors.torch import load_file, save_file
 from dcp_reference import save_compiled_names, save_dcp, write_faults
 import transformers
-from transformers import (BertConfig, BertForPreTraining, FlavaConfig, FlavaForPreTraining, LlamaConfig,
-                          LlamaForCausalLM, MistralConfig, MistralForCausalLM, Qwen2Config, Qwen2ForCausalLM,
-                          Qwen3Config, Qwen3ForCausalLM, T5Config, T5ForConditionalGeneration, ViTConfig,
-                          ViTForImageClassification, ViTModel)
+from transformers import (BertConfig, BertForPreTraining, FlavaConfig, FlavaForPreTraining, GPT2Config,
+                          GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM, MistralConfig, MistralForCausalLM,
+                          Qwen2Config, Qwen2ForCausalLM, Qwen3Config, Qwen3ForCausalLM, T5Config,
+                          T5ForConditionalGeneration, ViTConfig, ViTForImageClassification, ViTModel)
 
 transformers.logging.set_verbosity_error()
 
@@ -75,6 +75,11 @@ def qwen3_debug():
     return Qwen3Config(vocab_size=1000, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
                        num_attention_heads=4, num_key_value_heads=2, head_dim=32, max_position_embeddings=128,
                        rope_theta=1000000.0, rms_norm_eps=1e-6, tie_word_embeddings=True, use_sliding_window=False)
+
+
+def gpt2_debug():
+    """shardtrain's gpt2-debug: n_inner null (4 * n_embd), gelu_new, the head tied to wte."""
+    return GPT2Config(vocab_size=1000, n_positions=128, n_embd=64, n_layer=2, n_head=4)
 
 
 def t5_debug():
@@ -234,6 +239,33 @@ def decoder(name, model_class, config):
     return make
 
 
+def gpt2(out, g):
+    """GPT2LMHeadModel's logits and loss, and the loss's gradients of a Conv1D weight of each kind (c_attn, the MLP's
+    c_proj) and of the tied table (its lookups' rows and the head's product). Also the weights as the Hub's
+    openai-community/gpt2 keeps them (OUT_DIR/gpt2/hub/): GPT2Model's names (no "transformer."), each layer's causal
+    mask saved as attn.bias (and masked_bias), no lm_head."""
+    model = GPT2LMHeadModel(gpt2_debug()).eval()
+    randomize(model, 8)
+    ids, mask = text_batch(g, 1000, length=48)
+    labels = ids.masked_fill(mask == 0, -100)
+    o = model(input_ids=ids, attention_mask=mask, labels=labels)
+    o.loss.backward()
+    h = model.transformer.h
+    io = dict(input_ids=ids, attention_mask=mask, labels=labels, logits=o.logits.detach(), loss=o.loss.detach(),
+              grad_c_attn=h[0].attn.c_attn.weight.grad, grad_mlp_c_proj=h[1].mlp.c_proj.weight.grad,
+              grad_wte=model.transformer.wte.weight.grad)
+    save(out, "gpt2", model, io)
+    hub = os.path.join(out, "gpt2", "hub")
+    os.makedirs(hub, exist_ok=True)
+    shutil.copy(os.path.join(out, "gpt2", "config.json"), hub)
+    state = {k: v.detach().contiguous() for k, v in model.transformer.state_dict().items()}
+    n = model.config.n_positions
+    for i in range(model.config.n_layer):
+        state[f"h.{i}.attn.bias"] = torch.tril(torch.ones(n, n)).view(1, 1, n, n)
+        state[f"h.{i}.attn.masked_bias"] = torch.tensor(-1e4)
+    save_file(state, os.path.join(hub, "model.safetensors"))
+
+
 def t5(out, g):
     model = T5ForConditionalGeneration(t5_debug()).eval()
     randomize(model, 4)
@@ -358,6 +390,12 @@ def counts():
         "vit-debug": lambda: ViTForImageClassification(vit_debug()),
         "t5-debug": lambda: T5ForConditionalGeneration(t5_debug()),
         "llama-debug": lambda: LlamaForCausalLM(llama_debug()),
+        "gpt2": lambda: GPT2LMHeadModel(GPT2Config()),
+        "gpt2-medium": lambda: GPT2LMHeadModel(GPT2Config(n_embd=1024, n_layer=24, n_head=16)),
+        "gpt2-large": lambda: GPT2LMHeadModel(GPT2Config(n_embd=1280, n_layer=36, n_head=20)),
+        "gpt2-xl": lambda: GPT2LMHeadModel(GPT2Config(n_embd=1600, n_layer=48, n_head=25)),
+        "distilgpt2": lambda: GPT2LMHeadModel(GPT2Config(n_layer=6)),
+        "gpt2-debug": lambda: GPT2LMHeadModel(gpt2_debug()),
         "llama-3.2-debug": lambda: LlamaForCausalLM(llama3_debug(attention_bias=False)),
         "flava-debug": lambda: FlavaForPreTraining(flava_debug()),
     }
@@ -379,7 +417,7 @@ def main():
     g = torch.Generator().manual_seed(1234)
     for make in (bert, vit, llama, llama3, decoder("mistral", MistralForCausalLM, mistral_debug()),
                  decoder("qwen2", Qwen2ForCausalLM, qwen2_debug()), decoder("qwen3", Qwen3ForCausalLM, qwen3_debug()),
-                 t5, flava):
+                 gpt2, t5, flava):
         make(out, g)
     with open(os.path.join(out, "counts.json"), "w") as f:
         json.dump(counts(), f, indent=1)

@@ -9,12 +9,12 @@ models' outputs.
   classify:  EVAL is a .tsv of sentence pairs (FIELD: "first,second,label"; the label a class id); the mean
              cross-entropy per pair, each pair cut longest-first to MAX_LENGTH tokens, and the accuracy.
 
-With `make_adapter`, PEFT writes an adapter of its own over the base model instead (a causal LM; rank 4 on q_proj
-and v_proj, both matrices random: init_lora_weights=False) into ADAPTER_DIR and prints its eval_loss and perplexity,
-for a run that starts from it (model.lora.from) to evaluate the same.
+With `make_adapter`, PEFT writes an adapter of its own over the base model instead (a causal LM; rank 4 on TARGETS,
+q_proj and v_proj by default, both matrices random: init_lora_weights=False) into ADAPTER_DIR and prints its
+eval_loss and perplexity, for a run that starts from it (model.lora.from) to evaluate the same.
 
 usage: lora_check.py causal_lm|classify BASE_DIR ADAPTER_DIR MERGED_DIR EVAL FIELD MAX_LENGTH
-       lora_check.py make_adapter BASE_DIR ADAPTER_DIR EVAL FIELD MAX_LENGTH
+       lora_check.py make_adapter BASE_DIR ADAPTER_DIR EVAL FIELD MAX_LENGTH [TARGETS (default q_proj,v_proj)]
 prints a JSON line: eval_loss, perplexity or accuracy, base_eval_loss (the base model's, causal_lm), samples,
 adapter_tensors, merged_weight_diff (max |PEFT's merge - the merged directory's| over every weight),
 merged_output_diff.
@@ -114,10 +114,10 @@ def main(task, base_dir, adapter_dir, merged_dir, eval_path, field, max_length):
     print(json.dumps(result))
 
 
-def make_adapter(base_dir, adapter_dir, eval_path, field, max_length):
+def make_adapter(base_dir, adapter_dir, eval_path, field, max_length, targets="q_proj,v_proj"):
     from peft import LoraConfig, get_peft_model
     torch.manual_seed(5)
-    config = LoraConfig(r=4, lora_alpha=8, lora_dropout=0.0, target_modules=["q_proj", "v_proj"],
+    config = LoraConfig(r=4, lora_alpha=8, lora_dropout=0.0, target_modules=targets.split(","),
                         init_lora_weights=False, task_type="CAUSAL_LM")
     model = get_peft_model(AutoModelForCausalLM.from_pretrained(base_dir), config).eval()
     model.save_pretrained(adapter_dir)
@@ -128,6 +128,6 @@ def make_adapter(base_dir, adapter_dir, eval_path, field, max_length):
 
 if __name__ == "__main__":
     if sys.argv[1] == "make_adapter":
-        make_adapter(sys.argv[2], sys.argv[3], sys.argv[4], sys.argv[5], int(sys.argv[6]))
+        make_adapter(sys.argv[2], sys.argv[3], sys.argv[4], sys.argv[5], int(sys.argv[6]), *sys.argv[7:8])
     else:
         main(sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4], sys.argv[5], sys.argv[6], int(sys.argv[7]))

@@ -3,7 +3,8 @@
 Writes <out>/tokenizer_json/<kind>/{tokenizer.json, tokenizer_config.json} for tokenizers shaped like the ones
 models ship, each trained here on a small corpus (no downloads):
   bert     WordPiece, BertNormalizer (lower-casing), BertPreTokenizer, [CLS] $A [SEP] template, WordPiece decoder
-  gpt2     byte-level BPE with GPT-2's pattern, <|endoftext|>
+  gpt2     byte-level BPE with GPT-2's pattern, <|endoftext|>; also as vocab.json and merges.txt alone (gpt2-files),
+           encoded by what transformers' GPT2Tokenizer makes of them
   llama3   byte-level BPE behind Llama 3's Split pattern, ignore_merges, <|begin_of_text|> template
   llama2   SentencePiece BPE with byte fallback (Prepend/Replace normalizers, <s> template, ByteFallback decoder),
            converted from a sentencepiece model as transformers' LlamaConverter does
@@ -218,6 +219,15 @@ def main(out_dir: str) -> None:
         with open(os.path.join(d, "tokenizer_config.json"), "w", encoding="utf-8") as f:
             json.dump({"pad_token": pad_token}, f)
         cases[kind] = cases_of(tok, pad_token)
+    # The GPT-2 tokenizer as older GPT-2 checkpoints keep it, vocab.json and merges.txt alone, and what transformers'
+    # GPT2Tokenizer makes of those files.
+    d = os.path.join(root, "gpt2-files")
+    os.makedirs(d, exist_ok=True)
+    kinds["gpt2"][0].model.save(d)
+    with open(os.path.join(d, "tokenizer_config.json"), "w", encoding="utf-8") as f:
+        json.dump({"tokenizer_class": "GPT2Tokenizer", "pad_token": "<|endoftext|>"}, f)
+    from transformers import AutoTokenizer
+    cases["gpt2-files"] = cases_of(AutoTokenizer.from_pretrained(d).backend_tokenizer, "<|endoftext|>")
     # The sentencepiece files themselves: sentencepiece's ids, and T5's / Llama's special tokens around them.
     for kind, model, bos, eos in (("t5", unigram, False, True), ("llama2", bpe, True, False)):
         path = os.path.join(root, kind, "spiece.model")

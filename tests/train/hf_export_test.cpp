@@ -24,6 +24,7 @@
 #include "shardtrain/io/safetensors.h"
 #include "shardtrain/models/bert.h"
 #include "shardtrain/models/flava.h"
+#include "shardtrain/models/gpt2.h"
 #include "shardtrain/models/llama.h"
 #include "shardtrain/models/t5.h"
 #include "shardtrain/models/vit.h"
@@ -67,6 +68,11 @@ void compare_outputs(const std::string& family, torch::nn::Module& module, const
                                                                   ref("labels"));
     expect_close(o.logits, ref("logits"), "Llama logits");
     expect_close(o.loss, ref("loss"), "Llama loss");
+  } else if (family == "gpt2") {
+    models::Gpt2Outputs o = dynamic_cast<models::Gpt2Impl&>(module).run(ref("input_ids"), ref("attention_mask"),
+                                                                ref("labels"));
+    expect_close(o.logits, ref("logits"), "GPT-2 logits");
+    expect_close(o.loss, ref("loss"), "GPT-2 loss");
   } else if (family == "flava") {
     models::FlavaBatch b{ref("input_ids"), ref("input_ids_masked"), ref("attention_mask"),
                          ref("pixels"),    ref("codebook_pixels"),  ref("masked_patches"),
@@ -102,7 +108,8 @@ TEST(HfExport, EveryFamilyLoadsIntoTransformersWithTheSameOutputs) {
       {"bert-from-fewer-layers", "bert", from + " '--model.overrides={layers: 2}'"},
       {"bert-from-wider-mlp", "bert", from + " '--model.overrides={mlp_dim: 80}' --model.ignore_mismatched_sizes=true"},
       {"vit", "vit", ""}, {"t5", "t5", ""}, {"llama", "llama", ""}, {"llama-3.2", "llama", ""},
-      {"mistral", "mistral", ""}, {"qwen2", "qwen2", ""}, {"qwen3", "qwen3", ""}, {"flava", "flava", ""}};
+      {"mistral", "mistral", ""}, {"qwen2", "qwen2", ""}, {"qwen3", "qwen3", ""}, {"gpt2", "gpt2", ""},
+      {"flava", "flava", ""}};
   const std::string kept = "\"key_only_the_source_has\": \"kept\"";
   for (const auto& [name, family, extra] : cases) {
     SCOPED_TRACE(name);

@@ -185,6 +185,74 @@ TEST(LoraTrain, AdaptersExportAsPeftLoadsThem) {
   io::remove_tree(dir);
 }
 
+// GPT-2's projections are Conv1D (weights stored (in, out)) and its attention one c_attn: PEFT's default target for
+// GPT-2. Adapters on c_attn and the MLP's c_fc train on 2 ranks, export with fan_in_fan_out (as PEFT sets it for
+// Conv1D), and PEFT's GPT2LMHeadModel with them scores the held-out texts as the run did; the merged export equals
+// PEFT's merge_and_unload ((B A)^T added to each (in, out) weight). An adapter PEFT made on c_attn and c_proj (its
+// adapter_config says fan_in_fan_out) starts a run that evaluates as PEFT scores it.
+TEST(LoraTrain, Gpt2Conv1DAdaptersMatchPeft) {
+  const std::string dir = fresh_dir("lora_gpt2");
+  const std::string st = SHARDTRAIN_BIN, python = SHARDTRAIN_PYTHON, source = SHARDTRAIN_SOURCE_DIR;
+  Outcome made = run(st + " data synth --out " + dir + "/data --text 0 --image-text 0 --image 0 --eval 0 "
+                     "--seq2seq 2000");
+  ASSERT_EQ(made.status, 0) << made.output;
+  made = run(python + " " + source + "/examples/gpt2_clm/make_model.py " + dir + "/base " + dir +
+             "/data/seq2seq/train.jsonl");
+  ASSERT_EQ(made.status, 0) << made.output;
+  copy_lines(dir + "/data/seq2seq/eval.jsonl", dir + "/eval.jsonl", 320);
+  std::ofstream(dir + "/lora.yaml") << "model:\n"
+                                       "  from: " << dir << "/base\n"
+                                       "  task: causal_lm\n"
+                                       "  lora: {r: 8, lora_alpha: 16, target_modules: [c_attn, c_fc]}\n"
+                                       "data:\n"
+                                       "  text: [" << dir << "/data/seq2seq/train.jsonl]\n"
+                                       "  eval: [" << dir << "/eval.jsonl]\n"
+                                       "  text_fields: [input]\n"
+                                       "  max_text_length: 48\n"
+                                       "optim: {lr: 3.0e-3, warmup_steps: 4}\n"
+                                       "train: {steps: 16, batch_size: 16, eval_interval: 16, eval_samples: 0}\n"
+                                       "log: {interval: 4, progress: lines}\n"
+                                       "checkpoint: {dir: " << dir << "/run}\n";
+  auto train = [&](const std::string& extra) {
+    return run(st + " launch --nproc-per-node 2 -- " + st + " train " + dir + "/lora.yaml " + extra);
+  };
+  const Outcome through = train("");
+  ASSERT_EQ(through.status, 0) << through.output;
+  EXPECT_NE(through.output.find("on 4 modules (attn.c_attn, mlp.c_fc)"), std::string::npos) << through.output;
+  made = run(st + " checkpoint export " + dir + "/run --peft " + dir + "/adapter");
+  ASSERT_EQ(made.status, 0) << made.output;
+  const nlohmann::json config = nlohmann::json::parse(test::read_text(dir + "/adapter/adapter_config.json"));
+  EXPECT_EQ(config.at("fan_in_fan_out"), true);
+  made = run(st + " checkpoint export " + dir + "/run --hf " + dir + "/merged");
+  ASSERT_EQ(made.status, 0) << made.output;
+  made = run(python + " " + source + "/tests/reference/lora_check.py causal_lm " + dir + "/base " + dir +
+             "/adapter " + dir + "/merged " + dir + "/eval.jsonl input 48");
+  ASSERT_EQ(made.status, 0) << made.output;
+  const nlohmann::json theirs = nlohmann::json::parse(made.output.substr(made.output.rfind("{\"eval_loss\"")));
+  EXPECT_EQ(theirs.at("samples"), last_eval(through.output, "eval_tokens"));
+  EXPECT_EQ(theirs.at("adapter_tensors"), 8);  // lora_A and lora_B of 2 modules x 2 layers
+  const double x = theirs.at("eval_loss").get<double>();
+  EXPECT_NEAR(last_eval(through.output, "eval_loss"), x, 1e-3 * std::max(1.0, x)) << through.output;
+  EXPECT_GT(theirs.at("base_eval_loss").get<double>(), x + 0.1);
+  EXPECT_LE(theirs.at("merged_weight_diff").get<double>(), 1e-6);
+  EXPECT_LE(theirs.at("merged_output_diff").get<double>(), 1e-4);
+
+  made = run(python + " " + source + "/tests/reference/lora_check.py make_adapter " + dir + "/base " + dir +
+             "/peft-made " + dir + "/eval.jsonl input 48 c_attn,c_proj");
+  ASSERT_EQ(made.status, 0) << made.output;
+  const nlohmann::json made_by_peft = nlohmann::json::parse(made.output.substr(made.output.rfind("{\"eval_loss\"")));
+  const Outcome from_peft = train("--checkpoint.dir=" + dir + "/from-peft --model.lora.from=" + dir + "/peft-made " +
+                                  "--model.lora.target_modules=[] --model.lora.r=0 --train.steps=1");
+  ASSERT_EQ(from_peft.status, 0) << from_peft.output;
+  EXPECT_NE(from_peft.output.find("on 6 modules (attn.c_attn, attn.c_proj, mlp.c_proj)"), std::string::npos)
+      << from_peft.output;
+  const std::string first_eval = test::loss_lines(from_peft.output).front();
+  std::smatch loss;
+  ASSERT_TRUE(std::regex_search(first_eval, loss, std::regex("eval_loss ([0-9.]+)"))) << first_eval;
+  EXPECT_NEAR(std::stod(loss[1]), made_by_peft.at("eval_loss").get<double>(), 1e-3) << from_peft.output;
+  io::remove_tree(dir);
+}
+
 // A BERT sentence-pair classifier from a BertForMaskedLM: the classifier and the pooler it reads (the masked-LM
 // checkpoint has neither) train whole beside the adapters, are saved with them, and PEFT's
 // BertForSequenceClassification with the adapter scores the held-out pairs as the run did.

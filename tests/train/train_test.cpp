@@ -720,7 +720,7 @@ TEST_F(TrainTest, EveryFamilyTrainsOnItsObjective) {
     std::string flavor, loss;
   };
   for (const Case& c : {Case{"bert-debug", "mlm"}, Case{"vit-debug", "cls"}, Case{"t5-debug", "span"},
-                        Case{"llama-debug", "lm"}}) {
+                        Case{"llama-debug", "lm"}, Case{"gpt2-debug", "lm"}}) {
     SCOPED_TRACE(c.flavor);
     const Outcome r = run(std::string(SHARDTRAIN_BIN) + " train " + root_ + "/config.yaml --model.flavor=" + c.flavor +
                           " --train.steps=6 --log.interval=1 --optim.warmup_steps=0 --train.grad_accum=1 "

@@ -80,7 +80,7 @@ class CountCalls : public Interceptor {
 };
 
 TEST(TrainingFlops, MatchTheOperationsCounted) {
-  for (const std::string flavor : {"bert-debug", "vit-debug", "t5-debug", "llama-debug", "flava-debug"}) {
+  for (const std::string flavor : {"bert-debug", "vit-debug", "t5-debug", "llama-debug", "gpt2-debug", "flava-debug"}) {
     const auto recipe = models::recipe_of(flavor);
     const auto task = recipe->task();
     models::ZooModel model = models::build_model(recipe);

@@ -16,6 +16,7 @@
 #include "shardtrain/models/blocks.h"
 #include "shardtrain/models/layers.h"
 #include "shardtrain/models/lora.h"
+#include "shardtrain/models/weights.h"
 #include "shardtrain/models/recipe.h"
 #include "shardtrain/models/weights.h"
 #include "shardtrain/models/zoo.h"
@@ -53,14 +54,15 @@ TEST(Lora, AdaptedLinearAddsTheScaledLowRankProduct) {
   const auto merged = merge_lora({{"m.weight", linear->weight}, {"m.bias", linear->bias},
                                   {"m.lora_A.weight", linear->lora_A->weight},
                                   {"m.lora_B.weight", linear->lora_B->weight}},
-                                 spec_of(2, 6));
+                                 spec_of(2, 6), NameMap{});
   ASSERT_EQ(merged.size(), 2u);
   EXPECT_EQ(merged[0].first, "m.weight");
   EXPECT_TRUE(at::allclose(merged[0].second, linear->weight + delta));
   EXPECT_TRUE(at::equal(merged[1].second, linear->bias));
   expect_error<std::invalid_argument>([&] { linear->add_lora(2, 6, 0.0); }, {"already"});
-  expect_error<std::invalid_argument>([&] { merge_lora({{"m.lora_A.weight", linear->lora_A->weight}}, spec_of(2, 6)); },
-                                      {"'m.lora_A.weight' has no m.lora_B.weight"});
+  expect_error<std::invalid_argument>(
+      [&] { merge_lora({{"m.lora_A.weight", linear->lora_A->weight}}, spec_of(2, 6), {}); },
+      {"'m.lora_A.weight' has no m.lora_B.weight"});
   // Dropout on the adapter's input only, in training: in eval the output is deterministic.
   Linear dropped(6, 5, true, at::TensorOptions().dtype(at::kDouble));
   for (auto& p : dropped->parameters()) p.detach().normal_();
@@ -74,6 +76,30 @@ TEST(Lora, AdaptedLinearAddsTheScaledLowRankProduct) {
 
 // An adapter on the MLP's output projection joins the fused activation + projection node (fused_mlp.h): the same
 // output and the same gradients, for every input and weight, as the plain composition of the modules.
+// Hugging Face's Conv1D layout (GPT-2): weight (in, out), y = x W + b; the adapter keeps PEFT's shapes and a merge
+// adds (B A)^T, PEFT's fan_in_fan_out.
+TEST(Lora, TransposedLinearAdaptsAndMergesAsConv1D) {
+  at::manual_seed(2);
+  Linear conv(6, 5, true, at::TensorOptions().dtype(at::kDouble), /*transposed=*/true);
+  ASSERT_EQ(conv->weight.sizes(), (at::IntArrayRef{6, 5}));
+  for (auto& p : conv->parameters()) p.detach().normal_();
+  const at::Tensor x = at::randn({3, 4, 6}, at::kDouble);
+  EXPECT_TRUE(at::allclose(conv->forward(x), at::matmul(x, conv->weight) + conv->bias));
+  conv->add_lora(2, 4, 0.0);
+  EXPECT_EQ(conv->lora_A->weight.sizes(), (at::IntArrayRef{2, 6}));
+  EXPECT_EQ(conv->lora_B->weight.sizes(), (at::IntArrayRef{5, 2}));
+  at::NoGradGuard no_grad;
+  for (auto& p : conv->parameters()) p.detach().normal_();
+  const at::Tensor delta = at::matmul(conv->lora_B->weight, conv->lora_A->weight) * 2.0;  // (out, in), alpha / r = 2
+  EXPECT_TRUE(at::allclose(conv->forward(x), at::matmul(x, conv->weight + delta.t()) + conv->bias));
+  const NameMap conv1d({}, {}, {}, {}, {"^m\\.weight$"});
+  const auto merged = merge_lora({{"m.weight", conv->weight}, {"m.lora_A.weight", conv->lora_A->weight},
+                                  {"m.lora_B.weight", conv->lora_B->weight}},
+                                 spec_of(2, 4), conv1d);
+  ASSERT_EQ(merged.size(), 1u);
+  EXPECT_TRUE(at::allclose(merged[0].second, conv->weight + delta.t()));
+}
+
 TEST(Lora, AdaptedOutputProjectionFusesAsItComposes) {
   for (const Activation activation : {Activation::kSwiGlu, Activation::kGelu, Activation::kGeluTanh}) {
     at::manual_seed(2);

@@ -20,6 +20,7 @@
 #include "shardtrain/io/safetensors.h"
 #include "shardtrain/models/bert.h"
 #include "shardtrain/models/flava.h"
+#include "shardtrain/models/gpt2.h"
 #include "shardtrain/models/llama.h"
 #include "shardtrain/models/synthetic_batch.h"
 #include "shardtrain/models/t5.h"
@@ -387,7 +388,8 @@ TEST(Recipes, DebugFlavorsTrainOnTheirTasks) {
                         Case{"bert-debug", "masked_lm", {"mlm"}, {false, true, false}},
                         Case{"vit-debug", "image_classification", {"cls"}, {false, false, true}},
                         Case{"t5-debug", "span_corruption", {"span"}, {false, true, false}},
-                        Case{"llama-debug", "causal_lm", {"lm"}, {false, true, false}}}) {
+                        Case{"llama-debug", "causal_lm", {"lm"}, {false, true, false}},
+                        Case{"gpt2-debug", "causal_lm", {"lm"}, {false, true, false}}}) {
     SCOPED_TRACE(c.flavor);
     const auto recipe = recipe_of(c.flavor);
     const auto task = recipe->task();
@@ -507,6 +509,13 @@ TEST(TrainingFlops, EqualSixTimesTheLayersWeightsPlusAttention) {
     EXPECT_DOUBLE_EQ(r->training_flops(text_batch(3, 16)), expected);
   }
   {
+    // GPT-2: c_attn (d x 3d) and c_proj, stored (in, out) (Conv1D), count as q, k, v and o.
+    const auto r = recipe_of("gpt2-debug");
+    const auto c = gpt2_flavor("gpt2-debug");
+    const double expected = 6 * layer_weights(*r, "") * T * B + 12.0 * c.layers * T * T * c.dim * B;
+    EXPECT_DOUBLE_EQ(r->training_flops(text_batch(3, 16)), expected);
+  }
+  {
     const auto r = recipe_of("vit-debug");
     const auto c = vit_flavor("vit-debug");
     const double n = (c.image_size / c.patch_size) * (c.image_size / c.patch_size) + 1, L = c.layers, d = c.dim;
@@ -558,7 +567,7 @@ TEST(Recipes, BatchTooSmallForAnObjectiveIsAnErrorNamingIt) {
   EXPECT_NE(alone.find("contrastive loss"), std::string::npos) << alone;
   EXPECT_NO_THROW(flava->check_batch_size(2, 1));
   // Objectives whose samples stand alone train on one sample per rank.
-  for (const char* flavor : {"bert-debug", "vit-debug", "t5-debug", "llama-debug"}) {
+  for (const char* flavor : {"bert-debug", "vit-debug", "t5-debug", "llama-debug", "gpt2-debug"}) {
     EXPECT_NO_THROW(recipe_of(flavor)->task()->check_batch_size(1, 1)) << flavor;
   }
 }

@@ -96,8 +96,9 @@ void set_word_ids(Encoding& e, const std::vector<int64_t>& word_of);
 std::string foreign_id_error(const std::string& key, int64_t id, const Tokenizer& t);
 
 // The tokenizer at `path`: a tokenizer.json (Hugging Face), a .model (SentencePiece), a vocab.txt (WordPiece, with
-// `lowercase` as BertTokenizer's do_lower_case), or a model directory holding one of them (looked for in that
-// order, as transformers' AutoTokenizer prefers the fast tokenizer). Throws naming the path when none is there.
+// `lowercase` as BertTokenizer's do_lower_case), a vocab.json with merges.txt beside it (GPT-2's byte-level BPE, as
+// transformers converts those files), or a model directory holding one of them (looked for in that order, as
+// transformers' AutoTokenizer prefers the fast tokenizer). Throws naming the path when none is there.
 std::shared_ptr<const Tokenizer> open_tokenizer(const std::string& path, bool lowercase = true);
 // The file open_tokenizer reads for `path`: `path` itself, or the one it picks in a directory; empty when the
 // directory holds none.

@@ -34,11 +34,13 @@ struct AttentionOptions {
   double dropout = 0.0;    // on attention probabilities, training only
   bool qk_norm = false;    // Qwen3: an RMSNorm over each head's D of the queries and of the keys, before RoPE
   double qk_norm_eps = 1e-6;
+  bool fused_qkv = false;  // GPT-2's c_attn: one projection qkv (C -> (H + 2 kv_heads) D), split into q, k, v
+  bool transposed = false;  // every projection's weight (in, out), Hugging Face's Conv1D (GPT-2; layers.h)
 };
 
-// Multi-head attention on LibTorch's scaled_dot_product_attention. Children: q, k, v (C -> H*D or kv_heads*D),
-// o (H*D -> C); with re_attention also reattn_weights (H, H) and reattn_norm over heads; with qk_norm q_norm and
-// k_norm (D).
+// Multi-head attention on LibTorch's scaled_dot_product_attention. Children: q, k, v (C -> H*D or kv_heads*D), or
+// with fused_qkv (self-attention only) qkv; o (H*D -> C); with re_attention also reattn_weights (H, H) and
+// reattn_norm over heads; with qk_norm q_norm and k_norm (D).
 class AttentionImpl : public torch::nn::Module {
  public:
   AttentionImpl(const AttentionOptions& options, const torch::TensorOptions& tensor_options);
@@ -51,6 +53,7 @@ class AttentionImpl : public torch::nn::Module {
 
   AttentionOptions options;
   Linear q{nullptr}, k{nullptr}, v{nullptr}, o{nullptr};
+  Linear qkv{nullptr};  // fused_qkv
   at::Tensor reattn_weights;
   LayerNorm reattn_norm{nullptr};
   RMSNorm q_norm{nullptr}, k_norm{nullptr};
@@ -63,7 +66,7 @@ enum class Activation { kGelu, kGeluTanh, kRelu, kSwiGlu };
 class MlpImpl : public torch::nn::Module {
  public:
   MlpImpl(int64_t dim, int64_t hidden_dim, Activation activation, bool bias, double dropout,
-          const torch::TensorOptions& options);
+          const torch::TensorOptions& options, bool transposed = false);  // transposed: as AttentionOptions
   at::Tensor forward(const at::Tensor& x);
 
   Activation activation;

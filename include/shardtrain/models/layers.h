@@ -11,12 +11,16 @@
 
 namespace shardtrain::models {
 
-// y = x W^T + b. weight (out, in), bias (out).
+// y = x W^T + b. weight (out, in), bias (out); transposed: weight (in, out), y = x W + b, as Hugging Face's Conv1D
+// (GPT-2) stores it, so that its files load, shard by rows and save as they are.
 class LinearImpl : public torch::nn::Module {
  public:
-  LinearImpl(int64_t in_features, int64_t out_features, bool bias, const torch::TensorOptions& options);
+  LinearImpl(int64_t in_features, int64_t out_features, bool bias, const torch::TensorOptions& options,
+             bool transposed = false);
   at::Tensor forward(const at::Tensor& x);  // (..., in) -> (..., out)
+  at::Tensor matrix() const { return transposed ? weight.t() : weight; }  // (out, in) either way (a view)
   at::Tensor weight, bias;                          // bias undefined when built without
+  bool transposed = false;
 
   // A low-rank adapter (LoRA, Hu et al. 2021, as PEFT's lora.Linear): children lora_A (weight (r, in)) and lora_B
   // (weight (out, r)), and forward adds dropout(x) A^T B^T * scale, scale = alpha / r. Uninitialised, like every

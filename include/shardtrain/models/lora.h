@@ -20,6 +20,7 @@
 namespace shardtrain::models {
 
 class ModelRecipe;
+class NameMap;
 
 // `recipe`'s model with adapters (`recipe` itself when !spec.enabled()). Its build() adds them to the target
 // Linears of each transformer layer as the layer is built, before BuildOptions::on_layer sees it (so FSDP shards
@@ -39,6 +40,7 @@ std::shared_ptr<const ModelRecipe> with_lora(std::shared_ptr<const ModelRecipe> 
 struct LoraTargets {
   std::vector<std::string> target_modules, modules_to_save;
   int64_t adapted_modules = 0, trainable = 0, total = 0;
+  bool fan_in_fan_out = false;  // the adapted weights are stored (in, out), Conv1D (GPT-2: PEFT sets it so)
 };
 LoraTargets lora_targets(const ModelRecipe& recipe, const LoraSpec& spec);
 
@@ -58,10 +60,11 @@ inline constexpr const char* kPeftModelPrefix = "base_model.model.";
 bool is_lora_tensor(const std::string& name);
 
 // Tensors under Hugging Face names with every adapter merged into its base weight, W + (lora_alpha / r) B A (in
-// float32, back to W's dtype), and the adapters left out: the model transformers loads (PEFT's merge_and_unload).
-// Throws std::invalid_argument for an adapter without its pair or its base weight.
+// float32, back to W's dtype; (B A)^T for a weight names.is_transposed), and the adapters left out: the model
+// transformers loads (PEFT's merge_and_unload). Throws std::invalid_argument for an adapter without its pair or its
+// base weight.
 std::vector<std::pair<std::string, at::Tensor>> merge_lora(std::vector<std::pair<std::string, at::Tensor>> tensors,
-                                                           const LoraSpec& spec);
+                                                           const LoraSpec& spec, const NameMap& names);
 
 // True for a tensor of the adapter file (a Hugging Face name): an adapter's, or one of targets.modules_to_save.
 bool in_lora_adapter(const std::string& hf_name, const LoraTargets& targets);

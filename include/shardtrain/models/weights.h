@@ -28,21 +28,26 @@ namespace shardtrain::models {
 // Fine-tuning moves between a family's heads (a masked-LM checkpoint into a classifier): `heads` are the Hugging
 // Face names of task heads. One the model has and the file lacks keeps its initialization; one the file has and the
 // model lacks is left unused; loading reports both (LoadReport), as transformers' from_pretrained warns.
+//
+// `transposed` are the Hugging Face names of weights stored (in, out), Hugging Face's Conv1D (GPT-2): the model
+// keeps them so too (LinearImpl's transposed), so files load and save as they are; what computes with a file's
+// tensors by name (merging LoRA adapters: PEFT's fan_in_fan_out) asks is_transposed.
 class NameMap {
  public:
   using Rules = std::vector<std::pair<std::string, std::string>>;
   NameMap() = default;
   NameMap(const Rules& rules, const std::vector<std::string>& ignored = {}, const Rules& aliases = {},
-          const std::vector<std::string>& heads = {});
+          const std::vector<std::string>& heads = {}, const std::vector<std::string>& transposed = {});
   std::string to_hf(const std::string& name) const;
   bool is_ignored(const std::string& hf_name) const;
   bool is_head(const std::string& hf_name) const;
+  bool is_transposed(const std::string& hf_name) const;
   std::vector<std::string> aliases_of(const std::string& hf_name) const;
 
  private:
   static std::vector<std::pair<std::regex, std::string>> compile(const Rules& rules);
   std::vector<std::pair<std::regex, std::string>> rules_, aliases_;
-  std::vector<std::regex> ignored_, heads_;
+  std::vector<std::regex> ignored_, heads_, transposed_;
 };
 
 // What a load left aside: the model's head tensors the file lacks (initialized, not loaded) and the file's head

@@ -1,0 +1,54 @@
+#include "models/causal_lm.h"
+
+#include <ATen/ATen.h>
+
+#include "shardtrain/models/blocks.h"
+
+namespace shardtrain::models {
+
+namespace {
+
+// mask (B, T): every row's ones come first.
+bool is_right_padded(const at::Tensor& mask) {
+  const int64_t t = mask.size(1);
+  return t < 2 || (mask.narrow(1, 1, t - 1) <= mask.narrow(1, 0, t - 1)).all().item<bool>();
+}
+
+}  // namespace
+
+CausalLmStart causal_lm_start(const at::Tensor& attention_mask, const at::Tensor& labels, bool labelled_only,
+                              int64_t length, int64_t window, at::ScalarType dtype, const at::Device& device) {
+  CausalLmStart s;
+  s.loss_only = labelled_only && labels.defined();
+  if (s.loss_only) s.targets = next_token_labels(labels);
+  const bool causal_suffices = s.loss_only && attention_mask.defined() && attention_mask.device().is_cpu() &&
+                               is_right_padded(attention_mask) &&
+                               !((attention_mask == 0) & (s.targets != kIgnoreIndex)).any().item<bool>();
+  if (attention_mask.defined() && !causal_suffices) {
+    s.bias = hide_future(padding_bias(attention_mask, dtype), length, window);  // (B, 1, T, T)
+  } else if (window > 0) {
+    s.bias = causal_bias(length, dtype, device, window);  // (1, 1, T, T)
+  }
+  return s;
+}
+
+std::vector<at::Tensor> causal_lm_outputs(at::Tensor hidden, const CausalLmStart& start, const at::Tensor& labels,
+                                          const std::function<at::Tensor(const at::Tensor&, const at::Tensor&)>& head) {
+  if (start.loss_only) {  // no logits: the loss in chunks (linear_cross_entropy)
+    const LabelledRows labelled = labelled_rows(hidden, start.targets);
+    hidden = at::Tensor();  // nothing keeps the norm's output: (B, T, C) less alive while the loss runs
+    return {at::Tensor(), head(labelled.hidden, labelled.labels)};
+  }
+  at::Tensor logits = head(hidden, at::Tensor());
+  return {logits, labels.defined() ? causal_lm_loss(logits, labels) : at::Tensor()};
+}
+
+at::Tensor causal_lm_labels(const data::Batch& b) {
+  return b.input_ids.masked_fill(b.attention_mask == 0, kIgnoreIndex);
+}
+
+int64_t causal_lm_predicted_tokens(const at::Tensor& labels) {
+  return (labels.narrow(1, 1, labels.size(1) - 1) != kIgnoreIndex).sum().item<int64_t>();
+}
+
+}  // namespace shardtrain::models

@@ -1,0 +1,99 @@
+// What the causal language models share (private to the models layer): Llama's decoder (and Mistral's, Qwen's) and
+// GPT-2 differ in their layers, not in how a batch enters them or how the loss leaves them. The attention bias made
+// once for every layer, the LM head at the positions that predict a label, and the causal_lm task with its
+// evaluation (loss per token, perplexity).
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include <cstdio>
+#include <functional>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "models/evaluation.h"
+#include "models/recipe_helpers.h"
+#include "shardtrain/models/losses.h"
+
+namespace shardtrain::models {
+
+// How a forward starts: the next-token targets when it computes the loss alone, and the one attention bias every
+// layer reads.
+struct CausalLmStart {
+  bool loss_only = false;  // labelled_only with labels: no logits, the head fused with the loss
+  at::Tensor targets;      // (B, T) next-token labels, -100 where none (loss_only)
+  at::Tensor bias;         // (B, 1, T, T) padding and future hidden, (1, 1, T, T) a window, or undefined: causal in
+                           // the fused kernel
+};
+
+// input_ids (B, T); attention_mask (B, T) or undefined; labels (B, T) or undefined; window: Mistral's sliding window
+// where it cuts (0: none); dtype the attention's (attention_dtype of the embedding's output).
+// Right padding (each row's tokens, then its padding): under causal attention no real position sees a padded one,
+// so the padding mask changes only the padded positions' outputs. For the loss alone, when no padded position
+// predicts a label, the mask is left out and attention runs causal in the fused kernel: no (B, 1, T, T) bias, the
+// scores above the diagonal skipped. (CPU masks only: reading a device mask would wait for the device.)
+CausalLmStart causal_lm_start(const at::Tensor& attention_mask, const at::Tensor& labels, bool labelled_only,
+                              int64_t length, int64_t window, at::ScalarType dtype, const at::Device& device);
+
+// The model's outputs from the final hidden states (B, T, C): {logits (B, T, vocab), loss or undefined}, or for the
+// loss alone {undefined, loss} with the head at the labelled rows only, fused with the cross-entropy in chunks.
+// `head(hidden, targets)` is the LM head: logits of hidden (..., C) when targets is undefined, else the loss of
+// rows (N, C) against targets (N) (linear_cross_entropy). `hidden` is released before the loss runs.
+std::vector<at::Tensor> causal_lm_outputs(at::Tensor hidden, const CausalLmStart& start, const at::Tensor& labels,
+                                          const std::function<at::Tensor(const at::Tensor&, const at::Tensor&)>& head);
+
+// The tokens of a text batch as labels, padding -100.
+at::Tensor causal_lm_labels(const data::Batch& b);
+// Positions whose next token is labelled: the labels (B, T) that are not -100 but a row's first.
+int64_t causal_lm_predicted_tokens(const at::Tensor& labels);
+
+// Causal language modelling (transformers' ...ForCausalLM) on text, padding left out of the loss; evaluated by the
+// loss per token and perplexity on data.eval's text. `Impl` is the family's module, whose run(input_ids,
+// attention_mask, labels, labelled_only) returns outputs with a `loss`.
+template <class Impl>
+class CausalLmTask : public Task {
+ public:
+  CausalLmTask(std::string family, int64_t max_positions, int64_t vocab_size)
+      : family_(std::move(family)), max_positions_(max_positions), vocab_size_(vocab_size) {}
+  std::string name() const override { return "causal_lm"; }
+  DataNeeds data_needs() const override {
+    DataNeeds d;
+    d.kinds = {false, true, false};
+    d.max_text_length = max_positions_, d.vocab_size = vocab_size_;
+    return d;
+  }
+  std::vector<std::string> loss_names() const override { return {"lm"}; }
+  Losses compute_losses(torch::nn::Module& model, const data::Batch& b, uint64_t) const override {
+    Losses out;
+    out.total = module_as<Impl>(model, family_).run(b.input_ids, b.attention_mask, causal_lm_labels(b), true).loss;
+    out.parts["lm"] = value_of(out.total);
+    return out;
+  }
+  bool has_evaluation() const override { return true; }
+  data::SampleKind eval_kind() const override { return data::SampleKind::TEXT; }
+  // Each batch's mean loss times its predicted tokens (every token but a row's first, padding aside): the sum.
+  std::map<std::string, double> evaluate(torch::nn::Module& model, const EvalInputs& in) const override {
+    Impl& lm = module_as<Impl>(model, family_);
+    return evaluate_token_loss(model, in, [&](const data::Batch& b) {
+      const at::Tensor labels = causal_lm_labels(b);
+      const int64_t tokens = causal_lm_predicted_tokens(labels);
+      const at::Tensor loss = lm.run(b.input_ids, b.attention_mask, labels, /*labelled_only=*/true).loss;
+      return std::make_pair(loss * static_cast<double>(tokens), tokens);
+    });
+  }
+  std::string describe_progress(const std::map<std::string, double>& first,
+                                const std::map<std::string, double>& last) const override {
+    char text[120];
+    std::snprintf(text, sizeof(text), ", eval loss %.4f -> %.4f, perplexity %.2f -> %.2f", first.at("eval_loss"),
+                  last.at("eval_loss"), first.at("perplexity"), last.at("perplexity"));
+    return text;
+  }
+
+ private:
+  std::string family_;
+  int64_t max_positions_, vocab_size_;
+};
+
+}  // namespace shardtrain::models
