@@ -154,6 +154,9 @@ TEST(TokenizerJsonErrors, NameTheFileAndWhatIsWrong) {
   const std::string empty = "/tmp/tokenizer_json_empty_" + std::to_string(::getpid());
   io::make_directories(empty);
   testing::expect_error<std::invalid_argument>([&] { open_tokenizer(empty); }, {empty, "tokenizer.json", "vocab.txt"});
+  // A GPT-2 vocab.json without its merges.txt.
+  std::ofstream(empty + "/vocab.json") << R"({"a": 0})";
+  testing::expect_error<std::invalid_argument>([&] { open_tokenizer(empty); }, {empty + "/vocab.json", "merges.txt"});
   io::remove_tree(empty);
 }
 

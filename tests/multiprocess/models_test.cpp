@@ -293,6 +293,36 @@ TEST(ModelsDist, LlamaEdgeUnitsTrainLikeOneProcess) {
   }
 }
 
+// `recipe`'s model as a case of a grid runs it: FSDP with `strategy` and activation checkpointing every `every`
+// layers, parallelized after it is built or (as_built) sharded layer by layer while it is built; or DDP.
+struct Distributed {
+  ZooModel model;
+  std::optional<ddp::Ddp> ddp;
+
+  // Every parameter whole (gathered from the shards under FSDP), by name.
+  std::map<std::string, at::Tensor> full_parameters() const {
+    if (!ddp) return fsdp::gather_full_parameters(model.module);
+    std::map<std::string, at::Tensor> out;
+    for (const auto& p : model.module->named_parameters()) out[p.key()] = p.value().detach();
+    return out;
+  }
+};
+Distributed distribute(const std::shared_ptr<const ModelRecipe>& recipe, const dist::DeviceMesh& mesh,
+                       fsdp::ShardingStrategy strategy, int64_t every, bool as_built, bool use_ddp,
+                       const BuildOptions& build) {
+  ParallelizeOptions options;
+  options.strategy = strategy;
+  options.activation_checkpoint_every = every;
+  Distributed d;
+  d.model = as_built && !use_ddp ? build_parallel(recipe, mesh, options, build) : build_model(recipe, build);
+  if (use_ddp) {
+    d.ddp = replicate_model(d.model, mesh);
+  } else if (!as_built) {
+    parallelize(d.model, mesh, options);
+  }
+  return d;
+}
+
 // LoRA (models/lora.h) under FSDP and DDP: adapters on frozen layers train as one process trains them. A layer's
 // unit then holds frozen weights that backward reads after its adapters' gradients are complete ([Note: frozen
 // parameters] in src/fsdp/fsdp_unit.cpp), and units of frozen parameters alone (Llama's embedding and head, FLAVA's
@@ -363,28 +393,17 @@ TEST(ModelsDist, LoraAdaptersTrainLikeOneProcess) {
         ref_losses.push_back(loss.item<double>());
       }
     }
-    ParallelizeOptions options;
-    options.strategy = c.strategy;
-    options.activation_checkpoint_every = c.every;
-    ZooModel model = c.as_built && !c.ddp ? build_parallel(recipe, mesh, options, build) : build_model(recipe, build);
-    std::optional<ddp::Ddp> ddp;
-    if (c.ddp) {
-      ddp = replicate_model(model, mesh);
-    } else if (!c.as_built) {
-      parallelize(model, mesh, options);
-    }
-    torch::optim::AdamW adam(trainable(*model.module), torch::optim::AdamWOptions(1e-3));
+    const Distributed distributed = distribute(recipe, mesh, c.strategy, c.every, c.as_built, c.ddp, build);
+    torch::nn::Module& model = *distributed.model.module;
+    torch::optim::AdamW adam(trainable(model), torch::optim::AdamWOptions(1e-3));
     for (int s = 0; s < kSteps; ++s) {
       adam.zero_grad();
-      at::Tensor loss = loss_of(*model.module, true, s);
+      at::Tensor loss = loss_of(model, true, s);
       loss.backward();
       adam.step();
       expect_relative(mean_over_ranks(loss), ref_losses[s], 1e-5, label + ": loss at step " + std::to_string(s));
     }
-    auto params = c.ddp ? std::map<std::string, at::Tensor>() : fsdp::gather_full_parameters(model.module);
-    if (c.ddp) {
-      for (const auto& p : model.module->named_parameters()) params[p.key()] = p.value().detach();
-    }
+    const auto params = distributed.full_parameters();
     for (const auto& p : reference.module->named_parameters()) {
       ASSERT_TRUE(params.count(p.key())) << label << " " << p.key();
       if (p.key().find("attn.k.bias") != std::string::npos) continue;  // rounding noise Adam scales (see above)
@@ -450,24 +469,12 @@ TEST(ModelsDist, Gpt2TrainsLikeOneProcess) {
     }
     std::vector<double> ref_losses, losses;
     train(reference, ids, ref_losses, false);
-    ParallelizeOptions options;
-    options.strategy = c.strategy;
-    options.activation_checkpoint_every = c.every;
-    ZooModel model = c.as_built && !c.ddp ? build_parallel(recipe, mesh, options, build) : build_model(recipe, build);
-    std::optional<ddp::Ddp> ddp;
-    if (c.ddp) {
-      ddp = replicate_model(model, mesh);
-    } else if (!c.as_built) {
-      parallelize(model, mesh, options);
-    }
-    train(model, local_rows(ids), losses, true);
+    Distributed distributed = distribute(recipe, mesh, c.strategy, c.every, c.as_built, c.ddp, build);
+    train(distributed.model, local_rows(ids), losses, true);
     for (int s = 0; s < kSteps; ++s) {
       expect_relative(losses[s], ref_losses[s], 1e-5, label + ": loss at step " + std::to_string(s));
     }
-    auto params = c.ddp ? std::map<std::string, at::Tensor>() : fsdp::gather_full_parameters(model.module);
-    if (c.ddp) {
-      for (const auto& p : model.module->named_parameters()) params[p.key()] = p.value().detach();
-    }
+    const auto params = distributed.full_parameters();
     for (const auto& p : reference.module->named_parameters()) {
       ASSERT_TRUE(params.count(p.key())) << label << " " << p.key();
       at::Tensor diff = (params.at(p.key()) - p.value()).abs();

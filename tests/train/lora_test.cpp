@@ -49,21 +49,28 @@ double last_eval(const std::string& output, const std::string& metric) {
   return std::regex_search(last, found, std::regex(" " + metric + " ([-0-9.e+]+)")) ? std::stod(found[1]) : NAN;
 }
 
-TEST(LoraTrain, AdaptersExportAsPeftLoadsThem) {
-  const std::string dir = fresh_dir("lora_train");
+// The JSON line lora_check.py prints last.
+nlohmann::json checked(const Outcome& made) {
+  return nlohmann::json::parse(made.output.substr(made.output.rfind("{\"eval_loss\"")));
+}
+
+// A causal LM's LoRA run in `dir`: 2000 synthetic texts, the base model an example's make_model.py (`make_model`,
+// under examples/) writes into dir/base, 320 held-out texts (10 batches of 16 on each of 2 ranks, every one scored
+// by both sides), and dir/lora.yaml training it with `lora` (model.lora in YAML) for 16 steps, evaluated at the end,
+// logging every 2 steps, checkpointing into dir/run every 8.
+void set_up_causal_lm_run(const std::string& dir, const std::string& make_model, const std::string& lora) {
   const std::string st = SHARDTRAIN_BIN, python = SHARDTRAIN_PYTHON, source = SHARDTRAIN_SOURCE_DIR;
   Outcome made = run(st + " data synth --out " + dir + "/data --text 0 --image-text 0 --image 0 --eval 0 "
                      "--seq2seq 2000");
   ASSERT_EQ(made.status, 0) << made.output;
-  made = run(python + " " + source + "/examples/llama_causal_lm/make_model.py " + dir + "/base " + dir +
+  made = run(python + " " + source + "/examples/" + make_model + " " + dir + "/base " + dir +
              "/data/seq2seq/train.jsonl");
   ASSERT_EQ(made.status, 0) << made.output;
-  // 320 held-out texts: 10 batches of 16 on each of 2 ranks, every one scored by both sides.
   copy_lines(dir + "/data/seq2seq/eval.jsonl", dir + "/eval.jsonl", 320);
   std::ofstream(dir + "/lora.yaml") << "model:\n"
                                        "  from: " << dir << "/base\n"
                                        "  task: causal_lm\n"
-                                       "  lora: {r: 8, lora_alpha: 16, lora_dropout: 0.05, target_modules: all-linear}\n"
+                                       "  lora: " << lora << "\n"
                                        "data:\n"
                                        "  text: [" << dir << "/data/seq2seq/train.jsonl]\n"
                                        "  eval: [" << dir << "/eval.jsonl]\n"
@@ -73,9 +80,21 @@ TEST(LoraTrain, AdaptersExportAsPeftLoadsThem) {
                                        "train: {steps: 16, batch_size: 16, eval_interval: 16, eval_samples: 0}\n"
                                        "log: {interval: 2, progress: lines}\n"
                                        "checkpoint: {dir: " << dir << "/run, interval: 8}\n";
-  auto train = [&](const std::string& extra) {
-    return run(st + " launch --nproc-per-node 2 -- " + st + " train " + dir + "/lora.yaml " + extra);
-  };
+}
+
+// dir/lora.yaml trained on 2 ranks, with `extra` overrides.
+Outcome train_lora(const std::string& dir, const std::string& extra) {
+  const std::string st = SHARDTRAIN_BIN;
+  return run(st + " launch --nproc-per-node 2 -- " + st + " train " + dir + "/lora.yaml " + extra);
+}
+
+TEST(LoraTrain, AdaptersExportAsPeftLoadsThem) {
+  const std::string dir = fresh_dir("lora_train");
+  const std::string st = SHARDTRAIN_BIN, python = SHARDTRAIN_PYTHON, source = SHARDTRAIN_SOURCE_DIR;
+  ASSERT_NO_FATAL_FAILURE(set_up_causal_lm_run(
+      dir, "llama_causal_lm/make_model.py", "{r: 8, lora_alpha: 16, lora_dropout: 0.05, target_modules: all-linear}"));
+  auto train = [&](const std::string& extra) { return train_lora(dir, extra); };
+  Outcome made;
   const Outcome through = train("");
   ASSERT_EQ(through.status, 0) << through.output;
   EXPECT_NE(through.output.find("LoRA: r 8, lora_alpha 16, lora_dropout 0.05 on 14 modules (self_attn.q_proj, "
@@ -96,7 +115,7 @@ TEST(LoraTrain, AdaptersExportAsPeftLoadsThem) {
   made = run(python + " " + source + "/tests/reference/lora_check.py causal_lm " + dir + "/base " + dir +
              "/adapter " + dir + "/merged " + dir + "/eval.jsonl input 48");
   ASSERT_EQ(made.status, 0) << made.output;
-  const nlohmann::json theirs = nlohmann::json::parse(made.output.substr(made.output.rfind("{\"eval_loss\"")));
+  const nlohmann::json theirs = checked(made);
   EXPECT_EQ(theirs.at("samples"), last_eval(through.output, "eval_tokens"));  // every predicted token
   EXPECT_EQ(theirs.at("adapter_tensors"), 28);  // lora_A and lora_B of 7 modules x 2 layers
   // PEFT's model scores the held-out texts as the run's last evaluation did, and was trained: the base is worse.
@@ -126,7 +145,7 @@ TEST(LoraTrain, AdaptersExportAsPeftLoadsThem) {
   made = run(python + " " + source + "/tests/reference/lora_check.py make_adapter " + dir + "/base " + dir +
              "/peft-made " + dir + "/eval.jsonl input 48");
   ASSERT_EQ(made.status, 0) << made.output;
-  const nlohmann::json made_by_peft = nlohmann::json::parse(made.output.substr(made.output.rfind("{\"eval_loss\"")));
+  const nlohmann::json made_by_peft = checked(made);
   const Outcome from_peft = train("--checkpoint.dir=" + dir + "/from-peft --model.lora.from=" + dir + "/peft-made " +
                                   "--model.lora.target_modules=[] --model.lora.r=0 --train.steps=1");
   ASSERT_EQ(from_peft.status, 0) << from_peft.output;
@@ -193,29 +212,10 @@ TEST(LoraTrain, AdaptersExportAsPeftLoadsThem) {
 TEST(LoraTrain, Gpt2Conv1DAdaptersMatchPeft) {
   const std::string dir = fresh_dir("lora_gpt2");
   const std::string st = SHARDTRAIN_BIN, python = SHARDTRAIN_PYTHON, source = SHARDTRAIN_SOURCE_DIR;
-  Outcome made = run(st + " data synth --out " + dir + "/data --text 0 --image-text 0 --image 0 --eval 0 "
-                     "--seq2seq 2000");
-  ASSERT_EQ(made.status, 0) << made.output;
-  made = run(python + " " + source + "/examples/gpt2_clm/make_model.py " + dir + "/base " + dir +
-             "/data/seq2seq/train.jsonl");
-  ASSERT_EQ(made.status, 0) << made.output;
-  copy_lines(dir + "/data/seq2seq/eval.jsonl", dir + "/eval.jsonl", 320);
-  std::ofstream(dir + "/lora.yaml") << "model:\n"
-                                       "  from: " << dir << "/base\n"
-                                       "  task: causal_lm\n"
-                                       "  lora: {r: 8, lora_alpha: 16, target_modules: [c_attn, c_fc]}\n"
-                                       "data:\n"
-                                       "  text: [" << dir << "/data/seq2seq/train.jsonl]\n"
-                                       "  eval: [" << dir << "/eval.jsonl]\n"
-                                       "  text_fields: [input]\n"
-                                       "  max_text_length: 48\n"
-                                       "optim: {lr: 3.0e-3, warmup_steps: 4}\n"
-                                       "train: {steps: 16, batch_size: 16, eval_interval: 16, eval_samples: 0}\n"
-                                       "log: {interval: 4, progress: lines}\n"
-                                       "checkpoint: {dir: " << dir << "/run}\n";
-  auto train = [&](const std::string& extra) {
-    return run(st + " launch --nproc-per-node 2 -- " + st + " train " + dir + "/lora.yaml " + extra);
-  };
+  ASSERT_NO_FATAL_FAILURE(
+      set_up_causal_lm_run(dir, "gpt2_clm/make_model.py", "{r: 8, lora_alpha: 16, target_modules: [c_attn, c_fc]}"));
+  auto train = [&](const std::string& extra) { return train_lora(dir, extra); };
+  Outcome made;
   const Outcome through = train("");
   ASSERT_EQ(through.status, 0) << through.output;
   EXPECT_NE(through.output.find("on 4 modules (attn.c_attn, mlp.c_fc)"), std::string::npos) << through.output;
@@ -228,7 +228,7 @@ TEST(LoraTrain, Gpt2Conv1DAdaptersMatchPeft) {
   made = run(python + " " + source + "/tests/reference/lora_check.py causal_lm " + dir + "/base " + dir +
              "/adapter " + dir + "/merged " + dir + "/eval.jsonl input 48");
   ASSERT_EQ(made.status, 0) << made.output;
-  const nlohmann::json theirs = nlohmann::json::parse(made.output.substr(made.output.rfind("{\"eval_loss\"")));
+  const nlohmann::json theirs = checked(made);
   EXPECT_EQ(theirs.at("samples"), last_eval(through.output, "eval_tokens"));
   EXPECT_EQ(theirs.at("adapter_tensors"), 8);  // lora_A and lora_B of 2 modules x 2 layers
   const double x = theirs.at("eval_loss").get<double>();
@@ -240,7 +240,7 @@ TEST(LoraTrain, Gpt2Conv1DAdaptersMatchPeft) {
   made = run(python + " " + source + "/tests/reference/lora_check.py make_adapter " + dir + "/base " + dir +
              "/peft-made " + dir + "/eval.jsonl input 48 c_attn,c_proj");
   ASSERT_EQ(made.status, 0) << made.output;
-  const nlohmann::json made_by_peft = nlohmann::json::parse(made.output.substr(made.output.rfind("{\"eval_loss\"")));
+  const nlohmann::json made_by_peft = checked(made);
   const Outcome from_peft = train("--checkpoint.dir=" + dir + "/from-peft --model.lora.from=" + dir + "/peft-made " +
                                   "--model.lora.target_modules=[] --model.lora.r=0 --train.steps=1");
   ASSERT_EQ(from_peft.status, 0) << from_peft.output;
@@ -285,7 +285,7 @@ TEST(LoraTrain, ClassifierTrainsWholeBesideTheAdapters) {
   made = run(python + " " + source + "/tests/reference/lora_check.py classify " + dir + "/base " + dir +
              "/adapter " + dir + "/merged " + dir + "/eval.tsv '#1 String,#2 String,Quality' 48");
   ASSERT_EQ(made.status, 0) << made.output;
-  const nlohmann::json theirs = nlohmann::json::parse(made.output.substr(made.output.rfind("{\"eval_loss\"")));
+  const nlohmann::json theirs = checked(made);
   EXPECT_EQ(theirs.at("samples"), 224);
   EXPECT_EQ(theirs.at("adapter_tensors"), 2 * 2 * 4 + 2 + 2);  // A and B of 4 modules x 2 layers; pooler, classifier
   for (const char* metric : {"eval_loss", "accuracy"}) {
