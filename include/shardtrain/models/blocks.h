@@ -35,7 +35,9 @@ struct AttentionOptions {
   bool qk_norm = false;    // Qwen3: an RMSNorm over each head's D of the queries and of the keys, before RoPE
   double qk_norm_eps = 1e-6;
   bool fused_qkv = false;  // GPT-2's c_attn: one projection qkv (C -> (H + 2 kv_heads) D), split into q, k, v
-  bool transposed = false;  // every projection's weight (in, out), Hugging Face's Conv1D (GPT-2; layers.h)
+  // Every projection's weight stored (in, out), Hugging Face's Conv1D (GPT-2; layers.h): attention's and, in a
+  // TransformerLayer, its MLP's.
+  bool transposed = false;
 };
 
 // Multi-head attention on LibTorch's scaled_dot_product_attention. Children: q, k, v (C -> H*D or kv_heads*D), or
