@@ -88,6 +88,26 @@ Outcome train_lora(const std::string& dir, const std::string& extra) {
   return run(st + " launch --nproc-per-node 2 -- " + st + " train " + dir + "/lora.yaml " + extra);
 }
 
+// An adapter PEFT made over dir/base on `targets` (both matrices random; lora_check.py make_adapter, into
+// dir/peft-made) starts a run (model.lora.from, r and targets from its adapter_config.json) whose start-up line
+// says `described` and whose first evaluation is what PEFT scores with it.
+void expect_run_from_peft_adapter(const std::string& dir, const std::string& targets, const std::string& described) {
+  const std::string python = SHARDTRAIN_PYTHON, source = SHARDTRAIN_SOURCE_DIR;
+  const Outcome made = run(python + " " + source + "/tests/reference/lora_check.py make_adapter " + dir + "/base " +
+                           dir + "/peft-made " + dir + "/eval.jsonl input 48 " + targets);
+  ASSERT_EQ(made.status, 0) << made.output;
+  const nlohmann::json made_by_peft = checked(made);
+  const Outcome from_peft = train_lora(dir, "--checkpoint.dir=" + dir + "/from-peft --model.lora.from=" + dir +
+                                                "/peft-made --model.lora.target_modules=[] --model.lora.r=0 "
+                                                "--train.steps=1");
+  ASSERT_EQ(from_peft.status, 0) << from_peft.output;
+  EXPECT_NE(from_peft.output.find(described), std::string::npos) << from_peft.output;
+  const std::string first_eval = test::loss_lines(from_peft.output).front();
+  std::smatch loss;
+  ASSERT_TRUE(std::regex_search(first_eval, loss, std::regex("eval_loss ([0-9.]+)"))) << first_eval;
+  EXPECT_NEAR(std::stod(loss[1]), made_by_peft.at("eval_loss").get<double>(), 1e-3) << from_peft.output;
+}
+
 TEST(LoraTrain, AdaptersExportAsPeftLoadsThem) {
   const std::string dir = fresh_dir("lora_train");
   const std::string st = SHARDTRAIN_BIN, python = SHARDTRAIN_PYTHON, source = SHARDTRAIN_SOURCE_DIR;
@@ -142,19 +162,9 @@ TEST(LoraTrain, AdaptersExportAsPeftLoadsThem) {
   EXPECT_EQ(second_run.front().substr(second_run.front().find("eval_loss")),
             first_run.back().substr(first_run.back().find("eval_loss"))) << again.output;
   // An adapter PEFT made (both matrices random), and what PEFT scores with it: the run's first evaluation.
-  made = run(python + " " + source + "/tests/reference/lora_check.py make_adapter " + dir + "/base " + dir +
-             "/peft-made " + dir + "/eval.jsonl input 48");
-  ASSERT_EQ(made.status, 0) << made.output;
-  const nlohmann::json made_by_peft = checked(made);
-  const Outcome from_peft = train("--checkpoint.dir=" + dir + "/from-peft --model.lora.from=" + dir + "/peft-made " +
-                                  "--model.lora.target_modules=[] --model.lora.r=0 --train.steps=1");
-  ASSERT_EQ(from_peft.status, 0) << from_peft.output;
-  EXPECT_NE(from_peft.output.find("LoRA: r 4, lora_alpha 8, lora_dropout 0 on 4 modules (self_attn.q_proj, "
-                                  "self_attn.v_proj)"), std::string::npos) << from_peft.output;
-  const std::string first_eval = test::loss_lines(from_peft.output).front();
-  std::smatch loss;
-  ASSERT_TRUE(std::regex_search(first_eval, loss, std::regex("eval_loss ([0-9.]+)"))) << first_eval;
-  EXPECT_NEAR(std::stod(loss[1]), made_by_peft.at("eval_loss").get<double>(), 1e-3) << from_peft.output;
+  ASSERT_NO_FATAL_FAILURE(expect_run_from_peft_adapter(dir, "q_proj,v_proj",
+                                                       "LoRA: r 4, lora_alpha 8, lora_dropout 0 on 4 modules "
+                                                       "(self_attn.q_proj, self_attn.v_proj)"));
   const Outcome bad_rank = train("--checkpoint.dir=" + dir + "/bad --model.lora.from=" + dir + "/peft-made " +
                                  "--model.lora.target_modules=[] --model.lora.r=16");
   EXPECT_NE(bad_rank.status, 0);
@@ -237,19 +247,8 @@ TEST(LoraTrain, Gpt2Conv1DAdaptersMatchPeft) {
   EXPECT_LE(theirs.at("merged_weight_diff").get<double>(), 1e-6);
   EXPECT_LE(theirs.at("merged_output_diff").get<double>(), 1e-4);
 
-  made = run(python + " " + source + "/tests/reference/lora_check.py make_adapter " + dir + "/base " + dir +
-             "/peft-made " + dir + "/eval.jsonl input 48 c_attn,c_proj");
-  ASSERT_EQ(made.status, 0) << made.output;
-  const nlohmann::json made_by_peft = checked(made);
-  const Outcome from_peft = train("--checkpoint.dir=" + dir + "/from-peft --model.lora.from=" + dir + "/peft-made " +
-                                  "--model.lora.target_modules=[] --model.lora.r=0 --train.steps=1");
-  ASSERT_EQ(from_peft.status, 0) << from_peft.output;
-  EXPECT_NE(from_peft.output.find("on 6 modules (attn.c_attn, attn.c_proj, mlp.c_proj)"), std::string::npos)
-      << from_peft.output;
-  const std::string first_eval = test::loss_lines(from_peft.output).front();
-  std::smatch loss;
-  ASSERT_TRUE(std::regex_search(first_eval, loss, std::regex("eval_loss ([0-9.]+)"))) << first_eval;
-  EXPECT_NEAR(std::stod(loss[1]), made_by_peft.at("eval_loss").get<double>(), 1e-3) << from_peft.output;
+  ASSERT_NO_FATAL_FAILURE(
+      expect_run_from_peft_adapter(dir, "c_attn,c_proj", "on 6 modules (attn.c_attn, attn.c_proj, mlp.c_proj)"));
   io::remove_tree(dir);
 }
 
