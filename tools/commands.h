@@ -15,6 +15,7 @@ int run_train_command(const std::vector<std::string>& args);       // train CONF
 int run_checkpoint_command(const std::vector<std::string>& args);  // checkpoint export | verify | list
 int run_estimate_command(const std::vector<std::string>& args);    // estimate-memory MODEL [--dtypes ...]
 int run_plan_command(const std::vector<std::string>& args);        // plan MODEL --gpus N --gpu-memory S
+int run_generate_command(const std::vector<std::string>& args);    // generate MODEL [PROMPT...]
 int run_report_command(const std::vector<std::string>& args);      // report RUN_DIR... [--out DIR]
 int run_env_command(const std::vector<std::string>& args);         // env
 

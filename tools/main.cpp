@@ -26,6 +26,7 @@ const char* kUsage =
     "  estimate-memory  the memory a model needs to load and train (Accelerate's table; a job's peak per rank), from\n"
     "            a flavor, a config.json or a trainer's CONFIG.yaml\n"
     "  plan      the configurations that fit N GPUs, each with its largest batch and predicted speed\n"
+    "  generate  continue prompts with a causal LM or T5 (a Hugging Face model directory), as transformers' generate\n"
     "  report    a run's curves (losses, evaluation, speed, memory per rank) as PNG and SVG\n"
     "  env       versions, GPUs, CPUs, memory, launcher and cache directories (for a bug report)\n"
     "  version   print the version\n"
@@ -95,6 +96,7 @@ int main(int argc, char** argv) {
     if (command == "checkpoint") return shardtrain::cli::run_checkpoint_command(args);
     if (command == "estimate-memory") return shardtrain::cli::run_estimate_command(args);
     if (command == "plan") return shardtrain::cli::run_plan_command(args);
+    if (command == "generate") return shardtrain::cli::run_generate_command(args);
     if (command == "report") return shardtrain::cli::run_report_command(args);
     if (command == "env") return shardtrain::cli::run_env_command(args);
     if (command == "version") {

@@ -8,6 +8,8 @@
 #   3. trained on 2 ranks (model.task: causal_lm, data.packing: run_clm's blocks of 64 tokens); eval loss and
 #      perplexity on the held-out texts grouped the same way
 #   4. exported, and the held-out perplexity measured by transformers on run_clm's blocks (check.py)
+#   5. the first words of 8 held-out captions continued by `shardtrain generate` (greedy, KV cache), and by
+#      transformers' generate from the same directory: the same tokens (check.py)
 # usage: examples/gpt2_clm/run.sh [BUILD_DIR [OUT_DIR]]   (defaults: build, runs/gpt2_clm); about 1 minute
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
@@ -24,4 +26,9 @@ mkdir -p "$out"
   --data.text="[$out/data/seq2seq/train.jsonl]" --data.eval="[$out/data/seq2seq/eval.jsonl]" \
   --data.cache_dir="$out/cache" --checkpoint.dir="$out/clm"
 "$st" checkpoint export "$out/clm" --hf "$out/hf-clm"
-"$python" "$here/check.py" "$out/hf-clm" "$out/hf-random" "$out/data/seq2seq/eval.jsonl" 64 0.2
+head -n 8 "$out/data/seq2seq/eval.jsonl" | "$python" -c '
+import json, sys
+for line in sys.stdin:
+    print(" ".join(json.loads(line)["input"].split()[:3]))' > "$out/prompts.txt"
+"$st" generate "$out/hf-clm" --prompts "$out/prompts.txt" --max-new-tokens 24 --json > "$out/generated.jsonl"
+"$python" "$here/check.py" "$out/hf-clm" "$out/hf-random" "$out/data/seq2seq/eval.jsonl" 64 0.2 "$out/generated.jsonl"

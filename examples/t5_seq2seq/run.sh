@@ -8,6 +8,7 @@
 #   3. fine-tuned on 2 ranks (model.task: seq2seq, teacher forcing); eval loss, exact match and ROUGE-L of greedy
 #      outputs on the held-out records
 #   4. exported, and scored on the held-out records by transformers' generate (check.py)
+#   5. the held-out inputs continued by `shardtrain generate` (greedy, KV cache): transformers' outputs (check.py)
 # usage: examples/t5_seq2seq/run.sh [BUILD_DIR [OUT_DIR]]   (defaults: build, runs/t5_seq2seq); about 3 minutes
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
@@ -24,4 +25,6 @@ mkdir -p "$out"
   --data.text="[$out/data/seq2seq/train.jsonl]" --data.eval="[$out/data/seq2seq/eval.jsonl]" \
   --checkpoint.dir="$out/seq2seq"
 "$st" checkpoint export "$out/seq2seq" --hf "$out/hf-seq2seq"
-"$python" "$here/check.py" "$out/hf-seq2seq" "$out/data/seq2seq/eval.jsonl" 0.25
+"$st" generate "$out/hf-seq2seq" --prompts "$out/data/seq2seq/eval.jsonl" --max-new-tokens 24 --batch-size 64 \
+  --json > "$out/generated.jsonl"
+"$python" "$here/check.py" "$out/hf-seq2seq" "$out/data/seq2seq/eval.jsonl" 0.25 "$out/generated.jsonl"

@@ -86,7 +86,9 @@ AttentionImpl::AttentionImpl(const AttentionOptions& opts, const torch::TensorOp
 at::Tensor AttentionImpl::forward(const at::Tensor& x_in, const at::Tensor& context, const at::Tensor& bias,
                                   const at::Tensor& rope) {
   const at::Tensor x = for_projections(x_in);
-  const at::Tensor source = context.defined() ? for_projections(context) : x;
+  // Generating, cross-attention projects its context once: later calls reuse the cached keys and values.
+  const bool context_cached = cache != nullptr && context.defined() && cache->keys.defined();
+  const at::Tensor source = context.defined() && !context_cached ? for_projections(context) : x;
   const int64_t b = x.size(0), t = x.size(1), s = source.size(1);
   const int64_t h = options.heads, kvh = options.kv_heads, d = options.head_dim;
   at::Tensor qh, kh, vh;
@@ -97,17 +99,37 @@ at::Tensor AttentionImpl::forward(const at::Tensor& x_in, const at::Tensor& cont
     kh = all.narrow(-1, h * d, kvh * d).view({b, s, kvh, d});
     vh = all.narrow(-1, (h + kvh) * d, kvh * d).view({b, s, kvh, d});
   } else {
-    qh = q->forward(x).view({b, t, h, d});        // (B, T, H, D)
-    kh = k->forward(source).view({b, s, kvh, d});  // (B, S, kvH, D)
-    vh = v->forward(source).view({b, s, kvh, d});
+    qh = q->forward(x).view({b, t, h, d});  // (B, T, H, D)
+    if (!context_cached) {
+      kh = k->forward(source).view({b, s, kvh, d});  // (B, S, kvH, D)
+      vh = v->forward(source).view({b, s, kvh, d});
+    }
   }
-  if (options.qk_norm) qh = q_norm->forward(qh), kh = k_norm->forward(kh);
-  qh = qh.transpose(1, 2), kh = kh.transpose(1, 2), vh = vh.transpose(1, 2);  // (B, H, T, D), (B, kvH, S, D)
+  if (options.qk_norm) qh = q_norm->forward(qh);
+  if (options.qk_norm && !context_cached) kh = k_norm->forward(kh);
+  qh = qh.transpose(1, 2);  // (B, H, T, D)
+  if (!context_cached) kh = kh.transpose(1, 2), vh = vh.transpose(1, 2);  // (B, kvH, S, D)
   if (rope.defined()) {
     qh = apply_rotary(qh, rope);
     kh = apply_rotary(kh, rope);
   }
-  if (kvh != h) {
+  if (context_cached) {
+    kh = cache->keys, vh = cache->values;
+  } else if (cache != nullptr) {
+    if (!context.defined() && cache->keys.defined()) {
+      kh = at::cat({cache->keys, kh}, 2), vh = at::cat({cache->values, vh}, 2);  // (B, kvH, P + T, D)
+    }
+    cache->keys = kh, cache->values = vh;
+  }
+  if (options.causal && !bias.defined() && kh.size(2) != t) {
+    throw std::invalid_argument("causal attention of " + std::to_string(t) + " queries over " +
+                                std::to_string(kh.size(2)) + " keys (some cached): its bias must say which each "
+                                "query sees, (..., " + std::to_string(t) + ", " + std::to_string(kh.size(2)) + ")");
+  }
+  // Generating, the kernel shares each key and value head among its queries itself (enable_gqa): the cache is
+  // not copied H / kvH times a step. (Training keeps the repeat: the memory model counts it.)
+  const bool shared_heads = kvh != h && cache != nullptr && !options.re_attention;
+  if (kvh != h && !shared_heads) {
     kh = kh.repeat_interleave(h / kvh, 1);
     vh = vh.repeat_interleave(h / kvh, 1);
   }
@@ -135,7 +157,7 @@ at::Tensor AttentionImpl::forward(const at::Tensor& x_in, const at::Tensor& cont
     const bool is_causal = options.causal && !full_bias.defined();
     out = at::scaled_dot_product_attention(qh, kh, vh, full_bias.defined() ? std::optional<at::Tensor>(full_bias)
                                                                            : std::nullopt,
-                                           p, is_causal, scale);
+                                           p, is_causal, scale, shared_heads);
   }
   return o->forward(out.transpose(1, 2).reshape({b, t, h * d}));
 }
@@ -318,6 +340,22 @@ at::Tensor rotary_table(int64_t length, const at::Tensor& inv_freq) {
   at::Tensor angles = at::outer(at::arange(length, inv_freq.options()), inv_freq);  // (T, D/2)
   at::Tensor full = at::cat({angles, angles}, -1);                    // (T, D)
   return at::stack({full.cos(), full.sin()});
+}
+
+at::Tensor rotary_at(const at::Tensor& positions, const at::Tensor& inv_freq) {
+  const at::Tensor angles = positions.to(inv_freq.scalar_type()).unsqueeze(-1) * inv_freq;  // (B, T, D/2)
+  const at::Tensor full = at::cat({angles, angles}, -1).unsqueeze(1);                     // (B, 1, T, D)
+  return at::stack({full.cos(), full.sin()});
+}
+
+at::Tensor decode_bias(const at::Tensor& mask, int64_t queries, int64_t window, at::ScalarType dtype) {
+  const int64_t keys = mask.size(1), past = keys - queries;
+  const auto longs = mask.options().dtype(at::kLong);
+  const at::Tensor query = at::arange(past, keys, longs).view({queries, 1}), key = at::arange(keys, longs);
+  at::Tensor hidden = key > query;  // (T, S): the future
+  if (window > 0) hidden = hidden.logical_or(key <= query - window);
+  hidden = hidden.unsqueeze(0).logical_or((mask == 0).unsqueeze(1)).unsqueeze(1);  // (B, 1, T, S)
+  return at::zeros(hidden.sizes(), mask.options().dtype(dtype)).masked_fill_(hidden, lowest(dtype));
 }
 
 }  // namespace shardtrain::models

@@ -2,6 +2,10 @@
 
 #include <ATen/ATen.h>
 
+#include <stdexcept>
+#include <string>
+
+#include "models/kv_cache.h"
 #include "shardtrain/models/blocks.h"
 
 namespace shardtrain::models {
@@ -41,6 +45,48 @@ std::vector<at::Tensor> causal_lm_outputs(at::Tensor hidden, const CausalLmStart
   }
   at::Tensor logits = head(hidden, at::Tensor());
   return {logits, labels.defined() ? causal_lm_loss(logits, labels) : at::Tensor()};
+}
+
+at::Tensor causal_lm_decode_bias(const at::Tensor& input_ids, const at::Tensor& attention_mask, int64_t window,
+                                 at::ScalarType dtype) {
+  if (!attention_mask.defined() || attention_mask.dim() != 2 || attention_mask.size(1) < input_ids.size(1)) {
+    throw std::invalid_argument("cached decoding of " + std::to_string(input_ids.size(1)) + " tokens: the attention "
+                                "mask must cover the cached positions and these, (B, P + T), got " +
+                                (attention_mask.defined() ? c10::str(attention_mask.sizes()) : std::string("none")));
+  }
+  return decode_bias(attention_mask, input_ids.size(1), window, dtype);
+}
+
+namespace {
+
+class CausalLmDecoder : public TextDecoder {
+ public:
+  CausalLmDecoder(torch::nn::Module& model, CausalLmForward forward) : caches_(model), forward_(std::move(forward)) {}
+
+  at::Tensor start(const at::Tensor& ids, const at::Tensor& mask) override {
+    mask_ = mask.to(at::kLong);
+    const at::Tensor positions = (mask_.cumsum(1) - 1).masked_fill(mask_ == 0, 0);  // (B, T)
+    last_ = positions.narrow(1, positions.size(1) - 1, 1);
+    return forward_(ids, mask_, positions).select(1, -1).to(at::kFloat);
+  }
+
+  at::Tensor next(const at::Tensor& tokens) override {
+    mask_ = at::cat({mask_, at::ones({mask_.size(0), 1}, mask_.options())}, 1);
+    last_ = last_ + 1;
+    return forward_(tokens.view({-1, 1}), mask_, last_).select(1, -1).to(at::kFloat);
+  }
+
+ private:
+  KvCaches caches_;
+  CausalLmForward forward_;
+  at::Tensor mask_;  // (B, P): every position so far
+  at::Tensor last_;  // (B, 1): the last one's position id
+};
+
+}  // namespace
+
+std::unique_ptr<TextDecoder> causal_lm_decoder(torch::nn::Module& model, CausalLmForward forward) {
+  return std::make_unique<CausalLmDecoder>(model, std::move(forward));
 }
 
 at::Tensor causal_lm_labels(const data::Batch& b) {

@@ -15,6 +15,7 @@
 
 #include "models/evaluation.h"
 #include "models/recipe_helpers.h"
+#include "shardtrain/models/generation.h"
 #include "shardtrain/models/losses.h"
 
 namespace shardtrain::models {
@@ -43,6 +44,19 @@ CausalLmStart causal_lm_start(const at::Tensor& attention_mask, const at::Tensor
 // rows (N, C) against targets (N) (linear_cross_entropy). `hidden` is released before the loss runs.
 std::vector<at::Tensor> causal_lm_outputs(at::Tensor hidden, const CausalLmStart& start, const at::Tensor& labels,
                                           const std::function<at::Tensor(const at::Tensor&, const at::Tensor&)>& head);
+
+// Cached decoding (generation.h): input_ids (B, T) the new tokens, attention_mask (B, P + T) over the P positions
+// the attention modules' caches hold (kv_cache.h) and these. The one bias every layer reads, (B, 1, T, P + T)
+// (blocks.h decode_bias). Throws std::invalid_argument when the mask is missing or shorter than the ids.
+at::Tensor causal_lm_decode_bias(const at::Tensor& input_ids, const at::Tensor& attention_mask, int64_t window,
+                                 at::ScalarType dtype);
+
+// A causal LM's TextDecoder: KV caches attached to `model`'s attention modules while it lives; each step calls
+// forward(input_ids (B, T), attention_mask (B, P + T), position_ids (B, T)), the model's forward with position_ids
+// (cached decoding), which returns the last position's logits (B, 1, vocab). Positions as transformers' generate:
+// each row's tokens counted from 0, left padding skipped.
+using CausalLmForward = std::function<at::Tensor(const at::Tensor&, const at::Tensor&, const at::Tensor&)>;
+std::unique_ptr<TextDecoder> causal_lm_decoder(torch::nn::Module& model, CausalLmForward forward);
 
 // The tokens of a text batch as labels, padding -100.
 at::Tensor causal_lm_labels(const data::Batch& b);

@@ -54,28 +54,36 @@ Gpt2Impl::Gpt2Impl(const Gpt2Config& c, const BuildOptions& build) : Interceptab
 }
 
 Gpt2Outputs Gpt2Impl::run(const at::Tensor& input_ids, const at::Tensor& attention_mask, const at::Tensor& labels,
-                          bool labelled_only) {
-  auto out = forward(input_ids, attention_mask, labels, labelled_only);
+                          bool labelled_only, const at::Tensor& position_ids) {
+  auto out = forward(input_ids, attention_mask, labels, labelled_only, position_ids);
   return {out[0], out[1]};
 }
 
 std::vector<at::Tensor> Gpt2Impl::forward_impl(const at::Tensor& input_ids, const at::Tensor& attention_mask,
-                                               const at::Tensor& labels, bool labelled_only) {
+                                               const at::Tensor& labels, bool labelled_only,
+                                               const at::Tensor& position_ids) {
   const int64_t length = input_ids.size(1);
-  if (length > config.max_positions) {
-    throw std::invalid_argument("GPT-2: " + std::to_string(length) + " tokens exceed its " +
+  const bool decoding = position_ids.defined();
+  const int64_t positions = decoding && attention_mask.defined() ? attention_mask.size(1) : length;
+  if (positions > config.max_positions) {
+    throw std::invalid_argument("GPT-2: " + std::to_string(positions) + " tokens exceed its " +
                                 std::to_string(config.max_positions) + " positions (n_positions)");
   }
   // The lookups' rows go into the head's dense gradient (tie_table()), one vocab x dim gradient, not two.
   const TiedTable table = tie_table(embed->weight);
-  at::Tensor x = sparse_lookup(table.lookups[0], input_ids) +
-                 pos_embed->forward(at::arange(length, input_ids.options().dtype(at::kLong)));  // (B, T, C)
+  const at::Tensor position = decoding ? position_ids : at::arange(length, input_ids.options().dtype(at::kLong));
+  at::Tensor x = sparse_lookup(table.lookups[0], input_ids) + pos_embed->forward(position);  // (B, T, C)
   if (is_training() && config.embd_dropout > 0) x = at::dropout(x, config.embd_dropout, true);
-  const CausalLmStart start =
-      causal_lm_start(attention_mask, labels, labelled_only, length, 0, attention_dtype(x), x.device());
   auto head = [&](const at::Tensor& h, const at::Tensor& targets) {
     return targets.defined() ? linear_cross_entropy(h, table.head, {}, targets) : tied_projection(h, table.head);
   };
+  if (decoding) {
+    const at::Tensor h = norm->forward(
+        run_layers(layers, x, causal_lm_decode_bias(input_ids, attention_mask, 0, attention_dtype(x))));
+    return {head(h.narrow(1, length - 1, 1), {}), at::Tensor()};
+  }
+  const CausalLmStart start =
+      causal_lm_start(attention_mask, labels, labelled_only, length, 0, attention_dtype(x), x.device());
   return causal_lm_outputs(norm->forward(run_layers(layers, x, start.bias)), start, labels, head);
 }
 

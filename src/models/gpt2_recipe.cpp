@@ -41,6 +41,13 @@ class Gpt2Recipe : public FamilyRecipe<Gpt2Config, Gpt2> {
   }
 
   std::vector<std::string> tasks() const override { return {"causal_lm"}; }
+
+  std::unique_ptr<TextDecoder> text_decoder(torch::nn::Module& model) const override {
+    Gpt2Impl& gpt2 = module_as<Gpt2Impl>(model, family());
+    return causal_lm_decoder(model, [&gpt2](const at::Tensor& ids, const at::Tensor& mask, const at::Tensor& at) {
+      return gpt2.run(ids, mask, {}, false, at).logits;
+    });
+  }
   // One table, read at both ends of the model: it stays in the root.
   std::vector<std::string> tied_tables() const override { return {"embed.weight"}; }
 

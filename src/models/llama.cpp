@@ -211,31 +211,40 @@ LlamaImpl::LlamaImpl(const LlamaConfig& c, const BuildOptions& build) : Intercep
 }
 
 LlamaOutputs LlamaImpl::run(const at::Tensor& input_ids, const at::Tensor& attention_mask, const at::Tensor& labels,
-                            bool labelled_only) {
-  auto out = forward(input_ids, attention_mask, labels, labelled_only);
+                            bool labelled_only, const at::Tensor& position_ids) {
+  auto out = forward(input_ids, attention_mask, labels, labelled_only, position_ids);
   return {out[0], out[1]};
 }
 
 std::vector<at::Tensor> LlamaImpl::forward_impl(const at::Tensor& input_ids, const at::Tensor& attention_mask,
-                                                const at::Tensor& labels, bool labelled_only) {
+                                                const at::Tensor& labels, bool labelled_only,
+                                                const at::Tensor& position_ids) {
   const int64_t length = input_ids.size(1);
-  if (length > config.max_positions) {
-    throw std::invalid_argument("Llama: " + std::to_string(length) + " tokens exceed max_positions " +
+  const bool decoding = position_ids.defined();
+  const int64_t positions = decoding && attention_mask.defined() ? attention_mask.size(1) : length;
+  if (positions > config.max_positions) {
+    throw std::invalid_argument("Llama: " + std::to_string(positions) + " tokens exceed max_positions " +
                                 std::to_string(config.max_positions));
   }
   // Tied: the lookups' rows go into the head's dense gradient (tie_table()), one vocab x dim gradient, not two.
   const bool tied = config.tie_word_embeddings;
   const TiedTable table = tied ? tie_table(tied_embed->weight) : TiedTable{};
   at::Tensor x = tied ? sparse_lookup(table.lookups[0], input_ids) : embed->forward(input_ids);
-  // Mistral's window, where it cuts; the bias made once for every layer (blocks.h).
-  const int64_t window = config.sliding_window > 0 && length > config.sliding_window ? config.sliding_window : 0;
-  const CausalLmStart start =
-      causal_lm_start(attention_mask, labels, labelled_only, length, window, attention_dtype(x), x.device());
-  const at::Tensor rope = rotary_table(length, llama_inv_freq(config, x.device()));
   auto head = [&](const at::Tensor& h, const at::Tensor& targets) {
     if (!tied) return lm_head->forward(h, targets)[0];
     return targets.defined() ? linear_cross_entropy(h, table.head, {}, targets) : tied_projection(h, table.head);
   };
+  const at::Tensor inv_freq = llama_inv_freq(config, x.device());
+  if (decoding) {
+    const at::Tensor bias = causal_lm_decode_bias(input_ids, attention_mask, config.sliding_window, attention_dtype(x));
+    const at::Tensor h = norm->forward(run_layers(layers, x, bias, rotary_at(position_ids, inv_freq)));
+    return {head(h.narrow(1, length - 1, 1), {}), at::Tensor()};
+  }
+  // Mistral's window, where it cuts; the bias made once for every layer (blocks.h).
+  const int64_t window = config.sliding_window > 0 && length > config.sliding_window ? config.sliding_window : 0;
+  const CausalLmStart start =
+      causal_lm_start(attention_mask, labels, labelled_only, length, window, attention_dtype(x), x.device());
+  const at::Tensor rope = rotary_table(length, inv_freq);
   return causal_lm_outputs(norm->forward(run_layers(layers, x, start.bias, rope)), start, labels, head);
 }
 

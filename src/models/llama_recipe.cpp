@@ -41,6 +41,13 @@ class LlamaRecipe : public FamilyRecipe<LlamaConfig, Llama> {
 
   std::vector<std::string> tasks() const override { return {"causal_lm"}; }
 
+  std::unique_ptr<TextDecoder> text_decoder(torch::nn::Module& model) const override {
+    LlamaImpl& llama = module_as<LlamaImpl>(model, family());
+    return causal_lm_decoder(model, [&llama](const at::Tensor& ids, const at::Tensor& mask, const at::Tensor& at) {
+      return llama.run(ids, mask, {}, false, at).logits;
+    });
+  }
+
   // Untied: the embedding and the head, each vocab x dim, are units of their own (recipe.h). Tied: one table,
   // read at both ends of the model, stays in the root.
   EdgeUnits edge_unit_classes() const override {

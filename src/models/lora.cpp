@@ -15,6 +15,7 @@
 
 #include "shardtrain/io/files.h"
 #include "shardtrain/models/build.h"
+#include "shardtrain/models/generation.h"
 #include "shardtrain/models/layers.h"
 #include "shardtrain/models/recipe.h"
 #include "util/with_commas.h"
@@ -251,6 +252,9 @@ class LoraRecipe : public ModelRecipe {
     ActivationQuery adapted = query;
     adapted.adapters = adapters_;
     return inner_->activation_bytes(adapted);
+  }
+  std::unique_ptr<TextDecoder> text_decoder(torch::nn::Module& model) const override {
+    return inner_->text_decoder(model);
   }
   void parallelize_hook(torch::nn::Module& root, const dist::DeviceMesh& mesh) const override {
     inner_->parallelize_hook(root, mesh);

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <stdexcept>
 
+#include "shardtrain/models/generation.h"
 #include "util/closest_match.h"
 
 namespace shardtrain::models {
@@ -31,6 +32,11 @@ std::vector<std::string> ModelRecipe::own_unit_classes() const {
 ActivationBytes ModelRecipe::activation_bytes(const ActivationQuery&) const {
   throw std::invalid_argument("the activation memory of " + family() + " (" + flavor() +
                               ") is not modelled yet: its recipe states none (ModelRecipe::activation_bytes)");
+}
+
+std::unique_ptr<TextDecoder> ModelRecipe::text_decoder(torch::nn::Module&) const {
+  throw std::invalid_argument(family() + " (" + flavor() + ") does not generate text: generation is for the causal "
+                              "language models (llama, mistral, qwen2, qwen3, gpt2) and t5");
 }
 
 namespace {

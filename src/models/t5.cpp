@@ -62,9 +62,10 @@ T5StackImpl::T5StackImpl(const T5Config& c, bool is_decoder, const std::string& 
   norm = register_module("norm", RMSNorm(c.dim, c.norm_eps, t));
 }
 
-at::Tensor T5StackImpl::position_bias(int64_t queries, int64_t keys) {
+at::Tensor T5StackImpl::position_bias(int64_t queries, int64_t keys, int64_t first_query) {
   auto longs = at::TensorOptions().dtype(at::kLong).device(relative_bias->weight.device());
-  at::Tensor relative = at::arange(keys, longs).unsqueeze(0) - at::arange(queries, longs).unsqueeze(1);  // (T, S)
+  at::Tensor relative =
+      at::arange(keys, longs).unsqueeze(0) - at::arange(first_query, first_query + queries, longs).unsqueeze(1);
   int64_t buckets = config.buckets;
   at::Tensor bucket = at::zeros_like(relative);
   at::Tensor distance;
@@ -101,6 +102,15 @@ at::Tensor T5StackImpl::forward(const at::Tensor& embedded, const at::Tensor& ma
   const at::Tensor context = decoder ? encoder_out.to(dtype) : at::Tensor();
   x = norm->forward(run_layers(layers, x, bias, {}, context, cross_bias));
   return train ? at::dropout(x, config.dropout, true) : x;
+}
+
+at::Tensor T5StackImpl::decode(const at::Tensor& embedded, int64_t position, const at::Tensor& encoder_out,
+                               const at::Tensor& encoder_mask) {
+  const at::ScalarType dtype = attention_dtype(embedded);
+  // One query sees every key so far: no future to hide.
+  const at::Tensor bias = position_bias(1, position + 1, position).to(dtype);
+  const at::Tensor cross_bias = encoder_mask.defined() ? padding_bias(encoder_mask, dtype) : at::Tensor();
+  return norm->forward(run_layers(layers, embedded, bias, {}, encoder_out.to(dtype), cross_bias));
 }
 
 T5Impl::T5Impl(const T5Config& c, const BuildOptions& build) : Interceptable("T5"), config(c) {
@@ -144,6 +154,16 @@ std::vector<at::Tensor> T5Impl::forward_impl(const at::Tensor& input_ids, const 
   }
   at::Tensor logits = tied_projection(decoded * scale, table.head);
   return {logits, labels.defined() ? masked_cross_entropy(logits, labels) : at::Tensor(), encoded};
+}
+
+at::Tensor T5Impl::encode(const at::Tensor& input_ids, const at::Tensor& attention_mask) {
+  return encoder->forward(shared->forward(input_ids), attention_mask, {}, {});
+}
+
+at::Tensor T5Impl::decode_step(const at::Tensor& tokens, int64_t position, const at::Tensor& encoded,
+                               const at::Tensor& attention_mask) {
+  const at::Tensor decoded = decoder->decode(shared->forward(tokens), position, encoded, attention_mask);
+  return at::linear(decoded * std::pow(static_cast<double>(config.dim), -0.5), shared->weight);  // forward_impl's head
 }
 
 NameMap t5_names() {

@@ -10,9 +10,11 @@
 #include "models/activation_model.h"
 #include "models/families.h"
 #include "models/hf_config.h"
+#include "models/kv_cache.h"
 #include "models/recipe_helpers.h"
 #include "models/t5_seq2seq.h"
 #include "models/t5_span_corruption.h"
+#include "shardtrain/models/generation.h"
 #include "shardtrain/models/losses.h"
 #include "shardtrain/models/t5.h"
 
@@ -100,6 +102,30 @@ class T5SpanCorruption : public Task {
 
 nlohmann::json t5_to_hf(const T5Config& c);
 
+// Greedy or sampled decoding (generation.h): the encoder once, then the decoder a token a step from the start token
+// (the pad token, as transformers' decoder_start_token_id), its self- and cross-attention cached.
+class T5Decoder : public TextDecoder {
+ public:
+  explicit T5Decoder(T5Impl& t5) : t5_(t5), caches_(*t5.decoder) {}
+  at::Tensor start(const at::Tensor& ids, const at::Tensor& mask) override {
+    encoded_ = t5_.encode(ids, mask), mask_ = mask, position_ = 0;
+    return step(sequences_at_start(ids));
+  }
+  at::Tensor next(const at::Tensor& tokens) override { return step(tokens.view({-1, 1})); }
+  at::Tensor sequences_at_start(const at::Tensor& ids) const override {
+    return at::full({ids.size(0), 1}, t5_.config.pad_token_id, ids.options());
+  }
+
+ private:
+  at::Tensor step(const at::Tensor& tokens) {
+    return t5_.decode_step(tokens, position_++, encoded_, mask_).select(1, -1).to(at::kFloat);
+  }
+  T5Impl& t5_;
+  KvCaches caches_;
+  at::Tensor encoded_, mask_;  // (B, S, C), (B, S)
+  int64_t position_ = 0;       // the decoder's next position
+};
+
 class T5Recipe : public FamilyRecipe<T5Config, T5> {
  public:
   using FamilyRecipe::FamilyRecipe;
@@ -128,6 +154,10 @@ class T5Recipe : public FamilyRecipe<T5Config, T5> {
   std::vector<std::string> tasks() const override { return {"span_corruption", "seq2seq"}; }
   // The LM head is the shared table both stacks' embeddings read.
   std::vector<std::string> tied_tables() const override { return {"shared.weight"}; }
+
+  std::unique_ptr<TextDecoder> text_decoder(torch::nn::Module& model) const override {
+    return std::make_unique<T5Decoder>(module_as<T5Impl>(model, family()));
+  }
   // Span corruption's sentinels from the tokenizer's <extra_id_0>, when it has one.
   std::shared_ptr<const ModelRecipe> with_task_head(const std::string&, const TaskSetup& setup) const override {
     if (!setup.first_sentinel || *setup.first_sentinel == config().first_sentinel) return nullptr;

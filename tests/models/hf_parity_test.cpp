@@ -16,6 +16,7 @@
 
 #include "shardtrain/models/bert.h"
 #include "shardtrain/models/flava.h"
+#include "shardtrain/models/generation.h"
 #include "shardtrain/models/gpt2.h"
 #include "shardtrain/models/llama.h"
 #include "shardtrain/io/files.h"
@@ -205,6 +206,50 @@ TEST(HfParity, T5) {
   T5Outputs labelled = model->run(ref["input_ids"], ref["attention_mask"], {}, ref["labels"], /*labelled_only=*/true);
   expect_close(labelled.loss, ref["loss"], "loss, head at the labelled positions");
   EXPECT_FALSE(labelled.logits.defined());
+}
+
+// Greedy generation (a KV cache, tests/reference/hf_reference.py's greedy_generation) from left-padded prompts of
+// 10, 4 and 7 tokens: transformers' generate() and ours make the same tokens, with no end-of-sequence token, and
+// with row 0's 4th token as one (row 0 stops there and is padded; the batch stops when every row has).
+TEST(HfParity, GreedyGenerationMakesTransformersTokens) {
+  for (const std::string family : {"llama", "llama3", "mistral", "qwen2", "qwen3", "gpt2", "t5"}) {
+    SCOPED_TRACE(family);
+    Reference ref(family);
+    ZooModel built = build_model(recipe_of_model(ref.dir));
+    load_weights(*built.module, ref.dir + "/model.safetensors", built.names);
+    built.module->eval();
+    GenerationOptions options;
+    options.max_new_tokens = 10, options.pad_token_id = 0;
+    for (const char* name : {"gen_free", "gen_stopped"}) {
+      if (std::string(name) == "gen_stopped") options.eos_token_ids = {ref["gen_eos"][0].item<int64_t>()};
+      const auto decoder = built.recipe->text_decoder(*built.module);
+      const Generated out = generate(*decoder, ref["gen_prompt_ids"], ref["gen_prompt_mask"], options);
+      const at::Tensor wanted = ref[name];
+      EXPECT_TRUE(at::equal(out.tokens, wanted)) << name << ": ours " << out.tokens << "\ntransformers' " << wanted;
+    }
+  }
+}
+
+// The scores transformers' logits processors leave (hf_reference.py's scores_reference): the repetition penalty
+// alone (greedy), the sampling chain (penalty 1.3, temperature 0.7, top-k 20, top-p 0.8), top-p 0.5 alone; the
+// same tokens dropped (-inf) and the same values kept.
+TEST(HfParity, ScoresAsTransformersLogitsProcessors) {
+  const io::SafetensorsReader file(reference_dir() + "/generation/scores.safetensors");
+  const at::Tensor scores = file.read("scores"), sequences = file.read("sequences");
+  auto expect_same = [](const at::Tensor& ours, const at::Tensor& theirs, const std::string& what) {
+    EXPECT_TRUE(at::equal(at::isinf(ours), at::isinf(theirs))) << what << ": other tokens dropped";
+    const at::Tensor kept = at::isfinite(theirs);
+    expect_close(ours.masked_select(kept), theirs.masked_select(kept), what);
+  };
+  GenerationOptions greedy;
+  greedy.repetition_penalty = 1.3;
+  expect_same(process_scores(scores, sequences, greedy), file.read("penalized"), "repetition penalty");
+  GenerationOptions sampled = greedy;
+  sampled.do_sample = true, sampled.temperature = 0.7, sampled.top_k = 20, sampled.top_p = 0.8;
+  expect_same(process_scores(scores, sequences, sampled), file.read("sampled"), "the sampling chain");
+  GenerationOptions top_p;
+  top_p.do_sample = true, top_p.top_k = 0, top_p.top_p = 0.5;
+  expect_same(process_scores(scores, sequences, top_p), file.read("top_p_only"), "top-p alone");
 }
 
 TEST(HfParity, Flava) {

@@ -3,7 +3,10 @@ config.json names), fails on any weight the model expected and the directory lac
 is one, and records a batch and the model's outputs on it (eval mode, float32) for tests/train/train_test.cpp to
 compare with shardtrain's model loaded from the same directory.
 
-usage: hf_export_check.py EXPORT_DIR OUT.safetensors
+With GENERATED_JSONL (`shardtrain generate --json`'s records for the directory), each prompt is also continued by
+transformers' generate (greedy, as many new tokens as shardtrain made): the same tokens, or the check fails.
+
+usage: hf_export_check.py EXPORT_DIR OUT.safetensors [GENERATED_JSONL]
 """
 import json
 import os
@@ -38,6 +41,21 @@ def text_batch(g, vocab, batch=3, length=12):
     mask = torch.ones(batch, length, dtype=torch.long)
     mask[1, 8:] = 0  # a padded sample
     return ids, mask
+
+
+def check_generated(path, model, tokenizer, generated_jsonl):
+    with open(generated_jsonl, encoding="utf-8") as f:
+        records = [json.loads(line) for line in f]
+    first = 1 if model.config.is_encoder_decoder else None  # after the decoder's start token, or the prompt's
+    for r in records:
+        ids = tokenizer(r["prompt"], return_tensors="pt")["input_ids"]
+        with torch.no_grad():
+            out = model.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False,
+                                 max_new_tokens=len(r["tokens"]), pad_token_id=0)
+        theirs = out[0, first or ids.shape[1]:].tolist()[:len(r["tokens"])]
+        if theirs != r["tokens"]:
+            raise SystemExit(f"{path}: {r['prompt']!r}: shardtrain generated {r['tokens']}, transformers {theirs}")
+    print(f"generation: {len(records)} prompts continued as transformers' generate")
 
 
 def main():
@@ -117,6 +135,8 @@ def main():
         print(f"hf_export_check: tokenizer {type(tok).__name__}, {len(tok)} tokens")
     save_file({k: v.contiguous() for k, v in io.items()}, out)
     print(f"hf_export_check: {arch} from {path}: every weight loaded; wrote {out}")
+    if len(sys.argv) > 3:
+        check_generated(path, model, tok, sys.argv[3])
 
 
 if __name__ == "__main__":

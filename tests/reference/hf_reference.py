@@ -8,8 +8,13 @@ pytorch_model.bin files that many checkpoints on the Hub still hold), for the te
 bert and t5 as an FSDP2 job's distributed checkpoint (OUT_DIR/<family>/dcp/; damaged copies in bert/dcp-faults/).
 
 usage: hf_reference.py OUT_DIR
-writes OUT_DIR/<family>/{model.safetensors, io.safetensors, torch*/...} and OUT_DIR/counts.json
+The generating families' io.safetensors also hold greedy generation from left-padded prompts (gen_*), and
+OUT_DIR/generation/scores.safetensors the logits processors' outputs on random scores.
+
+writes OUT_DIR/<family>/{model.safetensors, io.safetensors, torch*/...}, OUT_DIR/generation/scores.safetensors and
+OUT_DIR/counts.json
 """
+import copy
 import json
 import os
 import shutil
@@ -177,6 +182,51 @@ def text_batch(g, vocab, batch=3, length=12):
     return ids, mask
 
 
+def greedy_generation(model, g, encoder_decoder=False):
+    """Three left-padded prompts (10, 4 and 7 tokens) continued greedily for at most 10 tokens by transformers'
+    generate (a KV cache), first with no end-of-sequence token, then with the token row 0 made 4th as one: row 0
+    stops there and is padded (pad 0) while the others go on."""
+    lengths = [10, 4, 7]
+    width = max(lengths)
+    mask = torch.zeros(3, width, dtype=torch.long)
+    for r, n in enumerate(lengths):
+        mask[r, width - n:] = 1
+    ids = torch.randint(3, 1000, (3, width), generator=g).masked_fill(mask == 0, 0)
+    config = copy.deepcopy(model.generation_config)
+    config.update(eos_token_id=None, pad_token_id=0, bos_token_id=None, do_sample=False, max_new_tokens=10,
+                  max_length=None)
+    first = 1 if encoder_decoder else width  # the output repeats the prompt, or begins with the start token
+
+    def run():
+        with torch.no_grad():
+            return model.generate(ids, attention_mask=mask, generation_config=config)[:, first:]
+    free = run()
+    config.eos_token_id = int(free[0, 3])
+    stopped = run()
+    return dict(gen_prompt_ids=ids, gen_prompt_mask=mask, gen_free=free, gen_eos=torch.tensor([config.eos_token_id]),
+                gen_stopped=stopped)
+
+
+def scores_reference(out, g):
+    """transformers' logits processors on random scores (4, 50) after sequences (4, 6): the repetition penalty alone
+    (what greedy decoding applies), and the sampling chain: penalty, temperature, top-k, top-p."""
+    from transformers.generation.logits_process import (RepetitionPenaltyLogitsProcessor, TemperatureLogitsWarper,
+                                                        TopKLogitsWarper, TopPLogitsWarper)
+    scores = torch.randn(4, 50, generator=g) * 3
+    sequences = torch.randint(0, 50, (4, 6), generator=g)
+    penalty = RepetitionPenaltyLogitsProcessor(1.3)
+    chain = [penalty, TemperatureLogitsWarper(0.7), TopKLogitsWarper(20), TopPLogitsWarper(0.8)]
+    sampled = scores.clone()
+    for p in chain:
+        sampled = p(sequences, sampled)
+    top_p_only = TopPLogitsWarper(0.5)(sequences, scores.clone())
+    d = os.path.join(out, "generation")
+    os.makedirs(d, exist_ok=True)
+    tensors = dict(scores=scores, sequences=sequences, penalized=penalty(sequences, scores.clone()), sampled=sampled,
+                   top_p_only=top_p_only)
+    save_file({k: v.contiguous() for k, v in tensors.items()}, os.path.join(d, "scores.safetensors"))
+
+
 def bert(out, g):
     model = BertForPreTraining(bert_debug()).eval()
     randomize(model, 1)
@@ -213,7 +263,8 @@ def llama(out, g):
     labels = ids.masked_fill(mask == 0, -100)
     with torch.no_grad():
         o = model(input_ids=ids, attention_mask=mask, labels=labels)
-    save(out, "llama", model, dict(input_ids=ids, attention_mask=mask, labels=labels, logits=o.logits, loss=o.loss))
+    save(out, "llama", model, dict(input_ids=ids, attention_mask=mask, labels=labels, logits=o.logits, loss=o.loss,
+                                   **greedy_generation(model, g)))
 
 
 def llama3(out, g):
@@ -223,7 +274,8 @@ def llama3(out, g):
     labels = ids.masked_fill(mask == 0, -100)
     with torch.no_grad():
         o = model(input_ids=ids, attention_mask=mask, labels=labels)
-    save(out, "llama3", model, dict(input_ids=ids, attention_mask=mask, labels=labels, logits=o.logits, loss=o.loss))
+    save(out, "llama3", model, dict(input_ids=ids, attention_mask=mask, labels=labels, logits=o.logits, loss=o.loss,
+                                    **greedy_generation(model, g)))
 
 
 def decoder(name, model_class, config):
@@ -235,7 +287,8 @@ def decoder(name, model_class, config):
         labels = ids.masked_fill(mask == 0, -100)
         with torch.no_grad():
             o = model(input_ids=ids, attention_mask=mask, labels=labels)
-        save(out, name, model, dict(input_ids=ids, attention_mask=mask, labels=labels, logits=o.logits, loss=o.loss))
+        save(out, name, model, dict(input_ids=ids, attention_mask=mask, labels=labels, logits=o.logits, loss=o.loss,
+                                    **greedy_generation(model, g)))
     return make
 
 
@@ -253,7 +306,7 @@ def gpt2(out, g):
     h = model.transformer.h
     io = dict(input_ids=ids, attention_mask=mask, labels=labels, logits=o.logits.detach(), loss=o.loss.detach(),
               grad_c_attn=h[0].attn.c_attn.weight.grad, grad_mlp_c_proj=h[1].mlp.c_proj.weight.grad,
-              grad_wte=model.transformer.wte.weight.grad)
+              grad_wte=model.transformer.wte.weight.grad, **greedy_generation(model, g))
     save(out, "gpt2", model, io)
     hub = os.path.join(out, "gpt2", "hub")
     os.makedirs(hub, exist_ok=True)
@@ -275,7 +328,8 @@ def t5(out, g):
     with torch.no_grad():
         o = model(input_ids=ids, attention_mask=mask, labels=labels)
     save(out, "t5", model, dict(input_ids=ids, attention_mask=mask, labels=labels, logits=o.logits, loss=o.loss,
-                                encoder_hidden=o.encoder_last_hidden_state))
+                                encoder_hidden=o.encoder_last_hidden_state,
+                                **greedy_generation(model, g, encoder_decoder=True)))
 
 
 def flava(out, g):
@@ -417,7 +471,7 @@ def main():
     g = torch.Generator().manual_seed(1234)
     for make in (bert, vit, llama, llama3, decoder("mistral", MistralForCausalLM, mistral_debug()),
                  decoder("qwen2", Qwen2ForCausalLM, qwen2_debug()), decoder("qwen3", Qwen3ForCausalLM, qwen3_debug()),
-                 gpt2, t5, flava):
+                 gpt2, t5, flava, scores_reference):
         make(out, g)
     with open(os.path.join(out, "counts.json"), "w") as f:
         json.dump(counts(), f, indent=1)

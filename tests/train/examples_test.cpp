@@ -120,7 +120,7 @@ TEST(Examples, BertTaggerFineTunedOnConllFiles) {
 // by Hugging Face's libraries, fine-tuned for seq2seq on 2 ranks through that tokenizer.json; the held-out exact match
 // of greedy outputs rises from 0 past the script's bar (0.25; 0.39 measured, ROUGE-L 0.81), and transformers'
 // generate on the export scores what shardtrain's evaluation scored (the same weights and tokens, decoded by another
-// implementation).
+// implementation), and `shardtrain generate` makes its outputs.
 TEST(Examples, T5Seq2SeqFineTunedThroughItsTokenizerJson) {
   const std::string out = "/tmp/shardtrain_t5_seq2seq_" + std::to_string(::getpid());
   const Outcome r = run_example("t5_seq2seq", out);
@@ -132,6 +132,9 @@ TEST(Examples, T5Seq2SeqFineTunedThroughItsTokenizerJson) {
   EXPECT_GT(progress_of(r.output, "ROUGE-L").second, 0.7) << r.output;
   const double theirs = checked_value(r.output, "exact match");
   EXPECT_NEAR(theirs, after, 0.05) << r.output;
+  // `shardtrain generate` on the export: transformers' output for every held-out input (check.py compares).
+  EXPECT_NE(r.output.find("check: shardtrain generate: 1000 of 1000 outputs as transformers' generate"),
+            std::string::npos) << r.output;
   io::remove_tree(out);
 }
 
@@ -153,7 +156,8 @@ TEST(Examples, LlamaCausalLmFineTunedThroughItsTokenizerJson) {
 // examples/gpt2_clm/run.sh: the seeds' run_clm on GPT-2 under DDP on 2 ranks, from a random GPT2LMHeadModel with a
 // GPT-2-style tokenizer.json, texts grouped into run_clm's blocks; the held-out perplexity falls, and transformers,
 // grouping the held-out texts as run_clm does, measures about the same perplexity on the export (ours also scores
-// the remainder run_clm drops, as a last padded block).
+// the remainder run_clm drops, as a last padded block); `shardtrain generate` continues 8 prompts as transformers'
+// generate does.
 TEST(Examples, Gpt2RunClmUnderDdp) {
   const std::string out = "/tmp/shardtrain_gpt2_clm_" + std::to_string(::getpid());
   const Outcome r = run_example("gpt2_clm", out);
@@ -164,6 +168,8 @@ TEST(Examples, Gpt2RunClmUnderDdp) {
   EXPECT_LT(after, 0.2 * before) << r.output;
   const double theirs = checked_value(r.output, "perplexity");
   EXPECT_NEAR(theirs, after, 0.05 * after) << r.output;
+  // `shardtrain generate` on the export: transformers' generate makes the same tokens (check.py compares).
+  EXPECT_NE(r.output.find("check: 8 of 8 completions as transformers' generate"), std::string::npos) << r.output;
   io::remove_tree(out);
 }
 

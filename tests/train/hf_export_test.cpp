@@ -6,7 +6,8 @@
 // tests/reference/hf_export_check.py loads it with transformers' from_pretrained (no weight missing), records a
 // batch and transformers' outputs. shardtrain's model built from the same directory (model.from's path: its
 // config.json, its weights) must hold exactly the checkpoint's parameters and give transformers' outputs to 1e-5 of
-// their scale; transformers' tokenizer from the directory must tokenize as shardtrain's WordPiece does.
+// their scale; transformers' tokenizer from the directory must tokenize as shardtrain's WordPiece does; and
+// `shardtrain generate` on a causal LM's or T5's directory must make the tokens transformers' generate makes.
 #include <gtest/gtest.h>
 
 #include <unistd.h>
@@ -17,6 +18,7 @@
 #include <array>
 #include <filesystem>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "shardtrain/data/tokenizer.h"
@@ -133,9 +135,34 @@ TEST(HfExport, EveryFamilyLoadsIntoTransformersWithTheSameOutputs) {
     EXPECT_EQ(io::path_exists(out + "/model.safetensors.index.json"), sharded) << exported.output;
     EXPECT_NE(exported.output.find("vocab.txt, tokenizer_config.json"), std::string::npos) << exported.output;
 
+    // The generating families: `shardtrain generate` on the directory, which the check continues with
+    // transformers' generate too (the same tokens).
+    const bool generates = family != "bert" && family != "vit" && family != "flava";
+    if (generates) {
+      const Outcome generated = run(std::string(SHARDTRAIN_BIN) + " generate " + out + " 'a red circle' " +
+                                    "'two small squares on the left of a blue triangle' --max-new-tokens 6 --json " +
+                                    "--out " + out + "/generated.jsonl");
+      ASSERT_EQ(generated.status, 0) << generated.output;
+    }
+    if (name == "bert") {  // bad input to generate: each named
+      for (const auto& [options, message] : std::vector<std::pair<std::string, std::string>>{
+               {" 'a red circle'", "bert (" + out + ") does not generate text"},
+               {"", "no prompt: give PROMPT arguments or --prompts FILE"},
+               {" x --dtype float8", "--dtype: 'float8' is not float32, bfloat16 or float16"},
+               {" x --top-p 0", "top_p 0: expected in (0, 1]"}}) {
+        const Outcome refused = run(std::string(SHARDTRAIN_BIN) + " generate " + out + options);
+        EXPECT_EQ(refused.status, 2) << refused.output;
+        EXPECT_NE(refused.output.find(message), std::string::npos) << refused.output;
+      }
+    }
     const Outcome checked = run(std::string(SHARDTRAIN_PYTHON) + " " + SHARDTRAIN_SOURCE_DIR +
-                                "/tests/reference/hf_export_check.py " + out + " " + out + "/io.safetensors");
+                                "/tests/reference/hf_export_check.py " + out + " " + out + "/io.safetensors" +
+                                (generates ? " " + out + "/generated.jsonl" : ""));
     ASSERT_EQ(checked.status, 0) << checked.output;
+    if (generates) {
+      EXPECT_NE(checked.output.find("generation: 2 prompts continued as transformers' generate"), std::string::npos)
+          << checked.output;
+    }
     EXPECT_NE(checked.output.find("every weight loaded"), std::string::npos) << checked.output;
     if (name == "bert-classify") {
       EXPECT_NE(checked.output.find("BertForSequenceClassification from"), std::string::npos) << checked.output;

@@ -40,6 +40,13 @@ struct AttentionOptions {
   bool transposed = false;
 };
 
+// What an attention module keeps between the steps of generation (models/kv_cache.h attaches one): its keys and
+// values so far, after RoPE and before grouped heads are repeated, (B, kvH, S, D). Self-attention appends each call's
+// to them; cross-attention computes its context's once, on the first call, and reuses them.
+struct KvCache {
+  at::Tensor keys, values;
+};
+
 // Multi-head attention on LibTorch's scaled_dot_product_attention. Children: q, k, v (C -> H*D or kv_heads*D), or
 // with fused_qkv (self-attention only) qkv; o (H*D -> C); with re_attention also reattn_weights (H, H) and
 // reattn_norm over heads; with qk_norm q_norm and k_norm (D).
@@ -51,6 +58,8 @@ class AttentionImpl : public torch::nn::Module {
   // Causal: with no bias the kernel masks the future itself; a bias must already hide it, (..., T, S) from
   // causal_bias or hide_future, made once for all layers by the model (one made per layer would stay alive per
   // layer until backward: the fused kernels save their mask).
+  // With a cache attached, the T queries attend to the cached keys and theirs: a causal layer's bias is then
+  // (..., T, P + T) for P cached positions, and rope the T new positions' (2, T, D) or per row (2, B, 1, T, D).
   at::Tensor forward(const at::Tensor& x, const at::Tensor& context, const at::Tensor& bias, const at::Tensor& rope);
 
   AttentionOptions options;
@@ -59,6 +68,7 @@ class AttentionImpl : public torch::nn::Module {
   at::Tensor reattn_weights;
   LayerNorm reattn_norm{nullptr};
   RMSNorm q_norm{nullptr}, k_norm{nullptr};
+  KvCache* cache = nullptr;  // while generating: owned by the models/kv_cache.h KvCaches that attached it
 };
 TORCH_MODULE(Attention);
 
@@ -148,5 +158,11 @@ at::Tensor rotary_inv_freq(int64_t head_dim, double theta, const at::Device& dev
 // Rotary embeddings for positions [0, length) from inv_freq (D / 2): (2, length, D) cos and sin, Hugging Face's
 // half-split layout.
 at::Tensor rotary_table(int64_t length, const at::Tensor& inv_freq);
+// The same at each row's own positions (B, T) (generation: left padding shifts them): (2, B, 1, T, D).
+at::Tensor rotary_at(const at::Tensor& positions, const at::Tensor& inv_freq);
+// The bias of T new queries over all S = P + T keys when the first P are cached (generation): mask (B, S), 1 = token,
+// 0 = padding -> (B, 1, T, S) in dtype, the padding, each query's future and with window > 0 the keys `window` or
+// more before it hidden.
+at::Tensor decode_bias(const at::Tensor& mask, int64_t queries, int64_t window, at::ScalarType dtype);
 
 }  // namespace shardtrain::models

@@ -41,15 +41,17 @@ struct Gpt2Outputs {
 // Children: embed (the token table, "wte", also the LM head's weight), pos_embed ("wpe"), layers.N (class
 // "GPT2Block"), norm ("ln_f"). The tied table stays in the root unit (its lookups and the head share it).
 class Gpt2Impl
-    : public nn::Interceptable<Gpt2Impl, std::vector<at::Tensor>(at::Tensor, at::Tensor, at::Tensor, bool)> {
+    : public nn::Interceptable<Gpt2Impl,
+                               std::vector<at::Tensor>(at::Tensor, at::Tensor, at::Tensor, bool, at::Tensor)> {
  public:
   Gpt2Impl(const Gpt2Config& config, const BuildOptions& build = {});
   // input_ids (B, T); attention_mask (B, T) 1 = token, 0 = padding, or undefined; labels (B, T) or undefined.
-  // Positions 0..T-1 whatever the padding (transformers' default). labelled_only as LlamaImpl::run.
+  // Positions 0..T-1 whatever the padding (transformers' default). labelled_only and position_ids (cached decoding)
+  // as LlamaImpl::run.
   Gpt2Outputs run(const at::Tensor& input_ids, const at::Tensor& attention_mask = {}, const at::Tensor& labels = {},
-                  bool labelled_only = false);
+                  bool labelled_only = false, const at::Tensor& position_ids = {});
   std::vector<at::Tensor> forward_impl(const at::Tensor& input_ids, const at::Tensor& attention_mask,
-                                       const at::Tensor& labels, bool labelled_only);
+                                       const at::Tensor& labels, bool labelled_only, const at::Tensor& position_ids);
 
   Gpt2Config config;
   Embedding embed{nullptr}, pos_embed{nullptr};

@@ -102,17 +102,21 @@ struct LlamaOutputs {
 // "LlamaLMHead"). With tie_word_embeddings: embed is a plain Embedding (tied_embed; no unit of its own: the head
 // reads its table, so both stay in the root) and there is no lm_head.
 class LlamaImpl
-    : public nn::Interceptable<LlamaImpl, std::vector<at::Tensor>(at::Tensor, at::Tensor, at::Tensor, bool)> {
+    : public nn::Interceptable<LlamaImpl,
+                               std::vector<at::Tensor>(at::Tensor, at::Tensor, at::Tensor, bool, at::Tensor)> {
  public:
   LlamaImpl(const LlamaConfig& config, const BuildOptions& build = {});
   // input_ids (B, T); attention_mask (B, T) 1 = token, 0 = padding, or undefined; labels (B, T) or undefined.
   // labelled_only (with labels): the loss alone, the LM head at the positions whose next token has a label only
   // (padding and prompt tokens masked with -100 take none), fused with the cross-entropy in chunks
   // (linear_cross_entropy): the same loss and gradients without the (B, T, vocab) logits.
+  // position_ids (B, T) given: cached decoding (generation.h, the attention modules' KV caches attached): input_ids
+  // are the new tokens at those positions, attention_mask (B, P + T) covers the P cached positions and these, and
+  // the logits are the last position's, (B, 1, vocab).
   LlamaOutputs run(const at::Tensor& input_ids, const at::Tensor& attention_mask = {}, const at::Tensor& labels = {},
-                   bool labelled_only = false);
+                   bool labelled_only = false, const at::Tensor& position_ids = {});
   std::vector<at::Tensor> forward_impl(const at::Tensor& input_ids, const at::Tensor& attention_mask,
-                                       const at::Tensor& labels, bool labelled_only);
+                                       const at::Tensor& labels, bool labelled_only, const at::Tensor& position_ids);
 
   LlamaConfig config;
   LlamaEmbedding embed{nullptr};    // untied

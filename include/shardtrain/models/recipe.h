@@ -7,6 +7,7 @@
 //   build, Hugging Face names, transformer layer class  what parallelize(), checkpoints and weights loading need
 //   hf_base_model                                       transformers' base model as tensors (estimate-memory)
 //   training_flops                                      the loop's TFLOP/s and MFU
+//   text_decoder                                        generation (causal LMs, T5)
 //   parallelize_hook                                    what a family needs from the data-parallel world (FLAVA's
 //                                                       global contrastive loss gathers over it)
 //   tasks / task(name)                                  what it trains on: each Task names the data it reads, its
@@ -42,6 +43,8 @@ class DeviceMesh;
 }  // namespace shardtrain::dist
 
 namespace shardtrain::models {
+
+class TextDecoder;  // models/generation.h
 
 // What a task reads: which sources, and the sizes the data pipeline makes its samples in.
 struct DataNeeds {
@@ -166,6 +169,11 @@ class ModelRecipe {
   // The bytes one micro-batch's forward keeps for backward (models/activation_memory.h). Throws
   // std::invalid_argument for a family whose activations are not modelled yet.
   virtual ActivationBytes activation_bytes(const ActivationQuery& query) const;
+
+  // What generates text with `model` (this recipe's module, built and loaded, in one process): a decoder keeping a
+  // KV cache in its attention modules while it lives (models/generation.h). Throws std::invalid_argument naming the
+  // family for a model that does not generate text (the default; the causal LMs and T5 do).
+  virtual std::unique_ptr<TextDecoder> text_decoder(torch::nn::Module& model) const;
 
   // Called by parallelize(), build_parallel() and replicate_model() once the root is wrapped.
   virtual void parallelize_hook(torch::nn::Module& root, const dist::DeviceMesh& mesh) const;

@@ -44,8 +44,13 @@ class T5StackImpl : public torch::nn::Module {
   // embedded (B, T, C); mask (B, T) or undefined; for the decoder, encoder_out (B, S, C) and encoder_mask.
   at::Tensor forward(const at::Tensor& embedded, const at::Tensor& mask, const at::Tensor& encoder_out,
                      const at::Tensor& encoder_mask);
-  // (1, H, T, S) learned bias of query i for key j, from the bucket of j - i (HF's _relative_position_bucket).
-  at::Tensor position_bias(int64_t queries, int64_t keys);
+  // Cached decoding (the decoder, generation.h): embedded (B, 1, C) at `position`, the earlier positions in the
+  // attention modules' KV caches (cross-attention's keys and values made from encoder_out at position 0).
+  at::Tensor decode(const at::Tensor& embedded, int64_t position, const at::Tensor& encoder_out,
+                    const at::Tensor& encoder_mask);
+  // (1, H, T, S) learned bias of query i (at position first_query + i) for key j, from the bucket of j - i (HF's
+  // _relative_position_bucket).
+  at::Tensor position_bias(int64_t queries, int64_t keys, int64_t first_query = 0);
 
   T5Config config;
   bool decoder;
@@ -76,6 +81,12 @@ class T5Impl
   std::vector<at::Tensor> forward_impl(const at::Tensor& input_ids, const at::Tensor& attention_mask,
                                        const at::Tensor& decoder_input_ids, const at::Tensor& labels,
                                        bool labelled_only);
+  // Generation (generation.h), one process: these run the stacks themselves, not through the root's interceptors.
+  // encode: the encoder's output (B, S, C) of input_ids (B, S). decode_step: the logits (B, 1, vocab) after tokens
+  // (B, 1) at decoder position `position`, the earlier positions in the attention modules' KV caches.
+  at::Tensor encode(const at::Tensor& input_ids, const at::Tensor& attention_mask);
+  at::Tensor decode_step(const at::Tensor& tokens, int64_t position, const at::Tensor& encoded,
+                         const at::Tensor& attention_mask);
 
   T5Config config;
   Embedding shared{nullptr};
