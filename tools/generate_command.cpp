@@ -18,10 +18,12 @@
 
 #include "cli_args.h"
 #include "commands.h"
+#include "shardtrain/config/config.h"
 #include "shardtrain/data/tokenizer.h"
 #include "shardtrain/io/files.h"
 #include "shardtrain/io/hf_cache.h"
 #include "shardtrain/models/generation.h"
+#include "shardtrain/models/lora.h"
 #include "shardtrain/models/zoo.h"
 
 namespace shardtrain::cli {
@@ -43,6 +45,8 @@ const char* kGenerateUsage =
     "  --repetition-penalty R    a token already in the sequence is R times less likely (1.0: none)\n"
     "  --seed S                  sampling's seed (0)\n"
     "  --batch-size N            prompts generated together (8)\n"
+    "  --adapter DIR             a LoRA adapter over MODEL (PEFT's save_pretrained, `shardtrain checkpoint export\n"
+    "                            --peft`), its adapters applied as in training, unmerged\n"
     "  --dtype D                 float32, bfloat16 or float16: the weights and the computation (float32)\n"
     "  --device D                cpu, cuda, cuda:N (cpu)\n"
     "  --json                    one JSON record a prompt: prompt, completion, tokens, finished (ended by an\n"
@@ -187,7 +191,7 @@ int run_generate_command(const std::vector<std::string>& argv) {
   }
   const Args args = parse_args(argv,
                                {"prompts", "max-new-tokens", "temperature", "top-k", "top-p", "repetition-penalty",
-                                "seed", "batch-size", "dtype", "device", "out"},
+                                "seed", "batch-size", "dtype", "device", "out", "adapter"},
                                {"do-sample", "greedy", "json"});
   if (args.positionals.empty()) throw std::invalid_argument("no MODEL given\n" + std::string(kGenerateUsage));
   const std::string dir = io::resolve_hf_model(args.positionals[0], "MODEL");
@@ -205,11 +209,23 @@ int run_generate_command(const std::vector<std::string>& argv) {
   build.tensors = at::TensorOptions()
                       .dtype(parse_dtype(args.get("dtype", "float32")))
                       .device(parse_device(args.get("device", "cpu")));
-  models::ZooModel model = models::build_model(models::recipe_of_model(dir), build);
+  auto recipe = models::recipe_of_model(dir);
+  std::string adapted;
+  if (args.has("adapter")) {
+    const models::LoraSpec lora = config::read_peft_adapter(args.get("adapter", ""), "--adapter");
+    recipe = models::with_lora(recipe, lora);
+    adapted = ", adapter " + models::describe_lora(lora, models::lora_targets(*recipe, lora));
+  }
+  models::ZooModel model = models::build_model(recipe, build);
   models::load_weights(*model.module, dir, model.names);
+  if (args.has("adapter")) {
+    models::LoadOptions adapter;
+    adapter.lora_adapter = true;
+    models::load_weights(*model.module, models::lora_adapter_file(args.get("adapter", "")), model.names, adapter);
+  }
   model.module->eval();
-  std::fprintf(stderr, "generate: %s (%s), %s; %zu prompt(s), %s, at most %lld new tokens\n", dir.c_str(),
-               model.family.c_str(), tokenizer->describe().c_str(), prompts.size(),
+  std::fprintf(stderr, "generate: %s (%s%s), %s; %zu prompt(s), %s, at most %lld new tokens\n", dir.c_str(),
+               model.family.c_str(), adapted.c_str(), tokenizer->describe().c_str(), prompts.size(),
                options.do_sample ? "sampling" : "greedy", static_cast<long long>(options.max_new_tokens));
 
   const auto began = std::chrono::steady_clock::now();

@@ -461,6 +461,17 @@ void read_lora_adapter(models::LoraSpec& lora, const std::string& source) {
                              : std::vector<std::string>{};
 }
 
+}  // namespace
+
+models::LoraSpec read_peft_adapter(const std::string& dir, const std::string& source) {
+  models::LoraSpec lora;
+  lora.from = dir;
+  read_lora_adapter(lora, source);
+  return lora;
+}
+
+namespace {
+
 class Reader {
  public:
   Reader(Config& config, std::string source) : config_(config), source_(std::move(source)), fields_(fields_of(config)) {

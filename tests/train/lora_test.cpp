@@ -1,8 +1,8 @@
 // LoRA fine-tuning end to end through the CLI (model.lora): a Llama written by transformers, adapters on every
 // Linear of its layers trained on 2 ranks, exported as PEFT's adapter and as a merged model, and scored again by
 // PEFT and transformers (tests/reference/lora_check.py); stopped and resumed, it ends where it would have; bad
-// targets and an adapter export of a run without LoRA are refused by name. A BERT classifier with its head trained
-// whole, the same way.
+// targets and an adapter export of a run without LoRA are refused by name; `shardtrain generate --adapter` over the
+// base model makes the merged model's tokens. A BERT classifier with its head trained whole, the same way.
 #include <gtest/gtest.h>
 
 #include <unistd.h>
@@ -108,6 +108,20 @@ void expect_run_from_peft_adapter(const std::string& dir, const std::string& tar
   EXPECT_NEAR(std::stod(loss[1]), made_by_peft.at("eval_loss").get<double>(), 1e-3) << from_peft.output;
 }
 
+// `shardtrain generate` over dir/base with the exported adapter dir/adapter (unmerged, --adapter) makes the tokens of
+// the merged export dir/merged.
+void expect_adapter_generates_as_merged(const std::string& dir) {
+  const std::string st = SHARDTRAIN_BIN;
+  const std::string prompts = " 'a red circle on the left' 'three small squares' --max-new-tokens 8 --json --out ";
+  const Outcome adapted =
+      run(st + " generate " + dir + "/base --adapter " + dir + "/adapter" + prompts + dir + "/adapted.jsonl");
+  ASSERT_EQ(adapted.status, 0) << adapted.output;
+  EXPECT_NE(adapted.output.find(", adapter r 8, lora_alpha 16"), std::string::npos) << adapted.output;
+  const Outcome merged = run(st + " generate " + dir + "/merged" + prompts + dir + "/merged.jsonl");
+  ASSERT_EQ(merged.status, 0) << merged.output;
+  EXPECT_EQ(test::read_text(dir + "/adapted.jsonl"), test::read_text(dir + "/merged.jsonl"));
+}
+
 TEST(LoraTrain, AdaptersExportAsPeftLoadsThem) {
   const std::string dir = fresh_dir("lora_train");
   const std::string st = SHARDTRAIN_BIN, python = SHARDTRAIN_PYTHON, source = SHARDTRAIN_SOURCE_DIR;
@@ -148,6 +162,7 @@ TEST(LoraTrain, AdaptersExportAsPeftLoadsThem) {
   // PEFT's merge_and_unload gives the merged directory's weights, and both models the same logits.
   EXPECT_LE(theirs.at("merged_weight_diff").get<double>(), 1e-6);
   EXPECT_LE(theirs.at("merged_output_diff").get<double>(), 1e-4);
+  ASSERT_NO_FATAL_FAILURE(expect_adapter_generates_as_merged(dir));
 
   // Started again from the exported adapter (model.lora.from; r, lora_alpha and the targets from its
   // adapter_config.json): the first evaluation is the last one of the run that trained it.
@@ -246,6 +261,7 @@ TEST(LoraTrain, Gpt2Conv1DAdaptersMatchPeft) {
   EXPECT_GT(theirs.at("base_eval_loss").get<double>(), x + 0.1);
   EXPECT_LE(theirs.at("merged_weight_diff").get<double>(), 1e-6);
   EXPECT_LE(theirs.at("merged_output_diff").get<double>(), 1e-4);
+  ASSERT_NO_FATAL_FAILURE(expect_adapter_generates_as_merged(dir));
 
   ASSERT_NO_FATAL_FAILURE(
       expect_run_from_peft_adapter(dir, "c_attn,c_proj", "on 6 modules (attn.c_attn, attn.c_proj, mlp.c_proj)"));

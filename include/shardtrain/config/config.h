@@ -289,6 +289,11 @@ Config load_config(const std::string& path, const std::vector<std::string>& over
 // The same from YAML text; `source` names it in errors.
 Config parse_config(const std::string& yaml, const std::string& source, const std::vector<std::string>& overrides = {});
 
+// The LoRA of an adapter directory PEFT's save_pretrained (or `shardtrain checkpoint export --peft`) wrote, from its
+// adapter_config.json, as model.lora.from reads it (`from` set to `dir`); `source` names it in errors. Throws
+// ConfigError for a missing file or a LoRA shardtrain does not run (DoRA, rsLoRA, trained biases, ...).
+models::LoraSpec read_peft_adapter(const std::string& dir, const std::string& source);
+
 // Applies overrides to `config` without validate() (for building a config one answer at a time).
 void apply_overrides(Config& config, const std::vector<std::string>& overrides);
 
