@@ -111,7 +111,7 @@ at::Tensor AttentionImpl::forward(const at::Tensor& x_in, const at::Tensor& cont
   if (!context_cached) kh = kh.transpose(1, 2), vh = vh.transpose(1, 2);  // (B, kvH, S, D)
   if (rope.defined()) {
     qh = apply_rotary(qh, rope);
-    kh = apply_rotary(kh, rope);
+    if (!context_cached) kh = apply_rotary(kh, rope);
   }
   if (context_cached) {
     kh = cache->keys, vh = cache->values;
