@@ -77,6 +77,20 @@ inline Args parse_args(const std::vector<std::string>& argv, const std::vector<s
   return args;
 }
 
+// "a,b,,c" -> {"a", "b", "c"}.
+inline std::vector<std::string> split_commas(const std::string& s) {
+  std::vector<std::string> out;
+  std::string item;
+  for (char c : s + ",") {
+    if (c != ',') {
+      item += c;
+    } else if (!item.empty()) {
+      out.push_back(item), item.clear();
+    }
+  }
+  return out;
+}
+
 // A trainer config's overrides among argv[from, end): `--section.key=value` or `--section.key value`; the flags a
 // command takes besides (`flags`, e.g. --dry-run) go into `given`. Throws std::invalid_argument naming an argument
 // that is neither.

@@ -8,6 +8,7 @@
 
 #include "cli_args.h"
 #include "commands.h"
+#include "lora_args.h"
 #include "shardtrain/models/lora.h"
 #include "shardtrain/models/zoo.h"
 #include "shardtrain/plan/accelerate_estimate.h"
@@ -63,15 +64,6 @@ std::vector<std::string> joined_dtypes(const std::vector<std::string>& argv) {
   return out;
 }
 
-std::vector<std::string> split_commas(const std::string& s) {
-  std::vector<std::string> out;
-  std::stringstream in(s);
-  for (std::string item; std::getline(in, item, ',');) {
-    if (!item.empty()) out.push_back(item);
-  }
-  return out;
-}
-
 // `estimate-memory CONFIG.yaml [--json] [--section.key=value ...]`: the trainer's own plan of the job.
 int estimate_config(const std::vector<std::string>& argv) {
   std::set<std::string> flags;
@@ -118,11 +110,7 @@ int run_estimate_command(const std::vector<std::string>& argv) {
   if (dtypes.empty()) throw std::invalid_argument("--dtypes: expected at least one dtype");
   for (const auto& d : dtypes) plan::check_accelerate_dtype(d);
 
-  models::LoraSpec lora;
-  lora.r = args.get_int("lora", 0);
-  lora.lora_alpha = 2.0 * static_cast<double>(std::max<int64_t>(1, lora.r));  // the scale changes no memory
-  lora.target_modules = split_commas(args.get("lora-targets", ""));
-  if (args.has("lora-targets") && !args.has("lora")) throw std::invalid_argument("--lora-targets goes with --lora R");
+  const models::LoraSpec lora = lora_of_args(args);
   const auto recipe = models::with_lora(models::recipe_of_model(model), lora);
   const bool job_given = args.has("num-processes") || args.has("strategy") || args.has("batch-size") ||
                          args.has("lora") ||

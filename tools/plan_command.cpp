@@ -8,7 +8,9 @@
 
 #include "cli_args.h"
 #include "commands.h"
+#include "lora_args.h"
 #include "plan_figures.h"
+#include "shardtrain/models/lora.h"
 #include "shardtrain/models/zoo.h"
 #include "shardtrain/plan/planner.h"
 
@@ -20,7 +22,7 @@ const char* kPlanUsage =
     "usage: shardtrain plan MODEL --gpus N --gpu-memory SIZE [--nodes M] [--seq-len T] [--top K] [--yaml OUT]\n"
     "                           [--json] [--efficiency E] [--peak-tflops-bf16 X] [--peak-tflops-fp32 X]\n"
     "                           [--intra-node-gbps X] [--inter-node-gbps X] [--pcie-gbps X] [--overlap X]\n"
-    "                           [--memory-margin X] [--half-efficiency-tokens X]\n"
+    "                           [--memory-margin X] [--half-efficiency-tokens X] [--lora R [--lora-targets a,b]]\n"
     "       shardtrain plan --figure flava|t5 [--seq-len T] [--json]\n"
     "MODEL: a flavor of `shardtrain models`, a Hugging Face config.json or a model name in the Hugging Face cache.\n"
     "Every configuration (strategy x mixed precision x activation checkpointing x CPU offload x wrap) that fits\n"
@@ -28,6 +30,9 @@ const char* kPlanUsage =
     "model) and predicted items/s, fastest first;\n"
     "the first as a `shardtrain train` YAML (--yaml OUT writes it). The throughput model and its constants\n"
     "(defaults: A100 NVLink, efficiency 0.45, overlap 0.8) are in include/shardtrain/plan/planner.h.\n"
+    "--lora R: LoRA fine-tuning, rank-R adapters on the base's frozen weights (--lora-targets: PEFT's\n"
+    "target_modules; default the query and value projections; all-linear): gradients, optimizer state and\n"
+    "reductions of the adapters alone, the YAML's model.lora.\n"
     "--figure flava: the FLAVA post's Figure 2 (max local batch per flavor for DDP, FSDP, FSDP+AC on 8 x A100-40GB)\n"
     "next to the post's findings; --figure t5: the T5 post's default vs transformer wrapping of T5-3B.\n";
 
@@ -55,7 +60,8 @@ int run_plan_command(const std::vector<std::string>& argv) {
   const Args args = parse_args(argv,
                                {"gpus", "gpu-memory", "nodes", "seq-len", "top", "yaml", "figure", "efficiency",
                                 "peak-tflops-bf16", "peak-tflops-fp32", "intra-node-gbps", "inter-node-gbps",
-                                "pcie-gbps", "overlap", "memory-margin", "half-efficiency-tokens"},
+                                "pcie-gbps", "overlap", "memory-margin", "half-efficiency-tokens", "lora",
+                                "lora-targets"},
                                {"help", "json"});
   if (args.has("help")) {
     std::cout << kPlanUsage;
@@ -97,11 +103,19 @@ int run_plan_command(const std::vector<std::string>& argv) {
   if (cluster.overlap > 1 || cluster.memory_margin >= 1 || cluster.efficiency > 1) {
     throw std::invalid_argument("--overlap, --efficiency and --memory-margin are fractions (expected at most 1)");
   }
-  const auto recipe = models::recipe_of_model(model);
+  const models::LoraSpec lora = lora_of_args(args);
+  const auto recipe = models::with_lora(models::recipe_of_model(model), lora);
   const std::vector<plan::PlannedConfig> configs = plan::plan_configurations(*recipe, cluster);
+  std::string adapted;
+  if (lora.enabled()) {
+    const models::LoraTargets t = models::lora_targets(*recipe, lora);
+    adapted = " + LoRA r " + std::to_string(lora.r) + " (" + std::to_string(t.adapted_modules) + " modules; " +
+              std::to_string(t.trainable) + " of " + std::to_string(t.total) + " parameters train)";
+  }
   if (configs.empty()) {
-    std::cout << model << " fits no configuration on " << cluster.gpus << " GPUs of " << gib(cluster.gpu_memory)
-              << " GiB: not even one sample per GPU with full sharding, checkpointing and offload\n";
+    std::cout << model << adapted << " fits no configuration on " << cluster.gpus << " GPUs of "
+              << gib(cluster.gpu_memory) << " GiB: not even one sample per GPU with full sharding, checkpointing and "
+              << "offload\n";
     return 1;
   }
   if (args.has("json")) {
@@ -116,9 +130,9 @@ int run_plan_command(const std::vector<std::string>& argv) {
     std::cout << j.dump(2) << "\n";
     return 0;
   }
-  std::printf("%s on %lld GPUs (%lld node%s) of %s GiB, %lld text tokens; fastest first (the planner's model):\n",
-              model.c_str(), static_cast<long long>(cluster.gpus), static_cast<long long>(cluster.nodes),
-              cluster.nodes > 1 ? "s" : "", gib(cluster.gpu_memory).c_str(),
+  std::printf("%s%s on %lld GPUs (%lld node%s) of %s GiB, %lld text tokens; fastest first (the planner's model):\n",
+              model.c_str(), adapted.c_str(), static_cast<long long>(cluster.gpus),
+              static_cast<long long>(cluster.nodes), cluster.nodes > 1 ? "s" : "", gib(cluster.gpu_memory).c_str(),
               static_cast<long long>(configs.front().job.seq_len));
   std::printf("  %-3s %-19s %-5s %-3s %-7s %-11s %9s %9s %10s %9s %8s\n", "#", "strategy", "prec", "AC", "offload",
               "wrap", "batch/GPU", "peak GiB", "items/s", "TFLOP/s", "step s");
@@ -132,7 +146,7 @@ int run_plan_command(const std::vector<std::string>& argv) {
                 static_cast<long long>(c.job.batch),
                 gib(c.memory.peak_bytes).c_str(), c.items_per_second, c.tflops_per_gpu, c.step_seconds);
   }
-  const std::string yaml = plan::trainer_yaml(model, configs.front());
+  const std::string yaml = plan::trainer_yaml(model, configs.front(), lora);
   std::cout << "\nrecommended:\n" << yaml;
   if (args.has("yaml")) {
     std::ofstream out(args.get("yaml", ""));

@@ -44,9 +44,7 @@ Units units_of(const ModelShape& shape, Wrap wrap) {
     u.output_numel = shape.output_numel, u.output_trainable = shape.output_trainable;
     return u;
   }
-  int64_t trainable = shape.root_trainable + shape.extra_trainable + shape.input_trainable + shape.output_trainable;
-  for (int64_t t : shape.layer_trainable) trainable += t;
-  return {{shape.parameters()}, {trainable}};
+  return {{shape.parameters()}, {shape.trainable()}};
 }
 
 constexpr double kCudaAllocatorAllowance = 0.05;
@@ -113,6 +111,12 @@ int64_t ddp_in_flight(const std::vector<int64_t>& buckets, int64_t done, size_t 
 int64_t ModelShape::parameters() const {
   int64_t n = root_numel + extra_numel + input_numel + output_numel;
   for (int64_t l : layer_numel) n += l;
+  return n;
+}
+
+int64_t ModelShape::trainable() const {
+  int64_t n = root_trainable + extra_trainable + input_trainable + output_trainable;
+  for (int64_t t : layer_trainable) n += t;
   return n;
 }
 

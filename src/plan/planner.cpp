@@ -7,6 +7,8 @@
 #include <cstdio>
 #include <stdexcept>
 
+#include "shardtrain/io/files.h"
+
 namespace shardtrain::plan {
 
 namespace {
@@ -72,7 +74,9 @@ PlannedConfig predict(const models::ModelRecipe& recipe, const ModelShape& shape
   const double efficiency = cluster.efficiency * tokens / (tokens + cluster.half_efficiency_tokens);
   p.compute_seconds = flops / (peak * efficiency);
 
-  const double P = static_cast<double>(shape.parameters()), W = static_cast<double>(job.world);
+  // Parameters are gathered, gradients reduced: all of them, and the trainable ones (LoRA: the adapters alone).
+  const double P = static_cast<double>(shape.parameters()), G = static_cast<double>(shape.trainable());
+  const double W = static_cast<double>(job.world);
   const double per_node = static_cast<double>(job.world / std::max<int64_t>(job.nodes, 1));
   const double ce = low ? 2 : 4, rd = job.mixed_precision == "bf16" ? 2 : 4;
   const double intra = cluster.intra_node_gbps * 1e9;
@@ -84,15 +88,15 @@ PlannedConfig predict(const models::ModelRecipe& recipe, const ModelShape& shape
   const double resharding = (P + P2) * ce * 2, keeping = (P + P2) * ce;
   double comm = 0;
   switch (job.strategy) {
-    case Strategy::kFullShard: comm = moved(resharding + P * rd, W) / inter; break;
-    case Strategy::kShardGradOp: comm = moved(keeping + P * rd, W) / inter; break;
+    case Strategy::kFullShard: comm = moved(resharding + G * rd, W) / inter; break;
+    case Strategy::kShardGradOp: comm = moved(keeping + G * rd, W) / inter; break;
     case Strategy::kNoShard:
-    case Strategy::kDdp: comm = moved(2 * P * rd, W) / inter; break;
+    case Strategy::kDdp: comm = moved(2 * G * rd, W) / inter; break;
     case Strategy::kHybridShard:
     case Strategy::kHybridShardZero2: {
       const double gathered = job.strategy == Strategy::kHybridShard ? resharding : keeping;
       const double nodes = static_cast<double>(job.nodes);
-      comm = moved(gathered + P * rd, per_node) / intra + moved(2 * P / per_node * rd, nodes) / inter;
+      comm = moved(gathered + G * rd, per_node) / intra + moved(2 * G / per_node * rd, nodes) / inter;
       break;
     }
   }
@@ -144,15 +148,42 @@ std::vector<PlannedConfig> plan_configurations(const models::ModelRecipe& recipe
   return out;
 }
 
-std::string trainer_yaml(const std::string& model, const PlannedConfig& c) {
+namespace {
+
+// model.from for weights to fine-tune (a model directory holding them, or a name in the Hugging Face cache), else
+// model.flavor (a zoo flavor, or a config.json or a directory of one alone: the architecture, random weights).
+std::string model_section(const std::string& model) {
+  const bool path = io::path_exists(model);
+  bool weights = !path && model.find('/') != std::string::npos;  // "org/name": the cache's snapshot
+  if (path && io::is_directory(model)) {
+    for (const char* f : {"model.safetensors", "model.safetensors.index.json", "pytorch_model.bin",
+                          "pytorch_model.bin.index.json"}) {
+      weights = weights || io::path_exists(model + "/" + f);
+    }
+  }
+  return std::string("model:\n  ") + (weights ? "from: " : "flavor: ") + model + "\n";
+}
+
+std::string lora_section(const models::LoraSpec& lora) {
+  if (!lora.enabled()) return "";
+  std::string targets;
+  for (const std::string& t : lora.target_modules) targets += (targets.empty() ? "" : ", ") + t;
+  char text[160];
+  std::snprintf(text, sizeof text, "  lora:\n    r: %lld\n    lora_alpha: %g\n", static_cast<long long>(lora.r),
+                lora.lora_alpha);
+  return text + (targets.empty() ? "" : "    target_modules: [" + targets + "]\n");
+}
+
+}  // namespace
+
+std::string trainer_yaml(const std::string& model, const PlannedConfig& c, const models::LoraSpec& lora) {
   const TrainingJob& j = c.job;
-  const bool flavor = model.find('/') == std::string::npos && model.find(".json") == std::string::npos;
   char head[512], body[1024];
   std::snprintf(head, sizeof head,
-                "# shardtrain plan: %s on %lld GPUs (%lld node%s): predicted peak %.2f GiB per GPU, %.0f items/s\n",
-                model.c_str(), static_cast<long long>(j.world), static_cast<long long>(j.nodes),
-                j.nodes > 1 ? "s" : "", static_cast<double>(c.memory.peak_bytes) / (1024.0 * 1024 * 1024),
-                c.items_per_second);
+                "# shardtrain plan: %s%s on %lld GPUs (%lld node%s): predicted peak %.2f GiB per GPU, %.0f items/s\n",
+                model.c_str(), lora.enabled() ? " + LoRA" : "", static_cast<long long>(j.world),
+                static_cast<long long>(j.nodes), j.nodes > 1 ? "s" : "",
+                static_cast<double>(c.memory.peak_bytes) / (1024.0 * 1024 * 1024), c.items_per_second);
   std::snprintf(body, sizeof body,
                 "parallel:\n  strategy: %s\n  mixed_precision: %s\n  activation_checkpointing: %s\n"
                 "  cpu_offload: %s\n  wrap: %s\n"
@@ -162,10 +193,7 @@ std::string trainer_yaml(const std::string& model, const PlannedConfig& c) {
                 j.activation_checkpointing ? "true" : "false", j.cpu_offload ? "true" : "false",
                 wrap_name(j.wrap).c_str(), static_cast<long long>(j.batch), static_cast<long long>(j.world),
                 static_cast<long long>(j.nodes));
-  const std::string model_section =
-      flavor ? "model:\n  flavor: " + model + "\n"
-             : "# model: " + model + " (a config.json; `shardtrain train` reads zoo flavors, model.flavor, for now)\n";
-  return head + model_section + body;
+  return head + model_section(model) + lora_section(lora) + body;
 }
 
 }  // namespace shardtrain::plan

@@ -1,9 +1,16 @@
 // The planner (plan/planner.h) on zoo flavors built on the meta device: its batches are the memory model's, its
 // configurations fit and come fastest first, and its YAML is a config `shardtrain train` reads.
 #include <gtest/gtest.h>
+#include <unistd.h>
+
 #include <torch/nn/module.h>
 
+#include <string>
+#include <vector>
+
 #include "shardtrain/config/config.h"
+#include "shardtrain/io/files.h"
+#include "shardtrain/models/lora.h"
 #include "shardtrain/models/zoo.h"
 #include "shardtrain/plan/memory_model.h"
 #include "shardtrain/plan/planner.h"
@@ -106,6 +113,54 @@ TEST(Planner, RecommendationIsATrainerConfig) {
   EXPECT_EQ(c.train.device, "cuda");
 }
 
+// LoRA fine-tuning (plan --lora): the base frozen, so gradients and AdamW state are the adapters' alone — a larger
+// batch in the same configuration — and so are the reductions (less traffic a step); the YAML trains the adapters.
+// A model directory with weights is fine-tuned (model.from); a zoo flavor or a config.json alone is model.flavor.
+TEST(Planner, LoraPlansTheAdaptersAlone) {
+  Cluster cluster;
+  cluster.gpus = 4, cluster.gpu_memory = parse_memory_size("8GiB"), cluster.seq_len = 512;
+  models::LoraSpec lora;
+  lora.r = 8, lora.lora_alpha = 16, lora.target_modules = {"q_proj", "v_proj"};
+  const auto base = models::recipe_of("qwen2.5-0.5b");
+  const auto full = plan_configurations(*base, cluster);
+  const auto adapted = plan_configurations(*models::with_lora(base, lora), cluster);
+  ASSERT_FALSE(full.empty());
+  ASSERT_FALSE(adapted.empty());
+  auto same_kind = [](const TrainingJob& a, const TrainingJob& b) {
+    return a.strategy == b.strategy && a.mixed_precision == b.mixed_precision &&
+           a.activation_checkpointing == b.activation_checkpointing && a.cpu_offload == b.cpu_offload &&
+           a.wrap == b.wrap;
+  };
+  int compared = 0;
+  for (const PlannedConfig& f : full) {
+    for (const PlannedConfig& a : adapted) {
+      if (!same_kind(f.job, a.job) || f.job.cpu_offload) continue;
+      ++compared;
+      EXPECT_GT(a.job.batch, f.job.batch) << strategy_name(f.job.strategy);
+      TrainingJob at_full_batch = a.job;
+      at_full_batch.batch = f.job.batch;
+      const PlannedConfig a_at_f = predict(*models::with_lora(base, lora), model_shape(*models::with_lora(base, lora)),
+                                           at_full_batch, cluster);
+      EXPECT_LT(a_at_f.comm_seconds, f.comm_seconds) << strategy_name(f.job.strategy);
+    }
+  }
+  EXPECT_GT(compared, 4);
+  const config::Config c =
+      config::parse_config(trainer_yaml("qwen2.5-0.5b", adapted.front(), lora), "plan.yaml");
+  EXPECT_EQ(c.model.flavor, "qwen2.5-0.5b");
+  EXPECT_EQ(c.model.lora.r, 8);
+  EXPECT_EQ(c.model.lora.lora_alpha, 16);
+  EXPECT_EQ(c.model.lora.target_modules, (std::vector<std::string>{"q_proj", "v_proj"}));
+  const std::string dir = ::testing::TempDir() + "plan_model_dir_" + std::to_string(::getpid());
+  io::make_directories(dir);
+  io::write_file_atomic(dir + "/config.json", {'{', '}'});
+  EXPECT_NE(trainer_yaml(dir, adapted.front()).find("model:\n  flavor: " + dir + "\n"), std::string::npos);
+  io::write_file_atomic(dir + "/model.safetensors", {});
+  EXPECT_NE(trainer_yaml(dir, adapted.front()).find("model:\n  from: " + dir + "\n"), std::string::npos);
+  EXPECT_NE(trainer_yaml("Qwen/Qwen2.5-0.5B", adapted.front()).find("from: Qwen/Qwen2.5-0.5B"), std::string::npos);
+  io::remove_tree(dir);
+}
+
 // FLAVA calls its text and image encoders twice a step (unmasked, then masked): their layers are gathered once
 // per call, in forward (resharded after it) and in backward (resharded between the calls), and the throughput
 // model moves them so. Llama calls every unit once.
@@ -123,12 +178,14 @@ TEST(Planner, UnitsCalledTwiceAreGatheredOncePerCall) {
   EXPECT_EQ(estimate_training_memory(*flava, shape, job).parameters_called_twice, encoder_layers);
   const Cluster cluster = small_cluster();
   const double P = static_cast<double>(shape.parameters()), P2 = static_cast<double>(encoder_layers);
+  const double G = static_cast<double>(shape.trainable());  // reduced: all but the frozen codebook
+  EXPECT_LT(G, P);
   const double bandwidth = cluster.intra_node_gbps * 1e9, moved = 3.0 / 4.0;  // of what a rank holds, at W = 4
   // bf16 gathers (2 B) and reductions (2 B): FULL_SHARD gathers twice a call, SHARD_GRAD_OP once a call but the
   // first's forward, which the second reuses.
-  EXPECT_NEAR(predict(*flava, shape, job, cluster).comm_seconds, (2 * (P + P2) * 2 + P * 2) * moved / bandwidth, 1e-12);
+  EXPECT_NEAR(predict(*flava, shape, job, cluster).comm_seconds, (2 * (P + P2) * 2 + G * 2) * moved / bandwidth, 1e-12);
   job.strategy = Strategy::kShardGradOp;
-  EXPECT_NEAR(predict(*flava, shape, job, cluster).comm_seconds, ((P + P2) * 2 + P * 2) * moved / bandwidth, 1e-12);
+  EXPECT_NEAR(predict(*flava, shape, job, cluster).comm_seconds, ((P + P2) * 2 + G * 2) * moved / bandwidth, 1e-12);
   const auto llama = models::recipe_of("llama-debug");
   EXPECT_EQ(estimate_training_memory(*llama, model_shape(*llama), job).parameters_called_twice, 0);
 }

@@ -104,6 +104,7 @@ struct ModelShape {
   // makes no compute-dtype copy of them.
   int64_t lookup_tables = 0, input_lookup_tables = 0;
   int64_t parameters() const;
+  int64_t trainable() const;  // the parameters that get gradients (LoRA: the adapters')
 };
 ModelShape model_shape(const models::ModelRecipe& recipe);
 

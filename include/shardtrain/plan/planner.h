@@ -10,7 +10,7 @@
 //               forward) / (peak_tflops x efficiency x n / (n + half_efficiency_tokens)), n the tokens (text and
 //               image patches) per GPU per step: small batches keep the GPU's cores from filling
 //   traffic   = bytes each rank sends per step: FULL_SHARD all-gathers the parameters twice (forward, backward) and
-//               reduce-scatters the gradients, SHARD_GRAD_OP gathers once, DDP and NO_SHARD all-reduce (2x),
+//               reduce-scatters the gradients (of the trainable parameters: a LoRA recipe's adapters alone), SHARD_GRAD_OP gathers once, DDP and NO_SHARD all-reduce (2x),
 //               hybrid strategies do that within a node and all-reduce their shards across nodes; x (W-1)/W;
 //               CPU offload adds the shards' round trip over PCIe
 //   comm      = traffic / bandwidth (intra- or inter-node);  exposed = comm x (1 - overlap), or all of it when the
@@ -22,6 +22,7 @@
 #include <string>
 #include <vector>
 
+#include "shardtrain/models/lora_spec.h"
 #include "shardtrain/plan/memory_model.h"
 #include "shardtrain/plan/memory_size.h"
 
@@ -66,7 +67,9 @@ PlannedConfig predict(const models::ModelRecipe& recipe, const ModelShape& shape
 // do not divide into its nodes.
 std::vector<PlannedConfig> plan_configurations(const models::ModelRecipe& recipe, const Cluster& cluster);
 
-// A `shardtrain train` config for a planned configuration (model.flavor, or the config.json as model.from).
-std::string trainer_yaml(const std::string& model, const PlannedConfig& config);
+// A `shardtrain train` config for a planned configuration of `model`: model.from for a model directory with weights
+// or a name in the Hugging Face cache, else model.flavor (a zoo flavor, or a config.json: random weights); with
+// `lora` enabled, model.lora (r, lora_alpha, target_modules).
+std::string trainer_yaml(const std::string& model, const PlannedConfig& config, const models::LoraSpec& lora = {});
 
 }  // namespace shardtrain::plan
