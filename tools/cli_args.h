@@ -12,6 +12,17 @@
 
 namespace shardtrain::cli {
 
+// `text` as a whole number (strtod's syntax, nothing left over) into `out`; false when it is not one.
+inline bool parse_number(const std::string& text, double& out) {
+  try {
+    size_t used = 0;
+    out = std::stod(text, &used);
+    return used == text.size();
+  } catch (const std::exception&) {
+    return false;
+  }
+}
+
 struct Args {
   std::map<std::string, std::string> values;
   std::set<std::string> flags;
@@ -32,6 +43,13 @@ struct Args {
     } catch (const std::exception&) {
     }
     throw std::invalid_argument("--" + name + ": '" + it->second + "' is not an integer");
+  }
+  double get_double(const std::string& name, double fallback) const {
+    auto it = values.find(name);
+    if (it == values.end()) return fallback;
+    double v = 0;
+    if (parse_number(it->second, v)) return v;
+    throw std::invalid_argument("--" + name + ": '" + it->second + "' is not a number");
   }
 };
 

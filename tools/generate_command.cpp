@@ -92,18 +92,6 @@ std::vector<std::string> read_prompts(const std::string& path) {
   return prompts;
 }
 
-double get_double(const Args& args, const std::string& name, double fallback) {
-  if (!args.values.count(name)) return fallback;
-  const std::string& text = args.values.at(name);
-  try {
-    size_t used = 0;
-    const double v = std::stod(text, &used);
-    if (used == text.size()) return v;
-  } catch (const std::exception&) {
-  }
-  throw std::invalid_argument("--" + name + ": '" + text + "' is not a number");
-}
-
 // The ids under `key` of generation_config.json, else config.json: a number, a list, or null.
 std::vector<int64_t> token_ids(const nlohmann::json& generation, const nlohmann::json& config, const char* key) {
   for (const nlohmann::json* j : {&generation, &config}) {
@@ -140,10 +128,10 @@ models::GenerationOptions generation_options(const std::string& dir, const Args&
   if (args.has("do-sample")) o.do_sample = true;
   if (args.has("greedy")) o.do_sample = false;
   o.max_new_tokens = args.get_int("max-new-tokens", o.max_new_tokens);
-  o.temperature = get_double(args, "temperature", o.temperature);
+  o.temperature = args.get_double("temperature", o.temperature);
   o.top_k = args.get_int("top-k", o.top_k);
-  o.top_p = get_double(args, "top-p", o.top_p);
-  o.repetition_penalty = get_double(args, "repetition-penalty", o.repetition_penalty);
+  o.top_p = args.get_double("top-p", o.top_p);
+  o.repetition_penalty = args.get_double("repetition-penalty", o.repetition_penalty);
   o.seed = static_cast<uint64_t>(args.get_int("seed", 0));
   models::check_generation_options(o);
   return o;

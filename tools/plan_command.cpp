@@ -36,15 +36,11 @@ const char* kPlanUsage =
     "--figure flava: the FLAVA post's Figure 2 (max local batch per flavor for DDP, FSDP, FSDP+AC on 8 x A100-40GB)\n"
     "next to the post's findings; --figure t5: the T5 post's default vs transformer wrapping of T5-3B.\n";
 
-double get_double(const Args& args, const std::string& name, double fallback) {
+double get_positive(const Args& args, const std::string& name, double fallback) {
   const std::string v = args.get(name, "");
   if (v.empty()) return fallback;
-  try {
-    size_t used = 0;
-    const double d = std::stod(v, &used);
-    if (used == v.size() && d > 0) return d;
-  } catch (const std::exception&) {
-  }
+  double d = 0;
+  if (parse_number(v, d) && d > 0) return d;
   throw std::invalid_argument("--" + name + ": '" + v + "' (expected a positive number)");
 }
 
@@ -91,15 +87,15 @@ int run_plan_command(const std::vector<std::string>& argv) {
   cluster.nodes = args.get_int("nodes", 1);
   cluster.gpu_memory = plan::parse_memory_size(args.get("gpu-memory", ""));
   cluster.seq_len = args.get_int("seq-len", 0);
-  cluster.efficiency = get_double(args, "efficiency", cluster.efficiency);
-  cluster.peak_tflops_bf16 = get_double(args, "peak-tflops-bf16", cluster.peak_tflops_bf16);
-  cluster.peak_tflops_fp32 = get_double(args, "peak-tflops-fp32", cluster.peak_tflops_fp32);
-  cluster.intra_node_gbps = get_double(args, "intra-node-gbps", cluster.intra_node_gbps);
-  cluster.inter_node_gbps = get_double(args, "inter-node-gbps", cluster.inter_node_gbps);
-  cluster.pcie_gbps = get_double(args, "pcie-gbps", cluster.pcie_gbps);
-  cluster.overlap = get_double(args, "overlap", cluster.overlap);
-  cluster.memory_margin = get_double(args, "memory-margin", cluster.memory_margin);
-  cluster.half_efficiency_tokens = get_double(args, "half-efficiency-tokens", cluster.half_efficiency_tokens);
+  cluster.efficiency = get_positive(args, "efficiency", cluster.efficiency);
+  cluster.peak_tflops_bf16 = get_positive(args, "peak-tflops-bf16", cluster.peak_tflops_bf16);
+  cluster.peak_tflops_fp32 = get_positive(args, "peak-tflops-fp32", cluster.peak_tflops_fp32);
+  cluster.intra_node_gbps = get_positive(args, "intra-node-gbps", cluster.intra_node_gbps);
+  cluster.inter_node_gbps = get_positive(args, "inter-node-gbps", cluster.inter_node_gbps);
+  cluster.pcie_gbps = get_positive(args, "pcie-gbps", cluster.pcie_gbps);
+  cluster.overlap = get_positive(args, "overlap", cluster.overlap);
+  cluster.memory_margin = get_positive(args, "memory-margin", cluster.memory_margin);
+  cluster.half_efficiency_tokens = get_positive(args, "half-efficiency-tokens", cluster.half_efficiency_tokens);
   if (cluster.overlap > 1 || cluster.memory_margin >= 1 || cluster.efficiency > 1) {
     throw std::invalid_argument("--overlap, --efficiency and --memory-margin are fractions (expected at most 1)");
   }

@@ -311,12 +311,14 @@ at::ScalarType attention_dtype(const at::Tensor& x) {
 
 namespace {
 
-// (T, T) flags, true where a query (row) may not see a key (column): the keys after it, and with window > 0 those
-// `window` or more positions before it. One byte an element: what the float bias is made from.
-at::Tensor hidden_keys(int64_t length, int64_t window, const at::Device& device) {
+// (T, S) flags for T queries at the last T of S positions, true where a query (row) may not see a key (column):
+// the keys after it, and with window > 0 those `window` or more positions before it. One byte an element: what the
+// float bias is made from.
+at::Tensor hidden_keys(int64_t queries, int64_t keys, int64_t window, const at::Device& device) {
   const auto flags = at::TensorOptions().dtype(at::kBool).device(device);
-  at::Tensor hidden = at::ones({length, length}, flags).triu_(1);
-  if (window > 0) hidden.logical_or_(at::ones({length, length}, flags).tril_(-window));
+  const int64_t past = keys - queries;  // query i is at position past + i
+  at::Tensor hidden = at::ones({queries, keys}, flags).triu_(past + 1);
+  if (window > 0) hidden.logical_or_(at::ones({queries, keys}, flags).tril_(past - window));
   return hidden;
 }
 
@@ -324,11 +326,11 @@ at::Tensor hidden_keys(int64_t length, int64_t window, const at::Device& device)
 
 at::Tensor causal_bias(int64_t length, at::ScalarType dtype, const at::Device& device, int64_t window) {
   return at::zeros({1, 1, length, length}, at::TensorOptions().dtype(dtype).device(device))
-      .masked_fill_(hidden_keys(length, window, device), lowest(dtype));
+      .masked_fill_(hidden_keys(length, length, window, device), lowest(dtype));
 }
 
 at::Tensor hide_future(const at::Tensor& bias, int64_t length, int64_t window) {
-  return at::where(hidden_keys(length, window, bias.device()), lowest(bias.scalar_type()), bias);
+  return at::where(hidden_keys(length, length, window, bias.device()), lowest(bias.scalar_type()), bias);
 }
 
 at::Tensor rotary_inv_freq(int64_t head_dim, double theta, const at::Device& device) {
@@ -349,12 +351,10 @@ at::Tensor rotary_at(const at::Tensor& positions, const at::Tensor& inv_freq) {
 }
 
 at::Tensor decode_bias(const at::Tensor& mask, int64_t queries, int64_t window, at::ScalarType dtype) {
-  const int64_t keys = mask.size(1), past = keys - queries;
-  const auto longs = mask.options().dtype(at::kLong);
-  const at::Tensor query = at::arange(past, keys, longs).view({queries, 1}), key = at::arange(keys, longs);
-  at::Tensor hidden = key > query;  // (T, S): the future
-  if (window > 0) hidden = hidden.logical_or(key <= query - window);
-  hidden = hidden.unsqueeze(0).logical_or((mask == 0).unsqueeze(1)).unsqueeze(1);  // (B, 1, T, S)
+  const at::Tensor hidden = hidden_keys(queries, mask.size(1), window, mask.device())
+                                .unsqueeze(0)
+                                .logical_or((mask == 0).unsqueeze(1))
+                                .unsqueeze(1);  // (B, 1, T, S)
   return at::zeros(hidden.sizes(), mask.options().dtype(dtype)).masked_fill_(hidden, lowest(dtype));
 }
 

@@ -81,9 +81,8 @@ Generated generate(TextDecoder& decoder, const at::Tensor& prompt_ids, const at:
   at::Generator rng = at::make_generator<at::CPUGeneratorImpl>(o.seed);
   at::Tensor sequences = decoder.sequences_at_start(prompt_ids);  // what the repetition penalty looks at
   at::Tensor unfinished = at::ones({rows}, prompt_ids.options().dtype(at::kBool));
+  at::Tensor lengths = at::zeros({rows}, prompt_ids.options().dtype(at::kLong));  // each row's tokens up to its end
   std::vector<at::Tensor> made;
-  Generated out;
-  out.lengths.assign(static_cast<size_t>(rows), 0);
   at::Tensor logits = decoder.start(prompt_ids, prompt_mask);
   for (int64_t step = 0; step < o.max_new_tokens; ++step) {
     const at::Tensor scores = process_scores(logits, sequences, o);
@@ -96,15 +95,14 @@ Generated generate(TextDecoder& decoder, const at::Tensor& prompt_ids, const at:
     next = at::where(unfinished, next, at::full_like(next, o.pad_token_id));
     made.push_back(next);
     sequences = at::cat({sequences, next.unsqueeze(1)}, 1);
-    const at::Tensor was = unfinished.cpu();
+    lengths += unfinished.to(at::kLong);  // the token made counts, an end-of-sequence one too
     for (int64_t eos : o.eos_token_ids) unfinished = unfinished & (next != eos);
-    for (int64_t r = 0; r < rows; ++r) out.lengths[static_cast<size_t>(r)] += was[r].item<bool>() ? 1 : 0;
     if (on_step) on_step(step + 1);
     if (!unfinished.any().item<bool>() || step + 1 == o.max_new_tokens) break;
     logits = decoder.next(next);
   }
-  out.tokens = at::stack(made, 1);
-  return out;
+  const at::Tensor counted = lengths.cpu().contiguous();
+  return {at::stack(made, 1), std::vector<int64_t>(counted.data_ptr<int64_t>(), counted.data_ptr<int64_t>() + rows)};
 }
 
 }  // namespace shardtrain::models

@@ -8,6 +8,7 @@
 #include <stdexcept>
 
 #include "shardtrain/io/files.h"
+#include "shardtrain/io/weight_files.h"
 
 namespace shardtrain::plan {
 
@@ -153,14 +154,9 @@ namespace {
 // model.from for weights to fine-tune (a model directory holding them, or a name in the Hugging Face cache), else
 // model.flavor (a zoo flavor, or a config.json or a directory of one alone: the architecture, random weights).
 std::string model_section(const std::string& model) {
-  const bool path = io::path_exists(model);
-  bool weights = !path && model.find('/') != std::string::npos;  // "org/name": the cache's snapshot
-  if (path && io::is_directory(model)) {
-    for (const char* f : {"model.safetensors", "model.safetensors.index.json", "pytorch_model.bin",
-                          "pytorch_model.bin.index.json"}) {
-      weights = weights || io::path_exists(model + "/" + f);
-    }
-  }
+  const bool weights = io::path_exists(model)
+                           ? io::is_directory(model) && io::has_weight_files(model)
+                           : model.find('/') != std::string::npos;  // "org/name": the cache's snapshot
   return std::string("model:\n  ") + (weights ? "from: " : "flavor: ") + model + "\n";
 }
 

@@ -10,7 +10,8 @@
 //               forward) / (peak_tflops x efficiency x n / (n + half_efficiency_tokens)), n the tokens (text and
 //               image patches) per GPU per step: small batches keep the GPU's cores from filling
 //   traffic   = bytes each rank sends per step: FULL_SHARD all-gathers the parameters twice (forward, backward) and
-//               reduce-scatters the gradients (of the trainable parameters: a LoRA recipe's adapters alone), SHARD_GRAD_OP gathers once, DDP and NO_SHARD all-reduce (2x),
+//               reduce-scatters the gradients (of the trainable parameters: a LoRA recipe's adapters alone),
+//               SHARD_GRAD_OP gathers once, DDP and NO_SHARD all-reduce (2x),
 //               hybrid strategies do that within a node and all-reduce their shards across nodes; x (W-1)/W;
 //               CPU offload adds the shards' round trip over PCIe
 //   comm      = traffic / bandwidth (intra- or inter-node);  exposed = comm x (1 - overlap), or all of it when the
