@@ -3,15 +3,19 @@
 # log in $LOGS (default build-gpu/logs) and a one-line verdict on stdout.
 #
 #   scripts/gpu_check.sh STAGE...     checks: info, cuda_tests, synth, train_debug, train_ranks, sanitize
-#                                     measurements (after synth): optimizer, tf32, memory, oom, compare
+#                                     measurements (after synth): optimizer, tf32, memory, auto, oom, compare
 #
+# cuda_tests: tests/cuda at one rank, verbose (what the tests print: the host's peak of a checkpoint, what releasing
+# cuBLAS's workspaces freed).
 # optimizer: build-gpu/optimizer_bench --device cuda, with a FLAVA layer's tensor size and with 1000 small tensors.
 # tf32: a float32 flava-350m step (batch 32) with train.tf32 on and off, items/s of the last interval of each.
 # memory: the memory model's predicted peak against the caching allocator's, flava-350m (with and without
 # checkpointing) and flava-900m at batch 32, one rank, bf16.
 # compare: scripts/gpu_bench.sh flava-350m 32, ours beside transformers' FlavaForPreTraining on the same device.
-# oom: train.batch_size auto planned for 16 GiB on a device capped at 8 GiB (train.memory_limit): the first step
-# runs out of memory, the run halves the batch and trains (flava-350m, bf16).
+# auto: train.batch_size auto on the whole device (flava-350m, bf16): the largest batch the model fits, its
+# measured peak beside the prediction.
+# oom: train.batch_size auto planned for 16 GiB on a device capped at 8 GiB (train.memory_limit): the first or
+# second step runs out of memory, the run halves the batch until it trains (flava-350m, bf16).
 #
 # DEADLINE (seconds since the epoch) bounds the whole: a stage gets at most what is left before it, and one with
 # under 20 s left is skipped, so one device command can run the stages in order of importance. COPY_TO (a folder,
@@ -67,7 +71,7 @@ flava_gpu() {  # flava_gpu TAG OVERRIDE...
 for s in "$@"; do
   case $s in
     info) stage info 30 bash -c "nvidia-smi; ldd --version | head -1; \${CXX:-c++} --version | head -1; $cli env" ;;
-    cuda_tests) stage cuda_tests 240 ctest --test-dir "$build" -R '^cuda\.' --output-on-failure ;;
+    cuda_tests) stage cuda_tests 240 ctest --test-dir "$build" -R '^cuda\.' --output-on-failure -V ;;
     synth) stage synth 240 "$cli" data synth --out data/synth --image-text 4000 --text 1000 --image 1000 --eval 512 ;;
     train_debug) stage train_debug 150 "${train_debug[@]}" --launch.num_processes=1 --checkpoint.dir=runs/gpu-debug1/ck \
                    --log.dir=runs/gpu-debug1 ;;
@@ -83,12 +87,14 @@ for s in "$@"; do
     memory) flava_gpu memory-350m
             flava_gpu memory-350m-ac --parallel.activation_checkpointing=true
             flava_gpu memory-900m --model.flavor=flava-900m ;;
+    auto) flava_gpu auto --train.batch_size=auto --train.steps=10
+          grep -E 'train.batch_size: auto ->' "$logs/auto.log" ;;
     oom) flava_gpu oom --train.batch_size=auto --train.memory_budget=16GiB --train.memory_limit=8GiB
-         grep -E 'out of memory on the first step|train.batch_size: auto ->' "$logs/oom.log" ;;
+         grep -E 'out of memory in the first two steps|train.batch_size: auto ->' "$logs/oom.log" ;;
     compare) stage compare 400 scripts/gpu_bench.sh flava-350m 32
              cat "$logs/compare.log" ;;
     *) echo "gpu_check.sh: unknown stage '$s' (info, cuda_tests, synth, train_debug, train_ranks, sanitize," \
-            "optimizer, tf32, memory, oom, compare)" >&2
+            "optimizer, tf32, memory, auto, oom, compare)" >&2
        exit 2 ;;
   esac
 done

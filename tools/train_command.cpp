@@ -75,7 +75,7 @@ int run_train_command(const std::vector<std::string>& args) {
   try {
     const train::TrainSummary summary = train::train(config, train_console_sink());
     return summary.preempted_by != 0 ? launch::kPreemptedExitCode : 0;
-  } catch (const train::FirstStepOutOfMemory& e) {  // one of several ranks: the launcher restarts them all smaller
+  } catch (const train::AutoBatchOutOfMemory& e) {  // one of several ranks: the launcher restarts them all smaller
     std::cerr << "shardtrain train: " << e.what() << "\n";
     launch::record_error(e.what(), {{launch::kRetryBatchKey, std::to_string(e.retry_batch)}});
     return launch::kOutOfMemoryExitCode;

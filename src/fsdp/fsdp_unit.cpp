@@ -413,7 +413,12 @@ void FsdpUnit::Impl::reduce_scatter_gradients() {
     // no flat buffer, no copy in or out.
     local_grads.resize(params.size());
     for (size_t i = 0; i < params.size(); ++i) {
-      if (full[i].defined()) local_grads[i] = full[i].to(dtype).to(own_dtype);  // rounded as a reduction would
+      // Rounded as a reduction would, contiguous and in the shard's shape as a reduction's output is: fused
+      // optimizers take the gradient's sizes and strides to be the parameter's, and a 0-dim parameter's shard is
+      // (1) (a copy, not a view: zero_grad detaches gradients in place).
+      if (!full[i].defined()) continue;
+      at::Tensor g = full[i].to(dtype).to(own_dtype).contiguous();
+      local_grads[i] = g.dim() == 0 ? g.reshape({1}).clone() : std::move(g);
     }
     return after_reduce_scatter(TrainingState::POST_BACKWARD);
   }

@@ -499,8 +499,8 @@ int run_launch(const LaunchOptions& options) {
     if (result.end == GroupEnd::OUT_OF_MEMORY && batch_retries < kMaxBatchRetries) {
       batch_limit = result.retry_batch, ++batch_retries;
       say("restarting the worker group with train.batch_size auto at most " + std::to_string(batch_limit) +
-          " per rank, after an out-of-memory on the first step (retry " + std::to_string(batch_retries) + " of " +
-          std::to_string(kMaxBatchRetries) + ")");
+          " per rank, after an out-of-memory in the first two steps (retry " + std::to_string(batch_retries) +
+          " of " + std::to_string(kMaxBatchRetries) + ")");
       continue;
     }
     if (result.end == GroupEnd::OUT_OF_MEMORY) {

@@ -1,3 +1,4 @@
+#include <ATen/Context.h>
 #include <c10/core/CachingDeviceAllocator.h>
 #include <c10/core/impl/DeviceGuardImplInterface.h>
 #include <c10/cuda/CUDACachingAllocator.h>
@@ -40,6 +41,9 @@ void set_cuda_memory_limit(int device, int64_t bytes) {
                                 std::to_string(device) + ", expected more than 0 and at most the device's " +
                                 std::to_string(total));
   }
+  // The caching allocator's per-device state exists only once CUDA is initialised, which the first tensor on the
+  // device does; the limit is set before any ("Allocator not initialized for device" on the GPU, 2026-11-28).
+  at::globalContext().lazyInitDevice(c10::kCUDA);
   c10::cuda::CUDACachingAllocator::setMemoryFraction(static_cast<double>(bytes) / static_cast<double>(total),
                                                      static_cast<c10::DeviceIndex>(device));
 }

@@ -12,10 +12,14 @@
 namespace shardtrain::optim {
 namespace {
 
+// What the CUDA kernel demands of each parameter (ATen's check_fast_path_restrictions): the gradient of the
+// parameter's dtype, device and sizes, both dense. The CPU kernel checks less (it took a 0-dim gradient for a
+// shape-(1) parameter), so the test is ours, the same on both.
 bool fusable(const at::Tensor& p) {
   const at::Tensor& g = p.grad();
   return p.layout() == at::kStrided && !g.is_sparse() && p.is_contiguous() && g.is_contiguous() &&
-         g.scalar_type() == p.scalar_type() && g.device() == p.device() && at::isFloatingType(p.scalar_type());
+         g.sizes() == p.sizes() && g.scalar_type() == p.scalar_type() && g.device() == p.device() &&
+         at::isFloatingType(p.scalar_type());
 }
 
 // The tensors of one fused call: parameters of one device and dtype.
@@ -35,7 +39,10 @@ bool needs_libtorch_step(const std::vector<torch::optim::OptimizerParamGroup>& g
       auto it = state.find(p.unsafeGetTensorImpl());
       if (it == state.end()) continue;
       const auto& s = static_cast<const torch::optim::AdamWParamState&>(*it->second);
-      if (!s.exp_avg().is_contiguous() || !s.exp_avg_sq().is_contiguous()) return true;
+      if (!s.exp_avg().is_contiguous() || !s.exp_avg_sq().is_contiguous() || s.exp_avg().sizes() != p.sizes() ||
+          s.exp_avg_sq().sizes() != p.sizes()) {
+        return true;
+      }
     }
   }
   return false;

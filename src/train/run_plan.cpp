@@ -133,8 +133,9 @@ RunPlan plan_run(const config::Config& config, int64_t auto_batch_limit) {
     const std::string fitting = "predicted peak fits " + gib(budget) + " (" + source + ") less " +
                                 std::to_string(static_cast<int>(kAutoMargin * 100)) + "%";
     out.text += "train.batch_size: auto -> " + std::to_string(job.batch) + " per rank: " +
-                (job.batch < fits ? "at most " + std::to_string(auto_batch_limit) + " after an out-of-memory on the " +
-                                        "first step (the largest whose " + fitting + " is " + std::to_string(fits) + ")"
+                (job.batch < fits ? "at most " + std::to_string(auto_batch_limit) +
+                                        " after an out-of-memory in the first two steps (the largest whose " +
+                                        fitting + " is " + std::to_string(fits) + ")"
                                   : "the largest whose " + fitting) + "\n";
   }
   const plan::MemoryEstimate e = plan::estimate_training_memory(*recipe, shape, job);

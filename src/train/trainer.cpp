@@ -134,6 +134,9 @@ struct Job {
         recipe(checked_recipe(c, tokenizer.get())),
         task(recipe->task(c.model.task)) {
     if (!device.is_cuda()) memory::install_cpu_memory_counter();
+    // The peak memory the run reports is its own: a run started again after an out-of-memory (train()) would
+    // otherwise report the failed attempt's.
+    device.is_cuda() ? memory::reset_cuda_peak(device.index()) : memory::reset_cpu_peak();
     if (!c.train.memory_limit.empty()) {  // before the model: everything the run holds counts
       const int64_t limit = plan::parse_memory_size(c.train.memory_limit);
       device.is_cuda() ? memory::set_cuda_memory_limit(device.index(), limit) : memory::set_cpu_memory_limit(limit);
@@ -548,11 +551,14 @@ TrainSummary train_run(const Config& given, std::shared_ptr<log::Sink> sink, int
   try {
     loop.run(preemption);
   } catch (const c10::OutOfMemoryError& e) {
-    // The batch was the memory model's guess: one that did not fit before any step completed is halved (train()).
-    if (!auto_batch || loop.at.step != start.step || c.train.batch_size <= 1) throw;
+    // The batch was the memory model's guess: one that did not fit in the first two steps is halved (train()).
+    // Two: the first step's update creates the optimizer's state (AdamW's moments, 8 B a parameter), so the second
+    // is the first to hold everything the model counts at its peak (flava-350m on a GPU capped at 8 GiB completed
+    // its first step at batch 32 and ran out in the second, 2026-11-28).
+    if (!auto_batch || loop.at.step > start.step + 1 || c.train.batch_size <= 1) throw;
     const int64_t retry = c.train.batch_size / 2;
     const std::string what = e.what_without_backtrace();
-    throw FirstStepOutOfMemory("out of memory on the first step at train.batch_size auto's " +
+    throw AutoBatchOutOfMemory("out of memory in the first two steps at train.batch_size auto's " +
                                    std::to_string(c.train.batch_size) + " per rank (" +
                                    what.substr(0, what.find('\n')) + "); retrying at " + std::to_string(retry),
                                retry);
@@ -584,7 +590,7 @@ TrainSummary train(const Config& given, std::shared_ptr<log::Sink> sink) {
   while (true) {
     try {
       return train_run(resolved, sink, batch_limit, classes_from);
-    } catch (const FirstStepOutOfMemory& e) {
+    } catch (const AutoBatchOutOfMemory& e) {
       if (!alone) throw;  // the other ranks wait in collectives: the launcher restarts them all (launch.h)
       log::Logger(sink, 0).warning(e.what());
       batch_limit = e.retry_batch;  // every attempt halves the batch: at most log2(batch) of them

@@ -4,6 +4,7 @@
 // loss-scaled step on every rank.
 #include <gtest/gtest.h>
 #include <limits>
+#include <ATen/native/ForeachUtils.h>
 #include <torch/torch.h>
 
 #include "test_env.h"
@@ -171,6 +172,47 @@ TEST(FsdpRuntime, MixedPrecisionDtypes) {
   out.sum().backward();
   EXPECT_EQ(model->fc->weight.grad().scalar_type(), torch::kFloat);
   EXPECT_EQ(model->fc->weight.scalar_type(), torch::kFloat);
+}
+
+// A 0-dim parameter (FLAVA's logit scale) and a weight used transposed.
+struct ScaledImpl : nn::Interceptable<ScaledImpl, at::Tensor(at::Tensor)> {
+  ScaledImpl() {
+    fc = register_module("fc", torch::nn::Linear(4, 6));
+    proj = register_parameter("proj", torch::randn({5, 6}));
+    logit_scale = register_parameter("logit_scale", torch::tensor(2.0));
+  }
+  at::Tensor forward_impl(at::Tensor x) { return fc(x).matmul(proj.t()) * logit_scale; }
+  torch::nn::Linear fc{nullptr};
+  at::Tensor proj, logit_scale;
+};
+
+// After backward every sharded parameter's gradient is what CUDA's fused optimizers demand of it (ATen's
+// check_fast_path_restrictions: the parameter's dtype, sizes and strides, dense), with and without mixed
+// precision. At one rank without it the full gradients were installed as they came, a 0-dim gradient for the
+// (1)-shaped shard of a 0-dim parameter, which CUDA's _fused_adamw_ refused (flava-350m in float32, 2026-11-28).
+TEST(FsdpRuntime, GradientsTakeTheShardsLayout) {
+  for (const bool mixed : {false, true}) {
+    SCOPED_TRACE(mixed ? "bf16 parameters, float32 reductions" : "float32");
+    torch::manual_seed(3);
+    auto model = std::make_shared<ScaledImpl>();
+    FsdpOptions options;
+    if (mixed) {
+      options.mixed_precision.param_dtype = torch::kBFloat16;
+      options.mixed_precision.reduce_dtype = torch::kFloat;
+    }
+    fully_shard(model, test_process_group().world(), options);
+    model->forward(torch::randn({3, 4})).sum().backward();
+    for (const auto& item : model->named_parameters()) {
+      const std::string& name = item.key();
+      const at::Tensor& p = item.value();
+      ASSERT_TRUE(p.grad().defined()) << name;
+      EXPECT_EQ(p.grad().sizes(), p.sizes()) << name;
+      const std::vector<at::Tensor> params{p}, grads{p.grad()};
+      EXPECT_TRUE(at::native::check_fast_path_restrictions({params, grads}))
+          << name << ": gradient " << p.grad().sizes() << " strides " << p.grad().strides() << ", parameter "
+          << p.sizes() << " strides " << p.strides();
+    }
+  }
 }
 
 // Peak units holding full parameters, from the runtime's own counters, in the second step (the first records the

@@ -37,7 +37,7 @@ inline constexpr const char* kProgressEnv = "SHARDTRAIN_PROGRESS";
 inline constexpr int kPreemptedExitCode = 75;
 
 // [Note: a smaller batch after an out-of-memory] What a worker exits with when the batch chosen for it
-// (train.batch_size: auto) ran out of memory before its first step completed. Its error file names the batch to
+// (train.batch_size: auto) ran out of memory before its second step completed. Its error file names the batch to
 // retry with (kRetryBatchKey in extraInfo); the launcher then restarts the whole group — not counted against
 // max_restarts, at most kMaxBatchRetries times — with kAutoBatchLimitEnv set to the smallest batch any worker
 // asked for. One node's launcher sees its own workers only: across nodes the other nodes' groups restart only

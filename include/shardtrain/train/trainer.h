@@ -49,14 +49,15 @@ struct RunPlan {
 };
 RunPlan plan_run(const config::Config& config, int64_t auto_batch_limit = 0);
 
-// train.batch_size: auto chose a batch that ran out of memory (c10::OutOfMemoryError) before the run's first step
-// completed. train() retries by itself at half the batch when it is the only rank; with more ranks, where the
-// others wait in collectives this rank left, it throws this: the CLI records `retry_batch` in the launcher's error
-// file and exits with launch::kOutOfMemoryExitCode, and `shardtrain launch` restarts every rank with the batch
-// limited to it ([Note: a smaller batch after an out-of-memory] in launch/launch.h).
-class FirstStepOutOfMemory : public std::runtime_error {
+// train.batch_size: auto chose a batch that ran out of memory (c10::OutOfMemoryError) before the run's second step
+// completed (the first step's update creates the optimizer state, so the second is the first at the full peak).
+// train() retries by itself at half the batch when it is the only rank; with more ranks, where the others wait in
+// collectives this rank left, it throws this: the CLI records `retry_batch` in the launcher's error file and exits
+// with launch::kOutOfMemoryExitCode, and `shardtrain launch` restarts every rank with the batch limited to it
+// ([Note: a smaller batch after an out-of-memory] in launch/launch.h).
+class AutoBatchOutOfMemory : public std::runtime_error {
  public:
-  FirstStepOutOfMemory(const std::string& what, int64_t retry_batch)
+  AutoBatchOutOfMemory(const std::string& what, int64_t retry_batch)
       : std::runtime_error(what), retry_batch(retry_batch) {}
   int64_t retry_batch;  // per rank, at least 1
 };
