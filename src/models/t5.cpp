@@ -123,27 +123,45 @@ T5Impl::T5Impl(const T5Config& c, const BuildOptions& build) : Interceptable("T5
 
 T5Outputs T5Impl::run(const at::Tensor& input_ids, const at::Tensor& attention_mask,
                       const at::Tensor& decoder_input_ids, const at::Tensor& labels, bool labelled_only) {
-  auto out = forward(input_ids, attention_mask, decoder_input_ids, labels, labelled_only);
+  auto out = forward(input_ids, attention_mask, decoder_input_ids, labels, labelled_only, {}, -1);
   return {out[0], out[1], out[2]};
 }
 
 std::vector<at::Tensor> T5Impl::forward_impl(const at::Tensor& input_ids, const at::Tensor& attention_mask,
                                              const at::Tensor& decoder_input_ids, const at::Tensor& labels,
-                                             bool labelled_only) {
+                                             bool labelled_only, const at::Tensor& encoder_outputs,
+                                             int64_t cache_position) {
+  // Tied head: the shared embedding, the decoder output rescaled by dim^-1/2 (Mesh TensorFlow's convention).
+  const double scale = std::pow(static_cast<double>(config.dim), -0.5);
+  if (cache_position >= 0) {
+    if (!decoder_input_ids.defined() || decoder_input_ids.size(1) != 1 || !encoder_outputs.defined()) {
+      throw std::invalid_argument("T5: a cached decoding step (cache_position " + std::to_string(cache_position) +
+                                  ") takes one decoder token a row and the encoder's outputs");
+    }
+    const at::Tensor decoded =
+        decoder->decode(shared->forward(decoder_input_ids), cache_position, encoder_outputs, attention_mask);
+    return {at::linear(decoded * scale, shared->weight), at::Tensor(), encoder_outputs};
+  }
+  if (!decoder_input_ids.defined() && !labels.defined()) {  // the encoder alone
+    const at::Tensor encoded = encoder_outputs.defined()
+                                   ? encoder_outputs
+                                   : encoder->forward(shared->forward(input_ids), attention_mask, {}, {});
+    return {at::Tensor(), at::Tensor(), encoded};
+  }
   at::Tensor targets_in = decoder_input_ids;
   if (!targets_in.defined()) {
-    if (!labels.defined()) throw std::invalid_argument("T5: give decoder_input_ids or labels");
     // Shift right behind the start token (= pad); ignored positions become padding.
     at::Tensor shifted = at::full_like(labels, config.pad_token_id);
     shifted.narrow(1, 1, labels.size(1) - 1).copy_(labels.narrow(1, 0, labels.size(1) - 1));
     targets_in = shifted.masked_fill(shifted == kIgnoreIndex, config.pad_token_id);
   }
-  // The head is the shared table: the two lookups' rows are added into its dense gradient (tie_table()).
-  const TiedTable table = tie_table(shared->weight, 2);
-  at::Tensor encoded = encoder->forward(sparse_lookup(table.lookups[0], input_ids), attention_mask, {}, {});
-  at::Tensor decoded = decoder->forward(sparse_lookup(table.lookups[1], targets_in), {}, encoded, attention_mask);
-  // Tied head: the shared embedding, the decoder output rescaled by dim^-1/2 (Mesh TensorFlow's convention).
-  const double scale = std::pow(static_cast<double>(config.dim), -0.5);
+  // The head is the shared table: the lookups' rows are added into its dense gradient (tie_table()).
+  const bool encoding = !encoder_outputs.defined();
+  const TiedTable table = tie_table(shared->weight, encoding ? 2 : 1);
+  at::Tensor encoded = encoding ? encoder->forward(sparse_lookup(table.lookups[0], input_ids), attention_mask, {}, {})
+                                : encoder_outputs;
+  at::Tensor decoded =
+      decoder->forward(sparse_lookup(table.lookups.back(), targets_in), {}, encoded, attention_mask);
   if (labelled_only && labels.defined()) {  // no logits: the loss in chunks (linear_cross_entropy)
     LabelledRows labelled = labelled_rows(decoded, labels);
     // Nothing keeps the decoder's output nor the unscaled rows: one (K, C) copy alive while the loss runs.
@@ -157,13 +175,15 @@ std::vector<at::Tensor> T5Impl::forward_impl(const at::Tensor& input_ids, const 
 }
 
 at::Tensor T5Impl::encode(const at::Tensor& input_ids, const at::Tensor& attention_mask) {
-  return encoder->forward(shared->forward(input_ids), attention_mask, {}, {});
+  return run(input_ids, attention_mask).encoder_hidden;
 }
 
 at::Tensor T5Impl::decode_step(const at::Tensor& tokens, int64_t position, const at::Tensor& encoded,
                                const at::Tensor& attention_mask) {
-  const at::Tensor decoded = decoder->decode(shared->forward(tokens), position, encoded, attention_mask);
-  return at::linear(decoded * std::pow(static_cast<double>(config.dim), -0.5), shared->weight);  // forward_impl's head
+  if (position < 0) {
+    throw std::invalid_argument("T5: decoding position " + std::to_string(position) + " (expected >= 0)");
+  }
+  return forward({}, attention_mask, tokens, {}, false, encoded, position)[0];
 }
 
 NameMap t5_names() {

@@ -8,6 +8,7 @@
 #include <stdexcept>
 
 #include "models/evaluation.h"
+#include "models/kv_cache.h"
 #include "models/recipe_helpers.h"
 #include "shardtrain/distributed/communicator.h"
 #include "shardtrain/models/losses.h"
@@ -80,10 +81,10 @@ class T5Seq2Seq : public Task {
   T5Config config_;
 };
 
-// Teacher-forced loss per target token; then greedy decoding, one token at a time (the decoder rerun over the
-// tokens so far), up to the batch's longest target, each row's output cut at its first end-of-sequence token and
-// compared with its target without it: exact match, and ROUGE-L's F-measure over tokens (2 P R / (P + R) of the
-// longest common subsequence).
+// Teacher-forced loss per target token; then greedy decoding, one token at a time (the encoder's output of the
+// loss pass reused, the decoder's earlier positions in its KV caches), up to the batch's longest target, each
+// row's output cut at its first end-of-sequence token and compared with its target without it: exact match, and
+// ROUGE-L's F-measure over tokens (2 P R / (P + R) of the longest common subsequence).
 std::map<std::string, double> T5Seq2Seq::evaluate(torch::nn::Module& model, const EvalInputs& in) const {
   T5Impl& t5 = module_as<T5Impl>(model, "t5");
   const int64_t used = whole_batches(in), per_step = in.world->size() * in.batch_size;
@@ -96,17 +97,21 @@ std::map<std::string, double> T5Seq2Seq::evaluate(torch::nn::Module& model, cons
     const at::Tensor mask = (input_ids != config_.pad_token_id).to(at::kLong);
     const at::Tensor labels = padded_rows(rows.targets, kIgnoreIndex, in.device);
     const double n = (labels != kIgnoreIndex).sum().item<double>();
-    loss += t5.run(input_ids, mask, {}, labels, /*labelled_only=*/true).loss.item<double>() * n;
+    const T5Outputs scored = t5.run(input_ids, mask, {}, labels, /*labelled_only=*/true);
+    loss += scored.loss.item<double>() * n;
     tokens += n;
-    // Every rank decodes as many steps as the longest target of any rank: each step is a forward pass, and a
-    // sharded one gathers parameters from every rank.
+    // Every rank decodes as many steps as the longest target of any rank: each step is a forward pass through
+    // the root (decode_step), and a sharded one gathers parameters from every rank.
     at::Tensor longest_here = at::full({1}, labels.size(1), at::kLong).to(in.device);
     in.world->all_reduce(longest_here, dist::ReduceOp::MAX).wait();
     const int64_t longest = longest_here.item<int64_t>();
-    at::Tensor decoded = at::full({input_ids.size(0), 1}, config_.pad_token_id, input_ids.options());
-    for (int64_t t = 0; t < longest; ++t) {
-      const at::Tensor next = t5.run(input_ids, mask, decoded).logits.select(1, -1).argmax(-1, true);
-      decoded = at::cat({decoded, next}, 1);
+    at::Tensor decoded = at::full({input_ids.size(0), longest + 1}, config_.pad_token_id, input_ids.options());
+    {
+      const KvCaches caches(*t5.decoder);
+      for (int64_t t = 0; t < longest; ++t) {
+        const at::Tensor logits = t5.decode_step(decoded.narrow(1, t, 1), t, scored.encoder_hidden, mask);
+        decoded.narrow(1, t + 1, 1).copy_(logits.select(1, -1).argmax(-1, true));
+      }
     }
     const at::Tensor out = decoded.narrow(1, 1, longest).cpu().contiguous();
     for (size_t r = 0; r < rows.targets.size(); ++r) {

@@ -21,6 +21,7 @@
 #include "shardtrain/io/safetensors.h"
 #include "shardtrain/models/contrastive.h"
 #include "shardtrain/models/flava.h"
+#include "shardtrain/models/generation.h"
 #include "shardtrain/models/gpt2.h"
 #include "shardtrain/models/llama.h"
 #include "shardtrain/models/lora.h"
@@ -484,6 +485,49 @@ TEST(ModelsDist, Gpt2TrainsLikeOneProcess) {
         diff = at::cat({diff.narrow(0, 0, 64), diff.narrow(0, 128, 64)});
       }
       EXPECT_LE(diff.max().item<double>(), 1e-5) << label << " " << p.key();
+    }
+  }
+}
+
+// Generation (models/generation.h) from a sharded model: every rank decodes the same prompts, each step a forward
+// through the root (T5's encoder pass and cached decoding steps included), so the units gather on every rank
+// together, and the ranks, computing the same tokens, stop on the same step. The tokens are one process's, and so
+// is every greedy step's logits within float32 rounding (random T5 repeats a token: the logits say more); with
+// layers checkpointed too (a no-op without gradients).
+TEST(ModelsDist, ShardedModelsGenerateAsOneProcess) {
+  const auto mesh = dist::DeviceMesh::create(test_process_group(), 1);
+  at::NoGradGuard no_grad;
+  for (const std::string flavor : {"t5-debug", "llama-debug", "gpt2-debug"}) {
+    for (const int64_t every : {0, 1}) {
+      SCOPED_TRACE(flavor + ", checkpoint every " + std::to_string(every));
+      const auto recipe = recipe_of(flavor);
+      BuildOptions build;
+      build.init.seed = 9;
+      torch::manual_seed(4);
+      const at::Tensor prompts = torch::randint(3, 100, {3, 7}, torch::kLong);
+      at::Tensor mask = at::ones_like(prompts);
+      mask[1].narrow(0, 0, 2).zero_();  // left padding
+      GenerationOptions options;
+      options.max_new_tokens = 9;
+      options.eos_token_ids = {5};
+      // generate()'s tokens, and the logits (steps, B, vocab) of as many greedy steps through a decoder of their own
+      auto tokens_of = [&](ZooModel& m, at::Tensor& step_logits) {
+        m.module->eval();
+        {
+          const auto decoder = m.recipe->text_decoder(*m.module);
+          std::vector<at::Tensor> steps{decoder->start(prompts, mask)};
+          for (int64_t s = 1; s < options.max_new_tokens; ++s) steps.push_back(decoder->next(steps.back().argmax(-1)));
+          step_logits = at::stack(steps);
+        }
+        return generate(*m.recipe->text_decoder(*m.module), prompts, mask, options).tokens;
+      };
+      ZooModel reference = build_model(recipe, build);
+      at::Tensor ref_logits, logits;
+      const at::Tensor expected = tokens_of(reference, ref_logits);
+      Distributed sharded = distribute(recipe, mesh, fsdp::ShardingStrategy::FULL_SHARD, every, false, false, build);
+      const at::Tensor got = tokens_of(sharded.model, logits);
+      EXPECT_TRUE(at::equal(got, expected)) << got << "\n" << expected;
+      EXPECT_TRUE(at::allclose(logits, ref_logits, 1e-4, 1e-5)) << (logits - ref_logits).abs().max();
     }
   }
 }

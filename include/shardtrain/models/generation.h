@@ -9,8 +9,9 @@
 //   auto decoder = m.recipe->text_decoder(*m.module);
 //   models::Generated out = models::generate(*decoder, prompt_ids, prompt_mask, options);
 //
-// One process, the whole model in it: a decoder runs the model's modules as they are (a sharded model would gather
-// every unit at every step).
+// Every step is a call of the model's root (T5's encoder pass and decoding steps too), so a sharded model generates
+// as well: each unit gathers at each step, on every rank together, when every rank generates from the same prompts
+// (the same tokens then, and the same last step: ModelsDist.ShardedModelsGenerateAsOneProcess).
 #pragma once
 
 #include <ATen/core/Tensor.h>

@@ -67,23 +67,27 @@ struct T5Outputs {
 };
 
 // Children: shared, encoder, decoder.
-class T5Impl
-    : public nn::Interceptable<T5Impl,
-                               std::vector<at::Tensor>(at::Tensor, at::Tensor, at::Tensor, at::Tensor, bool)> {
+class T5Impl : public nn::Interceptable<T5Impl, std::vector<at::Tensor>(at::Tensor, at::Tensor, at::Tensor, at::Tensor,
+                                                                        bool, at::Tensor, int64_t)> {
  public:
   T5Impl(const T5Config& config, const BuildOptions& build = {});
   // input_ids (B, S); attention_mask (B, S) or undefined; decoder_input_ids (B, T), or undefined to use labels
-  // shifted right behind the start token; labels (B, T) or undefined. labelled_only (with labels): the loss alone,
-  // the tied head at the labelled positions only, fused with the cross-entropy in chunks (linear_cross_entropy):
-  // the same loss and gradients without the (B, T, vocab) logits.
+  // shifted right behind the start token; labels (B, T) or undefined (neither: the encoder alone, only
+  // encoder_hidden defined). labelled_only (with labels): the loss alone, the tied head at the labelled positions
+  // only, fused with the cross-entropy in chunks (linear_cross_entropy): the same loss and gradients without the
+  // (B, T, vocab) logits.
   T5Outputs run(const at::Tensor& input_ids, const at::Tensor& attention_mask = {},
                 const at::Tensor& decoder_input_ids = {}, const at::Tensor& labels = {}, bool labelled_only = false);
+  // run's arguments, and two of transformers' for decoding: encoder_outputs (B, S, C), the encoder's output of the
+  // same input_ids, used instead of running the encoder again (input_ids may then be undefined); cache_position
+  // >= 0: one cached decoding step (generation.h), decoder_input_ids (B, 1) at that decoder position, the earlier
+  // positions in the decoder's KV caches (kv_cache.h), the logits (B, 1, vocab). Both go through the root's
+  // interceptors as any call: a sharded model gathers for them.
   std::vector<at::Tensor> forward_impl(const at::Tensor& input_ids, const at::Tensor& attention_mask,
                                        const at::Tensor& decoder_input_ids, const at::Tensor& labels,
-                                       bool labelled_only);
-  // Generation (generation.h), one process: these run the stacks themselves, not through the root's interceptors.
-  // encode: the encoder's output (B, S, C) of input_ids (B, S). decode_step: the logits (B, 1, vocab) after tokens
-  // (B, 1) at decoder position `position`, the earlier positions in the attention modules' KV caches.
+                                       bool labelled_only, const at::Tensor& encoder_outputs, int64_t cache_position);
+  // Generation and evaluation: encode is run's encoder alone, (B, S, C); decode_step the logits (B, 1, vocab)
+  // after tokens (B, 1) at decoder position `position` (forward_impl's cache_position).
   at::Tensor encode(const at::Tensor& input_ids, const at::Tensor& attention_mask);
   at::Tensor decode_step(const at::Tensor& tokens, int64_t position, const at::Tensor& encoded,
                          const at::Tensor& attention_mask);
