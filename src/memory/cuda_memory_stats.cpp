@@ -18,6 +18,10 @@ c10::DeviceAllocator& cuda_allocator(int device) {
     throw std::runtime_error("CUDA memory statistics for device " + std::to_string(device) +
                              ": no such CUDA device is available in this process");
   }
+  // The caching allocator's per-device state exists only once CUDA is initialised, which the first tensor on the
+  // device does; the trainer resets the peak and sets its limit before any ("Allocator not initialized for device"
+  // on the GPU, 2026-11-28). Idempotent and cheap after the first call.
+  at::globalContext().lazyInitDevice(c10::kCUDA);
   return *c10::getDeviceAllocator(c10::kCUDA);
 }
 
@@ -41,9 +45,6 @@ void set_cuda_memory_limit(int device, int64_t bytes) {
                                 std::to_string(device) + ", expected more than 0 and at most the device's " +
                                 std::to_string(total));
   }
-  // The caching allocator's per-device state exists only once CUDA is initialised, which the first tensor on the
-  // device does; the limit is set before any ("Allocator not initialized for device" on the GPU, 2026-11-28).
-  at::globalContext().lazyInitDevice(c10::kCUDA);
   c10::cuda::CUDACachingAllocator::setMemoryFraction(static_cast<double>(bytes) / static_cast<double>(total),
                                                      static_cast<c10::DeviceIndex>(device));
 }
