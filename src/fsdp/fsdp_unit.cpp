@@ -413,12 +413,13 @@ void FsdpUnit::Impl::reduce_scatter_gradients() {
     // no flat buffer, no copy in or out.
     local_grads.resize(params.size());
     for (size_t i = 0; i < params.size(); ++i) {
-      // Rounded as a reduction would, contiguous and in the shard's shape as a reduction's output is: fused
-      // optimizers take the gradient's sizes and strides to be the parameter's, and a 0-dim parameter's shard is
-      // (1) (a copy, not a view: zero_grad detaches gradients in place).
+      // Rounded as a reduction would, contiguous and in the (resharded) parameter's shape as a reduction's output
+      // is: fused optimizers take the gradient's sizes and strides to be the parameter's, and a 0-dim parameter's
+      // shard is (1). Reshaped as a copy, not a view: zero_grad detaches gradients in place.
       if (!full[i].defined()) continue;
       at::Tensor g = full[i].to(dtype).to(own_dtype).contiguous();
-      local_grads[i] = g.dim() == 0 ? g.reshape({1}).clone() : std::move(g);
+      const at::IntArrayRef shard_shape = params[i].param().sizes();
+      local_grads[i] = g.sizes() == shard_shape ? std::move(g) : g.reshape(shard_shape).clone();
     }
     return after_reduce_scatter(TrainingState::POST_BACKWARD);
   }
