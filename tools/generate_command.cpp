@@ -1,7 +1,10 @@
 // `shardtrain generate MODEL [PROMPT...]`: text continued by a causal language model or T5, as transformers'
 // generate() continues it (models/generation.h), from a Hugging Face model directory — what `shardtrain checkpoint
-// export --hf` writes of a run.
+// export --hf` writes of a run. Under a launcher (`shardtrain launch`, torchrun, srun) the model is sharded over
+// the job's ranks (FULL_SHARD, each rank reading its rows of the weights), each rank continues batches of its own,
+// stepping with the others (GenerationOptions::synced), and rank 0 writes every result in the prompts' order.
 #include <ATen/ATen.h>
+#include <torch/cuda.h>
 
 #include <nlohmann/json.hpp>
 
@@ -20,10 +23,16 @@
 #include "commands.h"
 #include "shardtrain/config/config.h"
 #include "shardtrain/data/tokenizer.h"
+#include "shardtrain/distributed/env.h"
+#include "shardtrain/distributed/mesh.h"
+#include "shardtrain/distributed/process_group.h"
+#include "shardtrain/distributed/text_exchange.h"
 #include "shardtrain/io/files.h"
 #include "shardtrain/io/hf_cache.h"
 #include "shardtrain/models/generation.h"
 #include "shardtrain/models/lora.h"
+#include "shardtrain/models/parallelize.h"
+#include "shardtrain/models/weights.h"
 #include "shardtrain/models/zoo.h"
 
 namespace shardtrain::cli {
@@ -48,10 +57,12 @@ const char* kGenerateUsage =
     "  --adapter DIR             a LoRA adapter over MODEL (PEFT's save_pretrained, `shardtrain checkpoint export\n"
     "                            --peft`), its adapters applied as in training, unmerged\n"
     "  --dtype D                 float32, bfloat16 or float16: the weights and the computation (float32)\n"
-    "  --device D                cpu, cuda, cuda:N (cpu)\n"
+    "  --device D                cpu, cuda, cuda:N (cpu); under a launcher cuda, each rank on cuda:LOCAL_RANK\n"
     "  --json                    one JSON record a prompt: prompt, completion, tokens, finished (ended by an\n"
     "                            end-of-sequence token)\n"
-    "  --out FILE                the results into FILE (written whole at the end) instead of standard output\n";
+    "  --out FILE                the results into FILE (written whole at the end) instead of standard output\n"
+    "Under `shardtrain launch --nproc-per-node N -- shardtrain generate ...` (or torchrun, srun) the model is sharded\n"
+    "over the N ranks, which take the batches in turn and step together; rank 0 writes the results, in order.\n";
 
 nlohmann::json read_json(const std::string& path) {
   if (!io::path_exists(path)) return nlohmann::json::object();
@@ -152,6 +163,88 @@ at::Device parse_device(const std::string& name) {
   }
 }
 
+// Where generation runs: one process, or every rank of the launcher's job (`world`: its process group), each on
+// its own device.
+struct Place {
+  dist::DistEnv env;
+  at::Device device = at::kCPU;
+  std::optional<dist::ProcessGroup> world;
+};
+
+Place place_of(const Args& args) {
+  Place p;
+  p.env = dist::read_dist_env(dist::process_env_lookup());
+  const std::string name = args.get("device", "cpu");
+  p.device = parse_device(name);
+  if (!p.env.is_distributed()) return p;
+  dist::ProcessGroupOptions init;
+  if (p.device.is_cuda()) {
+    if (p.device.has_index()) {
+      throw std::invalid_argument("--device " + name + " under a launcher of " + std::to_string(p.env.world_size) +
+                                  " ranks: give --device cuda (each rank takes cuda:LOCAL_RANK)");
+    }
+    const int gpus = static_cast<int>(torch::cuda::device_count());
+    if (gpus == 0) throw std::invalid_argument("--device cuda: this machine has no visible CUDA device");
+    p.device = at::Device(at::kCUDA, static_cast<c10::DeviceIndex>(p.env.local_rank % gpus));
+    init.device = dist::DeviceKind::CUDA;
+    init.device_index = p.device.index();
+    // NCCL refuses two ranks on one GPU; ranks sharing one move CUDA tensors through Gloo.
+    init.cuda_backend = p.env.local_world_size > gpus ? dist::CudaBackend::GLOO : dist::CudaBackend::NCCL;
+  }
+  p.world = dist::ProcessGroup::init(p.env, init);
+  return p;
+}
+
+// The model with MODEL's weights (and --adapter's), whole, or sharded over the job's ranks (each reads its rows).
+models::ZooModel load_model(std::shared_ptr<const models::ModelRecipe> recipe, const models::BuildOptions& build,
+                            const std::string& dir, const Args& args, Place& place) {
+  models::LoadOptions adapter;
+  adapter.lora_adapter = true;
+  const std::string adapter_file = args.has("adapter") ? models::lora_adapter_file(args.get("adapter", "")) : "";
+  if (!place.world) {
+    models::ZooModel model = models::build_model(std::move(recipe), build);
+    models::load_weights(*model.module, dir, model.names);
+    if (!adapter_file.empty()) models::load_weights(*model.module, adapter_file, model.names, adapter);
+    return model;
+  }
+  const dist::DeviceMesh mesh = dist::DeviceMesh::create(*place.world, 1);
+  models::ZooModel model = models::build_parallel(std::move(recipe), mesh, models::ParallelizeOptions{}, build);
+  models::load_weights_sharded(model.module, dir, model.names);
+  if (!adapter_file.empty()) {
+    models::load_weights_sharded(model.module, adapter_file, model.names, std::nullopt, adapter);
+  }
+  return model;
+}
+
+// One prompt's result.
+struct Completion {
+  size_t prompt = 0;  // its place among the prompts
+  std::string text;
+  std::vector<int64_t> tokens;
+  bool finished = false;  // ended by an end-of-sequence token
+};
+
+nlohmann::json completions_json(const std::vector<Completion>& done) {
+  nlohmann::json out = nlohmann::json::array();
+  for (const Completion& c : done) {
+    out.push_back({{"prompt", c.prompt}, {"text", c.text}, {"tokens", c.tokens}, {"finished", c.finished}});
+  }
+  return out;
+}
+
+// Every rank's completions of one round, in rank order (rank r had the round's r-th batch): a collective.
+std::vector<Completion> gathered(const std::vector<Completion>& mine, const Place& place) {
+  if (!place.world) return mine;
+  std::vector<Completion> all;
+  for (const std::string& text : dist::all_gather_text(place.world->world(), completions_json(mine).dump())) {
+    for (const nlohmann::json& j : nlohmann::json::parse(text)) {
+      all.push_back({j["prompt"].get<size_t>(), j["text"].get<std::string>(), j["tokens"].get<std::vector<int64_t>>(),
+                     j["finished"].get<bool>()});
+    }
+  }
+  return all;
+}
+
 // The prompts' ids left-padded into (B, T) with their mask.
 std::pair<at::Tensor, at::Tensor> left_padded(const std::vector<std::vector<int64_t>>& rows, int64_t pad) {
   size_t width = 1;
@@ -192,11 +285,13 @@ int run_generate_command(const std::vector<std::string>& argv) {
   if (batch < 1) throw std::invalid_argument("--batch-size " + std::to_string(batch) + ": expected at least 1");
 
   const auto tokenizer = data::open_tokenizer(dir);
-  const models::GenerationOptions options = generation_options(dir, args, *tokenizer);
+  models::GenerationOptions options = generation_options(dir, args, *tokenizer);
+  const at::ScalarType dtype = parse_dtype(args.get("dtype", "float32"));
+  Place place = place_of(args);
+  const int ranks = place.env.world_size, rank = place.env.rank;
+  if (place.world) options.synced = place.world->world();
   models::BuildOptions build;
-  build.tensors = at::TensorOptions()
-                      .dtype(parse_dtype(args.get("dtype", "float32")))
-                      .device(parse_device(args.get("device", "cpu")));
+  build.tensors = at::TensorOptions().dtype(dtype).device(place.device);
   auto recipe = models::recipe_of_model(dir);
   std::string adapted;
   if (args.has("adapter")) {
@@ -204,58 +299,69 @@ int run_generate_command(const std::vector<std::string>& argv) {
     recipe = models::with_lora(recipe, lora);
     adapted = ", adapter " + models::describe_lora(lora, models::lora_targets(*recipe, lora));
   }
-  models::ZooModel model = models::build_model(recipe, build);
-  models::load_weights(*model.module, dir, model.names);
-  if (args.has("adapter")) {
-    models::LoadOptions adapter;
-    adapter.lora_adapter = true;
-    models::load_weights(*model.module, models::lora_adapter_file(args.get("adapter", "")), model.names, adapter);
-  }
+  models::ZooModel model = load_model(recipe, build, dir, args, place);
   model.module->eval();
-  std::fprintf(stderr, "generate: %s (%s%s), %s; %zu prompt(s), %s, at most %lld new tokens\n", dir.c_str(),
-               model.family.c_str(), adapted.c_str(), tokenizer->describe().c_str(), prompts.size(),
-               options.do_sample ? "sampling" : "greedy", static_cast<long long>(options.max_new_tokens));
+  const std::string sharded = ranks > 1 ? ", sharded over " + std::to_string(ranks) + " ranks" : "";
+  if (rank == 0) {
+    std::fprintf(stderr, "generate: %s (%s%s%s), %s; %zu prompt(s), %s, at most %lld new tokens\n", dir.c_str(),
+                 model.family.c_str(), adapted.c_str(), sharded.c_str(), tokenizer->describe().c_str(),
+                 prompts.size(), options.do_sample ? "sampling" : "greedy",
+                 static_cast<long long>(options.max_new_tokens));
+  }
 
+  // Batches of `batch` prompts in order; round k gives batch k * ranks + r to rank r. A rank left without one in
+  // the last round generates from the first batch again, unreported, so that every rank steps alike.
+  const size_t batches = (prompts.size() + static_cast<size_t>(batch) - 1) / static_cast<size_t>(batch);
+  const size_t rounds = (batches + static_cast<size_t>(ranks) - 1) / static_cast<size_t>(ranks);
   const auto began = std::chrono::steady_clock::now();
   int64_t made = 0;
   std::ostringstream results;
-  for (size_t first = 0; first < prompts.size(); first += static_cast<size_t>(batch)) {
+  std::ostream& to = args.has("out") ? static_cast<std::ostream&>(results) : std::cout;
+  for (size_t round = 0; round < rounds; ++round) {
+    const size_t mine = round * static_cast<size_t>(ranks) + static_cast<size_t>(rank);
+    const bool reported = mine < batches;
+    const size_t first = (reported ? mine : 0) * static_cast<size_t>(batch);
     const size_t end = std::min(prompts.size(), first + static_cast<size_t>(batch));
     std::vector<std::vector<int64_t>> rows;
     for (size_t i = first; i < end; ++i) rows.push_back(tokenizer->encode(prompts[i], data::kWholeText).ids);
     auto [ids, mask] = left_padded(rows, tokenizer->pad_id());
     const auto decoder = model.recipe->text_decoder(*model.module);
+    const bool shows = rank == 0 && isatty_stderr();
     auto progress = [&](int64_t step) {
-      if (isatty_stderr()) {
+      if (shows) {
         std::fprintf(stderr, "\rgenerate: prompts %zu-%zu of %zu, token %lld", first + 1, end, prompts.size(),
                      static_cast<long long>(step));
       }
     };
     const models::Generated out =
-        models::generate(*decoder, ids.to(build.tensors.device()), mask.to(build.tensors.device()), options, progress);
-    if (isatty_stderr()) std::fprintf(stderr, "\n");
+        models::generate(*decoder, ids.to(place.device), mask.to(place.device), options, progress);
+    if (shows) std::fprintf(stderr, "\n");
     const at::Tensor tokens = out.tokens.cpu();
-    for (size_t i = first; i < end; ++i) {
+    std::vector<Completion> done;
+    for (size_t i = first; reported && i < end; ++i) {
       const int64_t row = static_cast<int64_t>(i - first), length = out.lengths[static_cast<size_t>(row)];
-      std::vector<int64_t> completion(static_cast<size_t>(length));
-      for (int64_t j = 0; j < length; ++j) completion[static_cast<size_t>(j)] = tokens[row][j].item<int64_t>();
-      const bool finished =
-          length > 0 && std::find(options.eos_token_ids.begin(), options.eos_token_ids.end(), completion.back()) !=
-                            options.eos_token_ids.end();
-      made += length;
-      const std::string text = tokenizer->decode(completion, /*skip_special=*/true);
-      std::ostream& to = args.has("out") ? static_cast<std::ostream&>(results) : std::cout;
+      Completion c{i, "", std::vector<int64_t>(static_cast<size_t>(length)), false};
+      for (int64_t j = 0; j < length; ++j) c.tokens[static_cast<size_t>(j)] = tokens[row][j].item<int64_t>();
+      c.finished = length > 0 && std::find(options.eos_token_ids.begin(), options.eos_token_ids.end(),
+                                           c.tokens.back()) != options.eos_token_ids.end();
+      c.text = tokenizer->decode(c.tokens, /*skip_special=*/true);
+      done.push_back(std::move(c));
+    }
+    for (const Completion& c : gathered(done, place)) {
+      made += static_cast<int64_t>(c.tokens.size());
+      if (rank != 0) continue;
       if (args.has("json")) {
-        to << nlohmann::json{{"prompt", prompts[i]}, {"completion", text}, {"tokens", completion},
-                             {"finished", finished}}
+        to << nlohmann::json{{"prompt", prompts[c.prompt]}, {"completion", c.text}, {"tokens", c.tokens},
+                             {"finished", c.finished}}
                   .dump()
            << "\n";
       } else {
-        to << "[" << i + 1 << "] " << prompts[i] << "\n=> " << text << "\n";
+        to << "[" << c.prompt + 1 << "] " << prompts[c.prompt] << "\n=> " << c.text << "\n";
       }
     }
     std::cout.flush();
   }
+  if (rank != 0) return 0;
   if (args.has("out")) {
     const std::string text = results.str();
     io::write_file_atomic(args.get("out", ""), std::vector<char>(text.begin(), text.end()));

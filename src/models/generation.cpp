@@ -68,6 +68,19 @@ at::Tensor process_scores(const at::Tensor& logits, const at::Tensor& sequences,
   return s;
 }
 
+namespace {
+
+// Whether a row of `unfinished` (B) is still generating here, or with `synced` on any rank of that group.
+bool any_rank_unfinished(const at::Tensor& unfinished, const std::optional<dist::Communicator>& synced) {
+  const bool here = unfinished.any().item<bool>();
+  if (!synced || synced->size() == 1) return here;
+  at::Tensor flag = at::full({1}, here ? 1.0f : 0.0f, at::TensorOptions().device(synced->device()));
+  synced->all_reduce(flag, dist::ReduceOp::MAX).wait();
+  return flag.item<float>() > 0;
+}
+
+}  // namespace
+
 Generated generate(TextDecoder& decoder, const at::Tensor& prompt_ids, const at::Tensor& prompt_mask,
                    const GenerationOptions& o, const std::function<void(int64_t)>& on_step) {
   check_generation_options(o);
@@ -98,7 +111,7 @@ Generated generate(TextDecoder& decoder, const at::Tensor& prompt_ids, const at:
     lengths += unfinished.to(at::kLong);  // the token made counts, an end-of-sequence one too
     for (int64_t eos : o.eos_token_ids) unfinished = unfinished & (next != eos);
     if (on_step) on_step(step + 1);
-    if (!unfinished.any().item<bool>() || step + 1 == o.max_new_tokens) break;
+    if (step + 1 == o.max_new_tokens || !any_rank_unfinished(unfinished, o.synced)) break;
     logits = decoder.next(next);
   }
   const at::Tensor counted = lengths.cpu().contiguous();

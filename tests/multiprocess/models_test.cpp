@@ -532,6 +532,60 @@ TEST(ModelsDist, ShardedModelsGenerateAsOneProcess) {
   }
 }
 
+// Data-parallel generation from a sharded model (GenerationOptions::synced, transformers' synced_gpus): each rank
+// its own prompts, batch sizes and lengths, ending at a step of its own (rank 0's rows at the third, on an
+// end-of-sequence token picked from its own greedy tokens; the others run longer). Each rank's tokens are what one
+// process makes of its prompts, padding after; without synced the ranks would call different numbers of steps,
+// and the gathers of a rank that stopped would be missing (a hang until the timeout).
+TEST(ModelsDist, ShardedModelsGenerateTheirOwnPromptsInStep) {
+  const auto mesh = dist::DeviceMesh::create(test_process_group(), 1);
+  const int rank = mesh.world().rank();
+  at::NoGradGuard no_grad;
+  for (const std::string flavor : {"llama-debug", "t5-debug"}) {
+    SCOPED_TRACE(flavor);
+    const auto recipe = recipe_of(flavor);
+    BuildOptions build;
+    build.init.seed = 9;
+    auto prompts_of = [](int r) {
+      torch::manual_seed(40 + r);
+      const at::Tensor ids = torch::randint(3, 100, {1 + r % 2, 4 + r}, torch::kLong);
+      return std::pair(ids, at::ones_like(ids));
+    };
+    GenerationOptions options;
+    options.max_new_tokens = 10;
+    ZooModel reference = build_model(recipe, build);
+    reference.module->eval();
+    auto one_process = [&](const std::pair<at::Tensor, at::Tensor>& p) {
+      return generate(*reference.recipe->text_decoder(*reference.module), p.first, p.second, options);
+    };
+    options.eos_token_ids = {one_process(prompts_of(0)).tokens[0][2].item<int64_t>()};
+    options.pad_token_id = 1;
+    const auto mine = prompts_of(rank);
+    const Generated expected = one_process(mine);
+    const int64_t n = expected.tokens.size(1);
+    // The premise: the ranks end at different steps (rank 0 at the third at the latest, some other rank later).
+    at::Tensor ends = at::full({2}, static_cast<float>(n));
+    ends[1] = -static_cast<float>(n);
+    mesh.world().all_reduce(ends, dist::ReduceOp::MAX).wait();
+    const auto longest = static_cast<int64_t>(ends[0].item<float>());
+    const auto shortest = -static_cast<int64_t>(ends[1].item<float>());
+    if (rank == 0) ASSERT_LE(n, 3);
+    if (mesh.world().size() > 1) ASSERT_LT(shortest, longest);
+
+    Distributed sharded = distribute(recipe, mesh, fsdp::ShardingStrategy::FULL_SHARD, 0, false, false, build);
+    sharded.model.module->eval();
+    options.synced = mesh.world();
+    int64_t steps = 0;
+    const Generated got = generate(*sharded.model.recipe->text_decoder(*sharded.model.module), mine.first,
+                                   mine.second, options, [&](int64_t made) { steps = made; });
+    EXPECT_EQ(got.lengths, expected.lengths);
+    ASSERT_GE(got.tokens.size(1), n);
+    EXPECT_TRUE(at::equal(got.tokens.narrow(1, 0, n), expected.tokens)) << got.tokens << "\n" << expected.tokens;
+    EXPECT_TRUE(got.tokens.narrow(1, n, got.tokens.size(1) - n).eq(options.pad_token_id).all().item<bool>());
+    EXPECT_EQ(steps, longest);  // every rank stepped as long as the longest
+  }
+}
+
 // A FLAVA large enough that its layers dominate: 20 layers of 0.8M parameters, small embeddings and codebook.
 FlavaConfig wide_flava() {
   FlavaConfig c = flava_flavor("flava-debug");

@@ -7,7 +7,8 @@
 // batch and transformers' outputs. shardtrain's model built from the same directory (model.from's path: its
 // config.json, its weights) must hold exactly the checkpoint's parameters and give transformers' outputs to 1e-5 of
 // their scale; transformers' tokenizer from the directory must tokenize as shardtrain's WordPiece does; and
-// `shardtrain generate` on a causal LM's or T5's directory must make the tokens transformers' generate makes.
+// `shardtrain generate` on a causal LM's or T5's directory must make the tokens transformers' generate makes, in
+// one process and sharded over ranks (`shardtrain launch ... -- shardtrain generate`).
 #include <gtest/gtest.h>
 
 #include <unistd.h>
@@ -143,6 +144,23 @@ TEST(HfExport, EveryFamilyLoadsIntoTransformersWithTheSameOutputs) {
                                     "'two small squares on the left of a blue triangle' --max-new-tokens 6 --json " +
                                     "--out " + out + "/generated.jsonl");
       ASSERT_EQ(generated.status, 0) << generated.output;
+    }
+    // Generation from a model sharded over 3 ranks (a tied head, an encoder-decoder): the ranks take the batches
+    // in turn, the third generating from the first again unreported; rank 0 writes what one process writes.
+    if (name == "t5" || name == "gpt2" || name == "llama-3.2") {
+      const std::string generate = " generate " + out + " 'a red circle' 'two small squares on the left of a blue "
+                                   "triangle' --max-new-tokens 6 --batch-size 1 --json --out " + out;
+      const Outcome one = run(std::string(SHARDTRAIN_BIN) + generate + "/one.jsonl");
+      ASSERT_EQ(one.status, 0) << one.output;
+      const Outcome sharded = run(std::string(SHARDTRAIN_BIN) + " launch --nproc-per-node 3 -- " + SHARDTRAIN_BIN +
+                                  generate + "/sharded.jsonl");
+      ASSERT_EQ(sharded.status, 0) << sharded.output;
+      EXPECT_NE(sharded.output.find(", sharded over 3 ranks)"), std::string::npos) << sharded.output;
+      EXPECT_EQ(test::read_text(out + "/sharded.jsonl"), test::read_text(out + "/one.jsonl"));
+      const Outcome pinned = run(std::string(SHARDTRAIN_BIN) + " launch --nproc-per-node 2 -- " + SHARDTRAIN_BIN +
+                                 generate + "/x.jsonl --device cuda:0");
+      EXPECT_NE(pinned.output.find("--device cuda:0 under a launcher of 2 ranks: give --device cuda"),
+                std::string::npos) << pinned.output;
     }
     if (name == "bert") {  // bad input to generate: each named
       for (const auto& [options, message] : std::vector<std::pair<std::string, std::string>>{

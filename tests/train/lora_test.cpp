@@ -109,7 +109,7 @@ void expect_run_from_peft_adapter(const std::string& dir, const std::string& tar
 }
 
 // `shardtrain generate` over dir/base with the exported adapter dir/adapter (unmerged, --adapter) makes the tokens of
-// the merged export dir/merged.
+// the merged export dir/merged, in one process and sharded over two.
 void expect_adapter_generates_as_merged(const std::string& dir) {
   const std::string st = SHARDTRAIN_BIN;
   const std::string prompts = " 'a red circle on the left' 'three small squares' --max-new-tokens 8 --json --out ";
@@ -120,6 +120,11 @@ void expect_adapter_generates_as_merged(const std::string& dir) {
   const Outcome merged = run(st + " generate " + dir + "/merged" + prompts + dir + "/merged.jsonl");
   ASSERT_EQ(merged.status, 0) << merged.output;
   EXPECT_EQ(test::read_text(dir + "/adapted.jsonl"), test::read_text(dir + "/merged.jsonl"));
+  // The same over a base model and adapter sharded over two ranks (one batch: rank 1 steps along unreported).
+  const Outcome sharded = run(st + " launch --nproc-per-node 2 -- " + st + " generate " + dir + "/base --adapter " +
+                              dir + "/adapter" + prompts + dir + "/sharded.jsonl");
+  ASSERT_EQ(sharded.status, 0) << sharded.output;
+  EXPECT_EQ(test::read_text(dir + "/sharded.jsonl"), test::read_text(dir + "/adapted.jsonl"));
 }
 
 TEST(LoraTrain, AdaptersExportAsPeftLoadsThem) {

@@ -114,7 +114,8 @@ TEST(Planner, RecommendationIsATrainerConfig) {
 }
 
 // LoRA fine-tuning (plan --lora): the base frozen, so gradients and AdamW state are the adapters' alone — a larger
-// batch in the same configuration — and so are the reductions (less traffic a step); the YAML trains the adapters.
+// batch in the same configuration — and so are the reductions and, offloaded, the gradients' way back to the host
+// (less traffic a step); the YAML trains the adapters.
 // A model directory with weights is fine-tuned (model.from); a zoo flavor or a config.json alone is model.flavor.
 TEST(Planner, LoraPlansTheAdaptersAlone) {
   Cluster cluster;
@@ -134,7 +135,7 @@ TEST(Planner, LoraPlansTheAdaptersAlone) {
   int compared = 0;
   for (const PlannedConfig& f : full) {
     for (const PlannedConfig& a : adapted) {
-      if (!same_kind(f.job, a.job) || f.job.cpu_offload) continue;
+      if (!same_kind(f.job, a.job)) continue;
       ++compared;
       EXPECT_GT(a.job.batch, f.job.batch) << strategy_name(f.job.strategy);
       TrainingJob at_full_batch = a.job;
@@ -163,7 +164,7 @@ TEST(Planner, LoraPlansTheAdaptersAlone) {
 
 // FLAVA calls its text and image encoders twice a step (unmasked, then masked): their layers are gathered once
 // per call, in forward (resharded after it) and in backward (resharded between the calls), and the throughput
-// model moves them so. Llama calls every unit once.
+// model moves them so — over the network and, offloaded, over PCIe. Llama calls every unit once.
 TEST(Planner, UnitsCalledTwiceAreGatheredOncePerCall) {
   const auto flava = models::recipe_of("flava-debug");
   int64_t encoder_layers = 0;  // counted by name: text.layers.*, image.layers.*
@@ -186,6 +187,14 @@ TEST(Planner, UnitsCalledTwiceAreGatheredOncePerCall) {
   EXPECT_NEAR(predict(*flava, shape, job, cluster).comm_seconds, (2 * (P + P2) * 2 + G * 2) * moved / bandwidth, 1e-12);
   job.strategy = Strategy::kShardGradOp;
   EXPECT_NEAR(predict(*flava, shape, job, cluster).comm_seconds, ((P + P2) * 2 + G * 2) * moved / bandwidth, 1e-12);
+  // CPU offload: a rank's float32 shards cross PCIe for every gather, its trainable gradients back.
+  job.cpu_offload = true;
+  const double pcie = cluster.pcie_gbps * 1e9;
+  EXPECT_NEAR(predict(*flava, shape, job, cluster).comm_seconds,
+              ((P + P2) * 2 + G * 2) * moved / bandwidth + ((P + P2) + G) / 4 * 4 / pcie, 1e-12);
+  job.strategy = Strategy::kFullShard;
+  EXPECT_NEAR(predict(*flava, shape, job, cluster).comm_seconds,
+              (2 * (P + P2) * 2 + G * 2) * moved / bandwidth + (2 * (P + P2) + G) / 4 * 4 / pcie, 1e-12);
   const auto llama = models::recipe_of("llama-debug");
   EXPECT_EQ(estimate_training_memory(*llama, model_shape(*llama), job).parameters_called_twice, 0);
 }

@@ -10,15 +10,20 @@
 //   models::Generated out = models::generate(*decoder, prompt_ids, prompt_mask, options);
 //
 // Every step is a call of the model's root (T5's encoder pass and decoding steps too), so a sharded model generates
-// as well: each unit gathers at each step, on every rank together, when every rank generates from the same prompts
-// (the same tokens then, and the same last step: ModelsDist.ShardedModelsGenerateAsOneProcess).
+// as well: each unit gathers at each step, on every rank together. Ranks generating from the same prompts make the
+// same tokens and end at the same step; ranks generating from prompts of their own (data parallel, each rank a
+// different batch) end at different steps, so they step together until every rank's rows have ended —
+// GenerationOptions::synced, transformers' synced_gpus (ModelsDist.ShardedModelsGenerateAsOneProcess).
 #pragma once
 
 #include <ATen/core/Tensor.h>
 
 #include <cstdint>
 #include <functional>
+#include <optional>
 #include <vector>
+
+#include "shardtrain/distributed/communicator.h"
 
 namespace shardtrain::models {
 
@@ -33,6 +38,10 @@ struct GenerationOptions {
   std::vector<int64_t> eos_token_ids;  // a row ends at the first of these it generates
   int64_t pad_token_id = 0;            // what a finished row generates
   uint64_t seed = 0;                   // sampling's generator
+  // transformers' synced_gpus: the ranks of this group (those a sharded model gathers over) generate from batches
+  // of their own and step together, a rank whose rows have all ended feeding padding, until every rank's have (an
+  // all-reduce of one flag a step). Every rank must call generate() alike: the same options, once per batch.
+  std::optional<dist::Communicator> synced;
 };
 
 // Throws std::invalid_argument naming the option and its value for a value transformers refuses too
