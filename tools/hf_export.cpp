@@ -22,6 +22,7 @@
 #include "shardtrain/io/weight_files.h"
 #include "shardtrain/models/lora.h"
 #include "shardtrain/models/zoo.h"
+#include "train/training_data.h"
 
 namespace shardtrain::cli {
 namespace {
@@ -75,13 +76,17 @@ std::optional<config::Config> run_config(const ckpt::TrainerState& state, std::s
 }
 
 // The checkpoint's model: its flavor (or model directory) with the run's model.overrides and its task's head, when
-// its config reads.
+// its config reads. The run's tokenizer, when it is here, gives the padding id a causal LM's classifier keeps.
 std::shared_ptr<const models::ModelRecipe> recipe_of_run(const ckpt::TrainerState& state,
                                                          const std::optional<config::Config>& config) {
   if (!config) return models::recipe_of_model(state.flavor);
+  models::TaskSetup setup{config->data.labels, config->data.multi_label, std::nullopt, std::nullopt};
+  try {
+    if (const auto tokenizer = train::open_run_tokenizer(*config)) setup.pad_token_id = tokenizer->pad_id();
+  } catch (const std::invalid_argument&) {  // not here: export_tokenizer says so
+  }
   return models::with_lora(models::recipe_for_task(models::recipe_of_model(state.flavor, config->model.overrides),
-                                                   config->model.task,
-                                                   {config->data.labels, config->data.multi_label, std::nullopt}),
+                                                   config->model.task, setup),
                            config->model.lora);
 }
 

@@ -269,14 +269,7 @@ nlohmann::json bert_to_hf(const BertConfig& c) {
           {"pad_token_id", 0}};
   if (!c.labels.empty()) {
     j["classifier_dropout"] = c.classifier_dropout;
-    j["id2label"] = nlohmann::json::object();
-    j["label2id"] = nlohmann::json::object();
-    for (size_t i = 0; i < c.labels.size(); ++i) {
-      j["id2label"][std::to_string(i)] = c.labels[i];
-      j["label2id"][c.labels[i]] = i;
-    }
-    if (c.labels.size() == 1) j["problem_type"] = "regression";  // what transformers infers for num_labels 1
-    if (c.multi_label) j["problem_type"] = "multi_label_classification";
+    hf_put_labels(j, c.labels, c.multi_label);
   }
   return j;
 }

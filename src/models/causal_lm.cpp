@@ -36,6 +36,28 @@ CausalLmStart causal_lm_start(const at::Tensor& attention_mask, const at::Tensor
   return s;
 }
 
+CausalLmStart causal_classifier_start(const at::Tensor& attention_mask, int64_t length, int64_t window,
+                                      at::ScalarType dtype, const at::Device& device) {
+  CausalLmStart s;
+  const bool causal_suffices =
+      !attention_mask.defined() || (attention_mask.device().is_cpu() && is_right_padded(attention_mask));
+  if (!causal_suffices) {
+    s.bias = hide_future(padding_bias(attention_mask, dtype), length, window);  // (B, 1, T, T)
+  } else if (window > 0) {
+    s.bias = causal_bias(length, dtype, device, window);  // (1, 1, T, T)
+  }
+  return s;
+}
+
+at::Tensor last_token_rows(const at::Tensor& hidden, const at::Tensor& attention_mask) {
+  const int64_t rows = hidden.size(0), length = hidden.size(1);
+  if (!attention_mask.defined()) return hidden.select(1, length - 1);
+  // transformers' (positions * not_padding).argmax(-1): the last 1 of each row, 0 for a row of padding.
+  const at::Tensor positions = at::arange(length, attention_mask.options().dtype(at::kLong));
+  const at::Tensor last = (positions * (attention_mask != 0).to(at::kLong)).argmax(-1).to(hidden.device());
+  return hidden.index({at::arange(rows, last.options()), last});  // (B, C)
+}
+
 std::vector<at::Tensor> causal_lm_outputs(at::Tensor hidden, const CausalLmStart& start, const at::Tensor& labels,
                                           const std::function<at::Tensor(const at::Tensor&, const at::Tensor&)>& head) {
   if (start.loss_only) {  // no logits: the loss in chunks (linear_cross_entropy)

@@ -38,6 +38,16 @@ struct CausalLmStart {
 CausalLmStart causal_lm_start(const at::Tensor& attention_mask, const at::Tensor& labels, bool labelled_only,
                               int64_t length, int64_t window, at::ScalarType dtype, const at::Device& device);
 
+// A sequence classifier's start (Llama's score head, transformers' ...ForSequenceClassification): the bias, as
+// causal_lm_start's. Right padding needs none (CPU masks: no real position sees a padded one, and the classifier
+// reads a real one); left padding or a mask on the device hides the padding.
+CausalLmStart causal_classifier_start(const at::Tensor& attention_mask, int64_t length, int64_t window,
+                                      at::ScalarType dtype, const at::Device& device);
+
+// What a sequence classifier scores: each row's last token's hidden state, (B, C) of hidden (B, T, C) — the last
+// position whose attention_mask (B, T) is 1, the last position without a mask.
+at::Tensor last_token_rows(const at::Tensor& hidden, const at::Tensor& attention_mask);
+
 // The model's outputs from the final hidden states (B, T, C): {logits (B, T, vocab), loss or undefined}, or for the
 // loss alone {undefined, loss} with the head at the labelled rows only, fused with the cross-entropy in chunks.
 // `head(hidden, targets)` is the LM head: logits of hidden (..., C) when targets is undefined, else the loss of
@@ -108,6 +118,58 @@ class CausalLmTask : public Task {
  private:
   std::string family_;
   int64_t max_positions_, vocab_size_;
+};
+
+// Sequence classification by a causal LM's decoder (transformers' LlamaForSequenceClassification, as
+// run_classification fine-tunes it): the classifier's loss on each row's last token (classifier_loss: cross-entropy,
+// a regression's squared error, a multi-label binary cross-entropy); evaluated as BERT's classify, by accuracy and F1
+// (a regression's correlations) on data.eval. `Impl`'s run(input_ids, attention_mask, labels) returns outputs with
+// the classifier's `logits` (B, classes) and `loss`.
+template <class Impl>
+class CausalLmClassify : public Task {
+ public:
+  CausalLmClassify(std::string family, std::string flavor, int64_t max_positions, int64_t vocab_size,
+                   std::vector<std::string> labels, bool multi_label)
+      : family_(std::move(family)),
+        flavor_(std::move(flavor)),
+        max_positions_(max_positions),
+        vocab_size_(vocab_size),
+        labels_(std::move(labels)),
+        multi_label_(multi_label) {}
+  std::string name() const override { return "classify"; }
+  DataNeeds data_needs() const override {
+    DataNeeds d;
+    d.kinds = {false, true, false};
+    d.max_text_length = max_positions_, d.vocab_size = vocab_size_;
+    d.num_labels = classes(), d.class_names = labels_, d.multi_label = multi_label_;
+    return d;
+  }
+  std::vector<std::string> loss_names() const override { return {"cls"}; }
+  Losses compute_losses(torch::nn::Module& model, const data::Batch& b, uint64_t) const override {
+    check_class_labels(b.labels, classes(), multi_label_, flavor_);
+    Losses out;
+    out.total = module_as<Impl>(model, family_).run(b.input_ids, b.attention_mask, b.labels).loss;
+    out.parts["cls"] = value_of(out.total);
+    return out;
+  }
+  bool has_evaluation() const override { return true; }
+  data::SampleKind eval_kind() const override { return data::SampleKind::TEXT; }
+  std::map<std::string, double> evaluate(torch::nn::Module& model, const EvalInputs& in) const override {
+    Impl& lm = module_as<Impl>(model, family_);
+    return evaluate_classifier(model, in, data::SampleKind::TEXT, classes(), multi_label_,
+                               [&](const data::Batch& b) { return lm.run(b.input_ids, b.attention_mask).logits; });
+  }
+  std::string describe_progress(const std::map<std::string, double>& first,
+                                const std::map<std::string, double>& last) const override {
+    return describe_classifier_progress(first, last);
+  }
+
+ private:
+  int64_t classes() const { return static_cast<int64_t>(labels_.size()); }
+  std::string family_, flavor_;
+  int64_t max_positions_, vocab_size_;
+  std::vector<std::string> labels_;
+  bool multi_label_;
 };
 
 }  // namespace shardtrain::models

@@ -151,4 +151,15 @@ void HfConfig::reject(const std::string& key, const std::string& why) const {
                               why);
 }
 
+void hf_put_labels(nlohmann::json& config, const std::vector<std::string>& labels, bool multi_label) {
+  config["id2label"] = nlohmann::json::object();
+  config["label2id"] = nlohmann::json::object();
+  for (size_t i = 0; i < labels.size(); ++i) {
+    config["id2label"][std::to_string(i)] = labels[i];
+    config["label2id"][labels[i]] = i;
+  }
+  if (labels.size() == 1) config["problem_type"] = "regression";  // what transformers infers for num_labels 1
+  if (multi_label) config["problem_type"] = "multi_label_classification";
+}
+
 }  // namespace shardtrain::models

@@ -47,4 +47,9 @@ class HfConfig {
   std::shared_ptr<const nlohmann::json> json_;  // an object
 };
 
+// A classifier's classes into a config.json being written (`config`: a JSON object): id2label and label2id, and
+// problem_type where transformers would not infer it — "regression" for one output, "multi_label_classification"
+// for sets of classes.
+void hf_put_labels(nlohmann::json& config, const std::vector<std::string>& labels, bool multi_label);
+
 }  // namespace shardtrain::models

@@ -198,7 +198,7 @@ std::vector<at::Tensor> LlamaLMHeadImpl::forward_impl(const at::Tensor& hidden, 
 
 LlamaImpl::LlamaImpl(const LlamaConfig& c, const BuildOptions& build) : Interceptable("Llama"), config(c) {
   const auto& t = build.tensors;
-  if (c.tie_word_embeddings) {
+  if (c.tied_head()) {
     tied_embed = register_module("embed", Embedding(c.vocab_size, c.dim, t));
   } else {
     embed = register_module("embed", LlamaEmbedding(c.vocab_size, c.dim, t));
@@ -206,7 +206,11 @@ LlamaImpl::LlamaImpl(const LlamaConfig& c, const BuildOptions& build) : Intercep
   std::vector<std::string> built;
   layers = build_layers(*this, "layers", "layers", c.layers, llama_layer_options(c), build, built);
   norm = register_module("norm", RMSNorm(c.dim, c.norm_eps, t));
-  if (!c.tie_word_embeddings) lm_head = register_module("lm_head", LlamaLMHead(c.dim, c.vocab_size, t));
+  if (c.classifier()) {
+    score = register_module("score", Linear(c.dim, static_cast<int64_t>(c.labels.size()), /*bias=*/false, t));
+  } else if (!c.tied_head()) {
+    lm_head = register_module("lm_head", LlamaLMHead(c.dim, c.vocab_size, t));
+  }
   finish_model(build, *this, built);
 }
 
@@ -227,7 +231,7 @@ std::vector<at::Tensor> LlamaImpl::forward_impl(const at::Tensor& input_ids, con
                                 std::to_string(config.max_positions));
   }
   // Tied: the lookups' rows go into the head's dense gradient (tie_table()), one vocab x dim gradient, not two.
-  const bool tied = config.tie_word_embeddings;
+  const bool tied = config.tied_head();
   const TiedTable table = tied ? tie_table(tied_embed->weight) : TiedTable{};
   at::Tensor x = tied ? sparse_lookup(table.lookups[0], input_ids) : embed->forward(input_ids);
   auto head = [&](const at::Tensor& h, const at::Tensor& targets) {
@@ -235,13 +239,21 @@ std::vector<at::Tensor> LlamaImpl::forward_impl(const at::Tensor& input_ids, con
     return targets.defined() ? linear_cross_entropy(h, table.head, {}, targets) : tied_projection(h, table.head);
   };
   const at::Tensor inv_freq = llama_inv_freq(config, x.device());
+  // Mistral's window, where it cuts; the bias made once for every layer (blocks.h).
+  const int64_t window = config.sliding_window > 0 && length > config.sliding_window ? config.sliding_window : 0;
+  if (config.classifier()) {
+    if (decoding) throw std::invalid_argument("Llama: a sequence classifier does not decode");
+    const CausalLmStart start =
+        causal_classifier_start(attention_mask, length, window, attention_dtype(x), x.device());
+    const at::Tensor h = norm->forward(run_layers(layers, x, start.bias, rotary_table(length, inv_freq)));
+    const at::Tensor logits = score->forward(last_token_rows(h, attention_mask));
+    return {logits, labels.defined() ? classifier_loss(logits, labels) : at::Tensor()};
+  }
   if (decoding) {
     const at::Tensor bias = causal_lm_decode_bias(input_ids, attention_mask, config.sliding_window, attention_dtype(x));
     const at::Tensor h = norm->forward(run_layers(layers, x, bias, rotary_at(position_ids, inv_freq)));
     return {head(h.narrow(1, length - 1, 1), {}), at::Tensor()};
   }
-  // Mistral's window, where it cuts; the bias made once for every layer (blocks.h).
-  const int64_t window = config.sliding_window > 0 && length > config.sliding_window ? config.sliding_window : 0;
   const CausalLmStart start =
       causal_lm_start(attention_mask, labels, labelled_only, length, window, attention_dtype(x), x.device());
   const at::Tensor rope = rotary_table(length, inv_freq);
@@ -262,8 +274,10 @@ NameMap llama_names() {
                              {"mlp.gate", "mlp.gate_proj"},
                              {"mlp.up", "mlp.up_proj"},
                              {"mlp.down", "mlp.down_proj"}}));
-  // A tied model has no lm_head; a file that keeps the tied copy anyway has it under lm_head.weight.
-  return NameMap(rules, {"^model\\.layers\\.\\d+\\.self_attn\\.rotary_emb\\.inv_freq$", "^lm_head\\.weight$"});
+  // A tied model has no lm_head; a file that keeps the tied copy anyway has it under lm_head.weight. A causal LM's
+  // file has no score: a classifier fine-tuned from it starts with score initialized (reported).
+  return NameMap(rules, {"^model\\.layers\\.\\d+\\.self_attn\\.rotary_emb\\.inv_freq$", "^lm_head\\.weight$"}, {},
+                 {"^score\\.weight$"});
 }
 
 

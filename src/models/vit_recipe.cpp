@@ -155,16 +155,12 @@ nlohmann::json vit_to_hf(const VitConfig& c) {
                       {"hidden_act", "gelu"},
                       {"qkv_bias", true}};
   if (c.num_labels > 0) {
-    j["id2label"] = nlohmann::json::object();
-    j["label2id"] = nlohmann::json::object();
-    const bool named = static_cast<int64_t>(c.labels.size()) == c.num_labels;
-    for (int64_t i = 0; i < c.num_labels; ++i) {
-      const std::string name = named ? c.labels[static_cast<size_t>(i)] : "LABEL_" + std::to_string(i);
-      j["id2label"][std::to_string(i)] = name;
-      j["label2id"][name] = i;
+    std::vector<std::string> names = c.labels;
+    if (static_cast<int64_t>(names.size()) != c.num_labels) {
+      names.clear();
+      for (int64_t i = 0; i < c.num_labels; ++i) names.push_back("LABEL_" + std::to_string(i));
     }
-    if (c.num_labels == 1) j["problem_type"] = "regression";  // what transformers infers for num_labels 1
-    if (c.multi_label) j["problem_type"] = "multi_label_classification";
+    hf_put_labels(j, names, c.multi_label);
   }
   return j;
 }

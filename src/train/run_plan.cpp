@@ -111,7 +111,7 @@ RunPlan plan_run(const config::Config& config, int64_t auto_batch_limit) {
   const RunLabels labels = run_labels(config);
   const auto recipe = models::with_lora(
       models::recipe_for_task(models::recipe_of_model(config.model.flavor, config.model.overrides), config.model.task,
-                              {labels.names, labels.multi_label, std::nullopt}),
+                              {labels.names, labels.multi_label, std::nullopt, std::nullopt}),
       config.model.lora);
   const plan::ModelShape shape = plan::model_shape(*recipe);
   plan::TrainingJob job = job_of(config);

@@ -99,8 +99,8 @@ dist::ProcessGroupOptions init_options(const Config& c, const at::Device& device
 // The model's recipe with the task's head; T5's span corruption takes its sentinels from the tokenizer's
 // <extra_id_0> when it has one.
 std::shared_ptr<const models::ModelRecipe> checked_recipe(const Config& c, const data::Tokenizer* tokenizer) {
-  models::TaskSetup setup{c.data.labels, c.data.multi_label, std::nullopt};
-  if (tokenizer) setup.first_sentinel = tokenizer->find("<extra_id_0>");
+  models::TaskSetup setup{c.data.labels, c.data.multi_label, std::nullopt, std::nullopt};
+  if (tokenizer) setup.first_sentinel = tokenizer->find("<extra_id_0>"), setup.pad_token_id = tokenizer->pad_id();
   auto recipe = models::with_lora(
       models::recipe_for_task(models::recipe_of_model(c.model.flavor, c.model.overrides), c.model.task, setup),
       c.model.lora);

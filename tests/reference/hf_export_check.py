@@ -89,6 +89,14 @@ def main():
             o = model(input_ids=ids, attention_mask=mask, labels=labels)
             io = dict(input_ids=ids, attention_mask=mask, labels=labels, logits=o.logits, loss=o.loss,
                       encoder_hidden=o.encoder_last_hidden_state)
+        elif family in ("llama", "mistral", "qwen2", "qwen3", "gpt2") and arch.endswith("ForSequenceClassification"):
+            # A causal LM's classifier scores each row's last token that is not pad_token_id: the padding is that.
+            model = load(arch, path)
+            ids, mask = text_batch(g, config["vocab_size"])
+            ids = ids.masked_fill(mask == 0, config["pad_token_id"])
+            labels = torch.randint(0, len(config["id2label"]), (ids.shape[0],), generator=g)
+            o = model(input_ids=ids, attention_mask=mask, labels=labels)
+            io = dict(input_ids=ids, attention_mask=mask, labels=labels, logits=o.logits, loss=o.loss)
         elif family in ("llama", "mistral", "qwen2", "qwen3", "gpt2"):  # causal LMs
             model = load(arch, path)
             ids, mask = text_batch(g, config["vocab_size"])

@@ -1,8 +1,9 @@
 // `shardtrain checkpoint export --hf` into transformers and back, for every family: a debug flavor (BERT's with
-// model.overrides: a custom size, and BERT as a sequence classifier; and the first BERT export trained again from
-// its directory, model.from, with and without overrides) trains two steps, its checkpoint is exported as a Hugging
-// Face model directory (sharded with an index for two families; Llama also as Llama 3.2's shape: tied head, RoPE
-// scaling; Mistral's, Qwen2's and Qwen3's debug flavors, which share Llama's decoder), and
+// model.overrides: a custom size, and BERT, Llama and Qwen2 (its head tied) as sequence classifiers; and the first
+// BERT export trained again from its directory, model.from, with and without overrides) trains two steps, its
+// checkpoint is exported as a Hugging Face model directory (sharded with an index for two families; Llama also as
+// Llama 3.2's shape: tied head, RoPE scaling; Mistral's, Qwen2's and Qwen3's debug flavors, which share Llama's
+// decoder), and
 // tests/reference/hf_export_check.py loads it with transformers' from_pretrained (no weight missing), records a
 // batch and transformers' outputs. shardtrain's model built from the same directory (model.from's path: its
 // config.json, its weights) must hold exactly the checkpoint's parameters and give transformers' outputs to 1e-5 of
@@ -101,18 +102,18 @@ TEST(HfExport, EveryFamilyLoadsIntoTransformersWithTheSameOutputs) {
   // fewer, loaded as transformers' from_pretrained would, the third layer left and said so; or a wider MLP with
   // model.ignore_mismatched_sizes, its matrices initialized and said so) the recipe's replaces it.
   const std::string from = " --model.from=" + root + "/bert-hf";
+  const std::string shapes = " --model.task=classify '--data.labels=[circle, square, triangle, diamond, cross]' "
+                             "--data.eval=[" + root + "/data/text]";
   const std::vector<std::array<std::string, 3>> cases = {
       {"bert", "bert", " '--model.overrides={layers: 3, dim: 48, heads: 6}'"},
-      {"bert-classify", "bert",
-       " --model.task=classify '--data.labels=[circle, square, triangle, diamond, cross]' --data.eval=[" + root +
-           "/data/text]"},
+      {"bert-classify", "bert", shapes},
       {"bert-from", "bert", from},
       {"bert-from-overrides", "bert", from + " '--model.overrides={heads: 4}'"},
       {"bert-from-fewer-layers", "bert", from + " '--model.overrides={layers: 2}'"},
       {"bert-from-wider-mlp", "bert", from + " '--model.overrides={mlp_dim: 80}' --model.ignore_mismatched_sizes=true"},
       {"vit", "vit", ""}, {"t5", "t5", ""}, {"llama", "llama", ""}, {"llama-3.2", "llama", ""},
       {"mistral", "mistral", ""}, {"qwen2", "qwen2", ""}, {"qwen3", "qwen3", ""}, {"gpt2", "gpt2", ""},
-      {"flava", "flava", ""}};
+      {"flava", "flava", ""}, {"llama-classify", "llama", shapes}, {"qwen2-classify", "qwen2", shapes}};
   const std::string kept = "\"key_only_the_source_has\": \"kept\"";
   for (const auto& [name, family, extra] : cases) {
     SCOPED_TRACE(name);
@@ -138,7 +139,8 @@ TEST(HfExport, EveryFamilyLoadsIntoTransformersWithTheSameOutputs) {
 
     // The generating families: `shardtrain generate` on the directory, which the check continues with
     // transformers' generate too (the same tokens).
-    const bool generates = family != "bert" && family != "vit" && family != "flava";
+    const bool classifies = name.find("classify") != std::string::npos;
+    const bool generates = family != "bert" && family != "vit" && family != "flava" && !classifies;
     if (generates) {
       const Outcome generated = run(std::string(SHARDTRAIN_BIN) + " generate " + out + " 'a red circle' " +
                                     "'two small squares on the left of a blue triangle' --max-new-tokens 6 --json " +
@@ -182,9 +184,18 @@ TEST(HfExport, EveryFamilyLoadsIntoTransformersWithTheSameOutputs) {
           << checked.output;
     }
     EXPECT_NE(checked.output.find("every weight loaded"), std::string::npos) << checked.output;
-    if (name == "bert-classify") {
-      EXPECT_NE(checked.output.find("BertForSequenceClassification from"), std::string::npos) << checked.output;
+    if (classifies) {
+      const std::string arch = name == "bert-classify" ? "Bert" : name == "llama-classify" ? "Llama" : "Qwen2";
+      EXPECT_NE(checked.output.find(arch + "ForSequenceClassification from"), std::string::npos) << checked.output;
       EXPECT_NE(test::read_text(out + "/config.json").find("\"4\": \"cross\""), std::string::npos);  // id2label
+    }
+    if (classifies && family != "bert") {  // transformers pools by pad_token_id; a classifier generates nothing
+      EXPECT_NE(test::read_text(out + "/config.json").find("\"pad_token_id\": 0"), std::string::npos);
+      const Outcome refused = run(std::string(SHARDTRAIN_BIN) + " generate " + out + " 'a red circle'");
+      EXPECT_EQ(refused.status, 2) << refused.output;
+      EXPECT_NE(refused.output.find("is a sequence classifier (" + std::string(name == "llama-classify" ? "Llama" :
+                                    "Qwen2") + "ForSequenceClassification): it does not generate text"),
+                std::string::npos) << refused.output;
     }
     if (name.rfind("bert-from", 0) == 0) {
       const std::string config = test::read_text(out + "/config.json");
@@ -214,7 +225,7 @@ TEST(HfExport, EveryFamilyLoadsIntoTransformersWithTheSameOutputs) {
     // The directory as model.from reads it: its config.json gives the model, its files the weights.
     models::ZooModel ours = models::build_model(models::recipe_of_model(out));
     EXPECT_EQ(ours.family, family);
-    if (name.rfind("bert", 0) == 0 && name != "bert-classify") {
+    if (name.rfind("bert", 0) == 0 && !classifies) {
       EXPECT_EQ(ours.module->named_parameters()["layers.1.mlp.fc1.weight"].size(1), 48);
     }
     models::load_weights(*ours.module, out, ours.names);

@@ -165,7 +165,8 @@ TEST(Lora, RecipeAdaptsTheTargetsAndTrainsOnlyThem) {
 
   // BERT classification: the classifier (new, for the task) trains whole, as PEFT's SEQ_CLS saves it, and the
   // pooler it reads. all-linear adapts the six Linears of every layer.
-  const auto classifier = recipe_for_task(recipe_of("bert-debug"), "classify", {{"no", "yes"}, false, std::nullopt});
+  const auto classifier = recipe_for_task(recipe_of("bert-debug"), "classify",
+                                          {{"no", "yes"}, false, std::nullopt, std::nullopt});
   const auto bert = with_lora(classifier, spec_of(2, 4, {"all-linear"}));
   const LoraTargets b = lora_targets(*bert, spec_of(2, 4, {"all-linear"}));
   // by their names inside a layer: "output.dense" (the attention's and the layer's) matches no pooler "dense"

@@ -196,6 +196,26 @@ TEST(MemoryModel, LlamaStepMatchesMeasurement) {
   check("llama", kLlama, 2, 512, false);
 }
 
+// A causal LM as a sequence classifier (LlamaForSequenceClassification): the layers as the LM's, then the final
+// norm over every token and one row per sample through the score.
+TEST(MemoryModel, LlamaClassifierStepMatchesMeasurement) {
+  const auto recipe = recipe_from_json("llama-classifier", R"({"model_type": "llama", "vocab_size": 8000,
+    "hidden_size": 256, "num_hidden_layers": 4, "num_attention_heads": 4, "num_key_value_heads": 2,
+    "intermediate_size": 688, "max_position_embeddings": 512, "architectures": ["LlamaForSequenceClassification"],
+    "id2label": {"0": "a", "1": "b", "2": "c"}})");
+  ASSERT_EQ(recipe->task()->name(), "classify");
+  for (const int64_t tokens : {128, 512}) {
+    TrainingJob job;
+    job.strategy = Strategy::kDdp, job.batch = 4, job.seq_len = tokens;
+    const MemoryEstimate e = estimate_training_memory(*recipe, job);
+    const Measured m = measure(*recipe, job.batch, tokens, false, 1, false, /*synthetic=*/true);
+    std::printf("llama classifier, batch 4 x %lld tokens:\n", static_cast<long long>(tokens));
+    expect_close("forward", e.forward_bytes, m.forward, 0.10);
+    expect_close("backward", e.backward_bytes, m.backward, 0.10);
+    expect_close("peak", e.peak_bytes, m.peak(), 0.10);
+  }
+}
+
 // T5's layers walked each as it is: backward replays the encoder's, over the whole input, after the decoder's, over
 // the short targets (span corruption), and each keeps and replays what it does, not the two stacks' average (as the
 // walk took it before 2026-11-25: backward -5.5% here, the encoder's layers priced low where the peak is).

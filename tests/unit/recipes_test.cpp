@@ -20,8 +20,10 @@
 #include "shardtrain/io/safetensors.h"
 #include "shardtrain/models/bert.h"
 #include "shardtrain/models/flava.h"
+#include "shardtrain/models/generation.h"
 #include "shardtrain/models/gpt2.h"
 #include "shardtrain/models/llama.h"
+#include "shardtrain/models/losses.h"
 #include "shardtrain/models/synthetic_batch.h"
 #include "shardtrain/models/t5.h"
 #include "shardtrain/models/vit.h"
@@ -172,7 +174,8 @@ TEST(Recipes, TaskHeadsMoveBetweenMaskedLmAndClassifier) {
   EXPECT_NE(error_of([&] { recipe_for_task(base, "classify", {}); }).find("data.labels names none"), std::string::npos);
   EXPECT_NE(error_of([&] { recipe_for_task(base, "clasify", {}); }).find("did you mean 'classify'"), std::string::npos);
 
-  const auto classifier = recipe_for_task(base, "classify", {{"negative", "positive"}, false, std::nullopt});
+  const auto classifier = recipe_for_task(base, "classify",
+                                          {{"negative", "positive"}, false, std::nullopt, std::nullopt});
   auto params = classifier->build(meta_build())->named_parameters();
   EXPECT_EQ(params["classifier.weight"].sizes(), at::IntArrayRef({2, 32}));
   EXPECT_TRUE(params.contains("pooler.weight"));
@@ -205,7 +208,7 @@ TEST(Recipes, TaskHeadsMoveBetweenMaskedLmAndClassifier) {
 
   // multi-label: problem_type multi_label_classification in the config, and read back; the model's own classes
   // keep the flag, a set of one class is refused
-  const auto multi = recipe_for_task(base, "classify", {{"a", "b", "c"}, true, std::nullopt});
+  const auto multi = recipe_for_task(base, "classify", {{"a", "b", "c"}, true, std::nullopt, std::nullopt});
   EXPECT_TRUE(multi->task()->data_needs().multi_label);
   const std::string multi_json = multi->hf_config_json();
   EXPECT_NE(multi_json.find("\"problem_type\": \"multi_label_classification\""), std::string::npos) << multi_json;
@@ -214,7 +217,7 @@ TEST(Recipes, TaskHeadsMoveBetweenMaskedLmAndClassifier) {
   EXPECT_EQ(multi_read->hf_config_json(), multi_json);
   EXPECT_TRUE(recipe_for_task(multi_read, "classify", {})->task()->data_needs().multi_label);
   EXPECT_FALSE(classifier->task()->data_needs().multi_label);
-  EXPECT_NE(error_of([&] { recipe_for_task(base, "classify", {{"only"}, true, std::nullopt}); })
+  EXPECT_NE(error_of([&] { recipe_for_task(base, "classify", {{"only"}, true, std::nullopt, std::nullopt}); })
                 .find("sets of classes need 2 classes or more"), std::string::npos);
 
   const std::string gaps = R"({"model_type": "bert", "architectures": ["BertForSequenceClassification"],
@@ -224,12 +227,80 @@ TEST(Recipes, TaskHeadsMoveBetweenMaskedLmAndClassifier) {
   io::remove_tree(dir);
 }
 
+// A causal LM as a sequence classifier (LlamaForSequenceClassification; Qwen2's with its head tied): score in place
+// of the LM head (a tied model's embedding becomes a unit of its own: nothing reads its table at the other end);
+// the config.json says so, with the classes and the padding id, and reads back; the LM's weights load into it, the
+// score initialized and said so; each row's last token is scored (a right-padded row as it alone); the loss is
+// classifier_loss's; it moves back to causal_lm, and does not generate.
+TEST(Recipes, CausalLmsClassifyByTheirLastToken) {
+  for (const std::string flavor : {"llama-debug", "qwen2-debug"}) {
+    SCOPED_TRACE(flavor);
+    const auto base = recipe_of(flavor);
+    EXPECT_EQ(base->tasks(), (std::vector<std::string>{"causal_lm", "classify"}));
+    EXPECT_NE(error_of([&] { recipe_for_task(base, "classify", {}); }).find("data.labels names none"),
+              std::string::npos);
+    const auto classifier =
+        recipe_for_task(base, "classify", {{"negative", "neutral", "positive"}, false, std::nullopt, 0});
+    EXPECT_EQ(classifier->tasks().front(), "classify");
+    EXPECT_EQ(classifier->task()->data_needs().num_labels, 3);
+    EXPECT_EQ(classifier->edge_unit_classes().input, "LlamaEmbedding");
+    EXPECT_EQ(classifier->edge_unit_classes().output, "");
+    EXPECT_TRUE(classifier->tied_tables().empty());
+    EXPECT_GT(classifier->activation_bytes({}).outside_layers, 0);
+    EXPECT_LT(classifier->activation_bytes({}).loss_transient, base->activation_bytes({}).loss_transient);
+    ZooModel model = build_model(classifier);
+    auto params = model.module->named_parameters();
+    EXPECT_EQ(params["score.weight"].sizes(), at::IntArrayRef({3, 64}));
+    EXPECT_FALSE(params.contains("lm_head.weight"));
+    EXPECT_NE(error_of([&] { classifier->text_decoder(*model.module); }).find("ForSequenceClassification): it does "
+                                                                              "not generate text"),
+              std::string::npos);
+
+    const std::string dir = "/tmp/shardtrain_recipes_lm_classifier_" + std::to_string(::getpid());
+    io::make_directories(dir);
+    const std::string json = classifier->hf_config_json();
+    for (const char* key : {"ForSequenceClassification\"", "\"2\": \"positive\"", "\"pad_token_id\": 0"}) {
+      EXPECT_NE(json.find(key), std::string::npos) << key << " in " << json;
+    }
+    io::write_file_atomic(dir + "/config.json", std::vector<char>(json.begin(), json.end()));
+    const auto read = recipe_from_hf_config(dir);
+    EXPECT_EQ(read->hf_config_json(), json);
+    EXPECT_EQ(read->task()->name(), "classify");
+    const auto back = recipe_for_task(read, "causal_lm", {});
+    EXPECT_EQ(back->task()->name(), "causal_lm");
+    EXPECT_FALSE(back->build(meta_build())->named_parameters().contains("score.weight"));
+
+    ZooModel lm = build_model(flavor);
+    save_weights(*lm.module, dir + "/lm.safetensors", lm.names);
+    const LoadReport report = load_weights(*model.module, dir + "/lm.safetensors", model.names);
+    EXPECT_EQ(report.initialized, (std::vector<std::string>{"score.weight"}));
+    EXPECT_TRUE(at::equal(model.module->named_parameters()["embed.weight"],
+                          lm.module->named_parameters()["embed.weight"]));
+    io::remove_tree(dir);
+
+    model.module->eval();
+    auto& llama = dynamic_cast<LlamaImpl&>(*model.module);
+    torch::manual_seed(3);
+    const at::Tensor ids = torch::randint(3, 1000, {2, 7}, torch::kLong);
+    at::Tensor mask = at::ones_like(ids);
+    mask[1].narrow(0, 4, 3).zero_();  // row 1: 4 tokens, then padding
+    const at::Tensor labels = torch::tensor({2, 0}, torch::kLong);
+    const LlamaOutputs out = llama.run(ids, mask, labels);
+    ASSERT_EQ(out.logits.sizes(), at::IntArrayRef({2, 3}));
+    EXPECT_TRUE(at::allclose(out.loss, classifier_loss(out.logits, labels)));
+    EXPECT_TRUE(at::allclose(out.logits[0], llama.run(ids.narrow(0, 0, 1)).logits[0], 1e-5, 1e-6));
+    EXPECT_TRUE(at::allclose(out.logits[1], llama.run(ids.narrow(0, 1, 1).narrow(1, 0, 4)).logits[0], 1e-5, 1e-6))
+        << out.logits[1] << llama.run(ids.narrow(0, 1, 1).narrow(1, 0, 4)).logits[0];
+  }
+}
+
 // token_classify: a classifier of every token on the last layer's output, no pooler (BertForTokenClassification's
 // layout), the config.json says so and reads back; the pooler of masked-LM weights is left unused; its loss is the
 // mean cross-entropy over the tokens whose label is not -100; a model with a token classifier moves to classify.
 TEST(Recipes, TokenClassifierHead) {
   const auto base = recipe_of("bert-debug");
-  const auto tagger = recipe_for_task(base, "token_classify", {{"O", "B-PER", "I-PER"}, false, std::nullopt});
+  const auto tagger = recipe_for_task(base, "token_classify",
+                                      {{"O", "B-PER", "I-PER"}, false, std::nullopt, std::nullopt});
   auto params = tagger->build(meta_build())->named_parameters();
   EXPECT_EQ(params["classifier.weight"].sizes(), at::IntArrayRef({3, 32}));
   EXPECT_FALSE(params.contains("pooler.weight"));
@@ -239,7 +310,7 @@ TEST(Recipes, TokenClassifierHead) {
   EXPECT_GT(tagger->activation_bytes({}).loss_transient, 0);
   EXPECT_NE(error_of([&] { recipe_for_task(base, "token_classify", {}); }).find("data.labels: [O, B-PER, I-PER]"),
             std::string::npos);
-  EXPECT_NE(error_of([&] { recipe_for_task(base, "token_classify", {{"O", "B-X"}, true, std::nullopt}); })
+  EXPECT_NE(error_of([&] { recipe_for_task(base, "token_classify", {{"O", "B-X"}, true, std::nullopt, std::nullopt}); })
                 .find("a token classifier gives each word one class"), std::string::npos);
 
   const std::string dir = "/tmp/shardtrain_recipes_tagger_" + std::to_string(::getpid());
@@ -675,7 +746,7 @@ TEST(ClassifierEvaluation, AccuracyAndF1AsCountedByHand) {
 // ViT's multi-label loss: the binary cross-entropy of every output against the sample's set of classes, recomputed
 // here by hand; the config says problem_type multi_label_classification; a batch of single class ids is refused.
 TEST(ClassifierEvaluation, VitMultiLabelLossIsTheBinaryCrossEntropyOfEveryOutput) {
-  const auto recipe = recipe_for_task(recipe_of("vit-debug"), "classify", {{}, true, std::nullopt});
+  const auto recipe = recipe_for_task(recipe_of("vit-debug"), "classify", {{}, true, std::nullopt, std::nullopt});
   const auto task = recipe->task("classify");
   const DataNeeds needs = task->data_needs();
   ASSERT_TRUE(needs.multi_label);

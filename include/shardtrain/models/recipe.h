@@ -120,6 +120,9 @@ struct TaskSetup {
   std::vector<std::string> labels;       // a classifier's classes, by id (data.labels)
   bool multi_label = false;              // each sample has a set of them (data.multi_label)
   std::optional<int64_t> first_sentinel;  // the tokenizer's <extra_id_0> (T5's span corruption), when it has one
+  // The tokenizer's padding id: a causal LM's classifier keeps it as config.json's pad_token_id, by which
+  // transformers' ...ForSequenceClassification finds each row's last token.
+  std::optional<int64_t> pad_token_id;
 };
 
 // One model of a family at one size.
