@@ -2,6 +2,8 @@
 
 #include <ATen/ATen.h>
 
+#include <nlohmann/json.hpp>
+
 #include <stdexcept>
 #include <string>
 
@@ -117,6 +119,62 @@ at::Tensor causal_lm_labels(const data::Batch& b) {
 
 int64_t causal_lm_predicted_tokens(const at::Tensor& labels) {
   return (labels.narrow(1, 1, labels.size(1) - 1) != kIgnoreIndex).sum().item<int64_t>();
+}
+
+std::vector<std::string> causal_lm_tasks(const SequenceClassifier& classifier) {
+  if (classifier.enabled()) return {"classify", "causal_lm"};
+  return {"causal_lm", "classify"};
+}
+
+std::optional<SequenceClassifier> classifier_for_task(const std::string& task, const TaskSetup& setup,
+                                                      const SequenceClassifier& own, const std::string& flavor) {
+  if (task == "causal_lm") {
+    if (!own.enabled()) return std::nullopt;
+    return SequenceClassifier{{}, false, own.pad_token_id};
+  }
+  SequenceClassifier c = own;
+  if (!setup.labels.empty()) c.labels = setup.labels;
+  if (c.labels.empty()) {
+    throw std::invalid_argument("model.task: classify needs the classes: data.labels names none (e.g. data.labels: "
+                                "[negative, positive]) and " + flavor + " has no id2label");
+  }
+  c.multi_label = setup.multi_label || own.multi_label;
+  if (c.multi_label && c.labels.size() < 2) {
+    throw std::invalid_argument("data.multi_label: sets of classes need 2 classes or more; " + flavor +
+                                " would have " + std::to_string(c.labels.size()));
+  }
+  if (setup.pad_token_id) c.pad_token_id = *setup.pad_token_id;
+  if (c == own) return std::nullopt;
+  return c;
+}
+
+void hf_put_classifier(nlohmann::json& config, const SequenceClassifier& classifier) {
+  if (classifier.pad_token_id >= 0) config["pad_token_id"] = classifier.pad_token_id;
+  if (classifier.enabled()) hf_put_labels(config, classifier.labels, classifier.multi_label);
+}
+
+SequenceClassifier classifier_from_hf(const HfConfig& hf, const std::string& classifier_class) {
+  SequenceClassifier c;
+  c.pad_token_id = hf.integer("pad_token_id", -1);  // null: none
+  for (const std::string& a : hf.texts("architectures")) {
+    if (a != classifier_class) continue;
+    c.labels = hf.labels("id2label");
+    if (c.labels.empty()) c.labels = {"LABEL_0", "LABEL_1"};  // transformers' default: two classes
+    c.multi_label = hf.text("problem_type", "") == "multi_label_classification";
+  }
+  return c;
+}
+
+void refuse_to_generate(const std::string& flavor, const std::string& classifier_class) {
+  throw std::invalid_argument(flavor + " is a sequence classifier (" + classifier_class +
+                              "): it does not generate text");
+}
+
+void check_causal_lm_task(const std::string& name, const SequenceClassifier& classifier, const std::string& flavor) {
+  if ((name == "classify") == classifier.enabled()) return;
+  throw std::invalid_argument(flavor + (classifier.enabled() ? " is a sequence classifier, without an LM head"
+                                                             : " has no sequence classifier") +
+                              " (recipe_for_task gives it the head of " + name + ")");
 }
 
 }  // namespace shardtrain::models

@@ -10,13 +10,16 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "models/evaluation.h"
+#include "models/hf_config.h"
 #include "models/recipe_helpers.h"
 #include "shardtrain/models/generation.h"
 #include "shardtrain/models/losses.h"
+#include "shardtrain/models/sequence_classifier.h"
 
 namespace shardtrain::models {
 
@@ -171,5 +174,38 @@ class CausalLmClassify : public Task {
   std::vector<std::string> labels_;
   bool multi_label_;
 };
+
+// The tasks of a causal LM with `classifier`, its default first: classify for a classifier, else causal_lm.
+std::vector<std::string> causal_lm_tasks(const SequenceClassifier& classifier);
+
+// The classifier a causal LM whose own is `own` takes for `task` (recipe_for_task): for classify setup.labels (else
+// its own classes), setup's multi_label (or its own) and padding id; for causal_lm none. nullopt when the model
+// trains the task as it is. Throws std::invalid_argument, as BERT's classify does, when there are no classes or a
+// set of one class.
+std::optional<SequenceClassifier> classifier_for_task(const std::string& task, const TaskSetup& setup,
+                                                      const SequenceClassifier& own, const std::string& flavor);
+
+// config.json's keys of a classifier: pad_token_id when set; id2label, label2id and problem_type when enabled.
+void hf_put_classifier(nlohmann::json& config, const SequenceClassifier& classifier);
+// What config.json says of the classifier: with `classifier_class` ("LlamaForSequenceClassification") among its
+// architectures, its id2label (transformers' two classes when it has none) and problem_type; pad_token_id either way.
+SequenceClassifier classifier_from_hf(const HfConfig& hf, const std::string& classifier_class);
+
+// Throws std::invalid_argument: `flavor` is a sequence classifier (`classifier_class`) and generates no text.
+[[noreturn]] void refuse_to_generate(const std::string& flavor, const std::string& classifier_class);
+// Throws std::invalid_argument unless task `name` is the one a model of `classifier` trains as it is.
+void check_causal_lm_task(const std::string& name, const SequenceClassifier& classifier, const std::string& flavor);
+
+// The task `name` of a causal LM of `family` whose module is `Impl`: classify or causal_lm (check_causal_lm_task).
+template <class Impl>
+std::unique_ptr<Task> causal_lm_task(const std::string& name, const std::string& family, const std::string& flavor,
+                                     int64_t max_positions, int64_t vocab_size, const SequenceClassifier& classifier) {
+  check_causal_lm_task(name, classifier, flavor);
+  if (classifier.enabled()) {
+    return std::make_unique<CausalLmClassify<Impl>>(family, flavor, max_positions, vocab_size, classifier.labels,
+                                                    classifier.multi_label);
+  }
+  return std::make_unique<CausalLmTask<Impl>>(family, max_positions, vocab_size);
+}
 
 }  // namespace shardtrain::models

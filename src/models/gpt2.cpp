@@ -50,6 +50,9 @@ Gpt2Impl::Gpt2Impl(const Gpt2Config& c, const BuildOptions& build) : Interceptab
   std::vector<std::string> built;
   layers = build_layers(*this, "layers", "layers", c.layers, gpt2_layer_options(c), build, built);
   norm = register_module("norm", LayerNorm(c.dim, c.norm_eps, t));
+  if (c.classifier.enabled()) {
+    score = register_module("score", Linear(c.dim, c.classifier.classes(), /*bias=*/false, t));
+  }
   finish_model(build, *this, built);
 }
 
@@ -69,9 +72,18 @@ std::vector<at::Tensor> Gpt2Impl::forward_impl(const at::Tensor& input_ids, cons
     throw std::invalid_argument("GPT-2: " + std::to_string(positions) + " tokens exceed its " +
                                 std::to_string(config.max_positions) + " positions (n_positions)");
   }
+  const at::Tensor position = decoding ? position_ids : at::arange(length, input_ids.options().dtype(at::kLong));
+  if (config.classifier.enabled()) {  // no head reads the table
+    if (decoding) throw std::invalid_argument("GPT-2: a sequence classifier does not decode");
+    at::Tensor x = embed->forward(input_ids) + pos_embed->forward(position);  // (B, T, C)
+    if (is_training() && config.embd_dropout > 0) x = at::dropout(x, config.embd_dropout, true);
+    const CausalLmStart start = causal_classifier_start(attention_mask, length, 0, attention_dtype(x), x.device());
+    const at::Tensor logits = score->forward(last_token_rows(norm->forward(run_layers(layers, x, start.bias)),
+                                                             attention_mask));
+    return {logits, labels.defined() ? classifier_loss(logits, labels) : at::Tensor()};
+  }
   // The lookups' rows go into the head's dense gradient (tie_table()), one vocab x dim gradient, not two.
   const TiedTable table = tie_table(embed->weight);
-  const at::Tensor position = decoding ? position_ids : at::arange(length, input_ids.options().dtype(at::kLong));
   at::Tensor x = sparse_lookup(table.lookups[0], input_ids) + pos_embed->forward(position);  // (B, T, C)
   if (is_training() && config.embd_dropout > 0) x = at::dropout(x, config.embd_dropout, true);
   auto head = [&](const at::Tensor& h, const at::Tensor& targets) {
@@ -103,7 +115,8 @@ NameMap gpt2_names() {
                                             "^(transformer\\.)?h\\.\\d+\\.attn\\.(bias|masked_bias)$"};
   const std::vector<std::string> conv1d = {
       "^(transformer\\.)?h\\.\\d+\\.(attn\\.c_attn|attn\\.c_proj|mlp\\.c_fc|mlp\\.c_proj)\\.weight$"};
-  return NameMap(rules, ignored, {}, {}, conv1d);
+  // A GPT2LMHeadModel's file has no score: a classifier fine-tuned from it starts with score initialized (reported).
+  return NameMap(rules, ignored, {}, {"^score\\.weight$"}, conv1d);
 }
 
 }  // namespace shardtrain::models

@@ -1,5 +1,6 @@
 // GPT-2's recipe: causal language modelling (GPT2LMHeadModel) on text, padding left out of the loss; evaluated by the
-// loss per token and perplexity on data.eval's text (run_clm's objective and metric).
+// loss per token and perplexity on data.eval's text (run_clm's objective and metric). Or sequence classification
+// (GPT2ForSequenceClassification) on each text's last token, as Llama's.
 #include <ATen/ATen.h>
 
 #include <nlohmann/json.hpp>
@@ -40,29 +41,54 @@ class Gpt2Recipe : public FamilyRecipe<Gpt2Config, Gpt2> {
     return 3 * static_cast<double>(c.layers) * transformer_layer_flops(weights, text_tokens(b), d) * batch_rows(b);
   }
 
-  std::vector<std::string> tasks() const override { return {"causal_lm"}; }
+  // As Llama's: a classifier's config classifies by default; classify puts score in place of the LM head.
+  std::vector<std::string> tasks() const override { return causal_lm_tasks(config().classifier); }
+  std::shared_ptr<const ModelRecipe> with_task_head(const std::string& task, const TaskSetup& setup) const override {
+    const auto classifier = classifier_for_task(task, setup, config().classifier, flavor());
+    if (!classifier) return nullptr;
+    Gpt2Config c = config();
+    c.classifier = *classifier;
+    return std::make_shared<Gpt2Recipe>(family(), flavor(), c, gpt2_names, layer_class());
+  }
 
   std::unique_ptr<TextDecoder> text_decoder(torch::nn::Module& model) const override {
+    if (config().classifier.enabled()) refuse_to_generate(flavor(), "GPT2ForSequenceClassification");
     Gpt2Impl& gpt2 = module_as<Gpt2Impl>(model, family());
     return causal_lm_decoder(model, [&gpt2](const at::Tensor& ids, const at::Tensor& mask, const at::Tensor& at) {
       return gpt2.run(ids, mask, {}, false, at).logits;
     });
   }
-  // One table, read at both ends of the model: it stays in the root.
-  std::vector<std::string> tied_tables() const override { return {"embed.weight"}; }
+  // One table, read at both ends of the model: it stays in the root. A classifier's is a lookup's alone.
+  std::vector<std::string> tied_tables() const override {
+    if (config().classifier.enabled()) return {};
+    return {"embed.weight"};
+  }
 
   // Layers: gpt2_layer_options (the embeddings' sum, after its dropout, is layer 0's input). Outside them the
   // embeddings' dropout, the final LayerNorm (its input and what it keeps) and the loss through
   // linear_cross_entropy at the positions that predict a label, as Llama's.
+  // A classifier: the final LayerNorm over every token, then its output's last rows (the score's input) and the
+  // loss over one row per sample, as Llama's.
   ActivationBytes activation_bytes(const ActivationQuery& q) const override {
     const Gpt2Config& c = config();
     const int64_t T = q.seq_len > 0 ? q.seq_len : c.max_positions, N = q.batch * T;
     const int64_t unit = N * c.dim * stream_size(q);
-    const LossBytes loss = linear_cross_entropy_bytes(N, c.vocab_size, c.dim, q);
     ActivationBytes a;
     const TransformerLayerOptions layer = gpt2_layer_options(c);
     add_transformer_layers(a, c.layers, layer, q.batch, T, 0, q);
     a.bias_saved_by_attention = attention_fused(layer.attention, q);
+    if (c.classifier.enabled()) {
+      const int64_t classes = c.classifier.classes();
+      const LossBytes loss = cross_entropy_bytes(q.batch, classes, q);
+      a.outside_layers = dropout_kept(c.embd_dropout, N * c.dim, q) + unit +
+                         norm_kept(Norm::kLayerNorm, N, c.dim, q, stream_size(q)) +
+                         stream_copies_kept(1, q.batch * c.dim, q) + loss.kept;
+      a.loss_transient = q.batch * classes * (element_size(q) + 4);
+      a.loss_kept = loss.kept;
+      a.backward_transient = loss.backward_transient;
+      return a;
+    }
+    const LossBytes loss = linear_cross_entropy_bytes(N, c.vocab_size, c.dim, q);
     a.outside_layers = dropout_kept(c.embd_dropout, N * c.dim, q) + unit +
                        norm_kept(Norm::kLayerNorm, N, c.dim, q, stream_size(q)) + loss.kept;
     a.loss_transient = loss.forward_transient + N * c.dim * stream_size(q);
@@ -76,28 +102,32 @@ class Gpt2Recipe : public FamilyRecipe<Gpt2Config, Gpt2> {
   }
 
  protected:
-  std::unique_ptr<Task> make_task(const std::string&) const override {
-    return std::make_unique<CausalLmTask<Gpt2Impl>>("gpt2", config().max_positions, config().vocab_size);
+  std::unique_ptr<Task> make_task(const std::string& name) const override {
+    const Gpt2Config& c = config();
+    return causal_lm_task<Gpt2Impl>(name, "gpt2", flavor(), c.max_positions, c.vocab_size, c.classifier);
   }
 };
 
-// transformers' GPT2Config of `c` (for GPT2LMHeadModel).
+// transformers' GPT2Config of `c` (for GPT2LMHeadModel, or GPT2ForSequenceClassification with its classes).
 nlohmann::json gpt2_to_hf(const Gpt2Config& c) {
-  return {{"model_type", "gpt2"},
-          {"architectures", {"GPT2LMHeadModel"}},
-          {"vocab_size", c.vocab_size},
-          {"n_positions", c.max_positions},
-          {"n_embd", c.dim},
-          {"n_layer", c.layers},
-          {"n_head", c.heads},
-          {"n_inner", c.mlp_dim},
-          {"activation_function", activation_name(c.activation)},
-          {"layer_norm_epsilon", c.norm_eps},
-          {"resid_pdrop", c.resid_dropout},
-          {"embd_pdrop", c.embd_dropout},
-          {"attn_pdrop", c.attn_dropout},
-          {"scale_attn_weights", true},
-          {"tie_word_embeddings", true}};
+  const char* architecture = c.classifier.enabled() ? "GPT2ForSequenceClassification" : "GPT2LMHeadModel";
+  nlohmann::json j = {{"model_type", "gpt2"},
+                      {"architectures", {architecture}},
+                      {"vocab_size", c.vocab_size},
+                      {"n_positions", c.max_positions},
+                      {"n_embd", c.dim},
+                      {"n_layer", c.layers},
+                      {"n_head", c.heads},
+                      {"n_inner", c.mlp_dim},
+                      {"activation_function", activation_name(c.activation)},
+                      {"layer_norm_epsilon", c.norm_eps},
+                      {"resid_pdrop", c.resid_dropout},
+                      {"embd_pdrop", c.embd_dropout},
+                      {"attn_pdrop", c.attn_dropout},
+                      {"scale_attn_weights", true},
+                      {"tie_word_embeddings", true}};
+  hf_put_classifier(j, c.classifier);
+  return j;
 }
 
 // The keys of GPT2Config (transformers' defaults where absent: n_inner null is 4 * n_embd).
@@ -125,6 +155,7 @@ Gpt2Config gpt2_from_hf(const HfConfig& hf) {
   if (c.heads <= 0 || c.dim % c.heads != 0) {
     hf.reject("n_head", "expected a positive divisor of n_embd (" + std::to_string(c.dim) + ")");
   }
+  c.classifier = classifier_from_hf(hf, "GPT2ForSequenceClassification");
   return c;
 }
 

@@ -206,8 +206,8 @@ LlamaImpl::LlamaImpl(const LlamaConfig& c, const BuildOptions& build) : Intercep
   std::vector<std::string> built;
   layers = build_layers(*this, "layers", "layers", c.layers, llama_layer_options(c), build, built);
   norm = register_module("norm", RMSNorm(c.dim, c.norm_eps, t));
-  if (c.classifier()) {
-    score = register_module("score", Linear(c.dim, static_cast<int64_t>(c.labels.size()), /*bias=*/false, t));
+  if (c.classifier.enabled()) {
+    score = register_module("score", Linear(c.dim, c.classifier.classes(), /*bias=*/false, t));
   } else if (!c.tied_head()) {
     lm_head = register_module("lm_head", LlamaLMHead(c.dim, c.vocab_size, t));
   }
@@ -241,7 +241,7 @@ std::vector<at::Tensor> LlamaImpl::forward_impl(const at::Tensor& input_ids, con
   const at::Tensor inv_freq = llama_inv_freq(config, x.device());
   // Mistral's window, where it cuts; the bias made once for every layer (blocks.h).
   const int64_t window = config.sliding_window > 0 && length > config.sliding_window ? config.sliding_window : 0;
-  if (config.classifier()) {
+  if (config.classifier.enabled()) {
     if (decoding) throw std::invalid_argument("Llama: a sequence classifier does not decode");
     const CausalLmStart start =
         causal_classifier_start(attention_mask, length, window, attention_dtype(x), x.device());

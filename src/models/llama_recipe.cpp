@@ -40,42 +40,21 @@ class LlamaRecipe : public FamilyRecipe<LlamaConfig, Llama> {
     return 3 * layers * transformer_layer_flops(weights, text_tokens(b), a) * batch_rows(b);
   }
 
-  // A classifier's config (...ForSequenceClassification) classifies by default.
-  std::vector<std::string> tasks() const override {
-    if (config().classifier()) return {"classify", "causal_lm"};
-    return {"causal_lm", "classify"};
-  }
-  // classify: score over setup.labels (else the config's own classes) in place of the LM head, as transformers'
-  // AutoModelForSequenceClassification builds on a causal LM's config; causal_lm: the LM head.
+  // A classifier's config (...ForSequenceClassification) classifies by default. classify: score over setup.labels
+  // (else the config's own classes) in place of the LM head, as transformers' AutoModelForSequenceClassification
+  // builds on a causal LM's config; causal_lm: the LM head.
+  std::vector<std::string> tasks() const override { return causal_lm_tasks(config().classifier); }
   std::shared_ptr<const ModelRecipe> with_task_head(const std::string& task, const TaskSetup& setup) const override {
+    const auto classifier = classifier_for_task(task, setup, config().classifier, flavor());
+    if (!classifier) return nullptr;
     LlamaConfig c = config();
-    if (task == "causal_lm") {
-      if (!c.classifier()) return nullptr;
-      c.labels.clear(), c.multi_label = false;
-      return std::make_shared<LlamaRecipe>(family(), flavor(), c, llama_names, layer_class());
-    }
-    if (!setup.labels.empty()) c.labels = setup.labels;
-    if (c.labels.empty()) {
-      throw std::invalid_argument("model.task: classify needs the classes: data.labels names none (e.g. data.labels: "
-                                  "[negative, positive]) and " + flavor() + " has no id2label");
-    }
-    c.multi_label = setup.multi_label || config().multi_label;
-    if (c.multi_label && c.labels.size() < 2) {
-      throw std::invalid_argument("data.multi_label: sets of classes need 2 classes or more; " + flavor() +
-                                  " would have " + std::to_string(c.labels.size()));
-    }
-    if (setup.pad_token_id) c.pad_token_id = *setup.pad_token_id;
-    if (c.labels == config().labels && c.multi_label == config().multi_label && c.pad_token_id == config().pad_token_id) {
-      return nullptr;
-    }
+    c.classifier = *classifier;
     return std::make_shared<LlamaRecipe>(family(), flavor(), c, llama_names, layer_class());
   }
 
   std::unique_ptr<TextDecoder> text_decoder(torch::nn::Module& model) const override {
-    if (config().classifier()) {
-      throw std::invalid_argument(flavor() + " is a sequence classifier (" +
-                                  llama_hf_class_prefix(config().model_type) +
-                                  "ForSequenceClassification): it does not generate text");
+    if (config().classifier.enabled()) {
+      refuse_to_generate(flavor(), llama_hf_class_prefix(config().model_type) + "ForSequenceClassification");
     }
     LlamaImpl& llama = module_as<LlamaImpl>(model, family());
     return causal_lm_decoder(model, [&llama](const at::Tensor& ids, const at::Tensor& mask, const at::Tensor& at) {
@@ -88,7 +67,7 @@ class LlamaRecipe : public FamilyRecipe<LlamaConfig, Llama> {
   // A classifier's score, (classes, dim), stays in the root.
   EdgeUnits edge_unit_classes() const override {
     if (config().tied_head()) return {};
-    return {"LlamaEmbedding", config().classifier() ? "" : "LlamaLMHead"};
+    return {"LlamaEmbedding", config().classifier.enabled() ? "" : "LlamaLMHead"};
   }
   std::vector<std::string> tied_tables() const override {
     if (!config().tied_head()) return {};
@@ -110,8 +89,8 @@ class LlamaRecipe : public FamilyRecipe<LlamaConfig, Llama> {
     add_transformer_layers(a, c.layers, layer, q.batch, T, 0, q);
     a.layer_bias = c.sliding_window > 0 && T > c.sliding_window ? T * T * e : 0;
     a.bias_saved_by_attention = attention_fused(layer.attention, q);
-    if (c.classifier()) {
-      const int64_t classes = static_cast<int64_t>(c.labels.size());
+    if (c.classifier.enabled()) {
+      const int64_t classes = c.classifier.classes();
       const LossBytes loss = cross_entropy_bytes(q.batch, classes, q);
       a.outside_layers = unit + norm_kept(Norm::kRMSNorm, N, c.dim, q, stream_size(q)) +
                          stream_copies_kept(1, q.batch * c.dim, q) + loss.kept;
@@ -144,16 +123,7 @@ class LlamaRecipe : public FamilyRecipe<LlamaConfig, Llama> {
  protected:
   std::unique_ptr<Task> make_task(const std::string& name) const override {
     const LlamaConfig& c = config();
-    if ((name == "classify") != c.classifier()) {
-      throw std::invalid_argument(flavor() + (c.classifier() ? " is a sequence classifier, without an LM head"
-                                                             : " has no sequence classifier") +
-                                  " (recipe_for_task gives it the head of " + name + ")");
-    }
-    if (name == "classify") {
-      return std::make_unique<CausalLmClassify<LlamaImpl>>("llama", flavor(), c.max_positions, c.vocab_size,
-                                                           c.labels, c.multi_label);
-    }
-    return std::make_unique<CausalLmTask<LlamaImpl>>("llama", c.max_positions, c.vocab_size);
+    return causal_lm_task<LlamaImpl>(name, "llama", flavor(), c.max_positions, c.vocab_size, c.classifier);
   }
 };
 
@@ -163,7 +133,7 @@ class LlamaRecipe : public FamilyRecipe<LlamaConfig, Llama> {
 // them: Llama's attention_bias (q, k, v and o) and mlp_bias, Qwen3's attention_bias, Qwen2's q, k and v always;
 // Mistral has none.
 nlohmann::json llama_to_hf(const LlamaConfig& c) {
-  const char* head = c.classifier() ? "ForSequenceClassification" : "ForCausalLM";
+  const char* head = c.classifier.enabled() ? "ForSequenceClassification" : "ForCausalLM";
   nlohmann::json j = {{"model_type", c.model_type},
                       {"architectures", {llama_hf_class_prefix(c.model_type) + head}},
                       {"vocab_size", c.vocab_size},
@@ -184,8 +154,7 @@ nlohmann::json llama_to_hf(const LlamaConfig& c) {
   }
   if (c.model_type == "qwen2" || c.model_type == "qwen3") j["use_sliding_window"] = false;
   if ((c.head_dim > 0 && c.head_dim != c.dim / c.heads) || c.model_type == "qwen3") j["head_dim"] = c.head_size();
-  if (c.pad_token_id >= 0) j["pad_token_id"] = c.pad_token_id;
-  if (c.classifier()) hf_put_labels(j, c.labels, c.multi_label);
+  hf_put_classifier(j, c.classifier);
   const LlamaRopeScaling& r = c.rope_scaling;
   if (r.type == "linear") j["rope_scaling"] = {{"rope_type", "linear"}, {"factor", r.factor}};
   if (r.type == "llama3") {
@@ -269,14 +238,7 @@ LlamaConfig llama_from_hf(const HfConfig& hf, const std::string& model_type) {
   }
   if (c.sliding_window < 0) hf.reject("sliding_window", "expected a positive number of positions, or null");
   c.tie_word_embeddings = hf.flag("tie_word_embeddings", false);  // LlamaConfig's default
-  c.pad_token_id = hf.integer("pad_token_id", -1);  // null: none
-  for (const std::string& a : hf.texts("architectures")) {
-    if (a == family + "ForSequenceClassification") {
-      c.labels = hf.labels("id2label");
-      if (c.labels.empty()) c.labels = {"LABEL_0", "LABEL_1"};  // transformers' default: two classes
-      c.multi_label = hf.text("problem_type", "") == "multi_label_classification";
-    }
-  }
+  c.classifier = classifier_from_hf(hf, family + "ForSequenceClassification");
   if (c.heads <= 0 || c.kv_heads <= 0 || c.heads % c.kv_heads != 0) {
     hf.reject("num_attention_heads", "expected a positive multiple of num_key_value_heads (" +
                                          std::to_string(c.kv_heads) + ")");

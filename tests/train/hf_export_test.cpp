@@ -1,6 +1,6 @@
 // `shardtrain checkpoint export --hf` into transformers and back, for every family: a debug flavor (BERT's with
-// model.overrides: a custom size, and BERT, Llama and Qwen2 (its head tied) as sequence classifiers; and the first
-// BERT export trained again from its directory, model.from, with and without overrides) trains two steps, its
+// model.overrides: a custom size, and BERT, Llama, Qwen2 (its head tied) and GPT-2 as sequence classifiers; and the
+// first BERT export trained again from its directory, model.from, with and without overrides) trains two steps, its
 // checkpoint is exported as a Hugging Face model directory (sharded with an index for two families; Llama also as
 // Llama 3.2's shape: tied head, RoPE scaling; Mistral's, Qwen2's and Qwen3's debug flavors, which share Llama's
 // decoder), and
@@ -113,7 +113,8 @@ TEST(HfExport, EveryFamilyLoadsIntoTransformersWithTheSameOutputs) {
       {"bert-from-wider-mlp", "bert", from + " '--model.overrides={mlp_dim: 80}' --model.ignore_mismatched_sizes=true"},
       {"vit", "vit", ""}, {"t5", "t5", ""}, {"llama", "llama", ""}, {"llama-3.2", "llama", ""},
       {"mistral", "mistral", ""}, {"qwen2", "qwen2", ""}, {"qwen3", "qwen3", ""}, {"gpt2", "gpt2", ""},
-      {"flava", "flava", ""}, {"llama-classify", "llama", shapes}, {"qwen2-classify", "qwen2", shapes}};
+      {"flava", "flava", ""}, {"llama-classify", "llama", shapes}, {"qwen2-classify", "qwen2", shapes},
+      {"gpt2-classify", "gpt2", shapes}};
   const std::string kept = "\"key_only_the_source_has\": \"kept\"";
   for (const auto& [name, family, extra] : cases) {
     SCOPED_TRACE(name);
@@ -184,17 +185,20 @@ TEST(HfExport, EveryFamilyLoadsIntoTransformersWithTheSameOutputs) {
           << checked.output;
     }
     EXPECT_NE(checked.output.find("every weight loaded"), std::string::npos) << checked.output;
+    const std::string classifier_class = std::string(family == "bert"    ? "Bert"
+                                                     : family == "llama" ? "Llama"
+                                                     : family == "qwen2" ? "Qwen2"
+                                                                         : "GPT2") +
+                                         "ForSequenceClassification";
     if (classifies) {
-      const std::string arch = name == "bert-classify" ? "Bert" : name == "llama-classify" ? "Llama" : "Qwen2";
-      EXPECT_NE(checked.output.find(arch + "ForSequenceClassification from"), std::string::npos) << checked.output;
+      EXPECT_NE(checked.output.find(classifier_class + " from"), std::string::npos) << checked.output;
       EXPECT_NE(test::read_text(out + "/config.json").find("\"4\": \"cross\""), std::string::npos);  // id2label
     }
     if (classifies && family != "bert") {  // transformers pools by pad_token_id; a classifier generates nothing
       EXPECT_NE(test::read_text(out + "/config.json").find("\"pad_token_id\": 0"), std::string::npos);
       const Outcome refused = run(std::string(SHARDTRAIN_BIN) + " generate " + out + " 'a red circle'");
       EXPECT_EQ(refused.status, 2) << refused.output;
-      EXPECT_NE(refused.output.find("is a sequence classifier (" + std::string(name == "llama-classify" ? "Llama" :
-                                    "Qwen2") + "ForSequenceClassification): it does not generate text"),
+      EXPECT_NE(refused.output.find("is a sequence classifier (" + classifier_class + "): it does not generate text"),
                 std::string::npos) << refused.output;
     }
     if (name.rfind("bert-from", 0) == 0) {

@@ -196,23 +196,29 @@ TEST(MemoryModel, LlamaStepMatchesMeasurement) {
   check("llama", kLlama, 2, 512, false);
 }
 
-// A causal LM as a sequence classifier (LlamaForSequenceClassification): the layers as the LM's, then the final
-// norm over every token and one row per sample through the score.
-TEST(MemoryModel, LlamaClassifierStepMatchesMeasurement) {
-  const auto recipe = recipe_from_json("llama-classifier", R"({"model_type": "llama", "vocab_size": 8000,
-    "hidden_size": 256, "num_hidden_layers": 4, "num_attention_heads": 4, "num_key_value_heads": 2,
-    "intermediate_size": 688, "max_position_embeddings": 512, "architectures": ["LlamaForSequenceClassification"],
-    "id2label": {"0": "a", "1": "b", "2": "c"}})");
-  ASSERT_EQ(recipe->task()->name(), "classify");
-  for (const int64_t tokens : {128, 512}) {
-    TrainingJob job;
-    job.strategy = Strategy::kDdp, job.batch = 4, job.seq_len = tokens;
-    const MemoryEstimate e = estimate_training_memory(*recipe, job);
-    const Measured m = measure(*recipe, job.batch, tokens, false, 1, false, /*synthetic=*/true);
-    std::printf("llama classifier, batch 4 x %lld tokens:\n", static_cast<long long>(tokens));
-    expect_close("forward", e.forward_bytes, m.forward, 0.10);
-    expect_close("backward", e.backward_bytes, m.backward, 0.10);
-    expect_close("peak", e.peak_bytes, m.peak(), 0.10);
+// Causal LMs as sequence classifiers (LlamaForSequenceClassification, GPT2ForSequenceClassification with its
+// dropout): the layers as the LM's, then the final norm over every token and one row per sample through the score.
+TEST(MemoryModel, CausalLmClassifierStepMatchesMeasurement) {
+  const std::string classes = R"("id2label": {"0": "a", "1": "b", "2": "c"})";
+  const std::vector<std::pair<std::string, std::string>> models = {
+      {"llama-classifier", R"({"model_type": "llama", "vocab_size": 8000, "hidden_size": 256, "num_hidden_layers": 4,
+        "num_attention_heads": 4, "num_key_value_heads": 2, "intermediate_size": 688, "max_position_embeddings": 512,
+        "architectures": ["LlamaForSequenceClassification"], )" + classes + "}"},
+      {"gpt2-classifier", R"({"model_type": "gpt2", "vocab_size": 8000, "n_embd": 256, "n_layer": 4, "n_head": 4,
+        "n_positions": 512, "architectures": ["GPT2ForSequenceClassification"], )" + classes + "}"}};
+  for (const auto& [name, json] : models) {
+    const auto recipe = recipe_from_json(name, json);
+    ASSERT_EQ(recipe->task()->name(), "classify");
+    for (const int64_t tokens : {128, 512}) {
+      TrainingJob job;
+      job.strategy = Strategy::kDdp, job.batch = 4, job.seq_len = tokens;
+      const MemoryEstimate e = estimate_training_memory(*recipe, job);
+      const Measured m = measure(*recipe, job.batch, tokens, false, 1, false, /*synthetic=*/true);
+      std::printf("%s, batch 4 x %lld tokens:\n", name.c_str(), static_cast<long long>(tokens));
+      expect_close("forward", e.forward_bytes, m.forward, 0.10);
+      expect_close("backward", e.backward_bytes, m.backward, 0.10);
+      expect_close("peak", e.peak_bytes, m.peak(), 0.10);
+    }
   }
 }
 

@@ -227,14 +227,15 @@ TEST(Recipes, TaskHeadsMoveBetweenMaskedLmAndClassifier) {
   io::remove_tree(dir);
 }
 
-// A causal LM as a sequence classifier (LlamaForSequenceClassification; Qwen2's with its head tied): score in place
-// of the LM head (a tied model's embedding becomes a unit of its own: nothing reads its table at the other end);
-// the config.json says so, with the classes and the padding id, and reads back; the LM's weights load into it, the
-// score initialized and said so; each row's last token is scored (a right-padded row as it alone); the loss is
-// classifier_loss's; it moves back to causal_lm, and does not generate.
+// A causal LM as a sequence classifier (LlamaForSequenceClassification, GPT2ForSequenceClassification; Qwen2's with
+// its head tied): score in place of the LM head (nothing tied: a Llama's embedding becomes a unit of its own, read
+// at one end only); the config.json says so, with the classes and the padding id, and reads back; the LM's weights
+// load into it, score initialized and said so; each row's last token is scored (a right-padded row as it alone);
+// the loss is classifier_loss's; it moves back to causal_lm, and does not generate.
 TEST(Recipes, CausalLmsClassifyByTheirLastToken) {
-  for (const std::string flavor : {"llama-debug", "qwen2-debug"}) {
+  for (const std::string flavor : {"llama-debug", "qwen2-debug", "gpt2-debug"}) {
     SCOPED_TRACE(flavor);
+    const bool gpt2 = flavor == "gpt2-debug";
     const auto base = recipe_of(flavor);
     EXPECT_EQ(base->tasks(), (std::vector<std::string>{"causal_lm", "classify"}));
     EXPECT_NE(error_of([&] { recipe_for_task(base, "classify", {}); }).find("data.labels names none"),
@@ -243,7 +244,7 @@ TEST(Recipes, CausalLmsClassifyByTheirLastToken) {
         recipe_for_task(base, "classify", {{"negative", "neutral", "positive"}, false, std::nullopt, 0});
     EXPECT_EQ(classifier->tasks().front(), "classify");
     EXPECT_EQ(classifier->task()->data_needs().num_labels, 3);
-    EXPECT_EQ(classifier->edge_unit_classes().input, "LlamaEmbedding");
+    EXPECT_EQ(classifier->edge_unit_classes().input, gpt2 ? "" : "LlamaEmbedding");
     EXPECT_EQ(classifier->edge_unit_classes().output, "");
     EXPECT_TRUE(classifier->tied_tables().empty());
     EXPECT_GT(classifier->activation_bytes({}).outside_layers, 0);
@@ -269,6 +270,8 @@ TEST(Recipes, CausalLmsClassifyByTheirLastToken) {
     const auto back = recipe_for_task(read, "causal_lm", {});
     EXPECT_EQ(back->task()->name(), "causal_lm");
     EXPECT_FALSE(back->build(meta_build())->named_parameters().contains("score.weight"));
+    EXPECT_NE(error_of([&] { read->task("causal_lm"); }).find("is a sequence classifier, without an LM head"),
+              std::string::npos);
 
     ZooModel lm = build_model(flavor);
     save_weights(*lm.module, dir + "/lm.safetensors", lm.names);
@@ -279,18 +282,26 @@ TEST(Recipes, CausalLmsClassifyByTheirLastToken) {
     io::remove_tree(dir);
 
     model.module->eval();
-    auto& llama = dynamic_cast<LlamaImpl&>(*model.module);
+    auto run = [&](const at::Tensor& ids, const at::Tensor& mask, const at::Tensor& labels) {
+      if (gpt2) {
+        const Gpt2Outputs o = dynamic_cast<Gpt2Impl&>(*model.module).run(ids, mask, labels);
+        return std::pair(o.logits, o.loss);
+      }
+      const LlamaOutputs o = dynamic_cast<LlamaImpl&>(*model.module).run(ids, mask, labels);
+      return std::pair(o.logits, o.loss);
+    };
     torch::manual_seed(3);
     const at::Tensor ids = torch::randint(3, 1000, {2, 7}, torch::kLong);
     at::Tensor mask = at::ones_like(ids);
     mask[1].narrow(0, 4, 3).zero_();  // row 1: 4 tokens, then padding
     const at::Tensor labels = torch::tensor({2, 0}, torch::kLong);
-    const LlamaOutputs out = llama.run(ids, mask, labels);
-    ASSERT_EQ(out.logits.sizes(), at::IntArrayRef({2, 3}));
-    EXPECT_TRUE(at::allclose(out.loss, classifier_loss(out.logits, labels)));
-    EXPECT_TRUE(at::allclose(out.logits[0], llama.run(ids.narrow(0, 0, 1)).logits[0], 1e-5, 1e-6));
-    EXPECT_TRUE(at::allclose(out.logits[1], llama.run(ids.narrow(0, 1, 1).narrow(1, 0, 4)).logits[0], 1e-5, 1e-6))
-        << out.logits[1] << llama.run(ids.narrow(0, 1, 1).narrow(1, 0, 4)).logits[0];
+    const auto [logits, loss] = run(ids, mask, labels);
+    ASSERT_EQ(logits.sizes(), at::IntArrayRef({2, 3}));
+    EXPECT_TRUE(at::allclose(loss, classifier_loss(logits, labels)));
+    const at::Tensor alone0 = run(ids.narrow(0, 0, 1), {}, {}).first[0];
+    const at::Tensor alone1 = run(ids.narrow(0, 1, 1).narrow(1, 0, 4), {}, {}).first[0];
+    EXPECT_TRUE(at::allclose(logits[0], alone0, 1e-5, 1e-6)) << logits[0] << alone0;
+    EXPECT_TRUE(at::allclose(logits[1], alone1, 1e-5, 1e-6)) << logits[1] << alone1;
   }
 }
 

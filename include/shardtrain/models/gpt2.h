@@ -11,6 +11,7 @@
 #include "shardtrain/models/blocks.h"
 #include "shardtrain/models/build.h"
 #include "shardtrain/models/layers.h"
+#include "shardtrain/models/sequence_classifier.h"
 #include "shardtrain/models/weights.h"
 
 namespace shardtrain::models {
@@ -25,6 +26,7 @@ struct Gpt2Config {
   Activation activation = Activation::kGeluTanh;  // activation_function: gelu_new (tanh), gelu, relu
   double norm_eps = 1e-5;                         // layer_norm_epsilon
   double resid_dropout = 0.1, embd_dropout = 0.1, attn_dropout = 0.1;  // resid_pdrop, embd_pdrop, attn_pdrop
+  SequenceClassifier classifier;  // GPT2ForSequenceClassification: score, no LM head (nothing tied)
 };
 
 // gpt2 (124M), gpt2-medium (355M), gpt2-large (774M), gpt2-xl (1.5B), distilgpt2 (82M): the published
@@ -34,12 +36,14 @@ Gpt2Config gpt2_flavor(const std::string& name);
 TransformerLayerOptions gpt2_layer_options(const Gpt2Config& config);  // its block: "GPT2Block"
 
 struct Gpt2Outputs {
-  at::Tensor logits;  // (B, T, vocab); undefined when run labelled_only
-  at::Tensor loss;    // () next-token cross-entropy (labels shifted inside, -100 ignored), when labels are given
+  at::Tensor logits;  // (B, T, vocab); undefined when run labelled_only. A classifier's: (B, classes)
+  at::Tensor loss;    // () next-token cross-entropy (labels shifted inside, -100 ignored), when labels are given;
+                      // a classifier's classifier_loss (losses.h) against labels (B) or (B, classes)
 };
 
 // Children: embed (the token table, "wte", also the LM head's weight), pos_embed ("wpe"), layers.N (class
-// "GPT2Block"), norm ("ln_f"). The tied table stays in the root unit (its lookups and the head share it).
+// "GPT2Block"), norm ("ln_f"). The tied table stays in the root unit (its lookups and the head share it). A
+// classifier has score ((classes, dim), not a Conv1D) on each row's last token instead, as LlamaImpl's.
 class Gpt2Impl
     : public nn::Interceptable<Gpt2Impl,
                                std::vector<at::Tensor>(at::Tensor, at::Tensor, at::Tensor, bool, at::Tensor)> {
@@ -57,6 +61,7 @@ class Gpt2Impl
   Embedding embed{nullptr}, pos_embed{nullptr};
   std::vector<TransformerLayer> layers;
   LayerNorm norm{nullptr};
+  Linear score{nullptr};  // a classifier's
 };
 TORCH_MODULE(Gpt2);
 

@@ -12,6 +12,7 @@
 #include "shardtrain/models/blocks.h"
 #include "shardtrain/models/build.h"
 #include "shardtrain/models/layers.h"
+#include "shardtrain/models/sequence_classifier.h"
 #include "shardtrain/models/weights.h"
 
 namespace shardtrain::models {
@@ -45,15 +46,10 @@ struct LlamaConfig {
   bool tie_word_embeddings = false;  // the LM head is the token embedding's table
   int64_t sliding_window = 0;        // Mistral: a query sees the keys of its last sliding_window positions; 0: all
   bool qk_norm = false;              // Qwen3: q_norm and k_norm, RMSNorms over each head (norm_eps)
-  // A sequence classifier (LlamaForSequenceClassification; Mistral's, Qwen2's, Qwen3's): `score`, a linear map
-  // without bias from a row's last token's hidden state to one output per class, in place of the LM head.
-  std::vector<std::string> labels;  // the classes by id (id2label); empty: the LM head. One: a regression
-  bool multi_label = false;         // a set of classes per sample (problem_type multi_label_classification)
-  int64_t pad_token_id = -1;        // config.json's pad_token_id, -1 none (transformers' classifier pools by it)
+  SequenceClassifier classifier;     // LlamaForSequenceClassification (Mistral's, ...): score, no LM head
 
   int64_t head_size() const { return head_dim > 0 ? head_dim : dim / heads; }
-  bool classifier() const { return !labels.empty(); }
-  bool tied_head() const { return tie_word_embeddings && !classifier(); }  // a classifier has no LM head to tie
+  bool tied_head() const { return tie_word_embeddings && !classifier.enabled(); }  // a classifier has no head to tie
 };
 
 // llama-3-8b, llama-3.1-8b, llama-3.2-1b, llama-3.2-3b, llama-3-70b, llama-2-7b (the published configurations),
@@ -109,9 +105,9 @@ struct LlamaOutputs {
 // Children: embed (class "LlamaEmbedding"), layers.N (class "LlamaDecoderLayer"), norm, lm_head (class
 // "LlamaLMHead"). With tie_word_embeddings (tied_head()): embed is a plain Embedding (tied_embed; no unit of its
 // own: the head reads its table, so both stay in the root) and there is no lm_head. A classifier has score in place
-// of lm_head (and so nothing tied):
-// it scores each row's last token, the last whose attention_mask is 1 (the last position without a mask), which is
-// transformers' last token that is not pad_token_id when padding is pad_token_id.
+// of lm_head (and so nothing tied; sequence_classifier.h): it scores each row's last token, the last whose
+// attention_mask is 1 (the last position without a mask), which is transformers' last token that is not
+// pad_token_id when padding is pad_token_id.
 class LlamaImpl
     : public nn::Interceptable<LlamaImpl,
                                std::vector<at::Tensor>(at::Tensor, at::Tensor, at::Tensor, bool, at::Tensor)> {
