@@ -489,6 +489,71 @@ TEST(ModelsDist, Gpt2TrainsLikeOneProcess) {
   }
 }
 
+// Causal LMs as sequence classifiers (score on each row's last token) train as one process on the whole batch, rows
+// of different lengths right-padded: Llama (its embedding a unit of its own), Qwen2 (tied as an LM, so its
+// classifier's embedding leaves the root) and GPT-2 (the table a lookup's alone, in the root), under FULL_SHARD with
+// and without checkpointing, sharded as built, SHARD_GRAD_OP and DDP.
+TEST(ModelsDist, CausalLmClassifiersTrainLikeOneProcess) {
+  constexpr int kSteps = 3;
+  struct Case {
+    fsdp::ShardingStrategy strategy;
+    int64_t every;
+    bool as_built, ddp;
+  };
+  const auto full = fsdp::ShardingStrategy::FULL_SHARD;
+  const std::vector<Case> cases = {{full, 0, false, false},
+                                   {full, 1, true, false},
+                                   {fsdp::ShardingStrategy::SHARD_GRAD_OP, 0, false, false},
+                                   {full, 0, false, true}};
+  const auto mesh = dist::DeviceMesh::create(test_process_group(), 1);
+  torch::manual_seed(3);
+  const at::Tensor ids = torch::randint(3, 1000, {12, 16}, torch::kLong);
+  at::Tensor mask = at::ones_like(ids);
+  for (int64_t r = 0; r < 12; ++r) mask[r].narrow(0, 16 - r, r).zero_();  // row r: 16 - r tokens
+  const at::Tensor labels = torch::randint(3, {12}, torch::kLong);
+  for (const std::string flavor : {"llama-debug", "qwen2-debug", "gpt2-debug"}) {
+    const auto recipe =
+        recipe_for_task(recipe_of(flavor), "classify", {{"a", "b", "c"}, false, std::nullopt, std::nullopt});
+    BuildOptions build;
+    build.init.seed = 5;
+    auto train = [&](ZooModel& m, const at::Tensor& x, const at::Tensor& attention, const at::Tensor& y,
+                     std::vector<double>& losses, bool reduce) {
+      m.module->eval();  // GPT-2's dropout off
+      // SGD: most of a classifier's gradients, reaching the layers through one token a row, are near zero, where
+      // AdamW's normalisation turns the summation order's rounding into steps of up to lr (2.8e-5 apart at W = 3).
+      torch::optim::SGD sgd(m.module->parameters(), torch::optim::SGDOptions(0.1));
+      for (int s = 0; s < kSteps; ++s) {
+        sgd.zero_grad();
+        data::Batch b;
+        b.kind = data::SampleKind::TEXT, b.input_ids = x, b.attention_mask = attention, b.labels = y;
+        at::Tensor loss = recipe->task()->compute_losses(*m.module, b, 0).total;
+        loss.backward();
+        sgd.step();
+        losses.push_back(reduce ? mean_over_ranks(loss) : loss.item<double>());
+      }
+    };
+    ZooModel reference = build_model(recipe, build);
+    std::vector<double> ref_losses;
+    train(reference, ids, mask, labels, ref_losses, false);
+    for (const Case& c : cases) {
+      const std::string label = flavor + ", " + (c.ddp ? "DDP" : c.strategy == full ? "FULL_SHARD" : "SHARD_GRAD_OP") +
+                                ", checkpoint every " + std::to_string(c.every) + (c.as_built ? ", as built" : "");
+      Distributed distributed = distribute(recipe, mesh, c.strategy, c.every, c.as_built, c.ddp, build);
+      std::vector<double> losses;
+      train(distributed.model, local_rows(ids), local_rows(mask), local_rows(labels), losses, true);
+      for (int s = 0; s < kSteps; ++s) {
+        expect_relative(losses[s], ref_losses[s], 1e-5, label + ": loss at step " + std::to_string(s));
+      }
+      const auto params = distributed.full_parameters();
+      EXPECT_TRUE(params.count("score.weight")) << label;
+      for (const auto& p : reference.module->named_parameters()) {
+        ASSERT_TRUE(params.count(p.key())) << label << " " << p.key();
+        EXPECT_LE((params.at(p.key()) - p.value()).abs().max().item<double>(), 1e-6) << label << " " << p.key();
+      }
+    }
+  }
+}
+
 // Generation (models/generation.h) from a sharded model: every rank decodes the same prompts, each step a forward
 // through the root (T5's encoder pass and cached decoding steps included), so the units gather on every rank
 // together, and the ranks, computing the same tokens, stop on the same step. The tokens are one process's, and so
