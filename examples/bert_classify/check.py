@@ -1,6 +1,7 @@
 """transformers' verdict on the fine-tuned classifier: loads the exported directory with AutoTokenizer and
 AutoModelForSequenceClassification (as a user of the Hub would), classifies every held-out pair of the TSV file and
-fails unless the accuracy reaches the bar.
+fails unless the accuracy reaches the bar. BERT's (bert_classify) and a causal LM's (llama_classify: padded with the
+config's pad_token_id, by which transformers finds each pair's last token).
 
 usage: check.py MODEL_DIR EVAL_TSV MIN_ACCURACY
 """
@@ -18,6 +19,8 @@ transformers.logging.disable_progress_bar()
 def main(model_dir, eval_tsv, bar):
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     model = AutoModelForSequenceClassification.from_pretrained(model_dir).eval()
+    if tokenizer.pad_token is None:  # a causal LM's tokenizer has none: pad as the classifier's config says
+        tokenizer.pad_token_id = model.config.pad_token_id
     with open(eval_tsv, encoding="utf-8", newline="") as f:
         rows = list(csv.DictReader(f, delimiter="\t", quoting=csv.QUOTE_NONE))
     correct = 0

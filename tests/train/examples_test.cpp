@@ -72,6 +72,27 @@ TEST(Examples, CustomModelTrainsAndResumesExactly) {
   io::remove_tree(root);
 }
 
+// examples/llama_classify/run.sh: a random LlamaForCausalLM with a byte-level BPE tokenizer.json, written by
+// transformers and tokenizers, fine-tuned as a sequence classifier on sentence pairs on 2 ranks, exported, and scored
+// by transformers. The log names the head it created; the run goes from chance to well above it on the held-out
+// pairs, and transformers' LlamaForSequenceClassification on the export clears the script's bar (0.8).
+TEST(Examples, LlamaClassifierFineTunedFromACausalLm) {
+  const std::string out = "/tmp/shardtrain_llama_classify_" + std::to_string(::getpid());
+  const Outcome r = run_example("llama_classify", out);
+  ASSERT_EQ(r.status, 0) << r.output;
+  EXPECT_NE(r.output.find("newly initialized (not in init_weights; the classify head): score.weight"),
+            std::string::npos)
+      << r.output;
+  const auto [first, last] = progress_of(r.output, "accuracy");
+  EXPECT_LT(first, 0.6) << r.output;  // the fresh classifier starts near chance
+  EXPECT_GT(last, 0.8) << r.output;
+  EXPECT_NE(r.output.find("check: transformers' LlamaForSequenceClassification (not_equivalent, equivalent)"),
+            std::string::npos)
+      << r.output;
+  EXPECT_GT(checked_value(r.output, "accuracy"), 0.8) << r.output;
+  io::remove_tree(out);
+}
+
 // examples/bert_classify/run.sh: a random BertForMaskedLM written by transformers, pretrained briefly, fine-tuned as
 // a sentence-pair classifier in GLUE MRPC's TSV layout on 2 ranks, exported, and scored by transformers. The log
 // names the head it created and the one it left unused; the run beats chance on the held-out pairs, and
