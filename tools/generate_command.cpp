@@ -41,7 +41,8 @@ namespace {
 const char* kGenerateUsage =
     "usage: shardtrain generate MODEL [PROMPT...] [--prompts FILE] [options]\n"
     "Continues each prompt with a causal language model (llama, mistral, qwen2, qwen3, gpt2) or T5, as\n"
-    "transformers' generate() does: greedy, or sampled with --do-sample; a KV cache keeps each step to one token.\n"
+    "transformers' generate() does: greedy, sampled with --do-sample, or beam search with --num-beams; a KV cache\n"
+    "keeps each step to one token.\n"
     "MODEL: a Hugging Face model directory (config.json, the weights, the tokenizer's files; what `shardtrain\n"
     "checkpoint export --hf` writes of a run), or a model name in the Hugging Face cache. Defaults come from its\n"
     "generation_config.json where it has one, else transformers' defaults.\n"
@@ -52,6 +53,9 @@ const char* kGenerateUsage =
     "  --top-k K                 sampling: the K most likely tokens only, 0 = all (50)\n"
     "  --top-p P                 sampling: the most likely tokens that make up probability P (1.0)\n"
     "  --repetition-penalty R    a token already in the sequence is R times less likely (1.0: none)\n"
+    "  --num-beams K             beam search over K hypotheses a prompt (greedy; 1: none)\n"
+    "  --length-penalty L        beam search: a finished hypothesis scores log-probability / length^L (1.0)\n"
+    "  --early-stopping E        beam search: false (transformers' heuristic), true (at K finished), never\n"
     "  --seed S                  sampling's seed (0)\n"
     "  --batch-size N            prompts generated together (8)\n"
     "  --adapter DIR             a LoRA adapter over MODEL (PEFT's save_pretrained, `shardtrain checkpoint export\n"
@@ -129,7 +133,14 @@ models::GenerationOptions generation_options(const std::string& dir, const Args&
   number("top_k", o.top_k);
   number("top_p", o.top_p);
   number("repetition_penalty", o.repetition_penalty);
+  number("num_beams", o.num_beams);
+  number("length_penalty", o.length_penalty);
   if (generation.contains("do_sample") && generation["do_sample"].is_boolean()) o.do_sample = generation["do_sample"];
+  if (generation.contains("early_stopping")) {  // true, false or "never"
+    const nlohmann::json& e = generation["early_stopping"];
+    if (e.is_boolean()) o.early_stopping = e.get<bool>() ? "true" : "false";
+    if (e.is_string()) o.early_stopping = e.get<std::string>();
+  }
   o.eos_token_ids = token_ids(generation, config, "eos_token_id");
   if (o.eos_token_ids.empty() && tok.eos_id()) o.eos_token_ids = {*tok.eos_id()};
   const std::vector<int64_t> pad = token_ids(generation, config, "pad_token_id");
@@ -143,6 +154,9 @@ models::GenerationOptions generation_options(const std::string& dir, const Args&
   o.top_k = args.get_int("top-k", o.top_k);
   o.top_p = args.get_double("top-p", o.top_p);
   o.repetition_penalty = args.get_double("repetition-penalty", o.repetition_penalty);
+  o.num_beams = args.get_int("num-beams", o.num_beams);
+  o.length_penalty = args.get_double("length-penalty", o.length_penalty);
+  o.early_stopping = args.get("early-stopping", o.early_stopping);
   o.seed = static_cast<uint64_t>(args.get_int("seed", 0));
   models::check_generation_options(o);
   return o;
@@ -272,7 +286,8 @@ int run_generate_command(const std::vector<std::string>& argv) {
   }
   const Args args = parse_args(argv,
                                {"prompts", "max-new-tokens", "temperature", "top-k", "top-p", "repetition-penalty",
-                                "seed", "batch-size", "dtype", "device", "out", "adapter"},
+                                "num-beams", "length-penalty", "early-stopping", "seed", "batch-size", "dtype",
+                                "device", "out", "adapter"},
                                {"do-sample", "greedy", "json"});
   if (args.positionals.empty()) throw std::invalid_argument("no MODEL given\n" + std::string(kGenerateUsage));
   const std::string dir = io::resolve_hf_model(args.positionals[0], "MODEL");
@@ -303,10 +318,12 @@ int run_generate_command(const std::vector<std::string>& argv) {
   model.module->eval();
   const std::string sharded = ranks > 1 ? ", sharded over " + std::to_string(ranks) + " ranks" : "";
   if (rank == 0) {
+    const std::string how = options.do_sample       ? "sampling"
+                            : options.num_beams > 1 ? "beam search over " + std::to_string(options.num_beams)
+                                                    : "greedy";
     std::fprintf(stderr, "generate: %s (%s%s%s), %s; %zu prompt(s), %s, at most %lld new tokens\n", dir.c_str(),
                  model.family.c_str(), adapted.c_str(), sharded.c_str(), tokenizer->describe().c_str(),
-                 prompts.size(), options.do_sample ? "sampling" : "greedy",
-                 static_cast<long long>(options.max_new_tokens));
+                 prompts.size(), how.c_str(), static_cast<long long>(options.max_new_tokens));
   }
 
   // Batches of `batch` prompts in order; round k gives batch k * ranks + r to rank r. A rank left without one in

@@ -100,6 +100,12 @@ class CausalLmDecoder : public TextDecoder {
     return forward_(tokens.view({-1, 1}), mask_, last_).select(1, -1).to(at::kFloat);
   }
 
+  void reorder(const at::Tensor& rows) override {
+    caches_.reorder(rows);
+    const at::Tensor on = rows.to(mask_.device());
+    mask_ = mask_.index_select(0, on), last_ = last_.index_select(0, on);
+  }
+
  private:
   KvCaches caches_;
   CausalLmForward forward_;

@@ -15,6 +15,8 @@ class KvCaches {
   // generations at once on one model).
   explicit KvCaches(torch::nn::Module& model);
   ~KvCaches();
+  // Row i of every cache becomes row rows[i] (rows (B) int64): beam search's reordering.
+  void reorder(const at::Tensor& rows);
   KvCaches(const KvCaches&) = delete;
   KvCaches& operator=(const KvCaches&) = delete;
 

@@ -102,8 +102,8 @@ class T5SpanCorruption : public Task {
 
 nlohmann::json t5_to_hf(const T5Config& c);
 
-// Greedy or sampled decoding (generation.h): the encoder once, then the decoder a token a step from the start token
-// (the pad token, as transformers' decoder_start_token_id), its self- and cross-attention cached.
+// Greedy, sampled or beam-search decoding (generation.h): the encoder once, then the decoder a token a step from the
+// start token (the pad token, as transformers' decoder_start_token_id), its self- and cross-attention cached.
 class T5Decoder : public TextDecoder {
  public:
   explicit T5Decoder(T5Impl& t5) : t5_(t5), caches_(*t5.decoder) {}
@@ -112,6 +112,11 @@ class T5Decoder : public TextDecoder {
     return step(sequences_at_start(ids));
   }
   at::Tensor next(const at::Tensor& tokens) override { return step(tokens.view({-1, 1})); }
+  void reorder(const at::Tensor& rows) override {
+    caches_.reorder(rows);  // cross-attention's keys and values too, alike within a prompt's beams
+    const at::Tensor on = rows.to(encoded_.device());
+    encoded_ = encoded_.index_select(0, on), mask_ = mask_.index_select(0, on.to(mask_.device()));
+  }
   at::Tensor sequences_at_start(const at::Tensor& ids) const override {
     return at::full({ids.size(0), 1}, t5_.config.pad_token_id, ids.options());
   }

@@ -230,6 +230,40 @@ TEST(HfParity, GreedyGenerationMakesTransformersTokens) {
   }
 }
 
+// Beam search (3 beams, the KV caches reordered each step) from the same prompts, ended by a token it makes itself:
+// each row's best hypothesis and its length as transformers' beam search makes them, with its defaults (length_penalty 1, early_stopping False: rows
+// end as their running beams can no longer beat the finished ones) and with early_stopping "never" and
+// length_penalty 2 (longer hypotheses favoured). Past a hypothesis' end transformers fills with the end token, we
+// with the pad token.
+TEST(HfParity, BeamSearchMakesTransformersHypotheses) {
+  for (const std::string family : {"llama", "llama3", "mistral", "qwen2", "qwen3", "gpt2", "t5"}) {
+    SCOPED_TRACE(family);
+    Reference ref(family);
+    ZooModel built = build_model(recipe_of_model(ref.dir));
+    load_weights(*built.module, ref.dir + "/model.safetensors", built.names);
+    built.module->eval();
+    GenerationOptions options;
+    options.max_new_tokens = 10, options.pad_token_id = 0, options.num_beams = 3;
+    options.eos_token_ids = {ref["gen_beam_eos"][0].item<int64_t>()};
+    for (const char* name : {"gen_beam", "gen_beam_never"}) {
+      options.length_penalty = std::string(name) == "gen_beam" ? 1.0 : 2.0;
+      options.early_stopping = std::string(name) == "gen_beam" ? "false" : "never";
+      const Generated out = generate(*built.recipe->text_decoder(*built.module), ref["gen_prompt_ids"],
+                                     ref["gen_prompt_mask"], options);
+      const at::Tensor wanted = ref[name], lengths = ref[std::string(name) + "_lengths"];
+      ASSERT_EQ(static_cast<int64_t>(out.lengths.size()), wanted.size(0)) << name;
+      for (int64_t r = 0; r < wanted.size(0); ++r) {
+        const int64_t n = lengths[r].item<int64_t>();
+        EXPECT_EQ(out.lengths[static_cast<size_t>(r)], n) << name << " row " << r;
+        ASSERT_GE(out.tokens.size(1), n) << name;
+        EXPECT_TRUE(at::equal(out.tokens[r].narrow(0, 0, n), wanted[r].narrow(0, 0, n)))
+            << name << " row " << r << ": ours " << out.tokens[r] << "\ntransformers' " << wanted[r];
+        EXPECT_TRUE(out.tokens[r].narrow(0, n, out.tokens.size(1) - n).eq(0).all().item<bool>()) << name;
+      }
+    }
+  }
+}
+
 // The scores transformers' logits processors leave (hf_reference.py's scores_reference): the repetition penalty
 // alone (greedy), the sampling chain (penalty 1.3, temperature 0.7, top-k 20, top-p 0.8), top-p 0.5 alone; the
 // same tokens dropped (-inf) and the same values kept.

@@ -4,9 +4,10 @@ is one, and records a batch and the model's outputs on it (eval mode, float32) f
 compare with shardtrain's model loaded from the same directory.
 
 With GENERATED_JSONL (`shardtrain generate --json`'s records for the directory), each prompt is also continued by
-transformers' generate (greedy, as many new tokens as shardtrain made): the same tokens, or the check fails.
+transformers' generate (greedy, as many new tokens as shardtrain made; GENERATE_JSON's keyword arguments instead,
+e.g. {"num_beams": 3, "max_new_tokens": 6}): the same tokens, or the check fails.
 
-usage: hf_export_check.py EXPORT_DIR OUT.safetensors [GENERATED_JSONL]
+usage: hf_export_check.py EXPORT_DIR OUT.safetensors [GENERATED_JSONL [GENERATE_JSON]]
 """
 import json
 import os
@@ -43,15 +44,16 @@ def text_batch(g, vocab, batch=3, length=12):
     return ids, mask
 
 
-def check_generated(path, model, tokenizer, generated_jsonl):
+def check_generated(path, model, tokenizer, generated_jsonl, options):
     with open(generated_jsonl, encoding="utf-8") as f:
         records = [json.loads(line) for line in f]
     first = 1 if model.config.is_encoder_decoder else None  # after the decoder's start token, or the prompt's
     for r in records:
         ids = tokenizer(r["prompt"], return_tensors="pt")["input_ids"]
+        kwargs = dict(do_sample=False, max_new_tokens=len(r["tokens"]), pad_token_id=0)
+        kwargs.update(options)
         with torch.no_grad():
-            out = model.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False,
-                                 max_new_tokens=len(r["tokens"]), pad_token_id=0)
+            out = model.generate(ids, attention_mask=torch.ones_like(ids), **kwargs)
         theirs = out[0, first or ids.shape[1]:].tolist()[:len(r["tokens"])]
         if theirs != r["tokens"]:
             raise SystemExit(f"{path}: {r['prompt']!r}: shardtrain generated {r['tokens']}, transformers {theirs}")
@@ -144,7 +146,7 @@ def main():
     save_file({k: v.contiguous() for k, v in io.items()}, out)
     print(f"hf_export_check: {arch} from {path}: every weight loaded; wrote {out}")
     if len(sys.argv) > 3:
-        check_generated(path, model, tok, sys.argv[3])
+        check_generated(path, model, tok, sys.argv[3], json.loads(sys.argv[4]) if len(sys.argv) > 4 else {})
 
 
 if __name__ == "__main__":

@@ -185,7 +185,10 @@ def text_batch(g, vocab, batch=3, length=12):
 def greedy_generation(model, g, encoder_decoder=False):
     """Three left-padded prompts (10, 4 and 7 tokens) continued greedily for at most 10 tokens by transformers'
     generate (a KV cache), first with no end-of-sequence token, then with the token row 0 made 4th as one: row 0
-    stops there and is padded (pad 0) while the others go on."""
+    stops there and is padded (pad 0) while the others go on. Then beam search (3 beams) with the token it makes 4th
+    in row 0 as the end token: with transformers' defaults (length_penalty 1, early_stopping False), and with
+    early_stopping "never" and length_penalty 2; each row's best hypothesis and its generated length (past it
+    transformers fills with the end token)."""
     lengths = [10, 4, 7]
     width = max(lengths)
     mask = torch.zeros(3, width, dtype=torch.long)
@@ -203,8 +206,19 @@ def greedy_generation(model, g, encoder_decoder=False):
     free = run()
     config.eos_token_id = int(free[0, 3])
     stopped = run()
-    return dict(gen_prompt_ids=ids, gen_prompt_mask=mask, gen_free=free, gen_eos=torch.tensor([config.eos_token_id]),
-                gen_stopped=stopped)
+    out = dict(gen_prompt_ids=ids, gen_prompt_mask=mask, gen_free=free, gen_eos=torch.tensor([config.eos_token_id]),
+               gen_stopped=stopped)
+    def beams(penalty, early):
+        config.update(num_beams=3, length_penalty=penalty, early_stopping=early, return_dict_in_generate=True)
+        with torch.no_grad():
+            o = model.generate(ids, attention_mask=mask, generation_config=config)
+        return o.sequences[:, first:], (o.beam_indices != -1).sum(1)
+    config.eos_token_id = None
+    config.eos_token_id = int(beams(1.0, False)[0][0, 3])  # the token beam search makes 4th in row 0 ends beams
+    out["gen_beam_eos"] = torch.tensor([config.eos_token_id])
+    for name, penalty, early in (("gen_beam", 1.0, False), ("gen_beam_never", 2.0, "never")):
+        out[name], out[name + "_lengths"] = beams(penalty, early)
+    return out
 
 
 def scores_reference(out, g):

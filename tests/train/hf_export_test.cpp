@@ -149,7 +149,8 @@ TEST(HfExport, EveryFamilyLoadsIntoTransformersWithTheSameOutputs) {
       ASSERT_EQ(generated.status, 0) << generated.output;
     }
     // Generation from a model sharded over 3 ranks (a tied head, an encoder-decoder): the ranks take the batches
-    // in turn, the third generating from the first again unreported; rank 0 writes what one process writes.
+    // in turn, the third generating from the first again unreported; rank 0 writes what one process writes. Beam
+    // search too, in one process as transformers' and sharded.
     if (name == "t5" || name == "gpt2" || name == "llama-3.2") {
       const std::string generate = " generate " + out + " 'a red circle' 'two small squares on the left of a blue "
                                    "triangle' --max-new-tokens 6 --batch-size 1 --json --out " + out;
@@ -160,6 +161,21 @@ TEST(HfExport, EveryFamilyLoadsIntoTransformersWithTheSameOutputs) {
       ASSERT_EQ(sharded.status, 0) << sharded.output;
       EXPECT_NE(sharded.output.find(", sharded over 3 ranks)"), std::string::npos) << sharded.output;
       EXPECT_EQ(test::read_text(out + "/sharded.jsonl"), test::read_text(out + "/one.jsonl"));
+      // Beam search: transformers' hypotheses (hf_export_check.py with num_beams), and the same sharded.
+      const std::string beams = generate + "/beams.jsonl --num-beams 3";
+      const Outcome beamed = run(std::string(SHARDTRAIN_BIN) + beams);
+      ASSERT_EQ(beamed.status, 0) << beamed.output;
+      EXPECT_NE(beamed.output.find("beam search over 3"), std::string::npos) << beamed.output;
+      const Outcome beam_check = run(std::string(SHARDTRAIN_PYTHON) + " " + SHARDTRAIN_SOURCE_DIR +
+                                     "/tests/reference/hf_export_check.py " + out + " " + out +
+                                     "/beams-io.safetensors " + out + "/beams.jsonl " +
+                                     "'{\"num_beams\": 3, \"max_new_tokens\": 6}'");
+      EXPECT_NE(beam_check.output.find("generation: 2 prompts continued as transformers' generate"), std::string::npos)
+          << beam_check.output;
+      const Outcome sharded_beams = run(std::string(SHARDTRAIN_BIN) + " launch --nproc-per-node 3 -- " +
+                                        SHARDTRAIN_BIN + generate + "/sharded-beams.jsonl --num-beams 3");
+      ASSERT_EQ(sharded_beams.status, 0) << sharded_beams.output;
+      EXPECT_EQ(test::read_text(out + "/sharded-beams.jsonl"), test::read_text(out + "/beams.jsonl"));
       const Outcome pinned = run(std::string(SHARDTRAIN_BIN) + " launch --nproc-per-node 2 -- " + SHARDTRAIN_BIN +
                                  generate + "/x.jsonl --device cuda:0");
       EXPECT_NE(pinned.output.find("--device cuda:0 under a launcher of 2 ranks: give --device cuda"),

@@ -167,6 +167,17 @@ TEST(Generation, BadOptionsAndModelsAreNamed) {
   expect_error<std::invalid_argument>([&] { check_generation_options(o); }, {"top_k -1"});
   o = {}, o.repetition_penalty = 0;
   expect_error<std::invalid_argument>([&] { check_generation_options(o); }, {"repetition_penalty 0"});
+  o = {}, o.num_beams = 0;
+  expect_error<std::invalid_argument>([&] { check_generation_options(o); }, {"num_beams 0", "at least 1"});
+  o = {}, o.num_beams = 4, o.do_sample = true;
+  expect_error<std::invalid_argument>([&] { check_generation_options(o); }, {"num_beams 4", "beam sampling"});
+  o = {}, o.early_stopping = "soon";
+  expect_error<std::invalid_argument>([&] { check_generation_options(o); }, {"'soon'", "true, false or never"});
+  // A decoder that cannot reorder its rows does no beam search.
+  ScriptedDecoder scripted({{1, 1}, {1, 1}});
+  o = {}, o.num_beams = 2;
+  const at::Tensor two = at::ones({1, 2}, at::kLong);
+  expect_error<std::invalid_argument>([&] { generate(scripted, two, at::ones_like(two), o); }, {"reorder"});
   ZooModel bert = built("bert-debug");
   expect_error<std::invalid_argument>([&] { bert.recipe->text_decoder(*bert.module); },
                                       {"bert", "does not generate text", "gpt2"});

@@ -1,6 +1,6 @@
-// Text generation from a model of the zoo, as transformers' generate(): greedy decoding or sampling (temperature,
-// top-k, top-p), a repetition penalty, stopping at end-of-sequence tokens, each step reusing the keys and values of
-// the earlier ones (a KV cache in every attention module). The model's recipe makes its TextDecoder
+// Text generation from a model of the zoo, as transformers' generate(): greedy decoding, sampling (temperature,
+// top-k, top-p) or beam search, a repetition penalty, stopping at end-of-sequence tokens, each step reusing the keys
+// and values of the earlier ones (a KV cache in every attention module). The model's recipe makes its TextDecoder
 // (ModelRecipe::text_decoder: the causal LMs and T5):
 //
 //   models::ZooModel m = models::build_model(models::recipe_of_model("path/to/model"));
@@ -21,6 +21,7 @@
 #include <cstdint>
 #include <functional>
 #include <optional>
+#include <string>
 #include <vector>
 
 #include "shardtrain/distributed/communicator.h"
@@ -38,6 +39,14 @@ struct GenerationOptions {
   std::vector<int64_t> eos_token_ids;  // a row ends at the first of these it generates
   int64_t pad_token_id = 0;            // what a finished row generates
   uint64_t seed = 0;                   // sampling's generator
+  // Beam search (num_beams > 1, greedy only): transformers' beam search, num_beams hypotheses a row scored by their
+  // summed log-probabilities; a finished one by that sum / (its generated length ^ length_penalty). early_stopping:
+  // "false" stops a row once no running beam can beat its worst finished one (transformers' heuristic, from the
+  // current length), "true" once it has num_beams finished, "never" (the canonical search) looks at the longest
+  // length when length_penalty > 0.
+  int64_t num_beams = 1;
+  double length_penalty = 1.0;
+  std::string early_stopping = "false";
   // transformers' synced_gpus: the ranks of this group (those a sharded model gathers over) generate from batches
   // of their own and step together, a rank whose rows have all ended feeding padding, until every rank's have (an
   // all-reduce of one flag a step). Every rank must call generate() alike: the same options, once per batch.
@@ -46,7 +55,8 @@ struct GenerationOptions {
 
 // Throws std::invalid_argument naming the option and its value for a value transformers refuses too
 // (temperature <= 0 when sampling, top_p outside (0, 1], a negative top_k, repetition_penalty <= 0,
-// max_new_tokens < 1).
+// max_new_tokens < 1, num_beams < 1, early_stopping not true, false or never), and for sampling with beams (beam
+// sampling is not implemented).
 void check_generation_options(const GenerationOptions& options);
 
 // A model that continues token sequences, one token a step, keeping what earlier steps computed.
@@ -62,6 +72,10 @@ class TextDecoder {
   // The tokens the sequence holds before the first generated one (what a repetition penalty looks at): a causal
   // LM's prompt; an encoder-decoder's decoder start token (B, 1).
   virtual at::Tensor sequences_at_start(const at::Tensor& prompt_ids) const { return prompt_ids; }
+  // Beam search: row i continues as row rows[i] did (rows (B) int64: the state of each row — its KV caches, mask,
+  // positions, encoder output — taken from that row's), before the next next(). The default throws
+  // std::invalid_argument: a decoder that cannot does no beam search.
+  virtual void reorder(const at::Tensor& rows);
 };
 
 // Scores of the next token (B, vocab) float32 as transformers' logits processors leave them, in their order: the
@@ -75,7 +89,9 @@ struct Generated {
 };
 
 // Generates from `decoder` as transformers' generate() does, until every row has ended or max_new_tokens are made.
-// prompt_ids, prompt_mask as TextDecoder::start. `on_step(made)` after each step, if given. No gradients.
+// prompt_ids, prompt_mask as TextDecoder::start. `on_step(made)` after each step, if given. No gradients. With
+// num_beams > 1 each row's best hypothesis (the decoder runs B * num_beams rows, each prompt repeated).
+// Throws std::invalid_argument as check_generation_options.
 Generated generate(TextDecoder& decoder, const at::Tensor& prompt_ids, const at::Tensor& prompt_mask,
                    const GenerationOptions& options, const std::function<void(int64_t)>& on_step = {});
 
