@@ -133,7 +133,7 @@ Generated beam_search(TextDecoder& decoder, const at::Tensor& prompt_ids, const 
   at::Tensor improvable = at::ones({B, 1}, longs.dtype(at::kBool));
   const at::Tensor top_k_mask = at::arange(keep, longs) < K;  // (keep): the K best may finish
   at::Tensor logits = decoder.start(ids, mask);
-  for (int64_t cur = L0;; ) {
+  for (int64_t cur = L0;;) {
     const at::Tensor flat = running.narrow(2, 0, cur).reshape({B * K, cur});
     at::Tensor log_probs = process_scores(at::log_softmax(logits.to(at::kFloat), -1), flat, o);  // (B * K, V)
     const int64_t V = log_probs.size(1);

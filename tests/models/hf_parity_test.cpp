@@ -208,16 +208,23 @@ TEST(HfParity, T5) {
   EXPECT_FALSE(labelled.logits.defined());
 }
 
+// The reference directories of the generating families, and the model of one, loaded, in eval mode.
+const char* const kGeneratingFamilies[] = {"llama", "llama3", "mistral", "qwen2", "qwen3", "gpt2", "t5"};
+ZooModel generating_model(const Reference& ref) {
+  ZooModel built = build_model(recipe_of_model(ref.dir));
+  load_weights(*built.module, ref.dir + "/model.safetensors", built.names);
+  built.module->eval();
+  return built;
+}
+
 // Greedy generation (a KV cache, tests/reference/hf_reference.py's greedy_generation) from left-padded prompts of
 // 10, 4 and 7 tokens: transformers' generate() and ours make the same tokens, with no end-of-sequence token, and
 // with row 0's 4th token as one (row 0 stops there and is padded; the batch stops when every row has).
 TEST(HfParity, GreedyGenerationMakesTransformersTokens) {
-  for (const std::string family : {"llama", "llama3", "mistral", "qwen2", "qwen3", "gpt2", "t5"}) {
+  for (const std::string family : kGeneratingFamilies) {
     SCOPED_TRACE(family);
     Reference ref(family);
-    ZooModel built = build_model(recipe_of_model(ref.dir));
-    load_weights(*built.module, ref.dir + "/model.safetensors", built.names);
-    built.module->eval();
+    ZooModel built = generating_model(ref);
     GenerationOptions options;
     options.max_new_tokens = 10, options.pad_token_id = 0;
     for (const char* name : {"gen_free", "gen_stopped"}) {
@@ -231,17 +238,15 @@ TEST(HfParity, GreedyGenerationMakesTransformersTokens) {
 }
 
 // Beam search (3 beams, the KV caches reordered each step) from the same prompts, ended by a token it makes itself:
-// each row's best hypothesis and its length as transformers' beam search makes them, with its defaults (length_penalty 1, early_stopping False: rows
-// end as their running beams can no longer beat the finished ones) and with early_stopping "never" and
-// length_penalty 2 (longer hypotheses favoured). Past a hypothesis' end transformers fills with the end token, we
-// with the pad token.
+// each row's best hypothesis and its length as transformers' beam search makes them, with its defaults
+// (length_penalty 1, early_stopping False: rows end as their running beams can no longer beat the finished ones)
+// and with early_stopping "never" and length_penalty 2 (longer hypotheses favoured). Past a hypothesis' end
+// transformers fills with the end token, we with the pad token.
 TEST(HfParity, BeamSearchMakesTransformersHypotheses) {
-  for (const std::string family : {"llama", "llama3", "mistral", "qwen2", "qwen3", "gpt2", "t5"}) {
+  for (const std::string family : kGeneratingFamilies) {
     SCOPED_TRACE(family);
     Reference ref(family);
-    ZooModel built = build_model(recipe_of_model(ref.dir));
-    load_weights(*built.module, ref.dir + "/model.safetensors", built.names);
-    built.module->eval();
+    ZooModel built = generating_model(ref);
     GenerationOptions options;
     options.max_new_tokens = 10, options.pad_token_id = 0, options.num_beams = 3;
     options.eos_token_ids = {ref["gen_beam_eos"][0].item<int64_t>()};
