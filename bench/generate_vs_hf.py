@@ -4,9 +4,11 @@ WordPiece vocab.txt of as many tokens as the model's vocabulary), 16 prompts of 
 up to 64 new tokens, batches of 8 left-padded prompts, float32 on the CPU, both with a KV cache. Prints the tokens
 per second of each (the generation loop alone: shardtrain's own count on stderr, transformers' timed around its
 generate calls; loading excluded), their ratio (ours over theirs: above 1 is faster), and how many prompts got the
-same tokens from both.
+same tokens from both. --num-beams K: beam search over K hypotheses a prompt instead of greedy decoding (tokens per
+second then count each prompt's best hypothesis; the decoder runs K times the rows).
 
     .venv/bin/python bench/generate_vs_hf.py [--build build] [--families gpt2,llama,t5] [--new-tokens 64]
+                                             [--num-beams K]
 """
 import argparse
 import json
@@ -60,9 +62,9 @@ def write_model(family, make, directory):
     return model, words
 
 
-def ours(build, directory, prompts_file, new_tokens):
+def ours(build, directory, prompts_file, new_tokens, num_beams):
     cmd = [os.path.join(build, "shardtrain"), "generate", directory, "--prompts", prompts_file, "--greedy",
-           "--max-new-tokens", str(new_tokens), "--batch-size", str(BATCH), "--json"]
+           "--max-new-tokens", str(new_tokens), "--batch-size", str(BATCH), "--num-beams", str(num_beams), "--json"]
     out = subprocess.run(cmd, capture_output=True, text=True)
     if out.returncode != 0:
         sys.exit(f"{' '.join(cmd)} failed:\n{out.stderr[-3000:]}")
@@ -71,7 +73,7 @@ def ours(build, directory, prompts_file, new_tokens):
     return [json.loads(l)["tokens"] for l in out.stdout.splitlines()], made, seconds
 
 
-def theirs(model, directory, prompts, new_tokens, encoder_decoder):
+def theirs(model, directory, prompts, new_tokens, encoder_decoder, num_beams):
     tokenizer = BertTokenizerFast.from_pretrained(directory)
     tokenizer.padding_side = "left"
     results, made, seconds = [], 0, 0.0
@@ -79,7 +81,8 @@ def theirs(model, directory, prompts, new_tokens, encoder_decoder):
         batch = tokenizer(prompts[first:first + BATCH], return_tensors="pt", padding=True, return_token_type_ids=False)
         began = time.perf_counter()
         with torch.no_grad():
-            out = model.generate(**batch, do_sample=False, max_new_tokens=new_tokens, pad_token_id=0)
+            out = model.generate(**batch, do_sample=False, max_new_tokens=new_tokens, pad_token_id=0,
+                                 num_beams=num_beams)
         seconds += time.perf_counter() - began
         for row in out[:, 1 if encoder_decoder else batch["input_ids"].shape[1]:].tolist():
             results.append(row)
@@ -92,6 +95,7 @@ def main():
     parser.add_argument("--build", default="build")
     parser.add_argument("--families", default="gpt2,llama,t5")
     parser.add_argument("--new-tokens", type=int, default=64)
+    parser.add_argument("--num-beams", type=int, default=1)
     args = parser.parse_args()
     rng = random.Random(1)
     print(f"{'family':8} {'params':>8} {'ours tok/s':>11} {'transformers tok/s':>19} {'ratio':>6}  same tokens")
@@ -102,8 +106,8 @@ def main():
             prompts_file = os.path.join(d, "prompts.txt")
             with open(prompts_file, "w") as f:
                 f.write("\n".join(prompts) + "\n")
-            our_tokens, our_made, our_s = ours(args.build, d, prompts_file, args.new_tokens)
-            their_tokens, _, their_s = theirs(model, d, prompts, args.new_tokens, family == "t5")
+            our_tokens, our_made, our_s = ours(args.build, d, prompts_file, args.new_tokens, args.num_beams)
+            their_tokens, _, their_s = theirs(model, d, prompts, args.new_tokens, family == "t5", args.num_beams)
             # Theirs are padded to the batch's longest row: compare each of ours with as many of theirs.
             same = sum(o == t[:len(o)] for o, t in zip(our_tokens, their_tokens))
             params = sum(p.numel() for p in model.parameters()) / 1e6
