@@ -260,7 +260,9 @@ std::vector<at::Tensor> LlamaImpl::forward_impl(const at::Tensor& input_ids, con
   return causal_lm_outputs(norm->forward(run_layers(layers, x, start.bias, rope)), start, labels, head);
 }
 
-NameMap llama_names() {
+namespace {
+
+NameRules llama_rules() {
   NameRules rules = {prefix_rule("embed", "model.embed_tokens"), prefix_rule("norm", "model.norm")};
   append(rules, layer_rules("layers", "model.layers",
                             {{"attn.q", "self_attn.q_proj"},
@@ -274,11 +276,22 @@ NameMap llama_names() {
                              {"mlp.gate", "mlp.gate_proj"},
                              {"mlp.up", "mlp.up_proj"},
                              {"mlp.down", "mlp.down_proj"}}));
-  // A tied model has no lm_head; a file that keeps the tied copy anyway has it under lm_head.weight. A causal LM's
-  // file has no score: a classifier fine-tuned from it starts with score initialized (reported).
-  return NameMap(rules, {"^model\\.layers\\.\\d+\\.self_attn\\.rotary_emb\\.inv_freq$", "^lm_head\\.weight$"}, {},
-                 {"^score\\.weight$"});
+  return rules;
 }
 
+const char kRotaryBuffer[] = "^model\\.layers\\.\\d+\\.self_attn\\.rotary_emb\\.inv_freq$";
+
+}  // namespace
+
+NameMap llama_names() {
+  // A tied model has no lm_head; a file that keeps the tied copy anyway has it under lm_head.weight. A causal LM's
+  // file has no score: a classifier fine-tuned from it starts with score initialized (reported).
+  return NameMap(llama_rules(), {kRotaryBuffer, "^lm_head\\.weight$"}, {}, {"^score\\.weight$"});
+}
+
+NameMap llama_classifier_names() {
+  // A causal LM's head, which the classifier has no use for, is reported unused (as transformers does).
+  return NameMap(llama_rules(), {kRotaryBuffer}, {}, {"^score\\.weight$", "^lm_head\\.weight$"});
+}
 
 }  // namespace shardtrain::models

@@ -25,6 +25,9 @@ class LlamaRecipe : public FamilyRecipe<LlamaConfig, Llama> {
  public:
   using FamilyRecipe::FamilyRecipe;
   std::string hf_config_json() const override { return llama_to_hf(config()).dump(2); }
+  NameMap hf_names() const override {
+    return config().classifier.enabled() ? llama_classifier_names() : llama_names();
+  }
 
   // Per sample, for T tokens of width d through L layers, with grouped-query attention (a = heads * head_dim wide
   // queries, kv = kv_heads * head_dim wide keys and values: q and o are d x a, k and v d x kv) and the gated MLP's

@@ -74,7 +74,7 @@ TEST(Examples, CustomModelTrainsAndResumesExactly) {
 
 // examples/llama_classify/run.sh: a random LlamaForCausalLM with a byte-level BPE tokenizer.json, written by
 // transformers and tokenizers, fine-tuned as a sequence classifier on sentence pairs on 2 ranks, exported, and scored
-// by transformers. The log names the head it created; the run goes from chance to well above it on the held-out
+// by transformers. The log names the head it created and the LM head it left; the run goes from chance to well above it on the held-out
 // pairs, and transformers' LlamaForSequenceClassification on the export clears the script's bar (0.8).
 TEST(Examples, LlamaClassifierFineTunedFromACausalLm) {
   const std::string out = "/tmp/shardtrain_llama_classify_" + std::to_string(::getpid());
@@ -82,6 +82,8 @@ TEST(Examples, LlamaClassifierFineTunedFromACausalLm) {
   ASSERT_EQ(r.status, 0) << r.output;
   EXPECT_NE(r.output.find("newly initialized (not in init_weights; the classify head): score.weight"),
             std::string::npos)
+      << r.output;
+  EXPECT_NE(r.output.find("unused (in init_weights, another task's head): lm_head.weight"), std::string::npos)
       << r.output;
   const auto [first, last] = progress_of(r.output, "accuracy");
   EXPECT_LT(first, 0.6) << r.output;  // the fresh classifier starts near chance

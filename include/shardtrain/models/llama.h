@@ -136,5 +136,7 @@ class LlamaImpl
 TORCH_MODULE(Llama);
 
 NameMap llama_names();
+// A classifier's: a file's lm_head.weight is a head it lacks (LoadReport::unused), not a tied copy to ignore.
+NameMap llama_classifier_names();
 
 }  // namespace shardtrain::models
