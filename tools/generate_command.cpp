@@ -4,7 +4,6 @@
 // the job's ranks (FULL_SHARD, each rank reading its rows of the weights), each rank continues batches of its own,
 // stepping with the others (GenerationOptions::synced), and rank 0 writes every result in the prompts' order.
 #include <ATen/ATen.h>
-#include <torch/cuda.h>
 
 #include <nlohmann/json.hpp>
 
@@ -191,21 +190,12 @@ Place place_of(const Args& args) {
   const std::string name = args.get("device", "cpu");
   p.device = parse_device(name);
   if (!p.env.is_distributed()) return p;
-  dist::ProcessGroupOptions init;
-  if (p.device.is_cuda()) {
-    if (p.device.has_index()) {
-      throw std::invalid_argument("--device " + name + " under a launcher of " + std::to_string(p.env.world_size) +
-                                  " ranks: give --device cuda (each rank takes cuda:LOCAL_RANK)");
-    }
-    const int gpus = static_cast<int>(torch::cuda::device_count());
-    if (gpus == 0) throw std::invalid_argument("--device cuda: this machine has no visible CUDA device");
-    p.device = at::Device(at::kCUDA, static_cast<c10::DeviceIndex>(p.env.local_rank % gpus));
-    init.device = dist::DeviceKind::CUDA;
-    init.device_index = p.device.index();
-    // NCCL refuses two ranks on one GPU; ranks sharing one move CUDA tensors through Gloo.
-    init.cuda_backend = p.env.local_world_size > gpus ? dist::CudaBackend::GLOO : dist::CudaBackend::NCCL;
+  if (p.device.is_cuda() && p.device.has_index()) {
+    throw std::invalid_argument("--device " + name + " under a launcher of " + std::to_string(p.env.world_size) +
+                                " ranks: give --device cuda (each rank takes cuda:LOCAL_RANK)");
   }
-  p.world = dist::ProcessGroup::init(p.env, init);
+  p.device = dist::rank_device(p.device.is_cuda(), p.env, "--device cuda");
+  p.world = dist::ProcessGroup::init(p.env, dist::group_options_for(p.device, p.env));
   return p;
 }
 

@@ -3,6 +3,7 @@
 #include <torch/csrc/distributed/c10d/HashStore.hpp>
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
+#include <torch/cuda.h>
 #include <arpa/inet.h>
 #include <netdb.h>
 #include <netinet/in.h>
@@ -198,6 +199,23 @@ std::optional<Communicator> ProcessGroup::new_group(const std::vector<int>& rank
   c10::intrusive_ptr<c10d::Store> store;
   if (impl_->store) store = c10::make_intrusive<c10d::PrefixStore>("group" + std::to_string(index), impl_->store);
   return Communicator(make_group(*impl_, store, ranks, group_rank, name));
+}
+
+at::Device rank_device(bool cuda, const DistEnv& env, const std::string& what) {
+  if (!cuda) return at::Device(at::kCPU);
+  const int gpus = static_cast<int>(torch::cuda::device_count());
+  if (gpus == 0) throw std::invalid_argument(what + " but this machine has no visible CUDA device");
+  return at::Device(at::kCUDA, static_cast<c10::DeviceIndex>(env.local_rank % gpus));
+}
+
+ProcessGroupOptions group_options_for(const at::Device& device, const DistEnv& env) {
+  ProcessGroupOptions o;
+  if (!device.is_cuda()) return o;
+  o.device = DeviceKind::CUDA;
+  o.device_index = device.index();
+  const bool shared = env.local_world_size > static_cast<int>(torch::cuda::device_count());
+  o.cuda_backend = shared ? CudaBackend::GLOO : CudaBackend::NCCL;
+  return o;
 }
 
 }  // namespace shardtrain::dist

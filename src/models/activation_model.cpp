@@ -280,6 +280,15 @@ LossBytes cross_entropy_bytes(int64_t rows, int64_t vocab, const ActivationQuery
   return {logits32, 2 * logits32};
 }
 
+void add_last_token_classifier(ActivationBytes& a, int64_t batch, int64_t dim, int64_t classes,
+                               const ActivationQuery& q) {
+  const LossBytes loss = cross_entropy_bytes(batch, classes, q);
+  a.outside_layers += stream_copies_kept(1, batch * dim, q) + loss.kept;
+  a.loss_transient = batch * classes * (element_size(q) + 4);
+  a.loss_kept = loss.kept;
+  a.backward_transient = loss.backward_transient;
+}
+
 LossBytes linear_cross_entropy_bytes(int64_t rows, int64_t vocab, int64_t dim, const ActivationQuery& q) {
   const int64_t e = element_size(q), weight = vocab * dim;
   const int64_t chunk = std::min<int64_t>(rows, linear_cross_entropy_chunk_rows(vocab)) * vocab;

@@ -76,6 +76,12 @@ LossBytes cross_entropy_bytes(int64_t rows, int64_t vocab, const ActivationQuery
 // autocast the weight's compute-dtype copy with the chunk's logits.
 LossBytes linear_cross_entropy_bytes(int64_t rows, int64_t vocab, int64_t dim, const ActivationQuery& q);
 
+// A causal LM's sequence classifier (causal_lm.h last_token_rows) on top of what `a` keeps outside the layers: the
+// (batch, dim) last-token rows the score reads (a copy) and the cross-entropy of its (batch, classes) logits; at the
+// end of forward the logits and their float32 copy.
+void add_last_token_classifier(ActivationBytes& a, int64_t batch, int64_t dim, int64_t classes,
+                               const ActivationQuery& q);
+
 inline int64_t element_size(const ActivationQuery& q) { return static_cast<int64_t>(c10::elementSize(q.compute)); }
 
 }  // namespace shardtrain::models

@@ -20,6 +20,17 @@ bool is_right_padded(const at::Tensor& mask) {
   return t < 2 || (mask.narrow(1, 1, t - 1) <= mask.narrow(1, 0, t - 1)).all().item<bool>();
 }
 
+// The one bias every layer reads: none when causal attention in the fused kernel suffices (a window aside), else
+// the padding hidden with the future.
+at::Tensor layers_bias(const at::Tensor& attention_mask, bool causal_suffices, int64_t length, int64_t window,
+                       at::ScalarType dtype, const at::Device& device) {
+  if (attention_mask.defined() && !causal_suffices) {
+    return hide_future(padding_bias(attention_mask, dtype), length, window);  // (B, 1, T, T)
+  }
+  if (window > 0) return causal_bias(length, dtype, device, window);  // (1, 1, T, T)
+  return {};
+}
+
 }  // namespace
 
 CausalLmStart causal_lm_start(const at::Tensor& attention_mask, const at::Tensor& labels, bool labelled_only,
@@ -30,11 +41,7 @@ CausalLmStart causal_lm_start(const at::Tensor& attention_mask, const at::Tensor
   const bool causal_suffices = s.loss_only && attention_mask.defined() && attention_mask.device().is_cpu() &&
                                is_right_padded(attention_mask) &&
                                !((attention_mask == 0) & (s.targets != kIgnoreIndex)).any().item<bool>();
-  if (attention_mask.defined() && !causal_suffices) {
-    s.bias = hide_future(padding_bias(attention_mask, dtype), length, window);  // (B, 1, T, T)
-  } else if (window > 0) {
-    s.bias = causal_bias(length, dtype, device, window);  // (1, 1, T, T)
-  }
+  s.bias = layers_bias(attention_mask, causal_suffices, length, window, dtype, device);
   return s;
 }
 
@@ -43,11 +50,7 @@ CausalLmStart causal_classifier_start(const at::Tensor& attention_mask, int64_t 
   CausalLmStart s;
   const bool causal_suffices =
       !attention_mask.defined() || (attention_mask.device().is_cpu() && is_right_padded(attention_mask));
-  if (!causal_suffices) {
-    s.bias = hide_future(padding_bias(attention_mask, dtype), length, window);  // (B, 1, T, T)
-  } else if (window > 0) {
-    s.bias = causal_bias(length, dtype, device, window);  // (1, 1, T, T)
-  }
+  s.bias = layers_bias(attention_mask, causal_suffices, length, window, dtype, device);
   return s;
 }
 

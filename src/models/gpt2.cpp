@@ -72,20 +72,21 @@ std::vector<at::Tensor> Gpt2Impl::forward_impl(const at::Tensor& input_ids, cons
     throw std::invalid_argument("GPT-2: " + std::to_string(positions) + " tokens exceed its " +
                                 std::to_string(config.max_positions) + " positions (n_positions)");
   }
+  // The lookups' rows go into the head's dense gradient (tie_table()), one vocab x dim gradient, not two; a
+  // classifier's table is a lookup's alone.
+  const bool tied = !config.classifier.enabled();
+  const TiedTable table = tied ? tie_table(embed->weight) : TiedTable{};
   const at::Tensor position = decoding ? position_ids : at::arange(length, input_ids.options().dtype(at::kLong));
-  if (config.classifier.enabled()) {  // no head reads the table
+  at::Tensor x = (tied ? sparse_lookup(table.lookups[0], input_ids) : embed->forward(input_ids)) +
+                 pos_embed->forward(position);  // (B, T, C)
+  if (is_training() && config.embd_dropout > 0) x = at::dropout(x, config.embd_dropout, true);
+  if (!tied) {
     if (decoding) throw std::invalid_argument("GPT-2: a sequence classifier does not decode");
-    at::Tensor x = embed->forward(input_ids) + pos_embed->forward(position);  // (B, T, C)
-    if (is_training() && config.embd_dropout > 0) x = at::dropout(x, config.embd_dropout, true);
     const CausalLmStart start = causal_classifier_start(attention_mask, length, 0, attention_dtype(x), x.device());
     const at::Tensor logits = score->forward(last_token_rows(norm->forward(run_layers(layers, x, start.bias)),
                                                              attention_mask));
     return {logits, labels.defined() ? classifier_loss(logits, labels) : at::Tensor()};
   }
-  // The lookups' rows go into the head's dense gradient (tie_table()), one vocab x dim gradient, not two.
-  const TiedTable table = tie_table(embed->weight);
-  at::Tensor x = sparse_lookup(table.lookups[0], input_ids) + pos_embed->forward(position);  // (B, T, C)
-  if (is_training() && config.embd_dropout > 0) x = at::dropout(x, config.embd_dropout, true);
   auto head = [&](const at::Tensor& h, const at::Tensor& targets) {
     return targets.defined() ? linear_cross_entropy(h, table.head, {}, targets) : tied_projection(h, table.head);
   };

@@ -77,20 +77,14 @@ class Gpt2Recipe : public FamilyRecipe<Gpt2Config, Gpt2> {
     const TransformerLayerOptions layer = gpt2_layer_options(c);
     add_transformer_layers(a, c.layers, layer, q.batch, T, 0, q);
     a.bias_saved_by_attention = attention_fused(layer.attention, q);
+    a.outside_layers = dropout_kept(c.embd_dropout, N * c.dim, q) + unit +
+                       norm_kept(Norm::kLayerNorm, N, c.dim, q, stream_size(q));
     if (c.classifier.enabled()) {
-      const int64_t classes = c.classifier.classes();
-      const LossBytes loss = cross_entropy_bytes(q.batch, classes, q);
-      a.outside_layers = dropout_kept(c.embd_dropout, N * c.dim, q) + unit +
-                         norm_kept(Norm::kLayerNorm, N, c.dim, q, stream_size(q)) +
-                         stream_copies_kept(1, q.batch * c.dim, q) + loss.kept;
-      a.loss_transient = q.batch * classes * (element_size(q) + 4);
-      a.loss_kept = loss.kept;
-      a.backward_transient = loss.backward_transient;
+      add_last_token_classifier(a, q.batch, c.dim, c.classifier.classes(), q);
       return a;
     }
     const LossBytes loss = linear_cross_entropy_bytes(N, c.vocab_size, c.dim, q);
-    a.outside_layers = dropout_kept(c.embd_dropout, N * c.dim, q) + unit +
-                       norm_kept(Norm::kLayerNorm, N, c.dim, q, stream_size(q)) + loss.kept;
+    a.outside_layers += loss.kept;
     a.loss_transient = loss.forward_transient + N * c.dim * stream_size(q);
     a.loss_kept = loss.kept;
     return a;

@@ -92,18 +92,13 @@ class LlamaRecipe : public FamilyRecipe<LlamaConfig, Llama> {
     add_transformer_layers(a, c.layers, layer, q.batch, T, 0, q);
     a.layer_bias = c.sliding_window > 0 && T > c.sliding_window ? T * T * e : 0;
     a.bias_saved_by_attention = attention_fused(layer.attention, q);
+    a.outside_layers = unit + norm_kept(Norm::kRMSNorm, N, c.dim, q, stream_size(q));
     if (c.classifier.enabled()) {
-      const int64_t classes = c.classifier.classes();
-      const LossBytes loss = cross_entropy_bytes(q.batch, classes, q);
-      a.outside_layers = unit + norm_kept(Norm::kRMSNorm, N, c.dim, q, stream_size(q)) +
-                         stream_copies_kept(1, q.batch * c.dim, q) + loss.kept;
-      a.loss_transient = q.batch * classes * (e + 4);
-      a.loss_kept = loss.kept;
-      a.backward_transient = loss.backward_transient;
+      add_last_token_classifier(a, q.batch, c.dim, c.classifier.classes(), q);
       return a;
     }
     const LossBytes loss = linear_cross_entropy_bytes(N, c.vocab_size, c.dim, q);
-    a.outside_layers = unit + norm_kept(Norm::kRMSNorm, N, c.dim, q, stream_size(q)) + loss.kept;
+    a.outside_layers += loss.kept;
     // While the loss runs, also its input: the labelled rows, gathered (labelled_rows: a copy).
     a.loss_transient = loss.forward_transient + N * c.dim * stream_size(q);
     a.loss_kept = loss.kept;

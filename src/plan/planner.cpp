@@ -88,7 +88,6 @@ PlannedConfig predict(const models::ModelRecipe& recipe, const ModelShape& shape
   const double P2 = static_cast<double>(p.memory.parameters_called_twice);
   const double resharding = (P + P2) * ce * 2, keeping = (P + P2) * ce;
   double comm = 0;
-  double shard_ranks = W;  // the ranks a parameter is sharded over
   switch (job.strategy) {
     case Strategy::kFullShard: comm = moved(resharding + G * rd, W) / inter; break;
     case Strategy::kShardGradOp: comm = moved(keeping + G * rd, W) / inter; break;
@@ -99,15 +98,15 @@ PlannedConfig predict(const models::ModelRecipe& recipe, const ModelShape& shape
       const double gathered = job.strategy == Strategy::kHybridShard ? resharding : keeping;
       const double nodes = static_cast<double>(job.nodes);
       comm = moved(gathered + G * rd, per_node) / intra + moved(2 * G / per_node * rd, nodes) / inter;
-      shard_ranks = per_node;
       break;
     }
   }
-  if (job.strategy == Strategy::kNoShard) shard_ranks = 1;
   // CPU offload: a rank's shards cross PCIe to the device for every gather (twice a call when resharded after
   // forward), its reduced gradients back — the trainable parameters' only (LoRA: the adapters) — all in the
   // parameters' own dtype.
   if (job.cpu_offload && job.strategy != Strategy::kDdp) {
+    const bool hybrid = job.strategy == Strategy::kHybridShard || job.strategy == Strategy::kHybridShardZero2;
+    const double shard_ranks = job.strategy == Strategy::kNoShard ? 1 : hybrid ? per_node : W;  // a parameter's
     const bool reshards = job.strategy == Strategy::kFullShard || job.strategy == Strategy::kHybridShard;
     const double gathered = (P + P2) * (reshards ? 2 : 1);
     comm += (gathered + G) / shard_ranks * static_cast<double>(job.param_bytes) / (cluster.pcie_gbps * 1e9);

@@ -1,7 +1,6 @@
 #include "shardtrain/train/trainer.h"
 
 #include <ATen/ATen.h>
-#include <torch/cuda.h>
 #include <torch/nn/module.h>
 #include <signal.h>
 #include <unistd.h>
@@ -73,26 +72,15 @@ dist::DistEnv checked_env(const Config& c) {
   return dist::read_dist_env(dist::process_env_lookup());
 }
 
-// Each rank its local GPU; with more ranks on a node than GPUs, ranks share them round-robin (the collectives then
-// go through Gloo, init_options).
+// Each rank its local GPU, shared round-robin by more ranks than GPUs (dist::rank_device); their collectives then
+// go through Gloo (dist::group_options_for).
 at::Device device_of(const Config& c, const dist::DistEnv& env) {
-  if (c.train.device != "cuda") return at::Device(at::kCPU);
-  const int gpus = static_cast<int>(torch::cuda::device_count());
-  if (gpus == 0) throw std::invalid_argument("train.device: 'cuda' but this machine has no visible CUDA device");
-  return at::Device(at::kCUDA, static_cast<c10::DeviceIndex>(env.local_rank % gpus));
-}
-
-// NCCL refuses two ranks on one GPU; ranks that share one move CUDA tensors through Gloo (host copies).
-bool ranks_share_gpus(const at::Device& device, const dist::DistEnv& env) {
-  return device.is_cuda() && env.local_world_size > static_cast<int>(torch::cuda::device_count());
+  return dist::rank_device(c.train.device == "cuda", env, "train.device: 'cuda'");
 }
 
 dist::ProcessGroupOptions init_options(const Config& c, const at::Device& device, const dist::DistEnv& env) {
-  dist::ProcessGroupOptions init;
+  dist::ProcessGroupOptions init = dist::group_options_for(device, env);
   init.timeout = std::chrono::milliseconds(static_cast<int64_t>(c.parallel.timeout * 1000.0));
-  init.device = device.is_cuda() ? dist::DeviceKind::CUDA : dist::DeviceKind::CPU;
-  init.device_index = device.is_cuda() ? device.index() : -1;
-  init.cuda_backend = ranks_share_gpus(device, env) ? dist::CudaBackend::GLOO : dist::CudaBackend::NCCL;
   return init;
 }
 

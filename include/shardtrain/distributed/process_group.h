@@ -32,6 +32,15 @@ struct ProcessGroupOptions {
   int gloo_threads = 2;  // Gloo worker threads per group: operations in flight at once
 };
 
+// The device a rank of `env` computes on: the CPU, or with `cuda` cuda:(LOCAL_RANK mod the visible GPUs) — ranks
+// share GPUs round-robin when a node runs more ranks than it has. Throws std::invalid_argument beginning with
+// `what` ("train.device: 'cuda'") when no GPU is visible.
+at::Device rank_device(bool cuda, const DistEnv& env, const std::string& what);
+// The options of a group whose ranks compute on `device` (rank_device): CUDA tensors through NCCL, or through Gloo
+// (host copies) when the node's ranks outnumber its GPUs, as NCCL refuses two ranks on one GPU; the other options
+// their defaults.
+ProcessGroupOptions group_options_for(const at::Device& device, const DistEnv& env);
+
 // Owns the store and the backends. Cheap to copy (shared handle); the last copy tears the groups down.
 class ProcessGroup {
  public:
