@@ -36,7 +36,8 @@ const char* kCheckpointUsage =
     "        merged (--out and --hf), or with --peft the adapter alone as PEFT's save_pretrained writes it\n"
     "        (adapter_config.json, adapter_model.safetensors) for PeftModel.from_pretrained.\n"
     "verify: checks every file of a checkpoint (PATH a step-* directory), or of each checkpoint in a\n"
-    "        checkpoint.dir, against its manifest: size and XXH3 checksum. Exit 1 when one fails.\n"
+    "        checkpoint.dir, against its manifest (size and XXH3 checksum), and that no weight or\n"
+    "        optimizer state holds NaN or Inf (a diverged run's). Exit 1 when one fails.\n"
     "list:   the checkpoints in DIR with their step, world size and run.\n";
 
 // One line per checkpoint: "ok" with what it holds, or what is wrong. Returns 0 when every one verifies.
@@ -46,7 +47,7 @@ int verify_command(const std::string& path) {
   if (paths.empty()) throw std::invalid_argument("'" + path + "' is neither a checkpoint nor a directory holding one");
   int damaged = 0;
   for (const std::string& p : paths) {
-    const std::string problem = ckpt::verify_files(p);
+    const std::string problem = ckpt::verify_checkpoint_files(p);
     if (!problem.empty()) {
       std::cout << p << "  DAMAGED: " << problem << "\n";
       ++damaged;
@@ -62,6 +63,25 @@ int verify_command(const std::string& path) {
   }
   if (damaged > 0) std::cout << damaged << " of " << paths.size() << " checkpoint(s) do not verify\n";
   return damaged > 0 ? 1 : 0;
+}
+
+// Runs a directory export; when it fails (a full disk, a permission), a directory it made is removed with what it
+// wrote — each file is written atomically, so a directory that was there keeps only whole files.
+template <class Write>
+void into_directory(const std::string& out, Write&& write) {
+  const bool existed = io::path_exists(out);
+  try {
+    write();
+  } catch (...) {
+    if (!existed) {
+      try {
+        io::remove_tree(out);
+      } catch (const std::runtime_error&) {
+        // the error below is what matters; the directory is reported by it
+      }
+    }
+    throw;
+  }
 }
 
 }  // namespace
@@ -96,7 +116,7 @@ int run_checkpoint_command(const std::vector<std::string>& args) {
         if (!peft.empty()) throw std::invalid_argument("--peft: '" + path + "' is not a shardtrain checkpoint");
         // Not ours: a distributed checkpoint, Accelerate's save_state, a pytorch_model.bin... (io::WeightFiles).
         if (!hf.empty()) {
-          export_hf_from_weights(path, hf, options, max_shard);
+          into_directory(hf, [&] { export_hf_from_weights(path, hf, options, max_shard); });
           return 0;
         }
         const io::WeightFiles files(path);
@@ -110,11 +130,11 @@ int run_checkpoint_command(const std::vector<std::string>& args) {
       path = *latest;
     }
     if (!hf.empty()) {
-      export_hf_directory(path, hf, options, max_shard);
+      into_directory(hf, [&] { export_hf_directory(path, hf, options, max_shard); });
       return 0;
     }
     if (!peft.empty()) {
-      export_peft_adapter(path, peft, options);
+      into_directory(peft, [&] { export_peft_adapter(path, peft, options); });
       return 0;
     }
     export_model_file(path, out, options);

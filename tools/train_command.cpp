@@ -39,6 +39,41 @@ std::string self_executable() {
   return std::string(path, static_cast<size_t>(n));
 }
 
+// Whether this process is one rank of a job a launcher started (`shardtrain launch`, torchrun, mpirun, srun). A
+// RANK and WORLD_SIZE that no launcher set (no LOCAL_RANK, no job id: a stray `RANK=0 WORLD_SIZE=1` left in a
+// shell) whose world is not launch.num_processes do not override the config: the workers are started, and get
+// their own.
+bool launched_as_a_worker(const config::Config& config) {
+  const dist::EnvLookup lookup = dist::process_env_lookup();
+  const dist::DistEnv env = dist::read_dist_env(lookup);
+  if (env.source == dist::EnvSource::NONE) return false;
+  if (env.source != dist::EnvSource::TORCHRUN || config.launch.num_processes <= 1 ||
+      env.world_size == config.launch.num_processes) {
+    return true;
+  }
+  for (const char* name : {"LOCAL_RANK", "SHARDTRAIN_JOB_ID", "TORCHELASTIC_RUN_ID"}) {
+    if (lookup(name).value_or("") != "") return true;
+  }
+  std::cerr << "shardtrain train: RANK=" << env.rank << " WORLD_SIZE=" << env.world_size
+            << " in the environment were not set by a launcher (no LOCAL_RANK, SHARDTRAIN_JOB_ID or "
+            << "TORCHELASTIC_RUN_ID beside them) and disagree with launch.num_processes: "
+            << config.launch.num_processes << "; starting " << config.launch.num_processes << " workers\n";
+  return false;
+}
+
+// An explicit train.batch_size the memory model predicts not to fit (RunPlan::over_budget), unless train.force. A
+// model the memory model cannot describe is left to the run.
+void refuse_a_batch_that_cannot_fit(const config::Config& config) {
+  if (config.train.force || config.train.batch_size == config::kAutoBatch) return;
+  std::string over;
+  try {
+    over = train::plan_run(config).over_budget;
+  } catch (const std::invalid_argument&) {
+    return;
+  }
+  if (!over.empty()) throw std::invalid_argument(over);
+}
+
 }  // namespace
 
 int run_train_command(const std::vector<std::string>& args) {
@@ -53,18 +88,22 @@ int run_train_command(const std::vector<std::string>& args) {
   const bool dry_run = flags.count("--dry-run") > 0;
   const config::Config config = config::load_config(path, overrides);
   if (dry_run) {
-    std::cout << train::plan_run(config).text;
+    const train::RunPlan plan = train::plan_run(config);
+    std::cout << plan.text;
+    if (!plan.over_budget.empty()) std::cout << "warning: " << plan.over_budget << "\n";
     return 0;
   }
 
-  const bool under_launcher = dist::read_dist_env(dist::process_env_lookup()).source != dist::EnvSource::NONE;
+  const bool under_launcher = launched_as_a_worker(config);
   if (!under_launcher && config.launch.num_processes > 1) {
+    refuse_a_batch_that_cannot_fit(config);  // before any worker starts
     launch::LaunchOptions o;
     o.nnodes = static_cast<int>(config.launch.num_machines);
     o.nproc_per_node = static_cast<int>(config.launch.num_processes / config.launch.num_machines);
     o.node_rank = static_cast<int>(config.launch.machine_rank);
     o.master_addr = config.launch.main_process_ip;
     o.master_port = static_cast<int>(config.launch.main_process_port);
+    o.master_port_option = "launch.main_process_port";
     o.max_restarts = static_cast<int>(config.launch.max_restarts);
     o.rdzv_id = config.launch.rdzv_id;
     o.preempt_grace = std::chrono::milliseconds(static_cast<int64_t>(config.launch.preempt_grace * 1000.0));

@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <functional>
 #include <mutex>
 #include <stdexcept>
 
@@ -84,16 +85,92 @@ std::map<std::string, int64_t> optimizer_steps(const CheckpointModel& model) {
 c10::impl::GenericDict new_dict() { return c10::impl::GenericDict(c10::StringType::get(), c10::AnyType::get()); }
 
 
-// Rank r hashes the files at positions r, r + W, ... of the sorted listing (the page cache still holds what was just
-// written); the entries are gathered and sorted into one manifest, returned on every rank.
-Manifest describe_checkpoint(const std::string& dir, const TrainerState& state, const dist::Communicator& world) {
-  const std::vector<std::string> files = checkpoint_files(dir);
-  std::vector<std::string> share;
-  for (size_t i = static_cast<size_t>(world.rank()); i < files.size(); i += static_cast<size_t>(world.size())) {
-    share.push_back(files[i]);
+// How many of `t`'s values are NaN or Inf (0 for integer tensors).
+int64_t non_finite_count(const at::Tensor& t) {
+  if (!t.defined() || !t.is_floating_point() || t.numel() == 0) return 0;
+  return t.numel() - at::isfinite(t).sum().item<int64_t>();
+}
+
+std::string non_finite_text(const std::string& name, int64_t bad, int64_t numel) {
+  return "'" + name + "' holds " + std::to_string(bad) + " NaN or Inf values of " + std::to_string(numel);
+}
+
+// The first tensor inside `value` (dicts, lists and tuples walked, a dict's key naming its value) that holds NaN or
+// Inf, as non_finite_text says it; "" when none does.
+std::string first_non_finite(const c10::IValue& value, const std::string& name) {
+  if (value.isTensor()) {
+    const at::Tensor& t = value.toTensor();
+    const int64_t bad = non_finite_count(t);
+    return bad > 0 ? non_finite_text(name, bad, t.numel()) : "";
   }
+  if (value.isGenericDict()) {
+    for (const auto& item : value.toGenericDict()) {
+      const std::string key = item.key().isString() ? item.key().toStringRef() : name;
+      std::string found = first_non_finite(item.value(), key);
+      if (!found.empty()) return found;
+    }
+  } else if (value.isList()) {
+    for (const c10::IValue& item : value.toListRef()) {
+      std::string found = first_non_finite(item, name);
+      if (!found.empty()) return found;
+    }
+  } else if (value.isTuple()) {
+    for (const c10::IValue& item : value.toTupleRef().elements()) {
+      std::string found = first_non_finite(item, name);
+      if (!found.empty()) return found;
+    }
+  }
+  return "";
+}
+
+// The weights and optimizer state in the files at positions offset, offset + stride, ... of `dir`'s manifest-listed
+// files that hold NaN or Inf, named ("model/shard-0-of-2.pt: 'w' holds 3 NaN or Inf values of 64 (...)"); ""
+// when all are finite. The generators' states (rng-*.pt) are bytes, not values.
+std::string non_finite_values(const std::string& dir, int offset, int stride) {
+  const std::vector<std::string> files = checkpoint_files(dir);
+  for (size_t i = static_cast<size_t>(offset); i < files.size(); i += static_cast<size_t>(stride)) {
+    const std::string& rel = files[i];
+    const std::string path = dir + "/" + rel;
+    const auto ends_with = [&](const std::string& suffix) {
+      return rel.size() >= suffix.size() && rel.compare(rel.size() - suffix.size(), suffix.size(), suffix) == 0;
+    };
+    std::string found;
+    if (ends_with(".safetensors")) {
+      const io::SafetensorsReader reader(path);
+      for (const io::SafetensorsEntry& e : reader.entries()) {
+        const at::Tensor t = reader.read(e.name);
+        if (const int64_t bad = non_finite_count(t); bad > 0) {
+          found = non_finite_text(e.name, bad, t.numel());
+          break;
+        }
+      }
+    } else if (ends_with(".pt") && rel.rfind("rng-", 0) != 0) {
+      found = first_non_finite(io::load_pickle(path), rel);
+    }
+    if (!found.empty()) return rel + ": " + found + " (a diverged run's state)";
+  }
+  return "";
+}
+
+// Rank r hashes the files at positions r, r + W, ... of the sorted listing (the page cache still holds what was just
+// written); the entries are gathered and sorted into one manifest, returned on every rank. A file that cannot be
+// read fails it on every rank (dist::AgreedFailure).
+Manifest describe_checkpoint(const std::string& dir, const TrainerState& state, const dist::Communicator& world) {
   nlohmann::json mine = nlohmann::json::array();
-  for (const ManifestFile& f : describe_files(dir, share)) mine.push_back({f.path, f.size, f.xxh3});
+  std::string failed;
+  try {
+    const std::vector<std::string> files = checkpoint_files(dir);
+    std::vector<std::string> share;
+    for (size_t i = static_cast<size_t>(world.rank()); i < files.size(); i += static_cast<size_t>(world.size())) {
+      share.push_back(files[i]);
+    }
+    for (const ManifestFile& f : describe_files(dir, share)) mine.push_back({f.path, f.size, f.xxh3});
+  } catch (const std::runtime_error& e) {
+    failed = e.what();
+  }
+  if (const std::string first = dist::first_failure(world, dist::failure_text(world, failed)); !first.empty()) {
+    throw dist::AgreedFailure(first);
+  }
   Manifest m;
   m.run_id = state.run_id, m.step = state.step, m.world_size = world.size();
   m.config_hash = io::to_hex(io::checksum_bytes(state.config_yaml));
@@ -106,6 +183,58 @@ Manifest describe_checkpoint(const std::string& dir, const TrainerState& state, 
   return m;
 }
 
+// The first of this rank's parameters and optimizer state tensors that holds NaN or Inf ("'w::exp_avg' holds 3 NaN
+// or Inf values of 64"); "" when all are finite.
+std::string non_finite_state(const CheckpointModel& model) {
+  for (const auto& [name, p] : named_parameters(*model.root)) {
+    if (const int64_t bad = non_finite_count(p.detach()); bad > 0) return non_finite_text(name, bad, p.numel());
+  }
+  for (const auto& [key, tensors] : moments(model)) {
+    for (const auto& [name, t] : tensors) {
+      if (const int64_t bad = non_finite_count(t.tensor); bad > 0) {
+        return non_finite_text(name + "::" + key, bad, t.tensor.numel());
+      }
+    }
+  }
+  return "";
+}
+
+// One part of a save, done by the ranks `part` runs on, then agreed: when it failed on any rank, every rank removes
+// nothing but the leader removes the .partial directory, and all throw CheckpointWriteFailed with the first
+// failing rank's reason.
+class SaveSteps {
+ public:
+  SaveSteps(const dist::Communicator& world, std::string tmp, int64_t step)
+      : world_(world), tmp_(std::move(tmp)), step_(step) {}
+
+  void run(const std::function<void()>& part) const {
+    std::string first;
+    try {
+      part();
+    } catch (const dist::AgreedFailure& e) {  // the others threw it too
+      first = e.what();
+    } catch (const std::runtime_error& e) {
+      first = dist::first_failure(world_, dist::failure_text(world_, e.what()));
+    }
+    if (first.empty()) first = dist::first_failure(world_, "");  // a rank whose part failed waits for the verdict
+    if (first.empty()) return;
+    if (world_.rank() == 0) {
+      try {
+        io::remove_tree(tmp_);
+      } catch (const std::runtime_error&) {
+        // the .partial stays; the next save or prune removes it
+      }
+    }
+    throw CheckpointWriteFailed("the checkpoint of step " + std::to_string(step_) + " was not saved: " + first +
+                                " (its partial files were removed; earlier checkpoints are untouched)");
+  }
+
+ private:
+  const dist::Communicator& world_;
+  std::string tmp_;
+  int64_t step_;
+};
+
 }  // namespace
 
 std::string step_directory_name(int64_t step) {
@@ -116,39 +245,52 @@ std::string step_directory_name(int64_t step) {
 
 std::string save_checkpoint(const std::string& dir, const TrainerState& given, const CheckpointModel& model,
                             const dist::Communicator& world) {
+  // A diverged model is not saved where it would be taken for a good one (and let pruning remove a good one).
+  if (const std::string bad = dist::first_failure(world, dist::failure_text(world, non_finite_state(model)));
+      !bad.empty()) {
+    throw NonFiniteState("the checkpoint of step " + std::to_string(given.step) + " was not saved: " + bad);
+  }
   const std::string final_path = dir + "/" + step_directory_name(given.step);
   const std::string tmp = final_path + kPartial;
   const bool leader = world.rank() == 0;
-  if (leader) {
+  const SaveSteps steps(world, tmp, given.step);
+  steps.run([&] {
+    if (!leader) return;
+    if (io::path_exists(final_path)) {
+      const std::string owner = run_id_of(final_path);
+      if (owner != given.run_id) {
+        throw std::runtime_error(final_path + " is " + (owner.empty() ? "a checkpoint whose manifest does not read"
+                                                                       : "run " + owner + "'s checkpoint") +
+                                 ", not this run's (" + given.run_id + "): it is not replaced");
+      }
+    }
     io::make_directories(dir);
     io::remove_tree(tmp);  // a crashed attempt at the same step
     io::make_directories(tmp);
-  }
-  world.barrier().wait();
+  });
 
   TrainerState state = given;
   state.optimizer_steps = optimizer_steps(model);
   const fsdp::ParamStates states = moments(model);
-  if (model.sharded) {
-    fsdp::save_sharded_state_dict(model.root, tmp + "/model", states);
-  } else if (leader) {
-    auto dict = new_dict();
-    // On their device: io::save_pickle copies one storage at a time to the host as it writes.
-    for (const auto& [name, p] : named_parameters(*model.root)) dict.insert(name, p.detach());
-    for (const auto& b : model.root->named_buffers()) dict.insert(b.key(), b.value().detach());
-    for (const auto& [key, tensors] : states) {
-      for (const auto& [name, t] : tensors) dict.insert(name + "::" + key, t.tensor.detach());
+  if (model.sharded) steps.run([&] { fsdp::save_sharded_state_dict(model.root, tmp + "/model", states); });
+  steps.run([&] {
+    if (!model.sharded && leader) {
+      auto dict = new_dict();
+      // On their device: io::save_pickle copies one storage at a time to the host as it writes.
+      for (const auto& [name, p] : named_parameters(*model.root)) dict.insert(name, p.detach());
+      for (const auto& b : model.root->named_buffers()) dict.insert(b.key(), b.value().detach());
+      for (const auto& [key, tensors] : states) {
+        for (const auto& [name, t] : tensors) dict.insert(name + "::" + key, t.tensor.detach());
+      }
+      io::save_pickle(tmp + "/model.pt", dict);
     }
-    io::save_pickle(tmp + "/model.pt", dict);
-  }
-  {
     auto rng = new_dict();
     for (auto& [key, generator] : default_generators()) {
       std::lock_guard<std::mutex> lock(generator.mutex());
       rng.insert(key, generator.get_state());
     }
     io::save_pickle(rng_file(tmp, world.rank()), rng);
-  }
+  });
   if (!model.hf_names.empty()) {
     std::map<std::string, at::Tensor> full;
     if (model.sharded) {
@@ -157,23 +299,25 @@ std::string save_checkpoint(const std::string& dir, const TrainerState& given, c
       for (const auto& [name, p] : named_parameters(*model.root)) full[name] = p.detach().cpu();
       for (const auto& b : model.root->named_buffers()) full[b.key()] = b.value().detach().cpu();
     }
-    if (leader) {
+    steps.run([&] {
+      if (!leader) return;
       std::vector<std::pair<std::string, at::Tensor>> named;
       for (const auto& [ours, hf] : model.hf_names) named.emplace_back(hf, full.at(ours));
       io::write_safetensors(tmp + "/model.safetensors", named);
-    }
+    });
   }
-  world.barrier().wait();  // every rank's files are on disk
-  if (leader) io::write_file_atomic(tmp + "/trainer.json", to_bytes(trainer_state_json(state)));
-  world.barrier().wait();
-  const Manifest manifest = describe_checkpoint(tmp, state, world);  // collective
-  if (leader) {
+  steps.run([&] {
+    if (leader) io::write_file_atomic(tmp + "/trainer.json", to_bytes(trainer_state_json(state)));
+  });
+  Manifest manifest;
+  steps.run([&] { manifest = describe_checkpoint(tmp, state, world); });  // collective
+  steps.run([&] {
+    if (!leader) return;
     write_manifest(tmp, manifest);
     io::sync_path(tmp);
-    io::remove_tree(final_path);  // a checkpoint of this step from an earlier run of the same directory
+    io::remove_tree(final_path);  // this run's own checkpoint of the step (a resume from an older one redoes it)
     io::rename_durable(tmp, final_path);
-  }
-  world.barrier().wait();
+  });
   return final_path;
 }
 
@@ -186,19 +330,34 @@ TrainerState read_trainer_state(const std::string& path) {
   return parse_trainer_state(std::string(bytes.begin(), bytes.end()), file);
 }
 
+std::string verify_checkpoint_files(const std::string& path, int offset, int stride) {
+  std::string problem = verify_files(path, offset, stride);
+  if (!problem.empty()) return problem;
+  try {
+    return non_finite_values(path, offset, stride);
+  } catch (const std::runtime_error& e) {  // a file that verified by its bytes but does not read as what it is
+    return e.what();
+  }
+}
+
 std::string verify_checkpoint(const std::string& path, const dist::Communicator& world) {
-  const std::string mine = verify_files(path, world.rank(), world.size());
+  const std::string mine = verify_checkpoint_files(path, world.rank(), world.size());
   for (const std::string& problem : dist::all_gather_text(world, mine)) {
     if (!problem.empty()) return problem;  // the lowest rank's
   }
   return "";
 }
 
-TrainerState load_checkpoint(const std::string& path, const CheckpointModel& model, const dist::Communicator& world) {
+TrainerState load_checkpoint(const std::string& path, const CheckpointModel& model, const dist::Communicator& world,
+                             const std::function<void(const TrainerState&)>& accept) {
   const std::string problem = verify_checkpoint(path, world);
   if (!problem.empty()) throw CheckpointDamaged(path + " does not verify: " + problem);
   TrainerState state = read_trainer_state(path);
+  if (accept) accept(state);
   c10::AutoGradMode no_grad(false);
+  // The checkpoint's state replaces the optimizer's whole (a rollback's model had state for parameters that the
+  // checkpoint's may not).
+  model.optimizer->state().clear();
   // Optimizer state for every parameter that had some, filled from the files below.
   const auto params = named_parameters(*model.root);
   for (const auto& [name, steps] : state.optimizer_steps) {

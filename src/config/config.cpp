@@ -3,8 +3,11 @@
 
 #include <yaml-cpp/yaml.h>
 
+#include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <fstream>
+#include <optional>
 #include <regex>
 #include <sstream>
 
@@ -347,6 +350,12 @@ std::vector<Field> fields_of(Config& c) {
       field("train.stop_at", c.train.stop_at),
       field("train.eval_interval", c.train.eval_interval),
       field("train.eval_samples", c.train.eval_samples),
+      choice("train.on_nonfinite", c.train.on_nonfinite,
+             {{"stop", NonFinite::STOP}, {"skip", NonFinite::SKIP}, {"rollback", NonFinite::ROLLBACK}}),
+      field("train.max_skipped_steps", c.train.max_skipped_steps),
+      field("train.skip_window", c.train.skip_window),
+      field("train.max_rollbacks", c.train.max_rollbacks),
+      field("train.force", c.train.force),
       field("checkpoint.dir", c.checkpoint.dir),
       field("checkpoint.interval", c.checkpoint.interval),
       field("checkpoint.keep", c.checkpoint.keep),
@@ -355,6 +364,7 @@ std::vector<Field> fields_of(Config& c) {
       field("checkpoint.overwrite", c.checkpoint.overwrite),
       choice("checkpoint.state_dict_type", c.checkpoint.state_dict_type,
              {{"sharded", StateDictType::SHARDED}, {"full", StateDictType::FULL}}),
+      field("checkpoint.allow_changes", c.checkpoint.allow_changes),
       field("log.interval", c.log.interval),
       field("log.dir", c.log.dir),
       field("log.tensorboard", c.log.tensorboard),
@@ -631,6 +641,20 @@ void validate(const Config& c) {
           "0 or a step up to train.steps (" + num(c.train.steps) + ")");
   require(c.train.eval_interval >= 0, "train.eval_interval", num(c.train.eval_interval), "0 or positive");
   require(c.train.eval_samples >= 0, "train.eval_samples", num(c.train.eval_samples), "0 or positive");
+  require(c.train.max_skipped_steps >= 0, "train.max_skipped_steps", num(c.train.max_skipped_steps), "0 or positive");
+  require(c.train.skip_window >= 1, "train.skip_window", num(c.train.skip_window), "at least 1 step");
+  require(c.train.max_rollbacks >= 0, "train.max_rollbacks", num(c.train.max_rollbacks), "0 or positive");
+  {
+    const std::vector<std::string> keys = key_paths();
+    for (const std::string& key : c.checkpoint.allow_changes) {
+      const bool section = std::any_of(keys.begin(), keys.end(), [&](const std::string& k) {
+        return k.rfind(key + ".", 0) == 0;
+      });
+      require(key == "all" || section || std::find(keys.begin(), keys.end(), key) != keys.end(),
+              "checkpoint.allow_changes", "'" + key + "'",
+              "a key path, a section or all (closest key: " + closest_key(key, keys) + ")");
+    }
+  }
   require(c.model.dtype != Dtype::FLOAT16, "model.dtype", "'float16'",
           "float32 or bfloat16 (pure float16 would need loss scaling with float16 weights; for float16 compute keep "
           "float32 weights with parallel.mixed_precision: fp16)");
@@ -768,6 +792,82 @@ std::string to_string(OptimizerKind k) {
     if (value == k) return name;
   }
   return "?";
+}
+
+namespace {
+
+// A YAML value as one line of text, the same for equal values however they were written (block or flow, 0.9 or
+// 0.90000000000000002): numbers in the shortest form that reads back to the same double, lists as [a, b], maps as
+// {key: value} in key order.
+std::string canonical_text(const YAML::Node& node) {
+  if (node.IsScalar()) {
+    const std::string& s = node.Scalar();
+    try {
+      size_t used = 0;
+      const double v = std::stod(s, &used);
+      if (used == s.size() && std::isfinite(v)) {
+        char text[40];
+        for (int digits : {15, 16, 17}) {
+          std::snprintf(text, sizeof(text), "%.*g", digits, v);
+          if (std::stod(text) == v) break;
+        }
+        return text;
+      }
+    } catch (const std::exception&) {
+    }
+    return s;
+  }
+  if (node.IsSequence()) {
+    std::string out = "[";
+    for (size_t i = 0; i < node.size(); ++i) out += (i ? ", " : "") + canonical_text(node[i]);
+    return out + "]";
+  }
+  if (node.IsMap()) {
+    std::map<std::string, std::string> items;
+    for (const auto& item : node) items[item.first.as<std::string>()] = canonical_text(item.second);
+    std::string out = "{";
+    for (const auto& [k, v] : items) out += (out.size() > 1 ? ", " : "") + k + ": " + v;
+    return out + "}";
+  }
+  return "";
+}
+
+// The node at parts[i..] below `node` (["train", "steps"]); nullopt when one is missing. Handles are only
+// constructed, never assigned: yaml-cpp's assignment rebinds the node it refers to.
+std::optional<YAML::Node> node_at(const YAML::Node& node, const std::vector<std::string>& parts, size_t i = 0) {
+  if (i == parts.size()) return node;
+  if (!node.IsMap()) return std::nullopt;
+  const YAML::Node child = node[parts[i]];
+  if (!child) return std::nullopt;
+  return node_at(child, parts, i + 1);
+}
+
+std::vector<std::string> path_parts(const std::string& path) {
+  std::vector<std::string> parts;
+  std::stringstream in(path);
+  for (std::string part; std::getline(in, part, '.');) parts.push_back(part);
+  return parts;
+}
+
+}  // namespace
+
+std::vector<KeyChange> changed_keys(const std::string& before_yaml, const Config& after) {
+  YAML::Node before;
+  try {
+    before = YAML::Load(before_yaml);
+  } catch (const YAML::Exception& e) {
+    throw ConfigError("the earlier config does not read as YAML: " + e.msg);
+  }
+  Config now = after, defaults;
+  const std::vector<Field> now_fields = fields_of(now), default_fields = fields_of(defaults);
+  std::vector<KeyChange> out;
+  for (size_t i = 0; i < now_fields.size(); ++i) {
+    const std::string value = canonical_text(now_fields[i].get());
+    const std::optional<YAML::Node> old = node_at(before, path_parts(now_fields[i].path));
+    const std::string old_value = canonical_text(old ? *old : default_fields[i].get());
+    if (old_value != value) out.push_back({now_fields[i].path, old ? old_value : "(absent)", value});
+  }
+  return out;
 }
 
 }  // namespace shardtrain::config

@@ -8,6 +8,7 @@
 #include <exception>
 #include <map>
 #include <mutex>
+#include <set>
 #include <thread>
 
 #include "data/random.h"
@@ -117,6 +118,7 @@ struct Loader::Impl {
 
   mutable std::mutex stats_mutex;
   mutable LoaderStats stats;
+  mutable std::set<std::string> damaged_files;  // those already passed to options.on_damaged
 
   uint64_t kind_seed(SampleKind k) const { return hash_of(options.seed, 0x5eed0000 + static_cast<uint64_t>(k)); }
 
@@ -158,10 +160,18 @@ struct Loader::Impl {
     stats.truncated_tokens += tokens;
   }
 
-  void note_skip(const std::string& why) const {
-    std::lock_guard<std::mutex> lock(stats_mutex);
-    ++stats.skipped;
-    if (stats.first_errors.size() < kKeptErrors) stats.first_errors.push_back(why);
+  // A sample skipped as unusable: `key` ("shard-00003.tar:000123"; "" when not read yet) and why.
+  void note_skip(const std::string& key, const std::string& why) const {
+    const std::string text = key.empty() ? why : key + ": " + why;
+    const std::string file = key.substr(0, key.rfind(':'));
+    bool first_in_file = false;
+    {
+      std::lock_guard<std::mutex> lock(stats_mutex);
+      ++stats.skipped;
+      if (stats.first_errors.size() < kKeptErrors) stats.first_errors.push_back(text);
+      first_in_file = damaged_files.insert(file).second;
+    }
+    if (first_in_file && options.on_damaged) options.on_damaged(text);
   }
 
   at::Tensor image_tensor(const Image& decoded, bool codebook) const {
@@ -177,11 +187,13 @@ struct Loader::Impl {
     std::string last_error;
     for (int attempt = 0; attempt < kMaxReplacements; ++attempt, ++position) {
       Example ex;
+      std::string key;
       try {
         ex.sample = sample_at(kind, position);
         const auto p = static_cast<uint64_t>(position);
         const bool packed = kind == SampleKind::TEXT && o.packed;
         const RawSample raw = packed ? RawSample{} : source.read(ex.sample);  // a block reads its documents itself
+        key = raw.key;
         ex.label = raw.label, ex.score = raw.score, ex.label_set = raw.label_set;
         if (packed) {  // one full row of the stream (sequence id 0 on every token, special ones too)
           ex.text.ids = o.packed->block(ex.sample);
@@ -226,7 +238,7 @@ struct Loader::Impl {
       } catch (const Refused&) {
         throw;  // not a damaged sample: one the run cannot use
       } catch (const std::exception& e) {
-        note_skip(e.what());
+        note_skip(key, e.what());
         last_error = e.what();
       }
     }

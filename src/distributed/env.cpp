@@ -74,7 +74,7 @@ DistEnv read_torchrun(const EnvLookup& lookup) {
     check_port("MASTER_PORT", env.master_port);
   }
   env.restart_count = optional_int(lookup, "TORCHELASTIC_RESTART_COUNT").value_or(0);
-  if (env.rank == 0) env.master_listen_fd = optional_int(lookup, "SHARDTRAIN_MASTER_LISTEN_FD");
+  env.agent_store = lookup("TORCHELASTIC_USE_AGENT_STORE").value_or("") == "True";  // torchrun's spelling
   return env;
 }
 

@@ -110,7 +110,13 @@ HeartbeatOptions heartbeat_options_for(milliseconds timeout) {
 }
 
 Heartbeat::Heartbeat(const ProcessGroup& pg, HeartbeatOptions options, std::function<void(const std::string&)> on_stuck)
-    : rank_(pg.rank()), world_(pg.world_size()), options_(options), on_stuck_(std::move(on_stuck)) {
+    : rank_(pg.rank()),
+      world_(pg.world_size()),
+      store_host_(pg.env().agent_store ? "the launcher at " + pg.env().master_addr + ":" +
+                                             std::to_string(pg.env().master_port)
+                                       : "rank 0"),
+      options_(options),
+      on_stuck_(std::move(on_stuck)) {
   if (world_ == 1) return;
   store_ = std::make_shared<StoreThread>();
   store_->store = pg.impl_->store->clone();
@@ -178,7 +184,7 @@ void Heartbeat::watch() {
         return s.add(beat_key(watched), 0);
       }, options_.stale_after);
       if (!seen) {
-        on_stuck_("rank 0 is stuck: the job's store, which it serves, has not answered for " +
+        on_stuck_(store_host_ + " is stuck: the job's store, which it serves, has not answered for " +
                   seconds_text(options_.stale_after) + "; " + here());
         return;
       }
@@ -216,7 +222,7 @@ std::string Heartbeat::describe_ranks() const {
   } catch (const std::exception& e) {
     return std::string("unknown: the store is closed (") + e.what() + ")";
   }
-  if (!by_activity) return "unknown: the store on rank 0 does not answer (rank 0 is stuck)";
+  if (!by_activity) return "unknown: the store does not answer (" + store_host_ + " is stuck)";
   std::string out;
   for (const auto& [activity, ranks] : *by_activity) {
     if (!out.empty()) out += "; ";

@@ -14,6 +14,7 @@
 #include <cstdio>
 #include <stdexcept>
 #include <string>
+#include <thread>
 
 #include "distributed/backends.h"
 #include "distributed/communicator_impl.h"
@@ -61,15 +62,19 @@ std::string local_address_towards(const std::string& host, int port) {
   return out;
 }
 
-// Every rank's job id must be rank 0's: a worker of another job that reached this rendezvous (a wrong
-// --master-addr or port) stops here, before it takes part in anything.
+// The key under which the job's id waits in its store: set by `shardtrain launch` when it serves the store
+// (launch/agent_store.h), else by rank 0.
+constexpr const char* kJobIdKey = "shardtrain/job_id";
+
+// Every rank's job id must be the store's: a worker of another job that reached this rendezvous (a wrong
+// --master-addr or port) stops here, before it takes part in anything. A store that torchrun serves names no job.
 void check_same_job(c10d::Store& store, const DistEnv& env) {
-  const std::string key = "shardtrain/job_id";
-  if (env.rank == 0) {
-    store.set(key, std::vector<uint8_t>(env.job_id.begin(), env.job_id.end()));
+  if (!env.agent_store && env.rank == 0) {
+    store.set(kJobIdKey, std::vector<uint8_t>(env.job_id.begin(), env.job_id.end()));
     return;
   }
-  const std::vector<uint8_t> bytes = store.get(key);
+  if (env.agent_store && !store.check({kJobIdKey})) return;
+  const std::vector<uint8_t> bytes = store.get(kJobIdKey);
   const std::string theirs(bytes.begin(), bytes.end());
   if (theirs != env.job_id) {
     throw std::runtime_error("rank " + std::to_string(env.rank) + " is of job '" + env.job_id +
@@ -85,25 +90,83 @@ std::string seconds_text(std::chrono::milliseconds ms) {
   return text;
 }
 
-c10::intrusive_ptr<c10d::Store> connect_store(const DistEnv& env, std::chrono::milliseconds timeout) {
-  c10d::TCPStoreOptions options;
-  options.port = static_cast<std::uint16_t>(env.master_port);
-  options.isServer = env.rank == 0;
-  options.numWorkers = static_cast<std::size_t>(env.world_size);
-  options.waitWorkers = true;
-  options.timeout = timeout;
-  if (env.rank == 0 && env.master_listen_fd) options.masterListenFd = *env.master_listen_fd;
-  try {
-    return c10::make_intrusive<c10d::TCPStore>(env.master_addr, options);
-  } catch (const std::exception& e) {
-    const std::string role = env.rank == 0 ? "serving the rendezvous on port " + std::to_string(env.master_port) +
-                                                 " and waiting for " + std::to_string(env.world_size - 1) +
-                                                 " other rank(s)"
-                                           : "connecting to the rendezvous";
-    throw std::runtime_error("rendezvous failed on rank " + std::to_string(env.rank) + " of " +
-                             std::to_string(env.world_size) + " (" + role + ") at MASTER_ADDR:MASTER_PORT = " +
-                             env.master_addr + ":" + std::to_string(env.master_port) + " within " +
-                             seconds_text(timeout) + ": " + error_text(e));
+using Clock = std::chrono::steady_clock;
+
+std::string waited_text(Clock::time_point since, std::chrono::milliseconds timeout) {
+  const auto waited = std::chrono::duration_cast<std::chrono::seconds>(Clock::now() - since);
+  return std::to_string(waited.count()) + " s of " + seconds_text(timeout);
+}
+
+std::string where(const DistEnv& env) { return env.master_addr + ":" + std::to_string(env.master_port); }
+
+// The job's store: a client of the launcher's (agent_store), or rank 0 serving it. A client whose store does not
+// answer yet (node 0 not started) tries again every wait_note_interval, saying so, until `timeout`.
+c10::intrusive_ptr<c10d::Store> connect_store(const DistEnv& env, const ProcessGroupOptions& o) {
+  const bool serve = !env.agent_store && env.rank == 0;
+  const Clock::time_point start = Clock::now();
+  while (true) {
+    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(o.timeout - (Clock::now() - start));
+    c10d::TCPStoreOptions options;
+    options.port = static_cast<std::uint16_t>(env.master_port);
+    options.isServer = serve;
+    options.numWorkers = static_cast<std::size_t>(env.world_size);
+    options.waitWorkers = false;  // the arrival below waits, and says for whom
+    const std::chrono::milliseconds note_every = wait_note_interval(o.timeout);
+    const bool retry = !serve && o.waiting_note && left > note_every;
+    options.timeout = retry ? note_every : std::max(left, std::chrono::milliseconds(1));
+    try {
+      auto store = c10::make_intrusive<c10d::TCPStore>(env.master_addr, options);
+      store->setTimeout(o.timeout);  // every later wait on it (a peer's key) gets the whole timeout
+      return store;
+    } catch (const std::exception& e) {
+      if (retry) {
+        o.waiting_note("rank " + std::to_string(env.rank) + ": the rendezvous at " + where(env) +
+                       " does not answer yet (" + waited_text(start, o.timeout) + ")");
+        continue;
+      }
+      const std::string role = serve ? "serving the rendezvous on port " + std::to_string(env.master_port)
+                                     : "connecting to the rendezvous";
+      throw std::runtime_error("rendezvous failed on rank " + std::to_string(env.rank) + " of " +
+                               std::to_string(env.world_size) + " (" + role + ") at MASTER_ADDR:MASTER_PORT = " +
+                               where(env) + " within " + seconds_text(o.timeout) + ": " + error_text(e));
+    }
+  }
+}
+
+// Every rank says it arrived ("arrived/R": its host and pid) and waits for the others, saying every
+// wait_note_interval which ranks it waits for; std::runtime_error naming them after `timeout`.
+void wait_for_every_rank(c10d::Store& store, const DistEnv& env, const ProcessGroupOptions& o) {
+  char host[256] = {0};
+  ::gethostname(host, sizeof(host) - 1);
+  const std::string me = std::string(host) + " pid " + std::to_string(::getpid());
+  store.set("arrived/" + std::to_string(env.rank), std::vector<uint8_t>(me.begin(), me.end()));
+  store.add("arrived", 1);
+  const Clock::time_point start = Clock::now();
+  const std::chrono::milliseconds note_every = wait_note_interval(o.timeout);
+  Clock::time_point next_note = start + note_every;
+  auto missing = [&] {
+    std::vector<int> out;
+    for (int r = 0; r < env.world_size; ++r) {
+      if (!store.check({"arrived/" + std::to_string(r)})) out.push_back(r);
+    }
+    std::string text;
+    for (size_t i = 0; i < out.size() && i < 16; ++i) text += (i ? ", " : "") + std::to_string(out[i]);
+    if (out.size() > 16) text += " and " + std::to_string(out.size() - 16) + " more";
+    return (out.size() == 1 ? "rank " : "ranks ") + text;
+  };
+  while (store.add("arrived", 0) < env.world_size) {
+    const Clock::time_point now = Clock::now();
+    if (now - start >= o.timeout) {
+      throw std::runtime_error("rendezvous failed on rank " + std::to_string(env.rank) + " of " +
+                               std::to_string(env.world_size) + " at " + where(env) + ": " + missing() +
+                               " did not arrive within " + seconds_text(o.timeout));
+    }
+    if (o.waiting_note && now >= next_note) {
+      o.waiting_note("rank " + std::to_string(env.rank) + ": waiting at the rendezvous " + where(env) + " for " +
+                     missing() + " (" + waited_text(start, o.timeout) + ")");
+      next_note = now + note_every;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
   }
 }
 
@@ -139,6 +202,10 @@ std::shared_ptr<Communicator::Impl> make_group(const ProcessGroup::Impl& pg,
 
 }  // namespace
 
+std::chrono::milliseconds wait_note_interval(std::chrono::milliseconds timeout) {
+  return std::min<std::chrono::milliseconds>(std::chrono::seconds(30), timeout / 4);
+}
+
 ProcessGroup ProcessGroup::init(const DistEnv& env, const ProcessGroupOptions& options) {
   if (env.world_size < 1 || env.rank < 0 || env.rank >= env.world_size) {
     throw std::invalid_argument("ProcessGroup::init: rank " + std::to_string(env.rank) + " is not in [0, " +
@@ -160,8 +227,15 @@ ProcessGroup ProcessGroup::init(const DistEnv& env, const ProcessGroupOptions& o
       impl->gloo_hostname = local_address_towards(env.master_addr, env.master_port);
       if (impl->gloo_hostname.empty()) impl->gloo_hostname = this_hostname();
     }
-    impl->store = connect_store(env, options.timeout);
+    impl->store = connect_store(env, options);
     check_same_job(*impl->store, env);
+    // A store the launcher serves may outlive an attempt (torchrun's does across restarts): each attempt's keys
+    // are its own.
+    if (env.agent_store) {
+      impl->store = c10::make_intrusive<c10d::PrefixStore>("attempt" + std::to_string(env.restart_count),
+                                                           impl->store);
+    }
+    wait_for_every_rank(*impl->store, env, options);
     auto prefixed = c10::make_intrusive<c10d::PrefixStore>("world", impl->store);
     impl->world = Communicator(make_group(*impl, prefixed, all, env.rank, "world"));
   } else if (options.backend_at_world_one) {

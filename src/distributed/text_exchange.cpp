@@ -36,6 +36,19 @@ std::vector<std::string> all_gather_text(const Communicator& group, const std::s
   return out;
 }
 
+std::string first_failure(const Communicator& group, const std::string& text) {
+  if (group.size() == 1) return text;
+  for (const std::string& t : all_gather_text(group, text)) {
+    if (!t.empty()) return t;
+  }
+  return "";
+}
+
+std::string failure_text(const Communicator& group, const std::string& what) {
+  if (what.empty()) return "";
+  return "rank " + std::to_string(group.global_ranks()[static_cast<size_t>(group.rank())]) + ": " + what;
+}
+
 std::string broadcast_text(const Communicator& group, const std::string& text, int root) {
   at::Tensor length = at::full({1}, static_cast<int64_t>(text.size()), on(group, at::kLong));
   group.broadcast(length, root).wait();

@@ -6,6 +6,7 @@
 #include <stdexcept>
 
 #include "fsdp/fsdp_unit.h"
+#include "shardtrain/distributed/text_exchange.h"
 #include "shardtrain/io/files.h"
 #include "shardtrain/io/pickle_files.h"
 #include "shardtrain/io/torch_state_dict.h"
@@ -33,6 +34,15 @@ struct Layout {
     shard_group->barrier().wait();
     const auto& replicate = units.front()->options.replicate_group;
     if (replicate) replicate->barrier().wait();
+  }
+
+  // As barrier(), agreeing on the first failure: `what` (this rank's error, "" for none) becomes "rank R: what",
+  // and every rank of the job returns the same first one, "" when none failed.
+  std::string agree(const std::string& what) const {
+    std::string first = dist::first_failure(*shard_group, dist::failure_text(*shard_group, what));
+    const auto& replicate = units.front()->options.replicate_group;
+    if (replicate) first = dist::first_failure(*replicate, first);
+    return first;
   }
 };
 
@@ -133,62 +143,77 @@ StatePart state_part(const FsdpParam& p, const optim::StateTensor& state, const 
   return {t, t.sizes().vec()};
 }
 
+// This rank's file of a sharded state dict: its rows of every unit's parameters and their states, and (shard 0)
+// everything held whole.
+void write_shard(const Layout& layout, const std::string& dir, const ParamStates& states, int64_t shard,
+                 int64_t count) {
+  io::make_directories(dir);
+  // The shards as they are, on their device: io::save_pickle writes each storage once (a unit's flat shard holds
+  // its parameters' real rows), a device one through one host copy at a time.
+  auto tensors = new_dict(), shapes = new_dict(), first_rows = new_dict();
+  for (const auto& unit : layout.units) {
+    for (const auto& p : unit->params) {
+      const std::string& name = layout.name_of(p);
+      tensors.insert(name, p.real_shard().detach());
+      shapes.insert(name, p.declared_shape());
+      first_rows.insert(name, p.shard_first_row());
+      for (const auto& [entry_name, state] : states_of(states, name)) {
+        const bool whole = state.split == optim::StateSplit::WHOLE;
+        if (whole && shard != 0) continue;  // equal on every rank: shard 0 writes it
+        const StatePart part = state_part(p, state, entry_name);
+        tensors.insert(entry_name, part.rows.detach());
+        shapes.insert(entry_name, part.shape);
+        first_rows.insert(entry_name, whole ? int64_t{0} : p.shard_first_row());
+      }
+    }
+  }
+  if (shard == 0) {
+    for (const auto& [name, t] : layout.whole) {
+      tensors.insert(name, t.detach());
+      shapes.insert(name, t.sizes().vec());
+      first_rows.insert(name, int64_t{0});
+      for (const auto& [entry_name, state] : states_of(states, name)) {
+        tensors.insert(entry_name, state.tensor.detach());
+        shapes.insert(entry_name, state.tensor.sizes().vec());
+        first_rows.insert(entry_name, int64_t{0});
+      }
+    }
+  }
+  auto file = new_dict();
+  file.insert("format", std::string(kShardedFormat));
+  file.insert("shard", shard);
+  file.insert("shard_count", count);
+  file.insert("tensors", tensors);
+  file.insert("shapes", shapes);
+  file.insert("first_rows", first_rows);
+  io::save_pickle(shard_file(dir, shard, count), file);
+}
+
 }  // namespace
 
 void save_sharded_state_dict(const std::shared_ptr<torch::nn::Module>& root, const std::string& dir,
                              const ParamStates& states) {
   const Layout layout = layout_of(root, "save_sharded_state_dict");
   const int64_t count = layout.shard_group->size(), shard = layout.shard_group->rank();
-  if (layout.writer) {
-    io::make_directories(dir);
-    // The shards as they are, on their device: io::save_pickle writes each storage once (a unit's flat shard holds
-    // its parameters' real rows), a device one through one host copy at a time.
-    auto tensors = new_dict(), shapes = new_dict(), first_rows = new_dict();
-    for (const auto& unit : layout.units) {
-      for (const auto& p : unit->params) {
-        const std::string& name = layout.name_of(p);
-        tensors.insert(name, p.real_shard().detach());
-        shapes.insert(name, p.declared_shape());
-        first_rows.insert(name, p.shard_first_row());
-        for (const auto& [entry_name, state] : states_of(states, name)) {
-          const bool whole = state.split == optim::StateSplit::WHOLE;
-          if (whole && shard != 0) continue;  // equal on every rank: shard 0 writes it
-          const StatePart part = state_part(p, state, entry_name);
-          tensors.insert(entry_name, part.rows.detach());
-          shapes.insert(entry_name, part.shape);
-          first_rows.insert(entry_name, whole ? int64_t{0} : p.shard_first_row());
-        }
-      }
-    }
-    if (shard == 0) {
-      for (const auto& [name, t] : layout.whole) {
-        tensors.insert(name, t.detach());
-        shapes.insert(name, t.sizes().vec());
-        first_rows.insert(name, int64_t{0});
-        for (const auto& [entry_name, state] : states_of(states, name)) {
-          tensors.insert(entry_name, state.tensor.detach());
-          shapes.insert(entry_name, state.tensor.sizes().vec());
-          first_rows.insert(entry_name, int64_t{0});
-        }
-      }
-    }
-    auto file = new_dict();
-    file.insert("format", std::string(kShardedFormat));
-    file.insert("shard", shard);
-    file.insert("shard_count", count);
-    file.insert("tensors", tensors);
-    file.insert("shapes", shapes);
-    file.insert("first_rows", first_rows);
-    io::save_pickle(shard_file(dir, shard, count), file);
+  std::string failed;  // this rank's write error; the ranks agree on the first before going on
+  try {
+    if (layout.writer) write_shard(layout, dir, states, shard, count);
+  } catch (const std::runtime_error& e) {
+    failed = e.what();
   }
-  layout.shard_group->barrier().wait();  // every shard is on disk before the metadata declares the directory whole
-  if (layout.writer && shard == 0) {
-    auto meta = new_dict();
-    meta.insert("format", std::string(kShardedFormat));
-    meta.insert("shard_count", count);
-    io::save_pickle(dir + "/metadata.pt", meta);
+  // Every shard is on disk before the metadata declares the directory whole.
+  if (const std::string first = layout.agree(failed); !first.empty()) throw dist::AgreedFailure(first);
+  try {
+    if (layout.writer && shard == 0) {
+      auto meta = new_dict();
+      meta.insert("format", std::string(kShardedFormat));
+      meta.insert("shard_count", count);
+      io::save_pickle(dir + "/metadata.pt", meta);
+    }
+  } catch (const std::runtime_error& e) {
+    failed = e.what();
   }
-  layout.barrier();
+  if (const std::string first = layout.agree(failed); !first.empty()) throw dist::AgreedFailure(first);
 }
 
 void load_sharded_state_dict(const std::shared_ptr<torch::nn::Module>& root, const std::string& dir,

@@ -59,9 +59,19 @@ void save_pickle(const std::string& path, const c10::IValue& value) {
   pickler.pushIValue(untyped(value));
   pickler.stop();
   AtomicFile file(path);
+  // The writer calls back from inside miniz and finishes the archive in its destructor, where an exception ends the
+  // process (std::terminate): a failed write (a full disk) is kept here, the rest of the archive is dropped, and the
+  // error is thrown once the writer is done with it.
+  std::string failed;
   try {
     caffe2::serialize::PyTorchStreamWriter writer([&](const void* bytes, size_t size) {
-      file.write(bytes, size);
+      if (failed.empty()) {
+        try {
+          file.write(bytes, size);
+        } catch (const std::exception& e) {
+          failed = e.what();
+        }
+      }
       return size;
     });
     torch::jit::writeArchiveAndTensors("data", program.data(), program.size(), pickler.tensorData(), writer);
@@ -69,6 +79,7 @@ void save_pickle(const std::string& path, const c10::IValue& value) {
   } catch (const c10::Error& e) {
     throw std::runtime_error("cannot write " + path + ": " + e.what_without_backtrace());
   }
+  if (!failed.empty()) throw std::runtime_error(failed);
   file.commit();
 }
 

@@ -22,6 +22,7 @@
 #include <string>
 #include <vector>
 
+#include "launch/agent_store.h"
 #include "launch/output_relay.h"
 #include "launch/worker.h"
 #include "shardtrain/launch/error_file.h"
@@ -96,7 +97,8 @@ class SignalPipe {
 // A bound, listening socket for the rendezvous. See [Note: launcher-owned rendezvous socket].
 class ListenSocket {
  public:
-  ListenSocket(const std::string& host, int port) {
+  // `port_option`: where the port came from, for the error ("--master-port", "launch.main_process_port").
+  ListenSocket(const std::string& host, int port, const std::string& port_option) {
     addrinfo hints{};
     hints.ai_family = AF_INET;
     hints.ai_socktype = SOCK_STREAM;
@@ -115,7 +117,7 @@ class ListenSocket {
       int err = errno;
       ::close(fd_);
       throw std::runtime_error("cannot listen on " + host + ":" + std::to_string(port) + " for the rendezvous: " +
-                               strerror(err) + (port != 0 ? " (choose another --master-port)" : ""));
+                               strerror(err) + (port != 0 ? " (choose another " + port_option + ")" : ""));
     }
     ::listen(fd_, 1024);
     socklen_t length = sizeof(address);
@@ -138,11 +140,15 @@ std::string error_file_of(const std::string& dir, int rank) {
   return dir + "/error-rank" + std::to_string(rank) + ".json";
 }
 
+// The variables the launcher sets for every worker (torchrun's), which replace any the environment already holds.
+constexpr const char* kLauncherVariables[] = {"RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK",
+                                              "GROUP_WORLD_SIZE", "ROLE_RANK", "ROLE_WORLD_SIZE", "MASTER_ADDR",
+                                              "MASTER_PORT"};
+
 // batch_limit: kAutoBatchLimitEnv for the workers (0: the environment's own, if any).
 std::vector<std::string> worker_environment(const LaunchOptions& o, int local_rank, const std::string& master_addr,
-                                            int master_port, int restart, std::optional<int> listen_fd,
-                                            const std::string& job_id, const std::string& error_dir,
-                                            int64_t batch_limit) {
+                                            int master_port, int restart, const std::string& job_id,
+                                            const std::string& error_dir, int64_t batch_limit) {
   const int world = o.nnodes * o.nproc_per_node;
   const int rank = o.node_rank * o.nproc_per_node + local_rank;
   std::map<std::string, std::string> vars;
@@ -151,18 +157,21 @@ std::vector<std::string> worker_environment(const LaunchOptions& o, int local_ra
     auto eq = entry.find('=');
     if (eq != std::string::npos) vars[entry.substr(0, eq)] = entry.substr(eq + 1);
   }
-  vars.erase("SHARDTRAIN_MASTER_LISTEN_FD");
   vars["RANK"] = std::to_string(rank);
   vars["WORLD_SIZE"] = std::to_string(world);
   vars["LOCAL_RANK"] = std::to_string(local_rank);
   vars["LOCAL_WORLD_SIZE"] = std::to_string(o.nproc_per_node);
   vars["GROUP_RANK"] = std::to_string(o.node_rank);
+  vars["GROUP_WORLD_SIZE"] = std::to_string(o.nnodes);
+  vars["ROLE_NAME"] = "default";
   vars["ROLE_RANK"] = std::to_string(rank);
   vars["ROLE_WORLD_SIZE"] = std::to_string(world);
   vars["MASTER_ADDR"] = master_addr;
   vars["MASTER_PORT"] = std::to_string(master_port);
   vars["TORCHELASTIC_RESTART_COUNT"] = std::to_string(restart);
   vars["TORCHELASTIC_MAX_RESTARTS"] = std::to_string(o.max_restarts);
+  vars["TORCHELASTIC_RUN_ID"] = job_id;
+  vars["TORCHELASTIC_USE_AGENT_STORE"] = "True";  // [Note: the launcher's store] (agent_store.h)
   vars["SHARDTRAIN_JOB_ID"] = job_id;
   vars["TORCHELASTIC_ERROR_FILE"] = error_file_of(error_dir, rank);
   if (batch_limit > 0) vars[kAutoBatchLimitEnv] = std::to_string(batch_limit);
@@ -174,7 +183,6 @@ std::vector<std::string> worker_environment(const LaunchOptions& o, int local_ra
   // Several workers on one node each running a full-width thread pool oversubscribe the cores (torchrun does the
   // same); a value the user set is kept.
   if (o.nproc_per_node > 1 && vars.count("OMP_NUM_THREADS") == 0) vars["OMP_NUM_THREADS"] = "1";
-  if (listen_fd && rank == 0) vars["SHARDTRAIN_MASTER_LISTEN_FD"] = std::to_string(*listen_fd);
   std::vector<std::string> env;
   for (const auto& [name, value] : vars) env.push_back(name + "=" + value);
   return env;
@@ -241,17 +249,15 @@ struct GroupResult {
 class WorkerGroup {
  public:
   WorkerGroup(const LaunchOptions& o, const std::string& master_addr, int master_port, int restart,
-              std::optional<int> listen_fd, const std::string& job_id, const std::string& error_dir,
-              int64_t batch_limit, SignalPipe& signals, StatusLine& status)
+              const std::string& job_id, const std::string& error_dir, int64_t batch_limit, SignalPipe& signals,
+              StatusLine& status)
       : options_(o), signals_(signals), error_dir_(error_dir), status_(status) {
     for (int local = 0; local < o.nproc_per_node; ++local) {
       WorkerSpec spec;
       spec.rank = o.node_rank * o.nproc_per_node + local;
       spec.command = o.command;
       ::unlink(error_file_of(error_dir, spec.rank).c_str());  // an earlier attempt's
-      spec.env = worker_environment(o, local, master_addr, master_port, restart, listen_fd, job_id, error_dir,
-                                    batch_limit);
-      if (spec.rank == 0) spec.inherit_fd = listen_fd;
+      spec.env = worker_environment(o, local, master_addr, master_port, restart, job_id, error_dir, batch_limit);
       workers_.push_back(std::make_unique<Worker>(spec));
       out_relays_.emplace_back(spec.rank, STDOUT_FILENO, status);
       err_relays_.emplace_back(spec.rank, STDERR_FILENO, status);
@@ -460,6 +466,17 @@ void check_node_capacity(const LaunchOptions& o) {
   }
 }
 
+// The launcher's variables that the environment already holds (a stray RANK=0 from an outer script): the workers
+// get the launcher's own, and the launcher says so.
+void say_replaced_variables() {
+  std::string found;
+  for (const char* name : kLauncherVariables) {
+    const char* value = std::getenv(name);
+    if (value != nullptr) found += std::string(found.empty() ? "" : " ") + name + "=" + value;
+  }
+  if (!found.empty()) say("the environment's " + found + " are not this launcher's: its workers get their own");
+}
+
 }  // namespace
 
 int run_launch(const LaunchOptions& options) {
@@ -468,21 +485,21 @@ int run_launch(const LaunchOptions& options) {
   const bool single_node = options.nnodes == 1;
   const std::string master_addr = options.master_addr.empty() ? "127.0.0.1" : options.master_addr;
   // [Note: launcher-owned rendezvous socket] On one node the launcher binds the rendezvous port itself (port 0 asks
-  // the kernel for a free one) on MASTER_ADDR, loopback by default, and hands the listening socket to rank 0,
-  // whose TCPStore serves on it (TCPStoreOptions::masterListenFd). No port is guessed, no other process can take
-  // it between choosing and using it, and nothing listens beyond loopback unless asked. Across nodes the launcher
-  // of node 0 does the same on MASTER_ADDR:MASTER_PORT (29500 by default): the rendezvous listens on the interface
-  // the other nodes were told, not on every interface as torchrun's does.
+  // the kernel for a free one) on MASTER_ADDR, loopback by default, and serves the job's store on it
+  // (agent_store.h). No port is guessed, no other process can take it between choosing and using it, and nothing
+  // listens beyond loopback unless asked. Across nodes the launcher of node 0 does the same on
+  // MASTER_ADDR:MASTER_PORT (29500 by default): the rendezvous listens on the interface the other nodes were told,
+  // not on every interface as torchrun's does.
   std::unique_ptr<ListenSocket> listen_socket;
   int master_port = options.master_port != 0 ? options.master_port : 29500;
   if (single_node || options.node_rank == 0) {
-    listen_socket = std::make_unique<ListenSocket>(master_addr, single_node ? options.master_port : master_port);
+    listen_socket = std::make_unique<ListenSocket>(master_addr, single_node ? options.master_port : master_port,
+                                                   options.master_port_option);
     master_port = listen_socket->port();
   }
-  std::optional<int> listen_fd;
-  if (listen_socket) listen_fd = listen_socket->fd();
 
   const std::string job_id = job_id_of(options);
+  say_replaced_variables();
 
   const ErrorDirectory errors;
   StatusLine status;
@@ -492,8 +509,11 @@ int run_launch(const LaunchOptions& options) {
   for (int attempt = 0;; ++attempt) {
     GroupResult result;
     {
-      WorkerGroup group(options, master_addr, master_port, attempt, listen_fd, job_id, errors.path, batch_limit,
-                        signals, status);
+      // A fresh store for each attempt, before its workers start and until they are gone.
+      std::unique_ptr<AgentStore> store;
+      if (listen_socket) store = std::make_unique<AgentStore>(listen_socket->fd(), master_addr, master_port, job_id);
+      WorkerGroup group(options, master_addr, master_port, attempt, job_id, errors.path, batch_limit, signals,
+                        status);
       result = group.supervise();
     }
     if (result.end == GroupEnd::OUT_OF_MEMORY && batch_retries < kMaxBatchRetries) {

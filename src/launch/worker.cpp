@@ -58,10 +58,6 @@ Worker::Worker(const WorkerSpec& spec) : rank_(spec.rank) {
     sigset_t none;
     sigemptyset(&none);
     ::sigprocmask(SIG_SETMASK, &none, nullptr);
-    if (spec.inherit_fd) {
-      int flags = ::fcntl(*spec.inherit_fd, F_GETFD);
-      if (flags >= 0) ::fcntl(*spec.inherit_fd, F_SETFD, flags & ~FD_CLOEXEC);
-    }
     ::execvpe(argv[0], argv.data(), envp.data());
     const char* reason = std::strerror(errno);
     write_all(STDERR_FILENO, exec_error.data(), exec_error.size());

@@ -27,7 +27,6 @@ struct WorkerSpec {
   int rank = 0;
   std::vector<std::string> command;  // argv; argv[0] is looked up on PATH
   std::vector<std::string> env;      // full environment, "NAME=value"
-  std::optional<int> inherit_fd;     // a descriptor the worker keeps open across exec (rank 0's listen socket)
 };
 
 class Worker {

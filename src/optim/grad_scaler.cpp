@@ -72,6 +72,13 @@ bool GradScaler::step(torch::optim::Optimizer& optimizer) {
   return true;
 }
 
+void GradScaler::skip_step() {
+  if (stage_ == Stage::STEPPED) throw std::logic_error("GradScaler::skip_step: called after step(); call update()");
+  stage_ = Stage::STEPPED;
+  found_inf_ = true;
+  ++skipped_steps_;
+}
+
 void GradScaler::update() {
   if (stage_ != Stage::STEPPED) throw std::logic_error("GradScaler::update: no step() since the last update");
   if (found_inf_) {

@@ -20,7 +20,10 @@ struct StepTotals {
   double loss = 0;                      // mean over the micro-batches
   std::map<std::string, double> parts;  // each loss the micro-batches reported, mean over them
   double grad_norm = 0;                 // before clipping
-  bool stepped = true;                  // false: float16 gradients overflowed and the step was skipped
+  bool stepped = true;                  // false: the update was skipped (below, or float16 gradients overflowed)
+  // What was not finite when the step was skipped for it, the same on every rank ("non-finite loss on rank 1",
+  // "grad_norm inf"); empty for a finite step.
+  std::string nonfinite;
   int64_t texts = 0, images = 0;        // items as the FLAVA post counts them
   double flops = 0;                     // model FLOPs (ModelRecipe::training_flops)
   double seconds = 0;                   // wall time of the step

@@ -259,6 +259,10 @@ void MetricsLog::message(const std::string& line) {
   if (leader_) logger_.info(line);  // the sink keeps the bar below it
 }
 
+void MetricsLog::warning(const std::string& line) {
+  if (leader_) logger_.warning(line);
+}
+
 void MetricsLog::finish() {
   if (leader_ && bar_) logger_.status("");
 }

@@ -40,6 +40,7 @@ class MetricsLog {
   void record(const IntervalMetrics& m);      // every log interval
   void record_eval(int64_t step, const std::map<std::string, double>& values);
   void message(const std::string& line);      // a line of its own (above the bar)
+  void warning(const std::string& line);      // the same at warning level
   void finish();
 
  private:

@@ -1,9 +1,11 @@
 #include "train/run_checkpoint.h"
 
+#include <functional>
 #include <stdexcept>
 
 #include "shardtrain/distributed/text_exchange.h"
 #include "shardtrain/io/files.h"
+#include "train/resume_check.h"
 #include "util/random_id.h"
 
 namespace shardtrain::train {
@@ -46,43 +48,79 @@ std::string new_run_id(const dist::DistEnv& env, const dist::Communicator& world
   return dist::broadcast_text(world, env.job_id.empty() ? util::random_id() : env.job_id, 0);
 }
 
+// A checkpoint loaded, and where.
+struct Loaded {
+  std::string path;
+  ckpt::TrainerState state;
+};
+
+// Loads the newest checkpoint of `candidates` (oldest first) that verifies and that `accept` does not refuse (it
+// throws); the skipped ones are logged as `doing`'s, and their reasons added to `why`. nullopt when none verifies.
+// Collective.
+std::optional<Loaded> load_newest(const std::string& doing, const std::vector<std::string>& candidates,
+                                  const ckpt::CheckpointModel& model,
+                                  optim::GradScaler* scaler, const dist::Communicator& world,
+                                  const log::Logger& logger, const std::function<void(const ckpt::TrainerState&)>& accept,
+                                  std::string& why) {
+  for (auto it = candidates.rbegin(); it != candidates.rend(); ++it) {
+    try {
+      Loaded loaded{*it, ckpt::load_checkpoint(*it, model, world, accept)};
+      if (scaler && loaded.state.loss_scale > 0) {
+        scaler->load_state(loaded.state.loss_scale, loaded.state.loss_scale_growth_tracker);
+      }
+      return loaded;
+    } catch (const ckpt::CheckpointDamaged& e) {
+      logger.warning(doing + ": skipped: " + e.what());
+      why += std::string("\n  ") + e.what();
+    }
+  }
+  return std::nullopt;
+}
+
 // Loads the newest checkpoint of `candidates` (oldest first) that verifies; the skipped ones are logged. nullopt
-// when there are none; throws std::invalid_argument when none verifies.
+// when there are none; throws std::invalid_argument when none verifies, or when the newest that verifies was
+// trained with a config that differs in a way the run may not (resume_check.h).
 std::optional<RunPosition> resume_newest(const config::Config& c, const std::vector<std::string>& candidates,
                                          const ckpt::CheckpointModel& model, optim::GradScaler* scaler,
-                                         const dist::Communicator& world, const log::Logger& logger) {
+                                         const dist::Communicator& world, const log::Logger& logger,
+                                         bool auto_batch) {
   if (candidates.empty()) return std::nullopt;
+  ResumeChanges changes;
+  const auto accept = [&](const ckpt::TrainerState& s) {
+    if (s.config_yaml.empty()) {  // written without its config: the flavor at least
+      if (s.flavor != c.model.flavor) {
+        throw std::invalid_argument("checkpoint.resume: a checkpoint of " + s.flavor + ", the config trains " +
+                                    c.model.flavor);
+      }
+      return;
+    }
+    changes = check_resume(s.config_yaml, c, "the checkpoint of step " + std::to_string(s.step), auto_batch);
+  };
   std::string why;
-  for (auto it = candidates.rbegin(); it != candidates.rend(); ++it) {
-    ckpt::TrainerState s;
-    try {
-      s = ckpt::load_checkpoint(*it, model, world);
-    } catch (const ckpt::CheckpointDamaged& e) {
-      logger.warning(std::string("checkpoint.resume: skipped: ") + e.what());
-      why += std::string("\n  ") + e.what();
-      continue;
-    }
-    if (s.flavor != c.model.flavor) {
-      throw std::invalid_argument("checkpoint.resume: " + *it + " is of " + s.flavor + ", the config trains " +
-                                  c.model.flavor);
-    }
-    if (scaler && s.loss_scale > 0) scaler->load_state(s.loss_scale, s.loss_scale_growth_tracker);
-    logger.info("resumed from " + *it + " at step " + std::to_string(s.step) +
-                (s.world_size == world.size() ? "" : " (another world size: RNG not restored)"));
-    RunPosition at;
-    at.step = s.step;
-    at.loader.step = s.loader_step, at.loader.consumed = s.loader_consumed;
-    at.run_id = s.run_id;
-    return at;
+  const std::optional<Loaded> loaded = load_newest("checkpoint.resume", candidates, model, scaler, world, logger, accept, why);
+  if (!loaded) {
+    throw std::invalid_argument("checkpoint.resume: none of the " + count_of(candidates.size()) + " in '" +
+                                c.checkpoint.dir + "' verifies (`shardtrain checkpoint verify` checks them):" + why);
   }
-  throw std::invalid_argument("checkpoint.resume: none of the " + count_of(candidates.size()) + " in '" +
-                              c.checkpoint.dir + "' verifies (`shardtrain checkpoint verify` checks them):" + why);
+  const ckpt::TrainerState& s = loaded->state;
+  logger.info("resumed from " + loaded->path + " at step " + std::to_string(s.step) +
+              (s.world_size == world.size() ? "" : " (another world size: RNG not restored)"));
+  if (!changes.allowed.empty()) {
+    logger.warning("resumed with changed settings (checkpoint.allow_changes): " + describe_changes(changes.allowed));
+  }
+  if (!changes.free.empty()) logger.info("  changed since the checkpoint: " + describe_changes(changes.free));
+  RunPosition at;
+  at.step = s.step;
+  at.loader.step = s.loader_step, at.loader.consumed = s.loader_consumed;
+  at.run_id = s.run_id;
+  return at;
 }
 
 }  // namespace
 
 RunPosition start_run(const config::Config& c, const ckpt::CheckpointModel& model, optim::GradScaler* scaler,
-                      const dist::Communicator& world, const dist::DistEnv& env, const log::Logger& logger) {
+                      const dist::Communicator& world, const dist::DistEnv& env, const log::Logger& logger,
+                      bool auto_batch) {
   const std::vector<std::string> all = ckpt::list_checkpoints(c.checkpoint.dir);
   Resume mode = c.checkpoint.resume;
   std::vector<std::string> candidates = all;
@@ -100,7 +138,7 @@ RunPosition start_run(const config::Config& c, const ckpt::CheckpointModel& mode
                                     : "resuming from its newest checkpoint"));
   }
   if (mode != Resume::NEVER) {
-    if (auto at = resume_newest(c, candidates, model, scaler, world, logger)) return *at;
+    if (auto at = resume_newest(c, candidates, model, scaler, world, logger, auto_batch)) return *at;
     if (mode == Resume::ALWAYS) {
       throw std::invalid_argument("checkpoint.resume: no checkpoint in '" + c.checkpoint.dir + "'");
     }
@@ -109,6 +147,19 @@ RunPosition start_run(const config::Config& c, const ckpt::CheckpointModel& mode
   RunPosition fresh;
   fresh.run_id = new_run_id(env, world);
   return fresh;
+}
+
+std::optional<RolledBack> roll_back(const config::Config& c, const std::string& run_id,
+                                    const ckpt::CheckpointModel& model, optim::GradScaler* scaler,
+                                    const dist::Communicator& world, const log::Logger& logger) {
+  std::vector<std::string> own;
+  for (const std::string& path : ckpt::list_checkpoints(c.checkpoint.dir)) {
+    if (ckpt::run_id_of(path) == run_id) own.push_back(path);
+  }
+  std::string why;
+  const std::optional<Loaded> loaded = load_newest("rollback", own, model, scaler, world, logger, {}, why);
+  if (!loaded) return std::nullopt;
+  return RolledBack{loaded->path, loaded->state.step};
 }
 
 std::string save_run(const config::Config& c, const RunPosition& at, const optim::GradScaler* scaler,

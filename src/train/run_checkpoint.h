@@ -2,6 +2,7 @@
 // data position, the float16 loss scale, the run id, and the config they came from.
 #pragma once
 
+#include <optional>
 #include <string>
 
 #include "shardtrain/ckpt/checkpoint.h"
@@ -27,10 +28,25 @@ struct RunPosition {
 //          std::invalid_argument saying what is there and the ways out, or with checkpoint.overwrite removes them.
 //          A restarted worker group resumes instead, from its own job's checkpoints (run id = env.job_id).
 // Checkpoints that do not verify are skipped, newest first, each named with the reason; when every one fails,
-// the run stops rather than start over beside them. A fresh run's id is the launcher's job id, or a random one;
-// rank 0's is everybody's. Restores the model, the optimizer and the scaler (when given). Collective.
+// the run stops rather than start over beside them. A checkpoint trained with another model, or other settings
+// that checkpoint.allow_changes does not allow, is refused before it loads, every change named (resume_check.h;
+// `auto_batch`: train.batch_size was auto). A fresh run's id is the launcher's job id, or a random one; rank 0's
+// is everybody's. Restores the model, the optimizer and the scaler (when given). The caller holds checkpoint.dir's
+// lock (checkpoint_lock.h). Collective.
 RunPosition start_run(const config::Config& config, const ckpt::CheckpointModel& model, optim::GradScaler* scaler,
-                      const dist::Communicator& world, const dist::DistEnv& env, const log::Logger& logger);
+                      const dist::Communicator& world, const dist::DistEnv& env, const log::Logger& logger,
+                      bool auto_batch);
+
+// train.on_nonfinite's rollback: loads the newest checkpoint of run `run_id` in checkpoint.dir that verifies (the
+// model, the optimizer, the loss scale), skipping damaged ones with a warning; nullopt when there is none. The data
+// stream stays where it is: the batches since the checkpoint are not trained on again. Collective.
+struct RolledBack {
+  std::string path;
+  int64_t step = 0;
+};
+std::optional<RolledBack> roll_back(const config::Config& config, const std::string& run_id,
+                                    const ckpt::CheckpointModel& model, optim::GradScaler* scaler,
+                                    const dist::Communicator& world, const log::Logger& logger);
 
 // Saves step `at.step` atomically into checkpoint.dir and prunes this run's to checkpoint.keep. Collective; returns
 // the path.

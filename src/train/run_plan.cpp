@@ -72,6 +72,31 @@ plan::TrainingJob job_of(const config::Config& c) {
   return job;
 }
 
+// The bytes one rank of `job` cannot go beyond, for an explicit batch: train.memory_limit, else train.memory_budget,
+// else the GPU's memory, else this machine's RAM shared by the ranks on it; 0 when unknown (no GPU to ask).
+int64_t hard_budget_of(const config::Config& c, const plan::TrainingJob& job, std::string& source) {
+  if (!c.train.memory_limit.empty()) {
+    source = "train.memory_limit";
+    return plan::parse_memory_size(c.train.memory_limit);
+  }
+  if (!c.train.memory_budget.empty()) {
+    source = "train.memory_budget";
+    return plan::parse_memory_size(c.train.memory_budget);
+  }
+  if (c.train.device == "cuda") {
+    source = "the GPU's memory";
+    try {
+      return memory::cuda_total_memory(0);
+    } catch (const std::exception&) {
+      return 0;  // the run itself says there is no GPU
+    }
+  }
+  const int64_t ram = static_cast<int64_t>(::sysconf(_SC_PHYS_PAGES)) * static_cast<int64_t>(::sysconf(_SC_PAGESIZE));
+  const int64_t ranks_here = std::max<int64_t>(1, job.world / job.nodes);
+  source = "this machine's RAM shared by " + std::to_string(ranks_here) + " rank" + (ranks_here == 1 ? "" : "s");
+  return ram / ranks_here;
+}
+
 // Bytes one rank may use: train.memory_budget, else train.memory_limit, else the GPU's memory, else half of this
 // machine's RAM shared by the ranks on it.
 int64_t budget_of(const config::Config& c, const plan::TrainingJob& job, std::string& source) {
@@ -107,7 +132,7 @@ std::string gib(int64_t bytes) {
 }  // namespace
 
 RunPlan plan_run(const config::Config& config, int64_t auto_batch_limit) {
-  RunPlan out{config, "", 0, "", ""};
+  RunPlan out{config, "", 0, "", "", ""};
   const RunLabels labels = run_labels(config);
   const auto recipe = models::with_lora(
       models::recipe_for_task(models::recipe_of_model(config.model.flavor, config.model.overrides), config.model.task,
@@ -139,6 +164,23 @@ RunPlan plan_run(const config::Config& config, int64_t auto_batch_limit) {
                                   : "the largest whose " + fitting) + "\n";
   }
   const plan::MemoryEstimate e = plan::estimate_training_memory(*recipe, shape, job);
+  if (config.train.batch_size != config::kAutoBatch) {
+    std::string source;
+    const int64_t budget = hard_budget_of(config, job, source);
+    if (budget > 0 && e.peak_bytes > budget) {
+      plan::Cluster cluster;
+      cluster.gpu_memory = budget, cluster.memory_margin = 0;
+      cluster.max_batch = config.train.batch_size;  // it does not fit: the answer is below it
+      const int64_t fits = plan::largest_batch(*recipe, shape, job, cluster);
+      out.over_budget = "train.batch_size: " + std::to_string(config.train.batch_size) + " per rank is predicted to " +
+                        "need " + gib(e.peak_bytes) + " per rank (" + e.peak_phase + "), above " + gib(budget) +
+                        " (" + source + "); " +
+                        (fits > 0 ? "the largest batch that fits is " + std::to_string(fits)
+                                  : "not even one sample fits: shard over more ranks, checkpoint activations or "
+                                    "offload") +
+                        " (`shardtrain train CONFIG --dry-run` shows the terms; train.force: true starts anyway)";
+    }
+  }
   out.text += plan::format_estimate(config.model.flavor, job, e);
   out.json = plan::estimate_json(config.model.flavor, job, e);
   out.peak_bytes = e.peak_bytes, out.peak_phase = e.peak_phase;

@@ -5,6 +5,7 @@
 #include <torch/optim/sgd.h>
 
 #include <cmath>
+#include <cstdio>
 #include <regex>
 
 #include "shardtrain/optim/adafactor.h"
@@ -53,15 +54,38 @@ std::unique_ptr<torch::optim::OptimizerOptions> options_of(const config::OptimCo
   return std::make_unique<torch::optim::AdamWOptions>(adamw_options(o, weight_decay));
 }
 
-// Forward and backward of one of M micro-batches; adds its loss and parts, divided by M, to `totals`.
-void forward_backward(StepParts& p, const data::Batch& host_batch, double M, int64_t step, StepTotals& totals) {
+// "nan", "inf" or "-inf" (a NaN's sign means nothing).
+std::string value_text(double v) {
+  if (std::isnan(v)) return "nan";
+  char text[32];
+  std::snprintf(text, sizeof(text), "%g", v);
+  return text;
+}
+
+// The ranks whose loss was not finite this step ("rank 1", "ranks 1, 3", "every rank"); empty when none.
+// Collective over `world`: each rank marks its own slot of a W-element vector and the sum tells every rank which.
+std::string ranks_with_nonfinite_loss(bool mine, const dist::Communicator& world) {
+  if (world.size() == 1) return mine ? "rank 0" : "";
+  at::Tensor flags = at::zeros({world.size()}, at::dtype(at::kFloat));
+  if (mine) flags[world.rank()] = 1;
+  flags = flags.to(world.device());
+  world.all_reduce(flags, dist::ReduceOp::SUM).wait();
+  const at::Tensor host = flags.cpu();
+  std::string out;
+  int count = 0;
+  for (int r = 0; r < world.size(); ++r) {
+    if (host[r].item<float>() > 0) out += (count++ ? ", " : "") + std::to_string(r);
+  }
+  if (count == 0) return "";
+  return count == world.size() ? "every rank" : (count == 1 ? "rank " : "ranks ") + out;
+}
+
+// Forward and backward of one of M micro-batches; adds its loss and parts, divided by M, to `totals`. A loss that
+// is not finite still goes backward: the other ranks' backward waits in the same collectives.
+void forward_backward(StepParts& p, const data::Batch& host_batch, double M, StepTotals& totals) {
   const data::Batch b = host_batch.to(p.device, p.model.dtype());
   const models::Losses losses = p.task.compute_losses(*p.model.module(), b, p.seed);
   const double value = losses.total.detach().item<double>();
-  if (!std::isfinite(value)) {
-    throw std::runtime_error("the loss is " + std::to_string(value) + " at step " + std::to_string(step) + " (rank " +
-                             std::to_string(p.rank) + "); lower optim.lr or check the data");
-  }
   const at::Tensor share = losses.total / M;
   (p.scaler ? p.scaler->scale(share) : share).backward();
   totals.loss += value / M;
@@ -106,17 +130,27 @@ void set_learning_rate(torch::optim::Optimizer& optimizer, double lr) {
   for (auto& g : optimizer.param_groups()) g.options().set_lr(lr);
 }
 
-StepTotals train_step(StepParts& p, const config::Config& c, std::vector<data::Batch> batches, int64_t step) {
+StepTotals train_step(StepParts& p, const config::Config& c, std::vector<data::Batch> batches) {
   StepTotals totals;
   const double M = static_cast<double>(batches.size());
   for (size_t m = 0; m < batches.size(); ++m) {
     p.model.set_gradient_sync(m + 1 == batches.size() || c.train.sync_each_batch);
-    forward_backward(p, std::move(batches[m]), M, step, totals);
+    forward_backward(p, std::move(batches[m]), M, totals);
   }
+  // Every rank learns whose loss was not finite before anyone steps: one rank's NaN skips the step everywhere.
+  const std::string bad_ranks = ranks_with_nonfinite_loss(!std::isfinite(totals.loss), p.world);
   if (p.scaler) p.scaler->unscale(p.optimizer);  // clipping sees the true gradients
   const double max_norm = c.train.max_grad_norm > 0 ? c.train.max_grad_norm : INFINITY;
-  totals.grad_norm = p.model.clip_grad_norm(max_norm, p.optimizer.param_groups());
-  if (p.scaler) {
+  totals.grad_norm = p.model.clip_grad_norm(max_norm, p.optimizer.param_groups());  // the same on every rank
+  if (!bad_ranks.empty()) {
+    totals.nonfinite = "non-finite loss on " + bad_ranks;
+  } else if (!std::isfinite(totals.grad_norm) && !p.scaler) {  // float16: an overflow, the loss scaler's to skip
+    totals.nonfinite = "grad_norm " + value_text(totals.grad_norm);
+  }
+  if (!totals.nonfinite.empty()) {
+    totals.stepped = false;
+    if (p.scaler) p.scaler->skip_step(), p.scaler->update();
+  } else if (p.scaler) {
     totals.stepped = p.scaler->step(p.optimizer);
     p.scaler->update();
   } else {

@@ -1,6 +1,7 @@
 // One optimizer step of the loop (private to the train layer): each micro-batch's forward and backward (gradients
 // reduced on the last one only, unless train.sync_each_batch), float16 unscaling, clipping by the global norm, the
-// optimizer step (skipped on every rank when float16 gradients overflowed on any), zeroed gradients.
+// optimizer step — skipped on every rank when the loss on any rank or the gradient norm is not finite, or when
+// float16 gradients overflowed on any —, zeroed gradients.
 #pragma once
 
 #include <torch/optim/optimizer.h>
@@ -32,11 +33,12 @@ struct StepParts {
   optim::GradScaler* scaler;  // float16 only
   c10::Device device;
   uint64_t seed;              // the objective's own draws (T5's spans): train.seed and the rank
-  int rank;
+  const dist::Communicator& world;  // agrees on non-finite losses
 };
 
-// Trains on the micro-batches of step `step` (0-based); the caller times it (StepTotals::seconds). Throws
-// std::runtime_error when a loss is not finite, naming the step and the rank.
-StepTotals train_step(StepParts& parts, const config::Config& config, std::vector<data::Batch> batches, int64_t step);
+// Trains on the micro-batches of one step; the caller times it (StepTotals::seconds) and decides what a step that
+// was not finite (StepTotals::nonfinite, the same on every rank; nothing was updated) means for the run.
+// Collective over parts.world.
+StepTotals train_step(StepParts& parts, const config::Config& config, std::vector<data::Batch> batches);
 
 }  // namespace shardtrain::train

@@ -31,7 +31,9 @@
 #include "shardtrain/nn/activation_checkpoint.h"
 #include "shardtrain/plan/memory_size.h"
 #include "shardtrain/train/schedule.h"
+#include "train/checkpoint_lock.h"
 #include "train/metrics_log.h"
+#include "train/nonfinite_policy.h"
 #include "train/preemption.h"
 #include "train/run_checkpoint.h"
 #include "train/train_step.h"
@@ -78,9 +80,15 @@ at::Device device_of(const Config& c, const dist::DistEnv& env) {
   return dist::rank_device(c.train.device == "cuda", env, "train.device: 'cuda'");
 }
 
-dist::ProcessGroupOptions init_options(const Config& c, const at::Device& device, const dist::DistEnv& env) {
+// `sink`: where a rendezvous that waits for its peers says so (every rank: each waits for its own reasons).
+dist::ProcessGroupOptions init_options(const Config& c, const at::Device& device, const dist::DistEnv& env,
+                                       const std::shared_ptr<log::Sink>& sink = nullptr) {
   dist::ProcessGroupOptions init = dist::group_options_for(device, env);
   init.timeout = std::chrono::milliseconds(static_cast<int64_t>(c.parallel.timeout * 1000.0));
+  if (sink) {
+    const log::Logger logger(sink, env.rank);
+    init.waiting_note = [logger](const std::string& line) { logger.info_every_rank(line); };
+  }
   return init;
 }
 
@@ -116,7 +124,7 @@ struct Job {
   Job(const Config& c, std::shared_ptr<log::Sink> sink)
       : env(checked_env(c)),
         device(device_of(c, env)),
-        pg(dist::ProcessGroup::init(env, init_options(c, device, env))),
+        pg(dist::ProcessGroup::init(env, init_options(c, device, env, sink))),
         logger(std::move(sink), pg.world().rank(), {log_level_of(c.log.level)}),
         tokenizer(open_run_tokenizer(c)),
         recipe(checked_recipe(c, tokenizer.get())),
@@ -305,7 +313,7 @@ RunPlan predicted_plan(const Config& c) {
   try {
     return plan_run(c);
   } catch (const std::invalid_argument&) {
-    return RunPlan{c, "", 0, "", ""};
+    return RunPlan{c, "", 0, "", "", ""};
   }
 }
 
@@ -319,6 +327,12 @@ double peak_memory_gib(const at::Device& device) {
   return static_cast<double>(stats.peak_bytes) / (1024.0 * 1024.0 * 1024.0);
 }
 
+// The run ends after steps that were not finite (train.on_nonfinite): the message has the history.
+class NonFiniteStop : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
 // The loop's state from the first step to the last, and what it does at each.
 struct Loop {
   const Config& c;
@@ -331,6 +345,8 @@ struct Loop {
   RunPosition at;
   IntervalSums interval;
   TrainSummary summary;
+  NonFinitePolicy nonfinite;
+  bool save_due = false;  // a checkpoint due at a step that was not finite waits for the next finite one
   bool first_interval = true;
   // Seconds when the warm-up steps were done, until the time is estimated.
   std::optional<double> measuring_since = std::nullopt;
@@ -347,22 +363,71 @@ struct Loop {
       const double t0 = seconds_now();
       const double lr = learning_rate(c.optim, at.step, c.train.steps);
       set_learning_rate(parts.optimizer, lr);
-      StepTotals step = train_step(parts, c, data.loader->next_step(), at.step);
+      StepTotals step = train_step(parts, c, data.loader->next_step());
       step.seconds = seconds_now() - t0;
       ++at.step;
-      interval.add(step, at.step > warmup_until);
+      const bool finite = step.nonfinite.empty();
+      if (finite) interval.add(step, at.step > warmup_until);
       estimate_time(warmup_until);
       log.step_done(at.step, step.loss, peak_memory_gib(job.device));
+      if (!finite && !go_on_after(step.nonfinite, /*weights=*/false)) continue;  // rolled back
       if (due(at.step, c.log.interval, last_step())) log_interval(lr);
       if (data.eval_loader && due(at.step, c.train.eval_interval, last_step())) evaluate();
-      const bool saved = !c.checkpoint.dir.empty() && due(at.step, c.checkpoint.interval, last_step());
-      if (saved) save();
+      save_due = save_due || (!c.checkpoint.dir.empty() && due(at.step, c.checkpoint.interval, last_step()));
+      bool saved = false;
+      if (save_due && finite) {
+        saved = save();
+        if (!saved) continue;  // the weights were not finite: rolled back, or skipped until the next save
+        save_due = false;
+      }
       if (const int sig = preemption.agreed_signal(job.pg.world()); sig != 0 && at.step < last_step()) {
-        stop_for(sig, saved);
+        stop_for(sig, saved || !finite);
         break;
       }
     }
+    if (save_due) {
+      log.message("no checkpoint after step " + std::to_string(at.step) + ", which was not finite" +
+                  (summary.last_checkpoint.empty() ? "" : "; the newest is " + summary.last_checkpoint));
+    }
     log.finish();
+  }
+
+  // A step whose loss or gradient norm was not finite (`what`; its update was not applied), or after which the
+  // weights themselves were not (`weights`): skipped, rolled back to the newest verified checkpoint (false: the
+  // loop goes on from there), or the end of the run (throws).
+  bool go_on_after(const std::string& what, bool weights) {
+    const NonFinitePolicy::Action action = weights ? nonfinite.on_nonfinite_weights(at.step, what)
+                                                   : nonfinite.on_nonfinite(at.step, what);
+    const std::string head = "step " + std::to_string(at.step) + ": " + what;
+    if (action == NonFinitePolicy::Action::SKIP) {
+      log.warning(head + ": the update was skipped on every rank (" + std::to_string(nonfinite.skipped_in_window()) +
+                  " skipped within " + std::to_string(c.train.skip_window) + " steps; more than " +
+                  std::to_string(c.train.max_skipped_steps) + " roll back)");
+      return true;
+    }
+    if (action == NonFinitePolicy::Action::ROLLBACK && !c.checkpoint.dir.empty()) {
+      job.doing("rollback at step " + std::to_string(at.step));
+      const auto back = roll_back(c, at.run_id, checkpointed, parts.scaler, job.pg.world(), job.logger);
+      if (back) {
+        log.warning(head + ": rolled back to " + back->path + " (rollback " + std::to_string(nonfinite.rollbacks() + 1) +
+                    " of at most " + std::to_string(c.train.max_rollbacks) + "); the data of steps " +
+                    std::to_string(back->step + 1) + "-" + std::to_string(at.step) + " is skipped");
+        nonfinite.rolled_back(at.step, back->step);
+        at.step = back->step;
+        interval = IntervalSums{};
+        save_due = false;
+        return false;
+      }
+    }
+    const std::string why = action == NonFinitePolicy::Action::STOP
+                                ? (c.train.on_nonfinite == config::NonFinite::STOP
+                                       ? "train.on_nonfinite: stop"
+                                       : "after " + std::to_string(nonfinite.rollbacks()) + " rollback(s), the most " +
+                                             "train.max_rollbacks allows")
+                                : "no verified checkpoint of this run to roll back to";
+    throw NonFiniteStop(head + ": the run stops (" + why + "). Steps that were not finite: " +
+                             nonfinite.history() + ". Lower optim.lr, check the data, or resume from " +
+                             (summary.last_checkpoint.empty() ? "an earlier checkpoint" : summary.last_checkpoint));
   }
 
   // Once, a few steps after the warm-up: how long a step takes and how long the run will.
@@ -380,7 +445,8 @@ struct Loop {
     estimated = true;
   }
 
-  // SIGTERM/SIGINT reached a rank: every rank saves this step (unless it just did) and the run ends.
+  // SIGTERM/SIGINT reached a rank: every rank saves this step (unless it just did, or the step was not finite) and
+  // the run ends.
   void stop_for(int sig, bool saved) {
     if (!saved && !c.checkpoint.dir.empty()) save();
     summary.preempted_by = sig;
@@ -412,11 +478,19 @@ struct Loop {
     log.record_eval(at.step, values);
   }
 
-  void save() {
+  // Saves this step; false when the weights or optimizer state were not finite (nothing saved, and the run
+  // rolled back: go_on_after).
+  bool save() {
     job.doing("checkpoint at step " + std::to_string(at.step));
     at.loader = data.loader->state();
-    summary.last_checkpoint = save_run(c, at, parts.scaler, checkpointed, job.pg.world());
+    try {
+      summary.last_checkpoint = save_run(c, at, parts.scaler, checkpointed, job.pg.world());
+    } catch (const ckpt::NonFiniteState& e) {
+      go_on_after(e.what(), /*weights=*/true);
+      return false;
+    }
     log.message("checkpoint " + summary.last_checkpoint);
+    return true;
   }
 };
 
@@ -492,6 +566,7 @@ TrainSummary train_run(const Config& given, std::shared_ptr<log::Sink> sink, int
   const bool auto_batch = given.train.batch_size == config::kAutoBatch;
   if (auto_batch) batch_limit = agreed_batch_limit(batch_limit, job.pg.world());
   const RunPlan plan = auto_batch ? plan_run(given, batch_limit) : predicted_plan(given);
+  if (!plan.over_budget.empty() && !given.train.force) throw std::invalid_argument(plan.over_budget);
   const Config& c = plan.config;
   job.task->check_batch_size(c.train.batch_size, job.pg.world().size());
   if (auto_batch) job.logger.info(plan.text.substr(0, plan.text.find('\n')));
@@ -524,7 +599,10 @@ TrainSummary train_run(const Config& given, std::shared_ptr<log::Sink> sink, int
   if (c.parallel.mixed_precision == config::Precision::FP16) scaler.emplace(optim::GradScalerOptions{}, world);
   // Watched from before the resume: a signal during start-up stops the run after its first step.
   const PreemptionWatch preemption;
-  const RunPosition start = start_run(c, checkpointed, scaler ? &*scaler : nullptr, world, job.env, job.logger);
+  CheckpointLock lock(c.checkpoint.dir, world, job.logger);  // held until the run ends
+  const RunPosition start =
+      start_run(c, checkpointed, scaler ? &*scaler : nullptr, world, job.env, job.logger, auto_batch);
+  lock.set_run(start.run_id);
   start_loading(data, start.loader);
 
   const double peak_tflops = c.log.peak_tflops > 0 ? c.log.peak_tflops : measure_peak_tflops(job.device);
@@ -533,8 +611,8 @@ TrainSummary train_run(const Config& given, std::shared_ptr<log::Sink> sink, int
   describe_start(c, job, model, peak_tflops, data, plan);
   const uint64_t objective_seed = static_cast<uint64_t>(c.train.seed) ^ static_cast<uint64_t>(world.rank()) << 32;
   Loop loop{c, job, StepParts{model, *job.recipe, *job.task, *optimizer, scaler ? &*scaler : nullptr, job.device,
-                              objective_seed, world.rank()},
-            data, log, checkpointed, peak_tflops, start, {}, {}};
+                              objective_seed, world},
+            data, log, checkpointed, peak_tflops, start, {}, {}, NonFinitePolicy(c.train)};
   loop.summary.start_step = start.step;
   try {
     loop.run(preemption);
@@ -550,6 +628,10 @@ TrainSummary train_run(const Config& given, std::shared_ptr<log::Sink> sink, int
                                    std::to_string(c.train.batch_size) + " per rank (" +
                                    what.substr(0, what.find('\n')) + "); retrying at " + std::to_string(retry),
                                retry);
+  } catch (const NonFiniteStop&) {
+    throw;
+  } catch (const ckpt::CheckpointWriteFailed&) {
+    throw;
   } catch (const std::runtime_error& e) {  // a collective that timed out names the waiting rank: add the others
     if (!job.heartbeat) throw;
     throw std::runtime_error(std::string(e.what()) + " (what the ranks last said: " + job.heartbeat->describe_ranks() +

@@ -189,6 +189,10 @@ TrainingData open_training_data(const Config& c, const models::Task& task,
                                 task.name());
   }
   d.options = loader_options(c, flavor, needs, std::move(tokenizer), rank, world_size);
+  d.options.on_damaged = [logger, rank](const std::string& what) {
+    logger.warning_every_rank("rank " + std::to_string(rank) + ": damaged data: " + what +
+                              " (skipped and replaced by the next sample; the run's end counts them all)");
+  };
   if (c.data.packing) {
     const auto& text = d.sources[static_cast<size_t>(data::SampleKind::TEXT)];
     if (!text) throw std::invalid_argument("data.packing: true packs data.text, and the config gives none");

@@ -320,20 +320,21 @@ TEST_F(LauncherTest, WorkersGetTorchrunEnvironment) {
   if (std::getenv("OMP_NUM_THREADS") == nullptr) {
     EXPECT_TRUE(contains(r.out, "[rank0]: OMP_NUM_THREADS=1\n")) << r.out;
   }
-  // Only rank 0 gets the launcher's listening socket.
-  EXPECT_FALSE(contains(r.out, "[rank0]: SHARDTRAIN_MASTER_LISTEN_FD=<unset>")) << r.out;
-  EXPECT_TRUE(contains(r.out, "[rank1]: SHARDTRAIN_MASTER_LISTEN_FD=<unset>")) << r.out;
-  // One job id for every worker: 16 hex digits.
+  // The launcher serves the store; every worker is its client, as under torchrun.
+  EXPECT_TRUE(contains(r.out, "[rank0]: TORCHELASTIC_USE_AGENT_STORE=True\n")) << r.out;
+  EXPECT_TRUE(contains(r.out, "[rank1]: TORCHELASTIC_USE_AGENT_STORE=True\n")) << r.out;
+  // One job id for every worker: 16 hex digits, also torchrun's run id.
   const size_t at = r.out.find("[rank0]: SHARDTRAIN_JOB_ID=");
   ASSERT_NE(at, std::string::npos) << r.out;
   const std::string id = r.out.substr(at + 27, 16);
   EXPECT_EQ(id.find_first_not_of("0123456789abcdef"), std::string::npos) << id;
   EXPECT_TRUE(contains(r.out, "[rank1]: SHARDTRAIN_JOB_ID=" + id + "\n")) << r.out;
+  EXPECT_TRUE(contains(r.out, "[rank1]: TORCHELASTIC_RUN_ID=" + id + "\n")) << r.out;
   EXPECT_FALSE(contains(r.out, "MASTER_PORT=0\n")) << "a free port must have been chosen: " << r.out;
 }
 
 TEST_F(LauncherTest, TwoNodesOnOneMachine) {
-  // Two launchers, one per "node", rendezvous at 127.0.0.1 on a port rank 0's TCPStore binds itself (the
+  // Two launchers, one per "node", rendezvous at 127.0.0.1 on a port node 0's launcher binds and serves (the
   // multi-node path), forming one world of 4.
   const int port = shardtrain::testing::free_loopback_port();
   std::vector<pid_t> launchers;
@@ -379,6 +380,63 @@ TEST_F(LauncherTest, AnotherJobsWorkersCannotJoin) {
   const int status = std::system(("env -u SLURM_JOB_ID -u SHARDTRAIN_JOB_ID " + command).c_str());
   EXPECT_EQ(WEXITSTATUS(status), 2);
   EXPECT_TRUE(contains(read_file(dir_ / "err.txt"), "--nnodes 2 needs --rdzv-id ID")) << read_file(dir_ / "err.txt");
+}
+
+// Variables of the launcher's that the environment already holds (a stray RANK=0 WORLD_SIZE=1) are replaced for
+// the workers, and the launcher says so.
+TEST_F(LauncherTest, StrayLauncherVariablesAreReplacedAndSaid) {
+  const std::string command = "RANK=0 WORLD_SIZE=1 '" + std::string(SHARDTRAIN_BIN) + "' launch --nproc-per-node 2 -- '" +
+                              PROBE_WORKER_BIN + "' " + dir_.string() + " env >" + (dir_ / "out.txt").string() +
+                              " 2>" + (dir_ / "err.txt").string();
+  ASSERT_EQ(std::system(command.c_str()), 0) << read_file(dir_ / "err.txt");
+  const std::string out = read_file(dir_ / "out.txt"), err = read_file(dir_ / "err.txt");
+  EXPECT_TRUE(contains(err, "the environment's RANK=0 WORLD_SIZE=1 are not this launcher's: its workers get their "
+                            "own")) << err;
+  EXPECT_TRUE(contains(out, "[rank1]: RANK=1\n")) << out;
+  EXPECT_TRUE(contains(out, "[rank1]: WORLD_SIZE=2\n")) << out;
+}
+
+// What torchrun runs runs unchanged: tests/launcher/torch_program.py MODE at world sizes 1-4, each rank checking
+// its results and printing "ok rank R: MODE ...".
+void expect_torch_program_runs(const fs::path& dir, const std::string& mode) {
+  for (int world = 1; world <= 4; ++world) {
+    const std::string command = "'" + std::string(SHARDTRAIN_BIN) + "' launch --nproc-per-node " +
+                                std::to_string(world) + " -- '" + SHARDTRAIN_PYTHON + "' '" + TORCH_PROGRAM + "' " +
+                                mode + " >" + (dir / "out.txt").string() + " 2>" + (dir / "err.txt").string();
+    const int status = std::system(command.c_str());
+    const std::string out = read_file(dir / "out.txt"), err = read_file(dir / "err.txt");
+    EXPECT_EQ(WEXITSTATUS(status), 0) << mode << " at " << world << ":\n" << out << err;
+    for (int rank = 0; rank < world; ++rank) {
+      EXPECT_TRUE(contains(out, "[rank" + std::to_string(rank) + "]: ok rank " + std::to_string(rank) + ": " + mode))
+          << mode << " at " << world << ":\n" << out << err;
+    }
+  }
+}
+
+// PyTorch's own init_process_group("gloo") from the environment: the launcher's store (TORCHELASTIC_USE_AGENT_STORE).
+TEST_F(LauncherTest, PyTorchAllReduceRunsAsUnderTorchrun) { expect_torch_program_runs(dir_, "allreduce"); }
+
+// FSDP2's fully_shard, three steps equal to one process's.
+TEST_F(LauncherTest, PyTorchFsdp2RunsAsUnderTorchrun) { expect_torch_program_runs(dir_, "fsdp2"); }
+
+// A DeviceMesh, 2-D (2 x 2) at 4 ranks.
+TEST_F(LauncherTest, PyTorchDeviceMeshRunsAsUnderTorchrun) { expect_torch_program_runs(dir_, "mesh"); }
+
+// A PyTorch program whose rank fails in the first attempt runs to the end in the second: a fresh store for the
+// restarted group (no key of the failed attempt's), as torchrun gives one.
+TEST_F(LauncherTest, APyTorchProgramIsRestartedWithAFreshStore) {
+  const std::string command = "'" + std::string(SHARDTRAIN_BIN) + "' launch --nproc-per-node 3 --max-restarts 1 -- '" +
+                              SHARDTRAIN_PYTHON + "' '" + TORCH_PROGRAM + "' fail_once >" +
+                              (dir_ / "out.txt").string() + " 2>" + (dir_ / "err.txt").string();
+  const int status = std::system(command.c_str());
+  const std::string out = read_file(dir_ / "out.txt"), err = read_file(dir_ / "err.txt");
+  ASSERT_EQ(WEXITSTATUS(status), 0) << out << err;
+  EXPECT_TRUE(contains(err, "root cause: rank 2 exited with code 3")) << err;
+  EXPECT_TRUE(contains(err, "restarting the worker group (restart 1 of 1)")) << err;
+  for (int rank = 0; rank < 3; ++rank) {
+    EXPECT_TRUE(contains(out, "ok rank " + std::to_string(rank) + ": allreduce sum 6 over 3 ranks in attempt 1"))
+        << out;
+  }
 }
 
 TEST_F(LauncherTest, LastLineWithoutNewlineIsStillPrefixed) {

@@ -25,6 +25,25 @@ TEST(Config, ResumeIsFalseTrueOrAuto) {
   EXPECT_EQ(again.launch.preempt_grace, 5);
 }
 
+// The keys whose values differ between a saved config and the run's: equal values however written (0.9 and
+// 0.90000000000000002, block or flow lists), a key an older config lacks counting as its default.
+TEST(Config, ChangedKeysComparesValuesNotSpellings) {
+  Config c;
+  EXPECT_TRUE(changed_keys(to_yaml(c), c).empty());
+  EXPECT_TRUE(changed_keys("optim:\n  betas:\n    - 0.90000000000000002\n    - 0.999\n", c).empty());
+  c.optim.betas = {0.9, 0.95};
+  c.model.overrides = {{"layers", 2}};
+  const auto changes = changed_keys("model: {flavor: flava-debug}\noptim: {betas: [0.9, 0.999]}\n", c);
+  ASSERT_EQ(changes.size(), 2u);
+  EXPECT_EQ(changes[0].path, "model.overrides");
+  EXPECT_EQ(changes[0].before, "(absent)");
+  EXPECT_EQ(changes[0].after, "{layers: 2}");
+  EXPECT_EQ(changes[1].path, "optim.betas");
+  EXPECT_EQ(changes[1].before, "[0.9, 0.999]");
+  EXPECT_EQ(changes[1].after, "[0.9, 0.95]");
+  EXPECT_THROW(changed_keys("a: [unclosed", c), ConfigError);
+}
+
 TEST(Config, EmptyFileIsTheDefaults) {
   const Config c = parse_config("", "empty.yaml");
   EXPECT_EQ(c.model.flavor, "flava-debug");

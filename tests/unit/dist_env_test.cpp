@@ -52,14 +52,21 @@ TEST(DistEnv, Torchrun) {
   EXPECT_EQ(env.master_addr, "node7");
   EXPECT_EQ(env.master_port, 29511);
   EXPECT_EQ(env.restart_count, 2);
-  EXPECT_FALSE(env.master_listen_fd.has_value());  // only rank 0 takes the launcher's socket
+  EXPECT_FALSE(env.agent_store);  // rank 0 serves the store unless a launcher says it does
 }
 
-TEST(DistEnv, TorchrunListenFdOnlyForRankZero) {
-  DistEnv env = read_dist_env(lookup_of({{"RANK", "0"}, {"WORLD_SIZE", "2"}, {"MASTER_ADDR", "127.0.0.1"},
-                                         {"MASTER_PORT", "1234"}, {"SHARDTRAIN_MASTER_LISTEN_FD", "7"}}));
-  ASSERT_TRUE(env.master_listen_fd.has_value());
-  EXPECT_EQ(*env.master_listen_fd, 7);
+// torchrun and `shardtrain launch` serve the store themselves and say so with torchrun's variable and spelling.
+TEST(DistEnv, TheLaunchersStoreIsUsedWhenItSaysSo) {
+  const std::map<std::string, std::string> base = {{"RANK", "0"}, {"WORLD_SIZE", "2"}, {"MASTER_ADDR", "127.0.0.1"},
+                                                   {"MASTER_PORT", "1234"}};
+  auto with = [&](const std::string& value) {
+    auto vars = base;
+    vars["TORCHELASTIC_USE_AGENT_STORE"] = value;
+    return read_dist_env(lookup_of(vars));
+  };
+  EXPECT_TRUE(with("True").agent_store);
+  EXPECT_FALSE(with("False").agent_store);
+  EXPECT_FALSE(read_dist_env(lookup_of(base)).agent_store);
 }
 
 TEST(DistEnv, TorchrunErrorsNameTheVariable) {

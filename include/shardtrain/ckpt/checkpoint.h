@@ -18,6 +18,7 @@
 #pragma once
 
 #include <array>
+#include <functional>
 #include <cstdint>
 #include <map>
 #include <memory>
@@ -50,12 +51,33 @@ struct CheckpointModel {
 
 std::string step_directory_name(int64_t step);  // "step-00000100"
 
-// Collective over `world`. Returns the checkpoint's path. The manifest's run id is state.run_id.
+// What save_checkpoint throws, on every rank alike and having written nothing, when a parameter or optimizer state
+// tensor of some rank holds NaN or Inf (a diverged run): names the rank and the tensor.
+class NonFiniteState : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+// What save_checkpoint throws, on every rank alike, when a write failed on any (a full disk, a permission, an I/O
+// error; or a checkpoint of the same step that belongs to another run, which is never replaced): names the rank,
+// the file and the system's reason. The partial directory is removed; earlier checkpoints are untouched.
+class CheckpointWriteFailed : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+// Collective over `world`. Returns the checkpoint's path. The manifest's run id is state.run_id. Throws
+// NonFiniteState or CheckpointWriteFailed as above.
 std::string save_checkpoint(const std::string& dir, const TrainerState& state, const CheckpointModel& model,
                             const dist::Communicator& world);
 
-// Verifies the checkpoint at `path` against its manifest, the ranks reading a share of the files each; returns
-// what is wrong ("" when nothing is), the same text on every rank. Collective.
+// What is wrong with the checkpoint at `path` ("" when nothing is): its files against its manifest (ckpt/manifest.h:
+// sizes, checksums, nothing missing or added), then their values — weights or optimizer state holding NaN or Inf
+// are damage too (a diverged run's), named by file and tensor. Reads the files at positions offset, offset +
+// stride, ... of the listing (several processes share the reading).
+std::string verify_checkpoint_files(const std::string& path, int offset = 0, int stride = 1);
+
+// The same, the ranks reading a share of the files each; the same text on every rank. Collective.
 std::string verify_checkpoint(const std::string& path, const dist::Communicator& world);
 
 // What load_checkpoint throws, before it has changed anything, when the checkpoint does not verify: a caller may
@@ -65,10 +87,12 @@ class CheckpointDamaged : public std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
-// Verifies (as above; CheckpointDamaged when it does not), then restores parameters, optimizer state and (at the
-// saved world size) RNG; returns the trainer state. Collective. Throws std::runtime_error naming the path and what
-// is wrong (not a checkpoint, a different model).
-TrainerState load_checkpoint(const std::string& path, const CheckpointModel& model, const dist::Communicator& world);
+// Verifies (as above; CheckpointDamaged when it does not), calls `accept` (when given) with its trainer state — which
+// may throw to refuse it before anything loads —, then restores parameters, optimizer state and (at the saved world
+// size) RNG; returns the trainer state. Collective. Throws std::runtime_error naming the path and what is wrong
+// (not a checkpoint, a different model).
+TrainerState load_checkpoint(const std::string& path, const CheckpointModel& model, const dist::Communicator& world,
+                             const std::function<void(const TrainerState&)>& accept = {});
 
 // <path>/trainer.json (ckpt/trainer_state.h).
 TrainerState read_trainer_state(const std::string& path);

@@ -41,6 +41,8 @@ enum class StateDictType { SHARDED, FULL };
 enum class LogLevel { DEBUG, INFO, WARNING, ERROR };
 // checkpoint.resume: false | true | auto.
 enum class Resume { NEVER, ALWAYS, AUTO };
+// train.on_nonfinite: stop | skip | rollback.
+enum class NonFinite { STOP, SKIP, ROLLBACK };
 
 struct ModelConfig {
   // A Hugging Face model directory (config.json and model.safetensors or a sharded index) to fine-tune: the family
@@ -232,6 +234,20 @@ struct TrainConfig {
                               // later); 0: run to `steps`. The schedule still spans `steps`.
   int64_t eval_interval = 0;  // steps between evaluations on data.eval; 0: at the end only
   int64_t eval_samples = 0;   // 0: the whole eval set
+  // A step whose loss (on any rank) or gradient norm is NaN or Inf never reaches the optimizer, on any rank:
+  //   stop: the run ends naming the step and the ranks;
+  //   skip: the step's update is dropped (its batches consumed); more than max_skipped_steps skipped within
+  //         skip_window steps roll back as below;
+  //   rollback: the newest verified checkpoint of the run is loaded and the data since it skipped (the batches
+  //             that diverged are not trained on again); after max_rollbacks rollbacks, or with no checkpoint to
+  //             go back to, the run stops with the history of its skipped steps.
+  // No checkpoint is saved after a non-finite step. float16's overflowing gradients are the loss scaler's to skip.
+  NonFinite on_nonfinite = NonFinite::SKIP;
+  int64_t max_skipped_steps = 5;
+  int64_t skip_window = 100;
+  int64_t max_rollbacks = 2;
+  // Start an explicit batch_size whose predicted peak is above the memory budget (refused before workers start).
+  bool force = false;
 };
 
 struct CheckpointConfig {
@@ -246,6 +262,10 @@ struct CheckpointConfig {
   // continue them); overwrite removes them at start instead.
   bool overwrite = false;
   StateDictType state_dict_type = StateDictType::SHARDED;  // FULL also writes model.safetensors (HF names)
+  // Settings that change what a resumed run trains (optim.*, train.seed, batch_size, grad_accum, steps, the data)
+  // and that differ from the checkpoint's: resume refuses them unless listed here, by key ("optim.lr"), section
+  // ("optim") or "all"; allowed ones are logged. The model and its shape can never change (train::check_resume).
+  std::vector<std::string> allow_changes;
 };
 
 struct LogConfig {
@@ -311,5 +331,16 @@ std::vector<std::string> key_paths();
 std::string to_string(Strategy s);
 std::string to_string(Precision p);
 std::string to_string(OptimizerKind k);
+
+// A key whose value differs between two configs: its path and both values as YAML ("0.001", "[a, b]").
+struct KeyChange {
+  std::string path;
+  std::string before, after;  // before: "(absent)" when the earlier config lacks the key and `after` is no default
+};
+
+// The keys whose values differ between `before_yaml` (a config as to_yaml wrote it, perhaps by an older shardtrain:
+// a key it lacks counts as its default) and `after`, in tree order. Throws ConfigError when `before_yaml` does not
+// read as YAML.
+std::vector<KeyChange> changed_keys(const std::string& before_yaml, const Config& after);
 
 }  // namespace shardtrain::config

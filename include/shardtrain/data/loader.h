@@ -14,6 +14,7 @@
 
 #include <array>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -77,6 +78,10 @@ struct LoaderOptions {
   // A text longer than text_length tokens: false, it is truncated and counted (LoaderStats::truncated); true, the
   // loader stops with an error naming the sample (data.truncation: error).
   bool refuse_truncation = false;
+  // Called the first time a sample of a file is skipped as unusable (a truncated shard, an undecodable image, a
+  // damaged row), with "FILE:SAMPLE: why", from a loading thread: a damaged file is said when met, not only in the
+  // run's closing counts. Once per file.
+  std::function<void(const std::string&)> on_damaged;
   // Token classification (TextFields::words): a word's tokens after its first take its class too (a B- class its
   // I- class, by the source's class names), as run_ner's label_all_tokens; false: -100 there.
   bool label_all_tokens = false;

@@ -28,7 +28,10 @@ struct DistEnv {
   std::string master_addr = "127.0.0.1";  // host of the TCPStore server (rank 0)
   int master_port = 29500;
   int restart_count = 0;                   // how many times the launcher restarted the group (TORCHELASTIC_RESTART_COUNT)
-  std::optional<int> master_listen_fd;     // a listening socket inherited from `shardtrain launch` (rank 0 only)
+  // The launcher serves the job's store at MASTER_ADDR:MASTER_PORT and every rank is its client
+  // (TORCHELASTIC_USE_AGENT_STORE=True: `shardtrain launch`, torchrun); else rank 0 serves it (mpirun, srun, a
+  // hand-made launch).
+  bool agent_store = false;
   // The launcher's id of the job, the same across its restarts: SHARDTRAIN_JOB_ID (`shardtrain launch`), else
   // TORCHELASTIC_RUN_ID (torchrun's --rdzv-id; "none" ignored), else SLURM_JOB_ID; "" without one.
   std::string job_id;

@@ -7,8 +7,9 @@
 //
 // The store calls run on a thread of their own with a connection of their own (TCPStore::clone), so a main thread
 // blocked in the store (a rendezvous) does not hold the beats back; the watching thread waits for each call at most
-// `stale_after`. Rank 0 serves the store: when it stops, the calls never return, and that is how rank 0 is found
-// stuck. World size 1: nothing runs.
+// `stale_after`. When the calls never return, whoever serves the store is stuck: the launcher (DistEnv::agent_store;
+// a stopped rank 0 is then found by its watcher like any other), or rank 0 when it serves the store itself (mpirun,
+// srun). World size 1: nothing runs.
 #pragma once
 
 #include <chrono>
@@ -54,6 +55,7 @@ class Heartbeat {
   struct StoreThread;  // the store connection and the thread that calls it (heartbeat.cpp)
   std::shared_ptr<StoreThread> store_;
   int rank_ = 0, world_ = 1;
+  std::string store_host_;  // who serves the store: "rank 0", or "the launcher at HOST:PORT"
   HeartbeatOptions options_;
   std::function<void(const std::string&)> on_stuck_;
   std::mutex mutex_;

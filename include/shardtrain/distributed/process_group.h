@@ -2,6 +2,7 @@
 #pragma once
 
 #include <chrono>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <vector>
@@ -30,7 +31,13 @@ struct ProcessGroupOptions {
   // Rendezvous and every collective fail after this long (a peer that died or hangs); parallel.timeout.
   std::chrono::milliseconds timeout = std::chrono::minutes(10);
   int gloo_threads = 2;  // Gloo worker threads per group: operations in flight at once
+  // Called every wait_note_interval(timeout) while the rendezvous waits (the store does not answer yet, or ranks
+  // have not arrived), with what it waits for; none: silent.
+  std::function<void(const std::string&)> waiting_note;
 };
+
+// How often a waiting rendezvous says so: every 30 s, or a quarter of the timeout when that is shorter.
+std::chrono::milliseconds wait_note_interval(std::chrono::milliseconds timeout);
 
 // The device a rank of `env` computes on: the CPU, or with `cuda` cuda:(LOCAL_RANK mod the visible GPUs) — ranks
 // share GPUs round-robin when a node runs more ranks than it has. Throws std::invalid_argument beginning with
@@ -45,8 +52,9 @@ ProcessGroupOptions group_options_for(const at::Device& device, const DistEnv& e
 class ProcessGroup {
  public:
   // World size 1 creates no store, opens no socket and needs no variable. Otherwise connects to the TCPStore at
-  // MASTER_ADDR:MASTER_PORT (rank 0 serves it) and throws std::runtime_error naming the address, the rank and the
-  // timeout when it does not answer.
+  // MASTER_ADDR:MASTER_PORT (the launcher's, or rank 0 serves it: DistEnv::agent_store), waits until every rank has
+  // arrived, and throws std::runtime_error naming the address, the rank, the missing ranks and the timeout when
+  // they do not within it.
   static ProcessGroup init(const DistEnv& env, const ProcessGroupOptions& options = {});
 
   const DistEnv& env() const;

@@ -7,7 +7,9 @@
 // Full: every parameter gathered whole, on CPU, by rank 0 (the others get an empty map), one file loadable by
 // LibTorch's torch::pickle_load and by Python's torch.load with its defaults (a dict of tensors, written untyped:
 // io/pickle_files.h). Loads at any world size.
-// Every file is written atomically (io/files.h). Loading checks names and shapes and names what does not match.
+// Every file is written atomically (io/files.h); a write that fails on one rank (a full disk) fails the save on every
+// rank with that rank's reason ("rank 1: cannot write ...: No space left on device"), none left waiting for it.
+// Loading checks names and shapes and names what does not match.
 #pragma once
 
 #include <functional>

@@ -4,10 +4,13 @@
 //   1. parse_launch_args(argv) -> LaunchOptions (throws std::invalid_argument naming the bad option or value)
 //   2. run_launch(options)     -> exit status for the launcher's process
 //
-// What the workers get: RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, GROUP_RANK, ROLE_RANK, ROLE_WORLD_SIZE,
-// MASTER_ADDR, MASTER_PORT, TORCHELASTIC_RESTART_COUNT, TORCHELASTIC_MAX_RESTARTS, OMP_NUM_THREADS=1 when unset
-// and several workers share the node, and on a single node SHARDTRAIN_MASTER_LISTEN_FD for rank 0: a socket the
-// launcher bound on loopback, so the rendezvous needs no free-port guess and listens on loopback only.
+// What the workers get, as torchrun gives it: RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, GROUP_RANK,
+// GROUP_WORLD_SIZE, ROLE_NAME, ROLE_RANK, ROLE_WORLD_SIZE, MASTER_ADDR, MASTER_PORT, TORCHELASTIC_RESTART_COUNT,
+// TORCHELASTIC_MAX_RESTARTS, TORCHELASTIC_RUN_ID, TORCHELASTIC_ERROR_FILE, and TORCHELASTIC_USE_AGENT_STORE=True:
+// the launcher (node 0's) serves the job's store on MASTER_PORT, bound on loopback unless --master-addr names
+// another interface, a fresh one for each attempt; every worker is its client. So any program torchrun runs —
+// PyTorch's init_process_group, FSDP2, a DeviceMesh — runs unchanged. OMP_NUM_THREADS=1 when unset and several
+// workers share the node. Values the environment held for these are replaced, and the launcher says so.
 //
 // Supervision: every output line is prefixed "[rankN]: ". When a worker exits non-zero or dies by a signal, the
 // others get SIGTERM, then SIGKILL after `stop_grace`, the launcher says which rank failed and how, and exits with
@@ -54,6 +57,7 @@ struct LaunchOptions {
   int node_rank = 0;        // this node, 0..nnodes-1
   std::string master_addr;  // rank 0's host; empty = 127.0.0.1 (required when nnodes > 1)
   int master_port = 0;      // 0 = a free port on one node, 29500 across nodes
+  std::string master_port_option = "--master-port";  // how the user set it, for errors (a config key)
   int max_restarts = 0;     // whole-group restarts after a failure
   std::string rdzv_id;      // the job's id, the same on every node (SHARDTRAIN_JOB_ID); empty: see run_launch
   std::chrono::milliseconds stop_grace{3000};  // SIGTERM -> SIGKILL delay when stopping workers after a failure

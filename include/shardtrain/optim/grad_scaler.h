@@ -47,6 +47,9 @@ class GradScaler {
   void unscale(torch::optim::Optimizer& optimizer);
   // optimizer.step() unless a gradient was not finite. Returns whether it stepped. Once per step.
   bool step(torch::optim::Optimizer& optimizer);
+  // Instead of step(): the caller found the step unusable (a loss that is not finite on some rank); counted as a
+  // skipped step, and update() backs the scale off as after an overflow.
+  void skip_step();
   // Ends the step: the scale times backoff_factor after a skipped step, times growth_factor after growth_interval
   // clean steps in a row.
   void update();

@@ -46,6 +46,10 @@ struct RunPlan {
   int64_t peak_bytes = 0;  // predicted per rank
   std::string peak_phase;  // forward, backward or step
   std::string json;        // the estimate as `shardtrain estimate-memory --json` writes it
+  // An explicit train.batch_size whose predicted peak is above what a rank has (train.memory_limit, else
+  // memory_budget, the GPU's memory, or the machine's RAM shared by its ranks): why, with the largest batch that
+  // fits; "" when it fits. `shardtrain train` refuses it before any worker starts unless train.force.
+  std::string over_budget;
 };
 RunPlan plan_run(const config::Config& config, int64_t auto_batch_limit = 0);
 
