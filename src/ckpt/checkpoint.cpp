@@ -213,7 +213,9 @@ class SaveSteps {
       part();
     } catch (const dist::AgreedFailure& e) {  // the others threw it too
       first = e.what();
-    } catch (const std::runtime_error& e) {
+    } catch (const c10::Error& e) {  // LibTorch's, with no backtrace in the message
+      first = dist::first_failure(world_, dist::failure_text(world_, e.what_without_backtrace()));
+    } catch (const std::exception& e) {
       first = dist::first_failure(world_, dist::failure_text(world_, e.what()));
     }
     if (first.empty()) first = dist::first_failure(world_, "");  // a rank whose part failed waits for the verdict

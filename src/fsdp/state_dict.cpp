@@ -198,7 +198,9 @@ void save_sharded_state_dict(const std::shared_ptr<torch::nn::Module>& root, con
   std::string failed;  // this rank's write error; the ranks agree on the first before going on
   try {
     if (layout.writer) write_shard(layout, dir, states, shard, count);
-  } catch (const std::runtime_error& e) {
+  } catch (const c10::Error& e) {
+    failed = e.what_without_backtrace();
+  } catch (const std::exception& e) {
     failed = e.what();
   }
   // Every shard is on disk before the metadata declares the directory whole.
@@ -210,7 +212,9 @@ void save_sharded_state_dict(const std::shared_ptr<torch::nn::Module>& root, con
       meta.insert("shard_count", count);
       io::save_pickle(dir + "/metadata.pt", meta);
     }
-  } catch (const std::runtime_error& e) {
+  } catch (const c10::Error& e) {
+    failed = e.what_without_backtrace();
+  } catch (const std::exception& e) {
     failed = e.what();
   }
   if (const std::string first = layout.agree(failed); !first.empty()) throw dist::AgreedFailure(first);

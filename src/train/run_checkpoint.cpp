@@ -58,10 +58,9 @@ struct Loaded {
 // throws); the skipped ones are logged as `doing`'s, and their reasons added to `why`. nullopt when none verifies.
 // Collective.
 std::optional<Loaded> load_newest(const std::string& doing, const std::vector<std::string>& candidates,
-                                  const ckpt::CheckpointModel& model,
-                                  optim::GradScaler* scaler, const dist::Communicator& world,
-                                  const log::Logger& logger, const std::function<void(const ckpt::TrainerState&)>& accept,
-                                  std::string& why) {
+                                  const ckpt::CheckpointModel& model, optim::GradScaler* scaler,
+                                  const dist::Communicator& world, const log::Logger& logger,
+                                  const std::function<void(const ckpt::TrainerState&)>& accept, std::string& why) {
   for (auto it = candidates.rbegin(); it != candidates.rend(); ++it) {
     try {
       Loaded loaded{*it, ckpt::load_checkpoint(*it, model, world, accept)};
@@ -97,7 +96,8 @@ std::optional<RunPosition> resume_newest(const config::Config& c, const std::vec
     changes = check_resume(s.config_yaml, c, "the checkpoint of step " + std::to_string(s.step), auto_batch);
   };
   std::string why;
-  const std::optional<Loaded> loaded = load_newest("checkpoint.resume", candidates, model, scaler, world, logger, accept, why);
+  const std::optional<Loaded> loaded =
+      load_newest("checkpoint.resume", candidates, model, scaler, world, logger, accept, why);
   if (!loaded) {
     throw std::invalid_argument("checkpoint.resume: none of the " + count_of(candidates.size()) + " in '" +
                                 c.checkpoint.dir + "' verifies (`shardtrain checkpoint verify` checks them):" + why);

@@ -62,24 +62,6 @@ std::string value_text(double v) {
   return text;
 }
 
-// The ranks whose loss was not finite this step ("rank 1", "ranks 1, 3", "every rank"); empty when none.
-// Collective over `world`: each rank marks its own slot of a W-element vector and the sum tells every rank which.
-std::string ranks_with_nonfinite_loss(bool mine, const dist::Communicator& world) {
-  if (world.size() == 1) return mine ? "rank 0" : "";
-  at::Tensor flags = at::zeros({world.size()}, at::dtype(at::kFloat));
-  if (mine) flags[world.rank()] = 1;
-  flags = flags.to(world.device());
-  world.all_reduce(flags, dist::ReduceOp::SUM).wait();
-  const at::Tensor host = flags.cpu();
-  std::string out;
-  int count = 0;
-  for (int r = 0; r < world.size(); ++r) {
-    if (host[r].item<float>() > 0) out += (count++ ? ", " : "") + std::to_string(r);
-  }
-  if (count == 0) return "";
-  return count == world.size() ? "every rank" : (count == 1 ? "rank " : "ranks ") + out;
-}
-
 // Forward and backward of one of M micro-batches; adds its loss and parts, divided by M, to `totals`. A loss that
 // is not finite still goes backward: the other ranks' backward waits in the same collectives.
 void forward_backward(StepParts& p, const data::Batch& host_batch, double M, StepTotals& totals) {
@@ -95,6 +77,22 @@ void forward_backward(StepParts& p, const data::Batch& host_batch, double M, Ste
 }
 
 }  // namespace
+
+std::string nonfinite_ranks(bool mine, const dist::Communicator& world) {
+  if (world.size() == 1) return mine ? "rank 0" : "";
+  at::Tensor flags = at::zeros({world.size()}, at::dtype(at::kFloat));
+  if (mine) flags[world.rank()] = 1;
+  flags = flags.to(world.device());
+  world.all_reduce(flags, dist::ReduceOp::SUM).wait();
+  const at::Tensor host = flags.cpu();
+  std::string out;
+  int count = 0;
+  for (int r = 0; r < world.size(); ++r) {
+    if (host[r].item<float>() > 0) out += (count++ ? ", " : "") + std::to_string(r);
+  }
+  if (count == 0) return "";
+  return count == world.size() ? "every rank" : (count == 1 ? "rank " : "ranks ") + out;
+}
 
 std::unique_ptr<torch::optim::Optimizer> make_optimizer(const config::Config& c, const ParallelModel& model) {
   torch::nn::Module& module = *model.module();
@@ -138,7 +136,7 @@ StepTotals train_step(StepParts& p, const config::Config& c, std::vector<data::B
     forward_backward(p, std::move(batches[m]), M, totals);
   }
   // Every rank learns whose loss was not finite before anyone steps: one rank's NaN skips the step everywhere.
-  const std::string bad_ranks = ranks_with_nonfinite_loss(!std::isfinite(totals.loss), p.world);
+  const std::string bad_ranks = nonfinite_ranks(!std::isfinite(totals.loss), p.world);
   if (p.scaler) p.scaler->unscale(p.optimizer);  // clipping sees the true gradients
   const double max_norm = c.train.max_grad_norm > 0 ? c.train.max_grad_norm : INFINITY;
   totals.grad_norm = p.model.clip_grad_norm(max_norm, p.optimizer.param_groups());  // the same on every rank

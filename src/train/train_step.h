@@ -36,6 +36,10 @@ struct StepParts {
   const dist::Communicator& world;  // agrees on non-finite losses
 };
 
+// The ranks whose `mine` is true ("rank 1", "ranks 1, 3", "every rank"), the same text on every rank; "" when
+// none. Collective over `world`: each rank marks its own slot of a W-element vector and the sum tells every rank.
+std::string nonfinite_ranks(bool mine, const dist::Communicator& world);
+
 // Trains on the micro-batches of one step; the caller times it (StepTotals::seconds) and decides what a step that
 // was not finite (StepTotals::nonfinite, the same on every rank; nothing was updated) means for the run.
 // Collective over parts.world.

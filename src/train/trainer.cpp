@@ -409,9 +409,10 @@ struct Loop {
       job.doing("rollback at step " + std::to_string(at.step));
       const auto back = roll_back(c, at.run_id, checkpointed, parts.scaler, job.pg.world(), job.logger);
       if (back) {
-        log.warning(head + ": rolled back to " + back->path + " (rollback " + std::to_string(nonfinite.rollbacks() + 1) +
-                    " of at most " + std::to_string(c.train.max_rollbacks) + "); the data of steps " +
-                    std::to_string(back->step + 1) + "-" + std::to_string(at.step) + " is skipped");
+        log.warning(head + ": rolled back to " + back->path + " (rollback " +
+                    std::to_string(nonfinite.rollbacks() + 1) + " of at most " +
+                    std::to_string(c.train.max_rollbacks) + "); the data of steps " + std::to_string(back->step + 1) +
+                    "-" + std::to_string(at.step) + " is skipped");
         nonfinite.rolled_back(at.step, back->step);
         at.step = back->step;
         interval = IntervalSums{};
@@ -425,9 +426,9 @@ struct Loop {
                                        : "after " + std::to_string(nonfinite.rollbacks()) + " rollback(s), the most " +
                                              "train.max_rollbacks allows")
                                 : "no verified checkpoint of this run to roll back to";
-    throw NonFiniteStop(head + ": the run stops (" + why + "). Steps that were not finite: " +
-                             nonfinite.history() + ". Lower optim.lr, check the data, or resume from " +
-                             (summary.last_checkpoint.empty() ? "an earlier checkpoint" : summary.last_checkpoint));
+    throw NonFiniteStop(head + ": the run stops (" + why + "). Steps that were not finite: " + nonfinite.history() +
+                        ". Lower optim.lr, check the data, or resume from " +
+                        (summary.last_checkpoint.empty() ? "an earlier checkpoint" : summary.last_checkpoint));
   }
 
   // Once, a few steps after the warm-up: how long a step takes and how long the run will.

@@ -838,6 +838,12 @@ TEST_F(DataTest, CorruptSamplesAreSkippedCountedAndReported) {
                                                SampleKind::IMAGE_TEXT);
   LoaderOptions o = loader_options(2);
   o.itm_negative_probability = 0;  // only the samples themselves are read
+  std::mutex mutex;
+  std::vector<std::string> warned;  // on_damaged: once per file, when first met
+  o.on_damaged = [&](const std::string& what) {
+    std::lock_guard<std::mutex> lock(mutex);
+    warned.push_back(what);
+  };
   Loader loader({source, nullptr, nullptr}, o);
   std::multiset<int64_t> seen;
   for (int s = 0; s < 4; ++s) {  // 4 steps x 2 micro-batches x 4 = 32 positions: one epoch and a bit
@@ -851,6 +857,9 @@ TEST_F(DataTest, CorruptSamplesAreSkippedCountedAndReported) {
   EXPECT_GE(stats.skipped, 3);
   ASSERT_FALSE(stats.first_errors.empty());
   EXPECT_NE(stats.first_errors[0].find("cannot decode image"), std::string::npos) << stats.first_errors[0];
+  ASSERT_EQ(warned.size(), 1u);  // three damaged samples, one file
+  EXPECT_EQ(warned[0].rfind(source->files()[0] + ":", 0), 0u) << warned[0];
+  EXPECT_NE(warned[0].find("cannot decode image"), std::string::npos) << warned[0];
 }
 
 TEST_F(DataTest, SynthIsDeterministicAndDescribesItsImages) {

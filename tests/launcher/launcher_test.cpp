@@ -385,9 +385,9 @@ TEST_F(LauncherTest, AnotherJobsWorkersCannotJoin) {
 // Variables of the launcher's that the environment already holds (a stray RANK=0 WORLD_SIZE=1) are replaced for
 // the workers, and the launcher says so.
 TEST_F(LauncherTest, StrayLauncherVariablesAreReplacedAndSaid) {
-  const std::string command = "RANK=0 WORLD_SIZE=1 '" + std::string(SHARDTRAIN_BIN) + "' launch --nproc-per-node 2 -- '" +
-                              PROBE_WORKER_BIN + "' " + dir_.string() + " env >" + (dir_ / "out.txt").string() +
-                              " 2>" + (dir_ / "err.txt").string();
+  const std::string command = "RANK=0 WORLD_SIZE=1 '" + std::string(SHARDTRAIN_BIN) +
+                              "' launch --nproc-per-node 2 -- '" + PROBE_WORKER_BIN + "' " + dir_.string() + " env >" +
+                              (dir_ / "out.txt").string() + " 2>" + (dir_ / "err.txt").string();
   ASSERT_EQ(std::system(command.c_str()), 0) << read_file(dir_ / "err.txt");
   const std::string out = read_file(dir_ / "out.txt"), err = read_file(dir_ / "err.txt");
   EXPECT_TRUE(contains(err, "the environment's RANK=0 WORLD_SIZE=1 are not this launcher's: its workers get their "

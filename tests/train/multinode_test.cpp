@@ -26,12 +26,13 @@ using test::Outcome;
 // Two namespaces and the veth pair between them; removed (with the pair) on destruction.
 struct TwoNodes {
   std::string a, b;
+  std::string va, vb;  // each node's end of the pair
   bool ready = false;
 
   TwoNodes() {
     const std::string tag = std::to_string(::getpid() % 100000);
     a = "st-a-" + tag, b = "st-b-" + tag;
-    const std::string va = "stva" + tag, vb = "stvb" + tag;  // interface names: at most 15 characters
+    va = "stva" + tag, vb = "stvb" + tag;  // interface names: at most 15 characters
     const std::string script = "set -e; ip netns add " + a + "; ip netns add " + b + "; ip link add " + va +
                                " type veth peer name " + vb + "; ip link set " + va + " netns " + a +
                                "; ip link set " + vb + " netns " + b + "; ip -n " + a + " addr add 192.0.2.1/24 dev " +
@@ -99,6 +100,36 @@ TEST(MultiNode, TwoNamespacesTrainHybridLikeOneNode) {
               moved, listening.output.c_str());
   EXPECT_GT(moved, 1e-3);
   EXPECT_LE(diff, 0.02 * moved) << "12 steps moved the states by " << moved;
+  io::remove_tree(root);
+}
+
+// PyTorch programs (tests/launcher/torch_program.py: FSDP2 against one process, a 2 x 2 DeviceMesh) on the same two
+// nodes under `shardtrain launch`, as torchrun runs them: node 0's launcher serves the store on 192.0.2.1, Gloo
+// uses each node's end of the pair (GLOO_SOCKET_IFNAME, as a torchrun user sets it).
+TEST(MultiNode, PyTorchProgramsRunAcrossTwoNamespaces) {
+  if (::geteuid() != 0) GTEST_SKIP() << "network namespaces need root";
+  const TwoNodes nodes;
+  if (!nodes.ready) GTEST_SKIP() << "cannot create network namespaces here (ip netns)";
+  const std::string root = "/tmp/shardtrain_multinode_torch_" + std::to_string(::getpid());
+  io::make_directories(root);
+  for (const std::string mode : {"fsdp2", "mesh"}) {
+    auto node = [&](const std::string& ns, const std::string& interface, int rank) {
+      return "ip netns exec " + ns + " env GLOO_SOCKET_IFNAME=" + interface + " " + SHARDTRAIN_BIN +
+             " launch --nnodes 2 --node-rank " + std::to_string(rank) + " --nproc-per-node 2 --master-addr " +
+             "192.0.2.1 --master-port 29401 --rdzv-id netns-torch -- " + SHARDTRAIN_PYTHON + " " + TORCH_PROGRAM +
+             " " + mode;
+    };
+    const Background first(node(nodes.a, nodes.va, 0), root + "/" + mode + "0.txt");
+    const Background second(node(nodes.b, nodes.vb, 1), root + "/" + mode + "1.txt");
+    const Outcome r0 = first.wait(), r1 = second.wait();
+    EXPECT_EQ(r0.status, 0) << mode << ":\n" << r0.output << "\n---\n" << r1.output;
+    EXPECT_EQ(r1.status, 0) << mode << ":\n" << r1.output;
+    for (int rank = 0; rank < 4; ++rank) {
+      const std::string& out = rank < 2 ? r0.output : r1.output;
+      EXPECT_NE(out.find("[rank" + std::to_string(rank) + "]: ok rank " + std::to_string(rank) + ": " + mode),
+                std::string::npos) << mode << ":\n" << out;
+    }
+  }
   io::remove_tree(root);
 }
 
