@@ -9,7 +9,7 @@ the thread it ran on) and call count on both sides, largest difference first.
 matrix products of attention from those of the MLP.
 
 Then the annotated regions of each side, total (inclusive) time and count by name, the module named in it left
-out: FSDP2's "FSDP::..." regions (all_gather, all_gather_copy_out, post_backward_reduce, ...) and ours (src/fsdp:
+out: FSDP2's "FSDP::..." regions (all_gather, all_gather_copy_out, post_backward_reduce, ...) and ours (lib/core/src/fsdp:
 FSDP::all_gather, FSDP::all_gather_copy_out, FSDP::agree_on_gradients, FSDP::reduce_scatter,
 FSDP::wait_reduce_scatter, FSDP::post_backward, FSDP::install_gradients), and Gloo's own ("gloo:send", ...). A
 region's time includes waiting: the time one rank spent on another.

@@ -7,7 +7,7 @@
 #include <cstdint>
 #include <stdexcept>
 
-#include "data/column_table.h"
+#include "shardtrain/data/column_table.h"
 
 namespace shardtrain::fuzz {
 

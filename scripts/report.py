@@ -17,7 +17,7 @@ import matplotlib
 matplotlib.use("Agg")  # files only, no display
 import matplotlib.pyplot as plt  # noqa: E402
 
-# metrics.csv's columns before the task's losses (MetricsLog in src/train/metrics_log.cpp).
+# metrics.csv's columns before the task's losses (MetricsLog in lib/train/src/train/metrics_log.cpp).
 FIXED = {"step", "loss", "lr", "grad_norm", "items_per_s", "texts_per_s", "images_per_s", "tflops_per_rank", "mfu",
          "peak_memory_gib", "peak_memory_gib_by_rank"}
 

@@ -8,7 +8,7 @@
 #include <string>
 #include <vector>
 
-#include "util/closest_match.h"
+#include "shardtrain/util/closest_match.h"
 
 namespace shardtrain::cli {
 

@@ -5,8 +5,8 @@
 
 #include "cli_args.h"
 #include "commands.h"
-#include "data/records.h"
-#include "data/table_records.h"
+#include "shardtrain/data/records.h"
+#include "shardtrain/data/table_records.h"
 #include "shardtrain/data/source.h"
 #include "shardtrain/data/synth.h"
 #include "shardtrain/data/tokenizer.h"

@@ -29,7 +29,7 @@ const char* kPlanUsage =
     "SIZE per GPU (40GiB, 80GB, ...) less the margin (default 0.05), with its largest local batch (the memory\n"
     "model) and predicted items/s, fastest first;\n"
     "the first as a `shardtrain train` YAML (--yaml OUT writes it). The throughput model and its constants\n"
-    "(defaults: A100 NVLink, efficiency 0.45, overlap 0.8) are in include/shardtrain/plan/planner.h.\n"
+    "(defaults: A100 NVLink, efficiency 0.45, overlap 0.8) are in lib/train/include/shardtrain/plan/planner.h.\n"
     "--lora R: LoRA fine-tuning, rank-R adapters on the base's frozen weights (--lora-targets: PEFT's\n"
     "target_modules; default the query and value projections; all-linear): gradients, optimizer state and\n"
     "reductions of the adapters alone, the YAML's model.lora.\n"

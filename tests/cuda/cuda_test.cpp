@@ -79,7 +79,7 @@ Trained train_toy(const std::function<void(Toy&)>& shard, int passes = 1) {
 }
 
 // Also with every block called twice a forward (FLAVA's encoders): offloaded, a block's full parameters are a
-// device copy, freed between its two calls' backwards ([Note: a unit called twice] in src/fsdp/fsdp_unit.cpp) on
+// device copy, freed between its two calls' backwards ([Note: a unit called twice] in lib/core/src/fsdp/fsdp_unit.cpp) on
 // the autograd engine's device thread and gathered again; on the device at one rank they are the shards.
 TEST(Cuda, FullShardTrainsLikePlainOnTheDevice) {
   REQUIRE_CUDA();

@@ -262,7 +262,7 @@ TEST(FsdpParity, HybridShardZero2) { expect_parity_grid(ShardingStrategy::HYBRID
 
 // Every block called twice in a forward (FLAVA's encoder layers run unmasked, then masked): each unit's gradients
 // complete only in its first call's backward, and it reshards between its calls' backwards ([Note: a unit called
-// twice] in src/fsdp/fsdp_unit.cpp). Every strategy, SGD and AdamW, float32 and bf16, every prefetch, with and
+// twice] in lib/core/src/fsdp/fsdp_unit.cpp). Every strategy, SGD and AdamW, float32 and bf16, every prefetch, with and
 // without resharding after forward and checkpointing.
 TEST(FsdpParity, UnitsCalledTwice) {
   for (Opt opt : {Opt::SGD, Opt::ADAMW}) {

@@ -189,7 +189,7 @@ TEST(ModelsDist, FlavaFullShardTrainsLikeOneProcess) {
         // Backward gathers the layers that ran only (steps 1-3: text, image, image-text): not the codebook, whose
         // forward ran without grad mode, nor, prefetched, a layer of the other modality. The image-text step runs
         // each encoder twice (unmasked, masked): its four encoder layers reshard between their two calls'
-        // backwards and are gathered again ([Note: a unit called twice] in src/fsdp/fsdp_unit.cpp).
+        // backwards and are gathered again ([Note: a unit called twice] in lib/core/src/fsdp/fsdp_unit.cpp).
         const int64_t layers_run[] = {5, 2, 2, 5 + 4}, reshards_between_calls[] = {0, 0, 0, 4};
         EXPECT_EQ(fsdp::fsdp_stats(model.module).all_gathers - gathers_before_backward, layers_run[s])
             << "step " << s;
@@ -326,7 +326,7 @@ Distributed distribute(const std::shared_ptr<const ModelRecipe>& recipe, const d
 
 // LoRA (models/lora.h) under FSDP and DDP: adapters on frozen layers train as one process trains them. A layer's
 // unit then holds frozen weights that backward reads after its adapters' gradients are complete ([Note: frozen
-// parameters] in src/fsdp/fsdp_unit.cpp), and units of frozen parameters alone (Llama's embedding and head, FLAVA's
+// parameters] in lib/core/src/fsdp/fsdp_unit.cpp), and units of frozen parameters alone (Llama's embedding and head, FLAVA's
 // root) take part in backward without reducing anything. FLAVA runs its encoder layers twice per step. Dropout 0:
 // a run's masks would differ with the world size.
 TEST(ModelsDist, LoraAdaptersTrainLikeOneProcess) {

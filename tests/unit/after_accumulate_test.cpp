@@ -1,4 +1,4 @@
-// AfterAccumulate (src/nn/after_accumulate.h): the callback runs once per backward with .grad filled, and a callback
+// AfterAccumulate (lib/core/src/nn/after_accumulate.h): the callback runs once per backward with .grad filled, and a callback
 // that takes .grad away frees it there and then — the engine's own reference to the incoming gradient is dropped
 // first (fully_shard relies on it to hand a unit's gradients to its reduce-scatter without holding them twice).
 #include <ATen/ATen.h>

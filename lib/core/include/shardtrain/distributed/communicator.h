@@ -1,0 +1,84 @@
+// One communicator interface over c10d backends: Gloo on CPU, NCCL on CUDA, and a size-1 group that needs no
+// backend at all. Every operation is asynchronous and returns a Work; its results may be read only after wait().
+//
+// Conventions (n = elements per rank, W = size()):
+//   all_gather     out (W*n) <- in (n) of every rank, rank r's at [r*n, (r+1)*n)
+//   reduce_scatter out (n)   <- reduction over ranks of in (W*n) at [rank*n, (rank+1)*n)
+//   all_to_all     out (W*n) chunk j <- chunk rank of rank j's in (W*n)
+// Tensors are flat (any shape is accepted and treated as flat) and contiguous; dtypes float32, float64, bfloat16,
+// float16 (integers work where the backend has them). At W = 1 each operation is an identity that copies only when
+// out and in are different memory. See docs/notes/collectives.md for what each backend moves on the wire.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace shardtrain::dist {
+
+enum class ReduceOp { SUM, MEAN, MAX };
+
+enum class CommBackend {
+  SELF,  // size 1: nothing to communicate
+  GLOO,  // CPU tensors
+  NCCL,  // CUDA tensors
+};
+
+const char* comm_backend_name(CommBackend backend);
+const char* reduce_op_name(ReduceOp op);
+
+// An operation in flight. Holds its tensors alive until it completes. wait() blocks until the result is in place,
+// runs any local finishing step (the sum of a fallback reduce-scatter, the divide of a mean), and rethrows a
+// backend failure or timeout naming the operation and group. A default-constructed Work is complete. Not
+// thread-safe: wait on one thread.
+class Work {
+ public:
+  struct State;  // defined in lib/core/src/distributed/work_state.h
+  Work() = default;
+  explicit Work(std::shared_ptr<State> state) : state_(std::move(state)) {}
+  void wait();
+  bool is_completed() const;
+
+ private:
+  std::shared_ptr<State> state_;
+};
+
+// Waits for every Work in order.
+void wait_all(std::vector<Work>& works);
+
+// A group of ranks that communicate. Cheap to copy (shared handle). Created by ProcessGroup (process_group.h).
+class Communicator {
+ public:
+  struct Impl;  // defined in lib/core/src/distributed/communicator_impl.h
+  explicit Communicator(std::shared_ptr<Impl> impl);
+  // A group of this rank alone (every operation an identity); `global_rank` is the rank's world rank.
+  static Communicator single(int global_rank);
+
+  int rank() const;                               // rank inside this group
+  int size() const;                               // W
+  const std::vector<int>& global_ranks() const;  // member i is world rank global_ranks()[i]
+  CommBackend backend() const;
+  const std::string& name() const;  // "world", "shard[0]", ...
+  // Where this group's collectives take their tensors: the CUDA device of an NCCL group, else the CPU.
+  at::Device device() const;
+
+  Work all_gather(const at::Tensor& out, const at::Tensor& in) const;
+  Work reduce_scatter(const at::Tensor& out, const at::Tensor& in, ReduceOp op) const;
+  Work all_reduce(const at::Tensor& tensor, ReduceOp op) const;
+  Work broadcast(const at::Tensor& tensor, int root) const;
+  Work all_to_all(const at::Tensor& out, const at::Tensor& in) const;
+  Work barrier() const;
+
+  // The backend's own flat reduce-scatter (SUM) and all-gather, unchanged: on Gloo the first is W all-reduces,
+  // the second gathers through a scratch buffer as large as the output. Only for the benchmark that shows what
+  // reduce_scatter() and all_gather() change; all-reduce above is already the backend's own.
+  Work native_reduce_scatter(const at::Tensor& out, const at::Tensor& in) const;
+  Work native_all_gather(const at::Tensor& out, const at::Tensor& in) const;
+
+ private:
+  std::shared_ptr<Impl> impl_;
+};
+
+}  // namespace shardtrain::dist

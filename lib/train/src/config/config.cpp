@@ -1,0 +1,873 @@
+// The config tree's fields, YAML reading and writing, overrides. Accelerate's keys: accelerate_keys.cpp.
+#include "shardtrain/config/config.h"
+
+#include <yaml-cpp/yaml.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <fstream>
+#include <optional>
+#include <regex>
+#include <sstream>
+
+#include "config/fields.h"
+#include "shardtrain/io/files.h"
+#include "shardtrain/io/hf_cache.h"
+#include "shardtrain/plan/memory_size.h"
+#include "shardtrain/util/closest_match.h"
+
+namespace shardtrain::config {
+namespace {
+
+std::string join(const std::vector<std::string>& items, const char* separator) {
+  std::string out;
+  for (size_t i = 0; i < items.size(); ++i) out += (i ? separator : "") + items[i];
+  return out;
+}
+
+// "file.yaml:12" for a node that came from a file, else the source alone (an override).
+std::string where_of(const std::string& source, const YAML::Node& node) {
+  const auto mark = node.Mark();
+  if (mark.is_null()) return source;
+  return source + ":" + std::to_string(mark.line + 1);
+}
+
+std::string scalar_text(const YAML::Node& node) {
+  if (node.IsScalar()) return "'" + node.Scalar() + "'";
+  if (node.IsSequence()) return "a list";
+  if (node.IsMap()) return "a mapping";
+  return "nothing";
+}
+
+[[noreturn]] void bad_value(const std::string& where, const std::string& path, const YAML::Node& node,
+                            const std::string& expected) {
+  throw ConfigError(where + ": " + path + ": " + scalar_text(node) + " is not " + expected);
+}
+
+int64_t to_int(const std::string& where, const std::string& path, const YAML::Node& node) {
+  if (node.IsScalar()) {
+    const std::string& s = node.Scalar();
+    try {
+      size_t used = 0;
+      const long long v = std::stoll(s, &used, 10);
+      if (used == s.size()) return v;
+      const double d = std::stod(s, &used);  // 1e8 is a fine way to write a count
+      if (used == s.size() && std::floor(d) == d && std::fabs(d) < 9.0e18) return static_cast<int64_t>(d);
+    } catch (const std::exception&) {
+    }
+  }
+  bad_value(where, path, node, "an integer");
+}
+
+double to_double(const std::string& where, const std::string& path, const YAML::Node& node) {
+  if (node.IsScalar()) {
+    const std::string& s = node.Scalar();
+    try {
+      size_t used = 0;
+      const double v = std::stod(s, &used);
+      if (used == s.size() && std::isfinite(v)) return v;
+    } catch (const std::exception&) {
+    }
+  }
+  bad_value(where, path, node, "a number");
+}
+
+bool to_bool(const std::string& where, const std::string& path, const YAML::Node& node) {
+  if (node.IsScalar()) {
+    std::string s = node.Scalar();
+    for (auto& c : s) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+    if (s == "true" || s == "yes" || s == "on") return true;
+    if (s == "false" || s == "no" || s == "off") return false;
+  }
+  bad_value(where, path, node, "true or false");
+}
+
+std::string to_str(const std::string& where, const std::string& path, const YAML::Node& node) {
+  if (node.IsScalar()) return node.Scalar();
+  if (node.IsNull()) return "";
+  bad_value(where, path, node, "a string");
+}
+
+// A list; a single scalar is a list of one, and a comma-separated string (Accelerate's
+// fsdp_transformer_layer_cls_to_wrap: "BertLayer,BertEmbeddings") splits when `split_commas`.
+std::vector<std::string> to_strings(const std::string& where, const std::string& path, const YAML::Node& node,
+                                    bool split_commas) {
+  std::vector<std::string> out;
+  auto add = [&](const std::string& s) {
+    if (!split_commas) {
+      out.push_back(s);
+      return;
+    }
+    std::stringstream in(s);
+    for (std::string item; std::getline(in, item, ',');) {
+      const auto first = item.find_first_not_of(" \t"), last = item.find_last_not_of(" \t");
+      if (first != std::string::npos) out.push_back(item.substr(first, last - first + 1));
+    }
+  };
+  if (node.IsNull()) return out;
+  if (node.IsScalar()) {
+    add(node.Scalar());
+    return out;
+  }
+  if (!node.IsSequence()) bad_value(where, path, node, "a list of strings");
+  for (const auto& item : node) {
+    if (!item.IsScalar()) bad_value(where, path, item, "a string (in a list of strings)");
+    add(item.Scalar());
+  }
+  return out;
+}
+
+std::vector<double> to_doubles(const std::string& where, const std::string& path, const YAML::Node& node) {
+  if (!node.IsSequence()) bad_value(where, path, node, "a list of numbers");
+  std::vector<double> out;
+  for (const auto& item : node) out.push_back(to_double(where, path, item));
+  return out;
+}
+
+std::string lower(std::string s) {
+  for (auto& c : s) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  return s;
+}
+
+template <class E>
+Field choice(std::string path, E& ref, std::vector<std::pair<std::string, E>> names) {
+  Field f;
+  f.path = std::move(path);
+  f.set = [&ref, names](const std::string& where, const std::string& p, const YAML::Node& node) {
+    if (node.IsScalar()) {
+      const std::string v = lower(node.Scalar());
+      for (const auto& [name, value] : names) {
+        if (v == name) {
+          ref = value;
+          return;
+        }
+      }
+    }
+    std::vector<std::string> all;
+    for (const auto& n : names) all.push_back(n.first);
+    bad_value(where, p, node, "one of " + join(all, ", "));
+  };
+  f.get = [&ref, names]() {
+    for (const auto& [name, value] : names) {
+      if (value == ref) return YAML::Node(name);
+    }
+    return YAML::Node();
+  };
+  return f;
+}
+
+Field field(std::string path, int64_t& ref) {
+  return {std::move(path), [&ref](auto& w, auto& p, auto& n) { ref = to_int(w, p, n); },
+          [&ref] { return YAML::Node(ref); }};
+}
+Field field(std::string path, double& ref) {
+  return {std::move(path), [&ref](auto& w, auto& p, auto& n) { ref = to_double(w, p, n); },
+          [&ref] { return YAML::Node(ref); }};
+}
+Field field(std::string path, bool& ref) {
+  return {std::move(path), [&ref](auto& w, auto& p, auto& n) { ref = to_bool(w, p, n); },
+          [&ref] { return YAML::Node(ref); }};
+}
+Field field(std::string path, std::string& ref) {
+  return {std::move(path), [&ref](auto& w, auto& p, auto& n) { ref = to_str(w, p, n); },
+          [&ref] { return YAML::Node(ref); }};
+}
+// A memory size ("40GiB", "512MiB", bytes; empty: none), checked where it is read (plan::parse_memory_size).
+Field memory_size(std::string path, std::string& ref) {
+  return {std::move(path),
+          [&ref](auto& w, auto& p, auto& n) {
+            ref = to_str(w, p, n);
+            if (ref.empty()) return;
+            try {
+              plan::parse_memory_size(ref);
+            } catch (const std::invalid_argument&) {
+              bad_value(w, p, n, "a positive number with a unit: 40GiB, 80GB, 512MiB, or bytes");
+            }
+          },
+          [&ref] { return YAML::Node(ref); }};
+}
+Field field(std::string path, std::vector<std::string>& ref) {
+  return {std::move(path), [&ref](auto& w, auto& p, auto& n) { ref = to_strings(w, p, n, false); },
+          [&ref] {
+            YAML::Node n(YAML::NodeType::Sequence);
+            for (const auto& s : ref) n.push_back(s);
+            return n;
+          }};
+}
+Field field(std::string path, std::map<std::string, double>& ref) {
+  return {std::move(path),
+          [&ref](auto& w, auto& p, auto& n) {
+            ref.clear();
+            if (n.IsNull()) return;
+            if (!n.IsMap()) bad_value(w, p, n, "a mapping of names to numbers ({layers: 4, dim: 512})");
+            for (const auto& item : n) ref[item.first.template as<std::string>()] = to_double(w, p, item.second);
+          },
+          [&ref] {
+            YAML::Node n(YAML::NodeType::Map);
+            for (const auto& [k, v] : ref) n[k] = v;
+            return n;
+          }};
+}
+Field field(std::string path, std::vector<double>& ref) {
+  return {std::move(path), [&ref](auto& w, auto& p, auto& n) { ref = to_doubles(w, p, n); },
+          [&ref] {
+            YAML::Node n(YAML::NodeType::Sequence);
+            for (double d : ref) n.push_back(d);
+            return n;
+          }};
+}
+
+const std::vector<std::pair<std::string, Strategy>> kStrategies = {
+    {"full_shard", Strategy::FULL_SHARD},     {"shard_grad_op", Strategy::SHARD_GRAD_OP},
+    {"no_shard", Strategy::NO_SHARD},         {"hybrid_shard", Strategy::HYBRID_SHARD},
+    {"hybrid_shard_zero2", Strategy::HYBRID_SHARD_ZERO2}, {"ddp", Strategy::DDP}};
+const std::vector<std::pair<std::string, OptimizerKind>> kOptimizers = {
+    {"adamw", OptimizerKind::ADAMW}, {"anyprecision_adamw", OptimizerKind::ANYPRECISION_ADAMW},
+    {"adafactor", OptimizerKind::ADAFACTOR}, {"sgd", OptimizerKind::SGD}};
+const std::vector<std::pair<std::string, Precision>> kPrecisions = {
+    {"no", Precision::NO}, {"bf16", Precision::BF16}, {"fp16", Precision::FP16}};
+
+}  // namespace
+
+std::vector<std::pair<std::string, Dtype>> dtype_names() {
+  return {{"float32", Dtype::FLOAT32}, {"bfloat16", Dtype::BFLOAT16}, {"float16", Dtype::FLOAT16},
+          {"fp32", Dtype::FLOAT32},    {"bf16", Dtype::BFLOAT16},     {"fp16", Dtype::FLOAT16}};
+}
+
+std::vector<Field> fields_of(Config& c) {
+  return {
+      field("model.flavor", c.model.flavor),
+      field("model.family", c.model.family),
+      field("model.overrides", c.model.overrides),
+      field("model.task", c.model.task),
+      field("model.init_weights", c.model.init_weights),
+      field("model.ignore_mismatched_sizes", c.model.ignore_mismatched_sizes),
+      field("model.init_std", c.model.init_std),
+      field("model.from", c.model.from),
+      choice("model.dtype", c.model.dtype, dtype_names()),
+      field("model.lora.r", c.model.lora.r),
+      field("model.lora.lora_alpha", c.model.lora.lora_alpha),
+      field("model.lora.lora_dropout", c.model.lora.lora_dropout),
+      field("model.lora.target_modules", c.model.lora.target_modules),
+      field("model.lora.modules_to_save", c.model.lora.modules_to_save),
+      field("model.lora.from", c.model.lora.from),
+      field("data.image_text", c.data.image_text),
+      field("data.text", c.data.text),
+      field("data.image", c.data.image),
+      field("data.eval", c.data.eval),
+      field("data.tokenizer", c.data.tokenizer),
+      field("data.vocab", c.data.vocab),
+      field("data.text_fields", c.data.text_fields),
+      field("data.label_field", c.data.label_field),
+      field("data.image_field", c.data.image_field),
+      field("data.labels", c.data.labels),
+      field("data.multi_label", c.data.multi_label),
+      field("data.label_all_tokens", c.data.label_all_tokens),
+      field("data.mix.image_text", c.data.mix.image_text),
+      field("data.mix.text", c.data.mix.text),
+      field("data.mix.image", c.data.mix.image),
+      field("data.max_text_length", c.data.max_text_length),
+      field("data.truncation", c.data.truncation),
+      field("data.padding", c.data.padding),
+      field("data.packing", c.data.packing),
+      field("data.packing_eos", c.data.packing_eos),
+      field("data.cache_dir", c.data.cache_dir),
+      field("data.image_size", c.data.image_size),
+      field("data.mlm_probability", c.data.mlm_probability),
+      field("data.mim_probability", c.data.mim_probability),
+      field("data.itm_negative_probability", c.data.itm_negative_probability),
+      field("data.lowercase", c.data.lowercase),
+      field("data.image_mean", c.data.image_mean),
+      field("data.image_std", c.data.image_std),
+      field("data.max_image_pixels", c.data.max_image_pixels),
+      field("data.workers", c.data.workers),
+      field("data.queue_depth", c.data.queue_depth),
+      choice("parallel.strategy", c.parallel.strategy, kStrategies),
+      choice("parallel.mixed_precision", c.parallel.mixed_precision, kPrecisions),
+      choice("parallel.wrap", c.parallel.wrap,
+             {{"transformer", AutoWrap::TRANSFORMER}, {"size", AutoWrap::SIZE}, {"none", AutoWrap::NONE}}),
+      field("parallel.layer_classes", c.parallel.layer_classes),
+      field("parallel.min_params", c.parallel.min_params),
+      field("parallel.forward_prefetch", c.parallel.forward_prefetch),
+      choice("parallel.backward_prefetch", c.parallel.backward_prefetch,
+             {{"backward_pre", Prefetch::BACKWARD_PRE}, {"backward_post", Prefetch::BACKWARD_POST},
+              {"none", Prefetch::NONE}}),
+      field("parallel.limit_all_gathers", c.parallel.limit_all_gathers),
+      field("parallel.activation_checkpointing", c.parallel.activation_checkpointing),
+      field("parallel.cpu_offload", c.parallel.cpu_offload),
+      field("parallel.reshard_after_backward", c.parallel.reshard_after_backward),
+      field("parallel.sync_module_states", c.parallel.sync_module_states),
+      field("parallel.bucket_cap_mb", c.parallel.bucket_cap_mb),
+      field("parallel.gradient_as_bucket_view", c.parallel.gradient_as_bucket_view),
+      field("parallel.timeout", c.parallel.timeout),
+      choice("optim.name", c.optim.name, kOptimizers),
+      field("optim.lr", c.optim.lr),
+      field("optim.betas", c.optim.betas),
+      field("optim.eps", c.optim.eps),
+      field("optim.weight_decay", c.optim.weight_decay),
+      field("optim.no_decay_1d", c.optim.no_decay_1d),
+      field("optim.no_decay", c.optim.no_decay),
+      choice("optim.schedule", c.optim.schedule,
+             {{"cosine", LrSchedule::COSINE}, {"linear", LrSchedule::LINEAR}, {"constant", LrSchedule::CONSTANT}}),
+      field("optim.warmup_steps", c.optim.warmup_steps),
+      field("optim.min_lr_ratio", c.optim.min_lr_ratio),
+      field("optim.fused", c.optim.fused),
+      field("optim.use_kahan_summation", c.optim.use_kahan_summation),
+      choice("optim.momentum_dtype", c.optim.momentum_dtype, dtype_names()),
+      choice("optim.variance_dtype", c.optim.variance_dtype, dtype_names()),
+      choice("optim.compensation_buffer_dtype", c.optim.compensation_buffer_dtype, dtype_names()),
+      field("optim.momentum", c.optim.momentum),
+      field("optim.nesterov", c.optim.nesterov),
+      field("optim.relative_step", c.optim.relative_step),
+      field("optim.scale_parameter", c.optim.scale_parameter),
+      field("optim.warmup_init", c.optim.warmup_init),
+      field("optim.clip_threshold", c.optim.clip_threshold),
+      field("optim.decay_rate", c.optim.decay_rate),
+      field("optim.beta1", c.optim.beta1),
+      field("optim.adafactor_eps", c.optim.adafactor_eps),
+      field("train.steps", c.train.steps),
+      // An integer, or "auto" (kAutoBatch).
+      Field{"train.batch_size",
+            [&c](auto& w, auto& p, auto& n) {
+              if (n.IsScalar() && n.Scalar() == "auto") {
+                c.train.batch_size = kAutoBatch;
+                return;
+              }
+              c.train.batch_size = to_int(w, p, n);
+              if (c.train.batch_size < 1) bad_value(w, p, n, "at least 1, or auto");
+            },
+            [&c] { return c.train.batch_size == kAutoBatch ? YAML::Node("auto") : YAML::Node(c.train.batch_size); }},
+      memory_size("train.memory_budget", c.train.memory_budget),
+      memory_size("train.memory_limit", c.train.memory_limit),
+      field("train.grad_accum", c.train.grad_accum),
+      field("train.sync_each_batch", c.train.sync_each_batch),
+      field("train.max_grad_norm", c.train.max_grad_norm),
+      field("train.seed", c.train.seed),
+      field("train.device", c.train.device),
+      field("train.task", c.train.task),
+      field("train.tf32", c.train.tf32),
+      field("train.stop_at", c.train.stop_at),
+      field("train.eval_interval", c.train.eval_interval),
+      field("train.eval_samples", c.train.eval_samples),
+      choice("train.on_nonfinite", c.train.on_nonfinite,
+             {{"stop", NonFinite::STOP}, {"skip", NonFinite::SKIP}, {"rollback", NonFinite::ROLLBACK}}),
+      field("train.max_skipped_steps", c.train.max_skipped_steps),
+      field("train.skip_window", c.train.skip_window),
+      field("train.max_rollbacks", c.train.max_rollbacks),
+      field("train.force", c.train.force),
+      field("checkpoint.dir", c.checkpoint.dir),
+      field("checkpoint.interval", c.checkpoint.interval),
+      field("checkpoint.keep", c.checkpoint.keep),
+      choice("checkpoint.resume", c.checkpoint.resume,
+             {{"false", Resume::NEVER}, {"true", Resume::ALWAYS}, {"auto", Resume::AUTO}}),
+      field("checkpoint.overwrite", c.checkpoint.overwrite),
+      choice("checkpoint.state_dict_type", c.checkpoint.state_dict_type,
+             {{"sharded", StateDictType::SHARDED}, {"full", StateDictType::FULL}}),
+      field("checkpoint.allow_changes", c.checkpoint.allow_changes),
+      field("log.interval", c.log.interval),
+      field("log.dir", c.log.dir),
+      field("log.tensorboard", c.log.tensorboard),
+      field("log.csv", c.log.csv),
+      choice("log.progress", c.log.progress,
+             {{"auto", Progress::AUTO}, {"bar", Progress::BAR}, {"lines", Progress::LINES}, {"none", Progress::NONE}}),
+      field("log.peak_tflops", c.log.peak_tflops),
+      field("log.warmup_steps", c.log.warmup_steps),
+      choice("log.level", c.log.level,
+             {{"debug", LogLevel::DEBUG}, {"info", LogLevel::INFO}, {"warning", LogLevel::WARNING},
+              {"error", LogLevel::ERROR}}),
+      field("launch.num_processes", c.launch.num_processes),
+      field("launch.num_machines", c.launch.num_machines),
+      field("launch.machine_rank", c.launch.machine_rank),
+      field("launch.main_process_ip", c.launch.main_process_ip),
+      field("launch.main_process_port", c.launch.main_process_port),
+      field("launch.rdzv_id", c.launch.rdzv_id),
+      field("launch.max_restarts", c.launch.max_restarts),
+      field("launch.preempt_grace", c.launch.preempt_grace),
+  };
+}
+
+void set_precision(Config& c, const std::string& where, const std::string& path, const YAML::Node& node) {
+  choice(path, c.parallel.mixed_precision, kPrecisions).set(where, path, node);
+}
+bool node_bool(const std::string& where, const std::string& path, const YAML::Node& node) {
+  return to_bool(where, path, node);
+}
+int64_t node_int(const std::string& where, const std::string& path, const YAML::Node& node) {
+  return to_int(where, path, node);
+}
+std::string node_string(const std::string& where, const std::string& path, const YAML::Node& node) {
+  return to_str(where, path, node);
+}
+std::vector<std::string> node_list(const std::string& where, const std::string& path, const YAML::Node& node) {
+  return to_strings(where, path, node, /*split_commas=*/true);
+}
+std::string closest_key(const std::string& key, const std::vector<std::string>& candidates) {
+  return util::closest_match(key, candidates);
+}
+
+namespace {
+
+// model.lora.from: the adapter's adapter_config.json (JSON, read as the YAML it also is) gives r, lora_alpha,
+// lora_dropout, target_modules and modules_to_save. A LoRA shardtrain does not train as PEFT would (DoRA, rsLoRA,
+// trained biases, per-module ranks, layers picked, targets as a regular expression) is refused by its key; an r or
+// target_modules the config gives must be the adapter's. Read once (r set), a directory gone since — an export long
+// after the run re-reads the run's config — keeps what was read.
+void read_lora_adapter(models::LoraSpec& lora, const std::string& source) {
+  if (lora.from.empty()) return;
+  const std::string path = lora.from + "/adapter_config.json";
+  if (!io::path_exists(path)) {
+    if (lora.r > 0) return;
+    throw ConfigError(source + ": model.lora.from: '" + lora.from + "' holds no adapter_config.json (expected the "
+                      "directory PEFT's save_pretrained or `shardtrain checkpoint export --peft` writes)");
+  }
+  YAML::Node j;
+  try {
+    j = YAML::LoadFile(path);
+  } catch (const YAML::Exception& e) {
+    throw ConfigError(source + ": model.lora.from: " + path + " does not read as JSON: " + e.msg);
+  }
+  auto refuse = [&](const std::string& key, const std::string& value) {
+    throw ConfigError(source + ": model.lora.from: " + path + " has " + key + ": " + value + ", a LoRA shardtrain " +
+                      "does not train (it trains PEFT's plain LoRA: peft_type LORA, bias none, one r for all)");
+  };
+  const std::string where = "model.lora.from (" + path + ")";
+  const std::string type = j["peft_type"] ? node_string(where, "peft_type", j["peft_type"]) : "";
+  if (type != "LORA") refuse("peft_type", "'" + type + "'");
+  // fan_in_fan_out (PEFT sets it for GPT-2's Conv1D) says how the base weights are stored, which the model knows:
+  // the adapter's tensors and forward are the same either way.
+  for (const char* flag : {"use_dora", "use_rslora"}) {
+    if (j[flag] && !j[flag].IsNull() && node_bool(where, flag, j[flag])) refuse(flag, "true");
+  }
+  if (j["bias"] && !j["bias"].IsNull() && node_string(where, "bias", j["bias"]) != "none") {
+    refuse("bias", "'" + j["bias"].as<std::string>() + "'");
+  }
+  for (const char* pattern : {"rank_pattern", "alpha_pattern"}) {
+    if (j[pattern] && j[pattern].IsMap() && j[pattern].size() > 0) refuse(pattern, "a pattern");
+  }
+  if (j["layers_to_transform"] && !j["layers_to_transform"].IsNull()) refuse("layers_to_transform", "layers");
+  const int64_t r = j["r"] ? node_int(where, "r", j["r"]) : 8;
+  if (lora.r > 0 && lora.r != r) {
+    throw ConfigError(source + ": model.lora.r is " + std::to_string(lora.r) + " but the adapter of model.lora.from (" +
+                      path + ") has r " + std::to_string(r) + "; leave model.lora.r out");
+  }
+  std::vector<std::string> targets;
+  if (j["target_modules"] && j["target_modules"].IsScalar()) {
+    targets = {node_string(where, "target_modules", j["target_modules"])};
+    if (targets[0] != "all-linear") refuse("target_modules", "'" + targets[0] + "' (a regular expression)");
+  } else if (j["target_modules"] && !j["target_modules"].IsNull()) {
+    targets = node_list(where, "target_modules", j["target_modules"]);
+  }
+  if (!lora.target_modules.empty() && lora.target_modules != targets) {
+    throw ConfigError(source + ": model.lora.target_modules differ from those of the adapter of model.lora.from (" +
+                      path + "); leave model.lora.target_modules out");
+  }
+  lora.r = r;
+  lora.target_modules = targets;
+  lora.lora_alpha = j["lora_alpha"] ? to_double(where, "lora_alpha", j["lora_alpha"]) : 8.0;
+  lora.lora_dropout = j["lora_dropout"] ? to_double(where, "lora_dropout", j["lora_dropout"]) : 0.0;
+  lora.modules_to_save = j["modules_to_save"] && !j["modules_to_save"].IsNull()
+                             ? node_list(where, "modules_to_save", j["modules_to_save"])
+                             : std::vector<std::string>{};
+}
+
+}  // namespace
+
+models::LoraSpec read_peft_adapter(const std::string& dir, const std::string& source) {
+  models::LoraSpec lora;
+  lora.from = dir;
+  read_lora_adapter(lora, source);
+  return lora;
+}
+
+namespace {
+
+class Reader {
+ public:
+  Reader(Config& config, std::string source) : config_(config), source_(std::move(source)), fields_(fields_of(config)) {
+    for (const auto& f : fields_) paths_.push_back(f.path);
+    all_paths_ = paths_;
+    for (const auto& k : accelerate_key_paths()) all_paths_.push_back(k);
+  }
+
+  // A mapping at `prefix` ("" = the top level): each key is a field, a section holding fields, or Accelerate's.
+  void read_map(const YAML::Node& map, const std::string& prefix) {
+    if (!map.IsMap()) {
+      throw ConfigError(where_of(source_, map) + ": " + (prefix.empty() ? "the config" : prefix) +
+                        " must be a mapping of keys to values, not " + scalar_text(map));
+    }
+    for (const auto& item : map) {
+      if (!item.first.IsScalar()) {  // YAML's complex keys ("? {a: b}"): a mapping or list where a name belongs
+        throw ConfigError(where_of(source_, item.first) + ": a key of " + (prefix.empty() ? "the config" : prefix) +
+                          " is " + scalar_text(item.first) + ", expected a name");
+      }
+      const std::string key = item.first.as<std::string>();
+      const std::string path = prefix.empty() ? key : prefix + "." + key;
+      set(path, item.second, where_of(source_, item.first));
+    }
+  }
+
+  void set(const std::string& path, const YAML::Node& value, const std::string& where) {
+    for (auto& f : fields_) {
+      if (f.path == path) {
+        f.set(where, path, value);
+        return;
+      }
+    }
+    const std::string prefix = path + ".";
+    for (const auto& p : all_paths_) {  // a section ("data", "data.mix", Accelerate's "fsdp_config")
+      if (p.compare(0, prefix.size(), prefix) == 0) {
+        read_map(value, path);
+        return;
+      }
+    }
+    if (apply_accelerate_key(config_, path, value, where)) return;
+    throw ConfigError(where + ": unknown key '" + path + "'; did you mean '" + closest_key(path, all_paths_) +
+                      "'? (`shardtrain config --default` prints every key)");
+  }
+
+  void apply_override(const std::string& text) {
+    std::string body = text;
+    if (body.rfind("--", 0) == 0) body = body.substr(2);
+    const auto eq = body.find('=');
+    if (eq == std::string::npos || eq == 0) {
+      throw ConfigError("override '" + text + "': expected --section.key=value");
+    }
+    const std::string path = body.substr(0, eq), value_text = body.substr(eq + 1);
+    YAML::Node value;
+    try {
+      value = YAML::Load(value_text);
+    } catch (const YAML::Exception& e) {
+      throw ConfigError("override '" + text + "': the value is not valid YAML: " + e.msg);
+    }
+    set(path, value, "override --" + path);
+  }
+
+ private:
+  Config& config_;
+  std::string source_;
+  std::vector<Field> fields_;
+  std::vector<std::string> paths_;      // the tree's keys
+  std::vector<std::string> all_paths_;  // and Accelerate's
+};
+
+}  // namespace
+
+Config parse_config(const std::string& yaml, const std::string& source, const std::vector<std::string>& overrides) {
+  Config config;
+  Reader reader(config, source);
+  YAML::Node root;
+  try {
+    root = YAML::Load(yaml);
+  } catch (const YAML::Exception& e) {
+    throw ConfigError(source + ":" + std::to_string(e.mark.line + 1) + ": not valid YAML: " + e.msg);
+  }
+  if (!root.IsNull()) reader.read_map(root, "");
+  for (const auto& o : overrides) reader.apply_override(o);
+  if (!config.train.task.empty()) {  // train.task names model.task
+    if (!config.model.task.empty() && config.model.task != config.train.task) {
+      throw ConfigError("train.task: '" + config.train.task + "' with model.task: '" + config.model.task +
+                        "' is not one task (train.task is another name for model.task; give one of them)");
+    }
+    config.model.task = config.train.task;
+  }
+  // Token classification reads transformers' run_ner's columns unless told: the words in `tokens`, their classes in
+  // `ner_tags` (CoNLL-2003's).
+  if (config.model.task == "token_classify") {
+    if (config.data.text_fields == std::vector<std::string>{"text"}) config.data.text_fields = {"tokens"};
+    if (config.data.label_field == "label") config.data.label_field = "ner_tags";
+  }
+  read_lora_adapter(config.model.lora, source);
+  if (!config.model.from.empty()) {  // a Hugging Face directory: its config.json is the model, its files the weights
+    try {  // a model name: its snapshot in the Hugging Face cache, as from_pretrained finds it offline
+      config.model.from = io::resolve_hf_model(config.model.from, "model.from");
+    } catch (const std::exception& e) {
+      throw ConfigError(source + ": " + e.what());
+    }
+    config.model.flavor = config.model.from;
+    if (config.model.init_weights.empty()) config.model.init_weights = config.model.from;
+  }
+  // Weights and a tokenizer named as a Hugging Face model ("org/name") that is no path here: its snapshot in the
+  // cache, when the cache holds it (else the path's own error comes when it is opened).
+  for (std::string* named : {&config.model.init_weights, &config.data.tokenizer}) {
+    try {
+      if (!named->empty() && !io::path_exists(*named)) *named = io::find_in_hf_cache(*named).value_or(*named);
+    } catch (const std::exception& e) {
+      throw ConfigError(source + ": " + e.what());
+    }
+  }
+  validate(config);
+  return config;
+}
+
+void apply_overrides(Config& config, const std::vector<std::string>& overrides) {
+  Reader reader(config, "overrides");
+  for (const auto& o : overrides) reader.apply_override(o);
+}
+
+Config load_config(const std::string& path, const std::vector<std::string>& overrides) {
+  std::ifstream in(path);
+  if (!in) throw ConfigError("cannot read config file '" + path + "'");
+  std::stringstream text;
+  text << in.rdbuf();
+  return parse_config(text.str(), path, overrides);
+}
+
+namespace {
+
+void require(bool ok, const std::string& path, const std::string& value, const std::string& expected) {
+  if (!ok) throw ConfigError(path + ": " + value + " is not " + expected);
+}
+std::string num(double v) {
+  std::ostringstream s;
+  s << v;
+  return s.str();
+}
+void require_probability(double p, const std::string& path) {
+  require(p >= 0 && p <= 1, path, num(p), "a probability in [0, 1]");
+}
+
+}  // namespace
+
+void validate(const Config& c) {
+  require(c.train.steps >= 1, "train.steps", num(c.train.steps), "at least 1");
+  require(c.train.batch_size >= 1 || c.train.batch_size == kAutoBatch, "train.batch_size", num(c.train.batch_size),
+          "at least 1, or auto");
+  require(c.train.grad_accum >= 1, "train.grad_accum", num(c.train.grad_accum), "at least 1");
+  require(c.train.max_grad_norm >= 0, "train.max_grad_norm", num(c.train.max_grad_norm), "0 (off) or positive");
+  require(c.train.device == "cpu" || c.train.device == "cuda", "train.device", "'" + c.train.device + "'",
+          "cpu or cuda");
+  require(c.train.stop_at >= 0 && c.train.stop_at <= c.train.steps, "train.stop_at", num(c.train.stop_at),
+          "0 or a step up to train.steps (" + num(c.train.steps) + ")");
+  require(c.train.eval_interval >= 0, "train.eval_interval", num(c.train.eval_interval), "0 or positive");
+  require(c.train.eval_samples >= 0, "train.eval_samples", num(c.train.eval_samples), "0 or positive");
+  require(c.train.max_skipped_steps >= 0, "train.max_skipped_steps", num(c.train.max_skipped_steps), "0 or positive");
+  require(c.train.skip_window >= 1, "train.skip_window", num(c.train.skip_window), "at least 1 step");
+  require(c.train.max_rollbacks >= 0, "train.max_rollbacks", num(c.train.max_rollbacks), "0 or positive");
+  {
+    const std::vector<std::string> keys = key_paths();
+    for (const std::string& key : c.checkpoint.allow_changes) {
+      const bool section = std::any_of(keys.begin(), keys.end(), [&](const std::string& k) {
+        return k.rfind(key + ".", 0) == 0;
+      });
+      require(key == "all" || section || std::find(keys.begin(), keys.end(), key) != keys.end(),
+              "checkpoint.allow_changes", "'" + key + "'",
+              "a key path, a section or all (closest key: " + closest_key(key, keys) + ")");
+    }
+  }
+  require(c.model.dtype != Dtype::FLOAT16, "model.dtype", "'float16'",
+          "float32 or bfloat16 (pure float16 would need loss scaling with float16 weights; for float16 compute keep "
+          "float32 weights with parallel.mixed_precision: fp16)");
+  require(c.model.dtype == Dtype::FLOAT32 || c.parallel.mixed_precision == Precision::NO, "parallel.mixed_precision",
+          "'" + to_string(c.parallel.mixed_precision) + "' with model.dtype: bfloat16",
+          "no (the weights themselves compute in bfloat16)");
+  require(c.model.lora.r >= 0, "model.lora.r", num(c.model.lora.r), "0 (no LoRA) or a rank of 1 or more");
+  require(c.model.lora.lora_alpha > 0, "model.lora.lora_alpha", num(c.model.lora.lora_alpha), "positive");
+  require(c.model.lora.lora_dropout >= 0 && c.model.lora.lora_dropout < 1, "model.lora.lora_dropout",
+          num(c.model.lora.lora_dropout), "a probability in [0, 1)");
+  require(c.model.lora.enabled() || (c.model.lora.target_modules.empty() && c.model.lora.modules_to_save.empty()),
+          "model.lora.target_modules", "given with model.lora.r: 0",
+          "a rank model.lora.r of 1 or more (r 0 is no LoRA)");
+  require(c.optim.lr > 0, "optim.lr", num(c.optim.lr), "positive");
+  require(c.optim.betas.size() == 2, "optim.betas", std::to_string(c.optim.betas.size()) + " values",
+          "two values [beta1, beta2]");
+  for (double b : c.optim.betas) require(b >= 0 && b < 1, "optim.betas", num(b), "in [0, 1)");
+  require(c.optim.eps > 0, "optim.eps", num(c.optim.eps), "positive");
+  require(c.optim.momentum >= 0 && c.optim.momentum < 1, "optim.momentum", num(c.optim.momentum), "in [0, 1)");
+  require(!c.optim.nesterov || c.optim.momentum > 0, "optim.nesterov", "true with momentum 0",
+          "a positive optim.momentum (Nesterov's step is a momentum step)");
+  require(c.optim.clip_threshold > 0, "optim.clip_threshold", num(c.optim.clip_threshold), "positive");
+  require(c.optim.decay_rate < 0, "optim.decay_rate", num(c.optim.decay_rate),
+          "negative (Adafactor's second-moment decay at step t is 1 - t^decay_rate)");
+  require(c.optim.beta1 >= 0 && c.optim.beta1 < 1, "optim.beta1", num(c.optim.beta1), "in [0, 1) (0: no first moment)");
+  require(c.optim.adafactor_eps.size() == 2, "optim.adafactor_eps",
+          std::to_string(c.optim.adafactor_eps.size()) + " values", "two values [eps1, eps2]");
+  for (double e : c.optim.adafactor_eps) require(e >= 0, "optim.adafactor_eps", num(e), "0 or positive");
+  require(!c.optim.warmup_init || c.optim.relative_step, "optim.warmup_init", "true with optim.relative_step false",
+          "optim.relative_step: true (warmup_init warms the relative step up)");
+  require(c.optim.weight_decay >= 0, "optim.weight_decay", num(c.optim.weight_decay), "0 or positive");
+  require(c.optim.warmup_steps >= 0, "optim.warmup_steps", num(c.optim.warmup_steps), "0 or positive");
+  require(c.optim.min_lr_ratio >= 0 && c.optim.min_lr_ratio <= 1, "optim.min_lr_ratio", num(c.optim.min_lr_ratio),
+          "in [0, 1]");
+  for (const auto& pattern : c.optim.no_decay) {
+    try {
+      std::regex check(pattern);
+    } catch (const std::regex_error& e) {
+      throw ConfigError("optim.no_decay: '" + pattern + "' is not a regular expression (" + e.what() + ")");
+    }
+  }
+  require_probability(c.data.mlm_probability, "data.mlm_probability");
+  require_probability(c.data.mim_probability, "data.mim_probability");
+  require_probability(c.data.itm_negative_probability, "data.itm_negative_probability");
+  const MixConfig& m = c.data.mix;
+  require(m.image_text >= 0 && m.text >= 0 && m.image >= 0 && m.image_text + m.text + m.image > 0, "data.mix",
+          num(m.image_text) + "/" + num(m.text) + "/" + num(m.image), "non-negative weights with a positive sum");
+  require(c.data.image_mean.size() == 3, "data.image_mean", std::to_string(c.data.image_mean.size()) + " values",
+          "three values (R, G, B)");
+  require(c.data.image_std.size() == 3, "data.image_std", std::to_string(c.data.image_std.size()) + " values",
+          "three values (R, G, B)");
+  for (double s : c.data.image_std) require(s > 0, "data.image_std", num(s), "positive");
+  require(c.data.max_image_pixels >= 1, "data.max_image_pixels", num(c.data.max_image_pixels), "at least 1");
+  require(c.data.max_text_length == 0 || c.data.max_text_length >= 3, "data.max_text_length",
+          num(c.data.max_text_length), "0 (the model's) or at least 3");
+  require(c.data.truncation == "warn" || c.data.truncation == "error", "data.truncation", "'" + c.data.truncation + "'",
+          "warn (truncate and count) or error");
+  require(c.data.padding == "max_length" || c.data.padding == "longest", "data.padding", "'" + c.data.padding + "'",
+          "max_length (every text padded to data.max_text_length) or longest (to the batch's longest)");
+  require(c.data.text_fields.size() == 1 || c.data.text_fields.size() == 2, "data.text_fields",
+          std::to_string(c.data.text_fields.size()) + " fields", "one (a text) or two (a sentence pair)");
+  for (size_t i = 0; i < c.data.labels.size(); ++i) {
+    for (size_t j = 0; j < i; ++j) {
+      require(c.data.labels[i] != c.data.labels[j], "data.labels", "'" + c.data.labels[i] + "' twice",
+              "distinct class names");
+    }
+  }
+  require(c.data.image_size >= 0, "data.image_size", num(c.data.image_size), "0 (the model's) or positive");
+  require(c.data.workers >= 0, "data.workers", num(c.data.workers), "0 (load on the training thread) or more");
+  require(c.data.queue_depth >= 1, "data.queue_depth", num(c.data.queue_depth), "at least 1");
+  require(c.parallel.min_params >= 1, "parallel.min_params", num(c.parallel.min_params), "at least 1");
+  require(c.parallel.bucket_cap_mb > 0, "parallel.bucket_cap_mb", num(c.parallel.bucket_cap_mb), "positive (MiB)");
+  require(c.parallel.forward_prefetch >= 0, "parallel.forward_prefetch", num(c.parallel.forward_prefetch),
+          "0 or more units");
+  require(c.parallel.timeout >= 1, "parallel.timeout", num(c.parallel.timeout), "at least 1 (seconds)");
+  require(c.checkpoint.interval >= 0, "checkpoint.interval", num(c.checkpoint.interval), "0 or positive");
+  require(c.checkpoint.keep >= 0, "checkpoint.keep", num(c.checkpoint.keep), "0 (keep all) or positive");
+  require(c.checkpoint.resume == Resume::NEVER || !c.checkpoint.dir.empty(), "checkpoint.resume",
+          c.checkpoint.resume == Resume::AUTO ? "auto" : "true",
+          "possible without checkpoint.dir (where would it resume from?)");
+  require(c.log.interval >= 1, "log.interval", num(c.log.interval), "at least 1");
+  require(c.log.peak_tflops >= 0, "log.peak_tflops", num(c.log.peak_tflops), "0 (measure) or positive");
+  require(c.log.warmup_steps >= 0, "log.warmup_steps", num(c.log.warmup_steps), "0 or positive");
+  require(c.launch.num_processes >= 1, "launch.num_processes", num(c.launch.num_processes), "at least 1");
+  require(c.launch.num_machines >= 1, "launch.num_machines", num(c.launch.num_machines), "at least 1");
+  require(c.launch.num_processes % c.launch.num_machines == 0, "launch.num_processes",
+          num(c.launch.num_processes), "a multiple of launch.num_machines (" + num(c.launch.num_machines) + ")");
+  require(c.launch.machine_rank >= 0 && c.launch.machine_rank < c.launch.num_machines, "launch.machine_rank",
+          num(c.launch.machine_rank), "in [0, launch.num_machines)");
+  require(c.launch.main_process_port >= 0 && c.launch.main_process_port < 65536, "launch.main_process_port",
+          num(c.launch.main_process_port), "a port number");
+  require(c.launch.max_restarts >= 0, "launch.max_restarts", num(c.launch.max_restarts), "0 or more");
+  require(c.launch.preempt_grace >= 0, "launch.preempt_grace", num(c.launch.preempt_grace), "0 or more seconds");
+}
+
+std::string to_yaml(const Config& config) {
+  Config copy = config;
+  YAML::Node root(YAML::NodeType::Map);
+  for (const auto& f : fields_of(copy)) {
+    std::vector<std::string> parts;
+    std::stringstream in(f.path);
+    for (std::string part; std::getline(in, part, '.');) parts.push_back(part);
+    // yaml-cpp nodes are handles: descend by rebinding through operator[] on a fresh handle each level
+    std::vector<YAML::Node> chain{root};
+    for (size_t i = 0; i + 1 < parts.size(); ++i) chain.push_back(chain.back()[parts[i]]);
+    chain.back()[parts.back()] = f.get();
+  }
+  YAML::Emitter out;
+  out.SetDoublePrecision(17);
+  out << root;
+  return std::string(out.c_str()) + "\n";
+}
+
+std::vector<std::string> key_paths() {
+  Config c;
+  std::vector<std::string> out;
+  for (const auto& f : fields_of(c)) out.push_back(f.path);
+  return out;
+}
+
+std::string to_string(Strategy s) {
+  for (const auto& [name, value] : kStrategies) {
+    if (value == s) return name;
+  }
+  return "?";
+}
+std::string to_string(Precision p) {
+  for (const auto& [name, value] : kPrecisions) {
+    if (value == p) return name;
+  }
+  return "?";
+}
+std::string to_string(OptimizerKind k) {
+  for (const auto& [name, value] : kOptimizers) {
+    if (value == k) return name;
+  }
+  return "?";
+}
+
+namespace {
+
+// A YAML value as one line of text, the same for equal values however they were written (block or flow, 0.9 or
+// 0.90000000000000002): numbers in the shortest form that reads back to the same double, lists as [a, b], maps as
+// {key: value} in key order.
+std::string canonical_text(const YAML::Node& node) {
+  if (node.IsScalar()) {
+    const std::string& s = node.Scalar();
+    try {
+      size_t used = 0;
+      const double v = std::stod(s, &used);
+      if (used == s.size() && std::isfinite(v)) {
+        char text[40];
+        for (int digits : {15, 16, 17}) {
+          std::snprintf(text, sizeof(text), "%.*g", digits, v);
+          if (std::stod(text) == v) break;
+        }
+        return text;
+      }
+    } catch (const std::exception&) {
+    }
+    return s;
+  }
+  if (node.IsSequence()) {
+    std::string out = "[";
+    for (size_t i = 0; i < node.size(); ++i) out += (i ? ", " : "") + canonical_text(node[i]);
+    return out + "]";
+  }
+  if (node.IsMap()) {
+    std::map<std::string, std::string> items;
+    for (const auto& item : node) items[item.first.as<std::string>()] = canonical_text(item.second);
+    std::string out = "{";
+    for (const auto& [k, v] : items) out += (out.size() > 1 ? ", " : "") + k + ": " + v;
+    return out + "}";
+  }
+  return "";
+}
+
+// The node at parts[i..] below `node` (["train", "steps"]); nullopt when one is missing. Handles are only
+// constructed, never assigned: yaml-cpp's assignment rebinds the node it refers to.
+std::optional<YAML::Node> node_at(const YAML::Node& node, const std::vector<std::string>& parts, size_t i = 0) {
+  if (i == parts.size()) return node;
+  if (!node.IsMap()) return std::nullopt;
+  const YAML::Node child = node[parts[i]];
+  if (!child) return std::nullopt;
+  return node_at(child, parts, i + 1);
+}
+
+std::vector<std::string> path_parts(const std::string& path) {
+  std::vector<std::string> parts;
+  std::stringstream in(path);
+  for (std::string part; std::getline(in, part, '.');) parts.push_back(part);
+  return parts;
+}
+
+}  // namespace
+
+std::vector<KeyChange> changed_keys(const std::string& before_yaml, const Config& after) {
+  YAML::Node before;
+  try {
+    before = YAML::Load(before_yaml);
+  } catch (const YAML::Exception& e) {
+    throw ConfigError("the earlier config does not read as YAML: " + e.msg);
+  }
+  Config now = after, defaults;
+  const std::vector<Field> now_fields = fields_of(now), default_fields = fields_of(defaults);
+  std::vector<KeyChange> out;
+  for (size_t i = 0; i < now_fields.size(); ++i) {
+    const std::string value = canonical_text(now_fields[i].get());
+    const std::optional<YAML::Node> old = node_at(before, path_parts(now_fields[i].path));
+    const std::string old_value = canonical_text(old ? *old : default_fields[i].get());
+    if (old_value != value) out.push_back({now_fields[i].path, old ? old_value : "(absent)", value});
+  }
+  return out;
+}
+
+}  // namespace shardtrain::config
