@@ -113,7 +113,7 @@ int run_config_command(const std::vector<std::string>& argv) {
   }
   config::validate(config);  // values against each other (processes a multiple of machines, ...)
   const std::string yaml = "# shardtrain config (`shardtrain train " + (out == "-" ? std::string("CONFIG") : out) +
-                           "`); every key is listed with its value\n" + config::to_yaml(config);
+                           "`); every key is listed with its value\n" + config::to_yaml(config, /*annotated=*/true);
   if (out == "-") {
     std::cout << yaml;
   } else {

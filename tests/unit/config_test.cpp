@@ -44,6 +44,25 @@ TEST(Config, ChangedKeysComparesValuesNotSpellings) {
   EXPECT_THROW(changed_keys("a: [unclosed", c), ConfigError);
 }
 
+// What a person reads: numbers in their shortest form that reads back the same, and each enumeration's values
+// beside it when annotated; both read back to the same tree.
+TEST(Config, YamlShowsShortNumbersAndTheChoices) {
+  Config c;
+  c.optim.lr = 3e-4;
+  const std::string plain = to_yaml(c);
+  EXPECT_NE(plain.find("  lr: 0.0003\n"), std::string::npos) << plain;
+  EXPECT_NE(plain.find("    - 0.9\n    - 0.999\n"), std::string::npos) << plain;
+  EXPECT_NE(plain.find("  min_lr_ratio: 0.1\n"), std::string::npos) << plain;
+  EXPECT_EQ(plain.find("00000000000"), std::string::npos) << plain;  // no 0.90000000000000002
+  EXPECT_EQ(plain.find('#'), std::string::npos) << plain;
+  const std::string annotated = to_yaml(c, /*annotated=*/true);
+  EXPECT_NE(annotated.find("  name: adamw  # adamw | anyprecision_adamw | adafactor | sgd\n"), std::string::npos)
+      << annotated;
+  EXPECT_NE(annotated.find("  on_nonfinite: skip  # stop | skip | rollback\n"), std::string::npos) << annotated;
+  EXPECT_EQ(to_yaml(parse_config(annotated, "annotated.yaml")), plain);
+  EXPECT_EQ(parse_config(plain, "plain.yaml").optim.betas, c.optim.betas);
+}
+
 TEST(Config, EmptyFileIsTheDefaults) {
   const Config c = parse_config("", "empty.yaml");
   EXPECT_EQ(c.model.flavor, "flava-debug");

@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <fstream>
 #include <optional>
 #include <regex>
@@ -125,6 +126,24 @@ std::vector<double> to_doubles(const std::string& where, const std::string& path
   return out;
 }
 
+// A double as the shortest text that reads back to it (0.9, not 0.90000000000000002), as a YAML scalar.
+YAML::Node shortest(double v) {
+  char text[40];
+  for (int digits = 15; digits <= 17; ++digits) {
+    std::snprintf(text, sizeof(text), "%.*g", digits, v);
+    if (std::strtod(text, nullptr) == v) break;
+  }
+  return YAML::Node(std::string(text));
+}
+
+// "train.steps" -> {"train", "steps"}.
+std::vector<std::string> path_parts(const std::string& path) {
+  std::vector<std::string> parts;
+  std::stringstream in(path);
+  for (std::string part; std::getline(in, part, '.');) parts.push_back(part);
+  return parts;
+}
+
 std::string lower(std::string s) {
   for (auto& c : s) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
   return s;
@@ -134,6 +153,7 @@ template <class E>
 Field choice(std::string path, E& ref, std::vector<std::pair<std::string, E>> names) {
   Field f;
   f.path = std::move(path);
+  for (const auto& n : names) f.choices.push_back(n.first);
   f.set = [&ref, names](const std::string& where, const std::string& p, const YAML::Node& node) {
     if (node.IsScalar()) {
       const std::string v = lower(node.Scalar());
@@ -163,7 +183,7 @@ Field field(std::string path, int64_t& ref) {
 }
 Field field(std::string path, double& ref) {
   return {std::move(path), [&ref](auto& w, auto& p, auto& n) { ref = to_double(w, p, n); },
-          [&ref] { return YAML::Node(ref); }};
+          [&ref] { return shortest(ref); }};
 }
 Field field(std::string path, bool& ref) {
   return {std::move(path), [&ref](auto& w, auto& p, auto& n) { ref = to_bool(w, p, n); },
@@ -205,7 +225,7 @@ Field field(std::string path, std::map<std::string, double>& ref) {
           },
           [&ref] {
             YAML::Node n(YAML::NodeType::Map);
-            for (const auto& [k, v] : ref) n[k] = v;
+            for (const auto& [k, v] : ref) n[k] = shortest(v);
             return n;
           }};
 }
@@ -213,7 +233,7 @@ Field field(std::string path, std::vector<double>& ref) {
   return {std::move(path), [&ref](auto& w, auto& p, auto& n) { ref = to_doubles(w, p, n); },
           [&ref] {
             YAML::Node n(YAML::NodeType::Sequence);
-            for (double d : ref) n.push_back(d);
+            for (double d : ref) n.push_back(shortest(d));
             return n;
           }};
 }
@@ -750,21 +770,28 @@ void validate(const Config& c) {
   require(c.launch.preempt_grace >= 0, "launch.preempt_grace", num(c.launch.preempt_grace), "0 or more seconds");
 }
 
-std::string to_yaml(const Config& config) {
+std::string to_yaml(const Config& config, bool annotated) {
   Config copy = config;
-  YAML::Node root(YAML::NodeType::Map);
-  for (const auto& f : fields_of(copy)) {
-    std::vector<std::string> parts;
-    std::stringstream in(f.path);
-    for (std::string part; std::getline(in, part, '.');) parts.push_back(part);
-    // yaml-cpp nodes are handles: descend by rebinding through operator[] on a fresh handle each level
-    std::vector<YAML::Node> chain{root};
-    for (size_t i = 0; i + 1 < parts.size(); ++i) chain.push_back(chain.back()[parts[i]]);
-    chain.back()[parts.back()] = f.get();
-  }
   YAML::Emitter out;
-  out.SetDoublePrecision(17);
-  out << root;
+  out << YAML::BeginMap;
+  std::vector<std::string> open;  // the sections open around the last key: {"model", "lora"}
+  for (const auto& f : fields_of(copy)) {
+    const std::vector<std::string> parts = path_parts(f.path);
+    const std::vector<std::string> sections(parts.begin(), parts.end() - 1);
+    size_t shared = 0;
+    while (shared < open.size() && shared < sections.size() && open[shared] == sections[shared]) ++shared;
+    for (size_t i = open.size(); i > shared; --i) out << YAML::EndMap;
+    for (size_t i = shared; i < sections.size(); ++i) out << YAML::Key << sections[i] << YAML::Value << YAML::BeginMap;
+    open = sections;
+    out << YAML::Key << parts.back() << YAML::Value << f.get();
+    if (annotated && !f.choices.empty()) {
+      std::string all;
+      for (const std::string& c : f.choices) all += (all.empty() ? "" : " | ") + c;
+      out << YAML::Comment(all);
+    }
+  }
+  for (size_t i = 0; i < open.size(); ++i) out << YAML::EndMap;
+  out << YAML::EndMap;
   return std::string(out.c_str()) + "\n";
 }
 
@@ -840,13 +867,6 @@ std::optional<YAML::Node> node_at(const YAML::Node& node, const std::vector<std:
   const YAML::Node child = node[parts[i]];
   if (!child) return std::nullopt;
   return node_at(child, parts, i + 1);
-}
-
-std::vector<std::string> path_parts(const std::string& path) {
-  std::vector<std::string> parts;
-  std::stringstream in(path);
-  for (std::string part; std::getline(in, part, '.');) parts.push_back(part);
-  return parts;
 }
 
 }  // namespace

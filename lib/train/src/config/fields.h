@@ -17,6 +17,7 @@ struct Field {
   // Reads `node` into the field, or throws ConfigError naming `where`, `path` and what was expected.
   std::function<void(const std::string& where, const std::string& path, const YAML::Node& node)> set;
   std::function<YAML::Node()> get;
+  std::vector<std::string> choices;  // an enumeration's values, in YAML's spelling; empty for other fields
 };
 
 // Fields bound to `c` (the references stay valid while `c` lives).

@@ -320,9 +320,10 @@ void apply_overrides(Config& config, const std::vector<std::string>& overrides);
 // Checks values against each other (batch sizes, betas, probabilities, ...). load/parse_config call it.
 void validate(const Config& config);
 
-// The whole tree as YAML, every key with its value (what `shardtrain config --default` writes; parse_config
-// reads it back to an equal tree).
-std::string to_yaml(const Config& config);
+// The whole tree as YAML, every key with its value, numbers in the shortest form that reads back the same (0.9);
+// `annotated`: each enumeration's values in a comment beside it ("name: adamw  # adamw | anyprecision_adamw |
+// adafactor | sgd"), as `shardtrain config --default` writes it. parse_config reads either back to an equal tree.
+std::string to_yaml(const Config& config, bool annotated = false);
 
 // Every key path ("train.steps", ...), in tree order.
 std::vector<std::string> key_paths();
