@@ -148,8 +148,8 @@ int run(const Args& a) {
   const dist::DeviceMesh mesh = dist::DeviceMesh::create(pg, 1);
   if (a.mode == "full_shard" || a.mode == "shard_grad_op") {
     models::ParallelizeOptions options;
-    options.strategy = a.mode == "full_shard" ? fsdp::ShardingStrategy::FULL_SHARD
-                                              : fsdp::ShardingStrategy::SHARD_GRAD_OP;
+    options.strategy = a.mode == "full_shard" ? parallel::Strategy::FULL_SHARD
+                                              : parallel::Strategy::SHARD_GRAD_OP;
     options.activation_checkpoint_every = a.checkpoint ? 1 : 0;
     options.fsdp.overlap_reduce_scatter = a.overlap_reduce_scatter;
     if (a.forward_prefetch) options.fsdp.forward_prefetch = *a.forward_prefetch;

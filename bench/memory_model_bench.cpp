@@ -24,6 +24,7 @@
 #include "shardtrain/models/synthetic_batch.h"
 #include "shardtrain/models/zoo.h"
 #include "shardtrain/optim/grad_scaler.h"
+#include "shardtrain/parallel/vocabulary.h"
 #include "shardtrain/plan/memory_model.h"
 #include "train/parallel_model.h"
 #include "train/train_step.h"
@@ -40,18 +41,6 @@ std::vector<std::string> split_commas(const std::string& text) {
   }
   out.push_back(text.substr(start));
   return out;
-}
-
-config::Strategy config_strategy(plan::Strategy s) {
-  switch (s) {
-    case plan::Strategy::kFullShard: return config::Strategy::FULL_SHARD;
-    case plan::Strategy::kShardGradOp: return config::Strategy::SHARD_GRAD_OP;
-    case plan::Strategy::kNoShard: return config::Strategy::NO_SHARD;
-    case plan::Strategy::kHybridShard: return config::Strategy::HYBRID_SHARD;
-    case plan::Strategy::kHybridShardZero2: return config::Strategy::HYBRID_SHARD_ZERO2;
-    case plan::Strategy::kDdp: return config::Strategy::DDP;
-  }
-  return config::Strategy::FULL_SHARD;
 }
 
 int run(int argc, char** argv) {
@@ -85,22 +74,20 @@ int run(int argc, char** argv) {
   const auto recipe = models::with_lora(models::recipe_of_model(model), lora);
 
   plan::TrainingJob job;
-  job.world = env.world_size, job.nodes = nodes, job.strategy = plan::parse_strategy(strategy);
-  job.mixed_precision = precision, job.activation_checkpointing = ac, job.batch = batch, job.seq_len = seq_len;
+  job.world = env.world_size, job.nodes = nodes, job.strategy = parallel::strategy_named(strategy);
+  job.mixed_precision = parallel::precision_named(precision);
+  job.activation_checkpointing = ac, job.batch = batch, job.seq_len = seq_len;
   job.grad_accum = grad_accum;
   job.fused_optimizer = config::OptimConfig{}.fused;  // the trainer's optimizer, made below
   const plan::MemoryEstimate predicted = plan::estimate_training_memory(*recipe, job);
 
   config::Config c;
   c.model.lora = lora;
-  c.parallel.strategy = config_strategy(job.strategy);
-  if (precision == "no") c.parallel.mixed_precision = config::Precision::NO;
-  else if (precision == "bf16") c.parallel.mixed_precision = config::Precision::BF16;
-  else if (precision == "fp16") c.parallel.mixed_precision = config::Precision::FP16;
-  else throw std::invalid_argument("--mixed-precision " + precision + ": expected no, bf16 or fp16");
+  c.parallel.strategy = job.strategy;
+  c.parallel.mixed_precision = job.mixed_precision;
   c.parallel.activation_checkpointing = ac;
   c.train.batch_size = batch;
-  const bool hybrid = train::is_hybrid(c.parallel.strategy);
+  const bool hybrid = parallel::is_hybrid(c.parallel.strategy);
   const dist::DeviceMesh mesh = dist::DeviceMesh::create(pg, hybrid ? static_cast<int>(nodes) : 1);
   const auto task = recipe->task();
   train::ParallelModel parallel(c, recipe, task->leaves_parameters_unused(), mesh, at::Device(at::kCPU));
@@ -109,7 +96,7 @@ int run(int argc, char** argv) {
   const data::Batch b = models::synthetic_batch(task->data_needs(), batch, seq_len, seed);
   // float16 scales the loss and unscales the gradients before the step, as the trainer's loop does.
   std::optional<optim::GradScaler> scaler;
-  if (c.parallel.mixed_precision == config::Precision::FP16) scaler.emplace(optim::GradScalerOptions{}, pg.world());
+  if (c.parallel.mixed_precision == parallel::Precision::FP16) scaler.emplace(optim::GradScalerOptions{}, pg.world());
 
   // A task that mixes kinds (FLAVA) trains every head over a run: a step of each kind first, so that AdamW holds
   // the state of every head when the image-text step is measured.

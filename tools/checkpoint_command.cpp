@@ -109,7 +109,7 @@ int run_checkpoint_command(const std::vector<std::string>& args) {
     else if (d == "fp16") options.dtype = at::kHalf;
     else if (d == "fp32") options.dtype = at::kFloat;
     else if (!d.empty()) throw std::invalid_argument("--dtype: '" + d + "' is not one of fp32, bf16, fp16");
-    const int64_t max_shard = plan::parse_memory_size(a.get("max-shard-size", "5GB"));
+    const int64_t max_shard = memory::parse_memory_size(a.get("max-shard-size", "5GB"));
     if (!io::path_exists(path + "/trainer.json")) {
       const auto latest = ckpt::latest_checkpoint(path);
       if (!latest && (io::has_weight_files(path) || (io::path_exists(path) && !io::is_directory(path)))) {

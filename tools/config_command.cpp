@@ -38,21 +38,21 @@ const std::vector<Question>& questions() {
        "full_shard"},
       {"parallel.mixed_precision", "Mixed precision (no, bf16, fp16)?", "no"},
       {"parallel.wrap", "Auto wrap policy (transformer, size, none)?", "transformer",
-       [](const config::Config& c) { return c.parallel.strategy != config::Strategy::DDP; }},
+       [](const config::Config& c) { return c.parallel.strategy != parallel::Strategy::DDP; }},
       {"parallel.layer_classes", "Transformer layer classes to wrap, comma-separated (empty: the model's own)?", "",
        [](const config::Config& c) {
-         return c.parallel.strategy != config::Strategy::DDP && c.parallel.wrap == config::AutoWrap::TRANSFORMER;
+         return c.parallel.strategy != parallel::Strategy::DDP && c.parallel.wrap == config::AutoWrap::TRANSFORMER;
        }},
       {"parallel.min_params", "Minimum number of parameters of a unit?", "100000000",
        [](const config::Config& c) {
-         return c.parallel.strategy != config::Strategy::DDP && c.parallel.wrap == config::AutoWrap::SIZE;
+         return c.parallel.strategy != parallel::Strategy::DDP && c.parallel.wrap == config::AutoWrap::SIZE;
        }},
       {"parallel.backward_prefetch", "Backward prefetch (backward_pre, backward_post, none)?", "backward_pre",
-       [](const config::Config& c) { return c.parallel.strategy != config::Strategy::DDP; }},
+       [](const config::Config& c) { return c.parallel.strategy != parallel::Strategy::DDP; }},
       {"parallel.forward_prefetch", "Units to all-gather ahead in forward (0 = none)?", "0",
-       [](const config::Config& c) { return c.parallel.strategy != config::Strategy::DDP; }},
+       [](const config::Config& c) { return c.parallel.strategy != parallel::Strategy::DDP; }},
       {"parallel.cpu_offload", "Offload parameters and gradients to CPU (yes/no)?", "no",
-       [](const config::Config& c) { return c.parallel.strategy != config::Strategy::DDP; }},
+       [](const config::Config& c) { return c.parallel.strategy != parallel::Strategy::DDP; }},
       {"parallel.activation_checkpointing", "Use activation checkpointing (yes/no)?", "no"},
       {"checkpoint.state_dict_type", "Checkpoint state dict type (sharded, full)?", "sharded"},
   };

@@ -11,6 +11,7 @@
 #include "lora_args.h"
 #include "shardtrain/models/lora.h"
 #include "shardtrain/models/zoo.h"
+#include "shardtrain/parallel/vocabulary.h"
 #include "shardtrain/plan/accelerate_estimate.h"
 #include "shardtrain/config/config.h"
 #include "shardtrain/plan/memory_model.h"
@@ -122,8 +123,8 @@ int run_estimate_command(const std::vector<std::string>& argv) {
     plan::TrainingJob job;
     job.world = args.get_int("num-processes", 1);
     job.nodes = args.get_int("nnodes", 1);
-    job.strategy = plan::parse_strategy(args.get("strategy", "full_shard"));
-    job.mixed_precision = args.get("mixed-precision", "no");
+    job.strategy = parallel::strategy_named(args.get("strategy", "full_shard"));
+    job.mixed_precision = parallel::precision_named(args.get("mixed-precision", "no"));
     job.activation_checkpointing = args.has("activation-checkpointing") || args.has("every");
     job.checkpoint_every = args.get_int("every", 1);
     job.grad_accum = args.get_int("grad-accum", 1);
@@ -131,11 +132,7 @@ int run_estimate_command(const std::vector<std::string>& argv) {
     job.cpu_offload = args.has("cpu-offload");
     job.batch = args.get_int("batch-size", 1);
     job.seq_len = args.get_int("seq-len", 0);
-    const std::string device = args.get("device", "cpu");
-    if (device != "cpu" && device != "cuda") {
-      throw std::invalid_argument("--device: '" + device + "' (expected cpu or cuda)");
-    }
-    job.cuda = device == "cuda";
+    job.device = parallel::device_named(args.get("device", "cpu"));
     const plan::MemoryEstimate e = plan::estimate_training_memory(*recipe, job);
     std::string label = model;
     if (lora.enabled()) {

@@ -12,6 +12,7 @@
 #include "plan_figures.h"
 #include "shardtrain/models/lora.h"
 #include "shardtrain/models/zoo.h"
+#include "shardtrain/parallel/vocabulary.h"
 #include "shardtrain/plan/planner.h"
 
 namespace shardtrain::cli {
@@ -85,7 +86,7 @@ int run_plan_command(const std::vector<std::string>& argv) {
   plan::Cluster cluster;
   cluster.gpus = args.get_int("gpus", 8);
   cluster.nodes = args.get_int("nodes", 1);
-  cluster.gpu_memory = plan::parse_memory_size(args.get("gpu-memory", ""));
+  cluster.gpu_memory = memory::parse_memory_size(args.get("gpu-memory", ""));
   cluster.seq_len = args.get_int("seq-len", 0);
   cluster.efficiency = get_positive(args, "efficiency", cluster.efficiency);
   cluster.peak_tflops_bf16 = get_positive(args, "peak-tflops-bf16", cluster.peak_tflops_bf16);
@@ -117,7 +118,7 @@ int run_plan_command(const std::vector<std::string>& argv) {
   if (args.has("json")) {
     nlohmann::json j = nlohmann::json::array();
     for (const auto& c : configs) {
-      j.push_back({{"strategy", plan::strategy_name(c.job.strategy)}, {"mixed_precision", c.job.mixed_precision},
+      j.push_back({{"strategy", parallel::to_string(c.job.strategy)}, {"mixed_precision", parallel::to_string(c.job.mixed_precision)},
                    {"activation_checkpointing", c.job.activation_checkpointing}, {"cpu_offload", c.job.cpu_offload},
                    {"wrap", plan::wrap_name(c.job.wrap)}, {"batch", c.job.batch}, {"peak_bytes", c.memory.peak_bytes},
                    {"items_per_second", c.items_per_second}, {"step_seconds", c.step_seconds},
@@ -136,9 +137,9 @@ int run_plan_command(const std::vector<std::string>& argv) {
   for (size_t i = 0; i < configs.size() && static_cast<int64_t>(i) < top; ++i) {
     const auto& c = configs[i];
     std::printf("  %-3zu %-19s %-5s %-3s %-7s %-11s %9lld %9s %10.1f %9.1f %8.3f\n", i + 1,
-                plan::strategy_name(c.job.strategy).c_str(), c.job.mixed_precision.c_str(),
+                parallel::to_string(c.job.strategy).c_str(), parallel::to_string(c.job.mixed_precision).c_str(),
                 c.job.activation_checkpointing ? "on" : "", c.job.cpu_offload ? "on" : "",
-                c.job.strategy == plan::Strategy::kDdp ? "-" : plan::wrap_name(c.job.wrap).c_str(),
+                c.job.strategy == parallel::Strategy::DDP ? "-" : plan::wrap_name(c.job.wrap).c_str(),
                 static_cast<long long>(c.job.batch),
                 gib(c.memory.peak_bytes).c_str(), c.items_per_second, c.tflops_per_gpu, c.step_seconds);
   }

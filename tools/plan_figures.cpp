@@ -5,6 +5,7 @@
 #include <nlohmann/json.hpp>
 
 #include "shardtrain/models/zoo.h"
+#include "shardtrain/parallel/vocabulary.h"
 #include "shardtrain/plan/planner.h"
 
 namespace shardtrain::cli {
@@ -12,10 +13,10 @@ namespace shardtrain::cli {
 namespace {
 
 // The posts' setting: one node of 8 A100-40GB, bf16 mixed precision (AMP), transformer layers as FSDP units.
-plan::TrainingJob a100_job(plan::Strategy strategy, bool ac, const std::string& precision, int64_t seq_len) {
+plan::TrainingJob a100_job(parallel::Strategy strategy, bool ac, parallel::Precision precision, int64_t seq_len) {
   plan::TrainingJob job;
   job.world = 8, job.strategy = strategy, job.activation_checkpointing = ac, job.mixed_precision = precision;
-  job.seq_len = seq_len, job.cuda = true;
+  job.seq_len = seq_len, job.device = parallel::Device::CUDA;
   return job;
 }
 
@@ -34,11 +35,11 @@ FigureTable flava_figure(int64_t text_tokens) {
   for (const char* f : flavors) {
     const auto recipe = models::recipe_of(f);
     const plan::ModelShape shape = plan::model_shape(*recipe);
-    auto batch = [&](plan::Strategy s, bool ac) {
-      return plan::largest_batch(*recipe, shape, a100_job(s, ac, "bf16", text_tokens), cluster);
+    auto batch = [&](parallel::Strategy s, bool ac) {
+      return plan::largest_batch(*recipe, shape, a100_job(s, ac, parallel::Precision::BF16, text_tokens), cluster);
     };
-    rows.push_back({f, batch(plan::Strategy::kDdp, false), batch(plan::Strategy::kFullShard, false),
-                    batch(plan::Strategy::kFullShard, true)});
+    rows.push_back({f, batch(parallel::Strategy::DDP, false), batch(parallel::Strategy::FULL_SHARD, false),
+                    batch(parallel::Strategy::FULL_SHARD, true)});
   }
   std::string text =
       "FLAVA post, Figure 2: max local batch on 8 x A100-40GB (bf16 mixed precision, 224-px images, " +
@@ -100,14 +101,15 @@ FigureTable t5_figure(int64_t text_tokens) {
   j["figure"] = "t5";
   j["setting"] = "T5-3B, 8 x A100-40GB, FULL_SHARD, " + std::to_string(text_tokens) + " tokens";
   bool any_agrees = false;
-  for (const char* precision : {"no", "bf16"}) {
-    plan::TrainingJob job = a100_job(plan::Strategy::kFullShard, false, precision, text_tokens);
+  for (parallel::Precision p : {parallel::Precision::NO, parallel::Precision::BF16}) {
+    const std::string precision = parallel::to_string(p);
+    plan::TrainingJob job = a100_job(parallel::Strategy::FULL_SHARD, false, p, text_tokens);
     job.wrap = plan::Wrap::kNone;
     const int64_t whole = plan::largest_batch(*recipe, shape, job, cluster);
     job.wrap = plan::Wrap::kTransformer;
     const int64_t layers = plan::largest_batch(*recipe, shape, job, cluster);
     const double r = whole > 0 ? static_cast<double>(layers) / whole : 0;
-    std::snprintf(line, sizeof line, "  %-10s %16lld %20lld %6.1fx\n", precision, static_cast<long long>(whole),
+    std::snprintf(line, sizeof line, "  %-10s %16lld %20lld %6.1fx\n", precision.c_str(), static_cast<long long>(whole),
                   static_cast<long long>(layers), r);
     text += line;
     j["rows"].push_back({{"precision", precision}, {"default_wrap", whole}, {"transformer_wrap", layers}});

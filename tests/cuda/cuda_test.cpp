@@ -333,7 +333,7 @@ int main(int argc, char** argv) {
   using namespace shardtrain;
   dist::ProcessGroupOptions options;
   options.timeout = std::chrono::seconds(120);
-  options.device = torch::cuda::is_available() ? dist::DeviceKind::CUDA : dist::DeviceKind::CPU;
+  options.device = torch::cuda::is_available() ? parallel::Device::CUDA : parallel::Device::CPU;
   options.backend_at_world_one = true;  // NCCL itself at world size 1 (the one GPU), not the local identities
   group_slot() = dist::ProcessGroup::init(dist::read_dist_env(dist::process_env_lookup()), options);
   if (torch::cuda::is_available()) {

@@ -105,13 +105,13 @@ Run train_reference(Opt opt, Precision precision, int micro_batches, int passes 
   return run;
 }
 
-const char* strategy_name(ShardingStrategy s) {
+const char* strategy_name(parallel::Strategy s) {
   switch (s) {
-    case ShardingStrategy::FULL_SHARD: return "FULL_SHARD";
-    case ShardingStrategy::SHARD_GRAD_OP: return "SHARD_GRAD_OP";
-    case ShardingStrategy::NO_SHARD: return "NO_SHARD";
-    case ShardingStrategy::HYBRID_SHARD: return "HYBRID_SHARD";
-    case ShardingStrategy::HYBRID_SHARD_ZERO2: return "HYBRID_SHARD_ZERO2";
+    case parallel::Strategy::FULL_SHARD: return "FULL_SHARD";
+    case parallel::Strategy::SHARD_GRAD_OP: return "SHARD_GRAD_OP";
+    case parallel::Strategy::NO_SHARD: return "NO_SHARD";
+    case parallel::Strategy::HYBRID_SHARD: return "HYBRID_SHARD";
+    case parallel::Strategy::HYBRID_SHARD_ZERO2: return "HYBRID_SHARD_ZERO2";
   }
   return "?";
 }
@@ -120,7 +120,7 @@ enum class Prefetch { NONE, FORWARD_AND_BACKWARD_PRE, BACKWARD_POST };
 
 struct Config {
   Opt opt = Opt::SGD;
-  ShardingStrategy strategy = ShardingStrategy::FULL_SHARD;
+  parallel::Strategy strategy = parallel::Strategy::FULL_SHARD;
   bool reshard_after_forward = true;
   Precision precision = Precision::FP32;
   Prefetch prefetch = Prefetch::NONE;
@@ -157,7 +157,7 @@ Run train_sharded(const Config& c) {
   const dist::Communicator& world = pg.world();
   const int w = world.size(), r = world.rank();
   const bool hybrid =
-      c.strategy == ShardingStrategy::HYBRID_SHARD || c.strategy == ShardingStrategy::HYBRID_SHARD_ZERO2;
+      c.strategy == parallel::Strategy::HYBRID_SHARD || c.strategy == parallel::Strategy::HYBRID_SHARD_ZERO2;
   const int replicate = hybrid ? (w == 4 ? 2 : w == 2 ? 2 : 1) : 1;
   dist::DeviceMesh mesh = dist::DeviceMesh::create(pg, replicate);
   StrategyGroups groups = strategy_groups(c.strategy, mesh);
@@ -239,7 +239,7 @@ void expect_parity(const Config& c, const Run& ref) {
 }
 
 // Every option combination of one strategy against the single-process reference.
-void expect_parity_grid(ShardingStrategy strategy) {
+void expect_parity_grid(parallel::Strategy strategy) {
   for (Opt opt : {Opt::SGD, Opt::ADAMW}) {
     for (Precision precision : {Precision::FP32, Precision::BF16}) {
       const Run ref = train_reference(opt, precision, test_process_group().world_size());
@@ -254,11 +254,11 @@ void expect_parity_grid(ShardingStrategy strategy) {
   }
 }
 
-TEST(FsdpParity, FullShard) { expect_parity_grid(ShardingStrategy::FULL_SHARD); }
-TEST(FsdpParity, ShardGradOp) { expect_parity_grid(ShardingStrategy::SHARD_GRAD_OP); }
-TEST(FsdpParity, NoShard) { expect_parity_grid(ShardingStrategy::NO_SHARD); }
-TEST(FsdpParity, HybridShard) { expect_parity_grid(ShardingStrategy::HYBRID_SHARD); }
-TEST(FsdpParity, HybridShardZero2) { expect_parity_grid(ShardingStrategy::HYBRID_SHARD_ZERO2); }
+TEST(FsdpParity, FullShard) { expect_parity_grid(parallel::Strategy::FULL_SHARD); }
+TEST(FsdpParity, ShardGradOp) { expect_parity_grid(parallel::Strategy::SHARD_GRAD_OP); }
+TEST(FsdpParity, NoShard) { expect_parity_grid(parallel::Strategy::NO_SHARD); }
+TEST(FsdpParity, HybridShard) { expect_parity_grid(parallel::Strategy::HYBRID_SHARD); }
+TEST(FsdpParity, HybridShardZero2) { expect_parity_grid(parallel::Strategy::HYBRID_SHARD_ZERO2); }
 
 // Every block called twice in a forward (FLAVA's encoder layers run unmasked, then masked): each unit's gradients
 // complete only in its first call's backward, and it reshards between its calls' backwards ([Note: a unit called
@@ -269,9 +269,9 @@ TEST(FsdpParity, UnitsCalledTwice) {
     for (Precision precision : {Precision::FP32, Precision::BF16}) {
       const int world = test_process_group().world_size();
       const shardtrain::fsdp::Run ref = train_reference(opt, precision, world, /*passes=*/2);
-      for (ShardingStrategy strategy : {ShardingStrategy::FULL_SHARD, ShardingStrategy::SHARD_GRAD_OP,
-                                        ShardingStrategy::NO_SHARD, ShardingStrategy::HYBRID_SHARD,
-                                        ShardingStrategy::HYBRID_SHARD_ZERO2}) {
+      for (parallel::Strategy strategy : {parallel::Strategy::FULL_SHARD, parallel::Strategy::SHARD_GRAD_OP,
+                                        parallel::Strategy::NO_SHARD, parallel::Strategy::HYBRID_SHARD,
+                                        parallel::Strategy::HYBRID_SHARD_ZERO2}) {
         for (Prefetch prefetch : {Prefetch::NONE, Prefetch::FORWARD_AND_BACKWARD_PRE, Prefetch::BACKWARD_POST}) {
           const bool reshard = prefetch != Prefetch::BACKWARD_POST, checkpoint = prefetch != Prefetch::NONE;
           expect_parity(Config{opt, strategy, reshard, precision, prefetch, checkpoint, /*passes=*/2}, ref);
@@ -288,9 +288,9 @@ TEST(FsdpParity, UnitsCalledTwice) {
 TEST(FsdpParity, Adafactor) {
   for (Precision precision : {Precision::FP32, Precision::BF16}) {
     const shardtrain::fsdp::Run ref = train_reference(Opt::ADAFACTOR, precision, test_process_group().world_size());
-    for (ShardingStrategy strategy : {ShardingStrategy::FULL_SHARD, ShardingStrategy::SHARD_GRAD_OP,
-                                      ShardingStrategy::NO_SHARD, ShardingStrategy::HYBRID_SHARD,
-                                      ShardingStrategy::HYBRID_SHARD_ZERO2}) {
+    for (parallel::Strategy strategy : {parallel::Strategy::FULL_SHARD, parallel::Strategy::SHARD_GRAD_OP,
+                                      parallel::Strategy::NO_SHARD, parallel::Strategy::HYBRID_SHARD,
+                                      parallel::Strategy::HYBRID_SHARD_ZERO2}) {
       for (bool reshard : {true, false}) {
         const Prefetch prefetch = Prefetch::FORWARD_AND_BACKWARD_PRE;
         expect_parity(Config{Opt::ADAFACTOR, strategy, reshard, precision, prefetch, /*checkpoint=*/!reshard}, ref);
@@ -304,9 +304,9 @@ TEST(FsdpParity, Adafactor) {
 TEST(FsdpParity, Float16WithLossScaling) {
   for (Opt opt : {Opt::SGD, Opt::ADAMW}) {
     const shardtrain::fsdp::Run ref = train_reference(opt, Precision::FP16, test_process_group().world_size());
-    for (ShardingStrategy strategy : {ShardingStrategy::FULL_SHARD, ShardingStrategy::SHARD_GRAD_OP,
-                                      ShardingStrategy::NO_SHARD, ShardingStrategy::HYBRID_SHARD,
-                                      ShardingStrategy::HYBRID_SHARD_ZERO2}) {
+    for (parallel::Strategy strategy : {parallel::Strategy::FULL_SHARD, parallel::Strategy::SHARD_GRAD_OP,
+                                      parallel::Strategy::NO_SHARD, parallel::Strategy::HYBRID_SHARD,
+                                      parallel::Strategy::HYBRID_SHARD_ZERO2}) {
       for (bool checkpoint : {false, true}) {
         expect_parity(Config{opt, strategy, true, Precision::FP16, Prefetch::NONE, checkpoint}, ref);
       }
@@ -321,8 +321,8 @@ TEST(FsdpParity, CheckpointedRegionAroundUnits) {
   const dist::Communicator& world = test_process_group().world();
   const int w = world.size(), r = world.rank();
   const shardtrain::fsdp::Run ref = train_reference(Opt::ADAMW, Precision::FP32, w);
-  for (ShardingStrategy strategy : {ShardingStrategy::FULL_SHARD, ShardingStrategy::SHARD_GRAD_OP,
-                                    ShardingStrategy::NO_SHARD}) {
+  for (parallel::Strategy strategy : {parallel::Strategy::FULL_SHARD, parallel::Strategy::SHARD_GRAD_OP,
+                                    parallel::Strategy::NO_SHARD}) {
     const std::string label = std::string("checkpointed root ") + strategy_name(strategy);
     StrategyGroups groups = strategy_groups(strategy, dist::DeviceMesh::create(test_process_group(), 1));
     torch::manual_seed(42);

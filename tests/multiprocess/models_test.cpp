@@ -309,7 +309,7 @@ struct Distributed {
   }
 };
 Distributed distribute(const std::shared_ptr<const ModelRecipe>& recipe, const dist::DeviceMesh& mesh,
-                       fsdp::ShardingStrategy strategy, int64_t every, bool as_built, bool use_ddp,
+                       parallel::Strategy strategy, int64_t every, bool as_built, bool use_ddp,
                        const BuildOptions& build) {
   ParallelizeOptions options;
   options.strategy = strategy;
@@ -334,15 +334,15 @@ TEST(ModelsDist, LoraAdaptersTrainLikeOneProcess) {
   struct Case {
     std::string flavor;
     std::vector<std::string> targets;
-    fsdp::ShardingStrategy strategy;
+    parallel::Strategy strategy;
     int64_t every;
     bool as_built, ddp;
   };
-  const auto full = fsdp::ShardingStrategy::FULL_SHARD;
+  const auto full = parallel::Strategy::FULL_SHARD;
   const std::vector<Case> cases = {
       {"llama-debug", {}, full, 0, false, false},
       {"llama-debug", {}, full, 1, true, false},
-      {"llama-debug", {"all-linear"}, fsdp::ShardingStrategy::SHARD_GRAD_OP, 0, false, false},
+      {"llama-debug", {"all-linear"}, parallel::Strategy::SHARD_GRAD_OP, 0, false, false},
       {"llama-debug", {"all-linear"}, full, 0, true, true},
       {"flava-debug", {}, full, 0, false, false},
       {"flava-debug", {"query", "value", "output.dense"}, full, 1, true, false},
@@ -426,14 +426,14 @@ TEST(ModelsDist, Gpt2TrainsLikeOneProcess) {
   constexpr int kSteps = 3;
   struct Case {
     int64_t lora_r;
-    fsdp::ShardingStrategy strategy;
+    parallel::Strategy strategy;
     int64_t every;
     bool as_built, ddp;
   };
-  const auto full = fsdp::ShardingStrategy::FULL_SHARD;
+  const auto full = parallel::Strategy::FULL_SHARD;
   const std::vector<Case> cases = {{0, full, 0, false, false},
                                    {0, full, 1, true, false},
-                                   {0, fsdp::ShardingStrategy::SHARD_GRAD_OP, 0, false, false},
+                                   {0, parallel::Strategy::SHARD_GRAD_OP, 0, false, false},
                                    {0, full, 0, false, true},
                                    {4, full, 1, false, false}};
   const auto mesh = dist::DeviceMesh::create(test_process_group(), 1);
@@ -496,14 +496,14 @@ TEST(ModelsDist, Gpt2TrainsLikeOneProcess) {
 TEST(ModelsDist, CausalLmClassifiersTrainLikeOneProcess) {
   constexpr int kSteps = 3;
   struct Case {
-    fsdp::ShardingStrategy strategy;
+    parallel::Strategy strategy;
     int64_t every;
     bool as_built, ddp;
   };
-  const auto full = fsdp::ShardingStrategy::FULL_SHARD;
+  const auto full = parallel::Strategy::FULL_SHARD;
   const std::vector<Case> cases = {{full, 0, false, false},
                                    {full, 1, true, false},
-                                   {fsdp::ShardingStrategy::SHARD_GRAD_OP, 0, false, false},
+                                   {parallel::Strategy::SHARD_GRAD_OP, 0, false, false},
                                    {full, 0, false, true}};
   const auto mesh = dist::DeviceMesh::create(test_process_group(), 1);
   torch::manual_seed(3);
@@ -589,7 +589,7 @@ TEST(ModelsDist, ShardedModelsGenerateAsOneProcess) {
       ZooModel reference = build_model(recipe, build);
       at::Tensor ref_logits, logits;
       const at::Tensor expected = tokens_of(reference, ref_logits);
-      Distributed sharded = distribute(recipe, mesh, fsdp::ShardingStrategy::FULL_SHARD, every, false, false, build);
+      Distributed sharded = distribute(recipe, mesh, parallel::Strategy::FULL_SHARD, every, false, false, build);
       const at::Tensor got = tokens_of(sharded.model, logits);
       EXPECT_TRUE(at::equal(got, expected)) << got << "\n" << expected;
       EXPECT_TRUE(at::allclose(logits, ref_logits, 1e-4, 1e-5)) << (logits - ref_logits).abs().max();
@@ -637,7 +637,7 @@ TEST(ModelsDist, ShardedModelsGenerateTheirOwnPromptsInStep) {
     if (rank == 0) ASSERT_LE(n, 3);
     if (mesh.world().size() > 1) ASSERT_LT(shortest, longest);
 
-    Distributed sharded = distribute(recipe, mesh, fsdp::ShardingStrategy::FULL_SHARD, 0, false, false, build);
+    Distributed sharded = distribute(recipe, mesh, parallel::Strategy::FULL_SHARD, 0, false, false, build);
     sharded.model.module->eval();
     options.synced = mesh.world();
     int64_t steps = 0;

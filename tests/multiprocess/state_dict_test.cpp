@@ -15,6 +15,7 @@
 #include "shardtrain/memory/memory_stats.h"
 #include "shardtrain/optim/adafactor.h"
 #include "shardtrain/optim/optimizer_state.h"
+#include "shardtrain/parallel/vocabulary.h"
 #include "toy_model.h"
 #include "support/expect_error.h"
 
@@ -189,7 +190,7 @@ TEST(StateDict, HybridShardedStateLoadsOnOneRank) {
   dist::ProcessGroup& pg = test_process_group();
   if (pg.world_size() != 4) GTEST_SKIP() << "needs world size 4 (a 2 x 2 mesh)";
   dist::DeviceMesh mesh = dist::DeviceMesh::create(pg, 2);
-  StrategyGroups groups = strategy_groups(ShardingStrategy::HYBRID_SHARD, mesh);
+  StrategyGroups groups = strategy_groups(parallel::Strategy::HYBRID_SHARD, mesh);
   Toy trained = trained_toy(groups.shard, 0, 42, groups.options);
   const auto expected = state_of(trained);
   const std::string dir = scratch_dir("hybrid");

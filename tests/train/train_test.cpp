@@ -1343,8 +1343,8 @@ TEST(ConfigCommand, AnswersBecomeTheYaml) {
   const config::Config c = config::load_config(out);
   EXPECT_EQ(c.model.flavor, "bert-debug");
   EXPECT_EQ(c.launch.num_processes, 4);
-  EXPECT_EQ(c.parallel.strategy, config::Strategy::SHARD_GRAD_OP);
-  EXPECT_EQ(c.parallel.mixed_precision, config::Precision::BF16);
+  EXPECT_EQ(c.parallel.strategy, parallel::Strategy::SHARD_GRAD_OP);
+  EXPECT_EQ(c.parallel.mixed_precision, parallel::Precision::BF16);
   EXPECT_EQ(c.parallel.layer_classes, std::vector<std::string>{"BertLayer"});
   EXPECT_EQ(c.parallel.backward_prefetch, config::Prefetch::BACKWARD_POST);
   EXPECT_EQ(c.parallel.forward_prefetch, 1);

@@ -66,7 +66,7 @@ TEST(Config, YamlShowsShortNumbersAndTheChoices) {
 TEST(Config, EmptyFileIsTheDefaults) {
   const Config c = parse_config("", "empty.yaml");
   EXPECT_EQ(c.model.flavor, "flava-debug");
-  EXPECT_EQ(c.parallel.strategy, Strategy::FULL_SHARD);
+  EXPECT_EQ(c.parallel.strategy, parallel::Strategy::FULL_SHARD);
   EXPECT_EQ(c.train.steps, 1000);
   // The config's pixel limit repeats the decoder's (config.h stays free of the data headers): the same number.
   EXPECT_EQ(c.data.max_image_pixels, data::kDefaultMaxImagePixels);
@@ -100,8 +100,8 @@ log:
                                  "--train.steps=20", "--train.max_grad_norm=0", "--log.progress=lines"});
   EXPECT_EQ(to_yaml(a), to_yaml(b));
   EXPECT_EQ(a.model.flavor, "bert-base-uncased");
-  EXPECT_EQ(a.parallel.strategy, Strategy::SHARD_GRAD_OP);
-  EXPECT_EQ(a.parallel.mixed_precision, Precision::BF16);
+  EXPECT_EQ(a.parallel.strategy, parallel::Strategy::SHARD_GRAD_OP);
+  EXPECT_EQ(a.parallel.mixed_precision, parallel::Precision::BF16);
   EXPECT_EQ(a.parallel.layer_classes, std::vector<std::string>{"BertLayer"});
   EXPECT_EQ(a.optim.betas, (std::vector<double>{0.9, 0.95}));
   EXPECT_DOUBLE_EQ(a.optim.lr, 3e-4);
@@ -159,7 +159,7 @@ TEST(Config, BadValueNamesTheValueAndWhatWasExpected) {
   expect_error<ConfigError>([] { parse_config("parallel:\n  strategy: zero3\n", "x.yaml"); },
                             {"parallel.strategy", "'zero3'", "one of full_shard, shard_grad_op"});
   expect_error<ConfigError>([] { parse_config("", "x.yaml", {"--train.device=tpu"}); },
-                            {"train.device", "'tpu'", "cpu or cuda"});
+                            {"train.device", "'tpu'", "one of cpu, cuda"});
   expect_error<ConfigError>([] { parse_config("", "x.yaml", {"--optim.betas=[0.9]"}); },
                             {"optim.betas", "two values"});
   expect_error<ConfigError>([] { parse_config("", "x.yaml", {"--data.mlm_probability=1.5"}); },
@@ -180,7 +180,7 @@ TEST(Config, BadValueNamesTheValueAndWhatWasExpected) {
                             {"x.yaml:2", "train.memory_limit", "'40 gigs'", "40GiB"});
   expect_error<ConfigError>([] { parse_config("", "x.yaml", {"--train.memory_budget=-1GiB"}); },
                             {"train.memory_budget", "'-1GiB'", "a positive number with a unit"});
-  EXPECT_EQ(parse_config("train:\n  memory_limit: 1.5GiB\n", "x.yaml").train.memory_limit, "1.5GiB");
+  EXPECT_EQ(parse_config("train:\n  memory_limit: 1.5GiB\n", "x.yaml").train.memory_limit, 1536LL << 20);
   expect_error<ConfigError>([] { parse_config("", "x.yaml", {"--optim.name=adam"}); },
                             {"optim.name", "'adam'", "one of adamw, anyprecision_adamw, adafactor, sgd"});
   expect_error<ConfigError>([] { parse_config("", "x.yaml", {"--optim.name=adafactor", "--optim.decay_rate=0.8"}); },
@@ -260,26 +260,26 @@ tpu_use_sudo: false
 use_cpu: false
 )",
                                 "accelerate.yaml");
-  EXPECT_EQ(c.parallel.strategy, Strategy::HYBRID_SHARD);
+  EXPECT_EQ(c.parallel.strategy, parallel::Strategy::HYBRID_SHARD);
   EXPECT_EQ(c.parallel.wrap, AutoWrap::TRANSFORMER);
   EXPECT_EQ(c.parallel.backward_prefetch, Prefetch::BACKWARD_POST);
   EXPECT_EQ(c.parallel.forward_prefetch, 1);
   EXPECT_EQ(c.parallel.layer_classes, (std::vector<std::string>{"FlavaLayer", "BertLayer"}));
-  EXPECT_EQ(c.parallel.mixed_precision, Precision::BF16);
+  EXPECT_EQ(c.parallel.mixed_precision, parallel::Precision::BF16);
   EXPECT_EQ(c.checkpoint.state_dict_type, StateDictType::FULL);
   EXPECT_EQ(c.launch.num_processes, 16);
   EXPECT_EQ(c.launch.num_machines, 2);
 
   EXPECT_EQ(parse_config("fsdp_config:\n  fsdp_sharding_strategy: 2\n", "a.yaml").parallel.strategy,
-            Strategy::SHARD_GRAD_OP);
+            parallel::Strategy::SHARD_GRAD_OP);
   EXPECT_EQ(parse_config("fsdp_config:\n  fsdp_auto_wrap_policy: SIZE_BASED_WRAP\n  fsdp_min_num_params: 1e6\n",
                          "a.yaml")
                 .parallel.min_params,
             1000000);
-  EXPECT_EQ(parse_config("distributed_type: MULTI_CPU\n", "a.yaml").parallel.strategy, Strategy::DDP);
+  EXPECT_EQ(parse_config("distributed_type: MULTI_CPU\n", "a.yaml").parallel.strategy, parallel::Strategy::DDP);
   EXPECT_EQ(parse_config("fsdp_config:\n  fsdp_version: 2\n  fsdp_reshard_after_forward: false\n", "a.yaml")
                 .parallel.strategy,
-            Strategy::SHARD_GRAD_OP);
+            parallel::Strategy::SHARD_GRAD_OP);
   expect_error<ConfigError>([] { parse_config("distributed_type: DEEPSPEED\n", "a.yaml"); },
                             {"a.yaml:1", "distributed_type", "'DEEPSPEED'"});
   expect_error<ConfigError>([] { parse_config("fsdp_config:\n  fsdp_sharding_strategy: 9\n", "a.yaml"); },

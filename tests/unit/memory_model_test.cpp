@@ -99,8 +99,8 @@ void check(const std::string& name, const std::string& json, int64_t batch, int6
            int64_t micro_batches = 1, bool autocast = false) {
   const auto recipe = recipe_from_json(name, json);
   TrainingJob job;  // one rank, the model as it is: DDP at world size 1 (no clipping copies, as in measure())
-  job.strategy = Strategy::kDdp, job.batch = batch, job.seq_len = tokens, job.grad_accum = micro_batches;
-  job.mixed_precision = autocast ? "bf16" : "no";
+  job.strategy = parallel::Strategy::DDP, job.batch = batch, job.seq_len = tokens, job.grad_accum = micro_batches;
+  job.mixed_precision = autocast ? parallel::Precision::BF16 : parallel::Precision::NO;
   const MemoryEstimate e = estimate_training_memory(*recipe, job);
   const Measured m = measure(*recipe, batch, tokens, mlm, micro_batches, autocast);
   std::printf("%s, batch %lld x %lld tokens x %lld micro-batches%s (%lld parameters):\n", name.c_str(),
@@ -145,7 +145,7 @@ TEST(MemoryModel, TiedTableHeldThroughBackward) {
   EXPECT_EQ(model_shape(*t5).tied_tables, 32128 * 512);
 
   TrainingJob job;
-  job.strategy = Strategy::kDdp, job.batch = 4, job.seq_len = 64, job.grad_accum = 3;  // the walk's peak
+  job.strategy = parallel::Strategy::DDP, job.batch = 4, job.seq_len = 64, job.grad_accum = 3;  // the walk's peak
   ModelShape shape = model_shape(*bert);
   const MemoryEstimate tied = estimate_training_memory(*bert, shape, job);
   shape.tied_tables = 0;
@@ -211,7 +211,7 @@ TEST(MemoryModel, CausalLmClassifierStepMatchesMeasurement) {
     ASSERT_EQ(recipe->task()->name(), "classify");
     for (const int64_t tokens : {128, 512}) {
       TrainingJob job;
-      job.strategy = Strategy::kDdp, job.batch = 4, job.seq_len = tokens;
+      job.strategy = parallel::Strategy::DDP, job.batch = 4, job.seq_len = tokens;
       const MemoryEstimate e = estimate_training_memory(*recipe, job);
       const Measured m = measure(*recipe, job.batch, tokens, false, 1, false, /*synthetic=*/true);
       std::printf("%s, batch 4 x %lld tokens:\n", name.c_str(), static_cast<long long>(tokens));
@@ -229,7 +229,7 @@ TEST(MemoryModel, T5WalksEachLayerAsItIs) {
   const auto t5 = recipe_from_json("t5", R"({"model_type": "t5", "vocab_size": 8000, "d_model": 256, "d_kv": 64,
     "d_ff": 1024, "num_layers": 4, "num_heads": 4})");
   TrainingJob job;
-  job.strategy = Strategy::kDdp, job.batch = 4, job.seq_len = 256, job.activation_checkpointing = true;
+  job.strategy = parallel::Strategy::DDP, job.batch = 4, job.seq_len = 256, job.activation_checkpointing = true;
   const MemoryEstimate e = estimate_training_memory(*t5, job);
   const Measured m = measure(*t5, job.batch, job.seq_len, false, 1, false, /*synthetic=*/true, /*checkpoint=*/true);
   std::printf("t5, batch 4 x 256 tokens, every layer checkpointed:\n");

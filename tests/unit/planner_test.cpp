@@ -19,6 +19,9 @@
 namespace shardtrain::plan {
 namespace {
 
+using memory::memory_size_text;
+using memory::parse_memory_size;
+
 Cluster small_cluster() {
   Cluster c;
   c.gpus = 4;
@@ -32,7 +35,7 @@ TEST(Planner, LargestBatchIsTheLastThatFits) {
   const ModelShape shape = model_shape(*recipe);
   const Cluster cluster = small_cluster();
   TrainingJob job;
-  job.world = 4, job.seq_len = 128, job.cuda = true;
+  job.world = 4, job.seq_len = 128, job.device = parallel::Device::CUDA;
   const int64_t batch = largest_batch(*recipe, shape, job, cluster);
   ASSERT_GT(batch, 1);
   const double budget = static_cast<double>(cluster.gpu_memory) * (1 - cluster.memory_margin);
@@ -68,7 +71,7 @@ TEST(Planner, EachMemoryOptimizationBuysBatch) {
   const ModelShape shape = model_shape(*recipe);
   const Cluster cluster = small_cluster();
   TrainingJob base;
-  base.world = 4, base.seq_len = 128, base.cuda = true, base.mixed_precision = "bf16";
+  base.world = 4, base.seq_len = 128, base.device = parallel::Device::CUDA, base.mixed_precision = parallel::Precision::BF16;
   auto batch = [&](auto change) {
     TrainingJob j = base;
     change(j);
@@ -77,10 +80,10 @@ TEST(Planner, EachMemoryOptimizationBuysBatch) {
   const int64_t fsdp = batch([](TrainingJob&) {});
   EXPECT_GT(batch([](TrainingJob& j) { j.activation_checkpointing = true; }), 2 * fsdp);
   EXPECT_GE(batch([](TrainingJob& j) { j.cpu_offload = true; }), fsdp);
-  EXPECT_LT(batch([](TrainingJob& j) { j.strategy = Strategy::kDdp; }), fsdp);
+  EXPECT_LT(batch([](TrainingJob& j) { j.strategy = parallel::Strategy::DDP; }), fsdp);
   EXPECT_LT(batch([](TrainingJob& j) { j.wrap = Wrap::kNone; }), fsdp);
   EXPECT_LT(batch([](TrainingJob& j) { j.world = 2; }), fsdp);
-  EXPECT_GT(batch([](TrainingJob& j) { j.mixed_precision = "no"; }), 0);
+  EXPECT_GT(batch([](TrainingJob& j) { j.mixed_precision = parallel::Precision::NO; }), 0);
 }
 
 TEST(Planner, ConfigurationsFitAndComeFastestFirst) {
@@ -110,7 +113,7 @@ TEST(Planner, RecommendationIsATrainerConfig) {
   EXPECT_EQ(c.launch.num_processes, 4);
   EXPECT_EQ(c.parallel.activation_checkpointing, best.job.activation_checkpointing);
   EXPECT_EQ(c.parallel.cpu_offload, best.job.cpu_offload);
-  EXPECT_EQ(c.train.device, "cuda");
+  EXPECT_EQ(c.train.device, parallel::Device::CUDA);
 }
 
 // LoRA fine-tuning (plan --lora): the base frozen, so gradients and AdamW state are the adapters' alone — a larger
@@ -137,12 +140,12 @@ TEST(Planner, LoraPlansTheAdaptersAlone) {
     for (const PlannedConfig& a : adapted) {
       if (!same_kind(f.job, a.job)) continue;
       ++compared;
-      EXPECT_GT(a.job.batch, f.job.batch) << strategy_name(f.job.strategy);
+      EXPECT_GT(a.job.batch, f.job.batch) << parallel::to_string(f.job.strategy);
       TrainingJob at_full_batch = a.job;
       at_full_batch.batch = f.job.batch;
       const PlannedConfig a_at_f = predict(*models::with_lora(base, lora), model_shape(*models::with_lora(base, lora)),
                                            at_full_batch, cluster);
-      EXPECT_LT(a_at_f.comm_seconds, f.comm_seconds) << strategy_name(f.job.strategy);
+      EXPECT_LT(a_at_f.comm_seconds, f.comm_seconds) << parallel::to_string(f.job.strategy);
     }
   }
   EXPECT_GT(compared, 4);
@@ -174,7 +177,7 @@ TEST(Planner, UnitsCalledTwiceAreGatheredOncePerCall) {
   }
   ASSERT_GT(encoder_layers, 0);
   TrainingJob job;
-  job.world = 4, job.batch = 2, job.seq_len = 32, job.cuda = true, job.mixed_precision = "bf16";
+  job.world = 4, job.batch = 2, job.seq_len = 32, job.device = parallel::Device::CUDA, job.mixed_precision = parallel::Precision::BF16;
   const ModelShape shape = model_shape(*flava);
   EXPECT_EQ(estimate_training_memory(*flava, shape, job).parameters_called_twice, encoder_layers);
   const Cluster cluster = small_cluster();
@@ -185,14 +188,14 @@ TEST(Planner, UnitsCalledTwiceAreGatheredOncePerCall) {
   // bf16 gathers (2 B) and reductions (2 B): FULL_SHARD gathers twice a call, SHARD_GRAD_OP once a call but the
   // first's forward, which the second reuses.
   EXPECT_NEAR(predict(*flava, shape, job, cluster).comm_seconds, (2 * (P + P2) * 2 + G * 2) * moved / bandwidth, 1e-12);
-  job.strategy = Strategy::kShardGradOp;
+  job.strategy = parallel::Strategy::SHARD_GRAD_OP;
   EXPECT_NEAR(predict(*flava, shape, job, cluster).comm_seconds, ((P + P2) * 2 + G * 2) * moved / bandwidth, 1e-12);
   // CPU offload: a rank's float32 shards cross PCIe for every gather, its trainable gradients back.
   job.cpu_offload = true;
   const double pcie = cluster.pcie_gbps * 1e9;
   EXPECT_NEAR(predict(*flava, shape, job, cluster).comm_seconds,
               ((P + P2) * 2 + G * 2) * moved / bandwidth + ((P + P2) + G) / 4 * 4 / pcie, 1e-12);
-  job.strategy = Strategy::kFullShard;
+  job.strategy = parallel::Strategy::FULL_SHARD;
   EXPECT_NEAR(predict(*flava, shape, job, cluster).comm_seconds,
               (2 * (P + P2) * 2 + G * 2) * moved / bandwidth + (2 * (P + P2) + G) / 4 * 4 / pcie, 1e-12);
   const auto llama = models::recipe_of("llama-debug");
@@ -200,6 +203,11 @@ TEST(Planner, UnitsCalledTwiceAreGatheredOncePerCall) {
 }
 
 TEST(Planner, MemorySizesParseAndBadOnesAreNamed) {
+  for (const char* text : {"40GiB", "80GB", "1536MiB", "512KiB", "12345", "1TiB"}) {
+    EXPECT_EQ(memory_size_text(parse_memory_size(text)), text);  // the exact text reads back to the bytes
+  }
+  EXPECT_EQ(memory_size_text(parse_memory_size("1.5GiB")), "1536MiB");
+  EXPECT_EQ(memory_size_text(0), "");
   EXPECT_EQ(parse_memory_size("40GiB"), 40LL << 30);
   EXPECT_EQ(parse_memory_size("80GB"), 80'000'000'000LL);
   EXPECT_EQ(parse_memory_size("1.5 TiB"), 3LL << 39);

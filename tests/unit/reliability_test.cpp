@@ -269,7 +269,7 @@ TEST(ResumeCheck, RefusesTheModelAndUnallowedRunChangesAndListsTheRest) {
 
   config::Config model = saved;
   model.model.overrides = {{"layers", 3}};
-  model.parallel.strategy = config::Strategy::DDP;
+  model.parallel.strategy = parallel::Strategy::DDP;
   model.checkpoint.allow_changes = {"all"};  // never enough for the model
   try {
     check_resume(yaml, model, "ck", false);

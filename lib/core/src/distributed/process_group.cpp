@@ -183,10 +183,10 @@ std::shared_ptr<Communicator::Impl> make_group(const ProcessGroup::Impl& pg,
   const int size = static_cast<int>(impl->global_ranks.size());
   if (size == 1 && !pg.options.backend_at_world_one) return impl;  // SELF: nothing to connect
   impl->waits = pg.waits;
-  if (pg.options.device == DeviceKind::CUDA) {
+  if (pg.options.device == parallel::Device::CUDA) {
     impl->device_index = pg.options.device_index >= 0 ? pg.options.device_index : pg.env.local_rank;
   }
-  if (pg.options.device == DeviceKind::CUDA && pg.options.cuda_backend == CudaBackend::NCCL) {
+  if (pg.options.device == parallel::Device::CUDA && pg.options.cuda_backend == CudaBackend::NCCL) {
     impl->kind = CommBackend::NCCL;
     impl->backend = make_nccl_backend(store, group_rank, size, pg.options.timeout, impl->device_index);
   } else {
@@ -251,7 +251,7 @@ ProcessGroup ProcessGroup::init(const DistEnv& env, const ProcessGroupOptions& o
 const DistEnv& ProcessGroup::env() const { return impl_->env; }
 int ProcessGroup::rank() const { return impl_->env.rank; }
 int ProcessGroup::world_size() const { return impl_->env.world_size; }
-DeviceKind ProcessGroup::device() const { return impl_->options.device; }
+parallel::Device ProcessGroup::device() const { return impl_->options.device; }
 const Communicator& ProcessGroup::world() const { return *impl_->world; }
 
 std::optional<Communicator> ProcessGroup::new_group(const std::vector<int>& ranks, const std::string& name) {
@@ -285,7 +285,7 @@ at::Device rank_device(bool cuda, const DistEnv& env, const std::string& what) {
 ProcessGroupOptions group_options_for(const at::Device& device, const DistEnv& env) {
   ProcessGroupOptions o;
   if (!device.is_cuda()) return o;
-  o.device = DeviceKind::CUDA;
+  o.device = parallel::Device::CUDA;
   o.device_index = device.index();
   const bool shared = env.local_world_size > static_cast<int>(torch::cuda::device_count());
   o.cuda_backend = shared ? CudaBackend::GLOO : CudaBackend::NCCL;

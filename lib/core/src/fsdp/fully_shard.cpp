@@ -75,26 +75,29 @@ FsdpUnit fully_shard(const std::shared_ptr<torch::nn::Module>& module, const dis
   return FsdpUnit(unit);
 }
 
-StrategyGroups strategy_groups(ShardingStrategy strategy, const dist::DeviceMesh& mesh) {
+StrategyGroups strategy_groups(parallel::Strategy strategy, const dist::DeviceMesh& mesh) {
   FsdpOptions options;
   switch (strategy) {
-    case ShardingStrategy::FULL_SHARD: return {mesh.world(), options};
-    case ShardingStrategy::SHARD_GRAD_OP:
+    case parallel::Strategy::FULL_SHARD: return {mesh.world(), options};
+    case parallel::Strategy::SHARD_GRAD_OP:
       options.reshard_after_forward = false;
       return {mesh.world(), options};
-    case ShardingStrategy::NO_SHARD:
+    case parallel::Strategy::NO_SHARD:
       options.reshard_after_forward = false;  // nothing to free: each rank's shard is the whole parameter
       options.replicate_group = mesh.world();
       return {dist::Communicator::single(mesh.world().global_ranks()[mesh.world().rank()]), options};
-    case ShardingStrategy::HYBRID_SHARD:
+    case parallel::Strategy::HYBRID_SHARD:
       options.replicate_group = mesh.replicate_group();
       return {mesh.shard_group(), options};
-    case ShardingStrategy::HYBRID_SHARD_ZERO2:
+    case parallel::Strategy::HYBRID_SHARD_ZERO2:
       options.reshard_after_forward = false;
       options.replicate_group = mesh.replicate_group();
       return {mesh.shard_group(), options};
+    case parallel::Strategy::DDP:
+      break;
   }
-  throw std::invalid_argument("unknown ShardingStrategy");
+  throw std::invalid_argument("strategy_groups: " + parallel::to_string(strategy) + " is not one of FSDP's (DDP "
+                              "replicates the model: ddp::replicate)");
 }
 
 std::vector<FsdpUnit> units_of(const std::shared_ptr<torch::nn::Module>& root) {

@@ -6,6 +6,8 @@
 
 #include "config/fields.h"
 
+#include "shardtrain/parallel/vocabulary.h"
+
 namespace shardtrain::config {
 namespace {
 
@@ -24,12 +26,12 @@ std::string upper(std::string s) {
 
 void sharding_strategy(Config& c, const std::string& where, const std::string& path, const YAML::Node& value) {
   // Accelerate writes the name or FSDP's enum number (1 = FULL_SHARD ... 5 = HYBRID_SHARD_ZERO2).
-  static const std::map<std::string, Strategy> names = {
-      {"FULL_SHARD", Strategy::FULL_SHARD},     {"1", Strategy::FULL_SHARD},
-      {"SHARD_GRAD_OP", Strategy::SHARD_GRAD_OP}, {"2", Strategy::SHARD_GRAD_OP},
-      {"NO_SHARD", Strategy::NO_SHARD},         {"3", Strategy::NO_SHARD},
-      {"HYBRID_SHARD", Strategy::HYBRID_SHARD}, {"4", Strategy::HYBRID_SHARD},
-      {"HYBRID_SHARD_ZERO2", Strategy::HYBRID_SHARD_ZERO2}, {"5", Strategy::HYBRID_SHARD_ZERO2}};
+  static const std::map<std::string, parallel::Strategy> names = {
+      {"FULL_SHARD", parallel::Strategy::FULL_SHARD},     {"1", parallel::Strategy::FULL_SHARD},
+      {"SHARD_GRAD_OP", parallel::Strategy::SHARD_GRAD_OP}, {"2", parallel::Strategy::SHARD_GRAD_OP},
+      {"NO_SHARD", parallel::Strategy::NO_SHARD},         {"3", parallel::Strategy::NO_SHARD},
+      {"HYBRID_SHARD", parallel::Strategy::HYBRID_SHARD}, {"4", parallel::Strategy::HYBRID_SHARD},
+      {"HYBRID_SHARD_ZERO2", parallel::Strategy::HYBRID_SHARD_ZERO2}, {"5", parallel::Strategy::HYBRID_SHARD_ZERO2}};
   auto it = value.IsScalar() ? names.find(upper(value.Scalar())) : names.end();
   if (it == names.end()) {
     bad(where, path, value, "one of FULL_SHARD, SHARD_GRAD_OP, NO_SHARD, HYBRID_SHARD, HYBRID_SHARD_ZERO2 (or 1-5)");
@@ -67,7 +69,7 @@ void reshard_after_forward(Config& c, const std::string& where, const std::strin
     const std::string v = upper(value.Scalar());
     if (v == "TRUE" || v == "FALSE") {
       const bool reshard = v == "TRUE";
-      c.parallel.strategy = reshard ? Strategy::FULL_SHARD : Strategy::SHARD_GRAD_OP;
+      c.parallel.strategy = reshard ? parallel::Strategy::FULL_SHARD : parallel::Strategy::SHARD_GRAD_OP;
       return;
     }
   }
@@ -78,14 +80,14 @@ void distributed_type(Config& c, const std::string& where, const std::string& pa
   const std::string v = value.IsScalar() ? upper(value.Scalar()) : "";
   if (v == "FSDP" || v == "NO") return;  // FSDP: the strategy comes from fsdp_config; NO: one process
   if (v == "MULTI_GPU" || v == "MULTI_CPU") {
-    c.parallel.strategy = Strategy::DDP;
+    c.parallel.strategy = parallel::Strategy::DDP;
     return;
   }
   bad(where, path, value, "a distributed type shardtrain runs (FSDP, MULTI_GPU, MULTI_CPU or NO)");
 }
 
 void use_cpu(Config& c, const std::string& where, const std::string& path, const YAML::Node& value) {
-  if (node_bool(where, path, value)) c.train.device = "cpu";
+  if (node_bool(where, path, value)) c.train.device = parallel::Device::CPU;
 }
 
 void fsdp_version(Config&, const std::string& where, const std::string& path, const YAML::Node& value) {

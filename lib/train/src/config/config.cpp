@@ -15,7 +15,7 @@
 #include "config/fields.h"
 #include "shardtrain/io/files.h"
 #include "shardtrain/io/hf_cache.h"
-#include "shardtrain/plan/memory_size.h"
+#include "shardtrain/memory/memory_size.h"
 #include "shardtrain/util/closest_match.h"
 
 namespace shardtrain::config {
@@ -193,19 +193,18 @@ Field field(std::string path, std::string& ref) {
   return {std::move(path), [&ref](auto& w, auto& p, auto& n) { ref = to_str(w, p, n); },
           [&ref] { return YAML::Node(ref); }};
 }
-// A memory size ("40GiB", "512MiB", bytes; empty: none), checked where it is read (plan::parse_memory_size).
-Field memory_size(std::string path, std::string& ref) {
+// A memory size in bytes, written as people write it ("40GiB", "512MiB", bytes; empty: 0, none).
+Field memory_size(std::string path, int64_t& ref) {
   return {std::move(path),
           [&ref](auto& w, auto& p, auto& n) {
-            ref = to_str(w, p, n);
-            if (ref.empty()) return;
+            const std::string text = to_str(w, p, n);
             try {
-              plan::parse_memory_size(ref);
+              ref = text.empty() ? 0 : memory::parse_memory_size(text);
             } catch (const std::invalid_argument&) {
               bad_value(w, p, n, "a positive number with a unit: 40GiB, 80GB, 512MiB, or bytes");
             }
           },
-          [&ref] { return YAML::Node(ref); }};
+          [&ref] { return YAML::Node(memory::memory_size_text(ref)); }};
 }
 Field field(std::string path, std::vector<std::string>& ref) {
   return {std::move(path), [&ref](auto& w, auto& p, auto& n) { ref = to_strings(w, p, n, false); },
@@ -238,15 +237,16 @@ Field field(std::string path, std::vector<double>& ref) {
           }};
 }
 
-const std::vector<std::pair<std::string, Strategy>> kStrategies = {
-    {"full_shard", Strategy::FULL_SHARD},     {"shard_grad_op", Strategy::SHARD_GRAD_OP},
-    {"no_shard", Strategy::NO_SHARD},         {"hybrid_shard", Strategy::HYBRID_SHARD},
-    {"hybrid_shard_zero2", Strategy::HYBRID_SHARD_ZERO2}, {"ddp", Strategy::DDP}};
+// The run's vocabulary (parallel/vocabulary.h), in the config's spelling.
+template <class E>
+std::vector<std::pair<std::string, E>> table_of(const std::vector<std::string>& names, E (*named)(const std::string&)) {
+  std::vector<std::pair<std::string, E>> out;
+  for (const std::string& n : names) out.emplace_back(n, named(n));
+  return out;
+}
 const std::vector<std::pair<std::string, OptimizerKind>> kOptimizers = {
     {"adamw", OptimizerKind::ADAMW}, {"anyprecision_adamw", OptimizerKind::ANYPRECISION_ADAMW},
     {"adafactor", OptimizerKind::ADAFACTOR}, {"sgd", OptimizerKind::SGD}};
-const std::vector<std::pair<std::string, Precision>> kPrecisions = {
-    {"no", Precision::NO}, {"bf16", Precision::BF16}, {"fp16", Precision::FP16}};
 
 }  // namespace
 
@@ -303,8 +303,9 @@ std::vector<Field> fields_of(Config& c) {
       field("data.max_image_pixels", c.data.max_image_pixels),
       field("data.workers", c.data.workers),
       field("data.queue_depth", c.data.queue_depth),
-      choice("parallel.strategy", c.parallel.strategy, kStrategies),
-      choice("parallel.mixed_precision", c.parallel.mixed_precision, kPrecisions),
+      choice("parallel.strategy", c.parallel.strategy, table_of(parallel::strategy_names(), parallel::strategy_named)),
+      choice("parallel.mixed_precision", c.parallel.mixed_precision,
+             table_of(parallel::precision_names(), parallel::precision_named)),
       choice("parallel.wrap", c.parallel.wrap,
              {{"transformer", AutoWrap::TRANSFORMER}, {"size", AutoWrap::SIZE}, {"none", AutoWrap::NONE}}),
       field("parallel.layer_classes", c.parallel.layer_classes),
@@ -364,7 +365,7 @@ std::vector<Field> fields_of(Config& c) {
       field("train.sync_each_batch", c.train.sync_each_batch),
       field("train.max_grad_norm", c.train.max_grad_norm),
       field("train.seed", c.train.seed),
-      field("train.device", c.train.device),
+      choice("train.device", c.train.device, table_of(parallel::device_names(), parallel::device_named)),
       field("train.task", c.train.task),
       field("train.tf32", c.train.tf32),
       field("train.stop_at", c.train.stop_at),
@@ -408,7 +409,8 @@ std::vector<Field> fields_of(Config& c) {
 }
 
 void set_precision(Config& c, const std::string& where, const std::string& path, const YAML::Node& node) {
-  choice(path, c.parallel.mixed_precision, kPrecisions).set(where, path, node);
+  choice(path, c.parallel.mixed_precision, table_of(parallel::precision_names(), parallel::precision_named))
+      .set(where, path, node);
 }
 bool node_bool(const std::string& where, const std::string& path, const YAML::Node& node) {
   return to_bool(where, path, node);
@@ -655,8 +657,6 @@ void validate(const Config& c) {
           "at least 1, or auto");
   require(c.train.grad_accum >= 1, "train.grad_accum", num(c.train.grad_accum), "at least 1");
   require(c.train.max_grad_norm >= 0, "train.max_grad_norm", num(c.train.max_grad_norm), "0 (off) or positive");
-  require(c.train.device == "cpu" || c.train.device == "cuda", "train.device", "'" + c.train.device + "'",
-          "cpu or cuda");
   require(c.train.stop_at >= 0 && c.train.stop_at <= c.train.steps, "train.stop_at", num(c.train.stop_at),
           "0 or a step up to train.steps (" + num(c.train.steps) + ")");
   require(c.train.eval_interval >= 0, "train.eval_interval", num(c.train.eval_interval), "0 or positive");
@@ -678,8 +678,8 @@ void validate(const Config& c) {
   require(c.model.dtype != Dtype::FLOAT16, "model.dtype", "'float16'",
           "float32 or bfloat16 (pure float16 would need loss scaling with float16 weights; for float16 compute keep "
           "float32 weights with parallel.mixed_precision: fp16)");
-  require(c.model.dtype == Dtype::FLOAT32 || c.parallel.mixed_precision == Precision::NO, "parallel.mixed_precision",
-          "'" + to_string(c.parallel.mixed_precision) + "' with model.dtype: bfloat16",
+  require(c.model.dtype == Dtype::FLOAT32 || c.parallel.mixed_precision == parallel::Precision::NO, "parallel.mixed_precision",
+          "'" + parallel::to_string(c.parallel.mixed_precision) + "' with model.dtype: bfloat16",
           "no (the weights themselves compute in bfloat16)");
   require(c.model.lora.r >= 0, "model.lora.r", num(c.model.lora.r), "0 (no LoRA) or a rank of 1 or more");
   require(c.model.lora.lora_alpha > 0, "model.lora.lora_alpha", num(c.model.lora.lora_alpha), "positive");
@@ -802,18 +802,6 @@ std::vector<std::string> key_paths() {
   return out;
 }
 
-std::string to_string(Strategy s) {
-  for (const auto& [name, value] : kStrategies) {
-    if (value == s) return name;
-  }
-  return "?";
-}
-std::string to_string(Precision p) {
-  for (const auto& [name, value] : kPrecisions) {
-    if (value == p) return name;
-  }
-  return "?";
-}
 std::string to_string(OptimizerKind k) {
   for (const auto& [name, value] : kOptimizers) {
     if (value == k) return name;

@@ -1,3 +1,4 @@
+#include "shardtrain/parallel/vocabulary.h"
 #include "shardtrain/plan/memory_model.h"
 
 #include <torch/nn/module.h>
@@ -17,14 +18,6 @@
 namespace shardtrain::plan {
 
 namespace {
-
-const std::vector<std::pair<std::string, Strategy>>& strategies() {
-  static const std::vector<std::pair<std::string, Strategy>> table = {
-      {"full_shard", Strategy::kFullShard},           {"shard_grad_op", Strategy::kShardGradOp},
-      {"no_shard", Strategy::kNoShard},               {"hybrid_shard", Strategy::kHybridShard},
-      {"hybrid_shard_zero2", Strategy::kHybridShardZero2}, {"ddp", Strategy::kDdp}};
-  return table;
-}
 
 // The units of a wrap: per transformer layer and the root (and the recipe's extra units), or everything in one
 // unit.
@@ -228,22 +221,6 @@ Wrap parse_wrap(const std::string& name) {
 
 std::string wrap_name(Wrap w) { return w == Wrap::kTransformer ? "transformer" : "none"; }
 
-Strategy parse_strategy(const std::string& name) {
-  std::string list;
-  for (const auto& [n, s] : strategies()) {
-    if (n == name) return s;
-    list += (list.empty() ? "" : ", ") + n;
-  }
-  throw std::invalid_argument("unknown strategy '" + name + "' (expected one of " + list + ")");
-}
-
-std::string strategy_name(Strategy s) {
-  for (const auto& [n, v] : strategies()) {
-    if (v == s) return n;
-  }
-  return "?";
-}
-
 MemoryEstimate estimate_training_memory(const models::ModelRecipe& recipe, const TrainingJob& job) {
   return estimate_training_memory(recipe, model_shape(recipe), job);
 }
@@ -255,17 +232,14 @@ MemoryEstimate estimate_training_memory(const models::ModelRecipe& recipe, const
                                 std::to_string(job.nodes) + " nodes (expected num_processes a multiple of nnodes)");
   }
   if (job.batch < 1) throw std::invalid_argument("batch size " + std::to_string(job.batch) + " (expected >= 1)");
-  if (job.mixed_precision != "no" && job.mixed_precision != "bf16" && job.mixed_precision != "fp16") {
-    throw std::invalid_argument("mixed precision '" + job.mixed_precision + "' (expected no, bf16 or fp16)");
-  }
   models::ActivationQuery query;
-  query.batch = job.batch, query.seq_len = job.seq_len, query.cuda = job.cuda;
+  query.batch = job.batch, query.seq_len = job.seq_len, query.cuda = job.device == parallel::Device::CUDA;
   query.mlm_probability = job.mlm_probability, query.mim_probability = job.mim_probability;
   query.itm_negative_probability = job.itm_negative_probability;
-  query.compute = job.mixed_precision == "bf16" || job.param_bytes == 2 ? at::kBFloat16
-                  : job.mixed_precision == "fp16"                    ? at::kHalf
+  query.compute = job.mixed_precision == parallel::Precision::BF16 || job.param_bytes == 2 ? at::kBFloat16
+                  : job.mixed_precision == parallel::Precision::FP16                    ? at::kHalf
                                                                      : at::kFloat;
-  query.autocast = job.strategy == Strategy::kDdp && job.mixed_precision != "no";  // train/parallel_model.cpp
+  query.autocast = job.strategy == parallel::Strategy::DDP && job.mixed_precision != parallel::Precision::NO;  // train/parallel_model.cpp
   const models::ActivationBytes act = recipe.activation_bytes(query);
 
   MemoryEstimate e;
@@ -276,8 +250,8 @@ MemoryEstimate estimate_training_memory(const models::ModelRecipe& recipe, const
   e.units = static_cast<int64_t>(units.numel.size()) + (units.extra_numel > 0 ? 1 : 0) +
             (units.input_numel > 0 ? 1 : 0) + (units.output_numel > 0 ? 1 : 0);
   const int64_t pe = job.param_bytes, ce = static_cast<int64_t>(c10::elementSize(query.compute));
-  const bool hybrid = job.strategy == Strategy::kHybridShard || job.strategy == Strategy::kHybridShardZero2;
-  const bool replicated = job.strategy == Strategy::kDdp || job.strategy == Strategy::kNoShard;
+  const bool hybrid = job.strategy == parallel::Strategy::HYBRID_SHARD || job.strategy == parallel::Strategy::HYBRID_SHARD_ZERO2;
+  const bool replicated = job.strategy == parallel::Strategy::DDP || job.strategy == parallel::Strategy::NO_SHARD;
   // Ranks a parameter is sharded over: the node for hybrid strategies, everyone for the others, one when replicated.
   const int64_t shard = replicated ? 1 : hybrid ? job.world / job.nodes : job.world;
   const bool mixed = ce != pe;
@@ -304,7 +278,7 @@ MemoryEstimate estimate_training_memory(const models::ModelRecipe& recipe, const
   // AdamW holds state for every trainable parameter (the heads a step leaves out train in other steps).
   const int64_t params = shard_numel * pe, adam = trainable_shard_numel * job.optimizer_state_bytes;
   const int64_t grads = (trainable_shard_numel - ceil_div(shape.root_without_gradient, shard)) * pe;
-  const bool offload = job.cpu_offload && job.strategy != Strategy::kDdp;
+  const bool offload = job.cpu_offload && job.strategy != parallel::Strategy::DDP;
   if (offload) e.host_bytes = params + grads + adam;
   const int64_t dev_params = offload ? 0 : params, dev_grads = offload ? 0 : grads, dev_adam = offload ? 0 : adam;
 
@@ -318,7 +292,7 @@ MemoryEstimate estimate_training_memory(const models::ModelRecipe& recipe, const
   const int64_t uncast_input = query.autocast && job.wrap != Wrap::kNone ? shape.input_lookup_tables : 0;
   const int64_t uncast_root = query.autocast ? shape.lookup_tables - uncast_input : 0;
   const bool gathers = shard > 1 || mixed || offload;
-  const bool reshard = job.strategy == Strategy::kFullShard || job.strategy == Strategy::kHybridShard;
+  const bool reshard = job.strategy == parallel::Strategy::FULL_SHARD || job.strategy == parallel::Strategy::HYBRID_SHARD;
   const int64_t root_g = gathers ? (root_unit - uncast_root) * ce : 0, layer_g = gathers ? largest_layer * ce : 0;
   // The extra units are gathered only while they compute (a no-grad forward reshards at once, whatever the
   // strategy): at the start of forward (FLAVA's codebook).
@@ -331,7 +305,7 @@ MemoryEstimate estimate_training_memory(const models::ModelRecipe& recipe, const
   const int64_t held_g = reshard ? root_g + out_g : all_g;  // gathered at the loss and as backward starts
   // Full gradients wait for their reduction in a sharded unit, or a replicated one (NO_SHARD over several ranks):
   // a layer's (in the walk), and the root's until the end of backward.
-  const bool replicated_fsdp = job.strategy == Strategy::kNoShard && job.world > 1;
+  const bool replicated_fsdp = job.strategy == parallel::Strategy::NO_SHARD && job.world > 1;
   const bool reduces = (gathers && shard > 1) || replicated_fsdp;
   const int64_t root_full_grads = reduces ? root_trainable * ce : 0;
   const int64_t in_full_grads = reduces ? units.input_trainable * ce : 0;
@@ -340,12 +314,13 @@ MemoryEstimate estimate_training_memory(const models::ModelRecipe& recipe, const
   // (one with a single peer) and for bf16 a float32 accumulator of one shard (the sum is rounded once) and the
   // float32 copy of the slice being added into it.
   // A replicated unit (NO_SHARD) all-reduces its flat buffer in place.
-  const int64_t rd = job.mixed_precision == "bf16" ? 2 : 4;
+  const int64_t rd = job.mixed_precision == parallel::Precision::BF16 ? 2 : 4;
   auto reduce_scatter = [&](int64_t unit) {
     if (replicated_fsdp) return unit * rd;
     const int64_t out = ceil_div(unit, shard);
-    const int64_t received = job.cuda ? 0 : std::min<int64_t>(2, shard - 1) * out * rd;
-    const int64_t accumulator = rd == 2 && !job.cuda ? (out + std::min<int64_t>(out, kGlooHalfSlice)) * 4 : 0;
+    const int64_t received = job.device == parallel::Device::CUDA ? 0 : std::min<int64_t>(2, shard - 1) * out * rd;
+    const int64_t accumulator =
+        rd == 2 && job.device != parallel::Device::CUDA ? (out + std::min<int64_t>(out, kGlooHalfSlice)) * 4 : 0;
     return unit * rd + out * rd + received + accumulator;
   };
   // Reduced, the output is installed as the unit's gradient shard (the parameters' dtype) beside it: the collective
@@ -354,9 +329,9 @@ MemoryEstimate estimate_training_memory(const models::ModelRecipe& recipe, const
   // DDP's buckets (25 MiB of gradients each, two in flight: ddp::replicate); FSDP's reduce-scatter of a layer in
   // flight while the next computes — on CUDA only: with Gloo each reduction is waited for before the next unit's
   // backward (FsdpOptions::overlap_reduce_scatter), its buffers gone by then.
-  const bool overlap = job.cuda;
+  const bool overlap = job.device == parallel::Device::CUDA;
   // (With gradient_as_bucket_view the buckets are the gradients.)
-  const bool ddp_buckets = job.strategy == Strategy::kDdp && job.world > 1 && !job.gradient_as_bucket_view;
+  const bool ddp_buckets = job.strategy == parallel::Strategy::DDP && job.world > 1 && !job.gradient_as_bucket_view;
   size_t first_blocked = 0;
   const std::vector<int64_t> buckets =
       ddp_buckets ? ddp_bucket_bytes(shape.trainable_in_order, shape.without_gradient_in_order, pe,
@@ -593,7 +568,7 @@ MemoryEstimate estimate_training_memory(const models::ModelRecipe& recipe, const
   // quotient by the bias correction, two temporaries of the largest tensor).
   // (Per-parameter shards: a parameter's rows split over the group, whatever the wrap.)
   const int64_t largest_shard = ceil_div(shape.largest_trainable_tensor, shard);
-  const int64_t clip_temp = job.strategy == Strategy::kDdp || offload ? 0 : 2 * largest_shard * 8;
+  const int64_t clip_temp = job.strategy == parallel::Strategy::DDP || offload ? 0 : 2 * largest_shard * 8;
   const int64_t adam_temp = offload || job.fused_optimizer ? 0 : 2 * largest_shard * pe;
   e.step_bytes = dev_params + dev_adam + dev_grads + std::max(clip_temp, adam_temp);  // accumulation is over
   e.peak_phase = std::max({e.forward_bytes, e.backward_bytes, e.step_bytes}) == e.backward_bytes ? "backward"
@@ -602,7 +577,7 @@ MemoryEstimate estimate_training_memory(const models::ModelRecipe& recipe, const
   // The CUDA caching allocator rounds every block up and keeps freed blocks of other sizes apart: what it holds
   // runs above what tensors asked for. (The CPU count is of what tensors asked for.)
   const auto allowance = [&](int64_t bytes) {
-    return job.cuda ? static_cast<int64_t>(static_cast<double>(bytes) * kCudaAllocatorAllowance) : 0;
+    return job.device == parallel::Device::CUDA ? static_cast<int64_t>(static_cast<double>(bytes) * kCudaAllocatorAllowance) : 0;
   };
   const int64_t phase_allowance = allowance(std::max({e.forward_bytes, e.backward_bytes, e.step_bytes}));
   e.forward_bytes += allowance(e.forward_bytes), e.backward_bytes += allowance(e.backward_bytes);
@@ -733,8 +708,8 @@ MemoryEstimate estimate_training_memory(const models::ModelRecipe& recipe, const
                        per_param + (reduces ? ", the root's still full" : "") +
                            (tied_held > 0 ? ", the tied table's apart from .grad" : "")});
     if (comm > 0) {
-      e.terms.push_back({job.strategy == Strategy::kDdp ? "buckets" : "reduction in flight", comm,
-                         job.strategy == Strategy::kDdp ? "DDP's gradient buckets, the last ones all-reducing"
+      e.terms.push_back({job.strategy == parallel::Strategy::DDP ? "buckets" : "reduction in flight", comm,
+                         job.strategy == parallel::Strategy::DDP ? "DDP's gradient buckets, the last ones all-reducing"
                                                         : "the last layer's"});
     }
   }
@@ -742,14 +717,14 @@ MemoryEstimate estimate_training_memory(const models::ModelRecipe& recipe, const
 }
 
 std::string format_estimate(const std::string& model, const TrainingJob& job, const MemoryEstimate& e) {
-  std::string out = "Training memory per rank for `" + model + "`: " + strategy_name(job.strategy) + ", " +
+  std::string out = "Training memory per rank for `" + model + "`: " + parallel::to_string(job.strategy) + ", " +
                     std::to_string(job.world) + " ranks" +
                     (job.nodes > 1 ? " on " + std::to_string(job.nodes) + " nodes" : "") + ", batch " +
                     std::to_string(job.batch) + " per rank" +
                     (e.tokens > 0 ? " x " + std::to_string(e.tokens) + " tokens" +
                                         (job.seq_len > 0 ? "" : " (the model's maximum)")
                                   : "") +
-                    ", mixed precision " + job.mixed_precision +
+                    ", mixed precision " + parallel::to_string(job.mixed_precision) +
                     (job.activation_checkpointing
                          ? job.checkpoint_every > 1 ? ", activation checkpointing of every " +
                                                           std::to_string(job.checkpoint_every) + "th layer"
@@ -758,7 +733,7 @@ std::string format_estimate(const std::string& model, const TrainingJob& job, co
                     (job.grad_accum > 1 ? ", " + std::to_string(job.grad_accum) + " micro-batches" +
                                               (job.sync_each_batch ? " (each reduced)" : "")
                                         : "") +
-                    (job.cpu_offload ? ", CPU offload" : "") + (job.cuda ? " (CUDA)" : " (CPU)") + "\n";
+                    (job.cpu_offload ? ", CPU offload" : "") + (job.device == parallel::Device::CUDA ? " (CUDA)" : " (CPU)") + "\n";
   out += "  " + std::to_string(e.parameters) + " parameters in " + std::to_string(e.units) + " units\n";
   char line[256];
   for (const auto& t : e.terms) {
@@ -777,9 +752,9 @@ std::string estimate_json(const std::string& model, const TrainingJob& job, cons
   nlohmann::json j;
   j["model"] = model;
   j["job"] = {{"world", job.world},           {"nodes", job.nodes},
-              {"strategy", strategy_name(job.strategy)}, {"mixed_precision", job.mixed_precision},
+              {"strategy", parallel::to_string(job.strategy)}, {"mixed_precision", parallel::to_string(job.mixed_precision)},
               {"activation_checkpointing", job.activation_checkpointing}, {"cpu_offload", job.cpu_offload},
-              {"batch", job.batch},           {"seq_len", job.seq_len}, {"cuda", job.cuda}};
+              {"batch", job.batch},           {"seq_len", job.seq_len}, {"cuda", job.device == parallel::Device::CUDA}};
   j["parameters"] = e.parameters, j["units"] = e.units, j["tokens"] = e.tokens;
   j["peak_bytes"] = e.peak_bytes, j["peak_phase"] = e.peak_phase;
   j["phases"] = {{"forward", e.forward_bytes}, {"backward", e.backward_bytes}, {"step", e.step_bytes}};

@@ -1,3 +1,4 @@
+#include "shardtrain/parallel/vocabulary.h"
 #include "shardtrain/plan/planner.h"
 
 #include <ATen/ATen.h>
@@ -65,7 +66,7 @@ PlannedConfig predict(const models::ModelRecipe& recipe, const ModelShape& shape
   const data::Batch b = shape_batch(task->data_needs(), job.batch, tokens_of(recipe, job.seq_len));
   const double model_flops = recipe.training_flops(b);
   const double flops = model_flops * (job.activation_checkpointing ? 4.0 / 3.0 : 1.0);
-  const bool low = job.mixed_precision != "no";
+  const bool low = job.mixed_precision != parallel::Precision::NO;
   const double peak = (low ? cluster.peak_tflops_bf16 : cluster.peak_tflops_fp32) * 1e12;
   const models::DataNeeds needs = task->data_needs();
   const int64_t side = needs.patch_size > 0 ? needs.image_size / needs.patch_size : 0;
@@ -79,7 +80,7 @@ PlannedConfig predict(const models::ModelRecipe& recipe, const ModelShape& shape
   const double P = static_cast<double>(shape.parameters()), G = static_cast<double>(shape.trainable());
   const double W = static_cast<double>(job.world);
   const double per_node = static_cast<double>(job.world / std::max<int64_t>(job.nodes, 1));
-  const double ce = low ? 2 : 4, rd = job.mixed_precision == "bf16" ? 2 : 4;
+  const double ce = low ? 2 : 4, rd = job.mixed_precision == parallel::Precision::BF16 ? 2 : 4;
   const double intra = cluster.intra_node_gbps * 1e9;
   const double inter = (job.nodes > 1 ? cluster.inter_node_gbps : cluster.intra_node_gbps) * 1e9;
   auto moved = [](double bytes, double ranks) { return ranks > 1 ? bytes * (ranks - 1) / ranks : 0.0; };
@@ -89,13 +90,13 @@ PlannedConfig predict(const models::ModelRecipe& recipe, const ModelShape& shape
   const double resharding = (P + P2) * ce * 2, keeping = (P + P2) * ce;
   double comm = 0;
   switch (job.strategy) {
-    case Strategy::kFullShard: comm = moved(resharding + G * rd, W) / inter; break;
-    case Strategy::kShardGradOp: comm = moved(keeping + G * rd, W) / inter; break;
-    case Strategy::kNoShard:
-    case Strategy::kDdp: comm = moved(2 * G * rd, W) / inter; break;
-    case Strategy::kHybridShard:
-    case Strategy::kHybridShardZero2: {
-      const double gathered = job.strategy == Strategy::kHybridShard ? resharding : keeping;
+    case parallel::Strategy::FULL_SHARD: comm = moved(resharding + G * rd, W) / inter; break;
+    case parallel::Strategy::SHARD_GRAD_OP: comm = moved(keeping + G * rd, W) / inter; break;
+    case parallel::Strategy::NO_SHARD:
+    case parallel::Strategy::DDP: comm = moved(2 * G * rd, W) / inter; break;
+    case parallel::Strategy::HYBRID_SHARD:
+    case parallel::Strategy::HYBRID_SHARD_ZERO2: {
+      const double gathered = job.strategy == parallel::Strategy::HYBRID_SHARD ? resharding : keeping;
       const double nodes = static_cast<double>(job.nodes);
       comm = moved(gathered + G * rd, per_node) / intra + moved(2 * G / per_node * rd, nodes) / inter;
       break;
@@ -104,10 +105,10 @@ PlannedConfig predict(const models::ModelRecipe& recipe, const ModelShape& shape
   // CPU offload: a rank's shards cross PCIe to the device for every gather (twice a call when resharded after
   // forward), its reduced gradients back — the trainable parameters' only (LoRA: the adapters) — all in the
   // parameters' own dtype.
-  if (job.cpu_offload && job.strategy != Strategy::kDdp) {
-    const bool hybrid = job.strategy == Strategy::kHybridShard || job.strategy == Strategy::kHybridShardZero2;
-    const double shard_ranks = job.strategy == Strategy::kNoShard ? 1 : hybrid ? per_node : W;  // a parameter's
-    const bool reshards = job.strategy == Strategy::kFullShard || job.strategy == Strategy::kHybridShard;
+  if (job.cpu_offload && job.strategy != parallel::Strategy::DDP) {
+    const bool hybrid = job.strategy == parallel::Strategy::HYBRID_SHARD || job.strategy == parallel::Strategy::HYBRID_SHARD_ZERO2;
+    const double shard_ranks = job.strategy == parallel::Strategy::NO_SHARD ? 1 : hybrid ? per_node : W;  // a parameter's
+    const bool reshards = job.strategy == parallel::Strategy::FULL_SHARD || job.strategy == parallel::Strategy::HYBRID_SHARD;
     const double gathered = (P + P2) * (reshards ? 2 : 1);
     comm += (gathered + G) / shard_ranks * static_cast<double>(job.param_bytes) / (cluster.pcie_gbps * 1e9);
   }
@@ -127,23 +128,24 @@ std::vector<PlannedConfig> plan_configurations(const models::ModelRecipe& recipe
                                 std::to_string(cluster.nodes) + " nodes (expected --gpus a multiple of --nodes)");
   }
   const ModelShape shape = model_shape(recipe);
-  std::vector<Strategy> strategies = {Strategy::kFullShard, Strategy::kShardGradOp, Strategy::kDdp};
+  std::vector<parallel::Strategy> strategies = {parallel::Strategy::FULL_SHARD, parallel::Strategy::SHARD_GRAD_OP,
+                                                parallel::Strategy::DDP};
   if (cluster.nodes > 1) {
-    strategies.push_back(Strategy::kHybridShard);
-    strategies.push_back(Strategy::kHybridShardZero2);
+    strategies.push_back(parallel::Strategy::HYBRID_SHARD);
+    strategies.push_back(parallel::Strategy::HYBRID_SHARD_ZERO2);
   }
   std::vector<PlannedConfig> out;
-  for (Strategy strategy : strategies) {
-    for (const char* precision : {"bf16", "no"}) {
+  for (parallel::Strategy strategy : strategies) {
+    for (parallel::Precision precision : {parallel::Precision::BF16, parallel::Precision::NO}) {
       for (bool ac : {false, true}) {
         for (bool offload : {false, true}) {
           for (Wrap wrap : {Wrap::kTransformer, Wrap::kNone}) {
-            const bool fsdp = strategy != Strategy::kDdp;
+            const bool fsdp = strategy != parallel::Strategy::DDP;
             if (!fsdp && (offload || wrap == Wrap::kNone)) continue;  // DDP has neither
             TrainingJob job;
             job.world = cluster.gpus, job.nodes = cluster.nodes, job.strategy = strategy, job.wrap = wrap;
             job.mixed_precision = precision, job.activation_checkpointing = ac, job.cpu_offload = offload;
-            job.seq_len = tokens_of(recipe, cluster.seq_len), job.cuda = true;
+            job.seq_len = tokens_of(recipe, cluster.seq_len), job.device = parallel::Device::CUDA;
             job.batch = largest_batch(recipe, shape, job, cluster);
             if (job.batch < 1) continue;
             out.push_back(predict(recipe, shape, job, cluster));
@@ -194,7 +196,7 @@ std::string trainer_yaml(const std::string& model, const PlannedConfig& c, const
                 "  cpu_offload: %s\n  wrap: %s\n"
                 "train:\n  device: cuda\n  batch_size: %lld\n"
                 "launch:\n  num_processes: %lld\n  num_machines: %lld\n",
-                strategy_name(j.strategy).c_str(), j.mixed_precision.c_str(),
+                parallel::to_string(j.strategy).c_str(), parallel::to_string(j.mixed_precision).c_str(),
                 j.activation_checkpointing ? "true" : "false", j.cpu_offload ? "true" : "false",
                 wrap_name(j.wrap).c_str(), static_cast<long long>(j.batch), static_cast<long long>(j.world),
                 static_cast<long long>(j.nodes));

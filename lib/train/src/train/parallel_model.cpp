@@ -9,6 +9,7 @@
 #include "shardtrain/models/lora.h"
 #include "shardtrain/models/parallelize.h"
 #include "shardtrain/nn/autocast.h"
+#include "shardtrain/parallel/vocabulary.h"
 
 namespace shardtrain::train {
 namespace {
@@ -56,21 +57,21 @@ models::ZooModel build_replicated(const Config& c, std::shared_ptr<const models:
   }
   if (c.parallel.activation_checkpointing) models::activation_checkpoint_layers(model, 1, c.parallel.layer_classes);
   // Mixed precision without sharding: autocast around the model (parameters, gradients, optimizer float32).
-  if (c.parallel.mixed_precision != config::Precision::NO) {
+  if (c.parallel.mixed_precision != parallel::Precision::NO) {
     nn::autocast_module(*model.module, device.type(),
-                        c.parallel.mixed_precision == config::Precision::BF16 ? at::kBFloat16 : at::kHalf);
+                        c.parallel.mixed_precision == parallel::Precision::BF16 ? at::kBFloat16 : at::kHalf);
   }
   return model;
 }
 
 models::ParallelizeOptions parallelize_options(const Config& c) {
   models::ParallelizeOptions o;
-  o.strategy = fsdp_strategy_of(c.parallel.strategy);
-  if (c.parallel.mixed_precision == config::Precision::BF16) {
+  o.strategy = c.parallel.strategy;  // one of FSDP's: ParallelModel replicates a DDP model itself
+  if (c.parallel.mixed_precision == parallel::Precision::BF16) {
     o.fsdp.mixed_precision.param_dtype = at::kBFloat16;
     o.fsdp.mixed_precision.reduce_dtype = at::kBFloat16;
   }
-  if (c.parallel.mixed_precision == config::Precision::FP16) {
+  if (c.parallel.mixed_precision == parallel::Precision::FP16) {
     // float16 gradients are scaled (optim::GradScaler in the loop); their sum over ranks is taken in float32, where
     // a scaled gradient cannot overflow.
     o.fsdp.mixed_precision.param_dtype = at::kHalf;
@@ -122,18 +123,6 @@ models::ZooModel build_sharded(const Config& c, std::shared_ptr<const models::Mo
 
 }  // namespace
 
-fsdp::ShardingStrategy fsdp_strategy_of(config::Strategy s) {
-  switch (s) {
-    case config::Strategy::FULL_SHARD: return fsdp::ShardingStrategy::FULL_SHARD;
-    case config::Strategy::SHARD_GRAD_OP: return fsdp::ShardingStrategy::SHARD_GRAD_OP;
-    case config::Strategy::NO_SHARD: return fsdp::ShardingStrategy::NO_SHARD;
-    case config::Strategy::HYBRID_SHARD: return fsdp::ShardingStrategy::HYBRID_SHARD;
-    case config::Strategy::HYBRID_SHARD_ZERO2: return fsdp::ShardingStrategy::HYBRID_SHARD_ZERO2;
-    case config::Strategy::DDP: break;
-  }
-  throw std::logic_error("fsdp_strategy_of: ddp is not an FSDP strategy");
-}
-
 at::ScalarType scalar_type_of(config::Dtype d) {
   switch (d) {
     case config::Dtype::FLOAT32: return at::kFloat;
@@ -143,10 +132,6 @@ at::ScalarType scalar_type_of(config::Dtype d) {
   return at::kFloat;
 }
 
-bool is_hybrid(config::Strategy s) {
-  return s == config::Strategy::HYBRID_SHARD || s == config::Strategy::HYBRID_SHARD_ZERO2;
-}
-
 ParallelModel::ParallelModel(const Config& c, std::shared_ptr<const models::ModelRecipe> recipe, bool has_unused,
                              const dist::DeviceMesh& mesh, const at::Device& device)
     : dtype_(scalar_type_of(c.model.dtype)) {
@@ -154,7 +139,7 @@ ParallelModel::ParallelModel(const Config& c, std::shared_ptr<const models::Mode
   build.tensors = build.tensors.device(device).dtype(dtype_);
   build.init.seed = static_cast<uint64_t>(c.train.seed);
   build.init.std = c.model.init_std;
-  if (c.parallel.strategy == config::Strategy::DDP) {
+  if (c.parallel.strategy == parallel::Strategy::DDP) {
     model_ = build_replicated(c, std::move(recipe), build, mesh, device, load_report_);
     ddp::DdpOptions o;
     o.find_unused_parameters = has_unused;

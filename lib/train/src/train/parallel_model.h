@@ -18,9 +18,6 @@
 
 namespace shardtrain::train {
 
-// config::Strategy -> the runtime's FSDP strategy; DDP has none (std::logic_error).
-fsdp::ShardingStrategy fsdp_strategy_of(config::Strategy strategy);
-bool is_hybrid(config::Strategy strategy);  // HYBRID_SHARD, HYBRID_SHARD_ZERO2: a replicate x shard mesh
 at::ScalarType scalar_type_of(config::Dtype dtype);
 
 class ParallelModel {

@@ -6,6 +6,7 @@
 #include "shardtrain/distributed/text_exchange.h"
 #include "shardtrain/io/files.h"
 #include "train/resume_check.h"
+#include "shardtrain/parallel/vocabulary.h"
 #include "shardtrain/util/random_id.h"
 
 namespace shardtrain::train {
@@ -166,7 +167,7 @@ std::string save_run(const config::Config& c, const RunPosition& at, const optim
                      const ckpt::CheckpointModel& model, const dist::Communicator& world) {
   ckpt::TrainerState s;
   s.step = at.step, s.loader_step = at.loader.step, s.loader_consumed = at.loader.consumed;
-  s.world_size = world.size(), s.flavor = c.model.flavor, s.strategy = config::to_string(c.parallel.strategy);
+  s.world_size = world.size(), s.flavor = c.model.flavor, s.strategy = parallel::to_string(c.parallel.strategy);
   s.run_id = at.run_id;
   s.config_yaml = config::to_yaml(c);
   if (scaler) s.loss_scale = scaler->scale_value(), s.loss_scale_growth_tracker = scaler->growth_tracker();

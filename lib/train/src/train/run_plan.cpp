@@ -8,6 +8,7 @@
 #include "shardtrain/memory/memory_stats.h"
 #include "shardtrain/models/lora.h"
 #include "shardtrain/models/zoo.h"
+#include "shardtrain/parallel/vocabulary.h"
 #include "shardtrain/plan/planner.h"
 #include "shardtrain/train/trainer.h"
 #include "train/training_data.h"
@@ -18,18 +19,6 @@ namespace {
 
 constexpr double kAutoMargin = 0.10;  // of the budget kept free by batch_size auto: the model's error, allocator slack
 
-plan::Strategy strategy_of(config::Strategy s) {
-  switch (s) {
-    case config::Strategy::FULL_SHARD: return plan::Strategy::kFullShard;
-    case config::Strategy::SHARD_GRAD_OP: return plan::Strategy::kShardGradOp;
-    case config::Strategy::NO_SHARD: return plan::Strategy::kNoShard;
-    case config::Strategy::HYBRID_SHARD: return plan::Strategy::kHybridShard;
-    case config::Strategy::HYBRID_SHARD_ZERO2: return plan::Strategy::kHybridShardZero2;
-    case config::Strategy::DDP: return plan::Strategy::kDdp;
-  }
-  return plan::Strategy::kFullShard;
-}
-
 // The world is the launcher's when there is one (`shardtrain launch`, torchrun, Slurm), else the config's launch.*.
 plan::TrainingJob job_of(const config::Config& c) {
   plan::TrainingJob job;
@@ -39,18 +28,16 @@ plan::TrainingJob job_of(const config::Config& c) {
     job.world = env.world_size;
     job.nodes = std::max(1, env.world_size / std::max(1, env.local_world_size));
   }
-  job.strategy = strategy_of(c.parallel.strategy);
+  job.strategy = c.parallel.strategy;
   job.wrap = c.parallel.wrap == config::AutoWrap::NONE ? plan::Wrap::kNone : plan::Wrap::kTransformer;
-  job.mixed_precision = c.parallel.mixed_precision == config::Precision::BF16   ? "bf16"
-                        : c.parallel.mixed_precision == config::Precision::FP16 ? "fp16"
-                                                                                : "no";
+  job.mixed_precision = c.parallel.mixed_precision;
   job.activation_checkpointing = c.parallel.activation_checkpointing;
   job.grad_accum = c.train.grad_accum, job.sync_each_batch = c.train.sync_each_batch;
   job.cpu_offload = c.parallel.cpu_offload;
   job.bucket_cap_mb = c.parallel.bucket_cap_mb, job.gradient_as_bucket_view = c.parallel.gradient_as_bucket_view;
   job.batch = c.train.batch_size;
   job.seq_len = c.data.max_text_length;
-  job.cuda = c.train.device == "cuda";
+  job.device = c.train.device;
   auto bytes = [](config::Dtype d) -> int64_t { return d == config::Dtype::FLOAT32 ? 4 : 2; };
   job.param_bytes = bytes(c.model.dtype);
   if (c.optim.name == config::OptimizerKind::SGD) {
@@ -75,15 +62,15 @@ plan::TrainingJob job_of(const config::Config& c) {
 // The bytes one rank of `job` cannot go beyond, for an explicit batch: train.memory_limit, else train.memory_budget,
 // else the GPU's memory, else this machine's RAM shared by the ranks on it; 0 when unknown (no GPU to ask).
 int64_t hard_budget_of(const config::Config& c, const plan::TrainingJob& job, std::string& source) {
-  if (!c.train.memory_limit.empty()) {
+  if (c.train.memory_limit > 0) {
     source = "train.memory_limit";
-    return plan::parse_memory_size(c.train.memory_limit);
+    return c.train.memory_limit;
   }
-  if (!c.train.memory_budget.empty()) {
+  if (c.train.memory_budget > 0) {
     source = "train.memory_budget";
-    return plan::parse_memory_size(c.train.memory_budget);
+    return c.train.memory_budget;
   }
-  if (c.train.device == "cuda") {
+  if (c.train.device == parallel::Device::CUDA) {
     source = "the GPU's memory";
     try {
       return memory::cuda_total_memory(0);
@@ -100,15 +87,15 @@ int64_t hard_budget_of(const config::Config& c, const plan::TrainingJob& job, st
 // Bytes one rank may use: train.memory_budget, else train.memory_limit, else the GPU's memory, else half of this
 // machine's RAM shared by the ranks on it.
 int64_t budget_of(const config::Config& c, const plan::TrainingJob& job, std::string& source) {
-  if (!c.train.memory_budget.empty()) {
+  if (c.train.memory_budget > 0) {
     source = "train.memory_budget";
-    return plan::parse_memory_size(c.train.memory_budget);
+    return c.train.memory_budget;
   }
-  if (!c.train.memory_limit.empty()) {
+  if (c.train.memory_limit > 0) {
     source = "train.memory_limit";
-    return plan::parse_memory_size(c.train.memory_limit);
+    return c.train.memory_limit;
   }
-  if (c.train.device == "cuda") {
+  if (c.train.device == parallel::Device::CUDA) {
     source = "the GPU's memory";
     return memory::cuda_total_memory(0);
   }

@@ -1,3 +1,4 @@
+#include "shardtrain/parallel/vocabulary.h"
 #include "shardtrain/train/trainer.h"
 
 #include <ATen/ATen.h>
@@ -29,7 +30,6 @@
 #include "shardtrain/models/lora.h"
 #include "shardtrain/models/zoo.h"
 #include "shardtrain/nn/activation_checkpoint.h"
-#include "shardtrain/plan/memory_size.h"
 #include "shardtrain/train/schedule.h"
 #include "train/checkpoint_lock.h"
 #include "train/metrics_log.h"
@@ -51,7 +51,7 @@ double seconds_now() {
 
 // Combinations that cannot mean what they say: refused up front with the reason, rather than trained otherwise.
 void check_supported(const Config& c) {
-  if (c.parallel.cpu_offload && c.parallel.strategy == config::Strategy::DDP) {
+  if (c.parallel.cpu_offload && c.parallel.strategy == parallel::Strategy::DDP) {
     throw std::invalid_argument("parallel.cpu_offload: true offloads the shards of an FSDP strategy; ddp keeps the "
                                 "whole model on every device (use full_shard, or cpu_offload: false)");
   }
@@ -77,7 +77,7 @@ dist::DistEnv checked_env(const Config& c) {
 // Each rank its local GPU, shared round-robin by more ranks than GPUs (dist::rank_device); their collectives then
 // go through Gloo (dist::group_options_for).
 at::Device device_of(const Config& c, const dist::DistEnv& env) {
-  return dist::rank_device(c.train.device == "cuda", env, "train.device: 'cuda'");
+  return dist::rank_device(c.train.device == parallel::Device::CUDA, env, "train.device: 'cuda'");
 }
 
 // `sink`: where a rendezvous that waits for its peers says so (every rank: each waits for its own reasons).
@@ -133,8 +133,8 @@ struct Job {
     // The peak memory the run reports is its own: a run started again after an out-of-memory (train()) would
     // otherwise report the failed attempt's.
     device.is_cuda() ? memory::reset_cuda_peak(device.index()) : memory::reset_cpu_peak();
-    if (!c.train.memory_limit.empty()) {  // before the model: everything the run holds counts
-      const int64_t limit = plan::parse_memory_size(c.train.memory_limit);
+    if (c.train.memory_limit > 0) {  // before the model: everything the run holds counts
+      const int64_t limit = c.train.memory_limit;
       device.is_cuda() ? memory::set_cuda_memory_limit(device.index(), limit) : memory::set_cpu_memory_limit(limit);
     }
     if (device.is_cuda()) {  // train.tf32: cuBLAS matmuls and cuDNN convolutions of float32 tensors
@@ -165,7 +165,7 @@ struct Job {
 // HYBRID strategies shard within a node and replicate across nodes; the others shard over the whole world.
 dist::DeviceMesh make_mesh(const Config& c, Job& job) {
   const int nodes = std::max(1, job.env.world_size / std::max(1, job.env.local_world_size));
-  return dist::DeviceMesh::create(job.pg, is_hybrid(c.parallel.strategy) ? nodes : 1);
+  return dist::DeviceMesh::create(job.pg, parallel::is_hybrid(c.parallel.strategy) ? nodes : 1);
 }
 
 using util::with_commas;
@@ -236,8 +236,8 @@ void describe_start(const Config& c, const Job& job, ParallelModel& model, doubl
                 "peak %.3g TFLOP/s/rank%s",
                 job.recipe->flavor().c_str(), job.recipe->family().c_str(), with_commas(parameters).c_str(),
                 world.size(), world.size() == 1 ? "" : "s", over.c_str(),
-                config::to_string(c.parallel.strategy).c_str(),
-                config::to_string(c.parallel.mixed_precision).c_str(), tf32, static_cast<long long>(c.train.steps),
+                parallel::to_string(c.parallel.strategy).c_str(),
+                parallel::to_string(c.parallel.mixed_precision).c_str(), tf32, static_cast<long long>(c.train.steps),
                 static_cast<long long>(c.train.batch_size), static_cast<long long>(c.train.grad_accum), world.size(),
                 static_cast<long long>(c.train.batch_size * c.train.grad_accum * world.size()), peak_tflops,
                 c.log.peak_tflops > 0 ? "" : " (measured)");
@@ -597,7 +597,7 @@ TrainSummary train_run(const Config& given, std::shared_ptr<log::Sink> sink, int
           : std::vector<std::pair<std::string, std::string>>{}};
   // float16: the loss is scaled before backward, and a step whose gradients overflowed on any rank is skipped.
   std::optional<optim::GradScaler> scaler;
-  if (c.parallel.mixed_precision == config::Precision::FP16) scaler.emplace(optim::GradScalerOptions{}, world);
+  if (c.parallel.mixed_precision == parallel::Precision::FP16) scaler.emplace(optim::GradScalerOptions{}, world);
   // Watched from before the resume: a signal during start-up stops the run after its first step.
   const PreemptionWatch preemption;
   CheckpointLock lock(c.checkpoint.dir, world, job.logger);  // held until the run ends

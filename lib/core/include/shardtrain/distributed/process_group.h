@@ -9,20 +9,16 @@
 
 #include "shardtrain/distributed/communicator.h"
 #include "shardtrain/distributed/env.h"
+#include "shardtrain/parallel/vocabulary.h"
 
 namespace shardtrain::dist {
-
-enum class DeviceKind {
-  CPU,   // Gloo
-  CUDA,  // NCCL (or Gloo through host copies, cuda_backend), device `device_index`
-};
 
 // How CUDA tensors travel. NCCL refuses two ranks on one GPU; Gloo moves CUDA tensors through host copies, so
 // several ranks can share one device (tests of the multi-rank CUDA paths on a one-GPU machine).
 enum class CudaBackend { NCCL, GLOO };
 
 struct ProcessGroupOptions {
-  DeviceKind device = DeviceKind::CPU;
+  parallel::Device device = parallel::Device::CPU;
   int device_index = -1;  // CUDA: this rank's device; -1 takes LOCAL_RANK
   CudaBackend cuda_backend = CudaBackend::NCCL;
   // A world of one normally runs every operation as a local identity. With this set it still builds its backend
@@ -60,7 +56,7 @@ class ProcessGroup {
   const DistEnv& env() const;
   int rank() const;        // world rank
   int world_size() const;  // world size
-  DeviceKind device() const;
+  parallel::Device device() const;
   const Communicator& world() const;
 
   // A communicator over the world ranks `ranks` (ascending, no duplicates). Collective over the whole job like

@@ -24,6 +24,7 @@
 #include "shardtrain/distributed/communicator.h"
 #include "shardtrain/distributed/mesh.h"
 #include "shardtrain/optim/row_sharding.h"
+#include "shardtrain/parallel/vocabulary.h"
 
 namespace torch::nn {
 class Module;
@@ -90,9 +91,6 @@ struct FsdpOptions {
   bool offload_params = false;
 };
 
-// The sharding strategies of PyTorch FSDP / Accelerate, expressed as FsdpOptions over a mesh.
-enum class ShardingStrategy { FULL_SHARD, SHARD_GRAD_OP, NO_SHARD, HYBRID_SHARD, HYBRID_SHARD_ZERO2 };
-
 // Memory effect of each state, per rank: SHARDED holds the shards only; UNSHARDED adds the full parameters.
 enum class ShardState { SHARDED, UNSHARDED };
 
@@ -121,12 +119,12 @@ class FsdpUnit {
 // A strategy of PyTorch FSDP / Accelerate as a shard group and options on `mesh`: FULL_SHARD and SHARD_GRAD_OP
 // shard over the whole world (mesh.world()); HYBRID_SHARD(_ZERO2) over mesh.shard_group() with
 // mesh.replicate_group() across; NO_SHARD keeps every parameter whole (a shard group of this rank alone) and
-// averages gradients over the world.
+// averages gradients over the world. DDP is not FSDP's (ddp::replicate): std::invalid_argument.
 struct StrategyGroups {
   dist::Communicator shard;
   FsdpOptions options;
 };
-StrategyGroups strategy_groups(ShardingStrategy strategy, const dist::DeviceMesh& mesh);
+StrategyGroups strategy_groups(parallel::Strategy strategy, const dist::DeviceMesh& mesh);
 
 // Makes `module` a unit sharded over `group`. Throws std::invalid_argument naming the module when it is not an
 // nn::Interceptable or is already a unit. Every rank must apply the same units in the same order.

@@ -26,7 +26,7 @@
 namespace shardtrain::models {
 
 struct ParallelizeOptions {
-  fsdp::ShardingStrategy strategy = fsdp::ShardingStrategy::FULL_SHARD;
+  parallel::Strategy strategy = parallel::Strategy::FULL_SHARD;
   // Mixed precision, prefetching, limit_all_gathers, gradient divide factor. The strategy sets
   // reshard_after_forward and replicate_group (fsdp::strategy_groups).
   fsdp::FsdpOptions fsdp;

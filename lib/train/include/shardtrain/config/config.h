@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "shardtrain/models/lora_spec.h"
+#include "shardtrain/parallel/vocabulary.h"
 
 namespace shardtrain::config {
 
@@ -29,8 +30,6 @@ class ConfigError : public std::invalid_argument {
   using std::invalid_argument::invalid_argument;
 };
 
-enum class Strategy { FULL_SHARD, SHARD_GRAD_OP, NO_SHARD, HYBRID_SHARD, HYBRID_SHARD_ZERO2, DDP };
-enum class Precision { NO, BF16, FP16 };
 enum class AutoWrap { TRANSFORMER, SIZE, NONE };
 enum class Prefetch { BACKWARD_PRE, BACKWARD_POST, NONE };
 enum class LrSchedule { COSINE, LINEAR, CONSTANT };
@@ -149,8 +148,8 @@ struct DataConfig {
 };
 
 struct ParallelConfig {
-  Strategy strategy = Strategy::FULL_SHARD;
-  Precision mixed_precision = Precision::NO;
+  parallel::Strategy strategy = parallel::Strategy::FULL_SHARD;
+  parallel::Precision mixed_precision = parallel::Precision::NO;
   AutoWrap wrap = AutoWrap::TRANSFORMER;
   std::vector<std::string> layer_classes;  // TRANSFORMER: wrapped classes; empty = the family's layer
   int64_t min_params = 100000000;          // SIZE: a unit closes at this many parameters
@@ -213,12 +212,12 @@ struct TrainConfig {
   int64_t steps = 1000;       // optimizer steps
   int64_t batch_size = 8;     // samples per rank per micro-batch; kAutoBatch ("auto"): the largest the memory model
                               // predicts to fit memory_budget (train::plan_run)
-  std::string memory_budget;  // per rank, for batch_size auto ("30GiB"); empty: memory_limit, else the GPU's memory,
-                              // or on CPU half of the machine's RAM shared by its ranks
-  // A hard limit per rank ("40GiB"; empty: none): tensors beyond it fail with out-of-memory as on a full GPU. On
-  // CUDA the caching allocator's cap (torch.cuda.set_per_process_memory_fraction); on CPU the counting allocator
-  // refuses allocations above it — a smaller device rehearsed on a larger one.
-  std::string memory_limit;
+  int64_t memory_budget = 0;  // bytes per rank, for batch_size auto ("30GiB" in YAML); 0: memory_limit, else the
+                              // GPU's memory, or on CPU half of the machine's RAM shared by its ranks
+  // A hard limit in bytes per rank ("40GiB" in YAML; 0: none): tensors beyond it fail with out-of-memory as on a
+  // full GPU. On CUDA the caching allocator's cap (torch.cuda.set_per_process_memory_fraction); on CPU the counting
+  // allocator refuses allocations above it — a smaller device rehearsed on a larger one.
+  int64_t memory_limit = 0;
   int64_t grad_accum = 1;     // micro-batches per optimizer step
   // Reduce gradients after every micro-batch, not only the last (Accelerate's sync_each_batch): with FSDP each
   // rank then accumulates sharded gradients instead of keeping every unit's full gradients until the last
@@ -226,7 +225,7 @@ struct TrainConfig {
   bool sync_each_batch = false;
   double max_grad_norm = 1.0; // 0: no clipping
   int64_t seed = 0;           // weights, data order, masking, dropout
-  std::string device = "cpu"; // cpu | cuda (each rank takes cuda:LOCAL_RANK)
+  parallel::Device device = parallel::Device::CPU;  // cuda: each rank takes cuda:LOCAL_RANK
   std::string task;           // another name for model.task (where a Trainer user looks for it); both: the same
   // CUDA: float32 matmuls and convolutions in TensorFloat-32 (as the FLAVA post trains); no meaning on CPU.
   bool tf32 = true;
@@ -329,8 +328,6 @@ std::string to_yaml(const Config& config, bool annotated = false);
 std::vector<std::string> key_paths();
 
 // Names of enum values as written in YAML ("full_shard").
-std::string to_string(Strategy s);
-std::string to_string(Precision p);
 std::string to_string(OptimizerKind k);
 
 // A key whose value differs between two configs: its path and both values as YAML ("0.001", "[a, b]").

@@ -3,7 +3,7 @@
 // counts per FSDP unit) and its recipe's activation function (models/activation_memory.h).
 //
 //   plan::TrainingJob job;
-//   job.world = 8, job.strategy = plan::Strategy::kFullShard, job.batch = 16, job.activation_checkpointing = true;
+//   job.world = 8, job.strategy = parallel::Strategy::FULL_SHARD, job.batch = 16, job.activation_checkpointing = true;
 //   plan::MemoryEstimate e = plan::estimate_training_memory(*models::recipe_of("flava-900m"), job);
 //   e.peak_bytes; e.terms   // parameter shards, gradients, AdamW state, gathered units, activations, ...
 //
@@ -21,24 +21,22 @@
 #include <vector>
 
 #include "shardtrain/models/recipe.h"
+#include "shardtrain/parallel/vocabulary.h"
 
 namespace shardtrain::plan {
 
-enum class Strategy { kFullShard, kShardGradOp, kNoShard, kHybridShard, kHybridShardZero2, kDdp };
 // FSDP units: each transformer layer and the root (the trainer's wrap), or the whole model as one unit (FSDP's
 // default when no policy is given: the T5 post's "default wrapping").
 enum class Wrap { kTransformer, kNone };
-Strategy parse_strategy(const std::string& name);  // throws std::invalid_argument naming it and the choices
-std::string strategy_name(Strategy s);
 Wrap parse_wrap(const std::string& name);  // transformer | none; throws std::invalid_argument naming it
 std::string wrap_name(Wrap w);
 
 struct TrainingJob {
   int64_t world = 1;      // ranks in all
   int64_t nodes = 1;      // hybrid strategies shard within a node: world / nodes ranks
-  Strategy strategy = Strategy::kFullShard;
+  parallel::Strategy strategy = parallel::Strategy::FULL_SHARD;
   Wrap wrap = Wrap::kTransformer;
-  std::string mixed_precision = "no";  // no | bf16 | fp16: the compute dtype of gathered parameters and activations
+  parallel::Precision mixed_precision = parallel::Precision::NO;  // the compute dtype of gathered units, activations
   bool activation_checkpointing = false;  // transformer layers replay their forward in backward
   int64_t checkpoint_every = 1;           // with checkpointing: every k-th layer (1: all)
   int64_t grad_accum = 1;                 // micro-batches per optimizer step
@@ -46,7 +44,7 @@ struct TrainingJob {
   bool cpu_offload = false;               // shards, gradients and AdamW state in host memory
   int64_t batch = 1;                      // samples per rank per micro-batch
   int64_t seq_len = 0;                    // text tokens; 0: the model's maximum
-  bool cuda = false;                      // CUDA kernels and allocator (else CPU)
+  parallel::Device device = parallel::Device::CPU;  // CUDA: its kernels and caching allocator
   // Optimizer state per trainable parameter: AdamW's two float32 moments (8 B); AnyPrecision AdamW's moments in
   // their dtypes, plus its compensation buffer with Kahan summation (bf16 throughout: 6 B).
   int64_t optimizer_state_bytes = 8;

@@ -25,7 +25,7 @@
 
 #include "shardtrain/models/lora_spec.h"
 #include "shardtrain/plan/memory_model.h"
-#include "shardtrain/plan/memory_size.h"
+#include "shardtrain/memory/memory_size.h"
 
 namespace shardtrain::plan {
 

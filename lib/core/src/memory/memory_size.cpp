@@ -1,11 +1,11 @@
-#include "shardtrain/plan/memory_size.h"
+#include "shardtrain/memory/memory_size.h"
 
 #include <algorithm>
 #include <cctype>
 #include <stdexcept>
 #include <utility>
 
-namespace shardtrain::plan {
+namespace shardtrain::memory {
 
 int64_t parse_memory_size(const std::string& text) {
   size_t used = 0;
@@ -29,4 +29,20 @@ int64_t parse_memory_size(const std::string& text) {
                               "512MiB, or bytes)");
 }
 
-}  // namespace shardtrain::plan
+std::string memory_size_text(int64_t bytes) {
+  if (bytes <= 0) return "";
+  const std::pair<const char*, int64_t> units[] = {{"TiB", int64_t{1} << 40}, {"GiB", int64_t{1} << 30},
+                                                   {"MiB", int64_t{1} << 20}, {"KiB", int64_t{1} << 10},
+                                                   {"TB", 1'000'000'000'000}, {"GB", 1'000'000'000},
+                                                   {"MB", 1'000'000},         {"KB", 1'000}};
+  const std::string plain = std::to_string(bytes);
+  std::string shortest = plain;
+  for (const auto& [name, scale] : units) {  // the shortest text; a unit rather than bytes, binary before decimal
+    if (bytes % scale != 0) continue;
+    const std::string text = std::to_string(bytes / scale) + name;
+    if (text.size() < shortest.size() || (text.size() == shortest.size() && shortest == plain)) shortest = text;
+  }
+  return shortest;
+}
+
+}  // namespace shardtrain::memory

@@ -1,0 +1,18 @@
+// Memory sizes as people write them ("40GiB", "80GB", "512MiB", bytes), one type for the whole run: bytes in an
+// int64_t, read from and written back to this text by the config (train.memory_budget, train.memory_limit), the
+// planner's --gpu-memory and export's --max-shard-size.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+namespace shardtrain::memory {
+
+// Parses "40GiB", "80GB", "1.5TiB", "512MiB", or a byte count. Throws std::invalid_argument naming the text.
+int64_t parse_memory_size(const std::string& text);
+
+// The shortest exact text for `bytes` that parse_memory_size reads back to them: "40GiB", "80GB", "1536MiB",
+// "12345"; "" for 0 (no size).
+std::string memory_size_text(int64_t bytes);
+
+}  // namespace shardtrain::memory

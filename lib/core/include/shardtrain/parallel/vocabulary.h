@@ -1,0 +1,45 @@
+// The vocabulary of a data-parallel run, one type per concept, shared by the runtime (distributed/, fsdp/, ddp/),
+// the config, the planner and the command line: how the model's state is split over the ranks, where and in what
+// precision it computes.
+// Names are the config's spelling ("full_shard", "bf16"), which Accelerate's and PyTorch's upper-case ones map onto
+// (config/accelerate_keys.cpp).
+#pragma once
+
+#include <string>
+#include <vector>
+
+namespace shardtrain::parallel {
+
+// PyTorch FSDP's sharding strategies (fsdp::strategy_groups expresses each over a mesh), and DDP (ddp::replicate):
+//   FULL_SHARD          parameters, gradients and optimizer state sharded over the world (ZeRO-3)
+//   SHARD_GRAD_OP       gradients and optimizer state sharded, parameters kept gathered through backward (ZeRO-2)
+//   NO_SHARD            everything whole on every rank, gradients all-reduced, through FSDP's machinery
+//   HYBRID_SHARD        FULL_SHARD within a node, replicated across nodes
+//   HYBRID_SHARD_ZERO2  SHARD_GRAD_OP within a node, replicated across nodes
+//   DDP                 the whole model on every rank, bucketed all-reduce of gradients during backward
+enum class Strategy { FULL_SHARD, SHARD_GRAD_OP, NO_SHARD, HYBRID_SHARD, HYBRID_SHARD_ZERO2, DDP };
+
+// Where a rank computes: the CPU (its collectives over Gloo), or its node's GPU (NCCL, or Gloo through host copies).
+enum class Device { CPU, CUDA };
+
+// Mixed precision: the dtype gathered parameters and activations compute in (float32 masters kept): none, bfloat16,
+// or float16 with loss scaling.
+enum class Precision { NO, BF16, FP16 };
+
+std::string to_string(Strategy s);  // "full_shard", ..., "ddp"
+std::string to_string(Precision p);  // "no", "bf16", "fp16"
+std::string to_string(Device d);     // "cpu", "cuda"
+// The value a name spells; std::invalid_argument naming it and every name otherwise.
+Strategy strategy_named(const std::string& name);
+Precision precision_named(const std::string& name);
+Device device_named(const std::string& name);
+std::vector<std::string> strategy_names();
+std::vector<std::string> precision_names();
+std::vector<std::string> device_names();
+
+// Sharded within a node and replicated across nodes.
+bool is_hybrid(Strategy s);
+// One of FSDP's (all but DDP).
+bool is_fsdp(Strategy s);
+
+}  // namespace shardtrain::parallel

@@ -1,0 +1,68 @@
+#include "shardtrain/parallel/vocabulary.h"
+
+#include <stdexcept>
+#include <utility>
+
+namespace shardtrain::parallel {
+namespace {
+
+// Each name table is built on first use: the config's own tables are made from these during static
+// initialisation, in whatever order the linker puts the translation units.
+const std::vector<std::pair<std::string, Strategy>>& strategies() {
+  static const std::vector<std::pair<std::string, Strategy>> table = {
+      {"full_shard", Strategy::FULL_SHARD},     {"shard_grad_op", Strategy::SHARD_GRAD_OP},
+      {"no_shard", Strategy::NO_SHARD},         {"hybrid_shard", Strategy::HYBRID_SHARD},
+      {"hybrid_shard_zero2", Strategy::HYBRID_SHARD_ZERO2}, {"ddp", Strategy::DDP}};
+  return table;
+}
+const std::vector<std::pair<std::string, Precision>>& precisions() {
+  static const std::vector<std::pair<std::string, Precision>> table = {
+      {"no", Precision::NO}, {"bf16", Precision::BF16}, {"fp16", Precision::FP16}};
+  return table;
+}
+const std::vector<std::pair<std::string, Device>>& devices() {
+  static const std::vector<std::pair<std::string, Device>> table = {{"cpu", Device::CPU}, {"cuda", Device::CUDA}};
+  return table;
+}
+
+template <class E>
+std::string name_in(const std::vector<std::pair<std::string, E>>& table, E value) {
+  for (const auto& [name, v] : table) {
+    if (v == value) return name;
+  }
+  return "?";
+}
+
+template <class E>
+E named_in(const std::vector<std::pair<std::string, E>>& table, const std::string& name, const char* what) {
+  std::string all;
+  for (const auto& [n, v] : table) {
+    if (n == name) return v;
+    all += (all.empty() ? "" : ", ") + n;
+  }
+  throw std::invalid_argument(std::string(what) + " '" + name + "' is not one of " + all);
+}
+
+template <class E>
+std::vector<std::string> names_in(const std::vector<std::pair<std::string, E>>& table) {
+  std::vector<std::string> out;
+  for (const auto& entry : table) out.push_back(entry.first);
+  return out;
+}
+
+}  // namespace
+
+std::string to_string(Strategy s) { return name_in(strategies(), s); }
+std::string to_string(Precision p) { return name_in(precisions(), p); }
+std::string to_string(Device d) { return name_in(devices(), d); }
+Strategy strategy_named(const std::string& name) { return named_in(strategies(), name, "strategy"); }
+Precision precision_named(const std::string& name) { return named_in(precisions(), name, "mixed precision"); }
+Device device_named(const std::string& name) { return named_in(devices(), name, "device"); }
+std::vector<std::string> strategy_names() { return names_in(strategies()); }
+std::vector<std::string> precision_names() { return names_in(precisions()); }
+std::vector<std::string> device_names() { return names_in(devices()); }
+
+bool is_hybrid(Strategy s) { return s == Strategy::HYBRID_SHARD || s == Strategy::HYBRID_SHARD_ZERO2; }
+bool is_fsdp(Strategy s) { return s != Strategy::DDP; }
+
+}  // namespace shardtrain::parallel
