@@ -12,7 +12,7 @@
 #include <random>
 
 #include "models/entities.h"
-#include "models/t5_span_corruption.h"
+#include "models/t5/t5_span_corruption.h"
 #include "shardtrain/data/synth.h"
 #include "shardtrain/distributed/process_group.h"
 #include "shardtrain/fsdp/wrap_policy.h"

@@ -5,14 +5,14 @@
 
 namespace shardtrain::models {
 
-ModelFamily flava_family();  // lib/models/src/models/flava_recipe.cpp
-ModelFamily bert_family();   // lib/models/src/models/bert_recipe.cpp
-ModelFamily vit_family();    // lib/models/src/models/vit_recipe.cpp
-ModelFamily t5_family();     // lib/models/src/models/t5_recipe.cpp
-ModelFamily llama_family();    // lib/models/src/models/llama_recipe.cpp, as the three below
+ModelFamily flava_family();  // lib/models/src/models/flava/flava_recipe.cpp
+ModelFamily bert_family();   // lib/models/src/models/bert/bert_recipe.cpp
+ModelFamily vit_family();    // lib/models/src/models/vit/vit_recipe.cpp
+ModelFamily t5_family();     // lib/models/src/models/t5/t5_recipe.cpp
+ModelFamily llama_family();    // lib/models/src/models/llama/llama_recipe.cpp, as the three below
 ModelFamily mistral_family();
 ModelFamily qwen2_family();
 ModelFamily qwen3_family();
-ModelFamily gpt2_family();   // lib/models/src/models/gpt2_recipe.cpp
+ModelFamily gpt2_family();   // lib/models/src/models/gpt2/gpt2_recipe.cpp
 
 }  // namespace shardtrain::models

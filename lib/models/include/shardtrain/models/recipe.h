@@ -1,5 +1,5 @@
 // One recipe per model family: everything the rest of shardtrain knows about a family is reached through
-// ModelRecipe, and nothing outside the family's own files (models/<family>.{h,cpp}, lib/models/src/models/<family>_recipe.cpp)
+// ModelRecipe, and nothing outside the family's own files (models/<family>.{h,cpp}, lib/models/src/models/<family>/<family>_recipe.cpp)
 // compares family names or casts to a family's class. The zoo (zoo.h) is a table of families, each turning a
 // flavor name into a recipe.
 //

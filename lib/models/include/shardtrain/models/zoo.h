@@ -25,7 +25,7 @@ struct FlavorName {
 
 class HfConfig;  // lib/models/src/models/hf_config.h: a config.json, read key by key
 
-// A row of the zoo's table: one family. Each family's recipe file (lib/models/src/models/<family>_recipe.cpp) defines its row.
+// A row of the zoo's table: one family. Each family's recipe file (lib/models/src/models/<family>/<family>_recipe.cpp) defines its row.
 struct ModelFamily {
   std::string name;                                                        // "bert"
   std::vector<std::string> (*flavors)();                                   // its flavor names, table order

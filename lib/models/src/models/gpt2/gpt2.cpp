@@ -4,9 +4,9 @@
 
 #include <stdexcept>
 
-#include "layer_names.h"
+#include "models/layer_names.h"
 #include "models/causal_lm.h"
-#include "unknown_flavor.h"
+#include "models/unknown_flavor.h"
 #include "shardtrain/models/losses.h"
 
 namespace shardtrain::models {

@@ -1,4 +1,4 @@
-#include "models/t5_seq2seq.h"
+#include "models/t5/t5_seq2seq.h"
 
 #include <ATen/ATen.h>
 #include <torch/nn/module.h>

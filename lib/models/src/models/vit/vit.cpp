@@ -4,8 +4,8 @@
 
 #include <stdexcept>
 
-#include "layer_names.h"
-#include "unknown_flavor.h"
+#include "models/layer_names.h"
+#include "models/unknown_flavor.h"
 #include "shardtrain/models/losses.h"
 
 namespace shardtrain::models {
