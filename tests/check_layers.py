@@ -34,7 +34,9 @@ RULES = {
     "train": {
         "config": {"io", "memory", "models", "parallel", "util"},
         "plan": {"distributed", "fsdp", "io", "memory", "models", "parallel", "util"},
-        "train": None,  # the top: anything below it
+        "train": None,  # the loop: anything below it
+        "hf": {"ckpt", "config", "data", "io", "models", "train", "util"},
+        "generate": {"config", "data", "distributed", "io", "models"},
     },
 }
 ORDER = ["core", "models", "train"]

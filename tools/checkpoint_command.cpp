@@ -5,9 +5,9 @@
 
 #include "cli_args.h"
 #include "commands.h"
-#include "hf_export.h"
 #include "shardtrain/ckpt/checkpoint.h"
 #include "shardtrain/ckpt/manifest.h"
+#include "shardtrain/hf/export.h"
 #include "shardtrain/io/files.h"
 #include "shardtrain/io/safetensors.h"
 #include "shardtrain/io/weight_files.h"
@@ -65,25 +65,6 @@ int verify_command(const std::string& path) {
   return damaged > 0 ? 1 : 0;
 }
 
-// Runs a directory export; when it fails (a full disk, a permission), a directory it made is removed with what it
-// wrote — each file is written atomically, so a directory that was there keeps only whole files.
-template <class Write>
-void into_directory(const std::string& out, Write&& write) {
-  const bool existed = io::path_exists(out);
-  try {
-    write();
-  } catch (...) {
-    if (!existed) {
-      try {
-        io::remove_tree(out);
-      } catch (const std::runtime_error&) {
-        // the error below is what matters; the directory is reported by it
-      }
-    }
-    throw;
-  }
-}
-
 }  // namespace
 
 int run_checkpoint_command(const std::vector<std::string>& args) {
@@ -116,11 +97,11 @@ int run_checkpoint_command(const std::vector<std::string>& args) {
         if (!peft.empty()) throw std::invalid_argument("--peft: '" + path + "' is not a shardtrain checkpoint");
         // Not ours: a distributed checkpoint, Accelerate's save_state, a pytorch_model.bin... (io::WeightFiles).
         if (!hf.empty()) {
-          into_directory(hf, [&] { export_hf_from_weights(path, hf, options, max_shard); });
+          std::cout << hf::export_from_weights(path, hf, options, max_shard) << std::endl;
           return 0;
         }
         const io::WeightFiles files(path);
-        const auto tensors = read_weights(files, {}, options);
+        const auto tensors = hf::read_weights(files, {}, options);
         io::write_safetensors(out, tensors);
         std::cout << "checkpoint export: " << path << (files.note().empty() ? "" : " (" + files.note() + ")")
                   << " -> " << out << ", " << tensors.size() << " tensors\n";
@@ -130,14 +111,14 @@ int run_checkpoint_command(const std::vector<std::string>& args) {
       path = *latest;
     }
     if (!hf.empty()) {
-      into_directory(hf, [&] { export_hf_directory(path, hf, options, max_shard); });
+      std::cout << hf::export_directory(path, hf, options, max_shard) << std::endl;
       return 0;
     }
     if (!peft.empty()) {
-      into_directory(peft, [&] { export_peft_adapter(path, peft, options); });
+      std::cout << hf::export_peft_adapter(path, peft, options) << std::endl;
       return 0;
     }
-    export_model_file(path, out, options);
+    std::cout << hf::export_model_file(path, out, options) << std::endl;
     return 0;
   }
   if (args[0] == "verify") {

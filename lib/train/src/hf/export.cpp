@@ -1,7 +1,7 @@
 // `shardtrain checkpoint export CHECKPOINT --hf OUT`: a checkpoint as a Hugging Face model directory that
 // transformers' from_pretrained loads — config.json, the weights (one file, or shards and an index), and the
 // tokenizer the run used.
-#include "hf_export.h"
+#include "shardtrain/hf/export.h"
 
 #include <ATen/ops/isfinite.h>
 #include <torch/nn/module.h>
@@ -24,10 +24,37 @@
 #include "shardtrain/models/zoo.h"
 #include "train/training_data.h"
 
-namespace shardtrain::cli {
+namespace shardtrain::hf {
 namespace {
 
 namespace fs = std::filesystem;
+
+// printf into a string, for the lines an export returns.
+template <class... Args>
+std::string format(const char* pattern, Args... args) {
+  char text[1024];
+  std::snprintf(text, sizeof(text), pattern, args...);
+  return text;
+}
+
+// Runs a directory export; when it fails (a full disk, a permission), a directory it made is removed with what it
+// wrote — each file is written atomically, so a directory that was there keeps only whole files.
+template <class Write>
+std::string into_directory(const std::string& out, Write&& write) {
+  const bool existed = io::path_exists(out);
+  try {
+    return write();
+  } catch (...) {
+    if (!existed) {
+      try {
+        io::remove_tree(out);
+      } catch (const std::runtime_error&) {
+        // the error below is what matters; the directory is reported by it
+      }
+    }
+    throw;
+  }
+}
 
 // transformers' name of a dtype in config.json's torch_dtype.
 std::string torch_dtype_name(at::ScalarType t) {
@@ -190,19 +217,19 @@ std::vector<std::pair<std::string, at::Tensor>> read_model_tensors(const std::st
 
 }  // namespace
 
-void export_model_file(const std::string& checkpoint, const std::string& out, const ckpt::ExportOptions& options) {
+std::string export_model_file(const std::string& checkpoint, const std::string& out,
+                              const ckpt::ExportOptions& options) {
   const CheckpointRun run = read_run(checkpoint);
   if (run.lora()) {  // the adapters merged: the tensors whole in memory, as --hf holds them
     io::write_safetensors(out, read_model_tensors(checkpoint, run, options));
-    std::printf("checkpoint export: %s -> %s (LoRA adapters merged)\n", checkpoint.c_str(), out.c_str());
-  } else {
-    ckpt::export_checkpoint(checkpoint, out, export_layout(*run.recipe), options);
-    std::printf("checkpoint export: %s -> %s\n", checkpoint.c_str(), out.c_str());
+    return "checkpoint export: " + checkpoint + " -> " + out + " (LoRA adapters merged)";
   }
-  std::fflush(stdout);
+  ckpt::export_checkpoint(checkpoint, out, export_layout(*run.recipe), options);
+  return "checkpoint export: " + checkpoint + " -> " + out;
 }
 
-void export_peft_adapter(const std::string& checkpoint, const std::string& out, const ckpt::ExportOptions& options) {
+std::string export_peft_adapter(const std::string& checkpoint, const std::string& out,
+                                const ckpt::ExportOptions& options) {
   const CheckpointRun r = read_run(checkpoint);
   if (!r.lora()) {
     throw std::invalid_argument("--peft: " + checkpoint + " is not of a LoRA run (model.lora.r was 0" +
@@ -215,25 +242,27 @@ void export_peft_adapter(const std::string& checkpoint, const std::string& out, 
     if (models::in_lora_adapter(t.file_name, targets)) layout.push_back(t);
   }
   const auto adapter = models::lora_adapter_tensors(ckpt::read_export_tensors(checkpoint, layout, options), targets);
-  io::make_directories(out);
-  io::write_safetensors((fs::path(out) / "adapter_model.safetensors").string(), adapter);
-  const std::string base = run.model.from.empty() ? r.state.flavor : run.model.from;
-  const std::string config = models::lora_adapter_config(run.model.lora, targets, run.model.task, base);
-  write_json(fs::path(out) / "adapter_config.json", nlohmann::json::parse(config));
-  std::printf("checkpoint export: %s -> %s (adapter_config.json, adapter_model.safetensors; %zu tensors; LoRA %s)\n",
-              checkpoint.c_str(), out.c_str(), adapter.size(), models::describe_lora(run.model.lora, targets).c_str());
-  std::fflush(stdout);
+  return into_directory(out, [&] {
+    io::make_directories(out);
+    io::write_safetensors((fs::path(out) / "adapter_model.safetensors").string(), adapter);
+    const std::string base = run.model.from.empty() ? r.state.flavor : run.model.from;
+    const std::string config = models::lora_adapter_config(run.model.lora, targets, run.model.task, base);
+    write_json(fs::path(out) / "adapter_config.json", nlohmann::json::parse(config));
+    return format("checkpoint export: %s -> %s (adapter_config.json, adapter_model.safetensors; %zu tensors; LoRA %s)",
+                  checkpoint.c_str(), out.c_str(), adapter.size(),
+                  models::describe_lora(run.model.lora, targets).c_str());
+  });
 }
 
-void export_hf_directory(const std::string& checkpoint, const std::string& out, const ckpt::ExportOptions& options,
-                         int64_t max_shard_bytes) {
+std::string export_directory(const std::string& checkpoint, const std::string& out,
+                             const ckpt::ExportOptions& options, int64_t max_shard_bytes) {
   const CheckpointRun r = read_run(checkpoint);
   const ckpt::TrainerState& state = r.state;
   std::string note = r.note;
   const std::optional<config::Config>& run = r.config;
   const auto& recipe = r.recipe;
   const auto tensors = read_model_tensors(checkpoint, r, options);
-
+  return into_directory(out, [&] {
   io::make_directories(out);
   const std::vector<std::string> weights = io::write_safetensors_files(out, tensors, max_shard_bytes);
 
@@ -266,10 +295,10 @@ void export_hf_directory(const std::string& checkpoint, const std::string& out, 
   std::string files = "config.json";
   for (const auto& f : weights) files += ", " + f;
   for (const auto& f : tokenizer) files += ", " + f;
-  std::printf("checkpoint export: %s -> %s (%s; %zu tensors, %.1f MB in %s)\n", checkpoint.c_str(), out.c_str(),
-              files.c_str(), tensors.size(), static_cast<double>(bytes) / 1e6, torch_dtype_name(dtype).c_str());
-  if (tokenizer.empty()) std::printf("  no tokenizer files: %s\n", note.c_str());
-  std::fflush(stdout);
+  return format("checkpoint export: %s -> %s (%s; %zu tensors, %.1f MB in %s)", checkpoint.c_str(), out.c_str(),
+                files.c_str(), tensors.size(), static_cast<double>(bytes) / 1e6, torch_dtype_name(dtype).c_str()) +
+         (tokenizer.empty() ? "\n  no tokenizer files: " + note : "");
+  });
 }
 
 std::vector<std::pair<std::string, at::Tensor>> read_weights(const io::WeightFiles& files,
@@ -290,8 +319,8 @@ std::vector<std::pair<std::string, at::Tensor>> read_weights(const io::WeightFil
   return out;
 }
 
-void export_hf_from_weights(const std::string& path, const std::string& out, const ckpt::ExportOptions& options,
-                            int64_t max_shard_bytes) {
+std::string export_from_weights(const std::string& path, const std::string& out, const ckpt::ExportOptions& options,
+                                int64_t max_shard_bytes) {
   const fs::path source = fs::path(path).lexically_normal();
   fs::path config_dir = source;
   if (!fs::exists(config_dir / "config.json")) config_dir = (source / "..").lexically_normal();
@@ -318,6 +347,7 @@ void export_hf_from_weights(const std::string& path, const std::string& out, con
                              (missing.size() > 4 ? ", ..." : "") + ")");
   }
   const auto tensors = read_weights(files, names, options);
+  return into_directory(out, [&] {
   io::make_directories(out);
   const std::vector<std::string> weights = io::write_safetensors_files(out, tensors, max_shard_bytes);
 
@@ -329,10 +359,10 @@ void export_hf_from_weights(const std::string& path, const std::string& out, con
   std::string written = "config.json";
   for (const auto& f : weights) written += ", " + f;
   for (const auto& f : tokenizer) written += ", " + f;
-  std::printf("checkpoint export: %s -> %s (%s; %zu tensors of the model, %zu others left%s%s)\n", path.c_str(),
-              out.c_str(), written.c_str(), tensors.size(), files.entries().size() - tensors.size(),
-              files.note().empty() ? "" : "; ", files.note().c_str());
-  std::fflush(stdout);
+  return format("checkpoint export: %s -> %s (%s; %zu tensors of the model, %zu others left%s%s)", path.c_str(),
+                out.c_str(), written.c_str(), tensors.size(), files.entries().size() - tensors.size(),
+                files.note().empty() ? "" : "; ", files.note().c_str());
+  });
 }
 
-}  // namespace shardtrain::cli
+}  // namespace shardtrain::hf
