@@ -23,21 +23,34 @@
 namespace shardtrain {
 namespace {
 
+// A llama-debug initialised from `seed`, saved by one process as a run's checkpoint in `root`/ck.
+struct SavedLlama {
+  std::shared_ptr<const models::ModelRecipe> recipe = models::recipe_of("llama-debug");
+  std::shared_ptr<torch::nn::Module> model;
+  std::string checkpoint;
+
+  SavedLlama(const std::string& root, uint64_t seed) {
+    io::remove_tree(root);
+    models::BuildOptions build;
+    build.init.seed = seed;
+    model = recipe->build(build);
+    torch::optim::AdamW optimizer(model->parameters(), torch::optim::AdamWOptions(1e-3));
+    dist::ProcessGroup pg = dist::ProcessGroup::init(dist::DistEnv{});
+    config::Config c;
+    c.model.flavor = "llama-debug";
+    ckpt::TrainerState state;
+    state.step = 5, state.flavor = c.model.flavor, state.run_id = "library-test";
+    state.config_yaml = config::to_yaml(c);
+    checkpoint = ckpt::save_checkpoint(root + "/ck", state, {model, &optimizer, /*sharded=*/false, {}}, pg.world());
+  }
+};
+
 TEST(ExportLibrary, ACheckpointBecomesAModelDirectoryAndAFile) {
   const std::string root = "/tmp/shardtrain_export_library_" + std::to_string(::getpid());
-  io::remove_tree(root);
-  config::Config c;
-  c.model.flavor = "llama-debug";
-  const auto recipe = models::recipe_of(c.model.flavor);
-  models::BuildOptions build;
-  build.init.seed = 3;
-  const auto model = recipe->build(build);
-  torch::optim::AdamW optimizer(model->parameters(), torch::optim::AdamWOptions(1e-3));
-  dist::ProcessGroup pg = dist::ProcessGroup::init(dist::DistEnv{});
-  ckpt::TrainerState state;
-  state.step = 5, state.flavor = c.model.flavor, state.run_id = "export-test", state.config_yaml = config::to_yaml(c);
-  const std::string checkpoint =
-      ckpt::save_checkpoint(root + "/ck", state, {model, &optimizer, /*sharded=*/false, {}}, pg.world());
+  const SavedLlama saved(root, 3);
+  const auto& recipe = saved.recipe;
+  const auto& model = saved.model;
+  const std::string& checkpoint = saved.checkpoint;
 
   const std::string said = hf::export_directory(checkpoint, root + "/hf", {}, int64_t{5} << 30);
   EXPECT_EQ(said.rfind("checkpoint export: " + checkpoint + " -> " + root + "/hf (config.json, model.safetensors", 0),
@@ -74,20 +87,8 @@ TEST(ExportLibrary, ACheckpointBecomesAModelDirectoryAndAFile) {
 // left-padded batch is continued as it is alone.
 TEST(GeneratorLibrary, BatchesAndOrderDoNotChangeACompletion) {
   const std::string root = "/tmp/shardtrain_generator_library_" + std::to_string(::getpid());
-  io::remove_tree(root);
-  config::Config c;
-  c.model.flavor = "llama-debug";
-  const auto recipe = models::recipe_of(c.model.flavor);
-  models::BuildOptions build;
-  build.init.seed = 5;
-  const auto model = recipe->build(build);
-  torch::optim::AdamW optimizer(model->parameters(), torch::optim::AdamWOptions(1e-3));
-  dist::ProcessGroup pg = dist::ProcessGroup::init(dist::DistEnv{});
-  ckpt::TrainerState state;
-  state.step = 1, state.flavor = c.model.flavor, state.run_id = "generate-test", state.config_yaml = config::to_yaml(c);
-  const std::string checkpoint =
-      ckpt::save_checkpoint(root + "/ck", state, {model, &optimizer, /*sharded=*/false, {}}, pg.world());
-  hf::export_directory(checkpoint, root + "/hf", {}, int64_t{5} << 30);
+  const SavedLlama saved(root, 5);
+  hf::export_directory(saved.checkpoint, root + "/hf", {}, int64_t{5} << 30);
   std::string vocab = "[PAD]\n[UNK]\n[CLS]\n[SEP]\n[MASK]\n";
   for (int i = 5; i < 1000; ++i) vocab += "w" + std::to_string(i) + "\n";
   io::write_file_atomic(root + "/hf/vocab.txt", std::vector<char>(vocab.begin(), vocab.end()));
