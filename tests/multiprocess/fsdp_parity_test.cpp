@@ -1,15 +1,17 @@
 // fully_shard parity: N training steps of a small transformer-like model, sharded over the world (W = 1..4 as the
 // binary is launched), give the same losses and final parameters as one process training the same model on the
-// whole batch. Grid: strategy {FULL_SHARD, SHARD_GRAD_OP, NO_SHARD, HYBRID_SHARD, HYBRID_SHARD_ZERO2} x optimizer
-// {SGD, AdamW} x {float32, bfloat16 params with float32 reduction (float16 with loss scaling: its own test)} x
-// reshard after forward {on, off} x prefetch {none, forward + BACKWARD_PRE, BACKWARD_POST} x activation
-// checkpointing of every block {off, on}; Adafactor and blocks called twice in a forward over smaller grids
+// whole batch. Grid: strategy {FULL_SHARD, SHARD_GRAD_OP, NO_SHARD, HYBRID_SHARD, HYBRID_SHARD_ZERO2} x
+// {float32, bfloat16 params with float32 reduction (float16 with loss scaling: its own test)} x reshard after
+// forward {on, off} x prefetch {none, forward + BACKWARD_PRE, BACKWARD_POST} x activation checkpointing of every
+// block {off, on}, each with SGD or AdamW in turn (expect_parity_grid says why); Adafactor and blocks called twice
+// in a forward over smaller grids
 // (FsdpParity.Adafactor, FsdpParity.UnitsCalledTwice); hybrid runs on a
 // 2x2 mesh at W = 4, 2x1 at W = 2 and 1x3 at W = 3.
 // Sizes are odd so that dim-0 sharding pads (10 rows over 3 or 4 ranks, 26 over 4, 3 over 4: some ranks hold only
 // padding). Tolerance: see expect_parity.
 #include <gtest/gtest.h>
 #include <chrono>
+#include <map>
 #include <thread>
 #include <torch/torch.h>
 
@@ -112,6 +114,7 @@ const char* strategy_name(parallel::Strategy s) {
     case parallel::Strategy::NO_SHARD: return "NO_SHARD";
     case parallel::Strategy::HYBRID_SHARD: return "HYBRID_SHARD";
     case parallel::Strategy::HYBRID_SHARD_ZERO2: return "HYBRID_SHARD_ZERO2";
+    case parallel::Strategy::DDP: return "DDP";
   }
   return "?";
 }
@@ -159,7 +162,13 @@ Run train_sharded(const Config& c) {
   const bool hybrid =
       c.strategy == parallel::Strategy::HYBRID_SHARD || c.strategy == parallel::Strategy::HYBRID_SHARD_ZERO2;
   const int replicate = hybrid ? (w == 4 ? 2 : w == 2 ? 2 : 1) : 1;
-  dist::DeviceMesh mesh = dist::DeviceMesh::create(pg, replicate);
+  // One mesh per layout for the whole binary: each creation sets up new Gloo groups (a rendezvous through the
+  // store), which cost more than the training runs they serve. (Collective: every rank reaches the first use of
+  // a layout at the same config.)
+  static std::map<int, dist::DeviceMesh> meshes;
+  auto found = meshes.find(replicate);
+  if (found == meshes.end()) found = meshes.emplace(replicate, dist::DeviceMesh::create(pg, replicate)).first;
+  const dist::DeviceMesh& mesh = found->second;
   StrategyGroups groups = strategy_groups(c.strategy, mesh);
   const FsdpOptions options = options_for(c, groups.options);
   torch::manual_seed(42);
@@ -238,16 +247,26 @@ void expect_parity(const Config& c, const Run& ref) {
   }
 }
 
-// Every option combination of one strategy against the single-process reference.
+// One strategy against the single-process reference: every combination of what shapes the runtime's schedule
+// (precision, resharding, prefetch, checkpointing: which buffers exist in which dtype when, what is gathered and
+// reduced in which order), each with one optimizer, SGD and AdamW in turn so that each meets every value of every
+// other option. The optimizer steps on the shards the schedule left, the same whatever the schedule was: it is
+// crossed with the strategy (the shards it sees) and with precision, not with the schedule's order (Adafactor, whose
+// statistics span whole parameters, has its own grid: FsdpParity.Adafactor).
 void expect_parity_grid(parallel::Strategy strategy) {
-  for (Opt opt : {Opt::SGD, Opt::ADAMW}) {
-    for (Precision precision : {Precision::FP32, Precision::BF16}) {
-      const Run ref = train_reference(opt, precision, test_process_group().world_size());
-      for (bool reshard : {true, false}) {
-        for (Prefetch prefetch : {Prefetch::NONE, Prefetch::FORWARD_AND_BACKWARD_PRE, Prefetch::BACKWARD_POST}) {
-          for (bool checkpoint : {false, true}) {
-            expect_parity(Config{opt, strategy, reshard, precision, prefetch, checkpoint}, ref);
+  std::map<std::pair<Opt, Precision>, Run> refs;
+  for (Precision precision : {Precision::FP32, Precision::BF16}) {
+    for (bool reshard : {true, false}) {
+      for (int prefetch = 0; prefetch < 3; ++prefetch) {
+        for (bool checkpoint : {false, true}) {
+          const Opt opt = (reshard + prefetch + checkpoint + (precision == Precision::BF16)) % 2 ? Opt::ADAMW : Opt::SGD;
+          auto ref = refs.find({opt, precision});
+          if (ref == refs.end()) {
+            ref = refs.emplace(std::pair{opt, precision},
+                               train_reference(opt, precision, test_process_group().world_size())).first;
           }
+          expect_parity(Config{opt, strategy, reshard, precision, static_cast<Prefetch>(prefetch), checkpoint},
+                        ref->second);
         }
       }
     }
@@ -262,20 +281,24 @@ TEST(FsdpParity, HybridShardZero2) { expect_parity_grid(parallel::Strategy::HYBR
 
 // Every block called twice in a forward (FLAVA's encoder layers run unmasked, then masked): each unit's gradients
 // complete only in its first call's backward, and it reshards between its calls' backwards ([Note: a unit called
-// twice] in lib/core/src/fsdp/fsdp_unit.cpp). Every strategy, SGD and AdamW, float32 and bf16, every prefetch, with and
-// without resharding after forward and checkpointing.
+// twice] in lib/core/src/fsdp/fsdp_unit.cpp). Every strategy, float32 and bf16, every prefetch, with and without
+// resharding after forward and checkpointing; SGD and AdamW in turn (as in expect_parity_grid).
 TEST(FsdpParity, UnitsCalledTwice) {
-  for (Opt opt : {Opt::SGD, Opt::ADAMW}) {
-    for (Precision precision : {Precision::FP32, Precision::BF16}) {
-      const int world = test_process_group().world_size();
-      const shardtrain::fsdp::Run ref = train_reference(opt, precision, world, /*passes=*/2);
-      for (parallel::Strategy strategy : {parallel::Strategy::FULL_SHARD, parallel::Strategy::SHARD_GRAD_OP,
+  const int world = test_process_group().world_size();
+  std::map<std::pair<Opt, Precision>, shardtrain::fsdp::Run> refs;
+  int turn = 0;
+  for (Precision precision : {Precision::FP32, Precision::BF16}) {
+    for (parallel::Strategy strategy : {parallel::Strategy::FULL_SHARD, parallel::Strategy::SHARD_GRAD_OP,
                                         parallel::Strategy::NO_SHARD, parallel::Strategy::HYBRID_SHARD,
                                         parallel::Strategy::HYBRID_SHARD_ZERO2}) {
-        for (Prefetch prefetch : {Prefetch::NONE, Prefetch::FORWARD_AND_BACKWARD_PRE, Prefetch::BACKWARD_POST}) {
-          const bool reshard = prefetch != Prefetch::BACKWARD_POST, checkpoint = prefetch != Prefetch::NONE;
-          expect_parity(Config{opt, strategy, reshard, precision, prefetch, checkpoint, /*passes=*/2}, ref);
+      for (Prefetch prefetch : {Prefetch::NONE, Prefetch::FORWARD_AND_BACKWARD_PRE, Prefetch::BACKWARD_POST}) {
+        const Opt opt = turn++ % 2 ? Opt::ADAMW : Opt::SGD;
+        auto ref = refs.find({opt, precision});
+        if (ref == refs.end()) {
+          ref = refs.emplace(std::pair{opt, precision}, train_reference(opt, precision, world, /*passes=*/2)).first;
         }
+        const bool reshard = prefetch != Prefetch::BACKWARD_POST, checkpoint = prefetch != Prefetch::NONE;
+        expect_parity(Config{opt, strategy, reshard, precision, prefetch, checkpoint, /*passes=*/2}, ref->second);
       }
     }
   }

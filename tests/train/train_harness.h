@@ -5,6 +5,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <chrono>
 #include <cstdlib>
 #include <fstream>
 #include <map>
@@ -32,12 +33,18 @@ inline std::string read_text(const std::string& path) {
   return text.str();
 }
 
-// Runs `command` through the shell; `input` is piped to its stdin when given.
+// Runs `command` through the shell; `input` is piped to its stdin when given. With SHARDTRAIN_TEST_TIMES=FILE in the
+// environment, each command's wall time (seconds) and text are appended to FILE: where a test's time goes.
 inline Outcome run(const std::string& command, const std::string& input = "") {
   const std::string out = "/tmp/shardtrain_train_test_out_" + std::to_string(::getpid());
   std::string full = command + " > " + out + " 2>&1";
   if (!input.empty()) full = "printf '" + input + "' | " + full;
+  const auto start = std::chrono::steady_clock::now();
   const int raw = std::system(full.c_str());
+  if (const char* times = std::getenv("SHARDTRAIN_TEST_TIMES")) {
+    const std::chrono::duration<double> took = std::chrono::steady_clock::now() - start;
+    std::ofstream(times, std::ios::app) << took.count() << "\t" << command << "\n";
+  }
   Outcome r;
   r.status = WIFEXITED(raw) ? WEXITSTATUS(raw) : 128 + WTERMSIG(raw);
   r.output = read_text(out);

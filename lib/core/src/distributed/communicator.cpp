@@ -34,6 +34,18 @@ const char* reduce_op_name(ReduceOp op) {
   return "?";
 }
 
+// Elements of a half-type chunk summed into the float32 accumulator at a time (4 MiB of float32 temporary).
+constexpr int64_t kHalfSlice = int64_t{1} << 20;
+// Gloo's reduce-scatter receives the peers' chunks into this many buffers, taken in turn (Incoming).
+constexpr int64_t kReceiveBuffers = 2;
+
+int64_t reduce_scatter_scratch_bytes(CommBackend backend, int64_t out_elements, int64_t ranks, int64_t element_bytes) {
+  if (backend != CommBackend::GLOO || ranks < 2) return 0;
+  const int64_t received = std::min(kReceiveBuffers, ranks - 1) * out_elements * element_bytes;
+  const int64_t accumulator = element_bytes == 2 ? (out_elements + std::min(out_elements, kHalfSlice)) * 4 : 0;
+  return received + accumulator;
+}
+
 namespace {
 
 // Waits (a bounded time, yielding) until `work` is referenced by its caller's handle alone: a Gloo worker thread
@@ -188,8 +200,6 @@ c10d::ReduceOp to_c10d(ReduceOp op) {
   throw std::invalid_argument("unknown ReduceOp");
 }
 
-// Elements of a half-type chunk summed into the float32 accumulator at a time (4 MiB of float32 temporary).
-constexpr int64_t kHalfSlice = int64_t{1} << 20;
 
 // The chunks a Gloo reduce-scatter receives, one from each peer in rank order, into two buffers of one chunk
 // each, taken in turn: a peer's receive is posted once the buffer it lands in has been summed (the first two at
@@ -198,7 +208,7 @@ class Incoming {
  public:
   Incoming(const Impl& g, int tag, std::vector<int> peers, int64_t n, const at::TensorOptions& options)
       : backend_(g.backend), tag_(tag), peers_(std::move(peers)) {
-    const int64_t slots = std::min<int64_t>(2, static_cast<int64_t>(peers_.size()));
+    const int64_t slots = std::min<int64_t>(kReceiveBuffers, static_cast<int64_t>(peers_.size()));
     buffers_ = at::empty({slots, n}, options);
     for (int64_t i = 0; i < slots; ++i) post(static_cast<size_t>(i));
   }
@@ -207,25 +217,26 @@ class Incoming {
   // a Gloo receive's wait() takes its completion, and a second one would wait for another.)
   at::Tensor next() {
     receives_.at(taken_)->wait();
-    return buffers_[static_cast<int64_t>(taken_ % 2)];
+    return buffers_[static_cast<int64_t>(taken_) % kReceiveBuffers];
   }
 
-  // The chunk from next() has been summed: its buffer takes the receive two peers on.
+  // The chunk from next() has been summed: its buffer takes the receive kReceiveBuffers peers on.
   void done_with() {
-    if (taken_ + 2 < peers_.size()) post(taken_ + 2);
+    const size_t ahead = static_cast<size_t>(kReceiveBuffers);
+    if (taken_ + ahead < peers_.size()) post(taken_ + ahead);
     ++taken_;
   }
 
  private:
   void post(size_t i) {
-    std::vector<at::Tensor> into{buffers_[static_cast<int64_t>(i % 2)]};
+    std::vector<at::Tensor> into{buffers_[static_cast<int64_t>(i) % kReceiveBuffers]};
     receives_.push_back(backend_->recv(into, peers_[i], tag_));
   }
 
   c10::intrusive_ptr<c10d::Backend> backend_;
   int tag_;
   std::vector<int> peers_;
-  at::Tensor buffers_;  // (2, n), or (1, n) with one peer
+  at::Tensor buffers_;  // (kReceiveBuffers, n), or (1, n) with one peer
   std::vector<c10::intrusive_ptr<c10d::Work>> receives_;  // posted so far, in peer order
   size_t taken_ = 0;
 };

@@ -93,7 +93,7 @@ struct FsdpUnit::Impl : std::enable_shared_from_this<FsdpUnit::Impl> {
   // CPU offload of parameters computing elsewhere: shards on the CPU, full values on compute_device.
   bool offloaded() const { return options.offload_params && compute_device.type() != at::kCPU; }
   bool overlaps_reduce_scatter() const {
-    return options.overlap_reduce_scatter.value_or(group.backend() == dist::CommBackend::NCCL);
+    return options.overlap_reduce_scatter.value_or(overlaps_reduce_scatter_by_default(group.backend()));
   }
   // A shard group of one rank computing in the parameters' own dtype on their own device (world size 1,
   // NO_SHARD): the shards are the full parameters, so unsharding moves nothing and gradients need no

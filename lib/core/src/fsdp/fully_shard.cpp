@@ -75,22 +75,24 @@ FsdpUnit fully_shard(const std::shared_ptr<torch::nn::Module>& module, const dis
   return FsdpUnit(unit);
 }
 
+bool reshards_after_forward(parallel::Strategy strategy) {
+  return strategy == parallel::Strategy::FULL_SHARD || strategy == parallel::Strategy::HYBRID_SHARD;
+}
+
+bool overlaps_reduce_scatter_by_default(dist::CommBackend backend) { return backend == dist::CommBackend::NCCL; }
+
 StrategyGroups strategy_groups(parallel::Strategy strategy, const dist::DeviceMesh& mesh) {
   FsdpOptions options;
+  options.reshard_after_forward = reshards_after_forward(strategy);
   switch (strategy) {
-    case parallel::Strategy::FULL_SHARD: return {mesh.world(), options};
+    case parallel::Strategy::FULL_SHARD:
     case parallel::Strategy::SHARD_GRAD_OP:
-      options.reshard_after_forward = false;
       return {mesh.world(), options};
-    case parallel::Strategy::NO_SHARD:
-      options.reshard_after_forward = false;  // nothing to free: each rank's shard is the whole parameter
+    case parallel::Strategy::NO_SHARD:  // a shard group of one: each rank's shard is the whole parameter
       options.replicate_group = mesh.world();
       return {dist::Communicator::single(mesh.world().global_ranks()[mesh.world().rank()]), options};
     case parallel::Strategy::HYBRID_SHARD:
-      options.replicate_group = mesh.replicate_group();
-      return {mesh.shard_group(), options};
     case parallel::Strategy::HYBRID_SHARD_ZERO2:
-      options.reshard_after_forward = false;
       options.replicate_group = mesh.replicate_group();
       return {mesh.shard_group(), options};
     case parallel::Strategy::DDP:

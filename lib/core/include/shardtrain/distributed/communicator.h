@@ -48,6 +48,13 @@ class Work {
 // Waits for every Work in order.
 void wait_all(std::vector<Work>& works);
 
+// What Communicator::reduce_scatter holds besides its input and output, in bytes, for `out_elements` elements of
+// `element_bytes` each per rank over a group of `ranks` on `backend`: on Gloo two receive buffers of one chunk
+// each (one with a single peer) and, for 2-byte types, the float32 accumulator of one chunk and the float32 copy
+// of the slice being added into it; nothing on NCCL (its own kernel) or in a group of one. The memory model
+// (plan/) counts this, so that it follows the implementation.
+int64_t reduce_scatter_scratch_bytes(CommBackend backend, int64_t out_elements, int64_t ranks, int64_t element_bytes);
+
 // A group of ranks that communicate. Cheap to copy (shared handle). Created by ProcessGroup (process_group.h).
 class Communicator {
  public:

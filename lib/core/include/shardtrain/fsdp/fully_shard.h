@@ -126,6 +126,14 @@ struct StrategyGroups {
 };
 StrategyGroups strategy_groups(parallel::Strategy strategy, const dist::DeviceMesh& mesh);
 
+// The schedule's policies, one description for the runtime and the memory model (plan/), so that the model follows
+// a change here: whether a strategy's units free their full parameters after forward (FULL_SHARD and HYBRID_SHARD;
+// the others keep them to backward, NO_SHARD having nothing to free) — what strategy_groups sets —, and whether a
+// unit's reduce-scatter runs on while the next unit computes when FsdpOptions::overlap_reduce_scatter is unset (with
+// NCCL; waited for with Gloo).
+bool reshards_after_forward(parallel::Strategy strategy);
+bool overlaps_reduce_scatter_by_default(dist::CommBackend backend);
+
 // Makes `module` a unit sharded over `group`. Throws std::invalid_argument naming the module when it is not an
 // nn::Interceptable or is already a unit. Every rank must apply the same units in the same order.
 FsdpUnit fully_shard(const std::shared_ptr<torch::nn::Module>& module, const dist::Communicator& group,

@@ -52,7 +52,7 @@ struct LayerActivations {
   std::vector<BackwardMoment> backward;
   // Parameters that run twice in one step (FLAVA's encoders: unmasked, then masked): the first run's layer
   // `runs_again`, the second's `ran_before`. Backward reaches the second run first; its gradients wait in
-  // autograd's buffers until the first run's add into them (plan/memory_model.cpp: [Parameters run twice]).
+  // autograd's buffers until the first run's add into them (plan/step_phases.cpp: [Parameters run twice]).
   bool runs_again = false, ran_before = false;
 };
 

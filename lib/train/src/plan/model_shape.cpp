@@ -1,0 +1,137 @@
+// The model's parameters per FSDP unit, counted on a module tree built on the meta device.
+#include "shardtrain/plan/memory_model.h"
+
+#include <torch/nn/module.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <set>
+#include <stdexcept>
+#include <string>
+
+#include "shardtrain/fsdp/wrap_policy.h"
+#include "shardtrain/models/layers.h"
+
+namespace shardtrain::plan {
+
+int64_t ModelShape::parameters() const {
+  int64_t n = root_numel + extra_numel + input_numel + output_numel;
+  for (int64_t l : layer_numel) n += l;
+  return n;
+}
+
+int64_t ModelShape::trainable() const {
+  int64_t n = root_trainable + extra_trainable + input_trainable + output_trainable;
+  for (int64_t t : layer_trainable) n += t;
+  return n;
+}
+
+namespace {
+
+using TensorSet = std::set<const c10::TensorImpl*>;
+
+// Calls f on each parameter of `m` not in `seen` yet, noting it there: a tied tensor once.
+template <class F>
+void each_new_parameter(const torch::nn::Module& m, TensorSet& seen, F f) {
+  for (const auto& p : m.parameters(/*recurse=*/true)) {
+    if (seen.insert(p.unsafeGetTensorImpl()).second) f(p);
+  }
+}
+
+}  // namespace
+
+// Tied tensors count once, in the first unit that holds them.
+ModelShape model_shape(const models::ModelRecipe& recipe) {
+  const auto root = recipe.build(models::meta_build());
+  TensorSet seen;
+  ModelShape shape;
+  auto count = [&](const torch::nn::Module& m, int64_t& all, int64_t& trainable) {
+    each_new_parameter(m, seen, [&](const at::Tensor& p) {
+      all += p.numel();
+      if (p.requires_grad()) {
+        trainable += p.numel();
+        shape.largest_trainable_tensor = std::max(shape.largest_trainable_tensor, p.numel());
+      }
+    });
+  };
+  TensorSet listed;
+  std::vector<const c10::TensorImpl*> trainable_order;
+  each_new_parameter(*root, listed, [&](const at::Tensor& p) {
+    if (!p.requires_grad()) return;
+    shape.trainable_in_order.push_back(p.numel());
+    trainable_order.push_back(p.unsafeGetTensorImpl());
+  });
+  const std::vector<std::string> extra = recipe.extra_unit_classes();
+  const models::ModelRecipe::EdgeUnits edges = recipe.edge_unit_classes();
+  const c10::TensorImpl* first_layer = nullptr;  // the first layer's first parameter
+  for (const auto& m : root->modules(/*include_self=*/false)) {
+    const std::string name = fsdp::module_class_name(*m);
+    if (std::find(extra.begin(), extra.end(), name) != extra.end()) {
+      count(*m, shape.extra_numel, shape.extra_trainable);
+      continue;
+    }
+    if (!edges.input.empty() && name == edges.input) {
+      count(*m, shape.input_numel, shape.input_trainable);
+      continue;
+    }
+    if (!edges.output.empty() && name == edges.output) {
+      count(*m, shape.output_numel, shape.output_trainable);
+      continue;
+    }
+    if (name != recipe.layer_class()) continue;
+    shape.layer_numel.push_back(0), shape.layer_trainable.push_back(0);
+    count(*m, shape.layer_numel.back(), shape.layer_trainable.back());
+    if (first_layer == nullptr && !m->parameters().empty()) first_layer = m->parameters().front().unsafeGetTensorImpl();
+  }
+  // The root's own trainable parameters registered before the first layer's, its input side, but for the tables a
+  // head shares (its gradient comes first).
+  TensorSet tied;
+  const auto named = root->named_parameters(/*recurse=*/true);
+  for (const std::string& name : recipe.tied_tables()) {
+    const at::Tensor* table = named.find(name);
+    if (table == nullptr) {
+      throw std::logic_error(recipe.flavor() + ": tied table '" + name + "' is not one of the model's parameters");
+    }
+    if (table->requires_grad() && tied.insert(table->unsafeGetTensorImpl()).second) shape.tied_tables += table->numel();
+  }
+  TensorSet input_side = tied;  // each tensor once (a tensor read twice is listed twice), the tied tables never
+  for (const at::Tensor& p : root->parameters(/*recurse=*/true)) {
+    const c10::TensorImpl* impl = p.unsafeGetTensorImpl();
+    if (impl == first_layer) break;
+    if (p.requires_grad() && seen.count(impl) == 0 && input_side.insert(impl).second) {
+      shape.root_input_side += p.numel();
+    }
+  }
+  count(*root, shape.root_numel, shape.root_trainable);
+  // The modules the task's largest step leaves out, as far as the root holds them.
+  const std::vector<std::string> left_out = recipe.task()->modules_without_gradient();
+  TensorSet left_out_seen;
+  for (const auto& item : root->named_modules()) {
+    if (std::find(left_out.begin(), left_out.end(), item.key()) == left_out.end()) continue;
+    each_new_parameter(*item.value(), left_out_seen, [&](const at::Tensor& p) {
+      if (p.requires_grad()) shape.root_without_gradient += p.numel();
+    });
+  }
+  shape.root_without_gradient = std::min(shape.root_without_gradient, shape.root_trainable);
+  for (const c10::TensorImpl* p : trainable_order) shape.without_gradient_in_order.push_back(left_out_seen.count(p));
+  TensorSet lookups_seen;
+  for (const auto& m : root->modules(/*include_self=*/false)) {
+    if (dynamic_cast<const models::LookupModule*>(m.get()) == nullptr) continue;
+    const bool input = !edges.input.empty() && fsdp::module_class_name(*m) == edges.input;
+    each_new_parameter(*m, lookups_seen, [&](const at::Tensor& p) {
+      shape.lookup_tables += p.numel();
+      if (input) shape.input_lookup_tables += p.numel();
+    });
+  }
+  return shape;
+}
+
+Wrap parse_wrap(const std::string& name) {
+  if (name == "transformer") return Wrap::kTransformer;
+  if (name == "none") return Wrap::kNone;
+  throw std::invalid_argument("unknown wrap '" + name + "' (expected transformer or none)");
+}
+
+std::string wrap_name(Wrap w) { return w == Wrap::kTransformer ? "transformer" : "none"; }
+
+}  // namespace shardtrain::plan
