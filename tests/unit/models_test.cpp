@@ -22,6 +22,7 @@
 #include "shardtrain/models/layers.h"
 #include "shardtrain/models/llama.h"
 #include "shardtrain/models/losses.h"
+#include "shardtrain/models/named_outputs.h"
 #include "shardtrain/io/safetensors.h"
 #include "shardtrain/io/safetensors_files.h"
 #include "shardtrain/io/weight_files.h"
@@ -55,6 +56,23 @@ void expect_trainable(const at::Tensor& loss, torch::nn::Module& model) {
   int64_t with_grad = 0;
   for (const auto& p : model.parameters()) with_grad += p.grad().defined() ? 1 : 0;
   EXPECT_GT(with_grad, 0);
+}
+
+// A model's forward hands its named outputs through the interceptors as tensors, in the order its struct lists
+// them, and back; a forward out of step with its struct is a clear error, not a shifted field.
+TEST(Models, NamedOutputsGoThroughForwardAsTensorsAndBack) {
+  BertOutputs out;
+  out.hidden = at::ones({2}), out.logits = at::full({3}, 2.0), out.loss = at::full({}, 5.0);
+  const std::vector<at::Tensor> tensors = as_tensors(out);
+  ASSERT_EQ(tensors.size(), 4u);
+  EXPECT_TRUE(tensors[0].equal(out.hidden));
+  EXPECT_FALSE(tensors[1].defined());  // pooled: none
+  const BertOutputs back = from_tensors<BertOutputs>(tensors);
+  EXPECT_TRUE(back.logits.equal(out.logits));
+  EXPECT_EQ(back.loss.item<double>(), 5.0);
+  EXPECT_FALSE(back.pooled.defined());
+  testing::expect_error<std::logic_error>([&] { from_tensors<FlavaOutputs>(tensors); },
+                                          {"a forward returned 4 tensors for an outputs struct of 12 fields"});
 }
 
 TEST(Models, BertDebugShapes) {

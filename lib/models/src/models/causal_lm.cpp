@@ -63,12 +63,12 @@ at::Tensor last_token_rows(const at::Tensor& hidden, const at::Tensor& attention
   return hidden.index({at::arange(rows, last.options()), last});  // (B, C)
 }
 
-std::vector<at::Tensor> causal_lm_outputs(at::Tensor hidden, const CausalLmStart& start, const at::Tensor& labels,
-                                          const std::function<at::Tensor(const at::Tensor&, const at::Tensor&)>& head) {
+CausalLmOutputs causal_lm_outputs(at::Tensor hidden, const CausalLmStart& start, const at::Tensor& labels,
+                                  const std::function<at::Tensor(const at::Tensor&, const at::Tensor&)>& head) {
   if (start.loss_only) {  // no logits: the loss in chunks (linear_cross_entropy)
     const LabelledRows labelled = labelled_rows(hidden, start.targets);
     hidden = at::Tensor();  // nothing keeps the norm's output: (B, T, C) less alive while the loss runs
-    return {at::Tensor(), head(labelled.hidden, labelled.labels)};
+    return {at::Tensor(), head(labelled.hidden, labelled.labels)};  // logits, loss
   }
   at::Tensor logits = head(hidden, at::Tensor());
   return {logits, labels.defined() ? causal_lm_loss(logits, labels) : at::Tensor()};

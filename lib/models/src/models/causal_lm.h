@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "models/evaluation.h"
+#include "shardtrain/models/causal_lm_outputs.h"
 #include "models/hf_config.h"
 #include "models/recipe_helpers.h"
 #include "shardtrain/models/generation.h"
@@ -51,12 +52,12 @@ CausalLmStart causal_classifier_start(const at::Tensor& attention_mask, int64_t 
 // position whose attention_mask (B, T) is 1, the last position without a mask.
 at::Tensor last_token_rows(const at::Tensor& hidden, const at::Tensor& attention_mask);
 
-// The model's outputs from the final hidden states (B, T, C): {logits (B, T, vocab), loss or undefined}, or for the
-// loss alone {undefined, loss} with the head at the labelled rows only, fused with the cross-entropy in chunks.
+// The model's outputs from the final hidden states (B, T, C): logits (B, T, vocab) and the loss or undefined, or
+// for the loss alone the loss without logits, with the head at the labelled rows only, fused with the cross-entropy in chunks.
 // `head(hidden, targets)` is the LM head: logits of hidden (..., C) when targets is undefined, else the loss of
 // rows (N, C) against targets (N) (linear_cross_entropy). `hidden` is released before the loss runs.
-std::vector<at::Tensor> causal_lm_outputs(at::Tensor hidden, const CausalLmStart& start, const at::Tensor& labels,
-                                          const std::function<at::Tensor(const at::Tensor&, const at::Tensor&)>& head);
+CausalLmOutputs causal_lm_outputs(at::Tensor hidden, const CausalLmStart& start, const at::Tensor& labels,
+                                  const std::function<at::Tensor(const at::Tensor&, const at::Tensor&)>& head);
 
 // Cached decoding (generation.h): input_ids (B, T) the new tokens, attention_mask (B, P + T) over the P positions
 // the attention modules' caches hold (kv_cache.h) and these. The one bias every layer reads, (B, 1, T, P + T)

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "shardtrain/models/blocks.h"
@@ -50,6 +51,9 @@ struct BertOutputs {
                       // classifier, (B, T, classes) with a token classifier
   at::Tensor loss;    // () mean cross-entropy over labels (!= -100 for the MLM head), when labels are given; a
                       // regression's mean squared error
+  static auto fields() {  // forward_impl's tensors, in order (named_outputs.h)
+    return std::make_tuple(&BertOutputs::hidden, &BertOutputs::pooled, &BertOutputs::logits, &BertOutputs::loss);
+  }
 };
 
 // Children: embeddings, layers.N (class "BertLayer"), pooler, mlm_transform, mlm_norm or classifier; parameter

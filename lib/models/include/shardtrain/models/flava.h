@@ -8,6 +8,7 @@
 
 #include <optional>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "shardtrain/distributed/communicator.h"
@@ -103,6 +104,12 @@ struct FlavaOutputs {
   at::Tensor logits_per_text;
   at::Tensor image_embedding;    // (B, C) normalised projection of the unmasked image CLS
   at::Tensor text_embedding;     // (B, C) normalised projection of the unmasked text CLS
+  static auto fields() {  // forward_impl's tensors, in order (named_outputs.h)
+    using O = FlavaOutputs;
+    return std::make_tuple(&O::loss, &O::mim, &O::mlm, &O::itm, &O::global_contrastive, &O::mmm_image, &O::mmm_text,
+                           &O::itm_logits, &O::logits_per_image, &O::logits_per_text, &O::image_embedding,
+                           &O::text_embedding);
+  }
 };
 
 // Children: text, image, multimodal (FlavaEncoder), image_projection, text_projection, image_to_mm_projection,
@@ -114,7 +121,7 @@ class FlavaImpl : public nn::Interceptable<FlavaImpl, std::vector<at::Tensor>(at
  public:
   FlavaImpl(const FlavaConfig& config, const BuildOptions& build = {});
   FlavaOutputs run(const FlavaBatch& batch);
-  // The FlavaBatch fields in declaration order; returns FlavaOutputs' fields in declaration order.
+  // The FlavaBatch fields in declaration order; returns FlavaOutputs::fields().
   std::vector<at::Tensor> forward_impl(const at::Tensor& input_ids, const at::Tensor& input_ids_masked,
                                        const at::Tensor& attention_mask, const at::Tensor& pixels,
                                        const at::Tensor& codebook_pixels, const at::Tensor& masked_patches,

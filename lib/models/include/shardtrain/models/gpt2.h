@@ -10,6 +10,7 @@
 
 #include "shardtrain/models/blocks.h"
 #include "shardtrain/models/build.h"
+#include "shardtrain/models/causal_lm_outputs.h"
 #include "shardtrain/models/layers.h"
 #include "shardtrain/models/sequence_classifier.h"
 #include "shardtrain/models/weights.h"
@@ -35,11 +36,7 @@ std::vector<std::string> gpt2_flavors();
 Gpt2Config gpt2_flavor(const std::string& name);
 TransformerLayerOptions gpt2_layer_options(const Gpt2Config& config);  // its block: "GPT2Block"
 
-struct Gpt2Outputs {
-  at::Tensor logits;  // (B, T, vocab); undefined when run labelled_only. A classifier's: (B, classes)
-  at::Tensor loss;    // () next-token cross-entropy (labels shifted inside, -100 ignored), when labels are given;
-                      // a classifier's classifier_loss (losses.h) against labels (B) or (B, classes)
-};
+using Gpt2Outputs = CausalLmOutputs;
 
 // Children: embed (the token table, "wte", also the LM head's weight), pos_embed ("wpe"), layers.N (class
 // "GPT2Block"), norm ("ln_f"). The tied table stays in the root unit (its lookups and the head share it). A

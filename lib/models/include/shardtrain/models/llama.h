@@ -11,6 +11,7 @@
 
 #include "shardtrain/models/blocks.h"
 #include "shardtrain/models/build.h"
+#include "shardtrain/models/causal_lm_outputs.h"
 #include "shardtrain/models/layers.h"
 #include "shardtrain/models/sequence_classifier.h"
 #include "shardtrain/models/weights.h"
@@ -96,11 +97,7 @@ class LlamaLMHeadImpl : public nn::Interceptable<LlamaLMHeadImpl, std::vector<at
 };
 TORCH_MODULE(LlamaLMHead);
 
-struct LlamaOutputs {
-  at::Tensor logits;  // (B, T, vocab); undefined when run labelled_only. A classifier's: (B, classes)
-  at::Tensor loss;    // () next-token cross-entropy (labels shifted inside, -100 ignored), when labels are given;
-                      // a classifier's classifier_loss (losses.h) against labels (B) or (B, classes)
-};
+using LlamaOutputs = CausalLmOutputs;
 
 // Children: embed (class "LlamaEmbedding"), layers.N (class "LlamaDecoderLayer"), norm, lm_head (class
 // "LlamaLMHead"). With tie_word_embeddings (tied_head()): embed is a plain Embedding (tied_embed; no unit of its

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "shardtrain/models/blocks.h"
@@ -64,6 +65,9 @@ struct T5Outputs {
   at::Tensor logits;          // (B, T_dec, vocab)
   at::Tensor loss;            // () cross-entropy against labels (-100 ignored), when given
   at::Tensor encoder_hidden;  // (B, T_enc, C)
+  static auto fields() {  // forward_impl's tensors, in order (named_outputs.h)
+    return std::make_tuple(&T5Outputs::logits, &T5Outputs::loss, &T5Outputs::encoder_hidden);
+  }
 };
 
 // Children: shared, encoder, decoder.

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "shardtrain/models/blocks.h"
@@ -40,6 +41,9 @@ struct VitOutputs {
   at::Tensor pooled;  // (B, C) with the pooler
   at::Tensor logits;  // (B, num_labels) with a classifier
   at::Tensor loss;    // () cross-entropy when labels are given (one label: a regression's mean squared error)
+  static auto fields() {  // forward_impl's tensors, in order (named_outputs.h)
+    return std::make_tuple(&VitOutputs::hidden, &VitOutputs::pooled, &VitOutputs::logits, &VitOutputs::loss);
+  }
 };
 
 // Children: embeddings, layers.N (class "ViTLayer"), norm, pooler, classifier.

@@ -7,6 +7,7 @@
 #include "models/layer_names.h"
 #include "models/unknown_flavor.h"
 #include "shardtrain/models/losses.h"
+#include "shardtrain/models/named_outputs.h"
 
 namespace shardtrain::models {
 
@@ -68,8 +69,7 @@ BertImpl::BertImpl(const BertConfig& c, const BuildOptions& build) : Interceptab
 
 BertOutputs BertImpl::run(const at::Tensor& input_ids, const at::Tensor& attention_mask,
                           const at::Tensor& token_type_ids, const at::Tensor& labels, bool labelled_only) {
-  auto out = forward(input_ids, attention_mask, token_type_ids, labels, labelled_only);
-  return {out[0], out[1], out[2], out[3]};
+  return from_tensors<BertOutputs>(forward(input_ids, attention_mask, token_type_ids, labels, labelled_only));
 }
 
 std::vector<at::Tensor> BertImpl::forward_impl(const at::Tensor& input_ids, const at::Tensor& attention_mask,
@@ -80,7 +80,8 @@ std::vector<at::Tensor> BertImpl::forward_impl(const at::Tensor& input_ids, cons
   at::Tensor x = embeddings->forward(input_ids, token_type_ids, mlm_transform ? word.lookups[0] : at::Tensor());
   const at::Tensor bias = attention_mask.defined() ? padding_bias(attention_mask, attention_dtype(x)) : at::Tensor();
   x = run_layers(layers, x, bias);
-  at::Tensor pooled, logits, loss;
+  BertOutputs out;
+  at::Tensor &pooled = out.pooled, &logits = out.logits, &loss = out.loss;
   if (pooler) pooled = at::tanh(pooler->forward(x.select(1, 0)));
   if (mlm_transform) {
     auto head = [&](const at::Tensor& h) {
@@ -103,7 +104,8 @@ std::vector<at::Tensor> BertImpl::forward_impl(const at::Tensor& input_ids, cons
   } else if (labels.defined()) {
     throw std::invalid_argument("BERT: labels given to a model built without a head (no MLM head, no classifier)");
   }
-  return {x, pooled, logits, loss};
+  out.hidden = x;
+  return as_tensors(out);
 }
 
 NameMap bert_names() {

@@ -8,6 +8,7 @@
 #include "models/unknown_flavor.h"
 #include "shardtrain/models/contrastive.h"
 #include "shardtrain/models/losses.h"
+#include "shardtrain/models/named_outputs.h"
 
 namespace shardtrain::models {
 
@@ -139,9 +140,9 @@ FlavaImpl::FlavaImpl(const FlavaConfig& c, const BuildOptions& build) : Intercep
 }
 
 FlavaOutputs FlavaImpl::run(const FlavaBatch& b) {
-  auto o = forward(b.input_ids, b.input_ids_masked, b.attention_mask, b.pixels, b.codebook_pixels, b.masked_patches,
-                   b.mlm_labels, b.mim_labels, b.itm_labels);
-  return {o[0], o[1], o[2], o[3], o[4], o[5], o[6], o[7], o[8], o[9], o[10], o[11]};
+  return from_tensors<FlavaOutputs>(forward(b.input_ids, b.input_ids_masked, b.attention_mask, b.pixels,
+                                            b.codebook_pixels, b.masked_patches, b.mlm_labels, b.mim_labels,
+                                            b.itm_labels));
 }
 
 std::vector<at::Tensor> FlavaImpl::forward_impl(const at::Tensor& input_ids, const at::Tensor& input_ids_masked,
@@ -259,9 +260,7 @@ std::vector<at::Tensor> FlavaImpl::forward_impl(const at::Tensor& input_ids, con
   for (const at::Tensor* l : {&out.mim, &out.mlm, &out.itm, &out.global_contrastive, &out.mmm_image, &out.mmm_text}) {
     if (l->defined()) out.loss = out.loss.defined() ? out.loss + *l : *l;
   }
-  return {out.loss,       out.mim,        out.mlm,          out.itm,         out.global_contrastive,
-          out.mmm_image,  out.mmm_text,   out.itm_logits,   out.logits_per_image, out.logits_per_text,
-          out.image_embedding, out.text_embedding};
+  return as_tensors(out);
 }
 
 NameMap flava_names() {

@@ -8,6 +8,7 @@
 #include "models/causal_lm.h"
 #include "models/unknown_flavor.h"
 #include "shardtrain/models/losses.h"
+#include "shardtrain/models/named_outputs.h"
 
 namespace shardtrain::models {
 
@@ -58,8 +59,7 @@ Gpt2Impl::Gpt2Impl(const Gpt2Config& c, const BuildOptions& build) : Interceptab
 
 Gpt2Outputs Gpt2Impl::run(const at::Tensor& input_ids, const at::Tensor& attention_mask, const at::Tensor& labels,
                           bool labelled_only, const at::Tensor& position_ids) {
-  auto out = forward(input_ids, attention_mask, labels, labelled_only, position_ids);
-  return {out[0], out[1]};
+  return from_tensors<CausalLmOutputs>(forward(input_ids, attention_mask, labels, labelled_only, position_ids));
 }
 
 std::vector<at::Tensor> Gpt2Impl::forward_impl(const at::Tensor& input_ids, const at::Tensor& attention_mask,
@@ -85,7 +85,7 @@ std::vector<at::Tensor> Gpt2Impl::forward_impl(const at::Tensor& input_ids, cons
     const CausalLmStart start = causal_classifier_start(attention_mask, length, 0, attention_dtype(x), x.device());
     const at::Tensor logits = score->forward(last_token_rows(norm->forward(run_layers(layers, x, start.bias)),
                                                              attention_mask));
-    return {logits, labels.defined() ? classifier_loss(logits, labels) : at::Tensor()};
+    return as_tensors(CausalLmOutputs{logits, labels.defined() ? classifier_loss(logits, labels) : at::Tensor()});
   }
   auto head = [&](const at::Tensor& h, const at::Tensor& targets) {
     return targets.defined() ? linear_cross_entropy(h, table.head, {}, targets) : tied_projection(h, table.head);
@@ -93,11 +93,11 @@ std::vector<at::Tensor> Gpt2Impl::forward_impl(const at::Tensor& input_ids, cons
   if (decoding) {
     const at::Tensor h = norm->forward(
         run_layers(layers, x, causal_lm_decode_bias(input_ids, attention_mask, 0, attention_dtype(x))));
-    return {head(h.narrow(1, length - 1, 1), {}), at::Tensor()};
+    return as_tensors(CausalLmOutputs{head(h.narrow(1, length - 1, 1), {}), at::Tensor()});
   }
   const CausalLmStart start =
       causal_lm_start(attention_mask, labels, labelled_only, length, 0, attention_dtype(x), x.device());
-  return causal_lm_outputs(norm->forward(run_layers(layers, x, start.bias)), start, labels, head);
+  return as_tensors(causal_lm_outputs(norm->forward(run_layers(layers, x, start.bias)), start, labels, head));
 }
 
 NameMap gpt2_names() {

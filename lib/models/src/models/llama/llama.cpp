@@ -9,6 +9,7 @@
 #include "models/causal_lm.h"
 #include "models/unknown_flavor.h"
 #include "shardtrain/models/losses.h"
+#include "shardtrain/models/named_outputs.h"
 
 namespace shardtrain::models {
 
@@ -216,8 +217,7 @@ LlamaImpl::LlamaImpl(const LlamaConfig& c, const BuildOptions& build) : Intercep
 
 LlamaOutputs LlamaImpl::run(const at::Tensor& input_ids, const at::Tensor& attention_mask, const at::Tensor& labels,
                             bool labelled_only, const at::Tensor& position_ids) {
-  auto out = forward(input_ids, attention_mask, labels, labelled_only, position_ids);
-  return {out[0], out[1]};
+  return from_tensors<CausalLmOutputs>(forward(input_ids, attention_mask, labels, labelled_only, position_ids));
 }
 
 std::vector<at::Tensor> LlamaImpl::forward_impl(const at::Tensor& input_ids, const at::Tensor& attention_mask,
@@ -247,17 +247,17 @@ std::vector<at::Tensor> LlamaImpl::forward_impl(const at::Tensor& input_ids, con
         causal_classifier_start(attention_mask, length, window, attention_dtype(x), x.device());
     const at::Tensor h = norm->forward(run_layers(layers, x, start.bias, rotary_table(length, inv_freq)));
     const at::Tensor logits = score->forward(last_token_rows(h, attention_mask));
-    return {logits, labels.defined() ? classifier_loss(logits, labels) : at::Tensor()};
+    return as_tensors(CausalLmOutputs{logits, labels.defined() ? classifier_loss(logits, labels) : at::Tensor()});
   }
   if (decoding) {
     const at::Tensor bias = causal_lm_decode_bias(input_ids, attention_mask, config.sliding_window, attention_dtype(x));
     const at::Tensor h = norm->forward(run_layers(layers, x, bias, rotary_at(position_ids, inv_freq)));
-    return {head(h.narrow(1, length - 1, 1), {}), at::Tensor()};
+    return as_tensors(CausalLmOutputs{head(h.narrow(1, length - 1, 1), {}), at::Tensor()});
   }
   const CausalLmStart start =
       causal_lm_start(attention_mask, labels, labelled_only, length, window, attention_dtype(x), x.device());
   const at::Tensor rope = rotary_table(length, inv_freq);
-  return causal_lm_outputs(norm->forward(run_layers(layers, x, start.bias, rope)), start, labels, head);
+  return as_tensors(causal_lm_outputs(norm->forward(run_layers(layers, x, start.bias, rope)), start, labels, head));
 }
 
 namespace {

@@ -8,6 +8,7 @@
 #include "models/layer_names.h"
 #include "models/unknown_flavor.h"
 #include "shardtrain/models/losses.h"
+#include "shardtrain/models/named_outputs.h"
 
 namespace shardtrain::models {
 
@@ -123,8 +124,7 @@ T5Impl::T5Impl(const T5Config& c, const BuildOptions& build) : Interceptable("T5
 
 T5Outputs T5Impl::run(const at::Tensor& input_ids, const at::Tensor& attention_mask,
                       const at::Tensor& decoder_input_ids, const at::Tensor& labels, bool labelled_only) {
-  auto out = forward(input_ids, attention_mask, decoder_input_ids, labels, labelled_only, {}, -1);
-  return {out[0], out[1], out[2]};
+  return from_tensors<T5Outputs>(forward(input_ids, attention_mask, decoder_input_ids, labels, labelled_only, {}, -1));
 }
 
 std::vector<at::Tensor> T5Impl::forward_impl(const at::Tensor& input_ids, const at::Tensor& attention_mask,
@@ -140,13 +140,13 @@ std::vector<at::Tensor> T5Impl::forward_impl(const at::Tensor& input_ids, const 
     }
     const at::Tensor decoded =
         decoder->decode(shared->forward(decoder_input_ids), cache_position, encoder_outputs, attention_mask);
-    return {at::linear(decoded * scale, shared->weight), at::Tensor(), encoder_outputs};
+    return as_tensors(T5Outputs{at::linear(decoded * scale, shared->weight), at::Tensor(), encoder_outputs});
   }
   if (!decoder_input_ids.defined() && !labels.defined()) {  // the encoder alone
     const at::Tensor encoded = encoder_outputs.defined()
                                    ? encoder_outputs
                                    : encoder->forward(shared->forward(input_ids), attention_mask, {}, {});
-    return {at::Tensor(), at::Tensor(), encoded};
+    return as_tensors(T5Outputs{at::Tensor(), at::Tensor(), encoded});
   }
   at::Tensor targets_in = decoder_input_ids;
   if (!targets_in.defined()) {
@@ -168,10 +168,10 @@ std::vector<at::Tensor> T5Impl::forward_impl(const at::Tensor& input_ids, const 
     decoded = at::Tensor();
     labelled.hidden = labelled.hidden * scale;
     const at::Tensor loss = linear_cross_entropy(labelled.hidden, table.head, {}, labelled.labels);
-    return {at::Tensor(), loss, encoded};
+    return as_tensors(T5Outputs{at::Tensor(), loss, encoded});
   }
   at::Tensor logits = tied_projection(decoded * scale, table.head);
-  return {logits, labels.defined() ? masked_cross_entropy(logits, labels) : at::Tensor(), encoded};
+  return as_tensors(T5Outputs{logits, labels.defined() ? masked_cross_entropy(logits, labels) : at::Tensor(), encoded});
 }
 
 at::Tensor T5Impl::encode(const at::Tensor& input_ids, const at::Tensor& attention_mask) {
@@ -183,7 +183,7 @@ at::Tensor T5Impl::decode_step(const at::Tensor& tokens, int64_t position, const
   if (position < 0) {
     throw std::invalid_argument("T5: decoding position " + std::to_string(position) + " (expected >= 0)");
   }
-  return forward({}, attention_mask, tokens, {}, false, encoded, position)[0];
+  return from_tensors<T5Outputs>(forward({}, attention_mask, tokens, {}, false, encoded, position)).logits;
 }
 
 NameMap t5_names() {

@@ -7,6 +7,7 @@
 #include "models/layer_names.h"
 #include "models/unknown_flavor.h"
 #include "shardtrain/models/losses.h"
+#include "shardtrain/models/named_outputs.h"
 
 namespace shardtrain::models {
 
@@ -57,8 +58,7 @@ VitImpl::VitImpl(const VitConfig& c, const BuildOptions& build) : Interceptable(
 }
 
 VitOutputs VitImpl::run(const at::Tensor& pixels, const at::Tensor& labels, bool cls_only) {
-  auto out = forward(pixels, labels, cls_only);
-  return {out[0], out[1], out[2], out[3]};
+  return from_tensors<VitOutputs>(forward(pixels, labels, cls_only));
 }
 
 std::vector<at::Tensor> VitImpl::forward_impl(const at::Tensor& pixels, const at::Tensor& labels, bool cls_only) {
@@ -67,8 +67,10 @@ std::vector<at::Tensor> VitImpl::forward_impl(const at::Tensor& pixels, const at
   for (size_t i = 0; i < layers.size(); ++i) {
     x = layers[i]->forward(x, none, none, none, none, cls_only && i + 1 == layers.size() ? 1 : 0);
   }
-  x = norm->forward(x);
-  at::Tensor pooled, logits, loss;
+  VitOutputs out;
+  out.hidden = norm->forward(x);
+  at::Tensor &pooled = out.pooled, &logits = out.logits, &loss = out.loss;
+  x = out.hidden;
   if (pooler) pooled = at::tanh(pooler->forward(x.select(1, 0)));
   if (classifier) {
     logits = classifier->forward(x.select(1, 0));
@@ -76,7 +78,7 @@ std::vector<at::Tensor> VitImpl::forward_impl(const at::Tensor& pixels, const at
   } else if (labels.defined()) {
     throw std::invalid_argument("ViT: labels given to a model built without a classifier (num_labels = 0)");
   }
-  return {x, pooled, logits, loss};
+  return as_tensors(out);
 }
 
 NameMap vit_names() {
