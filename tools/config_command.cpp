@@ -41,11 +41,11 @@ const std::vector<Question>& questions() {
        [](const config::Config& c) { return c.parallel.strategy != parallel::Strategy::DDP; }},
       {"parallel.layer_classes", "Transformer layer classes to wrap, comma-separated (empty: the model's own)?", "",
        [](const config::Config& c) {
-         return c.parallel.strategy != parallel::Strategy::DDP && c.parallel.wrap == config::AutoWrap::TRANSFORMER;
+         return c.parallel.strategy != parallel::Strategy::DDP && c.parallel.wrap == parallel::Wrap::TRANSFORMER;
        }},
       {"parallel.min_params", "Minimum number of parameters of a unit?", "100000000",
        [](const config::Config& c) {
-         return c.parallel.strategy != parallel::Strategy::DDP && c.parallel.wrap == config::AutoWrap::SIZE;
+         return c.parallel.strategy != parallel::Strategy::DDP && c.parallel.wrap == parallel::Wrap::SIZE;
        }},
       {"parallel.backward_prefetch", "Backward prefetch (backward_pre, backward_post, none)?", "backward_pre",
        [](const config::Config& c) { return c.parallel.strategy != parallel::Strategy::DDP; }},

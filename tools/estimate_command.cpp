@@ -8,7 +8,6 @@
 
 #include "cli_args.h"
 #include "commands.h"
-#include "lora_args.h"
 #include "shardtrain/models/lora.h"
 #include "shardtrain/models/zoo.h"
 #include "shardtrain/parallel/vocabulary.h"
@@ -32,7 +31,9 @@ const char* kEstimateUsage =
     "one per dtype (float32, float16, bfloat16, int8, int4; default: float32 float16 int8 int4), then the stages of\n"
     "that training estimate (model, gradients, backward pass, optimizer step).\n"
     "\n"
-    "With a job (any of these flags), the peak memory per rank of a real training step instead, by term:\n"
+    "With a job (any of these flags), the peak memory per rank of a real training step instead, by term. Each flag\n"
+    "sets a key of the trainer's config (launch.num_processes, parallel.strategy, train.batch_size, ...: what\n"
+    "`shardtrain train CONFIG --dry-run` estimates with those keys); the rest are the config's defaults:\n"
     "  --num-processes N   ranks (default 1)            --nnodes M          nodes (hybrid strategies shard in one)\n"
     "  --strategy S        full_shard | shard_grad_op | no_shard | hybrid_shard | hybrid_shard_zero2 | ddp\n"
     "  --mixed-precision P no | bf16 | fp16             --activation-checkpointing   every transformer layer\n"
@@ -81,6 +82,40 @@ int estimate_config(const std::vector<std::string>& argv) {
   return 0;
 }
 
+// Each job flag is a key of the trainer's config: the job is built from the config as `shardtrain train` builds
+// it (train::plan_run), a flag an override. Switches set their key to true; --lora-targets is a list.
+struct JobFlag {
+  const char* flag;
+  const char* key;
+};
+const std::vector<JobFlag> kJobFlags = {
+    {"num-processes", "launch.num_processes"}, {"nnodes", "launch.num_machines"},
+    {"strategy", "parallel.strategy"},         {"mixed-precision", "parallel.mixed_precision"},
+    {"activation-checkpointing", "parallel.activation_checkpointing"},
+    {"every", "parallel.activation_checkpointing_every"},
+    {"grad-accum", "train.grad_accum"},        {"sync-each-batch", "train.sync_each_batch"},
+    {"cpu-offload", "parallel.cpu_offload"},   {"batch-size", "train.batch_size"},
+    {"seq-len", "data.max_text_length"},       {"device", "train.device"},
+    {"lora", "model.lora.r"},                  {"lora-targets", "model.lora.target_modules"}};
+
+// The config overrides of a job given by flags: the model, a batch of one unless told (the estimate's default,
+// not the trainer's), and each flag given. --every implies checkpointing.
+std::vector<std::string> job_overrides(const std::string& model, const Args& args) {
+  std::vector<std::string> overrides = {"--model.flavor=" + model, "--train.batch_size=1"};
+  for (const JobFlag& f : kJobFlags) {
+    if (!args.has(f.flag)) continue;
+    const std::string name = f.flag;
+    const bool is_switch = name == "activation-checkpointing" || name == "sync-each-batch" || name == "cpu-offload";
+    const std::string value = is_switch                  ? "true"
+                              : name == "lora-targets" ? "[" + args.get(f.flag, "") + "]"
+                                                       : args.get(f.flag, "");
+    overrides.push_back(std::string("--") + f.key + "=" + value);
+  }
+  if (args.has("every")) overrides.push_back("--parallel.activation_checkpointing=true");
+  if (args.has("lora-targets") && !args.has("lora")) throw std::invalid_argument("--lora-targets goes with --lora R");
+  return overrides;
+}
+
 bool is_yaml(const std::string& path) {
   for (const char* ext : {".yaml", ".yml"}) {
     const std::string e(ext);
@@ -111,38 +146,13 @@ int run_estimate_command(const std::vector<std::string>& argv) {
   if (dtypes.empty()) throw std::invalid_argument("--dtypes: expected at least one dtype");
   for (const auto& d : dtypes) plan::check_accelerate_dtype(d);
 
-  const models::LoraSpec lora = lora_of_args(args);
-  const auto recipe = models::with_lora(models::recipe_of_model(model), lora);
-  const bool job_given = args.has("num-processes") || args.has("strategy") || args.has("batch-size") ||
-                         args.has("lora") ||
-                         args.has("mixed-precision") || args.has("activation-checkpointing") ||
-                         args.has("cpu-offload") || args.has("seq-len") || args.has("nnodes") || args.has("json") ||
-                         args.has("device") || args.has("every") || args.has("grad-accum") ||
-                         args.has("sync-each-batch");
-  if (job_given) {
-    plan::TrainingJob job;
-    job.world = args.get_int("num-processes", 1);
-    job.nodes = args.get_int("nnodes", 1);
-    job.strategy = parallel::strategy_named(args.get("strategy", "full_shard"));
-    job.mixed_precision = parallel::precision_named(args.get("mixed-precision", "no"));
-    job.activation_checkpointing = args.has("activation-checkpointing") || args.has("every");
-    job.checkpoint_every = args.get_int("every", 1);
-    job.grad_accum = args.get_int("grad-accum", 1);
-    job.sync_each_batch = args.has("sync-each-batch");
-    job.cpu_offload = args.has("cpu-offload");
-    job.batch = args.get_int("batch-size", 1);
-    job.seq_len = args.get_int("seq-len", 0);
-    job.device = parallel::device_named(args.get("device", "cpu"));
-    const plan::MemoryEstimate e = plan::estimate_training_memory(*recipe, job);
-    std::string label = model;
-    if (lora.enabled()) {
-      const models::LoraTargets t = models::lora_targets(*recipe, lora);
-      label += " + LoRA r " + std::to_string(lora.r) + " (" + std::to_string(t.adapted_modules) + " modules; " +
-               std::to_string(t.trainable) + " of " + std::to_string(t.total) + " parameters train)";
-    }
-    std::cout << (args.has("json") ? plan::estimate_json(label, job, e) + "\n" : plan::format_estimate(label, job, e));
+  if (std::any_of(kJobFlags.begin(), kJobFlags.end(), [&](const JobFlag& f) { return args.has(f.flag); }) ||
+      args.has("json")) {
+    const train::RunPlan plan = train::plan_run(config::parse_config("", "estimate-memory", job_overrides(model, args)));
+    std::cout << (args.has("json") ? plan.json + "\n" : plan.text);
     return 0;
   }
+  const auto recipe = models::recipe_of_model(model);
   const plan::ModelSizes sizes = plan::accelerate_sizes(recipe->hf_base_model());
   std::cout << plan::accelerate_table(model, sizes, dtypes) << "\n";
   const std::string stages = plan::adam_stages_table(model, sizes, dtypes);

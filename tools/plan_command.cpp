@@ -120,7 +120,7 @@ int run_plan_command(const std::vector<std::string>& argv) {
     for (const auto& c : configs) {
       j.push_back({{"strategy", parallel::to_string(c.job.strategy)}, {"mixed_precision", parallel::to_string(c.job.mixed_precision)},
                    {"activation_checkpointing", c.job.activation_checkpointing}, {"cpu_offload", c.job.cpu_offload},
-                   {"wrap", plan::wrap_name(c.job.wrap)}, {"batch", c.job.batch}, {"peak_bytes", c.memory.peak_bytes},
+                   {"wrap", parallel::to_string(c.job.wrap)}, {"batch", c.job.batch}, {"peak_bytes", c.memory.peak_bytes},
                    {"items_per_second", c.items_per_second}, {"step_seconds", c.step_seconds},
                    {"tflops_per_gpu", c.tflops_per_gpu}});
     }
@@ -139,7 +139,7 @@ int run_plan_command(const std::vector<std::string>& argv) {
     std::printf("  %-3zu %-19s %-5s %-3s %-7s %-11s %9lld %9s %10.1f %9.1f %8.3f\n", i + 1,
                 parallel::to_string(c.job.strategy).c_str(), parallel::to_string(c.job.mixed_precision).c_str(),
                 c.job.activation_checkpointing ? "on" : "", c.job.cpu_offload ? "on" : "",
-                c.job.strategy == parallel::Strategy::DDP ? "-" : plan::wrap_name(c.job.wrap).c_str(),
+                c.job.strategy == parallel::Strategy::DDP ? "-" : parallel::to_string(c.job.wrap).c_str(),
                 static_cast<long long>(c.job.batch),
                 gib(c.memory.peak_bytes).c_str(), c.items_per_second, c.tflops_per_gpu, c.step_seconds);
   }

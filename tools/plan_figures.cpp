@@ -104,9 +104,9 @@ FigureTable t5_figure(int64_t text_tokens) {
   for (parallel::Precision p : {parallel::Precision::NO, parallel::Precision::BF16}) {
     const std::string precision = parallel::to_string(p);
     plan::TrainingJob job = a100_job(parallel::Strategy::FULL_SHARD, false, p, text_tokens);
-    job.wrap = plan::Wrap::kNone;
+    job.wrap = parallel::Wrap::NONE;
     const int64_t whole = plan::largest_batch(*recipe, shape, job, cluster);
-    job.wrap = plan::Wrap::kTransformer;
+    job.wrap = parallel::Wrap::TRANSFORMER;
     const int64_t layers = plan::largest_batch(*recipe, shape, job, cluster);
     const double r = whole > 0 ? static_cast<double>(layers) / whole : 0;
     std::snprintf(line, sizeof line, "  %-10s %16lld %20lld %6.1fx\n", precision.c_str(), static_cast<long long>(whole),

@@ -167,9 +167,11 @@ def main():
                                 f"{run.stderr}")
         for args, expected in [(["no-such-flavor"], "no-such-flavor"), ([os.path.join(tmp, "missing")], "missing"),
                                (["bert-debug", "--dtypes", "float64"], "float64"),
-                               (["llama-debug", "--num-processes", "3", "--nnodes", "2"], "3 ranks"),
+                               # job flags are the trainer's config keys: their errors name the key
+                               (["llama-debug", "--num-processes", "3", "--nnodes", "2"],
+                                "launch.num_processes: 3 is not a multiple of launch.num_machines (2)"),
                                (["llama-debug", "--strategy", "zero3"], "zero3"),
-                               (["llama-debug", "--batch-size", "0"], "batch size 0"),
+                               (["llama-debug", "--batch-size", "0"], "train.batch_size: '0' is not at least 1"),
                                (["llama-debug", "--mixed-precision", "fp8"], "fp8"),
                                (["vit-huge-patch14-224", "--batch-size", "2"], "no classifier")]:
             run = shardtrain(binary, *args)

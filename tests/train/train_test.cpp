@@ -433,6 +433,15 @@ TEST_F(TrainTest, AutoBatchAndDryRun) {
   EXPECT_NE(flag.status, 0);
   EXPECT_NE(flag.output.find("--strategy: " + root_ + "/config.yaml gives the job"), std::string::npos)
       << flag.output;
+  // A job given by flags is those keys of the trainer's config: the same estimate as the config with them.
+  const Outcome by_flags = run(std::string(SHARDTRAIN_BIN) + " estimate-memory flava-debug --num-processes 2 "
+                               "--batch-size 3 --seq-len 16 --grad-accum 2 --strategy shard_grad_op --every 2 --json");
+  const Outcome by_keys = run(estimate + "--launch.num_processes=2 --train.batch_size=3 --parallel.strategy="
+                              "shard_grad_op --parallel.activation_checkpointing=true "
+                              "--parallel.activation_checkpointing_every=2 --json");
+  ASSERT_EQ(by_flags.status, 0) << by_flags.output;
+  EXPECT_EQ(by_flags.output, by_keys.output);
+  EXPECT_NE(by_flags.output.find("\"activation_checkpointing\": true"), std::string::npos) << by_flags.output;
 
   const Outcome r = train(overrides + "--train.steps=2 --train.eval_interval=0 --checkpoint.dir=" + root_ + "/auto");
   ASSERT_EQ(r.status, 0) << r.output;

@@ -160,6 +160,10 @@ TEST(Config, BadValueNamesTheValueAndWhatWasExpected) {
                             {"parallel.strategy", "'zero3'", "one of full_shard, shard_grad_op"});
   expect_error<ConfigError>([] { parse_config("", "x.yaml", {"--train.device=tpu"}); },
                             {"train.device", "'tpu'", "one of cpu, cuda"});
+  expect_error<ConfigError>([] { parse_config("", "x.yaml", {"--parallel.activation_checkpointing_every=0"}); },
+                            {"parallel.activation_checkpointing_every", "0", "1 or more"});
+  expect_error<ConfigError>([] { parse_config("", "x.yaml", {"--parallel.wrap=layers"}); },
+                            {"parallel.wrap", "'layers'", "one of transformer, size, none"});
   expect_error<ConfigError>([] { parse_config("", "x.yaml", {"--optim.betas=[0.9]"}); },
                             {"optim.betas", "two values"});
   expect_error<ConfigError>([] { parse_config("", "x.yaml", {"--data.mlm_probability=1.5"}); },
@@ -261,7 +265,7 @@ use_cpu: false
 )",
                                 "accelerate.yaml");
   EXPECT_EQ(c.parallel.strategy, parallel::Strategy::HYBRID_SHARD);
-  EXPECT_EQ(c.parallel.wrap, AutoWrap::TRANSFORMER);
+  EXPECT_EQ(c.parallel.wrap, parallel::Wrap::TRANSFORMER);
   EXPECT_EQ(c.parallel.backward_prefetch, Prefetch::BACKWARD_POST);
   EXPECT_EQ(c.parallel.forward_prefetch, 1);
   EXPECT_EQ(c.parallel.layer_classes, (std::vector<std::string>{"FlavaLayer", "BertLayer"}));

@@ -81,7 +81,7 @@ TEST(Planner, EachMemoryOptimizationBuysBatch) {
   EXPECT_GT(batch([](TrainingJob& j) { j.activation_checkpointing = true; }), 2 * fsdp);
   EXPECT_GE(batch([](TrainingJob& j) { j.cpu_offload = true; }), fsdp);
   EXPECT_LT(batch([](TrainingJob& j) { j.strategy = parallel::Strategy::DDP; }), fsdp);
-  EXPECT_LT(batch([](TrainingJob& j) { j.wrap = Wrap::kNone; }), fsdp);
+  EXPECT_LT(batch([](TrainingJob& j) { j.wrap = parallel::Wrap::NONE; }), fsdp);
   EXPECT_LT(batch([](TrainingJob& j) { j.world = 2; }), fsdp);
   EXPECT_GT(batch([](TrainingJob& j) { j.mixed_precision = parallel::Precision::NO; }), 0);
 }

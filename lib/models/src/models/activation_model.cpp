@@ -8,7 +8,7 @@ namespace shardtrain::models {
 
 int64_t dropout_kept(double p, int64_t elements, const ActivationQuery& q) {
   if (!q.training || p <= 0) return 0;
-  return q.cuda ? elements : elements * element_size(q);
+  return (q.device == parallel::Device::CUDA) ? elements : elements * element_size(q);
 }
 
 int64_t norm_kept(Norm norm, int64_t rows, int64_t dim, const ActivationQuery& q, int64_t input_bytes) {
@@ -41,7 +41,7 @@ int64_t stream_copies_kept(int64_t casts, int64_t elements, const ActivationQuer
 
 bool attention_fused(const AttentionOptions& a, const ActivationQuery& q) {
   const double p = q.training ? a.dropout : 0.0;
-  return q.cuda ? !a.re_attention : (p <= 0 && !a.re_attention);  // CPU: dropout takes the math kernel
+  return (q.device == parallel::Device::CUDA) ? !a.re_attention : (p <= 0 && !a.re_attention);  // CPU: dropout takes the math kernel
 }
 
 namespace {
@@ -87,7 +87,7 @@ int64_t attention_kept(const AttentionOptions& a, int64_t batch, int64_t tokens,
   // (B, H, T, D) cast back and reshaped, is a copy: o's input.
   const int64_t me = a.re_attention ? e : 4;
   int64_t bytes = (n.q + n.kv) * me + n.scores * me;
-  if (p > 0) bytes += (q.cuda ? n.scores : n.scores * me) + n.scores * me;
+  if (p > 0) bytes += ((q.device == parallel::Device::CUDA) ? n.scores : n.scores * me) + n.scores * me;
   return qk_norms + bytes + n.q * e;
 }
 

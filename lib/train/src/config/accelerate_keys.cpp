@@ -41,9 +41,9 @@ void sharding_strategy(Config& c, const std::string& where, const std::string& p
 
 void auto_wrap_policy(Config& c, const std::string& where, const std::string& path, const YAML::Node& value) {
   const std::string v = value.IsScalar() ? upper(value.Scalar()) : "";
-  if (v == "TRANSFORMER_BASED_WRAP") c.parallel.wrap = AutoWrap::TRANSFORMER;
-  else if (v == "SIZE_BASED_WRAP") c.parallel.wrap = AutoWrap::SIZE;
-  else if (v == "NO_WRAP") c.parallel.wrap = AutoWrap::NONE;
+  if (v == "TRANSFORMER_BASED_WRAP") c.parallel.wrap = parallel::Wrap::TRANSFORMER;
+  else if (v == "SIZE_BASED_WRAP") c.parallel.wrap = parallel::Wrap::SIZE;
+  else if (v == "NO_WRAP") c.parallel.wrap = parallel::Wrap::NONE;
   else bad(where, path, value, "one of TRANSFORMER_BASED_WRAP, SIZE_BASED_WRAP, NO_WRAP");
 }
 

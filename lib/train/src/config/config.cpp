@@ -179,19 +179,19 @@ Field choice(std::string path, E& ref, std::vector<std::pair<std::string, E>> na
 
 Field field(std::string path, int64_t& ref) {
   return {std::move(path), [&ref](auto& w, auto& p, auto& n) { ref = to_int(w, p, n); },
-          [&ref] { return YAML::Node(ref); }};
+          [&ref] { return YAML::Node(ref); }, {}};
 }
 Field field(std::string path, double& ref) {
   return {std::move(path), [&ref](auto& w, auto& p, auto& n) { ref = to_double(w, p, n); },
-          [&ref] { return shortest(ref); }};
+          [&ref] { return shortest(ref); }, {}};
 }
 Field field(std::string path, bool& ref) {
   return {std::move(path), [&ref](auto& w, auto& p, auto& n) { ref = to_bool(w, p, n); },
-          [&ref] { return YAML::Node(ref); }};
+          [&ref] { return YAML::Node(ref); }, {}};
 }
 Field field(std::string path, std::string& ref) {
   return {std::move(path), [&ref](auto& w, auto& p, auto& n) { ref = to_str(w, p, n); },
-          [&ref] { return YAML::Node(ref); }};
+          [&ref] { return YAML::Node(ref); }, {}};
 }
 // A memory size in bytes, written as people write it ("40GiB", "512MiB", bytes; empty: 0, none).
 Field memory_size(std::string path, int64_t& ref) {
@@ -204,7 +204,7 @@ Field memory_size(std::string path, int64_t& ref) {
               bad_value(w, p, n, "a positive number with a unit: 40GiB, 80GB, 512MiB, or bytes");
             }
           },
-          [&ref] { return YAML::Node(memory::memory_size_text(ref)); }};
+          [&ref] { return YAML::Node(memory::memory_size_text(ref)); }, {}};
 }
 Field field(std::string path, std::vector<std::string>& ref) {
   return {std::move(path), [&ref](auto& w, auto& p, auto& n) { ref = to_strings(w, p, n, false); },
@@ -212,7 +212,7 @@ Field field(std::string path, std::vector<std::string>& ref) {
             YAML::Node n(YAML::NodeType::Sequence);
             for (const auto& s : ref) n.push_back(s);
             return n;
-          }};
+          }, {}};
 }
 Field field(std::string path, std::map<std::string, double>& ref) {
   return {std::move(path),
@@ -226,7 +226,7 @@ Field field(std::string path, std::map<std::string, double>& ref) {
             YAML::Node n(YAML::NodeType::Map);
             for (const auto& [k, v] : ref) n[k] = shortest(v);
             return n;
-          }};
+          }, {}};
 }
 Field field(std::string path, std::vector<double>& ref) {
   return {std::move(path), [&ref](auto& w, auto& p, auto& n) { ref = to_doubles(w, p, n); },
@@ -234,7 +234,7 @@ Field field(std::string path, std::vector<double>& ref) {
             YAML::Node n(YAML::NodeType::Sequence);
             for (double d : ref) n.push_back(shortest(d));
             return n;
-          }};
+          }, {}};
 }
 
 // The run's vocabulary (parallel/vocabulary.h), in the config's spelling.
@@ -307,7 +307,7 @@ std::vector<Field> fields_of(Config& c) {
       choice("parallel.mixed_precision", c.parallel.mixed_precision,
              table_of(parallel::precision_names(), parallel::precision_named)),
       choice("parallel.wrap", c.parallel.wrap,
-             {{"transformer", AutoWrap::TRANSFORMER}, {"size", AutoWrap::SIZE}, {"none", AutoWrap::NONE}}),
+             table_of(parallel::wrap_names(), parallel::wrap_named)),
       field("parallel.layer_classes", c.parallel.layer_classes),
       field("parallel.min_params", c.parallel.min_params),
       field("parallel.forward_prefetch", c.parallel.forward_prefetch),
@@ -316,6 +316,7 @@ std::vector<Field> fields_of(Config& c) {
               {"none", Prefetch::NONE}}),
       field("parallel.limit_all_gathers", c.parallel.limit_all_gathers),
       field("parallel.activation_checkpointing", c.parallel.activation_checkpointing),
+      field("parallel.activation_checkpointing_every", c.parallel.activation_checkpointing_every),
       field("parallel.cpu_offload", c.parallel.cpu_offload),
       field("parallel.reshard_after_backward", c.parallel.reshard_after_backward),
       field("parallel.sync_module_states", c.parallel.sync_module_states),
@@ -358,7 +359,7 @@ std::vector<Field> fields_of(Config& c) {
               c.train.batch_size = to_int(w, p, n);
               if (c.train.batch_size < 1) bad_value(w, p, n, "at least 1, or auto");
             },
-            [&c] { return c.train.batch_size == kAutoBatch ? YAML::Node("auto") : YAML::Node(c.train.batch_size); }},
+            [&c] { return c.train.batch_size == kAutoBatch ? YAML::Node("auto") : YAML::Node(c.train.batch_size); }, {}},
       memory_size("train.memory_budget", c.train.memory_budget),
       memory_size("train.memory_limit", c.train.memory_limit),
       field("train.grad_accum", c.train.grad_accum),
@@ -747,6 +748,8 @@ void validate(const Config& c) {
   require(c.data.queue_depth >= 1, "data.queue_depth", num(c.data.queue_depth), "at least 1");
   require(c.parallel.min_params >= 1, "parallel.min_params", num(c.parallel.min_params), "at least 1");
   require(c.parallel.bucket_cap_mb > 0, "parallel.bucket_cap_mb", num(c.parallel.bucket_cap_mb), "positive (MiB)");
+  require(c.parallel.activation_checkpointing_every >= 1, "parallel.activation_checkpointing_every",
+          std::to_string(c.parallel.activation_checkpointing_every), "1 or more (every k-th layer)");
   require(c.parallel.forward_prefetch >= 0, "parallel.forward_prefetch", num(c.parallel.forward_prefetch),
           "0 or more units");
   require(c.parallel.timeout >= 1, "parallel.timeout", num(c.parallel.timeout), "at least 1 (seconds)");

@@ -126,12 +126,4 @@ ModelShape model_shape(const models::ModelRecipe& recipe) {
   return shape;
 }
 
-Wrap parse_wrap(const std::string& name) {
-  if (name == "transformer") return Wrap::kTransformer;
-  if (name == "none") return Wrap::kNone;
-  throw std::invalid_argument("unknown wrap '" + name + "' (expected transformer or none)");
-}
-
-std::string wrap_name(Wrap w) { return w == Wrap::kTransformer ? "transformer" : "none"; }
-
 }  // namespace shardtrain::plan

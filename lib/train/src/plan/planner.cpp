@@ -113,7 +113,7 @@ PlannedConfig predict(const models::ModelRecipe& recipe, const ModelShape& shape
     comm += (gathered + G) / shard_ranks * static_cast<double>(job.param_bytes) / (cluster.pcie_gbps * 1e9);
   }
   p.comm_seconds = comm;
-  const double hidden = job.wrap == Wrap::kNone ? 0.0 : cluster.overlap;
+  const double hidden = job.wrap == parallel::Wrap::NONE ? 0.0 : cluster.overlap;
   const double exposed = std::max(comm * (1 - hidden), comm - p.compute_seconds);
   p.step_seconds = p.compute_seconds + exposed;
   const double items = static_cast<double>(b.texts + b.images);
@@ -139,9 +139,9 @@ std::vector<PlannedConfig> plan_configurations(const models::ModelRecipe& recipe
     for (parallel::Precision precision : {parallel::Precision::BF16, parallel::Precision::NO}) {
       for (bool ac : {false, true}) {
         for (bool offload : {false, true}) {
-          for (Wrap wrap : {Wrap::kTransformer, Wrap::kNone}) {
+          for (parallel::Wrap wrap : {parallel::Wrap::TRANSFORMER, parallel::Wrap::NONE}) {
             const bool fsdp = strategy != parallel::Strategy::DDP;
-            if (!fsdp && (offload || wrap == Wrap::kNone)) continue;  // DDP has neither
+            if (!fsdp && (offload || wrap == parallel::Wrap::NONE)) continue;  // DDP has neither
             TrainingJob job;
             job.world = cluster.gpus, job.nodes = cluster.nodes, job.strategy = strategy, job.wrap = wrap;
             job.mixed_precision = precision, job.activation_checkpointing = ac, job.cpu_offload = offload;
@@ -198,7 +198,7 @@ std::string trainer_yaml(const std::string& model, const PlannedConfig& c, const
                 "launch:\n  num_processes: %lld\n  num_machines: %lld\n",
                 parallel::to_string(j.strategy).c_str(), parallel::to_string(j.mixed_precision).c_str(),
                 j.activation_checkpointing ? "true" : "false", j.cpu_offload ? "true" : "false",
-                wrap_name(j.wrap).c_str(), static_cast<long long>(j.batch), static_cast<long long>(j.world),
+                parallel::to_string(j.wrap).c_str(), static_cast<long long>(j.batch), static_cast<long long>(j.world),
                 static_cast<long long>(j.nodes));
   return head + model_section(model) + lora_section(lora) + body;
 }

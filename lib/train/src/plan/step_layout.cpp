@@ -11,9 +11,9 @@
 
 namespace shardtrain::plan {
 
-Units units_of(const ModelShape& shape, Wrap wrap) {
+Units units_of(const ModelShape& shape, parallel::Wrap wrap) {
   Units u;
-  if (wrap == Wrap::kTransformer) {
+  if (wrap != parallel::Wrap::NONE) {
     u.numel = shape.layer_numel, u.trainable = shape.layer_trainable;
     u.numel.push_back(shape.root_numel), u.trainable.push_back(shape.root_trainable);
     u.extra_numel = shape.extra_numel, u.extra_trainable = shape.extra_trainable;
@@ -90,7 +90,7 @@ void check_job(const TrainingJob& job) {
 
 models::ActivationQuery activation_query(const TrainingJob& job) {
   models::ActivationQuery query;
-  query.batch = job.batch, query.seq_len = job.seq_len, query.cuda = job.device == parallel::Device::CUDA;
+  query.batch = job.batch, query.seq_len = job.seq_len, query.device = job.device;
   query.mlm_probability = job.mlm_probability, query.mim_probability = job.mim_probability;
   query.itm_negative_probability = job.itm_negative_probability;
   query.compute = job.mixed_precision == parallel::Precision::BF16 || job.param_bytes == 2 ? at::kBFloat16
@@ -132,7 +132,7 @@ void lay_out_sharded_state(StepLayout& s) {
 void lay_out_gathered(StepLayout& s) {
   const TrainingJob& job = *s.job;
   const Units& units = s.units;
-  const int64_t uncast_input = s.autocast && job.wrap != Wrap::kNone ? s.shape->input_lookup_tables : 0;
+  const int64_t uncast_input = s.autocast && job.wrap != parallel::Wrap::NONE ? s.shape->input_lookup_tables : 0;
   const int64_t uncast_root = s.autocast ? s.shape->lookup_tables - uncast_input : 0;
   s.gathers = s.shard > 1 || s.ce != s.pe || s.offload;
   s.reshard = fsdp::reshards_after_forward(job.strategy);

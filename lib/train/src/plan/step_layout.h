@@ -20,7 +20,7 @@ struct Units {
   int64_t extra_numel = 0, extra_trainable = 0;  // the extra units together (not in numel)
   int64_t input_numel = 0, input_trainable = 0, output_numel = 0, output_trainable = 0;  // edge units (not in numel)
 };
-Units units_of(const ModelShape& shape, Wrap wrap);
+Units units_of(const ModelShape& shape, parallel::Wrap wrap);
 
 inline int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 

@@ -138,9 +138,9 @@ class LayerWalk {
  public:
   explicit LayerWalk(const StepLayout& s)
       : s_(s), layers_(static_cast<int64_t>(s.act.layers.size())), below_kept_(s.kept_by_layers) {
-    const Wrap wrap = s.job->wrap;
-    own_units_ = wrap != Wrap::kNone && s.layer_units == s.act.layers.size();
-    pairs_ = wrap != Wrap::kNone;  // (one unit for the whole model: gathered, its gradients growing)
+    const parallel::Wrap wrap = s.job->wrap;
+    own_units_ = wrap != parallel::Wrap::NONE && s.layer_units == s.act.layers.size();
+    pairs_ = wrap != parallel::Wrap::NONE;  // (one unit for the whole model: gathered, its gradients growing)
   }
 
   Walk run() {
@@ -188,7 +188,7 @@ class LayerWalk {
     // end.)
     const int64_t unreduced_head =
         s.reduces                    ? 0
-        : s.job->wrap == Wrap::kNone ? s.new_grads * (i - 1) / layers_
+        : s.job->wrap == parallel::Wrap::NONE ? s.new_grads * (i - 1) / layers_
                                      : (s.root_trainable - s.root_input_side + s.units.output_trainable) * s.pe;
     l.done = grad_shards_ * s.pe + unreduced_head;
     // Without resharding after forward every layer is still gathered until its own backward is done (the output
@@ -205,7 +205,7 @@ class LayerWalk {
                                                    (l.runs_again ? l.own_g : 0) + l.next_again,
                                                s.root_g + s.in_g);
     // One unit for the whole model: its full gradients grow layer by layer; else the root's (heads) are there first.
-    l.root_grads = s.job->wrap == Wrap::kNone ? s.root_full_grads * (i - 1) / layers_
+    l.root_grads = s.job->wrap == parallel::Wrap::NONE ? s.root_full_grads * (i - 1) / layers_
                                               : s.root_full_grads - (s.reduces ? s.root_input_side * s.ce : 0);
     l.below = below_kept_ + s.outside - s.act.loss_kept;
     return l;
@@ -268,7 +268,7 @@ class LayerWalk {
   // float32 sum is the most).
   void reduction_moments(int64_t i, const Layer& l) {
     const StepLayout& s = s_;
-    if (!s.reduces || s.job->wrap == Wrap::kNone) return;
+    if (!s.reduces || s.job->wrap == parallel::Wrap::NONE) return;
     // The units still waiting for their first runs hold their partial gradients, resharded.
     const int64_t waiting_full = waiting_numel_ * s.ce;
     waiting_now_ = waiting_full;

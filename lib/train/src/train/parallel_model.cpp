@@ -55,7 +55,9 @@ models::ZooModel build_replicated(const Config& c, std::shared_ptr<const models:
   if (!c.model.lora.from.empty() && reads) {
     models::load_weights(*model.module, models::lora_adapter_file(c.model.lora.from), model.names, adapter_options());
   }
-  if (c.parallel.activation_checkpointing) models::activation_checkpoint_layers(model, 1, c.parallel.layer_classes);
+  if (c.parallel.activation_checkpointing) {
+    models::activation_checkpoint_layers(model, c.parallel.activation_checkpointing_every, c.parallel.layer_classes);
+  }
   // Mixed precision without sharding: autocast around the model (parameters, gradients, optimizer float32).
   if (c.parallel.mixed_precision != parallel::Precision::NO) {
     nn::autocast_module(*model.module, device.type(),
@@ -82,9 +84,10 @@ models::ParallelizeOptions parallelize_options(const Config& c) {
   o.fsdp.backward_prefetch = backward_prefetch_of(c.parallel.backward_prefetch);
   o.fsdp.offload_params = c.parallel.cpu_offload;
   o.layer_classes = c.parallel.layer_classes;
-  o.activation_checkpoint_every = c.parallel.activation_checkpointing ? 1 : 0;
-  if (c.parallel.wrap == config::AutoWrap::SIZE) o.policy = fsdp::wrap_by_size(c.parallel.min_params);
-  if (c.parallel.wrap == config::AutoWrap::NONE) {
+  o.activation_checkpoint_every =
+      c.parallel.activation_checkpointing ? c.parallel.activation_checkpointing_every : 0;
+  if (c.parallel.wrap == parallel::Wrap::SIZE) o.policy = fsdp::wrap_by_size(c.parallel.min_params);
+  if (c.parallel.wrap == parallel::Wrap::NONE) {
     o.policy = fsdp::wrap_if([](const std::string&, torch::nn::Module&) { return false; });  // the root alone
   }
   return o;

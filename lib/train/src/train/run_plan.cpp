@@ -29,9 +29,10 @@ plan::TrainingJob job_of(const config::Config& c) {
     job.nodes = std::max(1, env.world_size / std::max(1, env.local_world_size));
   }
   job.strategy = c.parallel.strategy;
-  job.wrap = c.parallel.wrap == config::AutoWrap::NONE ? plan::Wrap::kNone : plan::Wrap::kTransformer;
+  job.wrap = c.parallel.wrap;
   job.mixed_precision = c.parallel.mixed_precision;
   job.activation_checkpointing = c.parallel.activation_checkpointing;
+  job.checkpoint_every = c.parallel.activation_checkpointing_every;
   job.grad_accum = c.train.grad_accum, job.sync_each_batch = c.train.sync_each_batch;
   job.cpu_offload = c.parallel.cpu_offload;
   job.bucket_cap_mb = c.parallel.bucket_cap_mb, job.gradient_as_bucket_view = c.parallel.gradient_as_bucket_view;
@@ -168,8 +169,14 @@ RunPlan plan_run(const config::Config& config, int64_t auto_batch_limit) {
                         " (`shardtrain train CONFIG --dry-run` shows the terms; train.force: true starts anyway)";
     }
   }
-  out.text += plan::format_estimate(config.model.flavor, job, e);
-  out.json = plan::estimate_json(config.model.flavor, job, e);
+  std::string label = config.model.flavor;  // and the adapters, when LoRA trains them
+  if (config.model.lora.enabled()) {
+    const models::LoraTargets t = models::lora_targets(*recipe, config.model.lora);
+    label += " + LoRA r " + std::to_string(config.model.lora.r) + " (" + std::to_string(t.adapted_modules) +
+             " modules; " + std::to_string(t.trainable) + " of " + std::to_string(t.total) + " parameters train)";
+  }
+  out.text += plan::format_estimate(label, job, e);
+  out.json = plan::estimate_json(label, job, e);
   out.peak_bytes = e.peak_bytes, out.peak_phase = e.peak_phase;
   return out;
 }

@@ -26,16 +26,23 @@ enum class Device { CPU, CUDA };
 // or float16 with loss scaling.
 enum class Precision { NO, BF16, FP16 };
 
+// FSDP's units (Accelerate's fsdp_auto_wrap_policy): each transformer layer and the root, units closed at a
+// parameter count, or the whole model as one unit.
+enum class Wrap { TRANSFORMER, SIZE, NONE };
+
 std::string to_string(Strategy s);  // "full_shard", ..., "ddp"
 std::string to_string(Precision p);  // "no", "bf16", "fp16"
 std::string to_string(Device d);     // "cpu", "cuda"
+std::string to_string(Wrap w);       // "transformer", "size", "none"
 // The value a name spells; std::invalid_argument naming it and every name otherwise.
 Strategy strategy_named(const std::string& name);
 Precision precision_named(const std::string& name);
 Device device_named(const std::string& name);
+Wrap wrap_named(const std::string& name);
 std::vector<std::string> strategy_names();
 std::vector<std::string> precision_names();
 std::vector<std::string> device_names();
+std::vector<std::string> wrap_names();
 
 // Sharded within a node and replicated across nodes.
 bool is_hybrid(Strategy s);

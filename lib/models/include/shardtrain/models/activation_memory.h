@@ -6,6 +6,8 @@
 
 #include <c10/core/ScalarType.h>
 
+#include "shardtrain/parallel/vocabulary.h"
+
 #include <cstdint>
 #include <vector>
 
@@ -15,7 +17,8 @@ struct ActivationQuery {
   int64_t batch = 1;                         // samples per micro-batch (per rank)
   int64_t seq_len = 0;                       // text tokens; 0: the model's maximum
   at::ScalarType compute = at::kFloat;       // the dtype layers compute in (bf16/fp16 under mixed precision)
-  bool cuda = false;                         // CUDA kernels (fused dropout keeps a 1-byte mask; CPU a full tensor)
+  parallel::Device device = parallel::Device::CPU;  // the kernels: CUDA's fused dropout keeps a 1-byte mask, the
+                                                   // CPU's a full tensor
   bool training = true;                      // dropout active
   // Mixed precision by autocast around an unsharded model (DDP): parameters stay float32 and each op casts its
   // inputs (FSDP instead computes with parameters cast to `compute`).

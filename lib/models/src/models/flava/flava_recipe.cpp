@@ -229,7 +229,7 @@ class FlavaRecipe : public FamilyRecipe<FlavaConfig, Flava> {
     // Late in the codebook, on the CPU, oneDNN's convolution holds two copies of a 3x3 weight while it runs (a
     // contiguous clone and its own reordered one; traced 2026-11-25): the last group's, 8h x 2h x 3 x 3, the
     // largest, outweighs the first group's activations at these few rows.
-    const int64_t h = c.codebook.hidden_size, conv_copies = q.cuda ? 0 : 2 * (8 * h) * (2 * h) * 9 * e;
+    const int64_t h = c.codebook.hidden_size, conv_copies = (q.device == parallel::Device::CUDA) ? 0 : 2 * (8 * h) * (2 * h) * 9 * e;
     a.start_transient = std::max(4 * codebook_rows * h * codebook_side * codebook_side * e, conv_copies);
     a.backward_transient = mim.backward_transient + mlm.backward_transient;
     return a;

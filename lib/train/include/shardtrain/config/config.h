@@ -30,7 +30,6 @@ class ConfigError : public std::invalid_argument {
   using std::invalid_argument::invalid_argument;
 };
 
-enum class AutoWrap { TRANSFORMER, SIZE, NONE };
 enum class Prefetch { BACKWARD_PRE, BACKWARD_POST, NONE };
 enum class LrSchedule { COSINE, LINEAR, CONSTANT };
 enum class OptimizerKind { ADAMW, ANYPRECISION_ADAMW, ADAFACTOR, SGD };
@@ -150,13 +149,16 @@ struct DataConfig {
 struct ParallelConfig {
   parallel::Strategy strategy = parallel::Strategy::FULL_SHARD;
   parallel::Precision mixed_precision = parallel::Precision::NO;
-  AutoWrap wrap = AutoWrap::TRANSFORMER;
+  parallel::Wrap wrap = parallel::Wrap::TRANSFORMER;
   std::vector<std::string> layer_classes;  // TRANSFORMER: wrapped classes; empty = the family's layer
   int64_t min_params = 100000000;          // SIZE: a unit closes at this many parameters
   int64_t forward_prefetch = 0;            // units gathered ahead in forward
   Prefetch backward_prefetch = Prefetch::BACKWARD_PRE;
   bool limit_all_gathers = true;
   bool activation_checkpointing = false;  // every transformer layer of layer_classes replays its forward in backward
+  // With activation_checkpointing: only every k-th layer (the k-th, 2k-th, ...; 1: all of them), the others keep
+  // their activations — torchtitan's selective checkpointing by layer.
+  int64_t activation_checkpointing_every = 1;
   bool cpu_offload = false;
   // false: parameters stay unsharded from one micro-batch's backward to the next's forward during gradient
   // accumulation (fewer all-gathers, the whole model's parameters held meanwhile; FSDP2's set_reshard_after_backward)

@@ -25,17 +25,14 @@
 
 namespace shardtrain::plan {
 
-// FSDP units: each transformer layer and the root (the trainer's wrap), or the whole model as one unit (FSDP's
-// default when no policy is given: the T5 post's "default wrapping").
-enum class Wrap { kTransformer, kNone };
-Wrap parse_wrap(const std::string& name);  // transformer | none; throws std::invalid_argument naming it
-std::string wrap_name(Wrap w);
-
 struct TrainingJob {
   int64_t world = 1;      // ranks in all
   int64_t nodes = 1;      // hybrid strategies shard within a node: world / nodes ranks
   parallel::Strategy strategy = parallel::Strategy::FULL_SHARD;
-  Wrap wrap = Wrap::kTransformer;
+  // FSDP units: each transformer layer and the root (the trainer's wrap), or the whole model as one unit (FSDP's
+  // default when no policy is given: the T5 post's "default wrapping"). Units closed at a size are modelled as the
+  // transformer layers they mostly are.
+  parallel::Wrap wrap = parallel::Wrap::TRANSFORMER;
   parallel::Precision mixed_precision = parallel::Precision::NO;  // the compute dtype of gathered units, activations
   bool activation_checkpointing = false;  // transformer layers replay their forward in backward
   int64_t checkpoint_every = 1;           // with checkpointing: every k-th layer (1: all)
