@@ -104,11 +104,7 @@ int run_plan_command(const std::vector<std::string>& argv) {
   const auto recipe = models::with_lora(models::recipe_of_model(model), lora);
   const std::vector<plan::PlannedConfig> configs = plan::plan_configurations(*recipe, cluster);
   std::string adapted;
-  if (lora.enabled()) {
-    const models::LoraTargets t = models::lora_targets(*recipe, lora);
-    adapted = " + LoRA r " + std::to_string(lora.r) + " (" + std::to_string(t.adapted_modules) + " modules; " +
-              std::to_string(t.trainable) + " of " + std::to_string(t.total) + " parameters train)";
-  }
+  if (lora.enabled()) adapted = " + " + models::lora_label(lora, models::lora_targets(*recipe, lora));
   if (configs.empty()) {
     std::cout << model << adapted << " fits no configuration on " << cluster.gpus << " GPUs of "
               << gib(cluster.gpu_memory) << " GiB: not even one sample per GPU with full sharding, checkpointing and "

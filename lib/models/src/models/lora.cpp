@@ -322,6 +322,11 @@ LoraTargets lora_targets(const ModelRecipe& recipe, const LoraSpec& spec) {
   return out;
 }
 
+std::string lora_label(const LoraSpec& spec, const LoraTargets& targets) {
+  return "LoRA r " + std::to_string(spec.r) + " (" + std::to_string(targets.adapted_modules) + " modules; " +
+         std::to_string(targets.trainable) + " of " + std::to_string(targets.total) + " parameters train)";
+}
+
 std::string describe_lora(const LoraSpec& spec, const LoraTargets& targets) {
   std::string text = "r " + std::to_string(spec.r);
   char numbers[96];

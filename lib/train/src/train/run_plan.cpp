@@ -171,9 +171,7 @@ RunPlan plan_run(const config::Config& config, int64_t auto_batch_limit) {
   }
   std::string label = config.model.flavor;  // and the adapters, when LoRA trains them
   if (config.model.lora.enabled()) {
-    const models::LoraTargets t = models::lora_targets(*recipe, config.model.lora);
-    label += " + LoRA r " + std::to_string(config.model.lora.r) + " (" + std::to_string(t.adapted_modules) +
-             " modules; " + std::to_string(t.trainable) + " of " + std::to_string(t.total) + " parameters train)";
+    label += " + " + models::lora_label(config.model.lora, models::lora_targets(*recipe, config.model.lora));
   }
   out.text += plan::format_estimate(label, job, e);
   out.json = plan::estimate_json(label, job, e);

@@ -48,6 +48,8 @@ LoraTargets lora_targets(const ModelRecipe& recipe, const LoraSpec& spec);
 // trainable params: 188,416 || all params: 4,581,632 || trainable%: 4.1124" (the last part PEFT's
 // print_trainable_parameters), for start-up lines and exports.
 std::string describe_lora(const LoraSpec& spec, const LoraTargets& targets);
+// "LoRA r 8 (14 modules; 16384 of 139584 parameters train)": what a plan or an estimate names beside the model.
+std::string lora_label(const LoraSpec& spec, const LoraTargets& targets);
 
 // The weights file of an adapter directory (model.lora.from): adapter_model.safetensors, or PEFT's older
 // adapter_model.bin. Throws std::invalid_argument naming the directory when it holds neither.
