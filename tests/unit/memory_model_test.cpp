@@ -6,6 +6,8 @@
 #include <torch/nn/module.h>
 #include <torch/optim/adamw.h>
 
+#include <unistd.h>
+
 #include <algorithm>
 #include <cstdio>
 #include <filesystem>
@@ -23,7 +25,9 @@ namespace shardtrain::plan {
 namespace {
 
 std::shared_ptr<const models::ModelRecipe> recipe_from_json(const std::string& name, const std::string& json) {
-  const auto dir = std::filesystem::temp_directory_path() / ("shardtrain_memory_model_" + name);
+  // Each process its own directory: ctest runs these tests side by side.
+  const auto dir = std::filesystem::temp_directory_path() /
+                   ("shardtrain_memory_model_" + name + "_" + std::to_string(::getpid()));
   std::filesystem::create_directories(dir);
   std::ofstream(dir / "config.json") << json;
   return models::recipe_from_hf_config(dir.string());
