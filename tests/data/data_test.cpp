@@ -497,7 +497,15 @@ TEST_F(DataTest, PackedTextsAreCachedForLaterStarts) {
       waited = std::make_unique<PackedTexts>(source, tokenizer, wo);
       finished = true;
     });
-    std::this_thread::sleep_for(std::chrono::milliseconds(1500));
+    // Wait for the waiter to show the other process's progress (bounded: 60 s), then it must still be waiting.
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+    while (std::chrono::steady_clock::now() < deadline) {
+      {
+        std::lock_guard<std::mutex> lock(mutex);
+        if (!shown.empty()) break;
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
     EXPECT_FALSE(finished);
     io::write_file_atomic(path, bytes);  // the other process's file, then its lock released
     {
