@@ -11,12 +11,14 @@ decoder also as Qwen3 and Mistral; GPT-2), text at 64 tokens (ViT and FLAVA at 1
 text families at realistic lengths (512 tokens for BERT, 1024 for the decoders and T5), where attention's (T, T)
 tensors, the masks and a layer's temporaries count.
 
-usage: memory_model.py [--quick | --lora] [--only TEXT] [--check TOLERANCE] [--csv FILE] [--build DIR]
+usage: memory_model.py [--quick | --lora] [--only TEXT] [--check [UNDER:]OVER] [--csv FILE] [--build DIR]
   --quick   the subset tests/CMakeLists.txt runs (plan.memory_model_grid)
   --lora    the LoRA cells alone (docs/notes/memory-model-lora.csv)
   --only    the cells whose row starts with TEXT (words separated by spaces or commas: "vit,full_shard,2")
 Cells: (family, strategy, world, batch per rank, precision, checkpointing[, micro-batches[, tokens[, LoRA]]]).
-  --check   exit 1 when a cell's peak is off by more than TOLERANCE (0.10 = 10%)
+  --check   exit 1 when a cell's prediction of any phase (forward, backward, step) is off by more than the bound:
+            UNDER:OVER (0.03:0.08 = at most 3% below, 8% above measured; an underestimate is the one that runs out
+            of memory), or TOLERANCE either way (0.10 = 10%)
 """
 import argparse
 import itertools
@@ -162,7 +164,7 @@ def main():
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--lora", action="store_true")
     parser.add_argument("--only", default=None)
-    parser.add_argument("--check", type=float, default=None)
+    parser.add_argument("--check", default=None)
     parser.add_argument("--csv", default=None)
     parser.add_argument("--build", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "build"))
     args = parser.parse_args()
@@ -211,10 +213,27 @@ def main():
             for cell, r, _, _ in rows:
                 f.write(",".join(str(c) for c in cell[:6]) + ",{},{},{},".format(*options(cell)) +
                         ",".join(f"{m:.0f},{p:.0f}" for m, p in zip(r["measured"], r["predicted"])) + "\n")
-    if args.check is not None and abs(worst[3]) > args.check:
-        print(f"FAIL: a peak is off by more than {args.check * 100:.0f}%")
-        return 1
+    if args.check is not None:
+        under, over = bounds(args.check)
+        failures = [(row[0], phase, error) for row in rows for phase, error in zip(PHASES, row[2])
+                    if error < -under or error > over]
+        for cell, phase, error in failures:
+            print(f"FAIL: {cell} {phase}: predicted {error * 100:+.1f}% from measured (bound -{under * 100:.0f}% / "
+                  f"+{over * 100:.0f}%)")
+        if failures:
+            return 1
+        print(f"every phase of every cell within -{under * 100:.0f}% / +{over * 100:.0f}% of measured")
     return 0
+
+
+def bounds(text):
+    """--check's (under, over) fractions: 'UNDER:OVER', or one value for both."""
+    parts = text.split(":")
+    if len(parts) == 1:
+        return float(parts[0]), float(parts[0])
+    if len(parts) == 2:
+        return float(parts[0]), float(parts[1])
+    raise SystemExit(f"--check {text}: expected UNDER:OVER (0.03:0.08) or one tolerance (0.10)")
 
 
 if __name__ == "__main__":
