@@ -372,11 +372,17 @@ void expect_loads_as_safetensors(const std::string& family, const std::string& l
 // GPT-2's as the Hub keeps them, build the same model from their directory (model.from) and load exactly the
 // safetensors file's values, in every family.
 TEST(HfParity, TorchSaveFilesLoadAsTheirSafetensors) {
-  for (const std::string family :
-       {"bert", "vit", "llama", "llama3", "mistral", "qwen2", "qwen3", "gpt2", "t5", "flava"}) {
-    // hub: GPT-2's weights as the Hub's openai-community/gpt2 holds them (no "transformer.", causal masks saved).
-    for (const std::string layout : {"torch", "torch-sharded", "torch-bf16", "torch-legacy", "hub"}) {
-      if (!io::path_exists(reference_dir() + "/" + family + "/" + layout)) continue;
+  // The layouts hf_reference.py writes for each family; one missing is a broken fixture, not a pass.
+  // hub: GPT-2's weights as the Hub's openai-community/gpt2 holds them (no "transformer.", causal masks saved).
+  const std::vector<std::pair<std::string, std::vector<std::string>>> layouts = {
+      {"bert", {"torch", "torch-sharded", "torch-bf16", "torch-legacy"}},
+      {"vit", {"torch"}}, {"llama", {"torch"}}, {"llama3", {"torch"}}, {"mistral", {"torch"}},
+      {"qwen2", {"torch"}}, {"qwen3", {"torch"}}, {"gpt2", {"torch", "hub"}}, {"t5", {"torch", "torch-sharded"}},
+      {"flava", {"torch"}}};
+  for (const auto& [family, family_layouts] : layouts) {
+    for (const std::string& layout : family_layouts) {
+      const std::string dir = reference_dir() + "/" + family + "/" + layout;
+      ASSERT_TRUE(io::path_exists(dir)) << dir << ": the fixture tests/reference/hf_reference.py writes is missing";
       expect_loads_as_safetensors(family, layout, layout == "torch-bf16" ? at::kBFloat16 : at::kFloat);
     }
   }
