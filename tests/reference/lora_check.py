@@ -97,6 +97,9 @@ def main(task, base_dir, adapter_dir, merged_dir, eval_path, field, max_length):
         if not torch.equal(t, theirs[name]):
             raise SystemExit(f"{name}: PEFT's model holds other values than the file")
     eval_loss, count, accuracy = score(task, model, batches)
+    # What PEFT's print_trainable_parameters counts: the adapters, and every parameter with them.
+    lora_parameters = sum(p.numel() for n, p in model.named_parameters() if "lora_" in n)
+    all_parameters = sum(p.numel() for p in model.parameters())
 
     output_diff = 0.0
     with torch.no_grad():
@@ -106,7 +109,8 @@ def main(task, base_dir, adapter_dir, merged_dir, eval_path, field, max_length):
     ours = merged.state_dict()
     weight_diff = max((peft_merged[k] - ours[k]).abs().max().item() for k in ours)
     result = {"eval_loss": eval_loss, "base_eval_loss": base_loss, "samples": count, "adapter_tensors": len(saved),
-              "merged_weight_diff": weight_diff, "merged_output_diff": output_diff}
+              "merged_weight_diff": weight_diff, "merged_output_diff": output_diff,
+              "lora_parameters": lora_parameters, "all_parameters": all_parameters}
     if accuracy is None:
         result["perplexity"] = math.exp(eval_loss)
     else:
