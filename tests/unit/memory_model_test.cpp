@@ -92,11 +92,17 @@ Measured measure(const models::ModelRecipe& recipe, int64_t batch, int64_t token
   return m;
 }
 
-void expect_close(const char* what, int64_t predicted, int64_t measured, double tolerance) {
+// At most 6% below what was measured (an underestimate is what runs out of memory) and 8% above, every phase.
+// Recorded 2026-11-29 over these tests: -4.7% (Llama's forward at 512 tokens, docs/notes/memory-model-lab.md) to
+// +2.6%.
+constexpr double kUnder = 0.06, kOver = 0.08;
+
+void expect_close(const char* what, int64_t predicted, int64_t measured, double under = kUnder, double over = kOver) {
   const double error = static_cast<double>(predicted - measured) / static_cast<double>(measured);
   std::printf("  %-10s predicted %8.2f MB  measured %8.2f MB  error %+6.1f%%\n", what, predicted / 1e6,
               measured / 1e6, 100 * error);
-  EXPECT_LE(std::abs(error), tolerance) << what;
+  EXPECT_GE(error, -under) << what << ": predicted below what was measured";
+  EXPECT_LE(error, over) << what;
 }
 
 void check(const std::string& name, const std::string& json, int64_t batch, int64_t tokens, bool mlm,
@@ -110,10 +116,10 @@ void check(const std::string& name, const std::string& json, int64_t batch, int6
   std::printf("%s, batch %lld x %lld tokens x %lld micro-batches%s (%lld parameters):\n", name.c_str(),
               static_cast<long long>(batch), static_cast<long long>(tokens), static_cast<long long>(micro_batches),
               autocast ? ", bf16 autocast" : "", static_cast<long long>(e.parameters));
-  expect_close("forward", e.forward_bytes, m.forward, 0.10);
-  expect_close("backward", e.backward_bytes, m.backward, 0.10);
-  expect_close("step", e.step_bytes, m.step, 0.10);
-  expect_close("peak", e.peak_bytes, m.peak(), 0.10);
+  expect_close("forward", e.forward_bytes, m.forward);
+  expect_close("backward", e.backward_bytes, m.backward);
+  expect_close("step", e.step_bytes, m.step);
+  expect_close("peak", e.peak_bytes, m.peak());
 }
 
 const char* kBert = R"({"model_type": "bert", "architectures": ["BertForMaskedLM"], "vocab_size": 8000,
@@ -219,9 +225,9 @@ TEST(MemoryModel, CausalLmClassifierStepMatchesMeasurement) {
       const MemoryEstimate e = estimate_training_memory(*recipe, job);
       const Measured m = measure(*recipe, job.batch, tokens, false, 1, false, /*synthetic=*/true);
       std::printf("%s, batch 4 x %lld tokens:\n", name.c_str(), static_cast<long long>(tokens));
-      expect_close("forward", e.forward_bytes, m.forward, 0.10);
-      expect_close("backward", e.backward_bytes, m.backward, 0.10);
-      expect_close("peak", e.peak_bytes, m.peak(), 0.10);
+      expect_close("forward", e.forward_bytes, m.forward);
+      expect_close("backward", e.backward_bytes, m.backward);
+      expect_close("peak", e.peak_bytes, m.peak());
     }
   }
 }
@@ -237,9 +243,9 @@ TEST(MemoryModel, T5WalksEachLayerAsItIs) {
   const MemoryEstimate e = estimate_training_memory(*t5, job);
   const Measured m = measure(*t5, job.batch, job.seq_len, false, 1, false, /*synthetic=*/true, /*checkpoint=*/true);
   std::printf("t5, batch 4 x 256 tokens, every layer checkpointed:\n");
-  expect_close("forward", e.forward_bytes, m.forward, 0.03);
-  expect_close("backward", e.backward_bytes, m.backward, 0.03);
-  expect_close("peak", e.peak_bytes, m.peak(), 0.03);
+  expect_close("forward", e.forward_bytes, m.forward, 0.03, 0.03);
+  expect_close("backward", e.backward_bytes, m.backward, 0.03, 0.03);
+  expect_close("peak", e.peak_bytes, m.peak(), 0.03, 0.03);
 }
 
 }  // namespace
