@@ -37,23 +37,48 @@ cmake --build build-fuzz --target fuzzers
 # ours to check.
 export ASAN_OPTIONS=detect_leaks=0:abort_on_error=1:allocator_may_return_null=1
 export UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
-for name in "${names[@]}"; do
+# One target: its output in build-fuzz/NAME.log, its exit status in build-fuzz/NAME.status.
+run_target() {
+  local name=$1 corpus mode
   if [ $check = 1 ]; then
     corpus=build-fuzz/check-corpus/$name
     rm -rf "$corpus"
     mode=(-seed=1 -runs="$runs")
-    echo "fuzz: $name, $runs inputs from seed 1 (seeds: fuzz/corpus/$name)"
   else
     corpus=build-fuzz/corpus/$name
     mode=()
-    echo "fuzz: $name for $seconds s (seeds: fuzz/corpus/$name)"
   fi
   mkdir -p "$corpus"
+  local status=0
   (cd build-fuzz && ./fuzz/"$name" "${mode[@]}" -max_total_time="$seconds" -rss_limit_mb=4096 -max_len=65536 \
-    -timeout=10 -print_final_stats=1 "${corpus#build-fuzz/}" "../fuzz/corpus/$name" 2>"$name.log") ||
-    { tail -60 "build-fuzz/$name.log"; echo "fuzz: $name FAILED (input: build-fuzz/crash-*)"; exit 1; }
+    -timeout=10 -print_final_stats=1 "${corpus#build-fuzz/}" "../fuzz/corpus/$name" 2>"$name.log") || status=$?
+  echo $status >"build-fuzz/$name.status"
+}
+
+# The targets run side by side, one per core (each is one process on one core; their inputs do not depend on
+# one another), and are reported in order once all have ended.
+for name in "${names[@]}"; do
+  while [ "$(jobs -rp | wc -l)" -ge "$(nproc)" ]; do wait -n || true; done
+  rm -f "build-fuzz/$name.status"
+  run_target "$name" &
+done
+wait
+failed=0
+for name in "${names[@]}"; do
+  if [ $check = 1 ]; then
+    echo "fuzz: $name, $runs inputs from seed 1 (seeds: fuzz/corpus/$name)"
+  else
+    echo "fuzz: $name for $seconds s (seeds: fuzz/corpus/$name)"
+  fi
+  if [ "$(cat "build-fuzz/$name.status" 2>/dev/null)" != 0 ]; then
+    tail -60 "build-fuzz/$name.log"
+    echo "fuzz: $name FAILED (input: build-fuzz/crash-*)"
+    failed=1
+    continue
+  fi
   grep -E "stat::number_of_executed_units|stat::peak_rss_mb" "build-fuzz/$name.log" | tr '\n' ' '; echo
 done
+[ $failed = 0 ] || exit 1
 if [ $check = 1 ]; then
   echo "fuzz: every target ran its seeds and $runs inputs from seed 1 without a finding"
 else
