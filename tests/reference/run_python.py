@@ -14,6 +14,7 @@ import sys
 
 DECLINED = -32768  # python_server.DECLINED, without importing it when a server answers
 
+
 def through_server(path, argv):
     """The script's exit status from the server, or None when none serves at `path`."""
     s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
