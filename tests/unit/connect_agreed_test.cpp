@@ -19,7 +19,10 @@ namespace shardtrain::dist {
 namespace {
 
 constexpr int kSize = 3;
-constexpr std::chrono::milliseconds kTimeout{1000};
+// An attempt a rank fails is waited out by the others (their connects time out), so each test takes a timeout per
+// failed attempt; the attempt that succeeds must connect 3 ranks within it, which a loaded machine does in far
+// less than 3 s. The silent rank's test waits its own, shorter, timeout out twice.
+constexpr std::chrono::milliseconds kTimeout{3000}, kSilentTimeout{1000};
 
 struct RankResult {
   c10::intrusive_ptr<c10d::Backend> backend;
@@ -30,7 +33,8 @@ struct RankResult {
 // Every rank in its own thread; `failing(rank, attempt)` makes that rank's connect throw at once; `silent` names a
 // rank that never takes part.
 template <typename Failing>
-std::vector<RankResult> connect_all(Failing failing, int attempts, int silent = -1) {
+std::vector<RankResult> connect_all(Failing failing, int attempts, int silent = -1,
+                                    std::chrono::milliseconds timeout = kTimeout) {
   auto store = c10::make_intrusive<c10d::HashStore>();
   std::vector<RankResult> results(kSize);
   std::vector<std::thread> threads;
@@ -39,10 +43,10 @@ std::vector<RankResult> connect_all(Failing failing, int attempts, int silent = 
     threads.emplace_back([&, rank] {
       RankResult& out = results[static_cast<size_t>(rank)];
       try {
-        out.backend = connect_agreed(store, rank, kSize, attempts, kTimeout, "test",
+        out.backend = connect_agreed(store, rank, kSize, attempts, timeout, "test",
                                      [&](const c10::intrusive_ptr<c10d::Store>& attempt_store) {
                                        if (failing(rank, out.attempts++)) throw std::runtime_error("injected fault");
-                                       return make_gloo_backend(attempt_store, rank, kSize, kTimeout, "127.0.0.1", 1);
+                                       return make_gloo_backend(attempt_store, rank, kSize, timeout, "127.0.0.1", 1);
                                      });
       } catch (const std::exception& e) {
         out.error = e.what();
@@ -81,7 +85,7 @@ TEST(ConnectAgreed, ARankFailingEveryTimeIsNamedOnEveryRank) {
 }
 
 TEST(ConnectAgreed, ARankSayingNothingIsNamed) {
-  const auto results = connect_all([](int, int) { return false; }, 3, /*silent=*/2);
+  const auto results = connect_all([](int, int) { return false; }, 3, /*silent=*/2, kSilentTimeout);
   for (int rank = 0; rank < 2; ++rank) {
     const std::string& e = results[static_cast<size_t>(rank)].error;
     EXPECT_NE(e.find("group 'test': rank(s) 2 said nothing about connecting within 2000 ms"), std::string::npos)
