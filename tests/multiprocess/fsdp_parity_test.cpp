@@ -247,6 +247,24 @@ void expect_parity(const Config& c, const Run& ref) {
   }
 }
 
+// The single-process references of a grid, each trained once when first asked for: one per optimizer and precision.
+class References {
+ public:
+  explicit References(int passes) : passes_(passes) {}
+  const Run& of(Opt opt, Precision precision) {
+    auto found = runs_.find({opt, precision});
+    if (found == runs_.end()) {
+      const int world = test_process_group().world_size();
+      found = runs_.emplace(std::pair{opt, precision}, train_reference(opt, precision, world, passes_)).first;
+    }
+    return found->second;
+  }
+
+ private:
+  int passes_;
+  std::map<std::pair<Opt, Precision>, Run> runs_;
+};
+
 // One strategy against the single-process reference: every combination of what shapes the runtime's schedule
 // (precision, resharding, prefetch, checkpointing: which buffers exist in which dtype when, what is gathered and
 // reduced in which order), each with one optimizer, SGD and AdamW in turn so that each meets every value of every
@@ -254,19 +272,14 @@ void expect_parity(const Config& c, const Run& ref) {
 // crossed with the strategy (the shards it sees) and with precision, not with the schedule's order (Adafactor, whose
 // statistics span whole parameters, has its own grid: FsdpParity.Adafactor).
 void expect_parity_grid(parallel::Strategy strategy) {
-  std::map<std::pair<Opt, Precision>, Run> refs;
+  References refs(/*passes=*/1);
   for (Precision precision : {Precision::FP32, Precision::BF16}) {
     for (bool reshard : {true, false}) {
       for (int prefetch = 0; prefetch < 3; ++prefetch) {
         for (bool checkpoint : {false, true}) {
           const Opt opt = (reshard + prefetch + checkpoint + (precision == Precision::BF16)) % 2 ? Opt::ADAMW : Opt::SGD;
-          auto ref = refs.find({opt, precision});
-          if (ref == refs.end()) {
-            ref = refs.emplace(std::pair{opt, precision},
-                               train_reference(opt, precision, test_process_group().world_size())).first;
-          }
           expect_parity(Config{opt, strategy, reshard, precision, static_cast<Prefetch>(prefetch), checkpoint},
-                        ref->second);
+                        refs.of(opt, precision));
         }
       }
     }
@@ -284,8 +297,7 @@ TEST(FsdpParity, HybridShardZero2) { expect_parity_grid(parallel::Strategy::HYBR
 // twice] in lib/core/src/fsdp/fsdp_unit.cpp). Every strategy, float32 and bf16, every prefetch, with and without
 // resharding after forward and checkpointing; SGD and AdamW in turn (as in expect_parity_grid).
 TEST(FsdpParity, UnitsCalledTwice) {
-  const int world = test_process_group().world_size();
-  std::map<std::pair<Opt, Precision>, shardtrain::fsdp::Run> refs;
+  References refs(/*passes=*/2);
   int turn = 0;
   for (Precision precision : {Precision::FP32, Precision::BF16}) {
     for (parallel::Strategy strategy : {parallel::Strategy::FULL_SHARD, parallel::Strategy::SHARD_GRAD_OP,
@@ -293,12 +305,9 @@ TEST(FsdpParity, UnitsCalledTwice) {
                                         parallel::Strategy::HYBRID_SHARD_ZERO2}) {
       for (Prefetch prefetch : {Prefetch::NONE, Prefetch::FORWARD_AND_BACKWARD_PRE, Prefetch::BACKWARD_POST}) {
         const Opt opt = turn++ % 2 ? Opt::ADAMW : Opt::SGD;
-        auto ref = refs.find({opt, precision});
-        if (ref == refs.end()) {
-          ref = refs.emplace(std::pair{opt, precision}, train_reference(opt, precision, world, /*passes=*/2)).first;
-        }
         const bool reshard = prefetch != Prefetch::BACKWARD_POST, checkpoint = prefetch != Prefetch::NONE;
-        expect_parity(Config{opt, strategy, reshard, precision, prefetch, checkpoint, /*passes=*/2}, ref->second);
+        expect_parity(Config{opt, strategy, reshard, precision, prefetch, checkpoint, /*passes=*/2},
+                      refs.of(opt, precision));
       }
     }
   }
