@@ -85,18 +85,28 @@ int estimate_config(const std::vector<std::string>& argv) {
 // Each job flag is a key of the trainer's config: the job is built from the config as `shardtrain train` builds
 // it (train::plan_run), a flag an override. Switches set their key to true; --lora-targets is a list.
 struct JobFlag {
+  enum Value { TEXT, SWITCH, LIST };  // --flag V; --flag alone (the key true); --flag a,b (the key [a,b])
   const char* flag;
   const char* key;
+  Value value = TEXT;
 };
 const std::vector<JobFlag> kJobFlags = {
     {"num-processes", "launch.num_processes"}, {"nnodes", "launch.num_machines"},
     {"strategy", "parallel.strategy"},         {"mixed-precision", "parallel.mixed_precision"},
-    {"activation-checkpointing", "parallel.activation_checkpointing"},
+    {"activation-checkpointing", "parallel.activation_checkpointing", JobFlag::SWITCH},
     {"every", "parallel.activation_checkpointing_every"},
-    {"grad-accum", "train.grad_accum"},        {"sync-each-batch", "train.sync_each_batch"},
-    {"cpu-offload", "parallel.cpu_offload"},   {"batch-size", "train.batch_size"},
+    {"grad-accum", "train.grad_accum"},        {"sync-each-batch", "train.sync_each_batch", JobFlag::SWITCH},
+    {"cpu-offload", "parallel.cpu_offload", JobFlag::SWITCH}, {"batch-size", "train.batch_size"},
     {"seq-len", "data.max_text_length"},       {"device", "train.device"},
-    {"lora", "model.lora.r"},                  {"lora-targets", "model.lora.target_modules"}};
+    {"lora", "model.lora.r"},                  {"lora-targets", "model.lora.target_modules", JobFlag::LIST}};
+
+// The command line's flags: `base` and the job's, those taking a value or those standing alone.
+std::vector<std::string> job_flags(std::vector<std::string> base, bool switches) {
+  for (const JobFlag& f : kJobFlags) {
+    if ((f.value == JobFlag::SWITCH) == switches) base.push_back(f.flag);
+  }
+  return base;
+}
 
 // The config overrides of a job given by flags: the model, a batch of one unless told (the estimate's default,
 // not the trainer's), and each flag given. --every implies checkpointing.
@@ -104,11 +114,9 @@ std::vector<std::string> job_overrides(const std::string& model, const Args& arg
   std::vector<std::string> overrides = {"--model.flavor=" + model, "--train.batch_size=1"};
   for (const JobFlag& f : kJobFlags) {
     if (!args.has(f.flag)) continue;
-    const std::string name = f.flag;
-    const bool is_switch = name == "activation-checkpointing" || name == "sync-each-batch" || name == "cpu-offload";
-    const std::string value = is_switch                  ? "true"
-                              : name == "lora-targets" ? "[" + args.get(f.flag, "") + "]"
-                                                       : args.get(f.flag, "");
+    const std::string value = f.value == JobFlag::SWITCH ? "true"
+                              : f.value == JobFlag::LIST ? "[" + args.get(f.flag, "") + "]"
+                                                         : args.get(f.flag, "");
     overrides.push_back(std::string("--") + f.key + "=" + value);
   }
   if (args.has("every")) overrides.push_back("--parallel.activation_checkpointing=true");
@@ -128,10 +136,7 @@ bool is_yaml(const std::string& path) {
 
 int run_estimate_command(const std::vector<std::string>& argv) {
   if (!argv.empty() && is_yaml(argv[0])) return estimate_config(argv);
-  const Args args = parse_args(joined_dtypes(argv),
-                               {"dtypes", "num-processes", "nnodes", "strategy", "mixed-precision", "batch-size",
-                                "seq-len", "device", "every", "grad-accum", "lora", "lora-targets"},
-                               {"help", "activation-checkpointing", "cpu-offload", "json", "sync-each-batch"});
+  const Args args = parse_args(joined_dtypes(argv), job_flags({"dtypes"}, false), job_flags({"help", "json"}, true));
   if (args.has("help")) {
     std::cout << kEstimateUsage;
     return 0;
