@@ -59,7 +59,7 @@ MemoryEstimate estimate_training_memory(const models::ModelRecipe& recipe, const
                        "block rounding and fragmentation, " +
                            std::to_string(static_cast<int>(kCudaAllocatorAllowance * 100)) + "% of the rest"});
   }
-  const std::string per = s.shard > 1 ? " / " + std::to_string(s.shard) + " ranks" : "";
+  const std::string per = s.per_ranks();
   e.terms.push_back({"parameters", s.dev_params,
                      std::to_string(s.shard_numel) + " elements x " + std::to_string(s.pe) + " B" + per +
                          (s.offload ? " (offloaded: host)" : "")});

@@ -6,6 +6,7 @@
 #pragma once
 
 #include <cstdint>
+#include <string>
 #include <vector>
 
 #include "shardtrain/models/activation_memory.h"
@@ -74,6 +75,8 @@ struct StepLayout {
   // of the reduction with its output installed beside it as the gradient shard, whichever holds more.
   int64_t reduce_scatter(int64_t unit) const;
   int64_t reduction(int64_t unit) const;
+  // " / 4 ranks" when sharded, else "": what the terms' notes say a per-parameter size is divided by.
+  std::string per_ranks() const { return shard > 1 ? " / " + std::to_string(shard) + " ranks" : ""; }
 };
 
 // Throws std::invalid_argument naming the value for a world that does not divide into its nodes, a batch, a

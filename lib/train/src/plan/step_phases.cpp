@@ -350,8 +350,7 @@ Walk backward_walk(const StepLayout& s) { return LayerWalk(s).run(); }
 // DDP's buckets are all there as the last ones all-reduce.) Each reduction's input is allocated with the unit's
 // full gradients still alive, as a layer's; the gradient shards of the units reducing last are not there yet.
 Moment backward_end(const StepLayout& s) {
-  const std::string per_param = std::to_string(s.pe) + " B per trainable parameter" +
-                                (s.shard > 1 ? " / " + std::to_string(s.shard) + " ranks" : "");
+  const std::string per_param = std::to_string(s.pe) + " B per trainable parameter" + s.per_ranks();
   const int64_t input_trainable = s.units.input_trainable;
   const int64_t root_shard_grads = s.new_grads > 0 ? ceil_div(s.root_trainable, s.shard) * s.pe : 0;
   const int64_t in_shard_grads = s.new_grads > 0 ? ceil_div(input_trainable, s.shard) * s.pe : 0;
@@ -409,8 +408,7 @@ Moment optimizer_step(const StepLayout& s) {
   const int64_t temporaries = std::max(clip_temp, adam_temp);
   Moment m{s.dev_params + s.dev_adam + s.dev_grads + temporaries, {}};
   m.terms.push_back({"gradients", s.dev_grads,
-                     std::to_string(s.pe) + " B per parameter" +
-                         (s.shard > 1 ? " / " + std::to_string(s.shard) + " ranks" : "")});
+                     std::to_string(s.pe) + " B per parameter" + s.per_ranks()});
   m.terms.push_back({"clipping and AdamW temporaries", temporaries,
                      "of the largest tensor: float64 copies to clip, or AdamW's sqrt(v) and quotient"});
   return m;
