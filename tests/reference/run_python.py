@@ -12,7 +12,7 @@ import socket
 import struct
 import sys
 
-DECLINED = -32768  # python_server.DECLINED, without importing it when a server answers
+from python_server import DECLINED, run_script
 
 
 def through_server(path, argv):
@@ -46,8 +46,7 @@ def main():
     path = os.environ.get("SHARDTRAIN_PYTHON_SERVER", "")
     status = through_server(path, argv) if path else None
     if status is None:
-        import python_server
-        status = python_server.run_script(argv)
+        status = run_script(argv)
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(status & 0xFF)
