@@ -29,7 +29,7 @@ if [ ! -f build-fuzz/CMakeCache.txt ]; then
   TORCH_PREFIX=$(.venv/bin/python -c 'import torch.utils; print(torch.utils.cmake_prefix_path)')
   cmake -S . -B build-fuzz -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_PREFIX_PATH="$TORCH_PREFIX" \
     -DCMAKE_CXX_COMPILER="$(command -v clang++)" -DSHARDTRAIN_FUZZ=ON -DBUILD_TESTING=OFF \
-    -DSHARDTRAIN_PRECOMPILED_HEADERS=OFF >build-fuzz-configure.log 2>&1 || { cat build-fuzz-configure.log; exit 1; }
+    -DSHARDTRAIN_PRECOMPILED_HEADERS=OFF -DPython3_EXECUTABLE="$PWD/.venv/bin/python" >build-fuzz-configure.log 2>&1 || { cat build-fuzz-configure.log; exit 1; }
 fi
 cmake --build build-fuzz --target fuzzers
 

@@ -14,8 +14,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 packages=(libyaml-cpp-dev libyaml-cpp0.7 libstb-dev libstb0 libutf8proc-dev libutf8proc2 nlohmann-json3-dev
-          libgloo-dev libgtest-dev libxxhash-dev libonig-dev libonig5 libsentencepiece-dev libsentencepiece0
-          libsnappy-dev libsnappy1v5 libzstd-dev libzstd1 zlib1g-dev zlib1g)
+          libgloo-dev libgtest-dev libxxhash-dev libonig-dev libonig5 libsentencepiece-dev libsentencepiece0)
 
 if [[ "${1:-}" == download ]]; then
   deps=${2:-.gpu-deps}
@@ -49,8 +48,11 @@ echo "gpu_build.sh: torch $("$python" -c 'import torch; print(torch.__version__,
 
 # clang++ when present (as scripts/setup.sh), else g++; precompiled headers either way.
 if [[ -z "${CXX:-}" ]] && command -v clang++ >/dev/null; then export CXX=clang++; fi
+# Arrow and Parquet files are read with pyarrow's libraries; a Python without pyarrow builds without them.
+arrow=ON
+"$python" -c 'import pyarrow' 2>/dev/null || { arrow=OFF; echo "gpu_build.sh: no pyarrow: built without Arrow and Parquet files"; }
 cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_PREFIX_PATH="$torch_prefix;$prefix/usr" \
-  -DPython3_EXECUTABLE="$python" -DCMAKE_BUILD_RPATH="$libdir"
+  -DPython3_EXECUTABLE="$python" -DCMAKE_BUILD_RPATH="$libdir" -DSHARDTRAIN_ARROW=$arrow
 start=$(date +%s)
 cmake --build "$build" -j "$(nproc)" ${targets[@]:+--target "${targets[@]}"}
 echo "gpu_build.sh: built in $(( $(date +%s) - start )) s with $(nproc) jobs"

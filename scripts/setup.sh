@@ -8,7 +8,7 @@ cd "$(dirname "$0")/.."
 # (the torch wheel ships gloo's compiled code but not its headers, which ProcessGroupGloo.hpp includes;
 # docs/notes/gloo-headers.md).
 packages=(g++ clang cmake ninja-build ccache tmux libgtest-dev libgmock-dev libgloo-dev nlohmann-json3-dev libyaml-cpp-dev libstb-dev libutf8proc-dev libonig-dev libsentencepiece-dev
-          libxxhash-dev libsnappy-dev libzstd-dev zlib1g-dev python3-venv)
+          libxxhash-dev python3-venv)
 missing=()
 for p in "${packages[@]}"; do
   dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p")

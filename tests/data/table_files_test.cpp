@@ -14,8 +14,7 @@
 
 #include <ATen/ATen.h>
 
-#include "data/arrow_ipc.h"
-#include "data/parquet.h"
+#include "data/table_files.h"
 #include "shardtrain/data/loader.h"
 #include "shardtrain/data/packed_texts.h"
 #include "shardtrain/data/source.h"
@@ -253,7 +252,8 @@ TEST(DatasetFiles, TableReadsValuesAcrossRecordBatches) {
   std::ifstream in(reference_dir() + "/batches.arrow", std::ios::binary);
   ASSERT_TRUE(in);
   const std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  const ArrowTable t(bytes, "batches.arrow");
+  const auto table = open_arrow_ipc(bytes, "batches.arrow");
+  const ColumnTable& t = *table;
   EXPECT_EQ(t.rows(), 8);
   std::vector<std::string> types;
   for (const auto& c : t.columns()) types.push_back(c.path + ":" + c.type);
@@ -282,7 +282,8 @@ TEST(DatasetFiles, TableReadsValuesAcrossRecordBatches) {
   std::ifstream delta_in(reference_dir() + "/parquet_delta_v2.parquet", std::ios::binary);
   ASSERT_TRUE(delta_in);
   const std::string delta_bytes((std::istreambuf_iterator<char>(delta_in)), std::istreambuf_iterator<char>());
-  const ParquetTable p(delta_bytes, "parquet_delta_v2.parquet");
+  const auto parquet = open_parquet(delta_bytes, "parquet_delta_v2.parquet");
+  const ColumnTable& p = *parquet;
   for (int64_t row = 0; row < 8; ++row) {
     std::vector<int64_t> range(static_cast<size_t>(row));
     std::iota(range.begin(), range.end(), 0);
@@ -293,7 +294,7 @@ TEST(DatasetFiles, TableReadsValuesAcrossRecordBatches) {
   // Cut anywhere, the file is refused when opened, never read past its end.
   for (size_t cut : {size_t{0}, size_t{3}, size_t{7}, bytes.size() / 4, bytes.size() / 2, bytes.size() - 9,
                      bytes.size() - 8}) {
-    EXPECT_THROW(ArrowTable(std::string_view(bytes).substr(0, cut), "cut"), std::runtime_error) << cut;
+    EXPECT_THROW(open_arrow_ipc(std::string_view(bytes).substr(0, cut), "cut"), std::runtime_error) << cut;
   }
 }
 

@@ -1,12 +1,11 @@
 #include "data/parquet.h"
 
-#include <snappy-c.h>
-#include <zlib.h>
-#include <zstd.h>
-
 #include <algorithm>
 #include <cstring>
 #include <stdexcept>
+
+#include "data/compression.h"
+#include "data/table_files.h"
 
 namespace shardtrain::data {
 namespace {
@@ -122,7 +121,6 @@ enum Repetition { kRequired = 0, kOptional = 1, kRepeated = 2 };
 enum PageType { kDataPage = 0, kIndexPage = 1, kDictionaryPage = 2, kDataPageV2 = 3 };
 enum Encoding { kPlain = 0, kPlainDictionary = 2, kRle = 3, kDeltaBinaryPacked = 5, kDeltaLengthByteArray = 6,
                 kDeltaByteArray = 7, kRleDictionary = 8, kByteStreamSplit = 9 };
-constexpr const char* kCodecs[] = {"uncompressed", "snappy", "gzip", "lzo", "brotli", "lz4", "zstd", "lz4_raw"};
 constexpr int64_t kMaxPageBytes = int64_t{1} << 30;  // what a page may decompress to: 1 GiB
 
 struct SchemaElement {
@@ -408,23 +406,12 @@ int bit_width_of(int max_value) {
   return w;
 }
 
-// The n bytes at p of a page compressed with `codec` (UNCOMPRESSED 0, SNAPPY 1, GZIP 2, ZSTD 6), which its header
-// says are `expected` bytes decompressed: into `buffer`, or in place when uncompressed. `what` names the chunk.
+// The n bytes at p of a page compressed with `codec` (data/compression.h), which its header says are `expected`
+// bytes decompressed: into `buffer`, or in place when uncompressed. `what` names the chunk.
 std::string_view decompress(int codec, const char* p, int64_t n, int64_t expected, std::string& buffer,
                             const std::string& what) {
-  if (codec != 0 && codec != 1 && codec != 2 && codec != 6) {
-    const std::string name = codec >= 0 && codec <= 7 ? kCodecs[codec] : std::to_string(codec);
-    throw std::runtime_error(what + " is compressed with " + name + ", which is not read (snappy, gzip, zstd or none "
-                             "are)");
-  }
-  // Bounded before allocating: by what the codec can expand n bytes to (Snappy: its own length header; deflate:
-  // 1032:1), and by kMaxPageBytes.
-  size_t snappy_length = 0;
-  const bool bounded = codec == 1   ? snappy_uncompressed_length(p, static_cast<size_t>(n), &snappy_length) ==
-                                          SNAPPY_OK && static_cast<int64_t>(snappy_length) == expected
-                       : codec == 2 ? expected <= 1032 * n + 1024
-                                    : true;
-  if (expected < 0 || expected > kMaxPageBytes || !bounded) {
+  // Bounded before allocating: by kMaxPageBytes, and by what deflate can expand n bytes to (1032:1).
+  if (expected < 0 || expected > kMaxPageBytes || (codec == 2 && expected > 1032 * n + 1024)) {
     throw std::runtime_error(what + ": a page of " + std::to_string(n) + " bytes that says it holds " +
                              std::to_string(expected));
   }
@@ -434,30 +421,7 @@ std::string_view decompress(int codec, const char* p, int64_t n, int64_t expecte
     return {p, static_cast<size_t>(n)};
   }
   buffer.resize(static_cast<size_t>(expected));
-  size_t got = buffer.size();
-  bool ok = false;
-  if (codec == 1) {
-    ok = snappy_uncompress(p, static_cast<size_t>(n), buffer.data(), &got) == SNAPPY_OK;
-  } else if (codec == 6) {
-    got = ZSTD_decompress(buffer.data(), buffer.size(), p, static_cast<size_t>(n));
-    ok = !ZSTD_isError(got);
-  } else {
-    z_stream z{};
-    ok = inflateInit2(&z, 15 + 32) == Z_OK;  // gzip or zlib headers
-    if (ok) {
-      z.next_in = reinterpret_cast<Bytef*>(const_cast<char*>(p));
-      z.avail_in = static_cast<uInt>(n);
-      z.next_out = reinterpret_cast<Bytef*>(buffer.data());
-      z.avail_out = static_cast<uInt>(buffer.size());
-      ok = inflate(&z, Z_FINISH) == Z_STREAM_END;
-      got = z.total_out;
-      inflateEnd(&z);
-    }
-  }
-  if (!ok || got != buffer.size()) {
-    throw std::runtime_error(what + ": a page does not decompress (" + kCodecs[codec] + ") to the " +
-                             std::to_string(expected) + " bytes its header says");
-  }
+  decompress_page(codec, p, n, buffer, what);
   return buffer;
 }
 
@@ -1183,6 +1147,15 @@ int64_t ParquetTable::integer(int column, int64_t row) const {
   }
   const auto v = values(column, row);
   return v->ints[static_cast<size_t>(row)];
+}
+
+const char* parquet_codec_name(int codec) {
+  static constexpr const char* kNames[] = {"uncompressed", "snappy", "gzip", "lzo", "brotli", "lz4", "zstd", "lz4_raw"};
+  return codec >= 0 && codec <= 7 ? kNames[codec] : "an unknown codec";
+}
+
+std::unique_ptr<ColumnTable> open_parquet(std::string_view bytes, std::string name) {
+  return std::make_unique<ParquetTable>(bytes, std::move(name));
 }
 
 }  // namespace shardtrain::data

@@ -11,13 +11,17 @@
 // The footer is read when the table is opened, every chunk checked to lie inside the file; a row's value is read by
 // decoding the page that holds it (a chunk's page headers read once, its dictionary decoded once), and the pages
 // last read are kept up to kCacheBytes (rows are read in shuffled order: a page evicted is decoded again). Read:
-// BOOLEAN, INT32, INT64 and BYTE_ARRAY values; no compression, Snappy, gzip and zstd; PLAIN, dictionary and DELTA_*
+// BOOLEAN, INT32, INT64 and BYTE_ARRAY values; pages uncompressed or compressed with Snappy, gzip, Brotli, LZ4 or
+// zstd (Arrow's codecs: data/compression.h); PLAIN, dictionary and DELTA_*
 // encodings (RLE for v2's booleans); data pages v1 and v2; lists of whole numbers (a list column's leaf has
 // repetition levels too: a slot per item, level 0 starting a row; a page must start a row; its values stay encoded
 // in the cache, each item decoded when its row is read, since dictionary indices decode to many times their bytes)
 // and lists of strings (a token-classification dataset's words: a page's items decoded whole).
 // Not read: encrypted files, chunks in other files, lists of floats and lists of lists, BYTE_STREAM_SPLIT (floats'),
-// LZ4, Brotli and LZO compression — each refused naming the column when its values are asked for.
+// LZO compression — each refused naming the column when its values are asked for.
+//
+// Ours rather than Arrow's Parquet reader, which decodes no less than a row group's column (docs/notes/
+// table-files.md): rows are read in shuffled order, and a row group of a Hub dataset decodes to ~100 MB.
 #pragma once
 
 #include <cstdint>

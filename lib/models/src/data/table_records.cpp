@@ -6,8 +6,7 @@
 #include <cmath>
 #include <stdexcept>
 
-#include "data/arrow_ipc.h"
-#include "data/parquet.h"
+#include "data/table_files.h"
 #include "shardtrain/data/records.h"
 #include "shardtrain/io/files.h"
 
@@ -83,8 +82,7 @@ std::string list_of(const std::vector<std::string>& names) {
 TableFile open_table_file(const std::string& path) {
   TableFile f{io::file_bytes(path), nullptr};
   const std::string_view view(f.bytes.data(), f.bytes.size());
-  if (record_format_of(path) == RecordFormat::PARQUET) f.table = std::make_unique<ParquetTable>(view, path);
-  else f.table = std::make_unique<ArrowTable>(view, path);
+  f.table = record_format_of(path) == RecordFormat::PARQUET ? open_parquet(view, path) : open_arrow_ipc(view, path);
   return f;
 }
 

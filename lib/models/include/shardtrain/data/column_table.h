@@ -1,6 +1,5 @@
-// A table of columns read from a file, as the sources see it whatever its format: Apache Arrow IPC files
-// (data/arrow_ipc.h: Hugging Face datasets' cache and save_to_disk) and Parquet files (data/parquet.h: datasets on
-// the Hugging Face Hub). Each row is a sample; a column is read by row, as strings, bytes, whole numbers, numbers
+// A table of columns read from a file, as the sources see it whatever its format (data/table_files.h): Apache Arrow
+// IPC files (Hugging Face datasets' cache and save_to_disk) and Parquet files (datasets on the Hugging Face Hub). Each row is a sample; a column is read by row, as strings, bytes, whole numbers, numbers
 // (a regression's float labels), lists of whole numbers (a tokenized dataset's input_ids) or lists of strings (words).
 #pragma once
 
@@ -17,8 +16,9 @@ enum class ColumnKind { NULL_TYPE, BOOL, INT, FLOAT, UTF8, BINARY, STRUCT, LIST,
 struct TableColumn {
   std::string path;
   ColumnKind kind = ColumnKind::OTHER;
-  std::string type;  // as pyarrow names it: "int64", "string", "large_binary", "struct", "timestamp", ...
-  int width = 0;     // bytes per value: INT and FLOAT 1-8; the offsets of Arrow's UTF8/BINARY 4 or 8
+  std::string type;  // as pyarrow names it, without parameters: "int64", "string", "large_binary", "float32",
+                     // "struct", "timestamp", ...; a dictionary-encoded column's by its values
+  int width = 0;     // Parquet's: bytes per INT or FLOAT value, 1-8
   bool is_signed = true;
   int parent = -1;      // the column this one is a child of; -1 at the top
   bool per_row = true;  // one value per row: a top-level column or a struct's child (not a list's items)
@@ -46,8 +46,7 @@ class ColumnTable {
   // naming the column for a null item.
   virtual std::vector<int64_t> integers(int column, int64_t row) const = 0;
   // A LIST of UTF8 items: the row's strings in order (a token-classification dataset's words, CoNLL-2003's
-  // `tokens`); empty when null. Throws naming the column for a null item, and where the format's reader does not
-  // read such lists (Parquet's).
+  // `tokens`); empty when null. Throws naming the column for a null item.
   virtual std::vector<std::string> strings(int column, int64_t row) const = 0;
 
   int column(const std::string& path) const;  // -1 when there is none

@@ -1,6 +1,7 @@
-// A table file as a source's records, each row a sample: a Hugging Face `datasets` Arrow file (data/arrow_ipc.h)
-// of the cache (load_dataset's `<name>-<split>.arrow`) or of save_to_disk, read in place from the mapped file; a
-// Parquet file (data/parquet.h) as datasets on the Hub are stored, its row groups decoded as samples are read.
+// A table file as a source's records, each row a sample (data/table_files.h, read by Apache Arrow's library): a
+// Hugging Face `datasets` Arrow file of the cache (load_dataset's `<name>-<split>.arrow`) or of save_to_disk, read
+// in place from the mapped file; a Parquet file as datasets on the Hub are stored, its row groups decoded as
+// samples are read.
 // Columns are chosen by name, as for .jsonl/.tsv records (data.text_fields, data.label_field, data.image_field).
 // A tokenized dataset's column of token ids (datasets' `input_ids` after dataset.map(tokenizer)) is read as the
 // tokens themselves, with its token_type_ids and attention_mask beside it.
@@ -23,7 +24,7 @@
 namespace shardtrain::data {
 
 // A table file opened: its bytes (mapped) and the table over them, by the file's extension (.parquet: Parquet,
-// else Arrow). Throws as ArrowTable and ParquetTable.
+// else Arrow). Throws as data/table_files.h.
 struct TableFile {
   io::FileBytes bytes;
   std::unique_ptr<ColumnTable> table;
@@ -38,7 +39,7 @@ class TableRecords {
  public:
   // Throws std::invalid_argument naming the file and the column for a column missing (listing the columns there
   // are) or of a type that cannot be the field, ClassLabel names other than fields.classes; std::runtime_error for
-  // a file that is damaged or not of its format (ArrowTable, ParquetTable).
+  // a file that is damaged or not of its format (data/table_files.h).
   TableRecords(const std::string& path, SampleKind kind, const TextFields& fields);
 
   int64_t rows() const { return table_->rows(); }
@@ -77,7 +78,7 @@ class TableRecords {
 // run_classification read datasets' features: the names of its ClassLabel (empty when it is none); for a column of
 // lists of whole numbers (List(ClassLabel): sets of classes, go_emotions') the items' names and multi_label; {column}
 // alone when it holds floats (a regression, as run_glue decides from the dtype: STS-B's similarity). Throws as
-// ArrowTable.
+// data/table_files.h.
 struct LabelColumn {
   std::vector<std::string> names;
   bool multi_label = false;

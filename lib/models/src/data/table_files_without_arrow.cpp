@@ -1,0 +1,26 @@
+// What Apache Arrow gives data/table_files.h and data/compression.h, in a build without it
+// (-DSHARDTRAIN_ARROW=OFF): Arrow IPC files and compressed Parquet pages are refused.
+#include <stdexcept>
+
+#include "data/compression.h"
+#include "data/table_files.h"
+
+namespace shardtrain::data {
+namespace {
+
+[[noreturn]] void refuse(const std::string& what) {
+  throw std::runtime_error(what + " read with Apache Arrow, which this build of shardtrain was configured without "
+                           "(-DSHARDTRAIN_ARROW=OFF); build it with pyarrow installed");
+}
+
+}  // namespace
+
+std::unique_ptr<ColumnTable> open_arrow_ipc(std::string_view, std::string name) {
+  refuse(name + ": Arrow IPC files are");
+}
+
+void decompress_page(int codec, const char*, int64_t, std::string&, const std::string& what) {
+  refuse(what + " is compressed with " + parquet_codec_name(codec) + ": compressed Parquet pages are");
+}
+
+}  // namespace shardtrain::data
