@@ -6,12 +6,13 @@
 // dataset's rows need not be), to weigh reading tokens against tokenizing texts. With --pack as well, the texts
 // are packed for causal LM (data::PackedTexts: counted on --threads threads, timed as count_s) and every block of
 // --length tokens is read once in a shuffled order instead (what data.packing's loader reads); --keep-mib 0 reads
-// each block by encoding its documents again, as a stream too large to keep in memory is read; --cache DIR keeps
-// the stream in a file there (data.cache_dir): the first run counts into it, a second reads it (count_s is then
+// each block by encoding its documents again, as a stream too large to keep in memory is read. --cache DIR is
+// data.cache_dir: Parquet files are read from their Arrow copies there (the first run makes them, in open_s), and
+// with --pack the stream is kept in a file there: the first run counts into it, a second reads it (count_s is then
 // the time to find and check the file) and every block is a read of the file.
 //
-//   data_bench --kind text|image [--text a,b] [--label L] [--threads 2] [--tokenizer FILE --length 128 [--pack
-//              [--keep-mib 1024] [--cache DIR]]] FILE...
+//   data_bench --kind text|image [--text a,b] [--label L] [--threads 2] [--cache DIR] [--tokenizer FILE
+//              --length 128 [--pack [--keep-mib 1024]]] FILE...
 #include <algorithm>
 #include <atomic>
 #include <chrono>
@@ -67,12 +68,12 @@ int main(int argc, char** argv) {
     }
   }
   if (files.empty() || (pack && !tokenizer)) {
-    std::cerr << "usage: data_bench --kind text|image [--text a,b] [--label L] [--threads 2] [--tokenizer FILE "
-                 "--length 128 [--pack [--keep-mib 1024] [--cache DIR]]] FILE...\n";
+    std::cerr << "usage: data_bench --kind text|image [--text a,b] [--label L] [--threads 2] [--cache DIR] "
+                 "[--tokenizer FILE --length 128 [--pack [--keep-mib 1024]]] FILE...\n";
     return 2;
   }
   const auto t0 = std::chrono::steady_clock::now();
-  const auto source = std::make_shared<const data::SampleSource>(files, kind, fields);
+  const auto source = std::make_shared<const data::SampleSource>(files, kind, fields, cache_dir);
   const auto t1 = std::chrono::steady_clock::now();
   std::unique_ptr<data::PackedTexts> packed;
   if (pack) {

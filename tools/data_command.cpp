@@ -34,10 +34,10 @@ const char* kDataUsage =
     "      (default 3): the names data.text_fields, data.label_field and data.image_field take.\n"
     "pack: counts a causal LM config's data.text and data.eval into data.cache_dir as packed token streams (what\n"
     "      data.packing reads), on every CPU, so that the training job starts by reading them.\n"
-    "cache: the packed streams in DIR (default: data.cache_dir's default, $SHARDTRAIN_CACHE, else\n"
-    "       $XDG_CACHE_HOME/shardtrain or ~/.cache/shardtrain), each with its size, tokens and source files and\n"
-    "       whether a start over them reads it (current); --prune removes the others (a source changed or gone,\n"
-    "       damaged), --clear all; a stream being counted is left.\n";
+    "cache: the packed streams and the Arrow copies of Parquet files in DIR (default: data.cache_dir's default,\n"
+    "       $SHARDTRAIN_CACHE, else $XDG_CACHE_HOME/shardtrain or ~/.cache/shardtrain), each with its size and\n"
+    "       source files and whether a start over them reads it (current); --prune removes the others (a source\n"
+    "       changed or gone, damaged), --clear all; one being made is left.\n";
 
 int synth(const std::vector<std::string>& argv) {
   const Args a = parse_args(argv, {"out", "image-text", "text", "image", "eval", "image-size", "shard-size",

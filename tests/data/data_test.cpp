@@ -25,6 +25,7 @@
 #include "shardtrain/data/tokenizer.h"
 #include "shardtrain/io/files.h"
 #include "support/expect_error.h"
+#include "support/scratch.h"
 
 namespace shardtrain::data {
 namespace {
@@ -573,14 +574,8 @@ TEST_F(DataTest, PackedTextsAreCachedForLaterStarts) {
 // goes on into memory, the start-up line gives the system's reason, and no part of a file is left there.
 TEST_F(DataTest, PackedTextsGoOnWithoutTheCacheOnAFullDisk) {
   const std::string mnt = dir_ + "/full";
-  io::make_directories(mnt);
-  if (std::system(("mount -t tmpfs -o size=64k tmpfs " + mnt + " 2>/dev/null").c_str()) != 0) {
-    GTEST_SKIP() << "cannot mount a tmpfs here (not root)";
-  }
-  struct Unmount {  // also when an assertion ends the test early
-    std::string path;
-    ~Unmount() { [[maybe_unused]] const int status = std::system(("umount -l " + path).c_str()); }
-  } unmount{mnt};
+  const testing::SmallDisk disk(mnt, "64k");
+  if (!disk.mounted()) GTEST_SKIP() << "cannot mount a tmpfs here (not root)";
   std::string lines;
   for (int i = 0; i < 5000; ++i) lines += "green red circle\n";  // 5 tokens a line with [CLS] and [SEP]
   write_text(dir_ + "/t.txt", lines);

@@ -3,12 +3,14 @@
 // ArrowWriter in small record batches, Image columns (embedded bytes and paths), pyarrow's file and legacy stream
 // formats, a dictionary-encoded and a compressed file; Parquet as a Hub repository holds it and as pyarrow writes
 // it with every compression, page version and dictionary setting; damaged files. expected.json says, per case,
-// what each row must read as (or the error reading it gives) or which error opening the files must give.
+// what each row must read as (or the error reading it gives) or which error opening the files must give; every case
+// is read again with a table cache, its Parquet files from their Arrow copies.
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
 #include <cmath>
 #include <cstdlib>
+#include <filesystem>
 #include <fstream>
 #include <numeric>
 
@@ -18,8 +20,11 @@
 #include "shardtrain/data/loader.h"
 #include "shardtrain/data/packed_texts.h"
 #include "shardtrain/data/source.h"
+#include "shardtrain/data/table_records.h"
 #include "shardtrain/data/tokenizer.h"
+#include "shardtrain/io/files.h"
 #include "support/expect_error.h"
+#include "support/scratch.h"
 
 namespace shardtrain::data {
 namespace {
@@ -50,7 +55,7 @@ std::string hex(const std::string& bytes) {
   return out;
 }
 
-std::unique_ptr<SampleSource> open_case(const nlohmann::json& c) {
+std::unique_ptr<SampleSource> open_case(const nlohmann::json& c, const std::string& table_cache = "") {
   TextFields fields;
   if (c.contains("text")) fields.text = c.at("text").get<std::vector<std::string>>();
   if (c.contains("label")) fields.label = c.at("label").get<std::string>();
@@ -59,18 +64,19 @@ std::unique_ptr<SampleSource> open_case(const nlohmann::json& c) {
   fields.multi_label = c.value("multi_label", false);
   fields.words = c.value("words", false);
   return std::make_unique<SampleSource>(c.at("paths").get<std::vector<std::string>>(),
-                                        kind_of(c.at("kind").get<std::string>()), fields);
+                                        kind_of(c.at("kind").get<std::string>()), fields, table_cache);
 }
 
-TEST(DatasetFiles, EveryRowReadsAsDatasetsWroteIt) {
-  int64_t rows = 0, refused = 0;
+// Every case, its files opened with `cache` as the table cache ("": Parquet read in place).
+void every_row_reads_as_written(const std::string& cache) {
+  int64_t rows = 0, refused = 0, copied = 0;
   const nlohmann::json all = cases();
   for (const auto& [name, c] : all.items()) {
     SCOPED_TRACE(name);
     if (c.contains("open_error")) {
       const std::string needle = c.at("open_error");
       try {
-        open_case(c);
+        open_case(c, cache);
         ADD_FAILURE() << "opened, expected an error containing \"" << needle << "\"";
       } catch (const std::exception& e) {
         EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
@@ -78,7 +84,11 @@ TEST(DatasetFiles, EveryRowReadsAsDatasetsWroteIt) {
       ++refused;
       continue;
     }
-    const auto source = open_case(c);
+    const auto source = open_case(c, cache);
+    for (const std::string& note : source->table_notes()) {
+      EXPECT_NE(note.find("read from its Arrow copy"), std::string::npos) << note;
+      ++copied;
+    }
     const auto& want = c.at("rows");
     ASSERT_EQ(source->size(), static_cast<int64_t>(want.size()));
     for (size_t i = 0; i < want.size(); ++i) {
@@ -123,6 +133,99 @@ TEST(DatasetFiles, EveryRowReadsAsDatasetsWroteIt) {
   }
   EXPECT_GT(rows, 250);
   EXPECT_GT(refused, 12);
+  if (cache.empty()) EXPECT_EQ(copied, 0);
+  else EXPECT_GT(copied, 30);
+}
+
+TEST(DatasetFiles, EveryRowReadsAsDatasetsWroteIt) { every_row_reads_as_written(""); }
+
+TEST(DatasetFiles, EveryRowReadsAsDatasetsWroteItFromParquetsArrowCopies) {
+  const testing::TempDir copies;
+  every_row_reads_as_written(copies.path);
+}
+
+// No room for the copy: the file is read in place, saying why, and nothing half-written is left.
+TEST(DatasetFiles, AParquetFileIsReadInPlaceWhenItsCopyFindsNoRoom) {
+  const testing::TempDir dir;
+  const std::string mnt = dir.path + "/full";
+  const testing::SmallDisk disk(mnt, "64k");
+  if (!disk.mounted()) GTEST_SKIP() << "cannot mount a tmpfs here (not root)";
+  {
+    std::ofstream fill(mnt + "/fill", std::ios::binary);
+    const std::string block(4096, 'x');
+    for (int i = 0; i < 32 && fill; ++i) fill << block << std::flush;  // stops at the 64 KiB the mount holds
+  }
+  const SampleSource source({reference_dir() + "/parquet_snappy_v2_dict.parquet"}, SampleKind::TEXT, {},
+                            mnt + "/cache");
+  ASSERT_EQ(source.table_notes().size(), 1u);
+  EXPECT_NE(source.table_notes()[0].find("No space left on device"), std::string::npos) << source.table_notes()[0];
+  EXPECT_NE(source.table_notes()[0].find("; read in place"), std::string::npos) << source.table_notes()[0];
+  EXPECT_EQ(source.read(0).text, "r0 ");
+  for (const std::string& name : io::list_directory(mnt + "/cache/tables")) {
+    EXPECT_NE(name.substr(name.size() - 5), "arrow") << name;  // the lock file alone
+    EXPECT_EQ(name.find(".tmp"), std::string::npos) << name;
+  }
+}
+
+// A Parquet file's Arrow copy is made once, read as the file reads, and follows its source: a changed source gets a
+// new copy (the old one listed as stale), a damaged copy is made again, a file Arrow cannot read has none.
+TEST(DatasetFiles, ParquetCopiesAreMadeOnceAndFollowTheirSource) {
+  const testing::TempDir dir;
+  const std::string source = dir.path + "/train.parquet", cache = dir.path + "/cache";
+  std::filesystem::copy_file(reference_dir() + "/parquet_snappy_v2_dict.parquet", source);
+  const std::string copy = parquet_arrow_copy(source, cache);
+  EXPECT_EQ(copy.rfind(cache + "/tables/train-", 0), 0u) << copy;
+  const auto made = std::filesystem::last_write_time(copy);
+  EXPECT_EQ(parquet_arrow_copy(source, cache), copy);
+  EXPECT_EQ(std::filesystem::last_write_time(copy), made);  // found, not made again
+
+  const auto check_values = [&](const std::string& arrow_file) {
+    const io::FileBytes original = io::file_bytes(source), copied = io::file_bytes(arrow_file);
+    const auto p = open_parquet(std::string_view(original.data(), original.size()), "p");
+    const auto a = open_arrow_ipc(std::string_view(copied.data(), copied.size()), "a");
+    ASSERT_EQ(a->rows(), p->rows());
+    const int text = p->column("text"), small = p->column("small");
+    ASSERT_EQ(a->column("text"), text);
+    for (int64_t row = 0; row < p->rows(); ++row) {
+      EXPECT_EQ(a->is_null(text, row), p->is_null(text, row)) << row;
+      EXPECT_EQ(a->bytes(text, row), p->bytes(text, row)) << row;
+      EXPECT_EQ(a->integer(small, row), p->integer(small, row)) << row;
+      EXPECT_EQ(a->integers(p->column("tokens"), row), p->integers(p->column("tokens"), row)) << row;
+    }
+    EXPECT_EQ(a->metadata("huggingface"), p->metadata("huggingface"));
+  };
+  check_values(copy);
+
+  std::vector<TableCopy> listed = table_copies(cache);
+  ASSERT_EQ(listed.size(), 1u);
+  EXPECT_TRUE(listed[0].whole);
+  EXPECT_TRUE(listed[0].current);
+  EXPECT_EQ(listed[0].source, std::filesystem::canonical(source).string());
+
+  // The source replaced by another file: a new copy; the first is stale.
+  std::filesystem::copy_file(reference_dir() + "/parquet_zstd_v1.parquet", source,
+                             std::filesystem::copy_options::overwrite_existing);
+  const std::string second = parquet_arrow_copy(source, cache);
+  EXPECT_NE(second, copy);
+  check_values(second);
+  listed = table_copies(cache);
+  ASSERT_EQ(listed.size(), 2u);
+  EXPECT_EQ(listed[0].current + listed[1].current, 1);
+
+  // A copy cut short is no copy: listed as damaged, made again.
+  std::filesystem::resize_file(second, std::filesystem::file_size(second) / 2);
+  listed = table_copies(cache);
+  EXPECT_EQ(listed[0].whole + listed[1].whole, 1);
+  EXPECT_EQ(parquet_arrow_copy(source, cache), second);
+  check_values(second);
+
+  // Not Parquet: no copy, an error naming the file (open_table_file then reads it in place, and refuses it).
+  const std::string text = dir.path + "/notes.parquet";
+  std::ofstream(text) << "text,label\nhello,1\n";
+  shardtrain::testing::expect_error<std::runtime_error>([&] { parquet_arrow_copy(text, cache); },
+                                                        {text + ": not a Parquet file"});
+  const TableFile in_place = open_table_file(reference_dir() + "/parquet_snappy_v2_dict.parquet", "");
+  EXPECT_EQ(in_place.note, "");
 }
 
 // A tokenized dataset's rows as batches: the ids datasets holds (max_length's padding, right or left, left out and

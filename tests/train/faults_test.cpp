@@ -25,6 +25,7 @@
 #include "shardtrain/ckpt/checkpoint.h"
 #include "shardtrain/io/files.h"
 #include "support/free_port.h"
+#include "support/scratch.h"
 #include "train/train_harness.h"
 
 namespace shardtrain {
@@ -130,10 +131,8 @@ TEST_F(FaultsTest, ASecondRunInALiveRunsDirectoryIsRefused) {
 // checkpoint is still the newest and verifies. An export onto the full disk fails the same way.
 TEST_F(FaultsTest, AFullDiskStopsTheRunWithTheReasonAndLeavesTheLastCheckpoint) {
   const std::string mnt = root_ + "/full";
-  io::make_directories(mnt);
-  if (std::system(("mount -t tmpfs -o size=3m tmpfs " + mnt + " 2>/dev/null").c_str()) != 0) {
-    GTEST_SKIP() << "cannot mount a tmpfs here (not root)";
-  }
+  const testing::SmallDisk disk(mnt, "3m");
+  if (!disk.mounted()) GTEST_SKIP() << "cannot mount a tmpfs here (not root)";
   const std::string dir = mnt + "/ck";
   const Outcome r = test::run(launched("--train.steps=20 --checkpoint.interval=1 --checkpoint.keep=0 "
                                        "--checkpoint.dir=" + dir));
@@ -155,7 +154,6 @@ TEST_F(FaultsTest, AFullDiskStopsTheRunWithTheReasonAndLeavesTheLastCheckpoint) 
   EXPECT_EQ(hf.status, 1) << hf.output;
   EXPECT_TRUE(contains(hf.output, "No space left on device")) << hf.output;
   EXPECT_EQ(io::list_directory(mnt), std::vector<std::string>{"ck"});  // no file or directory left of either
-  std::system(("umount " + mnt).c_str());
 }
 
 // Resume compares the checkpoint's config with the run's: the run's settings changed are listed and refused unless

@@ -1144,7 +1144,8 @@ TEST_F(TrainTest, HuggingFaceDatasetsTrainAsTheirFiles) {
   ASSERT_EQ(tokens_jsonl.status, 0) << tokens_jsonl.output;
   EXPECT_EQ(loss_lines(tokens_jsonl.output), loss_lines(tokens.output)) << tokens_jsonl.output;
   const Outcome tokens_parquet = train(ner + " --data.text=[" + dir + "/ner_hub/train-00000-of-00001.parquet] "
-                                       "--data.eval=[" + dir + "/ner_hub/validation-00000-of-00001.parquet]");
+                                       "--data.eval=[" + dir + "/ner_hub/validation-00000-of-00001.parquet] "
+                                       "--data.cache_dir=" + dir + "/cache");
   ASSERT_EQ(tokens_parquet.status, 0) << tokens_parquet.output;
   EXPECT_EQ(loss_lines(tokens_parquet.output), loss_lines(tokens.output)) << tokens_parquet.output;
   // without data.labels the classes are the records' distinct tags, sorted (run_ner's get_label_list)
@@ -1174,10 +1175,25 @@ TEST_F(TrainTest, HuggingFaceDatasetsTrainAsTheirFiles) {
              "/hub/data/train-*.parquet'");
   ASSERT_EQ(made.status, 0) << made.output;
   EXPECT_NE(made.output.find("from 200 texts"), std::string::npos) << made.output;
+  // Read from their Arrow copies in data.cache_dir (made by this run; `data cache` lists them), or in place.
   const Outcome parquet = train(classify + " --data.text_fields=[sentence1,sentence2] --data.text=[" + dir +
-                                "/hub/data/train-*.parquet] --data.eval=[" + dir + "/hub/data/validation-*]");
+                                "/hub/data/train-*.parquet] --data.eval=[" + dir + "/hub/data/validation-*] "
+                                "--data.cache_dir=" + dir + "/cache");
   ASSERT_EQ(parquet.status, 0) << parquet.output;
   EXPECT_EQ(loss_lines(parquet.output), loss_lines(tsv.output)) << parquet.output;
+  EXPECT_NE(parquet.output.find("/hub/data/train-00000-of-00001.parquet: read from its Arrow copy " + dir +
+                                "/cache/tables/train-00000-of-00001-"), std::string::npos) << parquet.output;
+  EXPECT_NE(parquet.output.find("held-out " + dir + "/hub/data/validation-00000-of-00001.parquet: read from its "
+                                "Arrow copy"), std::string::npos) << parquet.output;
+  made = run(std::string(SHARDTRAIN_BIN) + " data cache " + dir + "/cache");
+  EXPECT_NE(made.output.find("data cache: 4 Arrow copies of Parquet files in " + dir + "/cache"), std::string::npos)
+      << made.output;  // the NER run's two and these two
+  const Outcome in_place = train(classify + " --data.text_fields=[sentence1,sentence2] --data.text=[" + dir +
+                                 "/hub/data/train-*.parquet] --data.eval=[" + dir + "/hub/data/validation-*] "
+                                 "--data.cache_dir=none");
+  ASSERT_EQ(in_place.status, 0) << in_place.output;
+  EXPECT_EQ(loss_lines(in_place.output), loss_lines(tsv.output)) << in_place.output;
+  EXPECT_EQ(in_place.output.find("Arrow copy"), std::string::npos) << in_place.output;
 
   // A tokenized dataset (run_glue's dataset.map(tokenizer) by transformers' BertTokenizerFast): its input_ids are
   // the tokens, not tokenized again — the same losses as the texts; padded to max_length, as Parquet, too.
@@ -1188,7 +1204,7 @@ TEST_F(TrainTest, HuggingFaceDatasetsTrainAsTheirFiles) {
                                   "attention_mask; not tokenized again)"), std::string::npos) << tokenized.output;
   EXPECT_EQ(loss_lines(tokenized.output), loss_lines(tsv.output)) << tokenized.output;
   const Outcome padded = train(classify + " --data.text=[" + dir + "/tokenized_hub/train-*] --data.eval=[" + dir +
-                               "/tokenized_hub/validation-*]");
+                               "/tokenized_hub/validation-*] --data.cache_dir=" + dir + "/cache");
   ASSERT_EQ(padded.status, 0) << padded.output;
   EXPECT_EQ(loss_lines(padded.output), loss_lines(tsv.output)) << padded.output;
   made = run(std::string(SHARDTRAIN_BIN) + " data show " + dir +

@@ -32,21 +32,13 @@
 #include "models/activation_model.h"
 #include "nn/autocast_guard.h"
 #include "support/expect_error.h"
+#include "support/scratch.h"
 
 namespace shardtrain::models {
 namespace {
 
 using shardtrain::testing::expect_error;
-
-class TempDir {
- public:
-  TempDir() {
-    char pattern[] = "/tmp/shardtrain_models_XXXXXX";
-    path = ::mkdtemp(pattern);
-  }
-  ~TempDir() { io::remove_tree(path); }
-  std::string path;
-};
+using shardtrain::testing::TempDir;
 
 void expect_trainable(const at::Tensor& loss, torch::nn::Module& model) {
   ASSERT_TRUE(loss.defined());

@@ -20,6 +20,7 @@
 #include "train/checkpoint_lock.h"
 #include "train/nonfinite_policy.h"
 #include "train/resume_check.h"
+#include "support/scratch.h"
 
 namespace shardtrain::train {
 namespace {
@@ -150,12 +151,10 @@ TEST(CheckpointSaves, NeverReplaceAnotherRunsCheckpoint) {
 // A full disk during a save (a tmpfs too small for the second checkpoint; needs root to mount): the save fails with
 // the system's reason and the file, the partial directory is gone, and the first checkpoint still verifies.
 TEST(CheckpointSaves, AFailedWriteLeavesNothingAndKeepsTheEarlierOne) {
-  const std::string mnt = temp_dir("ckpt_full_disk");
-  io::make_directories(mnt);
-  if (std::system(("mount -t tmpfs -o size=256k tmpfs " + mnt + " 2>/dev/null").c_str()) != 0) {
-    io::remove_tree(mnt);
-    GTEST_SKIP() << "cannot mount a tmpfs here (not root)";
-  }
+  const testing::TempDir dir("shardtrain_ckpt_full_disk_");
+  const std::string mnt = dir.path + "/full";
+  const testing::SmallDisk disk(mnt, "256k");
+  if (!disk.mounted()) GTEST_SKIP() << "cannot mount a tmpfs here (not root)";
   LinearRun small(3), large(40000);  // 40000 x 2 weights and two moments: about 1 MB
   const std::string first = small.save(mnt + "/ck", 1, "run");
   try {
@@ -170,8 +169,6 @@ TEST(CheckpointSaves, AFailedWriteLeavesNothingAndKeepsTheEarlierOne) {
   EXPECT_EQ(ckpt::list_checkpoints(mnt + "/ck"), std::vector<std::string>{first});
   EXPECT_FALSE(io::path_exists(mnt + "/ck/step-00000002.partial"));
   EXPECT_EQ(ckpt::verify_checkpoint_files(first), "");
-  std::system(("umount " + mnt).c_str());
-  io::remove_tree(mnt);
 }
 
 // Weights or moments holding NaN, in a checkpoint whose manifest matches its bytes (a diverged run's, saved by

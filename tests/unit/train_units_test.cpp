@@ -21,6 +21,7 @@
 #include "train/interval_metrics.h"
 #include "train/metrics_log.h"
 #include "train/training_data.h"
+#include "support/scratch.h"
 
 namespace shardtrain::train {
 namespace {
@@ -283,18 +284,10 @@ TEST(MetricsLog, LinesThroughTheLoggerAndTheTasksLossesAsColumns) {
 // A log directory on a full disk (a 64 KiB tmpfs filled up; needs root to mount) and one that cannot be made:
 // each file is dropped with one warning giving the system's reason, and logging goes on without it.
 TEST(MetricsLog, AFullDiskOrAMissingDirectoryWarnsOnceAndGoesOn) {
-  const std::string mnt = "/tmp/shardtrain_full_disk_" + std::to_string(::getpid());
-  io::make_directories(mnt);
-  if (std::system(("mount -t tmpfs -o size=64k tmpfs " + mnt + " 2>/dev/null").c_str()) != 0) {
-    io::remove_tree(mnt);
-    GTEST_SKIP() << "cannot mount a tmpfs here (not root)";
-  }
-  struct Unmount {  // also when an assertion ends the test early
-    std::string path;
-    ~Unmount() {
-      if (std::system(("umount -l " + path).c_str()) == 0) io::remove_tree(path);
-    }
-  } unmount{mnt};
+  const testing::TempDir dir("shardtrain_full_disk_");
+  const std::string mnt = dir.path + "/full";
+  const testing::SmallDisk disk(mnt, "64k");
+  if (!disk.mounted()) GTEST_SKIP() << "cannot mount a tmpfs here (not root)";
   io::write_file_atomic(mnt + "/filler", std::vector<char>(60 * 1024, 'x'));
   for (int i = 0; io::file_size(mnt + "/filler") > 0 && i < 64; ++i) {  // the last blocks too
     try {

@@ -21,7 +21,8 @@
 // LZO compression — each refused naming the column when its values are asked for.
 //
 // Ours rather than Arrow's Parquet reader, which decodes no less than a row group's column (docs/notes/
-// table-files.md): rows are read in shuffled order, and a row group of a Hub dataset decodes to ~100 MB.
+// table-files.md): a row group of a Hub dataset decodes to ~100 MB. A training run reads a file larger than the
+// page cache from its Arrow copy instead (data/table_files.h), since shuffled rows would decode a page each.
 #pragma once
 
 #include <cstdint>

@@ -221,7 +221,8 @@ std::vector<std::string> expand_paths(const std::vector<std::string>& paths) {
   return files;
 }
 
-SampleSource::SampleSource(const std::vector<std::string>& paths, SampleKind kind, TextFields fields)
+SampleSource::SampleSource(const std::vector<std::string>& paths, SampleKind kind, TextFields fields,
+                           const std::string& table_cache)
     : kind_(kind), fields_(std::move(fields)) {
   if (fields_.text.empty() || fields_.text.size() > 2) {
     throw std::invalid_argument("text fields: " + std::to_string(fields_.text.size()) +
@@ -271,7 +272,8 @@ SampleSource::SampleSource(const std::vector<std::string>& paths, SampleKind kin
     } else if (format == RecordFormat::TAR && ends_with(path, ".tar")) {
       index_tar(static_cast<int32_t>(f));
     } else if (table) {
-      tables_.back() = std::make_unique<TableRecords>(path, kind, fields_);
+      tables_.back() = std::make_unique<TableRecords>(path, kind, fields_, table_cache);
+      if (!tables_.back()->note().empty()) table_notes_.push_back(tables_.back()->note());
     } else if (kind == SampleKind::TEXT && format != RecordFormat::TAR) {
       if (format == RecordFormat::TEXT_LINES && (pairs() || !fields_.label.empty())) {
         throw std::invalid_argument("data file '" + path + "': a .txt file holds one text per line, without " +

@@ -19,6 +19,12 @@ std::unique_ptr<ColumnTable> open_arrow_ipc(std::string_view, std::string name) 
   refuse(name + ": Arrow IPC files are");
 }
 
+std::string parquet_arrow_copy(const std::string& path, const std::string&) {
+  refuse(path + ": Arrow copies of Parquet files are");
+}
+
+std::vector<TableCopy> table_copies(const std::string&) { return {}; }
+
 void decompress_page(int codec, const char*, int64_t, std::string&, const std::string& what) {
   refuse(what + " is compressed with " + parquet_codec_name(codec) + ": compressed Parquet pages are");
 }

@@ -79,8 +79,20 @@ std::string list_of(const std::vector<std::string>& names) {
 
 }  // namespace
 
-TableFile open_table_file(const std::string& path) {
-  TableFile f{io::file_bytes(path), nullptr};
+TableFile open_table_file(const std::string& path, const std::string& table_cache) {
+  if (record_format_of(path) == RecordFormat::PARQUET && !table_cache.empty()) {
+    try {
+      const std::string copy = parquet_arrow_copy(path, table_cache);
+      TableFile f{io::file_bytes(copy), nullptr, path + ": read from its Arrow copy " + copy};
+      f.table = open_arrow_ipc(std::string_view(f.bytes.data(), f.bytes.size()), path);
+      return f;
+    } catch (const std::runtime_error& e) {
+      TableFile f = open_table_file(path);
+      f.note = std::string(e.what()) + "; read in place";
+      return f;
+    }
+  }
+  TableFile f{io::file_bytes(path), nullptr, ""};
   const std::string_view view(f.bytes.data(), f.bytes.size());
   f.table = record_format_of(path) == RecordFormat::PARQUET ? open_parquet(view, path) : open_arrow_ipc(view, path);
   return f;
@@ -103,8 +115,9 @@ std::string feature_of(const ColumnTable& table, const std::string& column) {
   return type;
 }
 
-TableRecords::TableRecords(const std::string& path, SampleKind kind, const TextFields& fields)
-    : path_(path), file_(open_table_file(path)), table_(file_.table.get()), classes_(fields.classes) {
+TableRecords::TableRecords(const std::string& path, SampleKind kind, const TextFields& fields,
+                           const std::string& table_cache)
+    : path_(path), file_(open_table_file(path, table_cache)), table_(file_.table.get()), classes_(fields.classes) {
   const nlohmann::json features = features_of(*table_);
   if (fields.words) {  // token classification: a list of words, a list of their classes
     words_ = list_column(fields.text[0], "data.text_fields", {ColumnKind::UTF8}, "lists of words (strings)");

@@ -29,6 +29,12 @@ data::TextFields text_fields(const Config& c, const models::DataNeeds& needs) {
   return f;
 }
 
+// data.cache_dir as a directory: the default (data::default_cache_dir) when empty, "" for "none".
+std::string cache_directory(const Config& c) {
+  if (c.data.cache_dir == "none") return "";
+  return c.data.cache_dir.empty() ? data::default_cache_dir() : c.data.cache_dir;
+}
+
 std::array<std::shared_ptr<const data::SampleSource>, 3> open_sources(const Config& c, const std::string& flavor,
                                                                        const models::DataNeeds& needs) {
   const std::array<const std::vector<std::string>*, 3> paths = {&c.data.image_text, &c.data.text, &c.data.image};
@@ -38,7 +44,7 @@ std::array<std::shared_ptr<const data::SampleSource>, 3> open_sources(const Conf
   for (size_t k = 0; k < 3; ++k) {
     if (!needs.kinds[k] || paths[k]->empty()) continue;
     sources[k] = std::make_shared<data::SampleSource>(*paths[k], static_cast<data::SampleKind>(k),
-                                                      text_fields(c, needs));
+                                                      text_fields(c, needs), cache_directory(c));
     any = true;
   }
   if (!any) {
@@ -99,11 +105,6 @@ data::LoaderOptions loader_options(const Config& c, const std::string& flavor, c
   return lo;
 }
 
-// data.cache_dir as a directory: the default (data::default_cache_dir) when empty, "" for "none".
-std::string cache_directory(const Config& c) {
-  if (c.data.cache_dir == "none") return "";
-  return c.data.cache_dir.empty() ? data::default_cache_dir() : c.data.cache_dir;
-}
 
 // The CPUs this process may run on (a job scheduler's share of the node).
 int64_t usable_cpus() {
@@ -200,7 +201,8 @@ TrainingData open_training_data(const Config& c, const models::Task& task,
   }
   if (task.has_evaluation() && !c.data.eval.empty()) {
     const data::SampleKind kind = task.eval_kind();
-    d.eval_source = std::make_shared<data::SampleSource>(c.data.eval, kind, text_fields(c, needs));
+    d.eval_source = std::make_shared<data::SampleSource>(c.data.eval, kind, text_fields(c, needs),
+                                                         cache_directory(c));
     data::LoaderOptions eo = d.options;
     eo.workers = 0, eo.micro_batches = 1, eo.itm_negative_probability = 0;  // masks as in training
     // held-out texts packed as the training's (run_clm groups its validation split the same), else one per row
@@ -257,6 +259,7 @@ void describe_data(const TrainingData& d, const log::Logger& logger) {
     }
     logger.info(line);
     for (const auto& p : source->scan_problems()) logger.info("  data problem: " + p);
+    for (const auto& note : source->table_notes()) logger.info("  " + note);
     const bool packed = k == static_cast<size_t>(data::SampleKind::TEXT) && d.options.packed;
     if (packed) {
       logger.info("  " + d.options.packed->describe());
@@ -273,6 +276,9 @@ void describe_data(const TrainingData& d, const log::Logger& logger) {
                      std::to_string(d.options.batch_size) + " = " + std::to_string(global) +
                      "): every batch of it repeats samples");
     }
+  }
+  if (d.eval_source) {
+    for (const auto& note : d.eval_source->table_notes()) logger.info("  held-out " + note);
   }
   if (d.eval_packed) {
     logger.info("  held-out text " + d.eval_packed->describe());

@@ -89,8 +89,10 @@ class SampleSource {
  public:
   // Throws std::invalid_argument when a path does not exist, names no usable file, or yields no sample at all.
   // Also throws it for a .tsv/.csv/.arrow/.parquet lacking a field of `fields`, or a .txt asked for a pair or a
-  // label; std::runtime_error for an .arrow/.parquet file that is damaged.
-  SampleSource(const std::vector<std::string>& paths, SampleKind kind, TextFields fields = {});
+  // label; std::runtime_error for an .arrow/.parquet file that is damaged. `table_cache`: a directory where Parquet
+  // files are read from their Arrow copies, for shuffled reading (data.cache_dir; data/table_records.h); "": in place.
+  SampleSource(const std::vector<std::string>& paths, SampleKind kind, TextFields fields = {},
+               const std::string& table_cache = "");
   ~SampleSource();
   SampleSource(const SampleSource&) = delete;
   SampleSource& operator=(const SampleSource&) = delete;
@@ -107,6 +109,8 @@ class SampleSource {
 
   const std::vector<std::string>& files() const { return files_; }
   const std::vector<std::string>& scan_problems() const { return problems_; }  // "file: why the scan stopped"
+  // Per Parquet file read with a table cache: where it is read from, or why in place (TableFile::note).
+  const std::vector<std::string>& table_notes() const { return table_notes_; }
   int64_t incomplete_samples() const { return incomplete_; }
 
  private:
@@ -144,6 +148,7 @@ class SampleSource {
   std::vector<Span> spans_;
   int64_t size_ = 0;
   std::vector<std::string> problems_;
+  std::vector<std::string> table_notes_;
   int64_t incomplete_ = 0;
 };
 

@@ -24,12 +24,15 @@
 namespace shardtrain::data {
 
 // A table file opened: its bytes (mapped) and the table over them, by the file's extension (.parquet: Parquet,
-// else Arrow). Throws as data/table_files.h.
+// else Arrow). With a `table_cache` directory, a Parquet file is read from its Arrow copy there, made when missing
+// (data/table_files.h: for shuffled reading); where no copy can be made, in place, saying why in `note`. Throws
+// as data/table_files.h.
 struct TableFile {
   io::FileBytes bytes;
   std::unique_ptr<ColumnTable> table;
+  std::string note;  // "PATH: read from its Arrow copy COPY", or why it is read in place; "" without a cache
 };
-TableFile open_table_file(const std::string& path);
+TableFile open_table_file(const std::string& path, const std::string& table_cache = "");
 
 // datasets' description of each column in the file's "huggingface" metadata, by column ("ClassLabel [neg, pos]",
 // "Image", "Value(string)"); empty where it says nothing.
@@ -40,7 +43,9 @@ class TableRecords {
   // Throws std::invalid_argument naming the file and the column for a column missing (listing the columns there
   // are) or of a type that cannot be the field, ClassLabel names other than fields.classes; std::runtime_error for
   // a file that is damaged or not of its format (data/table_files.h).
-  TableRecords(const std::string& path, SampleKind kind, const TextFields& fields);
+  // `table_cache`: as open_table_file's.
+  TableRecords(const std::string& path, SampleKind kind, const TextFields& fields, const std::string& table_cache);
+  const std::string& note() const { return file_.note; }  // open_table_file's
 
   int64_t rows() const { return table_->rows(); }
   // The columns a tokenized table's samples are read from ("input_ids, attention_mask"); "" when its text is text.

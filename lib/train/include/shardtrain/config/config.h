@@ -129,9 +129,10 @@ struct DataConfig {
   // (torchtitan's and Megatron's streams; run_clm's GPT-2 stream has none).
   bool packing_eos = false;
   // Where packing keeps the counted token stream for every later start over the same texts and tokenizer (a
-  // restart, another run; the node's ranks count it once): "" the default, $SHARDTRAIN_CACHE or else
-  // $XDG_CACHE_HOME/shardtrain or ~/.cache/shardtrain (as Hugging Face datasets' cache); "none": counted at every
-  // start by every rank.
+  // restart, another run; the node's ranks count it once), and where Parquet files get the Arrow copies a shuffled
+  // loader reads (made once per file, as datasets converts them; `shardtrain data cache` lists both): "" the
+  // default, $SHARDTRAIN_CACHE or else $XDG_CACHE_HOME/shardtrain or ~/.cache/shardtrain (as Hugging Face datasets'
+  // cache); "none": streams counted at every start by every rank, Parquet read in place.
   std::string cache_dir;
   int64_t image_size = 0;         // pixels; 0: the model's
   double mlm_probability = 0.15;  // BERT masking: of the chosen, 80% [MASK], 10% random, 10% kept
