@@ -155,8 +155,6 @@ int64_t dictionary_index(const arrow::Array& a, int64_t i) {
 
 }  // namespace
 
-std::string arrow_message(const arrow::Status& status) { return status.message(); }
-
 ArrowColumns::ArrowColumns(const arrow::Schema& schema, std::string name)
     : name_(std::move(name)), metadata_(schema.metadata()) {
   for (int f = 0; f < schema.num_fields(); ++f) {
@@ -200,7 +198,7 @@ ArrowPiece ArrowColumns::make_piece(int field, int64_t first_row, const std::sha
   if (!valid.ok()) {
     fail("column '" + columns_[static_cast<size_t>(field_column(field))].path +
          "' is damaged at rows " + std::to_string(first_row) + "-" + std::to_string(first_row + array->length()) +
-         ": " + arrow_message(valid));
+         ": " + valid.message());
   }
   ArrowPiece piece;
   piece.first_row = first_row;

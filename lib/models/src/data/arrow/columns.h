@@ -10,6 +10,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -80,7 +81,14 @@ class ArrowColumns : public ColumnTable {
   std::shared_ptr<const arrow::KeyValueMetadata> metadata_;
 };
 
-// The message of a failed Arrow call, for errors naming the file.
-std::string arrow_message(const arrow::Status& status);
+// What an Arrow call returned, or std::runtime_error "`what`: <Arrow's message>" ("FILE: cannot be read: ...").
+inline void arrow_check(const arrow::Status& status, const std::string& what) {
+  if (!status.ok()) throw std::runtime_error(what + ": " + status.message());
+}
+template <typename T>
+T arrow_value(arrow::Result<T> result, const std::string& what) {
+  arrow_check(result.status(), what);
+  return std::move(result).ValueUnsafe();
+}
 
 }  // namespace shardtrain::data

@@ -41,30 +41,24 @@ class ArrowIpcTable : public ArrowColumns {
   std::vector<std::vector<std::shared_ptr<const ArrowPiece>>> pieces_;  // per record batch, per field
 };
 
-template <typename T>
-T value_or_fail(arrow::Result<T> result, const std::string& name, const std::string& what) {
-  if (!result.ok()) throw std::runtime_error(name + ": " + what + ": " + arrow_message(result.status()));
-  return std::move(result).ValueUnsafe();
-}
-
 // A stream's record batches, to its end-of-stream marker (a stream without one was cut short).
 arrow::RecordBatchVector stream_batches(arrow::ipc::RecordBatchStreamReader& reader, arrow::io::BufferReader& in,
                                         std::string_view bytes, const std::string& name) {
   arrow::RecordBatchVector batches;
   for (;;) {
-    const int64_t at = value_or_fail(in.Tell(), name, "cannot be read");
+    const int64_t at = arrow_value(in.Tell(), name + ": cannot be read");
     std::shared_ptr<arrow::RecordBatch> batch;
     const arrow::Status read = reader.ReadNext(&batch);
     if (!read.ok()) {
       throw std::runtime_error(name + ": record batch " + std::to_string(batches.size()) +
-                               " cannot be read (cut short or damaged): " + arrow_message(read));
+                               " cannot be read (cut short or damaged): " + read.message());
     }
     if (batch) {
       batches.push_back(std::move(batch));
       continue;
     }
     // The marker: 0xFFFFFFFF then a zero length, or (before Arrow 0.15) the zero length alone.
-    const int64_t end = value_or_fail(in.Tell(), name, "cannot be read");
+    const int64_t end = arrow_value(in.Tell(), name + ": cannot be read");
     const std::string_view marker = bytes.substr(static_cast<size_t>(at), static_cast<size_t>(end - at));
     if (marker != std::string_view("\xff\xff\xff\xff\0\0\0\0", 8) && marker != std::string_view("\0\0\0\0", 4)) {
       throw std::runtime_error(name + ": cut short after " + std::to_string(batches.size()) +
@@ -87,19 +81,19 @@ std::unique_ptr<ColumnTable> open_arrow_ipc(std::string_view bytes, std::string 
   const bool file_format = bytes.size() >= 6 && std::memcmp(bytes.data(), "ARROW1", 6) == 0;
   try {
     if (file_format) {
-      const auto reader = value_or_fail(arrow::ipc::RecordBatchFileReader::Open(in, options), name,
-                                        "not an Arrow IPC file, or a damaged one");
+      const auto reader = arrow_value(arrow::ipc::RecordBatchFileReader::Open(in, options),
+                                      name + ": not an Arrow IPC file, or a damaged one");
       arrow::RecordBatchVector batches;
       for (int b = 0; b < reader->num_record_batches(); ++b) {
-        batches.push_back(value_or_fail(reader->ReadRecordBatch(b), name,
-                                        "record batch " + std::to_string(b) + " cannot be read"));
+        batches.push_back(arrow_value(reader->ReadRecordBatch(b),
+                                      name + ": record batch " + std::to_string(b) + " cannot be read"));
       }
-      return std::make_unique<ArrowIpcTable>(*reader->schema(), std::move(name), batches);
+      return std::make_unique<ArrowIpcTable>(*reader->schema(), name, batches);
     }
-    const auto reader = value_or_fail(arrow::ipc::RecordBatchStreamReader::Open(in, options), name,
-                                      "not an Arrow IPC stream, or a damaged one");
+    const auto reader = arrow_value(arrow::ipc::RecordBatchStreamReader::Open(in, options),
+                                    name + ": not an Arrow IPC stream, or a damaged one");
     const arrow::RecordBatchVector batches = stream_batches(*reader, *in, bytes, name);
-    return std::make_unique<ArrowIpcTable>(*reader->schema(), std::move(name), batches);
+    return std::make_unique<ArrowIpcTable>(*reader->schema(), name, batches);
   } catch (const std::runtime_error&) {
     throw;
   } catch (const std::exception& e) {  // Arrow's own, thrown rather than returned

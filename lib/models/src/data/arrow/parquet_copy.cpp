@@ -12,6 +12,7 @@
 #include <stdexcept>
 #include <thread>
 
+#include "data/arrow/columns.h"
 #include "data/table_files.h"
 #include "shardtrain/io/checksum.h"
 #include "shardtrain/io/files.h"
@@ -45,15 +46,6 @@ class AtomicFileStream : public arrow::io::OutputStream {
   bool closed_ = false;
 };
 
-void check(const arrow::Status& status, const std::string& path, const char* what) {
-  if (!status.ok()) throw std::runtime_error(path + ": " + what + ": " + status.message());
-}
-template <typename T>
-T checked(arrow::Result<T> result, const std::string& path, const char* what) {
-  check(result.status(), path, what);
-  return std::move(result).ValueUnsafe();
-}
-
 // The source identity a copy records (io::file_identity's), or "" when `copy` is no whole Arrow IPC file with one.
 std::string recorded_source(const std::string& copy) {
   auto file = arrow::io::ReadableFile::Open(copy);
@@ -73,23 +65,23 @@ std::string identity_path(const std::string& identity) {
 }
 
 void write_copy(const std::string& path, const std::string& identity, const std::string& copy) {
-  auto input = checked(arrow::io::ReadableFile::Open(path), path, "cannot be opened");
-  auto reader = checked(parquet::arrow::OpenFile(input, arrow::system_memory_pool()), path,
-                        "not a Parquet file, or a damaged one");
-  auto batches = checked(reader->GetRecordBatchReader(), path, "cannot be read");
+  auto input = arrow_value(arrow::io::ReadableFile::Open(path), path + ": cannot be opened");
+  auto reader = arrow_value(parquet::arrow::OpenFile(input, arrow::system_memory_pool()),
+                            path + ": not a Parquet file, or a damaged one");
+  auto batches = arrow_value(reader->GetRecordBatchReader(), path + ": cannot be read");
   const auto metadata = batches->schema()->metadata() ? batches->schema()->metadata()->Copy()
                                                       : std::make_shared<arrow::KeyValueMetadata>();
   metadata->Append(kCopySourceKey, identity);
   const auto schema = batches->schema()->WithMetadata(metadata);
   io::AtomicFile file(copy);
   AtomicFileStream stream(file);
-  auto writer = checked(arrow::ipc::MakeFileWriter(&stream, schema), copy, "cannot be written");
+  auto writer = arrow_value(arrow::ipc::MakeFileWriter(&stream, schema), copy + ": cannot be written");
   for (;;) {
-    auto batch = checked(batches->Next(), path, "cannot be read");
+    auto batch = arrow_value(batches->Next(), path + ": cannot be read");
     if (!batch) break;
-    check(writer->WriteRecordBatch(*batch), copy, "cannot be written");
+    arrow_check(writer->WriteRecordBatch(*batch), copy + ": cannot be written");
   }
-  check(writer->Close(), copy, "cannot be written");
+  arrow_check(writer->Close(), copy + ": cannot be written");
   file.commit();
 }
 
