@@ -25,9 +25,9 @@
 #include <thread>
 #include <vector>
 
-#include "shardtrain/data/packed_texts.h"
-#include "shardtrain/data/source.h"
-#include "shardtrain/data/tokenizer.h"
+#include "shardtrain/data/pipeline/packed_texts.h"
+#include "shardtrain/data/pipeline/source.h"
+#include "shardtrain/data/tokenizers/tokenizer.h"
 
 int main(int argc, char** argv) {
   using namespace shardtrain;

@@ -4,7 +4,7 @@
 #include <stdexcept>
 #include <string_view>
 
-#include "data/table_files.h"
+#include "data/formats/table_files.h"
 #include "fuzz_table.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {

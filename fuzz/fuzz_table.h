@@ -7,7 +7,7 @@
 #include <cstdint>
 #include <stdexcept>
 
-#include "shardtrain/data/column_table.h"
+#include "shardtrain/data/formats/column_table.h"
 
 namespace shardtrain::fuzz {
 

@@ -3,7 +3,7 @@
 #include <stdexcept>
 #include <vector>
 
-#include "data/tar.h"
+#include "data/formats/tar.h"
 #include "fuzz_input.h"
 #include "shardtrain/io/files.h"
 

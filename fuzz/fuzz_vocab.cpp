@@ -4,7 +4,7 @@
 #include <stdexcept>
 
 #include "fuzz_input.h"
-#include "shardtrain/data/tokenizer.h"
+#include "shardtrain/data/tokenizers/tokenizer.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const std::string path = shardtrain::fuzz::input_file(data, size, "vocab.txt");

@@ -39,6 +39,10 @@ RULES = {
         "generate": {"config", "data", "distributed", "io", "models"},
     },
 }
+# data/'s subjects, and which of the others each may include: file formats and tokenizers stand alone; the
+# pipeline (sources, records into samples, the loader) uses both.
+DATA_RULES = {"formats": set(), "tokenizers": set(), "pipeline": {"formats", "tokenizers"}}
+DATA_INCLUDE = re.compile(r'^\s*#\s*include\s+"(?:shardtrain/)?data/([a-z_]+)/')
 ORDER = ["core", "models", "train"]
 LAYER_OF = {folder: layer for layer, folders in RULES.items() for folder in folders}
 INCLUDE = re.compile(r'^\s*#\s*include\s+"(?:shardtrain/)?([a-z_]+)/')
@@ -62,7 +66,17 @@ def problems(root):
                             continue
                         path = os.path.join(dirpath, name)
                         rel = os.path.relpath(path, root)
+                        subject = os.path.relpath(path, os.path.join(base, folder)).split(os.sep)[0]
+                        if folder == "data" and subject not in DATA_RULES:
+                            out.append(f"{rel}: outside data's subjects ({', '.join(DATA_RULES)})")
+                            continue
                         for number, line in enumerate(open(path, encoding="utf-8"), 1):
+                            d = DATA_INCLUDE.match(line)
+                            if folder == "data" and d and d.group(1) != subject and d.group(1) in DATA_RULES:
+                                if d.group(1) not in DATA_RULES[subject]:
+                                    may = ", ".join(sorted(DATA_RULES[subject])) or "no other subject"
+                                    out.append(f"{rel}:{number}: data/{subject}/ may include {may}; "
+                                               f"not data/{d.group(1)}/")
                             m = INCLUDE.match(line)
                             if not m or m.group(1) == folder or m.group(1) not in LAYER_OF:
                                 continue
@@ -78,18 +92,23 @@ def problems(root):
 
 
 def self_test():
-    """A tree with one include up a layer, one across folders it may not, and one allowed: exactly two found."""
+    """A tree with one include up a layer, one across folders it may not, one across data's subjects it may not, and
+    two allowed: exactly three found."""
     import tempfile
     with tempfile.TemporaryDirectory() as root:
         def write(rel, text):
             os.makedirs(os.path.dirname(os.path.join(root, rel)), exist_ok=True)
             open(os.path.join(root, rel), "w").write(text)
         write("lib/core/src/fsdp/a.cpp", '#include "shardtrain/models/zoo.h"\n#include "shardtrain/nn/intercept.h"\n')
-        write("lib/models/src/data/b.cpp", '#include "models/recipe_helpers.h"\n')
+        write("lib/models/src/data/pipeline/b.cpp", '#include "models/recipe_helpers.h"\n'
+              '#include "data/formats/tar.h"\n')
+        write("lib/models/src/data/formats/c.cpp", '#include "shardtrain/data/pipeline/source.h"\n')
         found = problems(root)
         expected = ["lib/core/src/fsdp/a.cpp:1: fsdp/ (core) includes models/",
-                    "lib/models/src/data/b.cpp:1: data/ may include io, util; not models/"]
-        ok = len(found) == 2 and all(any(f.startswith(e) for f in found) for e in expected)
+                    "lib/models/src/data/pipeline/b.cpp:1: data/ may include io, util; not models/",
+                    "lib/models/src/data/formats/c.cpp:1: data/formats/ may include no other subject; not "
+                    "data/pipeline/"]
+        ok = len(found) == 3 and all(any(f.startswith(e) for f in found) for e in expected)
         print("\n".join(found))
         print("check_layers self-test:", "ok" if ok else "FAILED")
         sys.exit(0 if ok else 1)

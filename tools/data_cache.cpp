@@ -1,7 +1,7 @@
 // `shardtrain data cache [DIR] [--prune | --clear]`: what a cache directory keeps — the packed token streams of
-// data.packing (data/packed_texts.h), each with its size, tokens, documents and the files it was counted from, and
-// the Arrow copies of Parquet files (data/table_files.h), each with its source — whether a start would read each
-// (current: its sources are as they were), and their removal: --prune those no start will read again (a source
+// data.packing (data/pipeline/packed_texts.h), each with its size, tokens, documents and the files it was counted from,
+// and the Arrow copies of Parquet files (data/formats/table_files.h), each with its source — whether a start would read
+// each (current: its sources are as they were), and their removal: --prune those no start will read again (a source
 // changed or gone, a damaged file), --clear all of them; as datasets' cleanup_cache_files. One another process is
 // making (its lock held) is left alone.
 #include <cstdio>
@@ -10,8 +10,8 @@
 
 #include "cli_args.h"
 #include "commands.h"
-#include "data/table_files.h"
-#include "shardtrain/data/packed_texts.h"
+#include "data/formats/table_files.h"
+#include "shardtrain/data/pipeline/packed_texts.h"
 #include "shardtrain/io/files.h"
 
 namespace shardtrain::cli {

@@ -5,11 +5,11 @@
 
 #include "cli_args.h"
 #include "commands.h"
-#include "shardtrain/data/records.h"
-#include "shardtrain/data/table_records.h"
-#include "shardtrain/data/source.h"
-#include "shardtrain/data/synth.h"
-#include "shardtrain/data/tokenizer.h"
+#include "shardtrain/data/pipeline/records.h"
+#include "shardtrain/data/pipeline/table_records.h"
+#include "shardtrain/data/pipeline/source.h"
+#include "shardtrain/data/pipeline/synth.h"
+#include "shardtrain/data/tokenizers/tokenizer.h"
 
 namespace shardtrain::cli {
 namespace {

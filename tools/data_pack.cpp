@@ -9,7 +9,7 @@
 #include "cli_args.h"
 #include "commands.h"
 #include "shardtrain/config/config.h"
-#include "shardtrain/data/packed_texts.h"
+#include "shardtrain/data/pipeline/packed_texts.h"
 #include "shardtrain/log/log.h"
 #include "shardtrain/models/zoo.h"
 #include "train/training_data.h"

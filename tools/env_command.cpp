@@ -19,7 +19,7 @@
 #include <thread>
 
 #include "commands.h"
-#include "shardtrain/data/packed_texts.h"
+#include "shardtrain/data/pipeline/packed_texts.h"
 #include "shardtrain/distributed/env.h"
 #include "shardtrain/io/hf_cache.h"
 

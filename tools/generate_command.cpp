@@ -16,7 +16,7 @@
 
 #include "cli_args.h"
 #include "commands.h"
-#include "shardtrain/data/tokenizer.h"
+#include "shardtrain/data/tokenizers/tokenizer.h"
 #include "shardtrain/distributed/env.h"
 #include "shardtrain/generate/generator.h"
 #include "shardtrain/io/files.h"

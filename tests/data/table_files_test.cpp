@@ -16,12 +16,12 @@
 
 #include <ATen/ATen.h>
 
-#include "data/table_files.h"
-#include "shardtrain/data/loader.h"
-#include "shardtrain/data/packed_texts.h"
-#include "shardtrain/data/source.h"
-#include "shardtrain/data/table_records.h"
-#include "shardtrain/data/tokenizer.h"
+#include "data/formats/table_files.h"
+#include "shardtrain/data/pipeline/loader.h"
+#include "shardtrain/data/pipeline/packed_texts.h"
+#include "shardtrain/data/pipeline/source.h"
+#include "shardtrain/data/pipeline/table_records.h"
+#include "shardtrain/data/tokenizers/tokenizer.h"
 #include "shardtrain/io/files.h"
 #include "support/expect_error.h"
 #include "support/scratch.h"

@@ -11,8 +11,8 @@
 #include <algorithm>
 #include <fstream>
 
-#include "shardtrain/data/hf_tokenizer.h"
-#include "shardtrain/data/sentencepiece_tokenizer.h"
+#include "shardtrain/data/tokenizers/hf_tokenizer.h"
+#include "shardtrain/data/tokenizers/sentencepiece_tokenizer.h"
 #include "shardtrain/io/files.h"
 #include "support/expect_error.h"
 

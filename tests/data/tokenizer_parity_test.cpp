@@ -6,7 +6,7 @@
 #include <cstdlib>
 #include <fstream>
 
-#include "shardtrain/data/tokenizer.h"
+#include "shardtrain/data/tokenizers/tokenizer.h"
 
 namespace shardtrain::data {
 namespace {

@@ -23,7 +23,7 @@
 #include <utility>
 #include <vector>
 
-#include "shardtrain/data/tokenizer.h"
+#include "shardtrain/data/tokenizers/tokenizer.h"
 #include "shardtrain/io/files.h"
 #include "shardtrain/io/safetensors.h"
 #include "shardtrain/models/bert.h"

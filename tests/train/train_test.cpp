@@ -20,7 +20,7 @@
 #include "shardtrain/ckpt/checkpoint.h"
 #include "shardtrain/ckpt/manifest.h"
 #include "shardtrain/config/config.h"
-#include "shardtrain/data/synth.h"
+#include "shardtrain/data/pipeline/synth.h"
 #include "shardtrain/fsdp/state_dict.h"
 #include "shardtrain/io/files.h"
 #include "shardtrain/io/pickle_files.h"

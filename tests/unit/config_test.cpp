@@ -3,7 +3,7 @@
 #include <gtest/gtest.h>
 
 #include "shardtrain/config/config.h"
-#include "shardtrain/data/image.h"
+#include "shardtrain/data/formats/image.h"
 #include "support/expect_error.h"
 
 namespace shardtrain::config {

@@ -13,7 +13,7 @@
 
 #include "models/entities.h"
 #include "models/t5/t5_span_corruption.h"
-#include "shardtrain/data/synth.h"
+#include "shardtrain/data/pipeline/synth.h"
 #include "shardtrain/distributed/process_group.h"
 #include "shardtrain/fsdp/wrap_policy.h"
 #include "shardtrain/io/files.h"

@@ -12,7 +12,7 @@
 #include "shardtrain/ckpt/checkpoint.h"
 #include "shardtrain/ckpt/manifest.h"
 #include "shardtrain/ckpt/trainer_state.h"
-#include "shardtrain/data/synth.h"
+#include "shardtrain/data/pipeline/synth.h"
 #include "shardtrain/distributed/process_group.h"
 #include "shardtrain/io/files.h"
 #include "shardtrain/log/log.h"

@@ -8,7 +8,7 @@
 #include <typeinfo>
 #include <vector>
 
-#include "shardtrain/data/loader.h"
+#include "shardtrain/data/pipeline/loader.h"
 #include "shardtrain/models/recipe.h"
 
 namespace torch::nn {

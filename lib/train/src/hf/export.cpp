@@ -16,7 +16,7 @@
 
 #include "shardtrain/ckpt/checkpoint.h"
 #include "shardtrain/config/config.h"
-#include "shardtrain/data/tokenizer.h"
+#include "shardtrain/data/tokenizers/tokenizer.h"
 #include "shardtrain/io/files.h"
 #include "shardtrain/io/safetensors_files.h"
 #include "shardtrain/io/weight_files.h"

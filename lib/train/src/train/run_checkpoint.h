@@ -7,7 +7,7 @@
 
 #include "shardtrain/ckpt/checkpoint.h"
 #include "shardtrain/config/config.h"
-#include "shardtrain/data/loader.h"
+#include "shardtrain/data/pipeline/loader.h"
 #include "shardtrain/distributed/env.h"
 #include "shardtrain/log/log.h"
 #include "shardtrain/optim/grad_scaler.h"

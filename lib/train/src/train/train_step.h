@@ -10,7 +10,7 @@
 #include <vector>
 
 #include "shardtrain/config/config.h"
-#include "shardtrain/data/loader.h"
+#include "shardtrain/data/pipeline/loader.h"
 #include "shardtrain/models/recipe.h"
 #include "shardtrain/optim/grad_scaler.h"
 #include "train/interval_metrics.h"

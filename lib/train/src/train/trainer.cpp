@@ -15,7 +15,7 @@
 #include <optional>
 #include <stdexcept>
 
-#include "shardtrain/data/random.h"
+#include "shardtrain/data/pipeline/random.h"
 #include "shardtrain/ckpt/checkpoint.h"
 #include "shardtrain/distributed/env.h"
 #include "shardtrain/distributed/heartbeat.h"

@@ -7,10 +7,10 @@
 #include <stdexcept>
 #include <tuple>
 
-#include "shardtrain/data/table_records.h"
-#include "shardtrain/data/label_values.h"
-#include "shardtrain/data/records.h"
-#include "shardtrain/data/packed_texts.h"
+#include "shardtrain/data/pipeline/table_records.h"
+#include "shardtrain/data/pipeline/label_values.h"
+#include "shardtrain/data/pipeline/records.h"
+#include "shardtrain/data/pipeline/packed_texts.h"
 
 namespace shardtrain::train {
 namespace {

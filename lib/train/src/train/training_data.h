@@ -9,7 +9,7 @@
 #include <vector>
 
 #include "shardtrain/config/config.h"
-#include "shardtrain/data/loader.h"
+#include "shardtrain/data/pipeline/loader.h"
 #include "shardtrain/log/log.h"
 #include "shardtrain/models/recipe.h"
 
@@ -26,15 +26,14 @@ struct TrainingData {
   std::vector<std::string> notes;  // start-up lines about where settings came from (describe_data prints them)
 };
 
-// A classifier's classes: data.labels, else the names of the ClassLabel column data.label_field of the first
-// Hugging Face datasets .arrow/.parquet file among data.text and data.image (where transformers' run_glue takes them
-// from), else none (the model's own id2label then); multi_label: data.multi_label, or that column holds lists of
-// class ids (List(ClassLabel), as run_classification decides) and model.task is not token_classify (whose
-// List(ClassLabel) holds each word's class). Without a ClassLabel, for model.task classify or token_classify, the
-// distinct labels of data.text's .jsonl, .tsv/.csv and CoNLL records, sorted (data/label_values.h: run_glue's and
-// run_ner's get_label_list; numbers that are not all whole make a regression, and .jsonl arrays a multi-label
-// classifier). Throws std::invalid_argument for a data path that
-// does not exist.
+// A classifier's classes: data.labels, else the names of the ClassLabel column data.label_field of the first Hugging
+// Face datasets .arrow/.parquet file among data.text and data.image (where transformers' run_glue takes them from),
+// else none (the model's own id2label then); multi_label: data.multi_label, or that column holds lists of class ids
+// (List(ClassLabel), as run_classification decides) and model.task is not token_classify (whose List(ClassLabel) holds
+// each word's class). Without a ClassLabel, for model.task classify or token_classify, the distinct labels of
+// data.text's .jsonl, .tsv/.csv and CoNLL records, sorted (data/pipeline/label_values.h: run_glue's and run_ner's
+// get_label_list; numbers that are not all whole make a regression, and .jsonl arrays a multi-label classifier). Throws
+// std::invalid_argument for a data path that does not exist.
 struct RunLabels {
   std::vector<std::string> names;
   bool multi_label = false;

@@ -1,7 +1,7 @@
-// One recipe per model family: everything the rest of shardtrain knows about a family is reached through
-// ModelRecipe, and nothing outside the family's own files (models/<family>.{h,cpp}, lib/models/src/models/<family>/<family>_recipe.cpp)
-// compares family names or casts to a family's class. The zoo (zoo.h) is a table of families, each turning a
-// flavor name into a recipe.
+// One recipe per model family: everything the rest of shardtrain knows about a family is reached through ModelRecipe,
+// and nothing outside the family's own files (models/<family>.{h,cpp},
+// lib/models/src/models/<family>/<family>_recipe.cpp) compares family names or casts to a family's class. The zoo
+// (zoo.h) is a table of families, each turning a flavor name into a recipe.
 //
 // A recipe is one model of a family at one size (the family's config is inside it):
 //   build, Hugging Face names, transformer layer class  what parallelize(), checkpoints and weights loading need
@@ -28,7 +28,7 @@
 #include <string>
 #include <vector>
 
-#include "shardtrain/data/loader.h"
+#include "shardtrain/data/pipeline/loader.h"
 #include "shardtrain/models/activation_memory.h"
 #include "shardtrain/models/build.h"
 #include "shardtrain/models/hf_layout.h"

@@ -4,7 +4,7 @@
 
 #include <cstdint>
 
-#include "shardtrain/data/loader.h"
+#include "shardtrain/data/pipeline/loader.h"
 #include "shardtrain/models/recipe.h"
 
 namespace shardtrain::models {

@@ -22,7 +22,7 @@
 #include <string>
 #include <vector>
 
-#include "shardtrain/data/tokenizer.h"
+#include "shardtrain/data/tokenizers/tokenizer.h"
 #include "shardtrain/distributed/env.h"
 #include "shardtrain/distributed/process_group.h"
 #include "shardtrain/models/generation.h"
