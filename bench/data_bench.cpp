@@ -1,6 +1,7 @@
 // Reading samples from data files the way the loader's workers do: data::SampleSource over the files, every sample
 // read once in a seeded shuffled order (an epoch of the sampler), split over --threads threads. Prints one RESULT
-// line of JSON: seconds to open (index) the files, seconds to read every sample, samples and bytes read.
+// line of JSON: seconds to open (index) the files, seconds to read every sample, samples, those skipped (unreadable,
+// as the loader skips them) and bytes read.
 // bench/datasets_vs_hf.py runs it beside Hugging Face datasets' own random access to the same rows. With
 // --tokenizer, each text sample is also tokenized to --length tokens (what the loader's workers do next; a tokenized
 // dataset's rows need not be), to weigh reading tokens against tokenizing texts. With --pack as well, the texts
@@ -21,6 +22,7 @@
 #include <numeric>
 #include <random>
 #include <sstream>
+#include <stdexcept>
 #include <string>
 #include <thread>
 #include <vector>
@@ -86,7 +88,7 @@ int main(int argc, char** argv) {
   std::vector<int64_t> order(static_cast<size_t>(items));
   std::iota(order.begin(), order.end(), 0);
   std::shuffle(order.begin(), order.end(), std::mt19937_64(1));
-  std::atomic<int64_t> bytes{0}, next{0};
+  std::atomic<int64_t> bytes{0}, next{0}, skipped{0};
   std::vector<std::thread> workers;
   for (int w = 0; w < threads; ++w) {
     workers.emplace_back([&] {
@@ -96,7 +98,13 @@ int main(int argc, char** argv) {
           mine += static_cast<int64_t>(8 * packed->block(order[static_cast<size_t>(i)]).size());
           continue;
         }
-        const data::RawSample s = source->read(order[static_cast<size_t>(i)]);
+        data::RawSample s;
+        try {
+          s = source->read(order[static_cast<size_t>(i)]);
+        } catch (const std::runtime_error&) {  // a null text, a damaged page: skipped and counted, as the loader does
+          ++skipped;
+          continue;
+        }
         if (tokenizer && !s.tokenized) {
           const data::Encoding e = source->pairs() ? tokenizer->encode_pair(s.text, s.text_pair, length)
                                                   : tokenizer->encode(s.text, length);
@@ -112,9 +120,9 @@ int main(int argc, char** argv) {
   const auto t2 = std::chrono::steady_clock::now();
   auto seconds = [](auto a, auto b) { return std::chrono::duration<double>(b - a).count(); };
   std::printf("RESULT {\"open_s\": %.4f, \"count_s\": %.4f, \"read_s\": %.4f, \"samples\": %lld, "
-              "\"blocks\": %lld, \"tokens\": %lld, \"bytes\": %lld, \"counted\": %s}\n",
+              "\"skipped\": %lld, \"blocks\": %lld, \"tokens\": %lld, \"bytes\": %lld, \"counted\": %s}\n",
               seconds(t0, t1), seconds(t1, t1b), seconds(t1b, t2), static_cast<long long>(source->size()),
-              static_cast<long long>(packed ? packed->blocks() : 0),
+              static_cast<long long>(skipped.load()), static_cast<long long>(packed ? packed->blocks() : 0),
               static_cast<long long>(packed ? packed->tokens() : 0), static_cast<long long>(bytes.load()),
               packed && !packed->counted() ? "false" : "true");
   return 0;
