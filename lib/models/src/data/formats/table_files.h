@@ -32,12 +32,11 @@ std::unique_ptr<ColumnTable> open_parquet(std::string_view bytes, std::string na
 // and keeps 64 MiB of pages, so a file larger than that read in shuffled order decodes a page for nearly every
 // row; its copy is read in place, as datasets reads the Arrow files it converts Parquet into. The copy is
 // `cache_dir`/tables/<name>-<hash of the file's path, size and time>.arrow (an Arrow IPC file, the source's
-// identity in its schema's metadata under kCopySourceKey), made when missing or damaged by reading the Parquet
+// identity in its schema's metadata under "shardtrain.source"), made when missing or damaged by reading the Parquet
 // file sequentially with Arrow's reader, written whole or not at all; of processes of one machine opening the file
 // at once, one makes it while the others wait. Returns its path. Throws std::runtime_error naming `path` when no
 // copy can be made (no room, a file Arrow cannot read, a build without Arrow): the caller reads the file in place.
 std::string parquet_arrow_copy(const std::string& path, const std::string& cache_dir);
-inline constexpr const char* kCopySourceKey = "shardtrain.source";
 
 // A copy in a cache directory (`shardtrain data cache` lists them).
 struct TableCopy {

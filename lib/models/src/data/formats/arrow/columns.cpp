@@ -2,6 +2,7 @@
 
 #include <arrow/util/float16.h>
 
+#include <algorithm>
 #include <stdexcept>
 
 namespace shardtrain::data {
@@ -110,29 +111,20 @@ double float_at(const arrow::Array& a, int64_t i) {
   }
 }
 
+template <typename List>
+std::pair<int64_t, int64_t> range_in(const arrow::Array& a, int64_t i) {
+  const auto& l = static_cast<const List&>(a);
+  return {l.value_offset(i), l.value_offset(i) + l.value_length(i)};
+}
+
 // The items of list row `i`: [begin, end) in the list's values array.
 std::pair<int64_t, int64_t> item_range(const arrow::Array& a, int64_t i) {
   switch (a.type_id()) {
-    case arrow::Type::LIST: {
-      const auto& l = static_cast<const arrow::ListArray&>(a);
-      return {l.value_offset(i), l.value_offset(i) + l.value_length(i)};
-    }
-    case arrow::Type::LARGE_LIST: {
-      const auto& l = static_cast<const arrow::LargeListArray&>(a);
-      return {l.value_offset(i), l.value_offset(i) + l.value_length(i)};
-    }
-    case arrow::Type::FIXED_SIZE_LIST: {
-      const auto& l = static_cast<const arrow::FixedSizeListArray&>(a);
-      return {l.value_offset(i), l.value_offset(i) + l.value_length(i)};
-    }
-    case arrow::Type::LIST_VIEW: {
-      const auto& l = static_cast<const arrow::ListViewArray&>(a);
-      return {l.value_offset(i), l.value_offset(i) + l.value_length(i)};
-    }
-    case arrow::Type::LARGE_LIST_VIEW: {
-      const auto& l = static_cast<const arrow::LargeListViewArray&>(a);
-      return {l.value_offset(i), l.value_offset(i) + l.value_length(i)};
-    }
+    case arrow::Type::LIST: return range_in<arrow::ListArray>(a, i);
+    case arrow::Type::LARGE_LIST: return range_in<arrow::LargeListArray>(a, i);
+    case arrow::Type::FIXED_SIZE_LIST: return range_in<arrow::FixedSizeListArray>(a, i);
+    case arrow::Type::LIST_VIEW: return range_in<arrow::ListViewArray>(a, i);
+    case arrow::Type::LARGE_LIST_VIEW: return range_in<arrow::LargeListViewArray>(a, i);
     default: throw std::logic_error("item_range: " + a.type()->ToString());
   }
 }
@@ -155,11 +147,30 @@ int64_t dictionary_index(const arrow::Array& a, int64_t i) {
 
 }  // namespace
 
-ArrowColumns::ArrowColumns(const arrow::Schema& schema, std::string name)
+ArrowColumns::ArrowColumns(const arrow::Schema& schema, std::string name, const arrow::RecordBatchVector& batches)
     : name_(std::move(name)), metadata_(schema.metadata()) {
   for (int f = 0; f < schema.num_fields(); ++f) {
     field_column_.push_back(static_cast<int>(columns_.size()));
     add_field(*schema.field(f), schema.field(f)->name(), -1, true);
+  }
+  for (const auto& batch : batches) {
+    Batch b;
+    b.first_row = rows_;
+    b.arrays.resize(columns_.size());
+    b.dictionaries.resize(columns_.size());
+    for (int f = 0; f < batch->num_columns(); ++f) {
+      const std::shared_ptr<arrow::Array>& array = batch->column(f);
+      const arrow::Status valid = array->ValidateFull();
+      if (!valid.ok()) {
+        fail("column '" + columns_[static_cast<size_t>(field_column_[static_cast<size_t>(f)])].path +
+             "' is damaged at rows " + std::to_string(rows_) + "-" + std::to_string(rows_ + batch->num_rows()) +
+             ": " + valid.message());
+      }
+      fill(b, field_column_[static_cast<size_t>(f)], array);
+    }
+    if (batch->num_rows() == 0) continue;
+    rows_ += batch->num_rows();
+    batches_.push_back(std::move(b));
   }
 }
 
@@ -172,7 +183,6 @@ void ArrowColumns::add_field(const arrow::Field& field, const std::string& path,
   c.parent = parent;
   c.per_row = per_row;
   columns_.push_back(c);
-  field_of_.push_back(parent < 0 ? static_cast<int>(field_column_.size()) - 1 : field_of_[static_cast<size_t>(parent)]);
   children_.emplace_back();
   if (parent >= 0) children_[static_cast<size_t>(parent)].push_back(self);
   if (field.type()->id() == arrow::Type::DICTIONARY) return;
@@ -193,37 +203,21 @@ std::string ArrowColumns::metadata(const std::string& key) const {
 
 void ArrowColumns::fail(const std::string& what) const { throw std::runtime_error(name_ + ": " + what); }
 
-ArrowPiece ArrowColumns::make_piece(int field, int64_t first_row, const std::shared_ptr<arrow::Array>& array) const {
-  const arrow::Status valid = array->ValidateFull();
-  if (!valid.ok()) {
-    fail("column '" + columns_[static_cast<size_t>(field_column(field))].path +
-         "' is damaged at rows " + std::to_string(first_row) + "-" + std::to_string(first_row + array->length()) +
-         ": " + valid.message());
-  }
-  ArrowPiece piece;
-  piece.first_row = first_row;
-  piece.rows = array->length();
-  piece.arrays.resize(columns_.size());
-  piece.dictionaries.resize(columns_.size());
-  fill(piece, field_column(field), array);
-  return piece;
-}
-
-void ArrowColumns::fill(ArrowPiece& piece, int column, const std::shared_ptr<arrow::Array>& array) const {
-  piece.arrays[static_cast<size_t>(column)] = array;
+void ArrowColumns::fill(Batch& batch, int column, const std::shared_ptr<arrow::Array>& array) const {
+  batch.arrays[static_cast<size_t>(column)] = array;
   const std::vector<int>& children = children_[static_cast<size_t>(column)];
   switch (array->type_id()) {
     case arrow::Type::DICTIONARY:
-      piece.dictionaries[static_cast<size_t>(column)] = static_cast<const arrow::DictionaryArray&>(*array).dictionary();
+      batch.dictionaries[static_cast<size_t>(column)] = static_cast<const arrow::DictionaryArray&>(*array).dictionary();
       break;
     case arrow::Type::STRUCT: {
       const auto& s = static_cast<const arrow::StructArray&>(*array);
-      for (size_t k = 0; k < children.size(); ++k) fill(piece, children[k], s.field(static_cast<int>(k)));
+      for (size_t k = 0; k < children.size(); ++k) fill(batch, children[k], s.field(static_cast<int>(k)));
       break;
     }
     default:
       if (columns_[static_cast<size_t>(column)].kind == ColumnKind::LIST && !children.empty()) {
-        fill(piece, children[0], list_values(*array));
+        fill(batch, children[0], list_values(*array));
       }
   }
 }
@@ -239,13 +233,14 @@ ArrowColumns::Cell ArrowColumns::cell(int column, int64_t row) const {
   per_row(column);
   if (row < 0 || row >= rows_) fail("row " + std::to_string(row) + " of " + std::to_string(rows_));
   Cell out;
-  out.piece = piece(field_of_[static_cast<size_t>(column)], row);
-  out.index = row - out.piece->first_row;
+  out.batch = &*(std::upper_bound(batches_.begin(), batches_.end(), row,
+                                  [](int64_t r, const Batch& b) { return r < b.first_row; }) - 1);
+  out.index = row - out.batch->first_row;
   for (int up = column; up >= 0 && !out.null; up = columns_[static_cast<size_t>(up)].parent) {
-    out.null = out.piece->arrays[static_cast<size_t>(up)]->IsNull(out.index);
+    out.null = out.batch->arrays[static_cast<size_t>(up)]->IsNull(out.index);
   }
-  out.array = out.piece->arrays[static_cast<size_t>(column)].get();
-  if (const auto& dictionary = out.piece->dictionaries[static_cast<size_t>(column)]; dictionary && !out.null) {
+  out.array = out.batch->arrays[static_cast<size_t>(column)].get();
+  if (const auto& dictionary = out.batch->dictionaries[static_cast<size_t>(column)]; dictionary && !out.null) {
     out.index = dictionary_index(*out.array, out.index);
     out.array = dictionary.get();
     out.null = out.array->IsNull(out.index);
@@ -294,8 +289,8 @@ ArrowColumns::Items ArrowColumns::items(int column, int64_t row, bool whole_numb
   out.list = cell(column, row);
   if (out.list.null) return out;
   std::tie(out.begin, out.end) = item_range(*out.list.array, out.list.index);
-  out.values = out.list.piece->arrays[static_cast<size_t>(c.items)].get();
-  out.dictionary = out.list.piece->dictionaries[static_cast<size_t>(c.items)].get();
+  out.values = out.list.batch->arrays[static_cast<size_t>(c.items)].get();
+  out.dictionary = out.list.batch->dictionaries[static_cast<size_t>(c.items)].get();
   if (out.values->null_count() == 0 && (!out.dictionary || out.dictionary->null_count() == 0)) return out;
   for (int64_t i = out.begin; i < out.end; ++i) {
     if (out.values->IsNull(i) || (out.dictionary && out.dictionary->IsNull(dictionary_index(*out.values, i)))) {

@@ -5,7 +5,6 @@
 #include <arrow/io/memory.h>
 #include <arrow/ipc/reader.h>
 
-#include <algorithm>
 #include <cstring>
 
 #include "data/formats/arrow/columns.h"
@@ -13,33 +12,6 @@
 
 namespace shardtrain::data {
 namespace {
-
-class ArrowIpcTable : public ArrowColumns {
- public:
-  ArrowIpcTable(const arrow::Schema& schema, std::string name, const arrow::RecordBatchVector& batches)
-      : ArrowColumns(schema, std::move(name)) {
-    for (const auto& batch : batches) {
-      std::vector<std::shared_ptr<const ArrowPiece>> fields;
-      for (int f = 0; f < batch->num_columns(); ++f) {
-        fields.push_back(std::make_shared<const ArrowPiece>(make_piece(f, rows_, batch->column(f))));
-      }
-      if (batch->num_rows() == 0) continue;
-      first_rows_.push_back(rows_);
-      pieces_.push_back(std::move(fields));
-      rows_ += batch->num_rows();
-    }
-  }
-
- private:
-  std::shared_ptr<const ArrowPiece> piece(int field, int64_t row) const override {
-    const size_t b = static_cast<size_t>(std::upper_bound(first_rows_.begin(), first_rows_.end(), row) -
-                                         first_rows_.begin()) - 1;
-    return pieces_[b][static_cast<size_t>(field)];
-  }
-
-  std::vector<int64_t> first_rows_;                                      // per record batch (those with rows)
-  std::vector<std::vector<std::shared_ptr<const ArrowPiece>>> pieces_;  // per record batch, per field
-};
 
 // A stream's record batches, to its end-of-stream marker (a stream without one was cut short).
 arrow::RecordBatchVector stream_batches(arrow::ipc::RecordBatchStreamReader& reader, arrow::io::BufferReader& in,
@@ -88,12 +60,12 @@ std::unique_ptr<ColumnTable> open_arrow_ipc(std::string_view bytes, std::string 
         batches.push_back(arrow_value(reader->ReadRecordBatch(b),
                                       name + ": record batch " + std::to_string(b) + " cannot be read"));
       }
-      return std::make_unique<ArrowIpcTable>(*reader->schema(), name, batches);
+      return std::make_unique<ArrowColumns>(*reader->schema(), name, batches);
     }
     const auto reader = arrow_value(arrow::ipc::RecordBatchStreamReader::Open(in, options),
                                     name + ": not an Arrow IPC stream, or a damaged one");
     const arrow::RecordBatchVector batches = stream_batches(*reader, *in, bytes, name);
-    return std::make_unique<ArrowIpcTable>(*reader->schema(), name, batches);
+    return std::make_unique<ArrowColumns>(*reader->schema(), name, batches);
   } catch (const std::runtime_error&) {
     throw;
   } catch (const std::exception& e) {  // Arrow's own, thrown rather than returned

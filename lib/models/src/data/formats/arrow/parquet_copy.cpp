@@ -2,10 +2,10 @@
 // batch of 64Ki rows at a time, so the copy needs no more memory than a batch), Arrow's IPC file writer into an
 // io::AtomicFile.
 #include <arrow/io/file.h>
-#include <arrow/type.h>
-#include <arrow/util/key_value_metadata.h>
 #include <arrow/ipc/reader.h>
 #include <arrow/ipc/writer.h>
+#include <arrow/type.h>
+#include <arrow/util/key_value_metadata.h>
 #include <parquet/arrow/reader.h>
 
 #include <chrono>
@@ -19,6 +19,8 @@
 
 namespace shardtrain::data {
 namespace {
+
+constexpr const char* kCopySourceKey = "shardtrain.source";  // the schema metadata's key for the source's identity
 
 // Arrow's output stream over an AtomicFile: the copy appears whole (written, synced, renamed) or not at all.
 class AtomicFileStream : public arrow::io::OutputStream {
