@@ -51,6 +51,48 @@ std::string gib(int64_t bytes) {
   return text;
 }
 
+// The cluster and the throughput model's constants, from the flags (planner.h's defaults for those not given).
+plan::Cluster cluster_of_args(const Args& args) {
+  plan::Cluster cluster;
+  cluster.gpus = args.get_int("gpus", 8);
+  cluster.nodes = args.get_int("nodes", 1);
+  cluster.gpu_memory = memory::parse_memory_size(args.get("gpu-memory", ""));
+  cluster.seq_len = args.get_int("seq-len", 0);
+  cluster.efficiency = get_positive(args, "efficiency", cluster.efficiency);
+  cluster.peak_tflops_bf16 = get_positive(args, "peak-tflops-bf16", cluster.peak_tflops_bf16);
+  cluster.peak_tflops_fp32 = get_positive(args, "peak-tflops-fp32", cluster.peak_tflops_fp32);
+  cluster.intra_node_gbps = get_positive(args, "intra-node-gbps", cluster.intra_node_gbps);
+  cluster.inter_node_gbps = get_positive(args, "inter-node-gbps", cluster.inter_node_gbps);
+  cluster.pcie_gbps = get_positive(args, "pcie-gbps", cluster.pcie_gbps);
+  cluster.overlap = get_positive(args, "overlap", cluster.overlap);
+  cluster.memory_margin = get_positive(args, "memory-margin", cluster.memory_margin);
+  cluster.half_efficiency_tokens = get_positive(args, "half-efficiency-tokens", cluster.half_efficiency_tokens);
+  if (cluster.overlap > 1 || cluster.memory_margin >= 1 || cluster.efficiency > 1) {
+    throw std::invalid_argument("--overlap, --efficiency and --memory-margin are fractions (expected at most 1)");
+  }
+  return cluster;
+}
+
+// The configurations that fit, fastest first, the first `top` of them.
+void print_table(const std::string& model, const plan::Cluster& cluster,
+                 const std::vector<plan::PlannedConfig>& configs, int64_t top) {
+  std::printf("%s on %lld GPUs (%lld node%s) of %s GiB, %lld text tokens; fastest first (the planner's model):\n",
+              model.c_str(), static_cast<long long>(cluster.gpus), static_cast<long long>(cluster.nodes),
+              cluster.nodes > 1 ? "s" : "", gib(cluster.gpu_memory).c_str(),
+              static_cast<long long>(configs.front().job.seq_len));
+  std::printf("  %-3s %-19s %-5s %-3s %-7s %-11s %9s %9s %10s %9s %8s\n", "#", "strategy", "prec", "AC", "offload",
+              "wrap", "batch/GPU", "peak GiB", "items/s", "TFLOP/s", "step s");
+  for (size_t i = 0; i < configs.size() && static_cast<int64_t>(i) < top; ++i) {
+    const auto& c = configs[i];
+    std::printf("  %-3zu %-19s %-5s %-3s %-7s %-11s %9lld %9s %10.1f %9.1f %8.3f\n", i + 1,
+                parallel::to_string(c.job.strategy).c_str(), parallel::to_string(c.job.mixed_precision).c_str(),
+                c.job.activation_checkpointing ? "on" : "", c.job.cpu_offload ? "on" : "",
+                c.job.strategy == parallel::Strategy::DDP ? "-" : parallel::to_string(c.job.wrap).c_str(),
+                static_cast<long long>(c.job.batch),
+                gib(c.memory.peak_bytes).c_str(), c.items_per_second, c.tflops_per_gpu, c.step_seconds);
+  }
+}
+
 }  // namespace
 
 int run_plan_command(const std::vector<std::string>& argv) {
@@ -83,23 +125,7 @@ int run_plan_command(const std::vector<std::string>& argv) {
     throw std::invalid_argument("--gpus and --gpu-memory are required (e.g. --gpus 8 --gpu-memory 40GiB)");
   }
   const std::string model = args.positionals[0];
-  plan::Cluster cluster;
-  cluster.gpus = args.get_int("gpus", 8);
-  cluster.nodes = args.get_int("nodes", 1);
-  cluster.gpu_memory = memory::parse_memory_size(args.get("gpu-memory", ""));
-  cluster.seq_len = args.get_int("seq-len", 0);
-  cluster.efficiency = get_positive(args, "efficiency", cluster.efficiency);
-  cluster.peak_tflops_bf16 = get_positive(args, "peak-tflops-bf16", cluster.peak_tflops_bf16);
-  cluster.peak_tflops_fp32 = get_positive(args, "peak-tflops-fp32", cluster.peak_tflops_fp32);
-  cluster.intra_node_gbps = get_positive(args, "intra-node-gbps", cluster.intra_node_gbps);
-  cluster.inter_node_gbps = get_positive(args, "inter-node-gbps", cluster.inter_node_gbps);
-  cluster.pcie_gbps = get_positive(args, "pcie-gbps", cluster.pcie_gbps);
-  cluster.overlap = get_positive(args, "overlap", cluster.overlap);
-  cluster.memory_margin = get_positive(args, "memory-margin", cluster.memory_margin);
-  cluster.half_efficiency_tokens = get_positive(args, "half-efficiency-tokens", cluster.half_efficiency_tokens);
-  if (cluster.overlap > 1 || cluster.memory_margin >= 1 || cluster.efficiency > 1) {
-    throw std::invalid_argument("--overlap, --efficiency and --memory-margin are fractions (expected at most 1)");
-  }
+  const plan::Cluster cluster = cluster_of_args(args);
   const models::LoraSpec lora = lora_of_args(args);
   const auto recipe = models::with_lora(models::recipe_of_model(model), lora);
   const std::vector<plan::PlannedConfig> configs = plan::plan_configurations(*recipe, cluster);
@@ -123,22 +149,7 @@ int run_plan_command(const std::vector<std::string>& argv) {
     std::cout << j.dump(2) << "\n";
     return 0;
   }
-  std::printf("%s%s on %lld GPUs (%lld node%s) of %s GiB, %lld text tokens; fastest first (the planner's model):\n",
-              model.c_str(), adapted.c_str(), static_cast<long long>(cluster.gpus),
-              static_cast<long long>(cluster.nodes), cluster.nodes > 1 ? "s" : "", gib(cluster.gpu_memory).c_str(),
-              static_cast<long long>(configs.front().job.seq_len));
-  std::printf("  %-3s %-19s %-5s %-3s %-7s %-11s %9s %9s %10s %9s %8s\n", "#", "strategy", "prec", "AC", "offload",
-              "wrap", "batch/GPU", "peak GiB", "items/s", "TFLOP/s", "step s");
-  const int64_t top = args.get_int("top", 20);
-  for (size_t i = 0; i < configs.size() && static_cast<int64_t>(i) < top; ++i) {
-    const auto& c = configs[i];
-    std::printf("  %-3zu %-19s %-5s %-3s %-7s %-11s %9lld %9s %10.1f %9.1f %8.3f\n", i + 1,
-                parallel::to_string(c.job.strategy).c_str(), parallel::to_string(c.job.mixed_precision).c_str(),
-                c.job.activation_checkpointing ? "on" : "", c.job.cpu_offload ? "on" : "",
-                c.job.strategy == parallel::Strategy::DDP ? "-" : parallel::to_string(c.job.wrap).c_str(),
-                static_cast<long long>(c.job.batch),
-                gib(c.memory.peak_bytes).c_str(), c.items_per_second, c.tflops_per_gpu, c.step_seconds);
-  }
+  print_table(model + adapted, cluster, configs, args.get_int("top", 20));
   const std::string yaml = plan::trainer_yaml(model, configs.front(), lora);
   std::cout << "\nrecommended:\n" << yaml;
   if (args.has("yaml")) {

@@ -396,31 +396,31 @@ TEST_F(LauncherTest, StrayLauncherVariablesAreReplacedAndSaid) {
   EXPECT_TRUE(contains(out, "[rank1]: WORLD_SIZE=2\n")) << out;
 }
 
-// What torchrun runs runs unchanged: tests/launcher/torch_program.py MODE at world sizes 1-4, each rank checking
-// its results and printing "ok rank R: MODE ...".
-void expect_torch_program_runs(const fs::path& dir, const std::string& mode) {
+// What torchrun runs runs unchanged: tests/launcher/torch_program.py at world sizes 1-4, each rank running three
+// programs in turn in one process group (one Python start a rank: each imports torch for seconds) and printing
+// "ok rank R: MODE ..." for each:
+//   allreduce  PyTorch's own init_process_group("gloo") from the environment: the launcher's store
+//              (TORCHELASTIC_USE_AGENT_STORE);
+//   fsdp2      FSDP2's fully_shard, three steps equal to one process's;
+//   mesh       a DeviceMesh, 2-D (2 x 2) at 4 ranks.
+TEST_F(LauncherTest, PyTorchProgramsRunAsUnderTorchrun) {
+  const std::vector<std::string> modes = {"allreduce", "fsdp2", "mesh"};
   for (int world = 1; world <= 4; ++world) {
     const std::string command = "'" + std::string(SHARDTRAIN_BIN) + "' launch --nproc-per-node " +
-                                std::to_string(world) + " -- '" + SHARDTRAIN_PYTHON + "' '" + TORCH_PROGRAM + "' " +
-                                mode + " >" + (dir / "out.txt").string() + " 2>" + (dir / "err.txt").string();
+                                std::to_string(world) + " -- '" + SHARDTRAIN_PYTHON + "' '" + TORCH_PROGRAM +
+                                "' allreduce,fsdp2,mesh >" + (dir_ / "out.txt").string() + " 2>" +
+                                (dir_ / "err.txt").string();
     const int status = std::system(command.c_str());
-    const std::string out = read_file(dir / "out.txt"), err = read_file(dir / "err.txt");
-    EXPECT_EQ(WEXITSTATUS(status), 0) << mode << " at " << world << ":\n" << out << err;
-    for (int rank = 0; rank < world; ++rank) {
-      EXPECT_TRUE(contains(out, "[rank" + std::to_string(rank) + "]: ok rank " + std::to_string(rank) + ": " + mode))
-          << mode << " at " << world << ":\n" << out << err;
+    const std::string out = read_file(dir_ / "out.txt"), err = read_file(dir_ / "err.txt");
+    EXPECT_EQ(WEXITSTATUS(status), 0) << "world " << world << ":\n" << out << err;
+    for (const std::string& mode : modes) {
+      for (int rank = 0; rank < world; ++rank) {
+        EXPECT_TRUE(contains(out, "[rank" + std::to_string(rank) + "]: ok rank " + std::to_string(rank) + ": " + mode))
+            << mode << " at world " << world << ":\n" << out << err;
+      }
     }
   }
 }
-
-// PyTorch's own init_process_group("gloo") from the environment: the launcher's store (TORCHELASTIC_USE_AGENT_STORE).
-TEST_F(LauncherTest, PyTorchAllReduceRunsAsUnderTorchrun) { expect_torch_program_runs(dir_, "allreduce"); }
-
-// FSDP2's fully_shard, three steps equal to one process's.
-TEST_F(LauncherTest, PyTorchFsdp2RunsAsUnderTorchrun) { expect_torch_program_runs(dir_, "fsdp2"); }
-
-// A DeviceMesh, 2-D (2 x 2) at 4 ranks.
-TEST_F(LauncherTest, PyTorchDeviceMeshRunsAsUnderTorchrun) { expect_torch_program_runs(dir_, "mesh"); }
 
 // A PyTorch program whose rank fails in the first attempt runs to the end in the second: a fresh store for the
 // restarted group (no key of the failed attempt's), as torchrun gives one.

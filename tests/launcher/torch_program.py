@@ -1,8 +1,8 @@
 """Plain PyTorch programs, as torchrun runs them, for `shardtrain launch` to run unchanged (tests/launcher).
 
-    python torch_program.py MODE
+    python torch_program.py MODE[,MODE...]
 
-MODE:
+MODE (several, comma-separated, run in turn in one process group):
   allreduce   init_process_group("gloo") from the environment, one all-reduce of each rank's rank + 1
   fsdp2       FSDP2's fully_shard over every rank on a small MLP, three AdamW steps on each rank's slice of one
               batch, compared with the same model trained unsharded on the whole batch in this process
@@ -11,7 +11,7 @@ MODE:
   fail_once   as allreduce, but the last rank exits with code 3 before the all-reduce in the first attempt
               (TORCHELASTIC_RESTART_COUNT=0): a launcher with restarts runs it to the end in the second
 
-Each prints one line per rank starting "ok" (what it checked) or raises.
+Each mode prints one line per rank starting "ok rank R: MODE" (what it checked) or raises.
 """
 import os
 import sys
@@ -81,18 +81,18 @@ def mesh(rank, world):
 
 
 def main():
-    mode = sys.argv[1]
     dist.init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
-    if mode == "fail_once":
-        if os.environ.get("TORCHELASTIC_RESTART_COUNT") == "0" and rank == world - 1:
-            print(f"rank {rank}: failing in the first attempt", flush=True)
-            os._exit(3)
-        what = allreduce(rank, world) + " in attempt " + os.environ["TORCHELASTIC_RESTART_COUNT"]
-    else:
-        what = {"allreduce": allreduce, "fsdp2": fsdp2, "mesh": mesh}[mode](rank, world)
-    print(f"ok rank {rank}: {what}", flush=True)
-    dist.barrier()
+    for mode in sys.argv[1].split(","):
+        if mode == "fail_once":
+            if os.environ.get("TORCHELASTIC_RESTART_COUNT") == "0" and rank == world - 1:
+                print(f"rank {rank}: failing in the first attempt", flush=True)
+                os._exit(3)
+            what = allreduce(rank, world) + " in attempt " + os.environ["TORCHELASTIC_RESTART_COUNT"]
+        else:
+            what = {"allreduce": allreduce, "fsdp2": fsdp2, "mesh": mesh}[mode](rank, world)
+        print(f"ok rank {rank}: {what}", flush=True)
+        dist.barrier()
     dist.destroy_process_group()
     # After FSDP2 on Gloo, PyTorch 2.11's interpreter teardown sometimes aborts ("terminate called without an active
     # exception", SIGABRT; 3 runs in 20 under torchrun itself, 2026-11-29): the checks are done, so leave without it.

@@ -142,21 +142,17 @@ at::ScalarType dtype_of(const Reader& r, const Value* properties, const std::str
   return it->second;
 }
 
-}  // namespace
+// Where each chunk's bytes are: storage_data's {MetadataIndex(fqn, offset): _StorageInfo(relative_path, offset,
+// length)}, by (fqn, the chunk's offsets).
+struct Place {
+  std::string file;
+  uint64_t offset, length;
+  std::vector<std::string> transforms;
+};
+using Places = std::map<std::pair<std::string, std::vector<int64_t>>, Place>;
 
-DcpMetadata parse_dcp_metadata(const std::string& path, const char* bytes, size_t size) {
-  MetadataMachine machine(path, bytes, size);
-  const Reader r(path);
-  const Value& root = r.fields(machine.run(), "Metadata");
-  DcpMetadata out;
-
-  // storage_data: {MetadataIndex(fqn, offset): _StorageInfo(relative_path, offset, length)} for every chunk.
-  struct Place {
-    std::string file;
-    uint64_t offset, length;
-    std::vector<std::string> transforms;
-  };
-  std::map<std::pair<std::string, std::vector<int64_t>>, Place> places;
+Places storage_places(const Reader& r, const Value& root) {
+  Places places;
   const Value* storage = r.field(root, "storage_data", "Metadata");
   if (storage->kind != Value::Kind::kDict) r.fail("its storage_data is not a dict");
   for (size_t k = 0; k < storage->items.size(); k += 2) {
@@ -192,8 +188,11 @@ DcpMetadata parse_dcp_metadata(const std::string& path, const char* bytes, size_
     }
     places[{fqn, at}] = std::move(place);
   }
+  return places;
+}
 
-  // planner_data: {key: (its path in the saved nesting)} (DefaultSavePlanner's flattening).
+// planner_data: {key: (its path in the saved nesting)} (DefaultSavePlanner's flattening).
+std::map<std::string, std::vector<std::string>> saved_paths(const Reader& r, const Value& root) {
   std::map<std::string, std::vector<std::string>> paths;
   if (const Value* planner = root.get("planner_data"); planner != nullptr && planner->kind == Value::Kind::kDict) {
     for (size_t k = 0; k < planner->items.size(); k += 2) {
@@ -212,7 +211,57 @@ DcpMetadata parse_dcp_metadata(const std::string& path, const char* bytes, size_
       paths[key->s] = std::move(parts);
     }
   }
+  return paths;
+}
 
+// One state_dict_metadata entry's TensorStorageMetadata: its size, dtype and chunks, each with where its bytes are.
+DcpTensor tensor_of(const Reader& r, const std::string& key, const Value* item,
+                    const std::map<std::string, std::vector<std::string>>& paths, const Places& places) {
+  const Value& t = r.fields(item, "TensorStorageMetadata");
+  DcpTensor tensor;
+  tensor.key = key;
+  auto path = paths.find(key);
+  tensor.path = path == paths.end() ? std::vector<std::string>{key} : path->second;
+  tensor.dtype = dtype_of(r, t.get("properties"), key);
+  tensor.size = r.ints(r.field(t, "size", "TensorStorageMetadata"), "size of '" + key + "'");
+  const Value* chunks = r.field(t, "chunks", "TensorStorageMetadata");
+  if (chunks->kind != Value::Kind::kList) r.fail("the chunks of '" + key + "' are not a list");
+  for (const ValuePtr& c : chunks->items) {
+    const Value& cf = r.fields(c, "ChunkStorageMetadata");
+    DcpChunk chunk;
+    chunk.offsets = r.ints(r.field(cf, "offsets", "ChunkStorageMetadata"), "a chunk offset of '" + key + "'");
+    chunk.sizes = r.ints(r.field(cf, "sizes", "ChunkStorageMetadata"), "a chunk size of '" + key + "'");
+    if (chunk.offsets.size() != tensor.size.size() || chunk.sizes.size() != tensor.size.size()) {
+      r.fail("a chunk of '" + key + "' has " + std::to_string(chunk.offsets.size()) + " offsets for " +
+             std::to_string(tensor.size.size()) + " dimensions");
+    }
+    for (size_t d = 0; d < tensor.size.size(); ++d) {
+      int64_t end = 0;
+      if (chunk.offsets[d] < 0 || chunk.sizes[d] < 0 ||
+          __builtin_add_overflow(chunk.offsets[d], chunk.sizes[d], &end) || end > tensor.size[d]) {
+        r.fail("a chunk of '" + key + "' lies outside its tensor in dimension " + std::to_string(d));
+      }
+    }
+    auto place = places.find({key, chunk.offsets});
+    if (place == places.end()) r.fail("a chunk of '" + key + "' has no storage entry");
+    chunk.file = place->second.file;
+    chunk.offset = place->second.offset;
+    chunk.length = place->second.length;
+    chunk.transforms = place->second.transforms;
+    tensor.chunks.push_back(std::move(chunk));
+  }
+  return tensor;
+}
+
+}  // namespace
+
+DcpMetadata parse_dcp_metadata(const std::string& path, const char* bytes, size_t size) {
+  MetadataMachine machine(path, bytes, size);
+  const Reader r(path);
+  const Value& root = r.fields(machine.run(), "Metadata");
+  const Places places = storage_places(r, root);
+  const std::map<std::string, std::vector<std::string>> paths = saved_paths(r, root);
+  DcpMetadata out;
   const Value* items = r.field(root, "state_dict_metadata", "Metadata");
   if (items->kind != Value::Kind::kDict) r.fail("its state_dict_metadata is not a dict");
   for (size_t k = 0; k < items->items.size(); k += 2) {
@@ -222,40 +271,7 @@ DcpMetadata parse_dcp_metadata(const std::string& path, const char* bytes, size_
       out.byte_items.push_back(key);
       continue;
     }
-    const Value& t = r.fields(item, "TensorStorageMetadata");
-    DcpTensor tensor;
-    tensor.key = key;
-    auto path = paths.find(key);
-    tensor.path = path == paths.end() ? std::vector<std::string>{key} : path->second;
-    tensor.dtype = dtype_of(r, t.get("properties"), key);
-    tensor.size = r.ints(r.field(t, "size", "TensorStorageMetadata"), "size of '" + key + "'");
-    const Value* chunks = r.field(t, "chunks", "TensorStorageMetadata");
-    if (chunks->kind != Value::Kind::kList) r.fail("the chunks of '" + key + "' are not a list");
-    for (const ValuePtr& c : chunks->items) {
-      const Value& cf = r.fields(c, "ChunkStorageMetadata");
-      DcpChunk chunk;
-      chunk.offsets = r.ints(r.field(cf, "offsets", "ChunkStorageMetadata"), "a chunk offset of '" + key + "'");
-      chunk.sizes = r.ints(r.field(cf, "sizes", "ChunkStorageMetadata"), "a chunk size of '" + key + "'");
-      if (chunk.offsets.size() != tensor.size.size() || chunk.sizes.size() != tensor.size.size()) {
-        r.fail("a chunk of '" + key + "' has " + std::to_string(chunk.offsets.size()) + " offsets for " +
-               std::to_string(tensor.size.size()) + " dimensions");
-      }
-      for (size_t d = 0; d < tensor.size.size(); ++d) {
-        int64_t end = 0;
-        if (chunk.offsets[d] < 0 || chunk.sizes[d] < 0 ||
-            __builtin_add_overflow(chunk.offsets[d], chunk.sizes[d], &end) || end > tensor.size[d]) {
-          r.fail("a chunk of '" + key + "' lies outside its tensor in dimension " + std::to_string(d));
-        }
-      }
-      auto place = places.find({key, chunk.offsets});
-      if (place == places.end()) r.fail("a chunk of '" + key + "' has no storage entry");
-      chunk.file = place->second.file;
-      chunk.offset = place->second.offset;
-      chunk.length = place->second.length;
-      chunk.transforms = place->second.transforms;
-      tensor.chunks.push_back(std::move(chunk));
-    }
-    out.tensors.push_back(std::move(tensor));
+    out.tensors.push_back(tensor_of(r, key, item, paths, places));
   }
   return out;
 }

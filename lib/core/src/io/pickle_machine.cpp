@@ -51,134 +51,157 @@ ValuePtr PickleMachine::run() {
     const size_t at = pos_;
     const uint8_t op = u8();
     switch (op) {
-      case kProto: u8(); break;
-      case kFrame: take(8); break;
+      case kProto: u8(); continue;
+      case kFrame: take(8); continue;
       case kStop:
         if (stack_.size() != 1) fail("the program stops with " + std::to_string(stack_.size()) + " values");
         return stack_.back();
-      case kMark: marks_.push_back(stack_.size()); break;
-      case kPop: pop(); break;
-      case kPopMark: since_mark(); break;
+      case kMark: marks_.push_back(stack_.size()); continue;
+      case kPop: pop(); continue;
+      case kPopMark: since_mark(); continue;
       case kDup: {
         ValuePtr v = top();
         stack_.push_back(v);
-        break;
+        continue;
       }
-      case kNone: stack_.push_back(make(Value::Kind::kNone)); break;
-      case kNewTrue: case kNewFalse: {
-        auto v = make(Value::Kind::kBool);
-        v->i = op == kNewTrue;
-        stack_.push_back(v);
-        break;
-      }
-      case kBinInt: push_int(static_cast<int32_t>(le(4))); break;
-      case kBinInt1: push_int(static_cast<int64_t>(le(1))); break;
-      case kBinInt2: push_int(static_cast<int64_t>(le(2))); break;
-      case kLong1: {
-        const size_t n = u8();
-        if (n > 8) fail("an integer of " + std::to_string(n) + " bytes (8 at most expected)");
-        uint64_t bits = n == 0 ? 0 : le(n);
-        if (n > 0 && n < 8 && (bits >> (8 * n - 1)) != 0) bits |= ~uint64_t{0} << (8 * n);  // sign-extend
-        push_int(static_cast<int64_t>(bits));
-        break;
-      }
-      case kBinFloat: {
-        uint64_t bits = 0;
-        for (const char c : take(8)) bits = (bits << 8) | static_cast<uint8_t>(c);  // big-endian
-        auto v = make(Value::Kind::kFloat);
-        std::memcpy(&v->f, &bits, sizeof(bits));
-        stack_.push_back(v);
-        break;
-      }
-      case kBinUnicode: case kBinString: push_string(take(le(4))); break;
-      case kShortBinUnicode: case kShortBinString: push_string(take(u8())); break;
-      case kBinUnicode8: push_string(take(le(8))); break;
-      case kEmptyTuple: stack_.push_back(make(Value::Kind::kTuple)); break;
-      case kTuple: push_sequence(Value::Kind::kTuple, since_mark()); break;
-      case kTuple1: case kTuple2: case kTuple3: {
-        const size_t n = op - kTuple1 + 1;
-        if (stack_.size() < n) fail("a tuple of " + std::to_string(n) + " from a shorter stack");
-        push_sequence(Value::Kind::kTuple, std::vector<ValuePtr>(stack_.end() - n, stack_.end()), n);
-        break;
-      }
-      case kEmptyList: stack_.push_back(make(Value::Kind::kList)); break;
-      case kList: push_sequence(Value::Kind::kList, since_mark()); break;
-      case kAppend: {
-        ValuePtr item = pop();
-        expect(top(), Value::Kind::kList, "APPEND")->items.push_back(item);
-        break;
-      }
-      case kAppends: {
-        std::vector<ValuePtr> items = since_mark();
-        auto& list = expect(top(), Value::Kind::kList, "APPENDS")->items;
-        list.insert(list.end(), items.begin(), items.end());
-        break;
-      }
-      case kEmptyDict: stack_.push_back(make(Value::Kind::kDict)); break;
-      case kDict: {
-        std::vector<ValuePtr> items = since_mark();
-        stack_.push_back(make(Value::Kind::kDict));
-        set_items(top(), items);
-        break;
-      }
-      case kSetItem: {
-        ValuePtr value = pop(), key = pop();
-        set_items(top(), {key, value});
-        break;
-      }
-      case kSetItems: {
-        std::vector<ValuePtr> items = since_mark();
-        set_items(top(), items);
-        break;
-      }
-      case kGlobal: {
-        std::string module = line(), name = line();
-        push_global(module + "." + name);
-        break;
-      }
-      case kStackGlobal: {
-        ValuePtr name = pop(), module = pop();
-        push_global(expect(module, Value::Kind::kString, "STACK_GLOBAL")->s + "." +
-                    expect(name, Value::Kind::kString, "STACK_GLOBAL")->s);
-        break;
-      }
-      case kReduce: {
-        ValuePtr args = pop(), callable = pop();
-        stack_.push_back(call(expect(callable, Value::Kind::kGlobal, "REDUCE")->s,
-                              expect(args, Value::Kind::kTuple, "REDUCE")->items));
-        break;
-      }
-      case kBuild: {
+      default: break;
+    }
+    if (push_scalar(op) || build_container(op) || make_object(op) || use_memo(op)) continue;
+    char text[64];
+    std::snprintf(text, sizeof(text), "opcode 0x%02x at byte %zu", op, at);
+    fail(std::string(text) + ", which a file of data does not use");
+  }
+}
+
+bool PickleMachine::push_scalar(uint8_t op) {
+  switch (op) {
+    case kNone: stack_.push_back(make(Value::Kind::kNone)); return true;
+    case kNewTrue: case kNewFalse: {
+      auto v = make(Value::Kind::kBool);
+      v->i = op == kNewTrue;
+      stack_.push_back(v);
+      return true;
+    }
+    case kBinInt: push_int(static_cast<int32_t>(le(4))); return true;
+    case kBinInt1: push_int(static_cast<int64_t>(le(1))); return true;
+    case kBinInt2: push_int(static_cast<int64_t>(le(2))); return true;
+    case kLong1: {
+      const size_t n = u8();
+      if (n > 8) fail("an integer of " + std::to_string(n) + " bytes (8 at most expected)");
+      uint64_t bits = n == 0 ? 0 : le(n);
+      if (n > 0 && n < 8 && (bits >> (8 * n - 1)) != 0) bits |= ~uint64_t{0} << (8 * n);  // sign-extend
+      push_int(static_cast<int64_t>(bits));
+      return true;
+    }
+    case kBinFloat: {
+      uint64_t bits = 0;
+      for (const char c : take(8)) bits = (bits << 8) | static_cast<uint8_t>(c);  // big-endian
+      auto v = make(Value::Kind::kFloat);
+      std::memcpy(&v->f, &bits, sizeof(bits));
+      stack_.push_back(v);
+      return true;
+    }
+    case kBinUnicode: case kBinString: push_string(take(le(4))); return true;
+    case kShortBinUnicode: case kShortBinString: push_string(take(u8())); return true;
+    case kBinUnicode8: push_string(take(le(8))); return true;
+    default: return false;
+  }
+}
+
+bool PickleMachine::build_container(uint8_t op) {
+  switch (op) {
+    case kEmptyTuple: stack_.push_back(make(Value::Kind::kTuple)); return true;
+    case kTuple: push_sequence(Value::Kind::kTuple, since_mark()); return true;
+    case kTuple1: case kTuple2: case kTuple3: {
+      const size_t n = op - kTuple1 + 1;
+      if (stack_.size() < n) fail("a tuple of " + std::to_string(n) + " from a shorter stack");
+      push_sequence(Value::Kind::kTuple, std::vector<ValuePtr>(stack_.end() - n, stack_.end()), n);
+      return true;
+    }
+    case kEmptyList: stack_.push_back(make(Value::Kind::kList)); return true;
+    case kList: push_sequence(Value::Kind::kList, since_mark()); return true;
+    case kAppend: {
+      ValuePtr item = pop();
+      expect(top(), Value::Kind::kList, "APPEND")->items.push_back(item);
+      return true;
+    }
+    case kAppends: {
+      std::vector<ValuePtr> items = since_mark();
+      auto& list = expect(top(), Value::Kind::kList, "APPENDS")->items;
+      list.insert(list.end(), items.begin(), items.end());
+      return true;
+    }
+    case kEmptyDict: stack_.push_back(make(Value::Kind::kDict)); return true;
+    case kDict: {
+      std::vector<ValuePtr> items = since_mark();
+      stack_.push_back(make(Value::Kind::kDict));
+      set_items(top(), items);
+      return true;
+    }
+    case kSetItem: {
+      ValuePtr value = pop(), key = pop();
+      set_items(top(), {key, value});
+      return true;
+    }
+    case kSetItems: {
+      std::vector<ValuePtr> items = since_mark();  // before top(): the dict is below the mark
+      set_items(top(), items);
+      return true;
+    }
+    default: return false;
+  }
+}
+
+bool PickleMachine::make_object(uint8_t op) {
+  switch (op) {
+    case kGlobal: {
+      std::string module = line(), name = line();
+      push_global(module + "." + name);
+      return true;
+    }
+    case kStackGlobal: {
+      ValuePtr name = pop(), module = pop();
+      push_global(expect(module, Value::Kind::kString, "STACK_GLOBAL")->s + "." +
+                  expect(name, Value::Kind::kString, "STACK_GLOBAL")->s);
+      return true;
+    }
+    case kReduce: {
+      ValuePtr args = pop(), callable = pop();
+      stack_.push_back(call(expect(callable, Value::Kind::kGlobal, "REDUCE")->s,
+                            expect(args, Value::Kind::kTuple, "REDUCE")->items));
+      return true;
+    }
+    case kBuild: {
       ValuePtr state = pop();
       build(top(), state);
-      break;
+      return true;
     }
     case kNewObj: {
       ValuePtr args = pop(), cls = pop();
       stack_.push_back(new_object(expect(cls, Value::Kind::kGlobal, "NEWOBJ")->s,
                                   expect(args, Value::Kind::kTuple, "NEWOBJ")->items));
-      break;
+      return true;
     }
-    case kBinPersId: stack_.push_back(persistent_load(pop())); break;
-      case kBinGet: case kLongBinGet: {
-        const uint64_t key = le(op == kBinGet ? 1 : 4);
-        auto it = memo_.find(key);
-        if (it == memo_.end()) fail("memo entry " + std::to_string(key) + " read before it was written");
-        stack_.push_back(it->second);
-        break;
-      }
-      case kBinPut: memo_[le(1)] = top(); break;
-      case kLongBinPut: memo_[le(4)] = top(); break;
-      case kMemoize: memo_[memo_.size()] = top(); break;
-      default: {
-        char text[64];
-        std::snprintf(text, sizeof(text), "opcode 0x%02x at byte %zu", op, at);
-        fail(std::string(text) + ", which a file of data does not use");
-      }
-    }
+    case kBinPersId: stack_.push_back(persistent_load(pop())); return true;
+    default: return false;
   }
 }
 
+bool PickleMachine::use_memo(uint8_t op) {
+  switch (op) {
+    case kBinGet: case kLongBinGet: {
+      const uint64_t key = le(op == kBinGet ? 1 : 4);
+      auto it = memo_.find(key);
+      if (it == memo_.end()) fail("memo entry " + std::to_string(key) + " read before it was written");
+      stack_.push_back(it->second);
+      return true;
+    }
+    case kBinPut: memo_[le(1)] = top(); return true;
+    case kLongBinPut: memo_[le(4)] = top(); return true;
+    case kMemoize: memo_[memo_.size()] = top(); return true;
+    default: return false;
+  }
+}
 
 void PickleMachine::fail(const std::string& what) const {
   throw std::runtime_error(path_ + ": cannot read " + what_ + ": " + what);

@@ -74,6 +74,11 @@ class PickleMachine {
   std::vector<int64_t> ints_arg(const std::vector<ValuePtr>& args, size_t k, const std::string& fn) const;
 
  private:
+  // One group of opcodes each: true when `op` was the group's and has run.
+  bool push_scalar(uint8_t op);      // None, booleans, integers, floats, strings
+  bool build_container(uint8_t op);  // tuples, lists, dicts
+  bool make_object(uint8_t op);      // globals, REDUCE, BUILD, NEWOBJ, persistent ids (the subclass's calls)
+  bool use_memo(uint8_t op);         // the memo's puts and gets
   std::string take(uint64_t n);
   uint8_t u8() { return static_cast<uint8_t>(take(1)[0]); }
   uint64_t le(size_t n);

@@ -255,7 +255,10 @@ std::vector<std::pair<std::string, Dtype>> dtype_names() {
           {"fp32", Dtype::FLOAT32},    {"bf16", Dtype::BFLOAT16},     {"fp16", Dtype::FLOAT16}};
 }
 
-std::vector<Field> fields_of(Config& c) {
+namespace {
+
+// Each section's keys, in the order `config --default` prints them.
+std::vector<Field> model_fields(Config& c) {
   return {
       field("model.flavor", c.model.flavor),
       field("model.family", c.model.family),
@@ -272,6 +275,10 @@ std::vector<Field> fields_of(Config& c) {
       field("model.lora.target_modules", c.model.lora.target_modules),
       field("model.lora.modules_to_save", c.model.lora.modules_to_save),
       field("model.lora.from", c.model.lora.from),
+  };
+}
+std::vector<Field> data_fields(Config& c) {
+  return {
       field("data.image_text", c.data.image_text),
       field("data.text", c.data.text),
       field("data.image", c.data.image),
@@ -303,6 +310,10 @@ std::vector<Field> fields_of(Config& c) {
       field("data.max_image_pixels", c.data.max_image_pixels),
       field("data.workers", c.data.workers),
       field("data.queue_depth", c.data.queue_depth),
+  };
+}
+std::vector<Field> parallel_fields(Config& c) {
+  return {
       choice("parallel.strategy", c.parallel.strategy, table_of(parallel::strategy_names(), parallel::strategy_named)),
       choice("parallel.mixed_precision", c.parallel.mixed_precision,
              table_of(parallel::precision_names(), parallel::precision_named)),
@@ -323,6 +334,10 @@ std::vector<Field> fields_of(Config& c) {
       field("parallel.bucket_cap_mb", c.parallel.bucket_cap_mb),
       field("parallel.gradient_as_bucket_view", c.parallel.gradient_as_bucket_view),
       field("parallel.timeout", c.parallel.timeout),
+  };
+}
+std::vector<Field> optim_fields(Config& c) {
+  return {
       choice("optim.name", c.optim.name, kOptimizers),
       field("optim.lr", c.optim.lr),
       field("optim.betas", c.optim.betas),
@@ -348,6 +363,10 @@ std::vector<Field> fields_of(Config& c) {
       field("optim.decay_rate", c.optim.decay_rate),
       field("optim.beta1", c.optim.beta1),
       field("optim.adafactor_eps", c.optim.adafactor_eps),
+  };
+}
+std::vector<Field> train_fields(Config& c) {
+  return {
       field("train.steps", c.train.steps),
       // An integer, or "auto" (kAutoBatch).
       Field{"train.batch_size",
@@ -378,6 +397,10 @@ std::vector<Field> fields_of(Config& c) {
       field("train.skip_window", c.train.skip_window),
       field("train.max_rollbacks", c.train.max_rollbacks),
       field("train.force", c.train.force),
+  };
+}
+std::vector<Field> checkpoint_fields(Config& c) {
+  return {
       field("checkpoint.dir", c.checkpoint.dir),
       field("checkpoint.interval", c.checkpoint.interval),
       field("checkpoint.keep", c.checkpoint.keep),
@@ -387,6 +410,10 @@ std::vector<Field> fields_of(Config& c) {
       choice("checkpoint.state_dict_type", c.checkpoint.state_dict_type,
              {{"sharded", StateDictType::SHARDED}, {"full", StateDictType::FULL}}),
       field("checkpoint.allow_changes", c.checkpoint.allow_changes),
+  };
+}
+std::vector<Field> log_fields(Config& c) {
+  return {
       field("log.interval", c.log.interval),
       field("log.dir", c.log.dir),
       field("log.tensorboard", c.log.tensorboard),
@@ -398,6 +425,10 @@ std::vector<Field> fields_of(Config& c) {
       choice("log.level", c.log.level,
              {{"debug", LogLevel::DEBUG}, {"info", LogLevel::INFO}, {"warning", LogLevel::WARNING},
               {"error", LogLevel::ERROR}}),
+  };
+}
+std::vector<Field> launch_fields(Config& c) {
+  return {
       field("launch.num_processes", c.launch.num_processes),
       field("launch.num_machines", c.launch.num_machines),
       field("launch.machine_rank", c.launch.machine_rank),
@@ -407,6 +438,18 @@ std::vector<Field> fields_of(Config& c) {
       field("launch.max_restarts", c.launch.max_restarts),
       field("launch.preempt_grace", c.launch.preempt_grace),
   };
+}
+
+}  // namespace
+
+std::vector<Field> fields_of(Config& c) {
+  std::vector<Field> out;
+  for (auto* section : {model_fields, data_fields, parallel_fields, optim_fields, train_fields, checkpoint_fields,
+                        log_fields, launch_fields}) {
+    std::vector<Field> fields = section(c);
+    out.insert(out.end(), std::make_move_iterator(fields.begin()), std::make_move_iterator(fields.end()));
+  }
+  return out;
 }
 
 void set_precision(Config& c, const std::string& where, const std::string& path, const YAML::Node& node) {
@@ -652,7 +695,10 @@ void require_probability(double p, const std::string& path) {
 
 }  // namespace
 
-void validate(const Config& c) {
+namespace {
+
+// Each section's values against their ranges and each other (the keys and types are the field table's).
+void validate_train(const Config& c) {
   require(c.train.steps >= 1, "train.steps", num(c.train.steps), "at least 1");
   require(c.train.batch_size >= 1 || c.train.batch_size == kAutoBatch, "train.batch_size", num(c.train.batch_size),
           "at least 1, or auto");
@@ -665,17 +711,19 @@ void validate(const Config& c) {
   require(c.train.max_skipped_steps >= 0, "train.max_skipped_steps", num(c.train.max_skipped_steps), "0 or positive");
   require(c.train.skip_window >= 1, "train.skip_window", num(c.train.skip_window), "at least 1 step");
   require(c.train.max_rollbacks >= 0, "train.max_rollbacks", num(c.train.max_rollbacks), "0 or positive");
-  {
-    const std::vector<std::string> keys = key_paths();
-    for (const std::string& key : c.checkpoint.allow_changes) {
-      const bool section = std::any_of(keys.begin(), keys.end(), [&](const std::string& k) {
-        return k.rfind(key + ".", 0) == 0;
-      });
-      require(key == "all" || section || std::find(keys.begin(), keys.end(), key) != keys.end(),
-              "checkpoint.allow_changes", "'" + key + "'",
-              "a key path, a section or all (closest key: " + closest_key(key, keys) + ")");
-    }
+}
+void validate_allow_changes(const Config& c) {
+  const std::vector<std::string> keys = key_paths();
+  for (const std::string& key : c.checkpoint.allow_changes) {
+    const bool section = std::any_of(keys.begin(), keys.end(), [&](const std::string& k) {
+      return k.rfind(key + ".", 0) == 0;
+    });
+    require(key == "all" || section || std::find(keys.begin(), keys.end(), key) != keys.end(),
+            "checkpoint.allow_changes", "'" + key + "'",
+            "a key path, a section or all (closest key: " + closest_key(key, keys) + ")");
   }
+}
+void validate_model(const Config& c) {
   require(c.model.dtype != Dtype::FLOAT16, "model.dtype", "'float16'",
           "float32 or bfloat16 (pure float16 would need loss scaling with float16 weights; for float16 compute keep "
           "float32 weights with parallel.mixed_precision: fp16)");
@@ -689,6 +737,8 @@ void validate(const Config& c) {
   require(c.model.lora.enabled() || (c.model.lora.target_modules.empty() && c.model.lora.modules_to_save.empty()),
           "model.lora.target_modules", "given with model.lora.r: 0",
           "a rank model.lora.r of 1 or more (r 0 is no LoRA)");
+}
+void validate_optim(const Config& c) {
   require(c.optim.lr > 0, "optim.lr", num(c.optim.lr), "positive");
   require(c.optim.betas.size() == 2, "optim.betas", std::to_string(c.optim.betas.size()) + " values",
           "two values [beta1, beta2]");
@@ -717,6 +767,8 @@ void validate(const Config& c) {
       throw ConfigError("optim.no_decay: '" + pattern + "' is not a regular expression (" + e.what() + ")");
     }
   }
+}
+void validate_data(const Config& c) {
   require_probability(c.data.mlm_probability, "data.mlm_probability");
   require_probability(c.data.mim_probability, "data.mim_probability");
   require_probability(c.data.itm_negative_probability, "data.itm_negative_probability");
@@ -746,6 +798,8 @@ void validate(const Config& c) {
   require(c.data.image_size >= 0, "data.image_size", num(c.data.image_size), "0 (the model's) or positive");
   require(c.data.workers >= 0, "data.workers", num(c.data.workers), "0 (load on the training thread) or more");
   require(c.data.queue_depth >= 1, "data.queue_depth", num(c.data.queue_depth), "at least 1");
+}
+void validate_parallel(const Config& c) {
   require(c.parallel.min_params >= 1, "parallel.min_params", num(c.parallel.min_params), "at least 1");
   require(c.parallel.bucket_cap_mb > 0, "parallel.bucket_cap_mb", num(c.parallel.bucket_cap_mb), "positive (MiB)");
   require(c.parallel.activation_checkpointing_every >= 1, "parallel.activation_checkpointing_every",
@@ -753,14 +807,20 @@ void validate(const Config& c) {
   require(c.parallel.forward_prefetch >= 0, "parallel.forward_prefetch", num(c.parallel.forward_prefetch),
           "0 or more units");
   require(c.parallel.timeout >= 1, "parallel.timeout", num(c.parallel.timeout), "at least 1 (seconds)");
+}
+void validate_checkpoint(const Config& c) {
   require(c.checkpoint.interval >= 0, "checkpoint.interval", num(c.checkpoint.interval), "0 or positive");
   require(c.checkpoint.keep >= 0, "checkpoint.keep", num(c.checkpoint.keep), "0 (keep all) or positive");
   require(c.checkpoint.resume == Resume::NEVER || !c.checkpoint.dir.empty(), "checkpoint.resume",
           c.checkpoint.resume == Resume::AUTO ? "auto" : "true",
           "possible without checkpoint.dir (where would it resume from?)");
+}
+void validate_log(const Config& c) {
   require(c.log.interval >= 1, "log.interval", num(c.log.interval), "at least 1");
   require(c.log.peak_tflops >= 0, "log.peak_tflops", num(c.log.peak_tflops), "0 (measure) or positive");
   require(c.log.warmup_steps >= 0, "log.warmup_steps", num(c.log.warmup_steps), "0 or positive");
+}
+void validate_launch(const Config& c) {
   require(c.launch.num_processes >= 1, "launch.num_processes", num(c.launch.num_processes), "at least 1");
   require(c.launch.num_machines >= 1, "launch.num_machines", num(c.launch.num_machines), "at least 1");
   require(c.launch.num_processes % c.launch.num_machines == 0, "launch.num_processes",
@@ -771,6 +831,20 @@ void validate(const Config& c) {
           num(c.launch.main_process_port), "a port number");
   require(c.launch.max_restarts >= 0, "launch.max_restarts", num(c.launch.max_restarts), "0 or more");
   require(c.launch.preempt_grace >= 0, "launch.preempt_grace", num(c.launch.preempt_grace), "0 or more seconds");
+}
+
+}  // namespace
+
+void validate(const Config& c) {
+  validate_train(c);
+  validate_allow_changes(c);
+  validate_model(c);
+  validate_optim(c);
+  validate_data(c);
+  validate_parallel(c);
+  validate_checkpoint(c);
+  validate_log(c);
+  validate_launch(c);
 }
 
 std::string to_yaml(const Config& config, bool annotated) {

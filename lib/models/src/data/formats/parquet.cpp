@@ -8,6 +8,7 @@
 #include "data/formats/table_files.h"
 
 namespace shardtrain::data {
+
 namespace {
 
 // Thrift's compact encoding, read with every byte checked against the end: a struct is fields until a 0 byte, each
@@ -123,6 +124,12 @@ enum Encoding { kPlain = 0, kPlainDictionary = 2, kRle = 3, kDeltaBinaryPacked =
                 kDeltaByteArray = 7, kRleDictionary = 8, kByteStreamSplit = 9 };
 constexpr int64_t kMaxPageBytes = int64_t{1} << 30;  // what a page may decompress to: 1 GiB
 
+
+}  // namespace
+
+// What the footer says, as the table's constructor reads it (declared in parquet.h).
+namespace parquet_footer {
+
 struct SchemaElement {
   int type = -1, repetition = kRequired, num_children = 0, converted = -1;
   int logical = 0;                   // the LogicalType union's member: STRING 1, MAP 2, LIST 3, ..., INTEGER 10
@@ -130,6 +137,19 @@ struct SchemaElement {
   bool int_signed = true;
   std::string name;
 };
+
+struct ChunkMeta {
+  int type = -1, codec = 0;
+  int64_t values = 0, compressed = 0, data_page = -1, dictionary_page = -1;
+  bool external = false;  // the chunk lives in another file (file_path)
+};
+
+}  // namespace parquet_footer
+
+namespace {
+
+using parquet_footer::ChunkMeta;
+using parquet_footer::SchemaElement;
 
 SchemaElement read_schema_element(Thrift& t) {
   SchemaElement e;
@@ -162,11 +182,6 @@ SchemaElement read_schema_element(Thrift& t) {
   return e;
 }
 
-struct ChunkMeta {
-  int type = -1, codec = 0;
-  int64_t values = 0, compressed = 0, data_page = -1, dictionary_page = -1;
-  bool external = false;  // the chunk lives in another file (file_path)
-};
 
 ChunkMeta read_chunk(Thrift& t) {
   ChunkMeta c;
@@ -192,6 +207,95 @@ ChunkMeta read_chunk(Thrift& t) {
     }
   }
   return c;
+}
+
+// The footer's FileMetaData: the schema (field 2), the row count (3), each row group's row count and column chunks
+// (4), the key/value metadata (5).
+struct FileMetadata {
+  std::vector<SchemaElement> schema;
+  int64_t num_rows = -1;
+  std::vector<std::pair<int64_t, std::vector<ChunkMeta>>> row_groups;  // (rows, a chunk per leaf)
+  std::vector<std::pair<std::string, std::string>> key_values;
+};
+
+std::pair<int64_t, std::vector<ChunkMeta>> read_row_group(Thrift& t) {
+  std::pair<int64_t, std::vector<ChunkMeta>> group{-1, {}};
+  int16_t last = 0, id = 0;
+  int type = 0;
+  while (t.field(last, id, type)) {
+    if (id == 1 && type == kList) {
+      int element = 0;
+      const int64_t chunks = t.list(element);
+      for (int64_t c = 0; c < chunks; ++c) group.second.push_back(read_chunk(t));
+    } else if (id == 3 && type == kI64) {
+      group.first = t.zigzag();
+    } else {
+      t.skip(type);
+    }
+  }
+  return group;
+}
+
+std::pair<std::string, std::string> read_key_value(Thrift& t) {
+  std::pair<std::string, std::string> out;
+  int16_t last = 0, id = 0;
+  int type = 0;
+  while (t.field(last, id, type)) {
+    if (id == 1 && type == kBinary) out.first = std::string(t.binary());
+    else if (id == 2 && type == kBinary) out.second = std::string(t.binary());
+    else t.skip(type);
+  }
+  return out;
+}
+
+FileMetadata read_file_metadata(Thrift& t) {
+  FileMetadata out;
+  int16_t last = 0, id = 0;
+  int type = 0;
+  while (t.field(last, id, type)) {
+    int element = 0;
+    if (id == 2 && type == kList) {
+      const int64_t n = t.list(element);
+      for (int64_t i = 0; i < n; ++i) out.schema.push_back(read_schema_element(t));
+    } else if (id == 3 && type == kI64) {
+      out.num_rows = t.zigzag();
+    } else if (id == 4 && type == kList) {
+      const int64_t n = t.list(element);
+      for (int64_t i = 0; i < n; ++i) out.row_groups.push_back(read_row_group(t));
+    } else if (id == 5 && type == kList) {
+      const int64_t n = t.list(element);
+      for (int64_t i = 0; i < n; ++i) out.key_values.push_back(read_key_value(t));
+    } else {
+      t.skip(type);
+    }
+  }
+  return out;
+}
+
+// A leaf's kind and type name, from its physical type and annotations.
+void describe_leaf(const SchemaElement& e, TableColumn& c) {
+  const bool annotated_int = e.logical == 10 || (e.converted >= 11 && e.converted <= 18);
+  if (e.type == kBoolean) {
+    c.kind = ColumnKind::BOOL, c.type = "bool";
+  } else if ((e.type == kInt32 || e.type == kInt64) && (annotated_int || (e.converted < 0 && e.logical == 0))) {
+    int bits = e.type == kInt32 ? 32 : 64;
+    bool is_signed = true;
+    if (e.logical == 10) bits = e.int_bits, is_signed = e.int_signed;
+    else if (e.converted >= 11 && e.converted <= 14) bits = 8 << (e.converted - 11), is_signed = false;
+    else if (e.converted >= 15) bits = 8 << (e.converted - 15);
+    c.kind = ColumnKind::INT, c.width = bits / 8, c.is_signed = is_signed;
+    c.type = std::string(is_signed ? "int" : "uint") + std::to_string(bits);
+  } else if (e.type == kByteArray) {
+    const bool text = e.converted == 0 || e.logical == 1 || e.logical == 12;  // UTF8, STRING, JSON
+    c.kind = text ? ColumnKind::UTF8 : ColumnKind::BINARY;
+    c.type = text ? "string" : "binary";
+  } else if (e.type == kFloat || e.type == kDouble64) {
+    c.kind = ColumnKind::FLOAT, c.width = e.type == kFloat ? 4 : 8;
+    c.type = e.type == kFloat ? "float32" : "float64";
+  } else {
+    c.type = e.type == kInt96 ? "int96" : e.type == kFixedLenByteArray ? "fixed_size_binary" : "annotated " +
+             std::string(e.type == kInt32 ? "int32" : "int64");  // dates, times, timestamps, decimals
+  }
 }
 
 struct PageHeader {
@@ -559,124 +663,64 @@ ParquetTable::ParquetTable(std::string_view bytes, std::string name) : bytes_(by
   }
   const std::string what = name_ + ": the footer";
   Thrift t(bytes_.data() + size - 8 - footer, bytes_.data() + size - 8, what);
-  std::vector<SchemaElement> schema;
-  int64_t num_rows = -1;
-  std::vector<std::pair<int64_t, std::vector<ChunkMeta>>> row_groups;
-  int16_t last = 0, id = 0;
-  int type = 0;
-  while (t.field(last, id, type)) {
-    int element = 0;
-    if (id == 2 && type == kList) {
-      const int64_t n = t.list(element);
-      for (int64_t i = 0; i < n; ++i) schema.push_back(read_schema_element(t));
-    } else if (id == 3 && type == kI64) {
-      num_rows = t.zigzag();
-    } else if (id == 4 && type == kList) {
-      const int64_t n = t.list(element);
-      for (int64_t i = 0; i < n; ++i) {
-        auto& group = row_groups.emplace_back(-1, std::vector<ChunkMeta>{});
-        int16_t l2 = 0, f = 0;
-        int t2 = 0;
-        while (t.field(l2, f, t2)) {
-          if (f == 1 && t2 == kList) {
-            int e2 = 0;
-            const int64_t chunks = t.list(e2);
-            for (int64_t c = 0; c < chunks; ++c) group.second.push_back(read_chunk(t));
-          } else if (f == 3 && t2 == kI64) {
-            group.first = t.zigzag();
-          } else {
-            t.skip(t2);
-          }
-        }
-      }
-    } else if (id == 5 && type == kList) {
-      const int64_t n = t.list(element);
-      for (int64_t i = 0; i < n; ++i) {
-        std::string key, value;
-        int16_t l2 = 0, f = 0;
-        int t2 = 0;
-        while (t.field(l2, f, t2)) {
-          if (f == 1 && t2 == kBinary) key = std::string(t.binary());
-          else if (f == 2 && t2 == kBinary) value = std::string(t.binary());
-          else t.skip(t2);
-        }
-        metadata_.emplace_back(std::move(key), std::move(value));
-      }
-    } else {
-      t.skip(type);
-    }
-  }
-  if (schema.empty() || num_rows < 0) fail("a footer without a schema or a row count");
+  const FileMetadata file = read_file_metadata(t);
+  if (file.schema.empty() || file.num_rows < 0) fail("a footer without a schema or a row count");
+  metadata_ = file.key_values;
 
   // The schema's tree, depth first from the root (schema[0], the table itself, not a column).
   size_t next = 1;
-  auto add = [&](auto&& self, int parent, int level, int repetition, int item_level, int depth) -> void {
-    if (next >= schema.size()) fail("a schema whose groups claim more children than it has");
-    if (depth > kMaxThriftDepth) fail("a schema nested deeper than " + std::to_string(kMaxThriftDepth));
-    const SchemaElement& e = schema[next++];
-    TableColumn c;
-    Node node;
-    c.path = parent < 0 ? e.name : columns_[static_cast<size_t>(parent)].path + "." + e.name;
-    c.parent = parent;
-    node.level = level + (e.repetition != kRequired ? 1 : 0);
-    node.repetition = repetition + (e.repetition == kRepeated ? 1 : 0);
-    node.item_level = e.repetition == kRepeated ? node.level : item_level;
-    const TableColumn* up = parent < 0 ? nullptr : &columns_[static_cast<size_t>(parent)];
-    c.per_row = e.repetition != kRepeated && (!up || (up->kind == ColumnKind::STRUCT && up->per_row));
-    const bool group = e.num_children > 0 || e.type < 0;
-    if (group) {
-      const bool list = e.converted == 1 || e.converted == 3 || e.logical == 2 || e.logical == 3;
-      c.kind = list ? ColumnKind::LIST : ColumnKind::STRUCT;
-      c.type = list ? "list" : "struct";
-    } else {
-      node.physical = e.type;
-      node.leaf = static_cast<int>(leaves_.size());
-      leaves_.push_back(static_cast<int>(columns_.size()));
-      const bool annotated_int = e.logical == 10 || (e.converted >= 11 && e.converted <= 18);
-      if (e.type == kBoolean) {
-        c.kind = ColumnKind::BOOL, c.type = "bool";
-      } else if ((e.type == kInt32 || e.type == kInt64) && (annotated_int || (e.converted < 0 && e.logical == 0))) {
-        int bits = e.type == kInt32 ? 32 : 64;
-        bool is_signed = true;
-        if (e.logical == 10) bits = e.int_bits, is_signed = e.int_signed;
-        else if (e.converted >= 11 && e.converted <= 14) bits = 8 << (e.converted - 11), is_signed = false;
-        else if (e.converted >= 15) bits = 8 << (e.converted - 15);
-        c.kind = ColumnKind::INT, c.width = bits / 8, c.is_signed = is_signed;
-        c.type = std::string(is_signed ? "int" : "uint") + std::to_string(bits);
-      } else if (e.type == kByteArray) {
-        const bool text = e.converted == 0 || e.logical == 1 || e.logical == 12;  // UTF8, STRING, JSON
-        c.kind = text ? ColumnKind::UTF8 : ColumnKind::BINARY;
-        c.type = text ? "string" : "binary";
-      } else if (e.type == kFloat || e.type == kDouble64) {
-        c.kind = ColumnKind::FLOAT, c.width = e.type == kFloat ? 4 : 8;
-        c.type = e.type == kFloat ? "float32" : "float64";
-      } else {
-        c.type = e.type == kInt96 ? "int96" : e.type == kFixedLenByteArray ? "fixed_size_binary" : "annotated " +
-                 std::string(e.type == kInt32 ? "int32" : "int64");  // dates, times, timestamps, decimals
-      }
-    }
-    columns_.push_back(c);
-    nodes_.push_back(node);
-    const int self_index = static_cast<int>(columns_.size()) - 1;
-    for (int i = 0; i < e.num_children; ++i) {
-      self(self, self_index, node.level, node.repetition, node.item_level, depth + 1);
-    }
-    // A list of one scalar leaf one repetition below it (pyarrow's `list.element`, the legacy `array`): its items.
-    const size_t last = columns_.size() - 1;
-    if (c.kind == ColumnKind::LIST && nodes_[last].leaf >= 0 && nodes_[last].repetition == node.repetition + 1 &&
-        std::count_if(nodes_.begin() + self_index, nodes_.end(), [](const Node& n) { return n.leaf >= 0; }) == 1 &&
-        columns_[last].kind != ColumnKind::OTHER) {
-      columns_[static_cast<size_t>(self_index)].items = static_cast<int>(last);
-    }
-    nodes_[static_cast<size_t>(self_index)].first_leaf =
-        node.leaf >= 0 ? node.leaf : (static_cast<size_t>(self_index) + 1 < columns_.size()
-                                          ? nodes_[static_cast<size_t>(self_index) + 1].first_leaf : -1);
-  };
-  for (int i = 0; i < schema[0].num_children; ++i) add(add, -1, 0, 0, 0, 0);
-  if (next != schema.size()) fail("a schema of " + std::to_string(schema.size()) + " elements, its tree " +
-                                  std::to_string(next));
+  for (int i = 0; i < file.schema[0].num_children; ++i) add_column(file.schema, next, -1, 0, 0, 0, 0);
+  if (next != file.schema.size()) {
+    fail("a schema of " + std::to_string(file.schema.size()) + " elements, its tree " + std::to_string(next));
+  }
+  add_row_groups(file.row_groups, file.num_rows, static_cast<int64_t>(size - 8 - footer));
+}
 
-  const int64_t footer_start = static_cast<int64_t>(size - 8 - footer);
+void ParquetTable::add_column(const std::vector<SchemaElement>& schema, size_t& next, int parent, int level,
+                              int repetition, int item_level, int depth) {
+  if (next >= schema.size()) fail("a schema whose groups claim more children than it has");
+  if (depth > kMaxThriftDepth) fail("a schema nested deeper than " + std::to_string(kMaxThriftDepth));
+  const SchemaElement& e = schema[next++];
+  TableColumn c;
+  Node node;
+  c.path = parent < 0 ? e.name : columns_[static_cast<size_t>(parent)].path + "." + e.name;
+  c.parent = parent;
+  node.level = level + (e.repetition != kRequired ? 1 : 0);
+  node.repetition = repetition + (e.repetition == kRepeated ? 1 : 0);
+  node.item_level = e.repetition == kRepeated ? node.level : item_level;
+  const TableColumn* up = parent < 0 ? nullptr : &columns_[static_cast<size_t>(parent)];
+  c.per_row = e.repetition != kRepeated && (!up || (up->kind == ColumnKind::STRUCT && up->per_row));
+  const bool group = e.num_children > 0 || e.type < 0;
+  if (group) {
+    const bool list = e.converted == 1 || e.converted == 3 || e.logical == 2 || e.logical == 3;
+    c.kind = list ? ColumnKind::LIST : ColumnKind::STRUCT;
+    c.type = list ? "list" : "struct";
+  } else {
+    node.physical = e.type;
+    node.leaf = static_cast<int>(leaves_.size());
+    leaves_.push_back(static_cast<int>(columns_.size()));
+    describe_leaf(e, c);
+  }
+  columns_.push_back(c);
+  nodes_.push_back(node);
+  const int self_index = static_cast<int>(columns_.size()) - 1;
+  for (int i = 0; i < e.num_children; ++i) {
+    add_column(schema, next, self_index, node.level, node.repetition, node.item_level, depth + 1);
+  }
+  // A list of one scalar leaf one repetition below it (pyarrow's `list.element`, the legacy `array`): its items.
+  const size_t last = columns_.size() - 1;
+  if (c.kind == ColumnKind::LIST && nodes_[last].leaf >= 0 && nodes_[last].repetition == node.repetition + 1 &&
+      std::count_if(nodes_.begin() + self_index, nodes_.end(), [](const Node& n) { return n.leaf >= 0; }) == 1 &&
+      columns_[last].kind != ColumnKind::OTHER) {
+    columns_[static_cast<size_t>(self_index)].items = static_cast<int>(last);
+  }
+  nodes_[static_cast<size_t>(self_index)].first_leaf =
+      node.leaf >= 0 ? node.leaf : (static_cast<size_t>(self_index) + 1 < columns_.size()
+                                        ? nodes_[static_cast<size_t>(self_index) + 1].first_leaf : -1);
+}
+
+void ParquetTable::add_row_groups(const std::vector<std::pair<int64_t, std::vector<ChunkMeta>>>& row_groups,
+                                  int64_t num_rows, int64_t footer_start) {
   for (const auto& [group_rows, chunks] : row_groups) {
     const std::string where = "row group " + std::to_string(groups_.size());
     if (group_rows < 0 || group_rows > num_rows - rows_) fail(where + " has " + std::to_string(group_rows) + " rows");

@@ -38,6 +38,11 @@
 
 namespace shardtrain::data {
 
+namespace parquet_footer {  // what the footer says, as the table's constructor reads it (parquet.cpp)
+struct SchemaElement;
+struct ChunkMeta;
+}  // namespace parquet_footer
+
 class ParquetTable : public ColumnTable {
  public:
   // `bytes` is the whole file; it must outlive the table. Throws std::runtime_error naming `name` and what is wrong
@@ -82,6 +87,13 @@ class ParquetTable : public ColumnTable {
     std::vector<Page> data;
   };
 
+  // Adds schema[next] and its children, depth first, under column `parent` (-1: the table) with the levels of the
+  // nodes above it; `next` moves past them.
+  void add_column(const std::vector<parquet_footer::SchemaElement>& schema, size_t& next, int parent, int level,
+                  int repetition, int item_level, int depth);
+  // Each row group's chunks (a chunk per leaf), checked to lie before the footer and to hold their leaf's type.
+  void add_row_groups(const std::vector<std::pair<int64_t, std::vector<parquet_footer::ChunkMeta>>>& row_groups,
+                      int64_t num_rows, int64_t footer_start);
   // The values of the page holding `row` of `column`'s first leaf (a list's: its items' leaf); `row` made relative
   // to that page.
   std::shared_ptr<const Values> values(int column, int64_t& row) const;
