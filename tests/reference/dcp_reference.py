@@ -32,6 +32,9 @@ from torch.distributed.tensor import Shard
 
 
 def _rank(rank, world, store, model_dir, out_dir, class_name, nested, dim1, accelerate):
+    # Forked from a process that has computed (see save_dcp): one intra-op thread, so that no OpenMP region runs in
+    # a child of a process whose OpenMP threads it did not inherit.
+    torch.set_num_threads(1)
     os.environ["GLOO_SOCKET_IFNAME"] = "lo"  # Gloo's pairs on loopback too
     dist.init_process_group("gloo", init_method="file://" + store, rank=rank, world_size=world)
     try:
@@ -64,8 +67,10 @@ def save_dcp(model_dir, out_dir, class_name, world, nested, dim1=False, accelera
     for attempt in (1, 2):  # a rank killed by a signal (see _rank's end) is tried once more, from the start
         with tempfile.TemporaryDirectory() as meeting:
             try:
-                mp.spawn(_rank, args=(world, os.path.join(meeting, "store"), model_dir, out_dir, class_name, nested,
-                                      dim1, accelerate), nprocs=world, join=True)
+                # Forked, not spawned: a spawned rank imports torch and transformers again (seconds each).
+                mp.start_processes(_rank, args=(world, os.path.join(meeting, "store"), model_dir, out_dir, class_name,
+                                                nested, dim1, accelerate), nprocs=world, join=True,
+                                   start_method="fork")
                 return
             except mp.ProcessExitedException as e:
                 if attempt == 2 or e.signal_name is None:
