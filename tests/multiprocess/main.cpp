@@ -21,6 +21,8 @@ dist::ProcessGroup& test_process_group() { return *slot(); }
 
 int main(int argc, char** argv) {
   ::testing::InitGoogleTest(&argc, argv);
+  // Listing the tests (house.multiprocess_suites_listed) needs no process group, and runs outside the launcher.
+  if (::testing::GTEST_FLAG(list_tests)) return RUN_ALL_TESTS();
   using namespace shardtrain;
   dist::DistEnv env = dist::read_dist_env(dist::process_env_lookup());
   dist::ProcessGroupOptions options;
