@@ -12,7 +12,14 @@ cmake --install "$build" --prefix "$work/prefix" >"$work/install.log"
 echo "installed: $(find "$work/prefix/include" -name '*.h' | wc -l) headers, $(ls "$work/prefix/lib"/*.a | wc -l) libraries"
 test -f "$work/prefix/lib/cmake/shardtrain/shardtrainConfig.cmake"
 torch=$("$python" -c 'import torch.utils; print(torch.utils.cmake_prefix_path)')
-cmake -S "$src/examples/cmake_consumer" -B "$work/build" -G Ninja -DCMAKE_CXX_COMPILER="$cxx" \
+# Through ccache when there is one, the fresh prefix's path not part of a file's identity (CCACHE_BASEDIR): the same
+# installed headers and example compile from the cache on the next run; any change to them compiles again.
+launcher=()
+if command -v ccache >/dev/null; then
+  launcher=(-DCMAKE_CXX_COMPILER_LAUNCHER="$(command -v ccache)")
+  export CCACHE_BASEDIR="$work" CCACHE_NOHASHDIR=1
+fi
+cmake -S "$src/examples/cmake_consumer" -B "$work/build" -G Ninja -DCMAKE_CXX_COMPILER="$cxx" "${launcher[@]}" \
   -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_PREFIX_PATH="$work/prefix;$torch" >"$work/configure.log" 2>&1 ||
   { cat "$work/configure.log"; exit 1; }
 cmake --build "$work/build" >"$work/build.log" 2>&1 || { tail -40 "$work/build.log"; exit 1; }
