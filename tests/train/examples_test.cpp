@@ -171,8 +171,10 @@ TEST(Examples, LlamaCausalLmFineTunedThroughItsTokenizerJson) {
   EXPECT_NE(r.output.find("tokenizer: BPE tokenizer.json"), std::string::npos) << r.output;
   const auto [before, after] = progress_of(r.output, "perplexity");
   EXPECT_LT(after, 0.1 * before) << r.output;
+  // The same weights and tokens; ours evaluates 992 of the 1000 held-out texts (whole batches of 2 ranks x 16),
+  // transformers all of them: 2.533 against 2.534 measured (2026-11-29), printed to 2 decimals in the closing line.
   const double theirs = checked_value(r.output, "perplexity");
-  EXPECT_NEAR(theirs, after, 0.05 * after) << r.output;
+  EXPECT_NEAR(theirs, after, 0.01 * after) << r.output;
   io::remove_tree(out);
 }
 

@@ -124,7 +124,6 @@ enum Encoding { kPlain = 0, kPlainDictionary = 2, kRle = 3, kDeltaBinaryPacked =
                 kDeltaByteArray = 7, kRleDictionary = 8, kByteStreamSplit = 9 };
 constexpr int64_t kMaxPageBytes = int64_t{1} << 30;  // what a page may decompress to: 1 GiB
 
-
 }  // namespace
 
 // What the footer says, as the table's constructor reads it (declared in parquet.h).
@@ -181,7 +180,6 @@ SchemaElement read_schema_element(Thrift& t) {
   }
   return e;
 }
-
 
 ChunkMeta read_chunk(Thrift& t) {
   ChunkMeta c;
