@@ -25,6 +25,7 @@
 #include <string>
 #include <vector>
 
+#include "shardtrain/cuda/cuda_library.h"
 #include "shardtrain/memory/memory_stats.h"
 #include "shardtrain/optim/adafactor.h"
 #include "shardtrain/optim/anyprecision_adamw.h"
@@ -123,7 +124,7 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "optimizer_bench: --device '%s' is not cpu or cuda\n", device.c_str());
     return 2;
   }
-  if (device == "cuda" && !torch::cuda::is_available()) {
+  if (device == "cuda" && shardtrain::cuda::load_cuda() == 0) {
     std::fprintf(stderr, "optimizer_bench: --device cuda, but this machine has no CUDA device\n");
     return 2;
   }

@@ -16,10 +16,11 @@ RULES = {
     "core": {
         "util": set(),
         "log": set(),
-        "memory": set(),
+        "cuda": set(),
+        "memory": {"cuda"},
         "parallel": set(),
         "io": set(),
-        "distributed": {"parallel"},
+        "distributed": {"cuda", "parallel"},
         "launch": {"util"},
         "nn": set(),
         "optim": {"distributed"},

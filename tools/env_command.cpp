@@ -3,13 +3,10 @@
 // capability), the CPUs this process may use and the machine's memory, the launcher's variables in effect, and the
 // directories shardtrain reads from (the packed-text cache, the Hugging Face cache).
 #include <ATen/Version.h>
-#include <ATen/cuda/CUDAContext.h>
 #include <ATen/detail/CUDAHooksInterface.h>
 #include <sched.h>
 #include <sys/sysinfo.h>
 #include <sys/utsname.h>
-#include <torch/csrc/cuda/nccl.h>
-#include <torch/cuda.h>
 #include <torch/headeronly/version.h>
 
 #include <cstdint>
@@ -19,6 +16,7 @@
 #include <thread>
 
 #include "commands.h"
+#include "shardtrain/cuda/cuda_library.h"
 #include "shardtrain/data/pipeline/packed_texts.h"
 #include "shardtrain/distributed/env.h"
 #include "shardtrain/io/hf_cache.h"
@@ -65,21 +63,22 @@ int run_env_command(const std::vector<std::string>& args) {
             << "platform: " << u.sysname << " " << u.release << " " << u.machine << "\n"
             << "LibTorch: " << TORCH_VERSION_MAJOR << "." << TORCH_VERSION_MINOR << "." << TORCH_VERSION_PATCH
             << " (CPU capability " << at::get_cpu_capability() << ")\n";
+  int gpus = 0;
   try {  // what LibTorch was built with; read without a GPU
+    gpus = cuda::load_cuda();
     const long runtime = at::detail::getCUDAHooks().versionCUDART();  // 13000: 13.0
     std::cout << "CUDA: runtime " << runtime / 1000 << "." << runtime % 1000 / 10 << ", cuDNN "
               << dotted(at::detail::getCUDAHooks().versionCuDNN()) << ", NCCL "
-              << nccl_version(torch::cuda::nccl::version()) << "\n";
-  } catch (const std::exception&) {
-    std::cout << "CUDA: LibTorch without it\n";
+              << nccl_version(cuda::nccl_version()) << "\n";
+  } catch (const std::exception& e) {
+    std::cout << "CUDA: not available (" << e.what() << ")\n";
   }
-  const int gpus = static_cast<int>(torch::cuda::device_count());
   std::cout << "GPUs: " << gpus << (gpus == 0 ? " (none visible: no GPU, no driver or CUDA_VISIBLE_DEVICES)" : "")
             << "\n";
   for (int i = 0; i < gpus; ++i) {
-    const cudaDeviceProp* p = at::cuda::getDeviceProperties(static_cast<c10::DeviceIndex>(i));
-    std::cout << "  cuda:" << i << "  " << p->name << "  " << gib(static_cast<double>(p->totalGlobalMem))
-              << "  compute capability " << p->major << "." << p->minor << "\n";
+    const cuda::DeviceProperties p = cuda::device_properties(i);
+    std::cout << "  cuda:" << i << "  " << p.name << "  " << gib(static_cast<double>(p.total_bytes))
+              << "  compute capability " << p.major << "." << p.minor << "\n";
   }
   cpu_set_t set;
   CPU_ZERO(&set);

@@ -2,7 +2,7 @@
 # The library as a C++ user gets it: `cmake --install` into a fresh prefix, then examples/cmake_consumer — a CMake
 # project of its own that finds the package (find_package(shardtrain CONFIG REQUIRED)) and links shardtrain::core —
 # configured, built and run on 2 ranks through the launcher: 10 steps of examples/custom_model.cpp and its
-# checkpoint.
+# checkpoint. Then the installed libshardtrain_cuda.so loads LibTorch's CUDA part.
 # usage: consume.sh BUILD_DIR SOURCE_DIR SHARDTRAIN_BIN PYTHON CXX
 set -euo pipefail
 build=$1 src=$2 bin=$3 python=$4 cxx=$5
@@ -26,4 +26,11 @@ cmake --build "$work/build" >"$work/build.log" 2>&1 || { tail -40 "$work/build.l
 "$bin" launch --nproc-per-node 2 -- "$work/build/custom_model" "$work/ckpt" 10 | tee "$work/run.log"
 grep -q '^\[rank0\]: step 10 loss' "$work/run.log"
 test -f "$work/ckpt/step-00000010/manifest.json"
-echo "the installed package built and ran examples/custom_model.cpp on 2 ranks"
+# LibTorch's CUDA part is not linked into the program (it loads on demand), and the installed libshardtrain_cuda.so
+# finds it from where it was installed.
+if readelf -d "$work/build/custom_model" | grep -q 'libtorch_cuda'; then
+  echo "custom_model links libtorch_cuda: shardtrain::core should link LibTorch's CPU part alone"; exit 1
+fi
+SHARDTRAIN_CUDA_LIBRARY="$work/prefix/lib/libshardtrain_cuda.so" "$bin" env >"$work/env.log"
+grep -q '^CUDA: runtime' "$work/env.log" || { cat "$work/env.log"; exit 1; }
+echo "the installed package built and ran examples/custom_model.cpp on 2 ranks; its CUDA library loads"

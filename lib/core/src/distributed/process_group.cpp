@@ -3,7 +3,6 @@
 #include <torch/csrc/distributed/c10d/HashStore.hpp>
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
-#include <torch/cuda.h>
 #include <arpa/inet.h>
 #include <netdb.h>
 #include <netinet/in.h>
@@ -16,11 +15,13 @@
 #include <string>
 #include <thread>
 
+#include "cuda/entry_points.h"
 #include "distributed/backends.h"
 #include "distributed/communicator_impl.h"
 #include "distributed/connect_agreed.h"
 #include "distributed/error_text.h"
 #include "distributed/process_group_impl.h"
+#include "shardtrain/cuda/cuda_library.h"
 
 namespace shardtrain::dist {
 
@@ -188,7 +189,8 @@ std::shared_ptr<Communicator::Impl> make_group(const ProcessGroup::Impl& pg,
   }
   if (pg.options.device == parallel::Device::CUDA && pg.options.cuda_backend == CudaBackend::NCCL) {
     impl->kind = CommBackend::NCCL;
-    impl->backend = make_nccl_backend(store, group_rank, size, pg.options.timeout, impl->device_index);
+    impl->backend =
+        cuda::entry_points().make_nccl_backend(store, group_rank, size, pg.options.timeout, impl->device_index);
   } else {
     impl->kind = CommBackend::GLOO;
     impl->backend = connect_agreed(store, group_rank, size, kConnectAttempts, pg.options.timeout, impl->name,
@@ -277,7 +279,7 @@ std::optional<Communicator> ProcessGroup::new_group(const std::vector<int>& rank
 
 at::Device rank_device(bool cuda, const DistEnv& env, const std::string& what) {
   if (!cuda) return at::Device(at::kCPU);
-  const int gpus = static_cast<int>(torch::cuda::device_count());
+  const int gpus = cuda::load_cuda();
   if (gpus == 0) throw std::invalid_argument(what + " but this machine has no visible CUDA device");
   return at::Device(at::kCUDA, static_cast<c10::DeviceIndex>(env.local_rank % gpus));
 }
@@ -287,7 +289,7 @@ ProcessGroupOptions group_options_for(const at::Device& device, const DistEnv& e
   if (!device.is_cuda()) return o;
   o.device = parallel::Device::CUDA;
   o.device_index = device.index();
-  const bool shared = env.local_world_size > static_cast<int>(torch::cuda::device_count());
+  const bool shared = env.local_world_size > cuda::load_cuda();
   o.cuda_backend = shared ? CudaBackend::GLOO : CudaBackend::NCCL;
   return o;
 }

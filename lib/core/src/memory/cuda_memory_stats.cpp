@@ -1,17 +1,19 @@
 #include <ATen/Context.h>
 #include <c10/core/CachingDeviceAllocator.h>
 #include <c10/core/impl/DeviceGuardImplInterface.h>
-#include <c10/cuda/CUDACachingAllocator.h>
 
 #include <stdexcept>
 #include <string>
 
+#include "cuda/entry_points.h"
+#include "shardtrain/cuda/cuda_library.h"
 #include "shardtrain/memory/memory_stats.h"
 
 namespace shardtrain::memory {
 namespace {
 
 c10::DeviceAllocator& cuda_allocator(int device) {
+  cuda::load_cuda();
   const bool available = c10::impl::hasDeviceGuardImpl(c10::kCUDA) &&
                          c10::impl::getDeviceGuardImpl(c10::kCUDA)->deviceCount() > device && device >= 0;
   if (!available) {
@@ -45,8 +47,7 @@ void set_cuda_memory_limit(int device, int64_t bytes) {
                                 std::to_string(device) + ", expected more than 0 and at most the device's " +
                                 std::to_string(total));
   }
-  c10::cuda::CUDACachingAllocator::setMemoryFraction(static_cast<double>(bytes) / static_cast<double>(total),
-                                                     static_cast<c10::DeviceIndex>(device));
+  cuda::entry_points().set_memory_fraction(static_cast<double>(bytes) / static_cast<double>(total), device);
 }
 
 void reset_cuda_peak(int device) { cuda_allocator(device).resetPeakStats(static_cast<c10::DeviceIndex>(device)); }

@@ -17,6 +17,7 @@
 
 #include "shardtrain/data/pipeline/random.h"
 #include "shardtrain/ckpt/checkpoint.h"
+#include "shardtrain/cuda/cuda_library.h"
 #include "shardtrain/distributed/env.h"
 #include "shardtrain/distributed/heartbeat.h"
 #include "shardtrain/distributed/mesh.h"
@@ -649,6 +650,8 @@ TrainSummary train_run(const Config& given, std::shared_ptr<log::Sink> sink, int
 }  // namespace
 
 TrainSummary train(const Config& given, std::shared_ptr<log::Sink> sink) {
+  // A GPU run loads LibTorch's CUDA part before anything can ask LibTorch about CUDA (shardtrain/cuda/cuda_library.h).
+  if (given.train.device == parallel::Device::CUDA) cuda::load_cuda();
   // A classifier's classes from the data when the config names none (run_classes), resolved once: the model is
   // built for them, the data checked against them, and the checkpoints' config (an export's) holds them.
   Config resolved = given;

@@ -271,6 +271,81 @@ Encoding WordPieceTokenizer::encode_words(const std::vector<std::string>& words,
   return hf_->encode_words(words, length);
 }
 
+namespace {
+
+using Pair = std::pair<int, int>;  // two adjacent symbols of a word
+
+// The corpus' distinct words as symbol ids, each with its count. Symbols are texts ("a", "##b"), numbered in the
+// order they are made: the alphabet first, sorted (as Hugging Face's trainer puts it before any merge), then each
+// merge.
+struct Corpus {
+  std::vector<std::string> symbols;
+  std::map<std::string, int> symbol_ids;
+  std::vector<std::vector<int>> words;
+  std::vector<int64_t> counts;
+
+  int symbol(const std::string& s) {
+    auto it = symbol_ids.find(s);
+    if (it != symbol_ids.end()) return it->second;
+    symbols.push_back(s);
+    return symbol_ids[s] = static_cast<int>(symbols.size() - 1);
+  }
+  // The text of `p` merged: "a" + "##b" -> "ab".
+  std::string merged_text(const Pair& p) const {
+    const std::string& b = symbols[p.second];
+    return symbols[p.first] + (b.rfind("##", 0) == 0 ? b.substr(2) : b);
+  }
+};
+
+Corpus corpus_of(const std::map<std::string, int64_t>& word_counts) {
+  Corpus corpus;
+  auto character = [](const unicode::Codepoints& cps, size_t i) { return (i ? "##" : "") + unicode::to_utf8(cps[i]); };
+  std::set<std::string> alphabet;
+  for (const auto& [w, c] : word_counts) {
+    const unicode::Codepoints cps = unicode::from_utf8(w);
+    for (size_t i = 0; i < cps.size(); ++i) alphabet.insert(character(cps, i));
+  }
+  for (const auto& a : alphabet) corpus.symbol(a);
+  for (const auto& [w, c] : word_counts) {
+    const unicode::Codepoints cps = unicode::from_utf8(w);
+    std::vector<int> ids;
+    for (size_t i = 0; i < cps.size(); ++i) ids.push_back(corpus.symbol(character(cps, i)));
+    corpus.words.push_back(std::move(ids));
+    corpus.counts.push_back(c);
+  }
+  return corpus;
+}
+
+// Replaces `pair` by `merged` in every word that holds it (`where`: the words each pair occurs in, kept up to date)
+// and returns how each pair's count changed.
+std::map<Pair, int64_t> merge_everywhere(Corpus& corpus, std::map<Pair, std::set<size_t>>& where, const Pair& pair,
+                                         int merged) {
+  std::map<Pair, int64_t> touched;
+  for (size_t w : where[pair]) {
+    auto& ids = corpus.words[w];
+    std::vector<int> out;
+    bool changed = false;
+    for (size_t i = 0; i < ids.size();) {
+      if (i + 1 < ids.size() && ids[i] == pair.first && ids[i + 1] == pair.second) {
+        out.push_back(merged), i += 2, changed = true;
+      } else {
+        out.push_back(ids[i]), i += 1;
+      }
+    }
+    if (!changed) continue;
+    for (size_t i = 0; i + 1 < ids.size(); ++i) touched[{ids[i], ids[i + 1]}] -= corpus.counts[w];
+    for (size_t i = 0; i + 1 < out.size(); ++i) {
+      const Pair p{out[i], out[i + 1]};
+      touched[p] += corpus.counts[w];
+      where[p].insert(w);
+    }
+    ids = std::move(out);
+  }
+  return touched;
+}
+
+}  // namespace
+
 // Byte-pair merges over the corpus' distinct words, weighted by their counts. Pair counts are kept up to date
 // incrementally; a max-heap of (count, pair) with stale entries skipped picks the next merge.
 std::vector<std::string> build_vocab(const std::vector<std::string>& texts, const VocabOptions& options) {
@@ -284,93 +359,42 @@ std::vector<std::string> build_vocab(const std::vector<std::string>& texts, cons
   for (const auto& text : texts) {
     for (const auto& w : basic.basic_tokens(text)) ++word_counts[w];
   }
+  Corpus corpus = corpus_of(word_counts);
 
-  std::vector<std::string> symbols;  // symbol id -> text ("a", "##b")
-  std::map<std::string, int> symbol_ids;
-  auto symbol = [&](const std::string& s) {
-    auto it = symbol_ids.find(s);
-    if (it != symbol_ids.end()) return it->second;
-    symbols.push_back(s);
-    return symbol_ids[s] = static_cast<int>(symbols.size() - 1);
-  };
-  std::vector<std::vector<int>> words;
-  std::vector<int64_t> counts;
-  // Characters first, sorted, so the alphabet comes before any merge in the vocabulary (as the trainer does).
-  std::set<std::string> alphabet;
-  for (const auto& [w, c] : word_counts) {
-    const unicode::Codepoints cps = unicode::from_utf8(w);
-    for (size_t i = 0; i < cps.size(); ++i) alphabet.insert((i ? "##" : "") + unicode::to_utf8(cps[i]));
-  }
-  for (const auto& a : alphabet) symbol(a);
-  for (const auto& [w, c] : word_counts) {
-    const unicode::Codepoints cps = unicode::from_utf8(w);
-    std::vector<int> ids;
-    for (size_t i = 0; i < cps.size(); ++i) ids.push_back(symbol((i ? "##" : "") + unicode::to_utf8(cps[i])));
-    words.push_back(std::move(ids));
-    counts.push_back(c);
-  }
-
-  using Pair = std::pair<int, int>;
   std::map<Pair, int64_t> pair_counts;
   std::map<Pair, std::set<size_t>> where;
-  for (size_t w = 0; w < words.size(); ++w) {
-    for (size_t i = 0; i + 1 < words[w].size(); ++i) {
-      const Pair p{words[w][i], words[w][i + 1]};
-      pair_counts[p] += counts[w];
-      where[p].insert(w);
+  for (size_t w = 0; w < corpus.words.size(); ++w) {
+    const auto& ids = corpus.words[w];
+    for (size_t i = 0; i + 1 < ids.size(); ++i) {
+      pair_counts[{ids[i], ids[i + 1]}] += corpus.counts[w];
+      where[{ids[i], ids[i + 1]}].insert(w);
     }
   }
   // Ties: the pair whose merged text is smallest, so the result does not depend on container order.
-  auto merged_text = [&](const Pair& p) {
-    const std::string& b = symbols[p.second];
-    return symbols[p.first] + (b.rfind("##", 0) == 0 ? b.substr(2) : b);
-  };
   using Entry = std::tuple<int64_t, std::string, Pair>;
   auto order = [](const Entry& a, const Entry& b) {
     if (std::get<0>(a) != std::get<0>(b)) return std::get<0>(a) < std::get<0>(b);
     return std::get<1>(a) > std::get<1>(b);
   };
   std::priority_queue<Entry, std::vector<Entry>, decltype(order)> heap(order);
-  for (const auto& [p, c] : pair_counts) heap.emplace(c, merged_text(p), p);
+  for (const auto& [p, c] : pair_counts) heap.emplace(c, corpus.merged_text(p), p);
 
-  while (specials + static_cast<int64_t>(symbols.size()) < options.size && !heap.empty()) {
+  while (specials + static_cast<int64_t>(corpus.symbols.size()) < options.size && !heap.empty()) {
     auto [count, text, pair] = heap.top();
     heap.pop();
     auto current = pair_counts.find(pair);
     if (current == pair_counts.end() || current->second != count) continue;  // stale
     if (count < options.min_frequency) break;
-    const int merged = symbol(text);
-    std::map<Pair, int64_t> touched;
-    for (size_t w : where[pair]) {
-      auto& ids = words[w];
-      std::vector<int> out;
-      bool changed = false;
-      for (size_t i = 0; i < ids.size();) {
-        if (i + 1 < ids.size() && ids[i] == pair.first && ids[i + 1] == pair.second) {
-          out.push_back(merged), i += 2, changed = true;
-        } else {
-          out.push_back(ids[i]), i += 1;
-        }
-      }
-      if (!changed) continue;
-      for (size_t i = 0; i + 1 < ids.size(); ++i) touched[{ids[i], ids[i + 1]}] -= counts[w];
-      for (size_t i = 0; i + 1 < out.size(); ++i) {
-        const Pair p{out[i], out[i + 1]};
-        touched[p] += counts[w];
-        where[p].insert(w);
-      }
-      ids = std::move(out);
-    }
-    for (const auto& [p, delta] : touched) {
+    for (const auto& [p, delta] : merge_everywhere(corpus, where, pair, corpus.symbol(text))) {
       if (delta == 0) continue;
       const int64_t c = (pair_counts[p] += delta);
-      if (c > 0) heap.emplace(c, merged_text(p), p);
+      if (c > 0) heap.emplace(c, corpus.merged_text(p), p);
     }
     pair_counts.erase(pair);
     where.erase(pair);
   }
   std::vector<std::string> vocab(kSpecial, kSpecial + specials);
-  vocab.insert(vocab.end(), symbols.begin(), symbols.end());
+  vocab.insert(vocab.end(), corpus.symbols.begin(), corpus.symbols.end());
   // An alphabet larger than the size asked for is cut (its last characters tokenize as [UNK]).
   if (static_cast<int64_t>(vocab.size()) > options.size) vocab.resize(static_cast<size_t>(options.size));
   return vocab;
