@@ -16,7 +16,7 @@ RULES = {
     "core": {
         "util": set(),
         "log": set(),
-        "cuda": set(),
+        "cuda": {"parallel"},
         "memory": {"cuda"},
         "parallel": set(),
         "io": set(),
@@ -33,7 +33,7 @@ RULES = {
         "models": {"data", "ddp", "distributed", "fsdp", "io", "nn", "optim", "parallel", "util"},
     },
     "train": {
-        "config": {"io", "memory", "models", "parallel", "util"},
+        "config": {"io", "launch", "memory", "models", "parallel", "util"},
         "plan": {"distributed", "fsdp", "io", "memory", "models", "parallel", "util"},
         "train": None,  # the loop: anything below it
         "hf": {"ckpt", "config", "data", "io", "models", "train", "util"},

@@ -32,7 +32,7 @@ const std::vector<Question>& questions() {
       {"launch.main_process_port", "What is the port of the main process?", "29500",
        [](const config::Config& c) { return c.launch.num_machines > 1; }},
       {"launch.num_processes", "How many processes in total (all machines)?", "1"},
-      {"train.device", "Which device (cpu, cuda)?", "cpu"},
+      {"train.device", "Which device (auto: a GPU when one is visible; cpu, cuda)?", "auto"},
       {"parallel.strategy",
        "Sharding strategy (full_shard, shard_grad_op, no_shard, hybrid_shard, hybrid_shard_zero2, ddp)?",
        "full_shard"},

@@ -41,7 +41,7 @@ const char* kEstimateUsage =
     "  --sync-each-batch   reduce after each micro-batch (no full gradients kept between them)\n"
     "  --cpu-offload                                    --batch-size B      samples per rank (default 1)\n"
     "  --seq-len T         text tokens (default: the model's maximum)\n"
-    "  --device D          cpu | cuda (kernels differ in what they keep; default cpu)\n"
+    "  --device D          auto | cpu | cuda (kernels differ in what they keep; default auto: cuda with a GPU)\n"
     "  --lora R            LoRA: rank-R adapters, the base frozen (--lora-targets a,b: PEFT's target_modules;\n"
     "                      default the query and value projections; all-linear)\n"
     "  --json              the estimate as JSON\n"

@@ -13,6 +13,7 @@
 #include "commands.h"
 #include "progress_relay.h"
 #include "shardtrain/config/config.h"
+#include "shardtrain/cuda/cuda_library.h"
 #include "shardtrain/distributed/env.h"
 #include "shardtrain/launch/error_file.h"
 #include "shardtrain/launch/launch.h"
@@ -96,7 +97,12 @@ int run_train_command(const std::vector<std::string>& args) {
 
   const bool under_launcher = launched_as_a_worker(config);
   if (!under_launcher && config.launch.num_processes > 1) {
-    refuse_a_batch_that_cannot_fit(config);  // before any worker starts
+    // Before any worker starts: a GPU asked for where there is none, a batch that cannot fit.
+    if (config.train.device == parallel::Device::CUDA && cuda::visible_gpus() == 0) {
+      throw std::invalid_argument("train.device: 'cuda' but this machine has no visible CUDA device (auto, the "
+                                  "default, takes the CPU then)");
+    }
+    refuse_a_batch_that_cannot_fit(config);
     launch::LaunchOptions o;
     o.nnodes = static_cast<int>(config.launch.num_machines);
     o.nproc_per_node = static_cast<int>(config.launch.num_processes / config.launch.num_machines);
@@ -106,6 +112,7 @@ int run_train_command(const std::vector<std::string>& args) {
     o.master_port_option = "launch.main_process_port";
     o.max_restarts = static_cast<int>(config.launch.max_restarts);
     o.rdzv_id = config.launch.rdzv_id;
+    o.gpu_ids = config.launch.gpu_ids;
     o.preempt_grace = std::chrono::milliseconds(static_cast<int64_t>(config.launch.preempt_grace * 1000.0));
     o.command = {self_executable(), "train"};
     o.command.insert(o.command.end(), args.begin(), args.end());

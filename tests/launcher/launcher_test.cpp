@@ -331,6 +331,11 @@ TEST_F(LauncherTest, WorkersGetTorchrunEnvironment) {
   EXPECT_TRUE(contains(r.out, "[rank1]: SHARDTRAIN_JOB_ID=" + id + "\n")) << r.out;
   EXPECT_TRUE(contains(r.out, "[rank1]: TORCHELASTIC_RUN_ID=" + id + "\n")) << r.out;
   EXPECT_FALSE(contains(r.out, "MASTER_PORT=0\n")) << "a free port must have been chosen: " << r.out;
+  // Accelerate's --gpu_ids: the GPUs the workers see.
+  r = launch({"--nproc-per-node", "2", "--gpu_ids", "1,3"}, "env");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_TRUE(contains(r.out, "[rank0]: CUDA_VISIBLE_DEVICES=1,3\n")) << r.out;
+  EXPECT_TRUE(contains(r.out, "[rank1]: CUDA_VISIBLE_DEVICES=1,3\n")) << r.out;
 }
 
 TEST_F(LauncherTest, TwoNodesOnOneMachine) {

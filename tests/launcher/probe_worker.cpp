@@ -69,7 +69,8 @@ int main(int argc, char** argv) {
   if (mode == "env") {
     for (const char* name : {"RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "MASTER_ADDR",
                              "MASTER_PORT", "OMP_NUM_THREADS", "TORCHELASTIC_RESTART_COUNT",
-                             "TORCHELASTIC_USE_AGENT_STORE", "TORCHELASTIC_RUN_ID", "SHARDTRAIN_JOB_ID"}) {
+                             "TORCHELASTIC_USE_AGENT_STORE", "TORCHELASTIC_RUN_ID", "SHARDTRAIN_JOB_ID",
+                             "CUDA_VISIBLE_DEVICES"}) {
       std::cout << name << "=" << env_or(name, "<unset>") << "\n";
     }
     return 0;

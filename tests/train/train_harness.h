@@ -5,6 +5,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdlib>
 #include <fstream>
@@ -14,6 +15,7 @@
 #include <string>
 #include <vector>
 
+#include <gtest/gtest.h>
 #include <torch/serialize.h>
 
 #include "shardtrain/fsdp/state_dict.h"
@@ -116,6 +118,24 @@ inline std::map<std::string, at::Tensor> saved_state(const std::string& checkpoi
     out[item.key().toStringRef()] = item.value().toTensor();
   }
   return out;
+}
+
+// Max |a - b| over every tensor of two states, which must hold the same names, shapes and dtypes.
+inline double max_difference(const std::map<std::string, at::Tensor>& a, const std::map<std::string, at::Tensor>& b) {
+  EXPECT_EQ(a.size(), b.size());
+  double worst = 0;
+  for (const auto& [name, t] : a) {
+    auto it = b.find(name);
+    if (it == b.end()) {
+      ADD_FAILURE() << "missing " << name;
+      continue;
+    }
+    EXPECT_EQ(t.sizes(), it->second.sizes()) << name;
+    EXPECT_EQ(t.scalar_type(), it->second.scalar_type()) << name;
+    if (t.sizes() != it->second.sizes()) continue;
+    worst = std::max(worst, (t.to(at::kDouble) - it->second.to(at::kDouble)).abs().max().item<double>());
+  }
+  return worst;
 }
 
 }  // namespace shardtrain::test

@@ -20,6 +20,7 @@
 #include "shardtrain/ckpt/checkpoint.h"
 #include "shardtrain/ckpt/manifest.h"
 #include "shardtrain/config/config.h"
+#include "shardtrain/cuda/cuda_library.h"
 #include "shardtrain/data/pipeline/synth.h"
 #include "shardtrain/fsdp/state_dict.h"
 #include "shardtrain/io/files.h"
@@ -33,6 +34,7 @@
 namespace shardtrain {
 namespace {
 
+using test::max_difference;
 using test::Outcome;
 using test::run;
 using test::saved_state;
@@ -58,21 +60,6 @@ class TrainTest : public ::testing::Test {
 };
 std::string TrainTest::root_;
 
-// Max |a - b| over every tensor of two checkpoints' model states (parameters and AdamW moments).
-double max_difference(const std::map<std::string, at::Tensor>& a, const std::map<std::string, at::Tensor>& b) {
-  EXPECT_EQ(a.size(), b.size());
-  double worst = 0;
-  for (const auto& [name, t] : a) {
-    auto it = b.find(name);
-    if (it == b.end()) {
-      ADD_FAILURE() << "missing " << name;
-      continue;
-    }
-    worst = std::max(worst, (t.to(at::kDouble) - it->second.to(at::kDouble)).abs().max().item<double>());
-  }
-  return worst;
-}
-
 TEST_F(TrainTest, StoppedAndResumedEqualsOneRun) {
   for (const std::string strategy : {"full_shard", "ddp"}) {
     SCOPED_TRACE(strategy);
@@ -83,6 +70,10 @@ TEST_F(TrainTest, StoppedAndResumedEqualsOneRun) {
     EXPECT_NE(through.output.find("items/s"), std::string::npos) << through.output;
     EXPECT_NE(through.output.find("itm_accuracy"), std::string::npos) << through.output;
     EXPECT_NE(through.output.find("mixed precision no, tf32 n/a on CPU, "), std::string::npos) << through.output;
+    if (cuda::visible_gpus() == 0) {  // train.device: auto, the default
+      EXPECT_NE(through.output.find("device: cpu (train.device: auto; no GPU visible)"), std::string::npos)
+          << through.output;
+    }
     // The closing lines say where the results are and what to do next.
     EXPECT_NE(through.output.find("checkpoint: " + a + "/step-00000008 (continue: --resume; export: shardtrain "
                                   "checkpoint export " + a + " --out model.safetensors)"), std::string::npos)
@@ -1307,6 +1298,16 @@ TEST_F(TrainTest, BadInputExitsWithTheMessage) {
   EXPECT_NE(r.status, 0);
   EXPECT_NE(r.output.find("train.batch_size: 1 per rank is too small: FLAVA pretraining's ITM objective"),
             std::string::npos) << r.output;
+  // A GPU asked for on a machine without one: said once, by the process that would start the workers.
+  if (cuda::visible_gpus() == 0) {
+    r = run(std::string(SHARDTRAIN_BIN) + " train " + root_ + "/config.yaml --train.device=cuda " +
+            "--launch.num_processes=2");
+    EXPECT_EQ(r.status, 2);
+    const std::string said = "train.device: 'cuda' but this machine has no visible CUDA device";
+    EXPECT_NE(r.output.find(said), std::string::npos) << r.output;
+    EXPECT_EQ(r.output.find(said), r.output.rfind(said)) << r.output;
+    EXPECT_EQ(r.output.find("[rank"), std::string::npos) << r.output;  // no worker started
+  }
 }
 
 // `shardtrain report`: one run's figures beside its metrics, several runs in one figure elsewhere, PNG and SVG

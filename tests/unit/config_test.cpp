@@ -159,7 +159,7 @@ TEST(Config, BadValueNamesTheValueAndWhatWasExpected) {
   expect_error<ConfigError>([] { parse_config("parallel:\n  strategy: zero3\n", "x.yaml"); },
                             {"parallel.strategy", "'zero3'", "one of full_shard, shard_grad_op"});
   expect_error<ConfigError>([] { parse_config("", "x.yaml", {"--train.device=tpu"}); },
-                            {"train.device", "'tpu'", "one of cpu, cuda"});
+                            {"train.device", "'tpu'", "one of auto, cpu, cuda"});
   expect_error<ConfigError>([] { parse_config("", "x.yaml", {"--parallel.activation_checkpointing_every=0"}); },
                             {"parallel.activation_checkpointing_every", "0", "1 or more"});
   expect_error<ConfigError>([] { parse_config("", "x.yaml", {"--parallel.wrap=layers"}); },
@@ -281,6 +281,19 @@ use_cpu: false
                 .parallel.min_params,
             1000000);
   EXPECT_EQ(parse_config("distributed_type: MULTI_CPU\n", "a.yaml").parallel.strategy, parallel::Strategy::DDP);
+  // The device: auto unless the file names one (Accelerate: MULTI_GPU the GPUs, MULTI_CPU or use_cpu the CPU).
+  EXPECT_EQ(c.train.device, parallel::Device::AUTO);  // FSDP, use_cpu: false
+  EXPECT_EQ(parse_config("", "a.yaml").train.device, parallel::Device::AUTO);
+  EXPECT_EQ(parse_config("distributed_type: MULTI_GPU\n", "a.yaml").train.device, parallel::Device::CUDA);
+  EXPECT_EQ(parse_config("distributed_type: MULTI_CPU\n", "a.yaml").train.device, parallel::Device::CPU);
+  EXPECT_EQ(parse_config("distributed_type: MULTI_GPU\nuse_cpu: true\n", "a.yaml").train.device,
+            parallel::Device::CPU);
+  EXPECT_EQ(parse_config("use_cpu: true\ndistributed_type: MULTI_GPU\n", "a.yaml").train.device,
+            parallel::Device::CPU);
+  EXPECT_EQ(c.launch.gpu_ids, "all");
+  EXPECT_EQ(parse_config("gpu_ids: 0,1\n", "a.yaml").launch.gpu_ids, "0,1");
+  expect_error<ConfigError>([] { validate(parse_config("gpu_ids: first\n", "a.yaml")); },
+                            {"launch.gpu_ids", "'first'", "all, or GPU indices"});
   EXPECT_EQ(parse_config("fsdp_config:\n  fsdp_version: 2\n  fsdp_reshard_after_forward: false\n", "a.yaml")
                 .parallel.strategy,
             parallel::Strategy::SHARD_GRAD_OP);

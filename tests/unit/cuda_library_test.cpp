@@ -10,6 +10,7 @@
 #include <torch/cuda.h>
 #include <torch/csrc/distributed/c10d/HashStore.hpp>
 
+#include <filesystem>
 #include <fstream>
 #include <sstream>
 #include <string>
@@ -79,6 +80,21 @@ TEST(CudaLibraryAskedFirst, IsAClearError) {
   EXPECT_FALSE(at::hasCUDA());  // LibTorch settles here: no CUDA in this process
   testing::expect_error<std::runtime_error>([] { load_cuda(); },
                                             {"asked about CUDA before shardtrain loaded", "load_cuda() first"});
+}
+
+// train.device: auto on a machine without NVIDIA's driver: the CPU, found without loading CUDA's libraries (what
+// every CPU run pays otherwise).
+TEST(CudaDeviceProbe, NoDriverMeansTheCpuWithoutLoadingCuda) {
+  if (mapped("libtorch_cuda.so")) GTEST_SKIP() << kSpent;
+  std::error_code ec;
+  if (std::filesystem::exists("/proc/driver/nvidia/gpus", ec) || std::filesystem::exists("/dev/nvidiactl", ec)) {
+    GTEST_SKIP() << "this machine has NVIDIA's driver: the probe loads CUDA (LoadsLibTorchsCudaPartOnlyWhenAsked)";
+  }
+  EXPECT_EQ(visible_gpus(), 0);
+  EXPECT_EQ(resolve_device(parallel::Device::AUTO), parallel::Device::CPU);
+  EXPECT_EQ(resolve_device(parallel::Device::CPU), parallel::Device::CPU);
+  EXPECT_EQ(resolve_device(parallel::Device::CUDA), parallel::Device::CUDA);  // asked for: the run refuses it
+  EXPECT_FALSE(mapped("libtorch_cuda.so"));
 }
 
 }  // namespace

@@ -42,6 +42,8 @@ TEST(LaunchArgs, AccelerateSpellingsCountAllProcesses) {
   EXPECT_EQ(o.node_rank, 1);
   EXPECT_EQ(o.master_addr, "10.1.2.3");
   EXPECT_EQ(o.master_port, 29600);
+  EXPECT_EQ(parse_launch_args({"--gpu_ids", "0,2", "train"}).gpu_ids, "0,2");
+  EXPECT_EQ(parse_launch_args({"--gpu-ids=all", "train"}).gpu_ids, "all");
 }
 
 TEST(LaunchArgs, Defaults) {
@@ -70,6 +72,10 @@ TEST(LaunchArgs, ErrorsNameTheOptionAndValue) {
   EXPECT_NE(error_of({"--master-port", "99999", "p"}).find("not a TCP port"), std::string::npos);
   EXPECT_NE(error_of({"--nproc-per-node", "2"}).find("no program to launch"), std::string::npos);
   EXPECT_NE(error_of({"--nproc-per-node"}).find("needs a value"), std::string::npos);
+  for (const std::string bad : {"0,x", "", "0,,1", "-1"}) {
+    EXPECT_NE(error_of({"--gpu-ids", bad, "p"}).find("--gpu-ids '" + bad + "': expected all, or GPU indices"),
+              std::string::npos) << bad;
+  }
 }
 
 }  // namespace

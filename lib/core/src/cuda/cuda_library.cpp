@@ -94,6 +94,19 @@ int load_cuda() {
   return static_cast<int>(torch::cuda::device_count());
 }
 
+int visible_gpus() {
+  std::error_code ec;
+  const bool listed = fs::is_directory("/proc/driver/nvidia/gpus", ec) &&
+                      !fs::is_empty("/proc/driver/nvidia/gpus", ec);
+  if (!listed && !fs::exists("/dev/nvidiactl", ec)) return 0;
+  return load_cuda();
+}
+
+parallel::Device resolve_device(parallel::Device requested) {
+  if (requested != parallel::Device::AUTO) return requested;
+  return visible_gpus() > 0 ? parallel::Device::CUDA : parallel::Device::CPU;
+}
+
 DeviceProperties device_properties(int device) { return entry_points().device_properties(device); }
 
 uint64_t nccl_version() { return entry_points().nccl_version(); }

@@ -1,4 +1,5 @@
 #include <algorithm>
+#include <cctype>
 #include <chrono>
 #include <map>
 #include <optional>
@@ -24,6 +25,7 @@ enum class Opt {
   PREEMPT_GRACE,
   RDZV_ID,
   NUM_PROCESSES,
+  GPU_IDS,
 };
 
 const std::map<std::string, Opt>& option_table() {
@@ -34,7 +36,7 @@ const std::map<std::string, Opt>& option_table() {
       {"num-processes", Opt::NUM_PROCESSES},   {"num-machines", Opt::NNODES},
       {"machine-rank", Opt::NODE_RANK},        {"main-process-ip", Opt::MASTER_ADDR},
       {"main-process-port", Opt::MASTER_PORT}, {"preempt-grace", Opt::PREEMPT_GRACE},
-      {"rdzv-id", Opt::RDZV_ID},
+      {"rdzv-id", Opt::RDZV_ID},               {"gpu-ids", Opt::GPU_IDS},
   };
   return table;
 }
@@ -76,13 +78,34 @@ std::chrono::milliseconds parse_seconds(const std::string& option, const std::st
 
 }  // namespace
 
+std::string gpu_ids_checked(const std::string& option, const std::string& ids) {
+  bool ok = !ids.empty();
+  if (ids != "all") {
+    std::string number;
+    for (const char ch : ids + ",") {
+      if (ch == ',') {
+        ok = ok && !number.empty() && number.size() <= 4;
+        number.clear();
+      } else {
+        ok = ok && std::isdigit(static_cast<unsigned char>(ch));
+        number += ch;
+      }
+    }
+  }
+  if (!ok) {
+    throw std::invalid_argument(option + " '" + ids + "': expected all, or GPU indices separated by commas (0,1)");
+  }
+  return ids;
+}
+
 std::string launch_usage() {
   return "usage: shardtrain launch --nproc-per-node N [--nnodes M --node-rank R --master-addr A --master-port P]\n"
          "                        [--rdzv-id ID] [--max-restarts K] [--preempt-grace SECONDS] [--] PROGRAM [ARGS...]\n"
          "  --rdzv-id: the job's id, the same on every node (needed with --nnodes > 1 outside Slurm)\n"
          "  --preempt-grace: after SIGTERM/SIGINT, how long the workers get to save before SIGKILL (30)\n"
-         "  Accelerate's --num_processes (total), --num_machines, --machine_rank, --main_process_ip and\n"
-         "  --main_process_port are accepted too; '_' and '-' are interchangeable in option names.\n";
+         "  Accelerate's --num_processes (total), --num_machines, --machine_rank, --main_process_ip,\n"
+         "  --main_process_port and --gpu_ids (the GPUs the workers see: CUDA_VISIBLE_DEVICES) are accepted too;\n"
+         "  '_' and '-' are interchangeable in option names.\n";
 }
 
 LaunchOptions parse_launch_args(const std::vector<std::string>& args) {
@@ -132,6 +155,7 @@ LaunchOptions parse_launch_args(const std::vector<std::string>& args) {
         if (value->empty()) throw std::invalid_argument("--" + name + " is empty: expected the job's id");
         options.rdzv_id = *value;
         break;
+      case Opt::GPU_IDS: options.gpu_ids = gpu_ids_checked("--" + name, *value); break;
     }
   }
   options.command.assign(args.begin() + static_cast<std::ptrdiff_t>(i), args.end());

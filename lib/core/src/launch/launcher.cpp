@@ -175,6 +175,7 @@ std::vector<std::string> worker_environment(const LaunchOptions& o, int local_ra
   vars["SHARDTRAIN_JOB_ID"] = job_id;
   vars["TORCHELASTIC_ERROR_FILE"] = error_file_of(error_dir, rank);
   if (batch_limit > 0) vars[kAutoBatchLimitEnv] = std::to_string(batch_limit);
+  if (!o.gpu_ids.empty() && o.gpu_ids != "all") vars["CUDA_VISIBLE_DEVICES"] = o.gpu_ids;
   if (::isatty(STDERR_FILENO)) {
     vars[kProgressEnv] = "relay";  // [Note: progress through the launcher]
   } else {

@@ -21,7 +21,8 @@ const std::vector<std::pair<std::string, Precision>>& precisions() {
   return table;
 }
 const std::vector<std::pair<std::string, Device>>& devices() {
-  static const std::vector<std::pair<std::string, Device>> table = {{"cpu", Device::CPU}, {"cuda", Device::CUDA}};
+  static const std::vector<std::pair<std::string, Device>> table = {
+      {"auto", Device::AUTO}, {"cpu", Device::CPU}, {"cuda", Device::CUDA}};
   return table;
 }
 

@@ -79,8 +79,11 @@ void reshard_after_forward(Config& c, const std::string& where, const std::strin
 void distributed_type(Config& c, const std::string& where, const std::string& path, const YAML::Node& value) {
   const std::string v = value.IsScalar() ? upper(value.Scalar()) : "";
   if (v == "FSDP" || v == "NO") return;  // FSDP: the strategy comes from fsdp_config; NO: one process
-  if (v == "MULTI_GPU" || v == "MULTI_CPU") {
+  if (v == "MULTI_GPU" || v == "MULTI_CPU") {  // DDP on the devices named (use_cpu: true still means the CPU)
     c.parallel.strategy = parallel::Strategy::DDP;
+    if (c.train.device == parallel::Device::AUTO) {
+      c.train.device = v == "MULTI_GPU" ? parallel::Device::CUDA : parallel::Device::CPU;
+    }
     return;
   }
   bad(where, path, value, "a distributed type shardtrain runs (FSDP, MULTI_GPU, MULTI_CPU or NO)");
@@ -165,7 +168,10 @@ const std::map<std::string, Setter>& keys() {
       {"downcast_bf16", accepted},
       {"rdzv_backend", accepted},
       {"same_network", accepted},
-      {"gpu_ids", accepted},
+      {"gpu_ids",
+       [](Config& c, const std::string& w, const std::string& p, const YAML::Node& v) {
+         c.launch.gpu_ids = node_string(w, p, v);
+       }},
       {"tpu_env", accepted},
       {"tpu_use_cluster", accepted},
       {"tpu_use_sudo", accepted},

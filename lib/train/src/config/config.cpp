@@ -15,6 +15,7 @@
 #include "config/fields.h"
 #include "shardtrain/io/files.h"
 #include "shardtrain/io/hf_cache.h"
+#include "shardtrain/launch/launch.h"
 #include "shardtrain/memory/memory_size.h"
 #include "shardtrain/util/closest_match.h"
 
@@ -435,6 +436,7 @@ std::vector<Field> launch_fields(Config& c) {
       field("launch.main_process_ip", c.launch.main_process_ip),
       field("launch.main_process_port", c.launch.main_process_port),
       field("launch.rdzv_id", c.launch.rdzv_id),
+      field("launch.gpu_ids", c.launch.gpu_ids),
       field("launch.max_restarts", c.launch.max_restarts),
       field("launch.preempt_grace", c.launch.preempt_grace),
   };
@@ -831,6 +833,11 @@ void validate_launch(const Config& c) {
           num(c.launch.main_process_port), "a port number");
   require(c.launch.max_restarts >= 0, "launch.max_restarts", num(c.launch.max_restarts), "0 or more");
   require(c.launch.preempt_grace >= 0, "launch.preempt_grace", num(c.launch.preempt_grace), "0 or more seconds");
+  try {
+    launch::gpu_ids_checked("launch.gpu_ids", c.launch.gpu_ids);
+  } catch (const std::invalid_argument& e) {
+    throw ConfigError(e.what());
+  }
 }
 
 }  // namespace

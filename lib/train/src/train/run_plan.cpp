@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cstdio>
 
+#include "shardtrain/cuda/cuda_library.h"
 #include "shardtrain/distributed/env.h"
 #include "shardtrain/memory/memory_stats.h"
 #include "shardtrain/models/lora.h"
@@ -119,7 +120,9 @@ std::string gib(int64_t bytes) {
 
 }  // namespace
 
-RunPlan plan_run(const config::Config& config, int64_t auto_batch_limit) {
+RunPlan plan_run(const config::Config& given, int64_t auto_batch_limit) {
+  config::Config config = given;  // train.device: auto as what this machine gives it
+  config.train.device = cuda::resolve_device(given.train.device);
   RunPlan out{config, "", 0, "", "", ""};
   const RunLabels labels = run_labels(config);
   const auto recipe = models::with_lora(

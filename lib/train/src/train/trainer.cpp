@@ -560,9 +560,10 @@ int64_t agreed_batch_limit(int64_t mine, const dist::Communicator& world) {
 
 // One attempt at the run; `batch_limit` caps train.batch_size: auto (0: no cap).
 // `classes_from`: where train() filled data.labels from when the config gave none (RunLabels::from: the dataset's
-// ClassLabel, the records' distinct labels), which the start-up says; "" when it did not.
+// ClassLabel, the records' distinct labels), which the start-up says; "" when it did not. `device_note`: what
+// train.device: auto became, and why ("" when the config named the device).
 TrainSummary train_run(const Config& given, std::shared_ptr<log::Sink> sink, int64_t batch_limit,
-                       const std::string& classes_from) {
+                       const std::string& classes_from, const std::string& device_note) {
   Job job(given, std::move(sink));
   // train.batch_size: auto becomes the largest batch the memory model predicts to fit (every rank computes the same).
   const bool auto_batch = given.train.batch_size == config::kAutoBatch;
@@ -574,6 +575,7 @@ TrainSummary train_run(const Config& given, std::shared_ptr<log::Sink> sink, int
   if (auto_batch) job.logger.info(plan.text.substr(0, plan.text.find('\n')));
   const dist::Communicator& world = job.pg.world();
   TrainingData data = open_training_data(c, *job.task, job.tokenizer, world.rank(), world.size(), job.logger);
+  if (!device_note.empty()) data.notes.push_back(device_note);
   if (!classes_from.empty() && job.task->data_needs().num_labels > 0) {
     std::string names;
     for (const auto& name : c.data.labels) names += (names.empty() ? "" : ", ") + name;
@@ -650,11 +652,18 @@ TrainSummary train_run(const Config& given, std::shared_ptr<log::Sink> sink, int
 }  // namespace
 
 TrainSummary train(const Config& given, std::shared_ptr<log::Sink> sink) {
-  // A GPU run loads LibTorch's CUDA part before anything can ask LibTorch about CUDA (shardtrain/cuda/cuda_library.h).
-  if (given.train.device == parallel::Device::CUDA) cuda::load_cuda();
+  // train.device: auto becomes the device a run computes on, and a GPU run loads LibTorch's CUDA part before
+  // anything can ask LibTorch about CUDA (shardtrain/cuda/cuda_library.h).
+  Config resolved = given;
+  resolved.train.device = cuda::resolve_device(given.train.device);
+  if (resolved.train.device == parallel::Device::CUDA) cuda::load_cuda();
+  const std::string device_note = given.train.device != parallel::Device::AUTO ? ""
+                                  : resolved.train.device == parallel::Device::CUDA
+                                      ? "device: cuda (train.device: auto; " + std::to_string(cuda::visible_gpus()) +
+                                            " GPUs visible)"
+                                      : "device: cpu (train.device: auto; no GPU visible)";
   // A classifier's classes from the data when the config names none (run_classes), resolved once: the model is
   // built for them, the data checked against them, and the checkpoints' config (an export's) holds them.
-  Config resolved = given;
   const RunLabels labels = run_labels(given);
   resolved.data.labels = labels.names, resolved.data.multi_label = labels.multi_label;
   const std::string classes_from = labels.from;
@@ -663,7 +672,7 @@ TrainSummary train(const Config& given, std::shared_ptr<log::Sink> sink) {
   const bool alone = env.source == dist::EnvSource::NONE || env.world_size == 1;
   while (true) {
     try {
-      return train_run(resolved, sink, batch_limit, classes_from);
+      return train_run(resolved, sink, batch_limit, classes_from, device_note);
     } catch (const AutoBatchOutOfMemory& e) {
       if (!alone) throw;  // the other ranks wait in collectives: the launcher restarts them all (launch.h)
       log::Logger(sink, 0).warning(e.what());

@@ -9,6 +9,8 @@
 #include <cstdint>
 #include <string>
 
+#include "shardtrain/parallel/vocabulary.h"
+
 namespace shardtrain::cuda {
 
 // Loads the CUDA backend into this process, once (later calls return at once), and returns the number of visible
@@ -22,6 +24,14 @@ namespace shardtrain::cuda {
 // ../lib, in the build tree that built this library, in the prefix it installs to. Throws std::runtime_error naming
 // what failed: not found (every path tried), not loadable (the dynamic loader's reason), or CUDA asked about first.
 int load_cuda();
+
+// The GPUs this process sees: 0 without loading anything on a machine without NVIDIA's driver (no
+// /proc/driver/nvidia/gpus entry, no /dev/nvidiactl), else load_cuda()'s count.
+int visible_gpus();
+
+// What a run computes on: `requested` itself, or for Device::AUTO, CUDA when visible_gpus() finds one and the CPU
+// otherwise.
+parallel::Device resolve_device(parallel::Device requested);
 
 struct DeviceProperties {
   std::string name;         // "NVIDIA H200"

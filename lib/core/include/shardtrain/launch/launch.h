@@ -60,6 +60,9 @@ struct LaunchOptions {
   std::string master_port_option = "--master-port";  // how the user set it, for errors (a config key)
   int max_restarts = 0;     // whole-group restarts after a failure
   std::string rdzv_id;      // the job's id, the same on every node (SHARDTRAIN_JOB_ID); empty: see run_launch
+  // The GPUs the workers see, as CUDA_VISIBLE_DEVICES ("0,1": Accelerate's gpu_ids); empty or "all": the
+  // environment's. Checked by gpu_ids_checked.
+  std::string gpu_ids;
   std::chrono::milliseconds stop_grace{3000};  // SIGTERM -> SIGKILL delay when stopping workers after a failure
   // SIGTERM/SIGINT to the launcher -> SIGKILL of the workers: their time to save (Slurm's KillWait default).
   std::chrono::milliseconds preempt_grace{30000};
@@ -73,6 +76,10 @@ struct LaunchOptions {
 //               --main-process-ip --main-process-port
 // then `--` (optional) and the command. argv excludes "launch" itself.
 LaunchOptions parse_launch_args(const std::vector<std::string>& args);
+
+// `ids` when it is "all" or device indices separated by commas ("0,1,3"); else std::invalid_argument naming
+// `option` and the value.
+std::string gpu_ids_checked(const std::string& option, const std::string& ids);
 
 std::string launch_usage();
 

@@ -20,7 +20,9 @@ namespace shardtrain::parallel {
 enum class Strategy { FULL_SHARD, SHARD_GRAD_OP, NO_SHARD, HYBRID_SHARD, HYBRID_SHARD_ZERO2, DDP };
 
 // Where a rank computes: the CPU (its collectives over Gloo), or its node's GPU (NCCL, or Gloo through host copies).
-enum class Device { CPU, CUDA };
+// AUTO, a run's default, asks for CUDA when the machine has a visible GPU and the CPU otherwise; a run resolves it
+// at its start (cuda::resolve_device), so nothing that computes sees it.
+enum class Device { AUTO, CPU, CUDA };
 
 // Mixed precision: the dtype gathered parameters and activations compute in (float32 masters kept): none, bfloat16,
 // or float16 with loss scaling.
@@ -32,7 +34,7 @@ enum class Wrap { TRANSFORMER, SIZE, NONE };
 
 std::string to_string(Strategy s);  // "full_shard", ..., "ddp"
 std::string to_string(Precision p);  // "no", "bf16", "fp16"
-std::string to_string(Device d);     // "cpu", "cuda"
+std::string to_string(Device d);     // "auto", "cpu", "cuda"
 std::string to_string(Wrap w);       // "transformer", "size", "none"
 // The value a name spells; std::invalid_argument naming it and every name otherwise.
 Strategy strategy_named(const std::string& name);

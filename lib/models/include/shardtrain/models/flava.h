@@ -140,6 +140,12 @@ class FlavaImpl : public nn::Interceptable<FlavaImpl, std::vector<at::Tensor>(at
   at::Tensor logit_scale;
 
  private:
+  // The global contrastive objective into `out`: embeddings from the unmasked passes' CLS positions (`text_cls`,
+  // `image_cls`: [B, hidden]), logits over every rank's of contrastive_group_, the rows of `matching_rows` (ITM's
+  // positive pairs) only when defined.
+  void add_contrastive(FlavaOutputs& out, const at::Tensor& text_cls, const at::Tensor& image_cls,
+                       const at::Tensor& matching_rows);
+
   std::optional<dist::Communicator> contrastive_group_;
 };
 TORCH_MODULE(Flava);

@@ -873,6 +873,109 @@ std::string ParquetTable::where(int leaf, size_t group) const {
          "' in row group " + std::to_string(group);
 }
 
+namespace {
+
+// `count` PLAIN values of Parquet type `physical` from `t` (up to `end`) into `out` (a ParquetTable::Values): ints
+// (a float's or double's bits) or (offsets, data).
+template <class Values>
+void read_plain(Thrift& t, const char* end, int64_t count, int physical, bool is_signed, Values& out) {
+  if (physical == kBoolean) {
+    for (int64_t i = 0; i < count; ++i) {
+      if (i % 8 == 0 && end - t.position() < 1) t.fail("ends inside its booleans");
+      out.ints.push_back((static_cast<uint8_t>(t.position()[0]) >> (i % 8)) & 1);
+      if (i % 8 == 7 || i + 1 == count) t.byte();
+    }
+  } else if (physical != kByteArray) {
+    const int width = physical == kInt32 || physical == kFloat ? 4 : 8;
+    if (count > (end - t.position()) / width) t.fail("ends inside its values");
+    for (int64_t i = 0; i < count; ++i) {
+      int64_t v = 0;
+      if (width == 4) {
+        int32_t w;
+        std::memcpy(&w, t.position(), 4);
+        v = is_signed ? w : static_cast<int64_t>(static_cast<uint32_t>(w));
+      } else {
+        std::memcpy(&v, t.position(), 8);
+      }
+      out.ints.push_back(v);
+      t.advance(static_cast<uint64_t>(width));
+    }
+  } else {
+    if (out.offsets.empty()) out.offsets.push_back(0);
+    for (int64_t i = 0; i < count; ++i) {
+      if (end - t.position() < 4) t.fail("ends inside its values");
+      const uint32_t n = load_u32(t.position());
+      t.advance(4);
+      if (n > static_cast<uint64_t>(end - t.position())) t.fail("has a value past its end");
+      out.data.append(t.position(), n);
+      t.advance(n);
+      out.offsets.push_back(static_cast<int64_t>(out.data.size()));
+    }
+  }
+}
+
+// The `present` values of a data page (header `h`, its values' bytes `values_bytes`), decoded whole: ints, or
+// (offsets, data) for byte arrays. `dictionary`: the chunk's (null: none), for dictionary indices.
+template <class Values>
+Values read_present(const PageHeader& h, std::string_view values_bytes, int64_t present, int physical,
+                    bool is_signed, const Values* dictionary, const std::string& what) {
+  Values present_values;
+  Thrift vt(values_bytes.data(), values_bytes.data() + values_bytes.size(), what + "'s values");
+  const char* values_end = values_bytes.data() + values_bytes.size();
+  if (h.encoding == kPlain) {
+    read_plain(vt, values_end, present, physical, is_signed, present_values);
+  } else if (h.encoding == kPlainDictionary || h.encoding == kRleDictionary) {
+    if (!dictionary) throw std::runtime_error(what + ": dictionary indices without a dictionary page");
+    std::vector<uint32_t> indices;
+    if (present > 0) read_hybrid(vt, values_end, vt.byte(), present, indices);
+    const size_t dict_size = physical == kByteArray ? dictionary->offsets.size() - 1 : dictionary->ints.size();
+    if (physical == kByteArray) present_values.offsets.push_back(0);
+    for (uint32_t i : indices) {
+      if (i >= dict_size) throw std::runtime_error(what + ": dictionary index " + std::to_string(i) + " of " +
+                                                   std::to_string(dict_size));
+      if (physical == kByteArray) {
+        present_values.data.append(dictionary->data, static_cast<size_t>(dictionary->offsets[i]),
+                                   static_cast<size_t>(dictionary->offsets[i + 1] - dictionary->offsets[i]));
+        present_values.offsets.push_back(static_cast<int64_t>(present_values.data.size()));
+      } else {
+        present_values.ints.push_back(dictionary->ints[i]);
+      }
+    }
+  } else if (h.encoding == kDeltaBinaryPacked && (physical == kInt32 || physical == kInt64)) {
+    read_delta(vt, values_end, present, present_values.ints);
+    for (int64_t& v : present_values.ints) v = as_physical(v, physical, is_signed);
+  } else if ((h.encoding == kDeltaLengthByteArray || h.encoding == kDeltaByteArray) && physical == kByteArray) {
+    present_values.offsets.push_back(0);
+    read_delta_strings(vt, values_end, present, h.encoding == kDeltaByteArray, present_values.data,
+                       present_values.offsets);
+  } else if (h.encoding == kByteStreamSplit && (physical == kFloat || physical == kDouble64)) {
+    // value i's byte b at b * present + i: the streams of each byte position one after another
+    const auto width = static_cast<size_t>(physical == kFloat ? 4 : 8), n = static_cast<size_t>(present);
+    if (values_bytes.size() / width < n) throw std::runtime_error(what + ": its split bytes end inside the values");
+    for (size_t i = 0; i < n; ++i) {
+      uint64_t v = 0;
+      for (size_t b = 0; b < width; ++b) v |= uint64_t{static_cast<uint8_t>(values_bytes[b * n + i])} << (8 * b);
+      present_values.ints.push_back(static_cast<int64_t>(v));
+    }
+  } else if (h.encoding == kRle && physical == kBoolean) {  // v2 pages' booleans: a length, then width-1 runs
+    if (values_bytes.size() < 4 || load_u32(values_bytes.data()) > values_bytes.size() - 4) {
+      throw std::runtime_error(what + ": RLE booleans pass the page's end");
+    }
+    const char* runs_end = values_bytes.data() + 4 + load_u32(values_bytes.data());
+    Thrift rt(values_bytes.data() + 4, runs_end, what + "'s values");
+    std::vector<uint32_t> bits;
+    read_hybrid(rt, runs_end, 1, present, bits);
+    present_values.ints.assign(bits.begin(), bits.end());
+  } else {
+    throw std::runtime_error(what + " is in encoding " + std::to_string(h.encoding) +
+                             ", which is not read (PLAIN, dictionary, DELTA_* and a float's BYTE_STREAM_SPLIT "
+                             "are)");
+  }
+  return present_values;
+}
+
+}  // namespace
+
 std::shared_ptr<const ParquetTable::Values> ParquetTable::decode_page(int leaf, size_t group, int64_t header,
                                                                       int64_t rows,
                                                                       std::shared_ptr<const Values> dictionary) const {
@@ -886,43 +989,6 @@ std::shared_ptr<const ParquetTable::Values> ParquetTable::decode_page(int leaf, 
       physical != kDouble64 && physical != kByteArray) {
     throw std::runtime_error(what + " holds " + c.type + " values, which are not read");
   }
-  // `count` PLAIN values from t into ints (a float's or double's bits) or (offsets, data).
-  auto plain = [&](Thrift& t, const char* end, int64_t count, Values& out) {
-    if (physical == kBoolean) {
-      for (int64_t i = 0; i < count; ++i) {
-        if (i % 8 == 0 && end - t.position() < 1) t.fail("ends inside its booleans");
-        out.ints.push_back((static_cast<uint8_t>(t.position()[0]) >> (i % 8)) & 1);
-        if (i % 8 == 7 || i + 1 == count) t.byte();
-      }
-    } else if (physical != kByteArray) {
-      const int width = physical == kInt32 || physical == kFloat ? 4 : 8;
-      if (count > (end - t.position()) / width) t.fail("ends inside its values");
-      for (int64_t i = 0; i < count; ++i) {
-        int64_t v = 0;
-        if (width == 4) {
-          int32_t w;
-          std::memcpy(&w, t.position(), 4);
-          v = c.is_signed ? w : static_cast<int64_t>(static_cast<uint32_t>(w));
-        } else {
-          std::memcpy(&v, t.position(), 8);
-        }
-        out.ints.push_back(v);
-        t.advance(static_cast<uint64_t>(width));
-      }
-    } else {
-      if (out.offsets.empty()) out.offsets.push_back(0);
-      for (int64_t i = 0; i < count; ++i) {
-        if (end - t.position() < 4) t.fail("ends inside its values");
-        const uint32_t n = load_u32(t.position());
-        t.advance(4);
-        if (n > static_cast<uint64_t>(end - t.position())) t.fail("has a value past its end");
-        out.data.append(t.position(), n);
-        t.advance(n);
-        out.offsets.push_back(static_cast<int64_t>(out.data.size()));
-      }
-    }
-  };
-
   std::string buffer;  // the decompressed page
   const char* chunk_end = bytes_.data() + chunk.start + chunk.size;
   Thrift ht(bytes_.data() + header, chunk_end, what + "'s page header");
@@ -937,7 +1003,7 @@ std::shared_ptr<const ParquetTable::Values> ParquetTable::decode_page(int leaf, 
     if (h.values < 0) throw std::runtime_error(what + ": a dictionary of " + std::to_string(h.values) + " values");
     const std::string_view d = decompress(chunk.codec, page, h.compressed, h.uncompressed, buffer, what);
     Thrift t(d.data(), d.data() + d.size(), what + "'s dictionary");
-    plain(t, d.data() + d.size(), h.values, *out);
+    read_plain(t, d.data() + d.size(), h.values, physical, c.is_signed, *out);
     if (physical == kByteArray && out->offsets.empty()) out->offsets.push_back(0);
     return out;
   }
@@ -950,62 +1016,8 @@ std::shared_ptr<const ParquetTable::Values> ParquetTable::decode_page(int leaf, 
   const std::vector<uint32_t> repetitions = read_levels(parts.repetition, max_repetition, slots,
                                                         what + "'s repetition levels");
   const std::vector<uint32_t> levels = read_levels(parts.definition, max_level, slots, what + "'s definition levels");
-  const std::string_view values_bytes = parts.values;
-  // The `present` values of the page, decoded whole: ints, or (offsets, data) for byte arrays.
   auto decode_present = [&](int64_t present) {
-    Values present_values;
-    Thrift vt(values_bytes.data(), values_bytes.data() + values_bytes.size(), what + "'s values");
-    const char* values_end = values_bytes.data() + values_bytes.size();
-    if (h.encoding == kPlain) {
-      plain(vt, values_end, present, present_values);
-    } else if (h.encoding == kPlainDictionary || h.encoding == kRleDictionary) {
-      if (!dictionary) throw std::runtime_error(what + ": dictionary indices without a dictionary page");
-      std::vector<uint32_t> indices;
-      if (present > 0) read_hybrid(vt, values_end, vt.byte(), present, indices);
-      const size_t dict_size = physical == kByteArray ? dictionary->offsets.size() - 1 : dictionary->ints.size();
-      if (physical == kByteArray) present_values.offsets.push_back(0);
-      for (uint32_t i : indices) {
-        if (i >= dict_size) throw std::runtime_error(what + ": dictionary index " + std::to_string(i) + " of " +
-                                                     std::to_string(dict_size));
-        if (physical == kByteArray) {
-          present_values.data.append(dictionary->data, static_cast<size_t>(dictionary->offsets[i]),
-                                     static_cast<size_t>(dictionary->offsets[i + 1] - dictionary->offsets[i]));
-          present_values.offsets.push_back(static_cast<int64_t>(present_values.data.size()));
-        } else {
-          present_values.ints.push_back(dictionary->ints[i]);
-        }
-      }
-    } else if (h.encoding == kDeltaBinaryPacked && (physical == kInt32 || physical == kInt64)) {
-      read_delta(vt, values_end, present, present_values.ints);
-      for (int64_t& v : present_values.ints) v = as_physical(v, physical, c.is_signed);
-    } else if ((h.encoding == kDeltaLengthByteArray || h.encoding == kDeltaByteArray) && physical == kByteArray) {
-      present_values.offsets.push_back(0);
-      read_delta_strings(vt, values_end, present, h.encoding == kDeltaByteArray, present_values.data,
-                         present_values.offsets);
-    } else if (h.encoding == kByteStreamSplit && (physical == kFloat || physical == kDouble64)) {
-      // value i's byte b at b * present + i: the streams of each byte position one after another
-      const auto width = static_cast<size_t>(physical == kFloat ? 4 : 8), n = static_cast<size_t>(present);
-      if (values_bytes.size() / width < n) throw std::runtime_error(what + ": its split bytes end inside the values");
-      for (size_t i = 0; i < n; ++i) {
-        uint64_t v = 0;
-        for (size_t b = 0; b < width; ++b) v |= uint64_t{static_cast<uint8_t>(values_bytes[b * n + i])} << (8 * b);
-        present_values.ints.push_back(static_cast<int64_t>(v));
-      }
-    } else if (h.encoding == kRle && physical == kBoolean) {  // v2 pages' booleans: a length, then width-1 runs
-      if (values_bytes.size() < 4 || load_u32(values_bytes.data()) > values_bytes.size() - 4) {
-        throw std::runtime_error(what + ": RLE booleans pass the page's end");
-      }
-      const char* runs_end = values_bytes.data() + 4 + load_u32(values_bytes.data());
-      Thrift rt(values_bytes.data() + 4, runs_end, what + "'s values");
-      std::vector<uint32_t> bits;
-      read_hybrid(rt, runs_end, 1, present, bits);
-      present_values.ints.assign(bits.begin(), bits.end());
-    } else {
-      throw std::runtime_error(what + " is in encoding " + std::to_string(h.encoding) +
-                               ", which is not read (PLAIN, dictionary, DELTA_* and a float's BYTE_STREAM_SPLIT "
-                               "are)");
-    }
-    return present_values;
+    return read_present(h, parts.values, present, physical, c.is_signed, dictionary.get(), what);
   };
   if (max_repetition > 0) {
     fill_list(*out, what, physical, h.encoding, parts.values, repetitions, levels, max_level, node.item_level, rows,

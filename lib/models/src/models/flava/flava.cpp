@@ -145,6 +145,28 @@ FlavaOutputs FlavaImpl::run(const FlavaBatch& b) {
                                             b.itm_labels));
 }
 
+void FlavaImpl::add_contrastive(FlavaOutputs& out, const at::Tensor& text_cls, const at::Tensor& image_cls,
+                                const at::Tensor& matching_rows) {
+  out.text_embedding = l2_normalize(text_projection->forward(text_cls));
+  out.image_embedding = l2_normalize(image_projection->forward(image_cls));
+  // In training the temperature is clamped to [1, 100] (FLAVA clamps the parameter in place; here the forward
+  // value is clamped and the gradient passes straight through, which keeps the sharded parameter untouched).
+  at::Tensor scale = logit_scale;
+  if (is_training()) scale = logit_scale + (logit_scale.clamp(0.0, kLogitScaleMax) - logit_scale).detach();
+  ContrastiveLogits logits = global_contrastive_logits(out.image_embedding, out.text_embedding, scale,
+                                                       contrastive_group_);
+  if (matching_rows.defined()) {
+    logits.per_image = logits.per_image.index_select(0, matching_rows);
+    logits.per_text = logits.per_text.index_select(0, matching_rows);
+    logits.labels = logits.labels.index_select(0, matching_rows);
+  }
+  out.logits_per_image = logits.per_image;
+  out.logits_per_text = logits.per_text;
+  out.global_contrastive = (at::cross_entropy_loss(logits.per_image.to(at::kFloat), logits.labels) +
+                            at::cross_entropy_loss(logits.per_text.to(at::kFloat), logits.labels)) /
+                           2 * config.weights.global_contrastive;
+}
+
 std::vector<at::Tensor> FlavaImpl::forward_impl(const at::Tensor& input_ids, const at::Tensor& input_ids_masked,
                                                 const at::Tensor& attention_mask, const at::Tensor& pixels,
                                                 const at::Tensor& codebook_pixels, const at::Tensor& masked_patches,
@@ -236,26 +258,7 @@ std::vector<at::Tensor> FlavaImpl::forward_impl(const at::Tensor& input_ids, con
     }
   }
 
-  if (contrastive) {
-    out.text_embedding = l2_normalize(text_projection->forward(txt.hidden.select(1, 0)));
-    out.image_embedding = l2_normalize(image_projection->forward(img.hidden.select(1, 0)));
-    // In training the temperature is clamped to [1, 100] (FLAVA clamps the parameter in place; here the forward
-    // value is clamped and the gradient passes straight through, which keeps the sharded parameter untouched).
-    at::Tensor scale = logit_scale;
-    if (is_training()) scale = logit_scale + (logit_scale.clamp(0.0, kLogitScaleMax) - logit_scale).detach();
-    ContrastiveLogits logits = global_contrastive_logits(out.image_embedding, out.text_embedding, scale,
-                                                         contrastive_group_);
-    if (matching_rows.defined()) {
-      logits.per_image = logits.per_image.index_select(0, matching_rows);
-      logits.per_text = logits.per_text.index_select(0, matching_rows);
-      logits.labels = logits.labels.index_select(0, matching_rows);
-    }
-    out.logits_per_image = logits.per_image;
-    out.logits_per_text = logits.per_text;
-    out.global_contrastive = (at::cross_entropy_loss(logits.per_image.to(at::kFloat), logits.labels) +
-                              at::cross_entropy_loss(logits.per_text.to(at::kFloat), logits.labels)) /
-                             2 * w.global_contrastive;
-  }
+  if (contrastive) add_contrastive(out, txt.hidden.select(1, 0), img.hidden.select(1, 0), matching_rows);
 
   for (const at::Tensor* l : {&out.mim, &out.mlm, &out.itm, &out.global_contrastive, &out.mmm_image, &out.mmm_text}) {
     if (l->defined()) out.loss = out.loss.defined() ? out.loss + *l : *l;

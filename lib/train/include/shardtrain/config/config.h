@@ -228,7 +228,8 @@ struct TrainConfig {
   bool sync_each_batch = false;
   double max_grad_norm = 1.0; // 0: no clipping
   int64_t seed = 0;           // weights, data order, masking, dropout
-  parallel::Device device = parallel::Device::CPU;  // cuda: each rank takes cuda:LOCAL_RANK
+  // auto: cuda when a GPU is visible, else cpu (said at start); cuda: each rank takes cuda:LOCAL_RANK.
+  parallel::Device device = parallel::Device::AUTO;
   std::string task;           // another name for model.task (where a Trainer user looks for it); both: the same
   // CUDA: float32 matmuls and convolutions in TensorFloat-32 (as the FLAVA post trains); no meaning on CPU.
   bool tf32 = true;
@@ -289,6 +290,7 @@ struct LaunchConfig {
   std::string main_process_ip;
   int64_t main_process_port = 0;
   std::string rdzv_id;          // the job's id, the same on every machine (needed with num_machines > 1 outside Slurm)
+  std::string gpu_ids = "all";  // the GPUs the workers see (CUDA_VISIBLE_DEVICES), "0,1"; Accelerate's gpu_ids
   int64_t max_restarts = 0;     // restarts of the whole worker group after a failure; each resumes (checkpoint.resume)
   double preempt_grace = 30;    // seconds the workers get to save after SIGTERM/SIGINT, then SIGKILL (Slurm's
                                 // KillWait is 30 s by default)
