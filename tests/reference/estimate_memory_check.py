@@ -186,6 +186,7 @@ def main():
 
         # `shardtrain plan`: bad input names itself.
         for args, expected in [(["llama-debug", "--gpus", "8", "--gpu-memory", "40XB"], "40XB"),
+                               (["llama-debug", "--gpus", "8", "--gpu-memory", "80"], "'80' has no unit"),
                                (["llama-debug", "--gpu-memory", "40GiB"], "--gpus"),
                                (["llama-debug", "--gpus", "6", "--nodes", "4", "--gpu-memory", "8GiB"], "4 nodes"),
                                (["--figure", "gpt"], "gpt")]:

@@ -203,7 +203,7 @@ TEST(Planner, UnitsCalledTwiceAreGatheredOncePerCall) {
 }
 
 TEST(Planner, MemorySizesParseAndBadOnesAreNamed) {
-  for (const char* text : {"40GiB", "80GB", "1536MiB", "512KiB", "12345", "1TiB"}) {
+  for (const char* text : {"40GiB", "80GB", "1536MiB", "512KiB", "12345B", "1TiB"}) {
     EXPECT_EQ(memory_size_text(parse_memory_size(text)), text);  // the exact text reads back to the bytes
   }
   EXPECT_EQ(memory_size_text(parse_memory_size("1.5GiB")), "1536MiB");
@@ -212,7 +212,9 @@ TEST(Planner, MemorySizesParseAndBadOnesAreNamed) {
   EXPECT_EQ(parse_memory_size("80GB"), 80'000'000'000LL);
   EXPECT_EQ(parse_memory_size("1.5 TiB"), 3LL << 39);
   EXPECT_EQ(parse_memory_size("512mib"), 512LL << 20);
-  EXPECT_EQ(parse_memory_size("4096"), 4096);
+  EXPECT_EQ(parse_memory_size("4096B"), 4096);
+  testing::expect_error<std::invalid_argument>([] { parse_memory_size("80"); },
+                                               {"'80' has no unit", "80GiB", "80GB", "80B"});
   for (const char* bad : {"40XB", "GiB", "-3GiB", ""}) {
     testing::expect_error<std::invalid_argument>([&] { parse_memory_size(bad); }, {"'" + std::string(bad) + "'"});
   }

@@ -194,7 +194,7 @@ Field field(std::string path, std::string& ref) {
   return {std::move(path), [&ref](auto& w, auto& p, auto& n) { ref = to_str(w, p, n); },
           [&ref] { return YAML::Node(ref); }, {}};
 }
-// A memory size in bytes, written as people write it ("40GiB", "512MiB", bytes; empty: 0, none).
+// A memory size in bytes, written as people write it ("40GiB", "512MiB", "4096B"; empty: 0, none).
 Field memory_size(std::string path, int64_t& ref) {
   return {std::move(path),
           [&ref](auto& w, auto& p, auto& n) {
@@ -202,7 +202,7 @@ Field memory_size(std::string path, int64_t& ref) {
             try {
               ref = text.empty() ? 0 : memory::parse_memory_size(text);
             } catch (const std::invalid_argument&) {
-              bad_value(w, p, n, "a positive number with a unit: 40GiB, 80GB, 512MiB, or bytes");
+              bad_value(w, p, n, "a positive number with a unit: 40GiB, 80GB, 512MiB, or bytes as 4096B");
             }
           },
           [&ref] { return YAML::Node(memory::memory_size_text(ref)); }, {}};

@@ -8,11 +8,12 @@
 
 namespace shardtrain::memory {
 
-// Parses "40GiB", "80GB", "1.5TiB", "512MiB", or a byte count. Throws std::invalid_argument naming the text.
+// Parses "40GiB", "80GB", "1.5TiB", "512MiB", or bytes ("4096B"; K, M, G, T alone are binary). Throws
+// std::invalid_argument naming the text: a bare number too, whose unit nobody can know ("80": bytes or GB?).
 int64_t parse_memory_size(const std::string& text);
 
 // The shortest exact text for `bytes` that parse_memory_size reads back to them: "40GiB", "80GB", "1536MiB",
-// "12345"; "" for 0 (no size).
+// "12345B"; "" for 0 (no size).
 std::string memory_size_text(int64_t bytes);
 
 }  // namespace shardtrain::memory
