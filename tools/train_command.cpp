@@ -14,9 +14,12 @@
 #include "progress_relay.h"
 #include "shardtrain/config/config.h"
 #include "shardtrain/cuda/cuda_library.h"
+#include "shardtrain/data/pipeline/source.h"
+#include "shardtrain/io/files.h"
 #include "shardtrain/distributed/env.h"
 #include "shardtrain/launch/error_file.h"
 #include "shardtrain/launch/launch.h"
+#include "shardtrain/memory/memory_size.h"
 #include "shardtrain/train/trainer.h"
 
 namespace shardtrain::cli {
@@ -75,6 +78,34 @@ void refuse_a_batch_that_cannot_fit(const config::Config& config) {
   if (!over.empty()) throw std::invalid_argument(over);
 }
 
+// `--dry-run`'s last lines: whether the job fits what a rank has (and by how much) and whether its data is where
+// the config says. 0 when it would start, 1 otherwise.
+int dry_run_verdict(const config::Config& config, const train::RunPlan& plan) {
+  std::vector<std::string> problems;
+  for (const auto* paths : {&config.data.image_text, &config.data.text, &config.data.image, &config.data.eval}) {
+    if (paths->empty()) continue;
+    try {
+      data::expand_paths(*paths);
+    } catch (const std::invalid_argument& e) {
+      problems.push_back(e.what());
+    }
+  }
+  if (!config.data.vocab.empty() && !io::path_exists(config.data.vocab)) {
+    problems.push_back("data.vocab: '" + config.data.vocab + "' does not exist");
+  }
+  if (!plan.over_budget.empty()) problems.push_back("does not fit: " + plan.over_budget);
+  for (const auto& problem : problems) std::cout << "verdict: " << problem << "\n";
+  if (!problems.empty()) return 1;
+  std::string line = "verdict: fits: predicted peak " + memory::readable_size(plan.peak_bytes) + " per rank (" +
+                     plan.peak_phase + ")";
+  if (plan.budget_bytes > 0) {
+    line += ", " + std::to_string(100 * plan.peak_bytes / plan.budget_bytes) + "% of " +
+            memory::readable_size(plan.budget_bytes) + " (" + plan.budget_source + ")";
+  }
+  std::cout << line << "; the data is where the config says\n";
+  return 0;
+}
+
 }  // namespace
 
 int run_train_command(const std::vector<std::string>& args) {
@@ -91,8 +122,7 @@ int run_train_command(const std::vector<std::string>& args) {
   if (dry_run) {
     const train::RunPlan plan = train::plan_run(config);
     std::cout << plan.text;
-    if (!plan.over_budget.empty()) std::cout << "warning: " << plan.over_budget << "\n";
-    return 0;
+    return dry_run_verdict(config, plan);
   }
 
   const bool under_launcher = launched_as_a_worker(config);

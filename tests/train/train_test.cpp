@@ -396,7 +396,12 @@ TEST_F(TrainTest, AutoBatchAndDryRun) {
   const std::string estimate = std::string(SHARDTRAIN_BIN) + " estimate-memory " + root_ + "/config.yaml ";
   const Outcome estimated = run(estimate + overrides + "--launch.num_processes=2");
   ASSERT_EQ(estimated.status, 0) << estimated.output;
-  EXPECT_EQ(estimated.output, plan.output);
+  EXPECT_EQ(plan.output.substr(0, estimated.output.size()), estimated.output);
+  // The dry run's verdict after the plan: it fits, by how much, and the data is there.
+  EXPECT_NE(plan.output.find("verdict: fits: predicted peak ", estimated.output.size()), std::string::npos)
+      << plan.output;
+  EXPECT_NE(plan.output.find("(train.memory_budget); the data is where the config says"), std::string::npos)
+      << plan.output;
   const Outcome as_json = run(estimate + overrides + "--launch.num_processes=2 --json");
   ASSERT_EQ(as_json.status, 0) << as_json.output;
   const nlohmann::json j = nlohmann::json::parse(as_json.output);
@@ -425,6 +430,15 @@ TEST_F(TrainTest, AutoBatchAndDryRun) {
                            "/config.yaml --dry-run --train.batch_size=auto --train.memory_budget=1MiB");
   EXPECT_EQ(none.status, 2) << none.output;
   EXPECT_NE(none.output.find("not even one sample"), std::string::npos) << none.output;
+  // A batch that does not fit: exit 1, by how much, the largest batch and the one change that fits it.
+  const Outcome over = run(std::string(SHARDTRAIN_BIN) + " train " + root_ + "/config.yaml --dry-run " +
+                           "--train.batch_size=64 --train.grad_accum=1 --train.memory_budget=12MiB");
+  EXPECT_EQ(over.status, 1) << over.output;
+  EXPECT_NE(over.output.find("verdict: does not fit: train.batch_size: 64 per rank is predicted to need "),
+            std::string::npos) << over.output;
+  EXPECT_NE(over.output.find("the largest batch that fits is "), std::string::npos) << over.output;
+  EXPECT_NE(over.output.find("; at this batch parallel.activation_checkpointing: true fits ("), std::string::npos)
+      << over.output;
 }
 
 // An out-of-memory on the first step at a batch train.batch_size: auto chose halves the batch and starts again: in

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cctype>
+#include <cstdio>
 #include <stdexcept>
 #include <utility>
 
@@ -48,6 +49,17 @@ std::string memory_size_text(int64_t bytes) {
     if (text.size() < shortest.size() || (text.size() == shortest.size() && shortest == plain)) shortest = text;
   }
   return shortest;
+}
+
+std::string readable_size(int64_t bytes) {
+  char text[32];
+  const double b = static_cast<double>(bytes);
+  if (b >= 1024.0 * 1024 * 1024) {
+    std::snprintf(text, sizeof text, "%.2f GiB", b / (1024.0 * 1024 * 1024));
+  } else {
+    std::snprintf(text, sizeof text, "%.1f MiB", b / (1024.0 * 1024));
+  }
+  return text;
 }
 
 }  // namespace shardtrain::memory

@@ -6,6 +6,7 @@
 
 #include "shardtrain/cuda/cuda_library.h"
 #include "shardtrain/distributed/env.h"
+#include "shardtrain/memory/memory_size.h"
 #include "shardtrain/memory/memory_stats.h"
 #include "shardtrain/models/lora.h"
 #include "shardtrain/models/zoo.h"
@@ -15,6 +16,8 @@
 #include "train/training_data.h"
 
 namespace shardtrain::train {
+
+using memory::readable_size;
 
 namespace {
 
@@ -107,15 +110,29 @@ int64_t budget_of(const config::Config& c, const plan::TrainingJob& job, std::st
   return ram / 2 / ranks_here;
 }
 
-std::string gib(int64_t bytes) {
-  char text[32];
-  const double b = static_cast<double>(bytes);
-  if (b >= 1024.0 * 1024 * 1024) {
-    std::snprintf(text, sizeof text, "%.2f GiB", b / (1024.0 * 1024 * 1024));
-  } else {
-    std::snprintf(text, sizeof text, "%.1f MiB", b / (1024.0 * 1024));
+// The single changes of `job` that bring its predicted peak within `budget` at the same batch, as config keys:
+// "; at this batch parallel.activation_checkpointing: true fits (2.1 MiB)"; "" when none does.
+std::string fitting_changes(const models::ModelRecipe& recipe, const plan::ModelShape& shape,
+                            const plan::TrainingJob& job, int64_t budget) {
+  std::vector<std::pair<std::string, plan::TrainingJob>> changes;
+  if (!job.activation_checkpointing) {
+    plan::TrainingJob checkpointed = job;
+    checkpointed.activation_checkpointing = true, checkpointed.checkpoint_every = 1;
+    changes.emplace_back("parallel.activation_checkpointing: true", checkpointed);
   }
-  return text;
+  if (job.world > 1 && job.strategy != parallel::Strategy::FULL_SHARD && !parallel::is_hybrid(job.strategy)) {
+    plan::TrainingJob sharded = job;
+    sharded.strategy = parallel::Strategy::FULL_SHARD;
+    changes.emplace_back("parallel.strategy: full_shard", sharded);
+  }
+  std::string out;
+  for (const auto& [key, changed] : changes) {
+    const int64_t peak = plan::estimate_training_memory(recipe, shape, changed).peak_bytes;
+    if (peak > budget) continue;
+    out += std::string(out.empty() ? "; at this batch " : ", or ") + key + " fits (" + readable_size(peak) +
+           ")";
+  }
+  return out;
 }
 
 }  // namespace
@@ -123,7 +140,7 @@ std::string gib(int64_t bytes) {
 RunPlan plan_run(const config::Config& given, int64_t auto_batch_limit) {
   config::Config config = given;  // train.device: auto as what this machine gives it
   config.train.device = cuda::resolve_device(given.train.device);
-  RunPlan out{config, "", 0, "", "", ""};
+  RunPlan out{config, "", 0, "", "", "", 0, ""};
   const RunLabels labels = run_labels(config);
   const auto recipe = models::with_lora(
       models::recipe_for_task(models::recipe_of_model(config.model.flavor, config.model.overrides), config.model.task,
@@ -134,19 +151,20 @@ RunPlan plan_run(const config::Config& given, int64_t auto_batch_limit) {
   if (config.train.batch_size == config::kAutoBatch) {
     std::string source;
     const int64_t budget = budget_of(config, job, source);
+    out.budget_bytes = budget, out.budget_source = source;
     plan::Cluster cluster;
     cluster.gpu_memory = budget, cluster.memory_margin = kAutoMargin;
     const int64_t fits = plan::largest_batch(*recipe, shape, job, cluster);
     job.batch = auto_batch_limit > 0 ? std::min(fits, auto_batch_limit) : fits;
     if (job.batch < 1) {
       job.batch = 1;
-      throw std::invalid_argument("train.batch_size: auto: not even one sample per rank fits " + gib(budget) + " (" +
-                                  source + "): one sample needs " +
-                                  gib(plan::estimate_training_memory(*recipe, shape, job).peak_bytes) +
+      throw std::invalid_argument("train.batch_size: auto: not even one sample per rank fits " +
+                                  readable_size(budget) + " (" + source + "): one sample needs " +
+                                  readable_size(plan::estimate_training_memory(*recipe, shape, job).peak_bytes) +
                                   "; shard over more ranks, checkpoint activations or offload");
     }
     out.config.train.batch_size = job.batch;
-    const std::string fitting = "predicted peak fits " + gib(budget) + " (" + source + ") less " +
+    const std::string fitting = "predicted peak fits " + readable_size(budget) + " (" + source + ") less " +
                                 std::to_string(static_cast<int>(kAutoMargin * 100)) + "%";
     out.text += "train.batch_size: auto -> " + std::to_string(job.batch) + " per rank: " +
                 (job.batch < fits ? "at most " + std::to_string(auto_batch_limit) +
@@ -158,17 +176,19 @@ RunPlan plan_run(const config::Config& given, int64_t auto_batch_limit) {
   if (config.train.batch_size != config::kAutoBatch) {
     std::string source;
     const int64_t budget = hard_budget_of(config, job, source);
+    out.budget_bytes = budget, out.budget_source = source;
     if (budget > 0 && e.peak_bytes > budget) {
       plan::Cluster cluster;
       cluster.gpu_memory = budget, cluster.memory_margin = 0;
       cluster.max_batch = config.train.batch_size;  // it does not fit: the answer is below it
       const int64_t fits = plan::largest_batch(*recipe, shape, job, cluster);
       out.over_budget = "train.batch_size: " + std::to_string(config.train.batch_size) + " per rank is predicted to " +
-                        "need " + gib(e.peak_bytes) + " per rank (" + e.peak_phase + "), above " + gib(budget) +
-                        " (" + source + "); " +
+                        "need " + readable_size(e.peak_bytes) + " per rank (" + e.peak_phase + "), above " +
+                        readable_size(budget) + " (" + source + "); " +
                         (fits > 0 ? "the largest batch that fits is " + std::to_string(fits)
                                   : "not even one sample fits: shard over more ranks, checkpoint activations or "
                                     "offload") +
+                        fitting_changes(*recipe, shape, job, budget) +
                         " (`shardtrain train CONFIG --dry-run` shows the terms; train.force: true starts anyway)";
     }
   }

@@ -314,7 +314,7 @@ RunPlan predicted_plan(const Config& c) {
   try {
     return plan_run(c);
   } catch (const std::invalid_argument&) {
-    return RunPlan{c, "", 0, "", "", ""};
+    return RunPlan{c, "", 0, "", "", "", 0, ""};
   }
 }
 

@@ -16,4 +16,7 @@ int64_t parse_memory_size(const std::string& text);
 // "12345B"; "" for 0 (no size).
 std::string memory_size_text(int64_t bytes);
 
+// `bytes` for a person to read: "3.2 MiB" below a GiB, "61.87 GiB" from there.
+std::string readable_size(int64_t bytes);
+
 }  // namespace shardtrain::memory

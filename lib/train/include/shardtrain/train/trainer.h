@@ -48,8 +48,11 @@ struct RunPlan {
   std::string json;        // the estimate as `shardtrain estimate-memory --json` writes it
   // An explicit train.batch_size whose predicted peak is above what a rank has (train.memory_limit, else
   // memory_budget, the GPU's memory, or the machine's RAM shared by its ranks): why, with the largest batch that
-  // fits; "" when it fits. `shardtrain train` refuses it before any worker starts unless train.force.
+  // fits and the other changes that would fit it (checkpointing, full sharding); "" when it fits. `shardtrain
+  // train` refuses it before any worker starts unless train.force.
   std::string over_budget;
+  int64_t budget_bytes = 0;  // what a rank has, as above (0: no bound known)
+  std::string budget_source;  // where budget_bytes comes from: "train.memory_budget", "the GPU's memory", ...
 };
 RunPlan plan_run(const config::Config& config, int64_t auto_batch_limit = 0);
 
