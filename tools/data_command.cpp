@@ -56,6 +56,11 @@ int synth(const std::vector<std::string>& argv) {
   o.vocab_size = a.get_int("vocab-size", o.vocab_size);
   o.seed = static_cast<uint64_t>(a.get_int("seed", 0));
   const bool tty = isatty_stderr();
+  std::string replaced;
+  for (const std::string& name : data::clear_earlier_synth(o.out)) replaced += (replaced.empty() ? "" : ", ") + name;
+  if (!replaced.empty()) {
+    std::cout << "data synth: replacing an earlier data synth in " << o.out << " (" << replaced << ")\n";
+  }
   const int64_t files = data::write_synth_dataset(o, [&](int64_t done, int64_t total) {
     if (tty) {
       std::fprintf(stderr, "\rdata synth: %lld / %lld samples", static_cast<long long>(done),

@@ -884,6 +884,16 @@ TEST_F(DataTest, SynthIsDeterministicAndDescribesItsImages) {
   for (int64_t i = 0; i < pairs.size(); ++i) {
     for (const auto& t : tok.tokenize(pairs.read(i).text)) EXPECT_NE(t, "[UNK]") << pairs.read(i).text;
   }
+  // Again into the same directory, smaller: the earlier shards are gone, not read beside the new ones.
+  o.image_text_samples = 5, o.text_samples = 0;
+  EXPECT_EQ(write_synth_dataset(o), 1 + 1 + 1 + 1);
+  EXPECT_EQ(SampleSource({o.out + "/image_text"}, SampleKind::IMAGE_TEXT).size(), 5);
+  EXPECT_FALSE(io::path_exists(o.out + "/text"));
+  // A directory holding anything else is not replaced: refused, naming what is there.
+  io::write_file_atomic(o.out + "/notes.md", {'x'});
+  expect_error<std::invalid_argument>([&] { write_synth_dataset(o); },
+                                      {"'" + o.out + "' holds what data synth does not write (notes.md)"});
+  EXPECT_TRUE(io::path_exists(o.out + "/vocab.txt"));
 }
 
 TEST(Vocab, BuildsWordPiecesThatCoverTheCorpus) {

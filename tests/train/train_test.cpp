@@ -1312,6 +1312,18 @@ TEST_F(TrainTest, BadInputExitsWithTheMessage) {
   EXPECT_NE(r.status, 0);
   EXPECT_NE(r.output.find("train.batch_size: 1 per rank is too small: FLAVA pretraining's ITM objective"),
             std::string::npos) << r.output;
+  // data synth over an earlier one replaces it and says so; over anything else it refuses, naming it.
+  const std::string synth = std::string(SHARDTRAIN_BIN) + " data synth --out " + root_ + "/resynth --image-text 3 " +
+                            "--text 0 --image 0 --eval 0";
+  ASSERT_EQ(run(synth).status, 0);
+  r = run(synth);
+  EXPECT_EQ(r.status, 0) << r.output;
+  const std::string replacing = "data synth: replacing an earlier data synth in " + root_ + "/resynth";
+  EXPECT_NE(r.output.find(replacing + " (image_text, vocab.txt)"), std::string::npos) << r.output;
+  std::ofstream(root_ + "/resynth/notes.md") << "mine\n";
+  r = run(synth);
+  EXPECT_EQ(r.status, 2) << r.output;
+  EXPECT_NE(r.output.find("holds what data synth does not write (notes.md)"), std::string::npos) << r.output;
   // A GPU asked for on a machine without one: said once, by the process that would start the workers.
   if (cuda::visible_gpus() == 0) {
     r = run(std::string(SHARDTRAIN_BIN) + " train " + root_ + "/config.yaml --train.device=cuda " +

@@ -188,8 +188,30 @@ SynthPair synth_pair(uint64_t seed, bool eval, int64_t index) {
   return p;
 }
 
+std::vector<std::string> clear_earlier_synth(const std::string& out) {
+  if (!io::path_exists(out)) return {};
+  if (!io::is_directory(out)) throw std::invalid_argument("data synth: '" + out + "' is a file, not a directory");
+  static const std::array<const char*, 7> ours = {"image_text", "text", "image", "eval", "pairs", "seq2seq",
+                                                  "vocab.txt"};
+  std::vector<std::string> earlier, others;
+  for (const std::string& name : io::list_directory(out)) {
+    const bool synth = std::find(ours.begin(), ours.end(), name) != ours.end();
+    (synth ? earlier : others).push_back(name);
+  }
+  if (!others.empty()) {
+    std::string listed;
+    for (size_t i = 0; i < others.size() && i < 3; ++i) listed += (i ? ", " : "") + others[i];
+    if (others.size() > 3) listed += ", ... (" + std::to_string(others.size()) + " in all)";
+    throw std::invalid_argument("data synth: '" + out + "' holds what data synth does not write (" + listed +
+                                "): give a new or empty --out, or the directory of an earlier data synth (replaced)");
+  }
+  for (const std::string& name : earlier) io::remove_tree(out + "/" + name);
+  return earlier;
+}
+
 int64_t write_synth_dataset(const SynthOptions& o, const std::function<void(int64_t, int64_t)>& progress) {
   if (o.out.empty()) throw std::invalid_argument("data synth: no output directory");
+  clear_earlier_synth(o.out);
   if (o.samples_per_shard < 1) throw std::invalid_argument("data synth: samples_per_shard must be positive");
   for (int64_t n : {o.image_text_samples, o.text_samples, o.image_samples, o.eval_samples, o.pair_samples}) {
     if (n < 0) throw std::invalid_argument("data synth: a negative sample count (" + std::to_string(n) + ")");

@@ -53,7 +53,13 @@ struct SynthOptions {
   uint64_t seed = 0;
 };
 
-// Writes the dataset; `progress(done, total)` is called as samples are written. Returns the number of files.
+// Empties `out` of an earlier data synth's output (image_text/, text/, image/, eval/, pairs/, seq2seq/, vocab.txt),
+// so that a new one is not read mixed with shards of the last; returns the names it removed. Throws
+// std::invalid_argument naming them when `out` holds anything else: it is not the directory of a data synth.
+std::vector<std::string> clear_earlier_synth(const std::string& out);
+
+// Writes the dataset into `out`, replacing an earlier one there (clear_earlier_synth); `progress(done, total)` is
+// called as samples are written. Returns the number of files.
 int64_t write_synth_dataset(const SynthOptions& options,
                             const std::function<void(int64_t done, int64_t total)>& progress = nullptr);
 
