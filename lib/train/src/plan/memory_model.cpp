@@ -8,9 +8,12 @@
 
 #include "plan/step_layout.h"
 #include "plan/step_phases.h"
+#include "shardtrain/memory/memory_size.h"
 #include "shardtrain/parallel/vocabulary.h"
 
 namespace shardtrain::plan {
+
+using memory::readable_size;
 
 namespace {
 
@@ -97,14 +100,18 @@ std::string format_estimate(const std::string& model, const TrainingJob& job, co
   out += "  " + std::to_string(e.parameters) + " parameters in " + std::to_string(e.units) + " units\n";
   char line[256];
   for (const auto& t : e.terms) {
-    std::snprintf(line, sizeof line, "  %-48s %14s   %s\n", t.name.c_str(), mib(t.bytes).c_str(), t.note.c_str());
+    std::snprintf(line, sizeof line, "  %-48s %14s   %s\n", t.name.c_str(), readable_size(t.bytes).c_str(),
+                  t.note.c_str());
     out += line;
   }
   std::snprintf(line, sizeof line, "  %-48s %14s   (forward %s, backward %s, step %s)\n",
-                ("peak (" + e.peak_phase + ")").c_str(), mib(e.peak_bytes).c_str(), mib(e.forward_bytes).c_str(),
-                mib(e.backward_bytes).c_str(), mib(e.step_bytes).c_str());
+                ("peak (" + e.peak_phase + ")").c_str(), readable_size(e.peak_bytes).c_str(),
+                readable_size(e.forward_bytes).c_str(), readable_size(e.backward_bytes).c_str(),
+                readable_size(e.step_bytes).c_str());
   out += line;
-  if (e.host_bytes > 0) out += "  host memory (offloaded shards, gradients, AdamW state): " + mib(e.host_bytes) + "\n";
+  if (e.host_bytes > 0) {
+    out += "  host memory (offloaded shards, gradients, AdamW state): " + readable_size(e.host_bytes) + "\n";
+  }
   return out;
 }
 

@@ -5,13 +5,11 @@
 #include <deque>
 #include <string>
 
+#include "shardtrain/memory/memory_size.h"
+
 namespace shardtrain::plan {
 
-std::string mib(int64_t bytes) {
-  char text[32];
-  std::snprintf(text, sizeof text, "%.1f MiB", static_cast<double>(bytes) / (1024.0 * 1024.0));
-  return text;
-}
+using memory::readable_size;
 
 Moment largest(std::initializer_list<Moment> moments) {
   const Moment* best = nullptr;
@@ -30,8 +28,8 @@ std::string describe_activations(const models::ActivationBytes& a, bool checkpoi
     sum += bytes, most = std::max(most, bytes);
   }
   const int64_t count = static_cast<int64_t>(a.layers.size()), mean = count > 0 ? sum / count : 0;
-  return std::to_string(count) + " layers x " + mib(mean) + (most > mean ? " on average" : "") +
-         (checkpointed ? " (checkpointed: inputs only)" : "") + " + " + mib(a.kept_outside(checkpointed)) +
+  return std::to_string(count) + " layers x " + readable_size(mean) + (most > mean ? " on average" : "") +
+         (checkpointed ? " (checkpointed: inputs only)" : "") + " + " + readable_size(a.kept_outside(checkpointed)) +
          " outside them";
 }
 
@@ -307,7 +305,7 @@ class LayerWalk {
                        (p.layer_grads > 0 ? std::string("a layer's full gradients so far and the root's, a "
                                                         "reduction's input or one in flight")
                                           : std::string("a layer's reduction, the root's full gradients")) +
-                           (best_waiting_ > 0 ? "; " + mib(best_waiting_) +
+                           (best_waiting_ > 0 ? "; " + readable_size(best_waiting_) +
                                                     " of them the partial gradients of the layers run twice, "
                                                     "waiting for their other run"
                                               : "")});

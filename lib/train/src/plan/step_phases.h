@@ -27,7 +27,6 @@ struct Moment {
 
 // The first of the largest moments: ties go to the one listed first.
 Moment largest(std::initializer_list<Moment> moments);
-std::string mib(int64_t bytes);  // "12.3 MiB"
 
 Moment forward_start(const StepLayout& s);
 Moment forward_layers(const StepLayout& s);
