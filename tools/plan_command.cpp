@@ -28,7 +28,7 @@ const char* kPlanUsage =
     "MODEL: a flavor of `shardtrain models`, a Hugging Face config.json or a model name in the Hugging Face cache.\n"
     "Every configuration (strategy x mixed precision x activation checkpointing x CPU offload x wrap) that fits\n"
     "SIZE per GPU (40GiB, 80GB, ...) less the margin (default 0.05), with its largest local batch (the memory\n"
-    "model) and predicted items/s, fastest first;\n"
+    "model) and predicted items/s, fastest first, at --seq-len tokens (default: the model's maximum, at most 8192);\n"
     "the first as a `shardtrain train` YAML (--yaml OUT writes it). The throughput model and its constants\n"
     "(defaults: A100 NVLink, efficiency 0.45, overlap 0.8) are in lib/train/include/shardtrain/plan/planner.h.\n"
     "--lora R: LoRA fine-tuning, rank-R adapters on the base's frozen weights (--lora-targets: PEFT's\n"
@@ -84,7 +84,7 @@ void print_table(const std::string& model, const plan::Cluster& cluster,
               "wrap", "batch/GPU", "peak GiB", "items/s", "TFLOP/s", "step s");
   for (size_t i = 0; i < configs.size() && static_cast<int64_t>(i) < top; ++i) {
     const auto& c = configs[i];
-    std::printf("  %-3zu %-19s %-5s %-3s %-7s %-11s %9lld %9s %10.1f %9.1f %8.3f\n", i + 1,
+    std::printf("  %-3zu %-19s %-5s %-3s %-7s %-11s %9lld %9s %10.3g %9.1f %8.3f\n", i + 1,
                 parallel::to_string(c.job.strategy).c_str(), parallel::to_string(c.job.mixed_precision).c_str(),
                 c.job.activation_checkpointing ? "on" : "", c.job.cpu_offload ? "on" : "",
                 c.job.strategy == parallel::Strategy::DDP ? "-" : parallel::to_string(c.job.wrap).c_str(),
@@ -150,6 +150,11 @@ int run_plan_command(const std::vector<std::string>& argv) {
     return 0;
   }
   print_table(model + adapted, cluster, configs, args.get_int("top", 20));
+  const int64_t longest = recipe->task()->data_needs().max_text_length;
+  if (cluster.seq_len == 0 && longest > plan::default_tokens(*recipe)) {
+    std::cout << "(" << plan::default_tokens(*recipe) << " tokens: the model reads up to " << longest
+              << ", a length for inference; --seq-len sets the training length)\n";
+  }
   const std::string yaml = plan::trainer_yaml(model, configs.front(), lora);
   std::cout << "\nrecommended:\n" << yaml;
   if (args.has("yaml")) {

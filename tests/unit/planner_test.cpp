@@ -202,6 +202,15 @@ TEST(Planner, UnitsCalledTwiceAreGatheredOncePerCall) {
   EXPECT_EQ(estimate_training_memory(*llama, model_shape(*llama), job).parameters_called_twice, 0);
 }
 
+// Without --seq-len a plan trains at the model's length up to 8192 tokens: Llama 3.1's 131072 is its reach at
+// inference, not what it trains at.
+TEST(Planner, DefaultTokensAreATrainingLength) {
+  EXPECT_EQ(default_tokens(*models::recipe_of("llama-3.1-8b")), kDefaultTokens);
+  const auto bert = models::recipe_of("bert-large-uncased");
+  EXPECT_EQ(default_tokens(*bert), bert->task()->data_needs().max_text_length);
+  EXPECT_LT(default_tokens(*bert), kDefaultTokens);
+}
+
 TEST(Planner, MemorySizesParseAndBadOnesAreNamed) {
   for (const char* text : {"40GiB", "80GB", "1536MiB", "512KiB", "12345B", "1TiB"}) {
     EXPECT_EQ(memory_size_text(parse_memory_size(text)), text);  // the exact text reads back to the bytes

@@ -32,12 +32,15 @@ data::Batch shape_batch(const models::DataNeeds& needs, int64_t batch, int64_t t
 }
 
 int64_t tokens_of(const models::ModelRecipe& recipe, int64_t seq_len) {
-  if (seq_len > 0) return seq_len;
-  const int64_t max = recipe.task()->data_needs().max_text_length;
-  return max > 0 ? max : 512;
+  return seq_len > 0 ? seq_len : default_tokens(recipe);
 }
 
 }  // namespace
+
+int64_t default_tokens(const models::ModelRecipe& recipe) {
+  const int64_t max = recipe.task()->data_needs().max_text_length;
+  return max > 0 ? std::min(max, kDefaultTokens) : 512;
+}
 
 int64_t largest_batch(const models::ModelRecipe& recipe, const ModelShape& shape, TrainingJob job,
                       const Cluster& cluster) {

@@ -42,7 +42,7 @@ struct Cluster {
   double inter_node_gbps = 12.5;    // GB/s per GPU across nodes (100 Gb/s per GPU)
   double pcie_gbps = 12;            // GB/s host <-> GPU (CPU offload)
   double overlap = 0.8;             // share of communication hidden behind computation (per-layer units)
-  int64_t seq_len = 0;              // text tokens; 0: the model's maximum
+  int64_t seq_len = 0;              // text tokens; 0: default_tokens
   int64_t max_batch = 4096;         // the search's upper bound
 };
 
@@ -56,6 +56,12 @@ struct PlannedConfig {
 
 // The largest local batch of `job` (its batch ignored) whose predicted peak fits the cluster's GPU memory less the
 // margin; 0 when not even one sample fits.
+// The text length a plan assumes when none is given: the model's maximum up to kDefaultTokens, the length Llama 3
+// trains at in torchtitan's tables (a 128k-token maximum is a limit for inference, not a training length); 512 for
+// a model without one.
+constexpr int64_t kDefaultTokens = 8192;
+int64_t default_tokens(const models::ModelRecipe& recipe);
+
 int64_t largest_batch(const models::ModelRecipe& recipe, const ModelShape& shape, TrainingJob job,
                       const Cluster& cluster);
 
