@@ -8,8 +8,8 @@
 
 #include "cli_args.h"
 #include "commands.h"
-#include "lora_args.h"
 #include "plan_figures.h"
+#include "shardtrain/config/config.h"
 #include "shardtrain/models/lora.h"
 #include "shardtrain/models/zoo.h"
 #include "shardtrain/parallel/vocabulary.h"
@@ -34,6 +34,8 @@ const char* kPlanUsage =
     "--lora R: LoRA fine-tuning, rank-R adapters on the base's frozen weights (--lora-targets: PEFT's\n"
     "target_modules; default the query and value projections; all-linear): gradients, optimizer state and\n"
     "reductions of the adapters alone, the YAML's model.lora.\n"
+    "--seq-len, --lora and --lora-targets are the trainer's data.max_text_length, model.lora.r and\n"
+    "model.lora.target_modules (the same checks and errors); the other flags describe the cluster.\n"
     "--figure flava: the FLAVA post's Figure 2 (max local batch per flavor for DDP, FSDP, FSDP+AC on 8 x A100-40GB)\n"
     "next to the post's findings; --figure t5: the T5 post's default vs transformer wrapping of T5-3B.\n";
 
@@ -57,7 +59,6 @@ plan::Cluster cluster_of_args(const Args& args) {
   cluster.gpus = args.get_int("gpus", 8);
   cluster.nodes = args.get_int("nodes", 1);
   cluster.gpu_memory = memory::parse_memory_size(args.get("gpu-memory", ""));
-  cluster.seq_len = args.get_int("seq-len", 0);
   cluster.efficiency = get_positive(args, "efficiency", cluster.efficiency);
   cluster.peak_tflops_bf16 = get_positive(args, "peak-tflops-bf16", cluster.peak_tflops_bf16);
   cluster.peak_tflops_fp32 = get_positive(args, "peak-tflops-fp32", cluster.peak_tflops_fp32);
@@ -71,6 +72,20 @@ plan::Cluster cluster_of_args(const Args& args) {
     throw std::invalid_argument("--overlap, --efficiency and --memory-margin are fractions (expected at most 1)");
   }
   return cluster;
+}
+
+// The training side of a plan as the trainer's config keys, each flag an override of its key (as estimate-memory's
+// job flags): the model, its LoRA (--lora R: model.lora.r, --lora-targets: model.lora.target_modules), the text
+// length (--seq-len: data.max_text_length). The cluster's flags describe hardware, which no config key does.
+config::Config job_config(const std::string& model, const Args& args) {
+  std::vector<std::string> overrides = {"--model.flavor=" + model};
+  if (args.has("seq-len")) overrides.push_back("--data.max_text_length=" + args.get("seq-len", ""));
+  if (args.has("lora")) overrides.push_back("--model.lora.r=" + args.get("lora", ""));
+  if (args.has("lora-targets")) {
+    if (!args.has("lora")) throw std::invalid_argument("--lora-targets goes with --lora R");
+    overrides.push_back("--model.lora.target_modules=[" + args.get("lora-targets", "") + "]");
+  }
+  return config::parse_config("", "plan", overrides);
 }
 
 // The configurations that fit, fastest first, the first `top` of them.
@@ -125,9 +140,11 @@ int run_plan_command(const std::vector<std::string>& argv) {
     throw std::invalid_argument("--gpus and --gpu-memory are required (e.g. --gpus 8 --gpu-memory 40GiB)");
   }
   const std::string model = args.positionals[0];
-  const plan::Cluster cluster = cluster_of_args(args);
-  const models::LoraSpec lora = lora_of_args(args);
-  const auto recipe = models::with_lora(models::recipe_of_model(model), lora);
+  const config::Config job = job_config(model, args);
+  plan::Cluster cluster = cluster_of_args(args);
+  cluster.seq_len = job.data.max_text_length;
+  const models::LoraSpec& lora = job.model.lora;
+  const auto recipe = models::with_lora(models::recipe_of_model(job.model.flavor, job.model.overrides), lora);
   const std::vector<plan::PlannedConfig> configs = plan::plan_configurations(*recipe, cluster);
   std::string adapted;
   if (lora.enabled()) adapted = " + " + models::lora_label(lora, models::lora_targets(*recipe, lora));

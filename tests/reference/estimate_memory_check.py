@@ -184,6 +184,12 @@ def main():
         if not estimate or sum(t["bytes"] for t in estimate["terms"]) != estimate["peak_bytes"]:
             failures.append(f"llama-debug --json: terms do not add up to the peak: {run.stdout}{run.stderr}")
 
+        # `shardtrain plan`: its training flags are the trainer's keys (--seq-len data.max_text_length, --lora
+        # model.lora.r), and the recommended config carries them.
+        run = subprocess.run([binary, "plan", "llama-debug", "--gpus", "2", "--gpu-memory", "1GiB", "--seq-len", "64",
+                              "--lora", "4", "--top", "1"], capture_output=True, text=True, timeout=120)
+        if run.returncode != 0 or "64 text tokens" not in run.stdout or "\n    r: 4\n" not in run.stdout:
+            failures.append(f"plan --seq-len 64 --lora 4: {run.returncode}: {run.stdout}{run.stderr}")
         # `shardtrain plan`: bad input names itself.
         for args, expected in [(["llama-debug", "--gpus", "8", "--gpu-memory", "40XB"], "40XB"),
                                (["llama-debug", "--gpus", "8", "--gpu-memory", "80"], "'80' has no unit"),
