@@ -119,6 +119,7 @@ int run_train_command(const std::vector<std::string>& args) {
   if (flags.count("--resume")) overrides.push_back("--checkpoint.resume=true");
   const bool dry_run = flags.count("--dry-run") > 0;
   const config::Config config = config::load_config(path, overrides);
+  config::validate(config);  // here, once, before any worker starts (each would say it again)
   if (dry_run) {
     const train::RunPlan plan = train::plan_run(config);
     std::cout << plan.text;

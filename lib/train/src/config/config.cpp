@@ -802,6 +802,10 @@ void validate_data(const Config& c) {
   require(c.data.queue_depth >= 1, "data.queue_depth", num(c.data.queue_depth), "at least 1");
 }
 void validate_parallel(const Config& c) {
+  if (c.parallel.cpu_offload && c.parallel.strategy == parallel::Strategy::DDP) {
+    throw ConfigError("parallel.cpu_offload: true offloads the shards of an FSDP strategy; ddp keeps the whole model "
+                      "on every device (use full_shard, or cpu_offload: false)");
+  }
   require(c.parallel.min_params >= 1, "parallel.min_params", num(c.parallel.min_params), "at least 1");
   require(c.parallel.bucket_cap_mb > 0, "parallel.bucket_cap_mb", num(c.parallel.bucket_cap_mb), "positive (MiB)");
   require(c.parallel.activation_checkpointing_every >= 1, "parallel.activation_checkpointing_every",

@@ -50,14 +50,6 @@ double seconds_now() {
   return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
 }
 
-// Combinations that cannot mean what they say: refused up front with the reason, rather than trained otherwise.
-void check_supported(const Config& c) {
-  if (c.parallel.cpu_offload && c.parallel.strategy == parallel::Strategy::DDP) {
-    throw std::invalid_argument("parallel.cpu_offload: true offloads the shards of an FSDP strategy; ddp keeps the "
-                                "whole model on every device (use full_shard, or cpu_offload: false)");
-  }
-}
-
 log::Level log_level_of(config::LogLevel level) {
   switch (level) {
     case config::LogLevel::DEBUG: return log::Level::DEBUG;
@@ -71,7 +63,6 @@ log::Level log_level_of(config::LogLevel level) {
 // The environment's launcher variables, once the config is known to be valid (nothing starts on a bad config).
 dist::DistEnv checked_env(const Config& c) {
   config::validate(c);
-  check_supported(c);
   return dist::read_dist_env(dist::process_env_lookup());
 }
 
