@@ -292,6 +292,9 @@ use_cpu: false
             parallel::Device::CPU);
   EXPECT_EQ(c.launch.gpu_ids, "all");
   EXPECT_EQ(parse_config("gpu_ids: 0,1\n", "a.yaml").launch.gpu_ids, "0,1");
+  const Config accumulating = parse_config(
+      "gradient_accumulation_steps: 4\ndynamo_config:\n  dynamo_backend: INDUCTOR\n  dynamo_mode: default\n", "a.yaml");
+  EXPECT_EQ(accumulating.train.grad_accum, 4);
   expect_error<ConfigError>([] { validate(parse_config("gpu_ids: first\n", "a.yaml")); },
                             {"launch.gpu_ids", "'first'", "all, or GPU indices"});
   EXPECT_EQ(parse_config("fsdp_config:\n  fsdp_version: 2\n  fsdp_reshard_after_forward: false\n", "a.yaml")

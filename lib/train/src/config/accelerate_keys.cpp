@@ -172,6 +172,12 @@ const std::map<std::string, Setter>& keys() {
        [](Config& c, const std::string& w, const std::string& p, const YAML::Node& v) {
          c.launch.gpu_ids = node_string(w, p, v);
        }},
+      {"gradient_accumulation_steps",
+       [](Config& c, const std::string& w, const std::string& p, const YAML::Node& v) {
+         c.train.grad_accum = node_int(w, p, v);
+       }},
+      // torch.compile's settings: LibTorch has no compiler to hand them to, and the run is the same without.
+      {"dynamo_config", accepted},
       {"tpu_env", accepted},
       {"tpu_use_cluster", accepted},
       {"tpu_use_sudo", accepted},
