@@ -34,7 +34,8 @@ const char* kTrainUsage =
     "and no launcher around it, it starts the workers (launch.max_restarts: restarts that resume).\n"
     "SIGTERM or SIGINT ends the run after the current step with a checkpoint, exit code 75.\n"
     "--dry-run prints the memory model's plan (bytes per rank by term, the batch: train.batch_size may be auto)\n"
-    "and trains nothing.\n";
+    "and a verdict: whether it fits and the data is there (exit 0) or not, with what would fit (exit 1).\n"
+    "It trains nothing.\n";
 
 std::string self_executable() {
   char path[PATH_MAX];
