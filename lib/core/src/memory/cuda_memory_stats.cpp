@@ -6,14 +6,13 @@
 #include <string>
 
 #include "cuda/entry_points.h"
-#include "shardtrain/cuda/cuda_library.h"
 #include "shardtrain/memory/memory_stats.h"
 
 namespace shardtrain::memory {
 namespace {
 
 c10::DeviceAllocator& cuda_allocator(int device) {
-  cuda::load_cuda();
+  cuda::entry_points();  // LibTorch's CUDA part loaded (once): the allocator below is its
   const bool available = c10::impl::hasDeviceGuardImpl(c10::kCUDA) &&
                          c10::impl::getDeviceGuardImpl(c10::kCUDA)->deviceCount() > device && device >= 0;
   if (!available) {

@@ -100,51 +100,42 @@ void fsdp_version(Config&, const std::string& where, const std::string& path, co
 
 void accepted(Config&, const std::string&, const std::string&, const YAML::Node&) {}
 
-#define SHARDTRAIN_BOOL_KEY(fn, member)                                                       \
+// A key that sets one member, its value read by `read` (node_bool, node_int, node_string, node_list).
+#define SHARDTRAIN_KEY(fn, member, read)                                                      \
   void fn(Config& c, const std::string& where, const std::string& path, const YAML::Node& v) { \
-    c.member = node_bool(where, path, v);                                                      \
+    c.member = read(where, path, v);                                                           \
   }
-SHARDTRAIN_BOOL_KEY(offload_params, parallel.cpu_offload)
-SHARDTRAIN_BOOL_KEY(sync_module_states, parallel.sync_module_states)
-SHARDTRAIN_BOOL_KEY(activation_checkpointing, parallel.activation_checkpointing)
-SHARDTRAIN_BOOL_KEY(limit_all_gathers, parallel.limit_all_gathers)
-#undef SHARDTRAIN_BOOL_KEY
+SHARDTRAIN_KEY(offload_params, parallel.cpu_offload, node_bool)
+SHARDTRAIN_KEY(sync_module_states, parallel.sync_module_states, node_bool)
+SHARDTRAIN_KEY(activation_checkpointing, parallel.activation_checkpointing, node_bool)
+SHARDTRAIN_KEY(limit_all_gathers, parallel.limit_all_gathers, node_bool)
+SHARDTRAIN_KEY(set_num_processes, launch.num_processes, node_int)
+SHARDTRAIN_KEY(set_num_machines, launch.num_machines, node_int)
+SHARDTRAIN_KEY(set_machine_rank, launch.machine_rank, node_int)
+SHARDTRAIN_KEY(set_main_process_ip, launch.main_process_ip, node_string)
+SHARDTRAIN_KEY(set_main_process_port, launch.main_process_port, node_int)
+SHARDTRAIN_KEY(set_fsdp_transformer_layer_cls_to_wrap, parallel.layer_classes, node_list)
+SHARDTRAIN_KEY(set_fsdp_min_num_params, parallel.min_params, node_int)
+SHARDTRAIN_KEY(set_gpu_ids, launch.gpu_ids, node_string)
+SHARDTRAIN_KEY(set_gradient_accumulation_steps, train.grad_accum, node_int)
+#undef SHARDTRAIN_KEY
 
 const std::map<std::string, Setter>& keys() {
   static const std::map<std::string, Setter> table = {
       {"distributed_type", distributed_type},
       {"mixed_precision", set_precision},
       {"use_cpu", use_cpu},
-      {"num_processes",
-       [](Config& c, const std::string& w, const std::string& p, const YAML::Node& v) {
-         c.launch.num_processes = node_int(w, p, v);
-       }},
-      {"num_machines",
-       [](Config& c, const std::string& w, const std::string& p, const YAML::Node& v) {
-         c.launch.num_machines = node_int(w, p, v);
-       }},
-      {"machine_rank",
-       [](Config& c, const std::string& w, const std::string& p, const YAML::Node& v) {
-         c.launch.machine_rank = node_int(w, p, v);
-       }},
-      {"main_process_ip",
-       [](Config& c, const std::string& w, const std::string& p, const YAML::Node& v) {
-         c.launch.main_process_ip = node_string(w, p, v);
-       }},
-      {"main_process_port",
-       [](Config& c, const std::string& w, const std::string& p, const YAML::Node& v) {
-         c.launch.main_process_port = node_int(w, p, v);
-       }},
+      {"num_processes", set_num_processes},
+      {"num_machines", set_num_machines},
+      {"machine_rank", set_machine_rank},
+      {"main_process_ip", set_main_process_ip},
+      {"main_process_port", set_main_process_port},
+      {"gpu_ids", set_gpu_ids},
+      {"gradient_accumulation_steps", set_gradient_accumulation_steps},
       {"fsdp_config.fsdp_sharding_strategy", sharding_strategy},
       {"fsdp_config.fsdp_auto_wrap_policy", auto_wrap_policy},
-      {"fsdp_config.fsdp_transformer_layer_cls_to_wrap",
-       [](Config& c, const std::string& w, const std::string& p, const YAML::Node& v) {
-         c.parallel.layer_classes = node_list(w, p, v);
-       }},
-      {"fsdp_config.fsdp_min_num_params",
-       [](Config& c, const std::string& w, const std::string& p, const YAML::Node& v) {
-         c.parallel.min_params = node_int(w, p, v);
-       }},
+      {"fsdp_config.fsdp_transformer_layer_cls_to_wrap", set_fsdp_transformer_layer_cls_to_wrap},
+      {"fsdp_config.fsdp_min_num_params", set_fsdp_min_num_params},
       {"fsdp_config.fsdp_backward_prefetch", backward_prefetch},
       {"fsdp_config.fsdp_backward_prefetch_policy", backward_prefetch},  // older Accelerate's name
       {"fsdp_config.fsdp_forward_prefetch",
@@ -168,14 +159,6 @@ const std::map<std::string, Setter>& keys() {
       {"downcast_bf16", accepted},
       {"rdzv_backend", accepted},
       {"same_network", accepted},
-      {"gpu_ids",
-       [](Config& c, const std::string& w, const std::string& p, const YAML::Node& v) {
-         c.launch.gpu_ids = node_string(w, p, v);
-       }},
-      {"gradient_accumulation_steps",
-       [](Config& c, const std::string& w, const std::string& p, const YAML::Node& v) {
-         c.train.grad_accum = node_int(w, p, v);
-       }},
       // torch.compile's settings: LibTorch has no compiler to hand them to, and the run is the same without.
       {"dynamo_config", accepted},
       {"tpu_env", accepted},
