@@ -26,11 +26,12 @@ RULES = {
         "optim": {"distributed"},
         "fsdp": {"distributed", "io", "nn", "optim", "parallel"},
         "ddp": {"distributed", "nn", "parallel"},
+        "tp": {"distributed"},
         "ckpt": {"distributed", "fsdp", "io", "optim", "util"},
     },
     "models": {
         "data": {"io", "util"},
-        "models": {"data", "ddp", "distributed", "fsdp", "io", "nn", "optim", "parallel", "util"},
+        "models": {"data", "ddp", "distributed", "fsdp", "io", "nn", "optim", "parallel", "tp", "util"},
     },
     "train": {
         "config": {"io", "launch", "memory", "models", "parallel", "util"},

@@ -71,8 +71,53 @@ TEST(Mesh, WrongShapeNamesTheSizes) {
   const int w = test_process_group().world_size();
   testing::expect_error<std::invalid_argument>(
       [&] { DeviceMesh::create(test_process_group(), 2, w + 1); },
-      {"mesh replicate(2) * shard(" + std::to_string(w + 1) + ") = " + std::to_string(2 * (w + 1)) +
+      {"mesh replicate(2) * shard(" + std::to_string(w + 1) + ") * tp(1) = " + std::to_string(2 * (w + 1)) +
        " != WORLD_SIZE(" + std::to_string(w) + ")"});
+  testing::expect_error<std::invalid_argument>([&] { DeviceMesh::create(test_process_group(), 1, -1, w + 1); },
+                                               {"tp(" + std::to_string(w + 1) + ") does not divide WORLD_SIZE"});
+}
+
+// The sum of the world ranks of `group`'s members, through the group: which ranks it reaches.
+double member_sum(const Communicator& group) {
+  at::Tensor t = at::full({1}, static_cast<double>(test_process_group().rank()), at::kDouble);
+  group.all_reduce(t, ReduceOp::SUM).wait();
+  return t.item<double>();
+}
+
+// Every group of a replicate x shard x tp mesh reaches the ranks the layout (mesh.h) says, and each rank's
+// coordinates are its own.
+void check_tp_mesh(int replicate, int shard, int tp) {
+  const int w = test_process_group().world_size(), me = test_process_group().rank();
+  DeviceMesh mesh = DeviceMesh::create(test_process_group(), replicate, shard, tp);
+  const int row = me / tp / shard, col = me / tp % shard, t = me % tp;
+  const std::string label = std::to_string(replicate) + "x" + std::to_string(shard) + "x" + std::to_string(tp);
+  EXPECT_EQ(mesh.replicate_rank(), row) << label;
+  EXPECT_EQ(mesh.shard_rank(), col) << label;
+  EXPECT_EQ(mesh.tp_rank(), t) << label;
+  EXPECT_EQ(mesh.data_rank(), row * shard + col) << label;
+  EXPECT_EQ(mesh.data_size(), replicate * shard) << label;
+  double shard_sum = 0, replicate_sum = 0, tp_sum = 0, data_sum = 0;
+  for (int r = 0; r < w; ++r) {
+    const int r_row = r / tp / shard, r_col = r / tp % shard, r_t = r % tp;
+    if (r_row == row && r_t == t) shard_sum += r;
+    if (r_col == col && r_t == t) replicate_sum += r;
+    if (r_row == row && r_col == col) tp_sum += r;
+    if (r_t == t) data_sum += r;
+  }
+  EXPECT_EQ(member_sum(mesh.shard_group()), shard_sum) << label << " shard group of rank " << me;
+  EXPECT_EQ(member_sum(mesh.replicate_group()), replicate_sum) << label << " replicate group of rank " << me;
+  EXPECT_EQ(member_sum(mesh.tp_group()), tp_sum) << label << " tensor-parallel group of rank " << me;
+  EXPECT_EQ(member_sum(mesh.data_group()), data_sum) << label << " data-parallel group of rank " << me;
+}
+
+TEST(Mesh, TensorParallelLayouts) {
+  const int w = test_process_group().world_size();
+  check_tp_mesh(1, w, 1);
+  check_tp_mesh(1, 1, w);
+  if (w == 4) {
+    check_tp_mesh(1, 2, 2);
+    check_tp_mesh(2, 1, 2);
+  }
 }
 
 }  // namespace

@@ -1,40 +1,63 @@
 #include "shardtrain/distributed/mesh.h"
 
+#include <functional>
+#include <optional>
 #include <stdexcept>
 #include <string>
 
 namespace shardtrain::dist {
 
-DeviceMesh DeviceMesh::create(ProcessGroup& pg, int replicate, int shard) {
+namespace {
+
+std::string sizes_text(int replicate, int shard, int tp) {
+  return "mesh replicate(" + std::to_string(replicate) + ") * shard(" + std::to_string(shard) + ") * tp(" +
+         std::to_string(tp) + ")";
+}
+
+// Creates one group per value of `key` (ranks of equal key, in rank order; every rank creates every group in the
+// same order, new_group being collective) and returns the one this rank is in.
+Communicator group_by(ProcessGroup& pg, int groups, const std::function<int(int)>& key, const std::string& name) {
+  std::optional<Communicator> mine;
+  for (int g = 0; g < groups; ++g) {
+    std::vector<int> ranks;
+    for (int r = 0; r < pg.world_size(); ++r) {
+      if (key(r) == g) ranks.push_back(r);
+    }
+    if (auto made = pg.new_group(ranks, name + "[" + std::to_string(g) + "]")) mine = std::move(made);
+  }
+  return *mine;
+}
+
+}  // namespace
+
+DeviceMesh DeviceMesh::create(ProcessGroup& pg, int replicate, int shard, int tp) {
   const int world = pg.world_size();
   if (replicate < 1) {
     throw std::invalid_argument("mesh replicate(" + std::to_string(replicate) + ") must be at least 1");
   }
+  if (tp < 1) throw std::invalid_argument("mesh tp(" + std::to_string(tp) + ") must be at least 1");
   if (shard == -1) {
-    if (world % replicate != 0) {
-      throw std::invalid_argument("mesh replicate(" + std::to_string(replicate) + ") does not divide WORLD_SIZE(" +
-                                  std::to_string(world) + ")");
+    if (world % (replicate * tp) != 0) {
+      throw std::invalid_argument("mesh replicate(" + std::to_string(replicate) + ") * tp(" + std::to_string(tp) +
+                                  ") does not divide WORLD_SIZE(" + std::to_string(world) + ")");
     }
-    shard = world / replicate;
+    shard = world / (replicate * tp);
   }
-  if (shard < 1 || replicate * shard != world) {
-    throw std::invalid_argument("mesh replicate(" + std::to_string(replicate) + ") * shard(" + std::to_string(shard) +
-                                ") = " + std::to_string(replicate * shard) + " != WORLD_SIZE(" +
-                                std::to_string(world) + ")");
+  if (shard < 1 || replicate * shard * tp != world) {
+    throw std::invalid_argument(sizes_text(replicate, shard, tp) + " = " + std::to_string(replicate * shard * tp) +
+                                " != WORLD_SIZE(" + std::to_string(world) + ")");
   }
-  // Every rank creates every group in the same order (new_group is collective); each keeps the two it is in.
-  std::optional<Communicator> my_shard, my_replicate;
-  for (int row = 0; row < replicate; ++row) {
-    std::vector<int> ranks;
-    for (int col = 0; col < shard; ++col) ranks.push_back(row * shard + col);
-    if (auto g = pg.new_group(ranks, "shard[" + std::to_string(row) + "]")) my_shard = std::move(g);
-  }
-  for (int col = 0; col < shard; ++col) {
-    std::vector<int> ranks;
-    for (int row = 0; row < replicate; ++row) ranks.push_back(row * shard + col);
-    if (auto g = pg.new_group(ranks, "replicate[" + std::to_string(col) + "]")) my_replicate = std::move(g);
-  }
-  return DeviceMesh(pg.world(), *my_shard, *my_replicate, replicate, shard);
+  // rank = (row * shard + col) * tp + t.
+  auto row = [&](int r) { return r / tp / shard; };
+  auto col = [&](int r) { return r / tp % shard; };
+  auto t = [&](int r) { return r % tp; };
+  Groups groups{pg.world(),
+                group_by(pg, replicate * tp, [&](int r) { return row(r) * tp + t(r); }, "shard"),
+                group_by(pg, shard * tp, [&](int r) { return col(r) * tp + t(r); }, "replicate"),
+                tp == 1 ? Communicator::single(pg.rank()) : group_by(pg, world / tp, [&](int r) { return r / tp; }, "tp"),
+                pg.world()};
+  if (tp > 1) groups.data = replicate == 1 ? groups.shard : group_by(pg, tp, t, "data");
+  return DeviceMesh(std::move(groups), replicate, shard);
 }
 
 }  // namespace shardtrain::dist

@@ -87,9 +87,9 @@ StrategyGroups strategy_groups(parallel::Strategy strategy, const dist::DeviceMe
   switch (strategy) {
     case parallel::Strategy::FULL_SHARD:
     case parallel::Strategy::SHARD_GRAD_OP:
-      return {mesh.world(), options};
+      return {mesh.data_group(), options};
     case parallel::Strategy::NO_SHARD:  // a shard group of one: each rank's shard is the whole parameter
-      options.replicate_group = mesh.world();
+      options.replicate_group = mesh.data_group();
       return {dist::Communicator::single(mesh.world().global_ranks()[mesh.world().rank()]), options};
     case parallel::Strategy::HYBRID_SHARD:
     case parallel::Strategy::HYBRID_SHARD_ZERO2:

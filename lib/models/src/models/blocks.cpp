@@ -83,7 +83,7 @@ AttentionImpl::AttentionImpl(const AttentionOptions& opts, const torch::TensorOp
   }
 }
 
-at::Tensor AttentionImpl::forward(const at::Tensor& x_in, const at::Tensor& context, const at::Tensor& bias,
+at::Tensor AttentionImpl::forward_impl(const at::Tensor& x_in, const at::Tensor& context, const at::Tensor& bias,
                                   const at::Tensor& rope) {
   const at::Tensor x = for_projections(x_in);
   // Generating, cross-attention projects its context once: later calls reuse the cached keys and values.
@@ -175,7 +175,7 @@ MlpImpl::MlpImpl(int64_t dim, int64_t hidden_dim, Activation act, bool bias, dou
   }
 }
 
-at::Tensor MlpImpl::forward(const at::Tensor& x_in) {
+at::Tensor MlpImpl::forward_impl(const at::Tensor& x_in) {
   const at::Tensor x = for_projections(x_in);
   // Without dropout between them, the activation and the output projection are one node that keeps only the
   // activation's inputs (fused_mlp.h): a (rows, hidden) tensor less per layer with GELU, two with SwiGLU. A LoRA
@@ -193,10 +193,12 @@ at::Tensor MlpImpl::forward(const at::Tensor& x_in) {
     return y + at::linear(z, out->lora_B->weight) * out->lora_scale;  // LinearImpl::forward's adapter term
   }
   if (fused && !adapted_output) {
+    const at::Tensor b = out->bias_in_product();
     switch (activation) {
-      case Activation::kSwiGlu: return swiglu_linear(gate->forward(x), up->forward(x), down->matrix(), down->bias);
-      case Activation::kGelu: return gelu_linear(fc1->forward(x), fc2->matrix(), fc2->bias, /*tanh=*/false);
-      case Activation::kGeluTanh: return gelu_linear(fc1->forward(x), fc2->matrix(), fc2->bias, /*tanh=*/true);
+      case Activation::kSwiGlu:
+        return out->finish_product(swiglu_linear(gate->forward(x), up->forward(x), down->matrix(), b));
+      case Activation::kGelu: return out->finish_product(gelu_linear(fc1->forward(x), fc2->matrix(), b, false));
+      case Activation::kGeluTanh: return out->finish_product(gelu_linear(fc1->forward(x), fc2->matrix(), b, true));
       case Activation::kRelu: break;  // relu's output is what fc2 keeps: nothing to save
     }
   }

@@ -17,10 +17,17 @@ LinearImpl::LinearImpl(int64_t in_features, int64_t out_features, bool with_bias
 
 at::Tensor LinearImpl::forward(const at::Tensor& x) {
   // Transposed, linear's own transpose of matrix() is the stored (in, out) weight: the product reads it as it is.
+  if (reduce_partial) return finish_product(at::linear(x, matrix()));
   at::Tensor y = at::linear(x, matrix(), bias);
   if (!lora_A) return y;
   const at::Tensor dropped = lora_dropout > 0 && is_training() ? at::dropout(x, lora_dropout, true) : x;
   return y + at::linear(at::linear(dropped, lora_A->weight), lora_B->weight) * lora_scale;
+}
+
+at::Tensor LinearImpl::finish_product(const at::Tensor& y) const {
+  if (!reduce_partial) return y;
+  const at::Tensor reduced = reduce_partial(y);
+  return bias.defined() ? reduced + bias : reduced;
 }
 
 void LinearImpl::add_lora(int64_t r, double alpha, double dropout) {
@@ -40,7 +47,7 @@ LayerNormImpl::LayerNormImpl(int64_t dim, double eps_, const torch::TensorOption
   if (with_bias) bias = register_parameter("bias", at::empty({dim}, options));
 }
 
-at::Tensor LayerNormImpl::forward(const at::Tensor& x) {
+at::Tensor LayerNormImpl::forward_impl(const at::Tensor& x) {
   return at::layer_norm(x, {weight.size(0)}, weight, bias, eps);
 }
 
@@ -48,7 +55,7 @@ RMSNormImpl::RMSNormImpl(int64_t dim, double eps_, const torch::TensorOptions& o
   weight = register_parameter("weight", at::empty({dim}, options));
 }
 
-at::Tensor RMSNormImpl::forward(const at::Tensor& x) {
+at::Tensor RMSNormImpl::forward_impl(const at::Tensor& x) {
   at::Tensor x32 = x.to(at::kFloat);
   at::Tensor normed = x32 * at::rsqrt(x32.pow(2).mean({-1}, /*keepdim=*/true) + eps);
   return weight * normed.to(weight.scalar_type());

@@ -240,6 +240,7 @@ class LoraRecipe : public ModelRecipe {
   std::vector<std::string> extra_unit_classes() const override { return inner_->extra_unit_classes(); }
   EdgeUnits edge_unit_classes() const override { return inner_->edge_unit_classes(); }
   std::vector<std::string> tied_tables() const override { return inner_->tied_tables(); }
+  TpPlan tp_plan() const override { return inner_->tp_plan(); }
   HfModelLayout hf_base_model() const override { return inner_->hf_base_model(); }
   std::string hf_config_json() const override { return inner_->hf_config_json(); }
   // Of the three matrix products per weight a step makes (forward, the input's gradient, the weight's gradient),

@@ -80,7 +80,7 @@ std::vector<fsdp::FsdpUnit> parallelize(ZooModel& model, const dist::DeviceMesh&
 }
 
 ddp::Ddp replicate_model(ZooModel& model, const dist::DeviceMesh& mesh, const ddp::DdpOptions& options) {
-  ddp::Ddp handle = ddp::replicate(model.module, mesh.world(), options);
+  ddp::Ddp handle = ddp::replicate(model.module, mesh.data_group(), options);
   finish_root(model, mesh);
   return handle;
 }

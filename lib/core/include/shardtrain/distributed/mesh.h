@@ -1,10 +1,18 @@
-// A 2-D layout of the world for hybrid sharding: `replicate` rows of `shard` ranks, world rank = row * shard + col.
-// The shard group of a rank is its row (ranks that shard parameters among themselves, normally one node), its
-// replicate group is its column (ranks holding the same shard, across nodes). A 1-D mesh is replicate = 1.
+// The layout of the world: `replicate` rows of `shard` data-parallel ranks (hybrid sharding), each of them `tp`
+// ranks that split its layers (tensor parallelism), the tensor dimension innermost (the ranks of one node, as
+// torchtitan and Megatron place it):
+//
+//   world rank = (row * shard + col) * tp + t
+//
+// The shard group of a rank is the ranks of its row with its t (they shard parameters among themselves, normally
+// one node), its replicate group the ranks of its column with its t (the same shard across nodes), its
+// tensor-parallel group the tp ranks of its (row, col), and its data-parallel group every rank with its t (the
+// ranks that see different batches: replicate * shard of them). With tp = 1 the data-parallel group is the world;
+// a 1-D mesh is replicate = 1, tp = 1.
 //
 //            shard ->          e.g. 2x2:  shard groups {0,1} {2,3}
 //   replicate  0  1  ..  S-1              replicate groups {0,2} {1,3}
-//      |       S ...   2S-1
+//      |       S ...   2S-1    1x2, tp 2: shard groups {0,2} {1,3}, tensor-parallel groups {0,1} {2,3}
 #pragma once
 
 #include "shardtrain/distributed/communicator.h"
@@ -14,30 +22,44 @@ namespace shardtrain::dist {
 
 class DeviceMesh {
  public:
-  // shard = -1 infers world / replicate. Throws std::invalid_argument naming the sizes when
-  // replicate * shard != world size, e.g. "mesh replicate(2) * shard(3) = 6 != WORLD_SIZE(4)". Collective.
-  static DeviceMesh create(ProcessGroup& pg, int replicate, int shard = -1);
+  // shard = -1 infers world / (replicate * tp). Throws std::invalid_argument naming the sizes when
+  // replicate * shard * tp != world size, e.g. "mesh replicate(2) * shard(3) * tp(1) = 6 != WORLD_SIZE(4)".
+  // Collective.
+  static DeviceMesh create(ProcessGroup& pg, int replicate, int shard = -1, int tp = 1);
 
   int replicate_size() const { return replicate_size_; }
   int shard_size() const { return shard_size_; }
+  int tp_size() const { return tp_.size(); }
+  int data_size() const { return data_.size(); }            // replicate * shard
   int replicate_rank() const { return replicate_.rank(); }  // row index
   int shard_rank() const { return shard_.rank(); }          // column index
+  int tp_rank() const { return tp_.rank(); }
+  int data_rank() const { return data_.rank(); }            // row * shard + col: which batches this rank reads
 
   const Communicator& world() const { return world_; }
   const Communicator& shard_group() const { return shard_; }
   const Communicator& replicate_group() const { return replicate_; }
+  const Communicator& tp_group() const { return tp_; }
+  const Communicator& data_group() const { return data_; }
 
  private:
-  DeviceMesh(Communicator world, Communicator shard, Communicator replicate, int replicate_size, int shard_size)
-      : world_(std::move(world)),
-        shard_(std::move(shard)),
-        replicate_(std::move(replicate)),
+  struct Groups {
+    Communicator world, shard, replicate, tp, data;
+  };
+  DeviceMesh(Groups groups, int replicate_size, int shard_size)
+      : world_(std::move(groups.world)),
+        shard_(std::move(groups.shard)),
+        replicate_(std::move(groups.replicate)),
+        tp_(std::move(groups.tp)),
+        data_(std::move(groups.data)),
         replicate_size_(replicate_size),
         shard_size_(shard_size) {}
 
   Communicator world_;
   Communicator shard_;
   Communicator replicate_;
+  Communicator tp_;
+  Communicator data_;
   int replicate_size_;
   int shard_size_;
 };

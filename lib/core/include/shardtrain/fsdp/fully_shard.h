@@ -117,9 +117,9 @@ class FsdpUnit {
 };
 
 // A strategy of PyTorch FSDP / Accelerate as a shard group and options on `mesh`: FULL_SHARD and SHARD_GRAD_OP
-// shard over the whole world (mesh.world()); HYBRID_SHARD(_ZERO2) over mesh.shard_group() with
-// mesh.replicate_group() across; NO_SHARD keeps every parameter whole (a shard group of this rank alone) and
-// averages gradients over the world. DDP is not FSDP's (ddp::replicate): std::invalid_argument.
+// shard over the data-parallel ranks (mesh.data_group(): the world without tensor parallelism);
+// HYBRID_SHARD(_ZERO2) over mesh.shard_group() with mesh.replicate_group() across; NO_SHARD keeps every parameter
+// whole (a shard group of this rank alone) and averages gradients over the data-parallel ranks. DDP is not FSDP's (ddp::replicate): std::invalid_argument.
 struct StrategyGroups {
   dist::Communicator shard;
   FsdpOptions options;

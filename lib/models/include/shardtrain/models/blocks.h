@@ -49,8 +49,10 @@ struct KvCache {
 
 // Multi-head attention on LibTorch's scaled_dot_product_attention. Children: q, k, v (C -> H*D or kv_heads*D), or
 // with fused_qkv (self-attention only) qkv; o (H*D -> C); with re_attention also reattn_weights (H, H) and
-// reattn_norm over heads; with qk_norm q_norm and k_norm (D).
-class AttentionImpl : public torch::nn::Module {
+// reattn_norm over heads; with qk_norm q_norm and k_norm (D). Interceptable: tensor parallelism enters its region
+// around it (models/tensor_parallel.h), the heads split over the group (options then count this rank's).
+class AttentionImpl : public nn::Interceptable<AttentionImpl, at::Tensor(const at::Tensor&, const at::Tensor&,
+                                                                          const at::Tensor&, const at::Tensor&)> {
  public:
   AttentionImpl(const AttentionOptions& options, const torch::TensorOptions& tensor_options);
   // x (B, T, C); context (B, S, C) for cross-attention, undefined for self-attention; bias as above or undefined;
@@ -60,7 +62,8 @@ class AttentionImpl : public torch::nn::Module {
   // layer until backward: the fused kernels save their mask).
   // With a cache attached, the T queries attend to the cached keys and theirs: a causal layer's bias is then
   // (..., T, P + T) for P cached positions, and rope the T new positions' (2, T, D) or per row (2, B, 1, T, D).
-  at::Tensor forward(const at::Tensor& x, const at::Tensor& context, const at::Tensor& bias, const at::Tensor& rope);
+  at::Tensor forward_impl(const at::Tensor& x, const at::Tensor& context, const at::Tensor& bias,
+                          const at::Tensor& rope);
 
   AttentionOptions options;
   Linear q{nullptr}, k{nullptr}, v{nullptr}, o{nullptr};
@@ -75,11 +78,12 @@ TORCH_MODULE(Attention);
 enum class Activation { kGelu, kGeluTanh, kRelu, kSwiGlu };
 
 // Feed-forward: fc2(act(fc1(x))), or for kSwiGlu down(silu(gate(x)) * up(x)). x (..., C) -> (..., C).
-class MlpImpl : public torch::nn::Module {
+// Interceptable, as Attention.
+class MlpImpl : public nn::Interceptable<MlpImpl, at::Tensor(const at::Tensor&)> {
  public:
   MlpImpl(int64_t dim, int64_t hidden_dim, Activation activation, bool bias, double dropout,
           const torch::TensorOptions& options, bool transposed = false);  // transposed: as AttentionOptions
-  at::Tensor forward(const at::Tensor& x);
+  at::Tensor forward_impl(const at::Tensor& x);
 
   Activation activation;
   double dropout;

@@ -9,10 +9,6 @@
 
 namespace shardtrain::models {
 
-// x (B, ...) of every rank, concatenated in rank order: (W*B, ...). Backward: each rank receives the sum over
-// ranks of the gradient for its own rows (torch.distributed.nn.functional.all_gather). Every rank's B must be equal.
-at::Tensor all_gather_with_grad(const at::Tensor& x, const dist::Communicator& group);
-
 struct ContrastiveLogits {
   at::Tensor per_image;  // (B, W*B): this rank's images against every rank's texts, times exp(logit_scale)
   at::Tensor per_text;   // (B, W*B)

@@ -7,7 +7,10 @@
 #include <torch/nn/module.h>
 
 #include <cstdint>
+#include <functional>
 #include <vector>
+
+#include "shardtrain/nn/intercept.h"
 
 namespace shardtrain::models {
 
@@ -29,25 +32,35 @@ class LinearImpl : public torch::nn::Module {
   bool has_lora() const { return lora_A != nullptr; }
   std::shared_ptr<LinearImpl> lora_A, lora_B;  // null without an adapter
   double lora_scale = 0, lora_dropout = 0;
+
+  // Set by tensor parallelism's row-wise split (models/tensor_parallel.h): this rank's product is a partial sum over
+  // its slice of the input features, reduced over the group by this before the bias (held whole on every rank) is
+  // added. Null otherwise.
+  std::function<at::Tensor(const at::Tensor&)> reduce_partial;
+  // For code that computes x matrix()^T itself (fused_mlp.h): the bias to add inside that product (undefined when
+  // it must wait for the reduction), and what turns the product into the layer's output.
+  at::Tensor bias_in_product() const { return reduce_partial ? at::Tensor() : bias; }
+  at::Tensor finish_product(const at::Tensor& y) const;
 };
 TORCH_MODULE(Linear);
 
-// Normalisation over the last dimension: weight (dim), bias (dim) when affine.
-class LayerNormImpl : public torch::nn::Module {
+// Normalisation over the last dimension: weight (dim), bias (dim) when affine. Interceptable (tensor parallelism
+// gathers a sequence-parallel norm's output).
+class LayerNormImpl : public nn::Interceptable<LayerNormImpl, at::Tensor(const at::Tensor&)> {
  public:
   LayerNormImpl(int64_t dim, double eps, const torch::TensorOptions& options, bool bias = true);
-  at::Tensor forward(const at::Tensor& x);
+  at::Tensor forward_impl(const at::Tensor& x);
   at::Tensor weight, bias;
   double eps;
 };
 TORCH_MODULE(LayerNorm);
 
 // Root-mean-square normalisation (Llama's RMSNorm, T5's LayerNorm): x / rms(x) * weight, the statistic taken in
-// float32 whatever the input dtype, as Hugging Face does.
-class RMSNormImpl : public torch::nn::Module {
+// float32 whatever the input dtype, as Hugging Face does. Interceptable, as LayerNorm.
+class RMSNormImpl : public nn::Interceptable<RMSNormImpl, at::Tensor(const at::Tensor&)> {
  public:
   RMSNormImpl(int64_t dim, double eps, const torch::TensorOptions& options);
-  at::Tensor forward(const at::Tensor& x);
+  at::Tensor forward_impl(const at::Tensor& x);
   at::Tensor weight;
   double eps;
 };

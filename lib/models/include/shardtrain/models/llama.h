@@ -14,6 +14,7 @@
 #include "shardtrain/models/causal_lm_outputs.h"
 #include "shardtrain/models/layers.h"
 #include "shardtrain/models/sequence_classifier.h"
+#include "shardtrain/models/tensor_parallel.h"
 #include "shardtrain/models/weights.h"
 
 namespace shardtrain::models {
@@ -87,11 +88,13 @@ class LlamaEmbeddingImpl : public nn::Interceptable<LlamaEmbeddingImpl, at::Tens
 };
 TORCH_MODULE(LlamaEmbedding);
 
-class LlamaLMHeadImpl : public nn::Interceptable<LlamaLMHeadImpl, std::vector<at::Tensor>(at::Tensor, at::Tensor)> {
+class LlamaLMHeadImpl : public nn::Interceptable<LlamaLMHeadImpl, std::vector<at::Tensor>(at::Tensor, at::Tensor)>,
+                        public VocabParallelHead {
  public:
   LlamaLMHeadImpl(int64_t dim, int64_t vocab, const torch::TensorOptions& options);
   // hidden (..., dim), targets undefined: {logits (..., vocab)}. hidden (N, dim) rows and targets (N): {loss},
-  // the head fused with the cross-entropy in chunks (linear_cross_entropy), no (N, vocab) logits.
+  // the head fused with the cross-entropy in chunks (linear_cross_entropy), no (N, vocab) logits. With a
+  // vocab_shard (tensor parallelism), weight holds its rows and both are still the whole vocabulary's.
   std::vector<at::Tensor> forward_impl(const at::Tensor& hidden, const at::Tensor& targets);
   at::Tensor weight;  // (vocab, dim)
 };

@@ -3,6 +3,8 @@
 
 #include <ATen/core/Tensor.h>
 
+#include "shardtrain/distributed/communicator.h"
+
 namespace shardtrain::models {
 
 // Label value that takes no loss (Hugging Face's and PyTorch's ignore_index).
@@ -40,8 +42,18 @@ LabelledRows labelled_rows(const at::Tensor& hidden, const at::Tensor& labels);
 // over a 32k vocabulary keeps is then two (V, C) and (K, C) gradients instead of three (K, V) float32 tensors.
 // The same loss and gradients to float32 rounding (the weight's accumulated in float32 over the chunks). Under
 // no_grad (evaluation) the loss alone, no gradient computed.
+//
+// With `shard`, the vocabulary is split over a tensor-parallel group (loss parallelism: the logits are never
+// gathered whole): weight and bias are rows [start, start + V) of the whole table, every rank of the group calls
+// with the same hidden and labels (class ids of the whole vocabulary), the loss is the whole vocabulary's on every
+// rank, and hidden's gradient is this rank's part of a sum over the group (the column-parallel input's: the region's
+// entry, tp::copy_to_group or tp::gather_along, sums it).
+struct VocabShard {
+  int64_t start;
+  dist::Communicator group;
+};
 at::Tensor linear_cross_entropy(const at::Tensor& hidden, const at::Tensor& weight, const at::Tensor& bias,
-                                const at::Tensor& labels);
+                                const at::Tensor& labels, const VocabShard* shard = nullptr);
 // Its rows per chunk at a vocabulary of `vocab` (at least one).
 int64_t linear_cross_entropy_chunk_rows(int64_t vocab);
 

@@ -32,6 +32,7 @@
 #include "shardtrain/models/activation_memory.h"
 #include "shardtrain/models/build.h"
 #include "shardtrain/models/hf_layout.h"
+#include "shardtrain/models/tensor_parallel.h"
 #include "shardtrain/models/weights.h"
 
 namespace torch::nn {
@@ -177,6 +178,10 @@ class ModelRecipe {
   // KV cache in its attention modules while it lives (models/generation.h). Throws std::invalid_argument naming the
   // family for a model that does not generate text (the default; the causal LMs and T5 do).
   virtual std::unique_ptr<TextDecoder> text_decoder(torch::nn::Module& model) const;
+
+  // How the model splits under tensor parallelism (models/tensor_parallel.h): a rule for every module that holds
+  // parameters or changes under the split. Empty (the default): the family does not split.
+  virtual TpPlan tp_plan() const { return {}; }
 
   // Called by parallelize(), build_parallel() and replicate_model() once the root is wrapped.
   virtual void parallelize_hook(torch::nn::Module& root, const dist::DeviceMesh& mesh) const;

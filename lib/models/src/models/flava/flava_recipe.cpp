@@ -176,7 +176,7 @@ class FlavaRecipe : public FamilyRecipe<FlavaConfig, Flava> {
   std::vector<std::string> extra_unit_classes() const override { return {"FlavaImageCodebook"}; }
 
   void parallelize_hook(torch::nn::Module& root, const dist::DeviceMesh& mesh) const override {
-    module_as<FlavaImpl>(root, "flava").set_contrastive_group(mesh.world());
+    module_as<FlavaImpl>(root, "flava").set_contrastive_group(mesh.data_group());
   }
 
   std::vector<std::string> tasks() const override { return {"pretraining"}; }

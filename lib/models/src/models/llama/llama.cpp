@@ -10,6 +10,7 @@
 #include "models/unknown_flavor.h"
 #include "shardtrain/models/losses.h"
 #include "shardtrain/models/named_outputs.h"
+#include "shardtrain/tp/regions.h"
 
 namespace shardtrain::models {
 
@@ -193,8 +194,12 @@ LlamaLMHeadImpl::LlamaLMHeadImpl(int64_t dim, int64_t vocab, const torch::Tensor
 }
 
 std::vector<at::Tensor> LlamaLMHeadImpl::forward_impl(const at::Tensor& hidden, const at::Tensor& targets) {
-  if (!targets.defined()) return {at::linear(hidden, weight)};
-  return {linear_cross_entropy(hidden, weight, at::Tensor(), targets)};
+  const VocabShard* shard = vocab_shard ? &*vocab_shard : nullptr;
+  if (!targets.defined()) {
+    const at::Tensor logits = at::linear(hidden, weight);
+    return {shard != nullptr ? tp::gather_along(logits, -1, shard->group) : logits};
+  }
+  return {linear_cross_entropy(hidden, weight, at::Tensor(), targets, shard)};
 }
 
 LlamaImpl::LlamaImpl(const LlamaConfig& c, const BuildOptions& build) : Interceptable("Llama"), config(c) {

@@ -77,6 +77,30 @@ class LlamaRecipe : public FamilyRecipe<LlamaConfig, Llama> {
     return {"embed.weight"};
   }
 
+  // Megatron's split as torchtitan's Llama plan (models/tensor_parallel.h): the embedding and the head by
+  // vocabulary rows, q, k, v, gate and up column-wise, o and down row-wise, the norms on the sequence slice under
+  // sequence parallelism, the final one's output gathered for the head. Qwen3's per-head norms see this rank's heads.
+  TpPlan tp_plan() const override {
+    const LlamaConfig& c = config();
+    if (c.tied_head()) {
+      throw std::invalid_argument("tensor parallelism of " + flavor() + ": its embedding and LM head share one "
+                                  "table (tie_word_embeddings), which this version does not split");
+    }
+    TpPlan plan = {{"embed", TpStyle::VOCAB_EMBEDDING},   {"layers.*.norm1", TpStyle::SEQUENCE},
+                   {"layers.*.attn", TpStyle::ATTENTION}, {"layers.*.attn.q", TpStyle::COLUMN},
+                   {"layers.*.attn.k", TpStyle::COLUMN},  {"layers.*.attn.v", TpStyle::COLUMN},
+                   {"layers.*.attn.o", TpStyle::ROW},     {"layers.*.norm2", TpStyle::SEQUENCE},
+                   {"layers.*.mlp", TpStyle::ENTER},      {"layers.*.mlp.gate", TpStyle::COLUMN},
+                   {"layers.*.mlp.up", TpStyle::COLUMN},  {"layers.*.mlp.down", TpStyle::ROW},
+                   {"norm", TpStyle::SEQUENCE_GATHER}};
+    if (c.qk_norm) {
+      plan.push_back({"layers.*.attn.q_norm", TpStyle::HEAD_LOCAL});
+      plan.push_back({"layers.*.attn.k_norm", TpStyle::HEAD_LOCAL});
+    }
+    plan.push_back(c.classifier.enabled() ? TpRule{"score", TpStyle::WHOLE} : TpRule{"lm_head", TpStyle::VOCAB_HEAD});
+    return plan;
+  }
+
   // Layers: llama_layer_options (the embedding's output is layer 0's input). Then the final norm (its input and
   // what it keeps) and the loss through linear_cross_entropy at the positions that predict a label (every position
   // counted: all but a row's last, and padding, predict one): linear_cross_entropy_bytes. Mistral's window, where

@@ -1,0 +1,112 @@
+// Tensor parallelism (Megatron-LM; PyTorch's parallelize_module with ColwiseParallel, RowwiseParallel,
+// SequenceParallel and loss parallelism): the layers of a model split over a group of ranks that see the same
+// batch, each rank holding a slice of every projection. A family's recipe says how its modules split, as data
+// (ModelRecipe::tp_plan): a list of rules, module path -> style. tensor_parallelize() applies it to a built model,
+// before any data parallelism (FSDP then shards each rank's slices over the data-parallel ranks).
+//
+// Within a transformer layer (Megatron's split, t = the group size):
+//   attention  x -> [enter] -> q, k, v column-wise (heads / t each) -> attention -> o row-wise -> [leave]
+//   MLP        x -> [enter] -> gate, up column-wise (width / t) -> SwiGLU -> down row-wise -> [leave]
+// where enter is tp::copy_to_group and leave an all-reduce of the partial products (tp::reduce_from_group), or with
+// sequence parallelism (activations between the regions sharded on the sequence dimension, dim 1 of (B, T, C))
+// tp::gather_along and tp::reduce_scatter_along. The token embedding is split by vocabulary rows (each rank looks
+// up the ids it holds, zero elsewhere, then the same reduction as a row-wise projection) and the LM head by
+// vocabulary rows too, its cross-entropy computed over the split logits (losses.h VocabShard), never gathered.
+//
+// Parameters that stay whole on every rank (norms, a row-wise projection's bias) get the whole gradient on each
+// rank when their input is replicated; when it is this rank's sequence slice (sequence parallelism), or its heads'
+// values only (Qwen3's per-head q_norm), each rank's gradient is a part of the sum: TensorParallel::
+// reduce_gradients() sums them over the group after backward.
+#pragma once
+
+#include <torch/nn/module.h>
+
+#include <string>
+#include <vector>
+
+#include <optional>
+
+#include "shardtrain/distributed/communicator.h"
+#include "shardtrain/models/losses.h"
+
+namespace shardtrain::models {
+
+struct ZooModel;
+
+// An LM head that computes over a slice of the vocabulary when given one (LlamaLMHead): what VOCAB_HEAD splits.
+// With a shard, its weight holds rows [start, start + rows) and its forward gives the loss over the whole
+// vocabulary (linear_cross_entropy with the shard) or the whole logits (gathered on the last dimension).
+class VocabParallelHead {
+ public:
+  virtual ~VocabParallelHead() = default;
+  std::optional<VocabShard> vocab_shard;
+};
+
+// How one module splits. "Split" parameters are sliced along the named dimension; "whole" ones stay whole.
+enum class TpStyle {
+  COLUMN,           // Linear: output features split (weight rows, bias); its input is already in the region
+  ROW,              // Linear: input features split (weight columns), bias whole, output reduced (leave)
+  ATTENTION,        // Attention: enter around it, its heads and key/value heads split (its q, k, v, o need rules)
+  ENTER,            // any interceptable module (MLP): enter around it
+  HEAD_LOCAL,       // whole parameters that see this rank's heads only (q_norm, k_norm): gradients summed
+  SEQUENCE,         // whole parameters of a module that runs on the sequence slice under sequence parallelism (a
+                    // layer's norms); nothing changes without it
+  SEQUENCE_GATHER,  // SEQUENCE, and its output gathered over the sequence (the final norm: what follows is whole)
+  VOCAB_EMBEDDING,  // an embedding: weight rows (vocabulary) split, the lookup reduced (leave)
+  VOCAB_HEAD,       // an LM head (hidden, targets) -> {logits | loss} with a (vocab, dim) weight: rows split, the
+                    // loss over split logits (losses.h VocabShard), logits gathered on the last dimension
+  WHOLE,            // whole parameters on a replicated input (a classifier's score): nothing changes
+};
+std::string to_string(TpStyle style);
+
+// `module` is a path of the model's named_modules ("layers.*.attn.q"), '*' standing for one whole path segment
+// (a layer's index). A rule that matches no module is an error, so a plan says nothing its model lacks.
+struct TpRule {
+  std::string module;
+  TpStyle style;
+};
+using TpPlan = std::vector<TpRule>;
+
+struct TensorParallelOptions {
+  bool sequence_parallel = false;
+};
+
+// What tensor_parallelize() did, and what a step needs from it.
+class TensorParallel {
+ public:
+  TensorParallel(dist::Communicator group, bool sequence_parallel, std::vector<at::Tensor> split,
+                 std::vector<at::Tensor> summed, std::vector<std::string> lines)
+      : group_(std::move(group)), sequence_parallel_(sequence_parallel), split_(std::move(split)),
+        summed_(std::move(summed)), lines_(std::move(lines)) {}
+
+  const dist::Communicator& group() const { return group_; }
+  bool sequence_parallel() const { return sequence_parallel_; }
+  // Sums over the group the gradients each rank has a part of (see above): after backward (and after data
+  // parallelism's reduction), before clipping and the optimizer. Collective over the group; one all-reduce.
+  void reduce_gradients() const;
+  // Scales the gradients of every parameter of `root` so that their L2 norm over the whole model — each split
+  // parameter's slices on every rank of the group, each whole one once — is at most max_norm; returns the norm
+  // before clipping (torch.nn.utils.clip_grad_norm_). `shard_group`: the group over which data parallelism shards
+  // the gradients (FSDP's; null when every data-parallel rank holds them whole: DDP, NO_SHARD, none). After
+  // reduce_gradients(). Collective over both groups.
+  double clip_grad_norm(torch::nn::Module& root, double max_norm, const dist::Communicator* shard_group) const;
+  // Each rule's modules and what each rank holds: "layers.*.attn.q (2 modules): column, weight (32, 64) of (64, 64)".
+  const std::vector<std::string>& describe() const { return lines_; }
+
+ private:
+  dist::Communicator group_;
+  bool sequence_parallel_;
+  std::vector<at::Tensor> split_;   // the parameters each rank holds a slice of
+  std::vector<at::Tensor> summed_;  // the parameters whose gradients reduce_gradients() sums
+  std::vector<std::string> lines_;
+};
+
+// Splits `model` (built whole, the same on every rank of `group`: the same seed or weights) over `group` as its
+// recipe's tp_plan() says. Throws std::invalid_argument before any collective when the family has no plan, a rule
+// matches nothing, a parameter is under no rule (named), a size does not divide by the group (naming the
+// dimension, e.g. "the 4 key/value heads of layers.0.attn", and the group sizes that would divide it), or a
+// module carries a LoRA adapter.
+TensorParallel tensor_parallelize(ZooModel& model, const dist::Communicator& group,
+                                  const TensorParallelOptions& options = {});
+
+}  // namespace shardtrain::models

@@ -1,0 +1,390 @@
+#include "shardtrain/models/tensor_parallel.h"
+
+#include <ATen/ATen.h>
+
+#include <cmath>
+#include <map>
+#include <set>
+#include <stdexcept>
+
+#include "shardtrain/models/blocks.h"
+#include "shardtrain/models/layers.h"
+#include "shardtrain/models/zoo.h"
+#include "shardtrain/nn/intercept.h"
+#include "shardtrain/tp/regions.h"
+
+namespace shardtrain::models {
+
+namespace {
+
+// '*' matches one whole segment of a dotted path.
+bool path_matches(const std::string& pattern, const std::string& path) {
+  size_t p = 0, q = 0;
+  while (p < pattern.size() && q < path.size()) {
+    if (pattern[p] == '*') {
+      ++p;
+      while (q < path.size() && path[q] != '.') ++q;
+    } else if (pattern[p++] != path[q++]) {
+      return false;
+    }
+  }
+  return p == pattern.size() && q == path.size();
+}
+
+// The group sizes up to 64 that divide n, for an error message.
+std::string divisors_text(int64_t n) {
+  std::string out;
+  for (int64_t d = 1; d <= std::min<int64_t>(n, 64); ++d) {
+    if (n % d == 0) out += (out.empty() ? "" : ", ") + std::to_string(d);
+  }
+  return out;
+}
+
+void check_divides(int64_t n, int64_t ranks, const std::string& what) {
+  if (n % ranks != 0) {
+    throw std::invalid_argument("tensor parallelism over " + std::to_string(ranks) + " ranks: " + what + " (" +
+                                std::to_string(n) + ") do not divide by " + std::to_string(ranks) +
+                                "; tensor-parallel sizes that divide them: " + divisors_text(n));
+  }
+}
+
+// Keeps this rank's slice of a parameter along dim (a copy of its own, the whole one freed).
+void keep_slice(at::Tensor& param, int64_t dim, const dist::Communicator& group, std::vector<at::Tensor>& split) {
+  split.push_back(param);
+  at::NoGradGuard no_grad;
+  const int64_t n = param.size(dim) / group.size();
+  param.set_data(param.narrow(dim, group.rank() * n, n).clone());
+}
+
+template <class T>
+T& module_as_style(torch::nn::Module& m, const std::string& path, TpStyle style, const char* expected) {
+  auto* typed = dynamic_cast<T*>(&m);
+  if (typed == nullptr) {
+    throw std::invalid_argument("tensor parallelism: " + path + " is a " + m.name() + ", not " + expected +
+                                " as its rule's style '" + to_string(style) + "' needs");
+  }
+  return *typed;
+}
+
+nn::InterceptPoint& intercept_point_of(torch::nn::Module& m, const std::string& path, TpStyle style) {
+  nn::InterceptPoint* point = nn::as_intercept_point(m);
+  if (point == nullptr) {
+    throw std::invalid_argument("tensor parallelism: " + path + " (" + m.name() + ") cannot be intercepted, as " +
+                                "its rule's style '" + to_string(style) + "' needs");
+  }
+  return *point;
+}
+
+// Around a module whose computation is split: its input enters the region (copied, or under sequence parallelism
+// gathered over the sequence); a cross-attention's context (input 1) is whole already and is copied.
+class EnterRegion : public nn::Interceptor {
+ public:
+  EnterRegion(dist::Communicator group, bool sequence_parallel, bool has_context)
+      : group_(std::move(group)), sequence_parallel_(sequence_parallel), has_context_(has_context) {}
+  nn::TensorVec around(torch::nn::Module&, nn::TensorVec inputs, const Next& next) override {
+    inputs[0] = sequence_parallel_ ? tp::gather_along(inputs[0], 1, group_) : tp::copy_to_group(inputs[0], group_);
+    if (has_context_ && inputs.size() > 1 && inputs[1].defined()) inputs[1] = tp::copy_to_group(inputs[1], group_);
+    return next(std::move(inputs));
+  }
+  std::string name() const override { return "tensor-parallel region"; }
+
+ private:
+  dist::Communicator group_;
+  bool sequence_parallel_, has_context_;
+};
+
+// The end of the sequence-parallel part: the module's output (B, T / t, C) gathered to (B, T, C).
+class GatherSequence : public nn::Interceptor {
+ public:
+  explicit GatherSequence(dist::Communicator group) : group_(std::move(group)) {}
+  nn::TensorVec around(torch::nn::Module&, nn::TensorVec inputs, const Next& next) override {
+    nn::TensorVec out = next(std::move(inputs));
+    out[0] = tp::gather_along(out[0], 1, group_);
+    return out;
+  }
+  std::string name() const override { return "tensor-parallel sequence gather"; }
+
+ private:
+  dist::Communicator group_;
+};
+
+// A lookup in rows [start, start + rows) of the vocabulary: other ids look up row 0 and are zeroed, then the ranks'
+// rows are summed (or under sequence parallelism reduce-scattered over the sequence).
+class VocabLookup : public nn::Interceptor {
+ public:
+  VocabLookup(dist::Communicator group, bool sequence_parallel, int64_t start, int64_t rows)
+      : group_(std::move(group)), sequence_parallel_(sequence_parallel), start_(start), rows_(rows) {}
+  nn::TensorVec around(torch::nn::Module&, nn::TensorVec inputs, const Next& next) override {
+    if (sequence_parallel_ && inputs[0].dim() > 1 && inputs[0].size(1) % group_.size() != 0) {
+      throw std::invalid_argument("sequence parallelism over " + std::to_string(group_.size()) + " ranks: a batch of " +
+                                  std::to_string(inputs[0].size(1)) + " tokens per sequence, which does not divide " +
+                                  "by " + std::to_string(group_.size()) + " (pad sequences to a multiple of it)");
+    }
+    const at::Tensor local = inputs[0] - start_;
+    const at::Tensor outside = (local < 0) | (local >= rows_);
+    inputs[0] = local.masked_fill(outside, 0);
+    nn::TensorVec out = next(std::move(inputs));
+    const at::Tensor partial = out[0].masked_fill(outside.unsqueeze(-1), 0);
+    out[0] = sequence_parallel_ ? tp::reduce_scatter_along(partial, 1, group_) : tp::reduce_from_group(partial, group_);
+    return out;
+  }
+  std::string name() const override { return "tensor-parallel vocabulary lookup"; }
+
+ private:
+  dist::Communicator group_;
+  bool sequence_parallel_;
+  int64_t start_, rows_;
+};
+
+std::string shape_text(const at::Tensor& t) { return c10::str(t.sizes()); }
+
+// What one module becomes under its style; returns what each rank now holds, for describe().
+// Dry, it only checks (every module is checked before any is changed).
+struct Applier {
+  const dist::Communicator& group;
+  bool sequence_parallel;
+  std::vector<at::Tensor>& summed;  // parameters whose gradients reduce_gradients() sums
+  std::vector<at::Tensor>& split;   // parameters split over the group
+  bool dry = false;
+
+  void sum_if(bool when, torch::nn::Module& m, bool recurse = false) {
+    if (!when || dry) return;
+    for (auto& p : m.parameters(recurse)) summed.push_back(p);
+  }
+
+  std::string split_linear(LinearImpl& linear, const std::string& path, bool column) {
+    const at::Tensor whole = linear.matrix();  // (out, in)
+    const int64_t n = column ? whole.size(0) : whole.size(1);
+    check_divides(n, group.size(), "the " + std::string(column ? "output" : "input") + " features of " + path);
+    if (dry) return "";
+    const std::string before = shape_text(linear.weight);
+    // matrix() rows are stored rows, or columns when transposed (Conv1D's (in, out)).
+    keep_slice(linear.weight, (column ? 0 : 1) ^ (linear.transposed ? 1 : 0), group, split);
+    if (column && linear.bias.defined()) keep_slice(linear.bias, 0, group, split);
+    if (!column) {
+      const dist::Communicator g = group;
+      linear.reduce_partial = sequence_parallel
+                                  ? std::function<at::Tensor(const at::Tensor&)>(
+                                        [g](const at::Tensor& y) { return tp::reduce_scatter_along(y, 1, g); })
+                                  : [g](const at::Tensor& y) { return tp::reduce_from_group(y, g); };
+      if (linear.bias.defined() && sequence_parallel) summed.push_back(linear.bias);
+    }
+    return "weight " + shape_text(linear.weight) + " of " + before;
+  }
+
+  std::string apply(torch::nn::Module& m, const std::string& path, TpStyle style) {
+    switch (style) {
+      case TpStyle::COLUMN:
+      case TpStyle::ROW:
+        return split_linear(module_as_style<LinearImpl>(m, path, style, "a Linear"), path, style == TpStyle::COLUMN);
+      case TpStyle::ATTENTION: {
+        auto& attention = module_as_style<AttentionImpl>(m, path, style, "an Attention");
+        AttentionOptions& o = attention.options;
+        if (o.fused_qkv) {
+          throw std::invalid_argument("tensor parallelism: " + path + " projects q, k and v in one fused matrix, "
+                                      "which this version does not split");
+        }
+        if (o.re_attention) {
+          throw std::invalid_argument("tensor parallelism: " + path + " mixes its heads (re-attention), which a "
+                                      "split by heads cannot");
+        }
+        check_divides(o.heads, group.size(), "the attention heads of " + path);
+        check_divides(o.kv_heads, group.size(), "the key/value heads of " + path);
+        intercept_point_of(m, path, style);
+        if (dry) return "";
+        const std::string before = std::to_string(o.heads) + " heads, " + std::to_string(o.kv_heads) + " key/value";
+        o.heads /= group.size();
+        o.kv_heads /= group.size();
+        intercept_point_of(m, path, style).interceptors().add(
+            std::make_shared<EnterRegion>(group, sequence_parallel, /*has_context=*/true));
+        return std::to_string(o.heads) + " heads, " + std::to_string(o.kv_heads) + " key/value of " + before;
+      }
+      case TpStyle::ENTER: {
+        nn::InterceptPoint& point = intercept_point_of(m, path, style);
+        if (!dry) point.interceptors().add(std::make_shared<EnterRegion>(group, sequence_parallel, false));
+        return "enters the region";
+      }
+      case TpStyle::HEAD_LOCAL:
+        sum_if(true, m, /*recurse=*/true);
+        return "whole, gradients summed";
+      case TpStyle::SEQUENCE:
+        sum_if(sequence_parallel, m, /*recurse=*/true);
+        return sequence_parallel ? "whole, on the sequence slice" : "whole";
+      case TpStyle::SEQUENCE_GATHER: {
+        nn::InterceptPoint& point = intercept_point_of(m, path, style);
+        sum_if(sequence_parallel, m, /*recurse=*/true);
+        if (!sequence_parallel) return "whole";
+        if (!dry) point.interceptors().add(std::make_shared<GatherSequence>(group));
+        return "whole, on the sequence slice, output gathered";
+      }
+      case TpStyle::VOCAB_EMBEDDING: {
+        at::Tensor weight = m.named_parameters(/*recurse=*/false)["weight"];
+        check_divides(weight.size(0), group.size(), "the vocabulary rows of " + path);
+        intercept_point_of(m, path, style);
+        if (dry) return "";
+        const std::string before = shape_text(weight);
+        const int64_t rows = weight.size(0) / group.size();
+        intercept_point_of(m, path, style).interceptors().add(
+            std::make_shared<VocabLookup>(group, sequence_parallel, group.rank() * rows, rows));
+        keep_slice(weight, 0, group, split);
+        return "weight " + shape_text(weight) + " of " + before;
+      }
+      case TpStyle::VOCAB_HEAD: {
+        auto& head = module_as_style<VocabParallelHead>(m, path, style, "a vocabulary-parallel head");
+        at::Tensor weight = m.named_parameters(/*recurse=*/false)["weight"];
+        check_divides(weight.size(0), group.size(), "the vocabulary rows of " + path);
+        nn::InterceptPoint& point = intercept_point_of(m, path, style);
+        if (dry) return "";
+        const std::string before = shape_text(weight);
+        head.vocab_shard = VocabShard{group.rank() * (weight.size(0) / group.size()), group};
+        keep_slice(weight, 0, group, split);
+        // Under sequence parallelism the norm before it gathered its input, and that gather's backward sums the
+        // ranks' parts of its gradient; otherwise the region's entry does.
+        if (!sequence_parallel) {
+          point.interceptors().add(std::make_shared<EnterRegion>(group, false, /*has_context=*/false));
+        }
+        return "weight " + shape_text(weight) + " of " + before + ", loss over split logits";
+      }
+      case TpStyle::WHOLE:
+        return "whole";
+    }
+    throw std::logic_error("tensor parallelism: unknown style");
+  }
+};
+
+// The rule of every module a rule matches; throws for a rule that matches nothing or a module two rules match.
+std::map<std::string, TpStyle> match_rules(const TpPlan& plan, torch::nn::Module& root, const std::string& flavor) {
+  std::map<std::string, TpStyle> styles;
+  for (const TpRule& rule : plan) {
+    bool matched = false;
+    for (const auto& item : root.named_modules("", /*include_self=*/false)) {
+      if (!path_matches(rule.module, item.key())) continue;
+      matched = true;
+      if (!styles.emplace(item.key(), rule.style).second) {
+        throw std::invalid_argument("tensor parallelism of " + flavor + ": " + item.key() +
+                                    " is matched by two rules of its plan");
+      }
+    }
+    if (!matched) {
+      throw std::invalid_argument("tensor parallelism of " + flavor + ": the plan's rule '" + rule.module +
+                                  "' matches no module of the model");
+    }
+  }
+  return styles;
+}
+
+// Every parameter is its module's, and that module has a rule (a rule on a module that holds children covers its
+// own parameters only); LoRA adapters are refused by name.
+void check_covered(torch::nn::Module& root, const std::map<std::string, TpStyle>& styles, const std::string& flavor) {
+  for (const auto& item : root.named_modules("", /*include_self=*/false)) {
+    auto* linear = dynamic_cast<LinearImpl*>(item.value().get());
+    if (linear != nullptr && linear->has_lora()) {
+      throw std::invalid_argument("tensor parallelism of " + flavor + ": " + item.key() + " has a LoRA adapter; " +
+                                  "LoRA does not combine with tensor parallelism in this version");
+    }
+  }
+  for (const auto& item : root.named_parameters()) {
+    const std::string& name = item.key();
+    const size_t dot = name.rfind('.');
+    const std::string owner = dot == std::string::npos ? "" : name.substr(0, dot);
+    if (styles.count(owner) == 0) {
+      throw std::invalid_argument("tensor parallelism of " + flavor + ": parameter " + name + " (module '" + owner +
+                                  "') is under no rule of the family's plan");
+    }
+  }
+}
+
+}  // namespace
+
+std::string to_string(TpStyle style) {
+  switch (style) {
+    case TpStyle::COLUMN: return "column";
+    case TpStyle::ROW: return "row";
+    case TpStyle::ATTENTION: return "attention";
+    case TpStyle::ENTER: return "enter";
+    case TpStyle::HEAD_LOCAL: return "head_local";
+    case TpStyle::SEQUENCE: return "sequence";
+    case TpStyle::SEQUENCE_GATHER: return "sequence_gather";
+    case TpStyle::VOCAB_EMBEDDING: return "vocab_embedding";
+    case TpStyle::VOCAB_HEAD: return "vocab_head";
+    case TpStyle::WHOLE: return "whole";
+  }
+  return "?";
+}
+
+void TensorParallel::reduce_gradients() const {
+  std::vector<at::Tensor> grads;
+  for (const at::Tensor& p : summed_) {
+    if (p.grad().defined()) grads.push_back(p.grad());
+  }
+  if (group_.size() == 1 || grads.empty()) return;
+  std::vector<at::Tensor> flat;
+  for (const at::Tensor& g : grads) flat.push_back(g.reshape({-1}));
+  at::Tensor buffer = at::cat(flat);
+  group_.all_reduce(buffer, dist::ReduceOp::SUM).wait();
+  int64_t offset = 0;
+  for (at::Tensor& g : grads) {
+    g.copy_(buffer.narrow(0, offset, g.numel()).view(g.sizes()));
+    offset += g.numel();
+  }
+}
+
+double TensorParallel::clip_grad_norm(torch::nn::Module& root, double max_norm,
+                                      const dist::Communicator* shard_group) const {
+  std::set<const c10::TensorImpl*> split;
+  for (const at::Tensor& p : split_) split.insert(p.unsafeGetTensorImpl());
+  // [split, whole] sums of squares in float64 over this rank's gradients (data parallelism's shards of them).
+  at::Tensor sums = at::zeros({2}, at::kDouble);
+  std::vector<at::Tensor> grads;
+  for (const at::Tensor& p : root.parameters()) {
+    if (!p.grad().defined()) continue;
+    grads.push_back(p.grad());
+    sums[split.count(p.unsafeGetTensorImpl()) ? 0 : 1] += p.grad().to(at::kDouble).pow(2).sum();
+  }
+  const at::Device device = group_.size() > 1 ? group_.device() : at::Device(at::kCPU);
+  sums = sums.to(shard_group != nullptr ? shard_group->device() : device);
+  if (shard_group != nullptr) shard_group->all_reduce(sums, dist::ReduceOp::SUM).wait();
+  // Whole parameters' gradients are the same on every rank of the group (reduce_gradients): counted once.
+  at::Tensor split_sum = sums.narrow(0, 0, 1).to(device).clone();
+  group_.all_reduce(split_sum, dist::ReduceOp::SUM).wait();
+  const double norm = std::sqrt(split_sum.item<double>() + sums[1].item<double>());
+  const double coefficient = max_norm / (norm + 1e-6);
+  if (coefficient < 1.0) {
+    at::NoGradGuard no_grad;
+    for (at::Tensor& g : grads) g.mul_(coefficient);
+  }
+  return norm;
+}
+
+TensorParallel tensor_parallelize(ZooModel& model, const dist::Communicator& group,
+                                  const TensorParallelOptions& options) {
+  const TpPlan plan = model.recipe->tp_plan();
+  if (plan.empty()) {
+    throw std::invalid_argument("tensor parallelism: the " + model.family + " family (" + model.flavor +
+                                ") has no tensor-parallel plan");
+  }
+  torch::nn::Module& root = *model.module;
+  const std::map<std::string, TpStyle> styles = match_rules(plan, root, model.flavor);
+  check_covered(root, styles, model.flavor);
+  std::vector<at::Tensor> summed, split;
+  std::map<std::string, torch::nn::Module*> modules;
+  for (const auto& item : root.named_modules("", false)) modules[item.key()] = item.value().get();
+  Applier checker{group, options.sequence_parallel, summed, split, /*dry=*/true};
+  for (const auto& [path, style] : styles) checker.apply(*modules.at(path), path, style);
+  Applier applier{group, options.sequence_parallel, summed, split};
+  std::vector<std::string> lines;
+  for (const TpRule& rule : plan) {
+    int count = 0;
+    std::string held;
+    for (const auto& [path, style] : styles) {
+      if (!path_matches(rule.module, path)) continue;
+      held = applier.apply(*modules.at(path), path, style);
+      ++count;
+    }
+    lines.push_back(rule.module + (count > 1 ? " (" + std::to_string(count) + " modules)" : "") + ": " +
+                    to_string(rule.style) + ", " + held);
+  }
+  return TensorParallel(group, options.sequence_parallel, std::move(split), std::move(summed), std::move(lines));
+}
+
+}  // namespace shardtrain::models

@@ -1,0 +1,283 @@
+// Tensor parallelism (models/tensor_parallel.h) at every world size the binary runs at:
+//  - the regions' functions (tp/regions.h) move what their table says, forward and backward;
+//  - Llama, Mistral, Qwen2 (biases on q, k, v) and Qwen3 (per-head q/k norms), split over tp ranks and, on the rest
+//    of the world, sharded by FSDP over the data-parallel ranks, with and without sequence parallelism and
+//    activation checkpointing, train as one process on the whole batch does: the losses, the gradient norms that
+//    clip, and every parameter (this
+//    rank's slice of it) after three SGD steps within a float32 rounding of one process's, after three AdamW steps
+//    within what Adam makes of rounding in near-zero gradients;
+//  - sizes that do not divide, a tied table and a LoRA adapter are refused naming what is wrong, before any change.
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include <cstdio>
+#include <fstream>
+#include <unistd.h>
+
+#include "shardtrain/distributed/mesh.h"
+#include "shardtrain/models/llama.h"
+#include "shardtrain/models/lora.h"
+#include "shardtrain/models/parallelize.h"
+#include "shardtrain/models/tensor_parallel.h"
+#include "shardtrain/models/zoo.h"
+#include "shardtrain/tp/regions.h"
+#include "support/expect_error.h"
+#include "test_env.h"
+
+namespace shardtrain::models {
+namespace {
+
+using testing::test_process_group;
+
+// Rank r's tensor: (2, 4 * W) with values that tell ranks and positions apart.
+at::Tensor rank_tensor(int r, int w) { return at::arange(8 * w, at::kDouble).view({2, 4 * w}) + 1000 * r; }
+
+TEST(TensorParallel, RegionsMoveWhatTheySay) {
+  const dist::Communicator& world = test_process_group().world();
+  const int w = world.size(), r = world.rank();
+  at::Tensor sum = at::zeros({2, 4 * w}, at::kDouble);
+  for (int k = 0; k < w; ++k) sum += rank_tensor(k, w);
+  // copy_to_group: forward as it is; backward the sum of the ranks' gradients.
+  {
+    at::Tensor x = rank_tensor(r, w).requires_grad_();
+    at::Tensor y = tp::copy_to_group(x, world);
+    EXPECT_TRUE(at::equal(y, x));
+    y.backward(rank_tensor(r, w));
+    EXPECT_TRUE(at::equal(x.grad(), sum));
+  }
+  // reduce_from_group: forward the sum; backward as it is.
+  {
+    at::Tensor x = rank_tensor(r, w).requires_grad_();
+    at::Tensor y = tp::reduce_from_group(x, world);
+    EXPECT_TRUE(at::equal(y, sum));
+    y.backward(rank_tensor(r, w));
+    EXPECT_TRUE(at::equal(x.grad(), rank_tensor(r, w)));
+  }
+  // gather_along dim 1: rank k's columns at k; backward this rank's columns of the summed gradient.
+  {
+    at::Tensor x = rank_tensor(r, w).requires_grad_();
+    at::Tensor y = tp::gather_along(x, 1, world);
+    ASSERT_EQ(y.sizes(), (std::vector<int64_t>{2, 4 * w * w}));
+    for (int k = 0; k < w; ++k) EXPECT_TRUE(at::equal(y.narrow(1, 4 * w * k, 4 * w), rank_tensor(k, w)));
+    at::Tensor g = at::arange(y.numel(), at::kDouble).view(y.sizes()) * (r + 1);
+    y.backward(g);
+    const double ranks_sum = w * (w + 1) / 2.0;
+    EXPECT_TRUE(at::equal(x.grad(), (at::arange(y.numel(), at::kDouble).view(y.sizes()) * ranks_sum)
+                                        .narrow(1, 4 * w * r, 4 * w)));
+  }
+  // reduce_scatter_along dim 1: this rank's columns of the sum; backward the ranks' gradients side by side.
+  {
+    at::Tensor x = rank_tensor(r, w).requires_grad_();
+    at::Tensor y = tp::reduce_scatter_along(x, 1, world);
+    EXPECT_TRUE(at::equal(y, sum.narrow(1, 4 * r, 4)));
+    y.backward(at::full({2, 4}, static_cast<double>(r)));
+    for (int k = 0; k < w; ++k) EXPECT_TRUE(at::equal(x.grad().narrow(1, 4 * k, 4), at::full({2, 4}, double(k))));
+  }
+  // split_along dim 1: this rank's columns; backward the gradients side by side.
+  {
+    at::Tensor x = rank_tensor(0, w).requires_grad_();
+    at::Tensor y = tp::split_along(x, 1, world);
+    EXPECT_TRUE(at::equal(y, rank_tensor(0, w).narrow(1, 4 * r, 4)));
+    y.backward(at::full({2, 4}, static_cast<double>(r)));
+    for (int k = 0; k < w; ++k) EXPECT_TRUE(at::equal(x.grad().narrow(1, 4 * k, 4), at::full({2, 4}, double(k))));
+  }
+  if (w > 1) {
+    testing::expect_error<std::invalid_argument>(
+        [&] { tp::reduce_scatter_along(at::zeros({2, 4 * w + 1}), 1, world); },
+        {"dimension 1 of [2, " + std::to_string(4 * w + 1) + "]", "does not divide", std::to_string(w) + " ranks"});
+  }
+}
+
+// A recipe from a flavor's config.json with keys changed (an untied Qwen: the plan splits no tied table).
+std::shared_ptr<const ModelRecipe> edited_recipe(const std::string& flavor,
+                                                 const std::vector<std::pair<std::string, std::string>>& edits) {
+  std::string json = recipe_of(flavor)->hf_config_json();
+  for (const auto& [from, to] : edits) {
+    const size_t at = json.find(from);
+    if (at == std::string::npos) throw std::logic_error(flavor + "'s config.json has no " + from);
+    json.replace(at, from.size(), to);
+  }
+  const std::string path = "/tmp/shardtrain-tp-" + std::to_string(getpid()) + "-" +
+                           std::to_string(test_process_group().rank()) + ".json";
+  std::ofstream(path) << json;
+  auto recipe = recipe_from_hf_config(path);
+  std::remove(path.c_str());
+  return recipe;
+}
+
+struct Layout {
+  int dp, tp;
+  bool sequence_parallel;
+  int64_t checkpoint_every;
+  std::string text() const {
+    return "dp " + std::to_string(dp) + " x tp " + std::to_string(tp) + (sequence_parallel ? ", sequence parallel" : "") +
+           (checkpoint_every > 0 ? ", checkpointed" : "");
+  }
+};
+
+// This rank's slice of a whole parameter: along the one dimension where the sizes differ by the group size.
+at::Tensor slice_like(const at::Tensor& whole, const at::Tensor& local, int tp, int tp_rank) {
+  for (int64_t d = 0; d < whole.dim(); ++d) {
+    if (whole.size(d) != local.size(d)) return whole.narrow(d, tp_rank * local.size(d), local.size(d));
+  }
+  return whole;
+}
+
+// SGD shows the arithmetic: every parameter within 2 float32 roundings of one process's (1.2e-7 measured). Adam
+// divides each gradient by its own root mean square, so where a true gradient is near zero rounding noise becomes
+// a step of up to lr: 4.5e-5 measured at lr 1e-3 (Qwen's MLP), as under FSDP alone (models_test.cpp).
+enum class Optimizer { SGD, ADAMW };
+
+std::unique_ptr<torch::optim::Optimizer> make_optimizer(Optimizer which, const std::vector<at::Tensor>& params) {
+  if (which == Optimizer::SGD) return std::make_unique<torch::optim::SGD>(params, torch::optim::SGDOptions(0.1));
+  return std::make_unique<torch::optim::AdamW>(params, torch::optim::AdamWOptions(1e-3));
+}
+
+void expect_trains_like_one_process(const std::string& name, const std::shared_ptr<const ModelRecipe>& recipe,
+                                    const Layout& layout, Optimizer optimizer) {
+  constexpr int kSteps = 3;
+  const double tolerance = optimizer == Optimizer::SGD ? 2.5e-7 : 1e-4;
+  const std::string label = name + ", " + layout.text() + (optimizer == Optimizer::SGD ? ", SGD" : ", AdamW");
+  BuildOptions build;
+  build.init.seed = 7;
+  torch::manual_seed(3);
+  const at::Tensor ids = torch::randint(996, {12, 24}, torch::kLong);  // dp = 1..4 divide 12 rows, tp 24 tokens
+  // Reference: one process, the whole batch.
+  ZooModel reference = build_model(std::shared_ptr<const ModelRecipe>(recipe), build);
+  auto* ref = dynamic_cast<LlamaImpl*>(reference.module.get());
+  // Gradients clipped to a norm below theirs: the norm over every slice of every rank is what clips.
+  constexpr double kMaxNorm = 0.5;
+  std::vector<double> ref_losses, ref_norms;
+  {
+    auto step = make_optimizer(optimizer, reference.module->parameters());
+    for (int s = 0; s < kSteps; ++s) {
+      step->zero_grad();
+      at::Tensor loss = ref->run(ids, {}, ids, /*labelled_only=*/true).loss;
+      loss.backward();
+      ref_norms.push_back(torch::nn::utils::clip_grad_norm_(reference.module->parameters(), kMaxNorm));
+      step->step();
+      ref_losses.push_back(loss.item<double>());
+    }
+  }
+  const auto mesh = dist::DeviceMesh::create(test_process_group(), 1, layout.dp, layout.tp);
+  ZooModel model = build_model(std::shared_ptr<const ModelRecipe>(recipe), build);
+  TensorParallel tp = tensor_parallelize(model, mesh.tp_group(), {layout.sequence_parallel});
+  if (layout.dp > 1) {
+    ParallelizeOptions options;
+    options.activation_checkpoint_every = layout.checkpoint_every;
+    parallelize(model, mesh, options);
+  } else if (layout.checkpoint_every > 0) {
+    activation_checkpoint_layers(model, layout.checkpoint_every);
+  }
+  const int64_t rows = ids.size(0) / layout.dp;
+  const at::Tensor local = ids.narrow(0, mesh.data_rank() * rows, rows);
+  auto* llama = dynamic_cast<LlamaImpl*>(model.module.get());
+  auto step = make_optimizer(optimizer, model.module->parameters());
+  for (int s = 0; s < kSteps; ++s) {
+    step->zero_grad();
+    at::Tensor loss = llama->run(local, {}, local, /*labelled_only=*/true).loss;
+    loss.backward();
+    tp.reduce_gradients();
+    const double norm = tp.clip_grad_norm(*model.module, kMaxNorm, layout.dp > 1 ? &mesh.data_group() : nullptr);
+    EXPECT_GT(ref_norms[s], kMaxNorm) << label << ": the reference's gradients are not clipped";
+    EXPECT_NEAR(norm, ref_norms[s], 1e-5 * ref_norms[s]) << label << ": gradient norm at step " << s;
+    step->step();
+    at::Tensor mean = loss.detach().to(at::kDouble).reshape({1}).clone();
+    mesh.data_group().all_reduce(mean, dist::ReduceOp::MEAN).wait();
+    EXPECT_NEAR(mean.item<double>(), ref_losses[s], 1e-5 * ref_losses[s]) << label << ": loss at step " << s;
+  }
+  std::map<std::string, at::Tensor> ours;
+  if (layout.dp > 1) {
+    ours = fsdp::gather_full_parameters(model.module);
+  } else {
+    for (const auto& p : model.module->named_parameters()) ours[p.key()] = p.value().detach();
+  }
+  ASSERT_EQ(ours.size(), reference.module->named_parameters().size()) << label;
+  for (const auto& p : reference.module->named_parameters()) {
+    ASSERT_TRUE(ours.count(p.key())) << label << " " << p.key();
+    const at::Tensor expected = slice_like(p.value(), ours.at(p.key()), layout.tp, mesh.tp_rank());
+    ASSERT_EQ(expected.sizes(), ours.at(p.key()).sizes()) << label << " " << p.key();
+    EXPECT_LE((ours.at(p.key()) - expected).abs().max().item<double>(), tolerance) << label << " " << p.key();
+  }
+}
+
+std::vector<Layout> layouts(int w) {
+  std::vector<Layout> out;
+  for (int tp : {2, 3, 4}) {
+    if (w % tp != 0) continue;
+    for (bool sp : {false, true}) {
+      for (int64_t every : {0, 1}) out.push_back({w / tp, tp, sp, every});
+    }
+  }
+  return out;
+}
+
+TEST(TensorParallel, LlamaFamiliesTrainLikeOneProcess) {
+  const int w = test_process_group().world_size();
+  if (w == 1) GTEST_SKIP() << "tensor parallelism needs two ranks or more";
+  if (w == 3) {  // every split size a multiple of 3 (and the vocabulary of 996 = 3 x 332 tokens)
+    const auto thirds = recipe_of_model(
+        "llama-debug", {{"heads", 6}, {"kv_heads", 3}, {"head_dim", 16}, {"mlp_dim", 96}, {"vocab_size", 996}});
+    for (const Layout& layout : layouts(w)) expect_trains_like_one_process("llama-debug in thirds", thirds, layout,
+                                                                           Optimizer::SGD);
+    return;
+  }
+  // Four key/value heads, so that tp = 4 splits them.
+  const auto llama = recipe_of_model("llama-debug", {{"kv_heads", 4}});
+  const auto qwen2 = edited_recipe("qwen2-debug", {{"\"tie_word_embeddings\": true", "\"tie_word_embeddings\": false"},
+                                                   {"\"num_key_value_heads\": 2", "\"num_key_value_heads\": 4"}});
+  const auto qwen3 = edited_recipe("qwen3-debug", {{"\"tie_word_embeddings\": true", "\"tie_word_embeddings\": false"},
+                                                   {"\"num_key_value_heads\": 2", "\"num_key_value_heads\": 4"}});
+  const auto mistral = recipe_of_model("mistral-debug", {{"kv_heads", 4}});
+  for (const Layout& layout : layouts(w)) {
+    expect_trains_like_one_process("llama-debug", llama, layout, Optimizer::SGD);
+    if (layout.sequence_parallel == (layout.checkpoint_every > 0)) {  // the families' own parts, half the grid each
+      expect_trains_like_one_process("qwen2-debug untied", qwen2, layout, Optimizer::SGD);
+      expect_trains_like_one_process("qwen3-debug untied", qwen3, layout, Optimizer::SGD);
+      expect_trains_like_one_process("mistral-debug", mistral, layout, Optimizer::SGD);
+      expect_trains_like_one_process("qwen3-debug untied", qwen3, layout, Optimizer::ADAMW);
+    }
+  }
+}
+
+TEST(TensorParallel, RefusesWhatItCannotSplit) {
+  const dist::Communicator& world = test_process_group().world();
+  const int w = world.size();
+  if (w == 1) GTEST_SKIP() << "every size divides by one rank";
+  if (w == 3) {
+    ZooModel model = build_model("llama-debug");
+    testing::expect_error<std::invalid_argument>(
+        [&] { tensor_parallelize(model, world); },
+        {"tensor parallelism over 3 ranks", "do not divide by 3", "tensor-parallel sizes that divide them: 1, 2"});
+  }
+  if (w == 4) {  // llama-debug's two key/value heads
+    ZooModel model = build_model("llama-debug");
+    testing::expect_error<std::invalid_argument>(
+        [&] { tensor_parallelize(model, world); },
+        {"the key/value heads of layers.0.attn (2) do not divide by 4", "divide them: 1, 2"});
+    // Nothing was changed before the error.
+    EXPECT_EQ(model.module->named_parameters()["layers.0.attn.q.weight"].size(0), 64);
+  }
+  if (w == 2) {
+    ZooModel model = build_model(recipe_of_model("llama-debug", {{"kv_heads", 4}}));
+    tensor_parallelize(model, world, {/*sequence_parallel=*/true});
+    const at::Tensor ids = at::zeros({2, 5}, at::kLong);
+    testing::expect_error<std::invalid_argument>(
+        [&] { dynamic_cast<LlamaImpl&>(*model.module).run(ids, {}, ids, true); },
+        {"sequence parallelism over 2 ranks", "5 tokens per sequence, which does not divide by 2"});
+  }
+  ZooModel tied = build_model("llama-3.2-debug");
+  testing::expect_error<std::invalid_argument>([&] { tensor_parallelize(tied, world); },
+                                               {"llama-3.2-debug", "share one table"});
+  LoraSpec lora;
+  lora.r = 2;
+  ZooModel adapted = build_model(with_lora(recipe_of("llama-debug"), lora));
+  testing::expect_error<std::invalid_argument>([&] { tensor_parallelize(adapted, world); },
+                                               {"has a LoRA adapter", "layers.0.attn.q"});
+  ZooModel bert = build_model("bert-debug");
+  testing::expect_error<std::invalid_argument>([&] { tensor_parallelize(bert, world); },
+                                               {"the bert family", "has no tensor-parallel plan"});
+}
+
+}  // namespace
+}  // namespace shardtrain::models
