@@ -27,9 +27,12 @@ struct StepLoop {
   std::vector<std::vector<double>> phase_ms{{}, {}, {}};  // each phase's milliseconds in the timed steps
 };
 
-// warmup + steps steps; loss_of_step(s) is step s's forward and loss. Collective over `world` (the loss average).
+// warmup + steps steps; loss_of_step(s) is step s's forward and loss; after_backward (optional) runs between
+// backward and the optimizer, in the backward phase (tensor parallelism's gradient reduction). Collective over
+// `world` (the loss average).
 inline StepLoop run_steps(const dist::Communicator& world, int64_t steps, int64_t warmup,
-                          const std::function<at::Tensor(int64_t)>& loss_of_step, torch::optim::Optimizer& optimizer) {
+                          const std::function<at::Tensor(int64_t)>& loss_of_step, torch::optim::Optimizer& optimizer,
+                          const std::function<void()>& after_backward = {}) {
   StepLoop out;
   bool timed = false;
   auto phase_start = std::chrono::steady_clock::now();
@@ -51,6 +54,7 @@ inline StepLoop run_steps(const dist::Communicator& world, int64_t steps, int64_
     at::Tensor loss = loss_of_step(s);
     end_phase(0);
     loss.backward();
+    if (after_backward) after_backward();
     end_phase(1);
     optimizer.step();
     optimizer.zero_grad();

@@ -19,6 +19,7 @@
 #include "shardtrain/models/lora.h"
 #include "shardtrain/models/parallelize.h"
 #include "shardtrain/models/tensor_parallel.h"
+#include "shardtrain/models/vit.h"
 #include "shardtrain/models/zoo.h"
 #include "shardtrain/tp/regions.h"
 #include "support/expect_error.h"
@@ -240,6 +241,70 @@ TEST(TensorParallel, LlamaFamiliesTrainLikeOneProcess) {
   }
 }
 
+// ViT: its layers split (biases on every projection, GELU's fused MLP), the rest whole; the same training as one
+// process on the whole batch (SGD: the arithmetic to float32 rounding), with and without checkpointing.
+TEST(TensorParallel, VitTrainsLikeOneProcess) {
+  const int w = test_process_group().world_size();
+  if (w == 1 || w == 3) GTEST_SKIP() << "vit-debug's 4 heads split over 2 or 4 ranks";
+  const std::vector<std::pair<int, int>> layouts =
+      w == 2 ? std::vector<std::pair<int, int>>{{1, 2}} : std::vector<std::pair<int, int>>{{1, 4}, {2, 2}};
+  for (const auto& [dp, tp] : layouts) {
+    for (int64_t every : {0, 1}) {
+      const std::string label = "vit-debug, dp " + std::to_string(dp) + " x tp " + std::to_string(tp) +
+                                (every ? ", checkpointed" : "");
+      BuildOptions build;
+      build.init.seed = 5;
+      torch::manual_seed(4);
+      const at::Tensor pixels = at::randn({8, 3, 32, 32});
+      const at::Tensor labels = at::randint(10, {8}, at::kLong);
+      ZooModel reference = build_model("vit-debug", build);
+      auto* ref = dynamic_cast<VitImpl*>(reference.module.get());
+      torch::optim::SGD ref_sgd(reference.module->parameters(), torch::optim::SGDOptions(0.1));
+      std::vector<double> ref_losses;
+      for (int s = 0; s < 3; ++s) {
+        ref_sgd.zero_grad();
+        at::Tensor loss = ref->run(pixels, labels).loss;
+        loss.backward();
+        ref_sgd.step();
+        ref_losses.push_back(loss.item<double>());
+      }
+      const auto mesh = dist::DeviceMesh::create(test_process_group(), 1, dp, tp);
+      ZooModel model = build_model("vit-debug", build);
+      TensorParallel split = tensor_parallelize(model, mesh.tp_group());
+      ParallelizeOptions options;
+      options.activation_checkpoint_every = every;
+      if (dp > 1) parallelize(model, mesh, options);
+      if (dp == 1 && every > 0) activation_checkpoint_layers(model, every);
+      const int64_t rows = 8 / dp;
+      const at::Tensor my_pixels = pixels.narrow(0, mesh.data_rank() * rows, rows);
+      const at::Tensor my_labels = labels.narrow(0, mesh.data_rank() * rows, rows);
+      auto* vit = dynamic_cast<VitImpl*>(model.module.get());
+      torch::optim::SGD sgd(model.module->parameters(), torch::optim::SGDOptions(0.1));
+      for (int s = 0; s < 3; ++s) {
+        sgd.zero_grad();
+        at::Tensor loss = vit->run(my_pixels, my_labels).loss;
+        loss.backward();
+        split.reduce_gradients();
+        sgd.step();
+        at::Tensor mean = loss.detach().to(at::kDouble).reshape({1}).clone();
+        mesh.data_group().all_reduce(mean, dist::ReduceOp::MEAN).wait();
+        EXPECT_NEAR(mean.item<double>(), ref_losses[s], 1e-5 * ref_losses[s]) << label << ": loss at step " << s;
+      }
+      std::map<std::string, at::Tensor> ours;
+      if (dp > 1) {
+        ours = fsdp::gather_full_parameters(model.module);
+      } else {
+        for (const auto& p : model.module->named_parameters()) ours[p.key()] = p.value().detach();
+      }
+      for (const auto& p : reference.module->named_parameters()) {
+        ASSERT_TRUE(ours.count(p.key())) << label << " " << p.key();
+        const at::Tensor expected = slice_like(p.value(), ours.at(p.key()), tp, mesh.tp_rank());
+        EXPECT_LE((ours.at(p.key()) - expected).abs().max().item<double>(), 2.5e-7) << label << " " << p.key();
+      }
+    }
+  }
+}
+
 TEST(TensorParallel, RefusesWhatItCannotSplit) {
   const dist::Communicator& world = test_process_group().world();
   const int w = world.size();
@@ -274,6 +339,9 @@ TEST(TensorParallel, RefusesWhatItCannotSplit) {
   ZooModel adapted = build_model(with_lora(recipe_of("llama-debug"), lora));
   testing::expect_error<std::invalid_argument>([&] { tensor_parallelize(adapted, world); },
                                                {"has a LoRA adapter", "layers.0.attn.q"});
+  ZooModel vit = build_model("vit-debug");
+  testing::expect_error<std::invalid_argument>([&] { tensor_parallelize(vit, world, {/*sequence_parallel=*/true}); },
+                                               {"sequence parallelism of vit-debug", "no embedding that splits"});
   ZooModel bert = build_model("bert-debug");
   testing::expect_error<std::invalid_argument>([&] { tensor_parallelize(bert, world); },
                                                {"the bert family", "has no tensor-parallel plan"});

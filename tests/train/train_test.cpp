@@ -770,6 +770,38 @@ TEST_F(TrainTest, EveryFamilyTrainsOnItsObjective) {
   }
 }
 
+// Tensor parallelism from the command line: llama-debug split over 2 ranks (parallel.tp_size 2, with and without
+// sequence parallelism) prints the losses one process prints on the same batches (each tensor-parallel group reads
+// one batch), and dp 2 x tp 2 under FSDP those of the 2 data-parallel ranks alone; sizes that do not make the world are refused naming the three keys.
+TEST_F(TrainTest, TensorParallelTrainsAsOneProcess) {
+  const std::string common = std::string(SHARDTRAIN_BIN) + " train " + root_ + "/config.yaml --model.flavor=llama-debug "
+                             "--train.steps=4 --log.interval=1 --train.eval_interval=0 --optim.warmup_steps=0 ";
+  const Outcome one = run(common + "--launch.num_processes=1");
+  ASSERT_EQ(one.status, 0) << one.output;
+  ASSERT_GE(loss_lines(one.output).size(), 4u) << one.output;
+  const Outcome tp = run(common + "--launch.num_processes=2 --parallel.tp_size=2");
+  ASSERT_EQ(tp.status, 0) << tp.output;
+  EXPECT_EQ(loss_lines(tp.output), loss_lines(one.output)) << tp.output;
+  EXPECT_NE(tp.output.find("mesh: 1 replicate x 1 shard x 2 tensor-parallel ranks"), std::string::npos) << tp.output;
+  EXPECT_NE(tp.output.find("layers.*.attn.q (2 modules): column, weight [32, 64] of [64, 64]"), std::string::npos)
+      << tp.output;
+  EXPECT_NE(tp.output.find("(llama, 202,048 parameters)"), std::string::npos) << tp.output;
+  const Outcome sp = run(common + "--launch.num_processes=2 --parallel.tp_size=2 --parallel.sequence_parallel=true");
+  ASSERT_EQ(sp.status, 0) << sp.output;
+  EXPECT_EQ(loss_lines(sp.output), loss_lines(one.output)) << sp.output;
+  // Two data-parallel ranks, each a tensor-parallel pair: as the same two ranks without tensor parallelism (the
+  // same samples on each, the loss the mean of the ranks').
+  const Outcome dp = run(common + "--launch.num_processes=2");
+  const Outcome both = run(common + "--launch.num_processes=4 --parallel.tp_size=2");
+  ASSERT_EQ(both.status, 0) << both.output;
+  EXPECT_EQ(loss_lines(both.output), loss_lines(dp.output)) << both.output;
+  const Outcome bad = run(common + "--launch.num_processes=2 --parallel.tp_size=2 --parallel.dp_shard_size=2");
+  EXPECT_NE(bad.status, 0);
+  EXPECT_NE(bad.output.find("parallel.dp_replicate_size (1 inferred) x parallel.dp_shard_size (2) x "
+                            "parallel.tp_size (2) = 4, but the job has 2 processes"), std::string::npos)
+      << bad.output;
+}
+
 // The "A -> B" of a phrase of the closing line ("eval loss 0.69 -> 0.41"); {NaN, NaN} when absent.
 std::pair<double, double> progress_of(const std::string& output, const std::string& what) {
   std::smatch m;

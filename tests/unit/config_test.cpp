@@ -305,6 +305,33 @@ use_cpu: false
   expect_error<ConfigError>([] { parse_config("fsdp_config:\n  fsdp_sharding_strategy: 9\n", "a.yaml"); },
                             {"a.yaml:2", "'9'", "FULL_SHARD"});
   expect_error<ConfigError>([] { parse_config("mixed_precision: fp8\n", "a.yaml"); }, {"'fp8'", "no, bf16, fp16"});
+  // ParallelismConfig: the mesh's sizes; context parallelism refused by its key.
+  const Config mesh = parse_config("parallelism_config:\n  parallelism_config_dp_replicate_size: 1\n"
+                                   "  parallelism_config_dp_shard_size: 2\n  parallelism_config_tp_size: 4\n"
+                                   "  parallelism_config_cp_size: 1\n", "a.yaml");
+  EXPECT_EQ(mesh.parallel.tp_size, 4);
+  EXPECT_EQ(mesh.parallel.dp_shard_size, 2);
+  EXPECT_EQ(mesh.parallel.dp_replicate_size, 1);
+  expect_error<ConfigError>(
+      [] { parse_config("parallelism_config:\n  parallelism_config_cp_size: 2\n", "a.yaml"); },
+      {"parallelism_config.parallelism_config_cp_size", "'2'", "context parallelism is not supported"});
+}
+
+// Tensor parallelism's keys: what does not combine with it is refused naming both keys.
+TEST(Config, TensorParallelKeysAndWhatTheyExclude) {
+  EXPECT_EQ(parse_config("parallel: {tp_size: 2, sequence_parallel: true}\n", "a.yaml").parallel.tp_size, 2);
+  expect_error<ConfigError>([] { validate(parse_config("", "x.yaml", {"--parallel.sequence_parallel=true"})); },
+                            {"parallel.sequence_parallel", "not possible with parallel.tp_size 1"});
+  expect_error<ConfigError>([] { validate(parse_config("", "x.yaml", {"--parallel.tp_size=0"})); },
+                            {"parallel.tp_size", "0", "1 (no tensor parallelism) or more"});
+  expect_error<ConfigError>(
+      [] { validate(parse_config("", "x.yaml", {"--parallel.tp_size=2", "--checkpoint.dir=/tmp/x"})); },
+      {"checkpoint.dir", "'/tmp/x'", "not possible with parallel.tp_size 2"});
+  expect_error<ConfigError>(
+      [] { validate(parse_config("", "x.yaml", {"--parallel.tp_size=2", "--model.lora.r=8"})); },
+      {"model.lora.r", "8", "LoRA does not combine with tensor parallelism"});
+  expect_error<ConfigError>([] { validate(parse_config("", "x.yaml", {"--parallel.dp_replicate_size=2"})); },
+                            {"parallel.dp_replicate_size", "2", "not possible under full_shard"});
 }
 
 }  // namespace

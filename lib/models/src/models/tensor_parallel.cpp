@@ -2,6 +2,7 @@
 
 #include <ATen/ATen.h>
 
+#include <algorithm>
 #include <cmath>
 #include <map>
 #include <set>
@@ -364,9 +365,16 @@ TensorParallel tensor_parallelize(ZooModel& model, const dist::Communicator& gro
                                 ") has no tensor-parallel plan");
   }
   torch::nn::Module& root = *model.module;
+  if (options.sequence_parallel &&
+      std::none_of(plan.begin(), plan.end(), [](const TpRule& r) { return r.style == TpStyle::VOCAB_EMBEDDING; })) {
+    throw std::invalid_argument("sequence parallelism of " + model.flavor + ": the " + model.family +
+                                " family's plan has no embedding that splits the sequence among the ranks");
+  }
   const std::map<std::string, TpStyle> styles = match_rules(plan, root, model.flavor);
   check_covered(root, styles, model.flavor);
   std::vector<at::Tensor> summed, split;
+  int64_t whole_parameters = 0;
+  for (const at::Tensor& p : root.parameters()) whole_parameters += p.numel();
   std::map<std::string, torch::nn::Module*> modules;
   for (const auto& item : root.named_modules("", false)) modules[item.key()] = item.value().get();
   Applier checker{group, options.sequence_parallel, summed, split, /*dry=*/true};
@@ -384,7 +392,8 @@ TensorParallel tensor_parallelize(ZooModel& model, const dist::Communicator& gro
     lines.push_back(rule.module + (count > 1 ? " (" + std::to_string(count) + " modules)" : "") + ": " +
                     to_string(rule.style) + ", " + held);
   }
-  return TensorParallel(group, options.sequence_parallel, std::move(split), std::move(summed), std::move(lines));
+  return TensorParallel(group, options.sequence_parallel, std::move(split), std::move(summed), std::move(lines),
+                        whole_parameters);
 }
 
 }  // namespace shardtrain::models

@@ -100,6 +100,11 @@ void fsdp_version(Config&, const std::string& where, const std::string& path, co
 
 void accepted(Config&, const std::string&, const std::string&, const YAML::Node&) {}
 
+// Context parallelism (attention split over the sequence) is not one of shardtrain's dimensions.
+void cp_size(Config&, const std::string& where, const std::string& path, const YAML::Node& value) {
+  if (node_int(where, path, value) != 1) bad(where, path, value, "1 (context parallelism is not supported)");
+}
+
 // A key that sets one member, its value read by `read` (node_bool, node_int, node_string, node_list).
 #define SHARDTRAIN_KEY(fn, member, read)                                                      \
   void fn(Config& c, const std::string& where, const std::string& path, const YAML::Node& v) { \
@@ -118,6 +123,9 @@ SHARDTRAIN_KEY(set_fsdp_transformer_layer_cls_to_wrap, parallel.layer_classes, n
 SHARDTRAIN_KEY(set_fsdp_min_num_params, parallel.min_params, node_int)
 SHARDTRAIN_KEY(set_gpu_ids, launch.gpu_ids, node_string)
 SHARDTRAIN_KEY(set_gradient_accumulation_steps, train.grad_accum, node_int)
+SHARDTRAIN_KEY(set_tp_size, parallel.tp_size, node_int)
+SHARDTRAIN_KEY(set_dp_shard_size, parallel.dp_shard_size, node_int)
+SHARDTRAIN_KEY(set_dp_replicate_size, parallel.dp_replicate_size, node_int)
 #undef SHARDTRAIN_KEY
 
 const std::map<std::string, Setter>& keys() {
@@ -151,6 +159,12 @@ const std::map<std::string, Setter>& keys() {
       {"fsdp_config.fsdp_version", fsdp_version},
       // Always true here: the module keeps its own parameter tensors (FSDP2), so use_orig_params has nothing to
       // switch; cpu_ram_efficient_loading is what build_parallel does anyway (each layer sharded as it is built).
+      // Accelerate's ParallelismConfig: the mesh's sizes.
+      {"parallelism_config.parallelism_config_tp_size", set_tp_size},
+      {"parallelism_config.parallelism_config_dp_shard_size", set_dp_shard_size},
+      {"parallelism_config.parallelism_config_dp_replicate_size", set_dp_replicate_size},
+      {"parallelism_config.parallelism_config_cp_size", cp_size},
+      {"parallelism_config.parallelism_config_cp_comm_strategy", accepted},
       {"fsdp_config.fsdp_use_orig_params", accepted},
       {"fsdp_config.fsdp_cpu_ram_efficient_loading", accepted},
       // Accelerate launcher details with no effect on a shardtrain run.

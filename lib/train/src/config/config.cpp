@@ -334,6 +334,10 @@ std::vector<Field> parallel_fields(Config& c) {
       field("parallel.sync_module_states", c.parallel.sync_module_states),
       field("parallel.bucket_cap_mb", c.parallel.bucket_cap_mb),
       field("parallel.gradient_as_bucket_view", c.parallel.gradient_as_bucket_view),
+      field("parallel.tp_size", c.parallel.tp_size),
+      field("parallel.sequence_parallel", c.parallel.sequence_parallel),
+      field("parallel.dp_replicate_size", c.parallel.dp_replicate_size),
+      field("parallel.dp_shard_size", c.parallel.dp_shard_size),
       field("parallel.timeout", c.parallel.timeout),
   };
 }
@@ -813,6 +817,26 @@ void validate_parallel(const Config& c) {
   require(c.parallel.forward_prefetch >= 0, "parallel.forward_prefetch", num(c.parallel.forward_prefetch),
           "0 or more units");
   require(c.parallel.timeout >= 1, "parallel.timeout", num(c.parallel.timeout), "at least 1 (seconds)");
+  require(c.parallel.tp_size >= 1, "parallel.tp_size", num(c.parallel.tp_size), "1 (no tensor parallelism) or more");
+  require(c.parallel.dp_replicate_size >= 0, "parallel.dp_replicate_size", num(c.parallel.dp_replicate_size),
+          "0 (inferred) or more");
+  require(c.parallel.dp_shard_size >= 0, "parallel.dp_shard_size", num(c.parallel.dp_shard_size),
+          "0 (inferred) or more");
+  require(!c.parallel.sequence_parallel || c.parallel.tp_size > 1, "parallel.sequence_parallel", "true",
+          "possible with parallel.tp_size 1 (it shards the activations between tensor-parallel regions)");
+  require(c.parallel.dp_replicate_size <= 1 || parallel::is_hybrid(c.parallel.strategy) ||
+              c.parallel.strategy == parallel::Strategy::DDP || c.parallel.strategy == parallel::Strategy::NO_SHARD,
+          "parallel.dp_replicate_size", num(c.parallel.dp_replicate_size),
+          "possible under " + parallel::to_string(c.parallel.strategy) +
+              ", which shards over every data-parallel rank (hybrid_shard replicates across dp_replicate_size groups)");
+  if (c.parallel.tp_size > 1) {
+    require(!c.model.lora.enabled(), "model.lora.r", num(c.model.lora.r),
+            "possible with parallel.tp_size " + num(c.parallel.tp_size) + " (LoRA does not combine with tensor parallelism "
+            "in this version)");
+    require(c.checkpoint.dir.empty(), "checkpoint.dir", "'" + c.checkpoint.dir + "'",
+            "possible with parallel.tp_size " + num(c.parallel.tp_size) + " (checkpoints of a tensor-parallel run are "
+            "not written in this version)");
+  }
 }
 void validate_checkpoint(const Config& c) {
   require(c.checkpoint.interval >= 0, "checkpoint.interval", num(c.checkpoint.interval), "0 or positive");

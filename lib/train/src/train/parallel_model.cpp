@@ -142,17 +142,36 @@ ParallelModel::ParallelModel(const Config& c, std::shared_ptr<const models::Mode
   build.tensors = build.tensors.device(device).dtype(dtype_);
   build.init.seed = static_cast<uint64_t>(c.train.seed);
   build.init.std = c.model.init_std;
+  const models::TensorParallelOptions tp_options{c.parallel.sequence_parallel};
   if (c.parallel.strategy == parallel::Strategy::DDP) {
     model_ = build_replicated(c, std::move(recipe), build, mesh, device, load_report_);
+    if (mesh.tp_size() > 1) tp_ = models::tensor_parallelize(model_, mesh.tp_group(), tp_options);
     ddp::DdpOptions o;
     o.find_unused_parameters = has_unused;
     o.bucket_cap_mb = c.parallel.bucket_cap_mb;
     o.gradient_as_bucket_view = c.parallel.gradient_as_bucket_view;
     ddp_ = models::replicate_model(model_, mesh, o);  // parameters are rank 0's from here on
+  } else if (mesh.tp_size() > 1) {
+    // Every rank builds and loads the whole model (the same seed, the same file), keeps its slices, then shards them.
+    model_ = models::build_model(std::move(recipe), build);
+    if (!c.model.init_weights.empty()) {
+      load_report_ = models::load_weights(*model_.module, c.model.init_weights, model_.names, load_options(c));
+    }
+    tp_ = models::tensor_parallelize(model_, mesh.tp_group(), tp_options);
+    const models::ParallelizeOptions o = parallelize_options(c);
+    models::parallelize(model_, mesh, o);
+    fsdp::set_reshard_after_backward(model_.module, c.parallel.reshard_after_backward);
+    if (c.parallel.strategy != parallel::Strategy::NO_SHARD) {
+      shard_group_ = fsdp::strategy_groups(c.parallel.strategy, mesh).shard;
+    }
   } else {
     model_ = build_sharded(c, std::move(recipe), build, mesh, load_report_);
   }
   model_.module->train();
+}
+
+void ParallelModel::finish_gradients() {
+  if (tp_) tp_->reduce_gradients();
 }
 
 void ParallelModel::set_gradient_sync(bool sync) {
@@ -169,6 +188,7 @@ std::optional<optim::RowSharding> ParallelModel::row_sharding() const {
 }
 
 double ParallelModel::clip_grad_norm(double max_norm, const std::vector<torch::optim::OptimizerParamGroup>& groups) {
+  if (tp_) return tp_->clip_grad_norm(*model_.module, max_norm, shard_group_ ? &*shard_group_ : nullptr);
   if (!ddp_) return fsdp::clip_grad_norm(model_.module, max_norm);
   std::vector<at::Tensor> with_grad;
   for (const auto& g : groups) {

@@ -13,6 +13,7 @@
 #include "shardtrain/ddp/replicate.h"
 #include "shardtrain/distributed/mesh.h"
 #include "shardtrain/fsdp/fully_shard.h"
+#include "shardtrain/models/tensor_parallel.h"
 #include "shardtrain/models/zoo.h"
 #include "shardtrain/optim/row_sharding.h"
 
@@ -24,7 +25,8 @@ class ParallelModel {
  public:
   // Builds the recipe's model on `device` and parallelizes it (each layer sharded as it is built when the units
   // are the family's layers), loads model.init_weights when given, then applies the family's parallelize hook.
-  // Collective over the mesh.
+  // With parallel.tp_size above 1 the model is built whole, loaded, split over the mesh's tensor-parallel group,
+  // then sharded or replicated over its data-parallel ranks. Collective over the mesh.
   ParallelModel(const config::Config& config, std::shared_ptr<const models::ModelRecipe> recipe, bool has_unused,
                 const dist::DeviceMesh& mesh, const at::Device& device);
 
@@ -35,8 +37,14 @@ class ParallelModel {
   // What loading model.init_weights left aside: task heads initialized, other tasks' heads unused (rank 0's).
   const models::LoadReport& load_report() const { return load_report_; }
 
+  // Tensor parallelism's handle; null without.
+  const models::TensorParallel* tensor_parallel() const { return tp_ ? &*tp_ : nullptr; }
+
   // Whether the next backward reduces gradients (false: they accumulate locally; gradient accumulation).
   void set_gradient_sync(bool sync);
+  // After the step's last backward: the gradients each tensor-parallel rank holds a part of are summed over its
+  // group (models::TensorParallel::reduce_gradients). Nothing without tensor parallelism.
+  void finish_gradients();
   // Scales the gradients so that their global norm is at most max_norm (INFINITY: measure only); returns the norm
   // before clipping. `groups` are the optimizer's (DDP: each rank holds every gradient whole, and those of the
   // optimizer's parameters are clipped; FSDP: every unit's shards).
@@ -47,6 +55,8 @@ class ParallelModel {
  private:
   models::ZooModel model_;
   std::optional<ddp::Ddp> ddp_;
+  std::optional<models::TensorParallel> tp_;
+  std::optional<dist::Communicator> shard_group_;  // FSDP's, under tensor parallelism (its clipping sums over it)
   at::ScalarType dtype_ = at::kFloat;
   models::LoadReport load_report_;
 };

@@ -135,6 +135,7 @@ StepTotals train_step(StepParts& p, const config::Config& c, std::vector<data::B
     p.model.set_gradient_sync(m + 1 == batches.size() || c.train.sync_each_batch);
     forward_backward(p, std::move(batches[m]), M, totals);
   }
+  p.model.finish_gradients();
   // Every rank learns whose loss was not finite before anyone steps: one rank's NaN skips the step everywhere.
   const std::string bad_ranks = nonfinite_ranks(!std::isfinite(totals.loss), p.world);
   if (p.scaler) p.scaler->unscale(p.optimizer);  // clipping sees the true gradients

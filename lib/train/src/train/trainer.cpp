@@ -154,10 +154,25 @@ struct Job {
   std::unique_ptr<dist::Heartbeat> heartbeat;  // W > 1
 };
 
-// HYBRID strategies shard within a node and replicate across nodes; the others shard over the whole world.
+// parallel.dp_replicate_size x dp_shard_size x tp_size (config.h), the sizes left 0 inferred: HYBRID strategies
+// replicate across the nodes and shard within one, the others shard over every data-parallel rank. Throws
+// std::invalid_argument naming the three sizes when they do not make the world, before any group is made.
 dist::DeviceMesh make_mesh(const Config& c, Job& job) {
-  const int nodes = std::max(1, job.env.world_size / std::max(1, job.env.local_world_size));
-  return dist::DeviceMesh::create(job.pg, parallel::is_hybrid(c.parallel.strategy) ? nodes : 1);
+  const int64_t world = job.pg.world_size(), tp = c.parallel.tp_size;
+  const int64_t nodes = std::max(1, job.env.world_size / std::max(1, job.env.local_world_size));
+  const int64_t replicate = c.parallel.dp_replicate_size > 0 ? c.parallel.dp_replicate_size
+                            : parallel::is_hybrid(c.parallel.strategy) ? nodes : 1;
+  const int64_t shard = c.parallel.dp_shard_size > 0 ? c.parallel.dp_shard_size : world / std::max<int64_t>(1, replicate * tp);
+  if (replicate * shard * tp != world) {
+    auto size = [](int64_t given, int64_t used) {
+      return std::to_string(used) + (given == 0 ? " inferred" : "");
+    };
+    throw std::invalid_argument(
+        "parallel.dp_replicate_size (" + size(c.parallel.dp_replicate_size, replicate) + ") x parallel.dp_shard_size (" +
+        size(c.parallel.dp_shard_size, shard) + ") x parallel.tp_size (" + std::to_string(tp) + ") = " +
+        std::to_string(replicate * shard * tp) + ", but the job has " + std::to_string(world) + " processes");
+  }
+  return dist::DeviceMesh::create(job.pg, static_cast<int>(replicate), static_cast<int>(shard), static_cast<int>(tp));
 }
 
 using util::with_commas;
@@ -207,33 +222,44 @@ std::string join_names(const std::vector<std::string>& names) {
 
 // What will happen, before the first step: the model, how it is split and computed, the batch, the data, and the
 // memory each rank will need by term (what `--dry-run` prints).
-void describe_start(const Config& c, const Job& job, ParallelModel& model, double peak_tflops,
-                    const TrainingData& data, const RunPlan& plan) {
+void describe_start(const Config& c, const Job& job, ParallelModel& model, const dist::DeviceMesh& mesh,
+                    double peak_tflops, const TrainingData& data, const RunPlan& plan) {
   const dist::Communicator& world = job.pg.world();
   int64_t parameters = 0;  // the whole model's: sharded, the units' full sizes (a rank holds only its shards)
-  if (model.sharded()) {
+  if (model.tensor_parallel()) {
+    parameters = model.tensor_parallel()->whole_parameters();
+  } else if (model.sharded()) {
     for (const fsdp::FsdpUnit& unit : fsdp::units_of(model.module())) parameters += unit.full_numel();
   } else {
     for (const auto& p : model.module()->parameters()) parameters += p.numel();
   }
   char line[512];
   const char* tf32 = !job.device.is_cuda() ? "n/a on CPU" : c.train.tf32 ? "on" : "off";
+  const char* batch_rank = mesh.tp_size() > 1 ? "data-parallel rank" : "rank";
   // On CUDA, which backend the collectives take: NCCL, or Gloo when ranks share a GPU.
   const std::string over = world.size() == 1 || !job.device.is_cuda()
                                ? std::string()
                                : std::string(" over ") + dist::comm_backend_name(world.backend()) + " (" +
                                      job.device.str() + ")";
   std::snprintf(line, sizeof(line), "training %s (%s, %s parameters) on %d rank%s%s, %s, mixed precision %s, tf32 %s, "
-                "%lld steps of %lld x %lld x %d samples (per rank x micro-batches x ranks: %lld a step), "
+                "%lld steps of %lld x %lld x %d samples (per %s x micro-batches x %ss: %lld a step), "
                 "peak %.3g TFLOP/s/rank%s",
                 job.recipe->flavor().c_str(), job.recipe->family().c_str(), with_commas(parameters).c_str(),
                 world.size(), world.size() == 1 ? "" : "s", over.c_str(),
                 parallel::to_string(c.parallel.strategy).c_str(),
                 parallel::to_string(c.parallel.mixed_precision).c_str(), tf32, static_cast<long long>(c.train.steps),
-                static_cast<long long>(c.train.batch_size), static_cast<long long>(c.train.grad_accum), world.size(),
-                static_cast<long long>(c.train.batch_size * c.train.grad_accum * world.size()), peak_tflops,
+                static_cast<long long>(c.train.batch_size), static_cast<long long>(c.train.grad_accum), mesh.data_size(),
+                batch_rank, batch_rank, static_cast<long long>(c.train.batch_size * c.train.grad_accum * mesh.data_size()),
+                peak_tflops,
                 c.log.peak_tflops > 0 ? "" : " (measured)");
   job.logger.info(line);
+  if (mesh.tp_size() > 1) {
+    job.logger.info("  mesh: " + std::to_string(mesh.replicate_size()) + " replicate x " +
+                    std::to_string(mesh.shard_size()) + " shard x " + std::to_string(mesh.tp_size()) +
+                    " tensor-parallel ranks (a group of " + std::to_string(mesh.tp_size()) + " reads one batch" +
+                    (c.parallel.sequence_parallel ? ", sequence parallel" : "") + "); each rank holds:");
+    for (const std::string& rule : model.tensor_parallel()->describe()) job.logger.info("    " + rule);
+  }
   if (model.sharded()) job.logger.info("  units: " + describe_units(model.module()));
   if (c.model.lora.enabled()) {
     const models::LoraTargets t = models::lora_targets(*job.recipe, c.model.lora);
@@ -284,8 +310,10 @@ void describe_start(const Config& c, const Job& job, ParallelModel& model, doubl
                                                         : "the model trains on the CPU already; nothing moves"));
   }
   if (plan.peak_bytes > 0) {
-    std::snprintf(line, sizeof(line), "  memory model: predicted peak %.3f GiB per rank (%s), by term:",
-                  static_cast<double>(plan.peak_bytes) / (1024.0 * 1024 * 1024), plan.peak_phase.c_str());
+    std::snprintf(line, sizeof(line), "  memory model: predicted peak %.3f GiB per rank (%s)%s, by term:",
+                  static_cast<double>(plan.peak_bytes) / (1024.0 * 1024 * 1024), plan.peak_phase.c_str(),
+                  mesh.tp_size() > 1 ? " without tensor parallelism (which it does not count yet: less is held)"
+                                     : "");
     job.logger.info(line);
     // The plan's lines after its heading (the job, which the line above gave) and the parameter count: the terms.
     size_t at = plan.text.find('\n');
@@ -329,6 +357,7 @@ class NonFiniteStop : public std::runtime_error {
 struct Loop {
   const Config& c;
   Job& job;
+  const dist::DeviceMesh& mesh;
   StepParts parts;
   TrainingData& data;
   MetricsLog& log;
@@ -359,6 +388,8 @@ struct Loop {
       step.seconds = seconds_now() - t0;
       ++at.step;
       const bool finite = step.nonfinite.empty();
+      // A tensor-parallel group's ranks share one batch: its samples and FLOPs count on the group's first rank.
+      if (mesh.tp_rank() != 0) step.texts = step.images = 0, step.flops = 0;
       if (finite) interval.add(step, at.step > warmup_until);
       estimate_time(warmup_until);
       log.step_done(at.step, step.loss, peak_memory_gib(job.device));
@@ -463,7 +494,7 @@ struct Loop {
     job.doing("evaluation at step " + std::to_string(at.step));
     models::EvalInputs in;
     in.loader = data.eval_loader.get(), in.source_size = data.eval_size();
-    in.max_samples = c.train.eval_samples, in.batch_size = c.train.batch_size, in.world = &job.pg.world();
+    in.max_samples = c.train.eval_samples, in.batch_size = c.train.batch_size, in.world = &mesh.data_group();
     in.device = job.device, in.floats = parts.model.dtype();
     const auto values = job.task->evaluate(*parts.model.module(), in);
     if (summary.first_eval.empty()) summary.first_eval = values;
@@ -562,10 +593,14 @@ TrainSummary train_run(const Config& given, std::shared_ptr<log::Sink> sink, int
   const RunPlan plan = auto_batch ? plan_run(given, batch_limit) : predicted_plan(given);
   if (!plan.over_budget.empty() && !given.train.force) throw std::invalid_argument(plan.over_budget);
   const Config& c = plan.config;
-  job.task->check_batch_size(c.train.batch_size, job.pg.world().size());
+  const dist::DeviceMesh mesh = make_mesh(c, job);
+  // The ranks of one tensor-parallel group read the same batches: the data is split over the data-parallel ranks.
+  const dist::Communicator& data_group = mesh.data_group();
+  job.task->check_batch_size(c.train.batch_size, data_group.size());
   if (auto_batch) job.logger.info(plan.text.substr(0, plan.text.find('\n')));
   const dist::Communicator& world = job.pg.world();
-  TrainingData data = open_training_data(c, *job.task, job.tokenizer, world.rank(), world.size(), job.logger);
+  TrainingData data =
+      open_training_data(c, *job.task, job.tokenizer, data_group.rank(), data_group.size(), job.logger);
   if (!device_note.empty()) data.notes.push_back(device_note);
   if (!classes_from.empty() && job.task->data_needs().num_labels > 0) {
     std::string names;
@@ -579,9 +614,9 @@ TrainSummary train_run(const Config& given, std::shared_ptr<log::Sink> sink, int
                                                        "STS-B)"
                                                      : "classes: [" + names + "], " + classes_from);
   }
-  // Dropout draws from the default generators, seeded per rank (at::manual_seed seeds CPU and every GPU).
-  at::manual_seed(data::hash_of(static_cast<uint64_t>(c.train.seed), static_cast<uint64_t>(world.rank())));
-  const dist::DeviceMesh mesh = make_mesh(c, job);
+  // Dropout draws from the default generators, seeded per data-parallel rank (at::manual_seed seeds CPU and every
+  // GPU): a tensor-parallel group draws alike, as its replicated activations must.
+  at::manual_seed(data::hash_of(static_cast<uint64_t>(c.train.seed), static_cast<uint64_t>(data_group.rank())));
   ParallelModel model(c, job.recipe, job.task->leaves_parameters_unused(), mesh, job.device);
   const auto optimizer = make_optimizer(c, model);
   const ckpt::CheckpointModel checkpointed{
@@ -602,11 +637,11 @@ TrainSummary train_run(const Config& given, std::shared_ptr<log::Sink> sink, int
 
   const double peak_tflops = c.log.peak_tflops > 0 ? c.log.peak_tflops : measure_peak_tflops(job.device);
   MetricsLog log(c.log, job.logger, world.rank() == 0, c.train.steps, start.step, job.task->loss_names(),
-                 c.train.batch_size * c.train.grad_accum * world.size());
-  describe_start(c, job, model, peak_tflops, data, plan);
-  const uint64_t objective_seed = static_cast<uint64_t>(c.train.seed) ^ static_cast<uint64_t>(world.rank()) << 32;
-  Loop loop{c, job, StepParts{model, *job.recipe, *job.task, *optimizer, scaler ? &*scaler : nullptr, job.device,
-                              objective_seed, world},
+                 c.train.batch_size * c.train.grad_accum * data_group.size());
+  describe_start(c, job, model, mesh, peak_tflops, data, plan);
+  const uint64_t objective_seed = static_cast<uint64_t>(c.train.seed) ^ static_cast<uint64_t>(data_group.rank()) << 32;
+  Loop loop{c, job, mesh, StepParts{model, *job.recipe, *job.task, *optimizer, scaler ? &*scaler : nullptr, job.device,
+                                    objective_seed, world},
             data, log, checkpointed, peak_tflops, start, {}, {}, NonFinitePolicy(c.train)};
   loop.summary.start_step = start.step;
   try {

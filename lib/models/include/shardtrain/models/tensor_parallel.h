@@ -75,9 +75,9 @@ struct TensorParallelOptions {
 class TensorParallel {
  public:
   TensorParallel(dist::Communicator group, bool sequence_parallel, std::vector<at::Tensor> split,
-                 std::vector<at::Tensor> summed, std::vector<std::string> lines)
+                 std::vector<at::Tensor> summed, std::vector<std::string> lines, int64_t whole_parameters)
       : group_(std::move(group)), sequence_parallel_(sequence_parallel), split_(std::move(split)),
-        summed_(std::move(summed)), lines_(std::move(lines)) {}
+        summed_(std::move(summed)), lines_(std::move(lines)), whole_parameters_(whole_parameters) {}
 
   const dist::Communicator& group() const { return group_; }
   bool sequence_parallel() const { return sequence_parallel_; }
@@ -92,6 +92,8 @@ class TensorParallel {
   double clip_grad_norm(torch::nn::Module& root, double max_norm, const dist::Communicator* shard_group) const;
   // Each rule's modules and what each rank holds: "layers.*.attn.q (2 modules): column, weight (32, 64) of (64, 64)".
   const std::vector<std::string>& describe() const { return lines_; }
+  // The parameters of the model before it was split (every rank's slices together).
+  int64_t whole_parameters() const { return whole_parameters_; }
 
  private:
   dist::Communicator group_;
@@ -99,6 +101,7 @@ class TensorParallel {
   std::vector<at::Tensor> split_;   // the parameters each rank holds a slice of
   std::vector<at::Tensor> summed_;  // the parameters whose gradients reduce_gradients() sums
   std::vector<std::string> lines_;
+  int64_t whole_parameters_;
 };
 
 // Splits `model` (built whole, the same on every rank of `group`: the same seed or weights) over `group` as its

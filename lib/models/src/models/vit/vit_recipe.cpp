@@ -74,6 +74,22 @@ class VitRecipe : public FamilyRecipe<VitConfig, Vit> {
     return 3 * ((layers - 1) * transformer_layer_flops(weights, n, d) + last) * batch_rows(b);
   }
 
+  // Megatron's split of every encoder layer (models/tensor_parallel.h); the patch embedding, the final norm, the
+  // pooler and the classifier stay whole (small beside the layers). No sequence parallelism: nothing splits the
+  // tokens (the patches and CLS, 197 at 224 pixels), and the last layer computes the CLS row alone.
+  TpPlan tp_plan() const override {
+    TpPlan plan = {{"embeddings", TpStyle::WHOLE},         {"embeddings.patch", TpStyle::WHOLE},
+                   {"layers.*.norm1", TpStyle::SEQUENCE},  {"layers.*.attn", TpStyle::ATTENTION},
+                   {"layers.*.attn.q", TpStyle::COLUMN},   {"layers.*.attn.k", TpStyle::COLUMN},
+                   {"layers.*.attn.v", TpStyle::COLUMN},   {"layers.*.attn.o", TpStyle::ROW},
+                   {"layers.*.norm2", TpStyle::SEQUENCE},  {"layers.*.mlp", TpStyle::ENTER},
+                   {"layers.*.mlp.fc1", TpStyle::COLUMN},  {"layers.*.mlp.fc2", TpStyle::ROW},
+                   {"norm", TpStyle::WHOLE}};
+    if (config().pooler) plan.push_back({"pooler", TpStyle::WHOLE});
+    if (config().num_labels > 0) plan.push_back({"classifier", TpStyle::WHOLE});
+    return plan;
+  }
+
   // classify: the same task under the name every classifier shares.
   std::vector<std::string> tasks() const override { return {"image_classification", "classify"}; }
   // A classifier over setup.labels (data.labels, or the dataset's ClassLabel) on the CLS token and no pooler: a

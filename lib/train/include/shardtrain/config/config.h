@@ -167,6 +167,16 @@ struct ParallelConfig {
   bool sync_module_states = true;  // init_weights: rank 0 reads, the others receive (else every rank reads)
   double bucket_cap_mb = 25.0;     // ddp: MiB of gradients per all-reduce bucket
   bool gradient_as_bucket_view = false;  // ddp: gradients live in the buckets (one gradient-sized buffer less)
+  // Tensor parallelism (models/tensor_parallel.h): each layer split over tp_size ranks that read the same batches,
+  // the innermost dimension of the mesh (ranks of one node); the strategy shards or replicates over the rest.
+  // With sequence_parallel, the activations between the split regions are sharded on the sequence dimension too.
+  int64_t tp_size = 1;
+  bool sequence_parallel = false;
+  // The data-parallel dimensions (Accelerate's ParallelismConfig): dp_replicate_size x dp_shard_size x tp_size is
+  // the world size. 0: inferred — replicate over the nodes under a hybrid strategy (1 otherwise), shard over what
+  // is left.
+  int64_t dp_replicate_size = 0;
+  int64_t dp_shard_size = 0;
   // Seconds before the rendezvous or a collective gives up on a peer. A rank that stops altogether is named
   // sooner, by the heartbeat: after a quarter of this (dist::heartbeat_options_for).
   double timeout = 600;
