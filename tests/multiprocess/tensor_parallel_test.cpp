@@ -106,12 +106,16 @@ std::shared_ptr<const ModelRecipe> edited_recipe(const std::string& flavor,
   return recipe;
 }
 
+// dp data-parallel ranks (replicate x dp / replicate: HYBRID_SHARD when replicate > 1, else FULL_SHARD) of tp ranks.
 struct Layout {
   int dp, tp;
   bool sequence_parallel;
   int64_t checkpoint_every;
+  int replicate = 1;
   std::string text() const {
-    return "dp " + std::to_string(dp) + " x tp " + std::to_string(tp) + (sequence_parallel ? ", sequence parallel" : "") +
+    return (replicate > 1 ? "hybrid " + std::to_string(replicate) + " x " + std::to_string(dp / replicate)
+                          : "dp " + std::to_string(dp)) +
+           " x tp " + std::to_string(tp) + (sequence_parallel ? ", sequence parallel" : "") +
            (checkpoint_every > 0 ? ", checkpointed" : "");
   }
 };
@@ -160,12 +164,14 @@ void expect_trains_like_one_process(const std::string& name, const std::shared_p
       ref_losses.push_back(loss.item<double>());
     }
   }
-  const auto mesh = dist::DeviceMesh::create(test_process_group(), 1, layout.dp, layout.tp);
+  const auto mesh =
+      dist::DeviceMesh::create(test_process_group(), layout.replicate, layout.dp / layout.replicate, layout.tp);
   ZooModel model = build_model(std::shared_ptr<const ModelRecipe>(recipe), build);
   TensorParallel tp = tensor_parallelize(model, mesh.tp_group(), {layout.sequence_parallel});
   if (layout.dp > 1) {
     ParallelizeOptions options;
     options.activation_checkpoint_every = layout.checkpoint_every;
+    if (layout.replicate > 1) options.strategy = parallel::Strategy::HYBRID_SHARD;
     parallelize(model, mesh, options);
   } else if (layout.checkpoint_every > 0) {
     activation_checkpoint_layers(model, layout.checkpoint_every);
@@ -179,7 +185,10 @@ void expect_trains_like_one_process(const std::string& name, const std::shared_p
     at::Tensor loss = llama->run(local, {}, local, /*labelled_only=*/true).loss;
     loss.backward();
     tp.reduce_gradients();
-    const double norm = tp.clip_grad_norm(*model.module, kMaxNorm, layout.dp > 1 ? &mesh.data_group() : nullptr);
+    const dist::Communicator* shards = layout.replicate > 1 ? &mesh.shard_group()
+                                       : layout.dp > 1      ? &mesh.data_group()
+                                                            : nullptr;
+    const double norm = tp.clip_grad_norm(*model.module, kMaxNorm, shards);
     EXPECT_GT(ref_norms[s], kMaxNorm) << label << ": the reference's gradients are not clipped";
     EXPECT_NEAR(norm, ref_norms[s], 1e-5 * ref_norms[s]) << label << ": gradient norm at step " << s;
     step->step();
@@ -216,6 +225,13 @@ std::vector<Layout> layouts(int w) {
 TEST(TensorParallel, LlamaFamiliesTrainLikeOneProcess) {
   const int w = test_process_group().world_size();
   if (w == 1) GTEST_SKIP() << "tensor parallelism needs two ranks or more";
+  if (w == 8) {  // the 3-D mesh: HYBRID_SHARD 2 x 2 over the data-parallel ranks, tp 2 within
+    const auto llama = recipe_of_model("llama-debug", {{"kv_heads", 4}});
+    for (bool sp : {false, true}) {
+      expect_trains_like_one_process("llama-debug", llama, {4, 2, sp, 1, /*replicate=*/2}, Optimizer::SGD);
+    }
+    return;
+  }
   if (w == 3) {  // every split size a multiple of 3 (and the vocabulary of 996 = 3 x 332 tokens)
     const auto thirds = recipe_of_model(
         "llama-debug", {{"heads", 6}, {"kv_heads", 3}, {"head_dim", 16}, {"mlp_dim", 96}, {"vocab_size", 996}});
