@@ -20,6 +20,7 @@
 #include "shardtrain/models/parallelize.h"
 #include "shardtrain/models/tensor_parallel.h"
 #include "shardtrain/models/vit.h"
+#include "shardtrain/models/weights.h"
 #include "shardtrain/models/zoo.h"
 #include "shardtrain/tp/regions.h"
 #include "support/expect_error.h"
@@ -319,6 +320,48 @@ TEST(TensorParallel, VitTrainsLikeOneProcess) {
       }
     }
   }
+}
+
+// A model split and sharded layer by layer as it is built (build_tensor_parallel) is the one built whole, then
+// split, then sharded; a Hugging Face file of the whole model loads into it with each rank reading its slices' rows
+// (by rows or by columns), or rank 0 reading and broadcasting (sync_module_states), to exactly the whole model's
+// values.
+TEST(TensorParallel, BuiltLayerByLayerAndLoadedAsSlices) {
+  const int w = test_process_group().world_size();
+  if (w != 2 && w != 4) GTEST_SKIP() << "tp 2, with dp 1 or 2";
+  const auto recipe = recipe_of_model("llama-debug", {{"kv_heads", 4}});
+  const auto mesh = dist::DeviceMesh::create(test_process_group(), 1, w / 2, 2);
+  BuildOptions build;
+  build.init.seed = 7;
+  ZooModel whole = build_model(recipe, build);
+  const std::string file = "/tmp/shardtrain-tp-weights-" + std::to_string(getpid()) + ".safetensors";
+  save_weights(*whole.module, file, whole.names);
+
+  ZooModel split_after = build_model(recipe, build);
+  TensorParallel tp_after = tensor_parallelize(split_after, mesh.tp_group());
+  parallelize(split_after, mesh, {});
+  TensorParallelModel as_built = build_tensor_parallel(recipe, mesh, {}, {}, build);
+  EXPECT_EQ(as_built.tp.describe(), tp_after.describe());
+  EXPECT_EQ(as_built.tp.whole_parameters(), tp_after.whole_parameters());
+  const auto after = fsdp::gather_full_parameters(split_after.module);
+  const auto built = fsdp::gather_full_parameters(as_built.model.module);
+  ASSERT_EQ(after.size(), built.size());
+  for (const auto& [name, value] : after) EXPECT_TRUE(at::equal(value, built.at(name))) << "as built: " << name;
+
+  for (bool from_rank0 : {false, true}) {
+    BuildOptions other = build;
+    other.init.seed = 8;  // different values, overwritten by the file's
+    TensorParallelModel loaded = build_tensor_parallel(recipe, mesh, {}, {}, other);
+    load_weights_sharded(loaded.model.module, file, loaded.model.names,
+                         from_rank0 ? std::optional(test_process_group().world()) : std::nullopt, {}, &loaded.tp);
+    const auto values = fsdp::gather_full_parameters(loaded.model.module);
+    for (const auto& p : whole.module->named_parameters()) {
+      const at::Tensor expected = slice_like(p.value(), values.at(p.key()), 2, mesh.tp_rank());
+      EXPECT_TRUE(at::equal(values.at(p.key()), expected))
+          << (from_rank0 ? "rank 0 broadcasting: " : "each rank reading: ") << p.key();
+    }
+  }
+  std::remove(file.c_str());
 }
 
 TEST(TensorParallel, RefusesWhatItCannotSplit) {

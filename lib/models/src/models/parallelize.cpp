@@ -90,8 +90,11 @@ ZooModel build_parallel(const std::string& flavor, const dist::DeviceMesh& mesh,
   return build_parallel(recipe_of(flavor), mesh, options, std::move(build));
 }
 
-ZooModel build_parallel(std::shared_ptr<const ModelRecipe> recipe, const dist::DeviceMesh& mesh,
-                        const ParallelizeOptions& options, BuildOptions build) {
+namespace {
+
+// build_parallel, and with `tp` each layer split before it is sharded and the rest split before its units are.
+ZooModel build_sharded(std::shared_ptr<const ModelRecipe> recipe, const dist::DeviceMesh& mesh,
+                       const ParallelizeOptions& options, BuildOptions build, TensorParallelizer* tp) {
   if (options.policy) throw std::invalid_argument("build_parallel: a wrap policy needs the whole model; use parallelize");
   check_every(options.activation_checkpoint_every, "build_parallel");
   const fsdp::StrategyGroups groups = groups_for(mesh, options);
@@ -107,17 +110,41 @@ ZooModel build_parallel(std::shared_ptr<const ModelRecipe> recipe, const dist::D
   int64_t layers_built = 0;
   build.on_layer = [&](const std::string& name, const std::shared_ptr<torch::nn::Module>& layer) {
     if (user_hook) user_hook(name, layer);
+    if (tp != nullptr) tp->split_layer(name, *layer);
     if (options.activation_checkpoint_every > 0 && ++layers_built % options.activation_checkpoint_every == 0) {
       nn::apply_activation_checkpoint(*layer, {}, name);
     }
     fsdp::fully_shard(layer, groups.shard, groups.options);
   };
   ZooModel model = build_model(recipe, build);
-  // The layers are units already; the family's own units (extra and edge units), then the root.
-  fsdp::fully_shard_model(model.module, groups.shard, fsdp::wrap_by_class_name(recipe->own_unit_classes()),
+  return model;
+}
+
+// The family's own units (extra and edge units), then the root: the layers are units already.
+void shard_the_rest(ZooModel& model, const dist::DeviceMesh& mesh, const ParallelizeOptions& options) {
+  const fsdp::StrategyGroups groups = groups_for(mesh, options);
+  fsdp::fully_shard_model(model.module, groups.shard, fsdp::wrap_by_class_name(model.recipe->own_unit_classes()),
                           groups.options);
   finish_root(model, mesh);
+}
+
+}  // namespace
+
+ZooModel build_parallel(std::shared_ptr<const ModelRecipe> recipe, const dist::DeviceMesh& mesh,
+                        const ParallelizeOptions& options, BuildOptions build) {
+  ZooModel model = build_sharded(std::move(recipe), mesh, options, std::move(build), nullptr);
+  shard_the_rest(model, mesh, options);
   return model;
+}
+
+TensorParallelModel build_tensor_parallel(std::shared_ptr<const ModelRecipe> recipe, const dist::DeviceMesh& mesh,
+                                          const ParallelizeOptions& options, const TensorParallelOptions& tp_options,
+                                          BuildOptions build) {
+  TensorParallelizer tp(recipe, mesh.tp_group(), tp_options);
+  ZooModel model = build_sharded(std::move(recipe), mesh, options, std::move(build), &tp);
+  TensorParallel split = tp.finish(model);
+  shard_the_rest(model, mesh, options);
+  return {std::move(model), std::move(split)};
 }
 
 }  // namespace shardtrain::models

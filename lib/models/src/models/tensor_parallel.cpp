@@ -50,8 +50,9 @@ void check_divides(int64_t n, int64_t ranks, const std::string& what) {
 }
 
 // Keeps this rank's slice of a parameter along dim (a copy of its own, the whole one freed).
-void keep_slice(at::Tensor& param, int64_t dim, const dist::Communicator& group, std::vector<at::Tensor>& split) {
-  split.push_back(param);
+void keep_slice(at::Tensor& param, int64_t dim, const dist::Communicator& group,
+                std::vector<TensorParallel::Split>& split) {
+  split.push_back({param, dim});
   at::NoGradGuard no_grad;
   const int64_t n = param.size(dim) / group.size();
   param.set_data(param.narrow(dim, group.rank() * n, n).clone());
@@ -145,7 +146,7 @@ struct Applier {
   const dist::Communicator& group;
   bool sequence_parallel;
   std::vector<at::Tensor>& summed;  // parameters whose gradients reduce_gradients() sums
-  std::vector<at::Tensor>& split;   // parameters split over the group
+  std::vector<TensorParallel::Split>& split;  // parameters split over the group
   bool dry = false;
 
   void sum_if(bool when, torch::nn::Module& m, bool recurse = false) {
@@ -253,44 +254,13 @@ struct Applier {
   }
 };
 
-// The rule of every module a rule matches; throws for a rule that matches nothing or a module two rules match.
-std::map<std::string, TpStyle> match_rules(const TpPlan& plan, torch::nn::Module& root, const std::string& flavor) {
-  std::map<std::string, TpStyle> styles;
-  for (const TpRule& rule : plan) {
-    bool matched = false;
-    for (const auto& item : root.named_modules("", /*include_self=*/false)) {
-      if (!path_matches(rule.module, item.key())) continue;
-      matched = true;
-      if (!styles.emplace(item.key(), rule.style).second) {
-        throw std::invalid_argument("tensor parallelism of " + flavor + ": " + item.key() +
-                                    " is matched by two rules of its plan");
-      }
-    }
-    if (!matched) {
-      throw std::invalid_argument("tensor parallelism of " + flavor + ": the plan's rule '" + rule.module +
-                                  "' matches no module of the model");
-    }
-  }
-  return styles;
-}
-
-// Every parameter is its module's, and that module has a rule (a rule on a module that holds children covers its
-// own parameters only); LoRA adapters are refused by name.
-void check_covered(torch::nn::Module& root, const std::map<std::string, TpStyle>& styles, const std::string& flavor) {
-  for (const auto& item : root.named_modules("", /*include_self=*/false)) {
+// LoRA adapters are refused by name.
+void refuse_lora(torch::nn::Module& root, const std::string& prefix, const std::string& flavor) {
+  for (const auto& item : root.named_modules(prefix, /*include_self=*/true)) {
     auto* linear = dynamic_cast<LinearImpl*>(item.value().get());
     if (linear != nullptr && linear->has_lora()) {
       throw std::invalid_argument("tensor parallelism of " + flavor + ": " + item.key() + " has a LoRA adapter; " +
                                   "LoRA does not combine with tensor parallelism in this version");
-    }
-  }
-  for (const auto& item : root.named_parameters()) {
-    const std::string& name = item.key();
-    const size_t dot = name.rfind('.');
-    const std::string owner = dot == std::string::npos ? "" : name.substr(0, dot);
-    if (styles.count(owner) == 0) {
-      throw std::invalid_argument("tensor parallelism of " + flavor + ": parameter " + name + " (module '" + owner +
-                                  "') is under no rule of the family's plan");
     }
   }
 }
@@ -333,7 +303,7 @@ void TensorParallel::reduce_gradients() const {
 double TensorParallel::clip_grad_norm(torch::nn::Module& root, double max_norm,
                                       const dist::Communicator* shard_group) const {
   std::set<const c10::TensorImpl*> split;
-  for (const at::Tensor& p : split_) split.insert(p.unsafeGetTensorImpl());
+  for (const Split& s : split_) split.insert(s.param.unsafeGetTensorImpl());
   // [split, whole] sums of squares in float64 over this rank's gradients (data parallelism's shards of them).
   at::Tensor sums = at::zeros({2}, at::kDouble);
   std::vector<at::Tensor> grads;
@@ -357,43 +327,92 @@ double TensorParallel::clip_grad_norm(torch::nn::Module& root, double max_norm,
   return norm;
 }
 
-TensorParallel tensor_parallelize(ZooModel& model, const dist::Communicator& group,
-                                  const TensorParallelOptions& options) {
-  const TpPlan plan = model.recipe->tp_plan();
-  if (plan.empty()) {
-    throw std::invalid_argument("tensor parallelism: the " + model.family + " family (" + model.flavor +
+std::optional<int64_t> TensorParallel::split_dim(const at::Tensor& param) const {
+  for (const Split& s : split_) {
+    if (s.param.unsafeGetTensorImpl() == param.unsafeGetTensorImpl()) return s.dim;
+  }
+  return std::nullopt;
+}
+
+TensorParallelizer::TensorParallelizer(std::shared_ptr<const ModelRecipe> recipe, dist::Communicator group,
+                                       TensorParallelOptions options)
+    : recipe_(std::move(recipe)), group_(std::move(group)), options_(options), plan_(recipe_->tp_plan()),
+      matched_(plan_.size(), 0), held_(plan_.size()) {
+  if (plan_.empty()) {
+    throw std::invalid_argument("tensor parallelism: the " + recipe_->family() + " family (" + recipe_->flavor() +
                                 ") has no tensor-parallel plan");
   }
-  torch::nn::Module& root = *model.module;
-  if (options.sequence_parallel &&
-      std::none_of(plan.begin(), plan.end(), [](const TpRule& r) { return r.style == TpStyle::VOCAB_EMBEDDING; })) {
-    throw std::invalid_argument("sequence parallelism of " + model.flavor + ": the " + model.family +
+  if (options_.sequence_parallel &&
+      std::none_of(plan_.begin(), plan_.end(), [](const TpRule& r) { return r.style == TpStyle::VOCAB_EMBEDDING; })) {
+    throw std::invalid_argument("sequence parallelism of " + recipe_->flavor() + ": the " + recipe_->family() +
                                 " family's plan has no embedding that splits the sequence among the ranks");
   }
-  const std::map<std::string, TpStyle> styles = match_rules(plan, root, model.flavor);
-  check_covered(root, styles, model.flavor);
-  std::vector<at::Tensor> summed, split;
-  int64_t whole_parameters = 0;
-  for (const at::Tensor& p : root.parameters()) whole_parameters += p.numel();
-  std::map<std::string, torch::nn::Module*> modules;
-  for (const auto& item : root.named_modules("", false)) modules[item.key()] = item.value().get();
-  Applier checker{group, options.sequence_parallel, summed, split, /*dry=*/true};
-  for (const auto& [path, style] : styles) checker.apply(*modules.at(path), path, style);
-  Applier applier{group, options.sequence_parallel, summed, split};
-  std::vector<std::string> lines;
-  for (const TpRule& rule : plan) {
-    int count = 0;
-    std::string held;
-    for (const auto& [path, style] : styles) {
-      if (!path_matches(rule.module, path)) continue;
-      held = applier.apply(*modules.at(path), path, style);
-      ++count;
+}
+
+void TensorParallelizer::split_modules(torch::nn::Module& subtree, const std::string& prefix, bool include_self) {
+  const std::string flavor = recipe_->flavor();
+  refuse_lora(subtree, prefix, flavor);
+  // Each module's rule (one at most), every module checked before any changes.
+  std::vector<std::tuple<std::string, torch::nn::Module*, size_t>> todo;
+  for (const auto& item : subtree.named_modules(prefix, include_self)) {
+    if (done_.count(item.key())) continue;
+    std::optional<size_t> rule;
+    for (size_t i = 0; i < plan_.size(); ++i) {
+      if (!path_matches(plan_[i].module, item.key())) continue;
+      if (rule) {
+        throw std::invalid_argument("tensor parallelism of " + flavor + ": " + item.key() +
+                                    " is matched by two rules of its plan");
+      }
+      rule = i;
     }
-    lines.push_back(rule.module + (count > 1 ? " (" + std::to_string(count) + " modules)" : "") + ": " +
-                    to_string(rule.style) + ", " + held);
+    // A module that holds parameters of its own needs a rule (a rule covers its module's own parameters only).
+    if (!rule && !item.value()->named_parameters(/*recurse=*/false).is_empty()) {
+      throw std::invalid_argument("tensor parallelism of " + flavor + ": parameter " + item.key() + "." +
+                                  item.value()->named_parameters(false).keys().front() + " (module '" + item.key() +
+                                  "') is under no rule of the family's plan");
+    }
+    if (rule) todo.emplace_back(item.key(), item.value().get(), *rule);
   }
-  return TensorParallel(group, options.sequence_parallel, std::move(split), std::move(summed), std::move(lines),
-                        whole_parameters);
+  Applier checker{group_, options_.sequence_parallel, summed_, split_, /*dry=*/true};
+  for (const auto& [path, module, rule] : todo) checker.apply(*module, path, plan_[rule].style);
+  Applier applier{group_, options_.sequence_parallel, summed_, split_};
+  for (const auto& [path, module, rule] : todo) {
+    held_[rule] = applier.apply(*module, path, plan_[rule].style);
+    ++matched_[rule];
+    done_.insert(path);
+  }
+}
+
+void TensorParallelizer::split_layer(const std::string& name, torch::nn::Module& layer) {
+  for (const at::Tensor& p : layer.parameters()) {
+    if (counted_.insert(p.unsafeGetTensorImpl()).second) whole_parameters_ += p.numel();
+  }
+  split_modules(layer, name, /*include_self=*/true);
+}
+
+TensorParallel TensorParallelizer::finish(ZooModel& model) {
+  torch::nn::Module& root = *model.module;
+  // Whole parameters: what split_layer counted, and the rest of the model as it still is.
+  for (const at::Tensor& p : root.parameters()) {
+    if (counted_.insert(p.unsafeGetTensorImpl()).second) whole_parameters_ += p.numel();
+  }
+  split_modules(root, "", /*include_self=*/false);
+  std::vector<std::string> lines;
+  for (size_t i = 0; i < plan_.size(); ++i) {
+    if (matched_[i] == 0) {
+      throw std::invalid_argument("tensor parallelism of " + model.flavor + ": the plan's rule '" + plan_[i].module +
+                                  "' matches no module of the model");
+    }
+    lines.push_back(plan_[i].module + (matched_[i] > 1 ? " (" + std::to_string(matched_[i]) + " modules)" : "") +
+                    ": " + to_string(plan_[i].style) + ", " + held_[i]);
+  }
+  return TensorParallel(group_, options_.sequence_parallel, std::move(split_), std::move(summed_), std::move(lines),
+                        whole_parameters_);
+}
+
+TensorParallel tensor_parallelize(ZooModel& model, const dist::Communicator& group,
+                                  const TensorParallelOptions& options) {
+  return TensorParallelizer(model.recipe, group, options).finish(model);
 }
 
 }  // namespace shardtrain::models

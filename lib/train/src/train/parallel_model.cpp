@@ -152,14 +152,21 @@ ParallelModel::ParallelModel(const Config& c, std::shared_ptr<const models::Mode
     o.gradient_as_bucket_view = c.parallel.gradient_as_bucket_view;
     ddp_ = models::replicate_model(model_, mesh, o);  // parameters are rank 0's from here on
   } else if (mesh.tp_size() > 1) {
-    // Every rank builds and loads the whole model (the same seed, the same file), keeps its slices, then shards them.
-    model_ = models::build_model(std::move(recipe), build);
-    if (!c.model.init_weights.empty()) {
-      load_report_ = models::load_weights(*model_.module, c.model.init_weights, model_.names, load_options(c));
-    }
-    tp_ = models::tensor_parallelize(model_, mesh.tp_group(), tp_options);
+    // Each layer split, then sharded, as it is built (a rank holds one whole layer at most); the weights read as
+    // each rank's slices.
     const models::ParallelizeOptions o = parallelize_options(c);
-    models::parallelize(model_, mesh, o);
+    if (o.policy) {
+      throw std::invalid_argument("parallel.tp_size " + std::to_string(mesh.tp_size()) + " shards the family's "
+                                  "transformer layers as they are built: parallel.wrap must be transformer");
+    }
+    models::TensorParallelModel built = models::build_tensor_parallel(std::move(recipe), mesh, o, tp_options, build);
+    model_ = std::move(built.model);
+    tp_ = std::move(built.tp);
+    if (!c.model.init_weights.empty()) {
+      load_report_ = models::load_weights_sharded(
+          model_.module, c.model.init_weights, model_.names,
+          c.parallel.sync_module_states ? std::optional(mesh.world()) : std::nullopt, load_options(c), &*tp_);
+    }
     fsdp::set_reshard_after_backward(model_.module, c.parallel.reshard_after_backward);
     if (c.parallel.strategy != parallel::Strategy::NO_SHARD) {
       shard_group_ = fsdp::strategy_groups(c.parallel.strategy, mesh).shard;

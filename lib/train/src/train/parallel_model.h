@@ -25,8 +25,9 @@ class ParallelModel {
  public:
   // Builds the recipe's model on `device` and parallelizes it (each layer sharded as it is built when the units
   // are the family's layers), loads model.init_weights when given, then applies the family's parallelize hook.
-  // With parallel.tp_size above 1 the model is built whole, loaded, split over the mesh's tensor-parallel group,
-  // then sharded or replicated over its data-parallel ranks. Collective over the mesh.
+  // With parallel.tp_size above 1 each layer is split over the mesh's tensor-parallel group as it is built, then
+  // sharded over the data-parallel ranks (models::build_tensor_parallel), and init_weights is read as each rank's
+  // slices; under DDP the model is built whole, loaded, split, then replicated. Collective over the mesh.
   ParallelModel(const config::Config& config, std::shared_ptr<const models::ModelRecipe> recipe, bool has_unused,
                 const dist::DeviceMesh& mesh, const at::Device& device);
 

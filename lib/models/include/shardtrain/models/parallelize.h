@@ -21,6 +21,7 @@
 #include "shardtrain/ddp/replicate.h"
 #include "shardtrain/fsdp/fully_shard.h"
 #include "shardtrain/fsdp/wrap_policy.h"
+#include "shardtrain/models/tensor_parallel.h"
 #include "shardtrain/models/zoo.h"
 
 namespace shardtrain::models {
@@ -62,5 +63,17 @@ ZooModel build_parallel(const std::string& flavor, const dist::DeviceMesh& mesh,
                         BuildOptions build = {});
 ZooModel build_parallel(std::shared_ptr<const ModelRecipe> recipe, const dist::DeviceMesh& mesh,
                         const ParallelizeOptions& options, BuildOptions build = {});
+
+// build_parallel on a mesh with a tensor dimension: each layer split over mesh.tp_group() as soon as it is built
+// (models/tensor_parallel.h's TensorParallelizer), then sharded over the data-parallel ranks; the rest of the model
+// split, then its units sharded. A rank holds at most one whole layer beside its slices and shards. The same model
+// as build_model + tensor_parallelize + parallelize.
+struct TensorParallelModel {
+  ZooModel model;
+  TensorParallel tp;
+};
+TensorParallelModel build_tensor_parallel(std::shared_ptr<const ModelRecipe> recipe, const dist::DeviceMesh& mesh,
+                                          const ParallelizeOptions& options, const TensorParallelOptions& tp_options,
+                                          BuildOptions build = {});
 
 }  // namespace shardtrain::models

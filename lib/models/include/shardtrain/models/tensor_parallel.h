@@ -24,7 +24,10 @@
 #include <string>
 #include <vector>
 
+#include <map>
+#include <memory>
 #include <optional>
+#include <set>
 
 #include "shardtrain/distributed/communicator.h"
 #include "shardtrain/models/losses.h"
@@ -32,6 +35,7 @@
 namespace shardtrain::models {
 
 struct ZooModel;
+class ModelRecipe;
 
 // An LM head that computes over a slice of the vocabulary when given one (LlamaLMHead): what VOCAB_HEAD splits.
 // With a shard, its weight holds rows [start, start + rows) and its forward gives the loss over the whole
@@ -74,7 +78,12 @@ struct TensorParallelOptions {
 // What tensor_parallelize() did, and what a step needs from it.
 class TensorParallel {
  public:
-  TensorParallel(dist::Communicator group, bool sequence_parallel, std::vector<at::Tensor> split,
+  // A parameter this rank holds the slice `group().rank()` of, along dim (of `group().size()` equal slices).
+  struct Split {
+    at::Tensor param;
+    int64_t dim;
+  };
+  TensorParallel(dist::Communicator group, bool sequence_parallel, std::vector<Split> split,
                  std::vector<at::Tensor> summed, std::vector<std::string> lines, int64_t whole_parameters)
       : group_(std::move(group)), sequence_parallel_(sequence_parallel), split_(std::move(split)),
         summed_(std::move(summed)), lines_(std::move(lines)), whole_parameters_(whole_parameters) {}
@@ -94,11 +103,13 @@ class TensorParallel {
   const std::vector<std::string>& describe() const { return lines_; }
   // The parameters of the model before it was split (every rank's slices together).
   int64_t whole_parameters() const { return whole_parameters_; }
+  // The dimension `param` (a parameter of the model, by identity) is split along; none for a whole one.
+  std::optional<int64_t> split_dim(const at::Tensor& param) const;
 
  private:
   dist::Communicator group_;
   bool sequence_parallel_;
-  std::vector<at::Tensor> split_;   // the parameters each rank holds a slice of
+  std::vector<Split> split_;         // the parameters each rank holds a slice of
   std::vector<at::Tensor> summed_;  // the parameters whose gradients reduce_gradients() sums
   std::vector<std::string> lines_;
   int64_t whole_parameters_;
@@ -111,5 +122,32 @@ class TensorParallel {
 // module carries a LoRA adapter.
 TensorParallel tensor_parallelize(ZooModel& model, const dist::Communicator& group,
                                   const TensorParallelOptions& options = {});
+
+// The same while the model is built, a layer at a time (models::build_parallel with a tensor dimension): each
+// transformer layer is split as soon as it exists (split_layer, from BuildOptions::on_layer), then the rest of the
+// model (finish), so that a rank never holds more than one whole layer beside its slices. The same checks, each
+// layer's before it changes.
+class TensorParallelizer {
+ public:
+  TensorParallelizer(std::shared_ptr<const ModelRecipe> recipe, dist::Communicator group,
+                     TensorParallelOptions options);
+  void split_layer(const std::string& name, torch::nn::Module& layer);
+  TensorParallel finish(ZooModel& model);
+
+ private:
+  void split_modules(torch::nn::Module& subtree, const std::string& prefix, bool include_self);
+
+  std::shared_ptr<const ModelRecipe> recipe_;
+  dist::Communicator group_;
+  TensorParallelOptions options_;
+  TpPlan plan_;
+  std::vector<int> matched_;        // modules each rule split so far
+  std::vector<std::string> held_;   // what each rule's modules hold, for describe()
+  std::set<std::string> done_;      // module paths split
+  std::set<const c10::TensorImpl*> counted_;  // parameters counted whole
+  std::vector<TensorParallel::Split> split_;
+  std::vector<at::Tensor> summed_;
+  int64_t whole_parameters_ = 0;
+};
 
 }  // namespace shardtrain::models

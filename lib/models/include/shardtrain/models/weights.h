@@ -20,6 +20,8 @@ class Module;
 
 namespace shardtrain::models {
 
+class TensorParallel;  // models/tensor_parallel.h
+
 // Ordered rewrite rules: the first rule whose regex matches the whole name gives its replacement (ECMAScript
 // syntax, $1 for groups); a name no rule matches is kept. `ignored` are Hugging Face names a file may hold that the
 // model does not load (tied copies, non-persistent buffers). `aliases` rewrite a Hugging Face name into the other
@@ -89,10 +91,13 @@ LoadReport load_weights(torch::nn::Module& model, const std::string& path, const
 // broadcasts it over from_rank0, every rank keeping its rows. Validation as load_weights', against the full shapes;
 // with from_rank0 the other ranks fail too, saying that rank 0 did. Collective when from_rank0 is given. With
 // from_rank0 only rank 0's report is filled (it alone reads the file).
+// With `tp` (the model split by tensor parallelism: models/tensor_parallel.h), a split parameter's file tensor is
+// the whole one: each rank reads the rows of its slice (split by rows), or the rows it shards and of them its
+// columns (split by columns); from_rank0 broadcasts the whole tensor and each rank keeps its slice's rows.
 LoadReport load_weights_sharded(const std::shared_ptr<torch::nn::Module>& model, const std::string& path,
                                 const NameMap& names,
                                 const std::optional<dist::Communicator>& from_rank0 = std::nullopt,
-                                const LoadOptions& load_options = {});
+                                const LoadOptions& load_options = {}, const TensorParallel* tp = nullptr);
 
 // Writes every parameter (tied tensors once, under their first name) and persistent buffer of `model` in `dtype`
 // (their own dtype when undefined) under Hugging Face names, atomically.
