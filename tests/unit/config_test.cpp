@@ -324,9 +324,19 @@ TEST(Config, TensorParallelKeysAndWhatTheyExclude) {
                             {"parallel.sequence_parallel", "not possible with parallel.tp_size 1"});
   expect_error<ConfigError>([] { validate(parse_config("", "x.yaml", {"--parallel.tp_size=0"})); },
                             {"parallel.tp_size", "0", "1 (no tensor parallelism) or more"});
+  validate(parse_config("", "x.yaml", {"--parallel.tp_size=2", "--checkpoint.dir=/tmp/x"}));
   expect_error<ConfigError>(
-      [] { validate(parse_config("", "x.yaml", {"--parallel.tp_size=2", "--checkpoint.dir=/tmp/x"})); },
-      {"checkpoint.dir", "'/tmp/x'", "not possible with parallel.tp_size 2"});
+      [] {
+        validate(parse_config("", "x.yaml",
+                              {"--parallel.tp_size=2", "--checkpoint.dir=/tmp/x", "--parallel.strategy=ddp"}));
+      },
+      {"checkpoint.dir", "'/tmp/x'", "not possible with parallel.tp_size 2 under ddp"});
+  expect_error<ConfigError>(
+      [] { validate(parse_config("", "x.yaml", {"--parallel.tp_size=2", "--checkpoint.state_dict_type=full"})); },
+      {"checkpoint.state_dict_type", "full", "shardtrain checkpoint export"});
+  expect_error<ConfigError>(
+      [] { validate(parse_config("", "x.yaml", {"--parallel.tp_size=2", "--optim.name=adafactor"})); },
+      {"optim.name", "adafactor", "factored statistics"});
   expect_error<ConfigError>(
       [] { validate(parse_config("", "x.yaml", {"--parallel.tp_size=2", "--model.lora.r=8"})); },
       {"model.lora.r", "8", "LoRA does not combine with tensor parallelism"});

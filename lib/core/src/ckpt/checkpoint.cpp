@@ -12,6 +12,7 @@
 #include <mutex>
 #include <stdexcept>
 
+#include "ckpt/tp_checkpoint.h"
 #include "shardtrain/ckpt/manifest.h"
 #include "shardtrain/distributed/text_exchange.h"
 #include "shardtrain/fsdp/state_dict.h"
@@ -274,7 +275,14 @@ std::string save_checkpoint(const std::string& dir, const TrainerState& given, c
   TrainerState state = given;
   state.optimizer_steps = optimizer_steps(model);
   const fsdp::ParamStates states = moments(model);
-  if (model.sharded) steps.run([&] { fsdp::save_sharded_state_dict(model.root, tmp + "/model", states); });
+  if (model.sharded) {
+    steps.run([&] { fsdp::save_sharded_state_dict(model.root, tp_state_dir(tmp + "/model", model), states); });
+    steps.run([&] {
+      if (leader && tp_size_of(model) > 1) {
+        io::write_file_atomic(tmp + "/model/tensor_parallel.json", to_bytes(tp_layout_json(model)));
+      }
+    });
+  }
   steps.run([&] {
     if (!model.sharded && leader) {
       auto dict = new_dict();
@@ -372,7 +380,7 @@ TrainerState load_checkpoint(const std::string& path, const CheckpointModel& mod
   const fsdp::ParamStates states = moments(model);
   if (model.sharded) {
     if (!io::path_exists(path + "/model")) throw std::runtime_error(path + ": no sharded model (model/); saved with DDP?");
-    fsdp::load_sharded_state_dict(model.root, path + "/model", states);
+    load_model_state(path + "/model", model, states);
   } else {
     const std::string file = path + "/model.pt";
     if (!io::path_exists(file)) throw std::runtime_error(path + ": no model.pt; saved with FSDP?");
@@ -454,7 +462,7 @@ std::vector<std::pair<std::string, at::Tensor>> read_export_tensors(const std::s
   const TrainerState state = read_trainer_state(path);
   std::map<std::string, at::Tensor> saved;
   if (io::path_exists(path + "/model")) {
-    saved = fsdp::read_sharded_state_dict(path + "/model");
+    saved = merged_model_state(path + "/model");
   } else if (io::path_exists(path + "/model.pt")) {
     for (const auto& item : io::load_pickle(path + "/model.pt").toGenericDict()) {
       saved[item.key().toStringRef()] = item.value().toTensor();

@@ -220,6 +220,43 @@ void save_sharded_state_dict(const std::shared_ptr<torch::nn::Module>& root, con
   if (const std::string first = layout.agree(failed); !first.empty()) throw dist::AgreedFailure(first);
 }
 
+namespace {
+
+// Where loading takes its values from: `rows` fills dst with rows [first, first + dst.size(0)) of entry `name`
+// (whole shape `shape`, checked); `whole` returns the whole entry of shape `shape` (checked).
+struct EntrySource {
+  std::function<void(const std::string& name, const std::vector<int64_t>& shape, const at::Tensor& dst, int64_t first)>
+      rows;
+  std::function<at::Tensor(const std::string& name, at::IntArrayRef shape)> whole;
+};
+
+// Every parameter's rows, its states' (rows, or whole), and every whole tensor of the model, from `source`.
+void load_from(const Layout& layout, const ParamStates& states, const EntrySource& source) {
+  c10::AutoGradMode no_grad(false);
+  for (const auto& unit : layout.units) {
+    for (const auto& p : unit->params) {
+      const std::string& name = layout.name_of(p);
+      source.rows(name, p.declared_shape(), p.real_shard(), p.shard_first_row());
+      for (const auto& [entry_name, state] : states_of(states, name)) {
+        const StatePart part = state_part(p, state, entry_name);
+        if (state.split != optim::StateSplit::WHOLE) {
+          source.rows(entry_name, part.shape, part.rows, p.shard_first_row());
+          continue;
+        }
+        part.rows.detach().copy_(source.whole(entry_name, part.shape).reshape(part.rows.sizes()));
+      }
+    }
+  }
+  for (const auto& [name, t] : layout.whole) {
+    t.detach().copy_(source.whole(name, t.sizes()).reshape(t.sizes()));
+    for (const auto& [entry_name, state] : states_of(states, name)) {
+      state.tensor.detach().copy_(source.whole(entry_name, state.tensor.sizes()).reshape(state.tensor.sizes()));
+    }
+  }
+}
+
+}  // namespace
+
 void load_sharded_state_dict(const std::shared_ptr<torch::nn::Module>& root, const std::string& dir,
                              const ParamStates& states) {
   const Layout layout = layout_of(root, "load_sharded_state_dict");
@@ -246,48 +283,47 @@ void load_sharded_state_dict(const std::shared_ptr<torch::nn::Module>& root, con
                            io::int_vector(entry(f, "shapes", path).toGenericDict().at(name), path + ": shape of " + name),
                            entry(f, "first_rows", path).toGenericDict().at(name).toInt(), path);
   };
-  c10::AutoGradMode no_grad(false);
+  EntrySource source;
   // This rank's rows [first, first + dst.size(0)) of entry `name`, gathered from the saved shards that hold them.
-  auto load_rows = [&](const std::string& name, const std::vector<int64_t>& shape, const at::Tensor& dst,
-                       int64_t first) {
+  source.rows = [&](const std::string& name, const std::vector<int64_t>& shape, const at::Tensor& dst, int64_t first) {
     const int64_t rows = shape.empty() ? 1 : shape[0];
     const int64_t chunk = std::max<int64_t>(1, (rows + count - 1) / count);  // rows per shard when saved
     const int64_t end = first + dst.size(0);
     for (int64_t row = first; row < end;) {
-      auto [source, saved_shape, source_first, path] = saved(row / chunk, name);
+      auto [saved_rows, saved_shape, source_first, path] = saved(row / chunk, name);
       check_shape(name, saved_shape, shape, path);
-      const int64_t take = std::min(end, source_first + source.size(0)) - row;
+      const int64_t take = std::min(end, source_first + saved_rows.size(0)) - row;
       if (take <= 0) throw std::runtime_error(path + ": does not hold row " + std::to_string(row) + " of '" + name + "'");
-      copy_rows(dst.narrow(0, row - first, take), source, row, source_first);
+      copy_rows(dst.narrow(0, row - first, take), saved_rows, row, source_first);
       row += take;
     }
   };
-  for (const auto& unit : layout.units) {
-    for (const auto& p : unit->params) {
-      const std::string& name = layout.name_of(p);
-      load_rows(name, p.declared_shape(), p.real_shard(), p.shard_first_row());
-      for (const auto& [entry_name, state] : states_of(states, name)) {
-        const StatePart part = state_part(p, state, entry_name);
-        if (state.split != optim::StateSplit::WHOLE) {
-          load_rows(entry_name, part.shape, part.rows, p.shard_first_row());
-          continue;
-        }
-        auto [source, saved_shape, source_first, path] = saved(0, entry_name);
-        check_shape(entry_name, saved_shape, part.shape, path);
-        part.rows.detach().copy_(source.reshape(part.rows.sizes()));
-      }
-    }
-  }
-  for (const auto& [name, t] : layout.whole) {
-    auto [source, saved_shape, source_first, path] = saved(0, name);
-    check_shape(name, saved_shape, t.sizes(), path);
-    t.detach().copy_(source.reshape(t.sizes()));
-    for (const auto& [entry_name, state] : states_of(states, name)) {
-      auto [s_source, s_shape, s_first, s_path] = saved(0, entry_name);
-      check_shape(entry_name, s_shape, state.tensor.sizes(), s_path);
-      state.tensor.detach().copy_(s_source.reshape(state.tensor.sizes()));
-    }
-  }
+  source.whole = [&](const std::string& name, at::IntArrayRef shape) {
+    auto [saved_whole, saved_shape, source_first, path] = saved(0, name);
+    check_shape(name, saved_shape, shape, path);
+    return saved_whole;
+  };
+  load_from(layout, states, source);
+}
+
+void load_state_dict_rows(const std::shared_ptr<torch::nn::Module>& root, const std::map<std::string, at::Tensor>& state,
+                          const ParamStates& states) {
+  const Layout layout = layout_of(root, "load_state_dict_rows");
+  auto find = [&](const std::string& name, at::IntArrayRef shape) -> const at::Tensor& {
+    auto it = state.find(name);
+    if (it == state.end()) throw std::invalid_argument("load_state_dict_rows: no entry for '" + name + "' of the model");
+    check_shape(name, it->second.sizes(), shape, "load_state_dict_rows");
+    return it->second;
+  };
+  EntrySource source;
+  source.rows = [&](const std::string& name, const std::vector<int64_t>& shape, const at::Tensor& dst, int64_t first) {
+    const at::Tensor& whole = find(name, shape);
+    const at::Tensor rows = shape.empty() ? whole.reshape({1}) : whole;
+    const int64_t take = std::max<int64_t>(0, std::min(dst.size(0), rows.size(0) - first));
+    if (take > 0) copy_rows(dst.narrow(0, 0, take), rows, first, 0);
+  };
+  source.whole = [&](const std::string& name, at::IntArrayRef shape) { return find(name, shape); };
+  load_from(layout, states, source);
 }
 
 std::map<std::string, at::Tensor> read_sharded_state_dict(const std::string& dir) {

@@ -833,9 +833,14 @@ void validate_parallel(const Config& c) {
     require(!c.model.lora.enabled(), "model.lora.r", num(c.model.lora.r),
             "possible with parallel.tp_size " + num(c.parallel.tp_size) + " (LoRA does not combine with tensor parallelism "
             "in this version)");
-    require(c.checkpoint.dir.empty(), "checkpoint.dir", "'" + c.checkpoint.dir + "'",
-            "possible with parallel.tp_size " + num(c.parallel.tp_size) + " (checkpoints of a tensor-parallel run are "
-            "not written in this version)");
+    const std::string with_tp = "possible with parallel.tp_size " + num(c.parallel.tp_size);
+    require(c.checkpoint.dir.empty() || c.parallel.strategy != parallel::Strategy::DDP, "checkpoint.dir",
+            "'" + c.checkpoint.dir + "'",
+            with_tp + " under ddp (a tensor-parallel run's checkpoints are written by FSDP's strategies)");
+    require(c.checkpoint.state_dict_type != StateDictType::FULL, "checkpoint.state_dict_type", "full",
+            with_tp + " (each rank holds slices: export the sharded checkpoint with `shardtrain checkpoint export`)");
+    require(c.optim.name != OptimizerKind::ADAFACTOR, "optim.name", "adafactor",
+            with_tp + " (its factored statistics span whole matrices)");
   }
 }
 void validate_checkpoint(const Config& c) {

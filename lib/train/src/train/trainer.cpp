@@ -619,11 +619,17 @@ TrainSummary train_run(const Config& given, std::shared_ptr<log::Sink> sink, int
   at::manual_seed(data::hash_of(static_cast<uint64_t>(c.train.seed), static_cast<uint64_t>(data_group.rank())));
   ParallelModel model(c, job.recipe, job.task->leaves_parameters_unused(), mesh, job.device);
   const auto optimizer = make_optimizer(c, model);
-  const ckpt::CheckpointModel checkpointed{
+  ckpt::CheckpointModel checkpointed{
       model.module(), optimizer.get(), model.sharded(),
       c.checkpoint.state_dict_type == config::StateDictType::FULL
           ? models::hf_names_of(*model.module(), model.zoo().names)
           : std::vector<std::pair<std::string, std::string>>{}};
+  if (const models::TensorParallel* tp = model.tensor_parallel()) {
+    checkpointed.tp_group = tp->group();
+    for (const auto& p : model.module()->named_parameters()) {
+      if (const auto dim = tp->split_dim(p.value())) checkpointed.tp_split[p.key()] = *dim;
+    }
+  }
   // float16: the loss is scaled before backward, and a step whose gradients overflowed on any rank is skipped.
   std::optional<optim::GradScaler> scaler;
   if (c.parallel.mixed_precision == parallel::Precision::FP16) scaler.emplace(optim::GradScalerOptions{}, world);

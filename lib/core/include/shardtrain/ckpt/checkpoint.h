@@ -2,7 +2,8 @@
 //
 //   <dir>/step-00000100/
 //     model/               FSDP: each rank's rows of every parameter and of its optimizer state
-//                          (fsdp/state_dict.h's sharded format: loads at any world size)
+//                          (fsdp/state_dict.h's sharded format: loads at any world size); with tensor
+//                          parallelism model/tp-<t>-of-<T>/ and model/tensor_parallel.json (CheckpointModel)
 //     model.pt             DDP: the whole parameters and moments, written by rank 0
 //     rng-rank00000.pt     each rank's default generator states: "cpu" and, with GPUs, "cuda:0", ... (dropout)
 //     model.safetensors    checkpoint.state_dict_type = full: the whole model under Hugging Face names
@@ -47,6 +48,13 @@ struct CheckpointModel {
   // (our name, Hugging Face name) of every tensor of a Hugging Face file of the model (models::hf_names_of); given:
   // also write model.safetensors (state_dict_type = full). Checkpoints know names, not model families.
   std::vector<std::pair<std::string, std::string>> hf_names;
+  // Tensor parallelism (sharded models): the group whose ranks hold slices of the split parameters, and by
+  // parameter name the dimension each is split along (models::TensorParallel). Each rank of the group writes its
+  // slices as a sharded state dict of their own, model/tp-<t>-of-<T>/, beside model/tensor_parallel.json (the size
+  // and the split dimensions); loading at the same size reads its own, at another (or without tensor parallelism,
+  // or a checkpoint saved without it) merges the slices whole and takes its own. Unset: none.
+  std::optional<dist::Communicator> tp_group;
+  std::map<std::string, int64_t> tp_split;
 };
 
 std::string step_directory_name(int64_t step);  // "step-00000100"

@@ -43,6 +43,12 @@ void load_sharded_state_dict(const std::shared_ptr<torch::nn::Module>& root, con
 // reads). Parameter states appear under "<parameter>::<key>".
 std::map<std::string, at::Tensor> read_sharded_state_dict(const std::string& dir);
 
+// Loads such whole entries (parameters, buffers, "<parameter>::<key>" states) into a sharded model, each rank
+// copying its rows, as load_sharded_state_dict does from files (a checkpoint merged from several: tensor
+// parallelism's at another size). Checks names and shapes. No communication.
+void load_state_dict_rows(const std::shared_ptr<torch::nn::Module>& root, const std::map<std::string, at::Tensor>& state,
+                          const ParamStates& states = {});
+
 // Collective over the units' groups. Parameters in their own dtype; buffers as they are.
 std::map<std::string, at::Tensor> full_state_dict(const std::shared_ptr<torch::nn::Module>& root, bool rank0_only = true);
 void save_full_state_dict(const std::shared_ptr<torch::nn::Module>& root, const std::string& path);
