@@ -110,32 +110,25 @@ class GatherSequence : public nn::Interceptor {
   dist::Communicator group_;
 };
 
-// A lookup in rows [start, start + rows) of the vocabulary: other ids look up row 0 and are zeroed, then the ranks'
-// rows are summed (or under sequence parallelism reduce-scattered over the sequence).
+// A lookup in rows [start, start + rows) of the vocabulary (vocab_parallel_lookup around the module's own).
 class VocabLookup : public nn::Interceptor {
  public:
-  VocabLookup(dist::Communicator group, bool sequence_parallel, int64_t start, int64_t rows)
-      : group_(std::move(group)), sequence_parallel_(sequence_parallel), start_(start), rows_(rows) {}
+  VocabLookup(VocabShard shard, bool sequence_parallel, int64_t rows)
+      : shard_(std::move(shard)), sequence_parallel_(sequence_parallel), rows_(rows) {}
   nn::TensorVec around(torch::nn::Module&, nn::TensorVec inputs, const Next& next) override {
-    if (sequence_parallel_ && inputs[0].dim() > 1 && inputs[0].size(1) % group_.size() != 0) {
-      throw std::invalid_argument("sequence parallelism over " + std::to_string(group_.size()) + " ranks: a batch of " +
-                                  std::to_string(inputs[0].size(1)) + " tokens per sequence, which does not divide " +
-                                  "by " + std::to_string(group_.size()) + " (pad sequences to a multiple of it)");
-    }
-    const at::Tensor local = inputs[0] - start_;
-    const at::Tensor outside = (local < 0) | (local >= rows_);
-    inputs[0] = local.masked_fill(outside, 0);
-    nn::TensorVec out = next(std::move(inputs));
-    const at::Tensor partial = out[0].masked_fill(outside.unsqueeze(-1), 0);
-    out[0] = sequence_parallel_ ? tp::reduce_scatter_along(partial, 1, group_) : tp::reduce_from_group(partial, group_);
-    return out;
+    nn::TensorVec rest = inputs;
+    auto lookup = [&](const at::Tensor& local) {
+      rest[0] = local;
+      return next(rest)[0];
+    };
+    return {vocab_parallel_lookup(inputs[0], shard_, rows_, sequence_parallel_, lookup)};
   }
   std::string name() const override { return "tensor-parallel vocabulary lookup"; }
 
  private:
-  dist::Communicator group_;
+  VocabShard shard_;
   bool sequence_parallel_;
-  int64_t start_, rows_;
+  int64_t rows_;
 };
 
 std::string shape_text(const at::Tensor& t) { return c10::str(t.sizes()); }
@@ -227,12 +220,12 @@ struct Applier {
         const std::string before = shape_text(weight);
         const int64_t rows = weight.size(0) / group.size();
         intercept_point_of(m, path, style).interceptors().add(
-            std::make_shared<VocabLookup>(group, sequence_parallel, group.rank() * rows, rows));
+            std::make_shared<VocabLookup>(VocabShard{group.rank() * rows, group}, sequence_parallel, rows));
         keep_slice(weight, 0, group, split);
         return "weight " + shape_text(weight) + " of " + before;
       }
       case TpStyle::VOCAB_HEAD: {
-        auto& head = module_as_style<VocabParallelHead>(m, path, style, "a vocabulary-parallel head");
+        auto& head = module_as_style<VocabParallelTable>(m, path, style, "a vocabulary-parallel head");
         at::Tensor weight = m.named_parameters(/*recurse=*/false)["weight"];
         check_divides(weight.size(0), group.size(), "the vocabulary rows of " + path);
         nn::InterceptPoint& point = intercept_point_of(m, path, style);
@@ -246,6 +239,17 @@ struct Applier {
           point.interceptors().add(std::make_shared<EnterRegion>(group, false, /*has_context=*/false));
         }
         return "weight " + shape_text(weight) + " of " + before + ", loss over split logits";
+      }
+      case TpStyle::VOCAB_TABLE: {
+        auto& table = module_as_style<VocabParallelTable>(m, path, style, "a vocabulary-parallel table");
+        at::Tensor weight = m.named_parameters(/*recurse=*/false)["weight"];
+        check_divides(weight.size(0), group.size(), "the vocabulary rows of " + path);
+        if (dry) return "";
+        const std::string before = shape_text(weight);
+        table.vocab_shard = VocabShard{group.rank() * (weight.size(0) / group.size()), group};
+        table.sequence_parallel = sequence_parallel;
+        keep_slice(weight, 0, group, split);
+        return "weight " + shape_text(weight) + " of " + before + ", looked up and read by the head split";
       }
       case TpStyle::WHOLE:
         return "whole";
@@ -267,6 +271,21 @@ void refuse_lora(torch::nn::Module& root, const std::string& prefix, const std::
 
 }  // namespace
 
+at::Tensor vocab_parallel_lookup(const at::Tensor& ids, const VocabShard& shard, int64_t rows, bool sequence_parallel,
+                                 const std::function<at::Tensor(const at::Tensor&)>& lookup) {
+  const int64_t ranks = shard.group.size();
+  if (sequence_parallel && ids.dim() > 1 && ids.size(1) % ranks != 0) {
+    throw std::invalid_argument("sequence parallelism over " + std::to_string(ranks) + " ranks: a batch of " +
+                                std::to_string(ids.size(1)) + " tokens per sequence, which does not divide by " +
+                                std::to_string(ranks) + " (pad sequences to a multiple of it)");
+  }
+  const at::Tensor local = ids - shard.start;
+  const at::Tensor outside = (local < 0) | (local >= rows);
+  const at::Tensor partial = lookup(local.masked_fill(outside, 0)).masked_fill(outside.unsqueeze(-1), 0);
+  return sequence_parallel ? tp::reduce_scatter_along(partial, 1, shard.group)
+                           : tp::reduce_from_group(partial, shard.group);
+}
+
 std::string to_string(TpStyle style) {
   switch (style) {
     case TpStyle::COLUMN: return "column";
@@ -278,6 +297,7 @@ std::string to_string(TpStyle style) {
     case TpStyle::SEQUENCE_GATHER: return "sequence_gather";
     case TpStyle::VOCAB_EMBEDDING: return "vocab_embedding";
     case TpStyle::VOCAB_HEAD: return "vocab_head";
+    case TpStyle::VOCAB_TABLE: return "vocab_table";
     case TpStyle::WHOLE: return "whole";
   }
   return "?";
@@ -343,7 +363,9 @@ TensorParallelizer::TensorParallelizer(std::shared_ptr<const ModelRecipe> recipe
                                 ") has no tensor-parallel plan");
   }
   if (options_.sequence_parallel &&
-      std::none_of(plan_.begin(), plan_.end(), [](const TpRule& r) { return r.style == TpStyle::VOCAB_EMBEDDING; })) {
+      std::none_of(plan_.begin(), plan_.end(), [](const TpRule& r) {
+        return r.style == TpStyle::VOCAB_EMBEDDING || r.style == TpStyle::VOCAB_TABLE;
+      })) {
     throw std::invalid_argument("sequence parallelism of " + recipe_->flavor() + ": the " + recipe_->family() +
                                 " family's plan has no embedding that splits the sequence among the ranks");
   }

@@ -10,6 +10,7 @@
 #include <functional>
 #include <vector>
 
+#include "shardtrain/models/tensor_parallel.h"
 #include "shardtrain/nn/intercept.h"
 
 namespace shardtrain::models {
@@ -73,8 +74,9 @@ class LookupModule {
   virtual ~LookupModule() = default;
 };
 
-// Lookup table: weight (num, dim). ids (...) int64 -> (..., dim).
-class EmbeddingImpl : public torch::nn::Module, public LookupModule {
+// Lookup table: weight (num, dim). ids (...) int64 -> (..., dim). A model that shares it with its head may split it
+// by vocabulary rows under tensor parallelism (VocabParallelTable: the model reads the shard).
+class EmbeddingImpl : public torch::nn::Module, public LookupModule, public VocabParallelTable {
  public:
   EmbeddingImpl(int64_t num, int64_t dim, const torch::TensorOptions& options);
   at::Tensor forward(const at::Tensor& ids);

@@ -89,7 +89,7 @@ class LlamaEmbeddingImpl : public nn::Interceptable<LlamaEmbeddingImpl, at::Tens
 TORCH_MODULE(LlamaEmbedding);
 
 class LlamaLMHeadImpl : public nn::Interceptable<LlamaLMHeadImpl, std::vector<at::Tensor>(at::Tensor, at::Tensor)>,
-                        public VocabParallelHead {
+                        public VocabParallelTable {
  public:
   LlamaLMHeadImpl(int64_t dim, int64_t vocab, const torch::TensorOptions& options);
   // hidden (..., dim), targets undefined: {logits (..., vocab)}. hidden (N, dim) rows and targets (N): {loss},

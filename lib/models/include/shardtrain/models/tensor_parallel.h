@@ -21,13 +21,13 @@
 
 #include <torch/nn/module.h>
 
-#include <string>
-#include <vector>
-
+#include <functional>
 #include <map>
 #include <memory>
 #include <optional>
 #include <set>
+#include <string>
+#include <vector>
 
 #include "shardtrain/distributed/communicator.h"
 #include "shardtrain/models/losses.h"
@@ -37,14 +37,23 @@ namespace shardtrain::models {
 struct ZooModel;
 class ModelRecipe;
 
-// An LM head that computes over a slice of the vocabulary when given one (LlamaLMHead): what VOCAB_HEAD splits.
-// With a shard, its weight holds rows [start, start + rows) and its forward gives the loss over the whole
-// vocabulary (linear_cross_entropy with the shard) or the whole logits (gathered on the last dimension).
-class VocabParallelHead {
+// A table split by vocabulary rows when given a shard (its rows [start, start + rows) of the whole vocabulary):
+// an LM head (LlamaLMHead: VOCAB_HEAD) then computes its loss over the split logits (linear_cross_entropy with the
+// shard) or gathers the logits whole; a table that the token lookups and the head share (a tied Llama's embed:
+// VOCAB_TABLE) is read by its model through vocab_parallel_lookup and the same loss. sequence_parallel: the
+// lookup's result is scattered over the sequence.
+class VocabParallelTable {
  public:
-  virtual ~VocabParallelHead() = default;
+  virtual ~VocabParallelTable() = default;
   std::optional<VocabShard> vocab_shard;
+  bool sequence_parallel = false;
 };
+
+// lookup(local ids) over a table holding `rows` rows of the vocabulary from shard.start: ids (B, T) outside them
+// look up row 0 and are zeroed, then the ranks' rows are summed over shard.group, or under sequence parallelism
+// reduce-scattered over dim 1 (T must divide by the group: std::invalid_argument naming it otherwise).
+at::Tensor vocab_parallel_lookup(const at::Tensor& ids, const VocabShard& shard, int64_t rows, bool sequence_parallel,
+                                 const std::function<at::Tensor(const at::Tensor&)>& lookup);
 
 // How one module splits. "Split" parameters are sliced along the named dimension; "whole" ones stay whole.
 enum class TpStyle {
@@ -59,6 +68,7 @@ enum class TpStyle {
   VOCAB_EMBEDDING,  // an embedding: weight rows (vocabulary) split, the lookup reduced (leave)
   VOCAB_HEAD,       // an LM head (hidden, targets) -> {logits | loss} with a (vocab, dim) weight: rows split, the
                     // loss over split logits (losses.h VocabShard), logits gathered on the last dimension
+  VOCAB_TABLE,      // a table the lookups and the head share (VocabParallelTable): rows split, its model reads it
   WHOLE,            // whole parameters on a replicated input (a classifier's score): nothing changes
 };
 std::string to_string(TpStyle style);

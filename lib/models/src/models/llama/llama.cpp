@@ -236,12 +236,28 @@ std::vector<at::Tensor> LlamaImpl::forward_impl(const at::Tensor& input_ids, con
                                 std::to_string(config.max_positions));
   }
   // Tied: the lookups' rows go into the head's dense gradient (tie_table()), one vocab x dim gradient, not two.
+  // Split by tensor parallelism (a vocab_shard on the table), each rank looks up and projects onto its rows.
   const bool tied = config.tied_head();
   const TiedTable table = tied ? tie_table(tied_embed->weight) : TiedTable{};
-  at::Tensor x = tied ? sparse_lookup(table.lookups[0], input_ids) : embed->forward(input_ids);
+  const VocabShard* shard = tied && tied_embed->vocab_shard ? &*tied_embed->vocab_shard : nullptr;
+  at::Tensor x;
+  if (!tied) {
+    x = embed->forward(input_ids);
+  } else if (shard == nullptr) {
+    x = sparse_lookup(table.lookups[0], input_ids);
+  } else {
+    x = vocab_parallel_lookup(input_ids, *shard, table.lookups[0].size(0), tied_embed->sequence_parallel,
+                              [&](const at::Tensor& local) { return sparse_lookup(table.lookups[0], local); });
+  }
   auto head = [&](const at::Tensor& h, const at::Tensor& targets) {
     if (!tied) return lm_head->forward(h, targets)[0];
-    return targets.defined() ? linear_cross_entropy(h, table.head, {}, targets) : tied_projection(h, table.head);
+    if (shard == nullptr) {
+      return targets.defined() ? linear_cross_entropy(h, table.head, {}, targets) : tied_projection(h, table.head);
+    }
+    // Sequence parallel, the final norm's gather sums the input's gradient over the ranks; else this copy does.
+    const at::Tensor in = tied_embed->sequence_parallel ? h : tp::copy_to_group(h, shard->group);
+    if (targets.defined()) return linear_cross_entropy(in, table.head, {}, targets, shard);
+    return tp::gather_along(tied_projection(in, table.head), -1, shard->group);
   };
   const at::Tensor inv_freq = llama_inv_freq(config, x.device());
   // Mistral's window, where it cuts; the bias made once for every layer (blocks.h).

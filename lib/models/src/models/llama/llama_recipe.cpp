@@ -80,13 +80,11 @@ class LlamaRecipe : public FamilyRecipe<LlamaConfig, Llama> {
   // Megatron's split as torchtitan's Llama plan (models/tensor_parallel.h): the embedding and the head by
   // vocabulary rows, q, k, v, gate and up column-wise, o and down row-wise, the norms on the sequence slice under
   // sequence parallelism, the final one's output gathered for the head. Qwen3's per-head norms see this rank's heads.
+  // A table tied to the head (Llama 3.2 1B/3B, Qwen's small ones) is split by rows too, for both.
   TpPlan tp_plan() const override {
     const LlamaConfig& c = config();
-    if (c.tied_head()) {
-      throw std::invalid_argument("tensor parallelism of " + flavor() + ": its embedding and LM head share one "
-                                  "table (tie_word_embeddings), which this version does not split");
-    }
-    TpPlan plan = {{"embed", TpStyle::VOCAB_EMBEDDING},   {"layers.*.norm1", TpStyle::SEQUENCE},
+    TpPlan plan = {{"embed", c.tied_head() ? TpStyle::VOCAB_TABLE : TpStyle::VOCAB_EMBEDDING},
+                   {"layers.*.norm1", TpStyle::SEQUENCE},
                    {"layers.*.attn", TpStyle::ATTENTION}, {"layers.*.attn.q", TpStyle::COLUMN},
                    {"layers.*.attn.k", TpStyle::COLUMN},  {"layers.*.attn.v", TpStyle::COLUMN},
                    {"layers.*.attn.o", TpStyle::ROW},     {"layers.*.norm2", TpStyle::SEQUENCE},
@@ -97,7 +95,8 @@ class LlamaRecipe : public FamilyRecipe<LlamaConfig, Llama> {
       plan.push_back({"layers.*.attn.q_norm", TpStyle::HEAD_LOCAL});
       plan.push_back({"layers.*.attn.k_norm", TpStyle::HEAD_LOCAL});
     }
-    plan.push_back(c.classifier.enabled() ? TpRule{"score", TpStyle::WHOLE} : TpRule{"lm_head", TpStyle::VOCAB_HEAD});
+    if (c.classifier.enabled()) plan.push_back({"score", TpStyle::WHOLE});
+    if (!c.classifier.enabled() && !c.tied_head()) plan.push_back({"lm_head", TpStyle::VOCAB_HEAD});
     return plan;
   }
 
