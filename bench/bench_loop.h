@@ -68,6 +68,12 @@ inline StepLoop run_steps(const dist::Communicator& world, int64_t steps, int64_
   return out;
 }
 
+// The value after option argv[i] (i moves past it); std::invalid_argument naming the option when there is none.
+inline std::string option_value(int argc, char** argv, int& i) {
+  if (i + 1 >= argc) throw std::invalid_argument(std::string(argv[i]) + " needs a value");
+  return argv[++i];
+}
+
 // The median of `ms` (the upper one of an even count, as Python's sorted(ms)[len // 2]).
 inline double median_ms(std::vector<double> ms) {
   std::sort(ms.begin(), ms.end());

@@ -45,10 +45,7 @@ Args parse(int argc, char** argv) {
   Args a;
   for (int i = 1; i < argc; ++i) {
     const std::string k = argv[i];
-    auto value = [&]() -> std::string {
-      if (i + 1 >= argc) throw std::invalid_argument(k + " needs a value");
-      return argv[++i];
-    };
+    auto value = [&] { return bench::option_value(argc, argv, i); };
     if (k == "--inputs") a.inputs = value();
     else if (k == "--write-inputs") a.write_inputs = value();
     else if (k == "--flavor") a.flavor = value();

@@ -271,6 +271,18 @@ void refuse_lora(torch::nn::Module& root, const std::string& prefix, const std::
 
 }  // namespace
 
+TpPlan transformer_layer_tp_plan(const std::string& layers, bool swiglu) {
+  TpPlan plan = {{layers + ".norm1", TpStyle::SEQUENCE}, {layers + ".attn", TpStyle::ATTENTION},
+                 {layers + ".attn.q", TpStyle::COLUMN},  {layers + ".attn.k", TpStyle::COLUMN},
+                 {layers + ".attn.v", TpStyle::COLUMN},  {layers + ".attn.o", TpStyle::ROW},
+                 {layers + ".norm2", TpStyle::SEQUENCE}, {layers + ".mlp", TpStyle::ENTER}};
+  for (const char* in : swiglu ? std::vector<const char*>{"gate", "up"} : std::vector<const char*>{"fc1"}) {
+    plan.push_back({layers + ".mlp." + in, TpStyle::COLUMN});
+  }
+  plan.push_back({layers + (swiglu ? ".mlp.down" : ".mlp.fc2"), TpStyle::ROW});
+  return plan;
+}
+
 at::Tensor vocab_parallel_lookup(const at::Tensor& ids, const VocabShard& shard, int64_t rows, bool sequence_parallel,
                                  const std::function<at::Tensor(const at::Tensor&)>& lookup) {
   const int64_t ranks = shard.group.size();

@@ -81,6 +81,11 @@ struct TpRule {
 };
 using TpPlan = std::vector<TpRule>;
 
+// The rules of the zoo's transformer layers (models/blocks.h TransformerLayer) under `layers` ("layers.*"): the
+// norms on the sequence slice, attention split by heads (q, k, v column-wise, o row-wise), the MLP entered with its
+// first projections column-wise and its last row-wise (gate, up, down with SwiGLU; fc1, fc2 otherwise).
+TpPlan transformer_layer_tp_plan(const std::string& layers, bool swiglu);
+
 struct TensorParallelOptions {
   bool sequence_parallel = false;
 };

@@ -84,13 +84,8 @@ class LlamaRecipe : public FamilyRecipe<LlamaConfig, Llama> {
   TpPlan tp_plan() const override {
     const LlamaConfig& c = config();
     TpPlan plan = {{"embed", c.tied_head() ? TpStyle::VOCAB_TABLE : TpStyle::VOCAB_EMBEDDING},
-                   {"layers.*.norm1", TpStyle::SEQUENCE},
-                   {"layers.*.attn", TpStyle::ATTENTION}, {"layers.*.attn.q", TpStyle::COLUMN},
-                   {"layers.*.attn.k", TpStyle::COLUMN},  {"layers.*.attn.v", TpStyle::COLUMN},
-                   {"layers.*.attn.o", TpStyle::ROW},     {"layers.*.norm2", TpStyle::SEQUENCE},
-                   {"layers.*.mlp", TpStyle::ENTER},      {"layers.*.mlp.gate", TpStyle::COLUMN},
-                   {"layers.*.mlp.up", TpStyle::COLUMN},  {"layers.*.mlp.down", TpStyle::ROW},
                    {"norm", TpStyle::SEQUENCE_GATHER}};
+    for (TpRule& rule : transformer_layer_tp_plan("layers.*", /*swiglu=*/true)) plan.push_back(std::move(rule));
     if (c.qk_norm) {
       plan.push_back({"layers.*.attn.q_norm", TpStyle::HEAD_LOCAL});
       plan.push_back({"layers.*.attn.k_norm", TpStyle::HEAD_LOCAL});

@@ -78,13 +78,8 @@ class VitRecipe : public FamilyRecipe<VitConfig, Vit> {
   // pooler and the classifier stay whole (small beside the layers). No sequence parallelism: nothing splits the
   // tokens (the patches and CLS, 197 at 224 pixels), and the last layer computes the CLS row alone.
   TpPlan tp_plan() const override {
-    TpPlan plan = {{"embeddings", TpStyle::WHOLE},         {"embeddings.patch", TpStyle::WHOLE},
-                   {"layers.*.norm1", TpStyle::SEQUENCE},  {"layers.*.attn", TpStyle::ATTENTION},
-                   {"layers.*.attn.q", TpStyle::COLUMN},   {"layers.*.attn.k", TpStyle::COLUMN},
-                   {"layers.*.attn.v", TpStyle::COLUMN},   {"layers.*.attn.o", TpStyle::ROW},
-                   {"layers.*.norm2", TpStyle::SEQUENCE},  {"layers.*.mlp", TpStyle::ENTER},
-                   {"layers.*.mlp.fc1", TpStyle::COLUMN},  {"layers.*.mlp.fc2", TpStyle::ROW},
-                   {"norm", TpStyle::WHOLE}};
+    TpPlan plan = {{"embeddings", TpStyle::WHOLE}, {"embeddings.patch", TpStyle::WHOLE}, {"norm", TpStyle::WHOLE}};
+    for (TpRule& rule : transformer_layer_tp_plan("layers.*", /*swiglu=*/false)) plan.push_back(std::move(rule));
     if (config().pooler) plan.push_back({"pooler", TpStyle::WHOLE});
     if (config().num_labels > 0) plan.push_back({"classifier", TpStyle::WHOLE});
     return plan;
