@@ -177,7 +177,9 @@ RunPlan plan_run(const config::Config& given, int64_t auto_batch_limit) {
     std::string source;
     const int64_t budget = hard_budget_of(config, job, source);
     out.budget_bytes = budget, out.budget_source = source;
-    if (budget > 0 && e.peak_bytes > budget) {
+    // The memory model does not count tensor parallelism yet: its whole-model peak would refuse runs whose slices
+    // fit, so a tensor-parallel run is not refused by it.
+    if (budget > 0 && e.peak_bytes > budget && config.parallel.tp_size == 1) {
       plan::Cluster cluster;
       cluster.gpu_memory = budget, cluster.memory_margin = 0;
       cluster.max_batch = config.train.batch_size;  // it does not fit: the answer is below it
