@@ -95,29 +95,40 @@ models::ParallelizeOptions parallelize_options(const Config& c) {
 
 // FSDP: the family's layers are sharded as they are built; other units need the whole model first. Weights from a
 // file go into the sharded model: each rank reads its rows, or (sync_module_states) rank 0 reads and broadcasts,
-// for a file only rank 0 can see.
+// for a file only rank 0 can see. With tensor parallelism (mesh.tp_size() > 1) each layer is split before it is
+// sharded (which needs the family's layers as the units), `tp` is set, and the rows read are those of each rank's
+// slices.
 models::ZooModel build_sharded(const Config& c, std::shared_ptr<const models::ModelRecipe> recipe,
                                const models::BuildOptions& build, const dist::DeviceMesh& mesh,
-                               models::LoadReport& report) {
+                               models::LoadReport& report, std::optional<models::TensorParallel>& tp) {
   const models::ParallelizeOptions o = parallelize_options(c);
   const std::string own_layer = recipe->layer_class();
   const bool default_units = !o.policy && (o.layer_classes.empty() ||
                                            (o.layer_classes.size() == 1 && o.layer_classes[0] == own_layer));
   models::ZooModel model;
-  if (default_units) {
+  if (mesh.tp_size() > 1) {
+    if (!default_units) {
+      throw std::invalid_argument("parallel.tp_size " + std::to_string(mesh.tp_size()) + " shards the family's "
+                                  "transformer layers as they are built: parallel.wrap must be transformer");
+    }
+    models::TensorParallelModel built = models::build_tensor_parallel(
+        std::move(recipe), mesh, o, {c.parallel.sequence_parallel}, build);
+    model = std::move(built.model);
+    tp = std::move(built.tp);
+  } else if (default_units) {
     model = models::build_parallel(std::move(recipe), mesh, o, build);
   } else {
     model = models::build_model(std::move(recipe), build);
     models::parallelize(model, mesh, o);
   }
+  const std::optional<dist::Communicator> from_rank0 =
+      c.parallel.sync_module_states ? std::optional(mesh.world()) : std::nullopt;
   if (!c.model.init_weights.empty()) {
-    report = models::load_weights_sharded(model.module, c.model.init_weights, model.names,
-                                          c.parallel.sync_module_states ? std::optional(mesh.world()) : std::nullopt,
-                                          load_options(c));
+    report = models::load_weights_sharded(model.module, c.model.init_weights, model.names, from_rank0,
+                                          load_options(c), tp ? &*tp : nullptr);
   }
   if (!c.model.lora.from.empty()) {
-    models::load_weights_sharded(model.module, models::lora_adapter_file(c.model.lora.from), model.names,
-                                 c.parallel.sync_module_states ? std::optional(mesh.world()) : std::nullopt,
+    models::load_weights_sharded(model.module, models::lora_adapter_file(c.model.lora.from), model.names, from_rank0,
                                  adapter_options());
   }
   fsdp::set_reshard_after_backward(model.module, c.parallel.reshard_after_backward);
@@ -142,37 +153,20 @@ ParallelModel::ParallelModel(const Config& c, std::shared_ptr<const models::Mode
   build.tensors = build.tensors.device(device).dtype(dtype_);
   build.init.seed = static_cast<uint64_t>(c.train.seed);
   build.init.std = c.model.init_std;
-  const models::TensorParallelOptions tp_options{c.parallel.sequence_parallel};
   if (c.parallel.strategy == parallel::Strategy::DDP) {
     model_ = build_replicated(c, std::move(recipe), build, mesh, device, load_report_);
-    if (mesh.tp_size() > 1) tp_ = models::tensor_parallelize(model_, mesh.tp_group(), tp_options);
+    if (mesh.tp_size() > 1) {
+      tp_ = models::tensor_parallelize(model_, mesh.tp_group(), {c.parallel.sequence_parallel});
+    }
     ddp::DdpOptions o;
     o.find_unused_parameters = has_unused;
     o.bucket_cap_mb = c.parallel.bucket_cap_mb;
     o.gradient_as_bucket_view = c.parallel.gradient_as_bucket_view;
     ddp_ = models::replicate_model(model_, mesh, o);  // parameters are rank 0's from here on
-  } else if (mesh.tp_size() > 1) {
-    // Each layer split, then sharded, as it is built (a rank holds one whole layer at most); the weights read as
-    // each rank's slices.
-    const models::ParallelizeOptions o = parallelize_options(c);
-    if (o.policy) {
-      throw std::invalid_argument("parallel.tp_size " + std::to_string(mesh.tp_size()) + " shards the family's "
-                                  "transformer layers as they are built: parallel.wrap must be transformer");
-    }
-    models::TensorParallelModel built = models::build_tensor_parallel(std::move(recipe), mesh, o, tp_options, build);
-    model_ = std::move(built.model);
-    tp_ = std::move(built.tp);
-    if (!c.model.init_weights.empty()) {
-      load_report_ = models::load_weights_sharded(
-          model_.module, c.model.init_weights, model_.names,
-          c.parallel.sync_module_states ? std::optional(mesh.world()) : std::nullopt, load_options(c), &*tp_);
-    }
-    fsdp::set_reshard_after_backward(model_.module, c.parallel.reshard_after_backward);
-    if (c.parallel.strategy != parallel::Strategy::NO_SHARD) {
-      shard_group_ = fsdp::strategy_groups(c.parallel.strategy, mesh).shard;
-    }
   } else {
-    model_ = build_sharded(c, std::move(recipe), build, mesh, load_report_);
+    model_ = build_sharded(c, std::move(recipe), build, mesh, load_report_, tp_);
+    // The group FSDP shards gradients over (one rank alone under NO_SHARD): tensor parallelism's clipping sums there.
+    if (tp_) shard_group_ = fsdp::strategy_groups(c.parallel.strategy, mesh).shard;
   }
   model_.module->train();
 }
