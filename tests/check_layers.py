@@ -27,7 +27,7 @@ RULES = {
         "fsdp": {"distributed", "io", "nn", "optim", "parallel"},
         "ddp": {"distributed", "nn", "parallel"},
         "tp": {"distributed"},
-        "ckpt": {"distributed", "fsdp", "io", "optim", "util"},
+        "ckpt": {"distributed", "fsdp", "io", "optim", "tp", "util"},
     },
     "models": {
         "data": {"io", "util"},

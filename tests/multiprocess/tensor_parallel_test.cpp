@@ -1,12 +1,12 @@
 // Tensor parallelism (models/tensor_parallel.h) at every world size the binary runs at:
 //  - the regions' functions (tp/regions.h) move what their table says, forward and backward;
-//  - Llama, Mistral, Qwen2 (biases on q, k, v) and Qwen3 (per-head q/k norms), their heads separate or tied to the
-//    token embedding (Llama 3.2, Qwen's small ones: one table split for both), split over tp ranks and, on the rest
+//  - Llama, Mistral, Qwen2 (biases on q, k, v), Qwen3 (per-head q/k norms) and GPT-2 (a fused q, k, v split by
+//    thirds, learned positions, a vocabulary that does not divide), their heads separate or tied to the token
+//    embedding (Llama 3.2, Qwen's small ones, GPT-2: one table split for both), split over tp ranks and, on the rest
 //    of the world, sharded by FSDP over the data-parallel ranks, with and without sequence parallelism and
 //    activation checkpointing, train as one process on the whole batch does: the losses, the gradient norms that
-//    clip, and every parameter (this
-//    rank's slice of it) after three SGD steps within a float32 rounding of one process's, after three AdamW steps
-//    within what Adam makes of rounding in near-zero gradients;
+//    clip, and every parameter (this rank's slice of it) after three SGD steps within a float32 rounding of one
+//    process's, after three AdamW steps within what Adam makes of rounding in near-zero gradients;
 //  - sizes that do not divide and a LoRA adapter are refused naming what is wrong, before any change.
 #include <gtest/gtest.h>
 #include <torch/torch.h>
@@ -16,6 +16,7 @@
 #include <unistd.h>
 
 #include "shardtrain/distributed/mesh.h"
+#include "shardtrain/models/gpt2.h"
 #include "shardtrain/models/llama.h"
 #include "shardtrain/models/lora.h"
 #include "shardtrain/models/parallelize.h"
@@ -24,6 +25,7 @@
 #include "shardtrain/models/weights.h"
 #include "shardtrain/models/zoo.h"
 #include "shardtrain/tp/regions.h"
+#include "shardtrain/tp/split.h"
 #include "support/expect_error.h"
 #include "test_env.h"
 
@@ -122,12 +124,17 @@ struct Layout {
   }
 };
 
-// This rank's slice of a whole parameter: along the one dimension where the sizes differ by the group size.
-at::Tensor slice_like(const at::Tensor& whole, const at::Tensor& local, int tp, int tp_rank) {
-  for (int64_t d = 0; d < whole.dim(); ++d) {
-    if (whole.size(d) != local.size(d)) return whole.narrow(d, tp_rank * local.size(d), local.size(d));
-  }
-  return whole;
+// The loss of a causal LM of the zoo (Llama's decoders, GPT-2) on ids, every label counted.
+at::Tensor causal_lm_loss(torch::nn::Module& model, const at::Tensor& ids) {
+  if (auto* gpt2 = dynamic_cast<Gpt2Impl*>(&model)) return gpt2->run(ids, {}, ids, /*labelled_only=*/true).loss;
+  return dynamic_cast<LlamaImpl&>(model).run(ids, {}, ids, /*labelled_only=*/true).loss;
+}
+
+// This rank's part of the whole parameter `name` (whole when it is not split).
+at::Tensor part_of(const at::Tensor& whole, const std::map<std::string, tp::SplitLayout>& layouts,
+                   const std::string& name, const dist::Communicator& group) {
+  auto it = layouts.find(name);
+  return it == layouts.end() ? whole : tp::slice_of(whole, it->second, group.rank(), group.size());
 }
 
 // SGD shows the arithmetic: every parameter within 2 float32 roundings of one process's (1.2e-7 measured). Adam
@@ -151,7 +158,6 @@ void expect_trains_like_one_process(const std::string& name, const std::shared_p
   const at::Tensor ids = torch::randint(996, {12, 24}, torch::kLong);  // dp = 1..4 divide 12 rows, tp 24 tokens
   // Reference: one process, the whole batch.
   ZooModel reference = build_model(std::shared_ptr<const ModelRecipe>(recipe), build);
-  auto* ref = dynamic_cast<LlamaImpl*>(reference.module.get());
   // Gradients clipped to a norm below theirs: the norm over every slice of every rank is what clips.
   constexpr double kMaxNorm = 0.5;
   std::vector<double> ref_losses, ref_norms;
@@ -159,7 +165,7 @@ void expect_trains_like_one_process(const std::string& name, const std::shared_p
     auto step = make_optimizer(optimizer, reference.module->parameters());
     for (int s = 0; s < kSteps; ++s) {
       step->zero_grad();
-      at::Tensor loss = ref->run(ids, {}, ids, /*labelled_only=*/true).loss;
+      at::Tensor loss = causal_lm_loss(*reference.module, ids);
       loss.backward();
       ref_norms.push_back(torch::nn::utils::clip_grad_norm_(reference.module->parameters(), kMaxNorm));
       step->step();
@@ -170,6 +176,7 @@ void expect_trains_like_one_process(const std::string& name, const std::shared_p
       dist::DeviceMesh::create(test_process_group(), layout.replicate, layout.dp / layout.replicate, layout.tp);
   ZooModel model = build_model(std::shared_ptr<const ModelRecipe>(recipe), build);
   TensorParallel tp = tensor_parallelize(model, mesh.tp_group(), {layout.sequence_parallel});
+  const auto layouts = tp.split_layouts(*model.module);
   if (layout.dp > 1) {
     ParallelizeOptions options;
     options.activation_checkpoint_every = layout.checkpoint_every;
@@ -180,11 +187,10 @@ void expect_trains_like_one_process(const std::string& name, const std::shared_p
   }
   const int64_t rows = ids.size(0) / layout.dp;
   const at::Tensor local = ids.narrow(0, mesh.data_rank() * rows, rows);
-  auto* llama = dynamic_cast<LlamaImpl*>(model.module.get());
   auto step = make_optimizer(optimizer, model.module->parameters());
   for (int s = 0; s < kSteps; ++s) {
     step->zero_grad();
-    at::Tensor loss = llama->run(local, {}, local, /*labelled_only=*/true).loss;
+    at::Tensor loss = causal_lm_loss(*model.module, local);
     loss.backward();
     tp.reduce_gradients();
     const dist::Communicator* shards = layout.replicate > 1 ? &mesh.shard_group()
@@ -207,7 +213,7 @@ void expect_trains_like_one_process(const std::string& name, const std::shared_p
   ASSERT_EQ(ours.size(), reference.module->named_parameters().size()) << label;
   for (const auto& p : reference.module->named_parameters()) {
     ASSERT_TRUE(ours.count(p.key())) << label << " " << p.key();
-    const at::Tensor expected = slice_like(p.value(), ours.at(p.key()), layout.tp, mesh.tp_rank());
+    const at::Tensor expected = part_of(p.value(), layouts, p.key(), mesh.tp_group());
     ASSERT_EQ(expected.sizes(), ours.at(p.key()).sizes()) << label << " " << p.key();
     EXPECT_LE((ours.at(p.key()) - expected).abs().max().item<double>(), tolerance) << label << " " << p.key();
   }
@@ -237,8 +243,12 @@ TEST(TensorParallel, LlamaFamiliesTrainLikeOneProcess) {
   if (w == 3) {  // every split size a multiple of 3 (and the vocabulary of 996 = 3 x 332 tokens)
     const auto thirds = recipe_of_model(
         "llama-debug", {{"heads", 6}, {"kv_heads", 3}, {"head_dim", 16}, {"mlp_dim", 96}, {"vocab_size", 996}});
-    for (const Layout& layout : layouts(w)) expect_trains_like_one_process("llama-debug in thirds", thirds, layout,
-                                                                           Optimizer::SGD);
+    // GPT-2 in thirds, its 1000-token vocabulary split 334 + 333 + 333.
+    const auto gpt2 = recipe_of_model("gpt2-debug", {{"heads", 6}, {"dim", 96}, {"mlp_dim", 192}, {"dropout", 0}});
+    for (const Layout& layout : layouts(w)) {
+      expect_trains_like_one_process("llama-debug in thirds", thirds, layout, Optimizer::SGD);
+      expect_trains_like_one_process("gpt2-debug in thirds", gpt2, layout, Optimizer::SGD);
+    }
     return;
   }
   // Four key/value heads, so that tp = 4 splits them.
@@ -248,20 +258,23 @@ TEST(TensorParallel, LlamaFamiliesTrainLikeOneProcess) {
   const auto qwen3 = edited_recipe("qwen3-debug", {{"\"tie_word_embeddings\": true", "\"tie_word_embeddings\": false"},
                                                    {"\"num_key_value_heads\": 2", "\"num_key_value_heads\": 4"}});
   const auto mistral = recipe_of_model("mistral-debug", {{"kv_heads", 4}});
+  // A vocabulary of 1001 tokens: 501 + 500 rows, or 251 + 250 x 3. No dropout: neither side draws.
+  const auto gpt2 = recipe_of_model("gpt2-debug", {{"vocab_size", 1001}, {"dropout", 0}});
   for (const Layout& layout : layouts(w)) {
     expect_trains_like_one_process("llama-debug", llama, layout, Optimizer::SGD);
+    expect_trains_like_one_process("gpt2-debug", gpt2, layout, Optimizer::SGD);
     if (layout.sequence_parallel == (layout.checkpoint_every > 0)) {  // the families' own parts, half the grid each
       expect_trains_like_one_process("qwen2-debug untied", qwen2, layout, Optimizer::SGD);
       expect_trains_like_one_process("qwen3-debug untied", qwen3, layout, Optimizer::SGD);
       expect_trains_like_one_process("mistral-debug", mistral, layout, Optimizer::SGD);
       expect_trains_like_one_process("qwen3-debug untied", qwen3, layout, Optimizer::ADAMW);
     }
-    if (layout.tp == 2) {  // a table shared by the lookups and the head, split once for both (2 key/value heads)
-      expect_trains_like_one_process("llama-3.2-debug", recipe_of("llama-3.2-debug"), layout, Optimizer::SGD);
-      if (layout.sequence_parallel != (layout.checkpoint_every > 0)) {
-        expect_trains_like_one_process("qwen2-debug", recipe_of("qwen2-debug"), layout, Optimizer::SGD);
-        expect_trains_like_one_process("qwen3-debug", recipe_of("qwen3-debug"), layout, Optimizer::SGD);
-      }
+    // A table shared by the lookups and the head, split once for both; 2 key/value heads, at tp 4 each held by two
+    // ranks (Qwen3's per-head k_norm on both).
+    expect_trains_like_one_process("llama-3.2-debug", recipe_of("llama-3.2-debug"), layout, Optimizer::SGD);
+    if (layout.sequence_parallel != (layout.checkpoint_every > 0)) {
+      expect_trains_like_one_process("qwen2-debug", recipe_of("qwen2-debug"), layout, Optimizer::SGD);
+      expect_trains_like_one_process("qwen3-debug", recipe_of("qwen3-debug"), layout, Optimizer::SGD);
     }
   }
 }
@@ -296,6 +309,7 @@ TEST(TensorParallel, VitTrainsLikeOneProcess) {
       const auto mesh = dist::DeviceMesh::create(test_process_group(), 1, dp, tp);
       ZooModel model = build_model("vit-debug", build);
       TensorParallel split = tensor_parallelize(model, mesh.tp_group());
+      const auto layouts = split.split_layouts(*model.module);
       ParallelizeOptions options;
       options.activation_checkpoint_every = every;
       if (dp > 1) parallelize(model, mesh, options);
@@ -323,7 +337,7 @@ TEST(TensorParallel, VitTrainsLikeOneProcess) {
       }
       for (const auto& p : reference.module->named_parameters()) {
         ASSERT_TRUE(ours.count(p.key())) << label << " " << p.key();
-        const at::Tensor expected = slice_like(p.value(), ours.at(p.key()), tp, mesh.tp_rank());
+        const at::Tensor expected = part_of(p.value(), layouts, p.key(), mesh.tp_group());
         EXPECT_LE((ours.at(p.key()) - expected).abs().max().item<double>(), 2.5e-7) << label << " " << p.key();
       }
     }
@@ -332,44 +346,53 @@ TEST(TensorParallel, VitTrainsLikeOneProcess) {
 
 // A model split and sharded layer by layer as it is built (build_tensor_parallel) is the one built whole, then
 // split, then sharded; a Hugging Face file of the whole model loads into it with each rank reading its slices' rows
-// (by rows or by columns), or rank 0 reading and broadcasting (sync_module_states), to exactly the whole model's
-// values.
+// (by rows or by columns; GPT-2's fused c_attn by thirds, its uneven vocabulary), or rank 0 reading and broadcasting
+// (sync_module_states), to exactly the whole model's values.
 TEST(TensorParallel, BuiltLayerByLayerAndLoadedAsSlices) {
   const int w = test_process_group().world_size();
   if (w != 2 && w != 4) GTEST_SKIP() << "tp 2, with dp 1 or 2";
-  const auto recipe = recipe_of_model("llama-debug", {{"kv_heads", 4}});
-  const auto mesh = dist::DeviceMesh::create(test_process_group(), 1, w / 2, 2);
-  BuildOptions build;
-  build.init.seed = 7;
-  ZooModel whole = build_model(recipe, build);
-  const std::string file = "/tmp/shardtrain-tp-weights-" + std::to_string(getpid()) + ".safetensors";
-  save_weights(*whole.module, file, whole.names);
+  // At tp 4, llama-debug's 2 key/value heads each on two ranks.
+  std::vector<std::pair<std::shared_ptr<const ModelRecipe>, int>> cases = {
+      {recipe_of_model("llama-debug", {{"kv_heads", 4}}), 2}, {recipe_of_model("gpt2-debug", {{"vocab_size", 1001}}), 2}};
+  if (w == 4) cases.emplace_back(recipe_of("llama-debug"), 4);
+  for (const auto& [recipe, tp] : cases) {
+    const std::string label = recipe->flavor() + " at tp " + std::to_string(tp);
+    const auto mesh = dist::DeviceMesh::create(test_process_group(), 1, w / tp, tp);
+    BuildOptions build;
+    build.init.seed = 7;
+    ZooModel whole = build_model(recipe, build);
+    const std::string file = "/tmp/shardtrain-tp-weights-" + std::to_string(getpid()) + ".safetensors";
+    save_weights(*whole.module, file, whole.names);
 
-  ZooModel split_after = build_model(recipe, build);
-  TensorParallel tp_after = tensor_parallelize(split_after, mesh.tp_group());
-  parallelize(split_after, mesh, {});
-  TensorParallelModel as_built = build_tensor_parallel(recipe, mesh, {}, {}, build);
-  EXPECT_EQ(as_built.tp.describe(), tp_after.describe());
-  EXPECT_EQ(as_built.tp.whole_parameters(), tp_after.whole_parameters());
-  const auto after = fsdp::gather_full_parameters(split_after.module);
-  const auto built = fsdp::gather_full_parameters(as_built.model.module);
-  ASSERT_EQ(after.size(), built.size());
-  for (const auto& [name, value] : after) EXPECT_TRUE(at::equal(value, built.at(name))) << "as built: " << name;
-
-  for (bool from_rank0 : {false, true}) {
-    BuildOptions other = build;
-    other.init.seed = 8;  // different values, overwritten by the file's
-    TensorParallelModel loaded = build_tensor_parallel(recipe, mesh, {}, {}, other);
-    load_weights_sharded(loaded.model.module, file, loaded.model.names,
-                         from_rank0 ? std::optional(test_process_group().world()) : std::nullopt, {}, &loaded.tp);
-    const auto values = fsdp::gather_full_parameters(loaded.model.module);
-    for (const auto& p : whole.module->named_parameters()) {
-      const at::Tensor expected = slice_like(p.value(), values.at(p.key()), 2, mesh.tp_rank());
-      EXPECT_TRUE(at::equal(values.at(p.key()), expected))
-          << (from_rank0 ? "rank 0 broadcasting: " : "each rank reading: ") << p.key();
+    ZooModel split_after = build_model(recipe, build);
+    TensorParallel tp_after = tensor_parallelize(split_after, mesh.tp_group());
+    parallelize(split_after, mesh, {});
+    TensorParallelModel as_built = build_tensor_parallel(recipe, mesh, {}, {}, build);
+    EXPECT_EQ(as_built.tp.describe(), tp_after.describe()) << label;
+    EXPECT_EQ(as_built.tp.whole_parameters(), tp_after.whole_parameters()) << label;
+    const auto after = fsdp::gather_full_parameters(split_after.module);
+    const auto built = fsdp::gather_full_parameters(as_built.model.module);
+    ASSERT_EQ(after.size(), built.size()) << label;
+    for (const auto& [name, value] : after) {
+      EXPECT_TRUE(at::equal(value, built.at(name))) << label << " as built: " << name;
     }
+
+    for (bool from_rank0 : {false, true}) {
+      BuildOptions other = build;
+      other.init.seed = 8;  // different values, overwritten by the file's
+      TensorParallelModel loaded = build_tensor_parallel(recipe, mesh, {}, {}, other);
+      const auto layouts = loaded.tp.split_layouts(*loaded.model.module);
+      load_weights_sharded(loaded.model.module, file, loaded.model.names,
+                           from_rank0 ? std::optional(test_process_group().world()) : std::nullopt, {}, &loaded.tp);
+      const auto values = fsdp::gather_full_parameters(loaded.model.module);
+      for (const auto& p : whole.module->named_parameters()) {
+        const at::Tensor expected = part_of(p.value(), layouts, p.key(), mesh.tp_group());
+        EXPECT_TRUE(at::equal(values.at(p.key()), expected))
+            << label << (from_rank0 ? ", rank 0 broadcasting: " : ", each rank reading: ") << p.key();
+      }
+    }
+    std::remove(file.c_str());
   }
-  std::remove(file.c_str());
 }
 
 TEST(TensorParallel, RefusesWhatItCannotSplit) {
@@ -382,13 +405,14 @@ TEST(TensorParallel, RefusesWhatItCannotSplit) {
         [&] { tensor_parallelize(model, world); },
         {"tensor parallelism over 3 ranks", "do not divide by 3", "tensor-parallel sizes that divide them: 1, 2"});
   }
-  if (w == 4) {  // llama-debug's two key/value heads
-    ZooModel model = build_model("llama-debug");
+  if (w == 4) {  // 6 key/value heads: neither split by 4 ranks nor each held by whole ranks
+    ZooModel model = build_model(recipe_of_model("llama-debug", {{"heads", 12}, {"kv_heads", 6}, {"head_dim", 16}}));
     testing::expect_error<std::invalid_argument>(
         [&] { tensor_parallelize(model, world); },
-        {"the key/value heads of layers.0.attn (2) do not divide by 4", "divide them: 1, 2"});
+        {"the 6 key/value heads of layers.0.attn neither divide by 4 nor divide it",
+         "tensor-parallel sizes that work: 1, 2, 3, 6, 12"});
     // Nothing was changed before the error.
-    EXPECT_EQ(model.module->named_parameters()["layers.0.attn.q.weight"].size(0), 64);
+    EXPECT_EQ(model.module->named_parameters()["layers.0.attn.q.weight"].size(0), 192);
   }
   if (w == 2) {
     ZooModel model = build_model(recipe_of_model("llama-debug", {{"kv_heads", 4}}));

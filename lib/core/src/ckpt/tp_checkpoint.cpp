@@ -3,6 +3,7 @@
 #include <ATen/ATen.h>
 #include <nlohmann/json.hpp>
 
+#include <optional>
 #include <stdexcept>
 #include <vector>
 
@@ -20,7 +21,7 @@ std::string slice_dir(const std::string& model_dir, int64_t rank, int64_t size) 
 
 struct SavedLayout {
   int64_t size = 1;
-  std::map<std::string, int64_t> split;
+  std::map<std::string, tp::SplitLayout> split;
 };
 
 SavedLayout read_layout(const std::string& model_dir) {
@@ -31,7 +32,9 @@ SavedLayout read_layout(const std::string& model_dir) {
     const std::vector<char> bytes = io::read_file(path);
     const nlohmann::json j = nlohmann::json::parse(bytes.begin(), bytes.end());
     layout.size = j.at("size").get<int64_t>();
-    for (const auto& [name, dim] : j.at("split").items()) layout.split[name] = dim.get<int64_t>();
+    for (const auto& [name, split] : j.at("split").items()) {
+      layout.split[name] = {split.at("dim").get<int64_t>(), split.at("sections").get<int64_t>()};
+    }
   } catch (const std::exception& e) {
     throw std::runtime_error(path + ": not a tensor-parallel layout (" + e.what() + ")");
   }
@@ -39,12 +42,13 @@ SavedLayout read_layout(const std::string& model_dir) {
   return layout;
 }
 
-// The dimension entry `name` ("<parameter>" or "<parameter>::<state>") is split along, -1 for a whole one: a
-// state follows its parameter when it has the parameter's rank (a moment), and is whole otherwise (a step count).
-int64_t entry_split(const std::map<std::string, int64_t>& split, const std::string& name, const at::Tensor& value) {
+// How entry `name` ("<parameter>" or "<parameter>::<state>") is split, none for a whole one: a state follows its
+// parameter when it has the parameter's rank (a moment), and is whole otherwise (a step count).
+std::optional<tp::SplitLayout> entry_split(const std::map<std::string, tp::SplitLayout>& split,
+                                           const std::string& name, const at::Tensor& value) {
   const size_t sep = name.find("::");
   auto it = split.find(name.substr(0, sep));
-  if (it == split.end() || value.dim() <= it->second) return -1;
+  if (it == split.end() || value.dim() <= it->second.dim) return std::nullopt;
   return it->second;
 }
 
@@ -61,7 +65,9 @@ std::string tp_layout_json(const CheckpointModel& model) {
   nlohmann::json j;
   j["size"] = tp_size_of(model);
   j["split"] = nlohmann::json::object();
-  for (const auto& [name, dim] : model.tp_split) j["split"][name] = dim;
+  for (const auto& [name, split] : model.tp_split) {
+    j["split"][name] = {{"dim", split.dim}, {"sections", split.sections}};
+  }
   return j.dump(2);
 }
 
@@ -72,8 +78,8 @@ std::map<std::string, at::Tensor> merged_model_state(const std::string& model_di
   for (int64_t t = 0; t < layout.size; ++t) slices.push_back(fsdp::read_sharded_state_dict(slice_dir(model_dir, t, layout.size)));
   std::map<std::string, at::Tensor> whole;
   for (const auto& [name, first] : slices.front()) {
-    const int64_t dim = entry_split(layout.split, name, first);
-    if (dim < 0) {
+    const std::optional<tp::SplitLayout> split = entry_split(layout.split, name, first);
+    if (!split) {
       whole[name] = first;
       continue;
     }
@@ -83,7 +89,7 @@ std::map<std::string, at::Tensor> merged_model_state(const std::string& model_di
       if (it == slice.end()) throw std::runtime_error(model_dir + ": a tensor-parallel slice lacks '" + name + "'");
       parts.push_back(it->second);
     }
-    whole[name] = at::cat(parts, dim);
+    whole[name] = tp::merge_parts(parts, *split);
   }
   return whole;
 }
@@ -99,15 +105,14 @@ void load_model_state(const std::string& model_dir, const CheckpointModel& model
   if (size > 1) {
     const int64_t rank = model.tp_group->rank();
     for (auto& [name, value] : state) {
-      const int64_t dim = entry_split(model.tp_split, name, value);
-      if (dim < 0) continue;
-      if (value.size(dim) % size != 0) {
-        throw std::runtime_error(model_dir + ": '" + name + "' has " + std::to_string(value.size(dim)) +
-                                 " along dimension " + std::to_string(dim) + ", which " + std::to_string(size) +
-                                 " tensor-parallel ranks do not split evenly");
+      const std::optional<tp::SplitLayout> split = entry_split(model.tp_split, name, value);
+      if (!split) continue;
+      try {
+        value = tp::slice_of(value, *split, rank, size);
+      } catch (const std::invalid_argument& e) {
+        throw std::runtime_error(model_dir + ": '" + name + "' does not split over " + std::to_string(size) +
+                                 " tensor-parallel ranks (" + e.what() + ")");
       }
-      const int64_t n = value.size(dim) / size;
-      value = value.narrow(dim, rank * n, n);
     }
   }
   fsdp::load_state_dict_rows(model.root, state, states);

@@ -9,6 +9,8 @@
 
 #include "models/kv_cache.h"
 #include "shardtrain/models/blocks.h"
+#include "shardtrain/models/tensor_parallel.h"
+#include "shardtrain/tp/regions.h"
 
 namespace shardtrain::models {
 
@@ -61,6 +63,30 @@ at::Tensor last_token_rows(const at::Tensor& hidden, const at::Tensor& attention
   const at::Tensor positions = at::arange(length, attention_mask.options().dtype(at::kLong));
   const at::Tensor last = (positions * (attention_mask != 0).to(at::kLong)).argmax(-1).to(hidden.device());
   return hidden.index({at::arange(rows, last.options()), last});  // (B, C)
+}
+
+TokenTable::TokenTable(EmbeddingImpl& table, bool tied_head)
+    : table_(table), tied_(tied_head ? tie_table(table.weight) : TiedTable{}),
+      shard_(table.vocab_shard ? &*table.vocab_shard : nullptr) {}
+
+at::Tensor TokenTable::lookup(const at::Tensor& ids) const {
+  // Tied: the lookups' rows go into the head's dense gradient, one vocab x dim gradient, not two.
+  auto local = [&](const at::Tensor& i) {
+    return tied_.head.defined() ? sparse_lookup(tied_.lookups[0], i) : at::embedding(table_.weight, i);
+  };
+  if (shard_ == nullptr) return local(ids);
+  return vocab_parallel_lookup(ids, *shard_, table_.weight.size(0), table_.sequence_parallel, local);
+}
+
+at::Tensor TokenTable::head(const at::Tensor& h, const at::Tensor& targets) const {
+  if (!tied_.head.defined()) throw std::logic_error("TokenTable: a table without its head has no logits");
+  if (shard_ == nullptr) {
+    return targets.defined() ? linear_cross_entropy(h, tied_.head, {}, targets) : tied_projection(h, tied_.head);
+  }
+  // Sequence parallel, the final norm's gather sums the input's gradient over the ranks; else this copy does.
+  const at::Tensor in = table_.sequence_parallel ? h : tp::copy_to_group(h, shard_->group);
+  if (targets.defined()) return linear_cross_entropy(in, tied_.head, {}, targets, shard_);
+  return gather_vocabulary(tied_projection(in, tied_.head), *shard_);
 }
 
 CausalLmOutputs causal_lm_outputs(at::Tensor hidden, const CausalLmStart& start, const at::Tensor& labels,

@@ -19,6 +19,7 @@
 #include "models/hf_config.h"
 #include "models/recipe_helpers.h"
 #include "shardtrain/models/generation.h"
+#include "shardtrain/models/layers.h"
 #include "shardtrain/models/losses.h"
 #include "shardtrain/models/sequence_classifier.h"
 
@@ -58,6 +59,28 @@ at::Tensor last_token_rows(const at::Tensor& hidden, const at::Tensor& attention
 // rows (N, C) against targets (N) (linear_cross_entropy). `hidden` is released before the loss runs.
 CausalLmOutputs causal_lm_outputs(at::Tensor hidden, const CausalLmStart& start, const at::Tensor& labels,
                                   const std::function<at::Tensor(const at::Tensor&, const at::Tensor&)>& head);
+
+// A causal LM's token table (GPT-2's wte, a tied Llama's embed_tokens) for one forward: read by the lookups and, when
+// `tied_head`, by the LM head too (tie_table: one dense gradient); a classifier's by the lookups alone. Split by
+// vocabulary rows when its VocabParallelTable carries a shard (tensor parallelism's TpStyle::VOCAB_TABLE): each rank
+// looks up and projects onto its rows, the loss over the split logits.
+class TokenTable {
+ public:
+  TokenTable(EmbeddingImpl& table, bool tied_head);
+  // ids (B, T) -> (B, T, C); under sequence parallelism this rank's slice of the sequence, (B, T / t, C).
+  at::Tensor lookup(const at::Tensor& ids) const;
+  // The LM head (tied_head only), as causal_lm_outputs' `head`: logits (..., vocab) of h (..., C) when targets is
+  // undefined, else the loss of rows (N, C) against targets (N).
+  at::Tensor head(const at::Tensor& h, const at::Tensor& targets) const;
+  // The shard of a split table (its group), or null.
+  const VocabShard* shard() const { return shard_; }
+  bool sequence_parallel() const { return shard_ != nullptr && table_.sequence_parallel; }
+
+ private:
+  EmbeddingImpl& table_;
+  TiedTable tied_;  // empty unless tied_head
+  const VocabShard* shard_;
+};
 
 // Cached decoding (generation.h): input_ids (B, T) the new tokens, attention_mask (B, P + T) over the P positions
 // the attention modules' caches hold (kv_cache.h) and these. The one bias every layer reads, (B, 1, T, P + T)

@@ -1,6 +1,7 @@
 #include "shardtrain/models/tensor_parallel.h"
 
 #include <ATen/ATen.h>
+#include <torch/csrc/autograd/custom_function.h>
 
 #include <algorithm>
 #include <cmath>
@@ -49,13 +50,12 @@ void check_divides(int64_t n, int64_t ranks, const std::string& what) {
   }
 }
 
-// Keeps this rank's slice of a parameter along dim (a copy of its own, the whole one freed).
-void keep_slice(at::Tensor& param, int64_t dim, const dist::Communicator& group,
+// Keeps this rank's part of a parameter (a copy of its own, the whole one freed).
+void keep_slice(at::Tensor& param, const tp::SplitLayout& layout, const dist::Communicator& group,
                 std::vector<TensorParallel::Split>& split) {
-  split.push_back({param, dim});
+  split.push_back({param, layout, param.size(layout.dim)});
   at::NoGradGuard no_grad;
-  const int64_t n = param.size(dim) / group.size();
-  param.set_data(param.narrow(dim, group.rank() * n, n).clone());
+  param.set_data(tp::slice_of(param, layout, group.rank(), group.size()).clone());
 }
 
 template <class T>
@@ -133,6 +133,34 @@ class VocabLookup : public nn::Interceptor {
 
 std::string shape_text(const at::Tensor& t) { return c10::str(t.sizes()); }
 
+// gather_vocabulary's node: the ranks' parts padded to the longest, all-gathered, unpadded; backward keeps this
+// rank's columns.
+struct GatherVocabulary : public torch::autograd::Function<GatherVocabulary> {
+  static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& logits, const VocabShard* shard) {
+    const int64_t ranks = shard->group.size(), longest = tp::part_of(shard->vocab, ranks, 0).size;
+    ctx->saved_data["start"] = shard->start;
+    ctx->saved_data["rows"] = logits.size(-1);
+    const at::Tensor first = logits.movedim(-1, 0).contiguous();  // (rows, ...)
+    std::vector<int64_t> shape = first.sizes().vec();
+    shape[0] = longest;
+    at::Tensor padded = at::zeros(shape, logits.options());
+    padded.narrow(0, 0, first.size(0)).copy_(first);
+    shape[0] = longest * ranks;
+    at::Tensor all = at::empty(shape, logits.options());
+    shard->group.all_gather(all, padded).wait();
+    std::vector<at::Tensor> parts;
+    for (int64_t r = 0; r < ranks; ++r) {
+      parts.push_back(all.narrow(0, r * longest, tp::part_of(shard->vocab, ranks, r).size));
+    }
+    return at::cat(parts, 0).movedim(0, -1).contiguous();
+  }
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grads) {
+    const int64_t start = ctx->saved_data["start"].toInt(), rows = ctx->saved_data["rows"].toInt();
+    return {grads[0].narrow(-1, start, rows).contiguous(), at::Tensor()};
+  }
+};
+
 // What one module becomes under its style; returns what each rank now holds, for describe().
 // Dry, it only checks (every module is checked before any is changed).
 struct Applier {
@@ -141,21 +169,32 @@ struct Applier {
   std::vector<at::Tensor>& summed;  // parameters whose gradients reduce_gradients() sums
   std::vector<TensorParallel::Split>& split;  // parameters split over the group
   bool dry = false;
+  // Key/value projections ("layers.0.attn.k") whose heads are fewer than the ranks: their head count, each head
+  // held by ranks / heads ranks (set by their attention's rule, which comes first).
+  std::map<std::string, int64_t> replicated_heads = {};
 
   void sum_if(bool when, torch::nn::Module& m, bool recurse = false) {
     if (!when || dry) return;
     for (auto& p : m.parameters(recurse)) summed.push_back(p);
   }
 
-  std::string split_linear(LinearImpl& linear, const std::string& path, bool column) {
+  // sections: the output's equal sections (a fused q, k, v: 3), each split alike; column-wise only.
+  std::string split_linear(LinearImpl& linear, const std::string& path, bool column, int64_t sections = 1) {
     const at::Tensor whole = linear.matrix();  // (out, in)
-    const int64_t n = column ? whole.size(0) : whole.size(1);
-    check_divides(n, group.size(), "the " + std::string(column ? "output" : "input") + " features of " + path);
+    const int64_t n = (column ? whole.size(0) : whole.size(1)) / sections;
+    auto replicated = replicated_heads.find(path);
+    const int64_t parts = replicated == replicated_heads.end() ? 0 : replicated->second;
+    if (parts == 0) {
+      check_divides(n, group.size(),
+                    (sections == 3 ? "each of q, k and v's output features of " : column ? "the output features of "
+                                                                                          : "the input features of ") +
+                        path);
+    }
     if (dry) return "";
     const std::string before = shape_text(linear.weight);
     // matrix() rows are stored rows, or columns when transposed (Conv1D's (in, out)).
-    keep_slice(linear.weight, (column ? 0 : 1) ^ (linear.transposed ? 1 : 0), group, split);
-    if (column && linear.bias.defined()) keep_slice(linear.bias, 0, group, split);
+    keep_slice(linear.weight, {(column ? 0 : 1) ^ (linear.transposed ? 1 : 0), sections, parts}, group, split);
+    if (column && linear.bias.defined()) keep_slice(linear.bias, {0, sections, parts}, group, split);
     if (!column) {
       const dist::Communicator g = group;
       linear.reduce_partial = sequence_parallel
@@ -164,7 +203,21 @@ struct Applier {
                                   : [g](const at::Tensor& y) { return tp::reduce_from_group(y, g); };
       if (linear.bias.defined() && sequence_parallel) summed.push_back(linear.bias);
     }
-    return "weight " + shape_text(linear.weight) + " of " + before;
+    return "weight " + shape_text(linear.weight) + " of " + before +
+           (parts > 0 ? ", each head on " + std::to_string(group.size() / parts) + " ranks" : "");
+  }
+
+  // A (vocab, dim) table's rows, as even as they can be (tp/split.h): this rank's shard of the vocabulary.
+  VocabShard split_vocabulary(at::Tensor& weight, const std::string& path) {
+    if (weight.size(0) < group.size()) {
+      throw std::invalid_argument("tensor parallelism over " + std::to_string(group.size()) + " ranks: the " +
+                                  std::to_string(weight.size(0)) + " vocabulary rows of " + path +
+                                  " leave a rank none");
+    }
+    const tp::Part part = tp::part_of(weight.size(0), group.size(), group.rank());
+    VocabShard shard{part.start, weight.size(0), group};
+    if (!dry) keep_slice(weight, {0, 1}, group, split);
+    return shard;
   }
 
   std::string apply(torch::nn::Module& m, const std::string& path, TpStyle style) {
@@ -172,24 +225,44 @@ struct Applier {
       case TpStyle::COLUMN:
       case TpStyle::ROW:
         return split_linear(module_as_style<LinearImpl>(m, path, style, "a Linear"), path, style == TpStyle::COLUMN);
+      case TpStyle::FUSED_QKV:
+        return split_linear(module_as_style<LinearImpl>(m, path, style, "a Linear"), path, true, /*sections=*/3);
       case TpStyle::ATTENTION: {
         auto& attention = module_as_style<AttentionImpl>(m, path, style, "an Attention");
         AttentionOptions& o = attention.options;
-        if (o.fused_qkv) {
-          throw std::invalid_argument("tensor parallelism: " + path + " projects q, k and v in one fused matrix, "
-                                      "which this version does not split");
+        if (o.fused_qkv && o.kv_heads != o.heads) {
+          throw std::invalid_argument("tensor parallelism: " + path + " projects q and fewer key/value heads in one "
+                                      "fused matrix, whose unequal sections this version does not split");
         }
         if (o.re_attention) {
           throw std::invalid_argument("tensor parallelism: " + path + " mixes its heads (re-attention), which a "
                                       "split by heads cannot");
         }
-        check_divides(o.heads, group.size(), "the attention heads of " + path);
-        check_divides(o.kv_heads, group.size(), "the key/value heads of " + path);
+        const int64_t t = group.size();
+        check_divides(o.heads, t, "the attention heads of " + path);
+        // Fewer key/value heads than ranks: each held whole by t / kv_heads ranks, those whose query heads read it.
+        const bool replicate = o.kv_heads % t != 0 && t % o.kv_heads == 0 && !o.fused_qkv;
+        if (o.kv_heads % t != 0 && !replicate) {
+          std::string sizes;
+          for (int64_t d = 1; d <= std::min<int64_t>(o.heads, 64); ++d) {
+            if (o.heads % d == 0 && (o.kv_heads % d == 0 || d % o.kv_heads == 0)) {
+              sizes += (sizes.empty() ? "" : ", ") + std::to_string(d);
+            }
+          }
+          throw std::invalid_argument("tensor parallelism over " + std::to_string(t) + " ranks: the " +
+                                      std::to_string(o.kv_heads) + " key/value heads of " + path +
+                                      " neither divide by " + std::to_string(t) + " nor divide it (a head on " +
+                                      "every rank's share of the query heads); tensor-parallel sizes that work: " +
+                                      sizes);
+        }
+        if (replicate) {
+          for (const char* p : {".k", ".v"}) replicated_heads[path + p] = o.kv_heads;
+        }
         intercept_point_of(m, path, style);
         if (dry) return "";
         const std::string before = std::to_string(o.heads) + " heads, " + std::to_string(o.kv_heads) + " key/value";
-        o.heads /= group.size();
-        o.kv_heads /= group.size();
+        o.heads /= t;
+        o.kv_heads = replicate ? 1 : o.kv_heads / t;
         intercept_point_of(m, path, style).interceptors().add(
             std::make_shared<EnterRegion>(group, sequence_parallel, /*has_context=*/true));
         return std::to_string(o.heads) + " heads, " + std::to_string(o.kv_heads) + " key/value of " + before;
@@ -214,25 +287,21 @@ struct Applier {
       }
       case TpStyle::VOCAB_EMBEDDING: {
         at::Tensor weight = m.named_parameters(/*recurse=*/false)["weight"];
-        check_divides(weight.size(0), group.size(), "the vocabulary rows of " + path);
-        intercept_point_of(m, path, style);
-        if (dry) return "";
+        nn::InterceptPoint& point = intercept_point_of(m, path, style);
         const std::string before = shape_text(weight);
-        const int64_t rows = weight.size(0) / group.size();
-        intercept_point_of(m, path, style).interceptors().add(
-            std::make_shared<VocabLookup>(VocabShard{group.rank() * rows, group}, sequence_parallel, rows));
-        keep_slice(weight, 0, group, split);
+        const VocabShard shard = split_vocabulary(weight, path);
+        if (dry) return "";
+        point.interceptors().add(std::make_shared<VocabLookup>(shard, sequence_parallel, weight.size(0)));
         return "weight " + shape_text(weight) + " of " + before;
       }
       case TpStyle::VOCAB_HEAD: {
         auto& head = module_as_style<VocabParallelTable>(m, path, style, "a vocabulary-parallel head");
         at::Tensor weight = m.named_parameters(/*recurse=*/false)["weight"];
-        check_divides(weight.size(0), group.size(), "the vocabulary rows of " + path);
         nn::InterceptPoint& point = intercept_point_of(m, path, style);
-        if (dry) return "";
         const std::string before = shape_text(weight);
-        head.vocab_shard = VocabShard{group.rank() * (weight.size(0) / group.size()), group};
-        keep_slice(weight, 0, group, split);
+        const VocabShard shard = split_vocabulary(weight, path);
+        if (dry) return "";
+        head.vocab_shard = shard;
         // Under sequence parallelism the norm before it gathered its input, and that gather's backward sums the
         // ranks' parts of its gradient; otherwise the region's entry does.
         if (!sequence_parallel) {
@@ -243,12 +312,11 @@ struct Applier {
       case TpStyle::VOCAB_TABLE: {
         auto& table = module_as_style<VocabParallelTable>(m, path, style, "a vocabulary-parallel table");
         at::Tensor weight = m.named_parameters(/*recurse=*/false)["weight"];
-        check_divides(weight.size(0), group.size(), "the vocabulary rows of " + path);
-        if (dry) return "";
         const std::string before = shape_text(weight);
-        table.vocab_shard = VocabShard{group.rank() * (weight.size(0) / group.size()), group};
+        const VocabShard shard = split_vocabulary(weight, path);
+        if (dry) return "";
+        table.vocab_shard = shard;
         table.sequence_parallel = sequence_parallel;
-        keep_slice(weight, 0, group, split);
         return "weight " + shape_text(weight) + " of " + before + ", looked up and read by the head split";
       }
       case TpStyle::WHOLE:
@@ -271,11 +339,19 @@ void refuse_lora(torch::nn::Module& root, const std::string& prefix, const std::
 
 }  // namespace
 
-TpPlan transformer_layer_tp_plan(const std::string& layers, bool swiglu) {
-  TpPlan plan = {{layers + ".norm1", TpStyle::SEQUENCE}, {layers + ".attn", TpStyle::ATTENTION},
-                 {layers + ".attn.q", TpStyle::COLUMN},  {layers + ".attn.k", TpStyle::COLUMN},
-                 {layers + ".attn.v", TpStyle::COLUMN},  {layers + ".attn.o", TpStyle::ROW},
-                 {layers + ".norm2", TpStyle::SEQUENCE}, {layers + ".mlp", TpStyle::ENTER}};
+TpPlan transformer_layer_tp_plan(const std::string& layers, const TransformerLayerOptions& layer) {
+  const bool swiglu = layer.activation == Activation::kSwiGlu;
+  TpPlan plan = {{layers + ".norm1", TpStyle::SEQUENCE}, {layers + ".attn", TpStyle::ATTENTION}};
+  if (layer.attention.fused_qkv) {
+    plan.push_back({layers + ".attn.qkv", TpStyle::FUSED_QKV});
+  } else {
+    for (const char* p : {".attn.q", ".attn.k", ".attn.v"}) plan.push_back({layers + p, TpStyle::COLUMN});
+  }
+  for (TpRule rule : std::vector<TpRule>{{layers + ".attn.o", TpStyle::ROW},
+                                         {layers + ".norm2", TpStyle::SEQUENCE},
+                                         {layers + ".mlp", TpStyle::ENTER}}) {
+    plan.push_back(std::move(rule));
+  }
   for (const char* in : swiglu ? std::vector<const char*>{"gate", "up"} : std::vector<const char*>{"fc1"}) {
     plan.push_back({layers + ".mlp." + in, TpStyle::COLUMN});
   }
@@ -298,9 +374,15 @@ at::Tensor vocab_parallel_lookup(const at::Tensor& ids, const VocabShard& shard,
                            : tp::reduce_from_group(partial, shard.group);
 }
 
+at::Tensor gather_vocabulary(const at::Tensor& logits, const VocabShard& shard) {
+  if (shard.group.size() == 1) return logits;
+  return GatherVocabulary::apply(logits, &shard);
+}
+
 std::string to_string(TpStyle style) {
   switch (style) {
     case TpStyle::COLUMN: return "column";
+    case TpStyle::FUSED_QKV: return "fused_qkv";
     case TpStyle::ROW: return "row";
     case TpStyle::ATTENTION: return "attention";
     case TpStyle::ENTER: return "enter";
@@ -316,33 +398,63 @@ std::string to_string(TpStyle style) {
 }
 
 void TensorParallel::reduce_gradients() const {
-  std::vector<at::Tensor> grads;
+  const int64_t t = group_.size(), rank = group_.rank();
+  if (t == 1) return;
+  // Each gradient's place in one flat buffer summed over the group: a summed parameter's at its own offset; a
+  // replicated part's (parts, n) slots, each rank's in its part's row and zeros elsewhere, so that the sum is over
+  // the ranks holding the same part.
+  struct Slot {
+    at::Tensor grad;
+    int64_t offset, row;  // row: the gradient's slot in its part rows (0 for a summed one)
+  };
+  std::vector<Slot> slots;
+  int64_t size = 0;
   for (const at::Tensor& p : summed_) {
-    if (p.grad().defined()) grads.push_back(p.grad());
+    if (!p.grad().defined()) continue;
+    slots.push_back({p.grad(), size, 0});
+    size += p.grad().numel();
   }
-  if (group_.size() == 1 || grads.empty()) return;
-  std::vector<at::Tensor> flat;
-  for (const at::Tensor& g : grads) flat.push_back(g.reshape({-1}));
-  at::Tensor buffer = at::cat(flat);
+  std::vector<std::pair<Slot, int64_t>> replicated;  // and the part count
+  for (const Split& s : split_) {
+    if (s.layout.parts == 0 || !s.param.grad().defined()) continue;
+    replicated.push_back({{s.param.grad(), size, s.layout.part_index(rank, t)}, s.layout.parts});
+    size += s.layout.parts * s.param.grad().numel();
+  }
+  if (size == 0) return;
+  const at::Tensor& like = slots.empty() ? replicated.front().first.grad : slots.front().grad;
+  at::Tensor buffer = at::zeros({size}, like.options());
+  for (const auto& [slot, parts] : replicated) slots.push_back(slot);
+  for (const Slot& slot : slots) {
+    buffer.narrow(0, slot.offset + slot.row * slot.grad.numel(), slot.grad.numel()).copy_(slot.grad.reshape({-1}));
+  }
   group_.all_reduce(buffer, dist::ReduceOp::SUM).wait();
-  int64_t offset = 0;
-  for (at::Tensor& g : grads) {
-    g.copy_(buffer.narrow(0, offset, g.numel()).view(g.sizes()));
-    offset += g.numel();
+  for (Slot& slot : slots) {
+    slot.grad.copy_(buffer.narrow(0, slot.offset + slot.row * slot.grad.numel(), slot.grad.numel())
+                        .view(slot.grad.sizes()));
   }
 }
 
 double TensorParallel::clip_grad_norm(torch::nn::Module& root, double max_norm,
                                       const dist::Communicator* shard_group) const {
-  std::set<const c10::TensorImpl*> split;
-  for (const Split& s : split_) split.insert(s.param.unsafeGetTensorImpl());
+  // Each split parameter's share of its part: 1 / the ranks holding the part.
+  std::map<const c10::TensorImpl*, double> split;
+  for (const Split& s : split_) {
+    split[s.param.unsafeGetTensorImpl()] =
+        s.layout.parts > 0 ? static_cast<double>(s.layout.parts) / static_cast<double>(group_.size()) : 1.0;
+  }
   // [split, whole] sums of squares in float64 over this rank's gradients (data parallelism's shards of them).
   at::Tensor sums = at::zeros({2}, at::kDouble);
   std::vector<at::Tensor> grads;
   for (const at::Tensor& p : root.parameters()) {
     if (!p.grad().defined()) continue;
     grads.push_back(p.grad());
-    sums[split.count(p.unsafeGetTensorImpl()) ? 0 : 1] += p.grad().to(at::kDouble).pow(2).sum();
+    auto it = split.find(p.unsafeGetTensorImpl());
+    const at::Tensor squares = p.grad().to(at::kDouble).pow(2).sum();
+    if (it == split.end()) {
+      sums[1] += squares;
+    } else {
+      sums[0] += squares * it->second;
+    }
   }
   const at::Device device = group_.size() > 1 ? group_.device() : at::Device(at::kCPU);
   sums = sums.to(shard_group != nullptr ? shard_group->device() : device);
@@ -359,11 +471,19 @@ double TensorParallel::clip_grad_norm(torch::nn::Module& root, double max_norm,
   return norm;
 }
 
-std::optional<int64_t> TensorParallel::split_dim(const at::Tensor& param) const {
+const TensorParallel::Split* TensorParallel::split_of(const at::Tensor& param) const {
   for (const Split& s : split_) {
-    if (s.param.unsafeGetTensorImpl() == param.unsafeGetTensorImpl()) return s.dim;
+    if (s.param.unsafeGetTensorImpl() == param.unsafeGetTensorImpl()) return &s;
   }
-  return std::nullopt;
+  return nullptr;
+}
+
+std::map<std::string, tp::SplitLayout> TensorParallel::split_layouts(const torch::nn::Module& root) const {
+  std::map<std::string, tp::SplitLayout> out;
+  for (const auto& p : root.named_parameters()) {
+    if (const Split* s = split_of(p.value())) out[p.key()] = s->layout;
+  }
+  return out;
 }
 
 TensorParallelizer::TensorParallelizer(std::shared_ptr<const ModelRecipe> recipe, dist::Communicator group,

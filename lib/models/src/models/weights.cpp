@@ -185,18 +185,17 @@ LoadReport load_weights_sharded(const std::shared_ptr<torch::nn::Module>& model,
   for (const auto& p : model->named_parameters()) hf_of.emplace(p.value().unsafeGetTensorImpl(), names.to_hf(p.key()));
   for (const auto& b : model->named_buffers()) hf_of.emplace(b.value().unsafeGetTensorImpl(), names.to_hf(b.key()));
   const std::vector<fsdp::RowSlot> slots = fsdp::row_slots(model);
-  // Each slot's dimension split by tensor parallelism (-1: whole), and the whole shape the file holds.
+  // How tensor parallelism splits each slot (null: whole), and the whole shape the file holds.
   const int64_t tp_size = tp != nullptr ? tp->group().size() : 1, tp_rank = tp != nullptr ? tp->group().rank() : 0;
-  std::vector<int64_t> split_dims;
+  std::vector<const TensorParallel::Split*> splits;
   std::vector<std::pair<std::string, std::vector<int64_t>>> wanted;
   for (const auto& slot : slots) {
-    const std::optional<int64_t> dim = tp != nullptr ? tp->split_dim(slot.tensor) : std::nullopt;
+    const TensorParallel::Split* split = tp != nullptr ? tp->split_of(slot.tensor) : nullptr;
     std::vector<int64_t> shape = slot.full_shape;
-    if (dim) shape[static_cast<size_t>(*dim)] *= tp_size;
-    split_dims.push_back(dim.value_or(-1));
+    if (split != nullptr) shape[static_cast<size_t>(split->layout.dim)] = split->extent;
+    splits.push_back(split);
     wanted.emplace_back(hf_of.at(slot.tensor.unsafeGetTensorImpl()), shape);
   }
-
   const bool reader = !from_rank0 || from_rank0->rank() == 0;
   std::optional<io::WeightFiles> file;
   std::vector<std::string> plan;
@@ -244,23 +243,32 @@ LoadReport load_weights_sharded(const std::shared_ptr<torch::nn::Module>& model,
   fsdp::load_rows(model, [&](const fsdp::RowSlot& slot) -> at::Tensor {
     const size_t i = index.at(slot.tensor.unsafeGetTensorImpl());
     if (plan[i].empty()) return at::Tensor();  // not loaded (report): kept as initialized
-    const int64_t dim = split_dims[i];
-    // This rank's slice of the file's tensor: rows of the slice by rows, or columns of the rows read.
+    const TensorParallel::Split* split = splits[i];
+    // This rank's part of the file's tensor (rows of a contiguous part read as rows; columns, or a fused bias's
+    // sections, taken from what is read), then the rows this rank's shard holds.
     const int64_t local_rows = slot.full_shape.empty() ? 1 : slot.full_shape[0];
-    auto slice = [&](const at::Tensor& rows) {
-      return dim == 1 ? rows.narrow(1, tp_rank * slot.full_shape[1], slot.full_shape[1]) : rows;
+    auto part = [&](const at::Tensor& whole) {
+      return split == nullptr ? whole : tp::slice_of(whole, split->layout, tp_rank, tp_size);
+    };
+    auto rows_of = [&](const at::Tensor& local) {
+      return local.reshape({local_rows, -1}).narrow(0, slot.first_row, slot.rows);
     };
     if (!from_rank0) {
-      if (dim == 0) return file->read_rows(plan[i], tp_rank * local_rows + slot.first_row, slot.rows);
-      return slice(file->read_rows(plan[i], slot.first_row, slot.rows));
+      if (split == nullptr || split->layout.dim > 0) return part(file->read_rows(plan[i], slot.first_row, slot.rows));
+      if (split->layout.sections == 1) {
+        const tp::SplitLayout& layout = split->layout;
+        const int64_t start =
+            tp::part_of(split->extent, layout.part_count(tp_size), layout.part_index(tp_rank, tp_size)).start;
+        return file->read_rows(plan[i], start + slot.first_row, slot.rows);
+      }
+      return rows_of(part(file->read(plan[i])));
     }
     // On the group's device (NCCL broadcasts CUDA tensors), in the model's dtype.
     const auto options = slot.tensor.options().device(from_rank0->device()).requires_grad(false);
     at::Tensor full = reader ? file->read(plan[i]).to(options) : at::empty(wanted[i].second, options);
     from_rank0->broadcast(full, 0).wait();
     if (slot.rows == 0) return at::empty({0}, options);  // a rank past the last row (padding only)
-    if (dim == 0) full = full.narrow(0, tp_rank * local_rows, local_rows);
-    return slice(full).reshape({local_rows, -1}).narrow(0, slot.first_row, slot.rows);
+    return rows_of(part(full));
   });
   return report;
 }

@@ -626,9 +626,7 @@ TrainSummary train_run(const Config& given, std::shared_ptr<log::Sink> sink, int
           : std::vector<std::pair<std::string, std::string>>{}};
   if (const models::TensorParallel* tp = model.tensor_parallel()) {
     checkpointed.tp_group = tp->group();
-    for (const auto& p : model.module()->named_parameters()) {
-      if (const auto dim = tp->split_dim(p.value())) checkpointed.tp_split[p.key()] = *dim;
-    }
+    checkpointed.tp_split = tp->split_layouts(*model.module());
   }
   // float16: the loss is scaled before backward, and a step whose gradients overflowed on any rank is skipped.
   std::optional<optim::GradScaler> scaler;

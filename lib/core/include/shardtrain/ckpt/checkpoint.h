@@ -30,6 +30,7 @@
 
 #include "shardtrain/ckpt/trainer_state.h"
 #include "shardtrain/distributed/communicator.h"
+#include "shardtrain/tp/split.h"
 
 namespace torch::optim {
 class Optimizer;
@@ -49,12 +50,12 @@ struct CheckpointModel {
   // also write model.safetensors (state_dict_type = full). Checkpoints know names, not model families.
   std::vector<std::pair<std::string, std::string>> hf_names;
   // Tensor parallelism (sharded models): the group whose ranks hold slices of the split parameters, and by
-  // parameter name the dimension each is split along (models::TensorParallel). Each rank of the group writes its
+  // parameter name how each is split (models::TensorParallel::split_layouts). Each rank of the group writes its
   // slices as a sharded state dict of their own, model/tp-<t>-of-<T>/, beside model/tensor_parallel.json (the size
   // and the split dimensions); loading at the same size reads its own, at another (or without tensor parallelism,
   // or a checkpoint saved without it) merges the slices whole and takes its own. Unset: none.
   std::optional<dist::Communicator> tp_group;
-  std::map<std::string, int64_t> tp_split;
+  std::map<std::string, tp::SplitLayout> tp_split;
 };
 
 std::string step_directory_name(int64_t step);  // "step-00000100"

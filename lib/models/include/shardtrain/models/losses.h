@@ -49,7 +49,8 @@ LabelledRows labelled_rows(const at::Tensor& hidden, const at::Tensor& labels);
 // rank, and hidden's gradient is this rank's part of a sum over the group (the column-parallel input's: the region's
 // entry, tp::copy_to_group or tp::gather_along, sums it).
 struct VocabShard {
-  int64_t start;
+  int64_t start;  // this rank's first row; its rows are the weight's
+  int64_t vocab;  // the whole vocabulary's rows (the ranks' parts may differ by one: tp/split.h)
   dist::Communicator group;
 };
 at::Tensor linear_cross_entropy(const at::Tensor& hidden, const at::Tensor& weight, const at::Tensor& bias,

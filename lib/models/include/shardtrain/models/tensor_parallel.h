@@ -13,10 +13,14 @@
 // up the ids it holds, zero elsewhere, then the same reduction as a row-wise projection) and the LM head by
 // vocabulary rows too, its cross-entropy computed over the split logits (losses.h VocabShard), never gathered.
 //
+// A vocabulary need not divide by t: its rows are split as evenly as they can be (tp/split.h), as DTensor splits an
+// uneven size; every other split dimension (heads, widths) must divide.
+//
 // Parameters that stay whole on every rank (norms, a row-wise projection's bias) get the whole gradient on each
 // rank when their input is replicated; when it is this rank's sequence slice (sequence parallelism), or its heads'
 // values only (Qwen3's per-head q_norm), each rank's gradient is a part of the sum: TensorParallel::
-// reduce_gradients() sums them over the group after backward.
+// reduce_gradients() sums them over the group after backward. So it does for a key/value head held by several ranks
+// (grouped-query attention with fewer key/value heads than ranks: Megatron's replication), over the ranks holding it.
 #pragma once
 
 #include <torch/nn/module.h>
@@ -31,11 +35,13 @@
 
 #include "shardtrain/distributed/communicator.h"
 #include "shardtrain/models/losses.h"
+#include "shardtrain/tp/split.h"
 
 namespace shardtrain::models {
 
 struct ZooModel;
 class ModelRecipe;
+struct TransformerLayerOptions;
 
 // A table split by vocabulary rows when given a shard (its rows [start, start + rows) of the whole vocabulary):
 // an LM head (LlamaLMHead: VOCAB_HEAD) then computes its loss over the split logits (linear_cross_entropy with the
@@ -55,11 +61,18 @@ class VocabParallelTable {
 at::Tensor vocab_parallel_lookup(const at::Tensor& ids, const VocabShard& shard, int64_t rows, bool sequence_parallel,
                                  const std::function<at::Tensor(const at::Tensor&)>& lookup);
 
+// Logits (..., rows) over this rank's rows of the vocabulary -> (..., shard.vocab) over all of it, every rank's part
+// in place (parts of unequal length too). Its backward keeps this rank's part of the gradient: what follows is
+// computed alike on every rank (generation, a loss over whole logits).
+at::Tensor gather_vocabulary(const at::Tensor& logits, const VocabShard& shard);
+
 // How one module splits. "Split" parameters are sliced along the named dimension; "whole" ones stay whole.
 enum class TpStyle {
   COLUMN,           // Linear: output features split (weight rows, bias); its input is already in the region
+  FUSED_QKV,        // COLUMN of a Linear whose output is q, k and v side by side (GPT-2's c_attn): each third split
   ROW,              // Linear: input features split (weight columns), bias whole, output reduced (leave)
-  ATTENTION,        // Attention: enter around it, its heads and key/value heads split (its q, k, v, o need rules)
+  ATTENTION,        // Attention: enter around it, its heads and key/value heads split (its q, k, v, o need rules);
+                    // key/value heads fewer than the ranks (and dividing them) each held by ranks / heads ranks
   ENTER,            // any interceptable module (MLP): enter around it
   HEAD_LOCAL,       // whole parameters that see this rank's heads only (q_norm, k_norm): gradients summed
   SEQUENCE,         // whole parameters of a module that runs on the sequence slice under sequence parallelism (a
@@ -81,10 +94,11 @@ struct TpRule {
 };
 using TpPlan = std::vector<TpRule>;
 
-// The rules of the zoo's transformer layers (models/blocks.h TransformerLayer) under `layers` ("layers.*"): the
-// norms on the sequence slice, attention split by heads (q, k, v column-wise, o row-wise), the MLP entered with its
-// first projections column-wise and its last row-wise (gate, up, down with SwiGLU; fc1, fc2 otherwise).
-TpPlan transformer_layer_tp_plan(const std::string& layers, bool swiglu);
+// The rules of the zoo's transformer layers (models/blocks.h TransformerLayer) built with `layer` under `layers`
+// ("layers.*"): the norms on the sequence slice, attention split by heads (q, k, v column-wise, or their fused
+// projection by thirds; o row-wise), the MLP entered with its first projections column-wise and its last row-wise
+// (gate, up, down with SwiGLU; fc1, fc2 otherwise).
+TpPlan transformer_layer_tp_plan(const std::string& layers, const TransformerLayerOptions& layer);
 
 struct TensorParallelOptions {
   bool sequence_parallel = false;
@@ -93,10 +107,11 @@ struct TensorParallelOptions {
 // What tensor_parallelize() did, and what a step needs from it.
 class TensorParallel {
  public:
-  // A parameter this rank holds the slice `group().rank()` of, along dim (of `group().size()` equal slices).
+  // A parameter this rank holds the part `group().rank()` of (tp/split.h).
   struct Split {
     at::Tensor param;
-    int64_t dim;
+    tp::SplitLayout layout;
+    int64_t extent;  // the whole parameter's size along layout.dim
   };
   TensorParallel(dist::Communicator group, bool sequence_parallel, std::vector<Split> split,
                  std::vector<at::Tensor> summed, std::vector<std::string> lines, int64_t whole_parameters)
@@ -118,8 +133,10 @@ class TensorParallel {
   const std::vector<std::string>& describe() const { return lines_; }
   // The parameters of the model before it was split (every rank's slices together).
   int64_t whole_parameters() const { return whole_parameters_; }
-  // The dimension `param` (a parameter of the model, by identity) is split along; none for a whole one.
-  std::optional<int64_t> split_dim(const at::Tensor& param) const;
+  // How `param` (a parameter of the model, by identity) is split; null for a whole one.
+  const Split* split_of(const at::Tensor& param) const;
+  // The same by name, for the split parameters among `root`'s.
+  std::map<std::string, tp::SplitLayout> split_layouts(const torch::nn::Module& root) const;
 
  private:
   dist::Communicator group_;

@@ -9,6 +9,7 @@
 #include "models/unknown_flavor.h"
 #include "shardtrain/models/losses.h"
 #include "shardtrain/models/named_outputs.h"
+#include "shardtrain/tp/regions.h"
 
 namespace shardtrain::models {
 
@@ -72,13 +73,16 @@ std::vector<at::Tensor> Gpt2Impl::forward_impl(const at::Tensor& input_ids, cons
     throw std::invalid_argument("GPT-2: " + std::to_string(positions) + " tokens exceed its " +
                                 std::to_string(config.max_positions) + " positions (n_positions)");
   }
-  // The lookups' rows go into the head's dense gradient (tie_table()), one vocab x dim gradient, not two; a
-  // classifier's table is a lookup's alone.
+  // The lookups' rows go into the head's dense gradient, one vocab x dim gradient, not two (a classifier's table is
+  // a lookup's alone); split by tensor parallelism, under sequence parallelism each rank adds its positions' slice.
   const bool tied = !config.classifier.enabled();
-  const TiedTable table = tied ? tie_table(embed->weight) : TiedTable{};
+  const TokenTable table(*embed, tied);
   const at::Tensor position = decoding ? position_ids : at::arange(length, input_ids.options().dtype(at::kLong));
-  at::Tensor x = (tied ? sparse_lookup(table.lookups[0], input_ids) : embed->forward(input_ids)) +
-                 pos_embed->forward(position);  // (B, T, C)
+  at::Tensor positions_added = pos_embed->forward(position);  // (T, C), or (B, T, C) decoding
+  if (table.sequence_parallel()) {
+    positions_added = tp::split_along(positions_added, positions_added.dim() - 2, table.shard()->group);
+  }
+  at::Tensor x = table.lookup(input_ids) + positions_added;  // (B, T, C), or (B, T / t, C) sequence parallel
   if (is_training() && config.embd_dropout > 0) x = at::dropout(x, config.embd_dropout, true);
   if (!tied) {
     if (decoding) throw std::invalid_argument("GPT-2: a sequence classifier does not decode");
@@ -87,9 +91,7 @@ std::vector<at::Tensor> Gpt2Impl::forward_impl(const at::Tensor& input_ids, cons
                                                              attention_mask));
     return as_tensors(CausalLmOutputs{logits, labels.defined() ? classifier_loss(logits, labels) : at::Tensor()});
   }
-  auto head = [&](const at::Tensor& h, const at::Tensor& targets) {
-    return targets.defined() ? linear_cross_entropy(h, table.head, {}, targets) : tied_projection(h, table.head);
-  };
+  auto head = [&](const at::Tensor& h, const at::Tensor& targets) { return table.head(h, targets); };
   if (decoding) {
     const at::Tensor h = norm->forward(
         run_layers(layers, x, causal_lm_decode_bias(input_ids, attention_mask, 0, attention_dtype(x))));

@@ -64,6 +64,18 @@ class Gpt2Recipe : public FamilyRecipe<Gpt2Config, Gpt2> {
     return {"embed.weight"};
   }
 
+  // Megatron's split (models/tensor_parallel.h): c_attn by thirds (q, k, v each split by heads), the token table
+  // by vocabulary rows for its lookups and the tied head (50257 rows split as evenly as they can be), the position
+  // table whole (under sequence parallelism each rank adds its positions' rows to its slice of the lookup).
+  TpPlan tp_plan() const override {
+    TpPlan plan = {{"embed", TpStyle::VOCAB_TABLE}, {"pos_embed", TpStyle::WHOLE}, {"norm", TpStyle::SEQUENCE_GATHER}};
+    for (TpRule& rule : transformer_layer_tp_plan("layers.*", gpt2_layer_options(config()))) {
+      plan.push_back(std::move(rule));
+    }
+    if (config().classifier.enabled()) plan.push_back({"score", TpStyle::WHOLE});
+    return plan;
+  }
+
   // Layers: gpt2_layer_options (the embeddings' sum, after its dropout, is layer 0's input). Outside them the
   // embeddings' dropout, the final LayerNorm (its input and what it keeps) and the loss through
   // linear_cross_entropy at the positions that predict a label, as Llama's.
@@ -169,7 +181,8 @@ ModelFamily gpt2_family() {
            {"heads", {"n_head"}},
            {"mlp_dim", {"n_inner"}},
            {"vocab_size", {"vocab_size"}},
-           {"max_positions", {"n_positions"}}}};
+           {"max_positions", {"n_positions"}},
+           {"dropout", {"resid_pdrop", "embd_pdrop", "attn_pdrop"}}}};
 }
 
 }  // namespace shardtrain::models

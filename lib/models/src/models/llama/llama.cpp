@@ -10,7 +10,6 @@
 #include "models/unknown_flavor.h"
 #include "shardtrain/models/losses.h"
 #include "shardtrain/models/named_outputs.h"
-#include "shardtrain/tp/regions.h"
 
 namespace shardtrain::models {
 
@@ -197,7 +196,7 @@ std::vector<at::Tensor> LlamaLMHeadImpl::forward_impl(const at::Tensor& hidden, 
   const VocabShard* shard = vocab_shard ? &*vocab_shard : nullptr;
   if (!targets.defined()) {
     const at::Tensor logits = at::linear(hidden, weight);
-    return {shard != nullptr ? tp::gather_along(logits, -1, shard->group) : logits};
+    return {shard != nullptr ? gather_vocabulary(logits, *shard) : logits};
   }
   return {linear_cross_entropy(hidden, weight, at::Tensor(), targets, shard)};
 }
@@ -235,29 +234,12 @@ std::vector<at::Tensor> LlamaImpl::forward_impl(const at::Tensor& input_ids, con
     throw std::invalid_argument("Llama: " + std::to_string(positions) + " tokens exceed max_positions " +
                                 std::to_string(config.max_positions));
   }
-  // Tied: the lookups' rows go into the head's dense gradient (tie_table()), one vocab x dim gradient, not two.
-  // Split by tensor parallelism (a vocab_shard on the table), each rank looks up and projects onto its rows.
   const bool tied = config.tied_head();
-  const TiedTable table = tied ? tie_table(tied_embed->weight) : TiedTable{};
-  const VocabShard* shard = tied && tied_embed->vocab_shard ? &*tied_embed->vocab_shard : nullptr;
-  at::Tensor x;
-  if (!tied) {
-    x = embed->forward(input_ids);
-  } else if (shard == nullptr) {
-    x = sparse_lookup(table.lookups[0], input_ids);
-  } else {
-    x = vocab_parallel_lookup(input_ids, *shard, table.lookups[0].size(0), tied_embed->sequence_parallel,
-                              [&](const at::Tensor& local) { return sparse_lookup(table.lookups[0], local); });
-  }
+  const std::optional<TokenTable> table = tied ? std::optional<TokenTable>(std::in_place, *tied_embed, true)
+                                               : std::nullopt;
+  const at::Tensor x = tied ? table->lookup(input_ids) : embed->forward(input_ids);
   auto head = [&](const at::Tensor& h, const at::Tensor& targets) {
-    if (!tied) return lm_head->forward(h, targets)[0];
-    if (shard == nullptr) {
-      return targets.defined() ? linear_cross_entropy(h, table.head, {}, targets) : tied_projection(h, table.head);
-    }
-    // Sequence parallel, the final norm's gather sums the input's gradient over the ranks; else this copy does.
-    const at::Tensor in = tied_embed->sequence_parallel ? h : tp::copy_to_group(h, shard->group);
-    if (targets.defined()) return linear_cross_entropy(in, table.head, {}, targets, shard);
-    return tp::gather_along(tied_projection(in, table.head), -1, shard->group);
+    return tied ? table->head(h, targets) : lm_head->forward(h, targets)[0];
   };
   const at::Tensor inv_freq = llama_inv_freq(config, x.device());
   // Mistral's window, where it cuts; the bias made once for every layer (blocks.h).

@@ -85,7 +85,9 @@ class LlamaRecipe : public FamilyRecipe<LlamaConfig, Llama> {
     const LlamaConfig& c = config();
     TpPlan plan = {{"embed", c.tied_head() ? TpStyle::VOCAB_TABLE : TpStyle::VOCAB_EMBEDDING},
                    {"norm", TpStyle::SEQUENCE_GATHER}};
-    for (TpRule& rule : transformer_layer_tp_plan("layers.*", /*swiglu=*/true)) plan.push_back(std::move(rule));
+    for (TpRule& rule : transformer_layer_tp_plan("layers.*", llama_layer_options(c))) {
+      plan.push_back(std::move(rule));
+    }
     if (c.qk_norm) {
       plan.push_back({"layers.*.attn.q_norm", TpStyle::HEAD_LOCAL});
       plan.push_back({"layers.*.attn.k_norm", TpStyle::HEAD_LOCAL});

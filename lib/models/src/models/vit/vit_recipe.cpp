@@ -79,7 +79,9 @@ class VitRecipe : public FamilyRecipe<VitConfig, Vit> {
   // tokens (the patches and CLS, 197 at 224 pixels), and the last layer computes the CLS row alone.
   TpPlan tp_plan() const override {
     TpPlan plan = {{"embeddings", TpStyle::WHOLE}, {"embeddings.patch", TpStyle::WHOLE}, {"norm", TpStyle::WHOLE}};
-    for (TpRule& rule : transformer_layer_tp_plan("layers.*", /*swiglu=*/false)) plan.push_back(std::move(rule));
+    for (TpRule& rule : transformer_layer_tp_plan("layers.*", vit_layer_options(config()))) {
+      plan.push_back(std::move(rule));
+    }
     if (config().pooler) plan.push_back({"pooler", TpStyle::WHOLE});
     if (config().num_labels > 0) plan.push_back({"classifier", TpStyle::WHOLE});
     return plan;
