@@ -11,11 +11,13 @@ decoder also as Qwen3 and Mistral; GPT-2), text at 64 tokens (ViT and FLAVA at 1
 text families at realistic lengths (512 tokens for BERT, 1024 for the decoders and T5), where attention's (T, T)
 tensors, the masks and a layer's temporaries count.
 
-usage: memory_model.py [--quick | --lora] [--only TEXT] [--check [UNDER:]OVER] [--csv FILE] [--build DIR]
+usage: memory_model.py [--quick | --lora | --tp] [--only TEXT] [--check [UNDER:]OVER] [--csv FILE] [--build DIR]
   --quick   the subset tests/CMakeLists.txt runs (plan.memory_model_grid)
   --lora    the LoRA cells alone (docs/notes/memory-model-lora.csv)
+  --tp      the tensor-parallel cells alone (docs/notes/memory-model-tp.csv)
   --only    the cells whose row starts with TEXT (words separated by spaces or commas: "vit,full_shard,2")
-Cells: (family, strategy, world, batch per rank, precision, checkpointing[, micro-batches[, tokens[, LoRA]]]).
+Cells: (family, strategy, world, batch per rank, precision, checkpointing[, micro-batches[, tokens[, LoRA[, TP]]]]),
+TP "2" (tensor parallel over 2 of the world's ranks, the strategy over the rest) or "2:sp" (sequence parallel too).
   --check   exit 1 when a cell's prediction of any phase (forward, backward, step) is off by more than the bound:
             UNDER:OVER (0.03:0.08 = at most 3% below, 8% above measured; an underestimate is the one that runs out
             of memory), or TOLERANCE either way (0.10 = 10%)
@@ -82,7 +84,10 @@ def grid(quick):
                 ("mistral", "full_shard", 2, 2, "no", False, 1, 1024), ("t5", "full_shard", 2, 4, "fp16", False),
                 ("bert", "ddp", 1, 4, "no", False), ("bert-28m", "ddp", 2, 4, "no", False),
                 ("llama", "full_shard", 2, 4, "no", False, 1, 64, "8:all-linear"),
-                ("bert", "ddp", 2, 4, "no", False, 1, 64, "8"), ("gpt2", "full_shard", 2, 4, "no", False)]
+                ("bert", "ddp", 2, 4, "no", False, 1, 64, "8"), ("gpt2", "full_shard", 2, 4, "no", False),
+                ("llama", "full_shard", 2, 4, "no", False, 1, 64, "", "2"),
+                ("gpt2", "full_shard", 2, 2, "bf16", True, 1, 1024, "", "2:sp"),
+                ("qwen3", "full_shard", 4, 4, "no", False, 1, 64, "", "4")]
     cells = []
     for family, strategy, world in itertools.product(MODELS, STRATEGIES, [1, 2, 4]):
         if world == 1 and strategy in ("shard_grad_op", "no_shard"):
@@ -133,9 +138,37 @@ def lora_cells():
     return cells
 
 
+def tp_cells():
+    """Tensor parallelism (parallel.tp_size): the families it splits, over 2 ranks alone and beside 2 data-parallel
+    ranks of each strategy, with and without sequence parallelism, checkpointing, bf16 and 1024 tokens; Qwen3's 2
+    key/value heads over 4 ranks (each held by two)."""
+    cells = []
+    for family in ["llama", "qwen3", "mistral", "gpt2", "vit"]:
+        sp = [":sp", ""] if family != "vit" else [""]
+        for strategy, world, precision, ac, tokens, split in itertools.product(
+                ["full_shard"], [2], ["no", "bf16"], [False, True], [64, 1024], sp):
+            if family == "vit" and tokens > 64:
+                continue
+            cells.append((family, strategy, world, 2 if tokens > 64 else 4, precision, ac, 1, tokens, "", "2" + split))
+        for strategy in STRATEGIES:
+            cells.append((family, strategy, 4, 4, "no", False, 1, 64, "", "2" + sp[0]))
+    cells.append(("qwen3", "full_shard", 4, 4, "no", False, 1, 64, "", "4"))
+    cells.append(("qwen3", "full_shard", 4, 4, "no", True, 1, 64, "", "4:sp"))
+    return cells
+
+
 def options(cell):
     """(micro-batches, tokens, LoRA "rank[:targets]" or "") of a cell."""
     return (cell[6] if len(cell) > 6 else 1), (cell[7] if len(cell) > 7 else 64), (cell[8] if len(cell) > 8 else "")
+
+
+def tp_of(cell):
+    """A cell's tensor-parallel size and whether it is sequence parallel: (1, False) without."""
+    text = cell[9] if len(cell) > 9 else ""
+    if not text:
+        return 1, False
+    size, _, sp = text.partition(":")
+    return int(size), sp == "sp"
 
 
 def run_cell(build, config_dir, cell):
@@ -151,6 +184,9 @@ def run_cell(build, config_dir, cell):
     if lora:
         rank, _, targets = lora.partition(":")
         cmd += ["--lora", rank] + (["--lora-targets", targets] if targets else [])
+    tp, sp = tp_of(cell)
+    if tp > 1:
+        cmd += ["--tp", str(tp)] + (["--sp"] if sp else [])
     env = dict(os.environ, OMP_NUM_THREADS="1")
     out = subprocess.run(cmd, capture_output=True, text=True, timeout=1800, env=env)
     for line in out.stdout.splitlines() + out.stderr.splitlines():
@@ -163,13 +199,14 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--lora", action="store_true")
+    parser.add_argument("--tp", action="store_true")
     parser.add_argument("--only", default=None)
     parser.add_argument("--check", default=None)
     parser.add_argument("--csv", default=None)
     parser.add_argument("--build", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "build"))
     args = parser.parse_args()
 
-    cells = lora_cells() if args.lora else grid(args.quick)
+    cells = lora_cells() if args.lora else tp_cells() if args.tp else grid(args.quick)
     if args.only:
         words = args.only.replace(",", " ").split()
         cells = [c for c in cells if [str(x) for x in c[:len(words)]] == words]
@@ -199,6 +236,7 @@ def main():
                   + " ".join(f"{m / 1e6:7.1f}/{p / 1e6:7.1f}{e * 100:+4.0f}%".rjust(19)
                              for m, p, e in zip(measured, predicted, errors))
                   + f" {peak_error * 100:+8.1f}%" + (f"  LoRA {lora}" if lora else "")
+                  + (f"  TP {cell[9]}" if tp_of(cell)[0] > 1 else "")
                   + f"   [{i + 1}/{len(cells)}, {time.time() - start:.0f} s]", flush=True)
 
     worst = max(rows, key=lambda row: abs(row[3]))
@@ -208,10 +246,11 @@ def main():
           f"largest phase error {max(abs(e) for e in worst_phase[2]) * 100:.1f}% {worst_phase[0]}")
     if args.csv:
         with open(args.csv, "w") as f:
-            f.write("model,strategy,world,batch,precision,ac,grad_accum,tokens,lora," +
+            f.write("model,strategy,world,batch,precision,ac,grad_accum,tokens,lora," + ("tp," if args.tp else "") +
                     ",".join(f"{p}_measured,{p}_predicted" for p in PHASES) + "\n")
             for cell, r, _, _ in rows:
                 f.write(",".join(str(c) for c in cell[:6]) + ",{},{},{},".format(*options(cell)) +
+                        (f"{cell[9]}," if args.tp else "") +
                         ",".join(f"{m:.0f},{p:.0f}" for m, p in zip(r["measured"], r["predicted"])) + "\n")
     if args.check is not None:
         under, over = bounds(args.check)

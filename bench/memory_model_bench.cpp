@@ -5,8 +5,10 @@
 //
 //   memory_model_bench --model MODEL --strategy S [--mixed-precision no|bf16|fp16] [--ac] [--batch B] [--seq-len T]
 //                      [--nodes M] [--steps N] [--grad-accum K] [--lora R [--lora-targets a,b] [--lora-dropout P]]
+//                      [--tp T [--sp]]
 // MODEL is a flavor or a Hugging Face config.json; the batch is synthetic, of the task's largest kind. --lora: rank-R
 // adapters on the targets (default the query and value projections; "all-linear"), the rest frozen (models/lora.h).
+// --tp: tensor parallelism over T ranks (--sp: sequence parallel), the strategy over the rest.
 #include <ATen/ATen.h>
 #include <torch/nn/module.h>
 
@@ -45,8 +47,8 @@ std::vector<std::string> split_commas(const std::string& text) {
 
 int run(int argc, char** argv) {
   std::string model, strategy = "full_shard", precision = "no";
-  int64_t batch = 4, seq_len = 128, nodes = 1, steps = 3, grad_accum = 1;
-  bool ac = false;
+  int64_t batch = 4, seq_len = 128, nodes = 1, steps = 3, grad_accum = 1, tp = 1;
+  bool ac = false, sp = false;
   models::LoraSpec lora;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
@@ -63,6 +65,8 @@ int run(int argc, char** argv) {
     else if (a == "--steps") steps = std::stoll(next());
     else if (a == "--grad-accum") grad_accum = std::stoll(next());
     else if (a == "--ac") ac = true;
+    else if (a == "--tp") tp = std::stoll(next());
+    else if (a == "--sp") sp = true;
     else if (a == "--lora") lora.r = std::stoll(next()), lora.lora_alpha = 2.0 * static_cast<double>(lora.r);
     else if (a == "--lora-targets") lora.target_modules = split_commas(next());
     else if (a == "--lora-dropout") lora.lora_dropout = std::stod(next());
@@ -77,7 +81,7 @@ int run(int argc, char** argv) {
   job.world = env.world_size, job.nodes = nodes, job.strategy = parallel::strategy_named(strategy);
   job.mixed_precision = parallel::precision_named(precision);
   job.activation_checkpointing = ac, job.batch = batch, job.seq_len = seq_len;
-  job.grad_accum = grad_accum;
+  job.grad_accum = grad_accum, job.tp = tp, job.sequence_parallel = sp;
   job.fused_optimizer = config::OptimConfig{}.fused;  // the trainer's optimizer, made below
   const plan::MemoryEstimate predicted = plan::estimate_training_memory(*recipe, job);
 
@@ -87,12 +91,14 @@ int run(int argc, char** argv) {
   c.parallel.mixed_precision = job.mixed_precision;
   c.parallel.activation_checkpointing = ac;
   c.train.batch_size = batch;
+  c.parallel.tp_size = tp, c.parallel.sequence_parallel = sp;
   const bool hybrid = parallel::is_hybrid(c.parallel.strategy);
-  const dist::DeviceMesh mesh = dist::DeviceMesh::create(pg, hybrid ? static_cast<int>(nodes) : 1);
+  const dist::DeviceMesh mesh =
+      dist::DeviceMesh::create(pg, hybrid ? static_cast<int>(nodes) : 1, -1, static_cast<int>(tp));
   const auto task = recipe->task();
   train::ParallelModel parallel(c, recipe, task->leaves_parameters_unused(), mesh, at::Device(at::kCPU));
   auto optimizer = train::make_optimizer(c, parallel);
-  const uint64_t seed = 1000 + static_cast<uint64_t>(env.rank);
+  const uint64_t seed = 1000 + static_cast<uint64_t>(mesh.data_rank());  // a tensor-parallel group's one batch
   const data::Batch b = models::synthetic_batch(task->data_needs(), batch, seq_len, seed);
   // float16 scales the loss and unscales the gradients before the step, as the trainer's loop does.
   std::optional<optim::GradScaler> scaler;
@@ -125,6 +131,7 @@ int run(int argc, char** argv) {
       backward = std::max(backward, memory::cpu_memory_stats().peak_bytes);
     }
     memory::reset_cpu_peak();
+    parallel.finish_gradients();
     if (scaler) scaler->unscale(*optimizer);
     parallel.clip_grad_norm(INFINITY, optimizer->param_groups());
     bool stepped = true;
@@ -157,6 +164,7 @@ int run(int argc, char** argv) {
   if (env.rank == 0) {
     nlohmann::json r;
     r["model"] = model, r["strategy"] = strategy, r["world"] = env.world_size, r["precision"] = precision;
+    r["tp"] = tp, r["sp"] = sp;
     r["ac"] = ac, r["batch"] = batch, r["seq_len"] = seq_len, r["parameters"] = predicted.parameters;
     r["measured"] = {peaks[0].item<double>(), peaks[1].item<double>(), peaks[2].item<double>()};
     r["predicted"] = {predicted.forward_bytes, predicted.backward_bytes, predicted.step_bytes};

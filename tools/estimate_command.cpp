@@ -42,6 +42,8 @@ const char* kEstimateUsage =
     "  --cpu-offload                                    --batch-size B      samples per rank (default 1)\n"
     "  --seq-len T         text tokens (default: the model's maximum)\n"
     "  --device D          auto | cpu | cuda (kernels differ in what they keep; default auto: cuda with a GPU)\n"
+    "  --tp-size T         tensor parallelism over T of the ranks (--batch-size: per data-parallel rank)\n"
+    "  --sequence-parallel the activations between its regions split on the sequence too\n"
     "  --lora R            LoRA: rank-R adapters, the base frozen (--lora-targets a,b: PEFT's target_modules;\n"
     "                      default the query and value projections; all-linear)\n"
     "  --json              the estimate as JSON\n"
@@ -98,7 +100,8 @@ const std::vector<JobFlag> kJobFlags = {
     {"grad-accum", "train.grad_accum"},        {"sync-each-batch", "train.sync_each_batch", JobFlag::SWITCH},
     {"cpu-offload", "parallel.cpu_offload", JobFlag::SWITCH}, {"batch-size", "train.batch_size"},
     {"seq-len", "data.max_text_length"},       {"device", "train.device"},
-    {"lora", "model.lora.r"},                  {"lora-targets", "model.lora.target_modules", JobFlag::LIST}};
+    {"lora", "model.lora.r"},                  {"lora-targets", "model.lora.target_modules", JobFlag::LIST},
+    {"tp-size", "parallel.tp_size"},           {"sequence-parallel", "parallel.sequence_parallel", JobFlag::SWITCH}};
 
 // The command line's flags: `base` and the job's, those taking a value or those standing alone.
 std::vector<std::string> job_flags(std::vector<std::string> base, bool switches) {

@@ -1,6 +1,7 @@
 // `shardtrain plan MODEL --gpus N --gpu-memory 40GiB`: every configuration that fits, with its largest local batch
 // and predicted throughput, best first, and the best as a trainer YAML; `shardtrain plan --figure flava|t5`: the
 // seeds' figures from the memory model.
+#include <algorithm>
 #include <cstdio>
 #include <fstream>
 #include <iostream>
@@ -26,9 +27,10 @@ const char* kPlanUsage =
     "                           [--memory-margin X] [--half-efficiency-tokens X] [--lora R [--lora-targets a,b]]\n"
     "       shardtrain plan --figure flava|t5 [--seq-len T] [--json]\n"
     "MODEL: a flavor of `shardtrain models`, a Hugging Face config.json or a model name in the Hugging Face cache.\n"
-    "Every configuration (strategy x mixed precision x activation checkpointing x CPU offload x wrap) that fits\n"
-    "SIZE per GPU (40GiB, 80GB, ...) less the margin (default 0.05), with its largest local batch (the memory\n"
-    "model) and predicted items/s, fastest first, at --seq-len tokens (default: the model's maximum, at most 8192);\n"
+    "Every configuration (tensor-parallel size within a node x strategy x mixed precision x activation\n"
+    "checkpointing x CPU offload x wrap) that fits SIZE per GPU (40GiB, 80GB, ...) less the margin (default 0.05),\n"
+    "with its largest batch per data-parallel rank (the memory model) and predicted items/s, fastest first, at\n"
+    "--seq-len tokens (default: the model's maximum, at most 8192);\n"
     "the first as a `shardtrain train` YAML (--yaml OUT writes it). The throughput model and its constants\n"
     "(defaults: A100 NVLink, efficiency 0.45, overlap 0.8) are in lib/train/include/shardtrain/plan/planner.h.\n"
     "--lora R: LoRA fine-tuning, rank-R adapters on the base's frozen weights (--lora-targets: PEFT's\n"
@@ -95,17 +97,45 @@ void print_table(const std::string& model, const plan::Cluster& cluster,
               model.c_str(), static_cast<long long>(cluster.gpus), static_cast<long long>(cluster.nodes),
               cluster.nodes > 1 ? "s" : "", gib(cluster.gpu_memory).c_str(),
               static_cast<long long>(configs.front().job.seq_len));
-  std::printf("  %-3s %-19s %-5s %-3s %-7s %-11s %9s %9s %10s %9s %8s\n", "#", "strategy", "prec", "AC", "offload",
-              "wrap", "batch/GPU", "peak GiB", "items/s", "TFLOP/s", "step s");
+  std::printf("  %-3s %-6s %-19s %-5s %-3s %-7s %-11s %9s %9s %10s %9s %8s\n", "#", "TP", "strategy", "prec", "AC",
+              "offload", "wrap", "batch/DP", "peak GiB", "items/s", "TFLOP/s", "step s");
   for (size_t i = 0; i < configs.size() && static_cast<int64_t>(i) < top; ++i) {
     const auto& c = configs[i];
-    std::printf("  %-3zu %-19s %-5s %-3s %-7s %-11s %9lld %9s %10.3g %9.1f %8.3f\n", i + 1,
+    const std::string tp = c.job.tp > 1 ? std::to_string(c.job.tp) + (c.job.sequence_parallel ? " SP" : "") : "-";
+    std::printf("  %-3zu %-6s %-19s %-5s %-3s %-7s %-11s %9lld %9s %10.3g %9.1f %8.3f\n", i + 1, tp.c_str(),
                 parallel::to_string(c.job.strategy).c_str(), parallel::to_string(c.job.mixed_precision).c_str(),
                 c.job.activation_checkpointing ? "on" : "", c.job.cpu_offload ? "on" : "",
                 c.job.strategy == parallel::Strategy::DDP ? "-" : parallel::to_string(c.job.wrap).c_str(),
                 static_cast<long long>(c.job.batch),
                 gib(c.memory.peak_bytes).c_str(), c.items_per_second, c.tflops_per_gpu, c.step_seconds);
   }
+}
+
+// Why the first configuration does or does not split layers over a node's GPUs: the best of the other kind, or that
+// none fits.
+std::string tensor_parallel_reason(const std::vector<plan::PlannedConfig>& configs) {
+  const plan::PlannedConfig& best = configs.front();
+  const bool split = best.job.tp > 1;
+  const auto other = std::find_if(configs.begin(), configs.end(),
+                                  [&](const plan::PlannedConfig& c) { return (c.job.tp > 1) != split; });
+  char line[320];
+  if (other == configs.end()) {
+    std::snprintf(line, sizeof line, "why: %s\n",
+                  split ? "without tensor parallelism not even one sample per GPU fits"
+                        : "no tensor-parallel configuration fits (the family has no plan, its sizes do not divide, or "
+                          "LoRA)");
+    return line;
+  }
+  const plan::PlannedConfig& o = *other;
+  std::snprintf(line, sizeof line,
+                "why: %s %.3g items/s against %.3g for the best %s (%s%s, batch %lld per data-parallel rank)\n",
+                split ? ("splitting each layer over " + std::to_string(best.job.tp) + " GPUs of a node:").c_str()
+                      : "data parallelism alone:",
+                best.items_per_second, o.items_per_second,
+                split ? "without tensor parallelism" : ("with tensor parallelism over " + std::to_string(o.job.tp)).c_str(),
+                parallel::to_string(o.job.strategy).c_str(), o.job.cpu_offload ? " + CPU offload" : "",
+                static_cast<long long>(o.job.batch));
+  return line;
 }
 
 }  // namespace
@@ -157,7 +187,8 @@ int run_plan_command(const std::vector<std::string>& argv) {
   if (args.has("json")) {
     nlohmann::json j = nlohmann::json::array();
     for (const auto& c : configs) {
-      j.push_back({{"strategy", parallel::to_string(c.job.strategy)}, {"mixed_precision", parallel::to_string(c.job.mixed_precision)},
+      j.push_back({{"tp_size", c.job.tp}, {"sequence_parallel", c.job.sequence_parallel},
+                   {"strategy", parallel::to_string(c.job.strategy)}, {"mixed_precision", parallel::to_string(c.job.mixed_precision)},
                    {"activation_checkpointing", c.job.activation_checkpointing}, {"cpu_offload", c.job.cpu_offload},
                    {"wrap", parallel::to_string(c.job.wrap)}, {"batch", c.job.batch}, {"peak_bytes", c.memory.peak_bytes},
                    {"items_per_second", c.items_per_second}, {"step_seconds", c.step_seconds},
@@ -172,6 +203,7 @@ int run_plan_command(const std::vector<std::string>& argv) {
     std::cout << "(" << plan::default_tokens(*recipe) << " tokens: the model reads up to " << longest
               << ", a length for inference; --seq-len sets the training length)\n";
   }
+  std::cout << tensor_parallel_reason(configs);
   const std::string yaml = plan::trainer_yaml(model, configs.front(), lora);
   std::cout << "\nrecommended:\n" << yaml;
   if (args.has("yaml")) {

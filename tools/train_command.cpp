@@ -97,11 +97,8 @@ int dry_run_verdict(const config::Config& config, const train::RunPlan& plan) {
   if (!plan.over_budget.empty()) problems.push_back("does not fit: " + plan.over_budget);
   for (const auto& problem : problems) std::cout << "verdict: " << problem << "\n";
   if (!problems.empty()) return 1;
-  // Tensor parallelism is not counted: the peak is the whole model's, above what a rank will hold.
-  const bool split = config.parallel.tp_size > 1;
-  std::string line = std::string("verdict: ") + (split ? "not checked" : "fits") + ": predicted peak " +
-                     memory::readable_size(plan.peak_bytes) + " per rank (" + plan.peak_phase + ")" +
-                     (split ? " without tensor parallelism, which the memory model does not count yet" : "");
+  std::string line = "verdict: fits: predicted peak " + memory::readable_size(plan.peak_bytes) + " per rank (" +
+                     plan.peak_phase + ")";
   if (plan.budget_bytes > 0) {
     line += ", " + std::to_string(100 * plan.peak_bytes / plan.budget_bytes) + "% of " +
             memory::readable_size(plan.budget_bytes) + " (" + plan.budget_source + ")";

@@ -795,14 +795,14 @@ TEST_F(TrainTest, TensorParallelTrainsAsOneProcess) {
   const Outcome both = run(common + "--launch.num_processes=4 --parallel.tp_size=2");
   ASSERT_EQ(both.status, 0) << both.output;
   EXPECT_EQ(loss_lines(both.output), loss_lines(dp.output)) << both.output;
-  // The memory model counts the whole model, not a rank's slices: a budget below its peak does not refuse the run.
+  // The memory model counts a rank's slices: the dry run's verdict, and a budget below the peak refuses the run.
+  const Outcome dry = run(common + "--launch.num_processes=2 --parallel.tp_size=2 --dry-run");
+  EXPECT_NE(dry.output.find("verdict: fits: predicted peak"), std::string::npos) << dry.output;
+  EXPECT_NE(dry.output.find("tensor parallel over 2"), std::string::npos) << dry.output;
   const Outcome budget = run(common + "--launch.num_processes=2 --parallel.tp_size=2 --train.memory_budget=1MiB "
                              "--train.steps=1");
-  EXPECT_EQ(budget.status, 0) << budget.output;
-  const Outcome dry = run(common + "--launch.num_processes=2 --parallel.tp_size=2 --dry-run");
-  EXPECT_NE(dry.output.find("verdict: not checked: predicted peak"), std::string::npos) << dry.output;
-  EXPECT_NE(dry.output.find("without tensor parallelism, which the memory model does not count yet"),
-            std::string::npos) << dry.output;
+  EXPECT_NE(budget.status, 0) << budget.output;
+  EXPECT_NE(budget.output.find("is predicted to need"), std::string::npos) << budget.output;
   const Outcome bad = run(common + "--launch.num_processes=2 --parallel.tp_size=2 --parallel.dp_shard_size=2");
   EXPECT_NE(bad.status, 0);
   EXPECT_NE(bad.output.find("parallel.dp_replicate_size (1 inferred) x parallel.dp_shard_size (2) x "

@@ -13,6 +13,7 @@
 #include <filesystem>
 #include <fstream>
 
+#include "shardtrain/distributed/communicator.h"
 #include "shardtrain/fsdp/wrap_policy.h"
 #include "shardtrain/memory/memory_stats.h"
 #include "shardtrain/models/synthetic_batch.h"
@@ -20,6 +21,7 @@
 #include "shardtrain/models/zoo.h"
 #include "shardtrain/plan/memory_model.h"
 #include "nn/autocast_guard.h"
+#include "support/expect_error.h"
 
 namespace shardtrain::plan {
 namespace {
@@ -190,6 +192,46 @@ TEST(MemoryModel, BackwardWalkTakesEachLayersOwnUnit) {
   const MemoryEstimate own = estimate_training_memory(*t5, shape, job);
   EXPECT_EQ(own.peak_phase, "backward");
   EXPECT_LT(own.backward_bytes, estimate_training_memory(*t5, reversed, job).backward_bytes);
+}
+
+// Under tensor parallelism the shape is one rank's slices: model_shape splits the model built on the meta device by
+// the family's plan as rank 0 would (over a group of shape alone, which moves nothing). The estimate shards them over
+// the data-parallel ranks only; the split regions keep less, and sequence parallelism less again between them.
+// (Against measurement: bench/memory_model.py --tp, docs/notes/memory-model-tp.csv.)
+TEST(MemoryModel, TensorParallelCountsARanksSlices) {
+  const auto llama = recipe_from_json("llama", kLlama);
+  const ModelShape whole = model_shape(*llama), split = model_shape(*llama, 2);
+  // A layer: q, k, v, o, gate, up and down halved (2 key/value heads: one a rank), its two norms whole; the
+  // embedding and the head (the edge units) by vocabulary rows; the final norm whole.
+  const int64_t norms = 2 * 256;
+  EXPECT_EQ(split.layer_numel[0], (whole.layer_numel[0] - norms) / 2 + norms);
+  EXPECT_EQ(split.input_numel, 4000 * 256);
+  EXPECT_EQ(split.output_numel, 4000 * 256);
+  EXPECT_EQ(split.root_numel, 256);
+  EXPECT_EQ(split.tp, 2);
+  testing::expect_error<std::logic_error>(
+      [] {
+        at::Tensor t = at::zeros({2});
+        dist::Communicator::shape_only(0, 2).all_reduce(t, dist::ReduceOp::SUM);
+      },
+      {"all_reduce(SUM) on shape[0 of 2]", "moves nothing"});
+
+  TrainingJob job;
+  job.world = 2, job.batch = 4, job.seq_len = 256;
+  const MemoryEstimate data_parallel = estimate_training_memory(*llama, job);
+  job.tp = 2;
+  const MemoryEstimate tensor_parallel = estimate_training_memory(*llama, split, job);
+  EXPECT_EQ(tensor_parallel.parameters, split.parameters());
+  EXPECT_LT(tensor_parallel.forward_bytes, data_parallel.forward_bytes);  // the same parameters a rank, less kept
+  job.sequence_parallel = true;
+  EXPECT_LT(estimate_training_memory(*llama, split, job).forward_bytes, tensor_parallel.forward_bytes);
+  EXPECT_NE(format_estimate("llama", job, tensor_parallel).find("tensor parallel over 2 (sequence parallel)"),
+            std::string::npos);
+  testing::expect_error<std::logic_error>([&] { estimate_training_memory(*llama, whole, job); },
+                                          {"counted at a tensor-parallel size of 1, the job's is 2"});
+  job.world = 3;
+  testing::expect_error<std::invalid_argument>([&] { estimate_training_memory(*llama, split, job); },
+                                               {"tensor parallelism over 2 ranks", "3 ranks do not divide"});
 }
 
 TEST(MemoryModel, BertWithDropoutMatchesMeasurement) { check("bert-dropout", kBertDropout, 8, 128, true); }

@@ -5,6 +5,8 @@
 
 #include <torch/nn/module.h>
 
+#include <algorithm>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -116,6 +118,46 @@ TEST(Planner, RecommendationIsATrainerConfig) {
   EXPECT_EQ(c.train.device, parallel::Device::CUDA);
 }
 
+// Tensor parallelism is planned within a node (sizes dividing its GPUs, sequence parallel where the family's plan
+// can be), neither with offload nor with the model as one unit; a family without a plan is planned without it. A
+// split configuration computes 1 / tp of the step per GPU and moves each layer's input over the group; its items/s
+// counts the data-parallel ranks; its YAML sets parallel.tp_size and sequence_parallel.
+TEST(Planner, TensorParallelIsPlannedWithinANode) {
+  Cluster cluster;
+  cluster.gpus = 8, cluster.nodes = 2, cluster.gpu_memory = parse_memory_size("80GiB"), cluster.seq_len = 4096;
+  const auto llama = models::recipe_of("llama-3-8b");
+  const auto configs = plan_configurations(*llama, cluster);
+  std::set<int64_t> sizes;
+  for (const PlannedConfig& c : configs) {
+    sizes.insert(c.job.tp);
+    if (c.job.tp == 1) continue;
+    EXPECT_TRUE(c.job.sequence_parallel);
+    EXPECT_FALSE(c.job.cpu_offload);
+    EXPECT_EQ(c.job.wrap, parallel::Wrap::TRANSFORMER);
+    EXPECT_NEAR(c.items_per_second, 8.0 / c.job.tp * c.job.batch / c.step_seconds, 1e-9 * c.items_per_second);
+  }
+  EXPECT_EQ(sizes, (std::set<int64_t>{1, 2, 4}));  // 4 GPUs a node
+  // The same job at tp 2 and 1: half the compute a GPU at a batch, and the group's traffic on top.
+  TrainingJob job;
+  job.world = 8, job.nodes = 2, job.strategy = parallel::Strategy::FULL_SHARD, job.batch = 2, job.seq_len = 4096;
+  job.mixed_precision = parallel::Precision::BF16, job.device = parallel::Device::CUDA;
+  const PlannedConfig alone = predict(*llama, model_shape(*llama), job, cluster);
+  job.tp = 2, job.sequence_parallel = true;
+  const PlannedConfig split = predict(*llama, model_shape(*llama, 2), job, cluster);
+  EXPECT_LT(split.compute_seconds, alone.compute_seconds);
+  EXPECT_GT(split.comm_seconds, 0);
+  const auto tensor_parallel = std::find_if(configs.begin(), configs.end(), [](const PlannedConfig& c) {
+    return c.job.tp > 1;
+  });
+  ASSERT_NE(tensor_parallel, configs.end());
+  const config::Config c = config::parse_config(trainer_yaml("llama-3-8b", *tensor_parallel), "plan.yaml");
+  EXPECT_EQ(c.parallel.tp_size, tensor_parallel->job.tp);
+  EXPECT_TRUE(c.parallel.sequence_parallel);
+  for (const PlannedConfig& t5 : plan_configurations(*models::recipe_of("t5-small"), cluster)) {
+    EXPECT_EQ(t5.job.tp, 1);
+  }
+}
+
 // LoRA fine-tuning (plan --lora): the base frozen, so gradients and AdamW state are the adapters' alone — a larger
 // batch in the same configuration — and so are the reductions and, offloaded, the gradients' way back to the host
 // (less traffic a step); the YAML trains the adapters.
@@ -131,7 +173,7 @@ TEST(Planner, LoraPlansTheAdaptersAlone) {
   ASSERT_FALSE(full.empty());
   ASSERT_FALSE(adapted.empty());
   auto same_kind = [](const TrainingJob& a, const TrainingJob& b) {
-    return a.strategy == b.strategy && a.mixed_precision == b.mixed_precision &&
+    return a.tp == b.tp && a.strategy == b.strategy && a.mixed_precision == b.mixed_precision &&
            a.activation_checkpointing == b.activation_checkpointing && a.cpu_offload == b.cpu_offload &&
            a.wrap == b.wrap;
   };

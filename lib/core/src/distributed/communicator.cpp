@@ -21,6 +21,7 @@ const char* comm_backend_name(CommBackend backend) {
     case CommBackend::SELF: return "self";
     case CommBackend::GLOO: return "gloo";
     case CommBackend::NCCL: return "nccl";
+    case CommBackend::NONE: return "none";
   }
   return "?";
 }
@@ -134,7 +135,14 @@ Work make_work(const Impl& g, const std::string& op, c10::intrusive_ptr<c10d::Wo
                    std::move(finish));
 }
 
+void check_transport(const Impl& g, const std::string& op) {
+  if (g.kind == CommBackend::NONE) {
+    throw std::logic_error(describe(g, op) + ": a group of shape alone (Communicator::shape_only) moves nothing");
+  }
+}
+
 void check_tensor(const Impl& g, const std::string& op, const char* role, const at::Tensor& t) {
+  check_transport(g, op);
   if (!t.defined()) throw std::invalid_argument(describe(g, op) + ": " + role + " tensor is undefined");
   if (!t.is_contiguous()) {
     throw std::invalid_argument(describe(g, op) + ": " + role + " tensor must be contiguous (sizes " +
@@ -249,6 +257,20 @@ Communicator Communicator::single(int global_rank) {
   auto impl = std::make_shared<Impl>();
   impl->global_ranks = {global_rank};
   impl->name = "single[" + std::to_string(global_rank) + "]";
+  return Communicator(std::move(impl));
+}
+
+Communicator Communicator::shape_only(int rank, int size) {
+  if (size < 1 || rank < 0 || rank >= size) {
+    throw std::invalid_argument("Communicator::shape_only: rank " + std::to_string(rank) + " of " +
+                                std::to_string(size));
+  }
+  auto impl = std::make_shared<Impl>();
+  impl->kind = CommBackend::NONE;
+  impl->rank = rank;
+  impl->global_ranks.resize(static_cast<size_t>(size));
+  for (int r = 0; r < size; ++r) impl->global_ranks[static_cast<size_t>(r)] = r;
+  impl->name = "shape[" + std::to_string(rank) + " of " + std::to_string(size) + "]";
   return Communicator(std::move(impl));
 }
 
@@ -438,6 +460,7 @@ Work Communicator::all_to_all(const at::Tensor& out, const at::Tensor& in) const
 
 Work Communicator::barrier() const {
   const Impl& g = *impl_;
+  check_transport(g, "barrier");
   if (g.kind == CommBackend::SELF) return Work();
   c10d::BarrierOptions opts;
   if (g.kind == CommBackend::NCCL) opts.device_ids = {static_cast<int64_t>(g.device_index)};

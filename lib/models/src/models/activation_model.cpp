@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "shardtrain/models/losses.h"
+#include "shardtrain/tp/split.h"
 
 namespace shardtrain::models {
 
@@ -31,6 +32,24 @@ int64_t adapters_kept(int64_t rows, int64_t dim, int64_t mlp_dim, const Activati
     bytes += inputs * e + dropout_kept(a.dropout, inputs, q);
   }
   return bytes;
+}
+
+int64_t tp_part(int64_t extent, const ActivationQuery& q) {
+  return q.tp > 1 ? tp::part_of(extent, q.tp, 0).size : extent;
+}
+
+int64_t stream_rows(int64_t rows, const ActivationQuery& q) { return q.sequence_parallel ? rows / q.tp : rows; }
+
+TransformerLayerOptions tp_layer(const TransformerLayerOptions& layer, const ActivationQuery& q) {
+  if (q.tp <= 1) return layer;
+  TransformerLayerOptions local = layer;
+  AttentionOptions& a = local.attention;
+  if (a.head_dim <= 0) a.head_dim = a.dim / a.heads;
+  const int64_t kv = a.kv_heads > 0 ? a.kv_heads : a.heads;
+  a.heads /= q.tp;
+  a.kv_heads = std::max<int64_t>(1, kv / q.tp);
+  local.mlp_dim /= q.tp;
+  return local;
 }
 
 int64_t stream_size(const ActivationQuery& q) { return q.autocast ? 4 : element_size(q); }
@@ -153,18 +172,22 @@ LayerKept layer_kept(const TransformerLayerOptions& o, int64_t batch, int64_t to
                      const ActivationQuery& q, int64_t queries) {
   if (queries <= 0) queries = tokens;
   const int64_t s = stream_size(q), d = o.attention.dim, rows = batch * tokens;
-  // What follows the attention runs over the kept queries' rows only.
-  const int64_t q_rows = batch * queries, q_unit = q_rows * d * s;
-  const int64_t q_norm = norm_kept(o.norm, q_rows, d, q, s), q_drop = dropout_kept(o.dropout, q_rows * d, q);
+  // What follows the attention runs over the kept queries' rows only. Under tensor parallelism the stream between
+  // the split regions (the input, sums, norms, the outputs' dropout) is a rank's slice of the sequence under
+  // sequence parallelism, while each region's input (q/k/v's, the MLP's) is whole and its inside split (`local`).
+  const TransformerLayerOptions local = tp_layer(o, q);
+  const int64_t q_rows = batch * queries, sq_rows = stream_rows(q_rows, q), q_unit = sq_rows * d * s;
+  const int64_t q_norm = norm_kept(o.norm, sq_rows, d, q, s), q_drop = dropout_kept(o.dropout, sq_rows * d, q);
   LayerKept k;
   // What the projections reading a stream keep of it: frozen ones nothing, unless an adapter reads it too.
   const ActivationQuery::Adapters& adapted = q.adapters;
   const bool attention_input = !adapted.frozen || adapted.qkv > 0, mlp_input = !adapted.frozen || adapted.mlp_in > 0;
-  k.all = attention_kept(o.attention, batch, queries, tokens, q) + adapters_kept(q_rows, d, o.mlp_dim, q);
+  k.all = attention_kept(local.attention, batch, queries, tokens, q) + adapters_kept(q_rows, d, o.mlp_dim, q);
   if (o.norm_first) {
     // The input (kept by norm1), norm1 and its output (q/k/v's input, over every token); the residual sum after
     // attention (norm2's or norm_cross's input).
-    k.all += rows * d * s + norm_kept(o.norm, rows, d, q, s) +
+    const int64_t s_rows = stream_rows(rows, q);
+    k.all += s_rows * d * s + norm_kept(o.norm, s_rows, d, q, s) +
              (attention_input ? stream_copies_kept(1, rows * d, q) : 0);
     if (o.cross_attention) {
       AttentionOptions cross = o.attention;
@@ -181,7 +204,7 @@ LayerKept layer_kept(const TransformerLayerOptions& o, int64_t batch, int64_t to
     k.all += attention_input ? stream_copies_kept(1, rows * d, q) : 0;
     k.mlp_side = q_drop + q_unit + q_norm + (mlp_input ? stream_copies_kept(1, q_rows * d, q) : 0) + q_unit + q_norm;
   }
-  k.mlp_side += mlp_kept(o, q_rows, q) + q_drop;
+  k.mlp_side += mlp_kept(local, q_rows, q) + q_drop;
   k.all += k.mlp_side;
   return k;
 }
@@ -217,9 +240,15 @@ int64_t frozen_input_layer_kept(const TransformerLayerOptions& o, int64_t batch,
   return 0;  // no adapter here: nothing in this layer needs a gradient
 }
 
-LayerTransients transformer_layer_transients(const TransformerLayerOptions& o, int64_t batch, int64_t tokens,
+LayerTransients transformer_layer_transients(const TransformerLayerOptions& whole, int64_t batch, int64_t tokens,
                                              int64_t context_tokens, const ActivationQuery& q) {
-  const int64_t e = element_size(q), rows = batch * tokens, d = o.attention.dim, unit = rows * d * stream_size(q);
+  // Under tensor parallelism a rank's share of each region (`o`); the stream a rank's sequence slice under sequence
+  // parallelism, each region's output a whole partial sum before its reduction (and under sequence parallelism its
+  // gathered input beside it).
+  const TransformerLayerOptions o = tp_layer(whole, q);
+  const int64_t e = element_size(q), rows = batch * tokens, d = o.attention.dim;
+  const int64_t unit = stream_rows(rows, q) * d * stream_size(q), whole_unit = rows * d * stream_size(q);
+  const int64_t regions = q.tp > 1 ? whole_unit * (q.sequence_parallel ? 2 : 1) : 0;
   const int64_t m = rows * o.mlp_dim * e;
   const bool mlp_dropped = q.training && o.mlp_dropout > 0;
   // The MLP's forward temporaries, and what its output projection's backward holds beside the kept tensors.
@@ -243,14 +272,16 @@ LayerTransients transformer_layer_transients(const TransformerLayerOptions& o, i
   }
   // On top in forward: the residual stream.
   LayerTransients t;
-  t.forward = unit + std::max(attn.forward, mlp_forward);
+  t.forward = unit + regions + std::max(attn.forward, mlp_forward);
   // Backward first reaches the MLP's output projection, whose weight's gradient it makes with the MLP's temporaries
   // and the output's gradient alive; by attention's every parameter of the layer has its gradient, what the MLP's
   // side kept is freed (less on top than the layer kept, then, where attention's backward is small) and the input's
   // gradient is being summed beside the output's.
-  const int64_t out_projection = o.mlp_dim * d + (o.mlp_bias ? d : 0);
-  const int64_t mlp_side = layer_kept(o, batch, tokens, context_tokens, q, 0).mlp_side;
-  t.backward = {{unit + mlp_backward, out_projection}, {2 * unit + attn.backward - mlp_side, -1}};
+  const int64_t out_projection = o.mlp_dim * d + (o.mlp_bias ? d : 0);  // a rank's share
+  const int64_t mlp_side = layer_kept(whole, batch, tokens, context_tokens, q, 0).mlp_side;
+  // Under tensor parallelism the region's entry sums its input's gradient over the ranks into a copy (whole).
+  const int64_t entry_sum = q.tp > 1 ? whole_unit : 0;
+  t.backward = {{unit + mlp_backward, out_projection}, {2 * unit + attn.backward - mlp_side + entry_sum, -1}};
   return t;
 }
 
@@ -260,7 +291,7 @@ void add_transformer_layers(ActivationBytes& a, int64_t count, const Transformer
   a.layer_forward_transient = std::max(a.layer_forward_transient, t.forward);
   LayerActivations layer;
   layer.kept = transformer_layer_kept(o, batch, tokens, context_tokens, q);
-  layer.input = batch * tokens * o.attention.dim * stream_size(q);  // the previous layer's output
+  layer.input = stream_rows(batch * tokens, q) * o.attention.dim * stream_size(q);  // the previous layer's output
   layer.backward = t.backward;
   if (q.adapters.frozen && a.layers.empty() && count > 0) {
     // LoRA: the model's first layer reads frozen embeddings, an input that needs no gradient. (The first layers of

@@ -82,6 +82,14 @@ LossBytes linear_cross_entropy_bytes(int64_t rows, int64_t vocab, int64_t dim, c
 void add_last_token_classifier(ActivationBytes& a, int64_t batch, int64_t dim, int64_t classes,
                                const ActivationQuery& q);
 
+// Tensor parallelism (q.tp): rank 0's part of a split extent (a vocabulary: tp/split.h, the longest part), the
+// rows of the activations between split regions (under sequence parallelism a rank's slice of the sequence), and
+// the layer as a rank computes it (heads and key/value heads, one at least, and the MLP's width split, the head
+// size kept).
+int64_t tp_part(int64_t extent, const ActivationQuery& q);
+int64_t stream_rows(int64_t rows, const ActivationQuery& q);
+TransformerLayerOptions tp_layer(const TransformerLayerOptions& layer, const ActivationQuery& q);
+
 inline int64_t element_size(const ActivationQuery& q) { return static_cast<int64_t>(c10::elementSize(q.compute)); }
 
 }  // namespace shardtrain::models

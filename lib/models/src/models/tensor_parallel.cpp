@@ -339,6 +339,12 @@ void refuse_lora(torch::nn::Module& root, const std::string& prefix, const std::
 
 }  // namespace
 
+bool splits_sequence(const TpPlan& plan) {
+  return std::any_of(plan.begin(), plan.end(), [](const TpRule& r) {
+    return r.style == TpStyle::VOCAB_EMBEDDING || r.style == TpStyle::VOCAB_TABLE;
+  });
+}
+
 TpPlan transformer_layer_tp_plan(const std::string& layers, const TransformerLayerOptions& layer) {
   const bool swiglu = layer.activation == Activation::kSwiGlu;
   TpPlan plan = {{layers + ".norm1", TpStyle::SEQUENCE}, {layers + ".attn", TpStyle::ATTENTION}};
@@ -486,25 +492,22 @@ std::map<std::string, tp::SplitLayout> TensorParallel::split_layouts(const torch
   return out;
 }
 
-TensorParallelizer::TensorParallelizer(std::shared_ptr<const ModelRecipe> recipe, dist::Communicator group,
+TensorParallelizer::TensorParallelizer(const ModelRecipe& recipe, dist::Communicator group,
                                        TensorParallelOptions options)
-    : recipe_(std::move(recipe)), group_(std::move(group)), options_(options), plan_(recipe_->tp_plan()),
+    : flavor_(recipe.flavor()), group_(std::move(group)), options_(options), plan_(recipe.tp_plan()),
       matched_(plan_.size(), 0), held_(plan_.size()) {
   if (plan_.empty()) {
-    throw std::invalid_argument("tensor parallelism: the " + recipe_->family() + " family (" + recipe_->flavor() +
+    throw std::invalid_argument("tensor parallelism: the " + recipe.family() + " family (" + flavor_ +
                                 ") has no tensor-parallel plan");
   }
-  if (options_.sequence_parallel &&
-      std::none_of(plan_.begin(), plan_.end(), [](const TpRule& r) {
-        return r.style == TpStyle::VOCAB_EMBEDDING || r.style == TpStyle::VOCAB_TABLE;
-      })) {
-    throw std::invalid_argument("sequence parallelism of " + recipe_->flavor() + ": the " + recipe_->family() +
+  if (options_.sequence_parallel && !splits_sequence(plan_)) {
+    throw std::invalid_argument("sequence parallelism of " + flavor_ + ": the " + recipe.family() +
                                 " family's plan has no embedding that splits the sequence among the ranks");
   }
 }
 
 void TensorParallelizer::split_modules(torch::nn::Module& subtree, const std::string& prefix, bool include_self) {
-  const std::string flavor = recipe_->flavor();
+  const std::string& flavor = flavor_;
   refuse_lora(subtree, prefix, flavor);
   // Each module's rule (one at most), every module checked before any changes.
   std::vector<std::tuple<std::string, torch::nn::Module*, size_t>> todo;
@@ -544,8 +547,7 @@ void TensorParallelizer::split_layer(const std::string& name, torch::nn::Module&
   split_modules(layer, name, /*include_self=*/true);
 }
 
-TensorParallel TensorParallelizer::finish(ZooModel& model) {
-  torch::nn::Module& root = *model.module;
+TensorParallel TensorParallelizer::finish(torch::nn::Module& root) {
   // Whole parameters: what split_layer counted, and the rest of the model as it still is.
   for (const at::Tensor& p : root.parameters()) {
     if (counted_.insert(p.unsafeGetTensorImpl()).second) whole_parameters_ += p.numel();
@@ -554,7 +556,7 @@ TensorParallel TensorParallelizer::finish(ZooModel& model) {
   std::vector<std::string> lines;
   for (size_t i = 0; i < plan_.size(); ++i) {
     if (matched_[i] == 0) {
-      throw std::invalid_argument("tensor parallelism of " + model.flavor + ": the plan's rule '" + plan_[i].module +
+      throw std::invalid_argument("tensor parallelism of " + flavor_ + ": the plan's rule '" + plan_[i].module +
                                   "' matches no module of the model");
     }
     lines.push_back(plan_[i].module + (matched_[i] > 1 ? " (" + std::to_string(matched_[i]) + " modules)" : "") +
@@ -566,7 +568,7 @@ TensorParallel TensorParallelizer::finish(ZooModel& model) {
 
 TensorParallel tensor_parallelize(ZooModel& model, const dist::Communicator& group,
                                   const TensorParallelOptions& options) {
-  return TensorParallelizer(model.recipe, group, options).finish(model);
+  return TensorParallelizer(*model.recipe, group, options).finish(*model.module);
 }
 
 }  // namespace shardtrain::models

@@ -23,7 +23,7 @@ constexpr double kCudaAllocatorAllowance = 0.05;
 }  // namespace
 
 MemoryEstimate estimate_training_memory(const models::ModelRecipe& recipe, const TrainingJob& job) {
-  return estimate_training_memory(recipe, model_shape(recipe), job);
+  return estimate_training_memory(recipe, model_shape(recipe, job.tp), job);
 }
 
 MemoryEstimate estimate_training_memory(const models::ModelRecipe& recipe, const ModelShape& shape,
@@ -82,8 +82,12 @@ MemoryEstimate estimate_training_memory(const models::ModelRecipe& recipe, const
 std::string format_estimate(const std::string& model, const TrainingJob& job, const MemoryEstimate& e) {
   std::string out = "Training memory per rank for `" + model + "`: " + parallel::to_string(job.strategy) + ", " +
                     std::to_string(job.world) + " ranks" +
-                    (job.nodes > 1 ? " on " + std::to_string(job.nodes) + " nodes" : "") + ", batch " +
-                    std::to_string(job.batch) + " per rank" +
+                    (job.nodes > 1 ? " on " + std::to_string(job.nodes) + " nodes" : "") +
+                    (job.tp > 1 ? ", tensor parallel over " + std::to_string(job.tp) +
+                                      (job.sequence_parallel ? " (sequence parallel)" : "")
+                                : "") +
+                    ", batch " +
+                    std::to_string(job.batch) + (job.tp > 1 ? " per data-parallel rank" : " per rank") +
                     (e.tokens > 0 ? " x " + std::to_string(e.tokens) + " tokens" +
                                         (job.seq_len > 0 ? "" : " (the model's maximum)")
                                   : "") +
@@ -97,7 +101,8 @@ std::string format_estimate(const std::string& model, const TrainingJob& job, co
                                               (job.sync_each_batch ? " (each reduced)" : "")
                                         : "") +
                     (job.cpu_offload ? ", CPU offload" : "") + (job.device == parallel::Device::CUDA ? " (CUDA)" : " (CPU)") + "\n";
-  out += "  " + std::to_string(e.parameters) + " parameters in " + std::to_string(e.units) + " units\n";
+  out += "  " + std::to_string(e.parameters) + " parameters" +
+         (job.tp > 1 ? " of a tensor-parallel rank's slices" : "") + " in " + std::to_string(e.units) + " units\n";
   char line[256];
   for (const auto& t : e.terms) {
     std::snprintf(line, sizeof line, "  %-48s %14s   %s\n", t.name.c_str(), readable_size(t.bytes).c_str(),
@@ -118,7 +123,8 @@ std::string format_estimate(const std::string& model, const TrainingJob& job, co
 std::string estimate_json(const std::string& model, const TrainingJob& job, const MemoryEstimate& e) {
   nlohmann::json j;
   j["model"] = model;
-  j["job"] = {{"world", job.world},           {"nodes", job.nodes},
+  j["job"] = {{"world", job.world},           {"nodes", job.nodes}, {"tp", job.tp},
+              {"sequence_parallel", job.sequence_parallel},
               {"strategy", parallel::to_string(job.strategy)}, {"mixed_precision", parallel::to_string(job.mixed_precision)},
               {"activation_checkpointing", job.activation_checkpointing}, {"cpu_offload", job.cpu_offload},
               {"batch", job.batch},           {"seq_len", job.seq_len}, {"cuda", job.device == parallel::Device::CUDA}};

@@ -10,7 +10,9 @@
 #include <string>
 
 #include "shardtrain/fsdp/wrap_policy.h"
+#include "shardtrain/distributed/communicator.h"
 #include "shardtrain/models/layers.h"
+#include "shardtrain/models/tensor_parallel.h"
 
 namespace shardtrain::plan {
 
@@ -41,10 +43,14 @@ void each_new_parameter(const torch::nn::Module& m, TensorSet& seen, F f) {
 }  // namespace
 
 // Tied tensors count once, in the first unit that holds them.
-ModelShape model_shape(const models::ModelRecipe& recipe) {
+ModelShape model_shape(const models::ModelRecipe& recipe, int64_t tp) {
   const auto root = recipe.build(models::meta_build());
+  if (tp > 1) {
+    models::TensorParallelizer(recipe, dist::Communicator::shape_only(0, static_cast<int>(tp)), {}).finish(*root);
+  }
   TensorSet seen;
   ModelShape shape;
+  shape.tp = tp;
   auto count = [&](const torch::nn::Module& m, int64_t& all, int64_t& trainable) {
     each_new_parameter(m, seen, [&](const at::Tensor& p) {
       all += p.numel();

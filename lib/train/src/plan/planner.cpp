@@ -6,8 +6,10 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <optional>
 #include <stdexcept>
 
+#include "plan/step_layout.h"
 #include "shardtrain/io/files.h"
 #include "shardtrain/io/weight_files.h"
 
@@ -76,13 +78,17 @@ PlannedConfig predict(const models::ModelRecipe& recipe, const ModelShape& shape
   const double tokens = static_cast<double>(job.batch) *
                         static_cast<double>((b.input_ids.defined() ? b.input_ids.size(1) : 0) +
                                             (b.pixels.defined() ? side * side + 1 : 0));
-  const double efficiency = cluster.efficiency * tokens / (tokens + cluster.half_efficiency_tokens);
-  p.compute_seconds = flops / (peak * efficiency);
+  // Under tensor parallelism a rank computes its share of every layer (1 / tp of the FLOPs), in matrices 1 / tp as
+  // wide: what fills the GPU is the tokens' share, tokens / tp.
+  const double tp = static_cast<double>(job.tp), work = tokens / tp;
+  const double efficiency = cluster.efficiency * work / (work + cluster.half_efficiency_tokens);
+  p.compute_seconds = flops / tp / (peak * efficiency);
 
-  // Parameters are gathered, gradients reduced: all of them, and the trainable ones (LoRA: the adapters alone).
+  // Parameters are gathered, gradients reduced over the data-parallel ranks: all of a rank's (its slices under
+  // tensor parallelism), and the trainable ones (LoRA: the adapters alone).
   const double P = static_cast<double>(shape.parameters()), G = static_cast<double>(shape.trainable());
-  const double W = static_cast<double>(job.world);
-  const double per_node = static_cast<double>(job.world / std::max<int64_t>(job.nodes, 1));
+  const double W = static_cast<double>(job.world / job.tp);
+  const double per_node = static_cast<double>(job.world / std::max<int64_t>(job.nodes, 1) / job.tp);
   const double ce = low ? 2 : 4, rd = job.mixed_precision == parallel::Precision::BF16 ? 2 : 4;
   const double intra = cluster.intra_node_gbps * 1e9;
   const double inter = (job.nodes > 1 ? cluster.inter_node_gbps : cluster.intra_node_gbps) * 1e9;
@@ -115,13 +121,28 @@ PlannedConfig predict(const models::ModelRecipe& recipe, const ModelShape& shape
     const double gathered = (P + P2) * (reshards ? 2 : 1);
     comm += (gathered + G) / shard_ranks * static_cast<double>(job.param_bytes) / (cluster.pcie_gbps * 1e9);
   }
-  p.comm_seconds = comm;
+  // Tensor parallelism: each layer's input (B, T, C) is summed over the group twice in forward (attention's and the
+  // MLP's outputs) and twice in backward (their inputs' gradients), twice more with checkpointing (the replayed
+  // forward); a ring all-reduce moves 2 (t - 1) / t of it (sequence parallel, the all-gather and reduce-scatter it
+  // splits into, the same bytes), within a node, in the computation's path: never hidden.
+  double tp_comm = 0;
+  if (job.tp > 1) {
+    models::ActivationQuery whole = activation_query(job);
+    whole.tp = 1, whole.sequence_parallel = false;
+    double inputs = 0;
+    for (const models::LayerActivations& layer : recipe.activation_bytes(whole).layers) {
+      inputs += static_cast<double>(layer.input);
+    }
+    const double passes = job.activation_checkpointing ? 6 : 4;
+    tp_comm = passes * inputs * 2 * (tp - 1) / tp / (cluster.intra_node_gbps * 1e9);
+  }
+  p.comm_seconds = comm + tp_comm;
   const double hidden = job.wrap == parallel::Wrap::NONE ? 0.0 : cluster.overlap;
-  const double exposed = std::max(comm * (1 - hidden), comm - p.compute_seconds);
+  const double exposed = std::max(comm * (1 - hidden), comm - p.compute_seconds) + tp_comm;
   p.step_seconds = p.compute_seconds + exposed;
   const double items = static_cast<double>(b.texts + b.images);
   p.items_per_second = W * items / p.step_seconds;
-  p.tflops_per_gpu = model_flops / p.step_seconds / 1e12;  // model FLOPs (the replayed forward not counted)
+  p.tflops_per_gpu = model_flops / tp / p.step_seconds / 1e12;  // model FLOPs (the replayed forward not counted)
   return p;
 }
 
@@ -130,28 +151,43 @@ std::vector<PlannedConfig> plan_configurations(const models::ModelRecipe& recipe
     throw std::invalid_argument(std::to_string(cluster.gpus) + " GPUs do not divide into " +
                                 std::to_string(cluster.nodes) + " nodes (expected --gpus a multiple of --nodes)");
   }
-  const ModelShape shape = model_shape(recipe);
   std::vector<parallel::Strategy> strategies = {parallel::Strategy::FULL_SHARD, parallel::Strategy::SHARD_GRAD_OP,
                                                 parallel::Strategy::DDP};
   if (cluster.nodes > 1) {
     strategies.push_back(parallel::Strategy::HYBRID_SHARD);
     strategies.push_back(parallel::Strategy::HYBRID_SHARD_ZERO2);
   }
+  // Tensor-parallel sizes within a node, where the family has a plan the model's sizes fit; sequence parallel
+  // where the plan can be (Megatron's and torchtitan's setting). Not with offload or one unit for the model.
+  const int64_t per_node = cluster.gpus / cluster.nodes;
+  const bool sequence = models::splits_sequence(recipe.tp_plan());
   std::vector<PlannedConfig> out;
-  for (parallel::Strategy strategy : strategies) {
-    for (parallel::Precision precision : {parallel::Precision::BF16, parallel::Precision::NO}) {
-      for (bool ac : {false, true}) {
-        for (bool offload : {false, true}) {
-          for (parallel::Wrap wrap : {parallel::Wrap::TRANSFORMER, parallel::Wrap::NONE}) {
-            const bool fsdp = strategy != parallel::Strategy::DDP;
-            if (!fsdp && (offload || wrap == parallel::Wrap::NONE)) continue;  // DDP has neither
-            TrainingJob job;
-            job.world = cluster.gpus, job.nodes = cluster.nodes, job.strategy = strategy, job.wrap = wrap;
-            job.mixed_precision = precision, job.activation_checkpointing = ac, job.cpu_offload = offload;
-            job.seq_len = tokens_of(recipe, cluster.seq_len), job.device = parallel::Device::CUDA;
-            job.batch = largest_batch(recipe, shape, job, cluster);
-            if (job.batch < 1) continue;
-            out.push_back(predict(recipe, shape, job, cluster));
+  for (int64_t tp = 1; tp <= per_node; tp *= 2) {
+    if (per_node % tp != 0) break;
+    std::optional<ModelShape> shape;
+    try {
+      shape = model_shape(recipe, tp);
+    } catch (const std::invalid_argument&) {
+      if (tp == 1) throw;
+      continue;  // no plan, or sizes this tp does not divide
+    }
+    for (parallel::Strategy strategy : strategies) {
+      for (parallel::Precision precision : {parallel::Precision::BF16, parallel::Precision::NO}) {
+        for (bool ac : {false, true}) {
+          for (bool offload : {false, true}) {
+            for (parallel::Wrap wrap : {parallel::Wrap::TRANSFORMER, parallel::Wrap::NONE}) {
+              const bool fsdp = strategy != parallel::Strategy::DDP;
+              if (!fsdp && (offload || wrap == parallel::Wrap::NONE)) continue;  // DDP has neither
+              if (tp > 1 && (offload || wrap == parallel::Wrap::NONE)) continue;
+              TrainingJob job;
+              job.world = cluster.gpus, job.nodes = cluster.nodes, job.strategy = strategy, job.wrap = wrap;
+              job.tp = tp, job.sequence_parallel = tp > 1 && sequence;
+              job.mixed_precision = precision, job.activation_checkpointing = ac, job.cpu_offload = offload;
+              job.seq_len = tokens_of(recipe, cluster.seq_len), job.device = parallel::Device::CUDA;
+              job.batch = largest_batch(recipe, *shape, job, cluster);
+              if (job.batch < 1) continue;
+              out.push_back(predict(recipe, *shape, job, cluster));
+            }
           }
         }
       }
@@ -188,6 +224,9 @@ std::string lora_section(const models::LoraSpec& lora) {
 
 std::string trainer_yaml(const std::string& model, const PlannedConfig& c, const models::LoraSpec& lora) {
   const TrainingJob& j = c.job;
+  const std::string tp_lines = j.tp > 1 ? "  tp_size: " + std::to_string(j.tp) + "\n  sequence_parallel: " +
+                                              (j.sequence_parallel ? "true" : "false") + "\n"
+                                        : "";
   char head[512], body[1024];
   std::snprintf(head, sizeof head,
                 "# shardtrain plan: %s%s on %lld GPUs (%lld node%s): predicted peak %.2f GiB per GPU, %.0f items/s\n",
@@ -196,12 +235,13 @@ std::string trainer_yaml(const std::string& model, const PlannedConfig& c, const
                 static_cast<double>(c.memory.peak_bytes) / (1024.0 * 1024 * 1024), c.items_per_second);
   std::snprintf(body, sizeof body,
                 "parallel:\n  strategy: %s\n  mixed_precision: %s\n  activation_checkpointing: %s\n"
-                "  cpu_offload: %s\n  wrap: %s\n"
+                "  cpu_offload: %s\n  wrap: %s\n%s"
                 "train:\n  device: cuda\n  batch_size: %lld\n"
                 "launch:\n  num_processes: %lld\n  num_machines: %lld\n",
                 parallel::to_string(j.strategy).c_str(), parallel::to_string(j.mixed_precision).c_str(),
                 j.activation_checkpointing ? "true" : "false", j.cpu_offload ? "true" : "false",
-                parallel::to_string(j.wrap).c_str(), static_cast<long long>(j.batch), static_cast<long long>(j.world),
+                parallel::to_string(j.wrap).c_str(), tp_lines.c_str(), static_cast<long long>(j.batch),
+                static_cast<long long>(j.world),
                 static_cast<long long>(j.nodes));
   return head + model_section(model) + lora_section(lora) + body;
 }

@@ -73,10 +73,18 @@ int64_t StepLayout::reduction(int64_t unit) const {
 
 namespace {
 
-void check_job(const TrainingJob& job) {
+void check_job(const TrainingJob& job, const ModelShape& shape) {
   if (job.world < 1 || job.nodes < 1 || job.world % job.nodes != 0) {
     throw std::invalid_argument("a world of " + std::to_string(job.world) + " ranks does not divide into " +
                                 std::to_string(job.nodes) + " nodes (expected num_processes a multiple of nnodes)");
+  }
+  if (job.tp < 1 || (job.world / job.nodes) % job.tp != 0) {
+    throw std::invalid_argument("tensor parallelism over " + std::to_string(job.tp) + " ranks: a node's " +
+                                std::to_string(job.world / job.nodes) + " ranks do not divide into groups of it");
+  }
+  if (shape.tp != job.tp) {
+    throw std::logic_error("the model's shape was counted at a tensor-parallel size of " + std::to_string(shape.tp) +
+                           ", the job's is " + std::to_string(job.tp) + " (model_shape(recipe, job.tp))");
   }
   if (job.batch < 1) throw std::invalid_argument("batch size " + std::to_string(job.batch) + " (expected >= 1)");
   if (job.checkpoint_every < 1) {
@@ -88,18 +96,6 @@ void check_job(const TrainingJob& job) {
   }
 }
 
-models::ActivationQuery activation_query(const TrainingJob& job) {
-  models::ActivationQuery query;
-  query.batch = job.batch, query.seq_len = job.seq_len, query.device = job.device;
-  query.mlm_probability = job.mlm_probability, query.mim_probability = job.mim_probability;
-  query.itm_negative_probability = job.itm_negative_probability;
-  query.compute = job.mixed_precision == parallel::Precision::BF16 || job.param_bytes == 2 ? at::kBFloat16
-                  : job.mixed_precision == parallel::Precision::FP16                    ? at::kHalf
-                                                                                        : at::kFloat;
-  // DDP computes under autocast (train/parallel_model.cpp)
-  query.autocast = job.strategy == parallel::Strategy::DDP && job.mixed_precision != parallel::Precision::NO;
-  return query;
-}
 
 // Sharded state: each unit's parameters split over the shard group (padded to a multiple of it); gradients and
 // the optimizer's state for the trainable ones only (its state for every trainable parameter: the heads a step
@@ -148,7 +144,7 @@ void lay_out_gathered(StepLayout& s) {
   s.held_g = s.reshard ? s.root_g + s.out_g : s.all_g;  // gathered at the loss and as backward starts
   // Full gradients wait for their reduction in a sharded unit, or a replicated one (NO_SHARD over several ranks):
   // a layer's (in the walk), and the root's until the end of backward.
-  s.replicated_fsdp = job.strategy == parallel::Strategy::NO_SHARD && job.world > 1;
+  s.replicated_fsdp = job.strategy == parallel::Strategy::NO_SHARD && job.world / job.tp > 1;
   s.reduces = (s.gathers && s.shard > 1) || s.replicated_fsdp;
   s.root_full_grads = s.reduces ? s.root_trainable * s.ce : 0;
   s.in_full_grads = s.reduces ? units.input_trainable * s.ce : 0;
@@ -162,7 +158,7 @@ void lay_out_communication(StepLayout& s) {
   const TrainingJob& job = *s.job;
   s.overlap = fsdp::overlaps_reduce_scatter_by_default(job.device == parallel::Device::CUDA ? dist::CommBackend::NCCL
                                                                                            : dist::CommBackend::GLOO);
-  s.ddp_buckets = job.strategy == parallel::Strategy::DDP && job.world > 1 && !job.gradient_as_bucket_view;
+  s.ddp_buckets = job.strategy == parallel::Strategy::DDP && job.world / job.tp > 1 && !job.gradient_as_bucket_view;
   if (s.ddp_buckets) {
     s.buckets = ddp_bucket_bytes(s.shape->trainable_in_order, s.shape->without_gradient_in_order, s.pe,
                                  static_cast<int64_t>(job.bucket_cap_mb * 1024 * 1024), s.first_blocked);
@@ -221,8 +217,22 @@ void lay_out_accumulation(StepLayout& s) {
 
 }  // namespace
 
+models::ActivationQuery activation_query(const TrainingJob& job) {
+  models::ActivationQuery query;
+  query.batch = job.batch, query.seq_len = job.seq_len, query.device = job.device;
+  query.mlm_probability = job.mlm_probability, query.mim_probability = job.mim_probability;
+  query.itm_negative_probability = job.itm_negative_probability;
+  query.compute = job.mixed_precision == parallel::Precision::BF16 || job.param_bytes == 2 ? at::kBFloat16
+                  : job.mixed_precision == parallel::Precision::FP16                    ? at::kHalf
+                                                                                        : at::kFloat;
+  // DDP computes under autocast (train/parallel_model.cpp)
+  query.autocast = job.strategy == parallel::Strategy::DDP && job.mixed_precision != parallel::Precision::NO;
+  query.tp = job.tp, query.sequence_parallel = job.sequence_parallel && job.tp > 1;
+  return query;
+}
+
 StepLayout step_layout(const models::ModelRecipe& recipe, const ModelShape& shape, const TrainingJob& job) {
-  check_job(job);
+  check_job(job, shape);
   StepLayout s;
   s.job = &job, s.shape = &shape;
   const models::ActivationQuery query = activation_query(job);
@@ -235,7 +245,8 @@ StepLayout step_layout(const models::ModelRecipe& recipe, const ModelShape& shap
   s.pe = job.param_bytes, s.ce = static_cast<int64_t>(c10::elementSize(query.compute));
   s.rd = job.mixed_precision == parallel::Precision::BF16 ? 2 : 4;
   const bool replicated = job.strategy == parallel::Strategy::DDP || job.strategy == parallel::Strategy::NO_SHARD;
-  s.shard = replicated ? 1 : parallel::is_hybrid(job.strategy) ? job.world / job.nodes : job.world;
+  const int64_t data_ranks = job.world / job.tp;
+  s.shard = replicated ? 1 : parallel::is_hybrid(job.strategy) ? data_ranks / job.nodes : data_ranks;
   s.layer_units = units.numel.size() - 1;
   if (s.layer_units > 0) {
     s.largest_layer = *std::max_element(units.numel.begin(), units.numel.end() - 1);

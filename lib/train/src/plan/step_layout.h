@@ -79,6 +79,10 @@ struct StepLayout {
   std::string per_ranks() const { return shard > 1 ? " / " + std::to_string(shard) + " ranks" : ""; }
 };
 
+// What the recipe's activation function is asked for a job (the compute dtype, autocast under DDP's mixed
+// precision, tensor parallelism, the data pipeline's masking).
+models::ActivationQuery activation_query(const TrainingJob& job);
+
 // Throws std::invalid_argument naming the value for a world that does not divide into its nodes, a batch, a
 // checkpointing interval or a gradient accumulation below one.
 StepLayout step_layout(const models::ModelRecipe& recipe, const ModelShape& shape, const TrainingJob& job);

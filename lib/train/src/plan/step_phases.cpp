@@ -395,13 +395,14 @@ Moment backward_end(const StepLayout& s) {
   return largest({gradients, root, input_gather, input_reduction});
 }
 
-// The step: clipping sums squares in float64 (FSDP: a float64 copy of a gradient and its square, the largest
-// shard's; DDP's clip_grad_norm_ takes norms without copies), then AdamW a parameter at a time (sqrt(v) and its
+// The step: clipping sums squares in float64 (FSDP and tensor parallelism: a float64 copy of a gradient and its
+// square, the largest shard's; DDP's clip_grad_norm_ takes norms without copies), then AdamW a parameter at a time (sqrt(v) and its
 // quotient by the bias correction, two temporaries of the largest tensor). (Per-parameter shards: a parameter's
 // rows split over the group, whatever the wrap.) The accumulation is over: the gradients are .grad.
 Moment optimizer_step(const StepLayout& s) {
   const int64_t largest_shard = ceil_div(s.shape->largest_trainable_tensor, s.shard);
-  const int64_t clip_temp = s.job->strategy == parallel::Strategy::DDP || s.offload ? 0 : 2 * largest_shard * 8;
+  const bool float64_copies = !s.offload && (s.job->strategy != parallel::Strategy::DDP || s.job->tp > 1);
+  const int64_t clip_temp = float64_copies ? 2 * largest_shard * 8 : 0;
   const int64_t adam_temp = s.offload || s.job->fused_optimizer ? 0 : 2 * largest_shard * s.pe;
   const int64_t temporaries = std::max(clip_temp, adam_temp);
   Moment m{s.dev_params + s.dev_adam + s.dev_grads + temporaries, {}};

@@ -1,7 +1,6 @@
 // train::plan_run: a run's config as the memory model's job, its estimate, and train.batch_size: auto.
 #include <unistd.h>
 
-#include <algorithm>
 #include <cstdio>
 
 #include "shardtrain/cuda/cuda_library.h"
@@ -40,6 +39,7 @@ plan::TrainingJob job_of(const config::Config& c) {
   job.grad_accum = c.train.grad_accum, job.sync_each_batch = c.train.sync_each_batch;
   job.cpu_offload = c.parallel.cpu_offload;
   job.bucket_cap_mb = c.parallel.bucket_cap_mb, job.gradient_as_bucket_view = c.parallel.gradient_as_bucket_view;
+  job.tp = c.parallel.tp_size, job.sequence_parallel = c.parallel.sequence_parallel;
   job.batch = c.train.batch_size;
   job.seq_len = c.data.max_text_length;
   job.device = c.train.device;
@@ -120,10 +120,16 @@ std::string fitting_changes(const models::ModelRecipe& recipe, const plan::Model
     checkpointed.activation_checkpointing = true, checkpointed.checkpoint_every = 1;
     changes.emplace_back("parallel.activation_checkpointing: true", checkpointed);
   }
-  if (job.world > 1 && job.strategy != parallel::Strategy::FULL_SHARD && !parallel::is_hybrid(job.strategy)) {
+  if (job.world / job.tp > 1 && job.strategy != parallel::Strategy::FULL_SHARD &&
+      !parallel::is_hybrid(job.strategy)) {
     plan::TrainingJob sharded = job;
     sharded.strategy = parallel::Strategy::FULL_SHARD;
     changes.emplace_back("parallel.strategy: full_shard", sharded);
+  }
+  if (job.tp > 1 && !job.sequence_parallel && models::splits_sequence(recipe.tp_plan())) {
+    plan::TrainingJob sequence = job;
+    sequence.sequence_parallel = true;
+    changes.emplace_back("parallel.sequence_parallel: true", sequence);
   }
   std::string out;
   for (const auto& [key, changed] : changes) {
@@ -146,8 +152,8 @@ RunPlan plan_run(const config::Config& given, int64_t auto_batch_limit) {
       models::recipe_for_task(models::recipe_of_model(config.model.flavor, config.model.overrides), config.model.task,
                               {labels.names, labels.multi_label, std::nullopt, std::nullopt}),
       config.model.lora);
-  const plan::ModelShape shape = plan::model_shape(*recipe);
   plan::TrainingJob job = job_of(config);
+  const plan::ModelShape shape = plan::model_shape(*recipe, job.tp);
   if (config.train.batch_size == config::kAutoBatch) {
     std::string source;
     const int64_t budget = budget_of(config, job, source);
@@ -177,9 +183,7 @@ RunPlan plan_run(const config::Config& given, int64_t auto_batch_limit) {
     std::string source;
     const int64_t budget = hard_budget_of(config, job, source);
     out.budget_bytes = budget, out.budget_source = source;
-    // The memory model does not count tensor parallelism yet: its whole-model peak would refuse runs whose slices
-    // fit, so a tensor-parallel run is not refused by it.
-    if (budget > 0 && e.peak_bytes > budget && config.parallel.tp_size == 1) {
+    if (budget > 0 && e.peak_bytes > budget) {
       plan::Cluster cluster;
       cluster.gpu_memory = budget, cluster.memory_margin = 0;
       cluster.max_batch = config.train.batch_size;  // it does not fit: the answer is below it

@@ -310,10 +310,8 @@ void describe_start(const Config& c, const Job& job, ParallelModel& model, const
                                                         : "the model trains on the CPU already; nothing moves"));
   }
   if (plan.peak_bytes > 0) {
-    std::snprintf(line, sizeof(line), "  memory model: predicted peak %.3f GiB per rank (%s)%s, by term:",
-                  static_cast<double>(plan.peak_bytes) / (1024.0 * 1024 * 1024), plan.peak_phase.c_str(),
-                  mesh.tp_size() > 1 ? " without tensor parallelism (which it does not count yet: less is held)"
-                                     : "");
+    std::snprintf(line, sizeof(line), "  memory model: predicted peak %.3f GiB per rank (%s), by term:",
+                  static_cast<double>(plan.peak_bytes) / (1024.0 * 1024 * 1024), plan.peak_phase.c_str());
     job.logger.info(line);
     // The plan's lines after its heading (the job, which the line above gave) and the parameter count: the terms.
     size_t at = plan.text.find('\n');

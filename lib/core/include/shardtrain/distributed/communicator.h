@@ -24,6 +24,7 @@ enum class CommBackend {
   SELF,  // size 1: nothing to communicate
   GLOO,  // CPU tensors
   NCCL,  // CUDA tensors
+  NONE,  // a group's shape alone, no transport (Communicator::shape_only): every operation throws
 };
 
 const char* comm_backend_name(CommBackend backend);
@@ -62,6 +63,10 @@ class Communicator {
   explicit Communicator(std::shared_ptr<Impl> impl);
   // A group of this rank alone (every operation an identity); `global_rank` is the rank's world rank.
   static Communicator single(int global_rank);
+  // The shape of a group — rank `rank` of `size` — without a transport, for what needs only that: the memory model
+  // splits a model built on the meta device by a tensor-parallel plan as rank `rank` would. Every operation throws
+  // std::logic_error naming it.
+  static Communicator shape_only(int rank, int size);
 
   int rank() const;                               // rank inside this group
   int size() const;                               // W

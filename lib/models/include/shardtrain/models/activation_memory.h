@@ -25,6 +25,11 @@ struct ActivationQuery {
   bool autocast = false;
   // What the data pipeline masks (data.*): the heads run on masked positions only.
   double mlm_probability = 0.15, mim_probability = 0.4, itm_negative_probability = 0.5;
+  // Tensor parallelism (models/tensor_parallel.h) over `tp` ranks, as its rank 0 computes: inside a split region
+  // (attention, the MLP) a rank holds its heads' and its share of the width; the activations between regions are
+  // whole, or with sequence_parallel its slice of the sequence.
+  int64_t tp = 1;
+  bool sequence_parallel = false;
   // LoRA (models/lora.h): the base model's weights need no gradient, and each layer's adapted projections carry
   // rank-r adapters. A frozen projection keeps no input for its weight's gradient (an adapter on it keeps that input
   // instead, and its (rows, r) product), a frozen RMSNorm no normalized copy, a frozen head no weight gradient made

@@ -94,6 +94,10 @@ struct TpRule {
 };
 using TpPlan = std::vector<TpRule>;
 
+// Whether a plan can split the sequence (sequence parallelism): an embedding split by vocabulary rows scatters its
+// lookups over the sequence, where the layers' sequence-parallel regions begin.
+bool splits_sequence(const TpPlan& plan);
+
 // The rules of the zoo's transformer layers (models/blocks.h TransformerLayer) built with `layer` under `layers`
 // ("layers.*"): the norms on the sequence slice, attention split by heads (q, k, v column-wise, or their fused
 // projection by thirds; o row-wise), the MLP entered with its first projections column-wise and its last row-wise
@@ -161,15 +165,15 @@ TensorParallel tensor_parallelize(ZooModel& model, const dist::Communicator& gro
 // layer's before it changes.
 class TensorParallelizer {
  public:
-  TensorParallelizer(std::shared_ptr<const ModelRecipe> recipe, dist::Communicator group,
-                     TensorParallelOptions options);
+  TensorParallelizer(const ModelRecipe& recipe, dist::Communicator group, TensorParallelOptions options);
   void split_layer(const std::string& name, torch::nn::Module& layer);
-  TensorParallel finish(ZooModel& model);
+  // `root`: the model (ZooModel::module).
+  TensorParallel finish(torch::nn::Module& root);
 
  private:
   void split_modules(torch::nn::Module& subtree, const std::string& prefix, bool include_self);
 
-  std::shared_ptr<const ModelRecipe> recipe_;
+  std::string flavor_;
   dist::Communicator group_;
   TensorParallelOptions options_;
   TpPlan plan_;

@@ -76,26 +76,28 @@ class Gpt2Recipe : public FamilyRecipe<Gpt2Config, Gpt2> {
     return plan;
   }
 
-  // Layers: gpt2_layer_options (the embeddings' sum, after its dropout, is layer 0's input). Outside them the
+  // Layers: gpt2_layer_options (the embeddings' sum, after its dropout, is layer 0's input). Under tensor
+  // parallelism as Llama's: the stream outside the layers a rank's slice under sequence parallelism, the loss over
+  // its rows of the vocabulary. Outside them the
   // embeddings' dropout, the final LayerNorm (its input and what it keeps) and the loss through
   // linear_cross_entropy at the positions that predict a label, as Llama's.
   // A classifier: the final LayerNorm over every token, then its output's last rows (the score's input) and the
   // loss over one row per sample, as Llama's.
   ActivationBytes activation_bytes(const ActivationQuery& q) const override {
     const Gpt2Config& c = config();
-    const int64_t T = q.seq_len > 0 ? q.seq_len : c.max_positions, N = q.batch * T;
-    const int64_t unit = N * c.dim * stream_size(q);
+    const int64_t T = q.seq_len > 0 ? q.seq_len : c.max_positions, N = q.batch * T, sN = stream_rows(N, q);
+    const int64_t unit = sN * c.dim * stream_size(q);
     ActivationBytes a;
     const TransformerLayerOptions layer = gpt2_layer_options(c);
     add_transformer_layers(a, c.layers, layer, q.batch, T, 0, q);
     a.bias_saved_by_attention = attention_fused(layer.attention, q);
-    a.outside_layers = dropout_kept(c.embd_dropout, N * c.dim, q) + unit +
-                       norm_kept(Norm::kLayerNorm, N, c.dim, q, stream_size(q));
+    a.outside_layers = dropout_kept(c.embd_dropout, sN * c.dim, q) + unit +
+                       norm_kept(Norm::kLayerNorm, sN, c.dim, q, stream_size(q));
     if (c.classifier.enabled()) {
       add_last_token_classifier(a, q.batch, c.dim, c.classifier.classes(), q);
       return a;
     }
-    const LossBytes loss = linear_cross_entropy_bytes(N, c.vocab_size, c.dim, q);
+    const LossBytes loss = linear_cross_entropy_bytes(N, tp_part(c.vocab_size, q), c.dim, q);
     a.outside_layers += loss.kept;
     a.loss_transient = loss.forward_transient + N * c.dim * stream_size(q);
     a.loss_kept = loss.kept;

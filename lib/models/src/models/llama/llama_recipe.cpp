@@ -97,7 +97,8 @@ class LlamaRecipe : public FamilyRecipe<LlamaConfig, Llama> {
     return plan;
   }
 
-  // Layers: llama_layer_options (the embedding's output is layer 0's input). Then the final norm (its input and
+  // Layers: llama_layer_options (the embedding's output is layer 0's input; under sequence parallelism, as the
+  // final norm's input and what it keeps, a rank's slice of the sequence). Then the final norm (its input and
   // what it keeps) and the loss through linear_cross_entropy at the positions that predict a label (every position
   // counted: all but a row's last, and padding, predict one): linear_cross_entropy_bytes. Mistral's window, where
   // it cuts, is a (1, 1, T, T) bias all layers read (right padding needs none: llama.cpp).
@@ -106,18 +107,19 @@ class LlamaRecipe : public FamilyRecipe<LlamaConfig, Llama> {
   ActivationBytes activation_bytes(const ActivationQuery& q) const override {
     const LlamaConfig& c = config();
     const int64_t T = q.seq_len > 0 ? q.seq_len : c.max_positions, N = q.batch * T, e = element_size(q);
-    const int64_t unit = N * c.dim * stream_size(q);
+    const int64_t unit = stream_rows(N, q) * c.dim * stream_size(q);
     ActivationBytes a;
     const TransformerLayerOptions layer = llama_layer_options(c);
     add_transformer_layers(a, c.layers, layer, q.batch, T, 0, q);
     a.layer_bias = c.sliding_window > 0 && T > c.sliding_window ? T * T * e : 0;
     a.bias_saved_by_attention = attention_fused(layer.attention, q);
-    a.outside_layers = unit + norm_kept(Norm::kRMSNorm, N, c.dim, q, stream_size(q));
+    a.outside_layers = unit + norm_kept(Norm::kRMSNorm, stream_rows(N, q), c.dim, q, stream_size(q));
     if (c.classifier.enabled()) {
       add_last_token_classifier(a, q.batch, c.dim, c.classifier.classes(), q);
       return a;
     }
-    const LossBytes loss = linear_cross_entropy_bytes(N, c.vocab_size, c.dim, q);
+    // Under tensor parallelism over this rank's rows of the vocabulary (the loss over split logits).
+    const LossBytes loss = linear_cross_entropy_bytes(N, tp_part(c.vocab_size, q), c.dim, q);
     a.outside_layers += loss.kept;
     // While the loss runs, also its input: the labelled rows, gathered (labelled_rows: a copy).
     a.loss_transient = loss.forward_transient + N * c.dim * stream_size(q);

@@ -27,7 +27,12 @@ namespace shardtrain::plan {
 
 struct TrainingJob {
   int64_t world = 1;      // ranks in all
-  int64_t nodes = 1;      // hybrid strategies shard within a node: world / nodes ranks
+  int64_t nodes = 1;      // hybrid strategies shard within a node: world / nodes / tp ranks
+  // Tensor parallelism (models/tensor_parallel.h): ranks that split each layer, within a node; data parallelism
+  // (the strategy) is over world / tp ranks. sequence_parallel: the activations between the split regions are
+  // split on the sequence too.
+  int64_t tp = 1;
+  bool sequence_parallel = false;
   parallel::Strategy strategy = parallel::Strategy::FULL_SHARD;
   // FSDP units: each transformer layer and the root (the trainer's wrap), or the whole model as one unit (FSDP's
   // default when no policy is given: the T5 post's "default wrapping"). Units closed at a size are modelled as the
@@ -67,7 +72,7 @@ struct MemoryEstimate {
   int64_t peak_bytes = 0;         // per rank, on the device
   int64_t forward_bytes = 0, backward_bytes = 0, step_bytes = 0;  // each phase's peak
   int64_t host_bytes = 0;         // what CPU offload moves to host memory
-  int64_t parameters = 0;         // of the model, tied once
+  int64_t parameters = 0;         // of the model, tied once (under tensor parallelism a rank's slices)
   int64_t units = 0;              // FSDP units: one per transformer layer, plus the root
   int64_t tokens = 0;             // text tokens per sample estimated for (the model's maximum unless given); 0: none
   // Of the parameters, those in units called twice a step (FLAVA's encoder layers, unmasked then masked): gathered
@@ -98,10 +103,15 @@ struct ModelShape {
   // Elements of the tables only lookups read (models::LookupModule), all and the input edge unit's: autocast
   // makes no compute-dtype copy of them.
   int64_t lookup_tables = 0, input_lookup_tables = 0;
+  // The tensor-parallel size the counts are one rank's of (rank 0's: where a vocabulary splits unevenly, the
+  // largest part).
+  int64_t tp = 1;
   int64_t parameters() const;
   int64_t trainable() const;  // the parameters that get gradients (LoRA: the adapters')
 };
-ModelShape model_shape(const models::ModelRecipe& recipe);
+// Under tensor parallelism (tp > 1) the model is split by its recipe's plan as its rank 0 holds it. Throws
+// std::invalid_argument as models::tensor_parallelize does for a plan the sizes do not fit.
+ModelShape model_shape(const models::ModelRecipe& recipe, int64_t tp = 1);
 
 // Throws std::invalid_argument when the world does not divide into the nodes, or the family's activations are not
 // modelled.

@@ -1,5 +1,5 @@
-// `shardtrain plan`: every data-parallel configuration of a model that fits a cluster, each with its largest local
-// batch (the memory model, plan/memory_model.h) and its predicted throughput, best first.
+// `shardtrain plan`: every data- and tensor-parallel configuration of a model that fits a cluster, each with its
+// largest local batch (the memory model, plan/memory_model.h) and its predicted throughput, best first.
 //
 //   plan::Cluster cluster;                       // 8 x A100-40GB by default
 //   auto configs = plan::plan_configurations(*models::recipe_of("flava-2.7b"), cluster);
@@ -16,7 +16,12 @@
 //               CPU offload adds the shards' round trip over PCIe
 //   comm      = traffic / bandwidth (intra- or inter-node);  exposed = comm x (1 - overlap), or all of it when the
 //               whole model is one unit (nothing to overlap with), and never less than comm - compute
-//   step time = compute + exposed;  items/s = world x batch x items per sample / step time
+//   tensor    with tp > 1 (within a node, sequence parallel where the family's plan can be): compute / tp, its
+//               efficiency that of n / tp tokens (the matrices are 1 / tp as wide); the
+//               traffic above over world / tp data-parallel ranks of a rank's slices; and each layer's input
+//               (B, T, C) all-reduced 4 times a step (6 with checkpointing) over the tp ranks, 2 (tp - 1) / tp of
+//               it, on the intra-node bandwidth and never hidden
+//   step time = compute + exposed;  items/s = world / tp x batch x items per sample / step time
 #pragma once
 
 #include <cstdint>
@@ -69,8 +74,8 @@ int64_t largest_batch(const models::ModelRecipe& recipe, const ModelShape& shape
 PlannedConfig predict(const models::ModelRecipe& recipe, const ModelShape& shape, const TrainingJob& job,
                       const Cluster& cluster);
 
-// Every configuration (strategy x activation checkpointing x mixed precision x CPU offload x wrap) that fits with a
-// batch of at least one, at its largest batch, fastest first. Throws std::invalid_argument for a cluster whose GPUs
+// Every configuration (tensor-parallel size x strategy x activation checkpointing x mixed precision x CPU offload x
+// wrap) that fits with a batch of at least one, at its largest batch, fastest first. Throws std::invalid_argument for a cluster whose GPUs
 // do not divide into its nodes.
 std::vector<PlannedConfig> plan_configurations(const models::ModelRecipe& recipe, const Cluster& cluster);
 
