@@ -139,19 +139,19 @@ def lora_cells():
 
 
 def tp_cells():
-    """Tensor parallelism (parallel.tp_size): the families it splits, over 2 ranks alone and beside 2 data-parallel
-    ranks of each strategy, with and without sequence parallelism, checkpointing, bf16 and 1024 tokens; Qwen3's 2
-    key/value heads over 4 ranks (each held by two)."""
+    """Tensor parallelism (parallel.tp_size): every family, over 2 ranks alone and beside 2 data-parallel ranks of
+    each strategy, with and without sequence parallelism (where the family's plan can be), checkpointing, bf16 and a
+    realistic length; Qwen3's 2 key/value heads over 4 ranks (each held by two)."""
+    long = {"llama": 1024, "qwen3": 1024, "mistral": 1024, "gpt2": 1024, "bert": 512, "t5": 1024}
     cells = []
-    for family in ["llama", "qwen3", "mistral", "gpt2", "vit"]:
-        sp = [":sp", ""] if family != "vit" else [""]
-        for strategy, world, precision, ac, tokens, split in itertools.product(
-                ["full_shard"], [2], ["no", "bf16"], [False, True], [64, 1024], sp):
-            if family == "vit" and tokens > 64:
-                continue
-            cells.append((family, strategy, world, 2 if tokens > 64 else 4, precision, ac, 1, tokens, "", "2" + split))
+    for family in ["llama", "qwen3", "mistral", "gpt2", "vit", "bert", "t5", "flava"]:
+        sp = [":sp", ""] if family in ("llama", "qwen3", "mistral", "gpt2") else [""]
+        lengths = [64] + ([long[family]] if family in long else [])
+        for precision, ac, tokens, split in itertools.product(["no", "bf16"], [False, True], lengths, sp):
+            batch = 2 if tokens > 64 or family == "flava" else 4
+            cells.append((family, "full_shard", 2, batch, precision, ac, 1, tokens, "", "2" + split))
         for strategy in STRATEGIES:
-            cells.append((family, strategy, 4, 4, "no", False, 1, 64, "", "2" + sp[0]))
+            cells.append((family, strategy, 4, 2 if family == "flava" else 4, "no", False, 1, 64, "", "2" + sp[0]))
     cells.append(("qwen3", "full_shard", 4, 4, "no", False, 1, 64, "", "4"))
     cells.append(("qwen3", "full_shard", 4, 4, "no", True, 1, 64, "", "4:sp"))
     return cells

@@ -7,6 +7,7 @@
 //    activation checkpointing, train as one process on the whole batch does: the losses, the gradient norms that
 //    clip, and every parameter (this rank's slice of it) after three SGD steps within a float32 rounding of one
 //    process's, after three AdamW steps within what Adam makes of rounding in near-zero gradients;
+//  - ViT, BERT, T5 and FLAVA, their layers split and the rest whole, as one process too;
 //  - sizes that do not divide and a LoRA adapter are refused naming what is wrong, before any change.
 #include <gtest/gtest.h>
 #include <torch/torch.h>
@@ -16,10 +17,13 @@
 #include <unistd.h>
 
 #include "shardtrain/distributed/mesh.h"
+#include "shardtrain/models/bert.h"
 #include "shardtrain/models/gpt2.h"
 #include "shardtrain/models/llama.h"
 #include "shardtrain/models/lora.h"
 #include "shardtrain/models/parallelize.h"
+#include "shardtrain/models/synthetic_batch.h"
+#include "shardtrain/models/t5.h"
 #include "shardtrain/models/tensor_parallel.h"
 #include "shardtrain/models/vit.h"
 #include "shardtrain/models/weights.h"
@@ -279,35 +283,36 @@ TEST(TensorParallel, LlamaFamiliesTrainLikeOneProcess) {
   }
 }
 
-// ViT: its layers split (biases on every projection, GELU's fused MLP), the rest whole; the same training as one
-// process on the whole batch (SGD: the arithmetic to float32 rounding), with and without checkpointing.
-TEST(TensorParallel, VitTrainsLikeOneProcess) {
+// The loss of rows [first, first + rows) of a fixed global batch.
+using SliceLoss = std::function<at::Tensor(torch::nn::Module& model, int64_t first, int64_t rows)>;
+
+// A family whose plan splits its layers and keeps its head whole (ViT: biases on every projection, GELU's fused MLP;
+// BERT: post-norm, the masked-LM head whole; T5: cross-attention by heads, each stack's relative position bias by
+// its heads' columns): the same training as one process on the whole batch of 8 (SGD: the arithmetic to float32
+// rounding), with and without checkpointing.
+void expect_encoder_trains_like_one_process(const std::string& flavor, const std::shared_ptr<const ModelRecipe>& recipe,
+                                            const SliceLoss& loss) {
   const int w = test_process_group().world_size();
-  if (w == 1 || w == 3) GTEST_SKIP() << "vit-debug's 4 heads split over 2 or 4 ranks";
   const std::vector<std::pair<int, int>> layouts =
       w == 2 ? std::vector<std::pair<int, int>>{{1, 2}} : std::vector<std::pair<int, int>>{{1, 4}, {2, 2}};
   for (const auto& [dp, tp] : layouts) {
     for (int64_t every : {0, 1}) {
-      const std::string label = "vit-debug, dp " + std::to_string(dp) + " x tp " + std::to_string(tp) +
+      const std::string label = flavor + ", dp " + std::to_string(dp) + " x tp " + std::to_string(tp) +
                                 (every ? ", checkpointed" : "");
       BuildOptions build;
       build.init.seed = 5;
-      torch::manual_seed(4);
-      const at::Tensor pixels = at::randn({8, 3, 32, 32});
-      const at::Tensor labels = at::randint(10, {8}, at::kLong);
-      ZooModel reference = build_model("vit-debug", build);
-      auto* ref = dynamic_cast<VitImpl*>(reference.module.get());
+      ZooModel reference = build_model(recipe, build);
       torch::optim::SGD ref_sgd(reference.module->parameters(), torch::optim::SGDOptions(0.1));
       std::vector<double> ref_losses;
       for (int s = 0; s < 3; ++s) {
         ref_sgd.zero_grad();
-        at::Tensor loss = ref->run(pixels, labels).loss;
-        loss.backward();
+        at::Tensor l = loss(*reference.module, 0, 8);
+        l.backward();
         ref_sgd.step();
-        ref_losses.push_back(loss.item<double>());
+        ref_losses.push_back(l.item<double>());
       }
       const auto mesh = dist::DeviceMesh::create(test_process_group(), 1, dp, tp);
-      ZooModel model = build_model("vit-debug", build);
+      ZooModel model = build_model(recipe, build);
       TensorParallel split = tensor_parallelize(model, mesh.tp_group());
       const auto layouts = split.split_layouts(*model.module);
       ParallelizeOptions options;
@@ -315,17 +320,14 @@ TEST(TensorParallel, VitTrainsLikeOneProcess) {
       if (dp > 1) parallelize(model, mesh, options);
       if (dp == 1 && every > 0) activation_checkpoint_layers(model, every);
       const int64_t rows = 8 / dp;
-      const at::Tensor my_pixels = pixels.narrow(0, mesh.data_rank() * rows, rows);
-      const at::Tensor my_labels = labels.narrow(0, mesh.data_rank() * rows, rows);
-      auto* vit = dynamic_cast<VitImpl*>(model.module.get());
       torch::optim::SGD sgd(model.module->parameters(), torch::optim::SGDOptions(0.1));
       for (int s = 0; s < 3; ++s) {
         sgd.zero_grad();
-        at::Tensor loss = vit->run(my_pixels, my_labels).loss;
-        loss.backward();
+        at::Tensor l = loss(*model.module, mesh.data_rank() * rows, rows);
+        l.backward();
         split.reduce_gradients();
         sgd.step();
-        at::Tensor mean = loss.detach().to(at::kDouble).reshape({1}).clone();
+        at::Tensor mean = l.detach().to(at::kDouble).reshape({1}).clone();
         mesh.data_group().all_reduce(mean, dist::ReduceOp::MEAN).wait();
         EXPECT_NEAR(mean.item<double>(), ref_losses[s], 1e-5 * ref_losses[s]) << label << ": loss at step " << s;
       }
@@ -341,6 +343,75 @@ TEST(TensorParallel, VitTrainsLikeOneProcess) {
         EXPECT_LE((ours.at(p.key()) - expected).abs().max().item<double>(), 2.5e-7) << label << " " << p.key();
       }
     }
+  }
+}
+
+TEST(TensorParallel, WholeHeadFamiliesTrainLikeOneProcess) {
+  const int w = test_process_group().world_size();
+  if (w == 1 || w == 3 || w == 8) GTEST_SKIP() << "the debug flavors' 4 heads split over 2 or 4 ranks";
+  torch::manual_seed(4);
+  const at::Tensor pixels = at::randn({8, 3, 32, 32});
+  const at::Tensor classes = at::randint(10, {8}, at::kLong);
+  expect_encoder_trains_like_one_process(
+      "vit-debug", recipe_of("vit-debug"), [&](torch::nn::Module& m, int64_t first, int64_t rows) {
+        return dynamic_cast<VitImpl&>(m).run(pixels.narrow(0, first, rows), classes.narrow(0, first, rows)).loss;
+      });
+  // Every token labelled, so that each data-parallel rank's mean is over as many as the others'.
+  const at::Tensor ids = at::randint(1000, {8, 16}, at::kLong);
+  expect_encoder_trains_like_one_process(
+      "bert-debug", recipe_of_model("bert-debug", {{"dropout", 0}}),
+      [&](torch::nn::Module& m, int64_t first, int64_t rows) {
+        const at::Tensor mine = ids.narrow(0, first, rows);
+        return dynamic_cast<BertImpl&>(m).run(mine, {}, {}, mine, /*labelled_only=*/true).loss;
+      });
+  const at::Tensor targets = at::randint(1000, {8, 6}, at::kLong);
+  expect_encoder_trains_like_one_process(
+      "t5-debug", recipe_of_model("t5-debug", {{"dropout", 0}}),
+      [&](torch::nn::Module& m, int64_t first, int64_t rows) {
+        return dynamic_cast<T5Impl&>(m)
+            .run(ids.narrow(0, first, rows), {}, {}, targets.narrow(0, first, rows), /*labelled_only=*/true)
+            .loss;
+      });
+}
+
+// FLAVA's three encoders split, its embeddings, heads and codebook whole: its pretraining losses (MLM, MIM, ITM,
+// contrastive, the masked multimodal ones) on one image-text batch train as one process does (SGD).
+TEST(TensorParallel, FlavaTrainsLikeOneProcess) {
+  const int w = test_process_group().world_size();
+  if (w != 2 && w != 4) GTEST_SKIP() << "flava-debug's 4 heads split over 2 or 4 ranks";
+  const auto recipe = recipe_of("flava-debug");
+  const auto task = recipe->task();
+  const data::Batch batch = synthetic_batch(task->data_needs(), 4, 16, /*seed=*/3);
+  BuildOptions build;
+  build.init.seed = 5;
+  auto train = [&](ZooModel& model, const TensorParallel* tp) {
+    torch::optim::SGD sgd(model.module->parameters(), torch::optim::SGDOptions(0.1));
+    std::vector<double> losses;
+    for (int s = 0; s < 3; ++s) {
+      sgd.zero_grad();
+      at::Tensor loss = task->compute_losses(*model.module, batch, static_cast<uint64_t>(s)).total;
+      loss.backward();
+      if (tp != nullptr) tp->reduce_gradients();
+      sgd.step();
+      losses.push_back(loss.item<double>());
+    }
+    return losses;
+  };
+  ZooModel reference = build_model(recipe, build);
+  const std::vector<double> expected = train(reference, nullptr);
+  ZooModel model = build_model(recipe, build);
+  const TensorParallel tp = tensor_parallelize(model, test_process_group().world());
+  const auto layouts = tp.split_layouts(*model.module);
+  const std::vector<double> losses = train(model, &tp);
+  for (size_t s = 0; s < losses.size(); ++s) {
+    EXPECT_NEAR(losses[s], expected[s], 1e-5 * expected[s]) << "flava-debug at tp " << w << ": loss at step " << s;
+  }
+  for (const auto& p : reference.module->named_parameters()) {
+    const at::Tensor expected_part = part_of(p.value(), layouts, p.key(), test_process_group().world());
+    const at::Tensor ours = model.module->named_parameters()[p.key()];
+    // Its encoders run twice a step (unmasked, then masked): each gradient a sum of two, the split layers' partial
+    // sums in another order. A few float32 roundings: up to 5e-7 measured.
+    EXPECT_LE((ours - expected_part).abs().max().item<double>(), 1e-6) << "flava-debug at tp " << w << " " << p.key();
   }
 }
 
@@ -430,9 +501,9 @@ TEST(TensorParallel, RefusesWhatItCannotSplit) {
   ZooModel vit = build_model("vit-debug");
   testing::expect_error<std::invalid_argument>([&] { tensor_parallelize(vit, world, {/*sequence_parallel=*/true}); },
                                                {"sequence parallelism of vit-debug", "no embedding that splits"});
-  ZooModel bert = build_model("bert-debug");
-  testing::expect_error<std::invalid_argument>([&] { tensor_parallelize(bert, world); },
-                                               {"the bert family", "has no tensor-parallel plan"});
+  ZooModel flava = build_model("flava-debug");
+  testing::expect_error<std::invalid_argument>([&] { tensor_parallelize(flava, world, {/*sequence_parallel=*/true}); },
+                                               {"sequence parallelism of flava-debug", "no embedding that splits"});
 }
 
 }  // namespace

@@ -119,7 +119,7 @@ TEST(Planner, RecommendationIsATrainerConfig) {
 }
 
 // Tensor parallelism is planned within a node (sizes dividing its GPUs, sequence parallel where the family's plan
-// can be), neither with offload nor with the model as one unit; a family without a plan is planned without it. A
+// can be), neither with offload nor with the model as one unit; LoRA, which it does not combine with, without it. A
 // split configuration computes 1 / tp of the step per GPU and moves each layer's input over the group; its items/s
 // counts the data-parallel ranks; its YAML sets parallel.tp_size and sequence_parallel.
 TEST(Planner, TensorParallelIsPlannedWithinANode) {
@@ -153,8 +153,10 @@ TEST(Planner, TensorParallelIsPlannedWithinANode) {
   const config::Config c = config::parse_config(trainer_yaml("llama-3-8b", *tensor_parallel), "plan.yaml");
   EXPECT_EQ(c.parallel.tp_size, tensor_parallel->job.tp);
   EXPECT_TRUE(c.parallel.sequence_parallel);
-  for (const PlannedConfig& t5 : plan_configurations(*models::recipe_of("t5-small"), cluster)) {
-    EXPECT_EQ(t5.job.tp, 1);
+  models::LoraSpec lora;  // adapters do not combine with tensor parallelism
+  lora.r = 8, lora.lora_alpha = 16;
+  for (const PlannedConfig& adapted : plan_configurations(*models::with_lora(llama, lora), cluster)) {
+    EXPECT_EQ(adapted.job.tp, 1);
   }
 }
 

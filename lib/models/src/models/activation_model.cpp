@@ -190,7 +190,7 @@ LayerKept layer_kept(const TransformerLayerOptions& o, int64_t batch, int64_t to
     k.all += s_rows * d * s + norm_kept(o.norm, s_rows, d, q, s) +
              (attention_input ? stream_copies_kept(1, rows * d, q) : 0);
     if (o.cross_attention) {
-      AttentionOptions cross = o.attention;
+      AttentionOptions cross = local.attention;
       cross.causal = false;
       k.all += q_drop + q_unit + q_norm + stream_copies_kept(1, q_rows * d, q) +
                attention_kept(cross, batch, queries, context_tokens, q);

@@ -19,8 +19,15 @@ namespace shardtrain::models {
 
 namespace {
 
-// '*' matches one whole segment of a dotted path.
+// '*' matches one whole segment of a dotted path; a final ".**" the module before it and every module below.
 bool path_matches(const std::string& pattern, const std::string& path) {
+  constexpr char kSubtree[] = ".**";
+  if (pattern.size() > 3 && pattern.compare(pattern.size() - 3, 3, kSubtree) == 0) {
+    const std::string top = pattern.substr(0, pattern.size() - 3);
+    if (path_matches(top, path)) return true;
+    const size_t dot = path.rfind('.');
+    return dot != std::string::npos && path_matches(pattern, path.substr(0, dot));
+  }
   size_t p = 0, q = 0;
   while (p < pattern.size() && q < path.size()) {
     if (pattern[p] == '*') {
@@ -275,6 +282,14 @@ struct Applier {
       case TpStyle::HEAD_LOCAL:
         sum_if(true, m, /*recurse=*/true);
         return "whole, gradients summed";
+      case TpStyle::HEAD_TABLE: {
+        at::Tensor weight = m.named_parameters(/*recurse=*/false)["weight"];
+        check_divides(weight.size(1), group.size(), "the attention heads (columns) of " + path);
+        if (dry) return "";
+        const std::string before = shape_text(weight);
+        keep_slice(weight, {1, 1}, group, split);
+        return "weight " + shape_text(weight) + " of " + before + ", this rank's heads";
+      }
       case TpStyle::SEQUENCE:
         sum_if(sequence_parallel, m, /*recurse=*/true);
         return sequence_parallel ? "whole, on the sequence slice" : "whole";
@@ -353,11 +368,19 @@ TpPlan transformer_layer_tp_plan(const std::string& layers, const TransformerLay
   } else {
     for (const char* p : {".attn.q", ".attn.k", ".attn.v"}) plan.push_back({layers + p, TpStyle::COLUMN});
   }
-  for (TpRule rule : std::vector<TpRule>{{layers + ".attn.o", TpStyle::ROW},
-                                         {layers + ".norm2", TpStyle::SEQUENCE},
-                                         {layers + ".mlp", TpStyle::ENTER}}) {
-    plan.push_back(std::move(rule));
+  plan.push_back({layers + ".attn.o", TpStyle::ROW});
+  if (layer.cross_attention) {
+    for (TpRule rule : std::vector<TpRule>{{layers + ".norm_cross", TpStyle::SEQUENCE},
+                                           {layers + ".cross_attn", TpStyle::ATTENTION},
+                                           {layers + ".cross_attn.q", TpStyle::COLUMN},
+                                           {layers + ".cross_attn.k", TpStyle::COLUMN},
+                                           {layers + ".cross_attn.v", TpStyle::COLUMN},
+                                           {layers + ".cross_attn.o", TpStyle::ROW}}) {
+      plan.push_back(std::move(rule));
+    }
   }
+  plan.push_back({layers + ".norm2", TpStyle::SEQUENCE});
+  plan.push_back({layers + ".mlp", TpStyle::ENTER});
   for (const char* in : swiglu ? std::vector<const char*>{"gate", "up"} : std::vector<const char*>{"fc1"}) {
     plan.push_back({layers + ".mlp." + in, TpStyle::COLUMN});
   }
@@ -393,6 +416,7 @@ std::string to_string(TpStyle style) {
     case TpStyle::ATTENTION: return "attention";
     case TpStyle::ENTER: return "enter";
     case TpStyle::HEAD_LOCAL: return "head_local";
+    case TpStyle::HEAD_TABLE: return "head_table";
     case TpStyle::SEQUENCE: return "sequence";
     case TpStyle::SEQUENCE_GATHER: return "sequence_gather";
     case TpStyle::VOCAB_EMBEDDING: return "vocab_embedding";

@@ -75,6 +75,8 @@ enum class TpStyle {
                     // key/value heads fewer than the ranks (and dividing them) each held by ranks / heads ranks
   ENTER,            // any interceptable module (MLP): enter around it
   HEAD_LOCAL,       // whole parameters that see this rank's heads only (q_norm, k_norm): gradients summed
+  HEAD_TABLE,       // an embedding whose columns are the attention heads (T5's relative position bias, (buckets,
+                    // heads)): columns split, its lookups this rank's heads' bias
   SEQUENCE,         // whole parameters of a module that runs on the sequence slice under sequence parallelism (a
                     // layer's norms); nothing changes without it
   SEQUENCE_GATHER,  // SEQUENCE, and its output gathered over the sequence (the final norm: what follows is whole)
@@ -87,7 +89,8 @@ enum class TpStyle {
 std::string to_string(TpStyle style);
 
 // `module` is a path of the model's named_modules ("layers.*.attn.q"), '*' standing for one whole path segment
-// (a layer's index). A rule that matches no module is an error, so a plan says nothing its model lacks.
+// (a layer's index), a final ".**" for the module and every module below it ("image_codebook.**"). A rule that
+// matches no module is an error, so a plan says nothing its model lacks.
 struct TpRule {
   std::string module;
   TpStyle style;
@@ -100,8 +103,9 @@ bool splits_sequence(const TpPlan& plan);
 
 // The rules of the zoo's transformer layers (models/blocks.h TransformerLayer) built with `layer` under `layers`
 // ("layers.*"): the norms on the sequence slice, attention split by heads (q, k, v column-wise, or their fused
-// projection by thirds; o row-wise), the MLP entered with its first projections column-wise and its last row-wise
-// (gate, up, down with SwiGLU; fc1, fc2 otherwise).
+// projection by thirds; o row-wise), a decoder's cross-attention alike (its context, the encoder's output, whole),
+// the MLP entered with its first projections column-wise and its last row-wise (gate, up, down with SwiGLU; fc1,
+// fc2 otherwise).
 TpPlan transformer_layer_tp_plan(const std::string& layers, const TransformerLayerOptions& layer);
 
 struct TensorParallelOptions {

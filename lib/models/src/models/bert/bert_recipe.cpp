@@ -121,6 +121,22 @@ class BertRecipe : public FamilyRecipe<BertConfig, Bert> {
     return {"embeddings.word.weight"};
   }
 
+  // Megatron's split of every encoder layer (models/tensor_parallel.h: post-norm, the norms after each sum whole);
+  // the embeddings, the pooler and the heads stay whole on every rank — the masked-LM decoder, the word table, too,
+  // so its logits are whole (no sequence parallelism: nothing splits the tokens).
+  TpPlan tp_plan() const override {
+    const BertConfig& c = config();
+    TpPlan plan = {{"embeddings.*", TpStyle::WHOLE}};
+    for (TpRule& rule : transformer_layer_tp_plan("layers.*", bert_layer_options(c))) plan.push_back(std::move(rule));
+    if (c.pooler) plan.push_back({"pooler", TpStyle::WHOLE});
+    if (c.mlm_head) {
+      plan.push_back({"mlm_transform", TpStyle::WHOLE});
+      plan.push_back({"mlm_norm", TpStyle::WHOLE});
+    }
+    if (!c.labels.empty()) plan.push_back({"classifier", TpStyle::WHOLE});
+    return plan;
+  }
+
   // A classifier's config (BertForSequenceClassification, BertForTokenClassification) classifies by default.
   std::vector<std::string> tasks() const override {
     if (config().token_classifier) return {"token_classify", "classify", "masked_lm"};

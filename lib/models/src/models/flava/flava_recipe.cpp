@@ -179,6 +179,30 @@ class FlavaRecipe : public FamilyRecipe<FlavaConfig, Flava> {
     module_as<FlavaImpl>(root, "flava").set_contrastive_group(mesh.data_group());
   }
 
+  // Megatron's split of every layer of the three encoders (models/tensor_parallel.h); the embeddings, the final norms
+  // and poolers, the projections, the heads and the frozen codebook whole on every rank (small beside the layers;
+  // the masked heads' logits whole). The contrastive loss gathers over the data-parallel ranks (parallelize_hook),
+  // which a tensor-parallel group shares. No sequence parallelism: nothing splits the tokens.
+  TpPlan tp_plan() const override {
+    const FlavaConfig& c = config();
+    TpPlan plan = {{"text.text_embeddings.**", TpStyle::WHOLE}, {"image.image_embeddings.**", TpStyle::WHOLE}};
+    for (const char* encoder : {"text", "image", "multimodal"}) {
+      const std::string e = encoder;
+      plan.push_back({e, TpStyle::WHOLE});  // the multimodal encoder's CLS token
+      plan.push_back({e + ".norm", TpStyle::WHOLE});
+      plan.push_back({e + ".pooler", TpStyle::WHOLE});
+      for (TpRule& rule : transformer_layer_tp_plan(e + ".layers.*", flava_layer_options(c))) {
+        plan.push_back(std::move(rule));
+      }
+    }
+    for (const char* whole : {"image_projection", "text_projection", "image_to_mm_projection", "text_to_mm_projection",
+                              "itm_head_pooler", "itm_head", "mim_head.**", "mlm_head.**", "mmm_image_head.**",
+                              "mmm_text_head.**", "image_codebook.**"}) {
+      plan.push_back({whole, TpStyle::WHOLE});
+    }
+    return plan;
+  }
+
   std::vector<std::string> tasks() const override { return {"pretraining"}; }
 
   // The image-text batch, the largest kind: T text tokens, n = P + 1 image tokens (P patches), n + T + 1 multimodal.

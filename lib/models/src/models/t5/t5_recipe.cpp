@@ -171,6 +171,23 @@ class T5Recipe : public FamilyRecipe<T5Config, T5> {
     return std::make_shared<T5Recipe>(family(), flavor(), c, t5_names, layer_class());
   }
 
+  // Megatron's split of every encoder and decoder layer (models/tensor_parallel.h; cross-attention by heads, its
+  // context whole), each stack's relative position bias by its heads' columns; the shared table (lookups and the
+  // tied head) and the final norms whole, so the logits are whole (no sequence parallelism).
+  TpPlan tp_plan() const override {
+    const T5Config& c = config();
+    TpPlan plan = {{"shared", TpStyle::WHOLE}};
+    for (const bool decoder : {false, true}) {
+      const std::string stack = decoder ? "decoder" : "encoder";
+      plan.push_back({stack + ".relative_bias", TpStyle::HEAD_TABLE});
+      plan.push_back({stack + ".norm", TpStyle::SEQUENCE});
+      for (TpRule& rule : transformer_layer_tp_plan(stack + ".layers.*", t5_layer_options(c, decoder))) {
+        plan.push_back(std::move(rule));
+      }
+    }
+    return plan;
+  }
+
   // Span corruption's rows of T text tokens (span_corruption_lengths). Each stack keeps its
   // embedding's dropout noise, its layers (t5_layer_options: the decoder's attend to the encoder's output), its final
   // norm's input and what it keeps, and the noise of the dropout after it; the encoder's output once (every
@@ -198,7 +215,9 @@ class T5Recipe : public FamilyRecipe<T5Config, T5> {
     const int64_t context = stream_copies_kept(1, enc_rows * c.dim, q);
     a.outside_layers =
         stack_outside(enc_rows, enc_unit) + context + stack_outside(dec_rows, dec_unit) + loss.kept + buckets;
-    const int64_t enc_bias = q.batch * c.heads * enc * enc * e, dec_bias = c.heads * dec * dec * e;
+    // (Under tensor parallelism a rank's heads' bias.)
+    const int64_t heads = c.heads / std::max<int64_t>(1, q.tp);
+    const int64_t enc_bias = q.batch * heads * enc * enc * e, dec_bias = heads * dec * dec * e;
     a.layer_bias = enc_bias + dec_bias;
     a.bias_saved_by_attention = attention_fused(t5_layer_options(c, false).attention, q);
     // Backward: each stack's bias gathers its gradient from the stack's layers (the encoder's walked last), the sum
