@@ -54,8 +54,8 @@ struct CheckpointModel {
   // slices as a sharded state dict of their own, model/tp-<t>-of-<T>/, beside model/tensor_parallel.json (the size
   // and the split dimensions); loading at the same size reads its own, at another (or without tensor parallelism,
   // or a checkpoint saved without it) merges the slices whole and takes its own. Unset: none.
-  std::optional<dist::Communicator> tp_group;
-  std::map<std::string, tp::SplitLayout> tp_split;
+  std::optional<dist::Communicator> tp_group = std::nullopt;
+  std::map<std::string, tp::SplitLayout> tp_split = {};
 };
 
 std::string step_directory_name(int64_t step);  // "step-00000100"
