@@ -820,7 +820,8 @@ std::map<std::string, at::Tensor> safetensors_of(const std::string& path) {
 
 // A tensor-parallel run's checkpoints: written as each tensor-parallel rank's slices (model/tp-<t>-of-2/), resumed
 // at the same size and at one process (the slices merged), both continuing as one process that ran through, and
-// exported whole as that process's. GPT-2's: its fused q, k, v split by thirds, its vocabulary (1001) 501 + 500.
+// exported whole as that process's; with state_dict_type: full the whole model beside the slices. GPT-2's: its fused
+// q, k, v split by thirds, its vocabulary (1001) 501 + 500.
 TEST_F(TrainTest, TensorParallelCheckpointsResumeAtAnySize) {
   const std::string common = std::string(SHARDTRAIN_BIN) + " train " + root_ + "/config.yaml --model.flavor=gpt2-debug "
                              "'--model.overrides={vocab_size: 1001, dropout: 0}' --train.steps=4 --log.interval=1 --train.eval_interval=0 --optim.warmup_steps=0 "
@@ -829,11 +830,17 @@ TEST_F(TrainTest, TensorParallelCheckpointsResumeAtAnySize) {
   const Outcome through = run(common + "--launch.num_processes=1 --checkpoint.dir=" + one);
   ASSERT_EQ(through.status, 0) << through.output;
   const Outcome first = run(common + "--launch.num_processes=2 --parallel.tp_size=2 --train.stop_at=2 "
-                            "--checkpoint.dir=" + split);
+                            "--checkpoint.state_dict_type=full --checkpoint.dir=" + split);
   ASSERT_EQ(first.status, 0) << first.output;
   const std::string step2 = split + "/step-00000002";
   EXPECT_TRUE(io::path_exists(step2 + "/model/tp-1-of-2/metadata.pt"));
   EXPECT_TRUE(io::path_exists(step2 + "/model/tensor_parallel.json"));
+  // state_dict_type: full, the whole model beside the slices: the slices merged, as an export of them.
+  const Outcome step2_exported = run(std::string(SHARDTRAIN_BIN) + " checkpoint export " + step2 + " --out " +
+                                     root_ + "/tp-step2.safetensors");
+  ASSERT_EQ(step2_exported.status, 0) << step2_exported.output;
+  EXPECT_EQ(max_difference(safetensors_of(step2 + "/model.safetensors"),
+                           safetensors_of(root_ + "/tp-step2.safetensors")), 0.0);
   io::make_directories(moved);
   ASSERT_EQ(run("cp -r " + step2 + " " + moved + "/").status, 0);
   const Outcome same = run(common + "--launch.num_processes=2 --parallel.tp_size=2 --resume --checkpoint.dir=" + split);

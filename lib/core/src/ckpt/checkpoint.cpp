@@ -303,7 +303,13 @@ std::string save_checkpoint(const std::string& dir, const TrainerState& given, c
   });
   if (!model.hf_names.empty()) {
     std::map<std::string, at::Tensor> full;
-    if (model.sharded) {
+    if (model.sharded && tp_size_of(model) > 1) {
+      // Each tensor-parallel rank's slices, merged from the files every rank has just written (the steps above end
+      // on every rank alike): the whole model on the leader, no collective.
+      steps.run([&] {
+        if (leader) full = merged_model_state(tmp + "/model");
+      });
+    } else if (model.sharded) {
       full = fsdp::full_state_dict(model.root, /*rank0_only=*/true);  // collective
     } else if (leader) {
       for (const auto& [name, p] : named_parameters(*model.root)) full[name] = p.detach().cpu();

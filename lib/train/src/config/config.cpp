@@ -837,8 +837,6 @@ void validate_parallel(const Config& c) {
     require(c.checkpoint.dir.empty() || c.parallel.strategy != parallel::Strategy::DDP, "checkpoint.dir",
             "'" + c.checkpoint.dir + "'",
             with_tp + " under ddp (a tensor-parallel run's checkpoints are written by FSDP's strategies)");
-    require(c.checkpoint.state_dict_type != StateDictType::FULL, "checkpoint.state_dict_type", "full",
-            with_tp + " (each rank holds slices: export the sharded checkpoint with `shardtrain checkpoint export`)");
     require(c.optim.name != OptimizerKind::ADAFACTOR, "optim.name", "adafactor",
             with_tp + " (its factored statistics span whole matrices)");
   }
