@@ -821,7 +821,7 @@ std::map<std::string, at::Tensor> safetensors_of(const std::string& path) {
 // A tensor-parallel run's checkpoints: written as each tensor-parallel rank's slices (model/tp-<t>-of-2/), resumed
 // at the same size and at one process (the slices merged), both continuing as one process that ran through, and
 // exported whole as that process's; with state_dict_type: full the whole model beside the slices. GPT-2's: its fused
-// q, k, v split by thirds, its vocabulary (1001) 501 + 500.
+// q, k, v split by thirds, its vocabulary (1001) 501 + 500; and Llama's key/value heads replicated at tp 4.
 TEST_F(TrainTest, TensorParallelCheckpointsResumeAtAnySize) {
   const std::string common = std::string(SHARDTRAIN_BIN) + " train " + root_ + "/config.yaml --model.flavor=gpt2-debug "
                              "'--model.overrides={vocab_size: 1001, dropout: 0}' --train.steps=4 --log.interval=1 --train.eval_interval=0 --optim.warmup_steps=0 "
@@ -864,6 +864,26 @@ TEST_F(TrainTest, TensorParallelCheckpointsResumeAtAnySize) {
   const auto reference = safetensors_of(one + "/model.safetensors");
   EXPECT_LE(max_difference(safetensors_of(split + "/model.safetensors"), reference), 1e-4);
   EXPECT_LE(max_difference(safetensors_of(moved + "/model.safetensors"), reference), 1e-4);
+
+  // llama-debug's 2 key/value heads at tp 4, each held by two ranks: merged from one of them each, resumed at one
+  // process as the run through.
+  const std::string llama = std::string(SHARDTRAIN_BIN) + " train " + root_ + "/config.yaml --model.flavor=llama-debug "
+                            "--train.steps=4 --log.interval=1 --train.eval_interval=0 --optim.warmup_steps=0 "
+                            "--checkpoint.interval=2 ";
+  const Outcome llama_through = run(llama + "--launch.num_processes=1");
+  ASSERT_EQ(llama_through.status, 0) << llama_through.output;
+  const std::string replicated = root_ + "/tp-ckpt-replicated";
+  const Outcome llama_first = run(llama + "--launch.num_processes=4 --parallel.tp_size=4 --train.stop_at=2 "
+                                  "--checkpoint.dir=" + replicated);
+  ASSERT_EQ(llama_first.status, 0) << llama_first.output;
+  EXPECT_NE(llama_first.output.find("each head on 2 ranks"), std::string::npos) << llama_first.output;
+  const Outcome llama_alone = run(llama + "--launch.num_processes=1 --resume --checkpoint.dir=" + replicated);
+  ASSERT_EQ(llama_alone.status, 0) << llama_alone.output;
+  const std::vector<std::string> llama_all = loss_lines(llama_through.output), llama_resumed = loss_lines(llama_alone.output);
+  ASSERT_GE(llama_resumed.size(), 2u) << llama_alone.output;
+  EXPECT_EQ(std::vector<std::string>(llama_resumed.end() - 2, llama_resumed.end()),
+            std::vector<std::string>(llama_all.end() - 2, llama_all.end()))
+      << llama_alone.output;
 }
 
 // The "A -> B" of a phrase of the closing line ("eval loss 0.69 -> 0.41"); {NaN, NaN} when absent.

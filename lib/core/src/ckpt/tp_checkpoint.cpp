@@ -33,7 +33,8 @@ SavedLayout read_layout(const std::string& model_dir) {
     const nlohmann::json j = nlohmann::json::parse(bytes.begin(), bytes.end());
     layout.size = j.at("size").get<int64_t>();
     for (const auto& [name, split] : j.at("split").items()) {
-      layout.split[name] = {split.at("dim").get<int64_t>(), split.at("sections").get<int64_t>()};
+      layout.split[name] = {split.at("dim").get<int64_t>(), split.at("sections").get<int64_t>(),
+                            split.at("parts").get<int64_t>()};
     }
   } catch (const std::exception& e) {
     throw std::runtime_error(path + ": not a tensor-parallel layout (" + e.what() + ")");
@@ -66,7 +67,7 @@ std::string tp_layout_json(const CheckpointModel& model) {
   j["size"] = tp_size_of(model);
   j["split"] = nlohmann::json::object();
   for (const auto& [name, split] : model.tp_split) {
-    j["split"][name] = {{"dim", split.dim}, {"sections", split.sections}};
+    j["split"][name] = {{"dim", split.dim}, {"sections", split.sections}, {"parts", split.parts}};
   }
   return j.dump(2);
 }

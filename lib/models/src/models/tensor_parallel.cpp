@@ -444,16 +444,13 @@ void TensorParallel::reduce_gradients() const {
     slots.push_back({p.grad(), size, 0});
     size += p.grad().numel();
   }
-  std::vector<std::pair<Slot, int64_t>> replicated;  // and the part count
   for (const Split& s : split_) {
     if (s.layout.parts == 0 || !s.param.grad().defined()) continue;
-    replicated.push_back({{s.param.grad(), size, s.layout.part_index(rank, t)}, s.layout.parts});
+    slots.push_back({s.param.grad(), size, s.layout.part_index(rank, t)});
     size += s.layout.parts * s.param.grad().numel();
   }
   if (size == 0) return;
-  const at::Tensor& like = slots.empty() ? replicated.front().first.grad : slots.front().grad;
-  at::Tensor buffer = at::zeros({size}, like.options());
-  for (const auto& [slot, parts] : replicated) slots.push_back(slot);
+  at::Tensor buffer = at::zeros({size}, slots.front().grad.options());
   for (const Slot& slot : slots) {
     buffer.narrow(0, slot.offset + slot.row * slot.grad.numel(), slot.grad.numel()).copy_(slot.grad.reshape({-1}));
   }

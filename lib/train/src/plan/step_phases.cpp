@@ -396,8 +396,8 @@ Moment backward_end(const StepLayout& s) {
 }
 
 // The step: clipping sums squares in float64 (FSDP and tensor parallelism: a float64 copy of a gradient and its
-// square, the largest shard's; DDP's clip_grad_norm_ takes norms without copies), then AdamW a parameter at a time (sqrt(v) and its
-// quotient by the bias correction, two temporaries of the largest tensor). (Per-parameter shards: a parameter's
+// square, the largest shard's; DDP's clip_grad_norm_ takes norms without copies), then AdamW a parameter at a time
+// (sqrt(v) and its quotient by the bias correction, two temporaries of the largest tensor). (Per-parameter shards: a parameter's
 // rows split over the group, whatever the wrap.) The accumulation is over: the gradients are .grad.
 Moment optimizer_step(const StepLayout& s) {
   const int64_t largest_shard = ceil_div(s.shape->largest_trainable_tensor, s.shard);
