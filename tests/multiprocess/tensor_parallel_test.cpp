@@ -290,8 +290,9 @@ using SliceLoss = std::function<at::Tensor(torch::nn::Module& model, int64_t fir
 // BERT: post-norm, the masked-LM head whole; T5: cross-attention by heads, each stack's relative position bias by
 // its heads' columns): the same training as one process on the whole batch of 8 (SGD: the arithmetic to float32
 // rounding), with and without checkpointing.
-void expect_encoder_trains_like_one_process(const std::string& flavor, const std::shared_ptr<const ModelRecipe>& recipe,
-                                            const SliceLoss& loss) {
+void expect_whole_head_family_trains_like_one_process(const std::string& flavor,
+                                                     const std::shared_ptr<const ModelRecipe>& recipe,
+                                                     const SliceLoss& loss) {
   const int w = test_process_group().world_size();
   const std::vector<std::pair<int, int>> layouts =
       w == 2 ? std::vector<std::pair<int, int>>{{1, 2}} : std::vector<std::pair<int, int>>{{1, 4}, {2, 2}};
@@ -352,20 +353,20 @@ TEST(TensorParallel, WholeHeadFamiliesTrainLikeOneProcess) {
   torch::manual_seed(4);
   const at::Tensor pixels = at::randn({8, 3, 32, 32});
   const at::Tensor classes = at::randint(10, {8}, at::kLong);
-  expect_encoder_trains_like_one_process(
+  expect_whole_head_family_trains_like_one_process(
       "vit-debug", recipe_of("vit-debug"), [&](torch::nn::Module& m, int64_t first, int64_t rows) {
         return dynamic_cast<VitImpl&>(m).run(pixels.narrow(0, first, rows), classes.narrow(0, first, rows)).loss;
       });
   // Every token labelled, so that each data-parallel rank's mean is over as many as the others'.
   const at::Tensor ids = at::randint(1000, {8, 16}, at::kLong);
-  expect_encoder_trains_like_one_process(
+  expect_whole_head_family_trains_like_one_process(
       "bert-debug", recipe_of_model("bert-debug", {{"dropout", 0}}),
       [&](torch::nn::Module& m, int64_t first, int64_t rows) {
         const at::Tensor mine = ids.narrow(0, first, rows);
         return dynamic_cast<BertImpl&>(m).run(mine, {}, {}, mine, /*labelled_only=*/true).loss;
       });
   const at::Tensor targets = at::randint(1000, {8, 6}, at::kLong);
-  expect_encoder_trains_like_one_process(
+  expect_whole_head_family_trains_like_one_process(
       "t5-debug", recipe_of_model("t5-debug", {{"dropout", 0}}),
       [&](torch::nn::Module& m, int64_t first, int64_t rows) {
         return dynamic_cast<T5Impl&>(m)
@@ -424,7 +425,8 @@ TEST(TensorParallel, BuiltLayerByLayerAndLoadedAsSlices) {
   if (w != 2 && w != 4) GTEST_SKIP() << "tp 2, with dp 1 or 2";
   // At tp 4, llama-debug's 2 key/value heads each on two ranks.
   std::vector<std::pair<std::shared_ptr<const ModelRecipe>, int>> cases = {
-      {recipe_of_model("llama-debug", {{"kv_heads", 4}}), 2}, {recipe_of_model("gpt2-debug", {{"vocab_size", 1001}}), 2}};
+      {recipe_of_model("llama-debug", {{"kv_heads", 4}}), 2},
+      {recipe_of_model("gpt2-debug", {{"vocab_size", 1001}}), 2}};
   if (w == 4) cases.emplace_back(recipe_of("llama-debug"), 4);
   for (const auto& [recipe, tp] : cases) {
     const std::string label = recipe->flavor() + " at tp " + std::to_string(tp);

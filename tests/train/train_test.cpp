@@ -824,7 +824,8 @@ std::map<std::string, at::Tensor> safetensors_of(const std::string& path) {
 // q, k, v split by thirds, its vocabulary (1001) 501 + 500; and Llama's key/value heads replicated at tp 4.
 TEST_F(TrainTest, TensorParallelCheckpointsResumeAtAnySize) {
   const std::string common = std::string(SHARDTRAIN_BIN) + " train " + root_ + "/config.yaml --model.flavor=gpt2-debug "
-                             "'--model.overrides={vocab_size: 1001, dropout: 0}' --train.steps=4 --log.interval=1 --train.eval_interval=0 --optim.warmup_steps=0 "
+                             "'--model.overrides={vocab_size: 1001, dropout: 0}' --train.steps=4 --log.interval=1 "
+                             "--train.eval_interval=0 --optim.warmup_steps=0 "
                              "--checkpoint.interval=2 ";
   const std::string one = root_ + "/tp-ckpt-one", split = root_ + "/tp-ckpt-split", moved = root_ + "/tp-ckpt-moved";
   const Outcome through = run(common + "--launch.num_processes=1 --checkpoint.dir=" + one);
@@ -879,7 +880,8 @@ TEST_F(TrainTest, TensorParallelCheckpointsResumeAtAnySize) {
   EXPECT_NE(llama_first.output.find("each head on 2 ranks"), std::string::npos) << llama_first.output;
   const Outcome llama_alone = run(llama + "--launch.num_processes=1 --resume --checkpoint.dir=" + replicated);
   ASSERT_EQ(llama_alone.status, 0) << llama_alone.output;
-  const std::vector<std::string> llama_all = loss_lines(llama_through.output), llama_resumed = loss_lines(llama_alone.output);
+  const std::vector<std::string> llama_all = loss_lines(llama_through.output);
+  const std::vector<std::string> llama_resumed = loss_lines(llama_alone.output);
   ASSERT_GE(llama_resumed.size(), 2u) << llama_alone.output;
   EXPECT_EQ(std::vector<std::string>(llama_resumed.end() - 2, llama_resumed.end()),
             std::vector<std::string>(llama_all.end() - 2, llama_all.end()))
