@@ -154,6 +154,13 @@ def tp_cells():
             cells.append((family, strategy, 4, 2 if family == "flava" else 4, "no", False, 1, 64, "", "2" + sp[0]))
     cells.append(("qwen3", "full_shard", 4, 4, "no", False, 1, 64, "", "4"))
     cells.append(("qwen3", "full_shard", 4, 4, "no", True, 1, 64, "", "4:sp"))
+    # LoRA's adapters split with their projections: on every Linear and on the default targets.
+    for family in ["llama", "gpt2", "vit", "bert", "t5"]:
+        cells.append((family, "full_shard", 2, 4, "no", False, 1, 64, "8:all-linear", "2"))
+    cells.append(("llama", "full_shard", 2, 2, "bf16", True, 1, 1024, "8:all-linear", "2:sp"))
+    cells.append(("gpt2", "full_shard", 2, 2, "no", False, 1, 1024, "8", "2:sp"))
+    cells.append(("qwen3", "full_shard", 4, 4, "no", False, 1, 64, "8", "4"))
+    cells.append(("llama", "full_shard", 4, 4, "no", True, 1, 64, "8:all-linear", "2:sp"))
     return cells
 
 

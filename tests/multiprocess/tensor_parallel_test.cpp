@@ -8,7 +8,8 @@
 //    clip, and every parameter (this rank's slice of it) after three SGD steps within a float32 rounding of one
 //    process's, after three AdamW steps within what Adam makes of rounding in near-zero gradients;
 //  - ViT, BERT, T5 and FLAVA, their layers split and the rest whole, as one process too;
-//  - sizes that do not divide and a LoRA adapter are refused naming what is wrong, before any change.
+//  - LoRA adapters split with their projections, training as one process's;
+//  - sizes that do not divide are refused naming what is wrong, before any change.
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
@@ -151,8 +152,9 @@ std::unique_ptr<torch::optim::Optimizer> make_optimizer(Optimizer which, const s
   return std::make_unique<torch::optim::AdamW>(params, torch::optim::AdamWOptions(1e-3));
 }
 
+// kMaxNorm: below the gradients' norm at every step, so that the norm over every slice of every rank is what clips.
 void expect_trains_like_one_process(const std::string& name, const std::shared_ptr<const ModelRecipe>& recipe,
-                                    const Layout& layout, Optimizer optimizer) {
+                                    const Layout& layout, Optimizer optimizer, double kMaxNorm = 0.5) {
   constexpr int kSteps = 3;
   const double tolerance = optimizer == Optimizer::SGD ? 2.5e-7 : 1e-4;
   const std::string label = name + ", " + layout.text() + (optimizer == Optimizer::SGD ? ", SGD" : ", AdamW");
@@ -162,8 +164,6 @@ void expect_trains_like_one_process(const std::string& name, const std::shared_p
   const at::Tensor ids = torch::randint(996, {12, 24}, torch::kLong);  // dp = 1..4 divide 12 rows, tp 24 tokens
   // Reference: one process, the whole batch.
   ZooModel reference = build_model(std::shared_ptr<const ModelRecipe>(recipe), build);
-  // Gradients clipped to a norm below theirs: the norm over every slice of every rank is what clips.
-  constexpr double kMaxNorm = 0.5;
   std::vector<double> ref_losses, ref_norms;
   {
     auto step = make_optimizer(optimizer, reference.module->parameters());
@@ -279,6 +279,30 @@ TEST(TensorParallel, LlamaFamiliesTrainLikeOneProcess) {
     if (layout.sequence_parallel != (layout.checkpoint_every > 0)) {
       expect_trains_like_one_process("qwen2-debug", recipe_of("qwen2-debug"), layout, Optimizer::SGD);
       expect_trains_like_one_process("qwen3-debug", recipe_of("qwen3-debug"), layout, Optimizer::SGD);
+    }
+  }
+}
+
+// LoRA adapters on every projection of the layers split with them (the factor on the split side as its weight, the
+// other whole, its gradient summed): GPT-2's fused c_attn by thirds, Llama 3.2's two key/value heads each on two
+// ranks at tp 4, the base weights frozen.
+TEST(TensorParallel, LoraAdaptersTrainLikeOneProcess) {
+  const int w = test_process_group().world_size();
+  if (w != 2 && w != 4) GTEST_SKIP() << "tensor-parallel LoRA runs at 2 and 4 ranks";
+  LoraSpec lora;
+  lora.r = 4;
+  lora.lora_alpha = 16;
+  lora.target_modules = {"all-linear"};
+  const auto llama = with_lora(recipe_of("llama-3.2-debug"), lora);
+  const auto gpt2 = with_lora(recipe_of_model("gpt2-debug", {{"vocab_size", 1001}, {"dropout", 0}}), lora);
+  // The adapters' gradients are small (B starts at zero): a bound below them.
+  constexpr double kMaxNorm = 0.02;
+  for (const Layout& layout : layouts(w)) {  // half the grid each
+    if (layout.sequence_parallel == (layout.checkpoint_every > 0)) {
+      expect_trains_like_one_process("llama-3.2-debug + LoRA", llama, layout, Optimizer::SGD, kMaxNorm);
+    } else {
+      expect_trains_like_one_process("gpt2-debug + LoRA", gpt2, layout,
+                                     layout.sequence_parallel ? Optimizer::ADAMW : Optimizer::SGD, kMaxNorm);
     }
   }
 }
@@ -495,11 +519,6 @@ TEST(TensorParallel, RefusesWhatItCannotSplit) {
         [&] { dynamic_cast<LlamaImpl&>(*model.module).run(ids, {}, ids, true); },
         {"sequence parallelism over 2 ranks", "5 tokens per sequence, which does not divide by 2"});
   }
-  LoraSpec lora;
-  lora.r = 2;
-  ZooModel adapted = build_model(with_lora(recipe_of("llama-debug"), lora));
-  testing::expect_error<std::invalid_argument>([&] { tensor_parallelize(adapted, world); },
-                                               {"has a LoRA adapter", "layers.0.attn.q"});
   ZooModel vit = build_model("vit-debug");
   testing::expect_error<std::invalid_argument>([&] { tensor_parallelize(vit, world, {/*sequence_parallel=*/true}); },
                                                {"sequence parallelism of vit-debug", "no embedding that splits"});

@@ -821,7 +821,8 @@ std::map<std::string, at::Tensor> safetensors_of(const std::string& path) {
 // A tensor-parallel run's checkpoints: written as each tensor-parallel rank's slices (model/tp-<t>-of-2/), resumed
 // at the same size and at one process (the slices merged), both continuing as one process that ran through, and
 // exported whole as that process's; with state_dict_type: full the whole model beside the slices. GPT-2's: its fused
-// q, k, v split by thirds, its vocabulary (1001) 501 + 500; and Llama's key/value heads replicated at tp 4.
+// q, k, v split by thirds, its vocabulary (1001) 501 + 500; and Llama's key/value head replicated, with LoRA, under
+// DDP.
 TEST_F(TrainTest, TensorParallelCheckpointsResumeAtAnySize) {
   const std::string common = std::string(SHARDTRAIN_BIN) + " train " + root_ + "/config.yaml --model.flavor=gpt2-debug "
                              "'--model.overrides={vocab_size: 1001, dropout: 0}' --train.steps=4 --log.interval=1 "
@@ -844,7 +845,9 @@ TEST_F(TrainTest, TensorParallelCheckpointsResumeAtAnySize) {
                            safetensors_of(root_ + "/tp-step2.safetensors")), 0.0);
   io::make_directories(moved);
   ASSERT_EQ(run("cp -r " + step2 + " " + moved + "/").status, 0);
-  const Outcome same = run(common + "--launch.num_processes=2 --parallel.tp_size=2 --resume --checkpoint.dir=" + split);
+  // Resumed under DDP: a replicated model takes its slices whole.
+  const Outcome same = run(common + "--launch.num_processes=2 --parallel.tp_size=2 --parallel.strategy=ddp --resume "
+                           "--checkpoint.dir=" + split);
   ASSERT_EQ(same.status, 0) << same.output;
   const Outcome alone = run(common + "--launch.num_processes=1 --resume --checkpoint.dir=" + moved);
   ASSERT_EQ(alone.status, 0) << alone.output;
@@ -866,19 +869,21 @@ TEST_F(TrainTest, TensorParallelCheckpointsResumeAtAnySize) {
   EXPECT_LE(max_difference(safetensors_of(split + "/model.safetensors"), reference), 1e-4);
   EXPECT_LE(max_difference(safetensors_of(moved + "/model.safetensors"), reference), 1e-4);
 
-  // llama-debug's 2 key/value heads at tp 4, each held by two ranks: merged from one of them each, resumed at one
-  // process as the run through.
+  // llama-debug with one key/value head at tp 2, held by both ranks, with LoRA adapters on every projection (k's and
+  // v's B replicated with their heads), under DDP over 2 replicas (4 ranks): merged from one copy each, resumed on
+  // the 2 data-parallel ranks alone as the run through them.
   const std::string llama = std::string(SHARDTRAIN_BIN) + " train " + root_ + "/config.yaml --model.flavor=llama-debug "
-                            "--train.steps=4 --log.interval=1 --train.eval_interval=0 --optim.warmup_steps=0 "
-                            "--checkpoint.interval=2 ";
-  const Outcome llama_through = run(llama + "--launch.num_processes=1");
+                            "'--model.overrides={kv_heads: 1}' --train.steps=4 --log.interval=1 "
+                            "--train.eval_interval=0 --optim.warmup_steps=0 --optim.lr=1e-2 --model.lora.r=4 "
+                            "--model.lora.target_modules=[all-linear] --checkpoint.interval=2 --train.batch_size=2 ";
+  const Outcome llama_through = run(llama + "--launch.num_processes=2");
   ASSERT_EQ(llama_through.status, 0) << llama_through.output;
   const std::string replicated = root_ + "/tp-ckpt-replicated";
-  const Outcome llama_first = run(llama + "--launch.num_processes=4 --parallel.tp_size=4 --train.stop_at=2 "
-                                  "--checkpoint.dir=" + replicated);
+  const Outcome llama_first = run(llama + "--launch.num_processes=4 --parallel.tp_size=2 --parallel.strategy=ddp "
+                                  "--train.stop_at=2 --checkpoint.dir=" + replicated);
   ASSERT_EQ(llama_first.status, 0) << llama_first.output;
-  EXPECT_NE(llama_first.output.find("each head on 2 ranks"), std::string::npos) << llama_first.output;
-  const Outcome llama_alone = run(llama + "--launch.num_processes=1 --resume --checkpoint.dir=" + replicated);
+  EXPECT_NE(llama_first.output.find("each head on 2 ranks, LoRA's B split"), std::string::npos) << llama_first.output;
+  const Outcome llama_alone = run(llama + "--launch.num_processes=2 --resume --checkpoint.dir=" + replicated);
   ASSERT_EQ(llama_alone.status, 0) << llama_alone.output;
   const std::vector<std::string> llama_all = loss_lines(llama_through.output);
   const std::vector<std::string> llama_resumed = loss_lines(llama_alone.output);

@@ -325,19 +325,12 @@ TEST(Config, TensorParallelKeysAndWhatTheyExclude) {
   expect_error<ConfigError>([] { validate(parse_config("", "x.yaml", {"--parallel.tp_size=0"})); },
                             {"parallel.tp_size", "0", "1 (no tensor parallelism) or more"});
   validate(parse_config("", "x.yaml", {"--parallel.tp_size=2", "--checkpoint.dir=/tmp/x"}));
-  expect_error<ConfigError>(
-      [] {
-        validate(parse_config("", "x.yaml",
-                              {"--parallel.tp_size=2", "--checkpoint.dir=/tmp/x", "--parallel.strategy=ddp"}));
-      },
-      {"checkpoint.dir", "'/tmp/x'", "not possible with parallel.tp_size 2 under ddp"});
+  validate(parse_config("", "x.yaml", {"--parallel.tp_size=2", "--checkpoint.dir=/tmp/x", "--parallel.strategy=ddp"}));
   validate(parse_config("", "x.yaml", {"--parallel.tp_size=2", "--checkpoint.state_dict_type=full"}));
   expect_error<ConfigError>(
       [] { validate(parse_config("", "x.yaml", {"--parallel.tp_size=2", "--optim.name=adafactor"})); },
       {"optim.name", "adafactor", "factored statistics"});
-  expect_error<ConfigError>(
-      [] { validate(parse_config("", "x.yaml", {"--parallel.tp_size=2", "--model.lora.r=8"})); },
-      {"model.lora.r", "8", "LoRA does not combine with tensor parallelism"});
+  validate(parse_config("", "x.yaml", {"--parallel.tp_size=2", "--model.lora.r=8"}));
   expect_error<ConfigError>([] { validate(parse_config("", "x.yaml", {"--parallel.dp_replicate_size=2"})); },
                             {"parallel.dp_replicate_size", "2", "not possible under full_shard"});
 }

@@ -153,11 +153,15 @@ TEST(Planner, TensorParallelIsPlannedWithinANode) {
   const config::Config c = config::parse_config(trainer_yaml("llama-3-8b", *tensor_parallel), "plan.yaml");
   EXPECT_EQ(c.parallel.tp_size, tensor_parallel->job.tp);
   EXPECT_TRUE(c.parallel.sequence_parallel);
-  models::LoraSpec lora;  // adapters do not combine with tensor parallelism
+  // LoRA's adapters split with their projections: a rank at tp 2 holds q's and v's A whole (8 x 4096 each) and
+  // half their B (4096 x 8, 1024 x 8), in each of 32 layers.
+  models::LoraSpec lora;
   lora.r = 8, lora.lora_alpha = 16;
-  for (const PlannedConfig& adapted : plan_configurations(*models::with_lora(llama, lora), cluster)) {
-    EXPECT_EQ(adapted.job.tp, 1);
-  }
+  const auto adapted = models::with_lora(llama, lora);
+  EXPECT_EQ(model_shape(*adapted, 2).trainable(), 32 * (2 * 8 * 4096 + (4096 + 1024) * 8 / 2));
+  const auto adapted_plans = plan_configurations(*adapted, cluster);
+  EXPECT_TRUE(std::any_of(adapted_plans.begin(), adapted_plans.end(),
+                          [](const PlannedConfig& c) { return c.job.tp == 2; }));
 }
 
 // LoRA fine-tuning (plan --lora): the base frozen, so gradients and AdamW state are the adapters' alone — a larger
@@ -187,8 +191,9 @@ TEST(Planner, LoraPlansTheAdaptersAlone) {
       EXPECT_GT(a.job.batch, f.job.batch) << parallel::to_string(f.job.strategy);
       TrainingJob at_full_batch = a.job;
       at_full_batch.batch = f.job.batch;
-      const PlannedConfig a_at_f = predict(*models::with_lora(base, lora), model_shape(*models::with_lora(base, lora)),
-                                           at_full_batch, cluster);
+      const auto adapted_recipe = models::with_lora(base, lora);
+      const PlannedConfig a_at_f =
+          predict(*adapted_recipe, model_shape(*adapted_recipe, a.job.tp), at_full_batch, cluster);
       EXPECT_LT(a_at_f.comm_seconds, f.comm_seconds) << parallel::to_string(f.job.strategy);
     }
   }

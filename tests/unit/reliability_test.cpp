@@ -274,8 +274,26 @@ TEST(ResumeCheck, RefusesTheModelAndUnallowedRunChangesAndListsTheRest) {
   } catch (const std::invalid_argument& e) {
     const std::string what = e.what();
     EXPECT_NE(what.find("model.overrides {} -> {layers: 3} (the model"), std::string::npos) << what;
-    EXPECT_NE(what.find("parallel.strategy full_shard -> ddp (the checkpoint holds FSDP's shards"),
+    EXPECT_NE(what.find("parallel.strategy full_shard -> ddp (the checkpoint holds sharded slices, not DDP's"),
               std::string::npos) << what;
+  }
+  // Under tensor parallelism every strategy saves sharded slices: full_shard -> ddp resumes; DDP's whole model does
+  // not become slices.
+  config::Config split = saved;
+  split.parallel.tp_size = 2;
+  const std::string split_yaml = config::to_yaml(split);
+  split.parallel.strategy = parallel::Strategy::DDP;
+  EXPECT_EQ(describe_changes(check_resume(split_yaml, split, "ck", false).free), "parallel.strategy full_shard -> ddp");
+  config::Config whole = saved;
+  whole.parallel.strategy = parallel::Strategy::DDP;
+  const std::string whole_yaml = config::to_yaml(whole);
+  whole.parallel.tp_size = 2;
+  try {
+    check_resume(whole_yaml, whole, "ck", false);
+    ADD_FAILURE() << "DDP's whole model resumed as slices";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find("parallel.tp_size 1 -> 2 (the checkpoint holds DDP's whole model"),
+              std::string::npos) << e.what();
   }
 
   config::Config auto_batch = saved;

@@ -275,16 +275,26 @@ std::string save_checkpoint(const std::string& dir, const TrainerState& given, c
   TrainerState state = given;
   state.optimizer_steps = optimizer_steps(model);
   const fsdp::ParamStates states = moments(model);
-  if (model.sharded) {
-    steps.run([&] { fsdp::save_sharded_state_dict(model.root, tp_state_dir(tmp + "/model", model), states); });
+  // A replicated model split by tensor parallelism (DDP beside it) is written as its slices too, by the replicas
+  // of world rank 0's tensor-parallel group.
+  const bool split = tp_size_of(model) > 1;
+  const bool slice_writer = split && !model.sharded && model.tp_group->global_ranks().front() == 0;
+  if (model.sharded || split) {
     steps.run([&] {
-      if (leader && tp_size_of(model) > 1) {
+      if (model.sharded) {
+        fsdp::save_sharded_state_dict(model.root, tp_state_dir(tmp + "/model", model), states);
+      } else if (slice_writer) {
+        fsdp::save_whole_state_dict(model.root, tp_state_dir(tmp + "/model", model), states);
+      }
+    });
+    steps.run([&] {
+      if (leader && split) {
         io::write_file_atomic(tmp + "/model/tensor_parallel.json", to_bytes(tp_layout_json(model)));
       }
     });
   }
   steps.run([&] {
-    if (!model.sharded && leader) {
+    if (!model.sharded && !split && leader) {
       auto dict = new_dict();
       // On their device: io::save_pickle copies one storage at a time to the host as it writes.
       for (const auto& [name, p] : named_parameters(*model.root)) dict.insert(name, p.detach());
@@ -303,7 +313,7 @@ std::string save_checkpoint(const std::string& dir, const TrainerState& given, c
   });
   if (!model.hf_names.empty()) {
     std::map<std::string, at::Tensor> full;
-    if (model.sharded && tp_size_of(model) > 1) {
+    if (split) {
       // Each tensor-parallel rank's slices, merged from the files every rank has just written (the steps above end
       // on every rank alike): the whole model on the leader, no collective.
       steps.run([&] {
@@ -384,7 +394,7 @@ TrainerState load_checkpoint(const std::string& path, const CheckpointModel& mod
     optim::install_empty_state(*model.optimizer, it->second, steps);
   }
   const fsdp::ParamStates states = moments(model);
-  if (model.sharded) {
+  if (model.sharded || tp_size_of(model) > 1) {
     if (!io::path_exists(path + "/model")) throw std::runtime_error(path + ": no sharded model (model/); saved with DDP?");
     load_model_state(path + "/model", model, states);
   } else {

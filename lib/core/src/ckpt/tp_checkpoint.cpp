@@ -98,12 +98,15 @@ std::map<std::string, at::Tensor> merged_model_state(const std::string& model_di
 void load_model_state(const std::string& model_dir, const CheckpointModel& model, const fsdp::ParamStates& states) {
   const SavedLayout layout = read_layout(model_dir);
   const int size = tp_size_of(model);
-  if (layout.size == size) {
+  if (layout.size == size && model.sharded) {
     fsdp::load_sharded_state_dict(model.root, tp_state_dir(model_dir, model), states);
     return;
   }
-  std::map<std::string, at::Tensor> state = merged_model_state(model_dir);
-  if (size > 1) {
+  // A replicated model (DDP's) takes its slices whole.
+  std::map<std::string, at::Tensor> state = layout.size == size
+                                                ? fsdp::read_sharded_state_dict(tp_state_dir(model_dir, model))
+                                                : merged_model_state(model_dir);
+  if (size > 1 && layout.size != size) {
     const int64_t rank = model.tp_group->rank();
     for (auto& [name, value] : state) {
       const std::optional<tp::SplitLayout> split = entry_split(model.tp_split, name, value);

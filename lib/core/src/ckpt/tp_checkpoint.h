@@ -28,8 +28,9 @@ std::string tp_layout_json(const CheckpointModel& model);
 // (a parameter's states along its own), on CPU.
 std::map<std::string, at::Tensor> merged_model_state(const std::string& model_dir);
 
-// Loads model_dir into the sharded `model`: its own slices' directory when saved at the model's tensor-parallel
-// size, else everything merged whole, this rank's slices taken (model.tp_split), then its rows. No communication.
+// Loads model_dir into `model`: its own slices' directory when saved at the model's tensor-parallel size, else
+// everything merged whole, this rank's slices taken (model.tp_split), then its rows (a replicated model: all of
+// them). No communication.
 void load_model_state(const std::string& model_dir, const CheckpointModel& model, const fsdp::ParamStates& states);
 
 }  // namespace shardtrain::ckpt

@@ -68,6 +68,14 @@ Layout layout_of(const std::shared_ptr<torch::nn::Module>& root, const char* cal
   return layout;
 }
 
+// A model no unit shards: everything whole.
+Layout whole_layout(const std::shared_ptr<torch::nn::Module>& root) {
+  Layout layout;
+  for (const auto& item : root->named_parameters()) layout.whole.emplace_back(item.key(), item.value());
+  for (const auto& item : root->named_buffers()) layout.whole.emplace_back(item.key(), item.value());
+  return layout;
+}
+
 std::string shard_file(const std::string& dir, int64_t shard, int64_t count) {
   return dir + "/shard-" + std::to_string(shard) + "-of-" + std::to_string(count) + ".pt";
 }
@@ -306,9 +314,18 @@ void load_sharded_state_dict(const std::shared_ptr<torch::nn::Module>& root, con
   load_from(layout, states, source);
 }
 
+void save_whole_state_dict(const std::shared_ptr<torch::nn::Module>& root, const std::string& dir,
+                           const ParamStates& states) {
+  write_shard(whole_layout(root), dir, states, /*shard=*/0, /*count=*/1);
+  auto meta = new_dict();
+  meta.insert("format", std::string(kShardedFormat));
+  meta.insert("shard_count", int64_t{1});
+  io::save_pickle(dir + "/metadata.pt", meta);
+}
+
 void load_state_dict_rows(const std::shared_ptr<torch::nn::Module>& root, const std::map<std::string, at::Tensor>& state,
                           const ParamStates& states) {
-  const Layout layout = layout_of(root, "load_state_dict_rows");
+  const Layout layout = unit_impls_of(root).empty() ? whole_layout(root) : layout_of(root, "load_state_dict_rows");
   auto find = [&](const std::string& name, at::IntArrayRef shape) -> const at::Tensor& {
     auto it = state.find(name);
     if (it == state.end()) throw std::invalid_argument("load_state_dict_rows: no entry for '" + name + "' of the model");

@@ -186,11 +186,11 @@ at::Tensor MlpImpl::forward_impl(const at::Tensor& x_in) {
   const bool fused = !(dropout > 0 && is_training()) && !(adapted_output && out->lora_dropout > 0 && is_training());
   if (fused && adapted_output && activation != Activation::kRelu) {
     const auto [y, z] = activation == Activation::kSwiGlu
-                            ? swiglu_lora_linear(gate->forward(x), up->forward(x), down->matrix(), down->bias,
-                                                 down->lora_A->weight)
-                            : gelu_lora_linear(fc1->forward(x), fc2->matrix(), fc2->bias, fc2->lora_A->weight,
-                                               activation == Activation::kGeluTanh);
-    return y + at::linear(z, out->lora_B->weight) * out->lora_scale;  // LinearImpl::forward's adapter term
+                            ? swiglu_lora_linear(gate->forward(x), up->forward(x), down->matrix(),
+                                                 down->bias_in_product(), down->lora_A->weight)
+                            : gelu_lora_linear(fc1->forward(x), fc2->matrix(), fc2->bias_in_product(),
+                                               fc2->lora_A->weight, activation == Activation::kGeluTanh);
+    return out->finish_product(y + at::linear(z, out->lora_B->weight) * out->lora_scale);  // LinearImpl::forward's
   }
   if (fused && !adapted_output) {
     const at::Tensor b = out->bias_in_product();

@@ -17,11 +17,14 @@ LinearImpl::LinearImpl(int64_t in_features, int64_t out_features, bool with_bias
 
 at::Tensor LinearImpl::forward(const at::Tensor& x) {
   // Transposed, linear's own transpose of matrix() is the stored (in, out) weight: the product reads it as it is.
-  if (reduce_partial) return finish_product(at::linear(x, matrix()));
-  at::Tensor y = at::linear(x, matrix(), bias);
-  if (!lora_A) return y;
-  const at::Tensor dropped = lora_dropout > 0 && is_training() ? at::dropout(x, lora_dropout, true) : x;
-  return y + at::linear(at::linear(dropped, lora_A->weight), lora_B->weight) * lora_scale;
+  // Row-wise split, the adapter's term is a partial sum too (its A holds this rank's input features): it joins the
+  // base product before the one reduction.
+  at::Tensor y = at::linear(x, matrix(), bias_in_product());
+  if (lora_A) {
+    const at::Tensor dropped = lora_dropout > 0 && is_training() ? at::dropout(x, lora_dropout, true) : x;
+    y = y + at::linear(at::linear(dropped, lora_A->weight), lora_B->weight) * lora_scale;
+  }
+  return finish_product(y);
 }
 
 at::Tensor LinearImpl::finish_product(const at::Tensor& y) const {

@@ -202,6 +202,17 @@ struct Applier {
     // matrix() rows are stored rows, or columns when transposed (Conv1D's (in, out)).
     keep_slice(linear.weight, {(column ? 0 : 1) ^ (linear.transposed ? 1 : 0), sections, parts}, group, split);
     if (column && linear.bias.defined()) keep_slice(linear.bias, {0, sections, parts}, group, split);
+    // A LoRA adapter splits with its base (Megatron's LoRA layers): column-wise, B's rows as the weight's and A
+    // whole on the region's whole input; row-wise, A's columns as the weight's and B whole, its term a partial sum
+    // reduced with the base product (LinearImpl::forward). Either way the whole factor's gradient is a partial sum.
+    if (linear.has_lora()) {
+      if (column) {
+        keep_slice(linear.lora_B->weight, {0, sections, parts}, group, split);
+      } else {
+        keep_slice(linear.lora_A->weight, {1, 1}, group, split);
+      }
+      summed.push_back(column ? linear.lora_A->weight : linear.lora_B->weight);
+    }
     if (!column) {
       const dist::Communicator g = group;
       linear.reduce_partial = sequence_parallel
@@ -211,7 +222,8 @@ struct Applier {
       if (linear.bias.defined() && sequence_parallel) summed.push_back(linear.bias);
     }
     return "weight " + shape_text(linear.weight) + " of " + before +
-           (parts > 0 ? ", each head on " + std::to_string(group.size() / parts) + " ranks" : "");
+           (parts > 0 ? ", each head on " + std::to_string(group.size() / parts) + " ranks" : "") +
+           (linear.has_lora() ? column ? ", LoRA's B split" : ", LoRA's A split" : "");
   }
 
   // A (vocab, dim) table's rows, as even as they can be (tp/split.h): this rank's shard of the vocabulary.
@@ -341,15 +353,14 @@ struct Applier {
   }
 };
 
-// LoRA adapters are refused by name.
-void refuse_lora(torch::nn::Module& root, const std::string& prefix, const std::string& flavor) {
-  for (const auto& item : root.named_modules(prefix, /*include_self=*/true)) {
-    auto* linear = dynamic_cast<LinearImpl*>(item.value().get());
-    if (linear != nullptr && linear->has_lora()) {
-      throw std::invalid_argument("tensor parallelism of " + flavor + ": " + item.key() + " has a LoRA adapter; " +
-                                  "LoRA does not combine with tensor parallelism in this version");
-    }
+// The adapters (lora_A, lora_B) of `root`'s LoRA Linears: split or kept whole by their base's rule.
+std::set<const torch::nn::Module*> lora_adapters(torch::nn::Module& root) {
+  std::set<const torch::nn::Module*> out;
+  for (const auto& m : root.modules(/*include_self=*/true)) {
+    auto* linear = dynamic_cast<LinearImpl*>(m.get());
+    if (linear != nullptr && linear->has_lora()) out.insert({linear->lora_A.get(), linear->lora_B.get()});
   }
+  return out;
 }
 
 }  // namespace
@@ -529,11 +540,11 @@ TensorParallelizer::TensorParallelizer(const ModelRecipe& recipe, dist::Communic
 
 void TensorParallelizer::split_modules(torch::nn::Module& subtree, const std::string& prefix, bool include_self) {
   const std::string& flavor = flavor_;
-  refuse_lora(subtree, prefix, flavor);
+  const std::set<const torch::nn::Module*> adapters = lora_adapters(subtree);
   // Each module's rule (one at most), every module checked before any changes.
   std::vector<std::tuple<std::string, torch::nn::Module*, size_t>> todo;
   for (const auto& item : subtree.named_modules(prefix, include_self)) {
-    if (done_.count(item.key())) continue;
+    if (done_.count(item.key()) || adapters.count(item.value().get())) continue;
     std::optional<size_t> rule;
     for (size_t i = 0; i < plan_.size(); ++i) {
       if (!path_matches(plan_[i].module, item.key())) continue;

@@ -830,13 +830,7 @@ void validate_parallel(const Config& c) {
           "possible under " + parallel::to_string(c.parallel.strategy) +
               ", which shards over every data-parallel rank (hybrid_shard replicates across dp_replicate_size groups)");
   if (c.parallel.tp_size > 1) {
-    require(!c.model.lora.enabled(), "model.lora.r", num(c.model.lora.r),
-            "possible with parallel.tp_size " + num(c.parallel.tp_size) + " (LoRA does not combine with tensor parallelism "
-            "in this version)");
     const std::string with_tp = "possible with parallel.tp_size " + num(c.parallel.tp_size);
-    require(c.checkpoint.dir.empty() || c.parallel.strategy != parallel::Strategy::DDP, "checkpoint.dir",
-            "'" + c.checkpoint.dir + "'",
-            with_tp + " under ddp (a tensor-parallel run's checkpoints are written by FSDP's strategies)");
     require(c.optim.name != OptimizerKind::ADAFACTOR, "optim.name", "adafactor",
             with_tp + " (its factored statistics span whole matrices)");
   }

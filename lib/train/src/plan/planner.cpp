@@ -229,7 +229,7 @@ std::string trainer_yaml(const std::string& model, const PlannedConfig& c, const
                                         : "";
   char head[512], body[1024];
   std::snprintf(head, sizeof head,
-                "# shardtrain plan: %s%s on %lld GPUs (%lld node%s): predicted peak %.2f GiB per GPU, %.0f items/s\n",
+                "# shardtrain plan: %s%s on %lld GPUs (%lld node%s): predicted peak %.2f GiB per GPU, %.3g items/s\n",
                 model.c_str(), lora.enabled() ? " + LoRA" : "", static_cast<long long>(j.world),
                 static_cast<long long>(j.nodes), j.nodes > 1 ? "s" : "",
                 static_cast<double>(c.memory.peak_bytes) / (1024.0 * 1024 * 1024), c.items_per_second);

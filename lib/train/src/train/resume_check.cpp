@@ -43,14 +43,26 @@ ResumeChanges check_resume(const std::string& saved_yaml, const config::Config& 
                            bool auto_batch) {
   ResumeChanges out;
   std::vector<std::string> refused;
-  for (const config::KeyChange& c : config::changed_keys(saved_yaml, now)) {
+  const std::vector<config::KeyChange> changes = config::changed_keys(saved_yaml, now);
+  // DDP without tensor parallelism saves the whole model (model.pt), every other layout the sharded model/
+  // (ckpt/checkpoint.h): a change of strategy or tensor-parallel size between the two is refused, once.
+  std::string saved_strategy = parallel::to_string(now.parallel.strategy);
+  std::string saved_tp = std::to_string(now.parallel.tp_size), layout_change;
+  for (const config::KeyChange& c : changes) {
+    if (c.path != "parallel.strategy" && c.path != "parallel.tp_size") continue;
+    (c.path == "parallel.strategy" ? saved_strategy : saved_tp) = c.before;
+    layout_change += (layout_change.empty() ? "" : ", ") + change_text(c);
+  }
+  const bool saved_whole = saved_strategy == "ddp" && saved_tp == "1";
+  if (saved_whole != (now.parallel.strategy == parallel::Strategy::DDP && now.parallel.tp_size == 1)) {
+    refused.push_back(layout_change + " (the checkpoint holds " +
+                      (saved_whole ? "DDP's whole model, not sharded slices" : "sharded slices, not DDP's whole model") +
+                      ")");
+  }
+  for (const config::KeyChange& c : changes) {
     if (c.path == "checkpoint.resume" || c.path == "checkpoint.allow_changes") continue;  // how this resume was asked
     if (is_model_key(c.path)) {
       refused.push_back(change_text(c) + " (the model: the checkpoint's tensors are another model's)");
-    } else if (c.path == "parallel.strategy" && (c.before == "ddp") != (c.after == "ddp")) {
-      refused.push_back(change_text(c) + " (the checkpoint holds " +
-                        (c.before == "ddp" ? "DDP's whole model, not FSDP's shards" : "FSDP's shards, not DDP's "
-                                                                                      "whole model") + ")");
     } else if (c.path == "train.batch_size" && auto_batch) {
       out.free.push_back(c);  // auto chose it for this run's memory
     } else if (changes_the_run(c.path) && !allowed_by(now.checkpoint.allow_changes, c.path)) {

@@ -3,8 +3,9 @@
 //   <dir>/step-00000100/
 //     model/               FSDP: each rank's rows of every parameter and of its optimizer state
 //                          (fsdp/state_dict.h's sharded format: loads at any world size); with tensor
-//                          parallelism model/tp-<t>-of-<T>/ and model/tensor_parallel.json (CheckpointModel)
-//     model.pt             DDP: the whole parameters and moments, written by rank 0
+//                          parallelism model/tp-<t>-of-<T>/ and model/tensor_parallel.json (CheckpointModel),
+//                          under DDP too
+//     model.pt             DDP without tensor parallelism: the whole parameters and moments, written by rank 0
 //     rng-rank00000.pt     each rank's default generator states: "cpu" and, with GPUs, "cuda:0", ... (dropout)
 //     model.safetensors    checkpoint.state_dict_type = full: the whole model under Hugging Face names
 //     trainer.json         step, data position, per-parameter optimizer steps, world size, flavor, run id, the config
@@ -49,9 +50,10 @@ struct CheckpointModel {
   // (our name, Hugging Face name) of every tensor of a Hugging Face file of the model (models::hf_names_of); given:
   // also write model.safetensors (state_dict_type = full). Checkpoints know names, not model families.
   std::vector<std::pair<std::string, std::string>> hf_names;
-  // Tensor parallelism (sharded models): the group whose ranks hold slices of the split parameters, and by
-  // parameter name how each is split (models::TensorParallel::split_layouts). Each rank of the group writes its
-  // slices as a sharded state dict of their own, model/tp-<t>-of-<T>/, beside model/tensor_parallel.json (the size
+  // Tensor parallelism: the group whose ranks hold slices of the split parameters, and by parameter name how each
+  // is split (models::TensorParallel::split_layouts). Each rank of the group writes its slices as a sharded state
+  // dict of their own (a replicated model's: one shard, written by world rank 0's group),
+  // model/tp-<t>-of-<T>/, beside model/tensor_parallel.json (the size
   // and the split dimensions); loading at the same size reads its own, at another (or without tensor parallelism,
   // or a checkpoint saved without it) merges the slices whole and takes its own. Unset: none.
   std::optional<dist::Communicator> tp_group = std::nullopt;

@@ -39,13 +39,19 @@ void save_sharded_state_dict(const std::shared_ptr<torch::nn::Module>& root, con
 void load_sharded_state_dict(const std::shared_ptr<torch::nn::Module>& root, const std::string& dir,
                              const ParamStates& states = {});
 
+// A model no unit shards (DDP's replicas: each holds it whole) written in the same format as one shard, so that it
+// loads and merges as any sharded state dict. No communication: the caller has one replica write it.
+void save_whole_state_dict(const std::shared_ptr<torch::nn::Module>& root, const std::string& dir,
+                           const ParamStates& states = {});
+
 // Every entry of a sharded state dict directory merged whole, on CPU, without a model (what `checkpoint export`
 // reads). Parameter states appear under "<parameter>::<key>".
 std::map<std::string, at::Tensor> read_sharded_state_dict(const std::string& dir);
 
 // Loads such whole entries (parameters, buffers, "<parameter>::<key>" states) into a sharded model, each rank
 // copying its rows, as load_sharded_state_dict does from files (a checkpoint merged from several: tensor
-// parallelism's at another size). Checks names and shapes. No communication.
+// parallelism's at another size), or into a model no unit shards, whole. Checks names and shapes. No
+// communication.
 void load_state_dict_rows(const std::shared_ptr<torch::nn::Module>& root, const std::map<std::string, at::Tensor>& state,
                           const ParamStates& states = {});
 

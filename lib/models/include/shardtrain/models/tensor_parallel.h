@@ -158,8 +158,8 @@ class TensorParallel {
 // Splits `model` (built whole, the same on every rank of `group`: the same seed or weights) over `group` as its
 // recipe's tp_plan() says. Throws std::invalid_argument before any collective when the family has no plan, a rule
 // matches nothing, a parameter is under no rule (named), a size does not divide by the group (naming the
-// dimension, e.g. "the 4 key/value heads of layers.0.attn", and the group sizes that would divide it), or a
-// module carries a LoRA adapter.
+// dimension, e.g. "the 4 key/value heads of layers.0.attn", and the group sizes that would divide it). A LoRA
+// adapter splits with its Linear (the factor on the split side as the weight, the other whole).
 TensorParallel tensor_parallelize(ZooModel& model, const dist::Communicator& group,
                                   const TensorParallelOptions& options = {});
 
