@@ -18,6 +18,7 @@
 #include <unistd.h>
 
 #include "shardtrain/distributed/mesh.h"
+#include "shardtrain/fsdp/fully_shard.h"
 #include "shardtrain/models/bert.h"
 #include "shardtrain/models/gpt2.h"
 #include "shardtrain/models/llama.h"
@@ -29,6 +30,7 @@
 #include "shardtrain/models/vit.h"
 #include "shardtrain/models/weights.h"
 #include "shardtrain/models/zoo.h"
+#include "shardtrain/optim/adafactor.h"
 #include "shardtrain/tp/regions.h"
 #include "shardtrain/tp/split.h"
 #include "support/expect_error.h"
@@ -144,11 +146,24 @@ at::Tensor part_of(const at::Tensor& whole, const std::map<std::string, tp::Spli
 
 // SGD shows the arithmetic: every parameter within 2 float32 roundings of one process's (1.2e-7 measured). Adam
 // divides each gradient by its own root mean square, so where a true gradient is near zero rounding noise becomes
-// a step of up to lr: 4.5e-5 measured at lr 1e-3 (Qwen's MLP), as under FSDP alone (models_test.cpp).
-enum class Optimizer { SGD, ADAMW };
+// a step of up to lr: 4.5e-5 measured at lr 1e-3 (Qwen's MLP), as under FSDP alone (models_test.cpp). Adafactor
+// (its statistics over whole matrices: summed over the group's slices and FSDP's rows) likewise, at its relative
+// step of 1e-2 scaled by each parameter's RMS.
+enum class Optimizer { SGD, ADAMW, ADAFACTOR };
 
-std::unique_ptr<torch::optim::Optimizer> make_optimizer(Optimizer which, const std::vector<at::Tensor>& params) {
+std::string to_string(Optimizer o) { return o == Optimizer::SGD ? "SGD" : o == Optimizer::ADAMW ? "AdamW" : "Adafactor"; }
+
+// The reference's with neither split given.
+std::unique_ptr<torch::optim::Optimizer> make_optimizer(Optimizer which, const std::vector<at::Tensor>& params,
+                                                        std::optional<optim::RowSharding> rows = std::nullopt,
+                                                        std::optional<optim::TensorSplit> slices = std::nullopt) {
   if (which == Optimizer::SGD) return std::make_unique<torch::optim::SGD>(params, torch::optim::SGDOptions(0.1));
+  if (which == Optimizer::ADAFACTOR) {
+    // No update clipping: with it a wrong parameter RMS (which scales the step) and a wrong update RMS (which
+    // divides it) would cancel.
+    return std::make_unique<optim::Adafactor>(params, optim::AdafactorOptions{}.clip_threshold(1e3), std::move(rows),
+                                              std::move(slices));
+  }
   return std::make_unique<torch::optim::AdamW>(params, torch::optim::AdamWOptions(1e-3));
 }
 
@@ -157,7 +172,7 @@ void expect_trains_like_one_process(const std::string& name, const std::shared_p
                                     const Layout& layout, Optimizer optimizer, double kMaxNorm = 0.5) {
   constexpr int kSteps = 3;
   const double tolerance = optimizer == Optimizer::SGD ? 2.5e-7 : 1e-4;
-  const std::string label = name + ", " + layout.text() + (optimizer == Optimizer::SGD ? ", SGD" : ", AdamW");
+  const std::string label = name + ", " + layout.text() + ", " + to_string(optimizer);
   BuildOptions build;
   build.init.seed = 7;
   torch::manual_seed(3);
@@ -191,7 +206,10 @@ void expect_trains_like_one_process(const std::string& name, const std::shared_p
   }
   const int64_t rows = ids.size(0) / layout.dp;
   const at::Tensor local = ids.narrow(0, mesh.data_rank() * rows, rows);
-  auto step = make_optimizer(optimizer, model.module->parameters());
+  auto step = make_optimizer(optimizer, model.module->parameters(),
+                             layout.dp > 1 ? std::optional<optim::RowSharding>(fsdp::row_sharding(model.module))
+                                           : std::nullopt,
+                             tp.tensor_split());
   for (int s = 0; s < kSteps; ++s) {
     step->zero_grad();
     at::Tensor loss = causal_lm_loss(*model.module, local);
@@ -276,6 +294,10 @@ TEST(TensorParallel, LlamaFamiliesTrainLikeOneProcess) {
     // A table shared by the lookups and the head, split once for both; 2 key/value heads, at tp 4 each held by two
     // ranks (Qwen3's per-head k_norm on both).
     expect_trains_like_one_process("llama-3.2-debug", recipe_of("llama-3.2-debug"), layout, Optimizer::SGD);
+    if (!layout.sequence_parallel && layout.checkpoint_every == 0) {  // Adafactor's statistics over the slices
+      expect_trains_like_one_process("llama-3.2-debug", recipe_of("llama-3.2-debug"), layout, Optimizer::ADAFACTOR);
+      expect_trains_like_one_process("gpt2-debug", gpt2, layout, Optimizer::ADAFACTOR);
+    }
     if (layout.sequence_parallel != (layout.checkpoint_every > 0)) {
       expect_trains_like_one_process("qwen2-debug", recipe_of("qwen2-debug"), layout, Optimizer::SGD);
       expect_trains_like_one_process("qwen3-debug", recipe_of("qwen3-debug"), layout, Optimizer::SGD);

@@ -821,8 +821,8 @@ std::map<std::string, at::Tensor> safetensors_of(const std::string& path) {
 // A tensor-parallel run's checkpoints: written as each tensor-parallel rank's slices (model/tp-<t>-of-2/), resumed
 // at the same size and at one process (the slices merged), both continuing as one process that ran through, and
 // exported whole as that process's; with state_dict_type: full the whole model beside the slices. GPT-2's: its fused
-// q, k, v split by thirds, its vocabulary (1001) 501 + 500; and Llama's key/value head replicated, with LoRA, under
-// DDP.
+// q, k, v split by thirds, its vocabulary (1001) 501 + 500; and Llama's key/value head replicated, with LoRA and
+// Adafactor, under DDP.
 TEST_F(TrainTest, TensorParallelCheckpointsResumeAtAnySize) {
   const std::string common = std::string(SHARDTRAIN_BIN) + " train " + root_ + "/config.yaml --model.flavor=gpt2-debug "
                              "'--model.overrides={vocab_size: 1001, dropout: 0}' --train.steps=4 --log.interval=1 "
@@ -870,12 +870,14 @@ TEST_F(TrainTest, TensorParallelCheckpointsResumeAtAnySize) {
   EXPECT_LE(max_difference(safetensors_of(moved + "/model.safetensors"), reference), 1e-4);
 
   // llama-debug with one key/value head at tp 2, held by both ranks, with LoRA adapters on every projection (k's and
-  // v's B replicated with their heads), under DDP over 2 replicas (4 ranks): merged from one copy each, resumed on
-  // the 2 data-parallel ranks alone as the run through them.
+  // v's B replicated with their heads) trained by Adafactor (row statistics split with B's rows, column statistics
+  // with o's and down's A columns), under DDP over 2 replicas (4 ranks): merged from one copy each, resumed on the 2
+  // data-parallel ranks alone as the run through them.
   const std::string llama = std::string(SHARDTRAIN_BIN) + " train " + root_ + "/config.yaml --model.flavor=llama-debug "
                             "'--model.overrides={kv_heads: 1}' --train.steps=4 --log.interval=1 "
                             "--train.eval_interval=0 --optim.warmup_steps=0 --optim.lr=1e-2 --model.lora.r=4 "
-                            "--model.lora.target_modules=[all-linear] --checkpoint.interval=2 --train.batch_size=2 ";
+                            "--model.lora.target_modules=[all-linear] --optim.name=adafactor --checkpoint.interval=2 "
+                            "--train.batch_size=2 ";
   const Outcome llama_through = run(llama + "--launch.num_processes=2");
   ASSERT_EQ(llama_through.status, 0) << llama_through.output;
   const std::string replicated = root_ + "/tp-ckpt-replicated";

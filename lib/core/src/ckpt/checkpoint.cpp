@@ -289,7 +289,7 @@ std::string save_checkpoint(const std::string& dir, const TrainerState& given, c
     });
     steps.run([&] {
       if (leader && split) {
-        io::write_file_atomic(tmp + "/model/tensor_parallel.json", to_bytes(tp_layout_json(model)));
+        io::write_file_atomic(tmp + "/model/tensor_parallel.json", to_bytes(tp_layout_json(model, states)));
       }
     });
   }

@@ -43,14 +43,35 @@ SavedLayout read_layout(const std::string& model_dir) {
   return layout;
 }
 
-// How entry `name` ("<parameter>" or "<parameter>::<state>") is split, none for a whole one: a state follows its
-// parameter when it has the parameter's rank (a moment), and is whole otherwise (a step count).
-std::optional<tp::SplitLayout> entry_split(const std::map<std::string, tp::SplitLayout>& split,
-                                           const std::string& name, const at::Tensor& value) {
-  const size_t sep = name.find("::");
-  auto it = split.find(name.substr(0, sep));
-  if (it == split.end() || value.dim() <= it->second.dim) return std::nullopt;
-  return it->second;
+// How a state tensor of a parameter split as `param` (a tensor of `param_dims` dimensions) is split itself: a
+// moment like the parameter; Adafactor's row statistics (BY_ROWS) with the parameter's rows, whole when the
+// columns are split (every rank's equal); its column statistics of a matrix (WHOLE over FSDP's shards) with the
+// columns, whole when the rows are split.
+std::optional<tp::SplitLayout> state_split(const tp::SplitLayout& param, optim::StateSplit split, int64_t param_dims) {
+  switch (split) {
+    case optim::StateSplit::LIKE_PARAMETER: return param;
+    case optim::StateSplit::BY_ROWS: return param.dim == 0 ? std::optional<tp::SplitLayout>(param) : std::nullopt;
+    case optim::StateSplit::WHOLE:
+      if (param_dims == 2 && param.dim == 1) return tp::SplitLayout{0, param.sections, param.parts};
+      return std::nullopt;
+  }
+  return std::nullopt;
+}
+
+// How every split entry of `model` is split: its parameters ("<parameter>") and their states
+// ("<parameter>::<key>"). An entry not listed is whole on every rank of the group.
+std::map<std::string, tp::SplitLayout> entry_splits(const CheckpointModel& model, const fsdp::ParamStates& states) {
+  std::map<std::string, tp::SplitLayout> out = model.tp_split;
+  std::map<std::string, int64_t> dims;
+  for (const auto& p : model.root->named_parameters()) dims[p.key()] = p.value().dim();
+  for (const auto& [key, tensors] : states) {
+    for (const auto& [name, state] : tensors) {
+      auto it = model.tp_split.find(name);
+      if (it == model.tp_split.end()) continue;
+      if (auto split = state_split(it->second, state.split, dims.at(name))) out[name + "::" + key] = *split;
+    }
+  }
+  return out;
 }
 
 }  // namespace
@@ -62,11 +83,11 @@ std::string tp_state_dir(const std::string& model_dir, const CheckpointModel& mo
   return size > 1 ? slice_dir(model_dir, model.tp_group->rank(), size) : model_dir;
 }
 
-std::string tp_layout_json(const CheckpointModel& model) {
+std::string tp_layout_json(const CheckpointModel& model, const fsdp::ParamStates& states) {
   nlohmann::json j;
   j["size"] = tp_size_of(model);
   j["split"] = nlohmann::json::object();
-  for (const auto& [name, split] : model.tp_split) {
+  for (const auto& [name, split] : entry_splits(model, states)) {
     j["split"][name] = {{"dim", split.dim}, {"sections", split.sections}, {"parts", split.parts}};
   }
   return j.dump(2);
@@ -79,8 +100,8 @@ std::map<std::string, at::Tensor> merged_model_state(const std::string& model_di
   for (int64_t t = 0; t < layout.size; ++t) slices.push_back(fsdp::read_sharded_state_dict(slice_dir(model_dir, t, layout.size)));
   std::map<std::string, at::Tensor> whole;
   for (const auto& [name, first] : slices.front()) {
-    const std::optional<tp::SplitLayout> split = entry_split(layout.split, name, first);
-    if (!split) {
+    auto split = layout.split.find(name);
+    if (split == layout.split.end()) {
       whole[name] = first;
       continue;
     }
@@ -90,7 +111,7 @@ std::map<std::string, at::Tensor> merged_model_state(const std::string& model_di
       if (it == slice.end()) throw std::runtime_error(model_dir + ": a tensor-parallel slice lacks '" + name + "'");
       parts.push_back(it->second);
     }
-    whole[name] = tp::merge_parts(parts, *split);
+    whole[name] = tp::merge_parts(parts, split->second);
   }
   return whole;
 }
@@ -108,11 +129,12 @@ void load_model_state(const std::string& model_dir, const CheckpointModel& model
                                                 : merged_model_state(model_dir);
   if (size > 1 && layout.size != size) {
     const int64_t rank = model.tp_group->rank();
+    const std::map<std::string, tp::SplitLayout> splits = entry_splits(model, states);
     for (auto& [name, value] : state) {
-      const std::optional<tp::SplitLayout> split = entry_split(model.tp_split, name, value);
-      if (!split) continue;
+      auto split = splits.find(name);
+      if (split == splits.end()) continue;
       try {
-        value = tp::slice_of(value, *split, rank, size);
+        value = tp::slice_of(value, split->second, rank, size);
       } catch (const std::invalid_argument& e) {
         throw std::runtime_error(model_dir + ": '" + name + "' does not split over " + std::to_string(size) +
                                  " tensor-parallel ranks (" + e.what() + ")");

@@ -1,6 +1,7 @@
 // Tensor parallelism's part of a checkpoint's model/ directory (ckpt/checkpoint.h, CheckpointModel::tp_group):
 //
-//   model/tensor_parallel.json   {"size": T, "split": {"<parameter>": dim, ...}}
+//   model/tensor_parallel.json   {"size": T, "split": {"<parameter>" or "<parameter>::<state>": {"dim", "sections",
+//                                "parts"}, ...}}: every split entry; one not listed is whole
 //   model/tp-<t>-of-<T>/         rank t's slices as a sharded state dict (fsdp/state_dict.h), at any data size
 //
 // Without tensor parallelism model/ is the sharded state dict itself (size 1).
@@ -20,9 +21,9 @@ namespace shardtrain::ckpt {
 int tp_size_of(const CheckpointModel& model);
 
 // Where this rank writes its sharded state dict under model_dir, and (rank 0 of the world writes it) the layout
-// file's text.
+// file's text: how each split parameter and each of its states in `states` is split.
 std::string tp_state_dir(const std::string& model_dir, const CheckpointModel& model);
-std::string tp_layout_json(const CheckpointModel& model);
+std::string tp_layout_json(const CheckpointModel& model, const fsdp::ParamStates& states);
 
 // Every entry of model_dir whole, the slices of a tensor-parallel save put back together along their dimensions
 // (a parameter's states along its own), on CPU.

@@ -32,33 +32,58 @@ void check_options(const AdafactorOptions& o) {
   }
 }
 
-// Sums of the float32 pieces across ranks, in one all-reduce: each piece's place is its offset into the buffer.
-class SumBuffer {
+// Sums of float32 pieces across ranks: each piece over the shard group (FSDP's rows), the tensor-parallel group
+// (the slices), or both (the shard group's sum, times the piece's share, then over the tensor-parallel group): one
+// all-reduce per group for every piece together. A piece's place is its offset into the buffer.
+class GroupSums {
  public:
-  int64_t add(at::Tensor piece) {
+  enum Over { SHARD = 1, TENSOR = 2, BOTH = 3 };
+  int64_t add(at::Tensor piece, Over over, double share = 1) {
     const int64_t at = size_;
     size_ += piece.numel();
-    pieces_.push_back(piece.reshape({-1}));
+    pieces_.push_back({piece.reshape({-1}), over, share, at});
     return at;
   }
-  // Reduces across `group` (none: the local sums are the totals).
-  void reduce(const std::optional<RowSharding>& sharding) {
+  void reduce(const std::optional<RowSharding>& shards, const std::optional<TensorSplit>& slices) {
     if (pieces_.empty()) return;
-    sums_ = at::cat(pieces_);
+    std::vector<at::Tensor> all;
+    for (const Piece& p : pieces_) all.push_back(p.values);
+    sums_ = at::cat(all);
+    if (shards && shards->group.size() > 1) over_group(shards->group, SHARD, false);
+    if (slices && slices->group.size() > 1) over_group(slices->group, TENSOR, true);
     pieces_.clear();
-    if (sharding && sharding->group.size() > 1) {
-      const at::Device home = sums_.device();
-      at::Tensor wire = sums_.to(sharding->group.device());
-      sharding->group.all_reduce(wire, dist::ReduceOp::SUM).wait();
-      sums_ = wire.to(home);
-    }
     host_ = sums_.to(at::kCPU).to(at::kDouble);  // one copy for every scalar read
   }
   at::Tensor slice(int64_t at, int64_t n) const { return sums_.narrow(0, at, n); }
   double value(int64_t at) const { return host_.data_ptr<double>()[at]; }
 
  private:
-  std::vector<at::Tensor> pieces_;
+  struct Piece {
+    at::Tensor values;
+    Over over;
+    double share;
+    int64_t at;
+  };
+  // The pieces summed over `group`, in place in sums_ (scaled by their shares first when `shared`).
+  void over_group(const dist::Communicator& group, Over which, bool shared) {
+    std::vector<at::Tensor> mine;
+    for (const Piece& p : pieces_) {
+      if (!(p.over & which)) continue;
+      const at::Tensor v = sums_.narrow(0, p.at, p.values.numel());
+      mine.push_back(shared && p.share != 1 ? v * p.share : v);
+    }
+    if (mine.empty()) return;
+    at::Tensor wire = at::cat(mine).to(group.device());
+    group.all_reduce(wire, dist::ReduceOp::SUM).wait();
+    wire = wire.to(sums_.device());
+    int64_t offset = 0;
+    for (const Piece& p : pieces_) {
+      if (!(p.over & which)) continue;
+      sums_.narrow(0, p.at, p.values.numel()).copy_(wire.narrow(0, offset, p.values.numel()));
+      offset += p.values.numel();
+    }
+  }
+  std::vector<Piece> pieces_;
   at::Tensor sums_, host_;
   int64_t size_ = 0;
 };
@@ -75,8 +100,16 @@ struct Adafactor::Pending {
   double full_numel = 0;    // the whole parameter's elements
   double beta2t = 0;        // this step's second-moment decay
   bool matrix = false;      // 2 dimensions: column statistics and the row-statistics mean need the whole matrix
+  std::optional<TensorSplit::Split> slice;  // how tensor parallelism split it (none: whole on the group)
   int64_t param_sq_at = -1, col_sum_at = -1, row_sum_at = -1, update_sq_at = -1;  // offsets into the sums
+  // Columns split: this rank's columns' part of each row's sum of squares, and beta2t x the previous row
+  // statistics' sum (row_sum_at then holds the new part of the new statistics' sum).
+  int64_t row_sq_at = -1, row_before_at = -1;
   double row_mean = 0;      // a matrix's mean row statistic (after the all-reduce)
+
+  // Where a sum over the whole parameter is taken: its shard group's rows, and its tensor-parallel slices.
+  GroupSums::Over whole() const { return slice ? GroupSums::BOTH : GroupSums::SHARD; }
+  double share() const { return slice ? slice->share : 1.0; }
 
   // The real rows of a state tensor split by rows (a scalar parameter's as one row).
   at::Tensor rows_of(const at::Tensor& t) const {
@@ -96,9 +129,9 @@ struct Adafactor::Pending {
 AdafactorOptions::AdafactorOptions(double lr) : lr_(lr) {}
 
 Adafactor::Adafactor(const std::vector<torch::optim::OptimizerParamGroup>& param_groups, AdafactorOptions defaults,
-                     std::optional<RowSharding> sharding)
+                     std::optional<RowSharding> sharding, std::optional<TensorSplit> tensor_split)
     : torch::optim::Optimizer(param_groups, std::make_unique<AdafactorOptions>(defaults)),
-      sharding_(std::move(sharding)) {
+      sharding_(std::move(sharding)), tensor_split_(std::move(tensor_split)) {
   for (const auto& group : this->param_groups()) check_options(static_cast<const AdafactorOptions&>(group.options()));
 }
 
@@ -143,7 +176,7 @@ at::Tensor Adafactor::step(LossClosure closure) {
   const at::Tensor loss = evaluate_closure(closure);
   c10::AutoGradMode no_grad(false);
   std::vector<Pending> pending;
-  SumBuffer first;
+  GroupSums first;
   for (auto& group : param_groups()) {
     const auto& o = static_cast<const AdafactorOptions&>(group.options());
     for (auto& p : group.params()) {
@@ -166,21 +199,44 @@ at::Tensor Adafactor::step(LossClosure closure) {
         }
       }
       u.full_numel = static_cast<double>(u.full_rows * row_numel);
+      if (tensor_split_) {
+        auto split = tensor_split_->params.find(p.unsafeGetTensorImpl());
+        if (split != tensor_split_->params.end()) {
+          if (p.dim() > 2 || split->second.dim >= std::max<int64_t>(p.dim(), 1)) {
+            throw std::invalid_argument("Adafactor: a tensor-parallel parameter of shape " + c10::str(p.sizes()) +
+                                        " split on dim " + std::to_string(split->second.dim) +
+                                        "; vectors and matrices split on their rows or columns are stepped");
+          }
+          u.slice = split->second;
+          const int64_t extent = u.slice->extent;
+          if (u.slice->dim == 0) u.full_rows = extent;
+          u.full_numel = static_cast<double>(u.slice->dim == 0 ? extent * row_numel : u.full_rows * extent);
+        }
+      }
       u.grad = u.grad.to(at::kFloat);
       u.matrix = p.dim() == 2;
       AdafactorParamState& s = *u.state;
       s.step(s.step() + 1);
       u.beta2t = 1.0 - std::pow(static_cast<double>(s.step()), o.decay_rate());
       const at::Tensor sq = u.grad.square().add_(o.eps1());
-      if (o.scale_parameter()) u.param_sq_at = first.add(u.param.to(at::kFloat).square().sum());
+      if (o.scale_parameter()) u.param_sq_at = first.add(u.param.to(at::kFloat).square().sum(), u.whole(), u.share());
       if (s.exp_avg_sq().defined()) {
         u.rows_of(s.exp_avg_sq()).mul_(u.beta2t).add_(sq, 1.0 - u.beta2t);
+      } else if (u.slice && u.slice->dim == 1) {
+        // A row's statistic is the mean over every rank's columns: its new value waits for the group's sum; the
+        // mean of them all is the old ones' (whole on the group) and the new part (a sum over both groups).
+        const at::Tensor row = u.rows_of(s.exp_avg_sq_row());
+        const double columns = static_cast<double>(u.slice->extent);
+        u.row_sq_at = first.add(sq.sum(-1), GroupSums::TENSOR, u.share());
+        u.row_before_at = first.add(row.sum() * u.beta2t, GroupSums::SHARD);
+        u.row_sum_at = first.add(sq.sum() * ((1.0 - u.beta2t) / columns), GroupSums::BOTH, u.share());
+        u.col_sum_at = first.add(sq.sum(0), GroupSums::SHARD);
       } else {
         const at::Tensor row = u.rows_of(s.exp_avg_sq_row());
         row.mul_(u.beta2t).add_(sq.mean(-1), 1.0 - u.beta2t);
         if (u.matrix) {
-          u.col_sum_at = first.add(sq.sum(0));
-          u.row_sum_at = first.add(row.sum());
+          u.col_sum_at = first.add(sq.sum(0), u.whole(), u.share());
+          u.row_sum_at = first.add(row.sum(), u.whole(), u.share());
         } else {
           u.rows_of(s.exp_avg_sq_col()).mul_(u.beta2t).add_(sq.mean(-2), 1.0 - u.beta2t);
         }
@@ -188,19 +244,25 @@ at::Tensor Adafactor::step(LossClosure closure) {
       pending.push_back(std::move(u));
     }
   }
-  first.reduce(sharding_);
+  first.reduce(sharding_, tensor_split_);
 
-  SumBuffer second;
+  GroupSums second;
   for (Pending& u : pending) {
     if (u.matrix) {
       const double rows = static_cast<double>(u.full_rows);
       const at::Tensor col_mean = first.slice(u.col_sum_at, u.state->exp_avg_sq_col().numel()) / rows;
       u.state->exp_avg_sq_col().mul_(u.beta2t).add_(col_mean, 1.0 - u.beta2t);
       u.row_mean = first.value(u.row_sum_at) / rows;
+      if (u.row_sq_at >= 0) {
+        const at::Tensor row = u.rows_of(u.state->exp_avg_sq_row());
+        const double columns = static_cast<double>(u.slice->extent);
+        row.mul_(u.beta2t).add_(first.slice(u.row_sq_at, row.numel()) / columns, 1.0 - u.beta2t);
+        u.row_mean += first.value(u.row_before_at) / rows;
+      }
     }
-    u.update_sq_at = second.add(u.update().square().sum());
+    u.update_sq_at = second.add(u.update().square().sum(), u.whole(), u.share());
   }
-  second.reduce(sharding_);
+  second.reduce(sharding_, tensor_split_);
 
   for (Pending& u : pending) {
     const AdafactorOptions& o = *u.options;

@@ -524,6 +524,16 @@ std::map<std::string, tp::SplitLayout> TensorParallel::split_layouts(const torch
   return out;
 }
 
+optim::TensorSplit TensorParallel::tensor_split() const {
+  optim::TensorSplit out{group_, {}};
+  for (const Split& s : split_) {
+    const double share =
+        s.layout.parts > 0 ? static_cast<double>(s.layout.parts) / static_cast<double>(group_.size()) : 1.0;
+    out.params[s.param.unsafeGetTensorImpl()] = {s.layout.dim, s.extent, share};
+  }
+  return out;
+}
+
 TensorParallelizer::TensorParallelizer(const ModelRecipe& recipe, dist::Communicator group,
                                        TensorParallelOptions options)
     : flavor_(recipe.flavor()), group_(std::move(group)), options_(options), plan_(recipe.tp_plan()),

@@ -829,11 +829,6 @@ void validate_parallel(const Config& c) {
           "parallel.dp_replicate_size", num(c.parallel.dp_replicate_size),
           "possible under " + parallel::to_string(c.parallel.strategy) +
               ", which shards over every data-parallel rank (hybrid_shard replicates across dp_replicate_size groups)");
-  if (c.parallel.tp_size > 1) {
-    const std::string with_tp = "possible with parallel.tp_size " + num(c.parallel.tp_size);
-    require(c.optim.name != OptimizerKind::ADAFACTOR, "optim.name", "adafactor",
-            with_tp + " (its factored statistics span whole matrices)");
-  }
 }
 void validate_checkpoint(const Config& c) {
   require(c.checkpoint.interval >= 0, "checkpoint.interval", num(c.checkpoint.interval), "0 or positive");

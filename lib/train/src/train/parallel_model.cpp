@@ -188,6 +188,11 @@ std::optional<optim::RowSharding> ParallelModel::row_sharding() const {
   return fsdp::row_sharding(model_.module);
 }
 
+std::optional<optim::TensorSplit> ParallelModel::tensor_split() const {
+  if (!tp_) return std::nullopt;
+  return tp_->tensor_split();
+}
+
 double ParallelModel::clip_grad_norm(double max_norm, const std::vector<torch::optim::OptimizerParamGroup>& groups) {
   if (tp_) return tp_->clip_grad_norm(*model_.module, max_norm, shard_group_ ? &*shard_group_ : nullptr);
   if (!ddp_) return fsdp::clip_grad_norm(model_.module, max_norm);

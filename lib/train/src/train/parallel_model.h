@@ -52,6 +52,8 @@ class ParallelModel {
   double clip_grad_norm(double max_norm, const std::vector<torch::optim::OptimizerParamGroup>& groups);
   // How the parameters the optimizer steps are split by rows across the shard group (FSDP); none under DDP.
   std::optional<optim::RowSharding> row_sharding() const;
+  // How tensor parallelism split them; none without it.
+  std::optional<optim::TensorSplit> tensor_split() const;
 
  private:
   models::ZooModel model_;

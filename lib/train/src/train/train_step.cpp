@@ -115,7 +115,7 @@ std::unique_ptr<torch::optim::Optimizer> make_optimizer(const config::Config& c,
   }
   if (c.optim.name == config::OptimizerKind::ADAFACTOR) {
     return std::make_unique<optim::Adafactor>(std::move(groups), adafactor_options(c.optim, decay),
-                                              model.row_sharding());
+                                              model.row_sharding(), model.tensor_split());
   }
   if (c.optim.name == config::OptimizerKind::SGD) {
     return std::make_unique<torch::optim::SGD>(std::move(groups), sgd_options(c.optim, decay));

@@ -14,6 +14,11 @@
 // shard group (two all-reduces per step for all parameters together) and every rank steps its rows exactly as
 // one process stepping the whole parameter would, to float32 rounding. Parameters of three or more dimensions
 // split on dim 0 need only the RMS sums: their statistics are per leading index.
+//
+// Tensor-parallel slices (`TensorSplit`, before FSDP shards them by rows): a slice of rows sums its column
+// statistics, row-statistic mean and RMS over the tensor-parallel group too; a slice of columns sums each row's
+// statistic over it (its column statistics are its own). Two all-reduces more per step. The statistics then are
+// the whole parameter's, each rank's row or column statistics its slice's (or whole and equal on the group).
 #pragma once
 
 #include <torch/optim/optimizer.h>
@@ -57,12 +62,15 @@ class Adafactor : public torch::optim::Optimizer {
  public:
   // Throws std::invalid_argument naming an option out of range, or warmup_init without relative_step.
   explicit Adafactor(const std::vector<torch::optim::OptimizerParamGroup>& param_groups, AdafactorOptions defaults = {},
-                     std::optional<RowSharding> sharding = std::nullopt);
+                     std::optional<RowSharding> sharding = std::nullopt,
+                     std::optional<TensorSplit> tensor_split = std::nullopt);
   explicit Adafactor(std::vector<at::Tensor> params, AdafactorOptions defaults = {},
-                     std::optional<RowSharding> sharding = std::nullopt)
-      : Adafactor({torch::optim::OptimizerParamGroup(std::move(params))}, std::move(defaults), std::move(sharding)) {}
+                     std::optional<RowSharding> sharding = std::nullopt,
+                     std::optional<TensorSplit> tensor_split = std::nullopt)
+      : Adafactor({torch::optim::OptimizerParamGroup(std::move(params))}, std::move(defaults), std::move(sharding),
+                  std::move(tensor_split)) {}
 
-  // Collective over the sharding's group when there is one: every rank calls it.
+  // Collective over the sharding's group and the tensor-parallel group when there are: every rank calls it.
   at::Tensor step(LossClosure closure = nullptr) override;
 
   // A parameter's state at `step` with zero tensors of the shapes the optimizer would create, for a checkpoint to
@@ -77,6 +85,7 @@ class Adafactor : public torch::optim::Optimizer {
   struct Pending;  // one parameter's step between the all-reduces (adafactor.cpp)
   AdafactorParamState& new_state(const at::Tensor& param, const AdafactorOptions& options, int64_t step);
   std::optional<RowSharding> sharding_;
+  std::optional<TensorSplit> tensor_split_;
 };
 
 }  // namespace shardtrain::optim

@@ -35,6 +35,7 @@
 
 #include "shardtrain/distributed/communicator.h"
 #include "shardtrain/models/losses.h"
+#include "shardtrain/optim/row_sharding.h"
 #include "shardtrain/tp/split.h"
 
 namespace shardtrain::models {
@@ -145,6 +146,8 @@ class TensorParallel {
   const Split* split_of(const at::Tensor& param) const;
   // The same by name, for the split parameters among `root`'s.
   std::map<std::string, tp::SplitLayout> split_layouts(const torch::nn::Module& root) const;
+  // The same for an optimizer whose statistics span whole parameters (optim::Adafactor).
+  optim::TensorSplit tensor_split() const;
 
  private:
   dist::Communicator group_;
