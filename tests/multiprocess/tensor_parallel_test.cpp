@@ -329,6 +329,58 @@ TEST(TensorParallel, LoraAdaptersTrainLikeOneProcess) {
   }
 }
 
+// Dropout under tensor parallelism (GPT-2's on embeddings, attention probabilities and the residual stream): draws
+// where activations are replicated agree across the group, so every rank of it holds the same whole parameters
+// after its steps (their gradients come from those activations); draws in the split regions (and under sequence
+// parallelism in the whole layer) are each rank's own (tp/rng_fork.h), and activation checkpointing replays them: a
+// checkpointed run's losses and parameters are the run's without.
+TEST(TensorParallel, DropoutDrawsPerRankAndReplaysUnderCheckpointing) {
+  const int w = test_process_group().world_size();
+  if (w != 2 && w != 4) GTEST_SKIP() << "runs at 2 and 4 ranks";
+  const auto gpt2 = recipe_of_model("gpt2-debug", {{"vocab_size", 1001}, {"dropout", 0.2}});
+  const auto mesh = dist::DeviceMesh::create(test_process_group(), 1, w / 2, 2);
+  torch::manual_seed(3);
+  const at::Tensor ids = torch::randint(1001, {4, 24}, torch::kLong).narrow(0, 2 * (mesh.data_rank() % 2), 2);
+  for (bool sp : {false, true}) {
+    std::vector<std::map<std::string, at::Tensor>> params;
+    std::vector<std::vector<double>> losses;
+    for (int64_t every : {0, 1}) {
+      const std::string label = std::string(sp ? "sequence parallel" : "tp 2") + (every ? ", checkpointed" : "");
+      BuildOptions build;
+      build.init.seed = 7;
+      ZooModel model = build_model(std::shared_ptr<const ModelRecipe>(gpt2), build);
+      TensorParallel tp = tensor_parallelize(model, mesh.tp_group(), {sp});
+      if (every > 0) activation_checkpoint_layers(model, every);
+      model.module->train();
+      torch::optim::SGD step(model.module->parameters(), torch::optim::SGDOptions(0.1));
+      at::manual_seed(static_cast<uint64_t>(17 + mesh.data_rank()));  // the group alike, as the trainer seeds
+      losses.emplace_back();
+      for (int s = 0; s < 2; ++s) {
+        step.zero_grad();
+        at::Tensor loss = causal_lm_loss(*model.module, ids);
+        loss.backward();
+        tp.reduce_gradients();
+        step.step();
+        losses.back().push_back(loss.item<double>());
+      }
+      for (const auto& p : model.module->named_parameters()) {
+        if (tp.split_of(p.value()) != nullptr) continue;
+        at::Tensor mine = p.value().detach().to(at::kDouble).reshape({-1}), sum = mine.clone();
+        mesh.tp_group().all_reduce(sum, dist::ReduceOp::SUM).wait();
+        EXPECT_LE((sum / 2 - mine).abs().max().item<double>(), 1e-7) << label << ": " << p.key() << " across the group";
+      }
+      params.emplace_back();
+      for (const auto& p : model.module->named_parameters()) params.back()[p.key()] = p.value().detach().clone();
+    }
+    for (size_t s = 0; s < losses[0].size(); ++s) {
+      EXPECT_NEAR(losses[1][s], losses[0][s], 1e-6 * losses[0][s]) << (sp ? "sp" : "tp") << ", step " << s;
+    }
+    for (const auto& [name, value] : params[0]) {
+      EXPECT_LE((params[1].at(name) - value).abs().max().item<double>(), 1e-6) << (sp ? "sp " : "tp ") << name;
+    }
+  }
+}
+
 // The loss of rows [first, first + rows) of a fixed global batch.
 using SliceLoss = std::function<at::Tensor(torch::nn::Module& model, int64_t first, int64_t rows)>;
 

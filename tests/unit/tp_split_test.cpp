@@ -1,8 +1,9 @@
 // How a tensor-parallel parameter divides (tp/split.h): parts as even as they can be, a fused projection's sections
-// split alike, and merging the parts gives back the whole.
+// split alike, and merging the parts gives back the whole. The split regions' random streams (tp/rng_fork.h).
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include "shardtrain/tp/rng_fork.h"
 #include "shardtrain/tp/split.h"
 #include "support/expect_error.h"
 
@@ -51,6 +52,44 @@ TEST(TpSplit, SlicesMergeBackToTheWhole) {
   testing::expect_error<std::invalid_argument>([&] { slice_of(five, {0, 3}, 0, 2); },
                                                {"tp::slice_of", "[5]", "dimension 0 in 3 sections"});
   testing::expect_error<std::invalid_argument>([&] { slice_of(five, {1, 1}, 0, 2); }, {"along dimension 1"});
+}
+
+// Two ranks of a group (seeded alike) in a fork draw different numbers; the same rank from the same state draws the
+// same (activation checkpointing's replay); after it both continue alike, and not as the fork drew.
+TEST(TpRngFork, EachRankDrawsItsOwnAndTheGroupContinuesAlike) {
+  const c10::Device cpu(c10::kCPU);
+  struct Draws {
+    at::Tensor in_fork, after;
+  };
+  auto draw = [&](int64_t rank) {
+    at::manual_seed(11);
+    Draws d;
+    {
+      const RngFork fork(cpu, rank);
+      d.in_fork = at::rand({64});
+    }
+    d.after = at::rand({64});
+    return d;
+  };
+  const Draws rank0 = draw(0), rank1 = draw(1), again = draw(1);
+  EXPECT_FALSE(at::equal(rank0.in_fork, rank1.in_fork));
+  EXPECT_TRUE(at::equal(rank1.in_fork, again.in_fork));
+  EXPECT_TRUE(at::equal(rank0.after, rank1.after));
+  EXPECT_FALSE(at::equal(rank0.after, rank0.in_fork));
+  at::manual_seed(11);
+  EXPECT_FALSE(at::equal(at::rand({64}), rank0.in_fork));  // not the stream outside forks either
+  // Forks from different states (consecutive regions) draw differently.
+  at::manual_seed(11);
+  at::Tensor first, second;
+  {
+    const RngFork fork(cpu, 0);
+    first = at::rand({64});
+  }
+  {
+    const RngFork fork(cpu, 0);
+    second = at::rand({64});
+  }
+  EXPECT_FALSE(at::equal(first, second));
 }
 
 }  // namespace

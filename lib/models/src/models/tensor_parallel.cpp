@@ -14,6 +14,7 @@
 #include "shardtrain/models/zoo.h"
 #include "shardtrain/nn/intercept.h"
 #include "shardtrain/tp/regions.h"
+#include "shardtrain/tp/rng_fork.h"
 
 namespace shardtrain::models {
 
@@ -85,7 +86,9 @@ nn::InterceptPoint& intercept_point_of(torch::nn::Module& m, const std::string& 
 }
 
 // Around a module whose computation is split: its input enters the region (copied, or under sequence parallelism
-// gathered over the sequence); a cross-attention's context (input 1) is whole already and is copied.
+// gathered over the sequence); a cross-attention's context (input 1) is whole already and is copied. Its random
+// draws (attention's dropout on this rank's heads, the MLP's on its width) are this rank's own (tp/rng_fork.h);
+// under sequence parallelism its layer's are already (ForkRandom).
 class EnterRegion : public nn::Interceptor {
  public:
   EnterRegion(dist::Communicator group, bool sequence_parallel, bool has_context)
@@ -93,6 +96,8 @@ class EnterRegion : public nn::Interceptor {
   nn::TensorVec around(torch::nn::Module&, nn::TensorVec inputs, const Next& next) override {
     inputs[0] = sequence_parallel_ ? tp::gather_along(inputs[0], 1, group_) : tp::copy_to_group(inputs[0], group_);
     if (has_context_ && inputs.size() > 1 && inputs[1].defined()) inputs[1] = tp::copy_to_group(inputs[1], group_);
+    if (sequence_parallel_) return next(std::move(inputs));
+    const tp::RngFork fork(inputs[0].device(), group_.rank());
     return next(std::move(inputs));
   }
   std::string name() const override { return "tensor-parallel region"; }
@@ -100,6 +105,21 @@ class EnterRegion : public nn::Interceptor {
  private:
   dist::Communicator group_;
   bool sequence_parallel_, has_context_;
+};
+
+// A module whose every random draw is this rank's own (a transformer layer under sequence parallelism: its stream
+// is this rank's slice of the tokens, its regions this rank's heads and width).
+class ForkRandom : public nn::Interceptor {
+ public:
+  explicit ForkRandom(int64_t rank) : rank_(rank) {}
+  nn::TensorVec around(torch::nn::Module&, nn::TensorVec inputs, const Next& next) override {
+    const tp::RngFork fork(inputs[0].device(), rank_);
+    return next(std::move(inputs));
+  }
+  std::string name() const override { return "tensor-parallel random stream"; }
+
+ private:
+  int64_t rank_;
 };
 
 // The end of the sequence-parallel part: the module's output (B, T / t, C) gathered to (B, T, C).
@@ -286,6 +306,12 @@ struct Applier {
             std::make_shared<EnterRegion>(group, sequence_parallel, /*has_context=*/true));
         return std::to_string(o.heads) + " heads, " + std::to_string(o.kv_heads) + " key/value of " + before;
       }
+      case TpStyle::LAYER: {
+        nn::InterceptPoint& point = intercept_point_of(m, path, style);
+        if (!sequence_parallel) return "its regions draw this rank's random numbers";
+        if (!dry) point.interceptors().add(std::make_shared<ForkRandom>(group.rank()));
+        return "draws this rank's random numbers (its slice of the sequence)";
+      }
       case TpStyle::ENTER: {
         nn::InterceptPoint& point = intercept_point_of(m, path, style);
         if (!dry) point.interceptors().add(std::make_shared<EnterRegion>(group, sequence_parallel, false));
@@ -373,7 +399,7 @@ bool splits_sequence(const TpPlan& plan) {
 
 TpPlan transformer_layer_tp_plan(const std::string& layers, const TransformerLayerOptions& layer) {
   const bool swiglu = layer.activation == Activation::kSwiGlu;
-  TpPlan plan = {{layers + ".norm1", TpStyle::SEQUENCE}, {layers + ".attn", TpStyle::ATTENTION}};
+  TpPlan plan = {{layers, TpStyle::LAYER}, {layers + ".norm1", TpStyle::SEQUENCE}, {layers + ".attn", TpStyle::ATTENTION}};
   if (layer.attention.fused_qkv) {
     plan.push_back({layers + ".attn.qkv", TpStyle::FUSED_QKV});
   } else {
@@ -425,6 +451,7 @@ std::string to_string(TpStyle style) {
     case TpStyle::FUSED_QKV: return "fused_qkv";
     case TpStyle::ROW: return "row";
     case TpStyle::ATTENTION: return "attention";
+    case TpStyle::LAYER: return "layer";
     case TpStyle::ENTER: return "enter";
     case TpStyle::HEAD_LOCAL: return "head_local";
     case TpStyle::HEAD_TABLE: return "head_table";

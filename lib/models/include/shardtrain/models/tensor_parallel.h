@@ -9,7 +9,8 @@
 //   MLP        x -> [enter] -> gate, up column-wise (width / t) -> SwiGLU -> down row-wise -> [leave]
 // where enter is tp::copy_to_group and leave an all-reduce of the partial products (tp::reduce_from_group), or with
 // sequence parallelism (activations between the regions sharded on the sequence dimension, dim 1 of (B, T, C))
-// tp::gather_along and tp::reduce_scatter_along. The token embedding is split by vocabulary rows (each rank looks
+// tp::gather_along and tp::reduce_scatter_along. Random draws (dropout) inside a region, and under sequence
+// parallelism in the whole layer, are each rank's own (tp/rng_fork.h); elsewhere the group draws alike. The token embedding is split by vocabulary rows (each rank looks
 // up the ids it holds, zero elsewhere, then the same reduction as a row-wise projection) and the LM head by
 // vocabulary rows too, its cross-entropy computed over the split logits (losses.h VocabShard), never gathered.
 //
@@ -74,6 +75,8 @@ enum class TpStyle {
   ROW,              // Linear: input features split (weight columns), bias whole, output reduced (leave)
   ATTENTION,        // Attention: enter around it, its heads and key/value heads split (its q, k, v, o need rules);
                     // key/value heads fewer than the ranks (and dividing them) each held by ranks / heads ranks
+  LAYER,            // a transformer layer: under sequence parallelism its random draws this rank's own (the
+                    // dropout on its slice of the stream; tp/rng_fork.h); nothing without (its regions fork)
   ENTER,            // any interceptable module (MLP): enter around it
   HEAD_LOCAL,       // whole parameters that see this rank's heads only (q_norm, k_norm): gradients summed
   HEAD_TABLE,       // an embedding whose columns are the attention heads (T5's relative position bias, (buckets,
@@ -103,7 +106,7 @@ using TpPlan = std::vector<TpRule>;
 bool splits_sequence(const TpPlan& plan);
 
 // The rules of the zoo's transformer layers (models/blocks.h TransformerLayer) built with `layer` under `layers`
-// ("layers.*"): the norms on the sequence slice, attention split by heads (q, k, v column-wise, or their fused
+// ("layers.*"): the layer's own random stream under sequence parallelism, the norms on the sequence slice, attention split by heads (q, k, v column-wise, or their fused
 // projection by thirds; o row-wise), a decoder's cross-attention alike (its context, the encoder's output, whole),
 // the MLP entered with its first projections column-wise and its last row-wise (gate, up, down with SwiGLU; fc1,
 // fc2 otherwise).

@@ -2,6 +2,7 @@
 
 #include <ATen/ATen.h>
 
+#include <optional>
 #include <stdexcept>
 
 #include "models/layer_names.h"
@@ -10,6 +11,7 @@
 #include "shardtrain/models/losses.h"
 #include "shardtrain/models/named_outputs.h"
 #include "shardtrain/tp/regions.h"
+#include "shardtrain/tp/rng_fork.h"
 
 namespace shardtrain::models {
 
@@ -83,7 +85,11 @@ std::vector<at::Tensor> Gpt2Impl::forward_impl(const at::Tensor& input_ids, cons
     positions_added = tp::split_along(positions_added, positions_added.dim() - 2, table.shard()->group);
   }
   at::Tensor x = table.lookup(input_ids) + positions_added;  // (B, T, C), or (B, T / t, C) sequence parallel
-  if (is_training() && config.embd_dropout > 0) x = at::dropout(x, config.embd_dropout, true);
+  if (is_training() && config.embd_dropout > 0) {
+    std::optional<tp::RngFork> fork;  // sequence parallel: this rank's slice of the tokens, its own mask
+    if (table.sequence_parallel()) fork.emplace(x.device(), table.shard()->group.rank());
+    x = at::dropout(x, config.embd_dropout, true);
+  }
   if (!tied) {
     if (decoding) throw std::invalid_argument("GPT-2: a sequence classifier does not decode");
     const CausalLmStart start = causal_classifier_start(attention_mask, length, 0, attention_dtype(x), x.device());
