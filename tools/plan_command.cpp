@@ -21,10 +21,12 @@ namespace shardtrain::cli {
 namespace {
 
 const char* kPlanUsage =
-    "usage: shardtrain plan MODEL --gpus N --gpu-memory SIZE [--nodes M] [--seq-len T] [--top K] [--yaml OUT]\n"
-    "                           [--json] [--efficiency E] [--peak-tflops-bf16 X] [--peak-tflops-fp32 X]\n"
+    "usage: shardtrain plan MODEL --gpus N (--gpu NAME | --gpu-memory SIZE) [--nodes M] [--seq-len T] [--top K]\n"
+    "                           [--yaml OUT] [--json] [--efficiency E] [--peak-tflops-bf16 X] [--peak-tflops-fp32 X]\n"
     "                           [--intra-node-gbps X] [--inter-node-gbps X] [--pcie-gbps X] [--overlap X]\n"
-    "                           [--memory-margin X] [--half-efficiency-tokens X] [--lora R [--lora-targets a,b]]\n"
+    "                           [--host-memory SIZE] [--host-memory-gbps X] [--memory-margin X]\n"
+    "                           [--half-efficiency-tokens X] [--global-batch N | --global-batch-tokens N]\n"
+    "                           [--lora R [--lora-targets a,b]]\n"
     "       shardtrain plan --figure flava|t5 [--seq-len T] [--json]\n"
     "MODEL: a flavor of `shardtrain models`, a Hugging Face config.json or a model name in the Hugging Face cache.\n"
     "Every configuration (tensor-parallel size within a node x strategy x mixed precision x activation\n"
@@ -32,7 +34,14 @@ const char* kPlanUsage =
     "with its largest batch per data-parallel rank (the memory model) and predicted items/s, fastest first, at\n"
     "--seq-len tokens (default: the model's maximum, at most 8192);\n"
     "the first as a `shardtrain train` YAML (--yaml OUT writes it). The throughput model and its constants\n"
-    "(defaults: A100 NVLink, efficiency 0.45, overlap 0.8) are in lib/train/include/shardtrain/plan/planner.h.\n"
+    "(efficiency 0.45, overlap 0.8) are in lib/train/include/shardtrain/plan/planner.h.\n"
+    "--gpu NAME: the GPU's memory, peak FLOP/s and bandwidths from a preset (a100-40gb, the default; a100-80gb,\n"
+    "h100, h200, l40s), each overridable by its flag; the plan's first line says what it assumed.\n"
+    "--global-batch N: samples an optimizer step (or --global-batch-tokens: tokens, a multiple of --seq-len):\n"
+    "each configuration trains it as micro-batch x accumulation x data-parallel ranks, the largest micro-batch that\n"
+    "divides its share and fits; without it each runs at its largest batch, no accumulation.\n"
+    "--host-memory SIZE: each node's host memory (default 1TiB), which CPU offload's state must fit;\n"
+    "--host-memory-gbps X: the host memory bandwidth a GPU's rank gets for the CPU optimizer step (default 40).\n"
     "--lora R: LoRA fine-tuning, rank-R adapters on the base's frozen weights (--lora-targets: PEFT's\n"
     "target_modules; default the query and value projections; all-linear): gradients, optimizer state and\n"
     "reductions of the adapters alone, the YAML's model.lora.\n"
@@ -58,9 +67,12 @@ std::string gib(int64_t bytes) {
 // The cluster and the throughput model's constants, from the flags (planner.h's defaults for those not given).
 plan::Cluster cluster_of_args(const Args& args) {
   plan::Cluster cluster;
+  if (args.has("gpu")) cluster = plan::with_gpu(cluster, plan::gpu_spec(args.get("gpu", "")));
   cluster.gpus = args.get_int("gpus", 8);
   cluster.nodes = args.get_int("nodes", 1);
-  cluster.gpu_memory = memory::parse_memory_size(args.get("gpu-memory", ""));
+  if (args.has("gpu-memory")) cluster.gpu_memory = memory::parse_memory_size(args.get("gpu-memory", ""));
+  if (args.has("host-memory")) cluster.host_memory = memory::parse_memory_size(args.get("host-memory", ""));
+  cluster.host_memory_gbps = get_positive(args, "host-memory-gbps", cluster.host_memory_gbps);
   cluster.efficiency = get_positive(args, "efficiency", cluster.efficiency);
   cluster.peak_tflops_bf16 = get_positive(args, "peak-tflops-bf16", cluster.peak_tflops_bf16);
   cluster.peak_tflops_fp32 = get_positive(args, "peak-tflops-fp32", cluster.peak_tflops_fp32);
@@ -97,17 +109,24 @@ void print_table(const std::string& model, const plan::Cluster& cluster,
               model.c_str(), static_cast<long long>(cluster.gpus), static_cast<long long>(cluster.nodes),
               cluster.nodes > 1 ? "s" : "", gib(cluster.gpu_memory).c_str(),
               static_cast<long long>(configs.front().job.seq_len));
-  std::printf("  %-3s %-6s %-19s %-5s %-3s %-7s %-11s %9s %9s %10s %9s %8s\n", "#", "TP", "strategy", "prec", "AC",
-              "offload", "wrap", "batch/DP", "peak GiB", "items/s", "TFLOP/s", "step s");
+  std::printf("  assuming %s: %.0f TFLOP/s bf16, %.0f TF32, %.0f GB/s a GPU within a node, %.1f across nodes, "
+              "%.0f to the host; host %s GiB a node at %.0f GB/s a GPU (--gpu and its flags)\n",
+              cluster.gpu.c_str(), cluster.peak_tflops_bf16, cluster.peak_tflops_fp32, cluster.intra_node_gbps,
+              cluster.inter_node_gbps, cluster.pcie_gbps, gib(cluster.host_memory).c_str(), cluster.host_memory_gbps);
+  std::printf("  %-3s %-6s %-19s %-5s %-3s %-7s %-11s %9s %9s %10s %10s %5s %9s %8s\n", "#", "TP", "strategy", "prec",
+              "AC", "offload", "wrap", "batch/DP", "peak GiB", "items/s", "tok/s/GPU", "MFU", "TFLOP/s", "step s");
   for (size_t i = 0; i < configs.size() && static_cast<int64_t>(i) < top; ++i) {
     const auto& c = configs[i];
     const std::string tp = c.job.tp > 1 ? std::to_string(c.job.tp) + (c.job.sequence_parallel ? " SP" : "") : "-";
-    std::printf("  %-3zu %-6s %-19s %-5s %-3s %-7s %-11s %9lld %9s %10.3g %9.1f %8.3f\n", i + 1, tp.c_str(),
-                parallel::to_string(c.job.strategy).c_str(), parallel::to_string(c.job.mixed_precision).c_str(),
-                c.job.activation_checkpointing ? "on" : "", c.job.cpu_offload ? "on" : "",
+    const std::string batch =
+        std::to_string(c.job.batch) + (c.job.grad_accum > 1 ? " x" + std::to_string(c.job.grad_accum) : "");
+    std::printf("  %-3zu %-6s %-19s %-5s %-3s %-7s %-11s %9s %9s %10.3g %10.0f %4.0f%% %9.1f %8.3f\n", i + 1,
+                tp.c_str(), parallel::to_string(c.job.strategy).c_str(),
+                parallel::to_string(c.job.mixed_precision).c_str(), c.job.activation_checkpointing ? "on" : "",
+                c.job.cpu_offload ? "on" : "",
                 c.job.strategy == parallel::Strategy::DDP ? "-" : parallel::to_string(c.job.wrap).c_str(),
-                static_cast<long long>(c.job.batch),
-                gib(c.memory.peak_bytes).c_str(), c.items_per_second, c.tflops_per_gpu, c.step_seconds);
+                batch.c_str(), gib(c.memory.peak_bytes).c_str(), c.items_per_second,
+                c.tokens_per_second_per_gpu, 100 * c.mfu, c.tflops_per_gpu, c.step_seconds);
   }
 }
 
@@ -142,10 +161,11 @@ std::string tensor_parallel_reason(const std::vector<plan::PlannedConfig>& confi
 
 int run_plan_command(const std::vector<std::string>& argv) {
   const Args args = parse_args(argv,
-                               {"gpus", "gpu-memory", "nodes", "seq-len", "top", "yaml", "figure", "efficiency",
-                                "peak-tflops-bf16", "peak-tflops-fp32", "intra-node-gbps", "inter-node-gbps",
-                                "pcie-gbps", "overlap", "memory-margin", "half-efficiency-tokens", "lora",
-                                "lora-targets"},
+                               {"gpus", "gpu", "gpu-memory", "nodes", "seq-len", "top", "yaml", "figure",
+                                "efficiency", "peak-tflops-bf16", "peak-tflops-fp32", "intra-node-gbps",
+                                "inter-node-gbps", "pcie-gbps", "host-memory", "host-memory-gbps", "overlap",
+                                "memory-margin", "half-efficiency-tokens", "global-batch", "global-batch-tokens",
+                                "lora", "lora-targets"},
                                {"help", "json"});
   if (args.has("help")) {
     std::cout << kPlanUsage;
@@ -166,13 +186,30 @@ int run_plan_command(const std::vector<std::string>& argv) {
     throw std::invalid_argument("expected one MODEL (a flavor or a config.json), got " +
                                 std::to_string(args.positionals.size()) + " arguments");
   }
-  if (!args.has("gpus") || !args.has("gpu-memory")) {
-    throw std::invalid_argument("--gpus and --gpu-memory are required (e.g. --gpus 8 --gpu-memory 40GiB)");
+  if (!args.has("gpus") || (!args.has("gpu-memory") && !args.has("gpu"))) {
+    throw std::invalid_argument("--gpus and --gpu (or --gpu-memory) are required (e.g. --gpus 8 --gpu h100, or "
+                                "--gpus 8 --gpu-memory 40GiB)");
   }
   const std::string model = args.positionals[0];
   const config::Config job = job_config(model, args);
   plan::Cluster cluster = cluster_of_args(args);
   cluster.seq_len = job.data.max_text_length;
+  if (args.has("global-batch") && args.has("global-batch-tokens")) {
+    throw std::invalid_argument("--global-batch and --global-batch-tokens say the same thing: give one");
+  }
+  if (args.has("global-batch")) cluster.global_batch = args.get_int("global-batch", 0);
+  if (args.has("global-batch-tokens")) {
+    const int64_t tokens = args.get_int("global-batch-tokens", 0);
+    const int64_t length = cluster.seq_len > 0 ? cluster.seq_len : plan::kDefaultTokens;
+    if (tokens % length != 0) {
+      throw std::invalid_argument("--global-batch-tokens " + std::to_string(tokens) + " is not a multiple of the " +
+                                  std::to_string(length) + " tokens of a sample (--seq-len)");
+    }
+    cluster.global_batch = tokens / length;
+  }
+  if ((args.has("global-batch") || args.has("global-batch-tokens")) && cluster.global_batch < 1) {
+    throw std::invalid_argument("--global-batch: expected 1 or more samples");
+  }
   const models::LoraSpec& lora = job.model.lora;
   const auto recipe = models::with_lora(models::recipe_of_model(job.model.flavor, job.model.overrides), lora);
   const std::vector<plan::PlannedConfig> configs = plan::plan_configurations(*recipe, cluster);
@@ -190,8 +227,11 @@ int run_plan_command(const std::vector<std::string>& argv) {
       j.push_back({{"tp_size", c.job.tp}, {"sequence_parallel", c.job.sequence_parallel},
                    {"strategy", parallel::to_string(c.job.strategy)}, {"mixed_precision", parallel::to_string(c.job.mixed_precision)},
                    {"activation_checkpointing", c.job.activation_checkpointing}, {"cpu_offload", c.job.cpu_offload},
-                   {"wrap", parallel::to_string(c.job.wrap)}, {"batch", c.job.batch}, {"peak_bytes", c.memory.peak_bytes},
+                   {"wrap", parallel::to_string(c.job.wrap)}, {"batch", c.job.batch}, {"grad_accum", c.job.grad_accum},
+                   {"peak_bytes", c.memory.peak_bytes},
                    {"items_per_second", c.items_per_second}, {"step_seconds", c.step_seconds},
+                   {"optimizer_seconds", c.optimizer_seconds}, {"host_bytes", c.memory.host_bytes},
+                   {"tokens_per_second_per_gpu", c.tokens_per_second_per_gpu}, {"mfu", c.mfu},
                    {"tflops_per_gpu", c.tflops_per_gpu}});
     }
     std::cout << j.dump(2) << "\n";

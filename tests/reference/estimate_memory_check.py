@@ -190,10 +190,20 @@ def main():
                               "--lora", "4", "--top", "1"], capture_output=True, text=True, timeout=120)
         if run.returncode != 0 or "64 text tokens" not in run.stdout or "\n    r: 4\n" not in run.stdout:
             failures.append(f"plan --seq-len 64 --lora 4: {run.returncode}: {run.stdout}{run.stderr}")
+        # A GPU preset and a global batch: the plan says what it assumed, and each row trains that batch.
+        run = subprocess.run([binary, "plan", "llama-debug", "--gpus", "4", "--gpu", "h100", "--seq-len", "64",
+                              "--global-batch", "8", "--top", "3", "--json"], capture_output=True, text=True,
+                             timeout=120)
+        rows = json.loads(run.stdout) if run.returncode == 0 else []
+        if not rows or any(r["batch"] * r.get("grad_accum", 1) * 4 // r["tp_size"] != 8 for r in rows):
+            failures.append(f"plan --gpu h100 --global-batch 8: {run.returncode}: {run.stdout}{run.stderr}")
         # `shardtrain plan`: bad input names itself.
         for args, expected in [(["llama-debug", "--gpus", "8", "--gpu-memory", "40XB"], "40XB"),
                                (["llama-debug", "--gpus", "8", "--gpu-memory", "80"], "'80' has no unit"),
                                (["llama-debug", "--gpu-memory", "40GiB"], "--gpus"),
+                               (["llama-debug", "--gpus", "8", "--gpu", "v100"], "'v100'"),
+                               (["llama-debug", "--gpus", "8", "--gpu", "h100", "--global-batch-tokens", "100"],
+                                "not a multiple"),
                                (["llama-debug", "--gpus", "6", "--nodes", "4", "--gpu-memory", "8GiB"], "4 nodes"),
                                (["--figure", "gpt"], "gpt")]:
             run = subprocess.run([binary, "plan", *args], capture_output=True, text=True, timeout=120)

@@ -214,6 +214,90 @@ TEST(Planner, LoraPlansTheAdaptersAlone) {
   io::remove_tree(dir);
 }
 
+
+// A GPU preset sets the constants; a name the planner does not know is refused naming the presets.
+TEST(Planner, GpuPresetsSetTheClustersConstants) {
+  const Cluster h100 = with_gpu(Cluster{}, gpu_spec("H100"));
+  EXPECT_EQ(h100.gpu, "h100");
+  EXPECT_EQ(h100.gpu_memory, parse_memory_size("80GiB"));
+  EXPECT_EQ(h100.peak_tflops_bf16, 989);
+  EXPECT_GT(h100.intra_node_gbps, Cluster{}.intra_node_gbps);  // NVLink 4 over the default A100's NVLink 3
+  EXPECT_EQ(gpu_specs().front().name, Cluster{}.gpu);          // the default is a preset
+  testing::expect_error<std::invalid_argument>([] { gpu_spec("v100"); },
+                                               {"'v100'", "a100-40gb, a100-80gb, h100, h200, l40s"});
+}
+
+// CPU offload's optimizer step runs on the host after backward: a rank's shard of the trainable parameters x 28
+// bytes over the host bandwidth, in the step time; a node whose host memory cannot hold its ranks' offloaded state
+// gets no offloading configuration.
+TEST(Planner, OffloadPaysForTheCpuStepAndNeedsHostMemory) {
+  Cluster cluster = with_gpu(Cluster{}, gpu_spec("h100"));
+  const auto llama = models::recipe_of("llama-3-8b");
+  const ModelShape shape = model_shape(*llama);
+  TrainingJob job;
+  job.world = 8, job.strategy = parallel::Strategy::FULL_SHARD, job.batch = 2, job.seq_len = 8192;
+  job.mixed_precision = parallel::Precision::BF16, job.activation_checkpointing = true;
+  job.device = parallel::Device::CUDA;
+  const PlannedConfig on_device = predict(*llama, shape, job, cluster);
+  job.cpu_offload = true;
+  const PlannedConfig offloaded = predict(*llama, shape, job, cluster);
+  EXPECT_EQ(on_device.optimizer_seconds, 0);
+  EXPECT_NEAR(offloaded.optimizer_seconds,
+              static_cast<double>(shape.trainable()) / 8 * 28 / (cluster.host_memory_gbps * 1e9), 1e-9);
+  EXPECT_GT(offloaded.step_seconds, on_device.step_seconds + offloaded.optimizer_seconds);
+  cluster.gpus = 8, cluster.seq_len = 8192;
+  const auto any_offload = [](const std::vector<PlannedConfig>& configs) {
+    return std::any_of(configs.begin(), configs.end(), [](const PlannedConfig& c) { return c.job.cpu_offload; });
+  };
+  EXPECT_TRUE(any_offload(plan_configurations(*llama, cluster)));
+  cluster.host_memory = parse_memory_size("64GiB");  // 8 ranks' offloaded 8B: 16 B a parameter, about 120 GiB
+  EXPECT_FALSE(any_offload(plan_configurations(*llama, cluster)));
+}
+
+// --global-batch: every configuration trains the same samples a step, as micro-batch x accumulation x data-parallel
+// ranks, the largest micro-batch that divides its share and fits; accumulation computes each micro-batch and
+// reduces once.
+TEST(Planner, GlobalBatchIsSplitIntoMicroBatchesAndAccumulation) {
+  Cluster cluster = with_gpu(Cluster{}, gpu_spec("a100-40gb"));
+  cluster.gpus = 8, cluster.seq_len = 4096, cluster.global_batch = 64;
+  const auto llama = models::recipe_of("llama-3-8b");
+  const auto configs = plan_configurations(*llama, cluster);
+  ASSERT_FALSE(configs.empty());
+  bool accumulates = false;
+  for (const PlannedConfig& c : configs) {
+    EXPECT_EQ(c.job.batch * c.job.grad_accum * (c.job.world / c.job.tp), 64);
+    accumulates = accumulates || c.job.grad_accum > 1;
+  }
+  EXPECT_TRUE(accumulates);  // 40 GiB does not hold 8 samples of 4096 tokens of an 8B model in most layouts
+  TrainingJob job = configs.front().job;
+  const PlannedConfig once = predict(*llama, model_shape(*llama, job.tp), job, cluster);
+  job.grad_accum *= 2;
+  const PlannedConfig twice = predict(*llama, model_shape(*llama, job.tp), job, cluster);
+  EXPECT_NEAR(twice.compute_seconds, 2 * once.compute_seconds, 1e-9 * once.compute_seconds);
+  EXPECT_LT(twice.comm_seconds, 2 * once.comm_seconds);  // the gradients reduced once
+  EXPECT_NEAR(twice.items_per_second * twice.step_seconds, 2 * once.items_per_second * once.step_seconds, 1e-6);
+  const config::Config yaml = config::parse_config(trainer_yaml("llama-3-8b", configs.front()), "plan.yaml");
+  EXPECT_EQ(yaml.train.grad_accum, configs.front().job.grad_accum);
+  cluster.global_batch = 7;  // no data-parallel size of 8 GPUs divides it but one rank's: tp 8 alone
+  const auto sevens = plan_configurations(*llama, cluster);
+  ASSERT_FALSE(sevens.empty());
+  for (const PlannedConfig& c : sevens) EXPECT_EQ(c.job.world / c.job.tp, 1);
+}
+
+// The throughput model against a published figure: torchtitan's Llama 3.1 8B on 8 H100s (FSDP, bf16, local batch 2
+// of 8192 tokens, selective checkpointing): 5,762 tokens/s a GPU. The goal is 25%; docs/notes/throughput-model.md
+// keeps the table.
+TEST(Planner, PredictsTorchtitansLlama8BWithinAQuarter) {
+  const Cluster h100 = with_gpu(Cluster{}, gpu_spec("h100"));
+  const auto llama = models::recipe_of("llama-3-8b");
+  TrainingJob job;
+  job.world = 8, job.strategy = parallel::Strategy::FULL_SHARD, job.batch = 2, job.seq_len = 8192;
+  job.mixed_precision = parallel::Precision::BF16, job.activation_checkpointing = true;
+  job.device = parallel::Device::CUDA;
+  const PlannedConfig p = predict(*llama, model_shape(*llama), job, h100);
+  EXPECT_NEAR(p.tokens_per_second_per_gpu, 5762, 0.25 * 5762);
+  EXPECT_NEAR(p.mfu, p.tflops_per_gpu / 989, 1e-12);
+}
 // FLAVA calls its text and image encoders twice a step (unmasked, then masked): their layers are gathered once
 // per call, in forward (resharded after it) and in backward (resharded between the calls), and the throughput
 // model moves them so — over the network and, offloaded, over PCIe. Llama calls every unit once.

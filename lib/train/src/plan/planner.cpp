@@ -4,6 +4,7 @@
 #include <ATen/ATen.h>
 
 #include <algorithm>
+#include <cctype>
 #include <cmath>
 #include <cstdio>
 #include <optional>
@@ -37,7 +38,64 @@ int64_t tokens_of(const models::ModelRecipe& recipe, int64_t seq_len) {
   return seq_len > 0 ? seq_len : default_tokens(recipe);
 }
 
+// Bytes a CPU AdamW step moves per parameter: parameter, gradient and both moments read, three written back, in
+// float32 (optim::FusedAdamW's pass; docs/notes/benchmarks.md measured it at 0.7-1x this bound).
+constexpr double kCpuAdamWBytesPerParameter = 28;
+
+constexpr int64_t kGiB = 1024LL * 1024 * 1024;
+
+std::string lower(std::string s) {
+  for (char& c : s) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  return s;
+}
+
 }  // namespace
+
+std::vector<GpuSpec> gpu_specs() {
+  // Dense peaks (no sparsity); the collective bandwidth an effective all-reduce rate within a node: NVLink 3's
+  // 150 GB/s a GPU (A100), 1.5x on NVLink 4 (H100, H200), PCIe's without NVLink (L40S).
+  return {
+      {"a100-40gb", "A100 SXM 40GB (NVLink 3)", 40 * kGiB, 312, 156, 150, 12},
+      {"a100-80gb", "A100 SXM 80GB (NVLink 3)", 80 * kGiB, 312, 156, 150, 12},
+      {"h100", "H100 SXM 80GB (NVLink 4)", 80 * kGiB, 989, 495, 225, 24},
+      {"h200", "H200 SXM 141GB (NVLink 4)", 140 * kGiB, 989, 495, 225, 24},
+      {"l40s", "L40S 48GB (PCIe 4, no NVLink)", 45 * kGiB, 362, 183, 12, 12},
+  };
+}
+
+GpuSpec gpu_spec(const std::string& name) {
+  std::string names;
+  for (const GpuSpec& g : gpu_specs()) {
+    if (g.name == lower(name)) return g;
+    names += (names.empty() ? "" : ", ") + g.name;
+  }
+  throw std::invalid_argument("--gpu: '" + name + "' is not a GPU the planner knows (expected one of " + names +
+                              "; or give --gpu-memory and the --peak-tflops-* and bandwidth flags)");
+}
+
+bool split_global_batch(const models::ModelRecipe& recipe, const ModelShape& shape, TrainingJob& job,
+                        const Cluster& cluster) {
+  const int64_t dp = job.world / job.tp, largest = job.batch;
+  if (cluster.global_batch % dp != 0) return false;
+  const int64_t local = cluster.global_batch / dp;
+  const auto budget = static_cast<int64_t>(static_cast<double>(cluster.gpu_memory) * (1 - cluster.memory_margin));
+  for (int64_t micro = std::min(local, largest); micro >= 1; --micro) {
+    if (local % micro != 0) continue;
+    TrainingJob candidate = job;
+    candidate.batch = micro, candidate.grad_accum = local / micro;
+    if (estimate_training_memory(recipe, shape, candidate).peak_bytes > budget) continue;
+    job = candidate;
+    return true;
+  }
+  return false;
+}
+
+Cluster with_gpu(Cluster cluster, const GpuSpec& gpu) {
+  cluster.gpu = gpu.name, cluster.gpu_memory = gpu.memory;
+  cluster.peak_tflops_bf16 = gpu.peak_tflops_bf16, cluster.peak_tflops_fp32 = gpu.peak_tflops_fp32;
+  cluster.intra_node_gbps = gpu.intra_node_gbps, cluster.pcie_gbps = gpu.pcie_gbps;
+  return cluster;
+}
 
 int64_t default_tokens(const models::ModelRecipe& recipe) {
   const int64_t max = recipe.task()->data_needs().max_text_length;
@@ -82,7 +140,10 @@ PlannedConfig predict(const models::ModelRecipe& recipe, const ModelShape& shape
   // wide: what fills the GPU is the tokens' share, tokens / tp.
   const double tp = static_cast<double>(job.tp), work = tokens / tp;
   const double efficiency = cluster.efficiency * work / (work + cluster.half_efficiency_tokens);
-  p.compute_seconds = flops / tp / (peak * efficiency);
+  // Gradient accumulation: A micro-batches a step, each computed and its units gathered; the gradients reduced (and
+  // the optimizer stepped) once.
+  const double A = static_cast<double>(std::max<int64_t>(job.grad_accum, 1));
+  p.compute_seconds = A * flops / tp / (peak * efficiency);
 
   // Parameters are gathered, gradients reduced over the data-parallel ranks: all of a rank's (its slices under
   // tensor parallelism), and the trainable ones (LoRA: the adapters alone).
@@ -99,15 +160,15 @@ PlannedConfig predict(const models::ModelRecipe& recipe, const ModelShape& shape
   const double resharding = (P + P2) * ce * 2, keeping = (P + P2) * ce;
   double comm = 0;
   switch (job.strategy) {
-    case parallel::Strategy::FULL_SHARD: comm = moved(resharding + G * rd, W) / inter; break;
-    case parallel::Strategy::SHARD_GRAD_OP: comm = moved(keeping + G * rd, W) / inter; break;
+    case parallel::Strategy::FULL_SHARD: comm = moved(A * resharding + G * rd, W) / inter; break;
+    case parallel::Strategy::SHARD_GRAD_OP: comm = moved(A * keeping + G * rd, W) / inter; break;
     case parallel::Strategy::NO_SHARD:
     case parallel::Strategy::DDP: comm = moved(2 * G * rd, W) / inter; break;
     case parallel::Strategy::HYBRID_SHARD:
     case parallel::Strategy::HYBRID_SHARD_ZERO2: {
       const double gathered = job.strategy == parallel::Strategy::HYBRID_SHARD ? resharding : keeping;
       const double nodes = static_cast<double>(job.nodes);
-      comm = moved(gathered + G * rd, per_node) / intra + moved(2 * G / per_node * rd, nodes) / inter;
+      comm = moved(A * gathered + G * rd, per_node) / intra + moved(2 * G / per_node * rd, nodes) / inter;
       break;
     }
   }
@@ -118,8 +179,9 @@ PlannedConfig predict(const models::ModelRecipe& recipe, const ModelShape& shape
     const bool hybrid = job.strategy == parallel::Strategy::HYBRID_SHARD || job.strategy == parallel::Strategy::HYBRID_SHARD_ZERO2;
     const double shard_ranks = job.strategy == parallel::Strategy::NO_SHARD ? 1 : hybrid ? per_node : W;  // a parameter's
     const bool reshards = job.strategy == parallel::Strategy::FULL_SHARD || job.strategy == parallel::Strategy::HYBRID_SHARD;
-    const double gathered = (P + P2) * (reshards ? 2 : 1);
+    const double gathered = A * (P + P2) * (reshards ? 2 : 1);
     comm += (gathered + G) / shard_ranks * static_cast<double>(job.param_bytes) / (cluster.pcie_gbps * 1e9);
+    p.optimizer_seconds = G / shard_ranks * kCpuAdamWBytesPerParameter / (cluster.host_memory_gbps * 1e9);
   }
   // Tensor parallelism: each layer's input (B, T, C) is summed over the group twice in forward (attention's and the
   // MLP's outputs) and twice in backward (their inputs' gradients), twice more with checkpointing (the replayed
@@ -134,15 +196,17 @@ PlannedConfig predict(const models::ModelRecipe& recipe, const ModelShape& shape
       inputs += static_cast<double>(layer.input);
     }
     const double passes = job.activation_checkpointing ? 6 : 4;
-    tp_comm = passes * inputs * 2 * (tp - 1) / tp / (cluster.intra_node_gbps * 1e9);
+    tp_comm = A * passes * inputs * 2 * (tp - 1) / tp / (cluster.intra_node_gbps * 1e9);
   }
   p.comm_seconds = comm + tp_comm;
   const double hidden = job.wrap == parallel::Wrap::NONE ? 0.0 : cluster.overlap;
   const double exposed = std::max(comm * (1 - hidden), comm - p.compute_seconds) + tp_comm;
-  p.step_seconds = p.compute_seconds + exposed;
+  p.step_seconds = p.compute_seconds + exposed + p.optimizer_seconds;
   const double items = static_cast<double>(b.texts + b.images);
-  p.items_per_second = W * items / p.step_seconds;
-  p.tflops_per_gpu = model_flops / tp / p.step_seconds / 1e12;  // model FLOPs (the replayed forward not counted)
+  p.items_per_second = A * W * items / p.step_seconds;
+  p.tokens_per_second_per_gpu = A * tokens / tp / p.step_seconds;
+  p.tflops_per_gpu = A * model_flops / tp / p.step_seconds / 1e12;  // model FLOPs (the replayed one not counted)
+  p.mfu = p.tflops_per_gpu * 1e12 / peak;
   return p;
 }
 
@@ -186,7 +250,11 @@ std::vector<PlannedConfig> plan_configurations(const models::ModelRecipe& recipe
               job.seq_len = tokens_of(recipe, cluster.seq_len), job.device = parallel::Device::CUDA;
               job.batch = largest_batch(recipe, *shape, job, cluster);
               if (job.batch < 1) continue;
-              out.push_back(predict(recipe, *shape, job, cluster));
+              if (cluster.global_batch > 0 && !split_global_batch(recipe, *shape, job, cluster)) continue;
+              PlannedConfig planned = predict(recipe, *shape, job, cluster);
+              // Offloaded state of every rank of a node in its host memory.
+              if (planned.memory.host_bytes * per_node > cluster.host_memory) continue;
+              out.push_back(std::move(planned));
             }
           }
         }
@@ -236,11 +304,12 @@ std::string trainer_yaml(const std::string& model, const PlannedConfig& c, const
   std::snprintf(body, sizeof body,
                 "parallel:\n  strategy: %s\n  mixed_precision: %s\n  activation_checkpointing: %s\n"
                 "  cpu_offload: %s\n  wrap: %s\n%s"
-                "train:\n  device: cuda\n  batch_size: %lld\n"
+                "train:\n  device: cuda\n  batch_size: %lld\n%s"
                 "launch:\n  num_processes: %lld\n  num_machines: %lld\n",
                 parallel::to_string(j.strategy).c_str(), parallel::to_string(j.mixed_precision).c_str(),
                 j.activation_checkpointing ? "true" : "false", j.cpu_offload ? "true" : "false",
                 parallel::to_string(j.wrap).c_str(), tp_lines.c_str(), static_cast<long long>(j.batch),
+                j.grad_accum > 1 ? ("  grad_accum: " + std::to_string(j.grad_accum) + "\n").c_str() : "",
                 static_cast<long long>(j.world),
                 static_cast<long long>(j.nodes));
   return head + model_section(model) + lora_section(lora) + body;

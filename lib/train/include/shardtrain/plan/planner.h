@@ -8,7 +8,8 @@
 // Throughput is a stated model, each constant a field of Cluster:
 //   compute   = training FLOPs of the step (the recipe's formula; x 4/3 with activation checkpointing: one more
 //               forward) / (peak_tflops x efficiency x n / (n + half_efficiency_tokens)), n the tokens (text and
-//               image patches) per GPU per step: small batches keep the GPU's cores from filling
+//               image patches) per GPU per micro-batch: small batches keep the GPU's cores from filling; with
+//               gradient accumulation each micro-batch computed and gathered, the gradients reduced once
 //   traffic   = bytes each rank sends per step: FULL_SHARD all-gathers the parameters twice (forward, backward) and
 //               reduce-scatters the gradients (of the trainable parameters: a LoRA recipe's adapters alone),
 //               SHARD_GRAD_OP gathers once, DDP and NO_SHARD all-reduce (2x),
@@ -21,7 +22,15 @@
 //               traffic above over world / tp data-parallel ranks of a rank's slices; and each layer's input
 //               (B, T, C) all-reduced 4 times a step (6 with checkpointing) over the tp ranks, 2 (tp - 1) / tp of
 //               it, on the intra-node bandwidth and never hidden
-//   step time = compute + exposed;  items/s = world / tp x batch x items per sample / step time
+//   optimizer with CPU offload, the step on the host after backward (nothing to overlap with): each rank's shard
+//               of the trainable parameters x 28 bytes (fused AdamW reads parameter, gradient and both moments and
+//               writes three back, float32) over the host memory bandwidth a GPU's rank gets; configurations whose
+//               host memory per node (the offloaded state of its GPUs' ranks) exceeds the node's are left out
+//   step time = compute + exposed + optimizer;  items/s = world / tp x batch x items per sample / step time;
+//               tokens/s per GPU the same in text tokens (and image patches) over the GPUs; MFU = the model's
+//               FLOPs per second per GPU (the replayed forward not counted) over the GPU's peak at the precision
+//
+// The GPU's constants come from a preset (gpu_spec: H100, H200, A100-40GB/80GB, L40S), each overridable.
 #pragma once
 
 #include <cstdint>
@@ -35,6 +44,7 @@
 namespace shardtrain::plan {
 
 struct Cluster {
+  std::string gpu = "a100-40gb";    // the preset the constants below came from (gpu_spec), for the reader
   int64_t gpus = 8;                                  // in all
   int64_t nodes = 1;
   int64_t gpu_memory = 40LL * 1024 * 1024 * 1024;    // bytes per GPU
@@ -46,18 +56,41 @@ struct Cluster {
   double intra_node_gbps = 150;     // GB/s each GPU moves in a collective within a node (A100 NVLink, effective)
   double inter_node_gbps = 12.5;    // GB/s per GPU across nodes (100 Gb/s per GPU)
   double pcie_gbps = 12;            // GB/s host <-> GPU (CPU offload)
+  double host_memory_gbps = 40;     // GB/s of host memory bandwidth a GPU's rank gets (the CPU optimizer step)
+  int64_t host_memory = 1024LL * 1024 * 1024 * 1024;  // bytes of host memory per node (CPU offload's state)
   double overlap = 0.8;             // share of communication hidden behind computation (per-layer units)
   int64_t seq_len = 0;              // text tokens; 0: default_tokens
   int64_t max_batch = 4096;         // the search's upper bound
+  // Samples an optimizer step, over all data-parallel ranks: each configuration splits it into micro-batches x
+  // accumulation x data-parallel ranks (split_global_batch). 0: each at its largest batch, no accumulation.
+  int64_t global_batch = 0;
 };
 
 struct PlannedConfig {
   TrainingJob job;           // at its largest batch
   MemoryEstimate memory;     // at that batch
   double step_seconds = 0, compute_seconds = 0, comm_seconds = 0;
+  double optimizer_seconds = 0;  // the CPU optimizer step (CPU offload), else 0: the device's is in compute
   double items_per_second = 0;  // over the whole cluster (FLAVA counts texts and images, as its post does)
+  double tokens_per_second_per_gpu = 0;  // text tokens and image patches
   double tflops_per_gpu = 0;    // model FLOPs achieved
+  double mfu = 0;               // tflops_per_gpu over the GPU's peak at the job's precision
 };
+
+// A GPU's constants for the planner: dense peak FLOP/s (bf16, TF32 for float32 matmuls), memory, the bandwidth each
+// GPU moves in a collective within a node (NVLink's effective all-reduce rate, or PCIe's without it) and to the
+// host.
+struct GpuSpec {
+  std::string name, description;
+  int64_t memory = 0;  // bytes
+  double peak_tflops_bf16 = 0, peak_tflops_fp32 = 0, intra_node_gbps = 0, pcie_gbps = 0;
+};
+// The presets, in the order `plan --help` lists them.
+std::vector<GpuSpec> gpu_specs();
+// The preset named `name` (case-insensitive); std::invalid_argument naming the presets otherwise.
+GpuSpec gpu_spec(const std::string& name);
+// `cluster` with the preset's constants (and its name).
+Cluster with_gpu(Cluster cluster, const GpuSpec& gpu);
 
 // The largest local batch of `job` (its batch ignored) whose predicted peak fits the cluster's GPU memory less the
 // margin; 0 when not even one sample fits.
@@ -70,12 +103,19 @@ int64_t default_tokens(const models::ModelRecipe& recipe);
 int64_t largest_batch(const models::ModelRecipe& recipe, const ModelShape& shape, TrainingJob job,
                       const Cluster& cluster);
 
-// Predicted speed of `job` at its batch.
+// `job` (at its largest micro-batch, job.batch) made to train cluster.global_batch samples a step: its
+// data-parallel ranks' share in the largest micro-batch that divides it and fits with the accumulation that makes
+// it up (job.batch, job.grad_accum). False when the data-parallel ranks do not divide the global batch.
+bool split_global_batch(const models::ModelRecipe& recipe, const ModelShape& shape, TrainingJob& job,
+                        const Cluster& cluster);
+
+// Predicted speed of `job` at its batch (and accumulation).
 PlannedConfig predict(const models::ModelRecipe& recipe, const ModelShape& shape, const TrainingJob& job,
                       const Cluster& cluster);
 
 // Every configuration (tensor-parallel size x strategy x activation checkpointing x mixed precision x CPU offload x
-// wrap) that fits with a batch of at least one, at its largest batch, fastest first. Throws std::invalid_argument
+// wrap) that fits with a batch of at least one, at its largest batch (or the split of cluster.global_batch),
+// fastest first. Throws std::invalid_argument
 // for a cluster whose GPUs do not divide into its nodes.
 std::vector<PlannedConfig> plan_configurations(const models::ModelRecipe& recipe, const Cluster& cluster);
 
