@@ -93,55 +93,78 @@ std::string tp_layout_json(const CheckpointModel& model, const fsdp::ParamStates
   return j.dump(2);
 }
 
-std::map<std::string, at::Tensor> merged_model_state(const std::string& model_dir) {
-  const SavedLayout layout = read_layout(model_dir);
-  if (layout.size == 1) return fsdp::read_sharded_state_dict(model_dir);
-  std::vector<std::map<std::string, at::Tensor>> slices;
-  for (int64_t t = 0; t < layout.size; ++t) slices.push_back(fsdp::read_sharded_state_dict(slice_dir(model_dir, t, layout.size)));
-  std::map<std::string, at::Tensor> whole;
-  for (const auto& [name, first] : slices.front()) {
-    auto split = layout.split.find(name);
-    if (split == layout.split.end()) {
-      whole[name] = first;
-      continue;
+namespace {
+
+// A checkpoint's model directory read entry by entry, each merged whole from the tensor-parallel slices that hold
+// it (their files mapped, one entry assembled at a time).
+class MergedModel {
+ public:
+  explicit MergedModel(const std::string& model_dir) : dir_(model_dir), layout_(read_layout(model_dir)) {
+    if (layout_.size == 1) {
+      slices_.emplace_back(model_dir);
+      return;
     }
-    std::vector<at::Tensor> parts;
-    for (const auto& slice : slices) {
-      auto it = slice.find(name);
-      if (it == slice.end()) throw std::runtime_error(model_dir + ": a tensor-parallel slice lacks '" + name + "'");
-      parts.push_back(it->second);
-    }
-    whole[name] = tp::merge_parts(parts, split->second);
+    for (int64_t t = 0; t < layout_.size; ++t) slices_.emplace_back(slice_dir(model_dir, t, layout_.size));
   }
+  const std::vector<std::string>& names() const { return slices_.front().names(); }
+  // Entry `name` whole; undefined when the checkpoint has none.
+  at::Tensor whole(const std::string& name) const {
+    if (!slices_.front().has(name)) return {};
+    auto split = layout_.split.find(name);
+    if (split == layout_.split.end()) return slices_.front().whole(name);
+    std::vector<at::Tensor> parts;
+    for (const fsdp::ShardedStateReader& slice : slices_) {
+      if (!slice.has(name)) throw std::runtime_error(dir_ + ": a tensor-parallel slice lacks '" + name + "'");
+      parts.push_back(slice.whole(name));
+    }
+    return tp::merge_parts(parts, split->second);
+  }
+
+ private:
+  std::string dir_;
+  SavedLayout layout_;
+  std::vector<fsdp::ShardedStateReader> slices_;
+};
+
+}  // namespace
+
+std::map<std::string, at::Tensor> merged_model_state(const std::string& model_dir) {
+  const MergedModel merged(model_dir);
+  std::map<std::string, at::Tensor> whole;
+  for (const std::string& name : merged.names()) whole[name] = merged.whole(name);
   return whole;
 }
 
 void load_model_state(const std::string& model_dir, const CheckpointModel& model, const fsdp::ParamStates& states) {
-  const SavedLayout layout = read_layout(model_dir);
   const int size = tp_size_of(model);
-  if (layout.size == size && model.sharded) {
-    fsdp::load_sharded_state_dict(model.root, tp_state_dir(model_dir, model), states);
+  if (read_layout(model_dir).size == size) {
+    if (model.sharded) {
+      fsdp::load_sharded_state_dict(model.root, tp_state_dir(model_dir, model), states);
+    } else {  // a replicated model (DDP's) takes its slices whole
+      const fsdp::ShardedStateReader mine(tp_state_dir(model_dir, model));
+      fsdp::load_state_dict_rows(
+          model.root, [&](const std::string& name) { return mine.has(name) ? mine.whole(name) : at::Tensor(); },
+          states);
+    }
     return;
   }
-  // A replicated model (DDP's) takes its slices whole.
-  std::map<std::string, at::Tensor> state = layout.size == size
-                                                ? fsdp::read_sharded_state_dict(tp_state_dir(model_dir, model))
-                                                : merged_model_state(model_dir);
-  if (size > 1 && layout.size != size) {
-    const int64_t rank = model.tp_group->rank();
-    const std::map<std::string, tp::SplitLayout> splits = entry_splits(model, states);
-    for (auto& [name, value] : state) {
-      auto split = splits.find(name);
-      if (split == splits.end()) continue;
-      try {
-        value = tp::slice_of(value, split->second, rank, size);
-      } catch (const std::invalid_argument& e) {
-        throw std::runtime_error(model_dir + ": '" + name + "' does not split over " + std::to_string(size) +
-                                 " tensor-parallel ranks (" + e.what() + ")");
-      }
+  // At another size: each entry merged whole and this rank's slice taken (model.tp_split, and its states'), one
+  // entry at a time.
+  const MergedModel merged(model_dir);
+  const std::map<std::string, tp::SplitLayout> splits = entry_splits(model, states);
+  const int64_t rank = size > 1 ? model.tp_group->rank() : 0;
+  auto entry_of = [&](const std::string& name) {
+    at::Tensor value = merged.whole(name);
+    auto split = splits.find(name);
+    if (!value.defined() || size == 1 || split == splits.end()) return value;
+    try {
+      return tp::slice_of(value, split->second, rank, size).clone();
+    } catch (const std::invalid_argument& e) {
+      throw std::runtime_error(model_dir + ": '" + name + "' does not split over " + std::to_string(size) +
+                               " tensor-parallel ranks (" + e.what() + ")");
     }
-  }
-  fsdp::load_state_dict_rows(model.root, state, states);
+  };
+  fsdp::load_state_dict_rows(model.root, entry_of, states);
 }
 
 }  // namespace shardtrain::ckpt

@@ -325,16 +325,28 @@ void save_whole_state_dict(const std::shared_ptr<torch::nn::Module>& root, const
 
 void load_state_dict_rows(const std::shared_ptr<torch::nn::Module>& root, const std::map<std::string, at::Tensor>& state,
                           const ParamStates& states) {
+  load_state_dict_rows(
+      root,
+      [&](const std::string& name) {
+        auto it = state.find(name);
+        return it == state.end() ? at::Tensor() : it->second;
+      },
+      states);
+}
+
+void load_state_dict_rows(const std::shared_ptr<torch::nn::Module>& root,
+                          const std::function<at::Tensor(const std::string& name)>& entry_of,
+                          const ParamStates& states) {
   const Layout layout = unit_impls_of(root).empty() ? whole_layout(root) : layout_of(root, "load_state_dict_rows");
-  auto find = [&](const std::string& name, at::IntArrayRef shape) -> const at::Tensor& {
-    auto it = state.find(name);
-    if (it == state.end()) throw std::invalid_argument("load_state_dict_rows: no entry for '" + name + "' of the model");
-    check_shape(name, it->second.sizes(), shape, "load_state_dict_rows");
-    return it->second;
+  auto find = [&](const std::string& name, at::IntArrayRef shape) {
+    at::Tensor t = entry_of(name);
+    if (!t.defined()) throw std::invalid_argument("load_state_dict_rows: no entry for '" + name + "' of the model");
+    check_shape(name, t.sizes(), shape, "load_state_dict_rows");
+    return t;
   };
   EntrySource source;
   source.rows = [&](const std::string& name, const std::vector<int64_t>& shape, const at::Tensor& dst, int64_t first) {
-    const at::Tensor& whole = find(name, shape);
+    const at::Tensor whole = find(name, shape);
     const at::Tensor rows = shape.empty() ? whole.reshape({1}) : whole;
     const int64_t take = std::max<int64_t>(0, std::min(dst.size(0), rows.size(0) - first));
     if (take > 0) copy_rows(dst.narrow(0, 0, take), rows, first, 0);
@@ -343,13 +355,12 @@ void load_state_dict_rows(const std::shared_ptr<torch::nn::Module>& root, const 
   load_from(layout, states, source);
 }
 
-std::map<std::string, at::Tensor> read_sharded_state_dict(const std::string& dir) {
+ShardedStateReader::ShardedStateReader(const std::string& dir) : dir_(dir) {
   const std::string meta_path = dir + "/metadata.pt";
   if (!io::path_exists(meta_path)) {
     throw std::runtime_error("read_sharded_state_dict: " + dir + " is not a complete sharded state dict (no metadata.pt)");
   }
   const int64_t count = entry(load_dict(meta_path, "sharded state dict's metadata"), "shard_count", meta_path).toInt();
-  std::map<std::string, at::Tensor> full;
   for (int64_t shard = 0; shard < count; ++shard) {
     const std::string path = shard_file(dir, shard, count);
     const auto file = load_dict(path, "sharded state dict");
@@ -357,16 +368,32 @@ std::map<std::string, at::Tensor> read_sharded_state_dict(const std::string& dir
     const auto first_rows = entry(file, "first_rows", path).toGenericDict();
     for (const auto& item : entry(file, "tensors", path).toGenericDict()) {
       const std::string name = item.key().toStringRef();
-      const at::Tensor source = item.value().toTensor();
-      const std::vector<int64_t> shape = io::int_vector(shapes.at(name), path + ": shape of " + name);
-      auto it = full.find(name);
-      if (it == full.end()) it = full.emplace(name, at::zeros(shape, source.options())).first;
-      if (source.numel() == 0) continue;
-      const at::Tensor rows = shape.empty() ? it->second.view({1}) : it->second;
-      const int64_t first = first_rows.at(name).toInt(), row_numel = rows.numel() / rows.size(0);
-      copy_rows(rows.narrow(0, first, source.numel() / row_numel), source, first, first);
+      Entry& e = entries_[name];
+      if (e.pieces.empty()) e.shape = io::int_vector(shapes.at(name), path + ": shape of " + name);
+      e.pieces.push_back({item.value().toTensor(), first_rows.at(name).toInt()});
     }
   }
+  for (const auto& [name, e] : entries_) names_.push_back(name);
+}
+
+at::Tensor ShardedStateReader::whole(const std::string& name) const {
+  auto it = entries_.find(name);
+  if (it == entries_.end()) throw std::invalid_argument(dir_ + ": no entry '" + name + "'");
+  const Entry& e = it->second;
+  at::Tensor out = at::zeros(e.shape, e.pieces.front().rows.options());
+  const at::Tensor rows = e.shape.empty() ? out.view({1}) : out;
+  for (const Piece& piece : e.pieces) {
+    if (piece.rows.numel() == 0) continue;
+    const int64_t row_numel = rows.numel() / rows.size(0);
+    copy_rows(rows.narrow(0, piece.first, piece.rows.numel() / row_numel), piece.rows, piece.first, piece.first);
+  }
+  return out;
+}
+
+std::map<std::string, at::Tensor> read_sharded_state_dict(const std::string& dir) {
+  const ShardedStateReader reader(dir);
+  std::map<std::string, at::Tensor> full;
+  for (const std::string& name : reader.names()) full[name] = reader.whole(name);
   return full;
 }
 

@@ -48,11 +48,41 @@ void save_whole_state_dict(const std::shared_ptr<torch::nn::Module>& root, const
 // reads). Parameter states appear under "<parameter>::<key>".
 std::map<std::string, at::Tensor> read_sharded_state_dict(const std::string& dir);
 
+// The same one entry at a time: the directory's files mapped into memory (io::load_pickle), not read, and an entry
+// assembled whole when asked for, so that a reader holds one entry beside what it has handed out. Throws
+// std::runtime_error for a directory without metadata.pt or a file that does not read.
+class ShardedStateReader {
+ public:
+  explicit ShardedStateReader(const std::string& dir);
+  const std::vector<std::string>& names() const { return names_; }  // every entry, sorted
+  bool has(const std::string& name) const { return entries_.count(name) > 0; }
+  // Entry `name` whole (a tensor of its own). Throws std::invalid_argument naming it and the directory when absent.
+  at::Tensor whole(const std::string& name) const;
+
+ private:
+  struct Piece {
+    at::Tensor rows;  // a view of a mapped file
+    int64_t first = 0;
+  };
+  struct Entry {
+    std::vector<int64_t> shape;
+    std::vector<Piece> pieces;
+  };
+  std::string dir_;
+  std::map<std::string, Entry> entries_;
+  std::vector<std::string> names_;
+};
+
 // Loads such whole entries (parameters, buffers, "<parameter>::<key>" states) into a sharded model, each rank
 // copying its rows, as load_sharded_state_dict does from files (a checkpoint merged from several: tensor
 // parallelism's at another size), or into a model no unit shards, whole. Checks names and shapes. No
 // communication.
 void load_state_dict_rows(const std::shared_ptr<torch::nn::Module>& root, const std::map<std::string, at::Tensor>& state,
+                          const ParamStates& states = {});
+// The same with each entry given when asked for (whole; undefined when there is none): a caller that assembles
+// entries (from several files) holds one at a time. Asked for once per entry.
+void load_state_dict_rows(const std::shared_ptr<torch::nn::Module>& root,
+                          const std::function<at::Tensor(const std::string& name)>& entry_of,
                           const ParamStates& states = {});
 
 // Collective over the units' groups. Parameters in their own dtype; buffers as they are.
