@@ -2,11 +2,14 @@
 # The CUDA checks of a GPU session (docs/notes/gpu.md), after scripts/gpu_build.sh: each stage bounded in time, its
 # log in $LOGS (default build-gpu/logs) and a one-line verdict on stdout.
 #
-#   scripts/gpu_check.sh STAGE...     checks: info, cuda_tests, synth, train_debug, train_ranks, sanitize
+#   scripts/gpu_check.sh STAGE...     checks: info, cuda_tests, synth, train_debug, train_ranks, train_tp, sanitize
 #                                     measurements (after synth): optimizer, tf32, memory, auto, oom, compare
 #
 # cuda_tests: tests/cuda at one rank, verbose (what the tests print: the host's peak of a checkpoint, what releasing
 # cuBLAS's workspaces freed).
+# train_tp: tensor parallelism on the device (after synth): gpt2-debug without dropout at one rank, then over 2
+# ranks sharing the GPU (tp 2, sequence parallel, checkpointed; collectives over Gloo), the loss lines compared; and
+# with dropout at tp 2 (the split regions' own random streams on the CUDA generator), which must train.
 # optimizer: build-gpu/optimizer_bench --device cuda, with a FLAVA layer's tensor size and with 1000 small tensors.
 # tf32: a float32 flava-350m step (batch 32) with train.tf32 on and off, items/s of the last interval of each.
 # memory: the memory model's predicted peak against the caching allocator's, flava-350m (with and without
@@ -60,6 +63,10 @@ summary() {  # summary LOG
        "| $(grep -oE 'predicted peak [0-9.]+ GiB' "$1" | head -1)"
 }
 
+# gpt2-debug on the synthetic texts, 20 steps on the device; extra arguments override config keys.
+train_gpt2=("$cli" train configs/flava-debug.yaml --model.flavor=gpt2-debug --train.device=cuda --train.steps=20
+            --log.interval=5 --train.eval_interval=0 --log.progress=lines --checkpoint.overwrite=true)
+
 # One flava-gpu.yaml run (configs/flava-gpu.yaml: flava-350m, batch 32, bf16) with overrides, and its summary.
 flava_gpu() {  # flava_gpu TAG OVERRIDE...
   local tag=$1
@@ -77,6 +84,21 @@ for s in "$@"; do
                    --log.dir=runs/gpu-debug1 ;;
     train_ranks) stage train_ranks 200 "${train_debug[@]}" --launch.num_processes=2 --checkpoint.dir=runs/gpu-debug2/ck \
                    --log.dir=runs/gpu-debug2 ;;
+    train_tp) stage tp_one 150 "${train_gpt2[@]}" '--model.overrides={dropout: 0}' --launch.num_processes=1 \
+                --checkpoint.dir=runs/gpu-tp1/ck --log.dir=runs/gpu-tp1
+              stage tp_two 200 "${train_gpt2[@]}" '--model.overrides={dropout: 0}' --launch.num_processes=2 \
+                --checkpoint.dir=runs/gpu-tp2/ck --log.dir=runs/gpu-tp2 \
+                --parallel.tp_size=2 --parallel.sequence_parallel=true --parallel.activation_checkpointing=true
+              one=$(grep -oE '^step [0-9]+/[0-9]+ +loss [0-9.]+' "$logs/tp_one.log")
+              two=$(grep -oE '\[rank0\]: step [0-9]+/[0-9]+ +loss [0-9.]+' "$logs/tp_two.log" | sed 's/^\[rank0\]: //')
+              if [[ -n "$one" && "$one" == "$two" ]]; then
+                echo "  tp 2 losses equal one rank's: $(wc -l <<<"$one") lines"
+              else
+                echo "  tp 2 losses differ from one rank's (or a run logged none):"; diff <(echo "$one") <(echo "$two")
+              fi
+              stage tp_dropout 200 "${train_gpt2[@]}" --launch.num_processes=2 --parallel.tp_size=2 \
+                --checkpoint.dir=runs/gpu-tp-dropout/ck --log.dir=runs/gpu-tp-dropout \
+                --parallel.sequence_parallel=true --parallel.activation_checkpointing=true ;;
     sanitize) stage sanitize 400 compute-sanitizer --tool memcheck --report-api-errors no --target-processes all --error-exitcode 9 \
                 "$cli" launch --nproc-per-node 1 -- "$build/tests/cuda_tests" ;;
     optimizer) stage optimizer 300 "$build/optimizer_bench" --device cuda
@@ -93,7 +115,7 @@ for s in "$@"; do
          grep -E 'out of memory in the first two steps|train.batch_size: auto ->' "$logs/oom.log" ;;
     compare) stage compare 400 scripts/gpu_bench.sh flava-350m 32
              cat "$logs/compare.log" ;;
-    *) echo "gpu_check.sh: unknown stage '$s' (info, cuda_tests, synth, train_debug, train_ranks, sanitize," \
+    *) echo "gpu_check.sh: unknown stage '$s' (info, cuda_tests, synth, train_debug, train_ranks, train_tp, sanitize," \
             "optimizer, tf32, memory, auto, oom, compare)" >&2
        exit 2 ;;
   esac
