@@ -141,8 +141,8 @@ std::string tensor_parallel_reason(const std::vector<plan::PlannedConfig>& confi
   if (other == configs.end()) {
     std::snprintf(line, sizeof line, "why: %s\n",
                   split ? "without tensor parallelism not even one sample per GPU fits"
-                        : "no tensor-parallel configuration fits (the family has no plan, its sizes do not divide, or "
-                          "LoRA)");
+                        : "no tensor-parallel configuration fits (the family has no plan, or its sizes do not "
+                          "divide)");
     return line;
   }
   const plan::PlannedConfig& o = *other;

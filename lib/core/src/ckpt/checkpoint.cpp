@@ -275,8 +275,8 @@ std::string save_checkpoint(const std::string& dir, const TrainerState& given, c
   TrainerState state = given;
   state.optimizer_steps = optimizer_steps(model);
   const fsdp::ParamStates states = moments(model);
-  // A replicated model split by tensor parallelism (DDP beside it) is written as its slices too, by the replicas
-  // of world rank 0's tensor-parallel group.
+  // A replicated model split by tensor parallelism (DDP beside it) is written as its slices too, by one replica:
+  // the ranks of world rank 0's tensor-parallel group.
   const bool split = tp_size_of(model) > 1;
   const bool slice_writer = split && !model.sharded && model.tp_group->global_ranks().front() == 0;
   if (model.sharded || split) {
