@@ -379,6 +379,12 @@ struct Applier {
   }
 };
 
+// What a rank's sum over its slice of a split parameter counts for in the group's: 1 / the ranks holding the same
+// part (a replicated key/value head), else 1.
+double share_of(const TensorParallel::Split& s, int64_t ranks) {
+  return s.layout.parts > 0 ? static_cast<double>(s.layout.parts) / static_cast<double>(ranks) : 1.0;
+}
+
 // The adapters (lora_A, lora_B) of `root`'s LoRA Linears: split or kept whole by their base's rule.
 std::set<const torch::nn::Module*> lora_adapters(torch::nn::Module& root) {
   std::set<const torch::nn::Module*> out;
@@ -399,7 +405,9 @@ bool splits_sequence(const TpPlan& plan) {
 
 TpPlan transformer_layer_tp_plan(const std::string& layers, const TransformerLayerOptions& layer) {
   const bool swiglu = layer.activation == Activation::kSwiGlu;
-  TpPlan plan = {{layers, TpStyle::LAYER}, {layers + ".norm1", TpStyle::SEQUENCE}, {layers + ".attn", TpStyle::ATTENTION}};
+  TpPlan plan = {{layers, TpStyle::LAYER},
+                 {layers + ".norm1", TpStyle::SEQUENCE},
+                 {layers + ".attn", TpStyle::ATTENTION}};
   if (layer.attention.fused_qkv) {
     plan.push_back({layers + ".attn.qkv", TpStyle::FUSED_QKV});
   } else {
@@ -503,10 +511,7 @@ double TensorParallel::clip_grad_norm(torch::nn::Module& root, double max_norm,
                                       const dist::Communicator* shard_group) const {
   // Each split parameter's share of its part: 1 / the ranks holding the part.
   std::map<const c10::TensorImpl*, double> split;
-  for (const Split& s : split_) {
-    split[s.param.unsafeGetTensorImpl()] =
-        s.layout.parts > 0 ? static_cast<double>(s.layout.parts) / static_cast<double>(group_.size()) : 1.0;
-  }
+  for (const Split& s : split_) split[s.param.unsafeGetTensorImpl()] = share_of(s, group_.size());
   // [split, whole] sums of squares in float64 over this rank's gradients (data parallelism's shards of them).
   at::Tensor sums = at::zeros({2}, at::kDouble);
   std::vector<at::Tensor> grads;
@@ -554,9 +559,7 @@ std::map<std::string, tp::SplitLayout> TensorParallel::split_layouts(const torch
 optim::TensorSplit TensorParallel::tensor_split() const {
   optim::TensorSplit out{group_, {}};
   for (const Split& s : split_) {
-    const double share =
-        s.layout.parts > 0 ? static_cast<double>(s.layout.parts) / static_cast<double>(group_.size()) : 1.0;
-    out.params[s.param.unsafeGetTensorImpl()] = {s.layout.dim, s.extent, share};
+    out.params[s.param.unsafeGetTensorImpl()] = {s.layout.dim, s.extent, share_of(s, group_.size())};
   }
   return out;
 }
