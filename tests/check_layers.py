@@ -26,7 +26,7 @@ RULES = {
         "optim": {"distributed"},
         "fsdp": {"distributed", "io", "nn", "optim", "parallel"},
         "ddp": {"distributed", "nn", "parallel"},
-        "tp": {"distributed"},
+        "tp": {"distributed", "util"},
         "ckpt": {"distributed", "fsdp", "io", "optim", "tp", "util"},
     },
     "models": {

@@ -36,7 +36,7 @@ const char* kPlanUsage =
     "the first as a `shardtrain train` YAML (--yaml OUT writes it). The throughput model and its constants\n"
     "(efficiency 0.45, overlap 0.8) are in lib/train/include/shardtrain/plan/planner.h.\n"
     "--gpu NAME: the GPU's memory, peak FLOP/s and bandwidths from a preset (a100-40gb, the default; a100-80gb,\n"
-    "h100, h200, l40s), each overridable by its flag; the plan's first line says what it assumed.\n"
+    "h100, h200, l40s), each overridable by its flag; the plan's second line says what it assumed.\n"
     "--global-batch N: samples an optimizer step (or --global-batch-tokens: tokens, a multiple of --seq-len):\n"
     "each configuration trains it as micro-batch x accumulation x data-parallel ranks, the largest micro-batch that\n"
     "divides its share and fits; without it each runs at its largest batch, no accumulation.\n"

@@ -151,6 +151,14 @@ StatePart state_part(const FsdpParam& p, const optim::StateTensor& state, const 
   return {t, t.sizes().vec()};
 }
 
+// metadata.pt, which declares a directory of `count` shard files whole (written after them).
+void write_metadata(const std::string& dir, int64_t count) {
+  auto meta = new_dict();
+  meta.insert("format", std::string(kShardedFormat));
+  meta.insert("shard_count", count);
+  io::save_pickle(dir + "/metadata.pt", meta);
+}
+
 // This rank's file of a sharded state dict: its rows of every unit's parameters and their states, and (shard 0)
 // everything held whole.
 void write_shard(const Layout& layout, const std::string& dir, const ParamStates& states, int64_t shard,
@@ -214,12 +222,7 @@ void save_sharded_state_dict(const std::shared_ptr<torch::nn::Module>& root, con
   // Every shard is on disk before the metadata declares the directory whole.
   if (const std::string first = layout.agree(failed); !first.empty()) throw dist::AgreedFailure(first);
   try {
-    if (layout.writer && shard == 0) {
-      auto meta = new_dict();
-      meta.insert("format", std::string(kShardedFormat));
-      meta.insert("shard_count", count);
-      io::save_pickle(dir + "/metadata.pt", meta);
-    }
+    if (layout.writer && shard == 0) write_metadata(dir, count);
   } catch (const c10::Error& e) {
     failed = e.what_without_backtrace();
   } catch (const std::exception& e) {
@@ -317,10 +320,7 @@ void load_sharded_state_dict(const std::shared_ptr<torch::nn::Module>& root, con
 void save_whole_state_dict(const std::shared_ptr<torch::nn::Module>& root, const std::string& dir,
                            const ParamStates& states) {
   write_shard(whole_layout(root), dir, states, /*shard=*/0, /*count=*/1);
-  auto meta = new_dict();
-  meta.insert("format", std::string(kShardedFormat));
-  meta.insert("shard_count", int64_t{1});
-  io::save_pickle(dir + "/metadata.pt", meta);
+  write_metadata(dir, 1);
 }
 
 void load_state_dict_rows(const std::shared_ptr<torch::nn::Module>& root, const std::map<std::string, at::Tensor>& state,
@@ -382,9 +382,9 @@ at::Tensor ShardedStateReader::whole(const std::string& name) const {
   const Entry& e = it->second;
   at::Tensor out = at::zeros(e.shape, e.pieces.front().rows.options());
   const at::Tensor rows = e.shape.empty() ? out.view({1}) : out;
+  const int64_t row_numel = rows.size(0) > 0 ? rows.numel() / rows.size(0) : 0;
   for (const Piece& piece : e.pieces) {
     if (piece.rows.numel() == 0) continue;
-    const int64_t row_numel = rows.numel() / rows.size(0);
     copy_rows(rows.narrow(0, piece.first, piece.rows.numel() / row_numel), piece.rows, piece.first, piece.first);
   }
   return out;

@@ -44,6 +44,11 @@ constexpr double kCpuAdamWBytesPerParameter = 28;
 
 constexpr int64_t kGiB = 1024LL * 1024 * 1024;
 
+// Bytes a GPU may hold: its memory less the margin kept free.
+int64_t memory_budget(const Cluster& cluster) {
+  return static_cast<int64_t>(static_cast<double>(cluster.gpu_memory) * (1 - cluster.memory_margin));
+}
+
 std::string lower(std::string s) {
   for (char& c : s) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
   return s;
@@ -64,9 +69,10 @@ std::vector<GpuSpec> gpu_specs() {
 }
 
 GpuSpec gpu_spec(const std::string& name) {
+  const std::string wanted = lower(name);
   std::string names;
   for (const GpuSpec& g : gpu_specs()) {
-    if (g.name == lower(name)) return g;
+    if (g.name == wanted) return g;
     names += (names.empty() ? "" : ", ") + g.name;
   }
   throw std::invalid_argument("--gpu: '" + name + "' is not a GPU the planner knows (expected one of " + names +
@@ -77,8 +83,7 @@ bool split_global_batch(const models::ModelRecipe& recipe, const ModelShape& sha
                         const Cluster& cluster) {
   const int64_t dp = job.world / job.tp, largest = job.batch;
   if (cluster.global_batch % dp != 0) return false;
-  const int64_t local = cluster.global_batch / dp;
-  const auto budget = static_cast<int64_t>(static_cast<double>(cluster.gpu_memory) * (1 - cluster.memory_margin));
+  const int64_t local = cluster.global_batch / dp, budget = memory_budget(cluster);
   for (int64_t micro = std::min(local, largest); micro >= 1; --micro) {
     if (local % micro != 0) continue;
     TrainingJob candidate = job;
@@ -104,7 +109,7 @@ int64_t default_tokens(const models::ModelRecipe& recipe) {
 
 int64_t largest_batch(const models::ModelRecipe& recipe, const ModelShape& shape, TrainingJob job,
                       const Cluster& cluster) {
-  const auto budget = static_cast<int64_t>(static_cast<double>(cluster.gpu_memory) * (1 - cluster.memory_margin));
+  const int64_t budget = memory_budget(cluster);
   auto fits = [&](int64_t batch) {
     job.batch = batch;
     return estimate_training_memory(recipe, shape, job).peak_bytes <= budget;

@@ -10,9 +10,10 @@
 // where enter is tp::copy_to_group and leave an all-reduce of the partial products (tp::reduce_from_group), or with
 // sequence parallelism (activations between the regions sharded on the sequence dimension, dim 1 of (B, T, C))
 // tp::gather_along and tp::reduce_scatter_along. Random draws (dropout) inside a region, and under sequence
-// parallelism in the whole layer, are each rank's own (tp/rng_fork.h); elsewhere the group draws alike. The token embedding is split by vocabulary rows (each rank looks
-// up the ids it holds, zero elsewhere, then the same reduction as a row-wise projection) and the LM head by
-// vocabulary rows too, its cross-entropy computed over the split logits (losses.h VocabShard), never gathered.
+// parallelism in the whole layer, are each rank's own (tp/rng_fork.h); elsewhere the group draws alike. The token
+// embedding is split by vocabulary rows (each rank looks up the ids it holds, zero elsewhere, then the same
+// reduction as a row-wise projection) and the LM head by vocabulary rows too, its cross-entropy computed over the
+// split logits (losses.h VocabShard), never gathered.
 //
 // A vocabulary need not divide by t: its rows are split as evenly as they can be (tp/split.h), as DTensor splits an
 // uneven size; every other split dimension (heads, widths) must divide.
@@ -106,10 +107,10 @@ using TpPlan = std::vector<TpRule>;
 bool splits_sequence(const TpPlan& plan);
 
 // The rules of the zoo's transformer layers (models/blocks.h TransformerLayer) built with `layer` under `layers`
-// ("layers.*"): the layer's own random stream under sequence parallelism, the norms on the sequence slice, attention split by heads (q, k, v column-wise, or their fused
-// projection by thirds; o row-wise), a decoder's cross-attention alike (its context, the encoder's output, whole),
-// the MLP entered with its first projections column-wise and its last row-wise (gate, up, down with SwiGLU; fc1,
-// fc2 otherwise).
+// ("layers.*"): the layer's own random stream under sequence parallelism, the norms on the sequence slice,
+// attention split by heads (q, k, v column-wise, or their fused projection by thirds; o row-wise), a decoder's
+// cross-attention alike (its context, the encoder's output, whole), the MLP entered with its first projections
+// column-wise and its last row-wise (gate, up, down with SwiGLU; fc1, fc2 otherwise).
 TpPlan transformer_layer_tp_plan(const std::string& layers, const TransformerLayerOptions& layer);
 
 struct TensorParallelOptions {

@@ -115,8 +115,7 @@ PlannedConfig predict(const models::ModelRecipe& recipe, const ModelShape& shape
 
 // Every configuration (tensor-parallel size x strategy x activation checkpointing x mixed precision x CPU offload x
 // wrap) that fits with a batch of at least one, at its largest batch (or the split of cluster.global_batch),
-// fastest first. Throws std::invalid_argument
-// for a cluster whose GPUs do not divide into its nodes.
+// fastest first. Throws std::invalid_argument for a cluster whose GPUs do not divide into its nodes.
 std::vector<PlannedConfig> plan_configurations(const models::ModelRecipe& recipe, const Cluster& cluster);
 
 // A `shardtrain train` config for a planned configuration of `model`: model.from for a model directory with weights

@@ -6,15 +6,11 @@
 #include <cstdint>
 #include <random>
 
+#include "shardtrain/util/mix64.h"
+
 namespace shardtrain::data {
 
-// SplitMix64's finaliser: a bijective mix of 64 bits.
-inline uint64_t mix64(uint64_t x) {
-  x += 0x9E3779B97F4A7C15ull;
-  x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
-  x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
-  return x ^ (x >> 31);
-}
+using util::mix64;
 
 inline uint64_t hash_of(uint64_t a, uint64_t b, uint64_t c = 0) { return mix64(mix64(mix64(a) ^ b) ^ c); }
 
