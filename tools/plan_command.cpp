@@ -197,10 +197,12 @@ int run_plan_command(const std::vector<std::string>& argv) {
   if (args.has("global-batch") && args.has("global-batch-tokens")) {
     throw std::invalid_argument("--global-batch and --global-batch-tokens say the same thing: give one");
   }
+  const models::LoraSpec& lora = job.model.lora;
+  const auto recipe = models::with_lora(models::recipe_of_model(job.model.flavor, job.model.overrides), lora);
   if (args.has("global-batch")) cluster.global_batch = args.get_int("global-batch", 0);
   if (args.has("global-batch-tokens")) {
     const int64_t tokens = args.get_int("global-batch-tokens", 0);
-    const int64_t length = cluster.seq_len > 0 ? cluster.seq_len : plan::kDefaultTokens;
+    const int64_t length = cluster.seq_len > 0 ? cluster.seq_len : plan::default_tokens(*recipe);
     if (tokens % length != 0) {
       throw std::invalid_argument("--global-batch-tokens " + std::to_string(tokens) + " is not a multiple of the " +
                                   std::to_string(length) + " tokens of a sample (--seq-len)");
@@ -210,8 +212,6 @@ int run_plan_command(const std::vector<std::string>& argv) {
   if ((args.has("global-batch") || args.has("global-batch-tokens")) && cluster.global_batch < 1) {
     throw std::invalid_argument("--global-batch: expected 1 or more samples");
   }
-  const models::LoraSpec& lora = job.model.lora;
-  const auto recipe = models::with_lora(models::recipe_of_model(job.model.flavor, job.model.overrides), lora);
   const std::vector<plan::PlannedConfig> configs = plan::plan_configurations(*recipe, cluster);
   std::string adapted;
   if (lora.enabled()) adapted = " + " + models::lora_label(lora, models::lora_targets(*recipe, lora));

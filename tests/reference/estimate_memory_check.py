@@ -197,6 +197,13 @@ def main():
         rows = json.loads(run.stdout) if run.returncode == 0 else []
         if not rows or any(r["batch"] * r.get("grad_accum", 1) * 4 // r["tp_size"] != 8 for r in rows):
             failures.append(f"plan --gpu h100 --global-batch 8: {run.returncode}: {run.stdout}{run.stderr}")
+        # Tokens a step over the length the plan trains at (t5-small's 512 without --seq-len, not the 8192 cap).
+        run = subprocess.run([binary, "plan", "t5-small", "--gpus", "8", "--gpu", "h100",
+                              "--global-batch-tokens", "4096", "--top", "3", "--json"], capture_output=True, text=True,
+                             timeout=120)
+        rows = json.loads(run.stdout) if run.returncode == 0 else []
+        if not rows or any(r["batch"] * r["grad_accum"] * 8 // r["tp_size"] != 8 for r in rows):
+            failures.append(f"plan t5-small --global-batch-tokens 4096: {run.returncode}: {run.stdout}{run.stderr}")
         # `shardtrain plan`: bad input names itself.
         for args, expected in [(["llama-debug", "--gpus", "8", "--gpu-memory", "40XB"], "40XB"),
                                (["llama-debug", "--gpus", "8", "--gpu-memory", "80"], "'80' has no unit"),
