@@ -1,6 +1,6 @@
 // 64-bit hashing for seeds: SplitMix64's finaliser and FNV-1a over bytes (header only). Counter-based random
-// streams (data/pipeline/random.h), parameters' initialisation seeds and tensor parallelism's per-rank streams
-// (tp/rng_fork.h) derive their seeds with these.
+// streams (data/pipeline/random.h) and tensor parallelism's per-rank streams (tp/rng_fork.h) derive their seeds
+// with these.
 #pragma once
 
 #include <cstddef>
