@@ -5,10 +5,12 @@
 //
 //   memory_model_bench --model MODEL --strategy S [--mixed-precision no|bf16|fp16] [--ac] [--batch B] [--seq-len T]
 //                      [--nodes M] [--steps N] [--grad-accum K] [--lora R [--lora-targets a,b] [--lora-dropout P]]
-//                      [--tp T [--sp]]
+//                      [--tp T [--sp]] [--offload]
 // MODEL is a flavor or a Hugging Face config.json; the batch is synthetic, of the task's largest kind. --lora: rank-R
 // adapters on the targets (default the query and value projections; "all-linear"), the rest frozen (models/lora.h).
-// --tp: tensor parallelism over T ranks (--sp: sequence parallel), the strategy over the rest.
+// --tp: tensor parallelism over T ranks (--sp: sequence parallel), the strategy over the rest. --offload: CPU offload
+// (parallel.cpu_offload): what it keeps in host memory is counted apart (memory::CpuTier::HOST), and RESULT's "host"
+// gives its measured peak and the model's host bytes.
 #include <ATen/ATen.h>
 #include <torch/nn/module.h>
 
@@ -48,7 +50,7 @@ std::vector<std::string> split_commas(const std::string& text) {
 int run(int argc, char** argv) {
   std::string model, strategy = "full_shard", precision = "no";
   int64_t batch = 4, seq_len = 128, nodes = 1, steps = 3, grad_accum = 1, tp = 1;
-  bool ac = false, sp = false;
+  bool ac = false, sp = false, offload = false;
   models::LoraSpec lora;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
@@ -67,6 +69,7 @@ int run(int argc, char** argv) {
     else if (a == "--ac") ac = true;
     else if (a == "--tp") tp = std::stoll(next());
     else if (a == "--sp") sp = true;
+    else if (a == "--offload") offload = true;
     else if (a == "--lora") lora.r = std::stoll(next()), lora.lora_alpha = 2.0 * static_cast<double>(lora.r);
     else if (a == "--lora-targets") lora.target_modules = split_commas(next());
     else if (a == "--lora-dropout") lora.lora_dropout = std::stod(next());
@@ -81,7 +84,7 @@ int run(int argc, char** argv) {
   job.world = env.world_size, job.nodes = nodes, job.strategy = parallel::strategy_named(strategy);
   job.mixed_precision = parallel::precision_named(precision);
   job.activation_checkpointing = ac, job.batch = batch, job.seq_len = seq_len;
-  job.grad_accum = grad_accum, job.tp = tp, job.sequence_parallel = sp;
+  job.grad_accum = grad_accum, job.tp = tp, job.sequence_parallel = sp, job.cpu_offload = offload;
   job.fused_optimizer = config::OptimConfig{}.fused;  // the trainer's optimizer, made below
   const plan::MemoryEstimate predicted = plan::estimate_training_memory(*recipe, job);
 
@@ -91,7 +94,7 @@ int run(int argc, char** argv) {
   c.parallel.mixed_precision = job.mixed_precision;
   c.parallel.activation_checkpointing = ac;
   c.train.batch_size = batch;
-  c.parallel.tp_size = tp, c.parallel.sequence_parallel = sp;
+  c.parallel.tp_size = tp, c.parallel.sequence_parallel = sp, c.parallel.cpu_offload = offload;
   const bool hybrid = parallel::is_hybrid(c.parallel.strategy);
   const dist::DeviceMesh mesh =
       dist::DeviceMesh::create(pg, hybrid ? static_cast<int>(nodes) : 1, -1, static_cast<int>(tp));
@@ -99,24 +102,22 @@ int run(int argc, char** argv) {
   train::ParallelModel parallel(c, recipe, task->leaves_parameters_unused(), mesh, at::Device(at::kCPU));
   auto optimizer = train::make_optimizer(c, parallel);
   const uint64_t seed = 1000 + static_cast<uint64_t>(mesh.data_rank());  // a tensor-parallel group's one batch
-  const data::Batch b = models::synthetic_batch(task->data_needs(), batch, seq_len, seed);
+  // A task that mixes kinds (FLAVA) trains every head over a run: a step of each kind first, so that AdamW holds
+  // the state of every head when the image-text step is measured. Each step's batch is made for it and dropped
+  // before the optimizer step, as the trainer's loop drops its micro-batches (train/train_step.cpp).
+  const int64_t warmup = task->data_needs().mixes_kinds ? 2 : 0;
+  auto batch_of_step = [&](int64_t s) {
+    models::DataNeeds needs = task->data_needs();
+    if (s < warmup) needs.kinds = {false, s == 0, s == 1};
+    return models::synthetic_batch(needs, batch, seq_len, seed);
+  };
   // float16 scales the loss and unscales the gradients before the step, as the trainer's loop does.
   std::optional<optim::GradScaler> scaler;
   if (c.parallel.mixed_precision == parallel::Precision::FP16) scaler.emplace(optim::GradScalerOptions{}, pg.world());
 
-  // A task that mixes kinds (FLAVA) trains every head over a run: a step of each kind first, so that AdamW holds
-  // the state of every head when the image-text step is measured.
-  std::vector<data::Batch> warmup;
-  if (task->data_needs().mixes_kinds) {
-    for (int kind = 1; kind <= 2; ++kind) {
-      models::DataNeeds only = task->data_needs();
-      only.kinds = {false, kind == 1, kind == 2};
-      warmup.push_back(models::synthetic_batch(only, batch, seq_len, seed));
-    }
-  }
   // One training step on `batch_s`, each phase's peak recorded; false when float16's scaler skipped it.
   int64_t forward = 0, backward = 0, step = 0;
-  auto train_step = [&](const data::Batch& batch_s) {
+  auto train_step = [&](data::Batch batch_s) {
     // Micro-batches without a reduction until the last (the trainer's gradient accumulation); the phases' peaks
     // are the largest over them.
     forward = backward = 0;
@@ -130,8 +131,11 @@ int run(int argc, char** argv) {
       losses = {};
       backward = std::max(backward, memory::cpu_memory_stats().peak_bytes);
     }
+    batch_s = {};
     memory::reset_cpu_peak();
     parallel.finish_gradients();
+    // Offloaded, the step runs where the shards are, as the trainer's (train/train_step.cpp).
+    const memory::CpuTierScope tier(offload ? memory::CpuTier::HOST : memory::CpuTier::COMPUTE);
     if (scaler) scaler->unscale(*optimizer);
     parallel.clip_grad_norm(INFINITY, optimizer->param_groups());
     bool stepped = true;
@@ -150,16 +154,17 @@ int run(int argc, char** argv) {
   // (until 2026-11-27 the image-only warm-up step was skipped at the first scale, and FLAVA's fp16 cells measured
   // 9 MB less than their bf16 twins: the MIM head's AdamW state).
   std::string skipped;  // "step 1 twice, ..." (the warm-up steps first)
-  for (int64_t s = 0; s < steps + static_cast<int64_t>(warmup.size()); ++s) {  // the last step is reported
-    const data::Batch& batch_s = s < static_cast<int64_t>(warmup.size()) ? warmup[static_cast<size_t>(s)] : b;
+  int64_t host = 0;     // the host tier's peak in the last step's optimizer phase (shards, gradients and state)
+  for (int64_t s = 0; s < steps + warmup; ++s) {  // the last step is reported
     int attempt = 0;
-    while (attempt < 40 && !train_step(batch_s)) ++attempt;
+    while (attempt < 40 && !train_step(batch_of_step(s))) ++attempt;
+    host = memory::cpu_memory_stats(memory::CpuTier::HOST).peak_bytes;
     if (attempt > 0) skipped += (skipped.empty() ? "" : ", ") + std::to_string(s) + " x" + std::to_string(attempt);
   }
   if (env.rank == 0 && !skipped.empty()) {
     std::cerr << "memory_model_bench: float16 steps skipped and run again (step x times): " << skipped << "\n";
   }
-  at::Tensor peaks = at::tensor({forward, backward, step}, at::kLong).to(at::kDouble);
+  at::Tensor peaks = at::tensor({forward, backward, step, host}, at::kLong).to(at::kDouble);
   pg.world().all_reduce(peaks, dist::ReduceOp::MAX).wait();
   if (env.rank == 0) {
     nlohmann::json r;
@@ -168,6 +173,8 @@ int run(int argc, char** argv) {
     r["ac"] = ac, r["batch"] = batch, r["seq_len"] = seq_len, r["parameters"] = predicted.parameters;
     r["measured"] = {peaks[0].item<double>(), peaks[1].item<double>(), peaks[2].item<double>()};
     r["predicted"] = {predicted.forward_bytes, predicted.backward_bytes, predicted.step_bytes};
+    r["offload"] = offload;
+    r["host"] = {peaks[3].item<double>(), predicted.host_bytes};
     std::cout << "RESULT " << r.dump() << std::endl;
   }
   return 0;

@@ -24,10 +24,10 @@ RULES = {
         "launch": {"util"},
         "nn": set(),
         "optim": {"distributed"},
-        "fsdp": {"distributed", "io", "nn", "optim", "parallel"},
+        "fsdp": {"distributed", "io", "memory", "nn", "optim", "parallel"},
         "ddp": {"distributed", "nn", "parallel"},
         "tp": {"distributed", "util"},
-        "ckpt": {"distributed", "fsdp", "io", "optim", "tp", "util"},
+        "ckpt": {"distributed", "fsdp", "io", "memory", "optim", "tp", "util"},
     },
     "models": {
         "data": {"io", "util"},

@@ -4,10 +4,9 @@
 // {float32, bfloat16 params with float32 reduction (float16 with loss scaling: its own test)} x reshard after
 // forward {on, off} x prefetch {none, forward + BACKWARD_PRE, BACKWARD_POST} x activation checkpointing of every
 // block {off, on}, each with SGD or AdamW in turn (expect_parity_grid says why; at W = 3, 4 a pairwise subset of
-// the combinations); Adafactor and blocks called twice
-// in a forward over smaller grids
-// (FsdpParity.Adafactor, FsdpParity.UnitsCalledTwice); hybrid runs on a
-// 2x2 mesh at W = 4, 2x1 at W = 2 and 1x3 at W = 3.
+// the combinations); Adafactor, blocks called twice in a forward and CPU offload over smaller grids
+// (FsdpParity.Adafactor, FsdpParity.UnitsCalledTwice, FsdpParity.CpuOffload); hybrid runs on a 2x2 mesh at W = 4,
+// 2x1 at W = 2 and 1x3 at W = 3.
 // Sizes are odd so that dim-0 sharding pads (10 rows over 3 or 4 ranks, 26 over 4, 3 over 4: some ranks hold only
 // padding). Tolerance: see expect_parity.
 #include <gtest/gtest.h>
@@ -130,6 +129,7 @@ struct Config {
   Prefetch prefetch = Prefetch::NONE;
   bool checkpoint = false;  // activation checkpointing on every block (inside its unit)
   int passes = 1;           // every block called this many times in a forward (Toy::passes)
+  bool offload = false;     // CPU offload: shards, gradients and optimizer state in the host tier
 
   std::string label() const {
     static const char* prefetch_names[] = {"no-prefetch", "fwd+BACKWARD_PRE", "BACKWARD_POST"};
@@ -138,7 +138,7 @@ struct Config {
            (reshard_after_forward ? " reshard" : " keep") +
            (precision == Precision::FP32 ? " fp32 " : precision == Precision::BF16 ? " bf16 " : " fp16 ") +
            prefetch_names[static_cast<int>(prefetch)] + (checkpoint ? " checkpointed" : "") +
-           (passes > 1 ? " blocks called x" + std::to_string(passes) : "") +
+           (passes > 1 ? " blocks called x" + std::to_string(passes) : "") + (offload ? " offload" : "") +
            " W=" + std::to_string(test_process_group().world_size());
   }
 };
@@ -149,6 +149,7 @@ FsdpOptions options_for(const Config& c, FsdpOptions options) {
     options.mixed_precision.param_dtype = c.precision == Precision::FP16 ? torch::kHalf : torch::kBFloat16;
     options.mixed_precision.reduce_dtype = torch::kFloat;
   }
+  options.offload_params = c.offload;
   options.forward_prefetch = c.prefetch == Prefetch::FORWARD_AND_BACKWARD_PRE ? 1 : 0;
   options.backward_prefetch = c.prefetch == Prefetch::NONE            ? BackwardPrefetch::NONE
                               : c.prefetch == Prefetch::BACKWARD_POST ? BackwardPrefetch::BACKWARD_POST
@@ -303,6 +304,26 @@ void expect_parity_grid(parallel::Strategy strategy) {
   }
 }
 
+// CPU offload computing on the CPU runs the copies it runs under a GPU: the shards, their gradients and the
+// optimizer's state live in the host tier (memory::CpuTier::HOST), each gather copies a unit's shards to the
+// compute tier first and each reduction its gradients back. Every strategy in float32 and bf16, SGD and AdamW in
+// turn, checkpointing with bf16, against the same single-process references.
+TEST(FsdpParity, CpuOffload) {
+  References refs(/*passes=*/1);
+  int turn = 0;
+  for (parallel::Strategy strategy :
+       {parallel::Strategy::FULL_SHARD, parallel::Strategy::SHARD_GRAD_OP, parallel::Strategy::NO_SHARD,
+        parallel::Strategy::HYBRID_SHARD, parallel::Strategy::HYBRID_SHARD_ZERO2}) {
+    for (Precision precision : {Precision::FP32, Precision::BF16}) {
+      const Opt opt = turn++ % 2 ? Opt::ADAMW : Opt::SGD;
+      Config c{opt, strategy, strategy != parallel::Strategy::SHARD_GRAD_OP, precision,
+               Prefetch::FORWARD_AND_BACKWARD_PRE, /*checkpoint=*/precision == Precision::BF16};
+      c.offload = true;
+      expect_parity(c, refs.of(opt, precision));
+    }
+  }
+}
+
 TEST(FsdpParity, FullShard) { expect_parity_grid(parallel::Strategy::FULL_SHARD); }
 TEST(FsdpParity, ShardGradOp) { expect_parity_grid(parallel::Strategy::SHARD_GRAD_OP); }
 TEST(FsdpParity, NoShard) { expect_parity_grid(parallel::Strategy::NO_SHARD); }
@@ -427,38 +448,66 @@ TEST(FsdpParity, ClipGradNormIsTheGlobalNorm) {
   }
 }
 
+// What the Wide model's shards take on a rank of a group of `ranks`: (parameter, gradient, AdamW's two moments) x 4
+// bytes x sharded elements, each parameter keeping ceil(rows / W) rows (padding included); 4 blocks of up
+// (256 x 64, 256) and down (64 x 256, 64).
+int64_t wide_model_state_bytes(int64_t ranks) {
+  auto rows = [&](int64_t n) { return (n + ranks - 1) / ranks; };
+  const int64_t per_block = rows(256) * 64 + rows(256) + rows(64) * 256 + rows(64);
+  return 4 * 4 * 4 * per_block;
+}
+
+// The Wide model sharded over `group` trains one AdamW step; returns what the step left allocated in each tier
+// (compute, host) above what was there before, the model still alive. A Gloo worker thread drops its reference to
+// a finished operation (and its buffers) just after wait() returns: up to a second is given for the compute tier
+// to come down to `settled` bytes. A real leak stays.
+std::pair<int64_t, int64_t> wide_step_bytes(const dist::Communicator& group, bool offload, int64_t settled) {
+  const int64_t compute_before = memory::cpu_memory_stats().current_bytes;
+  const int64_t host_before = memory::cpu_memory_stats(memory::CpuTier::HOST).current_bytes;
+  torch::manual_seed(1);
+  auto model = std::make_shared<WideImpl>();
+  FsdpOptions options;
+  options.offload_params = offload;
+  for (auto& b : model->blocks) fully_shard(b.ptr(), group, options);
+  fully_shard(model, group, options);
+  torch::optim::AdamW optimizer(model->parameters(), torch::optim::AdamWOptions(1e-3));
+  torch::mse_loss(model->forward(torch::randn({8, 64})), torch::zeros({8, 64})).backward();
+  {
+    const memory::CpuTierScope tier(offload ? memory::CpuTier::HOST : memory::CpuTier::COMPUTE);
+    optimizer.step();  // creates exp_avg and exp_avg_sq; gradients stay
+  }
+  int64_t compute = memory::cpu_memory_stats().current_bytes - compute_before;
+  for (int i = 0; i < 100 && compute > settled; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    compute = memory::cpu_memory_stats().current_bytes - compute_before;
+  }
+  return {compute, memory::cpu_memory_stats(memory::CpuTier::HOST).current_bytes - host_before};
+}
+
+// Offloaded on a CPU, the model state after a step is in the host tier to the byte (shards, gradients and AdamW's
+// moments), and none of it in the compute tier: what a GPU would hold between steps is nothing. Without offload the
+// host tier stays empty.
+TEST(FsdpParity, CpuOffloadKeepsTheModelStateInTheHostTier) {
+  memory::install_cpu_memory_counter();
+  const dist::Communicator& world = test_process_group().world();
+  const int64_t state = wide_model_state_bytes(world.size());
+  const auto [compute, host] = wide_step_bytes(world, /*offload=*/true, /*settled=*/0);
+  EXPECT_EQ(host, state) << "W=" << world.size();
+  EXPECT_EQ(compute, 0) << "W=" << world.size() << ": the compute tier keeps model state after the step";
+  const auto [compute_on_device, host_unused] = wide_step_bytes(world, /*offload=*/false, state);
+  EXPECT_EQ(host_unused, 0);
+  EXPECT_LE(compute_on_device, state);
+  EXPECT_GE(compute_on_device, state * 9 / 10);
+}
+
 TEST(FsdpParity, FullShardModelStateAtFourRanksIsUnderAThirdOfOne) {
   // Parameters, gradients and AdamW state per rank, measured by the counting allocator: sharded over the world
   // against the same model "sharded" over this rank alone (world size 1), in the same process.
   if (test_process_group().world_size() != 4) GTEST_SKIP() << "needs world size 4";
   memory::install_cpu_memory_counter();
-  // What the shards should take: (parameter, gradient, AdamW's two moments) x 4 bytes x sharded elements, each
-  // parameter keeping ceil(rows / W) rows; 4 blocks of up (256 x 64, 256) and down (64 x 256, 64).
-  auto model_state_bound = [](const dist::Communicator& group) {
-    auto rows = [&](int64_t n) { return (n + group.size() - 1) / group.size(); };
-    const int64_t per_block = rows(256) * 64 + rows(256) + rows(64) * 256 + rows(64);
-    return 4 * 4 * 4 * per_block;
-  };
-  auto model_state_bytes = [&](const dist::Communicator& group) {
-    const int64_t before = memory::cpu_memory_stats().current_bytes;
-    torch::manual_seed(1);
-    auto model = std::make_shared<WideImpl>();
-    for (auto& b : model->blocks) fully_shard(b.ptr(), group);
-    fully_shard(model, group);
-    torch::optim::AdamW optimizer(model->parameters(), torch::optim::AdamWOptions(1e-3));
-    torch::mse_loss(model->forward(torch::randn({8, 64})), torch::zeros({8, 64})).backward();
-    optimizer.step();  // creates exp_avg and exp_avg_sq; gradients stay
-    // A Gloo worker thread drops its reference to a finished operation (and its buffers) just after wait()
-    // returns; give it up to a second. A real leak stays and fails the bound below.
-    int64_t bytes = memory::cpu_memory_stats().current_bytes - before;
-    for (int i = 0; i < 100 && bytes > model_state_bound(group); ++i) {
-      std::this_thread::sleep_for(std::chrono::milliseconds(10));
-      bytes = memory::cpu_memory_stats().current_bytes - before;
-    }
-    return bytes;
-  };
-  const int64_t one = model_state_bytes(dist::Communicator::single(test_process_group().rank()));
-  const int64_t four = model_state_bytes(test_process_group().world());
+  const int64_t one = wide_step_bytes(dist::Communicator::single(test_process_group().rank()), false,
+                                      wide_model_state_bytes(1)).first;
+  const int64_t four = wide_step_bytes(test_process_group().world(), false, wide_model_state_bytes(4)).first;
   EXPECT_LE(static_cast<double>(four), 0.30 * static_cast<double>(one)) << "W=4 " << four << " B vs W=1 " << one << " B";
   std::cout << "model state per rank: W=1 " << one << " B, W=4 " << four << " B, ratio "
             << static_cast<double>(four) / static_cast<double>(one) << std::endl;

@@ -242,13 +242,27 @@ TEST_F(TrainTest, AdafactorTrainsAndResumes) {
 // The trainer's DDP and FULL_SHARD on the same run (FLAVA, whose batch kinds leave heads unused) end with the same
 // weights and optimizer state: parameters no rank used get no state under either (DDP's find_unused_parameters as
 // PyTorch's). Before DDP kept such gradients undefined they were 1e-2 apart after 8 steps; now AdamW-enlarged
-// rounding, 2e-5 seen.
-TEST_F(TrainTest, DdpAndFullShardTrainAlike) {
+// rounding, 2e-5 seen. CPU offload (shards, gradients and state in the CPU's host tier, copied to the compute tier
+// for each gather) ends where the run on the device does, and a stopped and resumed offloaded run (its optimizer
+// state loaded into the host tier) where one that ran through.
+TEST_F(TrainTest, DdpFullShardAndOffloadTrainAlike) {
   const std::string ddp = root_ + "/alike-ddp", fsdp = root_ + "/alike-fsdp";
   ASSERT_EQ(train("--parallel.strategy=ddp --checkpoint.dir=" + ddp).status, 0);
   ASSERT_EQ(train("--checkpoint.dir=" + fsdp).status, 0);
-  EXPECT_LE(max_difference(saved_state(fsdp + "/step-00000008", true), saved_state(ddp + "/step-00000008", false)),
-            2e-4);
+  const auto on_device = saved_state(fsdp + "/step-00000008", true);
+  EXPECT_LE(max_difference(on_device, saved_state(ddp + "/step-00000008", false)), 2e-4);
+
+  const std::string through = root_ + "/offload-through", resumed = root_ + "/offload-resumed";
+  const Outcome offloaded = train("--parallel.cpu_offload=true --checkpoint.dir=" + through);
+  ASSERT_EQ(offloaded.status, 0) << offloaded.output;
+  EXPECT_NE(offloaded.output.find("cpu_offload: shards, gradients and optimizer state in the CPU's host tier"),
+            std::string::npos) << offloaded.output;
+  const auto state = saved_state(through + "/step-00000008", true);
+  EXPECT_LE(max_difference(state, on_device), 1e-6);
+  ASSERT_EQ(train("--parallel.cpu_offload=true --train.stop_at=4 --checkpoint.dir=" + resumed).status, 0);
+  const Outcome second = train("--parallel.cpu_offload=true --resume --checkpoint.dir=" + resumed);
+  ASSERT_EQ(second.status, 0) << second.output;
+  EXPECT_LE(max_difference(state, saved_state(resumed + "/step-00000008", true)), 1e-6);
 }
 
 // Pure bf16 (model.dtype: bf16, AnyPrecision AdamW with Kahan summation): weights, gradients, optimizer state and

@@ -1,5 +1,5 @@
-// The counting CPU allocator: exact byte counts for tensors allocated and freed, the peak, and the reset; the CUDA
-// statistics path fails clearly without a GPU.
+// The counting CPU allocator: exact byte counts for tensors allocated and freed, the peak, and the reset, in each
+// tier; the CUDA statistics path fails clearly without a GPU.
 #include <ATen/ATen.h>
 #include <c10/core/CPUAllocator.h>
 #include <gtest/gtest.h>
@@ -95,6 +95,44 @@ TEST(MemoryStats, LimitRefusesWhatWouldPassIt) {
   set_cpu_memory_limit(0);
   at::Tensor beyond = at::empty({1 << 20}, at::kFloat);
   EXPECT_EQ(cpu_memory_stats().current_bytes, base + (12 << 20));
+}
+
+// The host tier (what offloading keeps in host memory, counted apart on a CPU): an allocation is filed under the
+// tier of its thread's innermost scope and its free counted there, whatever the scope then; each tier has its own
+// peak, both reset together; the limit is the compute tier's alone; another thread's allocations are its own tier's.
+TEST(MemoryStats, HostTierCountedApart) {
+  install_cpu_memory_counter();
+  struct Lift {
+    ~Lift() { set_cpu_memory_limit(0); }
+  } lift;
+  reset_cpu_peak();
+  const MemoryStats compute0 = cpu_memory_stats(), host0 = cpu_memory_stats(CpuTier::HOST);
+  at::Tensor kept_on_host;
+  {
+    const CpuTierScope host(CpuTier::HOST);
+    kept_on_host = at::empty({1000}, at::kFloat);  // 4000 bytes
+    {
+      const CpuTierScope compute(CpuTier::COMPUTE);
+      at::Tensor scratch = at::empty({10}, at::kFloat);  // 40 bytes, freed here
+      EXPECT_EQ(cpu_memory_stats().current_bytes - compute0.current_bytes, 40);
+    }
+    at::Tensor from_other_thread;
+    std::thread([&] { from_other_thread = at::empty({100}, at::kFloat); }).join();  // 400 bytes, compute
+    EXPECT_EQ(cpu_memory_stats().current_bytes - compute0.current_bytes, 400);
+    set_cpu_memory_limit(compute0.current_bytes + 1024);
+    at::Tensor beyond_the_limit = at::empty({1 << 20}, at::kFloat);  // the host's: not limited
+  }
+  EXPECT_EQ(cpu_memory_stats(CpuTier::HOST).current_bytes - host0.current_bytes, 4000);
+  EXPECT_EQ(cpu_memory_stats(CpuTier::HOST).peak_bytes - host0.current_bytes, 4000 + (4 << 20));
+  EXPECT_EQ(cpu_memory_stats(CpuTier::HOST).allocations - host0.allocations, 2);
+  EXPECT_EQ(cpu_memory_stats().current_bytes, compute0.current_bytes);
+  EXPECT_EQ(cpu_memory_stats().peak_bytes - compute0.current_bytes, 400);
+  testing::expect_error<c10::OutOfMemoryError>([] { at::empty({1 << 20}, at::kFloat); }, {"train.memory_limit"});
+  set_cpu_memory_limit(0);
+  kept_on_host = at::Tensor();  // freed outside any scope: still the host's
+  EXPECT_EQ(cpu_memory_stats(CpuTier::HOST).current_bytes, host0.current_bytes);
+  reset_cpu_peak();
+  EXPECT_EQ(cpu_memory_stats(CpuTier::HOST).peak_bytes, host0.current_bytes);
 }
 
 TEST(MemoryStats, CudaWithoutDeviceIsAClearError) {

@@ -20,6 +20,7 @@
 #include "shardtrain/io/files.h"
 #include "shardtrain/io/pickle_files.h"
 #include "shardtrain/io/safetensors.h"
+#include "shardtrain/memory/memory_stats.h"
 #include "shardtrain/optim/optimizer_state.h"
 
 namespace shardtrain::ckpt {
@@ -386,6 +387,7 @@ TrainerState load_checkpoint(const std::string& path, const CheckpointModel& mod
   model.optimizer->state().clear();
   // Optimizer state for every parameter that had some, filled from the files below.
   const auto params = named_parameters(*model.root);
+  const memory::CpuTierScope tier(model.offloaded ? memory::CpuTier::HOST : memory::CpuTier::COMPUTE);
   for (const auto& [name, steps] : state.optimizer_steps) {
     auto it = params.find(name);
     if (it == params.end()) {

@@ -6,8 +6,8 @@
 namespace shardtrain::fsdp {
 
 AllGatherResult foreach_all_gather(const at::Tensor& sharded_flat, int64_t shard_version, at::ScalarType dtype,
-                                   const at::Device& device, const dist::Communicator& group) {
-  const at::Tensor send = sharded_flat.to(device, dtype, /*non_blocking=*/true);
+                                   const at::Device& device, bool offloaded, const dist::Communicator& group) {
+  const at::Tensor send = sharded_flat.to(device, dtype, /*non_blocking=*/true, /*copy=*/offloaded);
   AllGatherResult r;
   r.gathered = at::empty({group.size() * send.numel()}, send.options());
   r.work = group.all_gather(r.gathered, send);

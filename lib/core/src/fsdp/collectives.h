@@ -25,10 +25,11 @@ struct AllGatherResult {
   int64_t shard_version = 0;  // the shards' version sum when issued: a changed sum means the optimizer stepped since
 };
 
-// Issues the all-gather of a unit's flat shard in `dtype` on `device` (mixed precision casts the shards first;
-// offloaded shards are copied from pinned CPU memory, asynchronously and ordered before the collective).
+// Issues the all-gather of a unit's flat shard in `dtype` on `device` (mixed precision casts the shards first).
+// `offloaded` shards are copied from host memory to `device` first — a copy even when the device is the CPU, as
+// under a GPU — asynchronously and ordered before the collective.
 AllGatherResult foreach_all_gather(const at::Tensor& sharded_flat, int64_t shard_version, at::ScalarType dtype,
-                                   const at::Device& device, const dist::Communicator& group);
+                                   const at::Device& device, bool offloaded, const dist::Communicator& group);
 
 // Waits for the all-gather and copies each parameter's rows into its unsharded storage (allocated here, in place,
 // so that views autograd saved stay valid), then points the parameters at their full values.

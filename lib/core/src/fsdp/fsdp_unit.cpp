@@ -9,6 +9,7 @@
 #include <stdexcept>
 
 #include "nn/after_accumulate.h"
+#include "shardtrain/memory/memory_stats.h"
 
 namespace shardtrain::fsdp {
 namespace {
@@ -213,7 +214,8 @@ void FsdpUnit::Impl::set_training(TrainingState next) {
 void FsdpUnit::Impl::start_gather(bool prefetch) {
   if (params.empty() || pending_gather || state == ShardState::UNSHARDED || shards_are_full()) return;
   RECORD_USER_SCOPE("FSDP::all_gather");
-  pending_gather = foreach_all_gather(sharded_flat, shard_version(), compute_dtype(), compute_device, group);
+  pending_gather =
+      foreach_all_gather(sharded_flat, shard_version(), compute_dtype(), compute_device, offloaded(), group);
   ++schedule->stats.all_gathers;
   if (prefetch) ++schedule->stats.prefetches;
   schedule->note_unsharded(1, full_bytes());
@@ -280,7 +282,8 @@ void FsdpUnit::Impl::reshard() {
 std::vector<at::Tensor> FsdpUnit::Impl::gather_full_values() const {
   std::vector<at::Tensor> full;
   if (params.empty()) return full;
-  AllGatherResult all = foreach_all_gather(sharded_flat, shard_version(), own_dtype, compute_device, group);
+  AllGatherResult all =
+      foreach_all_gather(sharded_flat, shard_version(), own_dtype, compute_device, offloaded(), group);
   all.work.wait();
   for (size_t i = 0; i < params.size(); ++i) {
     full.push_back(params[i].full_from_gathered(all.gathered, unit_shard_numel, offsets[i]));
@@ -492,9 +495,16 @@ void FsdpUnit::Impl::wait_reduce_scatter() {
   // after its reduce-scatter too): held until then, every unit's output in the reduce dtype would sit beside the
   // gradients installed from it — with bf16 reductions of float32 parameters 2 bytes per parameter / W more at the
   // end of backward — and, offloaded, every unit's gradient shard would stay on the compute device.
+  move_reduced_home();
+}
+
+void FsdpUnit::Impl::move_reduced_home() {
   at::Tensor& output = reduction->output;
-  if (output.scalar_type() != own_dtype || output.device() != sharded_flat.device()) {
-    output = output.to(sharded_flat.device(), own_dtype);
+  if (offloaded()) {
+    const memory::CpuTierScope host(memory::CpuTier::HOST);
+    output = output.to(at::kCPU, own_dtype, /*non_blocking=*/false, /*copy=*/true);
+  } else if (output.scalar_type() != own_dtype) {
+    output = output.to(own_dtype);
   }
 }
 
@@ -514,6 +524,9 @@ void FsdpUnit::Impl::install_gradients() {
   }
   replicate_work.wait();
   replicate_work = dist::Work();
+  if (has_replicas() && offloaded()) move_reduced_home();  // reduced across replicas on the compute device
+  // Offloaded, the gradients join their shards in host memory: what is allocated here is the host's.
+  const memory::CpuTierScope tier(offloaded() ? memory::CpuTier::HOST : memory::CpuTier::COMPUTE);
   at::Tensor& output = reduction->output;
   if (options.gradient_divide_factor) output.div_(*options.gradient_divide_factor);
   // Which parameters got a gradient on any rank: those keep (or get) one; the others stay undefined. Zero
@@ -530,7 +543,6 @@ void FsdpUnit::Impl::install_gradients() {
     const int64_t offset = reduction->offsets[i];
     if (offset < 0 || took_part[i] == 0.0f) continue;  // frozen (not reduced), or no rank had a gradient
     at::Tensor reduced = params[i].as_shard(output.narrow(0, offset, params[i].shard_numel()));
-    reduced = reduced.to(sharded_flat.device());  // replicas: the gradient joins its shard on the CPU if offloaded
     const bool own_memory = !reduced.is_alias_of(output);
     at::Tensor& grad = params[i].grad();
     if (grad.defined()) {
@@ -674,8 +686,11 @@ void install_unit(const std::shared_ptr<FsdpUnit::Impl>& unit) {
   if (!unit->params.empty()) {
     const at::Tensor& first = full_values.front();
     auto options = first.options().requires_grad(false);
-    if (unit->offloaded()) options = options.device(at::kCPU).pinned_memory(true);
-    unit->sharded_flat = at::empty({unit->unit_shard_numel}, options);
+    if (unit->offloaded()) options = options.device(at::kCPU).pinned_memory(unit->compute_device.is_cuda());
+    {
+      const memory::CpuTierScope tier(unit->offloaded() ? memory::CpuTier::HOST : memory::CpuTier::COMPUTE);
+      unit->sharded_flat = at::empty({unit->unit_shard_numel}, options);
+    }
     for (size_t i = 0; i < unit->params.size(); ++i) {
       unit->params[i].init_shard(unit->sharded_flat.narrow(0, unit->offsets[i], unit->params[i].shard_numel()),
                                  full_values[i]);

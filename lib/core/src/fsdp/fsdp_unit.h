@@ -90,8 +90,10 @@ struct FsdpUnit::Impl : std::enable_shared_from_this<FsdpUnit::Impl> {
 
   at::ScalarType compute_dtype() const;
   at::ScalarType reduce_dtype() const;
-  // CPU offload of parameters computing elsewhere: shards on the CPU, full values on compute_device.
-  bool offloaded() const { return options.offload_params && compute_device.type() != at::kCPU; }
+  // CPU offload: the shards, their gradients and the optimizer state beside them in host memory — pinned CPU
+  // memory under a GPU, the CPU's HOST tier (memory/memory_stats.h) when computing on the CPU — copied to
+  // compute_device for each gather and back after each reduction.
+  bool offloaded() const { return options.offload_params; }
   bool overlaps_reduce_scatter() const {
     return options.overlap_reduce_scatter.value_or(overlaps_reduce_scatter_by_default(group.backend()));
   }
@@ -132,6 +134,7 @@ struct FsdpUnit::Impl : std::enable_shared_from_this<FsdpUnit::Impl> {
   void finish_reduction();                   // end of backward, first pass: wait, start the replicate all-reduce
   bool reduction_in_flight() const;          // this unit's reduce-scatter issued and not yet waited for
   void wait_reduce_scatter();                // a reduce-scatter in flight: wait, start the replicate all-reduce
+  void move_reduced_home();                  // the reduced shards into the parameters' dtype, offloaded to the host
   void install_gradients();                  // end of backward, second pass: sharded gradients into .grad
   void rebind_grad_accumulators();           // after set_data() to another dtype or device: ours again
   // Issues the all-gathers of the next units that are sharded, within limit_all_gathers: in forward the
@@ -151,7 +154,7 @@ struct FsdpUnit::Impl : std::enable_shared_from_this<FsdpUnit::Impl> {
   std::vector<int64_t> offsets;  // each param's offset inside the unit's per-rank shard block
   int64_t unit_shard_numel = 0;  // elements of this rank's shard block
   at::Tensor sharded_flat;       // (unit_shard_numel): the shards the optimizer updates, the parameters' dtype;
-                                 // on the CPU (pinned) when offloaded, else on compute_device
+                                 // in host memory when offloaded, else on compute_device
   std::vector<at::Tensor> stashed_grads;  // the sharded .grad of each param while it is unsharded
   std::vector<at::Tensor> unreduced_grads;  // no_sync: full gradients summed over backward passes, reduce dtype
   // Each parameter's AccumulateGrad node with the hook that counts its gradient in (null: frozen), kept alive

@@ -34,7 +34,7 @@ MemoryEstimate estimate_training_memory(const models::ModelRecipe& recipe, const
   e.parameters = s.parameters;
   e.units = static_cast<int64_t>(s.units.numel.size()) + (s.units.extra_numel > 0 ? 1 : 0) +
             (s.units.input_numel > 0 ? 1 : 0) + (s.units.output_numel > 0 ? 1 : 0);
-  if (s.offload) e.host_bytes = s.params + s.grads + s.adam;
+  if (s.offload) e.host_bytes = s.params + s.grads + s.adam + step_temporaries(s);  // the step's peak, on the host
 
   const Moment forward = largest({forward_start(s), forward_loss(s), forward_layers(s)});
   Walk walk = backward_walk(s);
@@ -115,7 +115,8 @@ std::string format_estimate(const std::string& model, const TrainingJob& job, co
                 readable_size(e.step_bytes).c_str());
   out += line;
   if (e.host_bytes > 0) {
-    out += "  host memory (offloaded shards, gradients, AdamW state): " + readable_size(e.host_bytes) + "\n";
+    out += "  host memory (offloaded shards, gradients, AdamW state, the step's temporaries): " +
+           readable_size(e.host_bytes) + "\n";
   }
   return out;
 }

@@ -204,8 +204,8 @@ void lay_out_accumulation(StepLayout& s) {
   trainable -= s.shape->root_without_gradient;
   for (int64_t t : units.trainable) trainable += t;
   s.accumulated = job.grad_accum <= 1                                     ? 0
-                  : s.reduces && !job.sync_each_batch && !s.offload ? trainable * s.rd
-                                                                      : s.dev_grads;
+                  : s.reduces && !job.sync_each_batch ? trainable * s.rd  // on the device, offloaded or not
+                                                      : s.dev_grads;
   s.base = s.dev_params + s.dev_adam + s.accumulated;
   const bool in_place = s.accumulated > 0 && s.accumulated == s.dev_grads;  // new gradients add into .grad
   s.new_grads = in_place ? 0 : s.dev_grads;

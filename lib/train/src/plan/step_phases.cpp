@@ -194,6 +194,9 @@ class LayerWalk {
     // run's: its first run's gathers it again, and the one before prefetches it. The first layer prefetches the
     // input edge unit where there is one.
     l.next = i < layers_ || s.in_g == 0 ? (s.gathers ? walk_numel(i + 1) * s.ce : 0) : s.in_g;
+    // Offloaded, a gather copies the unit's shard to the device first (fsdp::foreach_all_gather), the collective
+    // holding it until the gathered parameters are taken: the prefetched one's, through this layer's backward.
+    if (s.offload && s.reshard && l.next > 0) l.next += ceil_div(l.next, s.shard);
     l.next_again =
         i < layers_ && pairs_ && s.act.layers[static_cast<size_t>(layers_ - i - 1)].runs_again ? l.next : 0;
     l.above_g = s.gathers ? above_numel_ * s.ce : 0;
@@ -397,14 +400,18 @@ Moment backward_end(const StepLayout& s) {
 
 // The step: clipping sums squares in float64 (FSDP and tensor parallelism: a float64 copy of a gradient and its
 // square, the largest shard's; DDP's clip_grad_norm_ takes norms without copies), then AdamW a parameter at a time
-// (sqrt(v) and its quotient by the bias correction, two temporaries of the largest tensor). (Per-parameter shards: a parameter's
-// rows split over the group, whatever the wrap.) The accumulation is over: the gradients are .grad.
-Moment optimizer_step(const StepLayout& s) {
+// (sqrt(v) and its quotient by the bias correction, two temporaries of the largest tensor). (Per-parameter shards: a
+// parameter's rows split over the group, whatever the wrap.) The accumulation is over: the gradients are .grad.
+int64_t step_temporaries(const StepLayout& s) {
   const int64_t largest_shard = ceil_div(s.shape->largest_trainable_tensor, s.shard);
-  const bool float64_copies = !s.offload && (s.job->strategy != parallel::Strategy::DDP || s.job->tp > 1);
+  const bool float64_copies = s.job->strategy != parallel::Strategy::DDP || s.job->tp > 1;
   const int64_t clip_temp = float64_copies ? 2 * largest_shard * 8 : 0;
-  const int64_t adam_temp = s.offload || s.job->fused_optimizer ? 0 : 2 * largest_shard * s.pe;
-  const int64_t temporaries = std::max(clip_temp, adam_temp);
+  const int64_t adam_temp = s.job->fused_optimizer ? 0 : 2 * largest_shard * s.pe;
+  return std::max(clip_temp, adam_temp);
+}
+
+Moment optimizer_step(const StepLayout& s) {
+  const int64_t temporaries = s.offload ? 0 : step_temporaries(s);  // offloaded: the host's
   Moment m{s.dev_params + s.dev_adam + s.dev_grads + temporaries, {}};
   m.terms.push_back({"gradients", s.dev_grads,
                      std::to_string(s.pe) + " B per parameter" + s.per_ranks()});

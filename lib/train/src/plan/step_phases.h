@@ -43,5 +43,8 @@ Walk backward_walk(const StepLayout& s);
 Moment backward_end(const StepLayout& s);
 
 Moment optimizer_step(const StepLayout& s);
+// What the step allocates for a moment beside the state, wherever it runs (the host when offloaded): clipping's
+// float64 copies or AdamW's temporaries, of the largest tensor.
+int64_t step_temporaries(const StepLayout& s);
 
 }  // namespace shardtrain::plan

@@ -8,6 +8,7 @@
 #include <cstdio>
 #include <regex>
 
+#include "shardtrain/memory/memory_stats.h"
 #include "shardtrain/optim/adafactor.h"
 #include "shardtrain/optim/anyprecision_adamw.h"
 #include "shardtrain/optim/fused_adamw.h"
@@ -136,6 +137,9 @@ StepTotals train_step(StepParts& p, const config::Config& c, std::vector<data::B
     forward_backward(p, std::move(batches[m]), M, totals);
   }
   p.model.finish_gradients();
+  // Offloaded (an FSDP strategy), the step runs where the shards and their gradients are: the optimizer's state and
+  // temporaries are the host's.
+  const memory::CpuTierScope tier(c.parallel.cpu_offload ? memory::CpuTier::HOST : memory::CpuTier::COMPUTE);
   // Every rank learns whose loss was not finite before anyone steps: one rank's NaN skips the step everywhere.
   const std::string bad_ranks = nonfinite_ranks(!std::isfinite(totals.loss), p.world);
   if (p.scaler) p.scaler->unscale(p.optimizer);  // clipping sees the true gradients

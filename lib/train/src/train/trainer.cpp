@@ -307,7 +307,8 @@ void describe_start(const Config& c, const Job& job, ParallelModel& model, const
   if (c.parallel.cpu_offload) {
     job.logger.info(std::string("  cpu_offload: ") + (job.device.is_cuda()
                                                         ? "shards, gradients and optimizer state in CPU memory"
-                                                        : "the model trains on the CPU already; nothing moves"));
+                                                        : "shards, gradients and optimizer state in the CPU's host "
+                                                          "tier, counted apart from the compute tier's peak"));
   }
   if (plan.peak_bytes > 0) {
     std::snprintf(line, sizeof(line), "  memory model: predicted peak %.3f GiB per rank (%s), by term:",
@@ -626,6 +627,7 @@ TrainSummary train_run(const Config& given, std::shared_ptr<log::Sink> sink, int
     checkpointed.tp_group = tp->group();
     checkpointed.tp_split = tp->split_layouts(*model.module());
   }
+  checkpointed.offloaded = c.parallel.cpu_offload;
   // float16: the loss is scaled before backward, and a step whose gradients overflowed on any rank is skipped.
   std::optional<optim::GradScaler> scaler;
   if (c.parallel.mixed_precision == parallel::Precision::FP16) scaler.emplace(optim::GradScalerOptions{}, world);

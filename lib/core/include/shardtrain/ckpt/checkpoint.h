@@ -58,6 +58,9 @@ struct CheckpointModel {
   // or a checkpoint saved without it) merges the slices whole and takes its own. Unset: none.
   std::optional<dist::Communicator> tp_group = std::nullopt;
   std::map<std::string, tp::SplitLayout> tp_split = {};
+  // CPU offload (fsdp::FsdpOptions::offload_params): the optimizer state loading makes is the host's, as the step's
+  // is (counted as memory::CpuTier::HOST when computing on the CPU).
+  bool offloaded = false;
 };
 
 std::string step_directory_name(int64_t step);  // "step-00000100"
