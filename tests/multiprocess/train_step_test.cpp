@@ -106,7 +106,19 @@ Steps plain_loop(const Case& c, const std::shared_ptr<const models::ModelRecipe>
   build.init.std = config.model.init_std;
   models::ZooModel model = models::build_model(recipe, build);
   model.module->train();
-  if (c.fp16) nn::autocast_module(*model.module, at::kCPU, at::kHalf);
+  // Float16: DDP computes under autocast, op by op. FSDP's mixed precision computes every parameter as a float16 copy
+  // of its float32 master (param_dtype; buffers stay as they are), each rank's float16 gradients summed over
+  // micro-batches and ranks in float32 (reduce_dtype): here a second model holds the copies, refreshed each step.
+  const bool cast_params = c.fp16 && c.strategy != parallel::Strategy::DDP;
+  models::ZooModel half;
+  if (cast_params) {
+    half = models::build_model(recipe, build);
+    half.module->train();
+    for (auto& p : half.module->parameters()) p.set_data(p.detach().to(at::kHalf));
+  } else if (c.fp16) {
+    nn::autocast_module(*model.module, at::kCPU, at::kHalf);
+  }
+  torch::nn::Module& computing = cast_params ? *half.module : *model.module;
   // No weight decay for biases and tensors of fewer than two dimensions (norms), as transformers' Trainer groups.
   std::vector<at::Tensor> decay, no_decay, params;
   for (const auto& p : model.module->named_parameters()) {
@@ -126,16 +138,30 @@ Steps plain_loop(const Case& c, const std::shared_ptr<const models::ModelRecipe>
   const int M = c.micro_batches;
   double scale = c.fp16 ? kInitScale : 1.0;
   Steps run;
+  const std::vector<at::Tensor> copies = computing.parameters();
   for (int s = 0; s < kSteps; ++s) {
     run.losses.emplace_back(world, 0.0);
+    if (cast_params) {
+      torch::NoGradGuard no_grad;
+      for (size_t i = 0; i < params.size(); ++i) copies[i].copy_(params[i]);
+    }
+    std::vector<at::Tensor> sums(params.size());  // cast_params: the float32 sums of the float16 gradients
     for (int m = 0; m < M; ++m) {
       const data::Batch batch = global_batch(vocab, world, s, m);
       for (int r = 0; r < world; ++r) {
-        const at::Tensor loss = task->compute_losses(*model.module, rows_of(batch, r), 0).total;
+        const at::Tensor loss = task->compute_losses(computing, rows_of(batch, r), 0).total;
         (loss * (scale / M)).backward();  // a rank's float16 gradients overflow as on that rank
         run.losses[s][r] += loss.item<double>() / M;
+        if (!cast_params) continue;
+        for (size_t i = 0; i < copies.size(); ++i) {
+          at::Tensor g = copies[i].grad();
+          if (!g.defined()) continue;
+          sums[i] = sums[i].defined() ? sums[i] + g.to(at::kFloat) : g.to(at::kFloat);
+          copies[i].mutable_grad() = at::Tensor();
+        }
       }
     }
+    for (size_t i = 0; i < params.size() && cast_params; ++i) params[i].mutable_grad() = sums[i];
     bool finite = true;
     for (auto& p : params) {
       if (!p.grad().defined()) continue;
@@ -266,13 +292,18 @@ TEST(TrainStep, EqualsAPlainLoopUnderFsdpAndDdp) {
 }
 
 // Float16 with loss scaling: the first step overflows and is skipped on every rank, the scale backs off, then steps
-// run on unscaled, clipped gradients. DDP computes under autocast, the loop too.
+// run on unscaled, clipped gradients. DDP computes under autocast, the loop too; FULL_SHARD and SHARD_GRAD_OP cast
+// the parameters to float16 and reduce in float32, the loop too (with accumulation over 3 micro-batches under one).
 TEST(TrainStep, Float16SkipsOverflowingStepsAsAPlainLoop) {
   const auto recipe = models::recipe_of("llama-debug");
-  const Case c{parallel::Strategy::DDP, 1, 0.5, false, /*fp16=*/true};
-  const Steps expected = shared_plain_loop(c, recipe);
-  ASSERT_EQ(expected.stepped, (std::vector<bool>{false, true, true}));
-  expect_trainer_equals_plain_loop({c});
+  const std::vector<Case> cases = {{parallel::Strategy::DDP, 1, 0.5, false, /*fp16=*/true},
+                                   {parallel::Strategy::FULL_SHARD, 1, 0.5, false, /*fp16=*/true},
+                                   {parallel::Strategy::SHARD_GRAD_OP, 3, 0.5, false, /*fp16=*/true}};
+  for (const Case& c : cases) {
+    SCOPED_TRACE(describe(c));
+    ASSERT_EQ(shared_plain_loop(c, recipe).stepped, (std::vector<bool>{false, true, true}));
+  }
+  expect_trainer_equals_plain_loop(cases);
 }
 
 }  // namespace
