@@ -8,7 +8,11 @@
 //   family_bench --model DIR --batch FILE.safetensors [--mode plain|full_shard|shard_grad_op] [--checkpoint]
 //                [--overlap-reduce-scatter on|off]   (FsdpOptions::overlap_reduce_scatter; unset: the default)
 //                [--forward-prefetch N]   (FsdpOptions::forward_prefetch; unset: the default)
-//                [--steps N] [--warmup K] [--profile FILE]
+//                [--steps N] [--warmup K] [--profile FILE] [--logits]
+//
+// --logits: the text families compute their logits and the loss from them (run(..., labelled_only = false), as
+// transformers' forward(labels=...) does) instead of the loss alone in chunks; the logits are dropped with the
+// outputs, as `model(...).loss` drops them.
 //
 // --profile FILE: one more step after the timed ones under LibTorch's profiler (Kineto, CPU), its trace written
 // as Chrome JSON to FILE (FILE.rank<r> when W > 1); bench/profile_compare.py sets it beside transformers'.
@@ -52,7 +56,7 @@ using namespace shardtrain;
 struct Args {
   std::string model, batch, mode = "plain", profile;
   int64_t steps = 10, warmup = 2;
-  bool checkpoint = false;
+  bool checkpoint = false, logits = false;
   std::optional<bool> overlap_reduce_scatter;
   std::optional<int> forward_prefetch;
 };
@@ -73,6 +77,7 @@ Args parse(int argc, char** argv) {
     else if (k == "--steps") a.steps = std::stoll(value());
     else if (k == "--warmup") a.warmup = std::stoll(value());
     else if (k == "--checkpoint") a.checkpoint = true;
+    else if (k == "--logits") a.logits = true;
     else if (k == "--profile") a.profile = value();
     else if (k == "--overlap-reduce-scatter") a.overlap_reduce_scatter = parse_on_off(k, value());
     else if (k == "--forward-prefetch") a.forward_prefetch = std::stoi(value());
@@ -83,31 +88,33 @@ Args parse(int argc, char** argv) {
 }
 
 // The Hugging Face model's loss on `in` (a rank's rows), by family.
-at::Tensor family_loss(const std::string& family, torch::nn::Module& m, const std::map<std::string, at::Tensor>& in) {
+at::Tensor family_loss(const std::string& family, torch::nn::Module& m, const std::map<std::string, at::Tensor>& in,
+                       bool logits) {
+  const bool labelled_only = !logits;
   auto get = [&](const char* name) {
     auto it = in.find(name);
     return it == in.end() ? at::Tensor() : it->second;
   };
   if (family == "bert") {
     return dynamic_cast<models::BertImpl&>(m).run(get("input_ids_masked"), get("attention_mask"), {},
-                                                  get("mlm_labels"), /*labelled_only=*/true).loss;
+                                                  get("mlm_labels"), labelled_only).loss;
   }
   if (family == "vit") {
     return dynamic_cast<models::VitImpl&>(m).run(get("pixels"), get("labels"), /*cls_only=*/true).loss;
   }
   if (family == "t5") {
     return dynamic_cast<models::T5Impl&>(m)
-        .run(get("input_ids"), get("attention_mask"), {}, get("labels"), /*labelled_only=*/true)
+        .run(get("input_ids"), get("attention_mask"), {}, get("labels"), labelled_only)
         .loss;
   }
   if (family == "llama") {
     return dynamic_cast<models::LlamaImpl&>(m)
-        .run(get("input_ids"), get("attention_mask"), get("labels"), /*labelled_only=*/true)
+        .run(get("input_ids"), get("attention_mask"), get("labels"), labelled_only)
         .loss;
   }
   if (family == "gpt2") {
     return dynamic_cast<models::Gpt2Impl&>(m)
-        .run(get("input_ids"), get("attention_mask"), get("labels"), /*labelled_only=*/true)
+        .run(get("input_ids"), get("attention_mask"), get("labels"), labelled_only)
         .loss;
   }
   if (family == "flava") {
@@ -167,13 +174,14 @@ int run(const Args& a) {
   }
   optim::FusedAdamW optimizer(model.module->parameters(), torch::optim::AdamWOptions(1e-4).weight_decay(0.01));
 
-  auto loss_of_step = [&] { return family_loss(model.family, *model.module, batch); };
+  auto loss_of_step = [&] { return family_loss(model.family, *model.module, batch, a.logits); };
   const bench::StepLoop result =
       bench::run_steps(world, a.steps, a.warmup, [&](int64_t) { return loss_of_step(); }, optimizer);
   if (!a.profile.empty()) profile_step(w == 1 ? a.profile : a.profile + ".rank" + std::to_string(r), loss_of_step,
                                        optimizer);
   bench::print_result(world, "\"impl\": \"shardtrain\", \"family\": \"" + model.family + "\", \"mode\": \"" +
                                  a.mode + "\", \"checkpoint\": " + (a.checkpoint ? "true" : "false") +
+                                 ", \"logits\": " + (a.logits ? "true" : "false") +
                                  ", \"world\": " + std::to_string(w),
                       result);
   return 0;

@@ -8,7 +8,12 @@ bench/hf_family_step.py). Prints median step time, peak CPU memory of the larges
 theirs), and how far the losses are apart (the first step's is the same computation on the same weights).
 
     .venv/bin/python bench/family_vs_hf.py [--build build] [--families bert,vit,t5,llama,gpt2,flava] [--worlds 1,2]
-                                           [--steps 6] [--warmup 2] [--repeats 1]
+                                           [--steps 6] [--warmup 2] [--repeats 1] [--calls loss,logits]
+
+--calls: how ours is called, the text families' two paths: `loss` the loss alone (the head fused with the
+cross-entropy in chunks, what the trainer runs), `logits` the logits and the loss from them (as transformers'
+forward(labels=...) computes, what a user calling the model with labels gets). transformers' always computes the
+logits; the outputs are dropped on both sides, as `model(...).loss` drops them.
 
 World size 1 compares the models themselves (no sharding on either side); W > 1 compares FULL_SHARD,
 SHARD_GRAD_OP and FULL_SHARD with activation checkpointing of every layer against PyTorch's FSDP2 (fully_shard per
@@ -20,6 +25,7 @@ shared two-core machine interference only ever adds time, and one run's median s
 and losses are the same every time (the fastest run's are printed).
 """
 import argparse
+import itertools
 import os
 import sys
 import tempfile
@@ -34,6 +40,7 @@ transformers.logging.set_verbosity_error()
 transformers.logging.disable_progress_bar()
 
 BATCH = 8  # rows of the global batch: W = 1, 2, 4 all divide it
+TEXT_FAMILIES = ("bert", "t5", "llama", "gpt2")  # those whose loss can be taken from logits (--calls logits)
 
 
 def models_and_batches():
@@ -127,6 +134,7 @@ def main():
     p.add_argument("--steps", type=int, default=6)
     p.add_argument("--warmup", type=int, default=2)
     p.add_argument("--repeats", type=int, default=1, help="alternating runs per side; the fastest is kept")
+    p.add_argument("--calls", default="loss", help="loss, logits or both (comma-separated): how ours is called")
     a = p.parse_args()
     launcher, ours = os.path.join(a.build, "shardtrain"), os.path.join(a.build, "family_bench")
     memhook = os.path.abspath(os.path.join(a.build, "libshardtrain_memhook.so"))
@@ -135,6 +143,7 @@ def main():
     worlds = [int(w) for w in a.worlds.split(",")]
     made = models_and_batches()
     rows = []
+    measured = {}  # transformers' result by (batch, world, mode, checkpoint): the same whichever way ours is called
     with tempfile.TemporaryDirectory(prefix="shardtrain-family-bench-") as tmp:
         for family in families:
             model, batches = made[family]
@@ -152,16 +161,21 @@ def main():
                 for world in worlds:
                     cases = [("plain", False)] if world == 1 else [("full_shard", False), ("shard_grad_op", False),
                                                                     ("full_shard", True)]
-                    for mode, checkpoint in cases:
-                        extra = ["--mode", mode] + (["--checkpoint"] if checkpoint else [])
-                        label = f"{name} W={world} {mode}{' +AC' if checkpoint else ''}"
+                    calls = a.calls.split(",") if family in TEXT_FAMILIES else ["loss"]
+                    for (mode, checkpoint), call in itertools.product(cases, calls):
+                        extra = ["--mode", mode] + (["--checkpoint"] if checkpoint else []) + \
+                            (["--logits"] if call == "logits" else [])
+                        label = (f"{name} W={world} {mode}{' +AC' if checkpoint else ''}"
+                                 f"{' logits' if call == 'logits' else ''}")
                         print(f"  running {label}", file=sys.stderr, flush=True)
                         launch = [launcher, "launch", "--nproc-per-node", str(world), "--"]
                         theirs = [sys.executable, os.path.join(here, "hf_family_step.py"), "--memhook", memhook]
-                        o, t = None, None
+                        o, t = None, measured.get((name, world, mode, checkpoint))  # theirs: one per case
                         for _ in range(max(1, a.repeats)):
                             o = fastest(o, bench_common.run_result(launch + [ours] + common + extra))
-                            t = fastest(t, bench_common.run_result(launch + theirs + common + extra))
+                            if (name, world, mode, checkpoint) not in measured:
+                                t = fastest(t, bench_common.run_result(launch + theirs + common + extra))
+                        measured[(name, world, mode, checkpoint)] = t
                         rows.append((label, what, params, o, t))
 
     runs = f", fastest of {a.repeats} runs" if a.repeats > 1 else ""

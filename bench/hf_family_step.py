@@ -18,6 +18,8 @@ def parse():
     p.add_argument("--batch", required=True)
     p.add_argument("--mode", default="plain", choices=["plain", "full_shard", "shard_grad_op"])
     p.add_argument("--checkpoint", action="store_true")
+    p.add_argument("--logits", action="store_true",
+                   help="accepted for family_bench's: transformers computes the logits with the loss")
     p.add_argument("--steps", type=int, default=10)
     p.add_argument("--warmup", type=int, default=2)
     p.add_argument("--memhook", required=True)

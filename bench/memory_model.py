@@ -74,6 +74,11 @@ LARGER_MODELS = {
     "bert-28m": {"model_type": "bert", "architectures": ["BertForMaskedLM"], "vocab_size": 16000, "hidden_size": 512,
                  "num_hidden_layers": 6, "num_attention_heads": 8, "intermediate_size": 2048,
                  "max_position_embeddings": 512},
+    # A vocabulary small against the width, with grouped-query attention (16 heads, 4 key/value): the layers, not
+    # the loss, set the peak, and a layer's forward temporaries show.
+    "llama-wide": {"model_type": "llama", "vocab_size": 2048, "hidden_size": 1024, "num_hidden_layers": 4,
+                   "num_attention_heads": 16, "num_key_value_heads": 4, "intermediate_size": 2816,
+                   "max_position_embeddings": 2048},
 }
 STRATEGIES = ["full_shard", "shard_grad_op", "no_shard", "ddp"]
 PHASES = ["forward", "backward", "step"]
@@ -91,6 +96,7 @@ def grid(quick):
                 ("mistral", "shard_grad_op", 2, 4, "no", True), ("t5", "full_shard", 2, 2, "no", True, 1, 1024),
                 ("mistral", "full_shard", 2, 2, "no", False, 1, 1024), ("t5", "full_shard", 2, 4, "fp16", False),
                 ("bert", "ddp", 1, 4, "no", False), ("bert-28m", "ddp", 2, 4, "no", False),
+                ("llama-wide", "full_shard", 2, 4, "no", True, 1, 256),
                 ("llama", "full_shard", 2, 4, "no", False, 1, 64, "8:all-linear"),
                 ("bert", "ddp", 2, 4, "no", False, 1, 64, "8"), ("gpt2", "full_shard", 2, 4, "no", False),
                 ("llama", "full_shard", 2, 4, "no", False, 1, 64, "", "2"),
@@ -119,6 +125,8 @@ def grid(quick):
     # DDP's buckets two at a time, the last of them the embedding's (larger than the cap) plus what precedes it.
     cells += [("bert-28m", "ddp", 2, 4, "no", False), ("bert-28m", "ddp", 2, 4, "bf16", False),
               ("bert-28m", "full_shard", 2, 4, "no", False)]
+    cells += [("llama-wide", strategy, 2, 4, "no", ac, 1, 256) for strategy in ("full_shard", "shard_grad_op")
+              for ac in (False, True)]
     return cells
 
 

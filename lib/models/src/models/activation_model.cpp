@@ -252,13 +252,15 @@ LayerTransients transformer_layer_transients(const TransformerLayerOptions& whol
   const int64_t m = rows * o.mlp_dim * e;
   const bool mlp_dropped = q.training && o.mlp_dropout > 0;
   // The MLP's forward temporaries, and what its output projection's backward holds beside the kept tensors.
-  int64_t mlp_forward = 0, mlp_backward = 0;
+  // With gradients, what the MLP computes and does not keep: swiglu_linear keeps gate and up, gelu_linear fc1's
+  // output (their activations recomputed in backward); the output projection's result until the residual sum.
+  int64_t mlp_forward = 0, mlp_backward = 0, mlp_unkept = unit;
   switch (o.activation) {
     // swiglu_linear: gate, up, silu(gate) and the product; backward silu(gate), the product's gradient and up's.
-    case Activation::kSwiGlu: mlp_forward = unit + 4 * m, mlp_backward = 3 * m; break;
+    case Activation::kSwiGlu: mlp_forward = unit + 4 * m, mlp_backward = 3 * m, mlp_unkept = 2 * m; break;
     // gelu_linear: fc1's output and its GELU; backward one (rows, hidden) gradient, made in place.
     case Activation::kGelu:
-    case Activation::kGeluTanh: mlp_forward = unit + 2 * m, mlp_backward = m; break;
+    case Activation::kGeluTanh: mlp_forward = unit + 2 * m, mlp_backward = m, mlp_unkept = m + unit; break;
     // fc1's output, relu's (and the dropout's noise and output); backward fc2's input's gradient (the dropout's and
     // relu's backward each make one as a kept tensor of that size goes).
     case Activation::kRelu: mlp_forward = unit + (mlp_dropped ? 3 : 2) * m, mlp_backward = m; break;
@@ -273,6 +275,7 @@ LayerTransients transformer_layer_transients(const TransformerLayerOptions& whol
   // On top in forward: the residual stream.
   LayerTransients t;
   t.forward = unit + regions + std::max(attn.forward, mlp_forward);
+  t.forward_unkept = regions + mlp_unkept;
   // Backward first reaches the MLP's output projection, whose weight's gradient it makes with the MLP's temporaries
   // and the output's gradient alive; by attention's every parameter of the layer has its gradient, what the MLP's
   // side kept is freed (less on top than the layer kept, then, where attention's backward is small) and the input's
@@ -289,6 +292,7 @@ void add_transformer_layers(ActivationBytes& a, int64_t count, const Transformer
                             int64_t tokens, int64_t context_tokens, const ActivationQuery& q) {
   const LayerTransients t = transformer_layer_transients(o, batch, tokens, context_tokens, q);
   a.layer_forward_transient = std::max(a.layer_forward_transient, t.forward);
+  a.layer_forward_unkept = std::max(a.layer_forward_unkept, t.forward_unkept);
   LayerActivations layer;
   layer.kept = transformer_layer_kept(o, batch, tokens, context_tokens, q);
   layer.input = stream_rows(batch * tokens, q) * o.attention.dim * stream_size(q);  // the previous layer's output

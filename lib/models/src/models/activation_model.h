@@ -26,13 +26,15 @@ int64_t frozen_input_layer_kept(const TransformerLayerOptions& layer, int64_t ba
 // forward, a checkpointed layer computing without gradients (its temporaries: the largest sub-block's outputs
 // alive at once); backward, its moments (LayerActivations::backward): the MLP's output projection, then attention.
 struct LayerTransients {
-  int64_t forward = 0;
+  int64_t forward = 0;          // computing without gradients (checkpointed): every temporary
+  int64_t forward_unkept = 0;   // computing with gradients: the temporaries it does not keep for backward
   std::vector<BackwardMoment> backward;
 };
 LayerTransients transformer_layer_transients(const TransformerLayerOptions& layer, int64_t batch, int64_t tokens,
                                              int64_t context_tokens, const ActivationQuery& q);
 // Appends `count` TransformerLayers (transformer_layer_kept's arguments, all positions) to a.layers, in forward
-// order, with their inputs and backward moments; their forward transient to a.layer_forward_transient when larger.
+// order, with their inputs and backward moments; their forward transients to a.layer_forward_transient and
+// a.layer_forward_unkept when larger.
 void add_transformer_layers(ActivationBytes& a, int64_t count, const TransformerLayerOptions& layer, int64_t batch,
                             int64_t tokens, int64_t context_tokens, const ActivationQuery& q);
 

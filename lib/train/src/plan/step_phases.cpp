@@ -63,19 +63,33 @@ Moment forward_start(const StepLayout& s) {
   return m;
 }
 
-// The layers computing, before the loss keeps anything; a checkpointed layer computes its forward without keeping
-// anything, its temporaries on top while it runs.
+// The layers computing, before the loss keeps anything. A layer gathers as it starts (held twice for a moment: the
+// all-gather's output and the parameters copied out of it) and reshards as it ends; with forward prefetch the next
+// is gathered while it computes (limit_all_gathers: one ahead at most). The last layer's two moments: being
+// gathered, every layer before it kept; computing, its own kept too and its temporaries — checkpointed, every one
+// (nothing is kept), else those backward does not need.
 Moment forward_layers(const StepLayout& s) {
-  const int64_t gathered = s.reshard ? s.root_g + 2 * s.layer_g : s.all_g - s.out_g;
-  const int64_t work = s.checkpointed > 0 ? s.act.layer_forward_transient : 0;
+  const int64_t ahead = s.job->forward_prefetch > 0 ? 1 : 0;
   const int64_t activations = s.kept - s.act.loss_kept;
+  const int64_t work = std::max(s.checkpointed > 0 ? s.act.layer_forward_transient : 0, s.act.layer_forward_unkept);
+  const int64_t gathered = s.reshard ? s.root_g + (1 + ahead) * s.layer_g : s.all_g - s.out_g;
+  const int64_t last_kept = s.layer_kept.empty() ? 0 : s.layer_kept.back();
+  const int64_t gathering = s.root_g + (2 + ahead) * s.layer_g;
+  if (s.reshard && gathering - last_kept > gathered + work) {
+    Moment m{s.base + gathering + activations - last_kept, {}};
+    m.terms.push_back({"gathered parameters", gathering, "the root unit and the last layer being gathered (held "
+                                                         "twice)"});
+    m.terms.push_back({"activations", activations - last_kept, "of the layers before the last"});
+    return m;
+  }
   Moment m{s.base + gathered + activations + work, {}};
   m.terms.push_back({"gathered parameters", gathered,
                      !s.gathers   ? "none: a group of one holds its parameters"
                      : !s.reshard ? "every unit, gathered until its backward"
-                                  : "the root unit and a layer with the next prefetched"});
+                     : ahead > 0  ? "the root unit and a layer with the next prefetched"
+                                  : "the root unit and the layer computing"});
   m.terms.push_back({"activations", activations, activations_note(s) + ", less the loss's"});
-  if (work > 0) m.terms.push_back({"layer temporaries", work, "a checkpointed layer computing (attention, MLP)"});
+  if (work > 0) m.terms.push_back({"layer temporaries", work, "a layer computing (attention, MLP)"});
   return m;
 }
 

@@ -36,6 +36,7 @@ plan::TrainingJob job_of(const config::Config& c) {
   job.mixed_precision = c.parallel.mixed_precision;
   job.activation_checkpointing = c.parallel.activation_checkpointing;
   job.checkpoint_every = c.parallel.activation_checkpointing_every;
+  job.forward_prefetch = c.parallel.forward_prefetch;
   job.grad_accum = c.train.grad_accum, job.sync_each_batch = c.train.sync_each_batch;
   job.cpu_offload = c.parallel.cpu_offload;
   job.bucket_cap_mb = c.parallel.bucket_cap_mb, job.gradient_as_bucket_view = c.parallel.gradient_as_bucket_view;

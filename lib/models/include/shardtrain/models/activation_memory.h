@@ -77,6 +77,9 @@ struct ActivationBytes {
   bool bias_saved_by_attention = false;
   // On top while a checkpointed layer computes its forward without gradients (the largest layer's temporaries).
   int64_t layer_forward_transient = 0;
+  // On top while a layer computes its forward with gradients: its temporaries that backward does not need (SwiGLU's
+  // silu(gate) and product, GELU's output; the largest layer's).
+  int64_t layer_forward_unkept = 0;
   int64_t loss_kept = 0;         // the loss's part of outside_layers (freed first in backward)
   // Alive on top at the start of forward, before any layer keeps anything (FLAVA: the frozen codebook making the
   // MIM targets).

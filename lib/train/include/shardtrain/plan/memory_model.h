@@ -40,6 +40,7 @@ struct TrainingJob {
   parallel::Wrap wrap = parallel::Wrap::TRANSFORMER;
   parallel::Precision mixed_precision = parallel::Precision::NO;  // the compute dtype of gathered units, activations
   bool activation_checkpointing = false;  // transformer layers replay their forward in backward
+  int64_t forward_prefetch = 0;           // units gathered ahead in forward (parallel.forward_prefetch; at most one)
   int64_t checkpoint_every = 1;           // with checkpointing: every k-th layer (1: all)
   int64_t grad_accum = 1;                 // micro-batches per optimizer step
   bool sync_each_batch = false;           // reduce after every micro-batch (no full gradients kept between them)
