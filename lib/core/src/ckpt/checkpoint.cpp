@@ -387,6 +387,8 @@ TrainerState load_checkpoint(const std::string& path, const CheckpointModel& mod
   model.optimizer->state().clear();
   // Optimizer state for every parameter that had some, filled from the files below.
   const auto params = named_parameters(*model.root);
+  // Offloaded, what loading allocates from here on — the optimizer state, and the files' tensors on their way into
+  // the shards — is host memory, as it would be under a GPU.
   const memory::CpuTierScope tier(model.offloaded ? memory::CpuTier::HOST : memory::CpuTier::COMPUTE);
   for (const auto& [name, steps] : state.optimizer_steps) {
     auto it = params.find(name);

@@ -58,8 +58,8 @@ struct CheckpointModel {
   // or a checkpoint saved without it) merges the slices whole and takes its own. Unset: none.
   std::optional<dist::Communicator> tp_group = std::nullopt;
   std::map<std::string, tp::SplitLayout> tp_split = {};
-  // CPU offload (fsdp::FsdpOptions::offload_params): the optimizer state loading makes is the host's, as the step's
-  // is (counted as memory::CpuTier::HOST when computing on the CPU).
+  // CPU offload (fsdp::FsdpOptions::offload_params): what loading allocates — the optimizer state, the files'
+  // tensors read into the shards — is the host's, as the step's is (memory::CpuTier::HOST when computing on the CPU).
   bool offloaded = false;
 };
 
