@@ -16,12 +16,13 @@ usage: memory_model.py [--quick | --lora | --tp | --offload] [--only TEXT] [--ch
   --quick   the subset tests/CMakeLists.txt runs (plan.memory_model_grid)
   --lora    the LoRA cells alone (docs/notes/memory-model-lora.csv)
   --tp      the tensor-parallel cells alone (docs/notes/memory-model-tp.csv)
-  --offload the CPU-offload cells alone (docs/notes/memory-model-offload.csv): the compute tier's phases as a GPU's,
-            and the host tier (the offloaded shards, gradients and optimizer state, counted apart) as a fourth
+  --offload the offload cells alone (docs/notes/memory-model-offload.csv): CPU offload's and activation offload's;
+            the compute tier's phases as a GPU's, and the host tier (the offloaded shards, gradients and optimizer
+            state, the layers' activations; counted apart) as a fourth
   --only    the cells whose row starts with TEXT (words separated by spaces or commas: "vit,full_shard,2")
 Cells: (family, strategy, world, batch per rank, precision, checkpointing[, micro-batches[, tokens[, LoRA[, TP[,
 offload]]]]]), TP "2" (tensor parallel over 2 of the world's ranks, the strategy over the rest) or "2:sp" (sequence
-parallel too).
+parallel too), offload "cpu", "activations" or "cpu+activations".
   --check   exit 1 when a cell's prediction of any phase (forward, backward, step; host, offloaded) is off by more
             than the bound:
             UNDER:OVER (0.03:0.08 = at most 3% below, 8% above measured; an underestimate is the one that runs out
@@ -83,7 +84,9 @@ LARGER_MODELS = {
 STRATEGIES = ["full_shard", "shard_grad_op", "no_shard", "ddp"]
 PHASES = ["forward", "backward", "step"]
 Cell = collections.namedtuple("Cell", "family strategy world batch precision ac grad_accum tokens lora tp offload",
-                              defaults=(1, 64, "", "", False))
+                              defaults=(1, 64, "", "", ""))
+# A cell's offload: "" none, "cpu" (parallel.cpu_offload), "activations" (parallel.activation_offload), or both
+# ("cpu+activations").
 
 
 def grid(quick):
@@ -102,9 +105,11 @@ def grid(quick):
                 ("llama", "full_shard", 2, 4, "no", False, 1, 64, "", "2"),
                 ("gpt2", "full_shard", 2, 2, "bf16", True, 1, 1024, "", "2:sp"),
                 ("qwen3", "full_shard", 4, 4, "no", False, 1, 64, "", "4"),
-                ("llama", "full_shard", 3, 4, "no", False, 3, 64, "", "", True),
-                ("t5", "full_shard", 2, 4, "bf16", True, 1, 64, "", "", True),
-                ("t5", "shard_grad_op", 3, 2, "no", False, 1, 64, "", "", True)]
+                ("llama", "full_shard", 3, 4, "no", False, 3, 64, "", "", "cpu"),
+                ("t5", "full_shard", 2, 4, "bf16", True, 1, 64, "", "", "cpu"),
+                ("t5", "shard_grad_op", 3, 2, "no", False, 1, 64, "", "", "cpu"),
+                ("bert", "full_shard", 2, 2, "no", False, 1, 512, "", "", "activations"),
+                ("gpt2", "ddp", 2, 2, "bf16", True, 1, 256, "", "", "activations")]
     cells = []
     for family, strategy, world in itertools.product(MODELS, STRATEGIES, [1, 2, 4]):
         if world == 1 and strategy in ("shard_grad_op", "no_shard"):
@@ -186,16 +191,30 @@ def tp_cells():
 def offload_cells():
     """CPU offload (parallel.cpu_offload) of each FSDP strategy: the shards, their gradients and AdamW's state in host
     memory, each gather copying a unit's shards to the compute device and each reduction its gradients back; with
-    checkpointing, bf16, accumulation and a realistic length."""
+    checkpointing, bf16, accumulation and a realistic length. Activation offload (parallel.activation_offload): what
+    each layer keeps in host memory from its forward to its backward, two layers' back at once; every family, with and
+    without checkpointing, under FSDP and DDP in bf16, at realistic lengths, with LoRA, and beside CPU offload."""
     cells = []
     for family in ["bert", "llama", "t5", "vit", "flava"]:
         for strategy in ["full_shard", "shard_grad_op", "no_shard"]:
-            cells.append((family, strategy, 2, 2 if family == "flava" else 4, "no", False, 1, 64, "", "", True))
-        cells.append((family, "full_shard", 2, 4, "bf16", True, 1, 64, "", "", True))
-    cells.append(("llama", "full_shard", 1, 4, "no", False, 1, 64, "", "", True))
-    cells.append(("llama", "full_shard", 3, 4, "no", False, 3, 64, "", "", True))
-    cells.append(("llama", "full_shard", 2, 2, "no", True, 1, 1024, "", "", True))
-    cells.append(("llama", "full_shard", 2, 4, "no", False, 1, 64, "8:all-linear", "", True))
+            cells.append((family, strategy, 2, 2 if family == "flava" else 4, "no", False, 1, 64, "", "", "cpu"))
+        cells.append((family, "full_shard", 2, 4, "bf16", True, 1, 64, "", "", "cpu"))
+    cells.append(("llama", "full_shard", 1, 4, "no", False, 1, 64, "", "", "cpu"))
+    cells.append(("llama", "full_shard", 3, 4, "no", False, 3, 64, "", "", "cpu"))
+    cells.append(("llama", "full_shard", 2, 2, "no", True, 1, 1024, "", "", "cpu"))
+    cells.append(("llama", "full_shard", 2, 4, "no", False, 1, 64, "8:all-linear", "", "cpu"))
+    for family in ["bert", "llama", "gpt2", "t5", "vit", "flava"]:
+        batch = 2 if family == "flava" else 4
+        for ac in (False, True):
+            cells.append((family, "full_shard", 2, batch, "no", ac, 1, 64, "", "", "activations"))
+        cells.append((family, "ddp", 2, batch, "bf16", False, 1, 64, "", "", "activations"))
+    for family, tokens in [("llama", 1024), ("gpt2", 1024), ("t5", 1024), ("bert", 512)]:
+        for ac in (False, True):
+            cells.append((family, "full_shard", 2, 2, "no", ac, 1, tokens, "", "", "activations"))
+    cells.append(("llama", "shard_grad_op", 2, 2, "bf16", True, 1, 1024, "", "", "activations"))
+    cells.append(("llama", "full_shard", 2, 4, "no", False, 1, 256, "8:all-linear", "", "activations"))
+    cells.append(("llama", "full_shard", 2, 2, "bf16", True, 1, 1024, "", "", "cpu+activations"))
+    cells.append(("t5", "full_shard", 2, 4, "no", False, 1, 256, "", "", "cpu+activations"))
     return cells
 
 
@@ -229,8 +248,10 @@ def run_cell(build, config_dir, cell):
     tp, sp = tp_of(cell)
     if tp > 1:
         cmd += ["--tp", str(tp)] + (["--sp"] if sp else [])
-    if cell.offload:
+    if "cpu" in cell.offload:
         cmd.append("--offload")
+    if "activations" in cell.offload:
+        cmd.append("--activation-offload")
     env = dict(os.environ, OMP_NUM_THREADS="1")
     out = subprocess.run(cmd, capture_output=True, text=True, timeout=1800, env=env)
     for line in out.stdout.splitlines() + out.stderr.splitlines():
@@ -286,7 +307,7 @@ def main():
                   + " ".join(f"{m / 1e6:7.1f}/{p / 1e6:7.1f}{e * 100:+4.0f}%".rjust(19)
                              for m, p, e in zip(measured, predicted, errors))
                   + f" {peak_error * 100:+8.1f}%" + (f"  LoRA {lora}" if lora else "")
-                  + (f"  TP {cell[9]}" if tp_of(cell)[0] > 1 else "") + ("  offload" if cell.offload else "")
+                  + (f"  TP {cell[9]}" if tp_of(cell)[0] > 1 else "") + (f"  offload {cell.offload}" if cell.offload else "")
                   + f"   [{i + 1}/{len(cells)}, {time.time() - start:.0f} s]", flush=True)
 
     worst = max(rows, key=lambda row: abs(row[3]))
@@ -297,11 +318,12 @@ def main():
     if args.csv:
         with open(args.csv, "w") as f:
             f.write("model,strategy,world,batch,precision,ac,grad_accum,tokens,lora," + ("tp," if args.tp else "") +
+                    ("offload," if args.offload else "") +
                     ",".join(f"{p}_measured,{p}_predicted" for p in PHASES) +
                     (",host_measured,host_predicted" if args.offload else "") + "\n")
             for cell, r, _, _ in rows:
                 f.write(",".join(str(c) for c in cell[:6]) + ",{},{},{},".format(*options(cell)) +
-                        (f"{cell[9]}," if args.tp else "") +
+                        (f"{cell[9]}," if args.tp else "") + (f"{cell.offload}," if args.offload else "") +
                         ",".join(f"{m:.0f},{p:.0f}" for m, p in zip(r["measured"], r["predicted"])) +
                         (",{:.0f},{:.0f}".format(*r["host"]) if args.offload else "") + "\n")
     if args.check is not None:

@@ -5,12 +5,13 @@
 //
 //   memory_model_bench --model MODEL --strategy S [--mixed-precision no|bf16|fp16] [--ac] [--batch B] [--seq-len T]
 //                      [--nodes M] [--steps N] [--grad-accum K] [--lora R [--lora-targets a,b] [--lora-dropout P]]
-//                      [--tp T [--sp]] [--offload]
+//                      [--tp T [--sp]] [--offload] [--activation-offload]
 // MODEL is a flavor or a Hugging Face config.json; the batch is synthetic, of the task's largest kind. --lora: rank-R
 // adapters on the targets (default the query and value projections; "all-linear"), the rest frozen (models/lora.h).
 // --tp: tensor parallelism over T ranks (--sp: sequence parallel), the strategy over the rest. --offload: CPU offload
 // (parallel.cpu_offload): what it keeps in host memory is counted apart (memory::CpuTier::HOST), and RESULT's "host"
-// gives its measured peak and the model's host bytes.
+// gives its measured peak and the model's host bytes. --activation-offload (parallel.activation_offload): what the
+// layers keep for backward in the host tier as well.
 #include <ATen/ATen.h>
 #include <torch/nn/module.h>
 
@@ -50,7 +51,7 @@ std::vector<std::string> split_commas(const std::string& text) {
 int run(int argc, char** argv) {
   std::string model, strategy = "full_shard", precision = "no";
   int64_t batch = 4, seq_len = 128, nodes = 1, steps = 3, grad_accum = 1, tp = 1;
-  bool ac = false, sp = false, offload = false;
+  bool ac = false, sp = false, offload = false, activation_offload = false;
   models::LoraSpec lora;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
@@ -70,6 +71,7 @@ int run(int argc, char** argv) {
     else if (a == "--tp") tp = std::stoll(next());
     else if (a == "--sp") sp = true;
     else if (a == "--offload") offload = true;
+    else if (a == "--activation-offload") activation_offload = true;
     else if (a == "--lora") lora.r = std::stoll(next()), lora.lora_alpha = 2.0 * static_cast<double>(lora.r);
     else if (a == "--lora-targets") lora.target_modules = split_commas(next());
     else if (a == "--lora-dropout") lora.lora_dropout = std::stod(next());
@@ -85,6 +87,7 @@ int run(int argc, char** argv) {
   job.mixed_precision = parallel::precision_named(precision);
   job.activation_checkpointing = ac, job.batch = batch, job.seq_len = seq_len;
   job.grad_accum = grad_accum, job.tp = tp, job.sequence_parallel = sp, job.cpu_offload = offload;
+  job.activation_offload = activation_offload;
   job.fused_optimizer = config::OptimConfig{}.fused;  // the trainer's optimizer, made below
   const plan::MemoryEstimate predicted = plan::estimate_training_memory(*recipe, job);
 
@@ -95,6 +98,7 @@ int run(int argc, char** argv) {
   c.parallel.activation_checkpointing = ac;
   c.train.batch_size = batch;
   c.parallel.tp_size = tp, c.parallel.sequence_parallel = sp, c.parallel.cpu_offload = offload;
+  c.parallel.activation_offload = activation_offload;
   const bool hybrid = parallel::is_hybrid(c.parallel.strategy);
   const dist::DeviceMesh mesh =
       dist::DeviceMesh::create(pg, hybrid ? static_cast<int>(nodes) : 1, -1, static_cast<int>(tp));
@@ -115,21 +119,25 @@ int run(int argc, char** argv) {
   std::optional<optim::GradScaler> scaler;
   if (c.parallel.mixed_precision == parallel::Precision::FP16) scaler.emplace(optim::GradScalerOptions{}, pg.world());
 
-  // One training step on `batch_s`, each phase's peak recorded; false when float16's scaler skipped it.
-  int64_t forward = 0, backward = 0, step = 0;
+  // One training step on `batch_s`, each phase's peak recorded, and the host tier's over them all; false when
+  // float16's scaler skipped it.
+  int64_t forward = 0, backward = 0, step = 0, host = 0;
+  auto host_peak = [] { return memory::cpu_memory_stats(memory::CpuTier::HOST).peak_bytes; };
   auto train_step = [&](data::Batch batch_s) {
     // Micro-batches without a reduction until the last (the trainer's gradient accumulation); the phases' peaks
     // are the largest over them.
-    forward = backward = 0;
+    forward = backward = host = 0;
     for (int64_t m = 0; m < grad_accum; ++m) {
       parallel.set_gradient_sync(m + 1 == grad_accum);
       memory::reset_cpu_peak();
       models::Losses losses = task->compute_losses(*parallel.module(), batch_s, 0);
       forward = std::max(forward, memory::cpu_memory_stats().peak_bytes);
+      host = std::max(host, host_peak());
       memory::reset_cpu_peak();
       (scaler ? scaler->scale(losses.total) : losses.total).backward();
       losses = {};
       backward = std::max(backward, memory::cpu_memory_stats().peak_bytes);
+      host = std::max(host, host_peak());
     }
     batch_s = {};
     memory::reset_cpu_peak();
@@ -147,6 +155,7 @@ int run(int argc, char** argv) {
     }
     optimizer->zero_grad();
     step = memory::cpu_memory_stats().peak_bytes;
+    host = std::max(host, host_peak());
     return stepped;
   };
   // Under float16 a step whose scaled gradients overflow is skipped (the scale backs off) and AdamW makes no state
@@ -154,11 +163,9 @@ int run(int argc, char** argv) {
   // (until 2026-11-27 the image-only warm-up step was skipped at the first scale, and FLAVA's fp16 cells measured
   // 9 MB less than their bf16 twins: the MIM head's AdamW state).
   std::string skipped;  // "step 1 twice, ..." (the warm-up steps first)
-  int64_t host = 0;     // the host tier's peak in the last step's optimizer phase (shards, gradients and state)
   for (int64_t s = 0; s < steps + warmup; ++s) {  // the last step is reported
     int attempt = 0;
     while (attempt < 40 && !train_step(batch_of_step(s))) ++attempt;
-    host = memory::cpu_memory_stats(memory::CpuTier::HOST).peak_bytes;
     if (attempt > 0) skipped += (skipped.empty() ? "" : ", ") + std::to_string(s) + " x" + std::to_string(attempt);
   }
   if (env.rank == 0 && !skipped.empty()) {
@@ -173,7 +180,7 @@ int run(int argc, char** argv) {
     r["ac"] = ac, r["batch"] = batch, r["seq_len"] = seq_len, r["parameters"] = predicted.parameters;
     r["measured"] = {peaks[0].item<double>(), peaks[1].item<double>(), peaks[2].item<double>()};
     r["predicted"] = {predicted.forward_bytes, predicted.backward_bytes, predicted.step_bytes};
-    r["offload"] = offload;
+    r["offload"] = offload, r["activation_offload"] = activation_offload;
     r["host"] = {peaks[3].item<double>(), predicted.host_bytes};
     std::cout << "RESULT " << r.dump() << std::endl;
   }

@@ -22,7 +22,7 @@ RULES = {
         "io": set(),
         "distributed": {"cuda", "parallel"},
         "launch": {"util"},
-        "nn": set(),
+        "nn": {"memory"},
         "optim": {"distributed"},
         "fsdp": {"distributed", "io", "memory", "nn", "optim", "parallel"},
         "ddp": {"distributed", "nn", "parallel"},

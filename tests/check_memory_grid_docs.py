@@ -26,16 +26,21 @@ def bench_module():
     return module
 
 
-def cell_keys(module, cells, with_tp=False):
-    """A cell as its CSV row names it: (model, strategy, world, batch, precision, ac, grad_accum, tokens, lora[, tp])."""
+# The columns a set records beyond KEYS, and where a cell holds them.
+EXTRA = {"tp": 9, "offload": 10}
+
+
+def cell_keys(module, cells, extra=()):
+    """A cell as its CSV row names it: (model, strategy, world, batch, precision, ac, grad_accum, tokens, lora[, tp]
+    [, offload])."""
     return [tuple(str(x) for x in cell[:6]) + tuple(str(x) for x in module.options(cell)) +
-            ((cell[9] if len(cell) > 9 else "",) if with_tp else ()) for cell in cells]
+            tuple(str(cell[EXTRA[k]]) if len(cell) > EXTRA[k] else "" for k in extra) for cell in cells]
 
 
-def recorded_keys(path, with_tp=False):
+def recorded_keys(path, extra=()):
     with open(path, encoding="utf-8") as f:
         rows = list(csv.DictReader(f))
-    keys = KEYS + (["tp"] if with_tp else [])
+    keys = KEYS + list(extra)
     return rows, [tuple(r.get(k, "") for k in keys) for r in rows]
 
 
@@ -75,12 +80,13 @@ def main():
     rows, recorded = recorded_keys(CSV)
     failures = [compare("memory-model-grid.csv", recorded, cell_keys(module, module.grid(False)))]
     # The other recorded sets, each the cells its flag runs, and the counts docs/notes/memory-model.md gives.
-    for name, cells, with_tp, words in [
-            ("memory-model-lora.csv", module.lora_cells(), False, None),
-            ("memory-model-tp.csv", module.tp_cells(), True, "`bench/memory_model.py --tp` ({} cells:"),
-            ("memory-model-offload.csv", module.offload_cells(), False, "`bench/memory_model.py --offload` ({} cells:")]:
-        _, keys = recorded_keys(os.path.join(ROOT, "docs", "notes", name), with_tp)
-        failures.append(compare(name, keys, cell_keys(module, cells, with_tp)))
+    for name, cells, extra, words in [
+            ("memory-model-lora.csv", module.lora_cells(), (), None),
+            ("memory-model-tp.csv", module.tp_cells(), ("tp",), "`bench/memory_model.py --tp` ({} cells:"),
+            ("memory-model-offload.csv", module.offload_cells(), ("offload",),
+             "`bench/memory_model.py --offload` ({} cells:")]:
+        _, keys = recorded_keys(os.path.join(ROOT, "docs", "notes", name), extra)
+        failures.append(compare(name, keys, cell_keys(module, cells, extra)))
         if words and not says("docs/notes/memory-model.md", words.format(len(cells))):
             failures.append(f"docs/notes/memory-model.md does not say: {words.format(len(cells))}")
     quick = f"measures {len(module.grid(True))} cells"

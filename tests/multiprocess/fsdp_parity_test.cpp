@@ -4,8 +4,8 @@
 // {float32, bfloat16 params with float32 reduction (float16 with loss scaling: its own test)} x reshard after
 // forward {on, off} x prefetch {none, forward + BACKWARD_PRE, BACKWARD_POST} x activation checkpointing of every
 // block {off, on}, each with SGD or AdamW in turn (expect_parity_grid says why; at W = 3, 4 a pairwise subset of
-// the combinations); Adafactor, blocks called twice in a forward and CPU offload over smaller grids
-// (FsdpParity.Adafactor, FsdpParity.UnitsCalledTwice, FsdpParity.CpuOffload); hybrid runs on a 2x2 mesh at W = 4,
+// the combinations); Adafactor, blocks called twice in a forward, CPU offload and activation offload over smaller
+// grids (FsdpParity.Adafactor, FsdpParity.UnitsCalledTwice, FsdpParity.CpuOffload, FsdpParity.ActivationOffload); hybrid runs on a 2x2 mesh at W = 4,
 // 2x1 at W = 2 and 1x3 at W = 3.
 // Sizes are odd so that dim-0 sharding pads (10 rows over 3 or 4 ranks, 26 over 4, 3 over 4: some ranks hold only
 // padding). Tolerance: see expect_parity.
@@ -20,6 +20,7 @@
 #include "shardtrain/fsdp/fully_shard.h"
 #include "shardtrain/memory/memory_stats.h"
 #include "shardtrain/nn/activation_checkpoint.h"
+#include "shardtrain/nn/activation_offload.h"
 #include "shardtrain/nn/intercept.h"
 #include "shardtrain/optim/adafactor.h"
 #include "shardtrain/optim/grad_scaler.h"
@@ -130,6 +131,7 @@ struct Config {
   bool checkpoint = false;  // activation checkpointing on every block (inside its unit)
   int passes = 1;           // every block called this many times in a forward (Toy::passes)
   bool offload = false;     // CPU offload: shards, gradients and optimizer state in the host tier
+  bool activation_offload = false;  // what every block saves for backward in the host tier (inside its unit)
 
   std::string label() const {
     static const char* prefetch_names[] = {"no-prefetch", "fwd+BACKWARD_PRE", "BACKWARD_POST"};
@@ -139,6 +141,7 @@ struct Config {
            (precision == Precision::FP32 ? " fp32 " : precision == Precision::BF16 ? " bf16 " : " fp16 ") +
            prefetch_names[static_cast<int>(prefetch)] + (checkpoint ? " checkpointed" : "") +
            (passes > 1 ? " blocks called x" + std::to_string(passes) : "") + (offload ? " offload" : "") +
+           (activation_offload ? " activation-offload" : "") +
            " W=" + std::to_string(test_process_group().world_size());
   }
 };
@@ -179,6 +182,11 @@ Run train_sharded(const Config& c) {
   for (auto& b : model->blocks) {
     if (c.checkpoint) nn::apply_activation_checkpoint(*b);
     fully_shard(b.ptr(), groups.shard, options);
+  }
+  if (c.activation_offload) {
+    nn::apply_activation_offloading(model.ptr(), [](const std::string&, torch::nn::Module& m) {
+      return dynamic_cast<BlockImpl*>(&m) != nullptr;
+    });
   }
   // The model's output in float32 for the loss: output_dtype on the root only (on a block it would hand float32
   // to the root's bf16 head, as in PyTorch).
@@ -319,6 +327,26 @@ TEST(FsdpParity, CpuOffload) {
       Config c{opt, strategy, strategy != parallel::Strategy::SHARD_GRAD_OP, precision,
                Prefetch::FORWARD_AND_BACKWARD_PRE, /*checkpoint=*/precision == Precision::BF16};
       c.offload = true;
+      expect_parity(c, refs.of(opt, precision));
+    }
+  }
+}
+
+// Activation offloading of every block, inside its unit: what a block saves for backward (checkpointed: its input)
+// in the host tier until its backward. Every strategy, float32 and bf16, with and without checkpointing, SGD and
+// AdamW in turn, once beside CPU offload, against the same single-process references.
+TEST(FsdpParity, ActivationOffload) {
+  References refs(/*passes=*/1);
+  int turn = 0;
+  for (parallel::Strategy strategy :
+       {parallel::Strategy::FULL_SHARD, parallel::Strategy::SHARD_GRAD_OP, parallel::Strategy::NO_SHARD,
+        parallel::Strategy::HYBRID_SHARD, parallel::Strategy::HYBRID_SHARD_ZERO2}) {
+    for (Precision precision : {Precision::FP32, Precision::BF16}) {
+      const Opt opt = turn++ % 2 ? Opt::ADAMW : Opt::SGD;
+      Config c{opt, strategy, strategy != parallel::Strategy::SHARD_GRAD_OP, precision,
+               Prefetch::FORWARD_AND_BACKWARD_PRE, /*checkpoint=*/turn % 3 == 0};
+      c.activation_offload = true;
+      c.offload = strategy == parallel::Strategy::FULL_SHARD && precision == Precision::BF16;
       expect_parity(c, refs.of(opt, precision));
     }
   }

@@ -265,6 +265,24 @@ TEST_F(TrainTest, DdpFullShardAndOffloadTrainAlike) {
   EXPECT_LE(max_difference(state, saved_state(resumed + "/step-00000008", true)), 1e-6);
 }
 
+// Activation offloading (parallel.activation_offload) trains as without: FSDP to 1e-6 of the same run on the
+// device; DDP with checkpointing and offloading to the FSDP run's tolerance; the start-up says where they go.
+TEST_F(TrainTest, ActivationOffloadTrainsAsWithout) {
+  const std::string plain = root_ + "/act-plain", offloaded = root_ + "/act-offloaded", ddp = root_ + "/act-ddp";
+  ASSERT_EQ(train("--checkpoint.dir=" + plain).status, 0);
+  const Outcome a = train("--parallel.activation_offload=true --checkpoint.dir=" + offloaded);
+  ASSERT_EQ(a.status, 0) << a.output;
+  EXPECT_NE(a.output.find("activation_offload: what each layer saves for backward in the CPU's host tier"),
+            std::string::npos) << a.output;
+  const auto on_device = saved_state(plain + "/step-00000008", true);
+  EXPECT_LE(max_difference(on_device, saved_state(offloaded + "/step-00000008", true)), 1e-6);
+  const Outcome d = train("--parallel.strategy=ddp --parallel.activation_checkpointing=true "
+                          "--parallel.activation_offload=true --checkpoint.dir=" + ddp);
+  ASSERT_EQ(d.status, 0) << d.output;
+  EXPECT_NE(d.output.find("(checkpointed: its input)"), std::string::npos) << d.output;
+  EXPECT_LE(max_difference(on_device, saved_state(ddp + "/step-00000008", false)), 2e-4);
+}
+
 // Pure bf16 (model.dtype: bf16, AnyPrecision AdamW with Kahan summation): weights, gradients, optimizer state and
 // checkpoints in bf16, a stopped and resumed run equal to one that ran through, export in bf16, and a float32 file
 // loaded into the bf16 model with the conversion said.

@@ -194,6 +194,28 @@ TEST(MemoryModel, BackwardWalkTakesEachLayersOwnUnit) {
   EXPECT_LT(own.backward_bytes, estimate_training_memory(*t5, reversed, job).backward_bytes);
 }
 
+// Activation offload moves what the layers keep to host memory: the end of forward holds none of it on the device
+// (the host all of it), and backward two layers' at a time instead of every layer not yet done; the optimizer step
+// is untouched. (Against measurement: bench/memory_model.py --offload, docs/notes/memory-model-offload.csv.)
+TEST(MemoryModel, ActivationOffloadMovesWhatLayersKeepToTheHost) {
+  const auto llama = recipe_from_json("llama", R"({"model_type": "llama", "vocab_size": 4000, "hidden_size": 256,
+    "intermediate_size": 704, "num_hidden_layers": 8, "num_attention_heads": 4, "num_key_value_heads": 4})");
+  for (bool checkpointing : {false, true}) {
+    TrainingJob job;
+    job.world = 2, job.batch = 4, job.seq_len = 512, job.activation_checkpointing = checkpointing;
+    const MemoryEstimate on_device = estimate_training_memory(*llama, job);
+    job.activation_offload = true;
+    const MemoryEstimate offloaded = estimate_training_memory(*llama, job);
+    EXPECT_EQ(on_device.host_bytes, 0);
+    EXPECT_GT(offloaded.host_bytes, 0);
+    // What left the device at the end of forward is what the host holds (Llama has no bias every layer reads).
+    EXPECT_LE(offloaded.forward_bytes, on_device.forward_bytes - offloaded.host_bytes * 7 / 8);
+    EXPECT_LT(offloaded.backward_bytes, on_device.backward_bytes);
+    EXPECT_EQ(offloaded.step_bytes, on_device.step_bytes);
+    EXPECT_NE(format_estimate("llama", job, offloaded).find("activation offload"), std::string::npos);
+  }
+}
+
 // Under tensor parallelism the shape is one rank's slices: model_shape splits the model built on the meta device by
 // the family's plan as rank 0 would (over a group of shape alone, which moves nothing). The estimate shards them over
 // the data-parallel ranks only; the split regions keep less, and sequence parallelism less again between them.

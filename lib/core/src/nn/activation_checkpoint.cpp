@@ -11,6 +11,7 @@
 #include <stdexcept>
 
 #include "nn/autocast_guard.h"
+#include "nn/saved_activation.h"
 #include "shardtrain/nn/intercept.h"
 
 namespace shardtrain::nn {
@@ -96,16 +97,17 @@ class CheckpointBackward : public torch::autograd::Node {
                                "through a checkpointed module are not supported");
     }
     for (size_t i = 0; i < inputs.size(); ++i) {
-      if (inputs[i].defined() && inputs[i]._version() != input_versions[i]) {
+      if (inputs[i].defined() && inputs[i].current_version() != inputs[i].saved_version()) {
         throw std::runtime_error("activation checkpoint of " + label + ": tensor input " + std::to_string(i) +
                                  " was modified in place after the forward (version " +
-                                 std::to_string(input_versions[i]) + " -> " + std::to_string(inputs[i]._version()) +
+                                 std::to_string(inputs[i].saved_version()) + " -> " +
+                                 std::to_string(inputs[i].current_version()) +
                                  "); the replay needs the value the forward saw");
       }
     }
     TensorVec replay_inputs;
     for (size_t i = 0; i < inputs.size(); ++i) {
-      replay_inputs.push_back(inputs[i].defined() ? inputs[i].detach().requires_grad_(input_requires_grad[i])
+      replay_inputs.push_back(inputs[i].defined() ? inputs[i].get().detach().requires_grad_(input_requires_grad[i])
                                                   : at::Tensor());
     }
     TensorVec outputs;
@@ -157,8 +159,9 @@ class CheckpointBackward : public torch::autograd::Node {
 
   std::string label;
   Interceptor::Next replay;          // the rest of the chain and the body, replayable (nn/intercept.h)
-  TensorVec inputs;                  // detached aliases of the call's tensor inputs (undefined stay undefined)
-  std::vector<int64_t> input_versions;
+  // The call's tensor inputs (undefined stay undefined): detached aliases, or host copies when the call is
+  // activation-offloaded (nn/activation_offload.h)
+  std::vector<SavedActivation> inputs;
   std::vector<bool> input_requires_grad;
   TensorVec params;                  // the module's parameters that required a gradient at the forward
   std::vector<int> output_slot;      // per output of the call: its input number on this node, -1 when none
@@ -191,8 +194,7 @@ class CheckpointInterceptor : public Interceptor {
     node->autocast = AutocastStates::capture();
     if (options_.preserve_rng_state) node->rng_states = RngStates::capture(devices_of(inputs, params));
     for (const at::Tensor& t : inputs) {
-      node->inputs.push_back(t.defined() ? t.detach() : at::Tensor());
-      node->input_versions.push_back(t.defined() ? t._version() : 0);
+      node->inputs.push_back(SavedActivation::keep(t));
       node->input_requires_grad.push_back(t.defined() && t.requires_grad());
     }
     node->params = params;

@@ -7,6 +7,7 @@
 
 #include "shardtrain/fsdp/wrap_policy.h"
 #include "shardtrain/nn/activation_checkpoint.h"
+#include "shardtrain/nn/activation_offload.h"
 
 namespace shardtrain::models {
 
@@ -64,6 +65,19 @@ std::vector<std::string> activation_checkpoint_layers(ZooModel& model, int64_t e
   return names;
 }
 
+std::vector<std::string> activation_offload_layers(ZooModel& model, const std::vector<std::string>& layer_classes) {
+  const std::vector<std::string> classes = layer_classes.empty() ? std::vector<std::string>{model.layer_class}
+                                                                 : layer_classes;
+  auto names = nn::apply_activation_offloading(model.module, [&](const std::string&, torch::nn::Module& m) {
+    return std::find(classes.begin(), classes.end(), fsdp::module_class_name(m)) != classes.end();
+  });
+  if (names.empty()) {
+    throw std::invalid_argument("activation_offload_layers: no module of class " + classes.front() + " in the " +
+                                model.family + " model");
+  }
+  return names;
+}
+
 std::vector<fsdp::FsdpUnit> parallelize(ZooModel& model, const dist::DeviceMesh& mesh,
                                         const ParallelizeOptions& options) {
   check_every(options.activation_checkpoint_every, "parallelize");
@@ -75,6 +89,7 @@ std::vector<fsdp::FsdpUnit> parallelize(ZooModel& model, const dist::DeviceMesh&
                                        options.policy ? *options.policy
                                                       : fsdp::wrap_by_class_name(unit_classes_of(model, options)),
                                        groups.options);
+  if (options.activation_offload) activation_offload_layers(model, options.layer_classes);
   finish_root(model, mesh);
   return units;
 }
@@ -125,6 +140,7 @@ void shard_the_rest(ZooModel& model, const dist::DeviceMesh& mesh, const Paralle
   const fsdp::StrategyGroups groups = groups_for(mesh, options);
   fsdp::fully_shard_model(model.module, groups.shard, fsdp::wrap_by_class_name(model.recipe->own_unit_classes()),
                           groups.options);
+  if (options.activation_offload) activation_offload_layers(model, options.layer_classes);
   finish_root(model, mesh);
 }
 

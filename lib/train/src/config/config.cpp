@@ -330,6 +330,7 @@ std::vector<Field> parallel_fields(Config& c) {
       field("parallel.activation_checkpointing", c.parallel.activation_checkpointing),
       field("parallel.activation_checkpointing_every", c.parallel.activation_checkpointing_every),
       field("parallel.cpu_offload", c.parallel.cpu_offload),
+      field("parallel.activation_offload", c.parallel.activation_offload),
       field("parallel.reshard_after_backward", c.parallel.reshard_after_backward),
       field("parallel.sync_module_states", c.parallel.sync_module_states),
       field("parallel.bucket_cap_mb", c.parallel.bucket_cap_mb),

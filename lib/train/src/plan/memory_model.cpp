@@ -34,7 +34,12 @@ MemoryEstimate estimate_training_memory(const models::ModelRecipe& recipe, const
   e.parameters = s.parameters;
   e.units = static_cast<int64_t>(s.units.numel.size()) + (s.units.extra_numel > 0 ? 1 : 0) +
             (s.units.input_numel > 0 ? 1 : 0) + (s.units.output_numel > 0 ? 1 : 0);
-  if (s.offload) e.host_bytes = s.params + s.grads + s.adam + step_temporaries(s);  // the step's peak, on the host
+  // Host memory at its peak: CPU offload's at the step (shards, gradients, state, the step's temporaries); the
+  // offloaded activations' at the end of forward, beside the offloaded shards and state.
+  if (s.offload) e.host_bytes = s.params + s.grads + s.adam + step_temporaries(s);
+  if (s.offload_activations) {
+    e.host_bytes = std::max(e.host_bytes, (s.offload ? s.params + s.adam : 0) + s.offloaded_activations);
+  }
 
   const Moment forward = largest({forward_start(s), forward_loss(s), forward_layers(s)});
   Walk walk = backward_walk(s);
@@ -100,7 +105,8 @@ std::string format_estimate(const std::string& model, const TrainingJob& job, co
                     (job.grad_accum > 1 ? ", " + std::to_string(job.grad_accum) + " micro-batches" +
                                               (job.sync_each_batch ? " (each reduced)" : "")
                                         : "") +
-                    (job.cpu_offload ? ", CPU offload" : "") + (job.device == parallel::Device::CUDA ? " (CUDA)" : " (CPU)") + "\n";
+                    (job.cpu_offload ? ", CPU offload" : "") +
+                    (job.activation_offload ? ", activation offload" : "") + (job.device == parallel::Device::CUDA ? " (CUDA)" : " (CPU)") + "\n";
   out += "  " + std::to_string(e.parameters) + " parameters" +
          (job.tp > 1 ? " of a tensor-parallel rank's slices" : "") + " in " + std::to_string(e.units) + " units\n";
   char line[256];
@@ -115,8 +121,11 @@ std::string format_estimate(const std::string& model, const TrainingJob& job, co
                 readable_size(e.step_bytes).c_str());
   out += line;
   if (e.host_bytes > 0) {
-    out += "  host memory (offloaded shards, gradients, AdamW state, the step's temporaries): " +
-           readable_size(e.host_bytes) + "\n";
+    out += std::string("  host memory (") +
+           (job.cpu_offload ? "offloaded shards, gradients, AdamW state, the step's temporaries" : "") +
+           (job.cpu_offload && job.activation_offload ? "; " : "") +
+           (job.activation_offload ? "the layers' activations at the end of forward" : "") +
+           "): " + readable_size(e.host_bytes) + "\n";
   }
   return out;
 }
@@ -128,6 +137,7 @@ std::string estimate_json(const std::string& model, const TrainingJob& job, cons
               {"sequence_parallel", job.sequence_parallel},
               {"strategy", parallel::to_string(job.strategy)}, {"mixed_precision", parallel::to_string(job.mixed_precision)},
               {"activation_checkpointing", job.activation_checkpointing}, {"cpu_offload", job.cpu_offload},
+              {"activation_offload", job.activation_offload},
               {"batch", job.batch},           {"seq_len", job.seq_len}, {"cuda", job.device == parallel::Device::CUDA}};
   j["parameters"] = e.parameters, j["units"] = e.units, j["tokens"] = e.tokens;
   j["peak_bytes"] = e.peak_bytes, j["peak_phase"] = e.peak_phase;

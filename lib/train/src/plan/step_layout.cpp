@@ -191,6 +191,13 @@ void lay_out_activations(StepLayout& s) {
     s.kept_by_layers += s.layer_kept[j];
   }
   s.outside = s.act.kept_outside(s.checkpointed > 0);
+  s.offload_activations = job.activation_offload;
+  // Offloaded, the bias every layer reads goes to host memory too (once) where a layer keeps it; the device holds
+  // it in forward, where the model made it, and again from the first layer's backward on: it stays in `outside`.
+  if (s.offload_activations) {
+    s.offloaded_activations = s.kept_by_layers + (s.outside - s.act.outside_layers);
+    s.kept_by_layers = 0;
+  }
   s.kept = s.kept_by_layers + s.outside;
 }
 

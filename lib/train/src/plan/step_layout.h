@@ -61,11 +61,13 @@ struct StepLayout {
   size_t first_blocked = 0;
   int64_t comm = 0;
 
-  // Activations: each layer's checkpointing and what it keeps to its backward; what the layers and the rest keep.
-  bool checkpointing = false;
+  // Activations: each layer's checkpointing and what it keeps to its backward; what the layers and the rest keep
+  // on the device. Offloaded (job.activation_offload), what the layers keep is in host memory from forward to
+  // backward (offloaded_activations), a layer's back on the device for its backward with the one below it.
+  bool checkpointing = false, offload_activations = false;
   std::vector<bool> checkpoint;
   std::vector<int64_t> layer_kept;
-  int64_t checkpointed = 0, kept_by_layers = 0, outside = 0, kept = 0;
+  int64_t checkpointed = 0, kept_by_layers = 0, outside = 0, kept = 0, offloaded_activations = 0;
 
   // Gradient accumulation: what waits between micro-batches, what every phase holds (params, optimizer state and
   // that), the gradients a backward makes anew, and a tied table's gradient held apart from .grad.

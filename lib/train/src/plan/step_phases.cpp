@@ -33,7 +33,13 @@ std::string describe_activations(const models::ActivationBytes& a, bool checkpoi
          " outside them";
 }
 
-std::string activations_note(const StepLayout& s) { return describe_activations(s.act, s.checkpointing); }
+std::string activations_note(const StepLayout& s) {
+  if (s.offload_activations) {
+    return readable_size(s.outside) + " outside the layers; the layers' " + readable_size(s.offloaded_activations) +
+           " in host memory (activation offload" + (s.checkpointing ? ", checkpointed: inputs only)" : ")");
+  }
+  return describe_activations(s.act, s.checkpointing);
+}
 
 const char* const kStartNote = "what the model computes first (FLAVA: the codebook making MIM targets)";
 
@@ -71,9 +77,11 @@ Moment forward_start(const StepLayout& s) {
 Moment forward_layers(const StepLayout& s) {
   const int64_t ahead = s.job->forward_prefetch > 0 ? 1 : 0;
   const int64_t activations = s.kept - s.act.loss_kept;
-  const int64_t work = std::max(s.checkpointed > 0 ? s.act.layer_forward_transient : 0, s.act.layer_forward_unkept);
+  // Offloaded, what a layer keeps lives on the device only while it computes: all of it is a temporary then.
+  const bool transient = s.checkpointed > 0 || s.offload_activations;
+  const int64_t work = std::max(transient ? s.act.layer_forward_transient : 0, s.act.layer_forward_unkept);
   const int64_t gathered = s.reshard ? s.root_g + (1 + ahead) * s.layer_g : s.all_g - s.out_g;
-  const int64_t last_kept = s.layer_kept.empty() ? 0 : s.layer_kept.back();
+  const int64_t last_kept = s.layer_kept.empty() || s.offload_activations ? 0 : s.layer_kept.back();
   const int64_t gathering = s.root_g + (2 + ahead) * s.layer_g;
   if (s.reshard && gathering - last_kept > gathered + work) {
     Moment m{s.base + gathering + activations - last_kept, {}};
@@ -149,7 +157,7 @@ namespace {
 class LayerWalk {
  public:
   explicit LayerWalk(const StepLayout& s)
-      : s_(s), layers_(static_cast<int64_t>(s.act.layers.size())), below_kept_(s.kept_by_layers) {
+      : s_(s), layers_(static_cast<int64_t>(s.act.layers.size())), below_kept_(s.offload_activations ? 0 : s.kept_by_layers) {
     const parallel::Wrap wrap = s.job->wrap;
     own_units_ = wrap != parallel::Wrap::NONE && s.layer_units == s.act.layers.size();
     pairs_ = wrap != parallel::Wrap::NONE;  // (one unit for the whole model: gathered, its gradients growing)
@@ -188,8 +196,12 @@ class LayerWalk {
   Layer enter(int64_t i) {
     const StepLayout& s = s_;
     const models::LayerActivations& activations = s.act.layers[static_cast<size_t>(layers_ - i)];
-    below_kept_ -= s.layer_kept[static_cast<size_t>(layers_ - i)];
+    if (!s.offload_activations) below_kept_ -= s.layer_kept[static_cast<size_t>(layers_ - i)];
     Layer l;
+    // Offloaded, the layers below are in host memory but the next one down, brought back with this one.
+    const int64_t below_on_device = !s.offload_activations ? below_kept_
+                                    : i < layers_         ? s.layer_kept[static_cast<size_t>(layers_ - i - 1)]
+                                                          : 0;
     l.runs_again = pairs_ && activations.runs_again, l.ran_before = pairs_ && activations.ran_before;
     l.own_g = s.gathers ? walk_numel(i) * s.ce : 0;
     l.waiting_grads = s.reduces ? waiting_numel_ * s.ce : 0;
@@ -222,7 +234,7 @@ class LayerWalk {
     // One unit for the whole model: its full gradients grow layer by layer; else the root's (heads) are there first.
     l.root_grads = s.job->wrap == parallel::Wrap::NONE ? s.root_full_grads * (i - 1) / layers_
                                               : s.root_full_grads - (s.reduces ? s.root_input_side * s.ce : 0);
-    l.below = below_kept_ + s.outside - s.act.loss_kept;
+    l.below = below_on_device + s.outside - s.act.loss_kept;
     return l;
   }
 
@@ -328,7 +340,10 @@ class LayerWalk {
                                               : "")});
     m.terms.push_back({"activations and gradients so far",
                        best_ - p.gathered - p.in_flight - p.layer_grads - p.root_grads - p.work - s.tied_held,
-                       "the layers not yet done" + std::string(s.checkpointing ? ", one layer replayed" : "") +
+                       std::string(s.offload_activations ? "the layer and the one below it brought back from host "
+                                                           "memory"
+                                                         : "the layers not yet done") +
+                           (s.checkpointing ? ", one layer replayed" : "") +
                            ", the gradients of those done"});
     m.terms.push_back({"layer gradients in flight", p.work,
                        "what a layer's backward holds beside what it kept: the gradients of its output and "

@@ -58,6 +58,7 @@ models::ZooModel build_replicated(const Config& c, std::shared_ptr<const models:
   if (c.parallel.activation_checkpointing) {
     models::activation_checkpoint_layers(model, c.parallel.activation_checkpointing_every, c.parallel.layer_classes);
   }
+  if (c.parallel.activation_offload) models::activation_offload_layers(model, c.parallel.layer_classes);
   // Mixed precision without sharding: autocast around the model (parameters, gradients, optimizer float32).
   if (c.parallel.mixed_precision != parallel::Precision::NO) {
     nn::autocast_module(*model.module, device.type(),
@@ -83,6 +84,7 @@ models::ParallelizeOptions parallelize_options(const Config& c) {
   o.fsdp.limit_all_gathers = c.parallel.limit_all_gathers;
   o.fsdp.backward_prefetch = backward_prefetch_of(c.parallel.backward_prefetch);
   o.fsdp.offload_params = c.parallel.cpu_offload;
+  o.activation_offload = c.parallel.activation_offload;
   o.layer_classes = c.parallel.layer_classes;
   o.activation_checkpoint_every =
       c.parallel.activation_checkpointing ? c.parallel.activation_checkpointing_every : 0;

@@ -310,6 +310,12 @@ void describe_start(const Config& c, const Job& job, ParallelModel& model, const
                                                         : "shards, gradients and optimizer state in the CPU's host "
                                                           "tier, counted apart from the compute tier's peak"));
   }
+  if (c.parallel.activation_offload) {
+    job.logger.info(std::string("  activation_offload: what each layer saves for backward") +
+                    (c.parallel.activation_checkpointing ? " (checkpointed: its input)" : "") +
+                    (job.device.is_cuda() ? " in pinned CPU memory" : " in the CPU's host tier") +
+                    " until its backward, brought back one layer ahead");
+  }
   if (plan.peak_bytes > 0) {
     std::snprintf(line, sizeof(line), "  memory model: predicted peak %.3f GiB per rank (%s), by term:",
                   static_cast<double>(plan.peak_bytes) / (1024.0 * 1024 * 1024), plan.peak_phase.c_str());

@@ -152,9 +152,11 @@ class Interceptable<Derived, R(Args...)> : public torch::nn::Module, public Inte
   R forward(Args... args) {
     Derived& self = static_cast<Derived&>(*this);
     if (interceptors().empty()) return self.forward_impl(std::forward<Args>(args)...);
-    // The body keeps copies of the arguments (tensors are references to their data), so it can be replayed after
-    // this call returned; the module outlives its calls.
+    // The body keeps copies of the non-tensor arguments, so it can be replayed after this call returned; the
+    // module outlives its calls. The tensor arguments come from the interceptors each time: the body holds none
+    // (an offloaded checkpoint's input lives in host memory until its replay, nn/activation_offload.h).
     auto originals = std::make_shared<Originals>(args...);
+    drop_tensors(*originals, std::index_sequence_for<Args...>{});
     Interceptor::Next body = [&self, originals](TensorVec inputs) {
       R result = call_with(self, *originals, inputs, std::index_sequence_for<Args...>{});
       return detail::Outputs<R>::flatten(std::move(result));
@@ -164,6 +166,14 @@ class Interceptable<Derived, R(Args...)> : public torch::nn::Module, public Inte
 
  private:
   using Originals = std::tuple<std::decay_t<Args>...>;
+
+  template <size_t... I>
+  static void drop_tensors(Originals& originals, std::index_sequence<I...>) {
+    auto drop = [](auto& a) {
+      if constexpr (detail::is_tensor_v<decltype(a)>) a = at::Tensor();
+    };
+    (drop(std::get<I>(originals)), ...);
+  }
 
   // Calls the body with tensor arguments taken from `inputs` (as the interceptors left them) and the others from
   // the original call.

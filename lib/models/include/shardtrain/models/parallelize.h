@@ -38,6 +38,8 @@ struct ParallelizeOptions {
   // fsdp_activation_checkpointing, torchtitan's full AC); k the k-th, 2k-th, ... (torchtitan's selective layer AC:
   // memory traded for compute in steps).
   int64_t activation_checkpoint_every = 0;
+  // Activation offloading of the layers of layer_classes (nn/activation_offload.h), inside their units.
+  bool activation_offload = false;
 };
 
 // Activation checkpointing on the k-th, 2k-th, ... transformer layer of the model (counted in named_modules order
@@ -47,6 +49,12 @@ struct ParallelizeOptions {
 // Throws std::invalid_argument for every < 1.
 std::vector<std::string> activation_checkpoint_layers(ZooModel& model, int64_t every,
                                            const std::vector<std::string>& layer_classes = {});
+
+// Activation offloading on every transformer layer of `layer_classes` (empty: the family's layer), one schedule for
+// them all (nn/activation_offload.h); returns their names. Applied after fully_shard or replicate, it sits inside
+// them; parallelize() and build_parallel() apply ParallelizeOptions::activation_offload themselves. Throws
+// std::invalid_argument when the model has no such layer.
+std::vector<std::string> activation_offload_layers(ZooModel& model, const std::vector<std::string>& layer_classes = {});
 
 // Shards an unsharded model of the zoo. Returns the units, root last. Collective: every rank calls it alike.
 std::vector<fsdp::FsdpUnit> parallelize(ZooModel& model, const dist::DeviceMesh& mesh,

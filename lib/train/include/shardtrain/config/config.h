@@ -161,6 +161,10 @@ struct ParallelConfig {
   // their activations — torchtitan's selective checkpointing by layer.
   int64_t activation_checkpointing_every = 1;
   bool cpu_offload = false;
+  // What each transformer layer of layer_classes saves for backward (with activation_checkpointing: its input) in
+  // host memory from its forward to its backward, brought back one layer ahead (nn/activation_offload.h); the CPU's
+  // host tier on a CPU. Every strategy, DDP included.
+  bool activation_offload = false;
   // false: parameters stay unsharded from one micro-batch's backward to the next's forward during gradient
   // accumulation (fewer all-gathers, the whole model's parameters held meanwhile; FSDP2's set_reshard_after_backward)
   bool reshard_after_backward = true;

@@ -45,6 +45,9 @@ struct TrainingJob {
   int64_t grad_accum = 1;                 // micro-batches per optimizer step
   bool sync_each_batch = false;           // reduce after every micro-batch (no full gradients kept between them)
   bool cpu_offload = false;               // shards, gradients and AdamW state in host memory
+  // What each layer keeps for backward in host memory from its forward to its backward, two layers' back on the
+  // device at once (nn/activation_offload.h)
+  bool activation_offload = false;
   int64_t batch = 1;                      // samples per rank per micro-batch
   int64_t seq_len = 0;                    // text tokens; 0: the model's maximum
   parallel::Device device = parallel::Device::CPU;  // CUDA: its kernels and caching allocator
