@@ -3,7 +3,8 @@
 # log in $LOGS (default build-gpu/logs) and a one-line verdict on stdout.
 #
 #   scripts/gpu_check.sh STAGE...     checks: info, cuda_tests, synth, train_debug, train_ranks, train_tp, sanitize
-#                                     measurements (after synth): optimizer, tf32, memory, auto, oom, compare
+#                                     measurements (after synth): optimizer, tf32, memory, act_offload, auto, oom,
+#                                     compare
 #
 # cuda_tests: tests/cuda at one rank, verbose (what the tests print: the host's peak of a checkpoint, what releasing
 # cuBLAS's workspaces freed).
@@ -14,6 +15,8 @@
 # tf32: a float32 flava-350m step (batch 32) with train.tf32 on and off, items/s of the last interval of each.
 # memory: the memory model's predicted peak against the caching allocator's, flava-350m (with and without
 # checkpointing) and flava-900m at batch 32, one rank, bf16.
+# act_offload: activation offloading's cost (parallel.activation_offload): flava-350m bf16 with checkpointing at
+# batch 32, without and with offloading the checkpoints' inputs, then at batch 64 offloaded; items/s and peaks.
 # compare: scripts/gpu_bench.sh flava-350m 32, ours beside transformers' FlavaForPreTraining on the same device.
 # auto: train.batch_size auto on the whole device (flava-350m, bf16): the largest batch the model fits, its
 # measured peak beside the prediction.
@@ -109,6 +112,10 @@ for s in "$@"; do
     memory) flava_gpu memory-350m
             flava_gpu memory-350m-ac --parallel.activation_checkpointing=true
             flava_gpu memory-900m --model.flavor=flava-900m ;;
+    act_offload) flava_gpu act-ac --parallel.activation_checkpointing=true
+                 flava_gpu act-ac-offload --parallel.activation_checkpointing=true --parallel.activation_offload=true
+                 flava_gpu act-ac-offload-64 --parallel.activation_checkpointing=true \
+                   --parallel.activation_offload=true --train.batch_size=64 ;;
     auto) flava_gpu auto --train.batch_size=auto --train.steps=10
           grep -E 'train.batch_size: auto ->' "$logs/auto.log" ;;
     oom) flava_gpu oom --train.batch_size=auto --train.memory_budget=16GiB --train.memory_limit=8GiB
@@ -116,7 +123,7 @@ for s in "$@"; do
     compare) stage compare 400 scripts/gpu_bench.sh flava-350m 32
              cat "$logs/compare.log" ;;
     *) echo "gpu_check.sh: unknown stage '$s' (info, cuda_tests, synth, train_debug, train_ranks, train_tp, sanitize," \
-            "optimizer, tf32, memory, auto, oom, compare)" >&2
+            "optimizer, tf32, memory, act_offload, auto, oom, compare)" >&2
        exit 2 ;;
   esac
 done

@@ -5,6 +5,7 @@
 //    training does;
 //  - CPU offload keeps shards, gradients and optimizer state off the device (the caching allocator's peak);
 //  - a checkpointed layer with dropout replays the forward's CUDA random numbers;
+//  - activation offloading's side-stream copies give the plain gradients and lower the peak;
 //  - float16 with loss scaling over NCCL, clip_grad_norm, and a sharded model loading from rank 0;
 //  - the optimizers' device steps (FusedAdamW's CUDA kernel, AnyPrecision AdamW's multi-tensor step);
 //  - a sharded checkpoint written through the host one storage at a time, and loaded back.
@@ -27,10 +28,12 @@
 #include "shardtrain/models/parallelize.h"
 #include "shardtrain/models/weights.h"
 #include "shardtrain/nn/activation_checkpoint.h"
+#include "shardtrain/nn/activation_offload.h"
 #include "optim/anyprecision_foreach.h"
 #include "shardtrain/optim/anyprecision_adamw.h"
 #include "shardtrain/optim/fused_adamw.h"
 #include "shardtrain/optim/grad_scaler.h"
+#include "support/layer_stack.h"
 #include "support/skip_code.h"
 
 namespace shardtrain {
@@ -224,6 +227,44 @@ TEST(Cuda, CheckpointReplaysDropoutOnTheDevice) {
   };
   const auto plain = run(false), checkpointed = run(true);
   for (size_t i = 0; i < plain.size(); ++i) EXPECT_TRUE(torch::equal(plain[i], checkpointed[i])) << "tensor " << i;
+}
+
+// Activation offloading on the device: what a stack of transformer layers with dropout saves goes to pinned host
+// memory on a side stream in forward and comes back a layer ahead in backward (nn/activation_offload.h). The
+// gradients and the random stream are the plain stack's (the side stream's ordering is what is tested: a copy read
+// before it was written, or memory handed out again while a copy used it, shows as wrong gradients), with and
+// without checkpointing, and the caching allocator's peak falls.
+TEST(Cuda, ActivationOffloadTrainsAlikeAndLowersThePeak) {
+  REQUIRE_CUDA();
+  enum Mode { PLAIN, OFFLOAD, CHECKPOINT, BOTH };
+  auto run = [](Mode mode, std::vector<at::Tensor>& grads) {
+    testing::Stack stack = testing::make_stack(0.2);
+    stack->to(kCuda);
+    auto is_layer = [](const std::string& name, torch::nn::Module&) {
+      return name.rfind("layers", 0) == 0 && name.find('.') == std::string::npos;
+    };
+    if (mode == CHECKPOINT || mode == BOTH) nn::apply_activation_checkpointing(stack.ptr(), is_layer);
+    if (mode == OFFLOAD || mode == BOTH) nn::apply_activation_offloading(stack.ptr(), is_layer);
+    torch::manual_seed(5);
+    const at::Tensor x = torch::randn({4, 512, testing::kDim}, kCuda);  // attention maps (4, 4, 512, 512): 16 MiB
+    memory::reset_cuda_peak(0);
+    const int64_t before = memory::cuda_memory_stats(0).current_bytes;
+    const testing::Result r = testing::run(stack, x, {});
+    grads = {r.x_grad.cpu(), r.next_random.cpu()};
+    for (const auto& g : r.grads) grads.push_back(g.cpu());
+    return memory::cuda_memory_stats(0).peak_bytes - before;
+  };
+  std::vector<at::Tensor> plain, offloaded, checkpointed, both;
+  const int64_t plain_peak = run(PLAIN, plain), offloaded_peak = run(OFFLOAD, offloaded);
+  const int64_t checkpointed_peak = run(CHECKPOINT, checkpointed), both_peak = run(BOTH, both);
+  std::cout << "CUDA peak: plain " << plain_peak << " B, offloaded " << offloaded_peak << " B, checkpointed "
+            << checkpointed_peak << " B, checkpointed and offloaded " << both_peak << " B\n";
+  for (size_t i = 0; i < plain.size(); ++i) {
+    EXPECT_TRUE(torch::allclose(plain[i], offloaded[i], 1e-5, 1e-7)) << "offloaded, tensor " << i;
+    EXPECT_TRUE(torch::allclose(plain[i], both[i], 1e-5, 1e-7)) << "checkpointed and offloaded, tensor " << i;
+  }
+  EXPECT_LT(offloaded_peak * 4, plain_peak * 3);  // two layers' keep of four, and the temporaries
+  EXPECT_LE(both_peak, checkpointed_peak);
 }
 
 TEST(Cuda, Float16ScalingClippingAndLoadingFromRankZero) {

@@ -11,6 +11,7 @@
 // padding). Tolerance: see expect_parity.
 #include <gtest/gtest.h>
 #include <chrono>
+#include <functional>
 #include <map>
 #include <thread>
 #include <torch/torch.h>
@@ -312,11 +313,9 @@ void expect_parity_grid(parallel::Strategy strategy) {
   }
 }
 
-// CPU offload computing on the CPU runs the copies it runs under a GPU: the shards, their gradients and the
-// optimizer's state live in the host tier (memory::CpuTier::HOST), each gather copies a unit's shards to the
-// compute tier first and each reduction its gradients back. Every strategy in float32 and bf16, SGD and AdamW in
-// turn, checkpointing with bf16, against the same single-process references.
-TEST(FsdpParity, CpuOffload) {
+// Every strategy in float32 and bf16, SGD and AdamW in turn, each configured by `set` (given the turn), against the
+// same single-process references.
+void expect_parity_over_strategies(const std::function<void(Config&, int turn)>& set) {
   References refs(/*passes=*/1);
   int turn = 0;
   for (parallel::Strategy strategy :
@@ -325,31 +324,31 @@ TEST(FsdpParity, CpuOffload) {
     for (Precision precision : {Precision::FP32, Precision::BF16}) {
       const Opt opt = turn++ % 2 ? Opt::ADAMW : Opt::SGD;
       Config c{opt, strategy, strategy != parallel::Strategy::SHARD_GRAD_OP, precision,
-               Prefetch::FORWARD_AND_BACKWARD_PRE, /*checkpoint=*/precision == Precision::BF16};
-      c.offload = true;
+               Prefetch::FORWARD_AND_BACKWARD_PRE};
+      set(c, turn);
       expect_parity(c, refs.of(opt, precision));
     }
   }
 }
 
+// CPU offload computing on the CPU runs the copies it runs under a GPU: the shards, their gradients and the
+// optimizer's state live in the host tier (memory::CpuTier::HOST), each gather copies a unit's shards to the
+// compute tier first and each reduction its gradients back. Checkpointing with bf16.
+TEST(FsdpParity, CpuOffload) {
+  expect_parity_over_strategies([](Config& c, int) {
+    c.offload = true;
+    c.checkpoint = c.precision == Precision::BF16;
+  });
+}
+
 // Activation offloading of every block, inside its unit: what a block saves for backward (checkpointed: its input)
-// in the host tier until its backward. Every strategy, float32 and bf16, with and without checkpointing, SGD and
-// AdamW in turn, once beside CPU offload, against the same single-process references.
+// in the host tier until its backward. With and without checkpointing, once beside CPU offload.
 TEST(FsdpParity, ActivationOffload) {
-  References refs(/*passes=*/1);
-  int turn = 0;
-  for (parallel::Strategy strategy :
-       {parallel::Strategy::FULL_SHARD, parallel::Strategy::SHARD_GRAD_OP, parallel::Strategy::NO_SHARD,
-        parallel::Strategy::HYBRID_SHARD, parallel::Strategy::HYBRID_SHARD_ZERO2}) {
-    for (Precision precision : {Precision::FP32, Precision::BF16}) {
-      const Opt opt = turn++ % 2 ? Opt::ADAMW : Opt::SGD;
-      Config c{opt, strategy, strategy != parallel::Strategy::SHARD_GRAD_OP, precision,
-               Prefetch::FORWARD_AND_BACKWARD_PRE, /*checkpoint=*/turn % 3 == 0};
-      c.activation_offload = true;
-      c.offload = strategy == parallel::Strategy::FULL_SHARD && precision == Precision::BF16;
-      expect_parity(c, refs.of(opt, precision));
-    }
-  }
+  expect_parity_over_strategies([](Config& c, int turn) {
+    c.activation_offload = true;
+    c.checkpoint = turn % 3 == 0;
+    c.offload = c.strategy == parallel::Strategy::FULL_SHARD && c.precision == Precision::BF16;
+  });
 }
 
 TEST(FsdpParity, FullShard) { expect_parity_grid(parallel::Strategy::FULL_SHARD); }

@@ -13,14 +13,7 @@ namespace shardtrain::fsdp {
 
 void install_unit(const std::shared_ptr<FsdpUnit::Impl>& unit);  // fsdp_unit.cpp
 
-FsdpInterceptor* fsdp_interceptor_of(torch::nn::Module& module) {
-  nn::InterceptPoint* point = nn::as_intercept_point(module);
-  if (point == nullptr) return nullptr;
-  for (const auto& interceptor : point->interceptors().list()) {
-    if (auto* f = dynamic_cast<FsdpInterceptor*>(interceptor.get())) return f;
-  }
-  return nullptr;
-}
+FsdpInterceptor* fsdp_interceptor_of(torch::nn::Module& module) { return nn::interceptor_of<FsdpInterceptor>(module); }
 
 // The units inside `root` (itself included), in named_modules() order.
 std::vector<std::shared_ptr<FsdpUnit::Impl>> unit_impls_of(const std::shared_ptr<torch::nn::Module>& root) {

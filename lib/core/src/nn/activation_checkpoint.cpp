@@ -243,12 +243,7 @@ class CheckpointInterceptor : public Interceptor {
 };
 
 const CheckpointInterceptor* checkpoint_of(torch::nn::Module& module) {
-  InterceptPoint* point = as_intercept_point(module);
-  if (!point) return nullptr;
-  for (const auto& i : point->interceptors().list()) {
-    if (auto* c = dynamic_cast<const CheckpointInterceptor*>(i.get())) return c;
-  }
-  return nullptr;
+  return interceptor_of<const CheckpointInterceptor>(module);
 }
 
 }  // namespace

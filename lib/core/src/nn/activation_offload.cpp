@@ -14,31 +14,11 @@
 #include <stdexcept>
 
 #include "nn/saved_activation.h"
-#include "shardtrain/memory/memory_stats.h"
+#include "nn/storage_copy.h"
 #include "shardtrain/nn/intercept.h"
 
 namespace shardtrain::nn {
-
-// One storage a call saved, copied to host memory. Lives as long as a saved tensor on it does: like the storage it
-// copies, it is freed (both copies) when backward has run the last node that saved it.
-struct StorageCopy {
-  at::Tensor host;      // uint8 [bytes]: pinned on a GPU's host; on the CPU, filed in the HOST tier
-  at::Tensor restored;  // uint8 [bytes] on the device while backward needs it, else undefined
-  at::Device device = at::kCPU;
-  // The storage copied, held weakly: it names the storage while the call saves (another tensor on it is the same
-  // copy) and cannot be mistaken for a later storage at the same address.
-  c10::weak_intrusive_ptr<c10::StorageImpl> source{c10::intrusive_ptr<c10::StorageImpl>()};
-  uint32_t version = 0;  // the saving tensor's version when copied: an in-place change since makes a new copy
-};
-
 namespace {
-
-// The byte view of a tensor's whole storage.
-at::Tensor storage_bytes(const at::Tensor& t) {
-  const c10::Storage& storage = t.storage();
-  return at::empty({0}, t.options().dtype(at::kByte))
-      .set_(storage, 0, {static_cast<int64_t>(storage.nbytes())}, {1});
-}
 
 // A parameter (a tensor on one's storage: a view, frozen or not), autocast's cast of one, or a leaf that requires a
 // gradient (the caller's input, or a view of it): each lives on the device whatever offloading does (FSDP frees a
@@ -113,16 +93,7 @@ class Offloader : public std::enable_shared_from_this<Offloader> {
       auto c = weak.lock();
       if (c && c->source._unsafe_get_target() == storage && c->version == version) return c;
     }
-    auto c = std::make_shared<StorageCopy>();
-    c->device = t.device();
-    c->source = c10::weak_intrusive_ptr<c10::StorageImpl>(t.storage().getWeakStorageImpl());
-    c->version = version;
-    const at::Tensor bytes = storage_bytes(t);
-    {
-      memory::CpuTierScope host_tier(memory::CpuTier::HOST);
-      c->host = at::empty({bytes.numel()}, at::TensorOptions().dtype(at::kByte).pinned_memory(t.is_cuda()));
-    }
-    c->host.copy_(bytes, /*non_blocking=*/t.is_cuda());
+    auto c = std::make_shared<StorageCopy>(stream_.to_host(t));
     copies_.push_back(c);
     return c;
   }
@@ -152,18 +123,11 @@ class Offloader : public std::enable_shared_from_this<Offloader> {
         }
       }
     }
-    for (const auto& c : wanted) restore_locked(*c);
-  }
-
-  // Brings a copy back to the device (a fresh allocation: the compute tier's on the CPU).
-  static void restore_locked(StorageCopy& c) {
-    if (c.restored.defined()) return;
-    memory::CpuTierScope compute_tier(memory::CpuTier::COMPUTE);
-    c.restored = at::empty({c.host.numel()}, at::TensorOptions().dtype(at::kByte).device(c.device));
-    c.restored.copy_(c.host, /*non_blocking=*/c.device.is_cuda());
+    for (const auto& c : wanted) stream_.to_device(*c);
   }
 
   std::mutex mutex_;
+  CopyStream stream_;  // guarded by the mutex
 
  private:
   std::vector<std::weak_ptr<OffloadCall>> calls_;    // this forward's calls, oldest first (expired ones pruned)
@@ -181,8 +145,8 @@ std::shared_ptr<StorageCopy> OffloadCall::copy(const at::Tensor& t) {
 at::Tensor OffloadCall::restored(StorageCopy& copy) {
   std::lock_guard<std::mutex> lock(offloader_->mutex_);
   if (!entered_) offloader_->enter_locked(*this);
-  Offloader::restore_locked(copy);  // let go of before backward was done with it (a call reached out of order)
-  return copy.restored;
+  // (Brought back again if let go of before backward was done with it: a call reached out of order.)
+  return offloader_->stream_.ready(copy);
 }
 
 namespace {
@@ -305,12 +269,7 @@ class OffloadInterceptor : public Interceptor {
 };
 
 const OffloadInterceptor* offload_of(torch::nn::Module& module) {
-  InterceptPoint* point = as_intercept_point(module);
-  if (!point) return nullptr;
-  for (const auto& i : point->interceptors().list()) {
-    if (auto* o = dynamic_cast<const OffloadInterceptor*>(i.get())) return o;
-  }
-  return nullptr;
+  return interceptor_of<const OffloadInterceptor>(module);
 }
 
 }  // namespace

@@ -13,9 +13,10 @@
 // checkpointed call's inputs, which are all it keeps. What stays: parameters, views and casts of them (they live on
 // the device anyway; autocast's casts are made again in the replay), tensors without a strided storage.
 //
-// On a GPU the host copies are pinned and the copies asynchronous on the current stream. On the CPU the host copies
-// are filed in the counting allocator's HOST tier (memory/memory_stats.h), so the compute tier's peak falls by what
-// moved and the host tier's rises by it, as a GPU's and its host's would.
+// On a GPU the host copies are pinned and the copies run on a side stream, overlapping compute: forward's start where
+// the tensor was saved, backward's as the call after is reached, and compute waits for one only where it uses it.
+// On the CPU the host copies are filed in the counting allocator's HOST tier (memory/memory_stats.h), so the compute
+// tier's peak falls by what moved and the host tier's rises by it, as a GPU's and its host's would.
 //
 // It is an interceptor (nn/intercept.h): the module's class must derive from nn::Interceptable. Added after
 // fully_shard or replicate it sits inside them (their gathers and broadcasts are not saved tensors); checkpointing

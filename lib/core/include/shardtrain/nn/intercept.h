@@ -81,6 +81,17 @@ std::vector<std::pair<std::string, std::shared_ptr<torch::nn::Module>>> intercep
 // The InterceptPoint of a module, or nullptr when its class does not opt in.
 InterceptPoint* as_intercept_point(torch::nn::Module& module);
 
+// The module's interceptor of class T, or nullptr when it has none (or cannot be intercepted).
+template <class T>
+T* interceptor_of(torch::nn::Module& module) {
+  InterceptPoint* point = as_intercept_point(module);
+  if (point == nullptr) return nullptr;
+  for (const auto& interceptor : point->interceptors().list()) {
+    if (auto* found = dynamic_cast<T*>(interceptor.get())) return found;
+  }
+  return nullptr;
+}
+
 namespace detail {
 
 template <class T>
