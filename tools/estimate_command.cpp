@@ -40,6 +40,7 @@ const char* kEstimateUsage =
     "  --every K           checkpoint every K-th layer  --grad-accum K      micro-batches per step\n"
     "  --sync-each-batch   reduce after each micro-batch (no full gradients kept between them)\n"
     "  --cpu-offload                                    --batch-size B      samples per rank (default 1)\n"
+    "  --activation-offload  what each layer keeps for backward in host memory until its backward\n"
     "  --seq-len T         text tokens (default: the model's maximum)\n"
     "  --device D          auto | cpu | cuda (kernels differ in what they keep; default auto: cuda with a GPU)\n"
     "  --tp-size T         tensor parallelism over T of the ranks (--batch-size: per data-parallel rank)\n"
@@ -99,6 +100,7 @@ const std::vector<JobFlag> kJobFlags = {
     {"every", "parallel.activation_checkpointing_every"},
     {"grad-accum", "train.grad_accum"},        {"sync-each-batch", "train.sync_each_batch", JobFlag::SWITCH},
     {"cpu-offload", "parallel.cpu_offload", JobFlag::SWITCH}, {"batch-size", "train.batch_size"},
+    {"activation-offload", "parallel.activation_offload", JobFlag::SWITCH},
     {"seq-len", "data.max_text_length"},       {"device", "train.device"},
     {"lora", "model.lora.r"},                  {"lora-targets", "model.lora.target_modules", JobFlag::LIST},
     {"tp-size", "parallel.tp_size"},           {"sequence-parallel", "parallel.sequence_parallel", JobFlag::SWITCH}};

@@ -27,10 +27,11 @@ const char* kPlanUsage =
     "                           [--host-memory SIZE] [--host-memory-gbps X] [--memory-margin X]\n"
     "                           [--half-efficiency-tokens X] [--global-batch N | --global-batch-tokens N]\n"
     "                           [--lora R [--lora-targets a,b]]\n"
-    "       shardtrain plan --figure flava|t5 [--seq-len T] [--json]\n"
+    "       shardtrain plan --figure flava|t5|t5-scale [--seq-len T] [--json]\n"
     "MODEL: a flavor of `shardtrain models`, a Hugging Face config.json or a model name in the Hugging Face cache.\n"
     "Every configuration (tensor-parallel size within a node x strategy x mixed precision x activation\n"
-    "checkpointing x CPU offload x wrap) that fits SIZE per GPU (40GiB, 80GB, ...) less the margin (default 0.05),\n"
+    "checkpointing x CPU offload x wrap; activation offload too where nothing fits without it) that fits SIZE per\n"
+    "GPU (40GiB, 80GB, ...) less the margin (default 0.05),\n"
     "with its largest batch per data-parallel rank (the memory model) and predicted items/s, fastest first, at\n"
     "--seq-len tokens (default: the model's maximum, at most 8192);\n"
     "the first as a `shardtrain train` YAML (--yaml OUT writes it). The throughput model and its constants\n"
@@ -48,7 +49,9 @@ const char* kPlanUsage =
     "--seq-len, --lora and --lora-targets are the trainer's data.max_text_length, model.lora.r and\n"
     "model.lora.target_modules (the same checks and errors); the other flags describe the cluster.\n"
     "--figure flava: the FLAVA post's Figure 2 (max local batch per flavor for DDP, FSDP, FSDP+AC on 8 x A100-40GB)\n"
-    "next to the post's findings; --figure t5: the T5 post's default vs transformer wrapping of T5-3B.\n";
+    "next to the post's findings; --figure t5: the T5 post's default vs transformer wrapping of T5-3B; --figure\n"
+    "t5-scale: the largest T5 per technique on 4 x 8 A100-40GB (DDP+AC, FSDP, +AC, + parameter offload, +\n"
+    "activation offload) next to the post's 3B, ~4x and ~20x (81B).\n";
 
 double get_positive(const Args& args, const std::string& name, double fallback) {
   const std::string v = args.get(name, "");
@@ -120,10 +123,13 @@ void print_table(const std::string& model, const plan::Cluster& cluster,
     const std::string tp = c.job.tp > 1 ? std::to_string(c.job.tp) + (c.job.sequence_parallel ? " SP" : "") : "-";
     const std::string batch =
         std::to_string(c.job.batch) + (c.job.grad_accum > 1 ? " x" + std::to_string(c.job.grad_accum) : "");
+    const std::string offload = std::string(c.job.cpu_offload ? "cpu" : "") +
+                                (c.job.cpu_offload && c.job.activation_offload ? "+" : "") +
+                                (c.job.activation_offload ? "act" : "");
     std::printf("  %-3zu %-6s %-19s %-5s %-3s %-7s %-11s %9s %9s %10.3g %10.0f %4.0f%% %9.1f %8.3f\n", i + 1,
                 tp.c_str(), parallel::to_string(c.job.strategy).c_str(),
                 parallel::to_string(c.job.mixed_precision).c_str(), c.job.activation_checkpointing ? "on" : "",
-                c.job.cpu_offload ? "on" : "",
+                offload.c_str(),
                 c.job.strategy == parallel::Strategy::DDP ? "-" : parallel::to_string(c.job.wrap).c_str(),
                 batch.c_str(), gib(c.memory.peak_bytes).c_str(), c.items_per_second,
                 c.tokens_per_second_per_gpu, 100 * c.mfu, c.tflops_per_gpu, c.step_seconds);
@@ -173,11 +179,13 @@ int run_plan_command(const std::vector<std::string>& argv) {
   }
   if (args.has("figure")) {
     const std::string figure = args.get("figure", "");
-    if (figure != "flava" && figure != "t5") {
-      throw std::invalid_argument("--figure: '" + figure + "' (expected flava or t5)");
+    if (figure != "flava" && figure != "t5" && figure != "t5-scale") {
+      throw std::invalid_argument("--figure: '" + figure + "' (expected flava, t5 or t5-scale)");
     }
     const int64_t tokens = args.get_int("seq-len", figure == "flava" ? 77 : 512);
-    const FigureTable table = figure == "flava" ? flava_figure(tokens) : t5_figure(tokens);
+    const FigureTable table = figure == "flava" ? flava_figure(tokens)
+                              : figure == "t5"  ? t5_figure(tokens)
+                                                : t5_scale_figure(tokens);
     std::cout << (args.has("json") ? table.json + "\n" : table.text);
     return 0;
   }
@@ -218,7 +226,7 @@ int run_plan_command(const std::vector<std::string>& argv) {
   if (configs.empty()) {
     std::cout << model << adapted << " fits no configuration on " << cluster.gpus << " GPUs of "
               << gib(cluster.gpu_memory) << " GiB: not even one sample per GPU with full sharding, checkpointing and "
-              << "offload\n";
+              << "CPU and activation offload\n";
     return 1;
   }
   if (args.has("json")) {
@@ -227,6 +235,7 @@ int run_plan_command(const std::vector<std::string>& argv) {
       j.push_back({{"tp_size", c.job.tp}, {"sequence_parallel", c.job.sequence_parallel},
                    {"strategy", parallel::to_string(c.job.strategy)}, {"mixed_precision", parallel::to_string(c.job.mixed_precision)},
                    {"activation_checkpointing", c.job.activation_checkpointing}, {"cpu_offload", c.job.cpu_offload},
+                   {"activation_offload", c.job.activation_offload},
                    {"wrap", parallel::to_string(c.job.wrap)}, {"batch", c.job.batch}, {"grad_accum", c.job.grad_accum},
                    {"peak_bytes", c.memory.peak_bytes},
                    {"items_per_second", c.items_per_second}, {"step_seconds", c.step_seconds},

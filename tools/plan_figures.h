@@ -1,5 +1,5 @@
 // The seeds' figures from the memory model (`shardtrain plan --figure`): the FLAVA post's Figure 2 (max local batch
-// per flavor and configuration on 8 x A100-40GB) and the T5 post's wrapping comparison, each next to what the post
+// per flavor and configuration on 8 x A100-40GB), the T5 post's wrapping comparison and its scale claims, each next to what the post
 // reports, saying where the model agrees and where it does not.
 #pragma once
 
@@ -17,5 +17,9 @@ struct FigureTable {
 // and of T5's rows (512).
 FigureTable flava_figure(int64_t text_tokens = 77);
 FigureTable t5_figure(int64_t text_tokens = 512);
+// The T5 post's scale claims: the largest T5 each technique fits on 4 nodes x 8 A100-40GB (DDP with checkpointing,
+// FSDP, with checkpointing, with parameter offload, with activation offload too), next to the post's 3B / ~4x /
+// ~20x (81B).
+FigureTable t5_scale_figure(int64_t text_tokens = 512);
 
 }  // namespace shardtrain::cli

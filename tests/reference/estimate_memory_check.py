@@ -204,6 +204,27 @@ def main():
         rows = json.loads(run.stdout) if run.returncode == 0 else []
         if not rows or any(r["batch"] * r["grad_accum"] * 8 // r["tp_size"] != 8 for r in rows):
             failures.append(f"plan t5-small --global-batch-tokens 4096: {run.returncode}: {run.stdout}{run.stderr}")
+        # The T5 post's scale claims (plan --figure t5-scale): its 81B needs activation and parameter offload, and
+        # activation offload buys batch at every size it fits.
+        run = subprocess.run([binary, "plan", "--figure", "t5-scale", "--json"], capture_output=True, text=True,
+                             timeout=120)
+        figure = json.loads(run.stdout) if run.returncode == 0 else {}
+        both, params = "FSDP + AC + activation and parameter offload", "FSDP + AC + parameter offload"
+        rows = figure.get("rows", [])
+        if (not rows or figure["largest"][both] < 80e9
+                or not any(f["agrees"] and f["finding"].startswith("81B") for f in figure["findings"])
+                or any(r[both] < r[params] for r in rows)):
+            failures.append(f"plan --figure t5-scale: {run.returncode}: {run.stdout[-2000:]}{run.stderr}")
+        # estimate-memory --activation-offload: the layers' activations in host memory, the device's peak lower.
+        def estimate(*extra):
+            run = subprocess.run([binary, "estimate-memory", "llama-debug", "--num-processes", "2", "--batch-size",
+                                  "4", "--seq-len", "512", "--json", *extra], capture_output=True, text=True,
+                                 timeout=120)
+            return json.loads(run.stdout) if run.returncode == 0 else {}
+        plain, offloaded = estimate(), estimate("--activation-offload")
+        if not plain or not offloaded or not (offloaded["host_bytes"] > 0 == plain["host_bytes"]
+                                              and offloaded["peak_bytes"] < plain["peak_bytes"]):
+            failures.append(f"estimate-memory --activation-offload: {plain} {offloaded}")
         # `shardtrain plan`: bad input names itself.
         for args, expected in [(["llama-debug", "--gpus", "8", "--gpu-memory", "40XB"], "40XB"),
                                (["llama-debug", "--gpus", "8", "--gpu-memory", "80"], "'80' has no unit"),

@@ -254,6 +254,33 @@ TEST(Planner, OffloadPaysForTheCpuStepAndNeedsHostMemory) {
   EXPECT_FALSE(any_offload(plan_configurations(*llama, cluster)));
 }
 
+// Activation offload is planned only where nothing fits without it (Llama 3 8B at 32k tokens on 16 GiB GPUs), and
+// then pays for what the layers keep crossing PCIe twice a micro-batch; its YAML says parallel.activation_offload.
+TEST(Planner, ActivationOffloadOnlyWhereNothingElseFits) {
+  const auto llama = models::recipe_of("llama-3-8b");
+  Cluster cluster = with_gpu(Cluster{}, gpu_spec("h100"));
+  cluster.gpus = 8, cluster.seq_len = 32768;
+  const auto on_h100 = plan_configurations(*llama, cluster);
+  ASSERT_FALSE(on_h100.empty());
+  for (const PlannedConfig& c : on_h100) EXPECT_FALSE(c.job.activation_offload);
+  cluster.gpu_memory = parse_memory_size("16GiB");
+  const auto small = plan_configurations(*llama, cluster);
+  ASSERT_FALSE(small.empty());
+  for (const PlannedConfig& c : small) {
+    EXPECT_TRUE(c.job.activation_offload);
+    EXPECT_GT(c.memory.offloaded_activation_bytes, 0);
+    EXPECT_LE(c.memory.peak_bytes, cluster.gpu_memory);
+  }
+  const PlannedConfig& best = small.front();
+  EXPECT_TRUE(config::parse_config(trainer_yaml("llama-3-8b", best), "plan.yaml").parallel.activation_offload);
+  TrainingJob without = best.job;
+  without.activation_offload = false;
+  const ModelShape shape = model_shape(*llama);
+  const double pcie = 2.0 * static_cast<double>(best.memory.offloaded_activation_bytes) / (cluster.pcie_gbps * 1e9);
+  EXPECT_NEAR(best.comm_seconds, predict(*llama, shape, without, cluster).comm_seconds + best.job.grad_accum * pcie,
+              1e-9);
+}
+
 // --global-batch: every configuration trains the same samples a step, as micro-batch x accumulation x data-parallel
 // ranks, the largest micro-batch that divides its share and fits; accumulation computes each micro-batch and
 // reduces once.

@@ -38,6 +38,7 @@ MemoryEstimate estimate_training_memory(const models::ModelRecipe& recipe, const
   // offloaded activations' at the end of forward, beside the offloaded shards and state.
   if (s.offload) e.host_bytes = s.params + s.grads + s.adam + step_temporaries(s);
   if (s.offload_activations) {
+    e.offloaded_activation_bytes = s.offloaded_activations;
     e.host_bytes = std::max(e.host_bytes, (s.offload ? s.params + s.adam : 0) + s.offloaded_activations);
   }
 

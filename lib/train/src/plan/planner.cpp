@@ -188,6 +188,11 @@ PlannedConfig predict(const models::ModelRecipe& recipe, const ModelShape& shape
     comm += (gathered + G) / shard_ranks * static_cast<double>(job.param_bytes) / (cluster.pcie_gbps * 1e9);
     p.optimizer_seconds = G / shard_ranks * kCpuAdamWBytesPerParameter / (cluster.host_memory_gbps * 1e9);
   }
+  // Activation offload: what a micro-batch's layers keep crosses PCIe to the host in forward and back in backward,
+  // on a stream of its own beside the computation: hidden as communication is.
+  if (job.activation_offload) {
+    comm += A * 2 * static_cast<double>(p.memory.offloaded_activation_bytes) / (cluster.pcie_gbps * 1e9);
+  }
   // Tensor parallelism: each layer's input (B, T, C) is summed over the group twice in forward (attention's and the
   // MLP's outputs) and twice in backward (their inputs' gradients), twice more with checkpointing (the replayed
   // forward); a ring all-reduce moves 2 (t - 1) / t of it (sequence parallel, the all-gather and reduce-scatter it
@@ -231,41 +236,48 @@ std::vector<PlannedConfig> plan_configurations(const models::ModelRecipe& recipe
   const int64_t per_node = cluster.gpus / cluster.nodes;
   const bool sequence = models::splits_sequence(recipe.tp_plan());
   std::vector<PlannedConfig> out;
-  for (int64_t tp = 1; tp <= per_node; tp *= 2) {
-    if (per_node % tp != 0) break;
-    std::optional<ModelShape> shape;
-    try {
-      shape = model_shape(recipe, tp);
-    } catch (const std::invalid_argument&) {
-      if (tp == 1) throw;
-      continue;  // no plan, or sizes this tp does not divide
-    }
-    for (parallel::Strategy strategy : strategies) {
-      for (parallel::Precision precision : {parallel::Precision::BF16, parallel::Precision::NO}) {
-        for (bool ac : {false, true}) {
-          for (bool offload : {false, true}) {
-            for (parallel::Wrap wrap : {parallel::Wrap::TRANSFORMER, parallel::Wrap::NONE}) {
-              const bool fsdp = strategy != parallel::Strategy::DDP;
-              if (!fsdp && (offload || wrap == parallel::Wrap::NONE)) continue;  // DDP has neither
-              if (tp > 1 && (offload || wrap == parallel::Wrap::NONE)) continue;
-              TrainingJob job;
-              job.world = cluster.gpus, job.nodes = cluster.nodes, job.strategy = strategy, job.wrap = wrap;
-              job.tp = tp, job.sequence_parallel = tp > 1 && sequence;
-              job.mixed_precision = precision, job.activation_checkpointing = ac, job.cpu_offload = offload;
-              job.seq_len = tokens_of(recipe, cluster.seq_len), job.device = parallel::Device::CUDA;
-              job.batch = largest_batch(recipe, *shape, job, cluster);
-              if (job.batch < 1) continue;
-              if (cluster.global_batch > 0 && !split_global_batch(recipe, *shape, job, cluster)) continue;
-              PlannedConfig planned = predict(recipe, *shape, job, cluster);
-              // Offloaded state of every rank of a node in its host memory.
-              if (planned.memory.host_bytes * per_node > cluster.host_memory) continue;
-              out.push_back(std::move(planned));
+  auto enumerate = [&](bool activation_offload) {
+    for (int64_t tp = 1; tp <= per_node; tp *= 2) {
+      if (per_node % tp != 0) break;
+      std::optional<ModelShape> shape;
+      try {
+        shape = model_shape(recipe, tp);
+      } catch (const std::invalid_argument&) {
+        if (tp == 1) throw;
+        continue;  // no plan, or sizes this tp does not divide
+      }
+      for (parallel::Strategy strategy : strategies) {
+        for (parallel::Precision precision : {parallel::Precision::BF16, parallel::Precision::NO}) {
+          for (bool ac : {false, true}) {
+            for (bool offload : {false, true}) {
+              for (parallel::Wrap wrap : {parallel::Wrap::TRANSFORMER, parallel::Wrap::NONE}) {
+                const bool fsdp = strategy != parallel::Strategy::DDP;
+                if (!fsdp && (offload || wrap == parallel::Wrap::NONE)) continue;  // DDP has neither
+                if (tp > 1 && (offload || wrap == parallel::Wrap::NONE)) continue;
+                TrainingJob job;
+                job.world = cluster.gpus, job.nodes = cluster.nodes, job.strategy = strategy, job.wrap = wrap;
+                job.tp = tp, job.sequence_parallel = tp > 1 && sequence;
+                job.mixed_precision = precision, job.activation_checkpointing = ac, job.cpu_offload = offload;
+                job.activation_offload = activation_offload;
+                job.seq_len = tokens_of(recipe, cluster.seq_len), job.device = parallel::Device::CUDA;
+                job.batch = largest_batch(recipe, *shape, job, cluster);
+                if (job.batch < 1) continue;
+                if (cluster.global_batch > 0 && !split_global_batch(recipe, *shape, job, cluster)) continue;
+                PlannedConfig planned = predict(recipe, *shape, job, cluster);
+                // Offloaded state of every rank of a node in its host memory.
+                if (planned.memory.host_bytes * per_node > cluster.host_memory) continue;
+                out.push_back(std::move(planned));
+              }
             }
           }
         }
       }
     }
-  }
+  };
+  // Activation offload only where nothing else fits: it buys memory with PCIe traffic and host memory, and at its
+  // larger batches the efficiency curve would rank it ahead of what practitioners run.
+  enumerate(false);
+  if (out.empty()) enumerate(true);
   std::stable_sort(out.begin(), out.end(), [](const PlannedConfig& a, const PlannedConfig& b) {
     return a.items_per_second > b.items_per_second;
   });
@@ -308,12 +320,12 @@ std::string trainer_yaml(const std::string& model, const PlannedConfig& c, const
                 static_cast<double>(c.memory.peak_bytes) / (1024.0 * 1024 * 1024), c.items_per_second);
   std::snprintf(body, sizeof body,
                 "parallel:\n  strategy: %s\n  mixed_precision: %s\n  activation_checkpointing: %s\n"
-                "  cpu_offload: %s\n  wrap: %s\n%s"
+                "  cpu_offload: %s\n%s  wrap: %s\n%s"
                 "train:\n  device: cuda\n  batch_size: %lld\n%s"
                 "launch:\n  num_processes: %lld\n  num_machines: %lld\n",
                 parallel::to_string(j.strategy).c_str(), parallel::to_string(j.mixed_precision).c_str(),
                 j.activation_checkpointing ? "true" : "false", j.cpu_offload ? "true" : "false",
-                parallel::to_string(j.wrap).c_str(), tp_lines.c_str(), static_cast<long long>(j.batch),
+                j.activation_offload ? "  activation_offload: true\n" : "", parallel::to_string(j.wrap).c_str(), tp_lines.c_str(), static_cast<long long>(j.batch),
                 j.grad_accum > 1 ? ("  grad_accum: " + std::to_string(j.grad_accum) + "\n").c_str() : "",
                 static_cast<long long>(j.world),
                 static_cast<long long>(j.nodes));

@@ -75,7 +75,8 @@ struct MemoryEstimate {
   std::string peak_phase;         // "forward", "backward" or "step"
   int64_t peak_bytes = 0;         // per rank, on the device
   int64_t forward_bytes = 0, backward_bytes = 0, step_bytes = 0;  // each phase's peak
-  int64_t host_bytes = 0;         // CPU offload's host memory at the step: shards, gradients, state, temporaries
+  int64_t host_bytes = 0;         // host memory at its peak: CPU offload's state, offloaded activations
+  int64_t offloaded_activation_bytes = 0;  // what a micro-batch's layers keep, in host memory (activation offload)
   int64_t parameters = 0;         // of the model, tied once (under tensor parallelism a rank's slices)
   int64_t units = 0;              // FSDP units: one per transformer layer, plus the root
   int64_t tokens = 0;             // text tokens per sample estimated for (the model's maximum unless given); 0: none

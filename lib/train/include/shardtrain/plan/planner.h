@@ -14,7 +14,8 @@
 //               reduce-scatters the gradients (of the trainable parameters: a LoRA recipe's adapters alone),
 //               SHARD_GRAD_OP gathers once, DDP and NO_SHARD all-reduce (2x),
 //               hybrid strategies do that within a node and all-reduce their shards across nodes; x (W-1)/W;
-//               CPU offload adds the shards' round trip over PCIe
+//               CPU offload adds the shards' round trip over PCIe, activation offload what the layers keep
+//               (there in forward, back in backward)
 //   comm      = traffic / bandwidth (intra- or inter-node);  exposed = comm x (1 - overlap), or all of it when the
 //               whole model is one unit (nothing to overlap with), and never less than comm - compute
 //   tensor    with tp > 1 (within a node, sequence parallel where the family's plan can be): compute / tp, its
@@ -115,7 +116,7 @@ PlannedConfig predict(const models::ModelRecipe& recipe, const ModelShape& shape
 
 // Every configuration (tensor-parallel size x strategy x activation checkpointing x mixed precision x CPU offload x
 // wrap) that fits with a batch of at least one, at its largest batch (or the split of cluster.global_batch),
-// fastest first. Throws std::invalid_argument for a cluster whose GPUs do not divide into its nodes.
+// fastest first; with activation offload on each where none fits without it. Throws std::invalid_argument for a cluster whose GPUs do not divide into its nodes.
 std::vector<PlannedConfig> plan_configurations(const models::ModelRecipe& recipe, const Cluster& cluster);
 
 // A `shardtrain train` config for a planned configuration of `model`: model.from for a model directory with weights
