@@ -31,10 +31,17 @@ bool parameter_like(const at::Tensor& t, const std::vector<const c10::StorageImp
   }
   const at::Tensor base = t.is_view() ? at::Tensor(t._base()) : t;
   if (base.is_leaf() && base.requires_grad()) return true;
-  const auto& fn = base.grad_fn();
-  if (!fn || fn->name() != "ToCopyBackward0" || fn->next_edges().empty()) return false;
-  const auto& source = fn->next_edges()[0].function;
-  return source && source->name() == "torch::autograd::AccumulateGrad";
+  // A cast: a chain of one-input nodes from a parameter's accumulator (a view of it, GPT-2's transposed Conv1D
+  // weight; the cast) with a ToCopyBackward0 among them.
+  bool cast = false;
+  const torch::autograd::Node* node = base.grad_fn().get();
+  for (int depth = 0; node != nullptr && depth < 4; ++depth) {
+    if (node->name() == "torch::autograd::AccumulateGrad") return cast;
+    cast = cast || node->name() == "ToCopyBackward0";
+    if (node->next_edges().size() != 1) return false;
+    node = node->next_edges()[0].function.get();
+  }
+  return false;
 }
 
 bool offloadable(const at::Tensor& t, const std::vector<const c10::StorageImpl*>& parameters) {

@@ -80,23 +80,27 @@ Moment forward_layers(const StepLayout& s) {
   // Offloaded, what a layer keeps lives on the device only while it computes: all of it is a temporary then.
   const bool transient = s.checkpointed > 0 || s.offload_activations;
   const int64_t work = std::max(transient ? s.act.layer_forward_transient : 0, s.act.layer_forward_unkept);
+  // Offloaded, the bias every layer reads left the device with the layer that keeps it, but the model holds it
+  // through forward to hand it to the next layer (unless it is counted outside the layers already).
+  const int64_t bias = s.offload_activations && s.outside == s.act.outside_layers ? s.act.layer_bias : 0;
   const int64_t gathered = s.reshard ? s.root_g + (1 + ahead) * s.layer_g : s.all_g - s.out_g;
   const int64_t last_kept = s.layer_kept.empty() || s.offload_activations ? 0 : s.layer_kept.back();
   const int64_t gathering = s.root_g + (2 + ahead) * s.layer_g;
   if (s.reshard && gathering - last_kept > gathered + work) {
-    Moment m{s.base + gathering + activations - last_kept, {}};
+    Moment m{s.base + gathering + activations - last_kept + bias, {}};
     m.terms.push_back({"gathered parameters", gathering, "the root unit and the last layer being gathered (held "
                                                          "twice)"});
-    m.terms.push_back({"activations", activations - last_kept, "of the layers before the last"});
+    m.terms.push_back({"activations", activations - last_kept + bias, "of the layers before the last"});
     return m;
   }
-  Moment m{s.base + gathered + activations + work, {}};
+  Moment m{s.base + gathered + activations + bias + work, {}};
   m.terms.push_back({"gathered parameters", gathered,
                      !s.gathers   ? "none: a group of one holds its parameters"
                      : !s.reshard ? "every unit, gathered until its backward"
                      : ahead > 0  ? "the root unit and a layer with the next prefetched"
                                   : "the root unit and the layer computing"});
-  m.terms.push_back({"activations", activations, activations_note(s) + ", less the loss's"});
+  m.terms.push_back({"activations", activations + bias,
+                     activations_note(s) + ", less the loss's" + (bias > 0 ? ", the bias every layer reads" : "")});
   if (work > 0) m.terms.push_back({"layer temporaries", work, "a layer computing (attention, MLP)"});
   return m;
 }
