@@ -281,6 +281,19 @@ TEST_F(TrainTest, ActivationOffloadTrainsAsWithout) {
   ASSERT_EQ(d.status, 0) << d.output;
   EXPECT_NE(d.output.find("(checkpointed: its input)"), std::string::npos) << d.output;
   EXPECT_LE(max_difference(on_device, saved_state(ddp + "/step-00000008", false)), 2e-4);
+  // LoRA on every projection of a Llama split over 2 ranks (sequence parallel, checkpointed, bf16): the same losses.
+  const std::string llama = std::string(SHARDTRAIN_BIN) + " train " + root_ + "/config.yaml --model.flavor=llama-debug "
+                            "--train.steps=4 --log.interval=1 --train.eval_interval=0 --optim.warmup_steps=0 "
+                            "--model.lora.r=4 --model.lora.target_modules=[all-linear] --launch.num_processes=2 "
+                            "--parallel.tp_size=2 --parallel.sequence_parallel=true "
+                            "--parallel.activation_checkpointing=true --parallel.mixed_precision=bf16 ";
+  const Outcome split = run(llama + "--checkpoint.dir=" + root_ + "/act-tp");
+  ASSERT_EQ(split.status, 0) << split.output;
+  const Outcome split_offloaded = run(llama + "--parallel.activation_offload=true --checkpoint.dir=" + root_ +
+                                      "/act-tp-offloaded");
+  ASSERT_EQ(split_offloaded.status, 0) << split_offloaded.output;
+  ASSERT_GE(loss_lines(split.output).size(), 4u) << split.output;
+  EXPECT_EQ(loss_lines(split_offloaded.output), loss_lines(split.output)) << split_offloaded.output;
 }
 
 // Pure bf16 (model.dtype: bf16, AnyPrecision AdamW with Kahan summation): weights, gradients, optimizer state and
