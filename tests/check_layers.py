@@ -23,7 +23,7 @@ RULES = {
         "distributed": {"cuda", "parallel"},
         "launch": {"util"},
         "nn": {"memory"},
-        "optim": {"distributed"},
+        "optim": {"distributed", "io"},
         "fsdp": {"distributed", "io", "memory", "nn", "optim", "parallel"},
         "ddp": {"distributed", "nn", "parallel"},
         "tp": {"distributed", "util"},

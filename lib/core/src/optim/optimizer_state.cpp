@@ -7,13 +7,15 @@
 
 #include "shardtrain/optim/adafactor.h"
 #include "shardtrain/optim/anyprecision_adamw.h"
+#include "shardtrain/optim/disk_adamw.h"
 
 namespace shardtrain::optim {
 namespace {
 
 [[noreturn]] void unknown_state() {
   throw std::invalid_argument(
-      "optimizer state: only AdamW, AnyPrecisionAdamW, Adafactor and SGD states can be checkpointed");
+      "optimizer state: only AdamW (on the device, the host or a disk), AnyPrecisionAdamW, Adafactor and SGD states can "
+      "be checkpointed");
 }
 
 }  // namespace
@@ -28,6 +30,11 @@ int64_t state_step(const torch::optim::OptimizerParamState& state) {
 
 std::map<std::string, StateTensor> state_tensors(const torch::optim::OptimizerParamState& state,
                                                  const at::Tensor& param) {
+  if (auto* s = dynamic_cast<const DiskAdamWParamState*>(&state)) {  // read from disk (or still waiting to go there)
+    std::map<std::string, StateTensor> out;
+    for (auto& [name, tensor] : s->owner->read_state(param)) out.emplace(name, StateTensor{std::move(tensor)});
+    return out;
+  }
   if (auto* s = dynamic_cast<const torch::optim::AdamWParamState*>(&state)) {
     return {{"exp_avg", {s->exp_avg()}}, {"exp_avg_sq", {s->exp_avg_sq()}}};
   }
@@ -61,6 +68,11 @@ std::map<std::string, StateTensor> install_empty_state(torch::optim::Optimizer& 
   }
   if (auto* adafactor = dynamic_cast<Adafactor*>(&optimizer)) {
     return state_tensors(adafactor->empty_state(param, step), param);
+  }
+  if (auto* disk = dynamic_cast<DiskAdamW*>(&optimizer)) {
+    std::map<std::string, StateTensor> out;
+    for (auto& [name, tensor] : disk->empty_state(param, step)) out.emplace(name, StateTensor{std::move(tensor)});
+    return out;
   }
   if (dynamic_cast<torch::optim::SGD*>(&optimizer) != nullptr) {
     auto s = std::make_unique<torch::optim::SGDParamState>();
