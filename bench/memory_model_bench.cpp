@@ -97,7 +97,7 @@ int run(int argc, char** argv) {
   c.parallel.mixed_precision = job.mixed_precision;
   c.parallel.activation_checkpointing = ac;
   c.train.batch_size = batch;
-  c.parallel.tp_size = tp, c.parallel.sequence_parallel = sp, c.parallel.cpu_offload = offload;
+  c.parallel.tp_size = tp, c.parallel.sequence_parallel = sp, c.parallel.offload = offload ? parallel::Offload::CPU : parallel::Offload::NONE;
   c.parallel.activation_offload = activation_offload;
   const bool hybrid = parallel::is_hybrid(c.parallel.strategy);
   const dist::DeviceMesh mesh =

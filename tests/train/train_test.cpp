@@ -255,7 +255,7 @@ TEST_F(TrainTest, DdpFullShardAndOffloadTrainAlike) {
   const std::string through = root_ + "/offload-through", resumed = root_ + "/offload-resumed";
   const Outcome offloaded = train("--parallel.cpu_offload=true --checkpoint.dir=" + through);
   ASSERT_EQ(offloaded.status, 0) << offloaded.output;
-  EXPECT_NE(offloaded.output.find("cpu_offload: shards, gradients and optimizer state in the CPU's host tier"),
+  EXPECT_NE(offloaded.output.find("offload: cpu: shards, gradients and optimizer state in the CPU's host tier"),
             std::string::npos) << offloaded.output;
   const auto state = saved_state(through + "/step-00000008", true);
   EXPECT_LE(max_difference(state, on_device), 1e-6);
@@ -263,6 +263,28 @@ TEST_F(TrainTest, DdpFullShardAndOffloadTrainAlike) {
   const Outcome second = train("--parallel.cpu_offload=true --resume --checkpoint.dir=" + resumed);
   ASSERT_EQ(second.status, 0) << second.output;
   EXPECT_LE(max_difference(state, saved_state(resumed + "/step-00000008", true)), 1e-6);
+
+  // The disk tier (parallel.offload: nvme): AdamW's state in a scratch file per rank, the same numbers as CPU
+  // offload's to the bit, through a stop and resume (the checkpoint holds the state read from disk; the resumed
+  // run's goes back there), and nothing left in the directory.
+  const std::string nvme = root_ + "/nvme", disk_through = root_ + "/disk-through", disk_resumed = root_ + "/disk-resumed";
+  io::make_directories(nvme);
+  const std::string disk = "--parallel.offload=nvme --parallel.nvme_path=" + nvme + " ";
+  const Outcome on_disk = train(disk + "--checkpoint.dir=" + disk_through);
+  ASSERT_EQ(on_disk.status, 0) << on_disk.output;
+  EXPECT_NE(on_disk.output.find("of AdamW state in a scratch file under " + nvme + " (O_DIRECT)"), std::string::npos)
+      << on_disk.output;
+  EXPECT_EQ(max_difference(state, saved_state(disk_through + "/step-00000008", true)), 0.0);
+  ASSERT_EQ(train(disk + "--train.stop_at=4 --checkpoint.dir=" + disk_resumed).status, 0);
+  const Outcome disk_second = train(disk + "--resume --checkpoint.dir=" + disk_resumed);
+  ASSERT_EQ(disk_second.status, 0) << disk_second.output;
+  EXPECT_EQ(max_difference(state, saved_state(disk_resumed + "/step-00000008", true)), 0.0);
+  EXPECT_TRUE(io::list_directory(nvme).empty());
+  const Outcome missing = train("--parallel.offload=nvme --parallel.nvme_path=" + root_ + "/no-such-disk");
+  EXPECT_NE(missing.status, 0);
+  EXPECT_NE(missing.output.find("no-such-disk"), std::string::npos) << missing.output;
+  const Outcome unset = train("--parallel.offload=nvme");
+  EXPECT_NE(unset.output.find("parallel.offload: nvme needs parallel.nvme_path"), std::string::npos) << unset.output;
 }
 
 // Activation offloading (parallel.activation_offload) trains as without: FSDP to 1e-6 of the same run on the

@@ -81,8 +81,11 @@ TEST(DiskAdamW, StateReadOutAndInstalledContinuesAlike) {
   DiskAdamW second(groups_of(b), torch::optim::AdamWOptions(), {dir.path, "optimizer-second", 32 << 10});
   for (size_t i = 0; i < a.size(); ++i) {
     const auto saved = state_tensors(*first.state().at(a[i].unsafeGetTensorImpl()), a[i]);
-    auto installed = install_empty_state(second, b[i], state_step(*first.state().at(a[i].unsafeGetTensorImpl())));
-    for (auto& [name, t] : installed) t.tensor.copy_(saved.at(name).tensor);
+    install_empty_state(second, b[i], state_step(*first.state().at(a[i].unsafeGetTensorImpl())));
+    // As the checkpoint's loader does: the installed state's tensors asked for again, then filled.
+    for (auto& [name, t] : state_tensors(*second.state().at(b[i].unsafeGetTensorImpl()), b[i])) {
+      t.tensor.copy_(saved.at(name).tensor);
+    }
   }
   set_grads(a, 2), set_grads(b, 2);
   first.step(), second.step();

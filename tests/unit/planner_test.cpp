@@ -114,7 +114,7 @@ TEST(Planner, RecommendationIsATrainerConfig) {
   EXPECT_EQ(c.train.batch_size, best.job.batch);
   EXPECT_EQ(c.launch.num_processes, 4);
   EXPECT_EQ(c.parallel.activation_checkpointing, best.job.activation_checkpointing);
-  EXPECT_EQ(c.parallel.cpu_offload, best.job.cpu_offload);
+  EXPECT_EQ(c.parallel.offload != parallel::Offload::NONE, best.job.cpu_offload);
   EXPECT_EQ(c.train.device, parallel::Device::CUDA);
 }
 

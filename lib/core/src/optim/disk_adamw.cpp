@@ -106,7 +106,7 @@ std::map<std::string, at::Tensor> DiskAdamW::read_state(const at::Tensor& param)
     throw std::invalid_argument("DiskAdamW: no state for a parameter of shape " + c10::str(param.sizes()));
   }
   const auto& s = static_cast<const DiskAdamWParamState&>(*state->second);
-  if (s.exp_avg().defined()) return {{"exp_avg", s.exp_avg().clone()}, {"exp_avg_sq", s.exp_avg_sq().clone()}};
+  if (s.exp_avg().defined()) return {{"exp_avg", s.exp_avg()}, {"exp_avg_sq", s.exp_avg_sq()}};  // to be filled
   io::AlignedBuffer bytes(2 * slot->second.moment_bytes);
   store_->file.wait(store_->file.read(bytes.data(), bytes.size(), slot->second.offset));
   return {{"exp_avg", moment_view(bytes.data(), param).clone()},

@@ -32,6 +32,12 @@ const std::vector<std::pair<std::string, Wrap>>& wraps() {
   return table;
 }
 
+const std::vector<std::pair<std::string, Offload>>& offloads() {
+  static const std::vector<std::pair<std::string, Offload>> table = {
+      {"none", Offload::NONE}, {"cpu", Offload::CPU}, {"nvme", Offload::NVME}};
+  return table;
+}
+
 template <class E>
 std::string name_in(const std::vector<std::pair<std::string, E>>& table, E value) {
   for (const auto& [name, v] : table) {
@@ -63,14 +69,17 @@ std::string to_string(Strategy s) { return name_in(strategies(), s); }
 std::string to_string(Precision p) { return name_in(precisions(), p); }
 std::string to_string(Device d) { return name_in(devices(), d); }
 std::string to_string(Wrap w) { return name_in(wraps(), w); }
+std::string to_string(Offload o) { return name_in(offloads(), o); }
 Strategy strategy_named(const std::string& name) { return named_in(strategies(), name, "strategy"); }
 Precision precision_named(const std::string& name) { return named_in(precisions(), name, "mixed precision"); }
 Device device_named(const std::string& name) { return named_in(devices(), name, "device"); }
 Wrap wrap_named(const std::string& name) { return named_in(wraps(), name, "wrap"); }
+Offload offload_named(const std::string& name) { return named_in(offloads(), name, "offload"); }
 std::vector<std::string> strategy_names() { return names_in(strategies()); }
 std::vector<std::string> precision_names() { return names_in(precisions()); }
 std::vector<std::string> device_names() { return names_in(devices()); }
 std::vector<std::string> wrap_names() { return names_in(wraps()); }
+std::vector<std::string> offload_names() { return names_in(offloads()); }
 
 bool is_hybrid(Strategy s) { return s == Strategy::HYBRID_SHARD || s == Strategy::HYBRID_SHARD_ZERO2; }
 bool is_fsdp(Strategy s) { return s != Strategy::DDP; }

@@ -110,7 +110,6 @@ void cp_size(Config&, const std::string& where, const std::string& path, const Y
   void fn(Config& c, const std::string& where, const std::string& path, const YAML::Node& v) { \
     c.member = read(where, path, v);                                                           \
   }
-SHARDTRAIN_KEY(offload_params, parallel.cpu_offload, node_bool)
 SHARDTRAIN_KEY(sync_module_states, parallel.sync_module_states, node_bool)
 SHARDTRAIN_KEY(activation_checkpointing, parallel.activation_checkpointing, node_bool)
 SHARDTRAIN_KEY(limit_all_gathers, parallel.limit_all_gathers, node_bool)
@@ -150,7 +149,10 @@ const std::map<std::string, Setter>& keys() {
        [](Config& c, const std::string& w, const std::string& p, const YAML::Node& v) {
          c.parallel.forward_prefetch = node_bool(w, p, v) ? 1 : 0;
        }},
-      {"fsdp_config.fsdp_offload_params", offload_params},
+      {"fsdp_config.fsdp_offload_params",
+       [](Config& c, const std::string& w, const std::string& p, const YAML::Node& v) {
+         c.parallel.offload = node_bool(w, p, v) ? parallel::Offload::CPU : parallel::Offload::NONE;
+       }},
       {"fsdp_config.fsdp_state_dict_type", state_dict_type},
       {"fsdp_config.fsdp_sync_module_states", sync_module_states},
       {"fsdp_config.fsdp_activation_checkpointing", activation_checkpointing},

@@ -238,6 +238,17 @@ Field field(std::string path, std::vector<double>& ref) {
           }, {}};
 }
 
+// parallel.cpu_offload, FSDP's name for offload: cpu: true says at least cpu (nvme stays nvme), false leaves nvme.
+Field cpu_offload_alias(std::string path, parallel::Offload& ref) {
+  return {std::move(path),
+          [&ref](auto& w, auto& p, auto& n) {
+            const bool on = to_bool(w, p, n);
+            if (on && ref == parallel::Offload::NONE) ref = parallel::Offload::CPU;
+            if (!on && ref == parallel::Offload::CPU) ref = parallel::Offload::NONE;
+          },
+          [&ref] { return YAML::Node(ref != parallel::Offload::NONE); }, {}};
+}
+
 // The run's vocabulary (parallel/vocabulary.h), in the config's spelling.
 template <class E>
 std::vector<std::pair<std::string, E>> table_of(const std::vector<std::string>& names, E (*named)(const std::string&)) {
@@ -329,7 +340,9 @@ std::vector<Field> parallel_fields(Config& c) {
       field("parallel.limit_all_gathers", c.parallel.limit_all_gathers),
       field("parallel.activation_checkpointing", c.parallel.activation_checkpointing),
       field("parallel.activation_checkpointing_every", c.parallel.activation_checkpointing_every),
-      field("parallel.cpu_offload", c.parallel.cpu_offload),
+      cpu_offload_alias("parallel.cpu_offload", c.parallel.offload),
+      choice("parallel.offload", c.parallel.offload, table_of(parallel::offload_names(), parallel::offload_named)),
+      field("parallel.nvme_path", c.parallel.nvme_path),
       field("parallel.activation_offload", c.parallel.activation_offload),
       field("parallel.reshard_after_backward", c.parallel.reshard_after_backward),
       field("parallel.sync_module_states", c.parallel.sync_module_states),
@@ -807,9 +820,17 @@ void validate_data(const Config& c) {
   require(c.data.queue_depth >= 1, "data.queue_depth", num(c.data.queue_depth), "at least 1");
 }
 void validate_parallel(const Config& c) {
-  if (c.parallel.cpu_offload && c.parallel.strategy == parallel::Strategy::DDP) {
-    throw ConfigError("parallel.cpu_offload: true offloads the shards of an FSDP strategy; ddp keeps the whole model "
-                      "on every device (use full_shard, or cpu_offload: false)");
+  if (c.parallel.offload != parallel::Offload::NONE && c.parallel.strategy == parallel::Strategy::DDP) {
+    throw ConfigError("parallel.offload: " + parallel::to_string(c.parallel.offload) + " offloads the shards of an "
+                      "FSDP strategy; ddp keeps the whole model on every device (use full_shard, or offload: none)");
+  }
+  if (c.parallel.offload == parallel::Offload::NVME && c.parallel.nvme_path.empty()) {
+    throw ConfigError("parallel.offload: nvme needs parallel.nvme_path (an existing directory on a local disk, where "
+                      "each rank keeps its optimizer state in a scratch file)");
+  }
+  if (c.parallel.offload == parallel::Offload::NVME && c.optim.name != OptimizerKind::ADAMW) {
+    throw ConfigError("parallel.offload: nvme keeps AdamW's state on disk; optim.name is " +
+                      to_string(c.optim.name) + " (use adamw, or offload: cpu)");
   }
   require(c.parallel.min_params >= 1, "parallel.min_params", num(c.parallel.min_params), "at least 1");
   require(c.parallel.bucket_cap_mb > 0, "parallel.bucket_cap_mb", num(c.parallel.bucket_cap_mb), "positive (MiB)");

@@ -36,10 +36,11 @@ MemoryEstimate estimate_training_memory(const models::ModelRecipe& recipe, const
             (s.units.input_numel > 0 ? 1 : 0) + (s.units.output_numel > 0 ? 1 : 0);
   // Host memory at its peak: CPU offload's at the step (shards, gradients, state, the step's temporaries); the
   // offloaded activations' at the end of forward, beside the offloaded shards and state.
-  if (s.offload) e.host_bytes = s.params + s.grads + s.adam + step_temporaries(s);
+  if (s.offload) e.host_bytes = s.params + s.grads + s.host_adam + step_temporaries(s);
+  if (s.adam_on_disk) e.disk_bytes = s.adam;
   if (s.offload_activations) {
     e.offloaded_activation_bytes = s.offloaded_activations;
-    e.host_bytes = std::max(e.host_bytes, (s.offload ? s.params + s.adam : 0) + s.offloaded_activations);
+    e.host_bytes = std::max(e.host_bytes, (s.offload ? s.params + s.host_adam : 0) + s.offloaded_activations);
   }
 
   const Moment forward = largest({forward_start(s), forward_loss(s), forward_layers(s)});
@@ -106,7 +107,7 @@ std::string format_estimate(const std::string& model, const TrainingJob& job, co
                     (job.grad_accum > 1 ? ", " + std::to_string(job.grad_accum) + " micro-batches" +
                                               (job.sync_each_batch ? " (each reduced)" : "")
                                         : "") +
-                    (job.cpu_offload ? ", CPU offload" : "") +
+                    (job.cpu_offload ? (job.optimizer_on_disk ? ", NVMe offload" : ", CPU offload") : "") +
                     (job.activation_offload ? ", activation offload" : "") + (job.device == parallel::Device::CUDA ? " (CUDA)" : " (CPU)") + "\n";
   out += "  " + std::to_string(e.parameters) + " parameters" +
          (job.tp > 1 ? " of a tensor-parallel rank's slices" : "") + " in " + std::to_string(e.units) + " units\n";
@@ -123,10 +124,15 @@ std::string format_estimate(const std::string& model, const TrainingJob& job, co
   out += line;
   if (e.host_bytes > 0) {
     out += std::string("  host memory (") +
-           (job.cpu_offload ? "offloaded shards, gradients, AdamW state, the step's temporaries" : "") +
+           (job.cpu_offload ? (job.optimizer_on_disk ? "offloaded shards, gradients, AdamW state's staging buffers, "
+                                                       "the step's temporaries"
+                                                     : "offloaded shards, gradients, AdamW state, the step's "
+                                                       "temporaries")
+                            : "") +
            (job.cpu_offload && job.activation_offload ? "; " : "") +
            (job.activation_offload ? "the layers' activations at the end of forward" : "") +
            "): " + readable_size(e.host_bytes) + "\n";
+  if (e.disk_bytes > 0) out += "  disk (AdamW's state): " + readable_size(e.disk_bytes) + "\n";
   }
   return out;
 }
@@ -138,12 +144,13 @@ std::string estimate_json(const std::string& model, const TrainingJob& job, cons
               {"sequence_parallel", job.sequence_parallel},
               {"strategy", parallel::to_string(job.strategy)}, {"mixed_precision", parallel::to_string(job.mixed_precision)},
               {"activation_checkpointing", job.activation_checkpointing}, {"cpu_offload", job.cpu_offload},
-              {"activation_offload", job.activation_offload},
+              {"activation_offload", job.activation_offload}, {"optimizer_on_disk", job.optimizer_on_disk},
               {"batch", job.batch},           {"seq_len", job.seq_len}, {"cuda", job.device == parallel::Device::CUDA}};
   j["parameters"] = e.parameters, j["units"] = e.units, j["tokens"] = e.tokens;
   j["peak_bytes"] = e.peak_bytes, j["peak_phase"] = e.peak_phase;
   j["phases"] = {{"forward", e.forward_bytes}, {"backward", e.backward_bytes}, {"step", e.step_bytes}};
   j["host_bytes"] = e.host_bytes;
+  j["disk_bytes"] = e.disk_bytes;
   for (const auto& t : e.terms) j["terms"].push_back({{"name", t.name}, {"bytes", t.bytes}, {"note", t.note}});
   return j.dump(2);
 }

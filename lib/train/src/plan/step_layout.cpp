@@ -116,6 +116,11 @@ void lay_out_sharded_state(StepLayout& s) {
   s.offload = job.cpu_offload && job.strategy != parallel::Strategy::DDP;
   s.dev_params = s.offload ? 0 : s.params, s.dev_grads = s.offload ? 0 : s.grads;
   s.dev_adam = s.offload ? 0 : s.adam;
+  s.adam_on_disk = s.offload && job.optimizer_on_disk;
+  const int64_t largest_moments = ceil_div(s.shape->largest_trainable_tensor, s.shard) * job.optimizer_state_bytes;
+  s.host_adam = !s.offload       ? 0
+                : s.adam_on_disk ? std::min(s.adam, 2 * std::max<int64_t>(64LL << 20, largest_moments))
+                                 : s.adam;
 }
 
 // Full parameters gathered (compute dtype). A group of one with no cast uses its parameters as they are; the root

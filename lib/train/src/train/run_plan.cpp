@@ -38,7 +38,8 @@ plan::TrainingJob job_of(const config::Config& c) {
   job.checkpoint_every = c.parallel.activation_checkpointing_every;
   job.forward_prefetch = c.parallel.forward_prefetch;
   job.grad_accum = c.train.grad_accum, job.sync_each_batch = c.train.sync_each_batch;
-  job.cpu_offload = c.parallel.cpu_offload;
+  job.cpu_offload = c.parallel.offload != parallel::Offload::NONE;
+  job.optimizer_on_disk = c.parallel.offload == parallel::Offload::NVME;
   job.activation_offload = c.parallel.activation_offload;
   job.bucket_cap_mb = c.parallel.bucket_cap_mb, job.gradient_as_bucket_view = c.parallel.gradient_as_bucket_view;
   job.tp = c.parallel.tp_size, job.sequence_parallel = c.parallel.sequence_parallel;

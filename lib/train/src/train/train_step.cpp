@@ -11,6 +11,7 @@
 #include "shardtrain/memory/memory_stats.h"
 #include "shardtrain/optim/adafactor.h"
 #include "shardtrain/optim/anyprecision_adamw.h"
+#include "shardtrain/optim/disk_adamw.h"
 #include "shardtrain/optim/fused_adamw.h"
 #include "shardtrain/optim/param_groups.h"
 
@@ -121,6 +122,10 @@ std::unique_ptr<torch::optim::Optimizer> make_optimizer(const config::Config& c,
   if (c.optim.name == config::OptimizerKind::SGD) {
     return std::make_unique<torch::optim::SGD>(std::move(groups), sgd_options(c.optim, decay));
   }
+  if (c.parallel.offload == parallel::Offload::NVME) {  // AdamW's state on disk (the config allows adamw alone)
+    return std::make_unique<optim::DiskAdamW>(std::move(groups), adamw_options(c.optim, decay),
+                                              optim::DiskStateOptions{c.parallel.nvme_path, "optimizer"});
+  }
   if (c.optim.fused) return std::make_unique<optim::FusedAdamW>(std::move(groups), adamw_options(c.optim, decay));
   return std::make_unique<torch::optim::AdamW>(std::move(groups), adamw_options(c.optim, decay));
 }
@@ -139,7 +144,8 @@ StepTotals train_step(StepParts& p, const config::Config& c, std::vector<data::B
   p.model.finish_gradients();
   // Offloaded (an FSDP strategy), the step runs where the shards and their gradients are: the optimizer's state and
   // temporaries are the host's.
-  const memory::CpuTierScope tier(c.parallel.cpu_offload ? memory::CpuTier::HOST : memory::CpuTier::COMPUTE);
+  const memory::CpuTierScope tier(c.parallel.offload != parallel::Offload::NONE ? memory::CpuTier::HOST
+                                                                                : memory::CpuTier::COMPUTE);
   // Every rank learns whose loss was not finite before anyone steps: one rank's NaN skips the step everywhere.
   const std::string bad_ranks = nonfinite_ranks(!std::isfinite(totals.loss), p.world);
   if (p.scaler) p.scaler->unscale(p.optimizer);  // clipping sees the true gradients

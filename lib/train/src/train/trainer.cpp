@@ -27,7 +27,9 @@
 #include "shardtrain/io/weight_files.h"
 #include "shardtrain/launch/error_file.h"
 #include "shardtrain/launch/launch.h"
+#include "shardtrain/memory/memory_size.h"
 #include "shardtrain/memory/memory_stats.h"
+#include "shardtrain/optim/disk_adamw.h"
 #include "shardtrain/models/lora.h"
 #include "shardtrain/models/zoo.h"
 #include "shardtrain/nn/activation_checkpoint.h"
@@ -304,11 +306,13 @@ void describe_start(const Config& c, const Job& job, ParallelModel& model, const
                     ", 1/sqrt(step))" + (c.optim.scale_parameter ? " times the parameter's RMS" : "") +
                     "; optim.lr and optim.schedule are not used");
   }
-  if (c.parallel.cpu_offload) {
-    job.logger.info(std::string("  cpu_offload: ") + (job.device.is_cuda()
-                                                        ? "shards, gradients and optimizer state in CPU memory"
-                                                        : "shards, gradients and optimizer state in the CPU's host "
-                                                          "tier, counted apart from the compute tier's peak"));
+  if (c.parallel.offload != parallel::Offload::NONE) {
+    const bool nvme = c.parallel.offload == parallel::Offload::NVME;
+    job.logger.info(std::string("  offload: ") + parallel::to_string(c.parallel.offload) + ": " +
+                    (nvme ? "shards and gradients" : "shards, gradients and optimizer state") +
+                    (job.device.is_cuda() ? " in CPU memory"
+                                          : " in the CPU's host tier, counted apart from the compute tier's peak") +
+                    (nvme ? "; AdamW's state on disk under " + c.parallel.nvme_path : ""));
   }
   if (c.parallel.activation_offload) {
     job.logger.info(std::string("  activation_offload: what each layer saves for backward") +
@@ -624,6 +628,11 @@ TrainSummary train_run(const Config& given, std::shared_ptr<log::Sink> sink, int
   at::manual_seed(data::hash_of(static_cast<uint64_t>(c.train.seed), static_cast<uint64_t>(data_group.rank())));
   ParallelModel model(c, job.recipe, job.task->leaves_parameters_unused(), mesh, job.device);
   const auto optimizer = make_optimizer(c, model);
+  if (const auto* disk = dynamic_cast<const optim::DiskAdamW*>(optimizer.get())) {
+    job.logger.info("  disk tier: " + memory::readable_size(disk->disk_bytes()) + " of AdamW state in a scratch file "
+                    "under " + c.parallel.nvme_path + (disk->direct() ? " (O_DIRECT)" : " (buffered: no O_DIRECT there)") +
+                    ", streamed through two staging buffers each step");
+  }
   ckpt::CheckpointModel checkpointed{
       model.module(), optimizer.get(), model.sharded(),
       c.checkpoint.state_dict_type == config::StateDictType::FULL
@@ -633,7 +642,7 @@ TrainSummary train_run(const Config& given, std::shared_ptr<log::Sink> sink, int
     checkpointed.tp_group = tp->group();
     checkpointed.tp_split = tp->split_layouts(*model.module());
   }
-  checkpointed.offloaded = c.parallel.cpu_offload;
+  checkpointed.offloaded = c.parallel.offload != parallel::Offload::NONE;
   // float16: the loss is scaled before backward, and a step whose gradients overflowed on any rank is skipped.
   std::optional<optim::GradScaler> scaler;
   if (c.parallel.mixed_precision == parallel::Precision::FP16) scaler.emplace(optim::GradScalerOptions{}, world);

@@ -56,8 +56,9 @@ class DiskAdamW : public torch::optim::AdamW {
   // gradient like it.
   at::Tensor step(LossClosure closure = nullptr) override;
 
-  // The moments of `param` ({"exp_avg", "exp_avg_sq"}), in new host tensors: read from disk, or the loaded state
-  // still waiting to go there. Throws std::invalid_argument for a parameter the optimizer does not hold.
+  // The moments of `param` ({"exp_avg", "exp_avg_sq"}): read from disk into new host tensors, or a loaded state's
+  // own while it waits to go there (a checkpoint's loader fills them). Throws std::invalid_argument for a parameter
+  // without state.
   std::map<std::string, at::Tensor> read_state(const at::Tensor& param);
   // A state for `param` at `step` whose moments are zeros in host memory, to be filled by the caller; it goes to
   // disk at the next step. Returns the moments.

@@ -32,19 +32,27 @@ enum class Precision { NO, BF16, FP16 };
 // parameter count, or the whole model as one unit.
 enum class Wrap { TRANSFORMER, SIZE, NONE };
 
+// Where an FSDP strategy keeps the model's state (DeepSpeed's offload devices): on the device; CPU offload (the
+// shards, their gradients and the optimizer's state in host memory); or that with the optimizer's state on a local
+// disk (ZeRO-Infinity's NVMe tier, optim/disk_adamw.h).
+enum class Offload { NONE, CPU, NVME };
+
 std::string to_string(Strategy s);  // "full_shard", ..., "ddp"
 std::string to_string(Precision p);  // "no", "bf16", "fp16"
 std::string to_string(Device d);     // "auto", "cpu", "cuda"
 std::string to_string(Wrap w);       // "transformer", "size", "none"
+std::string to_string(Offload o);    // "none", "cpu", "nvme"
 // The value a name spells; std::invalid_argument naming it and every name otherwise.
 Strategy strategy_named(const std::string& name);
 Precision precision_named(const std::string& name);
 Device device_named(const std::string& name);
 Wrap wrap_named(const std::string& name);
+Offload offload_named(const std::string& name);
 std::vector<std::string> strategy_names();
 std::vector<std::string> precision_names();
 std::vector<std::string> device_names();
 std::vector<std::string> wrap_names();
+std::vector<std::string> offload_names();
 
 // Sharded within a node and replicated across nodes.
 bool is_hybrid(Strategy s);

@@ -160,7 +160,11 @@ struct ParallelConfig {
   // With activation_checkpointing: only every k-th layer (the k-th, 2k-th, ...; 1: all of them), the others keep
   // their activations — torchtitan's selective checkpointing by layer.
   int64_t activation_checkpointing_every = 1;
-  bool cpu_offload = false;
+  // Where an FSDP strategy keeps the model's state (parallel::Offload): none, cpu (the shards, their gradients and
+  // the optimizer's state in host memory), nvme (that with AdamW's state on a local disk under nvme_path). The key
+  // parallel.cpu_offload (FSDP's name, Accelerate's fsdp_offload_params) says cpu.
+  parallel::Offload offload = parallel::Offload::NONE;
+  std::string nvme_path;  // offload: nvme: an existing directory on a local disk (a scratch file per rank there)
   // What each transformer layer of layer_classes saves for backward (with activation_checkpointing: its input) in
   // host memory from its forward to its backward, brought back one layer ahead (nn/activation_offload.h); the CPU's
   // host tier on a CPU. Every strategy, DDP included.

@@ -45,6 +45,7 @@ struct TrainingJob {
   int64_t grad_accum = 1;                 // micro-batches per optimizer step
   bool sync_each_batch = false;           // reduce after every micro-batch (no full gradients kept between them)
   bool cpu_offload = false;               // shards, gradients and AdamW state in host memory
+  bool optimizer_on_disk = false;         // with cpu_offload, AdamW's state on a local disk (optim/disk_adamw.h)
   // What each layer keeps for backward in host memory from its forward to its backward, two layers' back on the
   // device at once (nn/activation_offload.h)
   bool activation_offload = false;
@@ -77,6 +78,7 @@ struct MemoryEstimate {
   int64_t forward_bytes = 0, backward_bytes = 0, step_bytes = 0;  // each phase's peak
   int64_t host_bytes = 0;         // host memory at its peak: CPU offload's state, offloaded activations
   int64_t offloaded_activation_bytes = 0;  // what a micro-batch's layers keep, in host memory (activation offload)
+  int64_t disk_bytes = 0;          // the optimizer's state on disk (optimizer_on_disk), per rank
   int64_t parameters = 0;         // of the model, tied once (under tensor parallelism a rank's slices)
   int64_t units = 0;              // FSDP units: one per transformer layer, plus the root
   int64_t tokens = 0;             // text tokens per sample estimated for (the model's maximum unless given); 0: none
