@@ -3,8 +3,8 @@
 # log in $LOGS (default build-gpu/logs) and a one-line verdict on stdout.
 #
 #   scripts/gpu_check.sh STAGE...     checks: info, cuda_tests, synth, train_debug, train_ranks, train_tp, sanitize
-#                                     measurements (after synth): optimizer, tf32, memory, act_offload, auto, oom,
-#                                     compare
+#                                     measurements (after synth): optimizer, tf32, memory, disk, act_offload, auto,
+#                                     oom, compare
 #
 # cuda_tests: tests/cuda at one rank, verbose (what the tests print: the host's peak of a checkpoint, what releasing
 # cuBLAS's workspaces freed).
@@ -15,6 +15,8 @@
 # tf32: a float32 flava-350m step (batch 32) with train.tf32 on and off, items/s of the last interval of each.
 # memory: the memory model's predicted peak against the caching allocator's, flava-350m (with and without
 # checkpointing) and flava-900m at batch 32, one rank, bf16.
+# disk: the disk tier's AdamW step (build-gpu/disk_bench, 200M parameters' moments in a scratch file under
+# ${DISK_DIR:-/tmp}) against the machine's disk measured in the same run, and CPU offload's step.
 # act_offload: activation offloading's cost (parallel.activation_offload): flava-350m bf16 with checkpointing at
 # batch 32, without and with offloading the checkpoints' inputs, then at batch 64 offloaded; items/s and peaks.
 # compare: scripts/gpu_bench.sh flava-350m 32, ours beside transformers' FlavaForPreTraining on the same device.
@@ -112,6 +114,9 @@ for s in "$@"; do
     memory) flava_gpu memory-350m
             flava_gpu memory-350m-ac --parallel.activation_checkpointing=true
             flava_gpu memory-900m --model.flavor=flava-900m ;;
+    disk) mkdir -p "${DISK_DIR:-/tmp}/shardtrain-disk"
+          stage disk 120 "$build/disk_bench" --dir "${DISK_DIR:-/tmp}/shardtrain-disk" --params 200000000 --steps 2
+          cat "$logs/disk.log" ;;
     act_offload) flava_gpu act-ac --parallel.activation_checkpointing=true
                  flava_gpu act-ac-offload --parallel.activation_checkpointing=true --parallel.activation_offload=true
                  flava_gpu act-ac-offload-64 --parallel.activation_checkpointing=true \
@@ -123,7 +128,7 @@ for s in "$@"; do
     compare) stage compare 400 scripts/gpu_bench.sh flava-350m 32
              cat "$logs/compare.log" ;;
     *) echo "gpu_check.sh: unknown stage '$s' (info, cuda_tests, synth, train_debug, train_ranks, train_tp, sanitize," \
-            "optimizer, tf32, memory, act_offload, auto, oom, compare)" >&2
+            "optimizer, tf32, memory, disk, act_offload, auto, oom, compare)" >&2
        exit 2 ;;
   esac
 done
