@@ -24,7 +24,7 @@ const char* kPlanUsage =
     "usage: shardtrain plan MODEL --gpus N (--gpu NAME | --gpu-memory SIZE) [--nodes M] [--seq-len T] [--top K]\n"
     "                           [--yaml OUT] [--json] [--efficiency E] [--peak-tflops-bf16 X] [--peak-tflops-fp32 X]\n"
     "                           [--intra-node-gbps X] [--inter-node-gbps X] [--pcie-gbps X] [--overlap X]\n"
-    "                           [--host-memory SIZE] [--host-memory-gbps X] [--memory-margin X]\n"
+    "                           [--host-memory SIZE] [--host-memory-gbps X] [--disk-gbps X] [--memory-margin X]\n"
     "                           [--half-efficiency-tokens X] [--global-batch N | --global-batch-tokens N]\n"
     "                           [--lora R [--lora-targets a,b]]\n"
     "       shardtrain plan --figure flava|t5|t5-scale [--seq-len T] [--json]\n"
@@ -43,6 +43,8 @@ const char* kPlanUsage =
     "divides its share and fits; without it each runs at its largest batch, no accumulation.\n"
     "--host-memory SIZE: each node's host memory (default 1TiB), which CPU offload's state must fit;\n"
     "--host-memory-gbps X: the host memory bandwidth a GPU's rank gets for the CPU optimizer step (default 40).\n"
+    "Where nothing fits, activation offload is tried, then the optimizer's state on disk (offload: nvme) at\n"
+    "--disk-gbps X: the local disk bandwidth a GPU's rank gets, each way (default 2).\n"
     "--lora R: LoRA fine-tuning, rank-R adapters on the base's frozen weights (--lora-targets: PEFT's\n"
     "target_modules; default the query and value projections; all-linear): gradients, optimizer state and\n"
     "reductions of the adapters alone, the YAML's model.lora.\n"
@@ -76,6 +78,7 @@ plan::Cluster cluster_of_args(const Args& args) {
   if (args.has("gpu-memory")) cluster.gpu_memory = memory::parse_memory_size(args.get("gpu-memory", ""));
   if (args.has("host-memory")) cluster.host_memory = memory::parse_memory_size(args.get("host-memory", ""));
   cluster.host_memory_gbps = get_positive(args, "host-memory-gbps", cluster.host_memory_gbps);
+  cluster.disk_gbps = get_positive(args, "disk-gbps", cluster.disk_gbps);
   cluster.efficiency = get_positive(args, "efficiency", cluster.efficiency);
   cluster.peak_tflops_bf16 = get_positive(args, "peak-tflops-bf16", cluster.peak_tflops_bf16);
   cluster.peak_tflops_fp32 = get_positive(args, "peak-tflops-fp32", cluster.peak_tflops_fp32);
@@ -123,7 +126,7 @@ void print_table(const std::string& model, const plan::Cluster& cluster,
     const std::string tp = c.job.tp > 1 ? std::to_string(c.job.tp) + (c.job.sequence_parallel ? " SP" : "") : "-";
     const std::string batch =
         std::to_string(c.job.batch) + (c.job.grad_accum > 1 ? " x" + std::to_string(c.job.grad_accum) : "");
-    const std::string offload = std::string(c.job.cpu_offload ? "cpu" : "") +
+    const std::string offload = std::string(c.job.optimizer_on_disk ? "nvme" : c.job.cpu_offload ? "cpu" : "") +
                                 (c.job.cpu_offload && c.job.activation_offload ? "+" : "") +
                                 (c.job.activation_offload ? "act" : "");
     std::printf("  %-3zu %-6s %-19s %-5s %-3s %-7s %-11s %9s %9s %10.3g %10.0f %4.0f%% %9.1f %8.3f\n", i + 1,
@@ -169,7 +172,7 @@ int run_plan_command(const std::vector<std::string>& argv) {
   const Args args = parse_args(argv,
                                {"gpus", "gpu", "gpu-memory", "nodes", "seq-len", "top", "yaml", "figure",
                                 "efficiency", "peak-tflops-bf16", "peak-tflops-fp32", "intra-node-gbps",
-                                "inter-node-gbps", "pcie-gbps", "host-memory", "host-memory-gbps", "overlap",
+                                "inter-node-gbps", "pcie-gbps", "host-memory", "host-memory-gbps", "disk-gbps", "overlap",
                                 "memory-margin", "half-efficiency-tokens", "global-batch", "global-batch-tokens",
                                 "lora", "lora-targets"},
                                {"help", "json"});
@@ -235,7 +238,8 @@ int run_plan_command(const std::vector<std::string>& argv) {
       j.push_back({{"tp_size", c.job.tp}, {"sequence_parallel", c.job.sequence_parallel},
                    {"strategy", parallel::to_string(c.job.strategy)}, {"mixed_precision", parallel::to_string(c.job.mixed_precision)},
                    {"activation_checkpointing", c.job.activation_checkpointing}, {"cpu_offload", c.job.cpu_offload},
-                   {"activation_offload", c.job.activation_offload},
+                   {"activation_offload", c.job.activation_offload}, {"optimizer_on_disk", c.job.optimizer_on_disk},
+                   {"disk_bytes", c.memory.disk_bytes},
                    {"wrap", parallel::to_string(c.job.wrap)}, {"batch", c.job.batch}, {"grad_accum", c.job.grad_accum},
                    {"peak_bytes", c.memory.peak_bytes},
                    {"items_per_second", c.items_per_second}, {"step_seconds", c.step_seconds},

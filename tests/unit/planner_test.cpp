@@ -281,6 +281,28 @@ TEST(Planner, ActivationOffloadOnlyWhereNothingElseFits) {
               1e-9);
 }
 
+// The disk tier is planned only where nothing fits otherwise: Llama 3 70B on one node of 8 H100s, whose CPU offload
+// needs more host memory than the node's 1 TiB (16 B a parameter). Its state's bytes are on disk, the host holds the
+// shards and gradients, and the optimizer step is no shorter than reading and writing the moments at disk_gbps.
+TEST(Planner, DiskTierOnlyWhereTheHostCannotHoldTheState) {
+  const auto llama = models::recipe_of("llama-3-70b");
+  Cluster cluster = with_gpu(Cluster{}, gpu_spec("h100"));
+  cluster.gpus = 8, cluster.seq_len = 8192;
+  const auto configs = plan_configurations(*llama, cluster);
+  ASSERT_FALSE(configs.empty());
+  for (const PlannedConfig& c : configs) {
+    EXPECT_TRUE(c.job.optimizer_on_disk && c.job.cpu_offload);
+    EXPECT_LE(c.memory.host_bytes * 8, cluster.host_memory);
+    EXPECT_NEAR(static_cast<double>(c.memory.disk_bytes), 70.55e9 * 8 / 8, 0.01e9 * 8);  // AdamW's, a rank's share
+    EXPECT_GE(c.optimizer_seconds, 2 * static_cast<double>(c.memory.disk_bytes) / (cluster.disk_gbps * 1e9));
+  }
+  const config::Config yaml = config::parse_config(trainer_yaml("llama-3-70b", configs.front()), "plan.yaml");
+  EXPECT_EQ(yaml.parallel.offload, parallel::Offload::NVME);
+  EXPECT_FALSE(yaml.parallel.nvme_path.empty());
+  cluster.gpus = 32, cluster.nodes = 4;  // a rank's share a quarter: CPU offload fits, the disk is not planned
+  for (const PlannedConfig& c : plan_configurations(*llama, cluster)) EXPECT_FALSE(c.job.optimizer_on_disk);
+}
+
 // --global-batch: every configuration trains the same samples a step, as micro-batch x accumulation x data-parallel
 // ranks, the largest micro-batch that divides its share and fits; accumulation computes each micro-batch and
 // reduces once.

@@ -110,9 +110,12 @@ int64_t default_tokens(const models::ModelRecipe& recipe) {
 int64_t largest_batch(const models::ModelRecipe& recipe, const ModelShape& shape, TrainingJob job,
                       const Cluster& cluster) {
   const int64_t budget = memory_budget(cluster);
+  const int64_t per_node = cluster.gpus / std::max<int64_t>(cluster.nodes, 1);
+  // The device's memory, and the host's for what a node's ranks offload (activation offload's grows with the batch).
   auto fits = [&](int64_t batch) {
     job.batch = batch;
-    return estimate_training_memory(recipe, shape, job).peak_bytes <= budget;
+    const MemoryEstimate e = estimate_training_memory(recipe, shape, job);
+    return e.peak_bytes <= budget && e.host_bytes * per_node <= cluster.host_memory;
   };
   if (!fits(1)) return 0;
   int64_t lo = 1, hi = 2;  // fits(lo); grow hi until it does not fit
@@ -187,6 +190,10 @@ PlannedConfig predict(const models::ModelRecipe& recipe, const ModelShape& shape
     const double gathered = A * (P + P2) * (reshards ? 2 : 1);
     comm += (gathered + G) / shard_ranks * static_cast<double>(job.param_bytes) / (cluster.pcie_gbps * 1e9);
     p.optimizer_seconds = G / shard_ranks * kCpuAdamWBytesPerParameter / (cluster.host_memory_gbps * 1e9);
+    if (job.optimizer_on_disk) {  // the moments read and written, overlapping the host's step
+      p.optimizer_seconds = std::max(p.optimizer_seconds,
+                                     2 * static_cast<double>(p.memory.disk_bytes) / (cluster.disk_gbps * 1e9));
+    }
   }
   // Activation offload: what a micro-batch's layers keep crosses PCIe to the host in forward and back in backward,
   // on a stream of its own beside the computation: hidden as communication is.
@@ -236,7 +243,7 @@ std::vector<PlannedConfig> plan_configurations(const models::ModelRecipe& recipe
   const int64_t per_node = cluster.gpus / cluster.nodes;
   const bool sequence = models::splits_sequence(recipe.tp_plan());
   std::vector<PlannedConfig> out;
-  auto enumerate = [&](bool activation_offload) {
+  auto enumerate = [&](bool activation_offload, bool disk) {
     for (int64_t tp = 1; tp <= per_node; tp *= 2) {
       if (per_node % tp != 0) break;
       std::optional<ModelShape> shape;
@@ -249,7 +256,7 @@ std::vector<PlannedConfig> plan_configurations(const models::ModelRecipe& recipe
       for (parallel::Strategy strategy : strategies) {
         for (parallel::Precision precision : {parallel::Precision::BF16, parallel::Precision::NO}) {
           for (bool ac : {false, true}) {
-            for (bool offload : {false, true}) {
+            for (bool offload : disk ? std::vector<bool>{true} : std::vector<bool>{false, true}) {
               for (parallel::Wrap wrap : {parallel::Wrap::TRANSFORMER, parallel::Wrap::NONE}) {
                 const bool fsdp = strategy != parallel::Strategy::DDP;
                 if (!fsdp && (offload || wrap == parallel::Wrap::NONE)) continue;  // DDP has neither
@@ -258,7 +265,7 @@ std::vector<PlannedConfig> plan_configurations(const models::ModelRecipe& recipe
                 job.world = cluster.gpus, job.nodes = cluster.nodes, job.strategy = strategy, job.wrap = wrap;
                 job.tp = tp, job.sequence_parallel = tp > 1 && sequence;
                 job.mixed_precision = precision, job.activation_checkpointing = ac, job.cpu_offload = offload;
-                job.activation_offload = activation_offload;
+                job.activation_offload = activation_offload, job.optimizer_on_disk = disk;
                 job.seq_len = tokens_of(recipe, cluster.seq_len), job.device = parallel::Device::CUDA;
                 job.batch = largest_batch(recipe, *shape, job, cluster);
                 if (job.batch < 1) continue;
@@ -275,9 +282,11 @@ std::vector<PlannedConfig> plan_configurations(const models::ModelRecipe& recipe
     }
   };
   // Activation offload only where nothing else fits: it buys memory with PCIe traffic and host memory, and at its
-  // larger batches the efficiency curve would rank it ahead of what practitioners run.
-  enumerate(false);
-  if (out.empty()) enumerate(true);
+  // larger batches the efficiency curve would rank it ahead of what practitioners run. The disk tier last, with and
+  // without it: the optimizer's state leaves a host memory too small for it, for a step as slow as the disk.
+  enumerate(false, false);
+  if (out.empty()) enumerate(true, false);
+  if (out.empty()) enumerate(false, true), enumerate(true, true);
   std::stable_sort(out.begin(), out.end(), [](const PlannedConfig& a, const PlannedConfig& b) {
     return a.items_per_second > b.items_per_second;
   });
@@ -320,11 +329,12 @@ std::string trainer_yaml(const std::string& model, const PlannedConfig& c, const
                 static_cast<double>(c.memory.peak_bytes) / (1024.0 * 1024 * 1024), c.items_per_second);
   std::snprintf(body, sizeof body,
                 "parallel:\n  strategy: %s\n  mixed_precision: %s\n  activation_checkpointing: %s\n"
-                "  cpu_offload: %s\n%s  wrap: %s\n%s"
+                "  cpu_offload: %s\n%s%s  wrap: %s\n%s"
                 "train:\n  device: cuda\n  batch_size: %lld\n%s"
                 "launch:\n  num_processes: %lld\n  num_machines: %lld\n",
                 parallel::to_string(j.strategy).c_str(), parallel::to_string(j.mixed_precision).c_str(),
                 j.activation_checkpointing ? "true" : "false", j.cpu_offload ? "true" : "false",
+                j.optimizer_on_disk ? "  offload: nvme\n  nvme_path: /local/nvme  # a directory on a local disk\n" : "",
                 j.activation_offload ? "  activation_offload: true\n" : "", parallel::to_string(j.wrap).c_str(), tp_lines.c_str(), static_cast<long long>(j.batch),
                 j.grad_accum > 1 ? ("  grad_accum: " + std::to_string(j.grad_accum) + "\n").c_str() : "",
                 static_cast<long long>(j.world),

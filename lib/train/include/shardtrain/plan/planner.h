@@ -26,7 +26,9 @@
 //   optimizer with CPU offload, the step on the host after backward (nothing to overlap with): each rank's shard
 //               of the trainable parameters x 28 bytes (fused AdamW reads parameter, gradient and both moments and
 //               writes three back, float32) over the host memory bandwidth a GPU's rank gets; configurations whose
-//               host memory per node (the offloaded state of its GPUs' ranks) exceeds the node's are left out
+//               host memory per node (the offloaded state of its GPUs' ranks) exceeds the node's are left out;
+//               with the disk tier (parallel.offload: nvme) no shorter than reading and writing the moments at
+//               disk_gbps (they stream through the host as the step runs)
 //   step time = compute + exposed + optimizer;  items/s = world / tp x batch x items per sample / step time;
 //               tokens/s per GPU the same in text tokens (and image patches) over the GPUs; MFU = the model's
 //               FLOPs per second per GPU (the replayed forward not counted) over the GPU's peak at the precision
@@ -59,6 +61,7 @@ struct Cluster {
   double pcie_gbps = 12;            // GB/s host <-> GPU (CPU offload)
   double host_memory_gbps = 40;     // GB/s of host memory bandwidth a GPU's rank gets (the CPU optimizer step)
   int64_t host_memory = 1024LL * 1024 * 1024 * 1024;  // bytes of host memory per node (CPU offload's state)
+  double disk_gbps = 2;             // GB/s of local disk (NVMe) a GPU's rank gets, each way (the disk tier)
   double overlap = 0.8;             // share of communication hidden behind computation (per-layer units)
   int64_t seq_len = 0;              // text tokens; 0: default_tokens
   int64_t max_batch = 4096;         // the search's upper bound
@@ -94,7 +97,7 @@ GpuSpec gpu_spec(const std::string& name);
 Cluster with_gpu(Cluster cluster, const GpuSpec& gpu);
 
 // The largest local batch of `job` (its batch ignored) whose predicted peak fits the cluster's GPU memory less the
-// margin; 0 when not even one sample fits.
+// margin, and what its node's ranks offload the node's host memory; 0 when not even one sample fits.
 // The text length a plan assumes when none is given: the model's maximum up to kDefaultTokens, the length Llama 3
 // trains at in torchtitan's tables (a 128k-token maximum is a limit for inference, not a training length); 512 for
 // a model without one.
@@ -116,7 +119,8 @@ PlannedConfig predict(const models::ModelRecipe& recipe, const ModelShape& shape
 
 // Every configuration (tensor-parallel size x strategy x activation checkpointing x mixed precision x CPU offload x
 // wrap) that fits with a batch of at least one, at its largest batch (or the split of cluster.global_batch),
-// fastest first; with activation offload on each where none fits without it. Throws std::invalid_argument for a cluster whose GPUs do not divide into its nodes.
+// fastest first; with activation offload on each where none fits without it, and then with the optimizer's state
+// on disk too (offload: nvme) where none fits yet (the host memory too small for CPU offload's state). Throws std::invalid_argument for a cluster whose GPUs do not divide into its nodes.
 std::vector<PlannedConfig> plan_configurations(const models::ModelRecipe& recipe, const Cluster& cluster);
 
 // A `shardtrain train` config for a planned configuration of `model`: model.from for a model directory with weights
