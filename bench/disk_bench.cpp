@@ -61,18 +61,18 @@ Bandwidth disk_bandwidth(const std::string& dir, int64_t bytes, int64_t request,
     }));
   }
   // The step's own pattern without its computation: chunk k + 1 read into one buffer while chunk k is written from
-  // the other, over a state of half the file (read and written in place).
+  // the other, over the whole file (the state's size), read and written in place.
   for (int repeat = 0; repeat < 3; ++repeat) {
     const double t0 = now();
     uint64_t reading = f.read(buffers[0].data(), request, 0), writing = 0;
-    for (int64_t k = 0; k * request < half; ++k) {
+    for (int64_t k = 0; k * request < bytes; ++k) {
       f.wait(reading);
       if (writing != 0) f.wait(writing);
-      if ((k + 1) * request < half) reading = f.read(buffers[(k + 1) % 2].data(), request, (k + 1) * request);
+      if ((k + 1) * request < bytes) reading = f.read(buffers[(k + 1) % 2].data(), request, (k + 1) * request);
       writing = f.write(buffers[k % 2].data(), request, k * request);
     }
     f.wait_all();
-    b.step_pattern = std::max(b.step_pattern, 2.0 * static_cast<double>(half) / (now() - t0) / 1e9);
+    b.step_pattern = std::max(b.step_pattern, 2.0 * static_cast<double>(bytes) / (now() - t0) / 1e9);
   }
   std::printf("disk: %s, %.2f GB: written at %.2f GB/s, read at %.2f GB/s, both at once %.2f GB/s, the step's "
               "pattern (read ahead, write behind) %.2f GB/s (%s, %lld MiB requests, %d in flight)\n",
@@ -111,7 +111,7 @@ int run(int argc, char** argv) {
   if (dir.empty()) throw std::invalid_argument("--dir DIR: a directory on the disk to measure");
   at::set_num_threads(std::max(1, at::get_num_threads()));
   const int64_t moment_bytes = params * 4;
-  const Bandwidth disk_gbps = disk_bandwidth(dir, 4 * moment_bytes, chunk_mib << 20, 2);
+  const Bandwidth disk_gbps = disk_bandwidth(dir, 2 * moment_bytes, chunk_mib << 20, 2);
   // Both moments read and written, at the disk's rate for the step's own pattern of transfers.
   const double bound = 4.0 * static_cast<double>(moment_bytes) / 1e9 / disk_gbps.step_pattern;
 
