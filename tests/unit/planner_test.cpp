@@ -254,12 +254,18 @@ TEST(Planner, OffloadPaysForTheCpuStepAndNeedsHostMemory) {
   EXPECT_FALSE(any_offload(plan_configurations(*llama, cluster)));
 }
 
+// `gpus` H100s in one node, training at `seq_len` tokens.
+Cluster h100s(int64_t gpus, int64_t seq_len) {
+  Cluster cluster = with_gpu(Cluster{}, gpu_spec("h100"));
+  cluster.gpus = gpus, cluster.seq_len = seq_len;
+  return cluster;
+}
+
 // Activation offload is planned only where nothing fits without it (Llama 3 8B at 32k tokens on 16 GiB GPUs), and
 // then pays for what the layers keep crossing PCIe twice a micro-batch; its YAML says parallel.activation_offload.
 TEST(Planner, ActivationOffloadOnlyWhereNothingElseFits) {
   const auto llama = models::recipe_of("llama-3-8b");
-  Cluster cluster = with_gpu(Cluster{}, gpu_spec("h100"));
-  cluster.gpus = 8, cluster.seq_len = 32768;
+  Cluster cluster = h100s(8, 32768);
   const auto on_h100 = plan_configurations(*llama, cluster);
   ASSERT_FALSE(on_h100.empty());
   for (const PlannedConfig& c : on_h100) EXPECT_FALSE(c.job.activation_offload);
@@ -286,8 +292,7 @@ TEST(Planner, ActivationOffloadOnlyWhereNothingElseFits) {
 // shards and gradients, and the optimizer step is no shorter than reading and writing the moments at disk_gbps.
 TEST(Planner, DiskTierOnlyWhereTheHostCannotHoldTheState) {
   const auto llama = models::recipe_of("llama-3-70b");
-  Cluster cluster = with_gpu(Cluster{}, gpu_spec("h100"));
-  cluster.gpus = 8, cluster.seq_len = 8192;
+  Cluster cluster = h100s(8, 8192);
   const auto configs = plan_configurations(*llama, cluster);
   ASSERT_FALSE(configs.empty());
   for (const PlannedConfig& c : configs) {
