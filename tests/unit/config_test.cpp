@@ -281,6 +281,40 @@ use_cpu: false
                 .parallel.min_params,
             1000000);
   EXPECT_EQ(parse_config("distributed_type: MULTI_CPU\n", "a.yaml").parallel.strategy, parallel::Strategy::DDP);
+  // DeepSpeed's: ZeRO stage 3 with the optimizer on NVMe and the parameters on the CPU, as `accelerate config`
+  // writes it: full sharding, the disk tier at the optimizer's path.
+  const Config zero = parse_config(R"(
+compute_environment: LOCAL_MACHINE
+deepspeed_config:
+  deepspeed_multinode_launcher: standard
+  gradient_accumulation_steps: 2
+  gradient_clipping: 0.5
+  offload_optimizer_device: nvme
+  offload_optimizer_nvme_path: /local_nvme
+  offload_param_device: cpu
+  zero3_init_flag: true
+  zero3_save_16bit_model: true
+  zero_stage: 3
+distributed_type: DEEPSPEED
+num_processes: 8
+)",
+                                   "accelerate.yaml");
+  EXPECT_EQ(zero.parallel.strategy, parallel::Strategy::FULL_SHARD);
+  EXPECT_EQ(zero.parallel.offload, parallel::Offload::NVME);
+  EXPECT_EQ(zero.parallel.nvme_path, "/local_nvme");
+  EXPECT_EQ(zero.train.grad_accum, 2);
+  EXPECT_DOUBLE_EQ(zero.train.max_grad_norm, 0.5);
+  EXPECT_EQ(parse_config("deepspeed_config:\n  zero_stage: 2\n  offload_optimizer_device: cpu\n", "a.yaml").parallel.offload,
+            parallel::Offload::CPU);
+  EXPECT_EQ(parse_config("deepspeed_config:\n  zero_stage: 2\n", "a.yaml").parallel.strategy,
+            parallel::Strategy::SHARD_GRAD_OP);
+  expect_error<ConfigError>([] { parse_config("deepspeed_config:\n  zero_stage: 4\n", "a.yaml"); }, {"zero_stage", "'4'"});
+  expect_error<ConfigError>([] { parse_config("deepspeed_config:\n  offload_param_device: disk\n", "a.yaml"); },
+                            {"offload_param_device", "none, cpu or nvme"});
+  // parallel.cpu_offload, FSDP's name for offload: cpu.
+  EXPECT_EQ(parse_config("parallel:\n  cpu_offload: true\n", "a.yaml").parallel.offload, parallel::Offload::CPU);
+  EXPECT_EQ(parse_config("parallel:\n  offload: nvme\n  nvme_path: /d\n", "a.yaml").parallel.offload,
+            parallel::Offload::NVME);
   // The device: auto unless the file names one (Accelerate: MULTI_GPU the GPUs, MULTI_CPU or use_cpu the CPU).
   EXPECT_EQ(c.train.device, parallel::Device::AUTO);  // FSDP, use_cpu: false
   EXPECT_EQ(parse_config("", "a.yaml").train.device, parallel::Device::AUTO);
@@ -300,8 +334,8 @@ use_cpu: false
   EXPECT_EQ(parse_config("fsdp_config:\n  fsdp_version: 2\n  fsdp_reshard_after_forward: false\n", "a.yaml")
                 .parallel.strategy,
             parallel::Strategy::SHARD_GRAD_OP);
-  expect_error<ConfigError>([] { parse_config("distributed_type: DEEPSPEED\n", "a.yaml"); },
-                            {"a.yaml:1", "distributed_type", "'DEEPSPEED'"});
+  expect_error<ConfigError>([] { parse_config("distributed_type: XLA\n", "a.yaml"); },
+                            {"a.yaml:1", "distributed_type", "'XLA'"});
   expect_error<ConfigError>([] { parse_config("fsdp_config:\n  fsdp_sharding_strategy: 9\n", "a.yaml"); },
                             {"a.yaml:2", "'9'", "FULL_SHARD"});
   expect_error<ConfigError>([] { parse_config("mixed_precision: fp8\n", "a.yaml"); }, {"'fp8'", "no, bf16, fp16"});

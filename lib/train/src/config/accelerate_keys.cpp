@@ -78,7 +78,9 @@ void reshard_after_forward(Config& c, const std::string& where, const std::strin
 
 void distributed_type(Config& c, const std::string& where, const std::string& path, const YAML::Node& value) {
   const std::string v = value.IsScalar() ? upper(value.Scalar()) : "";
-  if (v == "FSDP" || v == "NO") return;  // FSDP: the strategy comes from fsdp_config; NO: one process
+  // FSDP: the strategy comes from fsdp_config; DEEPSPEED: from deepspeed_config's ZeRO stage (full sharding unless
+  // it says otherwise); NO: one process.
+  if (v == "FSDP" || v == "DEEPSPEED" || v == "NO") return;
   if (v == "MULTI_GPU" || v == "MULTI_CPU") {  // DDP on the devices named (use_cpu: true still means the CPU)
     c.parallel.strategy = parallel::Strategy::DDP;
     if (c.train.device == parallel::Device::AUTO) {
@@ -86,7 +88,40 @@ void distributed_type(Config& c, const std::string& where, const std::string& pa
     }
     return;
   }
-  bad(where, path, value, "a distributed type shardtrain runs (FSDP, MULTI_GPU, MULTI_CPU or NO)");
+  bad(where, path, value, "a distributed type shardtrain runs (FSDP, DEEPSPEED, MULTI_GPU, MULTI_CPU or NO)");
+}
+
+// DeepSpeed's ZeRO stages as FSDP's strategies: 3 shards parameters too (FULL_SHARD), 2 gradients and optimizer
+// state (SHARD_GRAD_OP; stage 1, optimizer state alone, has no FSDP strategy of its own: it takes stage 2's, which
+// holds less), 0 replicates (DDP).
+void zero_stage(Config& c, const std::string& where, const std::string& path, const YAML::Node& value) {
+  switch (node_int(where, path, value)) {
+    case 0: c.parallel.strategy = parallel::Strategy::DDP; return;
+    case 1:
+    case 2: c.parallel.strategy = parallel::Strategy::SHARD_GRAD_OP; return;
+    case 3: c.parallel.strategy = parallel::Strategy::FULL_SHARD; return;
+    default: bad(where, path, value, "a ZeRO stage (0, 1, 2 or 3)");
+  }
+}
+
+// DeepSpeed's offload devices (offload_optimizer_device, offload_param_device: none, cpu, nvme) onto
+// parallel.offload, the further of the two: the disk tier keeps the optimizer's state on disk and the parameters in
+// host memory, so a parameter device of nvme is the disk tier with its parameters in host memory.
+void offload_device(Config& c, const std::string& where, const std::string& path, const YAML::Node& value) {
+  const std::string v = value.IsScalar() ? upper(value.Scalar()) : "";
+  const parallel::Offload o = v == "NONE"  ? parallel::Offload::NONE
+                              : v == "CPU" ? parallel::Offload::CPU
+                              : v == "NVME" ? parallel::Offload::NVME
+                                            : (bad(where, path, value, "none, cpu or nvme"), parallel::Offload::NONE);
+  if (static_cast<int>(o) > static_cast<int>(c.parallel.offload)) c.parallel.offload = o;
+}
+
+void gradient_clipping(Config& c, const std::string& where, const std::string& path, const YAML::Node& value) {
+  try {
+    c.train.max_grad_norm = std::stod(node_string(where, path, value));
+  } catch (const std::exception&) {
+    bad(where, path, value, "a number");
+  }
 }
 
 void use_cpu(Config& c, const std::string& where, const std::string& path, const YAML::Node& value) {
@@ -125,6 +160,7 @@ SHARDTRAIN_KEY(set_gradient_accumulation_steps, train.grad_accum, node_int)
 SHARDTRAIN_KEY(set_tp_size, parallel.tp_size, node_int)
 SHARDTRAIN_KEY(set_dp_shard_size, parallel.dp_shard_size, node_int)
 SHARDTRAIN_KEY(set_dp_replicate_size, parallel.dp_replicate_size, node_int)
+SHARDTRAIN_KEY(set_nvme_path, parallel.nvme_path, node_string)
 #undef SHARDTRAIN_KEY
 
 const std::map<std::string, Setter>& keys() {
@@ -167,6 +203,18 @@ const std::map<std::string, Setter>& keys() {
       {"parallelism_config.parallelism_config_dp_replicate_size", set_dp_replicate_size},
       {"parallelism_config.parallelism_config_cp_size", cp_size},
       {"parallelism_config.parallelism_config_cp_comm_strategy", accepted},
+      // DeepSpeed's (distributed_type: DEEPSPEED): ZeRO's stage as the strategy, its offload devices and NVMe path
+      // as parallel.offload and nvme_path.
+      {"deepspeed_config.zero_stage", zero_stage},
+      {"deepspeed_config.offload_optimizer_device", offload_device},
+      {"deepspeed_config.offload_param_device", offload_device},
+      {"deepspeed_config.offload_optimizer_nvme_path", set_nvme_path},
+      {"deepspeed_config.offload_param_nvme_path", set_nvme_path},
+      {"deepspeed_config.gradient_accumulation_steps", set_gradient_accumulation_steps},
+      {"deepspeed_config.gradient_clipping", gradient_clipping},
+      {"deepspeed_config.zero3_init_flag", accepted},        // each layer is sharded as it is built anyway
+      {"deepspeed_config.zero3_save_16bit_model", accepted},  // checkpoint.state_dict_type says what is saved
+      {"deepspeed_config.deepspeed_multinode_launcher", accepted},
       {"fsdp_config.fsdp_use_orig_params", accepted},
       {"fsdp_config.fsdp_cpu_ram_efficient_loading", accepted},
       // Accelerate launcher details with no effect on a shardtrain run.
