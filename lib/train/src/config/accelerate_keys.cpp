@@ -108,12 +108,11 @@ void zero_stage(Config& c, const std::string& where, const std::string& path, co
 // parallel.offload, the further of the two: the disk tier keeps the optimizer's state on disk and the parameters in
 // host memory, so a parameter device of nvme is the disk tier with its parameters in host memory.
 void offload_device(Config& c, const std::string& where, const std::string& path, const YAML::Node& value) {
-  const std::string v = value.IsScalar() ? upper(value.Scalar()) : "";
-  const parallel::Offload o = v == "NONE"  ? parallel::Offload::NONE
-                              : v == "CPU" ? parallel::Offload::CPU
-                              : v == "NVME" ? parallel::Offload::NVME
-                                            : (bad(where, path, value, "none, cpu or nvme"), parallel::Offload::NONE);
-  if (static_cast<int>(o) > static_cast<int>(c.parallel.offload)) c.parallel.offload = o;
+  static const std::map<std::string, parallel::Offload> devices = {
+      {"NONE", parallel::Offload::NONE}, {"CPU", parallel::Offload::CPU}, {"NVME", parallel::Offload::NVME}};
+  auto it = value.IsScalar() ? devices.find(upper(value.Scalar())) : devices.end();
+  if (it == devices.end()) bad(where, path, value, "none, cpu or nvme");
+  if (static_cast<int>(it->second) > static_cast<int>(c.parallel.offload)) c.parallel.offload = it->second;
 }
 
 void gradient_clipping(Config& c, const std::string& where, const std::string& path, const YAML::Node& value) {
