@@ -22,7 +22,7 @@ usage: memory_model.py [--quick | --lora | --tp | --offload] [--only TEXT] [--ch
   --only    the cells whose row starts with TEXT (words separated by spaces or commas: "vit,full_shard,2")
 Cells: (family, strategy, world, batch per rank, precision, checkpointing[, micro-batches[, tokens[, LoRA[, TP[,
 offload]]]]]), TP "2" (tensor parallel over 2 of the world's ranks, the strategy over the rest) or "2:sp" (sequence
-parallel too), offload "cpu", "activations" or "cpu+activations".
+parallel too), offload "cpu", "activations", "cpu+activations" or "nvme".
   --check   exit 1 when a cell's prediction of any phase (forward, backward, step; host, offloaded) is off by more
             than the bound:
             UNDER:OVER (0.03:0.08 = at most 3% below, 8% above measured; an underestimate is the one that runs out
@@ -85,8 +85,8 @@ STRATEGIES = ["full_shard", "shard_grad_op", "no_shard", "ddp"]
 PHASES = ["forward", "backward", "step"]
 Cell = collections.namedtuple("Cell", "family strategy world batch precision ac grad_accum tokens lora tp offload",
                               defaults=(1, 64, "", "", ""))
-# A cell's offload: "" none, "cpu" (parallel.cpu_offload), "activations" (parallel.activation_offload), or both
-# ("cpu+activations").
+# A cell's offload: "" none, "cpu" (parallel.cpu_offload), "activations" (parallel.activation_offload), both
+# ("cpu+activations"), or "nvme" (parallel.offload: nvme, the disk tier).
 
 
 def grid(quick):
@@ -215,6 +215,8 @@ def offload_cells():
     cells.append(("llama", "full_shard", 2, 4, "no", False, 1, 256, "8:all-linear", "", "activations"))
     cells.append(("llama", "full_shard", 2, 2, "bf16", True, 1, 1024, "", "", "cpu+activations"))
     cells.append(("t5", "full_shard", 2, 4, "no", False, 1, 256, "", "", "cpu+activations"))
+    for family, strategy in [("llama", "full_shard"), ("t5", "shard_grad_op"), ("flava", "full_shard")]:
+        cells.append((family, strategy, 2, 2 if family == "flava" else 4, "no", False, 1, 64, "", "", "nvme"))
     return cells
 
 
@@ -250,6 +252,9 @@ def run_cell(build, config_dir, cell):
         cmd += ["--tp", str(tp)] + (["--sp"] if sp else [])
     if "cpu" in cell.offload:
         cmd.append("--offload")
+    if "nvme" in cell.offload:  # the disk tier: AdamW's state in a scratch file beside the configs
+        os.makedirs(os.path.join(config_dir, "nvme"), exist_ok=True)
+        cmd += ["--nvme", os.path.join(config_dir, "nvme")]
     if "activations" in cell.offload:
         cmd.append("--activation-offload")
     env = dict(os.environ, OMP_NUM_THREADS="1")

@@ -5,13 +5,14 @@
 //
 //   memory_model_bench --model MODEL --strategy S [--mixed-precision no|bf16|fp16] [--ac] [--batch B] [--seq-len T]
 //                      [--nodes M] [--steps N] [--grad-accum K] [--lora R [--lora-targets a,b] [--lora-dropout P]]
-//                      [--tp T [--sp]] [--offload] [--activation-offload]
+//                      [--tp T [--sp]] [--offload] [--activation-offload] [--nvme DIR]
 // MODEL is a flavor or a Hugging Face config.json; the batch is synthetic, of the task's largest kind. --lora: rank-R
 // adapters on the targets (default the query and value projections; "all-linear"), the rest frozen (models/lora.h).
 // --tp: tensor parallelism over T ranks (--sp: sequence parallel), the strategy over the rest. --offload: CPU offload
 // (parallel.cpu_offload): what it keeps in host memory is counted apart (memory::CpuTier::HOST), and RESULT's "host"
 // gives its measured peak and the model's host bytes. --activation-offload (parallel.activation_offload): what the
-// layers keep for backward in the host tier as well.
+// layers keep for backward in the host tier as well. --nvme DIR: the disk tier (parallel.offload: nvme), AdamW's
+// state in a scratch file under DIR, the host tier holding its staging buffers.
 #include <ATen/ATen.h>
 #include <torch/nn/module.h>
 
@@ -52,6 +53,7 @@ int run(int argc, char** argv) {
   std::string model, strategy = "full_shard", precision = "no";
   int64_t batch = 4, seq_len = 128, nodes = 1, steps = 3, grad_accum = 1, tp = 1;
   bool ac = false, sp = false, offload = false, activation_offload = false;
+  std::string nvme_path;  // --nvme DIR: the disk tier (offload: nvme) there
   models::LoraSpec lora;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
@@ -72,6 +74,7 @@ int run(int argc, char** argv) {
     else if (a == "--sp") sp = true;
     else if (a == "--offload") offload = true;
     else if (a == "--activation-offload") activation_offload = true;
+    else if (a == "--nvme") nvme_path = next();
     else if (a == "--lora") lora.r = std::stoll(next()), lora.lora_alpha = 2.0 * static_cast<double>(lora.r);
     else if (a == "--lora-targets") lora.target_modules = split_commas(next());
     else if (a == "--lora-dropout") lora.lora_dropout = std::stod(next());
@@ -88,6 +91,7 @@ int run(int argc, char** argv) {
   job.activation_checkpointing = ac, job.batch = batch, job.seq_len = seq_len;
   job.grad_accum = grad_accum, job.tp = tp, job.sequence_parallel = sp, job.cpu_offload = offload;
   job.activation_offload = activation_offload;
+  job.cpu_offload = offload || !nvme_path.empty(), job.optimizer_on_disk = !nvme_path.empty();
   job.fused_optimizer = config::OptimConfig{}.fused;  // the trainer's optimizer, made below
   const plan::MemoryEstimate predicted = plan::estimate_training_memory(*recipe, job);
 
@@ -97,7 +101,10 @@ int run(int argc, char** argv) {
   c.parallel.mixed_precision = job.mixed_precision;
   c.parallel.activation_checkpointing = ac;
   c.train.batch_size = batch;
-  c.parallel.tp_size = tp, c.parallel.sequence_parallel = sp, c.parallel.offload = offload ? parallel::Offload::CPU : parallel::Offload::NONE;
+  c.parallel.tp_size = tp, c.parallel.sequence_parallel = sp, c.parallel.offload = !nvme_path.empty() ? parallel::Offload::NVME
+                       : offload          ? parallel::Offload::CPU
+                                          : parallel::Offload::NONE;
+  c.parallel.nvme_path = nvme_path;
   c.parallel.activation_offload = activation_offload;
   const bool hybrid = parallel::is_hybrid(c.parallel.strategy);
   const dist::DeviceMesh mesh =
@@ -143,7 +150,7 @@ int run(int argc, char** argv) {
     memory::reset_cpu_peak();
     parallel.finish_gradients();
     // Offloaded, the step runs where the shards are, as the trainer's (train/train_step.cpp).
-    const memory::CpuTierScope tier(offload ? memory::CpuTier::HOST : memory::CpuTier::COMPUTE);
+    const memory::CpuTierScope tier(job.cpu_offload ? memory::CpuTier::HOST : memory::CpuTier::COMPUTE);
     if (scaler) scaler->unscale(*optimizer);
     parallel.clip_grad_norm(INFINITY, optimizer->param_groups());
     bool stepped = true;

@@ -157,8 +157,9 @@ at::Tensor DiskAdamW::step(LossClosure closure) {
     chunks.back().bytes += 2 * s.moment_bytes;
     largest = std::max(largest, chunks.back().bytes);
   }
-  for (io::AlignedBuffer& b : st.buffers) {
-    if (b.size() < largest) b = io::AlignedBuffer(largest);  // in the caller's tier: the host's, offloaded
+  // In the caller's tier (the host's, offloaded); the second only where there is a second chunk.
+  for (size_t i = 0; i < std::min<size_t>(2, chunks.size()); ++i) {
+    if (st.buffers[i].size() < largest) st.buffers[i] = io::AlignedBuffer(largest);
   }
 
   // Chunk k in buffer k % 2: read k + 1 while k steps, once k - 1's write from that buffer is done.

@@ -97,6 +97,29 @@ void check_job(const TrainingJob& job, const ModelShape& shape) {
 }
 
 
+// The disk tier's staging buffers (optim::DiskAdamW): its chunks are runs of a rank's parameters in order, each
+// parameter's two moments padded to 4 KiB, up to 64 MiB a chunk (a larger parameter alone); two buffers of the
+// largest chunk, one where a single chunk holds everything.
+int64_t disk_staging_bytes(const StepLayout& s) {
+  const int64_t chunk_bytes = 64LL << 20, block = 4096;  // optim::DiskStateOptions::chunk_bytes, the alignment
+  const int64_t moment_element = s.job->optimizer_state_bytes / 2;
+  const std::vector<int64_t>& sizes = s.shape->trainable_in_order;
+  const std::vector<char>& idle = s.shape->without_gradient_in_order;
+  int64_t chunks = 0, current = 0, largest = 0;
+  bool run = false;  // a chunk is open
+  for (size_t i = 0; i < sizes.size(); ++i) {
+    if (i < idle.size() && idle[i]) {  // not stepped this step: the run of consecutive parameters ends
+      run = false;
+      continue;
+    }
+    const int64_t bytes = 2 * ceil_div(ceil_div(sizes[i], s.shard) * moment_element, block) * block;
+    if (!run || current + bytes > chunk_bytes) ++chunks, current = 0, run = true;
+    current += bytes;
+    largest = std::max(largest, current);
+  }
+  return chunks > 1 ? 2 * largest : largest;
+}
+
 // Sharded state: each unit's parameters split over the shard group (padded to a multiple of it); gradients and
 // the optimizer's state for the trainable ones only (its state for every trainable parameter: the heads a step
 // leaves out train in other steps).
@@ -117,10 +140,7 @@ void lay_out_sharded_state(StepLayout& s) {
   s.dev_params = s.offload ? 0 : s.params, s.dev_grads = s.offload ? 0 : s.grads;
   s.dev_adam = s.offload ? 0 : s.adam;
   s.adam_on_disk = s.offload && job.optimizer_on_disk;
-  const int64_t largest_moments = ceil_div(s.shape->largest_trainable_tensor, s.shard) * job.optimizer_state_bytes;
-  s.host_adam = !s.offload       ? 0
-                : s.adam_on_disk ? std::min(s.adam, 2 * std::max<int64_t>(64LL << 20, largest_moments))
-                                 : s.adam;
+  s.host_adam = !s.offload ? 0 : s.adam_on_disk ? disk_staging_bytes(s) : s.adam;
 }
 
 // Full parameters gathered (compute dtype). A group of one with no cast uses its parameters as they are; the root

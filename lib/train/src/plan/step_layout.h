@@ -47,7 +47,8 @@ struct StepLayout {
   int64_t params = 0, grads = 0, adam = 0;
   bool offload = false;
   // The optimizer's state on disk (job.optimizer_on_disk): what the host holds of it instead, the two staging buffers
-  // a step streams it through (optim::DiskAdamW's, 64 MiB each, or a larger parameter's moments).
+  // a step streams it through (optim::DiskAdamW's, 64 MiB each, or a larger parameter's moments; one, of the
+  // state's size, when it fits in one chunk).
   bool adam_on_disk = false;
   int64_t host_adam = 0;
   int64_t dev_params = 0, dev_grads = 0, dev_adam = 0;
