@@ -1499,12 +1499,13 @@ TEST_F(TrainTest, BadInputExitsWithTheMessage) {
   r = run(std::string(SHARDTRAIN_BIN) + " train " + root_ + "/config.yaml --parallel.cpu_offload=true "
           "--parallel.strategy=ddp");
   EXPECT_EQ(r.status, 2);
-  EXPECT_NE(r.output.find("cpu_offload: true offloads the shards of an FSDP strategy"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("parallel.offload: cpu offloads the shards of an FSDP strategy"), std::string::npos)
+      << r.output;
   // With workers to start: said once, by the process that would start them, and none starts.
   r = run(std::string(SHARDTRAIN_BIN) + " train " + root_ + "/config.yaml --parallel.cpu_offload=true "
           "--parallel.strategy=ddp --launch.num_processes=2");
   EXPECT_EQ(r.status, 2);
-  const std::string offload = "cpu_offload: true offloads the shards of an FSDP strategy";
+  const std::string offload = "parallel.offload: cpu offloads the shards of an FSDP strategy";
   EXPECT_NE(r.output.find(offload), std::string::npos) << r.output;
   EXPECT_EQ(r.output.find(offload), r.output.rfind(offload)) << r.output;
   EXPECT_EQ(r.output.find("[rank"), std::string::npos) << r.output;
