@@ -89,7 +89,7 @@ int run(int argc, char** argv) {
   job.world = env.world_size, job.nodes = nodes, job.strategy = parallel::strategy_named(strategy);
   job.mixed_precision = parallel::precision_named(precision);
   job.activation_checkpointing = ac, job.batch = batch, job.seq_len = seq_len;
-  job.grad_accum = grad_accum, job.tp = tp, job.sequence_parallel = sp, job.cpu_offload = offload;
+  job.grad_accum = grad_accum, job.tp = tp, job.sequence_parallel = sp;
   job.activation_offload = activation_offload;
   job.cpu_offload = offload || !nvme_path.empty(), job.optimizer_on_disk = !nvme_path.empty();
   job.fused_optimizer = config::OptimConfig{}.fused;  // the trainer's optimizer, made below

@@ -23,10 +23,9 @@ namespace {
 
 std::string reason(int error) { return std::strerror(error); }
 
-int64_t gib_tenths(int64_t bytes) { return bytes * 10 / (1LL << 30); }
-
+// "12.3 GiB" (memory::readable_size is a layer above io).
 std::string gib(int64_t bytes) {
-  const int64_t t = gib_tenths(bytes);
+  const int64_t t = bytes * 10 / (1LL << 30);
   return std::to_string(t / 10) + "." + std::to_string(t % 10) + " GiB";
 }
 

@@ -2,7 +2,6 @@
 
 #include <ATen/ATen.h>
 #include <c10/core/StorageImpl.h>
-#include <c10/util/intrusive_ptr.h>
 #include <torch/csrc/autograd/engine.h>
 #include <torch/csrc/autograd/function.h>
 #include <torch/csrc/autograd/grad_mode.h>

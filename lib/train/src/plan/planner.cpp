@@ -44,9 +44,14 @@ constexpr double kCpuAdamWBytesPerParameter = 28;
 
 constexpr int64_t kGiB = 1024LL * 1024 * 1024;
 
-// Bytes a GPU may hold: its memory less the margin kept free.
-int64_t memory_budget(const Cluster& cluster) {
-  return static_cast<int64_t>(static_cast<double>(cluster.gpu_memory) * (1 - cluster.memory_margin));
+// Whether `job` fits the cluster: its predicted peak within a GPU's memory less the margin kept free, and what a
+// node's ranks offload within the node's host memory (activation offload's grows with the batch).
+bool fits(const models::ModelRecipe& recipe, const ModelShape& shape, const TrainingJob& job,
+          const Cluster& cluster) {
+  const int64_t budget = static_cast<int64_t>(static_cast<double>(cluster.gpu_memory) * (1 - cluster.memory_margin));
+  const int64_t per_node = cluster.gpus / std::max<int64_t>(cluster.nodes, 1);
+  const MemoryEstimate e = estimate_training_memory(recipe, shape, job);
+  return e.peak_bytes <= budget && e.host_bytes * per_node <= cluster.host_memory;
 }
 
 std::string lower(std::string s) {
@@ -83,12 +88,12 @@ bool split_global_batch(const models::ModelRecipe& recipe, const ModelShape& sha
                         const Cluster& cluster) {
   const int64_t dp = job.world / job.tp, largest = job.batch;
   if (cluster.global_batch % dp != 0) return false;
-  const int64_t local = cluster.global_batch / dp, budget = memory_budget(cluster);
+  const int64_t local = cluster.global_batch / dp;
   for (int64_t micro = std::min(local, largest); micro >= 1; --micro) {
     if (local % micro != 0) continue;
     TrainingJob candidate = job;
     candidate.batch = micro, candidate.grad_accum = local / micro;
-    if (estimate_training_memory(recipe, shape, candidate).peak_bytes > budget) continue;
+    if (!fits(recipe, shape, candidate, cluster)) continue;
     job = candidate;
     return true;
   }
@@ -109,21 +114,17 @@ int64_t default_tokens(const models::ModelRecipe& recipe) {
 
 int64_t largest_batch(const models::ModelRecipe& recipe, const ModelShape& shape, TrainingJob job,
                       const Cluster& cluster) {
-  const int64_t budget = memory_budget(cluster);
-  const int64_t per_node = cluster.gpus / std::max<int64_t>(cluster.nodes, 1);
-  // The device's memory, and the host's for what a node's ranks offload (activation offload's grows with the batch).
-  auto fits = [&](int64_t batch) {
+  auto fits_at = [&](int64_t batch) {
     job.batch = batch;
-    const MemoryEstimate e = estimate_training_memory(recipe, shape, job);
-    return e.peak_bytes <= budget && e.host_bytes * per_node <= cluster.host_memory;
+    return fits(recipe, shape, job, cluster);
   };
-  if (!fits(1)) return 0;
-  int64_t lo = 1, hi = 2;  // fits(lo); grow hi until it does not fit
-  while (hi <= cluster.max_batch && fits(hi)) lo = hi, hi *= 2;
+  if (!fits_at(1)) return 0;
+  int64_t lo = 1, hi = 2;  // fits_at(lo); grow hi until it does not fit
+  while (hi <= cluster.max_batch && fits_at(hi)) lo = hi, hi *= 2;
   hi = std::min(hi, cluster.max_batch + 1);
   while (hi - lo > 1) {
     const int64_t mid = lo + (hi - lo) / 2;
-    (fits(mid) ? lo : hi) = mid;
+    (fits_at(mid) ? lo : hi) = mid;
   }
   return lo;
 }
@@ -270,10 +271,7 @@ std::vector<PlannedConfig> plan_configurations(const models::ModelRecipe& recipe
                 job.batch = largest_batch(recipe, *shape, job, cluster);
                 if (job.batch < 1) continue;
                 if (cluster.global_batch > 0 && !split_global_batch(recipe, *shape, job, cluster)) continue;
-                PlannedConfig planned = predict(recipe, *shape, job, cluster);
-                // Offloaded state of every rank of a node in its host memory.
-                if (planned.memory.host_bytes * per_node > cluster.host_memory) continue;
-                out.push_back(std::move(planned));
+                out.push_back(predict(recipe, *shape, job, cluster));
               }
             }
           }

@@ -8,6 +8,7 @@
 
 #include "shardtrain/distributed/communicator.h"
 #include "shardtrain/fsdp/fully_shard.h"
+#include "shardtrain/io/scratch_file.h"
 
 namespace shardtrain::plan {
 
@@ -101,7 +102,8 @@ void check_job(const TrainingJob& job, const ModelShape& shape) {
 // parameter's two moments padded to 4 KiB, up to 64 MiB a chunk (a larger parameter alone); two buffers of the
 // largest chunk, one where a single chunk holds everything.
 int64_t disk_staging_bytes(const StepLayout& s) {
-  const int64_t chunk_bytes = 64LL << 20, block = 4096;  // optim::DiskStateOptions::chunk_bytes, the alignment
+  const int64_t chunk_bytes = 64LL << 20;  // optim::DiskStateOptions::chunk_bytes
+  const int64_t block = io::ScratchFile::kAlignment;
   const int64_t moment_element = s.job->optimizer_state_bytes / 2;
   const std::vector<int64_t>& sizes = s.shape->trainable_in_order;
   const std::vector<char>& idle = s.shape->without_gradient_in_order;
