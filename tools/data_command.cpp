@@ -16,7 +16,7 @@ namespace {
 
 const char* kDataUsage =
     "usage: shardtrain data synth --out DIR [--image-text N] [--text N] [--image N] [--eval N] [--pairs N]\n"
-    "                             [--seq2seq N]\n"
+    "                             [--seq2seq N] [--ner N]\n"
     "                             [--image-size PIXELS] [--shard-size N] [--vocab-size N] [--seed S]\n"
     "       shardtrain data vocab --out vocab.txt [--size N] [--min-frequency K] [--cased] [--field F] FILE|DIR...\n"
     "       shardtrain data show FILE.parquet|FILE.arrow [--rows N]\n"
@@ -27,7 +27,9 @@ const char* kDataUsage =
     "       --pairs: N sentence pairs in GLUE MRPC's TSV layout (pairs/train.tsv, N/4 in pairs/eval.tsv),\n"
     "       Quality 1 when both captions describe the same scene;\n"
     "       --seq2seq: N records {\"input\": caption, \"target\": its first object} (seq2seq/train.jsonl, N/4 in\n"
-    "       seq2seq/eval.jsonl).\n"
+    "       seq2seq/eval.jsonl);\n"
+    "       --ner: N captions tagged as CoNLL-2003 named entities, objects (B-OBJ, I-OBJ) and places (B-LOC)\n"
+    "       (ner/train.conll, N/4 in ner/valid.conll).\n"
     "vocab: learns a WordPiece vocabulary (BERT's vocab.txt format) from text: .txt lines, .jsonl fields,\n"
     "       .tsv/.csv, .parquet or .arrow columns (--field, default \"text\"), or the .txt members of tars.\n"
     "show: a table file's columns (type, and datasets' feature: a ClassLabel's names) and its first N rows\n"
@@ -41,7 +43,7 @@ const char* kDataUsage =
 
 int synth(const std::vector<std::string>& argv) {
   const Args a = parse_args(argv, {"out", "image-text", "text", "image", "eval", "image-size", "shard-size",
-                                   "vocab-size", "seed", "pairs", "seq2seq"}, {});
+                                   "vocab-size", "seed", "pairs", "seq2seq", "ner"}, {});
   data::SynthOptions o;
   o.out = a.get("out", "");
   if (o.out.empty()) throw std::invalid_argument("--out DIR is required");
@@ -51,6 +53,7 @@ int synth(const std::vector<std::string>& argv) {
   o.eval_samples = a.get_int("eval", o.eval_samples);
   o.pair_samples = a.get_int("pairs", o.pair_samples);
   o.seq2seq_samples = a.get_int("seq2seq", o.seq2seq_samples);
+  o.ner_samples = a.get_int("ner", o.ner_samples);
   o.image_size = a.get_int("image-size", o.image_size);
   o.samples_per_shard = a.get_int("shard-size", o.samples_per_shard);
   o.vocab_size = a.get_int("vocab-size", o.vocab_size);
@@ -71,7 +74,7 @@ int synth(const std::vector<std::string>& argv) {
   std::cout << "data synth: wrote " << files << " files to " << o.out << " (" << o.image_text_samples
             << " image-text, " << o.text_samples << " text, " << o.image_samples << " image, " << o.eval_samples
             << " held-out, " << o.pair_samples << " sentence pairs, " << o.seq2seq_samples
-            << " seq2seq records; vocab.txt)\n";
+            << " seq2seq records, " << o.ner_samples << " tagged sentences; vocab.txt)\n";
   return 0;
 }
 

@@ -10,7 +10,9 @@
 #include <fstream>
 #include <mutex>
 #include <set>
+#include <sstream>
 #include <thread>
+#include <tuple>
 
 #include "shardtrain/data/formats/image.h"
 #include "shardtrain/data/pipeline/loader.h"
@@ -894,6 +896,47 @@ TEST_F(DataTest, SynthIsDeterministicAndDescribesItsImages) {
   expect_error<std::invalid_argument>([&] { write_synth_dataset(o); },
                                       {"'" + o.out + "' holds what data synth does not write (notes.md)"});
   EXPECT_TRUE(io::path_exists(o.out + "/vocab.txt"));
+}
+
+// --ner: captions as CoNLL-2003 sentences, each word tagged by what it says: size, colour and shape words an object
+// (B-OBJ first, I-OBJ after; a size always opens one), a place word a location, the rest O; a quarter as many held out.
+TEST_F(DataTest, SynthNerTagsTheCaptionsWords) {
+  SynthOptions o;
+  o.out = dir_ + "/synth";
+  o.image_text_samples = o.text_samples = o.image_samples = o.eval_samples = 0;
+  o.ner_samples = 40;
+  EXPECT_EQ(write_synth_dataset(o), 2 + 1);
+  for (const auto& [file, count, stream] : {std::tuple<std::string, int64_t, uint64_t>{"train.conll", 40, 9},
+                                            {"valid.conll", 10, 10}}) {
+    const std::vector<char> bytes = io::read_file(o.out + "/ner/" + file);
+    const std::string text(bytes.begin(), bytes.end());
+    ASSERT_EQ(text.rfind("-DOCSTART- -X- -X- O\n\n", 0), 0u);
+    std::istringstream lines(text.substr(text.find("\n\n") + 2));
+    std::string line, sentence, previous = "O";
+    int64_t sentences = 0;
+    while (std::getline(lines, line)) {
+      if (line.empty()) {
+        EXPECT_EQ(sentence, render_scene(o.seed, stream, sentences, 16).caption);
+        ++sentences, sentence.clear(), previous = "O";
+        continue;
+      }
+      std::istringstream fields(line);
+      std::string word, pos, chunk, tag;
+      fields >> word >> pos >> chunk >> tag;
+      sentence += (sentence.empty() ? "" : " ") + word;
+      const bool size = word == "small" || word == "large";
+      const bool place = word == "left" || word == "right" || word == "top" || word == "bottom" || word == "middle";
+      const bool shape = word.rfind("circle", 0) == 0 || word.rfind("square", 0) == 0 ||
+                         word.rfind("triangle", 0) == 0 || word.rfind("diamond", 0) == 0 || word.rfind("cross", 0) == 0;
+      if (size) EXPECT_EQ(tag, "B-OBJ") << line;
+      if (shape) EXPECT_EQ(tag, "I-OBJ") << line;  // after its size and colour
+      if (place) EXPECT_EQ(tag, "B-LOC") << line;
+      if (!size && !shape && !place && tag != "O") EXPECT_EQ(tag, "I-OBJ") << line;  // a colour, inside an object
+      if (tag == "I-OBJ") EXPECT_NE(previous, "O") << line;
+      previous = tag;
+    }
+    EXPECT_EQ(sentences, count) << file;
+  }
 }
 
 TEST(Vocab, BuildsWordPiecesThatCoverTheCorpus) {

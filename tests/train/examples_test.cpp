@@ -1,6 +1,7 @@
 // The examples under examples/ run as a user runs them, and do what their comments say.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <map>
 #include <regex>
@@ -211,6 +212,49 @@ TEST(Examples, LlamaLoraAdapterLoadedByPeft) {
   const double theirs = checked_value(r.output, "perplexity");
   EXPECT_NEAR(theirs, after, 0.01 * after) << r.output;
   io::remove_tree(out);
+}
+
+// configs/'s starter configs, one per task, run as their headers say: the one `shardtrain data synth` command they
+// all name, then `shardtrain train configs/TASK.yaml` from the directory holding data/ (as from the checkout), a
+// few steps with an evaluation each. Every config whose header says "Starter:" is one of them.
+TEST(StarterConfigs, EachTrainsAsItsHeaderSays) {
+  const std::string root = "/tmp/shardtrain_starter_" + std::to_string(::getpid());
+  const std::string configs = std::string(SHARDTRAIN_SOURCE_DIR) + "/configs/";
+  const std::vector<std::string> tasks = {"pretraining", "classification", "token-classification", "seq2seq",
+                                          "causal-lm", "lora"};
+  for (const auto& entry : std::filesystem::directory_iterator(configs)) {
+    const std::string name = entry.path().stem().string();
+    if (read_text(entry.path().string()).rfind("# Starter:", 0) == 0) {
+      EXPECT_NE(std::find(tasks.begin(), tasks.end(), name), tasks.end()) << name << ".yaml is not run here";
+    }
+  }
+  std::string synth;
+  for (const std::string& task : tasks) {
+    const std::string text = read_text(configs + task + ".yaml");
+    ASSERT_EQ(text.rfind("# Starter:", 0), 0u) << task;
+    std::smatch m;
+    ASSERT_TRUE(std::regex_search(text, m, std::regex(R"(#\s+shardtrain (data synth [^\n]*))"))) << task;
+    if (synth.empty()) synth = m[1];
+    EXPECT_EQ(m[1], synth) << task << " names another data synth command";
+  }
+  io::remove_tree(root);
+  io::make_directories(root);
+  const std::string here = "cd " + root + " && " + SHARDTRAIN_BIN + " ";
+  const Outcome data = run(here + synth);
+  ASSERT_EQ(data.status, 0) << data.output;
+  for (const std::string& task : tasks) {
+    SCOPED_TRACE(task);
+    const Outcome r = run(here + "train " + configs + task + ".yaml --train.steps=4 --train.eval_interval=2 "
+                          "--train.eval_samples=32 --log.interval=2");
+    ASSERT_EQ(r.status, 0) << r.output;
+    EXPECT_NE(r.output.find("step 4/4  loss"), std::string::npos) << r.output;
+    EXPECT_EQ(r.output.find("nan"), std::string::npos) << r.output;
+    EXPECT_EQ(r.output.find("is not read"), std::string::npos) << r.output;  // no key of the config left unused
+    if (task != "pretraining") EXPECT_NE(r.output.find("eval step 4 "), std::string::npos) << r.output;
+    EXPECT_TRUE(io::path_exists(root + "/runs/" + task + "/checkpoints/step-00000004")) << r.output;
+    EXPECT_TRUE(io::path_exists(root + "/runs/" + task + "/metrics.csv")) << r.output;
+  }
+  io::remove_tree(root);
 }
 
 }  // namespace

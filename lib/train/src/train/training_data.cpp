@@ -199,6 +199,10 @@ TrainingData open_training_data(const Config& c, const models::Task& task,
     if (!text) throw std::invalid_argument("data.packing: true packs data.text, and the config gives none");
     d.options.packed = pack_texts(c, text, d.options, logger);
   }
+  if (!task.has_evaluation() && !c.data.eval.empty()) {
+    logger.warning("data.eval: " + task.name() + " has no evaluation, so the held-out data is not read (the "
+                   "training loss is what shows the learning)");
+  }
   if (task.has_evaluation() && !c.data.eval.empty()) {
     const data::SampleKind kind = task.eval_kind();
     d.eval_source = std::make_shared<data::SampleSource>(c.data.eval, kind, text_fields(c, needs),

@@ -115,6 +115,12 @@ std::string sample_key(int64_t index) {
   return key;
 }
 
+// The file of one split: `name` under `<out>/<dir>`, made with its directory.
+void write_text_file(const SynthOptions& o, const char* dir, const char* name, const std::string& text) {
+  io::make_directories(o.out + "/" + dir);
+  io::write_file_atomic(o.out + "/" + dir + "/" + name, std::vector<char>(text.begin(), text.end()));
+}
+
 }  // namespace
 
 SynthScene render_scene(uint64_t seed, uint64_t stream, int64_t index, int64_t image_size) {
@@ -188,10 +194,104 @@ SynthPair synth_pair(uint64_t seed, bool eval, int64_t index) {
   return p;
 }
 
+namespace {
+
+// Each writer returns the number of files it wrote (0 when its count is 0) and adds its training texts to
+// `captions` (the vocabulary's corpus; held-out texts stay out of it).
+int64_t write_pairs(const SynthOptions& o, std::vector<std::string>& captions) {
+  int64_t files = 0;
+  for (const bool eval : {false, true}) {
+    const int64_t pairs = eval ? o.pair_samples / 4 : o.pair_samples;
+    if (pairs == 0) continue;
+    std::string table = "Quality\t#1 ID\t#2 ID\t#1 String\t#2 String\n";
+    for (int64_t i = 0; i < pairs; ++i) {
+      const SynthPair p = synth_pair(o.seed, eval, i);
+      table += std::to_string(p.label) + "\t" + std::to_string(2 * i) + "\t" + std::to_string(2 * i + 1) + "\t" +
+               p.first + "\t" + p.second + "\n";
+      if (!eval) captions.push_back(p.first), captions.push_back(p.second);
+    }
+    write_text_file(o, "pairs", eval ? "eval.tsv" : "train.tsv", table);
+    ++files;
+  }
+  return files;
+}
+
+int64_t write_seq2seq(const SynthOptions& o, std::vector<std::string>& captions) {
+  int64_t files = 0;
+  for (const bool eval : {false, true}) {
+    const int64_t records = eval ? o.seq2seq_samples / 4 : o.seq2seq_samples;
+    if (records == 0) continue;
+    std::string lines;
+    for (int64_t i = 0; i < records; ++i) {
+      const SynthScene scene = render_scene(o.seed, eval ? 8 : 7, i, 16);  // streams 5, 6: the pairs
+      lines += nlohmann::json{{"input", scene.caption}, {"target", scene.objects.at(0)}}.dump() + "\n";
+      if (!eval) captions.push_back(scene.caption);
+    }
+    write_text_file(o, "seq2seq", eval ? "eval.jsonl" : "train.jsonl", lines);
+    ++files;
+  }
+  return files;
+}
+
+// A caption's words tagged as named entities: an object is its size, colour and shape words ("small red
+// circles": B-OBJ I-OBJ I-OBJ), a location the word of its place ("left": B-LOC), every other word O.
+std::vector<std::pair<std::string, const char*>> tagged_words(const std::string& caption) {
+  auto is_object_word = [](const std::string& w) {
+    if (w == "small" || w == "large") return true;
+    for (const Colour& c : kColours) {
+      if (w == c.name) return true;
+    }
+    for (const char* shape : kShapes) {
+      if (w.rfind(shape, 0) == 0) return true;  // "crosses", "circles"
+    }
+    return false;
+  };
+  std::vector<std::pair<std::string, const char*>> out;
+  size_t start = 0;
+  while (start < caption.size()) {
+    size_t end = caption.find(' ', start);
+    if (end == std::string::npos) end = caption.size();
+    const std::string w = caption.substr(start, end - start);
+    start = end + 1;
+    if (w.empty()) continue;
+    const char* tag = "O";
+    if (is_object_word(w)) {
+      const bool inside = !out.empty() && std::string(out.back().second).find("OBJ") != std::string::npos;
+      tag = inside && w != "small" && w != "large" ? "I-OBJ" : "B-OBJ";
+    } else if (w == "left" || w == "right" || w == "top" || w == "bottom" || w == "middle") {
+      tag = "B-LOC";
+    }
+    out.emplace_back(w, tag);
+  }
+  return out;
+}
+
+// CoNLL-2003's own layout: a -DOCSTART- line, then one word per line (word, part of speech, chunk, entity tag),
+// a blank line after each sentence.
+int64_t write_ner(const SynthOptions& o, std::vector<std::string>& captions) {
+  int64_t files = 0;
+  for (const bool eval : {false, true}) {
+    const int64_t sentences = eval ? o.ner_samples / 4 : o.ner_samples;
+    if (sentences == 0) continue;
+    std::string text = "-DOCSTART- -X- -X- O\n\n";
+    for (int64_t i = 0; i < sentences; ++i) {
+      const SynthScene scene = render_scene(o.seed, eval ? 10 : 9, i, 16);
+      for (const auto& [word, tag] : tagged_words(scene.caption)) text += word + " NN O " + tag + "\n";
+      text += "\n";
+      if (!eval) captions.push_back(scene.caption);
+    }
+    write_text_file(o, "ner", eval ? "valid.conll" : "train.conll", text);
+    ++files;
+  }
+  return files;
+}
+
+}  // namespace
+
 std::vector<std::string> clear_earlier_synth(const std::string& out) {
   if (!io::path_exists(out)) return {};
   if (!io::is_directory(out)) throw std::invalid_argument("data synth: '" + out + "' is a file, not a directory");
-  static const std::array<const char*, 7> ours = {"image_text", "text", "image", "eval", "pairs", "seq2seq",
+  static const std::array<const char*, 8> ours = {"image_text", "text", "image", "eval", "pairs", "seq2seq", "ner",
                                                   "vocab.txt"};
   std::vector<std::string> earlier, others;
   for (const std::string& name : io::list_directory(out)) {
@@ -213,7 +313,8 @@ int64_t write_synth_dataset(const SynthOptions& o, const std::function<void(int6
   if (o.out.empty()) throw std::invalid_argument("data synth: no output directory");
   clear_earlier_synth(o.out);
   if (o.samples_per_shard < 1) throw std::invalid_argument("data synth: samples_per_shard must be positive");
-  for (int64_t n : {o.image_text_samples, o.text_samples, o.image_samples, o.eval_samples, o.pair_samples}) {
+  for (int64_t n : {o.image_text_samples, o.text_samples, o.image_samples, o.eval_samples, o.pair_samples,
+                    o.seq2seq_samples, o.ner_samples}) {
     if (n < 0) throw std::invalid_argument("data synth: a negative sample count (" + std::to_string(n) + ")");
   }
   struct Split {
@@ -251,35 +352,7 @@ int64_t write_synth_dataset(const SynthOptions& o, const std::function<void(int6
       ++files;
     }
   }
-  for (const bool eval : {false, true}) {
-    const int64_t pairs = eval ? o.pair_samples / 4 : o.pair_samples;
-    if (pairs == 0) continue;
-    io::make_directories(o.out + "/pairs");
-    std::string table = "Quality\t#1 ID\t#2 ID\t#1 String\t#2 String\n";
-    for (int64_t i = 0; i < pairs; ++i) {
-      const SynthPair p = synth_pair(o.seed, eval, i);
-      table += std::to_string(p.label) + "\t" + std::to_string(2 * i) + "\t" + std::to_string(2 * i + 1) + "\t" +
-               p.first + "\t" + p.second + "\n";
-      if (!eval) captions.push_back(p.first), captions.push_back(p.second);
-    }
-    io::write_file_atomic(o.out + (eval ? "/pairs/eval.tsv" : "/pairs/train.tsv"),
-                          std::vector<char>(table.begin(), table.end()));
-    ++files;
-  }
-  for (const bool eval : {false, true}) {
-    const int64_t records = eval ? o.seq2seq_samples / 4 : o.seq2seq_samples;
-    if (records == 0) continue;
-    io::make_directories(o.out + "/seq2seq");
-    std::string lines;
-    for (int64_t i = 0; i < records; ++i) {
-      const SynthScene scene = render_scene(o.seed, eval ? 8 : 7, i, 16);  // streams 5, 6: the pairs
-      lines += nlohmann::json{{"input", scene.caption}, {"target", scene.objects.at(0)}}.dump() + "\n";
-      if (!eval) captions.push_back(scene.caption);
-    }
-    io::write_file_atomic(o.out + (eval ? "/seq2seq/eval.jsonl" : "/seq2seq/train.jsonl"),
-                          std::vector<char>(lines.begin(), lines.end()));
-    ++files;
-  }
+  files += write_pairs(o, captions) + write_seq2seq(o, captions) + write_ner(o, captions);
   VocabOptions vocab;
   vocab.size = o.vocab_size;
   vocab.min_frequency = 1;

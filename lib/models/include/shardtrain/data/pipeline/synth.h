@@ -9,6 +9,8 @@
 //   <out>/pairs/train.tsv, eval.tsv        sentence pairs in GLUE MRPC's layout (Quality, #1 ID, #2 ID, #1 String,
 //                                          #2 String): Quality 1 when both describe one scene (synth_pair)
 //   <out>/seq2seq/train.jsonl, eval.jsonl  {"input": a caption, "target": its first object's description}
+//   <out>/ner/train.conll, valid.conll     captions as CoNLL-2003 named entities: objects (size, colour, shape
+//                                          words: B-OBJ, I-OBJ) and places (B-LOC), other words O
 //   <out>/vocab.txt                        WordPiece vocabulary built from all captions (held-out ones aside)
 // Every scene is a function of (seed, split, index): the same options write the same bytes.
 #pragma once
@@ -47,14 +49,15 @@ struct SynthOptions {
   int64_t eval_samples = 512;
   int64_t pair_samples = 0;          // sentence pairs of pairs/train.tsv; pairs/eval.tsv holds a quarter as many
   int64_t seq2seq_samples = 0;       // records of seq2seq/train.jsonl; seq2seq/eval.jsonl holds a quarter as many
+  int64_t ner_samples = 0;           // sentences of ner/train.conll; ner/valid.conll holds a quarter as many
   int64_t image_size = 64;           // rendered size (models resize to their own)
   int64_t samples_per_shard = 2500;
   int64_t vocab_size = 1000;         // flava-debug's vocabulary size
   uint64_t seed = 0;
 };
 
-// Empties `out` of an earlier data synth's output (image_text/, text/, image/, eval/, pairs/, seq2seq/, vocab.txt),
-// so that a new one is not read mixed with shards of the last; returns the names it removed. Throws
+// Empties `out` of an earlier data synth's output (image_text/, text/, image/, eval/, pairs/, seq2seq/, ner/,
+// vocab.txt), so that a new one is not read mixed with shards of the last; returns the names it removed. Throws
 // std::invalid_argument naming them when `out` holds anything else: it is not the directory of a data synth.
 std::vector<std::string> clear_earlier_synth(const std::string& out);
 
