@@ -1566,24 +1566,84 @@ TEST_F(TrainTest, ReportDrawsOneRunOrSeveral) {
   EXPECT_NE(missing.output.find("holds no metrics.csv"), std::string::npos) << missing.output;
 }
 
-TEST(ConfigCommand, AnswersBecomeTheYaml) {
-  const std::string out = "/tmp/shardtrain_config_cmd_" + std::to_string(::getpid()) + ".yaml";
-  // flavor, machines, processes, device, strategy (a bad answer first: asked again), precision, wrap, classes,
-  // backward prefetch, forward prefetch, offload, activation checkpointing, state dict type
+// The questionnaire as a newcomer answers it: a misspelled flavor (the closest named), `list`, an unknown task, the
+// synthetic data written now, a bad strategy and a "maybe" (each asked again), "y" for yes; the config it writes
+// trains as it is, evaluating on the held-out set it wrote.
+TEST_F(TrainTest, ConfigQuestionnaireWritesAConfigThatTrains) {
+  const std::string out = root_ + "/asked.yaml", run_dir = root_ + "/asked";
+  // model, task, output directory, data, batch, steps, learning rate, machines, processes, device, strategy,
+  // precision, wrap, classes, backward prefetch, forward prefetch, offload, activation checkpointing, state dict
   const Outcome r = run(std::string(SHARDTRAIN_BIN) + " config --out " + out,
-                    "bert-debug\\n1\\n4\\ncpu\\nzero3\\nshard_grad_op\\nbf16\\ntransformer\\nBertLayer\\n"
-                    "backward_post\\n1\\nno\\nno\\nfull\\n");
+                        "llama3-8b\\nlist\\nllama-debug\\nnope\\n\\n" + run_dir + "\\n\\n4\\n5\\n3e-3\\n1\\n2\\ncpu\\n"
+                        "zero3\\nfull_shard\\nno\\n\\n\\n\\n\\nnone\\nmaybe\\ny\\n\\n");
   ASSERT_EQ(r.status, 0) << r.output;
-  EXPECT_NE(r.output.find("'zero3' is not one of"), std::string::npos) << r.output;
+  for (const char* said : {"did you mean 'llama-3-8b'", "llama: llama-3-8b llama-3.1-8b", "'nope' is not a task of "
+                           "llama (causal_lm, classify)", "'zero3' is not one of", "'maybe' is not yes or no"}) {
+    EXPECT_NE(r.output.find(said), std::string::npos) << said << "\n" << r.output;
+  }
+  const config::Config c = config::load_config(out);
+  EXPECT_EQ(c.model.flavor, "llama-debug");
+  EXPECT_EQ(c.model.task, "causal_lm");
+  EXPECT_EQ(c.data.text, std::vector<std::string>{run_dir + "/data/seq2seq/train.jsonl"});
+  EXPECT_EQ(c.data.eval, std::vector<std::string>{run_dir + "/data/seq2seq/eval.jsonl"});
+  EXPECT_EQ(c.data.vocab, run_dir + "/data/vocab.txt");
+  EXPECT_EQ(c.checkpoint.dir, run_dir + "/checkpoints");
+  EXPECT_EQ(c.log.dir, run_dir);
+  EXPECT_EQ(c.train.batch_size, 4);
+  EXPECT_EQ(c.train.steps, 5);
+  EXPECT_DOUBLE_EQ(c.optim.lr, 3e-3);
+  EXPECT_EQ(c.launch.num_processes, 2);
+  EXPECT_TRUE(c.parallel.activation_checkpointing);
+  const Outcome trained = run(std::string(SHARDTRAIN_BIN) + " train " + out);
+  ASSERT_EQ(trained.status, 0) << trained.output;
+  EXPECT_NE(trained.output.find("eval step 5 "), std::string::npos) << trained.output;
+  // log.interval 10 over 5 steps: one mean, said as one
+  EXPECT_NE(trained.output.find("(the mean of 5 steps)"), std::string::npos) << trained.output;
+  EXPECT_NE(trained.output.find("done: 5 steps, loss "), std::string::npos) << trained.output;
+  EXPECT_NE(trained.output.find("(the mean of the 5 steps logged)"), std::string::npos) << trained.output;
+  EXPECT_TRUE(io::path_exists(run_dir + "/checkpoints/step-00000005")) << trained.output;
+}
+
+// The questionnaire with the user's own files: a missing one named and asked again, the tokenizer, the pair's
+// columns, the label column; the answers are the YAML's keys, and it trains.
+TEST_F(TrainTest, ConfigQuestionnaireTakesTheUsersFiles) {
+  const std::string out = root_ + "/own.yaml", d = root_ + "/own-data";
+  const Outcome synth = run(std::string(SHARDTRAIN_BIN) + " data synth --out " + d +
+                            " --image-text 0 --text 0 --image 0 --eval 0 --pairs 128");
+  ASSERT_EQ(synth.status, 0) << synth.output;
+  // model, task, output, data (missing, then there), eval, tokenizer, text columns, label column, class names,
+  // batch, steps, lr, machines, processes, device, strategy, precision, wrap, classes, backward prefetch, forward
+  // prefetch, offload, activation checkpointing, state dict type
+  const Outcome r = run(std::string(SHARDTRAIN_BIN) + " config --out " + out,
+                        "bert-debug\\nclassify\\n" + root_ + "/own\\n" + d + "/pairs/gone.tsv\\n" + d +
+                        "/pairs/train.tsv\\n" + d + "/pairs/eval.tsv\\n" + d + "/vocab.txt\\n#1 String, #2 String\\n"
+                        "Quality\\nnone\\n8\\n4\\n1e-3\\n1\\n2\\ncpu\\nshard_grad_op\\nbf16\\ntransformer\\nBertLayer\\n"
+                        "backward_post\\n1\\nnone\\nn\\nfull\\n");
+  ASSERT_EQ(r.status, 0) << r.output;
+  EXPECT_NE(r.output.find("'" + d + "/pairs/gone.tsv' does not exist"), std::string::npos) << r.output;
   const config::Config c = config::load_config(out);
   EXPECT_EQ(c.model.flavor, "bert-debug");
-  EXPECT_EQ(c.launch.num_processes, 4);
+  EXPECT_EQ(c.model.task, "classify");
+  EXPECT_EQ(c.data.text, std::vector<std::string>{d + "/pairs/train.tsv"});
+  EXPECT_EQ(c.data.eval, std::vector<std::string>{d + "/pairs/eval.tsv"});
+  EXPECT_EQ(c.data.vocab, d + "/vocab.txt");
+  EXPECT_EQ(c.data.text_fields, (std::vector<std::string>{"#1 String", "#2 String"}));
+  EXPECT_EQ(c.data.label_field, "Quality");
+  EXPECT_EQ(c.launch.num_processes, 2);
   EXPECT_EQ(c.parallel.strategy, parallel::Strategy::SHARD_GRAD_OP);
   EXPECT_EQ(c.parallel.mixed_precision, parallel::Precision::BF16);
   EXPECT_EQ(c.parallel.layer_classes, std::vector<std::string>{"BertLayer"});
   EXPECT_EQ(c.parallel.backward_prefetch, config::Prefetch::BACKWARD_POST);
   EXPECT_EQ(c.parallel.forward_prefetch, 1);
+  EXPECT_FALSE(c.parallel.activation_checkpointing);
   EXPECT_EQ(c.checkpoint.state_dict_type, config::StateDictType::FULL);
+  const Outcome trained = run(std::string(SHARDTRAIN_BIN) + " train " + out);
+  ASSERT_EQ(trained.status, 0) << trained.output;
+  EXPECT_NE(trained.output.find("eval step 4 "), std::string::npos) << trained.output;
+}
+
+TEST(ConfigCommand, DefaultsArePrintedOrWritten) {
+  const std::string out = "/tmp/shardtrain_config_cmd_" + std::to_string(::getpid()) + ".yaml";
   const Outcome d = run(std::string(SHARDTRAIN_BIN) + " config --default --out " + out);
   ASSERT_EQ(d.status, 0) << d.output;
   EXPECT_EQ(config::to_yaml(config::load_config(out)), config::to_yaml(config::Config{}));

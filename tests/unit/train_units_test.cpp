@@ -260,16 +260,21 @@ TEST(MetricsLog, LinesThroughTheLoggerAndTheTasksLossesAsColumns) {
     log.step_done(10, 2.5);
     EXPECT_NE(sink->last_status.find("10/100"), std::string::npos) << sink->last_status;
     IntervalMetrics m;
-    m.step = 10, m.loss = 2.5, m.parts = {{"mlm", 2.0}}, m.lr = 1e-3, m.grad_norm = 0.5;
+    m.step = 10, m.steps = 10, m.loss = 2.5, m.parts = {{"mlm", 2.0}}, m.lr = 1e-3, m.grad_norm = 0.5;
     m.items_per_second = NAN, m.peak_memory_gib = {0.125, 0.25};
     log.record(m);
     log.record_eval(10, {{"r1", 0.5}});
+    IntervalMetrics last = m;  // an interval shorter than log.interval (the run's last 4 steps) says so
+    last.step = 14, last.steps = 4;
+    log.record(last);
     log.finish();
   }
-  ASSERT_EQ(sink->lines.size(), 2u);
+  ASSERT_EQ(sink->lines.size(), 3u);
   EXPECT_EQ(sink->lines[0].second, "step 10/100  loss 2.5000  lr 0.001  grad_norm 0.5  mlm 2.0000  "
                                    "(throughput after warm-up)  peak mem 0.25 GiB (0.125 0.25)");
   EXPECT_EQ(sink->lines[1].second, "eval step 10  r1 0.5");
+  EXPECT_EQ(sink->lines[2].second.rfind("step 14/100  loss 2.5000 (the mean of 4 steps)  lr 0.001", 0), 0u)
+      << sink->lines[2].second;
   EXPECT_EQ(sink->last_status, "");  // finish() removes the bar
   std::ifstream csv(dir + "/metrics.csv");
   std::string header, row;
@@ -277,7 +282,7 @@ TEST(MetricsLog, LinesThroughTheLoggerAndTheTasksLossesAsColumns) {
   std::getline(csv, row);
   EXPECT_EQ(header, "step,loss,lr,grad_norm,items_per_s,texts_per_s,images_per_s,tflops_per_rank,mfu,peak_memory_gib,"
                     "peak_memory_gib_by_rank,mlm,itm");
-  EXPECT_EQ(row, "10,2.5,0.001,0.5,,0,0,0,0,0.25,0.125;0.25,2,");
+  EXPECT_EQ(row, "10,2.5,0.001,0.5,,0,0,0,0,0.25,0.125;0.25,2,");  // the first interval's row
   io::remove_tree(dir);
 }
 

@@ -151,9 +151,14 @@ void MetricsLog::step_done(int64_t step, double loss, double peak_gib) {
 
 std::string MetricsLog::line_of(const IntervalMetrics& m) const {
   char head[160];
-  std::snprintf(head, sizeof(head), "step %lld/%lld  loss %.4f  lr %.3g  grad_norm %.3g",
-                static_cast<long long>(m.step), static_cast<long long>(total_), m.loss, m.lr, m.grad_norm);
+  std::snprintf(head, sizeof(head), "step %lld/%lld  loss %.4f", static_cast<long long>(m.step),
+                static_cast<long long>(total_), m.loss);
   std::string line = head;
+  if (m.steps != config_.interval) {  // the last interval's, a rollback's or skipped steps': said
+    line += " (the mean of " + std::to_string(m.steps) + (m.steps == 1 ? " step)" : " steps)");
+  }
+  std::snprintf(head, sizeof(head), "  lr %.3g  grad_norm %.3g", m.lr, m.grad_norm);
+  line += head;
   for (const auto& [name, v] : m.parts) {
     char part[64];
     std::snprintf(part, sizeof(part), "  %s %.4f", name.c_str(), v);

@@ -19,6 +19,7 @@ namespace shardtrain::train {
 
 struct IntervalMetrics {
   int64_t step = 0;                      // optimizer steps done
+  int64_t steps = 0;                     // the steps the interval's means cover (log.interval but at the end)
   double loss = 0;                       // mean over the interval and the ranks
   std::map<std::string, double> parts;   // each loss, mean over the steps that had it
   double lr = 0, grad_norm = 0;

@@ -377,7 +377,6 @@ struct Loop {
   TrainSummary summary;
   NonFinitePolicy nonfinite;
   bool save_due = false;  // a checkpoint due at a step that was not finite waits for the next finite one
-  bool first_interval = true;
   // Seconds when the warm-up steps were done, until the time is estimated.
   std::optional<double> measuring_since = std::nullopt;
   bool estimated = false;
@@ -492,9 +491,9 @@ struct Loop {
     const dist::Communicator& world = job.pg.world();
     IntervalMetrics m = reduce_interval(interval, job.task->loss_names(), peak_memory_gib(job.device), peak_tflops,
                                         world, job.device);
-    m.step = at.step, m.lr = lr;
+    m.step = at.step, m.lr = lr, m.steps = interval.steps;
     log.record(m);
-    if (first_interval) summary.first_loss = m.loss, first_interval = false;
+    if (summary.intervals++ == 0) summary.first_loss = m.loss, summary.first_loss_steps = m.steps;
     summary.last_loss = m.loss;
     interval = IntervalSums{};
   }
@@ -543,8 +542,13 @@ void describe_end(const Loop& loop, const data::LoaderStats& stats) {
   }
   const TrainSummary& s = loop.summary;
   char line[160];
-  std::snprintf(line, sizeof(line), "done: %lld steps, loss %.4f -> %.4f", static_cast<long long>(loop.at.step),
-                s.first_loss, s.last_loss);
+  if (s.intervals == 1) {  // one mean: "a -> a" would read as no learning
+    std::snprintf(line, sizeof(line), "done: %lld steps, loss %.4f (the mean of the %lld steps logged)",
+                  static_cast<long long>(loop.at.step), s.last_loss, static_cast<long long>(s.first_loss_steps));
+  } else {
+    std::snprintf(line, sizeof(line), "done: %lld steps, loss %.4f -> %.4f", static_cast<long long>(loop.at.step),
+                  s.first_loss, s.last_loss);
+  }
   std::string text = line;
   if (!s.last_eval.empty()) text += loop.job.task->describe_progress(s.first_eval, s.last_eval);
   if (loop.parts.scaler) {

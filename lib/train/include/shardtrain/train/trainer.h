@@ -27,6 +27,8 @@ struct TrainSummary {
   int64_t start_step = 0;  // > 0 after a resume
   int64_t steps = 0;       // optimizer steps done at the end
   double first_loss = 0, last_loss = 0;        // means over the first and the last logging interval
+  int64_t first_loss_steps = 0;                // the steps the first interval's mean covers (the last's: the end)
+  int64_t intervals = 0;                       // logging intervals done
   std::map<std::string, double> first_eval, last_eval;  // the task's evaluation on data.eval (FLAVA: R@1, ITM)
   int64_t skipped_samples = 0;                 // unusable samples replaced by the loader (this rank)
   std::string last_checkpoint;
