@@ -1,9 +1,13 @@
 // The config tree: YAML sections and overrides, errors that name the key or value and what was expected, and the
 // keys of Accelerate's config files.
 #include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <fstream>
 
 #include "shardtrain/config/config.h"
 #include "shardtrain/data/formats/image.h"
+#include "shardtrain/io/files.h"
 #include "support/expect_error.h"
 
 namespace shardtrain::config {
@@ -232,6 +236,100 @@ TEST(Config, BadValueNamesTheValueAndWhatWasExpected) {
 }
 
 // What `accelerate config` writes for an FSDP job.
+// A DeepSpeed config (ds_config.json, as Hugging Face Trainer's --deepspeed takes it), on its own or named by
+// Accelerate's deepspeed_config_file: ZeRO's stage, offload, precision, micro-batch, accumulation, clipping, optimizer
+// and scheduler become shardtrain's keys; "auto" keeps shardtrain's value; DeepSpeed's tuning knobs are listed as
+// without effect, with the reason; a key with no counterpart, and values shardtrain cannot run, are refused by name.
+TEST(Config, DeepSpeedConfigsMapOntoTheKeys) {
+  const std::string dir = "/tmp/shardtrain_ds_config_" + std::to_string(::getpid());
+  io::make_directories(dir);
+  const std::string ds = R"({
+  "zero_optimization": {
+    "stage": 2,
+    "offload_optimizer": {"device": "cpu", "pin_memory": true},
+    "overlap_comm": true,
+    "reduce_bucket_size": "auto"
+  },
+  "bf16": {"enabled": true},
+  "train_micro_batch_size_per_gpu": 4,
+  "gradient_accumulation_steps": 2,
+  "gradient_clipping": 0.5,
+  "train_batch_size": "auto",
+  "optimizer": {"type": "AdamW", "params": {"lr": 2e-4, "betas": [0.9, 0.95], "eps": 1e-6, "weight_decay": 0.1}},
+  "scheduler": {"type": "WarmupDecayLR", "params": {"warmup_num_steps": 10, "total_num_steps": 100,
+                                                     "warmup_max_lr": "auto", "warmup_min_lr": 0}},
+  "steps_per_print": 5,
+  "wall_clock_breakdown": false
+})";
+  std::ofstream(dir + "/ds_config.json") << ds;
+  auto expect_mapped = [](const Config& c) {
+    EXPECT_EQ(c.parallel.strategy, parallel::Strategy::SHARD_GRAD_OP);
+    EXPECT_EQ(c.parallel.offload, parallel::Offload::CPU);
+    EXPECT_EQ(c.parallel.mixed_precision, parallel::Precision::BF16);
+    EXPECT_EQ(c.train.batch_size, 4);
+    EXPECT_EQ(c.train.grad_accum, 2);
+    EXPECT_DOUBLE_EQ(c.train.max_grad_norm, 0.5);
+    EXPECT_EQ(c.optim.name, OptimizerKind::ADAMW);
+    EXPECT_DOUBLE_EQ(c.optim.lr, 2e-4);
+    EXPECT_EQ(c.optim.betas, (std::vector<double>{0.9, 0.95}));
+    EXPECT_DOUBLE_EQ(c.optim.eps, 1e-6);
+    EXPECT_DOUBLE_EQ(c.optim.weight_decay, 0.1);
+    EXPECT_EQ(c.optim.schedule, LrSchedule::LINEAR);
+    EXPECT_DOUBLE_EQ(c.optim.min_lr_ratio, 0);
+    EXPECT_EQ(c.optim.warmup_steps, 10);
+    EXPECT_EQ(c.train.steps, 100);
+    EXPECT_EQ(c.log.interval, 5);
+    std::string unused;
+    for (const auto& u : c.unused_keys) unused += u + "\n";
+    for (const char* key : {"zero_optimization.offload_optimizer.pin_memory: no effect here",
+                            "zero_optimization.overlap_comm: no effect here (DeepSpeed's communication tuning",
+                            "wall_clock_breakdown: no effect here"}) {
+      EXPECT_NE(unused.find(key), std::string::npos) << key << "\n" << unused;
+    }
+    EXPECT_EQ(unused.find("reduce_bucket_size"), std::string::npos) << unused;  // "auto": nothing to say
+  };
+  // On its own, the rest of the run from overrides; and through Accelerate's config, beside its other keys.
+  expect_mapped(load_config(dir + "/ds_config.json", {"--model.flavor=llama-debug"}));
+  std::ofstream(dir + "/accelerate.yaml") << "distributed_type: DEEPSPEED\ndeepspeed_config:\n  deepspeed_config_file: "
+                                          << dir << "/ds_config.json\n  zero3_init_flag: false\nnum_processes: 2\n";
+  const Config through = load_config(dir + "/accelerate.yaml");
+  expect_mapped(through);
+  EXPECT_EQ(through.launch.num_processes, 2);
+  EXPECT_EQ(to_yaml(through).find("unused"), std::string::npos);  // not a key of the YAML
+  // ZeRO-3 with both offloads to NVMe; DeepSpeed's Adam (AdamW mode) and the old cpu_offload switch.
+  const Config three = parse_config(R"({"zero_optimization": {"stage": 3,
+      "offload_optimizer": {"device": "nvme", "nvme_path": "/local_nvme"}, "offload_param": {"device": "nvme"}},
+      "optimizer": {"type": "Adam", "params": {"adam_w_mode": true}}})", "ds.json");
+  EXPECT_EQ(three.parallel.strategy, parallel::Strategy::FULL_SHARD);
+  EXPECT_EQ(three.parallel.offload, parallel::Offload::NVME);
+  EXPECT_EQ(three.parallel.nvme_path, "/local_nvme");
+  EXPECT_EQ(parse_config(R"({"zero_optimization": {"stage": 1, "cpu_offload": true}})", "ds.json").parallel.offload,
+            parallel::Offload::CPU);
+  EXPECT_EQ(parse_config(R"({"zero_optimization": {"stage": 0}})", "ds.json").parallel.strategy,
+            parallel::Strategy::DDP);
+  EXPECT_TRUE(parse_config(R"({"train_batch_size": 8, "activation_checkpointing": {"cpu_checkpointing": true}})",
+                           "ds.json").parallel.activation_offload);
+  // Refused, named: a key with no counterpart, a stage DeepSpeed lacks, optimizers and schedules shardtrain lacks.
+  expect_error<ConfigError>([] { parse_config(R"({"train_batch_size": 8, "amp": {"enabled": true}})", "ds.json"); },
+                            {"ds.json", "DeepSpeed's 'amp.enabled' has no counterpart"});
+  expect_error<ConfigError>([] { parse_config(R"({"zero_optimization": {"stage": 4}})", "ds.json"); },
+                            {"zero_optimization.stage", "'4'", "a ZeRO stage"});
+  expect_error<ConfigError>(
+      [] { parse_config(R"({"train_batch_size": 8, "optimizer": {"type": "Lamb"}})", "ds.json"); },
+      {"optimizer.type", "'Lamb'", "Adam, AdamW, SGD"});
+  expect_error<ConfigError>(
+      [] { parse_config(R"({"train_batch_size": 8, "scheduler": {"type": "OneCycle"}})", "ds.json"); },
+      {"scheduler.type", "'OneCycle'"});
+  expect_error<ConfigError>(
+      [] { parse_config(R"({"train_batch_size": 8, "optimizer": {"params": {"adam_w_mode": false}}})", "ds.json"); },
+      {"adam_w_mode", "L2"});
+  expect_error<ConfigError>([&] { load_config(dir + "/missing.yaml"); }, {"cannot read"});
+  std::ofstream(dir + "/bad.yaml") << "deepspeed_config:\n  deepspeed_config_file: " << dir << "/nothing.json\n";
+  expect_error<ConfigError>([&] { load_config(dir + "/bad.yaml"); },
+                            {"deepspeed_config.deepspeed_config_file", "cannot read the DeepSpeed config", "nothing.json"});
+  io::remove_tree(dir);
+}
+
 TEST(Config, AccelerateConfigCarriesOver) {
   const Config c = parse_config(R"(
 compute_environment: LOCAL_MACHINE
@@ -329,6 +427,9 @@ num_processes: 8
   const Config accumulating = parse_config(
       "gradient_accumulation_steps: 4\ndynamo_config:\n  dynamo_backend: INDUCTOR\n  dynamo_mode: default\n", "a.yaml");
   EXPECT_EQ(accumulating.train.grad_accum, 4);
+  ASSERT_EQ(accumulating.unused_keys.size(), 1u);  // dynamo_config, said at start with the reason
+  EXPECT_NE(accumulating.unused_keys[0].find("a.yaml:2: dynamo_config: no effect here (torch.compile"),
+            std::string::npos) << accumulating.unused_keys[0];
   expect_error<ConfigError>([] { validate(parse_config("gpu_ids: first\n", "a.yaml")); },
                             {"launch.gpu_ids", "'first'", "all, or GPU indices"});
   EXPECT_EQ(parse_config("fsdp_config:\n  fsdp_version: 2\n  fsdp_reshard_after_forward: false\n", "a.yaml")

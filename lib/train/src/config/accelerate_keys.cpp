@@ -91,30 +91,6 @@ void distributed_type(Config& c, const std::string& where, const std::string& pa
   bad(where, path, value, "a distributed type shardtrain runs (FSDP, DEEPSPEED, MULTI_GPU, MULTI_CPU or NO)");
 }
 
-// DeepSpeed's ZeRO stages as FSDP's strategies: 3 shards parameters too (FULL_SHARD), 2 gradients and optimizer
-// state (SHARD_GRAD_OP; stage 1, optimizer state alone, has no FSDP strategy of its own: it takes stage 2's, which
-// holds less), 0 replicates (DDP).
-void zero_stage(Config& c, const std::string& where, const std::string& path, const YAML::Node& value) {
-  switch (node_int(where, path, value)) {
-    case 0: c.parallel.strategy = parallel::Strategy::DDP; return;
-    case 1:
-    case 2: c.parallel.strategy = parallel::Strategy::SHARD_GRAD_OP; return;
-    case 3: c.parallel.strategy = parallel::Strategy::FULL_SHARD; return;
-    default: bad(where, path, value, "a ZeRO stage (0, 1, 2 or 3)");
-  }
-}
-
-// DeepSpeed's offload devices (offload_optimizer_device, offload_param_device: none, cpu, nvme) onto
-// parallel.offload, the further of the two: the disk tier keeps the optimizer's state on disk and the parameters in
-// host memory, so a parameter device of nvme is the disk tier with its parameters in host memory.
-void offload_device(Config& c, const std::string& where, const std::string& path, const YAML::Node& value) {
-  static const std::map<std::string, parallel::Offload> devices = {
-      {"NONE", parallel::Offload::NONE}, {"CPU", parallel::Offload::CPU}, {"NVME", parallel::Offload::NVME}};
-  auto it = value.IsScalar() ? devices.find(upper(value.Scalar())) : devices.end();
-  if (it == devices.end()) bad(where, path, value, "none, cpu or nvme");
-  if (static_cast<int>(it->second) > static_cast<int>(c.parallel.offload)) c.parallel.offload = it->second;
-}
-
 void gradient_clipping(Config& c, const std::string& where, const std::string& path, const YAML::Node& value) {
   try {
     c.train.max_grad_norm = std::stod(node_string(where, path, value));
@@ -159,7 +135,6 @@ SHARDTRAIN_KEY(set_gradient_accumulation_steps, train.grad_accum, node_int)
 SHARDTRAIN_KEY(set_tp_size, parallel.tp_size, node_int)
 SHARDTRAIN_KEY(set_dp_shard_size, parallel.dp_shard_size, node_int)
 SHARDTRAIN_KEY(set_dp_replicate_size, parallel.dp_replicate_size, node_int)
-SHARDTRAIN_KEY(set_nvme_path, parallel.nvme_path, node_string)
 #undef SHARDTRAIN_KEY
 
 const std::map<std::string, Setter>& keys() {
@@ -207,8 +182,12 @@ const std::map<std::string, Setter>& keys() {
       {"deepspeed_config.zero_stage", zero_stage},
       {"deepspeed_config.offload_optimizer_device", offload_device},
       {"deepspeed_config.offload_param_device", offload_device},
-      {"deepspeed_config.offload_optimizer_nvme_path", set_nvme_path},
-      {"deepspeed_config.offload_param_nvme_path", set_nvme_path},
+      {"deepspeed_config.offload_optimizer_nvme_path", nvme_path},
+      {"deepspeed_config.offload_param_nvme_path", nvme_path},
+      {"deepspeed_config.deepspeed_config_file",  // a ds_config.json, relative to where the job starts
+       [](Config& c, const std::string& w, const std::string& p, const YAML::Node& v) {
+         apply_deepspeed_config_file(c, node_string(w, p, v), w + ": " + p);
+       }},
       {"deepspeed_config.gradient_accumulation_steps", set_gradient_accumulation_steps},
       {"deepspeed_config.gradient_clipping", gradient_clipping},
       {"deepspeed_config.zero3_init_flag", accepted},        // each layer is sharded as it is built anyway
@@ -223,7 +202,11 @@ const std::map<std::string, Setter>& keys() {
       {"rdzv_backend", accepted},
       {"same_network", accepted},
       // torch.compile's settings: LibTorch has no compiler to hand them to, and the run is the same without.
-      {"dynamo_config", accepted},
+      {"dynamo_config",
+       [](Config& c, const std::string& w, const std::string& p, const YAML::Node&) {
+         c.unused_keys.push_back(w + ": " + p + ": no effect here (torch.compile's settings; LibTorch has no "
+                                 "compiler to hand them to)");
+       }},
       {"tpu_env", accepted},
       {"tpu_use_cluster", accepted},
       {"tpu_use_sudo", accepted},

@@ -648,7 +648,11 @@ Config parse_config(const std::string& yaml, const std::string& source, const st
   } catch (const YAML::Exception& e) {
     throw ConfigError(source + ":" + std::to_string(e.mark.line + 1) + ": not valid YAML: " + e.msg);
   }
-  if (!root.IsNull()) reader.read_map(root, "");
+  if (is_deepspeed_config(root)) {
+    apply_deepspeed_config(config, root, source);  // a ds_config.json on its own: the rest from overrides
+  } else if (!root.IsNull()) {
+    reader.read_map(root, "");
+  }
   for (const auto& o : overrides) reader.apply_override(o);
   if (!config.train.task.empty()) {  // train.task names model.task
     if (!config.model.task.empty() && config.model.task != config.train.task) {

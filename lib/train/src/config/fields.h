@@ -37,4 +37,17 @@ bool apply_accelerate_key(Config& c, const std::string& path, const YAML::Node& 
 // Every Accelerate key path that apply_accelerate_key knows (for "did you mean").
 std::vector<std::string> accelerate_key_paths();
 
+// DeepSpeed's values shared with Accelerate's deepspeed_config block (deepspeed_keys.cpp): a ZeRO stage as the
+// strategy, an offload device (none, cpu, nvme) as parallel.offload, an NVMe path.
+void zero_stage(Config& c, const std::string& where, const std::string& path, const YAML::Node& value);
+void offload_device(Config& c, const std::string& where, const std::string& path, const YAML::Node& value);
+void nvme_path(Config& c, const std::string& where, const std::string& path, const YAML::Node& value);
+// Whether a document is a DeepSpeed config (ds_config.json): its top level has zero_optimization,
+// train_micro_batch_size_per_gpu or train_batch_size, none of which shardtrain's own tree has.
+bool is_deepspeed_config(const YAML::Node& root);
+// Applies a DeepSpeed config's keys (`where`: its file, for errors); keys without effect go to c.unused_keys with
+// the reason, a key with no counterpart throws ConfigError naming it.
+void apply_deepspeed_config(Config& c, const YAML::Node& root, const std::string& where);
+void apply_deepspeed_config_file(Config& c, const std::string& path, const std::string& where);
+
 }  // namespace shardtrain::config

@@ -615,6 +615,7 @@ TrainSummary train_run(const Config& given, std::shared_ptr<log::Sink> sink, int
   TrainingData data =
       open_training_data(c, *job.task, job.tokenizer, data_group.rank(), data_group.size(), job.logger);
   if (!device_note.empty()) data.notes.push_back(device_note);
+  for (const std::string& unused : c.unused_keys) data.notes.push_back(unused);
   if (!classes_from.empty() && job.task->data_needs().num_labels > 0) {
     std::string names;
     for (const auto& name : c.data.labels) names += (names.empty() ? "" : ", ") + name;

@@ -323,6 +323,9 @@ struct Config {
   CheckpointConfig checkpoint;
   LogConfig log;
   LaunchConfig launch;
+  // Keys read that change nothing here (Accelerate's dynamo_config, DeepSpeed's tuning knobs), each "where: key: no
+  // effect here (why)"; the start of a run says them. Not a key itself: to_yaml does not write it.
+  std::vector<std::string> unused_keys;
 };
 
 // Reads `path` (YAML), then applies `overrides` ("--section.key=value" or "section.key=value"; values in YAML
