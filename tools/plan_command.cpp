@@ -25,17 +25,21 @@ const char* kPlanUsage =
     "                           [--yaml OUT] [--json] [--efficiency E] [--peak-tflops-bf16 X] [--peak-tflops-fp32 X]\n"
     "                           [--intra-node-gbps X] [--inter-node-gbps X] [--pcie-gbps X] [--overlap X]\n"
     "                           [--host-memory SIZE] [--host-memory-gbps X] [--disk-gbps X] [--memory-margin X]\n"
-    "                           [--half-efficiency-tokens X] [--global-batch N | --global-batch-tokens N]\n"
+    "                           [--half-efficiency-tokens X] [--half-efficiency-width X]\n"
+    "                           [--global-batch N | --global-batch-tokens N]\n"
     "                           [--lora R [--lora-targets a,b]]\n"
-    "       shardtrain plan --figure flava|t5|t5-scale [--seq-len T] [--json]\n"
+    "       shardtrain plan --figure flava|t5|t5-scale|published [--seq-len T] [--json]\n"
     "MODEL: a flavor of `shardtrain models`, a Hugging Face config.json or a model name in the Hugging Face cache.\n"
     "Every configuration (tensor-parallel size within a node x strategy x mixed precision x activation\n"
-    "checkpointing x CPU offload x wrap; activation offload too where nothing fits without it) that fits SIZE per\n"
+    "checkpointing of every layer (on), every other (1/2) or none x CPU offload x wrap; activation offload too\n"
+    "where nothing fits without it) that fits SIZE per\n"
     "GPU (40GiB, 80GB, ...) less the margin (default 0.05),\n"
     "with its largest batch per data-parallel rank (the memory model) and predicted items/s, fastest first, at\n"
     "--seq-len tokens (default: the model's maximum, at most 8192);\n"
-    "the first as a `shardtrain train` YAML (--yaml OUT writes it). The throughput model and its constants\n"
-    "(efficiency 0.45, overlap 0.8) are in lib/train/include/shardtrain/plan/planner.h.\n"
+    "and the one to run as a `shardtrain train` YAML (--yaml OUT writes it): the fastest, or the fastest that\n"
+    "splits no layer and offloads nothing when it is within 10% (the model's tolerance). The throughput model\n"
+    "and its constants (the GPU's efficiency, overlap 0.8) are in lib/train/include/shardtrain/plan/planner.h;\n"
+    "--figure published sets its predictions beside published runs (torchtitan's Llama on A100 and H100).\n"
     "--gpu NAME: the GPU's memory, peak FLOP/s and bandwidths from a preset (a100-40gb, the default; a100-80gb,\n"
     "h100, h200, l40s), each overridable by its flag; the plan's second line says what it assumed.\n"
     "--global-batch N: samples an optimizer step (or --global-batch-tokens: tokens, a multiple of --seq-len):\n"
@@ -88,6 +92,7 @@ plan::Cluster cluster_of_args(const Args& args) {
   cluster.overlap = get_positive(args, "overlap", cluster.overlap);
   cluster.memory_margin = get_positive(args, "memory-margin", cluster.memory_margin);
   cluster.half_efficiency_tokens = get_positive(args, "half-efficiency-tokens", cluster.half_efficiency_tokens);
+  cluster.half_efficiency_width = get_positive(args, "half-efficiency-width", cluster.half_efficiency_width);
   if (cluster.overlap > 1 || cluster.memory_margin >= 1 || cluster.efficiency > 1) {
     throw std::invalid_argument("--overlap, --efficiency and --memory-margin are fractions (expected at most 1)");
   }
@@ -108,6 +113,12 @@ config::Config job_config(const std::string& model, const Args& args) {
   return config::parse_config("", "plan", overrides);
 }
 
+// The AC column: every layer checkpointed ("on"), every k-th ("1/k"), none ("").
+const char* ac_text(const plan::TrainingJob& job) {
+  if (!job.activation_checkpointing) return "";
+  return job.checkpoint_every == 2 ? "1/2" : job.checkpoint_every > 2 ? "1/k" : "on";
+}
+
 // The configurations that fit, fastest first, the first `top` of them.
 void print_table(const std::string& model, const plan::Cluster& cluster,
                  const std::vector<plan::PlannedConfig>& configs, int64_t top) {
@@ -115,10 +126,11 @@ void print_table(const std::string& model, const plan::Cluster& cluster,
               model.c_str(), static_cast<long long>(cluster.gpus), static_cast<long long>(cluster.nodes),
               cluster.nodes > 1 ? "s" : "", gib(cluster.gpu_memory).c_str(),
               static_cast<long long>(configs.front().job.seq_len));
-  std::printf("  assuming %s: %.0f TFLOP/s bf16, %.0f TF32, %.0f GB/s a GPU within a node, %.1f across nodes, "
-              "%.0f to the host; host %s GiB a node at %.0f GB/s a GPU (--gpu and its flags)\n",
-              cluster.gpu.c_str(), cluster.peak_tflops_bf16, cluster.peak_tflops_fp32, cluster.intra_node_gbps,
-              cluster.inter_node_gbps, cluster.pcie_gbps, gib(cluster.host_memory).c_str(), cluster.host_memory_gbps);
+  std::printf("  assuming %s: %.0f TFLOP/s bf16, %.0f TF32, efficiency %.2f, %.0f GB/s a GPU within a node, %.1f "
+              "across nodes, %.0f to the host; host %s GiB a node at %.0f GB/s a GPU (--gpu and its flags)\n",
+              cluster.gpu.c_str(), cluster.peak_tflops_bf16, cluster.peak_tflops_fp32, cluster.efficiency,
+              cluster.intra_node_gbps, cluster.inter_node_gbps, cluster.pcie_gbps, gib(cluster.host_memory).c_str(),
+              cluster.host_memory_gbps);
   std::printf("  %-3s %-6s %-19s %-5s %-3s %-7s %-11s %9s %9s %10s %10s %5s %9s %8s\n", "#", "TP", "strategy", "prec",
               "AC", "offload", "wrap", "batch/DP", "peak GiB", "items/s", "tok/s/GPU", "MFU", "TFLOP/s", "step s");
   for (size_t i = 0; i < configs.size() && static_cast<int64_t>(i) < top; ++i) {
@@ -131,7 +143,7 @@ void print_table(const std::string& model, const plan::Cluster& cluster,
                                 (c.job.activation_offload ? "act" : "");
     std::printf("  %-3zu %-6s %-19s %-5s %-3s %-7s %-11s %9s %9s %10.3g %10.0f %4.0f%% %9.1f %8.3f\n", i + 1,
                 tp.c_str(), parallel::to_string(c.job.strategy).c_str(),
-                parallel::to_string(c.job.mixed_precision).c_str(), c.job.activation_checkpointing ? "on" : "",
+                parallel::to_string(c.job.mixed_precision).c_str(), ac_text(c.job),
                 offload.c_str(),
                 c.job.strategy == parallel::Strategy::DDP ? "-" : parallel::to_string(c.job.wrap).c_str(),
                 batch.c_str(), gib(c.memory.peak_bytes).c_str(), c.items_per_second,
@@ -139,14 +151,24 @@ void print_table(const std::string& model, const plan::Cluster& cluster,
   }
 }
 
-// Why the first configuration does or does not split layers over a node's GPUs: the best of the other kind, or that
-// none fits.
-std::string tensor_parallel_reason(const std::vector<plan::PlannedConfig>& configs) {
-  const plan::PlannedConfig& best = configs.front();
+// Why the recommended configuration (`chosen`, an index into `configs`): a simpler layout within the model's
+// tolerance of the fastest, or why the fastest does or does not split layers over a node's GPUs (the best of the
+// other kind, or that none fits).
+std::string recommendation_reason(const std::vector<plan::PlannedConfig>& configs, size_t chosen) {
+  const plan::PlannedConfig& best = configs[chosen];
+  char line[400];
+  if (chosen != 0) {
+    const plan::PlannedConfig& fastest = configs.front();
+    std::snprintf(line, sizeof line,
+                  "why: #%zu splits no layer and offloads nothing, %.3g items/s against %.3g for #1 (%.0f%% apart, "
+                  "within the model's %.0f%%): the simpler layout\n",
+                  chosen + 1, best.items_per_second, fastest.items_per_second,
+                  100 * (1 - best.items_per_second / fastest.items_per_second), 100 * plan::kPlanTolerance);
+    return line;
+  }
   const bool split = best.job.tp > 1;
   const auto other = std::find_if(configs.begin(), configs.end(),
                                   [&](const plan::PlannedConfig& c) { return (c.job.tp > 1) != split; });
-  char line[320];
   if (other == configs.end()) {
     std::snprintf(line, sizeof line, "why: %s\n",
                   split ? "without tensor parallelism not even one sample per GPU fits"
@@ -182,13 +204,14 @@ int run_plan_command(const std::vector<std::string>& argv) {
   }
   if (args.has("figure")) {
     const std::string figure = args.get("figure", "");
-    if (figure != "flava" && figure != "t5" && figure != "t5-scale") {
-      throw std::invalid_argument("--figure: '" + figure + "' (expected flava, t5 or t5-scale)");
+    if (figure != "flava" && figure != "t5" && figure != "t5-scale" && figure != "published") {
+      throw std::invalid_argument("--figure: '" + figure + "' (expected flava, t5, t5-scale or published)");
     }
     const int64_t tokens = args.get_int("seq-len", figure == "flava" ? 77 : 512);
-    const FigureTable table = figure == "flava" ? flava_figure(tokens)
-                              : figure == "t5"  ? t5_figure(tokens)
-                                                : t5_scale_figure(tokens);
+    const FigureTable table = figure == "flava"      ? flava_figure(tokens)
+                              : figure == "t5"       ? t5_figure(tokens)
+                              : figure == "t5-scale" ? t5_scale_figure(tokens)
+                                                     : published_figure();
     std::cout << (args.has("json") ? table.json + "\n" : table.text);
     return 0;
   }
@@ -237,7 +260,8 @@ int run_plan_command(const std::vector<std::string>& argv) {
     for (const auto& c : configs) {
       j.push_back({{"tp_size", c.job.tp}, {"sequence_parallel", c.job.sequence_parallel},
                    {"strategy", parallel::to_string(c.job.strategy)}, {"mixed_precision", parallel::to_string(c.job.mixed_precision)},
-                   {"activation_checkpointing", c.job.activation_checkpointing}, {"cpu_offload", c.job.cpu_offload},
+                   {"activation_checkpointing", c.job.activation_checkpointing},
+                   {"activation_checkpointing_every", c.job.checkpoint_every}, {"cpu_offload", c.job.cpu_offload},
                    {"activation_offload", c.job.activation_offload}, {"optimizer_on_disk", c.job.optimizer_on_disk},
                    {"disk_bytes", c.memory.disk_bytes},
                    {"wrap", parallel::to_string(c.job.wrap)}, {"batch", c.job.batch}, {"grad_accum", c.job.grad_accum},
@@ -256,9 +280,10 @@ int run_plan_command(const std::vector<std::string>& argv) {
     std::cout << "(" << plan::default_tokens(*recipe) << " tokens: the model reads up to " << longest
               << ", a length for inference; --seq-len sets the training length)\n";
   }
-  std::cout << tensor_parallel_reason(configs);
-  const std::string yaml = plan::trainer_yaml(model, configs.front(), lora);
-  std::cout << "\nrecommended:\n" << yaml;
+  const size_t chosen = plan::recommended(configs);
+  std::cout << recommendation_reason(configs, chosen);
+  const std::string yaml = plan::trainer_yaml(model, configs[chosen], lora);
+  std::cout << "\nrecommended (#" << chosen + 1 << "):\n" << yaml;
   if (args.has("yaml")) {
     std::ofstream out(args.get("yaml", ""));
     if (!(out << yaml)) throw std::runtime_error("cannot write " + args.get("yaml", ""));

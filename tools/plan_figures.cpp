@@ -9,6 +9,7 @@
 #include "shardtrain/models/zoo.h"
 #include "shardtrain/parallel/vocabulary.h"
 #include "shardtrain/plan/planner.h"
+#include "shardtrain/plan/published_runs.h"
 
 namespace shardtrain::cli {
 
@@ -229,6 +230,37 @@ FigureTable t5_scale_figure(int64_t text_tokens) {
   for (const auto& [finding, agrees] : findings) {
     text += "  " + verdict(agrees) + " " + finding + "\n";
     j["findings"].push_back({{"finding", finding}, {"agrees", agrees}});
+  }
+  return {text, j.dump(2)};
+}
+
+FigureTable published_figure() {
+  std::string text = "Published runs against the throughput model (tokens/s per GPU; docs/notes/throughput-model.md)\n\n";
+  char line[512];
+  std::snprintf(line, sizeof line, "  %-86s %9s %9s %7s\n", "run", "theirs", "ours", "error");
+  text += line;
+  nlohmann::json j;
+  j["figure"] = "published";
+  for (const plan::PublishedCheck& c : plan::check_published_runs()) {
+    std::snprintf(line, sizeof line, "  %-86s %9.0f %9.0f %+6.0f%%\n", c.run.setting.c_str(),
+                  c.run.tokens_per_second_per_gpu, c.ours.tokens_per_second_per_gpu, 100 * c.error);
+    text += line;
+    if (!c.run.differs.empty()) text += "      (" + c.run.differs + ")\n";
+    j["runs"].push_back({{"setting", c.run.setting}, {"source", c.run.source},
+                         {"theirs", c.run.tokens_per_second_per_gpu}, {"ours", c.ours.tokens_per_second_per_gpu},
+                         {"mfu", c.ours.mfu}, {"error", c.error}});
+  }
+  text += "\nSources: torchtitan docs/performance.md; the A100 cluster's network is not stated there: 25 GB/s per "
+          "GPU assumed.\n\nThe seeds' posts (8 x A100-40GB; their throughput units differ, so ratios):\n\n";
+  std::snprintf(line, sizeof line, "  %-88s %7s %7s %s\n", "finding", "theirs", "ours", "");
+  text += line;
+  for (const plan::PublishedFinding& f : plan::check_published_findings()) {
+    std::snprintf(line, sizeof line, "  %-88s %7s %6.2fx %s\n", f.finding.c_str(), f.theirs.c_str(), f.ours,
+                  f.holds ? "holds" : "DOES NOT HOLD");
+    text += line;
+    if (!f.why.empty()) text += "      (" + f.why + ")\n";
+    j["findings"].push_back({{"source", f.source}, {"finding", f.finding}, {"theirs", f.theirs}, {"ours", f.ours},
+                             {"holds", f.holds}, {"why", f.why}});
   }
   return {text, j.dump(2)};
 }

@@ -21,5 +21,8 @@ FigureTable t5_figure(int64_t text_tokens = 512);
 // FSDP, with checkpointing, with parameter offload, with activation offload too), next to the post's 3B / ~4x /
 // ~20x (81B).
 FigureTable t5_scale_figure(int64_t text_tokens = 512);
+// Published runs (plan/published_runs.h: torchtitan's Llama on A100 and H100) beside the throughput model's
+// prediction for each: tokens/s per GPU, theirs and ours, and the error.
+FigureTable published_figure();
 
 }  // namespace shardtrain::cli

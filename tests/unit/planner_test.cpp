@@ -16,6 +16,7 @@
 #include "shardtrain/models/zoo.h"
 #include "shardtrain/plan/memory_model.h"
 #include "shardtrain/plan/planner.h"
+#include "shardtrain/plan/published_runs.h"
 #include "support/expect_error.h"
 
 namespace shardtrain::plan {
@@ -180,8 +181,8 @@ TEST(Planner, LoraPlansTheAdaptersAlone) {
   ASSERT_FALSE(adapted.empty());
   auto same_kind = [](const TrainingJob& a, const TrainingJob& b) {
     return a.tp == b.tp && a.strategy == b.strategy && a.mixed_precision == b.mixed_precision &&
-           a.activation_checkpointing == b.activation_checkpointing && a.cpu_offload == b.cpu_offload &&
-           a.wrap == b.wrap;
+           a.activation_checkpointing == b.activation_checkpointing && a.checkpoint_every == b.checkpoint_every &&
+           a.cpu_offload == b.cpu_offload && a.wrap == b.wrap;
   };
   int compared = 0;
   for (const PlannedConfig& f : full) {
@@ -341,17 +342,66 @@ TEST(Planner, GlobalBatchIsSplitIntoMicroBatchesAndAccumulation) {
 // The throughput model against a published figure: torchtitan's Llama 3.1 8B on 8 H100s (FSDP, bf16, local batch 2
 // of 8192 tokens, selective checkpointing): 5,762 tokens/s a GPU. The goal is 25%; docs/notes/throughput-model.md
 // keeps the table.
-TEST(Planner, PredictsTorchtitansLlama8BWithinAQuarter) {
-  const Cluster h100 = with_gpu(Cluster{}, gpu_spec("h100"));
+// Every published run the model is held to (plan/published_runs.h: torchtitan's Llama 2 and 3 on A100 and H100,
+// FSDP with and without checkpointing, 405B with tensor parallelism) within a quarter of its tokens/s per GPU, and
+// the ratio two of them measure (Llama 2 13B without checkpointing over every other layer checkpointed: 1.13x) in
+// order and within 10%. On 8 H100 at torchtitan's global batch the plan recommends what its table runs: FSDP in
+// bf16 with checkpointing at 2 sequences a GPU.
+TEST(Planner, PredictsPublishedRunsWithinAQuarter) {
+  const auto checks = check_published_runs();
+  ASSERT_GE(checks.size(), 7u);
+  std::map<std::string, double> ours, theirs;
+  for (const PublishedCheck& c : checks) {
+    EXPECT_LE(std::abs(c.error), 0.25) << c.run.setting << ": ours " << c.ours.tokens_per_second_per_gpu;
+    EXPECT_NEAR(c.ours.mfu, c.ours.tflops_per_gpu / c.run.cluster.peak_tflops_bf16, 1e-12);
+    ours[c.run.setting] = c.ours.tokens_per_second_per_gpu, theirs[c.run.setting] = c.run.tokens_per_second_per_gpu;
+  }
+  const std::string none = "Llama 2 13B, FSDP, local batch 2 x 4096, no checkpointing";
+  const std::string half = "Llama 2 13B, FSDP, local batch 2 x 4096, selective layer checkpointing";
+  ASSERT_TRUE(ours.count(none) && ours.count(half));
+  const double published = theirs[none] / theirs[half], predicted = ours[none] / ours[half];
+  EXPECT_GT(predicted, 1);
+  EXPECT_NEAR(predicted, published, 0.1 * published);
+
+  // The posts' ratios: each on the post's side of 1, or said why not (check_published_findings gives a reason only
+  // where it expects the model to disagree).
+  const auto findings = check_published_findings();
+  EXPECT_GE(findings.size(), 10u);
+  int holding = 0;
+  for (const PublishedFinding& f : findings) {
+    EXPECT_TRUE(f.holds || !f.why.empty()) << f.finding << ": " << f.ours;
+    holding += f.holds;
+  }
+  EXPECT_GE(holding, 7);
+
+  Cluster h100 = with_gpu(Cluster{}, gpu_spec("h100"));
+  h100.global_batch = 16;
   const auto llama = models::recipe_of("llama-3-8b");
-  TrainingJob job;
-  job.world = 8, job.strategy = parallel::Strategy::FULL_SHARD, job.batch = 2, job.seq_len = 8192;
-  job.mixed_precision = parallel::Precision::BF16, job.activation_checkpointing = true;
-  job.device = parallel::Device::CUDA;
-  const PlannedConfig p = predict(*llama, model_shape(*llama), job, h100);
-  EXPECT_NEAR(p.tokens_per_second_per_gpu, 5762, 0.25 * 5762);
-  EXPECT_NEAR(p.mfu, p.tflops_per_gpu / 989, 1e-12);
+  const auto plans = plan_configurations(*llama, h100);
+  ASSERT_FALSE(plans.empty());
+  const TrainingJob& chosen = plans[recommended(plans)].job;
+  EXPECT_EQ(chosen.tp, 1);
+  EXPECT_EQ(chosen.strategy, parallel::Strategy::FULL_SHARD);
+  EXPECT_EQ(chosen.mixed_precision, parallel::Precision::BF16);
+  EXPECT_TRUE(chosen.activation_checkpointing);
+  EXPECT_EQ(chosen.batch, 2);
+  EXPECT_FALSE(chosen.cpu_offload);
 }
+
+// The recommendation is the fastest configuration unless a simpler one (no tensor parallelism, no offload) is
+// within the model's tolerance of it.
+TEST(Planner, RecommendsTheSimplerLayoutWithinTheTolerance) {
+  auto config = [](int64_t tp, bool offload, double items) {
+    PlannedConfig c;
+    c.job.tp = tp, c.job.cpu_offload = offload, c.items_per_second = items;
+    return c;
+  };
+  EXPECT_EQ(recommended({config(2, false, 10), config(1, true, 9.9), config(1, false, 9.5)}), 2u);
+  EXPECT_EQ(recommended({config(2, false, 10), config(1, false, 8.5)}), 0u);  // 15% slower: the fastest
+  EXPECT_EQ(recommended({config(1, false, 10), config(2, false, 11)}), 0u);
+  EXPECT_EQ(recommended({config(2, false, 10), config(4, false, 9.9)}), 0u);  // no simpler one
+}
+
 // FLAVA calls its text and image encoders twice a step (unmasked, then masked): their layers are gathered once
 // per call, in forward (resharded after it) and in backward (resharded between the calls), and the throughput
 // model moves them so — over the network and, offloaded, over PCIe. Llama calls every unit once.

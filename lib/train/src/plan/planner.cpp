@@ -54,6 +54,15 @@ bool fits(const models::ModelRecipe& recipe, const ModelShape& shape, const Trai
   return e.peak_bytes <= budget && e.host_bytes * per_node <= cluster.host_memory;
 }
 
+// The layers' width: a transformer layer of width w holds about 12 w^2 parameters (attention's four w x w
+// matrices, an MLP of 4w: 8 w^2), so sqrt(mean parameters / 12), the rank's slices under tensor parallelism.
+double layer_width(const ModelShape& shape) {
+  if (shape.layer_numel.empty()) return 0;
+  double sum = 0;
+  for (int64_t n : shape.layer_numel) sum += static_cast<double>(n);
+  return std::sqrt(sum / static_cast<double>(shape.layer_numel.size()) / 12);
+}
+
 std::string lower(std::string s) {
   for (char& c : s) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
   return s;
@@ -64,12 +73,16 @@ std::string lower(std::string s) {
 std::vector<GpuSpec> gpu_specs() {
   // Dense peaks (no sparsity); the collective bandwidth an effective all-reduce rate within a node: NVLink 3's
   // 150 GB/s a GPU (A100), 1.5x on NVLink 4 (H100, H200), PCIe's without NVLink (L40S).
+  // The efficiency: what published runs reach (published_runs(): torchtitan's Llama on 64 A100s reaches 57-61% MFU,
+  // its Llama 3.1 8B on 8 H100s at 500 W 33-39%: H100's peak is the harder to approach).
+  const std::string a100 = "fitted to torchtitan's Llama 2 and 3 runs on 64 A100-80GB";
+  const std::string h100 = "fitted to torchtitan's Llama 3.1 runs on H100 (500 W)";
   return {
-      {"a100-40gb", "A100 SXM 40GB (NVLink 3)", 40 * kGiB, 312, 156, 150, 12},
-      {"a100-80gb", "A100 SXM 80GB (NVLink 3)", 80 * kGiB, 312, 156, 150, 12},
-      {"h100", "H100 SXM 80GB (NVLink 4)", 80 * kGiB, 989, 495, 225, 24},
-      {"h200", "H200 SXM 141GB (NVLink 4)", 140 * kGiB, 989, 495, 225, 24},
-      {"l40s", "L40S 48GB (PCIe 4, no NVLink)", 45 * kGiB, 362, 183, 12, 12},
+      {"a100-40gb", "A100 SXM 40GB (NVLink 3)", 40 * kGiB, 312, 156, 150, 12, 0.8, a100},
+      {"a100-80gb", "A100 SXM 80GB (NVLink 3)", 80 * kGiB, 312, 156, 150, 12, 0.8, a100},
+      {"h100", "H100 SXM 80GB (NVLink 4)", 80 * kGiB, 989, 495, 225, 24, 0.4, h100},
+      {"h200", "H200 SXM 141GB (NVLink 4)", 140 * kGiB, 989, 495, 225, 24, 0.4, "H100's (no published run on H200)"},
+      {"l40s", "L40S 48GB (PCIe 4, no NVLink)", 45 * kGiB, 362, 183, 12, 12, 0.45, "not fitted (no published run)"},
   };
 }
 
@@ -104,6 +117,7 @@ Cluster with_gpu(Cluster cluster, const GpuSpec& gpu) {
   cluster.gpu = gpu.name, cluster.gpu_memory = gpu.memory;
   cluster.peak_tflops_bf16 = gpu.peak_tflops_bf16, cluster.peak_tflops_fp32 = gpu.peak_tflops_fp32;
   cluster.intra_node_gbps = gpu.intra_node_gbps, cluster.pcie_gbps = gpu.pcie_gbps;
+  cluster.efficiency = gpu.efficiency;
   return cluster;
 }
 
@@ -137,7 +151,10 @@ PlannedConfig predict(const models::ModelRecipe& recipe, const ModelShape& shape
   const auto task = recipe.task();
   const data::Batch b = shape_batch(task->data_needs(), job.batch, tokens_of(recipe, job.seq_len));
   const double model_flops = recipe.training_flops(b);
-  const double flops = model_flops * (job.activation_checkpointing ? 4.0 / 3.0 : 1.0);
+  const double replayed = job.activation_checkpointing
+                              ? 1.0 / (3.0 * static_cast<double>(std::max<int64_t>(job.checkpoint_every, 1)))
+                              : 0.0;
+  const double flops = model_flops * (1 + replayed);
   const bool low = job.mixed_precision != parallel::Precision::NO;
   const double peak = (low ? cluster.peak_tflops_bf16 : cluster.peak_tflops_fp32) * 1e12;
   const models::DataNeeds needs = task->data_needs();
@@ -145,10 +162,11 @@ PlannedConfig predict(const models::ModelRecipe& recipe, const ModelShape& shape
   const double tokens = static_cast<double>(job.batch) *
                         static_cast<double>((b.input_ids.defined() ? b.input_ids.size(1) : 0) +
                                             (b.pixels.defined() ? side * side + 1 : 0));
-  // Under tensor parallelism a rank computes its share of every layer (1 / tp of the FLOPs), in matrices 1 / tp as
-  // wide: what fills the GPU is the tokens' share, tokens / tp.
-  const double tp = static_cast<double>(job.tp), work = tokens / tp;
-  const double efficiency = cluster.efficiency * work / (work + cluster.half_efficiency_tokens);
+  // Under tensor parallelism a rank computes its share of every layer (1 / tp of the FLOPs) in its slices, whose
+  // width the rank's layer parameters give.
+  const double tp = static_cast<double>(job.tp), width = layer_width(shape);
+  const double efficiency = cluster.efficiency * tokens / (tokens + cluster.half_efficiency_tokens) * width /
+                            (width + cluster.half_efficiency_width);
   // Gradient accumulation: A micro-batches a step, each computed and its units gathered; the gradients reduced (and
   // the optimizer stepped) once.
   const double A = static_cast<double>(std::max<int64_t>(job.grad_accum, 1));
@@ -256,7 +274,7 @@ std::vector<PlannedConfig> plan_configurations(const models::ModelRecipe& recipe
       }
       for (parallel::Strategy strategy : strategies) {
         for (parallel::Precision precision : {parallel::Precision::BF16, parallel::Precision::NO}) {
-          for (bool ac : {false, true}) {
+          for (int64_t ac_every : {0, 1, 2}) {  // none, every layer, every other (torchtitan's "selective layer")
             for (bool offload : disk ? std::vector<bool>{true} : std::vector<bool>{false, true}) {
               for (parallel::Wrap wrap : {parallel::Wrap::TRANSFORMER, parallel::Wrap::NONE}) {
                 const bool fsdp = strategy != parallel::Strategy::DDP;
@@ -265,7 +283,8 @@ std::vector<PlannedConfig> plan_configurations(const models::ModelRecipe& recipe
                 TrainingJob job;
                 job.world = cluster.gpus, job.nodes = cluster.nodes, job.strategy = strategy, job.wrap = wrap;
                 job.tp = tp, job.sequence_parallel = tp > 1 && sequence;
-                job.mixed_precision = precision, job.activation_checkpointing = ac, job.cpu_offload = offload;
+                job.mixed_precision = precision, job.cpu_offload = offload;
+                job.activation_checkpointing = ac_every > 0, job.checkpoint_every = std::max<int64_t>(ac_every, 1);
                 job.activation_offload = activation_offload, job.optimizer_on_disk = disk;
                 job.seq_len = tokens_of(recipe, cluster.seq_len), job.device = parallel::Device::CUDA;
                 job.batch = largest_batch(recipe, *shape, job, cluster);
@@ -289,6 +308,15 @@ std::vector<PlannedConfig> plan_configurations(const models::ModelRecipe& recipe
     return a.items_per_second > b.items_per_second;
   });
   return out;
+}
+
+size_t recommended(const std::vector<PlannedConfig>& configs) {
+  const auto simple = std::find_if(configs.begin(), configs.end(), [](const PlannedConfig& c) {
+    return c.job.tp == 1 && !c.job.cpu_offload && !c.job.activation_offload;
+  });
+  if (simple == configs.end()) return 0;
+  const bool close = simple->items_per_second >= (1 - kPlanTolerance) * configs.front().items_per_second;
+  return close ? static_cast<size_t>(simple - configs.begin()) : 0;
 }
 
 namespace {
@@ -326,12 +354,16 @@ std::string trainer_yaml(const std::string& model, const PlannedConfig& c, const
                 static_cast<long long>(j.nodes), j.nodes > 1 ? "s" : "",
                 static_cast<double>(c.memory.peak_bytes) / (1024.0 * 1024 * 1024), c.items_per_second);
   std::snprintf(body, sizeof body,
-                "parallel:\n  strategy: %s\n  mixed_precision: %s\n  activation_checkpointing: %s\n"
+                "parallel:\n  strategy: %s\n  mixed_precision: %s\n  activation_checkpointing: %s\n%s"
                 "  cpu_offload: %s\n%s%s  wrap: %s\n%s"
                 "train:\n  device: cuda\n  batch_size: %lld\n%s"
                 "launch:\n  num_processes: %lld\n  num_machines: %lld\n",
                 parallel::to_string(j.strategy).c_str(), parallel::to_string(j.mixed_precision).c_str(),
-                j.activation_checkpointing ? "true" : "false", j.cpu_offload ? "true" : "false",
+                j.activation_checkpointing ? "true" : "false",
+                j.activation_checkpointing && j.checkpoint_every > 1
+                    ? ("  activation_checkpointing_every: " + std::to_string(j.checkpoint_every) + "\n").c_str()
+                    : "",
+                j.cpu_offload ? "true" : "false",
                 j.optimizer_on_disk ? "  offload: nvme\n  nvme_path: /local/nvme  # a directory on a local disk\n" : "",
                 j.activation_offload ? "  activation_offload: true\n" : "", parallel::to_string(j.wrap).c_str(), tp_lines.c_str(), static_cast<long long>(j.batch),
                 j.grad_accum > 1 ? ("  grad_accum: " + std::to_string(j.grad_accum) + "\n").c_str() : "",

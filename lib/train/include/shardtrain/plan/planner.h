@@ -6,10 +6,15 @@
 //   configs.front().job                          // the recommended one; plan::trainer_yaml(...) writes it
 //
 // Throughput is a stated model, each constant a field of Cluster:
-//   compute   = training FLOPs of the step (the recipe's formula; x 4/3 with activation checkpointing: one more
-//               forward) / (peak_tflops x efficiency x n / (n + half_efficiency_tokens)), n the tokens (text and
-//               image patches) per GPU per micro-batch: small batches keep the GPU's cores from filling; with
-//               gradient accumulation each micro-batch computed and gathered, the gradients reduced once
+//   compute   = training FLOPs of the step (the recipe's formula; with activation checkpointing of every k-th
+//               layer x (1 + 1 / 3k): their forward once more) / (peak_tflops x efficiency x n / (n +
+//               half_efficiency_tokens) x w / (w + half_efficiency_width)), n the tokens (text and image patches)
+//               per GPU per micro-batch, w the layers' width (a layer of width w holds about 12 w^2 parameters: the
+//               rank's share under tensor parallelism): short batches and narrow matrices keep the GPU's cores
+//               from filling, and the elementwise work (norms, activations, softmax: ~w per token against
+//               matrices' ~w^2) weighs more in narrow layers; both saturate. `efficiency` is the GPU's (its preset,
+//               fitted to published runs: published_runs()); with gradient accumulation each micro-batch computed
+//               and gathered, the gradients reduced once
 //   traffic   = bytes each rank sends per step: FULL_SHARD all-gathers the parameters twice (forward, backward) and
 //               reduce-scatters the gradients (of the trainable parameters: a LoRA recipe's adapters alone),
 //               SHARD_GRAD_OP gathers once, DDP and NO_SHARD all-reduce (2x),
@@ -18,8 +23,8 @@
 //               (there in forward, back in backward)
 //   comm      = traffic / bandwidth (intra- or inter-node);  exposed = comm x (1 - overlap), or all of it when the
 //               whole model is one unit (nothing to overlap with), and never less than comm - compute
-//   tensor    with tp > 1 (within a node, sequence parallel where the family's plan can be): compute / tp, its
-//               efficiency that of n / tp tokens (the matrices are 1 / tp as wide); the
+//   tensor    with tp > 1 (within a node, sequence parallel where the family's plan can be): compute / tp, at
+//               the width of the rank's slices; the
 //               traffic above over world / tp data-parallel ranks of a rank's slices; and each layer's input
 //               (B, T, C) all-reduced 4 times a step (6 with checkpointing) over the tp ranks, 2 (tp - 1) / tp of
 //               it, on the intra-node bandwidth and never hidden
@@ -54,8 +59,9 @@ struct Cluster {
   double memory_margin = 0.05;      // kept free beyond the estimate (which has the CUDA allocator's allowance)
   double peak_tflops_bf16 = 312;    // A100's dense bf16/fp16
   double peak_tflops_fp32 = 156;    // A100's TF32 (float32 matmuls with train.tf32, the FLAVA post's setting)
-  double efficiency = 0.45;         // achieved / peak FLOP/s of the computation itself, at large batches
-  double half_efficiency_tokens = 4096;  // tokens per GPU per step at which half of `efficiency` is reached
+  double efficiency = 0.8;          // achieved / peak FLOP/s of the computation itself, large and wide (the preset's)
+  double half_efficiency_tokens = 512;   // tokens per GPU per micro-batch at which half of `efficiency` is reached
+  double half_efficiency_width = 256;    // layer width at which half of `efficiency` is reached
   double intra_node_gbps = 150;     // GB/s each GPU moves in a collective within a node (A100 NVLink, effective)
   double inter_node_gbps = 12.5;    // GB/s per GPU across nodes (100 Gb/s per GPU)
   double pcie_gbps = 12;            // GB/s host <-> GPU (CPU offload)
@@ -88,6 +94,8 @@ struct GpuSpec {
   std::string name, description;
   int64_t memory = 0;  // bytes
   double peak_tflops_bf16 = 0, peak_tflops_fp32 = 0, intra_node_gbps = 0, pcie_gbps = 0;
+  double efficiency = 0;  // Cluster::efficiency on this GPU
+  std::string efficiency_from;  // what `efficiency` was fitted to, or that it was not
 };
 // The presets, in the order `plan --help` lists them.
 std::vector<GpuSpec> gpu_specs();
@@ -117,11 +125,19 @@ bool split_global_batch(const models::ModelRecipe& recipe, const ModelShape& sha
 PlannedConfig predict(const models::ModelRecipe& recipe, const ModelShape& shape, const TrainingJob& job,
                       const Cluster& cluster);
 
-// Every configuration (tensor-parallel size x strategy x activation checkpointing x mixed precision x CPU offload x
-// wrap) that fits with a batch of at least one, at its largest batch (or the split of cluster.global_batch),
+// Every configuration (tensor-parallel size x strategy x activation checkpointing of every layer, every other
+// layer or none x mixed precision x CPU offload x wrap) that fits with a batch of at least one, at its largest batch (or the split of cluster.global_batch),
 // fastest first; with activation offload on each where none fits without it, and then with the optimizer's state
 // on disk too (offload: nvme) where none fits yet (the host memory too small for CPU offload's state). Throws std::invalid_argument for a cluster whose GPUs do not divide into its nodes.
 std::vector<PlannedConfig> plan_configurations(const models::ModelRecipe& recipe, const Cluster& cluster);
+
+// The model's stated uncertainty: predictions within this share of each other are not told apart.
+constexpr double kPlanTolerance = 0.10;
+
+// The configuration to run among `configs` (fastest first, non-empty): the fastest, unless one that splits no layer
+// and offloads nothing comes within kPlanTolerance of it — the simpler layout, as practitioners choose it (torchtitan
+// trains Llama 3 8B on a node with FSDP alone). Its index.
+size_t recommended(const std::vector<PlannedConfig>& configs);
 
 // A `shardtrain train` config for a planned configuration of `model`: model.from for a model directory with weights
 // or a name in the Hugging Face cache, else model.flavor (a zoo flavor, or a config.json: random weights); with
