@@ -31,7 +31,8 @@ const char* kPlanUsage =
     "       shardtrain plan --figure flava|t5|t5-scale|published [--seq-len T] [--json]\n"
     "MODEL: a flavor of `shardtrain models`, a Hugging Face config.json or a model name in the Hugging Face cache.\n"
     "Every configuration (tensor-parallel size within a node x strategy x mixed precision x activation\n"
-    "checkpointing of every layer (on), every other (1/2) or none x CPU offload x wrap; activation offload too\n"
+    "checkpointing of every layer (on), every other (1/2) or none x CPU offload x wrap; precision: bf16 mixed,\n"
+    "float32 (no) or pure bf16 with AnyPrecision AdamW (pure); activation offload too\n"
     "where nothing fits without it) that fits SIZE per\n"
     "GPU (40GiB, 80GB, ...) less the margin (default 0.05),\n"
     "with its largest batch per data-parallel rank (the memory model) and predicted items/s, fastest first, at\n"
@@ -143,7 +144,7 @@ void print_table(const std::string& model, const plan::Cluster& cluster,
                                 (c.job.activation_offload ? "act" : "");
     std::printf("  %-3zu %-6s %-19s %-5s %-3s %-7s %-11s %9s %9s %10.3g %10.0f %4.0f%% %9.1f %8.3f\n", i + 1,
                 tp.c_str(), parallel::to_string(c.job.strategy).c_str(),
-                parallel::to_string(c.job.mixed_precision).c_str(), ac_text(c.job),
+                c.job.param_bytes == 2 ? "pure" : parallel::to_string(c.job.mixed_precision).c_str(), ac_text(c.job),
                 offload.c_str(),
                 c.job.strategy == parallel::Strategy::DDP ? "-" : parallel::to_string(c.job.wrap).c_str(),
                 batch.c_str(), gib(c.memory.peak_bytes).c_str(), c.items_per_second,
@@ -160,8 +161,8 @@ std::string recommendation_reason(const std::vector<plan::PlannedConfig>& config
   if (chosen != 0) {
     const plan::PlannedConfig& fastest = configs.front();
     std::snprintf(line, sizeof line,
-                  "why: #%zu splits no layer and offloads nothing, %.3g items/s against %.3g for #1 (%.0f%% apart, "
-                  "within the model's %.0f%%): the simpler layout\n",
+                  "why: #%zu is the simpler layout (fewer of: layers split, offload, pure bf16), %.3g items/s "
+                  "against %.3g for #1 (%.0f%% apart, within the model's %.0f%%)\n",
                   chosen + 1, best.items_per_second, fastest.items_per_second,
                   100 * (1 - best.items_per_second / fastest.items_per_second), 100 * plan::kPlanTolerance);
     return line;
@@ -260,6 +261,7 @@ int run_plan_command(const std::vector<std::string>& argv) {
     for (const auto& c : configs) {
       j.push_back({{"tp_size", c.job.tp}, {"sequence_parallel", c.job.sequence_parallel},
                    {"strategy", parallel::to_string(c.job.strategy)}, {"mixed_precision", parallel::to_string(c.job.mixed_precision)},
+                   {"pure_bf16", c.job.param_bytes == 2},
                    {"activation_checkpointing", c.job.activation_checkpointing},
                    {"activation_checkpointing_every", c.job.checkpoint_every}, {"cpu_offload", c.job.cpu_offload},
                    {"activation_offload", c.job.activation_offload}, {"optimizer_on_disk", c.job.optimizer_on_disk},

@@ -63,6 +63,16 @@ double layer_width(const ModelShape& shape) {
   return std::sqrt(sum / static_cast<double>(shape.layer_numel.size()) / 12);
 }
 
+// The precisions planned: bf16 mixed precision (float32 parameters and AdamW state), float32, and pure bf16 (bf16
+// parameters and gradients, AnyPrecision AdamW's bf16 moments with Kahan summation: 6 bytes of state a parameter,
+// the T5 post's setting).
+struct PlannedPrecision {
+  parallel::Precision mixed;
+  int64_t param_bytes;
+};
+constexpr PlannedPrecision kPrecisions[] = {
+    {parallel::Precision::BF16, 4}, {parallel::Precision::NO, 4}, {parallel::Precision::NO, 2}};
+
 std::string lower(std::string s) {
   for (char& c : s) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
   return s;
@@ -155,7 +165,8 @@ PlannedConfig predict(const models::ModelRecipe& recipe, const ModelShape& shape
                               ? 1.0 / (3.0 * static_cast<double>(std::max<int64_t>(job.checkpoint_every, 1)))
                               : 0.0;
   const double flops = model_flops * (1 + replayed);
-  const bool low = job.mixed_precision != parallel::Precision::NO;
+  const bool pure_bf16 = job.param_bytes == 2;
+  const bool low = job.mixed_precision != parallel::Precision::NO || pure_bf16;
   const double peak = (low ? cluster.peak_tflops_bf16 : cluster.peak_tflops_fp32) * 1e12;
   const models::DataNeeds needs = task->data_needs();
   const int64_t side = needs.patch_size > 0 ? needs.image_size / needs.patch_size : 0;
@@ -177,7 +188,7 @@ PlannedConfig predict(const models::ModelRecipe& recipe, const ModelShape& shape
   const double P = static_cast<double>(shape.parameters()), G = static_cast<double>(shape.trainable());
   const double W = static_cast<double>(job.world / job.tp);
   const double per_node = static_cast<double>(job.world / std::max<int64_t>(job.nodes, 1) / job.tp);
-  const double ce = low ? 2 : 4, rd = job.mixed_precision == parallel::Precision::BF16 ? 2 : 4;
+  const double ce = low ? 2 : 4, rd = job.mixed_precision == parallel::Precision::BF16 || pure_bf16 ? 2 : 4;
   const double intra = cluster.intra_node_gbps * 1e9;
   const double inter = (job.nodes > 1 ? cluster.inter_node_gbps : cluster.intra_node_gbps) * 1e9;
   auto moved = [](double bytes, double ranks) { return ranks > 1 ? bytes * (ranks - 1) / ranks : 0.0; };
@@ -273,17 +284,20 @@ std::vector<PlannedConfig> plan_configurations(const models::ModelRecipe& recipe
         continue;  // no plan, or sizes this tp does not divide
       }
       for (parallel::Strategy strategy : strategies) {
-        for (parallel::Precision precision : {parallel::Precision::BF16, parallel::Precision::NO}) {
+        for (const PlannedPrecision& precision : kPrecisions) {
           for (int64_t ac_every : {0, 1, 2}) {  // none, every layer, every other (torchtitan's "selective layer")
             for (bool offload : disk ? std::vector<bool>{true} : std::vector<bool>{false, true}) {
               for (parallel::Wrap wrap : {parallel::Wrap::TRANSFORMER, parallel::Wrap::NONE}) {
                 const bool fsdp = strategy != parallel::Strategy::DDP;
                 if (!fsdp && (offload || wrap == parallel::Wrap::NONE)) continue;  // DDP has neither
                 if (tp > 1 && (offload || wrap == parallel::Wrap::NONE)) continue;
+                if (precision.param_bytes == 2 && offload) continue;  // AnyPrecision's host step is not priced
                 TrainingJob job;
                 job.world = cluster.gpus, job.nodes = cluster.nodes, job.strategy = strategy, job.wrap = wrap;
                 job.tp = tp, job.sequence_parallel = tp > 1 && sequence;
-                job.mixed_precision = precision, job.cpu_offload = offload;
+                job.mixed_precision = precision.mixed, job.cpu_offload = offload;
+                job.param_bytes = precision.param_bytes;
+                if (precision.param_bytes == 2) job.optimizer = "AnyPrecision AdamW", job.optimizer_state_bytes = 6;
                 job.activation_checkpointing = ac_every > 0, job.checkpoint_every = std::max<int64_t>(ac_every, 1);
                 job.activation_offload = activation_offload, job.optimizer_on_disk = disk;
                 job.seq_len = tokens_of(recipe, cluster.seq_len), job.device = parallel::Device::CUDA;
@@ -311,12 +325,17 @@ std::vector<PlannedConfig> plan_configurations(const models::ModelRecipe& recipe
 }
 
 size_t recommended(const std::vector<PlannedConfig>& configs) {
-  const auto simple = std::find_if(configs.begin(), configs.end(), [](const PlannedConfig& c) {
-    return c.job.tp == 1 && !c.job.cpu_offload && !c.job.activation_offload;
-  });
-  if (simple == configs.end()) return 0;
-  const bool close = simple->items_per_second >= (1 - kPlanTolerance) * configs.front().items_per_second;
-  return close ? static_cast<size_t>(simple - configs.begin()) : 0;
+  // What a layout asks of its user beyond data parallelism: layers split over GPUs, state or activations moved to
+  // the host, parameters kept in bf16 (numerics to watch).
+  auto departures = [](const TrainingJob& j) {
+    return (j.tp > 1) + j.cpu_offload + j.activation_offload + (j.param_bytes == 2);
+  };
+  size_t best = 0;
+  for (size_t i = 1; i < configs.size(); ++i) {
+    if (configs[i].items_per_second < (1 - kPlanTolerance) * configs.front().items_per_second) break;
+    if (departures(configs[i].job) < departures(configs[best].job)) best = i;
+  }
+  return best;
 }
 
 namespace {
@@ -369,7 +388,10 @@ std::string trainer_yaml(const std::string& model, const PlannedConfig& c, const
                 j.grad_accum > 1 ? ("  grad_accum: " + std::to_string(j.grad_accum) + "\n").c_str() : "",
                 static_cast<long long>(j.world),
                 static_cast<long long>(j.nodes));
-  return head + model_section(model) + lora_section(lora) + body;
+  // Pure bf16: the parameters in bf16 and AnyPrecision AdamW with Kahan summation (its moments in bf16).
+  const bool pure = j.param_bytes == 2;
+  const std::string optim = pure ? "optim:\n  name: anyprecision_adamw\n  use_kahan_summation: true\n" : "";
+  return head + model_section(model) + (pure ? "  dtype: bfloat16\n" : "") + lora_section(lora) + body + optim;
 }
 
 }  // namespace shardtrain::plan

@@ -134,9 +134,10 @@ std::vector<PlannedConfig> plan_configurations(const models::ModelRecipe& recipe
 // The model's stated uncertainty: predictions within this share of each other are not told apart.
 constexpr double kPlanTolerance = 0.10;
 
-// The configuration to run among `configs` (fastest first, non-empty): the fastest, unless one that splits no layer
-// and offloads nothing comes within kPlanTolerance of it — the simpler layout, as practitioners choose it (torchtitan
-// trains Llama 3 8B on a node with FSDP alone). Its index.
+// The configuration to run among `configs` (fastest first, non-empty): among those within kPlanTolerance of the
+// fastest, the first with the fewest departures from plain data parallelism (layers split over GPUs, CPU offload,
+// activation offload, pure bf16) — the simpler layout, as practitioners choose it (torchtitan trains Llama 3 8B on a
+// node with FSDP alone, in mixed precision). Its index.
 size_t recommended(const std::vector<PlannedConfig>& configs);
 
 // A `shardtrain train` config for a planned configuration of `model`: model.from for a model directory with weights

@@ -41,7 +41,8 @@ struct PublishedFinding {
   std::string theirs;  // as the source states it ("2.19x")
   double ours = 0;     // the model's ratio, the same way round
   bool holds = false;  // the model's ratio on the source's side of 1
-  std::string why;     // where it does not hold, or its size is far from theirs: what the model leaves out
+  std::string why;     // where it does not hold, or its size is far from theirs: what the model leaves out ("" where
+                       // the model is expected to agree)
 };
 std::vector<PublishedFinding> check_published_findings();
 
