@@ -27,6 +27,7 @@ RULES = {
         "fsdp": {"distributed", "io", "memory", "nn", "optim", "parallel"},
         "ddp": {"distributed", "nn", "parallel"},
         "tp": {"distributed", "util"},
+        "pp": {"distributed", "parallel", "util"},
         "ckpt": {"distributed", "fsdp", "io", "memory", "optim", "tp", "util"},
     },
     "models": {

@@ -244,6 +244,35 @@ TEST(Collectives, WorldSizeOneCopiesNothingItNeedNot) {
   EXPECT_TRUE(at::equal(out, t));
 }
 
+// Point to point around a ring: each rank sends two tensors to the next, tags 7 then 3, while the next posts its
+// receives in the other order, and a collective runs between them: each receive gets the send of its tag, and the
+// collective's own messages do not mix with either. Every dtype; a peer that is this rank, or a tag out of range,
+// is refused by name.
+TEST(Collectives, SendAndReceivePairByTag) {
+  const Communicator& comm = test_process_group().world();
+  const int w = comm.size(), r = comm.rank();
+  testing::expect_error<std::invalid_argument>([&] { comm.send(at::zeros({3}), r, 0); },
+                                               {"peer " + std::to_string(r) + " is not another rank"});
+  if (w == 1) GTEST_SKIP() << "no other rank to send to";
+  testing::expect_error<std::invalid_argument>([&] { comm.send(at::zeros({3}), (r + 1) % w, -1); }, {"tag -1"});
+  const int next = (r + 1) % w, previous = (r + w - 1) % w;
+  for (at::ScalarType dtype : kDtypes) {
+    const int64_t n = 1001;
+    std::vector<Work> works;
+    works.push_back(comm.send(rank_values(r, n).to(dtype), next, 7));
+    works.push_back(comm.send(rank_values(r, n, 5).to(dtype), next, 3));
+    at::Tensor summed = at::ones({17}, dtype);
+    works.push_back(comm.all_reduce(summed, ReduceOp::SUM));
+    at::Tensor three = at::empty({n}, dtype), seven = at::empty({n}, dtype);
+    works.push_back(comm.recv(three, previous, 3));
+    works.push_back(comm.recv(seven, previous, 7));
+    wait_all(works);
+    expect_close(seven, rank_values(previous, n), dtype, label("recv tag 7", dtype, n));
+    expect_close(three, rank_values(previous, n, 5), dtype, label("recv tag 3", dtype, n));
+    expect_close(summed, at::full({17}, static_cast<double>(w)), dtype, label("all_reduce between", dtype, 17));
+  }
+}
+
 TEST(Collectives, BadArgumentsNameTheSizes) {
   const Communicator& comm = test_process_group().world();
   const int w = comm.size();

@@ -467,4 +467,43 @@ Work Communicator::barrier() const {
   return make_work(g, "barrier", g.backend->barrier(opts), {});
 }
 
+namespace {
+
+// A point-to-point operation's peer and tag, checked; the tag as it goes on the wire: above every tag the
+// collectives take from Impl::next_tag (those stay below 2^30).
+int peer_tag(const Impl& g, const std::string& what, int peer, int tag) {
+  if (peer < 0 || peer >= static_cast<int>(g.global_ranks.size()) || peer == g.rank) {
+    throw std::invalid_argument(describe(g, what) + ": peer " + std::to_string(peer) +
+                                " is not another rank of this group");
+  }
+  if (tag < 0 || tag > Communicator::kMaxPeerTag) {
+    throw std::invalid_argument(describe(g, what) + ": tag " + std::to_string(tag) + " is not in 0.." +
+                                std::to_string(Communicator::kMaxPeerTag));
+  }
+  return (1 << 30) | tag;
+}
+
+}  // namespace
+
+Work Communicator::send(const at::Tensor& tensor, int peer, int tag) const {
+  const Impl& g = *impl_;
+  const std::string what = "send(to " + std::to_string(peer) + ", tag " + std::to_string(tag) + ")";
+  check_tensor(g, what, "input", tensor);
+  const int wire_tag = peer_tag(g, what, peer, tag);
+  at::Tensor wire = wire_values(g, tensor.view(-1));
+  std::vector<at::Tensor> tensors{wire};
+  return make_work(g, what, g.backend->send(tensors, peer, wire_tag), {tensor, wire});
+}
+
+Work Communicator::recv(const at::Tensor& tensor, int peer, int tag) const {
+  const Impl& g = *impl_;
+  const std::string what = "recv(from " + std::to_string(peer) + ", tag " + std::to_string(tag) + ")";
+  check_tensor(g, what, "output", tensor);
+  const int wire_tag = peer_tag(g, what, peer, tag);
+  at::Tensor wire = wire_buffer(g, tensor.view(-1));
+  std::vector<at::Tensor> tensors{wire};
+  return make_work(g, what, g.backend->recv(tensors, peer, wire_tag), {tensor, wire},
+                   copy_back(tensor.view(-1), wire));
+}
+
 }  // namespace shardtrain::dist

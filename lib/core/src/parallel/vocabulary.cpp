@@ -38,6 +38,15 @@ const std::vector<std::pair<std::string, Offload>>& offloads() {
   return table;
 }
 
+const std::vector<std::pair<std::string, PipelineSchedule>>& pipeline_schedules() {
+  static const std::vector<std::pair<std::string, PipelineSchedule>> table = {
+      {"gpipe", PipelineSchedule::GPIPE},
+      {"1f1b", PipelineSchedule::ONE_F_ONE_B},
+      {"interleaved_1f1b", PipelineSchedule::INTERLEAVED_1F1B},
+      {"zero_bubble", PipelineSchedule::ZERO_BUBBLE}};
+  return table;
+}
+
 template <class E>
 std::string name_in(const std::vector<std::pair<std::string, E>>& table, E value) {
   for (const auto& [name, v] : table) {
@@ -75,6 +84,11 @@ Precision precision_named(const std::string& name) { return named_in(precisions(
 Device device_named(const std::string& name) { return named_in(devices(), name, "device"); }
 Wrap wrap_named(const std::string& name) { return named_in(wraps(), name, "wrap"); }
 Offload offload_named(const std::string& name) { return named_in(offloads(), name, "offload"); }
+std::string to_string(PipelineSchedule s) { return name_in(pipeline_schedules(), s); }
+PipelineSchedule pipeline_schedule_named(const std::string& name) {
+  return named_in(pipeline_schedules(), name, "pipeline schedule");
+}
+std::vector<std::string> pipeline_schedule_names() { return names_in(pipeline_schedules()); }
 std::vector<std::string> strategy_names() { return names_in(strategies()); }
 std::vector<std::string> precision_names() { return names_in(precisions()); }
 std::vector<std::string> device_names() { return names_in(devices()); }

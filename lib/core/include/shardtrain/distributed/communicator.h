@@ -82,6 +82,13 @@ class Communicator {
   Work broadcast(const at::Tensor& tensor, int root) const;
   Work all_to_all(const at::Tensor& out, const at::Tensor& in) const;
   Work barrier() const;
+  // Point to point: `tensor` to group rank `peer`, or into `tensor` from it (its shape and dtype agreed beforehand),
+  // a send and the receive of the same `tag` pairing up whatever else either rank has in flight. Tags are the
+  // caller's numbering, 0 .. kMaxPeerTag (a pipeline's: stage, microbatch and direction), apart from those the
+  // collectives use among themselves.
+  static constexpr int kMaxPeerTag = (1 << 29) - 1;
+  Work send(const at::Tensor& tensor, int peer, int tag) const;
+  Work recv(const at::Tensor& tensor, int peer, int tag) const;
 
   // The backend's own flat reduce-scatter (SUM) and all-gather, unchanged: on Gloo the first is W all-reduces,
   // the second gathers through a scratch buffer as large as the output. Only for the benchmark that shows what

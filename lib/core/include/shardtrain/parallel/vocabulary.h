@@ -37,7 +37,14 @@ enum class Wrap { TRANSFORMER, SIZE, NONE };
 // disk (ZeRO-Infinity's NVMe tier, optim/disk_adamw.h).
 enum class Offload { NONE, CPU, NVME };
 
+// Pipeline parallelism's schedules (pp/schedule.h): all forwards then all backwards (GPipe); one forward one
+// backward after a warm-up (1F1B); 1F1B over several stages per rank (interleaved, Megatron's virtual stages); and
+// 1F1B with each backward split into its input gradient and its weight gradient, the latter deferred into the
+// bubble (zero bubble, ZB-H1).
+enum class PipelineSchedule { GPIPE, ONE_F_ONE_B, INTERLEAVED_1F1B, ZERO_BUBBLE };
+
 std::string to_string(Strategy s);  // "full_shard", ..., "ddp"
+std::string to_string(PipelineSchedule s);  // "gpipe", "1f1b", "interleaved_1f1b", "zero_bubble"
 std::string to_string(Precision p);  // "no", "bf16", "fp16"
 std::string to_string(Device d);     // "auto", "cpu", "cuda"
 std::string to_string(Wrap w);       // "transformer", "size", "none"
@@ -48,11 +55,13 @@ Precision precision_named(const std::string& name);
 Device device_named(const std::string& name);
 Wrap wrap_named(const std::string& name);
 Offload offload_named(const std::string& name);
+PipelineSchedule pipeline_schedule_named(const std::string& name);
 std::vector<std::string> strategy_names();
 std::vector<std::string> precision_names();
 std::vector<std::string> device_names();
 std::vector<std::string> wrap_names();
 std::vector<std::string> offload_names();
+std::vector<std::string> pipeline_schedule_names();
 
 // Sharded within a node and replicated across nodes.
 bool is_hybrid(Strategy s);
