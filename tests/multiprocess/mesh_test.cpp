@@ -110,6 +110,51 @@ void check_tp_mesh(int replicate, int shard, int tp) {
   EXPECT_EQ(member_sum(mesh.data_group()), data_sum) << label << " data-parallel group of rank " << me;
 }
 
+// The same with a pipeline dimension outermost (pp x replicate x shard x tp): each stage's groups stay within its
+// ranks, and the pipeline group links the ranks of one (row, col, t), one per stage, in stage order.
+void check_pp_mesh(int pp, int replicate, int shard, int tp) {
+  const int w = test_process_group().world_size(), me = test_process_group().rank();
+  DeviceMesh mesh = DeviceMesh::create(test_process_group(), replicate, shard, tp, pp);
+  const int stage = replicate * shard * tp, p = me / stage, in = me % stage;
+  const int row = in / tp / shard, col = in / tp % shard, t = in % tp;
+  const std::string label = std::to_string(pp) + "x" + std::to_string(replicate) + "x" + std::to_string(shard) + "x" +
+                            std::to_string(tp);
+  EXPECT_EQ(mesh.pp_rank(), p) << label;
+  EXPECT_EQ(mesh.pp_size(), pp) << label;
+  EXPECT_EQ(mesh.data_rank(), row * shard + col) << label;
+  EXPECT_EQ(mesh.data_size(), replicate * shard) << label;
+  double shard_sum = 0, replicate_sum = 0, tp_sum = 0, data_sum = 0, pp_sum = 0;
+  for (int r = 0; r < w; ++r) {
+    const int r_p = r / stage, r_in = r % stage;
+    const int r_row = r_in / tp / shard, r_col = r_in / tp % shard, r_t = r_in % tp;
+    if (r_p == p && r_row == row && r_t == t) shard_sum += r;
+    if (r_p == p && r_col == col && r_t == t) replicate_sum += r;
+    if (r_p == p && r_row == row && r_col == col) tp_sum += r;
+    if (r_p == p && r_t == t) data_sum += r;
+    if (r_in == in) pp_sum += r;
+  }
+  EXPECT_EQ(member_sum(mesh.shard_group()), shard_sum) << label << " shard group of rank " << me;
+  EXPECT_EQ(member_sum(mesh.replicate_group()), replicate_sum) << label << " replicate group of rank " << me;
+  EXPECT_EQ(member_sum(mesh.tp_group()), tp_sum) << label << " tensor-parallel group of rank " << me;
+  EXPECT_EQ(member_sum(mesh.data_group()), data_sum) << label << " data-parallel group of rank " << me;
+  EXPECT_EQ(member_sum(mesh.pp_group()), pp_sum) << label << " pipeline group of rank " << me;
+  EXPECT_EQ(mesh.pp_group().rank(), p) << label;  // in stage order
+}
+
+TEST(Mesh, PipelineLayouts) {
+  const int w = test_process_group().world_size();
+  check_pp_mesh(w, 1, 1, 1);
+  check_pp_mesh(1, 1, w, 1);
+  if (w == 4) {
+    check_pp_mesh(2, 1, 2, 1);
+    check_pp_mesh(2, 1, 1, 2);
+    check_pp_mesh(2, 2, 1, 1);
+  }
+  testing::expect_error<std::invalid_argument>([&] { DeviceMesh::create(test_process_group(), 1, 1, 1, w + 1); },
+                                               {"mesh pp(" + std::to_string(w + 1) + ") * replicate(1) * shard(1) * "
+                                                "tp(1) = " + std::to_string(w + 1) + " != WORLD_SIZE"});
+}
+
 TEST(Mesh, TensorParallelLayouts) {
   const int w = test_process_group().world_size();
   check_tp_mesh(1, w, 1);

@@ -1,9 +1,11 @@
-// The layout of the world: `replicate` rows of `shard` data-parallel ranks (hybrid sharding), each of them `tp`
-// ranks that split its layers (tensor parallelism), the tensor dimension innermost (the ranks of one node, as
-// torchtitan and Megatron place it):
+// The layout of the world: `pp` pipeline stages (outermost), each of `replicate` rows of `shard` data-parallel ranks
+// (hybrid sharding), each of them `tp` ranks that split its layers (tensor parallelism), the tensor dimension
+// innermost (the ranks of one node, as torchtitan and Megatron place it):
 //
-//   world rank = (row * shard + col) * tp + t
+//   world rank = ((p * replicate + row) * shard + col) * tp + t
 //
+// Every group below but the pipeline's lies within one pipeline index p; the pipeline group of a rank is the pp
+// ranks with its (row, col, t), one per stage, in stage order.
 // The shard group of a rank is the ranks of its row with its t (they shard parameters among themselves, normally
 // one node), its replicate group the ranks of its column with its t (the same shard across nodes), its
 // tensor-parallel group the tp ranks of its (row, col), and its data-parallel group every rank with its t (the
@@ -25,7 +27,7 @@ class DeviceMesh {
   // shard = -1 infers world / (replicate * tp). Throws std::invalid_argument naming the sizes when
   // replicate * shard * tp != world size, e.g. "mesh replicate(2) * shard(3) * tp(1) = 6 != WORLD_SIZE(4)".
   // Collective.
-  static DeviceMesh create(ProcessGroup& pg, int replicate, int shard = -1, int tp = 1);
+  static DeviceMesh create(ProcessGroup& pg, int replicate, int shard = -1, int tp = 1, int pp = 1);
 
   int replicate_size() const { return replicate_size_; }
   int shard_size() const { return shard_size_; }
@@ -35,16 +37,19 @@ class DeviceMesh {
   int shard_rank() const { return shard_.rank(); }          // column index
   int tp_rank() const { return tp_.rank(); }
   int data_rank() const { return data_.rank(); }            // row * shard + col: which batches this rank reads
+  int pp_size() const { return pp_.size(); }
+  int pp_rank() const { return pp_.rank(); }                // p: the pipeline stage(s) this rank runs
 
   const Communicator& world() const { return world_; }
   const Communicator& shard_group() const { return shard_; }
   const Communicator& replicate_group() const { return replicate_; }
   const Communicator& tp_group() const { return tp_; }
   const Communicator& data_group() const { return data_; }
+  const Communicator& pp_group() const { return pp_; }
 
  private:
   struct Groups {
-    Communicator world, shard, replicate, tp, data;
+    Communicator world, shard, replicate, tp, data, pp;
   };
   DeviceMesh(Groups groups, int replicate_size, int shard_size)
       : world_(std::move(groups.world)),
@@ -52,6 +57,7 @@ class DeviceMesh {
         replicate_(std::move(groups.replicate)),
         tp_(std::move(groups.tp)),
         data_(std::move(groups.data)),
+        pp_(std::move(groups.pp)),
         replicate_size_(replicate_size),
         shard_size_(shard_size) {}
 
@@ -60,6 +66,7 @@ class DeviceMesh {
   Communicator replicate_;
   Communicator tp_;
   Communicator data_;
+  Communicator pp_;
   int replicate_size_;
   int shard_size_;
 };
