@@ -32,7 +32,7 @@ RULES = {
     },
     "models": {
         "data": {"io", "util"},
-        "models": {"data", "ddp", "distributed", "fsdp", "io", "nn", "optim", "parallel", "tp", "util"},
+        "models": {"data", "ddp", "distributed", "fsdp", "io", "nn", "optim", "parallel", "pp", "tp", "util"},
     },
     "train": {
         "config": {"io", "launch", "memory", "models", "parallel", "util"},

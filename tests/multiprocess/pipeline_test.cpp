@@ -6,6 +6,8 @@
 #include <torch/torch.h>
 
 #include "test_env.h"
+#include "shardtrain/models/pipeline_stage.h"
+#include "shardtrain/models/zoo.h"
 #include "shardtrain/pp/pipeline.h"
 
 namespace shardtrain::pp {
@@ -102,6 +104,70 @@ TEST(Pipeline, EveryScheduleGivesOneProcesssGradients) {
       }
     }
   }
+}
+
+// A Llama (llama-debug made 8 layers deep) cut into stages by whole layers — embeddings on the first, norm, head and
+// loss on the last — gives the one-process causal LM's loss and gradients under every schedule: the whole batch's
+// token-mean loss in one process against the microbatches' through the pipeline (rows of equal length, so the mean
+// of their means is the whole batch's).
+TEST(Pipeline, LlamaStagesGiveOneProcesssGradients) {
+  const dist::Communicator& world = test_process_group().world();
+  const int P = world.size(), rank = world.rank();
+  const auto recipe = models::recipe_of_model("llama-debug", {{"layers", 8}});
+  auto llama_of = [&] { return models::Llama(std::dynamic_pointer_cast<models::LlamaImpl>(models::build_model(recipe).module)); };
+  constexpr int64_t kRowsPerMicrobatch = 2, kTokens = 12;
+  struct Case {
+    Kind kind;
+    int microbatches, stages_per_rank;
+  };
+  for (const Case& c : {Case{Kind::GPIPE, P + 1, 1}, Case{Kind::ONE_F_ONE_B, 2 * P, 1}, Case{Kind::ZERO_BUBBLE, P + 1, 1},
+                        Case{Kind::INTERLEAVED_1F1B, P, 2}}) {
+    ScheduleShape shape;
+    shape.kind = c.kind, shape.ranks = P, shape.microbatches = c.microbatches, shape.stages_per_rank = c.stages_per_rank;
+    SCOPED_TRACE(parallel::to_string(c.kind) + " P=" + std::to_string(P) + " M=" + std::to_string(c.microbatches));
+    const int64_t rows = kRowsPerMicrobatch * c.microbatches;
+    at::Generator gen = at::detail::createCPUGenerator(7);
+    const at::Tensor ids = at::randint(0, recipe->task()->data_needs().vocab_size, {rows, kTokens}, gen, at::kLong);
+    const at::Tensor mask = at::ones({rows, kTokens}, at::kLong);
+    models::Llama reference = llama_of();
+    const at::Tensor reference_loss = reference->run(ids, mask, ids, /*labelled_only=*/true).loss;
+    reference_loss.backward();
+    std::map<std::string, at::Tensor> reference_grads;
+    for (const auto& p : reference->named_parameters()) reference_grads[p.key()] = p.value().grad();
+
+    models::Llama model = llama_of();
+    const auto split = models::split_layers(8, shape.stages());
+    auto text = [&](int m) {
+      return models::MicrobatchText{mask.narrow(0, m * kRowsPerMicrobatch, kRowsPerMicrobatch),
+                                    ids.narrow(0, m * kRowsPerMicrobatch, kRowsPerMicrobatch)};
+    };
+    std::vector<std::unique_ptr<models::LlamaStage>> owned;
+    std::map<int, Stage*> mine;
+    for (int s = 0; s < shape.stages(); ++s) {
+      if (shape.rank_of(s) != rank) continue;
+      owned.push_back(std::make_unique<models::LlamaStage>(model, s, split, c.microbatches, text));
+      mine[s] = owned.back().get();
+    }
+    Pipeline pipeline(make_schedule(shape), world, mine);
+    const StepResult result =
+        pipeline.step([&](int m) { return ids.narrow(0, m * kRowsPerMicrobatch, kRowsPerMicrobatch); });
+    if (shape.rank_of(shape.stages() - 1) == rank) EXPECT_NEAR(result.loss, reference_loss.item<double>(), 1e-5);
+    int compared = 0;
+    for (const auto& stage : owned) {
+      for (const auto& [name, p] : stage->named_parameters()) {
+        ASSERT_TRUE(p.grad().defined()) << name;
+        EXPECT_LT((p.grad() - reference_grads.at(name)).abs().max().item<double>(), 2e-6) << name;
+        ++compared;
+      }
+    }
+    EXPECT_GT(compared, 0);
+  }
+  // A stage of no layers, and a model whose head is its embedding's table, are refused.
+  EXPECT_THROW(models::split_layers(8, 9), std::invalid_argument);
+  const auto tied = models::recipe_of("llama-3.2-debug");
+  models::Llama tied_model(std::dynamic_pointer_cast<models::LlamaImpl>(models::build_model(tied).module));
+  EXPECT_THROW(tied_model->run_stage(at::zeros({1, 4}, at::kLong), 0, 1, {}, at::zeros({1, 4}, at::kLong)),
+               std::invalid_argument);
 }
 
 // Two steps through one pipeline: the second reuses the agreed shapes and adds to the gradients (accumulation); an

@@ -157,15 +157,20 @@ void Pipeline::backward(const Action& a) {
       in_flight_.erase(it);
       return;
     case Op::BACKWARD_INPUT:
-      // Stage 0 has no input gradient to send: its W runs the whole backward.
-      if (!first) {
+      if (last) {  // the whole backward now (the loss's fused kernels run backward once); its W has nothing left
+        torch::autograd::backward({f.output}, {f.output_gradient});
+        if (!first) give_gradient(a.stage, a.microbatch, f.input.grad());
+        f.output = at::Tensor();
+      } else if (!first) {  // stage 0 has no input gradient to send: its W runs the whole backward
         give_gradient(a.stage, a.microbatch,
                       torch::autograd::grad({f.output}, {f.input}, {f.output_gradient}, /*retain_graph=*/true)[0]);
       }
       return;
     case Op::BACKWARD_WEIGHT:
-      torch::autograd::backward({f.output}, {f.output_gradient}, /*retain_graph=*/false, /*create_graph=*/false,
-                                stages_.at(a.stage)->parameters());
+      if (f.output.defined()) {
+        torch::autograd::backward({f.output}, {f.output_gradient}, /*retain_graph=*/false, /*create_graph=*/false,
+                                  stages_.at(a.stage)->parameters());
+      }
       in_flight_.erase(it);
       return;
     case Op::FORWARD:

@@ -11,7 +11,8 @@
 // the action needs. The first message across each stage boundary carries the activation's shape and dtype, which
 // every later one keeps (pad to one length; a change is an error naming the stage). Backward splits for zero bubble:
 // I is the input gradient alone (torch::autograd::grad, the graph kept), W the weights' (autograd's backward over the
-// stage's parameters), which runs the gradient back through the stage's activations a second time.
+// stage's parameters), which runs the gradient back through the stage's activations a second time. The last stage
+// runs its whole backward at I (a fused loss's backward runs once) and its W is empty.
 #pragma once
 
 #include <ATen/core/Tensor.h>

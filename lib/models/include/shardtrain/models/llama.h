@@ -124,6 +124,14 @@ class LlamaImpl
                    bool labelled_only = false, const at::Tensor& position_ids = {});
   std::vector<at::Tensor> forward_impl(const at::Tensor& input_ids, const at::Tensor& attention_mask,
                                        const at::Tensor& labels, bool labelled_only, const at::Tensor& position_ids);
+  // One pipeline stage's part of the causal LM's training step (models/pipeline_stage.h): layers [first, first +
+  // count) on `x` — the token ids (B, T) through the embedding when first is 0, else the stage before's hidden
+  // states (B, T, dim) — and, when they end the stack, the norm, the head and the loss of `labels` as run(...,
+  // labelled_only = true) computes it (every stage takes the microbatch's mask and labels: the attention bias
+  // depends on both). Returns the hidden states, or the loss (). An untied head only (a tied one's table is both
+  // ends' of the stack); not a classifier.
+  at::Tensor run_stage(const at::Tensor& x, int64_t first, int64_t count, const at::Tensor& attention_mask,
+                       const at::Tensor& labels);
 
   LlamaConfig config;
   LlamaEmbedding embed{nullptr};    // untied

@@ -263,6 +263,34 @@ std::vector<at::Tensor> LlamaImpl::forward_impl(const at::Tensor& input_ids, con
   return as_tensors(causal_lm_outputs(norm->forward(run_layers(layers, x, start.bias, rope)), start, labels, head));
 }
 
+at::Tensor LlamaImpl::run_stage(const at::Tensor& x, int64_t first, int64_t count, const at::Tensor& attention_mask,
+                                const at::Tensor& labels) {
+  const int64_t total = static_cast<int64_t>(layers.size());
+  if (first < 0 || count < 1 || first + count > total) {
+    throw std::invalid_argument("Llama: a stage of layers " + std::to_string(first) + ".." +
+                                std::to_string(first + count - 1) + " of " + std::to_string(total));
+  }
+  if (config.tied_head() || config.classifier.enabled()) {
+    throw std::invalid_argument(std::string("Llama: pipeline stages of ") +
+                                (config.tied_head() ? "a model whose head is tied to its embedding (its table at "
+                                                      "both ends of the stack)"
+                                                    : "a sequence classifier") +
+                                " are not supported");
+  }
+  const at::Tensor hidden = first == 0 ? embed->forward(x) : x;
+  const int64_t length = hidden.size(1);
+  const int64_t window = config.sliding_window > 0 && length > config.sliding_window ? config.sliding_window : 0;
+  const bool last = first + count == total;
+  // The attention bias as the whole model's forward decides it (from the labels too), on every stage alike.
+  const CausalLmStart start = causal_lm_start(attention_mask, labels, /*labelled_only=*/true, length, window,
+                                              attention_dtype(hidden), hidden.device());
+  std::vector<TransformerLayer> mine(layers.begin() + first, layers.begin() + first + count);
+  at::Tensor h = run_layers(mine, hidden, start.bias, rotary_table(length, llama_inv_freq(config, hidden.device())));
+  if (!last) return h;
+  auto head = [&](const at::Tensor& rows, const at::Tensor& targets) { return lm_head->forward(rows, targets)[0]; };
+  return causal_lm_outputs(norm->forward(h), start, labels, head).loss;
+}
+
 namespace {
 
 NameRules llama_rules() {
