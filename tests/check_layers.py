@@ -35,7 +35,7 @@ RULES = {
         "models": {"data", "ddp", "distributed", "fsdp", "io", "nn", "optim", "parallel", "pp", "tp", "util"},
     },
     "train": {
-        "config": {"io", "launch", "memory", "models", "parallel", "util"},
+        "config": {"io", "launch", "memory", "models", "parallel", "pp", "util"},
         "plan": {"distributed", "fsdp", "io", "memory", "models", "parallel", "util"},
         "train": None,  # the loop: anything below it
         "hf": {"ckpt", "config", "data", "io", "models", "train", "util"},

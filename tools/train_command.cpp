@@ -6,6 +6,7 @@
 
 #include <chrono>
 #include <climits>
+#include <cstdio>
 #include <iostream>
 #include <set>
 
@@ -20,13 +21,18 @@
 #include "shardtrain/launch/error_file.h"
 #include "shardtrain/launch/launch.h"
 #include "shardtrain/memory/memory_size.h"
+#include "shardtrain/models/pipeline_stage.h"
+#include "shardtrain/models/zoo.h"
+#include "shardtrain/plan/memory_model.h"
+#include "shardtrain/pp/schedule.h"
 #include "shardtrain/train/trainer.h"
+#include "shardtrain/util/with_commas.h"
 
 namespace shardtrain::cli {
 namespace {
 
 const char* kTrainUsage =
-    "usage: shardtrain train CONFIG.yaml [--resume] [--dry-run] [--section.key=value ...]\n"
+    "usage: shardtrain train CONFIG.yaml [--resume] [--dry-run] [--print-schedule] [--section.key=value ...]\n"
     "Trains the model the config names on its data, sharded over the processes of the job. Every config key\n"
     "can be overridden on the command line (--train.steps=100, --parallel.strategy=shard_grad_op); Accelerate\n"
     "config keys are accepted too. --resume = --checkpoint.resume=true (auto: resume when there is a\n"
@@ -35,7 +41,9 @@ const char* kTrainUsage =
     "SIGTERM or SIGINT ends the run after the current step with a checkpoint, exit code 75.\n"
     "--dry-run prints the memory model's plan (bytes per rank by term, the batch: train.batch_size may be auto)\n"
     "and a verdict: whether it fits and the data is there (exit 0) or not, with what would fit (exit 1).\n"
-    "It trains nothing.\n";
+    "It trains nothing.\n"
+    "--print-schedule prints the pipeline the parallel.pp_* keys describe: the model's layers by stage, the\n"
+    "schedule's bubble (its figure and simulated) and every rank's list of actions; it trains nothing.\n";
 
 std::string self_executable() {
   char path[PATH_MAX];
@@ -109,6 +117,44 @@ int dry_run_verdict(const config::Config& config, const train::RunPlan& plan) {
 
 }  // namespace
 
+// `--print-schedule`: the stages the model's layers make (the embeddings on the first, the head on the last), the
+// schedule's bubble by its own figure and simulated with a backward twice a forward, and every rank's actions.
+int print_schedule(const config::Config& config) {
+  const pp::ScheduleShape shape = config::pipeline_shape(config);
+  const pp::Schedule schedule = pp::make_schedule(shape);
+  const auto recipe = models::recipe_of_model(config.model.from.empty() ? config.model.flavor : config.model.from,
+                                              config.model.overrides);
+  const plan::ModelShape model = plan::model_shape(*recipe);
+  const int64_t layers = static_cast<int64_t>(model.layer_numel.size());
+  const int stages = shape.stages();
+  if (stages > layers) {
+    throw std::invalid_argument("parallel.pp_size " + std::to_string(shape.ranks) + " x pp_stages_per_rank " +
+                                std::to_string(shape.stages_per_rank) + " = " + std::to_string(stages) +
+                                " stages, but " + recipe->flavor() + " has " + std::to_string(layers) +
+                                " layers: at most " + std::to_string(layers) + " stages, one layer each at least");
+  }
+  const int64_t per_microbatch = config.train.batch_size / shape.microbatches;
+  std::printf("pipeline: %s, %d ranks x %d stage(s), %d microbatches of %lld samples (train.batch_size %lld); "
+              "bubble %.1f%% by the schedule's figure, %.1f%% simulated (a backward twice a forward)\n",
+              parallel::to_string(shape.kind).c_str(), shape.ranks, shape.stages_per_rank, shape.microbatches,
+              static_cast<long long>(per_microbatch), static_cast<long long>(config.train.batch_size),
+              100 * pp::nominal_bubble(shape), 100 * pp::simulate(schedule).bubble);
+  const std::vector<models::StageLayers> split = models::split_layers(layers, stages);
+  for (int s = 0; s < stages; ++s) {
+    const models::StageLayers& mine = split[static_cast<size_t>(s)];
+    int64_t params = 0;
+    for (int64_t l = mine.first; l < mine.first + mine.count; ++l) params += model.layer_numel[static_cast<size_t>(l)];
+    if (s == 0) params += model.input_numel;
+    if (s + 1 == stages) params += model.output_numel + model.root_numel;
+    std::printf("  stage %d (rank %d): layers %lld-%lld%s%s, %s parameters\n", s, shape.rank_of(s),
+                static_cast<long long>(mine.first), static_cast<long long>(mine.first + mine.count - 1),
+                s == 0 ? " + embeddings" : "", s + 1 == stages ? " + norm, head, loss" : "",
+                util::with_commas(params).c_str());
+  }
+  std::cout << schedule.text();
+  return 0;
+}
+
 int run_train_command(const std::vector<std::string>& args) {
   if (args.empty() || args[0] == "--help" || args[0] == "-h") {
     std::cout << kTrainUsage;
@@ -116,11 +162,18 @@ int run_train_command(const std::vector<std::string>& args) {
   }
   const std::string path = args[0];
   std::set<std::string> flags;
-  std::vector<std::string> overrides = config_overrides(args, 1, {"--dry-run", "--resume"}, &flags);
+  std::vector<std::string> overrides =
+      config_overrides(args, 1, {"--dry-run", "--resume", "--print-schedule"}, &flags);
   if (flags.count("--resume")) overrides.push_back("--checkpoint.resume=true");
   const bool dry_run = flags.count("--dry-run") > 0;
   const config::Config config = config::load_config(path, overrides);
   config::validate(config);  // here, once, before any worker starts (each would say it again)
+  if (flags.count("--print-schedule")) return print_schedule(config);
+  if (config.parallel.pp_size > 1) {
+    throw std::invalid_argument("parallel.pp_size " + std::to_string(config.parallel.pp_size) +
+                                ": the trainer does not run pipelines yet (the library's pp::Pipeline does: "
+                                "docs/guide/library.md); --print-schedule prints this one");
+  }
   if (dry_run) {
     const train::RunPlan plan = train::plan_run(config);
     std::cout << plan.text;

@@ -1481,6 +1481,29 @@ TEST_F(TrainTest, EnvDescribesTheMachine) {
       << half.output;
 }
 
+// `--print-schedule`: the stages a model's layers make, the bubble by the schedule's figure and simulated, and every
+// rank's actions, without training; a pipeline larger than the layers is refused naming both, and training with
+// pp_size > 1 says the trainer does not run pipelines yet.
+TEST_F(TrainTest, PrintScheduleShowsThePipeline) {
+  const std::string cmd = std::string(SHARDTRAIN_BIN) + " train " + root_ + "/config.yaml --model.flavor=llama-debug " +
+                          "'--model.overrides={layers: 8}' --train.batch_size=8 --parallel.pp_size=4 ";
+  const Outcome r = run(cmd + "--parallel.pp_microbatches=8 --print-schedule");
+  ASSERT_EQ(r.status, 0) << r.output;
+  for (const char* line : {"pipeline: 1f1b, 4 ranks x 1 stage(s), 8 microbatches of 1 samples",
+                           "bubble 27.3% by the schedule's figure, 27.3% simulated",
+                           "stage 0 (rank 0): layers 0-1 + embeddings", "stage 3 (rank 3): layers 6-7 + norm, head, loss",
+                           "rank 0: 0F0 0F1 0F2 0F3 0B0 0F4 0B1", "rank 3: 3F0 3B0 3F1 3B1"}) {
+    EXPECT_NE(r.output.find(line), std::string::npos) << line << "\n" << r.output;
+  }
+  const Outcome deep = run(cmd + "--parallel.pp_stages_per_rank=3 --parallel.pp_schedule=interleaved_1f1b "
+                                 "--parallel.pp_microbatches=4 --print-schedule");
+  EXPECT_NE(deep.status, 0);
+  EXPECT_NE(deep.output.find("= 12 stages, but llama-debug {layers: 8} has 8 layers"), std::string::npos) << deep.output;
+  const Outcome train = run(cmd + "--parallel.pp_microbatches=8");
+  EXPECT_NE(train.status, 0);
+  EXPECT_NE(train.output.find("the trainer does not run pipelines yet"), std::string::npos) << train.output;
+}
+
 TEST_F(TrainTest, BadInputExitsWithTheMessage) {
   Outcome r = run(std::string(SHARDTRAIN_BIN) + " train " + root_ + "/config.yaml --train.stepz=3");
   EXPECT_EQ(r.status, 2);

@@ -330,6 +330,32 @@ TEST(Config, DeepSpeedConfigsMapOntoTheKeys) {
   io::remove_tree(dir);
 }
 
+// The pipeline's keys: its schedule's shape (microbatches pp_size unless given), and sizes it cannot run refused
+// before any worker starts, naming the numbers and what would work.
+TEST(Config, PipelineKeysDescribeASchedule) {
+  const Config c = parse_config("parallel: {pp_size: 4, pp_schedule: interleaved_1f1b, pp_stages_per_rank: 2, "
+                                "pp_microbatches: 8}\ntrain: {batch_size: 16}\n", "a.yaml");
+  validate(c);
+  const pp::ScheduleShape shape = pipeline_shape(c);
+  EXPECT_EQ(shape.kind, parallel::PipelineSchedule::INTERLEAVED_1F1B);
+  EXPECT_EQ(shape.ranks, 4);
+  EXPECT_EQ(shape.stages_per_rank, 2);
+  EXPECT_EQ(shape.microbatches, 8);
+  EXPECT_EQ(pipeline_shape(parse_config("parallel: {pp_size: 2}\n", "a.yaml")).microbatches, 2);
+  expect_error<ConfigError>([] { validate(parse_config("parallel: {pp_size: 2, pp_microbatches: 3}\n", "a.yaml")); },
+                            {"train.batch_size 8 does not split into 3 pipeline microbatches", "(1, 2, 4, 8)"});
+  expect_error<ConfigError>([] { validate(parse_config("parallel: {pp_size: 4, pp_microbatches: 2}\n", "a.yaml")); },
+                            {"parallel.pp_*", "at least 4 microbatches, or gpipe"});
+  expect_error<ConfigError>(
+      [] { validate(parse_config("parallel: {pp_size: 2, pp_schedule: interleaved_1f1b, pp_microbatches: 2}\n",
+                                 "a.yaml")); },
+      {"2 or more stages per rank"});
+  expect_error<ConfigError>([] { parse_config("parallel: {pp_schedule: zb}\n", "a.yaml"); },
+                            {"gpipe, 1f1b, interleaved_1f1b, zero_bubble"});
+  expect_error<ConfigError>([] { validate(parse_config("parallel: {pp_size: 0}\n", "a.yaml")); },
+                            {"parallel.pp_size", "1 (no pipeline) or more"});
+}
+
 TEST(Config, AccelerateConfigCarriesOver) {
   const Config c = parse_config(R"(
 compute_environment: LOCAL_MACHINE

@@ -350,6 +350,11 @@ std::vector<Field> parallel_fields(Config& c) {
       field("parallel.gradient_as_bucket_view", c.parallel.gradient_as_bucket_view),
       field("parallel.tp_size", c.parallel.tp_size),
       field("parallel.sequence_parallel", c.parallel.sequence_parallel),
+      field("parallel.pp_size", c.parallel.pp_size),
+      choice("parallel.pp_schedule", c.parallel.pp_schedule,
+             table_of(parallel::pipeline_schedule_names(), parallel::pipeline_schedule_named)),
+      field("parallel.pp_microbatches", c.parallel.pp_microbatches),
+      field("parallel.pp_stages_per_rank", c.parallel.pp_stages_per_rank),
       field("parallel.dp_replicate_size", c.parallel.dp_replicate_size),
       field("parallel.dp_shard_size", c.parallel.dp_shard_size),
       field("parallel.timeout", c.parallel.timeout),
@@ -695,6 +700,16 @@ void apply_overrides(Config& config, const std::vector<std::string>& overrides) 
   for (const auto& o : overrides) reader.apply_override(o);
 }
 
+pp::ScheduleShape pipeline_shape(const Config& c) {
+  pp::ScheduleShape shape;
+  shape.kind = c.parallel.pp_schedule;
+  shape.ranks = static_cast<int>(c.parallel.pp_size);
+  shape.stages_per_rank = static_cast<int>(c.parallel.pp_stages_per_rank);
+  shape.microbatches = static_cast<int>(c.parallel.pp_microbatches > 0 ? c.parallel.pp_microbatches
+                                                                       : c.parallel.pp_size);
+  return shape;
+}
+
 Config load_config(const std::string& path, const std::vector<std::string>& overrides) {
   std::ifstream in(path);
   if (!in) throw ConfigError("cannot read config file '" + path + "'");
@@ -823,6 +838,31 @@ void validate_data(const Config& c) {
   require(c.data.workers >= 0, "data.workers", num(c.data.workers), "0 (load on the training thread) or more");
   require(c.data.queue_depth >= 1, "data.queue_depth", num(c.data.queue_depth), "at least 1");
 }
+// The pipeline's sizes against each other and the batch: the schedule's own checks (pp/schedule.h), and a batch
+// that splits into the microbatches.
+void validate_pipeline(const Config& c) {
+  const ParallelConfig& p = c.parallel;
+  require(p.pp_size >= 1, "parallel.pp_size", num(p.pp_size), "1 (no pipeline) or more");
+  require(p.pp_microbatches >= 0, "parallel.pp_microbatches", num(p.pp_microbatches), "0 (pp_size) or more");
+  require(p.pp_stages_per_rank >= 1, "parallel.pp_stages_per_rank", num(p.pp_stages_per_rank), "1 or more");
+  if (p.pp_size == 1 && p.pp_stages_per_rank == 1) return;
+  try {
+    pp::make_schedule(pipeline_shape(c));
+  } catch (const std::invalid_argument& e) {
+    throw ConfigError(std::string("parallel.pp_*: ") + e.what());
+  }
+  const int64_t m = pipeline_shape(c).microbatches, batch = c.train.batch_size;
+  if (batch != kAutoBatch && batch % m != 0) {
+    std::string divisors;
+    for (int64_t d = 1; d <= batch; ++d) {
+      if (batch % d == 0) divisors += (divisors.empty() ? "" : ", ") + std::to_string(d);
+    }
+    throw ConfigError("train.batch_size " + num(batch) + " does not split into " + num(m) +
+                      " pipeline microbatches (parallel.pp_microbatches): give a batch that is a multiple of " +
+                      num(m) + ", or microbatches that divide " + num(batch) + " (" + divisors + ")");
+  }
+}
+
 void validate_parallel(const Config& c) {
   if (c.parallel.offload != parallel::Offload::NONE && c.parallel.strategy == parallel::Strategy::DDP) {
     throw ConfigError("parallel.offload: " + parallel::to_string(c.parallel.offload) + " offloads the shards of an "
@@ -850,6 +890,7 @@ void validate_parallel(const Config& c) {
           "0 (inferred) or more");
   require(!c.parallel.sequence_parallel || c.parallel.tp_size > 1, "parallel.sequence_parallel", "true",
           "possible with parallel.tp_size 1 (it shards the activations between tensor-parallel regions)");
+  validate_pipeline(c);
   require(c.parallel.dp_replicate_size <= 1 || parallel::is_hybrid(c.parallel.strategy) ||
               c.parallel.strategy == parallel::Strategy::DDP || c.parallel.strategy == parallel::Strategy::NO_SHARD,
           "parallel.dp_replicate_size", num(c.parallel.dp_replicate_size),

@@ -36,7 +36,7 @@ struct Action {
   Op op = Op::FORWARD;
   int stage = 0;       // 0 .. stages - 1
   int microbatch = 0;  // 0 .. microbatches - 1
-  bool operator==(const Action& other) const = default;
+  bool operator==(const Action& o) const { return op == o.op && stage == o.stage && microbatch == o.microbatch; }
 };
 
 // PyTorch's notation: stage, op letter, microbatch ("1F3": stage 1's forward of microbatch 3; "0W2").

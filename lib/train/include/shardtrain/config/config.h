@@ -21,6 +21,7 @@
 
 #include "shardtrain/models/lora_spec.h"
 #include "shardtrain/parallel/vocabulary.h"
+#include "shardtrain/pp/schedule.h"
 
 namespace shardtrain::config {
 
@@ -180,6 +181,14 @@ struct ParallelConfig {
   // With sequence_parallel, the activations between the split regions are sharded on the sequence dimension too.
   int64_t tp_size = 1;
   bool sequence_parallel = false;
+  // Pipeline parallelism (pp/schedule.h): the model's layers in pp_size x pp_stages_per_rank stages over pp_size
+  // ranks, each data-parallel rank's batch in pp_microbatches (0: pp_size of them) run by pp_schedule. The schedule
+  // prints with `shardtrain train --print-schedule`; the trainer does not run pipelines yet (pp::Pipeline, the
+  // library's, does), so training asks for pp_size 1.
+  int64_t pp_size = 1;
+  parallel::PipelineSchedule pp_schedule = parallel::PipelineSchedule::ONE_F_ONE_B;
+  int64_t pp_microbatches = 0;
+  int64_t pp_stages_per_rank = 1;
   // The data-parallel dimensions (Accelerate's ParallelismConfig): dp_replicate_size x dp_shard_size x tp_size is
   // the world size. 0: inferred — replicate over the nodes under a hybrid strategy (1 otherwise), shard over what
   // is left.
@@ -331,6 +340,9 @@ struct Config {
 // Reads `path` (YAML), then applies `overrides` ("--section.key=value" or "section.key=value"; values in YAML
 // syntax: --optim.betas=[0.9,0.95]). Throws ConfigError.
 Config load_config(const std::string& path, const std::vector<std::string>& overrides = {});
+
+// The pipeline schedule the config's parallel.pp_* keys describe (microbatches: pp_microbatches, or pp_size).
+pp::ScheduleShape pipeline_shape(const Config& config);
 // The same from YAML text; `source` names it in errors.
 Config parse_config(const std::string& yaml, const std::string& source, const std::vector<std::string>& overrides = {});
 
