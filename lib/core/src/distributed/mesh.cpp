@@ -62,9 +62,11 @@ DeviceMesh DeviceMesh::create(ProcessGroup& pg, int replicate, int shard, int tp
                 group_by(pg, pp * shard * tp, [&](int r) { return (p(r) * shard + col(r)) * tp + t(r); }, "replicate"),
                 tp == 1 ? Communicator::single(pg.rank()) : group_by(pg, world / tp, [&](int r) { return r / tp; }, "tp"),
                 pg.world(),
-                pp == 1 ? Communicator::single(pg.rank()) : group_by(pg, stage, [&](int r) { return r % stage; }, "pp")};
+                pp == 1 ? Communicator::single(pg.rank())
+                        : group_by(pg, stage, [&](int r) { return r % stage; }, "pp")};
   if (tp > 1 || pp > 1) {
-    groups.data = replicate == 1 ? groups.shard : group_by(pg, pp * tp, [&](int r) { return p(r) * tp + t(r); }, "data");
+    groups.data = replicate == 1 ? groups.shard
+                                 : group_by(pg, pp * tp, [&](int r) { return p(r) * tp + t(r); }, "data");
   }
   return DeviceMesh(std::move(groups), replicate, shard);
 }

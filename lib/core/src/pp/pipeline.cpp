@@ -43,8 +43,9 @@ Pipeline::Pipeline(Schedule schedule, dist::Communicator group, std::map<int, St
   for (int s = 0; s < shape.stages(); ++s) {
     const bool mine = shape.rank_of(s) == group_.rank();
     if (mine != (stages_.count(s) == 1) || (mine && stages_.at(s) == nullptr)) {
-      throw std::invalid_argument("pipeline: rank " + std::to_string(group_.rank()) + (mine ? " holds" : " does not hold") +
-                                  " stage " + std::to_string(s) + " of " + std::to_string(shape.stages()) +
+      throw std::invalid_argument("pipeline: rank " + std::to_string(group_.rank()) +
+                                  (mine ? " holds" : " does not hold") + " stage " + std::to_string(s) + " of " +
+                                  std::to_string(shape.stages()) +
                                   (mine ? ", and was not given it" : ", and was given it"));
     }
   }
@@ -109,7 +110,9 @@ at::Tensor Pipeline::take_gradient(int stage, int microbatch, const at::Tensor& 
   const int from = schedule_.shape.rank_of(stage + 1);
   if (from == group_.rank()) {
     auto node = handed_gradients_.extract({stage, microbatch});
-    if (node.empty()) throw std::logic_error("pipeline: stage " + std::to_string(stage) + "'s output gradient is missing");
+    if (node.empty()) {
+      throw std::logic_error("pipeline: stage " + std::to_string(stage) + "'s output gradient is missing");
+    }
     return node.mapped();
   }
   at::Tensor received = at::empty(like.sizes(), like.options().device(group_.device()));

@@ -13,17 +13,6 @@ namespace {
 
 using Setter = void (*)(Config&, const std::string& where, const std::string& path, const YAML::Node& value);
 
-std::string upper(std::string s) {
-  for (auto& ch : s) ch = static_cast<char>(std::toupper(static_cast<unsigned char>(ch)));
-  return s;
-}
-
-[[noreturn]] void bad(const std::string& where, const std::string& path, const YAML::Node& value,
-                      const std::string& expected) {
-  const std::string text = value.IsScalar() ? "'" + value.Scalar() + "'" : "a non-scalar value";
-  throw ConfigError(where + ": " + path + ": " + text + " is not " + expected);
-}
-
 void sharding_strategy(Config& c, const std::string& where, const std::string& path, const YAML::Node& value) {
   // Accelerate writes the name or FSDP's enum number (1 = FULL_SHARD ... 5 = HYBRID_SHARD_ZERO2).
   static const std::map<std::string, parallel::Strategy> names = {
@@ -32,41 +21,42 @@ void sharding_strategy(Config& c, const std::string& where, const std::string& p
       {"NO_SHARD", parallel::Strategy::NO_SHARD},         {"3", parallel::Strategy::NO_SHARD},
       {"HYBRID_SHARD", parallel::Strategy::HYBRID_SHARD}, {"4", parallel::Strategy::HYBRID_SHARD},
       {"HYBRID_SHARD_ZERO2", parallel::Strategy::HYBRID_SHARD_ZERO2}, {"5", parallel::Strategy::HYBRID_SHARD_ZERO2}};
-  auto it = value.IsScalar() ? names.find(upper(value.Scalar())) : names.end();
+  auto it = value.IsScalar() ? names.find(upper_case(value.Scalar())) : names.end();
   if (it == names.end()) {
-    bad(where, path, value, "one of FULL_SHARD, SHARD_GRAD_OP, NO_SHARD, HYBRID_SHARD, HYBRID_SHARD_ZERO2 (or 1-5)");
+    bad_value(where, path, value,
+              "one of FULL_SHARD, SHARD_GRAD_OP, NO_SHARD, HYBRID_SHARD, HYBRID_SHARD_ZERO2 (or 1-5)");
   }
   c.parallel.strategy = it->second;
 }
 
 void auto_wrap_policy(Config& c, const std::string& where, const std::string& path, const YAML::Node& value) {
-  const std::string v = value.IsScalar() ? upper(value.Scalar()) : "";
+  const std::string v = value.IsScalar() ? upper_case(value.Scalar()) : "";
   if (v == "TRANSFORMER_BASED_WRAP") c.parallel.wrap = parallel::Wrap::TRANSFORMER;
   else if (v == "SIZE_BASED_WRAP") c.parallel.wrap = parallel::Wrap::SIZE;
   else if (v == "NO_WRAP") c.parallel.wrap = parallel::Wrap::NONE;
-  else bad(where, path, value, "one of TRANSFORMER_BASED_WRAP, SIZE_BASED_WRAP, NO_WRAP");
+  else bad_value(where, path, value, "one of TRANSFORMER_BASED_WRAP, SIZE_BASED_WRAP, NO_WRAP");
 }
 
 void backward_prefetch(Config& c, const std::string& where, const std::string& path, const YAML::Node& value) {
-  const std::string v = value.IsScalar() ? upper(value.Scalar()) : "";
+  const std::string v = value.IsScalar() ? upper_case(value.Scalar()) : "";
   if (v == "BACKWARD_PRE") c.parallel.backward_prefetch = Prefetch::BACKWARD_PRE;
   else if (v == "BACKWARD_POST") c.parallel.backward_prefetch = Prefetch::BACKWARD_POST;
   else if (v == "NO_PREFETCH" || v == "NONE" || v == "NULL" || v == "~") c.parallel.backward_prefetch = Prefetch::NONE;
-  else bad(where, path, value, "one of BACKWARD_PRE, BACKWARD_POST, NO_PREFETCH");
+  else bad_value(where, path, value, "one of BACKWARD_PRE, BACKWARD_POST, NO_PREFETCH");
 }
 
 void state_dict_type(Config& c, const std::string& where, const std::string& path, const YAML::Node& value) {
-  const std::string v = value.IsScalar() ? upper(value.Scalar()) : "";
+  const std::string v = value.IsScalar() ? upper_case(value.Scalar()) : "";
   // LOCAL_STATE_DICT (FSDP1's flat shards) is per-rank too: the sharded form is its equivalent here.
   if (v == "SHARDED_STATE_DICT" || v == "LOCAL_STATE_DICT") c.checkpoint.state_dict_type = StateDictType::SHARDED;
   else if (v == "FULL_STATE_DICT") c.checkpoint.state_dict_type = StateDictType::FULL;
-  else bad(where, path, value, "one of FULL_STATE_DICT, SHARDED_STATE_DICT, LOCAL_STATE_DICT");
+  else bad_value(where, path, value, "one of FULL_STATE_DICT, SHARDED_STATE_DICT, LOCAL_STATE_DICT");
 }
 
 void reshard_after_forward(Config& c, const std::string& where, const std::string& path, const YAML::Node& value) {
   // FSDP2 in Accelerate: a bool; FSDP1 in newer Accelerate: a sharding strategy name.
   if (value.IsScalar()) {
-    const std::string v = upper(value.Scalar());
+    const std::string v = upper_case(value.Scalar());
     if (v == "TRUE" || v == "FALSE") {
       const bool reshard = v == "TRUE";
       c.parallel.strategy = reshard ? parallel::Strategy::FULL_SHARD : parallel::Strategy::SHARD_GRAD_OP;
@@ -77,7 +67,7 @@ void reshard_after_forward(Config& c, const std::string& where, const std::strin
 }
 
 void distributed_type(Config& c, const std::string& where, const std::string& path, const YAML::Node& value) {
-  const std::string v = value.IsScalar() ? upper(value.Scalar()) : "";
+  const std::string v = value.IsScalar() ? upper_case(value.Scalar()) : "";
   // FSDP: the strategy comes from fsdp_config; DEEPSPEED: from deepspeed_config's ZeRO stage (full sharding unless
   // it says otherwise); NO: one process.
   if (v == "FSDP" || v == "DEEPSPEED" || v == "NO") return;
@@ -88,14 +78,14 @@ void distributed_type(Config& c, const std::string& where, const std::string& pa
     }
     return;
   }
-  bad(where, path, value, "a distributed type shardtrain runs (FSDP, DEEPSPEED, MULTI_GPU, MULTI_CPU or NO)");
+  bad_value(where, path, value, "a distributed type shardtrain runs (FSDP, DEEPSPEED, MULTI_GPU, MULTI_CPU or NO)");
 }
 
 void gradient_clipping(Config& c, const std::string& where, const std::string& path, const YAML::Node& value) {
   try {
     c.train.max_grad_norm = std::stod(node_string(where, path, value));
   } catch (const std::exception&) {
-    bad(where, path, value, "a number");
+    bad_value(where, path, value, "a number");
   }
 }
 
@@ -105,14 +95,14 @@ void use_cpu(Config& c, const std::string& where, const std::string& path, const
 
 void fsdp_version(Config&, const std::string& where, const std::string& path, const YAML::Node& value) {
   const int64_t v = node_int(where, path, value);
-  if (v != 1 && v != 2) bad(where, path, value, "1 or 2");  // both mean fully_shard here (FSDP2's semantics)
+  if (v != 1 && v != 2) bad_value(where, path, value, "1 or 2");  // both mean fully_shard here (FSDP2's semantics)
 }
 
 void accepted(Config&, const std::string&, const std::string&, const YAML::Node&) {}
 
 // Context parallelism (attention split over the sequence) is not one of shardtrain's dimensions.
 void cp_size(Config&, const std::string& where, const std::string& path, const YAML::Node& value) {
-  if (node_int(where, path, value) != 1) bad(where, path, value, "1 (context parallelism is not supported)");
+  if (node_int(where, path, value) != 1) bad_value(where, path, value, "1 (context parallelism is not supported)");
 }
 
 // A key that sets one member, its value read by `read` (node_bool, node_int, node_string, node_list).

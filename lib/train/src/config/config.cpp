@@ -496,6 +496,15 @@ std::vector<std::string> node_list(const std::string& where, const std::string& 
 std::string closest_key(const std::string& key, const std::vector<std::string>& candidates) {
   return util::closest_match(key, candidates);
 }
+std::string upper_case(std::string s) {
+  for (auto& ch : s) ch = static_cast<char>(std::toupper(static_cast<unsigned char>(ch)));
+  return s;
+}
+void bad_value(const std::string& where, const std::string& path, const YAML::Node& value,
+               const std::string& expected) {
+  const std::string text = value.IsScalar() ? "'" + value.Scalar() + "'" : "a non-scalar value";
+  throw ConfigError(where + ": " + path + ": " + text + " is not " + expected);
+}
 
 namespace {
 

@@ -13,22 +13,11 @@ namespace {
 
 using Setter = void (*)(Config&, const std::string& where, const std::string& path, const YAML::Node& value);
 
-std::string upper(std::string s) {
-  for (auto& ch : s) ch = static_cast<char>(std::toupper(static_cast<unsigned char>(ch)));
-  return s;
-}
-
-[[noreturn]] void bad(const std::string& where, const std::string& path, const YAML::Node& value,
-                      const std::string& expected) {
-  const std::string text = value.IsScalar() ? "'" + value.Scalar() + "'" : "a non-scalar value";
-  throw ConfigError(where + ": " + path + ": " + text + " is not " + expected);
-}
-
 double node_number(const std::string& where, const std::string& path, const YAML::Node& value) {
   try {
     return std::stod(node_string(where, path, value));
   } catch (const std::logic_error&) {
-    bad(where, path, value, "a number");
+    bad_value(where, path, value, "a number");
   }
 }
 
@@ -65,19 +54,21 @@ void cpu_checkpointing(Config& c, const std::string& where, const std::string& p
 
 // DeepSpeed's optimizers by type: Adam (adam_w_mode, its default, is AdamW) and AdamW as AdamW, SGD as SGD.
 void optimizer_type(Config& c, const std::string& where, const std::string& path, const YAML::Node& value) {
-  const std::string v = value.IsScalar() ? upper(value.Scalar()) : "";
+  const std::string v = value.IsScalar() ? upper_case(value.Scalar()) : "";
   if (v == "ADAM" || v == "ADAMW") c.optim.name = OptimizerKind::ADAMW;
   else if (v == "SGD") c.optim.name = OptimizerKind::SGD;
-  else bad(where, path, value, "an optimizer shardtrain has (Adam, AdamW, SGD; Adafactor: optim.name)");
+  else bad_value(where, path, value, "an optimizer shardtrain has (Adam, AdamW, SGD; Adafactor: optim.name)");
 }
 void adam_w_mode(Config&, const std::string& where, const std::string& path, const YAML::Node& value) {
-  if (!node_bool(where, path, value)) bad(where, path, value, "true (Adam with L2 regularisation is not offered)");
+  if (!node_bool(where, path, value)) {
+    bad_value(where, path, value, "true (Adam with L2 regularisation is not offered)");
+  }
 }
 void optimizer_lr(Config& c, const std::string& where, const std::string& path, const YAML::Node& value) {
   c.optim.lr = node_number(where, path, value);
 }
 void optimizer_betas(Config& c, const std::string& where, const std::string& path, const YAML::Node& value) {
-  if (!value.IsSequence() || value.size() != 2) bad(where, path, value, "two numbers [beta1, beta2]");
+  if (!value.IsSequence() || value.size() != 2) bad_value(where, path, value, "two numbers [beta1, beta2]");
   c.optim.betas = {node_number(where, path, value[0]), node_number(where, path, value[1])};
 }
 void optimizer_eps(Config& c, const std::string& where, const std::string& path, const YAML::Node& value) {
@@ -93,11 +84,11 @@ void optimizer_momentum(Config& c, const std::string& where, const std::string& 
 // DeepSpeed's schedulers by type: warm-up then constant (WarmupLR), then linear decay (WarmupDecayLR), then cosine
 // (WarmupCosineLR).
 void scheduler_type(Config& c, const std::string& where, const std::string& path, const YAML::Node& value) {
-  const std::string v = value.IsScalar() ? upper(value.Scalar()) : "";
+  const std::string v = value.IsScalar() ? upper_case(value.Scalar()) : "";
   if (v == "WARMUPLR") c.optim.schedule = LrSchedule::CONSTANT;
   else if (v == "WARMUPDECAYLR") c.optim.schedule = LrSchedule::LINEAR, c.optim.min_lr_ratio = 0;
   else if (v == "WARMUPCOSINELR") c.optim.schedule = LrSchedule::COSINE;
-  else bad(where, path, value, "a schedule shardtrain has (WarmupLR, WarmupDecayLR, WarmupCosineLR)");
+  else bad_value(where, path, value, "a schedule shardtrain has (WarmupLR, WarmupDecayLR, WarmupCosineLR)");
 }
 void warmup_num_steps(Config& c, const std::string& where, const std::string& path, const YAML::Node& value) {
   c.optim.warmup_steps = node_int(where, path, value);
@@ -106,10 +97,10 @@ void total_num_steps(Config& c, const std::string& where, const std::string& pat
   c.train.steps = node_int(where, path, value);
 }
 void warmup_min_lr(Config&, const std::string& where, const std::string& path, const YAML::Node& value) {
-  if (node_number(where, path, value) != 0) bad(where, path, value, "0 (the warm-up starts from 0 here)");
+  if (node_number(where, path, value) != 0) bad_value(where, path, value, "0 (the warm-up starts from 0 here)");
 }
 void warmup_type(Config&, const std::string& where, const std::string& path, const YAML::Node& value) {
-  if (!value.IsScalar() || value.Scalar() != "linear") bad(where, path, value, "linear (the warm-up here)");
+  if (!value.IsScalar() || value.Scalar() != "linear") bad_value(where, path, value, "linear (the warm-up here)");
 }
 void cos_min_ratio(Config& c, const std::string& where, const std::string& path, const YAML::Node& value) {
   c.optim.min_lr_ratio = node_number(where, path, value);
@@ -220,7 +211,7 @@ void zero_stage(Config& c, const std::string& where, const std::string& path, co
     case 1:
     case 2: c.parallel.strategy = parallel::Strategy::SHARD_GRAD_OP; return;
     case 3: c.parallel.strategy = parallel::Strategy::FULL_SHARD; return;
-    default: bad(where, path, value, "a ZeRO stage (0, 1, 2 or 3)");
+    default: bad_value(where, path, value, "a ZeRO stage (0, 1, 2 or 3)");
   }
 }
 
@@ -230,8 +221,8 @@ void zero_stage(Config& c, const std::string& where, const std::string& path, co
 void offload_device(Config& c, const std::string& where, const std::string& path, const YAML::Node& value) {
   static const std::map<std::string, parallel::Offload> devices = {
       {"NONE", parallel::Offload::NONE}, {"CPU", parallel::Offload::CPU}, {"NVME", parallel::Offload::NVME}};
-  auto it = value.IsScalar() ? devices.find(upper(value.Scalar())) : devices.end();
-  if (it == devices.end()) bad(where, path, value, "none, cpu or nvme");
+  auto it = value.IsScalar() ? devices.find(upper_case(value.Scalar())) : devices.end();
+  if (it == devices.end()) bad_value(where, path, value, "none, cpu or nvme");
   if (static_cast<int>(it->second) > static_cast<int>(c.parallel.offload)) c.parallel.offload = it->second;
 }
 

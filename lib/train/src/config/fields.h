@@ -30,6 +30,11 @@ int64_t node_int(const std::string& where, const std::string& path, const YAML::
 std::string node_string(const std::string& where, const std::string& path, const YAML::Node& node);
 std::vector<std::string> node_list(const std::string& where, const std::string& path, const YAML::Node& node);
 std::string closest_key(const std::string& key, const std::vector<std::string>& candidates);
+// Accelerate's and DeepSpeed's values are matched upper-cased; a bad one is a ConfigError naming `where`, `path`,
+// the value and what was expected.
+std::string upper_case(std::string s);
+[[noreturn]] void bad_value(const std::string& where, const std::string& path, const YAML::Node& value,
+                            const std::string& expected);
 
 // Accelerate config keys ("mixed_precision", "fsdp_config.fsdp_sharding_strategy", ...): applies `path` when it is
 // one of them and returns true; false when it is not. A bad value throws ConfigError.

@@ -172,8 +172,8 @@ std::vector<PublishedFinding> check_published_findings() {
   }
   for (const char* flavor : {"flava-1.8b", "flava-2.7b", "flava-4.8b"}) {
     const auto recipe = models::recipe_of(flavor);
-    out.push_back(finding(kFlavaPost, std::string(flavor) + ": FSDP + checkpointing over FSDP, each at its largest batch",
-                          "> 1",
+    out.push_back(finding(kFlavaPost,
+                          std::string(flavor) + ": FSDP + checkpointing over FSDP, each at its largest batch", "> 1",
                           items_per_second(*recipe, a100_40_job(S::FULL_SHARD, true, 77), 0) /
                               items_per_second(*recipe, a100_40_job(S::FULL_SHARD, false, 77), 0),
                           true,
