@@ -12,6 +12,7 @@
 #include "cli_args.h"
 #include "commands.h"
 #include "shardtrain/config/config.h"
+#include "shardtrain/data/pipeline/source.h"
 #include "shardtrain/data/pipeline/synth.h"
 #include "shardtrain/data/tokenizers/tokenizer.h"
 #include "shardtrain/io/files.h"
@@ -25,7 +26,7 @@ struct Answers {
   config::Config config;
   std::string output;    // the run's directory: checkpoints/, the logs, data/ when synthesized
   bool synth = false;    // the data is written by the questionnaire (its keys are set)
-  std::string kind;      // the data the task reads: "image_text" (FLAVA), "image" (ViT), "text"
+  data::SampleKind kind = data::SampleKind::TEXT;  // the data the task reads (FLAVA's pairs, ViT's images)
   bool evaluates = false;
 };
 
@@ -117,11 +118,11 @@ void set_task(Answers& a, const std::string& answer) {
     throw std::invalid_argument("'" + answer + "' is not a task of " + recipe->family() + " (" + listed + ")");
   }
   apply(a, "model.task", answer);
-  a.kind = answer == "pretraining" ? "image_text" : recipe->family() == "vit" ? "image" : "text";
-  a.evaluates = true;
+  a.kind = data::SampleKind::TEXT, a.evaluates = true;
   try {
-    a.evaluates = recipe->task(answer)->has_evaluation();
-  } catch (const std::invalid_argument&) {  // a task that needs a head the flavor lacks: built with its data
+    const auto task = recipe->task(answer);
+    a.kind = task->data_needs().largest_kind(), a.evaluates = task->has_evaluation();
+  } catch (const std::invalid_argument&) {  // a text task that needs a head the flavor lacks: built with its data
   }
 }
 
@@ -149,8 +150,8 @@ struct SynthLayout {
 
 SynthLayout synth_layout(const Answers& a, const std::string& d) {
   const std::string& task = a.config.model.task;
-  if (a.kind == "image_text") return {"data.image_text", d + "/image_text", d + "/eval", ""};
-  if (a.kind == "image") return {"data.image", d + "/image", d + "/eval", ""};
+  if (a.kind == data::SampleKind::IMAGE_TEXT) return {"data.image_text", d + "/image_text", d + "/eval", ""};
+  if (a.kind == data::SampleKind::IMAGE) return {"data.image", d + "/image", d + "/eval", ""};
   if (task == "classify") {
     return {"data.text", d + "/pairs/train.tsv", d + "/pairs/eval.tsv", "[\"#1 String\",\"#2 String\"]"};
   }
@@ -165,26 +166,28 @@ SynthLayout synth_layout(const Answers& a, const std::string& d) {
 void write_synth(Answers& a) {
   data::SynthOptions o;
   o.out = a.output + "/data";
-  o.image_text_samples = a.kind == "image_text" ? 2000 : 0;
-  o.image_samples = a.kind == "image" ? 2000 : 0;
-  o.eval_samples = a.kind == "text" ? 0 : 256;
+  const bool text = a.kind == data::SampleKind::TEXT;
+  o.image_text_samples = a.kind == data::SampleKind::IMAGE_TEXT ? 2000 : 0;
+  o.image_samples = a.kind == data::SampleKind::IMAGE ? 2000 : 0;
+  o.eval_samples = text ? 0 : 256;
   o.text_samples = 0;
-  o.pair_samples = o.seq2seq_samples = o.ner_samples = a.kind == "text" ? 2000 : 0;
+  o.pair_samples = o.seq2seq_samples = o.ner_samples = text ? 2000 : 0;
   const int64_t files = data::write_synth_dataset(o);
   std::cout << "  data synth: wrote " << files << " files to " << o.out << "\n";
   const SynthLayout layout = synth_layout(a, o.out);
   apply(a, layout.key, "[" + layout.train + "]");
   if (a.evaluates) apply(a, "data.eval", "[" + layout.eval + "]");
   if (!layout.fields.empty()) apply(a, "data.text_fields", layout.fields);
-  if (a.config.model.task == "classify" && a.kind == "text") {
+  if (a.config.model.task == "classify" && text) {
     apply(a, "data.label_field", "Quality");
     apply(a, "data.labels", "[not_equivalent,equivalent]");
   }
   if (a.config.model.task == "token_classify") apply(a, "data.labels", "[O,B-OBJ,I-OBJ,B-LOC,I-LOC]");
-  if (a.kind != "image" && (a.config.model.from.empty() || data::tokenizer_file(a.config.model.from).empty())) {
+  if (a.kind != data::SampleKind::IMAGE &&
+      (a.config.model.from.empty() || data::tokenizer_file(a.config.model.from).empty())) {
     apply(a, "data.vocab", o.out + "/vocab.txt");
   }
-  if (a.kind == "text") apply(a, "data.max_text_length", "48");
+  if (text) apply(a, "data.max_text_length", "48");
 }
 
 // Paths that must be there now, as a YAML list: a missing one is named.
@@ -204,11 +207,11 @@ void set_data(Answers& a, const std::string& answer) {
     return;
   }
   a.synth = false;
-  apply(a, "data." + a.kind, existing_paths(answer));
+  apply(a, std::string("data.") + data::kind_name(a.kind), existing_paths(answer));
 }
 
 bool needs_tokenizer(const Answers& a) {
-  return !a.synth && a.kind != "image" &&
+  return !a.synth && a.kind != data::SampleKind::IMAGE &&
          (a.config.model.from.empty() || data::tokenizer_file(a.config.model.from).empty());
 }
 
@@ -219,7 +222,7 @@ void set_tokenizer(Answers& a, const std::string& answer) {
 }
 
 const std::vector<Question>& questions() {
-  const auto text_data = [](const Answers& a) { return !a.synth && a.kind == "text"; };
+  const auto text_data = [](const Answers& a) { return !a.synth && a.kind == data::SampleKind::TEXT; };
   const auto labelled = [](const Answers& a) {
     const std::string& t = a.config.model.task;
     return !a.synth && (t == "classify" || t == "token_classify" || t == "image_classification");
