@@ -115,10 +115,9 @@ int dry_run_verdict(const config::Config& config, const train::RunPlan& plan) {
   return 0;
 }
 
-}  // namespace
-
-// `--print-schedule`: the stages the model's layers make (the embeddings on the first, the head on the last), the
-// schedule's bubble by its own figure and simulated with a backward twice a forward, and every rank's actions.
+// `--print-schedule`: the stages the model's layers make (the embeddings on the first; the head, balanced with its
+// FLOPs, on the last), the schedule's bubble by its own figure and simulated with a backward twice a forward, and
+// every rank's actions.
 int print_schedule(const config::Config& config) {
   const pp::ScheduleShape shape = config::pipeline_shape(config);
   const pp::Schedule schedule = pp::make_schedule(shape);
@@ -139,21 +138,29 @@ int print_schedule(const config::Config& config) {
               parallel::to_string(shape.kind).c_str(), shape.ranks, shape.stages_per_rank, shape.microbatches,
               static_cast<long long>(per_microbatch), static_cast<long long>(config.train.batch_size),
               100 * pp::nominal_bubble(shape), 100 * pp::simulate(schedule).bubble);
-  const std::vector<models::StageLayers> split = models::split_layers(layers, stages);
+  // Balanced by FLOPs per token, ~6 per parameter: each layer's, and the head's with the last stage.
+  std::vector<double> costs;
+  for (int64_t n : model.layer_numel) costs.push_back(6.0 * static_cast<double>(n));
+  const std::vector<models::StageLayers> split =
+      models::balanced_split(costs, stages, 0, 6.0 * static_cast<double>(model.output_numel));
   for (int s = 0; s < stages; ++s) {
     const models::StageLayers& mine = split[static_cast<size_t>(s)];
     int64_t params = 0;
     for (int64_t l = mine.first; l < mine.first + mine.count; ++l) params += model.layer_numel[static_cast<size_t>(l)];
     if (s == 0) params += model.input_numel;
     if (s + 1 == stages) params += model.output_numel + model.root_numel;
-    std::printf("  stage %d (rank %d): layers %lld-%lld%s%s, %s parameters\n", s, shape.rank_of(s),
-                static_cast<long long>(mine.first), static_cast<long long>(mine.first + mine.count - 1),
+    const std::string held = mine.count == 1 ? "layer " + std::to_string(mine.first)
+                                             : "layers " + std::to_string(mine.first) + "-" +
+                                                   std::to_string(mine.first + mine.count - 1);
+    std::printf("  stage %d (rank %d): %s%s%s, %s parameters\n", s, shape.rank_of(s), held.c_str(),
                 s == 0 ? " + embeddings" : "", s + 1 == stages ? " + norm, head, loss" : "",
                 util::with_commas(params).c_str());
   }
   std::cout << schedule.text();
   return 0;
 }
+
+}  // namespace
 
 int run_train_command(const std::vector<std::string>& args) {
   if (args.empty() || args[0] == "--help" || args[0] == "-h") {

@@ -1481,8 +1481,8 @@ TEST_F(TrainTest, EnvDescribesTheMachine) {
       << half.output;
 }
 
-// `--print-schedule`: the stages a model's layers make, the bubble by the schedule's figure and simulated, and every
-// rank's actions, without training; a pipeline larger than the layers is refused naming both, and training with
+// `--print-schedule`: the stages a model's layers make (balanced by FLOPs, the head's with the last), the bubble by
+// the schedule's figure and simulated, and every rank's actions, without training; a pipeline larger than the layers is refused naming both, and training with
 // pp_size > 1 says the trainer does not run pipelines yet.
 TEST_F(TrainTest, PrintScheduleShowsThePipeline) {
   const std::string cmd = std::string(SHARDTRAIN_BIN) + " train " + root_ + "/config.yaml --model.flavor=llama-debug " +
@@ -1491,7 +1491,9 @@ TEST_F(TrainTest, PrintScheduleShowsThePipeline) {
   ASSERT_EQ(r.status, 0) << r.output;
   for (const char* line : {"pipeline: 1f1b, 4 ranks x 1 stage(s), 8 microbatches of 1 samples",
                            "bubble 27.3% by the schedule's figure, 27.3% simulated",
-                           "stage 0 (rank 0): layers 0-1 + embeddings", "stage 3 (rank 3): layers 6-7 + norm, head, loss",
+                           // balanced by FLOPs: the head (1.7 layers' worth) leaves the last stage one layer
+                           "stage 0 (rank 0): layers 0-1 + embeddings", "stage 2 (rank 2): layers 4-6,",
+                           "stage 3 (rank 3): layer 7 + norm, head, loss",
                            "rank 0: 0F0 0F1 0F2 0F3 0B0 0F4 0B1", "rank 3: 3F0 3B0 3F1 3B1"}) {
     EXPECT_NE(r.output.find(line), std::string::npos) << line << "\n" << r.output;
   }

@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <string>
 
+#include "shardtrain/models/pipeline_stage.h"
 #include "shardtrain/pp/schedule.h"
 #include "support/expect_error.h"
 
@@ -97,6 +98,33 @@ TEST(PipelineSchedule, ShapesThatCannotRunAreRefused) {
   testing::expect_error<std::invalid_argument>([] { make_schedule(shape(Kind::GPIPE, 2, 0)); },
                                                {"at least 1 microbatch"});
   EXPECT_NO_THROW(make_schedule(shape(Kind::GPIPE, 4, 2)));  // GPipe runs with fewer microbatches than ranks
+}
+
+// Stages balanced by cost: the least largest stage, and among those the most even; the first and last stages'
+// extra work (embedding; norm, head and loss) counted with their layers.
+TEST(PipelineSplit, BalancedByCost) {
+  auto counts = [](const std::vector<models::StageLayers>& split) {
+    std::vector<int64_t> out;
+    int64_t next = 0;
+    for (const auto& s : split) {
+      EXPECT_EQ(s.first, next);  // consecutive, covering every layer
+      next += s.count;
+      out.push_back(s.count);
+    }
+    return out;
+  };
+  const std::vector<double> eight(8, 1.0);
+  EXPECT_EQ(counts(models::balanced_split(eight, 4)), (std::vector<int64_t>{2, 2, 2, 2}));
+  EXPECT_EQ(counts(models::balanced_split({5, 1, 1, 1, 1, 1}, 2)), (std::vector<int64_t>{1, 5}));
+  // A head worth two layers: the last stage takes one layer, the rest as even as the largest allows (3, 2, 2 in
+  // any order scores alike; the first found has the earlier stages shorter).
+  EXPECT_EQ(counts(models::balanced_split(eight, 4, 0, 2)), (std::vector<int64_t>{2, 2, 3, 1}));
+  EXPECT_EQ(counts(models::balanced_split({1, 1, 1, 1}, 2, 3, 0)), (std::vector<int64_t>{1, 3}));
+  EXPECT_EQ(counts(models::balanced_split(eight, 1)), (std::vector<int64_t>{8}));
+  EXPECT_THROW(models::balanced_split({1, 1, 1}, 4), std::invalid_argument);
+  EXPECT_EQ(counts(models::split_layers(7, 3)), (std::vector<int64_t>{3, 2, 2}));
+  EXPECT_EQ(counts(models::split_layers(8, 3, {2, 5})), (std::vector<int64_t>{2, 3, 3}));
+  EXPECT_THROW(models::split_layers(8, 3, {5, 2}), std::invalid_argument);
 }
 
 }  // namespace

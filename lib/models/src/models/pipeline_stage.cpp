@@ -1,7 +1,11 @@
 #include "shardtrain/models/pipeline_stage.h"
 
+#include <algorithm>
+#include <cmath>
+#include <limits>
 #include <stdexcept>
 #include <string>
+#include <utility>
 
 namespace shardtrain::models {
 
@@ -34,6 +38,46 @@ std::vector<StageLayers> split_layers(int64_t layers, int stages, const std::vec
   for (size_t s = 0; s < starts.size(); ++s) {
     const int64_t end = s + 1 < starts.size() ? starts[s + 1] : layers;
     out.push_back({starts[s], end - starts[s]});
+  }
+  return out;
+}
+
+std::vector<StageLayers> balanced_split(const std::vector<double>& layer_costs, int stages, double first_extra,
+                                        double last_extra) {
+  const int64_t L = static_cast<int64_t>(layer_costs.size());
+  if (stages < 1 || stages > L) split_layers(L, stages);  // its refusal
+  std::vector<double> prefix(static_cast<size_t>(L) + 1, 0);
+  for (int64_t l = 0; l < L; ++l) prefix[l + 1] = prefix[l] + layer_costs[static_cast<size_t>(l)];
+  // A run [from, to)'s cost: the first stage's carries first_extra, the one reaching the last layer last_extra.
+  auto cost = [&](int64_t from, int64_t to) {
+    return prefix[to] - prefix[from] + (from == 0 ? first_extra : 0) + (to == L ? last_extra : 0);
+  };
+  // best[s][l]: layers [0, l) in s runs, scored by (the largest run's cost, the sum of the runs' costs squared):
+  // the least largest, and among those the most even.
+  using Score = std::pair<double, double>;
+  const Score none = {std::numeric_limits<double>::infinity(), 0};
+  auto better = [](const Score& a, const Score& b) {
+    if (!std::isfinite(b.first)) return std::isfinite(a.first);
+    const double tolerance = 1e-9 * std::max(1.0, std::abs(b.first));
+    return a.first < b.first - tolerance || (a.first <= b.first + tolerance && a.second < b.second - tolerance);
+  };
+  std::vector<std::vector<Score>> best(static_cast<size_t>(stages) + 1, std::vector<Score>(L + 1, none));
+  std::vector<std::vector<int64_t>> start(static_cast<size_t>(stages) + 1, std::vector<int64_t>(L + 1, 0));
+  best[0][0] = {0, 0};
+  for (int s = 1; s <= stages; ++s) {
+    for (int64_t l = s; l <= L; ++l) {
+      for (int64_t from = s - 1; from < l; ++from) {  // the last run [from, l)
+        const double run = cost(from, l);
+        const Score candidate = {std::max(best[s - 1][from].first, run), best[s - 1][from].second + run * run};
+        if (better(candidate, best[s][l])) best[s][l] = candidate, start[s][l] = from;
+      }
+    }
+  }
+  std::vector<StageLayers> out(static_cast<size_t>(stages));
+  for (int64_t s = stages, l = L; s >= 1; --s) {
+    const int64_t from = start[s][l];
+    out[static_cast<size_t>(s - 1)] = {from, l - from};
+    l = from;
   }
   return out;
 }

@@ -21,6 +21,13 @@ struct StageLayers {
 // numbers for more stages than layers, or split points out of order or range.
 std::vector<StageLayers> split_layers(int64_t layers, int stages, const std::vector<int64_t>& split_points = {});
 
+// `stages` runs of consecutive layers whose largest cost is the least it can be: `layer_costs` each layer's (FLOPs
+// per token, say), `first_extra` and `last_extra` what the first and the last stage compute besides (the embedding;
+// the norm, head and loss); among splits with the same largest cost, the most even (least sum of squared costs).
+// Throws std::invalid_argument as split_layers for more stages than layers.
+std::vector<StageLayers> balanced_split(const std::vector<double>& layer_costs, int stages, double first_extra = 0,
+                                        double last_extra = 0);
+
 // The microbatch's attention mask and labels (B, T), which every stage reads.
 struct MicrobatchText {
   at::Tensor attention_mask, labels;
