@@ -203,7 +203,8 @@ struct Progress {
   double forward = -1, input = -1, weight = -1;  // end times; -1: not yet
 };
 
-// Why `a` cannot run yet, or "" when it can (its inputs produced by `now`... at any time: the start is computed).
+// What `a` still waits for (the action that produces its input), or "" when everything it needs has run; when it
+// can start is the caller's (the latest of its rank's clock and its inputs' end times).
 std::string missing(const Action& a, const std::vector<std::vector<Progress>>& p, int stages) {
   const Progress& own = p[a.stage][a.microbatch];
   switch (a.op) {
