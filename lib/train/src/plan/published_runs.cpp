@@ -13,12 +13,9 @@ constexpr const char* kTitanH100 = "torchtitan docs/performance.md, Table 1 (Lla
 constexpr const char* kTitan405 = "torchtitan docs/performance.md, Llama 3.1 405B on 128 H100";
 
 // Sizes the zoo has no flavor of, as overrides of one of their family's (Llama 2's and 3.1's config.json values).
-const std::map<std::string, double> kLlama2_13b = {
-    {"layers", 40}, {"dim", 5120}, {"heads", 40}, {"kv_heads", 40}, {"mlp_dim", 13824}};
-const std::map<std::string, double> kLlama2_70b = {
-    {"layers", 80}, {"dim", 8192}, {"heads", 64}, {"kv_heads", 8}, {"mlp_dim", 28672}};
-const std::map<std::string, double> kLlama31_405b = {
-    {"layers", 126}, {"dim", 16384}, {"heads", 128}, {"kv_heads", 8}, {"mlp_dim", 53248}};
+std::map<std::string, double> llama_size(double layers, double dim, double heads, double kv_heads, double mlp_dim) {
+  return {{"layers", layers}, {"dim", dim}, {"heads", heads}, {"kv_heads", kv_heads}, {"mlp_dim", mlp_dim}};
+}
 
 // 8 nodes of 8 A100-80GB. torchtitan does not state the network; 200 Gb/s per GPU (25 GB/s), an A100 cluster's
 // InfiniBand (Meta's Research SuperCluster), is assumed.
@@ -59,14 +56,14 @@ std::vector<PublishedRun> published_runs() {
        fsdp_job(a100, 1, 8192, 2), 2904, ""},
       {kTitanA100, "Llama 3 70B, FSDP, local batch 1 x 8192, full checkpointing", "llama-3-70b", {}, a100,
        fsdp_job(a100, 1, 8192, 1), 331, ""},
-      {kTitanA100, "Llama 2 13B, FSDP, local batch 2 x 4096, no checkpointing", "llama-2-7b", kLlama2_13b, a100,
-       fsdp_job(a100, 2, 4096, 0), 2162, ""},
+      {kTitanA100, "Llama 2 13B, FSDP, local batch 2 x 4096, no checkpointing", "llama-2-7b",
+       llama_size(40, 5120, 40, 40, 13824), a100, fsdp_job(a100, 2, 4096, 0), 2162, ""},
       {kTitanA100, "Llama 2 13B, FSDP, local batch 2 x 4096, selective layer checkpointing", "llama-2-7b",
-       kLlama2_13b, a100, fsdp_job(a100, 2, 4096, 2), 1914, ""},
-      {kTitanA100, "Llama 2 70B, FSDP, local batch 2 x 4096, full checkpointing", "llama-2-7b", kLlama2_70b, a100,
-       fsdp_job(a100, 2, 4096, 1), 353, ""},
+       llama_size(40, 5120, 40, 40, 13824), a100, fsdp_job(a100, 2, 4096, 2), 1914, ""},
+      {kTitanA100, "Llama 2 70B, FSDP, local batch 2 x 4096, full checkpointing", "llama-2-7b",
+       llama_size(80, 8192, 64, 8, 28672), a100, fsdp_job(a100, 2, 4096, 1), 353, ""},
       {kTitan405, "Llama 3.1 405B, 128 H100, FSDP 16 x TP 8, local batch 2 x 8192, full checkpointing",
-       "llama-3.1-8b", kLlama31_405b, h128, fsdp_job(h128, 2, 8192, 1, 8), 109, ""},
+       "llama-3.1-8b", llama_size(126, 16384, 128, 8, 53248), h128, fsdp_job(h128, 2, 8192, 1, 8), 109, ""},
   };
 }
 
