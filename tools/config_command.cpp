@@ -17,6 +17,7 @@
 #include "shardtrain/data/tokenizers/tokenizer.h"
 #include "shardtrain/io/files.h"
 #include "shardtrain/models/zoo.h"
+#include "shardtrain/util/ascii_case.h"
 
 namespace shardtrain::cli {
 namespace {
@@ -65,14 +66,9 @@ std::string as_list(const std::string& answer) {
   return list + "]";
 }
 
-std::string lower(std::string s) {
-  std::transform(s.begin(), s.end(), s.begin(), [](unsigned char ch) { return std::tolower(ch); });
-  return s;
-}
-
 // y/yes/true, n/no/false, any case.
 std::string yes_no(const std::string& answer) {
-  const std::string a = lower(answer);
+  const std::string a = util::ascii_lower(answer);
   if (a == "y" || a == "yes" || a == "true") return "true";
   if (a == "n" || a == "no" || a == "false") return "false";
   throw std::invalid_argument("'" + answer + "' is not yes or no (y, n)");
@@ -201,7 +197,7 @@ std::string existing_paths(const std::string& answer) {
 }
 
 void set_data(Answers& a, const std::string& answer) {
-  if (lower(answer) == "synth") {
+  if (util::ascii_lower(answer) == "synth") {
     a.synth = true;
     write_synth(a);
     return;
@@ -247,7 +243,7 @@ const std::vector<Question>& questions() {
        [](const Answers&) { return std::string("none"); },
        [](const Answers& a) { return !a.synth && a.evaluates; },
        [](Answers& a, const std::string& answer) {
-         if (lower(answer) != "none") apply(a, "data.eval", existing_paths(answer));
+         if (util::ascii_lower(answer) != "none") apply(a, "data.eval", existing_paths(answer));
        }},
       {"Tokenizer: a tokenizer.json or a vocab.txt (`shardtrain data vocab` learns one)",
        [](const Answers&) { return std::string(); }, needs_tokenizer, set_tokenizer},
@@ -259,7 +255,7 @@ const std::vector<Question>& questions() {
       {"Class names by id, comma-separated (`none`: the label values the data holds)",
        [](const Answers&) { return std::string("none"); }, labelled,
        [](Answers& a, const std::string& answer) {
-         if (lower(answer) != "none") apply(a, "data.labels", as_list(answer));
+         if (util::ascii_lower(answer) != "none") apply(a, "data.labels", as_list(answer));
        }},
       plain("train.batch_size", "Batch size per process and micro-batch (a number, or auto: the largest that fits)",
             "8"),

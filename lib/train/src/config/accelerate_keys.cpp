@@ -21,7 +21,7 @@ void sharding_strategy(Config& c, const std::string& where, const std::string& p
       {"NO_SHARD", parallel::Strategy::NO_SHARD},         {"3", parallel::Strategy::NO_SHARD},
       {"HYBRID_SHARD", parallel::Strategy::HYBRID_SHARD}, {"4", parallel::Strategy::HYBRID_SHARD},
       {"HYBRID_SHARD_ZERO2", parallel::Strategy::HYBRID_SHARD_ZERO2}, {"5", parallel::Strategy::HYBRID_SHARD_ZERO2}};
-  auto it = value.IsScalar() ? names.find(upper_case(value.Scalar())) : names.end();
+  auto it = value.IsScalar() ? names.find(util::ascii_upper(value.Scalar())) : names.end();
   if (it == names.end()) {
     bad_value(where, path, value,
               "one of FULL_SHARD, SHARD_GRAD_OP, NO_SHARD, HYBRID_SHARD, HYBRID_SHARD_ZERO2 (or 1-5)");
@@ -30,7 +30,7 @@ void sharding_strategy(Config& c, const std::string& where, const std::string& p
 }
 
 void auto_wrap_policy(Config& c, const std::string& where, const std::string& path, const YAML::Node& value) {
-  const std::string v = value.IsScalar() ? upper_case(value.Scalar()) : "";
+  const std::string v = value.IsScalar() ? util::ascii_upper(value.Scalar()) : "";
   if (v == "TRANSFORMER_BASED_WRAP") c.parallel.wrap = parallel::Wrap::TRANSFORMER;
   else if (v == "SIZE_BASED_WRAP") c.parallel.wrap = parallel::Wrap::SIZE;
   else if (v == "NO_WRAP") c.parallel.wrap = parallel::Wrap::NONE;
@@ -38,7 +38,7 @@ void auto_wrap_policy(Config& c, const std::string& where, const std::string& pa
 }
 
 void backward_prefetch(Config& c, const std::string& where, const std::string& path, const YAML::Node& value) {
-  const std::string v = value.IsScalar() ? upper_case(value.Scalar()) : "";
+  const std::string v = value.IsScalar() ? util::ascii_upper(value.Scalar()) : "";
   if (v == "BACKWARD_PRE") c.parallel.backward_prefetch = Prefetch::BACKWARD_PRE;
   else if (v == "BACKWARD_POST") c.parallel.backward_prefetch = Prefetch::BACKWARD_POST;
   else if (v == "NO_PREFETCH" || v == "NONE" || v == "NULL" || v == "~") c.parallel.backward_prefetch = Prefetch::NONE;
@@ -46,7 +46,7 @@ void backward_prefetch(Config& c, const std::string& where, const std::string& p
 }
 
 void state_dict_type(Config& c, const std::string& where, const std::string& path, const YAML::Node& value) {
-  const std::string v = value.IsScalar() ? upper_case(value.Scalar()) : "";
+  const std::string v = value.IsScalar() ? util::ascii_upper(value.Scalar()) : "";
   // LOCAL_STATE_DICT (FSDP1's flat shards) is per-rank too: the sharded form is its equivalent here.
   if (v == "SHARDED_STATE_DICT" || v == "LOCAL_STATE_DICT") c.checkpoint.state_dict_type = StateDictType::SHARDED;
   else if (v == "FULL_STATE_DICT") c.checkpoint.state_dict_type = StateDictType::FULL;
@@ -56,7 +56,7 @@ void state_dict_type(Config& c, const std::string& where, const std::string& pat
 void reshard_after_forward(Config& c, const std::string& where, const std::string& path, const YAML::Node& value) {
   // FSDP2 in Accelerate: a bool; FSDP1 in newer Accelerate: a sharding strategy name.
   if (value.IsScalar()) {
-    const std::string v = upper_case(value.Scalar());
+    const std::string v = util::ascii_upper(value.Scalar());
     if (v == "TRUE" || v == "FALSE") {
       const bool reshard = v == "TRUE";
       c.parallel.strategy = reshard ? parallel::Strategy::FULL_SHARD : parallel::Strategy::SHARD_GRAD_OP;
@@ -67,7 +67,7 @@ void reshard_after_forward(Config& c, const std::string& where, const std::strin
 }
 
 void distributed_type(Config& c, const std::string& where, const std::string& path, const YAML::Node& value) {
-  const std::string v = value.IsScalar() ? upper_case(value.Scalar()) : "";
+  const std::string v = value.IsScalar() ? util::ascii_upper(value.Scalar()) : "";
   // FSDP: the strategy comes from fsdp_config; DEEPSPEED: from deepspeed_config's ZeRO stage (full sharding unless
   // it says otherwise); NO: one process.
   if (v == "FSDP" || v == "DEEPSPEED" || v == "NO") return;
@@ -79,14 +79,6 @@ void distributed_type(Config& c, const std::string& where, const std::string& pa
     return;
   }
   bad_value(where, path, value, "a distributed type shardtrain runs (FSDP, DEEPSPEED, MULTI_GPU, MULTI_CPU or NO)");
-}
-
-void gradient_clipping(Config& c, const std::string& where, const std::string& path, const YAML::Node& value) {
-  try {
-    c.train.max_grad_norm = std::stod(node_string(where, path, value));
-  } catch (const std::exception&) {
-    bad_value(where, path, value, "a number");
-  }
 }
 
 void use_cpu(Config& c, const std::string& where, const std::string& path, const YAML::Node& value) {
@@ -105,27 +97,22 @@ void cp_size(Config&, const std::string& where, const std::string& path, const Y
   if (node_int(where, path, value) != 1) bad_value(where, path, value, "1 (context parallelism is not supported)");
 }
 
-// A key that sets one member, its value read by `read` (node_bool, node_int, node_string, node_list).
-#define SHARDTRAIN_KEY(fn, member, read)                                                      \
-  void fn(Config& c, const std::string& where, const std::string& path, const YAML::Node& v) { \
-    c.member = read(where, path, v);                                                           \
-  }
-SHARDTRAIN_KEY(sync_module_states, parallel.sync_module_states, node_bool)
-SHARDTRAIN_KEY(activation_checkpointing, parallel.activation_checkpointing, node_bool)
-SHARDTRAIN_KEY(limit_all_gathers, parallel.limit_all_gathers, node_bool)
-SHARDTRAIN_KEY(set_num_processes, launch.num_processes, node_int)
-SHARDTRAIN_KEY(set_num_machines, launch.num_machines, node_int)
-SHARDTRAIN_KEY(set_machine_rank, launch.machine_rank, node_int)
-SHARDTRAIN_KEY(set_main_process_ip, launch.main_process_ip, node_string)
-SHARDTRAIN_KEY(set_main_process_port, launch.main_process_port, node_int)
-SHARDTRAIN_KEY(set_fsdp_transformer_layer_cls_to_wrap, parallel.layer_classes, node_list)
-SHARDTRAIN_KEY(set_fsdp_min_num_params, parallel.min_params, node_int)
-SHARDTRAIN_KEY(set_gpu_ids, launch.gpu_ids, node_string)
-SHARDTRAIN_KEY(set_gradient_accumulation_steps, train.grad_accum, node_int)
-SHARDTRAIN_KEY(set_tp_size, parallel.tp_size, node_int)
-SHARDTRAIN_KEY(set_dp_shard_size, parallel.dp_shard_size, node_int)
-SHARDTRAIN_KEY(set_dp_replicate_size, parallel.dp_replicate_size, node_int)
-#undef SHARDTRAIN_KEY
+SHARDTRAIN_CONFIG_KEY(sync_module_states, parallel.sync_module_states, node_bool)
+SHARDTRAIN_CONFIG_KEY(activation_checkpointing, parallel.activation_checkpointing, node_bool)
+SHARDTRAIN_CONFIG_KEY(limit_all_gathers, parallel.limit_all_gathers, node_bool)
+SHARDTRAIN_CONFIG_KEY(set_num_processes, launch.num_processes, node_int)
+SHARDTRAIN_CONFIG_KEY(set_num_machines, launch.num_machines, node_int)
+SHARDTRAIN_CONFIG_KEY(set_machine_rank, launch.machine_rank, node_int)
+SHARDTRAIN_CONFIG_KEY(set_main_process_ip, launch.main_process_ip, node_string)
+SHARDTRAIN_CONFIG_KEY(set_main_process_port, launch.main_process_port, node_int)
+SHARDTRAIN_CONFIG_KEY(set_fsdp_transformer_layer_cls_to_wrap, parallel.layer_classes, node_list)
+SHARDTRAIN_CONFIG_KEY(set_fsdp_min_num_params, parallel.min_params, node_int)
+SHARDTRAIN_CONFIG_KEY(set_gpu_ids, launch.gpu_ids, node_string)
+SHARDTRAIN_CONFIG_KEY(set_gradient_accumulation_steps, train.grad_accum, node_int)
+SHARDTRAIN_CONFIG_KEY(set_tp_size, parallel.tp_size, node_int)
+SHARDTRAIN_CONFIG_KEY(set_dp_shard_size, parallel.dp_shard_size, node_int)
+SHARDTRAIN_CONFIG_KEY(set_dp_replicate_size, parallel.dp_replicate_size, node_int)
+SHARDTRAIN_CONFIG_KEY(gradient_clipping, train.max_grad_norm, node_double)
 
 const std::map<std::string, Setter>& keys() {
   static const std::map<std::string, Setter> table = {

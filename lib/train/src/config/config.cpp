@@ -18,6 +18,7 @@
 #include "shardtrain/launch/launch.h"
 #include "shardtrain/memory/memory_size.h"
 #include "shardtrain/util/closest_match.h"
+#include "shardtrain/util/ascii_case.h"
 
 namespace shardtrain::config {
 namespace {
@@ -145,11 +146,6 @@ std::vector<std::string> path_parts(const std::string& path) {
   return parts;
 }
 
-std::string lower(std::string s) {
-  for (auto& c : s) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
-  return s;
-}
-
 template <class E>
 Field choice(std::string path, E& ref, std::vector<std::pair<std::string, E>> names) {
   Field f;
@@ -157,7 +153,7 @@ Field choice(std::string path, E& ref, std::vector<std::pair<std::string, E>> na
   for (const auto& n : names) f.choices.push_back(n.first);
   f.set = [&ref, names](const std::string& where, const std::string& p, const YAML::Node& node) {
     if (node.IsScalar()) {
-      const std::string v = lower(node.Scalar());
+      const std::string v = util::ascii_lower(node.Scalar());
       for (const auto& [name, value] : names) {
         if (v == name) {
           ref = value;
@@ -487,6 +483,9 @@ bool node_bool(const std::string& where, const std::string& path, const YAML::No
 int64_t node_int(const std::string& where, const std::string& path, const YAML::Node& node) {
   return to_int(where, path, node);
 }
+double node_double(const std::string& where, const std::string& path, const YAML::Node& node) {
+  return to_double(where, path, node);
+}
 std::string node_string(const std::string& where, const std::string& path, const YAML::Node& node) {
   return to_str(where, path, node);
 }
@@ -495,10 +494,6 @@ std::vector<std::string> node_list(const std::string& where, const std::string& 
 }
 std::string closest_key(const std::string& key, const std::vector<std::string>& candidates) {
   return util::closest_match(key, candidates);
-}
-std::string upper_case(std::string s) {
-  for (auto& ch : s) ch = static_cast<char>(std::toupper(static_cast<unsigned char>(ch)));
-  return s;
 }
 void bad_value(const std::string& where, const std::string& path, const YAML::Node& value,
                const std::string& expected) {

@@ -13,14 +13,6 @@ namespace {
 
 using Setter = void (*)(Config&, const std::string& where, const std::string& path, const YAML::Node& value);
 
-double node_number(const std::string& where, const std::string& path, const YAML::Node& value) {
-  try {
-    return std::stod(node_string(where, path, value));
-  } catch (const std::logic_error&) {
-    bad_value(where, path, value, "a number");
-  }
-}
-
 // {"enabled": true} blocks: bf16 and fp16 set the mixed precision (DeepSpeed's own: bf16/fp16 compute, float32
 // masters, as parallel.mixed_precision's).
 void bf16_enabled(Config& c, const std::string& where, const std::string& path, const YAML::Node& value) {
@@ -30,31 +22,21 @@ void fp16_enabled(Config& c, const std::string& where, const std::string& path, 
   if (node_bool(where, path, value)) c.parallel.mixed_precision = parallel::Precision::FP16;
 }
 
-void micro_batch(Config& c, const std::string& where, const std::string& path, const YAML::Node& value) {
-  c.train.batch_size = node_int(where, path, value);
-}
-void accumulation(Config& c, const std::string& where, const std::string& path, const YAML::Node& value) {
-  c.train.grad_accum = node_int(where, path, value);
-}
-void clipping(Config& c, const std::string& where, const std::string& path, const YAML::Node& value) {
-  c.train.max_grad_norm = node_number(where, path, value);
-}
-void steps_per_print(Config& c, const std::string& where, const std::string& path, const YAML::Node& value) {
-  c.log.interval = node_int(where, path, value);
-}
+SHARDTRAIN_CONFIG_KEY(micro_batch, train.batch_size, node_int)
+SHARDTRAIN_CONFIG_KEY(accumulation, train.grad_accum, node_int)
+SHARDTRAIN_CONFIG_KEY(clipping, train.max_grad_norm, node_double)
+SHARDTRAIN_CONFIG_KEY(steps_per_print, log.interval, node_int)
 // The old spelling of offload_optimizer: {device: cpu}.
 void cpu_offload(Config& c, const std::string& where, const std::string& path, const YAML::Node& value) {
   if (node_bool(where, path, value) && c.parallel.offload == parallel::Offload::NONE) {
     c.parallel.offload = parallel::Offload::CPU;
   }
 }
-void cpu_checkpointing(Config& c, const std::string& where, const std::string& path, const YAML::Node& value) {
-  c.parallel.activation_offload = node_bool(where, path, value);
-}
+SHARDTRAIN_CONFIG_KEY(cpu_checkpointing, parallel.activation_offload, node_bool)
 
 // DeepSpeed's optimizers by type: Adam (adam_w_mode, its default, is AdamW) and AdamW as AdamW, SGD as SGD.
 void optimizer_type(Config& c, const std::string& where, const std::string& path, const YAML::Node& value) {
-  const std::string v = value.IsScalar() ? upper_case(value.Scalar()) : "";
+  const std::string v = value.IsScalar() ? util::ascii_upper(value.Scalar()) : "";
   if (v == "ADAM" || v == "ADAMW") c.optim.name = OptimizerKind::ADAMW;
   else if (v == "SGD") c.optim.name = OptimizerKind::SGD;
   else bad_value(where, path, value, "an optimizer shardtrain has (Adam, AdamW, SGD; Adafactor: optim.name)");
@@ -64,47 +46,33 @@ void adam_w_mode(Config&, const std::string& where, const std::string& path, con
     bad_value(where, path, value, "true (Adam with L2 regularisation is not offered)");
   }
 }
-void optimizer_lr(Config& c, const std::string& where, const std::string& path, const YAML::Node& value) {
-  c.optim.lr = node_number(where, path, value);
-}
+SHARDTRAIN_CONFIG_KEY(optimizer_lr, optim.lr, node_double)
 void optimizer_betas(Config& c, const std::string& where, const std::string& path, const YAML::Node& value) {
   if (!value.IsSequence() || value.size() != 2) bad_value(where, path, value, "two numbers [beta1, beta2]");
-  c.optim.betas = {node_number(where, path, value[0]), node_number(where, path, value[1])};
+  c.optim.betas = {node_double(where, path, value[0]), node_double(where, path, value[1])};
 }
-void optimizer_eps(Config& c, const std::string& where, const std::string& path, const YAML::Node& value) {
-  c.optim.eps = node_number(where, path, value);
-}
-void optimizer_weight_decay(Config& c, const std::string& where, const std::string& path, const YAML::Node& value) {
-  c.optim.weight_decay = node_number(where, path, value);
-}
-void optimizer_momentum(Config& c, const std::string& where, const std::string& path, const YAML::Node& value) {
-  c.optim.momentum = node_number(where, path, value);
-}
+SHARDTRAIN_CONFIG_KEY(optimizer_eps, optim.eps, node_double)
+SHARDTRAIN_CONFIG_KEY(optimizer_weight_decay, optim.weight_decay, node_double)
+SHARDTRAIN_CONFIG_KEY(optimizer_momentum, optim.momentum, node_double)
 
 // DeepSpeed's schedulers by type: warm-up then constant (WarmupLR), then linear decay (WarmupDecayLR), then cosine
 // (WarmupCosineLR).
 void scheduler_type(Config& c, const std::string& where, const std::string& path, const YAML::Node& value) {
-  const std::string v = value.IsScalar() ? upper_case(value.Scalar()) : "";
+  const std::string v = value.IsScalar() ? util::ascii_upper(value.Scalar()) : "";
   if (v == "WARMUPLR") c.optim.schedule = LrSchedule::CONSTANT;
   else if (v == "WARMUPDECAYLR") c.optim.schedule = LrSchedule::LINEAR, c.optim.min_lr_ratio = 0;
   else if (v == "WARMUPCOSINELR") c.optim.schedule = LrSchedule::COSINE;
   else bad_value(where, path, value, "a schedule shardtrain has (WarmupLR, WarmupDecayLR, WarmupCosineLR)");
 }
-void warmup_num_steps(Config& c, const std::string& where, const std::string& path, const YAML::Node& value) {
-  c.optim.warmup_steps = node_int(where, path, value);
-}
-void total_num_steps(Config& c, const std::string& where, const std::string& path, const YAML::Node& value) {
-  c.train.steps = node_int(where, path, value);
-}
+SHARDTRAIN_CONFIG_KEY(warmup_num_steps, optim.warmup_steps, node_int)
+SHARDTRAIN_CONFIG_KEY(total_num_steps, train.steps, node_int)
 void warmup_min_lr(Config&, const std::string& where, const std::string& path, const YAML::Node& value) {
-  if (node_number(where, path, value) != 0) bad_value(where, path, value, "0 (the warm-up starts from 0 here)");
+  if (node_double(where, path, value) != 0) bad_value(where, path, value, "0 (the warm-up starts from 0 here)");
 }
 void warmup_type(Config&, const std::string& where, const std::string& path, const YAML::Node& value) {
   if (!value.IsScalar() || value.Scalar() != "linear") bad_value(where, path, value, "linear (the warm-up here)");
 }
-void cos_min_ratio(Config& c, const std::string& where, const std::string& path, const YAML::Node& value) {
-  c.optim.min_lr_ratio = node_number(where, path, value);
-}
+SHARDTRAIN_CONFIG_KEY(cos_min_ratio, optim.min_lr_ratio, node_double)
 
 const std::map<std::string, Setter>& mapped() {
   static const std::map<std::string, Setter> table = {
@@ -221,7 +189,7 @@ void zero_stage(Config& c, const std::string& where, const std::string& path, co
 void offload_device(Config& c, const std::string& where, const std::string& path, const YAML::Node& value) {
   static const std::map<std::string, parallel::Offload> devices = {
       {"NONE", parallel::Offload::NONE}, {"CPU", parallel::Offload::CPU}, {"NVME", parallel::Offload::NVME}};
-  auto it = value.IsScalar() ? devices.find(upper_case(value.Scalar())) : devices.end();
+  auto it = value.IsScalar() ? devices.find(util::ascii_upper(value.Scalar())) : devices.end();
   if (it == devices.end()) bad_value(where, path, value, "none, cpu or nvme");
   if (static_cast<int>(it->second) > static_cast<int>(c.parallel.offload)) c.parallel.offload = it->second;
 }

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "shardtrain/config/config.h"
+#include "shardtrain/util/ascii_case.h"
 
 namespace shardtrain::config {
 
@@ -27,14 +28,21 @@ std::vector<Field> fields_of(Config& c);
 void set_precision(Config& c, const std::string& where, const std::string& path, const YAML::Node& node);
 bool node_bool(const std::string& where, const std::string& path, const YAML::Node& node);
 int64_t node_int(const std::string& where, const std::string& path, const YAML::Node& node);
+double node_double(const std::string& where, const std::string& path, const YAML::Node& node);
 std::string node_string(const std::string& where, const std::string& path, const YAML::Node& node);
 std::vector<std::string> node_list(const std::string& where, const std::string& path, const YAML::Node& node);
 std::string closest_key(const std::string& key, const std::vector<std::string>& candidates);
-// Accelerate's and DeepSpeed's values are matched upper-cased; a bad one is a ConfigError naming `where`, `path`,
-// the value and what was expected.
-std::string upper_case(std::string s);
+// A bad value of Accelerate's or DeepSpeed's keys (matched upper-cased: util::ascii_upper): a ConfigError naming
+// `where`, `path`, the value and what was expected.
 [[noreturn]] void bad_value(const std::string& where, const std::string& path, const YAML::Node& value,
                             const std::string& expected);
+
+// A key of Accelerate's or DeepSpeed's that sets one member of the config, its value read by `read` (node_bool,
+// node_int, node_double, node_string, node_list).
+#define SHARDTRAIN_CONFIG_KEY(fn, member, read)                                                \
+  void fn(Config& c, const std::string& where, const std::string& path, const YAML::Node& v) { \
+    c.member = read(where, path, v);                                                           \
+  }
 
 // Accelerate config keys ("mixed_precision", "fsdp_config.fsdp_sharding_strategy", ...): applies `path` when it is
 // one of them and returns true; false when it is not. A bad value throws ConfigError.

@@ -4,7 +4,6 @@
 #include <ATen/ATen.h>
 
 #include <algorithm>
-#include <cctype>
 #include <cmath>
 #include <cstdio>
 #include <optional>
@@ -13,6 +12,7 @@
 #include "plan/step_layout.h"
 #include "shardtrain/io/files.h"
 #include "shardtrain/io/weight_files.h"
+#include "shardtrain/util/ascii_case.h"
 
 namespace shardtrain::plan {
 
@@ -73,11 +73,6 @@ struct PlannedPrecision {
 constexpr PlannedPrecision kPrecisions[] = {
     {parallel::Precision::BF16, 4}, {parallel::Precision::NO, 4}, {parallel::Precision::NO, 2}};
 
-std::string lower(std::string s) {
-  for (char& c : s) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
-  return s;
-}
-
 }  // namespace
 
 std::vector<GpuSpec> gpu_specs() {
@@ -97,7 +92,7 @@ std::vector<GpuSpec> gpu_specs() {
 }
 
 GpuSpec gpu_spec(const std::string& name) {
-  const std::string wanted = lower(name);
+  const std::string wanted = util::ascii_lower(name);
   std::string names;
   for (const GpuSpec& g : gpu_specs()) {
     if (g.name == wanted) return g;
