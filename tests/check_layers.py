@@ -36,7 +36,7 @@ RULES = {
     },
     "train": {
         "config": {"io", "launch", "memory", "models", "parallel", "pp", "util"},
-        "plan": {"distributed", "fsdp", "io", "memory", "models", "parallel", "util"},
+        "plan": {"distributed", "fsdp", "io", "memory", "models", "parallel", "pp", "util"},
         "train": None,  # the loop: anything below it
         "hf": {"ckpt", "config", "data", "io", "models", "train", "util"},
         "generate": {"config", "data", "distributed", "io", "models"},

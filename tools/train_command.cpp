@@ -26,7 +26,6 @@
 #include "shardtrain/plan/memory_model.h"
 #include "shardtrain/pp/schedule.h"
 #include "shardtrain/train/trainer.h"
-#include "shardtrain/util/with_commas.h"
 
 namespace shardtrain::cli {
 namespace {
@@ -124,38 +123,22 @@ int print_schedule(const config::Config& config) {
   const auto recipe = models::recipe_of_model(config.model.from.empty() ? config.model.flavor : config.model.from,
                                               config.model.overrides);
   const plan::ModelShape model = plan::model_shape(*recipe);
-  const int64_t layers = static_cast<int64_t>(model.layer_numel.size());
   const int stages = shape.stages();
+  const int64_t layers = static_cast<int64_t>(model.layer_numel.size());
   if (stages > layers) {
     throw std::invalid_argument("parallel.pp_size " + std::to_string(shape.ranks) + " x pp_stages_per_rank " +
                                 std::to_string(shape.stages_per_rank) + " = " + std::to_string(stages) +
                                 " stages, but " + recipe->flavor() + " has " + std::to_string(layers) +
                                 " layers: at most " + std::to_string(layers) + " stages, one layer each at least");
   }
+  const std::vector<models::StageLayers> split = plan::pipeline_stages(model, stages);
   const int64_t per_microbatch = config.train.batch_size / shape.microbatches;
   std::printf("pipeline: %s, %d ranks x %d stage(s), %d microbatches of %lld samples (train.batch_size %lld); "
               "bubble %.1f%% by the schedule's figure, %.1f%% simulated (a backward twice a forward)\n",
               parallel::to_string(shape.kind).c_str(), shape.ranks, shape.stages_per_rank, shape.microbatches,
               static_cast<long long>(per_microbatch), static_cast<long long>(config.train.batch_size),
               100 * pp::nominal_bubble(shape), 100 * pp::simulate(schedule).bubble);
-  // Balanced by FLOPs per token, ~6 per parameter: each layer's, and the head's with the last stage.
-  std::vector<double> costs;
-  for (int64_t n : model.layer_numel) costs.push_back(6.0 * static_cast<double>(n));
-  const std::vector<models::StageLayers> split =
-      models::balanced_split(costs, stages, 0, 6.0 * static_cast<double>(model.output_numel));
-  for (int s = 0; s < stages; ++s) {
-    const models::StageLayers& mine = split[static_cast<size_t>(s)];
-    int64_t params = 0;
-    for (int64_t l = mine.first; l < mine.first + mine.count; ++l) params += model.layer_numel[static_cast<size_t>(l)];
-    if (s == 0) params += model.input_numel;
-    if (s + 1 == stages) params += model.output_numel + model.root_numel;
-    const std::string held = mine.count == 1 ? "layer " + std::to_string(mine.first)
-                                             : "layers " + std::to_string(mine.first) + "-" +
-                                                   std::to_string(mine.first + mine.count - 1);
-    std::printf("  stage %d (rank %d): %s%s%s, %s parameters\n", s, shape.rank_of(s), held.c_str(),
-                s == 0 ? " + embeddings" : "", s + 1 == stages ? " + norm, head, loss" : "",
-                util::with_commas(params).c_str());
-  }
+  for (const std::string& line : plan::describe_pipeline_stages(model, split, shape)) std::printf("  %s\n", line.c_str());
   std::cout << schedule.text();
   return 0;
 }
@@ -176,11 +159,7 @@ int run_train_command(const std::vector<std::string>& args) {
   const config::Config config = config::load_config(path, overrides);
   config::validate(config);  // here, once, before any worker starts (each would say it again)
   if (flags.count("--print-schedule")) return print_schedule(config);
-  if (config.parallel.pp_size > 1) {
-    throw std::invalid_argument("parallel.pp_size " + std::to_string(config.parallel.pp_size) +
-                                ": the trainer does not run pipelines yet (the library's pp::Pipeline does: "
-                                "docs/guide/library.md); --print-schedule prints this one");
-  }
+  config::check_pipeline_training(config);
   if (dry_run) {
     const train::RunPlan plan = train::plan_run(config);
     std::cout << plan.text;

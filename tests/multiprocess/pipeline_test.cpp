@@ -35,6 +35,8 @@ at::Tensor microbatch_target(int m) { return at::cos(microbatch_input(m) * 1.3);
 struct StackStage : Stage {
   std::vector<torch::nn::Linear> layers;
   int microbatches = 1;
+  int lasts = 0;  // backward actions announced as the step's last weight gradients
+  void before_backward(bool last) override { lasts += last; }
   at::Tensor forward(const at::Tensor& input, int) override {
     at::Tensor x = input;
     for (auto& layer : layers) x = at::tanh(layer->forward(x));
@@ -42,13 +44,6 @@ struct StackStage : Stage {
   }
   at::Tensor loss(const at::Tensor& output, int m) override {
     return (output - microbatch_target(m)).pow(2).mean() / microbatches;
-  }
-  std::vector<at::Tensor> parameters() override {
-    std::vector<at::Tensor> out;
-    for (auto& layer : layers) {
-      for (const auto& p : layer->parameters()) out.push_back(p);
-    }
-    return out;
   }
 };
 
@@ -94,6 +89,7 @@ TEST(Pipeline, EveryScheduleGivesOneProcesssGradients) {
     if (shape.rank_of(shape.stages() - 1) == rank) EXPECT_NEAR(result.loss, reference_loss, 1e-12);
     for (const auto& [s, stage] : mine) {
       auto* stack = static_cast<StackStage*>(stage);
+      EXPECT_EQ(stack->lasts, 1) << "stage " << s << ": one backward action a step reduces its gradients";
       for (int i = 0; i < kLayersPerStage; ++i) {
         const auto ours = stack->layers[i]->parameters(), theirs = whole[s * kLayersPerStage + i]->parameters();
         for (size_t p = 0; p < ours.size(); ++p) {
@@ -135,17 +131,28 @@ TEST(Pipeline, LlamaStagesGiveOneProcesssGradients) {
     std::map<std::string, at::Tensor> reference_grads;
     for (const auto& p : reference->named_parameters()) reference_grads[p.key()] = p.value().grad();
 
-    models::Llama model = llama_of();
+    // This rank's stages: one model built with their layers only (BuildOptions::stages), the weights the whole
+    // model's (drawn by name).
     const auto split = models::split_layers(8, shape.stages());
+    models::BuildOptions build;
+    for (int s = 0; s < shape.stages(); ++s) {
+      if (shape.rank_of(s) == rank) build.stages.push_back(split[static_cast<size_t>(s)]);
+    }
+    models::Llama model(std::dynamic_pointer_cast<models::LlamaImpl>(models::build_model(recipe, build).module));
+    int64_t held = 0;
+    for (const auto& run : build.stages) held += run.count;
+    EXPECT_EQ(static_cast<int64_t>(model->layers.size()), held) << "only this rank's layers are built";
+    EXPECT_EQ(model->embed.is_empty(), rank != 0);
+    EXPECT_EQ(model->lm_head.is_empty(), shape.rank_of(shape.stages() - 1) != rank);
     auto text = [&](int m) {
       return models::MicrobatchText{mask.narrow(0, m * kRowsPerMicrobatch, kRowsPerMicrobatch),
                                     ids.narrow(0, m * kRowsPerMicrobatch, kRowsPerMicrobatch)};
     };
     std::vector<std::unique_ptr<models::LlamaStage>> owned;
     std::map<int, Stage*> mine;
-    for (int s = 0; s < shape.stages(); ++s) {
+    for (int s = 0, run = 0; s < shape.stages(); ++s) {
       if (shape.rank_of(s) != rank) continue;
-      owned.push_back(std::make_unique<models::LlamaStage>(model, s, split, c.microbatches, text));
+      owned.push_back(std::make_unique<models::LlamaStage>(model, run++, c.microbatches, text));
       mine[s] = owned.back().get();
     }
     Pipeline pipeline(make_schedule(shape), world, mine);
@@ -162,12 +169,17 @@ TEST(Pipeline, LlamaStagesGiveOneProcesssGradients) {
     }
     EXPECT_GT(compared, 0);
   }
-  // A stage of no layers, and a model whose head is its embedding's table, are refused.
+  // A stage of no layers, and a model whose head is its embedding's table, are refused, naming why.
   EXPECT_THROW(models::split_layers(8, 9), std::invalid_argument);
-  const auto tied = models::recipe_of("llama-3.2-debug");
-  models::Llama tied_model(std::dynamic_pointer_cast<models::LlamaImpl>(models::build_model(tied).module));
-  EXPECT_THROW(tied_model->run_stage(at::zeros({1, 4}, at::kLong), 0, 1, {}, at::zeros({1, 4}, at::kLong)),
-               std::invalid_argument);
+  models::BuildOptions stages;
+  stages.stages = {{0, 1}};
+  try {
+    models::build_model(models::recipe_of("llama-3.2-debug"), stages);
+    ADD_FAILURE() << "a tied head's stages were built";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find("tied to its embedding"), std::string::npos) << e.what();
+  }
+  EXPECT_THROW(models::build_model(models::recipe_of("bert-debug"), stages), std::invalid_argument);
 }
 
 // Two steps through one pipeline: the second reuses the agreed shapes and adds to the gradients (accumulation); an

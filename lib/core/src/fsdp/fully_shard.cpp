@@ -123,7 +123,8 @@ optim::RowSharding row_sharding(const std::shared_ptr<torch::nn::Module>& root) 
   return sharding;
 }
 
-double clip_grad_norm(const std::shared_ptr<torch::nn::Module>& root, double max_norm) {
+double clip_grad_norm(const std::shared_ptr<torch::nn::Module>& root, double max_norm,
+                      const dist::Communicator* stages) {
   const std::vector<std::shared_ptr<FsdpUnit::Impl>> units = units_sharing_one_group(root, "clip_grad_norm");
   const dist::Communicator& group = units.front()->group;
   // Sum of squares in float64 over this rank's shards. Padding rows hold zero gradient and add nothing; shards are
@@ -141,6 +142,7 @@ double clip_grad_norm(const std::shared_ptr<torch::nn::Module>& root, double max
   }
   sum_sq = (sum_sq.defined() ? sum_sq.reshape({1}) : at::zeros({1}, at::kDouble)).to(group.device());
   group.all_reduce(sum_sq, dist::ReduceOp::SUM).wait();
+  if (stages != nullptr && stages->size() > 1) stages->all_reduce(sum_sq, dist::ReduceOp::SUM).wait();
   const double norm = std::sqrt(sum_sq.item<double>());
   const double coefficient = max_norm / (norm + 1e-6);
   if (coefficient < 1.0) {

@@ -49,6 +49,16 @@ Pipeline::Pipeline(Schedule schedule, dist::Communicator group, std::map<int, St
                                   (mine ? ", and was not given it" : ", and was given it"));
     }
   }
+  // A stage's weight gradients come from B, or with the input's gradient split from them from W — except on the last
+  // stage, whose I runs the whole backward.
+  const std::vector<Action>& actions = schedule_.actions.at(static_cast<size_t>(group_.rank()));
+  for (size_t i = 0; i < actions.size(); ++i) {
+    const Action& a = actions[i];
+    const bool last = a.stage + 1 == shape.stages();
+    if (a.op == Op::BACKWARD || (a.op == Op::BACKWARD_INPUT && last) || (a.op == Op::BACKWARD_WEIGHT && !last)) {
+      last_weight_action_[a.stage] = i;
+    }
+  }
 }
 
 Pipeline::~Pipeline() = default;
@@ -171,8 +181,7 @@ void Pipeline::backward(const Action& a) {
       return;
     case Op::BACKWARD_WEIGHT:
       if (f.output.defined()) {
-        torch::autograd::backward({f.output}, {f.output_gradient}, /*retain_graph=*/false, /*create_graph=*/false,
-                                  stages_.at(a.stage)->parameters());
+        torch::autograd::backward({f.output}, {f.output_gradient});
       }
       in_flight_.erase(it);
       return;
@@ -183,10 +192,13 @@ void Pipeline::backward(const Action& a) {
 
 StepResult Pipeline::step(const std::function<at::Tensor(int)>& input) {
   StepResult result;
-  for (const Action& a : schedule_.actions.at(static_cast<size_t>(group_.rank()))) {
+  const std::vector<Action>& actions = schedule_.actions.at(static_cast<size_t>(group_.rank()));
+  for (size_t i = 0; i < actions.size(); ++i) {
+    const Action& a = actions[i];
     if (a.op == Op::FORWARD) {
       forward(a, input, result);
     } else {
+      stages_.at(a.stage)->before_backward(last_weight_action_.at(a.stage) == i);
       backward(a);
     }
   }

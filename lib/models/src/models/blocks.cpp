@@ -280,12 +280,31 @@ std::vector<TransformerLayer> build_layers(torch::nn::Module& parent, const std:
                                            const std::string& qualified_prefix, int64_t count,
                                            const TransformerLayerOptions& options, const BuildOptions& build,
                                            std::vector<std::string>& built) {
-  auto list = parent.register_module(name, torch::nn::ModuleList());
   std::vector<TransformerLayer> layers;
-  for (int64_t i = 0; i < count; ++i) {
-    layers.emplace_back(options, build.tensors);
-    list->push_back(layers.back());
-    finish_layer(build, qualified_prefix + "." + std::to_string(i), layers.back().ptr(), built);
+  if (build.stages.empty()) {
+    auto list = parent.register_module(name, torch::nn::ModuleList());
+    for (int64_t i = 0; i < count; ++i) {
+      layers.emplace_back(options, build.tensors);
+      list->push_back(layers.back());
+      finish_layer(build, qualified_prefix + "." + std::to_string(i), layers.back().ptr(), built);
+    }
+    return layers;
+  }
+  // A ModuleList names its children 0, 1, ...: a stage's layers keep their places in the whole stack instead.
+  auto held = parent.register_module(name, std::make_shared<torch::nn::Module>("LayerRuns"));
+  int64_t end = 0;
+  for (const StageLayers& run : build.stages) {
+    if (run.count < 1 || run.first < end || run.first + run.count > count) {
+      throw std::invalid_argument("pipeline stage of layers " + std::to_string(run.first) + ".." +
+                                  std::to_string(run.first + run.count - 1) + ": expected runs in order within the " +
+                                  std::to_string(count) + " layers");
+    }
+    for (int64_t i = run.first; i < run.first + run.count; ++i) {
+      layers.emplace_back(options, build.tensors);
+      held->register_module(std::to_string(i), layers.back());
+      finish_layer(build, qualified_prefix + "." + std::to_string(i), layers.back().ptr(), built);
+    }
+    end = run.first + run.count;
   }
   return layers;
 }

@@ -3,6 +3,7 @@
 #include <torch/nn/module.h>
 
 #include <algorithm>
+#include <set>
 #include <stdexcept>
 
 #include "shardtrain/fsdp/wrap_policy.h"
@@ -135,11 +136,18 @@ ZooModel build_sharded(std::shared_ptr<const ModelRecipe> recipe, const dist::De
   return model;
 }
 
-// The family's own units (extra and edge units), then the root: the layers are units already.
-void shard_the_rest(ZooModel& model, const dist::DeviceMesh& mesh, const ParallelizeOptions& options) {
+// The family's own units (extra and edge units), then the root: the layers are units already. A pipeline stage's
+// model (`stage`) holds the embedding or the head only at the ends of the stack.
+void shard_the_rest(ZooModel& model, const dist::DeviceMesh& mesh, const ParallelizeOptions& options, bool stage) {
   const fsdp::StrategyGroups groups = groups_for(mesh, options);
-  fsdp::fully_shard_model(model.module, groups.shard, fsdp::wrap_by_class_name(model.recipe->own_unit_classes()),
-                          groups.options);
+  std::vector<std::string> classes = model.recipe->own_unit_classes();
+  if (stage) {
+    std::set<std::string> present;
+    for (const auto& item : model.module->named_modules()) present.insert(fsdp::module_class_name(*item.value()));
+    classes.erase(std::remove_if(classes.begin(), classes.end(), [&](const std::string& c) { return !present.count(c); }),
+                  classes.end());
+  }
+  fsdp::fully_shard_model(model.module, groups.shard, fsdp::wrap_by_class_name(classes), groups.options);
   if (options.activation_offload) activation_offload_layers(model, options.layer_classes);
   finish_root(model, mesh);
 }
@@ -148,8 +156,9 @@ void shard_the_rest(ZooModel& model, const dist::DeviceMesh& mesh, const Paralle
 
 ZooModel build_parallel(std::shared_ptr<const ModelRecipe> recipe, const dist::DeviceMesh& mesh,
                         const ParallelizeOptions& options, BuildOptions build) {
+  const bool stage = !build.stages.empty();
   ZooModel model = build_sharded(std::move(recipe), mesh, options, std::move(build), nullptr);
-  shard_the_rest(model, mesh, options);
+  shard_the_rest(model, mesh, options, stage);
   return model;
 }
 
@@ -157,9 +166,10 @@ TensorParallelModel build_tensor_parallel(std::shared_ptr<const ModelRecipe> rec
                                           const ParallelizeOptions& options, const TensorParallelOptions& tp_options,
                                           BuildOptions build) {
   TensorParallelizer tp(*recipe, mesh.tp_group(), tp_options);
+  const bool stage = !build.stages.empty();
   ZooModel model = build_sharded(std::move(recipe), mesh, options, std::move(build), &tp);
   TensorParallel split = tp.finish(*model.module);
-  shard_the_rest(model, mesh, options);
+  shard_the_rest(model, mesh, options, stage);
   return {std::move(model), std::move(split)};
 }
 

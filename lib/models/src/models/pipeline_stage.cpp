@@ -7,6 +7,8 @@
 #include <string>
 #include <utility>
 
+#include "models/causal_lm.h"
+
 namespace shardtrain::models {
 
 std::vector<StageLayers> split_layers(int64_t layers, int stages, const std::vector<int64_t>& split_points) {
@@ -82,26 +84,29 @@ std::vector<StageLayers> balanced_split(const std::vector<double>& layer_costs, 
   return out;
 }
 
-LlamaStage::LlamaStage(Llama model, int stage, std::vector<StageLayers> split, int microbatches,
-                       std::function<MicrobatchText(int)> text)
-    : model_(std::move(model)), stage_(stage), split_(std::move(split)), microbatches_(microbatches),
-      text_(std::move(text)) {
-  if (stage_ < 0 || stage_ >= static_cast<int>(split_.size())) {
-    throw std::invalid_argument("stage " + std::to_string(stage_) + " of " + std::to_string(split_.size()));
+MicrobatchText causal_lm_text(const data::Batch& batch) {
+  return {batch.attention_mask, causal_lm_labels(batch)};
+}
+
+LlamaStage::LlamaStage(Llama model, int64_t run, int microbatches, std::function<MicrobatchText(int)> text)
+    : model_(std::move(model)), run_(run), microbatches_(microbatches), text_(std::move(text)) {
+  if (run_ < 0 || run_ >= static_cast<int64_t>(model_->stages.size())) {
+    throw std::invalid_argument("LlamaStage: run " + std::to_string(run_) + " of a model built with " +
+                                std::to_string(model_->stages.size()) + " stages (BuildOptions::stages)");
   }
 }
 
 at::Tensor LlamaStage::forward(const at::Tensor& input, int microbatch) {
   const MicrobatchText t = text_(microbatch);
-  const StageLayers& mine = split_[static_cast<size_t>(stage_)];
-  return model_->run_stage(input, mine.first, mine.count, t.attention_mask, t.labels);
+  model_->stage_to_run = run_;
+  return model_->forward(input, t.attention_mask, t.labels, /*labelled_only=*/true, at::Tensor())[0];
 }
 
 at::Tensor LlamaStage::loss(const at::Tensor& output, int) { return output / microbatches_; }
 
 std::vector<std::pair<std::string, at::Tensor>> LlamaStage::named_parameters() const {
-  const StageLayers& mine = split_[static_cast<size_t>(stage_)];
-  const bool first = stage_ == 0, last = stage_ + 1 == static_cast<int>(split_.size());
+  const StageLayers& mine = model_->stages[static_cast<size_t>(run_)];
+  const bool first = mine.first == 0, last = mine.first + mine.count == model_->config.layers;
   std::vector<std::pair<std::string, at::Tensor>> out;
   for (const auto& p : model_->named_parameters()) {
     const std::string& name = p.key();
@@ -112,14 +117,6 @@ std::vector<std::pair<std::string, at::Tensor>> LlamaStage::named_parameters() c
       held = layer >= mine.first && layer < mine.first + mine.count;
     }
     if (held) out.emplace_back(name, p.value());
-  }
-  return out;
-}
-
-std::vector<at::Tensor> LlamaStage::parameters() {
-  std::vector<at::Tensor> out;
-  for (auto& [name, p] : named_parameters()) {
-    if (p.requires_grad()) out.push_back(p);
   }
   return out;
 }

@@ -20,6 +20,11 @@ void Task::check_batch_size(int64_t, int64_t) const {}
 
 void ModelRecipe::parallelize_hook(torch::nn::Module&, const dist::DeviceMesh&) const {}
 
+std::string ModelRecipe::pipeline_stages_refused() const {
+  return "the " + family() + " family's pipeline stages are not written yet (Llama, Mistral, Qwen2 and Qwen3 with "
+         "a head of their own have them)";
+}
+
 std::vector<std::string> ModelRecipe::own_unit_classes() const {
   std::vector<std::string> classes = extra_unit_classes();
   const EdgeUnits edges = edge_unit_classes();

@@ -137,6 +137,11 @@ std::shared_ptr<const ModelRecipe> recipe_of_model(const std::string& flavor_or_
 }
 
 ZooModel build_model(std::shared_ptr<const ModelRecipe> recipe, const BuildOptions& build) {
+  if (!build.stages.empty()) {
+    if (const std::string why = recipe->pipeline_stages_refused(); !why.empty()) {
+      throw std::invalid_argument(recipe->flavor() + " cannot be built as pipeline stages: " + why);
+    }
+  }
   ZooModel model{recipe->family(), recipe->flavor(), recipe->build(build), recipe->hf_names(), recipe->layer_class(),
                  nullptr};
   model.recipe = std::move(recipe);

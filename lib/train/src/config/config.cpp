@@ -714,6 +714,7 @@ pp::ScheduleShape pipeline_shape(const Config& c) {
   return shape;
 }
 
+
 Config load_config(const std::string& path, const std::vector<std::string>& overrides) {
   std::ifstream in(path);
   if (!in) throw ConfigError("cannot read config file '" + path + "'");
@@ -867,6 +868,7 @@ void validate_pipeline(const Config& c) {
   }
 }
 
+
 void validate_parallel(const Config& c) {
   if (c.parallel.offload != parallel::Offload::NONE && c.parallel.strategy == parallel::Strategy::DDP) {
     throw ConfigError("parallel.offload: " + parallel::to_string(c.parallel.offload) + " offloads the shards of an "
@@ -932,6 +934,36 @@ void validate_launch(const Config& c) {
 }
 
 }  // namespace
+
+void check_pipeline_training(const Config& c) {
+  const ParallelConfig& p = c.parallel;
+  if (p.pp_size == 1) return;
+  const std::string pp = "parallel.pp_size " + num(p.pp_size);
+  if (p.strategy == parallel::Strategy::DDP) {
+    throw ConfigError(pp + " with parallel.strategy DDP: a pipeline's stages are FSDP roots over their data-parallel "
+                      "ranks (any FSDP strategy; NO_SHARD replicates as DDP does)");
+  }
+  if (p.tp_size > 1) {
+    throw ConfigError(pp + " with parallel.tp_size " + num(p.tp_size) + ": pipeline x tensor parallelism (the 3-D "
+                      "mesh) is not written yet");
+  }
+  if (p.mixed_precision == parallel::Precision::FP16) {
+    throw ConfigError(pp + " with parallel.mixed_precision fp16: the loss scaler does not reach a pipeline's last "
+                      "stage yet (bf16 needs none)");
+  }
+  if (!c.checkpoint.dir.empty()) {
+    throw ConfigError(pp + " with checkpoint.dir '" + c.checkpoint.dir + "': checkpoints of pipeline stages are not "
+                      "written yet (train without checkpoint.dir)");
+  }
+  if (!c.data.eval.empty()) {
+    throw ConfigError(pp + " with data.eval: evaluation through a pipeline is not written yet");
+  }
+  if (c.model.lora.enabled()) throw ConfigError(pp + " with model.lora: LoRA's pipeline stages are not written yet");
+  if (c.train.batch_size == kAutoBatch) {
+    throw ConfigError(pp + " with train.batch_size auto: the memory model does not know pipeline stages yet (give "
+                      "the batch)");
+  }
+}
 
 void validate(const Config& c) {
   validate_train(c);

@@ -12,7 +12,9 @@
 #include "shardtrain/fsdp/wrap_policy.h"
 #include "shardtrain/distributed/communicator.h"
 #include "shardtrain/models/layers.h"
+#include "shardtrain/models/pipeline_stage.h"
 #include "shardtrain/models/tensor_parallel.h"
+#include "shardtrain/util/with_commas.h"
 
 namespace shardtrain::plan {
 
@@ -130,6 +132,39 @@ ModelShape model_shape(const models::ModelRecipe& recipe, int64_t tp) {
     });
   }
   return shape;
+}
+
+std::vector<models::StageLayers> pipeline_stages(const ModelShape& shape, int stages) {
+  const int64_t layers = static_cast<int64_t>(shape.layer_numel.size());
+  if (stages > layers) {
+    throw std::invalid_argument(std::to_string(stages) + " pipeline stages, but the model has " +
+                                std::to_string(layers) + " layers: at most " + std::to_string(layers) +
+                                " stages, one layer each at least");
+  }
+  std::vector<double> costs;
+  for (int64_t n : shape.layer_numel) costs.push_back(6.0 * static_cast<double>(n));
+  return models::balanced_split(costs, stages, 0, 6.0 * static_cast<double>(shape.output_numel));
+}
+
+std::vector<std::string> describe_pipeline_stages(const ModelShape& shape,
+                                                  const std::vector<models::StageLayers>& split,
+                                                  const pp::ScheduleShape& schedule) {
+  std::vector<std::string> lines;
+  const int stages = static_cast<int>(split.size());
+  for (int s = 0; s < stages; ++s) {
+    const models::StageLayers& mine = split[static_cast<size_t>(s)];
+    int64_t params = 0;
+    for (int64_t l = mine.first; l < mine.first + mine.count; ++l) params += shape.layer_numel[static_cast<size_t>(l)];
+    if (s == 0) params += shape.input_numel;
+    if (s + 1 == stages) params += shape.output_numel + shape.root_numel;
+    const std::string held = mine.count == 1 ? "layer " + std::to_string(mine.first)
+                                             : "layers " + std::to_string(mine.first) + "-" +
+                                                   std::to_string(mine.first + mine.count - 1);
+    lines.push_back("stage " + std::to_string(s) + " (rank " + std::to_string(schedule.rank_of(s)) + "): " + held +
+                    (s == 0 ? " + embeddings" : "") + (s + 1 == stages ? " + norm, head, loss" : "") + ", " +
+                    util::with_commas(params) + " parameters");
+  }
+  return lines;
 }
 
 }  // namespace shardtrain::plan

@@ -149,9 +149,12 @@ at::ScalarType scalar_type_of(config::Dtype d) {
 }
 
 ParallelModel::ParallelModel(const Config& c, std::shared_ptr<const models::ModelRecipe> recipe, bool has_unused,
-                             const dist::DeviceMesh& mesh, const at::Device& device)
+                             const dist::DeviceMesh& mesh, const at::Device& device,
+                             std::vector<models::StageLayers> stages)
     : dtype_(scalar_type_of(c.model.dtype)) {
   models::BuildOptions build;
+  build.stages = std::move(stages);
+  if (mesh.pp_size() > 1) pp_group_ = mesh.pp_group();
   build.tensors = build.tensors.device(device).dtype(dtype_);
   build.init.seed = static_cast<uint64_t>(c.train.seed);
   build.init.std = c.model.init_std;
@@ -197,7 +200,7 @@ std::optional<optim::TensorSplit> ParallelModel::tensor_split() const {
 
 double ParallelModel::clip_grad_norm(double max_norm, const std::vector<torch::optim::OptimizerParamGroup>& groups) {
   if (tp_) return tp_->clip_grad_norm(*model_.module, max_norm, shard_group_ ? &*shard_group_ : nullptr);
-  if (!ddp_) return fsdp::clip_grad_norm(model_.module, max_norm);
+  if (!ddp_) return fsdp::clip_grad_norm(model_.module, max_norm, pp_group_ ? &*pp_group_ : nullptr);
   std::vector<at::Tensor> with_grad;
   for (const auto& g : groups) {
     for (const auto& p : g.params()) {

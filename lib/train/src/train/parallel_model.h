@@ -27,9 +27,12 @@ class ParallelModel {
   // are the family's layers), loads model.init_weights when given, then applies the family's parallelize hook.
   // With parallel.tp_size above 1 each layer is split over the mesh's tensor-parallel group as it is built, then
   // sharded over the data-parallel ranks (models::build_tensor_parallel), and init_weights is read as each rank's
-  // slices; under DDP the model is built whole, loaded, split, then replicated. Collective over the mesh.
+  // slices; under DDP the model is built whole, loaded, split, then replicated. With `stages` (a pipeline rank's
+  // runs of layers, models::BuildOptions::stages) only those are built, sharded over the stage's data-parallel ranks;
+  // the gradient norm then spans the mesh's pipeline group. Collective over the mesh.
   ParallelModel(const config::Config& config, std::shared_ptr<const models::ModelRecipe> recipe, bool has_unused,
-                const dist::DeviceMesh& mesh, const at::Device& device);
+                const dist::DeviceMesh& mesh, const at::Device& device,
+                std::vector<models::StageLayers> stages = {});
 
   models::ZooModel& zoo() { return model_; }
   const std::shared_ptr<torch::nn::Module>& module() const { return model_.module; }
@@ -60,6 +63,7 @@ class ParallelModel {
   std::optional<ddp::Ddp> ddp_;
   std::optional<models::TensorParallel> tp_;
   std::optional<dist::Communicator> shard_group_;  // FSDP's, under tensor parallelism (its clipping sums over it)
+  std::optional<dist::Communicator> pp_group_;     // a pipeline's: the other stages' squares join the norm
   at::ScalarType dtype_ = at::kFloat;
   models::LoadReport load_report_;
 };

@@ -78,6 +78,16 @@ void forward_backward(StepParts& p, const data::Batch& host_batch, double M, Ste
   totals.texts += b.texts, totals.images += b.images;
 }
 
+// One of M micro-batches through the pipeline (its own microbatches inside), as forward_backward.
+void pipeline_forward_backward(StepParts& p, const data::Batch& host_batch, bool sync, StepTotals& totals) {
+  const data::Batch b = host_batch.to(p.device, p.model.dtype());
+  const double value = p.pipeline->forward_backward(b, sync);  // already divided by M
+  totals.loss += value;
+  totals.parts[p.task.loss_names().front()] += value;  // a causal LM's one loss
+  totals.flops += p.recipe.training_flops(b);
+  totals.texts += b.texts, totals.images += b.images;
+}
+
 }  // namespace
 
 std::string nonfinite_ranks(bool mine, const dist::Communicator& world) {
@@ -138,7 +148,12 @@ StepTotals train_step(StepParts& p, const config::Config& c, std::vector<data::B
   StepTotals totals;
   const double M = static_cast<double>(batches.size());
   for (size_t m = 0; m < batches.size(); ++m) {
-    p.model.set_gradient_sync(m + 1 == batches.size() || c.train.sync_each_batch);
+    const bool sync = m + 1 == batches.size() || c.train.sync_each_batch;
+    if (p.pipeline) {
+      pipeline_forward_backward(p, batches[m], sync, totals);
+      continue;
+    }
+    p.model.set_gradient_sync(sync);
     forward_backward(p, std::move(batches[m]), M, totals);
   }
   p.model.finish_gradients();

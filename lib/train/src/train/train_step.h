@@ -15,6 +15,7 @@
 #include "shardtrain/optim/grad_scaler.h"
 #include "train/interval_metrics.h"
 #include "train/parallel_model.h"
+#include "train/pipeline_step.h"
 
 namespace shardtrain::train {
 
@@ -34,6 +35,7 @@ struct StepParts {
   c10::Device device;
   uint64_t seed;              // the objective's own draws (T5's spans): train.seed and the rank
   const dist::Communicator& world;  // agrees on non-finite losses
+  PipelineStep* pipeline = nullptr;  // parallel.pp_size above 1: each batch goes through it
 };
 
 // The ranks whose `mine` is true ("rank 1", "ranks 1, 3", "every rank"), the same text on every rank; "" when

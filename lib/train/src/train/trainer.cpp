@@ -30,6 +30,7 @@
 #include "shardtrain/memory/memory_size.h"
 #include "shardtrain/memory/memory_stats.h"
 #include "shardtrain/optim/disk_adamw.h"
+#include "shardtrain/plan/memory_model.h"
 #include "shardtrain/models/lora.h"
 #include "shardtrain/models/zoo.h"
 #include "shardtrain/nn/activation_checkpoint.h"
@@ -37,6 +38,7 @@
 #include "train/checkpoint_lock.h"
 #include "train/metrics_log.h"
 #include "train/nonfinite_policy.h"
+#include "train/pipeline_step.h"
 #include "train/preemption.h"
 #include "train/run_checkpoint.h"
 #include "train/train_step.h"
@@ -65,6 +67,7 @@ log::Level log_level_of(config::LogLevel level) {
 // The environment's launcher variables, once the config is known to be valid (nothing starts on a bad config).
 dist::DistEnv checked_env(const Config& c) {
   config::validate(c);
+  config::check_pipeline_training(c);
   return dist::read_dist_env(dist::process_env_lookup());
 }
 
@@ -156,25 +159,29 @@ struct Job {
   std::unique_ptr<dist::Heartbeat> heartbeat;  // W > 1
 };
 
-// parallel.dp_replicate_size x dp_shard_size x tp_size (config.h), the sizes left 0 inferred: HYBRID strategies
-// replicate across the nodes and shard within one, the others shard over every data-parallel rank. Throws
-// std::invalid_argument naming the three sizes when they do not make the world, before any group is made.
+// parallel.pp_size x dp_replicate_size x dp_shard_size x tp_size (config.h), the sizes left 0 inferred: HYBRID
+// strategies replicate across the nodes and shard within one, the others shard over every data-parallel rank of a
+// pipeline stage. Throws std::invalid_argument naming the sizes when they do not make the world, before any group is
+// made.
 dist::DeviceMesh make_mesh(const Config& c, Job& job) {
-  const int64_t world = job.pg.world_size(), tp = c.parallel.tp_size;
+  const int64_t world = job.pg.world_size(), tp = c.parallel.tp_size, pp = c.parallel.pp_size;
   const int64_t nodes = std::max(1, job.env.world_size / std::max(1, job.env.local_world_size));
   const int64_t replicate = c.parallel.dp_replicate_size > 0 ? c.parallel.dp_replicate_size
                             : parallel::is_hybrid(c.parallel.strategy) ? nodes : 1;
-  const int64_t shard = c.parallel.dp_shard_size > 0 ? c.parallel.dp_shard_size : world / std::max<int64_t>(1, replicate * tp);
-  if (replicate * shard * tp != world) {
+  const int64_t shard =
+      c.parallel.dp_shard_size > 0 ? c.parallel.dp_shard_size : world / std::max<int64_t>(1, replicate * tp * pp);
+  if (pp * replicate * shard * tp != world) {
     auto size = [](int64_t given, int64_t used) {
       return std::to_string(used) + (given == 0 ? " inferred" : "");
     };
     throw std::invalid_argument(
+        (pp > 1 ? "parallel.pp_size (" + std::to_string(pp) + ") x " : std::string()) +
         "parallel.dp_replicate_size (" + size(c.parallel.dp_replicate_size, replicate) + ") x parallel.dp_shard_size (" +
         size(c.parallel.dp_shard_size, shard) + ") x parallel.tp_size (" + std::to_string(tp) + ") = " +
-        std::to_string(replicate * shard * tp) + ", but the job has " + std::to_string(world) + " processes");
+        std::to_string(pp * replicate * shard * tp) + ", but the job has " + std::to_string(world) + " processes");
   }
-  return dist::DeviceMesh::create(job.pg, static_cast<int>(replicate), static_cast<int>(shard), static_cast<int>(tp));
+  return dist::DeviceMesh::create(job.pg, static_cast<int>(replicate), static_cast<int>(shard), static_cast<int>(tp),
+                                  static_cast<int>(pp));
 }
 
 using util::with_commas;
@@ -225,7 +232,7 @@ std::string join_names(const std::vector<std::string>& names) {
 // What will happen, before the first step: the model, how it is split and computed, the batch, the data, and the
 // memory each rank will need by term (what `--dry-run` prints).
 void describe_start(const Config& c, const Job& job, ParallelModel& model, const dist::DeviceMesh& mesh,
-                    double peak_tflops, const TrainingData& data, const RunPlan& plan) {
+                    double peak_tflops, const TrainingData& data, const RunPlan& plan, const PipelineStep* pipeline) {
   const dist::Communicator& world = job.pg.world();
   int64_t parameters = 0;  // the whole model's: sharded, the units' full sizes (a rank holds only its shards)
   if (model.tensor_parallel()) {
@@ -235,9 +242,14 @@ void describe_start(const Config& c, const Job& job, ParallelModel& model, const
   } else {
     for (const auto& p : model.module()->parameters()) parameters += p.numel();
   }
+  if (mesh.pp_size() > 1) {  // each stage counted its own: the sum over the pipeline is the model's
+    at::Tensor total = at::full({1}, static_cast<double>(parameters), at::dtype(at::kDouble)).to(world.device());
+    mesh.pp_group().all_reduce(total, dist::ReduceOp::SUM).wait();
+    parameters = static_cast<int64_t>(total.cpu().item<double>());
+  }
   char line[512];
   const char* tf32 = !job.device.is_cuda() ? "n/a on CPU" : c.train.tf32 ? "on" : "off";
-  const char* batch_rank = mesh.tp_size() > 1 ? "data-parallel rank" : "rank";
+  const char* batch_rank = mesh.tp_size() > 1 || mesh.pp_size() > 1 ? "data-parallel rank" : "rank";
   // On CUDA, which backend the collectives take: NCCL, or Gloo when ranks share a GPU.
   const std::string over = world.size() == 1 || !job.device.is_cuda()
                                ? std::string()
@@ -262,7 +274,23 @@ void describe_start(const Config& c, const Job& job, ParallelModel& model, const
                     (c.parallel.sequence_parallel ? ", sequence parallel" : "") + "); each rank holds:");
     for (const std::string& rule : model.tensor_parallel()->describe()) job.logger.info("    " + rule);
   }
-  if (model.sharded()) job.logger.info("  units: " + describe_units(model.module()));
+  if (pipeline) {
+    const pp::ScheduleShape& shape = pipeline->schedule().shape;
+    std::snprintf(line, sizeof(line), "  pipeline: %s, %d stages over %d ranks (x %d data-parallel), %d microbatches "
+                  "of %lld samples; bubble %.1f%% by the schedule's figure, %.1f%% simulated (a backward twice a "
+                  "forward):", parallel::to_string(shape.kind).c_str(), shape.stages(), shape.ranks, mesh.data_size(),
+                  shape.microbatches, static_cast<long long>(c.train.batch_size / shape.microbatches),
+                  100 * pp::nominal_bubble(shape), 100 * pp::simulate(pipeline->schedule()).bubble);
+    job.logger.info(line);
+    for (const std::string& stage :
+         plan::describe_pipeline_stages(plan::model_shape(*job.recipe), pipeline->split(), shape)) {
+      job.logger.info("    " + stage);
+    }
+  }
+  if (model.sharded()) {
+    job.logger.info(std::string("  units") + (pipeline ? " (the first pipeline rank's)" : "") + ": " +
+                    describe_units(model.module()));
+  }
   if (c.model.lora.enabled()) {
     const models::LoraTargets t = models::lora_targets(*job.recipe, c.model.lora);
     job.logger.info("  LoRA: " + models::describe_lora(c.model.lora, t) +
@@ -337,8 +365,10 @@ void describe_start(const Config& c, const Job& job, ParallelModel& model, const
   describe_data(data, job.logger);
 }
 
-// The memory model's plan for the start-up line; a family it cannot model yet leaves the line out.
+// The memory model's plan for the start-up line; a family it cannot model yet leaves the line out, and so does a
+// pipeline (the model does not know stages yet: it would predict the whole model on every rank).
 RunPlan predicted_plan(const Config& c) {
+  if (c.parallel.pp_size > 1) return RunPlan{c, "", 0, "", "", "", 0, ""};
   try {
     return plan_run(c);
   } catch (const std::invalid_argument&) {
@@ -396,8 +426,9 @@ struct Loop {
       step.seconds = seconds_now() - t0;
       ++at.step;
       const bool finite = step.nonfinite.empty();
-      // A tensor-parallel group's ranks share one batch: its samples and FLOPs count on the group's first rank.
-      if (mesh.tp_rank() != 0) step.texts = step.images = 0, step.flops = 0;
+      // A tensor-parallel group's ranks share one batch, and so do a pipeline's: its samples and (the whole
+      // model's) FLOPs count on the groups' first rank.
+      if (mesh.tp_rank() != 0 || mesh.pp_rank() != 0) step.texts = step.images = 0, step.flops = 0;
       if (finite) interval.add(step, at.step > warmup_until);
       estimate_time(warmup_until);
       log.step_done(at.step, step.loss, peak_memory_gib(job.device));
@@ -631,7 +662,13 @@ TrainSummary train_run(const Config& given, std::shared_ptr<log::Sink> sink, int
   // Dropout draws from the default generators, seeded per data-parallel rank (at::manual_seed seeds CPU and every
   // GPU): a tensor-parallel group draws alike, as its replicated activations must.
   at::manual_seed(data::hash_of(static_cast<uint64_t>(c.train.seed), static_cast<uint64_t>(data_group.rank())));
-  ParallelModel model(c, job.recipe, job.task->leaves_parameters_unused(), mesh, job.device);
+  // A pipeline: the model's layers split into stages balanced by FLOPs, this rank building its own only.
+  std::vector<models::StageLayers> split;
+  if (mesh.pp_size() > 1) split = plan::pipeline_stages(plan::model_shape(*job.recipe), config::pipeline_shape(c).stages());
+  ParallelModel model(c, job.recipe, job.task->leaves_parameters_unused(), mesh, job.device,
+                      split.empty() ? split : stages_of_rank(config::pipeline_shape(c), split, mesh.pp_rank()));
+  std::unique_ptr<PipelineStep> pipeline =
+      split.empty() ? nullptr : std::make_unique<PipelineStep>(c, model, mesh, split);
   const auto optimizer = make_optimizer(c, model);
   if (const auto* disk = dynamic_cast<const optim::DiskAdamW*>(optimizer.get())) {
     job.logger.info("  disk tier: " + memory::readable_size(disk->disk_bytes()) + " of AdamW state in a scratch file "
@@ -662,10 +699,10 @@ TrainSummary train_run(const Config& given, std::shared_ptr<log::Sink> sink, int
   const double peak_tflops = c.log.peak_tflops > 0 ? c.log.peak_tflops : measure_peak_tflops(job.device);
   MetricsLog log(c.log, job.logger, world.rank() == 0, c.train.steps, start.step, job.task->loss_names(),
                  c.train.batch_size * c.train.grad_accum * data_group.size());
-  describe_start(c, job, model, mesh, peak_tflops, data, plan);
+  describe_start(c, job, model, mesh, peak_tflops, data, plan, pipeline.get());
   const uint64_t objective_seed = static_cast<uint64_t>(c.train.seed) ^ static_cast<uint64_t>(data_group.rank()) << 32;
   Loop loop{c, job, mesh, StepParts{model, *job.recipe, *job.task, *optimizer, scaler ? &*scaler : nullptr, job.device,
-                                    objective_seed, world},
+                                    objective_seed, world, pipeline.get()},
             data, log, checkpointed, peak_tflops, start, {}, {}, NonFinitePolicy(c.train)};
   loop.summary.start_step = start.step;
   try {

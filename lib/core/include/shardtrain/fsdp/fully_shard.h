@@ -187,8 +187,10 @@ optim::RowSharding row_sharding(const std::shared_ptr<torch::nn::Module>& root);
 
 // Scales the gradients of `root`'s units so that their global L2 norm — over every shard of every rank, as if
 // the model were whole — is at most `max_norm`; returns that norm before clipping (torch.nn.utils.clip_grad_norm_
-// semantics). Collective over the units' shard group, which must be the same for every unit.
-double clip_grad_norm(const std::shared_ptr<torch::nn::Module>& root, double max_norm);
+// semantics). Collective over the units' shard group, which must be the same for every unit. `stages`: a pipeline's
+// group (DeviceMesh::pp_group), whose ranks hold the model's other layers — their squares join the norm.
+double clip_grad_norm(const std::shared_ptr<torch::nn::Module>& root, double max_norm,
+                      const dist::Communicator* stages = nullptr);
 
 // Every parameter of `root` at full size, by name (a copy), gathered unit by unit. Collective: every rank calls it.
 std::map<std::string, at::Tensor> gather_full_parameters(const std::shared_ptr<torch::nn::Module>& root);

@@ -10,9 +10,11 @@
 // to the previous stage's (a stage followed by one on the same rank hands it over in memory); receives wait for what
 // the action needs. The first message across each stage boundary carries the activation's shape and dtype, which
 // every later one keeps (pad to one length; a change is an error naming the stage). Backward splits for zero bubble:
-// I is the input gradient alone (torch::autograd::grad, the graph kept), W the weights' (autograd's backward over the
-// stage's parameters), which runs the gradient back through the stage's activations a second time. The last stage
-// runs its whole backward at I (a fused loss's backward runs once) and its W is empty.
+// I is the input gradient alone (torch::autograd::grad, the graph kept), W the weights' — the whole backward again,
+// the input's gradient recomputed and dropped: a backward restricted to the parameters (autograd's `inputs`) finds
+// them by their gradient accumulators, which FSDP's mixed precision replaces when it swaps a parameter's dtype, and
+// then accumulates nothing. The last stage runs its whole backward at I (a fused loss's backward runs once) and its
+// W is empty.
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -34,8 +36,10 @@ class Stage {
   // The last stage only: the scalar loss of its output, its backward the microbatch's (scaled by the caller: 1 / M
   // makes the step's gradients the mean over microbatches).
   virtual at::Tensor loss(const at::Tensor& output, int microbatch) = 0;
-  // What a weight-gradient action (W) computes gradients for.
-  virtual std::vector<at::Tensor> parameters() = 0;
+  // Called before each of the stage's backward actions (B, I, W). `last`: the action computes the step's last
+  // weight gradients of the stage, where a data-parallel stage reduces them across its replicas
+  // (fsdp::set_requires_gradient_sync) after only accumulating them in the actions before. Default: nothing.
+  virtual void before_backward(bool last) { (void)last; }
 };
 
 struct StepResult {
@@ -83,6 +87,7 @@ class Pipeline {
   std::map<std::pair<int, int>, at::Tensor> handed_activations_;  // to the next stage on this rank
   std::map<std::pair<int, int>, at::Tensor> handed_gradients_;    // to the previous stage on this rank
   std::map<int, Agreed> agreed_;                                  // by the stage sending across the boundary
+  std::map<int, size_t> last_weight_action_;  // by stage: the index in this rank's list of its last weight gradients
   std::vector<dist::Work> sends_;                                 // waited at the end of the step
 };
 

@@ -136,7 +136,9 @@ class TransformerLayerImpl
 TORCH_MODULE(TransformerLayer);
 
 // Builds `count` layers into a ModuleList registered on `parent` as `name`, handing each to finish_layer (qualified
-// name `qualified_prefix`.N) as soon as it is built; returns them for typed calls.
+// name `qualified_prefix`.N) as soon as it is built; returns them for typed calls. With build.stages (a pipeline
+// stage's model) only the layers of those runs, in a container whose children keep the whole stack's indices
+// ("layers.4" is the fifth layer wherever it is built): names, initial values and checkpoints are the whole model's.
 std::vector<TransformerLayer> build_layers(torch::nn::Module& parent, const std::string& name,
                                            const std::string& qualified_prefix, int64_t count,
                                            const TransformerLayerOptions& options, const BuildOptions& build,

@@ -29,6 +29,11 @@ struct WeightInitOptions {
   double std = 0.02;  // normal(0, std) for projections, embeddings and learned tokens
 };
 
+// A run of consecutive transformer layers: [first, first + count).
+struct StageLayers {
+  int64_t first = 0, count = 0;
+};
+
 struct BuildOptions {
   // dtype and device of the parameters; the meta device builds shapes only (nothing allocated, nothing initialised).
   at::TensorOptions tensors = at::TensorOptions().dtype(at::kFloat);
@@ -36,6 +41,10 @@ struct BuildOptions {
   // Called with each transformer layer (qualified name, module) once it is built and initialised, before the next
   // layer is built.
   std::function<void(const std::string& name, const std::shared_ptr<torch::nn::Module>& layer)> on_layer;
+  // Pipeline parallelism (models/pipeline_stage.h): the runs of transformer layers this rank holds, each a stage of
+  // its own, in order; no other layer is built. The input embedding is built when a run starts the stack, the final
+  // norm and the head when one ends it. Only families whose recipe builds_pipeline_stages(). Empty: the whole model.
+  std::vector<StageLayers> stages;
 };
 
 // Initialises every parameter of `module` whose qualified name (`prefix` + its name inside `module`) does not start

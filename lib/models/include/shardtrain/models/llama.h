@@ -103,8 +103,9 @@ TORCH_MODULE(LlamaLMHead);
 using LlamaOutputs = CausalLmOutputs;
 
 // Children: embed (class "LlamaEmbedding"), layers.N (class "LlamaDecoderLayer"), norm, lm_head (class
-// "LlamaLMHead"). With tie_word_embeddings (tied_head()): embed is a plain Embedding (tied_embed; no unit of its
-// own: the head reads its table, so both stay in the root) and there is no lm_head. A classifier has score in place
+// "LlamaLMHead"); built as pipeline stages, only theirs. With tie_word_embeddings (tied_head()): embed is a plain
+// Embedding (tied_embed; no unit of its own: the head reads its table, so both stay in the root) and there is no
+// lm_head. A classifier has score in place
 // of lm_head (and so nothing tied; sequence_classifier.h): it scores each row's last token, the last whose
 // attention_mask is 1 (the last position without a mask), which is transformers' last token that is not
 // pad_token_id when padding is pad_token_id.
@@ -124,17 +125,18 @@ class LlamaImpl
                    bool labelled_only = false, const at::Tensor& position_ids = {});
   std::vector<at::Tensor> forward_impl(const at::Tensor& input_ids, const at::Tensor& attention_mask,
                                        const at::Tensor& labels, bool labelled_only, const at::Tensor& position_ids);
-  // One pipeline stage's part of the causal LM's training step (models/pipeline_stage.h): layers [first, first +
-  // count) on `x` — the token ids (B, T) through the embedding when first is 0, else the stage before's hidden
-  // states (B, T, dim) — and, when they end the stack, the norm, the head and the loss of `labels` as run(...,
-  // labelled_only = true) computes it (every stage takes the microbatch's mask and labels: the attention bias
-  // depends on both). Returns the hidden states, or the loss (). An untied head only (a tied one's table is both
-  // ends' of the stack); not a classifier.
-  at::Tensor run_stage(const at::Tensor& x, int64_t first, int64_t count, const at::Tensor& attention_mask,
-                       const at::Tensor& labels);
+  // A model built as pipeline stages (BuildOptions::stages): forward runs stage `stage_to_run` of them — input_ids
+  // the token ids (B, T) through the embedding when the stage starts the stack, else the stage before's hidden
+  // states (B, T, dim) —, every stage taking the microbatch's mask and labels (the attention bias depends on both);
+  // it returns {hidden states}, or from the stage that ends the stack {the loss} of the labels as run(...,
+  // labelled_only = true) computes it. An untied head only (a tied one's table is at both ends of the stack); not a
+  // classifier.
+  at::Tensor run_stage(const at::Tensor& x, const at::Tensor& attention_mask, const at::Tensor& labels);
 
   LlamaConfig config;
-  LlamaEmbedding embed{nullptr};    // untied
+  std::vector<StageLayers> stages;  // built as pipeline stages: their layer runs (layers holds them in order)
+  int64_t stage_to_run = 0;         // which of `stages` forward runs
+  LlamaEmbedding embed{nullptr};    // untied; a stage's only when it starts the stack (so norm and lm_head: ends)
   Embedding tied_embed{nullptr};    // tied, registered as "embed" too
   std::vector<TransformerLayer> layers;
   RMSNorm norm{nullptr};

@@ -7,14 +7,11 @@
 #include <memory>
 #include <vector>
 
+#include "shardtrain/data/pipeline/loader.h"
 #include "shardtrain/models/llama.h"
 #include "shardtrain/pp/pipeline.h"
 
 namespace shardtrain::models {
-
-struct StageLayers {
-  int64_t first = 0, count = 0;  // layers [first, first + count)
-};
 
 // `layers` over `stages`: at the given split points (each the first layer of a stage after the first, increasing),
 // or as evenly as they divide (the first stages one more when they do not). Throws std::invalid_argument naming the
@@ -33,23 +30,25 @@ struct MicrobatchText {
   at::Tensor attention_mask, labels;
 };
 
-// Stage `stage` of `model`'s causal LM over `split`: the first takes a microbatch's token ids, the last returns its
-// loss, divided by `microbatches` (the step's gradients the mean over them). `text(m)`: microbatch m's mask and
-// labels. The model's other layers are left alone (the caller frees or never builds them).
+// A text batch's mask and its causal-LM labels (the tokens, padding -100), as the causal_lm task trains on them.
+MicrobatchText causal_lm_text(const data::Batch& batch);
+
+// One of the stages of a causal LM built as pipeline stages (BuildOptions::stages): `run` is which of the model's
+// layer runs, its forward the model's (Llama::run_stage, through the model's own forward: a sharded model's root
+// unit gathers and hooks as in any step). The first takes a microbatch's token ids, the last returns its loss,
+// divided by `microbatches` (the step's gradients the mean over them). `text(m)`: microbatch m's mask and labels.
 class LlamaStage : public pp::Stage {
  public:
-  LlamaStage(Llama model, int stage, std::vector<StageLayers> split, int microbatches,
-             std::function<MicrobatchText(int)> text);
+  LlamaStage(Llama model, int64_t run, int microbatches, std::function<MicrobatchText(int)> text);
   at::Tensor forward(const at::Tensor& input, int microbatch) override;
   at::Tensor loss(const at::Tensor& output, int microbatch) override;
-  std::vector<at::Tensor> parameters() override;
   // This stage's parameters by the model's names ("embed.weight", "layers.3.attn.q.weight", "lm_head.weight").
   std::vector<std::pair<std::string, at::Tensor>> named_parameters() const;
+  const Llama& model() const { return model_; }
 
  private:
   Llama model_;
-  int stage_;
-  std::vector<StageLayers> split_;
+  int64_t run_;
   int microbatches_;
   std::function<MicrobatchText(int)> text_;
 };

@@ -157,6 +157,9 @@ class ModelRecipe {
   // word embeddings under the masked-LM head, T5's shared table, a tied Llama's): backward makes the head's dense
   // gradient first and holds it apart from .grad until the lookups' rows join it at the end. Default none.
   virtual std::vector<std::string> tied_tables() const { return {}; }
+  // Why the model cannot be built as pipeline stages (BuildOptions::stages), or "" when it can (Llama's family with
+  // a head of its own). Default: the family's stages are not written yet.
+  virtual std::string pipeline_stages_refused() const;
   // extra_unit_classes() and the edge units' classes that are set: every unit of the default wrap but the layers.
   std::vector<std::string> own_unit_classes() const;
   // transformers' AutoModel of this model's config (the base model, without a task head) as its tensors, for

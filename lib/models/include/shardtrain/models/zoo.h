@@ -73,7 +73,9 @@ struct ZooModel {
   std::shared_ptr<const ModelRecipe> recipe;  // everything else the system knows about the family
 };
 
-// Builds a flavor. Throws std::invalid_argument naming the flavor and the closest known one when it is unknown.
+// Builds a flavor. Throws std::invalid_argument naming the flavor and the closest known one when it is unknown, and
+// naming the reason when build.stages asks for pipeline stages of a model that cannot have them
+// (ModelRecipe::pipeline_stages_refused).
 ZooModel build_model(const std::string& flavor, const BuildOptions& build = {});
 ZooModel build_model(std::shared_ptr<const ModelRecipe> recipe, const BuildOptions& build = {});
 

@@ -201,19 +201,29 @@ std::vector<at::Tensor> LlamaLMHeadImpl::forward_impl(const at::Tensor& hidden, 
   return {linear_cross_entropy(hidden, weight, at::Tensor(), targets, shard)};
 }
 
-LlamaImpl::LlamaImpl(const LlamaConfig& c, const BuildOptions& build) : Interceptable("Llama"), config(c) {
+LlamaImpl::LlamaImpl(const LlamaConfig& c, const BuildOptions& build)
+    : Interceptable("Llama"), config(c), stages(build.stages) {
   const auto& t = build.tensors;
+  if (!stages.empty() && (c.tied_head() || c.classifier.enabled())) {
+    throw std::invalid_argument(std::string("Llama: pipeline stages of ") +
+                                (c.tied_head() ? "a model whose head is tied to its embedding (its table at both "
+                                                 "ends of the stack)"
+                                               : "a sequence classifier") +
+                                " are not supported");
+  }
+  const bool first = stages.empty() || stages.front().first == 0;
+  const bool last = stages.empty() || stages.back().first + stages.back().count == c.layers;
   if (c.tied_head()) {
     tied_embed = register_module("embed", Embedding(c.vocab_size, c.dim, t));
-  } else {
+  } else if (first) {
     embed = register_module("embed", LlamaEmbedding(c.vocab_size, c.dim, t));
   }
   std::vector<std::string> built;
   layers = build_layers(*this, "layers", "layers", c.layers, llama_layer_options(c), build, built);
-  norm = register_module("norm", RMSNorm(c.dim, c.norm_eps, t));
+  if (last) norm = register_module("norm", RMSNorm(c.dim, c.norm_eps, t));
   if (c.classifier.enabled()) {
     score = register_module("score", Linear(c.dim, c.classifier.classes(), /*bias=*/false, t));
-  } else if (!c.tied_head()) {
+  } else if (!c.tied_head() && last) {
     lm_head = register_module("lm_head", LlamaLMHead(c.dim, c.vocab_size, t));
   }
   finish_model(build, *this, built);
@@ -227,6 +237,7 @@ LlamaOutputs LlamaImpl::run(const at::Tensor& input_ids, const at::Tensor& atten
 std::vector<at::Tensor> LlamaImpl::forward_impl(const at::Tensor& input_ids, const at::Tensor& attention_mask,
                                                 const at::Tensor& labels, bool labelled_only,
                                                 const at::Tensor& position_ids) {
+  if (!stages.empty()) return {run_stage(input_ids, attention_mask, labels)};
   const int64_t length = input_ids.size(1);
   const bool decoding = position_ids.defined();
   const int64_t positions = decoding && attention_mask.defined() ? attention_mask.size(1) : length;
@@ -263,30 +274,23 @@ std::vector<at::Tensor> LlamaImpl::forward_impl(const at::Tensor& input_ids, con
   return as_tensors(causal_lm_outputs(norm->forward(run_layers(layers, x, start.bias, rope)), start, labels, head));
 }
 
-at::Tensor LlamaImpl::run_stage(const at::Tensor& x, int64_t first, int64_t count, const at::Tensor& attention_mask,
-                                const at::Tensor& labels) {
-  const int64_t total = static_cast<int64_t>(layers.size());
-  if (first < 0 || count < 1 || first + count > total) {
-    throw std::invalid_argument("Llama: a stage of layers " + std::to_string(first) + ".." +
-                                std::to_string(first + count - 1) + " of " + std::to_string(total));
+at::Tensor LlamaImpl::run_stage(const at::Tensor& x, const at::Tensor& attention_mask, const at::Tensor& labels) {
+  if (stage_to_run < 0 || stage_to_run >= static_cast<int64_t>(stages.size())) {
+    throw std::invalid_argument("Llama: stage_to_run " + std::to_string(stage_to_run) + " of the " +
+                                std::to_string(stages.size()) + " stages this model holds");
   }
-  if (config.tied_head() || config.classifier.enabled()) {
-    throw std::invalid_argument(std::string("Llama: pipeline stages of ") +
-                                (config.tied_head() ? "a model whose head is tied to its embedding (its table at "
-                                                      "both ends of the stack)"
-                                                    : "a sequence classifier") +
-                                " are not supported");
-  }
-  const at::Tensor hidden = first == 0 ? embed->forward(x) : x;
+  int64_t offset = 0;  // the run's first layer in `layers`, which holds the runs one after another
+  for (int64_t s = 0; s < stage_to_run; ++s) offset += stages[static_cast<size_t>(s)].count;
+  const StageLayers& run = stages[static_cast<size_t>(stage_to_run)];
+  const at::Tensor hidden = run.first == 0 ? embed->forward(x) : x;
   const int64_t length = hidden.size(1);
   const int64_t window = config.sliding_window > 0 && length > config.sliding_window ? config.sliding_window : 0;
-  const bool last = first + count == total;
   // The attention bias as the whole model's forward decides it (from the labels too), on every stage alike.
   const CausalLmStart start = causal_lm_start(attention_mask, labels, /*labelled_only=*/true, length, window,
                                               attention_dtype(hidden), hidden.device());
-  std::vector<TransformerLayer> mine(layers.begin() + first, layers.begin() + first + count);
+  std::vector<TransformerLayer> mine(layers.begin() + offset, layers.begin() + offset + run.count);
   at::Tensor h = run_layers(mine, hidden, start.bias, rotary_table(length, llama_inv_freq(config, hidden.device())));
-  if (!last) return h;
+  if (run.first + run.count < config.layers) return h;
   auto head = [&](const at::Tensor& rows, const at::Tensor& targets) { return lm_head->forward(rows, targets)[0]; };
   return causal_lm_outputs(norm->forward(h), start, labels, head).loss;
 }

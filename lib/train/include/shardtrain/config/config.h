@@ -183,8 +183,8 @@ struct ParallelConfig {
   bool sequence_parallel = false;
   // Pipeline parallelism (pp/schedule.h): the model's layers in pp_size x pp_stages_per_rank stages over pp_size
   // ranks, each data-parallel rank's batch in pp_microbatches (0: pp_size of them) run by pp_schedule. The schedule
-  // prints with `shardtrain train --print-schedule`; the trainer does not run pipelines yet (pp::Pipeline, the
-  // library's, does), so training asks for pp_size 1.
+  // prints with `shardtrain train --print-schedule`. The stages are balanced by FLOPs (plan::pipeline_stages), each an
+  // FSDP root over its data-parallel ranks; Llama's family with a head of its own, causal_lm.
   int64_t pp_size = 1;
   parallel::PipelineSchedule pp_schedule = parallel::PipelineSchedule::ONE_F_ONE_B;
   int64_t pp_microbatches = 0;
@@ -343,6 +343,10 @@ Config load_config(const std::string& path, const std::vector<std::string>& over
 
 // The pipeline schedule the config's parallel.pp_* keys describe (microbatches: pp_microbatches, or pp_size).
 pp::ScheduleShape pipeline_shape(const Config& config);
+// What training through a pipeline (parallel.pp_size above 1) does not compose with yet: DDP, tensor parallelism,
+// float16's loss scaling, checkpoints, evaluation, LoRA, train.batch_size auto. Throws ConfigError naming the key
+// and what is missing. (validate() accepts those: `--print-schedule` prints any pipeline.)
+void check_pipeline_training(const Config& config);
 // The same from YAML text; `source` names it in errors.
 Config parse_config(const std::string& yaml, const std::string& source, const std::vector<std::string>& overrides = {});
 

@@ -20,8 +20,10 @@
 #include <string>
 #include <vector>
 
+#include "shardtrain/models/build.h"
 #include "shardtrain/models/recipe.h"
 #include "shardtrain/parallel/vocabulary.h"
+#include "shardtrain/pp/schedule.h"
 
 namespace shardtrain::plan {
 
@@ -119,6 +121,16 @@ struct ModelShape {
 // Under tensor parallelism (tp > 1) the model is split by its recipe's plan as its rank 0 holds it. Throws
 // std::invalid_argument as models::tensor_parallelize does for a plan the sizes do not fit.
 ModelShape model_shape(const models::ModelRecipe& recipe, int64_t tp = 1);
+
+// The runs of layers a pipeline of `stages` stages cuts the model into: balanced by FLOPs per token, about 6 a
+// parameter, the head's counted with the last stage (models::balanced_split). What `--print-schedule` prints and the
+// trainer builds. Throws std::invalid_argument naming both numbers for more stages than layers.
+std::vector<models::StageLayers> pipeline_stages(const ModelShape& shape, int stages);
+// A line for each stage of `split` as `schedule` places them: "stage 3 (rank 3): layer 7 + norm, head, loss, 83,520
+// parameters" (the embeddings on the first stage; the final norm, head and loss on the last).
+std::vector<std::string> describe_pipeline_stages(const ModelShape& shape,
+                                                  const std::vector<models::StageLayers>& split,
+                                                  const pp::ScheduleShape& schedule);
 
 // Throws std::invalid_argument when the world does not divide into the nodes, or the family's activations are not
 // modelled.

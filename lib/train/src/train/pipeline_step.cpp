@@ -1,0 +1,73 @@
+#include "train/pipeline_step.h"
+
+#include <ATen/ATen.h>
+
+#include <stdexcept>
+
+namespace shardtrain::train {
+
+std::vector<models::StageLayers> stages_of_rank(const pp::ScheduleShape& shape,
+                                                const std::vector<models::StageLayers>& split, int pp_rank) {
+  std::vector<models::StageLayers> mine;
+  for (int s = 0; s < shape.stages(); ++s) {
+    if (shape.rank_of(s) == pp_rank) mine.push_back(split.at(static_cast<size_t>(s)));
+  }
+  return mine;
+}
+
+// A stage of the run's model whose backward reduces its gradients over the data-parallel ranks at the step's last
+// weight gradients only (FSDP's gradient sync, as gradient accumulation's last micro-batch).
+class PipelineStep::TrainStage : public models::LlamaStage {
+ public:
+  TrainStage(models::Llama model, int64_t run, int divisor, std::function<models::MicrobatchText(int)> text,
+             ParallelModel& parallel, const bool& sync)
+      : LlamaStage(std::move(model), run, divisor, std::move(text)), parallel_(parallel), sync_(sync) {}
+  void before_backward(bool last) override { parallel_.set_gradient_sync(last && sync_); }
+
+ private:
+  ParallelModel& parallel_;
+  const bool& sync_;
+};
+
+PipelineStep::PipelineStep(const config::Config& c, ParallelModel& model, const dist::DeviceMesh& mesh,
+                           std::vector<models::StageLayers> split)
+    : split_(std::move(split)), group_(mesh.pp_group()) {
+  const pp::ScheduleShape shape = config::pipeline_shape(c);
+  auto llama = std::dynamic_pointer_cast<models::LlamaImpl>(model.module());
+  if (!llama) throw std::invalid_argument("parallel.pp_size: the model is not built as Llama's pipeline stages");
+  const int divisor = static_cast<int>(shape.microbatches * c.train.grad_accum);
+  auto text = [this](int m) {
+    return models::MicrobatchText{text_.attention_mask.narrow(0, m * rows_, rows_),
+                                  text_.labels.narrow(0, m * rows_, rows_)};
+  };
+  std::map<int, pp::Stage*> mine;
+  for (int s = 0, run = 0; s < shape.stages(); ++s) {
+    if (shape.rank_of(s) != mesh.pp_rank()) continue;
+    stages_.push_back(std::make_unique<TrainStage>(models::Llama(llama), run++, divisor, text, model, sync_));
+    mine[s] = stages_.back().get();
+  }
+  pipeline_ = std::make_unique<pp::Pipeline>(pp::make_schedule(shape), group_, std::move(mine));
+}
+
+PipelineStep::~PipelineStep() = default;
+
+double PipelineStep::forward_backward(const data::Batch& batch, bool sync) {
+  const int microbatches = schedule().shape.microbatches;
+  rows_ = batch.input_ids.size(0) / microbatches;
+  if (rows_ * microbatches != batch.input_ids.size(0)) {
+    throw std::invalid_argument("pipeline: a batch of " + std::to_string(batch.input_ids.size(0)) +
+                                " rows does not split into " + std::to_string(microbatches) + " microbatches");
+  }
+  text_ = models::causal_lm_text(batch);
+  sync_ = sync;
+  const at::Tensor ids = batch.input_ids;
+  const int64_t rows = rows_;
+  const pp::StepResult result = pipeline_->step([&](int m) { return ids.narrow(0, m * rows, rows); });
+  text_ = {};
+  // The loss is the last stage's: every rank of the pipeline reports it.
+  at::Tensor loss = at::full({1}, result.loss, at::dtype(at::kDouble)).to(group_.device());
+  if (group_.size() > 1) group_.all_reduce(loss, dist::ReduceOp::SUM).wait();
+  return loss.cpu().item<double>();
+}
+
+}  // namespace shardtrain::train
