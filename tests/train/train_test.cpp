@@ -1594,7 +1594,6 @@ TEST_F(TrainTest, PipelineTrainsAsAccumulatedDataParallel) {
   for (const auto& [flags, expected] : std::vector<std::pair<std::string, std::string>>{
            {"--parallel.strategy=ddp", "a pipeline's stages are FSDP roots"},
            {"--parallel.tp_size=2 --launch.num_processes=4", "pipeline x tensor parallelism (the 3-D mesh) is not"},
-           {"--checkpoint.dir=" + root_ + "/pp-ckpt", "checkpoints of pipeline stages are not written yet"},
            {"--parallel.mixed_precision=fp16", "the loss scaler does not reach"},
            {"--data.eval=[" + root_ + "/data/eval]", "evaluation through a pipeline is not written yet"},
            {"--model.flavor=llama-3.2-debug", "its head is tied to its embedding"},
@@ -1602,6 +1601,81 @@ TEST_F(TrainTest, PipelineTrainsAsAccumulatedDataParallel) {
     const Outcome refused = run(common + "--launch.num_processes=2 --parallel.pp_size=2 --train.batch_size=8 " + flags);
     EXPECT_NE(refused.status, 0) << flags;
     EXPECT_NE(refused.output.find(expected), std::string::npos) << flags << "\n" << refused.output;
+  }
+}
+
+// A pipeline's checkpoints: each pipeline rank writes its stages' shards (model/pp-<p>-of-<P>/, model/pipeline.json)
+// and a run stopped and resumed equals one that was not, whatever the layout it resumes at — the same pipeline,
+// another cut of it (interleaved, 4 stages over 2 ranks), 4 ranks, no pipeline (the microbatches as micro-batches);
+// a checkpoint saved without a pipeline resumes through one. Every step after the resume logs the uninterrupted
+// run's loss and gradient norm to 6 digits; the export of the pipeline's checkpoint (with its Hugging Face file,
+// checkpoint.state_dict_type: full) holds the weights of the run resumed without a pipeline.
+TEST_F(TrainTest, PipelineCheckpointsResumeAtAnyLayout) {
+  const std::string dir = root_ + "/pipeline-ckpt";
+  io::remove_tree(dir);
+  const std::string common = std::string(SHARDTRAIN_BIN) + " train " + root_ + "/config.yaml --model.flavor=llama-debug "
+                             "'--model.overrides={layers: 4}' --data.eval=[] --train.steps=4 --log.interval=1 "
+                             "--train.eval_interval=0 --optim.warmup_steps=0 --checkpoint.interval=2 "
+                             "--checkpoint.allow_changes=[train.batch_size,train.grad_accum] ";
+  const std::string piped = "--train.batch_size=8 --train.grad_accum=1 --parallel.pp_microbatches=4 ";
+  const std::string pp2 = "--launch.num_processes=2 --parallel.pp_size=2 " + piped;
+  const std::string plain = "--launch.num_processes=1 --train.batch_size=2 --train.grad_accum=4 ";
+  const Outcome through = run(common + pp2 + "--checkpoint.dir=" + dir + "/through --log.dir=" + dir + "/through/log "
+                              "--checkpoint.state_dict_type=full");
+  ASSERT_EQ(through.status, 0) << through.output;
+  const auto expected = logged_steps(dir + "/through/log/metrics.csv");
+  ASSERT_EQ(expected.size(), 4u) << through.output;
+  const std::string saved = dir + "/through/step-00000002";
+  for (const char* file : {"/model/pipeline.json", "/model/pp-0-of-2/metadata.pt", "/model/pp-1-of-2/metadata.pt"}) {
+    EXPECT_TRUE(io::path_exists(saved + file)) << file;
+  }
+  // Resumed from step 2 at each layout: steps 3 and 4 as the uninterrupted run's.
+  auto resumed_at = [&](const std::string& name, const std::string& from, const std::string& layout) {
+    SCOPED_TRACE(name);
+    io::make_directories(dir + "/" + name);
+    ASSERT_EQ(run("cp -r " + from + " " + dir + "/" + name + "/").status, 0);
+    const Outcome r = run(common + layout + "--checkpoint.dir=" + dir + "/" + name + " --checkpoint.resume=true " +
+                          "--log.dir=" + dir + "/" + name + "/log");
+    ASSERT_EQ(r.status, 0) << r.output;
+    EXPECT_NE(r.output.find("resumed from " + dir + "/" + name + "/step-00000002 at step 2"), std::string::npos)
+        << r.output;
+    const auto steps = logged_steps(dir + "/" + name + "/log/metrics.csv");
+    ASSERT_EQ(steps.size(), 2u) << r.output;
+    for (size_t s = 0; s < steps.size(); ++s) {
+      EXPECT_NEAR(steps[s].first, expected[s + 2].first, 2e-5 * std::abs(expected[s + 2].first)) << "step " << s + 3;
+      EXPECT_NEAR(steps[s].second, expected[s + 2].second, 2e-5 * std::abs(expected[s + 2].second)) << "step " << s + 3;
+    }
+  };
+  resumed_at("same", saved, pp2);
+  resumed_at("interleaved", saved, pp2 + "--parallel.pp_schedule=interleaved_1f1b --parallel.pp_stages_per_rank=2 ");
+  resumed_at("four", saved, "--launch.num_processes=4 --parallel.pp_size=4 " + piped);
+  resumed_at("plain", saved, plain);
+  const Outcome unpiped = run(common + plain + "--checkpoint.dir=" + dir + "/unpiped --train.stop_at=2");
+  ASSERT_EQ(unpiped.status, 0) << unpiped.output;
+  resumed_at("into", dir + "/unpiped/step-00000002", pp2);
+  // The export merges the stages; the Hugging Face file written beside the checkpoint is the same model.
+  const std::string out = dir + "/exported.safetensors", theirs = dir + "/plain.safetensors";
+  const std::string bin = SHARDTRAIN_BIN;
+  ASSERT_EQ(run(bin + " checkpoint export " + dir + "/through --out " + out).status, 0);
+  ASSERT_EQ(run(bin + " checkpoint export " + dir + "/plain --out " + theirs).status, 0);
+  const io::SafetensorsReader ours_file(out), plain_file(theirs), full_file(dir + "/through/step-00000004/model.safetensors");
+  ASSERT_EQ(ours_file.entries().size(), plain_file.entries().size());
+  for (const io::SafetensorsEntry& e : plain_file.entries()) {
+    const at::Tensor a = ours_file.read(e.name), b = plain_file.read(e.name);
+    EXPECT_LT((a - b).abs().max().item<double>(), 1e-5) << e.name;
+    EXPECT_TRUE(at::equal(a, full_file.read(e.name))) << e.name;
+  }
+  // model.init_weights through a pipeline: each stage reads its own tensors (with sync_module_states its first
+  // rank, broadcasting to its data-parallel ranks), the others' not called unused.
+  for (const char* sync : {"true", "false"}) {
+    const std::string start = "--model.init_weights=" + out + " --train.steps=1 --parallel.sync_module_states=" + sync +
+                              " --checkpoint.dir= ";
+    const Outcome loaded = run(common + start + "--launch.num_processes=4 --parallel.pp_size=2 " + piped);
+    const Outcome reference = run(common + start + "--launch.num_processes=2 " + "--train.batch_size=2 --train.grad_accum=4");
+    ASSERT_EQ(loaded.status, 0) << loaded.output;
+    ASSERT_EQ(reference.status, 0) << reference.output;
+    EXPECT_EQ(loss_lines(loaded.output), loss_lines(reference.output)) << loaded.output;
+    EXPECT_EQ(loaded.output.find("unused"), std::string::npos) << loaded.output;
   }
 }
 

@@ -12,7 +12,7 @@
 #include <mutex>
 #include <stdexcept>
 
-#include "ckpt/tp_checkpoint.h"
+#include "ckpt/model_layout.h"
 #include "shardtrain/ckpt/manifest.h"
 #include "shardtrain/distributed/text_exchange.h"
 #include "shardtrain/fsdp/state_dict.h"
@@ -275,23 +275,33 @@ std::string save_checkpoint(const std::string& dir, const TrainerState& given, c
 
   TrainerState state = given;
   state.optimizer_steps = optimizer_steps(model);
+  if (pp_size_of(model) > 1) {  // every stage's, for a load at any layout (each rank holds its own stages')
+    const std::string mine = nlohmann::json(state.optimizer_steps).dump();
+    for (const std::string& text : dist::all_gather_text(*model.pp_group, mine)) {
+      for (const auto& [name, count] : nlohmann::json::parse(text).get<std::map<std::string, int64_t>>()) {
+        state.optimizer_steps[name] = count;
+      }
+    }
+  }
   const fsdp::ParamStates states = moments(model);
   // A replicated model split by tensor parallelism (DDP beside it) is written as its slices too, by one replica:
   // the ranks of world rank 0's tensor-parallel group.
-  const bool split = tp_size_of(model) > 1;
+  const bool split = tp_size_of(model) > 1, staged = pp_size_of(model) > 1;
   const bool slice_writer = split && !model.sharded && model.tp_group->global_ranks().front() == 0;
   if (model.sharded || split) {
     steps.run([&] {
       if (model.sharded) {
-        fsdp::save_sharded_state_dict(model.root, tp_state_dir(tmp + "/model", model), states);
+        fsdp::save_sharded_state_dict(model.root, state_dir(tmp + "/model", model), states);
       } else if (slice_writer) {
-        fsdp::save_whole_state_dict(model.root, tp_state_dir(tmp + "/model", model), states);
+        fsdp::save_whole_state_dict(model.root, state_dir(tmp + "/model", model), states);
       }
     });
     steps.run([&] {
       if (leader && split) {
-        io::write_file_atomic(tmp + "/model/tensor_parallel.json", to_bytes(tp_layout_json(model, states)));
+        io::write_file_atomic(stage_dir(tmp + "/model", model) + "/tensor_parallel.json",
+                              to_bytes(tp_layout_json(model, states)));
       }
+      if (leader && staged) io::write_file_atomic(tmp + "/model/pipeline.json", to_bytes(pipeline_json(model)));
     });
   }
   steps.run([&] {
@@ -314,9 +324,9 @@ std::string save_checkpoint(const std::string& dir, const TrainerState& given, c
   });
   if (!model.hf_names.empty()) {
     std::map<std::string, at::Tensor> full;
-    if (split) {
-      // Each tensor-parallel rank's slices, merged from the files every rank has just written (the steps above end
-      // on every rank alike): the whole model on the leader, no collective.
+    if (split || staged) {
+      // Each tensor-parallel rank's slices and each stage's entries, merged from the files every rank has just
+      // written (the steps above end on every rank alike): the whole model on the leader, no collective.
       steps.run([&] {
         if (leader) full = merged_model_state(tmp + "/model");
       });
@@ -392,13 +402,14 @@ TrainerState load_checkpoint(const std::string& path, const CheckpointModel& mod
   const memory::CpuTierScope tier(model.offloaded ? memory::CpuTier::HOST : memory::CpuTier::COMPUTE);
   for (const auto& [name, steps] : state.optimizer_steps) {
     auto it = params.find(name);
+    if (it == params.end() && model.pp_group) continue;  // another stage's
     if (it == params.end()) {
       throw std::runtime_error(path + ": optimizer state for '" + name + "', which the model does not have");
     }
     optim::install_empty_state(*model.optimizer, it->second, steps);
   }
   const fsdp::ParamStates states = moments(model);
-  if (model.sharded || tp_size_of(model) > 1) {
+  if (model.sharded || tp_size_of(model) > 1 || pp_size_of(model) > 1) {
     if (!io::path_exists(path + "/model")) throw std::runtime_error(path + ": no sharded model (model/); saved with DDP?");
     load_model_state(path + "/model", model, states);
   } else {

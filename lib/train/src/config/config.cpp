@@ -951,10 +951,6 @@ void check_pipeline_training(const Config& c) {
     throw ConfigError(pp + " with parallel.mixed_precision fp16: the loss scaler does not reach a pipeline's last "
                       "stage yet (bf16 needs none)");
   }
-  if (!c.checkpoint.dir.empty()) {
-    throw ConfigError(pp + " with checkpoint.dir '" + c.checkpoint.dir + "': checkpoints of pipeline stages are not "
-                      "written yet (train without checkpoint.dir)");
-  }
   if (!c.data.eval.empty()) {
     throw ConfigError(pp + " with data.eval: evaluation through a pipeline is not written yet");
   }

@@ -3,6 +3,8 @@
 #include <torch/nn/module.h>
 #include <torch/nn/utils/clip_grad.h>
 
+#include <algorithm>
+#include <set>
 #include <stdexcept>
 
 #include "shardtrain/fsdp/wrap_policy.h"
@@ -123,8 +125,10 @@ models::ZooModel build_sharded(const Config& c, std::shared_ptr<const models::Mo
     model = models::build_model(std::move(recipe), build);
     models::parallelize(model, mesh, o);
   }
+  // A pipeline stage's ranks load its tensors among themselves: with sync_module_states the stage's first rank reads.
+  const dist::Communicator& loaders = mesh.pp_size() > 1 ? mesh.data_group() : mesh.world();
   const std::optional<dist::Communicator> from_rank0 =
-      c.parallel.sync_module_states ? std::optional(mesh.world()) : std::nullopt;
+      c.parallel.sync_module_states ? std::optional(loaders) : std::nullopt;
   if (!c.model.init_weights.empty()) {
     report = models::load_weights_sharded(model.module, c.model.init_weights, model.names, from_rank0,
                                           load_options(c), tp ? &*tp : nullptr);
@@ -132,6 +136,14 @@ models::ZooModel build_sharded(const Config& c, std::shared_ptr<const models::Mo
   if (!c.model.lora.from.empty()) {
     models::load_weights_sharded(model.module, models::lora_adapter_file(c.model.lora.from), model.names, from_rank0,
                                  adapter_options());
+  }
+  if (!build.stages.empty()) {  // the other stages' tensors are theirs, not unused
+    const models::ZooModel whole = models::build_model(model.recipe, models::meta_build());
+    std::set<std::string> held;
+    for (const auto& [ours, hf] : models::hf_names_of(*whole.module, whole.names)) held.insert(hf);
+    report.unused.erase(std::remove_if(report.unused.begin(), report.unused.end(),
+                                       [&](const std::string& name) { return held.count(name) > 0; }),
+                        report.unused.end());
   }
   fsdp::set_reshard_after_backward(model.module, c.parallel.reshard_after_backward);
   return model;

@@ -675,11 +675,15 @@ TrainSummary train_run(const Config& given, std::shared_ptr<log::Sink> sink, int
                     "under " + c.parallel.nvme_path + (disk->direct() ? " (O_DIRECT)" : " (buffered: no O_DIRECT there)") +
                     ", streamed through two staging buffers each step");
   }
+  // A pipeline stage's model holds its layers only: the Hugging Face file's names are the whole model's.
+  const std::shared_ptr<torch::nn::Module> named =
+      pipeline ? models::build_model(job.recipe, models::meta_build()).module : model.module();
   ckpt::CheckpointModel checkpointed{
       model.module(), optimizer.get(), model.sharded(),
       c.checkpoint.state_dict_type == config::StateDictType::FULL
-          ? models::hf_names_of(*model.module(), model.zoo().names)
+          ? models::hf_names_of(*named, model.zoo().names)
           : std::vector<std::pair<std::string, std::string>>{}};
+  if (pipeline) checkpointed.pp_group = mesh.pp_group();
   if (const models::TensorParallel* tp = model.tensor_parallel()) {
     checkpointed.tp_group = tp->group();
     checkpointed.tp_split = tp->split_layouts(*model.module());

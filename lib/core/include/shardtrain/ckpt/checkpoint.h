@@ -4,7 +4,8 @@
 //     model/               FSDP: each rank's rows of every parameter and of its optimizer state
 //                          (fsdp/state_dict.h's sharded format: loads at any world size); with tensor
 //                          parallelism model/tp-<t>-of-<T>/ and model/tensor_parallel.json (CheckpointModel),
-//                          under DDP too
+//                          under DDP too; with pipeline parallelism a directory per stage rank,
+//                          model/pp-<p>-of-<P>/, and model/pipeline.json
 //     model.pt             DDP without tensor parallelism: the whole parameters and moments, written by rank 0
 //     rng-rank00000.pt     each rank's default generator states: "cpu" and, with GPUs, "cuda:0", ... (dropout)
 //     model.safetensors    checkpoint.state_dict_type = full: the whole model under Hugging Face names
@@ -58,6 +59,11 @@ struct CheckpointModel {
   // or a checkpoint saved without it) merges the slices whole and takes its own. Unset: none.
   std::optional<dist::Communicator> tp_group = std::nullopt;
   std::map<std::string, tp::SplitLayout> tp_split = {};
+  // Pipeline parallelism: the group whose ranks hold the model's stages (root: this rank's, under the whole model's
+  // names). Each pipeline rank's stages are written as a model directory of their own, model/pp-<p>-of-<P>/, beside
+  // model/pipeline.json; loading at the same size reads its own, at another (or without a pipeline, or a
+  // checkpoint saved without one) takes the entries this rank's model holds from wherever they are. Unset: none.
+  std::optional<dist::Communicator> pp_group = std::nullopt;
   // CPU offload (fsdp::FsdpOptions::offload_params): what loading allocates — the optimizer state, the files'
   // tensors read into the shards — is the host's, as the step's is (memory::CpuTier::HOST when computing on the CPU).
   bool offloaded = false;

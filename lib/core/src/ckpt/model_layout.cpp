@@ -1,4 +1,4 @@
-#include "ckpt/tp_checkpoint.h"
+#include "ckpt/model_layout.h"
 
 #include <ATen/ATen.h>
 #include <nlohmann/json.hpp>
@@ -14,9 +14,29 @@ namespace shardtrain::ckpt {
 namespace {
 
 constexpr char kLayoutFile[] = "/tensor_parallel.json";
+constexpr char kPipelineFile[] = "/pipeline.json";
 
 std::string slice_dir(const std::string& model_dir, int64_t rank, int64_t size) {
   return model_dir + "/tp-" + std::to_string(rank) + "-of-" + std::to_string(size);
+}
+
+std::string pipeline_rank_dir(const std::string& model_dir, int64_t rank, int64_t size) {
+  return size > 1 ? model_dir + "/pp-" + std::to_string(rank) + "-of-" + std::to_string(size) : model_dir;
+}
+
+// The pipeline size a model directory was saved at (1 without model/pipeline.json).
+int64_t saved_pipeline_size(const std::string& model_dir) {
+  const std::string path = model_dir + kPipelineFile;
+  if (!io::path_exists(path)) return 1;
+  int64_t size = 0;
+  try {
+    const std::vector<char> bytes = io::read_file(path);
+    size = nlohmann::json::parse(bytes.begin(), bytes.end()).at("size").get<int64_t>();
+  } catch (const std::exception& e) {
+    throw std::runtime_error(path + ": not a pipeline layout (" + e.what() + ")");
+  }
+  if (size < 1) throw std::runtime_error(path + ": size " + std::to_string(size) + " is not 1 or more");
+  return size;
 }
 
 struct SavedLayout {
@@ -77,10 +97,23 @@ std::map<std::string, tp::SplitLayout> entry_splits(const CheckpointModel& model
 }  // namespace
 
 int tp_size_of(const CheckpointModel& model) { return model.tp_group ? model.tp_group->size() : 1; }
+int pp_size_of(const CheckpointModel& model) { return model.pp_group ? model.pp_group->size() : 1; }
 
-std::string tp_state_dir(const std::string& model_dir, const CheckpointModel& model) {
+std::string stage_dir(const std::string& model_dir, const CheckpointModel& model) {
+  const int size = pp_size_of(model);
+  return pipeline_rank_dir(model_dir, size > 1 ? model.pp_group->rank() : 0, size);
+}
+
+std::string state_dir(const std::string& model_dir, const CheckpointModel& model) {
+  const std::string stage = stage_dir(model_dir, model);
   const int size = tp_size_of(model);
-  return size > 1 ? slice_dir(model_dir, model.tp_group->rank(), size) : model_dir;
+  return size > 1 ? slice_dir(stage, model.tp_group->rank(), size) : stage;
+}
+
+std::string pipeline_json(const CheckpointModel& model) {
+  nlohmann::json j;
+  j["size"] = pp_size_of(model);
+  return j.dump(2);
 }
 
 std::string tp_layout_json(const CheckpointModel& model, const fsdp::ParamStates& states) {
@@ -95,11 +128,11 @@ std::string tp_layout_json(const CheckpointModel& model, const fsdp::ParamStates
 
 namespace {
 
-// A checkpoint's model directory read entry by entry, each merged whole from the tensor-parallel slices that hold
-// it (their files mapped, one entry assembled at a time).
-class MergedModel {
+// One stage's directory (model/ itself without a pipeline) read entry by entry, each merged whole from the
+// tensor-parallel slices that hold it (their files mapped, one entry assembled at a time).
+class MergedStage {
  public:
-  explicit MergedModel(const std::string& model_dir) : dir_(model_dir), layout_(read_layout(model_dir)) {
+  explicit MergedStage(const std::string& model_dir) : dir_(model_dir), layout_(read_layout(model_dir)) {
     if (layout_.size == 1) {
       slices_.emplace_back(model_dir);
       return;
@@ -107,7 +140,8 @@ class MergedModel {
     for (int64_t t = 0; t < layout_.size; ++t) slices_.emplace_back(slice_dir(model_dir, t, layout_.size));
   }
   const std::vector<std::string>& names() const { return slices_.front().names(); }
-  // Entry `name` whole; undefined when the checkpoint has none.
+  bool has(const std::string& name) const { return slices_.front().has(name); }
+  // Entry `name` whole; undefined when the stage has none.
   at::Tensor whole(const std::string& name) const {
     if (!slices_.front().has(name)) return {};
     auto split = layout_.split.find(name);
@@ -126,6 +160,27 @@ class MergedModel {
   std::vector<fsdp::ShardedStateReader> slices_;
 };
 
+// A model directory's stages together: each entry from the stage that holds it.
+class MergedModel {
+ public:
+  explicit MergedModel(const std::string& model_dir) {
+    const int64_t size = saved_pipeline_size(model_dir);
+    for (int64_t p = 0; p < size; ++p) stages_.emplace_back(pipeline_rank_dir(model_dir, p, size));
+    for (const MergedStage& stage : stages_) names_.insert(names_.end(), stage.names().begin(), stage.names().end());
+  }
+  const std::vector<std::string>& names() const { return names_; }
+  at::Tensor whole(const std::string& name) const {
+    for (const MergedStage& stage : stages_) {
+      if (stage.has(name)) return stage.whole(name);
+    }
+    return {};
+  }
+
+ private:
+  std::vector<MergedStage> stages_;
+  std::vector<std::string> names_;
+};
+
 }  // namespace
 
 std::map<std::string, at::Tensor> merged_model_state(const std::string& model_dir) {
@@ -137,11 +192,14 @@ std::map<std::string, at::Tensor> merged_model_state(const std::string& model_di
 
 void load_model_state(const std::string& model_dir, const CheckpointModel& model, const fsdp::ParamStates& states) {
   const int size = tp_size_of(model);
-  if (read_layout(model_dir).size == size) {
+  // A pipeline's stages (either side) may be cut otherwise than the save's (another pp_stages_per_rank): their
+  // entries are taken by name.
+  const bool staged = saved_pipeline_size(model_dir) > 1 || pp_size_of(model) > 1;
+  if (!staged && read_layout(model_dir).size == size) {
     if (model.sharded) {
-      fsdp::load_sharded_state_dict(model.root, tp_state_dir(model_dir, model), states);
+      fsdp::load_sharded_state_dict(model.root, state_dir(model_dir, model), states);
     } else {  // a replicated model (DDP's) takes its slices whole
-      const fsdp::ShardedStateReader mine(tp_state_dir(model_dir, model));
+      const fsdp::ShardedStateReader mine(state_dir(model_dir, model));
       fsdp::load_state_dict_rows(
           model.root, [&](const std::string& name) { return mine.has(name) ? mine.whole(name) : at::Tensor(); },
           states);
