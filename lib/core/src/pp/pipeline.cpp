@@ -161,7 +161,8 @@ void Pipeline::backward(const Action& a) {
   InFlight& f = it->second;
   const bool last = a.stage + 1 == schedule_.shape.stages(), first = a.stage == 0;
   if (a.op != Op::BACKWARD_WEIGHT) {
-    f.output_gradient = last ? at::ones_like(f.output) : take_gradient(a.stage, a.microbatch, f.output);
+    f.output_gradient = last ? at::full_like(f.output, stages_.at(a.stage)->loss_scale())
+                             : take_gradient(a.stage, a.microbatch, f.output);
   }
   switch (a.op) {
     case Op::BACKWARD:

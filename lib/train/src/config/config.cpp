@@ -947,10 +947,6 @@ void check_pipeline_training(const Config& c) {
     throw ConfigError(pp + " with parallel.tp_size " + num(p.tp_size) + ": pipeline x tensor parallelism (the 3-D "
                       "mesh) is not written yet");
   }
-  if (p.mixed_precision == parallel::Precision::FP16) {
-    throw ConfigError(pp + " with parallel.mixed_precision fp16: the loss scaler does not reach a pipeline's last "
-                      "stage yet (bf16 needs none)");
-  }
   if (!c.data.eval.empty()) {
     throw ConfigError(pp + " with data.eval: evaluation through a pipeline is not written yet");
   }

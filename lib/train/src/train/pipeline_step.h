@@ -10,6 +10,7 @@
 #include "shardtrain/data/pipeline/loader.h"
 #include "shardtrain/distributed/mesh.h"
 #include "shardtrain/models/pipeline_stage.h"
+#include "shardtrain/optim/grad_scaler.h"
 #include "shardtrain/pp/pipeline.h"
 #include "train/parallel_model.h"
 
@@ -23,8 +24,9 @@ class PipelineStep {
  public:
   // `model`: built with stages_of_rank(...) of `split` (every stage's layers). The losses are divided by the
   // schedule's microbatches x train.grad_accum, so that a step's gradients are the mean over its microbatches.
+  // `scaler` (float16): the last stage's backward starts from its scale.
   PipelineStep(const config::Config& c, ParallelModel& model, const dist::DeviceMesh& mesh,
-               std::vector<models::StageLayers> split);
+               std::vector<models::StageLayers> split, const optim::GradScaler* scaler = nullptr);
   ~PipelineStep();
   PipelineStep(const PipelineStep&) = delete;
   PipelineStep& operator=(const PipelineStep&) = delete;

@@ -667,8 +667,11 @@ TrainSummary train_run(const Config& given, std::shared_ptr<log::Sink> sink, int
   if (mesh.pp_size() > 1) split = plan::pipeline_stages(plan::model_shape(*job.recipe), config::pipeline_shape(c).stages());
   ParallelModel model(c, job.recipe, job.task->leaves_parameters_unused(), mesh, job.device,
                       split.empty() ? split : stages_of_rank(config::pipeline_shape(c), split, mesh.pp_rank()));
+  // float16: the loss is scaled before backward, and a step whose gradients overflowed on any rank is skipped.
+  std::optional<optim::GradScaler> scaler;
+  if (c.parallel.mixed_precision == parallel::Precision::FP16) scaler.emplace(optim::GradScalerOptions{}, world);
   std::unique_ptr<PipelineStep> pipeline =
-      split.empty() ? nullptr : std::make_unique<PipelineStep>(c, model, mesh, split);
+      split.empty() ? nullptr : std::make_unique<PipelineStep>(c, model, mesh, split, scaler ? &*scaler : nullptr);
   const auto optimizer = make_optimizer(c, model);
   if (const auto* disk = dynamic_cast<const optim::DiskAdamW*>(optimizer.get())) {
     job.logger.info("  disk tier: " + memory::readable_size(disk->disk_bytes()) + " of AdamW state in a scratch file "
@@ -689,9 +692,6 @@ TrainSummary train_run(const Config& given, std::shared_ptr<log::Sink> sink, int
     checkpointed.tp_split = tp->split_layouts(*model.module());
   }
   checkpointed.offloaded = c.parallel.offload != parallel::Offload::NONE;
-  // float16: the loss is scaled before backward, and a step whose gradients overflowed on any rank is skipped.
-  std::optional<optim::GradScaler> scaler;
-  if (c.parallel.mixed_precision == parallel::Precision::FP16) scaler.emplace(optim::GradScalerOptions{}, world);
   // Watched from before the resume: a signal during start-up stops the run after its first step.
   const PreemptionWatch preemption;
   CheckpointLock lock(c.checkpoint.dir, world, job.logger);  // held until the run ends

@@ -40,6 +40,9 @@ class Stage {
   // weight gradients of the stage, where a data-parallel stage reduces them across its replicas
   // (fsdp::set_requires_gradient_sync) after only accumulating them in the actions before. Default: nothing.
   virtual void before_backward(bool last) { (void)last; }
+  // The last stage only: what its backward starts from (the loss's gradient) — float16's loss scale
+  // (optim::GradScaler), the loss itself reported unscaled. Default 1.
+  virtual double loss_scale() const { return 1; }
 };
 
 struct StepResult {
