@@ -3,6 +3,7 @@
 #include <ATen/ATen.h>
 #include <torch/csrc/autograd/autograd.h>
 
+#include <chrono>
 #include <stdexcept>
 #include <string>
 
@@ -20,6 +21,18 @@ int tag_of(Message what, int stage, int microbatch) {
 
 // A shape message: rank, dtype, then the sizes (at most kMaxRank).
 constexpr int64_t kMaxRank = 8;
+
+// Adds the seconds `compute` takes to `busy`.
+template <class F>
+auto timed(double& busy, F&& compute) {
+  const auto t0 = std::chrono::steady_clock::now();
+  struct Add {
+    double& busy;
+    std::chrono::steady_clock::time_point t0;
+    ~Add() { busy += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(); }
+  } add{busy, t0};
+  return compute();
+}
 
 std::string sizes_text(const std::vector<int64_t>& sizes) {
   std::string out = "[";
@@ -143,9 +156,13 @@ void Pipeline::forward(const Action& a, const std::function<at::Tensor(int)>& in
   Stage& stage = *stages_.at(a.stage);
   InFlight f;
   f.input = a.stage == 0 ? input(a.microbatch) : take_activation(a.stage, a.microbatch).requires_grad_(true);
-  at::Tensor output = stage.forward(f.input, a.microbatch);
-  if (a.stage + 1 == schedule_.shape.stages()) {
-    f.output = stage.loss(output, a.microbatch);
+  const bool last = a.stage + 1 == schedule_.shape.stages();
+  at::Tensor output = timed(result.busy_seconds, [&] {
+    at::Tensor out = stage.forward(f.input, a.microbatch);
+    return last ? stage.loss(out, a.microbatch) : out;
+  });
+  if (last) {
+    f.output = output;
     result.loss += f.output.item<double>();
   } else {
     give_activation(a.stage, a.microbatch, output);
@@ -154,7 +171,7 @@ void Pipeline::forward(const Action& a, const std::function<at::Tensor(int)>& in
   in_flight_[{a.stage, a.microbatch}] = std::move(f);
 }
 
-void Pipeline::backward(const Action& a) {
+void Pipeline::backward(const Action& a, StepResult& result) {
   const auto key = std::make_pair(a.stage, a.microbatch);
   auto it = in_flight_.find(key);
   if (it == in_flight_.end()) throw std::logic_error("pipeline: " + to_string(a) + " before its forward");
@@ -164,26 +181,29 @@ void Pipeline::backward(const Action& a) {
     f.output_gradient = last ? at::full_like(f.output, stages_.at(a.stage)->loss_scale())
                              : take_gradient(a.stage, a.microbatch, f.output);
   }
+  auto whole_backward = [&] {
+    timed(result.busy_seconds, [&] { torch::autograd::backward({f.output}, {f.output_gradient}); });
+  };
   switch (a.op) {
     case Op::BACKWARD:
-      torch::autograd::backward({f.output}, {f.output_gradient});
+      whole_backward();
       if (!first) give_gradient(a.stage, a.microbatch, f.input.grad());
       in_flight_.erase(it);
       return;
     case Op::BACKWARD_INPUT:
       if (last) {  // the whole backward now (the loss's fused kernels run backward once); its W has nothing left
-        torch::autograd::backward({f.output}, {f.output_gradient});
+        whole_backward();
         if (!first) give_gradient(a.stage, a.microbatch, f.input.grad());
         f.output = at::Tensor();
       } else if (!first) {  // stage 0 has no input gradient to send: its W runs the whole backward
-        give_gradient(a.stage, a.microbatch,
-                      torch::autograd::grad({f.output}, {f.input}, {f.output_gradient}, /*retain_graph=*/true)[0]);
+        give_gradient(a.stage, a.microbatch, timed(result.busy_seconds, [&] {
+                        return torch::autograd::grad({f.output}, {f.input}, {f.output_gradient},
+                                                     /*retain_graph=*/true)[0];
+                      }));
       }
       return;
     case Op::BACKWARD_WEIGHT:
-      if (f.output.defined()) {
-        torch::autograd::backward({f.output}, {f.output_gradient});
-      }
+      if (f.output.defined()) whole_backward();
       in_flight_.erase(it);
       return;
     case Op::FORWARD:
@@ -200,7 +220,7 @@ StepResult Pipeline::step(const std::function<at::Tensor(int)>& input) {
       forward(a, input, result);
     } else {
       stages_.at(a.stage)->before_backward(last_weight_action_.at(a.stage) == i);
-      backward(a);
+      backward(a, result);
     }
   }
   dist::wait_all(sends_);

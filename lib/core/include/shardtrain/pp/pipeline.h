@@ -47,6 +47,9 @@ class Stage {
 
 struct StepResult {
   double loss = 0;  // the sum of the microbatches' losses, on the rank holding the last stage; 0 on the others
+  // Seconds this rank computed its stages' forwards and backwards; the rest of the step it waited for messages
+  // (the bubble, and the transfers): 1 - busy / step is the measured bubble.
+  double busy_seconds = 0;
 };
 
 class Pipeline {
@@ -81,7 +84,7 @@ class Pipeline {
   at::Tensor take_gradient(int stage, int microbatch, const at::Tensor& like);
   void give_gradient(int stage, int microbatch, const at::Tensor& gradient);
   void forward(const Action& a, const std::function<at::Tensor(int)>& input, StepResult& result);
-  void backward(const Action& a);
+  void backward(const Action& a, StepResult& result);
 
   Schedule schedule_;
   dist::Communicator group_;
