@@ -952,8 +952,8 @@ void check_pipeline_training(const Config& c) {
   }
   if (c.model.lora.enabled()) throw ConfigError(pp + " with model.lora: LoRA's pipeline stages are not written yet");
   if (c.train.batch_size == kAutoBatch) {
-    throw ConfigError(pp + " with train.batch_size auto: the memory model does not know pipeline stages yet (give "
-                      "the batch)");
+    throw ConfigError(pp + " with train.batch_size auto: the search for the batch does not cut it into pipeline "
+                      "microbatches yet (give the batch; --dry-run predicts its peak)");
   }
 }
 

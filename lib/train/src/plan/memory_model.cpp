@@ -20,14 +20,49 @@ namespace {
 // What the CUDA caching allocator holds above what tensors asked for (block rounding, fragmentation).
 constexpr double kCudaAllocatorAllowance = 0.05;
 
+// A pipeline: each rank's stages estimated as a model of their own over the stage's data-parallel ranks, one
+// microbatch a micro-batch (the step's microbatches x grad_accum of them: FSDP keeps the full gradients between
+// them, reducing at the last), and the activations of the other microbatches the schedule holds at once on top;
+// the rank needing most.
+MemoryEstimate pipeline_estimate(const models::ModelRecipe& recipe, const TrainingJob& job) {
+  const pp::ScheduleShape& shape = job.pipeline;
+  if (job.world % (shape.ranks * job.tp) != 0) {
+    throw std::invalid_argument("a pipeline of " + std::to_string(shape.ranks) + " ranks x tensor parallelism over " +
+                                std::to_string(job.tp) + " does not divide a world of " + std::to_string(job.world));
+  }
+  if (job.batch % shape.microbatches != 0) {
+    throw std::invalid_argument("batch size " + std::to_string(job.batch) + " does not split into " +
+                                std::to_string(shape.microbatches) + " pipeline microbatches");
+  }
+  const std::vector<models::StageLayers> split = pipeline_stages(model_shape(recipe, job.tp), shape.stages());
+  const pp::Simulation simulated = pp::simulate(pp::make_schedule(shape));
+  MemoryEstimate largest;
+  for (int r = 0; r < shape.ranks; ++r) {
+    TrainingJob stage = job;
+    stage.pipeline = pp::ScheduleShape{};
+    stage.world = job.world / shape.ranks, stage.nodes = std::max<int64_t>(1, job.nodes / shape.ranks);
+    stage.batch = job.batch / shape.microbatches, stage.grad_accum = job.grad_accum * shape.microbatches;
+    for (int s = 0; s < shape.stages(); ++s) {
+      if (shape.rank_of(s) == r) stage.stages.push_back(split[static_cast<size_t>(s)]);
+    }
+    stage.microbatches_held = simulated.peak_held.at(static_cast<size_t>(r));
+    MemoryEstimate e = estimate_training_memory(recipe, model_shape(recipe, job.tp, stage.stages), stage);
+    e.pp_rank = r;
+    if (r == 0 || e.peak_bytes > largest.peak_bytes) largest = std::move(e);
+  }
+  return largest;
+}
+
 }  // namespace
 
 MemoryEstimate estimate_training_memory(const models::ModelRecipe& recipe, const TrainingJob& job) {
-  return estimate_training_memory(recipe, model_shape(recipe, job.tp), job);
+  if (job.pipeline.ranks > 1) return pipeline_estimate(recipe, job);
+  return estimate_training_memory(recipe, model_shape(recipe, job.tp, job.stages), job);
 }
 
 MemoryEstimate estimate_training_memory(const models::ModelRecipe& recipe, const ModelShape& shape,
                                         const TrainingJob& job) {
+  if (job.pipeline.ranks > 1) return pipeline_estimate(recipe, job);
   const StepLayout s = step_layout(recipe, shape, job);
   MemoryEstimate e;
   e.tokens = job.seq_len > 0 ? job.seq_len : recipe.task()->data_needs().max_text_length;
@@ -43,10 +78,20 @@ MemoryEstimate estimate_training_memory(const models::ModelRecipe& recipe, const
     e.host_bytes = std::max(e.host_bytes, (s.offload ? s.params + s.host_adam : 0) + s.offloaded_activations);
   }
 
-  const Moment forward = largest({forward_start(s), forward_loss(s), forward_layers(s)});
+  Moment forward = largest({forward_start(s), forward_loss(s), forward_layers(s)});
   Walk walk = backward_walk(s);
   e.parameters_called_twice = walk.parameters_called_twice;
-  const Moment backward = largest({backward_start(s), head_reduction(s), std::move(walk.peak), backward_end(s)});
+  Moment backward = largest({backward_start(s), head_reduction(s), std::move(walk.peak), backward_end(s)});
+  // A pipeline rank's schedule holds other microbatches' activations beside the one it computes. The layout walks
+  // one microbatch through all of the rank's runs (an interleaved rank's: one pair per run, each one stage's share
+  // of what they keep); the pairs beyond those are on top.
+  const int64_t runs = static_cast<int64_t>(std::max<size_t>(1, job.stages.size()));
+  if (job.microbatches_held > runs) {
+    const int64_t more = job.microbatches_held - runs, others = more * s.kept / runs;
+    const MemoryTerm term{"other microbatches in flight", others,
+                          std::to_string(more) + " more (stage, microbatch) pairs' activations the schedule holds"};
+    for (Moment* m : {&forward, &backward}) m->bytes += others, m->terms.push_back(term);
+  }
   const Moment step = optimizer_step(s);
   e.forward_bytes = forward.bytes, e.backward_bytes = backward.bytes, e.step_bytes = step.bytes;
   const int64_t peak = std::max({e.forward_bytes, e.backward_bytes, e.step_bytes});
@@ -108,9 +153,19 @@ std::string format_estimate(const std::string& model, const TrainingJob& job, co
                                               (job.sync_each_batch ? " (each reduced)" : "")
                                         : "") +
                     (job.cpu_offload ? (job.optimizer_on_disk ? ", NVMe offload" : ", CPU offload") : "") +
-                    (job.activation_offload ? ", activation offload" : "") + (job.device == parallel::Device::CUDA ? " (CUDA)" : " (CPU)") + "\n";
+                    (job.activation_offload ? ", activation offload" : "") +
+                    (job.pipeline.ranks > 1
+                         ? ", pipeline of " + std::to_string(job.pipeline.ranks) + " ranks (" +
+                               parallel::to_string(job.pipeline.kind) + ", " +
+                               std::to_string(job.pipeline.microbatches) + " microbatches)"
+                         : "") +
+                    (job.device == parallel::Device::CUDA ? " (CUDA)" : " (CPU)") + "\n";
   out += "  " + std::to_string(e.parameters) + " parameters" +
-         (job.tp > 1 ? " of a tensor-parallel rank's slices" : "") + " in " + std::to_string(e.units) + " units\n";
+         (job.tp > 1 ? " of a tensor-parallel rank's slices" : "") +
+         (job.pipeline.ranks > 1 ? " of pipeline rank " + std::to_string(e.pp_rank) + "'s stages (the rank needing "
+                                                                                       "most)"
+                                 : "") +
+         " in " + std::to_string(e.units) + " units\n";
   char line[256];
   for (const auto& t : e.terms) {
     std::snprintf(line, sizeof line, "  %-48s %14s   %s\n", t.name.c_str(), readable_size(t.bytes).c_str(),

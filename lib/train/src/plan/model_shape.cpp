@@ -45,8 +45,10 @@ void each_new_parameter(const torch::nn::Module& m, TensorSet& seen, F f) {
 }  // namespace
 
 // Tied tensors count once, in the first unit that holds them.
-ModelShape model_shape(const models::ModelRecipe& recipe, int64_t tp) {
-  const auto root = recipe.build(models::meta_build());
+ModelShape model_shape(const models::ModelRecipe& recipe, int64_t tp, const std::vector<models::StageLayers>& stages) {
+  models::BuildOptions build = models::meta_build();
+  build.stages = stages;
+  const auto root = recipe.build(build);
   if (tp > 1) {
     models::TensorParallelizer(recipe, dist::Communicator::shape_only(0, static_cast<int>(tp)), {}).finish(*root);
   }

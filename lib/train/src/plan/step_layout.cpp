@@ -249,6 +249,24 @@ void lay_out_accumulation(StepLayout& s) {
   s.tied_held = in_place && !s.reduces ? s.shape->tied_tables * s.pe : 0;
 }
 
+// A pipeline rank's part of the model's activations: the layers of its runs, and what the model keeps outside them
+// (the final norm's, the loss's) only when it holds the last stage. A stage before the last holds its output for
+// its backward instead (the microbatch's hidden states, the size of a layer's input), and receives its gradient.
+models::ActivationBytes stage_activations(const models::ActivationBytes& whole,
+                                          const std::vector<models::StageLayers>& runs) {
+  models::ActivationBytes a = whole;
+  a.layers.clear();
+  for (const models::StageLayers& run : runs) {
+    for (int64_t j = run.first; j < run.first + run.count; ++j) a.layers.push_back(whole.layers.at(static_cast<size_t>(j)));
+  }
+  const bool last = runs.back().first + runs.back().count == static_cast<int64_t>(whole.layers.size());
+  if (!last) {
+    const int64_t output = a.layers.back().input;
+    a.outside_layers = output, a.loss_kept = 0, a.loss_transient = 0, a.backward_transient = output;
+  }
+  return a;
+}
+
 }  // namespace
 
 models::ActivationQuery activation_query(const TrainingJob& job) {
@@ -270,7 +288,8 @@ StepLayout step_layout(const models::ModelRecipe& recipe, const ModelShape& shap
   StepLayout s;
   s.job = &job, s.shape = &shape;
   const models::ActivationQuery query = activation_query(job);
-  s.act = recipe.activation_bytes(query);
+  s.act = job.stages.empty() ? recipe.activation_bytes(query) : stage_activations(recipe.activation_bytes(query),
+                                                                                   job.stages);
   s.autocast = query.autocast;
   s.units = units_of(shape, job.wrap);
   const Units& units = s.units;

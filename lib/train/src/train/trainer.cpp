@@ -365,10 +365,8 @@ void describe_start(const Config& c, const Job& job, ParallelModel& model, const
   describe_data(data, job.logger);
 }
 
-// The memory model's plan for the start-up line; a family it cannot model yet leaves the line out, and so does a
-// pipeline (the model does not know stages yet: it would predict the whole model on every rank).
+// The memory model's plan for the start-up line; a family it cannot model yet leaves the line out.
 RunPlan predicted_plan(const Config& c) {
-  if (c.parallel.pp_size > 1) return RunPlan{c, "", 0, "", "", "", 0, ""};
   try {
     return plan_run(c);
   } catch (const std::invalid_argument&) {

@@ -35,6 +35,16 @@ struct TrainingJob {
   // split on the sequence too.
   int64_t tp = 1;
   bool sequence_parallel = false;
+  // Pipeline parallelism (pp/schedule.h): pipeline.ranks ranks each holding its stages of the model (cut by
+  // pipeline_stages), a rank's batch in pipeline.microbatches run by pipeline.kind; the strategy over the world /
+  // (tp x pipeline.ranks) ranks of a stage. The estimate is that of the pipeline rank needing most
+  // (MemoryEstimate::pp_rank). ranks 1: no pipeline.
+  pp::ScheduleShape pipeline;
+  // One pipeline rank's part, as the estimate sets it for each: the runs of layers it holds (the model's shape is
+  // theirs: model_shape(recipe, tp, stages)), and the most (stage, microbatch) pairs whose activations it holds at
+  // once (pp::simulate). Empty: the whole model.
+  std::vector<models::StageLayers> stages;
+  int64_t microbatches_held = 1;
   parallel::Strategy strategy = parallel::Strategy::FULL_SHARD;
   // FSDP units: each transformer layer and the root (the trainer's wrap), or the whole model as one unit (FSDP's
   // default when no policy is given: the T5 post's "default wrapping"). Units closed at a size are modelled as the
@@ -87,6 +97,7 @@ struct MemoryEstimate {
   // Of the parameters, those in units called twice a step (FLAVA's encoder layers, unmasked then masked): gathered
   // once more in forward under FULL_SHARD, and in backward (fully_shard reshards them between the calls).
   int64_t parameters_called_twice = 0;
+  int pp_rank = 0;  // a pipeline's: the rank whose stages this is (the one needing most)
 };
 
 // The model's parameters per FSDP unit (built once on the meta device; estimates for many jobs share it).
@@ -119,8 +130,10 @@ struct ModelShape {
   int64_t trainable() const;  // the parameters that get gradients (LoRA: the adapters')
 };
 // Under tensor parallelism (tp > 1) the model is split by its recipe's plan as its rank 0 holds it. Throws
-// std::invalid_argument as models::tensor_parallelize does for a plan the sizes do not fit.
-ModelShape model_shape(const models::ModelRecipe& recipe, int64_t tp = 1);
+// std::invalid_argument as models::tensor_parallelize does for a plan the sizes do not fit. With `stages`, the part a
+// pipeline rank holding those runs of layers builds (models::BuildOptions::stages).
+ModelShape model_shape(const models::ModelRecipe& recipe, int64_t tp = 1,
+                       const std::vector<models::StageLayers>& stages = {});
 
 // The runs of layers a pipeline of `stages` stages cuts the model into: balanced by FLOPs per token, about 6 a
 // parameter, the head's counted with the last stage (models::balanced_split). What `--print-schedule` prints and the
