@@ -1524,11 +1524,12 @@ std::vector<std::pair<double, double>> logged_steps(const std::string& csv) {
 // micro-batches (train.grad_accum): llama-debug at 6 layers, every step's loss and gradient norm (clipping spans the
 // stages) to the 6 digits metrics.csv keeps — under every schedule at pp 2, zero bubble at pp 3, interleaving with 2
 // stages a rank, pp 2 x 2 data-parallel ranks under FULL_SHARD, SHARD_GRAD_OP (CPU offload) and NO_SHARD, with
-// activation checkpointing, bf16 and fp16 (its loss scale) mixed precision; the start-up shows the stages and the bubble. What a pipeline does not
+// activation checkpointing, bf16 and fp16 (its loss scale) mixed precision; evaluation through the stages gives the
+// plain run's held-out loss (float32); the start-up shows the stages and the bubble. What a pipeline does not
 // compose with yet is refused before any worker starts.
 TEST_F(TrainTest, PipelineTrainsAsAccumulatedDataParallel) {
   const std::string common = std::string(SHARDTRAIN_BIN) + " train " + root_ + "/config.yaml --model.flavor=llama-debug "
-                             "'--model.overrides={layers: 6}' --data.eval=[] --train.steps=4 --log.interval=1 "
+                             "'--model.overrides={layers: 6}' --train.steps=4 --log.interval=1 "
                              "--train.eval_interval=0 --optim.warmup_steps=0 --train.max_grad_norm=0.5 ";
   struct Case {
     int processes;
@@ -1575,6 +1576,15 @@ TEST_F(TrainTest, PipelineTrainsAsAccumulatedDataParallel) {
           << "grad_norm, step " << s + 1;
     }
     EXPECT_LT(ours.back().first, ours.front().first) << "it did not train";
+    // Evaluated through the stages before the first step and after the last: the held-out loss the plain run's.
+    std::vector<std::string> evaluations;
+    for (const std::string& line : loss_lines(piped.output)) {
+      if (line.rfind("eval", 0) == 0) evaluations.push_back(line);
+    }
+    ASSERT_EQ(evaluations.size(), 2u) << piped.output;
+    if (c.shared.find("16") == std::string::npos) {
+      for (const std::string& line : evaluations) EXPECT_NE(plain.output.find(line), std::string::npos) << line;
+    }
     EXPECT_NE(piped.output.find("stage " + std::to_string(pp - 1) + " (rank " + std::to_string(pp - 1) + ")"),
               std::string::npos) << piped.output;
     // The whole model's parameters, every stage's counted.
@@ -1596,7 +1606,6 @@ TEST_F(TrainTest, PipelineTrainsAsAccumulatedDataParallel) {
   for (const auto& [flags, expected] : std::vector<std::pair<std::string, std::string>>{
            {"--parallel.strategy=ddp", "a pipeline's stages are FSDP roots"},
            {"--parallel.tp_size=2 --launch.num_processes=4", "pipeline x tensor parallelism (the 3-D mesh) is not"},
-           {"--data.eval=[" + root_ + "/data/eval]", "evaluation through a pipeline is not written yet"},
            {"--model.flavor=llama-3.2-debug", "its head is tied to its embedding"},
            {"--model.flavor=gpt2-debug", "pipeline stages are not written yet"}}) {
     const Outcome refused = run(common + "--launch.num_processes=2 --parallel.pp_size=2 --train.batch_size=8 " + flags);

@@ -231,4 +231,24 @@ StepResult Pipeline::step(const std::function<at::Tensor(int)>& input) {
   return result;
 }
 
+std::vector<at::Tensor> Pipeline::forward_only(const std::function<at::Tensor(int)>& input) {
+  const at::NoGradGuard no_grad;
+  const int stages = schedule_.shape.stages();
+  std::vector<at::Tensor> outputs;
+  for (const Action& a : schedule_.actions.at(static_cast<size_t>(group_.rank()))) {
+    if (a.op != Op::FORWARD) continue;
+    const at::Tensor in = a.stage == 0 ? input(a.microbatch) : take_activation(a.stage, a.microbatch);
+    at::Tensor out = stages_.at(a.stage)->forward(in, a.microbatch);
+    if (a.stage + 1 < stages) {
+      give_activation(a.stage, a.microbatch, out);
+      continue;
+    }
+    if (outputs.empty()) outputs.resize(static_cast<size_t>(schedule_.shape.microbatches));
+    outputs[static_cast<size_t>(a.microbatch)] = std::move(out);
+  }
+  dist::wait_all(sends_);
+  sends_.clear();
+  return outputs;
+}
+
 }  // namespace shardtrain::pp

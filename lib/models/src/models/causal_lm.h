@@ -126,6 +126,7 @@ class CausalLmTask : public Task {
   data::SampleKind eval_kind() const override { return data::SampleKind::TEXT; }
   // Each batch's mean loss times its predicted tokens (every token but a row's first, padding aside): the sum.
   std::map<std::string, double> evaluate(torch::nn::Module& model, const EvalInputs& in) const override {
+    if (in.pipeline_token_loss) return evaluate_token_loss(model, in, in.pipeline_token_loss);
     Impl& lm = module_as<Impl>(model, family_);
     return evaluate_token_loss(model, in, [&](const data::Batch& b) {
       const at::Tensor labels = causal_lm_labels(b);

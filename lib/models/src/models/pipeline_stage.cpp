@@ -88,6 +88,8 @@ MicrobatchText causal_lm_text(const data::Batch& batch) {
   return {batch.attention_mask, causal_lm_labels(batch)};
 }
 
+int64_t predicted_tokens(const MicrobatchText& text) { return causal_lm_predicted_tokens(text.labels); }
+
 LlamaStage::LlamaStage(Llama model, int64_t run, int microbatches, std::function<MicrobatchText(int)> text)
     : model_(std::move(model)), run_(run), microbatches_(microbatches), text_(std::move(text)) {
   if (run_ < 0 || run_ >= static_cast<int64_t>(model_->stages.size())) {

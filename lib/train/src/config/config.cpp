@@ -947,9 +947,6 @@ void check_pipeline_training(const Config& c) {
     throw ConfigError(pp + " with parallel.tp_size " + num(p.tp_size) + ": pipeline x tensor parallelism (the 3-D "
                       "mesh) is not written yet");
   }
-  if (!c.data.eval.empty()) {
-    throw ConfigError(pp + " with data.eval: evaluation through a pipeline is not written yet");
-  }
   if (c.model.lora.enabled()) throw ConfigError(pp + " with model.lora: LoRA's pipeline stages are not written yet");
   if (c.train.batch_size == kAutoBatch) {
     throw ConfigError(pp + " with train.batch_size auto: the search for the batch does not cut it into pipeline "

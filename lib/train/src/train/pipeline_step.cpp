@@ -54,7 +54,7 @@ PipelineStep::PipelineStep(const config::Config& c, ParallelModel& model, const 
 
 PipelineStep::~PipelineStep() = default;
 
-double PipelineStep::forward_backward(const data::Batch& batch, bool sync) {
+void PipelineStep::take(const data::Batch& batch) {
   const int microbatches = schedule().shape.microbatches;
   rows_ = batch.input_ids.size(0) / microbatches;
   if (rows_ * microbatches != batch.input_ids.size(0)) {
@@ -62,6 +62,29 @@ double PipelineStep::forward_backward(const data::Batch& batch, bool sync) {
                                 " rows does not split into " + std::to_string(microbatches) + " microbatches");
   }
   text_ = models::causal_lm_text(batch);
+}
+
+std::pair<at::Tensor, int64_t> PipelineStep::token_loss(const data::Batch& batch) {
+  take(batch);
+  const at::Tensor ids = batch.input_ids;
+  const int64_t rows = rows_;
+  const std::vector<at::Tensor> losses = pipeline_->forward_only([&](int m) { return ids.narrow(0, m * rows, rows); });
+  // Each microbatch's mean over its predicted tokens, weighed by them: the batch's sum (on the last stage's rank).
+  at::Tensor sum = at::zeros({1}, at::dtype(at::kDouble).device(group_.device()));
+  int64_t tokens = 0;
+  for (int m = 0; m < schedule().shape.microbatches; ++m) {
+    const models::MicrobatchText t{at::Tensor(), text_.labels.narrow(0, m * rows, rows)};
+    const int64_t n = models::predicted_tokens(t);
+    tokens += n;
+    if (!losses.empty()) sum += losses[static_cast<size_t>(m)].detach().to(at::kDouble).reshape({1}) * n;
+  }
+  text_ = {};
+  if (group_.size() > 1) group_.all_reduce(sum, dist::ReduceOp::SUM).wait();
+  return {sum.reshape({}), tokens};
+}
+
+double PipelineStep::forward_backward(const data::Batch& batch, bool sync) {
+  take(batch);
   sync_ = sync;
   const at::Tensor ids = batch.input_ids;
   const int64_t rows = rows_;

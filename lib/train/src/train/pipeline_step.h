@@ -36,6 +36,10 @@ class PipelineStep {
   // accumulated otherwise. Returns the batch's share of the step's loss (the sum of its microbatches' divided
   // losses), the same on every rank of the pipeline. Collective over the pipeline's group and the stages' units'.
   double forward_backward(const data::Batch& batch, bool sync);
+  // Evaluation (models::EvalInputs::pipeline_token_loss): one batch's forwards through the stages without
+  // gradients; its summed token loss (each microbatch's mean times its predicted tokens) and predicted tokens, the
+  // same on every rank of the pipeline. Collective over the pipeline's group.
+  std::pair<at::Tensor, int64_t> token_loss(const data::Batch& batch);
 
   const pp::Schedule& schedule() const { return pipeline_->schedule(); }
   const std::vector<models::StageLayers>& split() const { return split_; }
@@ -50,6 +54,8 @@ class PipelineStep {
   // The batch being run: its microbatches' rows, mask and labels (what the stages' text() reads).
   int64_t rows_ = 0;
   models::MicrobatchText text_;
+  // Splits `batch` into the schedule's microbatches for text() (rows_, text_); throws naming a batch that does not.
+  void take(const data::Batch& batch);
   bool sync_ = true;
 };
 

@@ -533,6 +533,7 @@ struct Loop {
     in.loader = data.eval_loader.get(), in.source_size = data.eval_size();
     in.max_samples = c.train.eval_samples, in.batch_size = c.train.batch_size, in.world = &mesh.data_group();
     in.device = job.device, in.floats = parts.model.dtype();
+    if (parts.pipeline) in.pipeline_token_loss = [this](const data::Batch& b) { return parts.pipeline->token_loss(b); };
     const auto values = job.task->evaluate(*parts.model.module(), in);
     if (summary.first_eval.empty()) summary.first_eval = values;
     summary.last_eval = values;

@@ -64,6 +64,10 @@ class Pipeline {
 
   // One step, this rank's actions in order. `input(m)`: stage 0's input of microbatch m (called on its rank only).
   StepResult step(const std::function<at::Tensor(int microbatch)>& input);
+  // Forwards only, without gradients (evaluation): this rank's forward actions in the schedule's order (each
+  // stage's in microbatch order, so no rank waits on a backward). Returns the last stage's forward output of every
+  // microbatch, by microbatch, on the rank holding it (before Stage::loss: a loss undivided); empty elsewhere.
+  std::vector<at::Tensor> forward_only(const std::function<at::Tensor(int microbatch)>& input);
 
   const Schedule& schedule() const { return schedule_; }
 

@@ -30,8 +30,10 @@ struct MicrobatchText {
   at::Tensor attention_mask, labels;
 };
 
-// A text batch's mask and its causal-LM labels (the tokens, padding -100), as the causal_lm task trains on them.
+// A text batch's mask and its causal-LM labels (the tokens, padding -100), as the causal_lm task trains on them;
+// and the positions whose next token is labelled, what its token-mean loss is over (evaluation weighs by them).
 MicrobatchText causal_lm_text(const data::Batch& batch);
+int64_t predicted_tokens(const MicrobatchText& text);
 
 // One of the stages of a causal LM built as pipeline stages (BuildOptions::stages): `run` is which of the model's
 // layer runs, its forward the model's (Llama::run_stage, through the model's own forward: a sharded model's root
@@ -44,7 +46,6 @@ class LlamaStage : public pp::Stage {
   at::Tensor loss(const at::Tensor& output, int microbatch) override;
   // This stage's parameters by the model's names ("embed.weight", "layers.3.attn.q.weight", "lm_head.weight").
   std::vector<std::pair<std::string, at::Tensor>> named_parameters() const;
-  const Llama& model() const { return model_; }
 
  private:
   Llama model_;

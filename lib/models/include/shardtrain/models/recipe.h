@@ -22,10 +22,12 @@
 
 #include <array>
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "shardtrain/data/pipeline/loader.h"
@@ -82,6 +84,10 @@ struct EvalInputs {
   const dist::Communicator* world = nullptr;
   at::Device device = at::kCPU;           // where the model computes: batches go there
   at::ScalarType floats = at::kFloat;     // the model's dtype: the batches' pixels are cast to it
+  // A pipeline's (the model holds this rank's stages): a text batch's summed token loss and its predicted tokens,
+  // computed through every stage, in place of a causal LM's own forward; every pipeline rank calls it for the same
+  // batches. Unset: the model's forward.
+  std::function<std::pair<at::Tensor, int64_t>(const data::Batch&)> pipeline_token_loss;
 };
 
 // A training objective of a family: pretraining, classification, sequence to sequence, ...
