@@ -131,7 +131,8 @@ int print_schedule(const config::Config& config) {
                                 " stages, but " + recipe->flavor() + " has " + std::to_string(layers) +
                                 " layers: at most " + std::to_string(layers) + " stages, one layer each at least");
   }
-  const std::vector<models::StageLayers> split = plan::pipeline_stages(model, stages);
+  const std::vector<models::StageLayers> split =
+      plan::pipeline_stages(model, stages, config.parallel.pp_split_points);
   const int64_t per_microbatch = config.train.batch_size / shape.microbatches;
   std::printf("pipeline: %s, %d ranks x %d stage(s), %d microbatches of %lld samples (train.batch_size %lld); "
               "bubble %.1f%% by the schedule's figure, %.1f%% simulated (a backward twice a forward)\n",

@@ -1522,7 +1522,8 @@ std::vector<std::pair<double, double>> logged_steps(const std::string& csv) {
 
 // A pipeline trains as the same data-parallel ranks without one that accumulate each batch's microbatches as
 // micro-batches (train.grad_accum): llama-debug at 6 layers, every step's loss and gradient norm (clipping spans the
-// stages) to the 6 digits metrics.csv keeps — under every schedule at pp 2, zero bubble at pp 3, interleaving with 2
+// stages) to the 6 digits metrics.csv keeps — under every schedule at pp 2 (and at given split points), zero bubble
+// at pp 3, interleaving with 2
 // stages a rank, pp 2 x 2 data-parallel ranks under FULL_SHARD, SHARD_GRAD_OP (CPU offload) and NO_SHARD, with
 // activation checkpointing, bf16 and fp16 (its loss scale) mixed precision; evaluation through the stages gives the
 // plain run's held-out loss (float32); the start-up shows the stages and the bubble. What a pipeline does not
@@ -1538,6 +1539,7 @@ TEST_F(TrainTest, PipelineTrainsAsAccumulatedDataParallel) {
   const std::vector<Case> cases = {
       {2, "--parallel.pp_size=2 --parallel.pp_schedule=gpipe --parallel.pp_microbatches=4", ""},
       {2, "--parallel.pp_size=2 --parallel.pp_schedule=1f1b --parallel.pp_microbatches=2", ""},
+      {2, "--parallel.pp_size=2 --parallel.pp_microbatches=4 --parallel.pp_split_points=[1]", ""},  // 1 + 5 layers
       {2, "--parallel.pp_size=2 --parallel.pp_schedule=zero_bubble --parallel.pp_microbatches=4", ""},
       {3, "--parallel.pp_size=3 --parallel.pp_schedule=zero_bubble --parallel.pp_microbatches=4", ""},
       {2, "--parallel.pp_size=2 --parallel.pp_schedule=interleaved_1f1b --parallel.pp_stages_per_rank=2 "
@@ -1576,6 +1578,9 @@ TEST_F(TrainTest, PipelineTrainsAsAccumulatedDataParallel) {
           << "grad_norm, step " << s + 1;
     }
     EXPECT_LT(ours.back().first, ours.front().first) << "it did not train";
+    if (c.pipeline.find("split_points") != std::string::npos) {
+      EXPECT_NE(piped.output.find("stage 0 (rank 0): layer 0 + embeddings"), std::string::npos) << piped.output;
+    }
     // Evaluated through the stages before the first step and after the last: the held-out loss the plain run's.
     std::vector<std::string> evaluations;
     for (const std::string& line : loss_lines(piped.output)) {
@@ -1607,7 +1612,9 @@ TEST_F(TrainTest, PipelineTrainsAsAccumulatedDataParallel) {
            {"--parallel.strategy=ddp", "a pipeline's stages are FSDP roots"},
            {"--parallel.tp_size=2 --launch.num_processes=4", "pipeline x tensor parallelism (the 3-D mesh) is not"},
            {"--model.flavor=llama-3.2-debug", "its head is tied to its embedding"},
-           {"--model.flavor=gpt2-debug", "pipeline stages are not written yet"}}) {
+           {"--model.flavor=gpt2-debug", "pipeline stages are not written yet"},
+           {"--parallel.pp_split_points=[2,4]", "2 points for 2 stages (pp_size x pp_stages_per_rank): expected 1"},
+           {"--parallel.pp_split_points=[6]", "split point 6: each starts a stage after"}}) {
     const Outcome refused = run(common + "--launch.num_processes=2 --parallel.pp_size=2 --train.batch_size=8 " + flags);
     EXPECT_NE(refused.status, 0) << flags;
     EXPECT_NE(refused.output.find(expected), std::string::npos) << flags << "\n" << refused.output;

@@ -225,6 +225,21 @@ Field field(std::string path, std::map<std::string, double>& ref) {
             return n;
           }, {}};
 }
+Field field(std::string path, std::vector<int64_t>& ref) {
+  return {std::move(path),
+          [&ref](auto& w, auto& p, auto& n) {
+            ref.clear();
+            if (n.IsNull()) return;
+            if (!n.IsSequence()) bad_value(w, p, n, "a list of whole numbers ([4, 8])");
+            for (const auto& item : n) ref.push_back(to_int(w, p, item));
+          },
+          [&ref] {
+            YAML::Node n(YAML::NodeType::Sequence);
+            for (int64_t v : ref) n.push_back(v);
+            n.SetStyle(YAML::EmitterStyle::Flow);
+            return n;
+          }, {}};
+}
 Field field(std::string path, std::vector<double>& ref) {
   return {std::move(path), [&ref](auto& w, auto& p, auto& n) { ref = to_doubles(w, p, n); },
           [&ref] {
@@ -351,6 +366,7 @@ std::vector<Field> parallel_fields(Config& c) {
              table_of(parallel::pipeline_schedule_names(), parallel::pipeline_schedule_named)),
       field("parallel.pp_microbatches", c.parallel.pp_microbatches),
       field("parallel.pp_stages_per_rank", c.parallel.pp_stages_per_rank),
+      field("parallel.pp_split_points", c.parallel.pp_split_points),
       field("parallel.dp_replicate_size", c.parallel.dp_replicate_size),
       field("parallel.dp_shard_size", c.parallel.dp_shard_size),
       field("parallel.timeout", c.parallel.timeout),
@@ -850,7 +866,18 @@ void validate_pipeline(const Config& c) {
   require(p.pp_size >= 1, "parallel.pp_size", num(p.pp_size), "1 (no pipeline) or more");
   require(p.pp_microbatches >= 0, "parallel.pp_microbatches", num(p.pp_microbatches), "0 (pp_size) or more");
   require(p.pp_stages_per_rank >= 1, "parallel.pp_stages_per_rank", num(p.pp_stages_per_rank), "1 or more");
-  if (p.pp_size == 1 && p.pp_stages_per_rank == 1) return;
+  if (p.pp_size == 1 && p.pp_stages_per_rank == 1) {
+    if (!p.pp_split_points.empty()) {
+      throw ConfigError("parallel.pp_split_points: given without a pipeline (parallel.pp_size 1)");
+    }
+    return;
+  }
+  const int64_t stages = p.pp_size * p.pp_stages_per_rank;
+  if (!p.pp_split_points.empty() && static_cast<int64_t>(p.pp_split_points.size()) != stages - 1) {
+    throw ConfigError("parallel.pp_split_points: " + num(static_cast<int64_t>(p.pp_split_points.size())) +
+                      " points for " + num(stages) + " stages (pp_size x pp_stages_per_rank): expected " +
+                      num(stages - 1) + ", the first layer of each stage after the first");
+  }
   try {
     pp::make_schedule(pipeline_shape(c));
   } catch (const std::invalid_argument& e) {

@@ -34,7 +34,8 @@ MemoryEstimate pipeline_estimate(const models::ModelRecipe& recipe, const Traini
     throw std::invalid_argument("batch size " + std::to_string(job.batch) + " does not split into " +
                                 std::to_string(shape.microbatches) + " pipeline microbatches");
   }
-  const std::vector<models::StageLayers> split = pipeline_stages(model_shape(recipe, job.tp), shape.stages());
+  const std::vector<models::StageLayers> split =
+      pipeline_stages(model_shape(recipe, job.tp), shape.stages(), job.pipeline_split_points);
   const pp::Simulation simulated = pp::simulate(pp::make_schedule(shape));
   MemoryEstimate largest;
   for (int r = 0; r < shape.ranks; ++r) {

@@ -136,8 +136,10 @@ ModelShape model_shape(const models::ModelRecipe& recipe, int64_t tp, const std:
   return shape;
 }
 
-std::vector<models::StageLayers> pipeline_stages(const ModelShape& shape, int stages) {
+std::vector<models::StageLayers> pipeline_stages(const ModelShape& shape, int stages,
+                                                 const std::vector<int64_t>& split_points) {
   const int64_t layers = static_cast<int64_t>(shape.layer_numel.size());
+  if (!split_points.empty()) return models::split_layers(layers, stages, split_points);
   if (stages > layers) {
     throw std::invalid_argument(std::to_string(stages) + " pipeline stages, but the model has " +
                                 std::to_string(layers) + " layers: at most " + std::to_string(layers) +

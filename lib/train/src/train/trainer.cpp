@@ -661,9 +661,13 @@ TrainSummary train_run(const Config& given, std::shared_ptr<log::Sink> sink, int
   // Dropout draws from the default generators, seeded per data-parallel rank (at::manual_seed seeds CPU and every
   // GPU): a tensor-parallel group draws alike, as its replicated activations must.
   at::manual_seed(data::hash_of(static_cast<uint64_t>(c.train.seed), static_cast<uint64_t>(data_group.rank())));
-  // A pipeline: the model's layers split into stages balanced by FLOPs, this rank building its own only.
+  // A pipeline: the model's layers split into stages (at parallel.pp_split_points, or balanced by FLOPs), this rank
+  // building its own only.
   std::vector<models::StageLayers> split;
-  if (mesh.pp_size() > 1) split = plan::pipeline_stages(plan::model_shape(*job.recipe), config::pipeline_shape(c).stages());
+  if (mesh.pp_size() > 1) {
+    split = plan::pipeline_stages(plan::model_shape(*job.recipe), config::pipeline_shape(c).stages(),
+                                  c.parallel.pp_split_points);
+  }
   ParallelModel model(c, job.recipe, job.task->leaves_parameters_unused(), mesh, job.device,
                       split.empty() ? split : stages_of_rank(config::pipeline_shape(c), split, mesh.pp_rank()));
   // float16: the loss is scaled before backward, and a step whose gradients overflowed on any rank is skipped.

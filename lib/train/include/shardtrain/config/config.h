@@ -189,6 +189,9 @@ struct ParallelConfig {
   parallel::PipelineSchedule pp_schedule = parallel::PipelineSchedule::ONE_F_ONE_B;
   int64_t pp_microbatches = 0;
   int64_t pp_stages_per_rank = 1;
+  // Where the stages begin: the first layer of each stage after the first, increasing (torchtitan's
+  // pipeline_parallel_split_points, as layer indices: [4, 8] cuts 12 layers in three). Empty: balanced by FLOPs.
+  std::vector<int64_t> pp_split_points;
   // The data-parallel dimensions (Accelerate's ParallelismConfig): dp_replicate_size x dp_shard_size x tp_size is
   // the world size. 0: inferred — replicate over the nodes under a hybrid strategy (1 otherwise), shard over what
   // is left.

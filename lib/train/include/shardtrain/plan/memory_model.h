@@ -40,6 +40,7 @@ struct TrainingJob {
   // (tp x pipeline.ranks) ranks of a stage. The estimate is that of the pipeline rank needing most
   // (MemoryEstimate::pp_rank). ranks 1: no pipeline.
   pp::ScheduleShape pipeline;
+  std::vector<int64_t> pipeline_split_points;  // parallel.pp_split_points (empty: balanced)
   // One pipeline rank's part, as the estimate sets it for each: the runs of layers it holds (the model's shape is
   // theirs: model_shape(recipe, tp, stages)), and the most (stage, microbatch) pairs whose activations it holds at
   // once (pp::simulate). Empty: the whole model.
@@ -135,10 +136,13 @@ struct ModelShape {
 ModelShape model_shape(const models::ModelRecipe& recipe, int64_t tp = 1,
                        const std::vector<models::StageLayers>& stages = {});
 
-// The runs of layers a pipeline of `stages` stages cuts the model into: balanced by FLOPs per token, about 6 a
-// parameter, the head's counted with the last stage (models::balanced_split). What `--print-schedule` prints and the
-// trainer builds. Throws std::invalid_argument naming both numbers for more stages than layers.
-std::vector<models::StageLayers> pipeline_stages(const ModelShape& shape, int stages);
+// The runs of layers a pipeline of `stages` stages cuts the model into: at `split_points` when given
+// (parallel.pp_split_points: models::split_layers), else balanced by FLOPs per token, about 6 a parameter, the
+// head's counted with the last stage (models::balanced_split). What `--print-schedule` prints, the trainer builds and
+// the memory model counts. Throws std::invalid_argument naming the numbers for more stages than layers or points
+// out of order or range.
+std::vector<models::StageLayers> pipeline_stages(const ModelShape& shape, int stages,
+                                                 const std::vector<int64_t>& split_points = {});
 // A line for each stage of `split` as `schedule` places them: "stage 3 (rank 3): layer 7 + norm, head, loss, 83,520
 // parameters" (the embeddings on the first stage; the final norm, head and loss on the last).
 std::vector<std::string> describe_pipeline_stages(const ModelShape& shape,
