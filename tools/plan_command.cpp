@@ -132,18 +132,21 @@ void print_table(const std::string& model, const plan::Cluster& cluster,
               cluster.gpu.c_str(), cluster.peak_tflops_bf16, cluster.peak_tflops_fp32, cluster.efficiency,
               cluster.intra_node_gbps, cluster.inter_node_gbps, cluster.pcie_gbps, gib(cluster.host_memory).c_str(),
               cluster.host_memory_gbps);
-  std::printf("  %-3s %-6s %-19s %-5s %-3s %-7s %-11s %9s %9s %10s %10s %5s %9s %8s\n", "#", "TP", "strategy", "prec",
+  std::printf("  %-3s %-6s %-19s %-5s %-3s %-7s %-11s %9s %9s %10s %10s %5s %9s %8s\n", "#", "TP/PP", "strategy", "prec",
               "AC", "offload", "wrap", "batch/DP", "peak GiB", "items/s", "tok/s/GPU", "MFU", "TFLOP/s", "step s");
   for (size_t i = 0; i < configs.size() && static_cast<int64_t>(i) < top; ++i) {
     const auto& c = configs[i];
-    const std::string tp = c.job.tp > 1 ? std::to_string(c.job.tp) + (c.job.sequence_parallel ? " SP" : "") : "-";
+    const std::string tp = c.job.pipeline.ranks > 1 ? "PP " + std::to_string(c.job.pipeline.ranks)
+                           : c.job.tp > 1            ? std::to_string(c.job.tp) + (c.job.sequence_parallel ? " SP" : "")
+                                                     : "-";
     const std::string batch =
         std::to_string(c.job.batch) + (c.job.grad_accum > 1 ? " x" + std::to_string(c.job.grad_accum) : "");
     const std::string offload = std::string(c.job.optimizer_on_disk ? "nvme" : c.job.cpu_offload ? "cpu" : "") +
                                 (c.job.cpu_offload && c.job.activation_offload ? "+" : "") +
                                 (c.job.activation_offload ? "act" : "");
     std::printf("  %-3zu %-6s %-19s %-5s %-3s %-7s %-11s %9s %9s %10.3g %10.0f %4.0f%% %9.1f %8.3f\n", i + 1,
-                tp.c_str(), parallel::to_string(c.job.strategy).c_str(),
+                tp.c_str(),
+                (parallel::to_string(c.job.strategy) + (c.job.sync_each_batch ? ", each" : "")).c_str(),
                 c.job.param_bytes == 2 ? "pure" : parallel::to_string(c.job.mixed_precision).c_str(), ac_text(c.job),
                 offload.c_str(),
                 c.job.strategy == parallel::Strategy::DDP ? "-" : parallel::to_string(c.job.wrap).c_str(),
@@ -167,23 +170,32 @@ std::string recommendation_reason(const std::vector<plan::PlannedConfig>& config
                   100 * (1 - best.items_per_second / fastest.items_per_second), 100 * plan::kPlanTolerance);
     return line;
   }
-  const bool split = best.job.tp > 1;
+  // Layers split over GPUs (tensor parallelism or a pipeline) against data parallelism alone.
+  auto splits = [](const plan::TrainingJob& j) { return j.tp > 1 || j.pipeline.ranks > 1; };
+  auto layout = [](const plan::TrainingJob& j) {
+    return j.tp > 1 ? "tensor parallelism over " + std::to_string(j.tp)
+                    : "a pipeline over " + std::to_string(j.pipeline.ranks);
+  };
+  const bool split = splits(best.job);
   const auto other = std::find_if(configs.begin(), configs.end(),
-                                  [&](const plan::PlannedConfig& c) { return (c.job.tp > 1) != split; });
+                                  [&](const plan::PlannedConfig& c) { return splits(c.job) != split; });
   if (other == configs.end()) {
     std::snprintf(line, sizeof line, "why: %s\n",
-                  split ? "without tensor parallelism not even one sample per GPU fits"
-                        : "no tensor-parallel configuration fits (the family has no plan, or its sizes do not "
-                          "divide)");
+                  split ? "without splitting the layers (tensor parallelism, a pipeline) not even one sample per GPU "
+                          "fits"
+                        : "no configuration splitting the layers fits (the family has no plan or stages, or its "
+                          "sizes do not divide)");
     return line;
   }
   const plan::PlannedConfig& o = *other;
   std::snprintf(line, sizeof line,
                 "why: %s %.3g items/s against %.3g for the best %s (%s%s, batch %lld per data-parallel rank)\n",
-                split ? ("splitting each layer over " + std::to_string(best.job.tp) + " GPUs of a node:").c_str()
+                split ? (best.job.tp > 1 ? "splitting each layer over " + std::to_string(best.job.tp) + " GPUs of a node:"
+                                         : "a pipeline over " + std::to_string(best.job.pipeline.ranks) + " GPUs:")
+                            .c_str()
                       : "data parallelism alone:",
                 best.items_per_second, o.items_per_second,
-                split ? "without tensor parallelism" : ("with tensor parallelism over " + std::to_string(o.job.tp)).c_str(),
+                split ? "without splitting the layers" : ("with " + layout(o.job)).c_str(),
                 parallel::to_string(o.job.strategy).c_str(), o.job.cpu_offload ? " + CPU offload" : "",
                 static_cast<long long>(o.job.batch));
   return line;

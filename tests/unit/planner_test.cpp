@@ -165,6 +165,59 @@ TEST(Planner, TensorParallelIsPlannedWithinANode) {
                           [](const PlannedConfig& c) { return c.job.tp == 2; }));
 }
 
+// Pipelines are planned where the family has stages (Llama's with its own head: not a tied one): 1F1B over 4 x pp
+// microbatches, FSDP over each stage's ranks, no tensor parallelism, offload or one-unit wrap beside; the batch a
+// whole number of microbatches; each rank computes the busiest stage's share and waits in the bubble, so the same
+// job at more microbatches is faster; reducing after every microbatch (train.sync_each_batch) holds less than
+// keeping the stages' full gradients and moves more; the YAML sets the pipeline's keys and loads.
+TEST(Planner, PipelinesArePlannedWhereTheFamilyHasStages) {
+  Cluster cluster;
+  cluster.gpus = 8, cluster.nodes = 2, cluster.gpu_memory = parse_memory_size("80GiB"), cluster.seq_len = 4096;
+  const auto llama = models::recipe_of("llama-3-8b");
+  const auto configs = plan_configurations(*llama, cluster);
+  std::set<int> sizes;
+  for (const PlannedConfig& c : configs) {
+    sizes.insert(c.job.pipeline.ranks);
+    if (c.job.pipeline.ranks == 1) continue;
+    EXPECT_EQ(c.job.tp, 1);
+    EXPECT_FALSE(c.job.cpu_offload);
+    EXPECT_NE(c.job.strategy, parallel::Strategy::DDP);
+    EXPECT_EQ(c.job.pipeline.microbatches, 4 * c.job.pipeline.ranks);
+    EXPECT_EQ(c.job.batch % c.job.pipeline.microbatches, 0);
+    EXPECT_NEAR(c.items_per_second, 8.0 / c.job.pipeline.ranks * c.job.batch / c.step_seconds,
+                1e-9 * c.items_per_second);
+  }
+  EXPECT_EQ(sizes, (std::set<int>{1, 2, 4, 8}));
+  // The tied-head Llama 3.2 has no stages: no pipeline planned.
+  for (const PlannedConfig& c : plan_configurations(*models::recipe_of("llama-3.2-1b"), cluster)) {
+    EXPECT_EQ(c.job.pipeline.ranks, 1);
+  }
+  TrainingJob job;
+  job.world = 8, job.nodes = 2, job.strategy = parallel::Strategy::FULL_SHARD, job.batch = 16, job.seq_len = 4096;
+  job.mixed_precision = parallel::Precision::BF16, job.device = parallel::Device::CUDA;
+  job.pipeline.ranks = 2, job.pipeline.microbatches = 2;
+  const PlannedConfig two = predict(*llama, model_shape(*llama), job, cluster);
+  job.pipeline.microbatches = 8;  // the bubble 1/3 -> 1/9, each microbatch's tokens a quarter
+  const PlannedConfig eight = predict(*llama, model_shape(*llama), job, cluster);
+  EXPECT_LT(eight.compute_seconds, two.compute_seconds);
+  EXPECT_GT(two.comm_seconds, 0);
+  job.sync_each_batch = true;  // a stage's gradients sharded over its 4 ranks in float32, not whole in bf16
+  const PlannedConfig each = predict(*llama, model_shape(*llama), job, cluster);
+  EXPECT_GT(each.comm_seconds, eight.comm_seconds);
+  EXPECT_LT(each.memory.backward_bytes, eight.memory.backward_bytes);
+  const auto piped = std::find_if(configs.begin(), configs.end(), [](const PlannedConfig& c) {
+    return c.job.pipeline.ranks > 1;
+  });
+  ASSERT_NE(piped, configs.end());
+  const config::Config c = config::parse_config(trainer_yaml("llama-3-8b", *piped), "plan.yaml");
+  EXPECT_EQ(c.parallel.pp_size, piped->job.pipeline.ranks);
+  EXPECT_EQ(c.parallel.pp_microbatches, piped->job.pipeline.microbatches);
+  EXPECT_EQ(c.parallel.pp_schedule, parallel::PipelineSchedule::ONE_F_ONE_B);
+  EXPECT_EQ(c.train.sync_each_batch, piped->job.sync_each_batch);
+  config::validate(c);
+  config::check_pipeline_training(c);
+}
+
 // LoRA fine-tuning (plan --lora): the base frozen, so gradients and AdamW state are the adapters' alone — a larger
 // batch in the same configuration — and so are the reductions and, offloaded, the gradients' way back to the host
 // (less traffic a step); the YAML trains the adapters.
@@ -312,7 +365,7 @@ TEST(Planner, DiskTierOnlyWhereTheHostCannotHoldTheState) {
 }
 
 // --global-batch: every configuration trains the same samples a step, as micro-batch x accumulation x data-parallel
-// ranks, the largest micro-batch that divides its share and fits; accumulation computes each micro-batch and
+// ranks (a pipeline's micro-batch a whole number of its microbatches), the largest micro-batch that divides its share and fits; accumulation computes each micro-batch and
 // reduces once.
 TEST(Planner, GlobalBatchIsSplitIntoMicroBatchesAndAccumulation) {
   Cluster cluster = with_gpu(Cluster{}, gpu_spec("a100-40gb"));
@@ -322,7 +375,7 @@ TEST(Planner, GlobalBatchIsSplitIntoMicroBatchesAndAccumulation) {
   ASSERT_FALSE(configs.empty());
   bool accumulates = false;
   for (const PlannedConfig& c : configs) {
-    EXPECT_EQ(c.job.batch * c.job.grad_accum * (c.job.world / c.job.tp), 64);
+    EXPECT_EQ(c.job.batch * c.job.grad_accum * (c.job.world / c.job.tp / c.job.pipeline.ranks), 64);
     accumulates = accumulates || c.job.grad_accum > 1;
   }
   EXPECT_TRUE(accumulates);  // 40 GiB does not hold 8 samples of 4096 tokens of an 8B model in most layouts
@@ -338,7 +391,7 @@ TEST(Planner, GlobalBatchIsSplitIntoMicroBatchesAndAccumulation) {
   cluster.global_batch = 7;  // no data-parallel size of 8 GPUs divides it but one rank's: tp 8 alone
   const auto sevens = plan_configurations(*llama, cluster);
   ASSERT_FALSE(sevens.empty());
-  for (const PlannedConfig& c : sevens) EXPECT_EQ(c.job.world / c.job.tp, 1);
+  for (const PlannedConfig& c : sevens) EXPECT_EQ(c.job.world / c.job.tp / c.job.pipeline.ranks, 1);
 }
 
 // The throughput model against a published figure: torchtitan's Llama 3.1 8B on 8 H100s (FSDP, bf16, local batch 2

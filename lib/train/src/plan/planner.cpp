@@ -104,11 +104,12 @@ GpuSpec gpu_spec(const std::string& name) {
 
 bool split_global_batch(const models::ModelRecipe& recipe, const ModelShape& shape, TrainingJob& job,
                         const Cluster& cluster) {
-  const int64_t dp = job.world / job.tp, largest = job.batch;
+  const int64_t dp = job.world / job.tp / job.pipeline.ranks, largest = job.batch;
+  const int64_t unit = job.pipeline.ranks > 1 ? job.pipeline.microbatches : 1;  // a pipeline's batch: its microbatches
   if (cluster.global_batch % dp != 0) return false;
   const int64_t local = cluster.global_batch / dp;
   for (int64_t micro = std::min(local, largest); micro >= 1; --micro) {
-    if (local % micro != 0) continue;
+    if (local % micro != 0 || micro % unit != 0) continue;
     TrainingJob candidate = job;
     candidate.batch = micro, candidate.grad_accum = local / micro;
     if (!fits(recipe, shape, candidate, cluster)) continue;
@@ -133,19 +134,21 @@ int64_t default_tokens(const models::ModelRecipe& recipe) {
 
 int64_t largest_batch(const models::ModelRecipe& recipe, const ModelShape& shape, TrainingJob job,
                       const Cluster& cluster) {
-  auto fits_at = [&](int64_t batch) {
-    job.batch = batch;
+  // A pipeline's batch is a whole number of its microbatches: the search is over a microbatch's rows.
+  const int64_t unit = job.pipeline.ranks > 1 ? job.pipeline.microbatches : 1, most = cluster.max_batch / unit;
+  auto fits_at = [&](int64_t rows) {
+    job.batch = rows * unit;
     return fits(recipe, shape, job, cluster);
   };
-  if (!fits_at(1)) return 0;
+  if (most < 1 || !fits_at(1)) return 0;
   int64_t lo = 1, hi = 2;  // fits_at(lo); grow hi until it does not fit
-  while (hi <= cluster.max_batch && fits_at(hi)) lo = hi, hi *= 2;
-  hi = std::min(hi, cluster.max_batch + 1);
+  while (hi <= most && fits_at(hi)) lo = hi, hi *= 2;
+  hi = std::min(hi, most + 1);
   while (hi - lo > 1) {
     const int64_t mid = lo + (hi - lo) / 2;
     (fits_at(mid) ? lo : hi) = mid;
   }
-  return lo;
+  return lo * unit;
 }
 
 PlannedConfig predict(const models::ModelRecipe& recipe, const ModelShape& shape, const TrainingJob& job,
@@ -171,17 +174,41 @@ PlannedConfig predict(const models::ModelRecipe& recipe, const ModelShape& shape
   // Under tensor parallelism a rank computes its share of every layer (1 / tp of the FLOPs) in its slices, whose
   // width the rank's layer parameters give.
   const double tp = static_cast<double>(job.tp), width = layer_width(shape);
-  const double efficiency = cluster.efficiency * tokens / (tokens + cluster.half_efficiency_tokens) * width /
-                            (width + cluster.half_efficiency_width);
+  // A pipeline: each rank computes its stages' share of the FLOPs (the busiest rank's sets the pace), a microbatch
+  // at a time (the efficiency of its tokens), and waits in the schedule's bubble; its units gathered and its
+  // gradients reduced over the stage's data-parallel ranks; each microbatch's activations cross every stage
+  // boundary forward and their gradients back.
+  const bool piped = job.pipeline.ranks > 1;
+  const double pp = static_cast<double>(job.pipeline.ranks), M = piped ? job.pipeline.microbatches : 1;
+  double share = 1, bubble = 0;
+  if (piped) {
+    const std::vector<models::StageLayers> split =
+        pipeline_stages(shape, job.pipeline.stages(), job.pipeline_split_points);
+    std::vector<double> rank_cost(static_cast<size_t>(job.pipeline.ranks), 0);
+    double total = 0;
+    for (int s = 0; s < job.pipeline.stages(); ++s) {
+      const models::StageLayers& run = split[static_cast<size_t>(s)];
+      double cost = s + 1 == job.pipeline.stages() ? static_cast<double>(shape.output_numel) : 0;
+      for (int64_t l = run.first; l < run.first + run.count; ++l) cost += static_cast<double>(shape.layer_numel[static_cast<size_t>(l)]);
+      rank_cost[static_cast<size_t>(job.pipeline.rank_of(s))] += cost, total += cost;
+    }
+    share = *std::max_element(rank_cost.begin(), rank_cost.end()) / total;
+    bubble = pp::nominal_bubble(job.pipeline);
+  }
+  const double micro_tokens = tokens / M;
+  const double efficiency = cluster.efficiency * micro_tokens / (micro_tokens + cluster.half_efficiency_tokens) *
+                            width / (width + cluster.half_efficiency_width);
   // Gradient accumulation: A micro-batches a step, each computed and its units gathered; the gradients reduced (and
   // the optimizer stepped) once.
   const double A = static_cast<double>(std::max<int64_t>(job.grad_accum, 1));
-  p.compute_seconds = A * flops / tp / (peak * efficiency);
+  p.compute_seconds = A * flops * share / tp / (peak * efficiency) / (1 - bubble);
 
   // Parameters are gathered, gradients reduced over the data-parallel ranks: all of a rank's (its slices under
-  // tensor parallelism), and the trainable ones (LoRA: the adapters alone).
-  const double P = static_cast<double>(shape.parameters()), G = static_cast<double>(shape.trainable());
-  const double W = static_cast<double>(job.world / job.tp);
+  // tensor parallelism; its stages' in a pipeline), and the trainable ones (LoRA: the adapters alone). A pipeline's
+  // units are gathered for every microbatch.
+  const double P = piped ? static_cast<double>(p.memory.parameters) : static_cast<double>(shape.parameters());
+  const double G = piped ? P : static_cast<double>(shape.trainable());
+  const double W = static_cast<double>(job.world / job.tp / job.pipeline.ranks);
   const double per_node = static_cast<double>(job.world / std::max<int64_t>(job.nodes, 1) / job.tp);
   const double ce = low ? 2 : 4, rd = job.mixed_precision == parallel::Precision::BF16 || pure_bf16 ? 2 : 4;
   const double intra = cluster.intra_node_gbps * 1e9;
@@ -190,11 +217,13 @@ PlannedConfig predict(const models::ModelRecipe& recipe, const ModelShape& shape
   // All-gathered per step: every parameter for forward and again for backward when resharded after forward, once
   // when not — and a unit called twice (FLAVA's encoders) once more in each (P2).
   const double P2 = static_cast<double>(p.memory.parameters_called_twice);
-  const double resharding = (P + P2) * ce * 2, keeping = (P + P2) * ce;
+  const double resharding = (P + P2) * ce * 2 * M, keeping = (P + P2) * ce * M;
+  // Gradients reduced once a step, or (a pipeline's train.sync_each_batch) after every microbatch.
+  const double reductions = piped && job.sync_each_batch ? A * M : 1;
   double comm = 0;
   switch (job.strategy) {
-    case parallel::Strategy::FULL_SHARD: comm = moved(A * resharding + G * rd, W) / inter; break;
-    case parallel::Strategy::SHARD_GRAD_OP: comm = moved(A * keeping + G * rd, W) / inter; break;
+    case parallel::Strategy::FULL_SHARD: comm = moved(A * resharding + reductions * G * rd, W) / inter; break;
+    case parallel::Strategy::SHARD_GRAD_OP: comm = moved(A * keeping + reductions * G * rd, W) / inter; break;
     case parallel::Strategy::NO_SHARD:
     case parallel::Strategy::DDP: comm = moved(2 * G * rd, W) / inter; break;
     case parallel::Strategy::HYBRID_SHARD:
@@ -240,14 +269,20 @@ PlannedConfig predict(const models::ModelRecipe& recipe, const ModelShape& shape
     const double passes = job.activation_checkpointing ? 6 : 4;
     tp_comm = A * passes * inputs * 2 * (tp - 1) / tp / (cluster.intra_node_gbps * 1e9);
   }
+  if (piped) {  // (rows, T, C) forward and its gradient back, per microbatch, across the pipeline's link
+    const double boundary = static_cast<double>(job.batch) / M * static_cast<double>(tokens_of(recipe, job.seq_len)) *
+                            width * ce;
+    const double link = (job.nodes > 1 ? cluster.inter_node_gbps : cluster.intra_node_gbps) * 1e9;
+    comm += A * M * 2 * boundary / link;
+  }
   p.comm_seconds = comm + tp_comm;
   const double hidden = job.wrap == parallel::Wrap::NONE ? 0.0 : cluster.overlap;
   const double exposed = std::max(comm * (1 - hidden), comm - p.compute_seconds) + tp_comm;
   p.step_seconds = p.compute_seconds + exposed + p.optimizer_seconds;
   const double items = static_cast<double>(b.texts + b.images);
   p.items_per_second = A * W * items / p.step_seconds;
-  p.tokens_per_second_per_gpu = A * tokens / tp / p.step_seconds;
-  p.tflops_per_gpu = A * model_flops / tp / p.step_seconds / 1e12;  // model FLOPs (the replayed one not counted)
+  p.tokens_per_second_per_gpu = A * tokens / tp / pp / p.step_seconds;
+  p.tflops_per_gpu = A * model_flops / tp / pp / p.step_seconds / 1e12;  // model FLOPs (the replayed one not counted)
   p.mfu = p.tflops_per_gpu * 1e12 / peak;
   return p;
 }
@@ -268,9 +303,20 @@ std::vector<PlannedConfig> plan_configurations(const models::ModelRecipe& recipe
   const int64_t per_node = cluster.gpus / cluster.nodes;
   const bool sequence = models::splits_sequence(recipe.tp_plan());
   std::vector<PlannedConfig> out;
+  // Pipelines (the trainer's: FSDP over each stage's ranks, no tensor parallelism beside, no offload) of 2, 4, ...
+  // ranks where the family has stages and each stage gets a layer: 1F1B over 4 microbatches a pipeline rank.
+  const int64_t layers = static_cast<int64_t>(model_shape(recipe).layer_numel.size());
+  std::vector<int64_t> pipelines = {1};
+  if (recipe.pipeline_stages_refused().empty()) {
+    for (int64_t pp = 2; pp <= cluster.gpus && pp <= layers; pp *= 2) {
+      if (cluster.gpus % pp == 0) pipelines.push_back(pp);
+    }
+  }
   auto enumerate = [&](bool activation_offload, bool disk) {
+    for (int64_t pp : pipelines) {
     for (int64_t tp = 1; tp <= per_node; tp *= 2) {
       if (per_node % tp != 0) break;
+      if (pp > 1 && tp > 1) break;
       std::optional<ModelShape> shape;
       try {
         shape = model_shape(recipe, tp);
@@ -287,6 +333,7 @@ std::vector<PlannedConfig> plan_configurations(const models::ModelRecipe& recipe
                 if (!fsdp && (offload || wrap == parallel::Wrap::NONE)) continue;  // DDP has neither
                 if (tp > 1 && (offload || wrap == parallel::Wrap::NONE)) continue;
                 if (precision.param_bytes == 2 && offload) continue;  // AnyPrecision's host step is not priced
+                if (pp > 1 && (!fsdp || offload || wrap == parallel::Wrap::NONE || activation_offload)) continue;
                 TrainingJob job;
                 job.world = cluster.gpus, job.nodes = cluster.nodes, job.strategy = strategy, job.wrap = wrap;
                 job.tp = tp, job.sequence_parallel = tp > 1 && sequence;
@@ -296,15 +343,27 @@ std::vector<PlannedConfig> plan_configurations(const models::ModelRecipe& recipe
                 job.activation_checkpointing = ac_every > 0, job.checkpoint_every = std::max<int64_t>(ac_every, 1);
                 job.activation_offload = activation_offload, job.optimizer_on_disk = disk;
                 job.seq_len = tokens_of(recipe, cluster.seq_len), job.device = parallel::Device::CUDA;
-                job.batch = largest_batch(recipe, *shape, job, cluster);
-                if (job.batch < 1) continue;
-                if (cluster.global_batch > 0 && !split_global_batch(recipe, *shape, job, cluster)) continue;
-                out.push_back(predict(recipe, *shape, job, cluster));
+                if (pp > 1) {
+                  job.pipeline.kind = parallel::PipelineSchedule::ONE_F_ONE_B;
+                  job.pipeline.ranks = static_cast<int>(pp), job.pipeline.microbatches = static_cast<int>(4 * pp);
+                }
+                // A pipeline keeps its stages' full gradients between microbatches, or reduces after each
+                // (train.sync_each_batch): memory against communication, both tried.
+                const bool reduces = cluster.gpus / tp / pp > 1 && strategy != parallel::Strategy::NO_SHARD;
+                for (bool sync_each : pp > 1 && reduces ? std::vector<bool>{false, true} : std::vector<bool>{false}) {
+                  TrainingJob tried = job;
+                  tried.sync_each_batch = sync_each;
+                  tried.batch = largest_batch(recipe, *shape, tried, cluster);
+                  if (tried.batch < 1) continue;
+                  if (cluster.global_batch > 0 && !split_global_batch(recipe, *shape, tried, cluster)) continue;
+                  out.push_back(predict(recipe, *shape, tried, cluster));
+                }
               }
             }
           }
         }
       }
+    }
     }
   };
   // Activation offload only where nothing else fits: it buys memory with PCIe traffic and host memory, and at its
@@ -323,7 +382,7 @@ size_t recommended(const std::vector<PlannedConfig>& configs) {
   // What a layout asks of its user beyond data parallelism: layers split over GPUs, state or activations moved to
   // the host, parameters kept in bf16 (numerics to watch).
   auto departures = [](const TrainingJob& j) {
-    return (j.tp > 1) + j.cpu_offload + j.activation_offload + (j.param_bytes == 2);
+    return (j.tp > 1 || j.pipeline.ranks > 1) + j.cpu_offload + j.activation_offload + (j.param_bytes == 2);
   };
   size_t best = 0;
   for (size_t i = 1; i < configs.size(); ++i) {
@@ -358,9 +417,15 @@ std::string lora_section(const models::LoraSpec& lora) {
 
 std::string trainer_yaml(const std::string& model, const PlannedConfig& c, const models::LoraSpec& lora) {
   const TrainingJob& j = c.job;
-  const std::string tp_lines = j.tp > 1 ? "  tp_size: " + std::to_string(j.tp) + "\n  sequence_parallel: " +
-                                              (j.sequence_parallel ? "true" : "false") + "\n"
-                                        : "";
+  std::string tp_lines = j.tp > 1 ? "  tp_size: " + std::to_string(j.tp) + "\n  sequence_parallel: " +
+                                        (j.sequence_parallel ? "true" : "false") + "\n"
+                                  : "";
+  if (j.pipeline.ranks > 1) {
+    tp_lines += "  pp_size: " + std::to_string(j.pipeline.ranks) + "\n  pp_schedule: " +
+                parallel::to_string(j.pipeline.kind) + "\n  pp_microbatches: " +
+                std::to_string(j.pipeline.microbatches) + "\n";
+  }
+  const std::string sync_line = j.sync_each_batch ? "  sync_each_batch: true\n" : "";
   char head[512], body[1024];
   std::snprintf(head, sizeof head,
                 "# shardtrain plan: %s%s on %lld GPUs (%lld node%s): predicted peak %.2f GiB per GPU, %.3g items/s\n",
@@ -370,7 +435,7 @@ std::string trainer_yaml(const std::string& model, const PlannedConfig& c, const
   std::snprintf(body, sizeof body,
                 "parallel:\n  strategy: %s\n  mixed_precision: %s\n  activation_checkpointing: %s\n%s"
                 "  cpu_offload: %s\n%s%s  wrap: %s\n%s"
-                "train:\n  device: cuda\n  batch_size: %lld\n%s"
+                "train:\n  device: cuda\n  batch_size: %lld\n%s%s"
                 "launch:\n  num_processes: %lld\n  num_machines: %lld\n",
                 parallel::to_string(j.strategy).c_str(), parallel::to_string(j.mixed_precision).c_str(),
                 j.activation_checkpointing ? "true" : "false",
@@ -381,6 +446,7 @@ std::string trainer_yaml(const std::string& model, const PlannedConfig& c, const
                 j.optimizer_on_disk ? "  offload: nvme\n  nvme_path: /local/nvme  # a directory on a local disk\n" : "",
                 j.activation_offload ? "  activation_offload: true\n" : "", parallel::to_string(j.wrap).c_str(), tp_lines.c_str(), static_cast<long long>(j.batch),
                 j.grad_accum > 1 ? ("  grad_accum: " + std::to_string(j.grad_accum) + "\n").c_str() : "",
+                sync_line.c_str(),
                 static_cast<long long>(j.world),
                 static_cast<long long>(j.nodes));
   // Pure bf16: the parameters in bf16 and AnyPrecision AdamW with Kahan summation (its moments in bf16).

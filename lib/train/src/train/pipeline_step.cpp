@@ -20,15 +20,17 @@ std::vector<models::StageLayers> stages_of_rank(const pp::ScheduleShape& shape,
 class PipelineStep::TrainStage : public models::LlamaStage {
  public:
   TrainStage(models::Llama model, int64_t run, int divisor, std::function<models::MicrobatchText(int)> text,
-             ParallelModel& parallel, const bool& sync, const optim::GradScaler* scaler)
+             ParallelModel& parallel, const bool& sync, bool sync_each, const optim::GradScaler* scaler)
       : LlamaStage(std::move(model), run, divisor, std::move(text)), parallel_(parallel), sync_(sync),
-        scaler_(scaler) {}
-  void before_backward(bool last) override { parallel_.set_gradient_sync(last && sync_); }
+        sync_each_(sync_each), scaler_(scaler) {}
+  // train.sync_each_batch: every microbatch's backward reduces (no full gradients kept between them).
+  void before_backward(bool last) override { parallel_.set_gradient_sync((last && sync_) || sync_each_); }
   double loss_scale() const override { return scaler_ ? scaler_->scale_value() : 1.0; }
 
  private:
   ParallelModel& parallel_;
   const bool& sync_;
+  bool sync_each_;
   const optim::GradScaler* scaler_;
 };
 
@@ -46,7 +48,8 @@ PipelineStep::PipelineStep(const config::Config& c, ParallelModel& model, const 
   std::map<int, pp::Stage*> mine;
   for (int s = 0, run = 0; s < shape.stages(); ++s) {
     if (shape.rank_of(s) != mesh.pp_rank()) continue;
-    stages_.push_back(std::make_unique<TrainStage>(models::Llama(llama), run++, divisor, text, model, sync_, scaler));
+    stages_.push_back(std::make_unique<TrainStage>(models::Llama(llama), run++, divisor, text, model, sync_,
+                                                   c.train.sync_each_batch, scaler));
     mine[s] = stages_.back().get();
   }
   pipeline_ = std::make_unique<pp::Pipeline>(pp::make_schedule(shape), group_, std::move(mine));

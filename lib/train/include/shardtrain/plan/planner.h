@@ -1,4 +1,4 @@
-// `shardtrain plan`: every data- and tensor-parallel configuration of a model that fits a cluster, each with its
+// `shardtrain plan`: every data-, tensor- and pipeline-parallel configuration of a model that fits a cluster, each with its
 // largest local batch (the memory model, plan/memory_model.h) and its predicted throughput, best first.
 //
 //   plan::Cluster cluster;                       // 8 x A100-40GB by default
@@ -28,6 +28,13 @@
 //               traffic above over world / tp data-parallel ranks of a rank's slices; and each layer's input
 //               (B, T, C) all-reduced 4 times a step (6 with checkpointing) over the tp ranks, 2 (tp - 1) / tp of
 //               it, on the intra-node bandwidth and never hidden
+//   pipeline  with pp > 1 (the trainer's: FSDP over each stage's ranks, 1F1B over 4 x pp microbatches): compute x the
+//               busiest rank's share of the layers' parameters (the head with the last stage) / (1 - the schedule's
+//               bubble), at the efficiency of a microbatch's tokens; the traffic above of a rank's stages over
+//               world / pp data-parallel ranks, gathered for every microbatch; each microbatch's (rows, T, C)
+//               activations forward and their gradients back across the pipeline's link (inter-node when the job
+//               spans nodes), hidden as communication is; its gradients reduced once a step (the stages' full
+//               gradients kept between microbatches) or after every microbatch (train.sync_each_batch), both tried
 //   optimizer with CPU offload, the step on the host after backward (nothing to overlap with): each rank's shard
 //               of the trainable parameters x 28 bytes (fused AdamW reads parameter, gradient and both moments and
 //               writes three back, float32) over the host memory bandwidth a GPU's rank gets; configurations whose
