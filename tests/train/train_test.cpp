@@ -1545,6 +1545,7 @@ TEST_F(TrainTest, PipelineTrainsAsAccumulatedDataParallel) {
       {2, "--parallel.pp_size=2 --parallel.pp_schedule=interleaved_1f1b --parallel.pp_stages_per_rank=2 "
           "--parallel.pp_microbatches=4", ""},
       {4, "--parallel.pp_size=2 --parallel.pp_microbatches=4", "--parallel.strategy=full_shard"},
+      {4, "--parallel.pp_size=2 --parallel.pp_microbatches=4", "--train.sync_each_batch=true"},  // reduce each
       {4, "--parallel.pp_size=2 --parallel.pp_microbatches=2", "--parallel.strategy=shard_grad_op --parallel.offload=cpu"},
       {4, "--parallel.pp_size=2 --parallel.pp_schedule=zero_bubble --parallel.pp_microbatches=4",
        "--parallel.strategy=no_shard --parallel.activation_checkpointing=true --parallel.mixed_precision=bf16"},
