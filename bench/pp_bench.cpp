@@ -73,9 +73,7 @@ int train(const Args& a) {
           ->config.layers;
   const auto split = models::split_layers(layers, shape.stages());
   models::BuildOptions build;
-  for (int s = 0; s < shape.stages(); ++s) {
-    if (shape.rank_of(s) == mesh.pp_rank()) build.stages.push_back(split[static_cast<size_t>(s)]);
-  }
+  build.stages = models::stages_of_rank(shape, split, mesh.pp_rank());
   models::ZooModel model = models::build_model(recipe, build);
   models::LoadOptions partial;
   partial.partial = true;  // the other stages' tensors are theirs

@@ -135,9 +135,7 @@ TEST(Pipeline, LlamaStagesGiveOneProcesssGradients) {
     // model's (drawn by name).
     const auto split = models::split_layers(8, shape.stages());
     models::BuildOptions build;
-    for (int s = 0; s < shape.stages(); ++s) {
-      if (shape.rank_of(s) == rank) build.stages.push_back(split[static_cast<size_t>(s)]);
-    }
+    build.stages = models::stages_of_rank(shape, split, rank);
     models::Llama model(std::dynamic_pointer_cast<models::LlamaImpl>(models::build_model(recipe, build).module));
     int64_t held = 0;
     for (const auto& run : build.stages) held += run.count;

@@ -157,16 +157,14 @@ void Pipeline::forward(const Action& a, const std::function<at::Tensor(int)>& in
   InFlight f;
   f.input = a.stage == 0 ? input(a.microbatch) : take_activation(a.stage, a.microbatch).requires_grad_(true);
   const bool last = a.stage + 1 == schedule_.shape.stages();
-  at::Tensor output = timed(result.busy_seconds, [&] {
+  f.output = timed(result.busy_seconds, [&] {
     at::Tensor out = stage.forward(f.input, a.microbatch);
     return last ? stage.loss(out, a.microbatch) : out;
   });
   if (last) {
-    f.output = output;
     result.loss += f.output.item<double>();
   } else {
-    give_activation(a.stage, a.microbatch, output);
-    f.output = output;
+    give_activation(a.stage, a.microbatch, f.output);
   }
   in_flight_[{a.stage, a.microbatch}] = std::move(f);
 }

@@ -84,6 +84,15 @@ std::vector<StageLayers> balanced_split(const std::vector<double>& layer_costs, 
   return out;
 }
 
+std::vector<StageLayers> stages_of_rank(const pp::ScheduleShape& shape, const std::vector<StageLayers>& split,
+                                        int pp_rank) {
+  std::vector<StageLayers> mine;
+  for (int s = 0; s < shape.stages(); ++s) {
+    if (shape.rank_of(s) == pp_rank) mine.push_back(split.at(static_cast<size_t>(s)));
+  }
+  return mine;
+}
+
 MicrobatchText causal_lm_text(const data::Batch& batch) {
   return {batch.attention_mask, causal_lm_labels(batch)};
 }

@@ -9,6 +9,7 @@
 #include "plan/step_layout.h"
 #include "plan/step_phases.h"
 #include "shardtrain/memory/memory_size.h"
+#include "shardtrain/models/pipeline_stage.h"
 #include "shardtrain/parallel/vocabulary.h"
 
 namespace shardtrain::plan {
@@ -23,8 +24,8 @@ constexpr double kCudaAllocatorAllowance = 0.05;
 // A pipeline: each rank's stages estimated as a model of their own over the stage's data-parallel ranks, one
 // microbatch a micro-batch (the step's microbatches x grad_accum of them: FSDP keeps the full gradients between
 // them, reducing at the last), and the activations of the other microbatches the schedule holds at once on top;
-// the rank needing most.
-MemoryEstimate pipeline_estimate(const models::ModelRecipe& recipe, const TrainingJob& job) {
+// the rank needing most. `whole`: the model's shape, which the stages are cut from.
+MemoryEstimate pipeline_estimate(const models::ModelRecipe& recipe, const ModelShape& whole, const TrainingJob& job) {
   const pp::ScheduleShape& shape = job.pipeline;
   if (job.world % (shape.ranks * job.tp) != 0) {
     throw std::invalid_argument("a pipeline of " + std::to_string(shape.ranks) + " ranks x tensor parallelism over " +
@@ -34,8 +35,7 @@ MemoryEstimate pipeline_estimate(const models::ModelRecipe& recipe, const Traini
     throw std::invalid_argument("batch size " + std::to_string(job.batch) + " does not split into " +
                                 std::to_string(shape.microbatches) + " pipeline microbatches");
   }
-  const std::vector<models::StageLayers> split =
-      pipeline_stages(model_shape(recipe, job.tp), shape.stages(), job.pipeline_split_points);
+  const std::vector<models::StageLayers> split = pipeline_stages(whole, shape.stages(), job.pipeline_split_points);
   const pp::Simulation simulated = pp::simulate(pp::make_schedule(shape));
   MemoryEstimate largest;
   for (int r = 0; r < shape.ranks; ++r) {
@@ -43,9 +43,7 @@ MemoryEstimate pipeline_estimate(const models::ModelRecipe& recipe, const Traini
     stage.pipeline = pp::ScheduleShape{};
     stage.world = job.world / shape.ranks, stage.nodes = std::max<int64_t>(1, job.nodes / shape.ranks);
     stage.batch = job.batch / shape.microbatches, stage.grad_accum = job.grad_accum * shape.microbatches;
-    for (int s = 0; s < shape.stages(); ++s) {
-      if (shape.rank_of(s) == r) stage.stages.push_back(split[static_cast<size_t>(s)]);
-    }
+    stage.stages = models::stages_of_rank(shape, split, r);
     stage.microbatches_held = simulated.peak_held.at(static_cast<size_t>(r));
     MemoryEstimate e = estimate_training_memory(recipe, model_shape(recipe, job.tp, stage.stages), stage);
     e.pp_rank = r;
@@ -57,13 +55,12 @@ MemoryEstimate pipeline_estimate(const models::ModelRecipe& recipe, const Traini
 }  // namespace
 
 MemoryEstimate estimate_training_memory(const models::ModelRecipe& recipe, const TrainingJob& job) {
-  if (job.pipeline.ranks > 1) return pipeline_estimate(recipe, job);
   return estimate_training_memory(recipe, model_shape(recipe, job.tp, job.stages), job);
 }
 
 MemoryEstimate estimate_training_memory(const models::ModelRecipe& recipe, const ModelShape& shape,
                                         const TrainingJob& job) {
-  if (job.pipeline.ranks > 1) return pipeline_estimate(recipe, job);
+  if (job.pipeline.ranks > 1) return pipeline_estimate(recipe, shape, job);
   const StepLayout s = step_layout(recipe, shape, job);
   MemoryEstimate e;
   e.tokens = job.seq_len > 0 ? job.seq_len : recipe.task()->data_needs().max_text_length;

@@ -257,7 +257,9 @@ models::ActivationBytes stage_activations(const models::ActivationBytes& whole,
   models::ActivationBytes a = whole;
   a.layers.clear();
   for (const models::StageLayers& run : runs) {
-    for (int64_t j = run.first; j < run.first + run.count; ++j) a.layers.push_back(whole.layers.at(static_cast<size_t>(j)));
+    for (int64_t j = run.first; j < run.first + run.count; ++j) {
+      a.layers.push_back(whole.layers.at(static_cast<size_t>(j)));
+    }
   }
   const bool last = runs.back().first + runs.back().count == static_cast<int64_t>(whole.layers.size());
   if (!last) {

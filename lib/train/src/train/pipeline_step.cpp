@@ -6,15 +6,6 @@
 
 namespace shardtrain::train {
 
-std::vector<models::StageLayers> stages_of_rank(const pp::ScheduleShape& shape,
-                                                const std::vector<models::StageLayers>& split, int pp_rank) {
-  std::vector<models::StageLayers> mine;
-  for (int s = 0; s < shape.stages(); ++s) {
-    if (shape.rank_of(s) == pp_rank) mine.push_back(split.at(static_cast<size_t>(s)));
-  }
-  return mine;
-}
-
 // A stage of the run's model whose backward reduces its gradients over the data-parallel ranks at the step's last
 // weight gradients only (FSDP's gradient sync, as gradient accumulation's last micro-batch).
 class PipelineStep::TrainStage : public models::LlamaStage {
@@ -42,8 +33,7 @@ PipelineStep::PipelineStep(const config::Config& c, ParallelModel& model, const 
   if (!llama) throw std::invalid_argument("parallel.pp_size: the model is not built as Llama's pipeline stages");
   const int divisor = static_cast<int>(shape.microbatches * c.train.grad_accum);
   auto text = [this](int m) {
-    return models::MicrobatchText{text_.attention_mask.narrow(0, m * rows_, rows_),
-                                  text_.labels.narrow(0, m * rows_, rows_)};
+    return models::MicrobatchText{rows_of(text_.attention_mask, m), rows_of(text_.labels, m)};
   };
   std::map<int, pp::Stage*> mine;
   for (int s = 0, run = 0; s < shape.stages(); ++s) {
@@ -64,24 +54,28 @@ void PipelineStep::take(const data::Batch& batch) {
     throw std::invalid_argument("pipeline: a batch of " + std::to_string(batch.input_ids.size(0)) +
                                 " rows does not split into " + std::to_string(microbatches) + " microbatches");
   }
+  ids_ = batch.input_ids;
   text_ = models::causal_lm_text(batch);
 }
 
+at::Tensor PipelineStep::rows_of(const at::Tensor& t, int microbatch) const {
+  return t.narrow(0, microbatch * rows_, rows_);
+}
+
+void PipelineStep::release() { ids_ = at::Tensor(), text_ = {}; }
+
 std::pair<at::Tensor, int64_t> PipelineStep::token_loss(const data::Batch& batch) {
   take(batch);
-  const at::Tensor ids = batch.input_ids;
-  const int64_t rows = rows_;
-  const std::vector<at::Tensor> losses = pipeline_->forward_only([&](int m) { return ids.narrow(0, m * rows, rows); });
+  const std::vector<at::Tensor> losses = pipeline_->forward_only([this](int m) { return rows_of(ids_, m); });
   // Each microbatch's mean over its predicted tokens, weighed by them: the batch's sum (on the last stage's rank).
   at::Tensor sum = at::zeros({1}, at::dtype(at::kDouble).device(group_.device()));
   int64_t tokens = 0;
   for (int m = 0; m < schedule().shape.microbatches; ++m) {
-    const models::MicrobatchText t{at::Tensor(), text_.labels.narrow(0, m * rows, rows)};
-    const int64_t n = models::predicted_tokens(t);
+    const int64_t n = models::predicted_tokens({at::Tensor(), rows_of(text_.labels, m)});
     tokens += n;
     if (!losses.empty()) sum += losses[static_cast<size_t>(m)].detach().to(at::kDouble).reshape({1}) * n;
   }
-  text_ = {};
+  release();
   if (group_.size() > 1) group_.all_reduce(sum, dist::ReduceOp::SUM).wait();
   return {sum.reshape({}), tokens};
 }
@@ -89,10 +83,8 @@ std::pair<at::Tensor, int64_t> PipelineStep::token_loss(const data::Batch& batch
 double PipelineStep::forward_backward(const data::Batch& batch, bool sync) {
   take(batch);
   sync_ = sync;
-  const at::Tensor ids = batch.input_ids;
-  const int64_t rows = rows_;
-  const pp::StepResult result = pipeline_->step([&](int m) { return ids.narrow(0, m * rows, rows); });
-  text_ = {};
+  const pp::StepResult result = pipeline_->step([this](int m) { return rows_of(ids_, m); });
+  release();
   // The loss is the last stage's: every rank of the pipeline reports it.
   at::Tensor loss = at::full({1}, result.loss, at::dtype(at::kDouble)).to(group_.device());
   if (group_.size() > 1) group_.all_reduce(loss, dist::ReduceOp::SUM).wait();

@@ -16,13 +16,9 @@
 
 namespace shardtrain::train {
 
-// Which of `split`'s stages the pipeline rank `pp_rank` runs under `shape` (rank r: stages r, r + P, ...).
-std::vector<models::StageLayers> stages_of_rank(const pp::ScheduleShape& shape,
-                                                const std::vector<models::StageLayers>& split, int pp_rank);
-
 class PipelineStep {
  public:
-  // `model`: built with stages_of_rank(...) of `split` (every stage's layers). The losses are divided by the
+  // `model`: built with models::stages_of_rank(...) of `split` (every stage's layers). The losses are divided by the
   // schedule's microbatches x train.grad_accum, so that a step's gradients are the mean over its microbatches.
   // `scaler` (float16): the last stage's backward starts from its scale.
   PipelineStep(const config::Config& c, ParallelModel& model, const dist::DeviceMesh& mesh,
@@ -51,12 +47,17 @@ class PipelineStep {
   dist::Communicator group_;
   std::vector<std::unique_ptr<TrainStage>> stages_;
   std::unique_ptr<pp::Pipeline> pipeline_;
-  // The batch being run: its microbatches' rows, mask and labels (what the stages' text() reads).
+  // The batch being run: its microbatches' rows, token ids (stage 0's input), mask and labels (what the stages'
+  // text() reads).
   int64_t rows_ = 0;
+  at::Tensor ids_;
   models::MicrobatchText text_;
-  // Splits `batch` into the schedule's microbatches for text() (rows_, text_); throws naming a batch that does not.
-  void take(const data::Batch& batch);
   bool sync_ = true;
+  // Holds `batch` for the step (rows_, ids_, text_); throws naming a batch that does not split into the schedule's
+  // microbatches. release() lets it go.
+  void take(const data::Batch& batch);
+  void release();
+  at::Tensor rows_of(const at::Tensor& t, int microbatch) const;  // microbatch's rows of a (B, ...) tensor
 };
 
 }  // namespace shardtrain::train

@@ -669,7 +669,7 @@ TrainSummary train_run(const Config& given, std::shared_ptr<log::Sink> sink, int
                                   c.parallel.pp_split_points);
   }
   ParallelModel model(c, job.recipe, job.task->leaves_parameters_unused(), mesh, job.device,
-                      split.empty() ? split : stages_of_rank(config::pipeline_shape(c), split, mesh.pp_rank()));
+                      split.empty() ? split : models::stages_of_rank(config::pipeline_shape(c), split, mesh.pp_rank()));
   // float16: the loss is scaled before backward, and a step whose gradients overflowed on any rank is skipped.
   std::optional<optim::GradScaler> scaler;
   if (c.parallel.mixed_precision == parallel::Precision::FP16) scaler.emplace(optim::GradScalerOptions{}, world);

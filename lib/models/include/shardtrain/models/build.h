@@ -43,7 +43,8 @@ struct BuildOptions {
   std::function<void(const std::string& name, const std::shared_ptr<torch::nn::Module>& layer)> on_layer;
   // Pipeline parallelism (models/pipeline_stage.h): the runs of transformer layers this rank holds, each a stage of
   // its own, in order; no other layer is built. The input embedding is built when a run starts the stack, the final
-  // norm and the head when one ends it. Only families whose recipe builds_pipeline_stages(). Empty: the whole model.
+  // norm and the head when one ends it. Only families whose ModelRecipe::pipeline_stages_refused() is empty. Empty:
+  // the whole model.
   std::vector<StageLayers> stages;
 };
 

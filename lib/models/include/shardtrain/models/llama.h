@@ -52,6 +52,9 @@ struct LlamaConfig {
 
   int64_t head_size() const { return head_dim > 0 ? head_dim : dim / heads; }
   bool tied_head() const { return tie_word_embeddings && !classifier.enabled(); }  // a classifier has no head to tie
+  // Why the model cannot be built as pipeline stages, or "": a tied table would be at both ends of the stack, a
+  // classifier's stages are not written (ModelRecipe::pipeline_stages_refused).
+  std::string pipeline_stages_refused() const;
 };
 
 // llama-3-8b, llama-3.1-8b, llama-3.2-1b, llama-3.2-3b, llama-3-70b, llama-2-7b (the published configurations),

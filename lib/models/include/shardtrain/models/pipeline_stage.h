@@ -25,6 +25,11 @@ std::vector<StageLayers> split_layers(int64_t layers, int stages, const std::vec
 std::vector<StageLayers> balanced_split(const std::vector<double>& layer_costs, int stages, double first_extra = 0,
                                         double last_extra = 0);
 
+// The runs of `split` (every stage's layers) that pipeline rank `pp_rank` holds under `shape` (rank r: stages r,
+// r + P, ...): what it builds (BuildOptions::stages), in stage order.
+std::vector<StageLayers> stages_of_rank(const pp::ScheduleShape& shape, const std::vector<StageLayers>& split,
+                                        int pp_rank);
+
 // The microbatch's attention mask and labels (B, T), which every stage reads.
 struct MicrobatchText {
   at::Tensor attention_mask, labels;

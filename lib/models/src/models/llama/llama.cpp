@@ -201,15 +201,19 @@ std::vector<at::Tensor> LlamaLMHeadImpl::forward_impl(const at::Tensor& hidden, 
   return {linear_cross_entropy(hidden, weight, at::Tensor(), targets, shard)};
 }
 
+std::string LlamaConfig::pipeline_stages_refused() const {
+  if (tied_head()) return "its head is tied to its embedding (one table at both ends of the stack)";
+  if (classifier.enabled()) return "a sequence classifier's stages are not written yet";
+  return "";
+}
+
 LlamaImpl::LlamaImpl(const LlamaConfig& c, const BuildOptions& build)
     : Interceptable("Llama"), config(c), stages(build.stages) {
   const auto& t = build.tensors;
-  if (!stages.empty() && (c.tied_head() || c.classifier.enabled())) {
-    throw std::invalid_argument(std::string("Llama: pipeline stages of ") +
-                                (c.tied_head() ? "a model whose head is tied to its embedding (its table at both "
-                                                 "ends of the stack)"
-                                               : "a sequence classifier") +
-                                " are not supported");
+  if (!stages.empty()) {
+    if (const std::string why = c.pipeline_stages_refused(); !why.empty()) {
+      throw std::invalid_argument("Llama: no pipeline stages: " + why);
+    }
   }
   const bool first = stages.empty() || stages.front().first == 0;
   const bool last = stages.empty() || stages.back().first + stages.back().count == c.layers;

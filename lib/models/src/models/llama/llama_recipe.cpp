@@ -76,13 +76,7 @@ class LlamaRecipe : public FamilyRecipe<LlamaConfig, Llama> {
     if (!config().tied_head()) return {};
     return {"embed.weight"};
   }
-  // A causal LM with a head of its own: a tied table would be at both ends of the stack, a classifier's loss is not
-  // the stage's.
-  std::string pipeline_stages_refused() const override {
-    if (config().tied_head()) return "its head is tied to its embedding (one table at both ends of the stack)";
-    if (config().classifier.enabled()) return "a sequence classifier's stages are not written yet";
-    return "";
-  }
+  std::string pipeline_stages_refused() const override { return config().pipeline_stages_refused(); }
 
   // Megatron's split as torchtitan's Llama plan (models/tensor_parallel.h): the embedding and the head by
   // vocabulary rows, q, k, v, gate and up column-wise, o and down row-wise, the norms on the sequence slice under

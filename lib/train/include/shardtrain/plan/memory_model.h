@@ -150,7 +150,8 @@ std::vector<std::string> describe_pipeline_stages(const ModelShape& shape,
                                                   const pp::ScheduleShape& schedule);
 
 // Throws std::invalid_argument when the world does not divide into the nodes, or the family's activations are not
-// modelled.
+// modelled. `shape`: model_shape(recipe, job.tp, job.stages) — with job.pipeline, the whole model's, which its
+// stages are cut from.
 MemoryEstimate estimate_training_memory(const models::ModelRecipe& recipe, const TrainingJob& job);
 MemoryEstimate estimate_training_memory(const models::ModelRecipe& recipe, const ModelShape& shape,
                                         const TrainingJob& job);
