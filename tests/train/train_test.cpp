@@ -1750,6 +1750,34 @@ TEST_F(TrainTest, PipelineMemoryModelMatchesTheRun) {
   }
 }
 
+// train.batch_size: auto with a pipeline: the largest whole number of microbatches the memory model fits (Llama of
+// 4 layers at width 256 over 128 tokens, pp 2, 4 microbatches: predicted 103.3 MiB at batch 12, 116.2 MiB at 16, so
+// a 120 MiB budget less its 10% takes 12), and after an out-of-memory half of it rounded down to whole microbatches
+// (measured 105.5 MiB at 12 in the second step, 95.7 MiB at 4: a 100 MiB limit fails 12, and its half, 6, trains
+// as 4) through the launcher's restart of both ranks.
+TEST_F(TrainTest, PipelineAutoBatchIsWholeMicrobatches) {
+  const std::string train = std::string(SHARDTRAIN_BIN) + " train " + root_ + "/config.yaml --model.flavor=llama-debug "
+                            "'--model.overrides={layers: 4, dim: 256, heads: 4, kv_heads: 2, mlp_dim: 688, "
+                            "vocab_size: 8000, max_positions: 512}' --data.eval=[] --data.max_text_length=128 "
+                            "--train.steps=2 --train.grad_accum=1 --train.eval_interval=0 --log.interval=1 "
+                            "--parallel.pp_size=2 --parallel.pp_microbatches=4 --launch.num_processes=2 "
+                            "--train.batch_size=auto --train.memory_budget=120MiB ";
+  const Outcome plan = run(train + "--dry-run");
+  ASSERT_EQ(plan.status, 0) << plan.output;
+  EXPECT_NE(plan.output.find("train.batch_size: auto -> 12 per rank: the largest whose predicted peak fits"),
+            std::string::npos) << plan.output;
+  const Outcome r = run(std::string(SHARDTRAIN_BIN) + " launch --nproc-per-node 2 -- " + train +
+                        "--train.memory_limit=100MiB --checkpoint.dir=" + root_ + "/pp-auto");
+  ASSERT_EQ(r.status, 0) << r.output;
+  EXPECT_NE(r.output.find("out of memory in the first two steps at train.batch_size auto's 12 per rank"),
+            std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("restarting the worker group with train.batch_size auto at most 6"), std::string::npos)
+      << r.output;
+  EXPECT_NE(r.output.find("train.batch_size: auto -> 4 per rank: at most 6 after an out-of-memory"),
+            std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("done: 2 steps"), std::string::npos) << r.output;
+}
+
 TEST_F(TrainTest, BadInputExitsWithTheMessage) {
   Outcome r = run(std::string(SHARDTRAIN_BIN) + " train " + root_ + "/config.yaml --train.stepz=3");
   EXPECT_EQ(r.status, 2);

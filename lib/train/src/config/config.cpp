@@ -975,10 +975,6 @@ void check_pipeline_training(const Config& c) {
                       "mesh) is not written yet");
   }
   if (c.model.lora.enabled()) throw ConfigError(pp + " with model.lora: LoRA's pipeline stages are not written yet");
-  if (c.train.batch_size == kAutoBatch) {
-    throw ConfigError(pp + " with train.batch_size auto: the search for the batch does not cut it into pipeline "
-                      "microbatches yet (give the batch; --dry-run predicts its peak)");
-  }
 }
 
 void validate(const Config& c) {

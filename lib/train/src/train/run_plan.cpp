@@ -167,13 +167,22 @@ RunPlan plan_run(const config::Config& given, int64_t auto_batch_limit) {
     plan::Cluster cluster;
     cluster.gpu_memory = budget, cluster.memory_margin = kAutoMargin;
     const int64_t fits = plan::largest_batch(*recipe, shape, job, cluster);
-    job.batch = auto_batch_limit > 0 ? std::min(fits, auto_batch_limit) : fits;
+    // A pipeline's batch is a whole number of its microbatches (largest_batch's are; a limit is rounded down).
+    const int64_t unit = job.pipeline.ranks > 1 ? job.pipeline.microbatches : 1;
+    job.batch = (auto_batch_limit > 0 ? std::min(fits, auto_batch_limit) : fits) / unit * unit;
+    if (job.batch < 1 && fits >= unit) {
+      throw std::invalid_argument("train.batch_size: auto: at most " + std::to_string(auto_batch_limit) +
+                                  " after an out-of-memory, less than one sample for each of the " +
+                                  std::to_string(unit) + " pipeline microbatches");
+    }
     if (job.batch < 1) {
-      job.batch = 1;
-      throw std::invalid_argument("train.batch_size: auto: not even one sample per rank fits " +
-                                  readable_size(budget) + " (" + source + "): one sample needs " +
-                                  readable_size(plan::estimate_training_memory(*recipe, shape, job).peak_bytes) +
-                                  "; shard over more ranks, checkpoint activations or offload");
+      job.batch = unit;
+      throw std::invalid_argument(
+          "train.batch_size: auto: not even one sample " +
+          (unit > 1 ? "per pipeline microbatch (" + std::to_string(unit) + " per rank)" : std::string("per rank")) +
+          " fits " + readable_size(budget) + " (" + source + "): " + (unit > 1 ? "they need " : "one sample needs ") +
+          readable_size(plan::estimate_training_memory(*recipe, shape, job).peak_bytes) +
+          "; shard over more ranks, checkpoint activations or offload");
     }
     out.config.train.batch_size = job.batch;
     const std::string fitting = "predicted peak fits " + readable_size(budget) + " (" + source + ") less " +

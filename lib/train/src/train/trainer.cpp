@@ -719,7 +719,9 @@ TrainSummary train_run(const Config& given, std::shared_ptr<log::Sink> sink, int
     // Two: the first step's update creates the optimizer's state (AdamW's moments, 8 B a parameter), so the second
     // is the first to hold everything the model counts at its peak (flava-350m on a GPU capped at 8 GiB completed
     // its first step at batch 32 and ran out in the second, 2026-11-28).
-    if (!auto_batch || loop.at.step > start.step + 1 || c.train.batch_size <= 1) throw;
+    // A pipeline's batch halves to whole microbatches (plan_run rounds the limit down): none below one each.
+    const int64_t least = mesh.pp_size() > 1 ? config::pipeline_shape(c).microbatches : 1;
+    if (!auto_batch || loop.at.step > start.step + 1 || c.train.batch_size <= least) throw;
     const int64_t retry = c.train.batch_size / 2;
     const std::string what = e.what_without_backtrace();
     throw AutoBatchOutOfMemory("out of memory in the first two steps at train.batch_size auto's " +
