@@ -1551,6 +1551,7 @@ TEST_F(TrainTest, PipelineTrainsAsAccumulatedDataParallel) {
        "--parallel.strategy=no_shard --parallel.activation_checkpointing=true --parallel.mixed_precision=bf16"},
       {4, "--parallel.pp_size=2 --parallel.pp_schedule=gpipe --parallel.pp_microbatches=2",
        "--parallel.mixed_precision=fp16"},  // the loss scale seeds the last stage's backward
+      {4, "--parallel.pp_size=2 --parallel.pp_microbatches=4", "--model.lora.r=4"},  // adapters on each stage's layers
   };
   for (const Case& c : cases) {
     SCOPED_TRACE(c.pipeline + " " + c.shared + " on " + std::to_string(c.processes) + " processes");
@@ -1694,6 +1695,53 @@ TEST_F(TrainTest, PipelineCheckpointsResumeAtAnyLayout) {
     ASSERT_EQ(reference.status, 0) << reference.output;
     EXPECT_EQ(loss_lines(loaded.output), loss_lines(reference.output)) << loaded.output;
     EXPECT_EQ(loaded.output.find("unused"), std::string::npos) << loaded.output;
+  }
+}
+
+// LoRA through a pipeline: each stage's layers carry their adapters (the base frozen, as without a pipeline; the
+// parity grid above trains it as accumulated data parallelism). A pipeline's checkpoint resumes without the
+// pipeline to the uninterrupted plain run's steps (6 digits), and its adapter exports as PEFT's with the plain run's
+// tensors.
+TEST_F(TrainTest, PipelineLoraResumesWithoutThePipelineAndExportsItsAdapter) {
+  const std::string dir = root_ + "/pipeline-lora";
+  io::remove_tree(dir);
+  const std::string common = std::string(SHARDTRAIN_BIN) + " train " + root_ + "/config.yaml --model.flavor=llama-debug "
+                             "'--model.overrides={layers: 4}' --model.lora.r=4 --data.eval=[] --train.steps=4 "
+                             "--log.interval=1 --train.eval_interval=0 --optim.warmup_steps=0 --checkpoint.interval=2 "
+                             "--checkpoint.allow_changes=[train.batch_size,train.grad_accum] ";
+  const std::string plain = "--launch.num_processes=1 --train.batch_size=2 --train.grad_accum=4 ";
+  const Outcome through = run(common + plain + "--checkpoint.dir=" + dir + "/plain --log.dir=" + dir + "/plain/log");
+  ASSERT_EQ(through.status, 0) << through.output;
+  const auto expected = logged_steps(dir + "/plain/log/metrics.csv");
+  ASSERT_EQ(expected.size(), 4u) << through.output;
+  const Outcome piped = run(common + "--launch.num_processes=2 --parallel.pp_size=2 --train.batch_size=8 "
+                            "--train.grad_accum=1 --parallel.pp_microbatches=4 --train.stop_at=2 --checkpoint.dir=" +
+                            dir + "/piped");
+  ASSERT_EQ(piped.status, 0) << piped.output;
+  EXPECT_NE(piped.output.find("  LoRA: r 4, "), std::string::npos) << piped.output;
+  const std::string bin = SHARDTRAIN_BIN;
+  for (const char* run_dir : {"/plain", "/piped"}) {
+    const Outcome made = run(bin + " checkpoint export " + dir + run_dir + "/step-00000002 --peft " + dir + run_dir +
+                             "-adapter");
+    ASSERT_EQ(made.status, 0) << made.output;
+  }
+  const io::SafetensorsReader ours(dir + "/piped-adapter/adapter_model.safetensors"),
+      theirs(dir + "/plain-adapter/adapter_model.safetensors");
+  ASSERT_EQ(ours.entries().size(), theirs.entries().size());
+  ASSERT_GT(theirs.entries().size(), 0u);
+  for (const io::SafetensorsEntry& e : theirs.entries()) {
+    EXPECT_LT((ours.read(e.name) - theirs.read(e.name)).abs().max().item<double>(), 1e-5) << e.name;
+  }
+  const Outcome resumed = run(common + plain + "--checkpoint.dir=" + dir + "/piped --checkpoint.resume=true " +
+                              "--log.dir=" + dir + "/piped/log");
+  ASSERT_EQ(resumed.status, 0) << resumed.output;
+  EXPECT_NE(resumed.output.find("resumed from " + dir + "/piped/step-00000002 at step 2"), std::string::npos)
+      << resumed.output;
+  const auto steps = logged_steps(dir + "/piped/log/metrics.csv");
+  ASSERT_EQ(steps.size(), 2u) << resumed.output;
+  for (size_t s = 0; s < steps.size(); ++s) {
+    EXPECT_NEAR(steps[s].first, expected[s + 2].first, 2e-5 * std::abs(expected[s + 2].first)) << "step " << s + 3;
+    EXPECT_NEAR(steps[s].second, expected[s + 2].second, 2e-5 * std::abs(expected[s + 2].second)) << "step " << s + 3;
   }
 }
 

@@ -241,6 +241,7 @@ class LoraRecipe : public ModelRecipe {
   EdgeUnits edge_unit_classes() const override { return inner_->edge_unit_classes(); }
   std::vector<std::string> tied_tables() const override { return inner_->tied_tables(); }
   TpPlan tp_plan() const override { return inner_->tp_plan(); }
+  std::string pipeline_stages_refused() const override { return inner_->pipeline_stages_refused(); }
   HfModelLayout hf_base_model() const override { return inner_->hf_base_model(); }
   std::string hf_config_json() const override { return inner_->hf_config_json(); }
   // Of the three matrix products per weight a step makes (forward, the input's gradient, the weight's gradient),

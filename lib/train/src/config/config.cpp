@@ -974,7 +974,6 @@ void check_pipeline_training(const Config& c) {
     throw ConfigError(pp + " with parallel.tp_size " + num(p.tp_size) + ": pipeline x tensor parallelism (the 3-D "
                       "mesh) is not written yet");
   }
-  if (c.model.lora.enabled()) throw ConfigError(pp + " with model.lora: LoRA's pipeline stages are not written yet");
 }
 
 void validate(const Config& c) {
