@@ -3,10 +3,11 @@ each: one model per family at the shapes users train hides what another shape sh
 width, grouped-query attention, long sequences, a batch of one).
 
 For each family, CONFIGS configurations drawn with a fixed seed (printed): vocabulary from 2k to 128k, width 128 to
-768, 2 to 4 layers, sequence 128 to 1024 (T5's targets a quarter of it), Llama's key/value heads 1 to all, local
-batch 1 to 8 — the logits (B x T x V float32) under 200 MB and the vocabulary's table under 16M elements, so that a
+768, 2 to 4 layers, sequence 128 to 2048 (T5's rows span-corrupted as the trainer's: its encoder and decoder
+lengths the memory model's for that length), Llama's key/value heads 1 to all, local
+batch 1 to 16 — the logits (B x T x V float32) under 256 MB and the vocabulary's table under 16M elements, so that a
 cell runs in seconds here. Each runs:
-- world size 1, ours against transformers' model;
+- world size 1, with and without activation checkpointing of every layer, ours against transformers' model;
 - 2 ranks under FULL_SHARD, with and without activation checkpointing of every layer, ours against FSDP2 on
   transformers' model (non-reentrant checkpointing);
 each on both of our call paths (bench/family_bench.cpp --logits): the loss alone (the trainer's) and the logits
@@ -23,6 +24,7 @@ Time ratios are printed but mean little here: the two ranks share two cores with
 """
 import argparse
 import json
+import math
 import os
 import random
 import subprocess
@@ -38,8 +40,17 @@ import bench_common
 transformers.logging.set_verbosity_error()
 transformers.logging.disable_progress_bar()
 
-LOGITS_CAP = 200e6  # bytes of float32 (B, T, V) logits a cell may hold
+LOGITS_CAP = 256e6  # bytes of float32 (B, T, V) logits a cell may hold
 TABLE_CAP = 16e6    # elements of the vocabulary's table (64 MB in float32, its gradient and AdamW's state 3x that)
+
+
+def t5_lengths(tokens):
+    """(encoder, decoder) lengths of span corruption over rows of `tokens` (models::span_corruption_lengths: 15%
+    of the text in spans of 3, a sentinel per span and the end): the memory model's T5 job at that length."""
+    n = max(tokens - 2, 1)
+    masked = max(1, math.floor(0.15 * n + 0.5)) if n > 1 else 0
+    spans = max(1 if masked > 0 else 0, math.floor(masked / 3 + 0.5))
+    return n - masked + spans + 1, masked + spans + 1
 
 
 def draw(rng, family):
@@ -48,9 +59,9 @@ def draw(rng, family):
         vocab = rng.choice([2048, 4096, 8192, 16384, 32000, 50257, 65536, 128256])
         width = rng.choice([128, 256, 384, 512, 768])
         layers = rng.choice([2, 3, 4])
-        tokens = rng.choice([128, 256, 512, 1024])
-        batch = rng.choice([1, 2, 4, 8])
-        target = tokens // 4 if family == "t5" else tokens
+        tokens = rng.choice([128, 256, 512, 1024, 2048])
+        batch = rng.choice([1, 2, 4, 8, 16])
+        target = t5_lengths(tokens)[1] if family == "t5" else tokens
         if batch * target * vocab * 4 <= LOGITS_CAP and vocab * width <= TABLE_CAP:
             break
     heads = width // 64
@@ -69,14 +80,14 @@ def draw(rng, family):
     elif family == "bert":
         config = transformers.BertConfig(vocab_size=vocab, hidden_size=width, num_hidden_layers=layers,
                                          num_attention_heads=heads, intermediate_size=4 * width,
-                                         max_position_embeddings=1024, hidden_dropout_prob=0.0,
+                                         max_position_embeddings=2048, hidden_dropout_prob=0.0,
                                          attention_probs_dropout_prob=0.0, architectures=["BertForMaskedLM"])
         what = "15% masked"
     else:
         config = transformers.T5Config(vocab_size=vocab, d_model=width, d_kv=64, d_ff=4 * width, num_layers=layers,
                                        num_heads=heads, dropout_rate=0.0, decoder_start_token_id=0, pad_token_id=0,
                                        eos_token_id=1, architectures=["T5ForConditionalGeneration"])
-        what = f"targets {target}"
+        what = "encoder {}, decoder {}".format(*t5_lengths(tokens))
     return config, batch, tokens, f"V {vocab}, {layers} x {width}, T {tokens}, B {batch}, {what}"
 
 
@@ -90,7 +101,9 @@ def global_batch(family, config, rows, tokens, g):
         labels[chosen] = ids[chosen]
         return dict(input_ids_masked=ids.masked_fill(chosen, 103), attention_mask=mask, mlm_labels=labels)
     if family == "t5":
-        return dict(input_ids=ids, attention_mask=mask, labels=torch.randint(5, vocab, (rows, tokens // 4), generator=g))
+        encoder, decoder = t5_lengths(tokens)
+        return dict(input_ids=ids[:, :encoder].contiguous(), attention_mask=mask[:, :encoder].contiguous(),
+                    labels=torch.randint(5, vocab, (rows, decoder), generator=g))
     return dict(input_ids=ids, attention_mask=mask, labels=ids.clone())
 
 
@@ -134,7 +147,8 @@ def main():
                 batch_file = os.path.join(d, "batch.safetensors")
                 save_file({k: v.contiguous() for k, v in data.items()}, batch_file)
                 common = ["--model", d, "--batch", batch_file, "--steps", str(a.steps), "--warmup", str(a.warmup)]
-                for world, mode, checkpoint in [(1, "plain", False), (2, "full_shard", False), (2, "full_shard", True)]:
+                for world, mode, checkpoint in [(1, "plain", False), (1, "plain", True), (2, "full_shard", False),
+                                                (2, "full_shard", True)]:
                     # The world-size-1 runs take the first half of the global batch: its rows are the local batch.
                     files = common if world == 2 else common[:3] + [half_batch(batch_file, batch)] + common[4:]
                     extra = ["--mode", mode] + (["--checkpoint"] if checkpoint else [])

@@ -322,6 +322,11 @@ at::Tensor padding_bias(const at::Tensor& mask, at::ScalarType dtype) {
   return ((1 - mask.to(dtype)) * lowest(dtype)).view({mask.size(0), 1, 1, mask.size(1)});
 }
 
+at::Tensor padding_bias_if_padded(const at::Tensor& mask, at::ScalarType dtype) {
+  if (!mask.defined() || (mask.device().is_cpu() && (mask != 0).all().item<bool>())) return {};
+  return padding_bias(mask, dtype);
+}
+
 at::ScalarType attention_dtype(const at::Tensor& x) {
   const c10::DeviceType device = x.device().type();
   if (x.is_floating_point() && at::autocast::is_autocast_enabled(device)) {

@@ -40,9 +40,11 @@ CausalLmStart causal_lm_start(const at::Tensor& attention_mask, const at::Tensor
   CausalLmStart s;
   s.loss_only = labelled_only && labels.defined();
   if (s.loss_only) s.targets = next_token_labels(labels);
-  const bool causal_suffices = s.loss_only && attention_mask.defined() && attention_mask.device().is_cpu() &&
-                               is_right_padded(attention_mask) &&
-                               !((attention_mask == 0) & (s.targets != kIgnoreIndex)).any().item<bool>();
+  const bool cpu_mask = attention_mask.defined() && attention_mask.device().is_cpu();
+  const bool causal_suffices =
+      cpu_mask && (s.loss_only ? is_right_padded(attention_mask) &&
+                                     !((attention_mask == 0) & (s.targets != kIgnoreIndex)).any().item<bool>()
+                               : (attention_mask != 0).all().item<bool>());
   s.bias = layers_bias(attention_mask, causal_suffices, length, window, dtype, device);
   return s;
 }

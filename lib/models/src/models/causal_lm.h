@@ -39,7 +39,9 @@ struct CausalLmStart {
 // Right padding (each row's tokens, then its padding): under causal attention no real position sees a padded one,
 // so the padding mask changes only the padded positions' outputs. For the loss alone, when no padded position
 // predicts a label, the mask is left out and attention runs causal in the fused kernel: no (B, 1, T, T) bias, the
-// scores above the diagonal skipped. (CPU masks only: reading a device mask would wait for the device.)
+// scores above the diagonal skipped. A mask without padding is left out on every path (the logits too): it hides
+// nothing, and its (B, 1, T, T) bias would be an input every checkpointed layer keeps through backward. (CPU masks
+// only: reading a device mask would wait for the device.)
 CausalLmStart causal_lm_start(const at::Tensor& attention_mask, const at::Tensor& labels, bool labelled_only,
                               int64_t length, int64_t window, at::ScalarType dtype, const at::Device& device);
 

@@ -22,9 +22,11 @@ at::Tensor TextEmbeddingsImpl::forward(const at::Tensor& input_ids, const at::Te
                                 std::to_string(options.max_positions) + " positions of the model");
   }
   at::Tensor x = tied_word.defined() ? sparse_lookup(tied_word, input_ids) : word->forward(input_ids);
-  x = x + position->forward(at::arange(length, input_ids.options().dtype(at::kLong))).unsqueeze(0);
+  // Positions 0..T-1, and token type 0 when no types are given, as slices of their tables: a lookup would keep a
+  // (T) and a (B, T) index tensor for backward.
+  x = x + position->weight.narrow(0, 0, length).unsqueeze(0);
   if (token_type) {
-    x = x + token_type->forward(token_type_ids.defined() ? token_type_ids : at::zeros_like(input_ids));
+    x = x + (token_type_ids.defined() ? token_type->forward(token_type_ids) : token_type->weight.select(0, 0));
   }
   x = norm->forward(x);
   return options.dropout > 0 && is_training() ? at::dropout(x, options.dropout, true) : x;

@@ -153,6 +153,10 @@ at::Tensor run_layers(std::vector<TransformerLayer>& layers, at::Tensor x, const
 at::ScalarType attention_dtype(const at::Tensor& x);
 // The additive bias that hides padded keys: mask (B, S), 1 = real token, 0 = padding -> (B, 1, 1, S) in dtype.
 at::Tensor padding_bias(const at::Tensor& mask, at::ScalarType dtype);
+// padding_bias where the mask hides a key; undefined for an undefined mask or a CPU mask of ones: a bias of zeros
+// changes nothing, and every checkpointed layer would keep it as an input through backward (as transformers drops
+// such a mask). A device mask is not read (that would wait for the device).
+at::Tensor padding_bias_if_padded(const at::Tensor& mask, at::ScalarType dtype);
 // (1, 1, T, T): key positions after the query's hidden, and with window > 0 also those `window` or more before it
 // (Mistral's sliding window: a query sees itself and the window - 1 positions before).
 at::Tensor causal_bias(int64_t length, at::ScalarType dtype, const at::Device& device, int64_t window = 0);

@@ -78,7 +78,7 @@ std::vector<at::Tensor> BertImpl::forward_impl(const at::Tensor& input_ids, cons
   // The MLM decoder is the word table: the lookup's rows are added into the decoder's dense gradient (tie_table()).
   const TiedTable word = mlm_transform ? tie_table(embeddings->word->weight) : TiedTable{};
   at::Tensor x = embeddings->forward(input_ids, token_type_ids, mlm_transform ? word.lookups[0] : at::Tensor());
-  const at::Tensor bias = attention_mask.defined() ? padding_bias(attention_mask, attention_dtype(x)) : at::Tensor();
+  const at::Tensor bias = padding_bias_if_padded(attention_mask, attention_dtype(x));
   x = run_layers(layers, x, bias);
   BertOutputs out;
   at::Tensor &pooled = out.pooled, &logits = out.logits, &loss = out.loss;

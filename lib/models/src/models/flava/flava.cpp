@@ -101,7 +101,7 @@ FlavaEncoderImpl::Output FlavaEncoderImpl::forward(const at::Tensor& input, cons
     x = at::cat({cls_token.expand({input.size(0), 1, -1}), input}, 1);
   }
   const bool padded = kind != Kind::kImage && mask.defined();
-  at::Tensor last = run_layers(layers, x, padded ? padding_bias(mask, attention_dtype(x)) : at::Tensor());
+  at::Tensor last = run_layers(layers, x, padded ? padding_bias_if_padded(mask, attention_dtype(x)) : at::Tensor());
   return {last, norm->forward(last)};
 }
 

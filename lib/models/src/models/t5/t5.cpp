@@ -2,8 +2,11 @@
 
 #include <ATen/ATen.h>
 
+#include <torch/csrc/autograd/custom_function.h>
+
 #include <cmath>
 #include <stdexcept>
+#include <vector>
 
 #include "models/layer_names.h"
 #include "models/unknown_flavor.h"
@@ -11,6 +14,64 @@
 #include "shardtrain/models/named_outputs.h"
 
 namespace shardtrain::models {
+
+namespace {
+
+// The (T, S) relative-position buckets of queries first_query .. first_query + T - 1 against keys 0 .. S - 1 (HF's
+// _relative_position_bucket): half the buckets for keys after the query when bidirectional; exact distances below
+// half of them, logarithmic beyond, up to max_distance.
+struct BucketSpan {
+  int64_t queries, keys, first_query;
+  bool bidirectional;
+  int64_t buckets, max_distance;
+
+  std::vector<int64_t> to_ivalues() const {
+    return {queries, keys, first_query, bidirectional ? 1 : 0, buckets, max_distance};
+  }
+  static BucketSpan of(const std::vector<int64_t>& v) { return {v[0], v[1], v[2], v[3] != 0, v[4], v[5]}; }
+
+  at::Tensor make(const at::Device& device) const {
+    auto longs = at::TensorOptions().dtype(at::kLong).device(device);
+    at::Tensor relative =
+        at::arange(keys, longs).unsqueeze(0) - at::arange(first_query, first_query + queries, longs).unsqueeze(1);
+    int64_t n = buckets;
+    at::Tensor bucket = at::zeros_like(relative);
+    at::Tensor distance;
+    if (bidirectional) {
+      n /= 2;
+      bucket = bucket + (relative > 0).to(at::kLong) * n;
+      distance = relative.abs();
+    } else {
+      distance = -at::clamp_max(relative, 0);
+    }
+    const int64_t max_exact = n / 2;
+    at::Tensor large = max_exact + (at::log(distance.to(at::kFloat) / max_exact) /
+                                    std::log(static_cast<double>(max_distance) / max_exact) * (n - max_exact))
+                                       .to(at::kLong);
+    large = at::clamp_max(large, n - 1);
+    return bucket + at::where(distance < max_exact, distance, large);
+  }
+};
+
+// table (buckets, H) -> (T, S, H), its rows at the span's buckets. Backward makes the buckets again rather than
+// keeping them: (T, S) int64, 8 MB at 1024 tokens, for every step's whole backward.
+struct BucketLookup : public torch::autograd::Function<BucketLookup> {
+  static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& table,
+                            const std::vector<int64_t>& span) {
+    ctx->saved_data["span"] = span;
+    return at::embedding(table, BucketSpan::of(span).make(table.device()));
+  }
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grads) {
+    const BucketSpan span = BucketSpan::of(ctx->saved_data["span"].toIntVector());
+    const at::Tensor& grad = grads[0];
+    return {at::embedding_dense_backward(grad, span.make(grad.device()), span.buckets, /*padding_idx=*/-1,
+                                         /*scale_grad_by_freq=*/false),
+            at::Tensor()};
+  }
+};
+
+}  // namespace
 
 std::vector<std::string> t5_flavors() { return {"t5-small", "t5-base", "t5-large", "t5-3b", "t5-11b", "t5-debug"}; }
 
@@ -64,28 +125,8 @@ T5StackImpl::T5StackImpl(const T5Config& c, bool is_decoder, const std::string& 
 }
 
 at::Tensor T5StackImpl::position_bias(int64_t queries, int64_t keys, int64_t first_query) {
-  auto longs = at::TensorOptions().dtype(at::kLong).device(relative_bias->weight.device());
-  at::Tensor relative =
-      at::arange(keys, longs).unsqueeze(0) - at::arange(first_query, first_query + queries, longs).unsqueeze(1);
-  int64_t buckets = config.buckets;
-  at::Tensor bucket = at::zeros_like(relative);
-  at::Tensor distance;
-  if (!decoder) {  // bidirectional: half the buckets for keys after the query
-    buckets /= 2;
-    bucket = bucket + (relative > 0).to(at::kLong) * buckets;
-    distance = relative.abs();
-  } else {
-    distance = -at::clamp_max(relative, 0);
-  }
-  const int64_t max_exact = buckets / 2;
-  at::Tensor is_small = distance < max_exact;
-  at::Tensor large = max_exact + (at::log(distance.to(at::kFloat) / max_exact) /
-                                  std::log(static_cast<double>(config.max_distance) / max_exact) *
-                                  (buckets - max_exact))
-                                     .to(at::kLong);
-  large = at::clamp_max(large, buckets - 1);
-  bucket = bucket + at::where(is_small, distance, large);
-  return relative_bias->forward(bucket).permute({2, 0, 1}).unsqueeze(0);  // (1, H, T, S)
+  const BucketSpan span{queries, keys, first_query, !decoder, config.buckets, config.max_distance};
+  return BucketLookup::apply(relative_bias->weight, span.to_ivalues()).permute({2, 0, 1}).unsqueeze(0);  // (1, H, T, S)
 }
 
 at::Tensor T5StackImpl::forward(const at::Tensor& embedded, const at::Tensor& mask, const at::Tensor& encoder_out,
@@ -95,10 +136,10 @@ at::Tensor T5StackImpl::forward(const at::Tensor& embedded, const at::Tensor& ma
   const int64_t length = x.size(1);
   const at::ScalarType dtype = attention_dtype(x);
   at::Tensor bias = position_bias(length, length).to(dtype);
-  if (mask.defined()) bias = bias + padding_bias(mask, dtype);
+  const at::Tensor padding = padding_bias_if_padded(mask, dtype);
+  if (padding.defined()) bias = bias + padding;  // (B, H, T, T); (1, H, T, T) without padding
   if (decoder) bias = hide_future(bias, length);  // once for every layer (blocks.h)
-  at::Tensor cross_bias;
-  if (decoder && encoder_mask.defined()) cross_bias = padding_bias(encoder_mask, dtype);
+  const at::Tensor cross_bias = decoder ? padding_bias_if_padded(encoder_mask, dtype) : at::Tensor();
   // The encoder's output cast once for every layer's cross-attention (under autocast each would keep its own copy).
   const at::Tensor context = decoder ? encoder_out.to(dtype) : at::Tensor();
   x = norm->forward(run_layers(layers, x, bias, {}, context, cross_bias));
@@ -110,7 +151,7 @@ at::Tensor T5StackImpl::decode(const at::Tensor& embedded, int64_t position, con
   const at::ScalarType dtype = attention_dtype(embedded);
   // One query sees every key so far: no future to hide.
   const at::Tensor bias = position_bias(1, position + 1, position).to(dtype);
-  const at::Tensor cross_bias = encoder_mask.defined() ? padding_bias(encoder_mask, dtype) : at::Tensor();
+  const at::Tensor cross_bias = padding_bias_if_padded(encoder_mask, dtype);
   return norm->forward(run_layers(layers, embedded, bias, {}, encoder_out.to(dtype), cross_bias));
 }
 

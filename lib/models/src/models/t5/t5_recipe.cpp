@@ -194,8 +194,9 @@ class T5Recipe : public FamilyRecipe<T5Config, T5> {
   // cross-attention's k/v read it), the loss over the decoder's tokens through linear_cross_entropy (every row
   // counted: span corruption labels all but padding). The shared embedding's lookups add their rows into the head's
   // gradient, computed in forward (tie_table()): no table-sized gradient beyond the one. Each stack's position bias,
-  // made once for all its layers (the encoder's with the padding added: (B, H, T, T); the decoder's (1, H, T, T)
-  // with the future hidden), is the layers' bias; its relative_bias lookup keeps the (T, T) int64 buckets.
+  // made once for all its layers ((1, H, T, T): span corruption's rows have no padding, which would make the
+  // encoder's (B, H, T, T); the decoder's with the future hidden), is the layers' bias; its lookup keeps nothing (the
+  // buckets are made again in backward).
   ActivationBytes activation_bytes(const ActivationQuery& q) const override {
     const T5Config& c = config();
     const SpanLengths rows = span_corruption_lengths(q.seq_len > 0 ? q.seq_len : 512);
@@ -210,23 +211,23 @@ class T5Recipe : public FamilyRecipe<T5Config, T5> {
     ActivationBytes a;
     add_transformer_layers(a, c.layers, t5_layer_options(c, false), q.batch, enc, 0, q);
     add_transformer_layers(a, c.layers, t5_layer_options(c, true), q.batch, dec, enc, q);
-    const int64_t buckets = (enc * enc + dec * dec) * 8;
     // The encoder's output, the context every decoder layer's k and v read (under autocast its copy, cast once).
     const int64_t context = stream_copies_kept(1, enc_rows * c.dim, q);
     a.outside_layers =
-        stack_outside(enc_rows, enc_unit) + context + stack_outside(dec_rows, dec_unit) + loss.kept + buckets;
+        stack_outside(enc_rows, enc_unit) + context + stack_outside(dec_rows, dec_unit) + loss.kept;
     // (Under tensor parallelism a rank's heads' bias.)
     const int64_t heads = c.heads / std::max<int64_t>(1, q.tp);
-    const int64_t enc_bias = q.batch * heads * enc * enc * e, dec_bias = heads * dec * dec * e;
+    const int64_t enc_bias = heads * enc * enc * e, dec_bias = heads * dec * dec * e;
     a.layer_bias = enc_bias + dec_bias;
     a.bias_saved_by_attention = attention_fused(t5_layer_options(c, false).attention, q);
     // Backward: each stack's bias gathers its gradient from the stack's layers (the encoder's walked last), the sum
-    // so far through every moment; a layer's own part is made in attention's backward, where the math kernel's
-    // scores' gradient (attention's transient already) is it, a fused kernel's an output of its own.
+    // so far through every moment; a layer's own part is made in attention's backward, over the batch and summed
+    // into the bias's shape: the math kernel's scores' gradient (attention's transient already) is it, a fused
+    // kernel's an output of its own.
     for (size_t i = 0; i < a.layers.size(); ++i) {
       const int64_t bias = i < static_cast<size_t>(c.layers) ? enc_bias : dec_bias;
       for (BackwardMoment& moment : a.layers[i].backward) moment.transient += bias;
-      if (a.bias_saved_by_attention) a.layers[i].backward.back().transient += bias;
+      if (a.bias_saved_by_attention) a.layers[i].backward.back().transient += q.batch * bias;
     }
     a.loss_kept = loss.kept;
     // While the loss runs, also its input: the labelled rows, gathered and scaled (one copy).
