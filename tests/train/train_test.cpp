@@ -1552,6 +1552,9 @@ TEST_F(TrainTest, PipelineTrainsAsAccumulatedDataParallel) {
       {4, "--parallel.pp_size=2 --parallel.pp_schedule=gpipe --parallel.pp_microbatches=2",
        "--parallel.mixed_precision=fp16"},  // the loss scale seeds the last stage's backward
       {4, "--parallel.pp_size=2 --parallel.pp_microbatches=4", "--model.lora.r=4"},  // adapters on each stage's layers
+      {4, "--parallel.pp_size=2 --parallel.pp_microbatches=4", "--parallel.strategy=ddp"},  // stages replicated
+      {2, "--parallel.pp_size=2 --parallel.pp_schedule=zero_bubble --parallel.pp_microbatches=2",
+       "--parallel.strategy=ddp --parallel.mixed_precision=bf16"},
   };
   for (const Case& c : cases) {
     SCOPED_TRACE(c.pipeline + " " + c.shared + " on " + std::to_string(c.processes) + " processes");
@@ -1611,7 +1614,6 @@ TEST_F(TrainTest, PipelineTrainsAsAccumulatedDataParallel) {
   }
   // Refused, naming what is missing.
   for (const auto& [flags, expected] : std::vector<std::pair<std::string, std::string>>{
-           {"--parallel.strategy=ddp", "a pipeline's stages are FSDP roots"},
            {"--parallel.tp_size=2 --launch.num_processes=4", "pipeline x tensor parallelism (the 3-D mesh) is not"},
            {"--model.flavor=llama-3.2-debug", "its head is tied to its embedding"},
            {"--model.flavor=gpt2-debug", "pipeline stages are not written yet"},
@@ -1743,6 +1745,48 @@ TEST_F(TrainTest, PipelineLoraResumesWithoutThePipelineAndExportsItsAdapter) {
     EXPECT_NEAR(steps[s].first, expected[s + 2].first, 2e-5 * std::abs(expected[s + 2].first)) << "step " << s + 3;
     EXPECT_NEAR(steps[s].second, expected[s + 2].second, 2e-5 * std::abs(expected[s + 2].second)) << "step " << s + 3;
   }
+}
+
+// DDP through a pipeline: each stage replicated over its data-parallel ranks, its checkpoint the stages' whole
+// tensors written by the first replica (model/pp-<p>-of-<P>/). It resumes without the pipeline (plain DDP reads the
+// stages), and a plain DDP checkpoint (model.pt) resumes through the pipeline, each to the uninterrupted run's steps.
+TEST_F(TrainTest, PipelineDdpCheckpointsResumeWithAndWithoutThePipeline) {
+  const std::string dir = root_ + "/pipeline-ddp";
+  io::remove_tree(dir);
+  const std::string common = std::string(SHARDTRAIN_BIN) + " train " + root_ + "/config.yaml --model.flavor=llama-debug "
+                             "'--model.overrides={layers: 4}' --parallel.strategy=ddp --data.eval=[] --train.steps=4 "
+                             "--log.interval=1 --train.eval_interval=0 --optim.warmup_steps=0 --checkpoint.interval=2 "
+                             "--checkpoint.allow_changes=[train.batch_size,train.grad_accum] ";
+  const std::string plain = "--launch.num_processes=2 --train.batch_size=2 --train.grad_accum=4 ";
+  const std::string piped = "--launch.num_processes=4 --parallel.pp_size=2 --train.batch_size=8 --train.grad_accum=1 "
+                            "--parallel.pp_microbatches=4 ";
+  const Outcome through = run(common + plain + "--checkpoint.dir=" + dir + "/plain --log.dir=" + dir + "/plain/log");
+  ASSERT_EQ(through.status, 0) << through.output;
+  const auto expected = logged_steps(dir + "/plain/log/metrics.csv");
+  ASSERT_EQ(expected.size(), 4u) << through.output;
+  const Outcome stopped = run(common + piped + "--train.stop_at=2 --checkpoint.dir=" + dir + "/piped");
+  ASSERT_EQ(stopped.status, 0) << stopped.output;
+  for (const char* file : {"/model/pipeline.json", "/model/pp-0-of-2/metadata.pt", "/model/pp-1-of-2/metadata.pt"}) {
+    EXPECT_TRUE(io::path_exists(dir + "/piped/step-00000002" + file)) << file;
+  }
+  EXPECT_FALSE(io::path_exists(dir + "/piped/step-00000002/model.pt"));
+  auto resumed = [&](const std::string& name, const std::string& from, const std::string& layout) {
+    SCOPED_TRACE(name);
+    io::make_directories(dir + "/" + name);
+    ASSERT_EQ(run("cp -r " + from + " " + dir + "/" + name + "/").status, 0);
+    const Outcome r = run(common + layout + "--checkpoint.dir=" + dir + "/" + name + " --checkpoint.resume=true " +
+                          "--log.dir=" + dir + "/" + name + "/log");
+    ASSERT_EQ(r.status, 0) << r.output;
+    const auto steps = logged_steps(dir + "/" + name + "/log/metrics.csv");
+    ASSERT_EQ(steps.size(), 2u) << r.output;
+    for (size_t s = 0; s < steps.size(); ++s) {
+      EXPECT_NEAR(steps[s].first, expected[s + 2].first, 2e-5 * std::abs(expected[s + 2].first)) << "step " << s + 3;
+      EXPECT_NEAR(steps[s].second, expected[s + 2].second, 2e-5 * std::abs(expected[s + 2].second))
+          << "step " << s + 3;
+    }
+  };
+  resumed("unpiped", dir + "/piped/step-00000002", plain);
+  resumed("into", dir + "/plain/step-00000002", piped);
 }
 
 // The memory model knows pipelines: `--dry-run`'s predicted peak (the pipeline rank needing most: its stages over

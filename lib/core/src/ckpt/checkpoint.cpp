@@ -284,11 +284,12 @@ std::string save_checkpoint(const std::string& dir, const TrainerState& given, c
     }
   }
   const fsdp::ParamStates states = moments(model);
-  // A replicated model split by tensor parallelism (DDP beside it) is written as its slices too, by one replica:
-  // the ranks of world rank 0's tensor-parallel group.
+  // A replicated model split by tensor parallelism or into pipeline stages (DDP beside it) is written as its slices
+  // or stages too, by one replica: the ranks of world rank 0's tensor-parallel or pipeline group.
   const bool split = tp_size_of(model) > 1, staged = pp_size_of(model) > 1;
-  const bool slice_writer = split && !model.sharded && model.tp_group->global_ranks().front() == 0;
-  if (model.sharded || split) {
+  const bool slice_writer = !model.sharded && ((split && model.tp_group->global_ranks().front() == 0) ||
+                                               (staged && model.pp_group->global_ranks().front() == 0));
+  if (model.sharded || split || staged) {
     steps.run([&] {
       if (model.sharded) {
         fsdp::save_sharded_state_dict(model.root, state_dir(tmp + "/model", model), states);
@@ -305,7 +306,7 @@ std::string save_checkpoint(const std::string& dir, const TrainerState& given, c
     });
   }
   steps.run([&] {
-    if (!model.sharded && !split && leader) {
+    if (!model.sharded && !split && !staged && leader) {
       auto dict = new_dict();
       // On their device: io::save_pickle copies one storage at a time to the host as it writes.
       for (const auto& [name, p] : named_parameters(*model.root)) dict.insert(name, p.detach());
@@ -409,12 +410,17 @@ TrainerState load_checkpoint(const std::string& path, const CheckpointModel& mod
     optim::install_empty_state(*model.optimizer, it->second, steps);
   }
   const fsdp::ParamStates states = moments(model);
-  if (model.sharded || tp_size_of(model) > 1 || pp_size_of(model) > 1) {
-    if (!io::path_exists(path + "/model")) throw std::runtime_error(path + ": no sharded model (model/); saved with DDP?");
+  // A replicated model without tensor parallelism (DDP's, a pipeline stage's too) reads model.pt when there is one
+  // (the entries its parameters name), else the stages a DDP pipeline wrote (model/); every other model model/.
+  const bool replicated = !model.sharded && tp_size_of(model) == 1;
+  if (!replicated || !io::path_exists(path + "/model.pt")) {
+    if (!io::path_exists(path + "/model")) {
+      throw std::runtime_error(path + (replicated ? ": no model.pt or model/" : ": no sharded model (model/); saved "
+                                                                                  "with DDP?"));
+    }
     load_model_state(path + "/model", model, states);
   } else {
     const std::string file = path + "/model.pt";
-    if (!io::path_exists(file)) throw std::runtime_error(path + ": no model.pt; saved with FSDP?");
     const auto dict = io::load_pickle(file).toGenericDict();
     auto take = [&](const std::string& name, const at::Tensor& dst) {
       auto it = dict.find(name);

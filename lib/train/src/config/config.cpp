@@ -966,10 +966,6 @@ void check_pipeline_training(const Config& c) {
   const ParallelConfig& p = c.parallel;
   if (p.pp_size == 1) return;
   const std::string pp = "parallel.pp_size " + num(p.pp_size);
-  if (p.strategy == parallel::Strategy::DDP) {
-    throw ConfigError(pp + " with parallel.strategy DDP: a pipeline's stages are FSDP roots over their data-parallel "
-                      "ranks (any FSDP strategy; NO_SHARD replicates as DDP does)");
-  }
   if (p.tp_size > 1) {
     throw ConfigError(pp + " with parallel.tp_size " + num(p.tp_size) + ": pipeline x tensor parallelism (the 3-D "
                       "mesh) is not written yet");

@@ -4,6 +4,7 @@
 #include <torch/nn/utils/clip_grad.h>
 
 #include <algorithm>
+#include <cmath>
 #include <set>
 #include <stdexcept>
 
@@ -44,13 +45,15 @@ models::LoadOptions adapter_options() {
   return o;
 }
 
-// DDP: every rank builds the whole model; with sync_module_states rank 0 reads init_weights and replicate() hands
-// its parameters to the others.
+// DDP: every rank builds the whole model (a pipeline rank its stages); with sync_module_states the first rank of
+// each data-parallel group (world rank 0 without a pipeline) reads init_weights and replicate() hands its parameters
+// to the others.
 models::ZooModel build_replicated(const Config& c, std::shared_ptr<const models::ModelRecipe> recipe,
                                   const models::BuildOptions& build, const dist::DeviceMesh& mesh,
                                   const at::Device& device, models::LoadReport& report) {
   models::ZooModel model = models::build_model(std::move(recipe), build);
-  const bool reads = !c.parallel.sync_module_states || mesh.world().rank() == 0;
+  const int reader = mesh.pp_size() > 1 ? mesh.data_group().rank() : mesh.world().rank();
+  const bool reads = !c.parallel.sync_module_states || reader == 0;
   if (!c.model.init_weights.empty() && reads) {
     report = models::load_weights(*model.module, c.model.init_weights, model.names, load_options(c));
   }
@@ -219,7 +222,18 @@ double ParallelModel::clip_grad_norm(double max_norm, const std::vector<torch::o
       if (p.grad().defined()) with_grad.push_back(p);
     }
   }
-  return torch::nn::utils::clip_grad_norm_(with_grad, max_norm);
+  if (!pp_group_) return torch::nn::utils::clip_grad_norm_(with_grad, max_norm);
+  // A pipeline's stages: the norm over every stage's gradients (their squares summed over the pipeline group), each
+  // stage scaled as torch's clip_grad_norm_ scales (by max_norm / (norm + 1e-6) when that is below 1).
+  at::Tensor squares = at::zeros({1}, at::dtype(at::kDouble));
+  for (const at::Tensor& p : with_grad) squares += p.grad().detach().to(at::kDouble).pow(2).sum().cpu();
+  squares = squares.to(pp_group_->device());
+  pp_group_->all_reduce(squares, dist::ReduceOp::SUM).wait();
+  const double norm = std::sqrt(squares.cpu().item<double>()), scale = max_norm / (norm + 1e-6);
+  if (scale < 1) {
+    for (const at::Tensor& p : with_grad) p.grad().mul_(scale);
+  }
+  return norm;
 }
 
 }  // namespace shardtrain::train

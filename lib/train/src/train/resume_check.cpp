@@ -44,8 +44,9 @@ ResumeChanges check_resume(const std::string& saved_yaml, const config::Config& 
   ResumeChanges out;
   std::vector<std::string> refused;
   const std::vector<config::KeyChange> changes = config::changed_keys(saved_yaml, now);
-  // DDP without tensor parallelism saves the whole model (model.pt), every other layout the sharded model/
-  // (ckpt/checkpoint.h): a change of strategy or tensor-parallel size between the two is refused, once.
+  // DDP without tensor parallelism saves whole tensors (model.pt; a pipeline's stages as whole tensors under
+  // model/), every other layout sharded slices (ckpt/checkpoint.h): a change of strategy or tensor-parallel size
+  // between the two is refused, once. DDP reads either at any pipeline size.
   std::string saved_strategy = parallel::to_string(now.parallel.strategy);
   std::string saved_tp = std::to_string(now.parallel.tp_size), layout_change;
   for (const config::KeyChange& c : changes) {

@@ -6,7 +6,8 @@
 //                          parallelism model/tp-<t>-of-<T>/ and model/tensor_parallel.json (CheckpointModel),
 //                          under DDP too; with pipeline parallelism a directory per stage rank,
 //                          model/pp-<p>-of-<P>/, and model/pipeline.json
-//     model.pt             DDP without tensor parallelism: the whole parameters and moments, written by rank 0
+//     model.pt             DDP without tensor or pipeline parallelism: the whole parameters and moments, written
+//                          by rank 0 (DDP's pipeline stages: model/pp-<p>-of-<P>/ by the first replica)
 //     rng-rank00000.pt     each rank's default generator states: "cpu" and, with GPUs, "cuda:0", ... (dropout)
 //     model.safetensors    checkpoint.state_dict_type = full: the whole model under Hugging Face names
 //     trainer.json         step, data position, per-parameter optimizer steps, world size, flavor, run id, the config
@@ -60,7 +61,8 @@ struct CheckpointModel {
   std::optional<dist::Communicator> tp_group = std::nullopt;
   std::map<std::string, tp::SplitLayout> tp_split = {};
   // Pipeline parallelism: the group whose ranks hold the model's stages (root: this rank's, under the whole model's
-  // names). Each pipeline rank's stages are written as a model directory of their own, model/pp-<p>-of-<P>/, beside
+  // names). Each pipeline rank's stages are written as a model directory of their own (a replicated model's by
+  // world rank 0's pipeline group), model/pp-<p>-of-<P>/, beside
   // model/pipeline.json; loading at the same size reads its own, at another (or without a pipeline, or a
   // checkpoint saved without one) takes the entries this rank's model holds from wherever they are. Unset: none.
   std::optional<dist::Communicator> pp_group = std::nullopt;
