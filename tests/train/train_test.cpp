@@ -1520,6 +1520,28 @@ std::vector<std::pair<double, double>> logged_steps(const std::string& csv) {
   return steps;
 }
 
+// Resumes `command` (a `shardtrain train` command line ending in a space) from checkpoint `from` (a step-00000002
+// directory) copied into dir/name, and expects its steps 3 and 4 to log `expected`'s (loss and gradient norm to the
+// 6 digits metrics.csv keeps).
+void expect_resumes_as(const std::string& command, const std::string& dir, const std::string& name,
+                       const std::string& from, const std::vector<std::pair<double, double>>& expected) {
+  SCOPED_TRACE(name);
+  io::make_directories(dir + "/" + name);
+  ASSERT_EQ(run("cp -r " + from + " " + dir + "/" + name + "/").status, 0);
+  const Outcome r = run(command + "--checkpoint.dir=" + dir + "/" + name + " --checkpoint.resume=true --log.dir=" +
+                        dir + "/" + name + "/log");
+  ASSERT_EQ(r.status, 0) << r.output;
+  EXPECT_NE(r.output.find("resumed from " + dir + "/" + name + "/step-00000002 at step 2"), std::string::npos)
+      << r.output;
+  const auto steps = logged_steps(dir + "/" + name + "/log/metrics.csv");
+  ASSERT_EQ(steps.size(), 2u) << r.output;
+  ASSERT_EQ(expected.size(), 4u);
+  for (size_t s = 0; s < steps.size(); ++s) {
+    EXPECT_NEAR(steps[s].first, expected[s + 2].first, 2e-5 * std::abs(expected[s + 2].first)) << "step " << s + 3;
+    EXPECT_NEAR(steps[s].second, expected[s + 2].second, 2e-5 * std::abs(expected[s + 2].second)) << "step " << s + 3;
+  }
+}
+
 // A pipeline trains as the same data-parallel ranks without one that accumulate each batch's microbatches as
 // micro-batches (train.grad_accum): llama-debug at 6 layers, every step's loss and gradient norm (clipping spans the
 // stages) to the 6 digits metrics.csv keeps — under every schedule at pp 2 (and at given split points), zero bubble
@@ -1651,29 +1673,14 @@ TEST_F(TrainTest, PipelineCheckpointsResumeAtAnyLayout) {
     EXPECT_TRUE(io::path_exists(saved + file)) << file;
   }
   // Resumed from step 2 at each layout: steps 3 and 4 as the uninterrupted run's.
-  auto resumed_at = [&](const std::string& name, const std::string& from, const std::string& layout) {
-    SCOPED_TRACE(name);
-    io::make_directories(dir + "/" + name);
-    ASSERT_EQ(run("cp -r " + from + " " + dir + "/" + name + "/").status, 0);
-    const Outcome r = run(common + layout + "--checkpoint.dir=" + dir + "/" + name + " --checkpoint.resume=true " +
-                          "--log.dir=" + dir + "/" + name + "/log");
-    ASSERT_EQ(r.status, 0) << r.output;
-    EXPECT_NE(r.output.find("resumed from " + dir + "/" + name + "/step-00000002 at step 2"), std::string::npos)
-        << r.output;
-    const auto steps = logged_steps(dir + "/" + name + "/log/metrics.csv");
-    ASSERT_EQ(steps.size(), 2u) << r.output;
-    for (size_t s = 0; s < steps.size(); ++s) {
-      EXPECT_NEAR(steps[s].first, expected[s + 2].first, 2e-5 * std::abs(expected[s + 2].first)) << "step " << s + 3;
-      EXPECT_NEAR(steps[s].second, expected[s + 2].second, 2e-5 * std::abs(expected[s + 2].second)) << "step " << s + 3;
-    }
-  };
-  resumed_at("same", saved, pp2);
-  resumed_at("interleaved", saved, pp2 + "--parallel.pp_schedule=interleaved_1f1b --parallel.pp_stages_per_rank=2 ");
-  resumed_at("four", saved, "--launch.num_processes=4 --parallel.pp_size=4 " + piped);
-  resumed_at("plain", saved, plain);
+  expect_resumes_as(common + pp2, dir, "same", saved, expected);
+  expect_resumes_as(common + pp2 + "--parallel.pp_schedule=interleaved_1f1b --parallel.pp_stages_per_rank=2 ", dir,
+                    "interleaved", saved, expected);
+  expect_resumes_as(common + "--launch.num_processes=4 --parallel.pp_size=4 " + piped, dir, "four", saved, expected);
+  expect_resumes_as(common + plain, dir, "plain", saved, expected);
   const Outcome unpiped = run(common + plain + "--checkpoint.dir=" + dir + "/unpiped --train.stop_at=2");
   ASSERT_EQ(unpiped.status, 0) << unpiped.output;
-  resumed_at("into", dir + "/unpiped/step-00000002", pp2);
+  expect_resumes_as(common + pp2, dir, "into", dir + "/unpiped/step-00000002", expected);
   // The export merges the stages; the Hugging Face file written beside the checkpoint is the same model.
   const std::string out = dir + "/exported.safetensors", theirs = dir + "/plain.safetensors";
   const std::string bin = SHARDTRAIN_BIN;
@@ -1734,17 +1741,7 @@ TEST_F(TrainTest, PipelineLoraResumesWithoutThePipelineAndExportsItsAdapter) {
   for (const io::SafetensorsEntry& e : theirs.entries()) {
     EXPECT_LT((ours.read(e.name) - theirs.read(e.name)).abs().max().item<double>(), 1e-5) << e.name;
   }
-  const Outcome resumed = run(common + plain + "--checkpoint.dir=" + dir + "/piped --checkpoint.resume=true " +
-                              "--log.dir=" + dir + "/piped/log");
-  ASSERT_EQ(resumed.status, 0) << resumed.output;
-  EXPECT_NE(resumed.output.find("resumed from " + dir + "/piped/step-00000002 at step 2"), std::string::npos)
-      << resumed.output;
-  const auto steps = logged_steps(dir + "/piped/log/metrics.csv");
-  ASSERT_EQ(steps.size(), 2u) << resumed.output;
-  for (size_t s = 0; s < steps.size(); ++s) {
-    EXPECT_NEAR(steps[s].first, expected[s + 2].first, 2e-5 * std::abs(expected[s + 2].first)) << "step " << s + 3;
-    EXPECT_NEAR(steps[s].second, expected[s + 2].second, 2e-5 * std::abs(expected[s + 2].second)) << "step " << s + 3;
-  }
+  expect_resumes_as(common + plain, dir, "unpiped", dir + "/piped/step-00000002", expected);
 }
 
 // DDP through a pipeline: each stage replicated over its data-parallel ranks, its checkpoint the stages' whole
@@ -1770,23 +1767,8 @@ TEST_F(TrainTest, PipelineDdpCheckpointsResumeWithAndWithoutThePipeline) {
     EXPECT_TRUE(io::path_exists(dir + "/piped/step-00000002" + file)) << file;
   }
   EXPECT_FALSE(io::path_exists(dir + "/piped/step-00000002/model.pt"));
-  auto resumed = [&](const std::string& name, const std::string& from, const std::string& layout) {
-    SCOPED_TRACE(name);
-    io::make_directories(dir + "/" + name);
-    ASSERT_EQ(run("cp -r " + from + " " + dir + "/" + name + "/").status, 0);
-    const Outcome r = run(common + layout + "--checkpoint.dir=" + dir + "/" + name + " --checkpoint.resume=true " +
-                          "--log.dir=" + dir + "/" + name + "/log");
-    ASSERT_EQ(r.status, 0) << r.output;
-    const auto steps = logged_steps(dir + "/" + name + "/log/metrics.csv");
-    ASSERT_EQ(steps.size(), 2u) << r.output;
-    for (size_t s = 0; s < steps.size(); ++s) {
-      EXPECT_NEAR(steps[s].first, expected[s + 2].first, 2e-5 * std::abs(expected[s + 2].first)) << "step " << s + 3;
-      EXPECT_NEAR(steps[s].second, expected[s + 2].second, 2e-5 * std::abs(expected[s + 2].second))
-          << "step " << s + 3;
-    }
-  };
-  resumed("unpiped", dir + "/piped/step-00000002", plain);
-  resumed("into", dir + "/plain/step-00000002", piped);
+  expect_resumes_as(common + plain, dir, "unpiped", dir + "/piped/step-00000002", expected);
+  expect_resumes_as(common + piped, dir, "into", dir + "/plain/step-00000002", expected);
 }
 
 // The memory model knows pipelines: `--dry-run`'s predicted peak (the pipeline rank needing most: its stages over
