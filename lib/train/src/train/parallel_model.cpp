@@ -46,14 +46,14 @@ models::LoadOptions adapter_options() {
 }
 
 // DDP: every rank builds the whole model (a pipeline rank its stages); with sync_module_states the first rank of
-// each data-parallel group (world rank 0 without a pipeline) reads init_weights and replicate() hands its parameters
-// to the others.
+// each data-parallel group reads init_weights — the first replica's ranks: world rank 0 alone without tensor or
+// pipeline parallelism, else each tensor-parallel rank (before it keeps its slices) and each stage — and
+// replicate() hands its parameters to the group's others.
 models::ZooModel build_replicated(const Config& c, std::shared_ptr<const models::ModelRecipe> recipe,
                                   const models::BuildOptions& build, const dist::DeviceMesh& mesh,
                                   const at::Device& device, models::LoadReport& report) {
   models::ZooModel model = models::build_model(std::move(recipe), build);
-  const int reader = mesh.pp_size() > 1 ? mesh.data_group().rank() : mesh.world().rank();
-  const bool reads = !c.parallel.sync_module_states || reader == 0;
+  const bool reads = !c.parallel.sync_module_states || mesh.data_group().rank() == 0;
   if (!c.model.init_weights.empty() && reads) {
     report = models::load_weights(*model.module, c.model.init_weights, model.names, load_options(c));
   }
