@@ -870,18 +870,22 @@ TEST_F(TrainTest, TensorParallelTrainsAsOneProcess) {
                              "--train.steps=1");
   EXPECT_NE(budget.status, 0) << budget.output;
   EXPECT_NE(budget.output.find("is predicted to need"), std::string::npos) << budget.output;
-  // model.init_weights under DDP with tensor parallelism and sync_module_states: the first replica's ranks read the
-  // file (each keeping its slices) and hand them to the other replica: DDP's losses without tensor parallelism.
+  // model.init_weights with tensor parallelism and sync_module_states, under DDP and FULL_SHARD: the first
+  // replica's ranks read the file (each keeping its slices) and hand them to the other replica: the losses without
+  // tensor parallelism.
   const std::string saved = root_ + "/tp-init", bin = SHARDTRAIN_BIN;
   ASSERT_EQ(run(common + "--launch.num_processes=1 --train.steps=1 --checkpoint.dir=" + saved).status, 0);
   ASSERT_EQ(run(bin + " checkpoint export " + saved + " --out " + saved + "/init.safetensors").status, 0);
-  const std::string start = "--model.init_weights=" + saved + "/init.safetensors --parallel.strategy=ddp "
-                            "--parallel.sync_module_states=true --checkpoint.dir= --train.steps=2 ";
-  const Outcome ddp_init = run(common + start + "--launch.num_processes=2");
-  const Outcome ddp_tp_init = run(common + start + "--launch.num_processes=4 --parallel.tp_size=2");
-  ASSERT_EQ(ddp_init.status, 0) << ddp_init.output;
-  ASSERT_EQ(ddp_tp_init.status, 0) << ddp_tp_init.output;
-  EXPECT_EQ(loss_lines(ddp_tp_init.output), loss_lines(ddp_init.output)) << ddp_tp_init.output;
+  for (const char* strategy : {"ddp", "full_shard"}) {
+    SCOPED_TRACE(strategy);
+    const std::string start = "--model.init_weights=" + saved + "/init.safetensors --parallel.strategy=" + strategy +
+                              " --parallel.sync_module_states=true --checkpoint.dir= --train.steps=2 ";
+    const Outcome plain_init = run(common + start + "--launch.num_processes=2");
+    const Outcome tp_init = run(common + start + "--launch.num_processes=4 --parallel.tp_size=2");
+    ASSERT_EQ(plain_init.status, 0) << plain_init.output;
+    ASSERT_EQ(tp_init.status, 0) << tp_init.output;
+    EXPECT_EQ(loss_lines(tp_init.output), loss_lines(plain_init.output)) << tp_init.output;
+  }
   const Outcome bad = run(common + "--launch.num_processes=2 --parallel.tp_size=2 --parallel.dp_shard_size=2");
   EXPECT_NE(bad.status, 0);
   EXPECT_NE(bad.output.find("parallel.dp_replicate_size (1 inferred) x parallel.dp_shard_size (2) x "
