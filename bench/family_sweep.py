@@ -17,7 +17,10 @@ predicts the loss-alone path's forward and backward peaks (the trainer's step ad
 does not run). Prints every cell, then the worst per family (largest memory ratio; largest model error).
 
     .venv/bin/python bench/family_sweep.py [--build build] [--families llama,gpt2,bert,t5] [--configs 3] [--seed 61]
-                                           [--steps 2] [--warmup 1]
+                                           [--steps 2] [--warmup 1] [--shape FAMILY:V,L,C,T,B[,KV] ...]
+
+--shape runs the configurations given (vocabulary, layers, width, tokens, local batch, Llama's key/value heads)
+instead of drawing them: a shape the draws at a seed missed.
 
 Goals (issue 61): memory <= 1.00x transformers' in every cell; the memory model within 10% of every cell.
 Time ratios are printed but mean little here: the two ranks share two cores with the other side's runs idle.
@@ -65,8 +68,16 @@ def draw(rng, family):
         if batch * target * vocab * 4 <= LOGITS_CAP and vocab * width <= TABLE_CAP:
             break
     heads = width // 64
+    kv = rng.choice([h for h in (1, 2, 4, heads) if heads % h == 0]) if family == "llama" else 0
+    return configured(family, vocab, layers, width, tokens, batch, kv)
+
+
+def configured(family, vocab, layers, width, tokens, batch, kv=0):
+    """The configuration of those numbers: (transformers config, local batch, tokens, description); kv: Llama's
+    key/value heads (0: all)."""
+    heads = width // 64
     if family == "llama":
-        kv = rng.choice([h for h in (1, 2, 4, heads) if heads % h == 0])
+        kv = kv or heads
         config = transformers.LlamaConfig(vocab_size=vocab, hidden_size=width, intermediate_size=width * 8 // 3,
                                           num_hidden_layers=layers, num_attention_heads=heads,
                                           num_key_value_heads=kv, max_position_embeddings=2048,
@@ -126,49 +137,56 @@ def main():
     p.add_argument("--seed", type=int, default=61)
     p.add_argument("--steps", type=int, default=2)
     p.add_argument("--warmup", type=int, default=1)
+    p.add_argument("--shape", action="append", default=[],
+                   help="FAMILY:V,L,C,T,B[,KV] (vocabulary, layers, width, tokens, local batch, Llama's key/value "
+                        "heads): run this configuration instead of drawing (repeatable)")
     a = p.parse_args()
     launcher, ours = os.path.join(a.build, "shardtrain"), os.path.join(a.build, "family_bench")
     memhook = os.path.abspath(os.path.join(a.build, "libshardtrain_memhook.so"))
     here = os.path.dirname(os.path.abspath(__file__))
     rng = random.Random(a.seed)
-    print(f"seed {a.seed}, {a.configs} configurations per family", flush=True)
+    if a.shape:
+        jobs = [(family, n, configured(family, *[int(x) for x in numbers.split(",")]))
+                for n, (family, numbers) in enumerate(shape.split(":") for shape in a.shape)]
+        print(f"{len(jobs)} configurations given", flush=True)
+    else:
+        jobs = [(family, n, draw(rng, family)) for family in a.families.split(",") for n in range(a.configs)]
+        print(f"seed {a.seed}, {a.configs} configurations per family", flush=True)
     rows = []  # (family, description, case, call, ours, theirs, model error or None)
     with tempfile.TemporaryDirectory(prefix="shardtrain-family-sweep-") as tmp:
-        for family in a.families.split(","):
-            for n in range(a.configs):
-                config, batch, tokens, what = draw(rng, family)
-                torch.manual_seed(a.seed + n)
-                model = getattr(transformers, config.architectures[0])(config)
-                d = os.path.join(tmp, f"{family}-{n}")
-                model.save_pretrained(d, safe_serialization=True)
-                del model
-                g = torch.Generator().manual_seed(a.seed + n)
-                data = global_batch(family, config, 2 * batch, tokens, g)
-                batch_file = os.path.join(d, "batch.safetensors")
-                save_file({k: v.contiguous() for k, v in data.items()}, batch_file)
-                common = ["--model", d, "--batch", batch_file, "--steps", str(a.steps), "--warmup", str(a.warmup)]
-                for world, mode, checkpoint in [(1, "plain", False), (1, "plain", True), (2, "full_shard", False),
-                                                (2, "full_shard", True)]:
-                    # The world-size-1 runs take the first half of the global batch: its rows are the local batch.
-                    files = common if world == 2 else common[:3] + [half_batch(batch_file, batch)] + common[4:]
-                    extra = ["--mode", mode] + (["--checkpoint"] if checkpoint else [])
-                    launch = [launcher, "launch", "--nproc-per-node", str(world), "--"]
-                    theirs = bench_common.run_result(launch + [sys.executable, os.path.join(here, "hf_family_step.py"),
-                                                               "--memhook", memhook] + files + extra)
-                    case = f"W={world} {mode}{' +AC' if checkpoint else ''}"
-                    for call in ("loss", "logits"):
-                        o = bench_common.run_result(launch + [ours] + files + extra +
-                                                    (["--logits"] if call == "logits" else []))
-                        error = None
-                        if call == "loss":
-                            forward, backward = predicted(a.build, d, world, batch, tokens, checkpoint)
-                            measured = max(o["phase_peak_bytes"][:2])
-                            error = max(forward, backward) / measured - 1
-                        rows.append((family, what, case, call, o, theirs, error))
-                        r = rows[-1]
-                        print(line(r), flush=True)
+        for family, n, (config, batch, tokens, what) in jobs:
+            torch.manual_seed(a.seed + n)
+            model = getattr(transformers, config.architectures[0])(config)
+            d = os.path.join(tmp, f"{family}-{n}")
+            model.save_pretrained(d, safe_serialization=True)
+            del model
+            g = torch.Generator().manual_seed(a.seed + n)
+            data = global_batch(family, config, 2 * batch, tokens, g)
+            batch_file = os.path.join(d, "batch.safetensors")
+            save_file({k: v.contiguous() for k, v in data.items()}, batch_file)
+            common = ["--model", d, "--batch", batch_file, "--steps", str(a.steps), "--warmup", str(a.warmup)]
+            for world, mode, checkpoint in [(1, "plain", False), (1, "plain", True), (2, "full_shard", False),
+                                            (2, "full_shard", True)]:
+                # The world-size-1 runs take the first half of the global batch: its rows are the local batch.
+                files = common if world == 2 else common[:3] + [half_batch(batch_file, batch)] + common[4:]
+                extra = ["--mode", mode] + (["--checkpoint"] if checkpoint else [])
+                launch = [launcher, "launch", "--nproc-per-node", str(world), "--"]
+                theirs = bench_common.run_result(launch + [sys.executable, os.path.join(here, "hf_family_step.py"),
+                                                           "--memhook", memhook] + files + extra)
+                case = f"W={world} {mode}{' +AC' if checkpoint else ''}"
+                for call in ("loss", "logits"):
+                    o = bench_common.run_result(launch + [ours] + files + extra +
+                                                (["--logits"] if call == "logits" else []))
+                    error = None
+                    if call == "loss":
+                        forward, backward = predicted(a.build, d, world, batch, tokens, checkpoint)
+                        measured = max(o["phase_peak_bytes"][:2])
+                        error = max(forward, backward) / measured - 1
+                    rows.append((family, what, case, call, o, theirs, error))
+                    r = rows[-1]
+                    print(line(r), flush=True)
     print("\nworst cell per family (memory ratio; memory model error on the loss path):")
-    for family in a.families.split(","):
+    for family in dict.fromkeys(job[0] for job in jobs):
         mine = [r for r in rows if r[0] == family]
         worst = max(mine, key=lambda r: r[4]["peak_bytes"] / r[5]["peak_bytes"])
         print("  memory " + line(worst))
