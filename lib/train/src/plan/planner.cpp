@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <map>
 #include <optional>
 #include <stdexcept>
 
@@ -299,31 +300,33 @@ std::vector<PlannedConfig> plan_configurations(const models::ModelRecipe& recipe
     strategies.push_back(parallel::Strategy::HYBRID_SHARD_ZERO2);
   }
   // Tensor-parallel sizes within a node, where the family has a plan the model's sizes fit; sequence parallel
-  // where the plan can be (Megatron's and torchtitan's setting). Not with offload or one unit for the model.
+  // where the plan can be (Megatron's and torchtitan's setting). Not with offload or one unit for the model. Each
+  // size's shape built once.
   const int64_t per_node = cluster.gpus / cluster.nodes;
   const bool sequence = models::splits_sequence(recipe.tp_plan());
-  std::vector<PlannedConfig> out;
-  // Pipelines (the trainer's: FSDP over each stage's ranks, no tensor parallelism beside, no offload) of 2, 4, ...
-  // ranks where the family has stages and each stage gets a layer: 1F1B over 4 microbatches a pipeline rank.
-  const int64_t layers = static_cast<int64_t>(model_shape(recipe).layer_numel.size());
-  std::vector<int64_t> pipelines = {1};
-  if (recipe.pipeline_stages_refused().empty()) {
-    for (int64_t pp = 2; pp <= cluster.gpus && pp <= layers; pp *= 2) {
-      if (cluster.gpus % pp == 0) pipelines.push_back(pp);
+  std::map<int64_t, ModelShape> shapes;  // by tensor-parallel size
+  for (int64_t tp = 1; tp <= per_node && per_node % tp == 0; tp *= 2) {
+    try {
+      shapes.emplace(tp, model_shape(recipe, tp));
+    } catch (const std::invalid_argument&) {
+      if (tp == 1) throw;  // else no plan, or sizes this tp does not divide
     }
   }
+  // The layouts tried, (pp, tp): every tensor-parallel size, then pipelines (the trainer's: FSDP over each stage's
+  // ranks, no tensor parallelism beside, no offload) of 2, 4, ... ranks where the family has stages and each stage
+  // gets a layer: 1F1B over 4 microbatches a pipeline rank.
+  std::vector<std::pair<int64_t, int64_t>> layouts;
+  for (const auto& sized : shapes) layouts.emplace_back(1, sized.first);
+  const int64_t layers = static_cast<int64_t>(shapes.at(1).layer_numel.size());
+  if (recipe.pipeline_stages_refused().empty()) {
+    for (int64_t pp = 2; pp <= cluster.gpus && pp <= layers; pp *= 2) {
+      if (cluster.gpus % pp == 0) layouts.emplace_back(pp, 1);
+    }
+  }
+  std::vector<PlannedConfig> out;
   auto enumerate = [&](bool activation_offload, bool disk) {
-    for (int64_t pp : pipelines) {
-    for (int64_t tp = 1; tp <= per_node; tp *= 2) {
-      if (per_node % tp != 0) break;
-      if (pp > 1 && tp > 1) break;
-      std::optional<ModelShape> shape;
-      try {
-        shape = model_shape(recipe, tp);
-      } catch (const std::invalid_argument&) {
-        if (tp == 1) throw;
-        continue;  // no plan, or sizes this tp does not divide
-      }
+    for (const auto& [pp, tp] : layouts) {
+      const ModelShape& shape = shapes.at(tp);
       for (parallel::Strategy strategy : strategies) {
         for (const PlannedPrecision& precision : kPrecisions) {
           for (int64_t ac_every : {0, 1, 2}) {  // none, every layer, every other (torchtitan's "selective layer")
@@ -353,17 +356,16 @@ std::vector<PlannedConfig> plan_configurations(const models::ModelRecipe& recipe
                 for (bool sync_each : pp > 1 && reduces ? std::vector<bool>{false, true} : std::vector<bool>{false}) {
                   TrainingJob tried = job;
                   tried.sync_each_batch = sync_each;
-                  tried.batch = largest_batch(recipe, *shape, tried, cluster);
+                  tried.batch = largest_batch(recipe, shape, tried, cluster);
                   if (tried.batch < 1) continue;
-                  if (cluster.global_batch > 0 && !split_global_batch(recipe, *shape, tried, cluster)) continue;
-                  out.push_back(predict(recipe, *shape, tried, cluster));
+                  if (cluster.global_batch > 0 && !split_global_batch(recipe, shape, tried, cluster)) continue;
+                  out.push_back(predict(recipe, shape, tried, cluster));
                 }
               }
             }
           }
         }
       }
-    }
     }
   };
   // Activation offload only where nothing else fits: it buys memory with PCIe traffic and host memory, and at its
