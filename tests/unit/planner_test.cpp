@@ -205,6 +205,15 @@ TEST(Planner, PipelinesArePlannedWhereTheFamilyHasStages) {
   const PlannedConfig each = predict(*llama, model_shape(*llama), job, cluster);
   EXPECT_GT(each.comm_seconds, eight.comm_seconds);
   EXPECT_LT(each.memory.backward_bytes, eight.memory.backward_bytes);
+  // LoRA through a pipeline reduces a stage's adapters alone: less traffic than training every weight.
+  models::LoraSpec lora;
+  lora.r = 8, lora.lora_alpha = 16;
+  const auto adapted = models::with_lora(llama, lora);
+  job.sync_each_batch = false;
+  const PlannedConfig adapters = predict(*adapted, model_shape(*adapted), job, cluster);
+  EXPECT_LT(adapters.memory.trainable * 100, adapters.memory.parameters);
+  EXPECT_EQ(eight.memory.trainable, eight.memory.parameters);
+  EXPECT_LT(adapters.comm_seconds, eight.comm_seconds);
   const auto piped = std::find_if(configs.begin(), configs.end(), [](const PlannedConfig& c) {
     return c.job.pipeline.ranks > 1;
   });

@@ -64,7 +64,7 @@ MemoryEstimate estimate_training_memory(const models::ModelRecipe& recipe, const
   const StepLayout s = step_layout(recipe, shape, job);
   MemoryEstimate e;
   e.tokens = job.seq_len > 0 ? job.seq_len : recipe.task()->data_needs().max_text_length;
-  e.parameters = s.parameters;
+  e.parameters = s.parameters, e.trainable = shape.trainable();
   e.units = static_cast<int64_t>(s.units.numel.size()) + (s.units.extra_numel > 0 ? 1 : 0) +
             (s.units.input_numel > 0 ? 1 : 0) + (s.units.output_numel > 0 ? 1 : 0);
   // Host memory at its peak: CPU offload's at the step (shards, gradients, state, the step's temporaries); the

@@ -208,7 +208,7 @@ PlannedConfig predict(const models::ModelRecipe& recipe, const ModelShape& shape
   // tensor parallelism; its stages' in a pipeline), and the trainable ones (LoRA: the adapters alone). A pipeline's
   // units are gathered for every microbatch.
   const double P = piped ? static_cast<double>(p.memory.parameters) : static_cast<double>(shape.parameters());
-  const double G = piped ? P : static_cast<double>(shape.trainable());
+  const double G = static_cast<double>(piped ? p.memory.trainable : shape.trainable());
   const double W = static_cast<double>(job.world / job.tp / job.pipeline.ranks);
   const double per_node = static_cast<double>(job.world / std::max<int64_t>(job.nodes, 1) / job.tp);
   const double ce = low ? 2 : 4, rd = job.mixed_precision == parallel::Precision::BF16 || pure_bf16 ? 2 : 4;

@@ -93,6 +93,7 @@ struct MemoryEstimate {
   int64_t offloaded_activation_bytes = 0;  // what a micro-batch's layers keep, in host memory (activation offload)
   int64_t disk_bytes = 0;          // the optimizer's state on disk (optimizer_on_disk), per rank
   int64_t parameters = 0;         // of the model, tied once (under tensor parallelism a rank's slices)
+  int64_t trainable = 0;          // of those, the ones that get gradients (LoRA: the adapters)
   int64_t units = 0;              // FSDP units: one per transformer layer, plus the root
   int64_t tokens = 0;             // text tokens per sample estimated for (the model's maximum unless given); 0: none
   // Of the parameters, those in units called twice a step (FLAVA's encoder layers, unmasked then masked): gathered
