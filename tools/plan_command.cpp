@@ -272,6 +272,7 @@ int run_plan_command(const std::vector<std::string>& argv) {
     nlohmann::json j = nlohmann::json::array();
     for (const auto& c : configs) {
       j.push_back({{"tp_size", c.job.tp}, {"sequence_parallel", c.job.sequence_parallel},
+                   {"pp_size", c.job.pipeline.ranks}, {"sync_each_batch", c.job.sync_each_batch},
                    {"strategy", parallel::to_string(c.job.strategy)}, {"mixed_precision", parallel::to_string(c.job.mixed_precision)},
                    {"pure_bf16", c.job.param_bytes == 2},
                    {"activation_checkpointing", c.job.activation_checkpointing},
@@ -284,6 +285,10 @@ int run_plan_command(const std::vector<std::string>& argv) {
                    {"optimizer_seconds", c.optimizer_seconds}, {"host_bytes", c.memory.host_bytes},
                    {"tokens_per_second_per_gpu", c.tokens_per_second_per_gpu}, {"mfu", c.mfu},
                    {"tflops_per_gpu", c.tflops_per_gpu}});
+      if (c.job.pipeline.ranks > 1) {  // the trainer's parallel.pp_schedule and pp_microbatches
+        j.back()["pp_schedule"] = parallel::to_string(c.job.pipeline.kind);
+        j.back()["pp_microbatches"] = c.job.pipeline.microbatches;
+      }
     }
     std::cout << j.dump(2) << "\n";
     return 0;

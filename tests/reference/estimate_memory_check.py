@@ -195,14 +195,15 @@ def main():
                               "--global-batch", "8", "--top", "3", "--json"], capture_output=True, text=True,
                              timeout=120)
         rows = json.loads(run.stdout) if run.returncode == 0 else []
-        if not rows or any(r["batch"] * r.get("grad_accum", 1) * 4 // r["tp_size"] != 8 for r in rows):
+        if not rows or any(r["batch"] * r.get("grad_accum", 1) * 4 // (r["tp_size"] * r["pp_size"]) != 8
+                           for r in rows):
             failures.append(f"plan --gpu h100 --global-batch 8: {run.returncode}: {run.stdout}{run.stderr}")
         # Tokens a step over the length the plan trains at (t5-small's 512 without --seq-len, not the 8192 cap).
         run = subprocess.run([binary, "plan", "t5-small", "--gpus", "8", "--gpu", "h100",
                               "--global-batch-tokens", "4096", "--top", "3", "--json"], capture_output=True, text=True,
                              timeout=120)
         rows = json.loads(run.stdout) if run.returncode == 0 else []
-        if not rows or any(r["batch"] * r["grad_accum"] * 8 // r["tp_size"] != 8 for r in rows):
+        if not rows or any(r["batch"] * r["grad_accum"] * 8 // (r["tp_size"] * r["pp_size"]) != 8 for r in rows):
             failures.append(f"plan t5-small --global-batch-tokens 4096: {run.returncode}: {run.stdout}{run.stderr}")
         # The T5 post's scale claims (plan --figure t5-scale): its 81B needs activation and parameter offload, and
         # activation offload buys batch at every size it fits.
