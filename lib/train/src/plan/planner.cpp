@@ -106,7 +106,7 @@ GpuSpec gpu_spec(const std::string& name) {
 bool split_global_batch(const models::ModelRecipe& recipe, const ModelShape& shape, TrainingJob& job,
                         const Cluster& cluster) {
   const int64_t dp = job.world / job.tp / job.pipeline.ranks, largest = job.batch;
-  const int64_t unit = job.pipeline.ranks > 1 ? job.pipeline.microbatches : 1;  // a pipeline's batch: its microbatches
+  const int64_t unit = job.batch_unit();
   if (cluster.global_batch % dp != 0) return false;
   const int64_t local = cluster.global_batch / dp;
   for (int64_t micro = std::min(local, largest); micro >= 1; --micro) {
@@ -136,7 +136,7 @@ int64_t default_tokens(const models::ModelRecipe& recipe) {
 int64_t largest_batch(const models::ModelRecipe& recipe, const ModelShape& shape, TrainingJob job,
                       const Cluster& cluster) {
   // A pipeline's batch is a whole number of its microbatches: the search is over a microbatch's rows.
-  const int64_t unit = job.pipeline.ranks > 1 ? job.pipeline.microbatches : 1, most = cluster.max_batch / unit;
+  const int64_t unit = job.batch_unit(), most = cluster.max_batch / unit;
   auto fits_at = [&](int64_t rows) {
     job.batch = rows * unit;
     return fits(recipe, shape, job, cluster);
@@ -180,7 +180,7 @@ PlannedConfig predict(const models::ModelRecipe& recipe, const ModelShape& shape
   // gradients reduced over the stage's data-parallel ranks; each microbatch's activations cross every stage
   // boundary forward and their gradients back.
   const bool piped = job.pipeline.ranks > 1;
-  const double pp = static_cast<double>(job.pipeline.ranks), M = piped ? job.pipeline.microbatches : 1;
+  const double pp = static_cast<double>(job.pipeline.ranks), M = static_cast<double>(job.batch_unit());
   double share = 1, bubble = 0;
   if (piped) {
     const std::vector<models::StageLayers> split =

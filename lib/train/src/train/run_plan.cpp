@@ -168,7 +168,7 @@ RunPlan plan_run(const config::Config& given, int64_t auto_batch_limit) {
     cluster.gpu_memory = budget, cluster.memory_margin = kAutoMargin;
     const int64_t fits = plan::largest_batch(*recipe, shape, job, cluster);
     // A pipeline's batch is a whole number of its microbatches (largest_batch's are; a limit is rounded down).
-    const int64_t unit = job.pipeline.ranks > 1 ? job.pipeline.microbatches : 1;
+    const int64_t unit = job.batch_unit();
     job.batch = (auto_batch_limit > 0 ? std::min(fits, auto_batch_limit) : fits) / unit * unit;
     if (job.batch < 1 && fits >= unit) {
       throw std::invalid_argument("train.batch_size: auto: at most " + std::to_string(auto_batch_limit) +

@@ -76,6 +76,9 @@ struct TrainingJob {
   bool gradient_as_bucket_view = false;
   // What the data pipeline masks (data.*): the heads run on masked positions only.
   double mlm_probability = 0.15, mim_probability = 0.4, itm_negative_probability = 0.5;
+
+  // What `batch` is a whole number of: a pipeline's microbatches (1 without a pipeline).
+  int64_t batch_unit() const { return pipeline.ranks > 1 ? pipeline.microbatches : 1; }
 };
 
 struct MemoryTerm {
