@@ -132,19 +132,20 @@ void print_table(const std::string& model, const plan::Cluster& cluster,
               cluster.gpu.c_str(), cluster.peak_tflops_bf16, cluster.peak_tflops_fp32, cluster.efficiency,
               cluster.intra_node_gbps, cluster.inter_node_gbps, cluster.pcie_gbps, gib(cluster.host_memory).c_str(),
               cluster.host_memory_gbps);
-  std::printf("  %-3s %-6s %-19s %-5s %-3s %-7s %-11s %9s %9s %10s %10s %5s %9s %8s\n", "#", "TP/PP", "strategy", "prec",
+  std::printf("  %-3s %-11s %-19s %-5s %-3s %-7s %-11s %9s %9s %10s %10s %5s %9s %8s\n", "#", "TP/PP", "strategy", "prec",
               "AC", "offload", "wrap", "batch/DP", "peak GiB", "items/s", "tok/s/GPU", "MFU", "TFLOP/s", "step s");
   for (size_t i = 0; i < configs.size() && static_cast<int64_t>(i) < top; ++i) {
     const auto& c = configs[i];
-    const std::string tp = c.job.pipeline.ranks > 1 ? "PP " + std::to_string(c.job.pipeline.ranks)
-                           : c.job.tp > 1            ? std::to_string(c.job.tp) + (c.job.sequence_parallel ? " SP" : "")
-                                                     : "-";
+    // "2 SP" (tensor-parallel size, sequence parallel), "PP 4", "PP 4 x 2 SP" (the 3-D mesh), "-".
+    const std::string split = c.job.tp > 1 ? std::to_string(c.job.tp) + (c.job.sequence_parallel ? " SP" : "") : "-";
+    const std::string tp = c.job.pipeline.ranks <= 1 ? split
+                           : "PP " + std::to_string(c.job.pipeline.ranks) + (c.job.tp > 1 ? " x " + split : "");
     const std::string batch =
         std::to_string(c.job.batch) + (c.job.grad_accum > 1 ? " x" + std::to_string(c.job.grad_accum) : "");
     const std::string offload = std::string(c.job.optimizer_on_disk ? "nvme" : c.job.cpu_offload ? "cpu" : "") +
                                 (c.job.cpu_offload && c.job.activation_offload ? "+" : "") +
                                 (c.job.activation_offload ? "act" : "");
-    std::printf("  %-3zu %-6s %-19s %-5s %-3s %-7s %-11s %9s %9s %10.3g %10.0f %4.0f%% %9.1f %8.3f\n", i + 1,
+    std::printf("  %-3zu %-11s %-19s %-5s %-3s %-7s %-11s %9s %9s %10.3g %10.0f %4.0f%% %9.1f %8.3f\n", i + 1,
                 tp.c_str(),
                 (parallel::to_string(c.job.strategy) + (c.job.sync_each_batch ? ", each" : "")).c_str(),
                 c.job.param_bytes == 2 ? "pure" : parallel::to_string(c.job.mixed_precision).c_str(), ac_text(c.job),

@@ -250,8 +250,9 @@ FigureTable published_figure() {
                          {"theirs", c.run.tokens_per_second_per_gpu}, {"ours", c.ours.tokens_per_second_per_gpu},
                          {"mfu", c.ours.mfu}, {"error", c.error}});
   }
-  text += "\nSources: torchtitan docs/performance.md; the A100 cluster's network is not stated there: 25 GB/s per "
-          "GPU assumed.\n\nThe seeds' posts (8 x A100-40GB; their throughput units differ, so ratios):\n\n";
+  text += "\nSources: torchtitan docs/performance.md and benchmarks/llama3_h100_202412_torchtitan.md; the A100 "
+          "cluster's network is not stated there: 25 GB/s per GPU assumed.\n\nPublished ratios (the seeds' posts on 8 "
+          "x A100-40GB, whose throughput units differ; torchtitan's pipeline schedules):\n\n";
   std::snprintf(line, sizeof line, "  %-88s %7s %7s %s\n", "finding", "theirs", "ours", "");
   text += line;
   for (const plan::PublishedFinding& f : plan::check_published_findings()) {

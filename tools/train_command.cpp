@@ -160,7 +160,6 @@ int run_train_command(const std::vector<std::string>& args) {
   const config::Config config = config::load_config(path, overrides);
   config::validate(config);  // here, once, before any worker starts (each would say it again)
   if (flags.count("--print-schedule")) return print_schedule(config);
-  config::check_pipeline_training(config);
   if (dry_run) {
     const train::RunPlan plan = train::plan_run(config);
     std::cout << plan.text;

@@ -1561,11 +1561,11 @@ void expect_resumes_as(const std::string& command, const std::string& dir, const
 // A pipeline trains as the same data-parallel ranks without one that accumulate each batch's microbatches as
 // micro-batches (train.grad_accum): llama-debug at 6 layers, every step's loss and gradient norm (clipping spans the
 // stages) to the 6 digits metrics.csv keeps — under every schedule at pp 2 (and at given split points), zero bubble
-// at pp 3, interleaving with 2
-// stages a rank, pp 2 x 2 data-parallel ranks under FULL_SHARD, SHARD_GRAD_OP (CPU offload) and NO_SHARD, with
-// activation checkpointing, bf16 and fp16 (its loss scale) mixed precision; evaluation through the stages gives the
-// plain run's held-out loss (float32); the start-up shows the stages and the bubble. What a pipeline does not
-// compose with yet is refused before any worker starts.
+// at pp 3, interleaving with 2 stages a rank, pp 2 x 2 data-parallel ranks under FULL_SHARD, SHARD_GRAD_OP (CPU
+// offload), NO_SHARD and DDP, with activation checkpointing, bf16 and fp16 (its loss scale) mixed precision, LoRA;
+// pp 2 x tp 2 (the 3-D mesh; with sequence parallelism, and DDP interleaved) against tp 2 alone; evaluation through
+// the stages gives the plain run's held-out loss (float32); the start-up shows the stages and the bubble. What a
+// pipeline cannot hold is refused before any worker starts.
 TEST_F(TrainTest, PipelineTrainsAsAccumulatedDataParallel) {
   const std::string common = std::string(SHARDTRAIN_BIN) + " train " + root_ + "/config.yaml --model.flavor=llama-debug "
                              "'--model.overrides={layers: 6}' --train.steps=4 --log.interval=1 "
@@ -1593,6 +1593,12 @@ TEST_F(TrainTest, PipelineTrainsAsAccumulatedDataParallel) {
       {4, "--parallel.pp_size=2 --parallel.pp_microbatches=4", "--parallel.strategy=ddp"},  // stages replicated
       {2, "--parallel.pp_size=2 --parallel.pp_schedule=zero_bubble --parallel.pp_microbatches=2",
        "--parallel.strategy=ddp --parallel.mixed_precision=bf16"},
+      // The 3-D mesh: each stage's layers split over 2 tensor-parallel ranks, against the same split unpiped.
+      {4, "--parallel.pp_size=2 --parallel.pp_microbatches=4", "--parallel.tp_size=2"},
+      {4, "--parallel.pp_size=2 --parallel.pp_schedule=zero_bubble --parallel.pp_microbatches=4",
+       "--parallel.tp_size=2 --parallel.sequence_parallel=true"},  // a stage boundary carries (B, T / 2, C)
+      {4, "--parallel.pp_size=2 --parallel.pp_schedule=interleaved_1f1b --parallel.pp_stages_per_rank=2 "
+          "--parallel.pp_microbatches=4", "--parallel.tp_size=2 --parallel.strategy=ddp"},
   };
   for (const Case& c : cases) {
     SCOPED_TRACE(c.pipeline + " " + c.shared + " on " + std::to_string(c.processes) + " processes");
@@ -1652,7 +1658,6 @@ TEST_F(TrainTest, PipelineTrainsAsAccumulatedDataParallel) {
   }
   // Refused, naming what is missing.
   for (const auto& [flags, expected] : std::vector<std::pair<std::string, std::string>>{
-           {"--parallel.tp_size=2 --launch.num_processes=4", "pipeline x tensor parallelism (the 3-D mesh) is not"},
            {"--model.flavor=llama-3.2-debug", "its head is tied to its embedding"},
            {"--model.flavor=gpt2-debug", "pipeline stages are not written yet"},
            {"--parallel.pp_split_points=[2,4]", "2 points for 2 stages (pp_size x pp_stages_per_rank): expected 1"},
@@ -1787,10 +1792,101 @@ TEST_F(TrainTest, PipelineDdpCheckpointsResumeWithAndWithoutThePipeline) {
   expect_resumes_as(common + piped, dir, "into", dir + "/plain/step-00000002", expected);
 }
 
+// The 3-D mesh's checkpoints: a pipeline whose stages are split over tensor-parallel ranks writes, in each pipeline
+// rank's directory, the stage's tensor-parallel layout and each slice's shards (model/pp-<p>-of-2/tp-<t>-of-2/). It
+// resumes at the same layout, without the tensor split, without the pipeline (tensor-parallel alone), and as one
+// process; a one-process checkpoint resumes into the 3-D layout — each to the uninterrupted run's steps (6 digits).
+// Its export is the one-process resumed run's weights.
+TEST_F(TrainTest, PipelineTensorParallelCheckpointsResumeAtAnyLayout) {
+  const std::string dir = root_ + "/pipeline-tp-ckpt";
+  io::remove_tree(dir);
+  const std::string common = std::string(SHARDTRAIN_BIN) + " train " + root_ + "/config.yaml --model.flavor=llama-debug "
+                             "'--model.overrides={layers: 4}' --data.eval=[] --train.steps=4 --log.interval=1 "
+                             "--train.eval_interval=0 --optim.warmup_steps=0 --checkpoint.interval=2 "
+                             "--checkpoint.allow_changes=[train.batch_size,train.grad_accum] ";
+  const std::string piped = "--train.batch_size=8 --train.grad_accum=1 --parallel.pp_microbatches=4 --parallel.pp_size=2 ";
+  const std::string three_d = "--launch.num_processes=4 --parallel.tp_size=2 " + piped;
+  const std::string plain = "--launch.num_processes=1 --train.batch_size=2 --train.grad_accum=4 ";
+  const Outcome through = run(common + three_d + "--checkpoint.dir=" + dir + "/through --log.dir=" + dir +
+                              "/through/log --checkpoint.state_dict_type=full");
+  ASSERT_EQ(through.status, 0) << through.output;
+  EXPECT_NE(through.output.find("mesh: 2 pipeline x 1 replicate x 1 shard x 2 tensor-parallel ranks"),
+            std::string::npos) << through.output;
+  const auto expected = logged_steps(dir + "/through/log/metrics.csv");
+  ASSERT_EQ(expected.size(), 4u) << through.output;
+  const std::string saved = dir + "/through/step-00000002";
+  for (const char* file : {"/model/pipeline.json", "/model/pp-0-of-2/tensor_parallel.json",
+                           "/model/pp-1-of-2/tensor_parallel.json", "/model/pp-0-of-2/tp-1-of-2/metadata.pt",
+                           "/model/pp-1-of-2/tp-0-of-2/metadata.pt"}) {
+    EXPECT_TRUE(io::path_exists(saved + file)) << file;
+  }
+  expect_resumes_as(common + three_d, dir, "same", saved, expected);
+  expect_resumes_as(common + "--launch.num_processes=2 " + piped, dir, "untensored", saved, expected);
+  expect_resumes_as(common + "--launch.num_processes=2 --parallel.tp_size=2 --train.batch_size=2 "
+                    "--train.grad_accum=4 ", dir, "unpiped", saved, expected);
+  expect_resumes_as(common + plain, dir, "plain", saved, expected);
+  const Outcome one = run(common + plain + "--checkpoint.dir=" + dir + "/one --train.stop_at=2");
+  ASSERT_EQ(one.status, 0) << one.output;
+  expect_resumes_as(common + three_d, dir, "into", dir + "/one/step-00000002", expected);
+  const std::string bin = SHARDTRAIN_BIN, out = dir + "/exported.safetensors", theirs = dir + "/plain.safetensors";
+  ASSERT_EQ(run(bin + " checkpoint export " + dir + "/through --out " + out).status, 0);
+  ASSERT_EQ(run(bin + " checkpoint export " + dir + "/plain --out " + theirs).status, 0);
+  const io::SafetensorsReader ours_file(out), plain_file(theirs),
+      full_file(dir + "/through/step-00000004/model.safetensors");
+  ASSERT_EQ(ours_file.entries().size(), plain_file.entries().size());
+  for (const io::SafetensorsEntry& e : plain_file.entries()) {
+    const at::Tensor a = ours_file.read(e.name);
+    EXPECT_LT((a - plain_file.read(e.name)).abs().max().item<double>(), 1e-5) << e.name;
+    EXPECT_TRUE(at::equal(a, full_file.read(e.name))) << e.name;
+  }
+}
+
+// The 3-D mesh at 8 ranks (the slow tier): pp 2 x 2 replicas x tp 2. HYBRID_SHARD with activation checkpointing
+// trains as the same 2 x tp 2 ranks accumulating the microbatches (every step's loss and gradient norm to 6
+// digits, the held-out loss before and after); under DDP the first replica writes each stage's slices, and a run
+// stopped at step 2 resumes to the uninterrupted one's steps.
+TEST_F(TrainTest, PipelineTensorDataMeshAtEightRanks) {
+  const std::string dir = root_ + "/mesh8";
+  io::remove_tree(dir);
+  const std::string common = std::string(SHARDTRAIN_BIN) + " train " + root_ + "/config.yaml --model.flavor=llama-debug "
+                             "'--model.overrides={layers: 4}' --train.steps=4 --log.interval=1 --train.eval_interval=0 "
+                             "--optim.warmup_steps=0 --train.max_grad_norm=0.5 --parallel.tp_size=2 "
+                             "--parallel.dp_replicate_size=2 ";
+  const std::string hybrid = common + "--parallel.strategy=hybrid_shard --parallel.activation_checkpointing=true ";
+  const Outcome piped = run(hybrid + "--launch.num_processes=8 --parallel.pp_size=2 --parallel.pp_microbatches=4 "
+                            "--train.batch_size=8 --train.grad_accum=1 --log.dir=" + dir + "/piped");
+  ASSERT_EQ(piped.status, 0) << piped.output;
+  const Outcome plain = run(hybrid + "--launch.num_processes=4 --train.batch_size=2 --train.grad_accum=4 --log.dir=" +
+                            dir + "/plain");
+  ASSERT_EQ(plain.status, 0) << plain.output;
+  const auto ours = logged_steps(dir + "/piped/metrics.csv"), theirs = logged_steps(dir + "/plain/metrics.csv");
+  ASSERT_EQ(ours.size(), 4u) << piped.output;
+  ASSERT_EQ(theirs.size(), 4u) << plain.output;
+  for (size_t s = 0; s < ours.size(); ++s) {
+    EXPECT_NEAR(ours[s].first, theirs[s].first, 2e-5 * std::abs(theirs[s].first)) << "loss, step " << s + 1;
+    EXPECT_NEAR(ours[s].second, theirs[s].second, 2e-5 * std::abs(theirs[s].second)) << "grad_norm, step " << s + 1;
+  }
+  for (const std::string& line : loss_lines(piped.output)) {
+    if (line.rfind("eval", 0) == 0) EXPECT_NE(plain.output.find(line), std::string::npos) << line;
+  }
+  const std::string ddp = common + "--parallel.strategy=ddp --data.eval=[] --checkpoint.interval=2 "
+                          "--launch.num_processes=8 --parallel.pp_size=2 --parallel.pp_microbatches=4 "
+                          "--train.batch_size=8 --train.grad_accum=1 ";
+  const Outcome through = run(ddp + "--checkpoint.dir=" + dir + "/ddp --log.dir=" + dir + "/ddp/log");
+  ASSERT_EQ(through.status, 0) << through.output;
+  const auto expected = logged_steps(dir + "/ddp/log/metrics.csv");
+  for (const char* file : {"/model/pp-0-of-2/tp-0-of-2/metadata.pt", "/model/pp-1-of-2/tp-1-of-2/metadata.pt",
+                           "/model/pp-1-of-2/tensor_parallel.json"}) {
+    EXPECT_TRUE(io::path_exists(dir + "/ddp/step-00000002" + file)) << file;
+  }
+  expect_resumes_as(ddp, dir, "resumed", dir + "/ddp/step-00000002", expected);
+}
+
 // The memory model knows pipelines: `--dry-run`'s predicted peak (the pipeline rank needing most: its stages over
 // their data-parallel ranks, the step's microbatches accumulated, the other microbatches the schedule holds on top)
 // against the peak the run itself reports (the largest rank's, our allocator's count), a Llama of 4 layers at width
-// 256 over 256 tokens: within 5% for 1F1B, zero bubble, checkpointing, bf16 and pp 2 x dp 2; GPipe, holding every
+// 256 over 256 tokens: within 5% for 1F1B, zero bubble, checkpointing, bf16, pp 2 x dp 2 and pp 2 x tp 2 (with and
+// without sequence parallelism); GPipe, holding every
 // microbatch, within 12% above; interleaving over-estimated (the walk takes a microbatch through all of a rank's
 // stages at once), at most 25% above and never below.
 TEST_F(TrainTest, PipelineMemoryModelMatchesTheRun) {
@@ -1820,11 +1916,14 @@ TEST_F(TrainTest, PipelineMemoryModelMatchesTheRun) {
                         Case{"--launch.num_processes=4", 0.05, 0.05},
                         Case{"--launch.num_processes=2 --parallel.pp_schedule=gpipe", 0.0, 0.12},
                         Case{"--launch.num_processes=2 --parallel.pp_schedule=interleaved_1f1b "
-                             "--parallel.pp_stages_per_rank=2", 0.0, 0.25}}) {
+                             "--parallel.pp_stages_per_rank=2", 0.0, 0.25},
+                        Case{"--launch.num_processes=4 --parallel.tp_size=2", 0.05, 0.05},  // the 3-D mesh
+                        Case{"--launch.num_processes=4 --parallel.tp_size=2 --parallel.sequence_parallel=true", 0.05,
+                             0.05}}) {
     SCOPED_TRACE(c.flags);
     const Outcome plan = run(common + c.flags + " --dry-run");
     ASSERT_EQ(plan.status, 0) << plan.output;
-    EXPECT_NE(plan.output.find("parameters of pipeline rank "), std::string::npos) << plan.output;
+    EXPECT_NE(plan.output.find("of pipeline rank "), std::string::npos) << plan.output;
     const Outcome trained = run(common + c.flags);
     ASSERT_EQ(trained.status, 0) << trained.output;
     const size_t line = plan.output.find("  peak (");

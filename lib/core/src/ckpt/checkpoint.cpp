@@ -285,10 +285,11 @@ std::string save_checkpoint(const std::string& dir, const TrainerState& given, c
   }
   const fsdp::ParamStates states = moments(model);
   // A replicated model split by tensor parallelism or into pipeline stages (DDP beside it) is written as its slices
-  // or stages too, by one replica: the ranks of world rank 0's tensor-parallel or pipeline group.
+  // or stages too, by one replica: the ranks of world rank 0's (data-parallel index 0). Each stage's layout file by
+  // its first rank.
   const bool split = tp_size_of(model) > 1, staged = pp_size_of(model) > 1;
-  const bool slice_writer = !model.sharded && ((split && model.tp_group->global_ranks().front() == 0) ||
-                                               (staged && model.pp_group->global_ranks().front() == 0));
+  const bool slice_writer = !model.sharded && (split || staged) && in_first_replica(model, world.rank());
+  const bool stage_leader = staged ? model.pp_group->global_ranks().front() == 0 : leader;
   if (model.sharded || split || staged) {
     steps.run([&] {
       if (model.sharded) {
@@ -298,7 +299,7 @@ std::string save_checkpoint(const std::string& dir, const TrainerState& given, c
       }
     });
     steps.run([&] {
-      if (leader && split) {
+      if (stage_leader && split) {
         io::write_file_atomic(stage_dir(tmp + "/model", model) + "/tensor_parallel.json",
                               to_bytes(tp_layout_json(model, states)));
       }

@@ -99,6 +99,13 @@ std::map<std::string, tp::SplitLayout> entry_splits(const CheckpointModel& model
 int tp_size_of(const CheckpointModel& model) { return model.tp_group ? model.tp_group->size() : 1; }
 int pp_size_of(const CheckpointModel& model) { return model.pp_group ? model.pp_group->size() : 1; }
 
+bool in_first_replica(const CheckpointModel& model, int world_rank) {
+  // The mesh's ranks (dist::DeviceMesh): ((p * replicate + row) * shard + col) * tp + t. The pipeline group's first
+  // rank is this rank's (row, col, t) at p = 0, which is under tp exactly when row = col = 0.
+  const int at_first_stage = pp_size_of(model) > 1 ? model.pp_group->global_ranks().front() : world_rank;
+  return at_first_stage < tp_size_of(model);
+}
+
 std::string stage_dir(const std::string& model_dir, const CheckpointModel& model) {
   const int size = pp_size_of(model);
   return pipeline_rank_dir(model_dir, size > 1 ? model.pp_group->rank() : 0, size);

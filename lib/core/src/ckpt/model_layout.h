@@ -23,6 +23,9 @@ namespace shardtrain::ckpt {
 // The tensor-parallel size a model is split into (1: not split), and the pipeline's (1: no pipeline).
 int tp_size_of(const CheckpointModel& model);
 int pp_size_of(const CheckpointModel& model);
+// Whether world rank `world_rank` is in the first data-parallel replica (the mesh's row and column 0: world rank
+// 0's tensor-parallel groups, one at each stage), which writes a replicated model's slices and stages.
+bool in_first_replica(const CheckpointModel& model, int world_rank);
 
 // Where this rank writes its sharded state dict under model_dir (its stage's, then its slices' directory), and the
 // layout files' texts: how each split parameter and each of its states in `states` is split (one rank of each

@@ -165,8 +165,10 @@ ZooModel build_parallel(std::shared_ptr<const ModelRecipe> recipe, const dist::D
 TensorParallelModel build_tensor_parallel(std::shared_ptr<const ModelRecipe> recipe, const dist::DeviceMesh& mesh,
                                           const ParallelizeOptions& options, const TensorParallelOptions& tp_options,
                                           BuildOptions build) {
-  TensorParallelizer tp(*recipe, mesh.tp_group(), tp_options);
   const bool stage = !build.stages.empty();
+  TensorParallelOptions split_options = tp_options;
+  split_options.pipeline_stage = stage;
+  TensorParallelizer tp(*recipe, mesh.tp_group(), split_options);
   ZooModel model = build_sharded(std::move(recipe), mesh, options, std::move(build), &tp);
   TensorParallel split = tp.finish(*model.module);
   shard_the_rest(model, mesh, options, stage);

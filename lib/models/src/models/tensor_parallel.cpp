@@ -507,8 +507,8 @@ void TensorParallel::reduce_gradients() const {
   }
 }
 
-double TensorParallel::clip_grad_norm(torch::nn::Module& root, double max_norm,
-                                      const dist::Communicator* shard_group) const {
+double TensorParallel::clip_grad_norm(torch::nn::Module& root, double max_norm, const dist::Communicator* shard_group,
+                                      const dist::Communicator* stages) const {
   // Each split parameter's share of its part: 1 / the ranks holding the part.
   std::map<const c10::TensorImpl*, double> split;
   for (const Split& s : split_) split[s.param.unsafeGetTensorImpl()] = share_of(s, group_.size());
@@ -532,7 +532,12 @@ double TensorParallel::clip_grad_norm(torch::nn::Module& root, double max_norm,
   // Whole parameters' gradients are the same on every rank of the group (reduce_gradients): counted once.
   at::Tensor split_sum = sums.narrow(0, 0, 1).to(device).clone();
   group_.all_reduce(split_sum, dist::ReduceOp::SUM).wait();
-  const double norm = std::sqrt(split_sum.item<double>() + sums[1].item<double>());
+  at::Tensor total = split_sum + sums.narrow(0, 1, 1).to(device);
+  if (stages != nullptr && stages->size() > 1) {  // every stage's (each tensor-parallel rank's pipeline alike)
+    total = total.to(stages->device());
+    stages->all_reduce(total, dist::ReduceOp::SUM).wait();
+  }
+  const double norm = std::sqrt(total.item<double>());
   const double coefficient = max_norm / (norm + 1e-6);
   if (coefficient < 1.0) {
     at::NoGradGuard no_grad;
@@ -627,6 +632,7 @@ TensorParallel TensorParallelizer::finish(torch::nn::Module& root) {
   split_modules(root, "", /*include_self=*/false);
   std::vector<std::string> lines;
   for (size_t i = 0; i < plan_.size(); ++i) {
+    if (matched_[i] == 0 && options_.pipeline_stage) continue;
     if (matched_[i] == 0) {
       throw std::invalid_argument("tensor parallelism of " + flavor_ + ": the plan's rule '" + plan_[i].module +
                                   "' matches no module of the model");

@@ -962,16 +962,6 @@ void validate_launch(const Config& c) {
 
 }  // namespace
 
-void check_pipeline_training(const Config& c) {
-  const ParallelConfig& p = c.parallel;
-  if (p.pp_size == 1) return;
-  const std::string pp = "parallel.pp_size " + num(p.pp_size);
-  if (p.tp_size > 1) {
-    throw ConfigError(pp + " with parallel.tp_size " + num(p.tp_size) + ": pipeline x tensor parallelism (the 3-D "
-                      "mesh) is not written yet");
-  }
-}
-
 void validate(const Config& c) {
   validate_train(c);
   validate_allow_changes(c);

@@ -21,6 +21,17 @@ namespace {
 // What the CUDA caching allocator holds above what tensors asked for (block rounding, fragmentation).
 constexpr double kCudaAllocatorAllowance = 0.05;
 
+// model_shape(recipe, tp, stages), through `whole`'s memo when it has one.
+ModelShape stage_shape(const models::ModelRecipe& recipe, const ModelShape& whole, int64_t tp,
+                       const std::vector<models::StageLayers>& stages) {
+  if (!whole.stage_shapes) return model_shape(recipe, tp, stages);
+  std::vector<int64_t> key = {tp};
+  for (const models::StageLayers& run : stages) key.insert(key.end(), {run.first, run.count});
+  auto it = whole.stage_shapes->find(key);
+  if (it == whole.stage_shapes->end()) it = whole.stage_shapes->emplace(key, model_shape(recipe, tp, stages)).first;
+  return it->second;
+}
+
 // A pipeline: each rank's stages estimated as a model of their own over the stage's data-parallel ranks, one
 // microbatch a micro-batch (the step's microbatches x grad_accum of them: FSDP keeps the full gradients between
 // them, reducing at the last), and the activations of the other microbatches the schedule holds at once on top;
@@ -45,7 +56,7 @@ MemoryEstimate pipeline_estimate(const models::ModelRecipe& recipe, const ModelS
     stage.batch = job.batch / shape.microbatches, stage.grad_accum = job.grad_accum * shape.microbatches;
     stage.stages = models::stages_of_rank(shape, split, r);
     stage.microbatches_held = simulated.peak_held.at(static_cast<size_t>(r));
-    MemoryEstimate e = estimate_training_memory(recipe, model_shape(recipe, job.tp, stage.stages), stage);
+    MemoryEstimate e = estimate_training_memory(recipe, stage_shape(recipe, whole, job.tp, stage.stages), stage);
     e.pp_rank = r;
     if (r == 0 || e.peak_bytes > largest.peak_bytes) largest = std::move(e);
   }

@@ -50,11 +50,14 @@ ModelShape model_shape(const models::ModelRecipe& recipe, int64_t tp, const std:
   build.stages = stages;
   const auto root = recipe.build(build);
   if (tp > 1) {
-    models::TensorParallelizer(recipe, dist::Communicator::shape_only(0, static_cast<int>(tp)), {}).finish(*root);
+    models::TensorParallelOptions split;
+    split.pipeline_stage = !stages.empty();
+    models::TensorParallelizer(recipe, dist::Communicator::shape_only(0, static_cast<int>(tp)), split).finish(*root);
   }
   TensorSet seen;
   ModelShape shape;
   shape.tp = tp;
+  if (stages.empty()) shape.stage_shapes = std::make_shared<std::map<std::vector<int64_t>, ModelShape>>();
   auto count = [&](const torch::nn::Module& m, int64_t& all, int64_t& trainable) {
     each_new_parameter(m, seen, [&](const at::Tensor& p) {
       all += p.numel();

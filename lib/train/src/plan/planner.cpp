@@ -210,10 +210,13 @@ PlannedConfig predict(const models::ModelRecipe& recipe, const ModelShape& shape
   const double P = piped ? static_cast<double>(p.memory.parameters) : static_cast<double>(shape.parameters());
   const double G = static_cast<double>(piped ? p.memory.trainable : shape.trainable());
   const double W = static_cast<double>(job.world / job.tp / job.pipeline.ranks);
-  const double per_node = static_cast<double>(job.world / std::max<int64_t>(job.nodes, 1) / job.tp);
+  // HYBRID strategies shard over W / nodes ranks and replicate over the nodes (the trainer's mesh); the pipeline
+  // dimension is outermost, so a stage's ranks are consecutive and span nodes / pp nodes (one when pp >= nodes).
+  const double nodes = static_cast<double>(std::max<int64_t>(job.nodes, 1));
+  const double per_node = W / nodes, stage_nodes = piped ? std::max(1.0, nodes / pp) : nodes;
   const double ce = low ? 2 : 4, rd = job.mixed_precision == parallel::Precision::BF16 || pure_bf16 ? 2 : 4;
   const double intra = cluster.intra_node_gbps * 1e9;
-  const double inter = (job.nodes > 1 ? cluster.inter_node_gbps : cluster.intra_node_gbps) * 1e9;
+  const double inter = (stage_nodes > 1 ? cluster.inter_node_gbps : cluster.intra_node_gbps) * 1e9;
   auto moved = [](double bytes, double ranks) { return ranks > 1 ? bytes * (ranks - 1) / ranks : 0.0; };
   // All-gathered per step: every parameter for forward and again for backward when resharded after forward, once
   // when not — and a unit called twice (FLAVA's encoders) once more in each (P2).
@@ -230,7 +233,6 @@ PlannedConfig predict(const models::ModelRecipe& recipe, const ModelShape& shape
     case parallel::Strategy::HYBRID_SHARD:
     case parallel::Strategy::HYBRID_SHARD_ZERO2: {
       const double gathered = job.strategy == parallel::Strategy::HYBRID_SHARD ? resharding : keeping;
-      const double nodes = static_cast<double>(job.nodes);
       comm = moved(A * gathered + G * rd, per_node) / intra + moved(2 * G / per_node * rd, nodes) / inter;
       break;
     }
@@ -268,11 +270,15 @@ PlannedConfig predict(const models::ModelRecipe& recipe, const ModelShape& shape
       inputs += static_cast<double>(layer.input);
     }
     const double passes = job.activation_checkpointing ? 6 : 4;
-    tp_comm = A * passes * inputs * 2 * (tp - 1) / tp / (cluster.intra_node_gbps * 1e9);
+    // A pipeline rank: its stages' layers only.
+    tp_comm = A * passes * inputs * share * 2 * (tp - 1) / tp / (cluster.intra_node_gbps * 1e9);
   }
   if (piped) {  // (rows, T, C) forward and its gradient back, per microbatch, across the pipeline's link
+    // Each tensor-parallel rank sends its own copy, or its sequence slice under sequence parallelism; C the whole
+    // width (a slice's layer parameters give C / sqrt(tp)).
+    const double slice = job.sequence_parallel ? tp : 1;
     const double boundary = static_cast<double>(job.batch) / M * static_cast<double>(tokens_of(recipe, job.seq_len)) *
-                            width * ce;
+                            width * std::sqrt(tp) * ce / slice;
     const double link = (job.nodes > 1 ? cluster.inter_node_gbps : cluster.intra_node_gbps) * 1e9;
     comm += A * M * 2 * boundary / link;
   }
@@ -312,15 +318,17 @@ std::vector<PlannedConfig> plan_configurations(const models::ModelRecipe& recipe
       if (tp == 1) throw;  // else no plan, or sizes this tp does not divide
     }
   }
-  // The layouts tried, (pp, tp): every tensor-parallel size, then pipelines (the trainer's: FSDP over each stage's
-  // ranks, no tensor parallelism beside, no offload) of 2, 4, ... ranks where the family has stages and each stage
-  // gets a layer: 1F1B over 4 microbatches a pipeline rank.
+  // The layouts tried, (pp, tp): every tensor-parallel size, then pipelines (FSDP over each stage's ranks, no
+  // offload) of 2, 4, ... ranks where the family has stages and each stage gets a layer, each beside every
+  // tensor-parallel size the GPUs hold (the 3-D mesh): 1F1B over 4 microbatches a pipeline rank.
   std::vector<std::pair<int64_t, int64_t>> layouts;
   for (const auto& sized : shapes) layouts.emplace_back(1, sized.first);
   const int64_t layers = static_cast<int64_t>(shapes.at(1).layer_numel.size());
   if (recipe.pipeline_stages_refused().empty()) {
     for (int64_t pp = 2; pp <= cluster.gpus && pp <= layers; pp *= 2) {
-      if (cluster.gpus % pp == 0) layouts.emplace_back(pp, 1);
+      for (const auto& sized : shapes) {
+        if (cluster.gpus % (pp * sized.first) == 0) layouts.emplace_back(pp, sized.first);
+      }
     }
   }
   std::vector<PlannedConfig> out;

@@ -176,10 +176,12 @@ ParallelModel::ParallelModel(const Config& c, std::shared_ptr<const models::Mode
   if (c.parallel.strategy == parallel::Strategy::DDP) {
     model_ = build_replicated(c, std::move(recipe), build, mesh, device, load_report_);
     if (mesh.tp_size() > 1) {
-      tp_ = models::tensor_parallelize(model_, mesh.tp_group(), {c.parallel.sequence_parallel});
+      tp_ = models::tensor_parallelize(model_, mesh.tp_group(), {c.parallel.sequence_parallel, mesh.pp_size() > 1});
     }
     ddp::DdpOptions o;
-    o.find_unused_parameters = has_unused;
+    // Several stages a rank (interleaved): a backward reaches one stage's parameters, the others' left as they are
+    // (averaged at their own stage's last backward, or still accumulating toward it).
+    o.find_unused_parameters = has_unused || build.stages.size() > 1;
     o.bucket_cap_mb = c.parallel.bucket_cap_mb;
     o.gradient_as_bucket_view = c.parallel.gradient_as_bucket_view;
     ddp_ = models::replicate_model(model_, mesh, o);  // parameters are rank 0's from here on
@@ -214,7 +216,10 @@ std::optional<optim::TensorSplit> ParallelModel::tensor_split() const {
 }
 
 double ParallelModel::clip_grad_norm(double max_norm, const std::vector<torch::optim::OptimizerParamGroup>& groups) {
-  if (tp_) return tp_->clip_grad_norm(*model_.module, max_norm, shard_group_ ? &*shard_group_ : nullptr);
+  if (tp_) {
+    return tp_->clip_grad_norm(*model_.module, max_norm, shard_group_ ? &*shard_group_ : nullptr,
+                               pp_group_ ? &*pp_group_ : nullptr);
+  }
   if (!ddp_) return fsdp::clip_grad_norm(model_.module, max_norm, pp_group_ ? &*pp_group_ : nullptr);
   std::vector<at::Tensor> with_grad;
   for (const auto& g : groups) {

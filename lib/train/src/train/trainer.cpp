@@ -67,7 +67,6 @@ log::Level log_level_of(config::LogLevel level) {
 // The environment's launcher variables, once the config is known to be valid (nothing starts on a bad config).
 dist::DistEnv checked_env(const Config& c) {
   config::validate(c);
-  config::check_pipeline_training(c);
   return dist::read_dist_env(dist::process_env_lookup());
 }
 
@@ -268,18 +267,21 @@ void describe_start(const Config& c, const Job& job, ParallelModel& model, const
                 c.log.peak_tflops > 0 ? "" : " (measured)");
   job.logger.info(line);
   if (mesh.tp_size() > 1) {
-    job.logger.info("  mesh: " + std::to_string(mesh.replicate_size()) + " replicate x " +
+    const std::string stages = mesh.pp_size() > 1 ? std::to_string(mesh.pp_size()) + " pipeline x " : "";
+    job.logger.info("  mesh: " + stages + std::to_string(mesh.replicate_size()) + " replicate x " +
                     std::to_string(mesh.shard_size()) + " shard x " + std::to_string(mesh.tp_size()) +
                     " tensor-parallel ranks (a group of " + std::to_string(mesh.tp_size()) + " reads one batch" +
-                    (c.parallel.sequence_parallel ? ", sequence parallel" : "") + "); each rank holds:");
+                    (c.parallel.sequence_parallel ? ", sequence parallel" : "") + "); each rank holds" +
+                    (pipeline ? " (the first pipeline rank's stages)" : "") + ":");
     for (const std::string& rule : model.tensor_parallel()->describe()) job.logger.info("    " + rule);
   }
   if (pipeline) {
     const pp::ScheduleShape& shape = pipeline->schedule().shape;
-    std::snprintf(line, sizeof(line), "  pipeline: %s, %d stages over %d ranks (x %d data-parallel), %d microbatches "
-                  "of %lld samples; bubble %.1f%% by the schedule's figure, %.1f%% simulated (a backward twice a "
-                  "forward):", parallel::to_string(shape.kind).c_str(), shape.stages(), shape.ranks, mesh.data_size(),
-                  shape.microbatches, static_cast<long long>(c.train.batch_size / shape.microbatches),
+    const std::string across = mesh.tp_size() > 1 ? " x " + std::to_string(mesh.tp_size()) + " tensor-parallel" : "";
+    std::snprintf(line, sizeof(line), "  pipeline: %s, %d stages over %d ranks (x %d data-parallel%s), %d "
+                  "microbatches of %lld samples; bubble %.1f%% by the schedule's figure, %.1f%% simulated (a backward "
+                  "twice a forward):", parallel::to_string(shape.kind).c_str(), shape.stages(), shape.ranks,
+                  mesh.data_size(), across.c_str(), shape.microbatches, static_cast<long long>(c.train.batch_size / shape.microbatches),
                   100 * pp::nominal_bubble(shape), 100 * pp::simulate(pipeline->schedule()).bubble);
     job.logger.info(line);
     for (const std::string& stage :

@@ -95,7 +95,8 @@ std::string to_string(TpStyle style);
 
 // `module` is a path of the model's named_modules ("layers.*.attn.q"), '*' standing for one whole path segment
 // (a layer's index), a final ".**" for the module and every module below it ("image_codebook.**"). A rule that
-// matches no module is an error, so a plan says nothing its model lacks.
+// matches no module is an error, so a plan says nothing its model lacks (but for a pipeline stage's model, which
+// lacks what the other stages hold).
 struct TpRule {
   std::string module;
   TpStyle style;
@@ -115,6 +116,9 @@ TpPlan transformer_layer_tp_plan(const std::string& layers, const TransformerLay
 
 struct TensorParallelOptions {
   bool sequence_parallel = false;
+  // The model holds some of a pipeline's stages (BuildOptions::stages): a rule may match none of its modules (the
+  // embedding lives on the first stage, the final norm and the head on the last).
+  bool pipeline_stage = false;
 };
 
 // What tensor_parallelize() did, and what a step needs from it.
@@ -139,9 +143,11 @@ class TensorParallel {
   // Scales the gradients of every parameter of `root` so that their L2 norm over the whole model — each split
   // parameter's slices on every rank of the group, each whole one once — is at most max_norm; returns the norm
   // before clipping (torch.nn.utils.clip_grad_norm_). `shard_group`: the group over which data parallelism shards
-  // the gradients (FSDP's; null when every data-parallel rank holds them whole: DDP, NO_SHARD, none). After
-  // reduce_gradients(). Collective over both groups.
-  double clip_grad_norm(torch::nn::Module& root, double max_norm, const dist::Communicator* shard_group) const;
+  // the gradients (FSDP's; null when every data-parallel rank holds them whole: DDP, NO_SHARD, none). `stages`: a
+  // pipeline's group (root holds this rank's stages; the norm spans every stage's), or null. After
+  // reduce_gradients(). Collective over the groups.
+  double clip_grad_norm(torch::nn::Module& root, double max_norm, const dist::Communicator* shard_group,
+                        const dist::Communicator* stages = nullptr) const;
   // Each rule's modules and what each rank holds: "layers.*.attn.q (2 modules): column, weight (32, 64) of (64, 64)".
   const std::vector<std::string>& describe() const { return lines_; }
   // The parameters of the model before it was split (every rank's slices together).

@@ -287,7 +287,10 @@ at::Tensor LlamaImpl::run_stage(const at::Tensor& x, const at::Tensor& attention
   for (int64_t s = 0; s < stage_to_run; ++s) offset += stages[static_cast<size_t>(s)].count;
   const StageLayers& run = stages[static_cast<size_t>(stage_to_run)];
   const at::Tensor hidden = run.first == 0 ? embed->forward(x) : x;
-  const int64_t length = hidden.size(1);
+  // The tokens (T): under sequence parallelism the stream between stages is a rank's slice (B, T / tp, C).
+  const int64_t length = labels.defined()           ? labels.size(1)
+                         : attention_mask.defined() ? attention_mask.size(1)
+                                                    : x.size(1);
   const int64_t window = config.sliding_window > 0 && length > config.sliding_window ? config.sliding_window : 0;
   // The attention bias as the whole model's forward decides it (from the labels too), on every stage alike.
   const CausalLmStart start = causal_lm_start(attention_mask, labels, /*labelled_only=*/true, length, window,

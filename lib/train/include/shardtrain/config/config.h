@@ -346,10 +346,6 @@ Config load_config(const std::string& path, const std::vector<std::string>& over
 
 // The pipeline schedule the config's parallel.pp_* keys describe (microbatches: pp_microbatches, or pp_size).
 pp::ScheduleShape pipeline_shape(const Config& config);
-// What training through a pipeline (parallel.pp_size above 1) does not compose with yet: DDP, tensor parallelism,
-// LoRA, train.batch_size auto. Throws ConfigError naming the key
-// and what is missing. (validate() accepts those: `--print-schedule` prints any pipeline.)
-void check_pipeline_training(const Config& config);
 // The same from YAML text; `source` names it in errors.
 Config parse_config(const std::string& yaml, const std::string& source, const std::vector<std::string>& overrides = {});
 

@@ -17,6 +17,8 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -131,6 +133,10 @@ struct ModelShape {
   // The tensor-parallel size the counts are one rank's of (rank 0's: where a vocabulary splits unevenly, the
   // largest part).
   int64_t tp = 1;
+  // The shapes of pipeline ranks' stages cut from this model (model_shape(recipe, tp, stages)), by tp and their
+  // runs' (first, count) pairs: each built once, then read by every estimate of its layout (the planner's search makes
+  // thousands). Shared by copies; set by model_shape. Not thread-safe: one search at a time.
+  std::shared_ptr<std::map<std::vector<int64_t>, ModelShape>> stage_shapes;
   int64_t parameters() const;
   int64_t trainable() const;  // the parameters that get gradients (LoRA: the adapters')
 };
