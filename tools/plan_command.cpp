@@ -156,52 +156,6 @@ void print_table(const std::string& model, const plan::Cluster& cluster,
   }
 }
 
-// Why the recommended configuration (`chosen`, an index into `configs`): a simpler layout within the model's
-// tolerance of the fastest, or why the fastest does or does not split layers over a node's GPUs (the best of the
-// other kind, or that none fits).
-std::string recommendation_reason(const std::vector<plan::PlannedConfig>& configs, size_t chosen) {
-  const plan::PlannedConfig& best = configs[chosen];
-  char line[400];
-  if (chosen != 0) {
-    const plan::PlannedConfig& fastest = configs.front();
-    std::snprintf(line, sizeof line,
-                  "why: #%zu is the simpler layout (fewer of: layers split, offload, pure bf16), %.3g items/s "
-                  "against %.3g for #1 (%.0f%% apart, within the model's %.0f%%)\n",
-                  chosen + 1, best.items_per_second, fastest.items_per_second,
-                  100 * (1 - best.items_per_second / fastest.items_per_second), 100 * plan::kPlanTolerance);
-    return line;
-  }
-  // Layers split over GPUs (tensor parallelism or a pipeline) against data parallelism alone.
-  auto splits = [](const plan::TrainingJob& j) { return j.tp > 1 || j.pipeline.ranks > 1; };
-  auto layout = [](const plan::TrainingJob& j) {
-    return j.tp > 1 ? "tensor parallelism over " + std::to_string(j.tp)
-                    : "a pipeline over " + std::to_string(j.pipeline.ranks);
-  };
-  const bool split = splits(best.job);
-  const auto other = std::find_if(configs.begin(), configs.end(),
-                                  [&](const plan::PlannedConfig& c) { return splits(c.job) != split; });
-  if (other == configs.end()) {
-    std::snprintf(line, sizeof line, "why: %s\n",
-                  split ? "without splitting the layers (tensor parallelism, a pipeline) not even one sample per GPU "
-                          "fits"
-                        : "no configuration splitting the layers fits (the family has no plan or stages, or its "
-                          "sizes do not divide)");
-    return line;
-  }
-  const plan::PlannedConfig& o = *other;
-  std::snprintf(line, sizeof line,
-                "why: %s %.3g items/s against %.3g for the best %s (%s%s, batch %lld per data-parallel rank)\n",
-                split ? (best.job.tp > 1 ? "splitting each layer over " + std::to_string(best.job.tp) + " GPUs of a node:"
-                                         : "a pipeline over " + std::to_string(best.job.pipeline.ranks) + " GPUs:")
-                            .c_str()
-                      : "data parallelism alone:",
-                best.items_per_second, o.items_per_second,
-                split ? "without splitting the layers" : ("with " + layout(o.job)).c_str(),
-                parallel::to_string(o.job.strategy).c_str(), o.job.cpu_offload ? " + CPU offload" : "",
-                static_cast<long long>(o.job.batch));
-  return line;
-}
-
 }  // namespace
 
 int run_plan_command(const std::vector<std::string>& argv) {
@@ -301,7 +255,7 @@ int run_plan_command(const std::vector<std::string>& argv) {
               << ", a length for inference; --seq-len sets the training length)\n";
   }
   const size_t chosen = plan::recommended(configs);
-  std::cout << recommendation_reason(configs, chosen);
+  std::cout << plan::recommendation_reason(configs, chosen);
   const std::string yaml = plan::trainer_yaml(model, configs[chosen], lora);
   std::cout << "\nrecommended (#" << chosen + 1 << "):\n" << yaml;
   if (args.has("yaml")) {

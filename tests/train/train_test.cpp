@@ -1939,6 +1939,53 @@ TEST_F(TrainTest, PipelineMemoryModelMatchesTheRun) {
   }
 }
 
+// parallel: auto — the planner's layout for the job's 4 ranks and memory budget, run: a Llama of 4 layers at width
+// 256 over 256 tokens, a global batch of 32 (8 a rank). At 200 MiB a rank it trains with data parallelism alone; at
+// 80 MiB, where the default layout (FULL_SHARD, 8 a rank) is refused as over the budget, it splits the layers over
+// GPUs; each run keeps the global batch, says what it chose, the runner-up and why, and its measured peak is within
+// the budget. With train.batch_size auto the batch is searched in the chosen layout; the keys the planner sets,
+// given too, are refused by name.
+TEST_F(TrainTest, ParallelAutoRunsThePlannersLayout) {
+  const std::string common = std::string(SHARDTRAIN_BIN) + " train " + root_ + "/config.yaml --model.flavor=llama-debug "
+                             "'--model.overrides={layers: 4, dim: 256, heads: 4, kv_heads: 2, mlp_dim: 688, "
+                             "vocab_size: 8000, max_positions: 512}' --data.eval=[] --data.max_text_length=256 "
+                             "--train.steps=3 --train.grad_accum=1 --train.batch_size=8 --train.eval_interval=0 "
+                             "--log.interval=1 --launch.num_processes=4 ";
+  for (const auto& [budget, split] : std::vector<std::pair<int, bool>>{{200, false}, {80, true}}) {
+    SCOPED_TRACE(std::to_string(budget) + " MiB");
+    const std::string limit = "--train.memory_budget=" + std::to_string(budget) + "MiB ";
+    const Outcome r = run(common + limit + "--parallel=auto");
+    ASSERT_EQ(r.status, 0) << r.output;
+    const size_t chose = r.output.find("parallel: auto -> parallel.strategy: ");
+    ASSERT_NE(chose, std::string::npos) << r.output;
+    const std::string line = r.output.substr(chose, r.output.find('\n', chose) - chose);
+    EXPECT_EQ(line.find("parallel.tp_size") != std::string::npos || line.find("parallel.pp_size") != std::string::npos,
+              split) << line;
+    for (const char* said : {"  runner-up: parallel.strategy: ", "  why: ", "32 a step)"}) {
+      EXPECT_NE(r.output.find(said), std::string::npos) << said << "\n" << r.output;
+    }
+    const size_t last = r.output.find("step 3/3");
+    ASSERT_NE(last, std::string::npos) << r.output;
+    const size_t peak = r.output.find("peak mem ", last);
+    ASSERT_NE(peak, std::string::npos) << r.output;
+    EXPECT_LE(std::stod(r.output.substr(peak + 9)) * 1024, budget) << r.output;
+    if (split) {
+      const Outcome given = run(common + limit + "--launch.num_processes=4");
+      EXPECT_NE(given.status, 0) << given.output;
+      EXPECT_NE(given.output.find("train.batch_size: 8 per rank is predicted to need"), std::string::npos)
+          << given.output;
+    }
+  }
+  const Outcome searched = run(common + "--train.memory_budget=80MiB --parallel=auto --train.batch_size=auto --dry-run");
+  ASSERT_EQ(searched.status, 0) << searched.output;
+  EXPECT_NE(searched.output.find("parallel: auto -> parallel.strategy: "), std::string::npos) << searched.output;
+  EXPECT_NE(searched.output.find("\ntrain.batch_size: auto -> "), std::string::npos) << searched.output;
+  const Outcome refused = run(common + "--parallel=auto --parallel.tp_size=2");
+  EXPECT_NE(refused.status, 0);
+  EXPECT_NE(refused.output.find("parallel.layout: auto chooses parallel.tp_size, which the config sets too"),
+            std::string::npos) << refused.output;
+}
+
 // train.batch_size: auto with a pipeline: the largest whole number of microbatches the memory model fits (Llama of
 // 4 layers at width 256 over 128 tokens, pp 2, 4 microbatches: predicted 103.3 MiB at batch 12, 116.2 MiB at 16, so
 // a 120 MiB budget less its 10% takes 12), and after an out-of-memory half of it rounded down to whole microbatches

@@ -356,6 +356,24 @@ TEST(Config, PipelineKeysDescribeASchedule) {
                             {"parallel.pp_size", "1 (no pipeline) or more"});
 }
 
+// parallel.layout: auto, also as `parallel: auto` and `--parallel=auto`; the keys it chooses, given beside it, are
+// refused by name.
+TEST(Config, AutoLayoutIsTheLayoutsShorthand) {
+  EXPECT_EQ(parse_config("parallel: auto\n", "a.yaml").parallel.layout, Layout::AUTO);
+  EXPECT_EQ(parse_config("parallel: {layout: auto, mixed_precision: bf16}\n", "a.yaml").parallel.layout,
+            Layout::AUTO);
+  EXPECT_EQ(parse_config("", "a.yaml", {"--parallel=auto"}).parallel.layout, Layout::AUTO);
+  EXPECT_EQ(parse_config("", "a.yaml").parallel.layout, Layout::GIVEN);
+  const Config c = parse_config("parallel: auto\ntrain: {batch_size: auto}\n", "a.yaml");
+  validate(c);
+  EXPECT_EQ(parse_config(to_yaml(c), "again.yaml").parallel.layout, Layout::AUTO);
+  expect_error<ConfigError>([] { parse_config("parallel: manual\n", "a.yaml"); }, {"parallel.layout", "given, auto"});
+  expect_error<ConfigError>(
+      [] { validate(parse_config("parallel: {layout: auto, tp_size: 2, strategy: ddp}\n", "a.yaml")); },
+      {"parallel.layout: auto chooses parallel.strategy, parallel.tp_size, which the config sets too",
+       "parallel.layout: given"});
+}
+
 TEST(Config, AccelerateConfigCarriesOver) {
   const Config c = parse_config(R"(
 compute_environment: LOCAL_MACHINE

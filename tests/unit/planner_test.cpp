@@ -18,6 +18,7 @@
 #include "shardtrain/plan/planner.h"
 #include "shardtrain/plan/published_runs.h"
 #include "support/expect_error.h"
+#include "train/auto_layout.h"
 
 namespace shardtrain::plan {
 namespace {
@@ -476,6 +477,51 @@ TEST(Planner, PredictsPublishedRunsWithinAQuarter) {
 
 // The recommendation is the fastest configuration unless a simpler one (no tensor parallelism, no offload) is
 // within the model's tolerance of it.
+// parallel.layout: auto runs the planner's recommendation among its configurations at the config's precision (an
+// fp16 config's: bf16's rows): Llama 3 8B on 8 ranks of 80 GiB less 10%, the global batch (2 x 8) kept; its keys set
+// in the config, which then validates with the layout given; what it chose, the runner-up, why and the `shardtrain
+// plan` command ranking the same; a budget nothing fits refused, naming it.
+TEST(Planner, AutoLayoutIsTheRecommendationAtTheConfigsPrecision) {
+  config::Config c;
+  c.model.flavor = "llama-3-8b";
+  c.parallel.layout = config::Layout::AUTO, c.parallel.mixed_precision = parallel::Precision::FP16;
+  c.train.device = parallel::Device::CPU, c.train.batch_size = 2, c.data.max_text_length = 4096;
+  TrainingJob job;
+  job.world = 8, job.nodes = 1;
+  const int64_t budget = parse_memory_size("80GiB");
+  const auto llama = models::recipe_of("llama-3-8b");
+  const train::ChosenLayout chosen = train::choose_layout(c, *llama, job, budget, "the test's", 0.1);
+  Cluster cluster;
+  cluster.gpus = 8, cluster.gpu_memory = budget, cluster.memory_margin = 0.1, cluster.seq_len = 4096;
+  cluster.global_batch = 16;
+  std::vector<PlannedConfig> bf16;
+  for (const PlannedConfig& p : plan_configurations(*llama, cluster)) {
+    if (p.job.mixed_precision == parallel::Precision::BF16 && p.job.param_bytes == 4) bf16.push_back(p);
+  }
+  ASSERT_GT(bf16.size(), 1u);
+  const TrainingJob& expected = bf16[recommended(bf16)].job;
+  const config::Config& got = chosen.config;
+  EXPECT_EQ(got.parallel.strategy, expected.strategy);
+  EXPECT_EQ(got.parallel.tp_size, expected.tp);
+  EXPECT_EQ(got.parallel.pp_size, expected.pipeline.ranks);
+  EXPECT_EQ(got.parallel.activation_checkpointing, expected.activation_checkpointing);
+  EXPECT_EQ(got.parallel.offload != parallel::Offload::NONE, expected.cpu_offload);
+  EXPECT_EQ(got.train.batch_size, expected.batch);
+  EXPECT_EQ(got.train.batch_size * got.train.grad_accum * 8 / got.parallel.tp_size / got.parallel.pp_size, 16);
+  EXPECT_EQ(got.parallel.mixed_precision, parallel::Precision::FP16);
+  EXPECT_EQ(got.parallel.layout, config::Layout::GIVEN);
+  config::validate(got);
+  for (const char* line : {"parallel: auto -> parallel.strategy: ", "\n  runner-up: parallel.strategy: ", "\n  why: ",
+                           "shardtrain plan llama-3-8b --gpus 8 --nodes 1 --gpu-memory 85899345920B --memory-margin "
+                           "0.1 --seq-len 4096 --global-batch 16`"}) {
+    EXPECT_NE(chosen.text.find(line), std::string::npos) << line << "\n" << chosen.text;
+  }
+  testing::expect_error<std::invalid_argument>(
+      [&] { train::choose_layout(c, *llama, job, parse_memory_size("1GiB"), "the test's", 0.1); },
+      {"parallel.layout: auto: no layout of llama-3-8b on 8 ranks fits 1.00 GiB a rank (the test's) less 10%",
+       "a global batch of 16"});
+}
+
 TEST(Planner, RecommendsTheSimplerLayoutWithinTheTolerance) {
   auto config = [](int64_t tp, bool offload, double items, int64_t param_bytes = 4) {
     PlannedConfig c;

@@ -337,6 +337,7 @@ std::vector<Field> data_fields(Config& c) {
 }
 std::vector<Field> parallel_fields(Config& c) {
   return {
+      choice("parallel.layout", c.parallel.layout, {{"given", Layout::GIVEN}, {"auto", Layout::AUTO}}),
       choice("parallel.strategy", c.parallel.strategy, table_of(parallel::strategy_names(), parallel::strategy_named)),
       choice("parallel.mixed_precision", c.parallel.mixed_precision,
              table_of(parallel::precision_names(), parallel::precision_named)),
@@ -625,6 +626,10 @@ class Reader {
         return;
       }
     }
+    if (path == "parallel" && value.IsScalar()) {  // `parallel: auto`, the layout's shorthand
+      set("parallel.layout", value, where);
+      return;
+    }
     const std::string prefix = path + ".";
     for (const auto& p : all_paths_) {  // a section ("data", "data.mix", Accelerate's "fsdp_config")
       if (p.compare(0, prefix.size(), prefix) == 0) {
@@ -896,7 +901,41 @@ void validate_pipeline(const Config& c) {
 }
 
 
+// parallel.layout: auto sets these keys itself: one the config gives another value than its default is refused.
+void validate_auto_layout(const Config& c) {
+  if (c.parallel.layout != Layout::AUTO) return;
+  const ParallelConfig& p = c.parallel;
+  const ParallelConfig d;
+  std::string given;
+  auto check = [&](bool differs, const char* key) {
+    if (differs) given += (given.empty() ? "" : ", ") + std::string(key);
+  };
+  check(p.strategy != d.strategy, "parallel.strategy");
+  check(p.wrap != d.wrap, "parallel.wrap");
+  check(p.activation_checkpointing != d.activation_checkpointing, "parallel.activation_checkpointing");
+  check(p.activation_checkpointing_every != d.activation_checkpointing_every,
+        "parallel.activation_checkpointing_every");
+  check(p.offload != d.offload, "parallel.offload");
+  check(p.activation_offload != d.activation_offload, "parallel.activation_offload");
+  check(p.tp_size != d.tp_size, "parallel.tp_size");
+  check(p.sequence_parallel != d.sequence_parallel, "parallel.sequence_parallel");
+  check(p.pp_size != d.pp_size, "parallel.pp_size");
+  check(p.pp_schedule != d.pp_schedule, "parallel.pp_schedule");
+  check(p.pp_microbatches != d.pp_microbatches, "parallel.pp_microbatches");
+  check(p.pp_stages_per_rank != d.pp_stages_per_rank, "parallel.pp_stages_per_rank");
+  check(p.pp_split_points != d.pp_split_points, "parallel.pp_split_points");
+  check(p.dp_replicate_size != d.dp_replicate_size, "parallel.dp_replicate_size");
+  check(p.dp_shard_size != d.dp_shard_size, "parallel.dp_shard_size");
+  check(c.train.sync_each_batch, "train.sync_each_batch");
+  if (!given.empty()) {
+    throw ConfigError("parallel.layout: auto chooses " + given + ", which the config sets too: leave " +
+                      (given.find(',') == std::string::npos ? "it" : "them") +
+                      " out, or give the whole layout (parallel.layout: given)");
+  }
+}
+
 void validate_parallel(const Config& c) {
+  validate_auto_layout(c);
   if (c.parallel.offload != parallel::Offload::NONE && c.parallel.strategy == parallel::Strategy::DDP) {
     throw ConfigError("parallel.offload: " + parallel::to_string(c.parallel.offload) + " offloads the shards of an "
                       "FSDP strategy; ddp keeps the whole model on every device (use full_shard, or offload: none)");

@@ -402,6 +402,48 @@ size_t recommended(const std::vector<PlannedConfig>& configs) {
   return best;
 }
 
+std::string recommendation_reason(const std::vector<PlannedConfig>& configs, size_t chosen) {
+  const PlannedConfig& best = configs[chosen];
+  char line[400];
+  if (chosen != 0) {
+    const PlannedConfig& fastest = configs.front();
+    std::snprintf(line, sizeof line,
+                  "why: #%zu is the simpler layout (fewer of: layers split, offload, pure bf16), %.3g items/s "
+                  "against %.3g for #1 (%.0f%% apart, within the model's %.0f%%)\n",
+                  chosen + 1, best.items_per_second, fastest.items_per_second,
+                  100 * (1 - best.items_per_second / fastest.items_per_second), 100 * kPlanTolerance);
+    return line;
+  }
+  // Layers split over GPUs (tensor parallelism or a pipeline) against data parallelism alone.
+  auto splits = [](const TrainingJob& j) { return j.tp > 1 || j.pipeline.ranks > 1; };
+  // "a pipeline over 4 x tensor parallelism over 2", "tensor parallelism over 2", "a pipeline over 4".
+  auto layout = [](const TrainingJob& j) {
+    const std::string piped = j.pipeline.ranks > 1 ? "a pipeline over " + std::to_string(j.pipeline.ranks) : "";
+    const std::string split = j.tp > 1 ? "tensor parallelism over " + std::to_string(j.tp) : "";
+    return piped + (!piped.empty() && !split.empty() ? " x " : "") + split;
+  };
+  const bool split = splits(best.job);
+  const auto other = std::find_if(configs.begin(), configs.end(),
+                                  [&](const PlannedConfig& c) { return splits(c.job) != split; });
+  if (other == configs.end()) {
+    std::snprintf(line, sizeof line, "why: %s\n",
+                  split ? "without splitting the layers (tensor parallelism, a pipeline) not even one sample per GPU "
+                          "fits"
+                        : "no configuration splitting the layers fits (the family has no plan or stages, or its "
+                          "sizes do not divide)");
+    return line;
+  }
+  const PlannedConfig& o = *other;
+  std::snprintf(line, sizeof line,
+                "why: %s %.3g items/s against %.3g for the best %s (%s%s, batch %lld per data-parallel rank)\n",
+                split ? (layout(best.job) + " GPUs:").c_str() : "data parallelism alone:",
+                best.items_per_second, o.items_per_second,
+                split ? "without splitting the layers" : ("with " + layout(o.job)).c_str(),
+                parallel::to_string(o.job.strategy).c_str(), o.job.cpu_offload ? " + CPU offload" : "",
+                static_cast<long long>(o.job.batch));
+  return line;
+}
+
 namespace {
 
 // model.from for weights to fine-tune (a model directory holding them, or a name in the Hugging Face cache), else
@@ -425,44 +467,57 @@ std::string lora_section(const models::LoraSpec& lora) {
 
 }  // namespace
 
+std::vector<std::pair<std::string, std::string>> layout_keys(const TrainingJob& j) {
+  auto flag = [](bool b) { return std::string(b ? "true" : "false"); };
+  std::vector<std::pair<std::string, std::string>> keys = {
+      {"parallel.strategy", parallel::to_string(j.strategy)},
+      {"parallel.activation_checkpointing", flag(j.activation_checkpointing)}};
+  if (j.activation_checkpointing && j.checkpoint_every > 1) {
+    keys.emplace_back("parallel.activation_checkpointing_every", std::to_string(j.checkpoint_every));
+  }
+  keys.emplace_back("parallel.offload", j.optimizer_on_disk ? "nvme" : j.cpu_offload ? "cpu" : "none");
+  if (j.activation_offload) keys.emplace_back("parallel.activation_offload", "true");
+  keys.emplace_back("parallel.wrap", parallel::to_string(j.wrap));
+  if (j.tp > 1) {
+    keys.emplace_back("parallel.tp_size", std::to_string(j.tp));
+    keys.emplace_back("parallel.sequence_parallel", flag(j.sequence_parallel));
+  }
+  if (j.pipeline.ranks > 1) {
+    keys.emplace_back("parallel.pp_size", std::to_string(j.pipeline.ranks));
+    keys.emplace_back("parallel.pp_schedule", parallel::to_string(j.pipeline.kind));
+    keys.emplace_back("parallel.pp_microbatches", std::to_string(j.pipeline.microbatches));
+    if (j.pipeline.stages_per_rank > 1) {
+      keys.emplace_back("parallel.pp_stages_per_rank", std::to_string(j.pipeline.stages_per_rank));
+    }
+  }
+  keys.emplace_back("train.batch_size", std::to_string(j.batch));
+  if (j.grad_accum > 1) keys.emplace_back("train.grad_accum", std::to_string(j.grad_accum));
+  if (j.sync_each_batch) keys.emplace_back("train.sync_each_batch", "true");
+  return keys;
+}
+
 std::string trainer_yaml(const std::string& model, const PlannedConfig& c, const models::LoraSpec& lora) {
   const TrainingJob& j = c.job;
-  std::string tp_lines = j.tp > 1 ? "  tp_size: " + std::to_string(j.tp) + "\n  sequence_parallel: " +
-                                        (j.sequence_parallel ? "true" : "false") + "\n"
-                                  : "";
-  if (j.pipeline.ranks > 1) {
-    tp_lines += "  pp_size: " + std::to_string(j.pipeline.ranks) + "\n  pp_schedule: " +
-                parallel::to_string(j.pipeline.kind) + "\n  pp_microbatches: " +
-                std::to_string(j.pipeline.microbatches) + "\n";
-  }
-  const std::string sync_line = j.sync_each_batch ? "  sync_each_batch: true\n" : "";
-  char head[512], body[1024];
+  char head[512];
   std::snprintf(head, sizeof head,
                 "# shardtrain plan: %s%s on %lld GPUs (%lld node%s): predicted peak %.2f GiB per GPU, %.3g items/s\n",
                 model.c_str(), lora.enabled() ? " + LoRA" : "", static_cast<long long>(j.world),
                 static_cast<long long>(j.nodes), j.nodes > 1 ? "s" : "",
                 static_cast<double>(c.memory.peak_bytes) / (1024.0 * 1024 * 1024), c.items_per_second);
-  std::snprintf(body, sizeof body,
-                "parallel:\n  strategy: %s\n  mixed_precision: %s\n  activation_checkpointing: %s\n%s"
-                "  cpu_offload: %s\n%s%s  wrap: %s\n%s"
-                "train:\n  device: cuda\n  batch_size: %lld\n%s%s"
-                "launch:\n  num_processes: %lld\n  num_machines: %lld\n",
-                parallel::to_string(j.strategy).c_str(), parallel::to_string(j.mixed_precision).c_str(),
-                j.activation_checkpointing ? "true" : "false",
-                j.activation_checkpointing && j.checkpoint_every > 1
-                    ? ("  activation_checkpointing_every: " + std::to_string(j.checkpoint_every) + "\n").c_str()
-                    : "",
-                j.cpu_offload ? "true" : "false",
-                j.optimizer_on_disk ? "  offload: nvme\n  nvme_path: /local/nvme  # a directory on a local disk\n" : "",
-                j.activation_offload ? "  activation_offload: true\n" : "", parallel::to_string(j.wrap).c_str(), tp_lines.c_str(), static_cast<long long>(j.batch),
-                j.grad_accum > 1 ? ("  grad_accum: " + std::to_string(j.grad_accum) + "\n").c_str() : "",
-                sync_line.c_str(),
-                static_cast<long long>(j.world),
-                static_cast<long long>(j.nodes));
+  std::string parallel_lines = "parallel:\n  mixed_precision: " + parallel::to_string(j.mixed_precision) + "\n";
+  if (j.optimizer_on_disk) parallel_lines += "  nvme_path: /local/nvme  # a directory on a local disk\n";
+  std::string train_lines = "train:\n  device: cuda\n";
+  for (const auto& [path, value] : layout_keys(j)) {
+    const bool in_train = path.rfind("train.", 0) == 0;
+    (in_train ? train_lines : parallel_lines) += "  " + path.substr(path.find('.') + 1) + ": " + value + "\n";
+  }
+  const std::string launch_lines = "launch:\n  num_processes: " + std::to_string(j.world) + "\n  num_machines: " +
+                                   std::to_string(j.nodes) + "\n";
   // Pure bf16: the parameters in bf16 and AnyPrecision AdamW with Kahan summation (its moments in bf16).
   const bool pure = j.param_bytes == 2;
   const std::string optim = pure ? "optim:\n  name: anyprecision_adamw\n  use_kahan_summation: true\n" : "";
-  return head + model_section(model) + (pure ? "  dtype: bfloat16\n" : "") + lora_section(lora) + body + optim;
+  return head + model_section(model) + (pure ? "  dtype: bfloat16\n" : "") + lora_section(lora) + parallel_lines +
+         train_lines + launch_lines + optim;
 }
 
 }  // namespace shardtrain::plan

@@ -1,4 +1,5 @@
-// train::plan_run: a run's config as the memory model's job, its estimate, and train.batch_size: auto.
+// train::plan_run: a run's config as the memory model's job, its estimate, train.batch_size: auto and
+// parallel.layout: auto (train/auto_layout.h).
 #include <unistd.h>
 
 #include <cstdio>
@@ -12,6 +13,7 @@
 #include "shardtrain/parallel/vocabulary.h"
 #include "shardtrain/plan/planner.h"
 #include "shardtrain/train/trainer.h"
+#include "train/auto_layout.h"
 #include "train/training_data.h"
 
 namespace shardtrain::train {
@@ -152,13 +154,22 @@ std::string fitting_changes(const models::ModelRecipe& recipe, const plan::Model
 RunPlan plan_run(const config::Config& given, int64_t auto_batch_limit) {
   config::Config config = given;  // train.device: auto as what this machine gives it
   config.train.device = cuda::resolve_device(given.train.device);
-  RunPlan out{config, "", 0, "", "", "", 0, ""};
   const RunLabels labels = run_labels(config);
   const auto recipe = models::with_lora(
       models::recipe_for_task(models::recipe_of_model(config.model.flavor, config.model.overrides), config.model.task,
                               {labels.names, labels.multi_label, std::nullopt, std::nullopt}),
       config.model.lora);
   plan::TrainingJob job = job_of(config);
+  std::string layout_text;
+  if (config.parallel.layout == config::Layout::AUTO) {
+    std::string source;
+    const int64_t budget = budget_of(config, job, source);
+    ChosenLayout chosen = choose_layout(config, *recipe, job, budget, source, kAutoMargin);
+    config = std::move(chosen.config), layout_text = std::move(chosen.text);
+    job = job_of(config);
+  }
+  RunPlan out;
+  out.config = config, out.text = layout_text, out.layout_text = layout_text;
   const plan::ModelShape shape = plan::model_shape(*recipe, job.tp);
   if (config.train.batch_size == config::kAutoBatch) {
     std::string source;
@@ -217,7 +228,8 @@ RunPlan plan_run(const config::Config& given, int64_t auto_batch_limit) {
   if (config.model.lora.enabled()) {
     label += " + " + models::lora_label(config.model.lora, models::lora_targets(*recipe, config.model.lora));
   }
-  out.text += plan::format_estimate(label, job, e);
+  out.estimate_text = plan::format_estimate(label, job, e);
+  out.text += out.estimate_text;
   out.json = plan::estimate_json(label, job, e);
   out.peak_bytes = e.peak_bytes, out.peak_phase = e.peak_phase;
   return out;

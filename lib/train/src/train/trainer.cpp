@@ -355,11 +355,12 @@ void describe_start(const Config& c, const Job& job, ParallelModel& model, const
                   static_cast<double>(plan.peak_bytes) / (1024.0 * 1024 * 1024), plan.peak_phase.c_str());
     job.logger.info(line);
     // The plan's lines after its heading (the job, which the line above gave) and the parameter count: the terms.
-    size_t at = plan.text.find('\n');
-    if (at != std::string::npos) at = plan.text.find('\n', at + 1);
-    while (at != std::string::npos && at + 1 < plan.text.size()) {
-      const size_t end = plan.text.find('\n', at + 1);
-      const std::string term = plan.text.substr(at + 1, end == std::string::npos ? std::string::npos : end - at - 1);
+    const std::string& text = plan.estimate_text;
+    size_t at = text.find('\n');
+    if (at != std::string::npos) at = text.find('\n', at + 1);
+    while (at != std::string::npos && at + 1 < text.size()) {
+      const size_t end = text.find('\n', at + 1);
+      const std::string term = text.substr(at + 1, end == std::string::npos ? std::string::npos : end - at - 1);
       if (!term.empty()) job.logger.info("  " + term);
       at = end;
     }
@@ -372,7 +373,9 @@ RunPlan predicted_plan(const Config& c) {
   try {
     return plan_run(c);
   } catch (const std::invalid_argument&) {
-    return RunPlan{c, "", 0, "", "", "", 0, ""};
+    RunPlan none;
+    none.config = c;
+    return none;
   }
 }
 
@@ -632,17 +635,26 @@ int64_t agreed_batch_limit(int64_t mine, const dist::Communicator& world) {
 TrainSummary train_run(const Config& given, std::shared_ptr<log::Sink> sink, int64_t batch_limit,
                        const std::string& classes_from, const std::string& device_note) {
   Job job(given, std::move(sink));
-  // train.batch_size: auto becomes the largest batch the memory model predicts to fit (every rank computes the same).
+  // train.batch_size: auto becomes the largest batch the memory model predicts to fit, parallel.layout: auto the
+  // planner's layout (every rank computes the same).
   const bool auto_batch = given.train.batch_size == config::kAutoBatch;
+  const bool auto_layout = given.parallel.layout == config::Layout::AUTO;
   if (auto_batch) batch_limit = agreed_batch_limit(batch_limit, job.pg.world());
-  const RunPlan plan = auto_batch ? plan_run(given, batch_limit) : predicted_plan(given);
+  const RunPlan plan = auto_batch || auto_layout ? plan_run(given, batch_limit) : predicted_plan(given);
   if (!plan.over_budget.empty() && !given.train.force) throw std::invalid_argument(plan.over_budget);
   const Config& c = plan.config;
   const dist::DeviceMesh mesh = make_mesh(c, job);
   // The ranks of one tensor-parallel group read the same batches: the data is split over the data-parallel ranks.
   const dist::Communicator& data_group = mesh.data_group();
   job.task->check_batch_size(c.train.batch_size, data_group.size());
-  if (auto_batch) job.logger.info(plan.text.substr(0, plan.text.find('\n')));
+  for (size_t at = 0, end; at < plan.layout_text.size(); at = end + 1) {  // its lines, each ending in '\n'
+    end = std::min(plan.layout_text.find('\n', at), plan.layout_text.size());
+    job.logger.info(plan.layout_text.substr(at, end - at));
+  }
+  if (auto_batch) {
+    const size_t at = plan.layout_text.size();
+    job.logger.info(plan.text.substr(at, plan.text.find('\n', at) - at));
+  }
   const dist::Communicator& world = job.pg.world();
   TrainingData data =
       open_training_data(c, *job.task, job.tokenizer, data_group.rank(), data_group.size(), job.logger);

@@ -32,6 +32,7 @@ class ConfigError : public std::invalid_argument {
 };
 
 enum class Prefetch { BACKWARD_PRE, BACKWARD_POST, NONE };
+enum class Layout { GIVEN, AUTO };  // parallel.layout
 enum class LrSchedule { COSINE, LINEAR, CONSTANT };
 enum class OptimizerKind { ADAMW, ANYPRECISION_ADAMW, ADAFACTOR, SGD };
 enum class Dtype { FLOAT32, BFLOAT16, FLOAT16 };  // model.dtype, AnyPrecision AdamW's state dtypes
@@ -149,6 +150,12 @@ struct DataConfig {
 };
 
 struct ParallelConfig {
+  // given: the keys below as they are. auto (YAML's `parallel: auto` too): the planner's recommended layout for the
+  // job's ranks and memory budget at the config's precision (train::plan_run; `shardtrain plan` ranks the same) —
+  // strategy, wrap, activation checkpointing, offload, tp_size, sequence_parallel, pp_size and its schedule, and
+  // the batch: the global batch (batch_size x grad_accum x ranks) kept, split into micro-batches and accumulation,
+  // or with batch_size auto the largest that fits. Those keys are then the planner's to set: given too, refused.
+  Layout layout = Layout::GIVEN;
   parallel::Strategy strategy = parallel::Strategy::FULL_SHARD;
   parallel::Precision mixed_precision = parallel::Precision::NO;
   parallel::Wrap wrap = parallel::Wrap::TRANSFORMER;

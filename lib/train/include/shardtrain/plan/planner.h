@@ -147,6 +147,17 @@ constexpr double kPlanTolerance = 0.10;
 // node with FSDP alone, in mixed precision). Its index.
 size_t recommended(const std::vector<PlannedConfig>& configs);
 
+// Why `chosen` (an index into `configs`, recommended's): a simpler layout within the model's tolerance of the
+// fastest, or why the fastest does or does not split layers over GPUs (the best of the other kind, or that none
+// fits). One line, "why: ...".
+std::string recommendation_reason(const std::vector<PlannedConfig>& configs, size_t chosen);
+
+// The trainer's keys for `job`'s layout as (dotted path, YAML value), in a config's order: parallel.strategy,
+// activation checkpointing, offload, wrap, tensor and pipeline parallelism, then train.batch_size, grad_accum and
+// sync_each_batch. Not the precision, the device, the world or the disk tier's nvme_path (trainer_yaml writes
+// those; parallel.layout: auto keeps the config's).
+std::vector<std::pair<std::string, std::string>> layout_keys(const TrainingJob& job);
+
 // A `shardtrain train` config for a planned configuration of `model`: model.from for a model directory with weights
 // or a name in the Hugging Face cache, else model.flavor (a zoo flavor, or a config.json: random weights); with
 // `lora` enabled, model.lora (r, lora_alpha, target_modules).

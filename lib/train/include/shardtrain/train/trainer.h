@@ -43,8 +43,11 @@ struct TrainSummary {
 // when that is > 0 (what an out-of-memory at a larger batch left) —, and `text` says why. Builds the model's shapes
 // only (meta device). Throws std::invalid_argument when even one sample does not fit.
 struct RunPlan {
-  config::Config config;  // train.batch_size resolved
-  std::string text;       // the plan, for the console
+  config::Config config;  // train.batch_size and parallel.layout: auto resolved
+  std::string text;       // the plan, for the console: layout_text, train.batch_size: auto's line, estimate_text
+  // parallel.layout: auto: what it chose, the runner-up and why, one line each (train/auto_layout.h); "" else.
+  std::string layout_text;
+  std::string estimate_text;  // the memory model's estimate by term (plan::format_estimate)
   int64_t peak_bytes = 0;  // predicted per rank
   std::string peak_phase;  // forward, backward or step
   std::string json;        // the estimate as `shardtrain estimate-memory --json` writes it
