@@ -26,7 +26,7 @@ if [ ! -x .venv/bin/python ]; then
   echo "setup: creating .venv"
   "$PYTHON" -m venv .venv
 fi
-if ! .venv/bin/python -c 'import torch, transformers, safetensors, accelerate, matplotlib, sentencepiece, datasets, seqeval, peft, sys; sys.exit(0 if torch.__version__.startswith("2.11.0") else 1)' 2>/dev/null; then
+if ! .venv/bin/python -c 'import torch, transformers, safetensors, accelerate, matplotlib, sentencepiece, datasets, seqeval, peft, torchao, sys; sys.exit(0 if torch.__version__.startswith("2.11.0") else 1)' 2>/dev/null; then
   echo "setup: installing the pinned wheels (requirements.txt)"
   .venv/bin/pip install -q --upgrade pip
   .venv/bin/pip install -q -r requirements.txt
