@@ -29,6 +29,7 @@
 #include "shardtrain/models/weights.h"
 #include "shardtrain/nn/activation_checkpoint.h"
 #include "shardtrain/nn/activation_offload.h"
+#include "shardtrain/nn/float8_linear.h"
 #include "optim/anyprecision_foreach.h"
 #include "shardtrain/optim/anyprecision_adamw.h"
 #include "shardtrain/optim/fused_adamw.h"
@@ -85,6 +86,29 @@ Trained train_toy(const std::function<void(Toy&)>& shard, int passes = 1) {
 // Also with every block called twice a forward (FLAVA's encoders): offloaded, a block's full parameters are a
 // device copy, freed between its two calls' backwards ([Note: a unit called twice] in lib/core/src/fsdp/fsdp_unit.cpp) on
 // the autograd engine's device thread and gathered again; on the device at one rank they are the shards.
+// Float8 linear layers on the GPU's float8 tensor cores (at::_scaled_mm; rowwise through its per-row scales) give
+// the CPU's result — the same casts, the product's accumulation order apart — for both recipes.
+TEST(Cuda, Float8LinearMatchesTheCpu) {
+  REQUIRE_CUDA();
+  at::manual_seed(3);
+  for (const nn::Float8Recipe recipe : {nn::Float8Recipe::TENSORWISE, nn::Float8Recipe::ROWWISE}) {
+    SCOPED_TRACE(nn::to_string(recipe));
+    const at::Tensor x = at::randn({64, 128}).to(at::kBFloat16);
+    const at::Tensor weight = (at::randn({96, 128}) / 11).to(at::kBFloat16);
+    const at::Tensor grad_y = at::randn({64, 96}).to(at::kBFloat16) * 1e-2;
+    std::vector<at::Tensor> results;
+    for (const at::Device device : {at::Device(at::kCPU), kCuda}) {
+      const at::Tensor xd = x.to(device).requires_grad_(), wd = weight.to(device).requires_grad_();
+      const at::Tensor y = nn::float8_linear(xd, wd, {}, recipe);
+      y.backward(grad_y.to(device));
+      results.push_back(
+          at::cat({y.detach().flatten(), xd.grad().flatten(), wd.grad().flatten()}).cpu().to(at::kFloat));
+    }
+    const double err = (results[0] - results[1]).abs().max().item<double>();
+    EXPECT_LE(err, 2.0 / 256 * results[0].abs().max().item<double>());
+  }
+}
+
 TEST(Cuda, FullShardTrainsLikePlainOnTheDevice) {
   REQUIRE_CUDA();
   for (int passes : {1, 2}) {

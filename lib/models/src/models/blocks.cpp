@@ -183,7 +183,9 @@ at::Tensor MlpImpl::forward_impl(const at::Tensor& x_in) {
   // the activation itself.
   LinearImpl* out = down ? down.get() : fc2.get();
   const bool adapted_output = out->has_lora();
-  const bool fused = !(dropout > 0 && is_training()) && !(adapted_output && out->lora_dropout > 0 && is_training());
+  // A float8 output projection computes through its own forward (nn::float8_linear keeps the activation).
+  const bool fused = !(dropout > 0 && is_training()) && !(adapted_output && out->lora_dropout > 0 && is_training()) &&
+                     !out->float8;
   if (fused && adapted_output && activation != Activation::kRelu) {
     const auto [y, z] = activation == Activation::kSwiGlu
                             ? swiglu_lora_linear(gate->forward(x), up->forward(x), down->matrix(),

@@ -173,6 +173,12 @@ ParallelModel::ParallelModel(const Config& c, std::shared_ptr<const models::Mode
   build.tensors = build.tensors.device(device).dtype(dtype_);
   build.init.seed = static_cast<uint64_t>(c.train.seed);
   build.init.std = c.model.init_std;
+  if (c.train.fp8) {  // each transformer layer's projections, as it is built (before it is split or sharded)
+    float8_.emplace(*c.train.fp8, c.train.fp8_exclude, mesh.tp_size());
+    build.on_layer = [this](const std::string& name, const std::shared_ptr<torch::nn::Module>& layer) {
+      float8_->convert(name, *layer);
+    };
+  }
   if (c.parallel.strategy == parallel::Strategy::DDP) {
     model_ = build_replicated(c, std::move(recipe), build, mesh, device, load_report_);
     if (mesh.tp_size() > 1) {
@@ -191,6 +197,10 @@ ParallelModel::ParallelModel(const Config& c, std::shared_ptr<const models::Mode
     if (tp_) shard_group_ = fsdp::strategy_groups(c.parallel.strategy, mesh).shard;
   }
   model_.module->train();
+  if (float8_ && float8_->converted() == 0) {
+    throw std::invalid_argument("train.fp8: " + to_string(*c.train.fp8) + " converts none of " + c.model.flavor +
+                                "'s projections: " + float8_->describe());
+  }
 }
 
 void ParallelModel::finish_gradients() {

@@ -13,6 +13,7 @@
 #include "shardtrain/ddp/replicate.h"
 #include "shardtrain/distributed/mesh.h"
 #include "shardtrain/fsdp/fully_shard.h"
+#include "shardtrain/models/float8.h"
 #include "shardtrain/models/tensor_parallel.h"
 #include "shardtrain/models/zoo.h"
 #include "shardtrain/optim/row_sharding.h"
@@ -43,6 +44,8 @@ class ParallelModel {
 
   // Tensor parallelism's handle; null without.
   const models::TensorParallel* tensor_parallel() const { return tp_ ? &*tp_ : nullptr; }
+  // train.fp8: which projections compute in float8 (null without it).
+  const models::Float8Layers* float8() const { return float8_ ? &*float8_ : nullptr; }
 
   // Whether the next backward reduces gradients (false: they accumulate locally; gradient accumulation).
   void set_gradient_sync(bool sync);
@@ -62,6 +65,7 @@ class ParallelModel {
   models::ZooModel model_;
   std::optional<ddp::Ddp> ddp_;
   std::optional<models::TensorParallel> tp_;
+  std::optional<models::Float8Layers> float8_;
   std::optional<dist::Communicator> shard_group_;  // FSDP's, under tensor parallelism (its clipping sums over it)
   std::optional<dist::Communicator> pp_group_;     // a pipeline's: the other stages' squares join the norm
   at::ScalarType dtype_ = at::kFloat;

@@ -275,13 +275,15 @@ void describe_start(const Config& c, const Job& job, ParallelModel& model, const
                     (pipeline ? " (the first pipeline rank's stages)" : "") + ":");
     for (const std::string& rule : model.tensor_parallel()->describe()) job.logger.info("    " + rule);
   }
+  if (model.float8()) job.logger.info("  " + model.float8()->describe());
   if (pipeline) {
     const pp::ScheduleShape& shape = pipeline->schedule().shape;
     const std::string across = mesh.tp_size() > 1 ? " x " + std::to_string(mesh.tp_size()) + " tensor-parallel" : "";
     std::snprintf(line, sizeof(line), "  pipeline: %s, %d stages over %d ranks (x %d data-parallel%s), %d "
                   "microbatches of %lld samples; bubble %.1f%% by the schedule's figure, %.1f%% simulated (a backward "
                   "twice a forward):", parallel::to_string(shape.kind).c_str(), shape.stages(), shape.ranks,
-                  mesh.data_size(), across.c_str(), shape.microbatches, static_cast<long long>(c.train.batch_size / shape.microbatches),
+                  mesh.data_size(), across.c_str(), shape.microbatches,
+                  static_cast<long long>(c.train.batch_size / shape.microbatches),
                   100 * pp::nominal_bubble(shape), 100 * pp::simulate(pipeline->schedule()).bubble);
     job.logger.info(line);
     for (const std::string& stage :

@@ -8,9 +8,11 @@
 
 #include <cstdint>
 #include <functional>
+#include <optional>
 #include <vector>
 
 #include "shardtrain/models/tensor_parallel.h"
+#include "shardtrain/nn/float8_linear.h"
 #include "shardtrain/nn/intercept.h"
 
 namespace shardtrain::models {
@@ -42,6 +44,10 @@ class LinearImpl : public torch::nn::Module {
   // it must wait for the reduction), and what turns the product into the layer's output.
   at::Tensor bias_in_product() const { return reduce_partial ? at::Tensor() : bias; }
   at::Tensor finish_product(const at::Tensor& y) const;
+
+  // Set by models::convert_to_float8: the base product's GEMMs in float8 with this recipe (nn/float8_linear.h); an
+  // adapter's stay in the activations' dtype. Unset: in the activations' dtype.
+  std::optional<nn::Float8Recipe> float8;
 };
 TORCH_MODULE(Linear);
 

@@ -130,10 +130,10 @@ class LlamaImpl
                                        const at::Tensor& labels, bool labelled_only, const at::Tensor& position_ids);
   // A model built as pipeline stages (BuildOptions::stages): forward runs stage `stage_to_run` of them — input_ids
   // the token ids (B, T) through the embedding when the stage starts the stack, else the stage before's hidden
-  // states (B, T, dim; under sequence parallelism this tensor-parallel rank's slice, (B, T / tp, dim)) —, every stage taking the microbatch's mask and labels (the attention bias depends on both);
-  // it returns {hidden states}, or from the stage that ends the stack {the loss} of the labels as run(...,
-  // labelled_only = true) computes it. An untied head only (a tied one's table is at both ends of the stack); not a
-  // classifier.
+  // states (B, T, dim; under sequence parallelism this tensor-parallel rank's slice, (B, T / tp, dim)) —, every
+  // stage taking the microbatch's mask and labels (the attention bias depends on both); it returns {hidden
+  // states}, or from the stage that ends the stack {the loss} of the labels as run(..., labelled_only = true)
+  // computes it. An untied head only (a tied one's table is at both ends of the stack); not a classifier.
   at::Tensor run_stage(const at::Tensor& x, const at::Tensor& attention_mask, const at::Tensor& labels);
 
   LlamaConfig config;
