@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # What precision costs in accuracy and buys in memory and time, on one model and one data stream: flava-debug on
-# the synthetic shards (configs/flava-debug.yaml, 2 ranks, FULL_SHARD) trained STEPS steps (default 300) four ways —
+# the synthetic shards (configs/flava-debug.yaml, 2 ranks, FULL_SHARD) trained STEPS steps (default 300) six ways —
 # float32; bf16 mixed precision (float32 weights); pure bf16 with AnyPrecision AdamW and Kahan summation; fp16
-# mixed precision with loss scaling. Prints each run's items/s, peak memory per rank and final loss, and draws the
-# four runs' curves with `shardtrain report` into OUT (default runs/precision/report.png).
+# mixed precision with loss scaling; bf16 mixed precision with the transformer layers' GEMMs in float8 (train.fp8:
+# tensorwise, rowwise). Prints each run's items/s, peak memory per rank and final loss, and draws the runs' curves
+# with `shardtrain report` into OUT (default runs/precision/report.png).
 #
 #   scripts/precision_bench.sh [OUT]
 set -euo pipefail
@@ -16,8 +17,10 @@ declare -A ways=(
   [bf16-mixed]="--parallel.mixed_precision=bf16"
   [bf16-pure-kahan]="--model.dtype=bf16 --optim.name=anyprecision_adamw --optim.use_kahan_summation=true"
   [fp16-scaled]="--parallel.mixed_precision=fp16"
+  [fp8-tensorwise]="--parallel.mixed_precision=bf16 --train.fp8=tensorwise"
+  [fp8-rowwise]="--parallel.mixed_precision=bf16 --train.fp8=rowwise"
 )
-order=(fp32 bf16-mixed bf16-pure-kahan fp16-scaled)
+order=(fp32 bf16-mixed bf16-pure-kahan fp16-scaled fp8-tensorwise fp8-rowwise)
 for name in "${order[@]}"; do
   echo "precision_bench: $name (${ways[$name]:-defaults})" >&2
   # shellcheck disable=SC2086

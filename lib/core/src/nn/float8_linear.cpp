@@ -47,7 +47,9 @@ Float8Recipe recipe_of(AutogradContext* ctx) { return static_cast<Float8Recipe>(
 struct Float8Matmul : public torch::autograd::Function<Float8Matmul> {
   // x (M, K), weight (N, K) -> (M, N) in x's dtype.
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& weight, int64_t recipe) {
-    ctx->save_for_backward({x, weight});
+    // x only for the weight's gradient (a frozen weight, LoRA's base, keeps nothing of its input).
+    ctx->save_for_backward({weight.requires_grad() ? x : at::Tensor(), weight});
+    ctx->saved_data["dtype"] = static_cast<int64_t>(x.scalar_type());
     ctx->saved_data["recipe"] = recipe;
     const Casts c = casts_of(static_cast<Float8Recipe>(recipe));
     return float8_mm(operand(x, c.forward, c, true), operand(weight.t(), c.forward, c, false), x.scalar_type());
@@ -55,12 +57,12 @@ struct Float8Matmul : public torch::autograd::Function<Float8Matmul> {
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
     const variable_list saved = ctx->get_saved_variables();
     const at::Tensor &x = saved[0], &weight = saved[1];
-    const at::Tensor grad = grads[0].to(x.scalar_type()).contiguous();  // (M, N)
+    const auto dtype = static_cast<at::ScalarType>(ctx->saved_data["dtype"].toInt());
+    const at::Tensor grad = grads[0].to(dtype).contiguous();  // (M, N)
     const Casts c = casts_of(recipe_of(ctx));
     at::Tensor grad_x, grad_weight;
     if (ctx->needs_input_grad(0)) {  // (M, N) @ (N, K)
-      grad_x = float8_mm(operand(grad, c.grad_output, c, true), operand(weight, c.forward, c, false),
-                         x.scalar_type());
+      grad_x = float8_mm(operand(grad, c.grad_output, c, true), operand(weight, c.forward, c, false), dtype);
     }
     if (ctx->needs_input_grad(1)) {  // (N, M) @ (M, K)
       grad_weight = float8_mm(operand(grad.t(), c.grad_output, c, true), operand(x, c.forward, c, false),
@@ -89,13 +91,18 @@ Float8Tensor to_float8(const at::Tensor& x, at::ScalarType dtype, int64_t dim, b
     throw std::invalid_argument("to_float8: a 2-D tensor, got " + std::to_string(x.dim()) + " dimensions");
   }
   at::NoGradGuard no_grad;
-  const at::Tensor magnitude = x.abs();
-  const at::Tensor amax = dim < 0 ? magnitude.max() : std::get<0>(magnitude.max(dim, /*keepdim=*/true));
+  at::Tensor amax;
+  {  // |x| freed before the float32 copy below: one x-sized temporary at a time
+    const at::Tensor magnitude = x.abs();
+    amax = dim < 0 ? magnitude.max() : std::get<0>(magnitude.max(dim, /*keepdim=*/true));
+  }
   // In float64, as torchao (eager and compiled agree there), then float32.
   at::Tensor scale = (max / amax.to(at::kDouble).clamp_min(kAmaxFloor)).to(at::kFloat);
   if (power_of_2_scale) scale = at::exp2(at::floor(at::log2(scale)));
-  const at::Tensor data = (x.to(at::kFloat) * scale).clamp(-max, max).to(dtype);
-  return {data, scale};
+  // torchao's clamp(float32(x) * scale) in one float32 copy, scaled and clamped in place (4 bytes an element).
+  at::Tensor scaled = x.to(at::kFloat, /*non_blocking=*/false, /*copy=*/true);
+  scaled.mul_(scale).clamp_(-max, max);
+  return {scaled.to(dtype), scale};
 }
 
 at::Tensor float8_mm(const Float8Tensor& a, const Float8Tensor& b, at::ScalarType out_dtype) {

@@ -141,19 +141,21 @@ int64_t mlp_kept(const TransformerLayerOptions& o, int64_t rows, const Activatio
     const bool adapted = q.adapters.mlp_out > 0;
     const bool unfused = drop > 0 || (adapted && q.training && q.adapters.dropout > 0);
     switch (o.activation) {
-      case Activation::kSwiGlu:  // gate and up; unfused silu(gate) and the product too
-        return adapted && unfused ? 4 * m : 2 * m;
+      case Activation::kSwiGlu:  // gate and up; unfused silu(gate) too, and the product for an adapter
+        return (adapted && unfused) || q.float8 ? 3 * m + (adapted ? m : 0) : 2 * m;
       case Activation::kRelu: return m + drop + (adapted && drop > 0 ? m : 0);  // relu's output; the dropped copy
       case Activation::kGelu:
       case Activation::kGeluTanh: return m + drop + (adapted && unfused ? m : 0);  // fc1's output; GELU's, unfused
     }
   }
   switch (o.activation) {
-    // The activation and the output projection are one node keeping the activation's inputs (fused_mlp.h).
-    case Activation::kSwiGlu: return 2 * m;  // gate and up (silu(gate) * up recomputed in backward)
+    // The activation and the output projection are one node keeping the activation's inputs (fused_mlp.h); under
+    // float8, unfused: silu(gate) and the product (the float8 projection's input) too, GELU's output.
+    case Activation::kSwiGlu: return q.float8 ? 4 * m : 2 * m;  // gate and up (silu(gate) * up recomputed)
     case Activation::kRelu: return m + (drop > 0 ? m + drop : 0);  // relu keeps its output; fc2 its (dropped) input
     case Activation::kGelu:
-    case Activation::kGeluTanh: return drop > 0 ? 2 * m + drop : m;  // fc1's output; with dropout also fc2's input
+    case Activation::kGeluTanh:  // fc1's output; with dropout or float8 also fc2's input
+      return drop > 0 || q.float8 ? 2 * m + drop : m;
   }
   return 0;
 }
@@ -233,7 +235,8 @@ int64_t frozen_input_layer_kept(const TransformerLayerOptions& o, int64_t batch,
   // The output projection alone: what its adapter reads (fused_mlp.h's node keeps SwiGLU's gate and up; unfused,
   // or GELU's node, one (rows, hidden) tensor), the output's dropout; post-norm, norm2 and its input.
   if (a.mlp_out > 0) {
-    const bool unfused = dropout_kept(o.mlp_dropout, rows * o.mlp_dim, q) > 0 || (q.training && a.dropout > 0);
+    const bool unfused =
+        dropout_kept(o.mlp_dropout, rows * o.mlp_dim, q) > 0 || (q.training && a.dropout > 0) || q.float8;
     const int64_t mlp = (o.activation == Activation::kSwiGlu && !unfused ? 2 : 1) * rows * o.mlp_dim * e;
     return adapters + mlp + drop + (o.norm_first ? 0 : unit + norm);
   }
@@ -257,14 +260,20 @@ LayerTransients transformer_layer_transients(const TransformerLayerOptions& whol
   int64_t mlp_forward = 0, mlp_backward = 0, mlp_unkept = unit;
   switch (o.activation) {
     // swiglu_linear: gate, up, silu(gate) and the product; backward silu(gate), the product's gradient and up's.
-    case Activation::kSwiGlu: mlp_forward = unit + 4 * m, mlp_backward = 3 * m, mlp_unkept = 2 * m; break;
+    // Under float8 nothing of it is recomputed: all kept (mlp_kept) but the projection's result.
+    case Activation::kSwiGlu: mlp_forward = unit + 4 * m, mlp_backward = 3 * m, mlp_unkept = q.float8 ? unit : 2 * m;
+      break;
     // gelu_linear: fc1's output and its GELU; backward one (rows, hidden) gradient, made in place.
     case Activation::kGelu:
-    case Activation::kGeluTanh: mlp_forward = unit + 2 * m, mlp_backward = m, mlp_unkept = m + unit; break;
+    case Activation::kGeluTanh:
+      mlp_forward = unit + 2 * m, mlp_backward = m, mlp_unkept = q.float8 ? unit : m + unit;
+      break;
     // fc1's output, relu's (and the dropout's noise and output); backward fc2's input's gradient (the dropout's and
     // relu's backward each make one as a kept tensor of that size goes).
     case Activation::kRelu: mlp_forward = unit + (mlp_dropped ? 3 : 2) * m, mlp_backward = m; break;
   }
+  // Float8 (nn::to_float8): the output projection's input cast through a float32 copy beside its float8 result.
+  if (q.float8) mlp_forward += rows * o.mlp_dim * (4 + 1);
   AttentionTransients attn = attention_transients(o.attention, batch, tokens, tokens, q);
   if (o.cross_attention) {
     AttentionOptions cross = o.attention;

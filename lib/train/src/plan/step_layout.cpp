@@ -282,6 +282,7 @@ models::ActivationQuery activation_query(const TrainingJob& job) {
   // DDP computes under autocast (train/parallel_model.cpp)
   query.autocast = job.strategy == parallel::Strategy::DDP && job.mixed_precision != parallel::Precision::NO;
   query.tp = job.tp, query.sequence_parallel = job.sequence_parallel && job.tp > 1;
+  query.float8 = job.float8;
   return query;
 }
 

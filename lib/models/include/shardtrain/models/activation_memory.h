@@ -30,6 +30,9 @@ struct ActivationQuery {
   // whole, or with sequence_parallel its slice of the sequence.
   int64_t tp = 1;
   bool sequence_parallel = false;
+  // Float8 projections (train.fp8, models/float8.h): the MLP's output projection computes through its own forward,
+  // not fused with the activation (blocks.cpp), so the activation and its product are kept beside their inputs.
+  bool float8 = false;
   // LoRA (models/lora.h): the base model's weights need no gradient, and each layer's adapted projections carry
   // rank-r adapters. A frozen projection keeps no input for its weight's gradient (an adapter on it keeps that input
   // instead, and its (rows, r) product), a frozen RMSNorm no normalized copy, a frozen head no weight gradient made

@@ -37,6 +37,7 @@ struct TrainingJob {
   // split on the sequence too.
   int64_t tp = 1;
   bool sequence_parallel = false;
+  bool float8 = false;  // train.fp8: the transformer layers' projections in float8 (ActivationQuery::float8)
   // Pipeline parallelism (pp/schedule.h): pipeline.ranks ranks each holding its stages of the model (cut by
   // pipeline_stages), a rank's batch in pipeline.microbatches run by pipeline.kind; the strategy over the world /
   // (tp x pipeline.ranks) ranks of a stage. The estimate is that of the pipeline rank needing most
