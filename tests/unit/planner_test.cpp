@@ -475,17 +475,17 @@ TEST(Planner, PredictsPublishedRunsWithinAQuarter) {
   EXPECT_FALSE(chosen.cpu_offload);
 }
 
-// The recommendation is the fastest configuration unless a simpler one (no tensor parallelism, no offload) is
-// within the model's tolerance of it.
 // parallel.layout: auto runs the planner's recommendation among its configurations at the config's precision (an
-// fp16 config's: bf16's rows): Llama 3 8B on 8 ranks of 80 GiB less 10%, the global batch (2 x 8) kept; its keys set
-// in the config, which then validates with the layout given; what it chose, the runner-up, why and the `shardtrain
-// plan` command ranking the same; a budget nothing fits refused, naming it.
+// fp16 config's: bf16's rows): Llama 3 8B on 8 ranks of 80 GiB less 10%, the global batch (1 x 2 accumulated x 8)
+// kept, the accumulation its split's; its keys set in the config, which then validates with the layout given; what
+// it chose, the runner-up, why and the `shardtrain plan` command ranking the same; a budget nothing fits refused,
+// naming it.
 TEST(Planner, AutoLayoutIsTheRecommendationAtTheConfigsPrecision) {
   config::Config c;
   c.model.flavor = "llama-3-8b";
   c.parallel.layout = config::Layout::AUTO, c.parallel.mixed_precision = parallel::Precision::FP16;
-  c.train.device = parallel::Device::CPU, c.train.batch_size = 2, c.data.max_text_length = 4096;
+  c.train.device = parallel::Device::CPU, c.train.batch_size = 1, c.train.grad_accum = 2;
+  c.data.max_text_length = 4096;
   TrainingJob job;
   job.world = 8, job.nodes = 1;
   const int64_t budget = parse_memory_size("80GiB");
@@ -522,6 +522,8 @@ TEST(Planner, AutoLayoutIsTheRecommendationAtTheConfigsPrecision) {
        "a global batch of 16"});
 }
 
+// The recommendation is the fastest configuration unless a simpler one (no tensor parallelism, no offload) is
+// within the model's tolerance of it.
 TEST(Planner, RecommendsTheSimplerLayoutWithinTheTolerance) {
   auto config = [](int64_t tp, bool offload, double items, int64_t param_bytes = 4) {
     PlannedConfig c;

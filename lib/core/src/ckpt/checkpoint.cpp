@@ -285,8 +285,8 @@ std::string save_checkpoint(const std::string& dir, const TrainerState& given, c
   }
   const fsdp::ParamStates states = moments(model);
   // A replicated model split by tensor parallelism or into pipeline stages (DDP beside it) is written as its slices
-  // or stages too, by one replica: the ranks of world rank 0's (data-parallel index 0). Each stage's layout file by
-  // its first rank.
+  // or stages too, by one replica: the first (data-parallel index 0, ckpt::in_first_replica). Each stage's layout file
+  // by the stage's first rank.
   const bool split = tp_size_of(model) > 1, staged = pp_size_of(model) > 1;
   const bool slice_writer = !model.sharded && (split || staged) && in_first_replica(model, world.rank());
   const bool stage_leader = staged ? model.pp_group->global_ranks().front() == 0 : leader;

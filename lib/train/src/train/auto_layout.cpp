@@ -90,6 +90,8 @@ ChosenLayout choose_layout(const config::Config& given, const models::ModelRecip
     if (batch_auto && (path == "train.batch_size" || path == "train.grad_accum")) continue;
     config::apply_overrides(out.config, {"--" + path + "=" + value});
   }
+  // The global batch's split, whatever the config accumulated before (layout_keys leaves out an accumulation of 1).
+  if (!batch_auto) out.config.train.grad_accum = std::max<int64_t>(pick.job.grad_accum, 1);
   out.config.parallel.layout = config::Layout::GIVEN;
   char line[512];
   std::snprintf(line, sizeof line, " (#%zu of %zu layouts at %s on %s; predicted %.3g items/s, peak %s of %s (%s) "
