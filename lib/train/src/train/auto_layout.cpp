@@ -14,9 +14,16 @@ namespace {
 
 using memory::readable_size;
 
+// What ranks the layouts: a GPU preset's constants, and how the start-up names them.
+struct RankedOn {
+  plan::Cluster cluster;
+  std::string described;  // "NVIDIA H100 80GB HBM3 (the h100 preset)"
+  bool preset = false;    // a preset matched this machine's GPU (`shardtrain plan --gpu` names it)
+};
+
 // The preset of the GPU this process computes on: the one whose name ("h100", "a100-80gb" without its size) the
 // device's name carries, the memory closest to the device's among several; the default preset when none does.
-plan::Cluster cluster_of_this_gpu(std::string& described) {
+RankedOn this_gpu() {
   const cuda::DeviceProperties device = cuda::device_properties(0);
   std::string name = device.name;
   std::transform(name.begin(), name.end(), name.begin(), [](unsigned char ch) { return std::tolower(ch); });
@@ -30,11 +37,14 @@ plan::Cluster cluster_of_this_gpu(std::string& described) {
     }
   }
   if (best == nullptr) {
-    described = device.name + " (no preset of its name: " + plan::Cluster{}.gpu + "'s constants)";
-    return plan::Cluster{};
+    return {plan::Cluster{}, device.name + " (no preset of its name: " + plan::Cluster{}.gpu + "'s constants)", false};
   }
-  described = device.name + " (the " + best->name + " preset)";
-  return plan::with_gpu(plan::Cluster{}, *best);
+  return {plan::with_gpu(plan::Cluster{}, *best), device.name + " (the " + best->name + " preset)", true};
+}
+
+RankedOn the_cpu() {
+  return {plan::Cluster{}, "the CPU (ranked by " + plan::Cluster{}.gpu + "'s constants: the planner models GPUs)",
+          false};
 }
 
 // "parallel.strategy: ddp, parallel.activation_checkpointing: false, ..., train.batch_size: 8".
@@ -52,8 +62,8 @@ std::string keys_text(const plan::TrainingJob& job, bool batch_auto) {
 ChosenLayout choose_layout(const config::Config& given, const models::ModelRecipe& recipe,
                            const plan::TrainingJob& job, int64_t budget, const std::string& budget_source,
                            double margin) {
-  std::string device = "the CPU (ranked by " + plan::Cluster{}.gpu + "'s constants: the planner models GPUs)";
-  plan::Cluster cluster = given.train.device == parallel::Device::CUDA ? cluster_of_this_gpu(device) : plan::Cluster{};
+  const RankedOn on = given.train.device == parallel::Device::CUDA ? this_gpu() : the_cpu();
+  plan::Cluster cluster = on.cluster;
   cluster.gpus = job.world, cluster.nodes = job.nodes;
   cluster.gpu_memory = budget, cluster.memory_margin = margin;
   cluster.seq_len = given.data.max_text_length;
@@ -70,7 +80,7 @@ ChosenLayout choose_layout(const config::Config& given, const models::ModelRecip
     if (c.job.optimizer_on_disk && given.parallel.nvme_path.empty()) continue;  // the disk tier needs a directory
     configs.push_back(std::move(c));
   }
-  // "float32", "bf16 mixed precision", "bfloat16 parameters".
+  // "float32", "bf16 mixed precision", "16-bit parameters".
   const std::string precision = param_bytes == 2 ? std::string("16-bit parameters")
                                 : mixed == parallel::Precision::NO
                                     ? std::string("float32")
@@ -95,9 +105,9 @@ ChosenLayout choose_layout(const config::Config& given, const models::ModelRecip
   out.config.parallel.layout = config::Layout::GIVEN;
   char line[512];
   std::snprintf(line, sizeof line, " (#%zu of %zu layouts at %s on %s; predicted %.3g items/s, peak %s of %s (%s) "
-                "less %d%%)\n", chosen + 1, configs.size(), precision.c_str(), device.c_str(), pick.items_per_second,
-                readable_size(pick.memory.peak_bytes).c_str(), readable_size(budget).c_str(), budget_source.c_str(),
-                static_cast<int>(std::lround(margin * 100)));
+                "less %d%%)\n", chosen + 1, configs.size(), precision.c_str(), on.described.c_str(),
+                pick.items_per_second, readable_size(pick.memory.peak_bytes).c_str(), readable_size(budget).c_str(),
+                budget_source.c_str(), static_cast<int>(std::lround(margin * 100)));
   out.text = "parallel: auto -> " + keys_text(pick.job, batch_auto) + line;
   if (configs.size() > 1) {
     const plan::PlannedConfig& runner = configs[chosen == 0 ? 1 : 0];
@@ -107,12 +117,12 @@ ChosenLayout choose_layout(const config::Config& given, const models::ModelRecip
   }
   out.text += "  " + plan::recommendation_reason(configs, chosen);
   if (given.model.overrides.empty() && !given.model.lora.enabled()) {
-    const bool preset = given.train.device == parallel::Device::CUDA && device.find(" preset)") != std::string::npos;
+    const int64_t tokens = given.data.max_text_length;
     std::snprintf(line, sizeof line, "  ranked as `shardtrain plan %s --gpus %lld --nodes %lld%s --gpu-memory %lldB "
-                  "--memory-margin %g --seq-len %lld%s` ranks them (its rows at this precision)\n",
+                  "--memory-margin %g%s%s` ranks them (its rows at this precision)\n",
                   given.model.flavor.c_str(), static_cast<long long>(job.world), static_cast<long long>(job.nodes),
-                  preset ? (" --gpu " + cluster.gpu).c_str() : "", static_cast<long long>(budget), margin,
-                  static_cast<long long>(given.data.max_text_length),
+                  on.preset ? (" --gpu " + cluster.gpu).c_str() : "", static_cast<long long>(budget), margin,
+                  tokens > 0 ? (" --seq-len " + std::to_string(tokens)).c_str() : "",
                   batch_auto ? "" : (" --global-batch " + std::to_string(cluster.global_batch)).c_str());
     out.text += line;
   }
