@@ -1,7 +1,6 @@
 #include "shardtrain/models/float8.h"
 
 #include <algorithm>
-#include <map>
 #include <regex>
 
 #include "shardtrain/models/layers.h"
