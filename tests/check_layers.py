@@ -22,7 +22,7 @@ RULES = {
         "io": set(),
         "distributed": {"cuda", "parallel"},
         "launch": {"util"},
-        "nn": {"memory"},
+        "nn": {"memory", "parallel"},
         "optim": {"distributed", "io"},
         "fsdp": {"distributed", "io", "memory", "nn", "optim", "parallel"},
         "ddp": {"distributed", "nn", "parallel"},

@@ -91,8 +91,8 @@ Trained train_toy(const std::function<void(Toy&)>& shard, int passes = 1) {
 TEST(Cuda, Float8LinearMatchesTheCpu) {
   REQUIRE_CUDA();
   at::manual_seed(3);
-  for (const nn::Float8Recipe recipe : {nn::Float8Recipe::TENSORWISE, nn::Float8Recipe::ROWWISE}) {
-    SCOPED_TRACE(nn::to_string(recipe));
+  for (const parallel::Float8Recipe recipe : {parallel::Float8Recipe::TENSORWISE, parallel::Float8Recipe::ROWWISE}) {
+    SCOPED_TRACE(parallel::to_string(recipe));
     const at::Tensor x = at::randn({64, 128}).to(at::kBFloat16);
     const at::Tensor weight = (at::randn({96, 128}) / 11).to(at::kBFloat16);
     const at::Tensor grad_y = at::randn({64, 96}).to(at::kBFloat16) * 1e-2;

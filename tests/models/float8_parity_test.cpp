@@ -29,14 +29,14 @@ double relative_error(const at::Tensor& got, const at::Tensor& want) {
 TEST(Float8Parity, LinearMatchesTorchaoForEachRecipe) {
   const io::SafetensorsReader file(reference_file());
   int cases = 0;
-  for (const std::string recipe : float8_recipe_names()) {
+  for (const std::string recipe : parallel::float8_recipe_names()) {
     for (int k = 0; file.find(recipe + "." + std::to_string(k) + ".x") != nullptr; ++k, ++cases) {
       const std::string prefix = recipe + "." + std::to_string(k) + ".";
       SCOPED_TRACE(prefix);
       const at::Tensor x = file.read(prefix + "x").requires_grad_();
       const at::Tensor weight = file.read(prefix + "weight").requires_grad_();
       const at::Tensor grad_y = file.read(prefix + "grad_y");
-      const at::Tensor y = float8_linear(x, weight, {}, float8_recipe_named(recipe));
+      const at::Tensor y = float8_linear(x, weight, {}, parallel::float8_recipe_named(recipe));
       y.backward(grad_y);
       // One rounding of the dtype (bf16: 2^-8 of the largest value; float32: summation order, 1e-5); measured on
       // the CPU: identical bits, torchao running the same casts and _scaled_mm (rowwise: power-of-2 scales divide

@@ -41,9 +41,9 @@ TEST(Float8, CastScalesByTheAbsoluteMaximumAndSaturates) {
 // named.
 TEST(Float8, LinearIsTheProductOfItsCasts) {
   at::manual_seed(7);
-  for (const Float8Recipe recipe : {Float8Recipe::TENSORWISE, Float8Recipe::ROWWISE}) {
-    SCOPED_TRACE(to_string(recipe));
-    const bool rowwise = recipe == Float8Recipe::ROWWISE;
+  for (const parallel::Float8Recipe recipe : {parallel::Float8Recipe::TENSORWISE, parallel::Float8Recipe::ROWWISE}) {
+    SCOPED_TRACE(parallel::to_string(recipe));
+    const bool rowwise = recipe == parallel::Float8Recipe::ROWWISE;
     const at::Tensor x = at::randn({2, 8, 32}).to(at::kBFloat16).requires_grad_();
     const at::Tensor weight = (at::randn({48, 32}) / 6).to(at::kBFloat16).requires_grad_();
     const at::Tensor bias = at::randn({48}).to(at::kBFloat16).requires_grad_();
@@ -70,10 +70,10 @@ TEST(Float8, LinearIsTheProductOfItsCasts) {
     EXPECT_TRUE(close(bias.grad(), g2.to(at::kFloat).sum(0)));
   }
   testing::expect_error<std::invalid_argument>(
-      [] { float8_linear(at::zeros({4, 16}), at::zeros({8, 32}), {}, Float8Recipe::TENSORWISE); },
+      [] { float8_linear(at::zeros({4, 16}), at::zeros({8, 32}), {}, parallel::Float8Recipe::TENSORWISE); },
       {"input [4, 16] against a weight [8, 32]", "last dimension 32"});
-  testing::expect_error<std::invalid_argument>([] { float8_recipe_named("delayed"); },
-                                               {"'delayed'", "tensorwise or rowwise"});
+  testing::expect_error<std::invalid_argument>([] { parallel::float8_recipe_named("delayed"); },
+                                               {"float8 recipe 'delayed' is not one of tensorwise, rowwise"});
 }
 
 }  // namespace

@@ -32,8 +32,8 @@ struct Casts {
   bool rowwise, power_of_2;
 };
 
-Casts casts_of(Float8Recipe recipe) {
-  if (recipe == Float8Recipe::ROWWISE) return {at::kFloat8_e4m3fn, at::kFloat8_e4m3fn, true, true};
+Casts casts_of(parallel::Float8Recipe recipe) {
+  if (recipe == parallel::Float8Recipe::ROWWISE) return {at::kFloat8_e4m3fn, at::kFloat8_e4m3fn, true, true};
   return {at::kFloat8_e4m3fn, at::kFloat8_e5m2, false, false};
 }
 
@@ -42,7 +42,9 @@ Float8Tensor operand(const at::Tensor& x, at::ScalarType dtype, const Casts& c, 
   return to_float8(x, dtype, c.rowwise ? (left ? 1 : 0) : -1, c.power_of_2);
 }
 
-Float8Recipe recipe_of(AutogradContext* ctx) { return static_cast<Float8Recipe>(ctx->saved_data["recipe"].toInt()); }
+parallel::Float8Recipe recipe_of(AutogradContext* ctx) {
+  return static_cast<parallel::Float8Recipe>(ctx->saved_data["recipe"].toInt());
+}
 
 struct Float8Matmul : public torch::autograd::Function<Float8Matmul> {
   // x (M, K), weight (N, K) -> (M, N) in x's dtype.
@@ -51,7 +53,7 @@ struct Float8Matmul : public torch::autograd::Function<Float8Matmul> {
     ctx->save_for_backward({weight.requires_grad() ? x : at::Tensor(), weight});
     ctx->saved_data["dtype"] = static_cast<int64_t>(x.scalar_type());
     ctx->saved_data["recipe"] = recipe;
-    const Casts c = casts_of(static_cast<Float8Recipe>(recipe));
+    const Casts c = casts_of(static_cast<parallel::Float8Recipe>(recipe));
     return float8_mm(operand(x, c.forward, c, true), operand(weight.t(), c.forward, c, false), x.scalar_type());
   }
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
@@ -74,16 +76,6 @@ struct Float8Matmul : public torch::autograd::Function<Float8Matmul> {
 };
 
 }  // namespace
-
-std::string to_string(Float8Recipe recipe) { return recipe == Float8Recipe::ROWWISE ? "rowwise" : "tensorwise"; }
-
-std::vector<std::string> float8_recipe_names() { return {"tensorwise", "rowwise"}; }
-
-Float8Recipe float8_recipe_named(const std::string& name) {
-  if (name == "tensorwise") return Float8Recipe::TENSORWISE;
-  if (name == "rowwise") return Float8Recipe::ROWWISE;
-  throw std::invalid_argument("float8 recipe '" + name + "' (expected tensorwise or rowwise)");
-}
 
 Float8Tensor to_float8(const at::Tensor& x, at::ScalarType dtype, int64_t dim, bool power_of_2_scale) {
   const double max = float8_max(dtype);
@@ -118,7 +110,8 @@ at::Tensor float8_mm(const Float8Tensor& a, const Float8Tensor& b, at::ScalarTyp
   return (product * inverse_a * inverse_b).to(out_dtype);
 }
 
-at::Tensor float8_linear(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias, Float8Recipe recipe) {
+at::Tensor float8_linear(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias,
+                         parallel::Float8Recipe recipe) {
   const int64_t in = weight.size(1);
   if (x.dim() < 1 || x.size(-1) != in) {
     throw std::invalid_argument("float8_linear: input " + c10::str(x.sizes()) + " against a weight " +

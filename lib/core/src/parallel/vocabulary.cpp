@@ -47,6 +47,12 @@ const std::vector<std::pair<std::string, PipelineSchedule>>& pipeline_schedules(
   return table;
 }
 
+const std::vector<std::pair<std::string, Float8Recipe>>& float8_recipes() {
+  static const std::vector<std::pair<std::string, Float8Recipe>> table = {{"tensorwise", Float8Recipe::TENSORWISE},
+                                                                           {"rowwise", Float8Recipe::ROWWISE}};
+  return table;
+}
+
 template <class E>
 std::string name_in(const std::vector<std::pair<std::string, E>>& table, E value) {
   for (const auto& [name, v] : table) {
@@ -89,6 +95,9 @@ PipelineSchedule pipeline_schedule_named(const std::string& name) {
   return named_in(pipeline_schedules(), name, "pipeline schedule");
 }
 std::vector<std::string> pipeline_schedule_names() { return names_in(pipeline_schedules()); }
+std::string to_string(Float8Recipe r) { return name_in(float8_recipes(), r); }
+Float8Recipe float8_recipe_named(const std::string& name) { return named_in(float8_recipes(), name, "float8 recipe"); }
+std::vector<std::string> float8_recipe_names() { return names_in(float8_recipes()); }
 std::vector<std::string> strategy_names() { return names_in(strategies()); }
 std::vector<std::string> precision_names() { return names_in(precisions()); }
 std::vector<std::string> device_names() { return names_in(devices()); }

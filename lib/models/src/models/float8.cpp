@@ -28,7 +28,7 @@ std::string patterns(const std::vector<std::string>& names) {
 
 }  // namespace
 
-Float8Layers::Float8Layers(nn::Float8Recipe recipe, std::vector<std::string> exclude, int64_t tp)
+Float8Layers::Float8Layers(parallel::Float8Recipe recipe, std::vector<std::string> exclude, int64_t tp)
     : recipe_(recipe), exclude_(std::move(exclude)), tp_(tp) {}
 
 void Float8Layers::convert(const std::string& name, torch::nn::Module& layer) {
@@ -55,7 +55,7 @@ void Float8Layers::convert(const std::string& name, torch::nn::Module& layer) {
 }
 
 std::string Float8Layers::describe() const {
-  std::string out = "float8 " + nn::to_string(recipe_) + ": " + std::to_string(converted_.size()) +
+  std::string out = "float8 " + parallel::to_string(recipe_) + ": " + std::to_string(converted_.size()) +
                     " projections of the transformer layers (" + patterns(converted_) +
                     "); the embeddings, heads and adapters in the activations' dtype";
   if (!excluded_.empty()) {

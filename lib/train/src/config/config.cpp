@@ -426,10 +426,10 @@ std::vector<Field> train_fields(Config& c) {
       field("train.task", c.train.task),
       field("train.tf32", c.train.tf32),
       choice("train.fp8", c.train.fp8,
-             std::vector<std::pair<std::string, std::optional<nn::Float8Recipe>>>{
+             std::vector<std::pair<std::string, std::optional<parallel::Float8Recipe>>>{
                  {"none", std::nullopt},
-                 {"tensorwise", nn::Float8Recipe::TENSORWISE},
-                 {"rowwise", nn::Float8Recipe::ROWWISE}}),
+                 {"tensorwise", parallel::Float8Recipe::TENSORWISE},
+                 {"rowwise", parallel::Float8Recipe::ROWWISE}}),
       field("train.fp8_exclude", c.train.fp8_exclude),
       field("train.stop_at", c.train.stop_at),
       field("train.eval_interval", c.train.eval_interval),

@@ -21,12 +21,9 @@
 #include <string>
 #include <vector>
 
-namespace shardtrain::nn {
+#include "shardtrain/parallel/vocabulary.h"
 
-enum class Float8Recipe { TENSORWISE, ROWWISE };
-std::string to_string(Float8Recipe recipe);                // "tensorwise", "rowwise"
-Float8Recipe float8_recipe_named(const std::string& name);  // std::invalid_argument naming the text and the names
-std::vector<std::string> float8_recipe_names();
+namespace shardtrain::nn {
 
 // A tensor in float8 with the scale it was multiplied by: data = saturate(x * scale) in float8, x ~ data / scale.
 struct Float8Tensor {
@@ -47,6 +44,7 @@ at::Tensor float8_mm(const Float8Tensor& a, const Float8Tensor& b, at::ScalarTyp
 // x (..., in) W^T (out, in) + bias (out, or undefined) with the GEMMs in float8 as `recipe` says (above); the
 // gradients of x, W and the bias as autograd's, the weight's in its own dtype. x's dtype is the GEMMs' output's.
 // Throws std::invalid_argument naming the sizes when x's last dimension is not W's.
-at::Tensor float8_linear(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias, Float8Recipe recipe);
+at::Tensor float8_linear(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias,
+                         parallel::Float8Recipe recipe);
 
 }  // namespace shardtrain::nn

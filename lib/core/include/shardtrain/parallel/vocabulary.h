@@ -43,12 +43,17 @@ enum class Offload { NONE, CPU, NVME };
 // bubble (zero bubble, ZB-H1).
 enum class PipelineSchedule { GPIPE, ONE_F_ONE_B, INTERLEAVED_1F1B, ZERO_BUBBLE };
 
+// Float8 training's recipes (torchao's; nn/float8_linear.h): one dynamic scale per tensor, e5m2 gradients
+// (tensorwise), or a power-of-2 scale per row, e4m3 throughout (rowwise).
+enum class Float8Recipe { TENSORWISE, ROWWISE };
+
 std::string to_string(Strategy s);  // "full_shard", ..., "ddp"
 std::string to_string(PipelineSchedule s);  // "gpipe", "1f1b", "interleaved_1f1b", "zero_bubble"
 std::string to_string(Precision p);  // "no", "bf16", "fp16"
 std::string to_string(Device d);     // "auto", "cpu", "cuda"
 std::string to_string(Wrap w);       // "transformer", "size", "none"
 std::string to_string(Offload o);    // "none", "cpu", "nvme"
+std::string to_string(Float8Recipe r);  // "tensorwise", "rowwise"
 // The value a name spells; std::invalid_argument naming it and every name otherwise.
 Strategy strategy_named(const std::string& name);
 Precision precision_named(const std::string& name);
@@ -56,12 +61,14 @@ Device device_named(const std::string& name);
 Wrap wrap_named(const std::string& name);
 Offload offload_named(const std::string& name);
 PipelineSchedule pipeline_schedule_named(const std::string& name);
+Float8Recipe float8_recipe_named(const std::string& name);
 std::vector<std::string> strategy_names();
 std::vector<std::string> precision_names();
 std::vector<std::string> device_names();
 std::vector<std::string> wrap_names();
 std::vector<std::string> offload_names();
 std::vector<std::string> pipeline_schedule_names();
+std::vector<std::string> float8_recipe_names();
 
 // Sharded within a node and replicated across nodes.
 bool is_hybrid(Strategy s);

@@ -47,7 +47,7 @@ class LinearImpl : public torch::nn::Module {
 
   // Set by models::convert_to_float8: the base product's GEMMs in float8 with this recipe (nn/float8_linear.h); an
   // adapter's stay in the activations' dtype. Unset: in the activations' dtype.
-  std::optional<nn::Float8Recipe> float8;
+  std::optional<parallel::Float8Recipe> float8;
 };
 TORCH_MODULE(Linear);
 

@@ -21,7 +21,6 @@
 #include <vector>
 
 #include "shardtrain/models/lora_spec.h"
-#include "shardtrain/nn/float8_linear.h"
 #include "shardtrain/parallel/vocabulary.h"
 #include "shardtrain/pp/schedule.h"
 
@@ -272,10 +271,10 @@ struct TrainConfig {
   std::string task;           // another name for model.task (where a Trainer user looks for it); both: the same
   // CUDA: float32 matmuls and convolutions in TensorFloat-32 (as the FLAVA post trains); no meaning on CPU.
   bool tf32 = true;
-  // Float8 training (nn/float8_linear.h, models/float8.h): the transformer layers' projections compute their GEMMs
+  // Float8 training (parallel::Float8Recipe; models/float8.h): the transformer layers' projections compute their GEMMs
   // in float8 with this recipe's dynamic scaling (torchao's tensorwise or rowwise); none (unset): every GEMM in the
   // activations' dtype. fp8_exclude: module names, or their prefixes, kept in high precision ("layers.0").
-  std::optional<nn::Float8Recipe> fp8;
+  std::optional<parallel::Float8Recipe> fp8;
   std::vector<std::string> fp8_exclude;
   int64_t stop_at = 0;        // end this run after this step, with a checkpoint (a time-limited job that resumes
                               // later); 0: run to `steps`. The schedule still spans `steps`.
