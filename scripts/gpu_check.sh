@@ -4,7 +4,7 @@
 #
 #   scripts/gpu_check.sh STAGE...     checks: info, cuda_tests, synth, train_debug, train_ranks, train_tp, sanitize
 #                                     measurements (after synth): optimizer, tf32, memory, disk, act_offload, auto,
-#                                     oom, compare
+#                                     oom, compare, float8
 #
 # cuda_tests: tests/cuda at one rank, verbose (what the tests print: the host's peak of a checkpoint, what releasing
 # cuBLAS's workspaces freed).
@@ -24,6 +24,9 @@
 # measured peak beside the prediction.
 # oom: train.batch_size auto planned for 16 GiB on a device capped at 8 GiB (train.memory_limit): the first or
 # second step runs out of memory, the run halves the batch until it trains (flava-350m, bf16).
+# float8: llama-3.2-1b at 2048 packed tokens, batch 4, bf16 mixed precision, one rank (FSDP still gathers: bf16
+# from float32 shards): without float8, with train.fp8 tensorwise, tensorwise with the float8 all-gather, and
+# rowwise; each run's items/s over bf16's (the issue's goal: 1.25x) and the loss lines side by side.
 #
 # DEADLINE (seconds since the epoch) bounds the whole: a stage gets at most what is left before it, and one with
 # under 20 s left is skipped, so one device command can run the stages in order of importance. COPY_TO (a folder,
@@ -127,8 +130,29 @@ for s in "$@"; do
          grep -E 'out of memory in the first two steps|train.batch_size: auto ->' "$logs/oom.log" ;;
     compare) stage compare 400 scripts/gpu_bench.sh flava-350m 32
              cat "$logs/compare.log" ;;
+    float8) for f in bf16 tensorwise gathered rowwise; do
+              case $f in
+                bf16) extra=() ;;
+                gathered) extra=(--train.fp8=tensorwise --train.fp8_all_gather=true) ;;
+                *) extra=(--train.fp8="$f") ;;
+              esac
+              stage "float8-$f" 240 "$cli" train configs/flava-debug.yaml --model.flavor=llama-3.2-1b \
+                --train.device=cuda --train.steps=40 --log.interval=10 --train.eval_interval=0 --log.progress=lines \
+                --data.max_text_length=2048 --data.packing=true --train.batch_size=4 --train.grad_accum=1 \
+                --parallel.mixed_precision=bf16 --checkpoint.interval=0 --log.dir="runs/gpu-float8-$f" "${extra[@]}"
+              summary "$logs/float8-$f.log"
+              grep -E 'float8 ' "$logs/float8-$f.log" | head -2
+            done
+            base=$(grep -E 'step 40/40' "$logs/float8-bf16.log" | grep -oE 'items/s [0-9.]+' | awk '{print $2}')
+            for f in tensorwise gathered rowwise; do
+              ours=$(grep -E 'step 40/40' "$logs/float8-$f.log" | grep -oE 'items/s [0-9.]+' | awk '{print $2}')
+              [[ -n "$base" && -n "$ours" ]] && awk -v a="$ours" -v b="$base" -v f="$f" \
+                'BEGIN { printf "  %s over bf16: %.3fx items/s\n", f, a / b }'
+            done
+            paste <(grep -oE 'step [0-9]+/40 +loss [0-9.]+' "$logs/float8-bf16.log") \
+                  <(grep -oE 'step [0-9]+/40 +loss [0-9.]+' "$logs/float8-tensorwise.log") ;;
     *) echo "gpu_check.sh: unknown stage '$s' (info, cuda_tests, synth, train_debug, train_ranks, train_tp, sanitize," \
-            "optimizer, tf32, memory, disk, act_offload, auto, oom, compare)" >&2
+            "optimizer, tf32, memory, disk, act_offload, auto, oom, compare, float8)" >&2
        exit 2 ;;
   esac
 done

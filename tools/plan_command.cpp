@@ -27,7 +27,8 @@ const char* kPlanUsage =
     "                           [--host-memory SIZE] [--host-memory-gbps X] [--disk-gbps X] [--memory-margin X]\n"
     "                           [--half-efficiency-tokens X] [--half-efficiency-width X]\n"
     "                           [--global-batch N | --global-batch-tokens N]\n"
-    "                           [--lora R [--lora-targets a,b]]\n"
+    "                           [--lora R [--lora-targets a,b]] [--fp8 tensorwise|rowwise]\n"
+    "                           [--peak-tflops-fp8 X] [--hbm-gbps X]\n"
     "       shardtrain plan --figure flava|t5|t5-scale|published [--seq-len T] [--json]\n"
     "MODEL: a flavor of `shardtrain models`, a Hugging Face config.json or a model name in the Hugging Face cache.\n"
     "Every configuration (tensor-parallel size within a node x strategy x mixed precision x activation\n"
@@ -53,8 +54,11 @@ const char* kPlanUsage =
     "--lora R: LoRA fine-tuning, rank-R adapters on the base's frozen weights (--lora-targets: PEFT's\n"
     "target_modules; default the query and value projections; all-linear): gradients, optimizer state and\n"
     "reductions of the adapters alone, the YAML's model.lora.\n"
-    "--seq-len, --lora and --lora-targets are the trainer's data.max_text_length, model.lora.r and\n"
-    "model.lora.target_modules (the same checks and errors); the other flags describe the cluster.\n"
+    "--fp8 RECIPE: float8 training (train.fp8), the layers' projections' GEMMs at the GPU's float8 peak\n"
+    "(--peak-tflops-fp8; bf16's on a GPU without float8) and their casts at its memory bandwidth (--hbm-gbps);\n"
+    "tensorwise under a strategy that shards gathers their weights in float8 (train.fp8_all_gather).\n"
+    "--seq-len, --lora, --lora-targets and --fp8 are the trainer's data.max_text_length, model.lora.r,\n"
+    "model.lora.target_modules and train.fp8 (the same checks and errors); the other flags describe the cluster.\n"
     "--figure flava: the FLAVA post's Figure 2 (max local batch per flavor for DDP, FSDP, FSDP+AC on 8 x A100-40GB)\n"
     "next to the post's findings; --figure t5: the T5 post's default vs transformer wrapping of T5-3B; --figure\n"
     "t5-scale: the largest T5 per technique on 4 x 8 A100-40GB (DDP+AC, FSDP, +AC, + parameter offload, +\n"
@@ -87,6 +91,8 @@ plan::Cluster cluster_of_args(const Args& args) {
   cluster.efficiency = get_positive(args, "efficiency", cluster.efficiency);
   cluster.peak_tflops_bf16 = get_positive(args, "peak-tflops-bf16", cluster.peak_tflops_bf16);
   cluster.peak_tflops_fp32 = get_positive(args, "peak-tflops-fp32", cluster.peak_tflops_fp32);
+  cluster.peak_tflops_fp8 = get_positive(args, "peak-tflops-fp8", cluster.peak_tflops_fp8);
+  cluster.hbm_gbps = get_positive(args, "hbm-gbps", cluster.hbm_gbps);
   cluster.intra_node_gbps = get_positive(args, "intra-node-gbps", cluster.intra_node_gbps);
   cluster.inter_node_gbps = get_positive(args, "inter-node-gbps", cluster.inter_node_gbps);
   cluster.pcie_gbps = get_positive(args, "pcie-gbps", cluster.pcie_gbps);
@@ -106,6 +112,7 @@ plan::Cluster cluster_of_args(const Args& args) {
 config::Config job_config(const std::string& model, const Args& args) {
   std::vector<std::string> overrides = {"--model.flavor=" + model};
   if (args.has("seq-len")) overrides.push_back("--data.max_text_length=" + args.get("seq-len", ""));
+  if (args.has("fp8")) overrides.push_back("--train.fp8=" + args.get("fp8", ""));
   if (args.has("lora")) overrides.push_back("--model.lora.r=" + args.get("lora", ""));
   if (args.has("lora-targets")) {
     if (!args.has("lora")) throw std::invalid_argument("--lora-targets goes with --lora R");
@@ -127,12 +134,15 @@ void print_table(const std::string& model, const plan::Cluster& cluster,
               model.c_str(), static_cast<long long>(cluster.gpus), static_cast<long long>(cluster.nodes),
               cluster.nodes > 1 ? "s" : "", gib(cluster.gpu_memory).c_str(),
               static_cast<long long>(configs.front().job.seq_len));
-  std::printf("  assuming %s: %.0f TFLOP/s bf16, %.0f TF32, efficiency %.2f, %.0f GB/s a GPU within a node, %.1f "
-              "across nodes, %.0f to the host; host %s GiB a node at %.0f GB/s a GPU (--gpu and its flags)\n",
-              cluster.gpu.c_str(), cluster.peak_tflops_bf16, cluster.peak_tflops_fp32, cluster.efficiency,
+  std::printf("  assuming %s: %.0f TFLOP/s bf16, %.0f TF32, %.0f float8, %.0f GB/s of memory, efficiency %.2f, %.0f "
+              "GB/s a GPU within a node, %.1f across nodes, %.0f to the host; host %s GiB a node at %.0f GB/s a GPU "
+              "(--gpu and its flags)\n",
+              cluster.gpu.c_str(), cluster.peak_tflops_bf16, cluster.peak_tflops_fp32, cluster.peak_tflops_fp8,
+              cluster.hbm_gbps, cluster.efficiency,
               cluster.intra_node_gbps, cluster.inter_node_gbps, cluster.pcie_gbps, gib(cluster.host_memory).c_str(),
               cluster.host_memory_gbps);
-  std::printf("  %-3s %-11s %-19s %-5s %-3s %-7s %-11s %9s %9s %10s %10s %5s %9s %8s\n", "#", "TP/PP", "strategy", "prec",
+  std::printf("  %-3s %-11s %-19s %-8s %-3s %-7s %-11s %9s %9s %10s %10s %5s %9s %8s\n", "#", "TP/PP", "strategy",
+              "prec",
               "AC", "offload", "wrap", "batch/DP", "peak GiB", "items/s", "tok/s/GPU", "MFU", "TFLOP/s", "step s");
   for (size_t i = 0; i < configs.size() && static_cast<int64_t>(i) < top; ++i) {
     const auto& c = configs[i];
@@ -145,10 +155,11 @@ void print_table(const std::string& model, const plan::Cluster& cluster,
     const std::string offload = std::string(c.job.optimizer_on_disk ? "nvme" : c.job.cpu_offload ? "cpu" : "") +
                                 (c.job.cpu_offload && c.job.activation_offload ? "+" : "") +
                                 (c.job.activation_offload ? "act" : "");
-    std::printf("  %-3zu %-11s %-19s %-5s %-3s %-7s %-11s %9s %9s %10.3g %10.0f %4.0f%% %9.1f %8.3f\n", i + 1,
+    std::printf("  %-3zu %-11s %-19s %-8s %-3s %-7s %-11s %9s %9s %10.3g %10.0f %4.0f%% %9.1f %8.3f\n", i + 1,
                 tp.c_str(),
                 (parallel::to_string(c.job.strategy) + (c.job.sync_each_batch ? ", each" : "")).c_str(),
-                c.job.param_bytes == 2 ? "pure" : parallel::to_string(c.job.mixed_precision).c_str(), ac_text(c.job),
+                (std::string(c.job.param_bytes == 2 ? "pure" : parallel::to_string(c.job.mixed_precision)) +
+                 (c.job.float8 ? "+f8" : "")).c_str(), ac_text(c.job),
                 offload.c_str(),
                 c.job.strategy == parallel::Strategy::DDP ? "-" : parallel::to_string(c.job.wrap).c_str(),
                 batch.c_str(), gib(c.memory.peak_bytes).c_str(), c.items_per_second,
@@ -164,7 +175,7 @@ int run_plan_command(const std::vector<std::string>& argv) {
                                 "efficiency", "peak-tflops-bf16", "peak-tflops-fp32", "intra-node-gbps",
                                 "inter-node-gbps", "pcie-gbps", "host-memory", "host-memory-gbps", "disk-gbps", "overlap",
                                 "memory-margin", "half-efficiency-tokens", "global-batch", "global-batch-tokens",
-                                "lora", "lora-targets"},
+                                "lora", "lora-targets", "fp8", "peak-tflops-fp8", "hbm-gbps"},
                                {"help", "json"});
   if (args.has("help")) {
     std::cout << kPlanUsage;
@@ -196,6 +207,7 @@ int run_plan_command(const std::vector<std::string>& argv) {
   const config::Config job = job_config(model, args);
   plan::Cluster cluster = cluster_of_args(args);
   cluster.seq_len = job.data.max_text_length;
+  cluster.float8 = job.train.fp8;
   if (args.has("global-batch") && args.has("global-batch-tokens")) {
     throw std::invalid_argument("--global-batch and --global-batch-tokens say the same thing: give one");
   }
@@ -230,6 +242,8 @@ int run_plan_command(const std::vector<std::string>& argv) {
                    {"pp_size", c.job.pipeline.ranks}, {"sync_each_batch", c.job.sync_each_batch},
                    {"strategy", parallel::to_string(c.job.strategy)}, {"mixed_precision", parallel::to_string(c.job.mixed_precision)},
                    {"pure_bf16", c.job.param_bytes == 2},
+                   {"fp8", c.job.float8 ? parallel::to_string(*c.job.float8) : "none"},
+                   {"fp8_all_gather", c.job.float8_all_gather},
                    {"activation_checkpointing", c.job.activation_checkpointing},
                    {"activation_checkpointing_every", c.job.checkpoint_every}, {"cpu_offload", c.job.cpu_offload},
                    {"activation_offload", c.job.activation_offload}, {"optimizer_on_disk", c.job.optimizer_on_disk},

@@ -15,12 +15,48 @@ AllGatherResult foreach_all_gather(const at::Tensor& sharded_flat, int64_t shard
   return r;
 }
 
+ByteLayout byte_layout(const std::vector<FsdpParam>& params) {
+  constexpr int64_t kAlign = 16;
+  ByteLayout layout;
+  for (const FsdpParam& p : params) {
+    layout.offsets.push_back(layout.block);
+    const int64_t bytes = p.shard_numel() * static_cast<int64_t>(c10::elementSize(p.gather_dtype()));
+    layout.block += (bytes + kAlign - 1) / kAlign * kAlign;
+  }
+  return layout;
+}
+
+AllGatherResult foreach_all_gather_bytes(const at::Tensor& sharded_flat, int64_t shard_version, at::ScalarType dtype,
+                                         const at::Device& device, bool offloaded, const dist::Communicator& group,
+                                         const std::vector<FsdpParam>& params, const std::vector<int64_t>& offsets,
+                                         const ByteLayout& layout) {
+  const at::Tensor shards = sharded_flat.to(device, dtype, /*non_blocking=*/true, /*copy=*/offloaded);
+  const at::Tensor send = at::empty({layout.block}, shards.options().dtype(at::kByte));
+  for (size_t i = 0; i < params.size(); ++i) {
+    const int64_t n = params[i].shard_numel();
+    const at::Tensor shard = shards.narrow(0, offsets[i], n);
+    const at::ScalarType to = params[i].gather_dtype();
+    const at::Tensor slot = send.narrow(0, layout.offsets[i], n * static_cast<int64_t>(c10::elementSize(to)));
+    slot.view(to).copy_(params[i].in_float8() ? nn::cast_to_float8(shard, params[i].float8_scale(), to) : shard);
+  }
+  AllGatherResult r;
+  r.gathered = at::empty({group.size() * layout.block}, send.options());
+  r.work = group.all_gather(r.gathered, send);
+  r.shard_version = shard_version;
+  r.bytes = layout;
+  return r;
+}
+
 void foreach_all_gather_copy_out(AllGatherResult& result, std::vector<FsdpParam>& params,
                                  const std::vector<int64_t>& offsets, int64_t shard_numel) {
   result.work.wait();
   for (size_t i = 0; i < params.size(); ++i) {
     params[i].alloc_unsharded();
-    params[i].copy_in_unsharded(result.gathered, shard_numel, offsets[i]);
+    if (result.bytes) {
+      params[i].copy_in_unsharded_bytes(result.gathered, result.bytes->block, result.bytes->offsets[i]);
+    } else {
+      params[i].copy_in_unsharded(result.gathered, shard_numel, offsets[i]);
+    }
     params[i].use_unsharded();
   }
 }

@@ -18,11 +18,22 @@
 
 namespace shardtrain::fsdp {
 
-// An all-gather in flight: `gathered` (W * S) in the compute dtype is valid after work.wait().
+// Where each parameter sits in a rank's block of a gather of bytes (FsdpOptions::float8_all_gather: parameters of
+// two dtypes in one collective): at `offsets` (bytes, multiples of 16 so that any dtype views them), shard_numel
+// elements of its gather dtype; `block` bytes a rank.
+struct ByteLayout {
+  std::vector<int64_t> offsets;
+  int64_t block = 0;
+};
+ByteLayout byte_layout(const std::vector<FsdpParam>& params);
+
+// An all-gather in flight: `gathered` (W * S) in the compute dtype — or, with `bytes`, (W * bytes->block) uint8 —
+// is valid after work.wait().
 struct AllGatherResult {
   at::Tensor gathered;
   dist::Work work;
   int64_t shard_version = 0;  // the shards' version sum when issued: a changed sum means the optimizer stepped since
+  std::optional<ByteLayout> bytes;
 };
 
 // Issues the all-gather of a unit's flat shard in `dtype` on `device` (mixed precision casts the shards first).
@@ -30,6 +41,14 @@ struct AllGatherResult {
 // under a GPU — asynchronously and ordered before the collective.
 AllGatherResult foreach_all_gather(const at::Tensor& sharded_flat, int64_t shard_version, at::ScalarType dtype,
                                    const at::Device& device, bool offloaded, const dist::Communicator& group);
+
+// The same in bytes laid out as `layout` says: each parameter's shard (of sharded_flat at `offsets`) in `dtype`,
+// then, for a parameter gathered in float8, cast to e4m3 with its scale (FsdpParam::float8_scale): the bytes of
+// gathering in `dtype` and casting the full value, each element cast alike.
+AllGatherResult foreach_all_gather_bytes(const at::Tensor& sharded_flat, int64_t shard_version, at::ScalarType dtype,
+                                         const at::Device& device, bool offloaded, const dist::Communicator& group,
+                                         const std::vector<FsdpParam>& params, const std::vector<int64_t>& offsets,
+                                         const ByteLayout& layout);
 
 // Waits for the all-gather and copies each parameter's rows into its unsharded storage (allocated here, in place,
 // so that views autograd saved stay valid), then points the parameters at their full values.

@@ -3,6 +3,7 @@
 #include <c10/core/GradMode.h>
 #include <c10/core/StorageImpl.h>
 
+#include <cmath>
 #include <stdexcept>
 
 namespace shardtrain::fsdp {
@@ -50,8 +51,33 @@ void FsdpParam::init_shard(const at::Tensor& shard_view, const at::Tensor& full_
   if (real_rows > 0) {
     shard_.narrow(0, 0, real_rows).copy_(full_value.reshape(shape_).narrow(0, shard_first_row(), real_rows));
   }
-  unsharded_ = at::empty(padded_shape_, at::TensorOptions().dtype(compute_dtype_).device(compute_device_));
+  const auto compute = at::TensorOptions().dtype(compute_dtype_).device(compute_device_);
+  unsharded_ = at::empty(padded_shape_, compute.dtype(gather_dtype()));
+  if (in_float8()) {
+    float8_scale_ = at::ones({}, compute.dtype(at::kFloat));
+    placeholder_ = at::zeros({}, compute).expand(shape_);
+  }
   use_sharded();
+}
+
+void FsdpParam::gather_in_float8(std::shared_ptr<torch::nn::Module> owner, nn::Float8CastAhead* cast) {
+  if (shape_.size() != 2 || scalar_) {
+    throw std::invalid_argument("fully_shard: float8 all-gather of parameter '" + name_ + "' of shape " +
+                                c10::str(param_.sizes()) + " (expected a 2-D weight)");
+  }
+  float8_owner_ = std::move(owner);
+  float8_cast_ = cast;
+}
+
+at::Tensor FsdpParam::shard_amax(at::ScalarType dtype) const {
+  c10::AutoGradMode no_grad(false);
+  // Rounding to `dtype` is monotonic and symmetric: the largest |x| rounded is the largest of the rounded |x|.
+  return at::linalg_vector_norm(shard_, INFINITY).to(dtype).to(at::kFloat);
+}
+
+void FsdpParam::set_float8_scale(const at::Tensor& scale) {
+  c10::AutoGradMode no_grad(false);
+  float8_scale_.copy_(scale);
 }
 
 bool FsdpParam::unsharded_allocated() const { return unsharded_.storage().nbytes() > 0; }
@@ -69,15 +95,28 @@ void FsdpParam::copy_in_unsharded(const at::Tensor& gathered, int64_t unit_shard
   unsharded_.view({world_, shard_numel()}).copy_(slots_in(gathered, unit_shard_numel, offset_in_unit));
 }
 
+void FsdpParam::copy_in_unsharded_bytes(const at::Tensor& gathered, int64_t block_bytes, int64_t byte_offset) {
+  c10::AutoGradMode no_grad(false);
+  const int64_t bytes = shard_numel() * static_cast<int64_t>(c10::elementSize(gather_dtype()));
+  const at::Tensor slots = gathered.view({world_, block_bytes}).narrow(1, byte_offset, bytes);
+  unsharded_.view({world_, shard_numel()}).view(at::kByte).copy_(slots);
+}
+
 void FsdpParam::use_unsharded() {
   if (!unsharded_allocated()) {
     throw std::logic_error("fully_shard: parameter '" + name_ + "' made unsharded before its buffer was filled");
   }
   at::Tensor full = unsharded_.narrow(0, 0, rows_);
+  if (in_float8()) {
+    float8_cast_->cast = {full, float8_scale_};
+    param_.set_data(placeholder_);
+    return;
+  }
   param_.set_data(scalar_ ? as_scalar(full) : full);
 }
 
 void FsdpParam::use_sharded() {
+  if (in_float8()) float8_cast_->cast = {};
   param_.set_data(shard_);
   c10::StorageImpl* storage = unsharded_.storage().unsafeGetStorageImpl();
   storage->set_data_ptr_noswap(at::DataPtr(nullptr, unsharded_.device()));

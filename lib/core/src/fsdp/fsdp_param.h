@@ -10,12 +10,25 @@
 //              the next unshard (docs/notes/libtorch.md §7), so views autograd saved during forward (e.g. the
 //              transposed weight of a linear) stay valid across the free and refill.
 // Memory: SHARDED costs shard_numel elements; UNSHARDED adds chunk_rows * W * row_numel.
+//
+// A parameter gathered in float8 (gather_in_float8: a float8 linear's weight under FsdpOptions::float8_all_gather)
+// differs while UNSHARDED: `unsharded_` is e4m3 (1 byte an element), filled with every rank's shard cast with one
+// scale (the MAX of the ranks' amax, set_float8_scale), and handed to the module that reads it
+// (nn::Float8CastAhead::cast); the parameter's data is then a placeholder of its full shape (one zero broadcast,
+// no memory), autograd's handle for its gradient, which arrives in the compute dtype as before.
 #pragma once
 
 #include <ATen/ATen.h>
 
+#include <memory>
 #include <string>
 #include <vector>
+
+#include "shardtrain/nn/float8_linear.h"
+
+namespace torch::nn {
+class Module;
+}
 
 namespace shardtrain::fsdp {
 
@@ -32,7 +45,18 @@ class FsdpParam {
   int64_t full_numel() const { return rows_ * row_numel_; }
   const std::vector<int64_t>& full_shape() const { return shape_; }
 
-  int64_t unsharded_bytes() const { return chunk_rows_ * world_ * row_numel_ * c10::elementSize(compute_dtype_); }
+  int64_t unsharded_bytes() const { return chunk_rows_ * world_ * row_numel_ * c10::elementSize(gather_dtype()); }
+
+  // Float8 all-gather, set before init_shard(): `cast` (a module of `owner`, kept alive here) computes from this
+  // parameter's full value cast to e4m3, which the unit gathers in place of the compute dtype's.
+  void gather_in_float8(std::shared_ptr<torch::nn::Module> owner, nn::Float8CastAhead* cast);
+  bool in_float8() const { return float8_cast_ != nullptr; }
+  at::ScalarType gather_dtype() const { return in_float8() ? at::kFloat8_e4m3fn : compute_dtype_; }
+  // max |x| over this rank's shard in `dtype` (the padding's zeros change no maximum): a float32 scalar.
+  at::Tensor shard_amax(at::ScalarType dtype) const;
+  // The scale the gathers cast with until the next call (float32 scalar, copied in place: a module's cast keeps it).
+  void set_float8_scale(const at::Tensor& scale);
+  const at::Tensor& float8_scale() const { return float8_scale_; }
 
   // Copies this rank's rows of `full_value` into `shard_view` (flat, shard_numel elements, a slot of the unit's
   // flat shard buffer) and points the parameter at it.
@@ -43,6 +67,9 @@ class FsdpParam {
   void alloc_unsharded();
   // Copies rank r's chunk from the all-gather output (rank-major over the unit's params) into the buffer.
   void copy_in_unsharded(const at::Tensor& gathered, int64_t unit_shard_numel, int64_t offset_in_unit);
+  // The same from a gather of bytes (W * block_bytes, uint8): this parameter's shard in gather_dtype() at
+  // byte_offset of each rank's block.
+  void copy_in_unsharded_bytes(const at::Tensor& gathered, int64_t block_bytes, int64_t byte_offset);
   // Points the parameter at its full value (the first `rows` rows of the buffer).
   void use_unsharded();
   // Points the parameter at its shard and frees the unsharded storage.
@@ -91,7 +118,11 @@ class FsdpParam {
   bool scalar_ = false;
   at::ScalarType compute_dtype_;
   at::Tensor shard_;       // this rank's slot of the unit's flat shard buffer, viewed as shard_shape_
-  at::Tensor unsharded_;   // padded_shape_, own storage, freed while sharded
+  at::Tensor unsharded_;   // padded_shape_ in gather_dtype(), own storage, freed while sharded
+  std::shared_ptr<torch::nn::Module> float8_owner_;  // float8 all-gather only: the module reading the cast
+  nn::Float8CastAhead* float8_cast_ = nullptr;
+  at::Tensor float8_scale_;  // float32 scalar on the compute device
+  at::Tensor placeholder_;   // the full shape broadcast from one zero in the compute dtype
 };
 
 }  // namespace shardtrain::fsdp

@@ -4,6 +4,7 @@
 #include <torch/csrc/autograd/engine.h>
 #include <torch/csrc/autograd/function_hook.h>
 #include <torch/csrc/autograd/variable.h>
+#include <torch/nn/module.h>
 
 #include <algorithm>
 #include <stdexcept>
@@ -142,13 +143,17 @@ void RootState::finish_backward() {
   for (auto& u : live) {
     u->discard_gather();  // a prefetch for a unit that took no part in this backward
     if (!u->stays_unsharded_after_backward()) u->reshard();
+    // The optimizer steps next, and may write the shards through aliases whose version counters are their own
+    // (Tensor::data()): the float8 scales are computed again at the next gather.
+    u->float8_scales_version = -1;
   }
 }
 
 // ---- Unit ----
 
 FsdpUnit::Impl::Impl(std::string name, std::vector<std::pair<std::string, at::Tensor>> named_params,
-                     dist::Communicator comm, FsdpOptions opts)
+                     dist::Communicator comm, FsdpOptions opts,
+                     const std::vector<std::shared_ptr<torch::nn::Module>>& float8)
     : module_name(std::move(name)), group(std::move(comm)), options(std::move(opts)) {
   if (!named_params.empty()) {
     own_dtype = named_params.front().second.scalar_type();
@@ -166,7 +171,13 @@ FsdpUnit::Impl::Impl(std::string name, std::vector<std::pair<std::string, at::Te
     offsets.push_back(unit_shard_numel);
     params.emplace_back(param_name, tensor, group.size(), group.rank(), compute_dtype());
     unit_shard_numel += params.back().shard_numel();
+    const size_t i = params.size() - 1;
+    if (i < float8.size() && float8[i]) {
+      params.back().gather_in_float8(float8[i], dynamic_cast<nn::Float8CastAhead*>(float8[i].get()));
+    }
   }
+  const bool any_float8 = std::any_of(params.begin(), params.end(), [](const FsdpParam& p) { return p.in_float8(); });
+  if (any_float8) float8_layout = byte_layout(params);
   if (options.gradient_divide_factor && !(*options.gradient_divide_factor > 0)) {
     throw std::invalid_argument("fully_shard(" + module_name + "): gradient_divide_factor = " +
                                 std::to_string(*options.gradient_divide_factor) + ", expected > 0");
@@ -214,11 +225,36 @@ void FsdpUnit::Impl::set_training(TrainingState next) {
 void FsdpUnit::Impl::start_gather(bool prefetch) {
   if (params.empty() || pending_gather || state == ShardState::UNSHARDED || shards_are_full()) return;
   RECORD_USER_SCOPE("FSDP::all_gather");
-  pending_gather =
-      foreach_all_gather(sharded_flat, shard_version(), compute_dtype(), compute_device, offloaded(), group);
+  if (float8_layout) {
+    update_float8_scales();
+    pending_gather = foreach_all_gather_bytes(sharded_flat, shard_version(), compute_dtype(), compute_device,
+                                              offloaded(), group, params, offsets, *float8_layout);
+  } else {
+    pending_gather =
+        foreach_all_gather(sharded_flat, shard_version(), compute_dtype(), compute_device, offloaded(), group);
+  }
   ++schedule->stats.all_gathers;
+  schedule->stats.all_gather_bytes += pending_gather->gathered.nbytes();
   if (prefetch) ++schedule->stats.prefetches;
   schedule->note_unsharded(1, full_bytes());
+}
+
+void FsdpUnit::Impl::update_float8_scales() {
+  const int64_t version = shard_version();
+  if (float8_scales_version >= 0 && version == float8_scales_version) return;
+  RECORD_USER_SCOPE("FSDP::float8_scales");
+  std::vector<at::Tensor> amax;
+  for (const FsdpParam& p : params) {
+    if (p.in_float8()) amax.push_back(p.shard_amax(compute_dtype()));
+  }
+  at::Tensor all = at::stack(amax).to(group.device());
+  group.all_reduce(all, dist::ReduceOp::MAX).wait();  // replicas hold the same shards: their amax is this one
+  const at::Tensor scales = nn::float8_scale(all, at::kFloat8_e4m3fn, /*power_of_2_scale=*/false).to(compute_device);
+  int64_t k = 0;
+  for (FsdpParam& p : params) {
+    if (p.in_float8()) p.set_float8_scale(scales[k++]);
+  }
+  float8_scales_version = version;
 }
 
 void FsdpUnit::Impl::discard_gather() {

@@ -85,8 +85,10 @@ struct CallBackward {
 };
 
 struct FsdpUnit::Impl : std::enable_shared_from_this<FsdpUnit::Impl> {
+  // `float8[i]`: the module whose float8 product reads params[i] (FsdpOptions::float8_all_gather), or null; empty
+  // for none.
   Impl(std::string module_name, std::vector<std::pair<std::string, at::Tensor>> params, dist::Communicator group,
-       FsdpOptions options);
+       FsdpOptions options, const std::vector<std::shared_ptr<torch::nn::Module>>& float8 = {});
 
   at::ScalarType compute_dtype() const;
   at::ScalarType reduce_dtype() const;
@@ -116,6 +118,9 @@ struct FsdpUnit::Impl : std::enable_shared_from_this<FsdpUnit::Impl> {
   // All-gathers: start_gather() issues one (asynchronously) unless one is pending; unshard() completes it (or
   // gathers now) and points the parameters at their full values; discard_gather() drops a pending one.
   void start_gather(bool prefetch);
+  // Float8 all-gather: the float8 parameters' scales from the MAX over the shard group of their shards' amax (one
+  // all-reduce), unless the shards are those they were computed from.
+  void update_float8_scales();
   void unshard();
   void reshard();
   void discard_gather();
@@ -152,6 +157,10 @@ struct FsdpUnit::Impl : std::enable_shared_from_this<FsdpUnit::Impl> {
   std::shared_ptr<RootState> schedule;
   std::vector<FsdpParam> params;
   std::vector<int64_t> offsets;  // each param's offset inside the unit's per-rank shard block
+  std::optional<ByteLayout> float8_layout;  // set when some parameter gathers in float8: the gathers are in bytes
+  // shard_version() the float8 scales were computed from; -1: none, or a backward has ended since (the optimizer
+  // may have stepped without changing that version).
+  int64_t float8_scales_version = -1;
   int64_t unit_shard_numel = 0;  // elements of this rank's shard block
   at::Tensor sharded_flat;       // (unit_shard_numel): the shards the optimizer updates, the parameters' dtype;
                                  // in host memory when offloaded, else on compute_device

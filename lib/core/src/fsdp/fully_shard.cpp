@@ -3,6 +3,7 @@
 #include <torch/nn/module.h>
 
 #include <cmath>
+#include <map>
 #include <set>
 #include <stdexcept>
 
@@ -49,11 +50,24 @@ FsdpUnit fully_shard(const std::shared_ptr<torch::nn::Module>& module, const dis
       schedule->units.push_back(inner->unit());
     }
   }
-  std::vector<std::pair<std::string, at::Tensor>> params;
-  for (const auto& item : module->named_parameters(/*recurse=*/true)) {
-    if (owned.count(item.value().unsafeGetTensorImpl()) == 0) params.emplace_back(item.key(), item.value());
+  // Float8 all-gather: the modules whose float8 product reads a weight, by that weight.
+  std::map<const c10::TensorImpl*, std::shared_ptr<torch::nn::Module>> float8_readers;
+  if (options.float8_all_gather) {
+    for (const auto& m : module->modules(/*include_self=*/true)) {
+      auto* cast = dynamic_cast<nn::Float8CastAhead*>(m.get());
+      if (cast && cast->float8_weight().defined()) float8_readers[cast->float8_weight().unsafeGetTensorImpl()] = m;
+    }
   }
-  auto unit = std::make_shared<FsdpUnit::Impl>(module->name(), std::move(params), group, options);
+  std::vector<std::pair<std::string, at::Tensor>> params;
+  std::vector<std::shared_ptr<torch::nn::Module>> float8;
+  for (const auto& item : module->named_parameters(/*recurse=*/true)) {
+    const c10::TensorImpl* impl = item.value().unsafeGetTensorImpl();
+    if (owned.count(impl) != 0) continue;
+    params.emplace_back(item.key(), item.value());
+    const auto reader = float8_readers.find(impl);
+    float8.push_back(reader == float8_readers.end() ? nullptr : reader->second);
+  }
+  auto unit = std::make_shared<FsdpUnit::Impl>(module->name(), std::move(params), group, options, float8);
   unit->schedule = schedule;
   schedule->units.push_back(unit);
   schedule->root = unit.get();

@@ -19,7 +19,10 @@ at::Tensor LinearImpl::forward(const at::Tensor& x) {
   // Transposed, linear's own transpose of matrix() is the stored (in, out) weight: the product reads it as it is.
   // Row-wise split, the adapter's term is a partial sum too (its A holds this rank's input features): it joins the
   // base product before the one reduction.
-  at::Tensor y = float8 ? nn::float8_linear(x, matrix(), bias_in_product(), *float8)
+  // A weight gathered in float8 (cast): its parameter holds no value meanwhile, the product reads the cast.
+  const nn::Float8Tensor cast_matrix{transposed && cast.data.defined() ? cast.data.t() : cast.data, cast.scale};
+  at::Tensor y = float8 ? nn::float8_linear(x, matrix(), bias_in_product(), *float8,
+                                            cast.data.defined() ? &cast_matrix : nullptr)
                        : at::linear(x, matrix(), bias_in_product());
   if (lora_A) {
     const at::Tensor dropped = lora_dropout > 0 && is_training() ? at::dropout(x, lora_dropout, true) : x;

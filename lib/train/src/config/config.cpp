@@ -431,6 +431,7 @@ std::vector<Field> train_fields(Config& c) {
                  {"tensorwise", parallel::Float8Recipe::TENSORWISE},
                  {"rowwise", parallel::Float8Recipe::ROWWISE}}),
       field("train.fp8_exclude", c.train.fp8_exclude),
+      field("train.fp8_all_gather", c.train.fp8_all_gather),
       field("train.stop_at", c.train.stop_at),
       field("train.eval_interval", c.train.eval_interval),
       field("train.eval_samples", c.train.eval_samples),
@@ -782,6 +783,24 @@ void validate_train(const Config& c) {
   require(c.train.max_skipped_steps >= 0, "train.max_skipped_steps", num(c.train.max_skipped_steps), "0 or positive");
   require(c.train.skip_window >= 1, "train.skip_window", num(c.train.skip_window), "at least 1 step");
   require(c.train.max_rollbacks >= 0, "train.max_rollbacks", num(c.train.max_rollbacks), "0 or positive");
+  if (c.train.fp8 && c.parallel.mixed_precision == parallel::Precision::FP16) {
+    throw ConfigError("train.fp8: " + parallel::to_string(*c.train.fp8) + " with parallel.mixed_precision: fp16 "
+                      "is refused: the float8 products write their outputs in float16, which overflows at 65504, "
+                      "and float16's loss scale multiplies the gradients they write; torchao trains float8 beside "
+                      "bf16 or float32 (use mixed_precision: bf16)");
+  }
+  if (c.train.fp8_all_gather && c.train.fp8 != parallel::Float8Recipe::TENSORWISE) {
+    throw ConfigError("train.fp8_all_gather: true needs train.fp8: tensorwise, and train.fp8 is " +
+                      (c.train.fp8 ? parallel::to_string(*c.train.fp8) : std::string("none")) +
+                      " (rowwise casts a weight per row forward and per column backward, so it gathers in bf16, as "
+                      "torchao's does)");
+  }
+  const parallel::Strategy strategy = c.parallel.strategy;
+  if (c.train.fp8_all_gather && (strategy == parallel::Strategy::DDP || strategy == parallel::Strategy::NO_SHARD)) {
+    throw ConfigError("train.fp8_all_gather: true needs a strategy that shards the weights; parallel.strategy is " +
+                      parallel::to_string(strategy) + ", which gathers nothing (use full_shard, shard_grad_op or "
+                      "hybrid_shard)");
+  }
 }
 void validate_allow_changes(const Config& c) {
   const std::vector<std::string> keys = key_paths();

@@ -11,6 +11,7 @@
 
 #include "shardtrain/fsdp/wrap_policy.h"
 #include "shardtrain/distributed/communicator.h"
+#include "shardtrain/models/float8.h"
 #include "shardtrain/models/layers.h"
 #include "shardtrain/models/pipeline_stage.h"
 #include "shardtrain/models/tensor_parallel.h"
@@ -48,6 +49,11 @@ void each_new_parameter(const torch::nn::Module& m, TensorSet& seen, F f) {
 ModelShape model_shape(const models::ModelRecipe& recipe, int64_t tp, const std::vector<models::StageLayers>& stages) {
   models::BuildOptions build = models::meta_build();
   build.stages = stages;
+  // Which projections float8 would convert, decided on the whole layers as the trainer does (before the split).
+  models::Float8Layers float8(parallel::Float8Recipe::TENSORWISE, {}, tp);
+  build.on_layer = [&](const std::string& name, const std::shared_ptr<torch::nn::Module>& layer) {
+    float8.convert(name, *layer);
+  };
   const auto root = recipe.build(build);
   if (tp > 1) {
     models::TensorParallelOptions split;
@@ -93,7 +99,14 @@ ModelShape model_shape(const models::ModelRecipe& recipe, int64_t tp, const std:
     }
     if (name != recipe.layer_class()) continue;
     shape.layer_numel.push_back(0), shape.layer_trainable.push_back(0);
+    shape.layer_float8.push_back(0), shape.layer_float8_io.push_back(0);
     count(*m, shape.layer_numel.back(), shape.layer_trainable.back());
+    for (const auto& sub : m->modules(/*include_self=*/false)) {
+      const auto* linear = dynamic_cast<const models::LinearImpl*>(sub.get());
+      if (linear == nullptr || !linear->float8) continue;
+      shape.layer_float8.back() += linear->weight.numel();
+      shape.layer_float8_io.back() += linear->matrix().size(0) + linear->matrix().size(1);
+    }
     if (first_layer == nullptr && !m->parameters().empty()) first_layer = m->parameters().front().unsafeGetTensorImpl();
   }
   // The root's own trainable parameters registered before the first layer's, its input side, but for the tables a

@@ -7,6 +7,7 @@
 #include <cmath>
 #include <cstdio>
 #include <map>
+#include <numeric>
 #include <optional>
 #include <stdexcept>
 
@@ -84,11 +85,13 @@ std::vector<GpuSpec> gpu_specs() {
   const std::string a100 = "fitted to torchtitan's Llama 2 and 3 runs on 64 A100-80GB";
   const std::string h100 = "fitted to torchtitan's Llama 3.1 runs on H100 (500 W)";
   return {
-      {"a100-40gb", "A100 SXM 40GB (NVLink 3)", 40 * kGiB, 312, 156, 150, 12, 0.8, a100},
-      {"a100-80gb", "A100 SXM 80GB (NVLink 3)", 80 * kGiB, 312, 156, 150, 12, 0.8, a100},
-      {"h100", "H100 SXM 80GB (NVLink 4)", 80 * kGiB, 989, 495, 225, 24, 0.4, h100},
-      {"h200", "H200 SXM 141GB (NVLink 4)", 140 * kGiB, 989, 495, 225, 24, 0.4, "H100's (no published run on H200)"},
-      {"l40s", "L40S 48GB (PCIe 4, no NVLink)", 45 * kGiB, 362, 183, 12, 12, 0.45, "not fitted (no published run)"},
+      {"a100-40gb", "A100 SXM 40GB (NVLink 3)", 40 * kGiB, 312, 156, 150, 12, 0.8, a100, 0, 1555},
+      {"a100-80gb", "A100 SXM 80GB (NVLink 3)", 80 * kGiB, 312, 156, 150, 12, 0.8, a100, 0, 2039},
+      {"h100", "H100 SXM 80GB (NVLink 4)", 80 * kGiB, 989, 495, 225, 24, 0.4, h100, 1979, 3350},
+      {"h200", "H200 SXM 141GB (NVLink 4)", 140 * kGiB, 989, 495, 225, 24, 0.4, "H100's (no published run on H200)",
+       1979, 4800},
+      {"l40s", "L40S 48GB (PCIe 4, no NVLink)", 45 * kGiB, 362, 183, 12, 12, 0.45, "not fitted (no published run)",
+       733, 864},
   };
 }
 
@@ -125,6 +128,7 @@ Cluster with_gpu(Cluster cluster, const GpuSpec& gpu) {
   cluster.peak_tflops_bf16 = gpu.peak_tflops_bf16, cluster.peak_tflops_fp32 = gpu.peak_tflops_fp32;
   cluster.intra_node_gbps = gpu.intra_node_gbps, cluster.pcie_gbps = gpu.pcie_gbps;
   cluster.efficiency = gpu.efficiency;
+  cluster.peak_tflops_fp8 = gpu.peak_tflops_fp8, cluster.hbm_gbps = gpu.hbm_gbps;
   return cluster;
 }
 
@@ -202,7 +206,25 @@ PlannedConfig predict(const models::ModelRecipe& recipe, const ModelShape& shape
   // Gradient accumulation: A micro-batches a step, each computed and its units gathered; the gradients reduced (and
   // the optimizer stepped) once.
   const double A = static_cast<double>(std::max<int64_t>(job.grad_accum, 1));
-  p.compute_seconds = A * flops * share / tp / (peak * efficiency) / (1 - bubble);
+  // Float8 (train.fp8): the converted projections' three GEMMs (6 FLOPs a weight a token, replayed with their
+  // layer) at the float8 peak — bf16's on a GPU without float8 tensor cores —, and their operands' casts, which
+  // only move bytes (Cluster::float8_cast_bytes an element): a projection's input (for forward, and again for the
+  // weight's gradient) and its output's gradient (once for each product); its weight forward and backward (with
+  // the float8 all-gather, a shard's once a gather).
+  const double float8_weights = static_cast<double>(
+      std::accumulate(shape.layer_float8.begin(), shape.layer_float8.end(), int64_t{0}));  // a tensor rank's
+  double flops8 = 0, casts = 0;
+  if (job.float8) {
+    const double io = static_cast<double>(
+        std::accumulate(shape.layer_float8_io.begin(), shape.layer_float8_io.end(), int64_t{0}));
+    const double shard = static_cast<double>(std::max<int64_t>(job.world / job.tp / job.pipeline.ranks, 1));
+    const double weights = job.float8_all_gather ? 2 * float8_weights / shard : 2 * float8_weights;
+    flops8 = std::min(flops, 6 * float8_weights * tp * tokens * (1 + replayed));
+    casts = cluster.float8_cast_bytes * (2 * io * tokens + weights * M) * (1 + replayed) / (cluster.hbm_gbps * 1e9);
+  }
+  const double peak8 = (cluster.peak_tflops_fp8 > 0 ? cluster.peak_tflops_fp8 : cluster.peak_tflops_bf16) * 1e12;
+  p.compute_seconds =
+      A * share * (((flops - flops8) / peak + flops8 / peak8) / tp / efficiency + casts) / (1 - bubble);
 
   // Parameters are gathered, gradients reduced over the data-parallel ranks: all of a rank's (its slices under
   // tensor parallelism; its stages' in a pipeline), and the trainable ones (LoRA: the adapters alone). A pipeline's
@@ -221,7 +243,11 @@ PlannedConfig predict(const models::ModelRecipe& recipe, const ModelShape& shape
   // All-gathered per step: every parameter for forward and again for backward when resharded after forward, once
   // when not — and a unit called twice (FLAVA's encoders) once more in each (P2).
   const double P2 = static_cast<double>(p.memory.parameters_called_twice);
-  const double resharding = (P + P2) * ce * 2 * M, keeping = (P + P2) * ce * M;
+  // The float8 all-gather's projections in one byte an element.
+  const double gathered_ce = job.float8_all_gather && shape.parameters() > 0
+                                 ? ce - (ce - 1) * float8_weights / static_cast<double>(shape.parameters())
+                                 : ce;
+  const double resharding = (P + P2) * gathered_ce * 2 * M, keeping = (P + P2) * gathered_ce * M;
   // Gradients reduced once a step, or (a pipeline's train.sync_each_batch) after every microbatch.
   const double reductions = piped && job.sync_each_batch ? A * M : 1;
   double comm = 0;
@@ -344,6 +370,10 @@ std::vector<PlannedConfig> plan_configurations(const models::ModelRecipe& recipe
                 if (!fsdp && (offload || wrap == parallel::Wrap::NONE)) continue;  // DDP has neither
                 if (tp > 1 && (offload || wrap == parallel::Wrap::NONE)) continue;
                 if (precision.param_bytes == 2 && offload) continue;  // AnyPrecision's host step is not priced
+                // float8 beside bf16 (torchao's; the trainer refuses it beside float16's loss scaling)
+                if (cluster.float8 && precision.mixed == parallel::Precision::NO && precision.param_bytes == 4) {
+                  continue;
+                }
                 if (pp > 1 && (!fsdp || offload || wrap == parallel::Wrap::NONE || activation_offload)) continue;
                 TrainingJob job;
                 job.world = cluster.gpus, job.nodes = cluster.nodes, job.strategy = strategy, job.wrap = wrap;
@@ -354,6 +384,10 @@ std::vector<PlannedConfig> plan_configurations(const models::ModelRecipe& recipe
                 job.activation_checkpointing = ac_every > 0, job.checkpoint_every = std::max<int64_t>(ac_every, 1);
                 job.activation_offload = activation_offload, job.optimizer_on_disk = disk;
                 job.seq_len = tokens_of(recipe, cluster.seq_len), job.device = parallel::Device::CUDA;
+                job.float8 = cluster.float8;
+                job.float8_all_gather = cluster.float8_all_gather &&
+                                        cluster.float8 == parallel::Float8Recipe::TENSORWISE && fsdp &&
+                                        strategy != parallel::Strategy::NO_SHARD;
                 if (pp > 1) {
                   job.pipeline.kind = parallel::PipelineSchedule::ONE_F_ONE_B;
                   job.pipeline.ranks = static_cast<int>(pp), job.pipeline.microbatches = static_cast<int>(4 * pp);
@@ -507,6 +541,8 @@ std::string trainer_yaml(const std::string& model, const PlannedConfig& c, const
   std::string parallel_lines = "parallel:\n  mixed_precision: " + parallel::to_string(j.mixed_precision) + "\n";
   if (j.optimizer_on_disk) parallel_lines += "  nvme_path: /local/nvme  # a directory on a local disk\n";
   std::string train_lines = "train:\n  device: cuda\n";
+  if (j.float8) train_lines += "  fp8: " + parallel::to_string(*j.float8) + "\n";
+  if (j.float8_all_gather) train_lines += "  fp8_all_gather: true\n";
   for (const auto& [path, value] : layout_keys(j)) {
     const bool in_train = path.rfind("train.", 0) == 0;
     (in_train ? train_lines : parallel_lines) += "  " + path.substr(path.find('.') + 1) + ": " + value + "\n";

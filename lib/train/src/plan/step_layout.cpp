@@ -15,14 +15,15 @@ namespace shardtrain::plan {
 Units units_of(const ModelShape& shape, parallel::Wrap wrap) {
   Units u;
   if (wrap != parallel::Wrap::NONE) {
-    u.numel = shape.layer_numel, u.trainable = shape.layer_trainable;
-    u.numel.push_back(shape.root_numel), u.trainable.push_back(shape.root_trainable);
+    u.numel = shape.layer_numel, u.trainable = shape.layer_trainable, u.float8 = shape.layer_float8;
+    u.numel.push_back(shape.root_numel), u.trainable.push_back(shape.root_trainable), u.float8.push_back(0);
     u.extra_numel = shape.extra_numel, u.extra_trainable = shape.extra_trainable;
     u.input_numel = shape.input_numel, u.input_trainable = shape.input_trainable;
     u.output_numel = shape.output_numel, u.output_trainable = shape.output_trainable;
     return u;
   }
-  return {{shape.parameters()}, {shape.trainable()}};
+  return {{shape.parameters()}, {shape.trainable()},
+          {std::accumulate(shape.layer_float8.begin(), shape.layer_float8.end(), int64_t{0})}};
 }
 
 // DDP's buckets (ddp::replicate): the trainable tensors in reverse registration order (backward's), a bucket closed
@@ -160,14 +161,22 @@ void lay_out_gathered(StepLayout& s) {
   s.gathers = s.shard > 1 || s.ce != s.pe || s.offload;
   s.reshard = fsdp::reshards_after_forward(job.strategy);
   const int64_t ce = s.gathers ? s.ce : 0;
-  s.root_g = (s.root_unit - uncast_root) * ce, s.layer_g = s.largest_layer * ce;
+  // train.fp8_all_gather: a unit's float8 projections gathered in one byte an element, the rest in the compute
+  // dtype (fsdp::FsdpOptions::float8_all_gather; an FSDP strategy, which the config requires).
+  const int64_t f8 = job.float8_all_gather && s.gathers ? 1 : ce;
+  auto gathered = [&](size_t unit) { return (units.numel[unit] - units.float8[unit]) * ce + units.float8[unit] * f8; };
+  s.root_g = (s.root_unit - uncast_root) * ce - units.float8.back() * (ce - f8);
+  s.layer_g = 0;
+  for (size_t u = 0; u < units.numel.size(); ++u) s.unit_g.push_back(gathered(u));
+  for (size_t l = 0; l + 1 < units.numel.size(); ++l) s.layer_g = std::max(s.layer_g, s.unit_g[l]);
   // The extra units are gathered only while they compute (a no-grad forward reshards at once, whatever the
   // strategy): at the start of forward (FLAVA's codebook).
   s.extra_g = units.extra_numel * ce;
   // The edge units (Llama's embedding and head): the input one gathered for its forward, the first, and again for
   // its backward, the last; the output one for the loss and its backward, the first.
   s.in_g = (units.input_numel - uncast_input) * ce, s.out_g = units.output_numel * ce;
-  s.all_g = (s.parameters - units.extra_numel - uncast_root - uncast_input) * ce;
+  const int64_t float8 = std::accumulate(units.float8.begin(), units.float8.end(), int64_t{0});
+  s.all_g = (s.parameters - units.extra_numel - uncast_root - uncast_input) * ce - float8 * (ce - f8);
   s.held_g = s.reshard ? s.root_g + s.out_g : s.all_g;  // gathered at the loss and as backward starts
   // Full gradients wait for their reduction in a sharded unit, or a replicated one (NO_SHARD over several ranks):
   // a layer's (in the walk), and the root's until the end of backward.
@@ -282,7 +291,7 @@ models::ActivationQuery activation_query(const TrainingJob& job) {
   // DDP computes under autocast (train/parallel_model.cpp)
   query.autocast = job.strategy == parallel::Strategy::DDP && job.mixed_precision != parallel::Precision::NO;
   query.tp = job.tp, query.sequence_parallel = job.sequence_parallel && job.tp > 1;
-  query.float8 = job.float8;
+  query.float8 = job.float8.has_value();
   return query;
 }
 

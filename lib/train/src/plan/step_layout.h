@@ -18,6 +18,7 @@ namespace shardtrain::plan {
 // unit.
 struct Units {
   std::vector<int64_t> numel, trainable;  // per unit, the root last; trainable: gradients and AdamW state
+  std::vector<int64_t> float8;             // per unit, what float8 converts (ModelShape::layer_float8)
   int64_t extra_numel = 0, extra_trainable = 0;  // the extra units together (not in numel)
   int64_t input_numel = 0, input_trainable = 0, output_numel = 0, output_trainable = 0;  // edge units (not in numel)
 };
@@ -57,6 +58,7 @@ struct StepLayout {
   // and what stays gathered at the loss and as backward starts.
   bool gathers = false, reshard = false;
   int64_t root_g = 0, layer_g = 0, extra_g = 0, in_g = 0, out_g = 0, all_g = 0, held_g = 0;
+  std::vector<int64_t> unit_g;  // each unit's, as Units::numel (float8 projections in one byte where gathered so)
   // Full gradients waiting for their reduction: the root's and the input edge unit's.
   bool replicated_fsdp = false, reduces = false;
   int64_t root_full_grads = 0, in_full_grads = 0;

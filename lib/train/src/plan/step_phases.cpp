@@ -196,6 +196,7 @@ class LayerWalk {
     return own_units_ ? per_unit[static_cast<size_t>(layers_ - std::min(i, layers_))] : largest;
   }
   int64_t walk_numel(int64_t i) const { return walk_unit(s_.units.numel, s_.largest_layer, i); }
+  int64_t walk_g(int64_t i) const { return walk_unit(s_.unit_g, s_.layer_g, i); }  // its gathered bytes
 
   Layer enter(int64_t i) {
     const StepLayout& s = s_;
@@ -207,7 +208,7 @@ class LayerWalk {
                                     : i < layers_         ? s.layer_kept[static_cast<size_t>(layers_ - i - 1)]
                                                           : 0;
     l.runs_again = pairs_ && activations.runs_again, l.ran_before = pairs_ && activations.ran_before;
-    l.own_g = s.gathers ? walk_numel(i) * s.ce : 0;
+    l.own_g = walk_g(i);
     l.waiting_grads = s.reduces ? waiting_numel_ * s.ce : 0;
     waiting_now_ = l.waiting_grads;
     // Gradients not reduced unit by unit (one rank, DDP) are .grad from the moment they are made: the head's (the
@@ -223,14 +224,14 @@ class LayerWalk {
     // edge unit resharded after its own, the input one gathered to the end), a layer run twice until its second
     // run's: its first run's gathers it again, and the one before prefetches it. The first layer prefetches the
     // input edge unit where there is one.
-    l.next = i < layers_ || s.in_g == 0 ? (s.gathers ? walk_numel(i + 1) * s.ce : 0) : s.in_g;
+    l.next = i < layers_ || s.in_g == 0 ? walk_g(i + 1) : s.in_g;
     // Offloaded, a gather copies the unit's shard to the device first (fsdp::foreach_all_gather), the collective
     // holding it until the gathered parameters are taken: the prefetched one's, through this layer's backward.
     if (s.offload && s.reshard && l.next > 0) l.next += ceil_div(l.next, s.shard);
     l.next_again =
         i < layers_ && pairs_ && s.act.layers[static_cast<size_t>(layers_ - i - 1)].runs_again ? l.next : 0;
-    l.above_g = s.gathers ? above_numel_ * s.ce : 0;
-    const int64_t waiting_g = s.gathers ? waiting_numel_ * s.ce : 0;
+    l.above_g = above_g_;
+    const int64_t waiting_g = waiting_g_;
     l.gathered = s.reshard ? s.root_g + l.own_g + l.next
                            : std::max<int64_t>(s.all_g - s.out_g - l.above_g - waiting_g +
                                                    (l.runs_again ? l.own_g : 0) + l.next_again,
@@ -285,11 +286,13 @@ class LayerWalk {
     if (!l.runs_again) grad_shards_ += ceil_div(walk_numel(i), s_.shard);
     if (l.runs_again) parameters_called_twice_ += walk_numel(i);
     if (l.ran_before) {  // waits for its first run: no reduction yet
-      waiting_.push_back(walk_numel(i)), waiting_numel_ += walk_numel(i);
+      waiting_.push_back({walk_numel(i), walk_g(i)}), waiting_numel_ += walk_numel(i), waiting_g_ += walk_g(i);
       return false;
     }
-    if (l.runs_again && !waiting_.empty()) waiting_numel_ -= waiting_.front(), waiting_.pop_front();
-    above_numel_ += walk_numel(i);
+    if (l.runs_again && !waiting_.empty()) {
+      waiting_numel_ -= waiting_.front().first, waiting_g_ -= waiting_.front().second, waiting_.pop_front();
+    }
+    above_g_ += walk_g(i);
     return true;
   }
 
@@ -306,7 +309,7 @@ class LayerWalk {
     const int64_t gathered =
         s.reshard ? s.root_g + l.next
                   : std::max<int64_t>(s.all_g - s.out_g - l.above_g -
-                                          (s.gathers ? (walk_numel(i) + waiting_numel_) * s.ce : 0) + l.next_again,
+                                          (walk_g(i) + waiting_g_) + l.next_again,
                                       s.root_g + s.in_g);
     const int64_t trainable = walk_unit(s.units.trainable, s.largest_layer_trainable, i);
     const int64_t grads_so_far = std::min(l.done, s.new_grads);
@@ -362,10 +365,11 @@ class LayerWalk {
   const int64_t layers_;
   bool own_units_ = false, pairs_ = false;
   int64_t below_kept_ = 0;       // what the layers not done yet keep, this one's included
-  int64_t above_numel_ = 0;      // the parameters of the layers done (their units complete)
+  int64_t above_g_ = 0;          // the gathered bytes of the layers done (their units complete)
   int64_t grad_shards_ = 0;      // the gradient elements the layers walked have made (a layer run twice: once)
-  std::deque<int64_t> waiting_;  // the units of layers run twice waiting for their first run, in order
-  int64_t waiting_numel_ = 0;
+  // The units of layers run twice waiting for their first run, in order: (elements, gathered bytes).
+  std::deque<std::pair<int64_t, int64_t>> waiting_;
+  int64_t waiting_numel_ = 0, waiting_g_ = 0;
   int64_t waiting_now_ = 0;      // of the layer gradients, the partial ones of layers run twice
   int64_t parameters_called_twice_ = 0;
   int64_t best_ = 0;

@@ -67,6 +67,7 @@ ChosenLayout choose_layout(const config::Config& given, const models::ModelRecip
   cluster.gpus = job.world, cluster.nodes = job.nodes;
   cluster.gpu_memory = budget, cluster.memory_margin = margin;
   cluster.seq_len = given.data.max_text_length;
+  cluster.float8 = given.train.fp8, cluster.float8_all_gather = given.train.fp8_all_gather;
   const bool batch_auto = given.train.batch_size == config::kAutoBatch;
   if (!batch_auto) cluster.global_batch = given.train.batch_size * given.train.grad_accum * job.world;
   // The config's precision: its mixed precision (fp16 priced as bf16: the same bytes and peak) and parameter bytes.

@@ -89,6 +89,7 @@ models::ParallelizeOptions parallelize_options(const Config& c) {
   o.fsdp.limit_all_gathers = c.parallel.limit_all_gathers;
   o.fsdp.backward_prefetch = backward_prefetch_of(c.parallel.backward_prefetch);
   o.fsdp.offload_params = c.parallel.offload != parallel::Offload::NONE;
+  o.fsdp.float8_all_gather = c.train.fp8_all_gather;
   o.activation_offload = c.parallel.activation_offload;
   o.layer_classes = c.parallel.layer_classes;
   o.activation_checkpoint_every =

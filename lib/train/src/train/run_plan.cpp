@@ -45,7 +45,8 @@ plan::TrainingJob job_of(const config::Config& c) {
   job.activation_offload = c.parallel.activation_offload;
   job.bucket_cap_mb = c.parallel.bucket_cap_mb, job.gradient_as_bucket_view = c.parallel.gradient_as_bucket_view;
   job.tp = c.parallel.tp_size, job.sequence_parallel = c.parallel.sequence_parallel;
-  job.float8 = c.train.fp8.has_value();
+  job.float8 = c.train.fp8;
+  job.float8_all_gather = c.train.fp8_all_gather;
   if (c.parallel.pp_size > 1) {
     job.pipeline = config::pipeline_shape(c), job.pipeline_split_points = c.parallel.pp_split_points;
   }

@@ -137,6 +137,15 @@ struct Job {
       at::globalContext().setAllowTF32CuBLAS(c.train.tf32);
       at::globalContext().setAllowTF32CuDNN(c.train.tf32);
     }
+    if (device.is_cuda() && c.train.fp8) {  // _scaled_mm needs float8 tensor cores: compute capability 8.9 and up
+      const cuda::DeviceProperties gpu = cuda::device_properties(device.index());
+      if (gpu.major * 10 + gpu.minor < 89) {
+        throw std::invalid_argument("train.fp8: " + parallel::to_string(*c.train.fp8) + " needs float8 tensor cores "
+                                    "(compute capability 8.9 or more: Ada, Hopper, Blackwell); " + gpu.name +
+                                    " is " + std::to_string(gpu.major) + "." + std::to_string(gpu.minor) +
+                                    " (train without train.fp8 there)");
+      }
+    }
     if (pg.world_size() > 1) {
       const auto timeout = init_options(c, device, env).timeout;
       heartbeat = std::make_unique<dist::Heartbeat>(pg, dist::heartbeat_options_for(timeout), end_for_stuck_peer);
@@ -276,6 +285,10 @@ void describe_start(const Config& c, const Job& job, ParallelModel& model, const
     for (const std::string& rule : model.tensor_parallel()->describe()) job.logger.info("    " + rule);
   }
   if (model.float8()) job.logger.info("  " + model.float8()->describe());
+  if (model.float8() && c.train.fp8_all_gather) {
+    job.logger.info("  float8 all-gather: those projections' weights gathered in e4m3 with one scale each (1 byte "
+                    "an element)");
+  }
   if (pipeline) {
     const pp::ScheduleShape& shape = pipeline->schedule().shape;
     const std::string across = mesh.tp_size() > 1 ? " x " + std::to_string(mesh.tp_size()) + " tensor-parallel" : "";

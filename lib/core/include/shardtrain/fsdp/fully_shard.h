@@ -89,6 +89,14 @@ struct FsdpOptions {
   // to the compute device first, and reduced gradients come back to the CPU; the optimizer steps on the CPU. The
   // compute device is where the parameters are when fully_shard is called; for a model on the CPU nothing moves.
   bool offload_params = false;
+  // Float8 all-gather (torchao's enable_fsdp_float8_all_gather): the weights of the unit's float8 products
+  // (modules that are nn::Float8CastAhead with a float8_weight()) are cast to e4m3 before the all-gather — one scale
+  // for each whole weight, 448 over the MAX of the ranks' amax in the compute dtype, one all-reduce for the unit,
+  // computed at the first gather after each backward (once a step, torchao's precomputed dynamic scale) or after
+  // the shards change — and gathered so: one byte an element against bf16's two, and no compute-dtype copy of those
+  // weights while unsharded. The product is the one a gather in the compute dtype then the layer's own cast
+  // computes, bit for bit. The unit's other parameters gather in the compute dtype in the same collective.
+  bool float8_all_gather = false;
 };
 
 // Memory effect of each state, per rank: SHARDED holds the shards only; UNSHARDED adds the full parameters.
@@ -105,7 +113,8 @@ class FsdpUnit {
   std::vector<std::string> parameter_names() const;
   int64_t sharded_numel() const;  // elements of all this unit's shards on this rank (padding included)
   int64_t full_numel() const;     // elements of the unit's parameters, unsharded
-  // Gathers the full parameters (collective over the group) / frees them again.
+  // Gathers the full parameters (collective over the group) / frees them again. Under float8_all_gather a float8
+  // weight is then its module's cast (the parameter holds no value): gather_full_parameters reads values.
   void unshard();
   void reshard();
   // false: backward keeps this unit's full gradients (summed over backward passes) instead of reducing them;
@@ -165,6 +174,7 @@ class NoSync {
 // The runtime's own instrumentation for the units of one root (the unit fully_shard'ed around the others).
 struct FsdpStats {
   int64_t all_gathers = 0;           // parameter all-gathers issued (prefetched ones included)
+  int64_t all_gather_bytes = 0;      // what those all-gathers brought in (W x a rank's block), summed
   int64_t prefetches = 0;            // all-gathers issued ahead of the unit's use
   int64_t stale_prefetches = 0;      // prefetched shards changed before use (gathered again)
   int64_t reduce_scatters = 0;       // gradient reduce-scatters issued (none by a group of one without replicas)

@@ -36,6 +36,11 @@ struct Float8Tensor {
 // clamp(float32(x) * scale, -max, max) in `dtype`. Throws std::invalid_argument for a dtype that is not float8 or
 // x not 2-D.
 Float8Tensor to_float8(const at::Tensor& x, at::ScalarType dtype, int64_t dim, bool power_of_2_scale);
+// Its two halves, for a tensor whose amax is put together elsewhere (FSDP's float8 all-gather: the MAX over the
+// ranks' shards): the scale of an amax (float32, any shape), and x of any shape cast with a scale that broadcasts
+// against it. to_float8(x) is cast_to_float8(x, float8_scale(amax of x)).
+at::Tensor float8_scale(const at::Tensor& amax, at::ScalarType dtype, bool power_of_2_scale);
+at::Tensor cast_to_float8(const at::Tensor& x, const at::Tensor& scale, at::ScalarType dtype);
 
 // a (M, K) @ b (K, N) from float8 operands, each divided by its scale (a scalar, or a's (M, 1) and b's (1, N)), in
 // `out_dtype`. Layouts are made what _scaled_mm takes (a row-major, b column-major).
@@ -43,8 +48,26 @@ at::Tensor float8_mm(const Float8Tensor& a, const Float8Tensor& b, at::ScalarTyp
 
 // x (..., in) W^T (out, in) + bias (out, or undefined) with the GEMMs in float8 as `recipe` says (above); the
 // gradients of x, W and the bias as autograd's, the weight's in its own dtype. x's dtype is the GEMMs' output's.
-// Throws std::invalid_argument naming the sizes when x's last dimension is not W's.
+// `weight_cast` (tensorwise only): W already cast, (out, in) e4m3 with one scale — what FSDP's float8 all-gather
+// gathered —, used for both products that read W, whose value is then not read (W stays the product's input, for
+// its gradient). Throws std::invalid_argument naming the sizes when x's last dimension is not W's, and for a
+// weight_cast under the rowwise recipe (which casts W per row forward and per column backward).
 at::Tensor float8_linear(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias,
-                         parallel::Float8Recipe recipe);
+                         parallel::Float8Recipe recipe, const Float8Tensor* weight_cast = nullptr);
+
+// A module whose float8 product reads a weight that can be cast before its call (models::LinearImpl under the
+// tensorwise recipe). FSDP's float8 all-gather (fsdp::FsdpOptions::float8_all_gather) finds these in a unit and
+// gathers their weights in float8: half the bytes of bf16, and no high-precision copy of the full weight.
+class Float8CastAhead {
+ public:
+  virtual ~Float8CastAhead() = default;
+  // The parameter the float8 product reads, as registered; undefined when there is none (another precision, or
+  // the rowwise recipe).
+  virtual at::Tensor float8_weight() const = 0;
+  // Set by FSDP while the unit is unsharded: float8_weight()'s full value in e4m3 as the parameter stores it, with
+  // its one scale; undefined otherwise. While it is set the parameter's own data is not the weight
+  // (lib/core/src/fsdp/fsdp_param.h): the module computes from this.
+  Float8Tensor cast;
+};
 
 }  // namespace shardtrain::nn

@@ -19,7 +19,9 @@ namespace shardtrain::models {
 
 // y = x W^T + b. weight (out, in), bias (out); transposed: weight (in, out), y = x W + b, as Hugging Face's Conv1D
 // (GPT-2) stores it, so that its files load, shard by rows and save as they are.
-class LinearImpl : public torch::nn::Module {
+// Under the tensorwise float8 recipe its weight can be gathered already cast (nn::Float8CastAhead: FSDP's float8
+// all-gather).
+class LinearImpl : public torch::nn::Module, public nn::Float8CastAhead {
  public:
   LinearImpl(int64_t in_features, int64_t out_features, bool bias, const torch::TensorOptions& options,
              bool transposed = false);
@@ -45,9 +47,12 @@ class LinearImpl : public torch::nn::Module {
   at::Tensor bias_in_product() const { return reduce_partial ? at::Tensor() : bias; }
   at::Tensor finish_product(const at::Tensor& y) const;
 
-  // Set by models::convert_to_float8: the base product's GEMMs in float8 with this recipe (nn/float8_linear.h); an
+  // Set by models::Float8Layers: the base product's GEMMs in float8 with this recipe (nn/float8_linear.h); an
   // adapter's stay in the activations' dtype. Unset: in the activations' dtype.
   std::optional<parallel::Float8Recipe> float8;
+  at::Tensor float8_weight() const override {
+    return float8 == parallel::Float8Recipe::TENSORWISE ? weight : at::Tensor();
+  }
 };
 TORCH_MODULE(Linear);
 

@@ -276,6 +276,9 @@ struct TrainConfig {
   // activations' dtype. fp8_exclude: module names, or their prefixes, kept in high precision ("layers.0").
   std::optional<parallel::Float8Recipe> fp8;
   std::vector<std::string> fp8_exclude;
+  // FSDP's float8 all-gather (fsdp::FsdpOptions::float8_all_gather): the float8 projections' weights gathered in
+  // e4m3, half bf16's bytes; tensorwise under a strategy that shards only.
+  bool fp8_all_gather = false;
   int64_t stop_at = 0;        // end this run after this step, with a checkpoint (a time-limited job that resumes
                               // later); 0: run to `steps`. The schedule still spans `steps`.
   int64_t eval_interval = 0;  // steps between evaluations on data.eval; 0: at the end only

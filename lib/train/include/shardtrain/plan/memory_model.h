@@ -19,6 +19,7 @@
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -37,7 +38,10 @@ struct TrainingJob {
   // split on the sequence too.
   int64_t tp = 1;
   bool sequence_parallel = false;
-  bool float8 = false;  // train.fp8: the transformer layers' projections in float8 (ActivationQuery::float8)
+  // train.fp8: the transformer layers' projections in float8 with this recipe (ActivationQuery::float8); unset: none.
+  std::optional<parallel::Float8Recipe> float8;
+  // train.fp8_all_gather: FSDP gathers those projections' weights in e4m3 (ModelShape::layer_float8).
+  bool float8_all_gather = false;
   // Pipeline parallelism (pp/schedule.h): pipeline.ranks ranks each holding its stages of the model (cut by
   // pipeline_stages), a rank's batch in pipeline.microbatches run by pipeline.kind; the strategy over the world /
   // (tp x pipeline.ranks) ranks of a stage. The estimate is that of the pipeline rank needing most
@@ -111,6 +115,12 @@ struct MemoryEstimate {
 // The model's parameters per FSDP unit (built once on the meta device; estimates for many jobs share it).
 struct ModelShape {
   std::vector<int64_t> layer_numel, layer_trainable;  // per transformer layer
+  // Per transformer layer, the elements of the projections train.fp8 converts (models::Float8Layers' rule, no
+  // exclusions): those FSDP's float8 all-gather gathers in one byte.
+  std::vector<int64_t> layer_float8;
+  // Per transformer layer, those projections' input and output features summed (in + out of each): the elements
+  // of a token's activations and gradients their float8 casts read (the planner's throughput model).
+  std::vector<int64_t> layer_float8_io;
   int64_t root_numel = 0, root_trainable = 0;         // what no unit holds (embeddings, heads)
   // The recipe's extra units (ModelRecipe::extra_unit_classes: FLAVA's frozen codebook), all together: gathered
   // only while they compute, at the start of forward, without gradients.

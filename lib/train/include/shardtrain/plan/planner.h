@@ -49,6 +49,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -66,6 +67,12 @@ struct Cluster {
   double memory_margin = 0.05;      // kept free beyond the estimate (which has the CUDA allocator's allowance)
   double peak_tflops_bf16 = 312;    // A100's dense bf16/fp16
   double peak_tflops_fp32 = 156;    // A100's TF32 (float32 matmuls with train.tf32, the FLAVA post's setting)
+  double peak_tflops_fp8 = 0;       // float8 tensor cores' dense peak; 0: none (A100: float8 GEMMs at bf16's)
+  double hbm_gbps = 1555;           // GB/s of device memory (A100 40GB): float8's casts, which only move bytes
+  // Bytes of device memory a float8 cast moves an element of bf16: nn::to_float8's passes — the amax (read 2), the
+  // scaled product in float32 (read 2, write 4), clamped in place (read 4, write 4), the cast (read 4, write 1) —
+  // 21; a fused cast (torch.compile's: read twice, write once) 5.
+  double float8_cast_bytes = 21;
   double efficiency = 0.8;          // achieved / peak FLOP/s of the computation itself, large and wide (the preset's)
   double half_efficiency_tokens = 512;   // tokens per GPU per micro-batch at which half of `efficiency` is reached
   double half_efficiency_width = 256;    // layer width at which half of `efficiency` is reached
@@ -81,6 +88,11 @@ struct Cluster {
   // Samples an optimizer step, over all data-parallel ranks: each configuration splits it into micro-batches x
   // accumulation x data-parallel ranks (split_global_batch). 0: each at its largest batch, no accumulation.
   int64_t global_batch = 0;
+  // train.fp8: every configuration trains the transformer layers' projections in float8 with this recipe; unset:
+  // none. float8_all_gather: tensorwise under a strategy that shards, their weights gathered in float8
+  // (train.fp8_all_gather; torchtitan's setting).
+  std::optional<parallel::Float8Recipe> float8;
+  bool float8_all_gather = true;
 };
 
 struct PlannedConfig {
@@ -94,15 +106,16 @@ struct PlannedConfig {
   double mfu = 0;               // tflops_per_gpu over the GPU's peak at the job's precision
 };
 
-// A GPU's constants for the planner: dense peak FLOP/s (bf16, TF32 for float32 matmuls), memory, the bandwidth each
-// GPU moves in a collective within a node (NVLink's effective all-reduce rate, or PCIe's without it) and to the
-// host.
+// A GPU's constants for the planner: dense peak FLOP/s (bf16, TF32 for float32 matmuls, float8), memory and its
+// bandwidth, the bandwidth each GPU moves in a collective within a node (NVLink's effective all-reduce rate, or
+// PCIe's without it) and to the host.
 struct GpuSpec {
   std::string name, description;
   int64_t memory = 0;  // bytes
   double peak_tflops_bf16 = 0, peak_tflops_fp32 = 0, intra_node_gbps = 0, pcie_gbps = 0;
   double efficiency = 0;  // Cluster::efficiency on this GPU
   std::string efficiency_from;  // what `efficiency` was fitted to, or that it was not
+  double peak_tflops_fp8 = 0, hbm_gbps = 0;  // Cluster's
 };
 // The presets, in the order `plan --help` lists them.
 std::vector<GpuSpec> gpu_specs();

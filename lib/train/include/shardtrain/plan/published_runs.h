@@ -25,8 +25,9 @@ struct PublishedRun {
   double unpriced_speedup = 1;
 };
 
-// torchtitan's published Llama runs our features cover (FSDP, tensor parallelism within a node, activation
-// checkpointing of every layer or every other; not torch.compile, float8 or context parallelism).
+// torchtitan's published Llama runs our features cover (FSDP, tensor and pipeline parallelism, activation
+// checkpointing of every layer or every other, Float8 linears; not torch.compile, asynchronous TP or context
+// parallelism, whose gains are held apart: unpriced_speedup).
 std::vector<PublishedRun> published_runs();
 
 struct PublishedCheck {
