@@ -1998,7 +1998,8 @@ TEST_F(TrainTest, Float8TrainsAsBf16Does) {
 
 // train.fp8_all_gather: the float8 projections' weights gathered in e4m3 train llama-debug exactly as gathering in
 // bf16 and casting after (the same losses at every logged step), under FULL_SHARD and beside tensor parallelism; the
-// start-up says so, and the runs it cannot help are refused with the reason: rowwise, DDP, float16.
+// start-up says so; a run stopped and resumed ends where one run does, its checkpoints in float32; and the runs it
+// cannot help are refused with the reason: rowwise, DDP, float16.
 TEST_F(TrainTest, Float8AllGatherTrainsAsTheCastAfterTheGather) {
   const std::string common = std::string(SHARDTRAIN_BIN) + " train " + root_ +
                              "/config.yaml --model.flavor=llama-debug '--model.overrides={layers: 4}' --data.eval=[] "
@@ -2019,6 +2020,16 @@ TEST_F(TrainTest, Float8AllGatherTrainsAsTheCastAfterTheGather) {
     ASSERT_EQ(theirs.size(), 2u) << cast_after.output;
     for (size_t s = 0; s < ours.size(); ++s) EXPECT_EQ(ours[s].first, theirs[s].first) << "logged step " << s + 1;
   }
+  // Checkpoints hold the float32 masters: stopped at step 5 and resumed, the run ends where one run does.
+  const std::string through = root_ + "/float8_gather/through", resumed = root_ + "/float8_gather/resumed";
+  const std::string gather = common + "--train.fp8_all_gather=true --checkpoint.interval=5 ";
+  ASSERT_EQ(run(gather + "--checkpoint.dir=" + through).status, 0);
+  ASSERT_EQ(run(gather + "--checkpoint.dir=" + resumed + " --train.stop_at=5").status, 0);
+  const Outcome second = run(gather + "--checkpoint.dir=" + resumed + " --resume");
+  ASSERT_EQ(second.status, 0) << second.output;
+  const auto one = saved_state(through + "/step-00000010", true), two = saved_state(resumed + "/step-00000010", true);
+  EXPECT_LE(max_difference(one, two), 1e-6);
+  for (const auto& [name, value] : one) EXPECT_EQ(value.scalar_type(), at::kFloat) << name;
   struct Refused {
     std::string flags, says;
   };
