@@ -51,6 +51,7 @@ void Float8Layers::convert(const std::string& name, torch::nn::Module& layer) {
     }
     linear->float8 = recipe_;
     converted_.push_back(path);
+    if (linear->has_lora()) ++frozen_;
   }
 }
 
@@ -58,6 +59,7 @@ std::string Float8Layers::describe() const {
   std::string out = "float8 " + parallel::to_string(recipe_) + ": " + std::to_string(converted_.size()) +
                     " projections of the transformer layers (" + patterns(converted_) +
                     "); the embeddings, heads and adapters in the activations' dtype";
+  if (frozen_ > 0) out += "; " + std::to_string(frozen_) + " of them frozen under LoRA adapters";
   if (!excluded_.empty()) {
     std::string given;
     for (const std::string& e : exclude_) given += (given.empty() ? "" : ", ") + e;

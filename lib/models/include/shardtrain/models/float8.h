@@ -24,8 +24,9 @@ class Float8Layers {
   Float8Layers(parallel::Float8Recipe recipe, std::vector<std::string> exclude, int64_t tp = 1);
   // Converts the Linear modules of a transformer layer named `name` ("layers.3"), before it is split or sharded.
   void convert(const std::string& name, torch::nn::Module& layer);
-  // "float8 tensorwise: 21 projections of the transformer layers (layers.*.attn.q, ...); ...; 7 excluded
-  // (train.fp8_exclude: layers.0); 4 whose sizes do not divide by 16 (layers.0.attn.k: 24 x 64, ...)".
+  // "float8 tensorwise: 21 projections of the transformer layers (layers.*.attn.q, ...); ...; 8 of them frozen
+  // under LoRA adapters; 7 excluded (train.fp8_exclude: layers.0); 4 whose sizes do not divide by 16
+  // (layers.0.attn.k: 24 x 64, ...)".
   std::string describe() const;
   int64_t converted() const { return static_cast<int64_t>(converted_.size()); }
 
@@ -34,6 +35,7 @@ class Float8Layers {
   std::vector<std::string> exclude_;
   int64_t tp_;
   std::vector<std::string> converted_, excluded_, indivisible_;
+  int64_t frozen_ = 0;  // converted bases of LoRA adapters (models/lora.h adds them before conversion)
 };
 
 }  // namespace shardtrain::models
