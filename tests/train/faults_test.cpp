@@ -99,6 +99,25 @@ TEST_F(FaultsTest, ADivergingRunSkipsRollsBackAndStopsKeepingItsGoodCheckpoint) 
   EXPECT_EQ(ckpt::list_checkpoints(back_dir), std::vector<std::string>{back_dir + "/step-00000001"});
 }
 
+// parallel.check_replicas_every: under DDP every data-parallel rank's parameters are compared with the others' every
+// 2 steps, and a run whose replicas agree trains on (a flipped bit is named by Agreement.ReplicasNameTheRankWhose-
+// ParametersDiffer); under full_shard no rank holds another's parameters, which the start says; a negative interval
+// is refused by name.
+TEST_F(FaultsTest, ReplicasAreComparedEveryNSteps) {
+  const Outcome ddp = test::run(launched("--parallel.strategy=ddp --parallel.check_replicas_every=2"));
+  EXPECT_EQ(ddp.status, 0) << ddp.output;
+  EXPECT_TRUE(contains(ddp.output, "replicas: every 2 steps each rank's parameters are compared with its replicas' "
+                                   "(this rank's group: ranks 0, 1")) << ddp.output;
+  const Outcome sharded = test::run(launched("--parallel.check_replicas_every=2"));
+  EXPECT_EQ(sharded.status, 0) << sharded.output;
+  EXPECT_TRUE(contains(sharded.output, "no other rank holds this rank's parameters under full_shard"))
+      << sharded.output;
+  const Outcome refused = test::run(train("--parallel.check_replicas_every=-1 --dry-run"));
+  EXPECT_NE(refused.status, 0);
+  EXPECT_TRUE(contains(refused.output, "parallel.check_replicas_every: -1 is not 0 (never) or a number of steps"))
+      << refused.output;
+}
+
 // A checkpoint directory belongs to one live run: a second run is refused, with --resume or without, naming the
 // first; once the first has ended (SIGTERM: it saves and exits 75) the second resumes it.
 TEST_F(FaultsTest, ASecondRunInALiveRunsDirectoryIsRefused) {

@@ -371,6 +371,7 @@ std::vector<Field> parallel_fields(Config& c) {
       field("parallel.dp_replicate_size", c.parallel.dp_replicate_size),
       field("parallel.dp_shard_size", c.parallel.dp_shard_size),
       field("parallel.timeout", c.parallel.timeout),
+      field("parallel.check_replicas_every", c.parallel.check_replicas_every),
   };
 }
 std::vector<Field> optim_fields(Config& c) {
@@ -980,6 +981,8 @@ void validate_parallel(const Config& c) {
   require(c.parallel.forward_prefetch >= 0, "parallel.forward_prefetch", num(c.parallel.forward_prefetch),
           "0 or more units");
   require(c.parallel.timeout >= 1, "parallel.timeout", num(c.parallel.timeout), "at least 1 (seconds)");
+  require(c.parallel.check_replicas_every >= 0, "parallel.check_replicas_every",
+          num(c.parallel.check_replicas_every), "0 (never) or a number of steps");
   require(c.parallel.tp_size >= 1, "parallel.tp_size", num(c.parallel.tp_size), "1 (no tensor parallelism) or more");
   require(c.parallel.dp_replicate_size >= 0, "parallel.dp_replicate_size", num(c.parallel.dp_replicate_size),
           "0 (inferred) or more");

@@ -197,6 +197,12 @@ ParallelModel::ParallelModel(const Config& c, std::shared_ptr<const models::Mode
     // The group FSDP shards gradients over (one rank alone under NO_SHARD): tensor parallelism's clipping sums there.
     if (tp_) shard_group_ = fsdp::strategy_groups(c.parallel.strategy, mesh).shard;
   }
+  if (c.parallel.strategy == parallel::Strategy::DDP) {
+    if (mesh.data_size() > 1) replicas_ = mesh.data_group();
+  } else if (auto replicate = fsdp::strategy_groups(c.parallel.strategy, mesh).options.replicate_group;
+             replicate && replicate->size() > 1) {
+    replicas_ = std::move(replicate);
+  }
   model_.module->train();
   if (float8_ && float8_->converted() == 0) {
     throw std::invalid_argument("train.fp8: " + to_string(*c.train.fp8) + " converts none of " + c.model.flavor +

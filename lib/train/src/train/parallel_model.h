@@ -60,6 +60,10 @@ class ParallelModel {
   std::optional<optim::RowSharding> row_sharding() const;
   // How tensor parallelism split them; none without it.
   std::optional<optim::TensorSplit> tensor_split() const;
+  // The ranks that hold this rank's parameters too (parallel.check_replicas_every): DDP's data-parallel ranks, the
+  // replicate group of hybrid_shard and no_shard; none where no other rank does (FULL_SHARD, SHARD_GRAD_OP, one
+  // data-parallel rank).
+  const std::optional<dist::Communicator>& replicas() const { return replicas_; }
 
  private:
   models::ZooModel model_;
@@ -68,6 +72,7 @@ class ParallelModel {
   std::optional<models::Float8Layers> float8_;
   std::optional<dist::Communicator> shard_group_;  // FSDP's, under tensor parallelism (its clipping sums over it)
   std::optional<dist::Communicator> pp_group_;     // a pipeline's: the other stages' squares join the norm
+  std::optional<dist::Communicator> replicas_;
   at::ScalarType dtype_ = at::kFloat;
   models::LoadReport load_report_;
 };

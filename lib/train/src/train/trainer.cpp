@@ -22,6 +22,7 @@
 #include "shardtrain/distributed/heartbeat.h"
 #include "shardtrain/distributed/mesh.h"
 #include "shardtrain/distributed/process_group.h"
+#include "shardtrain/distributed/replica_check.h"
 #include "shardtrain/fsdp/fully_shard.h"
 #include "shardtrain/io/safetensors.h"
 #include "shardtrain/io/weight_files.h"
@@ -433,6 +434,19 @@ struct Loop {
 
   void run(const PreemptionWatch& preemption) {
     const int64_t warmup_until = at.step + c.log.warmup_steps;
+    const int64_t check_every = c.parallel.check_replicas_every;
+    if (check_every > 0) {
+      const auto& replicas = parts.model.replicas();
+      std::string ranks;
+      for (int r : replicas ? replicas->global_ranks() : std::vector<int>{}) {
+        ranks += (ranks.empty() ? "" : ", ") + std::to_string(r);
+      }
+      log.message(replicas ? "replicas: every " + std::to_string(check_every) + " steps each rank's parameters are "
+                                 "compared with its replicas' (this rank's group: ranks " + ranks +
+                                 "; parallel.check_replicas_every)"
+                           : "parallel.check_replicas_every: no other rank holds this rank's parameters under " +
+                                 parallel::to_string(c.parallel.strategy) + ": nothing to compare");
+    }
     if (data.eval_loader && at.step == 0) evaluate();
     if (c.log.warmup_steps == 0) measuring_since = seconds_now();
     while (at.step < last_step()) {
@@ -451,6 +465,7 @@ struct Loop {
       estimate_time(warmup_until);
       log.step_done(at.step, step.loss, peak_memory_gib(job.device));
       if (!finite && !go_on_after(step.nonfinite, /*weights=*/false)) continue;  // rolled back
+      if (finite && check_every > 0 && at.step % check_every == 0) check_replicas();  // before anything is saved
       if (due(at.step, c.log.interval, last_step())) log_interval(lr);
       if (data.eval_loader && due(at.step, c.train.eval_interval, last_step())) evaluate();
       save_due = save_due || (!c.checkpoint.dir.empty() && due(at.step, c.checkpoint.interval, last_step()));
@@ -470,6 +485,23 @@ struct Loop {
                   (summary.last_checkpoint.empty() ? "" : "; the newest is " + summary.last_checkpoint));
     }
     log.finish();
+  }
+
+  // parallel.check_replicas_every: this rank's parameters against its replicas' (dist::compare_replicas); a
+  // difference ends the run on every rank, before the step's checkpoint.
+  void check_replicas() {
+    const auto& replicas = parts.model.replicas();
+    if (!replicas) return;
+    job.doing("comparing replicas at step " + std::to_string(at.step));
+    std::vector<std::pair<std::string, at::Tensor>> named;
+    for (const auto& p : parts.model.module()->named_parameters()) named.emplace_back(p.key(), p.value());
+    if (const auto differ = dist::compare_replicas(named, *replicas)) {
+      throw std::runtime_error("step " + std::to_string(at.step) + ": the replicas' parameters differ: " +
+                               dist::describe(*differ) + " — a device's or host's memory corrupted them, or a rank "
+                               "stepped apart; resume from " +
+                               (summary.last_checkpoint.empty() ? "an earlier checkpoint" : summary.last_checkpoint) +
+                               " (saved before this step; parallel.check_replicas_every)");
+    }
   }
 
   // A step whose loss or gradient norm was not finite (`what`; its update was not applied), or after which the

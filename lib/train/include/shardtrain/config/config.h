@@ -208,6 +208,10 @@ struct ParallelConfig {
   // Seconds before the rendezvous or a collective gives up on a peer. A rank that stops altogether is named
   // sooner, by the heartbeat: after a quarter of this (dist::heartbeat_options_for).
   double timeout = 600;
+  // Every this many steps, ranks that hold the same parameters (DDP's data-parallel ranks; the replicas of
+  // hybrid_shard and no_shard) compare a hash of each (dist::compare_replicas); one that differs stops the run,
+  // naming the ranks and the tensor. 0: never.
+  int64_t check_replicas_every = 0;
 };
 
 struct OptimConfig {
