@@ -100,14 +100,20 @@ TEST_F(FaultsTest, ADivergingRunSkipsRollsBackAndStopsKeepingItsGoodCheckpoint) 
 }
 
 // parallel.check_replicas_every: under DDP every data-parallel rank's parameters are compared with the others' every
-// 2 steps, and a run whose replicas agree trains on (a flipped bit is named by Agreement.ReplicasNameTheRankWhose-
-// ParametersDiffer); under full_shard no rank holds another's parameters, which the start says; a negative interval
-// is refused by name.
+// 2 steps, under tensor parallelism those it does not split with the group's, and a run whose replicas agree trains
+// on (a flipped bit is named by Agreement.ReplicasNameTheRankWhoseParametersDiffer); under full_shard alone no rank
+// holds another's parameters, which the start says; a negative interval is refused by name.
 TEST_F(FaultsTest, ReplicasAreComparedEveryNSteps) {
   const Outcome ddp = test::run(launched("--parallel.strategy=ddp --parallel.check_replicas_every=2"));
   EXPECT_EQ(ddp.status, 0) << ddp.output;
-  EXPECT_TRUE(contains(ddp.output, "replicas: every 2 steps each rank's parameters are compared with its replicas' "
-                                   "(this rank's group: ranks 0, 1")) << ddp.output;
+  EXPECT_TRUE(contains(ddp.output, "replicas: every 2 steps this rank's parameters are compared with its replicas' "
+                                   "(ranks 0, 1) (parallel.check_replicas_every)")) << ddp.output;
+  // Tensor parallelism over 2: what it does not split, the group's ranks hold alike.
+  const Outcome split = test::run(launched("--model.flavor=llama-debug --parallel.tp_size=2 "
+                                           "--parallel.check_replicas_every=2"));
+  EXPECT_EQ(split.status, 0) << split.output;
+  EXPECT_TRUE(contains(split.output, "compared with its tensor-parallel group's where it does not split them (ranks "
+                                     "0, 1)")) << split.output;
   const Outcome sharded = test::run(launched("--parallel.check_replicas_every=2"));
   EXPECT_EQ(sharded.status, 0) << sharded.output;
   EXPECT_TRUE(contains(sharded.output, "no other rank holds this rank's parameters under full_shard"))

@@ -436,16 +436,23 @@ struct Loop {
     const int64_t warmup_until = at.step + c.log.warmup_steps;
     const int64_t check_every = c.parallel.check_replicas_every;
     if (check_every > 0) {
+      auto ranks = [](const dist::Communicator& g) {
+        std::string out;
+        for (int r : g.global_ranks()) out += (out.empty() ? "" : ", ") + std::to_string(r);
+        return out;
+      };
       const auto& replicas = parts.model.replicas();
-      std::string ranks;
-      for (int r : replicas ? replicas->global_ranks() : std::vector<int>{}) {
-        ranks += (ranks.empty() ? "" : ", ") + std::to_string(r);
+      const auto split = parts.model.tensor_split();
+      std::string with;
+      if (replicas) with = "its replicas' (ranks " + ranks(*replicas) + ")";
+      if (split) {
+        with += (with.empty() ? "" : " and ") + std::string("its tensor-parallel group's where it does not split ") +
+                "them (ranks " + ranks(split->group) + ")";
       }
-      log.message(replicas ? "replicas: every " + std::to_string(check_every) + " steps each rank's parameters are "
-                                 "compared with its replicas' (this rank's group: ranks " + ranks +
-                                 "; parallel.check_replicas_every)"
-                           : "parallel.check_replicas_every: no other rank holds this rank's parameters under " +
-                                 parallel::to_string(c.parallel.strategy) + ": nothing to compare");
+      log.message(with.empty() ? "parallel.check_replicas_every: no other rank holds this rank's parameters under " +
+                                     parallel::to_string(c.parallel.strategy) + ": nothing to compare"
+                               : "replicas: every " + std::to_string(check_every) + " steps this rank's parameters "
+                                 "are compared with " + with + " (parallel.check_replicas_every)");
     }
     if (data.eval_loader && at.step == 0) evaluate();
     if (c.log.warmup_steps == 0) measuring_since = seconds_now();
@@ -490,12 +497,20 @@ struct Loop {
   // parallel.check_replicas_every: this rank's parameters against its replicas' (dist::compare_replicas); a
   // difference ends the run on every rank, before the step's checkpoint.
   void check_replicas() {
-    const auto& replicas = parts.model.replicas();
-    if (!replicas) return;
     job.doing("comparing replicas at step " + std::to_string(at.step));
-    std::vector<std::pair<std::string, at::Tensor>> named;
-    for (const auto& p : parts.model.module()->named_parameters()) named.emplace_back(p.key(), p.value());
-    if (const auto differ = dist::compare_replicas(named, *replicas)) {
+    std::vector<std::pair<std::string, at::Tensor>> named, unsplit;
+    const auto split = parts.model.tensor_split();
+    for (const auto& p : parts.model.module()->named_parameters()) {
+      named.emplace_back(p.key(), p.value());
+      if (split && split->params.count(p.value().unsafeGetTensorImpl()) == 0) unsplit.emplace_back(p.key(), p.value());
+    }
+    // Both comparisons on every rank (each is collective over its group), then the first difference.
+    std::optional<dist::ReplicaMismatch> differ, unsplit_differ;
+    if (const auto& replicas = parts.model.replicas()) differ = dist::compare_replicas(named, *replicas);
+    // Tensor parallelism: the parameters it does not split (norms, a row-split layer's bias) its group holds alike.
+    if (split) unsplit_differ = dist::compare_replicas(unsplit, split->group);
+    if (!differ) differ = std::move(unsplit_differ);
+    if (differ) {
       throw std::runtime_error("step " + std::to_string(at.step) + ": the replicas' parameters differ: " +
                                dist::describe(*differ) + " — a device's or host's memory corrupted them, or a rank "
                                "stepped apart; resume from " +

@@ -209,8 +209,8 @@ struct ParallelConfig {
   // sooner, by the heartbeat: after a quarter of this (dist::heartbeat_options_for).
   double timeout = 600;
   // Every this many steps, ranks that hold the same parameters (DDP's data-parallel ranks; the replicas of
-  // hybrid_shard and no_shard) compare a hash of each (dist::compare_replicas); one that differs stops the run,
-  // naming the ranks and the tensor. 0: never.
+  // hybrid_shard and no_shard; a tensor-parallel group, those it does not split) compare a hash of each
+  // (dist::compare_replicas); one that differs stops the run, naming the ranks and the tensor. 0: never.
   int64_t check_replicas_every = 0;
 };
 
