@@ -26,6 +26,12 @@ const char* comm_backend_name(CommBackend backend) {
   return "?";
 }
 
+std::string ranks_text(const std::vector<int>& ranks) {
+  std::string out = ranks.size() == 1 ? "rank " : "ranks ";
+  for (size_t i = 0; i < ranks.size(); ++i) out += (i == 0 ? "" : ", ") + std::to_string(ranks[i]);
+  return out;
+}
+
 const char* reduce_op_name(ReduceOp op) {
   switch (op) {
     case ReduceOp::SUM: return "SUM";

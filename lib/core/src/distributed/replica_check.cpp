@@ -23,12 +23,6 @@ int64_t hash_of(const at::Tensor& t) {
   return out;
 }
 
-std::string ranks_text(const std::vector<int>& ranks) {
-  std::string out = ranks.size() == 1 ? "rank " : "ranks ";
-  for (size_t i = 0; i < ranks.size(); ++i) out += (i == 0 ? "" : ", ") + std::to_string(ranks[i]);
-  return out;
-}
-
 }  // namespace
 
 std::optional<ReplicaMismatch> compare_replicas(const std::vector<std::pair<std::string, at::Tensor>>& tensors,

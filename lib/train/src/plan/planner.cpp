@@ -206,6 +206,7 @@ PlannedConfig predict(const models::ModelRecipe& recipe, const ModelShape& shape
   // Gradient accumulation: A micro-batches a step, each computed and its units gathered; the gradients reduced (and
   // the optimizer stepped) once.
   const double A = static_cast<double>(std::max<int64_t>(job.grad_accum, 1));
+  const double W = static_cast<double>(job.world / job.tp / job.pipeline.ranks);  // data-parallel ranks
   // Float8 (train.fp8): the converted projections' three GEMMs (6 FLOPs a weight a token, replayed with their
   // layer) at the float8 peak — bf16's on a GPU without float8 tensor cores —, and their operands' casts, which
   // only move bytes (Cluster::float8_cast_bytes an element): a projection's input (for forward, and again for the
@@ -217,8 +218,7 @@ PlannedConfig predict(const models::ModelRecipe& recipe, const ModelShape& shape
   if (job.float8) {
     const double io = static_cast<double>(
         std::accumulate(shape.layer_float8_io.begin(), shape.layer_float8_io.end(), int64_t{0}));
-    const double shard = static_cast<double>(std::max<int64_t>(job.world / job.tp / job.pipeline.ranks, 1));
-    const double weights = job.float8_all_gather ? 2 * float8_weights / shard : 2 * float8_weights;
+    const double weights = job.float8_all_gather ? 2 * float8_weights / W : 2 * float8_weights;
     flops8 = std::min(flops, 6 * float8_weights * tp * tokens * (1 + replayed));
     casts = cluster.float8_cast_bytes * (2 * io * tokens + weights * M) * (1 + replayed) / (cluster.hbm_gbps * 1e9);
   }
@@ -231,7 +231,6 @@ PlannedConfig predict(const models::ModelRecipe& recipe, const ModelShape& shape
   // units are gathered for every microbatch.
   const double P = piped ? static_cast<double>(p.memory.parameters) : static_cast<double>(shape.parameters());
   const double G = static_cast<double>(piped ? p.memory.trainable : shape.trainable());
-  const double W = static_cast<double>(job.world / job.tp / job.pipeline.ranks);
   // HYBRID strategies shard over W / nodes ranks and replicate over the nodes (the trainer's mesh); the pipeline
   // dimension is outermost, so a stage's ranks are consecutive and span nodes / pp nodes (one when pp >= nodes).
   const double nodes = static_cast<double>(std::max<int64_t>(job.nodes, 1));

@@ -97,13 +97,12 @@ std::string nonfinite_ranks(bool mine, const dist::Communicator& world) {
   flags = flags.to(world.device());
   world.all_reduce(flags, dist::ReduceOp::SUM).wait();
   const at::Tensor host = flags.cpu();
-  std::string out;
-  int count = 0;
+  std::vector<int> bad;
   for (int r = 0; r < world.size(); ++r) {
-    if (host[r].item<float>() > 0) out += (count++ ? ", " : "") + std::to_string(r);
+    if (host[r].item<float>() > 0) bad.push_back(r);
   }
-  if (count == 0) return "";
-  return count == world.size() ? "every rank" : (count == 1 ? "rank " : "ranks ") + out;
+  if (bad.empty()) return "";
+  return static_cast<int>(bad.size()) == world.size() ? "every rank" : dist::ranks_text(bad);
 }
 
 std::unique_ptr<torch::optim::Optimizer> make_optimizer(const config::Config& c, const ParallelModel& model) {

@@ -436,18 +436,13 @@ struct Loop {
     const int64_t warmup_until = at.step + c.log.warmup_steps;
     const int64_t check_every = c.parallel.check_replicas_every;
     if (check_every > 0) {
-      auto ranks = [](const dist::Communicator& g) {
-        std::string out;
-        for (int r : g.global_ranks()) out += (out.empty() ? "" : ", ") + std::to_string(r);
-        return out;
-      };
       const auto& replicas = parts.model.replicas();
       const auto split = parts.model.tensor_split();
       std::string with;
-      if (replicas) with = "its replicas' (ranks " + ranks(*replicas) + ")";
+      if (replicas) with = "its replicas' (" + dist::ranks_text(replicas->global_ranks()) + ")";
       if (split) {
         with += (with.empty() ? "" : " and ") + std::string("its tensor-parallel group's where it does not split ") +
-                "them (ranks " + ranks(split->group) + ")";
+                "them (" + dist::ranks_text(split->group.global_ranks()) + ")";
       }
       log.message(with.empty() ? "parallel.check_replicas_every: no other rank holds this rank's parameters under " +
                                      parallel::to_string(c.parallel.strategy) + ": nothing to compare"

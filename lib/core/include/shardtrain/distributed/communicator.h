@@ -29,6 +29,8 @@ enum class CommBackend {
 
 const char* comm_backend_name(CommBackend backend);
 const char* reduce_op_name(ReduceOp op);
+// Ranks as a message names them: "rank 3", "ranks 0, 2, 3".
+std::string ranks_text(const std::vector<int>& ranks);
 
 // An operation in flight. Holds its tensors alive until it completes. wait() blocks until the result is in place,
 // runs any local finishing step (the sum of a fallback reduce-scatter, the divide of a mean), and rethrows a
