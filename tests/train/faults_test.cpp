@@ -20,6 +20,7 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <cstdlib>
 #include <thread>
 
 #include "shardtrain/ckpt/checkpoint.h"
@@ -184,6 +185,60 @@ TEST_F(FaultsTest, AFullDiskStopsTheRunWithTheReasonAndLeavesTheLastCheckpoint) 
   EXPECT_EQ(io::list_directory(mnt), std::vector<std::string>{"ck"});  // no file or directory left of either
 }
 
+// checkpoint.async on a full disk (a 3 MB tmpfs, room for one checkpoint): step 2's save fails in the background on
+// the ranks that write; the run stops at its next save (step 3) with the OS's reason and the file, the partial
+// save removed, step 1's checkpoint still the newest and verified.
+TEST_F(FaultsTest, AnAsyncSaveThatFailsStopsTheRunAtTheNextSave) {
+  const std::string mnt = root_ + "/full-async";
+  const testing::SmallDisk disk(mnt, "3m");
+  if (!disk.mounted()) GTEST_SKIP() << "cannot mount a tmpfs here (not root)";
+  const std::string dir = mnt + "/ck";
+  const Outcome r = test::run(launched("--train.steps=20 --checkpoint.interval=1 --checkpoint.keep=0 "
+                                       "--checkpoint.async=true --checkpoint.dir=" + dir));
+  EXPECT_EQ(r.status, 1) << r.output;
+  EXPECT_TRUE(contains(r.output, "checkpoint " + dir + "/step-00000001 written (")) << r.output;
+  EXPECT_TRUE(contains(r.output, "the checkpoint of step 2 was not saved: rank ")) << r.output;
+  EXPECT_TRUE(contains(r.output, "cannot write '" + dir + "/step-00000002.partial/")) << r.output;
+  EXPECT_TRUE(contains(r.output, "No space left on device")) << r.output;
+  EXPECT_TRUE(contains(r.output, "it was written in the background, and the run stops at step 3")) << r.output;
+  EXPECT_FALSE(contains(r.output, "SIGABRT")) << r.output;
+  EXPECT_EQ(ckpt::list_checkpoints(dir), std::vector<std::string>{dir + "/step-00000001"});
+  EXPECT_FALSE(io::path_exists(dir + "/step-00000002.partial"));
+  EXPECT_EQ(test::run(std::string(SHARDTRAIN_BIN) + " checkpoint verify " + dir).status, 0);
+}
+
+// checkpoint.async's staging buffer: what each save copies (rank 0's, said at each save) is what the memory model
+// counts for it at start, within 10% — FULL_SHARD (each rank its shards) and DDP (rank 0 the whole model) — and the
+// weights saved at the end are bitwise those of the synchronous run.
+TEST_F(FaultsTest, AsyncSavesStageWhatTheMemoryModelCountsAndSaveTheSameWeights) {
+  // "<what> 1.1 MiB" -> bytes, from the first line holding `what`.
+  const auto mib_after = [](const std::string& text, const std::string& what) {
+    const size_t at = text.find(what);
+    if (at == std::string::npos) return -1.0;
+    return std::atof(text.c_str() + at + what.size()) * 1024 * 1024;
+  };
+  for (const std::string strategy : {"full_shard", "ddp"}) {
+    SCOPED_TRACE(strategy);
+    const std::string sync_dir = root_ + "/sync-" + strategy, async_dir = root_ + "/async-" + strategy;
+    const std::string common = "--train.steps=4 --checkpoint.interval=2 --parallel.strategy=" + strategy + " ";
+    const Outcome sync = test::run(launched(common + "--checkpoint.dir=" + sync_dir));
+    ASSERT_EQ(sync.status, 0) << sync.output;
+    const Outcome r = test::run(launched(common + "--checkpoint.async=true --checkpoint.dir=" + async_dir));
+    ASSERT_EQ(r.status, 0) << r.output;
+    const double predicted = mib_after(r.output, "checkpoint.async's staging buffer ");
+    const double staged = mib_after(r.output, "checkpoint " + async_dir + "/step-00000002: ");
+    ASSERT_GT(predicted, 0) << r.output;
+    ASSERT_GT(staged, 0) << r.output;
+    EXPECT_NEAR(predicted / staged, 1.0, 0.1) << r.output;
+    EXPECT_TRUE(contains(r.output, "checkpoint " + async_dir + "/step-00000004 written (")) << r.output;
+    const bool sharded = strategy != "ddp";
+    const auto a = test::saved_state(sync_dir + "/step-00000004", sharded);
+    const auto b = test::saved_state(async_dir + "/step-00000004", sharded);
+    ASSERT_EQ(a.size(), b.size());
+    for (const auto& [name, t] : a) EXPECT_TRUE(t.equal(b.at(name))) << name;
+  }
+}
+
 // Resume compares the checkpoint's config with the run's: the run's settings changed are listed and refused unless
 // allowed (then logged), the model never; what does not change the run (log.interval) is only said.
 TEST_F(FaultsTest, ResumeListsChangedSettingsAndRefusesUnallowedOnes) {
@@ -227,6 +282,17 @@ TEST_F(FaultsTest, ABatchThatCannotFitIsRefusedBeforeWorkersStart) {
   const Outcome forced = test::run(train(over + " --train.force=true"));
   EXPECT_EQ(forced.status, 0) << forced.output;
   EXPECT_TRUE(contains(forced.output, "on 2 ranks")) << forced.output;
+  // checkpoint.async's staging buffers beyond the machine's available host memory (flava-10b under DDP: 120 GB a
+  // rank, the device budget set out of the way): refused the same way, with the numbers.
+  const Outcome staged = test::run(train("--launch.num_processes=2 --model.flavor=flava-10b --parallel.strategy=ddp "
+                                         "--train.memory_budget=10000GiB --checkpoint.async=true --checkpoint.dir=" +
+                                         root_ + "/async-too-big"));
+  EXPECT_EQ(staged.status, 2) << staged.output;
+  EXPECT_TRUE(contains(staged.output, "checkpoint.async: each rank's staging buffer needs ")) << staged.output;
+  EXPECT_TRUE(contains(staged.output, "2 ranks on this machine: ")) << staged.output;
+  EXPECT_TRUE(contains(staged.output, "it has available (MemAvailable)")) << staged.output;
+  EXPECT_FALSE(contains(staged.output, "train.batch_size:")) << staged.output;
+  EXPECT_FALSE(contains(staged.output, "[rank")) << "workers started:\n" << staged.output;
 }
 
 // RANK=0 WORLD_SIZE=1 left in the environment by hand do not turn launch.num_processes: 2 into one process.

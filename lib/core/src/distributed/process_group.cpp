@@ -174,9 +174,10 @@ void wait_for_every_rank(c10d::Store& store, const DistEnv& env, const ProcessGr
 // Gloo's connects, each agreed over the store (connect_agreed.h): a failure on some ranks makes all try again.
 constexpr int kConnectAttempts = 3;
 
+// `host`: Gloo over host tensors whatever the ranks compute on (ProcessGroup::new_host_group).
 std::shared_ptr<Communicator::Impl> make_group(const ProcessGroup::Impl& pg,
                                                const c10::intrusive_ptr<c10d::Store>& store, std::vector<int> ranks,
-                                               int group_rank, std::string name) {
+                                               int group_rank, std::string name, bool host = false) {
   auto impl = std::make_shared<Communicator::Impl>();
   impl->rank = group_rank;
   impl->global_ranks = std::move(ranks);
@@ -184,10 +185,9 @@ std::shared_ptr<Communicator::Impl> make_group(const ProcessGroup::Impl& pg,
   const int size = static_cast<int>(impl->global_ranks.size());
   if (size == 1 && !pg.options.backend_at_world_one) return impl;  // SELF: nothing to connect
   impl->waits = pg.waits;
-  if (pg.options.device == parallel::Device::CUDA) {
-    impl->device_index = pg.options.device_index >= 0 ? pg.options.device_index : pg.env.local_rank;
-  }
-  if (pg.options.device == parallel::Device::CUDA && pg.options.cuda_backend == CudaBackend::NCCL) {
+  const bool cuda = pg.options.device == parallel::Device::CUDA && !host;
+  if (cuda) impl->device_index = pg.options.device_index >= 0 ? pg.options.device_index : pg.env.local_rank;
+  if (cuda && pg.options.cuda_backend == CudaBackend::NCCL) {
     impl->kind = CommBackend::NCCL;
     impl->backend =
         cuda::entry_points().make_nccl_backend(store, group_rank, size, pg.options.timeout, impl->device_index);
@@ -256,7 +256,8 @@ int ProcessGroup::world_size() const { return impl_->env.world_size; }
 parallel::Device ProcessGroup::device() const { return impl_->options.device; }
 const Communicator& ProcessGroup::world() const { return *impl_->world; }
 
-std::optional<Communicator> ProcessGroup::new_group(const std::vector<int>& ranks, const std::string& name) {
+std::optional<Communicator> ProcessGroup::make_subgroup(const std::vector<int>& ranks, const std::string& name,
+                                                       bool host) {
   if (ranks.empty()) throw std::invalid_argument("new_group '" + name + "': empty rank list");
   for (size_t i = 0; i < ranks.size(); ++i) {
     if (ranks[i] < 0 || ranks[i] >= world_size()) {
@@ -274,7 +275,15 @@ std::optional<Communicator> ProcessGroup::new_group(const std::vector<int>& rank
   const int group_rank = static_cast<int>(it - ranks.begin());
   c10::intrusive_ptr<c10d::Store> store;
   if (impl_->store) store = c10::make_intrusive<c10d::PrefixStore>("group" + std::to_string(index), impl_->store);
-  return Communicator(make_group(*impl_, store, ranks, group_rank, name));
+  return Communicator(make_group(*impl_, store, ranks, group_rank, name, host));
+}
+
+std::optional<Communicator> ProcessGroup::new_group(const std::vector<int>& ranks, const std::string& name) {
+  return make_subgroup(ranks, name, /*host=*/false);
+}
+
+std::optional<Communicator> ProcessGroup::new_host_group(const std::vector<int>& ranks, const std::string& name) {
+  return make_subgroup(ranks, name, /*host=*/true);
 }
 
 at::Device rank_device(bool cuda, const DistEnv& env, const std::string& what) {

@@ -151,21 +151,18 @@ StatePart state_part(const FsdpParam& p, const optim::StateTensor& state, const 
   return {t, t.sizes().vec()};
 }
 
-// metadata.pt, which declares a directory of `count` shard files whole (written after them).
-void write_metadata(const std::string& dir, int64_t count) {
+// metadata.pt's contents, which declare a directory of `count` shard files whole (written after them).
+c10::IValue metadata_contents(int64_t count) {
   auto meta = new_dict();
   meta.insert("format", std::string(kShardedFormat));
   meta.insert("shard_count", count);
-  io::save_pickle(dir + "/metadata.pt", meta);
+  return meta;
 }
 
 // This rank's file of a sharded state dict: its rows of every unit's parameters and their states, and (shard 0)
-// everything held whole.
-void write_shard(const Layout& layout, const std::string& dir, const ParamStates& states, int64_t shard,
-                 int64_t count) {
-  io::make_directories(dir);
-  // The shards as they are, on their device: io::save_pickle writes each storage once (a unit's flat shard holds
-  // its parameters' real rows), a device one through one host copy at a time.
+// everything held whole. The shards as they are, on their device: io::save_pickle writes each storage once (a
+// unit's flat shard holds its parameters' real rows), a device one through one host copy at a time.
+c10::IValue shard_contents(const Layout& layout, const ParamStates& states, int64_t shard, int64_t count) {
   auto tensors = new_dict(), shapes = new_dict(), first_rows = new_dict();
   for (const auto& unit : layout.units) {
     for (const auto& p : unit->params) {
@@ -202,33 +199,56 @@ void write_shard(const Layout& layout, const std::string& dir, const ParamStates
   file.insert("tensors", tensors);
   file.insert("shapes", shapes);
   file.insert("first_rows", first_rows);
-  io::save_pickle(shard_file(dir, shard, count), file);
+  return file;
+}
+
+// Writes `files` (each into its directory), agreeing with every rank of `layout` on the first failure.
+void write_agreed(const Layout& layout, const std::vector<StateDictFile>& files) {
+  std::string failed;  // this rank's write error; the ranks agree on the first before going on
+  try {
+    write_state_dict_files(files);
+  } catch (const c10::Error& e) {
+    failed = e.what_without_backtrace();
+  } catch (const std::exception& e) {
+    failed = e.what();
+  }
+  if (const std::string first = layout.agree(failed); !first.empty()) throw dist::AgreedFailure(first);
 }
 
 }  // namespace
 
+void write_state_dict_files(const std::vector<StateDictFile>& files) {
+  for (const StateDictFile& f : files) {
+    io::make_directories(io::parent_directory(f.path));
+    io::save_pickle(f.path, f.contents);
+  }
+}
+
+StateDictFiles sharded_state_files(const std::shared_ptr<torch::nn::Module>& root, const std::string& dir,
+                                   const ParamStates& states) {
+  const Layout layout = layout_of(root, "save_sharded_state_dict");
+  const int64_t count = layout.shard_group->size(), shard = layout.shard_group->rank();
+  StateDictFiles files;
+  if (!layout.writer) return files;
+  files.shards.push_back({shard_file(dir, shard, count), shard_contents(layout, states, shard, count)});
+  if (shard == 0) files.metadata.push_back({dir + "/metadata.pt", metadata_contents(count)});
+  return files;
+}
+
+StateDictFiles whole_state_files(const std::shared_ptr<torch::nn::Module>& root, const std::string& dir,
+                                 const ParamStates& states) {
+  StateDictFiles files;
+  files.shards.push_back({shard_file(dir, 0, 1), shard_contents(whole_layout(root), states, 0, 1)});
+  files.metadata.push_back({dir + "/metadata.pt", metadata_contents(1)});
+  return files;
+}
+
 void save_sharded_state_dict(const std::shared_ptr<torch::nn::Module>& root, const std::string& dir,
                              const ParamStates& states) {
   const Layout layout = layout_of(root, "save_sharded_state_dict");
-  const int64_t count = layout.shard_group->size(), shard = layout.shard_group->rank();
-  std::string failed;  // this rank's write error; the ranks agree on the first before going on
-  try {
-    if (layout.writer) write_shard(layout, dir, states, shard, count);
-  } catch (const c10::Error& e) {
-    failed = e.what_without_backtrace();
-  } catch (const std::exception& e) {
-    failed = e.what();
-  }
-  // Every shard is on disk before the metadata declares the directory whole.
-  if (const std::string first = layout.agree(failed); !first.empty()) throw dist::AgreedFailure(first);
-  try {
-    if (layout.writer && shard == 0) write_metadata(dir, count);
-  } catch (const c10::Error& e) {
-    failed = e.what_without_backtrace();
-  } catch (const std::exception& e) {
-    failed = e.what();
-  }
-  if (const std::string first = layout.agree(failed); !first.empty()) throw dist::AgreedFailure(first);
+  const StateDictFiles files = sharded_state_files(root, dir, states);
+  write_agreed(layout, files.shards);
+  write_agreed(layout, files.metadata);  // every shard is on disk before the metadata declares the directory whole
 }
 
 namespace {
@@ -319,8 +339,9 @@ void load_sharded_state_dict(const std::shared_ptr<torch::nn::Module>& root, con
 
 void save_whole_state_dict(const std::shared_ptr<torch::nn::Module>& root, const std::string& dir,
                            const ParamStates& states) {
-  write_shard(whole_layout(root), dir, states, /*shard=*/0, /*count=*/1);
-  write_metadata(dir, 1);
+  const StateDictFiles files = whole_state_files(root, dir, states);
+  write_state_dict_files(files.shards);
+  write_state_dict_files(files.metadata);
 }
 
 void load_state_dict_rows(const std::shared_ptr<torch::nn::Module>& root, const std::map<std::string, at::Tensor>& state,

@@ -19,11 +19,6 @@ namespace {
   throw std::runtime_error(what + " '" + path + "': " + std::strerror(errno));
 }
 
-std::string parent_of(const std::string& path) {
-  const size_t slash = path.rfind('/');
-  if (slash == std::string::npos) return ".";
-  return slash == 0 ? "/" : path.substr(0, slash);
-}
 
 void fsync_path(const std::string& path, int flags) {
   int fd = ::open(path.c_str(), flags);
@@ -68,7 +63,7 @@ void AtomicFile::commit() {
   fd_ = -1;
   if (::rename(tmp_.c_str(), path_.c_str()) != 0) fail("cannot rename " + tmp_ + " to", path_);
   committed_ = true;
-  fsync_path(parent_of(path_), O_RDONLY | O_DIRECTORY);
+  fsync_path(parent_directory(path_), O_RDONLY | O_DIRECTORY);
 }
 
 void write_file_atomic(const std::string& path, const std::vector<char>& bytes) {
@@ -103,9 +98,15 @@ bool path_exists(const std::string& path) {
   return ::stat(path.c_str(), &st) == 0;
 }
 
+std::string parent_directory(const std::string& path) {
+  const size_t slash = path.rfind('/');
+  if (slash == std::string::npos) return ".";
+  return slash == 0 ? "/" : path.substr(0, slash);
+}
+
 void make_directories(const std::string& path) {
   if (path.empty() || path_exists(path)) return;
-  make_directories(parent_of(path));
+  make_directories(parent_directory(path));
   if (::mkdir(path.c_str(), 0755) != 0 && errno != EEXIST) fail("cannot create directory", path);
 }
 
@@ -163,7 +164,7 @@ std::vector<std::string> list_directory(const std::string& path) {
 
 void rename_durable(const std::string& from, const std::string& to) {
   if (::rename(from.c_str(), to.c_str()) != 0) fail("cannot rename " + from + " to", to);
-  fsync_path(parent_of(to), O_RDONLY | O_DIRECTORY);
+  fsync_path(parent_directory(to), O_RDONLY | O_DIRECTORY);
 }
 
 void sync_path(const std::string& path) { fsync_path(path, is_directory(path) ? O_RDONLY | O_DIRECTORY : O_RDONLY); }

@@ -455,6 +455,7 @@ std::vector<Field> checkpoint_fields(Config& c) {
       choice("checkpoint.state_dict_type", c.checkpoint.state_dict_type,
              {{"sharded", StateDictType::SHARDED}, {"full", StateDictType::FULL}}),
       field("checkpoint.allow_changes", c.checkpoint.allow_changes),
+      field("checkpoint.async", c.checkpoint.async),
   };
 }
 std::vector<Field> log_fields(Config& c) {

@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <nlohmann/json.hpp>
 #include <string>
+#include <vector>
 
 #include "plan/step_layout.h"
 #include "plan/step_phases.h"
@@ -86,6 +87,9 @@ MemoryEstimate estimate_training_memory(const models::ModelRecipe& recipe, const
     e.offloaded_activation_bytes = s.offloaded_activations;
     e.host_bytes = std::max(e.host_bytes, (s.offload ? s.params + s.host_adam : 0) + s.offloaded_activations);
   }
+  // Every storage a rank writes, copied whole: its unit shards (padded) and their optimizer state; under DDP and
+  // no_shard the first replica's whole model (the estimate is of the rank needing most).
+  if (job.async_checkpoint) e.checkpoint_staging_bytes = s.params + s.adam, e.host_bytes += e.checkpoint_staging_bytes;
 
   Moment forward = largest({forward_start(s), forward_loss(s), forward_layers(s)});
   Walk walk = backward_walk(s);
@@ -187,17 +191,21 @@ std::string format_estimate(const std::string& model, const TrainingJob& job, co
                 readable_size(e.step_bytes).c_str());
   out += line;
   if (e.host_bytes > 0) {
-    out += std::string("  host memory (") +
-           (job.cpu_offload ? (job.optimizer_on_disk ? "offloaded shards, gradients, AdamW state's staging buffers, "
-                                                       "the step's temporaries"
-                                                     : "offloaded shards, gradients, AdamW state, the step's "
-                                                       "temporaries")
-                            : "") +
-           (job.cpu_offload && job.activation_offload ? "; " : "") +
-           (job.activation_offload ? "the layers' activations at the end of forward" : "") +
-           "): " + readable_size(e.host_bytes) + "\n";
-  if (e.disk_bytes > 0) out += "  disk (AdamW's state): " + readable_size(e.disk_bytes) + "\n";
+    std::vector<std::string> held;  // what the host holds at its peak
+    if (job.cpu_offload) {
+      held.push_back(job.optimizer_on_disk ? "offloaded shards, gradients, AdamW state's staging buffers, the step's "
+                                             "temporaries"
+                                           : "offloaded shards, gradients, AdamW state, the step's temporaries");
+    }
+    if (job.activation_offload) held.push_back("the layers' activations at the end of forward");
+    if (e.checkpoint_staging_bytes > 0) {
+      held.push_back("checkpoint.async's staging buffer " + readable_size(e.checkpoint_staging_bytes));
+    }
+    std::string what;
+    for (const std::string& h : held) what += (what.empty() ? "" : "; ") + h;
+    out += "  host memory (" + what + "): " + readable_size(e.host_bytes) + "\n";
   }
+  if (e.disk_bytes > 0) out += "  disk (AdamW's state): " + readable_size(e.disk_bytes) + "\n";
   return out;
 }
 
@@ -209,12 +217,14 @@ std::string estimate_json(const std::string& model, const TrainingJob& job, cons
               {"strategy", parallel::to_string(job.strategy)}, {"mixed_precision", parallel::to_string(job.mixed_precision)},
               {"activation_checkpointing", job.activation_checkpointing}, {"cpu_offload", job.cpu_offload},
               {"activation_offload", job.activation_offload}, {"optimizer_on_disk", job.optimizer_on_disk},
+              {"async_checkpoint", job.async_checkpoint},
               {"batch", job.batch},           {"seq_len", job.seq_len}, {"cuda", job.device == parallel::Device::CUDA}};
   j["parameters"] = e.parameters, j["units"] = e.units, j["tokens"] = e.tokens;
   j["peak_bytes"] = e.peak_bytes, j["peak_phase"] = e.peak_phase;
   j["phases"] = {{"forward", e.forward_bytes}, {"backward", e.backward_bytes}, {"step", e.step_bytes}};
   j["host_bytes"] = e.host_bytes;
   j["disk_bytes"] = e.disk_bytes;
+  j["checkpoint_staging_bytes"] = e.checkpoint_staging_bytes;
   for (const auto& t : e.terms) j["terms"].push_back({{"name", t.name}, {"bytes", t.bytes}, {"note", t.note}});
   return j.dump(2);
 }

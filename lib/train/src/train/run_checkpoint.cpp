@@ -163,18 +163,42 @@ std::optional<RolledBack> roll_back(const config::Config& c, const std::string& 
   return RolledBack{loaded->path, loaded->state.step};
 }
 
-std::string save_run(const config::Config& c, const RunPosition& at, const optim::GradScaler* scaler,
-                     const ckpt::CheckpointModel& model, const dist::Communicator& world) {
+namespace {
+
+// What trainer.json says of the run at `at`.
+ckpt::TrainerState run_state(const config::Config& c, const RunPosition& at, const optim::GradScaler* scaler,
+                             const dist::Communicator& world) {
   ckpt::TrainerState s;
   s.step = at.step, s.loader_step = at.loader.step, s.loader_consumed = at.loader.consumed;
   s.world_size = world.size(), s.flavor = c.model.flavor, s.strategy = parallel::to_string(c.parallel.strategy);
   s.run_id = at.run_id;
   s.config_yaml = config::to_yaml(c);
   if (scaler) s.loss_scale = scaler->scale_value(), s.loss_scale_growth_tracker = scaler->growth_tracker();
-  const std::string path = ckpt::save_checkpoint(c.checkpoint.dir, s, model, world);
-  if (world.rank() == 0) ckpt::prune_checkpoints(c.checkpoint.dir, c.checkpoint.keep, at.run_id);
-  world.barrier().wait();
+  return s;
+}
+
+// Run `run_id`'s checkpoints in `dir` beyond the newest `keep` removed by rank 0, every rank waiting for it (none
+// lists them meanwhile). Collective over `group`.
+void prune_run(const std::string& dir, int64_t keep, const std::string& run_id, const dist::Communicator& group) {
+  if (group.rank() == 0) ckpt::prune_checkpoints(dir, keep, run_id);
+  group.barrier().wait();
+}
+
+}  // namespace
+
+std::string save_run(const config::Config& c, const RunPosition& at, const optim::GradScaler* scaler,
+                     const ckpt::CheckpointModel& model, const dist::Communicator& world) {
+  const std::string path = ckpt::save_checkpoint(c.checkpoint.dir, run_state(c, at, scaler, world), model, world);
+  prune_run(c.checkpoint.dir, c.checkpoint.keep, at.run_id, world);
   return path;
+}
+
+ckpt::AsyncSaveStarted start_saving_run(const config::Config& c, const RunPosition& at,
+                                        const optim::GradScaler* scaler, const ckpt::CheckpointModel& model,
+                                        const dist::Communicator& world, ckpt::AsyncCheckpointer& writer) {
+  return writer.save(c.checkpoint.dir, run_state(c, at, scaler, world), model, world,
+                     [dir = c.checkpoint.dir, keep = c.checkpoint.keep, run_id = at.run_id](
+                         const dist::Communicator& writers) { prune_run(dir, keep, run_id, writers); });
 }
 
 }  // namespace shardtrain::train

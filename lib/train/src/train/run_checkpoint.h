@@ -5,6 +5,7 @@
 #include <optional>
 #include <string>
 
+#include "shardtrain/ckpt/async_save.h"
 #include "shardtrain/ckpt/checkpoint.h"
 #include "shardtrain/config/config.h"
 #include "shardtrain/data/pipeline/loader.h"
@@ -52,5 +53,10 @@ std::optional<RolledBack> roll_back(const config::Config& config, const std::str
 // the path.
 std::string save_run(const config::Config& config, const RunPosition& at, const optim::GradScaler* scaler,
                      const ckpt::CheckpointModel& model, const dist::Communicator& world);
+// The same handed to `writer` (checkpoint.async): returns once this rank's share is staged; the writer thread
+// writes it and then prunes. No save may be in flight (AsyncCheckpointer::wait). Collective.
+ckpt::AsyncSaveStarted start_saving_run(const config::Config& config, const RunPosition& at,
+                                        const optim::GradScaler* scaler, const ckpt::CheckpointModel& model,
+                                        const dist::Communicator& world, ckpt::AsyncCheckpointer& writer);
 
 }  // namespace shardtrain::train

@@ -2,7 +2,9 @@
 // parallel.layout: auto (train/auto_layout.h).
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdio>
+#include <fstream>
 
 #include "shardtrain/cuda/cuda_library.h"
 #include "shardtrain/distributed/env.h"
@@ -43,6 +45,7 @@ plan::TrainingJob job_of(const config::Config& c) {
   job.cpu_offload = c.parallel.offload != parallel::Offload::NONE;
   job.optimizer_on_disk = c.parallel.offload == parallel::Offload::NVME;
   job.activation_offload = c.parallel.activation_offload;
+  job.async_checkpoint = c.checkpoint.async && !c.checkpoint.dir.empty();
   job.bucket_cap_mb = c.parallel.bucket_cap_mb, job.gradient_as_bucket_view = c.parallel.gradient_as_bucket_view;
   job.tp = c.parallel.tp_size, job.sequence_parallel = c.parallel.sequence_parallel;
   job.float8 = c.train.fp8;
@@ -118,6 +121,19 @@ int64_t budget_of(const config::Config& c, const plan::TrainingJob& job, std::st
   const int64_t ranks_here = std::max<int64_t>(1, job.world / job.nodes);
   source = "half of this machine's RAM shared by " + std::to_string(ranks_here) + " ranks";
   return ram / 2 / ranks_here;
+}
+
+// What this machine's kernel says it can give without swapping (MemAvailable in /proc/meminfo), in bytes; 0 when it
+// does not say.
+int64_t available_host_memory() {
+  std::ifstream meminfo("/proc/meminfo");
+  std::string key;
+  int64_t kib = 0;
+  std::string unit;
+  while (meminfo >> key >> kib >> unit) {
+    if (key == "MemAvailable:") return kib * 1024;
+  }
+  return 0;
 }
 
 // The single changes of `job` that bring its predicted peak within `budget` at the same batch, as config keys:
@@ -224,6 +240,23 @@ RunPlan plan_run(const config::Config& given, int64_t auto_batch_limit) {
                                     "offload") +
                         fitting_changes(*recipe, shape, job, budget) +
                         " (`shardtrain train CONFIG --dry-run` shows the terms; train.force: true starts anyway)";
+    }
+  }
+  if (e.checkpoint_staging_bytes > 0) {
+    // Every rank of this machine holds its staging buffer from the first save on, beside the rest of its host
+    // memory.
+    const int64_t ranks_here = std::max<int64_t>(1, job.world / job.nodes), available = available_host_memory();
+    if (available > 0 && e.host_bytes * ranks_here > available) {
+      out.over_budget += std::string(out.over_budget.empty() ? "" : "\n") + "checkpoint.async: each rank's " +
+                         "staging buffer needs " + readable_size(e.checkpoint_staging_bytes) + " of host memory" +
+                         (e.host_bytes > e.checkpoint_staging_bytes
+                              ? " (" + readable_size(e.host_bytes) + " with the rest it holds there)"
+                              : std::string()) +
+                         ", " +
+                         std::to_string(ranks_here) + " rank" + (ranks_here == 1 ? "" : "s") + " on this machine: " +
+                         readable_size(e.host_bytes * ranks_here) + ", above the " + readable_size(available) +
+                         " it has available (MemAvailable); save synchronously (checkpoint.async: false) or shard "
+                         "over more ranks (train.force: true starts anyway)";
     }
   }
   std::string label = config.model.flavor;  // and the adapters, when LoRA trains them

@@ -12,10 +12,12 @@
 #include <cstdio>
 #include <cstdlib>
 #include <map>
+#include <numeric>
 #include <optional>
 #include <stdexcept>
 
 #include "shardtrain/data/pipeline/random.h"
+#include "shardtrain/ckpt/async_save.h"
 #include "shardtrain/ckpt/checkpoint.h"
 #include "shardtrain/cuda/cuda_library.h"
 #include "shardtrain/distributed/env.h"
@@ -53,6 +55,12 @@ using config::Config;
 
 double seconds_now() {
   return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+std::string seconds_text(double seconds) {
+  char text[32];
+  std::snprintf(text, sizeof(text), "%.3g s", seconds);
+  return text;
 }
 
 log::Level log_level_of(config::LogLevel level) {
@@ -429,6 +437,7 @@ struct Loop {
   // Seconds when the warm-up steps were done, until the time is estimated.
   std::optional<double> measuring_since = std::nullopt;
   bool estimated = false;
+  ckpt::AsyncCheckpointer* writer = nullptr;  // checkpoint.async: the background writer; null: saves block
 
   int64_t last_step() const { return c.train.stop_at > 0 ? c.train.stop_at : c.train.steps; }
 
@@ -482,6 +491,7 @@ struct Loop {
         break;
       }
     }
+    finish_saving("at the end of the run");
     if (save_due) {
       log.message("no checkpoint after step " + std::to_string(at.step) + ", which was not finite" +
                   (summary.last_checkpoint.empty() ? "" : "; the newest is " + summary.last_checkpoint));
@@ -529,6 +539,7 @@ struct Loop {
     }
     if (action == NonFinitePolicy::Action::ROLLBACK && !c.checkpoint.dir.empty()) {
       job.doing("rollback at step " + std::to_string(at.step));
+      finish_saving("before rolling back");  // the newest checkpoint may be the one being written
       const auto back = roll_back(c, at.run_id, checkpointed, parts.scaler, job.pg.world(), job.logger);
       if (back) {
         log.warning(head + ": rolled back to " + back->path + " (rollback " +
@@ -607,14 +618,43 @@ struct Loop {
   bool save() {
     job.doing("checkpoint at step " + std::to_string(at.step));
     at.loader = data.loader->state();
+    finish_saving("before step " + std::to_string(at.step) + "'s save: one save at a time");
+    const double t0 = seconds_now();
     try {
+      if (writer) {
+        const ckpt::AsyncSaveStarted started =
+            start_saving_run(c, at, parts.scaler, checkpointed, job.pg.world(), *writer);
+        summary.last_checkpoint = started.path;
+        log.message("checkpoint " + started.path + ": " + memory::readable_size(started.staged_bytes) +
+                    " staged in " + seconds_text(started.staged_seconds) + ", written in the background");
+        return true;
+      }
       summary.last_checkpoint = save_run(c, at, parts.scaler, checkpointed, job.pg.world());
     } catch (const ckpt::NonFiniteState& e) {
       go_on_after(e.what(), /*weights=*/true);
       return false;
     }
-    log.message("checkpoint " + summary.last_checkpoint);
+    log.message("checkpoint " + summary.last_checkpoint + " (saved in " + seconds_text(seconds_now() - t0) + ")");
     return true;
+  }
+
+  // checkpoint.async: waits for the save in flight (saying how long when it is still being written, and `before`
+  // what), and stops the run when its write failed. Nothing when none is in flight.
+  void finish_saving(const std::string& before) {
+    if (!writer || !writer->in_flight()) return;
+    const bool still_writing = writer->writing();
+    const double t0 = seconds_now();
+    std::optional<ckpt::AsyncSaveDone> done;
+    try {
+      done = writer->wait();
+    } catch (const ckpt::CheckpointWriteFailed& e) {
+      throw ckpt::CheckpointWriteFailed(std::string(e.what()) + "; it was written in the background, and the run " +
+                                        "stops at step " + std::to_string(at.step));
+    }
+    log.message("checkpoint " + done->path + " written (" + seconds_text(done->written_seconds) +
+                " in the background" +
+                (still_writing ? "; waited " + seconds_text(seconds_now() - t0) + " for it " + before : "") +
+                ")");
   }
 };
 
@@ -773,6 +813,14 @@ TrainSummary train_run(const Config& given, std::shared_ptr<log::Sink> sink, int
       start_run(c, checkpointed, scaler ? &*scaler : nullptr, world, job.env, job.logger, auto_batch);
   lock.set_run(start.run_id);
   start_loading(data, start.loader);
+  // checkpoint.async: the writer threads' group of their own (made by every rank alike), the writer released
+  // before the lock.
+  std::unique_ptr<ckpt::AsyncCheckpointer> writer;
+  if (c.checkpoint.async && !c.checkpoint.dir.empty()) {
+    std::vector<int> ranks(static_cast<size_t>(world.size()));
+    std::iota(ranks.begin(), ranks.end(), 0);
+    writer = std::make_unique<ckpt::AsyncCheckpointer>(*job.pg.new_host_group(ranks, "checkpoint writers"));
+  }
 
   const double peak_tflops = c.log.peak_tflops > 0 ? c.log.peak_tflops : measure_peak_tflops(job.device);
   MetricsLog log(c.log, job.logger, world.rank() == 0, c.train.steps, start.step, job.task->loss_names(),
@@ -783,6 +831,7 @@ TrainSummary train_run(const Config& given, std::shared_ptr<log::Sink> sink, int
                                     objective_seed, world, pipeline.get()},
             data, log, checkpointed, peak_tflops, start, {}, {}, NonFinitePolicy(c.train)};
   loop.summary.start_step = start.step;
+  loop.writer = writer.get();
   try {
     loop.run(preemption);
   } catch (const c10::OutOfMemoryError& e) {

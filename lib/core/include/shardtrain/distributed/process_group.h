@@ -63,11 +63,15 @@ class ProcessGroup {
   // torch.distributed.new_group: every rank calls it with the same arguments in the same order; ranks outside the
   // group get nullopt. `name` appears in error messages.
   std::optional<Communicator> new_group(const std::vector<int>& ranks, const std::string& name);
+  // The same over Gloo with host tensors whatever the ranks compute on: for what another thread exchanges while
+  // the training groups are busy (ckpt::AsyncCheckpointer's writer), never sharing a backend with them.
+  std::optional<Communicator> new_host_group(const std::vector<int>& ranks, const std::string& name);
 
   struct Impl;
 
  private:
   friend class Heartbeat;  // its own connection to the store
+  std::optional<Communicator> make_subgroup(const std::vector<int>& ranks, const std::string& name, bool host);
   explicit ProcessGroup(std::shared_ptr<Impl> impl) : impl_(std::move(impl)) {}
   std::shared_ptr<Impl> impl_;
 };

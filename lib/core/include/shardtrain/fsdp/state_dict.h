@@ -19,6 +19,7 @@
 #include <vector>
 
 #include <ATen/core/Tensor.h>
+#include <ATen/core/ivalue.h>
 
 #include "shardtrain/optim/optimizer_state.h"
 
@@ -38,6 +39,27 @@ void save_sharded_state_dict(const std::shared_ptr<torch::nn::Module>& root, con
                              const ParamStates& states = {});
 void load_sharded_state_dict(const std::shared_ptr<torch::nn::Module>& root, const std::string& dir,
                              const ParamStates& states = {});
+
+// One file of a state dict as save_pickle writes it: its path and contents, whose tensors are the model's own
+// (views of its shards and states: write them before the model changes, or copy them first).
+struct StateDictFile {
+  std::string path;
+  c10::IValue contents;
+};
+// What a rank writes of a state dict directory: its shard files, then — once every rank's shards are on disk —
+// the metadata that declares the directory whole.
+struct StateDictFiles {
+  std::vector<StateDictFile> shards, metadata;
+};
+// What save_sharded_state_dict would write from this rank, without writing (none on a hybrid model's other
+// replicas): a checkpoint written later, or elsewhere (ckpt::AsyncCheckpointer). No communication.
+StateDictFiles sharded_state_files(const std::shared_ptr<torch::nn::Module>& root, const std::string& dir,
+                                   const ParamStates& states = {});
+// The same for save_whole_state_dict.
+StateDictFiles whole_state_files(const std::shared_ptr<torch::nn::Module>& root, const std::string& dir,
+                                 const ParamStates& states = {});
+// Writes them (each file's directory made), in order, atomically each. No communication.
+void write_state_dict_files(const std::vector<StateDictFile>& files);
 
 // A model no unit shards (DDP's replicas: each holds it whole) written in the same format as one shard, so that it
 // loads and merges as any sharded state dict. No communication: the caller has one replica write it.

@@ -35,6 +35,8 @@ std::vector<char> read_file(const std::string& path);
 bool path_exists(const std::string& path);
 // mkdir -p.
 void make_directories(const std::string& path);
+// The directory a path is in: "a/b" of "a/b/c", "/" of "/a", "." of a name without one.
+std::string parent_directory(const std::string& path);
 // Removes a directory tree (or a file); a missing path is not an error.
 void remove_tree(const std::string& path);
 

@@ -315,6 +315,10 @@ struct CheckpointConfig {
   // continue them); overwrite removes them at start instead.
   bool overwrite = false;
   StateDictType state_dict_type = StateDictType::SHARDED;  // FULL also writes model.safetensors (HF names)
+  // true: the step blocks only while each rank copies its share into a host staging buffer (kept between saves);
+  // a thread writes the files meanwhile, one save at a time (ckpt/async_save.h). A write that fails stops the run
+  // at the next save or at its end.
+  bool async = false;
   // Settings that change what a resumed run trains (optim.*, train.seed, batch_size, grad_accum, steps, the data)
   // and that differ from the checkpoint's: resume refuses them unless listed here, by key ("optim.lr"), section
   // ("optim") or "all"; allowed ones are logged. The model and its shape can never change (train::check_resume).

@@ -69,6 +69,9 @@ struct TrainingJob {
   // What each layer keeps for backward in host memory from its forward to its backward, two layers' back on the
   // device at once (nn/activation_offload.h)
   bool activation_offload = false;
+  // checkpoint.async: a host staging buffer as large as what this rank writes of a checkpoint (its parameter shards
+  // and optimizer state), held from the first save on.
+  bool async_checkpoint = false;
   int64_t batch = 1;                      // samples per rank per micro-batch
   int64_t seq_len = 0;                    // text tokens; 0: the model's maximum
   parallel::Device device = parallel::Device::CPU;  // CUDA: its kernels and caching allocator
@@ -102,6 +105,7 @@ struct MemoryEstimate {
   int64_t host_bytes = 0;         // host memory at its peak: CPU offload's state, offloaded activations
   int64_t offloaded_activation_bytes = 0;  // what a micro-batch's layers keep, in host memory (activation offload)
   int64_t disk_bytes = 0;          // the optimizer's state on disk (optimizer_on_disk), per rank
+  int64_t checkpoint_staging_bytes = 0;  // async_checkpoint's staging buffer (in host_bytes too)
   int64_t parameters = 0;         // of the model, tied once (under tensor parallelism a rank's slices)
   int64_t trainable = 0;          // of those, the ones that get gradients (LoRA: the adapters)
   int64_t units = 0;              // FSDP units: one per transformer layer, plus the root
