@@ -362,6 +362,105 @@ TEST_F(LauncherTest, TwoNodesOnOneMachine) {
   }
 }
 
+// Elastic launchers (--nnodes 2:3) as three "nodes" on one machine: `elastic_node` starts one; `started` counts the
+// workers that recorded a pid in round `round`; `serving` waits until the first says it serves the store.
+class ElasticLauncherTest : public LauncherTest {
+ protected:
+  pid_t elastic_node(int port, const std::string& job, int index, const std::string& mode = "elastic") const {
+    return spawn({SHARDTRAIN_BIN, "launch", "--nnodes", "2:3", "--nproc-per-node", "1", "--rdzv-endpoint",
+                  "127.0.0.1:" + std::to_string(port), "--rdzv-id", job, "--rdzv-conf",
+                  "last_call_timeout=1,join_timeout=60,keep_alive_interval=0.5,keep_alive_max_attempt=4",
+                  "--max-restarts", "2", "--", PROBE_WORKER_BIN, dir_.string(), mode},
+                 std::to_string(index));
+  }
+  int started(int round) const {
+    int n = 0;
+    for (const auto& entry : fs::directory_iterator(dir_)) {
+      const std::string name = entry.path().filename().string();
+      n += name.rfind("worker", 0) == 0 && contains(name, "-round" + std::to_string(round) + ".pid");
+    }
+    return n;
+  }
+  bool wait_until(const std::function<bool()>& done, std::chrono::seconds limit = std::chrono::seconds(60)) const {
+    const auto deadline = Clock::now() + limit;
+    while (Clock::now() < deadline) {
+      if (done()) return true;
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+    return false;
+  }
+  bool serving(const std::string& tag) const {
+    return wait_until([&] { return contains(read_file(dir_ / ("err" + tag + ".txt")), "(served here)"); });
+  }
+};
+
+// Three nodes; one launcher killed with its worker while they all-reduce: the other two's collectives fail, they
+// meet again in round 1 — after the last call, as two — and finish there, ranks 0 and 1 of 2.
+TEST_F(ElasticLauncherTest, TheJobGoesOnWithoutALostNode) {
+  const int port = shardtrain::testing::free_loopback_port();
+  std::vector<pid_t> nodes = {elastic_node(port, "shrink", 0)};
+  ASSERT_TRUE(serving("0")) << read_file(dir_ / "err0.txt");
+  for (int i = 1; i < 3; ++i) nodes.push_back(elastic_node(port, "shrink", i));
+  ASSERT_TRUE(wait_until([&] { return started(0) == 3; })) << read_file(dir_ / "err0.txt");
+  ASSERT_EQ(::kill(nodes[2], SIGKILL), 0);
+  finish(nodes[2], "2");
+  for (int i = 0; i < 2; ++i) {
+    const LaunchResult r = finish(nodes[i], std::to_string(i));
+    EXPECT_EQ(r.exit_code, 0) << r.err;
+    EXPECT_TRUE(contains(r.err, "rendezvous round 0: node ")) << r.err;
+    EXPECT_TRUE(contains(r.err, " of 3, ranks ")) << r.err;
+    EXPECT_TRUE(contains(r.err, "rendezvous round 1: node ")) << r.err;
+    EXPECT_TRUE(contains(r.err, " of 2, ranks ")) << r.err;
+    EXPECT_TRUE(contains(r.out, "round 1: rank ")) << r.out;
+    EXPECT_TRUE(contains(r.out, " of 2 on node ")) << r.out;
+    EXPECT_TRUE(contains(r.out, ": sum 1\n")) << r.out;
+  }
+}
+
+// A program whose layout needs a world divisible by 3 (a tensor-parallel size of 3): after a node is lost it refuses
+// the world of 2 (exit 2), and the job ends with that reason instead of meeting again.
+TEST_F(ElasticLauncherTest, AWorldTheLayoutCannotHoldEndsTheJob) {
+  const int port = shardtrain::testing::free_loopback_port();
+  std::vector<pid_t> nodes = {elastic_node(port, "layout", 0, "needs3")};
+  ASSERT_TRUE(serving("0")) << read_file(dir_ / "err0.txt");
+  for (int i = 1; i < 3; ++i) nodes.push_back(elastic_node(port, "layout", i, "needs3"));
+  ASSERT_TRUE(wait_until([&] { return started(0) == 3; })) << read_file(dir_ / "err0.txt");
+  ASSERT_EQ(::kill(nodes[2], SIGKILL), 0);
+  finish(nodes[2], "2");
+  // The first node whose worker refuses ends the job; the other ends with it (its own worker may not have got as
+  // far as refusing).
+  std::string both;
+  for (int i = 0; i < 2; ++i) {
+    const LaunchResult r = finish(nodes[i], std::to_string(i));
+    EXPECT_EQ(r.exit_code, 2) << r.err;
+    EXPECT_TRUE(contains(r.err, "(exit 2: its input refused at 2 ranks), which another round would not change") ||
+                contains(r.err, "the job ended on another node: node ")) << r.err;
+    EXPECT_FALSE(contains(r.err, "rendezvous round 2:")) << r.err;
+    both += r.err;
+  }
+  EXPECT_TRUE(contains(both, "tp_size 3 does not divide a world of 2")) << both;
+}
+
+// Two nodes train as round 0; a third launcher arrives: the two stop their workers, and round 1 runs on three.
+TEST_F(ElasticLauncherTest, TheJobGrowsWhenANodeJoins) {
+  const int port = shardtrain::testing::free_loopback_port();
+  std::vector<pid_t> nodes = {elastic_node(port, "grow", 0)};
+  ASSERT_TRUE(serving("0")) << read_file(dir_ / "err0.txt");
+  nodes.push_back(elastic_node(port, "grow", 1));
+  ASSERT_TRUE(wait_until([&] { return started(0) == 2; })) << read_file(dir_ / "err0.txt");
+  nodes.push_back(elastic_node(port, "grow", 2));
+  for (int i = 0; i < 3; ++i) {
+    const LaunchResult r = finish(nodes[i], std::to_string(i));
+    EXPECT_EQ(r.exit_code, 0) << r.err;
+    EXPECT_TRUE(contains(r.out, "round 1: rank ")) << r.out << r.err;
+    EXPECT_TRUE(contains(r.out, " of 3 on node ")) << r.out;
+    EXPECT_TRUE(contains(r.out, ": sum 3\n")) << r.out;
+    if (i < 2) {
+      EXPECT_TRUE(contains(r.err, "the rendezvous round ended (a node joined rendezvous round 1)")) << r.err;
+    }
+  }
+}
+
 // A worker of another job (another --rdzv-id) that reaches this job's rendezvous is refused by name; several nodes
 // without an id are refused before starting.
 TEST_F(LauncherTest, AnotherJobsWorkersCannotJoin) {

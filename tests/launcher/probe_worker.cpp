@@ -15,6 +15,10 @@
 //   env         print the launcher's variables, exit 0
 //   partial     print a line without its newline, exit 0
 //   allreduce   join the job's process group, all-reduce the ranks and print the sum (multi-node test)
+//   elastic     join the job's process group and all-reduce the ranks every 50 ms; in the first rendezvous round
+//               (TORCHELASTIC_RESTART_COUNT=0) until a collective fails (a node lost) or the launcher stops it, in
+//               a later one 10 times, printing the round, world and sum, then exit 0
+//   needs3      as elastic, but a world size that 3 does not divide is refused (exit 2: a layout that does not fit)
 // usage: probe_worker DIR MODE [TARGET]
 #include <signal.h>
 #include <unistd.h>
@@ -85,6 +89,29 @@ int main(int argc, char** argv) {
     pg.world().all_reduce(t, ReduceOp::SUM).wait();
     std::cout << "rank " << env.rank << " of " << env.world_size << " on node " << env.node_rank << ": sum "
               << t.item<double>() << std::endl;
+    return 0;
+  }
+  if (mode == "needs3" && std::atoi(env_or("WORLD_SIZE", "1").c_str()) % 3 != 0) {
+    std::cerr << "tp_size 3 does not divide a world of " << env_or("WORLD_SIZE", "1") << std::endl;
+    return 2;
+  }
+  if (mode == "elastic" || mode == "needs3") {
+    using namespace shardtrain::dist;
+    ProcessGroupOptions options;
+    options.timeout = std::chrono::seconds(20);
+    const DistEnv env = read_dist_env(process_env_lookup());
+    write_pid(dir + "/worker" + std::to_string(env.rank) + "-round" + std::to_string(env.restart_count) + ".pid",
+              getpid());
+    ProcessGroup pg = ProcessGroup::init(env, options);
+    for (int i = 0; env.restart_count == 0 || i < 10; ++i) {
+      at::Tensor t = at::full({1}, static_cast<double>(env.rank), at::kDouble);
+      pg.world().all_reduce(t, ReduceOp::SUM).wait();  // throws when a peer is gone
+      if (i == 0) {
+        std::cout << "round " << env.restart_count << ": rank " << env.rank << " of " << env.world_size << " on node "
+                  << env.node_rank << ": sum " << t.item<double>() << std::endl;
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    }
     return 0;
   }
   if (mode == "partial") {

@@ -18,12 +18,15 @@
 
 #include <chrono>
 #include <cstdlib>
+#include <functional>
+#include <memory>
 #include <random>
 #include <utility>
 #include <thread>
 
 #include "shardtrain/ckpt/checkpoint.h"
 #include "shardtrain/io/files.h"
+#include "support/free_port.h"
 #include "train/train_harness.h"
 
 namespace shardtrain {
@@ -157,6 +160,82 @@ TEST_F(RecoveryTest, ARankKilledAtARandomStepIsRestartedAndTheRunEndsBitwiseAsOn
     EXPECT_EQ(ckpt::read_trainer_state(ref + "/step-00000012").loader_consumed,
               ckpt::read_trainer_state(dir + "/step-00000012").loader_consumed);
   }
+}
+
+// An elastic job (launch --nnodes 2:3, a launcher per "node" on this machine, the store served by the first):
+// three nodes train llama-debug; one launcher is killed with its worker after checkpoint 20 — the others' round
+// ends, they meet again as two and resume from the newest checkpoint with train.grad_accum 2 -> 3 (the global batch
+// stays 24); as they resume a third launcher starts — the round ends again (the trainers save the step they are at
+// on the launchers' SIGTERM), and the job finishes on three with grad_accum 3 -> 2. The end is within 1e-4 of an
+// uninterrupted run of the same global batch on two ranks, having consumed as many samples (each stream position
+// once: the kept steps take the stream in order from the checkpoint they resumed).
+TEST_F(RecoveryTest, AnElasticJobLosesANodeGoesOnAndGrowsBack) {
+  const std::string common = std::string(SHARDTRAIN_BIN) + " train " + root_ + "/config.yaml " +
+                             "--model.flavor=llama-debug --train.steps=80 --train.eval_interval=0 " +
+                             "--log.interval=10 --checkpoint.interval=5 --checkpoint.keep=0 --train.batch_size=4 ";
+  const std::string ref = root_ + "/elastic-reference", dir = root_ + "/elastic";
+  const Outcome reference = test::run(std::string(SHARDTRAIN_BIN) + " launch --nproc-per-node 2 -- " + common +
+                                      "--train.grad_accum=3 --checkpoint.dir=" + ref);
+  ASSERT_EQ(reference.status, 0) << reference.output;
+  const int port = testing::free_loopback_port();
+  const auto node = [&](int index) {
+    return std::make_unique<Background>(
+        std::string(SHARDTRAIN_BIN) + " launch --nnodes 2:3 --nproc-per-node 1 --rdzv-endpoint 127.0.0.1:" +
+            std::to_string(port) + " --rdzv-id elastic-test --rdzv-conf last_call_timeout=2,join_timeout=60," +
+            "keep_alive_interval=0.5,keep_alive_max_attempt=4 --max-restarts 3 -- " + common +
+            "--train.grad_accum=2 --checkpoint.dir=" + dir,
+        root_ + "/elastic-node" + std::to_string(index) + ".txt");
+  };
+  std::vector<std::unique_ptr<Background>> nodes;
+  nodes.push_back(node(0));
+  const auto said = [&](size_t i, const std::string& what) {
+    return test::read_text(nodes[i]->out).find(what) != std::string::npos;
+  };
+  // Rank 0's lines are on whichever node the rendezvous made node 0.
+  const auto any_said = [&](const std::string& what) {
+    for (size_t i = 0; i < nodes.size(); ++i) {
+      if (said(i, what)) return true;
+    }
+    return false;
+  };
+  const auto until = [](const std::function<bool()>& done) {
+    const auto deadline = Clock::now() + std::chrono::seconds(120);
+    while (!done() && Clock::now() < deadline) std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    return done();
+  };
+  ASSERT_TRUE(until([&] { return said(0, "(served here)"); })) << test::read_text(nodes[0]->out);
+  nodes.push_back(node(1));
+  nodes.push_back(node(2));
+  ASSERT_TRUE(wait_for_checkpoint(dir, 20, std::chrono::seconds(120))) << test::read_text(nodes[0]->out);
+  ASSERT_EQ(::kill(nodes[2]->pid, SIGKILL), 0);
+  const auto lost = Clock::now();
+  nodes[2]->wait();
+  // The two go on from a checkpoint of their own, then a new node joins.
+  ASSERT_TRUE(until([&] { return any_said("train.grad_accum 2 -> 3 keeps the global batch at 24 samples"); }))
+      << test::read_text(nodes[0]->out) << test::read_text(nodes[1]->out);
+  ASSERT_TRUE(until([&] { return any_said("resumed from " + dir + "/step-"); }));
+  const double continued = std::chrono::duration<double>(Clock::now() - lost).count();
+  nodes.push_back(node(3));
+  std::string log;
+  for (size_t i : {0, 1, 3}) {
+    const Outcome r = nodes[i]->wait();
+    EXPECT_EQ(r.status, 0) << r.output;
+    log += r.output;
+  }
+  EXPECT_NE(log.find("rendezvous round 0: node 0 of 3, ranks "), std::string::npos) << log;
+  EXPECT_NE(log.find("rendezvous round 1: node 0 of 2, ranks "), std::string::npos) << log;
+  EXPECT_NE(log.find("rendezvous round 2: node 2 of 3, ranks "), std::string::npos) << log;
+  EXPECT_NE(log.find("train.grad_accum 3 -> 2 keeps the global batch at 24 samples"), std::string::npos) << log;
+  const std::string last = dir + "/step-00000080";
+  ASSERT_TRUE(io::path_exists(last)) << log;
+  EXPECT_EQ(ckpt::read_trainer_state(last).world_size, 3);
+  EXPECT_EQ(ckpt::read_trainer_state(last).loader_consumed,
+            ckpt::read_trainer_state(ref + "/step-00000080").loader_consumed);
+  const double difference = test::max_difference(test::saved_state(ref + "/step-00000080", true),
+                                                  test::saved_state(last, true));
+  EXPECT_LT(difference, 1e-4);
+  std::printf("elastic 3 -> 2 -> 3 nodes against 2 ranks throughout: largest difference %.3g; training resumed %.1f s "
+              "after the node was lost\n", difference, continued);
 }
 
 TEST_F(RecoveryTest, SigtermSavesAndExits75ThenResumeEndsAsOneRun) {

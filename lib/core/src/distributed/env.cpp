@@ -75,6 +75,7 @@ DistEnv read_torchrun(const EnvLookup& lookup) {
   }
   env.restart_count = optional_int(lookup, "TORCHELASTIC_RESTART_COUNT").value_or(0);
   env.agent_store = lookup("TORCHELASTIC_USE_AGENT_STORE").value_or("") == "True";  // torchrun's spelling
+  env.elastic = lookup("SHARDTRAIN_ELASTIC").value_or("") == "1";
   return env;
 }
 

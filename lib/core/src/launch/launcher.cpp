@@ -16,13 +16,16 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <functional>
 #include <map>
 #include <memory>
+#include <optional>
 #include <stdexcept>
 #include <string>
 #include <vector>
 
 #include "launch/agent_store.h"
+#include "launch/elastic_rendezvous.h"
 #include "launch/output_relay.h"
 #include "launch/worker.h"
 #include "shardtrain/launch/error_file.h"
@@ -175,6 +178,12 @@ std::vector<std::string> worker_environment(const LaunchOptions& o, int local_ra
   vars["SHARDTRAIN_JOB_ID"] = job_id;
   vars["TORCHELASTIC_ERROR_FILE"] = error_file_of(error_dir, rank);
   if (batch_limit > 0) vars[kAutoBatchLimitEnv] = std::to_string(batch_limit);
+  // An elastic job's world size may change between rounds (a trainer then keeps its global batch).
+  if (o.min_nodes > 0) {
+    vars["SHARDTRAIN_ELASTIC"] = "1";
+  } else {
+    vars.erase("SHARDTRAIN_ELASTIC");
+  }
   if (!o.gpu_ids.empty() && o.gpu_ids != "all") vars["CUDA_VISIBLE_DEVICES"] = o.gpu_ids;
   if (::isatty(STDERR_FILENO)) {
     vars[kProgressEnv] = "relay";  // [Note: progress through the launcher]
@@ -215,7 +224,8 @@ struct ErrorDirectory {
   ErrorDirectory& operator=(const ErrorDirectory&) = delete;
 };
 
-enum class GroupEnd { SUCCESS, WORKER_FAILED, OUT_OF_MEMORY, PREEMPTED, LAUNCHER_SIGNALED };
+// MEMBERSHIP_CHANGED: an elastic job's round ended elsewhere (another node's workers failed, a node joined).
+enum class GroupEnd { SUCCESS, WORKER_FAILED, OUT_OF_MEMORY, PREEMPTED, LAUNCHER_SIGNALED, MEMBERSHIP_CHANGED };
 
 std::string seconds(std::chrono::milliseconds d) {
   char text[32];
@@ -233,7 +243,8 @@ std::string job_id_of(const LaunchOptions& o) {
     if (value && *value) return value;
   }
   if (o.nnodes > 1) {
-    throw std::invalid_argument("--nnodes " + std::to_string(o.nnodes) + " needs --rdzv-id ID, the same on every " +
+    throw std::invalid_argument("--nnodes " + (o.min_nodes > 0 ? std::to_string(o.min_nodes) + ":" : "") +
+                                std::to_string(o.nnodes) + " needs --rdzv-id ID, the same on every " +
                                 "node (under Slurm its job id is used): the workers of one job check it at the " +
                                 "rendezvous, so that another job's cannot join");
   }
@@ -244,6 +255,7 @@ struct GroupResult {
   GroupEnd end = GroupEnd::SUCCESS;
   int exit_code = 0;
   int64_t retry_batch = 0;  // OUT_OF_MEMORY: the smallest batch a worker asked to be restarted with
+  std::string why;          // WORKER_FAILED: which rank and how; MEMBERSHIP_CHANGED: what ended the round
 };
 
 // The workers of one attempt, their output relays and the supervision loop.
@@ -265,12 +277,23 @@ class WorkerGroup {
     }
   }
 
-  GroupResult supervise() {
+  // `ended` (an elastic job's): asked every 200 ms while the workers run; a reason it returns ends the group
+  // (MEMBERSHIP_CHANGED).
+  GroupResult supervise(const std::function<std::string()>& ended = {}) {
     struct Forget {  // what the launcher says at the end goes below the last status, not over it
       StatusLine& status;
       ~Forget() { status.forget(); }
     } forget{status_};
     while (true) {
+      if (ended) {
+        if (const std::string why = ended(); !why.empty()) {
+          status_.forget();
+          say("the rendezvous round ended (" + why + "): stopping " + std::to_string(running_count()) +
+              " worker(s) to join the next");
+          stop(SIGTERM, options_.stop_grace, "for the next rendezvous round");
+          return {GroupEnd::MEMBERSHIP_CHANGED, 0, 0, why};
+        }
+      }
       int sig = wait_and_relay(std::chrono::milliseconds(200));
       if (sig != 0) {
         status_.forget();
@@ -280,7 +303,7 @@ class WorkerGroup {
         // Workers that all ended on their own with one code (a trainer's "preempted, checkpoint saved") speak for
         // the job; otherwise it ends as the signal ended it.
         const std::optional<int> code = common_exit_code();
-        return {GroupEnd::LAUNCHER_SIGNALED, code ? *code : 128 + sig};
+        return {GroupEnd::LAUNCHER_SIGNALED, code ? *code : 128 + sig, 0, ""};
       }
       bool all_ok = true;
       for (auto& w : workers_) {
@@ -294,7 +317,7 @@ class WorkerGroup {
           say("rank " + std::to_string(w->rank()) + " was preempted (exit " + std::to_string(kPreemptedExitCode) +
               "); waiting for the other " + std::to_string(running_count()) + " worker(s)");
           stop(0, options_.preempt_grace);
-          return {GroupEnd::PREEMPTED, kPreemptedExitCode};
+          return {GroupEnd::PREEMPTED, kPreemptedExitCode, 0, ""};
         }
         if (!status->ok()) {
           drain_output(*w);  // its last words before the launcher's verdict
@@ -307,14 +330,15 @@ class WorkerGroup {
           say("root cause: rank " + std::to_string(w->rank()) + " " + status->describe() +
               (error ? ": " + *error : " (it recorded no error)"));
           if (const int64_t batch = retry_batch(); batch > 0) {
-            return {GroupEnd::OUT_OF_MEMORY, kOutOfMemoryExitCode, batch};
+            return {GroupEnd::OUT_OF_MEMORY, kOutOfMemoryExitCode, batch, "an out-of-memory"};
           }
-          return {GroupEnd::WORKER_FAILED, status->shell_code()};
+          return {GroupEnd::WORKER_FAILED, status->shell_code(), 0,
+                  "rank " + std::to_string(w->rank()) + " " + status->describe()};
         }
       }
       if (all_ok) {
         stop(SIGKILL, std::chrono::milliseconds(0));  // whatever the workers left running in their process groups
-        return {GroupEnd::SUCCESS, 0};
+        return {GroupEnd::SUCCESS, 0, 0, ""};
       }
     }
   }
@@ -478,11 +502,140 @@ void say_replaced_variables() {
   if (!found.empty()) say("the environment's " + found + " are not this launcher's: its workers get their own");
 }
 
+// This host's name and the launcher's pid: how the other nodes' messages name this one.
+std::string node_name() {
+  char host[256] = {};
+  ::gethostname(host, sizeof(host) - 1);
+  return std::string(host) + ":" + std::to_string(::getpid());
+}
+
+// --nnodes MIN:MAX. The launcher that can bind the endpoint serves the job's store for every round (the others
+// cannot: the port is taken, or the address is another host's) and the rest are its clients; all meet in the
+// rendezvous's rounds (launch/elastic_rendezvous.h), run their workers as the round's nodes, and join the next
+// round when it ends. A failure of this node's workers counts against --max-restarts; a round ended by a membership
+// change does not.
+constexpr int kUsageExitCode = 2;  // what `shardtrain train` (and a shell's usage error) exits with on bad input
+
+int run_elastic(const LaunchOptions& options) {
+  const std::string host = options.master_addr.empty() ? "127.0.0.1" : options.master_addr;
+  const int port = options.master_port != 0 ? options.master_port : 29500;
+  const std::string job_id = job_id_of(options);
+  say_replaced_variables();
+  std::unique_ptr<ListenSocket> listen_socket;
+  std::unique_ptr<AgentStore> served;
+  try {
+    listen_socket = std::make_unique<ListenSocket>(host, port, options.master_port_option);
+    served = std::make_unique<AgentStore>(listen_socket->fd(), host, port, job_id);
+  } catch (const std::runtime_error&) {
+    listen_socket.reset();  // another launcher serves it (or nothing does yet: the client's connect waits)
+  }
+  c10d::TCPStoreOptions client_options;
+  client_options.port = static_cast<std::uint16_t>(port);
+  client_options.isServer = false;
+  client_options.waitWorkers = false;
+  client_options.timeout = options.join_timeout;
+  c10::intrusive_ptr<c10d::Store> store;
+  try {
+    store = c10::make_intrusive<c10d::TCPStore>(host, client_options);
+  } catch (const std::exception& e) {
+    throw std::runtime_error("cannot reach the rendezvous at " + host + ":" + std::to_string(port) + ": " + e.what());
+  }
+  const std::vector<uint8_t> theirs = store->get("shardtrain/job_id");
+  if (std::string(theirs.begin(), theirs.end()) != job_id) {
+    throw std::runtime_error("the rendezvous at " + host + ":" + std::to_string(port) + " is job '" +
+                             std::string(theirs.begin(), theirs.end()) + "''s, not '" + job_id + "' (--rdzv-id)");
+  }
+  ElasticOptions elastic;
+  elastic.min_nodes = options.min_nodes, elastic.max_nodes = options.nnodes;
+  elastic.last_call = options.last_call, elastic.join_timeout = options.join_timeout;
+  elastic.keep_alive_interval = options.keep_alive_interval;
+  elastic.keep_alive_max_attempt = options.keep_alive_max_attempt;
+  elastic.node_name = node_name();
+  ElasticRendezvous rendezvous(store, elastic);
+  say("elastic: " + std::to_string(options.min_nodes) + " to " + std::to_string(options.nnodes) + " nodes of " +
+      std::to_string(options.nproc_per_node) + " worker(s), rendezvous at " + host + ":" + std::to_string(port) +
+      (served ? " (served here)" : ""));
+
+  // The job is over for every node: this one has heard, and the one serving the store keeps it up until the
+  // others of the last round have too (a store that is gone by then has nothing more to say).
+  const auto leave = [&](int nodes) {
+    try {
+      rendezvous.leave();
+      if (served) rendezvous.wait_for_leaving(nodes, options.keep_alive_interval * options.keep_alive_max_attempt);
+    } catch (const std::exception&) {
+    }
+  };
+  const ErrorDirectory errors;
+  StatusLine status;
+  SignalPipe signals;
+  int failures = 0, nodes = 1;
+  while (true) {
+    Membership m;
+    try {
+      m = rendezvous.join(say);
+    } catch (const JobEnded& e) {
+      say(std::string("the job ended on another node: ") + e.what());
+      leave(nodes);
+      return kUsageExitCode;
+    }
+    nodes = m.nnodes;
+    say("rendezvous round " + std::to_string(m.round) + ": node " + std::to_string(m.node_rank) + " of " +
+        std::to_string(m.nnodes) + ", ranks " + std::to_string(m.node_rank * options.nproc_per_node) + "-" +
+        std::to_string((m.node_rank + 1) * options.nproc_per_node - 1) + " of " +
+        std::to_string(m.nnodes * options.nproc_per_node));
+    LaunchOptions round = options;
+    round.nnodes = m.nnodes, round.node_rank = m.node_rank;
+    GroupResult result;
+    {
+      WorkerGroup group(round, host, port, m.round, job_id, errors.path, 0, signals, status);
+      result = group.supervise([&] { return rendezvous.ended(m); });
+    }
+    if (result.end == GroupEnd::MEMBERSHIP_CHANGED) continue;
+    if (result.end == GroupEnd::SUCCESS) {
+      // The store stays up until every node's workers are done with it (torchrun's exit barrier: 300 s). The node
+      // serving it leaves as soon as all have: a store that goes while this node waits has nothing more to do here.
+      try {
+        if (const int left = rendezvous.finish(m, std::chrono::seconds(300)); left > 0) {
+          say(std::to_string(left) + " node(s) of the round had not finished after 300 s; leaving");
+        }
+      } catch (const std::exception&) {
+        // the store is gone: its node left having seen every node finish (or died; this node is done either way)
+      }
+      return 0;
+    }
+    if (result.end != GroupEnd::WORKER_FAILED && result.end != GroupEnd::OUT_OF_MEMORY) return result.exit_code;
+    // Exit 2 is a program refusing its input — a trainer whose parallel layout the round's world size cannot hold
+    // (a tp or pp size the surviving ranks do not divide): another round of the same size would refuse it again.
+    if (result.exit_code == kUsageExitCode) {
+      const std::string why = "node " + std::to_string(m.node_rank) + " (" + elastic.node_name + "): " + result.why +
+                              " (exit " + std::to_string(kUsageExitCode) + ": its input refused at " +
+                              std::to_string(m.nnodes * options.nproc_per_node) + " ranks)";
+      try {
+        rendezvous.end_job(why);
+      } catch (const std::exception&) {
+        // the store is gone: another node ended the job first
+      }
+      say("the job ends: " + why + ", which another round would not change");
+      leave(m.nnodes);
+      return result.exit_code;
+    }
+    rendezvous.end(m.round, "node " + std::to_string(m.node_rank) + " (" + elastic.node_name + "): " + result.why);
+    if (failures >= options.max_restarts) {
+      if (options.max_restarts > 0) say("giving up after " + std::to_string(options.max_restarts) + " restart(s)");
+      return result.exit_code;
+    }
+    ++failures;
+    say("joining the next rendezvous round (restart " + std::to_string(failures) + " of " +
+        std::to_string(options.max_restarts) + ")");
+  }
+}
+
 }  // namespace
 
 int run_launch(const LaunchOptions& options) {
   if (options.command.empty()) throw std::invalid_argument("no program to launch");
   check_node_capacity(options);
+  if (options.min_nodes > 0) return run_elastic(options);
   const bool single_node = options.nnodes == 1;
   const std::string master_addr = options.master_addr.empty() ? "127.0.0.1" : options.master_addr;
   // [Note: launcher-owned rendezvous socket] On one node the launcher binds the rendezvous port itself (port 0 asks

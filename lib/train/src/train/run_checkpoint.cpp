@@ -119,6 +119,44 @@ std::optional<RunPosition> resume_newest(const config::Config& c, const std::vec
 
 }  // namespace
 
+std::string keep_global_batch(config::Config& c, const dist::DistEnv& env) {
+  if (!env.elastic || c.checkpoint.dir.empty() || c.train.batch_size == config::kAutoBatch) return "";
+  // The newest checkpoint start_run will try: its own job's after a restart that began afresh, else any.
+  std::vector<std::string> candidates;
+  for (const std::string& path : ckpt::list_checkpoints(c.checkpoint.dir)) {
+    if (c.checkpoint.resume != Resume::NEVER || ckpt::run_id_of(path) == env.job_id) candidates.push_back(path);
+  }
+  if (candidates.empty() || (c.checkpoint.resume == Resume::NEVER && env.restart_count == 0)) return "";
+  ckpt::TrainerState saved;
+  config::Config then;
+  try {
+    saved = ckpt::read_trainer_state(candidates.back());
+    then = config::parse_config(saved.config_yaml, candidates.back() + "/trainer.json", {});
+  } catch (const std::exception&) {
+    return "";  // resuming will say what is wrong with it
+  }
+  const int64_t model_split = c.parallel.tp_size * c.parallel.pp_size;
+  const int64_t then_split = then.parallel.tp_size * then.parallel.pp_size;
+  if (saved.world_size == env.world_size || model_split < 1 || then_split < 1) return "";
+  const int64_t then_ranks = saved.world_size / then_split, ranks = env.world_size / model_split;
+  const int64_t global = then.train.batch_size * then.train.grad_accum * then_ranks;
+  const std::string head = "elastic: resuming at " + std::to_string(env.world_size) + " ranks from a checkpoint of " +
+                           std::to_string(saved.world_size) + ": ";
+  if (ranks < 1 || global % (c.train.batch_size * ranks) != 0) {
+    return head + "its global batch of " + std::to_string(global) + " does not split into " + std::to_string(ranks) +
+           " data-parallel ranks x train.batch_size " + std::to_string(c.train.batch_size) +
+           ", so train.grad_accum stays " + std::to_string(c.train.grad_accum) + " and a step is " +
+           std::to_string(c.train.batch_size * c.train.grad_accum * ranks) + " samples";
+  }
+  const int64_t accum = global / (c.train.batch_size * ranks);
+  if (accum == then.train.grad_accum) return "";
+  const std::string text = head + "train.grad_accum " + std::to_string(then.train.grad_accum) + " -> " +
+                           std::to_string(accum) + " keeps the global batch at " + std::to_string(global) + " samples";
+  c.train.grad_accum = accum;
+  c.checkpoint.allow_changes.push_back("train.grad_accum");
+  return text;
+}
+
 RunPosition start_run(const config::Config& c, const ckpt::CheckpointModel& model, optim::GradScaler* scaler,
                       const dist::Communicator& world, const dist::DistEnv& env, const log::Logger& logger,
                       bool auto_batch) {

@@ -38,6 +38,13 @@ RunPosition start_run(const config::Config& config, const ckpt::CheckpointModel&
                       const dist::Communicator& world, const dist::DistEnv& env, const log::Logger& logger,
                       bool auto_batch);
 
+// An elastic job (env.elastic: `launch --nnodes MIN:MAX`) that will resume from a checkpoint saved at another world
+// size keeps the checkpoint's global batch (train.batch_size x grad_accum x data-parallel ranks) by changing
+// train.grad_accum when the new data-parallel size divides it — and allows that change on resume —, or else keeps
+// the config and its global batch changes. Returns what it did, for the start-up ("" when nothing changed: not
+// elastic, no checkpoint, the same world size). The checkpoint is the one start_run tries first.
+std::string keep_global_batch(config::Config& config, const dist::DistEnv& env);
+
 // train.on_nonfinite's rollback: loads the newest checkpoint of run `run_id` in checkpoint.dir that verifies (the
 // model, the optimizer, the loss scale), skipping damaged ones with a warning; nullopt when there is none. The data
 // stream stays where it is: the batches since the checkpoint are not trained on again. Collective.

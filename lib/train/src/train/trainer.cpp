@@ -885,6 +885,9 @@ TrainSummary train(const Config& given, std::shared_ptr<log::Sink> sink) {
   const std::string classes_from = labels.from;
   int64_t batch_limit = auto_batch_limit_of_env();
   const dist::DistEnv env = dist::read_dist_env(dist::process_env_lookup());
+  if (const std::string kept = keep_global_batch(resolved, env); !kept.empty()) {
+    log::Logger(sink, env.rank).info(kept);
+  }
   const bool alone = env.source == dist::EnvSource::NONE || env.world_size == 1;
   while (true) {
     try {

@@ -35,6 +35,9 @@ struct DistEnv {
   // The launcher's id of the job, the same across its restarts: SHARDTRAIN_JOB_ID (`shardtrain launch`), else
   // TORCHELASTIC_RUN_ID (torchrun's --rdzv-id; "none" ignored), else SLURM_JOB_ID; "" without one.
   std::string job_id;
+  // An elastic launch (`shardtrain launch --nnodes MIN:MAX`: SHARDTRAIN_ELASTIC): the world size may differ from one
+  // restart to the next.
+  bool elastic = false;
   EnvSource source = EnvSource::NONE;
 
   bool is_distributed() const { return world_size > 1; }

@@ -53,8 +53,17 @@ inline constexpr int kMaxBatchRetries = 16;
 
 struct LaunchOptions {
   int nproc_per_node = 1;   // workers on this node
-  int nnodes = 1;           // nodes in the job
-  int node_rank = 0;        // this node, 0..nnodes-1
+  int nnodes = 1;           // nodes in the job (elastic: the most)
+  int node_rank = 0;        // this node, 0..nnodes-1 (elastic: the rendezvous assigns it)
+  // --nnodes MIN:MAX (torchrun's elastic syntax): the job runs on any number of nodes in [MIN, MAX], meeting at
+  // --rdzv-endpoint (or --master-addr/--master-port) in rounds (launch/elastic_rendezvous.h): a node lost or added
+  // ends the round, and the surviving launchers restart their workers at the new world size. 0: a static job.
+  int min_nodes = 0;
+  // --rdzv-conf last_call_timeout=S,join_timeout=S,keep_alive_interval=S,keep_alive_max_attempt=N: how long a
+  // round that has MIN nodes waits for more, how long a launcher waits for a round to reach MIN, and how often each
+  // node beats and how many beats missed make it lost.
+  std::chrono::milliseconds last_call{30000}, join_timeout{600000}, keep_alive_interval{5000};
+  int keep_alive_max_attempt = 3;
   std::string master_addr;  // rank 0's host; empty = 127.0.0.1 (required when nnodes > 1)
   int master_port = 0;      // 0 = a free port on one node, 29500 across nodes
   std::string master_port_option = "--master-port";  // how the user set it, for errors (a config key)
@@ -70,7 +79,9 @@ struct LaunchOptions {
 };
 
 // Accepts `--opt value` and `--opt=value`, with '-' and '_' interchangeable in names:
-//   torchrun: --nproc-per-node --nnodes --node-rank --master-addr --master-port --max-restarts
+//   torchrun: --nproc-per-node --nnodes (N or MIN:MAX) --node-rank --master-addr --master-port --max-restarts
+//             --rdzv-endpoint HOST:PORT --rdzv-conf last_call_timeout=S,join_timeout=S,keep_alive_interval=S,
+//             keep_alive_max_attempt=N
 //   ours: --preempt-grace SECONDS; torchrun's --rdzv-id ID
 //   Accelerate: --num-processes (total over all machines) --num-machines --machine-rank
 //               --main-process-ip --main-process-port
