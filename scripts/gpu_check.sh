@@ -128,6 +128,10 @@ for s in "$@"; do
           grep -E 'train.batch_size: auto ->' "$logs/auto.log" ;;
     oom) flava_gpu oom --train.batch_size=auto --train.memory_budget=16GiB --train.memory_limit=8GiB
          grep -E 'out of memory in the first two steps|train.batch_size: auto ->' "$logs/oom.log" ;;
+    async_save) flava_gpu save-sync --checkpoint.dir=runs/gpu-save-sync/ck --checkpoint.interval=5
+                flava_gpu save-async --checkpoint.dir=runs/gpu-save-async/ck --checkpoint.interval=5 \
+                  --checkpoint.async=true
+                grep -hE 'saved in|staged in|written \(' "$logs/save-sync.log" "$logs/save-async.log" ;;
     compare) stage compare 400 scripts/gpu_bench.sh flava-350m 32
              cat "$logs/compare.log" ;;
     float8) for f in bf16 tensorwise gathered rowwise; do
@@ -152,7 +156,7 @@ for s in "$@"; do
             paste <(grep -oE 'step [0-9]+/40 +loss [0-9.]+' "$logs/float8-bf16.log") \
                   <(grep -oE 'step [0-9]+/40 +loss [0-9.]+' "$logs/float8-tensorwise.log") ;;
     *) echo "gpu_check.sh: unknown stage '$s' (info, cuda_tests, synth, train_debug, train_ranks, train_tp, sanitize," \
-            "optimizer, tf32, memory, disk, act_offload, auto, oom, compare, float8)" >&2
+            "optimizer, tf32, memory, disk, act_offload, auto, oom, compare, float8, async_save)" >&2
        exit 2 ;;
   esac
 done
