@@ -369,7 +369,7 @@ class ElasticLauncherTest : public LauncherTest {
   pid_t elastic_node(int port, const std::string& job, int index, const std::string& mode = "elastic") const {
     return spawn({SHARDTRAIN_BIN, "launch", "--nnodes", "2:3", "--nproc-per-node", "1", "--rdzv-endpoint",
                   "127.0.0.1:" + std::to_string(port), "--rdzv-id", job, "--rdzv-conf",
-                  "last_call_timeout=1,join_timeout=60,keep_alive_interval=0.5,keep_alive_max_attempt=4",
+                  "last_call_timeout=1,join_timeout=60,keep_alive_interval=0.5,keep_alive_max_attempt=6",
                   "--max-restarts", "2", "--", PROBE_WORKER_BIN, dir_.string(), mode},
                  std::to_string(index));
   }

@@ -182,7 +182,7 @@ TEST_F(RecoveryTest, AnElasticJobLosesANodeGoesOnAndGrowsBack) {
     return std::make_unique<Background>(
         std::string(SHARDTRAIN_BIN) + " launch --nnodes 2:3 --nproc-per-node 1 --rdzv-endpoint 127.0.0.1:" +
             std::to_string(port) + " --rdzv-id elastic-test --rdzv-conf last_call_timeout=2,join_timeout=60," +
-            "keep_alive_interval=0.5,keep_alive_max_attempt=4 --max-restarts 3 -- " + common +
+            "keep_alive_interval=1,keep_alive_max_attempt=10 --max-restarts 3 -- " + common +
             "--train.grad_accum=2 --checkpoint.dir=" + dir,
         root_ + "/elastic-node" + std::to_string(index) + ".txt");
   };
