@@ -1,6 +1,7 @@
 #include "launch/elastic_rendezvous.h"
 
 #include <algorithm>
+#include <cstdio>
 #include <optional>
 #include <stdexcept>
 #include <thread>
@@ -19,7 +20,9 @@ std::string key(int round, const std::string& name) {
 }
 
 std::string seconds_text(Clock::duration d) {
-  return std::to_string(std::chrono::duration_cast<std::chrono::seconds>(d).count()) + " s";
+  char text[32];
+  std::snprintf(text, sizeof(text), "%.1f s", std::chrono::duration<double>(d).count());
+  return text;
 }
 
 }  // namespace
