@@ -20,7 +20,7 @@ RULES = {
         "memory": {"cuda"},
         "parallel": set(),
         "io": set(),
-        "distributed": {"cuda", "parallel"},
+        "distributed": {"cuda", "parallel", "util"},
         "launch": {"util"},
         "nn": {"memory", "parallel"},
         "optim": {"distributed", "io"},

@@ -85,7 +85,7 @@ TEST(AsyncSave, WritesWhatSaveWritesWhileTheModelChanges) {
     Toy model;
     if (!replicated) fully_shard_model(model.ptr(), world, fsdp::wrap_by_class_name({"Block"}));
     torch::optim::AdamW optimizer(model->parameters(), torch::optim::AdamWOptions(1e-2));
-    CheckpointModel checkpointed{model.ptr(), &optimizer, !replicated};
+    CheckpointModel checkpointed{model.ptr(), &optimizer, !replicated, {}};
     if (!replicated) {  // state_dict_type = full: the whole model gathered, under "Hugging Face" names of its own
       for (const auto& p : model->named_parameters()) checkpointed.hf_names.emplace_back(p.key(), "hf." + p.key());
     }

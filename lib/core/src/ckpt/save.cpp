@@ -67,6 +67,11 @@ Manifest describe_checkpoint(const std::string& dir, const TrainerState& state, 
 }
 
 
+// "the checkpoint of step 100 was not saved: " and why.
+std::string not_saved(int64_t step, const std::string& why) {
+  return "the checkpoint of step " + std::to_string(step) + " was not saved: " + why;
+}
+
 // One part of a save, done by the ranks `part` runs on, then agreed: when it failed on any rank, every rank removes
 // nothing but the leader removes the .partial directory, and all throw CheckpointWriteFailed with the first
 // failing rank's reason.
@@ -95,7 +100,7 @@ class SaveSteps {
         // the .partial stays; the next save or prune removes it
       }
     }
-    throw CheckpointWriteFailed("the checkpoint of step " + std::to_string(step_) + " was not saved: " + first +
+    throw CheckpointWriteFailed(not_saved(step_, first) +
                                 " (its partial files were removed; earlier checkpoints are untouched)");
   }
 
@@ -128,9 +133,13 @@ void write_file(const PlannedFile& f) {
   }
 }
 
-// The text NonFiniteState says for step `step` when `found` (some rank's non_finite_state) is not empty.
-std::string not_saved(int64_t step, const std::string& found) {
-  return "the checkpoint of step " + std::to_string(step) + " was not saved: " + found;
+// When `found` (this rank's non_finite_state, or "") is not empty on some rank: the leader removes `partial` (when
+// given) and every rank throws NonFiniteState with the first such rank's. Collective over `world`.
+void refuse(int64_t step, const std::string& found, const dist::Communicator& world, const std::string& partial) {
+  const std::string bad = dist::first_failure(world, dist::failure_text(world, found));
+  if (bad.empty()) return;
+  if (world.rank() == 0 && !partial.empty()) io::remove_tree(partial);
+  throw NonFiniteState(not_saved(step, bad));
 }
 
 }  // namespace
@@ -150,21 +159,13 @@ std::string non_finite_state(const CheckpointModel& model) {
 }
 
 void refuse_non_finite(const SavePlan& plan, const std::string& found, const dist::Communicator& world) {
-  const std::string bad = dist::first_failure(world, dist::failure_text(world, found));
-  if (bad.empty()) return;
-  if (world.rank() == 0) io::remove_tree(plan.partial);
-  throw NonFiniteState(not_saved(plan.step, bad));
+  refuse(plan.step, found, world, plan.partial);
 }
 
 SavePlan plan_save(const std::string& dir, const TrainerState& given, const CheckpointModel& model,
                    const dist::Communicator& world, bool check_finite) {
   // A diverged model is not saved where it would be taken for a good one (and let pruning remove a good one).
-  if (check_finite) {
-    if (const std::string bad = dist::first_failure(world, dist::failure_text(world, non_finite_state(model)));
-        !bad.empty()) {
-      throw NonFiniteState(not_saved(given.step, bad));
-    }
-  }
+  if (check_finite) refuse(given.step, non_finite_state(model), world, /*partial=*/"");
   SavePlan plan;
   plan.step = given.step;
   plan.final_path = dir + "/" + step_directory_name(given.step);
@@ -210,7 +211,9 @@ SavePlan plan_save(const std::string& dir, const TrainerState& given, const Chec
   if (!model.hf_names.empty() && !split && !staged && model.sharded) {
     full = fsdp::full_state_dict(model.root, /*rank0_only=*/true);  // collective
   }
-  plan.phases.resize(3);
+  // Shards, then metadata; the export merged from model/ last, a phase every rank agrees over only where there is one.
+  const bool merged_export = !model.hf_names.empty() && (split || staged);
+  plan.phases.resize(merged_export ? 3 : 2);
   std::vector<PlannedFile>& first = plan.phases[0];
   steps.run([&] {
     fsdp::StateDictFiles model_files;
@@ -242,7 +245,7 @@ SavePlan plan_save(const std::string& dir, const TrainerState& given, const Chec
     }
     first.push_back({rng_file(tmp, world.rank()), c10::IValue(rng)});
     if (!model.hf_names.empty() && leader) {
-      if (split || staged) {
+      if (merged_export) {
         // Each tensor-parallel rank's slices and each stage's entries, merged from the files every rank has
         // written in the phases before: the whole model on the leader, no collective.
         plan.phases[2].push_back({tmp + "/model.safetensors", ExportMerged{tmp + "/model", model.hf_names}});

@@ -3,13 +3,13 @@
 #include <torch/csrc/distributed/c10d/Store.hpp>
 
 #include <algorithm>
-#include <cstdio>
 #include <deque>
 #include <future>
 #include <map>
 #include <optional>
 
 #include "distributed/process_group_impl.h"
+#include "shardtrain/util/seconds_text.h"
 
 namespace shardtrain::dist {
 namespace {
@@ -22,11 +22,7 @@ constexpr const char* kEnded = "ended";  // the activity a rank publishes when i
 std::string beat_key(int rank) { return "shardtrain/heartbeat/" + std::to_string(rank); }
 std::string activity_key(int rank) { return "shardtrain/activity/" + std::to_string(rank); }
 
-std::string seconds_text(Clock::duration d) {
-  char text[32];
-  std::snprintf(text, sizeof(text), "%.1f s", std::chrono::duration<double>(d).count());
-  return text;
-}
+using util::seconds_text;
 
 // "0, 2-3, 5"
 std::string rank_list(const std::vector<int>& ranks) {

@@ -10,7 +10,6 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <cstdio>
 #include <stdexcept>
 #include <string>
 #include <thread>
@@ -22,6 +21,7 @@
 #include "distributed/error_text.h"
 #include "distributed/process_group_impl.h"
 #include "shardtrain/cuda/cuda_library.h"
+#include "shardtrain/util/seconds_text.h"
 
 namespace shardtrain::dist {
 
@@ -85,11 +85,7 @@ void check_same_job(c10d::Store& store, const DistEnv& env) {
   }
 }
 
-std::string seconds_text(std::chrono::milliseconds ms) {
-  char text[32];
-  std::snprintf(text, sizeof(text), "%.1f s", static_cast<double>(ms.count()) / 1000.0);
-  return text;
-}
+using util::seconds_text;
 
 using Clock = std::chrono::steady_clock;
 

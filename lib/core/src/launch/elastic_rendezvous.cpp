@@ -1,11 +1,12 @@
 #include "launch/elastic_rendezvous.h"
 
 #include <algorithm>
-#include <cstdio>
 #include <optional>
 #include <stdexcept>
 #include <thread>
 #include <vector>
+
+#include "shardtrain/util/seconds_text.h"
 
 namespace shardtrain::launch {
 namespace {
@@ -19,11 +20,7 @@ std::string key(int round, const std::string& name) {
   return "elastic/r" + std::to_string(round) + "/" + name;
 }
 
-std::string seconds_text(Clock::duration d) {
-  char text[32];
-  std::snprintf(text, sizeof(text), "%.1f s", std::chrono::duration<double>(d).count());
-  return text;
-}
+using util::seconds_text;
 
 }  // namespace
 

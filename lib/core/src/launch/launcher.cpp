@@ -604,11 +604,11 @@ int run_elastic(const LaunchOptions& options) {
       return 0;
     }
     if (result.end != GroupEnd::WORKER_FAILED && result.end != GroupEnd::OUT_OF_MEMORY) return result.exit_code;
+    const std::string failed = "node " + std::to_string(m.node_rank) + " (" + elastic.node_name + "): " + result.why;
     // Exit 2 is a program refusing its input — a trainer whose parallel layout the round's world size cannot hold
     // (a tp or pp size the surviving ranks do not divide): another round of the same size would refuse it again.
     if (result.exit_code == kUsageExitCode) {
-      const std::string why = "node " + std::to_string(m.node_rank) + " (" + elastic.node_name + "): " + result.why +
-                              " (exit " + std::to_string(kUsageExitCode) + ": its input refused at " +
+      const std::string why = failed + " (exit " + std::to_string(kUsageExitCode) + ": its input refused at " +
                               std::to_string(m.nnodes * options.nproc_per_node) + " ranks)";
       try {
         rendezvous.end_job(why);
@@ -619,7 +619,7 @@ int run_elastic(const LaunchOptions& options) {
       leave(m.nnodes);
       return result.exit_code;
     }
-    rendezvous.end(m.round, "node " + std::to_string(m.node_rank) + " (" + elastic.node_name + "): " + result.why);
+    rendezvous.end(m.round, failed);
     if (failures >= options.max_restarts) {
       if (options.max_restarts > 0) say("giving up after " + std::to_string(options.max_restarts) + " restart(s)");
       return result.exit_code;
